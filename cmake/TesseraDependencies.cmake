@@ -1,0 +1,47 @@
+# Third-party dependencies: LibTorch from the machine-wide venv that tools/setup.sh creates, the rest from Debian.
+
+# ---- LibTorch -----------------------------------------------------------------------------------------------------
+# tools/setup.sh installs the pinned PyPI `torch` wheel into $TESSERA_HOME/venv (default ~/.cache/tessera/venv). The
+# wheel ships LibTorch's CMake package; find it there unless the user points Torch_DIR elsewhere.
+if(NOT Torch_DIR)
+  set(_tessera_home "$ENV{TESSERA_HOME}")
+  if(NOT _tessera_home)
+    set(_tessera_home "$ENV{HOME}/.cache/tessera")
+  endif()
+  file(GLOB _torch_dirs "${_tessera_home}/venv/lib/python3*/site-packages/torch/share/cmake/Torch")
+  if(NOT _torch_dirs)
+    message(FATAL_ERROR "LibTorch not found under ${_tessera_home}/venv. Run tools/setup.sh first "
+                        "(or set TESSERA_HOME, or pass -DTorch_DIR=<...>/torch/share/cmake/Torch).")
+  endif()
+  list(GET _torch_dirs 0 _torch_dir)
+  set(Torch_DIR "${_torch_dir}" CACHE PATH "LibTorch CMake package (from the torch wheel)")
+endif()
+
+# The wheel is the CUDA 13 build. Its CMake package looks for a CUDA toolkit (the one installed system-wide) and, with
+# no GPU to probe, would fall back to a long architecture list with a warning; name the architectures we target
+# (Hopper, plus Ampere) instead. Nothing here needs a GPU to configure or link.
+if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
+  set(TORCH_CUDA_ARCH_LIST "8.0;9.0")
+endif()
+find_package(Torch REQUIRED)
+message(STATUS "LibTorch ${Torch_VERSION} from ${Torch_DIR}")
+
+# Torch's include directory carries its own fmt (12.x) headers, which would shadow Debian's fmt 9 that spdlog and
+# libfmt.so are built against. Put Debian's fmt first through a one-entry include directory. The torch headers we use
+# (ATen, torch/nn, torch/optim) do not include fmt; only profiler/CUDA-tunable internals do.
+set(TESSERA_FMT_SHIM ${CMAKE_BINARY_DIR}/fmt-shim)
+if(NOT EXISTS ${TESSERA_FMT_SHIM}/fmt)
+  file(MAKE_DIRECTORY ${TESSERA_FMT_SHIM})
+  file(CREATE_LINK /usr/include/fmt ${TESSERA_FMT_SHIM}/fmt SYMBOLIC)
+endif()
+
+# ---- Debian packages ------------------------------------------------------------------------------------------------
+find_package(yaml-cpp REQUIRED)
+find_package(fmt REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(CLI11 REQUIRED)
+find_package(nlohmann_json REQUIRED)
+find_package(Threads REQUIRED)
+if(TESSERA_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()

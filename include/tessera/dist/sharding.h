@@ -1,0 +1,57 @@
+// Sharding options (`fsdp_config:`, Composer's FSDPConfig schema) and the per-rank memory they imply for parameters,
+// gradients and optimizer state (the ZeRO paper's accounting).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "tessera/config/reader.h"
+
+namespace tessera::dist {
+
+enum class ShardingStrategy {
+  kNoShard,      // NO_SHARD: replicated, gradients all-reduced (DDP)
+  kShardGradOp,  // SHARD_GRAD_OP: gradients and optimizer state sharded (ZeRO-2)
+  kFullShard,    // FULL_SHARD: parameters too (ZeRO-3)
+  kHybridShard,  // HYBRID_SHARD: FULL_SHARD within a node, replicated across nodes
+};
+std::string to_string(ShardingStrategy s);
+
+enum class MixedPrecision { kPure, kDefault, kFull };  // PURE, DEFAULT, FULL
+
+struct ShardingOptions {
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  MixedPrecision mixed_precision = MixedPrecision::kDefault;
+  bool activation_checkpointing = false;
+  bool activation_checkpointing_reentrant = true;
+  bool limit_all_gathers = true;
+  bool forward_prefetch = false;
+  std::string backward_prefetch = "BACKWARD_POST";  // BACKWARD_PRE | BACKWARD_POST | NONE
+  bool sync_module_states = false;
+  bool use_orig_params = true;
+  std::string state_dict_type = "full";  // full | sharded
+  bool verbose = false;
+};
+
+// Reads an `fsdp_config` section (absent: Composer's defaults).
+ShardingOptions parse_sharding_options(config::Section& s);
+
+// Bytes per rank for model state, by component.
+struct StateMemory {
+  double params = 0;  // resident parameters (sharded or not)
+  double grads = 0;
+  double optimizer = 0;  // fp32 master copy (mixed precision) + optimizer state tensors
+  double transient = 0;  // full parameters of the units gathered at once (FULL_SHARD / HYBRID_SHARD)
+  double total() const { return params + grads + optimizer + transient; }
+};
+
+// ZeRO accounting for `n_params` parameters on `world_size` ranks (`ranks_per_node` for HYBRID_SHARD). With mixed
+// precision, params and grads are 2 bytes and the optimizer keeps a 4-byte master copy plus `state_tensors` 4-byte
+// tensors (Adam: 2+2+12 bytes per parameter); in fp32 everything is 4 bytes and there is no master copy.
+// `largest_unit_params`: parameters of the biggest wrapped unit; FULL_SHARD holds up to two such units gathered
+// (the running one and the prefetched next, bounded by limit_all_gathers).
+StateMemory state_memory_per_rank(int64_t n_params, ShardingStrategy strategy, int64_t world_size,
+                                  int64_t ranks_per_node, bool mixed_precision, int state_tensors,
+                                  int64_t largest_unit_params);
+
+}  // namespace tessera::dist

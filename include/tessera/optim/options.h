@@ -1,0 +1,49 @@
+// Optimizer and learning-rate scheduler options, by the names LLM Foundry recipes use (`optimizer.name`,
+// `scheduler.name`), with Composer's defaults.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tessera/config/registry.h"
+#include "tessera/config/time.h"
+
+namespace tessera::optim {
+
+struct OptimizerOptions {
+  std::string name;  // decoupled_adamw | adamw | decoupled_lionw | decoupled_sgdw
+  double lr = 1e-3;
+  std::vector<double> betas;  // Adam/Lion (beta1, beta2); empty for SGD
+  double eps = 1e-8;          // Adam variants only
+  double weight_decay = 0.0;  // decoupled_*: decay follows the schedule (wd * lr_t / lr_0), not scaled by lr
+  double momentum = 0.0;      // decoupled_sgdw
+  double dampening = 0.0;     // decoupled_sgdw
+  bool nesterov = false;      // decoupled_sgdw
+
+  // fp32 state tensors kept per parameter: 2 for Adam (m, v), 1 for Lion and SGD with momentum, else 0.
+  int state_tensors() const;
+};
+
+// Composer's schedulers. Every time field carries its unit; `t_max` defaults to "1dur" (= max_duration).
+struct SchedulerOptions {
+  std::string name;  // see scheduler_registry() for the list
+  config::Time t_warmup{0, config::TimeUnit::kBatch};
+  config::Time t_max{1, config::TimeUnit::kDuration};
+  double alpha = 1.0;                                      // constant*
+  double alpha_i = 1.0;                                    // linear*
+  double alpha_f = 0.0;                                    // final multiplier
+  double gamma = 0.1;                                      // step, multistep, exponential
+  double power = 2.0;                                      // polynomial*
+  double t_mult = 1.0;                                     // cosine_warm_restarts
+  bool scale_warmup = false;                               // whether scale_schedule_ratio also stretches the warmup
+  config::Time step_size{0, config::TimeUnit::kBatch};     // step
+  config::Time t_0{0, config::TimeUnit::kBatch};           // cosine_warm_restarts
+  config::Time decay_period{1, config::TimeUnit::kEpoch};  // exponential
+  std::vector<config::Time> milestones;                    // multistep*
+};
+
+config::Registry<OptimizerOptions>& optimizer_registry();
+config::Registry<SchedulerOptions>& scheduler_registry();
+
+}  // namespace tessera::optim

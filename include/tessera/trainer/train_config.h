@@ -1,0 +1,92 @@
+// A training recipe, fully parsed: LLM Foundry's top-level schema mapped onto each component's typed Options.
+//
+//   TrainConfig cfg = load_train_config("recipes/mpt-125m.yaml", {"optimizer.lr=3e-4"});
+//
+// Precedence: command-line overrides > recipe > defaults. Loading throws ConfigError naming the file, the key path and
+// the line for any unknown key, wrong type, missing required key, bad duration, unresolvable interpolation or value out
+// of range; keys of LLM Foundry's schema that Tessera does not implement yet are reported together in one message.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tessera/config/component.h"
+#include "tessera/config/time.h"
+#include "tessera/config/value.h"
+#include "tessera/data/options.h"
+#include "tessera/dist/sharding.h"
+#include "tessera/models/mpt_config.h"
+#include "tessera/optim/options.h"
+
+namespace tessera::trainer {
+
+enum class Precision { kFp32, kAmpBf16, kAmpFp16 };
+std::string to_string(Precision p);
+
+// `device_train_microbatch_size`: a number of samples, or `auto` (halve on out-of-memory).
+struct MicrobatchSize {
+  bool automatic = true;
+  int64_t samples = 0;  // when !automatic
+};
+
+// One entry of `icl_tasks` (LLM Foundry's schema); evaluated by the ICL evaluator.
+struct IclTaskOptions {
+  std::string label;
+  std::string dataset_uri;
+  std::vector<int64_t> num_fewshot;
+  std::string icl_task_type;  // language_modeling | multiple_choice | schema | generation_task_with_answers
+  config::Value raw;          // the entry as written, for task-specific keys
+};
+
+struct TrainConfig {
+  std::string recipe_path;
+  config::Value resolved;  // the whole recipe after overrides and interpolation (stored in checkpoints)
+
+  int64_t max_seq_len = 0;
+  models::MPTOptions model;
+  data::TokenizerOptions tokenizer;
+  data::LoaderOptions train_loader;
+  std::optional<data::LoaderOptions> eval_loader;
+  optim::OptimizerOptions optimizer;
+  optim::SchedulerOptions scheduler;
+  std::vector<config::ComponentOptions> algorithms;
+  std::vector<config::ComponentOptions> callbacks;
+  std::vector<config::ComponentOptions> loggers;
+  dist::ShardingOptions fsdp;    // Composer's defaults when `fsdp_config` is absent
+  bool fsdp_configured = false;  // whether the recipe has an `fsdp_config`
+
+  config::Time max_duration;
+  config::Time eval_interval = config::Time::epochs(1);  // 0 disables evaluation
+  bool eval_first = false;
+  int64_t eval_subset_num_batches = -1;  // -1: the whole eval set
+  int64_t global_train_batch_size = 0;
+  MicrobatchSize device_train_microbatch_size;
+  int64_t device_eval_batch_size = 0;
+  Precision precision = Precision::kAmpBf16;
+  int64_t seed = 17;
+  std::string run_name;  // recipe value, else $RUN_NAME, else the recipe's file name without extension
+
+  std::optional<std::string> save_folder;
+  config::Time save_interval = config::Time::batches(1000);
+  int64_t save_num_checkpoints_to_keep = -1;  // -1: keep all
+  bool save_overwrite = false;
+  std::optional<std::string> load_path;
+  bool autoresume = false;
+
+  std::optional<std::string> icl_tasks_path;  // `icl_tasks: path/to/tasks.yaml`
+  std::vector<IclTaskOptions> icl_tasks;      // inline list
+
+  config::Time console_log_interval = config::Time::batches(1);
+  bool progress_bar = false;
+  bool log_to_console = true;
+};
+
+// Loads `path`, applies `overrides` ("key.sub=value"), resolves interpolation and parses the result.
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// Parses an already loaded and resolved recipe tree; `path` is used in messages.
+TrainConfig parse_train_config(config::Value resolved, const std::string& path);
+
+}  // namespace tessera::trainer

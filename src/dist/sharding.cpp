@@ -1,0 +1,83 @@
+// fsdp_config parsing and ZeRO memory accounting.
+#include "tessera/dist/sharding.h"
+
+#include <algorithm>
+
+namespace tessera::dist {
+
+std::string to_string(ShardingStrategy s) {
+  switch (s) {
+    case ShardingStrategy::kNoShard:
+      return "NO_SHARD";
+    case ShardingStrategy::kShardGradOp:
+      return "SHARD_GRAD_OP";
+    case ShardingStrategy::kFullShard:
+      return "FULL_SHARD";
+    case ShardingStrategy::kHybridShard:
+      return "HYBRID_SHARD";
+  }
+  return "?";
+}
+
+ShardingOptions parse_sharding_options(config::Section& s) {
+  ShardingOptions o;
+  const std::string strategy =
+      s.get_choice("sharding_strategy", "FULL_SHARD",
+                   {"NO_SHARD", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"});
+  if (strategy == "NO_SHARD") o.strategy = ShardingStrategy::kNoShard;
+  if (strategy == "SHARD_GRAD_OP") o.strategy = ShardingStrategy::kShardGradOp;
+  if (strategy == "HYBRID_SHARD") o.strategy = ShardingStrategy::kHybridShard;
+  if (strategy == "_HYBRID_SHARD_ZERO2") s.not_supported("sharding_strategy", strategy);
+  const std::string mp = s.get_choice("mixed_precision", "DEFAULT", {"PURE", "DEFAULT", "FULL"});
+  if (mp == "PURE") o.mixed_precision = MixedPrecision::kPure;
+  if (mp == "FULL") o.mixed_precision = MixedPrecision::kFull;
+  o.activation_checkpointing = s.get_bool("activation_checkpointing", false);
+  o.activation_checkpointing_reentrant = s.get_bool("activation_checkpointing_reentrant", true);
+  if (s.get_bool("activation_cpu_offload", false)) s.not_supported("activation_cpu_offload", "true");
+  if (s.get_bool("cpu_offload", false)) s.not_supported("cpu_offload", "true");
+  o.limit_all_gathers = s.get_bool("limit_all_gathers", true);
+  o.forward_prefetch = s.get_bool("forward_prefetch", false);
+  o.backward_prefetch =
+      s.get_choice("backward_prefetch", o.backward_prefetch, {"BACKWARD_PRE", "BACKWARD_POST", "NONE"});
+  s.get_int("forward_prefetch_limit", 1);
+  s.get_int("backward_prefetch_limit", 1);
+  o.sync_module_states = s.get_bool("sync_module_states", false);
+  o.use_orig_params = s.get_bool("use_orig_params", true);
+  o.state_dict_type = s.get_choice("state_dict_type", "full", {"full", "sharded"});
+  o.verbose = s.get_bool("verbose", false);
+  s.get_bool("auto_wrap", true);  // units are always the embedding, each block and the head
+  if (s.get_bool("keep_low_precision_grads", false)) s.not_supported("keep_low_precision_grads", "true");
+  if (s.get_bool("load_monolith_rank0_only", false)) s.not_supported("load_monolith_rank0_only", "true");
+  s.finish({"data_parallel_shard_degree", "data_parallel_replicate_degree", "ignored_modules", "process_group",
+            "sharded_ckpt_prefix_dir", "te_checkpoint_wrapper", "te_shard_fp8_weight", "load_planner", "save_planner",
+            "device_mesh", "reshard_after_forward"});
+  return o;
+}
+
+StateMemory state_memory_per_rank(int64_t n_params, ShardingStrategy strategy, int64_t world_size,
+                                  int64_t ranks_per_node, bool mixed_precision, int state_tensors,
+                                  int64_t largest_unit_params) {
+  const double psi = static_cast<double>(n_params);
+  const double p = mixed_precision ? 2 : 4;                          // bytes of a compute-precision parameter
+  const double g = p;                                                // gradients in the same precision
+  const double k = (mixed_precision ? 4 : 0) + 4.0 * state_tensors;  // master copy + optimizer state
+  double shards = static_cast<double>(std::max<int64_t>(world_size, 1));
+  if (strategy == ShardingStrategy::kHybridShard) shards = static_cast<double>(std::max<int64_t>(ranks_per_node, 1));
+  StateMemory m;
+  switch (strategy) {
+    case ShardingStrategy::kNoShard:
+      m.params = psi * p, m.grads = psi * g, m.optimizer = psi * k;
+      break;
+    case ShardingStrategy::kShardGradOp:
+      m.params = psi * p, m.grads = psi * g / shards, m.optimizer = psi * k / shards;
+      break;
+    case ShardingStrategy::kFullShard:
+    case ShardingStrategy::kHybridShard:
+      m.params = psi * p / shards, m.grads = psi * g / shards, m.optimizer = psi * k / shards;
+      if (shards > 1) m.transient = 2.0 * static_cast<double>(largest_unit_params) * p;
+      break;
+  }
+  return m;
+}
+
+}  // namespace tessera::dist

@@ -1,0 +1,199 @@
+// Parsing of optimizer and scheduler sections (Composer / LLM Foundry names and defaults).
+#include "tessera/optim/options.h"
+
+#include <fmt/format.h>
+
+namespace tessera::optim {
+namespace {
+
+using config::Section;
+using config::Time;
+using config::TimeUnit;
+
+OptimizerOptions parse_adam(Section& s, const std::string& name, double lr, std::vector<double> betas, double wd) {
+  OptimizerOptions o;
+  o.name = name;
+  o.lr = s.get_double("lr", lr);
+  s.check(o.lr >= 0, "lr", "must be non-negative");
+  o.betas = s.get_doubles("betas", std::move(betas), 2);
+  for (double b : o.betas) s.check(b >= 0 && b < 1, "betas", "each beta must lie in [0, 1)");
+  o.eps = s.get_double("eps", 1e-8);
+  s.check(o.eps > 0, "eps", "must be positive");
+  o.weight_decay = s.get_double("weight_decay", wd);
+  s.check(o.weight_decay >= 0, "weight_decay", "must be non-negative");
+  if (s.get_bool("amsgrad", false)) s.not_supported("amsgrad", "true");
+  s.finish({"foreach", "maximize", "capturable", "differentiable", "fused"});
+  return o;
+}
+
+OptimizerOptions parse_lion(Section& s) {
+  OptimizerOptions o;
+  o.name = "decoupled_lionw";
+  o.lr = s.get_double("lr", 1e-4);
+  s.check(o.lr >= 0, "lr", "must be non-negative");
+  o.betas = s.get_doubles("betas", {0.9, 0.99}, 2);
+  for (double b : o.betas) s.check(b >= 0 && b <= 1, "betas", "each beta must lie in [0, 1]");
+  o.weight_decay = s.get_double("weight_decay", 0.0);
+  s.check(o.weight_decay >= 0, "weight_decay", "must be non-negative");
+  s.finish();
+  return o;
+}
+
+OptimizerOptions parse_sgdw(Section& s) {
+  OptimizerOptions o;
+  o.name = "decoupled_sgdw";
+  o.lr = s.require_double("lr");
+  s.check(o.lr >= 0, "lr", "must be non-negative");
+  o.momentum = s.get_double("momentum", 0.0);
+  o.dampening = s.get_double("dampening", 0.0);
+  o.weight_decay = s.get_double("weight_decay", 0.0);
+  o.nesterov = s.get_bool("nesterov", false);
+  s.check(o.momentum >= 0, "momentum", "must be non-negative");
+  s.check(!o.nesterov || (o.momentum > 0 && o.dampening == 0), "nesterov", "needs momentum > 0 and dampening == 0");
+  s.finish();
+  return o;
+}
+
+// A warmup duration or t_max: Composer rejects `ep` units for these.
+Time schedule_time(Section& s, std::string_view key, Time fallback, bool required = false) {
+  Time t = required ? s.require_time(key, TimeUnit::kBatch) : s.get_time(key, fallback, TimeUnit::kBatch);
+  s.check(t.unit() != TimeUnit::kEpoch || key == "decay_period", key,
+          "scheduler times may not be in epochs; use ba, sp, tok or dur");
+  return t;
+}
+
+std::vector<Time> milestones(Section& s) {
+  const config::Value* v = s.raw("milestones");
+  if (v == nullptr) s.fail("milestones", "missing required key");
+  if (!v->is_sequence() || v->items().empty()) s.fail("milestones", "expected a list of durations such as [100ba]");
+  std::vector<Time> out;
+  for (const config::Value& item : v->items()) {
+    try {
+      out.push_back(Time::parse(item.text()));
+    } catch (const std::invalid_argument& e) {
+      s.fail("milestones", e.what());
+    }
+  }
+  return out;
+}
+
+using SchedulerParser = void (*)(Section&, SchedulerOptions&);
+
+void warmup_fields(Section& s, SchedulerOptions& o) {
+  o.t_warmup = schedule_time(s, "t_warmup", o.t_warmup, /*required=*/true);
+  o.scale_warmup = s.get_bool("scale_warmup", false);
+}
+
+void add_scheduler(config::Registry<SchedulerOptions>& r, const std::string& name, SchedulerParser fields) {
+  r.add(name, [name, fields](Section& s) {
+    SchedulerOptions o;
+    o.name = name;
+    fields(s, o);
+    s.check(o.alpha_f >= 0, "alpha_f", "must be non-negative");
+    s.finish();
+    return o;
+  });
+}
+
+}  // namespace
+
+int OptimizerOptions::state_tensors() const {
+  if (name == "decoupled_adamw" || name == "adamw") return 2;
+  if (name == "decoupled_lionw") return 1;
+  if (name == "decoupled_sgdw") return momentum > 0 ? 1 : 0;
+  return 2;
+}
+
+config::Registry<OptimizerOptions>& optimizer_registry() {
+  static config::Registry<OptimizerOptions>* registry = [] {
+    auto* r = new config::Registry<OptimizerOptions>("optimizer");
+    r->add("decoupled_adamw", [](Section& s) { return parse_adam(s, "decoupled_adamw", 1e-3, {0.9, 0.95}, 1e-5); });
+    r->add("adamw", [](Section& s) { return parse_adam(s, "adamw", 1e-3, {0.9, 0.999}, 1e-2); });
+    r->add("decoupled_lionw", parse_lion);
+    r->add("decoupled_sgdw", parse_sgdw);
+    r->add_foundry_names({"clip_lion", "adalr_lion", "no_op", "decoupled_adamw_bnb"});
+    return r;
+  }();
+  return *registry;
+}
+
+config::Registry<SchedulerOptions>& scheduler_registry() {
+  static config::Registry<SchedulerOptions>* registry = [] {
+    auto* r = new config::Registry<SchedulerOptions>("scheduler");
+    add_scheduler(*r, "constant", [](Section& s, SchedulerOptions& o) {
+      o.alpha = s.get_double("alpha", 1.0);
+      o.t_max = schedule_time(s, "t_max", o.t_max);
+    });
+    add_scheduler(*r, "linear", [](Section& s, SchedulerOptions& o) {
+      o.alpha_i = s.get_double("alpha_i", 1.0);
+      o.alpha_f = s.get_double("alpha_f", 0.0);
+      o.t_max = schedule_time(s, "t_max", o.t_max);
+    });
+    add_scheduler(*r, "cosine", [](Section& s, SchedulerOptions& o) {
+      o.t_max = schedule_time(s, "t_max", o.t_max);
+      o.alpha_f = s.get_double("alpha_f", 0.0);
+    });
+    add_scheduler(*r, "cosine_warm_restarts", [](Section& s, SchedulerOptions& o) {
+      o.t_0 = schedule_time(s, "t_0", o.t_0, true);
+      o.t_mult = s.get_double("t_mult", 1.0);
+      o.alpha_f = s.get_double("alpha_f", 0.0);
+      s.check(!o.t_0.is_zero(), "t_0", "must be positive");
+    });
+    add_scheduler(*r, "polynomial", [](Section& s, SchedulerOptions& o) {
+      o.power = s.require_double("power");
+      o.t_max = schedule_time(s, "t_max", o.t_max);
+      o.alpha_f = s.get_double("alpha_f", 0.0);
+    });
+    add_scheduler(*r, "step", [](Section& s, SchedulerOptions& o) {
+      o.step_size = schedule_time(s, "step_size", o.step_size, true);
+      o.gamma = s.get_double("gamma", 0.1);
+      s.check(!o.step_size.is_zero(), "step_size", "must be positive");
+    });
+    add_scheduler(*r, "multistep", [](Section& s, SchedulerOptions& o) {
+      o.milestones = milestones(s);
+      o.gamma = s.get_double("gamma", 0.1);
+    });
+    add_scheduler(*r, "exponential", [](Section& s, SchedulerOptions& o) {
+      o.gamma = s.require_double("gamma");
+      o.decay_period = schedule_time(s, "decay_period", o.decay_period);
+    });
+    add_scheduler(*r, "multistep_with_warmup", [](Section& s, SchedulerOptions& o) {
+      warmup_fields(s, o);
+      o.milestones = milestones(s);
+      o.gamma = s.get_double("gamma", 0.1);
+    });
+    add_scheduler(*r, "constant_with_warmup", [](Section& s, SchedulerOptions& o) {
+      warmup_fields(s, o);
+      o.alpha = s.get_double("alpha", 1.0);
+      o.t_max = schedule_time(s, "t_max", o.t_max);
+    });
+    add_scheduler(*r, "linear_decay_with_warmup", [](Section& s, SchedulerOptions& o) {
+      warmup_fields(s, o);
+      o.alpha_i = s.get_double("alpha_i", 1.0);
+      o.alpha_f = s.get_double("alpha_f", 0.0);
+      o.t_max = schedule_time(s, "t_max", o.t_max);
+    });
+    add_scheduler(*r, "cosine_with_warmup", [](Section& s, SchedulerOptions& o) {
+      warmup_fields(s, o);
+      o.t_max = schedule_time(s, "t_max", o.t_max);
+      o.alpha_f = s.get_double("alpha_f", 0.0);
+    });
+    add_scheduler(*r, "polynomial_with_warmup", [](Section& s, SchedulerOptions& o) {
+      warmup_fields(s, o);
+      o.power = s.get_double("power", 2.0);
+      o.t_max = schedule_time(s, "t_max", o.t_max);
+      o.alpha_f = s.get_double("alpha_f", 0.0);
+    });
+    add_scheduler(*r, "inv_sqrt_with_warmup", [](Section& s, SchedulerOptions& o) {
+      warmup_fields(s, o);
+      o.alpha_f = s.get_double("alpha_f", 0.0);
+      o.t_max = schedule_time(s, "t_max", o.t_max);  // LLM Foundry also reads t_scale and t_cooldown
+      if (s.raw("t_scale")) s.not_supported("t_scale");
+      if (s.raw("t_cooldown")) s.not_supported("t_cooldown");
+    });
+    return r;
+  }();
+  return *registry;
+}
+
+}  // namespace tessera::optim

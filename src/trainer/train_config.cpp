@@ -1,0 +1,248 @@
+// Top-level recipe parsing: LLM Foundry's TrainConfig keys, delegated to each component's parser.
+#include "tessera/trainer/train_config.h"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "tessera/algorithms/options.h"
+#include "tessera/callbacks/options.h"
+#include "tessera/config/reader.h"
+#include "tessera/loggers/options.h"
+#include "tessera/util/error.h"
+
+namespace tessera::trainer {
+namespace {
+
+using config::Section;
+using config::Time;
+using config::TimeUnit;
+
+// Top-level keys of LLM Foundry's TrainConfig that Tessera does not implement yet.
+const std::vector<std::string_view> kFoundryOnlyKeys = {"code_paths",
+                                                        "max_split_size_mb",
+                                                        "expandable_segments",
+                                                        "cuda_load_lazy",
+                                                        "dist_timeout",
+                                                        "eval_loaders",
+                                                        "icl_tasks_str",
+                                                        "eval_gauntlet",
+                                                        "eval_gauntlet_str",
+                                                        "icl_subset_num_batches",
+                                                        "icl_seq_len",
+                                                        "save_latest_filename",
+                                                        "save_weights_only",
+                                                        "save_filename",
+                                                        "load_weights_only",
+                                                        "load_strict_model_weights",
+                                                        "load_ignore_keys",
+                                                        "save_ignore_keys",
+                                                        "only_hf_checkpoint",
+                                                        "only_composer_checkpoint",
+                                                        "python_log_level",
+                                                        "log_config",
+                                                        "spin_dataloaders",
+                                                        "device_train_grad_accum",
+                                                        "device_train_batch_size",
+                                                        "compile_config",
+                                                        "metadata",
+                                                        "profiler",
+                                                        "parallelism_config",
+                                                        "tp_config",
+                                                        "train_subset_num_batches",
+                                                        "accumulate_train_batch_on_tokens",
+                                                        "dataloader",
+                                                        "eval_subset_num_batches_per_loader",
+                                                        "model_gauntlet",
+                                                        "load_weights_only_strict",
+                                                        "hf_save_path",
+                                                        "fsdp_config_str",
+                                                        "callbacks_str",
+                                                        "seq_parallel_world_size"};
+
+template <class Options>
+Options parse_named(Section& root, std::string_view key, const config::Registry<Options>& registry, bool required) {
+  Section s = root.section(key);
+  if (!s.present()) {
+    if (required) root.fail(key, "missing required key");
+    return Options{};
+  }
+  const std::string name = s.require_string("name");
+  auto parsed = registry.parse(name, s, s, "name");
+  return parsed ? std::move(*parsed) : Options{};
+}
+
+MicrobatchSize parse_microbatch(Section& root) {
+  MicrobatchSize m;
+  const config::Value* v = root.raw("device_train_microbatch_size");
+  if (v == nullptr) return m;  // LLM Foundry's default: auto
+  if (auto i = v->as_int()) {
+    root.check(*i > 0, "device_train_microbatch_size", "must be positive or \"auto\"");
+    m.automatic = false;
+    m.samples = *i;
+    return m;
+  }
+  root.check(v->is_scalar() && v->text() == "auto", "device_train_microbatch_size",
+             "expected a positive integer or \"auto\", got " + v->type_name() + " " + v->brief());
+  return m;
+}
+
+void parse_icl_tasks(Section& root, TrainConfig& cfg) {
+  const config::Value* v = root.raw("icl_tasks");
+  if (v == nullptr) return;
+  if (v->is_scalar()) {
+    cfg.icl_tasks_path = v->text();
+    return;
+  }
+  root.check(v->is_sequence(), "icl_tasks",
+             "expected a path to a tasks YAML or a list of tasks, got " + v->type_name());
+  for (size_t i = 0; i < v->items().size(); ++i) {
+    Section t(&v->items()[i], fmt::format("icl_tasks.{}", i), root.context());
+    IclTaskOptions task;
+    task.raw = v->items()[i];
+    task.label = t.require_string("label");
+    task.dataset_uri = t.require_string("dataset_uri");
+    task.icl_task_type = t.get_choice(
+        "icl_task_type", "",
+        {"language_modeling", "multiple_choice", "schema", "generation_task_with_answers", "code_evaluation"});
+    if (task.icl_task_type == "code_evaluation") t.not_supported("icl_task_type", "code_evaluation");
+    const config::Value* shots = t.raw("num_fewshot");
+    t.check(shots != nullptr && shots->is_sequence(), "num_fewshot", "expected a list of integers such as [0, 5]");
+    for (const config::Value& k : shots->items()) {
+      auto n = k.as_int();
+      t.check(n && *n >= 0, "num_fewshot", "expected a list of non-negative integers, got " + shots->brief());
+      task.num_fewshot.push_back(*n);
+    }
+    // Task-format keys, read by the ICL evaluator.
+    for (std::string_view key :
+         {"metric_names", "max_seq_len", "batch_size", "prompt_string", "example_delimiter", "continuation_delimiter",
+          "prelimiter", "question_prelimiter", "fewshot_random_seed", "strip_dataset", "has_categories",
+          "cot_delimiter", "early_stopping_criteria", "do_normalization", "generation_kwargs", "pass_at_k"}) {
+      t.raw(key);
+    }
+    t.finish({"hf_loading_vars", "hf_parsing_map", "destination_path"});
+    cfg.icl_tasks.push_back(std::move(task));
+  }
+}
+
+}  // namespace
+
+std::string to_string(Precision p) {
+  switch (p) {
+    case Precision::kFp32:
+      return "fp32";
+    case Precision::kAmpBf16:
+      return "amp_bf16";
+    case Precision::kAmpFp16:
+      return "amp_fp16";
+  }
+  return "?";
+}
+
+TrainConfig parse_train_config(config::Value resolved, const std::string& path) {
+  config::ParseContext ctx(path);
+  TrainConfig cfg;
+  cfg.recipe_path = path;
+  cfg.resolved = std::move(resolved);
+  Section root(&cfg.resolved, "", ctx);
+
+  root.raw("variables");  // free-form, only referenced through ${variables.*}
+  cfg.max_seq_len = root.require_int("max_seq_len");
+  root.check(cfg.max_seq_len > 0, "max_seq_len", "must be positive");
+
+  {
+    Section model = root.section("model");
+    if (!model.present()) root.fail("model", "missing required key");
+    const std::string name = model.require_string("name");
+    if (auto parsed = models::model_registry().parse(name, model, model, "name")) cfg.model = *parsed;
+    if (!model.has("max_seq_len")) cfg.model.max_seq_len = cfg.max_seq_len;
+    model.check(cfg.model.max_seq_len >= cfg.max_seq_len, "max_seq_len",
+                fmt::format("the model's max_seq_len ({}) is shorter than the recipe's max_seq_len ({})",
+                            cfg.model.max_seq_len, cfg.max_seq_len));
+  }
+  {
+    Section tok = root.section("tokenizer");
+    if (!tok.present()) root.fail("tokenizer", "missing required key");
+    cfg.tokenizer = data::parse_tokenizer_options(tok);
+  }
+  cfg.train_loader = parse_named(root, "train_loader", data::loader_registry(), true);
+  if (root.has("eval_loader")) cfg.eval_loader = parse_named(root, "eval_loader", data::loader_registry(), true);
+  for (const data::LoaderOptions* loader : {&cfg.train_loader, cfg.eval_loader ? &*cfg.eval_loader : nullptr}) {
+    if (loader == nullptr) continue;
+    const char* key = loader == &cfg.train_loader ? "train_loader" : "eval_loader";
+    root.check(loader->max_seq_len <= cfg.model.max_seq_len, key,
+               fmt::format("dataset.max_seq_len ({}) exceeds the model's max_seq_len ({})", loader->max_seq_len,
+                           cfg.model.max_seq_len));
+  }
+  cfg.optimizer = parse_named(root, "optimizer", optim::optimizer_registry(), true);
+  cfg.scheduler = parse_named(root, "scheduler", optim::scheduler_registry(), true);
+  cfg.algorithms = config::parse_components(root, "algorithms", algorithms::algorithm_registry());
+  cfg.callbacks = config::parse_components(root, "callbacks", callbacks::callback_registry());
+  cfg.loggers = config::parse_components(root, "loggers", loggers::logger_registry());
+  {
+    Section fsdp = root.section("fsdp_config");
+    cfg.fsdp_configured = fsdp.present();
+    cfg.fsdp = dist::parse_sharding_options(fsdp);
+  }
+
+  cfg.max_duration = root.require_time("max_duration", TimeUnit::kEpoch);
+  root.check(cfg.max_duration.unit() != TimeUnit::kDuration, "max_duration", "cannot be given in `dur`");
+  root.check(!cfg.max_duration.is_zero(), "max_duration", "must be positive");
+  cfg.eval_interval = root.get_time("eval_interval", cfg.eval_interval, TimeUnit::kEpoch);
+  cfg.eval_first = root.get_bool("eval_first", false);
+  cfg.eval_subset_num_batches = root.get_int("eval_subset_num_batches", -1);
+  root.check(cfg.eval_subset_num_batches == -1 || cfg.eval_subset_num_batches > 0, "eval_subset_num_batches",
+             "must be -1 (all batches) or positive");
+
+  cfg.global_train_batch_size = root.require_int("global_train_batch_size");
+  root.check(cfg.global_train_batch_size > 0, "global_train_batch_size", "must be positive");
+  cfg.device_train_microbatch_size = parse_microbatch(root);
+  cfg.device_eval_batch_size = root.require_int("device_eval_batch_size");
+  root.check(cfg.device_eval_batch_size > 0, "device_eval_batch_size", "must be positive");
+
+  const std::string precision = root.get_choice("precision", "amp_bf16", {"fp32", "amp_bf16", "amp_fp16", "amp_fp8"});
+  if (precision == "fp32") cfg.precision = Precision::kFp32;
+  if (precision == "amp_fp16") cfg.precision = Precision::kAmpFp16;
+  if (precision == "amp_fp8") root.not_supported("precision", "amp_fp8");
+  cfg.seed = root.get_int("seed", 17);
+  root.check(cfg.seed >= 0, "seed", "must be non-negative");
+
+  if (auto name = root.get_optional_string("run_name")) {
+    cfg.run_name = *name;
+  } else if (const char* env = std::getenv("RUN_NAME"); env != nullptr && *env != '\0') {
+    cfg.run_name = env;
+  } else {
+    cfg.run_name = std::filesystem::path(path).stem().string();
+  }
+
+  cfg.save_folder = root.get_optional_string("save_folder");
+  cfg.save_interval = root.get_time("save_interval", cfg.save_interval, TimeUnit::kEpoch);
+  cfg.save_num_checkpoints_to_keep = root.get_int("save_num_checkpoints_to_keep", -1);
+  root.check(cfg.save_num_checkpoints_to_keep >= -1, "save_num_checkpoints_to_keep", "must be -1 (keep all) or >= 0");
+  cfg.save_overwrite = root.get_bool("save_overwrite", false);
+  cfg.load_path = root.get_optional_string("load_path");
+  cfg.autoresume = root.get_bool("autoresume", false);
+  root.check(!cfg.autoresume || cfg.save_folder.has_value(), "autoresume", "needs save_folder");
+
+  parse_icl_tasks(root, cfg);
+
+  cfg.console_log_interval = root.get_time("console_log_interval", cfg.console_log_interval, TimeUnit::kBatch);
+  root.check(cfg.console_log_interval.unit() == TimeUnit::kBatch || cfg.console_log_interval.unit() == TimeUnit::kEpoch,
+             "console_log_interval", "must be in ba or ep");
+  cfg.progress_bar = root.get_bool("progress_bar", false);
+  cfg.log_to_console = root.get_bool("log_to_console", true);
+
+  root.finish(kFoundryOnlyKeys);
+  ctx.throw_if_unsupported();
+  return cfg;
+}
+
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
+  config::Value root = config::load_yaml_file(path);
+  for (const std::string& o : overrides) config::apply_override(root, o);
+  config::resolve_interpolations(root);
+  return parse_train_config(std::move(root), path);
+}
+
+}  // namespace tessera::trainer

@@ -1,0 +1,90 @@
+// `train`: validate a recipe and print its plan (--dry-run), or train it.
+//
+//   train --recipe recipes/mpt-125m.yaml --dry-run [optimizer.lr=3e-4 ...]
+//
+// Exit codes: 0 success, 1 runtime failure, 2 usage or recipe error.
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "tessera/trainer/plan.h"
+#include "tessera/trainer/train_config.h"
+#include "tessera/util/device.h"
+#include "tessera/util/error.h"
+#include "tessera/util/logging.h"
+
+namespace {
+
+int64_t env_int(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  try {
+    return std::stoll(v);
+  } catch (const std::exception&) {
+    throw tessera::ConfigError("train", fmt::format("environment variable {}=\"{}\" is not an integer", name, v));
+  }
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"Train an MPT model from an LLM Foundry-style recipe.", "train"};
+  std::string recipe;
+  std::vector<std::string> overrides;
+  bool dry_run = false;
+  bool print_config = false;
+  int64_t world_size = 0;
+  int64_t ranks_per_node = 0;
+  std::string log_level = "info";
+  app.add_option("--recipe", recipe, "Recipe YAML (LLM Foundry schema)")->required();
+  app.add_option("overrides", overrides, "Overrides key.sub=value, applied over the recipe (lists: key=[1,2])");
+  app.add_flag("--dry-run", dry_run, "Validate the recipe and print the plan; build and train nothing");
+  app.add_flag("--print-config", print_config, "Print the resolved recipe as JSON and exit");
+  app.add_option("--world-size", world_size, "World size to plan for (default: $WORLD_SIZE, else 1)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--ranks-per-node", ranks_per_node,
+                 "Ranks per node to plan for (default: $LOCAL_WORLD_SIZE, else the world size)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return tessera::kExitUsageError;
+  }
+  tessera::util::init_logging(log_level);
+
+  const tessera::trainer::TrainConfig cfg = tessera::trainer::load_train_config(recipe, overrides);
+  if (print_config) {
+    std::cout << cfg.resolved.to_json().dump(2) << "\n";
+    return tessera::kExitOk;
+  }
+  if (world_size == 0) world_size = env_int("WORLD_SIZE", 1);
+  if (ranks_per_node == 0) ranks_per_node = env_int("LOCAL_WORLD_SIZE", world_size);
+  const tessera::trainer::Plan plan = tessera::trainer::make_plan(cfg, world_size, ranks_per_node);
+  if (dry_run) {
+    std::cout << tessera::trainer::render_plan(cfg, plan, tessera::util::describe(tessera::util::device_info()));
+    return tessera::kExitOk;
+  }
+  throw tessera::Error("train", "training is not implemented yet in this build; use --dry-run to validate and plan");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const tessera::Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return tessera::kExitRuntimeError;
+  }
+}
