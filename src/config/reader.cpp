@@ -76,13 +76,12 @@ const Value* Section::raw(std::string_view key) {
   return lookup(key);
 }
 
-const Origin& Section::origin_of(std::string_view key) const {
-  static const Origin kNone;
-  if (value_ != nullptr) {
-    if (const Value* v = value_->find(key)) return v->origin();
-    return value_->origin();
-  }
-  return kNone;
+Origin Section::origin_of(std::string_view key) const {
+  if (value_ == nullptr) return {};
+  if (const Value* v = value_->find(key)) return v->origin();
+  Origin at = value_->origin();
+  if (path_.empty()) at.line = 0;  // a top-level key is missing from the file, not from its first line
+  return at;
 }
 
 void Section::fail(std::string_view key, const std::string& message) const {
@@ -226,13 +225,23 @@ void Section::finish(const std::vector<std::string_view>& foundry_keys) {
       if (!v.is_null()) not_supported(key);
       continue;
     }
-    std::string best;
-    size_t best_distance = 3;
-    for (const std::string& known : queried_) {
-      const size_t d = edit_distance(key, known);
-      if (d < best_distance) best_distance = d, best = known;
-    }
-    fail(key, best.empty() ? "unknown key" : fmt::format("unknown key (did you mean '{}'?)", best));
+    fail_unknown(key, std::vector<std::string_view>(queried_.begin(), queried_.end()));
+  }
+}
+
+void Section::fail_unknown(std::string_view key, const std::vector<std::string_view>& known) const {
+  std::string_view best;
+  size_t best_distance = 3;
+  for (std::string_view candidate : known) {
+    const size_t d = edit_distance(key, candidate);
+    if (d < best_distance) best_distance = d, best = candidate;
+  }
+  fail(key, best.empty() ? "unknown key" : fmt::format("unknown key (did you mean '{}'?)", best));
+}
+
+void Section::reject_unknown(const std::vector<std::string_view>& known) const {
+  for (const std::string& key : keys()) {
+    if (std::find(known.begin(), known.end(), key) == known.end()) fail_unknown(key, known);
   }
 }
 

@@ -61,6 +61,40 @@ const std::vector<std::string_view> kFoundryOnlyKeys = {"code_paths",
                                                         "callbacks_str",
                                                         "seq_parallel_world_size"};
 
+// Top-level keys Tessera reads (kept in step with parse_train_config; root.finish() re-checks at the end).
+const std::vector<std::string_view> kTopLevelKeys = {"variables",
+                                                     "max_seq_len",
+                                                     "model",
+                                                     "tokenizer",
+                                                     "train_loader",
+                                                     "eval_loader",
+                                                     "optimizer",
+                                                     "scheduler",
+                                                     "algorithms",
+                                                     "callbacks",
+                                                     "loggers",
+                                                     "fsdp_config",
+                                                     "max_duration",
+                                                     "eval_interval",
+                                                     "eval_first",
+                                                     "eval_subset_num_batches",
+                                                     "global_train_batch_size",
+                                                     "device_train_microbatch_size",
+                                                     "device_eval_batch_size",
+                                                     "precision",
+                                                     "seed",
+                                                     "run_name",
+                                                     "save_folder",
+                                                     "save_interval",
+                                                     "save_num_checkpoints_to_keep",
+                                                     "save_overwrite",
+                                                     "load_path",
+                                                     "autoresume",
+                                                     "icl_tasks",
+                                                     "console_log_interval",
+                                                     "progress_bar",
+                                                     "log_to_console"};
+
 template <class Options>
 Options parse_named(Section& root, std::string_view key, const config::Registry<Options>& registry, bool required) {
   Section s = root.section(key);
@@ -147,6 +181,9 @@ TrainConfig parse_train_config(config::Value resolved, const std::string& path) 
   cfg.resolved = std::move(resolved);
   Section root(&cfg.resolved, "", ctx);
 
+  std::vector<std::string_view> known = kTopLevelKeys;
+  known.insert(known.end(), kFoundryOnlyKeys.begin(), kFoundryOnlyKeys.end());
+  root.reject_unknown(known);
   root.raw("variables");  // free-form, only referenced through ${variables.*}
   cfg.max_seq_len = root.require_int("max_seq_len");
   root.check(cfg.max_seq_len > 0, "max_seq_len", "must be positive");
@@ -156,7 +193,7 @@ TrainConfig parse_train_config(config::Value resolved, const std::string& path) 
     if (!model.present()) root.fail("model", "missing required key");
     const std::string name = model.require_string("name");
     if (auto parsed = models::model_registry().parse(name, model, model, "name")) cfg.model = *parsed;
-    if (!model.has("max_seq_len")) cfg.model.max_seq_len = cfg.max_seq_len;
+    // As in LLM Foundry, the model's max_seq_len is its own (MPTConfig default 2048), not the top-level value.
     model.check(cfg.model.max_seq_len >= cfg.max_seq_len, "max_seq_len",
                 fmt::format("the model's max_seq_len ({}) is shorter than the recipe's max_seq_len ({})",
                             cfg.model.max_seq_len, cfg.max_seq_len));

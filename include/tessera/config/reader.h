@@ -89,12 +89,17 @@ class Section {
   // suggestion when a known key is close.
   void finish(const std::vector<std::string_view>& foundry_keys = {});
 
+  // Throws the unknown-key error for the first key not in `known` (nothing is marked read). Use it before reading
+  // required keys, so that a misspelt key is reported as such rather than as the required key it was meant to be.
+  void reject_unknown(const std::vector<std::string_view>& known) const;
+
   // "optimizer.lr" for key "lr" of section "optimizer".
   std::string key_path(std::string_view key) const;
 
  private:
   const Value* lookup(std::string_view key);
-  const Origin& origin_of(std::string_view key) const;
+  Origin origin_of(std::string_view key) const;
+  [[noreturn]] void fail_unknown(std::string_view key, const std::vector<std::string_view>& known) const;
   [[noreturn]] void type_error(std::string_view key, const Value& v, const std::string& expected) const;
 
   const Value* value_;

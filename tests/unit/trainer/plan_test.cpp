@@ -1,0 +1,58 @@
+// Dry-run planning: batch arithmetic and ZeRO memory accounting.
+#include <gtest/gtest.h>
+
+#include "tessera/trainer/plan.h"
+#include "tessera/util/error.h"
+
+namespace tessera::trainer {
+namespace {
+
+const std::string kRecipe = std::string(TESSERA_SOURCE_DIR) + "/recipes/mpt-125m.yaml";
+
+TEST(Plan, BatchArithmeticFollowsLlmFoundry) {
+  TrainConfig cfg = load_train_config(kRecipe);
+  Plan p = make_plan(cfg, 8, 8);
+  EXPECT_EQ(p.device_train_batch_size, 32);
+  EXPECT_EQ(p.microbatches_per_step, 2);
+  EXPECT_EQ(p.tokens_per_step, 256 * 2048);
+  // Composer allows a microbatch that does not divide the device batch: 48 with 11 -> 11, 11, 11, 11, 4.
+  cfg = load_train_config(kRecipe, {"global_train_batch_size=48", "device_train_microbatch_size=11"});
+  p = make_plan(cfg, 1, 1);
+  EXPECT_EQ(p.microbatch_sizes, (std::vector<int64_t>{11, 11, 11, 11, 4}));
+  // A microbatch larger than the device batch is clipped to it.
+  cfg = load_train_config(kRecipe, {"global_train_batch_size=16", "device_train_microbatch_size=64"});
+  p = make_plan(cfg, 4, 4);
+  EXPECT_EQ(p.microbatch_sizes, (std::vector<int64_t>{4}));
+  EXPECT_THROW(make_plan(cfg, 3, 3), ConfigError);
+}
+
+TEST(Plan, ZeroMemoryPerRank) {
+  const int64_t psi = 1000000;
+  // Mixed-precision Adam: 2 + 2 + 12 bytes per parameter (the ZeRO paper's K = 12).
+  auto none = dist::state_memory_per_rank(psi, dist::ShardingStrategy::kNoShard, 4, 4, true, 2, 0);
+  EXPECT_DOUBLE_EQ(none.total(), 16.0 * psi);
+  auto zero2 = dist::state_memory_per_rank(psi, dist::ShardingStrategy::kShardGradOp, 4, 4, true, 2, 0);
+  EXPECT_DOUBLE_EQ(zero2.total(), 2.0 * psi + 14.0 * psi / 4);
+  auto zero3 = dist::state_memory_per_rank(psi, dist::ShardingStrategy::kFullShard, 4, 4, true, 2, 1000);
+  EXPECT_DOUBLE_EQ(zero3.params + zero3.grads + zero3.optimizer, 16.0 * psi / 4);
+  EXPECT_DOUBLE_EQ(zero3.transient, 2 * 1000 * 2.0) << "two gathered units in bf16";
+  // HYBRID_SHARD shards within a node only.
+  auto hybrid = dist::state_memory_per_rank(psi, dist::ShardingStrategy::kHybridShard, 16, 8, true, 2, 0);
+  EXPECT_DOUBLE_EQ(hybrid.total(), 16.0 * psi / 8);
+  // fp32 with Lion: 4 (param) + 4 (grad) + 4 (momentum).
+  auto lion = dist::state_memory_per_rank(psi, dist::ShardingStrategy::kNoShard, 1, 1, false, 1, 0);
+  EXPECT_DOUBLE_EQ(lion.total(), 12.0 * psi);
+}
+
+TEST(Plan, ActivationCheckpointingKeepsOnlyBlockInputs) {
+  const TrainConfig cfg = load_train_config(kRecipe);
+  const auto& m = cfg.model;
+  const double tokens = 16.0 * 2048;
+  const double logits = tokens * 50368 * (2 + 4);
+  const double block = tokens * (8 * 768 + 2 * 3072) * 2;  // bf16 values, no dropout
+  EXPECT_DOUBLE_EQ(models::mpt_activation_bytes(m, 16, 2048, 2, false), 12 * block + logits);
+  EXPECT_DOUBLE_EQ(models::mpt_activation_bytes(m, 16, 2048, 2, true), 12 * tokens * 768 * 2 + block + logits);
+}
+
+}  // namespace
+}  // namespace tessera::trainer
