@@ -24,6 +24,13 @@ if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
   set(TORCH_CUDA_ARCH_LIST "8.0;9.0")
 endif()
 find_package(Torch REQUIRED)
+
+# The venv's interpreter runs tests/compat/ (real Python peers); Torch_DIR is <venv>/lib/python3.X/site-packages/
+# torch/share/cmake/Torch, so the venv is seven levels up.
+if(NOT TESSERA_PYTHON)
+  get_filename_component(_venv "${Torch_DIR}/../../../../../../.." ABSOLUTE)
+  set(TESSERA_PYTHON "${_venv}/bin/python" CACHE FILEPATH "Python with the compatibility peers (tools/requirements.txt)")
+endif()
 message(STATUS "LibTorch ${Torch_VERSION} from ${Torch_DIR}")
 
 # Torch's include directory carries its own fmt (12.x) headers, which would shadow Debian's fmt 9 that spdlog and

@@ -342,17 +342,17 @@ std::string Value::brief() const {
   return "";
 }
 
-nlohmann::json Value::to_json() const {
+nlohmann::ordered_json Value::to_json() const {
   switch (kind_) {
     case Kind::kNull:
       return nullptr;
     case Kind::kSequence: {
-      nlohmann::json arr = nlohmann::json::array();
+      nlohmann::ordered_json arr = nlohmann::ordered_json::array();
       for (const Value& v : items_) arr.push_back(v.to_json());
       return arr;
     }
     case Kind::kMap: {
-      nlohmann::json obj = nlohmann::json::object();
+      nlohmann::ordered_json obj = nlohmann::ordered_json::object();
       for (const auto& [k, v] : entries_) obj[k] = v.to_json();
       return obj;
     }

@@ -74,7 +74,7 @@ class Value {
   // Short rendering for messages: "fast" (quoted), 0.1, [0.9, 0.95], {...}.
   std::string brief() const;
   // Plain-scalar typing as YAML/OmegaConf do it: null, booleans, integers, floats, else strings.
-  nlohmann::json to_json() const;
+  nlohmann::ordered_json to_json() const;
 
  private:
   Kind kind_ = Kind::kNull;

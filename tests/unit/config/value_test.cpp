@@ -128,12 +128,13 @@ TEST(YamlFile, SyntaxErrorsDuplicatesAndMissingFiles) {
 
 TEST(Json, MatchesTypedValues) {
   Value v = resolved("variables: {s: 128}\nmax_seq_len: ${variables.s}\nname: \"x\"\nlr: 6.0e-4\nf: [true, ~]\n");
-  const nlohmann::json j = v.to_json();
+  const nlohmann::ordered_json j = v.to_json();
   EXPECT_EQ(j["max_seq_len"], 128);
   EXPECT_EQ(j["name"], "x");
   EXPECT_DOUBLE_EQ(j["lr"].get<double>(), 6.0e-4);
   EXPECT_EQ(j["f"][0], true);
   EXPECT_TRUE(j["f"][1].is_null());
+  EXPECT_EQ(j.begin().key(), "variables") << "keys keep the recipe's order";
 }
 
 }  // namespace
