@@ -94,48 +94,46 @@ void Section::type_error(std::string_view key, const Value& v, const std::string
   fail(key, fmt::format("expected {}, got {} {}", expected, v.type_name(), v.brief()));
 }
 
-int64_t Section::require_int(std::string_view key) {
-  if (auto v = get_optional_int(key)) return *v;
-  fail(key, "missing required key");
+template <class T>
+std::optional<T> Section::read(std::string_view key, std::optional<T> (Value::*convert)() const, const char* expected) {
+  const Value* v = lookup(key);
+  if (v == nullptr) return std::nullopt;
+  if (auto x = (v->*convert)()) return x;
+  type_error(key, *v, expected);
 }
 
+template <class T>
+T Section::required(std::string_view key, std::optional<T> value) const {
+  if (!value) fail(key, "missing required key");
+  return *value;
+}
+
+int64_t Section::require_int(std::string_view key) {
+  return required(key, get_optional_int(key));
+}
 int64_t Section::get_int(std::string_view key, int64_t fallback) {
   return get_optional_int(key).value_or(fallback);
 }
-
 std::optional<int64_t> Section::get_optional_int(std::string_view key) {
-  const Value* v = lookup(key);
-  if (v == nullptr) return std::nullopt;
-  if (auto i = v->as_int()) return i;
-  type_error(key, *v, "an integer");
+  return read(key, &Value::as_int, "an integer");
 }
 
 double Section::require_double(std::string_view key) {
-  if (auto v = get_optional_double(key)) return *v;
-  fail(key, "missing required key");
+  return required(key, get_optional_double(key));
 }
-
 double Section::get_double(std::string_view key, double fallback) {
   return get_optional_double(key).value_or(fallback);
 }
-
 std::optional<double> Section::get_optional_double(std::string_view key) {
-  const Value* v = lookup(key);
-  if (v == nullptr) return std::nullopt;
-  if (auto d = v->as_double()) return d;
-  type_error(key, *v, "a number");
+  return read(key, &Value::as_double, "a number");
 }
 
 bool Section::get_bool(std::string_view key, bool fallback) {
-  const Value* v = lookup(key);
-  if (v == nullptr) return fallback;
-  if (auto b = v->as_bool()) return *b;
-  type_error(key, *v, "true or false");
+  return read(key, &Value::as_bool, "true or false").value_or(fallback);
 }
 
 std::string Section::require_string(std::string_view key) {
-  if (auto v = get_optional_string(key)) return *v;
-  fail(key, "missing required key");
+  return required(key, get_optional_string(key));
 }
 
 std::string Section::get_string(std::string_view key, std::string fallback) {

@@ -98,6 +98,11 @@ class Section {
 
  private:
   const Value* lookup(std::string_view key);
+  // Reads `key` through `convert`; nullopt when absent or null, a type error when it does not convert.
+  template <class T>
+  std::optional<T> read(std::string_view key, std::optional<T> (Value::*convert)() const, const char* expected);
+  template <class T>
+  T required(std::string_view key, std::optional<T> value) const;
   Origin origin_of(std::string_view key) const;
   [[noreturn]] void fail_unknown(std::string_view key, const std::vector<std::string_view>& known) const;
   [[noreturn]] void type_error(std::string_view key, const Value& v, const std::string& expected) const;
