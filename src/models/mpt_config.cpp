@@ -203,13 +203,14 @@ int64_t mpt_block_params(const MPTOptions& o) {
   const int64_t d = o.d_model, hd = o.head_dim(), h = o.n_heads, kv = o.attn.kv_n_heads;
   const int64_t f = o.ffn_hidden();
   const int64_t bias = o.no_bias ? 0 : 1;
-  const int64_t norm = d * (1 + bias);  // weight (+ bias)
+  const int64_t norm_bias = o.norm_has_bias() ? 1 : 0;
+  const int64_t norm = d * (1 + norm_bias);  // weight (+ bias; RMSNorm has none)
   int64_t n = 0;
   n += norm;  // norm_1
   const int64_t qkv_out = (h + 2 * kv) * hd;
   n += d * qkv_out + (o.wqkv_bias() ? qkv_out : 0);                 // attn.Wqkv
-  if (o.attn.qk_ln) n += (h * hd + kv * hd) * (1 + bias);           // attn.q_ln over H*hd, attn.k_ln over KV*hd
-  if (o.attn.qk_gn) n += 2 * hd * (1 + bias);                       // per-head norms
+  if (o.attn.qk_ln) n += (h * hd + kv * hd) * (1 + norm_bias);      // attn.q_ln over H*hd, attn.k_ln over KV*hd
+  if (o.attn.qk_gn) n += 2 * hd * (1 + norm_bias);                  // per-head norms
   n += h * hd * d + bias * d;                                       // attn.out_proj
   n += norm;                                                        // norm_2
   const int64_t projections = o.ffn.type == FfnType::kGLU ? 2 : 1;  // up_proj (+ gate_proj)
@@ -223,7 +224,7 @@ int64_t mpt_param_count(const MPTOptions& o) {
   int64_t n = o.vocab_size * d;                   // transformer.wte
   if (o.learned_pos_emb) n += o.max_seq_len * d;  // transformer.wpe
   n += o.n_layers * mpt_block_params(o);
-  n += d * (o.no_bias ? 1 : 2);                       // transformer.norm_f
+  n += d * (o.norm_has_bias() ? 2 : 1);               // transformer.norm_f
   if (!o.tie_word_embeddings) n += o.vocab_size * d;  // lm_head (no bias)
   return n;
 }

@@ -76,6 +76,10 @@ struct MPTOptions {
   int64_t head_dim() const { return d_model / n_heads; }
   int64_t ffn_hidden() const;
   bool wqkv_bias() const { return attention_bias.value_or(!no_bias); }
+  // LayerNorms carry a bias unless no_bias; RMSNorms never do.
+  bool norm_has_bias() const {
+    return !no_bias && (norm_type == NormType::kLayerNorm || norm_type == NormType::kLowPrecisionLayerNorm);
+  }
 };
 
 // Reads and validates an `mpt_causal_lm` model section (the `name` key is read by the caller). Options Tessera does

@@ -1,0 +1,43 @@
+// Hugging Face MPT folders: config.json (model_type "mpt") + model.safetensors (or a sharded index). Tessera loads
+// folders written by HF transformers or LLM Foundry and writes folders that MptForCausalLM.from_pretrained loads.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "tessera/checkpoint/safetensors.h"
+#include "tessera/models/mpt.h"
+
+namespace tessera::checkpoint {
+
+// Reads <dir>/config.json into MPTOptions (LLM Foundry's field names; HF's layer_norm_epsilon is accepted, and HF's
+// generic PretrainedConfig fields are ignored). Throws naming the file for a missing file, bad JSON, a model_type
+// other than "mpt", or an invalid or unsupported architecture value.
+models::MPTOptions read_hf_config(const std::string& dir);
+
+// The config.json Tessera writes for `options` (LLM Foundry's MPTConfig fields plus HF's aliases).
+std::string hf_config_json(const models::MPTOptions& options, at::ScalarType dtype);
+
+struct LoadReport {
+  std::vector<std::string> missing;     // model parameters not in the files (only when !strict)
+  std::vector<std::string> unexpected;  // stored tensors the model does not have (only when !strict)
+};
+
+// Copies stored tensors into the model's parameters by name, converting dtype. With `strict`, a missing or unexpected
+// tensor is an error naming it; a shape mismatch always is. A tied model accepts a stored lm_head.weight in place of
+// transformer.wte.weight (HF may keep either copy of a tied pair).
+LoadReport load_weights(models::MPTForCausalLM& model,
+                        const std::map<std::string, std::shared_ptr<SafetensorsFile>>& tensors, bool strict = true);
+
+// Builds a model from an HF folder: config, then weights (strict).
+models::MPTForCausalLM load_hf_model(const std::string& dir);
+
+// Writes config.json and the weights (in `dtype`, sharded above `max_shard_bytes`) into `dir`. Tied models store
+// transformer.wte.weight only, as HF does.
+void save_hf_model(models::MPTForCausalLM& model, const std::string& dir, at::ScalarType dtype = at::kFloat,
+                   uint64_t max_shard_bytes = uint64_t{5} << 30);
+
+}  // namespace tessera::checkpoint

@@ -1,0 +1,54 @@
+// MPT attention: fused Wqkv, grouped-query heads, optional qk LayerNorm, clipping, rotary embeddings, and
+// scaled_dot_product_attention with ALiBi / causal / sliding-window / packed-document / padding masks.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <vector>
+
+#include "tessera/models/layers.h"
+
+namespace tessera::models {
+
+// LLM Foundry's gen_slopes: slope_k = 2^(-alibi_bias_max * k / n) for k = 1..n, n the next power of two; for other
+// head counts the odd-indexed slopes of the power of two come first. Shape (n_heads,), float32.
+at::Tensor alibi_slopes(int64_t n_heads, double alibi_bias_max);
+
+// Everything a block's attention needs for one forward call, built once per call by MPTModel and shared by blocks.
+struct AttentionInputs {
+  int64_t past = 0;                // positions already in the KV cache before this chunk
+  std::optional<at::Tensor> mask;  // additive, broadcastable to (B, H, s_q, s_k), in the compute dtype
+  bool is_causal = false;          // no mask needed beyond plain causal masking
+  at::Tensor rope_cos, rope_sin;   // (s_q, head_dim / 2) for positions past .. past + s_q; undefined without RoPE
+  bool reference = false;          // use the explicit softmax(QK^T * scale + mask) V path instead of SDPA
+};
+
+// Keys and values of one layer: (B, kv_n_heads, T, head_dim).
+struct LayerCache {
+  at::Tensor key;
+  at::Tensor value;
+};
+
+class GroupedQueryAttentionImpl : public torch::nn::Cloneable<GroupedQueryAttentionImpl> {
+ public:
+  GroupedQueryAttentionImpl(const MPTOptions& options, const at::TensorOptions& tensor_options);
+  void reset() override {}
+  // x: (B, S, d_model) -> (B, S, d_model). With `cache`, appends this chunk's keys and values to it.
+  at::Tensor forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache = nullptr);
+
+  Linear Wqkv{nullptr};
+  Linear out_proj{nullptr};
+  Norm q_ln{nullptr};
+  Norm k_ln{nullptr};
+
+ private:
+  MPTOptions o_;
+  double scale_;
+};
+TORCH_MODULE(GroupedQueryAttention);
+
+// Applies GPT-NeoX-style (flash-attn "dail", non-interleaved) rotary embeddings to x: (B, S, heads, head_dim).
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+}  // namespace tessera::models

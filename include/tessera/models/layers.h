@@ -1,0 +1,59 @@
+// Building blocks of the MPT model: Linear, LayerNorm/RMSNorm (optionally low precision) and Embedding modules whose
+// parameters are created directly with the requested TensorOptions, so a model can be built on the `meta` device
+// (no memory) and materialised later by the sharding engine. Parameter names ("weight", "bias") are the HF ones.
+// Not thread-safe (like every torch::nn::Module).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include "tessera/models/mpt_config.h"
+
+namespace tessera::models {
+
+// y = x W^T + b, W: (out_features, in_features).
+class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
+ public:
+  LinearImpl(int64_t in_features, int64_t out_features, bool bias, const at::TensorOptions& options);
+  void reset() override;  // parameters are created in the constructor; initialisation is init_mpt_weights()
+  at::Tensor forward(const at::Tensor& x);
+
+  int64_t in_features;
+  int64_t out_features;
+  at::Tensor weight;
+  at::Tensor bias;  // undefined when absent
+  // Set on attention out_proj and ffn down_proj: LLM Foundry divides their init by init_div_is_residual.
+  bool is_residual = false;
+};
+TORCH_MODULE(Linear);
+
+// LayerNorm (weight, bias unless `bias` is false) or RMSNorm (weight only) over the last dimension. The
+// low-precision variants run in the autocast dtype with autocast disabled, as LLM Foundry's LPLayerNorm does; without
+// autocast they are the plain norms.
+class NormImpl : public torch::nn::Cloneable<NormImpl> {
+ public:
+  NormImpl(int64_t size, NormType type, double eps, bool bias, const at::TensorOptions& options);
+  void reset() override {}
+  at::Tensor forward(const at::Tensor& x);
+
+  int64_t size;
+  NormType type;
+  double eps;
+  at::Tensor weight;
+  at::Tensor bias;  // undefined for RMSNorm or without bias
+};
+TORCH_MODULE(Norm);
+
+class EmbeddingImpl : public torch::nn::Cloneable<EmbeddingImpl> {
+ public:
+  EmbeddingImpl(int64_t num_embeddings, int64_t dim, const at::TensorOptions& options);
+  void reset() override {}
+  at::Tensor forward(const at::Tensor& ids);  // ids: (B, T) int64 -> (B, T, dim)
+
+  at::Tensor weight;  // (num_embeddings, dim)
+};
+TORCH_MODULE(Embedding);
+
+}  // namespace tessera::models

@@ -1,0 +1,122 @@
+// MPT, LLM Foundry's decoder-only transformer, as LibTorch modules. Submodule names match LLM Foundry and Hugging
+// Face, so named_parameters() gives the checkpoint keys: transformer.wte.weight, transformer.wpe.weight,
+// transformer.blocks.{i}.norm_1.weight, ....attn.Wqkv.weight, ....ffn.up_proj.weight, transformer.norm_f.weight,
+// lm_head.weight (untied only). Model code knows nothing about distribution; sharding is applied from outside.
+// Modules are not thread-safe.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <vector>
+
+#include "tessera/models/attention.h"
+#include "tessera/models/layers.h"
+#include "tessera/models/mpt_config.h"
+
+namespace tessera::models {
+
+// mptmlp: down_proj(gelu(up_proj(x))); mptglu: down_proj(gelu(gate_proj(x)) * up_proj(x)). Exact (erf) GELU.
+class FFNImpl : public torch::nn::Cloneable<FFNImpl> {
+ public:
+  FFNImpl(const MPTOptions& options, const at::TensorOptions& tensor_options);
+  void reset() override {}
+  at::Tensor forward(const at::Tensor& x);
+
+  Linear up_proj{nullptr};
+  Linear gate_proj{nullptr};  // mptglu only
+  Linear down_proj{nullptr};
+};
+TORCH_MODULE(FFN);
+
+// Pre-LN block: x + drop(attn(norm_1(x))), then + drop(ffn(norm_2(x))).
+class MPTBlockImpl : public torch::nn::Cloneable<MPTBlockImpl> {
+ public:
+  MPTBlockImpl(const MPTOptions& options, const at::TensorOptions& tensor_options);
+  void reset() override {}
+  at::Tensor forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache = nullptr);
+
+  Norm norm_1{nullptr};
+  GroupedQueryAttention attn{nullptr};
+  Norm norm_2{nullptr};
+  FFN ffn{nullptr};
+
+ private:
+  double resid_pdrop_;
+};
+TORCH_MODULE(MPTBlock);
+
+// Keys and values of every layer for incremental decoding, plus the key padding mask seen so far.
+struct KVCache {
+  std::vector<LayerCache> layers;
+  at::Tensor attention_mask;  // (B, length) bool, true = real token; undefined when no mask was given
+  int64_t length = 0;         // positions cached
+};
+
+struct ForwardOptions {
+  std::optional<at::Tensor> attention_mask;  // (B, S) bool/int, true or 1 = token, false or 0 = padding
+  std::optional<at::Tensor> sequence_id;     // (B, S) int64: packed-document ids (attn_uses_sequence_id)
+  KVCache* cache = nullptr;                  // incremental decoding: reads and extends the cache
+  bool reference_attention = false;          // explicit softmax path instead of SDPA (for tests)
+};
+
+class MPTModelImpl : public torch::nn::Cloneable<MPTModelImpl> {
+ public:
+  MPTModelImpl(const MPTOptions& options, const at::TensorOptions& tensor_options);
+  void reset() override {}
+  // input_ids: (B, S) int64 -> hidden states after norm_f: (B, S, d_model).
+  at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& fo = {});
+
+  Embedding wte{nullptr};
+  Embedding wpe{nullptr};  // learned positions only
+  torch::nn::ModuleList blocks{nullptr};
+  Norm norm_f{nullptr};
+
+ private:
+  AttentionInputs attention_inputs(const at::Tensor& input_ids, const ForwardOptions& fo, int64_t past,
+                                   const at::Tensor& key_mask);
+  // (1, H, s_q, s_k) float32: causal, sliding window and ALiBi for queries at past .. past + s_q; cached per shape.
+  const at::Tensor& structural_mask(int64_t past, int64_t s_q, const at::Device& device);
+
+  MPTOptions o_;
+  at::Tensor slopes_;  // (H,) ALiBi slopes
+  struct MaskKey {
+    int64_t past = -1, s_q = -1;
+    at::Device device = at::kCPU;
+  } mask_key_;
+  at::Tensor mask_cache_;
+};
+TORCH_MODULE(MPTModel);
+
+class MPTForCausalLMImpl : public torch::nn::Cloneable<MPTForCausalLMImpl> {
+ public:
+  explicit MPTForCausalLMImpl(const MPTOptions& options);
+  void reset() override {}
+  // input_ids: (B, S) int64 -> logits (B, S, vocab_size).
+  at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& fo = {});
+  const MPTOptions& options() const { return o_; }
+
+  MPTModel transformer{nullptr};
+  Linear lm_head{nullptr};  // only when tie_word_embeddings is false
+
+ private:
+  MPTOptions o_;
+};
+TORCH_MODULE(MPTForCausalLM);
+
+// Builds the model on options.init_device ("cpu", "cuda" or "meta"); on a real device the weights are initialised
+// with LLM Foundry's init_config scheme using `seed`.
+MPTForCausalLM build_mpt(const MPTOptions& options, uint64_t seed = 17);
+
+// LLM Foundry's parameter initialisation (param_init_fns.py) for options.init.name, from `generator`: Linear
+// weights by the scheme (fused Wqkv per Q/K/V slice), residual projections divided by init_div_is_residual, biases
+// zero, embeddings by emb_init_std / emb_init_uniform_lim / the scheme, norms weight 1 bias 0.
+void init_mpt_weights(MPTForCausalLM& model, at::Generator generator);
+
+// Moves a model built on `meta` to `device`, allocating every parameter and initialising it.
+void materialize(MPTForCausalLM& model, const at::Device& device, uint64_t seed);
+
+// Next-token loss: mean cross-entropy of logits[:, t] against labels[:, t + 1] over labels != ignore_index.
+at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, int64_t ignore_index = -100);
+
+}  // namespace tessera::models

@@ -1,0 +1,316 @@
+// safetensors reading (mmap, validated header) and atomic writing, single-file and sharded.
+#include "tessera/checkpoint/safetensors.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "tessera/util/error.h"
+
+namespace tessera::checkpoint {
+namespace {
+
+constexpr const char* kComponent = "safetensors";
+constexpr uint64_t kMaxHeader = 100u << 20;  // the reference implementation's limit
+
+[[noreturn]] void fail(const std::string& path, const std::string& message) {
+  throw Error(kComponent, fmt::format("{}: {}", path, message));
+}
+
+const std::vector<std::pair<std::string, at::ScalarType>>& dtype_table() {
+  static const std::vector<std::pair<std::string, at::ScalarType>> table = {{"F64", at::kDouble},
+                                                                            {"F32", at::kFloat},
+                                                                            {"F16", at::kHalf},
+                                                                            {"BF16", at::kBFloat16},
+                                                                            {"I64", at::kLong},
+                                                                            {"I32", at::kInt},
+                                                                            {"I16", at::kShort},
+                                                                            {"I8", at::kChar},
+                                                                            {"U8", at::kByte},
+                                                                            {"BOOL", at::kBool},
+                                                                            {"U16", at::kUInt16},
+                                                                            {"U32", at::kUInt32},
+                                                                            {"U64", at::kUInt64},
+                                                                            {"F8_E4M3", at::kFloat8_e4m3fn},
+                                                                            {"F8_E5M2", at::kFloat8_e5m2}};
+  return table;
+}
+
+// Writes all of `data` to fd, or throws.
+void write_all(int fd, const char* data, size_t n, const std::string& path) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, data, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      fail(path, fmt::format("write failed: {}", std::strerror(errno)));
+    }
+    data += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+}  // namespace
+
+std::string dtype_name(at::ScalarType dtype) {
+  for (const auto& [name, t] : dtype_table()) {
+    if (t == dtype) return name;
+  }
+  throw Error(kComponent, fmt::format("dtype {} cannot be stored in safetensors", c10::toString(dtype)));
+}
+
+at::ScalarType dtype_from_name(const std::string& name) {
+  for (const auto& [n, t] : dtype_table()) {
+    if (n == name) return t;
+  }
+  throw Error(kComponent, fmt::format("unknown dtype \"{}\"", name));
+}
+
+struct SafetensorsFile::Mapping {
+  void* addr = nullptr;
+  size_t size = 0;
+  ~Mapping() {
+    if (addr != nullptr && addr != MAP_FAILED) ::munmap(addr, size);
+  }
+};
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), mapping_(std::make_shared<Mapping>()) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, fmt::format("cannot open: {}", std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    fail(path, fmt::format("cannot stat: {}", std::strerror(errno)));
+  }
+  const auto file_size = static_cast<uint64_t>(st.st_size);
+  if (file_size < 8) {
+    ::close(fd);
+    fail(path, fmt::format("truncated: {} bytes, not even the 8-byte header length", file_size));
+  }
+  mapping_->size = file_size;
+  mapping_->addr = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (mapping_->addr == MAP_FAILED) fail(path, fmt::format("mmap failed: {}", std::strerror(errno)));
+  const auto* bytes = static_cast<const unsigned char*>(mapping_->addr);
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];
+  if (header_len > kMaxHeader) fail(path, fmt::format("bad header: claims {} bytes of header", header_len));
+  if (8 + header_len > file_size) {
+    fail(path, fmt::format("truncated: header claims {} bytes but the file has {}", header_len, file_size - 8));
+  }
+  data_start_ = 8 + header_len;
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(reinterpret_cast<const char*>(bytes + 8),
+                                   reinterpret_cast<const char*>(bytes + data_start_));
+  } catch (const nlohmann::json::exception& e) {
+    fail(path, fmt::format("bad header: not valid JSON ({})", e.what()));
+  }
+  if (!header.is_object()) fail(path, "bad header: not a JSON object");
+  const uint64_t data_size = file_size - data_start_;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      if (!entry.is_object()) fail(path, "bad header: __metadata__ is not an object");
+      for (const auto& [k, v] : entry.items()) {
+        if (!v.is_string()) fail(path, fmt::format("bad header: __metadata__.{} is not a string", k));
+        metadata_[k] = v.get<std::string>();
+      }
+      continue;
+    }
+    try {
+      TensorInfo info;
+      info.dtype = dtype_from_name(entry.at("dtype").get<std::string>());
+      info.shape = entry.at("shape").get<std::vector<int64_t>>();
+      const auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
+      if (offsets.size() != 2) fail(path, fmt::format("tensor {}: data_offsets must have 2 entries", name));
+      info.begin = offsets[0];
+      info.end = offsets[1];
+      uint64_t numel = 1;
+      for (int64_t d : info.shape) {
+        if (d < 0) fail(path, fmt::format("tensor {}: negative dimension", name));
+        numel *= static_cast<uint64_t>(d);
+      }
+      const uint64_t expected = numel * c10::elementSize(info.dtype);
+      if (info.end < info.begin || info.end - info.begin != expected) {
+        fail(path, fmt::format("tensor {}: data_offsets [{}, {}] hold {} bytes, but shape and dtype need {}", name,
+                               info.begin, info.end, info.end - info.begin, expected));
+      }
+      if (info.end > data_size) {
+        fail(path,
+             fmt::format("truncated: tensor {} ends at byte {} of a {}-byte data section", name, info.end, data_size));
+      }
+      ranges.emplace_back(info.begin, info.end);
+      tensors_[name] = std::move(info);
+    } catch (const nlohmann::json::exception& e) {
+      fail(path, fmt::format("bad header entry for tensor {}: {}", name, e.what()));
+    } catch (const Error&) {
+      throw;
+    }
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i].first < ranges[i - 1].second) fail(path, "bad header: tensor data ranges overlap");
+  }
+}
+
+SafetensorsFile::~SafetensorsFile() = default;
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, info] : tensors_) out.push_back(name);
+  return out;
+}
+
+const TensorInfo& SafetensorsFile::info(const std::string& name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) fail(path_, fmt::format("no tensor named {}", name));
+  return it->second;
+}
+
+at::Tensor SafetensorsFile::view(const std::string& name) const {
+  const TensorInfo& i = info(name);
+  auto* base = static_cast<char*>(mapping_->addr) + data_start_ + i.begin;
+  std::shared_ptr<Mapping> keep = mapping_;
+  return at::from_blob(
+      base, i.shape, [keep](void*) mutable { keep.reset(); }, at::TensorOptions().dtype(i.dtype));
+}
+
+at::Tensor SafetensorsFile::load(const std::string& name, std::optional<at::ScalarType> dtype) const {
+  const at::Tensor v = view(name);
+  return v.to(dtype.value_or(v.scalar_type()), /*non_blocking=*/false, /*copy=*/true);
+}
+
+void save_safetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<at::Tensor> data;
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    at::Tensor c = t.detach().to(at::kCPU).contiguous();
+    const uint64_t n = c.numel() * c.element_size();
+    header[name] = {
+        {"dtype", dtype_name(c.scalar_type())}, {"shape", c.sizes().vec()}, {"data_offsets", {offset, offset + n}}};
+    offset += n;
+    data.push_back(std::move(c));
+  }
+  std::string json = header.dump();
+  while ((8 + json.size()) % 8 != 0) json.push_back(' ');  // align the data section to 8 bytes
+  const std::filesystem::path target(path);
+  const std::string tmp = (target.parent_path() / ("." + target.filename().string() + ".tmp")).string();
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail(path, fmt::format("cannot create {}: {}", tmp, std::strerror(errno)));
+  try {
+    unsigned char len[8];
+    uint64_t h = json.size();
+    for (unsigned char& b : len) b = static_cast<unsigned char>(h & 0xff), h >>= 8;
+    write_all(fd, reinterpret_cast<const char*>(len), 8, path);
+    write_all(fd, json.data(), json.size(), path);
+    for (const at::Tensor& c : data) {
+      write_all(fd, static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size(), path);
+    }
+    if (::fsync(fd) != 0) fail(path, fmt::format("fsync failed: {}", std::strerror(errno)));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    fail(path, fmt::format("rename from {} failed: {}", tmp, std::strerror(errno)));
+  }
+}
+
+std::vector<std::string> save_sharded_safetensors(const std::string& dir,
+                                                  const std::map<std::string, at::Tensor>& tensors,
+                                                  uint64_t max_shard_bytes,
+                                                  const std::map<std::string, std::string>& metadata) {
+  std::filesystem::create_directories(dir);
+  std::vector<std::map<std::string, at::Tensor>> shards(1);
+  uint64_t in_shard = 0, total = 0;
+  for (const auto& [name, t] : tensors) {
+    const uint64_t n = t.numel() * t.element_size();
+    if (in_shard > 0 && in_shard + n > max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back()[name] = t;
+    in_shard += n;
+    total += n;
+  }
+  std::vector<std::string> files;
+  if (shards.size() == 1) {
+    save_safetensors((std::filesystem::path(dir) / "model.safetensors").string(), shards[0], metadata);
+    std::filesystem::remove(std::filesystem::path(dir) / "model.safetensors.index.json");
+    return {"model.safetensors"};
+  }
+  nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}},
+                                  {"weight_map", nlohmann::ordered_json::object()}};
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string file = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
+    save_safetensors((std::filesystem::path(dir) / file).string(), shards[i], metadata);
+    for (const auto& [name, t] : shards[i]) index["weight_map"][name] = file;
+    files.push_back(file);
+  }
+  const std::string index_path = (std::filesystem::path(dir) / "model.safetensors.index.json").string();
+  const std::string tmp = index_path + ".tmp";
+  {
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) fail(index_path, fmt::format("cannot create: {}", std::strerror(errno)));
+    const std::string text = index.dump(2) + "\n";
+    write_all(fd, text.data(), text.size(), index_path);
+    ::fsync(fd);
+    ::close(fd);
+  }
+  if (::rename(tmp.c_str(), index_path.c_str()) != 0) fail(index_path, "rename failed");
+  return files;
+}
+
+std::map<std::string, std::shared_ptr<SafetensorsFile>> open_safetensors_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::map<std::string, std::shared_ptr<SafetensorsFile>> out;
+  const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
+  if (fs::exists(index_path)) {
+    nlohmann::json index;
+    try {
+      std::ifstream in(index_path);
+      index = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      fail(index_path.string(), fmt::format("not valid JSON ({})", e.what()));
+    }
+    if (!index.contains("weight_map") || !index["weight_map"].is_object()) {
+      fail(index_path.string(), "missing the \"weight_map\" object");
+    }
+    std::map<std::string, std::shared_ptr<SafetensorsFile>> files;
+    for (const auto& [name, file] : index["weight_map"].items()) {
+      const std::string f = file.get<std::string>();
+      if (!files.count(f)) {
+        const fs::path p = fs::path(dir) / f;
+        if (!fs::exists(p)) fail(index_path.string(), fmt::format("shard {} (holding {}) does not exist", f, name));
+        files[f] = std::make_shared<SafetensorsFile>(p.string());
+      }
+      if (!files[f]->contains(name)) {
+        fail(index_path.string(), fmt::format("tensor {} is listed in shard {} but not stored there", name, f));
+      }
+      out[name] = files[f];
+    }
+    return out;
+  }
+  const fs::path single = fs::path(dir) / "model.safetensors";
+  if (!fs::exists(single)) fail(dir, "no model.safetensors or model.safetensors.index.json");
+  auto file = std::make_shared<SafetensorsFile>(single.string());
+  for (const std::string& name : file->names()) out[name] = file;
+  return out;
+}
+
+}  // namespace tessera::checkpoint

@@ -1,0 +1,98 @@
+// MPT grouped-query attention over scaled_dot_product_attention, with a reference path for testing.
+#include "tessera/models/attention.h"
+
+#include <cmath>
+
+namespace tessera::models {
+
+at::Tensor alibi_slopes(int64_t n_heads, double alibi_bias_max) {
+  const int64_t n = int64_t{1} << static_cast<int64_t>(std::ceil(std::log2(static_cast<double>(n_heads))));
+  at::Tensor m = at::arange(1, n + 1, at::kFloat) * static_cast<float>(alibi_bias_max / static_cast<double>(n));
+  at::Tensor slopes = 1.0 / at::pow(2, m);
+  if (n != n_heads) {
+    using at::indexing::None;
+    using at::indexing::Slice;
+    slopes = at::cat({slopes.index({Slice(1, None, 2)}), slopes.index({Slice(None, None, 2)})}).slice(0, 0, n_heads);
+  }
+  return slopes;
+}
+
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  // x: (B, S, H, hd); cos/sin: (S, hd/2) -> broadcast over batch and heads.
+  const int64_t half = x.size(-1) / 2;
+  const at::Tensor x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
+  const at::Tensor c = cos.unsqueeze(1).to(x.scalar_type()), s = sin.unsqueeze(1).to(x.scalar_type());
+  return at::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
+}
+
+GroupedQueryAttentionImpl::GroupedQueryAttentionImpl(const MPTOptions& o, const at::TensorOptions& t) : o_(o) {
+  const int64_t hd = o.head_dim(), h = o.n_heads, kv = o.attn.kv_n_heads;
+  Wqkv = register_module("Wqkv", Linear(o.d_model, (h + 2 * kv) * hd, o.wqkv_bias(), t));
+  if (o.attn.qk_ln || o.attn.qk_gn) {
+    q_ln = register_module("q_ln", Norm(o.attn.qk_gn ? hd : h * hd, o.norm_type, o.norm_eps, !o.no_bias, t));
+    k_ln = register_module("k_ln", Norm(o.attn.qk_gn ? hd : kv * hd, o.norm_type, o.norm_eps, !o.no_bias, t));
+  }
+  out_proj = register_module("out_proj", Linear(h * hd, o.d_model, !o.no_bias, t));
+  out_proj->is_residual = true;
+  scale_ = o.attn.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(hd)));
+}
+
+at::Tensor GroupedQueryAttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
+  const int64_t b = x.size(0), s = x.size(1), hd = o_.head_dim(), h = o_.n_heads, kv = o_.attn.kv_n_heads;
+  at::Tensor qkv = Wqkv(x);  // (B, S, (H + 2 KV) hd): [Q | K | V], head-major
+  if (o_.attn.clip_qkv) qkv = qkv.clamp(-*o_.attn.clip_qkv, *o_.attn.clip_qkv);
+  at::Tensor q = qkv.narrow(2, 0, h * hd), k = qkv.narrow(2, h * hd, kv * hd),
+             v = qkv.narrow(2, (h + kv) * hd, kv * hd);
+  if (q_ln) {
+    const auto dtype = q.scalar_type();
+    if (o_.attn.qk_gn) {
+      q = q_ln(q.reshape({b, s, h, hd})).to(dtype).reshape({b, s, h * hd});
+      k = k_ln(k.reshape({b, s, kv, hd})).to(dtype).reshape({b, s, kv * hd});
+    } else {
+      q = q_ln(q).to(dtype);
+      k = k_ln(k).to(dtype);
+    }
+  }
+  q = q.reshape({b, s, h, hd});
+  k = k.reshape({b, s, kv, hd});
+  v = v.reshape({b, s, kv, hd});
+  if (in.rope_cos.defined()) {
+    q = apply_rotary(q, in.rope_cos, in.rope_sin);
+    k = apply_rotary(k, in.rope_cos, in.rope_sin);
+  }
+  q = q.transpose(1, 2);  // (B, H, S, hd)
+  k = k.transpose(1, 2);  // (B, KV, S, hd)
+  v = v.transpose(1, 2);
+  if (cache != nullptr) {
+    if (cache->key.defined()) {
+      k = at::cat({cache->key, k}, 2);
+      v = at::cat({cache->value, v}, 2);
+    }
+    cache->key = k;
+    cache->value = v;
+  }
+  const double dropout = is_training() ? o_.attn.attn_pdrop : 0.0;
+  at::Tensor context;
+  if (in.reference) {
+    // Plain path: kv head g serves query heads g * n_rep .. g * n_rep + n_rep - 1, as LLM Foundry's repeat_kv_for_gqa.
+    const int64_t rep = h / kv;
+    const at::Tensor kf = rep > 1 ? k.repeat_interleave(rep, 1) : k, vf = rep > 1 ? v.repeat_interleave(rep, 1) : v;
+    at::Tensor scores = at::matmul(q, kf.transpose(-1, -2)) * scale_;  // (B, H, s_q, s_k)
+    if (in.mask) scores = scores + *in.mask;
+    if (in.is_causal) {
+      const int64_t sk = kf.size(2);
+      const at::Tensor future = at::ones({s, sk}, x.options().dtype(at::kBool)).triu(sk - s + 1);
+      scores = scores.masked_fill(future, std::numeric_limits<float>::lowest());
+    }
+    at::Tensor weights = at::softmax(scores, -1);
+    weights = at::dropout(weights, dropout, is_training());
+    context = at::matmul(weights, vf);
+  } else {
+    context = at::scaled_dot_product_attention(q, k, v, in.mask, dropout, in.is_causal, scale_,
+                                               /*enable_gqa=*/kv != h);
+  }
+  context = context.transpose(1, 2).reshape({b, s, h * hd});  // (B, S, H hd)
+  return out_proj(context);
+}
+
+}  // namespace tessera::models

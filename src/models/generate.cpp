@@ -1,0 +1,103 @@
+// Batched KV-cache decoding with greedy and nucleus/top-k sampling.
+#include "tessera/models/generate.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "tessera/util/error.h"
+
+namespace tessera::models {
+namespace {
+
+// Filters (B, V) logits in place of top-k and top-p, as HF's TopK/TopP warpers do (top-k first).
+at::Tensor filter_logits(at::Tensor logits, int64_t top_k, double top_p) {
+  const float kMasked = -std::numeric_limits<float>::infinity();
+  if (top_k > 0 && top_k < logits.size(-1)) {
+    const at::Tensor kth = std::get<0>(logits.topk(top_k, -1)).narrow(-1, top_k - 1, 1);
+    logits = logits.masked_fill(logits < kth, kMasked);
+  }
+  if (top_p < 1.0) {
+    auto [sorted, idx] = logits.sort(-1, /*descending=*/false);
+    const at::Tensor cumulative = sorted.softmax(-1).cumsum(-1);
+    at::Tensor remove = cumulative <= (1.0 - top_p);
+    remove.narrow(-1, remove.size(-1) - 1, 1).fill_(false);  // always keep the most likely token
+    logits = logits.masked_fill(remove.scatter(-1, idx, remove), kMasked);
+  }
+  return logits;
+}
+
+bool ends_with(const std::vector<int64_t>& seq, const std::vector<int64_t>& tail) {
+  return !tail.empty() && seq.size() >= tail.size() && std::equal(tail.rbegin(), tail.rend(), seq.rbegin());
+}
+
+}  // namespace
+
+std::vector<std::vector<int64_t>> generate(MPTForCausalLM& model, const std::vector<std::vector<int64_t>>& prompts,
+                                           const GenerationOptions& g) {
+  if (prompts.empty()) return {};
+  if (g.temperature <= 0) throw ConfigError("generate", "temperature must be positive");
+  if (g.top_p <= 0 || g.top_p > 1) throw ConfigError("generate", "top_p must lie in (0, 1]");
+  const bool was_training = model->is_training();
+  model->eval();
+  at::NoGradGuard no_grad;
+  const at::Device device = model->transformer->wte->weight.device();
+  const int64_t batch = static_cast<int64_t>(prompts.size());
+  int64_t longest = 0;
+  for (const auto& p : prompts) {
+    if (p.empty()) throw ConfigError("generate", "every prompt needs at least one token");
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
+  }
+  // Left-pad to a common length; the mask hides the padding and shifts learned positions.
+  at::Tensor ids = at::full({batch, longest}, g.pad_token_id, at::kLong);
+  at::Tensor mask = at::zeros({batch, longest}, at::kBool);
+  bool padded = false;
+  for (int64_t b = 0; b < batch; ++b) {
+    const auto& p = prompts[static_cast<size_t>(b)];
+    const int64_t offset = longest - static_cast<int64_t>(p.size());
+    padded = padded || offset > 0;
+    for (size_t t = 0; t < p.size(); ++t) ids[b][offset + static_cast<int64_t>(t)] = p[t];
+    mask[b].narrow(0, offset, longest - offset).fill_(true);
+  }
+  ids = ids.to(device);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(g.seed);
+  KVCache cache;
+  ForwardOptions fo;
+  fo.cache = &cache;
+  if (padded) fo.attention_mask = mask.to(device);
+  std::vector<std::vector<int64_t>> out(static_cast<size_t>(batch));
+  std::vector<bool> done(static_cast<size_t>(batch), false);
+  at::Tensor input = ids;
+  for (int64_t step = 0; step < g.max_new_tokens; ++step) {
+    const at::Tensor logits = model->forward(input, fo).select(1, -1).to(at::kFloat).cpu();  // (B, V)
+    at::Tensor next;
+    if (g.do_sample) {
+      const at::Tensor filtered = filter_logits(logits / g.temperature, g.top_k, g.top_p);
+      next = at::multinomial(filtered.softmax(-1), 1, /*replacement=*/false, gen).squeeze(1);
+    } else {
+      next = logits.argmax(-1);
+    }
+    bool all_done = true;
+    for (int64_t b = 0; b < batch; ++b) {
+      auto& seq = out[static_cast<size_t>(b)];
+      if (done[static_cast<size_t>(b)]) {
+        next[b] = g.pad_token_id;
+        continue;
+      }
+      const int64_t token = next[b].item<int64_t>();
+      seq.push_back(token);
+      bool stop = g.eos_token_id && token == *g.eos_token_id;
+      for (const auto& s : g.stop_sequences) stop = stop || ends_with(seq, s);
+      done[static_cast<size_t>(b)] = stop;
+      all_done = all_done && stop;
+    }
+    if (all_done) break;
+    input = next.view({batch, 1}).to(device);
+    if (fo.attention_mask) fo.attention_mask = at::ones({batch, 1}, at::TensorOptions(at::kBool).device(device));
+  }
+  model->train(was_training);
+  return out;
+}
+
+}  // namespace tessera::models

@@ -1,0 +1,109 @@
+// LLM Foundry's parameter initialisation schemes (llmfoundry/models/utils/param_init_fns.py).
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "tessera/models/mpt.h"
+#include "tessera/util/error.h"
+
+namespace tessera::models {
+namespace {
+
+struct Fans {
+  double in, out;
+};
+
+Fans fans(const at::Tensor& w) {
+  return {static_cast<double>(w.size(1)), static_cast<double>(w.size(0))};
+}
+
+double gain(const InitOptions& o) {
+  if (o.init_nonlinearity == "relu") return std::sqrt(2.0);
+  if (o.init_nonlinearity == "leaky_relu") return std::sqrt(2.0 / (1.0 + o.init_gain * o.init_gain));
+  return 1.0;  // linear
+}
+
+// Applies the scheme's init function to a 2-D weight (or a slice of one).
+void init_fn(const MPTOptions& mo, at::Tensor w, at::Generator& gen) {
+  const InitOptions& o = mo.init;
+  const Fans f = fans(w);
+  const double fan = o.fan_mode == "fan_in" ? f.in : f.out;
+  if (o.name == "kaiming_normal_") {
+    w.normal_(0.0, gain(o) / std::sqrt(fan), gen);
+  } else if (o.name == "kaiming_uniform_") {
+    const double bound = gain(o) * std::sqrt(3.0 / fan);
+    w.uniform_(-bound, bound, gen);
+  } else if (o.name == "xavier_uniform_") {
+    const double bound = o.init_gain * std::sqrt(6.0 / (f.in + f.out));
+    w.uniform_(-bound, bound, gen);
+  } else if (o.name == "xavier_normal_") {
+    w.normal_(0.0, o.init_gain * std::sqrt(2.0 / (f.in + f.out)), gen);
+  } else if (o.name == "baseline_") {
+    w.normal_(0.0, *o.init_std, gen);
+  } else if (o.name == "small_init_" || o.name == "neox_init_") {
+    w.normal_(0.0, std::sqrt(2.0 / (5.0 * static_cast<double>(mo.d_model))), gen);
+  } else {
+    throw Error("model", "unknown init scheme " + o.name);
+  }
+}
+
+double residual_divisor(const MPTOptions& o) {
+  if (o.init.name == "neox_init_") return static_cast<double>(o.n_layers) / std::sqrt(10.0);
+  return o.init.init_div_is_residual;
+}
+
+// torch's reset_parameters(), for init_config.name: default_.
+void torch_default(torch::nn::Module& m, at::Generator& gen) {
+  if (auto* lin = m.as<LinearImpl>()) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(lin->in_features));
+    lin->weight.uniform_(-bound, bound, gen);  // kaiming_uniform_(a=sqrt(5))
+    if (lin->bias.defined()) lin->bias.uniform_(-bound, bound, gen);
+  } else if (auto* emb = m.as<EmbeddingImpl>()) {
+    emb->weight.normal_(0.0, 1.0, gen);
+  } else if (auto* norm = m.as<NormImpl>()) {
+    norm->weight.fill_(1.0);
+    if (norm->bias.defined()) norm->bias.zero_();
+  }
+}
+
+}  // namespace
+
+void init_mpt_weights(MPTForCausalLM& model, at::Generator gen) {
+  at::NoGradGuard no_grad;
+  const MPTOptions& o = model->options();
+  const int64_t hd = o.head_dim();
+  for (const auto& item : model->named_modules()) {
+    torch::nn::Module& m = *item.value();
+    if (o.init.name == "default_") {
+      torch_default(m, gen);
+      continue;
+    }
+    if (auto* lin = m.as<LinearImpl>()) {
+      if (item.key().ends_with("Wqkv")) {  // fused: initialise the Q, K and V slices separately
+        const int64_t rows[3] = {o.n_heads * hd, o.attn.kv_n_heads * hd, o.attn.kv_n_heads * hd};
+        int64_t start = 0;
+        for (int64_t r : rows) {
+          init_fn(o, lin->weight.narrow(0, start, r), gen);
+          start += r;
+        }
+      } else {
+        init_fn(o, lin->weight, gen);
+      }
+      if (lin->is_residual) lin->weight.div_(residual_divisor(o));
+      if (lin->bias.defined()) lin->bias.zero_();
+    } else if (auto* emb = m.as<EmbeddingImpl>()) {
+      if (o.init.emb_init_std) {
+        emb->weight.normal_(0.0, *o.init.emb_init_std, gen);
+      } else if (o.init.emb_init_uniform_lim) {
+        emb->weight.uniform_(-*o.init.emb_init_uniform_lim, *o.init.emb_init_uniform_lim, gen);
+      } else {
+        init_fn(o, emb->weight, gen);
+      }
+    } else if (auto* norm = m.as<NormImpl>()) {
+      norm->weight.fill_(1.0);
+      if (norm->bias.defined()) norm->bias.zero_();
+    }
+  }
+}
+
+}  // namespace tessera::models

@@ -1,0 +1,73 @@
+// Linear, Norm and Embedding modules with meta-device-friendly parameter creation.
+#include "tessera/models/layers.h"
+
+#include <ATen/autocast_mode.h>
+
+namespace tessera::models {
+namespace {
+
+// Disables autocast for one device type for the lifetime of the guard.
+class AutocastOff {
+ public:
+  explicit AutocastOff(at::DeviceType device) : device_(device), was_(at::autocast::is_autocast_enabled(device)) {
+    at::autocast::set_autocast_enabled(device_, false);
+  }
+  ~AutocastOff() { at::autocast::set_autocast_enabled(device_, was_); }
+  AutocastOff(const AutocastOff&) = delete;
+  AutocastOff& operator=(const AutocastOff&) = delete;
+
+ private:
+  at::DeviceType device_;
+  bool was_;
+};
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  // LLM Foundry's rms_norm: x * rsqrt(mean(x^2) + eps) * weight, in the input dtype.
+  at::Tensor out = x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return (out * weight).to(x.scalar_type());
+}
+
+}  // namespace
+
+LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias, const at::TensorOptions& options)
+    : in_features(in), out_features(out) {
+  weight = register_parameter("weight", at::empty({out, in}, options));
+  if (with_bias) bias = register_parameter("bias", at::zeros({out}, options));
+}
+
+void LinearImpl::reset() {}
+
+at::Tensor LinearImpl::forward(const at::Tensor& x) {
+  return at::linear(x, weight, bias);
+}
+
+NormImpl::NormImpl(int64_t n, NormType t, double e, bool with_bias, const at::TensorOptions& options)
+    : size(n), type(t), eps(e) {
+  weight = register_parameter("weight", at::ones({n}, options));
+  const bool layer_norm = type == NormType::kLayerNorm || type == NormType::kLowPrecisionLayerNorm;
+  if (layer_norm && with_bias) bias = register_parameter("bias", at::zeros({n}, options));
+}
+
+at::Tensor NormImpl::forward(const at::Tensor& x) {
+  const bool low_precision = type == NormType::kLowPrecisionLayerNorm || type == NormType::kLowPrecisionRMSNorm;
+  const at::DeviceType device = x.device().type();
+  if (low_precision && at::autocast::is_autocast_enabled(device)) {
+    const at::ScalarType dtype = at::autocast::get_autocast_dtype(device);
+    AutocastOff off(device);
+    const at::Tensor xd = x.to(dtype), wd = weight.to(dtype);
+    if (type == NormType::kLowPrecisionRMSNorm) return rms_norm(xd, wd, eps);
+    return at::layer_norm(xd, {size}, wd, bias.defined() ? bias.to(dtype) : at::Tensor(), eps);
+  }
+  if (type == NormType::kRMSNorm || type == NormType::kLowPrecisionRMSNorm) return rms_norm(x, weight, eps);
+  return at::layer_norm(x, {size}, weight, bias, eps);
+}
+
+EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim, const at::TensorOptions& options) {
+  weight = register_parameter("weight", at::empty({num_embeddings, dim}, options));
+}
+
+at::Tensor EmbeddingImpl::forward(const at::Tensor& ids) {
+  return at::embedding(weight, ids);
+}
+
+}  // namespace tessera::models

@@ -1,0 +1,193 @@
+// MPT modules: FFN, block, transformer body and the causal-LM head; mask and rotary tables built per call.
+#include "tessera/models/mpt.h"
+
+#include <ATen/autocast_mode.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+
+#include "tessera/util/error.h"
+
+namespace tessera::models {
+namespace {
+
+constexpr float kMasked = std::numeric_limits<float>::lowest();  // LLM Foundry fills with finfo.min, not -inf
+
+at::ScalarType compute_dtype(const at::Tensor& param) {
+  const at::DeviceType device = param.device().type();
+  if (at::autocast::is_autocast_enabled(device)) return at::autocast::get_autocast_dtype(device);
+  return param.scalar_type();
+}
+
+}  // namespace
+
+FFNImpl::FFNImpl(const MPTOptions& o, const at::TensorOptions& t) {
+  const int64_t f = o.ffn_hidden();
+  up_proj = register_module("up_proj", Linear(o.d_model, f, !o.no_bias, t));
+  if (o.ffn.type == FfnType::kGLU) gate_proj = register_module("gate_proj", Linear(o.d_model, f, !o.no_bias, t));
+  down_proj = register_module("down_proj", Linear(f, o.d_model, !o.no_bias, t));
+  down_proj->is_residual = true;
+}
+
+at::Tensor FFNImpl::forward(const at::Tensor& x) {
+  if (gate_proj) return down_proj(at::gelu(gate_proj(x)) * up_proj(x));
+  return down_proj(at::gelu(up_proj(x)));
+}
+
+MPTBlockImpl::MPTBlockImpl(const MPTOptions& o, const at::TensorOptions& t) : resid_pdrop_(o.resid_pdrop) {
+  norm_1 = register_module("norm_1", Norm(o.d_model, o.norm_type, o.norm_eps, !o.no_bias, t));
+  attn = register_module("attn", GroupedQueryAttention(o, t));
+  norm_2 = register_module("norm_2", Norm(o.d_model, o.norm_type, o.norm_eps, !o.no_bias, t));
+  ffn = register_module("ffn", FFN(o, t));
+}
+
+at::Tensor MPTBlockImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
+  at::Tensor h = x + at::dropout(attn(norm_1(x), in, cache), resid_pdrop_, is_training());
+  return h + at::dropout(ffn(norm_2(h)), resid_pdrop_, is_training());
+}
+
+MPTModelImpl::MPTModelImpl(const MPTOptions& o, const at::TensorOptions& t) : o_(o) {
+  wte = register_module("wte", Embedding(o.vocab_size, o.d_model, t));
+  if (o.learned_pos_emb) wpe = register_module("wpe", Embedding(o.max_seq_len, o.d_model, t));
+  blocks = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < o.n_layers; ++i) blocks->push_back(MPTBlock(o, t));
+  norm_f = register_module("norm_f", Norm(o.d_model, o.norm_type, o.norm_eps, !o.no_bias, t));
+  if (o.attn.alibi) slopes_ = alibi_slopes(o.n_heads, o.attn.alibi_bias_max);
+}
+
+const at::Tensor& MPTModelImpl::structural_mask(int64_t past, int64_t s_q, const at::Device& device) {
+  if (mask_cache_.defined() && mask_key_.past == past && mask_key_.s_q == s_q && mask_key_.device == device) {
+    return mask_cache_;
+  }
+  const int64_t s_k = past + s_q;
+  const auto opts = at::TensorOptions().device(device);
+  const at::Tensor qpos = at::arange(past, s_k, opts.dtype(at::kLong)).unsqueeze(1);  // (s_q, 1)
+  const at::Tensor kpos = at::arange(0, s_k, opts.dtype(at::kLong)).unsqueeze(0);     // (1, s_k)
+  at::Tensor blocked = kpos > qpos;                                                   // causal
+  if (o_.attn.sliding_window_size > 0) blocked = blocked | (kpos < qpos - o_.attn.sliding_window_size);
+  at::Tensor mask = at::zeros({1, 1, s_q, s_k}, opts.dtype(at::kFloat));
+  if (o_.attn.alibi) {
+    // LLM Foundry's causal form: slope_h * (j - (s_k - 1)), the same for every query row.
+    const at::Tensor rel = (at::arange(0, s_k, opts.dtype(at::kFloat)) - static_cast<double>(s_k - 1));
+    mask = mask + slopes_.to(device).view({1, -1, 1, 1}) * rel.view({1, 1, 1, s_k});
+  }
+  mask = mask.masked_fill(blocked.view({1, 1, s_q, s_k}), kMasked);
+  mask_key_ = {past, s_q, device};
+  mask_cache_ = mask;
+  return mask_cache_;
+}
+
+AttentionInputs MPTModelImpl::attention_inputs(const at::Tensor& ids, const ForwardOptions& fo, int64_t past,
+                                               const at::Tensor& key_mask) {
+  AttentionInputs in;
+  in.past = past;
+  in.reference = fo.reference_attention;
+  const int64_t s_q = ids.size(1), s_k = past + s_q;
+  const bool padding = key_mask.defined() && !key_mask.all().item<bool>();
+  const bool seq_ids = o_.attn.attn_uses_sequence_id && fo.sequence_id.has_value();
+  const bool structural = o_.attn.alibi || o_.attn.sliding_window_size > 0 || (past > 0 && s_q > 1);
+  if (!structural && !padding && !seq_ids) {
+    in.is_causal = past == 0;  // a single new token after the cache attends to everything
+  } else {
+    at::Tensor mask = structural_mask(past, s_q, ids.device());
+    if (padding) {
+      mask = mask.masked_fill(key_mask.logical_not().view({ids.size(0), 1, 1, s_k}), kMasked);
+    }
+    if (seq_ids) {
+      TORCH_CHECK(past == 0, "sequence_id cannot be combined with a KV cache");
+      const at::Tensor& sid = *fo.sequence_id;
+      const at::Tensor other = sid.unsqueeze(2) != sid.unsqueeze(1);  // (B, S, S)
+      mask = mask.masked_fill(other.unsqueeze(1), kMasked);
+    }
+    in.mask = mask.to(compute_dtype(wte->weight));
+  }
+  if (o_.attn.rope) {
+    const int64_t half = o_.head_dim() / 2;
+    const auto fopts = at::TensorOptions().device(ids.device()).dtype(at::kFloat);
+    const at::Tensor inv_freq =
+        1.0 / at::pow(o_.attn.rope_theta, at::arange(0, 2 * half, 2, fopts) / static_cast<double>(2 * half));
+    const at::Tensor freqs = at::outer(at::arange(past, s_k, fopts), inv_freq);  // (s_q, half), positions in fp32
+    in.rope_cos = freqs.cos();
+    in.rope_sin = freqs.sin();
+  }
+  return in;
+}
+
+at::Tensor MPTModelImpl::forward(const at::Tensor& ids, const ForwardOptions& fo) {
+  TORCH_CHECK(ids.dim() == 2, "input_ids must be (batch, seq), got ", ids.sizes());
+  KVCache* cache = fo.cache;
+  const int64_t past = cache ? cache->length : 0, s = ids.size(1);
+  if (past + s > o_.max_seq_len && (o_.learned_pos_emb)) {
+    throw Error("model", fmt::format("sequence of {} tokens exceeds max_seq_len {}", past + s, o_.max_seq_len));
+  }
+  // Key padding mask over cached + new positions.
+  at::Tensor key_mask;
+  if (fo.attention_mask || (cache && cache->attention_mask.defined())) {
+    at::Tensor now = fo.attention_mask ? fo.attention_mask->to(at::kBool)
+                                       : at::ones({ids.size(0), s}, ids.options().dtype(at::kBool));
+    key_mask = (cache && cache->attention_mask.defined()) ? at::cat({cache->attention_mask, now}, 1) : now;
+  }
+  at::Tensor x = wte(ids);
+  if (wpe) {
+    at::Tensor pos = at::arange(past, past + s, ids.options()).unsqueeze(0);
+    if (key_mask.defined()) {
+      // Left padding: positions count real tokens only (LLM Foundry's fix).
+      const at::Tensor pads = at::cumsum(key_mask.logical_not().to(at::kLong), 1).narrow(1, past, s);
+      pos = at::clamp_min(pos - pads, 0);
+    }
+    x = x + wpe(pos);
+  }
+  if (o_.embedding_fraction < 1.0) {
+    x = x * o_.embedding_fraction + x.detach() * (1.0 - o_.embedding_fraction);
+  }
+  x = at::dropout(x, o_.emb_pdrop, is_training());
+  const AttentionInputs in = attention_inputs(ids, fo, past, key_mask);
+  if (cache && cache->layers.empty()) cache->layers.resize(static_cast<size_t>(o_.n_layers));
+  for (size_t i = 0; i < blocks->size(); ++i) {
+    x = blocks[i]->as<MPTBlockImpl>()->forward(x, in, cache ? &cache->layers[i] : nullptr);
+  }
+  if (cache) {
+    cache->length = past + s;
+    if (key_mask.defined()) cache->attention_mask = key_mask;
+  }
+  return norm_f(x);
+}
+
+MPTForCausalLMImpl::MPTForCausalLMImpl(const MPTOptions& o) : o_(o) {
+  const at::TensorOptions t = at::TensorOptions().dtype(at::kFloat).device(at::Device(o.init_device));
+  transformer = register_module("transformer", MPTModel(o, t));
+  if (!o.tie_word_embeddings) lm_head = register_module("lm_head", Linear(o.d_model, o.vocab_size, false, t));
+}
+
+at::Tensor MPTForCausalLMImpl::forward(const at::Tensor& input_ids, const ForwardOptions& fo) {
+  const at::Tensor h = transformer(input_ids, fo);
+  at::Tensor logits = lm_head ? lm_head(h) : at::linear(h, transformer->wte->weight);
+  if (o_.logit_scale) logits = logits * *o_.logit_scale;
+  return logits;
+}
+
+MPTForCausalLM build_mpt(const MPTOptions& options, uint64_t seed) {
+  MPTForCausalLM model(options);
+  if (options.init_device != "meta") {
+    init_mpt_weights(model, at::make_generator<at::CPUGeneratorImpl>(seed));
+  }
+  return model;
+}
+
+void materialize(MPTForCausalLM& model, const at::Device& device, uint64_t seed) {
+  at::NoGradGuard no_grad;
+  for (auto& p : model->parameters()) {
+    if (p.device().is_meta()) p.set_data(at::empty(p.sizes(), p.options().device(device)));
+  }
+  init_mpt_weights(model, at::make_generator<at::CPUGeneratorImpl>(seed));
+}
+
+at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, int64_t ignore_index) {
+  const int64_t s = logits.size(1), v = logits.size(2);
+  const at::Tensor shifted = logits.narrow(1, 0, s - 1).reshape({-1, v});
+  const at::Tensor targets = labels.narrow(1, 1, s - 1).reshape({-1});
+  return at::cross_entropy_loss(shifted.to(at::kFloat), targets, {}, at::Reduction::Mean, ignore_index);
+}
+
+}  // namespace tessera::models
