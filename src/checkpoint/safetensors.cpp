@@ -152,8 +152,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), mapping
       tensors_[name] = std::move(info);
     } catch (const nlohmann::json::exception& e) {
       fail(path, fmt::format("bad header entry for tensor {}: {}", name, e.what()));
-    } catch (const Error&) {
-      throw;
+    } catch (const Error& e) {
+      if (e.message().starts_with(path)) throw;
+      fail(path, fmt::format("tensor {}: {}", name, e.message()));
     }
   }
   std::sort(ranges.begin(), ranges.end());

@@ -175,12 +175,10 @@ MPTForCausalLM build_mpt(const MPTOptions& options, uint64_t seed) {
   return model;
 }
 
-void materialize(MPTForCausalLM& model, const at::Device& device, uint64_t seed) {
-  at::NoGradGuard no_grad;
-  for (auto& p : model->parameters()) {
-    if (p.device().is_meta()) p.set_data(at::empty(p.sizes(), p.options().device(device)));
-  }
-  init_mpt_weights(model, at::make_generator<at::CPUGeneratorImpl>(seed));
+MPTForCausalLM materialize(const MPTForCausalLM& meta_model, const at::Device& device, uint64_t seed) {
+  MPTOptions o = meta_model->options();
+  o.init_device = device.str();
+  return build_mpt(o, seed);
 }
 
 at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, int64_t ignore_index) {

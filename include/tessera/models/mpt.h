@@ -113,8 +113,9 @@ MPTForCausalLM build_mpt(const MPTOptions& options, uint64_t seed = 17);
 // zero, embeddings by emb_init_std / emb_init_uniform_lim / the scheme, norms weight 1 bias 0.
 void init_mpt_weights(MPTForCausalLM& model, at::Generator generator);
 
-// Moves a model built on `meta` to `device`, allocating every parameter and initialising it.
-void materialize(MPTForCausalLM& model, const at::Device& device, uint64_t seed);
+// A model built on `meta` describes shapes only (no memory). materialize() returns the same model allocated on
+// `device` and initialised from `seed` (identical to building it there directly); the meta model is left as it was.
+MPTForCausalLM materialize(const MPTForCausalLM& meta_model, const at::Device& device, uint64_t seed);
 
 // Next-token loss: mean cross-entropy of logits[:, t] against labels[:, t + 1] over labels != ignore_index.
 at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, int64_t ignore_index = -100);

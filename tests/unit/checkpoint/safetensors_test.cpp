@@ -1,0 +1,164 @@
+// safetensors files and HF folders: round trips, sharding, and clear errors for every kind of damage.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tessera/checkpoint/hf.h"
+#include "tessera/checkpoint/safetensors.h"
+#include "tessera/util/error.h"
+
+namespace tessera::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path temp_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / "tessera_st" / name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+std::string read_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+void write_bytes(const fs::path& p, const std::string& s) {
+  std::ofstream(p, std::ios::binary) << s;
+}
+
+TEST(Safetensors, RoundTripsEveryDtypeAndMetadata) {
+  const fs::path file = temp_dir("roundtrip") / "t.safetensors";
+  std::map<std::string, at::Tensor> tensors = {{"f32", at::randn({3, 4})},
+                                               {"bf16", at::randn({5}).to(at::kBFloat16)},
+                                               {"f16", at::randn({2, 2}).to(at::kHalf)},
+                                               {"i64", at::arange(6, at::kLong).view({2, 3})},
+                                               {"i32", at::arange(4, at::kInt)},
+                                               {"u8", at::arange(7, at::kByte)},
+                                               {"bool", at::tensor({1, 0, 1}).to(at::kBool)},
+                                               {"f64", at::randn({1}, at::kDouble)},
+                                               {"scalar", at::tensor(3.5f)},
+                                               {"empty", at::zeros({0, 4})},
+                                               {"noncontig", at::randn({4, 3}).t()}};
+  save_safetensors(file.string(), tensors, {{"format", "pt"}});
+  SafetensorsFile f(file.string());
+  EXPECT_EQ(f.names().size(), tensors.size());
+  EXPECT_EQ(f.metadata().at("format"), "pt");
+  for (const auto& [name, t] : tensors) {
+    EXPECT_TRUE(at::equal(f.load(name), t)) << name;
+    EXPECT_EQ(f.info(name).dtype, t.scalar_type()) << name;
+  }
+  EXPECT_TRUE(at::equal(f.load("bf16", at::kFloat), tensors["bf16"].to(at::kFloat)));
+  EXPECT_EQ(read_bytes(file).size() % 8, 0u);
+}
+
+TEST(Safetensors, DamagedFilesAreNamedErrors) {
+  const fs::path dir = temp_dir("damaged");
+  const fs::path good = dir / "good.safetensors";
+  save_safetensors(good.string(), {{"w", at::randn({16, 16})}, {"b", at::randn({16})}});
+  const std::string bytes = read_bytes(good);
+  const fs::path bad = dir / "bad.safetensors";
+  auto open_bad = [&] { SafetensorsFile f(bad.string()); };
+
+  write_bytes(bad, bytes.substr(0, bytes.size() - 10));  // truncated data
+  EXPECT_NE(error_of(open_bad).find(bad.string() + ": truncated: tensor w ends at byte"), std::string::npos)
+      << error_of(open_bad);
+  write_bytes(bad, bytes.substr(0, 5));  // not even a header length
+  EXPECT_NE(error_of(open_bad).find("truncated"), std::string::npos);
+  std::string huge = bytes;
+  huge[5] = '\x7f';  // header length far beyond the file
+  write_bytes(bad, huge);
+  EXPECT_NE(error_of(open_bad).find("bad header"), std::string::npos);
+  std::string json = bytes;
+  json[8] = 'X';  // the header is no longer JSON
+  write_bytes(bad, json);
+  EXPECT_NE(error_of(open_bad).find("bad header: not valid JSON"), std::string::npos);
+  std::string dtype = bytes;
+  dtype.replace(dtype.find("\"F32\""), 5, "\"Q32\"");
+  write_bytes(bad, dtype);
+  EXPECT_NE(error_of(open_bad).find("tensor b"), std::string::npos) << error_of(open_bad);
+  std::string shape = bytes;
+  shape.replace(shape.find("[16,16]"), 7, "[16,17]");
+  write_bytes(bad, shape);
+  EXPECT_NE(error_of(open_bad).find("tensor w: data_offsets"), std::string::npos) << error_of(open_bad);
+  EXPECT_NE(error_of([&] { SafetensorsFile f((dir / "none.safetensors").string()); }).find("cannot open"),
+            std::string::npos);
+}
+
+TEST(Safetensors, ShardedDirectoriesWithIndex) {
+  const fs::path dir = temp_dir("sharded");
+  std::map<std::string, at::Tensor> tensors;
+  for (int i = 0; i < 5; ++i) tensors["layer" + std::to_string(i)] = at::randn({64, 64});  // 16 KiB each
+  const auto files = save_sharded_safetensors(dir.string(), tensors, 40 * 1024);
+  EXPECT_EQ(files.size(), 3u);
+  EXPECT_TRUE(fs::exists(dir / "model.safetensors.index.json"));
+  auto opened = open_safetensors_dir(dir.string());
+  ASSERT_EQ(opened.size(), 5u);
+  for (const auto& [name, t] : tensors) EXPECT_TRUE(at::equal(opened[name]->load(name), t)) << name;
+  fs::remove(dir / files[1]);
+  EXPECT_NE(error_of([&] { open_safetensors_dir(dir.string()); }).find("does not exist"), std::string::npos);
+  // Re-saving small removes the stale index.
+  save_sharded_safetensors(dir.string(), {{"x", at::ones({2})}}, 1 << 20);
+  EXPECT_FALSE(fs::exists(dir / "model.safetensors.index.json"));
+  EXPECT_EQ(open_safetensors_dir(dir.string()).size(), 1u);
+}
+
+TEST(HfFolder, ExportLoadRoundTripAndWeightErrors) {
+  models::MPTOptions o;
+  o.d_model = 32, o.n_heads = 4, o.n_layers = 2, o.vocab_size = 50, o.max_seq_len = 16, o.attn.kv_n_heads = 4;
+  o.init.init_div_is_residual = 2.0;
+  auto model = models::build_mpt(o, 9);
+  const fs::path dir = temp_dir("hf");
+  save_hf_model(model, (dir / "m").string());
+  auto loaded = load_hf_model((dir / "m").string());
+  const at::Tensor ids = at::randint(0, 50, {2, 7}, at::kLong);
+  EXPECT_TRUE(at::equal(loaded->forward(ids), model->forward(ids)));
+  EXPECT_EQ(read_hf_config((dir / "m").string()).max_seq_len, 16);
+
+  // Missing, unexpected and mis-shaped tensors are named.
+  auto tensors = open_safetensors_dir((dir / "m").string());
+  std::map<std::string, at::Tensor> copy;
+  for (const auto& [n, f] : tensors) copy[n] = f->load(n);
+  auto write_variant = [&](const std::map<std::string, at::Tensor>& t) {
+    save_safetensors((dir / "m" / "model.safetensors").string(), t);
+  };
+  auto missing = copy;
+  missing.erase("transformer.blocks.1.ffn.up_proj.weight");
+  write_variant(missing);
+  EXPECT_NE(error_of([&] {
+              load_hf_model((dir / "m").string());
+            }).find("missing tensor transformer.blocks.1.ffn.up_proj.weight"),
+            std::string::npos);
+  auto extra = copy;
+  extra["transformer.blocks.9.attn.Wqkv.weight"] = at::zeros({1});
+  write_variant(extra);
+  EXPECT_NE(error_of([&] { load_hf_model((dir / "m").string()); }).find("unexpected tensor transformer.blocks.9"),
+            std::string::npos);
+  auto shaped = copy;
+  shaped["transformer.norm_f.weight"] = at::ones({31});
+  write_variant(shaped);
+  EXPECT_NE(error_of([&] {
+              load_hf_model((dir / "m").string());
+            }).find("tensor transformer.norm_f.weight has shape [31], the model expects [32]"),
+            std::string::npos);
+  write_bytes(dir / "m" / "config.json", "{\"model_type\": \"llama\"}");
+  EXPECT_NE(error_of([&] { read_hf_config((dir / "m").string()); }).find("model_type is \"llama\", expected \"mpt\""),
+            std::string::npos);
+  write_bytes(dir / "m" / "config.json", "{\"model_type\": \"mpt\", \"d_model\": 30, \"n_heads\": 4}");
+  EXPECT_NE(error_of([&] { read_hf_config((dir / "m").string()); }).find("n_heads: must divide d_model (30)"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace tessera::checkpoint
