@@ -15,6 +15,7 @@
 
 #include "tessera/trainer/plan.h"
 #include "tessera/trainer/train_config.h"
+#include "tessera/util/allocator.h"
 #include "tessera/util/device.h"
 #include "tessera/util/error.h"
 #include "tessera/util/logging.h"
@@ -59,6 +60,7 @@ int run(int argc, char** argv) {
     return tessera::kExitUsageError;
   }
   tessera::util::init_logging(log_level);
+  tessera::util::configure_host_allocator();
 
   const tessera::trainer::TrainConfig cfg = tessera::trainer::load_train_config(recipe, overrides);
   if (print_config) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <torch/nn/modules/container/modulelist.h>
 
 #include <optional>
 #include <vector>

@@ -1,0 +1,98 @@
+"""MPT forward+backward throughput: Tessera (C++) against Hugging Face transformers' eager MptForCausalLM (PyTorch), in
+one run on the same machine, same model shape, batch and sequence length, fp32 and bf16 autocast.
+
+The model is mpt-125m's shape (d_model 768, 12 heads, 12 layers, vocab 50368) in the variant HF's class implements
+(ALiBi, no biases), at sequence length 512. MFU = tokens/s x FLOPs/token (6N + 12 L d S) / measured GEMM peak.
+
+Tessera configures glibc malloc for training loops (util::configure_host_allocator: no mmap for large blocks, high
+trim threshold). HF is measured twice: as it runs by default, and with the same glibc settings given through the
+environment (MALLOC_MMAP_MAX_=0 ...), so the table separates the allocator's share of the difference.
+
+    python benchmarks/mpt_fwd_bwd_vs_hf.py [--rounds 3] [--steps 3] [--batch 1] [--seq 512]
+
+The three measurements alternate for --rounds rounds (each builds the model, warms up one step, times --steps steps)
+and medians are reported, so that a slow spell of a shared machine does not land on one side only.
+"""
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BENCH = os.environ.get("TESSERA_BENCH_BIN", str(ROOT / "build" / "bin" / "bench_mpt_fwd_bwd"))
+TUNED_MALLOC = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 30), "MALLOC_TOP_PAD_": str(64 << 20)}
+
+
+def hf_worker(precision, batch, seq, steps, warmup=1):
+    import torch
+    from transformers import MptConfig, MptForCausalLM
+    torch.manual_seed(0)
+    cfg = MptConfig(d_model=768, n_heads=12, n_layers=12, expansion_ratio=4, max_seq_len=seq, vocab_size=50368)
+    model = MptForCausalLM(cfg).train()
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq))
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "amp_bf16"):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+
+    for _ in range(warmup):
+        step()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    print(json.dumps({"tokens_per_s": batch * seq * steps / (time.perf_counter() - t0),
+                      "threads": torch.get_num_threads(), "torch": torch.__version__}))
+
+
+def hf(precision, args, tuned):
+    env = dict(os.environ, **(TUNED_MALLOC if tuned else {}))
+    out = subprocess.run([sys.executable, __file__, "--hf-worker", precision, "--batch", str(args.batch),
+                          "--seq", str(args.seq), "--steps", str(args.steps)],
+                         capture_output=True, text=True, check=True, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def tessera(precision, args):
+    out = subprocess.run([BENCH, "--recipe", str(ROOT / "recipes" / "mpt-125m.yaml"), "--precision", precision,
+                          "--batch", str(args.batch), "--seq", str(args.seq), "--steps", str(args.steps),
+                          f"variables.max_seq_len={args.seq}", "model.no_bias=true", "model.attn_config.alibi=true"],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--hf-worker", choices=["fp32", "amp_bf16"])
+    args = ap.parse_args()
+    if args.hf_worker:
+        hf_worker(args.hf_worker, args.batch, args.seq, args.steps)
+        return
+    print(f"mpt-125m shape (ALiBi, no bias), batch {args.batch} x seq {args.seq}; median of {args.rounds} "
+          f"alternating rounds of {args.steps} timed steps after 1 warm-up")
+    print(f"{'precision':<10}{'Tessera':>9}{'HF':>9}{'HF+malloc':>11}{'ratio':>7}{'ratio*':>8}"
+          f"{'MFU T':>8}{'MFU HF':>8}{'MFU HF+':>9}{'GEMM peak':>12}   (tokens/s; ratio* = vs HF+malloc)")
+    for precision in ("fp32", "amp_bf16"):
+        ours, theirs, tuned = [], [], []
+        for _ in range(args.rounds):
+            ours.append(tessera(precision, args))
+            theirs.append(hf(precision, args, tuned=False)["tokens_per_s"])
+            tuned.append(hf(precision, args, tuned=True)["tokens_per_s"])
+        t, h, ht = (statistics.median(x) for x in ([r["tokens_per_s"] for r in ours], theirs, tuned))
+        f = ours[0]["flops_per_token"]
+        peak = statistics.median(r["gemm_peak_flops"] for r in ours)
+        print(f"{precision:<10}{t:>9.1f}{h:>9.1f}{ht:>11.1f}{t / h:>7.2f}{t / ht:>8.2f}{t * f / peak:>8.1%}"
+              f"{h * f / peak:>8.1%}{ht * f / peak:>9.1%}{peak / 1e9:>8.0f} GF/s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,14 @@
+// glibc malloc tuning for step-repetitive allocation patterns.
+#include "tessera/util/allocator.h"
+
+#include <malloc.h>
+
+namespace tessera::util {
+
+void configure_host_allocator() {
+  mallopt(M_MMAP_MAX, 0);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);  // the largest value mallopt takes as an int
+  mallopt(M_TOP_PAD, 64 << 20);
+}
+
+}  // namespace tessera::util
