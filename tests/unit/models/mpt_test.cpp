@@ -218,3 +218,33 @@ TEST(MPT, CausalLmLossIgnoresMaskedLabels) {
 
 }  // namespace
 }  // namespace tessera::models
+
+namespace tessera::models {
+namespace {
+
+// The analytic count used by `train --dry-run` must equal the parameters the module really has.
+TEST(MPT, DryRunParameterCountEqualsTheModule) {
+  std::vector<MPTOptions> variants;
+  for (int v = 0; v < 8; ++v) {
+    MPTOptions o = small(v % 2 == 0);
+    o.init_device = "meta";
+    o.no_bias = v & 2;
+    o.tie_word_embeddings = !(v & 4);
+    if (v == 1) o.norm_type = NormType::kRMSNorm;
+    if (v == 3) o.attn.qk_ln = true, o.ffn.type = FfnType::kGLU;
+    if (v == 5) o.attn.attn_type = "grouped_query_attention", o.attn.kv_n_heads = 2, o.attn.qk_gn = true;
+    if (v == 6) o.attention_bias = true, o.expansion_ratio = 2.5;
+    if (v == 7)
+      o.attn.attn_type = "multiquery_attention", o.attn.kv_n_heads = 1, o.norm_type = NormType::kLowPrecisionRMSNorm;
+    variants.push_back(o);
+  }
+  for (size_t i = 0; i < variants.size(); ++i) {
+    MPTForCausalLM m(variants[i]);
+    int64_t n = 0;
+    for (const auto& p : m->parameters()) n += p.numel();
+    EXPECT_EQ(n, mpt_param_count(variants[i])) << "variant " << i;
+  }
+}
+
+}  // namespace
+}  // namespace tessera::models
