@@ -7,6 +7,7 @@
 #include "tessera/checkpoint/hf.h"
 #include "tessera/checkpoint/safetensors.h"
 #include "tessera/util/error.h"
+#include "test_util.h"
 
 namespace tessera::checkpoint {
 namespace {
@@ -20,14 +21,7 @@ fs::path temp_dir(const std::string& name) {
   return d;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using tessera::testing::error_of;
 
 std::string read_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

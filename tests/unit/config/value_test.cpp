@@ -7,6 +7,7 @@
 
 #include "tessera/config/value.h"
 #include "tessera/util/error.h"
+#include "test_util.h"
 
 namespace tessera::config {
 namespace {
@@ -24,14 +25,7 @@ Value resolved(const std::string& yaml) {
   return v;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using tessera::testing::error_of;
 
 TEST(Value, ScalarTypingFollowsYaml11AndOmegaConf) {
   Value v = load("a: 17\nb: 6.0e-4\nc: 1.0e-08\nd: 1e-8\ne: true\nf: off\ng: '16'\nh: flash\ni: 1_000\nj: .inf\nk:\n");
