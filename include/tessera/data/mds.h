@@ -1,0 +1,121 @@
+// MosaicML Streaming's MDS format, byte-compatible in both directions (../shared/specs/streaming-mds.md; format
+// notes in docs/formats/mds.md). A dataset directory holds index.json and shards shard.NNNNN.mds[.zstd|.gz]:
+//   [uint32 n][uint32 offsets[n+1]][config JSON][samples], each sample = [uint32 size per variable column][columns].
+//
+// Writing: MDSWriter produces the same bytes (and so the same hashes) as streaming.MDSWriter for the same samples.
+// Reading: MDSDataset reads shards written by either, verifying the hashes recorded in index.json.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace tessera::data::mds {
+
+// One column value. Which alternatives an encoding takes (writing) or gives (reading):
+//   bytes, str, str_decimal: std::string (raw bytes / UTF-8)    int, int8..int64, uint8..uint64, str_int: int64_t
+//   float16/32/64, str_float: double     json: nlohmann::ordered_json     ndarray[:dtype[:shape]]: at::Tensor (CPU)
+// As in Python, a std::string given to any encoding is written through unchanged (LLM Foundry writes UTF-8 bytes
+// into `str` columns this way).
+using Field = std::variant<std::string, int64_t, double, nlohmann::ordered_json, at::Tensor>;
+using Sample = std::map<std::string, Field>;
+
+// Validates an encoding name ("ndarray:int32:2048" too); returns its fixed byte size, or nullopt if variable.
+// Throws tessera::Error for an unknown or malformed encoding.
+std::optional<int64_t> encoded_size(const std::string& encoding);
+std::string encode(const std::string& encoding, const Field& value);
+Field decode(const std::string& encoding, std::string_view bytes);
+
+struct WriterOptions {
+  std::string out;                                         // directory (created; must be empty unless exist_ok)
+  std::map<std::string, std::string> columns;              // name -> encoding
+  std::optional<std::string> compression;                  // "zstd", "zstd:7", "gz", "gz:6"; nullopt = none
+  std::vector<std::string> hashes;                         // sorted subset of sha1, xxh64, xxh3_64
+  std::optional<uint64_t> size_limit = uint64_t{1} << 26;  // raw shard bytes; < 2^32; nullopt = unlimited
+  bool exist_ok = false;
+};
+
+// Writes samples into shards, flushing a shard when the next sample would exceed size_limit, and index.json on
+// finish(). Each file is written to a temporary name and renamed, so a crash never leaves a partial shard under its
+// final name. Not thread-safe.
+class MDSWriter {
+ public:
+  explicit MDSWriter(WriterOptions options);
+  ~MDSWriter();  // does NOT finish: an unfinished dataset has no index.json (call finish())
+  MDSWriter(const MDSWriter&) = delete;
+  MDSWriter& operator=(const MDSWriter&) = delete;
+
+  void write(const Sample& sample);
+  void finish();  // flushes the last shard and writes index.json; idempotent
+  int64_t samples_written() const { return total_samples_; }
+
+ private:
+  void flush_shard();
+  std::string config_json() const;
+
+  WriterOptions o_;
+  std::vector<std::string> names_, encodings_;
+  std::vector<std::optional<int64_t>> sizes_;
+  std::vector<std::string> pending_;  // encoded samples of the open shard
+  uint64_t pending_bytes_ = 0;        // raw size the open shard would have now
+  nlohmann::ordered_json shards_ = nlohmann::ordered_json::array();
+  int64_t total_samples_ = 0;
+  bool finished_ = false;
+};
+
+struct ShardInfo {
+  std::string raw_basename;  // may contain subdirectories (merged indexes)
+  std::optional<std::string> zip_basename;
+  std::optional<std::string> compression;
+  uint64_t raw_bytes = 0, zip_bytes = 0;
+  std::map<std::string, std::string> raw_hashes, zip_hashes;
+  int64_t samples = 0;
+  std::vector<std::string> column_names, column_encodings;
+  std::vector<std::optional<int64_t>> column_sizes;
+};
+
+struct ReaderOptions {
+  bool verify_hashes = true;  // check every supported hash in index.json when a shard is first opened
+};
+
+// One MDS directory (a "stream"). Index memory is O(shards): samples are located by binary search over cumulative
+// shard sizes. Shards are opened (decompressed to the raw name if needed, hash-checked, memory-mapped) on first use
+// and stay mapped. Thread-safe for concurrent reads.
+class MDSDataset {
+ public:
+  explicit MDSDataset(std::string dir, ReaderOptions options = {});
+  ~MDSDataset();
+
+  const std::string& dir() const { return dir_; }
+  int64_t size() const { return cumulative_.empty() ? 0 : cumulative_.back(); }
+  const std::vector<ShardInfo>& shards() const { return shards_; }
+  // (shard, index within shard) of a global sample id; throws naming the dataset when out of range.
+  std::pair<size_t, int64_t> locate(int64_t sample) const;
+
+  // The raw bytes of one sample (valid while the dataset lives) and the decoded sample.
+  std::string_view raw_sample(int64_t sample);
+  Sample get(int64_t sample);
+  // The bytes of one column of a sample, without decoding (fast path for token columns).
+  std::string_view column(int64_t sample, const std::string& name);
+
+ private:
+  struct OpenShard;
+  OpenShard& open(size_t shard);
+
+  std::string dir_;
+  ReaderOptions options_;
+  std::vector<ShardInfo> shards_;
+  std::vector<int64_t> cumulative_;  // cumulative_[k] = samples in shards 0..k
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<OpenShard>> open_;
+};
+
+}  // namespace tessera::data::mds

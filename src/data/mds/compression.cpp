@@ -1,0 +1,125 @@
+// zstd and gzip codecs for MDS shards.
+#include "compression.h"
+
+#include <fmt/format.h>
+#include <zlib.h>
+#include <zstd.h>
+
+#include "tessera/util/error.h"
+
+namespace tessera::data::mds::detail {
+namespace {
+
+struct Spec {
+  std::string family;
+  int level;
+};
+
+Spec parse(const std::string& spec) {
+  const size_t colon = spec.find(':');
+  Spec s{spec.substr(0, colon), 0};
+  int lo = 0, hi = 0, def = 0;
+  if (s.family == "zstd") {
+    lo = 1, hi = 22, def = 3;
+  } else if (s.family == "gz") {
+    lo = 0, hi = 9, def = 9;
+  } else {
+    throw Error("mds", fmt::format("compression \"{}\" is not supported (zstd[:level], gz[:level])", spec));
+  }
+  s.level = def;
+  if (colon != std::string::npos) {
+    try {
+      s.level = std::stoi(spec.substr(colon + 1));
+    } catch (const std::exception&) {
+      s.level = -1;
+    }
+    if (s.level < lo || s.level > hi) {
+      throw Error("mds", fmt::format("compression \"{}\": level must lie in [{}, {}]", spec, lo, hi));
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+std::string compression_extension(const std::string& spec) {
+  return parse(spec).family;
+}
+
+std::string compress(const std::string& spec, std::string_view raw) {
+  const Spec s = parse(spec);
+  if (s.family == "zstd") {
+    std::string out(ZSTD_compressBound(raw.size()), '\0');
+    const size_t n = ZSTD_compress(out.data(), out.size(), raw.data(), raw.size(), s.level);
+    if (ZSTD_isError(n)) throw Error("mds", fmt::format("zstd compression failed: {}", ZSTD_getErrorName(n)));
+    out.resize(n);
+    return out;
+  }
+  z_stream z{};
+  if (deflateInit2(&z, s.level, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) {
+    throw Error("mds", "gzip initialisation failed");
+  }
+  std::string out(deflateBound(&z, raw.size()) + 32, '\0');
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(raw.data()));
+  z.avail_in = static_cast<uInt>(raw.size());
+  z.next_out = reinterpret_cast<Bytef*>(out.data());
+  z.avail_out = static_cast<uInt>(out.size());
+  const int rc = deflate(&z, Z_FINISH);
+  out.resize(z.total_out);
+  deflateEnd(&z);
+  if (rc != Z_STREAM_END) throw Error("mds", "gzip compression failed");
+  return out;
+}
+
+std::string decompress(const std::string& spec, std::string_view data, const std::string& what) {
+  const Spec s = parse(spec);
+  if (s.family == "zstd") {
+    const unsigned long long size = ZSTD_getFrameContentSize(data.data(), data.size());
+    if (size == ZSTD_CONTENTSIZE_ERROR) throw Error("mds", fmt::format("{}: not a zstd frame", what));
+    std::string out;
+    if (size != ZSTD_CONTENTSIZE_UNKNOWN) {
+      out.resize(size);
+      const size_t n = ZSTD_decompress(out.data(), out.size(), data.data(), data.size());
+      if (ZSTD_isError(n) || n != size) {
+        throw Error("mds", fmt::format("{}: zstd data is corrupt ({})", what,
+                                       ZSTD_isError(n) ? ZSTD_getErrorName(n) : "short"));
+      }
+      return out;
+    }
+    ZSTD_DStream* ds = ZSTD_createDStream();
+    ZSTD_inBuffer in{data.data(), data.size(), 0};
+    std::string buf(ZSTD_DStreamOutSize(), '\0');
+    size_t rc = 1;
+    while (in.pos < in.size && rc != 0) {
+      ZSTD_outBuffer o{buf.data(), buf.size(), 0};
+      rc = ZSTD_decompressStream(ds, &o, &in);
+      if (ZSTD_isError(rc)) {
+        ZSTD_freeDStream(ds);
+        throw Error("mds", fmt::format("{}: zstd data is corrupt ({})", what, ZSTD_getErrorName(rc)));
+      }
+      out.append(buf.data(), o.pos);
+    }
+    ZSTD_freeDStream(ds);
+    if (rc != 0) throw Error("mds", fmt::format("{}: zstd data is truncated", what));
+    return out;
+  }
+  z_stream z{};
+  if (inflateInit2(&z, 15 + 32) != Z_OK) throw Error("mds", "gzip initialisation failed");
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+  z.avail_in = static_cast<uInt>(data.size());
+  std::string out;
+  char buf[1 << 16];
+  int rc = Z_OK;
+  while (rc == Z_OK) {
+    z.next_out = reinterpret_cast<Bytef*>(buf);
+    z.avail_out = sizeof(buf);
+    rc = inflate(&z, Z_NO_FLUSH);
+    out.append(buf, sizeof(buf) - z.avail_out);
+    if (rc == Z_BUF_ERROR && z.avail_in == 0) break;
+  }
+  inflateEnd(&z);
+  if (rc != Z_STREAM_END) throw Error("mds", fmt::format("{}: gzip data is corrupt or truncated", what));
+  return out;
+}
+
+}  // namespace tessera::data::mds::detail

@@ -1,0 +1,259 @@
+// MDSDataset: index parsing, shard opening (decompress, verify, mmap) and sample access.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "compression.h"
+#include "tessera/data/mds.h"
+#include "tessera/util/error.h"
+#include "tessera/util/hashing.h"
+
+namespace tessera::data::mds {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr const char* kComponent = "mds";
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw Error(kComponent, fmt::format("{}: cannot open", p.string()));
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+uint32_t u32_at(std::string_view b, size_t pos) {
+  uint32_t v;
+  std::memcpy(&v, b.data() + pos, 4);
+  return v;
+}
+
+void verify(const std::map<std::string, std::string>& expected, std::string_view data, const std::string& file) {
+  for (const auto& [algo, digest] : expected) {
+    if (!util::hash_supported(algo)) continue;
+    const std::string actual = util::hex_digest(algo, data);
+    if (actual != digest) {
+      throw Error(kComponent, fmt::format("{}: {} mismatch (index.json says {}, the file hashes to {}): the shard is "
+                                          "corrupt",
+                                          file, algo, digest, actual));
+    }
+  }
+}
+
+}  // namespace
+
+struct MDSDataset::OpenShard {
+  void* addr = nullptr;
+  size_t size = 0;
+  std::string_view bytes() const { return {static_cast<const char*>(addr), size}; }
+  ~OpenShard() {
+    if (addr != nullptr && addr != MAP_FAILED) ::munmap(addr, size);
+  }
+};
+
+MDSDataset::MDSDataset(std::string dir, ReaderOptions options) : dir_(std::move(dir)), options_(options) {
+  const fs::path index_path = fs::path(dir_) / "index.json";
+  if (!fs::exists(index_path)) throw Error(kComponent, fmt::format("{}: no index.json (not an MDS dataset?)", dir_));
+  nlohmann::json index;
+  try {
+    index = nlohmann::json::parse(read_file(index_path));
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(kComponent, fmt::format("{}: not valid JSON ({})", index_path.string(), e.what()));
+  }
+  const std::string where = index_path.string();
+  if (!index.is_object() || index.value("version", 0) != 2) {
+    throw Error(kComponent,
+                fmt::format("{}: unsupported index version {} (expected 2)", where,
+                            index.is_object() && index.contains("version") ? index["version"].dump() : "none"));
+  }
+  if (!index.contains("shards") || !index["shards"].is_array()) {
+    throw Error(kComponent, fmt::format("{}: missing the \"shards\" list", where));
+  }
+  int64_t total = 0;
+  for (size_t k = 0; k < index["shards"].size(); ++k) {
+    const nlohmann::json& s = index["shards"][k];
+    try {
+      if (s.at("format").get<std::string>() != "mds") {
+        throw Error(kComponent, fmt::format("{}: shard {}: format \"{}\" is not supported (only mds)", where, k,
+                                            s.at("format").get<std::string>()));
+      }
+      if (s.at("version").get<int>() != 2)
+        throw Error(kComponent, fmt::format("{}: shard {}: version must be 2", where, k));
+      ShardInfo info;
+      info.samples = s.at("samples").get<int64_t>();
+      info.column_names = s.at("column_names").get<std::vector<std::string>>();
+      info.column_encodings = s.at("column_encodings").get<std::vector<std::string>>();
+      for (const auto& size : s.at("column_sizes")) {
+        info.column_sizes.push_back(size.is_null() ? std::nullopt : std::optional<int64_t>(size.get<int64_t>()));
+      }
+      if (info.column_names.size() != info.column_encodings.size() ||
+          info.column_names.size() != info.column_sizes.size()) {
+        throw Error(kComponent, fmt::format("{}: shard {}: column lists differ in length", where, k));
+      }
+      for (size_t c = 0; c < info.column_encodings.size(); ++c) {
+        if (encoded_size(info.column_encodings[c]) != info.column_sizes[c]) {
+          throw Error(kComponent, fmt::format("{}: shard {}: column_sizes disagree with the encodings", where, k));
+        }
+      }
+      if (!s.at("compression").is_null()) info.compression = s.at("compression").get<std::string>();
+      const auto& raw = s.at("raw_data");
+      info.raw_basename = raw.at("basename").get<std::string>();
+      info.raw_bytes = raw.at("bytes").get<uint64_t>();
+      if (raw.contains("hashes")) info.raw_hashes = raw.at("hashes").get<std::map<std::string, std::string>>();
+      if (!s.at("zip_data").is_null()) {
+        const auto& zip = s.at("zip_data");
+        info.zip_basename = zip.at("basename").get<std::string>();
+        info.zip_bytes = zip.at("bytes").get<uint64_t>();
+        if (zip.contains("hashes")) info.zip_hashes = zip.at("hashes").get<std::map<std::string, std::string>>();
+        if (!info.compression)
+          throw Error(kComponent, fmt::format("{}: shard {}: zip_data without compression", where, k));
+      }
+      if (info.samples < 0) throw Error(kComponent, fmt::format("{}: shard {}: negative sample count", where, k));
+      total += info.samples;
+      shards_.push_back(std::move(info));
+      cumulative_.push_back(total);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(kComponent, fmt::format("{}: shard {}: missing or malformed key ({})", where, k, e.what()));
+    }
+  }
+  open_.resize(shards_.size());
+}
+
+MDSDataset::~MDSDataset() = default;
+
+std::pair<size_t, int64_t> MDSDataset::locate(int64_t sample) const {
+  if (sample < 0 || sample >= size()) {
+    throw Error(kComponent,
+                fmt::format("{}: sample {} is out of range (the dataset has {} samples)", dir_, sample, size()));
+  }
+  const size_t shard =
+      static_cast<size_t>(std::upper_bound(cumulative_.begin(), cumulative_.end(), sample) - cumulative_.begin());
+  const int64_t before = shard == 0 ? 0 : cumulative_[shard - 1];
+  return {shard, sample - before};
+}
+
+MDSDataset::OpenShard& MDSDataset::open(size_t k) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (open_[k]) return *open_[k];
+  const ShardInfo& info = shards_[k];
+  const fs::path raw_path = fs::path(dir_) / info.raw_basename;
+  if (!fs::exists(raw_path)) {
+    if (!info.zip_basename) throw Error(kComponent, fmt::format("{}: shard {} is missing", raw_path.string(), k));
+    const fs::path zip_path = fs::path(dir_) / *info.zip_basename;
+    if (!fs::exists(zip_path)) throw Error(kComponent, fmt::format("{}: shard {} is missing", zip_path.string(), k));
+    const std::string zip = read_file(zip_path);
+    if (zip.size() != info.zip_bytes) {
+      throw Error(kComponent, fmt::format("{}: {} bytes, index.json says {}: truncated or replaced", zip_path.string(),
+                                          zip.size(), info.zip_bytes));
+    }
+    if (options_.verify_hashes) verify(info.zip_hashes, zip, zip_path.string());
+    const std::string raw = detail::decompress(*info.compression, zip, zip_path.string());
+    // As Streaming: decompress to <raw>.tmp and rename, so a crash never leaves a partial raw shard; keep the zip.
+    const fs::path tmp = raw_path.string() + ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::binary);
+      out.write(raw.data(), static_cast<std::streamsize>(raw.size()));
+      if (!out) throw Error(kComponent, fmt::format("{}: cannot write the decompressed shard", tmp.string()));
+    }
+    fs::rename(tmp, raw_path);
+  }
+  auto shard = std::make_unique<OpenShard>();
+  const int fd = ::open(raw_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(kComponent, fmt::format("{}: cannot open: {}", raw_path.string(), std::strerror(errno)));
+  struct stat st {};
+  ::fstat(fd, &st);
+  shard->size = static_cast<size_t>(st.st_size);
+  if (shard->size > 0) shard->addr = ::mmap(nullptr, shard->size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (shard->addr == MAP_FAILED) throw Error(kComponent, fmt::format("{}: mmap failed", raw_path.string()));
+  const std::string file = raw_path.string();
+  const std::string_view b = shard->bytes();
+  if (b.size() != info.raw_bytes) {
+    throw Error(kComponent,
+                fmt::format("{}: {} bytes, index.json says {}: truncated or replaced", file, b.size(), info.raw_bytes));
+  }
+  if (options_.verify_hashes) verify(info.raw_hashes, b, file);
+  const uint64_t n = static_cast<uint64_t>(info.samples);
+  if (b.size() < 4 + 4 * (n + 1) || u32_at(b, 0) != n) {
+    throw Error(kComponent, fmt::format("{}: header says {} samples, index.json says {}", file,
+                                        b.size() >= 4 ? u32_at(b, 0) : 0, n));
+  }
+  uint32_t prev = u32_at(b, 4);
+  if (prev < 4 + 4 * (n + 1)) throw Error(kComponent, fmt::format("{}: corrupt offsets", file));
+  for (uint64_t i = 1; i <= n; ++i) {
+    const uint32_t cur = u32_at(b, 4 + 4 * i);
+    if (cur < prev) throw Error(kComponent, fmt::format("{}: corrupt offsets at sample {}", file, i - 1));
+    prev = cur;
+  }
+  if (prev != b.size())
+    throw Error(kComponent, fmt::format("{}: offsets end at {}, the file has {} bytes", file, prev, b.size()));
+  open_[k] = std::move(shard);
+  return *open_[k];
+}
+
+std::string_view MDSDataset::raw_sample(int64_t sample) {
+  const auto [k, idx] = locate(sample);
+  const std::string_view b = open(k).bytes();
+  const uint32_t begin = u32_at(b, 4 + 4 * static_cast<size_t>(idx)), end = u32_at(b, 8 + 4 * static_cast<size_t>(idx));
+  return b.substr(begin, end - begin);
+}
+
+namespace {
+
+// Splits a sample into its columns' bytes; `file` and `sample` name it in errors.
+std::vector<std::string_view> split_columns(const ShardInfo& info, std::string_view s, const std::string& where) {
+  size_t head = 0;
+  for (const auto& size : info.column_sizes) head += size ? 0 : 4;
+  if (s.size() < head) throw Error(kComponent, fmt::format("{}: sample shorter than its size prefixes", where));
+  std::vector<std::string_view> out;
+  size_t pos = head, var = 0;
+  for (const auto& size : info.column_sizes) {
+    const size_t n = size ? static_cast<size_t>(*size) : u32_at(s, 4 * var++);
+    if (pos + n > s.size()) throw Error(kComponent, fmt::format("{}: column sizes exceed the sample", where));
+    out.push_back(s.substr(pos, n));
+    pos += n;
+  }
+  if (pos != s.size())
+    throw Error(kComponent, fmt::format("{}: {} bytes left after the last column", where, s.size() - pos));
+  return out;
+}
+
+}  // namespace
+
+Sample MDSDataset::get(int64_t sample) {
+  const auto [k, idx] = locate(sample);
+  const ShardInfo& info = shards_[k];
+  const std::string where = fmt::format("{}/{}: sample {}", dir_, info.raw_basename, idx);
+  const auto cols = split_columns(info, raw_sample(sample), where);
+  Sample out;
+  for (size_t c = 0; c < cols.size(); ++c) {
+    try {
+      out[info.column_names[c]] = decode(info.column_encodings[c], cols[c]);
+    } catch (const Error& e) {
+      throw Error(kComponent, fmt::format("{}: column {}: {}", where, info.column_names[c], e.message()));
+    }
+  }
+  return out;
+}
+
+std::string_view MDSDataset::column(int64_t sample, const std::string& name) {
+  const auto [k, idx] = locate(sample);
+  const ShardInfo& info = shards_[k];
+  const auto it = std::find(info.column_names.begin(), info.column_names.end(), name);
+  if (it == info.column_names.end()) {
+    throw Error(kComponent, fmt::format("{}/{}: no column \"{}\"", dir_, info.raw_basename, name));
+  }
+  const std::string where = fmt::format("{}/{}: sample {}", dir_, info.raw_basename, idx);
+  return split_columns(info, raw_sample(sample), where)[static_cast<size_t>(it - info.column_names.begin())];
+}
+
+}  // namespace tessera::data::mds

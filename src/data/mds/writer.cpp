@@ -1,0 +1,182 @@
+// MDSWriter: shards and index.json byte-identical to mosaicml-streaming's MDSWriter.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "compression.h"
+#include "tessera/data/mds.h"
+#include "tessera/util/error.h"
+#include "tessera/util/hashing.h"
+#include "tessera/util/python_json.h"
+
+namespace tessera::data::mds {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr const char* kComponent = "mds";
+
+void put_u32(std::string& out, uint64_t v) {
+  const auto x = static_cast<uint32_t>(v);
+  out.append(reinterpret_cast<const char*>(&x), 4);
+}
+
+// Writes `data` to `path` through a temporary name, fsync and rename.
+void write_file_atomically(const fs::path& path, std::string_view data) {
+  const fs::path tmp = path.string() + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(kComponent, fmt::format("{}: cannot create: {}", tmp.string(), std::strerror(errno)));
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t w = ::write(fd, data.data() + done, data.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) {
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw Error(kComponent, fmt::format("{}: write failed: {}", path.string(), why));
+    }
+    done += static_cast<size_t>(w);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    throw Error(kComponent, fmt::format("{}: fsync failed", path.string()));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    throw Error(kComponent, fmt::format("{}: rename failed: {}", path.string(), std::strerror(errno)));
+  }
+}
+
+}  // namespace
+
+MDSWriter::MDSWriter(WriterOptions options) : o_(std::move(options)) {
+  if (o_.columns.empty()) throw Error(kComponent, "an MDS dataset needs at least one column");
+  for (const auto& [name, enc] : o_.columns) {  // std::map: sorted by name, as Streaming sorts columns
+    names_.push_back(name);
+    encodings_.push_back(enc);
+    sizes_.push_back(encoded_size(enc));
+  }
+  if (!std::is_sorted(o_.hashes.begin(), o_.hashes.end())) {
+    throw Error(kComponent, "hashes must be given in sorted order (as Streaming requires)");
+  }
+  for (const std::string& h : o_.hashes) {
+    if (!util::hash_supported(h))
+      throw Error(kComponent, fmt::format("hash \"{}\" is not supported (sha1, xxh64, xxh3_64)", h));
+  }
+  if (o_.size_limit && *o_.size_limit >= (uint64_t{1} << 32)) {
+    throw Error(kComponent, "size_limit must be below 4 GiB: shard offsets are uint32");
+  }
+  if (o_.compression) detail::compression_extension(*o_.compression);  // validates
+  if (fs::exists(o_.out) && !fs::is_empty(o_.out) && !o_.exist_ok) {
+    throw Error(kComponent,
+                fmt::format("{}: directory exists and is not empty (set exist_ok to write into it)", o_.out));
+  }
+  fs::create_directories(o_.out);
+  pending_bytes_ = 8 + config_json().size();
+}
+
+MDSWriter::~MDSWriter() {
+  if (!finished_ && (total_samples_ > 0 || !pending_.empty())) {
+    spdlog::warn("[mds] {}: writer destroyed without finish(); no index.json was written", o_.out);
+  }
+}
+
+std::string MDSWriter::config_json() const {
+  nlohmann::ordered_json cfg = {
+      {"column_encodings", encodings_},
+      {"column_names", names_},
+      {"column_sizes", nlohmann::ordered_json::array()},
+      {"compression", o_.compression ? nlohmann::ordered_json(*o_.compression) : nlohmann::ordered_json()},
+      {"format", "mds"},
+      {"hashes", o_.hashes},
+      {"size_limit", o_.size_limit ? nlohmann::ordered_json(*o_.size_limit) : nlohmann::ordered_json()},
+      {"version", 2}};
+  for (const auto& s : sizes_) cfg["column_sizes"].push_back(s ? nlohmann::ordered_json(*s) : nlohmann::ordered_json());
+  return util::python_json_dumps(cfg, /*sort_keys=*/true);
+}
+
+void MDSWriter::write(const Sample& sample) {
+  if (finished_) throw Error(kComponent, fmt::format("{}: write after finish()", o_.out));
+  std::string head, body;
+  for (size_t i = 0; i < names_.size(); ++i) {
+    auto it = sample.find(names_[i]);
+    if (it == sample.end())
+      throw Error(kComponent, fmt::format("sample {}: missing column \"{}\"", total_samples_, names_[i]));
+    const std::string bytes = encode(encodings_[i], it->second);
+    if (sizes_[i]) {
+      if (static_cast<int64_t>(bytes.size()) != *sizes_[i]) {
+        throw Error(kComponent, fmt::format("sample {}: column \"{}\" ({}) encodes to {} bytes, expected {}",
+                                            total_samples_, names_[i], encodings_[i], bytes.size(), *sizes_[i]));
+      }
+    } else {
+      put_u32(head, bytes.size());
+    }
+    body += bytes;
+  }
+  if (sample.size() != names_.size()) {
+    for (const auto& [name, v] : sample) {
+      if (!o_.columns.count(name))
+        throw Error(kComponent, fmt::format("sample {}: unknown column \"{}\"", total_samples_, name));
+    }
+  }
+  std::string encoded = head + body;
+  // Streaming's rule: flush first if this sample would push the shard past size_limit (an oversized first sample
+  // therefore flushes an empty shard).
+  if (o_.size_limit && *o_.size_limit < pending_bytes_ + encoded.size() + 4) flush_shard();
+  pending_bytes_ += encoded.size() + 4;
+  if (pending_bytes_ >= (uint64_t{1} << 32)) {
+    throw Error(kComponent, fmt::format("{}: shard would reach 4 GiB (uint32 offsets); use a size_limit", o_.out));
+  }
+  pending_.push_back(std::move(encoded));
+  ++total_samples_;
+}
+
+void MDSWriter::flush_shard() {
+  const std::string config = config_json();
+  const uint64_t n = pending_.size();
+  std::string raw;
+  put_u32(raw, n);
+  uint64_t offset = 4 + 4 * (n + 1) + config.size();
+  put_u32(raw, offset);
+  for (const std::string& s : pending_) put_u32(raw, offset += s.size());
+  raw += config;
+  for (const std::string& s : pending_) raw += s;
+  const size_t index = shards_.size();
+  const std::string raw_name = fmt::format("shard.{:05d}.mds", index);
+  nlohmann::ordered_json raw_info = {
+      {"basename", raw_name}, {"bytes", raw.size()}, {"hashes", nlohmann::ordered_json::object()}};
+  for (const std::string& h : o_.hashes) raw_info["hashes"][h] = util::hex_digest(h, raw);
+  nlohmann::ordered_json zip_info;  // null
+  if (o_.compression) {
+    const std::string zip = detail::compress(*o_.compression, raw);
+    const std::string zip_name = raw_name + "." + detail::compression_extension(*o_.compression);
+    zip_info = {{"basename", zip_name}, {"bytes", zip.size()}, {"hashes", nlohmann::ordered_json::object()}};
+    for (const std::string& h : o_.hashes) zip_info["hashes"][h] = util::hex_digest(h, zip);
+    write_file_atomically(fs::path(o_.out) / zip_name, zip);
+  } else {
+    write_file_atomically(fs::path(o_.out) / raw_name, raw);
+  }
+  nlohmann::ordered_json shard = nlohmann::ordered_json::parse(config);
+  shard["raw_data"] = raw_info;
+  shard["samples"] = n;
+  shard["zip_data"] = zip_info;
+  shards_.push_back(std::move(shard));
+  pending_.clear();
+  pending_bytes_ = 8 + config.size();
+}
+
+void MDSWriter::finish() {
+  if (finished_) return;
+  if (!pending_.empty()) flush_shard();
+  const nlohmann::ordered_json index = {{"shards", shards_}, {"version", 2}};
+  write_file_atomically(fs::path(o_.out) / "index.json", util::python_json_dumps(index, /*sort_keys=*/true));
+  finished_ = true;
+}
+
+}  // namespace tessera::data::mds

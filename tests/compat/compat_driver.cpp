@@ -1,0 +1,190 @@
+// Test driver for tests/compat: runs Tessera on inputs prepared by Python and writes the results, so pytest can compare
+// them with the real peers (Hugging Face transformers, the plain-PyTorch MPT reference, mosaicml-streaming).
+//
+//   tessera_compat_driver forward DIR INPUTS.safetensors OUT.safetensors [--reference]
+//       loads the HF folder DIR, runs forward on input_ids (and attention_mask / sequence_id if given), computes the
+//       next-token loss on input_ids, backpropagates, and writes logits, loss and grad.<parameter> for every parameter
+//   tessera_compat_driver export DIR OUT_DIR [bf16]    loads DIR and writes it back with save_hf_model
+//   tessera_compat_driver generate DIR INPUTS.safetensors OUT.safetensors MAX_NEW [EOS]
+//       greedy generation for each row of input_ids; writes tokens (B, n) padded with -1
+//   tessera_compat_driver mds-write SPEC.json OUT_DIR
+//       SPEC: {"columns": {name: encoding}, "compression": str|null, "hashes": [...], "size_limit": int|null,
+//              "samples": [{name: value}]}; values: numbers, strings, {"bytes": hex}, {"json": any},
+//              {"ndarray": dtype, "shape": [...], "data": [...]}
+//   tessera_compat_driver mds-read DIR OUT.json      every sample, values in the same JSON forms
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <string>
+
+#include "tessera/checkpoint/hf.h"
+#include "tessera/checkpoint/safetensors.h"
+#include "tessera/data/mds.h"
+#include "tessera/models/generate.h"
+#include "tessera/models/mpt.h"
+#include "tessera/util/error.h"
+
+namespace {
+
+using tessera::checkpoint::SafetensorsFile;
+
+int forward(const std::string& dir, const std::string& inputs_path, const std::string& out_path, bool reference) {
+  auto model = tessera::checkpoint::load_hf_model(dir);
+  model->eval();  // dropout off; the compared configurations use no dropout
+  SafetensorsFile inputs(inputs_path);
+  const at::Tensor ids = inputs.load("input_ids", at::kLong);
+  tessera::models::ForwardOptions fo;
+  fo.reference_attention = reference;
+  if (inputs.contains("attention_mask")) fo.attention_mask = inputs.load("attention_mask", at::kBool);
+  if (inputs.contains("sequence_id")) fo.sequence_id = inputs.load("sequence_id", at::kLong);
+  const at::Tensor logits = model->forward(ids, fo);
+  const at::Tensor labels = inputs.contains("labels") ? inputs.load("labels", at::kLong) : ids;
+  const at::Tensor loss = tessera::models::causal_lm_loss(logits, labels);
+  loss.backward();
+  std::map<std::string, at::Tensor> out = {{"logits", logits.detach()}, {"loss", loss.detach().reshape({1})}};
+  for (const auto& p : model->named_parameters()) out["grad." + p.key()] = p.value().grad();
+  tessera::checkpoint::save_safetensors(out_path, out);
+  return 0;
+}
+
+int generate(const std::string& dir, const std::string& inputs_path, const std::string& out_path, int64_t max_new,
+             std::optional<int64_t> eos) {
+  auto model = tessera::checkpoint::load_hf_model(dir);
+  SafetensorsFile inputs(inputs_path);
+  const at::Tensor ids = inputs.load("input_ids", at::kLong);
+  std::vector<std::vector<int64_t>> prompts;
+  for (int64_t b = 0; b < ids.size(0); ++b) {
+    const at::Tensor row = ids[b].contiguous();
+    prompts.emplace_back(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel());
+  }
+  tessera::models::GenerationOptions g;
+  g.max_new_tokens = max_new;
+  g.eos_token_id = eos;
+  const auto result = tessera::models::generate(model, prompts, g);
+  at::Tensor tokens = at::full({ids.size(0), max_new}, -1, at::kLong);
+  for (size_t b = 0; b < result.size(); ++b) {
+    for (size_t t = 0; t < result[b].size(); ++t)
+      tokens[static_cast<int64_t>(b)][static_cast<int64_t>(t)] = result[b][t];
+  }
+  tessera::checkpoint::save_safetensors(out_path, {{"tokens", tokens}});
+  return 0;
+}
+
+std::string from_hex(const std::string& hex) {
+  std::string out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) out += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
+  return out;
+}
+
+std::string to_hex(std::string_view s) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : s) out += digits[c >> 4], out += digits[c & 15];
+  return out;
+}
+
+const std::map<std::string, at::ScalarType>& dtype_table() {
+  static const std::map<std::string, at::ScalarType> table = {
+      {"uint8", at::kByte},    {"int8", at::kChar},     {"uint16", at::kUInt16}, {"int16", at::kShort},
+      {"float16", at::kHalf},  {"uint32", at::kUInt32}, {"int32", at::kInt},     {"float32", at::kFloat},
+      {"uint64", at::kUInt64}, {"int64", at::kLong},    {"float64", at::kDouble}};
+  return table;
+}
+
+at::ScalarType dtype_of(const std::string& name) {
+  return dtype_table().at(name);
+}
+
+std::string dtype_name(at::ScalarType t) {
+  for (const auto& [name, dt] : dtype_table()) {
+    if (dt == t) return name;
+  }
+  return "?";
+}
+
+tessera::data::mds::Field to_field(const nlohmann::ordered_json& v) {
+  if (v.is_object() && v.contains("bytes")) return from_hex(v["bytes"].get<std::string>());
+  if (v.is_object() && v.contains("json")) return v["json"];
+  if (v.is_object() && v.contains("ndarray")) {
+    const auto shape = v["shape"].get<std::vector<int64_t>>();
+    const at::Tensor flat = at::tensor(v["data"].get<std::vector<double>>(), at::kDouble);
+    return flat.to(dtype_of(v["ndarray"].get<std::string>())).reshape(shape);
+  }
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_number()) return v.get<double>();
+  return v.get<std::string>();
+}
+
+nlohmann::ordered_json from_field(const tessera::data::mds::Field& f) {
+  if (const auto* s = std::get_if<std::string>(&f)) return {{"bytes", to_hex(*s)}};
+  if (const auto* i = std::get_if<int64_t>(&f)) return *i;
+  if (const auto* d = std::get_if<double>(&f)) return *d;
+  if (const auto* j = std::get_if<nlohmann::ordered_json>(&f)) return {{"json", *j}};
+  const at::Tensor t = std::get<at::Tensor>(f).contiguous();
+  const at::Tensor d = t.to(at::kDouble).reshape({-1});
+  return {{"ndarray", dtype_name(t.scalar_type())},
+          {"shape", t.sizes().vec()},
+          {"data", std::vector<double>(d.data_ptr<double>(), d.data_ptr<double>() + d.numel())}};
+}
+
+int mds_write(const std::string& spec_path, const std::string& out) {
+  std::ifstream in(spec_path);
+  const auto spec = nlohmann::ordered_json::parse(in);
+  tessera::data::mds::WriterOptions o;
+  o.out = out;
+  for (const auto& [name, enc] : spec["columns"].items()) o.columns[name] = enc.get<std::string>();
+  if (!spec["compression"].is_null()) o.compression = spec["compression"].get<std::string>();
+  o.hashes = spec["hashes"].get<std::vector<std::string>>();
+  o.size_limit =
+      spec["size_limit"].is_null() ? std::nullopt : std::optional<uint64_t>(spec["size_limit"].get<uint64_t>());
+  tessera::data::mds::MDSWriter w(o);
+  for (const auto& sample : spec["samples"]) {
+    tessera::data::mds::Sample s;
+    for (const auto& [name, v] : sample.items()) s[name] = to_field(v);
+    w.write(s);
+  }
+  w.finish();
+  return 0;
+}
+
+int mds_read(const std::string& dir, const std::string& out_path) {
+  tessera::data::mds::MDSDataset ds(dir);
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (int64_t i = 0; i < ds.size(); ++i) {
+    nlohmann::ordered_json sample = nlohmann::ordered_json::object();
+    for (const auto& [name, f] : ds.get(i)) sample[name] = from_field(f);
+    out.push_back(sample);
+  }
+  std::ofstream(out_path) << out.dump();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const std::string cmd = argc > 1 ? argv[1] : "";
+    if (cmd == "forward" && argc >= 5)
+      return forward(argv[2], argv[3], argv[4], argc > 5 && std::string(argv[5]) == "--reference");
+    if (cmd == "export" && argc >= 4) {
+      auto model = tessera::checkpoint::load_hf_model(argv[2]);
+      tessera::checkpoint::save_hf_model(model, argv[3],
+                                         argc > 4 && std::string(argv[4]) == "bf16" ? at::kBFloat16 : at::kFloat);
+      return 0;
+    }
+    if (cmd == "generate" && argc >= 6) {
+      return generate(argv[2], argv[3], argv[4], std::stoll(argv[5]),
+                      argc > 6 ? std::optional<int64_t>(std::stoll(argv[6])) : std::nullopt);
+    }
+    if (cmd == "mds-write" && argc >= 4) return mds_write(argv[2], argv[3]);
+    if (cmd == "mds-read" && argc >= 4) return mds_read(argv[2], argv[3]);
+    std::cerr << "usage: see the comment at the top of tests/compat/mpt_driver.cpp\n";
+    return 2;
+  } catch (const tessera::Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+}
