@@ -12,6 +12,10 @@
 //              "samples": [{name: value}]}; values: numbers, strings, {"bytes": hex}, {"json": any},
 //              {"ndarray": dtype, "shape": [...], "data": [...]}
 //   tessera_compat_driver mds-read DIR OUT.json      every sample, values in the same JSON forms
+//   tessera_compat_driver streaming CASES.json OUT.json
+//       CASES: [{"shuffle": algo, "sizes": [...], "ncn", "seed", "epoch", "block"} |
+//               {"partition": algo, "n", "ncn", "p", "r", "w", "b", "drop", "initial_p"} |
+//               {"sampling": [...], "choose", "granularity", "seed", "epoch", "use_epoch"}] -> one result per case
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -20,6 +24,7 @@
 #include "tessera/checkpoint/hf.h"
 #include "tessera/checkpoint/safetensors.h"
 #include "tessera/data/mds.h"
+#include "tessera/data/streaming.h"
 #include "tessera/models/generate.h"
 #include "tessera/models/mpt.h"
 #include "tessera/util/error.h"
@@ -159,6 +164,28 @@ int mds_read(const std::string& dir, const std::string& out_path) {
   return 0;
 }
 
+int streaming_cases(const std::string& cases_path, const std::string& out_path) {
+  namespace st = tessera::data::streaming;
+  std::ifstream in(cases_path);
+  const auto cases = nlohmann::json::parse(in);
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& c : cases) {
+    if (c.contains("shuffle")) {
+      out.push_back(st::get_shuffle(c["shuffle"], c["sizes"].get<std::vector<int64_t>>(), c["ncn"], c["seed"],
+                                    c["epoch"], c["block"]));
+    } else if (c.contains("partition")) {
+      const st::Partition p = st::get_partitions(c["partition"], c["n"], c["ncn"], c["p"], c["r"], c["w"], c["b"],
+                                                 c["drop"], c["initial_p"]);
+      out.push_back({{"shape", p.shape}, {"ids", p.ids}});
+    } else {
+      out.push_back(st::get_sampling(c["sampling"].get<std::vector<int64_t>>(), c["choose"], c["granularity"],
+                                     c["seed"], c["epoch"], c["use_epoch"]));
+    }
+  }
+  std::ofstream(out_path) << out.dump();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -178,6 +205,7 @@ int main(int argc, char** argv) {
     }
     if (cmd == "mds-write" && argc >= 4) return mds_write(argv[2], argv[3]);
     if (cmd == "mds-read" && argc >= 4) return mds_read(argv[2], argv[3]);
+    if (cmd == "streaming" && argc >= 4) return streaming_cases(argv[2], argv[3]);
     std::cerr << "usage: see the comment at the top of tests/compat/mpt_driver.cpp\n";
     return 2;
   } catch (const tessera::Error& e) {

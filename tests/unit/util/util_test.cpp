@@ -48,3 +48,40 @@ TEST(PythonJson, DumpsLikePython) {
 
 }  // namespace
 }  // namespace tessera::util
+
+#include "tessera/util/numpy_random.h"
+
+namespace tessera::util {
+namespace {
+
+// Golden values from numpy (../shared/specs/streaming-mds.md §5.8).
+TEST(NumpyRandom, SeedSequenceAndPcg64MatchNumpy) {
+  NumpyGenerator g(9176);
+  const auto [state, inc] = g.state();
+  EXPECT_EQ(state.first, 0xf1ef16c822beaeb8ULL);
+  EXPECT_EQ(state.second, 0xbac9a92f5966dea5ULL);
+  EXPECT_EQ(inc.first, 0x03bbe0d53f448498ULL);
+  EXPECT_EQ(inc.second, 0x02b882f126e3fb37ULL);
+  EXPECT_EQ(g.next_uint64(), 0xce488e5ff4c10304ULL);
+  EXPECT_EQ(g.next_uint64(), 0x233a25e3fe3960b0ULL);
+  EXPECT_EQ(g.next_uint64(), 0xbc04ca4c34b5a59cULL);
+}
+
+TEST(NumpyRandom, GeneratorMethodsMatchNumpy) {
+  EXPECT_EQ(NumpyGenerator(9176).permutation(10), (std::vector<int64_t>{8, 1, 2, 7, 5, 6, 9, 3, 0, 4}));
+  EXPECT_EQ(NumpyGenerator(0).permutation(10), (std::vector<int64_t>{4, 6, 2, 7, 3, 5, 9, 0, 8, 1}));
+  NumpyGenerator g(9176);
+  std::vector<int64_t> ints;
+  for (int i = 0; i < 5; ++i) ints.push_back(g.integers(6, 10));
+  EXPECT_EQ(ints, (std::vector<int64_t>{9, 9, 9, 6, 6}));
+  NumpyGenerator u(9176);
+  EXPECT_DOUBLE_EQ(u.uniform(-1.5, 2.5), 1.7231784760542865);
+  EXPECT_DOUBLE_EQ(u.uniform(-1.5, 2.5), -0.9495759271149868);
+  EXPECT_DOUBLE_EQ(u.uniform(-1.5, 2.5), 1.4377923721502501);
+  EXPECT_EQ(NumpyGenerator(9176).choice_without_replacement(10, 3), (std::vector<int64_t>{8, 9, 7}));
+  const auto big = NumpyGenerator(9176).choice_without_replacement(20000, 1000);
+  EXPECT_EQ(std::vector<int64_t>(big.begin(), big.begin() + 5), (std::vector<int64_t>{14588, 3615, 2131, 3219, 4352}));
+}
+
+}  // namespace
+}  // namespace tessera::util
