@@ -16,6 +16,10 @@
 //       CASES: [{"shuffle": algo, "sizes": [...], "ncn", "seed", "epoch", "block"} |
 //               {"partition": algo, "n", "ncn", "p", "r", "w", "b", "drop", "initial_p"} |
 //               {"sampling": [...], "choose", "granularity", "seed", "epoch", "use_epoch"}] -> one result per case
+//   tessera_compat_driver streaming-epoch SPEC.json OUT.json
+//       SPEC: {"streams": [{"local", "proportion"|"repeat"|"choose"}], "batch_size", "shuffle", "seed", "algo",
+//              "block", "ncn", "partition", "epoch_size", "nodes", "ranks", "workers", "epoch", "sample_in_epoch",
+//              "initial_p"} -> {"shape", "ids", "ids_field": the "id" column of each sample (-1 for padding)}
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -25,6 +29,7 @@
 #include "tessera/checkpoint/safetensors.h"
 #include "tessera/data/mds.h"
 #include "tessera/data/streaming.h"
+#include "tessera/data/streaming_dataset.h"
 #include "tessera/models/generate.h"
 #include "tessera/models/mpt.h"
 #include "tessera/util/error.h"
@@ -186,6 +191,39 @@ int streaming_cases(const std::string& cases_path, const std::string& out_path) 
   return 0;
 }
 
+int streaming_epoch(const std::string& spec_path, const std::string& out_path) {
+  std::ifstream in(spec_path);
+  const auto j = nlohmann::json::parse(in);
+  tessera::data::StreamingOptions o;
+  for (const auto& st : j["streams"]) {
+    tessera::data::StreamSpec spec;
+    spec.local = st["local"];
+    if (st.contains("proportion")) spec.proportion = st["proportion"].get<double>();
+    if (st.contains("repeat")) spec.repeat = st["repeat"].get<double>();
+    if (st.contains("choose")) spec.choose = st["choose"].get<int64_t>();
+    o.streams.push_back(spec);
+  }
+  o.batch_size = j["batch_size"];
+  o.shuffle = j["shuffle"];
+  o.shuffle_seed = j["seed"];
+  o.shuffle_algo = j["algo"];
+  o.shuffle_block_size = j["block"].get<int64_t>();
+  o.num_canonical_nodes = j["ncn"].get<int64_t>();
+  o.partition_algo = j["partition"];
+  if (!j["epoch_size"].is_null()) o.epoch_size = j["epoch_size"].get<int64_t>();
+  tessera::data::StreamingDataset ds(o, {j["nodes"], j["ranks"], j["workers"]});
+  if (j["initial_p"].get<int64_t>() > 0) {
+    tessera::data::ResumeState st = ds.state(j["epoch"], j["sample_in_epoch"]);
+    st.initial_physical_nodes = j["initial_p"].get<int64_t>();
+    ds.load_state(tessera::data::ResumeState::from_json(st.to_json()));
+  }
+  const auto p = ds.epoch_ids(j["epoch"], j["sample_in_epoch"]);
+  std::vector<int64_t> fields;
+  for (int64_t id : p.ids) fields.push_back(id < 0 ? -1 : std::get<int64_t>(ds.get(id)["id"]));
+  std::ofstream(out_path) << nlohmann::json({{"shape", p.shape}, {"ids", p.ids}, {"ids_field", fields}}).dump();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -206,6 +244,7 @@ int main(int argc, char** argv) {
     if (cmd == "mds-write" && argc >= 4) return mds_write(argv[2], argv[3]);
     if (cmd == "mds-read" && argc >= 4) return mds_read(argv[2], argv[3]);
     if (cmd == "streaming" && argc >= 4) return streaming_cases(argv[2], argv[3]);
+    if (cmd == "streaming-epoch" && argc >= 4) return streaming_epoch(argv[2], argv[3]);
     std::cerr << "usage: see the comment at the top of tests/compat/mpt_driver.cpp\n";
     return 2;
   } catch (const tessera::Error& e) {
