@@ -12,6 +12,7 @@
 #include "tessera/config/reader.h"
 #include "tessera/config/value.h"
 #include "tessera/util/error.h"
+#include "tessera/util/file_io.h"
 
 namespace tessera::checkpoint {
 namespace {
@@ -238,14 +239,8 @@ void save_hf_model(models::MPTForCausalLM& model, const std::string& dir, at::Sc
   std::map<std::string, at::Tensor> tensors;
   for (const auto& item : model->named_parameters()) tensors[item.key()] = item.value().detach().to(dtype);
   save_sharded_safetensors(dir, tensors, max_shard_bytes, {{"format", "pt"}});
-  const fs::path config = fs::path(dir) / "config.json";
-  const std::string tmp = config.string() + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << hf_config_json(model->options(), dtype);
-    if (!out) throw Error(kComponent, fmt::format("{}: write failed", tmp));
-  }
-  fs::rename(tmp, config);
+  util::write_file_atomically((fs::path(dir) / "config.json").string(), hf_config_json(model->options(), dtype),
+                              kComponent);
 }
 
 }  // namespace tessera::checkpoint

@@ -15,6 +15,7 @@
 #include <fstream>
 
 #include "tessera/util/error.h"
+#include "tessera/util/file_io.h"
 
 namespace tessera::checkpoint {
 namespace {
@@ -43,19 +44,6 @@ const std::vector<std::pair<std::string, at::ScalarType>>& dtype_table() {
                                                                             {"F8_E4M3", at::kFloat8_e4m3fn},
                                                                             {"F8_E5M2", at::kFloat8_e5m2}};
   return table;
-}
-
-// Writes all of `data` to fd, or throws.
-void write_all(int fd, const char* data, size_t n, const std::string& path) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, data, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      fail(path, fmt::format("write failed: {}", std::strerror(errno)));
-    }
-    data += w;
-    n -= static_cast<size_t>(w);
-  }
 }
 
 }  // namespace
@@ -206,30 +194,14 @@ void save_safetensors(const std::string& path, const std::map<std::string, at::T
   }
   std::string json = header.dump();
   while ((8 + json.size()) % 8 != 0) json.push_back(' ');  // align the data section to 8 bytes
-  const std::filesystem::path target(path);
-  const std::string tmp = (target.parent_path() / ("." + target.filename().string() + ".tmp")).string();
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail(path, fmt::format("cannot create {}: {}", tmp, std::strerror(errno)));
-  try {
-    unsigned char len[8];
-    uint64_t h = json.size();
-    for (unsigned char& b : len) b = static_cast<unsigned char>(h & 0xff), h >>= 8;
-    write_all(fd, reinterpret_cast<const char*>(len), 8, path);
-    write_all(fd, json.data(), json.size(), path);
-    for (const at::Tensor& c : data) {
-      write_all(fd, static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size(), path);
-    }
-    if (::fsync(fd) != 0) fail(path, fmt::format("fsync failed: {}", std::strerror(errno)));
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
+  unsigned char len[8];
+  uint64_t h = json.size();
+  for (unsigned char& b : len) b = static_cast<unsigned char>(h & 0xff), h >>= 8;
+  std::vector<std::string_view> parts = {{reinterpret_cast<const char*>(len), 8}, json};
+  for (const at::Tensor& c : data) {
+    parts.emplace_back(static_cast<const char*>(c.data_ptr()), static_cast<size_t>(c.numel() * c.element_size()));
   }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    fail(path, fmt::format("rename from {} failed: {}", tmp, std::strerror(errno)));
-  }
+  util::write_file_atomically(path, parts, kComponent);
 }
 
 std::vector<std::string> save_sharded_safetensors(const std::string& dir,
@@ -263,17 +235,8 @@ std::vector<std::string> save_sharded_safetensors(const std::string& dir,
     for (const auto& [name, t] : shards[i]) index["weight_map"][name] = file;
     files.push_back(file);
   }
-  const std::string index_path = (std::filesystem::path(dir) / "model.safetensors.index.json").string();
-  const std::string tmp = index_path + ".tmp";
-  {
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) fail(index_path, fmt::format("cannot create: {}", std::strerror(errno)));
-    const std::string text = index.dump(2) + "\n";
-    write_all(fd, text.data(), text.size(), index_path);
-    ::fsync(fd);
-    ::close(fd);
-  }
-  if (::rename(tmp.c_str(), index_path.c_str()) != 0) fail(index_path, "rename failed");
+  util::write_file_atomically((std::filesystem::path(dir) / "model.safetensors.index.json").string(),
+                              index.dump(2) + "\n", kComponent);
   return files;
 }
 

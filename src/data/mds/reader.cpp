@@ -15,6 +15,7 @@
 #include "compression.h"
 #include "tessera/data/mds.h"
 #include "tessera/util/error.h"
+#include "tessera/util/file_io.h"
 #include "tessera/util/hashing.h"
 
 namespace tessera::data::mds {
@@ -158,13 +159,7 @@ MDSDataset::OpenShard& MDSDataset::open(size_t k) {
     if (options_.verify_hashes) verify(info.zip_hashes, zip, zip_path.string());
     const std::string raw = detail::decompress(*info.compression, zip, zip_path.string());
     // As Streaming: decompress to <raw>.tmp and rename, so a crash never leaves a partial raw shard; keep the zip.
-    const fs::path tmp = raw_path.string() + ".tmp";
-    {
-      std::ofstream out(tmp, std::ios::binary);
-      out.write(raw.data(), static_cast<std::streamsize>(raw.size()));
-      if (!out) throw Error(kComponent, fmt::format("{}: cannot write the decompressed shard", tmp.string()));
-    }
-    fs::rename(tmp, raw_path);
+    util::write_file_atomically(raw_path.string(), raw, kComponent);
   }
   auto shard = std::make_unique<OpenShard>();
   const int fd = ::open(raw_path.c_str(), O_RDONLY | O_CLOEXEC);

@@ -1,17 +1,14 @@
 // MDSWriter: shards and index.json byte-identical to mosaicml-streaming's MDSWriter.
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 
 #include "compression.h"
 #include "tessera/data/mds.h"
 #include "tessera/util/error.h"
+#include "tessera/util/file_io.h"
 #include "tessera/util/hashing.h"
 #include "tessera/util/python_json.h"
 
@@ -24,33 +21,6 @@ constexpr const char* kComponent = "mds";
 void put_u32(std::string& out, uint64_t v) {
   const auto x = static_cast<uint32_t>(v);
   out.append(reinterpret_cast<const char*>(&x), 4);
-}
-
-// Writes `data` to `path` through a temporary name, fsync and rename.
-void write_file_atomically(const fs::path& path, std::string_view data) {
-  const fs::path tmp = path.string() + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(kComponent, fmt::format("{}: cannot create: {}", tmp.string(), std::strerror(errno)));
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t w = ::write(fd, data.data() + done, data.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) {
-      const std::string why = std::strerror(errno);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw Error(kComponent, fmt::format("{}: write failed: {}", path.string(), why));
-    }
-    done += static_cast<size_t>(w);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    ::unlink(tmp.c_str());
-    throw Error(kComponent, fmt::format("{}: fsync failed", path.string()));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    throw Error(kComponent, fmt::format("{}: rename failed: {}", path.string(), std::strerror(errno)));
-  }
 }
 
 }  // namespace
@@ -158,9 +128,9 @@ void MDSWriter::flush_shard() {
     const std::string zip_name = raw_name + "." + detail::compression_extension(*o_.compression);
     zip_info = {{"basename", zip_name}, {"bytes", zip.size()}, {"hashes", nlohmann::ordered_json::object()}};
     for (const std::string& h : o_.hashes) zip_info["hashes"][h] = util::hex_digest(h, zip);
-    write_file_atomically(fs::path(o_.out) / zip_name, zip);
+    util::write_file_atomically((fs::path(o_.out) / zip_name).string(), zip, kComponent);
   } else {
-    write_file_atomically(fs::path(o_.out) / raw_name, raw);
+    util::write_file_atomically((fs::path(o_.out) / raw_name).string(), raw, kComponent);
   }
   nlohmann::ordered_json shard = nlohmann::ordered_json::parse(config);
   shard["raw_data"] = raw_info;
@@ -175,7 +145,8 @@ void MDSWriter::finish() {
   if (finished_) return;
   if (!pending_.empty()) flush_shard();
   const nlohmann::ordered_json index = {{"shards", shards_}, {"version", 2}};
-  write_file_atomically(fs::path(o_.out) / "index.json", util::python_json_dumps(index, /*sort_keys=*/true));
+  util::write_file_atomically((fs::path(o_.out) / "index.json").string(),
+                              util::python_json_dumps(index, /*sort_keys=*/true), kComponent);
   finished_ = true;
 }
 

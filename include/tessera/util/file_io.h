@@ -1,0 +1,19 @@
+// File writes that never leave a partial file under the final name.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tessera::util {
+
+// Writes the concatenation of `parts` to `<path>.tmp` in the same directory, fsyncs it, and renames it over `path`:
+// after a crash at any moment `path` is either its previous content (or absent) or the complete new content. On
+// failure the temporary file is removed and tessera::Error(component) names `path` and the OS error.
+void write_file_atomically(const std::string& path, const std::vector<std::string_view>& parts,
+                           const std::string& component = "io");
+inline void write_file_atomically(const std::string& path, std::string_view data, const std::string& component = "io") {
+  write_file_atomically(path, std::vector<std::string_view>{data}, component);
+}
+
+}  // namespace tessera::util

@@ -1,0 +1,47 @@
+// Atomic file publication: temporary file, fsync, rename.
+#include "tessera/util/file_io.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "tessera/util/error.h"
+
+namespace tessera::util {
+
+void write_file_atomically(const std::string& path, const std::vector<std::string_view>& parts,
+                           const std::string& component) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(component, fmt::format("{}: cannot create {}: {}", path, tmp, std::strerror(errno)));
+  auto fail = [&](const std::string& what) {
+    const std::string why = std::strerror(errno);
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw Error(component, fmt::format("{}: {} failed: {}", path, what, why));
+  };
+  for (std::string_view part : parts) {
+    size_t done = 0;
+    while (done < part.size()) {
+      const ssize_t w = ::write(fd, part.data() + done, part.size() - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) fail("write");
+      done += static_cast<size_t>(w);
+    }
+  }
+  if (::fsync(fd) != 0) fail("fsync");
+  if (::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    throw Error(component, fmt::format("{}: close failed: {}", path, std::strerror(errno)));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    throw Error(component, fmt::format("{}: rename from {} failed: {}", path, tmp, why));
+  }
+}
+
+}  // namespace tessera::util
