@@ -1,0 +1,66 @@
+// Token batches for language-model training: LLM Foundry's text dataset over a StreamingDataset, read and collated
+// by background threads. Samples are `tokens` columns (ndarray of any integer dtype, or legacy `bytes` holding
+// `token_encoding_type` values), truncated to max_seq_len; a batch is input_ids (B, T) int64 and labels with padding
+// masked as -100. Batches come in Streaming's order for this rank: worker w's batch k is the (k * W + w)-th batch.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tessera/data/streaming_dataset.h"
+
+namespace tessera::data {
+
+struct TokenBatch {
+  at::Tensor input_ids;  // (B, T) int64
+  at::Tensor labels;     // (B, T) int64: input_ids with padding set to -100
+  int64_t samples = 0;   // real samples in the batch (B unless the last batch is short)
+};
+
+struct TokenLoaderOptions {
+  int64_t max_seq_len = 2048;
+  std::string column = "tokens";
+  std::string token_encoding_type = "int64";  // for `bytes` columns: int8 .. uint64
+  int64_t pad_token_id = 0;                   // fills samples shorter than the longest in their batch
+  bool drop_last = true;                      // drop a final batch with fewer than batch_size samples
+  int64_t prefetch_factor = 2;                // batches each worker keeps ready
+};
+
+// Iterates one rank's share of one epoch. The dataset's World must have workers_per_rank = the number of loader
+// threads (at least 1). Not thread-safe (one consumer); the workers only read the dataset (thread-safe).
+class TokenBatchLoader {
+ public:
+  TokenBatchLoader(StreamingDataset& dataset, int64_t workers, int64_t epoch, int64_t sample_in_epoch, int64_t node,
+                   int64_t rank_of_node, TokenLoaderOptions options);
+  ~TokenBatchLoader();
+  TokenBatchLoader(const TokenBatchLoader&) = delete;
+  TokenBatchLoader& operator=(const TokenBatchLoader&) = delete;
+
+  // The next batch, or nullopt at the end of the epoch. A worker's error (a corrupt shard) is rethrown here.
+  std::optional<TokenBatch> next();
+  // Samples this rank has consumed in this epoch (for the resumption state: multiply by the number of ranks).
+  int64_t samples_consumed() const { return consumed_; }
+
+ private:
+  struct Worker;
+  void run(Worker& w);
+  TokenBatch collate(const std::vector<int64_t>& ids);
+
+  StreamingDataset& ds_;
+  TokenLoaderOptions o_;
+  int64_t batch_size_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  size_t turn_ = 0;
+  int64_t consumed_ = 0;
+};
+
+}  // namespace tessera::data

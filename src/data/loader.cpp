@@ -1,0 +1,157 @@
+// Background token-batch loading: one thread per worker, bounded queues, round-robin consumption.
+#include "tessera/data/loader.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <exception>
+
+#include "tessera/util/error.h"
+
+namespace tessera::data {
+namespace {
+
+at::ScalarType encoding_dtype(const std::string& name) {
+  static const std::vector<std::pair<std::string, at::ScalarType>> table = {
+      {"int8", at::kChar},  {"int16", at::kShort},   {"int32", at::kInt},     {"int64", at::kLong},
+      {"uint8", at::kByte}, {"uint16", at::kUInt16}, {"uint32", at::kUInt32}, {"uint64", at::kUInt64}};
+  for (const auto& [n, t] : table) {
+    if (n == name) return t;
+  }
+  throw Error("loader", fmt::format("token_encoding_type \"{}\" is not an integer type", name));
+}
+
+}  // namespace
+
+struct TokenBatchLoader::Worker {
+  std::vector<std::vector<int64_t>> batches;  // sample ids of each of this worker's batches
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::deque<TokenBatch> ready;
+  size_t produced = 0, taken = 0;
+  std::exception_ptr error;
+  bool stop = false;
+  std::thread thread;
+};
+
+TokenBatchLoader::TokenBatchLoader(StreamingDataset& dataset, int64_t workers, int64_t epoch, int64_t sample_in_epoch,
+                                   int64_t node, int64_t rank_of_node, TokenLoaderOptions options)
+    : ds_(dataset), o_(std::move(options)) {
+  if (workers < 1) throw Error("loader", "at least one worker is needed");
+  encoding_dtype(o_.token_encoding_type);  // validate early
+  const streaming::Partition part = ds_.epoch_ids(epoch, sample_in_epoch);
+  if (part.shape[2] != workers) {
+    throw Error("loader", fmt::format("the dataset was partitioned for {} workers per rank, the loader has {}",
+                                      part.shape[2], workers));
+  }
+  batch_size_ = part.shape[4];
+  for (int64_t w = 0; w < workers; ++w) {
+    auto worker = std::make_unique<Worker>();
+    for (int64_t b = 0; b < part.shape[3]; ++b) {
+      std::vector<int64_t> ids;
+      for (int64_t e = 0; e < part.shape[4]; ++e) {
+        const int64_t id = part.at(node, rank_of_node, w, b, e);
+        if (id >= 0) ids.push_back(id);
+      }
+      if (ids.empty() || (o_.drop_last && static_cast<int64_t>(ids.size()) < batch_size_)) continue;
+      worker->batches.push_back(std::move(ids));
+    }
+    workers_.push_back(std::move(worker));
+  }
+  for (auto& w : workers_) w->thread = std::thread([this, ptr = w.get()] { run(*ptr); });
+}
+
+TokenBatchLoader::~TokenBatchLoader() {
+  for (auto& w : workers_) {
+    {
+      std::lock_guard<std::mutex> lock(w->mutex);
+      w->stop = true;
+    }
+    w->cv.notify_all();
+  }
+  for (auto& w : workers_) {
+    if (w->thread.joinable()) w->thread.join();
+  }
+}
+
+void TokenBatchLoader::run(Worker& w) {
+  try {
+    for (const auto& ids : w.batches) {
+      {
+        std::unique_lock<std::mutex> lock(w.mutex);
+        w.cv.wait(lock, [&] { return w.stop || static_cast<int64_t>(w.ready.size()) < o_.prefetch_factor; });
+        if (w.stop) return;
+      }
+      TokenBatch batch = collate(ids);
+      {
+        std::lock_guard<std::mutex> lock(w.mutex);
+        w.ready.push_back(std::move(batch));
+        ++w.produced;
+      }
+      w.cv.notify_all();
+    }
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(w.mutex);
+    w.error = std::current_exception();
+    w.cv.notify_all();
+  }
+}
+
+TokenBatch TokenBatchLoader::collate(const std::vector<int64_t>& ids) {
+  const at::ScalarType legacy = encoding_dtype(o_.token_encoding_type);
+  std::vector<at::Tensor> rows;
+  int64_t longest = 0;
+  for (int64_t id : ids) {
+    mds::Sample s = ds_.get(id);
+    auto it = s.find(o_.column);
+    if (it == s.end()) throw Error("loader", fmt::format("sample {} has no \"{}\" column", id, o_.column));
+    at::Tensor t;
+    if (const auto* tensor = std::get_if<at::Tensor>(&it->second)) {
+      t = tensor->reshape({-1});
+    } else if (const auto* bytes = std::get_if<std::string>(&it->second)) {
+      const size_t item = c10::elementSize(legacy);
+      if (bytes->size() % item != 0) {
+        throw Error("loader", fmt::format("sample {}: {} bytes is not a whole number of {} tokens", id, bytes->size(),
+                                          o_.token_encoding_type));
+      }
+      t = at::empty({static_cast<int64_t>(bytes->size() / item)}, at::TensorOptions().dtype(legacy));
+      std::memcpy(t.data_ptr(), bytes->data(), bytes->size());
+    } else {
+      throw Error("loader", fmt::format("sample {}: column \"{}\" holds neither an array nor bytes", id, o_.column));
+    }
+    t = t.narrow(0, 0, std::min<int64_t>(t.size(0), o_.max_seq_len)).to(at::kLong);
+    longest = std::max(longest, t.size(0));
+    rows.push_back(t);
+  }
+  TokenBatch b;
+  b.samples = static_cast<int64_t>(rows.size());
+  b.input_ids = at::full({b.samples, longest}, o_.pad_token_id, at::kLong);
+  b.labels = at::full({b.samples, longest}, -100, at::kLong);
+  for (int64_t i = 0; i < b.samples; ++i) {
+    const at::Tensor& r = rows[static_cast<size_t>(i)];
+    b.input_ids[i].narrow(0, 0, r.size(0)).copy_(r);
+    b.labels[i].narrow(0, 0, r.size(0)).copy_(r);
+  }
+  return b;
+}
+
+std::optional<TokenBatch> TokenBatchLoader::next() {
+  for (size_t tries = 0; tries < workers_.size(); ++tries) {
+    Worker& w = *workers_[turn_];
+    turn_ = (turn_ + 1) % workers_.size();
+    std::unique_lock<std::mutex> lock(w.mutex);
+    if (w.taken == w.batches.size()) continue;  // this worker is done; the others may still have batches
+    w.cv.wait(lock, [&] { return !w.ready.empty() || w.error; });
+    if (w.error) std::rethrow_exception(w.error);
+    TokenBatch b = std::move(w.ready.front());
+    w.ready.pop_front();
+    ++w.taken;
+    lock.unlock();
+    w.cv.notify_all();
+    consumed_ += b.samples;
+    return b;
+  }
+  return std::nullopt;
+}
+
+}  // namespace tessera::data
