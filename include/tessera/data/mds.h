@@ -71,24 +71,31 @@ class MDSWriter {
   bool finished_ = false;
 };
 
+// Column layout of a shard; consecutive shards with the same layout share one instance.
+struct ShardColumns {
+  std::vector<std::string> names, encodings;
+  std::vector<std::optional<int64_t>> sizes;  // fixed byte size, or nullopt for variable size
+  bool operator==(const ShardColumns&) const = default;
+};
+
 struct ShardInfo {
   std::string raw_basename;  // may contain subdirectories (merged indexes)
   std::optional<std::string> zip_basename;
   std::optional<std::string> compression;
   uint64_t raw_bytes = 0, zip_bytes = 0;
-  std::map<std::string, std::string> raw_hashes, zip_hashes;
+  std::vector<std::pair<std::string, std::string>> raw_hashes, zip_hashes;  // algorithm -> hex digest
   int64_t samples = 0;
-  std::vector<std::string> column_names, column_encodings;
-  std::vector<std::optional<int64_t>> column_sizes;
+  std::shared_ptr<const ShardColumns> columns;
 };
 
 struct ReaderOptions {
   bool verify_hashes = true;  // check every supported hash in index.json when a shard is first opened
 };
 
-// One MDS directory (a "stream"). Index memory is O(shards): samples are located by binary search over cumulative
-// shard sizes. Shards are opened (decompressed to the raw name if needed, hash-checked, memory-mapped) on first use
-// and stay mapped. Thread-safe for concurrent reads.
+// One MDS directory (a "stream"). Index memory is O(shards) and small per shard (the column layout is shared and
+// index.json is parsed one shard at a time); samples are located by binary search over cumulative shard sizes. Shards
+// are opened (decompressed to the raw name if needed, hash-checked, memory-mapped) on first use and stay mapped.
+// Thread-safe for concurrent reads.
 class MDSDataset {
  public:
   explicit MDSDataset(std::string dir, ReaderOptions options = {});

@@ -38,7 +38,8 @@ uint32_t u32_at(std::string_view b, size_t pos) {
   return v;
 }
 
-void verify(const std::map<std::string, std::string>& expected, std::string_view data, const std::string& file) {
+void verify(const std::vector<std::pair<std::string, std::string>>& expected, std::string_view data,
+            const std::string& file) {
   for (const auto& [algo, digest] : expected) {
     if (!util::hash_supported(algo)) continue;
     const std::string actual = util::hex_digest(algo, data);
@@ -61,27 +62,28 @@ struct MDSDataset::OpenShard {
   }
 };
 
+namespace {
+
+std::vector<std::pair<std::string, std::string>> hashes_of(const nlohmann::json& file_info) {
+  std::vector<std::pair<std::string, std::string>> out;
+  if (file_info.contains("hashes")) {
+    for (const auto& [algo, digest] : file_info.at("hashes").items()) out.emplace_back(algo, digest.get<std::string>());
+  }
+  return out;
+}
+
+}  // namespace
+
 MDSDataset::MDSDataset(std::string dir, ReaderOptions options) : dir_(std::move(dir)), options_(options) {
   const fs::path index_path = fs::path(dir_) / "index.json";
   if (!fs::exists(index_path)) throw Error(kComponent, fmt::format("{}: no index.json (not an MDS dataset?)", dir_));
-  nlohmann::json index;
-  try {
-    index = nlohmann::json::parse(read_file(index_path));
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(kComponent, fmt::format("{}: not valid JSON ({})", index_path.string(), e.what()));
-  }
   const std::string where = index_path.string();
-  if (!index.is_object() || index.value("version", 0) != 2) {
-    throw Error(kComponent,
-                fmt::format("{}: unsupported index version {} (expected 2)", where,
-                            index.is_object() && index.contains("version") ? index["version"].dump() : "none"));
-  }
-  if (!index.contains("shards") || !index["shards"].is_array()) {
-    throw Error(kComponent, fmt::format("{}: missing the \"shards\" list", where));
-  }
   int64_t total = 0;
-  for (size_t k = 0; k < index["shards"].size(); ++k) {
-    const nlohmann::json& s = index["shards"][k];
+  std::shared_ptr<const ShardColumns> last_columns;
+  // Each shard object is converted as soon as it is parsed and then dropped from the DOM, so a million-shard index
+  // needs memory for one shard's JSON at a time, not the whole document.
+  auto add_shard = [&](const nlohmann::json& s) {
+    const size_t k = shards_.size();
     try {
       if (s.at("format").get<std::string>() != "mds") {
         throw Error(kComponent, fmt::format("{}: shard {}: format \"{}\" is not supported (only mds)", where, k,
@@ -89,32 +91,36 @@ MDSDataset::MDSDataset(std::string dir, ReaderOptions options) : dir_(std::move(
       }
       if (s.at("version").get<int>() != 2)
         throw Error(kComponent, fmt::format("{}: shard {}: version must be 2", where, k));
-      ShardInfo info;
-      info.samples = s.at("samples").get<int64_t>();
-      info.column_names = s.at("column_names").get<std::vector<std::string>>();
-      info.column_encodings = s.at("column_encodings").get<std::vector<std::string>>();
+      ShardColumns cols;
+      cols.names = s.at("column_names").get<std::vector<std::string>>();
+      cols.encodings = s.at("column_encodings").get<std::vector<std::string>>();
       for (const auto& size : s.at("column_sizes")) {
-        info.column_sizes.push_back(size.is_null() ? std::nullopt : std::optional<int64_t>(size.get<int64_t>()));
+        cols.sizes.push_back(size.is_null() ? std::nullopt : std::optional<int64_t>(size.get<int64_t>()));
       }
-      if (info.column_names.size() != info.column_encodings.size() ||
-          info.column_names.size() != info.column_sizes.size()) {
-        throw Error(kComponent, fmt::format("{}: shard {}: column lists differ in length", where, k));
-      }
-      for (size_t c = 0; c < info.column_encodings.size(); ++c) {
-        if (encoded_size(info.column_encodings[c]) != info.column_sizes[c]) {
-          throw Error(kComponent, fmt::format("{}: shard {}: column_sizes disagree with the encodings", where, k));
+      if (!last_columns || !(*last_columns == cols)) {
+        if (cols.names.size() != cols.encodings.size() || cols.names.size() != cols.sizes.size()) {
+          throw Error(kComponent, fmt::format("{}: shard {}: column lists differ in length", where, k));
         }
+        for (size_t c = 0; c < cols.encodings.size(); ++c) {
+          if (encoded_size(cols.encodings[c]) != cols.sizes[c]) {
+            throw Error(kComponent, fmt::format("{}: shard {}: column_sizes disagree with the encodings", where, k));
+          }
+        }
+        last_columns = std::make_shared<const ShardColumns>(std::move(cols));
       }
+      ShardInfo info;
+      info.columns = last_columns;
+      info.samples = s.at("samples").get<int64_t>();
       if (!s.at("compression").is_null()) info.compression = s.at("compression").get<std::string>();
       const auto& raw = s.at("raw_data");
       info.raw_basename = raw.at("basename").get<std::string>();
       info.raw_bytes = raw.at("bytes").get<uint64_t>();
-      if (raw.contains("hashes")) info.raw_hashes = raw.at("hashes").get<std::map<std::string, std::string>>();
+      info.raw_hashes = hashes_of(raw);
       if (!s.at("zip_data").is_null()) {
         const auto& zip = s.at("zip_data");
         info.zip_basename = zip.at("basename").get<std::string>();
         info.zip_bytes = zip.at("bytes").get<uint64_t>();
-        if (zip.contains("hashes")) info.zip_hashes = zip.at("hashes").get<std::map<std::string, std::string>>();
+        info.zip_hashes = hashes_of(zip);
         if (!info.compression)
           throw Error(kComponent, fmt::format("{}: shard {}: zip_data without compression", where, k));
       }
@@ -125,7 +131,32 @@ MDSDataset::MDSDataset(std::string dir, ReaderOptions options) : dir_(std::move(
     } catch (const nlohmann::json::exception& e) {
       throw Error(kComponent, fmt::format("{}: shard {}: missing or malformed key ({})", where, k, e.what()));
     }
+  };
+  bool in_shards = false;
+  nlohmann::json index;
+  try {
+    std::ifstream in(index_path, std::ios::binary);
+    index = nlohmann::json::parse(in, [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+      if (event == nlohmann::json::parse_event_t::key && depth == 1) in_shards = parsed == "shards";
+      if (event == nlohmann::json::parse_event_t::object_end && depth == 2 && in_shards) {
+        add_shard(parsed);
+        return false;  // drop the converted shard object
+      }
+      return true;
+    });
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(kComponent, fmt::format("{}: not valid JSON ({})", where, e.what()));
   }
+  if (!index.is_object() || index.value("version", 0) != 2) {
+    throw Error(kComponent,
+                fmt::format("{}: unsupported index version {} (expected 2)", where,
+                            index.is_object() && index.contains("version") ? index["version"].dump() : "none"));
+  }
+  if (!index.contains("shards") || !index["shards"].is_array()) {
+    throw Error(kComponent, fmt::format("{}: missing the \"shards\" list", where));
+  }
+  shards_.shrink_to_fit();
+  cumulative_.shrink_to_fit();
   open_.resize(shards_.size());
 }
 
@@ -207,11 +238,11 @@ namespace {
 // Splits a sample into its columns' bytes; `file` and `sample` name it in errors.
 std::vector<std::string_view> split_columns(const ShardInfo& info, std::string_view s, const std::string& where) {
   size_t head = 0;
-  for (const auto& size : info.column_sizes) head += size ? 0 : 4;
+  for (const auto& size : info.columns->sizes) head += size ? 0 : 4;
   if (s.size() < head) throw Error(kComponent, fmt::format("{}: sample shorter than its size prefixes", where));
   std::vector<std::string_view> out;
   size_t pos = head, var = 0;
-  for (const auto& size : info.column_sizes) {
+  for (const auto& size : info.columns->sizes) {
     const size_t n = size ? static_cast<size_t>(*size) : u32_at(s, 4 * var++);
     if (pos + n > s.size()) throw Error(kComponent, fmt::format("{}: column sizes exceed the sample", where));
     out.push_back(s.substr(pos, n));
@@ -232,9 +263,9 @@ Sample MDSDataset::get(int64_t sample) {
   Sample out;
   for (size_t c = 0; c < cols.size(); ++c) {
     try {
-      out[info.column_names[c]] = decode(info.column_encodings[c], cols[c]);
+      out[info.columns->names[c]] = decode(info.columns->encodings[c], cols[c]);
     } catch (const Error& e) {
-      throw Error(kComponent, fmt::format("{}: column {}: {}", where, info.column_names[c], e.message()));
+      throw Error(kComponent, fmt::format("{}: column {}: {}", where, info.columns->names[c], e.message()));
     }
   }
   return out;
@@ -243,12 +274,13 @@ Sample MDSDataset::get(int64_t sample) {
 std::string_view MDSDataset::column(int64_t sample, const std::string& name) {
   const auto [k, idx] = locate(sample);
   const ShardInfo& info = shards_[k];
-  const auto it = std::find(info.column_names.begin(), info.column_names.end(), name);
-  if (it == info.column_names.end()) {
+  const auto& names = info.columns->names;
+  const auto it = std::find(names.begin(), names.end(), name);
+  if (it == names.end()) {
     throw Error(kComponent, fmt::format("{}/{}: no column \"{}\"", dir_, info.raw_basename, name));
   }
   const std::string where = fmt::format("{}/{}: sample {}", dir_, info.raw_basename, idx);
-  return split_columns(info, raw_sample(sample), where)[static_cast<size_t>(it - info.column_names.begin())];
+  return split_columns(info, raw_sample(sample), where)[static_cast<size_t>(it - names.begin())];
 }
 
 }  // namespace tessera::data::mds
