@@ -4,8 +4,8 @@
 // to locate random samples.
 //
 //   bench_mds_index_scale [--shards 1000000] [--dir /tmp/tessera_index_scale]
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -63,16 +63,19 @@ int main(int argc, char** argv) {
   std::mt19937_64 rng(0);
   const auto t1 = std::chrono::steady_clock::now();
   int64_t check = 0;
-  for (int i = 0; i < 1000000; ++i) check += ds.locate(static_cast<int64_t>(rng() % static_cast<uint64_t>(ds.size()))).second;
-  const double locate_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t1).count() / 1e6;
-  std::cout << nlohmann::json({{"shards", shards},
-                               {"samples", ds.size()},
-                               {"index_json_mb", static_cast<double>(index_bytes) / 1e6},
-                               {"load_seconds", load_s},
-                               {"rss_growth_mb", static_cast<double>(rss1 - rss0) / 1024.0},
-                               {"bytes_per_shard", static_cast<double>(rss1 - rss0) * 1024.0 / static_cast<double>(shards)},
-                               {"locate_ns", locate_ns},
-                               {"checksum", check}})
+  for (int i = 0; i < 1000000; ++i)
+    check += ds.locate(static_cast<int64_t>(rng() % static_cast<uint64_t>(ds.size()))).second;
+  const double locate_ns =
+      std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t1).count() / 1e6;
+  std::cout << nlohmann::json(
+                   {{"shards", shards},
+                    {"samples", ds.size()},
+                    {"index_json_mb", static_cast<double>(index_bytes) / 1e6},
+                    {"load_seconds", load_s},
+                    {"rss_growth_mb", static_cast<double>(rss1 - rss0) / 1024.0},
+                    {"bytes_per_shard", static_cast<double>(rss1 - rss0) * 1024.0 / static_cast<double>(shards)},
+                    {"locate_ns", locate_ns},
+                    {"checksum", check}})
                    .dump()
             << std::endl;
   return 0;
