@@ -71,9 +71,9 @@ class StreamingDataset {
   // The epoch's arrangement of sample ids (node, rank, worker, batch, element); -1 = padding. `sample_in_epoch`
   // global samples are skipped (resumption).
   streaming::Partition epoch_ids(int64_t epoch, int64_t sample_in_epoch = 0) const;
-  // The sample ids one worker of one rank yields, in order, padding removed.
-  std::vector<int64_t> worker_samples(int64_t epoch, int64_t sample_in_epoch, int64_t node, int64_t rank_of_node,
-                                      int64_t worker) const;
+  // Where a global sample id lives: (stream, id within the stream).
+  std::pair<size_t, int64_t> locate(int64_t sample) const;
+  mds::MDSDataset& stream(size_t s) { return *streams_[s]; }
 
   mds::Sample get(int64_t sample);
   // The state after `sample_in_epoch` global samples of `epoch`, and the arguments to resume from it.

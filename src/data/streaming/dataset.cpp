@@ -91,16 +91,17 @@ StreamingDataset::StreamingDataset(StreamingOptions options, World world) : o_(s
   if (o_.streams.empty()) throw Error(kComponent, "a StreamingDataset needs at least one stream");
   if (o_.batch_size < 1) throw Error(kComponent, "batch_size must be positive");
   std::vector<int64_t> per_stream;
+  int64_t total = 0;  // running sample offset over all streams and shards
   for (const StreamSpec& s : o_.streams) {
     const std::string dir = s.split ? (std::filesystem::path(s.local) / *s.split).string() : s.local;
     streams_.push_back(std::make_unique<mds::MDSDataset>(dir, mds::ReaderOptions{o_.verify_hashes}));
-    sample_offset_per_stream_.push_back(std::accumulate(per_stream.begin(), per_stream.end(), int64_t{0}));
+    sample_offset_per_stream_.push_back(total);
     per_stream.push_back(streams_.back()->size());
     shards_per_stream_.push_back(static_cast<int64_t>(streams_.back()->shards().size()));
     for (const auto& shard : streams_.back()->shards()) {
-      sample_offset_per_shard_.push_back(
-          std::accumulate(samples_per_shard_.begin(), samples_per_shard_.end(), int64_t{0}));
+      sample_offset_per_shard_.push_back(total);
       samples_per_shard_.push_back(shard.samples);
+      total += shard.samples;
     }
   }
   stream_choose_ = apply_weights(o_.streams, per_stream, o_.epoch_size, o_.shuffle_seed, epoch_size_);
@@ -157,23 +158,15 @@ streaming::Partition StreamingDataset::epoch_ids(int64_t epoch, int64_t sample_i
   return part;
 }
 
-std::vector<int64_t> StreamingDataset::worker_samples(int64_t epoch, int64_t sample_in_epoch, int64_t node,
-                                                      int64_t rank_of_node, int64_t worker) const {
-  const streaming::Partition p = epoch_ids(epoch, sample_in_epoch);
-  std::vector<int64_t> out;
-  for (int64_t b = 0; b < p.shape[3]; ++b) {
-    for (int64_t e = 0; e < p.shape[4]; ++e) {
-      const int64_t id = p.at(node, rank_of_node, worker, b, e);
-      if (id >= 0) out.push_back(id);
-    }
-  }
-  return out;
+std::pair<size_t, int64_t> StreamingDataset::locate(int64_t sample) const {
+  const auto it = std::upper_bound(sample_offset_per_stream_.begin(), sample_offset_per_stream_.end(), sample);
+  const size_t s = static_cast<size_t>(it - sample_offset_per_stream_.begin()) - 1;
+  return {s, sample - sample_offset_per_stream_[s]};
 }
 
 mds::Sample StreamingDataset::get(int64_t sample) {
-  const auto it = std::upper_bound(sample_offset_per_stream_.begin(), sample_offset_per_stream_.end(), sample);
-  const size_t s = static_cast<size_t>(it - sample_offset_per_stream_.begin()) - 1;
-  return streams_[s]->get(sample - sample_offset_per_stream_[s]);
+  const auto [s, id] = locate(sample);
+  return streams_[s]->get(id);
 }
 
 ResumeState StreamingDataset::state(int64_t epoch, int64_t sample_in_epoch) const {
