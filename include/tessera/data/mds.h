@@ -64,6 +64,7 @@ class MDSWriter {
   WriterOptions o_;
   std::vector<std::string> names_, encodings_;
   std::vector<std::optional<int64_t>> sizes_;
+  std::string config_;                // the shard config JSON embedded in every shard
   std::vector<std::string> pending_;  // encoded samples of the open shard
   uint64_t pending_bytes_ = 0;        // raw size the open shard would have now
   nlohmann::ordered_json shards_ = nlohmann::ordered_json::array();

@@ -48,7 +48,8 @@ MDSWriter::MDSWriter(WriterOptions options) : o_(std::move(options)) {
                 fmt::format("{}: directory exists and is not empty (set exist_ok to write into it)", o_.out));
   }
   fs::create_directories(o_.out);
-  pending_bytes_ = 8 + config_json().size();
+  config_ = config_json();  // constant for the dataset: every shard embeds it
+  pending_bytes_ = 8 + config_.size();
 }
 
 MDSWriter::~MDSWriter() {
@@ -108,7 +109,7 @@ void MDSWriter::write(const Sample& sample) {
 }
 
 void MDSWriter::flush_shard() {
-  const std::string config = config_json();
+  const std::string& config = config_;
   const uint64_t n = pending_.size();
   std::string raw;
   put_u32(raw, n);
