@@ -126,3 +126,26 @@ TEST(TokenLoader, WorkerErrorsReachTheConsumer) {
 
 }  // namespace
 }  // namespace tessera::data
+
+namespace tessera::data {
+namespace {
+
+TEST(ResumeState, UsesStreamingsKeysAndNamesWhatIsMissing) {
+  // Streaming's state_dict keys (streaming/base/dataset.py), e.g. issue #880's checkpoint.
+  const nlohmann::json saved = {{"epoch", 0},
+                                {"initial_physical_nodes", 1},
+                                {"num_canonical_nodes", 1},
+                                {"sample_in_epoch", 100},
+                                {"shuffle_seed", 9176}};
+  const ResumeState s = ResumeState::from_json(saved);
+  EXPECT_EQ(s.sample_in_epoch, 100);
+  EXPECT_EQ(s.initial_physical_nodes, 1);
+  EXPECT_EQ(s.to_json(), saved) << "round trip, same keys and values";
+  nlohmann::json missing = saved;
+  missing.erase("sample_in_epoch");
+  EXPECT_NE(tessera::testing::error_of([&] { ResumeState::from_json(missing); }).find("sample_in_epoch"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace tessera::data

@@ -1,4 +1,5 @@
 // Hash digests and Python-compatible JSON, against values computed by Python's hashlib, xxhash and json.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "tessera/util/error.h"
@@ -81,6 +82,23 @@ TEST(NumpyRandom, GeneratorMethodsMatchNumpy) {
   EXPECT_EQ(NumpyGenerator(9176).choice_without_replacement(10, 3), (std::vector<int64_t>{8, 9, 7}));
   const auto big = NumpyGenerator(9176).choice_without_replacement(20000, 1000);
   EXPECT_EQ(std::vector<int64_t>(big.begin(), big.begin() + 5), (std::vector<int64_t>{14588, 3615, 2131, 3219, 4352}));
+}
+
+}  // namespace
+}  // namespace tessera::util
+
+#include "tessera/util/device.h"
+
+namespace tessera::util {
+namespace {
+
+TEST(Device, DescribesThreadsAndTheLibTorchBuild) {
+  const DeviceInfo info = device_info();
+  EXPECT_GE(info.cpu_threads, 1);
+  EXPECT_EQ(info.torch_version.substr(0, 5), "2.11.");
+  const std::string line = describe(info);
+  EXPECT_NE(line.find(fmt::format("cpu ({} threads)", info.cpu_threads)), std::string::npos) << line;
+  EXPECT_NE(line.find(info.cuda_devices > 0 ? "device(s)" : "cuda: no device"), std::string::npos) << line;
 }
 
 }  // namespace
