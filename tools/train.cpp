@@ -1,4 +1,4 @@
-// `train`: validate a recipe and print its plan (--dry-run), or train it.
+// `train`: train a recipe, or validate it and print its plan (--dry-run).
 //
 //   train --recipe recipes/mpt-125m.yaml --dry-run [optimizer.lr=3e-4 ...]
 //
@@ -15,6 +15,7 @@
 
 #include "tessera/trainer/plan.h"
 #include "tessera/trainer/train_config.h"
+#include "tessera/trainer/trainer.h"
 #include "tessera/util/allocator.h"
 #include "tessera/util/device.h"
 #include "tessera/util/error.h"
@@ -74,7 +75,15 @@ int run(int argc, char** argv) {
     std::cout << tessera::trainer::render_plan(cfg, plan, tessera::util::describe(tessera::util::device_info()));
     return tessera::kExitOk;
   }
-  throw tessera::Error("train", "training is not implemented yet in this build; use --dry-run to validate and plan");
+  if (world_size != 1) {
+    throw tessera::ConfigError("train", fmt::format("world size {}: multi-process training is not implemented yet in "
+                                                    "this build; run one process (WORLD_SIZE=1)",
+                                                    world_size));
+  }
+  spdlog::info("{}", tessera::util::describe(tessera::util::device_info()));
+  tessera::trainer::Trainer trainer(cfg);
+  trainer.fit();
+  return tessera::kExitOk;
 }
 
 }  // namespace

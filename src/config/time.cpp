@@ -81,4 +81,41 @@ std::string Time::str() const {
   return fmt::format("{}{}", count(), unit_suffix(unit_));
 }
 
+int64_t Timestamp::get(TimeUnit unit) const {
+  switch (unit) {
+    case TimeUnit::kEpoch:
+      return epoch;
+    case TimeUnit::kBatch:
+      return batch;
+    case TimeUnit::kSample:
+      return sample;
+    case TimeUnit::kToken:
+      return token;
+    case TimeUnit::kDuration:
+      break;
+  }
+  throw std::invalid_argument("a timestamp has no counter in `dur`; convert the duration to a unit first");
+}
+
+void Timestamp::to_next_batch(int64_t samples, int64_t tokens, double seconds) {
+  batch += 1;
+  batch_in_epoch += 1;
+  sample += samples;
+  sample_in_epoch += samples;
+  token += tokens;
+  token_in_epoch += tokens;
+  total_wct += seconds;
+  epoch_wct += seconds;
+  batch_wct = seconds;
+}
+
+void Timestamp::to_next_epoch() {
+  epoch += 1;
+  batch_in_epoch = 0;
+  sample_in_epoch = 0;
+  token_in_epoch = 0;
+  epoch_wct = 0;
+  batch_wct = 0;
+}
+
 }  // namespace tessera::config

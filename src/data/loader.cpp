@@ -34,6 +34,32 @@ struct TokenBatchLoader::Worker {
   std::thread thread;
 };
 
+std::vector<std::vector<std::vector<int64_t>>> worker_batches(const streaming::Partition& part, int64_t node,
+                                                              int64_t rank_of_node, bool drop_last) {
+  std::vector<std::vector<std::vector<int64_t>>> out(static_cast<size_t>(part.shape[2]));
+  for (int64_t w = 0; w < part.shape[2]; ++w) {
+    for (int64_t b = 0; b < part.shape[3]; ++b) {
+      std::vector<int64_t> ids;
+      for (int64_t e = 0; e < part.shape[4]; ++e) {
+        const int64_t id = part.at(node, rank_of_node, w, b, e);
+        if (id >= 0) ids.push_back(id);
+      }
+      if (ids.empty() || (drop_last && static_cast<int64_t>(ids.size()) < part.shape[4])) continue;
+      out[static_cast<size_t>(w)].push_back(std::move(ids));
+    }
+  }
+  return out;
+}
+
+int64_t batches_in_epoch(const StreamingDataset& dataset, int64_t epoch, int64_t sample_in_epoch, int64_t node,
+                         int64_t rank_of_node, bool drop_last) {
+  int64_t n = 0;
+  for (const auto& w : worker_batches(dataset.epoch_ids(epoch, sample_in_epoch), node, rank_of_node, drop_last)) {
+    n += static_cast<int64_t>(w.size());
+  }
+  return n;
+}
+
 TokenBatchLoader::TokenBatchLoader(StreamingDataset& dataset, int64_t workers, int64_t epoch, int64_t sample_in_epoch,
                                    int64_t node, int64_t rank_of_node, TokenLoaderOptions options)
     : ds_(dataset), o_(std::move(options)) {
@@ -45,17 +71,9 @@ TokenBatchLoader::TokenBatchLoader(StreamingDataset& dataset, int64_t workers, i
                                       part.shape[2], workers));
   }
   batch_size_ = part.shape[4];
-  for (int64_t w = 0; w < workers; ++w) {
+  for (auto& batches : worker_batches(part, node, rank_of_node, o_.drop_last)) {
     auto worker = std::make_unique<Worker>();
-    for (int64_t b = 0; b < part.shape[3]; ++b) {
-      std::vector<int64_t> ids;
-      for (int64_t e = 0; e < part.shape[4]; ++e) {
-        const int64_t id = part.at(node, rank_of_node, w, b, e);
-        if (id >= 0) ids.push_back(id);
-      }
-      if (ids.empty() || (o_.drop_last && static_cast<int64_t>(ids.size()) < batch_size_)) continue;
-      worker->batches.push_back(std::move(ids));
-    }
+    worker->batches = std::move(batches);
     workers_.push_back(std::move(worker));
   }
   for (auto& w : workers_) w->thread = std::thread([this, ptr = w.get()] { run(*ptr); });

@@ -184,12 +184,20 @@ config::Registry<SchedulerOptions>& scheduler_registry() {
       o.t_max = schedule_time(s, "t_max", o.t_max);
       o.alpha_f = s.get_double("alpha_f", 0.0);
     });
+    // LLM Foundry's InverseSquareRootWithWarmupScheduler: t_warmup, t_scale and t_cooldown in max_duration's unit.
     add_scheduler(*r, "inv_sqrt_with_warmup", [](Section& s, SchedulerOptions& o) {
-      warmup_fields(s, o);
-      o.alpha_f = s.get_double("alpha_f", 0.0);
-      o.t_max = schedule_time(s, "t_max", o.t_max);  // LLM Foundry also reads t_scale and t_cooldown
-      if (s.raw("t_scale")) s.not_supported("t_scale");
-      if (s.raw("t_cooldown")) s.not_supported("t_cooldown");
+      o.t_warmup = schedule_time(s, "t_warmup", o.t_warmup, true);
+      o.t_scale = schedule_time(s, "t_scale", o.t_scale, true);
+      o.t_cooldown = schedule_time(s, "t_cooldown", o.t_cooldown, true);
+      for (const auto& [key, t] :
+           {std::pair{"t_warmup", o.t_warmup}, {"t_scale", o.t_scale}, {"t_cooldown", o.t_cooldown}}) {
+        s.check(t.unit() != TimeUnit::kDuration, key, "cannot be in units of `dur`; use max_duration's unit");
+      }
+      s.check(!o.t_scale.is_zero(), "t_scale", "must be positive");
+      o.t_max = schedule_time(s, "t_max", o.t_max);
+      o.alpha_f_decay = s.get_double("alpha_f_decay", 0.0);
+      o.alpha_f_cooldown = s.get_double("alpha_f_cooldown", 0.0);
+      s.check(o.alpha_f_decay >= o.alpha_f_cooldown, "alpha_f_cooldown", "must not exceed alpha_f_decay");
     });
     return r;
   }();

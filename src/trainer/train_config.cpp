@@ -93,7 +93,8 @@ const std::vector<std::string_view> kTopLevelKeys = {"variables",
                                                      "icl_tasks",
                                                      "console_log_interval",
                                                      "progress_bar",
-                                                     "log_to_console"};
+                                                     "log_to_console",
+                                                     "deterministic_mode"};
 
 template <class Options>
 Options parse_named(Section& root, std::string_view key, const config::Registry<Options>& registry, bool required) {
@@ -244,6 +245,7 @@ TrainConfig parse_train_config(config::Value resolved, const std::string& path) 
   if (precision == "amp_fp8") root.not_supported("precision", "amp_fp8");
   cfg.seed = root.get_int("seed", 17);
   root.check(cfg.seed >= 0, "seed", "must be non-negative");
+  cfg.deterministic_mode = root.get_bool("deterministic_mode", false);
 
   if (auto name = root.get_optional_string("run_name")) {
     cfg.run_name = *name;

@@ -15,9 +15,10 @@ void init_logging(const std::string& level, int rank) {
   if (lvl == spdlog::level::off && level != "off") {
     throw ConfigError("logging", fmt::format("unknown log level \"{}\" (trace, debug, info, warn, error, off)", level));
   }
-  auto logger = spdlog::stderr_color_mt("tessera");
+  // Not created through the registry (stderr_color_mt would refuse a second "tessera"); set_default_logger replaces
+  // the previous default, so init_logging may be called again. (Dropping the name would also reset the default.)
+  auto logger = std::make_shared<spdlog::logger>("tessera", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
   spdlog::set_default_logger(logger);
-  spdlog::drop("tessera");  // keep only the default-logger reference, so init_logging may be called again
   const std::string prefix = rank >= 0 ? fmt::format("[rank {}] ", rank) : "";
   spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] " + prefix + "%v");
   spdlog::set_level(lvl);

@@ -45,4 +45,26 @@ class Time {
   TimeUnit unit_ = TimeUnit::kBatch;
 };
 
+// Where training stands, as Composer's Timestamp counts it. Samples and tokens are global (summed over ranks); wall
+// clock times are seconds of training (evaluation excluded).
+struct Timestamp {
+  int64_t epoch = 0;
+  int64_t batch = 0;  // optimizer steps
+  int64_t sample = 0;
+  int64_t token = 0;
+  int64_t batch_in_epoch = 0;
+  int64_t sample_in_epoch = 0;
+  int64_t token_in_epoch = 0;
+  double total_wct = 0;
+  double epoch_wct = 0;
+  double batch_wct = 0;
+
+  // The counter of an integral unit (ep, ba, sp, tok); kDuration throws std::invalid_argument.
+  int64_t get(TimeUnit unit) const;
+  // Composer's comparison `timestamp < time`: the counter in time's unit against its value.
+  bool before(const Time& t) const { return static_cast<double>(get(t.unit())) < t.value(); }
+  void to_next_batch(int64_t samples, int64_t tokens, double seconds);
+  void to_next_epoch();
+};
+
 }  // namespace tessera::config

@@ -35,6 +35,13 @@ struct TokenLoaderOptions {
   int64_t prefetch_factor = 2;                // batches each worker keeps ready
 };
 
+// This rank's batches of an epoch, per worker: the sample ids of each batch (short final batches dropped when
+// drop_last). batches_in_epoch counts them (the dataloader length).
+std::vector<std::vector<std::vector<int64_t>>> worker_batches(const streaming::Partition& part, int64_t node,
+                                                              int64_t rank_of_node, bool drop_last);
+int64_t batches_in_epoch(const StreamingDataset& dataset, int64_t epoch, int64_t sample_in_epoch, int64_t node,
+                         int64_t rank_of_node, bool drop_last);
+
 // Iterates one rank's share of one epoch. The dataset's World must have workers_per_rank = the number of loader
 // threads (at least 1). Not thread-safe (one consumer); the workers only read the dataset (thread-safe).
 class TokenBatchLoader {

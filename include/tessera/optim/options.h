@@ -41,6 +41,10 @@ struct SchedulerOptions {
   config::Time t_0{0, config::TimeUnit::kBatch};           // cosine_warm_restarts
   config::Time decay_period{1, config::TimeUnit::kEpoch};  // exponential
   std::vector<config::Time> milestones;                    // multistep*
+  config::Time t_scale{0, config::TimeUnit::kBatch};       // inv_sqrt_with_warmup
+  config::Time t_cooldown{0, config::TimeUnit::kBatch};    // inv_sqrt_with_warmup
+  double alpha_f_decay = 0.0;                              // inv_sqrt_with_warmup: limit of the decay
+  double alpha_f_cooldown = 0.0;                           // inv_sqrt_with_warmup: end of the linear cooldown
 };
 
 config::Registry<OptimizerOptions>& optimizer_registry();

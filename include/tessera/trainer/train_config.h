@@ -66,7 +66,8 @@ struct TrainConfig {
   int64_t device_eval_batch_size = 0;
   Precision precision = Precision::kAmpBf16;
   int64_t seed = 17;
-  std::string run_name;  // recipe value, else $RUN_NAME, else the recipe's file name without extension
+  bool deterministic_mode = false;  // deterministic kernels only (Composer's deterministic_mode)
+  std::string run_name;             // recipe value, else $RUN_NAME, else the recipe's file name without extension
 
   std::optional<std::string> save_folder;
   config::Time save_interval = config::Time::batches(1000);

@@ -1,0 +1,62 @@
+// Optimizers by the names LLM Foundry recipes use. They update whatever tensors they are handed (whole parameters or
+// the local shards of sharded ones) from the gradients in `.grad()`, under no-grad, with fp32 state.
+//
+//   auto opt = make_optimizer(cfg.optimizer, model->parameters());
+//   ... loss.backward();
+//   opt->step(cfg.optimizer.lr * lr_multiplier(...));
+//
+// decoupled_adamw / decoupled_sgdw (Composer) and decoupled_lionw (LLM Foundry) decay weights by wd * lr_t / lr_0 per
+// step (the decay follows the schedule but is not scaled by the learning rate); adamw (PyTorch) by lr_t * wd.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tessera/optim/options.h"
+
+namespace tessera::optim {
+
+class Optimizer {
+ public:
+  Optimizer(OptimizerOptions options, std::vector<at::Tensor> params);
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One update of every parameter that has a gradient, at learning rate `lr` (the scheduled rate, lr_0 * multiplier).
+  void step(double lr);
+  // Drops the gradients (set to none), as PyTorch's zero_grad(set_to_none=True).
+  void zero_grad();
+
+  const OptimizerOptions& options() const { return o_; }
+  const std::vector<at::Tensor>& params() const { return params_; }
+  int64_t steps() const { return step_; }
+  double last_lr() const { return last_lr_; }
+
+  // State for checkpoints: "step" (int64 scalar) and per parameter i the tensors "{i}.exp_avg", "{i}.exp_avg_sq" or
+  // "{i}.momentum_buffer" (PyTorch's names). load_state throws naming the missing or mis-shaped entry.
+  std::vector<std::pair<std::string, at::Tensor>> state() const;
+  void load_state(const std::vector<std::pair<std::string, at::Tensor>>& state);
+
+ protected:
+  virtual void update(size_t i, at::Tensor& param, const at::Tensor& grad, double lr) = 0;
+  // Names of the per-parameter state tensors, created lazily by update().
+  virtual std::vector<std::string> state_names() const = 0;
+  at::Tensor& slot(size_t i, size_t k);  // k-th state tensor of parameter i (zeros of the parameter's shape at first)
+
+  OptimizerOptions o_;
+  std::vector<at::Tensor> params_;
+  std::vector<std::vector<at::Tensor>> slots_;
+  int64_t step_ = 0;
+  double last_lr_ = 0;
+};
+
+// Builds the optimizer named by options.name over `params` (those with requires_grad; others are skipped).
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options, const std::vector<at::Tensor>& params);
+
+}  // namespace tessera::optim

@@ -1,0 +1,66 @@
+// The plug-in points of the training loop, as in Composer:
+//   - Algorithm: match(event, state) then apply(event, state, logger); may change the model, the batch, the loss or
+//     the gradients. Registered by name for `algorithms:` in recipes.
+//   - Callback: run_event(event, state, logger) on every event; observes and logs (speed, memory, checkpoints, ...).
+//   - LoggerDestination: a Callback that also receives metrics (console, JSONL file, TensorBoard).
+//   - Logger: the facade the others log through; it fans metrics out to every destination.
+// The Engine (engine.h) decides the order in which they run.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessera/trainer/event.h"
+
+namespace tessera::trainer {
+
+struct State;
+class Logger;
+
+using Metrics = std::map<std::string, double>;
+
+class Algorithm {
+ public:
+  virtual ~Algorithm() = default;
+  virtual std::string name() const = 0;
+  virtual bool match(Event event, const State& state) const = 0;
+  virtual void apply(Event event, State& state, Logger& logger) = 0;
+};
+
+class Callback {
+ public:
+  virtual ~Callback() = default;
+  virtual std::string name() const = 0;
+  virtual void run_event(Event event, State& state, Logger& logger) = 0;
+  // Always called when the trainer is destroyed, also after an exception (flush files here).
+  virtual void close(State& /*state*/, Logger& /*logger*/) {}
+};
+
+class LoggerDestination : public Callback {
+ public:
+  // `step` is the batch count (optimizer steps) at which the metrics were taken.
+  virtual void log_metrics(const Metrics& metrics, int64_t step) = 0;
+  virtual void log_hyperparameters(const nlohmann::json& /*hparams*/) {}
+  void run_event(Event /*event*/, State& /*state*/, Logger& /*logger*/) override {}
+};
+
+class Logger {
+ public:
+  explicit Logger(const State& state) : state_(state) {}
+  void add_destination(std::shared_ptr<LoggerDestination> d) { destinations_.push_back(std::move(d)); }
+  const std::vector<std::shared_ptr<LoggerDestination>>& destinations() const { return destinations_; }
+  // Logs at the current batch (state.timestamp.batch).
+  void log_metrics(const Metrics& metrics);
+  void log_hyperparameters(const nlohmann::json& hparams);
+
+ private:
+  const State& state_;
+  std::vector<std::shared_ptr<LoggerDestination>> destinations_;
+};
+
+}  // namespace tessera::trainer

@@ -1,0 +1,70 @@
+// Everything the training loop, algorithms and callbacks share: the model, optimizer, schedule, time, the current
+// batch and its outputs, and the latest metrics. Composer's State, for MPT language models.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tessera/config/time.h"
+#include "tessera/data/loader.h"
+#include "tessera/models/mpt.h"
+#include "tessera/optim/optimizer.h"
+#include "tessera/optim/scheduler.h"
+#include "tessera/trainer/callback.h"
+#include "tessera/trainer/train_config.h"
+
+namespace tessera::trainer {
+
+struct State {
+  std::string run_name;
+  int64_t seed = 17;  // rank-zero seed; rank r uses seed + r
+  int64_t rank = 0;
+  int64_t world_size = 1;
+  at::Device device = at::kCPU;
+  Precision precision = Precision::kFp32;
+
+  models::MPTOptions model_options;  // what `model` was built from (algorithms may change both at INIT)
+  models::MPTForCausalLM model{nullptr};
+  std::unique_ptr<optim::Optimizer> optimizer;  // created after INIT, so that surgery (LoRA, ...) is seen
+  optim::SchedulerOptions scheduler;
+  double scale_schedule_ratio = 1.0;
+
+  config::Timestamp timestamp;
+  config::Timestamp previous_timestamp;  // before the latest batch (interval triggers compare the two)
+  config::Timestamp eval_timestamp;
+  config::Time max_duration;
+  std::optional<int64_t> dataloader_len;  // this rank's batches per epoch
+
+  int64_t device_train_batch_size = 0;       // samples per rank per optimizer step
+  int64_t device_train_microbatch_size = 0;  // samples per forward/backward
+  int64_t max_seq_len = 0;
+
+  // The whole device batch at AFTER_DATALOADER; the current microbatch from BEFORE_FORWARD to AFTER_BACKWARD (and
+  // during eval, the eval batch).
+  data::TokenBatch batch;
+  at::Tensor outputs;     // logits of the latest forward
+  at::Tensor loss;        // loss of the latest microbatch, as backpropagated (scaled by its share of the batch)
+  double train_loss = 0;  // loss of the latest optimizer step (mean over the device batch)
+  std::map<std::string, Metrics> eval_metrics;  // label -> latest values (LanguageCrossEntropy, LanguagePerplexity)
+
+  std::vector<std::shared_ptr<Algorithm>> algorithms;
+  std::vector<std::shared_ptr<Callback>> callbacks;  // loggers included (LoggerDestination)
+
+  // The learning rate of the next optimizer step: the schedule at previous_timestamp (Composer's LambdaLR order).
+  double current_lr() const;
+  // timestamp >= max_duration, in max_duration's unit.
+  bool reached_max_duration() const { return !timestamp.before(max_duration); }
+  // Ends training after the current batch (Composer's stop_training).
+  void stop_training() { stop_requested = true; }
+  bool stop_requested = false;
+  // Parameters that receive gradients.
+  std::vector<at::Tensor> trainable_parameters() const;
+};
+
+}  // namespace tessera::trainer

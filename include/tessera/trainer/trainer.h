@@ -1,0 +1,78 @@
+// The trainer: builds the model, data, optimizer, algorithms, callbacks and loggers of a recipe and runs Composer's
+// training loop over them (see event.h for the loop and engine.h for the dispatch order).
+//
+//   TrainConfig cfg = load_train_config("recipes/mpt-tiny-cpu.yaml");
+//   Trainer trainer(cfg, {.callbacks = {std::make_shared<MyCallback>()}});
+//   trainer.fit();
+//   Metrics m = trainer.eval();  // {"LanguageCrossEntropy": ..., "LanguagePerplexity": ...}
+//
+// Batches: global_train_batch_size is split over ranks (device batch), and each device batch into microbatches of
+// device_train_microbatch_size samples; each microbatch loss is scaled by its share of the device batch, so the
+// accumulated gradient equals that of one big batch. `auto` halves the microbatch and retries the batch on a CUDA
+// out-of-memory error; on CPU (where allocation failure is not recoverable) `auto` means no accumulation.
+// Precision: fp32, amp_bf16 (autocast of forward and loss to bf16, fp32 weights, gradients and optimizer state; on
+// CPU and GPU) and amp_fp16 (GPU only, with dynamic loss scaling).
+// The learning rate of step b is the schedule evaluated at step b - 1 (step 0: at 0), as Composer's LambdaLR order
+// gives; it is a pure function of the timestamp.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "tessera/trainer/callback.h"
+#include "tessera/trainer/engine.h"
+#include "tessera/trainer/state.h"
+#include "tessera/trainer/train_config.h"
+
+namespace tessera::data {
+class StreamingDataset;
+}
+
+namespace tessera::trainer {
+
+// Components added by code, after the recipe's own (research code's custom algorithms and callbacks).
+struct TrainerParts {
+  std::vector<std::shared_ptr<Algorithm>> algorithms;
+  std::vector<std::shared_ptr<Callback>> callbacks;  // LoggerDestinations included
+};
+
+class Trainer {
+ public:
+  explicit Trainer(TrainConfig config, TrainerParts parts = {});
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Trains until max_duration (or stop_training()), evaluating on eval_interval.
+  void fit();
+  // Evaluates the eval loader now (EVAL_STANDALONE_START/_END around the eval events); returns its metrics.
+  Metrics eval();
+
+  State& state() { return state_; }
+  const TrainConfig& config() const { return cfg_; }
+
+ private:
+  void train_batch();
+  bool run_microbatches(const data::TokenBatch& batch, int64_t microbatch_size);
+  Metrics run_eval();
+  bool eval_due_at_batch_end() const;
+  bool eval_due_at_epoch_end() const;
+
+  TrainConfig cfg_;
+  State state_;
+  Logger logger_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<data::StreamingDataset> train_data_;
+  std::unique_ptr<data::StreamingDataset> eval_data_;
+  int64_t workers_ = 1;
+  std::optional<int64_t> last_eval_batch_;
+  bool auto_microbatch_ = false;
+  double loss_scale_ = 65536.0;  // amp_fp16 dynamic loss scale
+  int64_t good_steps_ = 0;       // amp_fp16: steps since the scale last changed
+};
+
+// Number of CPU cores this process may run on (sched_getaffinity), at least 1.
+int available_cores();
+
+}  // namespace tessera::trainer

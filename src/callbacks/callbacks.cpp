@@ -1,0 +1,177 @@
+// Built-in callbacks: speed/MFU, learning rate, memory and runtime estimates.
+#include "tessera/callbacks/callbacks.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <fstream>
+#include <string>
+
+#include "tessera/models/mpt_config.h"
+#include "tessera/trainer/state.h"
+#include "tessera/util/error.h"
+#include "tessera/util/peak_flops.h"
+
+// The CUDA caching allocator's statistics, when LibTorch was built with CUDA (the pinned wheel is).
+#if __has_include(<c10/cuda/CUDACachingAllocator.h>)
+#include <c10/cuda/CUDACachingAllocator.h>
+#define TESSERA_WITH_CUDA_ALLOCATOR_STATS 1
+#endif
+
+namespace tessera::callbacks {
+namespace {
+
+using trainer::Event;
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// VmRSS / VmHWM of this process in bytes (0 when /proc is unavailable).
+std::pair<double, double> process_rss() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  double rss = 0, hwm = 0;
+  while (std::getline(in, line)) {
+    auto kb = [&](const char* key) { return std::stod(line.substr(std::string(key).size())) * 1024.0; };
+    if (line.rfind("VmRSS:", 0) == 0) rss = kb("VmRSS:");
+    if (line.rfind("VmHWM:", 0) == 0) hwm = kb("VmHWM:");
+  }
+  return {rss, hwm};
+}
+
+std::string optimizer_class(const std::string& name) {
+  if (name == "decoupled_adamw") return "DecoupledAdamW";
+  if (name == "adamw") return "AdamW";
+  if (name == "decoupled_lionw") return "DecoupledLionW";
+  if (name == "decoupled_sgdw") return "DecoupledSGDW";
+  return name;
+}
+
+}  // namespace
+
+double elapsed_fraction(const trainer::State& s) {
+  const config::Time& max = s.max_duration;
+  double done = static_cast<double>(s.timestamp.get(max.unit()));
+  if (max.unit() == config::TimeUnit::kEpoch && s.dataloader_len && *s.dataloader_len > 0) {
+    done += static_cast<double>(s.timestamp.batch_in_epoch) / static_cast<double>(*s.dataloader_len);
+  }
+  return max.value() > 0 ? done / max.value() : 1.0;
+}
+
+double in_time_unit(double seconds, const std::string& unit) {
+  if (unit == "minutes") return seconds / 60.0;
+  if (unit == "hours") return seconds / 3600.0;
+  if (unit == "days") return seconds / 86400.0;
+  return seconds;
+}
+
+void SpeedMonitor::run_event(Event event, trainer::State& s, trainer::Logger& logger) {
+  if (event == Event::kFitStart) {
+    if (o_.gpu_flops_available) {
+      peak_ = *o_.gpu_flops_available;
+    } else {
+      const at::ScalarType dtype = s.precision == trainer::Precision::kFp32
+                                       ? at::kFloat
+                                       : (s.precision == trainer::Precision::kAmpBf16 ? at::kBFloat16 : at::kHalf);
+      peak_ = util::measure_matmul_flops(dtype, s.device, 1024, 0.5);
+      spdlog::info("speed_monitor: measured peak {:.1f} GFLOP/s ({} GEMM on {}) for MFU", peak_ / 1e9,
+                   at::toString(dtype), s.device.str());
+    }
+    return;
+  }
+  if (event == Event::kEvalStart) eval_started_ = now_seconds();
+  if (event == Event::kEvalEnd) eval_seconds_ += now_seconds() - eval_started_;
+  if (event != Event::kBatchEnd) return;
+  const int64_t seq = s.batch.input_ids.size(1);
+  const double batch_flops =
+      models::mpt_flops_per_token(s.model_options, seq) * static_cast<double>(s.batch.samples * seq * s.world_size);
+  total_flops_ += batch_flops;
+  history_.push_back({s.timestamp.batch, s.timestamp.sample, s.timestamp.token, s.timestamp.total_wct, total_flops_});
+  if (static_cast<int64_t>(history_.size()) > o_.window_size + 1) history_.pop_front();
+  trainer::Metrics m;
+  if (static_cast<int64_t>(history_.size()) == o_.window_size + 1) {
+    const Point& a = history_.front();
+    const Point& b = history_.back();
+    const double dt = b.wct - a.wct;
+    const double world = static_cast<double>(s.world_size);
+    if (dt > 0) {
+      const double bps = static_cast<double>(b.batch - a.batch) / dt;
+      const double sps = static_cast<double>(b.sample - a.sample) / dt;
+      const double tps = static_cast<double>(b.token - a.token) / dt;
+      const double fps = (b.flops - a.flops) / dt;
+      m["throughput/batches_per_sec"] = bps;
+      m["throughput/samples_per_sec"] = sps;
+      m["throughput/tokens_per_sec"] = tps;
+      m["throughput/device/batches_per_sec"] = bps / world;
+      m["throughput/device/samples_per_sec"] = sps / world;
+      m["throughput/device/tokens_per_sec"] = tps / world;
+      m["throughput/flops_per_sec"] = fps;
+      m["throughput/device/flops_per_sec"] = fps / world;
+      if (peak_ > 0) {
+        m["throughput/device/mfu"] = fps / world / peak_;
+        m["throughput/device/hfu"] = fps / world / peak_;  // no activation recomputation: HFU = MFU
+      }
+    }
+  }
+  m["time/train"] = in_time_unit(s.timestamp.total_wct, o_.time_unit);
+  m["time/val"] = in_time_unit(eval_seconds_, o_.time_unit);
+  m["time/total"] = in_time_unit(s.timestamp.total_wct + eval_seconds_, o_.time_unit);
+  logger.log_metrics(m);
+}
+
+void LRMonitor::run_event(Event event, trainer::State& s, trainer::Logger& logger) {
+  if (event != Event::kBatchEnd || !s.optimizer) return;
+  logger.log_metrics({{fmt::format("lr-{}/group0", optimizer_class(s.optimizer->options().name)), s.current_lr()}});
+}
+
+void MemoryMonitor::run_event(Event event, trainer::State& s, trainer::Logger& logger) {
+  if (event != Event::kAfterTrainBatch) return;
+  constexpr double kGB = 1e9;
+  const auto [rss, hwm] = process_rss();
+  trainer::Metrics m{{"memory/rss_gb", rss / kGB}, {"memory/peak_rss_gb", hwm / kGB}};
+#ifdef TESSERA_WITH_CUDA_ALLOCATOR_STATS
+  if (s.device.is_cuda()) {
+    using c10::CachingDeviceAllocator::StatType;
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(s.device.index());
+    const auto agg = static_cast<size_t>(StatType::AGGREGATE);
+    m["memory/current_allocated_mem"] = static_cast<double>(stats.allocated_bytes[agg].current) / kGB;
+    m["memory/peak_allocated_mem"] = static_cast<double>(stats.allocated_bytes[agg].peak) / kGB;
+    m["memory/current_reserved_mem"] = static_cast<double>(stats.reserved_bytes[agg].current) / kGB;
+    m["memory/peak_reserved_mem"] = static_cast<double>(stats.reserved_bytes[agg].peak) / kGB;
+    m["memory/alloc_retries"] = static_cast<double>(stats.num_alloc_retries);
+  }
+#else
+  (void)s;
+#endif
+  logger.log_metrics(m);
+}
+
+void RuntimeEstimator::run_event(Event event, trainer::State& s, trainer::Logger& logger) {
+  if (event != Event::kBatchEnd) return;
+  if (s.timestamp.batch <= o_.skip_batches) return;
+  const double frac = elapsed_fraction(s);
+  if (!start_wct_) {
+    start_wct_ = s.timestamp.total_wct;
+    start_fraction_ = frac;
+    return;
+  }
+  const double progressed = frac - start_fraction_;
+  if (progressed <= 0) return;
+  const double rate = (s.timestamp.total_wct - *start_wct_) / progressed;  // seconds per unit of duration
+  logger.log_metrics({{"time/remaining_estimate", in_time_unit(rate * std::max(0.0, 1.0 - frac), o_.time_unit)}});
+}
+
+std::shared_ptr<trainer::Callback> make_callback(const config::ComponentOptions& c,
+                                                 const trainer::TrainConfig& /*cfg*/) {
+  if (c.name == "speed_monitor") return std::make_shared<SpeedMonitor>(std::any_cast<SpeedMonitorOptions>(c.options));
+  if (c.name == "lr_monitor") return std::make_shared<LRMonitor>();
+  if (c.name == "memory_monitor") return std::make_shared<MemoryMonitor>();
+  if (c.name == "runtime_estimator") {
+    return std::make_shared<RuntimeEstimator>(std::any_cast<RuntimeEstimatorOptions>(c.options));
+  }
+  throw ConfigError("callbacks", fmt::format("callback `{}` has no implementation", c.name));
+}
+
+}  // namespace tessera::callbacks

@@ -1,0 +1,170 @@
+// DecoupledAdamW, AdamW, DecoupledLionW and DecoupledSGDW: the update rules of Composer
+// (composer/optim/decoupled_weight_decay.py), LLM Foundry (llmfoundry/optim/lion.py) and PyTorch (torch.optim.AdamW),
+// with the same operation order so that results agree to rounding.
+#include "tessera/optim/optimizer.h"
+
+#include <ATen/core/grad_mode.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <map>
+
+#include "tessera/util/error.h"
+
+namespace tessera::optim {
+namespace {
+
+class Adam : public Optimizer {
+ public:
+  Adam(OptimizerOptions o, std::vector<at::Tensor> p, bool decoupled)
+      : Optimizer(std::move(o), std::move(p)), decoupled_(decoupled) {}
+
+ protected:
+  std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+  void update(size_t i, at::Tensor& param, const at::Tensor& grad, double lr) override {
+    const double beta1 = o_.betas.at(0);
+    const double beta2 = o_.betas.at(1);
+    if (o_.weight_decay != 0) {
+      const double factor = decoupled_ ? (o_.lr != 0 ? lr / o_.lr : 1.0) * o_.weight_decay : lr * o_.weight_decay;
+      param.mul_(1.0 - factor);
+    }
+    at::Tensor& m = slot(i, 0);
+    at::Tensor& v = slot(i, 1);
+    m.lerp_(grad, 1.0 - beta1);
+    v.mul_(beta2).addcmul_(grad, grad, 1.0 - beta2);
+    const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step_));
+    const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step_));
+    at::Tensor denom = (v.sqrt() / std::sqrt(bc2)).add_(o_.eps);
+    param.addcdiv_(m, denom, -lr / bc1);
+  }
+
+ private:
+  bool decoupled_;
+};
+
+class Lion : public Optimizer {
+ public:
+  using Optimizer::Optimizer;
+
+ protected:
+  std::vector<std::string> state_names() const override { return {"exp_avg"}; }
+  void update(size_t i, at::Tensor& param, const at::Tensor& grad, double lr) override {
+    if (o_.weight_decay != 0) param.mul_(1.0 - (o_.lr != 0 ? lr / o_.lr : 1.0) * o_.weight_decay);
+    at::Tensor& m = slot(i, 0);
+    param.add_(m.lerp(grad, 1.0 - o_.betas.at(0)).sign_(), -lr);
+    m.lerp_(grad, 1.0 - o_.betas.at(1));
+  }
+};
+
+class SGDW : public Optimizer {
+ public:
+  using Optimizer::Optimizer;
+
+ protected:
+  std::vector<std::string> state_names() const override {
+    return o_.momentum != 0 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
+  }
+  void update(size_t i, at::Tensor& param, const at::Tensor& grad, double lr) override {
+    at::Tensor d = grad;
+    if (o_.momentum != 0) {
+      const bool first = slots_[i].empty();
+      at::Tensor& buf = slot(i, 0);
+      if (first) {
+        buf.copy_(grad);  // PyTorch starts the buffer at the first gradient
+      } else {
+        buf.mul_(o_.momentum).add_(grad, 1.0 - o_.dampening);
+      }
+      d = o_.nesterov ? grad.add(buf, o_.momentum) : buf;
+    }
+    if (o_.weight_decay != 0) param.mul_(1.0 - (o_.lr != 0 ? lr / o_.lr : 1.0) * o_.weight_decay);
+    param.add_(d, -lr);
+  }
+};
+
+}  // namespace
+
+Optimizer::Optimizer(OptimizerOptions options, std::vector<at::Tensor> params)
+    : o_(std::move(options)), params_(std::move(params)), slots_(params_.size()), last_lr_(o_.lr) {}
+
+at::Tensor& Optimizer::slot(size_t i, size_t k) {
+  auto& s = slots_[i];
+  if (s.empty()) {
+    for (size_t j = 0; j < state_names().size(); ++j) {
+      s.push_back(at::zeros_like(params_[i], params_[i].options().dtype(at::kFloat)));
+    }
+  }
+  return s.at(k);
+}
+
+void Optimizer::step(double lr) {
+  at::NoGradGuard no_grad;
+  ++step_;
+  last_lr_ = lr;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor& p = params_[i];
+    const at::Tensor& g = p.grad();
+    if (!g.defined()) continue;
+    if (p.scalar_type() == at::kFloat) {
+      update(i, p, g, lr);
+    } else {
+      // Low-precision parameters: update an fp32 copy and round back (state stays fp32).
+      at::Tensor master = p.to(at::kFloat);
+      update(i, master, g.to(at::kFloat), lr);
+      p.copy_(master);
+    }
+  }
+}
+
+void Optimizer::zero_grad() {
+  for (at::Tensor& p : params_) {
+    if (p.grad().defined()) p.mutable_grad() = at::Tensor();
+  }
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Optimizer::state() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  out.emplace_back("step", at::scalar_tensor(step_, at::kLong));
+  const auto names = state_names();
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    for (size_t k = 0; k < slots_[i].size(); ++k) out.emplace_back(fmt::format("{}.{}", i, names[k]), slots_[i][k]);
+  }
+  return out;
+}
+
+void Optimizer::load_state(const std::vector<std::pair<std::string, at::Tensor>>& state) {
+  std::map<std::string, at::Tensor> by_name(state.begin(), state.end());
+  auto take = [&](const std::string& key) -> const at::Tensor& {
+    auto it = by_name.find(key);
+    if (it == by_name.end()) throw Error("optimizer state", fmt::format("missing entry `{}`", key));
+    return it->second;
+  };
+  at::NoGradGuard no_grad;
+  const int64_t step = take("step").item<int64_t>();
+  const auto names = state_names();
+  for (size_t i = 0; i < params_.size() && step > 0; ++i) {
+    for (size_t k = 0; k < names.size(); ++k) {
+      const std::string key = fmt::format("{}.{}", i, names[k]);
+      const at::Tensor& t = take(key);
+      if (t.sizes() != params_[i].sizes()) {
+        throw Error("optimizer state", fmt::format("`{}` has shape {} but the parameter has {}", key,
+                                                   fmt::join(t.sizes(), "x"), fmt::join(params_[i].sizes(), "x")));
+      }
+      slot(i, k).copy_(t);
+    }
+  }
+  step_ = step;
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options, const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> trainable;
+  for (const at::Tensor& p : params) {
+    if (p.requires_grad()) trainable.push_back(p);
+  }
+  if (options.name == "decoupled_adamw") return std::make_unique<Adam>(options, std::move(trainable), true);
+  if (options.name == "adamw") return std::make_unique<Adam>(options, std::move(trainable), false);
+  if (options.name == "decoupled_lionw") return std::make_unique<Lion>(options, std::move(trainable));
+  if (options.name == "decoupled_sgdw") return std::make_unique<SGDW>(options, std::move(trainable));
+  throw ConfigError("optimizer", fmt::format("unknown optimizer `{}`", options.name));
+}
+
+}  // namespace tessera::optim

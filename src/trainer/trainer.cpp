@@ -1,0 +1,421 @@
+// The training loop (Composer's Trainer._train_loop / _train_batch / _eval_loop, for one process per rank).
+#include "tessera/trainer/trainer.h"
+
+#include <ATen/autocast_mode.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+#include <sched.h>
+#include <spdlog/spdlog.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+
+#include "tessera/algorithms/algorithms.h"
+#include "tessera/callbacks/callbacks.h"
+#include "tessera/data/loader.h"
+#include "tessera/data/streaming_dataset.h"
+#include "tessera/loggers/loggers.h"
+#include "tessera/util/device.h"
+#include "tessera/util/error.h"
+
+namespace tessera::trainer {
+namespace {
+
+using config::Time;
+using config::TimeUnit;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Autocast of forward and loss (backward runs outside, as in Composer's get_precision_context).
+class AutocastGuard {
+ public:
+  AutocastGuard(Precision p, at::DeviceType device) : device_(device) {
+    if (p == Precision::kFp32) return;
+    prev_enabled_ = at::autocast::is_autocast_enabled(device);
+    prev_dtype_ = at::autocast::get_autocast_dtype(device);
+    at::autocast::set_autocast_enabled(device, true);
+    at::autocast::set_autocast_dtype(device, p == Precision::kAmpBf16 ? at::kBFloat16 : at::kHalf);
+    at::autocast::increment_nesting();
+    active_ = true;
+  }
+  ~AutocastGuard() {
+    if (!active_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(device_, prev_enabled_);
+    at::autocast::set_autocast_dtype(device_, prev_dtype_);
+  }
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  at::DeviceType device_;
+  bool active_ = false;
+  bool prev_enabled_ = false;
+  at::ScalarType prev_dtype_ = at::kFloat;
+};
+
+data::StreamingOptions streaming_options(const data::LoaderOptions& l, int64_t batch_size, bool shuffle) {
+  data::StreamingOptions o;
+  for (const data::StreamOptions& s : l.streams)
+    o.streams.push_back({s.local, s.split, s.proportion, s.repeat, s.choose});
+  o.batch_size = batch_size;
+  o.shuffle = shuffle;
+  o.shuffle_seed = static_cast<uint64_t>(l.shuffle_seed);
+  o.shuffle_algo = l.shuffle_algo;
+  o.shuffle_block_size = l.shuffle_block_size;
+  o.num_canonical_nodes = l.num_canonical_nodes;
+  o.partition_algo = l.partition_algo;
+  o.epoch_size = l.epoch_size;
+  return o;
+}
+
+data::TokenLoaderOptions token_options(const data::LoaderOptions& l) {
+  data::TokenLoaderOptions o;
+  o.max_seq_len = l.max_seq_len;
+  o.token_encoding_type = l.token_encoding_type;
+  o.drop_last = l.drop_last;
+  o.prefetch_factor = l.prefetch_factor;
+  return o;
+}
+
+int64_t count_tokens(const data::TokenBatch& b) {
+  return b.labels.ne(-100).sum().item<int64_t>();
+}
+
+data::TokenBatch slice(const data::TokenBatch& b, int64_t start, int64_t end) {
+  return {b.input_ids.slice(0, start, end), b.labels.slice(0, start, end), end - start};
+}
+
+bool is_cuda_oom(const std::exception& e) {
+  return dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr;
+}
+
+}  // namespace
+
+int available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return 1;
+}
+
+Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config)), logger_(state_) {
+  // Threads: LibTorch's default can be 1 inside some environments; use every core this process may run on unless
+  // the user pinned a count with OMP_NUM_THREADS.
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) at::set_num_threads(available_cores());
+  const util::DeviceInfo dev = util::device_info();
+  state_.device = dev.cuda_devices > 0 ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  state_.precision = cfg_.precision;
+  if (state_.precision == Precision::kAmpFp16 && !state_.device.is_cuda()) {
+    throw ConfigError("recipe", fmt::format("{}: precision: amp_fp16 needs a GPU (loss scaling is for CUDA); use "
+                                            "amp_bf16 or fp32 on CPU",
+                                            cfg_.recipe_path));
+  }
+  if (cfg_.deterministic_mode) {
+    setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);
+    at::globalContext().setDeterministicAlgorithms(true, false);
+  }
+  state_.run_name = cfg_.run_name;
+  state_.seed = cfg_.seed;
+  state_.max_duration = cfg_.max_duration;
+  state_.max_seq_len = cfg_.max_seq_len;
+  state_.scheduler = cfg_.scheduler;
+  state_.device_train_batch_size = cfg_.global_train_batch_size / state_.world_size;
+
+  at::manual_seed(static_cast<uint64_t>(cfg_.seed));
+  state_.model_options = cfg_.model;
+  state_.model_options.init_device = state_.device.is_cuda() ? "cuda" : "cpu";
+  state_.model = models::build_mpt(state_.model_options, static_cast<uint64_t>(cfg_.seed));
+
+  // Loggers first, then callbacks (Composer: state.callbacks = loggers + callbacks).
+  if (cfg_.log_to_console || cfg_.progress_bar) {
+    state_.callbacks.push_back(loggers::make_console_logger(cfg_.console_log_interval, cfg_.progress_bar));
+  }
+  for (const auto& c : cfg_.loggers) state_.callbacks.push_back(loggers::make_logger(c, cfg_));
+  for (const auto& c : cfg_.callbacks) state_.callbacks.push_back(callbacks::make_callback(c, cfg_));
+  for (const auto& a : cfg_.algorithms) state_.algorithms.push_back(algorithms::make_algorithm(a, cfg_));
+  for (auto& a : parts.algorithms) state_.algorithms.push_back(std::move(a));
+  for (auto& c : parts.callbacks) state_.callbacks.push_back(std::move(c));
+  for (auto& c : state_.callbacks) {
+    if (auto d = std::dynamic_pointer_cast<LoggerDestination>(c)) logger_.add_destination(d);
+  }
+  engine_ = std::make_unique<Engine>(state_, logger_);
+  engine_->run_event(Event::kInit);
+
+  // Data.
+  if (cfg_.train_loader.max_seq_len != cfg_.max_seq_len) {
+    spdlog::warn("train_loader.dataset.max_seq_len ({}) differs from max_seq_len ({})", cfg_.train_loader.max_seq_len,
+                 cfg_.max_seq_len);
+  }
+  workers_ = std::max<int64_t>(1, cfg_.train_loader.num_workers);
+  const data::World world{1, 1, workers_};
+  train_data_ = std::make_unique<data::StreamingDataset>(
+      streaming_options(cfg_.train_loader, state_.device_train_batch_size, cfg_.train_loader.shuffle), world);
+  state_.dataloader_len = data::batches_in_epoch(*train_data_, 0, 0, 0, state_.rank, cfg_.train_loader.drop_last);
+  if (*state_.dataloader_len == 0) {
+    throw Error("train", fmt::format("the training data has fewer samples ({}) than one device batch ({})",
+                                     train_data_->epoch_size(), state_.device_train_batch_size));
+  }
+  if (cfg_.eval_loader) {
+    eval_data_ = std::make_unique<data::StreamingDataset>(
+        streaming_options(*cfg_.eval_loader, cfg_.device_eval_batch_size, cfg_.eval_loader->shuffle), world);
+  }
+  if (const std::string why = optim::check_schedule(cfg_.scheduler, cfg_.max_duration); !why.empty()) {
+    throw ConfigError("recipe", fmt::format("{}: {}", cfg_.recipe_path, why));
+  }
+
+  // Microbatches.
+  auto_microbatch_ = cfg_.device_train_microbatch_size.automatic;
+  state_.device_train_microbatch_size =
+      auto_microbatch_ ? state_.device_train_batch_size
+                       : std::min(cfg_.device_train_microbatch_size.samples, state_.device_train_batch_size);
+  if (auto_microbatch_ && !state_.device.is_cuda()) {
+    spdlog::info("device_train_microbatch_size: auto on CPU uses the whole device batch ({} samples)",
+                 state_.device_train_batch_size);
+    auto_microbatch_ = false;
+  }
+
+  state_.optimizer = optim::make_optimizer(cfg_.optimizer, state_.trainable_parameters());
+
+  engine_->run_event(Event::kBeforeLoad);
+  engine_->run_event(Event::kAfterLoad);
+  // Reseed after loading so that INIT/LOAD-time randomness does not change what training draws.
+  at::manual_seed(static_cast<uint64_t>(cfg_.seed + state_.rank));
+  logger_.log_hyperparameters(cfg_.resolved.to_json());
+}
+
+Trainer::~Trainer() {
+  if (engine_) engine_->close();
+}
+
+bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch_size) {
+  const int64_t n = batch.input_ids.size(0);
+  const at::DeviceType dev = state_.device.type();
+  double total = 0;
+  try {
+    for (int64_t start = 0; start < n; start += microbatch_size) {
+      const int64_t end = std::min(n, start + microbatch_size);
+      state_.batch = slice(batch, start, end);
+      engine_->run_event(Event::kBeforeForward);
+      {
+        AutocastGuard autocast(state_.precision, dev);
+        state_.outputs = state_.model->forward(state_.batch.input_ids);
+      }
+      engine_->run_event(Event::kAfterForward);
+      engine_->run_event(Event::kBeforeLoss);
+      {
+        AutocastGuard autocast(state_.precision, dev);
+        // Each microbatch's mean loss counts by its share of the device batch.
+        state_.loss = models::causal_lm_loss(state_.outputs, state_.batch.labels) *
+                      (static_cast<double>(end - start) / static_cast<double>(n));
+      }
+      engine_->run_event(Event::kAfterLoss);
+      engine_->run_event(Event::kBeforeBackward);
+      if (state_.precision == Precision::kAmpFp16) {
+        (state_.loss * loss_scale_).backward();
+      } else {
+        state_.loss.backward();
+      }
+      engine_->run_event(Event::kAfterBackward);
+      total += state_.loss.item<double>();
+    }
+  } catch (const std::exception& e) {
+    if (!auto_microbatch_ || !is_cuda_oom(e)) throw;
+    return false;
+  }
+  state_.train_loss = total;
+  return true;
+}
+
+void Trainer::train_batch() {
+  const data::TokenBatch full = state_.batch;
+  while (true) {
+    engine_->run_event(Event::kBeforeTrainBatch);
+    state_.optimizer->zero_grad();
+    if (run_microbatches(full, state_.device_train_microbatch_size)) break;
+    // CUDA out of memory with `auto`: halve the microbatch and retry the same batch.
+    if (state_.device_train_microbatch_size == 1) {
+      throw Error("train", "the GPU does not have enough memory to process even 1 sample");
+    }
+    state_.device_train_microbatch_size = std::max<int64_t>(1, state_.device_train_microbatch_size / 2);
+    spdlog::warn("CUDA out of memory: retrying the batch with device_train_microbatch_size={}",
+                 state_.device_train_microbatch_size);
+    state_.outputs = at::Tensor();
+    state_.loss = at::Tensor();
+    state_.optimizer->zero_grad();
+  }
+  state_.batch = full;
+  bool skip_step = false;
+  if (state_.precision == Precision::kAmpFp16) {
+    // Unscale before AFTER_TRAIN_BATCH (clipping sees true gradients); skip the step on inf/nan.
+    at::NoGradGuard no_grad;
+    for (at::Tensor& p : state_.trainable_parameters()) {
+      if (!p.grad().defined()) continue;
+      p.mutable_grad().div_(loss_scale_);
+      if (!at::isfinite(p.grad()).all().item<bool>()) skip_step = true;
+    }
+  }
+  engine_->run_event(Event::kAfterTrainBatch);
+  // Composer's order: the step uses the rate the scheduler last computed (at the previous step's timestamp).
+  const optim::ScheduleClock clock{state_.previous_timestamp, state_.max_duration, state_.dataloader_len,
+                                   state_.scale_schedule_ratio};
+  const double lr = cfg_.optimizer.lr * optim::lr_multiplier(state_.scheduler, clock);
+  if (!skip_step) state_.optimizer->step(lr);
+  if (state_.precision == Precision::kAmpFp16) {
+    if (skip_step) {
+      loss_scale_ *= 0.5;
+      good_steps_ = 0;
+    } else if (++good_steps_ == 2000) {
+      loss_scale_ *= 2.0;
+      good_steps_ = 0;
+    }
+  }
+}
+
+void Trainer::fit() {
+  engine_->run_event(Event::kFitStart);
+  if (cfg_.eval_first && state_.timestamp.batch == 0 && eval_data_) eval();
+  while (!state_.reached_max_duration() && !state_.stop_requested) {
+    if (state_.timestamp.batch_in_epoch == 0) engine_->run_event(Event::kEpochStart);
+    data::TokenBatchLoader loader(*train_data_, workers_, state_.timestamp.epoch, state_.timestamp.sample_in_epoch, 0,
+                                  state_.rank, token_options(cfg_.train_loader));
+    bool epoch_done = false;
+    while (true) {
+      const auto started = Clock::now();
+      engine_->run_event(Event::kBeforeDataloader);
+      std::optional<data::TokenBatch> next = loader.next();
+      if (!next) {
+        epoch_done = true;
+        break;
+      }
+      state_.batch = std::move(*next);
+      if (state_.device.is_cuda()) {
+        state_.batch.input_ids = state_.batch.input_ids.to(state_.device, /*non_blocking=*/true);
+        state_.batch.labels = state_.batch.labels.to(state_.device, /*non_blocking=*/true);
+      }
+      engine_->run_event(Event::kAfterDataloader);
+      engine_->run_event(Event::kBatchStart);
+      const int64_t samples = state_.batch.samples * state_.world_size;
+      const int64_t tokens = count_tokens(state_.batch) * state_.world_size;
+      train_batch();
+      Metrics m{{"loss/train/total", state_.train_loss}};
+      if (cfg_.device_train_microbatch_size.automatic) {
+        m["trainer/device_train_microbatch_size"] = static_cast<double>(state_.device_train_microbatch_size);
+      }
+      logger_.log_metrics(m);
+      state_.previous_timestamp = state_.timestamp;
+      state_.timestamp.to_next_batch(samples, tokens, seconds_since(started));
+      engine_->run_event(Event::kBatchEnd);
+      if (eval_due_at_batch_end()) run_eval();
+      engine_->run_event(Event::kBatchCheckpoint);
+      if (state_.timestamp.batch_in_epoch == *state_.dataloader_len) {
+        epoch_done = true;
+        break;
+      }
+      if (state_.reached_max_duration() || state_.stop_requested) break;
+    }
+    if (!epoch_done) break;
+    state_.previous_timestamp = state_.timestamp;
+    state_.timestamp.to_next_epoch();
+    engine_->run_event(Event::kEpochEnd);
+    if (eval_due_at_epoch_end()) run_eval();
+    engine_->run_event(Event::kEpochCheckpoint);
+  }
+  engine_->run_event(Event::kFitEnd);
+  // The final evaluation, unless the last interval already ended here.
+  if (eval_data_ && !cfg_.eval_interval.is_zero() && last_eval_batch_ != state_.timestamp.batch) run_eval();
+}
+
+bool Trainer::eval_due_at_batch_end() const {
+  const Time& iv = cfg_.eval_interval;
+  if (!eval_data_ || iv.is_zero() || iv.unit() == TimeUnit::kEpoch) return false;
+  double every = iv.value();
+  TimeUnit unit = iv.unit();
+  if (unit == TimeUnit::kDuration) {
+    // A fraction of max_duration, in its unit (epochs as batches).
+    unit = state_.max_duration.unit();
+    every = std::trunc(iv.value() * state_.max_duration.value());
+    if (unit == TimeUnit::kEpoch) {
+      unit = TimeUnit::kBatch;
+      every = std::trunc(iv.value() * state_.max_duration.value() * static_cast<double>(*state_.dataloader_len));
+    }
+    every = std::max(1.0, every);
+  }
+  const double prev = static_cast<double>(state_.previous_timestamp.get(unit));
+  const double now = static_cast<double>(state_.timestamp.get(unit));
+  return std::floor(prev / every) != std::floor(now / every);
+}
+
+bool Trainer::eval_due_at_epoch_end() const {
+  const Time& iv = cfg_.eval_interval;
+  if (!eval_data_ || iv.is_zero() || iv.unit() != TimeUnit::kEpoch) return false;
+  return state_.timestamp.epoch % iv.count() == 0;
+}
+
+Metrics Trainer::run_eval() {
+  last_eval_batch_ = state_.timestamp.batch;
+  engine_->run_event(Event::kEvalBeforeAll);
+  engine_->run_event(Event::kEvalStart);
+  const bool was_training = state_.model->is_training();
+  state_.model->eval();
+  const data::TokenBatch saved = state_.batch;
+  state_.eval_timestamp = {};
+  double loss_sum = 0;
+  int64_t token_count = 0;
+  {
+    at::NoGradGuard no_grad;
+    data::TokenBatchLoader loader(*eval_data_, workers_, 0, 0, 0, state_.rank, token_options(*cfg_.eval_loader));
+    while (cfg_.eval_subset_num_batches < 0 || state_.eval_timestamp.batch < cfg_.eval_subset_num_batches) {
+      std::optional<data::TokenBatch> next = loader.next();
+      if (!next) break;
+      state_.batch = std::move(*next);
+      if (state_.device.is_cuda()) {
+        state_.batch.input_ids = state_.batch.input_ids.to(state_.device);
+        state_.batch.labels = state_.batch.labels.to(state_.device);
+      }
+      engine_->run_event(Event::kEvalBatchStart);
+      engine_->run_event(Event::kEvalBeforeForward);
+      {
+        AutocastGuard autocast(state_.precision, state_.device.type());
+        state_.outputs = state_.model->forward(state_.batch.input_ids);
+      }
+      engine_->run_event(Event::kEvalAfterForward);
+      // LanguageCrossEntropy: summed over predicted tokens, divided by their count at the end.
+      const at::Tensor logits = state_.outputs.slice(1, 0, -1).to(at::kFloat);
+      const at::Tensor targets = state_.batch.labels.slice(1, 1);
+      loss_sum += at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), {},
+                                         at::Reduction::Sum, -100)
+                      .item<double>();
+      const int64_t tokens = targets.ne(-100).sum().item<int64_t>();
+      token_count += tokens;
+      state_.eval_timestamp.to_next_batch(state_.batch.samples, tokens, 0);
+      engine_->run_event(Event::kEvalBatchEnd);
+    }
+  }
+  if (token_count == 0) throw Error("eval", "the eval loader yielded no tokens (is the eval dataset empty?)");
+  const double ce = loss_sum / static_cast<double>(token_count);
+  Metrics metrics{{"LanguageCrossEntropy", ce}, {"LanguagePerplexity", std::exp(ce)}};
+  state_.eval_metrics["eval"] = metrics;
+  logger_.log_metrics({{"metrics/eval/LanguageCrossEntropy", ce}, {"metrics/eval/LanguagePerplexity", std::exp(ce)}});
+  state_.batch = saved;
+  if (was_training) state_.model->train();
+  engine_->run_event(Event::kEvalEnd);
+  engine_->run_event(Event::kEvalAfterAll);
+  return metrics;
+}
+
+Metrics Trainer::eval() {
+  if (!eval_data_) throw ConfigError("recipe", fmt::format("{}: eval needs an eval_loader", cfg_.recipe_path));
+  engine_->run_event(Event::kEvalStandaloneStart);
+  Metrics m = run_eval();
+  engine_->run_event(Event::kEvalStandaloneEnd);
+  return m;
+}
+
+}  // namespace tessera::trainer
