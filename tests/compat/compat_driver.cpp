@@ -20,6 +20,9 @@
 //       SPEC: {"streams": [{"local", "proportion"|"repeat"|"choose"}], "batch_size", "shuffle", "seed", "algo",
 //              "block", "ncn", "partition", "epoch_size", "nodes", "ranks", "workers", "epoch", "sample_in_epoch",
 //              "initial_p"} -> {"shape", "ids", "ids_field": the "id" column of each sample (-1 for padding)}
+//   tessera_compat_driver train-trace RECIPE OUT_DIR [OVERRIDES...]
+//       trains the recipe and writes OUT_DIR/init (the initial weights as an HF folder) and OUT_DIR/trace.json:
+//       {"batches": [input_ids of each device batch], "lrs": [rate of each step], "losses": [loss of each step]}
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -32,6 +35,7 @@
 #include "tessera/data/streaming_dataset.h"
 #include "tessera/models/generate.h"
 #include "tessera/models/mpt.h"
+#include "tessera/trainer/trainer.h"
 #include "tessera/util/error.h"
 
 namespace {
@@ -226,6 +230,35 @@ int streaming_epoch(const std::string& spec_path, const std::string& out_path) {
 
 }  // namespace
 
+// Records what the trainer did, for a plain-PyTorch replay.
+class TraceCallback : public tessera::trainer::Callback {
+ public:
+  explicit TraceCallback(std::string dir) : dir_(std::move(dir)) {}
+  std::string name() const override { return "TraceCallback"; }
+  void run_event(tessera::trainer::Event e, tessera::trainer::State& s, tessera::trainer::Logger& /*l*/) override {
+    using tessera::trainer::Event;
+    if (e == Event::kFitStart) tessera::checkpoint::save_hf_model(s.model, dir_ + "/init");
+    if (e == Event::kBatchStart) {
+      const at::Tensor ids = s.batch.input_ids.contiguous();
+      trace_["batches"].push_back(std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel()));
+      trace_["lrs"].push_back(s.current_lr());
+    }
+    if (e == Event::kBatchEnd) trace_["losses"].push_back(s.train_loss);
+    if (e == Event::kFitEnd) std::ofstream(dir_ + "/trace.json") << trace_.dump();
+  }
+
+ private:
+  std::string dir_;
+  nlohmann::json trace_;
+};
+
+int train_trace(const std::string& recipe, const std::string& out_dir, const std::vector<std::string>& overrides) {
+  auto trace = std::make_shared<TraceCallback>(out_dir);
+  tessera::trainer::Trainer trainer(tessera::trainer::load_train_config(recipe, overrides), {{}, {trace}});
+  trainer.fit();
+  return 0;
+}
+
 int main(int argc, char** argv) {
   try {
     const std::string cmd = argc > 1 ? argv[1] : "";
@@ -245,6 +278,7 @@ int main(int argc, char** argv) {
     if (cmd == "mds-read" && argc >= 4) return mds_read(argv[2], argv[3]);
     if (cmd == "streaming" && argc >= 4) return streaming_cases(argv[2], argv[3]);
     if (cmd == "streaming-epoch" && argc >= 4) return streaming_epoch(argv[2], argv[3]);
+    if (cmd == "train-trace" && argc >= 4) return train_trace(argv[2], argv[3], {argv + 4, argv + argc});
     std::cerr << "usage: see the comment at the top of tests/compat/mpt_driver.cpp\n";
     return 2;
   } catch (const tessera::Error& e) {
