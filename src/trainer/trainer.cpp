@@ -106,6 +106,19 @@ int available_cores() {
 }
 
 Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config)), logger_(state_) {
+  {
+    // Parsed and planned (train --dry-run) but not run by this trainer yet: refuse rather than silently ignore.
+    std::vector<std::string> missing;
+    if (cfg_.save_folder) missing.emplace_back("save_folder");
+    if (cfg_.load_path) missing.emplace_back("load_path");
+    if (cfg_.autoresume) missing.emplace_back("autoresume");
+    if (cfg_.icl_tasks_path || !cfg_.icl_tasks.empty()) missing.emplace_back("icl_tasks");
+    if (!missing.empty()) {
+      throw ConfigError("recipe", fmt::format("{}: not implemented yet by the trainer: {} (remove them to train; "
+                                              "train --dry-run accepts them)",
+                                              cfg_.recipe_path, fmt::join(missing, ", ")));
+    }
+  }
   // Threads: LibTorch's default can be 1 inside some environments; use every core this process may run on unless
   // the user pinned a count with OMP_NUM_THREADS.
   if (std::getenv("OMP_NUM_THREADS") == nullptr) at::set_num_threads(available_cores());
