@@ -248,3 +248,16 @@ def test_cpp_trainer_equals_hf_trainer_and_loads_in_hf(driver, tmp_path, corpus)
         got = run_tessera(driver, tmp_path, out, texts)
         want = [e.ids for e in hf.encode_batch(texts)]
         assert got["ids"] == want, first_mismatch(texts, got["ids"], want)
+
+
+def test_train_tokenizer_cli_on_fortunes_equals_hf(tmp_path, corpus):
+    """The CLI reads the fortunes directory itself (the C++ document reader) and matches HF trained on Python's read."""
+    import subprocess
+    from conftest import _binary
+    out = tmp_path / "tokenizer.json"
+    subprocess.run([_binary("TESSERA_TRAIN_TOKENIZER_BIN", "train_tokenizer"), "--input", str(FORTUNES), "--format",
+                    "fortunes", "--vocab-size", "8192", "--output", str(out)], check=True, capture_output=True)
+    mine = json.loads(out.read_text())
+    theirs = json.loads(train_gpt2(corpus, 8192).to_str())
+    assert mine["model"]["vocab"] == theirs["model"]["vocab"]
+    assert mine["model"]["merges"] == theirs["model"]["merges"]
