@@ -29,6 +29,7 @@ class PairMap {
   // Inserts or overwrites (a later merge of the same pair wins, as in Hugging Face's HashMap collect).
   void put(int32_t a, int32_t b, Value v);
   const Value* find(int32_t a, int32_t b) const {
+    if (keys_.empty()) return nullptr;
     const uint64_t key = pack(a, b);
     for (size_t i = slot(key);; i = (i + 1) & mask_) {
       if (keys_[i] == key) return &values_[i];

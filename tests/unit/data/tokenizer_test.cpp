@@ -160,6 +160,17 @@ TEST(Tokenizer, DamagedFilesNeverCrash) {
             std::string::npos);
 }
 
+TEST(Tokenizer, EmptyMergesEncodeBytes) {
+  // Found by fuzz_tokenizer_json: a model without merges used to read an empty hash table.
+  for (const Json& merges : {Json::array(), Json(nullptr)}) {
+    Json j = valid_json();
+    j["model"]["merges"] = merges;
+    const Tokenizer t = Tokenizer::from_json(j.dump(), "no-merges.json");
+    EXPECT_EQ(t.encode("ab").size(), 2U);
+    EXPECT_EQ(t.decode(t.encode("héllo")), "héllo");
+  }
+}
+
 TEST(Tokenizer, RoundTripsText) {
   const Tokenizer& t = trained();
   const std::vector<std::string> texts = {"",
