@@ -23,6 +23,13 @@
 //   tessera_compat_driver train-trace RECIPE OUT_DIR [OVERRIDES...]
 //       trains the recipe and writes OUT_DIR/init (the initial weights as an HF folder) and OUT_DIR/trace.json:
 //       {"batches": [input_ids of each device batch], "lrs": [rate of each step], "losses": [loss of each step]}
+//   tessera_compat_driver tokenize TOKENIZER.json INPUT.json OUT.json
+//       INPUT: {"texts": [hex bytes], "add_special_tokens": bool, "pieces": bool, "decode": [[ids]]} ->
+//       {"ids": [[...]], "decoded": [hex], "decoded_skip": [hex] (decode of each "decode" entry), "pieces": [[hex]],
+//        "vocab_size": n, "seconds": encode time}
+//   tessera_compat_driver train-tokenizer SPEC.json OUT_TOKENIZER.json
+//       SPEC: {"documents": [str], "vocab_size": n, "min_frequency": n, "special_tokens": [str]}
+#include <chrono>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -33,6 +40,7 @@
 #include "tessera/data/mds.h"
 #include "tessera/data/streaming.h"
 #include "tessera/data/streaming_dataset.h"
+#include "tessera/data/tokenizer.h"
 #include "tessera/models/generate.h"
 #include "tessera/models/mpt.h"
 #include "tessera/trainer/trainer.h"
@@ -228,6 +236,51 @@ int streaming_epoch(const std::string& spec_path, const std::string& out_path) {
   return 0;
 }
 
+int tokenize(const std::string& tokenizer_path, const std::string& input_path, const std::string& out_path) {
+  const auto tok = tessera::data::Tokenizer::from_file(tokenizer_path);
+  std::ifstream in(input_path);
+  const auto input = nlohmann::json::parse(in);
+  const bool add_special = input.value("add_special_tokens", true);
+  nlohmann::json out = {{"vocab_size", tok.vocab_size()}};
+  std::vector<std::string> texts;
+  for (const auto& t : input["texts"]) texts.push_back(from_hex(t.get<std::string>()));
+  std::vector<std::vector<int32_t>> ids;
+  const auto start = std::chrono::steady_clock::now();
+  for (const auto& t : texts) ids.push_back(tok.encode(t, add_special));
+  out["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  out["ids"] = ids;
+  if (input.value("pieces", false)) {
+    nlohmann::json pieces = nlohmann::json::array();
+    for (const auto& t : texts) {
+      nlohmann::json row = nlohmann::json::array();
+      for (const auto& p : tok.pre_tokenize(t)) row.push_back(to_hex(p));
+      pieces.push_back(row);
+    }
+    out["pieces"] = pieces;
+  }
+  nlohmann::json decoded = nlohmann::json::array(), decoded_skip = nlohmann::json::array();
+  for (const auto& d : input.value("decode", nlohmann::json::array())) {
+    const auto v = d.get<std::vector<int32_t>>();
+    decoded.push_back(to_hex(tok.decode(v, false)));
+    decoded_skip.push_back(to_hex(tok.decode(v, true)));
+  }
+  out["decoded"] = decoded;
+  out["decoded_skip"] = decoded_skip;
+  std::ofstream(out_path) << out.dump();
+  return 0;
+}
+
+int train_tokenizer(const std::string& spec_path, const std::string& out_path) {
+  std::ifstream in(spec_path);
+  const auto spec = nlohmann::json::parse(in);
+  tessera::data::BpeTrainerOptions o;
+  o.vocab_size = spec["vocab_size"];
+  o.min_frequency = spec["min_frequency"];
+  o.special_tokens = spec["special_tokens"].get<std::vector<std::string>>();
+  tessera::data::train_bpe_tokenizer(spec["documents"].get<std::vector<std::string>>(), o).save(out_path);
+  return 0;
+}
+
 }  // namespace
 
 // Records what the trainer did, for a plain-PyTorch replay.
@@ -279,6 +332,8 @@ int main(int argc, char** argv) {
     if (cmd == "streaming" && argc >= 4) return streaming_cases(argv[2], argv[3]);
     if (cmd == "streaming-epoch" && argc >= 4) return streaming_epoch(argv[2], argv[3]);
     if (cmd == "train-trace" && argc >= 4) return train_trace(argv[2], argv[3], {argv + 4, argv + argc});
+    if (cmd == "tokenize" && argc >= 5) return tokenize(argv[2], argv[3], argv[4]);
+    if (cmd == "train-tokenizer" && argc >= 4) return train_tokenizer(argv[2], argv[3]);
     std::cerr << "usage: see the comment at the top of tests/compat/mpt_driver.cpp\n";
     return 2;
   } catch (const tessera::Error& e) {

@@ -1,0 +1,86 @@
+// Byte-level BPE tokenizers in Hugging Face's tokenizer.json format (GPT-2, GPT-NeoX and Llama-3 style), with the
+// same ids as Hugging Face `tokenizers` for the same text, and Tessera's own byte-level BPE trainer.
+//
+// Supported tokenizer.json subset (anything else is an error naming the file and the JSON key):
+//   model            BPE: vocab, merges ("a b" strings or ["a", "b"] pairs), ignore_merges; dropout, unk_token,
+//                    continuing_subword_prefix and end_of_word_suffix null; byte_fallback false
+//   normalizer       null, NFC, or a Sequence of those
+//   pre_tokenizer    ByteLevel (add_prefix_space, use_regex), Split (Regex or String pattern, any behavior, invert),
+//                    or a Sequence of those ending in ByteLevel (the BPE runs on bytes)
+//   post_processor   null, ByteLevel, TemplateProcessing (the single-sequence template), or a Sequence of those
+//   decoder          null or ByteLevel
+//   added_tokens     special / lstrip / rstrip / single_word / normalized, split out before pre-tokenization
+//
+// Invalid UTF-8 in the text given to encode() is replaced first, each maximal invalid subsequence by U+FFFD exactly as
+// Python's bytes.decode("utf-8", errors="replace") does, so the ids equal Hugging Face's for the replaced text.
+// decode() replaces invalid UTF-8 in its output the same way (as Hugging Face's ByteLevel decoder does).
+//
+// A Tokenizer is immutable after construction; copies share their state. encode/decode are thread-safe (each thread
+// keeps its own word cache).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tessera::data {
+
+namespace detail {
+struct TokenizerImpl;
+}
+
+class Tokenizer {
+ public:
+  // Loads a Hugging Face tokenizer.json (or a directory containing one). Errors (tessera::Error, component
+  // "tokenizer") name the file and the JSON path of the bad key: malformed JSON, unsupported model / pre_tokenizer /
+  // normalizer / decoder / post_processor type, a merge naming an unknown token, duplicate ids, and so on.
+  static Tokenizer from_file(const std::filesystem::path& path);
+  // The same from JSON text; `source_name` stands for the file in error messages.
+  static Tokenizer from_json(std::string_view json, const std::string& source_name);
+
+  // Hugging Face `tokenizer.encode(text, add_special_tokens=...).ids`. add_special_tokens applies the post_processor
+  // (the TemplateProcessing single-sequence template, e.g. a BOS; ByteLevel adds nothing).
+  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = true) const;
+  // Hugging Face `tokenizer.decode(ids, skip_special_tokens=...)`. Unknown ids are skipped, as there.
+  std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = false) const;
+
+  // Number of distinct tokens including added tokens (Hugging Face get_vocab_size(with_added_tokens=True)).
+  int64_t vocab_size() const;
+  std::optional<int32_t> token_to_id(std::string_view token) const;
+  std::optional<std::string> id_to_token(int32_t id) const;
+
+  // The pieces the normalizer, added-token split and pre-tokenizer produce, as raw UTF-8 (before the byte-level
+  // mapping); added tokens appear as their content. Used to check the pre-tokenizer against Hugging Face's.
+  std::vector<std::string> pre_tokenize(std::string_view text) const;
+
+  // HF-loadable tokenizer.json (the document this tokenizer was loaded from, or the one the trainer built).
+  std::string to_json() const;
+  // Writes to_json() to `path` atomically (temporary file, fsync, rename).
+  void save(const std::filesystem::path& path) const;
+
+ private:
+  explicit Tokenizer(std::shared_ptr<const detail::TokenizerImpl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<const detail::TokenizerImpl> impl_;
+};
+
+struct BpeTrainerOptions {
+  int64_t vocab_size = 8192;  // final vocabulary size including special tokens and the 256 byte tokens
+  int64_t min_frequency = 2;  // a pair seen fewer times than this is never merged
+  std::vector<std::string> special_tokens = {"<|endoftext|>"};  // added tokens, ids 0.. in this order
+};
+
+// Tessera's own byte-level BPE trainer (GPT-2 style: ByteLevel pre-tokenizer with the GPT-2 split regex,
+// add_prefix_space=false, 256-byte initial alphabet, ByteLevel decoder and post-processor, special tokens as added
+// tokens first in the vocab). It follows Hugging Face's BpeTrainer step for step (pair counts, ties broken towards
+// the smaller pair of ids), so for the same documents and options it produces the same vocab and merges as
+// `ByteLevelBPETokenizer().train_from_iterator(...)`. Single-threaded; deterministic.
+Tokenizer train_bpe_tokenizer(const std::vector<std::string>& documents, const BpeTrainerOptions& options);
+
+// Replaces each maximal invalid UTF-8 subsequence of `text` by U+FFFD (Python's errors="replace" policy).
+std::string sanitize_utf8(std::string_view text);
+
+}  // namespace tessera::data

@@ -1,0 +1,332 @@
+// tokenizer.json -> TokenizerImpl. Every error names the file and the JSON path of the offending key; nothing in a
+// malformed document can crash the loader (all JSON access goes through the checked helpers below).
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <map>
+
+#include "tessera/util/error.h"
+#include "tokenizer_impl.h"
+#include "unicode.h"
+
+namespace tessera::data::detail {
+namespace {
+
+using Json = nlohmann::ordered_json;
+constexpr const char* kComponent = "tokenizer";
+// Larger than any real vocabulary (the largest are ~256k); bounds the dense id tables a hostile file can request.
+constexpr int64_t kMaxId = (int64_t{1} << 22) - 1;
+
+std::string quote(const std::string& s) {
+  return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+class Loader {
+ public:
+  explicit Loader(std::string source) : source_(std::move(source)) {}
+
+  [[noreturn]] void fail(const std::string& path, const std::string& message) const {
+    throw Error(kComponent, fmt::format("{}: {}: {}", source_, path, message));
+  }
+
+  static std::string type_name(const Json& j) { return j.type_name(); }
+
+  const Json* member(const Json& obj, const std::string& path, const char* key, bool required) const {
+    if (!obj.is_object()) fail(path, fmt::format("expected an object, got {}", type_name(obj)));
+    auto it = obj.find(key);
+    if (it == obj.end()) {
+      if (required) fail(join(path, key), "missing");
+      return nullptr;
+    }
+    return &*it;
+  }
+  static std::string join(const std::string& path, const std::string& key) {
+    return path.empty() ? key : path + "." + key;
+  }
+  bool get_bool(const Json& obj, const std::string& path, const char* key, bool fallback) const {
+    const Json* v = member(obj, path, key, false);
+    if (v == nullptr || v->is_null()) return fallback;
+    if (!v->is_boolean()) fail(join(path, key), fmt::format("expected a boolean, got {}", type_name(*v)));
+    return v->get<bool>();
+  }
+  std::string get_string(const Json& v, const std::string& path) const {
+    if (!v.is_string()) fail(path, fmt::format("expected a string, got {}", type_name(v)));
+    return v.get<std::string>();
+  }
+  std::string get_type(const Json& obj, const std::string& path) const {
+    return get_string(*member(obj, path, "type", true), join(path, "type"));
+  }
+  int32_t get_id(const Json& v, const std::string& path) const {
+    if (!v.is_number_integer()) fail(path, fmt::format("expected an integer id, got {}", type_name(v)));
+    const int64_t id = v.is_number_unsigned() ? static_cast<int64_t>(std::min<uint64_t>(v.get<uint64_t>(), 1ULL << 62))
+                                              : v.get<int64_t>();
+    if (id < 0 || id > kMaxId) fail(path, fmt::format("id {} out of range [0, {}]", id, kMaxId));
+    return static_cast<int32_t>(id);
+  }
+  // A key that must be null (or absent) because Tessera does not implement what a value would ask for.
+  void require_null(const Json& obj, const std::string& path, const char* key, const char* why) const {
+    const Json* v = member(obj, path, key, false);
+    if (v != nullptr && !v->is_null()) fail(join(path, key), fmt::format("must be null ({})", why));
+  }
+
+  void load(std::string_view text, TokenizerImpl& t) {
+    Json doc;
+    try {
+      doc = Json::parse(text);
+    } catch (const Json::exception& e) {
+      throw Error(kComponent, fmt::format("{}: malformed JSON: {}", source_, e.what()));
+    }
+    if (!doc.is_object()) fail("(root)", fmt::format("expected an object, got {}", type_name(doc)));
+    require_null(doc, "", "truncation", "truncation is not supported");
+    require_null(doc, "", "padding", "padding is not supported");
+    load_model(*member(doc, "", "model", true), "model", t.model);
+    if (const Json* a = member(doc, "", "added_tokens", false); a != nullptr && !a->is_null())
+      load_added(*a, "added_tokens", t);
+    if (const Json* n = member(doc, "", "normalizer", false); n != nullptr && !n->is_null())
+      load_normalizer(*n, "normalizer", t);
+    const Json* p = member(doc, "", "pre_tokenizer", false);
+    if (p == nullptr || p->is_null())
+      fail("pre_tokenizer", "missing: Tessera supports byte-level BPE only (a ByteLevel pre-tokenizer)");
+    load_pre_tokenizer(*p, "pre_tokenizer", t);
+    if (t.pre_tokenizers.empty() || t.pre_tokenizers.back().kind != PreTokenizer::Kind::kByteLevel)
+      fail("pre_tokenizer", "must be ByteLevel or a Sequence ending in ByteLevel (Tessera supports byte-level BPE)");
+    if (const Json* pp = member(doc, "", "post_processor", false); pp != nullptr && !pp->is_null())
+      load_post_processor(*pp, "post_processor", t);
+    if (const Json* d = member(doc, "", "decoder", false); d != nullptr && !d->is_null()) {
+      const std::string type = get_type(*d, "decoder");
+      if (type != "ByteLevel")
+        fail("decoder.type", fmt::format("unsupported decoder {} (supported: ByteLevel, null)", quote(type)));
+      t.byte_level_decoder = true;
+    }
+  }
+
+ private:
+  void load_model(const Json& m, const std::string& path, BpeModel& model) {
+    const std::string type = get_type(m, path);
+    if (type != "BPE") fail(path + ".type", fmt::format("unsupported model {} (supported: BPE)", quote(type)));
+    require_null(m, path, "dropout", "BPE dropout is not supported");
+    require_null(m, path, "unk_token", "byte-level BPE needs no unknown token");
+    require_null(m, path, "continuing_subword_prefix", "not used by byte-level BPE");
+    require_null(m, path, "end_of_word_suffix", "not used by byte-level BPE");
+    if (get_bool(m, path, "byte_fallback", false)) fail(path + ".byte_fallback", "must be false");
+    model.ignore_merges = get_bool(m, path, "ignore_merges", false);
+
+    const std::string vpath = path + ".vocab";
+    const Json& vocab = *member(m, path, "vocab", true);
+    if (!vocab.is_object()) fail(vpath, fmt::format("expected an object, got {}", type_name(vocab)));
+    std::map<int32_t, std::string> by_id;
+    model.vocab.reserve(vocab.size());
+    for (const auto& [token, value] : vocab.items()) {
+      const int32_t id = get_id(value, vpath + "." + quote(token));
+      if (auto [it, inserted] = by_id.emplace(id, token); !inserted)
+        fail(vpath, fmt::format("tokens {} and {} both have id {}", quote(it->second), quote(token), id));
+      model.vocab[token] = id;
+    }
+    model.byte_ids.fill(-1);
+    std::string bytes;
+    for (const auto& [token, id] : model.vocab) {
+      if (!from_byte_level(token, bytes)) continue;
+      model.byte_vocab[bytes] = id;
+      if (bytes.size() == 1) model.byte_ids[static_cast<uint8_t>(bytes[0])] = id;
+    }
+
+    const std::string mpath = path + ".merges";
+    const Json* merges = member(m, path, "merges", false);
+    if (merges == nullptr || merges->is_null()) return;
+    if (!merges->is_array()) fail(mpath, fmt::format("expected an array, got {}", type_name(*merges)));
+    model.merges.reserve(merges->size());
+    for (size_t i = 0; i < merges->size(); ++i) {
+      const std::string ipath = fmt::format("{}[{}]", mpath, i);
+      const Json& e = (*merges)[i];
+      std::string a, b;
+      if (e.is_string()) {
+        const std::string s = e.get<std::string>();
+        const size_t space = s.find(' ');
+        if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos)
+          fail(ipath, fmt::format("expected \"<left> <right>\" with one space, got {}", quote(s)));
+        a = s.substr(0, space);
+        b = s.substr(space + 1);
+      } else if (e.is_array() && e.size() == 2) {
+        a = get_string(e[0], ipath + "[0]");
+        b = get_string(e[1], ipath + "[1]");
+      } else {
+        fail(ipath, fmt::format("expected a \"a b\" string or a [a, b] pair, got {}", type_name(e)));
+      }
+      const auto ia = model.vocab.find(a), ib = model.vocab.find(b), ic = model.vocab.find(a + b);
+      if (ia == model.vocab.end()) fail(ipath, fmt::format("merge names unknown token {}", quote(a)));
+      if (ib == model.vocab.end()) fail(ipath, fmt::format("merge names unknown token {}", quote(b)));
+      if (ic == model.vocab.end()) fail(ipath, fmt::format("merged token {} is not in the vocab", quote(a + b)));
+      model.merges.put(ia->second, ib->second, {static_cast<int32_t>(i), ic->second});
+    }
+  }
+
+  void load_added(const Json& list, const std::string& path, TokenizerImpl& t) {
+    if (!list.is_array()) fail(path, fmt::format("expected an array, got {}", type_name(list)));
+    // Hugging Face ignores the stored ids and assigns them again (AddedVocabulary::add_tokens): the vocab's id when
+    // the content is in the model vocab, else the next id after the model vocab or the largest added id. A file whose
+    // ids disagree would encode differently there, so it is an error here.
+    const auto model_size = static_cast<int64_t>(t.model.vocab.size());
+    int64_t max_added = -1;
+    for (size_t i = 0; i < list.size(); ++i) {
+      const std::string ipath = fmt::format("{}[{}]", path, i);
+      const Json& e = list[i];
+      AddedToken a;
+      a.id = get_id(*member(e, ipath, "id", true), ipath + ".id");
+      a.content = get_string(*member(e, ipath, "content", true), ipath + ".content");
+      if (a.content.empty()) fail(ipath + ".content", "empty added token");
+      a.special = get_bool(e, ipath, "special", false);
+      a.single_word = get_bool(e, ipath, "single_word", false);
+      a.lstrip = get_bool(e, ipath, "lstrip", false);
+      a.rstrip = get_bool(e, ipath, "rstrip", false);
+      a.normalized = get_bool(e, ipath, "normalized", !a.special);
+      if (t.added_ids.count(a.content))
+        fail(ipath + ".content", fmt::format("duplicate added token {}", quote(a.content)));
+      int64_t expected;
+      if (auto it = t.model.vocab.find(a.content); it != t.model.vocab.end()) {
+        expected = it->second;
+      } else if (max_added < 0) {
+        expected = model_size;
+      } else {
+        expected = (max_added >= model_size || model_size == 0) ? max_added + 1 : model_size;
+      }
+      if (a.id != expected) {
+        fail(ipath + ".id", fmt::format("{} has id {}, but Hugging Face tokenizers would give it id {} (ids of added "
+                                        "tokens must follow the model vocab)",
+                                        quote(a.content), a.id, expected));
+      }
+      for (const AddedToken& other : t.added) {
+        if (other.id == a.id)
+          fail(ipath + ".id",
+               fmt::format("id {} is used by added tokens {} and {}", a.id, quote(other.content), quote(a.content)));
+      }
+      max_added = std::max<int64_t>(max_added, a.id);
+      t.added_ids[a.content] = a.id;
+      t.added.push_back(std::move(a));
+    }
+  }
+
+  void load_normalizer(const Json& n, const std::string& path, TokenizerImpl& t) {
+    const std::string type = get_type(n, path);
+    if (type == "NFC") {
+      t.nfc = true;
+    } else if (type == "Sequence") {
+      const Json& list = *member(n, path, "normalizers", true);
+      if (!list.is_array()) fail(path + ".normalizers", "expected an array");
+      for (size_t i = 0; i < list.size(); ++i) load_normalizer(list[i], fmt::format("{}.normalizers[{}]", path, i), t);
+    } else {
+      fail(path + ".type", fmt::format("unsupported normalizer {} (supported: NFC, Sequence, null)", quote(type)));
+    }
+  }
+
+  void load_pre_tokenizer(const Json& p, const std::string& path, TokenizerImpl& t) {
+    const std::string type = get_type(p, path);
+    if (type == "Sequence") {
+      const Json& list = *member(p, path, "pretokenizers", true);
+      if (!list.is_array()) fail(path + ".pretokenizers", "expected an array");
+      for (size_t i = 0; i < list.size(); ++i)
+        load_pre_tokenizer(list[i], fmt::format("{}.pretokenizers[{}]", path, i), t);
+      return;
+    }
+    PreTokenizer pt;
+    if (type == "ByteLevel") {
+      pt.kind = PreTokenizer::Kind::kByteLevel;
+      pt.add_prefix_space = get_bool(p, path, "add_prefix_space", true);
+      pt.use_regex = get_bool(p, path, "use_regex", true);
+    } else if (type == "Split") {
+      pt.kind = PreTokenizer::Kind::kSplit;
+      const std::string ppath = path + ".pattern";
+      const Json& pattern = *member(p, path, "pattern", true);
+      const Json* regex = member(pattern, ppath, "Regex", false);
+      const Json* literal = member(pattern, ppath, "String", false);
+      if ((regex == nullptr) == (literal == nullptr)) fail(ppath, "expected {\"Regex\": ...} or {\"String\": ...}");
+      const std::string spath = regex != nullptr ? ppath + ".Regex" : ppath + ".String";
+      const std::string text = get_string(regex != nullptr ? *regex : *literal, spath);
+      if (regex != nullptr || !text.empty())
+        pt.regex = std::make_shared<Regex>(text, regex == nullptr, fmt::format("{}: {}", source_, spath));
+      const std::string behavior = get_string(*member(p, path, "behavior", true), path + ".behavior");
+      static const std::map<std::string, SplitBehavior> kBehaviors = {
+          {"Removed", SplitBehavior::kRemoved},
+          {"Isolated", SplitBehavior::kIsolated},
+          {"MergedWithPrevious", SplitBehavior::kMergedWithPrevious},
+          {"MergedWithNext", SplitBehavior::kMergedWithNext},
+          {"Contiguous", SplitBehavior::kContiguous}};
+      auto it = kBehaviors.find(behavior);
+      if (it == kBehaviors.end()) fail(path + ".behavior", fmt::format("unknown behavior {}", quote(behavior)));
+      pt.behavior = it->second;
+      pt.invert = get_bool(p, path, "invert", false);
+    } else {
+      fail(path + ".type",
+           fmt::format("unsupported pre_tokenizer {} (supported: ByteLevel, Split, Sequence)", quote(type)));
+    }
+    t.pre_tokenizers.push_back(std::move(pt));
+  }
+
+  void load_post_processor(const Json& p, const std::string& path, TokenizerImpl& t) {
+    const std::string type = get_type(p, path);
+    if (type == "ByteLevel") return;  // offsets only; adds no ids
+    if (type == "Sequence") {
+      const Json& list = *member(p, path, "processors", true);
+      if (!list.is_array()) fail(path + ".processors", "expected an array");
+      for (size_t i = 0; i < list.size(); ++i)
+        load_post_processor(list[i], fmt::format("{}.processors[{}]", path, i), t);
+      return;
+    }
+    if (type != "TemplateProcessing") {
+      fail(path + ".type", fmt::format("unsupported post_processor {} (supported: ByteLevel, TemplateProcessing, "
+                                       "Sequence, null)",
+                                       quote(type)));
+    }
+    if (!t.template_prefix.empty() || !t.template_suffix.empty())
+      fail(path, "more than one TemplateProcessing is not supported");
+    const Json& specials = *member(p, path, "special_tokens", true);
+    if (!specials.is_object()) fail(path + ".special_tokens", "expected an object");
+    const Json& single = *member(p, path, "single", true);
+    const std::string spath = path + ".single";
+    if (!single.is_array()) fail(spath, "expected an array");
+    bool seen_sequence = false;
+    for (size_t i = 0; i < single.size(); ++i) {
+      const std::string ipath = fmt::format("{}[{}]", spath, i);
+      const Json& item = single[i];
+      if (const Json* seq = member(item, ipath, "Sequence", false)) {
+        const std::string id = get_string(*member(*seq, ipath + ".Sequence", "id", true), ipath + ".Sequence.id");
+        if (id != "A")
+          fail(ipath + ".Sequence.id", fmt::format("the single template may only use A, got {}", quote(id)));
+        if (seen_sequence) fail(ipath, "the sequence appears twice");
+        seen_sequence = true;
+      } else if (const Json* sp = member(item, ipath, "SpecialToken", false)) {
+        const std::string name =
+            get_string(*member(*sp, ipath + ".SpecialToken", "id", true), ipath + ".SpecialToken.id");
+        const std::string tpath = fmt::format("{}.special_tokens.{}", path, quote(name));
+        auto it = specials.find(name);
+        if (it == specials.end()) fail(tpath, "missing (named by " + ipath + ")");
+        const Json& ids = *member(*it, tpath, "ids", true);
+        if (!ids.is_array()) fail(tpath + ".ids", "expected an array");
+        for (size_t k = 0; k < ids.size(); ++k) {
+          const int32_t id = get_id(ids[k], fmt::format("{}.ids[{}]", tpath, k));
+          (seen_sequence ? t.template_suffix : t.template_prefix).push_back(id);
+        }
+      } else {
+        fail(ipath, "expected {\"Sequence\": ...} or {\"SpecialToken\": ...}");
+      }
+    }
+    if (!seen_sequence) fail(spath, "the template has no Sequence A");
+  }
+
+  std::string source_;
+};
+
+}  // namespace
+
+std::shared_ptr<TokenizerImpl> load_tokenizer_json(std::string_view json, const std::string& source) {
+  static std::atomic<uint64_t> next_uid{1};
+  auto t = std::make_shared<TokenizerImpl>();
+  t->source = source;
+  Loader(source).load(json, *t);
+  t->json = std::string(json);
+  t->uid = next_uid++;
+  t->finish();
+  return t;
+}
+
+}  // namespace tessera::data::detail

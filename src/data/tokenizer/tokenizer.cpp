@@ -1,0 +1,371 @@
+// Tokenizer: Hugging Face's encode pipeline (added tokens -> normalizer -> added tokens -> pre-tokenizer -> BPE ->
+// post-processor) and decode, over the state json_load.cpp builds.
+#include "tessera/data/tokenizer.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "tessera/util/error.h"
+#include "tessera/util/file_io.h"
+#include "tokenizer_impl.h"
+#include "unicode.h"
+
+namespace tessera::data {
+namespace detail {
+namespace {
+
+constexpr const char* kComponent = "tokenizer";
+// Words longer than this (bytes) are not cached: rare, and they would crowd the cache.
+constexpr size_t kMaxCachedWord = 256;
+// The per-thread word cache is cleared when it reaches this many words (bounds its memory to some tens of MB).
+constexpr size_t kMaxCachedWords = 500000;
+
+struct WordCache {
+  uint64_t owner = 0;
+  StringMap<std::vector<int32_t>> words;
+};
+
+WordCache& word_cache(uint64_t owner) {
+  thread_local WordCache cache;
+  if (cache.owner != owner || cache.words.size() >= kMaxCachedWords) {
+    cache.words.clear();
+    cache.owner = owner;
+  }
+  return cache;
+}
+
+struct Span {
+  size_t begin, end;
+};
+
+// Hugging Face's NormalizedString::split over the regex's matches of arena[span].
+void split_span(const Regex* regex, SplitBehavior behavior, bool invert, const std::string& arena, Span span,
+                std::vector<Span>& out) {
+  thread_local std::vector<std::pair<size_t, size_t>> matches;
+  thread_local std::vector<std::pair<Span, bool>> parts;  // (range, is_match)
+  matches.clear();
+  parts.clear();
+  const std::string_view s(arena.data() + span.begin, span.end - span.begin);
+  if (regex != nullptr) regex->find_all(s, matches);
+  size_t prev = 0;
+  for (const auto& [b, e] : matches) {
+    if (prev != b) parts.push_back({{prev, b}, false});
+    parts.push_back({{b, e}, true});
+    prev = e;
+  }
+  if (prev != s.size()) parts.push_back({{prev, s.size()}, false});
+  if (invert) {
+    for (auto& p : parts) p.second = !p.second;
+  }
+  const size_t first_out = out.size();
+  const auto emit = [&](Span r) { out.push_back({span.begin + r.begin, span.begin + r.end}); };
+  bool previous_match = false;
+  switch (behavior) {
+    case SplitBehavior::kIsolated:
+      for (const auto& [r, m] : parts) emit(r);
+      break;
+    case SplitBehavior::kRemoved:
+      for (const auto& [r, m] : parts) {
+        if (!m) emit(r);
+      }
+      break;
+    case SplitBehavior::kContiguous:
+      for (const auto& [r, m] : parts) {
+        if (m == previous_match && out.size() > first_out) {
+          out.back().end = span.begin + r.end;
+        } else {
+          emit(r);
+        }
+        previous_match = m;
+      }
+      break;
+    case SplitBehavior::kMergedWithPrevious:
+      for (const auto& [r, m] : parts) {
+        if (m && !previous_match && out.size() > first_out) {
+          out.back().end = span.begin + r.end;
+        } else {
+          emit(r);
+        }
+        previous_match = m;
+      }
+      break;
+    case SplitBehavior::kMergedWithNext: {
+      // Hugging Face folds from the right: a match joins the piece after it.
+      std::vector<Span> rev;
+      for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
+        const auto& [r, m] = *it;
+        if (m && !previous_match && !rev.empty()) {
+          rev.back().begin = r.begin;
+        } else {
+          rev.push_back(r);
+        }
+        previous_match = m;
+      }
+      for (auto it = rev.rbegin(); it != rev.rend(); ++it) emit(*it);
+      break;
+    }
+  }
+  // Empty pieces are dropped (PreTokenizedString::split keeps only non-empty splits).
+  out.erase(std::remove_if(out.begin() + static_cast<std::ptrdiff_t>(first_out), out.end(),
+                           [](const Span& x) { return x.begin == x.end; }),
+            out.end());
+}
+
+// The UTF-8 code point before / at a position of valid UTF-8, or 0 at the edges.
+bool word_before(std::string_view s, size_t pos) {
+  if (pos == 0) return false;
+  size_t b;
+  return is_word_char(prev_code_point(s, pos, b));
+}
+bool word_after(std::string_view s, size_t pos) {
+  if (pos >= s.size()) return false;
+  return is_word_char(next_code_point(s, pos));
+}
+
+}  // namespace
+
+void AddedMatcher::add(std::string pattern, int token) {
+  if (pattern.empty()) return;
+  patterns_.emplace_back(std::move(pattern), token);
+  auto& bucket = buckets_[static_cast<uint8_t>(patterns_.back().first[0])];
+  bucket.push_back(static_cast<int>(patterns_.size()) - 1);
+  std::stable_sort(bucket.begin(), bucket.end(),
+                   [&](int a, int b) { return patterns_[a].first.size() > patterns_[b].first.size(); });
+}
+
+std::optional<AddedMatcher::Match> AddedMatcher::find(std::string_view s, size_t from) const {
+  for (size_t i = from; i < s.size(); ++i) {
+    const auto& bucket = buckets_[static_cast<uint8_t>(s[i])];
+    for (int k : bucket) {
+      const std::string& p = patterns_[k].first;
+      if (p.size() <= s.size() - i && std::memcmp(p.data(), s.data() + i, p.size()) == 0)
+        return Match{i, i + p.size(), patterns_[k].second};
+    }
+  }
+  return std::nullopt;
+}
+
+void TokenizerImpl::finish() {
+  int64_t max_id = -1;
+  for (const auto& [token, id] : model.vocab) max_id = std::max<int64_t>(max_id, id);
+  for (const AddedToken& a : added) max_id = std::max<int64_t>(max_id, a.id);
+  const auto n = static_cast<size_t>(max_id + 1);
+  id_token.assign(n, {});
+  id_present.assign(n, 0);
+  id_special.assign(n, 0);
+  id_bytes.assign(n, {});
+  for (const auto& [token, id] : model.vocab) id_token[id] = token, id_present[id] = 1;
+  vocab_size = static_cast<int64_t>(model.vocab.size());
+  for (size_t i = 0; i < added.size(); ++i) {
+    const AddedToken& a = added[i];
+    if (!model.vocab.count(a.content)) ++vocab_size;
+    id_token[a.id] = a.content;
+    id_present[a.id] = 1;
+  }
+  // Special-ness goes by content, as Hugging Face's special_tokens_set.
+  for (const AddedToken& a : added) {
+    if (a.special) id_special[a.id] = 1;
+  }
+  for (size_t id = 0; id < n; ++id) {
+    if (!id_present[id]) continue;
+    if (!byte_level_decoder || !from_byte_level(id_token[id], id_bytes[id])) id_bytes[id] = id_token[id];
+  }
+  for (size_t i = 0; i < added.size(); ++i) {
+    if (added[i].normalized) {
+      normalized_matcher.add(nfc ? detail::nfc(added[i].content) : added[i].content, static_cast<int>(i));
+    } else {
+      raw_matcher.add(added[i].content, static_cast<int>(i));
+    }
+  }
+}
+
+// Splits `text` around the added tokens `matcher` finds (Hugging Face's AddedVocabulary::find_matches, including
+// single_word / lstrip / rstrip) and hands each piece to `on_text` / each token id to `on_token`.
+template <typename OnText, typename OnToken>
+void split_added(const TokenizerImpl& t, const AddedMatcher& matcher, std::string_view s, OnText on_text,
+                 OnToken on_token) {
+  if (matcher.empty()) {
+    if (!s.empty()) on_text(s);
+    return;
+  }
+  size_t start_offset = 0, from = 0;
+  while (auto m = matcher.find(s, from)) {
+    from = m->end;
+    const AddedToken& a = t.added[m->token];
+    size_t start = m->begin, stop = m->end;
+    if (a.single_word && (word_before(s, start) || word_after(s, stop))) continue;
+    if (a.lstrip) {
+      size_t p = start;
+      while (p > 0) {
+        size_t b;
+        if (!is_white_space(prev_code_point(s, p, b))) break;
+        p = b;
+      }
+      start = std::max(p, start_offset);
+    }
+    if (a.rstrip) {
+      while (stop < s.size()) {
+        size_t q = stop;
+        if (!is_white_space(next_code_point(s, q))) break;
+        stop = q;
+      }
+    }
+    if (start_offset < start) on_text(s.substr(start_offset, start - start_offset));
+    on_token(a.id);
+    start_offset = stop;
+  }
+  if (start_offset < s.size()) on_text(s.substr(start_offset));
+}
+
+void TokenizerImpl::encode_piece(std::string_view piece, std::vector<std::string>* pieces,
+                                 std::vector<int32_t>* ids) const {
+  thread_local std::string arena;
+  thread_local std::vector<Span> spans, next;
+  arena.assign(piece);
+  spans.assign(1, Span{0, arena.size()});
+  for (const PreTokenizer& pt : pre_tokenizers) {
+    next.clear();
+    for (Span sp : spans) {
+      if (pt.kind == PreTokenizer::Kind::kByteLevel) {
+        if (pt.add_prefix_space && arena[sp.begin] != ' ') {
+          const size_t len = sp.end - sp.begin;
+          arena.reserve(arena.size() + len + 1);
+          const size_t b = arena.size();
+          arena += ' ';
+          arena.append(arena.data() + sp.begin, len);
+          sp = {b, b + len + 1};
+        }
+        if (!pt.use_regex) {
+          next.push_back(sp);
+          continue;
+        }
+        split_span(&Regex::gpt2(), SplitBehavior::kIsolated, false, arena, sp, next);
+      } else {
+        split_span(pt.regex.get(), pt.behavior, pt.invert, arena, sp, next);
+      }
+    }
+    std::swap(spans, next);
+  }
+  if (pieces != nullptr) {
+    for (Span sp : spans) pieces->emplace_back(arena, sp.begin, sp.end - sp.begin);
+    return;
+  }
+  WordCache& cache = word_cache(uid);
+  for (Span sp : spans) {
+    const std::string_view word(arena.data() + sp.begin, sp.end - sp.begin);
+    if (word.size() > kMaxCachedWord) {
+      model.encode_word(word, *ids);
+      continue;
+    }
+    if (auto it = cache.words.find(word); it != cache.words.end()) {
+      ids->insert(ids->end(), it->second.begin(), it->second.end());
+      continue;
+    }
+    const size_t before = ids->size();
+    model.encode_word(word, *ids);
+    cache.words.emplace(std::string(word),
+                        std::vector<int32_t>(ids->begin() + static_cast<std::ptrdiff_t>(before), ids->end()));
+  }
+}
+
+void TokenizerImpl::pre_tokenize(std::string_view text, std::vector<std::string>* pieces,
+                                 std::vector<int32_t>* ids) const {
+  std::string repaired;
+  if (!is_valid_utf8(text)) {
+    repaired = sanitize_utf8(text);
+    text = repaired;
+  }
+  const auto on_token = [&](int32_t id) {
+    if (ids != nullptr) ids->push_back(id);
+    if (pieces != nullptr) pieces->push_back(id_token[id]);
+  };
+  split_added(
+      *this, raw_matcher, text,
+      [&](std::string_view raw) {
+        const std::string normalized = nfc ? detail::nfc(raw) : std::string();
+        const std::string_view n = nfc ? std::string_view(normalized) : raw;
+        split_added(
+            *this, normalized_matcher, n, [&](std::string_view piece) { encode_piece(piece, pieces, ids); }, on_token);
+      },
+      on_token);
+}
+
+}  // namespace detail
+
+namespace {
+constexpr const char* kComponent = "tokenizer";
+}
+
+Tokenizer Tokenizer::from_file(const std::filesystem::path& path) {
+  std::filesystem::path file = path;
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) file = path / "tokenizer.json";
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw Error(kComponent, fmt::format("{}: cannot open", file.string()));
+  std::stringstream s;
+  s << in.rdbuf();
+  if (in.bad()) throw Error(kComponent, fmt::format("{}: read failed", file.string()));
+  return from_json(s.str(), file.string());
+}
+
+Tokenizer Tokenizer::from_json(std::string_view json, const std::string& source_name) {
+  return Tokenizer(detail::load_tokenizer_json(json, source_name));
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
+  std::vector<int32_t> ids;
+  ids.reserve(text.size() / 3 + 4);
+  if (add_special_tokens) ids.insert(ids.end(), impl_->template_prefix.begin(), impl_->template_prefix.end());
+  impl_->pre_tokenize(text, nullptr, &ids);
+  if (add_special_tokens) ids.insert(ids.end(), impl_->template_suffix.begin(), impl_->template_suffix.end());
+  return ids;
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
+  const detail::TokenizerImpl& t = *impl_;
+  std::string out;
+  bool first = true;
+  for (int32_t id : ids) {
+    if (id < 0 || static_cast<size_t>(id) >= t.id_present.size() || !t.id_present[id]) continue;
+    if (skip_special_tokens && t.id_special[id]) continue;
+    if (!t.byte_level_decoder && !first) out += ' ';  // no decoder: Hugging Face joins the tokens with spaces
+    out += t.id_bytes[id];
+    first = false;
+  }
+  return sanitize_utf8(out);
+}
+
+int64_t Tokenizer::vocab_size() const {
+  return impl_->vocab_size;
+}
+
+std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
+  if (auto it = impl_->added_ids.find(token); it != impl_->added_ids.end()) return it->second;
+  if (auto it = impl_->model.vocab.find(token); it != impl_->model.vocab.end()) return it->second;
+  return std::nullopt;
+}
+
+std::optional<std::string> Tokenizer::id_to_token(int32_t id) const {
+  if (id < 0 || static_cast<size_t>(id) >= impl_->id_present.size() || !impl_->id_present[id]) return std::nullopt;
+  return impl_->id_token[id];
+}
+
+std::vector<std::string> Tokenizer::pre_tokenize(std::string_view text) const {
+  std::vector<std::string> pieces;
+  impl_->pre_tokenize(text, &pieces, nullptr);
+  return pieces;
+}
+
+std::string Tokenizer::to_json() const {
+  return impl_->json;
+}
+
+void Tokenizer::save(const std::filesystem::path& path) const {
+  util::write_file_atomically(path.string(), impl_->json, kComponent);
+}
+
+}  // namespace tessera::data
