@@ -1,7 +1,7 @@
 // `convert_text_to_mds`: text documents (fortune files, plain text files, JSONL) -> MDS, with LLM Foundry's
 // semantics (scripts/data_prep/convert_text_to_mds.py, ConcatTokensDataset):
 //
-//   convert_text_to_mds --input /usr/share/games/fortunes --format fortunes --tokenizer tok.json \
+//   convert_text_to_mds --input /usr/share/games/fortunes --format fortunes --tokenizer tok.json
 //       --output data/fortunes --concat-tokens 128 --eos-text '<|endoftext|>' --val-fraction 0.05
 //
 // With --concat-tokens N every document is encoded (the tokenizer's post-processor applied, as Foundry's
