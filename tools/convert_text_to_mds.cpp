@@ -32,6 +32,7 @@
 #include "tessera/trainer/trainer.h"
 #include "tessera/util/error.h"
 #include "tessera/util/logging.h"
+#include "tessera/util/tool_main.h"
 
 namespace {
 
@@ -82,8 +83,8 @@ std::vector<std::vector<int32_t>> encode_all(const tessera::data::Tokenizer& tok
 void prepare_dir(const fs::path& dir, bool overwrite) {
   if (fs::exists(dir) && !fs::is_empty(dir)) {
     if (!overwrite) {
-      throw ConfigError("convert", fmt::format("{}: output directory is not empty (pass --overwrite to replace it)",
-                                               dir.string()));
+      throw ConfigError(
+          "convert", fmt::format("{}: output directory is not empty (pass --overwrite to replace it)", dir.string()));
     }
     fs::remove_all(dir);
   }
@@ -119,8 +120,9 @@ std::pair<int64_t, int64_t> write_split(const Options& o, const fs::path& dir, c
   // Encode in blocks so that memory stays bounded for large corpora.
   constexpr size_t kBlock = 1 << 14;
   for (size_t start = 0; start < which.size(); start += kBlock) {
-    const std::vector<size_t> block(which.begin() + static_cast<std::ptrdiff_t>(start),
-                                    which.begin() + static_cast<std::ptrdiff_t>(std::min(which.size(), start + kBlock)));
+    const std::vector<size_t> block(
+        which.begin() + static_cast<std::ptrdiff_t>(start),
+        which.begin() + static_cast<std::ptrdiff_t>(std::min(which.size(), start + kBlock)));
     for (const std::vector<int32_t>& ids : encode_all(*tok, docs, block, workers)) {
       buffer.insert(buffer.end(), bos.begin(), bos.end());
       buffer.insert(buffer.end(), ids.begin(), ids.end());
@@ -162,14 +164,7 @@ int run(int argc, char** argv) {
   app.add_option("--size-limit", o.size_limit, "Uncompressed bytes per shard");
   app.add_flag("--overwrite", o.overwrite, "Replace existing output");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return tessera::kExitUsageError;
-  }
+  if (auto code = tessera::util::parse_command_line(app, argc, argv)) return *code;
   tessera::util::init_logging(log_level);
   for (const auto& i : inputs) o.inputs.emplace_back(i);
   if (o.concat_tokens > 0 && o.tokenizer.empty()) throw ConfigError("convert", "--concat-tokens needs --tokenizer");
@@ -207,8 +202,8 @@ int run(int argc, char** argv) {
   if (n_val > 0) {
     const auto [val_samples, val_tokens] =
         write_split(o, fs::path(o.output) / "val", tok ? &*tok : nullptr, docs, val, workers);
-    std::cout << fmt::format("val: {} documents -> {} samples ({} tokens) in {}\n", val.size(), val_samples,
-                             val_tokens, (fs::path(o.output) / "val").string());
+    std::cout << fmt::format("val: {} documents -> {} samples ({} tokens) in {}\n", val.size(), val_samples, val_tokens,
+                             (fs::path(o.output) / "val").string());
   }
   return tessera::kExitOk;
 }
@@ -216,13 +211,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const tessera::Error& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return e.exit_code();
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return tessera::kExitRuntimeError;
-  }
+  return tessera::util::tool_main([&] { return run(argc, argv); });
 }

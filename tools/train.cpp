@@ -20,6 +20,7 @@
 #include "tessera/util/device.h"
 #include "tessera/util/error.h"
 #include "tessera/util/logging.h"
+#include "tessera/util/tool_main.h"
 
 namespace {
 
@@ -52,14 +53,7 @@ int run(int argc, char** argv) {
                  "Ranks per node to plan for (default: $LOCAL_WORLD_SIZE, else the world size)")
       ->check(CLI::PositiveNumber);
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return tessera::kExitUsageError;
-  }
+  if (auto code = tessera::util::parse_command_line(app, argc, argv)) return *code;
   tessera::util::init_logging(log_level);
   tessera::util::configure_host_allocator();
 
@@ -89,13 +83,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const tessera::Error& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return e.exit_code();
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return tessera::kExitRuntimeError;
-  }
+  return tessera::util::tool_main([&] { return run(argc, argv); });
 }

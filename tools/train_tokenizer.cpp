@@ -15,6 +15,7 @@
 #include "tessera/data/documents.h"
 #include "tessera/data/tokenizer.h"
 #include "tessera/util/error.h"
+#include "tessera/util/tool_main.h"
 
 namespace {
 
@@ -33,14 +34,7 @@ int run(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--special-tokens", o.special_tokens, "Special tokens, ids 0.. (default <|endoftext|>)");
   app.add_option("--output", output, "Where to write tokenizer.json")->required();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return tessera::kExitUsageError;
-  }
+  if (auto code = tessera::util::parse_command_line(app, argc, argv)) return *code;
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::filesystem::path> paths(inputs.begin(), inputs.end());
   const auto docs = tessera::data::read_documents(paths, tessera::data::parse_document_format(format));
@@ -58,13 +52,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const tessera::Error& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return e.exit_code();
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return tessera::kExitRuntimeError;
-  }
+  return tessera::util::tool_main([&] { return run(argc, argv); });
 }

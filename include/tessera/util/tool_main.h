@@ -1,0 +1,43 @@
+// The shared skeleton of Tessera's command-line tools: command-line parsing with CLI11 and the mapping of exceptions
+// to exit codes (0 success, 1 runtime failure, 2 usage or configuration error), with "error: <message>" on stderr.
+//
+//   int main(int argc, char** argv) { return tessera::util::tool_main([&] { return run(argc, argv); }); }
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <exception>
+#include <iostream>
+#include <optional>
+
+#include "tessera/util/error.h"
+
+namespace tessera::util {
+
+template <class Body>
+int tool_main(Body&& body) {
+  try {
+    return body();
+  } catch (const Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return kExitRuntimeError;
+  }
+}
+
+// Parses the command line; returns the exit code to stop with (help printed, or a usage error), else nullopt.
+inline std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return kExitUsageError;
+  }
+  return std::nullopt;
+}
+
+}  // namespace tessera::util
