@@ -1,14 +1,22 @@
 // Built-in algorithms.
 #include "tessera/algorithms/algorithms.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <filesystem>
 #include <numeric>
 
+#include "tessera/checkpoint/safetensors.h"
 #include "tessera/trainer/state.h"
 #include "tessera/util/error.h"
+#include "tessera/util/file_io.h"
 
 namespace tessera::algorithms {
 namespace {
@@ -55,10 +63,245 @@ void GradientClipping::apply(trainer::Event /*event*/, trainer::State& state, tr
   }
 }
 
+// ---- alibi ----
+
+namespace {
+
+void truncate_batch(trainer::State& s, int64_t length) {
+  if (length >= s.batch.input_ids.size(1)) return;
+  s.batch.input_ids = s.batch.input_ids.slice(1, 0, length);
+  s.batch.labels = s.batch.labels.slice(1, 0, length);
+}
+
+bool ends_with_component(const std::string& name, const std::string& suffix) {
+  return name == suffix ||
+         (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+          name[name.size() - suffix.size() - 1] == '.');
+}
+
+}  // namespace
+
+bool Alibi::match(trainer::Event e, const trainer::State& /*s*/) const {
+  return e == trainer::Event::kInit || (e == trainer::Event::kAfterDataloader && o_.train_sequence_length_scaling < 1);
+}
+
+void Alibi::apply(trainer::Event e, trainer::State& s, trainer::Logger& /*logger*/) {
+  if (e == trainer::Event::kAfterDataloader) {
+    truncate_batch(
+        s, static_cast<int64_t>(static_cast<double>(s.batch.input_ids.size(1)) * o_.train_sequence_length_scaling));
+    return;
+  }
+  models::MPTOptions o = s.model_options;
+  if (o.attn.rope) throw ConfigError("algorithms", "alibi: the model uses rotary embeddings (attn_config.rope)");
+  o.attn.alibi = true;
+  o.attn.alibi_bias_max = o_.alibi_bias_max;
+  o.learned_pos_emb = false;
+  if (o_.max_sequence_length) o.max_seq_len = *o_.max_sequence_length;
+  s.model_options = o;
+  s.model = models::build_mpt(o, static_cast<uint64_t>(s.seed));
+}
+
+// ---- lora ----
+
+std::vector<std::string> attach_lora(models::MPTForCausalLM& model, const LoraOptions& o, uint64_t seed) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  std::vector<std::string> adapted;
+  at::NoGradGuard no_grad;
+  for (const auto& item : model->named_modules()) {
+    auto linear = std::dynamic_pointer_cast<models::LinearImpl>(item.value());
+    if (!linear) continue;
+    const bool wanted = std::any_of(o.target_modules.begin(), o.target_modules.end(),
+                                    [&](const std::string& t) { return ends_with_component(item.key(), t); });
+    if (!wanted || linear->lora_A.defined()) continue;
+    const at::TensorOptions opts = linear->weight.options().dtype(at::kFloat);
+    const double bound = 1.0 / std::sqrt(static_cast<double>(linear->in_features));
+    at::Tensor a = at::empty({o.r, linear->in_features}, opts.device(at::kCPU)).uniform_(-bound, bound, gen);
+    linear->attach_lora(a.to(opts.device()), at::zeros({linear->out_features, o.r}, opts),
+                        o.lora_alpha / static_cast<double>(o.r), o.lora_dropout);
+    adapted.push_back(item.key());
+  }
+  if (adapted.empty()) {
+    throw ConfigError("algorithms", fmt::format("lora: no Linear module matches target_modules [{}]",
+                                                fmt::join(o.target_modules, ", ")));
+  }
+  for (auto& p : model->named_parameters()) {
+    const bool adapter = p.key().find(".lora_A") != std::string::npos || p.key().find(".lora_B") != std::string::npos;
+    p.value().set_requires_grad(adapter);
+  }
+  return adapted;
+}
+
+void merge_lora(models::MPTForCausalLM& model) {
+  at::NoGradGuard no_grad;
+  for (const auto& item : model->named_modules()) {
+    auto linear = std::dynamic_pointer_cast<models::LinearImpl>(item.value());
+    if (!linear || !linear->lora_A.defined()) continue;
+    linear->weight.add_((at::matmul(linear->lora_B, linear->lora_A) * linear->lora_scale).to(linear->weight.dtype()));
+    linear->detach_lora();
+  }
+}
+
+void save_lora_adapters(models::MPTForCausalLM& model, const LoraOptions& o, const std::string& dir) {
+  std::map<std::string, at::Tensor> tensors;
+  for (const auto& p : model->named_parameters()) {
+    for (const char* which : {"lora_A", "lora_B"}) {
+      const std::string suffix = std::string(".") + which;
+      const std::string& k = p.key();
+      if (k.size() > suffix.size() && k.compare(k.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        tensors["base_model.model." + k + ".weight"] = p.value().detach().to(at::kCPU);
+      }
+    }
+  }
+  std::filesystem::create_directories(dir);
+  checkpoint::save_safetensors(dir + "/adapter_model.safetensors", tensors, {{"format", "pt"}});
+  const nlohmann::ordered_json config = {{"peft_type", "LORA"},
+                                         {"task_type", "CAUSAL_LM"},
+                                         {"r", o.r},
+                                         {"lora_alpha", o.lora_alpha},
+                                         {"lora_dropout", o.lora_dropout},
+                                         {"target_modules", o.target_modules},
+                                         {"bias", "none"},
+                                         {"fan_in_fan_out", false}};
+  util::write_file_atomically(dir + "/adapter_config.json", config.dump(2) + "\n", "lora");
+}
+
+bool Lora::match(trainer::Event e, const trainer::State& /*s*/) const {
+  return e == trainer::Event::kInit || (e == trainer::Event::kFitEnd && o_.save_path);
+}
+
+void Lora::apply(trainer::Event e, trainer::State& s, trainer::Logger& /*logger*/) {
+  if (e == trainer::Event::kFitEnd) {
+    save_lora_adapters(s.model, o_, *o_.save_path);
+    return;
+  }
+  const auto adapted = attach_lora(s.model, o_, static_cast<uint64_t>(s.seed) + 1);
+  spdlog::info("lora: adapters (r={}) on {} modules; {} trainable parameters", o_.r, adapted.size(), [&] {
+    int64_t n = 0;
+    for (const auto& p : s.trainable_parameters()) n += p.numel();
+    return n;
+  }());
+}
+
+// ---- ema ----
+
+Ema::Ema(EmaOptions o) : o_(std::move(o)) {
+  const double interval = o_.update_interval ? o_.update_interval->value() : 1.0;
+  smoothing_ = o_.smoothing ? *o_.smoothing : std::pow(2.0, -interval / o_.half_life.value());
+}
+
+bool Ema::match(trainer::Event e, const trainer::State& /*s*/) const {
+  using trainer::Event;
+  return e == Event::kFitStart || e == Event::kBatchEnd || e == Event::kEpochEnd || e == Event::kEvalStart ||
+         e == Event::kEvalEnd;
+}
+
+void Ema::swap(trainer::State& s) {
+  at::NoGradGuard no_grad;
+  const auto params = s.model->parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    at::Tensor tmp = params[i].detach().clone();
+    params[i].detach().copy_(ema_[i]);
+    ema_[i].copy_(tmp);
+  }
+  swapped_ = !swapped_;
+}
+
+void Ema::apply(trainer::Event e, trainer::State& s, trainer::Logger& /*logger*/) {
+  using trainer::Event;
+  const config::Time& start = o_.ema_start;
+  const bool started =
+      start.unit() == config::TimeUnit::kDuration
+          ? !s.timestamp.before(config::Time(std::trunc(start.value() * s.max_duration.value()), s.max_duration.unit()))
+          : !s.timestamp.before(start);
+  if (e == Event::kFitStart) {
+    if (ema_.empty()) {
+      for (const auto& p : s.model->parameters()) ema_.push_back(p.detach().clone());
+    }
+    return;
+  }
+  if (e == Event::kEvalStart) {
+    if (started && !ema_.empty() && !swapped_) swap(s);
+    return;
+  }
+  if (e == Event::kEvalEnd) {
+    if (swapped_) swap(s);
+    return;
+  }
+  const config::TimeUnit unit = o_.update_interval ? o_.update_interval->unit() : o_.half_life.unit();
+  const int64_t every = o_.update_interval ? std::max<int64_t>(1, o_.update_interval->count()) : 1;
+  const bool due = (e == Event::kBatchEnd && unit == config::TimeUnit::kBatch && s.timestamp.batch % every == 0) ||
+                   (e == Event::kEpochEnd && unit == config::TimeUnit::kEpoch && s.timestamp.epoch % every == 0);
+  if (!due || !started || ema_.empty()) return;
+  at::NoGradGuard no_grad;
+  const auto params = s.model->parameters();
+  for (size_t i = 0; i < params.size(); ++i) ema_[i].mul_(smoothing_).add_(params[i].detach(), 1.0 - smoothing_);
+}
+
+// ---- low_precision_layernorm ----
+
+bool LowPrecisionLayerNorm::match(trainer::Event e, const trainer::State& /*s*/) const {
+  return e == trainer::Event::kInit;
+}
+
+void LowPrecisionLayerNorm::apply(trainer::Event /*e*/, trainer::State& s, trainer::Logger& /*logger*/) {
+  int n = 0;
+  for (const auto& item : s.model->named_modules()) {
+    auto norm = std::dynamic_pointer_cast<models::NormImpl>(item.value());
+    if (!norm) continue;
+    if (norm->type == models::NormType::kLayerNorm) norm->type = models::NormType::kLowPrecisionLayerNorm;
+    if (norm->type == models::NormType::kRMSNorm) norm->type = models::NormType::kLowPrecisionRMSNorm;
+    ++n;
+  }
+  if (s.model_options.norm_type == models::NormType::kLayerNorm) {
+    s.model_options.norm_type = models::NormType::kLowPrecisionLayerNorm;
+  }
+  if (s.model_options.norm_type == models::NormType::kRMSNorm) {
+    s.model_options.norm_type = models::NormType::kLowPrecisionRMSNorm;
+  }
+  spdlog::debug("low_precision_layernorm: {} norms in low precision", n);
+}
+
+// ---- seq_length_warmup ----
+
+bool SeqLengthWarmup::match(trainer::Event e, const trainer::State& /*s*/) const {
+  return e == trainer::Event::kAfterDataloader;
+}
+
+int64_t SeqLengthWarmup::length_at(int64_t batch, int64_t total_batches) const {
+  const auto warmup = static_cast<int64_t>(static_cast<double>(total_batches) * o_.duration);
+  if (batch >= warmup) return o_.max_seq_length;
+  const int64_t updates = std::max<int64_t>(1, (o_.max_seq_length - o_.min_seq_length) / o_.step_size);
+  const int64_t every = std::max<int64_t>(1, warmup / updates);
+  const int64_t len = o_.step_size * (batch / every) + o_.min_seq_length;
+  return std::clamp(len, o_.min_seq_length, o_.max_seq_length);
+}
+
+void SeqLengthWarmup::apply(trainer::Event /*e*/, trainer::State& s, trainer::Logger& /*logger*/) {
+  int64_t total = 0;
+  switch (s.max_duration.unit()) {
+    case config::TimeUnit::kBatch:
+      total = s.max_duration.count();
+      break;
+    case config::TimeUnit::kEpoch:
+      total = s.max_duration.count() * s.dataloader_len.value_or(0);
+      break;
+    default:
+      throw ConfigError("algorithms", "seq_length_warmup: max_duration must be in ep or ba");
+  }
+  truncate_batch(s, length_at(s.timestamp.batch, total));
+}
+
 std::shared_ptr<trainer::Algorithm> make_algorithm(const config::ComponentOptions& c,
                                                    const trainer::TrainConfig& /*cfg*/) {
   if (c.name == "gradient_clipping") {
     return std::make_shared<GradientClipping>(std::any_cast<GradientClippingOptions>(c.options));
+  }
+  if (c.name == "alibi") return std::make_shared<Alibi>(std::any_cast<AlibiOptions>(c.options));
+  if (c.name == "lora") return std::make_shared<Lora>(std::any_cast<LoraOptions>(c.options));
+  if (c.name == "ema") return std::make_shared<Ema>(std::any_cast<EmaOptions>(c.options));
+  if (c.name == "low_precision_layernorm") return std::make_shared<LowPrecisionLayerNorm>();
+  if (c.name == "seq_length_warmup") {
+    return std::make_shared<SeqLengthWarmup>(std::any_cast<SeqLengthWarmupOptions>(c.options));
   }
   throw ConfigError("algorithms", fmt::format("algorithm `{}` has no implementation", c.name));
 }

@@ -37,8 +37,25 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias, const at::Tensor
 
 void LinearImpl::reset() {}
 
+void LinearImpl::attach_lora(const at::Tensor& a, const at::Tensor& b, double scale, double dropout) {
+  lora_A = register_parameter("lora_A", a);
+  lora_B = register_parameter("lora_B", b);
+  lora_scale = scale;
+  lora_dropout = dropout;
+}
+
+void LinearImpl::detach_lora() {
+  parameters_.erase("lora_A");
+  parameters_.erase("lora_B");
+  lora_A = at::Tensor();
+  lora_B = at::Tensor();
+}
+
 at::Tensor LinearImpl::forward(const at::Tensor& x) {
-  return at::linear(x, weight, bias);
+  at::Tensor y = at::linear(x, weight, bias);
+  if (!lora_A.defined()) return y;
+  const at::Tensor h = lora_dropout > 0 && is_training() ? at::dropout(x, lora_dropout, true) : x;
+  return y + at::linear(at::linear(h, lora_A), lora_B) * lora_scale;
 }
 
 NormImpl::NormImpl(int64_t n, NormType t, double e, bool with_bias, const at::TensorOptions& options)

@@ -141,6 +141,24 @@ Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config
   state_.scheduler = cfg_.scheduler;
   state_.device_train_batch_size = cfg_.global_train_batch_size / state_.world_size;
 
+  // Data first, so that a missing or corrupt dataset fails before the model is built.
+  if (cfg_.train_loader.max_seq_len != cfg_.max_seq_len) {
+    spdlog::warn("train_loader.dataset.max_seq_len ({}) differs from max_seq_len ({})", cfg_.train_loader.max_seq_len,
+                 cfg_.max_seq_len);
+  }
+  workers_ = std::max<int64_t>(1, cfg_.train_loader.num_workers);
+  const data::World world{1, 1, workers_};
+  train_data_ = std::make_unique<data::StreamingDataset>(
+      streaming_options(cfg_.train_loader, state_.device_train_batch_size, cfg_.train_loader.shuffle), world);
+  state_.dataloader_len = data::batches_in_epoch(*train_data_, 0, 0, 0, state_.rank, cfg_.train_loader.drop_last);
+  if (*state_.dataloader_len == 0) {
+    throw Error("train", fmt::format("the training data has fewer samples ({}) than one device batch ({})",
+                                     train_data_->epoch_size(), state_.device_train_batch_size));
+  }
+  if (cfg_.eval_loader) {
+    eval_data_ = std::make_unique<data::StreamingDataset>(
+        streaming_options(*cfg_.eval_loader, cfg_.device_eval_batch_size, cfg_.eval_loader->shuffle), world);
+  }
   at::manual_seed(static_cast<uint64_t>(cfg_.seed));
   state_.model_options = cfg_.model;
   state_.model_options.init_device = state_.device.is_cuda() ? "cuda" : "cpu";
@@ -161,24 +179,6 @@ Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config
   engine_ = std::make_unique<Engine>(state_, logger_);
   engine_->run_event(Event::kInit);
 
-  // Data.
-  if (cfg_.train_loader.max_seq_len != cfg_.max_seq_len) {
-    spdlog::warn("train_loader.dataset.max_seq_len ({}) differs from max_seq_len ({})", cfg_.train_loader.max_seq_len,
-                 cfg_.max_seq_len);
-  }
-  workers_ = std::max<int64_t>(1, cfg_.train_loader.num_workers);
-  const data::World world{1, 1, workers_};
-  train_data_ = std::make_unique<data::StreamingDataset>(
-      streaming_options(cfg_.train_loader, state_.device_train_batch_size, cfg_.train_loader.shuffle), world);
-  state_.dataloader_len = data::batches_in_epoch(*train_data_, 0, 0, 0, state_.rank, cfg_.train_loader.drop_last);
-  if (*state_.dataloader_len == 0) {
-    throw Error("train", fmt::format("the training data has fewer samples ({}) than one device batch ({})",
-                                     train_data_->epoch_size(), state_.device_train_batch_size));
-  }
-  if (cfg_.eval_loader) {
-    eval_data_ = std::make_unique<data::StreamingDataset>(
-        streaming_options(*cfg_.eval_loader, cfg_.device_eval_batch_size, cfg_.eval_loader->shuffle), world);
-  }
   if (const std::string why = optim::check_schedule(cfg_.scheduler, cfg_.max_duration); !why.empty()) {
     throw ConfigError("recipe", fmt::format("{}: {}", cfg_.recipe_path, why));
   }

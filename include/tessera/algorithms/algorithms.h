@@ -2,9 +2,14 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
 
 #include "tessera/algorithms/options.h"
 #include "tessera/config/component.h"
+#include "tessera/models/mpt.h"
 #include "tessera/trainer/callback.h"
 #include "tessera/trainer/train_config.h"
 
@@ -28,6 +33,90 @@ class GradientClipping : public trainer::Algorithm {
  private:
   GradientClippingOptions o_;
   double last_norm_ = 0;
+};
+
+// alibi: at INIT, rebuilds the model with ALiBi attention (learned positions dropped, alibi_bias_max, max_seq_len =
+// max_sequence_length) from the run's seed; at AFTER_DATALOADER, truncates training batches to
+// int(T * train_sequence_length_scaling) tokens (Composer's default 0.25: train short, evaluate long).
+class Alibi : public trainer::Algorithm {
+ public:
+  explicit Alibi(AlibiOptions o) : o_(std::move(o)) {}
+  std::string name() const override { return "Alibi"; }
+  bool match(trainer::Event event, const trainer::State& state) const override;
+  void apply(trainer::Event event, trainer::State& state, trainer::Logger& logger) override;
+
+ private:
+  AlibiOptions o_;
+};
+
+// lora: at INIT, attaches adapters (A: r x in, uniform(+-1/sqrt(in)) as PEFT's kaiming init; B: out x r, zeros;
+// scale lora_alpha / r; dropout on the adapter's input) to every Linear whose module name ends with one of
+// target_modules, and freezes every other parameter (the optimizer, created after INIT, sees only the adapters).
+// At FIT_END with save_path, writes the adapters in PEFT's layout (adapter_model.safetensors, adapter_config.json).
+class Lora : public trainer::Algorithm {
+ public:
+  explicit Lora(LoraOptions o) : o_(std::move(o)) {}
+  std::string name() const override { return "Lora"; }
+  bool match(trainer::Event event, const trainer::State& state) const override;
+  void apply(trainer::Event event, trainer::State& state, trainer::Logger& logger) override;
+
+ private:
+  LoraOptions o_;
+};
+
+// Attaches LoRA adapters (see Lora); returns the names of the adapted modules. Throws when none matches.
+std::vector<std::string> attach_lora(models::MPTForCausalLM& model, const LoraOptions& o, uint64_t seed);
+// Folds every adapter into its base weight (W += scale * B A) and removes it: the model then computes exactly what
+// the adapted model computed (up to rounding) and exports as a plain MPT.
+void merge_lora(models::MPTForCausalLM& model);
+// Writes the adapters only: dir/adapter_model.safetensors ("base_model.model.<module>.lora_{A,B}.weight") and
+// dir/adapter_config.json (peft_type LORA, r, lora_alpha, lora_dropout, target_modules).
+void save_lora_adapters(models::MPTForCausalLM& model, const LoraOptions& o, const std::string& dir);
+
+// ema: an exponential moving average of the weights, ema = s * ema + (1 - s) * w, updated every update_interval
+// (ba: at BATCH_END; ep: at EPOCH_END) from ema_start on, with s = smoothing or 2^(-update_interval / half_life). The
+// averaged weights replace the model's during evaluation (swapped at EVAL_START, back at EVAL_END).
+class Ema : public trainer::Algorithm {
+ public:
+  explicit Ema(EmaOptions o);
+  std::string name() const override { return "EMA"; }
+  bool match(trainer::Event event, const trainer::State& state) const override;
+  void apply(trainer::Event event, trainer::State& state, trainer::Logger& logger) override;
+  double smoothing() const { return smoothing_; }
+  // The averaged weights, in model.parameters() order; empty before ema_start.
+  const std::vector<at::Tensor>& weights() const { return ema_; }
+
+ private:
+  void swap(trainer::State& state);
+  EmaOptions o_;
+  double smoothing_;
+  std::vector<at::Tensor> ema_;
+  bool swapped_ = false;
+};
+
+// low_precision_layernorm: at INIT, every LayerNorm / RMSNorm of the model becomes its low-precision variant (runs in
+// the autocast dtype with autocast disabled, as LLM Foundry's LPLayerNorm); without autocast nothing changes.
+class LowPrecisionLayerNorm : public trainer::Algorithm {
+ public:
+  std::string name() const override { return "LowPrecisionLayerNorm"; }
+  bool match(trainer::Event event, const trainer::State& state) const override;
+  void apply(trainer::Event event, trainer::State& state, trainer::Logger& logger) override;
+};
+
+// seq_length_warmup: at AFTER_DATALOADER during the first `duration` of training (in batches), truncates the batch to
+// min_seq_length + step_size * (batch / update_every), update_every = warmup batches / ((max - min) / step_size),
+// capped at max_seq_length, as Composer's SeqLengthWarmup (truncate=True) does.
+class SeqLengthWarmup : public trainer::Algorithm {
+ public:
+  explicit SeqLengthWarmup(SeqLengthWarmupOptions o) : o_(std::move(o)) {}
+  std::string name() const override { return "SeqLengthWarmup"; }
+  bool match(trainer::Event event, const trainer::State& state) const override;
+  void apply(trainer::Event event, trainer::State& state, trainer::Logger& logger) override;
+  // The sequence length for the batch at `batch` of a run of `total_batches`.
+  int64_t length_at(int64_t batch, int64_t total_batches) const;
+
+ private:
+  SeqLengthWarmupOptions o_;
 };
 
 // Builds a registered algorithm from its parsed options.

@@ -1,9 +1,13 @@
 // Options of the training algorithms a recipe can list under `algorithms:`.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "tessera/config/component.h"
+#include "tessera/config/time.h"
 
 namespace tessera::algorithms {
 
@@ -12,7 +16,44 @@ struct GradientClippingOptions {
   double clipping_threshold = 1.0;
 };
 
-// Registered: gradient_clipping. Composer's and LLM Foundry's other names are known and reported as not supported yet.
+// Composer's Alibi: switch MPT to ALiBi attention (learned positions dropped) at INIT; train on sequences truncated
+// to train_sequence_length_scaling of their length; evaluate up to max_sequence_length.
+struct AlibiOptions {
+  double alibi_bias_max = 8.0;
+  std::optional<int64_t> max_sequence_length;  // default: the model's max_seq_len
+  double train_sequence_length_scaling = 0.25;
+};
+
+// LoRA adapters on the Linear modules whose name ends with one of target_modules; base weights frozen.
+struct LoraOptions {
+  int64_t r = 8;
+  double lora_alpha = 16;
+  double lora_dropout = 0.05;
+  std::vector<std::string> target_modules = {"Wqkv"};
+  std::optional<std::string> save_path;  // at FIT_END: adapters only, PEFT's layout
+};
+
+// Composer's EMA of the weights, swapped in for evaluation.
+struct EmaOptions {
+  config::Time half_life{1000, config::TimeUnit::kBatch};
+  std::optional<double> smoothing;  // default 2^(-update_interval / half_life)
+  config::Time ema_start{0, config::TimeUnit::kDuration};
+  std::optional<config::Time> update_interval;  // default: 1 in half_life's unit
+};
+
+// Composer's LowPrecisionLayerNorm: norms run in the autocast dtype (apply_at: init).
+struct LowPrecisionLayerNormOptions {};
+
+// Composer's SeqLengthWarmup (truncating variant).
+struct SeqLengthWarmupOptions {
+  double duration = 0.3;
+  int64_t min_seq_length = 8;
+  int64_t max_seq_length = 1024;
+  int64_t step_size = 8;
+};
+
+// Registered: gradient_clipping, alibi, lora, ema, low_precision_layernorm, seq_length_warmup. Composer's and LLM
+// Foundry's other names are known and reported as not supported yet.
 config::ComponentRegistry& algorithm_registry();
 
 }  // namespace tessera::algorithms

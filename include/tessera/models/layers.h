@@ -26,6 +26,14 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   at::Tensor bias;  // undefined when absent
   // Set on attention out_proj and ffn down_proj: LLM Foundry divides their init by init_div_is_residual.
   bool is_residual = false;
+  // A LoRA adapter (algorithms::Lora), when attached: forward adds lora_scale * dropout(x) A^T B^T, with the
+  // parameters "lora_A" (r, in_features) and "lora_B" (out_features, r). Undefined otherwise.
+  void attach_lora(const at::Tensor& a, const at::Tensor& b, double scale, double dropout);
+  void detach_lora();  // removes the adapter's parameters (after merging it, for instance)
+  at::Tensor lora_A;
+  at::Tensor lora_B;
+  double lora_scale = 0;
+  double lora_dropout = 0;
 };
 TORCH_MODULE(Linear);
 

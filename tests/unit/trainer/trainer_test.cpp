@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/algorithms/algorithms.h"
 #include "tessera/config/reader.h"
 #include "tessera/config/value.h"
 #include "tessera/data/mds.h"
@@ -185,6 +186,180 @@ TEST(Trainer, BadSetupsNameTheProblem) {
             std::string::npos);
   EXPECT_NE(testing::error_of([] { Trainer t(tiny_config({"precision=amp_fp16"})); }).find("amp_fp16 needs a GPU"),
             std::string::npos);
+}
+
+// ---- algorithms (each does what it claims) ----
+
+// Records the sequence length of every forward and the parameters at every batch end.
+class Probe : public Callback {
+ public:
+  std::string name() const override { return "Probe"; }
+  void run_event(Event e, State& s, Logger& /*l*/) override {
+    if (e == Event::kBeforeForward) lengths.push_back(s.batch.input_ids.size(1));
+    if (e == Event::kEvalBeforeForward) eval_lengths.push_back(s.batch.input_ids.size(1));
+    if (e == Event::kBatchEnd) {
+      std::vector<at::Tensor> p;
+      for (const auto& t : s.model->parameters()) p.push_back(t.detach().clone());
+      params.push_back(std::move(p));
+    }
+    if (e == Event::kEvalStart) {
+      std::vector<at::Tensor> p;
+      for (const auto& t : s.model->parameters()) p.push_back(t.detach().clone());
+      eval_params.push_back(std::move(p));
+    }
+  }
+  std::vector<int64_t> lengths, eval_lengths;
+  std::vector<std::vector<at::Tensor>> params, eval_params;
+};
+
+std::vector<at::Tensor> grads_after_clipping(const std::string& type, double threshold, std::vector<at::Tensor>* before,
+                                             std::vector<at::Tensor>* weights = nullptr) {
+  struct Grab : Callback {
+    std::string name() const override { return "Grab"; }
+    void run_event(Event e, State& s, Logger& /*l*/) override {
+      if (e != Event::kAfterTrainBatch) return;  // callbacks run after algorithms: clipped gradients here
+      for (const auto& p : s.trainable_parameters()) grads.push_back(p.grad().clone());
+    }
+    std::vector<at::Tensor> grads;
+  };
+  struct GrabBefore : Algorithm {  // registered before clipping: sees the unclipped gradients
+    std::string name() const override { return "GrabBefore"; }
+    bool match(Event e, const State& /*s*/) const override { return e == Event::kAfterTrainBatch; }
+    void apply(Event /*e*/, State& s, Logger& /*l*/) override {
+      for (const auto& p : s.trainable_parameters()) {
+        grads.push_back(p.grad().clone());
+        weights.push_back(p.detach().clone());
+      }
+    }
+    std::vector<at::Tensor> grads, weights;
+  };
+  auto grab = std::make_shared<Grab>();
+  auto first = std::make_shared<GrabBefore>();
+  // AFTER_* events run algorithms in reverse: the recipe's clipping (first in the list) runs after GrabBefore.
+  Trainer t(tiny_config({"max_duration=1ba", "eval_interval=0", "algorithms.gradient_clipping.clipping_type=" + type,
+                         "algorithms.gradient_clipping.clipping_threshold=" + std::to_string(threshold)}),
+            {.algorithms = {first}, .callbacks = {grab}});
+  t.fit();
+  *before = first->grads;
+  if (weights != nullptr) *weights = first->weights;
+  return grab->grads;
+}
+
+TEST(Algorithms, GradientClippingNormValueAdaptive) {
+  std::vector<at::Tensor> raw;
+  const auto norm = grads_after_clipping("norm", 0.05, &raw);
+  std::vector<at::Tensor> norms;
+  for (const auto& g : raw) norms.push_back(g.norm());
+  const double total = at::stack(norms).norm().item<double>();
+  ASSERT_GT(total, 0.05) << "the test needs gradients above the threshold";
+  for (size_t i = 0; i < raw.size(); ++i) EXPECT_TRUE(at::allclose(norm[i], raw[i] * (0.05 / (total + 1e-6))));
+  const auto value = grads_after_clipping("value", 1e-3, &raw);
+  for (size_t i = 0; i < raw.size(); ++i) EXPECT_TRUE(at::equal(value[i], raw[i].clamp(-1e-3, 1e-3)));
+  // AGC: each unit (matrix row; whole vector otherwise) scaled by min(1, threshold * |w_unit| / |g_unit|).
+  std::vector<at::Tensor> weights;
+  const auto agc = grads_after_clipping("adaptive", 0.01, &raw, &weights);
+  int clipped_units = 0;
+  for (size_t i = 0; i < raw.size(); ++i) {
+    const bool matrix = raw[i].dim() > 1;
+    const at::Tensor g = matrix ? raw[i].norm(2, {1}, true) : raw[i].norm();
+    const at::Tensor w = matrix ? weights[i].norm(2, {1}, true) : weights[i].norm();
+    const at::Tensor coef = at::clamp_max(0.01 * w / g, 1.0);
+    clipped_units += (coef < 1).sum().item<int>();
+    EXPECT_TRUE(at::allclose(agc[i], raw[i] * coef, 1e-5, 1e-8)) << "parameter " << i;
+  }
+  EXPECT_GT(clipped_units, 0);
+}
+
+TEST(Algorithms, AlibiDropsPositionsTrainsShortEvaluatesLong) {
+  auto probe = std::make_shared<Probe>();
+  Trainer t(tiny_config({"max_duration=2ba", "algorithms.alibi.train_sequence_length_scaling=0.25",
+                         "algorithms.alibi.max_sequence_length=64"}),
+            {.algorithms = {}, .callbacks = {probe}});
+  EXPECT_TRUE(t.state().model_options.attn.alibi);
+  EXPECT_FALSE(t.state().model->transformer->wpe);
+  EXPECT_EQ(t.state().model_options.max_seq_len, 64);
+  t.fit();
+  for (int64_t len : probe->lengths) EXPECT_EQ(len, 8);        // 32 * 0.25
+  for (int64_t len : probe->eval_lengths) EXPECT_EQ(len, 32);  // evaluation at the full length
+  EXPECT_FALSE(probe->eval_lengths.empty());
+}
+
+TEST(Algorithms, LoraTrainsOnlyAdaptersAndMergesExactly) {
+  auto probe = std::make_shared<Probe>();
+  Trainer t(tiny_config({"max_duration=3ba", "eval_interval=0", "algorithms.lora.r=4", "algorithms.lora.lora_alpha=8",
+                         "algorithms.lora.lora_dropout=0", "algorithms.lora.target_modules=[Wqkv,up_proj]"}),
+            {.algorithms = {}, .callbacks = {probe}});
+  int adapters = 0;
+  for (const auto& p : t.state().model->named_parameters()) {
+    const bool adapter = p.key().find("lora_") != std::string::npos;
+    EXPECT_EQ(p.value().requires_grad(), adapter) << p.key();
+    adapters += adapter;
+  }
+  EXPECT_EQ(adapters, 2 * 2 * 2);  // 2 layers x (Wqkv, up_proj) x (A, B)
+  const auto before = t.state().model->named_parameters();
+  std::map<std::string, at::Tensor> base;
+  for (const auto& p : before) base[p.key()] = p.value().detach().clone();
+  t.fit();
+  for (const auto& p : t.state().model->named_parameters()) {
+    const bool changed = !at::equal(base[p.key()], p.value());
+    EXPECT_EQ(changed, p.key().find("lora_") != std::string::npos) << p.key();
+  }
+  // The merged model computes what the adapted one computes.
+  models::MPTForCausalLM& model = t.state().model;
+  model->eval();
+  const at::Tensor ids = at::randint(0, 64, {2, 16}, at::kLong);
+  const at::Tensor adapted = model->forward(ids).detach();
+  algorithms::merge_lora(model);
+  for (const auto& p : model->named_parameters()) EXPECT_EQ(p.key().find("lora_"), std::string::npos) << p.key();
+  EXPECT_TRUE(at::allclose(model->forward(ids), adapted, 1e-5, 1e-5));
+}
+
+TEST(Algorithms, EmaAveragesWeightsAndIsSwappedInForEval) {
+  auto probe = std::make_shared<Probe>();
+  Trainer t(tiny_config({"max_duration=4ba", "eval_interval=2ba", "algorithms.ema.half_life=2ba"}),
+            {.algorithms = {}, .callbacks = {probe}});
+  std::vector<at::Tensor> expected;
+  for (const auto& p : t.state().model->parameters()) expected.push_back(p.detach().clone());
+  t.fit();
+  auto* ema = dynamic_cast<algorithms::Ema*>(t.state().algorithms.at(0).get());
+  ASSERT_NE(ema, nullptr);
+  EXPECT_DOUBLE_EQ(ema->smoothing(), std::pow(2.0, -0.5));
+  const double s = ema->smoothing();
+  for (const auto& step : probe->params) {
+    for (size_t i = 0; i < expected.size(); ++i) expected[i] = expected[i] * s + step[i] * (1 - s);
+  }
+  for (size_t i = 0; i < expected.size(); ++i) EXPECT_TRUE(at::allclose(ema->weights()[i], expected[i], 1e-5, 1e-6));
+  // Evaluation (after batches 2 and 4) saw averaged weights, and training continued with the raw ones.
+  ASSERT_EQ(probe->eval_params.size(), 2u);
+  EXPECT_FALSE(at::equal(probe->eval_params[1][0], probe->params[3][0]));
+  EXPECT_TRUE(at::allclose(probe->eval_params[1][0], ema->weights()[0]));
+  EXPECT_TRUE(at::equal(t.state().model->parameters()[0], probe->params[3][0]));
+}
+
+TEST(Algorithms, LowPrecisionLayerNormSwitchesEveryNorm) {
+  Trainer t(tiny_config(
+      {"max_duration=1ba", "eval_interval=0", "model.norm_type=layernorm", "algorithms.low_precision_layernorm={}"}));
+  int norms = 0;
+  for (const auto& m : t.state().model->modules()) {
+    if (auto* n = dynamic_cast<models::NormImpl*>(m.get())) {
+      EXPECT_EQ(n->type, models::NormType::kLowPrecisionLayerNorm);
+      ++norms;
+    }
+  }
+  EXPECT_EQ(norms, 2 * 2 + 1);
+}
+
+TEST(Algorithms, SeqLengthWarmupRampsTheLength) {
+  auto probe = std::make_shared<Probe>();
+  Trainer t(tiny_config({"max_duration=10ba", "eval_interval=0", "algorithms.seq_length_warmup.duration=0.5",
+                         "algorithms.seq_length_warmup.min_seq_length=8",
+                         "algorithms.seq_length_warmup.max_seq_length=32", "algorithms.seq_length_warmup.step_size=8"}),
+            {.algorithms = {}, .callbacks = {probe}});
+  t.fit();
+  // 5 warmup batches, (32 - 8) / 8 = 3 updates, one every 1 batch: 8, 16, 24, 32 (capped), 32, then 32.
+  std::vector<int64_t> per_batch;
+  for (size_t i = 0; i < probe->lengths.size(); i += 2) per_batch.push_back(probe->lengths[i]);  // 2 microbatches
+  EXPECT_EQ(per_batch, (std::vector<int64_t>{8, 16, 24, 32, 32, 32, 32, 32, 32, 32}));
 }
 
 }  // namespace
