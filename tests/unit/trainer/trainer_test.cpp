@@ -11,6 +11,7 @@
 #include "tessera/config/value.h"
 #include "tessera/data/mds.h"
 #include "tessera/trainer/trainer.h"
+#include "tessera/util/device.h"
 #include "test_util.h"
 
 namespace tessera::trainer {
@@ -360,6 +361,60 @@ TEST(Algorithms, SeqLengthWarmupRampsTheLength) {
   std::vector<int64_t> per_batch;
   for (size_t i = 0; i < probe->lengths.size(); i += 2) per_batch.push_back(probe->lengths[i]);  // 2 microbatches
   EXPECT_EQ(per_batch, (std::vector<int64_t>{8, 16, 24, 32, 32, 32, 32, 32, 32, 32}));
+}
+
+// ---- callbacks and precision ----
+
+class Collect : public LoggerDestination {
+ public:
+  std::string name() const override { return "Collect"; }
+  void log_metrics(const Metrics& m, int64_t step) override {
+    for (const auto& [k, v] : m) last[k] = {step, v};
+  }
+  std::map<std::string, std::pair<int64_t, double>> last;
+};
+
+TEST(Callbacks, MonitorsLogConsistentValues) {
+  auto sink = std::make_shared<Collect>();
+  Trainer t(tiny_config({"max_duration=6ba", "eval_interval=0", "callbacks.speed_monitor.window_size=2",
+                         "callbacks.speed_monitor.gpu_flops_available=1e12", "callbacks.lr_monitor={}",
+                         "callbacks.memory_monitor={}", "callbacks.runtime_estimator={}",
+                         "scheduler.name=linear_decay_with_warmup", "scheduler.t_warmup=2ba"}),
+            {.algorithms = {}, .callbacks = {sink}});
+  t.fit();
+  auto value = [&](const std::string& k) {
+    EXPECT_TRUE(sink->last.count(k)) << k;
+    return sink->last[k].second;
+  };
+  // Every sample is 32 tokens (33 stored, truncated to max_seq_len): tokens/s = 32 x samples/s = 256 x batches/s.
+  EXPECT_NEAR(value("throughput/tokens_per_sec"), 32 * value("throughput/samples_per_sec"), 1e-6);
+  EXPECT_NEAR(value("throughput/samples_per_sec"), 8 * value("throughput/batches_per_sec"), 1e-6);
+  const double flops_per_token = models::mpt_flops_per_token(t.state().model_options, 32);
+  EXPECT_NEAR(value("throughput/flops_per_sec"), flops_per_token * value("throughput/tokens_per_sec"),
+              1e-6 * value("throughput/flops_per_sec"));
+  EXPECT_NEAR(value("throughput/device/mfu"), value("throughput/device/flops_per_sec") / 1e12, 1e-12);
+  // lr of the next step (step 6) = schedule at batch 5: linear decay from 1 at batch 2 to 0 at batch 6.
+  EXPECT_NEAR(value("lr-DecoupledAdamW/group0"), 0.01 * (1.0 - 3.0 / 4.0), 1e-12);
+  EXPECT_GT(value("memory/rss_gb"), 0.01);
+  EXPECT_GE(value("memory/peak_rss_gb"), value("memory/rss_gb"));
+  EXPECT_EQ(value("time/remaining_estimate"), 0.0);    // at the end
+  EXPECT_EQ(sink->last["loss/train/total"].first, 5);  // logged before the timestamp advanced past batch 5
+}
+
+TEST(Trainer, AmpBf16TrainsOnCpu) {
+  Trainer t(tiny_config({"max_duration=8ep", "eval_interval=0", "precision=amp_bf16"}));
+  const double before = t.eval().at("LanguageCrossEntropy");
+  t.fit();
+  EXPECT_LT(t.eval().at("LanguageCrossEntropy"), before - 1.0);
+  for (const auto& p : t.state().model->parameters()) EXPECT_EQ(p.scalar_type(), at::kFloat);  // fp32 master weights
+}
+
+TEST(Trainer, AmpFp16WithLossScalingOnGpu) {
+  if (util::device_info().cuda_devices == 0) GTEST_SKIP() << "no GPU: amp_fp16 runs only on CUDA";
+  Trainer t(tiny_config({"max_duration=8ep", "eval_interval=0", "precision=amp_fp16"}));
+  const double before = t.eval().at("LanguageCrossEntropy");
+  t.fit();
+  EXPECT_LT(t.eval().at("LanguageCrossEntropy"), before - 1.0);
 }
 
 }  // namespace
