@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "tessera/util/error.h"
+#include "tessera/util/file_io.h"
 
 namespace tessera::data {
 namespace {
@@ -17,12 +18,7 @@ namespace fs = std::filesystem;
 constexpr const char* kComponent = "documents";
 
 std::string read_all(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw Error(kComponent, fmt::format("{}: cannot open", p.string()));
-  std::stringstream s;
-  s << in.rdbuf();
-  if (in.bad()) throw Error(kComponent, fmt::format("{}: read failed", p.string()));
-  return s.str();
+  return util::read_file(p.string(), kComponent);
 }
 
 bool wanted_in_directory(const fs::path& p, DocumentFormat format) {

@@ -1,4 +1,4 @@
-// Atomic file publication: temporary file, fsync, rename.
+// Whole-file reads; atomic file publication: temporary file, fsync, rename.
 #include "tessera/util/file_io.h"
 
 #include <fcntl.h>
@@ -7,10 +7,21 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "tessera/util/error.h"
 
 namespace tessera::util {
+
+std::string read_file(const std::string& path, const std::string& component) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(component, fmt::format("{}: cannot open", path));
+  std::stringstream s;
+  s << in.rdbuf();
+  if (in.bad()) throw Error(component, fmt::format("{}: read failed", path));
+  return s.str();
+}
 
 void write_file_atomically(const std::string& path, const std::vector<std::string_view>& parts,
                            const std::string& component) {

@@ -1,4 +1,4 @@
-// File writes that never leave a partial file under the final name.
+// Whole-file reads, and file writes that never leave a partial file under the final name.
 #pragma once
 
 #include <string>
@@ -6,6 +6,9 @@
 #include <vector>
 
 namespace tessera::util {
+
+// The bytes of `path`; tessera::Error(component) "<path>: cannot open" or "<path>: read failed" otherwise.
+std::string read_file(const std::string& path, const std::string& component = "io");
 
 // Writes the concatenation of `parts` to `<path>.tmp` in the same directory, fsyncs it, and renames it over `path`:
 // after a crash at any moment `path` is either its previous content (or absent) or the complete new content. On

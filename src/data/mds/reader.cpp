@@ -25,11 +25,7 @@ namespace fs = std::filesystem;
 constexpr const char* kComponent = "mds";
 
 std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw Error(kComponent, fmt::format("{}: cannot open", p.string()));
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
+  return util::read_file(p.string(), kComponent);
 }
 
 uint32_t u32_at(std::string_view b, size_t pos) {

@@ -304,12 +304,7 @@ Tokenizer Tokenizer::from_file(const std::filesystem::path& path) {
   std::filesystem::path file = path;
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) file = path / "tokenizer.json";
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw Error(kComponent, fmt::format("{}: cannot open", file.string()));
-  std::stringstream s;
-  s << in.rdbuf();
-  if (in.bad()) throw Error(kComponent, fmt::format("{}: read failed", file.string()));
-  return from_json(s.str(), file.string());
+  return from_json(util::read_file(file.string(), kComponent), file.string());
 }
 
 Tokenizer Tokenizer::from_json(std::string_view json, const std::string& source_name) {
