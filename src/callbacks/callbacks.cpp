@@ -1,11 +1,13 @@
-// Built-in callbacks: speed/MFU, learning rate, memory and runtime estimates.
+// Built-in callbacks: speed/MFU, learning rate, memory, runtime estimates, optimizer norms and early stopping.
 #include "tessera/callbacks/callbacks.h"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cmath>
 #include <fstream>
+#include <map>
 #include <string>
 
 #include "tessera/models/mpt_config.h"
@@ -163,6 +165,109 @@ void RuntimeEstimator::run_event(Event event, trainer::State& s, trainer::Logger
   logger.log_metrics({{"time/remaining_estimate", in_time_unit(rate * std::max(0.0, 1.0 - frac), o_.time_unit)}});
 }
 
+void OptimizerMonitor::run_event(Event event, trainer::State& s, trainer::Logger& logger) {
+  if (event != Event::kBatchEnd || s.timestamp.batch % o_.batch_log_interval != 0) return;
+  // One tensor of norms, copied to the host once (a single device sync on GPU).
+  std::vector<std::string> names;
+  std::vector<at::Tensor> norms;
+  std::map<const void*, std::string> name_of;
+  for (const auto& item : s.model->named_parameters()) {
+    const at::Tensor& p = item.value();
+    name_of[p.unsafeGetTensorImpl()] = "model." + item.key();
+    if (!p.requires_grad() || !p.grad().defined()) continue;
+    names.push_back("l2_norm/grad/model." + item.key());
+    norms.push_back(at::linalg_vector_norm(p.grad().detach().to(at::kFloat), 2));
+  }
+  const size_t grads = names.size();
+  if (o_.log_optimizer_metrics && s.optimizer) {
+    const std::vector<at::Tensor>& params = s.optimizer->params();
+    for (const auto& [key, tensor] : s.optimizer->state()) {
+      const size_t dot = key.find('.');
+      if (dot == std::string::npos) continue;  // "step"
+      const size_t i = std::stoul(key.substr(0, dot));
+      const std::string slot = key.substr(dot + 1);
+      auto it = i < params.size() ? name_of.find(params[i].unsafeGetTensorImpl()) : name_of.end();
+      if (it == name_of.end()) continue;
+      if (slot == "exp_avg" || slot == "momentum_buffer") {
+        names.push_back("l2_norm/moment/" + it->second);
+        norms.push_back(at::linalg_vector_norm(tensor.to(at::kFloat), 2));
+      } else if (slot == "exp_avg_sq") {
+        names.push_back("l2_norm/second_moment_sqrt/" + it->second);
+        norms.push_back(at::linalg_vector_norm(tensor.to(at::kFloat), 2).sqrt());
+      }
+    }
+    for (const at::Tensor& p : params) {
+      auto it = name_of.find(p.unsafeGetTensorImpl());
+      if (it == name_of.end()) continue;
+      names.push_back("l2_norm/param/" + it->second);
+      norms.push_back(at::linalg_vector_norm(p.detach().to(at::kFloat), 2));
+    }
+  }
+  trainer::Metrics m;
+  double global_sq = 0;
+  if (!norms.empty()) {
+    const at::Tensor host = at::stack(norms).to(at::kCPU, at::kDouble).contiguous();
+    const double* v = host.const_data_ptr<double>();
+    for (size_t k = 0; k < names.size(); ++k) {
+      m[names[k]] = v[k];
+      if (k < grads) global_sq += v[k] * v[k];
+    }
+  }
+  m["l2_norm/grad/global"] = std::sqrt(global_sq);
+  logger.log_metrics(m);
+}
+
+double monitored_value(const MonitoredMetric& metric, const trainer::State& s) {
+  if (metric.dataloader_label == "train") return s.train_loss;
+  auto label = s.eval_metrics.find(metric.dataloader_label);
+  if (label == s.eval_metrics.end()) {
+    throw Error("callbacks", fmt::format("no evaluation with dataloader_label `{}` has run yet (monitor {})",
+                                         metric.dataloader_label, metric.monitor));
+  }
+  auto it = label->second.find(metric.monitor);
+  if (it == label->second.end()) {
+    throw Error("callbacks",
+                fmt::format("evaluation `{}` has no metric `{}`", metric.dataloader_label, metric.monitor));
+  }
+  return it->second;
+}
+
+void EarlyStopper::update(trainer::State& s) {
+  const double value = monitored_value(o_.metric, s);
+  const bool better = o_.metric.less ? value < best_.value_or(value) : value > best_.value_or(value);
+  if (!best_ || (better && std::fabs(value - *best_) > std::fabs(o_.min_delta))) {
+    best_ = value;
+    best_at_ = s.timestamp;
+  }
+  const int64_t since = o_.patience.unit() == config::TimeUnit::kEpoch ? s.timestamp.epoch - best_at_.epoch
+                                                                       : s.timestamp.batch - best_at_.batch;
+  if (static_cast<double>(since) > o_.patience.value() && !s.stop_requested) {
+    spdlog::info("early_stopper: {} has not improved on {} (at batch {}) for {}; stopping", o_.metric.monitor, *best_,
+                 best_at_.batch, o_.patience.str());
+    s.stop_training();
+  }
+}
+
+void EarlyStopper::run_event(Event event, trainer::State& s, trainer::Logger& /*logger*/) {
+  const bool train = o_.metric.dataloader_label == "train";
+  if (event == Event::kEvalEnd && !train) update(s);
+  if (event == Event::kEpochEnd && train) update(s);
+  if (event == Event::kBatchEnd && train && o_.patience.unit() == config::TimeUnit::kBatch) update(s);
+}
+
+void ThresholdStopper::run_event(Event event, trainer::State& s, trainer::Logger& /*logger*/) {
+  const bool train = o_.metric.dataloader_label == "train";
+  const bool check = (event == Event::kEvalEnd && !train) || (event == Event::kEpochEnd && train) ||
+                     (event == Event::kBatchEnd && train && o_.stop_on_batch);
+  if (!check) return;
+  const double value = monitored_value(o_.metric, s);
+  if (o_.metric.less ? value < o_.threshold : value > o_.threshold) {
+    spdlog::info("threshold_stopper: {} = {} is {} {}; stopping", o_.metric.monitor, value,
+                 o_.metric.less ? "below" : "above", o_.threshold);
+    s.stop_training();
+  }
+}
+
 std::shared_ptr<trainer::Callback> make_callback(const config::ComponentOptions& c,
                                                  const trainer::TrainConfig& /*cfg*/) {
   if (c.name == "speed_monitor") return std::make_shared<SpeedMonitor>(std::any_cast<SpeedMonitorOptions>(c.options));
@@ -170,6 +275,13 @@ std::shared_ptr<trainer::Callback> make_callback(const config::ComponentOptions&
   if (c.name == "memory_monitor") return std::make_shared<MemoryMonitor>();
   if (c.name == "runtime_estimator") {
     return std::make_shared<RuntimeEstimator>(std::any_cast<RuntimeEstimatorOptions>(c.options));
+  }
+  if (c.name == "optimizer_monitor") {
+    return std::make_shared<OptimizerMonitor>(std::any_cast<OptimizerMonitorOptions>(c.options));
+  }
+  if (c.name == "early_stopper") return std::make_shared<EarlyStopper>(std::any_cast<EarlyStopperOptions>(c.options));
+  if (c.name == "threshold_stopper") {
+    return std::make_shared<ThresholdStopper>(std::any_cast<ThresholdStopperOptions>(c.options));
   }
   throw ConfigError("callbacks", fmt::format("callback `{}` has no implementation", c.name));
 }

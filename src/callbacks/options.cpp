@@ -1,7 +1,49 @@
 // Callback option schemas.
 #include "tessera/callbacks/options.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <vector>
+
 namespace tessera::callbacks {
+namespace {
+
+bool contains_any(std::string name, std::initializer_list<const char*> parts) {
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return std::any_of(parts.begin(), parts.end(), [&](const char* p) { return name.find(p) != std::string::npos; });
+}
+
+// monitor, dataloader_label and comp, checked against the metrics the trainer produces.
+// `known`: every key of the stopper, so that a misspelt key is reported as such before a required one is missed.
+MonitoredMetric parse_monitored(config::Section& s, const std::vector<std::string_view>& known) {
+  s.reject_unknown(known);
+  MonitoredMetric m;
+  m.dataloader_label = s.require_string("dataloader_label");
+  s.check(m.dataloader_label == "eval" || m.dataloader_label == "train", "dataloader_label",
+          fmt::format("\"{}\": expected eval or train", m.dataloader_label));
+  m.monitor = s.require_string("monitor");
+  if (m.dataloader_label == "train") {
+    s.check(m.monitor == "loss/train/total", "monitor",
+            fmt::format("\"{}\": with dataloader_label train the monitored metric is loss/train/total", m.monitor));
+  } else {
+    s.check(m.monitor == "LanguageCrossEntropy" || m.monitor == "LanguagePerplexity", "monitor",
+            fmt::format("\"{}\": the eval metrics are LanguageCrossEntropy and LanguagePerplexity", m.monitor));
+  }
+  m.less = contains_any(m.monitor, {"loss", "error", "crossentropy", "perplexity"});
+  if (s.has("comp")) {
+    const std::string comp = s.get_choice("comp", "", {"less", "lt", "greater", "gt"});
+    m.less = comp == "less" || comp == "lt";
+  }
+  return m;
+}
+
+}  // namespace
 
 config::ComponentRegistry& callback_registry() {
   static config::ComponentRegistry* registry = [] {
@@ -32,10 +74,33 @@ config::ComponentRegistry& callback_registry() {
       s.finish({"memory_keys", "dist_aggregate_batch_interval"});
       return MemoryMonitorOptions{};
     });
-    r->add_foundry_names({"optimizer_monitor",
-                          "early_stopper",
-                          "threshold_stopper",
-                          "checkpoint_saver",
+    r->add("optimizer_monitor", [](config::Section& s) -> std::any {
+      OptimizerMonitorOptions o;
+      o.log_optimizer_metrics = s.get_bool("log_optimizer_metrics", o.log_optimizer_metrics);
+      o.batch_log_interval = s.get_int("batch_log_interval", o.batch_log_interval);
+      s.check(o.batch_log_interval > 0, "batch_log_interval", "must be a positive number of batches");
+      s.finish();
+      return o;
+    });
+    r->add("early_stopper", [](config::Section& s) -> std::any {
+      EarlyStopperOptions o;
+      o.metric = parse_monitored(s, {"monitor", "dataloader_label", "comp", "min_delta", "patience"});
+      o.min_delta = s.get_double("min_delta", o.min_delta);
+      o.patience = s.get_time("patience", o.patience, config::TimeUnit::kEpoch);
+      s.check(o.patience.unit() == config::TimeUnit::kEpoch || o.patience.unit() == config::TimeUnit::kBatch,
+              "patience", fmt::format("\"{}\": must be in ep or ba", o.patience.str()));
+      s.finish();
+      return o;
+    });
+    r->add("threshold_stopper", [](config::Section& s) -> std::any {
+      ThresholdStopperOptions o;
+      o.metric = parse_monitored(s, {"monitor", "dataloader_label", "comp", "threshold", "stop_on_batch"});
+      o.threshold = s.require_double("threshold");
+      o.stop_on_batch = s.get_bool("stop_on_batch", o.stop_on_batch);
+      s.finish();
+      return o;
+    });
+    r->add_foundry_names({"checkpoint_saver",
                           "hf_checkpointer",
                           "mono_checkpoint_saver",
                           "eval_gauntlet",

@@ -1,4 +1,4 @@
-// Console and JSON-lines logger destinations.
+// Console and JSON-lines logger destinations, and the factory of every logger (TensorBoard's is in tensorboard.cpp).
 #include "tessera/loggers/loggers.h"
 
 #include <fmt/format.h>
@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "tessera/loggers/tensorboard.h"
 #include "tessera/trainer/state.h"
 #include "tessera/util/error.h"
 #include "tessera/util/python_json.h"
@@ -41,7 +42,9 @@ int64_t total_batches(const trainer::State& s) {
   }
 }
 
-std::string fill_pattern(std::string pattern, const std::string& run_name, int64_t rank) {
+}  // namespace
+
+std::string fill_path_pattern(std::string pattern, const std::string& run_name, int64_t rank) {
   for (const auto& [key, value] :
        {std::pair<std::string, std::string>{"{run_name}", run_name}, {"{rank}", std::to_string(rank)}}) {
     for (size_t at = pattern.find(key); at != std::string::npos; at = pattern.find(key, at + value.size())) {
@@ -50,8 +53,6 @@ std::string fill_pattern(std::string pattern, const std::string& run_name, int64
   }
   return pattern;
 }
-
-}  // namespace
 
 ConsoleLogger::ConsoleLogger(config::Time interval, bool progress_bar, std::FILE* stream)
     : interval_(interval), bar_(progress_bar && isatty(fileno(stream)) != 0), stream_(stream) {}
@@ -161,7 +162,10 @@ std::shared_ptr<trainer::LoggerDestination> make_console_logger(const config::Ti
 std::shared_ptr<trainer::Callback> make_logger(const config::ComponentOptions& c, const trainer::TrainConfig& cfg) {
   if (c.name == "jsonl") {
     const auto& o = std::any_cast<const JsonlLoggerOptions&>(c.options);
-    return std::make_shared<JsonlLogger>(fill_pattern(o.filename, cfg.run_name, 0));
+    return std::make_shared<JsonlLogger>(fill_path_pattern(o.filename, cfg.run_name, 0));
+  }
+  if (c.name == "tensorboard") {
+    return std::make_shared<TensorBoardLogger>(std::any_cast<const TensorBoardLoggerOptions&>(c.options), cfg.run_name);
   }
   throw ConfigError("loggers", fmt::format("logger `{}` has no implementation", c.name));
 }

@@ -68,6 +68,58 @@ class RuntimeEstimator : public trainer::Callback {
   double start_fraction_ = 0;
 };
 
+// optimizer_monitor (Composer's OptimizerMonitor), at BATCH_END when the batch count is a multiple of
+// batch_log_interval: l2_norm/grad/<name> for every parameter with a gradient and l2_norm/grad/global (the root sum of
+// their squares). The gradients are those the optimizer just used (after gradient clipping, which runs at
+// AFTER_TRAIN_BATCH; they are cleared only at the next BEFORE_TRAIN_BATCH). With log_optimizer_metrics, also
+// l2_norm/param/<name> (the updated weights), l2_norm/moment/<name> (exp_avg, or SGD's momentum_buffer) and, for
+// the Adam family, l2_norm/second_moment_sqrt/<name> (sqrt of the norm of exp_avg_sq). <name> is the parameter's
+// name under LLM Foundry's wrapper: "model." + the MPT name (model.transformer.blocks.0.attn.Wqkv.weight).
+class OptimizerMonitor : public trainer::Callback {
+ public:
+  explicit OptimizerMonitor(OptimizerMonitorOptions o) : o_(o) {}
+  std::string name() const override { return "OptimizerMonitor"; }
+  void run_event(trainer::Event event, trainer::State& state, trainer::Logger& logger) override;
+
+ private:
+  OptimizerMonitorOptions o_;
+};
+
+// early_stopper (Composer's EarlyStopper): keeps the best value of the monitored metric (an improvement must beat it
+// by more than |min_delta| in the direction of `comp`) and calls stop_training() once more than `patience` (epochs or
+// batches) has passed since the best. Checked at EVAL_END for dataloader_label eval; for train, at EPOCH_END and,
+// when patience is in batches, at every BATCH_END.
+class EarlyStopper : public trainer::Callback {
+ public:
+  explicit EarlyStopper(EarlyStopperOptions o) : o_(std::move(o)) {}
+  std::string name() const override { return "EarlyStopper"; }
+  void run_event(trainer::Event event, trainer::State& state, trainer::Logger& logger) override;
+  std::optional<double> best() const { return best_; }
+
+ private:
+  void update(trainer::State& state);
+  EarlyStopperOptions o_;
+  std::optional<double> best_;
+  config::Timestamp best_at_;
+};
+
+// threshold_stopper (Composer's ThresholdStopper): calls stop_training() as soon as the monitored metric is below
+// (comp less) or above (greater) `threshold`. Checked at EVAL_END for eval; for train at EPOCH_END, and at every
+// BATCH_END with stop_on_batch.
+class ThresholdStopper : public trainer::Callback {
+ public:
+  explicit ThresholdStopper(ThresholdStopperOptions o) : o_(std::move(o)) {}
+  std::string name() const override { return "ThresholdStopper"; }
+  void run_event(trainer::Event event, trainer::State& state, trainer::Logger& logger) override;
+
+ private:
+  ThresholdStopperOptions o_;
+};
+
+// The value a stopper monitors now: eval -> state.eval_metrics["eval"][monitor] (Error when no evaluation has run);
+// train -> state.train_loss.
+double monitored_value(const MonitoredMetric& metric, const trainer::State& state);
+
 // Fraction of max_duration elapsed (epochs counted fractionally through the dataloader length).
 double elapsed_fraction(const trainer::State& state);
 // Seconds expressed in seconds | minutes | hours | days.

@@ -1,10 +1,12 @@
 // Options of the callbacks a recipe can list under `callbacks:`.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
 #include "tessera/config/component.h"
+#include "tessera/config/time.h"
 
 namespace tessera::callbacks {
 
@@ -22,7 +24,35 @@ struct RuntimeEstimatorOptions {
 struct LRMonitorOptions {};
 struct MemoryMonitorOptions {};
 
-// Registered: speed_monitor, lr_monitor, memory_monitor, runtime_estimator.
+struct OptimizerMonitorOptions {
+  bool log_optimizer_metrics = true;  // also the optimizer state's norms (l2_norm/moment/..., l2_norm/param/...)
+  int64_t batch_log_interval = 10;    // batches between logs
+};
+
+// Where a stopper reads its metric: `eval` (state.eval_metrics["eval"][monitor]: LanguageCrossEntropy,
+// LanguagePerplexity) or `train` (the latest batch's loss; monitor `loss/train/total`).
+struct MonitoredMetric {
+  std::string monitor;
+  std::string dataloader_label;
+  // Whether smaller is better (comp `less`/`lt`); default: true when the name has "loss", "error", "crossentropy"
+  // or "perplexity" in it (any case), else false (`greater`/`gt`).
+  bool less = true;
+};
+
+struct EarlyStopperOptions {
+  MonitoredMetric metric;
+  double min_delta = 0.0;                           // an improvement must exceed |min_delta|
+  config::Time patience = config::Time::epochs(1);  // `ep` or `ba`; a bare integer is epochs (Composer)
+};
+
+struct ThresholdStopperOptions {
+  MonitoredMetric metric;
+  double threshold = 0.0;      // required
+  bool stop_on_batch = false;  // also check at every batch end (else at evaluation and epoch ends)
+};
+
+// Registered: speed_monitor, lr_monitor, memory_monitor, runtime_estimator, optimizer_monitor, early_stopper,
+// threshold_stopper.
 config::ComponentRegistry& callback_registry();
 
 }  // namespace tessera::callbacks

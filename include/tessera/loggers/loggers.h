@@ -1,4 +1,5 @@
-// Logger destinations: the console (plain lines, or a progress bar on a terminal) and a JSON-lines metrics file.
+// Logger destinations: the console (plain lines, or a progress bar on a terminal) and a JSON-lines metrics file
+// (TensorBoard event files: tensorboard.h).
 #pragma once
 
 #include <cstdio>
@@ -51,6 +52,9 @@ class JsonlLogger : public trainer::LoggerDestination {
   std::string path_;
   std::ofstream out_;
 };
+
+// `pattern` with every {run_name} and {rank} replaced (file and folder options of the loggers).
+std::string fill_path_pattern(std::string pattern, const std::string& run_name, int64_t rank);
 
 std::shared_ptr<trainer::LoggerDestination> make_console_logger(const config::Time& interval, bool progress_bar);
 std::shared_ptr<trainer::Callback> make_logger(const config::ComponentOptions& c, const trainer::TrainConfig& cfg);

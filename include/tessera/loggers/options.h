@@ -1,6 +1,7 @@
 // Options of the loggers a recipe can list under `loggers:`.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "tessera/config/component.h"
@@ -12,7 +13,14 @@ struct JsonlLoggerOptions {
   std::string filename = "{run_name}/metrics.jsonl";
 };
 
-// Registered: jsonl. LLM Foundry's names (wandb, tensorboard, mlflow, file, ...) are reported as not supported yet.
+// `tensorboard`: TensorBoard event files (Composer's TensorboardLogger).
+struct TensorBoardLoggerOptions {
+  std::string log_dir = "{run_name}/tensorboard";  // folder of the event file; {run_name} and {rank} are filled in
+  int64_t flush_interval = 100;                    // batches between flushes to disk (also at eval, epoch, fit end)
+  bool rank_zero_only = true;                      // only rank 0 writes
+};
+
+// Registered: jsonl, tensorboard. LLM Foundry's names (wandb, mlflow, file, ...) are reported as not supported yet.
 config::ComponentRegistry& logger_registry();
 
 }  // namespace tessera::loggers

@@ -1,0 +1,302 @@
+// optimizer_monitor, early_stopper and threshold_stopper on a tiny model: the logged norms equal norms computed by
+// hand from the gradients and optimizer state, and the stoppers stop at the batch Composer's rules give.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tessera/callbacks/callbacks.h"
+#include "tessera/config/reader.h"
+#include "tessera/config/value.h"
+#include "tessera/data/mds.h"
+#include "tessera/trainer/state.h"
+#include "tessera/trainer/trainer.h"
+#include "test_util.h"
+
+namespace tessera::callbacks {
+namespace {
+
+namespace fs = std::filesystem;
+using trainer::Event;
+using trainer::Metrics;
+using trainer::TrainConfig;
+using trainer::Trainer;
+
+// `n` samples of 33 tokens < 64 with a learnable pattern.
+void write_split(const fs::path& dir, int64_t n, int64_t seed) {
+  fs::remove_all(dir);
+  data::mds::WriterOptions o;
+  o.out = dir.string();
+  o.columns = {{"tokens", "ndarray:int32"}};
+  data::mds::MDSWriter w(o);
+  for (int64_t i = 0; i < n; ++i) {
+    std::vector<int32_t> t(33);
+    t[0] = static_cast<int32_t>((i * 7 + seed) % 64);
+    for (size_t j = 1; j < t.size(); ++j) t[j] = (3 * t[j - 1] + static_cast<int32_t>(i % 5)) % 64;
+    w.write({{"tokens", at::tensor(t, at::kInt)}});
+  }
+  w.finish();
+}
+
+fs::path dataset() {
+  static const fs::path dir = [] {
+    const fs::path d = fs::temp_directory_path() / "tessera_callbacks_test";
+    write_split(d / "train", 24, 1);
+    write_split(d / "val", 8, 2);
+    return d;
+  }();
+  return dir;
+}
+
+// 3 batches of 8 per epoch; `components` is YAML added at the top level (callbacks:, algorithms:).
+TrainConfig tiny_config(const std::string& components, const std::vector<std::string>& overrides = {}) {
+  const std::string yaml = R"(
+max_seq_len: 32
+model: {name: mpt_causal_lm, d_model: 32, n_heads: 2, n_layers: 2, expansion_ratio: 2, max_seq_len: 32,
+        vocab_size: 64, attn_config: {attn_impl: torch}}
+tokenizer: {name: unused}
+train_loader: {name: text, dataset: {local: )" +
+                           dataset().string() +
+                           R"(, split: train, shuffle: true, max_seq_len: 32}, drop_last: true}
+eval_loader: {name: text, dataset: {local: )" +
+                           dataset().string() +
+                           R"(, split: val, shuffle: false, max_seq_len: 32}, drop_last: false}
+optimizer: {name: decoupled_adamw, lr: 0.01, weight_decay: 0.0}
+scheduler: {name: constant_with_warmup, t_warmup: 0ba}
+max_duration: 2ep
+eval_interval: 1ba
+global_train_batch_size: 8
+device_train_microbatch_size: 8
+device_eval_batch_size: 8
+precision: fp32
+log_to_console: false
+)" + components;
+  config::Value v = config::parse_yaml(yaml, config::Origin{"tiny.yaml", 1, ""});
+  for (const std::string& o : overrides) config::apply_override(v, o);
+  config::resolve_interpolations(v);
+  return trainer::parse_train_config(std::move(v), "tiny.yaml");
+}
+
+// Every log call, by step.
+class Recorder : public trainer::LoggerDestination {
+ public:
+  std::string name() const override { return "Recorder"; }
+  void log_metrics(const Metrics& metrics, int64_t step) override {
+    for (const auto& [k, v] : metrics) logged[step][k] = v;
+  }
+  std::map<int64_t, Metrics> logged;
+};
+
+// At BATCH_END (after the recipe's callbacks): each parameter's gradient and Adam state norms, in double.
+class HandNorms : public trainer::Callback {
+ public:
+  std::string name() const override { return "HandNorms"; }
+  void run_event(Event e, trainer::State& s, trainer::Logger& /*l*/) override {
+    if (e != Event::kBatchEnd) return;
+    Metrics& m = at_batch[s.timestamp.batch];
+    double sq = 0;
+    for (const auto& item : s.model->named_parameters()) {
+      const at::Tensor g = item.value().grad().to(at::kDouble);
+      const double n = std::sqrt(g.mul(g).sum().item<double>());
+      m["grad/model." + item.key()] = n;
+      m["param/model." + item.key()] = std::sqrt(item.value().to(at::kDouble).pow(2).sum().item<double>());
+      sq += n * n;
+    }
+    m["global"] = std::sqrt(sq);
+    const auto params = s.optimizer->params();
+    for (const auto& [key, t] : s.optimizer->state()) {
+      if (key == "step") continue;
+      const size_t i = std::stoul(key.substr(0, key.find('.')));
+      for (const auto& item : s.model->named_parameters()) {
+        if (!item.value().is_same(params[i])) continue;
+        const double n = std::sqrt(t.to(at::kDouble).pow(2).sum().item<double>());
+        m[key.substr(key.find('.') + 1) + "/model." + item.key()] = n;
+      }
+    }
+  }
+  std::map<int64_t, Metrics> at_batch;
+};
+
+TEST(OptimizerMonitor, LogsGradientAndStateNormsEveryIntervalAfterClipping) {
+  auto rec = std::make_shared<Recorder>();
+  auto hand = std::make_shared<HandNorms>();
+  Trainer t(tiny_config(R"(
+callbacks: {optimizer_monitor: {batch_log_interval: 2}}
+algorithms: {gradient_clipping: {clipping_type: norm, clipping_threshold: 0.05}}
+)",
+                        {"eval_interval=0"}),
+            {.algorithms = {}, .callbacks = {rec, hand}});
+  t.fit();
+  std::vector<int64_t> logged_at;
+  for (const auto& [step, m] : rec->logged) {
+    if (m.count("l2_norm/grad/global")) logged_at.push_back(step);
+  }
+  EXPECT_EQ(logged_at, (std::vector<int64_t>{2, 4, 6}));
+  const size_t n_params = t.state().model->parameters().size();
+  for (int64_t step : logged_at) {
+    const Metrics& got = rec->logged.at(step);
+    const Metrics& want = hand->at_batch.at(step);
+    // Clipped to 0.05 (the unclipped norm of a fresh model is far larger): the norms are taken after clipping.
+    EXPECT_NEAR(got.at("l2_norm/grad/global"), want.at("global"), 1e-6);
+    EXPECT_NEAR(got.at("l2_norm/grad/global"), 0.05, 1e-4);
+    size_t grads = 0, moments = 0, second = 0, params = 0;
+    for (const auto& [name, value] : got) {
+      auto check = [&](const std::string& prefix, const std::string& hand_key, size_t& count, bool take_sqrt) {
+        if (name.rfind(prefix, 0) != 0 || name == "l2_norm/grad/global") return;
+        const double w = want.at(hand_key + name.substr(prefix.size() - 1));
+        EXPECT_NEAR(value, take_sqrt ? std::sqrt(w) : w, 1e-5 * std::max(1.0, w)) << name;
+        ++count;
+      };
+      check("l2_norm/grad/", "grad", grads, false);
+      check("l2_norm/moment/", "exp_avg", moments, false);
+      check("l2_norm/second_moment_sqrt/", "exp_avg_sq", second, true);
+      check("l2_norm/param/", "param", params, false);
+    }
+    EXPECT_EQ(grads, n_params);
+    EXPECT_EQ(moments, n_params);
+    EXPECT_EQ(second, n_params);
+    EXPECT_EQ(params, n_params);
+  }
+  EXPECT_TRUE(rec->logged.at(2).count("l2_norm/grad/model.transformer.wte.weight"));
+}
+
+TEST(OptimizerMonitor, WithoutOptimizerMetricsLogsGradientsOnly) {
+  auto rec = std::make_shared<Recorder>();
+  Trainer t(tiny_config("callbacks: {optimizer_monitor: {log_optimizer_metrics: false, batch_log_interval: 3}}",
+                        {"eval_interval=0"}),
+            {.algorithms = {}, .callbacks = {rec}});
+  t.fit();
+  for (const auto& [name, value] : rec->logged.at(3)) {
+    EXPECT_TRUE(name == "loss/train/total" || name.rfind("l2_norm/grad/", 0) == 0) << name;
+  }
+  EXPECT_GT(rec->logged.at(3).at("l2_norm/grad/global"), 0.0);
+  EXPECT_FALSE(rec->logged.at(2).count("l2_norm/grad/global"));
+}
+
+int64_t batches_trained(const std::string& components, const std::vector<std::string>& overrides = {}) {
+  Trainer t(tiny_config(components, overrides));
+  t.fit();
+  return t.state().timestamp.batch;
+}
+
+TEST(EarlyStopper, StopsWhenNoImprovementForPatienceBatches) {
+  // Nothing beats the first evaluation (batch 1) by 100 nats: stop once more than 2 batches have passed.
+  EXPECT_EQ(batches_trained(R"(
+callbacks: {early_stopper: {monitor: LanguageCrossEntropy, dataloader_label: eval, patience: 2ba, min_delta: 100}}
+)"),
+            4);
+  // A learning rate of 0: the metric never changes, so it never improves (default comp for a cross entropy: less).
+  EXPECT_EQ(batches_trained(R"(
+callbacks: {early_stopper: {monitor: LanguagePerplexity, dataloader_label: eval, patience: 1ba}}
+)",
+                            {"optimizer.lr=0"}),
+            3);
+  // The train loss, checked at every batch end when patience is in batches.
+  EXPECT_EQ(batches_trained(R"(
+callbacks: {early_stopper: {monitor: loss/train/total, dataloader_label: train, patience: 1ba, min_delta: 100}}
+)",
+                            {"eval_interval=0"}),
+            3);
+}
+
+TEST(EarlyStopper, PatienceInEpochsAndBareIntegers) {
+  // patience 0 (epochs): evaluated at epoch ends; the second epoch end is one epoch past the best.
+  EXPECT_EQ(batches_trained(R"(
+callbacks: {early_stopper: {monitor: LanguageCrossEntropy, dataloader_label: eval, patience: 0, min_delta: 100}}
+)",
+                            {"eval_interval=1ep", "max_duration=4ep"}),
+            6);
+}
+
+TEST(EarlyStopper, KeepsTrainingWhileTheMetricImproves) {
+  // The eval cross entropy of this run falls at every evaluation (checked), so patience 1ba never runs out.
+  auto rec = std::make_shared<Recorder>();
+  auto cfg = tiny_config(R"(
+callbacks: {early_stopper: {monitor: LanguageCrossEntropy, dataloader_label: eval, patience: 1ba}}
+)");
+  Trainer t(cfg, {.algorithms = {}, .callbacks = {rec}});
+  t.fit();
+  EXPECT_EQ(t.state().timestamp.batch, 6);
+  double previous = 1e9;
+  for (int64_t b = 1; b <= 6; ++b) {
+    const double ce = rec->logged.at(b).at("metrics/eval/LanguageCrossEntropy");
+    EXPECT_LT(ce, previous) << "batch " << b;
+    previous = ce;
+  }
+}
+
+TEST(ThresholdStopper, StopsAtTheFirstEvaluationPastTheThreshold) {
+  // A run without the stopper gives the eval cross entropy at each batch; a threshold between those of batches 2 and
+  // 3 must stop training at batch 3.
+  auto rec = std::make_shared<Recorder>();
+  Trainer reference(tiny_config(""), {.algorithms = {}, .callbacks = {rec}});
+  reference.fit();
+  const double at2 = rec->logged.at(2).at("metrics/eval/LanguageCrossEntropy");
+  const double at3 = rec->logged.at(3).at("metrics/eval/LanguageCrossEntropy");
+  ASSERT_LT(at3, at2);
+  const std::string threshold = fmt::format("{:.17g}", (at2 + at3) / 2);
+  EXPECT_EQ(batches_trained("callbacks: {threshold_stopper: {monitor: LanguageCrossEntropy, dataloader_label: eval, "
+                            "threshold: " +
+                            threshold + "}}"),
+            3);
+  // comp greater: stop as soon as the metric is above the threshold (the first evaluation already is).
+  EXPECT_EQ(batches_trained("callbacks: {threshold_stopper: {monitor: LanguageCrossEntropy, dataloader_label: eval, "
+                            "threshold: " +
+                            threshold + ", comp: greater}}"),
+            1);
+}
+
+TEST(ThresholdStopper, TrainLossAtEpochEndOrEveryBatch) {
+  const std::string stop =
+      "callbacks: {threshold_stopper: {monitor: loss/train/total, dataloader_label: train, "
+      "threshold: 100";
+  EXPECT_EQ(batches_trained(stop + "}}", {"eval_interval=0"}), 3);                       // at the first epoch end
+  EXPECT_EQ(batches_trained(stop + ", stop_on_batch: true}}", {"eval_interval=0"}), 1);  // at the first batch end
+  EXPECT_EQ(batches_trained(stop + ", comp: gt, stop_on_batch: true}}", {"eval_interval=0"}), 6);  // never above
+}
+
+TEST(StopperOptions, BadOptionsNameTheKey) {
+  auto error = [](const std::string& components) { return testing::error_of([&] { tiny_config(components); }); };
+  EXPECT_NE(error("callbacks: {early_stopper: {dataloader_label: eval}}").find("callbacks.early_stopper.monitor"),
+            std::string::npos);
+  EXPECT_NE(error("callbacks: {early_stopper: {monitor: Accuracy, dataloader_label: eval}}")
+                .find("callbacks.early_stopper.monitor: \"Accuracy\""),
+            std::string::npos);
+  EXPECT_NE(error("callbacks: {early_stopper: {monitor: LanguageCrossEntropy, dataloader_label: val}}")
+                .find("callbacks.early_stopper.dataloader_label"),
+            std::string::npos);
+  EXPECT_NE(error("callbacks: {early_stopper: {monitor: LanguageCrossEntropy, dataloader_label: eval, "
+                  "patience: 100sp}}")
+                .find("callbacks.early_stopper.patience: \"100sp\": must be in ep or ba"),
+            std::string::npos);
+  EXPECT_NE(error("callbacks: {early_stopper: {monitor: LanguageCrossEntropy, dataloader_label: eval, comp: more}}")
+                .find("callbacks.early_stopper.comp"),
+            std::string::npos);
+  EXPECT_NE(error("callbacks: {early_stopper: {monitr: LanguageCrossEntropy, dataloader_label: eval}}")
+                .find("callbacks.early_stopper.monitr"),
+            std::string::npos);
+  EXPECT_NE(error("callbacks: {threshold_stopper: {monitor: LanguageCrossEntropy, dataloader_label: eval}}")
+                .find("callbacks.threshold_stopper.threshold"),
+            std::string::npos);
+  EXPECT_NE(error("callbacks: {optimizer_monitor: {batch_log_interval: 0}}")
+                .find("callbacks.optimizer_monitor.batch_log_interval"),
+            std::string::npos);
+}
+
+TEST(StopperOptions, DefaultComparisonFollowsTheMetricName) {
+  auto parse = [](const std::string& monitor, const std::string& label) {
+    const TrainConfig cfg = tiny_config("callbacks: {threshold_stopper: {monitor: " + monitor +
+                                        ", dataloader_label: " + label + ", threshold: 1}}");
+    return std::any_cast<const ThresholdStopperOptions&>(cfg.callbacks.at(0).options).metric.less;
+  };
+  EXPECT_TRUE(parse("LanguageCrossEntropy", "eval"));
+  EXPECT_TRUE(parse("LanguagePerplexity", "eval"));
+  EXPECT_TRUE(parse("loss/train/total", "train"));
+}
+
+}  // namespace
+}  // namespace tessera::callbacks
