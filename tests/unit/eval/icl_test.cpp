@@ -3,6 +3,7 @@
 // Hugging Face reference is checked in tests/compat/test_icl_eval.py.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -86,9 +87,12 @@ TEST(PromptConstruction, FewshotDelimitersAndSeparateContinuation) {
   ASSERT_EQ(tok.encode(" a", false).size(), 1u);  // needs a prefix space, as GPT-NeoX BPE does
   EXPECT_EQ(text(prepared[0].rows[0].continuation), " three");
   // Left truncation keeps the rightmost context tokens.
-  const auto short_ = prepare_icl_examples(t, data, 1, tok, 4);
-  EXPECT_EQ(short_[1].rows[0].context.size() + short_[1].rows[0].continuation.size(), 4u);
-  EXPECT_EQ(short_[1].rows[0].context.back(), prepared[1].rows[0].context.back());
+  const auto cont_len = static_cast<int64_t>(prepared[1].rows[0].continuation.size());
+  const auto short_ = prepare_icl_examples(t, data, 1, tok, cont_len + 3);
+  ASSERT_EQ(short_[1].rows[0].context.size(), 3u);
+  EXPECT_TRUE(std::equal(short_[1].rows[0].context.begin(), short_[1].rows[0].context.end(),
+                         prepared[1].rows[0].context.end() - 3));
+  EXPECT_EQ(short_[1].rows[0].continuation, prepared[1].rows[0].continuation);
 }
 
 TEST(IclErrors, NameTheFileAndLine) {
