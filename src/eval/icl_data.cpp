@@ -63,9 +63,16 @@ std::vector<IclTaskConfig> load_icl_tasks(const std::string& path) {
   if (list == nullptr || !list->is_sequence()) {
     throw ConfigError("eval", fmt::format("{}: expected a list `icl_tasks`", path));
   }
-  const std::filesystem::path base = std::filesystem::path(path).parent_path();
   std::vector<IclTaskConfig> tasks;
   for (const config::Value& entry : list->items()) {
+    tasks.push_back(parse_icl_task(entry, std::filesystem::path(path).parent_path().string()));
+  }
+  return tasks;
+}
+
+IclTaskConfig parse_icl_task(const config::Value& entry, const std::string& base_dir) {
+  const std::filesystem::path base(base_dir);
+  {
     const std::string where = entry.origin().describe();
     if (!entry.is_map()) throw ConfigError("eval", fmt::format("{}: an icl_tasks entry must be a mapping", where));
     const nlohmann::ordered_json j = entry.to_json();
@@ -142,9 +149,8 @@ std::vector<IclTaskConfig> load_icl_tasks(const std::string& path) {
         t.early_stopping_criteria.push_back(v.get<std::string>());
       }
     }
-    tasks.push_back(std::move(t));
+    return t;
   }
-  return tasks;
 }
 
 std::vector<IclExample> load_icl_dataset(const std::string& path, const std::string& icl_task_type, bool strip_data) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/config/value.h"
 #include "tessera/data/tokenizer.h"
 #include "tessera/models/mpt.h"
 
@@ -36,6 +37,10 @@ struct IclTaskConfig {
 // Reads a tasks YAML (`icl_tasks: [...]`, LLM Foundry's tasks_v0.3.yaml format). Throws ConfigError naming the file
 // and line for a missing or mistyped key, an unknown task type, or an unsupported option (has_categories, remote URIs).
 std::vector<IclTaskConfig> load_icl_tasks(const std::string& path);
+
+// One `icl_tasks` entry (a YAML mapping, as a recipe holds it). A relative dataset_uri that does not exist from the
+// current directory is taken relative to `base_dir` (the directory of the file it was written in).
+IclTaskConfig parse_icl_task(const config::Value& entry, const std::string& base_dir);
 
 // One JSONL line, after strip_dataset. Fields unused by the task type stay empty.
 struct IclExample {
