@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "tessera/config/value.h"
 #include "tessera/eval/fewshot.h"
@@ -72,85 +73,82 @@ std::vector<IclTaskConfig> load_icl_tasks(const std::string& path) {
 
 IclTaskConfig parse_icl_task(const config::Value& entry, const std::string& base_dir) {
   const std::filesystem::path base(base_dir);
-  {
-    const std::string where = entry.origin().describe();
-    if (!entry.is_map()) throw ConfigError("eval", fmt::format("{}: an icl_tasks entry must be a mapping", where));
-    const nlohmann::ordered_json j = entry.to_json();
-    IclTaskConfig t;
-    auto fail = [&](const std::string& key, const std::string& what) {
-      const config::Value* v = entry.find(key);
-      throw ConfigError("eval", fmt::format("{}: {}: {}", v != nullptr ? v->origin().describe() : where, key, what));
-    };
-    auto get_string = [&](const std::string& key, std::string& out, bool required) {
-      auto it = j.find(key);
-      if (it == j.end() || it->is_null()) {
-        if (required) fail(key, "missing");
-        return;
-      }
-      if (!it->is_string()) fail(key, "expected a string");
-      out = it->get<std::string>();
-    };
-    get_string("label", t.label, true);
-    get_string("dataset_uri", t.dataset_uri, true);
-    get_string("icl_task_type", t.icl_task_type, true);
-    get_string("prompt_string", t.prompt_string, false);
-    get_string("example_delimiter", t.example_delimiter, false);
-    get_string("continuation_delimiter", t.continuation_delimiter, false);
-    get_string("prelimiter", t.prelimiter, false);
-    get_string("question_prelimiter", t.prelimiter, false);
-    get_string("cot_delimiter", t.cot_delimiter, false);
-    static const std::vector<std::string> kTypes = {"language_modeling", "multiple_choice", "schema",
-                                                    "generation_task_with_answers"};
-    if (std::find(kTypes.begin(), kTypes.end(), t.icl_task_type) == kTypes.end()) {
-      fail("icl_task_type", fmt::format("unknown task type \"{}\" (expected one of language_modeling, "
-                                        "multiple_choice, schema, generation_task_with_answers)",
-                                        t.icl_task_type));
+  const std::string where = entry.origin().describe();
+  if (!entry.is_map()) throw ConfigError("eval", fmt::format("{}: an icl_tasks entry must be a mapping", where));
+  const nlohmann::ordered_json j = entry.to_json();
+  IclTaskConfig t;
+  auto fail = [&](const std::string& key, const std::string& what) {
+    const config::Value* v = entry.find(key);
+    throw ConfigError("eval", fmt::format("{}: {}: {}", v != nullptr ? v->origin().describe() : where, key, what));
+  };
+  auto get_string = [&](const std::string& key, std::string& out, bool required) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) {
+      if (required) fail(key, "missing");
+      return;
     }
-    if (t.dataset_uri.find("://") != std::string::npos) {
-      fail("dataset_uri", fmt::format("\"{}\": only local files are supported", t.dataset_uri));
-    }
-    if (!std::filesystem::exists(t.dataset_uri) && !base.empty() &&
-        std::filesystem::path(t.dataset_uri).is_relative()) {
-      t.dataset_uri = (base / t.dataset_uri).string();
-    }
-    if (auto it = j.find("num_fewshot"); it != j.end()) {
-      t.num_fewshot.clear();
-      auto add = [&](const nlohmann::ordered_json& v) {
-        if (!v.is_number_integer() || v.get<int64_t>() < 0) fail("num_fewshot", "expected non-negative integers");
-        t.num_fewshot.push_back(v.get<int64_t>());
-      };
-      if (it->is_array()) {
-        for (const auto& v : *it) add(v);
-      } else {
-        add(*it);
-      }
-    }
-    if (auto it = j.find("max_seq_len"); it != j.end() && !it->is_null()) {
-      if (!it->is_number_integer() || it->get<int64_t>() <= 0) fail("max_seq_len", "expected a positive integer");
-      t.max_seq_len = it->get<int64_t>();
-    }
-    if (auto it = j.find("fewshot_random_seed"); it != j.end()) {
-      if (!it->is_number_integer() || it->get<int64_t>() < 0) fail("fewshot_random_seed", "expected an integer >= 0");
-      t.fewshot_random_seed = it->get<uint64_t>();
-    }
-    for (const char* key : {"strip_dataset", "do_normalization", "has_categories"}) {
-      auto it = j.find(key);
-      if (it == j.end()) continue;
-      if (!it->is_boolean()) fail(key, "expected a boolean");
-      const bool b = it->get<bool>();
-      if (std::string(key) == "strip_dataset") t.strip_dataset = b;
-      if (std::string(key) == "do_normalization") t.do_normalization = b;
-      if (std::string(key) == "has_categories" && b) fail(key, "per-category evaluators are not implemented yet");
-    }
-    if (auto it = j.find("early_stopping_criteria"); it != j.end() && !it->is_null()) {
-      if (!it->is_array()) fail("early_stopping_criteria", "expected a list of strings");
-      for (const auto& v : *it) {
-        if (!v.is_string()) fail("early_stopping_criteria", "expected a list of strings");
-        t.early_stopping_criteria.push_back(v.get<std::string>());
-      }
-    }
-    return t;
+    if (!it->is_string()) fail(key, "expected a string");
+    out = it->get<std::string>();
+  };
+  get_string("label", t.label, true);
+  get_string("dataset_uri", t.dataset_uri, true);
+  get_string("icl_task_type", t.icl_task_type, true);
+  get_string("prompt_string", t.prompt_string, false);
+  get_string("example_delimiter", t.example_delimiter, false);
+  get_string("continuation_delimiter", t.continuation_delimiter, false);
+  get_string("prelimiter", t.prelimiter, false);
+  get_string("question_prelimiter", t.prelimiter, false);
+  get_string("cot_delimiter", t.cot_delimiter, false);
+  static const std::vector<std::string> kTypes = {"language_modeling", "multiple_choice", "schema",
+                                                  "generation_task_with_answers"};
+  if (std::find(kTypes.begin(), kTypes.end(), t.icl_task_type) == kTypes.end()) {
+    fail("icl_task_type", fmt::format("unknown task type \"{}\" (expected one of language_modeling, "
+                                      "multiple_choice, schema, generation_task_with_answers)",
+                                      t.icl_task_type));
   }
+  if (t.dataset_uri.find("://") != std::string::npos) {
+    fail("dataset_uri", fmt::format("\"{}\": only local files are supported", t.dataset_uri));
+  }
+  if (!std::filesystem::exists(t.dataset_uri) && !base.empty() && std::filesystem::path(t.dataset_uri).is_relative()) {
+    t.dataset_uri = (base / t.dataset_uri).string();
+  }
+  if (auto it = j.find("num_fewshot"); it != j.end()) {
+    t.num_fewshot.clear();
+    auto add = [&](const nlohmann::ordered_json& v) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0) fail("num_fewshot", "expected non-negative integers");
+      t.num_fewshot.push_back(v.get<int64_t>());
+    };
+    if (it->is_array()) {
+      for (const auto& v : *it) add(v);
+    } else {
+      add(*it);
+    }
+  }
+  if (auto it = j.find("max_seq_len"); it != j.end() && !it->is_null()) {
+    if (!it->is_number_integer() || it->get<int64_t>() <= 0) fail("max_seq_len", "expected a positive integer");
+    t.max_seq_len = it->get<int64_t>();
+  }
+  if (auto it = j.find("fewshot_random_seed"); it != j.end()) {
+    if (!it->is_number_integer() || it->get<int64_t>() < 0) fail("fewshot_random_seed", "expected an integer >= 0");
+    t.fewshot_random_seed = it->get<uint64_t>();
+  }
+  for (const char* key : {"strip_dataset", "do_normalization", "has_categories"}) {
+    auto it = j.find(key);
+    if (it == j.end()) continue;
+    if (!it->is_boolean()) fail(key, "expected a boolean");
+    const bool b = it->get<bool>();
+    if (std::string(key) == "strip_dataset") t.strip_dataset = b;
+    if (std::string(key) == "do_normalization") t.do_normalization = b;
+    if (std::string(key) == "has_categories" && b) fail(key, "per-category evaluators are not implemented yet");
+  }
+  if (auto it = j.find("early_stopping_criteria"); it != j.end() && !it->is_null()) {
+    if (!it->is_array()) fail("early_stopping_criteria", "expected a list of strings");
+    for (const auto& v : *it) {
+      if (!v.is_string()) fail("early_stopping_criteria", "expected a list of strings");
+      t.early_stopping_criteria.push_back(v.get<std::string>());
+    }
+  }
+  return t;
 }
 
 std::vector<IclExample> load_icl_dataset(const std::string& path, const std::string& icl_task_type, bool strip_data) {
