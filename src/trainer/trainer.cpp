@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 
 #include "tessera/algorithms/algorithms.h"
 #include "tessera/callbacks/callbacks.h"
@@ -112,7 +113,6 @@ Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config
     if (cfg_.save_folder) missing.emplace_back("save_folder");
     if (cfg_.load_path) missing.emplace_back("load_path");
     if (cfg_.autoresume) missing.emplace_back("autoresume");
-    if (cfg_.icl_tasks_path || !cfg_.icl_tasks.empty()) missing.emplace_back("icl_tasks");
     if (!missing.empty()) {
       throw ConfigError("recipe", fmt::format("{}: not implemented yet by the trainer: {} (remove them to train; "
                                               "train --dry-run accepts them)",
@@ -158,6 +158,26 @@ Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config
   if (cfg_.eval_loader) {
     eval_data_ = std::make_unique<data::StreamingDataset>(
         streaming_options(*cfg_.eval_loader, cfg_.device_eval_batch_size, cfg_.eval_loader->shuffle), world);
+  }
+  if (cfg_.icl_tasks_path) {
+    icl_tasks_ = eval::load_icl_tasks(*cfg_.icl_tasks_path);
+  } else {
+    const std::string base = std::filesystem::path(cfg_.recipe_path).parent_path().string();
+    for (const auto& t : cfg_.icl_tasks) icl_tasks_.push_back(eval::parse_icl_task(t.raw, base));
+  }
+  if (!icl_tasks_.empty()) {
+    // ICL prompts are as long as the model's context unless a task says otherwise (LLM Foundry's icl_seq_len).
+    for (auto& t : icl_tasks_) {
+      if (t.max_seq_len == 0) t.max_seq_len = cfg_.max_seq_len;
+    }
+    std::filesystem::path tok = cfg_.tokenizer.name;
+    if (std::filesystem::is_directory(tok)) tok /= "tokenizer.json";
+    if (!std::filesystem::is_regular_file(tok)) {
+      throw ConfigError("recipe", fmt::format("{}: icl_tasks need a tokenizer: tokenizer.name \"{}\" is not a "
+                                              "tokenizer.json or a folder holding one",
+                                              cfg_.recipe_path, cfg_.tokenizer.name));
+    }
+    icl_tokenizer_ = data::Tokenizer::from_file(tok);
   }
   at::manual_seed(static_cast<uint64_t>(cfg_.seed));
   state_.model_options = cfg_.model;
@@ -342,12 +362,12 @@ void Trainer::fit() {
   }
   engine_->run_event(Event::kFitEnd);
   // The final evaluation, unless the last interval already ended here.
-  if (eval_data_ && !cfg_.eval_interval.is_zero() && last_eval_batch_ != state_.timestamp.batch) run_eval();
+  if (has_eval() && !cfg_.eval_interval.is_zero() && last_eval_batch_ != state_.timestamp.batch) run_eval();
 }
 
 bool Trainer::eval_due_at_batch_end() const {
   const Time& iv = cfg_.eval_interval;
-  if (!eval_data_ || iv.is_zero() || iv.unit() == TimeUnit::kEpoch) return false;
+  if (!has_eval() || iv.is_zero() || iv.unit() == TimeUnit::kEpoch) return false;
   double every = iv.value();
   TimeUnit unit = iv.unit();
   if (unit == TimeUnit::kDuration) {
@@ -367,7 +387,7 @@ bool Trainer::eval_due_at_batch_end() const {
 
 bool Trainer::eval_due_at_epoch_end() const {
   const Time& iv = cfg_.eval_interval;
-  if (!eval_data_ || iv.is_zero() || iv.unit() != TimeUnit::kEpoch) return false;
+  if (!has_eval() || iv.is_zero() || iv.unit() != TimeUnit::kEpoch) return false;
   return state_.timestamp.epoch % iv.count() == 0;
 }
 
@@ -375,6 +395,15 @@ Metrics Trainer::run_eval() {
   last_eval_batch_ = state_.timestamp.batch;
   engine_->run_event(Event::kEvalBeforeAll);
   engine_->run_event(Event::kEvalStart);
+  Metrics metrics;
+  if (eval_data_) metrics = run_loader_eval();
+  run_icl_eval();
+  engine_->run_event(Event::kEvalEnd);
+  engine_->run_event(Event::kEvalAfterAll);
+  return metrics;
+}
+
+Metrics Trainer::run_loader_eval() {
   const bool was_training = state_.model->is_training();
   state_.model->eval();
   const data::TokenBatch saved = state_.batch;
@@ -413,18 +442,29 @@ Metrics Trainer::run_eval() {
   }
   if (token_count == 0) throw Error("eval", "the eval loader yielded no tokens (is the eval dataset empty?)");
   const double ce = loss_sum / static_cast<double>(token_count);
-  Metrics metrics{{"LanguageCrossEntropy", ce}, {"LanguagePerplexity", std::exp(ce)}};
+  const Metrics metrics{{"LanguageCrossEntropy", ce}, {"LanguagePerplexity", std::exp(ce)}};
   state_.eval_metrics["eval"] = metrics;
   logger_.log_metrics({{"metrics/eval/LanguageCrossEntropy", ce}, {"metrics/eval/LanguagePerplexity", std::exp(ce)}});
   state_.batch = saved;
   if (was_training) state_.model->train();
-  engine_->run_event(Event::kEvalEnd);
-  engine_->run_event(Event::kEvalAfterAll);
   return metrics;
 }
 
+void Trainer::run_icl_eval() {
+  if (icl_tasks_.empty()) return;
+  for (const eval::IclTaskConfig& task : icl_tasks_) {
+    for (int64_t k : task.num_fewshot) {
+      const eval::IclResult r = eval::evaluate_icl_task(state_.model, *icl_tokenizer_, task, k);
+      state_.eval_metrics[r.label] = Metrics{{r.metric, r.accuracy()}};
+      logger_.log_metrics({{fmt::format("metrics/{}/{}", r.label, r.metric), r.accuracy()}});
+    }
+  }
+}
+
 Metrics Trainer::eval() {
-  if (!eval_data_) throw ConfigError("recipe", fmt::format("{}: eval needs an eval_loader", cfg_.recipe_path));
+  if (!has_eval()) {
+    throw ConfigError("recipe", fmt::format("{}: eval needs an eval_loader or icl_tasks", cfg_.recipe_path));
+  }
   engine_->run_event(Event::kEvalStandaloneStart);
   Metrics m = run_eval();
   engine_->run_event(Event::kEvalStandaloneEnd);

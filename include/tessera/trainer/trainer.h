@@ -20,6 +20,8 @@
 #include <optional>
 #include <vector>
 
+#include "tessera/data/tokenizer.h"
+#include "tessera/eval/icl.h"
 #include "tessera/trainer/callback.h"
 #include "tessera/trainer/engine.h"
 #include "tessera/trainer/state.h"
@@ -46,7 +48,8 @@ class Trainer {
 
   // Trains until max_duration (or stop_training()), evaluating on eval_interval.
   void fit();
-  // Evaluates the eval loader now (EVAL_STANDALONE_START/_END around the eval events); returns its metrics.
+  // Evaluates the eval loader and the ICL tasks now (EVAL_STANDALONE_START/_END around the eval events); returns the
+  // eval loader's metrics (empty without one). ICL accuracies go to state().eval_metrics["{label}/{k}-shot"].
   Metrics eval();
 
   State& state() { return state_; }
@@ -56,8 +59,11 @@ class Trainer {
   void train_batch();
   bool run_microbatches(const data::TokenBatch& batch, int64_t microbatch_size);
   Metrics run_eval();
+  Metrics run_loader_eval();
   bool eval_due_at_batch_end() const;
   bool eval_due_at_epoch_end() const;
+  bool has_eval() const { return eval_data_ != nullptr || !icl_tasks_.empty(); }
+  void run_icl_eval();
 
   TrainConfig cfg_;
   State state_;
@@ -65,6 +71,8 @@ class Trainer {
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<data::StreamingDataset> train_data_;
   std::unique_ptr<data::StreamingDataset> eval_data_;
+  std::vector<eval::IclTaskConfig> icl_tasks_;    // `icl_tasks`, evaluated with the eval loader
+  std::optional<data::Tokenizer> icl_tokenizer_;  // tokenizer.name, loaded when there are ICL tasks
   int64_t workers_ = 1;
   std::optional<int64_t> last_eval_batch_;
   bool auto_microbatch_ = false;

@@ -2,7 +2,9 @@
 // accumulation), algorithm ordering, determinism, gradient accumulation against one big batch, and a falling loss.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -10,6 +12,8 @@
 #include "tessera/config/reader.h"
 #include "tessera/config/value.h"
 #include "tessera/data/mds.h"
+#include "tessera/data/tokenizer.h"
+#include "tessera/eval/icl.h"
 #include "tessera/trainer/trainer.h"
 #include "tessera/util/device.h"
 #include "test_util.h"
@@ -186,6 +190,48 @@ TEST(Trainer, BadSetupsNameTheProblem) {
   EXPECT_NE(testing::error_of([] { Trainer t(tiny_config({"global_train_batch_size=64"})); }).find("fewer samples"),
             std::string::npos);
   EXPECT_NE(testing::error_of([] { Trainer t(tiny_config({"precision=amp_fp16"})); }).find("amp_fp16 needs a GPU"),
+            std::string::npos);
+}
+
+// `icl_tasks` in a recipe: evaluated at eval_interval with the eval loader, logged per task and few-shot count.
+TEST(Trainer, IclTasksRunAtEvalInterval) {
+  const fs::path dir = fs::temp_directory_path() / "tessera_trainer_icl";
+  fs::create_directories(dir);
+  data::train_bpe_tokenizer({"the cat sat on the mat", "x a a a a a b b b b"}, {300, 2, {"<|endoftext|>"}})
+      .save(dir / "tokenizer.json");
+  std::ofstream(dir / "mc.jsonl") << R"({"query": "the cat", "choices": ["sat", "mat"], "gold": 0}
+{"query": "a b", "choices": ["a", "b b"], "gold": 1}
+{"query": "the mat", "choices": ["cat", "on"], "gold": 1}
+)";
+  std::ofstream(dir / "lm.jsonl") << R"({"context": "the cat sat", "continuation": "on the mat"}
+{"context": "x a a", "continuation": "a"}
+)";
+  const std::string tasks = "icl_tasks=[{label: mc, dataset_uri: " + (dir / "mc.jsonl").string() +
+                            ", num_fewshot: [0, 1], icl_task_type: multiple_choice}, {label: lm, dataset_uri: " +
+                            (dir / "lm.jsonl").string() + ", num_fewshot: [1], icl_task_type: language_modeling}]";
+  auto rec = std::make_shared<Recorder>();
+  Trainer t(tiny_config({"model.vocab_size=320", "tokenizer.name=" + dir.string(), tasks}),
+            {.algorithms = {}, .callbacks = {rec}});
+  t.fit();
+  EXPECT_EQ(std::count(rec->events.begin(), rec->events.end(), "eval_start"), 2);
+  const auto& m = t.state().eval_metrics;
+  ASSERT_EQ(m.count("mc/0-shot"), 1u);
+  ASSERT_EQ(m.count("mc/1-shot"), 1u);
+  ASSERT_EQ(m.count("lm/1-shot"), 1u);
+  EXPECT_EQ(m.count("eval"), 1u);
+  // The logged accuracy is the evaluator's on the final model.
+  const data::Tokenizer tok = data::Tokenizer::from_file(dir / "tokenizer.json");
+  eval::IclTaskConfig mc;
+  mc.label = "mc";
+  mc.dataset_uri = (dir / "mc.jsonl").string();
+  mc.icl_task_type = "multiple_choice";
+  mc.max_seq_len = 32;
+  EXPECT_DOUBLE_EQ(m.at("mc/1-shot").at("InContextLearningMultipleChoiceAccuracy"),
+                   eval::evaluate_icl_task(t.state().model, tok, mc, 1).accuracy());
+  // Without a tokenizer file the recipe is refused before training.
+  EXPECT_NE(testing::error_of([&] {
+              Trainer bad(tiny_config({"model.vocab_size=320", tasks}));
+            }).find("icl_tasks need a tokenizer"),
             std::string::npos);
 }
 

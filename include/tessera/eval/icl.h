@@ -1,0 +1,99 @@
+// In-context-learning (ICL) evaluation as LLM Foundry runs it (llmfoundry/eval/datasets, metrics/nlp.py): the four
+// task types with their JSONL formats, exact prompt construction (prompt string, few-shot examples, delimiters,
+// separately tokenized continuations, left truncation) and the per-task accuracy metrics.
+//
+// Every row is scored on its own (batch size 1, no padding), so results never depend on a batch size; with causal
+// attention and ALiBi this equals LLM Foundry's padded batches up to float rounding.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tessera/config/value.h"
+#include "tessera/data/tokenizer.h"
+#include "tessera/models/mpt.h"
+
+namespace tessera::eval {
+
+// One `icl_tasks` entry (LLM Foundry's keys and defaults).
+struct IclTaskConfig {
+  std::string label;
+  std::string dataset_uri;  // a local .jsonl path (relative paths: to the cwd, else to the tasks file)
+  std::vector<int64_t> num_fewshot = {0};
+  std::string icl_task_type;  // language_modeling | multiple_choice | schema | generation_task_with_answers
+  int64_t max_seq_len = 0;    // 0: the model's max_seq_len
+  std::string prompt_string;  // ''
+  std::string example_delimiter = "\n";
+  std::string continuation_delimiter = " ";
+  std::string prelimiter;  // '' (`question_prelimiter` is an alias)
+  uint64_t fewshot_random_seed = 1234;
+  bool strip_dataset = true;
+  std::string cot_delimiter;                         // generation only
+  std::vector<std::string> early_stopping_criteria;  // generation only: stop strings
+  bool do_normalization = true;                      // generation only
+};
+
+// Reads a tasks YAML (`icl_tasks: [...]`, LLM Foundry's tasks_v0.3.yaml format). Throws ConfigError naming the file
+// and line for a missing or mistyped key, an unknown task type, or an unsupported option (has_categories, remote URIs).
+std::vector<IclTaskConfig> load_icl_tasks(const std::string& path);
+
+// One `icl_tasks` entry (a YAML mapping, as a recipe holds it). A relative dataset_uri that does not exist from the
+// current directory is taken relative to `base_dir` (the directory of the file it was written in).
+IclTaskConfig parse_icl_task(const config::Value& entry, const std::string& base_dir);
+
+// One JSONL line, after strip_dataset. Fields unused by the task type stay empty.
+struct IclExample {
+  std::string context;               // LM / generation: `context`; MC: `query`; schema: unused
+  std::string continuation;          // LM / schema: `continuation`; generation: `answer`
+  std::vector<std::string> choices;  // MC: `choices`; schema: `context_options`
+  int64_t gold = 0;                  // MC / schema
+  std::vector<std::string> aliases;  // generation
+  std::string chain_of_thought;      // generation (optional)
+};
+
+// Reads a task's JSONL file. Throws Error naming the file and line for bad JSON, a missing or mistyped key, or a gold
+// index out of range.
+std::vector<IclExample> load_icl_dataset(const std::string& path, const std::string& icl_task_type, bool strip);
+
+// One scored row of token ids: the context and the continuation scored after it.
+struct IclRow {
+  std::vector<int64_t> context;
+  std::vector<int64_t> continuation;
+};
+
+// The tokenized inputs of one example: LM: one row; MC / schema: one row per choice; generation: context only.
+struct IclPrepared {
+  std::vector<IclRow> rows;
+  int64_t gold = 0;
+  std::vector<std::string> answers;  // generation: answer then aliases
+};
+
+// Builds every example's prompt for `num_fewshot` shots (the few-shot generator is consumed in dataset order).
+// `max_seq_len` bounds each row (left truncation of the context); generation reserves the longest answer.
+std::vector<IclPrepared> prepare_icl_examples(const IclTaskConfig& task, const std::vector<IclExample>& data,
+                                              int64_t num_fewshot, const data::Tokenizer& tokenizer,
+                                              int64_t max_seq_len, int64_t* max_answer_tokens = nullptr);
+
+// LLM Foundry's normalize_answer (lower-case, '_' and punctuation to spaces, drop a/an/the, squeeze whitespace).
+std::string normalize_answer(const std::string& text);
+
+// InContextLearningGenerationExactMatchAccuracy for one output.
+bool generation_exact_match(const std::string& output, const std::vector<std::string>& answers,
+                            const IclTaskConfig& task);
+
+struct IclResult {
+  std::string label;  // "{label}/{k}-shot"
+  std::string task;   // label
+  int64_t num_fewshot = 0;
+  std::string metric;  // InContextLearningLMAccuracy, ...
+  int64_t correct = 0;
+  int64_t total = 0;
+  double accuracy() const { return total == 0 ? 0.0 : static_cast<double>(correct) / static_cast<double>(total); }
+};
+
+// Evaluates one task at one num_fewshot. The model runs in eval mode without autograd on its current device.
+IclResult evaluate_icl_task(models::MPTForCausalLM& model, const data::Tokenizer& tokenizer, const IclTaskConfig& task,
+                            int64_t num_fewshot);
+
+}  // namespace tessera::eval

@@ -1,0 +1,151 @@
+// Scoring ICL rows with an MPT model and LLM Foundry's accuracy metrics (see icl.h).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <limits>
+
+#include <torch/torch.h>
+
+#include "tessera/eval/icl.h"
+#include "tessera/models/generate.h"
+#include "tessera/util/error.h"
+
+namespace tessera::eval {
+
+namespace {
+
+// Log-probabilities of the continuation tokens after the context. x: (1, L) -> rows L_ctx-1 .. L-2 of the logits.
+at::Tensor continuation_log_probs(models::MPTForCausalLM& model, const IclRow& row, at::Tensor* predictions) {
+  std::vector<int64_t> ids = row.context;
+  ids.insert(ids.end(), row.continuation.begin(), row.continuation.end());
+  const auto device = model->parameters().front().device();
+  at::Tensor input = torch::tensor(ids, torch::kLong).unsqueeze(0).to(device);
+  at::Tensor logits = model->forward(input).squeeze(0).to(torch::kFloat);  // (L, V)
+  const auto start = static_cast<int64_t>(row.context.size()) - 1;
+  const auto len = static_cast<int64_t>(row.continuation.size());
+  at::Tensor rows = logits.narrow(0, start, len);  // (C, V)
+  if (predictions != nullptr) *predictions = rows.argmax(-1).cpu();
+  at::Tensor targets = torch::tensor(row.continuation, torch::kLong).to(device);
+  return torch::log_softmax(rows, -1).gather(1, targets.unsqueeze(1)).squeeze(1).cpu();  // (C,)
+}
+
+bool is_punct(unsigned char c) {
+  return c < 0x80 && std::ispunct(c) != 0;
+}
+
+std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+  for (size_t pos = s.find(from); pos != std::string::npos; pos = s.find(from, pos + to.size())) {
+    s.replace(pos, from.size(), to);
+  }
+  return s;
+}
+
+}  // namespace
+
+std::string normalize_answer(const std::string& text) {
+  std::string s;
+  for (char c : text) s += (c == '_') ? ' ' : static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  // Python's extra punctuation: left/right single quotation marks, acute accent, backtick.
+  for (const char* p : {"\u2018", "\u2019", "\u00b4"}) s = replace_all(s, p, " ");
+  for (char& c : s) {
+    if (is_punct(static_cast<unsigned char>(c))) c = ' ';
+  }
+  // Split on whitespace, dropping the articles a / an / the (whole words), then join with single spaces.
+  std::vector<std::string> words;
+  std::string word;
+  auto flush = [&] {
+    if (!word.empty() && word != "a" && word != "an" && word != "the") words.push_back(word);
+    word.clear();
+  };
+  for (char c : s) {
+    if (c == ' ' || (c >= '\t' && c <= '\r')) {
+      flush();
+    } else {
+      word += c;
+    }
+  }
+  flush();
+  std::string out;
+  for (const std::string& w : words) out += (out.empty() ? "" : " ") + w;
+  return out;
+}
+
+bool generation_exact_match(const std::string& output, const std::vector<std::string>& answers,
+                            const IclTaskConfig& task) {
+  std::string final_answer = output;
+  size_t cut = std::string::npos;
+  for (const std::string& stop : task.early_stopping_criteria) {
+    if (!stop.empty()) cut = std::min(cut, final_answer.find(stop));
+  }
+  if (cut != std::string::npos) final_answer = final_answer.substr(0, cut);
+  if (!task.cot_delimiter.empty()) {
+    const size_t pos = final_answer.rfind(task.cot_delimiter);
+    if (pos != std::string::npos) final_answer = final_answer.substr(pos + task.cot_delimiter.size());
+  }
+  if (task.do_normalization) final_answer = normalize_answer(final_answer);
+  for (const std::string& a : answers) {
+    const std::string label = task.do_normalization ? normalize_answer(a) : a;
+    if (final_answer.rfind(label, 0) == 0) return true;
+  }
+  return false;
+}
+
+IclResult evaluate_icl_task(models::MPTForCausalLM& model, const data::Tokenizer& tokenizer, const IclTaskConfig& task,
+                            int64_t num_fewshot) {
+  const int64_t max_seq_len = task.max_seq_len > 0 ? task.max_seq_len : model->options().max_seq_len;
+  const std::vector<IclExample> data = load_icl_dataset(task.dataset_uri, task.icl_task_type, task.strip_dataset);
+  int64_t max_answer_tokens = 0;
+  const std::vector<IclPrepared> examples =
+      prepare_icl_examples(task, data, num_fewshot, tokenizer, max_seq_len, &max_answer_tokens);
+
+  IclResult r;
+  r.task = task.label;
+  r.num_fewshot = num_fewshot;
+  r.label = fmt::format("{}/{}-shot", task.label, num_fewshot);
+  r.total = static_cast<int64_t>(examples.size());
+  const bool was_training = model->is_training();
+  model->eval();
+  torch::NoGradGuard no_grad;
+  const std::string& type = task.icl_task_type;
+  if (type == "language_modeling") {
+    r.metric = "InContextLearningLMAccuracy";
+    for (const IclPrepared& p : examples) {
+      at::Tensor pred;
+      continuation_log_probs(model, p.rows[0], &pred);
+      at::Tensor target = torch::tensor(p.rows[0].continuation, torch::kLong);
+      if (pred.eq(target).all().item<bool>()) ++r.correct;
+    }
+  } else if (type == "multiple_choice" || type == "schema") {
+    r.metric = "InContextLearningMultipleChoiceAccuracy";
+    for (const IclPrepared& p : examples) {
+      size_t best = 0;
+      double best_ce = std::numeric_limits<double>::infinity();
+      for (size_t i = 0; i < p.rows.size(); ++i) {
+        // Mean cross-entropy over the continuation (argmin of perplexity = argmin of mean NLL; first on ties).
+        const double ce = -continuation_log_probs(model, p.rows[i], nullptr).mean().item<double>();
+        if (ce < best_ce) {
+          best_ce = ce;
+          best = i;
+        }
+      }
+      if (static_cast<int64_t>(best) == p.gold) ++r.correct;
+    }
+  } else {
+    r.metric = "InContextLearningGenerationExactMatchAccuracy";
+    models::GenerationOptions opts;
+    opts.max_new_tokens = max_answer_tokens;
+    if (auto eos = tokenizer.token_to_id("<|endoftext|>")) opts.eos_token_id = *eos;
+    for (const IclPrepared& p : examples) {
+      // Stop strings are applied to the decoded text (the cut is the same as stopping generation early).
+      std::vector<std::vector<int64_t>> out = models::generate(model, {p.rows[0].context}, opts);
+      std::vector<int32_t> ids(out[0].begin(), out[0].end());
+      if (generation_exact_match(tokenizer.decode(ids, true), p.answers, task)) ++r.correct;
+    }
+  }
+  if (was_training) model->train();
+  return r;
+}
+
+}  // namespace tessera::eval

@@ -1,0 +1,167 @@
+"""Tessera's `eval` command against an independent Python ICL reference (tests/compat/icl_reference.py, written from
+LLM Foundry's behaviour as the spec describes it, over HF transformers' MptForCausalLM and HF tokenizers).
+
+A small random MPT is built with HF's MptConfig and saved with save_pretrained; a byte-level BPE tokenizer is
+trained by HF on the fortunes corpus. Both sides evaluate subsets (first 40 lines) of the real LLM Foundry task files
+with 0 and several few-shot examples (so Python's seeded few-shot draws, delimiters, prefix spaces and left
+truncation all matter), and the correct counts must be identical for every task. A random model is near chance,
+so one generation task gets answers taken from the model's own greedy output (half the examples) to make exact match
+non-trivial.
+"""
+import json
+import os
+import pathlib
+import subprocess
+
+import pytest
+import torch
+import yaml
+from tokenizers import ByteLevelBPETokenizer, Tokenizer
+from transformers import MptConfig, MptForCausalLM
+
+from conftest import _binary
+from icl_reference import Task, evaluate
+from test_tokenizer_hf import read_fortunes
+
+os.environ.setdefault("RAYON_NUM_THREADS", "1")
+torch.set_num_threads(1)
+DATA = pathlib.Path(__file__).resolve().parents[1] / "data" / "icl"  # first 40 lines of LLM Foundry's task files
+MAX_SEQ_LEN = 192
+TASKS = [
+    dict(label="lambada_openai", file="lambada_openai.jsonl", icl_task_type="language_modeling", num_fewshot=[0, 1]),
+    dict(label="jeopardy", file="jeopardy_small.jsonl", icl_task_type="language_modeling", num_fewshot=[0, 3],
+         continuation_delimiter="\nAnswer: "),
+    dict(label="piqa", file="piqa.jsonl", icl_task_type="multiple_choice", num_fewshot=[0, 2],
+         continuation_delimiter="\nAnswer: "),
+    dict(label="copa", file="copa.jsonl", icl_task_type="multiple_choice", num_fewshot=[0, 3]),
+    dict(label="arc_easy", file="arc_easy.jsonl", icl_task_type="multiple_choice", num_fewshot=[3],
+         continuation_delimiter="\nAnswer: ", prompt_string="Answer the questions.\n"),
+    dict(label="winograd", file="winograd_wsc.jsonl", icl_task_type="schema", num_fewshot=[0, 3]),
+    dict(label="triviaqa", file="triviaqa_small.jsonl", lines=16, icl_task_type="generation_task_with_answers",
+         num_fewshot=[2], early_stopping_criteria=["\n"]),
+    dict(label="triviaqa_own", file=None, icl_task_type="generation_task_with_answers", num_fewshot=[0]),
+]
+
+GAUNTLET = dict(weighting="EQUAL", subtract_random_baseline=True, rescale_accuracy=True,
+                averages=dict(core_average=["commonsense_reasoning", "language_understanding", "world_knowledge"]),
+                categories=[
+                    dict(name="commonsense_reasoning", benchmarks=[
+                        dict(name="copa", num_fewshot=0, random_baseline=0.5),
+                        dict(name="piqa", num_fewshot=2, random_baseline=0.5)]),
+                    dict(name="language_understanding", benchmarks=[
+                        dict(name="lambada_openai", num_fewshot=0, random_baseline=0.0),
+                        dict(name="winograd", num_fewshot=3, random_baseline=0.5)]),
+                    dict(name="world_knowledge", benchmarks=[  # dropped: mmlu was not evaluated
+                        dict(name="arc_easy", num_fewshot=3, random_baseline=0.25),
+                        dict(name="mmlu", num_fewshot=5, random_baseline=0.25)])])
+
+
+def reference_gauntlet(results):
+    """eval_gauntlet_callback.py: rescaled scores, equal-weight category means, averages of categories present."""
+    cats = {}
+    for cat in GAUNTLET["categories"]:
+        keys = [(b["name"], b["num_fewshot"]) for b in cat["benchmarks"]]
+        if any(k not in results for k in keys):
+            continue
+        scores = []
+        for b in cat["benchmarks"]:
+            correct, total = results[(b["name"], b["num_fewshot"])]
+            scores.append((correct / total - b["random_baseline"]) / (1 - b["random_baseline"]))
+        cats[cat["name"]] = sum(scores) / len(scores)
+    for name, members in GAUNTLET["averages"].items():
+        present = [cats[c] for c in members if c in cats]
+        cats[name] = sum(present) / len(present) if present else 0
+    return cats
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("icl")
+    docs = read_fortunes()[:4000]
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(docs, vocab_size=1500, min_frequency=2, special_tokens=["<|endoftext|>"],
+                            show_progress=False)
+    bpe.save(str(tmp / "tokenizer.json"))
+    tok = Tokenizer.from_file(str(tmp / "tokenizer.json"))
+    torch.manual_seed(0)
+    model = MptForCausalLM(MptConfig(d_model=64, n_heads=4, n_layers=2, vocab_size=tok.get_vocab_size(),
+                                     max_seq_len=MAX_SEQ_LEN)).eval()
+    with torch.no_grad():  # sharpen the distribution so choices are not near-ties
+        model.transformer.wte.weight.mul_(4.0)
+    model.save_pretrained(tmp / "hf", safe_serialization=True)
+    eos = tok.token_to_id("<|endoftext|>")
+    tasks = []
+    for t in TASKS:
+        cfg = {k: v for k, v in t.items() if k not in ("file", "lines")}
+        if t["file"] is not None:
+            lines = (DATA / t["file"]).read_text().splitlines()[:t.get("lines", 40)]
+            cfg["dataset_uri"] = str(tmp / t["file"])
+            (tmp / t["file"]).write_text("\n".join(lines) + "\n")
+        tasks.append(cfg)
+    # triviaqa_own: the answer of every other example is the start of the reference model's own greedy output.
+    own = tasks[-1]
+    own["dataset_uri"] = str(tmp / "triviaqa_own.jsonl")
+    (tmp / "triviaqa_own.jsonl").write_text((tmp / "triviaqa_small.jsonl").read_text())
+    ref = Task(own, tok, eos)
+    prepared = ref.prepare(0, MAX_SEQ_LEN)
+    rows = []
+    for i, (ex, (r, _, _)) in enumerate(zip(ref.data, prepared)):
+        if i % 2 == 0:
+            ctx = torch.tensor([r[0][0]])
+            with torch.no_grad():
+                gen = model.generate(ctx, attention_mask=torch.ones_like(ctx), max_new_tokens=3, do_sample=False,
+                                     pad_token_id=eos, eos_token_id=eos)
+            ans = tok.decode(gen[0, ctx.shape[1]:].tolist(), skip_special_tokens=True).strip()
+            ex = dict(ex, answer=ans, aliases=[ans])
+        rows.append(json.dumps(ex))
+    (tmp / "triviaqa_own.jsonl").write_text("\n".join(rows) + "\n")
+    (tmp / "tasks.yaml").write_text(yaml.safe_dump({"icl_tasks": tasks}))
+    (tmp / "gauntlet.yaml").write_text(yaml.safe_dump({"eval_gauntlet": GAUNTLET}))
+    return tmp, model, tok, eos, tasks
+
+
+def test_accuracies_equal_reference(setup):
+    tmp, model, tok, eos, tasks = setup
+    theirs = {}
+    their_rows = []
+    for cfg in tasks:
+        task = Task(cfg, tok, eos)
+        for k in cfg["num_fewshot"]:
+            theirs[(cfg["label"], k)] = evaluate(model, task, k, MAX_SEQ_LEN, eos)
+            for i, (rows, _, _) in enumerate(task.prepare(k, MAX_SEQ_LEN)):
+                their_rows += [dict(label=cfg["label"], num_fewshot=k, example=i, context=c, continuation=n)
+                               for c, n in rows]
+    print(json.dumps({f"{label}/{k}-shot": v for (label, k), v in theirs.items()}))
+    binary = _binary("TESSERA_EVAL_BIN", "eval")
+    proc = subprocess.run([binary, "--model", tmp / "hf", "--tokenizer", tmp / "tokenizer.json", "--tasks",
+                           tmp / "tasks.yaml", "--gauntlet", tmp / "gauntlet.yaml", "--output", tmp / "results.json",
+                           "--dump-rows", tmp / "rows.jsonl"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((tmp / "results.json").read_text())
+    ours = {(r["label"], r["num_fewshot"]): (r["correct"], r["total"]) for r in doc["results"]}
+    # The same prompts token for token (few-shot draws, delimiters, prefix spaces, truncation), then the same counts.
+    our_rows = [json.loads(line) for line in (tmp / "rows.jsonl").read_text().splitlines()]
+    assert len(our_rows) == len(their_rows)
+    for a, b in zip(our_rows, their_rows):
+        assert a == b
+    assert any(len(r["context"]) + len(r["continuation"]) == MAX_SEQ_LEN for r in our_rows)  # truncation happened
+    assert ours == theirs
+    expected = reference_gauntlet(theirs)
+    assert list(doc["eval_gauntlet"]) == list(expected)  # world_knowledge dropped
+    assert doc["eval_gauntlet"] == pytest.approx(expected, abs=1e-12)
+    # Not all trivially zero: the multiple-choice tasks and the model's own answers score.
+    assert theirs[("triviaqa_own", 0)][0] >= 6
+    assert sum(theirs[(label, k)][0] for label, k in theirs if label in ("piqa", "copa", "winograd")) > 20
+
+
+def test_malformed_line_names_file_and_line(setup, tmp_path):
+    tmp = setup[0]
+    (tmp_path / "bad.jsonl").write_text('{"query": "q", "choices": ["a", "b"], "gold": 0}\n{"query": "q", "gold": 0}\n')
+    (tmp_path / "tasks.yaml").write_text(yaml.safe_dump({"icl_tasks": [
+        dict(label="bad", dataset_uri=str(tmp_path / "bad.jsonl"), icl_task_type="multiple_choice",
+             num_fewshot=[0])]}))
+    proc = subprocess.run([_binary("TESSERA_EVAL_BIN", "eval"), "--model", tmp / "hf", "--tokenizer",
+                           tmp / "tokenizer.json", "--tasks", tmp_path / "tasks.yaml"], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert f"{tmp_path / 'bad.jsonl'}:2: `choices`: expected a list of strings" in proc.stderr

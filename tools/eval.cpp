@@ -1,0 +1,112 @@
+// `eval`: in-context-learning evaluation of an HF-format MPT model on LLM Foundry task files.
+//
+//   eval --model runs/x/hf --tokenizer tokenizer.json --tasks tasks.yaml [--gauntlet gauntlet.yaml]
+//        [--output results.json]
+//
+// Exit codes: 0 success, 1 runtime failure (bad task file, model), 2 usage or task-config error.
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tessera/checkpoint/hf.h"
+#include "tessera/data/tokenizer.h"
+#include "tessera/eval/gauntlet.h"
+#include "tessera/eval/icl.h"
+#include "tessera/util/error.h"
+#include "tessera/util/logging.h"
+#include "tessera/util/tool_main.h"
+
+namespace {
+
+int run(int argc, char** argv) {
+  CLI::App app{"Evaluate an MPT model on in-context-learning tasks (LLM Foundry's task format).", "eval"};
+  std::string model_dir;
+  std::string tokenizer_path;
+  std::string tasks_path;
+  std::string gauntlet_path;
+  std::string output;
+  std::string dump_rows;
+  std::string log_level = "info";
+  app.add_option("--model", model_dir, "Hugging Face MPT folder (config.json + safetensors)")->required();
+  app.add_option("--tokenizer", tokenizer_path, "tokenizer.json")->required();
+  app.add_option("--tasks", tasks_path, "Tasks YAML with `icl_tasks` (LLM Foundry's tasks_v0.3.yaml format)")
+      ->required();
+  app.add_option("--gauntlet", gauntlet_path, "Eval Gauntlet YAML (LLM Foundry's eval_gauntlet_v0.3.yaml format)");
+  app.add_option("--output", output, "Write the results as JSON to this file");
+  app.add_option("--dump-rows", dump_rows,
+                 "Write every scored row's token ids as JSONL (label, num_fewshot, example, context, continuation)");
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off");
+  if (auto code = tessera::util::parse_command_line(app, argc, argv)) return *code;
+  tessera::util::init_logging(log_level);
+
+  const std::vector<tessera::eval::IclTaskConfig> tasks = tessera::eval::load_icl_tasks(tasks_path);
+  std::optional<tessera::eval::GauntletConfig> gauntlet;
+  if (!gauntlet_path.empty()) gauntlet = tessera::eval::load_gauntlet(gauntlet_path);
+  const tessera::data::Tokenizer tokenizer = tessera::data::Tokenizer::from_file(tokenizer_path);
+  tessera::models::MPTForCausalLM model = tessera::checkpoint::load_hf_model(model_dir);
+
+  std::ofstream rows_out;
+  if (!dump_rows.empty()) {
+    rows_out.open(dump_rows);
+    if (!rows_out) throw tessera::Error("eval", fmt::format("cannot write {}", dump_rows));
+  }
+  std::vector<tessera::eval::IclResult> all;
+  nlohmann::ordered_json results = nlohmann::ordered_json::array();
+  for (const auto& task : tasks) {
+    for (int64_t k : task.num_fewshot) {
+      if (rows_out.is_open()) {
+        const int64_t max_seq_len = task.max_seq_len > 0 ? task.max_seq_len : model->options().max_seq_len;
+        const auto data = tessera::eval::load_icl_dataset(task.dataset_uri, task.icl_task_type, task.strip_dataset);
+        const auto prepared = tessera::eval::prepare_icl_examples(task, data, k, tokenizer, max_seq_len);
+        for (size_t i = 0; i < prepared.size(); ++i) {
+          for (const auto& row : prepared[i].rows) {
+            rows_out << nlohmann::json{{"label", task.label},
+                                       {"num_fewshot", k},
+                                       {"example", i},
+                                       {"context", row.context},
+                                       {"continuation", row.continuation}}
+                            .dump()
+                     << "\n";
+          }
+        }
+      }
+      const tessera::eval::IclResult r = tessera::eval::evaluate_icl_task(model, tokenizer, task, k);
+      std::cout << fmt::format("metrics/{}/{}: {:.4f} ({}/{})\n", r.label, r.metric, r.accuracy(), r.correct, r.total);
+      results.push_back({{"label", r.task},
+                         {"num_fewshot", r.num_fewshot},
+                         {"metric", r.metric},
+                         {"correct", r.correct},
+                         {"total", r.total},
+                         {"accuracy", r.accuracy()}});
+      all.push_back(r);
+    }
+  }
+  nlohmann::ordered_json doc{{"results", results}};
+  if (gauntlet) {
+    nlohmann::ordered_json scores = nlohmann::ordered_json::object();
+    for (const auto& [name, score] : tessera::eval::compute_gauntlet(*gauntlet, all)) {
+      std::cout << fmt::format("icl/metrics/eval_gauntlet/{}: {:.4f}\n", name, score);
+      scores[name] = score;
+    }
+    doc["eval_gauntlet"] = scores;
+  }
+  if (!output.empty()) {
+    std::ofstream out(output);
+    out << doc.dump(2) << "\n";
+    if (!out) throw tessera::Error("eval", fmt::format("cannot write {}", output));
+  }
+  return tessera::kExitOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return tessera::util::tool_main([&] { return run(argc, argv); });
+}
