@@ -6,7 +6,8 @@
 #include <cmath>
 #include <limits>
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include "tessera/eval/icl.h"
 #include "tessera/models/generate.h"
@@ -21,14 +22,14 @@ at::Tensor continuation_log_probs(models::MPTForCausalLM& model, const IclRow& r
   std::vector<int64_t> ids = row.context;
   ids.insert(ids.end(), row.continuation.begin(), row.continuation.end());
   const auto device = model->parameters().front().device();
-  at::Tensor input = torch::tensor(ids, torch::kLong).unsqueeze(0).to(device);
-  at::Tensor logits = model->forward(input).squeeze(0).to(torch::kFloat);  // (L, V)
+  at::Tensor input = at::tensor(ids, at::kLong).unsqueeze(0).to(device);
+  at::Tensor logits = model->forward(input).squeeze(0).to(at::kFloat);  // (L, V)
   const auto start = static_cast<int64_t>(row.context.size()) - 1;
   const auto len = static_cast<int64_t>(row.continuation.size());
   at::Tensor rows = logits.narrow(0, start, len);  // (C, V)
   if (predictions != nullptr) *predictions = rows.argmax(-1).cpu();
-  at::Tensor targets = torch::tensor(row.continuation, torch::kLong).to(device);
-  return torch::log_softmax(rows, -1).gather(1, targets.unsqueeze(1)).squeeze(1).cpu();  // (C,)
+  at::Tensor targets = at::tensor(row.continuation, at::kLong).to(device);
+  return at::log_softmax(rows, -1).gather(1, targets.unsqueeze(1)).squeeze(1).cpu();  // (C,)
 }
 
 bool is_punct(unsigned char c) {
@@ -107,14 +108,14 @@ IclResult evaluate_icl_task(models::MPTForCausalLM& model, const data::Tokenizer
   r.total = static_cast<int64_t>(examples.size());
   const bool was_training = model->is_training();
   model->eval();
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   const std::string& type = task.icl_task_type;
   if (type == "language_modeling") {
     r.metric = "InContextLearningLMAccuracy";
     for (const IclPrepared& p : examples) {
       at::Tensor pred;
       continuation_log_probs(model, p.rows[0], &pred);
-      at::Tensor target = torch::tensor(p.rows[0].continuation, torch::kLong);
+      at::Tensor target = at::tensor(p.rows[0].continuation, at::kLong);
       if (pred.eq(target).all().item<bool>()) ++r.correct;
     }
   } else if (type == "multiple_choice" || type == "schema") {

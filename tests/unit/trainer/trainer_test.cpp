@@ -17,33 +17,18 @@
 #include "tessera/trainer/trainer.h"
 #include "tessera/util/device.h"
 #include "test_util.h"
+#include "tiny_data.h"
 
 namespace tessera::trainer {
 namespace {
 
 namespace fs = std::filesystem;
 
-// `n` samples of 33 tokens < 64 following a learnable pattern (token t+1 = (3 t + k) % 64 within a sample).
-void write_split(const fs::path& dir, int64_t n, int64_t seed) {
-  fs::remove_all(dir);
-  data::mds::WriterOptions o;
-  o.out = dir.string();
-  o.columns = {{"tokens", "ndarray:int32"}};
-  data::mds::MDSWriter w(o);
-  for (int64_t i = 0; i < n; ++i) {
-    std::vector<int32_t> t(33);
-    t[0] = static_cast<int32_t>((i * 7 + seed) % 64);
-    for (size_t j = 1; j < t.size(); ++j) t[j] = (3 * t[j - 1] + static_cast<int32_t>(i % 5)) % 64;
-    w.write({{"tokens", at::tensor(t, at::kInt)}});
-  }
-  w.finish();
-}
-
 fs::path dataset() {
   static const fs::path dir = [] {
     const fs::path d = fs::temp_directory_path() / "tessera_trainer_test";
-    write_split(d / "train", 24, 1);
-    write_split(d / "val", 10, 2);
+    testing::write_token_split(d / "train", 24, 1);
+    testing::write_token_split(d / "val", 10, 2);
     return d;
   }();
   return dir;
