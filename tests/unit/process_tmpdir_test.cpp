@@ -11,7 +11,7 @@ namespace {
 
 class ProcessTmpdir : public ::testing::Environment {
  public:
-  ProcessTmpdir() {
+  void SetUp() override {  // before the first test; listing the tests creates nothing
     const char* base = std::getenv("TMPDIR");
     dir_ = std::filesystem::path(base != nullptr && *base != '\0' ? base : "/tmp") /
            ("tessera_tests_" + std::to_string(getpid()));
