@@ -5,9 +5,12 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <string>
 #include <vector>
 
+#include "tessera/config/value.h"
 #include "tessera/data/mds.h"
+#include "tessera/trainer/train_config.h"
 
 namespace tessera::testing {
 
@@ -26,6 +29,33 @@ inline void write_token_split(const std::filesystem::path& dir, int64_t n, int64
     w.write({{"tokens", at::tensor(t, at::kInt)}});
   }
   w.finish();
+}
+
+// A 2-layer MPT over the `train` / `val` splits of `data` (fp32, batch 8, 2 epochs, decoupled AdamW at 0.01).
+// `extra` is top-level YAML added to it (eval_interval, microbatch and eval batch sizes, components); `overrides`
+// are applied like command-line overrides.
+inline trainer::TrainConfig tiny_train_config(const std::filesystem::path& data, const std::string& extra,
+                                              const std::vector<std::string>& overrides = {}) {
+  const std::string yaml = R"(
+max_seq_len: 32
+model: {name: mpt_causal_lm, d_model: 32, n_heads: 2, n_layers: 2, expansion_ratio: 2, max_seq_len: 32,
+        vocab_size: 64, attn_config: {attn_impl: torch}}
+tokenizer: {name: unused}
+train_loader: {name: text, dataset: {local: )" +
+                           data.string() + R"(, split: train, shuffle: true, max_seq_len: 32}, drop_last: true}
+eval_loader: {name: text, dataset: {local: )" +
+                           data.string() + R"(, split: val, shuffle: false, max_seq_len: 32}, drop_last: false}
+optimizer: {name: decoupled_adamw, lr: 0.01, weight_decay: 0.0}
+scheduler: {name: constant_with_warmup, t_warmup: 0ba}
+max_duration: 2ep
+global_train_batch_size: 8
+precision: fp32
+log_to_console: false
+)" + extra;
+  config::Value v = config::parse_yaml(yaml, config::Origin{"tiny.yaml", 1, ""});
+  for (const std::string& o : overrides) config::apply_override(v, o);
+  config::resolve_interpolations(v);
+  return trainer::parse_train_config(std::move(v), "tiny.yaml");
 }
 
 }  // namespace tessera::testing

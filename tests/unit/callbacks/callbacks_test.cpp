@@ -39,31 +39,9 @@ fs::path dataset() {
 
 // 3 batches of 8 per epoch; `components` is YAML added at the top level (callbacks:, algorithms:).
 TrainConfig tiny_config(const std::string& components, const std::vector<std::string>& overrides = {}) {
-  const std::string yaml = R"(
-max_seq_len: 32
-model: {name: mpt_causal_lm, d_model: 32, n_heads: 2, n_layers: 2, expansion_ratio: 2, max_seq_len: 32,
-        vocab_size: 64, attn_config: {attn_impl: torch}}
-tokenizer: {name: unused}
-train_loader: {name: text, dataset: {local: )" +
-                           dataset().string() +
-                           R"(, split: train, shuffle: true, max_seq_len: 32}, drop_last: true}
-eval_loader: {name: text, dataset: {local: )" +
-                           dataset().string() +
-                           R"(, split: val, shuffle: false, max_seq_len: 32}, drop_last: false}
-optimizer: {name: decoupled_adamw, lr: 0.01, weight_decay: 0.0}
-scheduler: {name: constant_with_warmup, t_warmup: 0ba}
-max_duration: 2ep
-eval_interval: 1ba
-global_train_batch_size: 8
-device_train_microbatch_size: 8
-device_eval_batch_size: 8
-precision: fp32
-log_to_console: false
-)" + components;
-  config::Value v = config::parse_yaml(yaml, config::Origin{"tiny.yaml", 1, ""});
-  for (const std::string& o : overrides) config::apply_override(v, o);
-  config::resolve_interpolations(v);
-  return trainer::parse_train_config(std::move(v), "tiny.yaml");
+  return testing::tiny_train_config(
+      dataset(), "eval_interval: 1ba\ndevice_train_microbatch_size: 8\ndevice_eval_batch_size: 8\n" + components,
+      overrides);
 }
 
 // Every log call, by step.
