@@ -47,7 +47,9 @@ void GradientClipping::apply(trainer::Event /*event*/, trainer::State& state, tr
     std::vector<at::Tensor> norms;
     norms.reserve(params.size());
     for (const at::Tensor& p : params) norms.push_back(at::linalg_vector_norm(p.grad().to(at::kFloat), 2));
-    const at::Tensor total = at::linalg_vector_norm(at::stack(norms), 2);
+    // With sharded gradients each rank holds a part: the global norm sums the squares over the shard group.
+    const at::Tensor local_sq = at::stack(norms).square().sum().reshape({1});
+    const at::Tensor total = state.sum_over_shards(local_sq).sqrt().squeeze();
     last_norm_ = total.item<double>();
     const at::Tensor coef = at::clamp_max(thr / (total + 1e-6), 1.0);
     for (at::Tensor& p : params) p.mutable_grad().mul_(coef.to(p.grad().scalar_type()));

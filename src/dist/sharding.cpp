@@ -45,6 +45,7 @@ ShardingOptions parse_sharding_options(config::Section& s) {
   o.use_orig_params = s.get_bool("use_orig_params", true);
   o.state_dict_type = s.get_choice("state_dict_type", "full", {"full", "sharded"});
   o.verbose = s.get_bool("verbose", false);
+  o.overlap_communication = s.get_bool("overlap_communication", true);
   s.get_bool("auto_wrap", true);  // units are always the embedding, each block and the head
   if (s.get_bool("keep_low_precision_grads", false)) s.not_supported("keep_low_precision_grads", "true");
   if (s.get_bool("load_monolith_rank0_only", false)) s.not_supported("load_monolith_rank0_only", "true");

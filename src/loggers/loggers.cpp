@@ -159,10 +159,13 @@ std::shared_ptr<trainer::LoggerDestination> make_console_logger(const config::Ti
   return std::make_shared<ConsoleLogger>(interval, progress_bar);
 }
 
-std::shared_ptr<trainer::Callback> make_logger(const config::ComponentOptions& c, const trainer::TrainConfig& cfg) {
+std::shared_ptr<trainer::Callback> make_logger(const config::ComponentOptions& c, const trainer::TrainConfig& cfg,
+                                               int64_t rank) {
   if (c.name == "jsonl") {
     const auto& o = std::any_cast<const JsonlLoggerOptions&>(c.options);
-    return std::make_shared<JsonlLogger>(fill_path_pattern(o.filename, cfg.run_name, 0));
+    // Metrics are reduced over the ranks before they are logged: one file, from rank 0, unless the name has {rank}.
+    if (rank != 0 && o.filename.find("{rank}") == std::string::npos) return nullptr;
+    return std::make_shared<JsonlLogger>(fill_path_pattern(o.filename, cfg.run_name, rank));
   }
   if (c.name == "tensorboard") {
     return std::make_shared<TensorBoardLogger>(std::any_cast<const TensorBoardLoggerOptions&>(c.options), cfg.run_name);

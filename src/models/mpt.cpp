@@ -114,7 +114,20 @@ AttentionInputs MPTModelImpl::attention_inputs(const at::Tensor& ids, const Forw
   return in;
 }
 
-at::Tensor MPTModelImpl::forward(const at::Tensor& ids, const ForwardOptions& fo) {
+int64_t unit_of_parameter(const std::string& name) {
+  static const std::string kBlocks = "transformer.blocks.";
+  if (name.rfind(kBlocks, 0) != 0) return 0;
+  return std::stoll(name.substr(kBlocks.size(), name.find('.', kBlocks.size()) - kBlocks.size())) + 1;
+}
+
+namespace {
+at::Tensor run_unit(const std::shared_ptr<UnitRunner>& runner, int64_t unit,
+                    const std::function<at::Tensor(const at::Tensor&)>& fn, const at::Tensor& x) {
+  return runner ? runner->run(unit, fn, x) : fn(x);
+}
+}  // namespace
+
+at::Tensor MPTModelImpl::forward_blocks(const at::Tensor& ids, const ForwardOptions& fo) {
   TORCH_CHECK(ids.dim() == 2, "input_ids must be (batch, seq), got ", ids.sizes());
   KVCache* cache = fo.cache;
   const int64_t past = cache ? cache->length : 0, s = ids.size(1);
@@ -128,30 +141,43 @@ at::Tensor MPTModelImpl::forward(const at::Tensor& ids, const ForwardOptions& fo
                                        : at::ones({ids.size(0), s}, ids.options().dtype(at::kBool));
     key_mask = (cache && cache->attention_mask.defined()) ? at::cat({cache->attention_mask, now}, 1) : now;
   }
-  at::Tensor x = wte(ids);
-  if (wpe) {
-    at::Tensor pos = at::arange(past, past + s, ids.options()).unsqueeze(0);
-    if (key_mask.defined()) {
-      // Left padding: positions count real tokens only (LLM Foundry's fix).
-      const at::Tensor pads = at::cumsum(key_mask.logical_not().to(at::kLong), 1).narrow(1, past, s);
-      pos = at::clamp_min(pos - pads, 0);
+  // The lambdas capture by value: the sharding engine may run them again in backward (activation checkpointing).
+  auto embed = [this, key_mask, past, s](const at::Tensor& input_ids) {
+    at::Tensor x = wte(input_ids);
+    if (wpe) {
+      at::Tensor pos = at::arange(past, past + s, input_ids.options()).unsqueeze(0);
+      if (key_mask.defined()) {
+        // Left padding: positions count real tokens only (LLM Foundry's fix).
+        const at::Tensor pads = at::cumsum(key_mask.logical_not().to(at::kLong), 1).narrow(1, past, s);
+        pos = at::clamp_min(pos - pads, 0);
+      }
+      x = x + wpe(pos);
     }
-    x = x + wpe(pos);
-  }
-  if (o_.embedding_fraction < 1.0) {
-    x = x * o_.embedding_fraction + x.detach() * (1.0 - o_.embedding_fraction);
-  }
-  x = at::dropout(x, o_.emb_pdrop, is_training());
+    if (o_.embedding_fraction < 1.0) {
+      x = x * o_.embedding_fraction + x.detach() * (1.0 - o_.embedding_fraction);
+    }
+    return at::dropout(x, o_.emb_pdrop, is_training());
+  };
+  at::Tensor x = run_unit(unit_runner, 0, embed, ids);
   const AttentionInputs in = attention_inputs(ids, fo, past, key_mask);
   if (cache && cache->layers.empty()) cache->layers.resize(static_cast<size_t>(o_.n_layers));
   for (size_t i = 0; i < blocks->size(); ++i) {
-    x = blocks[i]->as<MPTBlockImpl>()->forward(x, in, cache ? &cache->layers[i] : nullptr);
+    auto block = blocks[i]->as<MPTBlockImpl>();
+    LayerCache* layer_cache = cache ? &cache->layers[i] : nullptr;
+    auto fn = [block, in, layer_cache](const at::Tensor& h) { return block->forward(h, in, layer_cache); };
+    x = run_unit(unit_runner, static_cast<int64_t>(i) + 1, fn, x);
   }
   if (cache) {
     cache->length = past + s;
     if (key_mask.defined()) cache->attention_mask = key_mask;
   }
-  return norm_f(x);
+  return x;
+}
+
+at::Tensor MPTModelImpl::forward(const at::Tensor& ids, const ForwardOptions& fo) {
+  at::Tensor x = forward_blocks(ids, fo);
+  return run_unit(
+      unit_runner, 0, [this](const at::Tensor& h) { return norm_f(h); }, x);
 }
 
 MPTForCausalLMImpl::MPTForCausalLMImpl(const MPTOptions& o) : o_(o) {
@@ -161,10 +187,14 @@ MPTForCausalLMImpl::MPTForCausalLMImpl(const MPTOptions& o) : o_(o) {
 }
 
 at::Tensor MPTForCausalLMImpl::forward(const at::Tensor& input_ids, const ForwardOptions& fo) {
-  const at::Tensor h = transformer(input_ids, fo);
-  at::Tensor logits = lm_head ? lm_head(h) : at::linear(h, transformer->wte->weight);
-  if (o_.logit_scale) logits = logits * *o_.logit_scale;
-  return logits;
+  const at::Tensor x = transformer->forward_blocks(input_ids, fo);
+  auto head = [this](const at::Tensor& h) {
+    const at::Tensor normed = transformer->norm_f(h);
+    at::Tensor logits = lm_head ? lm_head(normed) : at::linear(normed, transformer->wte->weight);
+    if (o_.logit_scale) logits = logits * *o_.logit_scale;
+    return logits;
+  };
+  return run_unit(transformer->unit_runner, 0, head, x);
 }
 
 MPTForCausalLM build_mpt(const MPTOptions& options, uint64_t seed) {

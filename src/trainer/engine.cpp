@@ -1,6 +1,8 @@
 // Event dispatch in Composer's order, the Logger facade, and State helpers.
 #include "tessera/trainer/engine.h"
 
+#include "tessera/dist/fsdp.h"
+
 #include <spdlog/spdlog.h>
 
 #include <cstdlib>
@@ -23,12 +25,15 @@ double State::current_lr() const {
 }
 
 std::vector<at::Tensor> State::trainable_parameters() const {
+  if (parallel) return parallel->parameters();
   std::vector<at::Tensor> out;
   for (const at::Tensor& p : model->parameters()) {
     if (p.requires_grad()) out.push_back(p);
   }
   return out;
 }
+
+at::Tensor State::sum_over_shards(const at::Tensor& t) const { return parallel ? parallel->sum_over_shards(t) : t; }
 
 bool Engine::debug_enabled() {
   static const bool enabled = [] {

@@ -24,7 +24,6 @@ const std::vector<std::string_view> kFoundryOnlyKeys = {"code_paths",
                                                         "max_split_size_mb",
                                                         "expandable_segments",
                                                         "cuda_load_lazy",
-                                                        "dist_timeout",
                                                         "eval_loaders",
                                                         "icl_tasks_str",
                                                         "eval_gauntlet",
@@ -222,6 +221,11 @@ TrainConfig parse_train_config(config::Value resolved, const std::string& path) 
     Section fsdp = root.section("fsdp_config");
     cfg.fsdp_configured = fsdp.present();
     cfg.fsdp = dist::parse_sharding_options(fsdp);
+  }
+  {
+    const double seconds = root.get_double("dist_timeout", 600.0);
+    root.check(seconds > 0, "dist_timeout", "must be a positive number of seconds");
+    cfg.dist_timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
   }
 
   cfg.max_duration = root.require_time("max_duration", TimeUnit::kEpoch);

@@ -18,6 +18,8 @@
 #include "tessera/callbacks/callbacks.h"
 #include "tessera/data/loader.h"
 #include "tessera/data/streaming_dataset.h"
+#include "tessera/dist/communicator.h"
+#include "tessera/dist/fsdp.h"
 #include "tessera/loggers/loggers.h"
 #include "tessera/util/device.h"
 #include "tessera/util/error.h"
@@ -139,6 +141,23 @@ Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config
   state_.max_duration = cfg_.max_duration;
   state_.max_seq_len = cfg_.max_seq_len;
   state_.scheduler = cfg_.scheduler;
+  // Ranks: the launcher's environment (torchrun's variables), or one process.
+  const dist::Rendezvous rv = dist::rendezvous_from_env();
+  state_.rank = rv.rank;
+  state_.world_size = rv.world_size;
+  state_.local_rank = rv.local_rank;
+  state_.local_world_size = rv.local_world_size;
+  if (state_.device.is_cuda()) state_.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(rv.local_rank));
+  if (cfg_.global_train_batch_size % state_.world_size != 0) {
+    throw ConfigError("recipe", fmt::format("{}: global_train_batch_size {} does not divide over {} ranks",
+                                            cfg_.recipe_path, cfg_.global_train_batch_size, state_.world_size));
+  }
+  if (state_.world_size > 1) check_multi_rank_support();
+  state_.comm = dist::Communicator::connect(rv, state_.device, cfg_.dist_timeout);
+  if (state_.world_size > 1) {
+    spdlog::info("rank {} of {} (node {}, local rank {}), {} collectives", state_.rank, state_.world_size,
+                 rv.node_rank(), rv.local_rank, state_.comm->backend_name());
+  }
   state_.device_train_batch_size = cfg_.global_train_batch_size / state_.world_size;
 
   // Data first, so that a missing or corrupt dataset fails before the model is built.
@@ -147,10 +166,11 @@ Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config
                  cfg_.max_seq_len);
   }
   workers_ = std::max<int64_t>(1, cfg_.train_loader.num_workers);
-  const data::World world{1, 1, workers_};
+  const data::World world{rv.num_nodes(), rv.local_world_size, workers_};
   train_data_ = std::make_unique<data::StreamingDataset>(
       streaming_options(cfg_.train_loader, state_.device_train_batch_size, cfg_.train_loader.shuffle), world);
-  state_.dataloader_len = data::batches_in_epoch(*train_data_, 0, 0, 0, state_.rank, cfg_.train_loader.drop_last);
+  state_.dataloader_len =
+      data::batches_in_epoch(*train_data_, 0, 0, rv.node_rank(), rv.local_rank, cfg_.train_loader.drop_last);
   if (*state_.dataloader_len == 0) {
     throw Error("train", fmt::format("the training data has fewer samples ({}) than one device batch ({})",
                                      train_data_->epoch_size(), state_.device_train_batch_size));
@@ -184,11 +204,14 @@ Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config
   state_.model_options.init_device = state_.device.is_cuda() ? "cuda" : "cpu";
   state_.model = models::build_mpt(state_.model_options, static_cast<uint64_t>(cfg_.seed));
 
-  // Loggers first, then callbacks (Composer: state.callbacks = loggers + callbacks).
-  if (cfg_.log_to_console || cfg_.progress_bar) {
+  // Loggers first, then callbacks (Composer: state.callbacks = loggers + callbacks). Metrics are reduced over the
+  // ranks before they are logged, so only rank 0 prints them.
+  if ((cfg_.log_to_console || cfg_.progress_bar) && state_.rank == 0) {
     state_.callbacks.push_back(loggers::make_console_logger(cfg_.console_log_interval, cfg_.progress_bar));
   }
-  for (const auto& c : cfg_.loggers) state_.callbacks.push_back(loggers::make_logger(c, cfg_));
+  for (const auto& c : cfg_.loggers) {
+    if (auto logger = loggers::make_logger(c, cfg_, state_.rank)) state_.callbacks.push_back(std::move(logger));
+  }
   for (const auto& c : cfg_.callbacks) state_.callbacks.push_back(callbacks::make_callback(c, cfg_));
   for (const auto& a : cfg_.algorithms) state_.algorithms.push_back(algorithms::make_algorithm(a, cfg_));
   for (auto& a : parts.algorithms) state_.algorithms.push_back(std::move(a));
@@ -214,6 +237,18 @@ Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config
     auto_microbatch_ = false;
   }
 
+  // Shard after INIT (algorithms' model surgery comes first), before the optimizer sees the parameters.
+  if (state_.world_size > 1) {
+    dist::ParallelOptions po;
+    po.sharding = cfg_.fsdp;
+    const at::ScalarType low = state_.precision == Precision::kAmpBf16   ? at::kBFloat16
+                               : state_.precision == Precision::kAmpFp16 ? at::kHalf
+                                                                         : at::kFloat;
+    std::tie(po.param_dtype, po.reduce_dtype) = dist::mixed_precision_dtypes(cfg_.fsdp.mixed_precision, low);
+    po.ranks_per_node = static_cast<int>(state_.local_world_size);
+    po.overlap = cfg_.fsdp.overlap_communication;
+    state_.parallel = dist::parallelize(state_.model, po, state_.comm);
+  }
   state_.optimizer = optim::make_optimizer(cfg_.optimizer, state_.trainable_parameters());
 
   engine_->run_event(Event::kBeforeLoad);
@@ -221,6 +256,25 @@ Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config
   // Reseed after loading so that INIT/LOAD-time randomness does not change what training draws.
   at::manual_seed(static_cast<uint64_t>(cfg_.seed + state_.rank));
   logger_.log_hyperparameters(cfg_.resolved.to_json());
+}
+
+void Trainer::check_multi_rank_support() const {
+  // Components that read or replace whole parameter tensors, which sharding turns into flat shards.
+  std::vector<std::string> unsupported;
+  for (const auto& a : cfg_.algorithms) {
+    if (a.name == "lora" || a.name == "ema") unsupported.push_back("algorithms." + a.name);
+    if (a.name == "gradient_clipping" &&
+        std::any_cast<algorithms::GradientClippingOptions>(a.options).clipping_type == "adaptive") {
+      unsupported.emplace_back("algorithms.gradient_clipping.clipping_type: adaptive");
+    }
+  }
+  for (const auto& c : cfg_.callbacks) {
+    if (c.name == "optimizer_monitor") unsupported.push_back("callbacks." + c.name);
+  }
+  if (!unsupported.empty()) {
+    throw ConfigError("recipe", fmt::format("{}: not supported yet with more than one rank: {}", cfg_.recipe_path,
+                                            fmt::join(unsupported, ", ")));
+  }
 }
 
 Trainer::~Trainer() {
@@ -234,6 +288,7 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
   try {
     for (int64_t start = 0; start < n; start += microbatch_size) {
       const int64_t end = std::min(n, start + microbatch_size);
+      if (state_.parallel) state_.parallel->prepare_backward(/*sync=*/end == n);
       state_.batch = slice(batch, start, end);
       engine_->run_event(Event::kBeforeForward);
       {
@@ -255,6 +310,7 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
       } else {
         state_.loss.backward();
       }
+      if (state_.parallel) state_.parallel->finish_backward();
       engine_->run_event(Event::kAfterBackward);
       total += state_.loss.item<double>();
     }
@@ -263,6 +319,12 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
     return false;
   }
   state_.train_loss = total;
+  if (state_.world_size > 1) {
+    // The logged loss is the mean over every rank's device batch (Composer all-reduces it too).
+    at::Tensor t = at::full({1}, total, at::TensorOptions().dtype(at::kDouble).device(state_.device));
+    state_.comm->all_reduce(t).wait();
+    state_.train_loss = t.item<double>() / static_cast<double>(state_.world_size);
+  }
   return true;
 }
 
@@ -293,6 +355,11 @@ void Trainer::train_batch() {
       p.mutable_grad().div_(loss_scale_);
       if (!at::isfinite(p.grad()).all().item<bool>()) skip_step = true;
     }
+    if (state_.world_size > 1) {  // every rank skips, or none
+      at::Tensor t = at::full({1}, skip_step ? 1.0 : 0.0, at::TensorOptions().device(state_.device));
+      state_.comm->all_reduce(t, dist::ReduceOp::kMax).wait();
+      skip_step = t.item<double>() > 0;
+    }
   }
   engine_->run_event(Event::kAfterTrainBatch);
   // Composer's order: the step uses the rate the scheduler last computed (at the previous step's timestamp).
@@ -316,8 +383,9 @@ void Trainer::fit() {
   if (cfg_.eval_first && state_.timestamp.batch == 0 && eval_data_) eval();
   while (!state_.reached_max_duration() && !state_.stop_requested) {
     if (state_.timestamp.batch_in_epoch == 0) engine_->run_event(Event::kEpochStart);
-    data::TokenBatchLoader loader(*train_data_, workers_, state_.timestamp.epoch, state_.timestamp.sample_in_epoch, 0,
-                                  state_.rank, token_options(cfg_.train_loader));
+    data::TokenBatchLoader loader(*train_data_, workers_, state_.timestamp.epoch, state_.timestamp.sample_in_epoch,
+                                  state_.rank / state_.local_world_size, state_.local_rank,
+                                  token_options(cfg_.train_loader));
     bool epoch_done = false;
     while (true) {
       const auto started = Clock::now();
@@ -412,7 +480,8 @@ Metrics Trainer::run_loader_eval() {
   int64_t token_count = 0;
   {
     at::NoGradGuard no_grad;
-    data::TokenBatchLoader loader(*eval_data_, workers_, 0, 0, 0, state_.rank, token_options(*cfg_.eval_loader));
+    data::TokenBatchLoader loader(*eval_data_, workers_, 0, 0, state_.rank / state_.local_world_size, state_.local_rank,
+                                  token_options(*cfg_.eval_loader));
     while (cfg_.eval_subset_num_batches < 0 || state_.eval_timestamp.batch < cfg_.eval_subset_num_batches) {
       std::optional<data::TokenBatch> next = loader.next();
       if (!next) break;
@@ -439,6 +508,12 @@ Metrics Trainer::run_loader_eval() {
       state_.eval_timestamp.to_next_batch(state_.batch.samples, tokens, 0);
       engine_->run_event(Event::kEvalBatchEnd);
     }
+  }
+  if (state_.world_size > 1) {  // every rank evaluated its share of the eval set
+    at::Tensor t = at::tensor({loss_sum, static_cast<double>(token_count)}, at::kDouble).to(state_.device);
+    state_.comm->all_reduce(t).wait();
+    loss_sum = t[0].item<double>();
+    token_count = static_cast<int64_t>(t[1].item<double>());
   }
   if (token_count == 0) throw Error("eval", "the eval loader yielded no tokens (is the eval dataset empty?)");
   const double ce = loss_sum / static_cast<double>(token_count);

@@ -31,6 +31,9 @@ struct ShardingOptions {
   bool use_orig_params = true;
   std::string state_dict_type = "full";  // full | sharded
   bool verbose = false;
+  // Tessera's own key: prefetch the next unit's all-gather and reduce gradients asynchronously while computing
+  // (default true); false issues one collective at a time and waits for it (for measuring what overlap buys).
+  bool overlap_communication = true;
 };
 
 // Reads an `fsdp_config` section (absent: Composer's defaults).

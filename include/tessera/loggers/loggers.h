@@ -57,6 +57,8 @@ class JsonlLogger : public trainer::LoggerDestination {
 std::string fill_path_pattern(std::string pattern, const std::string& run_name, int64_t rank);
 
 std::shared_ptr<trainer::LoggerDestination> make_console_logger(const config::Time& interval, bool progress_bar);
-std::shared_ptr<trainer::Callback> make_logger(const config::ComponentOptions& c, const trainer::TrainConfig& cfg);
+// The logger `c` for this rank; nullptr when this rank writes nothing (jsonl without {rank} on ranks other than 0).
+std::shared_ptr<trainer::Callback> make_logger(const config::ComponentOptions& c, const trainer::TrainConfig& cfg,
+                                               int64_t rank = 0);
 
 }  // namespace tessera::loggers

@@ -8,7 +8,10 @@
 #include <ATen/ATen.h>
 #include <torch/nn/modules/container/modulelist.h>
 
+#include <functional>
+#include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "tessera/models/attention.h"
@@ -54,6 +57,17 @@ struct KVCache {
   int64_t length = 0;         // positions cached
 };
 
+// Extension point for code that wraps parts of the forward pass (the sharding engine gathers a unit's parameters
+// around it). MPT's units: 0 = the root (embeddings, final norm and head: one unit because the head may be tied to
+// the embedding; it runs twice per forward), 1..n_layers = the blocks. Unit u's parameters are those named
+// "transformer.blocks.{u-1}." for blocks and all others for the root. Without a runner, fn(x) runs directly.
+class UnitRunner {
+ public:
+  virtual ~UnitRunner() = default;
+  virtual at::Tensor run(int64_t unit, const std::function<at::Tensor(const at::Tensor&)>& fn, const at::Tensor& x) = 0;
+};
+int64_t unit_of_parameter(const std::string& name);  // by the naming rule above
+
 struct ForwardOptions {
   std::optional<at::Tensor> attention_mask;  // (B, S) bool/int, true or 1 = token, false or 0 = padding
   std::optional<at::Tensor> sequence_id;     // (B, S) int64: packed-document ids (attn_uses_sequence_id)
@@ -65,6 +79,8 @@ class MPTModelImpl : public torch::nn::Cloneable<MPTModelImpl> {
  public:
   MPTModelImpl(const MPTOptions& options, const at::TensorOptions& tensor_options);
   void reset() override {}
+  // input_ids: (B, S) int64 -> hidden states before norm_f: (B, S, d_model), the blocks run through unit_runner.
+  at::Tensor forward_blocks(const at::Tensor& input_ids, const ForwardOptions& fo = {});
   // input_ids: (B, S) int64 -> hidden states after norm_f: (B, S, d_model).
   at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& fo = {});
 
@@ -72,6 +88,7 @@ class MPTModelImpl : public torch::nn::Cloneable<MPTModelImpl> {
   Embedding wpe{nullptr};  // learned positions only
   torch::nn::ModuleList blocks{nullptr};
   Norm norm_f{nullptr};
+  std::shared_ptr<UnitRunner> unit_runner;  // set by parallelize(); runs every unit of this model's forward
 
  private:
   AttentionInputs attention_inputs(const at::Tensor& input_ids, const ForwardOptions& fo, int64_t past,

@@ -19,6 +19,11 @@
 #include "tessera/trainer/callback.h"
 #include "tessera/trainer/train_config.h"
 
+namespace tessera::dist {
+class Communicator;
+class ParallelModel;
+}  // namespace tessera::dist
+
 namespace tessera::trainer {
 
 struct State {
@@ -26,6 +31,10 @@ struct State {
   int64_t seed = 17;  // rank-zero seed; rank r uses seed + r
   int64_t rank = 0;
   int64_t world_size = 1;
+  int64_t local_rank = 0;
+  int64_t local_world_size = 1;
+  std::shared_ptr<dist::Communicator> comm;      // the job's ranks (a world of one: local copies)
+  std::shared_ptr<dist::ParallelModel> parallel;  // the sharding engine when world_size > 1, else null
   at::Device device = at::kCPU;
   Precision precision = Precision::kFp32;
 
@@ -63,8 +72,11 @@ struct State {
   // Ends training after the current batch (Composer's stop_training).
   void stop_training() { stop_requested = true; }
   bool stop_requested = false;
-  // Parameters that receive gradients.
+  // Parameters that receive gradients: the model's, or with more than one rank this rank's flat shards.
   std::vector<at::Tensor> trainable_parameters() const;
+  // Sum of `t` over the ranks that together hold every gradient shard once (e.g. squared norms for clipping);
+  // `t` itself with one rank or unsharded gradients.
+  at::Tensor sum_over_shards(const at::Tensor& t) const;
 };
 
 }  // namespace tessera::trainer

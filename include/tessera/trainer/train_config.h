@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <chrono>
 #include <optional>
 #include <string>
 #include <vector>
@@ -56,6 +57,7 @@ struct TrainConfig {
   std::vector<config::ComponentOptions> loggers;
   dist::ShardingOptions fsdp;    // Composer's defaults when `fsdp_config` is absent
   bool fsdp_configured = false;  // whether the recipe has an `fsdp_config`
+  std::chrono::milliseconds dist_timeout{600000};  // `dist_timeout` (seconds, default 600): every collective's limit
 
   config::Time max_duration;
   config::Time eval_interval = config::Time::epochs(1);  // 0 disables evaluation

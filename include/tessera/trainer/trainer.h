@@ -56,6 +56,7 @@ class Trainer {
   const TrainConfig& config() const { return cfg_; }
 
  private:
+  void check_multi_rank_support() const;
   void train_batch();
   bool run_microbatches(const data::TokenBatch& batch, int64_t microbatch_size);
   Metrics run_eval();

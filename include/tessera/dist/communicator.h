@@ -1,0 +1,121 @@
+// Collective communication between the ranks of a job: all_reduce, reduce_scatter, all_gather, broadcast and barrier
+// on flat tensors, with asynchronous handles so that communication can overlap computation.
+//
+// Backends are chosen at link time: Gloo through LibTorch's c10d (CPU tensors; processes on one machine or many, over
+// TCP) and NCCL (CUDA tensors; compiled in when the toolkit has it). Rendezvous uses c10d's TCPStore at
+// MASTER_ADDR:MASTER_PORT, the torchrun convention. A world of one process needs no backend: collectives are local
+// copies, so world size 1 runs the same code as N.
+//
+// Thread-safety: a Communicator is used from one thread (the training loop). Every rank must issue the same
+// collectives in the same order. Each collective has the communicator's timeout; a timeout or a peer's death makes
+// Work::wait() throw a dist::CommError naming this rank, the operation and its size.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessera/util/error.h"
+
+namespace tessera::dist {
+
+// A collective failed or timed out. what(): "[dist] rank 1: all_reduce of 4096 float elements failed: ...".
+class CommError : public Error {
+ public:
+  using Error::Error;
+};
+
+enum class ReduceOp { kSum, kMax, kMin };
+
+// Where this process sits in the job, from the launcher's environment.
+struct Rendezvous {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  int node_rank() const { return rank / local_world_size; }
+  int num_nodes() const { return world_size / local_world_size; }
+};
+
+// Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun, `train
+// --nproc-per-node`), falling back to Slurm's SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE when
+// RANK is unset. No variables: a world of one. Throws ConfigError naming a malformed or inconsistent variable.
+Rendezvous rendezvous_from_env();
+
+// Bytes this rank sent per kind of collective, counted as a ring algorithm sends them (all_reduce of S bytes on N
+// ranks: 2(N-1)/N·S; reduce_scatter of an S-byte input and all_gather of an S-byte output: (N-1)/N·S; broadcast:
+// S), the accounting of the ZeRO paper.
+struct CommStats {
+  int64_t calls = 0;
+  double all_reduce_bytes = 0;
+  double reduce_scatter_bytes = 0;
+  double all_gather_bytes = 0;
+  double broadcast_bytes = 0;
+  double total_bytes() const { return all_reduce_bytes + reduce_scatter_bytes + all_gather_bytes + broadcast_bytes; }
+};
+
+// Handle of an asynchronous collective. wait() blocks until it completed (its output tensors are then valid) and
+// throws CommError on failure. A default-constructed Work is already complete.
+class Work {
+ public:
+  class Impl;
+  Work() = default;
+  explicit Work(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  void wait();
+  bool completed() const;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+class Communicator {
+ public:
+  class Backend;  // Gloo or NCCL process group (internal)
+
+  // Connects to the job's other ranks (all ranks call this together). `device`: CPU selects Gloo, CUDA NCCL.
+  // `timeout` bounds every collective, and the rendezvous itself.
+  static std::shared_ptr<Communicator> connect(const Rendezvous& rv, const at::Device& device,
+                                               std::chrono::milliseconds timeout);
+  // A world of one: collectives are local copies.
+  static std::shared_ptr<Communicator> single();
+
+  ~Communicator();
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  std::string backend_name() const;
+
+  // In place over all ranks of this communicator. `t` must be contiguous.
+  Work all_reduce(at::Tensor& t, ReduceOp op = ReduceOp::kSum);
+  // `in`: size() * out.numel() elements; rank r receives the sum of every rank's r-th chunk in `out`.
+  Work reduce_scatter(at::Tensor& out, at::Tensor& in);
+  // `out`: size() * in.numel() elements; chunk r is rank r's `in`.
+  Work all_gather(at::Tensor& out, at::Tensor& in);
+  Work broadcast(at::Tensor& t, int root);
+  void barrier();
+
+  // A communicator over `ranks` (indices into this one; must include this rank). Every rank of this communicator
+  // must call new_group with the same arguments in the same order, also those not in `ranks`; they get nullptr.
+  std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks);
+
+  const CommStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = {}; }
+
+ private:
+  Communicator() = default;
+  std::string describe(const char* op, const at::Tensor& t) const;
+
+  int rank_ = 0;
+  int size_ = 1;
+  int global_rank_ = 0;               // this process's rank in the job, for messages
+  std::unique_ptr<Backend> backend_;  // process group and store; null for a world of one
+  int groups_made_ = 0;
+  CommStats stats_;
+};
+
+}  // namespace tessera::dist

@@ -1,0 +1,87 @@
+// The sharding engine: data parallelism with NO_SHARD (DDP), SHARD_GRAD_OP (ZeRO-2), FULL_SHARD (ZeRO-3) and
+// HYBRID_SHARD, applied to a model from outside.
+//
+// parallelize(model, ...) flattens the parameters of each unit (the model's UnitRunner units: for MPT the root --
+// embeddings, final norm and head -- and each block) into one fp32 vector padded to a multiple of the shard-group
+// size, keeps this rank's slice of it as the tensor the optimizer steps, and installs itself as the model's
+// UnitRunner. Each unit call then runs as one autograd node:
+//   forward:  wait for (or issue) the all-gather of the unit's parameters in `param_dtype`, issue the next unit's
+//             gather (prefetch), run the unit, and free the gathered parameters (FULL_SHARD; the root stays gathered
+//             until its backward, as FSDP's root does);
+//   backward: gather again if freed, prefetch the previous unit, compute the unit's gradients (re-running its forward
+//             first under activation checkpointing), then reduce them asynchronously in `reduce_dtype`:
+//             reduce-scatter into the fp32 gradient shard (sharded strategies) or all-reduce (NO_SHARD), so that
+//             communication overlaps the rest of backward. HYBRID_SHARD reduce-scatters within the node and then
+//             all-reduces the shard across nodes.
+// finish_backward() waits for the reductions and leaves the averaged gradient (sum over ranks / world size) in
+// parameters()[i].grad(). Gradients of a global-mean loss therefore equal a single process's over the global batch.
+//
+// Without a gradient (no_grad, e.g. evaluation or generation) units gather, run and free without autograd. All ranks
+// must run the same sequence of forward and backward passes. Not thread-safe.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tessera/dist/communicator.h"
+#include "tessera/dist/sharding.h"
+#include "tessera/models/mpt.h"
+
+namespace tessera::dist {
+
+struct ParallelOptions {
+  ShardingOptions sharding;                  // strategy, activation checkpointing, sync_module_states
+  at::ScalarType param_dtype = at::kFloat;   // dtype of gathered parameters (the compute copy)
+  at::ScalarType reduce_dtype = at::kFloat;  // dtype gradients are reduced in
+  bool overlap = true;                       // prefetch gathers and reduce asynchronously; false: one at a time
+  int ranks_per_node = 1;                    // HYBRID_SHARD: shard within groups of this many consecutive ranks
+};
+
+// Composer's fsdp_config.mixed_precision under a training precision whose autocast dtype is `low` (kFloat for fp32):
+// FULL: fp32 parameters and reduction; DEFAULT: parameters in `low`, reduction in fp32; PURE: both in `low`.
+std::pair<at::ScalarType, at::ScalarType> mixed_precision_dtypes(MixedPrecision mp, at::ScalarType low);
+
+// Bytes this rank holds between steps for parameters and gradients (optimizer state is the optimizer's).
+struct ShardMemory {
+  int64_t param_bytes = 0;
+  int64_t grad_bytes = 0;
+};
+
+class ParallelModel {
+ public:
+  class Impl;
+  explicit ParallelModel(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+  // What the optimizer steps: one fp32 tensor per unit, this rank's shard (NO_SHARD: the whole flat vector).
+  const std::vector<at::Tensor>& parameters() const;
+  // Before a microbatch's backward: `sync` false accumulates gradients locally without communicating (NO_SHARD's
+  // no_sync for all but the last microbatch; sharded strategies reduce every microbatch).
+  void prepare_backward(bool sync);
+  // After backward: waits for the reductions and adds the averaged gradients to parameters()' .grad().
+  void finish_backward();
+  // Sum of `t` over the ranks that together hold one copy of every shard (identity for NO_SHARD), e.g. for the
+  // global gradient norm.
+  at::Tensor sum_over_shards(const at::Tensor& t);
+  // The whole model as fp32 tensors named like model->named_parameters(); every rank must call it.
+  std::vector<std::pair<std::string, at::Tensor>> full_state_dict();
+  ShardMemory memory() const;
+  Communicator& comm();
+  const ParallelOptions& options() const;
+  // Units and their parameter counts (unpadded), for logs and benchmarks.
+  std::vector<int64_t> unit_sizes() const;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+// Shards `model` over `comm` (every rank calls it with an identically initialised model, or with sync_module_states
+// rank 0's weights are broadcast first). The model keeps working through its UnitRunner; its own parameter tensors
+// become views of gathered buffers, valid only while a unit runs.
+std::shared_ptr<ParallelModel> parallelize(models::MPTForCausalLM& model, const ParallelOptions& options,
+                                           std::shared_ptr<Communicator> comm);
+
+}  // namespace tessera::dist

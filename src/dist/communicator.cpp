@@ -1,0 +1,281 @@
+// Rendezvous from the launcher's environment, and collectives over a c10d process group (or local copies for a world
+// of one).
+#include "tessera/dist/communicator.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <cstdlib>
+#include <optional>
+
+#include "backend.h"
+
+namespace tessera::dist {
+namespace {
+
+std::optional<long> env_long(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (end == v || *end != '\0') {
+    throw ConfigError("dist", fmt::format("environment variable {}=\"{}\" is not an integer", name, v));
+  }
+  return x;
+}
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return c10d::ReduceOp::SUM;
+    case ReduceOp::kMax:
+      return c10d::ReduceOp::MAX;
+    case ReduceOp::kMin:
+      return c10d::ReduceOp::MIN;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+void check_flat(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.is_contiguous(), "dist: ", what, " must be contiguous");
+}
+
+}  // namespace
+
+Rendezvous rendezvous_from_env() {
+  Rendezvous rv;
+  std::optional<long> rank = env_long("RANK"), world = env_long("WORLD_SIZE");
+  std::optional<long> local_rank = env_long("LOCAL_RANK"), local_world = env_long("LOCAL_WORLD_SIZE");
+  if (!rank && env_long("SLURM_PROCID")) {  // srun without torchrun
+    rank = env_long("SLURM_PROCID");
+    world = env_long("SLURM_NTASKS");
+    local_rank = env_long("SLURM_LOCALID");
+    local_world = env_long("SLURM_NTASKS_PER_NODE");
+  }
+  if (!rank && !world) return rv;
+  if (!rank || !world) {
+    throw ConfigError("dist", "RANK and WORLD_SIZE must be set together (torchrun's convention)");
+  }
+  rv.rank = static_cast<int>(*rank);
+  rv.world_size = static_cast<int>(*world);
+  rv.local_rank = static_cast<int>(local_rank.value_or(rv.rank));
+  rv.local_world_size = static_cast<int>(local_world.value_or(rv.world_size));
+  if (rv.world_size < 1 || rv.rank < 0 || rv.rank >= rv.world_size) {
+    throw ConfigError("dist", fmt::format("RANK={} is not in [0, WORLD_SIZE={})", rv.rank, rv.world_size));
+  }
+  if (rv.local_world_size < 1 || rv.world_size % rv.local_world_size != 0 || rv.local_rank < 0 ||
+      rv.local_rank >= rv.local_world_size) {
+    throw ConfigError("dist", fmt::format("LOCAL_RANK={} / LOCAL_WORLD_SIZE={} do not fit WORLD_SIZE={} (every node "
+                                          "must run the same number of ranks)",
+                                          rv.local_rank, rv.local_world_size, rv.world_size));
+  }
+  if (const char* a = std::getenv("MASTER_ADDR"); a != nullptr && *a != '\0') rv.master_addr = a;
+  if (auto p = env_long("MASTER_PORT")) rv.master_port = static_cast<int>(*p);
+  if (rv.world_size > 1 && std::getenv("MASTER_ADDR") == nullptr && rv.local_world_size != rv.world_size) {
+    throw ConfigError("dist", "MASTER_ADDR is not set: a job over several nodes needs the address of rank 0's node");
+  }
+  return rv;
+}
+
+// ---- Work -----------------------------------------------------------------------------------------------------------
+
+class Work::Impl {
+ public:
+  c10::intrusive_ptr<c10d::Work> work;
+  std::string what;  // "rank 1: all_reduce of 4096 float elements"
+};
+
+void Work::wait() {
+  if (!impl_ || !impl_->work) return;
+  try {
+    impl_->work->wait();
+  } catch (const std::exception& e) {
+    throw CommError("dist", fmt::format("{} failed: {}", impl_->what, e.what()));
+  }
+  impl_->work.reset();
+}
+
+bool Work::completed() const {
+  return !impl_ || !impl_->work || impl_->work->isCompleted();
+}
+
+// ---- Communicator ---------------------------------------------------------------------------------------------------
+
+std::shared_ptr<Communicator> Communicator::single() {
+  return std::shared_ptr<Communicator>(new Communicator());
+}
+
+std::shared_ptr<Communicator> Communicator::connect(const Rendezvous& rv, const at::Device& device,
+                                                    std::chrono::milliseconds timeout) {
+  if (rv.world_size == 1) return single();
+  auto backend = std::make_unique<Backend>();
+  backend->timeout = timeout;
+  backend->cuda = device.is_cuda();
+  backend->all_local = rv.local_world_size == rv.world_size;
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(rv.master_port);
+  so.timeout = timeout;
+  // Under torchrun the agent already serves the store on MASTER_PORT.
+  const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  const bool agent_store = agent != nullptr && std::string(agent) == "True";
+  so.isServer = rv.rank == 0 && !agent_store;
+  if (!agent_store) so.numWorkers = static_cast<size_t>(rv.world_size);
+  try {
+    backend->store = c10::make_intrusive<c10d::TCPStore>(rv.master_addr, so);
+    backend->prefix = "tessera";
+    auto store = c10::make_intrusive<c10d::PrefixStore>(backend->prefix, backend->store);
+    backend->pg = backend->cuda ? detail::make_nccl(store, rv.rank, rv.world_size, timeout)
+                                : detail::make_gloo(store, rv.rank, rv.world_size, timeout, backend->all_local);
+  } catch (const CommError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw CommError("dist", fmt::format("rank {}: rendezvous with {} ranks at {}:{} failed: {}", rv.rank, rv.world_size,
+                                        rv.master_addr, rv.master_port, e.what()));
+  }
+  auto c = std::shared_ptr<Communicator>(new Communicator());
+  c->rank_ = rv.rank;
+  c->global_rank_ = rv.rank;
+  c->size_ = rv.world_size;
+  c->backend_ = std::move(backend);
+  spdlog::debug("dist: rank {} of {} connected ({})", c->rank_, c->size_, c->backend_name());
+  return c;
+}
+
+Communicator::~Communicator() = default;
+
+std::string Communicator::backend_name() const {
+  if (!backend_) return "local";
+  return backend_->cuda ? "nccl" : "gloo";
+}
+
+std::string Communicator::describe(const char* op, const at::Tensor& t) const {
+  return fmt::format("rank {}: {} of {} {} elements", global_rank_, op, t.numel(), c10::toString(t.scalar_type()));
+}
+
+namespace {
+Work make_work(c10::intrusive_ptr<c10d::Work> w, std::string what) {
+  auto impl = std::make_shared<Work::Impl>();
+  impl->work = std::move(w);
+  impl->what = std::move(what);
+  return Work(std::move(impl));
+}
+
+template <class F>
+Work issue(const std::string& what, F&& f) {
+  try {
+    return make_work(f(), what);
+  } catch (const std::exception& e) {
+    throw CommError("dist", fmt::format("{} failed: {}", what, e.what()));
+  }
+}
+}  // namespace
+
+Work Communicator::all_reduce(at::Tensor& t, ReduceOp op) {
+  check_flat(t, "all_reduce tensor");
+  if (!backend_) return {};
+  const double n = size_;
+  stats_.calls++;
+  stats_.all_reduce_bytes += 2.0 * (n - 1) / n * static_cast<double>(t.nbytes());
+  return issue(describe("all_reduce", t), [&] {
+    std::vector<at::Tensor> v{t};
+    c10d::AllreduceOptions o;
+    o.reduceOp = to_c10d(op);
+    return backend_->pg->allreduce(v, o);
+  });
+}
+
+Work Communicator::reduce_scatter(at::Tensor& out, at::Tensor& in) {
+  check_flat(out, "reduce_scatter output");
+  check_flat(in, "reduce_scatter input");
+  TORCH_CHECK(in.numel() == out.numel() * size_, "dist: reduce_scatter input has ", in.numel(), " elements, expected ",
+              out.numel() * size_);
+  if (!backend_) {
+    out.copy_(in.view(out.sizes()));
+    return {};
+  }
+  const double n = size_;
+  stats_.calls++;
+  stats_.reduce_scatter_bytes += (n - 1) / n * static_cast<double>(in.nbytes());
+  return issue(describe("reduce_scatter", in), [&] { return backend_->pg->_reduce_scatter_base(out, in); });
+}
+
+Work Communicator::all_gather(at::Tensor& out, at::Tensor& in) {
+  check_flat(out, "all_gather output");
+  check_flat(in, "all_gather input");
+  TORCH_CHECK(out.numel() == in.numel() * size_, "dist: all_gather output has ", out.numel(), " elements, expected ",
+              in.numel() * size_);
+  if (!backend_) {
+    out.copy_(in.view(out.sizes()));
+    return {};
+  }
+  const double n = size_;
+  stats_.calls++;
+  stats_.all_gather_bytes += (n - 1) / n * static_cast<double>(out.nbytes());
+  return issue(describe("all_gather", out), [&] { return backend_->pg->_allgather_base(out, in); });
+}
+
+Work Communicator::broadcast(at::Tensor& t, int root) {
+  check_flat(t, "broadcast tensor");
+  if (!backend_) return {};
+  stats_.calls++;
+  if (rank_ == root) stats_.broadcast_bytes += static_cast<double>(t.nbytes());
+  return issue(describe("broadcast", t), [&] {
+    std::vector<at::Tensor> v{t};
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    return backend_->pg->broadcast(v, o);
+  });
+}
+
+void Communicator::barrier() {
+  if (!backend_) return;
+  // A one-element all_reduce: Gloo's barrier and NCCL's differ in what they need; this works on both.
+  at::Tensor t = at::zeros({1}, at::TensorOptions().device(backend_->cuda ? at::Device(at::kCUDA) : at::kCPU));
+  Work w = issue(fmt::format("rank {}: barrier", global_rank_), [&] {
+    std::vector<at::Tensor> v{t};
+    return backend_->pg->allreduce(v);
+  });
+  w.wait();
+}
+
+std::shared_ptr<Communicator> Communicator::new_group(const std::vector<int>& ranks) {
+  const int id = groups_made_++;
+  int my_index = -1;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0 || ranks[i] >= size_) {
+      throw CommError("dist", fmt::format("new_group: rank {} is not in a world of {}", ranks[i], size_));
+    }
+    if (ranks[i] == rank_) my_index = static_cast<int>(i);
+  }
+  if (my_index < 0) return nullptr;
+  if (!backend_ || ranks.size() == 1) return single();
+  auto b = std::make_unique<Backend>();
+  b->store = backend_->store;
+  b->prefix = fmt::format("{}/group{}/{}", backend_->prefix, id, fmt::join(ranks, ","));
+  b->all_local = backend_->all_local;
+  b->timeout = backend_->timeout;
+  b->cuda = backend_->cuda;
+  const int n = static_cast<int>(ranks.size());
+  try {
+    auto store = c10::make_intrusive<c10d::PrefixStore>(b->prefix, b->store);
+    b->pg = b->cuda ? detail::make_nccl(store, my_index, n, b->timeout)
+                    : detail::make_gloo(store, my_index, n, b->timeout, b->all_local);
+  } catch (const CommError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw CommError("dist", fmt::format("rank {}: creating the group of ranks {} failed: {}", global_rank_,
+                                        fmt::join(ranks, ","), e.what()));
+  }
+  auto c = std::shared_ptr<Communicator>(new Communicator());
+  c->rank_ = my_index;
+  c->global_rank_ = global_rank_;
+  c->size_ = n;
+  c->backend_ = std::move(b);
+  return c;
+}
+
+}  // namespace tessera::dist

@@ -1,0 +1,479 @@
+// The sharding engine (see fsdp.h): flat per-unit parameters, gather/free around each unit call, gradients reduced
+// asynchronously from inside backward.
+#include "tessera/dist/fsdp.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <ATen/autocast_mode.h>
+#include <c10/core/StorageImpl.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <map>
+
+namespace tessera::dist {
+namespace {
+
+using UnitFn = std::function<at::Tensor(const at::Tensor&)>;
+
+bool shards_parameters(ShardingStrategy s) {
+  return s != ShardingStrategy::kNoShard;
+}
+
+// Frees a buffer's memory while keeping its StorageImpl, which the parameter views and autograd's saved tensors
+// share; realloc_storage gives it memory again before the next gather writes into it.
+void free_storage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  if (s->nbytes() == 0) return;
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  s->set_nbytes(0);
+}
+
+void realloc_storage(const at::Tensor& t, size_t nbytes) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  if (s->nbytes() == nbytes) return;
+  s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
+  s->set_nbytes(nbytes);
+}
+
+}  // namespace
+
+std::pair<at::ScalarType, at::ScalarType> mixed_precision_dtypes(MixedPrecision mp, at::ScalarType low) {
+  switch (mp) {
+    case MixedPrecision::kFull:
+      return {at::kFloat, at::kFloat};
+    case MixedPrecision::kDefault:
+      return {low, at::kFloat};
+    case MixedPrecision::kPure:
+      return {low, low};
+  }
+  return {at::kFloat, at::kFloat};
+}
+
+struct Unit {
+  int64_t index = 0;
+  std::vector<std::string> names;
+  std::vector<at::Tensor> params;  // the module's parameter tensors (their TensorImpls are the module's)
+  std::vector<int64_t> offsets;
+  int64_t numel = 0, padded = 0, shard_numel = 0;
+  at::Tensor shard;  // fp32 (shard_numel), requires grad: the optimizer's parameter
+  at::Tensor full;   // param_dtype (padded): gathered parameters; storage freed while resharded
+  at::Tensor send;   // the shard in param_dtype, alive until the gather completes
+  bool gathered = false;
+  bool gather_in_flight = false;
+  Work gather_work;
+  int64_t pending_calls = 0;  // forward calls whose backward has not run yet
+  at::Tensor grad_full;       // reduce_dtype (padded): this microbatch's gradient, summed over calls
+  at::Tensor local_acc;       // NO_SHARD: gradients of microbatches not yet synchronised
+  at::Tensor reduce_in, reduce_out;
+  bool reduce_in_flight = false;
+  Work reduce_work;
+};
+
+struct CallRecord {
+  class ParallelModel::Impl* engine = nullptr;
+  Unit* unit = nullptr;
+  UnitFn fn;
+  bool recompute = false;  // activation checkpointing: forward kept no graph
+  at::Tensor x_in;         // recompute: the unit's input
+  at::Tensor x_leaf, out;  // the unit's private graph: x_leaf -> out
+  bool x_requires_grad = false;
+  int64_t next_in_backward = -1;  // the unit whose backward follows (for prefetch)
+  at::Tensor rng_state;           // recompute: CPU generator state before the forward
+  bool autocast = false;
+  at::ScalarType autocast_dtype = at::kFloat;
+  at::DeviceType device = at::kCPU;
+};
+
+class ParallelModel::Impl : public models::UnitRunner {
+ public:
+  Impl(const ParallelOptions& o, std::shared_ptr<Communicator> comm) : o_(o), comm_(std::move(comm)) {}
+
+  at::Tensor run(int64_t unit_index, const UnitFn& fn, const at::Tensor& x) override;
+  at::Tensor backward_call(CallRecord& rec, const at::Tensor& grad_out);
+
+  void setup(models::MPTForCausalLM& model);
+  void gather(Unit& u);
+  void wait_gathered(Unit& u);
+  void reshard(Unit& u);
+  void launch_reduction(Unit& u);
+  void finish_backward();
+  bool sharded() const { return shards_parameters(o_.sharding.strategy); }
+
+  ParallelOptions o_;
+  std::shared_ptr<Communicator> comm_;          // the whole job
+  std::shared_ptr<Communicator> shard_comm_;    // ranks that split the parameters (HYBRID: this node)
+  std::shared_ptr<Communicator> replica_comm_;  // HYBRID: the same shard on every node
+  std::vector<std::unique_ptr<Unit>> units_;
+  std::vector<at::Tensor> parameters_;
+  std::vector<std::unique_ptr<CallRecord>> records_;
+  bool sync_ = true;
+  bool root_called_ = false;  // the root's first call of this forward (embedding) has run
+};
+
+namespace {
+
+// One unit call as one autograd node. Inputs: the unit's input and its shard (an anchor, so that the node exists
+// even when the input needs no gradient, as for token ids); gradients for the shard go through the reduction, not
+// through autograd.
+struct UnitFunction : public torch::autograd::Function<UnitFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& anchor,
+                            CallRecord* rec) {
+    (void)anchor;
+    ctx->saved_data["record"] = reinterpret_cast<int64_t>(rec);
+    rec->x_requires_grad = x.requires_grad();
+    if (rec->recompute) {
+      rec->x_in = x.detach();
+      at::Tensor out = rec->fn(rec->x_in);  // grad mode is off inside a custom forward
+      return out;
+    }
+    at::AutoGradMode enable(true);
+    rec->x_leaf = x.detach();
+    if (rec->x_requires_grad) rec->x_leaf.requires_grad_(true);
+    rec->out = rec->fn(rec->x_leaf);
+    return rec->out.detach();
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* rec = reinterpret_cast<CallRecord*>(ctx->saved_data["record"].toInt());
+    at::Tensor gx = rec->engine->backward_call(*rec, grads[0]);
+    return {gx, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+void ParallelModel::Impl::setup(models::MPTForCausalLM& model) {
+  const int world = comm_->size();
+  const ShardingStrategy strategy = o_.sharding.strategy;
+  // Groups: HYBRID_SHARD shards within nodes of ranks_per_node consecutive ranks and replicates across them.
+  if (strategy == ShardingStrategy::kHybridShard && o_.ranks_per_node < world) {
+    const int per_node = o_.ranks_per_node;
+    if (per_node < 1 || world % per_node != 0) {
+      throw ConfigError("dist", fmt::format("HYBRID_SHARD: {} ranks do not split into nodes of {}", world, per_node));
+    }
+    const int nodes = world / per_node;
+    for (int n = 0; n < nodes; ++n) {
+      std::vector<int> ranks;
+      for (int r = 0; r < per_node; ++r) ranks.push_back(n * per_node + r);
+      if (auto g = comm_->new_group(ranks)) shard_comm_ = g;
+    }
+    for (int r = 0; r < per_node; ++r) {
+      std::vector<int> ranks;
+      for (int n = 0; n < nodes; ++n) ranks.push_back(n * per_node + r);
+      if (auto g = comm_->new_group(ranks)) replica_comm_ = g;
+    }
+  } else {
+    shard_comm_ = comm_;
+  }
+  const int shards = sharded() ? shard_comm_->size() : 1;
+  const int shard_rank = sharded() ? shard_comm_->rank() : 0;
+
+  std::map<int64_t, std::unique_ptr<Unit>> by_index;
+  for (auto& item : model->named_parameters()) {
+    const int64_t idx = models::unit_of_parameter(item.key());
+    auto& u = by_index[idx];
+    if (!u) {
+      u = std::make_unique<Unit>();
+      u->index = idx;
+    }
+    u->names.push_back(item.key());
+    u->params.push_back(item.value());
+  }
+  at::NoGradGuard no_grad;
+  for (auto& [idx, u] : by_index) {
+    std::vector<at::Tensor> flat_parts;
+    for (const at::Tensor& p : u->params) {
+      u->offsets.push_back(u->numel);
+      u->numel += p.numel();
+      flat_parts.push_back(p.detach().to(at::kFloat).reshape({-1}));
+    }
+    u->padded = (u->numel + shards - 1) / shards * shards;
+    u->shard_numel = u->padded / shards;
+    at::Tensor flat = at::zeros({u->padded}, flat_parts[0].options());
+    flat.narrow(0, 0, u->numel).copy_(at::cat(flat_parts));
+    if (o_.sharding.sync_module_states) comm_->broadcast(flat, 0).wait();
+    if (!sharded()) {
+      u->shard = flat;
+      u->full = flat;
+      u->gathered = true;
+    } else {
+      u->shard = flat.narrow(0, shard_rank * u->shard_numel, u->shard_numel).clone();
+      u->full = at::empty({u->padded}, flat.options().dtype(o_.param_dtype));
+    }
+    u->shard.requires_grad_(true);
+    for (size_t i = 0; i < u->params.size(); ++i) {
+      at::Tensor& p = u->params[i];
+      p.set_data(u->full.narrow(0, u->offsets[i], p.numel()).view(p.sizes()));
+    }
+    if (sharded()) free_storage(u->full);
+    parameters_.push_back(u->shard);
+    units_.push_back(std::move(u));
+  }
+  for (size_t i = 0; i < units_.size(); ++i) {
+    TORCH_CHECK(units_[i]->index == static_cast<int64_t>(i), "dist: model units are not numbered 0..n");
+  }
+}
+
+void ParallelModel::Impl::gather(Unit& u) {
+  if (u.gathered || u.gather_in_flight) return;
+  realloc_storage(u.full, static_cast<size_t>(u.padded) * u.full.element_size());
+  u.send = u.shard.detach().to(o_.param_dtype).contiguous();
+  u.gather_work = shard_comm_->all_gather(u.full, u.send);
+  u.gather_in_flight = true;
+}
+
+void ParallelModel::Impl::wait_gathered(Unit& u) {
+  if (u.gathered) return;
+  gather(u);
+  u.gather_work.wait();
+  u.send = at::Tensor();
+  u.gather_in_flight = false;
+  u.gathered = true;
+}
+
+void ParallelModel::Impl::reshard(Unit& u) {
+  if (!sharded() || !u.gathered) return;
+  free_storage(u.full);
+  u.gathered = false;
+}
+
+at::Tensor ParallelModel::Impl::run(int64_t unit_index, const UnitFn& fn, const at::Tensor& x) {
+  Unit& u = *units_.at(static_cast<size_t>(unit_index));
+  const int64_t n_blocks = static_cast<int64_t>(units_.size()) - 1;
+  // Which call this is: the root runs first (embedding) and last (head) in every forward.
+  bool head_call = false;
+  if (unit_index == 0) {
+    head_call = root_called_;
+    root_called_ = !root_called_;
+  }
+  const int64_t next_forward = head_call ? -1 : (unit_index < n_blocks ? unit_index + 1 : -1);
+  wait_gathered(u);
+  if (o_.overlap && next_forward >= 0) gather(*units_[static_cast<size_t>(next_forward)]);
+
+  if (!at::GradMode::is_enabled()) {
+    at::Tensor out = fn(x);
+    // Evaluation: nothing will come back for these parameters.
+    if (unit_index != 0 || head_call) reshard(u);
+    return out;
+  }
+  auto rec = std::make_unique<CallRecord>();
+  rec->engine = this;
+  rec->unit = &u;
+  rec->fn = fn;
+  rec->recompute = o_.sharding.activation_checkpointing && unit_index != 0;
+  rec->next_in_backward = head_call ? n_blocks : (unit_index > 1 ? unit_index - 1 : -1);
+  if (head_call && n_blocks == 0) rec->next_in_backward = -1;
+  rec->device = x.device().type();
+  if (rec->device == at::kCPU || rec->device == at::kCUDA) {
+    rec->autocast = at::autocast::is_autocast_enabled(rec->device);
+    rec->autocast_dtype = at::autocast::get_autocast_dtype(rec->device);
+  }
+  if (rec->recompute) rec->rng_state = at::detail::getDefaultCPUGenerator().get_state();
+  u.pending_calls++;
+  CallRecord* raw = rec.get();
+  records_.push_back(std::move(rec));
+  at::Tensor out = UnitFunction::apply(x, u.shard, raw);
+  // FULL_SHARD frees a block's parameters after its forward (the root stays until its backward).
+  if (o_.sharding.strategy != ShardingStrategy::kShardGradOp && unit_index != 0) reshard(u);
+  return out;
+}
+
+at::Tensor ParallelModel::Impl::backward_call(CallRecord& rec, const at::Tensor& grad_out) {
+  Unit& u = *rec.unit;
+  wait_gathered(u);
+  if (o_.overlap && rec.next_in_backward >= 0) gather(*units_[static_cast<size_t>(rec.next_in_backward)]);
+  at::AutoGradMode enable(true);
+  if (rec.recompute) {
+    // Activation checkpointing: run the forward again, with the same randomness and precision.
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    const at::Tensor now = gen.get_state();
+    gen.set_state(rec.rng_state);
+    const bool prev_enabled = at::autocast::is_autocast_enabled(rec.device);
+    const at::ScalarType prev_dtype = at::autocast::get_autocast_dtype(rec.device);
+    at::autocast::set_autocast_enabled(rec.device, rec.autocast);
+    at::autocast::set_autocast_dtype(rec.device, rec.autocast_dtype);
+    rec.x_leaf = rec.x_in;
+    if (rec.x_requires_grad) rec.x_leaf.requires_grad_(true);
+    rec.out = rec.fn(rec.x_leaf);
+    at::autocast::set_autocast_enabled(rec.device, prev_enabled);
+    at::autocast::set_autocast_dtype(rec.device, prev_dtype);
+    at::autocast::clear_cache();
+    gen.set_state(now);
+  }
+  std::vector<at::Tensor> inputs;
+  if (rec.x_requires_grad) inputs.push_back(rec.x_leaf);
+  std::vector<size_t> which;
+  for (size_t i = 0; i < u.params.size(); ++i) {
+    if (u.params[i].requires_grad()) {
+      inputs.push_back(u.params[i]);
+      which.push_back(i);
+    }
+  }
+  const at::Tensor g = grad_out.defined() ? grad_out : at::zeros_like(rec.out);
+  const std::vector<at::Tensor> grads =
+      torch::autograd::grad({rec.out}, inputs, {g}, /*retain_graph=*/false, /*create_graph=*/false,
+                            /*allow_unused=*/true);
+  rec.out = at::Tensor();
+  rec.x_leaf = at::Tensor();
+  rec.x_in = at::Tensor();
+  {
+    at::NoGradGuard no_grad;
+    if (!u.grad_full.defined()) u.grad_full = at::zeros({u.padded}, u.shard.options().dtype(o_.reduce_dtype));
+    const size_t first = rec.x_requires_grad ? 1 : 0;
+    for (size_t k = 0; k < which.size(); ++k) {
+      const at::Tensor& gp = grads[first + k];
+      if (!gp.defined()) continue;
+      const size_t i = which[k];
+      u.grad_full.narrow(0, u.offsets[i], u.params[i].numel()).add_(gp.reshape({-1}).to(o_.reduce_dtype));
+    }
+  }
+  if (--u.pending_calls == 0) {
+    reshard(u);
+    launch_reduction(u);
+  }
+  return rec.x_requires_grad ? grads[0] : at::Tensor();
+}
+
+void ParallelModel::Impl::launch_reduction(Unit& u) {
+  at::NoGradGuard no_grad;
+  if (!sharded()) {
+    if (u.local_acc.defined()) {
+      u.local_acc.add_(u.grad_full);
+    } else {
+      u.local_acc = u.grad_full;
+    }
+    u.grad_full = at::Tensor();
+    if (!sync_) return;
+    u.reduce_out = u.local_acc;
+    u.local_acc = at::Tensor();
+    u.reduce_work = comm_->all_reduce(u.reduce_out);
+  } else {
+    u.reduce_in = u.grad_full;
+    u.grad_full = at::Tensor();
+    u.reduce_out = at::empty({u.shard_numel}, u.reduce_in.options());
+    u.reduce_work = shard_comm_->reduce_scatter(u.reduce_out, u.reduce_in);
+  }
+  u.reduce_in_flight = true;
+  if (!o_.overlap) {
+    u.reduce_work.wait();
+  }
+}
+
+void ParallelModel::Impl::finish_backward() {
+  at::NoGradGuard no_grad;
+  std::vector<Unit*> done;
+  for (auto& u : units_) {
+    if (!u->reduce_in_flight) continue;
+    u->reduce_work.wait();
+    u->reduce_in = at::Tensor();
+    u->reduce_in_flight = false;
+    done.push_back(u.get());
+  }
+  if (replica_comm_) {  // HYBRID_SHARD: sum each shard over the nodes
+    std::vector<Work> works;
+    for (Unit* u : done) works.push_back(replica_comm_->all_reduce(u->reduce_out));
+    for (Work& w : works) w.wait();
+  }
+  const double scale = 1.0 / comm_->size();
+  for (Unit* u : done) {
+    at::Tensor g = u->reduce_out.to(at::kFloat).mul_(scale);
+    u->reduce_out = at::Tensor();
+    if (u->shard.grad().defined()) {
+      u->shard.mutable_grad().add_(g);
+    } else {
+      u->shard.mutable_grad() = g;
+    }
+  }
+  for (auto& u : units_) {
+    if (u->pending_calls != 0) {
+      throw Error("dist", fmt::format("unit {}: {} forward call(s) had no backward before finish_backward", u->index,
+                                      u->pending_calls));
+    }
+    reshard(*u);
+    if (u->gather_in_flight) {  // a prefetch nobody used: complete it so that the buffers can be freed
+      u->gather_work.wait();
+      u->gather_in_flight = false;
+      u->gathered = true;
+      reshard(*u);
+    }
+  }
+  records_.clear();
+  root_called_ = false;
+}
+
+// ---- ParallelModel --------------------------------------------------------------------------------------------------
+
+const std::vector<at::Tensor>& ParallelModel::parameters() const {
+  return impl_->parameters_;
+}
+
+void ParallelModel::prepare_backward(bool sync) {
+  impl_->sync_ = sync;
+}
+
+void ParallelModel::finish_backward() {
+  impl_->finish_backward();
+}
+
+at::Tensor ParallelModel::sum_over_shards(const at::Tensor& t) {
+  at::Tensor out = t.contiguous().clone();
+  if (impl_->sharded()) impl_->shard_comm_->all_reduce(out).wait();
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ParallelModel::full_state_dict() {
+  at::NoGradGuard no_grad;
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (auto& u : impl_->units_) {
+    at::Tensor full = u->shard.detach();
+    if (impl_->sharded()) {
+      full = at::empty({u->padded}, u->shard.options());
+      at::Tensor shard = u->shard.detach().contiguous();
+      impl_->shard_comm_->all_gather(full, shard).wait();
+    }
+    for (size_t i = 0; i < u->params.size(); ++i) {
+      out.emplace_back(u->names[i],
+                       full.narrow(0, u->offsets[i], u->params[i].numel()).view(u->params[i].sizes()).clone());
+    }
+  }
+  return out;
+}
+
+ShardMemory ParallelModel::memory() const {
+  ShardMemory m;
+  for (const at::Tensor& p : impl_->parameters_) {
+    m.param_bytes += static_cast<int64_t>(p.nbytes());
+    if (p.grad().defined()) m.grad_bytes += static_cast<int64_t>(p.grad().nbytes());
+  }
+  return m;
+}
+
+Communicator& ParallelModel::comm() {
+  return *impl_->comm_;
+}
+
+const ParallelOptions& ParallelModel::options() const {
+  return impl_->o_;
+}
+
+std::vector<int64_t> ParallelModel::unit_sizes() const {
+  std::vector<int64_t> out;
+  for (const auto& u : impl_->units_) out.push_back(u->numel);
+  return out;
+}
+
+std::shared_ptr<ParallelModel> parallelize(models::MPTForCausalLM& model, const ParallelOptions& options,
+                                           std::shared_ptr<Communicator> comm) {
+  auto impl = std::make_shared<ParallelModel::Impl>(options, std::move(comm));
+  impl->setup(model);
+  model->transformer->unit_runner = impl;
+  spdlog::info("dist: {} over {} ranks ({}), {} units, parameters in {}, gradients reduced in {}",
+               to_string(options.sharding.strategy), impl->comm_->size(), impl->comm_->backend_name(),
+               impl->units_.size(), c10::toString(options.param_dtype), c10::toString(options.reduce_dtype));
+  return std::make_shared<ParallelModel>(impl);
+}
+
+}  // namespace tessera::dist
