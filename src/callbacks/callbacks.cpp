@@ -6,10 +6,14 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
 
+#include "tessera/checkpoint/hf.h"
+#include "tessera/dist/communicator.h"
+#include "tessera/dist/fsdp.h"
 #include "tessera/models/mpt_config.h"
 #include "tessera/trainer/state.h"
 #include "tessera/util/error.h"
@@ -268,6 +272,63 @@ void ThresholdStopper::run_event(Event event, trainer::State& s, trainer::Logger
   }
 }
 
+namespace {
+std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+    s.replace(at, from.size(), to);
+  return s;
+}
+}  // namespace
+
+void HfCheckpointer::run_event(Event event, trainer::State& s, trainer::Logger& /*logger*/) {
+  const config::Time& iv = o_.save_interval;
+  bool due = false;
+  if (event == Event::kBatchEnd) due = iv.unit() == config::TimeUnit::kBatch && s.timestamp.batch % iv.count() == 0;
+  if (event == Event::kEpochEnd) due = iv.unit() == config::TimeUnit::kEpoch && s.timestamp.epoch % iv.count() == 0;
+  if (event == Event::kFitEnd) due = true;
+  if (due && s.timestamp.batch != last_saved_batch_) save(s);
+}
+
+void HfCheckpointer::save(trainer::State& s) {
+  last_saved_batch_ = s.timestamp.batch;
+  std::vector<std::pair<std::string, at::Tensor>> weights;
+  if (s.parallel) {
+    weights = s.parallel->full_state_dict();  // collective: every rank
+  } else {
+    for (const auto& item : s.model->named_parameters()) weights.emplace_back(item.key(), item.value().detach());
+  }
+  if (s.rank == 0) {
+    std::string name = replace_all(o_.huggingface_folder_name, "{batch}", std::to_string(s.timestamp.batch));
+    name = replace_all(name, "{epoch}", std::to_string(s.timestamp.epoch));
+    name = replace_all(name, "{run_name}", s.run_name);
+    const std::filesystem::path root =
+        std::filesystem::path(replace_all(o_.save_folder, "{run_name}", s.run_name)) / "huggingface";
+    const std::filesystem::path dir = root / name;
+    if (std::filesystem::exists(dir) && !o_.overwrite) {
+      throw Error("hf_checkpointer", fmt::format("{} exists and overwrite is false", dir.string()));
+    }
+    models::MPTOptions o = s.model_options;
+    o.init_device = "cpu";
+    models::MPTForCausalLM copy(o);
+    {
+      at::NoGradGuard no_grad;
+      std::map<std::string, at::Tensor> by_name(weights.begin(), weights.end());
+      for (auto& item : copy->named_parameters()) item.value().copy_(by_name.at(item.key()));
+    }
+    const at::ScalarType dtype = o_.precision == "bfloat16"  ? at::kBFloat16
+                                 : o_.precision == "float16" ? at::kHalf
+                                                             : at::kFloat;
+    const std::filesystem::path tmp = root / ("." + name + ".tmp");
+    std::filesystem::remove_all(tmp);
+    std::filesystem::create_directories(tmp);
+    checkpoint::save_hf_model(copy, tmp.string(), dtype);
+    std::filesystem::remove_all(dir);
+    std::filesystem::rename(tmp, dir);
+    spdlog::info("hf_checkpointer: wrote {}", dir.string());
+  }
+  if (s.comm) s.comm->barrier();
+}
+
 std::shared_ptr<trainer::Callback> make_callback(const config::ComponentOptions& c,
                                                  const trainer::TrainConfig& /*cfg*/) {
   if (c.name == "speed_monitor") return std::make_shared<SpeedMonitor>(std::any_cast<SpeedMonitorOptions>(c.options));
@@ -282,6 +343,9 @@ std::shared_ptr<trainer::Callback> make_callback(const config::ComponentOptions&
   if (c.name == "early_stopper") return std::make_shared<EarlyStopper>(std::any_cast<EarlyStopperOptions>(c.options));
   if (c.name == "threshold_stopper") {
     return std::make_shared<ThresholdStopper>(std::any_cast<ThresholdStopperOptions>(c.options));
+  }
+  if (c.name == "hf_checkpointer") {
+    return std::make_shared<HfCheckpointer>(std::any_cast<HfCheckpointerOptions>(c.options));
   }
   throw ConfigError("callbacks", fmt::format("callback `{}` has no implementation", c.name));
 }

@@ -100,8 +100,21 @@ config::ComponentRegistry& callback_registry() {
       s.finish();
       return o;
     });
+    r->add("hf_checkpointer", [](config::Section& s) -> std::any {
+      HfCheckpointerOptions o;
+      o.save_folder = s.require_string("save_folder");
+      o.save_interval = s.get_time("save_interval", o.save_interval, config::TimeUnit::kEpoch);
+      s.check(o.save_interval.unit() == config::TimeUnit::kBatch || o.save_interval.unit() == config::TimeUnit::kEpoch,
+              "save_interval", "must be in `ba` or `ep`");
+      s.check(!o.save_interval.is_zero(), "save_interval", "must be positive");
+      o.huggingface_folder_name = s.get_string("huggingface_folder_name", o.huggingface_folder_name);
+      o.precision = s.get_choice("precision", o.precision, {"float32", "bfloat16", "float16"});
+      o.overwrite = s.get_bool("overwrite", o.overwrite);
+      s.finish({"mlflow_registered_model_name", "mlflow_logging_config", "flatten_imports", "final_register_only",
+                "register_wait_seconds"});
+      return o;
+    });
     r->add_foundry_names({"checkpoint_saver",
-                          "hf_checkpointer",
                           "mono_checkpoint_saver",
                           "eval_gauntlet",
                           "curriculum_learning",

@@ -116,6 +116,22 @@ class ThresholdStopper : public trainer::Callback {
   ThresholdStopperOptions o_;
 };
 
+// hf_checkpointer (LLM Foundry's HuggingFaceCheckpointer): writes the model as a Hugging Face MPT folder
+// (config.json + safetensors) to save_folder/huggingface/<huggingface_folder_name> every save_interval and at the end
+// of training. With several ranks every rank takes part in gathering the weights and rank 0 writes; the folder
+// appears complete or not at all (written under a temporary name, then renamed).
+class HfCheckpointer : public trainer::Callback {
+ public:
+  explicit HfCheckpointer(HfCheckpointerOptions o) : o_(std::move(o)) {}
+  std::string name() const override { return "HuggingFaceCheckpointer"; }
+  void run_event(trainer::Event event, trainer::State& state, trainer::Logger& logger) override;
+
+ private:
+  void save(trainer::State& state);
+  HfCheckpointerOptions o_;
+  int64_t last_saved_batch_ = -1;
+};
+
 // The value a stopper monitors now: eval -> state.eval_metrics["eval"][monitor] (Error when no evaluation has run);
 // train -> state.train_loss.
 double monitored_value(const MonitoredMetric& metric, const trainer::State& state);

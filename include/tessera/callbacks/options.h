@@ -21,6 +21,15 @@ struct RuntimeEstimatorOptions {
   std::string time_unit = "hours";
 };
 
+// hf_checkpointer (LLM Foundry's HuggingFaceCheckpointer): Hugging Face folders of the model.
+struct HfCheckpointerOptions {
+  std::string save_folder;                               // required; {run_name} is replaced
+  config::Time save_interval = config::Time::epochs(1);  // `ba` or `ep`; a bare integer is epochs
+  std::string huggingface_folder_name = "ba{batch}";     // {batch}, {epoch} and {run_name} are replaced
+  std::string precision = "float32";                     // float32 | bfloat16 | float16
+  bool overwrite = true;                                 // false: an existing folder is an error
+};
+
 struct LRMonitorOptions {};
 struct MemoryMonitorOptions {};
 
