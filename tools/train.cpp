@@ -1,6 +1,7 @@
 // `train`: train a recipe, or validate it and print its plan (--dry-run).
 //
 //   train --recipe recipes/mpt-125m.yaml --dry-run [optimizer.lr=3e-4 ...]
+//   train --recipe recipes/mpt-tiny-cpu.yaml --nproc-per-node 2      (2 local ranks; or run under torchrun / srun)
 //
 // Exit codes: 0 success, 1 runtime failure, 2 usage or recipe error.
 #include <fmt/format.h>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/dist/launcher.h"
 #include "tessera/trainer/plan.h"
 #include "tessera/trainer/train_config.h"
 #include "tessera/trainer/trainer.h"
@@ -53,6 +55,20 @@ int run(int argc, char** argv) {
                  "Ranks per node to plan for (default: $LOCAL_WORLD_SIZE, else the world size)")
       ->check(CLI::PositiveNumber);
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off");
+  // The launcher (torchrun's flags): spawn this many ranks here, each running this command without these flags.
+  tessera::dist::LaunchOptions launch;
+  int nproc_per_node = 0;
+  app.add_option("--nproc-per-node", nproc_per_node,
+                 "Spawn this many local ranks (torchrun's launcher): rank-prefixed output, one dead rank stops all")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--nnodes", launch.nnodes, "Nodes in the job (with --nproc-per-node; default 1)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--node-rank", launch.node_rank, "This node's index (with --nproc-per-node; default 0)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--master-addr", launch.master_addr, "Address of node 0 (with --nproc-per-node; default 127.0.0.1)");
+  app.add_option("--master-port", launch.master_port,
+                 "Rendezvous port on node 0 (with --nproc-per-node; default 29500)")
+      ->check(CLI::Range(1, 65535));
   if (auto code = tessera::util::parse_command_line(app, argc, argv)) return *code;
   tessera::util::init_logging(log_level);
   tessera::util::configure_host_allocator();
@@ -62,17 +78,35 @@ int run(int argc, char** argv) {
     std::cout << cfg.resolved.to_json().dump(2) << "\n";
     return tessera::kExitOk;
   }
+  if (nproc_per_node > 0 && !dry_run) {
+    // Launcher: the ranks run this same command line minus the launcher's flags.
+    launch.nproc_per_node = nproc_per_node;
+    launch.argv = {"/proc/self/exe"};
+    const std::vector<std::string> launcher_flags = {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr",
+                                                     "--master-port"};
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      bool skip = false;
+      for (const auto& f : launcher_flags) {
+        if (a == f) {
+          skip = true;
+          ++i;  // and its value
+        } else if (a.rfind(f + "=", 0) == 0) {
+          skip = true;
+        }
+      }
+      if (!skip) launch.argv.push_back(a);
+    }
+    return tessera::dist::launch(launch);
+  }
+  if (world_size == 0 && nproc_per_node > 0) world_size = int64_t{nproc_per_node} * launch.nnodes;
+  if (ranks_per_node == 0 && nproc_per_node > 0) ranks_per_node = nproc_per_node;
   if (world_size == 0) world_size = env_int("WORLD_SIZE", 1);
   if (ranks_per_node == 0) ranks_per_node = env_int("LOCAL_WORLD_SIZE", world_size);
   const tessera::trainer::Plan plan = tessera::trainer::make_plan(cfg, world_size, ranks_per_node);
   if (dry_run) {
     std::cout << tessera::trainer::render_plan(cfg, plan, tessera::util::describe(tessera::util::device_info()));
     return tessera::kExitOk;
-  }
-  if (world_size != 1) {
-    throw tessera::ConfigError("train", fmt::format("world size {}: multi-process training is not implemented yet in "
-                                                    "this build; run one process (WORLD_SIZE=1)",
-                                                    world_size));
   }
   spdlog::info("{}", tessera::util::describe(tessera::util::device_info()));
   tessera::trainer::Trainer trainer(cfg);

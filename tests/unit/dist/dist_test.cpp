@@ -1,0 +1,458 @@
+// Multi-process tests of the communicator, the sharding engine and the launcher, on CPU with Gloo. Processes are
+// spawned through dist::launch: copies of this test binary running a worker test, or the `train` tool.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tessera/checkpoint/safetensors.h"
+#include "tessera/dist/communicator.h"
+#include "tessera/dist/fsdp.h"
+#include "tessera/dist/launcher.h"
+#include "tessera/dist/sharding.h"
+#include "tessera/models/mpt.h"
+#include "tiny_data.h"
+
+namespace fs = std::filesystem;
+using namespace tessera;
+
+namespace {
+
+bool is_worker() {
+  return std::getenv("TESSERA_DIST_WORKER") != nullptr;
+}
+
+// A TCP port nobody listens on now (the kernel's choice), for MASTER_PORT.
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+// ---- Collectives ----------------------------------------------------------------------------------------------------
+
+// Runs in each of the 4 processes that DistCollectives.FourRanksOverGloo launches.
+TEST(DistWorker, Collectives) {
+  if (!is_worker()) GTEST_SKIP() << "a worker of DistCollectives.FourRanksOverGloo";
+  const dist::Rendezvous rv = dist::rendezvous_from_env();
+  auto comm = dist::Communicator::connect(rv, at::kCPU, std::chrono::seconds(60));
+  const int r = comm->rank(), n = comm->size();
+  ASSERT_EQ(n, 4);
+  EXPECT_EQ(comm->backend_name(), "gloo");
+
+  at::Tensor t = at::arange(5, at::kFloat) + r;
+  comm->all_reduce(t).wait();
+  EXPECT_TRUE(at::equal(t, at::arange(5, at::kFloat) * n + n * (n - 1) / 2));
+  EXPECT_DOUBLE_EQ(comm->stats().all_reduce_bytes, 2.0 * (n - 1) / n * 20);
+
+  at::Tensor m = at::full({3}, static_cast<double>(r * r), at::kDouble);
+  comm->all_reduce(m, dist::ReduceOp::kMax).wait();
+  EXPECT_TRUE(at::equal(m, at::full({3}, 9.0, at::kDouble)));
+
+  // reduce_scatter: rank r's input is arange(4n) * (r + 1); chunk k sums to arange chunk k * n(n+1)/2.
+  at::Tensor in = at::arange(3 * n, at::kFloat) * (r + 1);
+  at::Tensor out = at::empty({3}, at::kFloat);
+  comm->reduce_scatter(out, in).wait();
+  EXPECT_TRUE(at::equal(out, at::arange(3 * r, 3 * r + 3, at::kFloat) * (n * (n + 1) / 2)));
+
+  at::Tensor mine = at::full({2}, static_cast<int64_t>(r), at::kLong);
+  at::Tensor all = at::empty({2 * n}, at::kLong);
+  comm->all_gather(all, mine).wait();
+  EXPECT_TRUE(at::equal(all, at::arange(n, at::kLong).repeat_interleave(2)));
+
+  at::Tensor b = at::full({4}, static_cast<float>(r), at::kFloat);
+  comm->broadcast(b, n - 1).wait();
+  EXPECT_TRUE(at::equal(b, at::full({4}, static_cast<float>(n - 1), at::kFloat)));
+
+  // Two asynchronous collectives in flight at once, completed in order.
+  at::Tensor a1 = at::ones({1000}), a2 = at::full({1000}, 2.0f);
+  dist::Work w1 = comm->all_reduce(a1), w2 = comm->all_reduce(a2);
+  w2.wait();
+  w1.wait();
+  EXPECT_EQ(a1[0].item<float>(), n);
+  EXPECT_EQ(a2[999].item<float>(), 2 * n);
+
+  // Groups: {0, 2} and {1, 3}; every rank calls new_group for both.
+  auto even = comm->new_group({0, 2});
+  auto odd = comm->new_group({1, 3});
+  auto mine_group = r % 2 == 0 ? even : odd;
+  ASSERT_TRUE(mine_group);
+  EXPECT_FALSE(r % 2 == 0 ? odd : even);
+  EXPECT_EQ(mine_group->size(), 2);
+  at::Tensor g = at::full({1}, static_cast<float>(r), at::kFloat);
+  mine_group->all_reduce(g).wait();
+  EXPECT_EQ(g.item<float>(), r % 2 == 0 ? 2.0f : 4.0f);
+  comm->barrier();
+}
+
+TEST(DistCollectives, FourRanksOverGloo) {
+  if (is_worker()) GTEST_SKIP() << "launcher side";
+  dist::LaunchOptions o;
+  o.nproc_per_node = 4;
+  o.master_port = free_port();
+  o.argv = {fs::read_symlink("/proc/self/exe").string(), "--gtest_filter=DistWorker.Collectives"};
+  setenv("TESSERA_DIST_WORKER", "1", 1);
+  const int rc = dist::launch(o);
+  unsetenv("TESSERA_DIST_WORKER");
+  EXPECT_EQ(rc, 0);
+}
+
+TEST(DistCollectives, WorldOfOneIsLocal) {
+  auto comm = dist::Communicator::single();
+  EXPECT_EQ(comm->size(), 1);
+  at::Tensor in = at::arange(4, at::kFloat), out = at::empty({4});
+  comm->all_gather(out, in).wait();
+  EXPECT_TRUE(at::equal(out, in));
+  comm->all_reduce(in).wait();
+  EXPECT_TRUE(at::equal(in, at::arange(4, at::kFloat)));
+  EXPECT_EQ(comm->stats().total_bytes(), 0);
+}
+
+TEST(DistRendezvous, ReadsTorchrunAndSlurmVariables) {
+  if (is_worker()) GTEST_SKIP();
+  const char* names[] = {"RANK",        "WORLD_SIZE",   "LOCAL_RANK",   "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                         "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",    "SLURM_NTASKS_PER_NODE"};
+  for (const char* v : names) unsetenv(v);
+  EXPECT_EQ(dist::rendezvous_from_env().world_size, 1);
+  setenv("RANK", "5", 1);
+  setenv("WORLD_SIZE", "8", 1);
+  setenv("LOCAL_RANK", "1", 1);
+  setenv("LOCAL_WORLD_SIZE", "4", 1);
+  setenv("MASTER_ADDR", "10.0.0.7", 1);
+  setenv("MASTER_PORT", "29555", 1);
+  dist::Rendezvous rv = dist::rendezvous_from_env();
+  EXPECT_EQ(rv.rank, 5);
+  EXPECT_EQ(rv.node_rank(), 1);
+  EXPECT_EQ(rv.num_nodes(), 2);
+  EXPECT_EQ(rv.master_addr, "10.0.0.7");
+  EXPECT_EQ(rv.master_port, 29555);
+  setenv("LOCAL_WORLD_SIZE", "3", 1);  // 8 ranks do not split into nodes of 3
+  EXPECT_THROW(dist::rendezvous_from_env(), ConfigError);
+  setenv("RANK", "x", 1);
+  EXPECT_THROW(dist::rendezvous_from_env(), ConfigError);
+  for (const char* v : names) unsetenv(v);
+  setenv("SLURM_PROCID", "3", 1);
+  setenv("SLURM_NTASKS", "4", 1);
+  setenv("SLURM_LOCALID", "1", 1);
+  setenv("SLURM_NTASKS_PER_NODE", "2", 1);
+  setenv("MASTER_ADDR", "node0", 1);
+  rv = dist::rendezvous_from_env();
+  EXPECT_EQ(rv.rank, 3);
+  EXPECT_EQ(rv.world_size, 4);
+  EXPECT_EQ(rv.node_rank(), 1);
+  for (const char* v : names) unsetenv(v);
+}
+
+// ---- Training: sharded equals unsharded -----------------------------------------------------------------------------
+
+namespace {
+
+struct TrainRun {
+  std::vector<double> losses;
+  std::map<std::string, at::Tensor> weights;  // the final model, from hf_checkpointer
+};
+
+class DistTraining : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = fs::temp_directory_path() / "dist_training";
+    fs::remove_all(root_);
+    tessera::testing::write_token_split(root_ / "data" / "train", 256, 1);
+    tessera::testing::write_token_split(root_ / "data" / "val", 32, 2);
+    // no_bias (LLM Foundry's MPT default): the key slice of a Wqkv bias has an exactly-zero gradient, so its
+    // gradient is rounding noise that Adam amplifies to full-size steps, and no two summation orders agree on it.
+    std::ofstream(root_ / "tiny.yaml") << fmt::format(R"(
+max_seq_len: 32
+seed: 3
+model: {{name: mpt_causal_lm, d_model: 32, n_heads: 2, n_layers: 3, expansion_ratio: 2, max_seq_len: 32,
+        vocab_size: 64, no_bias: true, attn_config: {{attn_impl: torch}}}}
+tokenizer: {{name: unused}}
+train_loader: {{name: text, dataset: {{local: {0}, split: train, shuffle: true, max_seq_len: 32}}, drop_last: true}}
+optimizer: {{name: decoupled_adamw, lr: 0.01, weight_decay: 0.0001}}
+scheduler: {{name: cosine_with_warmup, t_warmup: 5ba}}
+algorithms: {{gradient_clipping: {{clipping_type: norm, clipping_threshold: 0.5}}}}
+max_duration: 20ba
+global_train_batch_size: 8
+device_train_microbatch_size: 4
+device_eval_batch_size: 8
+precision: fp32
+log_to_console: false
+loggers: {{jsonl: {{filename: "{1}/runs/{{run_name}}/metrics.jsonl"}}}}
+callbacks: {{hf_checkpointer: {{save_folder: "{1}/runs/{{run_name}}", save_interval: 1000ba}}}}
+)",
+                                                      (root_ / "data").string(), root_.string());
+  }
+
+  // Runs `train` on `nproc` local ranks (1: a plain process) and reads its losses and final weights.
+  static TrainRun run(const std::string& name, int nproc, const std::vector<std::string>& overrides,
+                      const std::vector<std::string>& launcher_args = {}) {
+    std::string cmd =
+        fmt::format("{} --recipe {} run_name={}", TESSERA_TRAIN_BIN, (root_ / "tiny.yaml").string(), name);
+    if (nproc > 1) cmd += fmt::format(" --nproc-per-node {} --master-port {}", nproc, free_port());
+    for (const auto& a : launcher_args) cmd += " " + a;
+    for (const auto& o : overrides) cmd += " " + o;
+    const fs::path log = root_ / (name + ".log");
+    const int rc = std::system((cmd + " > " + log.string() + " 2>&1").c_str());
+    EXPECT_EQ(rc, 0) << cmd << "\n" << read_text(log);
+    return read_run(name);
+  }
+
+  static TrainRun read_run(const std::string& name) {
+    TrainRun r;
+    std::ifstream f(root_ / "runs" / name / "metrics.jsonl");
+    for (std::string line; std::getline(f, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.contains("loss/train/total")) r.losses.push_back(j["loss/train/total"].get<double>());
+    }
+    const fs::path w = root_ / "runs" / name / "huggingface" / "ba20" / "model.safetensors";
+    if (fs::exists(w)) {
+      checkpoint::SafetensorsFile file(w.string());
+      for (const auto& n : file.names()) r.weights[n] = file.load(n);
+    }
+    return r;
+  }
+
+  static void expect_same(const TrainRun& single, const TrainRun& sharded, const std::string& what) {
+    ASSERT_EQ(single.losses.size(), 20u) << what;
+    ASSERT_EQ(sharded.losses.size(), 20u) << what;
+    for (size_t i = 0; i < single.losses.size(); ++i) {
+      EXPECT_NEAR(sharded.losses[i], single.losses[i], 1e-5 * std::abs(single.losses[i])) << what << " step " << i;
+    }
+    ASSERT_EQ(single.weights.size(), sharded.weights.size()) << what;
+    ASSERT_FALSE(single.weights.empty()) << what;
+    for (const auto& [name, w] : single.weights) {
+      const at::Tensor& v = sharded.weights.at(name);
+      EXPECT_TRUE(at::allclose(v, w, 1e-4, 1e-5))
+          << what << " " << name << ": max diff " << (v - w).abs().max().item<double>();
+    }
+  }
+
+  static const TrainRun& single() {
+    static const TrainRun r = run("single", 1, {});
+    return r;
+  }
+
+  static fs::path root_;
+};
+fs::path DistTraining::root_;
+
+}  // namespace
+
+TEST_F(DistTraining, NoShardOnTwoRanksMatchesOneProcess) {
+  if (is_worker()) GTEST_SKIP();
+  expect_same(single(), run("ns2", 2, {"fsdp_config.sharding_strategy=NO_SHARD"}), "NO_SHARD x2");
+}
+
+TEST_F(DistTraining, ShardGradOpOnTwoRanksMatchesOneProcess) {
+  if (is_worker()) GTEST_SKIP();
+  expect_same(single(), run("sgo2", 2, {"fsdp_config.sharding_strategy=SHARD_GRAD_OP"}), "SHARD_GRAD_OP x2");
+}
+
+TEST_F(DistTraining, FullShardOnTwoAndFourRanksMatchesOneProcess) {
+  if (is_worker()) GTEST_SKIP();
+  expect_same(single(), run("fs2", 2, {"fsdp_config.sharding_strategy=FULL_SHARD"}), "FULL_SHARD x2");
+  expect_same(single(), run("fs4", 4, {"fsdp_config.sharding_strategy=FULL_SHARD"}), "FULL_SHARD x4");
+  // Activation checkpointing re-runs each block in backward: same numbers, and without overlap too.
+  expect_same(single(),
+              run("fs2ck", 2, {"fsdp_config.activation_checkpointing=true", "fsdp_config.overlap_communication=false"}),
+              "FULL_SHARD x2 with activation checkpointing, no overlap");
+}
+
+TEST_F(DistTraining, HybridShardOverTwoNodesMatchesOneProcess) {
+  if (is_worker()) GTEST_SKIP();
+  // Two launchers on this machine play two nodes of 2 ranks each: shard within a node, replicate across. One
+  // canonical node keeps Streaming's sample order equal to the single process's.
+  const int port = free_port();
+  auto node = [&](int k) {
+    return std::async(std::launch::async, [=] {
+      const std::string cmd = fmt::format(
+          "{} --recipe {} run_name=hy4 --nproc-per-node 2 --nnodes 2 --node-rank {} --master-port {} "
+          "fsdp_config.sharding_strategy=HYBRID_SHARD train_loader.dataset.num_canonical_nodes=1 > {} 2>&1",
+          TESSERA_TRAIN_BIN, (root_ / "tiny.yaml").string(), k, port,
+          (root_ / fmt::format("hy4_node{}.log", k)).string());
+      return std::system(cmd.c_str());
+    });
+  };
+  auto n0 = node(0), n1 = node(1);
+  EXPECT_EQ(n0.get(), 0) << read_text(root_ / "hy4_node0.log");
+  EXPECT_EQ(n1.get(), 0) << read_text(root_ / "hy4_node1.log");
+  expect_same(single(), read_run("hy4"), "HYBRID_SHARD 2 nodes x 2");
+}
+
+// ---- Failure: a killed rank ends the job ----------------------------------------------------------------------------
+
+namespace {
+// Pids of the processes whose parent is `parent`.
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string n = e.path().filename();
+    if (n.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    const size_t close = line.rfind(')');
+    std::istringstream rest(line.substr(close + 2));
+    char state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == parent) out.push_back(static_cast<pid_t>(std::stoi(n)));
+  }
+  return out;
+}
+
+std::string env_of(pid_t pid, const std::string& var) {
+  std::ifstream f(fmt::format("/proc/{}/environ", pid), std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::istringstream ss(all);
+  for (std::string kv; std::getline(ss, kv, '\0');) {
+    if (kv.rfind(var + "=", 0) == 0) return kv.substr(var.size() + 1);
+  }
+  return "";
+}
+}  // namespace
+
+TEST_F(DistTraining, KilledRankStopsTheJobWithinThirtySeconds) {
+  if (is_worker()) GTEST_SKIP();
+  const fs::path log = root_ / "killed.log";
+  const pid_t launcher = fork();
+  if (launcher == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    const std::string port = std::to_string(free_port());
+    const std::string recipe = (root_ / "tiny.yaml").string();
+    execl(TESSERA_TRAIN_BIN, TESSERA_TRAIN_BIN, "--recipe", recipe.c_str(), "--nproc-per-node", "2", "--master-port",
+          port.c_str(), "run_name=killed", "max_duration=100000ba", "log_to_console=true", "console_log_interval=1ba",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // Wait until training runs (rank 0 logs batches), then kill -9 rank 1.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  int early = 0;
+  while (read_text(log).find("[batch=3/") == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+    ASSERT_EQ(waitpid(launcher, &early, WNOHANG), 0) << "the job ended before it could be killed:\n" << read_text(log);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  pid_t victim = 0;
+  for (pid_t c : children_of(launcher)) {
+    if (env_of(c, "RANK") == "1") victim = c;
+  }
+  ASSERT_NE(victim, 0) << read_text(log);
+  const auto killed_at = std::chrono::steady_clock::now();
+  kill(victim, SIGKILL);
+  int status = 0;
+  while (waitpid(launcher, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() - killed_at > std::chrono::seconds(60)) {
+      kill(launcher, SIGKILL);
+      FAIL() << "the job did not stop within 60 s of the kill:\n" << read_text(log);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  EXPECT_LT(seconds, 30.0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_NE(WEXITSTATUS(status), 0);
+  const std::string text = read_text(log);
+  EXPECT_NE(text.find("rank 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("signal 9"), std::string::npos) << text;
+  EXPECT_TRUE(children_of(launcher).empty());
+}
+
+// ---- The engine in one process
+// ----------------------------------------------------------------------------------------
+
+namespace {
+models::MPTForCausalLM small_mpt() {
+  models::MPTOptions o;
+  o.d_model = 32;
+  o.n_heads = 4;
+  o.n_layers = 3;
+  o.expansion_ratio = 2;
+  o.max_seq_len = 16;
+  o.vocab_size = 50;
+  o.attn.kv_n_heads = 4;
+  o.init.init_div_is_residual = std::sqrt(2.0 * o.n_layers);
+  o.resid_pdrop = 0.1;  // dropout: activation checkpointing must replay the same masks
+  return models::build_mpt(o, 5);
+}
+}  // namespace
+
+TEST(Fsdp, UnitsOnAWorldOfOneGiveThePlainModelsLogitsAndGradients) {
+  for (const bool checkpointing : {false, true}) {
+    models::MPTForCausalLM plain = small_mpt(), sharded = small_mpt();
+    dist::ParallelOptions po;
+    po.sharding.strategy = dist::ShardingStrategy::kFullShard;
+    po.sharding.activation_checkpointing = checkpointing;
+    auto parallel = dist::parallelize(sharded, po, dist::Communicator::single());
+    ASSERT_EQ(parallel->parameters().size(), 4u);  // root + 3 blocks
+    const at::Tensor ids = at::randint(50, {2, 16}, at::kLong);
+
+    at::manual_seed(9);
+    const at::Tensor ref_logits = plain->forward(ids);
+    models::causal_lm_loss(ref_logits, ids).backward();
+    at::manual_seed(9);
+    parallel->prepare_backward(true);
+    const at::Tensor logits = sharded->forward(ids);
+    // FULL_SHARD: a block's gathered parameters are freed once its forward is done.
+    EXPECT_EQ(sharded->transformer->blocks[1]->parameters()[0].storage().nbytes(), 0u);
+    models::causal_lm_loss(logits, ids).backward();
+    parallel->finish_backward();
+    EXPECT_TRUE(at::allclose(logits, ref_logits, 1e-6, 1e-6));
+
+    // Unit 0 (root) then blocks, each flattened in named_parameters() order.
+    std::vector<std::vector<at::Tensor>> per_unit(4);
+    for (const auto& item : plain->named_parameters()) {
+      per_unit[models::unit_of_parameter(item.key())].push_back(item.value().grad().reshape({-1}));
+    }
+    for (size_t u = 0; u < 4; ++u) {
+      const at::Tensor expected = at::cat(per_unit[u]);
+      const at::Tensor got = parallel->parameters()[u].grad().narrow(0, 0, expected.numel());
+      EXPECT_TRUE(at::allclose(got, expected, 1e-5, 1e-6))
+          << "unit " << u << " checkpointing " << checkpointing << ": " << (got - expected).abs().max().item<double>();
+    }
+    // Evaluation without gradients goes through the same units.
+    at::NoGradGuard no_grad;
+    plain->eval();
+    sharded->eval();
+    EXPECT_TRUE(at::allclose(sharded->forward(ids), plain->forward(ids), 1e-6, 1e-6));
+    const auto full = parallel->full_state_dict();
+    EXPECT_EQ(full.size(), plain->named_parameters().size());
+  }
+}
