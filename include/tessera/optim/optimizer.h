@@ -45,6 +45,9 @@ class Optimizer {
 
  protected:
   virtual void update(size_t i, at::Tensor& param, const at::Tensor& grad, double lr) = 0;
+  // Updates every parameter with a gradient at once (a multi-tensor kernel) and returns true, or returns false to
+  // have update() called per parameter. step_ has already been advanced.
+  virtual bool update_all(double /*lr*/) { return false; }
   // Names of the per-parameter state tensors, created lazily by update().
   virtual std::vector<std::string> state_names() const = 0;
   at::Tensor& slot(size_t i, size_t k);  // k-th state tensor of parameter i (zeros of the parameter's shape at first)
