@@ -1,6 +1,8 @@
 // Built-in algorithms.
 #include "tessera/algorithms/algorithms.h"
 
+#include "tessera/dist/fsdp.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
@@ -197,9 +199,17 @@ bool Ema::match(trainer::Event e, const trainer::State& /*s*/) const {
          e == Event::kEvalEnd;
 }
 
+namespace {
+// The tensors that hold the weights: the model's, or with sharding this rank's flat shards (EMA is elementwise, so
+// averaging shards is averaging the model).
+std::vector<at::Tensor> weights_of(const trainer::State& s) {
+  return s.parallel ? s.parallel->parameters() : s.model->parameters();
+}
+}  // namespace
+
 void Ema::swap(trainer::State& s) {
   at::NoGradGuard no_grad;
-  const auto params = s.model->parameters();
+  const auto params = weights_of(s);
   for (size_t i = 0; i < params.size(); ++i) {
     at::Tensor tmp = params[i].detach().clone();
     params[i].detach().copy_(ema_[i]);
@@ -217,7 +227,7 @@ void Ema::apply(trainer::Event e, trainer::State& s, trainer::Logger& /*logger*/
           : !s.timestamp.before(start);
   if (e == Event::kFitStart) {
     if (ema_.empty()) {
-      for (const auto& p : s.model->parameters()) ema_.push_back(p.detach().clone());
+      for (const auto& p : weights_of(s)) ema_.push_back(p.detach().clone());
     }
     return;
   }
@@ -235,7 +245,7 @@ void Ema::apply(trainer::Event e, trainer::State& s, trainer::Logger& /*logger*/
                    (e == Event::kEpochEnd && unit == config::TimeUnit::kEpoch && s.timestamp.epoch % every == 0);
   if (!due || !started || ema_.empty()) return;
   at::NoGradGuard no_grad;
-  const auto params = s.model->parameters();
+  const auto params = weights_of(s);
   for (size_t i = 0; i < params.size(); ++i) ema_[i].mul_(smoothing_).add_(params[i].detach(), 1.0 - smoothing_);
 }
 

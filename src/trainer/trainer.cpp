@@ -262,7 +262,7 @@ void Trainer::check_multi_rank_support() const {
   // Components that read or replace whole parameter tensors, which sharding turns into flat shards.
   std::vector<std::string> unsupported;
   for (const auto& a : cfg_.algorithms) {
-    if (a.name == "lora" || a.name == "ema") unsupported.push_back("algorithms." + a.name);
+    if (a.name == "lora") unsupported.push_back("algorithms." + a.name);
     if (a.name == "gradient_clipping" &&
         std::any_cast<algorithms::GradientClippingOptions>(a.options).clipping_type == "adaptive") {
       unsupported.emplace_back("algorithms.gradient_clipping.clipping_type: adaptive");

@@ -23,7 +23,7 @@
 
 namespace tessera::dist {
 
-// A collective failed or timed out. what(): "[dist] rank 1: all_reduce of 4096 float elements failed: ...".
+// A collective failed or timed out. what(): "[dist] rank 1: all_reduce of 4096 Float elements failed: ...".
 class CommError : public Error {
  public:
   using Error::Error;

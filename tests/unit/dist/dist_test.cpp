@@ -133,6 +133,38 @@ TEST(DistCollectives, FourRanksOverGloo) {
   EXPECT_EQ(rc, 0);
 }
 
+// Runs in the 2 processes of DistCollectives.ATimedOutCollectiveNamesRankAndOperation.
+TEST(DistWorker, Timeout) {
+  if (!is_worker()) GTEST_SKIP() << "a worker of DistCollectives.ATimedOutCollectiveNamesRankAndOperation";
+  auto comm = dist::Communicator::connect(dist::rendezvous_from_env(), at::kCPU, std::chrono::seconds(2));
+  if (comm->rank() == 1) {  // never joins the collective
+    std::this_thread::sleep_for(std::chrono::seconds(4));
+    return;
+  }
+  at::Tensor t = at::ones({1000});
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    comm->all_reduce(t).wait();
+    ADD_FAILURE() << "the all_reduce completed without its peer";
+  } catch (const dist::CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0: all_reduce of 1000 Float elements failed"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));
+}
+
+TEST(DistCollectives, ATimedOutCollectiveNamesRankAndOperation) {
+  if (is_worker()) GTEST_SKIP() << "launcher side";
+  dist::LaunchOptions o;
+  o.nproc_per_node = 2;
+  o.master_port = free_port();
+  o.argv = {fs::read_symlink("/proc/self/exe").string(), "--gtest_filter=DistWorker.Timeout"};
+  setenv("TESSERA_DIST_WORKER", "1", 1);
+  const int rc = dist::launch(o);
+  unsetenv("TESSERA_DIST_WORKER");
+  EXPECT_EQ(rc, 0);
+}
+
 TEST(DistCollectives, WorldOfOneIsLocal) {
   auto comm = dist::Communicator::single();
   EXPECT_EQ(comm->size(), 1);
@@ -204,6 +236,8 @@ model: {{name: mpt_causal_lm, d_model: 32, n_heads: 2, n_layers: 3, expansion_ra
         vocab_size: 64, no_bias: true, attn_config: {{attn_impl: torch}}}}
 tokenizer: {{name: unused}}
 train_loader: {{name: text, dataset: {{local: {0}, split: train, shuffle: true, max_seq_len: 32}}, drop_last: true}}
+eval_loader: {{name: text, dataset: {{local: {0}, split: val, shuffle: false, max_seq_len: 32}}, drop_last: false}}
+eval_interval: 0ba
 optimizer: {{name: decoupled_adamw, lr: 0.01, weight_decay: 0.0001}}
 scheduler: {{name: cosine_with_warmup, t_warmup: 5ba}}
 algorithms: {{gradient_clipping: {{clipping_type: norm, clipping_threshold: 0.5}}}}
@@ -282,6 +316,11 @@ TEST_F(DistTraining, NoShardOnTwoRanksMatchesOneProcess) {
 TEST_F(DistTraining, ShardGradOpOnTwoRanksMatchesOneProcess) {
   if (is_worker()) GTEST_SKIP();
   expect_same(single(), run("sgo2", 2, {"fsdp_config.sharding_strategy=SHARD_GRAD_OP"}), "SHARD_GRAD_OP x2");
+  // EMA averages the shards; evaluation swaps the averaged weights in (every 5 batches) and back.
+  const std::vector<std::string> ema = {"algorithms.ema.half_life=5ba", "eval_interval=5ba"};
+  std::vector<std::string> ema2 = ema;
+  ema2.push_back("fsdp_config.sharding_strategy=SHARD_GRAD_OP");
+  expect_same(run("single_ema", 1, ema), run("sgo2_ema", 2, ema2), "SHARD_GRAD_OP x2 with EMA");
 }
 
 TEST_F(DistTraining, FullShardOnTwoAndFourRanksMatchesOneProcess) {
@@ -292,6 +331,18 @@ TEST_F(DistTraining, FullShardOnTwoAndFourRanksMatchesOneProcess) {
   expect_same(single(),
               run("fs2ck", 2, {"fsdp_config.activation_checkpointing=true", "fsdp_config.overlap_communication=false"}),
               "FULL_SHARD x2 with activation checkpointing, no overlap");
+}
+
+TEST_F(DistTraining, MixedPrecisionFullShardTracksOneProcess) {
+  if (is_worker()) GTEST_SKIP();
+  // amp_bf16 with DEFAULT (parameters gathered in bf16, gradients reduced in fp32) against one process under the
+  // same autocast: the same computation up to where bf16 rounding happens, so close but not equal.
+  const TrainRun one = run("single_bf16", 1, {"precision=amp_bf16"});
+  const TrainRun two = run("fs2_bf16", 2, {"precision=amp_bf16", "fsdp_config.mixed_precision=DEFAULT"});
+  ASSERT_EQ(one.losses.size(), 20u);
+  ASSERT_EQ(two.losses.size(), 20u);
+  for (size_t i = 0; i < one.losses.size(); ++i) EXPECT_NEAR(two.losses[i], one.losses[i], 0.02 * one.losses[i]) << i;
+  EXPECT_LT(two.losses.back(), two.losses.front() * 0.9);  // and it trains
 }
 
 TEST_F(DistTraining, HybridShardOverTwoNodesMatchesOneProcess) {
