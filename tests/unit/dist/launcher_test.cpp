@@ -1,15 +1,27 @@
-// The rank launcher with shell children: environment, exit codes, signals, output prefixes, bad options.
+// The rank launcher with /bin/sh children: the torchrun environment, exit codes, stopping the job when a rank fails
+// (processes the ranks started included), output relay and prefixes, signal forwarding, a killed launcher, bad options.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include "tessera/dist/launcher.h"
 #include "tessera/util/error.h"
@@ -17,16 +29,69 @@
 namespace fs = std::filesystem;
 using tessera::dist::launch;
 using tessera::dist::LaunchOptions;
+using Clock = std::chrono::steady_clock;
 
 namespace {
 
-LaunchOptions shell(const std::string& script, int nproc) {
-  LaunchOptions o;
-  o.nproc_per_node = nproc;
-  o.argv = {"/bin/sh", "-c", script};
-  o.stop_grace_seconds = 1;
-  return o;
-}
+// A private directory (mkdtemp), removed with everything in it at the end of the test.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "launcher_test_XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp: " + std::string(std::strerror(errno)));
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const fs::path& path() const { return path_; }
+  std::string str() const { return path_.string(); }
+
+ private:
+  fs::path path_;
+};
+
+// Sets an environment variable for the scope of the test.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// Sends spdlog's default logger to a string for the scope of the test.
+class LogCapture {
+ public:
+  LogCapture() : old_(spdlog::default_logger()) {
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(text_);
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("launcher_test", std::move(sink)));
+  }
+  ~LogCapture() { spdlog::set_default_logger(old_); }
+  LogCapture(const LogCapture&) = delete;
+  LogCapture& operator=(const LogCapture&) = delete;
+  std::string text() const { return text_.str(); }
+
+ private:
+  std::shared_ptr<spdlog::logger> old_;
+  std::ostringstream text_;
+};
 
 std::string read_text(const fs::path& p) {
   std::ifstream f(p);
@@ -35,78 +100,310 @@ std::string read_text(const fs::path& p) {
   return ss.str();
 }
 
-// Runs launch() with our stdout redirected to a file; returns the exit code and what was printed.
-std::pair<int, std::string> launch_capturing(const LaunchOptions& o) {
-  const fs::path out = fs::temp_directory_path() / "launcher_out.txt";
-  std::fflush(stdout);
-  const int saved = dup(1);
-  FILE* f = std::fopen(out.c_str(), "w");
-  dup2(fileno(f), 1);
-  const int rc = launch(o);
-  std::fflush(stdout);
-  dup2(saved, 1);
-  close(saved);
-  std::fclose(f);
-  return {rc, read_text(out)};
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream ss(text);
+  for (std::string line; std::getline(ss, line);) lines.push_back(line);
+  return lines;
 }
+
+// /bin/sh -c script on nproc ranks, with a short grace period. Tests pass their directory as $TEST_DIR.
+LaunchOptions shell(const std::string& script, int nproc) {
+  LaunchOptions o;
+  o.nproc_per_node = nproc;
+  o.argv = {"/bin/sh", "-c", script};
+  o.stop_grace_seconds = 1;
+  return o;
+}
+
+struct Outcome {
+  int rc = -1;
+  double seconds = 0;
+  std::string out, err, log;  // our stdout and stderr during the launch, and what it logged
+};
+
+// Runs launch() with fds 1 and 2 redirected to files in dir and spdlog captured.
+Outcome launch_capturing(const LaunchOptions& o, const TempDir& dir) {
+  Outcome r;
+  LogCapture log;
+  std::fflush(nullptr);
+  const int saved_out = ::dup(1), saved_err = ::dup(2);
+  std::FILE* out = std::fopen((dir.path() / "stdout.txt").c_str(), "w");
+  std::FILE* err = std::fopen((dir.path() / "stderr.txt").c_str(), "w");
+  ::dup2(::fileno(out), 1);
+  ::dup2(::fileno(err), 2);
+  const auto start = Clock::now();
+  try {
+    r.rc = launch(o);
+  } catch (...) {
+    r.rc = -2;
+  }
+  r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  std::fflush(nullptr);
+  ::dup2(saved_out, 1);
+  ::dup2(saved_err, 2);
+  ::close(saved_out);
+  ::close(saved_err);
+  std::fclose(out);
+  std::fclose(err);
+  r.out = read_text(dir.path() / "stdout.txt");
+  r.err = read_text(dir.path() / "stderr.txt");
+  r.log = log.text();
+  return r;
+}
+
+// Whether pid is a live process (not gone, not a zombie).
+bool running(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z';
+}
+
+// Waits up to two seconds (a SIGKILL takes effect asynchronously) for pid to stop running.
+bool ends_soon(pid_t pid) {
+  const auto deadline = Clock::now() + std::chrono::seconds(2);
+  while (running(pid) && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  return !running(pid);
+}
+
+pid_t read_pid(const fs::path& p) {
+  const std::string text = read_text(p);
+  return text.empty() ? 0 : static_cast<pid_t>(std::stol(text));
+}
+
+// Shell snippet: start `sleep 60` in the background, publish its pid as $TEST_DIR/sleep_$RANK, and wait for it.
+const std::string kSleepInBackground =
+    "sleep 60 & echo $! > $TEST_DIR/tmp_$RANK && mv $TEST_DIR/tmp_$RANK $TEST_DIR/sleep_$RANK; wait";
 
 }  // namespace
 
 TEST(Launcher, GivesEveryRankTheTorchrunEnvironment) {
-  const fs::path dir = fs::temp_directory_path() / "launcher_env";
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  LaunchOptions o = shell(
-      "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR "
-      "$MASTER_PORT $TESSERA_LAUNCHED\" > " +
-          dir.string() + "/$RANK",
-      3);
+  const TempDir dir;
+  const ScopedEnv test_dir("TEST_DIR", dir.str());
+  const ScopedEnv stale("RANK", "99");  // ours is replaced, not inherited
+  const std::string script =
+      "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK $NODE_RANK $MASTER_ADDR $MASTER_PORT "
+      "$TESSERA_LAUNCHED\" > $TEST_DIR/env_$RANK";
+  LaunchOptions o = shell(script, 3);
   o.nnodes = 2;
   o.node_rank = 1;
   o.master_addr = "10.1.2.3";
   o.master_port = 31234;
-  EXPECT_EQ(launch(o), 0);
+  EXPECT_EQ(launch_capturing(o, dir).rc, 0);
   for (int local = 0; local < 3; ++local) {
     const int rank = 3 + local;
-    EXPECT_EQ(read_text(dir / std::to_string(rank)),
-              std::to_string(rank) + " 6 " + std::to_string(local) + " 3 1 10.1.2.3 31234 1\n");
+    EXPECT_EQ(read_text(dir.path() / ("env_" + std::to_string(rank))),
+              fmt::format("{} 6 {} 3 1 1 10.1.2.3 31234 1\n", rank, local));
+  }
+  EXPECT_FALSE(fs::exists(dir.path() / "env_0"));
+  EXPECT_FALSE(fs::exists(dir.path() / "env_99"));
+
+  // One node with the defaults.
+  EXPECT_EQ(launch_capturing(shell(script, 2), dir).rc, 0);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(read_text(dir.path() / ("env_" + std::to_string(rank))),
+              fmt::format("{} 2 {} 2 0 0 127.0.0.1 29500 1\n", rank, rank));
   }
 }
 
-TEST(Launcher, PrefixesEachLineWithTheRank) {
-  const auto [rc, text] = launch_capturing(shell("printf 'a\\nb\\n'; printf 'unterminated'", 2));
-  EXPECT_EQ(rc, 0);
-  for (const char* line : {"[rank 0] a\n", "[rank 0] b\n", "[rank 1] a\n", "[rank 1] unterminated\n"}) {
-    EXPECT_NE(text.find(line), std::string::npos) << text;
-  }
+TEST(Launcher, ReturnsZeroWhenEveryRankExitsZero) {
+  const TempDir dir;
+  const Outcome r = launch_capturing(shell("exit 0", 4), dir);
+  EXPECT_EQ(r.rc, 0);
+  EXPECT_EQ(r.log.find("[error]"), std::string::npos) << r.log;
 }
 
 TEST(Launcher, AFailingRankStopsTheOthersAndGivesItsExitCode) {
-  const auto start = std::chrono::steady_clock::now();
-  EXPECT_EQ(launch(shell("if [ \"$RANK\" = 1 ]; then exit 3; fi; sleep 60", 3)), 3);
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
+  const TempDir dir;
+  const ScopedEnv test_dir("TEST_DIR", dir.str());
+  // Rank 1 fails once the others sleep in a child process of theirs, which must be stopped too.
+  const Outcome r = launch_capturing(
+      shell("echo $$ > $TEST_DIR/pid_$RANK; if [ \"$RANK\" = 1 ]; then "
+            "while [ ! -e $TEST_DIR/sleep_0 ] || [ ! -e $TEST_DIR/sleep_2 ]; do sleep 0.02; done; exit 3; fi; " +
+                kSleepInBackground,
+            3),
+      dir);
+  EXPECT_EQ(r.rc, 3);
+  EXPECT_LT(r.seconds, 15);
+  EXPECT_NE(r.log.find(fmt::format("rank 1 (pid {}) exited with code 3", read_pid(dir.path() / "pid_1"))),
+            std::string::npos)
+      << r.log;
+  for (int rank : {0, 2}) {
+    const pid_t pid = read_pid(dir.path() / ("pid_" + std::to_string(rank)));
+    const pid_t sleeper = read_pid(dir.path() / ("sleep_" + std::to_string(rank)));
+    ASSERT_NE(pid, 0);
+    ASSERT_NE(sleeper, 0);
+    EXPECT_TRUE(ends_soon(pid)) << "rank " << rank;
+    EXPECT_TRUE(ends_soon(sleeper)) << "the sleep that rank " << rank << " started";
+  }
 }
 
 TEST(Launcher, ARankKilledBySignalGives128PlusTheSignal) {
-  const auto start = std::chrono::steady_clock::now();
-  // Survivors ignore SIGTERM: the launcher must SIGKILL them after the grace period.
-  EXPECT_EQ(launch(shell("trap '' TERM; if [ \"$RANK\" = 0 ]; then kill -9 $$; fi; sleep 60", 2)), 137);
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
+  const TempDir dir;
+  const ScopedEnv test_dir("TEST_DIR", dir.str());
+  // The survivor and its child ignore SIGTERM: the launcher must SIGKILL them after the grace period (1 s).
+  const Outcome r = launch_capturing(shell("trap '' TERM; echo $$ > $TEST_DIR/pid_$RANK; if [ \"$RANK\" = 0 ]; then "
+                                           "while [ ! -e $TEST_DIR/sleep_1 ]; do sleep 0.02; done; kill -9 $$; fi; " +
+                                               kSleepInBackground,
+                                           2),
+                                     dir);
+  EXPECT_EQ(r.rc, 128 + SIGKILL);
+  EXPECT_LT(r.seconds, 15);
+  const pid_t victim = read_pid(dir.path() / "pid_0");
+  EXPECT_NE(r.log.find(fmt::format("rank 0 (pid {}) was killed by signal 9 ({})", victim, strsignal(SIGKILL))),
+            std::string::npos)
+      << r.log;
+  EXPECT_NE(r.log.find("rank 1"), std::string::npos) << r.log;  // the warning that it had to be killed
+  EXPECT_TRUE(ends_soon(read_pid(dir.path() / "pid_1")));
+  EXPECT_TRUE(ends_soon(read_pid(dir.path() / "sleep_1")));
+}
+
+TEST(Launcher, PrefixesEachLineWithTheRank) {
+  const TempDir dir;
+  const Outcome r =
+      launch_capturing(shell("printf 'a\\nb\\n'; printf 'to stderr\\n' >&2; printf 'unterminated'", 2), dir);
+  EXPECT_EQ(r.rc, 0);
+  for (const char* line : {"[rank 0] a\n", "[rank 0] b\n", "[rank 1] a\n", "[rank 1] b\n", "[rank 0] unterminated\n",
+                           "[rank 1] unterminated\n"}) {
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << " in:\n" << r.out;
+  }
+  EXPECT_EQ(lines_of(r.out).size(), 6u) << r.out;
+  EXPECT_EQ(r.out.find("stderr"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("[rank 0] to stderr\n"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("[rank 1] to stderr\n"), std::string::npos) << r.err;
+}
+
+TEST(Launcher, NeverInterleavesPartsOfLines) {
+  const TempDir dir;
+  // Four ranks each write three lines of 2,400 characters in 300 small writes, at the same time.
+  const Outcome r = launch_capturing(shell("for line in 1 2 3; do i=0; while [ $i -lt 300 ]; do "
+                                           "printf %s \"$RANK$RANK$RANK$RANK$RANK$RANK$RANK$RANK\"; i=$((i+1)); "
+                                           "done; echo; done",
+                                           4),
+                                     dir);
+  EXPECT_EQ(r.rc, 0);
+  const std::vector<std::string> lines = lines_of(r.out);
+  EXPECT_EQ(lines.size(), 12u);
+  for (const std::string& line : lines) {
+    ASSERT_GT(line.size(), 9u);
+    const char rank = line[6];
+    EXPECT_EQ(line, std::string("[rank ") + rank + "] " + std::string(2400, rank));
+  }
+}
+
+TEST(Launcher, CanLeaveOutputUnprefixed) {
+  const TempDir dir;
+  LaunchOptions o = shell("echo \"hello from $RANK\"", 1);
+  o.prefix_output = false;
+  const Outcome r = launch_capturing(o, dir);
+  EXPECT_EQ(r.rc, 0);
+  EXPECT_EQ(r.out, "hello from 0\n");
 }
 
 TEST(Launcher, AProgramThatCannotRunExits127) {
+  const TempDir dir;
   LaunchOptions o;
-  o.argv = {"/nonexistent/program"};
-  EXPECT_EQ(launch(o), 127);
+  o.nproc_per_node = 2;
+  o.argv = {"/nonexistent/program", "--flag"};
+  const Outcome r = launch_capturing(o, dir);
+  EXPECT_EQ(r.rc, 127);
+  EXPECT_NE(r.log.find("could not run /nonexistent/program: No such file or directory"), std::string::npos) << r.log;
+  o.argv = {"tessera-no-such-program-in-path"};
+  EXPECT_EQ(launch_capturing(o, dir).rc, 127);
+}
+
+TEST(Launcher, ForwardsSignalsAndRestoresTheHandlers) {
+  const TempDir dir;
+  const ScopedEnv test_dir("TEST_DIR", dir.str());
+  struct sigaction before {};
+  ::sigaction(SIGTERM, nullptr, &before);
+  // Rank 0 sends SIGTERM to the launcher (its parent), which forwards it to every rank's process group.
+  const Outcome r = launch_capturing(
+      shell("if [ \"$RANK\" = 0 ]; then while [ ! -e $TEST_DIR/sleep_1 ]; do sleep 0.02; done; kill -TERM $PPID; fi; " +
+                kSleepInBackground,
+            2),
+      dir);
+  EXPECT_EQ(r.rc, 128 + SIGTERM);
+  EXPECT_LT(r.seconds, 5);
+  EXPECT_NE(r.log.find("forwarding signal 15"), std::string::npos) << r.log;
+  EXPECT_TRUE(ends_soon(read_pid(dir.path() / "sleep_1")));
+  struct sigaction after {};
+  ::sigaction(SIGTERM, nullptr, &after);
+  EXPECT_EQ(after.sa_handler, before.sa_handler);
+}
+
+TEST(Launcher, LeavesIgnoredSignalsIgnored) {
+  // Under nohup (SIGHUP ignored), a hangup must not stop the job.
+  struct sigaction ignore {
+  }, before{};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  ::sigaction(SIGHUP, &ignore, &before);
+  const TempDir dir;
+  const Outcome r =
+      launch_capturing(shell("if [ \"$RANK\" = 0 ]; then kill -HUP $PPID; sleep 0.3; echo \"survived\"; fi", 2), dir);
+  struct sigaction after {};
+  ::sigaction(SIGHUP, &before, &after);
+  EXPECT_EQ(r.rc, 0) << r.log;
+  EXPECT_EQ(r.out, "[rank 0] survived\n");
+  EXPECT_EQ(after.sa_handler, SIG_IGN);
+}
+
+TEST(Launcher, RanksDieWithTheLauncher) {
+  const TempDir dir;
+  const ScopedEnv test_dir("TEST_DIR", dir.str());
+  std::fflush(nullptr);
+  const pid_t launcher = ::fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    spdlog::set_level(spdlog::level::warn);
+    LaunchOptions o =
+        shell("echo $$ > $TEST_DIR/tmp_$RANK && mv $TEST_DIR/tmp_$RANK $TEST_DIR/pid_$RANK && exec sleep 60", 2);
+    ::_exit(launch(o));
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  while ((!fs::exists(dir.path() / "pid_0") || !fs::exists(dir.path() / "pid_1")) && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(launcher, SIGKILL);
+  int status = 0;
+  ::waitpid(launcher, &status, 0);
+  for (int rank : {0, 1}) {
+    const pid_t pid = read_pid(dir.path() / ("pid_" + std::to_string(rank)));
+    ASSERT_NE(pid, 0) << "rank " << rank << " did not start";
+    EXPECT_TRUE(ends_soon(pid)) << "rank " << rank;
+  }
 }
 
 TEST(Launcher, RejectsBadOptions) {
-  LaunchOptions o = shell("true", 0);
-  EXPECT_THROW(launch(o), tessera::ConfigError);
-  o = shell("true", 1);
+  auto expect_config_error = [](const LaunchOptions& o, const std::string& what) {
+    try {
+      launch(o);
+      ADD_FAILURE() << "no error for " << what;
+    } catch (const tessera::ConfigError& e) {
+      EXPECT_EQ(e.component(), "launch") << what;
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  expect_config_error(shell("true", 0), "--nproc-per-node 0");
+  LaunchOptions o = shell("true", 1);
   o.node_rank = 1;
-  EXPECT_THROW(launch(o), tessera::ConfigError);
+  expect_config_error(o, "--node-rank 1");
+  o.node_rank = -1;
+  expect_config_error(o, "--node-rank -1");
+  o = shell("true", 1);
+  o.nnodes = 0;
+  o.node_rank = 0;
+  expect_config_error(o, "--nnodes 0");
   o = shell("true", 1);
   o.argv.clear();
-  EXPECT_THROW(launch(o), tessera::ConfigError);
+  expect_config_error(o, "no program");
+  o = shell("true", 1);
+  o.master_port = 70000;
+  expect_config_error(o, "--master-port 70000");
+  o = shell("true", 1);
+  o.stop_grace_seconds = -1;
+  expect_config_error(o, "stop_grace_seconds");
 }
