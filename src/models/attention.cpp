@@ -1,9 +1,30 @@
 // MPT grouped-query attention over scaled_dot_product_attention, with a reference path for testing.
 #include "tessera/models/attention.h"
 
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
 #include <cmath>
+#include <limits>
 
 namespace tessera::models {
+namespace {
+
+// The most negative finite value of a floating dtype (torch.finfo(dtype).min), for masking scores in that dtype.
+double lowest_value(at::ScalarType t) {
+  switch (t) {
+    case at::kBFloat16:
+      return static_cast<double>(std::numeric_limits<c10::BFloat16>::lowest());
+    case at::kHalf:
+      return static_cast<double>(std::numeric_limits<c10::Half>::lowest());
+    case at::kDouble:
+      return std::numeric_limits<double>::lowest();
+    default:
+      return static_cast<double>(std::numeric_limits<float>::lowest());
+  }
+}
+
+}  // namespace
 
 at::Tensor alibi_slopes(int64_t n_heads, double alibi_bias_max) {
   const int64_t n = int64_t{1} << static_cast<int64_t>(std::ceil(std::log2(static_cast<double>(n_heads))));
@@ -73,7 +94,12 @@ at::Tensor GroupedQueryAttentionImpl::forward(const at::Tensor& x, const Attenti
   }
   const double dropout = is_training() ? o_.attn.attn_pdrop : 0.0;
   at::Tensor context;
-  if (in.reference) {
+  // Kernel choice: on CPU, ATen's fused SDPA is slower than the explicit softmax path in bf16 for short keys (about
+  // 2x at 128 and 1.6x at 256 keys, forward + backward; bench_attention_variants, docs/performance.md) and faster
+  // everywhere else. Both compute the same attention.
+  const bool short_bf16_on_cpu =
+      q.device().is_cpu() && q.scalar_type() == at::kBFloat16 && k.size(2) <= 256 && dropout == 0.0;
+  if (in.reference || short_bf16_on_cpu) {
     // Plain path: kv head g serves query heads g * n_rep .. g * n_rep + n_rep - 1, as LLM Foundry's repeat_kv_for_gqa.
     const int64_t rep = h / kv;
     const at::Tensor kf = rep > 1 ? k.repeat_interleave(rep, 1) : k, vf = rep > 1 ? v.repeat_interleave(rep, 1) : v;
@@ -82,7 +108,7 @@ at::Tensor GroupedQueryAttentionImpl::forward(const at::Tensor& x, const Attenti
     if (in.is_causal) {
       const int64_t sk = kf.size(2);
       const at::Tensor future = at::ones({s, sk}, x.options().dtype(at::kBool)).triu(sk - s + 1);
-      scores = scores.masked_fill(future, std::numeric_limits<float>::lowest());
+      scores = scores.masked_fill(future, lowest_value(scores.scalar_type()));
     }
     at::Tensor weights = at::softmax(scores, -1);
     weights = at::dropout(weights, dropout, is_training());
