@@ -184,6 +184,17 @@ void ParallelModel::Impl::setup(models::MPTForCausalLM& model) {
   }
   at::NoGradGuard no_grad;
   for (auto& [idx, u] : by_index) {
+    if (u->params[0].is_meta()) {
+      // Deferred initialisation: allocate this unit only, initialise its modules, shard it below.
+      for (at::Tensor& p : u->params) {
+        const at::Tensor real = at::empty(p.sizes(), at::TensorOptions().dtype(at::kFloat).device(o_.device));
+        // set_data refuses meta -> real; the shallow copy is what it does after that check.
+        p.unsafeGetTensorImpl()->shallow_copy_from(real.getIntrusivePtr());
+      }
+      const int64_t unit = idx;
+      models::init_mpt_weights(model, o_.init_seed,
+                               [unit](const std::string& m) { return models::unit_of_parameter(m) == unit; });
+    }
     std::vector<at::Tensor> flat_parts;
     for (const at::Tensor& p : u->params) {
       u->offsets.push_back(u->numel);

@@ -1,7 +1,11 @@
 // LLM Foundry's parameter initialisation schemes (llmfoundry/models/utils/param_init_fns.py).
 #include <ATen/ATen.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <cmath>
+#include <functional>
+#include <string>
 
 #include "tessera/models/mpt.h"
 #include "tessera/util/error.h"
@@ -68,12 +72,24 @@ void torch_default(torch::nn::Module& m, at::Generator& gen) {
 
 }  // namespace
 
-void init_mpt_weights(MPTForCausalLM& model, at::Generator gen) {
+uint64_t module_seed(uint64_t seed, const std::string& module_name) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the name, mixed with the seed (splitmix64's finaliser)
+  for (const unsigned char c : module_name) h = (h ^ c) * 1099511628211ull;
+  uint64_t z = h ^ (seed + 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+void init_mpt_weights(MPTForCausalLM& model, uint64_t seed, const std::function<bool(const std::string&)>& select) {
   at::NoGradGuard no_grad;
   const MPTOptions& o = model->options();
   const int64_t hd = o.head_dim();
   for (const auto& item : model->named_modules()) {
+    if (select && !select(item.key())) continue;
     torch::nn::Module& m = *item.value();
+    if (m.parameters(/*recurse=*/false).empty()) continue;
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(module_seed(seed, item.key()));
     if (o.init.name == "default_") {
       torch_default(m, gen);
       continue;

@@ -200,7 +200,7 @@ at::Tensor MPTForCausalLMImpl::forward(const at::Tensor& input_ids, const Forwar
 MPTForCausalLM build_mpt(const MPTOptions& options, uint64_t seed) {
   MPTForCausalLM model(options);
   if (options.init_device != "meta") {
-    init_mpt_weights(model, at::make_generator<at::CPUGeneratorImpl>(seed));
+    init_mpt_weights(model, seed);
   }
   return model;
 }

@@ -201,7 +201,10 @@ Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config
   }
   at::manual_seed(static_cast<uint64_t>(cfg_.seed));
   state_.model_options = cfg_.model;
-  state_.model_options.init_device = state_.device.is_cuda() ? "cuda" : "cpu";
+  // `meta` with several ranks: the sharding engine materialises one unit at a time (a model larger than one rank's
+  // memory); otherwise the whole model is built on the device.
+  const bool deferred = cfg_.model.init_device == "meta" && state_.world_size > 1;
+  state_.model_options.init_device = deferred ? "meta" : state_.device.is_cuda() ? "cuda" : "cpu";
   state_.model = models::build_mpt(state_.model_options, static_cast<uint64_t>(cfg_.seed));
 
   // Loggers first, then callbacks (Composer: state.callbacks = loggers + callbacks). Metrics are reduced over the
@@ -231,6 +234,12 @@ Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config
   state_.device_train_microbatch_size =
       auto_microbatch_ ? state_.device_train_batch_size
                        : std::min(cfg_.device_train_microbatch_size.samples, state_.device_train_batch_size);
+  if (auto_microbatch_ && state_.device.is_cuda() && state_.world_size > 1) {
+    // Ranks would have to agree on every retry between their collectives; not built yet.
+    throw ConfigError("recipe", fmt::format("{}: device_train_microbatch_size: auto is not supported yet with more "
+                                            "than one GPU rank; give a number",
+                                            cfg_.recipe_path));
+  }
   if (auto_microbatch_ && !state_.device.is_cuda()) {
     spdlog::info("device_train_microbatch_size: auto on CPU uses the whole device batch ({} samples)",
                  state_.device_train_batch_size);
@@ -247,6 +256,8 @@ Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config
     std::tie(po.param_dtype, po.reduce_dtype) = dist::mixed_precision_dtypes(cfg_.fsdp.mixed_precision, low);
     po.ranks_per_node = static_cast<int>(state_.local_world_size);
     po.overlap = cfg_.fsdp.overlap_communication;
+    po.device = state_.device;
+    po.init_seed = static_cast<uint64_t>(cfg_.seed);
     state_.parallel = dist::parallelize(state_.model, po, state_.comm);
   }
   state_.optimizer = optim::make_optimizer(cfg_.optimizer, state_.trainable_parameters());
@@ -402,8 +413,13 @@ void Trainer::fit() {
       }
       engine_->run_event(Event::kAfterDataloader);
       engine_->run_event(Event::kBatchStart);
-      const int64_t samples = state_.batch.samples * state_.world_size;
-      const int64_t tokens = count_tokens(state_.batch) * state_.world_size;
+      int64_t samples = state_.batch.samples, tokens = count_tokens(state_.batch);
+      if (state_.world_size > 1) {  // the timestamp counts every rank's samples and tokens
+        at::Tensor t = at::tensor({samples, tokens}, at::kLong).to(state_.device);
+        state_.comm->all_reduce(t).wait();
+        samples = t[0].item<int64_t>();
+        tokens = t[1].item<int64_t>();
+      }
       train_batch();
       Metrics m{{"loss/train/total", state_.train_loss}};
       if (cfg_.device_train_microbatch_size.automatic) {

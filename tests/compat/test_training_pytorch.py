@@ -165,7 +165,10 @@ def test_losses_match_plain_pytorch_loop(driver, tmp_path, dataset, optimizer):
         opt.step()
         losses.append(total)
     np.testing.assert_allclose(trace["lrs"], lrs, rtol=1e-12, atol=0)
-    np.testing.assert_allclose(trace["losses"], losses, rtol=1e-5, atol=0)
+    # Lion steps by sign(interpolated momentum): an element whose momentum is within rounding of zero can take the
+    # opposite sign on the two sides and move by 2·lr, so its losses agree a little less tightly than Adam's or SGD's.
+    rtol = 5e-5 if optimizer == "decoupled_lionw" else 1e-5
+    np.testing.assert_allclose(trace["losses"], losses, rtol=rtol, atol=0)
     assert losses[-1] < losses[0] - 0.5  # it really trained
 
 

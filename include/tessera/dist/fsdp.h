@@ -39,6 +39,8 @@ struct ParallelOptions {
   at::ScalarType reduce_dtype = at::kFloat;  // dtype gradients are reduced in
   bool overlap = true;                       // prefetch gathers and reduce asynchronously; false: one at a time
   int ranks_per_node = 1;                    // HYBRID_SHARD: shard within groups of this many consecutive ranks
+  at::Device device = at::kCPU;              // where parameters live (a model built on `meta` is materialised here)
+  uint64_t init_seed = 17;                   // initialisation seed for a model built on `meta`
 };
 
 // Composer's fsdp_config.mixed_precision under a training precision whose autocast dtype is `low` (kFloat for fp32):
@@ -79,8 +81,11 @@ class ParallelModel {
 };
 
 // Shards `model` over `comm` (every rank calls it with an identically initialised model, or with sync_module_states
-// rank 0's weights are broadcast first). The model keeps working through its UnitRunner; its own parameter tensors
-// become views of gathered buffers, valid only while a unit runs.
+// rank 0's weights are broadcast first). A model built on `meta` is materialised one unit at a time: the unit is
+// allocated on options.device, initialised (models::init_mpt_weights with init_seed, that unit's modules only: the
+// same values as a whole-model init), sharded and freed, so no rank ever holds more than one unit's full parameters.
+// The model keeps working through its UnitRunner; its own parameter tensors become views of gathered buffers, valid
+// only while a unit runs.
 std::shared_ptr<ParallelModel> parallelize(models::MPTForCausalLM& model, const ParallelOptions& options,
                                            std::shared_ptr<Communicator> comm);
 

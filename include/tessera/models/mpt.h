@@ -126,10 +126,15 @@ TORCH_MODULE(MPTForCausalLM);
 // with LLM Foundry's init_config scheme using `seed`.
 MPTForCausalLM build_mpt(const MPTOptions& options, uint64_t seed = 17);
 
-// LLM Foundry's parameter initialisation (param_init_fns.py) for options.init.name, from `generator`: Linear
-// weights by the scheme (fused Wqkv per Q/K/V slice), residual projections divided by init_div_is_residual, biases
-// zero, embeddings by emb_init_std / emb_init_uniform_lim / the scheme, norms weight 1 bias 0.
-void init_mpt_weights(MPTForCausalLM& model, at::Generator generator);
+// LLM Foundry's parameter initialisation (param_init_fns.py) for options.init.name: Linear weights by the scheme
+// (fused Wqkv per Q/K/V slice), residual projections divided by init_div_is_residual, biases zero, embeddings by
+// emb_init_std / emb_init_uniform_lim / the scheme, norms weight 1 bias 0. Each module draws from its own generator,
+// seeded from `seed` and the module's name, so initialising any subset of modules (`select` on module names, e.g.
+// one unit at a time when building a sharded model from `meta`) gives exactly the values of a whole-model init.
+void init_mpt_weights(MPTForCausalLM& model, uint64_t seed,
+                      const std::function<bool(const std::string&)>& select = nullptr);
+// The seed of module `module_name`'s generator under init_mpt_weights(model, seed).
+uint64_t module_seed(uint64_t seed, const std::string& module_name);
 
 // A model built on `meta` describes shapes only (no memory). materialize() returns the same model allocated on
 // `device` and initialised from `seed` (identical to building it there directly); the meta model is left as it was.

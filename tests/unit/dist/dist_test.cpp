@@ -121,16 +121,23 @@ TEST(DistWorker, Collectives) {
   comm->barrier();
 }
 
-TEST(DistCollectives, FourRanksOverGloo) {
-  if (is_worker()) GTEST_SKIP() << "launcher side";
+namespace {
+// Runs the worker test `name` of this binary on `nproc` ranks; returns the launcher's exit code.
+int launch_workers(const std::string& name, int nproc) {
   dist::LaunchOptions o;
-  o.nproc_per_node = 4;
+  o.nproc_per_node = nproc;
   o.master_port = free_port();
-  o.argv = {fs::read_symlink("/proc/self/exe").string(), "--gtest_filter=DistWorker.Collectives"};
+  o.argv = {fs::read_symlink("/proc/self/exe").string(), "--gtest_filter=DistWorker." + name};
   setenv("TESSERA_DIST_WORKER", "1", 1);
   const int rc = dist::launch(o);
   unsetenv("TESSERA_DIST_WORKER");
-  EXPECT_EQ(rc, 0);
+  return rc;
+}
+}  // namespace
+
+TEST(DistCollectives, FourRanksOverGloo) {
+  if (is_worker()) GTEST_SKIP() << "launcher side";
+  EXPECT_EQ(launch_workers("Collectives", 4), 0);
 }
 
 // Runs in the 2 processes of DistCollectives.ATimedOutCollectiveNamesRankAndOperation.
@@ -155,14 +162,7 @@ TEST(DistWorker, Timeout) {
 
 TEST(DistCollectives, ATimedOutCollectiveNamesRankAndOperation) {
   if (is_worker()) GTEST_SKIP() << "launcher side";
-  dist::LaunchOptions o;
-  o.nproc_per_node = 2;
-  o.master_port = free_port();
-  o.argv = {fs::read_symlink("/proc/self/exe").string(), "--gtest_filter=DistWorker.Timeout"};
-  setenv("TESSERA_DIST_WORKER", "1", 1);
-  const int rc = dist::launch(o);
-  unsetenv("TESSERA_DIST_WORKER");
-  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(launch_workers("Timeout", 2), 0);
 }
 
 TEST(DistCollectives, WorldOfOneIsLocal) {
@@ -327,6 +327,8 @@ TEST_F(DistTraining, FullShardOnTwoAndFourRanksMatchesOneProcess) {
   if (is_worker()) GTEST_SKIP();
   expect_same(single(), run("fs2", 2, {"fsdp_config.sharding_strategy=FULL_SHARD"}), "FULL_SHARD x2");
   expect_same(single(), run("fs4", 4, {"fsdp_config.sharding_strategy=FULL_SHARD"}), "FULL_SHARD x4");
+  // Built on `meta`, materialised and initialised one unit at a time: the same model as a whole-model init.
+  expect_same(single(), run("fs2meta", 2, {"model.init_device=meta"}), "FULL_SHARD x2 from meta");
   // Activation checkpointing re-runs each block in backward: same numbers, and without overlap too.
   expect_same(single(),
               run("fs2ck", 2, {"fsdp_config.activation_checkpointing=true", "fsdp_config.overlap_communication=false"}),
@@ -506,4 +508,26 @@ TEST(Fsdp, UnitsOnAWorldOfOneGiveThePlainModelsLogitsAndGradients) {
     const auto full = parallel->full_state_dict();
     EXPECT_EQ(full.size(), plain->named_parameters().size());
   }
+}
+
+TEST(Fsdp, AMetaModelIsMaterialisedUnitByUnitAsAWholeModelInit) {
+  models::MPTForCausalLM whole = small_mpt();
+  models::MPTOptions o = whole->options();
+  o.init_device = "meta";
+  models::MPTForCausalLM meta = models::build_mpt(o, 5);
+  ASSERT_TRUE(meta->parameters()[0].is_meta());
+  dist::ParallelOptions po;
+  po.sharding.strategy = dist::ShardingStrategy::kFullShard;
+  po.init_seed = 5;
+  auto parallel = dist::parallelize(meta, po, dist::Communicator::single());
+  std::map<std::string, at::Tensor> expected;
+  for (const auto& item : whole->named_parameters()) expected[item.key()] = item.value();
+  for (const auto& [name, t] : parallel->full_state_dict()) {
+    EXPECT_TRUE(at::equal(t, expected.at(name))) << name;
+  }
+  const at::Tensor ids = at::randint(50, {2, 16}, at::kLong);
+  at::NoGradGuard no_grad;
+  whole->eval();
+  meta->eval();
+  EXPECT_TRUE(at::allclose(meta->forward(ids), whole->forward(ids), 1e-6, 1e-6));
 }
