@@ -33,7 +33,9 @@ std::vector<at::Tensor> State::trainable_parameters() const {
   return out;
 }
 
-at::Tensor State::sum_over_shards(const at::Tensor& t) const { return parallel ? parallel->sum_over_shards(t) : t; }
+at::Tensor State::sum_over_shards(const at::Tensor& t) const {
+  return parallel ? parallel->sum_over_shards(t) : t;
+}
 
 bool Engine::debug_enabled() {
   static const bool enabled = [] {

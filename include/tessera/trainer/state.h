@@ -33,7 +33,7 @@ struct State {
   int64_t world_size = 1;
   int64_t local_rank = 0;
   int64_t local_world_size = 1;
-  std::shared_ptr<dist::Communicator> comm;      // the job's ranks (a world of one: local copies)
+  std::shared_ptr<dist::Communicator> comm;       // the job's ranks (a world of one: local copies)
   std::shared_ptr<dist::ParallelModel> parallel;  // the sharding engine when world_size > 1, else null
   at::Device device = at::kCPU;
   Precision precision = Precision::kFp32;

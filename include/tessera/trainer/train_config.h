@@ -7,8 +7,8 @@
 // of range; keys of LLM Foundry's schema that Tessera does not implement yet are reported together in one message.
 #pragma once
 
-#include <cstdint>
 #include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -55,8 +55,8 @@ struct TrainConfig {
   std::vector<config::ComponentOptions> algorithms;
   std::vector<config::ComponentOptions> callbacks;
   std::vector<config::ComponentOptions> loggers;
-  dist::ShardingOptions fsdp;    // Composer's defaults when `fsdp_config` is absent
-  bool fsdp_configured = false;  // whether the recipe has an `fsdp_config`
+  dist::ShardingOptions fsdp;                      // Composer's defaults when `fsdp_config` is absent
+  bool fsdp_configured = false;                    // whether the recipe has an `fsdp_config`
   std::chrono::milliseconds dist_timeout{600000};  // `dist_timeout` (seconds, default 600): every collective's limit
 
   config::Time max_duration;
