@@ -308,14 +308,16 @@ fs::path DistTraining::root_;
 
 }  // namespace
 
-TEST_F(DistTraining, NoShardOnTwoRanksMatchesOneProcess) {
+TEST_F(DistTraining, NoShardOnTwoAndFourRanksMatchesOneProcess) {
   if (is_worker()) GTEST_SKIP();
   expect_same(single(), run("ns2", 2, {"fsdp_config.sharding_strategy=NO_SHARD"}), "NO_SHARD x2");
+  expect_same(single(), run("ns4", 4, {"fsdp_config.sharding_strategy=NO_SHARD"}), "NO_SHARD x4");
 }
 
-TEST_F(DistTraining, ShardGradOpOnTwoRanksMatchesOneProcess) {
+TEST_F(DistTraining, ShardGradOpOnTwoAndFourRanksMatchesOneProcess) {
   if (is_worker()) GTEST_SKIP();
   expect_same(single(), run("sgo2", 2, {"fsdp_config.sharding_strategy=SHARD_GRAD_OP"}), "SHARD_GRAD_OP x2");
+  expect_same(single(), run("sgo4", 4, {"fsdp_config.sharding_strategy=SHARD_GRAD_OP"}), "SHARD_GRAD_OP x4");
   // EMA averages the shards; evaluation swaps the averaged weights in (every 5 batches) and back.
   const std::vector<std::string> ema = {"algorithms.ema.half_life=5ba", "eval_interval=5ba"};
   std::vector<std::string> ema2 = ema;
