@@ -14,6 +14,7 @@
 #include "tessera/checkpoint/hf.h"
 #include "tessera/dist/communicator.h"
 #include "tessera/dist/fsdp.h"
+#include "tessera/loggers/loggers.h"
 #include "tessera/models/mpt_config.h"
 #include "tessera/trainer/state.h"
 #include "tessera/util/error.h"
@@ -302,7 +303,7 @@ void HfCheckpointer::save(trainer::State& s) {
     name = replace_all(name, "{epoch}", std::to_string(s.timestamp.epoch));
     name = replace_all(name, "{run_name}", s.run_name);
     const std::filesystem::path root =
-        std::filesystem::path(replace_all(o_.save_folder, "{run_name}", s.run_name)) / "huggingface";
+        std::filesystem::path(loggers::fill_path_pattern(o_.save_folder, s.run_name, s.rank)) / "huggingface";
     const std::filesystem::path dir = root / name;
     if (std::filesystem::exists(dir) && !o_.overwrite) {
       throw Error("hf_checkpointer", fmt::format("{} exists and overwrite is false", dir.string()));

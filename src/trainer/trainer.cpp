@@ -63,6 +63,14 @@ class AutocastGuard {
   at::ScalarType prev_dtype_ = at::kFloat;
 };
 
+// `values` summed over every rank, in one all-reduce (doubles: exact for counts below 2^53).
+std::vector<double> sum_over_ranks(const State& s, const std::vector<double>& values) {
+  at::Tensor t = at::tensor(values, at::kDouble).to(s.device);
+  s.comm->all_reduce(t).wait();
+  t = t.cpu();
+  return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+}
+
 data::StreamingOptions streaming_options(const data::LoaderOptions& l, int64_t batch_size, bool shuffle) {
   data::StreamingOptions o;
   for (const data::StreamOptions& s : l.streams)
@@ -332,9 +340,7 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
   state_.train_loss = total;
   if (state_.world_size > 1) {
     // The logged loss is the mean over every rank's device batch (Composer all-reduces it too).
-    at::Tensor t = at::full({1}, total, at::TensorOptions().dtype(at::kDouble).device(state_.device));
-    state_.comm->all_reduce(t).wait();
-    state_.train_loss = t.item<double>() / static_cast<double>(state_.world_size);
+    state_.train_loss = sum_over_ranks(state_, {total})[0] / static_cast<double>(state_.world_size);
   }
   return true;
 }
@@ -415,10 +421,10 @@ void Trainer::fit() {
       engine_->run_event(Event::kBatchStart);
       int64_t samples = state_.batch.samples, tokens = count_tokens(state_.batch);
       if (state_.world_size > 1) {  // the timestamp counts every rank's samples and tokens
-        at::Tensor t = at::tensor({samples, tokens}, at::kLong).to(state_.device);
-        state_.comm->all_reduce(t).wait();
-        samples = t[0].item<int64_t>();
-        tokens = t[1].item<int64_t>();
+        const std::vector<double> sums =
+            sum_over_ranks(state_, {static_cast<double>(samples), static_cast<double>(tokens)});
+        samples = static_cast<int64_t>(sums[0]);
+        tokens = static_cast<int64_t>(sums[1]);
       }
       train_batch();
       Metrics m{{"loss/train/total", state_.train_loss}};
@@ -526,10 +532,9 @@ Metrics Trainer::run_loader_eval() {
     }
   }
   if (state_.world_size > 1) {  // every rank evaluated its share of the eval set
-    at::Tensor t = at::tensor({loss_sum, static_cast<double>(token_count)}, at::kDouble).to(state_.device);
-    state_.comm->all_reduce(t).wait();
-    loss_sum = t[0].item<double>();
-    token_count = static_cast<int64_t>(t[1].item<double>());
+    const std::vector<double> sums = sum_over_ranks(state_, {loss_sum, static_cast<double>(token_count)});
+    loss_sum = sums[0];
+    token_count = static_cast<int64_t>(sums[1]);
   }
   if (token_count == 0) throw Error("eval", "the eval loader yielded no tokens (is the eval dataset empty?)");
   const double ce = loss_sum / static_cast<double>(token_count);
