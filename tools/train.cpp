@@ -2,8 +2,12 @@
 //
 //   train --recipe recipes/mpt-125m.yaml --dry-run [optimizer.lr=3e-4 ...]
 //   train --recipe recipes/mpt-tiny-cpu.yaml --nproc-per-node 2      (2 local ranks; or run under torchrun / srun)
+//   train --recipe recipes/mpt-tiny-cpu.yaml --nproc-per-node 2 --max-restarts 3 --watchdog-timeout 300
+//                                                                     (restart after a crash or a hang; resume needs
+//                                                                      the recipe's autoresume: true)
 //
-// Exit codes: 0 success, 1 runtime failure, 2 usage or recipe error.
+// Exit codes: 0 success, 1 runtime failure, 2 usage or recipe error; under the launcher, a failed rank's code (128 +
+// signal for a signal) or 124 when the watchdog found the job hung.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
@@ -69,6 +73,15 @@ int run(int argc, char** argv) {
   app.add_option("--master-port", launch.master_port,
                  "Rendezvous port on node 0 (with --nproc-per-node; default 29500)")
       ->check(CLI::Range(1, 65535));
+  app.add_option("--max-restarts", launch.max_restarts,
+                 "Restart all ranks up to this many times after a rank fails or hangs (launcher; implies "
+                 "--nproc-per-node 1 when that is not given; default 0)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--watchdog-timeout", launch.watchdog_timeout_seconds,
+                 "Seconds without progress (no rank's heartbeat changed) after which the launcher reports the stuck "
+                 "rank and stops the job, then restarts it if --max-restarts allows (launcher; implies "
+                 "--nproc-per-node 1 when that is not given; default 0: off)")
+      ->check(CLI::NonNegativeNumber);
   if (auto code = tessera::util::parse_command_line(app, argc, argv)) return *code;
   tessera::util::init_logging(log_level);
   tessera::util::configure_host_allocator();
@@ -78,12 +91,15 @@ int run(int argc, char** argv) {
     std::cout << cfg.resolved.to_json().dump(2) << "\n";
     return tessera::kExitOk;
   }
+  // The supervisor's flags need the launcher: one local rank unless told otherwise.
+  if (nproc_per_node == 0 && (launch.max_restarts > 0 || launch.watchdog_timeout_seconds > 0)) nproc_per_node = 1;
   if (nproc_per_node > 0 && !dry_run) {
     // Launcher: the ranks run this same command line minus the launcher's flags.
     launch.nproc_per_node = nproc_per_node;
     launch.argv = {"/proc/self/exe"};
-    const std::vector<std::string> launcher_flags = {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr",
-                                                     "--master-port"};
+    const std::vector<std::string> launcher_flags = {"--nproc-per-node",  "--nnodes",      "--node-rank",
+                                                     "--master-addr",     "--master-port", "--max-restarts",
+                                                     "--watchdog-timeout"};
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       bool skip = false;

@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "backend.h"
+#include "tessera/util/heartbeat.h"
 
 namespace tessera::dist {
 namespace {
@@ -86,15 +87,18 @@ Rendezvous rendezvous_from_env() {
 class Work::Impl {
  public:
   c10::intrusive_ptr<c10d::Work> work;
-  std::string what;  // "rank 1: all_reduce of 4096 float elements"
+  int rank = 0;    // this process's rank in the job, for messages
+  std::string op;  // "all_reduce of 4096 Float elements"
 };
 
 void Work::wait() {
   if (!impl_ || !impl_->work) return;
+  // A rank stuck here names the collective in its heartbeat, for the launcher's watchdog.
+  const util::HeartbeatScope waiting(impl_->op);
   try {
     impl_->work->wait();
   } catch (const std::exception& e) {
-    throw CommError("dist", fmt::format("{} failed: {}", impl_->what, e.what()));
+    throw CommError("dist", fmt::format("rank {}: {} failed: {}", impl_->rank, impl_->op, e.what()));
   }
   impl_->work.reset();
 }
@@ -124,6 +128,8 @@ std::shared_ptr<Communicator> Communicator::connect(const Rendezvous& rv, const 
   const bool agent_store = agent != nullptr && std::string(agent) == "True";
   so.isServer = rv.rank == 0 && !agent_store;
   if (!agent_store) so.numWorkers = static_cast<size_t>(rv.world_size);
+  const util::HeartbeatScope waiting(
+      fmt::format("rendezvous with {} ranks at {}:{}", rv.world_size, rv.master_addr, rv.master_port));
   try {
     backend->store = c10::make_intrusive<c10d::TCPStore>(rv.master_addr, so);
     backend->prefix = "tessera";
@@ -153,23 +159,25 @@ std::string Communicator::backend_name() const {
 }
 
 std::string Communicator::describe(const char* op, const at::Tensor& t) const {
-  return fmt::format("rank {}: {} of {} {} elements", global_rank_, op, t.numel(), c10::toString(t.scalar_type()));
+  return fmt::format("{} of {} {} elements", op, t.numel(), c10::toString(t.scalar_type()));
 }
 
 namespace {
-Work make_work(c10::intrusive_ptr<c10d::Work> w, std::string what) {
+Work make_work(c10::intrusive_ptr<c10d::Work> w, int rank, std::string op) {
   auto impl = std::make_shared<Work::Impl>();
   impl->work = std::move(w);
-  impl->what = std::move(what);
+  impl->rank = rank;
+  impl->op = std::move(op);
   return Work(std::move(impl));
 }
 
+// Issues the collective `op` ("all_reduce of 4096 Float elements") on this process's rank `rank`.
 template <class F>
-Work issue(const std::string& what, F&& f) {
+Work issue(int rank, const std::string& op, F&& f) {
   try {
-    return make_work(f(), what);
+    return make_work(f(), rank, op);
   } catch (const std::exception& e) {
-    throw CommError("dist", fmt::format("{} failed: {}", what, e.what()));
+    throw CommError("dist", fmt::format("rank {}: {} failed: {}", rank, op, e.what()));
   }
 }
 }  // namespace
@@ -180,7 +188,7 @@ Work Communicator::all_reduce(at::Tensor& t, ReduceOp op) {
   const double n = size_;
   stats_.calls++;
   stats_.all_reduce_bytes += 2.0 * (n - 1) / n * static_cast<double>(t.nbytes());
-  return issue(describe("all_reduce", t), [&] {
+  return issue(global_rank_, describe("all_reduce", t), [&] {
     std::vector<at::Tensor> v{t};
     c10d::AllreduceOptions o;
     o.reduceOp = to_c10d(op);
@@ -200,7 +208,8 @@ Work Communicator::reduce_scatter(at::Tensor& out, at::Tensor& in) {
   const double n = size_;
   stats_.calls++;
   stats_.reduce_scatter_bytes += (n - 1) / n * static_cast<double>(in.nbytes());
-  return issue(describe("reduce_scatter", in), [&] { return backend_->pg->_reduce_scatter_base(out, in); });
+  return issue(global_rank_, describe("reduce_scatter", in),
+               [&] { return backend_->pg->_reduce_scatter_base(out, in); });
 }
 
 Work Communicator::all_gather(at::Tensor& out, at::Tensor& in) {
@@ -215,7 +224,7 @@ Work Communicator::all_gather(at::Tensor& out, at::Tensor& in) {
   const double n = size_;
   stats_.calls++;
   stats_.all_gather_bytes += (n - 1) / n * static_cast<double>(out.nbytes());
-  return issue(describe("all_gather", out), [&] { return backend_->pg->_allgather_base(out, in); });
+  return issue(global_rank_, describe("all_gather", out), [&] { return backend_->pg->_allgather_base(out, in); });
 }
 
 Work Communicator::broadcast(at::Tensor& t, int root) {
@@ -223,7 +232,7 @@ Work Communicator::broadcast(at::Tensor& t, int root) {
   if (!backend_) return {};
   stats_.calls++;
   if (rank_ == root) stats_.broadcast_bytes += static_cast<double>(t.nbytes());
-  return issue(describe("broadcast", t), [&] {
+  return issue(global_rank_, describe("broadcast", t), [&] {
     std::vector<at::Tensor> v{t};
     c10d::BroadcastOptions o;
     o.rootRank = root;
@@ -235,7 +244,7 @@ void Communicator::barrier() {
   if (!backend_) return;
   // A one-element all_reduce: Gloo's barrier and NCCL's differ in what they need; this works on both.
   at::Tensor t = at::zeros({1}, at::TensorOptions().device(backend_->cuda ? at::Device(at::kCUDA) : at::kCPU));
-  Work w = issue(fmt::format("rank {}: barrier", global_rank_), [&] {
+  Work w = issue(global_rank_, "barrier", [&] {
     std::vector<at::Tensor> v{t};
     return backend_->pg->allreduce(v);
   });

@@ -1,5 +1,6 @@
 // Rank launcher: fork/exec of the local ranks (each in its own session, as torchrun does), line-by-line output relay
-// through poll(), signal forwarding, and stopping the job when a rank fails.
+// through poll(), signal forwarding, stopping the job when a rank fails or its watchdog finds it hung, and restarting
+// it.
 #include "tessera/dist/launcher.h"
 
 #include <fcntl.h>
@@ -17,6 +18,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -28,6 +31,8 @@
 #include <spdlog/spdlog.h>
 
 #include "tessera/util/error.h"
+#include "tessera/util/heartbeat.h"
+#include "watchdog.h"
 
 extern char** environ;
 
@@ -35,7 +40,10 @@ namespace tessera::dist {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using detail::Watchdog;
 
+// How long to wait, after killing the ranks, for the last process of their process groups to go.
+constexpr auto kGroupExitTime = std::chrono::seconds(5);
 // How long to keep reading output after every rank has exited (a process a rank left behind may hold its pipes).
 constexpr auto kDrainTime = std::chrono::seconds(1);
 // Upper bound of the grace period actually waited (keeps the time arithmetic finite), in seconds: a week.
@@ -107,6 +115,15 @@ struct Rank {
   Stream out, err;
 };
 
+// How one attempt of the job ended.
+struct Ending {
+  enum class Kind { kSuccess, kRankFailed, kCannotRun, kHang, kSignal };
+  Kind kind = Kind::kSuccess;
+  int code = 0;              // the launch's exit code for it
+  std::string cause;         // "rank 1 (pid 1234) exited with code 3", "a hang: ...", "signal 15 (Terminated)"
+  bool interrupted = false;  // a signal was forwarded to the ranks (also while stopping them after a failure)
+};
+
 void close_fd(int& fd) {
   if (fd >= 0) ::close(fd);
   fd = -1;
@@ -168,9 +185,33 @@ std::string describe_exit(const Rank& r, const LaunchOptions& o) {
   return fmt::format("rank {} (pid {}) exited with code {}", r.rank, r.pid, r.code);
 }
 
-// Environment of a rank: ours, with the torchrun variables replaced.
-std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank) {
-  std::vector<std::pair<std::string, std::string>> set = {
+// Whether a process other than a zombie is left in process group pgid. (A zombie holds no port; an orphan's zombie
+// waits for init, which may be slow to reap it.)
+bool group_has_live_process(pid_t pgid) {
+  if (::kill(-pgid, 0) != 0) return false;  // the group is empty
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it("/proc", ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(it->path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    // "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, so parse after the last ')'.
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    char state = 0;
+    long ppid = 0, pgrp = 0;
+    if (std::sscanf(line.c_str() + close + 1, " %c %ld %ld", &state, &ppid, &pgrp) != 3) continue;
+    if (pgrp == pgid && state != 'Z' && state != 'X') return true;
+  }
+  return false;
+}
+
+using Environment = std::vector<std::pair<std::string, std::string>>;
+
+// Environment of a rank: ours, with the torchrun variables and `extra` replaced.
+std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank, const Environment& extra) {
+  Environment set = {
       {"RANK", std::to_string(o.node_rank * o.nproc_per_node + local_rank)},
       {"WORLD_SIZE", std::to_string(o.nnodes * o.nproc_per_node)},
       {"LOCAL_RANK", std::to_string(local_rank)},
@@ -181,6 +222,7 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank
       {"MASTER_PORT", std::to_string(o.master_port)},
       {"TESSERA_LAUNCHED", "1"},
   };
+  set.insert(set.end(), extra.begin(), extra.end());
   // Ranks share this machine's cores (torchrun sets 1; an even split keeps a small job from idling cores).
   if (std::getenv("OMP_NUM_THREADS") == nullptr) {
     const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
@@ -236,9 +278,14 @@ std::vector<char*> c_strings(std::vector<std::string>& strings) {
 // of each rank's process group, reaps the ranks and closes their pipes.
 class Job {
  public:
-  explicit Job(const LaunchOptions& o) : o_(o) { ranks_.reserve(static_cast<size_t>(o.nproc_per_node)); }
+  // `env`: variables every rank gets on top of the torchrun ones (the restart count, the heartbeat directory).
+  Job(const LaunchOptions& o, Environment env) : o_(o), env_(std::move(env)) {
+    ranks_.reserve(static_cast<size_t>(o.nproc_per_node));
+  }
   Job(const Job&) = delete;
   Job& operator=(const Job&) = delete;
+  // Returns once every process of every rank's group is gone (or after kGroupExitTime): a restart must find the
+  // rendezvous port, and anything else a rank held, free.
   ~Job() {
     for (Rank& r : ranks_) {
       signal_rank(r, SIGKILL);
@@ -248,13 +295,22 @@ class Job {
       close_fd(r.out.fd);
       close_fd(r.err.fd);
     }
+    // The ranks are reaped, but the processes they left in their groups (SIGKILLed, reparented) may not be gone yet.
+    // While such a process lives, its group's id cannot be reused by a new process, so signalling it is safe.
+    const auto deadline = Clock::now() + kGroupExitTime;
+    for (const Rank& r : ranks_) {
+      while (group_has_live_process(r.pid) && Clock::now() < deadline) {
+        ::kill(-r.pid, SIGKILL);
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
   }
 
   // Forks and execs one rank; returns once it runs the program or has failed to. Throws Error if it cannot fork.
   Rank& spawn(int local_rank, const SignalGuard& signals) {
     const int rank = o_.node_rank * o_.nproc_per_node + local_rank;
     std::string prefix = o_.prefix_output ? fmt::format("[rank {}] ", rank) : "";
-    std::vector<std::string> env = rank_environment(o_, local_rank);
+    std::vector<std::string> env = rank_environment(o_, local_rank, env_);
     std::vector<std::string> args = o_.argv;
     const std::vector<char*> envp = c_strings(env), argv = c_strings(args);
     int out[2], err[2], status[2];
@@ -301,9 +357,11 @@ class Job {
     return r;
   }
 
-  // Relays output, forwards signals and watches the ranks until all have exited; returns the launch's exit code.
-  int run() {
-    std::optional<int> result;                 // decided by the first failure or the first forwarded signal
+  // Relays output, forwards signals and watches the ranks (and, with a watchdog, their heartbeats) until all have
+  // exited; returns how the attempt ended.
+  Ending run(Watchdog* watchdog) {
+    std::optional<Ending> result;  // decided by the first failure, hang or forwarded signal
+    bool interrupted = false;
     std::optional<Clock::time_point> kill_at;  // while stopping: SIGKILL whatever is left at this time
     std::optional<Clock::time_point> drain_until;
     auto stop = [&](int sig) {
@@ -326,16 +384,30 @@ class Job {
         r.signaled = info.si_code == CLD_KILLED || info.si_code == CLD_DUMPED;
         r.code = info.si_status;
         if ((r.signaled || r.code != 0) && !result) {
-          spdlog::error("[launch] {}; stopping the other ranks", describe_exit(r, o_));
-          result = r.signaled ? 128 + r.code : r.code;
+          const std::string what = describe_exit(r, o_);
+          spdlog::error("[launch] {}; stopping the other ranks", what);
+          result = Ending{r.exec_errno != 0 ? Ending::Kind::kCannotRun : Ending::Kind::kRankFailed,
+                          r.signaled ? 128 + r.code : r.code, what};
           stop(SIGTERM);
         }
       }
       if (const int sig = g_pending_signal; sig != 0) {
         g_pending_signal = 0;
         spdlog::warn("[launch] forwarding signal {} ({}) to the ranks", sig, strsignal(sig));
-        if (!result) result = 128 + sig;
+        interrupted = true;
+        if (!result) {
+          result = Ending{Ending::Kind::kSignal, 128 + sig, fmt::format("signal {} ({})", sig, strsignal(sig))};
+        }
         stop(sig);
+      }
+      if (watchdog != nullptr && !result) {
+        std::vector<bool> exited;
+        for (const Rank& r : ranks_) exited.push_back(r.exited);
+        if (std::optional<detail::Hang> hang = watchdog->check(Clock::now(), exited)) {
+          spdlog::error("[launch] hang: {}; stopping the ranks", hang->report);
+          result = Ending{Ending::Kind::kHang, kLaunchHangExitCode, "a hang: " + hang->summary};
+          stop(SIGTERM);
+        }
       }
       if (kill_at && Clock::now() >= *kill_at) {
         for (const Rank& r : ranks_) {
@@ -360,7 +432,9 @@ class Job {
     const auto end = Clock::now() + std::chrono::milliseconds(500);
     while (Clock::now() < end && poll_output(kPollInterval)) {
     }
-    return result.value_or(0);
+    Ending ending = result.value_or(Ending{});
+    ending.interrupted = interrupted;
+    return ending;
   }
 
  private:
@@ -385,6 +459,7 @@ class Job {
   }
 
   const LaunchOptions& o_;
+  const Environment env_;
   std::vector<Rank> ranks_;
 };
 
@@ -405,6 +480,13 @@ void validate(const LaunchOptions& o) {
     throw ConfigError(
         "launch", fmt::format("stop_grace_seconds {} must be a finite number of seconds >= 0", o.stop_grace_seconds));
   }
+  if (o.max_restarts < 0) {
+    throw ConfigError("launch", fmt::format("--max-restarts {} must be at least 0", o.max_restarts));
+  }
+  if (!std::isfinite(o.watchdog_timeout_seconds) || o.watchdog_timeout_seconds < 0) {
+    throw ConfigError("launch", fmt::format("--watchdog-timeout {} must be a finite number of seconds >= 0",
+                                            o.watchdog_timeout_seconds));
+  }
 }
 
 }  // namespace
@@ -415,12 +497,59 @@ int launch(const LaunchOptions& o) {
   spdlog::info("[launch] {} ranks on node {} of {} (ranks {}..{} of {}), rendezvous at {}:{}", o.nproc_per_node,
                o.node_rank, o.nnodes, o.node_rank * o.nproc_per_node, (o.node_rank + 1) * o.nproc_per_node - 1,
                o.nnodes * o.nproc_per_node, o.master_addr, o.master_port);
-  Job job(o);
-  for (int local = 0; local < o.nproc_per_node; ++local) {
-    // A program that one rank cannot run, the next cannot either: start no more.
-    if (job.spawn(local, signals).exec_errno != 0) break;
+  if (o.max_restarts > 0 || o.watchdog_timeout_seconds > 0) {
+    spdlog::info("[launch] supervisor: {}, {}",
+                 o.max_restarts > 0 ? fmt::format("up to {} restart{}", o.max_restarts, o.max_restarts == 1 ? "" : "s")
+                                    : std::string("no restarts"),
+                 o.watchdog_timeout_seconds > 0
+                     ? fmt::format("watchdog after {} s without progress", o.watchdog_timeout_seconds)
+                     : std::string("no watchdog"));
   }
-  return job.run();
+  std::optional<Watchdog> watchdog;
+  if (o.watchdog_timeout_seconds > 0) watchdog.emplace(o.watchdog_timeout_seconds, o.nnodes > 1);
+  std::vector<int> ranks;
+  for (int local = 0; local < o.nproc_per_node; ++local) ranks.push_back(o.node_rank * o.nproc_per_node + local);
+  for (int restarts = 0;; ++restarts) {
+    Environment env = {{"TORCHELASTIC_RESTART_COUNT", std::to_string(restarts)},
+                       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)}};
+    if (watchdog) {
+      env.emplace_back(util::kHeartbeatDirEnv, watchdog->dir());
+      watchdog->start(ranks, Clock::now());
+    }
+    Ending end;
+    {
+      Job job(o, std::move(env));
+      for (int local = 0; local < o.nproc_per_node; ++local) {
+        // A program that one rank cannot run, the next cannot either: start no more.
+        if (job.spawn(local, signals).exec_errno != 0) break;
+      }
+      end = job.run(watchdog ? &*watchdog : nullptr);
+    }  // every process of the ranks' groups is gone here
+    switch (end.kind) {
+      case Ending::Kind::kSuccess:
+        if (restarts > 0)
+          spdlog::info("[launch] the job succeeded after {} restart{}", restarts, restarts == 1 ? "" : "s");
+        return 0;
+      case Ending::Kind::kSignal:
+      case Ending::Kind::kCannotRun:
+        return end.code;
+      case Ending::Kind::kRankFailed:
+      case Ending::Kind::kHang:
+        break;
+    }
+    if (end.interrupted || g_pending_signal != 0) {
+      if (o.max_restarts > 0) spdlog::warn("[launch] not restarting: stopped by a signal");
+      return end.code;
+    }
+    if (restarts >= o.max_restarts) {
+      if (o.max_restarts > 0) {
+        spdlog::error("[launch] giving up after {} restart{} (--max-restarts {}); last failure: {}", restarts,
+                      restarts == 1 ? "" : "s", o.max_restarts, end.cause);
+      }
+      return end.code;
+    }
+    spdlog::warn("[launch] restart {}/{} after {}", restarts + 1, o.max_restarts, end.cause);
+  }
 }
 
 }  // namespace tessera::dist

@@ -23,6 +23,7 @@
 #include "tessera/loggers/loggers.h"
 #include "tessera/util/device.h"
 #include "tessera/util/error.h"
+#include "tessera/util/heartbeat.h"
 
 namespace tessera::trainer {
 namespace {
@@ -435,6 +436,7 @@ void Trainer::fit() {
       state_.previous_timestamp = state_.timestamp;
       state_.timestamp.to_next_batch(samples, tokens, seconds_since(started));
       engine_->run_event(Event::kBatchEnd);
+      util::heartbeat(fmt::format("batch {}", state_.timestamp.batch));
       if (eval_due_at_batch_end()) run_eval();
       engine_->run_event(Event::kBatchCheckpoint);
       if (state_.timestamp.batch_in_epoch == *state_.dataloader_len) {

@@ -1,6 +1,6 @@
 // The local launcher behind `train --nproc-per-node N` (torchrun's role): spawns the ranks of this node with the
-// torchrun environment, relays their output with a rank prefix, forwards signals, and stops the job when one rank
-// fails.
+// torchrun environment, relays their output with a rank prefix, forwards signals, stops the job when one rank fails,
+// and, as a supervisor, restarts it after a failure or a hang its watchdog noticed.
 #pragma once
 
 #include <string>
@@ -17,13 +17,24 @@ struct LaunchOptions {
   std::vector<std::string> argv;  // program and arguments every rank runs (argv[0]: the executable, found in PATH)
   double stop_grace_seconds = 5;  // seconds; after a failure: SIGTERM the other ranks, SIGKILL those left after this
   bool prefix_output = true;      // prefix each line a rank prints with "[rank R] "
+  // Supervisor: restart the job (all local ranks) up to this many times after a rank fails or the job hangs (>= 0;
+  // 0: never, as before). The ranks resume by themselves (the trainer's `autoresume: true`).
+  int max_restarts = 0;
+  // Watchdog: seconds without progress (no rank's heartbeat record changed, see util/heartbeat.h) after which the job
+  // counts as hung (> 0; 0: no watchdog). Set it above the longest stretch a healthy job spends without a heartbeat
+  // (a batch, an evaluation, a checkpoint save between collectives).
+  double watchdog_timeout_seconds = 0;
 };
+
+// The exit code of a launch that ended because its watchdog found the job hung (as timeout(1)'s).
+inline constexpr int kLaunchHangExitCode = 124;
 
 // Spawns nproc_per_node processes running argv with RANK = node_rank * nproc_per_node + local rank, WORLD_SIZE =
 // nnodes * nproc_per_node, LOCAL_RANK, LOCAL_WORLD_SIZE = nproc_per_node, GROUP_RANK = NODE_RANK = node_rank,
-// MASTER_ADDR, MASTER_PORT, TESSERA_LAUNCHED=1 and, unless set, OMP_NUM_THREADS = online cores / nproc_per_node (at
-// least 1), on top of our environment. Relays each rank's stdout to ours and its stderr to ours line by line, whole
-// lines only (a line longer than 1 MiB goes out in pieces).
+// MASTER_ADDR, MASTER_PORT, TESSERA_LAUNCHED=1, TORCHELASTIC_RESTART_COUNT (0 on the first start, k on the k-th
+// restart), TORCHELASTIC_MAX_RESTARTS = max_restarts, with the watchdog TESSERA_HEARTBEAT_DIR, and, unless set,
+// OMP_NUM_THREADS = online cores / nproc_per_node (at least 1), on top of our environment. Relays each rank's stdout to
+// ours and its stderr to ours line by line, whole lines only (a line longer than 1 MiB goes out in pieces).
 //
 // Each rank runs in a session of its own (as under torchrun), so stopping a rank signals its whole process group,
 // including what it started; terminal signals reach the ranks through the launcher, which forwards SIGINT, SIGTERM and
@@ -35,6 +46,25 @@ struct LaunchOptions {
 // signal for a signal; 128 + the forwarded signal when stopped by one). A program that cannot be executed makes its
 // rank exit 127, which is reported with the reason. When the launch ends, whatever the ranks left running in their
 // process groups is killed. Throws ConfigError for invalid options and Error if it cannot create a process.
+//
+// Supervisor: when the job fails as above or hangs, and fewer than max_restarts restarts were made, the launcher
+// waits until every process of every rank's process group is gone (so that the rendezvous port is free), logs one
+// line with the count and the cause (e.g. "restart 1/3 after rank 1 (pid 1234) was killed by signal 9 (Killed)" or
+// "restart 1/3 after a hang: no rank made progress for 30 s (suspect: rank 1)"), and spawns every rank again with the
+// same environment but TORCHELASTIC_RESTART_COUNT. It returns 0 as soon as one attempt succeeds, and the last
+// attempt's exit code once the restarts are used up. A forwarded signal stops the job without a restart (the return
+// value is as above), and so does a program that cannot be executed (127).
+//
+// Watchdog (watchdog_timeout_seconds > 0): the ranks get TESSERA_HEARTBEAT_DIR, a fresh directory under $TMPDIR
+// (removed at the end), and write their progress there (util/heartbeat.h: the trainer after each batch, the
+// communicator around each collective wait). About once a second the launcher reads the records. When none has
+// changed for watchdog_timeout_seconds (counted from the last change of any rank's record; before any rank has
+// written one, from the start of the attempt but with 10 times the timeout), it logs an error naming each rank's last
+// status and its age and the suspects, the ranks not waiting in a collective (e.g. "hang: no rank made progress for
+// 30 s; rank 1 is stuck outside any collective (last: "batch 12", 31 s ago); rank 0 is waiting in all_reduce of 1
+// Double elements (31 s)"), stops every rank as after a failure, and restarts the job, or returns kLaunchHangExitCode
+// (124) when no restarts are left. The watchdog sees this node's ranks only: with several nodes, a rank stuck on
+// another node shows here as every local rank waiting in a collective.
 //
 // Thread-safety: call from one thread at a time. While it runs, it owns the process's SIGINT, SIGTERM and SIGHUP
 // handlers (a signal ignored on entry, e.g. SIGHUP under nohup, stays ignored and is not forwarded) and ignores

@@ -1,5 +1,6 @@
 // The rank launcher with /bin/sh children: the torchrun environment, exit codes, stopping the job when a rank fails
-// (processes the ranks started included), output relay and prefixes, signal forwarding, a killed launcher, bad options.
+// (processes the ranks started included), output relay and prefixes, signal forwarding, a killed launcher, bad options;
+// the supervisor's restarts and its watchdog (the children write their heartbeat records themselves).
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -7,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -171,6 +173,17 @@ bool ends_soon(pid_t pid) {
 pid_t read_pid(const fs::path& p) {
   const std::string text = read_text(p);
   return text.empty() ? 0 : static_cast<pid_t>(std::stol(text));
+}
+
+// Shell snippet: a function `beat STATUS` that writes this rank's heartbeat record as util::heartbeat does.
+const std::string kBeat = "beat() { echo \"$(date +%s) $1\" > $TESSERA_HEARTBEAT_DIR/rank$RANK; }; ";
+
+// Whether any watchdog directory is left in our temporary directory (private to this test process).
+bool heartbeat_dirs_left() {
+  for (const auto& e : fs::directory_iterator(fs::temp_directory_path())) {
+    if (e.path().filename().string().rfind("tessera-heartbeat-", 0) == 0) return true;
+  }
+  return false;
 }
 
 // Shell snippet: start `sleep 60` in the background, publish its pid as $TEST_DIR/sleep_$RANK, and wait for it.
@@ -406,4 +419,144 @@ TEST(Launcher, RejectsBadOptions) {
   o = shell("true", 1);
   o.stop_grace_seconds = -1;
   expect_config_error(o, "stop_grace_seconds");
+  o = shell("true", 1);
+  o.max_restarts = -1;
+  expect_config_error(o, "--max-restarts -1");
+  o = shell("true", 1);
+  o.watchdog_timeout_seconds = -2;
+  expect_config_error(o, "--watchdog-timeout -2");
+  o.watchdog_timeout_seconds = std::nan("");
+  expect_config_error(o, "--watchdog-timeout nan");
+}
+
+TEST(Launcher, RestartsAfterACrashAndSucceeds) {
+  const TempDir dir;
+  const ScopedEnv test_dir("TEST_DIR", dir.str());
+  // First attempt: rank 1 is killed once rank 0 runs (and sleeps); the second attempt succeeds.
+  LaunchOptions o = shell(
+      "echo \"$TORCHELASTIC_RESTART_COUNT $TORCHELASTIC_MAX_RESTARTS\" >> $TEST_DIR/runs_$RANK; "
+      "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then "
+      "  if [ \"$RANK\" = 1 ]; then while [ ! -e $TEST_DIR/runs_0 ]; do sleep 0.02; done; "
+      "    echo $$ > $TEST_DIR/pid_1; kill -9 $$; fi; "
+      "  exec sleep 60; "
+      "fi",
+      2);
+  o.max_restarts = 3;
+  const Outcome r = launch_capturing(o, dir);
+  EXPECT_EQ(r.rc, 0) << r.log;
+  EXPECT_LT(r.seconds, 10);
+  EXPECT_NE(r.log.find(fmt::format("restart 1/3 after rank 1 (pid {}) was killed by signal 9 ({})",
+                                   read_pid(dir.path() / "pid_1"), strsignal(SIGKILL))),
+            std::string::npos)
+      << r.log;
+  EXPECT_EQ(r.log.find("restart 2/3"), std::string::npos) << r.log;
+  for (int rank : {0, 1}) EXPECT_EQ(read_text(dir.path() / fmt::format("runs_{}", rank)), "0 3\n1 3\n") << rank;
+}
+
+TEST(Launcher, GivesUpWhenTheRestartsAreUsedUp) {
+  const TempDir dir;
+  const ScopedEnv test_dir("TEST_DIR", dir.str());
+  // Every attempt: rank 0 exits 3 once rank 1 of the same attempt runs.
+  LaunchOptions o = shell(
+      "touch $TEST_DIR/ran_${RANK}_$TORCHELASTIC_RESTART_COUNT; "
+      "if [ \"$RANK\" = 0 ]; then while [ ! -e $TEST_DIR/ran_1_$TORCHELASTIC_RESTART_COUNT ]; do sleep 0.02; done; "
+      "exit 3; fi; exec sleep 60",
+      2);
+  o.max_restarts = 2;
+  const Outcome r = launch_capturing(o, dir);
+  EXPECT_EQ(r.rc, 3) << r.log;
+  EXPECT_LT(r.seconds, 10);
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    for (int rank : {0, 1}) {
+      EXPECT_EQ(fs::exists(dir.path() / fmt::format("ran_{}_{}", rank, attempt)), attempt <= 2)
+          << "rank " << rank << ", attempt " << attempt;
+    }
+  }
+  EXPECT_NE(r.log.find("restart 1/2 after rank 0 (pid "), std::string::npos) << r.log;
+  EXPECT_NE(r.log.find("restart 2/2 after rank 0 (pid "), std::string::npos) << r.log;
+  EXPECT_EQ(r.log.find("restart 3/2"), std::string::npos) << r.log;
+  EXPECT_NE(r.log.find("giving up after 2 restarts"), std::string::npos) << r.log;
+}
+
+TEST(Launcher, WatchdogNamesTheStuckRankAndStopsTheJob) {
+  const TempDir dir;
+  const ScopedEnv test_dir("TEST_DIR", dir.str());
+  // Both ranks make progress for a while; then rank 0 waits in a collective and rank 1 stops beating (both sleep).
+  LaunchOptions o = shell(kBeat +
+                              "echo $TESSERA_HEARTBEAT_DIR > $TEST_DIR/heartbeat_dir; echo $$ > $TEST_DIR/pid_$RANK; "
+                              "i=0; while [ $i -lt 5 ]; do beat \"batch $i\"; i=$((i+1)); sleep 0.1; done; "
+                              "if [ \"$RANK\" = 0 ]; then beat \"waiting in all_reduce of 1 Double elements\"; fi; "
+                              "exec sleep 60",
+                          2);
+  o.watchdog_timeout_seconds = 1.5;
+  const Outcome r = launch_capturing(o, dir);
+  EXPECT_EQ(r.rc, tessera::dist::kLaunchHangExitCode) << r.log;
+  EXPECT_EQ(r.rc, 124);
+  EXPECT_LT(r.seconds, 8);
+  EXPECT_NE(r.log.find("hang: no rank made progress for "), std::string::npos) << r.log;
+  EXPECT_NE(r.log.find("rank 1 is stuck outside any collective (last: \"batch 4\", "), std::string::npos) << r.log;
+  EXPECT_NE(r.log.find("rank 0 is waiting in all_reduce of 1 Double elements ("), std::string::npos) << r.log;
+  EXPECT_EQ(r.log.find("rank 0 is stuck"), std::string::npos) << r.log;
+  EXPECT_EQ(r.log.find("restart 1/"), std::string::npos) << r.log;
+  for (int rank : {0, 1}) EXPECT_TRUE(ends_soon(read_pid(dir.path() / fmt::format("pid_{}", rank)))) << rank;
+  // The heartbeat directory was a fresh one under $TMPDIR, and is gone.
+  const std::string heartbeat_dir = read_text(dir.path() / "heartbeat_dir");
+  EXPECT_EQ(heartbeat_dir.rfind((fs::temp_directory_path() / "tessera-heartbeat-").string(), 0), 0u) << heartbeat_dir;
+  EXPECT_FALSE(heartbeat_dirs_left());
+}
+
+TEST(Launcher, WatchdogCatchesAJobThatNeverBeats) {
+  const TempDir dir;
+  // No heartbeat at all: a hang after 10 x the timeout.
+  LaunchOptions o = shell("exec sleep 60", 2);
+  o.watchdog_timeout_seconds = 0.3;
+  const Outcome r = launch_capturing(o, dir);
+  EXPECT_EQ(r.rc, 124) << r.log;
+  EXPECT_GT(r.seconds, 2.9);
+  EXPECT_LT(r.seconds, 8);
+  EXPECT_NE(r.log.find("no rank wrote a heartbeat within"), std::string::npos) << r.log;
+  EXPECT_NE(r.log.find("rank 0 has not written a heartbeat"), std::string::npos) << r.log;
+  EXPECT_NE(r.log.find("rank 1 has not written a heartbeat"), std::string::npos) << r.log;
+}
+
+TEST(Launcher, RestartsAfterAHang) {
+  const TempDir dir;
+  const ScopedEnv test_dir("TEST_DIR", dir.str());
+  // First attempt: rank 0 waits in a barrier for ever, rank 1 stops beating. Second attempt: both finish.
+  LaunchOptions o = shell(kBeat +
+                              "echo $TORCHELASTIC_RESTART_COUNT >> $TEST_DIR/runs_$RANK; beat \"batch 1\"; "
+                              "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then "
+                              "  if [ \"$RANK\" = 0 ]; then sleep 0.2; beat \"waiting in barrier\"; fi; exec sleep 60; "
+                              "fi; beat \"batch 2\"",
+                          2);
+  o.watchdog_timeout_seconds = 1;
+  o.max_restarts = 1;
+  const Outcome r = launch_capturing(o, dir);
+  EXPECT_EQ(r.rc, 0) << r.log;
+  EXPECT_LT(r.seconds, 8);
+  EXPECT_NE(r.log.find("rank 0 is waiting in barrier"), std::string::npos) << r.log;
+  EXPECT_NE(r.log.find("restart 1/1 after a hang: no rank made progress for "), std::string::npos) << r.log;
+  EXPECT_NE(r.log.find("(suspect: rank 1)"), std::string::npos) << r.log;
+  for (int rank : {0, 1}) EXPECT_EQ(read_text(dir.path() / fmt::format("runs_{}", rank)), "0\n1\n") << rank;
+  EXPECT_FALSE(heartbeat_dirs_left());
+}
+
+TEST(Launcher, AForwardedSignalIsNotRestarted) {
+  const TempDir dir;
+  const ScopedEnv test_dir("TEST_DIR", dir.str());
+  // Rank 0 sends SIGTERM to the launcher, which stops the job and must not start it again.
+  LaunchOptions o = shell(
+      "echo $TORCHELASTIC_RESTART_COUNT >> $TEST_DIR/runs_$RANK; "
+      "if [ \"$RANK\" = 0 ]; then while [ ! -e $TEST_DIR/sleep_1 ]; do sleep 0.02; done; kill -TERM $PPID; fi; " +
+          kSleepInBackground,
+      2);
+  o.max_restarts = 3;
+  o.watchdog_timeout_seconds = 30;
+  const Outcome r = launch_capturing(o, dir);
+  EXPECT_EQ(r.rc, 128 + SIGTERM) << r.log;
+  EXPECT_LT(r.seconds, 5);
+  EXPECT_NE(r.log.find("forwarding signal 15"), std::string::npos) << r.log;
+  EXPECT_EQ(r.log.find("restart 1/"), std::string::npos) << r.log;
+  for (int rank : {0, 1}) EXPECT_EQ(read_text(dir.path() / fmt::format("runs_{}", rank)), "0\n") << rank;
+  EXPECT_TRUE(ends_soon(read_pid(dir.path() / "sleep_1")));
 }

@@ -1,0 +1,157 @@
+// The launcher's watchdog: polls the ranks' heartbeat records, notices when none changes for the timeout, and
+// describes what each rank was last doing.
+#include "watchdog.h"
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string_view>
+#include <system_error>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "tessera/util/error.h"
+
+namespace tessera::dist::detail {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr std::string_view kWaitingIn = "waiting in ";
+// While no rank has written a record, the watchdog waits this many timeouts (start-up: loading, building, rendezvous).
+constexpr double kFirstBeatAllowance = 10;
+
+double seconds(Watchdog::Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+std::string format_seconds(double s) {
+  return s < 10 ? fmt::format("{:.1f} s", s) : fmt::format("{:.0f} s", s);
+}
+
+// The record's first line when it is complete (a rewrite in progress, or a missing file, gives nothing).
+std::optional<std::string> read_record(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  char buf[4096];
+  in.read(buf, sizeof(buf));
+  const std::string_view text(buf, static_cast<size_t>(in.gcount()));
+  const size_t nl = text.find('\n');
+  if (nl == std::string_view::npos) return std::nullopt;
+  return std::string(text.substr(0, nl));
+}
+
+// The status part of "<time> <status>" (the whole line if it does not start with a number).
+std::string_view status_of(std::string_view line) {
+  const size_t space = line.find(' ');
+  if (space == std::string_view::npos) return line;
+  const std::string time(line.substr(0, space));
+  char* end = nullptr;
+  std::strtod(time.c_str(), &end);
+  return end != time.c_str() && *end == '\0' ? line.substr(space + 1) : line;
+}
+
+}  // namespace
+
+Watchdog::Watchdog(double timeout_seconds, bool other_nodes) : timeout_(timeout_seconds), other_nodes_(other_nodes) {
+  std::error_code ec;
+  fs::path tmp = fs::temp_directory_path(ec);
+  if (ec) tmp = "/tmp";
+  std::string tmpl = (tmp / "tessera-heartbeat-XXXXXX").string();
+  if (::mkdtemp(tmpl.data()) == nullptr) {
+    throw Error("launch",
+                fmt::format("cannot create the watchdog's heartbeat directory {}: {}", tmpl, std::strerror(errno)));
+  }
+  dir_ = tmpl;
+}
+
+Watchdog::~Watchdog() {
+  std::error_code ec;
+  fs::remove_all(dir_, ec);
+}
+
+void Watchdog::start(const std::vector<int>& ranks, Clock::time_point now) {
+  std::error_code ec;
+  for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) fs::remove(it->path(), ec);
+  seen_.clear();
+  for (int r : ranks) seen_.push_back({r, false, {}, now});
+  started_at_ = now;
+  next_check_ = now;
+  last_progress_.reset();
+}
+
+std::optional<Hang> Watchdog::check(Clock::time_point now, const std::vector<bool>& exited) {
+  if (now < next_check_) return std::nullopt;
+  const double interval = std::clamp(timeout_ / 4, 0.1, 1.0);
+  next_check_ = now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(interval));
+  for (Seen& s : seen_) {
+    std::optional<std::string> line = read_record(fmt::format("{}/rank{}", dir_, s.rank));
+    if (!line || (s.written && *line == s.line)) continue;
+    s.written = true;
+    s.line = std::move(*line);
+    s.changed_at = now;
+    last_progress_ = now;
+  }
+  // Ranks that are all done are not hanging (the launcher is only reading their last output).
+  if (std::all_of(exited.begin(), exited.end(), [](bool e) { return e; })) return std::nullopt;
+  if (last_progress_) {
+    const double idle = seconds(now - *last_progress_);
+    if (idle >= timeout_) return describe(now, exited, idle, false);
+  } else {
+    const double idle = seconds(now - started_at_);
+    if (idle >= kFirstBeatAllowance * timeout_) return describe(now, exited, idle, true);
+  }
+  return std::nullopt;
+}
+
+Hang Watchdog::describe(Clock::time_point now, const std::vector<bool>& exited, double stalled_seconds,
+                        bool never) const {
+  std::vector<std::string> suspects, others;
+  std::vector<int> suspect_ranks;
+  bool waiting = false;
+  for (size_t i = 0; i < seen_.size(); ++i) {
+    const Seen& s = seen_[i];
+    const std::string age = format_seconds(seconds(now - s.changed_at));
+    if (i < exited.size() && exited[i]) {
+      others.push_back(fmt::format("rank {} has exited", s.rank));
+    } else if (!s.written) {
+      suspects.push_back(fmt::format("rank {} has not written a heartbeat ({} since the start)", s.rank, age));
+      suspect_ranks.push_back(s.rank);
+    } else if (const std::string_view status = status_of(s.line); status.substr(0, kWaitingIn.size()) == kWaitingIn) {
+      others.push_back(fmt::format("rank {} is {} ({})", s.rank, status, age));
+      waiting = true;
+    } else {
+      suspects.push_back(
+          fmt::format("rank {} is stuck outside any collective (last: \"{}\", {} ago)", s.rank, status, age));
+      suspect_ranks.push_back(s.rank);
+    }
+  }
+  Hang h;
+  const std::string head =
+      never ? fmt::format("no rank wrote a heartbeat within {} of starting ({} x the {} timeout)",
+                          format_seconds(stalled_seconds), kFirstBeatAllowance, format_seconds(timeout_))
+            : fmt::format("no rank made progress for {}", format_seconds(stalled_seconds));
+  const std::string elsewhere = other_nodes_ ? " (the stuck rank may be on another node)" : "";
+  h.report = head;
+  if (suspects.empty() && waiting) {
+    h.report +=
+        fmt::format("; every rank{} is waiting in a collective{}", other_nodes_ ? " on this node" : "", elsewhere);
+  }
+  for (const std::string& part : suspects) h.report += "; " + part;
+  for (const std::string& part : others) h.report += "; " + part;
+  if (!suspect_ranks.empty()) {
+    h.summary = fmt::format("{} (suspect: rank {})", head, fmt::join(suspect_ranks, ", "));
+  } else {
+    h.summary = fmt::format("{} (every rank waiting in a collective{})", head, elsewhere);
+  }
+  return h;
+}
+
+}  // namespace tessera::dist::detail

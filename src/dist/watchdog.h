@@ -1,0 +1,61 @@
+// Internal: the launcher's watchdog. Reads the heartbeat records this node's ranks write (util/heartbeat.h) and
+// decides when the job has stopped making progress, naming the rank that looks stuck and what every rank last did.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tessera::dist::detail {
+
+// A hang the watchdog found.
+struct Hang {
+  std::string report;   // every rank's last status and its age, the suspects first
+  std::string summary;  // one clause for the restart log: "no rank made progress for 30 s (suspect: rank 1)"
+};
+
+// Used by launch() from one thread. Not copyable (owns its directory).
+class Watchdog {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // Creates a fresh directory for the records under $TMPDIR (else /tmp); removes it, with the records, in the
+  // destructor. `other_nodes`: the job has ranks on other nodes, which this watchdog does not see. Throws Error when
+  // the directory cannot be created.
+  Watchdog(double timeout_seconds, bool other_nodes);
+  ~Watchdog();
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+  // The directory the ranks write to (their TESSERA_HEARTBEAT_DIR).
+  const std::string& dir() const { return dir_; }
+
+  // Starts watching a new attempt of the job whose local ranks are `ranks` (global rank numbers), started at `now`:
+  // removes the previous attempt's records and forgets what was seen.
+  void start(const std::vector<int>& ranks, Clock::time_point now);
+
+  // Reads the records when a check is due (about once a second; more often for timeouts under 4 s). A rank makes
+  // progress when its record changes. Returns the hang once no rank has made progress for the timeout since the last
+  // change of any record, or, while no rank has written one yet, for 10 times the timeout since the start.
+  // `exited[i]`: ranks[i] (from start()) has exited; an exited rank is not stuck.
+  std::optional<Hang> check(Clock::time_point now, const std::vector<bool>& exited);
+
+ private:
+  struct Seen {
+    int rank = 0;
+    bool written = false;
+    std::string line;  // the record's last complete line: "<time> <status>"
+    Clock::time_point changed_at;
+  };
+  Hang describe(Clock::time_point now, const std::vector<bool>& exited, double stalled_seconds, bool never) const;
+
+  double timeout_;  // seconds
+  bool other_nodes_;
+  std::string dir_;
+  std::vector<Seen> seen_;
+  Clock::time_point started_at_, next_check_;
+  std::optional<Clock::time_point> last_progress_;
+};
+
+}  // namespace tessera::dist::detail
