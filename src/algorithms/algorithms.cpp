@@ -218,6 +218,18 @@ void Ema::swap(trainer::State& s) {
   swapped_ = !swapped_;
 }
 
+std::optional<trainer::ComponentState> Ema::state_dict(const trainer::State& /*state*/) const {
+  if (ema_.empty()) return std::nullopt;
+  // Saved while swapped in (a checkpoint during evaluation): ema_ holds the training weights then.
+  if (swapped_) throw Error("ema", "cannot checkpoint during evaluation (the averaged weights are swapped in)");
+  return trainer::ComponentState{nlohmann::json::object(), ema_};
+}
+
+void Ema::load_state_dict(const trainer::ComponentState& saved, trainer::State& /*state*/) {
+  ema_.clear();
+  for (const at::Tensor& t : saved.per_parameter) ema_.push_back(t.clone());
+}
+
 void Ema::apply(trainer::Event e, trainer::State& s, trainer::Logger& /*logger*/) {
   using trainer::Event;
   const config::Time& start = o_.ema_start;
@@ -303,6 +315,60 @@ void SeqLengthWarmup::apply(trainer::Event /*e*/, trainer::State& s, trainer::Lo
   truncate_batch(s, length_at(s.timestamp.batch, total));
 }
 
+bool LossSpikeDetection::match(trainer::Event e, const trainer::State& /*s*/) const {
+  return e == trainer::Event::kAfterTrainBatch;
+}
+
+void LossSpikeDetection::apply(trainer::Event /*e*/, trainer::State& s, trainer::Logger& logger) {
+  const double loss = s.train_loss;  // the mean over every rank's batch: all ranks decide alike
+  const bool finite = std::isfinite(loss);
+  double mean = 0;
+  for (double l : window_) mean += l;
+  if (!window_.empty()) mean /= static_cast<double>(window_.size());
+  const bool spike =
+      !finite || (static_cast<int64_t>(window_.size()) >= o_.min_history && loss > o_.outlier_multiplier * mean);
+  if (!spike) {
+    consecutive_ = 0;
+    window_.push_back(loss);
+    if (static_cast<int64_t>(window_.size()) > o_.window_size) window_.pop_front();
+    return;
+  }
+  ++consecutive_;
+  logger.log_metrics({{"loss_spike/detected", 1.0}});
+  const int64_t batch = s.timestamp.batch + 1;
+  if (finite && consecutive_ < o_.patience) {
+    spdlog::warn("batch {}: loss {:.4f} is above {} x the recent mean {:.4f} ({} of {} before acting)", batch, loss,
+                 o_.outlier_multiplier, mean, consecutive_, o_.patience);
+    return;
+  }
+  const std::string what =
+      finite ? fmt::format("loss {:.4f} is above {} x the recent mean {:.4f}", loss, o_.outlier_multiplier, mean)
+             : fmt::format("loss is {}", loss);
+  consecutive_ = 0;
+  s.skip_optimizer_step = true;
+  if (o_.response == "rollback") {
+    s.rollback_requested = true;
+    spdlog::warn("batch {}: {}: skipping the step and rolling back to the newest checkpoint", batch, what);
+  } else if (o_.response == "stop") {
+    s.stop_training();
+    spdlog::error("batch {}: {}: skipping the step and stopping training", batch, what);
+  } else {
+    spdlog::warn("batch {}: {}: skipping the step", batch, what);
+  }
+}
+
+std::optional<trainer::ComponentState> LossSpikeDetection::state_dict(const trainer::State& /*s*/) const {
+  trainer::ComponentState st;
+  st.values = {{"window", std::vector<double>(window_.begin(), window_.end())}, {"consecutive", consecutive_}};
+  return st;
+}
+
+void LossSpikeDetection::load_state_dict(const trainer::ComponentState& saved, trainer::State& /*s*/) {
+  const auto w = saved.values.at("window").get<std::vector<double>>();
+  window_.assign(w.begin(), w.end());
+  consecutive_ = saved.values.value("consecutive", int64_t{0});
+}
+
 std::shared_ptr<trainer::Algorithm> make_algorithm(const config::ComponentOptions& c,
                                                    const trainer::TrainConfig& /*cfg*/) {
   if (c.name == "gradient_clipping") {
@@ -312,6 +378,9 @@ std::shared_ptr<trainer::Algorithm> make_algorithm(const config::ComponentOption
   if (c.name == "lora") return std::make_shared<Lora>(std::any_cast<LoraOptions>(c.options));
   if (c.name == "ema") return std::make_shared<Ema>(std::any_cast<EmaOptions>(c.options));
   if (c.name == "low_precision_layernorm") return std::make_shared<LowPrecisionLayerNorm>();
+  if (c.name == "loss_spike_detection") {
+    return std::make_shared<LossSpikeDetection>(std::any_cast<LossSpikeOptions>(c.options));
+  }
   if (c.name == "seq_length_warmup") {
     return std::make_shared<SeqLengthWarmup>(std::any_cast<SeqLengthWarmupOptions>(c.options));
   }

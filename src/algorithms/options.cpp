@@ -74,6 +74,20 @@ config::ComponentRegistry& algorithm_registry() {
       s.finish();
       return o;
     });
+    r->add("loss_spike_detection", [](config::Section& s) -> std::any {
+      LossSpikeOptions o;
+      o.window_size = s.get_int("window_size", o.window_size);
+      o.outlier_multiplier = s.get_double("outlier_multiplier", o.outlier_multiplier);
+      o.min_history = s.get_int("min_history", o.min_history);
+      o.patience = s.get_int("patience", o.patience);
+      o.response = s.get_choice("response", o.response, {"skip", "rollback", "stop"});
+      s.check(o.window_size > 0, "window_size", "must be positive");
+      s.check(o.outlier_multiplier > 1, "outlier_multiplier", "must be above 1");
+      s.check(o.min_history > 0 && o.min_history <= o.window_size, "min_history", "must lie in [1, window_size]");
+      s.check(o.patience > 0, "patience", "must be positive");
+      s.finish();
+      return o;
+    });
     r->add_foundry_names({"gated_linear_units", "layer_freezing", "sam", "swa", "selective_backprop", "label_smoothing",
                           "factorize", "stochastic_depth", "low_precision_groupnorm", "gyro_dropout",
                           "fused_layernorm"});

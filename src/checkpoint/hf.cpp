@@ -1,14 +1,20 @@
 // Hugging Face MPT folder import and export.
 #include "tessera/checkpoint/hf.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
 
+#include "tessera/checkpoint/checkpoint.h"
 #include "tessera/config/reader.h"
 #include "tessera/config/value.h"
 #include "tessera/util/error.h"
@@ -241,6 +247,102 @@ void save_hf_model(models::MPTForCausalLM& model, const std::string& dir, at::Sc
   save_sharded_safetensors(dir, tensors, max_shard_bytes, {{"format", "pt"}});
   util::write_file_atomically((fs::path(dir) / "config.json").string(), hf_config_json(model->options(), dtype),
                               kComponent);
+}
+
+void export_checkpoint_to_hf(const std::string& checkpoint_dir, const std::string& out_dir, at::ScalarType dtype) {
+  CheckpointReader reader(checkpoint_dir);
+  if (!reader.metadata().contains("hf_config")) {
+    throw Error(kComponent, fmt::format("{}: metadata.json has no hf_config (not a model checkpoint)", checkpoint_dir));
+  }
+  // The model the config describes, on the meta device: names and shapes to check the stored weights against.
+  const fs::path out(out_dir);
+  fs::create_directories(out);
+  nlohmann::json config = reader.metadata().at("hf_config");
+  util::write_file_atomically((out / "config.json.check").string(), config.dump(), kComponent);
+  models::MPTOptions o;
+  try {
+    fs::create_directories(out / ".config-check");
+    fs::rename(out / "config.json.check", out / ".config-check" / "config.json");
+    o = read_hf_config((out / ".config-check").string());
+  } catch (...) {
+    fs::remove_all(out / ".config-check");
+    throw;
+  }
+  fs::remove_all(out / ".config-check");
+  o.init_device = "meta";
+  models::MPTForCausalLM model(o);
+  std::vector<std::pair<std::string, std::vector<int64_t>>> tensors;
+  for (const auto& item : model->named_parameters()) {
+    const std::string name = "model/" + item.key();
+    if (!reader.has_tensor(name)) {
+      throw Error(kComponent, fmt::format("{}: has no weight {}", checkpoint_dir, item.key()));
+    }
+    if (reader.shape(name) != item.value().sizes().vec()) {
+      throw Error(kComponent,
+                  fmt::format("{}: {} has shape [{}], the config gives [{}]", checkpoint_dir, item.key(),
+                              fmt::join(reader.shape(name), ", "), fmt::join(item.value().sizes().vec(), ", ")));
+    }
+    tensors.emplace_back(item.key(), item.value().sizes().vec());
+  }
+  for (const std::string& name : reader.tensor_names("model/")) {
+    const std::string key = name.substr(6);
+    if (std::none_of(tensors.begin(), tensors.end(), [&](const auto& t) { return t.first == key; })) {
+      throw Error(kComponent, fmt::format("{}: weight {} is not part of a plain MPT model (LoRA adapters? merge them "
+                                          "before saving)",
+                                          checkpoint_dir, key));
+    }
+  }
+  std::sort(tensors.begin(), tensors.end());
+  // safetensors header, then each tensor's bytes in the same order, streamed.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  header["__metadata__"] = {{"format", "pt"}};
+  const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype));
+  uint64_t offset = 0;
+  for (const auto& [name, shape] : tensors) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    const uint64_t bytes = static_cast<uint64_t>(n * elem);
+    header[name] = {{"dtype", dtype_name(dtype)}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string json = header.dump();
+  while ((8 + json.size()) % 8 != 0) json.push_back(' ');
+  const fs::path final_path = out / "model.safetensors";
+  const std::string tmp = final_path.string() + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(kComponent, fmt::format("{}: cannot create: {}", tmp, std::strerror(errno)));
+  auto write_all = [&](const void* data, size_t size) {
+    const char* p = static_cast<const char*>(data);
+    while (size > 0) {
+      const ssize_t w = ::write(fd, p, size);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) {
+        const std::string why = std::strerror(errno);
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        throw Error(kComponent, fmt::format("{}: write failed: {}", final_path.string(), why));
+      }
+      p += w;
+      size -= static_cast<size_t>(w);
+    }
+  };
+  unsigned char len[8];
+  uint64_t h = json.size();
+  for (unsigned char& b : len) b = static_cast<unsigned char>(h & 0xff), h >>= 8;
+  write_all(len, 8);
+  write_all(json.data(), json.size());
+  for (const auto& [name, shape] : tensors) {
+    const at::Tensor t = reader.read_full("model/" + name).to(dtype).contiguous();
+    write_all(t.data_ptr(), static_cast<size_t>(t.nbytes()));
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    throw Error(kComponent, fmt::format("{}: fsync/close failed: {}", final_path.string(), std::strerror(errno)));
+  }
+  fs::rename(tmp, final_path);
+  fs::remove(out / "model.safetensors.index.json");
+  config["torch_dtype"] = dtype == at::kBFloat16 ? "bfloat16" : (dtype == at::kHalf ? "float16" : "float32");
+  util::write_file_atomically((out / "config.json").string(), config.dump(2) + "\n", kComponent);
 }
 
 }  // namespace tessera::checkpoint

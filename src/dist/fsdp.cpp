@@ -10,6 +10,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <map>
 
 namespace tessera::dist {
@@ -451,6 +452,30 @@ std::vector<std::pair<std::string, at::Tensor>> ParallelModel::full_state_dict()
     }
   }
   return out;
+}
+
+std::vector<std::vector<ShardSpan>> ParallelModel::shard_layout() const {
+  std::vector<std::vector<ShardSpan>> out;
+  const bool sharded = impl_->sharded();
+  for (const auto& u : impl_->units_) {
+    // This rank's slice of the unit's flat vector: [lo, lo + shard_numel).
+    const int64_t lo = sharded ? impl_->shard_comm_->rank() * u->shard_numel : 0;
+    const int64_t hi = lo + u->shard_numel;
+    std::vector<ShardSpan> spans;
+    for (size_t i = 0; i < u->params.size(); ++i) {
+      const int64_t p_lo = u->offsets[i], p_hi = p_lo + u->params[i].numel();
+      const int64_t a = std::max(lo, p_lo), b = std::min(hi, p_hi);
+      if (a >= b) continue;
+      spans.push_back({u->names[i], u->params[i].sizes().vec(), a - p_lo, b - a, a - lo});
+    }
+    out.push_back(std::move(spans));
+  }
+  return out;
+}
+
+bool ParallelModel::stores_shards() const {
+  if (!impl_->sharded()) return impl_->comm_->rank() == 0;
+  return !impl_->replica_comm_ || impl_->replica_comm_->rank() == 0;
 }
 
 ShardMemory ParallelModel::memory() const {

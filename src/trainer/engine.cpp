@@ -33,6 +33,10 @@ std::vector<at::Tensor> State::trainable_parameters() const {
   return out;
 }
 
+std::vector<at::Tensor> State::held_parameters() const {
+  return parallel ? parallel->parameters() : model->parameters();
+}
+
 at::Tensor State::sum_over_shards(const at::Tensor& t) const {
   return parallel ? parallel->sum_over_shards(t) : t;
 }

@@ -30,11 +30,6 @@ const std::vector<std::string_view> kFoundryOnlyKeys = {"code_paths",
                                                         "eval_gauntlet_str",
                                                         "icl_subset_num_batches",
                                                         "icl_seq_len",
-                                                        "save_latest_filename",
-                                                        "save_weights_only",
-                                                        "save_filename",
-                                                        "load_weights_only",
-                                                        "load_strict_model_weights",
                                                         "load_ignore_keys",
                                                         "save_ignore_keys",
                                                         "only_hf_checkpoint",
@@ -84,10 +79,16 @@ const std::vector<std::string_view> kTopLevelKeys = {"variables",
                                                      "seed",
                                                      "run_name",
                                                      "save_folder",
+                                                     "save_filename",
+                                                     "save_latest_filename",
                                                      "save_interval",
                                                      "save_num_checkpoints_to_keep",
                                                      "save_overwrite",
+                                                     "save_weights_only",
+                                                     "save_async",
                                                      "load_path",
+                                                     "load_weights_only",
+                                                     "load_strict_model_weights",
                                                      "autoresume",
                                                      "icl_tasks",
                                                      "console_log_interval",
@@ -260,11 +261,22 @@ TrainConfig parse_train_config(config::Value resolved, const std::string& path) 
   }
 
   cfg.save_folder = root.get_optional_string("save_folder");
+  cfg.save_filename = root.get_string("save_filename", cfg.save_filename);
+  root.check(!cfg.save_filename.empty() && cfg.save_filename.find('/') == std::string::npos &&
+                 cfg.save_filename.find("{rank}") == std::string::npos,
+             "save_filename", "must name one directory (no '/', no {rank}: all ranks share it)");
+  cfg.save_latest_filename = root.get_string("save_latest_filename", cfg.save_latest_filename);
+  root.check(cfg.save_latest_filename.find('/') == std::string::npos, "save_latest_filename", "must not contain '/'");
   cfg.save_interval = root.get_time("save_interval", cfg.save_interval, TimeUnit::kEpoch);
+  root.check(!cfg.save_interval.is_zero(), "save_interval", "must be positive");
   cfg.save_num_checkpoints_to_keep = root.get_int("save_num_checkpoints_to_keep", -1);
   root.check(cfg.save_num_checkpoints_to_keep >= -1, "save_num_checkpoints_to_keep", "must be -1 (keep all) or >= 0");
   cfg.save_overwrite = root.get_bool("save_overwrite", false);
+  cfg.save_weights_only = root.get_bool("save_weights_only", false);
+  cfg.save_async = root.get_bool("save_async", true);
   cfg.load_path = root.get_optional_string("load_path");
+  cfg.load_weights_only = root.get_bool("load_weights_only", false);
+  cfg.load_strict_model_weights = root.get_bool("load_strict_model_weights", true);
   cfg.autoresume = root.get_bool("autoresume", false);
   root.check(!cfg.autoresume || cfg.save_folder.has_value(), "autoresume", "needs save_folder");
 

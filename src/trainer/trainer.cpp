@@ -21,6 +21,7 @@
 #include "tessera/dist/communicator.h"
 #include "tessera/dist/fsdp.h"
 #include "tessera/loggers/loggers.h"
+#include "tessera/trainer/checkpointing.h"
 #include "tessera/util/device.h"
 #include "tessera/util/error.h"
 #include "tessera/util/heartbeat.h"
@@ -118,18 +119,6 @@ int available_cores() {
 }
 
 Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config)), logger_(state_) {
-  {
-    // Parsed and planned (train --dry-run) but not run by this trainer yet: refuse rather than silently ignore.
-    std::vector<std::string> missing;
-    if (cfg_.save_folder) missing.emplace_back("save_folder");
-    if (cfg_.load_path) missing.emplace_back("load_path");
-    if (cfg_.autoresume) missing.emplace_back("autoresume");
-    if (!missing.empty()) {
-      throw ConfigError("recipe", fmt::format("{}: not implemented yet by the trainer: {} (remove them to train; "
-                                              "train --dry-run accepts them)",
-                                              cfg_.recipe_path, fmt::join(missing, ", ")));
-    }
-  }
   // Threads: LibTorch's default can be 1 inside some environments; use every core this process may run on unless
   // the user pinned a count with OMP_NUM_THREADS.
   if (std::getenv("OMP_NUM_THREADS") == nullptr) at::set_num_threads(available_cores());
@@ -225,6 +214,20 @@ Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config
     if (auto logger = loggers::make_logger(c, cfg_, state_.rank)) state_.callbacks.push_back(std::move(logger));
   }
   for (const auto& c : cfg_.callbacks) state_.callbacks.push_back(callbacks::make_callback(c, cfg_));
+  if (cfg_.save_folder) {
+    SaveOptions so;
+    so.folder = loggers::fill_path_pattern(*cfg_.save_folder, state_.run_name, 0);
+    so.filename = cfg_.save_filename;
+    so.latest_filename = cfg_.save_latest_filename;
+    so.interval = cfg_.save_interval;
+    so.num_checkpoints_to_keep = cfg_.save_num_checkpoints_to_keep;
+    so.overwrite = cfg_.save_overwrite || cfg_.autoresume;
+    so.weights_only = cfg_.save_weights_only;
+    so.async = cfg_.save_async;
+    so.timeout = cfg_.dist_timeout;
+    saver_ = std::make_shared<CheckpointSaver>(so, [this] { return resumption_state(); });
+    state_.callbacks.push_back(saver_);
+  }
   for (const auto& a : cfg_.algorithms) state_.algorithms.push_back(algorithms::make_algorithm(a, cfg_));
   for (auto& a : parts.algorithms) state_.algorithms.push_back(std::move(a));
   for (auto& c : parts.callbacks) state_.callbacks.push_back(std::move(c));
@@ -271,11 +274,66 @@ Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config
   }
   state_.optimizer = optim::make_optimizer(cfg_.optimizer, state_.trainable_parameters());
 
-  engine_->run_event(Event::kBeforeLoad);
-  engine_->run_event(Event::kAfterLoad);
-  // Reseed after loading so that INIT/LOAD-time randomness does not change what training draws.
+  // Reseed so that INIT-time randomness does not change what training draws; a resumed run then restores the RNG.
   at::manual_seed(static_cast<uint64_t>(cfg_.seed + state_.rank));
+  engine_->run_event(Event::kBeforeLoad);
+  load_initial_checkpoint();
+  engine_->run_event(Event::kAfterLoad);
   logger_.log_hyperparameters(cfg_.resolved.to_json());
+}
+
+nlohmann::json Trainer::resumption_state() const {
+  const config::Timestamp& t = state_.timestamp;
+  return {{"config", cfg_.resolved.to_json()},
+          {"dataset", {{"train", train_data_->state(t.epoch, t.sample_in_epoch).to_json()}}},
+          {"trainer",
+           {{"loss_scale", loss_scale_},
+            {"good_steps", good_steps_},
+            {"device_train_microbatch_size", state_.device_train_microbatch_size}}}};
+}
+
+void Trainer::load_initial_checkpoint() {
+  // autoresume: the newest valid checkpoint of this run wins over load_path (which only seeds the first start).
+  std::optional<std::string> path;
+  bool resuming = false;
+  if (cfg_.autoresume) {
+    const std::string folder = loggers::fill_path_pattern(*cfg_.save_folder, state_.run_name, 0);
+    path = find_resume_checkpoint(state_, folder, cfg_.save_latest_filename);
+    resuming = path.has_value();
+    if (!path && state_.rank == 0) spdlog::info("autoresume: no checkpoint in {} yet; starting fresh", folder);
+  }
+  if (!path && cfg_.load_path) path = cfg_.load_path;
+  if (!path) return;
+  LoadOptions lo;
+  lo.weights_only = resuming ? false : cfg_.load_weights_only;
+  lo.strict_model_weights = cfg_.load_strict_model_weights;
+  const LoadedCheckpoint loaded = load_checkpoint(state_, *path, lo);
+  if (loaded.full_state) {
+    const nlohmann::json& m = loaded.metadata;
+    if (m.contains("dataset") && m["dataset"].contains("train")) {
+      const auto [epoch, sample] = train_data_->load_state(data::ResumeState::from_json(m["dataset"]["train"]));
+      if (epoch != state_.timestamp.epoch || sample != state_.timestamp.sample_in_epoch) {
+        throw Error("checkpoint",
+                    fmt::format("{}: the data loader state (epoch {}, sample {}) does not match the "
+                                "timestamp (epoch {}, sample {})",
+                                *path, epoch, sample, state_.timestamp.epoch, state_.timestamp.sample_in_epoch));
+      }
+    }
+    if (m.contains("trainer")) {
+      loss_scale_ = m["trainer"].value("loss_scale", loss_scale_);
+      good_steps_ = m["trainer"].value("good_steps", good_steps_);
+      if (auto_microbatch_) {
+        state_.device_train_microbatch_size =
+            std::min(state_.device_train_batch_size,
+                     m["trainer"].value("device_train_microbatch_size", state_.device_train_microbatch_size));
+      }
+    }
+  }
+  if (state_.rank == 0) {
+    spdlog::info("{} {} at epoch {}, batch {}{}", resuming ? "resumed from" : "loaded", *path, state_.timestamp.epoch,
+                 state_.timestamp.batch, loaded.full_state ? "" : " (weights only)");
+  }
+  last_checkpoint_ = *path;
 }
 
 void Trainer::check_multi_rank_support() const {
@@ -348,6 +406,7 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
 
 void Trainer::train_batch() {
   const data::TokenBatch full = state_.batch;
+  state_.skip_optimizer_step = false;
   while (true) {
     engine_->run_event(Event::kBeforeTrainBatch);
     state_.optimizer->zero_grad();
@@ -384,7 +443,10 @@ void Trainer::train_batch() {
   const optim::ScheduleClock clock{state_.previous_timestamp, state_.max_duration, state_.dataloader_len,
                                    state_.scale_schedule_ratio};
   const double lr = cfg_.optimizer.lr * optim::lr_multiplier(state_.scheduler, clock);
-  if (!skip_step) state_.optimizer->step(lr);
+  if (state_.skip_optimizer_step && state_.rank == 0) {
+    spdlog::warn("batch {}: optimizer step skipped", state_.timestamp.batch + 1);
+  }
+  if (!skip_step && !state_.skip_optimizer_step) state_.optimizer->step(lr);
   if (state_.precision == Precision::kAmpFp16) {
     if (skip_step) {
       loss_scale_ *= 0.5;
@@ -401,14 +463,18 @@ void Trainer::fit() {
   if (cfg_.eval_first && state_.timestamp.batch == 0 && eval_data_) eval();
   while (!state_.reached_max_duration() && !state_.stop_requested) {
     if (state_.timestamp.batch_in_epoch == 0) engine_->run_event(Event::kEpochStart);
-    data::TokenBatchLoader loader(*train_data_, workers_, state_.timestamp.epoch, state_.timestamp.sample_in_epoch,
-                                  state_.rank / state_.local_world_size, state_.local_rank,
-                                  token_options(cfg_.train_loader));
-    bool epoch_done = false;
-    while (true) {
+    // A run resumed from a checkpoint of an epoch's last batch has nothing left to load in that epoch.
+    bool epoch_done = state_.timestamp.batch_in_epoch >= *state_.dataloader_len;
+    std::unique_ptr<data::TokenBatchLoader> loader;
+    if (!epoch_done) {
+      loader = std::make_unique<data::TokenBatchLoader>(
+          *train_data_, workers_, state_.timestamp.epoch, state_.timestamp.sample_in_epoch,
+          state_.rank / state_.local_world_size, state_.local_rank, token_options(cfg_.train_loader));
+    }
+    while (!epoch_done) {
       const auto started = Clock::now();
       engine_->run_event(Event::kBeforeDataloader);
-      std::optional<data::TokenBatch> next = loader.next();
+      std::optional<data::TokenBatch> next = loader->next();
       if (!next) {
         epoch_done = true;
         break;
@@ -428,6 +494,7 @@ void Trainer::fit() {
         tokens = static_cast<int64_t>(sums[1]);
       }
       train_batch();
+      if (state_.rollback_requested) rollback();
       Metrics m{{"loss/train/total", state_.train_loss}};
       if (cfg_.device_train_microbatch_size.automatic) {
         m["trainer/device_train_microbatch_size"] = static_cast<double>(state_.device_train_microbatch_size);
@@ -455,6 +522,29 @@ void Trainer::fit() {
   engine_->run_event(Event::kFitEnd);
   // The final evaluation, unless the last interval already ended here.
   if (has_eval() && !cfg_.eval_interval.is_zero() && last_eval_batch_ != state_.timestamp.batch) run_eval();
+}
+
+void Trainer::rollback() {
+  state_.rollback_requested = false;
+  std::optional<std::string> path = last_checkpoint_;
+  if (saver_) {
+    saver_->wait();
+    if (auto newest = find_resume_checkpoint(state_, saver_->options().folder, cfg_.save_latest_filename)) {
+      path = newest;
+    }
+  }
+  if (!path)
+    throw Error("train", fmt::format("batch {}: a rollback was requested but there is no checkpoint to roll "
+                                     "back to (set save_folder)",
+                                     state_.timestamp.batch));
+  LoadOptions lo;
+  lo.restore_progress = false;  // time, RNG and data go on: the batches since the checkpoint are not replayed
+  lo.strict_model_weights = true;
+  load_checkpoint(state_, *path, lo);
+  if (state_.rank == 0) {
+    spdlog::warn("batch {}: rolled the model and optimizer back to {}; training continues with the next batch",
+                 state_.timestamp.batch, *path);
+  }
 }
 
 bool Trainer::eval_due_at_batch_end() const {

@@ -1,7 +1,9 @@
 // Built-in algorithms (registered by name for `algorithms:` in recipes; options in options.h).
 #pragma once
 
+#include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -85,6 +87,9 @@ class Ema : public trainer::Algorithm {
   double smoothing() const { return smoothing_; }
   // The averaged weights, in model.parameters() order; empty before ema_start.
   const std::vector<at::Tensor>& weights() const { return ema_; }
+  // Checkpoints keep the averaged weights (sharded like the parameters).
+  std::optional<trainer::ComponentState> state_dict(const trainer::State& state) const override;
+  void load_state_dict(const trainer::ComponentState& saved, trainer::State& state) override;
 
  private:
   void swap(trainer::State& state);
@@ -117,6 +122,27 @@ class SeqLengthWarmup : public trainer::Algorithm {
 
  private:
   SeqLengthWarmupOptions o_;
+};
+
+// loss_spike_detection, at AFTER_TRAIN_BATCH (the step's loss known, the optimizer step not taken yet): a non-finite
+// loss, or `patience` consecutive losses above outlier_multiplier x the mean of the recent normal ones, triggers the
+// response: skip (this batch's optimizer step is not taken), rollback (the step is not taken and the model and
+// optimizer are restored from the newest checkpoint; time and data go on, so the batches since that checkpoint are
+// not replayed) or stop (the step is not taken and training stops). Each detection is logged as a warning and as
+// the metric loss_spike/detected. Spikes do not enter the window. The window is checkpointed.
+class LossSpikeDetection : public trainer::Algorithm {
+ public:
+  explicit LossSpikeDetection(LossSpikeOptions o) : o_(std::move(o)) {}
+  std::string name() const override { return "LossSpikeDetection"; }
+  bool match(trainer::Event event, const trainer::State& state) const override;
+  void apply(trainer::Event event, trainer::State& state, trainer::Logger& logger) override;
+  std::optional<trainer::ComponentState> state_dict(const trainer::State& state) const override;
+  void load_state_dict(const trainer::ComponentState& saved, trainer::State& state) override;
+
+ private:
+  LossSpikeOptions o_;
+  std::deque<double> window_;
+  int64_t consecutive_ = 0;
 };
 
 // Builds a registered algorithm from its parsed options.

@@ -52,8 +52,18 @@ struct SeqLengthWarmupOptions {
   int64_t step_size = 8;
 };
 
-// Registered: gradient_clipping, alibi, lora, ema, low_precision_layernorm, seq_length_warmup. Composer's and LLM
-// Foundry's other names are known and reported as not supported yet.
+// Loss-spike and NaN detection: a loss above outlier_multiplier x the mean of the last window_size normal losses (once
+// min_history are known), `patience` batches in a row, or any non-finite loss, triggers `response`.
+struct LossSpikeOptions {
+  int64_t window_size = 100;
+  double outlier_multiplier = 2.0;
+  int64_t min_history = 10;
+  int64_t patience = 1;
+  std::string response = "skip";  // skip (no optimizer step) | rollback (to the newest checkpoint) | stop
+};
+
+// Registered: gradient_clipping, alibi, lora, ema, low_precision_layernorm, seq_length_warmup, loss_spike_detection.
+// Composer's and LLM Foundry's other names are known and reported as not supported yet.
 config::ComponentRegistry& algorithm_registry();
 
 }  // namespace tessera::algorithms

@@ -40,4 +40,11 @@ models::MPTForCausalLM load_hf_model(const std::string& dir);
 void save_hf_model(models::MPTForCausalLM& model, const std::string& dir, at::ScalarType dtype = at::kFloat,
                    uint64_t max_shard_bytes = uint64_t{5} << 30);
 
+// Writes a Tessera checkpoint's model (checkpoint.h; any world size) as a Hugging Face folder: config.json (from the
+// checkpoint's "hf_config") and model.safetensors in `dtype`, streamed one tensor at a time, so that no more than
+// the largest tensor is in memory. The file appears complete or not at all. Throws naming the checkpoint for one
+// without an HF config, or with weights that are not plain MPT (LoRA adapters: merge them before saving).
+void export_checkpoint_to_hf(const std::string& checkpoint_dir, const std::string& out_dir,
+                             at::ScalarType dtype = at::kFloat);
+
 }  // namespace tessera::checkpoint

@@ -47,6 +47,16 @@ struct ParallelOptions {
 // FULL: fp32 parameters and reduction; DEFAULT: parameters in `low`, reduction in fp32; PURE: both in `low`.
 std::pair<at::ScalarType, at::ScalarType> mixed_precision_dtypes(MixedPrecision mp, at::ScalarType low);
 
+// Where one model parameter's elements sit in a rank's flat shard: elements [start, start + numel) of parameter
+// `name` (global `shape`, row-major) are shard elements [offset, offset + numel).
+struct ShardSpan {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t start = 0;
+  int64_t numel = 0;
+  int64_t offset = 0;
+};
+
 // Bytes this rank holds between steps for parameters and gradients (optimizer state is the optimizer's).
 struct ShardMemory {
   int64_t param_bytes = 0;
@@ -70,6 +80,12 @@ class ParallelModel {
   at::Tensor sum_over_shards(const at::Tensor& t);
   // The whole model as fp32 tensors named like model->named_parameters(); every rank must call it.
   std::vector<std::pair<std::string, at::Tensor>> full_state_dict();
+  // Per parameters()[i], the parameter ranges it holds (padding excluded): what a sharded checkpoint stores and
+  // what loading one fills.
+  std::vector<std::vector<ShardSpan>> shard_layout() const;
+  // Whether this rank's shards are the copy checkpoints store: every rank for the sharded strategies, rank 0 for
+  // NO_SHARD (all ranks hold everything), the first node's ranks for HYBRID_SHARD.
+  bool stores_shards() const;
   ShardMemory memory() const;
   Communicator& comm();
   const ParallelOptions& options() const;

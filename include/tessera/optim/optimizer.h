@@ -42,6 +42,8 @@ class Optimizer {
   // "{i}.momentum_buffer" (PyTorch's names). load_state throws naming the missing or mis-shaped entry.
   std::vector<std::pair<std::string, at::Tensor>> state() const;
   void load_state(const std::vector<std::pair<std::string, at::Tensor>>& state);
+  // The per-parameter state tensors' names ("exp_avg", ...), in the order state() lists them.
+  std::vector<std::string> slot_names() const { return state_names(); }
 
  protected:
   virtual void update(size_t i, at::Tensor& param, const at::Tensor& grad, double lr) = 0;

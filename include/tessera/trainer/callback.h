@@ -7,11 +7,13 @@
 // The Engine (engine.h) decides the order in which they run.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,12 +26,23 @@ class Logger;
 
 using Metrics = std::map<std::string, double>;
 
+// What an algorithm or callback keeps across a checkpoint (Composer's state_dict / load_state_dict): small values,
+// and tensors aligned one to one with State::held_parameters() (e.g. EMA's averaged weights), which checkpoints store
+// and reshard like the parameters themselves.
+struct ComponentState {
+  nlohmann::json values = nlohmann::json::object();
+  std::vector<at::Tensor> per_parameter;
+};
+
 class Algorithm {
  public:
   virtual ~Algorithm() = default;
   virtual std::string name() const = 0;
   virtual bool match(Event event, const State& state) const = 0;
   virtual void apply(Event event, State& state, Logger& logger) = 0;
+  // Checkpointed state; nullopt (the default) for stateless algorithms. Loading happens before FIT_START.
+  virtual std::optional<ComponentState> state_dict(const State& /*state*/) const { return std::nullopt; }
+  virtual void load_state_dict(const ComponentState& /*saved*/, State& /*state*/) {}
 };
 
 class Callback {
@@ -39,6 +52,9 @@ class Callback {
   virtual void run_event(Event event, State& state, Logger& logger) = 0;
   // Always called when the trainer is destroyed, also after an exception (flush files here).
   virtual void close(State& /*state*/, Logger& /*logger*/) {}
+  // Checkpointed state, as for Algorithm.
+  virtual std::optional<ComponentState> state_dict(const State& /*state*/) const { return std::nullopt; }
+  virtual void load_state_dict(const ComponentState& /*saved*/, State& /*state*/) {}
 };
 
 class LoggerDestination : public Callback {

@@ -72,6 +72,13 @@ struct State {
   // Ends training after the current batch (Composer's stop_training).
   void stop_training() { stop_requested = true; }
   bool stop_requested = false;
+  // Set by an algorithm at AFTER_TRAIN_BATCH: this batch's optimizer step is skipped (reset every batch).
+  bool skip_optimizer_step = false;
+  // Set by an algorithm or callback: restore the model and optimizer from the newest checkpoint after this batch.
+  bool rollback_requested = false;
+  // The tensors this rank holds for the model: model->parameters(), or with more than one rank this rank's flat
+  // shards (the sharding engine's parameters()). Checkpoints store and restore these.
+  std::vector<at::Tensor> held_parameters() const;
   // Parameters that receive gradients: the model's, or with more than one rank this rank's flat shards.
   std::vector<at::Tensor> trainable_parameters() const;
   // Sum of `t` over the ranks that together hold every gradient shard once (e.g. squared norms for clipping);

@@ -71,12 +71,19 @@ struct TrainConfig {
   bool deterministic_mode = false;  // deterministic kernels only (Composer's deterministic_mode)
   std::string run_name;             // recipe value, else $RUN_NAME, else the recipe's file name without extension
 
-  std::optional<std::string> save_folder;
-  config::Time save_interval = config::Time::batches(1000);
-  int64_t save_num_checkpoints_to_keep = -1;  // -1: keep all
+  // Checkpoints (docs/checkpointing.md).
+  std::optional<std::string> save_folder;                    // {run_name} is filled in
+  std::string save_filename = "ep{epoch}-ba{batch}";         // each checkpoint's directory name
+  std::string save_latest_filename = "latest";               // symlink to the newest checkpoint
+  config::Time save_interval = config::Time::batches(1000);  // the end of training always saves
+  int64_t save_num_checkpoints_to_keep = -1;                 // -1: keep all
   bool save_overwrite = false;
-  std::optional<std::string> load_path;
-  bool autoresume = false;
+  bool save_weights_only = false;
+  bool save_async = true;                // write checkpoints in a background thread
+  std::optional<std::string> load_path;  // a Tessera checkpoint directory or a Hugging Face folder
+  bool load_weights_only = false;
+  bool load_strict_model_weights = true;
+  bool autoresume = false;  // continue from the newest valid checkpoint in save_folder
 
   std::optional<std::string> icl_tasks_path;  // `icl_tasks: path/to/tasks.yaml`
   std::vector<IclTaskOptions> icl_tasks;      // inline list

@@ -20,9 +20,12 @@
 #include <optional>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "tessera/data/tokenizer.h"
 #include "tessera/eval/icl.h"
 #include "tessera/trainer/callback.h"
+#include "tessera/trainer/checkpointing.h"
 #include "tessera/trainer/engine.h"
 #include "tessera/trainer/state.h"
 #include "tessera/trainer/train_config.h"
@@ -57,6 +60,9 @@ class Trainer {
 
  private:
   void check_multi_rank_support() const;
+  void load_initial_checkpoint();
+  nlohmann::json resumption_state() const;  // saved with checkpoints: recipe, data position, loss scale, ...
+  void rollback();                          // restores model and optimizer from the newest checkpoint
   void train_batch();
   bool run_microbatches(const data::TokenBatch& batch, int64_t microbatch_size);
   Metrics run_eval();
@@ -77,8 +83,10 @@ class Trainer {
   int64_t workers_ = 1;
   std::optional<int64_t> last_eval_batch_;
   bool auto_microbatch_ = false;
-  double loss_scale_ = 65536.0;  // amp_fp16 dynamic loss scale
-  int64_t good_steps_ = 0;       // amp_fp16: steps since the scale last changed
+  double loss_scale_ = 65536.0;             // amp_fp16 dynamic loss scale
+  int64_t good_steps_ = 0;                  // amp_fp16: steps since the scale last changed
+  std::shared_ptr<CheckpointSaver> saver_;  // when the recipe has save_folder
+  std::optional<std::string> last_checkpoint_;
 };
 
 // Number of CPU cores this process may run on (sched_getaffinity), at least 1.

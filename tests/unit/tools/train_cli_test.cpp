@@ -85,10 +85,10 @@ TEST(TrainCli, UsageAndRuntimeExitCodes) {
   const Result train = run("--recipe " + kSource + "/recipes/mpt-tiny-cpu.yaml variables.data_local=/no/such/data");
   EXPECT_EQ(train.exit_code, 1);
   EXPECT_NE(train.output.find("/no/such/data/train: no index.json"), std::string::npos) << train.output;
-  // Keys the trainer does not run yet are refused by name (exit 2) rather than ignored.
-  const Result save = run("--recipe " + kSource + "/recipes/mpt-tiny-cpu.yaml save_folder=/tmp/x");
-  EXPECT_EQ(save.exit_code, 2);
-  EXPECT_NE(save.output.find("not implemented yet by the trainer: save_folder"), std::string::npos) << save.output;
+  // A load_path that is not a checkpoint is a runtime error naming it.
+  const Result load = run("--recipe " + kSource + "/recipes/mpt-tiny-cpu.yaml load_path=/no/such/ckpt");
+  EXPECT_EQ(load.exit_code, 1);
+  EXPECT_NE(load.output.find("/no/such/ckpt"), std::string::npos) << load.output;
 }
 
 // At least ten kinds of bad recipe, each with the exact message and exit code 2.
@@ -203,10 +203,10 @@ TEST(TrainCli, BadRecipesNameFileKeyAndLine) {
           "/recipes/mpt-125m.yaml: global_train_batch_size (256) is not divisible by the world size (3)");
   // 18. LLM Foundry keys Tessera lacks: one list, exit 2
   expect_config_error(run("--recipe " + kSource + "/recipes/mpt-125m.yaml --dry-run loggers.wandb={} " +
-                          "save_weights_only=true model.fc_type=te"),
+                          "load_ignore_keys=[a] model.fc_type=te"),
                       "[recipe] " + kSource +
                           "/recipes/mpt-125m.yaml: not supported yet: model.fc_type (te), loggers.wandb (logger "
-                          "wandb), save_weights_only");
+                          "wandb), load_ignore_keys");
 }
 
 }  // namespace

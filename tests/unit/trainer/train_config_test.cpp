@@ -106,7 +106,7 @@ TEST(Recipes, LlmFoundrysSmallCpuYamlLoadsUnchanged) {
 }
 
 TEST(Recipes, UnimplementedLlmFoundryKeysAreListedTogether) {
-  std::string yaml = "save_weights_only: true\nloggers:\n  wandb: {}\n  mlflow: {}\n";
+  std::string yaml = "load_ignore_keys: [a]\nloggers:\n  wandb: {}\n  mlflow: {}\n";
   std::ifstream in(kSource + "/tests/data/foundry/mpt-125m.yaml");
   yaml += std::string(std::istreambuf_iterator<char>(in), {});
   const std::string path = write_recipe("unsupported.yaml", yaml);
@@ -117,7 +117,7 @@ TEST(Recipes, UnimplementedLlmFoundryKeysAreListedTogether) {
     EXPECT_EQ(std::string(e.what()),
               "[recipe] " + path +
                   ": not supported yet: loggers.wandb (logger wandb), loggers.mlflow (logger mlflow), "
-                  "fsdp_config.activation_cpu_offload (true), precision (amp_fp8), save_weights_only");
+                  "fsdp_config.activation_cpu_offload (true), precision (amp_fp8), load_ignore_keys");
   }
 }
 

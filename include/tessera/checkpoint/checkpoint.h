@@ -1,0 +1,129 @@
+// Tessera's sharded checkpoint format (docs/formats/checkpoint.md, format version 1): a directory holding
+// metadata.json and one rank{r}.safetensors per rank. Every logical tensor (a model parameter, an optimizer state
+// tensor, ...) is stored as pieces: contiguous element ranges of its row-major flattening, each in some rank's file.
+// metadata.json maps every tensor to its pieces, so a checkpoint written by N ranks with one sharding strategy is
+// read by M ranks with another: each reader asks for the element ranges it holds and gets them from whichever
+// pieces overlap (resharding). No pickle: loading never runs code.
+//
+// Publishing is atomic. Every rank writes its file (and a small receipt with its checksum) into a hidden temporary
+// directory; rank 0 waits for all receipts, writes metadata.json, fsyncs, renames the directory to its final name,
+// and then moves the `latest` symlink. A crash at any moment leaves the previous checkpoint loadable and `latest`
+// pointing at a complete checkpoint. The save folder must be shared by all ranks (one filesystem).
+//
+//   PendingCheckpoint p = begin_checkpoint(folder, "ep0-ba10", rank, world);
+//   write_rank_file(p, rank, payload);              // every rank
+//   if (rank == 0) publish_checkpoint(p, meta, world, timeout, "latest");
+//   ...
+//   CheckpointReader r(find_latest_valid_checkpoint(folder, "latest").value());
+//   r.read("model/transformer.wte.weight", start, numel, dst);  // any element range
+#pragma once
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tessera::checkpoint {
+
+class SafetensorsFile;
+
+inline constexpr int kFormatVersion = 1;
+
+// Elements [start, start + numel) of the row-major flattening of the logical tensor `tensor` (global `shape`).
+struct Piece {
+  std::string tensor;
+  std::vector<int64_t> shape;
+  int64_t start = 0;
+  int64_t numel = 0;
+};
+
+// What one rank stores: pieces of logical tensors (each with its values, `numel` elements, any dtype), and tensors
+// that belong to this rank alone and are not resharded (e.g. its RNG state).
+struct RankPayload {
+  std::vector<std::pair<Piece, at::Tensor>> pieces;
+  std::map<std::string, at::Tensor> local;
+};
+
+// A checkpoint being written: its final directory and the hidden temporary one the ranks write into.
+struct PendingCheckpoint {
+  std::string folder;     // the save folder
+  std::string name;       // e.g. "ep0-ba10"
+  std::string final_dir;  // folder/name
+  std::string temp_dir;   // folder/.tmp-name
+};
+
+// Names the directories (creating the folder and, on rank 0, a fresh temporary directory; other ranks wait up to
+// `timeout` for it to appear). Throws tessera::Error("checkpoint") naming the path on failure.
+PendingCheckpoint begin_checkpoint(const std::string& folder, const std::string& name, int rank,
+                                   std::chrono::milliseconds timeout);
+
+// Writes rank{rank}.safetensors into p.temp_dir (fsynced), then its receipt. Returns the bytes written. Throws
+// tessera::Error("checkpoint") naming the file and the OS error (e.g. "No space left on device"); nothing partial is
+// left under a final name.
+uint64_t write_rank_file(const PendingCheckpoint& p, int rank, const RankPayload& payload);
+
+// Rank 0: waits (up to `timeout`) for the receipts of all `world_size` ranks, writes metadata.json from `metadata`
+// (the caller's fields: timestamp, config, ...) plus "format", "format_version", "world_size", "tensors" and
+// "files", renames the temporary directory to its final name, and points `latest_name` (a relative symlink in the
+// folder; empty: none) at it. Throws naming the rank whose receipt never came or the file that failed; the temporary
+// directory is then removed and `latest` is unchanged.
+void publish_checkpoint(const PendingCheckpoint& p, nlohmann::json metadata, int world_size,
+                        std::chrono::milliseconds timeout, const std::string& latest_name);
+
+// Removes a failed checkpoint's temporary directory (best effort).
+void abandon_checkpoint(const PendingCheckpoint& p);
+
+// Published checkpoints in `folder` (directories with a metadata.json), oldest first by (batch, name).
+std::vector<std::string> list_checkpoints(const std::string& folder);
+
+// The newest checkpoint in `folder` that validates (metadata parses, every file exists with its size and checksum):
+// `latest_name`'s target first, then the others from newest to oldest. Each invalid one is skipped with a warning
+// naming the file and the problem. nullopt when there is none.
+std::optional<std::string> find_latest_valid_checkpoint(const std::string& folder, const std::string& latest_name);
+
+// Empty when `dir` is a complete, uncorrupted checkpoint; otherwise what is wrong, naming the file.
+std::string validate_checkpoint(const std::string& dir, bool verify_checksums = true);
+
+// Reads element ranges of a checkpoint's logical tensors, whatever the world size and sharding that wrote it.
+// Opening checks the metadata (format and version); files are memory-mapped on first use and their checksums
+// verified then (set verify_checksums false to skip). Not thread-safe.
+class CheckpointReader {
+ public:
+  explicit CheckpointReader(std::string dir, bool verify_checksums = true);
+  ~CheckpointReader();
+  CheckpointReader(const CheckpointReader&) = delete;
+  CheckpointReader& operator=(const CheckpointReader&) = delete;
+
+  const std::string& dir() const { return dir_; }
+  const nlohmann::json& metadata() const { return meta_; }
+  int world_size() const { return meta_.at("world_size").get<int>(); }
+  bool has_tensor(const std::string& name) const { return meta_.at("tensors").contains(name); }
+  // Logical tensor names starting with `prefix` (e.g. "model/"), sorted.
+  std::vector<std::string> tensor_names(const std::string& prefix = "") const;
+  std::vector<int64_t> shape(const std::string& name) const;
+  at::ScalarType dtype(const std::string& name) const;
+
+  // Copies elements [start, start + dst.numel()) of tensor `name` into `dst` (contiguous, any dtype: converted).
+  // Throws naming the tensor when it is absent, the range is out of bounds or not fully covered by the pieces.
+  void read(const std::string& name, int64_t start, at::Tensor dst);
+  // The whole tensor, in its stored dtype and shape.
+  at::Tensor read_full(const std::string& name);
+  // Rank `rank`'s own tensor `key` (RankPayload::local), or an undefined tensor when that rank stored none.
+  at::Tensor read_local(int rank, const std::string& key);
+
+ private:
+  SafetensorsFile& file(int rank);
+  std::string dir_;
+  bool verify_;
+  nlohmann::json meta_;
+  std::map<int, std::shared_ptr<SafetensorsFile>> files_;
+};
+
+}  // namespace tessera::checkpoint

@@ -1,0 +1,463 @@
+// The sharded checkpoint format (see checkpoint.h): rank files, receipts, atomic publication, validation and
+// resharding reads.
+#include "tessera/checkpoint/checkpoint.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "tessera/checkpoint/safetensors.h"
+#include "tessera/util/error.h"
+#include "tessera/util/file_io.h"
+
+namespace tessera::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr const char* kComponent = "checkpoint";
+constexpr const char* kMetadata = "metadata.json";
+
+[[noreturn]] void fail(const std::string& path, const std::string& message) {
+  throw Error(kComponent, fmt::format("{}: {}", path, message));
+}
+
+std::string rank_file_name(int rank) {
+  return fmt::format("rank{}.safetensors", rank);
+}
+
+std::string receipt_name(int rank) {
+  return fmt::format("rank{}.receipt.json", rank);
+}
+
+std::string piece_key(const Piece& p) {
+  return fmt::format("{}@{}", p.tensor, p.start);
+}
+
+std::string xxh64_hex(uint64_t h) {
+  return fmt::format("{:016x}", h);
+}
+
+// fsync of a directory, so that a rename or a new entry in it is durable.
+void sync_dir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) fail(dir, fmt::format("cannot open directory to fsync: {}", std::strerror(errno)));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) fail(dir, fmt::format("fsync failed: {}", std::strerror(err)));
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail(path, "cannot open");
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    fail(path, fmt::format("not valid JSON ({})", e.what()));
+  }
+}
+
+// The file's bytes hashed with xxh64, reading it in large blocks.
+std::string file_xxh64(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, fmt::format("cannot open: {}", std::strerror(errno)));
+  XXH64_state_t* st = XXH64_createState();
+  XXH64_reset(st, 0);
+  std::vector<char> buf(size_t{8} << 20);
+  while (true) {
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      XXH64_freeState(st);
+      fail(path, fmt::format("read failed: {}", std::strerror(err)));
+    }
+    if (n == 0) break;
+    XXH64_update(st, buf.data(), static_cast<size_t>(n));
+  }
+  ::close(fd);
+  const uint64_t h = XXH64_digest(st);
+  XXH64_freeState(st);
+  return xxh64_hex(h);
+}
+
+// Batch of a checkpoint for ordering: its metadata's timestamp, or -1 when unreadable.
+int64_t checkpoint_batch(const fs::path& dir) {
+  try {
+    const nlohmann::json m = read_json((dir / kMetadata).string());
+    return m.at("timestamp").at("batch").get<int64_t>();
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+}  // namespace
+
+PendingCheckpoint begin_checkpoint(const std::string& folder, const std::string& name, int rank,
+                                   std::chrono::milliseconds timeout) {
+  PendingCheckpoint p;
+  p.folder = folder;
+  p.name = name;
+  p.final_dir = (fs::path(folder) / name).string();
+  p.temp_dir = (fs::path(folder) / (".tmp-" + name)).string();
+  std::error_code ec;
+  if (rank == 0) {
+    fs::create_directories(folder, ec);
+    if (ec) fail(folder, fmt::format("cannot create the save folder: {}", ec.message()));
+    fs::remove_all(p.temp_dir, ec);  // left over from a crashed save of the same name
+    fs::create_directory(p.temp_dir, ec);
+    if (ec) fail(p.temp_dir, fmt::format("cannot create: {}", ec.message()));
+    return p;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!fs::is_directory(p.temp_dir)) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      fail(p.temp_dir, fmt::format("rank 0 did not create it within {} s (is the save folder on a filesystem every "
+                                   "rank shares?)",
+                                   timeout.count() / 1000));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return p;
+}
+
+uint64_t write_rank_file(const PendingCheckpoint& p, int rank, const RankPayload& payload) {
+  // safetensors layout: header length, JSON header, data; tensors in key order.
+  std::map<std::string, at::Tensor> tensors;
+  nlohmann::json pieces = nlohmann::json::array();
+  for (const auto& [piece, values] : payload.pieces) {
+    if (values.numel() != piece.numel) {
+      throw Error(kComponent,
+                  fmt::format("piece {} of {} has {} values", piece_key(piece), piece.numel, values.numel()));
+    }
+    const std::string key = piece_key(piece);
+    tensors[key] = values.detach().reshape({-1});
+    pieces.push_back({{"tensor", piece.tensor},
+                      {"shape", piece.shape},
+                      {"dtype", dtype_name(values.scalar_type())},
+                      {"start", piece.start},
+                      {"numel", piece.numel},
+                      {"key", key}});
+  }
+  nlohmann::json locals = nlohmann::json::array();
+  for (const auto& [key, t] : payload.local) {
+    tensors["local/" + key] = t.detach();
+    locals.push_back(key);
+  }
+  // The safetensors bytes (as save_safetensors lays them out), hashed from memory as they are written: no second
+  // pass over the file.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  std::vector<at::Tensor> data;
+  uint64_t offset = 0;
+  for (const auto& [key, t] : tensors) {
+    at::Tensor c = t.to(at::kCPU).contiguous();
+    const uint64_t n = static_cast<uint64_t>(c.nbytes());
+    header[key] = {
+        {"dtype", dtype_name(c.scalar_type())}, {"shape", c.sizes().vec()}, {"data_offsets", {offset, offset + n}}};
+    offset += n;
+    data.push_back(std::move(c));
+  }
+  std::string json = header.dump();
+  while ((8 + json.size()) % 8 != 0) json.push_back(' ');
+  unsigned char len[8];
+  uint64_t h = json.size();
+  for (unsigned char& b : len) b = static_cast<unsigned char>(h & 0xff), h >>= 8;
+  std::vector<std::string_view> parts = {{reinterpret_cast<const char*>(len), 8}, json};
+  for (const at::Tensor& c : data) parts.emplace_back(static_cast<const char*>(c.data_ptr()), c.nbytes());
+  XXH64_state_t* st = XXH64_createState();
+  XXH64_reset(st, 0);
+  uint64_t bytes = 0;
+  for (std::string_view part : parts) {
+    XXH64_update(st, part.data(), part.size());
+    bytes += part.size();
+  }
+  const std::string digest = xxh64_hex(XXH64_digest(st));
+  XXH64_freeState(st);
+  const std::string path = (fs::path(p.temp_dir) / rank_file_name(rank)).string();
+  util::write_file_atomically(path, parts, kComponent);
+  const nlohmann::json receipt = {{"rank", rank},    {"file", rank_file_name(rank)}, {"bytes", bytes},
+                                  {"xxh64", digest}, {"pieces", std::move(pieces)},  {"local", std::move(locals)}};
+  util::write_file_atomically((fs::path(p.temp_dir) / receipt_name(rank)).string(), receipt.dump(), kComponent);
+  return bytes;
+}
+
+void publish_checkpoint(const PendingCheckpoint& p, nlohmann::json metadata, int world_size,
+                        std::chrono::milliseconds timeout, const std::string& latest_name) {
+  try {
+    // Every rank's receipt: its file is complete and fsynced.
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::vector<nlohmann::json> receipts(static_cast<size_t>(world_size));
+    for (int r = 0; r < world_size; ++r) {
+      const fs::path rp = fs::path(p.temp_dir) / receipt_name(r);
+      while (!fs::exists(rp)) {
+        if (std::chrono::steady_clock::now() > deadline) {
+          fail(p.temp_dir, fmt::format("rank {} did not finish writing {} within {} s", r, rank_file_name(r),
+                                       timeout.count() / 1000));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      receipts[static_cast<size_t>(r)] = read_json(rp.string());
+    }
+    nlohmann::json tensors = nlohmann::json::object();
+    nlohmann::json files = nlohmann::json::array();
+    nlohmann::json locals = nlohmann::json::object();
+    for (int r = 0; r < world_size; ++r) {
+      const nlohmann::json& rc = receipts[static_cast<size_t>(r)];
+      files.push_back({{"rank", r}, {"name", rc.at("file")}, {"bytes", rc.at("bytes")}, {"xxh64", rc.at("xxh64")}});
+      if (!rc.at("local").empty()) locals[std::to_string(r)] = rc.at("local");
+      for (const nlohmann::json& pc : rc.at("pieces")) {
+        const std::string name = pc.at("tensor").get<std::string>();
+        nlohmann::json& t = tensors[name];
+        if (t.is_null())
+          t = {{"shape", pc.at("shape")}, {"dtype", pc.at("dtype")}, {"pieces", nlohmann::json::array()}};
+        if (t.at("shape") != pc.at("shape")) {
+          fail(p.temp_dir, fmt::format("ranks disagree on the shape of {}", name));
+        }
+        t["pieces"].push_back(
+            {{"rank", r}, {"key", pc.at("key")}, {"start", pc.at("start")}, {"numel", pc.at("numel")}});
+      }
+    }
+    metadata["format"] = "tessera-checkpoint";
+    metadata["format_version"] = kFormatVersion;
+    metadata["world_size"] = world_size;
+    metadata["tensors"] = std::move(tensors);
+    metadata["local_tensors"] = std::move(locals);
+    metadata["files"] = std::move(files);
+    util::write_file_atomically((fs::path(p.temp_dir) / kMetadata).string(), metadata.dump(1) + "\n", kComponent);
+    for (int r = 0; r < world_size; ++r) fs::remove(fs::path(p.temp_dir) / receipt_name(r));
+    sync_dir(p.temp_dir);
+    std::error_code ec;
+    if (fs::exists(p.final_dir)) {
+      // save_overwrite (or a re-save at the same batch after a restart): move the old one aside first, so that a
+      // crash in between still leaves one complete copy.
+      const fs::path old = fs::path(p.folder) / (".old-" + p.name);
+      fs::remove_all(old, ec);
+      fs::rename(p.final_dir, old, ec);
+      if (ec) fail(p.final_dir, fmt::format("cannot move the existing checkpoint aside: {}", ec.message()));
+      fs::rename(p.temp_dir, p.final_dir, ec);
+      if (ec) fail(p.final_dir, fmt::format("rename from {} failed: {}", p.temp_dir, ec.message()));
+      fs::remove_all(old, ec);
+    } else {
+      fs::rename(p.temp_dir, p.final_dir, ec);
+      if (ec) fail(p.final_dir, fmt::format("rename from {} failed: {}", p.temp_dir, ec.message()));
+    }
+    sync_dir(p.folder);
+    if (!latest_name.empty()) {
+      // A relative symlink, replaced atomically by renaming a new link over it.
+      const fs::path link = fs::path(p.folder) / latest_name;
+      const fs::path tmp_link = fs::path(p.folder) / (".tmp-" + latest_name);
+      fs::remove(tmp_link, ec);
+      fs::create_directory_symlink(p.name, tmp_link, ec);
+      if (ec) fail(link.string(), fmt::format("cannot create the symlink: {}", ec.message()));
+      fs::rename(tmp_link, link, ec);
+      if (ec) fail(link.string(), fmt::format("cannot update the symlink: {}", ec.message()));
+      sync_dir(p.folder);
+    }
+  } catch (...) {
+    abandon_checkpoint(p);
+    throw;
+  }
+}
+
+void abandon_checkpoint(const PendingCheckpoint& p) {
+  std::error_code ec;
+  fs::remove_all(p.temp_dir, ec);
+}
+
+std::vector<std::string> list_checkpoints(const std::string& folder) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  if (!fs::is_directory(folder, ec)) return {};
+  for (const fs::directory_entry& e : fs::directory_iterator(folder, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || name[0] == '.' || e.is_symlink() || !e.is_directory()) continue;
+    if (!fs::exists(e.path() / kMetadata)) continue;
+    found.emplace_back(checkpoint_batch(e.path()), e.path().string());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(std::move(f.second));
+  return out;
+}
+
+std::string validate_checkpoint(const std::string& dir, bool verify_checksums) {
+  try {
+    const nlohmann::json m = read_json((fs::path(dir) / kMetadata).string());
+    if (m.value("format", "") != "tessera-checkpoint")
+      return fmt::format("{}/{}: not a Tessera checkpoint", dir, kMetadata);
+    if (m.value("format_version", 0) > kFormatVersion) {
+      return fmt::format("{}/{}: format version {} is newer than this build reads ({})", dir, kMetadata,
+                         m.value("format_version", 0), kFormatVersion);
+    }
+    for (const nlohmann::json& f : m.at("files")) {
+      const fs::path path = fs::path(dir) / f.at("name").get<std::string>();
+      std::error_code ec;
+      const uint64_t size = fs::file_size(path, ec);
+      if (ec) return fmt::format("{}: missing ({})", path.string(), ec.message());
+      if (size != f.at("bytes").get<uint64_t>()) {
+        return fmt::format("{}: {} bytes, metadata says {} (truncated?)", path.string(), size,
+                           f.at("bytes").get<uint64_t>());
+      }
+      if (verify_checksums) {
+        const std::string h = file_xxh64(path.string());
+        if (h != f.at("xxh64").get<std::string>()) {
+          return fmt::format("{}: xxh64 checksum {} does not match the metadata's {} (corrupted)", path.string(), h,
+                             f.at("xxh64").get<std::string>());
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::optional<std::string> find_latest_valid_checkpoint(const std::string& folder, const std::string& latest_name) {
+  std::vector<std::string> candidates;
+  std::error_code ec;
+  const fs::path link = fs::path(folder) / latest_name;
+  if (!latest_name.empty() && fs::is_symlink(link, ec)) {
+    const fs::path target = fs::path(folder) / fs::read_symlink(link, ec);
+    if (!ec) candidates.push_back(target.lexically_normal().string());
+  }
+  std::vector<std::string> all = list_checkpoints(folder);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    const std::string p = fs::path(*it).lexically_normal().string();
+    if (std::find(candidates.begin(), candidates.end(), p) == candidates.end()) candidates.push_back(p);
+  }
+  for (const std::string& c : candidates) {
+    const std::string why = validate_checkpoint(c);
+    if (why.empty()) return c;
+    spdlog::warn("[checkpoint] skipping {}: {}", c, why);
+  }
+  return std::nullopt;
+}
+
+// ---- CheckpointReader -------------------------------------------------------------------------------------------
+
+CheckpointReader::CheckpointReader(std::string dir, bool verify_checksums)
+    : dir_(std::move(dir)), verify_(verify_checksums) {
+  const std::string path = (fs::path(dir_) / kMetadata).string();
+  if (!fs::exists(path)) {
+    fail(dir_, fs::exists(dir_) ? "no metadata.json: not a (complete) Tessera checkpoint" : "does not exist");
+  }
+  meta_ = read_json(path);
+  if (meta_.value("format", "") != "tessera-checkpoint") fail(path, "not a Tessera checkpoint (\"format\")");
+  const int version = meta_.value("format_version", 0);
+  if (version < 1 || version > kFormatVersion) {
+    fail(path, fmt::format("format version {} is not one this build reads (1..{})", version, kFormatVersion));
+  }
+  for (const char* key : {"world_size", "tensors", "files"}) {
+    if (!meta_.contains(key)) fail(path, fmt::format("missing \"{}\"", key));
+  }
+}
+
+CheckpointReader::~CheckpointReader() = default;
+
+std::vector<std::string> CheckpointReader::tensor_names(const std::string& prefix) const {
+  std::vector<std::string> out;
+  for (const auto& [name, t] : meta_.at("tensors").items()) {
+    if (name.rfind(prefix, 0) == 0) out.push_back(name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<int64_t> CheckpointReader::shape(const std::string& name) const {
+  if (!has_tensor(name)) fail(dir_, fmt::format("has no tensor {}", name));
+  return meta_.at("tensors").at(name).at("shape").get<std::vector<int64_t>>();
+}
+
+at::ScalarType CheckpointReader::dtype(const std::string& name) const {
+  if (!has_tensor(name)) fail(dir_, fmt::format("has no tensor {}", name));
+  return dtype_from_name(meta_.at("tensors").at(name).at("dtype").get<std::string>());
+}
+
+SafetensorsFile& CheckpointReader::file(int rank) {
+  auto it = files_.find(rank);
+  if (it != files_.end()) return *it->second;
+  const nlohmann::json* entry = nullptr;
+  for (const nlohmann::json& f : meta_.at("files")) {
+    if (f.at("rank").get<int>() == rank) entry = &f;
+  }
+  if (entry == nullptr) fail(dir_, fmt::format("metadata.json lists no file for rank {}", rank));
+  const std::string path = (fs::path(dir_) / entry->at("name").get<std::string>()).string();
+  std::error_code ec;
+  const uint64_t size = fs::file_size(path, ec);
+  if (ec) fail(path, fmt::format("missing ({})", ec.message()));
+  if (size != entry->at("bytes").get<uint64_t>()) {
+    fail(path, fmt::format("{} bytes, metadata.json says {} (truncated?)", size, entry->at("bytes").get<uint64_t>()));
+  }
+  if (verify_) {
+    const std::string h = file_xxh64(path);
+    if (h != entry->at("xxh64").get<std::string>()) {
+      fail(path, fmt::format("xxh64 checksum {} does not match metadata.json's {} (corrupted)", h,
+                             entry->at("xxh64").get<std::string>()));
+    }
+  }
+  auto f = std::make_shared<SafetensorsFile>(path);
+  files_[rank] = f;
+  return *f;
+}
+
+void CheckpointReader::read(const std::string& name, int64_t start, at::Tensor dst) {
+  if (!has_tensor(name)) fail(dir_, fmt::format("has no tensor {}", name));
+  const nlohmann::json& t = meta_.at("tensors").at(name);
+  int64_t total = 1;
+  for (int64_t d : t.at("shape").get<std::vector<int64_t>>()) total *= d;
+  const int64_t n = dst.numel();
+  if (start < 0 || start + n > total) {
+    fail(dir_, fmt::format("{}: elements [{}, {}) are outside its {} elements", name, start, start + n, total));
+  }
+  TORCH_CHECK(dst.is_contiguous(), "CheckpointReader::read: dst must be contiguous");
+  at::Tensor out = dst.view({-1});
+  int64_t covered = 0;
+  at::NoGradGuard no_grad;
+  for (const nlohmann::json& pc : t.at("pieces")) {
+    const int64_t ps = pc.at("start").get<int64_t>();
+    const int64_t pn = pc.at("numel").get<int64_t>();
+    const int64_t lo = std::max(start, ps), hi = std::min(start + n, ps + pn);
+    if (lo >= hi) continue;
+    SafetensorsFile& f = file(pc.at("rank").get<int>());
+    const std::string key = pc.at("key").get<std::string>();
+    if (!f.contains(key)) fail(f.path(), fmt::format("has no piece {} (listed in metadata.json)", key));
+    const at::Tensor src = f.view(key).view({-1});
+    if (src.numel() != pn)
+      fail(f.path(), fmt::format("piece {} has {} elements, metadata.json says {}", key, src.numel(), pn));
+    out.narrow(0, lo - start, hi - lo).copy_(src.narrow(0, lo - ps, hi - lo));
+    covered += hi - lo;
+  }
+  if (covered != n) {
+    fail(dir_, fmt::format("{}: its pieces cover {} of the {} elements [{}, {}) asked for", name, covered, n, start,
+                           start + n));
+  }
+}
+
+at::Tensor CheckpointReader::read_full(const std::string& name) {
+  at::Tensor out = at::empty(shape(name), at::TensorOptions().dtype(dtype(name)));
+  read(name, 0, out);
+  return out;
+}
+
+at::Tensor CheckpointReader::read_local(int rank, const std::string& key) {
+  const nlohmann::json& locals = meta_.value("local_tensors", nlohmann::json::object());
+  const std::string r = std::to_string(rank);
+  if (!locals.contains(r)) return {};
+  const auto& keys = locals.at(r);
+  if (std::find(keys.begin(), keys.end(), key) == keys.end()) return {};
+  SafetensorsFile& f = file(rank);
+  return f.load("local/" + key);
+}
+
+}  // namespace tessera::checkpoint

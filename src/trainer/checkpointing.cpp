@@ -1,0 +1,558 @@
+// Checkpoints of a training run (see checkpointing.h): what each rank saves, the saver callback with its background
+// writer, and restoring a State from a checkpoint or a Hugging Face folder.
+#include "tessera/trainer/checkpointing.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <variant>
+
+#include "tessera/checkpoint/hf.h"
+#include "tessera/checkpoint/safetensors.h"
+#include "tessera/dist/communicator.h"
+#include "tessera/dist/fsdp.h"
+#include "tessera/util/error.h"
+
+namespace tessera::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+constexpr const char* kComponent = "checkpoint";
+
+// One tensor this rank holds (State::held_parameters()[i]) and the parameter ranges in it.
+struct Held {
+  at::Tensor tensor;
+  std::vector<dist::ShardSpan> spans;
+};
+
+std::vector<Held> held_layout(const State& s) {
+  std::vector<Held> out;
+  if (s.parallel) {
+    const auto layout = s.parallel->shard_layout();
+    const auto& params = s.parallel->parameters();
+    for (size_t i = 0; i < params.size(); ++i) out.push_back({params[i], layout[i]});
+    return out;
+  }
+  for (const auto& item : s.model->named_parameters()) {
+    const at::Tensor& p = item.value();
+    out.push_back({p, {{item.key(), p.sizes().vec(), 0, p.numel(), 0}}});
+  }
+  return out;
+}
+
+// This rank's copy of the held tensors is the one checkpoints store (see ParallelModel::stores_shards).
+bool stores_held(const State& s) {
+  return !s.parallel || s.parallel->stores_shards();
+}
+
+// A flat view of elements [offset, offset + numel) of a held tensor (or a tensor shaped like one).
+at::Tensor span_of(const at::Tensor& t, const dist::ShardSpan& sp) {
+  return t.detach().view({-1}).narrow(0, sp.offset, sp.numel);
+}
+
+// Components with state, keyed by name (a repeated name gets "#2", "#3", ...).
+std::vector<std::pair<std::string, std::variant<Algorithm*, Callback*>>> stateful_components(const State& s) {
+  std::vector<std::pair<std::string, std::variant<Algorithm*, Callback*>>> out;
+  std::map<std::string, int> seen;
+  auto key = [&](const std::string& name) {
+    const int n = ++seen[name];
+    return n == 1 ? name : fmt::format("{}#{}", name, n);
+  };
+  for (const auto& a : s.algorithms) out.emplace_back(key(a->name()), a.get());
+  for (const auto& c : s.callbacks) out.emplace_back(key(c->name()), c.get());
+  return out;
+}
+
+std::optional<ComponentState> state_of(const std::variant<Algorithm*, Callback*>& c, const State& s) {
+  return std::visit([&](auto* p) { return p->state_dict(s); }, c);
+}
+
+// Optimizer parameter j -> index of the held tensor it is.
+std::vector<size_t> optimizer_to_held(const State& s, const std::vector<Held>& held) {
+  std::vector<size_t> out;
+  for (const at::Tensor& p : s.optimizer->params()) {
+    size_t found = held.size();
+    for (size_t i = 0; i < held.size(); ++i) {
+      if (held[i].tensor.unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) found = i;
+    }
+    if (found == held.size()) throw Error(kComponent, "an optimizer parameter is not one of the model's tensors");
+    out.push_back(found);
+  }
+  return out;
+}
+
+// The pieces of `values` (shaped like held tensor `h`) under `prefix`, copied to host memory.
+void add_pieces(checkpoint::RankPayload& payload, const std::string& prefix, const Held& h, const at::Tensor& values) {
+  for (const dist::ShardSpan& sp : h.spans) {
+    checkpoint::Piece piece{prefix + sp.name, sp.shape, sp.start, sp.numel};
+    payload.pieces.emplace_back(std::move(piece), span_of(values, sp)
+                                                      .to(at::kCPU, /*non_blocking=*/false,
+                                                          /*copy=*/true));
+  }
+}
+
+// Fills `dst` (shaped like held tensor `h`) from the checkpoint's tensors `prefix + name`.
+void read_pieces(checkpoint::CheckpointReader& r, const std::string& prefix, const Held& h, at::Tensor dst) {
+  at::NoGradGuard no_grad;
+  for (const dist::ShardSpan& sp : h.spans) {
+    const std::string name = prefix + sp.name;
+    if (!r.has_tensor(name)) throw Error(kComponent, fmt::format("{}: has no tensor {}", r.dir(), name));
+    if (r.shape(name) != sp.shape) {
+      throw Error(kComponent, fmt::format("{}: {} has shape [{}], this model's is [{}]", r.dir(), name,
+                                          fmt::join(r.shape(name), ", "), fmt::join(sp.shape, ", ")));
+    }
+    at::Tensor target = span_of(dst, sp);
+    if (target.device().is_cpu()) {
+      r.read(name, sp.start, target);
+    } else {
+      at::Tensor host = at::empty({sp.numel}, target.options().device(at::kCPU));
+      r.read(name, sp.start, host);
+      target.copy_(host);
+    }
+  }
+}
+
+std::string fill_name(std::string pattern, const State& s) {
+  const config::Timestamp& t = s.timestamp;
+  const std::vector<std::pair<std::string, std::string>> vars = {
+      {"{run_name}", s.run_name},
+      {"{epoch}", std::to_string(t.epoch)},
+      {"{batch}", std::to_string(t.batch)},
+      {"{batch_in_epoch}", std::to_string(t.batch_in_epoch)},
+      {"{sample}", std::to_string(t.sample)},
+      {"{sample_in_epoch}", std::to_string(t.sample_in_epoch)},
+      {"{token}", std::to_string(t.token)},
+      {"{token_in_epoch}", std::to_string(t.token_in_epoch)},
+      {"{world_size}", std::to_string(s.world_size)}};
+  for (const auto& [k, v] : vars) {
+    for (size_t pos = pattern.find(k); pos != std::string::npos; pos = pattern.find(k, pos + v.size())) {
+      pattern.replace(pos, k.size(), v);
+    }
+  }
+  return pattern;
+}
+
+std::string now_iso8601() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// Rank 0's choice among `candidates` (an index, -1 for none), made by `choose` on rank 0 and broadcast.
+int64_t agree_on_index(State& s, const std::function<int64_t()>& choose) {
+  int64_t index = s.rank == 0 ? choose() : 0;
+  if (s.world_size > 1) {
+    at::Tensor t = at::full({1}, static_cast<double>(index), at::TensorOptions().dtype(at::kDouble).device(s.device));
+    s.comm->broadcast(t, 0).wait();
+    index = static_cast<int64_t>(t.cpu().item<double>());
+  }
+  return index;
+}
+
+// Rank 0 validates `dir` (checksums of every file); all ranks learn the verdict. Throws naming the problem.
+void validate_everywhere(State& s, const std::string& dir) {
+  std::string why;
+  const int64_t ok = agree_on_index(s, [&] {
+    why = checkpoint::validate_checkpoint(dir);
+    return why.empty() ? 1 : 0;
+  });
+  if (ok == 1) return;
+  if (s.rank == 0) throw Error(kComponent, fmt::format("cannot load {}", why));
+  throw Error(kComponent, fmt::format("cannot load {}: rank 0 found it invalid (see its log)", dir));
+}
+
+LoadedCheckpoint load_hf_weights(State& s, const std::string& dir, bool strict) {
+  const auto files = checkpoint::open_safetensors_dir(dir);
+  const bool tied = s.model_options.tie_word_embeddings;
+  std::set<std::string> used;
+  at::NoGradGuard no_grad;
+  for (const Held& h : held_layout(s)) {
+    for (const dist::ShardSpan& sp : h.spans) {
+      std::string source = sp.name;
+      if (!files.count(source) && tied && source == "transformer.wte.weight" && files.count("lm_head.weight")) {
+        source = "lm_head.weight";
+      }
+      auto it = files.find(source);
+      if (it == files.end()) {
+        if (strict) throw Error(kComponent, fmt::format("{}: has no weight {}", dir, sp.name));
+        spdlog::warn("[checkpoint] {}: no weight {}; it keeps its initial value", dir, sp.name);
+        continue;
+      }
+      const checkpoint::TensorInfo& info = it->second->info(source);
+      if (info.shape != sp.shape) {
+        throw Error(kComponent, fmt::format("{}: {} has shape [{}], this model's is [{}]", it->second->path(), source,
+                                            fmt::join(info.shape, ", "), fmt::join(sp.shape, ", ")));
+      }
+      span_of(h.tensor, sp).copy_(it->second->view(source).reshape({-1}).narrow(0, sp.start, sp.numel));
+      used.insert(source);
+    }
+  }
+  // Every rank sees only its spans; rank 0 judges unexpected weights against the whole model.
+  if (s.rank == 0) {
+    std::set<std::string> names;
+    for (const auto& item : s.model->named_parameters()) names.insert(item.key());
+    for (const auto& [name, file] : files) {
+      if (names.count(name) || (tied && name == "lm_head.weight")) continue;
+      if (strict) throw Error(kComponent, fmt::format("{}: unexpected weight {}", file->path(), name));
+      spdlog::warn("[checkpoint] {}: ignoring weight {} (not in this model)", file->path(), name);
+    }
+  }
+  return {dir, nlohmann::json(), false};
+}
+
+}  // namespace
+
+nlohmann::json timestamp_to_json(const config::Timestamp& t) {
+  return {{"epoch", t.epoch},
+          {"batch", t.batch},
+          {"sample", t.sample},
+          {"token", t.token},
+          {"batch_in_epoch", t.batch_in_epoch},
+          {"sample_in_epoch", t.sample_in_epoch},
+          {"token_in_epoch", t.token_in_epoch},
+          {"total_wct", t.total_wct},
+          {"epoch_wct", t.epoch_wct},
+          {"batch_wct", t.batch_wct}};
+}
+
+config::Timestamp timestamp_from_json(const nlohmann::json& j) {
+  config::Timestamp t;
+  t.epoch = j.at("epoch").get<int64_t>();
+  t.batch = j.at("batch").get<int64_t>();
+  t.sample = j.at("sample").get<int64_t>();
+  t.token = j.at("token").get<int64_t>();
+  t.batch_in_epoch = j.at("batch_in_epoch").get<int64_t>();
+  t.sample_in_epoch = j.at("sample_in_epoch").get<int64_t>();
+  t.token_in_epoch = j.at("token_in_epoch").get<int64_t>();
+  t.total_wct = j.value("total_wct", 0.0);
+  t.epoch_wct = j.value("epoch_wct", 0.0);
+  t.batch_wct = j.value("batch_wct", 0.0);
+  return t;
+}
+
+// ---- CheckpointSaver ----------------------------------------------------------------------------------------------
+
+CheckpointSaver::CheckpointSaver(SaveOptions options, ExtraState extra)
+    : o_(std::move(options)), extra_(std::move(extra)) {
+  if (o_.filename.find("{rank}") != std::string::npos) {
+    throw ConfigError("recipe", fmt::format("save_filename \"{}\": names the checkpoint directory all ranks share; "
+                                            "{{rank}} is not allowed",
+                                            o_.filename));
+  }
+}
+
+CheckpointSaver::~CheckpointSaver() {
+  if (writer_.joinable()) writer_.join();
+}
+
+void CheckpointSaver::wait() {
+  if (writer_.joinable()) writer_.join();
+  if (error_) {
+    std::exception_ptr e = error_;
+    error_ = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
+bool CheckpointSaver::due(Event event, const State& s) const {
+  if (last_saved_batch_ == s.timestamp.batch) return false;
+  const bool end = s.reached_max_duration();
+  const config::Time& iv = o_.interval;
+  if (event == Event::kEpochCheckpoint) {
+    if (iv.unit() == config::TimeUnit::kEpoch) return end || s.timestamp.epoch % std::max<int64_t>(1, iv.count()) == 0;
+    return end;
+  }
+  if (event != Event::kBatchCheckpoint) return false;
+  if (iv.unit() == config::TimeUnit::kEpoch) return false;  // at EPOCH_CHECKPOINT (also the end of training)
+  if (end) return true;
+  config::TimeUnit unit = iv.unit();
+  double every = iv.value();
+  if (unit == config::TimeUnit::kDuration) {
+    unit = s.max_duration.unit() == config::TimeUnit::kEpoch ? config::TimeUnit::kBatch : s.max_duration.unit();
+    double total = s.max_duration.value();
+    if (s.max_duration.unit() == config::TimeUnit::kEpoch) total *= static_cast<double>(s.dataloader_len.value_or(1));
+    every = std::max(1.0, std::trunc(iv.value() * total));
+  }
+  const double prev = static_cast<double>(s.previous_timestamp.get(unit));
+  const double now = static_cast<double>(s.timestamp.get(unit));
+  return std::floor(prev / every) != std::floor(now / every);
+}
+
+void CheckpointSaver::run_event(Event event, State& s, Logger& logger) {
+  if (event == Event::kFitStart) {
+    if (s.rank == 0) {
+      std::error_code ec;
+      if (fs::is_directory(o_.folder, ec)) {  // temporary directories of saves that a crash interrupted
+        for (const fs::directory_entry& e : fs::directory_iterator(o_.folder, ec)) {
+          const std::string n = e.path().filename().string();
+          if (n.rfind(".tmp-", 0) == 0 || n.rfind(".old-", 0) == 0) fs::remove_all(e.path(), ec);
+        }
+      }
+      if (!o_.overwrite) {
+        for (const std::string& dir : checkpoint::list_checkpoints(o_.folder)) {
+          const int64_t batch =
+              checkpoint::CheckpointReader(dir, false).metadata().at("timestamp").at("batch").get<int64_t>();
+          if (batch > s.timestamp.batch) {
+            throw ConfigError("recipe", fmt::format("save_folder {} already holds {} (batch {}), later than this run's "
+                                                    "start (batch {}); set save_overwrite: true, autoresume: true, "
+                                                    "or another save_folder",
+                                                    o_.folder, dir, batch, s.timestamp.batch));
+          }
+        }
+      }
+    }
+    return;
+  }
+  if (event == Event::kFitEnd) {
+    wait();
+    return;
+  }
+  if (due(event, s)) save(s, logger);
+}
+
+void CheckpointSaver::close(State& /*state*/, Logger& /*logger*/) {
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+  }
+}
+
+void CheckpointSaver::save(State& s, Logger& logger) {
+  wait();  // one save at a time; a failed earlier write surfaces here
+  last_saved_batch_ = s.timestamp.batch;
+  const auto started = Clock::now();
+  // Snapshot (blocking): every tensor copied to host memory, the rest as JSON.
+  auto payload = std::make_shared<checkpoint::RankPayload>();
+  const std::vector<Held> held = held_layout(s);
+  const bool stores = stores_held(s);
+  if (stores) {
+    for (const Held& h : held) add_pieces(*payload, "model/", h, h.tensor);
+  }
+  nlohmann::json components = nlohmann::json::object();
+  if (!o_.weights_only) {
+    if (stores && s.optimizer) {
+      const std::vector<size_t> to_held = optimizer_to_held(s, held);
+      for (const auto& [key, t] : s.optimizer->state()) {
+        const size_t dot = key.find('.');
+        if (dot == std::string::npos) continue;  // "step": in the metadata
+        const size_t j = std::stoul(key.substr(0, dot));
+        add_pieces(*payload, fmt::format("optim/{}/", key.substr(dot + 1)), held[to_held[j]], t);
+      }
+    }
+    for (const auto& [key, c] : stateful_components(s)) {
+      std::optional<ComponentState> st = state_of(c, s);
+      if (!st) continue;
+      components[key] = st->values;
+      if (!st->per_parameter.empty()) {
+        if (st->per_parameter.size() != held.size()) {
+          throw Error(kComponent, fmt::format("{}: per-parameter state has {} tensors for {} parameters", key,
+                                              st->per_parameter.size(), held.size()));
+        }
+        components[key]["__per_parameter__"] = true;
+        if (stores) {
+          for (size_t i = 0; i < held.size(); ++i) {
+            add_pieces(*payload, fmt::format("component/{}/", key), held[i], st->per_parameter[i]);
+          }
+        }
+      }
+    }
+    payload->local["rng/cpu"] = at::detail::getDefaultCPUGenerator().get_state();
+  }
+  const std::string name = fill_name(o_.filename, s);
+  nlohmann::json meta;
+  if (s.rank == 0) {
+    meta["run_name"] = s.run_name;
+    meta["saved_at"] = now_iso8601();
+    meta["timestamp"] = timestamp_to_json(s.timestamp);
+    meta["previous_timestamp"] = timestamp_to_json(s.previous_timestamp);
+    meta["weights_only"] = o_.weights_only;
+    meta["sharding"] = {{"strategy", s.parallel ? dist::to_string(s.parallel->options().sharding.strategy) : "NONE"},
+                        {"world_size", s.world_size}};
+    meta["hf_config"] = nlohmann::json::parse(checkpoint::hf_config_json(s.model_options, at::kFloat));
+    if (s.optimizer && !o_.weights_only) {
+      meta["optimizer"] = {
+          {"name", s.optimizer->options().name}, {"step", s.optimizer->steps()}, {"slots", s.optimizer->slot_names()}};
+    }
+    meta["components"] = components;
+    if (extra_) {
+      nlohmann::json extra = extra_();
+      if (o_.weights_only) extra = {{"config", extra.value("config", nlohmann::json())}};
+      meta.update(extra);
+    }
+  }
+  const double blocking = std::chrono::duration<double>(Clock::now() - started).count();
+  const checkpoint::PendingCheckpoint pending = checkpoint::begin_checkpoint(o_.folder, name, s.rank, o_.timeout);
+  const int rank = static_cast<int>(s.rank), world = static_cast<int>(s.world_size);
+  last_save_ = {0, 0, blocking};
+  auto write = [this, pending, payload, meta, rank, world, started]() mutable {
+    try {
+      const uint64_t bytes = checkpoint::write_rank_file(pending, rank, *payload);
+      payload.reset();
+      last_save_.bytes = bytes;
+      if (rank == 0) {
+        checkpoint::publish_checkpoint(pending, std::move(meta), world, o_.timeout, o_.latest_filename);
+        const double secs = std::chrono::duration<double>(Clock::now() - started).count();
+        spdlog::info("[checkpoint] saved {} ({:.1f} MB from rank 0, {:.2f} s)", pending.final_dir, bytes / 1e6, secs);
+        if (o_.num_checkpoints_to_keep >= 0) {
+          std::vector<std::string> all = checkpoint::list_checkpoints(o_.folder);
+          const size_t keep = static_cast<size_t>(std::max<int64_t>(1, o_.num_checkpoints_to_keep));
+          for (size_t i = 0; i + keep < all.size(); ++i) {
+            if (fs::path(all[i]).lexically_normal() == fs::path(pending.final_dir).lexically_normal()) continue;
+            std::error_code ec;
+            fs::remove_all(all[i], ec);
+            spdlog::info("[checkpoint] removed {} (save_num_checkpoints_to_keep: {})", all[i],
+                         o_.num_checkpoints_to_keep);
+          }
+        }
+      }
+      last_save_.seconds = std::chrono::duration<double>(Clock::now() - started).count();
+    } catch (...) {
+      if (rank == 0) checkpoint::abandon_checkpoint(pending);
+      error_ = std::current_exception();
+    }
+  };
+  saved_.push_back(pending.final_dir);
+  logger.log_metrics({{"checkpoint/blocking_seconds", blocking}});
+  if (o_.async) {
+    writer_ = std::thread(std::move(write));
+  } else {
+    write();
+    wait();
+  }
+}
+
+// ---- Loading ------------------------------------------------------------------------------------------------------
+
+std::optional<std::string> find_resume_checkpoint(State& s, const std::string& folder,
+                                                  const std::string& latest_filename) {
+  // Rank 0 validates (checksums included) and falls back past broken ones; the others take its choice by position
+  // in the same listing.
+  std::vector<std::string> all = checkpoint::list_checkpoints(folder);
+  const int64_t index = agree_on_index(s, [&]() -> int64_t {
+    const std::optional<std::string> found = checkpoint::find_latest_valid_checkpoint(folder, latest_filename);
+    if (!found) return -1;
+    for (size_t i = 0; i < all.size(); ++i) {
+      if (fs::path(all[i]).lexically_normal() == fs::path(*found).lexically_normal()) return static_cast<int64_t>(i);
+    }
+    return -1;
+  });
+  if (index < 0) return std::nullopt;
+  if (index >= static_cast<int64_t>(all.size())) {
+    throw Error(kComponent, fmt::format("rank {} sees {} checkpoints in {}, rank 0 chose #{} (is the folder shared?)",
+                                        s.rank, all.size(), folder, index));
+  }
+  return all[static_cast<size_t>(index)];
+}
+
+LoadedCheckpoint load_checkpoint(State& s, const std::string& path, const LoadOptions& o) {
+  if (!fs::exists(fs::path(path) / "metadata.json") && fs::exists(fs::path(path) / "config.json")) {
+    return load_hf_weights(s, path, o.strict_model_weights);
+  }
+  validate_everywhere(s, path);
+  checkpoint::CheckpointReader r(path, /*verify_checksums=*/false);  // rank 0 has just verified them
+  const nlohmann::json& meta = r.metadata();
+  const std::vector<Held> held = held_layout(s);
+  at::NoGradGuard no_grad;
+
+  // Model weights.
+  std::set<std::string> names;
+  for (const auto& item : s.model->named_parameters()) names.insert(item.key());
+  std::set<std::string> stored;
+  for (const std::string& n : r.tensor_names("model/")) stored.insert(n.substr(6));
+  std::vector<std::string> missing, unexpected;
+  std::set_difference(names.begin(), names.end(), stored.begin(), stored.end(), std::back_inserter(missing));
+  std::set_difference(stored.begin(), stored.end(), names.begin(), names.end(), std::back_inserter(unexpected));
+  if (o.strict_model_weights && (!missing.empty() || !unexpected.empty())) {
+    throw Error(kComponent, fmt::format("{}: the weights do not match the model (missing: [{}]; unexpected: [{}]); "
+                                        "load_strict_model_weights: false loads the common ones",
+                                        path, fmt::join(missing, ", "), fmt::join(unexpected, ", ")));
+  }
+  for (const std::string& m : missing)
+    spdlog::warn("[checkpoint] {}: no weight {}; it keeps its initial value", path, m);
+  for (const Held& h : held) {
+    Held present{h.tensor, {}};
+    for (const dist::ShardSpan& sp : h.spans) {
+      if (stored.count(sp.name)) present.spans.push_back(sp);
+    }
+    read_pieces(r, "model/", present, h.tensor);
+  }
+  const bool full = !o.weights_only && !meta.value("weights_only", false);
+  if (!full) return {path, meta, false};
+
+  // Optimizer state.
+  if (s.optimizer) {
+    if (!meta.contains("optimizer")) throw Error(kComponent, fmt::format("{}: has no optimizer state", path));
+    const nlohmann::json& om = meta.at("optimizer");
+    if (om.at("name").get<std::string>() != s.optimizer->options().name) {
+      throw Error(kComponent, fmt::format("{}: saved with optimizer {}, this run uses {} (load_weights_only: true "
+                                          "starts a new optimizer)",
+                                          path, om.at("name").get<std::string>(), s.optimizer->options().name));
+    }
+    std::vector<std::pair<std::string, at::Tensor>> st;
+    const int64_t step = om.at("step").get<int64_t>();
+    st.emplace_back("step", at::scalar_tensor(step, at::kLong));
+    if (step > 0) {
+      const std::vector<size_t> to_held = optimizer_to_held(s, held);
+      for (size_t j = 0; j < to_held.size(); ++j) {
+        const Held& h = held[to_held[j]];
+        for (const std::string& slot : s.optimizer->slot_names()) {
+          at::Tensor t = at::zeros_like(h.tensor, at::TensorOptions().dtype(at::kFloat)).detach();
+          read_pieces(r, fmt::format("optim/{}/", slot), h, t);
+          st.emplace_back(fmt::format("{}.{}", j, slot), t);
+        }
+      }
+    }
+    s.optimizer->load_state(st);
+  }
+
+  // Algorithms and callbacks.
+  const nlohmann::json& comps = meta.value("components", nlohmann::json::object());
+  for (const auto& [key, c] : stateful_components(s)) {
+    if (!comps.contains(key)) continue;
+    ComponentState cs;
+    cs.values = comps.at(key);
+    if (cs.values.value("__per_parameter__", false)) {
+      cs.values.erase("__per_parameter__");
+      for (const Held& h : held) {
+        at::Tensor t = at::zeros_like(h.tensor).detach();
+        read_pieces(r, fmt::format("component/{}/", key), h, t);
+        cs.per_parameter.push_back(t);
+      }
+    }
+    std::visit([&](auto* p) { p->load_state_dict(cs, s); }, c);
+  }
+
+  if (o.restore_progress) {
+    s.timestamp = timestamp_from_json(meta.at("timestamp"));
+    s.previous_timestamp = timestamp_from_json(meta.value("previous_timestamp", meta.at("timestamp")));
+    const int saved_world = r.world_size();
+    at::Tensor rng = s.rank < saved_world ? r.read_local(static_cast<int>(s.rank), "rng/cpu") : at::Tensor();
+    if (rng.defined()) {
+      at::Generator gen = at::detail::getDefaultCPUGenerator();
+      gen.set_state(rng);
+    } else if (s.rank == 0 || s.rank == saved_world) {
+      spdlog::warn("[checkpoint] {}: saved by {} ranks, resumed on {}: ranks from {} on keep their fresh RNG state",
+                   path, saved_world, s.world_size, saved_world);
+    }
+    if (saved_world != s.world_size && s.rank == 0) {
+      spdlog::info("[checkpoint] resharded {} from {} ranks ({}) to {}", path, saved_world,
+                   meta.at("sharding").value("strategy", "?"), s.world_size);
+    }
+  }
+  return {path, meta, true};
+}
+
+}  // namespace tessera::trainer

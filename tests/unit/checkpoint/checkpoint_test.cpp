@@ -1,0 +1,428 @@
+// The sharded checkpoint format (pieces written by several ranks read back as any range, atomic publication,
+// corruption detection and fallback) and checkpointing a training run (a resumed run ends bitwise identical to an
+// uninterrupted one, rotation after a resume, overwrite protection, HF export and import, a failing disk).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "tessera/algorithms/algorithms.h"
+#include "tessera/checkpoint/checkpoint.h"
+#include "tessera/checkpoint/hf.h"
+#include "tessera/trainer/checkpointing.h"
+#include "tessera/trainer/trainer.h"
+#include "tessera/util/error.h"
+#include "test_util.h"
+#include "tiny_data.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+using checkpoint::CheckpointReader;
+using checkpoint::Piece;
+using checkpoint::RankPayload;
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / "tessera_checkpoint_test" / name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// Writes a checkpoint as `world` ranks would (one after the other, in this process) and publishes it.
+void write_checkpoint(const fs::path& folder, const std::string& name, int64_t batch,
+                      const std::vector<RankPayload>& ranks,
+                      std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
+  const int world = static_cast<int>(ranks.size());
+  std::vector<checkpoint::PendingCheckpoint> pending;
+  for (int r = 0; r < world; ++r) pending.push_back(checkpoint::begin_checkpoint(folder.string(), name, r, timeout));
+  for (int r = 0; r < world; ++r)
+    checkpoint::write_rank_file(pending[static_cast<size_t>(r)], r, ranks[static_cast<size_t>(r)]);
+  nlohmann::json meta = {{"timestamp", trainer::timestamp_to_json(config::Timestamp{.batch = batch})}};
+  checkpoint::publish_checkpoint(pending[0], meta, world, timeout, "latest");
+}
+
+// A [10, 7] tensor (values 0..69) split over 4 ranks at uneven boundaries, and a [5] tensor on rank 0 only.
+std::vector<RankPayload> four_rank_payload(double offset = 0) {
+  const at::Tensor w = at::arange(70, at::kFloat) + offset;
+  const std::vector<int64_t> cuts = {0, 18, 36, 54, 70};
+  std::vector<RankPayload> ranks(4);
+  for (size_t r = 0; r < 4; ++r) {
+    ranks[r].pieces.emplace_back(Piece{"model/w", {10, 7}, cuts[r], cuts[r + 1] - cuts[r]},
+                                 w.narrow(0, cuts[r], cuts[r + 1] - cuts[r]).clone());
+    ranks[r].local["rng/cpu"] = at::full({3}, static_cast<int64_t>(r), at::kByte);
+  }
+  ranks[0].pieces.emplace_back(Piece{"model/b", {5}, 0, 5}, at::ones({5}, at::kDouble));
+  return ranks;
+}
+
+TEST(CheckpointFormat, PiecesWrittenByFourRanksReadBackAsAnyRange) {
+  const fs::path folder = fresh_dir("pieces");
+  write_checkpoint(folder, "ep0-ba3", 3, four_rank_payload());
+  EXPECT_EQ(fs::read_symlink(folder / "latest"), fs::path("ep0-ba3"));
+  EXPECT_FALSE(fs::exists(folder / ".tmp-ep0-ba3"));
+  CheckpointReader r((folder / "ep0-ba3").string());
+  EXPECT_EQ(r.world_size(), 4);
+  EXPECT_EQ(r.tensor_names("model/"), (std::vector<std::string>{"model/b", "model/w"}));
+  EXPECT_EQ(r.shape("model/w"), (std::vector<int64_t>{10, 7}));
+  EXPECT_TRUE(at::equal(r.read_full("model/w"), at::arange(70, at::kFloat).view({10, 7})));
+  EXPECT_EQ(r.read_full("model/b").scalar_type(), at::kDouble);
+  // A range across three ranks' pieces, converted to another dtype on the way.
+  at::Tensor part = at::empty({30}, at::kDouble);
+  r.read("model/w", 15, part);
+  EXPECT_TRUE(at::equal(part, at::arange(15, 45, at::kDouble)));
+  EXPECT_TRUE(at::equal(r.read_local(2, "rng/cpu"), at::full({3}, 2, at::kByte)));
+  EXPECT_FALSE(r.read_local(7, "rng/cpu").defined());
+  at::Tensor beyond = at::empty({10}, at::kFloat);
+  EXPECT_NE(testing::error_of([&] { r.read("model/w", 65, beyond); }).find("model/w: elements [65, 75) are outside"),
+            std::string::npos);
+  EXPECT_NE(testing::error_of([&] { r.read_full("model/nope"); }).find("has no tensor model/nope"), std::string::npos);
+}
+
+TEST(CheckpointFormat, AGapInThePiecesIsAnErrorNotZeros) {
+  const fs::path folder = fresh_dir("gap");
+  std::vector<RankPayload> ranks = four_rank_payload();
+  ranks[2].pieces.clear();  // elements [36, 54) of model/w are nowhere
+  write_checkpoint(folder, "ep0-ba1", 1, ranks);
+  CheckpointReader r((folder / "ep0-ba1").string());
+  at::Tensor head = at::empty({36}, at::kFloat);
+  r.read("model/w", 0, head);  // fully covered
+  EXPECT_NE(testing::error_of([&] { r.read_full("model/w"); }).find("its pieces cover 52 of the 70 elements"),
+            std::string::npos);
+}
+
+void flip_byte(const fs::path& file, std::streamoff at) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(at);
+  char c = 0;
+  f.get(c);
+  f.seekp(at);
+  f.put(static_cast<char>(c ^ 0x10));
+}
+
+TEST(CheckpointFormat, ACorruptOrTruncatedNewestCheckpointFallsBackToThePrevious) {
+  const fs::path folder = fresh_dir("fallback");
+  for (int b = 1; b <= 3; ++b) write_checkpoint(folder, fmt::format("ep0-ba{}", b), b, four_rank_payload(b));
+  EXPECT_EQ(checkpoint::find_latest_valid_checkpoint(folder.string(), "latest"), (folder / "ep0-ba3").string());
+  // A bit flip deep in rank 2's data: only the checksum can tell.
+  const fs::path bad = folder / "ep0-ba3" / "rank2.safetensors";
+  flip_byte(bad, static_cast<std::streamoff>(fs::file_size(bad)) - 5);
+  EXPECT_NE(checkpoint::validate_checkpoint((folder / "ep0-ba3").string()).find(bad.string() + ": xxh64 checksum"),
+            std::string::npos);
+  EXPECT_EQ(checkpoint::find_latest_valid_checkpoint(folder.string(), "latest"), (folder / "ep0-ba2").string());
+  // Truncation of the next one.
+  const fs::path cut = folder / "ep0-ba2" / "rank0.safetensors";
+  fs::resize_file(cut, fs::file_size(cut) - 100);
+  EXPECT_NE(checkpoint::validate_checkpoint((folder / "ep0-ba2").string()).find("(truncated?)"), std::string::npos);
+  EXPECT_EQ(checkpoint::find_latest_valid_checkpoint(folder.string(), "latest"), (folder / "ep0-ba1").string());
+  // A reader refuses the corrupt file by name too.
+  CheckpointReader r((folder / "ep0-ba3").string());
+  EXPECT_NE(testing::error_of([&] { r.read_full("model/w"); }).find(bad.string()), std::string::npos);
+  // A directory without metadata.json (a save that never finished) is not a checkpoint at all.
+  fs::create_directories(folder / "ep0-ba9");
+  EXPECT_EQ(checkpoint::list_checkpoints(folder.string()).size(), 3u);
+}
+
+TEST(CheckpointFormat, PublishingWithoutEveryRanksFileFailsAndKeepsLatest) {
+  const fs::path folder = fresh_dir("missing_rank");
+  write_checkpoint(folder, "ep0-ba1", 1, four_rank_payload());
+  const auto p = checkpoint::begin_checkpoint(folder.string(), "ep0-ba2", 0, std::chrono::seconds(1));
+  checkpoint::write_rank_file(p, 0, four_rank_payload()[0]);
+  const std::string err = testing::error_of([&] {
+    checkpoint::publish_checkpoint(p, {{"timestamp", trainer::timestamp_to_json({})}}, 2,
+                                   std::chrono::milliseconds(300), "latest");
+  });
+  EXPECT_NE(err.find("rank 1 did not finish writing rank1.safetensors"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(folder / ".tmp-ep0-ba2"));
+  EXPECT_FALSE(fs::exists(folder / "ep0-ba2"));
+  EXPECT_EQ(fs::read_symlink(folder / "latest"), fs::path("ep0-ba1"));
+}
+
+// ---- Checkpointing a training run ---------------------------------------------------------------------------------
+
+fs::path dataset() {
+  static const fs::path dir = [] {
+    const fs::path d = fs::temp_directory_path() / "tessera_checkpoint_test" / "data";
+    testing::write_token_split(d / "train", 24, 1);
+    testing::write_token_split(d / "val", 10, 2);
+    return d;
+  }();
+  return dir;
+}
+
+// Dropout (the RNG matters), EMA (an algorithm's state), a cosine schedule over the whole run, 3 batches per epoch.
+trainer::TrainConfig run_config(const std::string& run, const std::vector<std::string>& overrides = {}) {
+  std::vector<std::string> o = {
+      "run_name=" + run,         "save_folder=" + (dataset().parent_path() / "runs" / "{run_name}").string(),
+      "max_duration=8ba",        "eval_interval=0",
+      "deterministic_mode=true", "model.resid_pdrop=0.1",
+      "model.emb_pdrop=0.1",     "scheduler.name=cosine_with_warmup",
+      "scheduler.t_warmup=2ba"};
+  o.insert(o.end(), overrides.begin(), overrides.end());
+  return testing::tiny_train_config(dataset(),
+                                    "device_train_microbatch_size: 4\ndevice_eval_batch_size: 4\n"
+                                    "algorithms: {ema: {half_life: 3ba}}\nsave_interval: 2ba\n",
+                                    o);
+}
+
+// Stops training after `batch` without a final save, as a crash would.
+class CrashAt : public trainer::Callback {
+ public:
+  explicit CrashAt(int64_t batch) : batch_(batch) {}
+  std::string name() const override { return "CrashAt"; }
+  void run_event(trainer::Event e, trainer::State& s, trainer::Logger& /*l*/) override {
+    if (e == trainer::Event::kBatchEnd && s.timestamp.batch == batch_) s.stop_training();
+  }
+
+ private:
+  int64_t batch_;
+};
+
+std::vector<at::Tensor> weights_of(trainer::Trainer& t) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : t.state().model->parameters()) out.push_back(p.detach().clone());
+  for (const auto& a : t.state().algorithms) {
+    if (auto ema = std::dynamic_pointer_cast<algorithms::Ema>(a)) {
+      for (const auto& w : ema->weights()) out.push_back(w.clone());
+    }
+  }
+  return out;
+}
+
+fs::path run_folder(const std::string& run) {
+  return dataset().parent_path() / "runs" / run;
+}
+
+TEST(Checkpointing, AResumedRunEndsBitwiseIdenticalToAnUninterruptedOne) {
+  fs::remove_all(run_folder("whole"));
+  fs::remove_all(run_folder("resumed"));
+  trainer::Trainer whole(run_config("whole"));
+  whole.fit();
+  const auto expected = weights_of(whole);
+  {
+    // Crash after batch 5 (mid-epoch: 3 batches per epoch); the newest checkpoint is ba4.
+    trainer::Trainer first(run_config("resumed"), {.algorithms = {}, .callbacks = {std::make_shared<CrashAt>(5)}});
+    first.fit();
+    EXPECT_EQ(first.state().timestamp.batch, 5);
+  }
+  EXPECT_EQ(fs::read_symlink(run_folder("resumed") / "latest"), fs::path("ep1-ba4"));
+  trainer::Trainer second(run_config("resumed", {"autoresume=true"}));
+  EXPECT_EQ(second.state().timestamp.batch, 4);
+  EXPECT_EQ(second.state().timestamp.batch_in_epoch, 1);
+  EXPECT_EQ(second.state().timestamp.sample_in_epoch, 8);
+  second.fit();
+  EXPECT_EQ(second.state().timestamp.batch, 8);
+  const auto got = weights_of(second);
+  ASSERT_EQ(got.size(), expected.size());
+  ASSERT_GT(got.size(), second.state().model->parameters().size()) << "EMA weights compared too";
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(at::equal(got[i], expected[i])) << "tensor " << i;
+  // The same run saved every 2 batches and at the end: ba2, ba4, ba6, ba8.
+  EXPECT_EQ(checkpoint::list_checkpoints(run_folder("whole").string()).size(), 4u);
+  const CheckpointReader last((run_folder("whole") / "ep2-ba8").string());
+  EXPECT_EQ(last.metadata()["optimizer"]["step"], 8);
+  EXPECT_EQ(last.metadata()["dataset"]["train"]["epoch"], 2);
+  EXPECT_EQ(last.metadata()["sharding"]["strategy"], "NONE");
+  EXPECT_EQ(last.metadata()["config"]["run_name"], "whole");
+}
+
+TEST(Checkpointing, RotationKeepsTheNewestAlsoAfterAResume) {
+  fs::remove_all(run_folder("rotate"));
+  const std::vector<std::string> o = {"save_interval=1ba", "save_num_checkpoints_to_keep=2"};
+  {
+    std::vector<std::string> first = o;
+    first.emplace_back("max_duration=3ba");
+    trainer::Trainer t(run_config("rotate", first));
+    t.fit();
+  }
+  std::vector<std::string> second = o;
+  second.emplace_back("autoresume=true");
+  second.emplace_back("max_duration=5ba");
+  trainer::Trainer t(run_config("rotate", second));
+  EXPECT_EQ(t.state().timestamp.batch, 3);
+  t.fit();
+  const auto left = checkpoint::list_checkpoints(run_folder("rotate").string());
+  ASSERT_EQ(left.size(), 2u);
+  EXPECT_EQ(fs::path(left[0]).filename(), "ep1-ba4");
+  EXPECT_EQ(fs::path(left[1]).filename(), "ep1-ba5");
+  EXPECT_EQ(fs::read_symlink(run_folder("rotate") / "latest"), fs::path("ep1-ba5"));
+}
+
+TEST(Checkpointing, AFolderWithLaterCheckpointsIsRefusedWithoutOverwrite) {
+  fs::remove_all(run_folder("overwrite"));
+  {
+    trainer::Trainer t(run_config("overwrite", {"max_duration=2ba"}));
+    t.fit();
+  }
+  trainer::Trainer again(run_config("overwrite", {"max_duration=2ba"}));
+  const std::string err = testing::error_of([&] { again.fit(); });
+  EXPECT_NE(err.find("already holds"), std::string::npos) << err;
+  EXPECT_NE(err.find("save_overwrite: true"), std::string::npos) << err;
+  trainer::Trainer allowed(run_config("overwrite", {"max_duration=2ba", "save_overwrite=true"}));
+  allowed.fit();
+}
+
+TEST(Checkpointing, ExportToHuggingFaceAndLoadItBackAsWeights) {
+  fs::remove_all(run_folder("export"));
+  trainer::Trainer t(run_config("export", {"max_duration=3ba", "algorithms.ema.half_life=1000ba"}));
+  t.fit();
+  const fs::path hf = dataset().parent_path() / "export_hf";
+  fs::remove_all(hf);
+  checkpoint::export_checkpoint_to_hf((run_folder("export") / "ep0-ba3").string(), hf.string());
+  models::MPTForCausalLM loaded = checkpoint::load_hf_model(hf.string());
+  auto a = t.state().model->named_parameters();
+  auto b = loaded->named_parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& item : a) EXPECT_TRUE(at::equal(item.value(), b[item.key()])) << item.key();
+  // load_path accepts the HF folder: same weights, a fresh start.
+  trainer::Trainer from_hf(run_config("from_hf", {"load_path=" + hf.string(), "save_overwrite=true"}));
+  EXPECT_EQ(from_hf.state().timestamp.batch, 0);
+  auto c = from_hf.state().model->named_parameters();
+  for (const auto& item : a) EXPECT_TRUE(at::equal(item.value(), c[item.key()])) << item.key();
+  // load_weights_only from a Tessera checkpoint: the weights, but time starts over.
+  trainer::Trainer weights(run_config("weights", {"load_path=" + (run_folder("export") / "ep0-ba3").string(),
+                                                  "load_weights_only=true", "save_overwrite=true"}));
+  EXPECT_EQ(weights.state().timestamp.batch, 0);
+  EXPECT_EQ(weights.state().optimizer->steps(), 0);
+  auto d = weights.state().model->named_parameters();
+  for (const auto& item : a) EXPECT_TRUE(at::equal(item.value(), d[item.key()])) << item.key();
+}
+
+// `train` in a shell whose file size limit (ulimit -f, 1 KiB blocks) makes a write fail with EFBIG: the next save
+// after `batches` fails. SIGXFSZ is ignored (inherited through exec) so that the write returns the error.
+int run_limited(const std::string& run, const std::string& overrides, int64_t limit_kib, std::string* output) {
+  const fs::path log = dataset().parent_path() / (run + ".log");
+  const fs::path recipe = dataset().parent_path() / (run + ".yaml");
+  std::ofstream(recipe) << run_config(run).resolved.to_json().dump();
+  const std::string cmd = fmt::format("sh -c \"trap '' XFSZ; ulimit -f {}; exec {} --recipe {} {}\" > {} 2>&1",
+                                      limit_kib, TESSERA_TRAIN_BIN, recipe.string(), overrides, log.string());
+  const int rc = std::system(cmd.c_str());
+  std::ifstream in(log);
+  *output = std::string(std::istreambuf_iterator<char>(in), {});
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+}
+
+TEST(Checkpointing, AFailingDiskFailsTheSaveAndKeepsThePreviousCheckpoint) {
+  fs::remove_all(run_folder("disk"));
+  std::string out;
+  ASSERT_EQ(run_limited("disk", "max_duration=4ba", 1 << 20, &out), 0) << out;
+  const fs::path folder = run_folder("disk");
+  ASSERT_EQ(fs::read_symlink(folder / "latest"), fs::path("ep1-ba4"));
+  const uint64_t size = fs::file_size(folder / "ep1-ba4" / "rank0.safetensors");
+  // Resume and train 2 more batches with files limited to half a rank file: the save at ba6 cannot be written.
+  const int rc = run_limited("disk", "max_duration=6ba autoresume=true", static_cast<int64_t>(size / 2048), &out);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("rank0.safetensors"), std::string::npos) << out;
+  EXPECT_NE(out.find("File too large"), std::string::npos) << out;
+  EXPECT_EQ(fs::read_symlink(folder / "latest"), fs::path("ep1-ba4"));
+  EXPECT_FALSE(fs::exists(folder / "ep1-ba6"));
+  EXPECT_FALSE(fs::exists(folder / ".tmp-ep1-ba6"));
+  EXPECT_EQ(checkpoint::validate_checkpoint((folder / "ep1-ba4").string()), "");
+  // The disk is fine again: the run resumes from ba4 and finishes.
+  ASSERT_EQ(run_limited("disk", "max_duration=6ba autoresume=true", 1 << 20, &out), 0) << out;
+  EXPECT_NE(out.find("resumed from " + (folder / "ep1-ba4").string()), std::string::npos) << out;
+  EXPECT_EQ(fs::read_symlink(folder / "latest"), fs::path("ep1-ba6"));
+}
+
+// ---- Loss spikes
+// ------------------------------------------------------------------------------------------------------
+
+// Multiplies the loss of batch `batch` (1-based) by `factor` before backward: a real spike, in loss and gradients.
+class SpikeAt : public trainer::Algorithm {
+ public:
+  SpikeAt(int64_t batch, double factor) : batch_(batch), factor_(factor) {}
+  std::string name() const override { return "SpikeAt"; }
+  bool match(trainer::Event e, const trainer::State& s) const override {
+    return e == trainer::Event::kAfterLoss && s.timestamp.batch + 1 == batch_;
+  }
+  void apply(trainer::Event /*e*/, trainer::State& s, trainer::Logger& /*l*/) override { s.loss = s.loss * factor_; }
+
+ private:
+  int64_t batch_;
+  double factor_;
+};
+
+// The model's weights at the end of every batch (index 0: before training).
+class WeightLog : public trainer::Callback {
+ public:
+  std::string name() const override { return "WeightLog"; }
+  void run_event(trainer::Event e, trainer::State& s, trainer::Logger& /*l*/) override {
+    if (e != trainer::Event::kFitStart && e != trainer::Event::kBatchEnd) return;
+    std::vector<at::Tensor> w;
+    for (const auto& p : s.model->parameters()) w.push_back(p.detach().clone());
+    at.push_back(std::move(w));
+  }
+  bool same(size_t a, size_t b) const {
+    for (size_t i = 0; i < at[a].size(); ++i) {
+      if (!at::equal(at[a][i], at[b][i])) return false;
+    }
+    return true;
+  }
+  std::vector<std::vector<at::Tensor>> at;
+};
+
+std::shared_ptr<WeightLog> spike_run(const std::string& run, const std::string& response, int64_t batch, double factor,
+                                     int64_t* end_batch = nullptr) {
+  fs::remove_all(run_folder(run));
+  auto log = std::make_shared<WeightLog>();
+  trainer::Trainer t(
+      run_config(
+          run, {"algorithms.loss_spike_detection.response=" + response, "algorithms.loss_spike_detection.min_history=2",
+                "algorithms.loss_spike_detection.outlier_multiplier=3", "algorithms.loss_spike_detection.patience=2"}),
+      {.algorithms = {std::make_shared<SpikeAt>(batch, factor)}, .callbacks = {log}});
+  t.fit();
+  if (end_batch != nullptr) *end_batch = t.state().timestamp.batch;
+  return log;
+}
+
+TEST(LossSpikes, ANonFiniteLossSkipsTheStepAtOnce) {
+  // patience 2 does not delay a NaN.
+  const auto log = spike_run("spike_nan", "skip", 5, std::nan(""));
+  ASSERT_EQ(log->at.size(), 9u);
+  EXPECT_TRUE(log->same(5, 4)) << "batch 5's step was skipped";
+  EXPECT_FALSE(log->same(6, 5)) << "training went on";
+  for (const auto& t : log->at.back()) EXPECT_TRUE(at::isfinite(t).all().item<bool>());
+}
+
+TEST(LossSpikes, ASpikeOutlastingPatienceRollsBackToTheNewestCheckpoint) {
+  // Batches 5 and 6 spike (x100 each: the model is knocked off course by batch 5's update, which patience lets
+  // through): at batch 6 the model goes back to the checkpoint of batch 4.
+  fs::remove_all(run_folder("spike_rollback"));
+  auto log = std::make_shared<WeightLog>();
+  trainer::Trainer t(
+      run_config(
+          "spike_rollback",
+          {"algorithms.loss_spike_detection.response=rollback", "algorithms.loss_spike_detection.min_history=2",
+           "algorithms.loss_spike_detection.outlier_multiplier=3", "algorithms.loss_spike_detection.patience=2"}),
+      {.algorithms = {std::make_shared<SpikeAt>(5, 100.0), std::make_shared<SpikeAt>(6, 100.0)}, .callbacks = {log}});
+  t.fit();
+  ASSERT_EQ(log->at.size(), 9u);
+  EXPECT_FALSE(log->same(5, 4)) << "the first spike is within patience";
+  EXPECT_TRUE(log->same(6, 4)) << "rolled back to ep1-ba4";
+  EXPECT_FALSE(log->same(7, 6)) << "training went on";
+  EXPECT_EQ(t.state().timestamp.batch, 8);
+}
+
+TEST(LossSpikes, StopEndsTrainingWithoutTheSpikingStep) {
+  int64_t end = 0;
+  const auto log = spike_run("spike_stop", "stop", 5, 1e4, &end);
+  // A single spike is within patience 2; a spike at 5 and 6 would stop. Here: one spike, so it trains on.
+  EXPECT_EQ(end, 8);
+  EXPECT_FALSE(log->same(5, 4));
+  fs::remove_all(run_folder("spike_stop2"));
+  auto log2 = std::make_shared<WeightLog>();
+  trainer::Trainer t(run_config("spike_stop2", {"algorithms.loss_spike_detection.response=stop",
+                                                "algorithms.loss_spike_detection.min_history=2",
+                                                "algorithms.loss_spike_detection.patience=1"}),
+                     {.algorithms = {std::make_shared<SpikeAt>(5, 1e4)}, .callbacks = {log2}});
+  t.fit();
+  EXPECT_EQ(t.state().timestamp.batch, 5);
+  ASSERT_EQ(log2->at.size(), 6u);
+  EXPECT_TRUE(log2->same(5, 4));
+}
+
+}  // namespace
+}  // namespace tessera
