@@ -265,6 +265,12 @@ TEST(Checkpointing, AFolderWithLaterCheckpointsIsRefusedWithoutOverwrite) {
   allowed.fit();
 }
 
+TEST(Checkpointing, AMissingLoadPathIsAnErrorNamingIt) {
+  const std::string err =
+      testing::error_of([] { trainer::Trainer t(run_config("missing", {"load_path=/no/such/ckpt"})); });
+  EXPECT_NE(err.find("/no/such/ckpt"), std::string::npos) << err;
+}
+
 TEST(Checkpointing, ExportToHuggingFaceAndLoadItBackAsWeights) {
   fs::remove_all(run_folder("export"));
   trainer::Trainer t(run_config("export", {"max_duration=3ba", "algorithms.ema.half_life=1000ba"}));
