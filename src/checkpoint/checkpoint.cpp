@@ -155,25 +155,16 @@ uint64_t write_rank_file(const PendingCheckpoint& p, int rank, const RankPayload
     tensors["local/" + key] = t.detach();
     locals.push_back(key);
   }
-  // The safetensors bytes (as save_safetensors lays them out), hashed from memory as they are written: no second
-  // pass over the file.
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  // The safetensors bytes, hashed from memory as they are written: no second pass over the file.
+  std::vector<TensorLayout> layout;
   std::vector<at::Tensor> data;
-  uint64_t offset = 0;
   for (const auto& [key, t] : tensors) {
     at::Tensor c = t.to(at::kCPU).contiguous();
-    const uint64_t n = static_cast<uint64_t>(c.nbytes());
-    header[key] = {
-        {"dtype", dtype_name(c.scalar_type())}, {"shape", c.sizes().vec()}, {"data_offsets", {offset, offset + n}}};
-    offset += n;
+    layout.push_back({key, c.scalar_type(), c.sizes().vec()});
     data.push_back(std::move(c));
   }
-  std::string json = header.dump();
-  while ((8 + json.size()) % 8 != 0) json.push_back(' ');
-  unsigned char len[8];
-  uint64_t h = json.size();
-  for (unsigned char& b : len) b = static_cast<unsigned char>(h & 0xff), h >>= 8;
-  std::vector<std::string_view> parts = {{reinterpret_cast<const char*>(len), 8}, json};
+  const std::string header = safetensors_header(layout);
+  std::vector<std::string_view> parts = {header};
   for (const at::Tensor& c : data) parts.emplace_back(static_cast<const char*>(c.data_ptr()), c.nbytes());
   XXH64_state_t* st = XXH64_createState();
   XXH64_reset(st, 0);

@@ -94,9 +94,10 @@ nlohmann::json read_json(const fs::path& path) {
 
 }  // namespace
 
-models::MPTOptions read_hf_config(const std::string& dir) {
-  const fs::path path = fs::path(dir) / "config.json";
-  const nlohmann::json raw = read_json(path);
+namespace {
+
+// A config.json's contents as MPTOptions; `path` names it in messages.
+models::MPTOptions parse_hf_config(const nlohmann::json& raw, const fs::path& path) {
   if (raw.value("model_type", "") != "mpt") {
     throw Error(kComponent,
                 fmt::format("{}: model_type is \"{}\", expected \"mpt\"", path.string(), raw.value("model_type", "")));
@@ -123,6 +124,13 @@ models::MPTOptions read_hf_config(const std::string& dir) {
   }
   o.init_device = "cpu";
   return o;
+}
+
+}  // namespace
+
+models::MPTOptions read_hf_config(const std::string& dir) {
+  const fs::path path = fs::path(dir) / "config.json";
+  return parse_hf_config(read_json(path), path);
 }
 
 std::string hf_config_json(const models::MPTOptions& o, at::ScalarType dtype) {
@@ -256,19 +264,8 @@ void export_checkpoint_to_hf(const std::string& checkpoint_dir, const std::strin
   }
   // The model the config describes, on the meta device: names and shapes to check the stored weights against.
   const fs::path out(out_dir);
-  fs::create_directories(out);
   nlohmann::json config = reader.metadata().at("hf_config");
-  util::write_file_atomically((out / "config.json.check").string(), config.dump(), kComponent);
-  models::MPTOptions o;
-  try {
-    fs::create_directories(out / ".config-check");
-    fs::rename(out / "config.json.check", out / ".config-check" / "config.json");
-    o = read_hf_config((out / ".config-check").string());
-  } catch (...) {
-    fs::remove_all(out / ".config-check");
-    throw;
-  }
-  fs::remove_all(out / ".config-check");
+  models::MPTOptions o = parse_hf_config(config, fs::path(checkpoint_dir) / "metadata.json");
   o.init_device = "meta";
   models::MPTForCausalLM model(o);
   std::vector<std::pair<std::string, std::vector<int64_t>>> tensors;
@@ -294,19 +291,10 @@ void export_checkpoint_to_hf(const std::string& checkpoint_dir, const std::strin
   }
   std::sort(tensors.begin(), tensors.end());
   // safetensors header, then each tensor's bytes in the same order, streamed.
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  header["__metadata__"] = {{"format", "pt"}};
-  const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype));
-  uint64_t offset = 0;
-  for (const auto& [name, shape] : tensors) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    const uint64_t bytes = static_cast<uint64_t>(n * elem);
-    header[name] = {{"dtype", dtype_name(dtype)}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-  }
-  std::string json = header.dump();
-  while ((8 + json.size()) % 8 != 0) json.push_back(' ');
+  std::vector<TensorLayout> layout;
+  for (const auto& [name, shape] : tensors) layout.push_back({name, dtype, shape});
+  const std::string header = safetensors_header(layout, {{"format", "pt"}});
+  fs::create_directories(out);
   const fs::path final_path = out / "model.safetensors";
   const std::string tmp = final_path.string() + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -326,11 +314,7 @@ void export_checkpoint_to_hf(const std::string& checkpoint_dir, const std::strin
       size -= static_cast<size_t>(w);
     }
   };
-  unsigned char len[8];
-  uint64_t h = json.size();
-  for (unsigned char& b : len) b = static_cast<unsigned char>(h & 0xff), h >>= 8;
-  write_all(len, 8);
-  write_all(json.data(), json.size());
+  write_all(header.data(), header.size());
   for (const auto& [name, shape] : tensors) {
     const at::Tensor t = reader.read_full("model/" + name).to(dtype).contiguous();
     write_all(t.data_ptr(), static_cast<size_t>(t.nbytes()));

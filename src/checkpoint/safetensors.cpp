@@ -178,26 +178,36 @@ at::Tensor SafetensorsFile::load(const std::string& name, std::optional<at::Scal
   return v.to(dtype.value_or(v.scalar_type()), /*non_blocking=*/false, /*copy=*/true);
 }
 
-void save_safetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+std::string safetensors_header(const std::vector<TensorLayout>& layout,
+                               const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::vector<at::Tensor> data;
   uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    at::Tensor c = t.detach().to(at::kCPU).contiguous();
-    const uint64_t n = c.numel() * c.element_size();
-    header[name] = {
-        {"dtype", dtype_name(c.scalar_type())}, {"shape", c.sizes().vec()}, {"data_offsets", {offset, offset + n}}};
+  for (const TensorLayout& t : layout) {
+    uint64_t n = c10::elementSize(t.dtype);
+    for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
+    header[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + n}}};
     offset += n;
-    data.push_back(std::move(c));
   }
   std::string json = header.dump();
   while ((8 + json.size()) % 8 != 0) json.push_back(' ');  // align the data section to 8 bytes
-  unsigned char len[8];
+  std::string out(8, '\0');
   uint64_t h = json.size();
-  for (unsigned char& b : len) b = static_cast<unsigned char>(h & 0xff), h >>= 8;
-  std::vector<std::string_view> parts = {{reinterpret_cast<const char*>(len), 8}, json};
+  for (char& b : out) b = static_cast<char>(h & 0xff), h >>= 8;
+  return out + json;
+}
+
+void save_safetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorLayout> layout;
+  std::vector<at::Tensor> data;
+  for (const auto& [name, t] : tensors) {
+    at::Tensor c = t.detach().to(at::kCPU).contiguous();
+    layout.push_back({name, c.scalar_type(), c.sizes().vec()});
+    data.push_back(std::move(c));
+  }
+  const std::string header = safetensors_header(layout, metadata);
+  std::vector<std::string_view> parts = {header};
   for (const at::Tensor& c : data) {
     parts.emplace_back(static_cast<const char*>(c.data_ptr()), static_cast<size_t>(c.numel() * c.element_size()));
   }

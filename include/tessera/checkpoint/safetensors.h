@@ -52,6 +52,17 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
+// The start of a safetensors file whose tensors `layout` (name, dtype, shape) follow it back to back in that order:
+// the 8-byte header length and the JSON header, padded so the data section starts 8-byte aligned. For writers that
+// stream the data themselves.
+struct TensorLayout {
+  std::string name;
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;
+};
+std::string safetensors_header(const std::vector<TensorLayout>& layout,
+                               const std::map<std::string, std::string>& metadata = {});
+
 // Writes `tensors` to `path` atomically (a temporary file in the same directory, fsync, rename): a crash leaves either
 // the old file or the complete new one. Tensors are stored contiguous, little-endian, in name order.
 void save_safetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
