@@ -70,6 +70,10 @@ struct SafetensorsFile::Mapping {
   }
 };
 
+std::string_view SafetensorsFile::bytes() const {
+  return {static_cast<const char*>(mapping_->addr), mapping_->size};
+}
+
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), mapping_(std::make_shared<Mapping>()) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail(path, fmt::format("cannot open: {}", std::strerror(errno)));

@@ -91,12 +91,13 @@ std::vector<size_t> optimizer_to_held(const State& s, const std::vector<Held>& h
 }
 
 // The pieces of `values` (shaped like held tensor `h`) under `prefix`, copied to host memory.
-void add_pieces(checkpoint::RankPayload& payload, const std::string& prefix, const Held& h, const at::Tensor& values) {
+// `copy`: a snapshot in host memory that training may go on from (async saves); otherwise a view where the values
+// already are in host memory (a synchronous save writes before training continues).
+void add_pieces(checkpoint::RankPayload& payload, const std::string& prefix, const Held& h, const at::Tensor& values,
+                bool copy) {
   for (const dist::ShardSpan& sp : h.spans) {
     checkpoint::Piece piece{prefix + sp.name, sp.shape, sp.start, sp.numel};
-    payload.pieces.emplace_back(std::move(piece), span_of(values, sp)
-                                                      .to(at::kCPU, /*non_blocking=*/false,
-                                                          /*copy=*/true));
+    payload.pieces.emplace_back(std::move(piece), span_of(values, sp).to(at::kCPU, /*non_blocking=*/false, copy));
   }
 }
 
@@ -159,18 +160,6 @@ int64_t agree_on_index(State& s, const std::function<int64_t()>& choose) {
     index = static_cast<int64_t>(t.cpu().item<double>());
   }
   return index;
-}
-
-// Rank 0 validates `dir` (checksums of every file); all ranks learn the verdict. Throws naming the problem.
-void validate_everywhere(State& s, const std::string& dir) {
-  std::string why;
-  const int64_t ok = agree_on_index(s, [&] {
-    why = checkpoint::validate_checkpoint(dir);
-    return why.empty() ? 1 : 0;
-  });
-  if (ok == 1) return;
-  if (s.rank == 0) throw Error(kComponent, fmt::format("cannot load {}", why));
-  throw Error(kComponent, fmt::format("cannot load {}: rank 0 found it invalid (see its log)", dir));
 }
 
 LoadedCheckpoint load_hf_weights(State& s, const std::string& dir, bool strict) {
@@ -334,12 +323,12 @@ void CheckpointSaver::save(State& s, Logger& logger) {
   wait();  // one save at a time; a failed earlier write surfaces here
   last_saved_batch_ = s.timestamp.batch;
   const auto started = Clock::now();
-  // Snapshot (blocking): every tensor copied to host memory, the rest as JSON.
+  // Snapshot (blocking): every tensor copied to host memory (async) or viewed there (sync), the rest as JSON.
   auto payload = std::make_shared<checkpoint::RankPayload>();
   const std::vector<Held> held = held_layout(s);
   const bool stores = stores_held(s);
   if (stores) {
-    for (const Held& h : held) add_pieces(*payload, "model/", h, h.tensor);
+    for (const Held& h : held) add_pieces(*payload, "model/", h, h.tensor, o_.async);
   }
   nlohmann::json components = nlohmann::json::object();
   if (!o_.weights_only) {
@@ -349,7 +338,7 @@ void CheckpointSaver::save(State& s, Logger& logger) {
         const size_t dot = key.find('.');
         if (dot == std::string::npos) continue;  // "step": in the metadata
         const size_t j = std::stoul(key.substr(0, dot));
-        add_pieces(*payload, fmt::format("optim/{}/", key.substr(dot + 1)), held[to_held[j]], t);
+        add_pieces(*payload, fmt::format("optim/{}/", key.substr(dot + 1)), held[to_held[j]], t, o_.async);
       }
     }
     for (const auto& [key, c] : stateful_components(s)) {
@@ -364,7 +353,7 @@ void CheckpointSaver::save(State& s, Logger& logger) {
         components[key]["__per_parameter__"] = true;
         if (stores) {
           for (size_t i = 0; i < held.size(); ++i) {
-            add_pieces(*payload, fmt::format("component/{}/", key), held[i], st->per_parameter[i]);
+            add_pieces(*payload, fmt::format("component/{}/", key), held[i], st->per_parameter[i], o_.async);
           }
         }
       }
@@ -436,33 +425,12 @@ void CheckpointSaver::save(State& s, Logger& logger) {
 
 // ---- Loading ------------------------------------------------------------------------------------------------------
 
-std::optional<std::string> find_resume_checkpoint(State& s, const std::string& folder,
-                                                  const std::string& latest_filename) {
-  // Rank 0 validates (checksums included) and falls back past broken ones; the others take its choice by position
-  // in the same listing.
-  std::vector<std::string> all = checkpoint::list_checkpoints(folder);
-  const int64_t index = agree_on_index(s, [&]() -> int64_t {
-    const std::optional<std::string> found = checkpoint::find_latest_valid_checkpoint(folder, latest_filename);
-    if (!found) return -1;
-    for (size_t i = 0; i < all.size(); ++i) {
-      if (fs::path(all[i]).lexically_normal() == fs::path(*found).lexically_normal()) return static_cast<int64_t>(i);
-    }
-    return -1;
-  });
-  if (index < 0) return std::nullopt;
-  if (index >= static_cast<int64_t>(all.size())) {
-    throw Error(kComponent, fmt::format("rank {} sees {} checkpoints in {}, rank 0 chose #{} (is the folder shared?)",
-                                        s.rank, all.size(), folder, index));
-  }
-  return all[static_cast<size_t>(index)];
-}
+namespace {
 
-LoadedCheckpoint load_checkpoint(State& s, const std::string& path, const LoadOptions& o) {
-  if (!fs::exists(fs::path(path) / "metadata.json") && fs::exists(fs::path(path) / "config.json")) {
-    return load_hf_weights(s, path, o.strict_model_weights);
-  }
-  validate_everywhere(s, path);
-  checkpoint::CheckpointReader r(path, /*verify_checksums=*/false);  // rank 0 has just verified them
+// The body of load_checkpoint for a Tessera checkpoint, on one rank. Each file's checksum is verified as the reader
+// first maps it, before its bytes are copied.
+LoadedCheckpoint load_sharded(State& s, const std::string& path, const LoadOptions& o) {
+  checkpoint::CheckpointReader r(path, /*verify_checksums=*/true);
   const nlohmann::json& meta = r.metadata();
   const std::vector<Held> held = held_layout(s);
   at::NoGradGuard no_grad;
@@ -553,6 +521,63 @@ LoadedCheckpoint load_checkpoint(State& s, const std::string& path, const LoadOp
     }
   }
   return {path, meta, true};
+}
+
+// The lowest rank whose `failed` is true (world_size when none): one all-reduce, so that every rank learns whether
+// any rank failed and no rank goes on alone.
+int64_t first_failed_rank(State& s, bool failed) {
+  if (s.world_size == 1) return failed ? 0 : 1;
+  at::Tensor t = at::full({1}, static_cast<double>(failed ? s.rank : s.world_size),
+                          at::TensorOptions().dtype(at::kDouble).device(s.device));
+  s.comm->all_reduce(t, dist::ReduceOp::kMin).wait();
+  return static_cast<int64_t>(t.cpu().item<double>());
+}
+
+}  // namespace
+
+LoadedCheckpoint load_checkpoint(State& s, const std::string& path, const LoadOptions& o) {
+  if (!fs::exists(fs::path(path) / "metadata.json") && fs::exists(fs::path(path) / "config.json")) {
+    return load_hf_weights(s, path, o.strict_model_weights);
+  }
+  std::optional<LoadedCheckpoint> loaded;
+  std::string error;
+  try {
+    loaded = load_sharded(s, path, o);
+  } catch (const Error& e) {
+    error = e.message();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const int64_t failed = first_failed_rank(s, !loaded.has_value());
+  if (failed == s.world_size) return *std::move(loaded);
+  if (loaded) throw Error(kComponent, fmt::format("cannot load {}: rank {} failed to (see its log)", path, failed));
+  throw Error(kComponent, fmt::format("cannot load {}: {}", path, error));
+}
+
+std::optional<LoadedCheckpoint> load_newest_checkpoint(State& s, const std::string& folder,
+                                                       const std::string& latest_filename, const LoadOptions& o) {
+  // Every rank lists the folder; rank 0's count is the reference (a rank seeing another listing has no shared
+  // folder).
+  const std::vector<std::string> candidates = checkpoint::checkpoint_candidates(folder, latest_filename);
+  const int64_t count = agree_on_index(s, [&] { return static_cast<int64_t>(candidates.size()); });
+  if (count != static_cast<int64_t>(candidates.size())) {
+    throw Error(kComponent, fmt::format("rank {} sees {} checkpoints in {}, rank 0 sees {} (is the folder shared?)",
+                                        s.rank, candidates.size(), folder, count));
+  }
+  std::vector<std::string> skipped;
+  for (const std::string& c : candidates) {
+    try {
+      return load_checkpoint(s, c, o);
+    } catch (const Error& e) {
+      // Every rank gets here together (load_checkpoint agrees on the outcome).
+      if (s.rank == 0) spdlog::warn("[checkpoint] {}; trying the next older checkpoint", e.message());
+      skipped.push_back(c);
+    }
+  }
+  if (skipped.empty()) return std::nullopt;
+  // Parts of the state may have been read from a broken checkpoint before its problem showed: never train on.
+  throw Error(kComponent, fmt::format("{}: none of its {} checkpoints could be loaded ({}); see the warnings above",
+                                      folder, skipped.size(), fmt::join(skipped, ", ")));
 }
 
 }  // namespace tessera::trainer

@@ -294,20 +294,18 @@ nlohmann::json Trainer::resumption_state() const {
 
 void Trainer::load_initial_checkpoint() {
   // autoresume: the newest valid checkpoint of this run wins over load_path (which only seeds the first start).
-  std::optional<std::string> path;
-  bool resuming = false;
+  std::optional<LoadedCheckpoint> resumed;
+  LoadOptions lo;
+  lo.strict_model_weights = cfg_.load_strict_model_weights;
   if (cfg_.autoresume) {
     const std::string folder = loggers::fill_path_pattern(*cfg_.save_folder, state_.run_name, 0);
-    path = find_resume_checkpoint(state_, folder, cfg_.save_latest_filename);
-    resuming = path.has_value();
-    if (!path && state_.rank == 0) spdlog::info("autoresume: no checkpoint in {} yet; starting fresh", folder);
+    resumed = load_newest_checkpoint(state_, folder, cfg_.save_latest_filename, lo);
+    if (!resumed && state_.rank == 0) spdlog::info("autoresume: no checkpoint in {} yet; starting fresh", folder);
   }
-  if (!path && cfg_.load_path) path = cfg_.load_path;
-  if (!path) return;
-  LoadOptions lo;
-  lo.weights_only = resuming ? false : cfg_.load_weights_only;
-  lo.strict_model_weights = cfg_.load_strict_model_weights;
-  const LoadedCheckpoint loaded = load_checkpoint(state_, *path, lo);
+  const bool resuming = resumed.has_value();
+  if (!resuming && !cfg_.load_path) return;
+  if (!resuming) lo.weights_only = cfg_.load_weights_only;
+  const LoadedCheckpoint loaded = resuming ? *std::move(resumed) : load_checkpoint(state_, *cfg_.load_path, lo);
   if (loaded.full_state) {
     const nlohmann::json& m = loaded.metadata;
     if (m.contains("dataset") && m["dataset"].contains("train")) {
@@ -316,7 +314,7 @@ void Trainer::load_initial_checkpoint() {
         throw Error("checkpoint",
                     fmt::format("{}: the data loader state (epoch {}, sample {}) does not match the "
                                 "timestamp (epoch {}, sample {})",
-                                *path, epoch, sample, state_.timestamp.epoch, state_.timestamp.sample_in_epoch));
+                                loaded.path, epoch, sample, state_.timestamp.epoch, state_.timestamp.sample_in_epoch));
       }
     }
     if (m.contains("trainer")) {
@@ -330,10 +328,10 @@ void Trainer::load_initial_checkpoint() {
     }
   }
   if (state_.rank == 0) {
-    spdlog::info("{} {} at epoch {}, batch {}{}", resuming ? "resumed from" : "loaded", *path, state_.timestamp.epoch,
-                 state_.timestamp.batch, loaded.full_state ? "" : " (weights only)");
+    spdlog::info("{} {} at epoch {}, batch {}{}", resuming ? "resumed from" : "loaded", loaded.path,
+                 state_.timestamp.epoch, state_.timestamp.batch, loaded.full_state ? "" : " (weights only)");
   }
-  last_checkpoint_ = *path;
+  last_checkpoint_ = loaded.path;
 }
 
 void Trainer::check_multi_rank_support() const {
@@ -526,24 +524,22 @@ void Trainer::fit() {
 
 void Trainer::rollback() {
   state_.rollback_requested = false;
-  std::optional<std::string> path = last_checkpoint_;
-  if (saver_) {
-    saver_->wait();
-    if (auto newest = find_resume_checkpoint(state_, saver_->options().folder, cfg_.save_latest_filename)) {
-      path = newest;
-    }
-  }
-  if (!path)
-    throw Error("train", fmt::format("batch {}: a rollback was requested but there is no checkpoint to roll "
-                                     "back to (set save_folder)",
-                                     state_.timestamp.batch));
   LoadOptions lo;
   lo.restore_progress = false;  // time, RNG and data go on: the batches since the checkpoint are not replayed
   lo.strict_model_weights = true;
-  load_checkpoint(state_, *path, lo);
+  std::optional<LoadedCheckpoint> loaded;
+  if (saver_) {
+    saver_->wait();
+    loaded = load_newest_checkpoint(state_, saver_->options().folder, cfg_.save_latest_filename, lo);
+  }
+  if (!loaded && last_checkpoint_) loaded = load_checkpoint(state_, *last_checkpoint_, lo);
+  if (!loaded)
+    throw Error("train", fmt::format("batch {}: a rollback was requested but there is no checkpoint to roll "
+                                     "back to (set save_folder)",
+                                     state_.timestamp.batch));
   if (state_.rank == 0) {
     spdlog::warn("batch {}: rolled the model and optimizer back to {}; training continues with the next batch",
-                 state_.timestamp.batch, *path);
+                 state_.timestamp.batch, loaded->path);
   }
 }
 

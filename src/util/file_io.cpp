@@ -24,7 +24,8 @@ std::string read_file(const std::string& path, const std::string& component) {
 }
 
 void write_file_atomically(const std::string& path, const std::vector<std::string_view>& parts,
-                           const std::string& component) {
+                           const std::string& component, const std::function<void(std::string_view)>& observe) {
+  constexpr size_t kChunk = size_t{8} << 20;
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw Error(component, fmt::format("{}: cannot create {}: {}", path, tmp, std::strerror(errno)));
@@ -35,12 +36,16 @@ void write_file_atomically(const std::string& path, const std::vector<std::strin
     throw Error(component, fmt::format("{}: {} failed: {}", path, what, why));
   };
   for (std::string_view part : parts) {
-    size_t done = 0;
-    while (done < part.size()) {
-      const ssize_t w = ::write(fd, part.data() + done, part.size() - done);
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0) fail("write");
-      done += static_cast<size_t>(w);
+    for (size_t off = 0; off < part.size(); off += kChunk) {
+      const std::string_view chunk = part.substr(off, kChunk);
+      if (observe) observe(chunk);
+      size_t done = 0;
+      while (done < chunk.size()) {
+        const ssize_t w = ::write(fd, chunk.data() + done, chunk.size() - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) fail("write");
+        done += static_cast<size_t>(w);
+      }
     }
   }
   if (::fsync(fd) != 0) fail("fsync");

@@ -83,6 +83,10 @@ void abandon_checkpoint(const PendingCheckpoint& p);
 // Published checkpoints in `folder` (directories with a metadata.json), oldest first by (batch, name).
 std::vector<std::string> list_checkpoints(const std::string& folder);
 
+// The published checkpoints in `folder` in the order to try them when resuming: `latest_name`'s target first, then
+// the others from newest to oldest (paths lexically normal, no duplicates).
+std::vector<std::string> checkpoint_candidates(const std::string& folder, const std::string& latest_name);
+
 // The newest checkpoint in `folder` that validates (metadata parses, every file exists with its size and checksum):
 // `latest_name`'s target first, then the others from newest to oldest. Each invalid one is skipped with a warning
 // naming the file and the problem. nullopt when there is none.
@@ -92,8 +96,10 @@ std::optional<std::string> find_latest_valid_checkpoint(const std::string& folde
 std::string validate_checkpoint(const std::string& dir, bool verify_checksums = true);
 
 // Reads element ranges of a checkpoint's logical tensors, whatever the world size and sharding that wrote it.
-// Opening checks the metadata (format and version); files are memory-mapped on first use and their checksums
-// verified then (set verify_checksums false to skip). Not thread-safe.
+// Opening checks the metadata (format and version); files are memory-mapped on first use and their size and checksum
+// verified then, before any of their bytes are returned (set verify_checksums false to skip the checksum). The
+// checksum is computed through the same mapping the reads copy from, so verifying and reading cost one pass over the
+// disk. Not thread-safe.
 class CheckpointReader {
  public:
   explicit CheckpointReader(std::string dir, bool verify_checksums = true);

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace tessera::checkpoint {
@@ -37,6 +38,8 @@ class SafetensorsFile {
   bool contains(const std::string& name) const { return tensors_.count(name) > 0; }
   const TensorInfo& info(const std::string& name) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // The whole file as mapped (header included), for checksumming it through the same mapping the views read.
+  std::string_view bytes() const;
 
   // The tensor as stored, viewing the mapped file (no copy). It keeps the mapping alive; do not write to it.
   at::Tensor view(const std::string& name) const;

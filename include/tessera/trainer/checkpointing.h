@@ -96,14 +96,17 @@ struct LoadedCheckpoint {
 };
 
 // Restores `state` from `path`: a Tessera checkpoint directory, or a Hugging Face folder (config.json +
-// safetensors; weights only). Every rank calls it; rank 0 verifies the checksums first. Throws tessera::Error naming
-// the file, tensor or key for a missing, corrupt or incompatible checkpoint.
+// safetensors; weights only). Every rank calls it. Each rank verifies the size and checksum of every file it reads
+// from, before using its bytes, and the ranks agree on the outcome: if any rank fails, every rank throws
+// tessera::Error (the failing rank's names the file, tensor or key; the others name that rank).
 LoadedCheckpoint load_checkpoint(State& state, const std::string& path, const LoadOptions& options);
 
-// autoresume: the newest valid checkpoint in `folder` (latest_filename's target first, falling back past corrupt or
-// incomplete ones with a warning naming the file), chosen by rank 0 and agreed by all ranks; nullopt if none.
-std::optional<std::string> find_resume_checkpoint(State& state, const std::string& folder,
-                                                  const std::string& latest_filename);
+// autoresume: loads the newest loadable checkpoint in `folder`: latest_filename's target first, then the others from
+// newest to oldest, skipping each that fails to load (corrupt, truncated, incomplete) with a warning naming the file.
+// nullopt when the folder holds no checkpoint. When it holds some and none loads, throws: the state may be partly
+// overwritten by then, so the run must not go on from it.
+std::optional<LoadedCheckpoint> load_newest_checkpoint(State& state, const std::string& folder,
+                                                       const std::string& latest_filename, const LoadOptions& options);
 
 nlohmann::json timestamp_to_json(const config::Timestamp& t);
 config::Timestamp timestamp_from_json(const nlohmann::json& j);

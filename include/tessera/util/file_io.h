@@ -1,6 +1,7 @@
 // Whole-file reads, and file writes that never leave a partial file under the final name.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -13,8 +14,11 @@ std::string read_file(const std::string& path, const std::string& component = "i
 // Writes the concatenation of `parts` to `<path>.tmp` in the same directory, fsyncs it, and renames it over `path`:
 // after a crash at any moment `path` is either its previous content (or absent) or the complete new content. On
 // failure the temporary file is removed and tessera::Error(component) names `path` and the OS error.
+// `observe`, when given, sees every byte just before it is written, in order and in chunks of at most 8 MiB (for a
+// checksum computed while the bytes are hot in cache).
 void write_file_atomically(const std::string& path, const std::vector<std::string_view>& parts,
-                           const std::string& component = "io");
+                           const std::string& component = "io",
+                           const std::function<void(std::string_view)>& observe = nullptr);
 inline void write_file_atomically(const std::string& path, std::string_view data, const std::string& component = "io") {
   write_file_atomically(path, std::vector<std::string_view>{data}, component);
 }

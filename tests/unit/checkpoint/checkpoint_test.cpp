@@ -229,6 +229,34 @@ TEST(Checkpointing, AResumedRunEndsBitwiseIdenticalToAnUninterruptedOne) {
   EXPECT_EQ(last.metadata()["config"]["run_name"], "whole");
 }
 
+TEST(Checkpointing, AutoresumeSkipsACorruptNewestCheckpointAndRefusesWhenNoneLoads) {
+  fs::remove_all(run_folder("corrupt"));
+  {
+    trainer::Trainer t(run_config("corrupt", {"max_duration=6ba"}));
+    t.fit();
+  }
+  const auto all = checkpoint::list_checkpoints(run_folder("corrupt").string());
+  ASSERT_EQ(all.size(), 3u);  // ba2, ba4, ba6
+  // A bit flip deep in the newest one's data: its load fails on the checksum and the one before is used, whole.
+  const fs::path newest = fs::path(all[2]) / "rank0.safetensors";
+  flip_byte(newest, static_cast<std::streamoff>(fs::file_size(newest)) - 5);
+  trainer::Trainer resumed(run_config("corrupt", {"max_duration=6ba", "autoresume=true"}));
+  EXPECT_EQ(resumed.state().timestamp.batch, 4);
+  CheckpointReader ba4(all[1]);
+  for (const auto& item : resumed.state().model->named_parameters()) {
+    EXPECT_TRUE(at::equal(item.value(), ba4.read_full("model/" + item.key()))) << item.key();
+  }
+  // Every checkpoint broken: an error listing them, never a fresh start over weights read from a broken one.
+  for (size_t i = 0; i < 2; ++i) {
+    const fs::path f = fs::path(all[i]) / "rank0.safetensors";
+    flip_byte(f, static_cast<std::streamoff>(fs::file_size(f)) - 5);
+  }
+  const std::string err = testing::error_of([] {
+    trainer::Trainer t(run_config("corrupt", {"max_duration=6ba", "autoresume=true"}));
+  });
+  EXPECT_NE(err.find("none of its 3 checkpoints could be loaded"), std::string::npos) << err;
+}
+
 TEST(Checkpointing, RotationKeepsTheNewestAlsoAfterAResume) {
   fs::remove_all(run_folder("rotate"));
   const std::vector<std::string> o = {"save_interval=1ba", "save_num_checkpoints_to_keep=2"};
