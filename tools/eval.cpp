@@ -1,4 +1,4 @@
-// `eval`: in-context-learning evaluation of an HF-format MPT model on LLM Foundry task files.
+// `eval`: in-context-learning evaluation of an MPT model (HF folder or Tessera checkpoint) on LLM Foundry task files.
 //
 //   eval --model runs/x/hf --tokenizer tokenizer.json --tasks tasks.yaml [--gauntlet gauntlet.yaml]
 //        [--output results.json]
@@ -9,12 +9,14 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "tessera/checkpoint/checkpoint.h"
 #include "tessera/checkpoint/hf.h"
 #include "tessera/data/tokenizer.h"
 #include "tessera/eval/gauntlet.h"
@@ -25,6 +27,23 @@
 
 namespace {
 
+namespace fs = std::filesystem;
+
+// --model: an HF folder, a Tessera checkpoint directory, or a save folder (its newest valid checkpoint).
+tessera::models::MPTForCausalLM load_model(const std::string& path) {
+  if (fs::exists(fs::path(path) / "config.json")) return tessera::checkpoint::load_hf_model(path);
+  if (fs::exists(fs::path(path) / "metadata.json")) return tessera::checkpoint::load_checkpoint_model(path);
+  if (fs::is_directory(path) && !tessera::checkpoint::list_checkpoints(path).empty()) {
+    const auto found = tessera::checkpoint::find_latest_valid_checkpoint(path, "latest");
+    if (!found) throw tessera::Error("eval", fmt::format("{}: none of its checkpoints is valid", path));
+    spdlog::info("evaluating {}", *found);
+    return tessera::checkpoint::load_checkpoint_model(*found);
+  }
+  throw tessera::ConfigError("eval", fmt::format("--model {}: not a Hugging Face folder (config.json), a Tessera "
+                                                 "checkpoint (metadata.json) or a folder of checkpoints",
+                                                 path));
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"Evaluate an MPT model on in-context-learning tasks (LLM Foundry's task format).", "eval"};
   std::string model_dir;
@@ -34,7 +53,10 @@ int run(int argc, char** argv) {
   std::string output;
   std::string dump_rows;
   std::string log_level = "info";
-  app.add_option("--model", model_dir, "Hugging Face MPT folder (config.json + safetensors)")->required();
+  app.add_option("--model", model_dir,
+                 "Hugging Face MPT folder (config.json + safetensors), Tessera checkpoint directory, or a save folder "
+                 "(its newest valid checkpoint)")
+      ->required();
   app.add_option("--tokenizer", tokenizer_path, "tokenizer.json")->required();
   app.add_option("--tasks", tasks_path, "Tasks YAML with `icl_tasks` (LLM Foundry's tasks_v0.3.yaml format)")
       ->required();
@@ -50,7 +72,7 @@ int run(int argc, char** argv) {
   std::optional<tessera::eval::GauntletConfig> gauntlet;
   if (!gauntlet_path.empty()) gauntlet = tessera::eval::load_gauntlet(gauntlet_path);
   const tessera::data::Tokenizer tokenizer = tessera::data::Tokenizer::from_file(tokenizer_path);
-  tessera::models::MPTForCausalLM model = tessera::checkpoint::load_hf_model(model_dir);
+  tessera::models::MPTForCausalLM model = load_model(model_dir);
 
   std::ofstream rows_out;
   if (!dump_rows.empty()) {

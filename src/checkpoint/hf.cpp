@@ -257,18 +257,27 @@ void save_hf_model(models::MPTForCausalLM& model, const std::string& dir, at::Sc
                               kComponent);
 }
 
-void export_checkpoint_to_hf(const std::string& checkpoint_dir, const std::string& out_dir, at::ScalarType dtype) {
-  CheckpointReader reader(checkpoint_dir);
+namespace {
+
+// The model a checkpoint's hf_config describes, and its weights' names and shapes (sorted), checked against the
+// checkpoint's model/ tensors: each must be there with its shape, and nothing else (LoRA adapters are refused).
+struct CheckpointModel {
+  nlohmann::json config;
+  models::MPTOptions options;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> tensors;
+};
+
+CheckpointModel checkpoint_model(const CheckpointReader& reader, const std::string& checkpoint_dir) {
   if (!reader.metadata().contains("hf_config")) {
     throw Error(kComponent, fmt::format("{}: metadata.json has no hf_config (not a model checkpoint)", checkpoint_dir));
   }
-  // The model the config describes, on the meta device: names and shapes to check the stored weights against.
-  const fs::path out(out_dir);
-  nlohmann::json config = reader.metadata().at("hf_config");
-  models::MPTOptions o = parse_hf_config(config, fs::path(checkpoint_dir) / "metadata.json");
-  o.init_device = "meta";
-  models::MPTForCausalLM model(o);
-  std::vector<std::pair<std::string, std::vector<int64_t>>> tensors;
+  CheckpointModel out;
+  out.config = reader.metadata().at("hf_config");
+  out.options = parse_hf_config(out.config, fs::path(checkpoint_dir) / "metadata.json");
+  // On the meta device: names and shapes only.
+  models::MPTOptions meta = out.options;
+  meta.init_device = "meta";
+  models::MPTForCausalLM model(meta);
   for (const auto& item : model->named_parameters()) {
     const std::string name = "model/" + item.key();
     if (!reader.has_tensor(name)) {
@@ -279,17 +288,37 @@ void export_checkpoint_to_hf(const std::string& checkpoint_dir, const std::strin
                   fmt::format("{}: {} has shape [{}], the config gives [{}]", checkpoint_dir, item.key(),
                               fmt::join(reader.shape(name), ", "), fmt::join(item.value().sizes().vec(), ", ")));
     }
-    tensors.emplace_back(item.key(), item.value().sizes().vec());
+    out.tensors.emplace_back(item.key(), item.value().sizes().vec());
   }
   for (const std::string& name : reader.tensor_names("model/")) {
     const std::string key = name.substr(6);
-    if (std::none_of(tensors.begin(), tensors.end(), [&](const auto& t) { return t.first == key; })) {
+    if (std::none_of(out.tensors.begin(), out.tensors.end(), [&](const auto& t) { return t.first == key; })) {
       throw Error(kComponent, fmt::format("{}: weight {} is not part of a plain MPT model (LoRA adapters? merge them "
                                           "before saving)",
                                           checkpoint_dir, key));
     }
   }
-  std::sort(tensors.begin(), tensors.end());
+  std::sort(out.tensors.begin(), out.tensors.end());
+  return out;
+}
+
+}  // namespace
+
+models::MPTForCausalLM load_checkpoint_model(const std::string& checkpoint_dir) {
+  CheckpointReader reader(checkpoint_dir);
+  const CheckpointModel cm = checkpoint_model(reader, checkpoint_dir);
+  models::MPTForCausalLM model(cm.options);  // allocated, not initialised: every weight is read below
+  at::NoGradGuard no_grad;
+  for (auto& item : model->named_parameters()) reader.read("model/" + item.key(), 0, item.value());
+  return model;
+}
+
+void export_checkpoint_to_hf(const std::string& checkpoint_dir, const std::string& out_dir, at::ScalarType dtype) {
+  CheckpointReader reader(checkpoint_dir);
+  CheckpointModel cm = checkpoint_model(reader, checkpoint_dir);
+  const fs::path out(out_dir);
+  nlohmann::json& config = cm.config;
+  const auto& tensors = cm.tensors;
   // safetensors header, then each tensor's bytes in the same order, streamed.
   std::vector<TensorLayout> layout;
   for (const auto& [name, shape] : tensors) layout.push_back({name, dtype, shape});

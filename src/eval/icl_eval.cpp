@@ -94,7 +94,11 @@ bool generation_exact_match(const std::string& output, const std::vector<std::st
 }
 
 IclResult evaluate_icl_task(models::MPTForCausalLM& model, const data::Tokenizer& tokenizer, const IclTaskConfig& task,
-                            int64_t num_fewshot) {
+                            int64_t num_fewshot, const IclRanks& ranks) {
+  if (ranks.world_size < 1 || ranks.rank < 0 || ranks.rank >= ranks.world_size ||
+      (ranks.world_size > 1 && !ranks.sum)) {
+    throw Error("icl", fmt::format("rank {} of {} is not a valid split", ranks.rank, ranks.world_size));
+  }
   const int64_t max_seq_len = task.max_seq_len > 0 ? task.max_seq_len : model->options().max_seq_len;
   const std::vector<IclExample> data = load_icl_dataset(task.dataset_uri, task.icl_task_type, task.strip_dataset);
   int64_t max_answer_tokens = 0;
@@ -106,43 +110,68 @@ IclResult evaluate_icl_task(models::MPTForCausalLM& model, const data::Tokenizer
   r.num_fewshot = num_fewshot;
   r.label = fmt::format("{}/{}-shot", task.label, num_fewshot);
   r.total = static_cast<int64_t>(examples.size());
+  if (examples.empty()) return r;
   const bool was_training = model->is_training();
   model->eval();
   at::NoGradGuard no_grad;
   const std::string& type = task.icl_task_type;
-  if (type == "language_modeling") {
-    r.metric = "InContextLearningLMAccuracy";
-    for (const IclPrepared& p : examples) {
+  const bool generation = type == "generation_task_with_answers";
+
+  // The units split over the ranks: rows (LM, MC, schema: one forward pass each) or examples (generation).
+  std::vector<std::pair<size_t, size_t>> units;  // (example, row)
+  for (size_t e = 0; e < examples.size(); ++e) {
+    const size_t n = generation ? 1 : examples[e].rows.size();
+    for (size_t i = 0; i < n; ++i) units.emplace_back(e, i);
+  }
+  models::GenerationOptions gen;
+  gen.max_new_tokens = max_answer_tokens;
+  gen.fixed_steps = ranks.world_size > 1;
+  if (auto eos = tokenizer.token_to_id("<|endoftext|>")) gen.eos_token_id = *eos;
+  // LM: 1 when every continuation token is the argmax; MC / schema: the continuation's mean cross-entropy;
+  // generation: 1 on an exact match.
+  auto score = [&](size_t e, size_t i) -> double {
+    const IclPrepared& p = examples[e];
+    if (type == "language_modeling") {
       at::Tensor pred;
-      continuation_log_probs(model, p.rows[0], &pred);
-      at::Tensor target = at::tensor(p.rows[0].continuation, at::kLong);
-      if (pred.eq(target).all().item<bool>()) ++r.correct;
+      continuation_log_probs(model, p.rows[i], &pred);
+      return pred.eq(at::tensor(p.rows[i].continuation, at::kLong)).all().item<bool>() ? 1.0 : 0.0;
     }
-  } else if (type == "multiple_choice" || type == "schema") {
+    if (!generation) return -continuation_log_probs(model, p.rows[i], nullptr).mean().item<double>();
+    // Stop strings are applied to the decoded text (the cut is the same as stopping generation early).
+    std::vector<std::vector<int64_t>> out = models::generate(model, {p.rows[0].context}, gen);
+    std::vector<int32_t> ids(out[0].begin(), out[0].end());
+    return generation_exact_match(tokenizer.decode(ids, true), p.answers, task) ? 1.0 : 0.0;
+  };
+  std::vector<double> values(units.size(), 0.0);
+  const auto world = static_cast<size_t>(ranks.world_size);
+  const size_t per_rank = (units.size() + world - 1) / world;
+  for (size_t j = 0; j < per_rank; ++j) {
+    const size_t u = j * world + static_cast<size_t>(ranks.rank);
+    if (u < units.size()) {
+      values[u] = score(units[u].first, units[u].second);
+    } else {
+      score(units.back().first, units.back().second);  // the same passes as the other ranks; result unused
+    }
+  }
+  if (world > 1) ranks.sum(values);
+
+  if (type == "language_modeling" || generation) {
+    r.metric = generation ? "InContextLearningGenerationExactMatchAccuracy" : "InContextLearningLMAccuracy";
+    for (double v : values) r.correct += v > 0.5 ? 1 : 0;
+  } else {
     r.metric = "InContextLearningMultipleChoiceAccuracy";
+    size_t u = 0;
     for (const IclPrepared& p : examples) {
+      // The lowest mean cross-entropy (argmin of perplexity); the first on ties.
       size_t best = 0;
       double best_ce = std::numeric_limits<double>::infinity();
-      for (size_t i = 0; i < p.rows.size(); ++i) {
-        // Mean cross-entropy over the continuation (argmin of perplexity = argmin of mean NLL; first on ties).
-        const double ce = -continuation_log_probs(model, p.rows[i], nullptr).mean().item<double>();
-        if (ce < best_ce) {
-          best_ce = ce;
+      for (size_t i = 0; i < p.rows.size(); ++i, ++u) {
+        if (values[u] < best_ce) {
+          best_ce = values[u];
           best = i;
         }
       }
       if (static_cast<int64_t>(best) == p.gold) ++r.correct;
-    }
-  } else {
-    r.metric = "InContextLearningGenerationExactMatchAccuracy";
-    models::GenerationOptions opts;
-    opts.max_new_tokens = max_answer_tokens;
-    if (auto eos = tokenizer.token_to_id("<|endoftext|>")) opts.eos_token_id = *eos;
-    for (const IclPrepared& p : examples) {
-      // Stop strings are applied to the decoded text (the cut is the same as stopping generation early).
-      std::vector<std::vector<int64_t>> out = models::generate(model, {p.rows[0].context}, opts);
-      std::vector<int32_t> ids(out[0].begin(), out[0].end());
-      if (generation_exact_match(tokenizer.decode(ids, true), p.answers, task)) ++r.correct;
     }
   }
   if (was_training) model->train();

@@ -92,7 +92,7 @@ std::vector<std::vector<int64_t>> generate(MPTForCausalLM& model, const std::vec
       done[static_cast<size_t>(b)] = stop;
       all_done = all_done && stop;
     }
-    if (all_done) break;
+    if (all_done && !g.fixed_steps) break;
     input = next.view({batch, 1}).to(device);
     if (fo.attention_mask) fo.attention_mask = at::ones({batch, 1}, at::TensorOptions(at::kBool).device(device));
   }

@@ -40,6 +40,11 @@ models::MPTForCausalLM load_hf_model(const std::string& dir);
 void save_hf_model(models::MPTForCausalLM& model, const std::string& dir, at::ScalarType dtype = at::kFloat,
                    uint64_t max_shard_bytes = uint64_t{5} << 30);
 
+// Builds a model from a Tessera checkpoint directory (checkpoint.h; any world size and strategy): the architecture
+// from its "hf_config", the fp32 weights read (checksums verified) from its rank files. Throws naming the checkpoint
+// for one without an HF config, or with weights that are not plain MPT.
+models::MPTForCausalLM load_checkpoint_model(const std::string& checkpoint_dir);
+
 // Writes a Tessera checkpoint's model (checkpoint.h; any world size) as a Hugging Face folder: config.json (from the
 // checkpoint's "hf_config") and model.safetensors in `dtype`, streamed one tensor at a time, so that no more than
 // the largest tensor is in memory. The file appears complete or not at all. Throws naming the checkpoint for one

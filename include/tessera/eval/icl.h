@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -92,8 +93,20 @@ struct IclResult {
   double accuracy() const { return total == 0 ? 0.0 : static_cast<double>(correct) / static_cast<double>(total); }
 };
 
+// The ranks sharing an evaluation. `sum` adds a vector element-wise over all ranks, in place (an all-reduce); every
+// rank calls it the same number of times.
+struct IclRanks {
+  int64_t rank = 0;
+  int64_t world_size = 1;
+  std::function<void(std::vector<double>&)> sum;
+};
+
 // Evaluates one task at one num_fewshot. The model runs in eval mode without autograd on its current device.
+// With several ranks, each scores every world_size-th row (generation: example) and the per-row results are summed
+// over the ranks before the metric is computed, so the result is the one a single process gets. Every rank runs the
+// same number of forward passes (the last ones repeat a row where the rows do not divide evenly), as a sharded model
+// needs.
 IclResult evaluate_icl_task(models::MPTForCausalLM& model, const data::Tokenizer& tokenizer, const IclTaskConfig& task,
-                            int64_t num_fewshot);
+                            int64_t num_fewshot, const IclRanks& ranks = {});
 
 }  // namespace tessera::eval

@@ -20,6 +20,9 @@ struct GenerationOptions {
   std::vector<std::vector<int64_t>> stop_sequences;  // stop a sequence once its output ends with one of these
   int64_t pad_token_id = 0;                          // fills prompts on the left to a common length (masked out)
   uint64_t seed = 0;                                 // sampling generator seed
+  // Run all max_new_tokens forward passes even after every sequence has stopped (a stopped sequence gets no more
+  // tokens, so the outputs are the same). The ranks of a sharded model must all run the same number of passes.
+  bool fixed_steps = false;
 };
 
 // Generates a continuation for each prompt (a batch, left-padded internally). Returns only the new tokens of each

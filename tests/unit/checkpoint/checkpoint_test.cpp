@@ -311,6 +311,12 @@ TEST(Checkpointing, ExportToHuggingFaceAndLoadItBackAsWeights) {
   auto b = loaded->named_parameters();
   ASSERT_EQ(a.size(), b.size());
   for (const auto& item : a) EXPECT_TRUE(at::equal(item.value(), b[item.key()])) << item.key();
+  // The checkpoint read as a model directly (what `eval --model CHECKPOINT` does).
+  models::MPTForCausalLM direct = checkpoint::load_checkpoint_model((run_folder("export") / "ep0-ba3").string());
+  EXPECT_EQ(direct->options().d_model, t.state().model->options().d_model);
+  auto e = direct->named_parameters();
+  ASSERT_EQ(a.size(), e.size());
+  for (const auto& item : a) EXPECT_TRUE(at::equal(item.value(), e[item.key()])) << item.key();
   // load_path accepts the HF folder: same weights, a fresh start.
   trainer::Trainer from_hf(run_config("from_hf", {"load_path=" + hf.string(), "save_overwrite=true"}));
   EXPECT_EQ(from_hf.state().timestamp.batch, 0);

@@ -27,6 +27,7 @@
 
 #include "tessera/checkpoint/checkpoint.h"
 #include "tessera/checkpoint/safetensors.h"
+#include "tessera/data/tokenizer.h"
 #include "tessera/dist/communicator.h"
 #include "tessera/dist/fsdp.h"
 #include "tessera/dist/launcher.h"
@@ -369,6 +370,52 @@ TEST_F(DistTraining, HybridShardOverTwoNodesMatchesOneProcess) {
   EXPECT_EQ(n0.get(), 0) << read_text(root_ / "hy4_node0.log");
   EXPECT_EQ(n1.get(), 0) << read_text(root_ / "hy4_node1.log");
   expect_same(single(), read_run("hy4"), "HYBRID_SHARD 2 nodes x 2");
+}
+
+// ---- ICL evaluation split over the ranks -------------------------------------------------------------------------
+
+TEST_F(DistTraining, IclEvaluationSplitOverRanksCountsWhatOneProcessCounts) {
+  if (is_worker()) GTEST_SKIP();
+  // Real LLM Foundry task subsets (40 lines each) of all four types, on 3 FULL_SHARD ranks (the rows do not divide
+  // evenly: the last ranks repeat a row) and on one process. lr 0 keeps the weights at their (seeded, identical)
+  // initial values, so every per-task count must be the same.
+  const fs::path tok = root_ / "icl_tokenizer.json";
+  data::train_bpe_tokenizer({"the cat sat on the mat. what is the answer? the answer is a question.",
+                             "Question: who wrote it?\nAnswer: nobody, in the end; a dog and an owl"},
+                            {400, 2, {}})
+      .save(tok);
+  const fs::path icl = fs::path(TESSERA_SOURCE_DIR) / "tests" / "data" / "icl";
+  const fs::path tasks = root_ / "icl_tasks.yaml";
+  std::ofstream(tasks) << fmt::format(R"(icl_tasks:
+- {{label: lambada, dataset_uri: {0}/lambada_openai.jsonl, icl_task_type: language_modeling, num_fewshot: [0, 1]}}
+- {{label: copa, dataset_uri: {0}/copa.jsonl, icl_task_type: multiple_choice, num_fewshot: [0, 2]}}
+- {{label: winograd, dataset_uri: {0}/winograd_wsc.jsonl, icl_task_type: schema, num_fewshot: [0]}}
+- {{label: triviaqa, dataset_uri: {0}/triviaqa_small.jsonl, icl_task_type: generation_task_with_answers,
+   num_fewshot: [1], early_stopping_criteria: ["\n"]}}
+)",
+                                      icl.string());
+  auto counts = [&](const std::string& name, int nproc, const std::string& strategy) {
+    run(name, nproc,
+        {"model.vocab_size=512", "max_seq_len=256", "model.max_seq_len=256", "tokenizer.name=" + tok.string(),
+         "icl_tasks=" + tasks.string(), "optimizer.lr=0", "max_duration=1ba", "eval_interval=1ba",
+         "global_train_batch_size=6", "device_train_microbatch_size=2", "fsdp_config.sharding_strategy=" + strategy});
+    std::map<std::string, double> m;
+    std::ifstream f(root_ / "runs" / name / "metrics.jsonl");
+    for (std::string line; std::getline(f, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      for (const auto& [k, v] : j.items()) {
+        if (k.find("InContextLearning") != std::string::npos) m[k] = v.get<double>();
+      }
+    }
+    return m;
+  };
+  const auto one = counts("icl1", 1, "NO_SHARD");
+  const auto three = counts("icl3", 3, "FULL_SHARD");
+  EXPECT_EQ(one.size(), 6u);  // lambada and copa 0- and k-shot, winograd, triviaqa
+  EXPECT_EQ(three, one);
+  EXPECT_TRUE(one.count("metrics/triviaqa/1-shot/InContextLearningGenerationExactMatchAccuracy"));
+  // A random model is near chance on COPA's two choices: the counts are not trivially zero.
+  EXPECT_GT(one.at("metrics/copa/0-shot/InContextLearningMultipleChoiceAccuracy"), 0.2);
 }
 
 // ---- Checkpoints: resharding and fault injection
