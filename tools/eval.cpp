@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -99,14 +100,19 @@ int run(int argc, char** argv) {
           }
         }
       }
+      const auto started = std::chrono::steady_clock::now();
       const tessera::eval::IclResult r = tessera::eval::evaluate_icl_task(model, tokenizer, task, k);
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       std::cout << fmt::format("metrics/{}/{}: {:.4f} ({}/{})\n", r.label, r.metric, r.accuracy(), r.correct, r.total);
+      spdlog::info("{}: {} examples in {:.2f} s ({:.1f} examples/s)", r.label, r.total, seconds,
+                   static_cast<double>(r.total) / seconds);
       results.push_back({{"label", r.task},
                          {"num_fewshot", r.num_fewshot},
                          {"metric", r.metric},
                          {"correct", r.correct},
                          {"total", r.total},
-                         {"accuracy", r.accuracy()}});
+                         {"accuracy", r.accuracy()},
+                         {"seconds", seconds}});
       all.push_back(r);
     }
   }
