@@ -86,34 +86,43 @@ int run(int argc, char** argv) {
     for (int64_t k : task.num_fewshot) {
       if (rows_out.is_open()) {
         const int64_t max_seq_len = task.max_seq_len > 0 ? task.max_seq_len : model->options().max_seq_len;
-        const auto data = tessera::eval::load_icl_dataset(task.dataset_uri, task.icl_task_type, task.strip_dataset);
-        const auto prepared = tessera::eval::prepare_icl_examples(task, data, k, tokenizer, max_seq_len);
-        for (size_t i = 0; i < prepared.size(); ++i) {
-          for (const auto& row : prepared[i].rows) {
-            rows_out << nlohmann::json{{"label", task.label},
-                                       {"num_fewshot", k},
-                                       {"example", i},
-                                       {"context", row.context},
-                                       {"continuation", row.continuation}}
-                            .dump()
-                     << "\n";
+        const auto data = tessera::eval::load_icl_dataset(task.dataset_uri, task.icl_task_type, task.strip_dataset,
+                                                          task.has_categories);
+        for (const auto& [category, examples] : tessera::eval::split_by_category(task, data)) {
+          const auto prepared = tessera::eval::prepare_icl_examples(task, examples, k, tokenizer, max_seq_len);
+          for (size_t i = 0; i < prepared.size(); ++i) {
+            for (const auto& row : prepared[i].rows) {
+              nlohmann::json j{{"label", task.label}, {"num_fewshot", k}};
+              if (task.has_categories) j["category"] = category;
+              j["example"] = i;
+              j["context"] = row.context;
+              j["continuation"] = row.continuation;
+              rows_out << j.dump() << "\n";
+            }
           }
         }
       }
       const auto started = std::chrono::steady_clock::now();
-      const tessera::eval::IclResult r = tessera::eval::evaluate_icl_task(model, tokenizer, task, k);
+      const std::vector<tessera::eval::IclResult> rs = tessera::eval::evaluate_icl_task(model, tokenizer, task, k);
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-      std::cout << fmt::format("metrics/{}/{}: {:.4f} ({}/{})\n", r.label, r.metric, r.accuracy(), r.correct, r.total);
-      spdlog::info("{}: {} examples in {:.2f} s ({:.1f} examples/s)", r.label, r.total, seconds,
-                   static_cast<double>(r.total) / seconds);
-      results.push_back({{"label", r.task},
-                         {"num_fewshot", r.num_fewshot},
-                         {"metric", r.metric},
-                         {"correct", r.correct},
-                         {"total", r.total},
-                         {"accuracy", r.accuracy()},
-                         {"seconds", seconds}});
-      all.push_back(r);
+      int64_t examples = 0;
+      for (const tessera::eval::IclResult& r : rs) examples += r.total;
+      for (const tessera::eval::IclResult& r : rs) {
+        std::cout << fmt::format("metrics/{}/{}: {:.4f} ({}/{})\n", r.label, r.metric, r.accuracy(), r.correct,
+                                 r.total);
+        nlohmann::ordered_json entry{{"label", r.task}, {"num_fewshot", r.num_fewshot}};
+        if (!r.category.empty()) entry["category"] = r.category;
+        entry["metric"] = r.metric;
+        entry["correct"] = r.correct;
+        entry["total"] = r.total;
+        entry["accuracy"] = r.accuracy();
+        // A task's categories share its time by their number of examples.
+        entry["seconds"] = seconds * static_cast<double>(r.total) / static_cast<double>(std::max<int64_t>(1, examples));
+        results.push_back(entry);
+        all.push_back(r);
+      }
+      spdlog::info("{}/{}-shot: {} examples in {:.2f} s ({:.1f} examples/s)", task.label, k, examples, seconds,
+                   static_cast<double>(examples) / seconds);
     }
   }
   nlohmann::ordered_json doc{{"results", results}};

@@ -81,21 +81,26 @@ std::vector<std::pair<std::string, double>> compute_gauntlet(const GauntletConfi
     double total_weight = 0.0;
     std::vector<std::string> missing;
     for (const GauntletBenchmark& b : cat.benchmarks) {
-      const std::string key = fmt::format("{}/{}-shot", b.name, b.num_fewshot);
-      const IclResult* r = nullptr;
+      // The benchmark's accuracy; a task evaluated per category (has_categories) counts with the unweighted mean of
+      // its categories' accuracies, as LLM Foundry's EvalGauntlet averages its sub-category metrics.
+      double accuracy = 0.0;
+      int64_t total = 0, parts = 0;
       for (const IclResult& x : results) {
-        if (x.label == key) r = &x;
+        if (x.task != b.name || x.num_fewshot != b.num_fewshot) continue;
+        accuracy += x.accuracy();
+        total += x.total;
+        ++parts;
       }
-      if (r == nullptr) {
-        missing.push_back(key);
+      if (parts == 0) {
+        missing.push_back(fmt::format("{}/{}-shot", b.name, b.num_fewshot));
         continue;
       }
-      double score = r->accuracy();
+      double score = accuracy / static_cast<double>(parts);
       if (config.subtract_random_baseline) score -= b.random_baseline;
       if (config.subtract_random_baseline && config.rescale_accuracy) score /= 1.0 - b.random_baseline;
       double weight = 1.0;
-      if (config.weighting == "SAMPLE_SZ") weight = static_cast<double>(r->total);
-      if (config.weighting == "LOG_SAMPLE_SZ") weight = std::max(std::log2(static_cast<double>(r->total)), 1.0);
+      if (config.weighting == "SAMPLE_SZ") weight = static_cast<double>(total);
+      if (config.weighting == "LOG_SAMPLE_SZ") weight = std::max(std::log2(static_cast<double>(total)), 1.0);
       weighted += score * weight;
       total_weight += weight;
     }

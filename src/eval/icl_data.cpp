@@ -139,7 +139,7 @@ IclTaskConfig parse_icl_task(const config::Value& entry, const std::string& base
     const bool b = it->get<bool>();
     if (std::string(key) == "strip_dataset") t.strip_dataset = b;
     if (std::string(key) == "do_normalization") t.do_normalization = b;
-    if (std::string(key) == "has_categories" && b) fail(key, "per-category evaluators are not implemented yet");
+    if (std::string(key) == "has_categories") t.has_categories = b;
   }
   if (auto it = j.find("early_stopping_criteria"); it != j.end() && !it->is_null()) {
     if (!it->is_array()) fail("early_stopping_criteria", "expected a list of strings");
@@ -151,7 +151,8 @@ IclTaskConfig parse_icl_task(const config::Value& entry, const std::string& base
   return t;
 }
 
-std::vector<IclExample> load_icl_dataset(const std::string& path, const std::string& icl_task_type, bool strip_data) {
+std::vector<IclExample> load_icl_dataset(const std::string& path, const std::string& icl_task_type, bool strip_data,
+                                         bool require_category) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("eval", fmt::format("{}: cannot open the task file", path));
   std::vector<IclExample> out;
@@ -208,6 +209,12 @@ std::vector<IclExample> load_icl_dataset(const std::string& path, const std::str
       ex.continuation = str("answer", true);
       ex.aliases = strings("aliases", false);
       ex.chain_of_thought = str("chain_of_thought", false);
+    }
+    if (const std::string* c = string_field(j, "category")) {
+      ex.category = *c;
+    } else if (require_category || j.contains("category")) {
+      fail(require_category ? "`category`: expected a string (the task has has_categories: true)"
+                            : "`category`: expected a string");
     }
     out.push_back(std::move(ex));
   }

@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cmath>
 #include <limits>
+#include <map>
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -93,14 +94,13 @@ bool generation_exact_match(const std::string& output, const std::vector<std::st
   return false;
 }
 
-IclResult evaluate_icl_task(models::MPTForCausalLM& model, const data::Tokenizer& tokenizer, const IclTaskConfig& task,
-                            int64_t num_fewshot, const IclRanks& ranks) {
-  if (ranks.world_size < 1 || ranks.rank < 0 || ranks.rank >= ranks.world_size ||
-      (ranks.world_size > 1 && !ranks.sum)) {
-    throw Error("icl", fmt::format("rank {} of {} is not a valid split", ranks.rank, ranks.world_size));
-  }
+namespace {
+
+// One evaluator: `data` (a whole task file, or one category of it) at `num_fewshot`.
+IclResult evaluate_examples(models::MPTForCausalLM& model, const data::Tokenizer& tokenizer, const IclTaskConfig& task,
+                            const std::vector<IclExample>& data, int64_t num_fewshot, const std::string& category,
+                            const IclRanks& ranks) {
   const int64_t max_seq_len = task.max_seq_len > 0 ? task.max_seq_len : model->options().max_seq_len;
-  const std::vector<IclExample> data = load_icl_dataset(task.dataset_uri, task.icl_task_type, task.strip_dataset);
   int64_t max_answer_tokens = 0;
   const std::vector<IclPrepared> examples =
       prepare_icl_examples(task, data, num_fewshot, tokenizer, max_seq_len, &max_answer_tokens);
@@ -108,7 +108,9 @@ IclResult evaluate_icl_task(models::MPTForCausalLM& model, const data::Tokenizer
   IclResult r;
   r.task = task.label;
   r.num_fewshot = num_fewshot;
+  r.category = category;
   r.label = fmt::format("{}/{}-shot", task.label, num_fewshot);
+  if (!category.empty()) r.label += "/" + category;
   r.total = static_cast<int64_t>(examples.size());
   if (examples.empty()) return r;
   const bool was_training = model->is_training();
@@ -176,6 +178,31 @@ IclResult evaluate_icl_task(models::MPTForCausalLM& model, const data::Tokenizer
   }
   if (was_training) model->train();
   return r;
+}
+
+}  // namespace
+
+std::vector<IclResult> evaluate_icl_task(models::MPTForCausalLM& model, const data::Tokenizer& tokenizer,
+                                         const IclTaskConfig& task, int64_t num_fewshot, const IclRanks& ranks) {
+  if (ranks.world_size < 1 || ranks.rank < 0 || ranks.rank >= ranks.world_size ||
+      (ranks.world_size > 1 && !ranks.sum)) {
+    throw Error("icl", fmt::format("rank {} of {} is not a valid split", ranks.rank, ranks.world_size));
+  }
+  const std::vector<IclExample> data =
+      load_icl_dataset(task.dataset_uri, task.icl_task_type, task.strip_dataset, task.has_categories);
+  std::vector<IclResult> out;
+  for (const auto& [category, examples] : split_by_category(task, data)) {
+    out.push_back(evaluate_examples(model, tokenizer, task, examples, num_fewshot, category, ranks));
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, std::vector<IclExample>>> split_by_category(const IclTaskConfig& task,
+                                                                               const std::vector<IclExample>& data) {
+  if (!task.has_categories) return {{"", data}};
+  std::map<std::string, std::vector<IclExample>> by_category;
+  for (const IclExample& ex : data) by_category[ex.category].push_back(ex);
+  return {by_category.begin(), by_category.end()};
 }
 
 }  // namespace tessera::eval

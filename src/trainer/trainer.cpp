@@ -640,9 +640,10 @@ void Trainer::run_icl_eval() {
     for (int64_t k : task.num_fewshot) {
       eval::IclRanks ranks{state_.rank, state_.world_size,
                            [this](std::vector<double>& v) { v = sum_over_ranks(state_, v); }};
-      const eval::IclResult r = eval::evaluate_icl_task(state_.model, *icl_tokenizer_, task, k, ranks);
-      state_.eval_metrics[r.label] = Metrics{{r.metric, r.accuracy()}};
-      logger_.log_metrics({{fmt::format("metrics/{}/{}", r.label, r.metric), r.accuracy()}});
+      for (const eval::IclResult& r : eval::evaluate_icl_task(state_.model, *icl_tokenizer_, task, k, ranks)) {
+        state_.eval_metrics[r.label] = Metrics{{r.metric, r.accuracy()}};
+        logger_.log_metrics({{fmt::format("metrics/{}/{}", r.label, r.metric), r.accuracy()}});
+      }
     }
   }
 }

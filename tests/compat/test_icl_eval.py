@@ -31,6 +31,9 @@ TASKS = [
     dict(label="lambada_openai", file="lambada_openai.jsonl", icl_task_type="language_modeling", num_fewshot=[0, 1]),
     dict(label="jeopardy", file="jeopardy_small.jsonl", icl_task_type="language_modeling", num_fewshot=[0, 3],
          continuation_delimiter="\nAnswer: "),
+    # has_categories: one evaluator per category (sorted), few-shot examples drawn within the category.
+    dict(label="jeopardy_cat", file="jeopardy_small.jsonl", icl_task_type="language_modeling", num_fewshot=[0, 3],
+         continuation_delimiter="\nAnswer: ", has_categories=True),
     dict(label="piqa", file="piqa.jsonl", icl_task_type="multiple_choice", num_fewshot=[0, 2],
          continuation_delimiter="\nAnswer: "),
     dict(label="copa", file="copa.jsonl", icl_task_type="multiple_choice", num_fewshot=[0, 3]),
@@ -125,13 +128,25 @@ def test_accuracies_equal_reference(setup):
     theirs = {}
     their_rows = []
     for cfg in tasks:
-        task = Task(cfg, tok, eos)
+        # LLM Foundry's partition_dataset_by_category: a file per category (sorted), each its own dataset.
+        parts = [(None, cfg)]
+        if cfg.get("has_categories"):
+            lines = [json.loads(line) for line in pathlib.Path(cfg["dataset_uri"]).read_text().splitlines()]
+            parts = []
+            for cat in sorted({r["category"] for r in lines}):
+                path = tmp / f"{cat}_{pathlib.Path(cfg['dataset_uri']).name}"
+                path.write_text("".join(json.dumps(r) + "\n" for r in lines if r["category"] == cat))
+                parts.append((cat, dict(cfg, dataset_uri=str(path))))
         for k in cfg["num_fewshot"]:
-            theirs[(cfg["label"], k)] = evaluate(model, task, k, MAX_SEQ_LEN, eos)
-            for i, (rows, _, _) in enumerate(task.prepare(k, MAX_SEQ_LEN)):
-                their_rows += [dict(label=cfg["label"], num_fewshot=k, example=i, context=c, continuation=n)
-                               for c, n in rows]
-    print(json.dumps({f"{label}/{k}-shot": v for (label, k), v in theirs.items()}))
+            for cat, part in parts:
+                task = Task(part, tok, eos)
+                key = (cfg["label"], k) if cat is None else (cfg["label"], k, cat)
+                theirs[key] = evaluate(model, task, k, MAX_SEQ_LEN, eos)
+                extra = {} if cat is None else dict(category=cat)
+                for i, (rows, _, _) in enumerate(task.prepare(k, MAX_SEQ_LEN)):
+                    their_rows += [dict(label=cfg["label"], num_fewshot=k, **extra, example=i, context=c,
+                                        continuation=n) for c, n in rows]
+    print(json.dumps({"/".join([key[0], f"{key[1]}-shot", *key[2:]]): v for key, v in theirs.items()}))
     binary = _binary("TESSERA_EVAL_BIN", "eval")
     proc = subprocess.run([binary, "--model", tmp / "hf", "--tokenizer", tmp / "tokenizer.json", "--tasks",
                            tmp / "tasks.yaml", "--gauntlet", tmp / "gauntlet.yaml", "--output", tmp / "results.json",
@@ -139,7 +154,9 @@ def test_accuracies_equal_reference(setup):
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((tmp / "results.json").read_text())
-    ours = {(r["label"], r["num_fewshot"]): (r["correct"], r["total"]) for r in doc["results"]}
+    ours = {(r["label"], r["num_fewshot"], r["category"]) if "category" in r else (r["label"], r["num_fewshot"]):
+            (r["correct"], r["total"]) for r in doc["results"]}
+    assert {k[2] for k in ours if len(k) == 3} == {"word_origins", "world_history"}
     # The same prompts token for token (few-shot draws, delimiters, prefix spaces, truncation), then the same counts.
     our_rows = [json.loads(line) for line in (tmp / "rows.jsonl").read_text().splitlines()]
     assert len(our_rows) == len(their_rows)
@@ -152,7 +169,7 @@ def test_accuracies_equal_reference(setup):
     assert doc["eval_gauntlet"] == pytest.approx(expected, abs=1e-12)
     # Not all trivially zero: the multiple-choice tasks and the model's own answers score.
     assert theirs[("triviaqa_own", 0)][0] >= 6
-    assert sum(theirs[(label, k)][0] for label, k in theirs if label in ("piqa", "copa", "winograd")) > 20
+    assert sum(v[0] for key, v in theirs.items() if key[0] in ("piqa", "copa", "winograd")) > 20
 
 
 def test_malformed_line_names_file_and_line(setup, tmp_path):

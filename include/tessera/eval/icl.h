@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/config/value.h"
@@ -33,10 +34,11 @@ struct IclTaskConfig {
   std::string cot_delimiter;                         // generation only
   std::vector<std::string> early_stopping_criteria;  // generation only: stop strings
   bool do_normalization = true;                      // generation only
+  bool has_categories = false;  // one result per `category` of the examples (sorted), few-shot within the category
 };
 
 // Reads a tasks YAML (`icl_tasks: [...]`, LLM Foundry's tasks_v0.3.yaml format). Throws ConfigError naming the file
-// and line for a missing or mistyped key, an unknown task type, or an unsupported option (has_categories, remote URIs).
+// and line for a missing or mistyped key, an unknown task type, or an unsupported option (remote URIs).
 std::vector<IclTaskConfig> load_icl_tasks(const std::string& path);
 
 // One `icl_tasks` entry (a YAML mapping, as a recipe holds it). A relative dataset_uri that does not exist from the
@@ -51,11 +53,18 @@ struct IclExample {
   int64_t gold = 0;                  // MC / schema
   std::vector<std::string> aliases;  // generation
   std::string chain_of_thought;      // generation (optional)
+  std::string category;              // optional; required with has_categories (taken as written, not stripped)
 };
 
-// Reads a task's JSONL file. Throws Error naming the file and line for bad JSON, a missing or mistyped key, or a gold
-// index out of range.
-std::vector<IclExample> load_icl_dataset(const std::string& path, const std::string& icl_task_type, bool strip);
+// Reads a task's JSONL file. Throws Error naming the file and line for bad JSON, a missing or mistyped key (`category`
+// when `require_category`), or a gold index out of range.
+std::vector<IclExample> load_icl_dataset(const std::string& path, const std::string& icl_task_type, bool strip,
+                                         bool require_category = false);
+
+// The evaluators of a task's examples: the whole file ("", data), or with has_categories one (category, examples) per
+// category in sorted order, each in file order (LLM Foundry's partition_dataset_by_category).
+std::vector<std::pair<std::string, std::vector<IclExample>>> split_by_category(const IclTaskConfig& task,
+                                                                               const std::vector<IclExample>& data);
 
 // One scored row of token ids: the context and the continuation scored after it.
 struct IclRow {
@@ -84,10 +93,11 @@ bool generation_exact_match(const std::string& output, const std::vector<std::st
                             const IclTaskConfig& task);
 
 struct IclResult {
-  std::string label;  // "{label}/{k}-shot"
+  std::string label;  // "{label}/{k}-shot", or "{label}/{k}-shot/{category}" with has_categories
   std::string task;   // label
   int64_t num_fewshot = 0;
-  std::string metric;  // InContextLearningLMAccuracy, ...
+  std::string category;  // with has_categories
+  std::string metric;    // InContextLearningLMAccuracy, ...
   int64_t correct = 0;
   int64_t total = 0;
   double accuracy() const { return total == 0 ? 0.0 : static_cast<double>(correct) / static_cast<double>(total); }
@@ -101,12 +111,14 @@ struct IclRanks {
   std::function<void(std::vector<double>&)> sum;
 };
 
-// Evaluates one task at one num_fewshot. The model runs in eval mode without autograd on its current device.
+// Evaluates one task at one num_fewshot: one result, or with has_categories one per category in sorted order (LLM
+// Foundry's per-category evaluators: each category's examples form their own dataset, few-shot examples included).
+// The model runs in eval mode without autograd on its current device.
 // With several ranks, each scores every world_size-th row (generation: example) and the per-row results are summed
 // over the ranks before the metric is computed, so the result is the one a single process gets. Every rank runs the
 // same number of forward passes (the last ones repeat a row where the rows do not divide evenly), as a sharded model
 // needs.
-IclResult evaluate_icl_task(models::MPTForCausalLM& model, const data::Tokenizer& tokenizer, const IclTaskConfig& task,
-                            int64_t num_fewshot, const IclRanks& ranks = {});
+std::vector<IclResult> evaluate_icl_task(models::MPTForCausalLM& model, const data::Tokenizer& tokenizer,
+                                         const IclTaskConfig& task, int64_t num_fewshot, const IclRanks& ranks = {});
 
 }  // namespace tessera::eval

@@ -11,9 +11,15 @@
 namespace tessera::eval {
 namespace {
 
+// A result labelled "{task}/{k}-shot" or "{task}/{k}-shot/{category}".
 IclResult result(const std::string& label, int64_t correct, int64_t total) {
   IclResult r;
   r.label = label;
+  const size_t slash = label.find('/');
+  const size_t shot = label.find("-shot", slash);
+  r.task = label.substr(0, slash);
+  r.num_fewshot = std::stoll(label.substr(slash + 1, shot - slash - 1));
+  if (shot + 5 < label.size()) r.category = label.substr(shot + 6);
   r.correct = correct;
   r.total = total;
   return r;
@@ -45,6 +51,24 @@ TEST(Gauntlet, RescalesAveragesAndDropsIncompleteCategories) {
   EXPECT_DOUBLE_EQ(scores[0].second, ((0.75 - 0.5) / 0.5 + (0.25 - 0.5) / 0.5) / 2);
   EXPECT_EQ(scores[1].first, "core");
   EXPECT_DOUBLE_EQ(scores[1].second, scores[0].second);
+}
+
+TEST(Gauntlet, ATaskWithCategoriesCountsTheMeanOfItsCategories) {
+  // LLM Foundry's EvalGauntlet averages the sub-category accuracies unweighted: (1/2 + 3/3) / 2, not 4/5.
+  GauntletConfig c;
+  c.categories = {{"world_knowledge", {{"jeopardy", 3, 0.0}}}};
+  c.averages = {{"core", {"world_knowledge"}}};
+  const auto scores =
+      compute_gauntlet(c, {result("jeopardy/3-shot/american_history", 1, 2), result("jeopardy/3-shot/science", 3, 3),
+                           result("jeopardy/0-shot/science", 0, 3)});
+  ASSERT_EQ(scores.size(), 2u);
+  EXPECT_DOUBLE_EQ(scores[0].second, 0.75);
+  // SAMPLE_SZ weighs a benchmark by all its categories' examples.
+  c.categories = {{"world_knowledge", {{"jeopardy", 3, 0.0}, {"copa", 0, 0.5}}}};
+  c.weighting = "SAMPLE_SZ";
+  const auto weighted = compute_gauntlet(c, {result("jeopardy/3-shot/american_history", 1, 2),
+                                             result("jeopardy/3-shot/science", 3, 3), result("copa/0-shot", 3, 5)});
+  EXPECT_DOUBLE_EQ(weighted[0].second, (0.75 * 5 + 0.2 * 5) / 10);
 }
 
 TEST(Gauntlet, BadWeightingNamesTheLine) {

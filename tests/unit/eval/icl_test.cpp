@@ -95,6 +95,17 @@ TEST(PromptConstruction, FewshotDelimitersAndSeparateContinuation) {
   EXPECT_EQ(short_[1].rows[0].continuation, prepared[1].rows[0].continuation);
 }
 
+TEST(IclTasks, LlmFoundryV03LoadsWithItsCategoryTasks) {
+  const std::vector<IclTaskConfig> tasks =
+      load_icl_tasks((fs::path(TESSERA_SOURCE_DIR) / "tests" / "data" / "icl" / "tasks_v0.3.yaml").string());
+  ASSERT_GT(tasks.size(), 30u);
+  std::vector<std::string> categorised;
+  for (const IclTaskConfig& t : tasks) {
+    if (t.has_categories) categorised.push_back(t.label);
+  }
+  EXPECT_EQ(categorised, (std::vector<std::string>{"jeopardy", "mmlu"}));
+}
+
 TEST(IclErrors, NameTheFileAndLine) {
   const fs::path bad =
       write_file("bad.jsonl", "{\"query\": \"q\", \"choices\": [\"a\"], \"gold\": 0}\n{\"query\": 1}\n");
@@ -110,6 +121,13 @@ TEST(IclErrors, NameTheFileAndLine) {
                                    "\"gold\": 2}\n");
   EXPECT_EQ(testing::error_of([&] { load_icl_dataset(gold.string(), "schema", true); }),
             "[eval] " + gold.string() + ":1: `gold` 2 is out of range for 2 choices");
+  const fs::path uncategorised = write_file("uncategorised.jsonl",
+                                            "{\"context\": \"a\", \"continuation\": \"b\", \"category\": "
+                                            "\"x\"}\n{\"context\": \"a\", \"continuation\": \"b\"}\n");
+  EXPECT_EQ(
+      testing::error_of([&] { load_icl_dataset(uncategorised.string(), "language_modeling", true, true); }),
+      "[eval] " + uncategorised.string() + ":2: `category`: expected a string (the task has has_categories: true)");
+  EXPECT_EQ(load_icl_dataset(uncategorised.string(), "language_modeling", true)[0].category, "x");
   const fs::path tasks = write_file("tasks.yaml",
                                     "icl_tasks:\n- label: x\n  dataset_uri: x.jsonl\n"
                                     "  icl_task_type: ranking\n");

@@ -191,7 +191,7 @@ TEST(Trainer, IclTasksRunAtEvalInterval) {
   mc.icl_task_type = "multiple_choice";
   mc.max_seq_len = 32;
   EXPECT_DOUBLE_EQ(m.at("mc/1-shot").at("InContextLearningMultipleChoiceAccuracy"),
-                   eval::evaluate_icl_task(t.state().model, tok, mc, 1).accuracy());
+                   eval::evaluate_icl_task(t.state().model, tok, mc, 1).at(0).accuracy());
   // Without a tokenizer file the recipe is refused before training.
   EXPECT_NE(testing::error_of([&] {
               Trainer bad(tiny_config({"model.vocab_size=320", tasks}));
