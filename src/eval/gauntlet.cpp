@@ -17,7 +17,11 @@ namespace tessera::eval {
 GauntletConfig load_gauntlet(const std::string& path) {
   const config::Value root = config::load_yaml_file(path);
   const config::Value* g = root.find("eval_gauntlet");
-  if (g == nullptr) g = &root;
+  return parse_gauntlet(g != nullptr ? *g : root);
+}
+
+GauntletConfig parse_gauntlet(const config::Value& gauntlet) {
+  const config::Value* g = &gauntlet;
   auto fail = [&](const config::Value* v, const std::string& what) {
     throw ConfigError("eval", fmt::format("{}: eval_gauntlet: {}", (v != nullptr ? v : g)->origin().describe(), what));
   };

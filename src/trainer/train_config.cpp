@@ -26,10 +26,8 @@ const std::vector<std::string_view> kFoundryOnlyKeys = {"code_paths",
                                                         "cuda_load_lazy",
                                                         "eval_loaders",
                                                         "icl_tasks_str",
-                                                        "eval_gauntlet",
                                                         "eval_gauntlet_str",
                                                         "icl_subset_num_batches",
-                                                        "icl_seq_len",
                                                         "load_ignore_keys",
                                                         "save_ignore_keys",
                                                         "only_hf_checkpoint",
@@ -91,6 +89,8 @@ const std::vector<std::string_view> kTopLevelKeys = {"variables",
                                                      "load_strict_model_weights",
                                                      "autoresume",
                                                      "icl_tasks",
+                                                     "icl_seq_len",
+                                                     "eval_gauntlet",
                                                      "console_log_interval",
                                                      "progress_bar",
                                                      "log_to_console",
@@ -281,6 +281,17 @@ TrainConfig parse_train_config(config::Value resolved, const std::string& path) 
   root.check(!cfg.autoresume || cfg.save_folder.has_value(), "autoresume", "needs save_folder");
 
   parse_icl_tasks(root, cfg);
+  if (const config::Value* v = root.raw("icl_seq_len"); v != nullptr && !v->is_null()) {
+    const auto n = v->as_int();
+    root.check(n && *n > 0, "icl_seq_len", "expected a positive integer, got " + v->brief());
+    cfg.icl_seq_len = *n;
+  }
+  if (const config::Value* v = root.raw("eval_gauntlet"); v != nullptr && !v->is_null()) {
+    root.check(v->is_scalar() || v->is_map(), "eval_gauntlet",
+               "expected a path to a gauntlet YAML or a mapping, got " + v->type_name());
+    root.check(cfg.icl_tasks_path.has_value() || !cfg.icl_tasks.empty(), "eval_gauntlet", "needs icl_tasks");
+    cfg.eval_gauntlet = *v;
+  }
 
   cfg.console_log_interval = root.get_time("console_log_interval", cfg.console_log_interval, TimeUnit::kBatch);
   root.check(cfg.console_log_interval.unit() == TimeUnit::kBatch || cfg.console_log_interval.unit() == TimeUnit::kEpoch,

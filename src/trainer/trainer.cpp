@@ -184,9 +184,23 @@ Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config
     for (const auto& t : cfg_.icl_tasks) icl_tasks_.push_back(eval::parse_icl_task(t.raw, base));
   }
   if (!icl_tasks_.empty()) {
-    // ICL prompts are as long as the model's context unless a task says otherwise (LLM Foundry's icl_seq_len).
+    // ICL prompts are as long as icl_seq_len (default: the model's context) unless a task says otherwise.
     for (auto& t : icl_tasks_) {
-      if (t.max_seq_len == 0) t.max_seq_len = cfg_.max_seq_len;
+      if (t.max_seq_len == 0) t.max_seq_len = cfg_.icl_seq_len.value_or(cfg_.max_seq_len);
+    }
+    if (cfg_.eval_gauntlet) {
+      if (cfg_.eval_gauntlet->is_scalar()) {
+        std::filesystem::path g = cfg_.eval_gauntlet->text();
+        const std::filesystem::path beside = std::filesystem::path(cfg_.recipe_path).parent_path() / g;
+        if (!std::filesystem::exists(g) && std::filesystem::exists(beside)) g = beside;
+        if (!std::filesystem::exists(g)) {
+          throw ConfigError("recipe", fmt::format("{}: eval_gauntlet: {} does not exist", cfg_.recipe_path,
+                                                  cfg_.eval_gauntlet->text()));
+        }
+        gauntlet_ = eval::load_gauntlet(g.string());
+      } else {
+        gauntlet_ = eval::parse_gauntlet(*cfg_.eval_gauntlet);
+      }
     }
     std::filesystem::path tok = cfg_.tokenizer.name;
     if (std::filesystem::is_directory(tok)) tok /= "tokenizer.json";
@@ -636,6 +650,7 @@ Metrics Trainer::run_loader_eval() {
 
 void Trainer::run_icl_eval() {
   if (icl_tasks_.empty()) return;
+  std::vector<eval::IclResult> results;
   for (const eval::IclTaskConfig& task : icl_tasks_) {
     for (int64_t k : task.num_fewshot) {
       eval::IclRanks ranks{state_.rank, state_.world_size,
@@ -643,8 +658,17 @@ void Trainer::run_icl_eval() {
       for (const eval::IclResult& r : eval::evaluate_icl_task(state_.model, *icl_tokenizer_, task, k, ranks)) {
         state_.eval_metrics[r.label] = Metrics{{r.metric, r.accuracy()}};
         logger_.log_metrics({{fmt::format("metrics/{}/{}", r.label, r.metric), r.accuracy()}});
+        results.push_back(r);
       }
     }
+  }
+  if (gauntlet_) {
+    Metrics scores;
+    for (const auto& [name, score] : eval::compute_gauntlet(*gauntlet_, results)) {
+      scores[fmt::format("icl/metrics/eval_gauntlet/{}", name)] = score;
+    }
+    state_.eval_metrics["eval_gauntlet"] = scores;
+    logger_.log_metrics(scores);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/config/value.h"
 #include "tessera/eval/icl.h"
 
 namespace tessera::eval {
@@ -33,9 +34,12 @@ struct GauntletConfig {
 
 // Reads `eval_gauntlet:` from a YAML file (or the file's top level). Throws ConfigError naming the file and line.
 GauntletConfig load_gauntlet(const std::string& path);
+// The same from a mapping already parsed (a recipe's inline `eval_gauntlet`).
+GauntletConfig parse_gauntlet(const config::Value& gauntlet);
 
 // Scores in order: categories present (in config order), then the named averages; keys are the names logged as
-// icl/metrics/eval_gauntlet/{name}. Benchmarks are looked up as `{name}/{num_fewshot}-shot` in `results`.
+// icl/metrics/eval_gauntlet/{name}. A benchmark is the results with its task name and num_fewshot (several with
+// has_categories: the mean of their accuracies).
 std::vector<std::pair<std::string, double>> compute_gauntlet(const GauntletConfig& config,
                                                              const std::vector<IclResult>& results);
 

@@ -85,8 +85,10 @@ struct TrainConfig {
   bool load_strict_model_weights = true;
   bool autoresume = false;  // continue from the newest valid checkpoint in save_folder
 
-  std::optional<std::string> icl_tasks_path;  // `icl_tasks: path/to/tasks.yaml`
-  std::vector<IclTaskOptions> icl_tasks;      // inline list
+  std::optional<std::string> icl_tasks_path;   // `icl_tasks: path/to/tasks.yaml`
+  std::vector<IclTaskOptions> icl_tasks;       // inline list
+  std::optional<int64_t> icl_seq_len;          // prompts' max_seq_len for tasks without their own (default max_seq_len)
+  std::optional<config::Value> eval_gauntlet;  // `eval_gauntlet`: a path (scalar) or the inline mapping
 
   config::Time console_log_interval = config::Time::batches(1);
   bool progress_bar = false;

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/data/tokenizer.h"
+#include "tessera/eval/gauntlet.h"
 #include "tessera/eval/icl.h"
 #include "tessera/trainer/callback.h"
 #include "tessera/trainer/checkpointing.h"
@@ -80,6 +81,7 @@ class Trainer {
   std::unique_ptr<data::StreamingDataset> eval_data_;
   std::vector<eval::IclTaskConfig> icl_tasks_;    // `icl_tasks`, evaluated with the eval loader
   std::optional<data::Tokenizer> icl_tokenizer_;  // tokenizer.name, loaded when there are ICL tasks
+  std::optional<eval::GauntletConfig> gauntlet_;  // `eval_gauntlet`, scored over the ICL results
   int64_t workers_ = 1;
   std::optional<int64_t> last_eval_batch_;
   bool auto_microbatch_ = false;

@@ -173,8 +173,12 @@ TEST(Trainer, IclTasksRunAtEvalInterval) {
   const std::string tasks = "icl_tasks=[{label: mc, dataset_uri: " + (dir / "mc.jsonl").string() +
                             ", num_fewshot: [0, 1], icl_task_type: multiple_choice}, {label: lm, dataset_uri: " +
                             (dir / "lm.jsonl").string() + ", num_fewshot: [1], icl_task_type: language_modeling}]";
+  // The Eval Gauntlet over them: mc/1-shot against a 0.5 baseline, lm/1-shot against 0.
+  const std::string gauntlet =
+      "eval_gauntlet={categories: [{name: both, benchmarks: [{name: mc, num_fewshot: 1, random_baseline: 0.5}, "
+      "{name: lm, num_fewshot: 1, random_baseline: 0.0}]}]}";
   auto rec = std::make_shared<Recorder>();
-  Trainer t(tiny_config({"model.vocab_size=320", "tokenizer.name=" + dir.string(), tasks}),
+  Trainer t(tiny_config({"model.vocab_size=320", "tokenizer.name=" + dir.string(), tasks, gauntlet}),
             {.algorithms = {}, .callbacks = {rec}});
   t.fit();
   EXPECT_EQ(std::count(rec->events.begin(), rec->events.end(), "eval_start"), 2);
@@ -192,6 +196,21 @@ TEST(Trainer, IclTasksRunAtEvalInterval) {
   mc.max_seq_len = 32;
   EXPECT_DOUBLE_EQ(m.at("mc/1-shot").at("InContextLearningMultipleChoiceAccuracy"),
                    eval::evaluate_icl_task(t.state().model, tok, mc, 1).at(0).accuracy());
+  const auto& g = m.at("eval_gauntlet");
+  const double both = ((m.at("mc/1-shot").at("InContextLearningMultipleChoiceAccuracy") - 0.5) / 0.5 +
+                       m.at("lm/1-shot").at("InContextLearningLMAccuracy")) /
+                      2;
+  EXPECT_DOUBLE_EQ(g.at("icl/metrics/eval_gauntlet/both"), both);
+  EXPECT_DOUBLE_EQ(g.at("icl/metrics/eval_gauntlet/default_average"), both);
+  EXPECT_NE(testing::error_of([&] { Trainer alone(tiny_config({gauntlet})); }).find("eval_gauntlet: needs icl_tasks"),
+            std::string::npos);
+  // icl_seq_len bounds the prompts of tasks without their own max_seq_len: lm's 3-token continuation cannot fit in 2.
+  EXPECT_NE(testing::error_of([&] {
+              Trainer short_prompts(
+                  tiny_config({"model.vocab_size=320", "tokenizer.name=" + dir.string(), tasks, "icl_seq_len=2"}));
+              short_prompts.fit();
+            }).find("does not fit in max_seq_len 2"),
+            std::string::npos);
   // Without a tokenizer file the recipe is refused before training.
   EXPECT_NE(testing::error_of([&] {
               Trainer bad(tiny_config({"model.vocab_size=320", tasks}));
