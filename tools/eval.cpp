@@ -1,7 +1,7 @@
 // `eval`: in-context-learning evaluation of an MPT model (HF folder or Tessera checkpoint) on LLM Foundry task files.
 //
 //   eval --model runs/x/hf --tokenizer tokenizer.json --tasks tasks.yaml [--gauntlet gauntlet.yaml]
-//        [--output results.json]
+//        [--output results.json] [--nproc-per-node N]
 //
 // Exit codes: 0 success, 1 runtime failure (bad task file, model), 2 usage or task-config error.
 #include <fmt/format.h>
@@ -20,6 +20,8 @@
 #include "tessera/checkpoint/checkpoint.h"
 #include "tessera/checkpoint/hf.h"
 #include "tessera/data/tokenizer.h"
+#include "tessera/dist/communicator.h"
+#include "tessera/dist/launcher.h"
 #include "tessera/eval/gauntlet.h"
 #include "tessera/eval/icl.h"
 #include "tessera/util/error.h"
@@ -66,8 +68,43 @@ int run(int argc, char** argv) {
   app.add_option("--dump-rows", dump_rows,
                  "Write every scored row's token ids as JSONL (label, num_fewshot, example, context, continuation)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off");
+  int nproc_per_node = 0;
+  tessera::dist::LaunchOptions launch;
+  app.add_option("--nproc-per-node", nproc_per_node,
+                 "Split the evaluation over this many local ranks (the launcher; also runs under torchrun or srun)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--master-port", launch.master_port, "Rendezvous port (with --nproc-per-node; default 29500)")
+      ->check(CLI::Range(1, 65535));
   if (auto code = tessera::util::parse_command_line(app, argc, argv)) return *code;
-  tessera::util::init_logging(log_level);
+  if (nproc_per_node > 0) {
+    tessera::util::init_logging(log_level);
+    // The ranks run this command line without the launcher's flags; only rank 0 prints and writes.
+    launch.nproc_per_node = nproc_per_node;
+    launch.prefix_output = false;
+    launch.argv = {"/proc/self/exe"};
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--nproc-per-node" || a == "--master-port") {
+        ++i;
+      } else if (a.rfind("--nproc-per-node=", 0) != 0 && a.rfind("--master-port=", 0) != 0) {
+        launch.argv.push_back(a);
+      }
+    }
+    return tessera::dist::launch(launch);
+  }
+  const tessera::dist::Rendezvous rv = tessera::dist::rendezvous_from_env();
+  tessera::util::init_logging(rv.rank == 0 ? log_level : "warn");
+  std::shared_ptr<tessera::dist::Communicator> comm;
+  tessera::eval::IclRanks ranks{rv.rank, rv.world_size, nullptr};
+  if (rv.world_size > 1) {
+    comm = tessera::dist::Communicator::connect(rv, at::kCPU, std::chrono::minutes(10));
+    ranks.sum = [&comm](std::vector<double>& v) {
+      at::Tensor t = at::tensor(v, at::kDouble);
+      comm->all_reduce(t).wait();
+      v.assign(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+    };
+  }
+  const bool lead = rv.rank == 0;
 
   const std::vector<tessera::eval::IclTaskConfig> tasks = tessera::eval::load_icl_tasks(tasks_path);
   std::optional<tessera::eval::GauntletConfig> gauntlet;
@@ -76,7 +113,7 @@ int run(int argc, char** argv) {
   tessera::models::MPTForCausalLM model = load_model(model_dir);
 
   std::ofstream rows_out;
-  if (!dump_rows.empty()) {
+  if (!dump_rows.empty() && lead) {
     rows_out.open(dump_rows);
     if (!rows_out) throw tessera::Error("eval", fmt::format("cannot write {}", dump_rows));
   }
@@ -103,7 +140,9 @@ int run(int argc, char** argv) {
         }
       }
       const auto started = std::chrono::steady_clock::now();
-      const std::vector<tessera::eval::IclResult> rs = tessera::eval::evaluate_icl_task(model, tokenizer, task, k);
+      const std::vector<tessera::eval::IclResult> rs =
+          tessera::eval::evaluate_icl_task(model, tokenizer, task, k, ranks);
+      if (!lead) continue;
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       int64_t examples = 0;
       for (const tessera::eval::IclResult& r : rs) examples += r.total;
@@ -125,6 +164,7 @@ int run(int argc, char** argv) {
                    static_cast<double>(examples) / seconds);
     }
   }
+  if (!lead) return tessera::kExitOk;
   nlohmann::ordered_json doc{{"results", results}};
   if (gauntlet) {
     nlohmann::ordered_json scores = nlohmann::ordered_json::object();
