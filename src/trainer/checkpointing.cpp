@@ -568,6 +568,8 @@ std::optional<LoadedCheckpoint> load_newest_checkpoint(State& s, const std::stri
   for (const std::string& c : candidates) {
     try {
       return load_checkpoint(s, c, o);
+    } catch (const dist::CommError&) {
+      throw;  // the ranks can no longer agree on anything: not a property of this checkpoint
     } catch (const Error& e) {
       // Every rank gets here together (load_checkpoint agrees on the outcome).
       if (s.rank == 0) spdlog::warn("[checkpoint] {}; trying the next older checkpoint", e.message());
