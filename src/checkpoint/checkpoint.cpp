@@ -68,31 +68,6 @@ nlohmann::json read_json(const std::string& path) {
   }
 }
 
-// The file's bytes hashed with xxh64, reading it in large blocks.
-std::string file_xxh64(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, fmt::format("cannot open: {}", std::strerror(errno)));
-  XXH64_state_t* st = XXH64_createState();
-  XXH64_reset(st, 0);
-  std::vector<char> buf(size_t{8} << 20);
-  while (true) {
-    const ssize_t n = ::read(fd, buf.data(), buf.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      XXH64_freeState(st);
-      fail(path, fmt::format("read failed: {}", std::strerror(err)));
-    }
-    if (n == 0) break;
-    XXH64_update(st, buf.data(), static_cast<size_t>(n));
-  }
-  ::close(fd);
-  const uint64_t h = XXH64_digest(st);
-  XXH64_freeState(st);
-  return xxh64_hex(h);
-}
-
 // xxh64 of a mapped file, faulting its pages in 8 MiB at a time (MADV_POPULATE_READ, Linux 5.14+; read-ahead hints
 // elsewhere) just before hashing them. The pages stay mapped, so the tensor copies that follow read memory instead of
 // faulting again: verifying and loading cost about one pass over the disk, not two.
@@ -332,7 +307,7 @@ std::string validate_checkpoint(const std::string& dir, bool verify_checksums) {
                            f.at("bytes").get<uint64_t>());
       }
       if (verify_checksums) {
-        const std::string h = file_xxh64(path.string());
+        const std::string h = mapped_xxh64(SafetensorsFile(path.string()).bytes());
         if (h != f.at("xxh64").get<std::string>()) {
           return fmt::format("{}: xxh64 checksum {} does not match the metadata's {} (corrupted)", path.string(), h,
                              f.at("xxh64").get<std::string>());
