@@ -229,6 +229,31 @@ TEST(Checkpointing, AResumedRunEndsBitwiseIdenticalToAnUninterruptedOne) {
   EXPECT_EQ(last.metadata()["config"]["run_name"], "whole");
 }
 
+TEST(Checkpointing, SynchronousSavesWriteTheSameBytesAndResumeBitwise) {
+  // save_async: false writes straight from the live tensors (no snapshot copy): the files must be byte for byte the
+  // async saves', and a crash-and-resume must still end on the uninterrupted weights.
+  for (const char* run : {"async_ref", "sync_whole", "sync_resumed"}) fs::remove_all(run_folder(run));
+  trainer::Trainer async_ref(run_config("async_ref"));
+  async_ref.fit();
+  trainer::Trainer whole(run_config("sync_whole", {"save_async=false"}));
+  whole.fit();
+  const auto expected = weights_of(whole);
+  const CheckpointReader a((run_folder("async_ref") / "ep1-ba4").string());
+  const CheckpointReader b((run_folder("sync_whole") / "ep1-ba4").string());
+  EXPECT_EQ(a.metadata()["files"][0]["xxh64"], b.metadata()["files"][0]["xxh64"]);
+  {
+    trainer::Trainer first(run_config("sync_resumed", {"save_async=false"}),
+                           {.algorithms = {}, .callbacks = {std::make_shared<CrashAt>(5)}});
+    first.fit();
+  }
+  trainer::Trainer second(run_config("sync_resumed", {"save_async=false", "autoresume=true"}));
+  EXPECT_EQ(second.state().timestamp.batch, 4);
+  second.fit();
+  const auto got = weights_of(second);
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(at::equal(got[i], expected[i])) << "tensor " << i;
+}
+
 TEST(Checkpointing, AutoresumeSkipsACorruptNewestCheckpointAndRefusesWhenNoneLoads) {
   fs::remove_all(run_folder("corrupt"));
   {
