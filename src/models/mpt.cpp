@@ -211,11 +211,16 @@ MPTForCausalLM materialize(const MPTForCausalLM& meta_model, const at::Device& d
   return build_mpt(o, seed);
 }
 
-at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, int64_t ignore_index) {
-  const int64_t s = logits.size(1), v = logits.size(2);
-  const at::Tensor shifted = logits.narrow(1, 0, s - 1).reshape({-1, v});
-  const at::Tensor targets = labels.narrow(1, 1, s - 1).reshape({-1});
-  return at::cross_entropy_loss(shifted.to(at::kFloat), targets, {}, at::Reduction::Mean, ignore_index);
+at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, int64_t ignore_index,
+                          at::Reduction::Reduction reduction) {
+  const int64_t b = labels.size(0), s = labels.size(1), v = logits.size(2);
+  // Position t is scored against labels[:, t + 1]; the last position has no target and is ignored. Scoring every
+  // position of the contiguous logits avoids slicing them, which would copy (B*S, V) floats forward and scatter
+  // them back in backward: the largest tensors of a small model's step. The ignored rows add nothing to the sum,
+  // the count or the gradient.
+  const at::Tensor targets =
+      at::cat({labels.narrow(1, 1, s - 1), at::full({b, 1}, ignore_index, labels.options())}, 1).reshape({-1});
+  return at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, v}), targets, {}, reduction, ignore_index);
 }
 
 }  // namespace tessera::models

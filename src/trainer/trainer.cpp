@@ -622,12 +622,8 @@ Metrics Trainer::run_loader_eval() {
       }
       engine_->run_event(Event::kEvalAfterForward);
       // LanguageCrossEntropy: summed over predicted tokens, divided by their count at the end.
-      const at::Tensor logits = state_.outputs.slice(1, 0, -1).to(at::kFloat);
-      const at::Tensor targets = state_.batch.labels.slice(1, 1);
-      loss_sum += at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), {},
-                                         at::Reduction::Sum, -100)
-                      .item<double>();
-      const int64_t tokens = targets.ne(-100).sum().item<int64_t>();
+      loss_sum += models::causal_lm_loss(state_.outputs, state_.batch.labels, -100, at::Reduction::Sum).item<double>();
+      const int64_t tokens = state_.batch.labels.slice(1, 1).ne(-100).sum().item<int64_t>();
       token_count += tokens;
       state_.eval_timestamp.to_next_batch(state_.batch.samples, tokens, 0);
       engine_->run_event(Event::kEvalBatchEnd);

@@ -140,7 +140,10 @@ uint64_t module_seed(uint64_t seed, const std::string& module_name);
 // `device` and initialised from `seed` (identical to building it there directly); the meta model is left as it was.
 MPTForCausalLM materialize(const MPTForCausalLM& meta_model, const at::Device& device, uint64_t seed);
 
-// Next-token loss: mean cross-entropy of logits[:, t] against labels[:, t + 1] over labels != ignore_index.
-at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, int64_t ignore_index = -100);
+// Next-token loss: cross-entropy of logits[:, t] against labels[:, t + 1] over labels != ignore_index, their mean
+// (at::Reduction::Mean) or sum (at::Reduction::Sum). Computed in fp32 on the logits as they are (no copy without
+// the last position: the targets are shifted instead, with the last one ignored).
+at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, int64_t ignore_index = -100,
+                          at::Reduction::Reduction reduction = at::Reduction::Mean);
 
 }  // namespace tessera::models

@@ -214,6 +214,14 @@ TEST(MPT, CausalLmLossIgnoresMaskedLabels) {
   labels[0][2] = -100;
   const at::Tensor kept = at::cross_entropy_loss(logits[0].index({at::tensor({0, 2})}), at::tensor({2, 4}, at::kLong));
   EXPECT_TRUE(at::allclose(causal_lm_loss(logits, labels), kept));
+  const at::Tensor kept_sum = at::cross_entropy_loss(logits[0].index({at::tensor({0, 2})}),
+                                                     at::tensor({2, 4}, at::kLong), {}, at::Reduction::Sum);
+  EXPECT_TRUE(at::allclose(causal_lm_loss(logits, labels, -100, at::Reduction::Sum), kept_sum));
+  // Only the scored positions get a gradient: the last one (no next token) and the one before a masked label not.
+  const at::Tensor leaf = logits.clone().requires_grad_(true);
+  causal_lm_loss(leaf, labels).backward();
+  const at::Tensor row_has_grad = leaf.grad()[0].abs().sum(-1).gt(0).to(at::kLong);
+  EXPECT_TRUE(at::equal(row_has_grad, at::tensor({1, 0, 1, 0}, at::kLong)));
 }
 
 }  // namespace
