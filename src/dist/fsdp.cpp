@@ -100,6 +100,9 @@ class ParallelModel::Impl : public models::UnitRunner {
   void reshard(Unit& u);
   void launch_reduction(Unit& u);
   void finish_backward();
+  void sync_point();
+  bool agree(bool failed);
+  void discard();
   bool sharded() const { return shards_parameters(o_.sharding.strategy); }
 
   ParallelOptions o_;
@@ -111,6 +114,7 @@ class ParallelModel::Impl : public models::UnitRunner {
   std::vector<std::unique_ptr<CallRecord>> records_;
   bool sync_ = true;
   bool root_called_ = false;  // the root's first call of this forward (embedding) has run
+  at::Tensor oom_flag_;       // agree_on_oom: the sync points' one-element buffer, allocated once
 };
 
 namespace {
@@ -233,6 +237,7 @@ void ParallelModel::Impl::gather(Unit& u) {
   if (u.gathered || u.gather_in_flight) return;
   realloc_storage(u.full, static_cast<size_t>(u.padded) * u.full.element_size());
   u.send = u.shard.detach().to(o_.param_dtype).contiguous();
+  sync_point();
   u.gather_work = shard_comm_->all_gather(u.full, u.send);
   u.gather_in_flight = true;
 }
@@ -359,6 +364,7 @@ void ParallelModel::Impl::launch_reduction(Unit& u) {
     }
     u.grad_full = at::Tensor();
     if (!sync_) return;
+    sync_point();
     u.reduce_out = u.local_acc;
     u.local_acc = at::Tensor();
     u.reduce_work = comm_->all_reduce(u.reduce_out);
@@ -366,6 +372,7 @@ void ParallelModel::Impl::launch_reduction(Unit& u) {
     u.reduce_in = u.grad_full;
     u.grad_full = at::Tensor();
     u.reduce_out = at::empty({u.shard_numel}, u.reduce_in.options());
+    sync_point();
     u.reduce_work = shard_comm_->reduce_scatter(u.reduce_out, u.reduce_in);
   }
   u.reduce_in_flight = true;
@@ -385,6 +392,7 @@ void ParallelModel::Impl::finish_backward() {
     done.push_back(u.get());
   }
   if (replica_comm_) {  // HYBRID_SHARD: sum each shard over the nodes
+    sync_point();
     std::vector<Work> works;
     for (Unit* u : done) works.push_back(replica_comm_->all_reduce(u->reduce_out));
     for (Work& w : works) w.wait();
@@ -416,6 +424,49 @@ void ParallelModel::Impl::finish_backward() {
   root_called_ = false;
 }
 
+void ParallelModel::Impl::sync_point() {
+  if (!o_.agree_on_oom) return;
+  if (agree(false)) {
+    throw PeerOutOfMemory("another rank ran out of memory; every rank abandons this microbatch");
+  }
+}
+
+bool ParallelModel::Impl::agree(bool failed) {
+  if (!oom_flag_.defined()) oom_flag_ = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(o_.device));
+  oom_flag_.fill_(failed ? 1.0 : 0.0);
+  comm_->all_reduce(oom_flag_, ReduceOp::kMax).wait();
+  return oom_flag_.item<float>() > 0;
+}
+
+void ParallelModel::Impl::discard() {
+  at::NoGradGuard no_grad;
+  // Every rank issued the same collectives before the sync point where they agreed: complete them all.
+  for (auto& u : units_) {
+    if (u->gather_in_flight) {
+      u->gather_work.wait();
+      u->gather_in_flight = false;
+      u->gathered = true;
+    }
+    u->send = at::Tensor();
+    if (u->reduce_in_flight) {
+      u->reduce_work.wait();
+      u->reduce_in_flight = false;
+    }
+    u->reduce_in = at::Tensor();
+    u->reduce_out = at::Tensor();
+    u->grad_full = at::Tensor();
+    u->local_acc = at::Tensor();
+    u->pending_calls = 0;
+    if (sharded()) {  // also a buffer allocated for a gather that a sync point then stopped
+      free_storage(u->full);
+      u->gathered = false;
+    }
+  }
+  records_.clear();
+  root_called_ = false;
+  sync_ = true;
+}
+
 // ---- ParallelModel --------------------------------------------------------------------------------------------------
 
 const std::vector<at::Tensor>& ParallelModel::parameters() const {
@@ -424,6 +475,14 @@ const std::vector<at::Tensor>& ParallelModel::parameters() const {
 
 void ParallelModel::prepare_backward(bool sync) {
   impl_->sync_ = sync;
+}
+
+bool ParallelModel::agree_on_oom(bool this_rank_failed) {
+  return impl_->agree(this_rank_failed);
+}
+
+void ParallelModel::discard_microbatches() {
+  impl_->discard();
 }
 
 void ParallelModel::finish_backward() {

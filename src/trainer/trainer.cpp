@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <string_view>
 
 #include "tessera/algorithms/algorithms.h"
 #include "tessera/callbacks/callbacks.h"
@@ -105,11 +106,14 @@ data::TokenBatch slice(const data::TokenBatch& b, int64_t start, int64_t end) {
   return {b.input_ids.slice(0, start, end), b.labels.slice(0, start, end), end - start};
 }
 
-bool is_cuda_oom(const std::exception& e) {
-  return dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr;
-}
-
 }  // namespace
+
+bool is_out_of_memory(const std::exception& e) {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) return true;  // the CUDA caching allocator
+  // LibTorch's CPU allocator reports a failed allocation as a plain c10::Error (an enforce failure).
+  return dynamic_cast<const c10::Error*>(&e) != nullptr &&
+         std::string_view(e.what()).find("DefaultCPUAllocator: can't allocate memory") != std::string_view::npos;
+}
 
 int available_cores() {
   cpu_set_t set;
@@ -260,16 +264,12 @@ Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config
   state_.device_train_microbatch_size =
       auto_microbatch_ ? state_.device_train_batch_size
                        : std::min(cfg_.device_train_microbatch_size.samples, state_.device_train_batch_size);
-  if (auto_microbatch_ && state_.device.is_cuda() && state_.world_size > 1) {
-    // Ranks would have to agree on every retry between their collectives; not built yet.
-    throw ConfigError("recipe", fmt::format("{}: device_train_microbatch_size: auto is not supported yet with more "
-                                            "than one GPU rank; give a number",
-                                            cfg_.recipe_path));
-  }
-  if (auto_microbatch_ && !state_.device.is_cuda()) {
-    spdlog::info("device_train_microbatch_size: auto on CPU uses the whole device batch ({} samples)",
-                 state_.device_train_batch_size);
-    auto_microbatch_ = false;
+  if (auto_microbatch_ && state_.rank == 0) {
+    spdlog::info(
+        "device_train_microbatch_size: auto starts from the whole device batch ({} samples) and halves it "
+        "when a batch runs out of memory{}",
+        state_.device_train_batch_size,
+        state_.device.is_cuda() ? "" : " (on CPU only a failed allocation counts, e.g. under ulimit -v)");
   }
 
   // Shard after INIT (algorithms' model surgery comes first), before the optimizer sees the parameters.
@@ -284,6 +284,7 @@ Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config
     po.overlap = cfg_.fsdp.overlap_communication;
     po.device = state_.device;
     po.init_seed = static_cast<uint64_t>(cfg_.seed);
+    po.agree_on_oom = auto_microbatch_;
     state_.parallel = dist::parallelize(state_.model, po, state_.comm);
   }
   state_.optimizer = optim::make_optimizer(cfg_.optimizer, state_.trainable_parameters());
@@ -405,7 +406,19 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
       total += state_.loss.item<double>();
     }
   } catch (const std::exception& e) {
-    if (!auto_microbatch_ || !is_cuda_oom(e)) throw;
+    if (!auto_microbatch_) throw;
+    const bool peer = dynamic_cast<const dist::PeerOutOfMemory*>(&e) != nullptr;
+    if (!peer && !is_out_of_memory(e)) throw;
+    if (state_.parallel) {
+      // This rank's own error takes the place of its next sync point (a peer's error was seen at one already).
+      if (!peer) state_.parallel->agree_on_oom(true);
+      state_.parallel->discard_microbatches();
+    }
+    return false;
+  }
+  // A rank that ran out of memory after its last collective tells the others here.
+  if (auto_microbatch_ && state_.parallel && state_.parallel->agree_on_oom(false)) {
+    state_.parallel->discard_microbatches();
     return false;
   }
   state_.train_loss = total;
@@ -423,13 +436,17 @@ void Trainer::train_batch() {
     engine_->run_event(Event::kBeforeTrainBatch);
     state_.optimizer->zero_grad();
     if (run_microbatches(full, state_.device_train_microbatch_size)) break;
-    // CUDA out of memory with `auto`: halve the microbatch and retry the same batch.
+    // Out of memory with `auto` (on this rank or another): halve the microbatch and retry the same batch.
     if (state_.device_train_microbatch_size == 1) {
-      throw Error("train", "the GPU does not have enough memory to process even 1 sample");
+      throw Error("train", fmt::format("rank {}: out of memory with device_train_microbatch_size=1 (on this rank or "
+                                       "another): not even 1 sample fits",
+                                       state_.rank));
     }
     state_.device_train_microbatch_size = std::max<int64_t>(1, state_.device_train_microbatch_size / 2);
-    spdlog::warn("CUDA out of memory: retrying the batch with device_train_microbatch_size={}",
-                 state_.device_train_microbatch_size);
+    spdlog::warn(
+        "rank {}: out of memory (on this rank or another): retrying batch {} with "
+        "device_train_microbatch_size={}",
+        state_.rank, state_.timestamp.batch + 1, state_.device_train_microbatch_size);
     state_.outputs = at::Tensor();
     state_.loss = at::Tensor();
     state_.optimizer->zero_grad();

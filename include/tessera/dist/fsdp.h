@@ -18,6 +18,15 @@
 //
 // Without a gradient (no_grad, e.g. evaluation or generation) units gather, run and free without autograd. All ranks
 // must run the same sequence of forward and backward passes. Not thread-safe.
+//
+// Out-of-memory agreement (`agree_on_oom`, for device_train_microbatch_size: auto): when one rank runs out of
+// memory in the middle of a forward or backward, the others are already heading for its next collective, which it
+// will never issue. So every collective a forward or backward issues is preceded by a sync point: a one-element
+// all-reduce (MAX) over the whole job, issued after the collective's buffers are allocated. Ranks that are fine
+// send 0 there. A rank that caught an out-of-memory error calls agree_on_oom(true), which sends 1 in the place of
+// its next sync point; the others see it at that same sync point and throw PeerOutOfMemory. Ranks that finished
+// their microbatches call agree_on_oom(false) once more, so that an error after the last collective is agreed on
+// too. Every rank then calls discard_microbatches() and all of them retry the batch together.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -30,6 +39,7 @@
 #include "tessera/dist/communicator.h"
 #include "tessera/dist/sharding.h"
 #include "tessera/models/mpt.h"
+#include "tessera/util/error.h"
 
 namespace tessera::dist {
 
@@ -41,6 +51,13 @@ struct ParallelOptions {
   int ranks_per_node = 1;                    // HYBRID_SHARD: shard within groups of this many consecutive ranks
   at::Device device = at::kCPU;              // where parameters live (a model built on `meta` is materialised here)
   uint64_t init_seed = 17;                   // initialisation seed for a model built on `meta`
+  bool agree_on_oom = false;                 // sync points before each collective (see above)
+};
+
+// Thrown at a sync point when another rank ran out of memory (under ParallelOptions::agree_on_oom).
+class PeerOutOfMemory : public Error {
+ public:
+  explicit PeerOutOfMemory(const std::string& message) : Error("dist", message) {}
 };
 
 // Composer's fsdp_config.mixed_precision under a training precision whose autocast dtype is `low` (kFloat for fp32):
@@ -75,6 +92,12 @@ class ParallelModel {
   void prepare_backward(bool sync);
   // After backward: waits for the reductions and adds the averaged gradients to parameters()' .grad().
   void finish_backward();
+  // One agreement round over the whole job: `this_rank_failed` is whether this rank caught an out-of-memory error
+  // since its last sync point; returns whether any rank did. Every rank must call it at the same point (see above).
+  bool agree_on_oom(bool this_rank_failed);
+  // After an agreed failure: waits for the collectives in flight, frees gathered parameters and drops the partial
+  // gradients and forward records, so that the batch can run again (the parameters' .grad() are the caller's).
+  void discard_microbatches();
   // Sum of `t` over the ranks that together hold one copy of every shard (identity for NO_SHARD), e.g. for the
   // global gradient norm.
   at::Tensor sum_over_shards(const at::Tensor& t);

@@ -8,8 +8,11 @@
 //
 // Batches: global_train_batch_size is split over ranks (device batch), and each device batch into microbatches of
 // device_train_microbatch_size samples; each microbatch loss is scaled by its share of the device batch, so the
-// accumulated gradient equals that of one big batch. `auto` halves the microbatch and retries the batch on a CUDA
-// out-of-memory error; on CPU (where allocation failure is not recoverable) `auto` means no accumulation.
+// accumulated gradient equals that of one big batch. `auto` starts from the whole device batch and, when a batch
+// runs out of memory (is_out_of_memory) on any rank, halves the microbatch on every rank and retries the batch; the
+// ranks agree through the sharding engine's sync points (dist::ParallelOptions::agree_on_oom). On CPU, Linux
+// overcommits memory and its OOM killer ends the process instead of failing an allocation, so there `auto` keeps
+// the whole device batch unless the process has an address-space limit (ulimit -v).
 // Precision: fp32, amp_bf16 (autocast of forward and loss to bf16, fp32 weights, gradients and optimizer state; on
 // CPU and GPU) and amp_fp16 (GPU only, with dynamic loss scaling).
 // The learning rate of step b is the schedule evaluated at step b - 1 (step 0: at 0), as Composer's LambdaLR order
@@ -93,5 +96,8 @@ class Trainer {
 
 // Number of CPU cores this process may run on (sched_getaffinity), at least 1.
 int available_cores();
+
+// Whether `e` is an out-of-memory error: CUDA's (c10::OutOfMemoryError) or LibTorch's CPU allocator failing.
+bool is_out_of_memory(const std::exception& e);
 
 }  // namespace tessera::trainer

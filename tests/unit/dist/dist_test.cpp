@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <ATen/ATen.h>
+#include <c10/util/Exception.h>
 
 #include <chrono>
 #include <cmath>
@@ -33,6 +34,7 @@
 #include "tessera/dist/launcher.h"
 #include "tessera/dist/sharding.h"
 #include "tessera/models/mpt.h"
+#include "tessera/trainer/trainer.h"
 #include "tiny_data.h"
 
 namespace fs = std::filesystem;
@@ -349,6 +351,75 @@ TEST_F(DistTraining, MixedPrecisionFullShardTracksOneProcess) {
   ASSERT_EQ(two.losses.size(), 20u);
   for (size_t i = 0; i < one.losses.size(); ++i) EXPECT_NEAR(two.losses[i], one.losses[i], 0.02 * one.losses[i]) << i;
   EXPECT_LT(two.losses.back(), two.losses.front() * 0.9);  // and it trains
+}
+
+namespace {
+// Stands in for the CUDA allocator on rank 1 of a CPU run: throws its out-of-memory error (c10::OutOfMemoryError) at
+// a different point of the first batch for each microbatch size it is tried with, and lets size 1 through.
+class OutOfMemoryOnRankOne : public trainer::Callback {
+ public:
+  std::string name() const override { return "OutOfMemoryOnRankOne"; }
+  void run_event(trainer::Event e, trainer::State& s, trainer::Logger& /*logger*/) override {
+    if (s.rank != 1 || s.timestamp.batch != 0) return;
+    const int64_t mb = s.device_train_microbatch_size;
+    if (e == trainer::Event::kBeforeTrainBatch) microbatch = 0;
+    if (e == trainer::Event::kBeforeForward) ++microbatch;
+    // 8: before any collective of the batch; the other rank meets the error at the forward's first gather.
+    // 4: between forward and backward; the other rank meets it at a sync point inside backward (in autograd).
+    // 2: after the second microbatch's backward, past every collective; the ranks agree after the microbatches.
+    const bool fail = (mb == 8 && e == trainer::Event::kBeforeForward) ||
+                      (mb == 4 && e == trainer::Event::kAfterForward) ||
+                      (mb == 2 && e == trainer::Event::kAfterBackward && microbatch == 2);
+    if (!fail) return;
+    ++thrown;
+    throw c10::OutOfMemoryError(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                                fmt::format("CUDA out of memory (injected at microbatch size {})", mb));
+  }
+  int microbatch = 0;
+  int thrown = 0;
+};
+}  // namespace
+
+// Runs in the 2 processes of DistTraining.AutoMicrobatchingHalvesOnEveryRankWhenOneRunsOutOfMemory.
+TEST(DistWorker, AutoMicrobatch) {
+  if (!is_worker()) GTEST_SKIP() << "a worker of DistTraining.AutoMicrobatchingHalvesOnEveryRankWhenOneRunsOutOfMemory";
+  const char* root_env = std::getenv("TESSERA_DIST_TRAINING_ROOT");
+  ASSERT_NE(root_env, nullptr);
+  const fs::path root = root_env;
+  trainer::TrainConfig cfg = trainer::load_train_config(
+      (root / "tiny.yaml").string(), {"run_name=auto_oom", "global_train_batch_size=16",
+                                      "device_train_microbatch_size=auto", "fsdp_config.sharding_strategy=FULL_SHARD"});
+  auto oom = std::make_shared<OutOfMemoryOnRankOne>();
+  trainer::Trainer t(cfg, {{}, {oom}});
+  t.fit();
+  EXPECT_EQ(t.state().device_train_microbatch_size, 1) << "rank " << t.state().rank;
+  EXPECT_EQ(oom->thrown, t.state().rank == 1 ? 3 : 0);
+}
+
+TEST_F(DistTraining, AutoMicrobatchingHalvesOnEveryRankWhenOneRunsOutOfMemory) {
+  if (is_worker()) GTEST_SKIP();
+  // Rank 1 runs out of memory three times in the first batch (device batch 8: at 8, 4 and 2 samples); both ranks
+  // retry it together until it fits, then train on. The result is the run that used 1 sample from the start.
+  setenv("TESSERA_DIST_TRAINING_ROOT", root_.c_str(), 1);
+  ASSERT_EQ(launch_workers("AutoMicrobatch", 2), 0);
+  unsetenv("TESSERA_DIST_TRAINING_ROOT");
+  const TrainRun retried = read_run("auto_oom");
+  const TrainRun fixed =
+      run("mb1_gb16", 2,
+          {"global_train_batch_size=16", "device_train_microbatch_size=1", "fsdp_config.sharding_strategy=FULL_SHARD"});
+  ASSERT_EQ(retried.losses.size(), 20u);
+  EXPECT_EQ(retried.losses, fixed.losses);
+  ASSERT_FALSE(fixed.weights.empty());
+  for (const auto& [name, w] : fixed.weights) EXPECT_TRUE(at::equal(retried.weights.at(name), w)) << name;
+  // Rank 0 never failed itself; it logged the size it agreed on from the first batch.
+  std::ifstream f(root_ / "runs" / "auto_oom" / "metrics.jsonl");
+  std::vector<double> sizes;
+  for (std::string line; std::getline(f, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("trainer/device_train_microbatch_size")) sizes.push_back(j["trainer/device_train_microbatch_size"]);
+  }
+  ASSERT_EQ(sizes.size(), 20u);
+  EXPECT_EQ(sizes.front(), 1.0);
 }
 
 TEST_F(DistTraining, HybridShardOverTwoNodesMatchesOneProcess) {

@@ -139,6 +139,48 @@ TEST(Trainer, AccumulationMatchesOneBigBatch) {
   }
 }
 
+// A callback that needs more memory than exists while the microbatch is above 2 samples: its allocation fails in
+// LibTorch's CPU allocator for real (1 PiB), as a forward that does not fit would.
+class AllocatesTooMuchAboveTwoSamples : public Callback {
+ public:
+  std::string name() const override { return "AllocatesTooMuchAboveTwoSamples"; }
+  void run_event(Event e, State& s, Logger& /*l*/) override {
+    if (e != Event::kAfterForward) return;
+    sizes.push_back(s.device_train_microbatch_size);
+    (void)at::empty({s.device_train_microbatch_size > 2 ? int64_t{1} << 50 : 1}, at::kByte);
+  }
+  std::vector<int64_t> sizes;  // microbatch size of each forward
+};
+
+TEST(Trainer, AutoMicrobatchingHalvesAndRetriesWhenAnAllocationFails) {
+  try {
+    (void)at::empty({int64_t{1} << 50}, at::kByte);
+    ADD_FAILURE() << "allocated 1 PiB";
+  } catch (const std::exception& e) {
+    EXPECT_TRUE(is_out_of_memory(e)) << e.what();
+  }
+  EXPECT_FALSE(is_out_of_memory(Error("train", "not enough samples")));
+
+  const std::vector<std::string> base = {"max_duration=3ba", "eval_interval=0", "deterministic_mode=true"};
+  auto with = [&](const std::string& extra) {
+    auto o = base;
+    o.push_back(extra);
+    return tiny_config(o);
+  };
+  auto hungry = std::make_shared<AllocatesTooMuchAboveTwoSamples>();
+  Trainer t(with("device_train_microbatch_size=auto"), {{}, {hungry}});
+  t.fit();
+  EXPECT_EQ(t.state().device_train_microbatch_size, 2);
+  // Batch 1: 8 fails, 4 fails, then 2 + 2 + 2 + 2; batches 2 and 3 keep 2.
+  const std::vector<int64_t> expected = {8, 4, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2};
+  EXPECT_EQ(hungry->sizes, expected);
+  // The retried run is the run that used 2 samples from the start, bit for bit.
+  const auto fixed = weights_after(with("device_train_microbatch_size=2"));
+  const auto params = t.state().model->parameters();
+  ASSERT_EQ(params.size(), fixed.size());
+  for (size_t i = 0; i < fixed.size(); ++i) EXPECT_TRUE(at::equal(params[i], fixed[i])) << "parameter " << i;
+}
+
 TEST(Trainer, LossFallsAndEvalReportsPerplexity) {
   Trainer t(tiny_config({"max_duration=8ep", "eval_interval=0"}));
   const double before = t.eval().at("LanguageCrossEntropy");
