@@ -170,8 +170,82 @@ void RuntimeEstimator::run_event(Event event, trainer::State& s, trainer::Logger
   logger.log_metrics({{"time/remaining_estimate", in_time_unit(rate * std::max(0.0, 1.0 - frac), o_.time_unit)}});
 }
 
+void OptimizerMonitor::log_sharded(trainer::State& s, trainer::Logger& logger) const {
+  // Each rank holds flat shards (dist::ParallelModel): per parameter name, sum the squares over this rank's spans of
+  // them, sum those over the shard group, and take the roots. Same names and meanings as the unsharded path.
+  dist::ParallelModel& pm = *s.parallel;
+  const std::vector<at::Tensor>& flats = pm.parameters();
+  const std::vector<std::vector<dist::ShardSpan>> layout = pm.shard_layout();
+  std::vector<std::string> names;
+  std::map<std::string, int64_t> column;
+  for (const auto& item : s.model->named_parameters()) {
+    column[item.key()] = static_cast<int64_t>(names.size());
+    names.push_back(item.key());
+  }
+  const int64_t n = static_cast<int64_t>(names.size());
+  enum Row : int64_t { kGrad, kParam, kMoment, kSecondMoment, kRows };
+  std::vector<at::Tensor> parts[kRows];
+  std::vector<int64_t> cols[kRows];
+  auto add = [&](Row row, size_t flat, const at::Tensor& values) {
+    for (const dist::ShardSpan& span : layout[flat]) {
+      parts[row].push_back(values.narrow(0, span.offset, span.numel).to(at::kDouble).square().sum());
+      cols[row].push_back(column.at(span.name));
+    }
+  };
+  bool moments = false, second_moments = false;
+  for (size_t i = 0; i < flats.size(); ++i) {
+    if (flats[i].grad().defined()) add(kGrad, i, flats[i].grad().detach());
+  }
+  if (o_.log_optimizer_metrics && s.optimizer) {
+    const std::vector<at::Tensor>& params = s.optimizer->params();
+    std::map<const void*, size_t> flat_of;
+    for (size_t i = 0; i < flats.size(); ++i) flat_of[flats[i].unsafeGetTensorImpl()] = i;
+    for (const auto& [key, tensor] : s.optimizer->state()) {
+      const size_t dot = key.find('.');
+      if (dot == std::string::npos) continue;  // "step"
+      const size_t i = std::stoul(key.substr(0, dot));
+      auto it = i < params.size() ? flat_of.find(params[i].unsafeGetTensorImpl()) : flat_of.end();
+      if (it == flat_of.end()) continue;
+      const std::string slot = key.substr(dot + 1);
+      if (slot == "exp_avg" || slot == "momentum_buffer") {
+        moments = true;
+        add(kMoment, it->second, tensor);
+      } else if (slot == "exp_avg_sq") {
+        second_moments = true;
+        add(kSecondMoment, it->second, tensor);
+      }
+    }
+    for (size_t i = 0; i < flats.size(); ++i) add(kParam, i, flats[i].detach());
+  }
+  const at::TensorOptions dopt = at::TensorOptions().dtype(at::kDouble).device(flats.at(0).device());
+  at::Tensor sq = at::zeros({kRows, n}, dopt);
+  for (int64_t row = 0; row < kRows; ++row) {
+    if (parts[row].empty()) continue;
+    sq[row].index_add_(0, at::tensor(cols[row], at::kLong).to(dopt.device()), at::stack(parts[row]));
+  }
+  const at::Tensor total = pm.sum_over_shards(sq).cpu().contiguous();
+  const auto v = total.accessor<double, 2>();
+  trainer::Metrics m;
+  double global_sq = 0;
+  for (int64_t c = 0; c < n; ++c) {
+    const std::string name = "model." + names[static_cast<size_t>(c)];
+    m["l2_norm/grad/" + name] = std::sqrt(v[kGrad][c]);
+    global_sq += v[kGrad][c];
+    if (!o_.log_optimizer_metrics || !s.optimizer) continue;
+    m["l2_norm/param/" + name] = std::sqrt(v[kParam][c]);
+    if (moments) m["l2_norm/moment/" + name] = std::sqrt(v[kMoment][c]);
+    if (second_moments) m["l2_norm/second_moment_sqrt/" + name] = std::sqrt(std::sqrt(v[kSecondMoment][c]));
+  }
+  m["l2_norm/grad/global"] = std::sqrt(global_sq);
+  logger.log_metrics(m);
+}
+
 void OptimizerMonitor::run_event(Event event, trainer::State& s, trainer::Logger& logger) {
   if (event != Event::kBatchEnd || s.timestamp.batch % o_.batch_log_interval != 0) return;
+  if (s.parallel) {
+    log_sharded(s, logger);
+    return;
+  }
   // One tensor of norms, copied to the host once (a single device sync on GPU).
   std::vector<std::string> names;
   std::vector<at::Tensor> norms;

@@ -359,9 +359,6 @@ void Trainer::check_multi_rank_support() const {
       unsupported.emplace_back("algorithms.gradient_clipping.clipping_type: adaptive");
     }
   }
-  for (const auto& c : cfg_.callbacks) {
-    if (c.name == "optimizer_monitor") unsupported.push_back("callbacks." + c.name);
-  }
   if (!unsupported.empty()) {
     throw ConfigError("recipe", fmt::format("{}: not supported yet with more than one rank: {}", cfg_.recipe_path,
                                             fmt::join(unsupported, ", ")));

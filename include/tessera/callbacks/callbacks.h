@@ -75,6 +75,8 @@ class RuntimeEstimator : public trainer::Callback {
 // l2_norm/param/<name> (the updated weights), l2_norm/moment/<name> (exp_avg, or SGD's momentum_buffer) and, for
 // the Adam family, l2_norm/second_moment_sqrt/<name> (sqrt of the norm of exp_avg_sq). <name> is the parameter's
 // name under LLM Foundry's wrapper: "model." + the MPT name (model.transformer.blocks.0.attn.Wqkv.weight).
+// With several ranks (sharded parameters) each rank sums squares over its part of each parameter and the sums are
+// added over the shard group (every rank must run it; rank 0 logs): the same values as one process.
 class OptimizerMonitor : public trainer::Callback {
  public:
   explicit OptimizerMonitor(OptimizerMonitorOptions o) : o_(o) {}
@@ -82,6 +84,7 @@ class OptimizerMonitor : public trainer::Callback {
   void run_event(trainer::Event event, trainer::State& state, trainer::Logger& logger) override;
 
  private:
+  void log_sharded(trainer::State& s, trainer::Logger& logger) const;
   OptimizerMonitorOptions o_;
 };
 

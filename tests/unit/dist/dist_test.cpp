@@ -422,6 +422,47 @@ TEST_F(DistTraining, AutoMicrobatchingHalvesOnEveryRankWhenOneRunsOutOfMemory) {
   EXPECT_EQ(sizes.front(), 1.0);
 }
 
+namespace {
+// Every l2_norm/* value rank 0 logged, by batch and name.
+std::map<int64_t, std::map<std::string, double>> logged_norms(const fs::path& metrics) {
+  std::map<int64_t, std::map<std::string, double>> out;
+  std::ifstream f(metrics);
+  for (std::string line; std::getline(f, line);) {
+    const auto j = nlohmann::json::parse(line);
+    for (const auto& [key, value] : j.items()) {
+      if (key.rfind("l2_norm/", 0) == 0) out[j["batch"].get<int64_t>()][key] = value.get<double>();
+    }
+  }
+  return out;
+}
+}  // namespace
+
+TEST_F(DistTraining, OptimizerMonitorOnShardsLogsWhatOneProcessLogs) {
+  if (is_worker()) GTEST_SKIP();
+  const std::string monitor = "callbacks.optimizer_monitor.batch_log_interval=5";
+  run("single_om", 1, {monitor});
+  run("fs2_om", 2, {monitor, "fsdp_config.sharding_strategy=FULL_SHARD"});
+  run("ns2_om", 2, {monitor, "fsdp_config.sharding_strategy=NO_SHARD"});
+  const auto single = logged_norms(root_ / "runs" / "single_om" / "metrics.jsonl");
+  ASSERT_EQ(single.size(), 4u);  // batches 5, 10, 15, 20
+  // Per parameter: grad, param, moment and second moment (Adam), plus the global gradient norm.
+  const size_t params = single.begin()->second.size() / 4;
+  EXPECT_EQ(single.begin()->second.size(), 4 * params + 1);
+  EXPECT_GT(params, 10u);
+  for (const char* name : {"fs2_om", "ns2_om"}) {
+    const auto sharded = logged_norms(root_ / "runs" / name / "metrics.jsonl");
+    ASSERT_EQ(sharded.size(), single.size()) << name;
+    for (const auto& [step, norms] : single) {
+      const auto& other = sharded.at(step);
+      ASSERT_EQ(other.size(), norms.size()) << name << " step " << step;
+      for (const auto& [key, v] : norms) {
+        ASSERT_TRUE(other.count(key)) << name << " step " << step << " " << key;
+        EXPECT_NEAR(other.at(key), v, 1e-4 * std::abs(v) + 1e-8) << name << " step " << step << " " << key;
+      }
+    }
+  }
+}
+
 TEST_F(DistTraining, HybridShardOverTwoNodesMatchesOneProcess) {
   if (is_worker()) GTEST_SKIP();
   // Two launchers on this machine play two nodes of 2 ranks each: shard within a node, replicate across. One
