@@ -19,7 +19,9 @@ precision (fp32, or bf16 autocast of forward and loss) and no gradient accumulat
 HF's class implements only ALiBi without biases, so Tessera runs with model.attn_config.alibi=true, model.no_bias=true
 and model.norm_type=layernorm. Cases: the tiny recipe's shape (recipes/mpt-tiny-cpu.yaml: d 256, 4 heads, 4 layers,
 vocab 8192) at seq 128, batch 32; mpt-125m's shape (d 768, 12 heads, 12 layers, vocab 50368) at seq 512, batch 1.
-MFU = tokens/s x FLOPs/token (6N + 12 L d S) / GEMM peak. Rounds alternate the three measurements; medians reported.
+MFU = tokens/s x FLOPs/token (6N + 12 L d S) / GEMM peak. Rounds alternate the three measurements and each round's
+figures are printed (stderr); the table gives median tokens/s and, as ratios, the median of the per-round ratios
+(each compares measurements taken minutes apart, so a slow spell of this shared VM hits both sides of a ratio).
 
     python benchmarks/train_vs_pytorch.py [--rounds 3] [--cases tiny,125m] [--precisions fp32,amp_bf16]
 """
@@ -41,7 +43,7 @@ LR = 2e-3
 
 # name -> model shape, sequence length, batch, warm-up and timed batches
 CASES = {
-    "tiny": dict(d_model=256, n_heads=4, n_layers=4, vocab=8192, seq=128, batch=32, warmup=3, steps=12),
+    "tiny": dict(d_model=256, n_heads=4, n_layers=4, vocab=8192, seq=128, batch=32, warmup=3, steps=20),
     "125m": dict(d_model=768, n_heads=12, n_layers=12, vocab=50368, seq=512, batch=1, warmup=1, steps=3),
 }
 
@@ -168,7 +170,7 @@ def main():
         pytorch_worker(CASES[name], precision, pathlib.Path(data))
         return
     print(f"median of {args.rounds} alternating rounds; tokens/s; ratio = Tessera / PyTorch eager, "
-          "ratio* = Tessera / PyTorch eager with Tessera's malloc settings")
+          "ratio* = Tessera / PyTorch eager with Tessera's malloc settings (medians of the per-round ratios)")
     print(f"{'case':<6}{'precision':<10}{'Tessera':>9}{'PyTorch':>9}{'PT+malloc':>11}{'ratio':>7}{'ratio*':>8}"
           f"{'MFU T':>8}{'MFU PT':>8}{'MFU PT+':>9}{'GEMM peak':>13}")
     for name in args.cases.split(","):
@@ -178,15 +180,21 @@ def main():
             write_data(work / "data", case)
             for precision in args.precisions.split(","):
                 ours, theirs, tuned = [], [], []
-                for _ in range(args.rounds):
+                for k in range(args.rounds):
                     ours.append(tessera(case, precision, work))
                     theirs.append(pytorch(name, precision, work, tuned=False)["tokens_per_s"])
                     tuned.append(pytorch(name, precision, work, tuned=True)["tokens_per_s"])
+                    o = ours[-1]["tokens_per_s"]
+                    print(f"  {name} {precision} round {k + 1}: Tessera {o:.1f}, PyTorch {theirs[-1]:.1f}, PT+malloc "
+                          f"{tuned[-1]:.1f} tok/s; ratio {o / theirs[-1]:.2f}, ratio* {o / tuned[-1]:.2f}; GEMM peak "
+                          f"{ours[-1]['gemm_peak'] / 1e9:.0f} GF/s", file=sys.stderr, flush=True)
                 t = statistics.median(r["tokens_per_s"] for r in ours)
                 p, pt = statistics.median(theirs), statistics.median(tuned)
+                ratio = statistics.median(r["tokens_per_s"] / x for r, x in zip(ours, theirs))
+                ratio_t = statistics.median(r["tokens_per_s"] / x for r, x in zip(ours, tuned))
                 f = ours[0]["flops_per_token"]
                 peak = statistics.median(r["gemm_peak"] for r in ours)
-                print(f"{name:<6}{precision:<10}{t:>9.1f}{p:>9.1f}{pt:>11.1f}{t / p:>7.2f}{t / pt:>8.2f}"
+                print(f"{name:<6}{precision:<10}{t:>9.1f}{p:>9.1f}{pt:>11.1f}{ratio:>7.2f}{ratio_t:>8.2f}"
                       f"{t * f / peak:>8.1%}{p * f / peak:>8.1%}{pt * f / peak:>9.1%}{peak / 1e9:>9.0f} GF/s",
                       flush=True)
         finally:
