@@ -170,126 +170,80 @@ void RuntimeEstimator::run_event(Event event, trainer::State& s, trainer::Logger
   logger.log_metrics({{"time/remaining_estimate", in_time_unit(rate * std::max(0.0, 1.0 - frac), o_.time_unit)}});
 }
 
-void OptimizerMonitor::log_sharded(trainer::State& s, trainer::Logger& logger) const {
-  // Each rank holds flat shards (dist::ParallelModel): per parameter name, sum the squares over this rank's spans of
-  // them, sum those over the shard group, and take the roots. Same names and meanings as the unsharded path.
-  dist::ParallelModel& pm = *s.parallel;
-  const std::vector<at::Tensor>& flats = pm.parameters();
-  const std::vector<std::vector<dist::ShardSpan>> layout = pm.shard_layout();
+void OptimizerMonitor::run_event(Event event, trainer::State& s, trainer::Logger& logger) {
+  if (event != Event::kBatchEnd || s.timestamp.batch % o_.batch_log_interval != 0) return;
+  // The tensors this rank holds, each with the parameter ranges in it: one whole parameter per tensor in one process,
+  // flat shards (dist::ParallelModel) with several ranks. Squares are summed per parameter name over this rank's
+  // ranges, summed over the ranks that together hold every shard, and rooted: the values one process gets.
+  struct Held {
+    at::Tensor tensor;  // what the optimizer steps
+    std::vector<dist::ShardSpan> spans;
+  };
+  std::vector<Held> held;
   std::vector<std::string> names;
   std::map<std::string, int64_t> column;
   for (const auto& item : s.model->named_parameters()) {
     column[item.key()] = static_cast<int64_t>(names.size());
     names.push_back(item.key());
+    if (!s.parallel) held.push_back({item.value(), {{item.key(), {}, 0, item.value().numel(), 0}}});
+  }
+  if (s.parallel) {
+    const std::vector<std::vector<dist::ShardSpan>> layout = s.parallel->shard_layout();
+    for (size_t i = 0; i < layout.size(); ++i) held.push_back({s.parallel->parameters()[i], layout[i]});
   }
   const int64_t n = static_cast<int64_t>(names.size());
+  // Rows of squares, then rows counting the ranges seen (a parameter is logged when any rank had a range of it).
   enum Row : int64_t { kGrad, kParam, kMoment, kSecondMoment, kRows };
   std::vector<at::Tensor> parts[kRows];
   std::vector<int64_t> cols[kRows];
-  auto add = [&](Row row, size_t flat, const at::Tensor& values) {
-    for (const dist::ShardSpan& span : layout[flat]) {
-      parts[row].push_back(values.narrow(0, span.offset, span.numel).to(at::kDouble).square().sum());
+  auto add = [&](Row row, const Held& h, const at::Tensor& values) {
+    const at::Tensor flat = values.detach().reshape({-1});
+    for (const dist::ShardSpan& span : h.spans) {
+      parts[row].push_back(flat.narrow(0, span.offset, span.numel).to(at::kDouble).square().sum());
       cols[row].push_back(column.at(span.name));
     }
   };
-  bool moments = false, second_moments = false;
-  for (size_t i = 0; i < flats.size(); ++i) {
-    if (flats[i].grad().defined()) add(kGrad, i, flats[i].grad().detach());
+  for (const Held& h : held) {
+    if (h.tensor.requires_grad() && h.tensor.grad().defined()) add(kGrad, h, h.tensor.grad());
   }
   if (o_.log_optimizer_metrics && s.optimizer) {
     const std::vector<at::Tensor>& params = s.optimizer->params();
-    std::map<const void*, size_t> flat_of;
-    for (size_t i = 0; i < flats.size(); ++i) flat_of[flats[i].unsafeGetTensorImpl()] = i;
+    std::map<const void*, const Held*> held_of;
+    for (const Held& h : held) held_of[h.tensor.unsafeGetTensorImpl()] = &h;
     for (const auto& [key, tensor] : s.optimizer->state()) {
       const size_t dot = key.find('.');
       if (dot == std::string::npos) continue;  // "step"
       const size_t i = std::stoul(key.substr(0, dot));
-      auto it = i < params.size() ? flat_of.find(params[i].unsafeGetTensorImpl()) : flat_of.end();
-      if (it == flat_of.end()) continue;
+      auto it = i < params.size() ? held_of.find(params[i].unsafeGetTensorImpl()) : held_of.end();
+      if (it == held_of.end()) continue;
       const std::string slot = key.substr(dot + 1);
-      if (slot == "exp_avg" || slot == "momentum_buffer") {
-        moments = true;
-        add(kMoment, it->second, tensor);
-      } else if (slot == "exp_avg_sq") {
-        second_moments = true;
-        add(kSecondMoment, it->second, tensor);
-      }
-    }
-    for (size_t i = 0; i < flats.size(); ++i) add(kParam, i, flats[i].detach());
-  }
-  const at::TensorOptions dopt = at::TensorOptions().dtype(at::kDouble).device(flats.at(0).device());
-  at::Tensor sq = at::zeros({kRows, n}, dopt);
-  for (int64_t row = 0; row < kRows; ++row) {
-    if (parts[row].empty()) continue;
-    sq[row].index_add_(0, at::tensor(cols[row], at::kLong).to(dopt.device()), at::stack(parts[row]));
-  }
-  const at::Tensor total = pm.sum_over_shards(sq).cpu().contiguous();
-  const auto v = total.accessor<double, 2>();
-  trainer::Metrics m;
-  double global_sq = 0;
-  for (int64_t c = 0; c < n; ++c) {
-    const std::string name = "model." + names[static_cast<size_t>(c)];
-    m["l2_norm/grad/" + name] = std::sqrt(v[kGrad][c]);
-    global_sq += v[kGrad][c];
-    if (!o_.log_optimizer_metrics || !s.optimizer) continue;
-    m["l2_norm/param/" + name] = std::sqrt(v[kParam][c]);
-    if (moments) m["l2_norm/moment/" + name] = std::sqrt(v[kMoment][c]);
-    if (second_moments) m["l2_norm/second_moment_sqrt/" + name] = std::sqrt(std::sqrt(v[kSecondMoment][c]));
-  }
-  m["l2_norm/grad/global"] = std::sqrt(global_sq);
-  logger.log_metrics(m);
-}
-
-void OptimizerMonitor::run_event(Event event, trainer::State& s, trainer::Logger& logger) {
-  if (event != Event::kBatchEnd || s.timestamp.batch % o_.batch_log_interval != 0) return;
-  if (s.parallel) {
-    log_sharded(s, logger);
-    return;
-  }
-  // One tensor of norms, copied to the host once (a single device sync on GPU).
-  std::vector<std::string> names;
-  std::vector<at::Tensor> norms;
-  std::map<const void*, std::string> name_of;
-  for (const auto& item : s.model->named_parameters()) {
-    const at::Tensor& p = item.value();
-    name_of[p.unsafeGetTensorImpl()] = "model." + item.key();
-    if (!p.requires_grad() || !p.grad().defined()) continue;
-    names.push_back("l2_norm/grad/model." + item.key());
-    norms.push_back(at::linalg_vector_norm(p.grad().detach().to(at::kFloat), 2));
-  }
-  const size_t grads = names.size();
-  if (o_.log_optimizer_metrics && s.optimizer) {
-    const std::vector<at::Tensor>& params = s.optimizer->params();
-    for (const auto& [key, tensor] : s.optimizer->state()) {
-      const size_t dot = key.find('.');
-      if (dot == std::string::npos) continue;  // "step"
-      const size_t i = std::stoul(key.substr(0, dot));
-      const std::string slot = key.substr(dot + 1);
-      auto it = i < params.size() ? name_of.find(params[i].unsafeGetTensorImpl()) : name_of.end();
-      if (it == name_of.end()) continue;
-      if (slot == "exp_avg" || slot == "momentum_buffer") {
-        names.push_back("l2_norm/moment/" + it->second);
-        norms.push_back(at::linalg_vector_norm(tensor.to(at::kFloat), 2));
-      } else if (slot == "exp_avg_sq") {
-        names.push_back("l2_norm/second_moment_sqrt/" + it->second);
-        norms.push_back(at::linalg_vector_norm(tensor.to(at::kFloat), 2).sqrt());
-      }
+      if (slot == "exp_avg" || slot == "momentum_buffer") add(kMoment, *it->second, tensor);
+      if (slot == "exp_avg_sq") add(kSecondMoment, *it->second, tensor);
     }
     for (const at::Tensor& p : params) {
-      auto it = name_of.find(p.unsafeGetTensorImpl());
-      if (it == name_of.end()) continue;
-      names.push_back("l2_norm/param/" + it->second);
-      norms.push_back(at::linalg_vector_norm(p.detach().to(at::kFloat), 2));
+      if (auto it = held_of.find(p.unsafeGetTensorImpl()); it != held_of.end()) add(kParam, *it->second, p);
     }
   }
+  const at::TensorOptions opts = at::TensorOptions().dtype(at::kDouble).device(held.at(0).tensor.device());
+  at::Tensor sums = at::zeros({2 * kRows, n}, opts);
+  for (int64_t row = 0; row < kRows; ++row) {
+    if (parts[row].empty()) continue;
+    const at::Tensor index = at::tensor(cols[row], at::kLong).to(opts.device());
+    sums[row].index_add_(0, index, at::stack(parts[row]));
+    sums[kRows + row].index_add_(0, index, at::ones({index.numel()}, opts));
+  }
+  const at::Tensor total = s.sum_over_shards(sums).cpu().contiguous();
+  const auto v = total.accessor<double, 2>();
+  const char* prefix[kRows] = {"l2_norm/grad/", "l2_norm/param/", "l2_norm/moment/", "l2_norm/second_moment_sqrt/"};
   trainer::Metrics m;
   double global_sq = 0;
-  if (!norms.empty()) {
-    const at::Tensor host = at::stack(norms).to(at::kCPU, at::kDouble).contiguous();
-    const double* v = host.const_data_ptr<double>();
-    for (size_t k = 0; k < names.size(); ++k) {
-      m[names[k]] = v[k];
-      if (k < grads) global_sq += v[k] * v[k];
+  for (int64_t row = 0; row < kRows; ++row) {
+    for (int64_t c = 0; c < n; ++c) {
+      if (v[kRows + row][c] == 0) continue;  // no rank holds this parameter's gradient or state
+      const double norm = std::sqrt(v[row][c]);
+      m[prefix[row] + std::string("model.") + names[static_cast<size_t>(c)]] =
+          row == kSecondMoment ? std::sqrt(norm) : norm;
+      if (row == kGrad) global_sq += v[row][c];
     }
   }
   m["l2_norm/grad/global"] = std::sqrt(global_sq);

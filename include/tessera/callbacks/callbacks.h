@@ -84,7 +84,6 @@ class OptimizerMonitor : public trainer::Callback {
   void run_event(trainer::Event event, trainer::State& state, trainer::Logger& logger) override;
 
  private:
-  void log_sharded(trainer::State& s, trainer::Logger& logger) const;
   OptimizerMonitorOptions o_;
 };
 
