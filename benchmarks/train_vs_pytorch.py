@@ -16,6 +16,13 @@ precision (fp32, or bf16 autocast of forward and loss) and no gradient accumulat
   Measured twice: as it runs by default, and with the glibc malloc settings Tessera's train applies to itself
   (util::configure_host_allocator) given through the environment.
 
+- Composer + LLM Foundry (when installed: tools/setup_composer.sh makes ~/.cache/tessera/venv-composer, since they
+  pin another torch; or TESSERA_COMPOSER_PYTHON): LLM Foundry's ComposerMPTCausalLM (attn_impl torch,
+  torch_crossentropy, no train metrics) in Composer's Trainer on CPU with DecoupledAdamW, GradientClipping and a
+  StreamingDataset loader (1 worker), timed from the end of the last warm-up batch to the end of the last batch.
+  Composer trains on CPU in fp32 only (it refuses amp precisions there), so its amp_bf16 cells are empty. Its
+  speedup is against its own torch, so the column compares frameworks as each installs, not loops on one torch.
+
 HF's class implements only ALiBi without biases, so Tessera runs with model.attn_config.alibi=true, model.no_bias=true
 and model.norm_type=layernorm. Cases: the tiny recipe's shape (recipes/mpt-tiny-cpu.yaml: d 256, 4 heads, 4 layers,
 vocab 8192) at seq 128, batch 32; mpt-125m's shape (d 768, 12 heads, 12 layers, vocab 50368) at seq 512, batch 1.
@@ -38,6 +45,8 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TRAIN = os.environ.get("TESSERA_TRAIN_BIN", str(ROOT / "build" / "bin" / "train"))
+COMPOSER_PYTHON = os.environ.get("TESSERA_COMPOSER_PYTHON",
+                                 str(pathlib.Path.home() / ".cache" / "tessera" / "venv-composer" / "bin" / "python"))
 TUNED_MALLOC = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 30), "MALLOC_TOP_PAD_": str(64 << 20)}
 LR = 2e-3
 
@@ -151,6 +160,63 @@ def pytorch_worker(case, precision, data):
                       "threads": torch.get_num_threads(), "torch": torch.__version__}))
 
 
+def composer_worker(case, precision, data):
+    import numpy as np
+    import torch
+    from composer import Callback, Trainer
+    from composer.algorithms import GradientClipping
+    from composer.optim import ConstantWithWarmupScheduler, DecoupledAdamW
+    from llmfoundry.models.mpt import ComposerMPTCausalLM
+    from streaming import StreamingDataset
+    from streaming.base.util import clean_stale_shared_memory
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    clean_stale_shared_memory()
+    model = ComposerMPTCausalLM(d_model=case["d_model"], n_heads=case["n_heads"], n_layers=case["n_layers"],
+                                expansion_ratio=4, max_seq_len=case["seq"], vocab_size=case["vocab"], no_bias=True,
+                                norm_type="layernorm", attn_config={"attn_impl": "torch", "alibi": True},
+                                init_device="cpu", loss_fn="torch_crossentropy", use_train_metrics=False)
+    ds = StreamingDataset(local=str(data), split="train", shuffle=True, shuffle_seed=17, batch_size=case["batch"])
+
+    def collate(samples):
+        ids = torch.from_numpy(np.stack([s["tokens"][:case["seq"]] for s in samples]).astype(np.int64))
+        return {"input_ids": ids, "labels": ids.clone()}
+
+    loader = torch.utils.data.DataLoader(ds, batch_size=case["batch"], num_workers=1, drop_last=True,
+                                         collate_fn=collate)
+
+    class BatchEnds(Callback):
+        def __init__(self):
+            self.times = []
+
+        def batch_end(self, state, logger):
+            self.times.append(time.perf_counter())
+
+    ends = BatchEnds()
+    trainer = Trainer(model=model, train_dataloader=loader, max_duration=f"{case['warmup'] + case['steps']}ba",
+                      optimizers=DecoupledAdamW(model.parameters(), lr=LR, betas=(0.9, 0.95), eps=1e-8,
+                                                weight_decay=0.0),
+                      schedulers=ConstantWithWarmupScheduler(t_warmup="0ba"),
+                      algorithms=[GradientClipping(clipping_type="norm", clipping_threshold=1.0)],
+                      precision=precision, device="cpu", device_train_microbatch_size=case["batch"],
+                      callbacks=[ends], progress_bar=False, log_to_console=False, seed=17)
+    trainer.fit()
+    elapsed = ends.times[-1] - ends.times[case["warmup"] - 1]
+    print(json.dumps({"tokens_per_s": case["batch"] * case["seq"] * case["steps"] / elapsed,
+                      "torch": torch.__version__}))
+
+
+def composer(case_name, precision, work):
+    """Composer + LLM Foundry's tokens/s, or None where it is not installed or refuses the precision on CPU."""
+    if not os.path.exists(COMPOSER_PYTHON) or precision != "fp32":
+        return None
+    # As it runs by default (no malloc settings), as the "PyTorch" column.
+    out = subprocess.run([COMPOSER_PYTHON, __file__, "--composer-worker", case_name, precision, str(work / "data")],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"Composer worker failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])["tokens_per_s"]
+
+
 def pytorch(case_name, precision, work, tuned):
     env = dict(os.environ, **(TUNED_MALLOC if tuned else {}))
     out = subprocess.run([sys.executable, __file__, "--worker", case_name, precision, str(work / "data")],
@@ -164,27 +230,38 @@ def main():
     ap.add_argument("--cases", default="tiny,125m")
     ap.add_argument("--precisions", default="fp32,amp_bf16")
     ap.add_argument("--worker", nargs=3, metavar=("CASE", "PRECISION", "DATA"))
+    ap.add_argument("--composer-worker", nargs=3, metavar=("CASE", "PRECISION", "DATA"))
     args = ap.parse_args()
     if args.worker:
         name, precision, data = args.worker
         pytorch_worker(CASES[name], precision, pathlib.Path(data))
         return
+    if args.composer_worker:
+        name, precision, data = args.composer_worker
+        composer_worker(CASES[name], precision, pathlib.Path(data))
+        return
+    if not os.path.exists(COMPOSER_PYTHON):
+        print(f"Composer + LLM Foundry: not measured ({COMPOSER_PYTHON} missing; tools/setup_composer.sh installs it)")
     print(f"median of {args.rounds} alternating rounds; tokens/s; ratio = Tessera / PyTorch eager, "
           "ratio* = Tessera / PyTorch eager with Tessera's malloc settings (medians of the per-round ratios)")
     print(f"{'case':<6}{'precision':<10}{'Tessera':>9}{'PyTorch':>9}{'PT+malloc':>11}{'ratio':>7}{'ratio*':>8}"
-          f"{'MFU T':>8}{'MFU PT':>8}{'MFU PT+':>9}{'GEMM peak':>13}")
+          f"{'MFU T':>8}{'MFU PT':>8}{'MFU PT+':>9}{'GEMM peak':>13}{'Composer':>10}{'T/Comp':>8}")
     for name in args.cases.split(","):
         case = CASES[name]
         work = pathlib.Path(tempfile.mkdtemp(prefix=f"tessera_train_bench_{name}_"))
         try:
             write_data(work / "data", case)
             for precision in args.precisions.split(","):
-                ours, theirs, tuned = [], [], []
+                ours, theirs, tuned, comp = [], [], [], []
                 for k in range(args.rounds):
                     ours.append(tessera(case, precision, work))
                     theirs.append(pytorch(name, precision, work, tuned=False)["tokens_per_s"])
                     tuned.append(pytorch(name, precision, work, tuned=True)["tokens_per_s"])
+                    comp.append(composer(name, precision, work))
                     o = ours[-1]["tokens_per_s"]
+                    if comp[-1] is not None:
+                        print(f"  {name} {precision} round {k + 1}: Composer {comp[-1]:.1f} tok/s; Tessera / Composer "
+                              f"{o / comp[-1]:.2f}", file=sys.stderr, flush=True)
                     print(f"  {name} {precision} round {k + 1}: Tessera {o:.1f}, PyTorch {theirs[-1]:.1f}, PT+malloc "
                           f"{tuned[-1]:.1f} tok/s; ratio {o / theirs[-1]:.2f}, ratio* {o / tuned[-1]:.2f}; GEMM peak "
                           f"{ours[-1]['gemm_peak'] / 1e9:.0f} GF/s", file=sys.stderr, flush=True)
@@ -192,10 +269,16 @@ def main():
                 p, pt = statistics.median(theirs), statistics.median(tuned)
                 ratio = statistics.median(r["tokens_per_s"] / x for r, x in zip(ours, theirs))
                 ratio_t = statistics.median(r["tokens_per_s"] / x for r, x in zip(ours, tuned))
+                if comp[0] is not None:
+                    cm = statistics.median(comp)
+                    comp_cells = f"{cm:>10.1f}{statistics.median(r['tokens_per_s'] / x for r, x in zip(ours, comp)):>8.2f}"
+                else:
+                    comp_cells = f"{'-':>10}{'-':>8}"
                 f = ours[0]["flops_per_token"]
                 peak = statistics.median(r["gemm_peak"] for r in ours)
                 print(f"{name:<6}{precision:<10}{t:>9.1f}{p:>9.1f}{pt:>11.1f}{ratio:>7.2f}{ratio_t:>8.2f}"
-                      f"{t * f / peak:>8.1%}{p * f / peak:>8.1%}{pt * f / peak:>9.1%}{peak / 1e9:>9.0f} GF/s",
+                      f"{t * f / peak:>8.1%}{p * f / peak:>8.1%}{pt * f / peak:>9.1%}{peak / 1e9:>9.0f} GF/s"
+                      f"{comp_cells}",
                       flush=True)
         finally:
             shutil.rmtree(work, ignore_errors=True)
