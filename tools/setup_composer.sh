@@ -2,7 +2,7 @@
 # Optional: Composer + LLM Foundry in a venv of their own ($TESSERA_HOME/venv-composer, default
 # ~/.cache/tessera/venv-composer). They pin another torch than the one LibTorch comes from, so they cannot share the
 # main venv; they serve benchmarks (benchmarks/train_vs_pytorch.py measures Composer's Trainer beside Tessera when
-# this venv exists), not the tests. Idempotent: a second run with the pin satisfied downloads nothing.
+# this venv exists) and the opt-in tests in tests/composer/, not the main test command. Idempotent: a second run with the pin satisfied downloads nothing.
 #
 # Needs tools/setup.sh's Debian packages (python3-venv). About 4 GB (torch with its CUDA libraries).
 set -euo pipefail
@@ -10,6 +10,7 @@ set -euo pipefail
 TESSERA_HOME=${TESSERA_HOME:-$HOME/.cache/tessera}
 venv="$TESSERA_HOME/venv-composer"
 pin="llm-foundry==0.22.0"  # brings mosaicml (Composer) 0.32.1, mosaicml-streaming 0.12.0, torch 2.7.0
+test_pin="pytest==8.4.2"    # for the opt-in tests/composer/
 log() { printf '[setup-composer] %s\n' "$*"; }
 
 if [ ! -x "$venv/bin/python" ]; then
@@ -21,6 +22,9 @@ if "$venv/bin/python" -m pip show llm-foundry 2>/dev/null | grep -qx "Version: $
 else
   log "installing $pin (and Composer, with their torch)"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$pin"
+fi
+if ! "$venv/bin/python" -m pip show pytest 2>/dev/null | grep -qx "Version: ${test_pin#*==}"; then
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$test_pin"
 fi
 "$venv/bin/python" -c 'import composer, llmfoundry, torch; print("[setup-composer] composer", composer.__version__,
 "llm-foundry", llmfoundry.__version__, "torch", torch.__version__)'
