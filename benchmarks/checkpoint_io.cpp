@@ -26,7 +26,7 @@
 #include "tessera/config/reader.h"
 #include "tessera/config/value.h"
 #include "tessera/data/mds.h"
-#include "tessera/trainer/checkpointing.h"
+#include "tessera/callbacks/checkpoint_saver.h"
 #include "tessera/trainer/trainer.h"
 
 namespace {
@@ -113,20 +113,20 @@ save_interval: 1ba
   return trainer::parse_train_config(std::move(v), "bench.yaml");
 }
 
-std::shared_ptr<trainer::CheckpointSaver> saver_of(trainer::Trainer& t) {
+std::shared_ptr<callbacks::CheckpointSaver> saver_of(trainer::Trainer& t) {
   for (const auto& c : t.state().callbacks) {
-    if (auto s = std::dynamic_pointer_cast<trainer::CheckpointSaver>(c)) return s;
+    if (auto s = std::dynamic_pointer_cast<callbacks::CheckpointSaver>(c)) return s;
   }
   throw std::runtime_error("no CheckpointSaver");
 }
 
 // Times each BATCH_END (the end of a step) from a start point.
-class StepClock : public trainer::Callback {
+class StepClock : public core::Callback {
  public:
   std::string name() const override { return "StepClock"; }
-  void run_event(trainer::Event e, trainer::State& s, trainer::Logger& /*l*/) override {
-    if (e == trainer::Event::kBatchEnd) steps.push_back(s.timestamp.batch_wct);
-    if (e == trainer::Event::kBatchEnd && !first_step_end) first_step_end = Clock::now();
+  void run_event(core::Event e, core::State& s, core::Logger& /*l*/) override {
+    if (e == core::Event::kBatchEnd) steps.push_back(s.timestamp.batch_wct);
+    if (e == core::Event::kBatchEnd && !first_step_end) first_step_end = Clock::now();
   }
   std::vector<double> steps;
   std::optional<Clock::time_point> first_step_end;
@@ -167,7 +167,7 @@ int main(int argc, char** argv) {
     t.fit();
     const auto saver = saver_of(t);
     bytes = saver->last_save().bytes;
-    trainer::Logger logger(t.state());
+    core::Logger logger(t.state());
     std::vector<at::Tensor> dst;
     const fs::path raw = root / "raw.bin";
     for (int round = 0; round < 4; ++round) {

@@ -16,22 +16,22 @@ using namespace tessera;
 
 // A custom algorithm: freeze the token embeddings at INIT (the optimizer is created after INIT, so it never sees
 // them), e.g. to study training with a fixed input representation.
-class FreezeEmbeddings : public trainer::Algorithm {
+class FreezeEmbeddings : public core::Algorithm {
  public:
   std::string name() const override { return "FreezeEmbeddings"; }
-  bool match(trainer::Event e, const trainer::State&) const override { return e == trainer::Event::kInit; }
-  void apply(trainer::Event, trainer::State& s, trainer::Logger&) override {
+  bool match(core::Event e, const core::State&) const override { return e == core::Event::kInit; }
+  void apply(core::Event, core::State& s, core::Logger&) override {
     s.model->transformer->wte->weight.set_requires_grad(false);
   }
 };
 
 // A custom callback: track the training loss and stop early once it is low enough.
-class LossTracker : public trainer::Callback {
+class LossTracker : public core::Callback {
  public:
   explicit LossTracker(double stop_below) : stop_below_(stop_below) {}
   std::string name() const override { return "LossTracker"; }
-  void run_event(trainer::Event e, trainer::State& s, trainer::Logger& logger) override {
-    if (e != trainer::Event::kBatchEnd) return;
+  void run_event(core::Event e, core::State& s, core::Logger& logger) override {
+    if (e != core::Event::kBatchEnd) return;
     losses.push_back(s.train_loss);
     logger.log_metrics({{"loss_tracker/best", *std::min_element(losses.begin(), losses.end())}});
     if (s.train_loss < stop_below_) s.stop_training();
@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
   trainer::Trainer t(cfg, {{freeze}, {tracker}});
   const at::Tensor wte_before = t.state().model->transformer->wte->weight.detach().clone();
   t.fit();
-  const trainer::Metrics eval = t.eval();
+  const core::Metrics eval = t.eval();
 
   const bool frozen = at::equal(wte_before, t.state().model->transformer->wte->weight);
   const bool fell = tracker->losses.back() < tracker->losses.front() - 1.0;

@@ -29,7 +29,7 @@
 #include "tessera/data/documents.h"
 #include "tessera/data/mds.h"
 #include "tessera/data/tokenizer.h"
-#include "tessera/trainer/trainer.h"
+#include "tessera/util/device.h"
 #include "tessera/util/error.h"
 #include "tessera/util/logging.h"
 #include "tessera/util/tool_main.h"
@@ -171,7 +171,7 @@ int run(int argc, char** argv) {
   if (o.concat_tokens == 0 && (!o.bos_text.empty() || !o.eos_text.empty() || o.no_wrap)) {
     throw ConfigError("convert", "--bos-text, --eos-text and --no-wrap apply only with --concat-tokens");
   }
-  const int workers = o.workers > 0 ? o.workers : tessera::trainer::available_cores();
+  const int workers = o.workers > 0 ? o.workers : tessera::util::available_cores();
 
   const auto format = tessera::data::parse_document_format(o.format);
   const std::vector<std::string> docs = tessera::data::read_documents(o.inputs, format);

@@ -16,7 +16,7 @@
 #include <numeric>
 
 #include "tessera/checkpoint/safetensors.h"
-#include "tessera/trainer/state.h"
+#include "tessera/core/state.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
 
@@ -33,11 +33,11 @@ at::Tensor unitwise_norm(const at::Tensor& t) {
 
 }  // namespace
 
-bool GradientClipping::match(trainer::Event event, const trainer::State& /*state*/) const {
-  return event == trainer::Event::kAfterTrainBatch;
+bool GradientClipping::match(core::Event event, const core::State& /*state*/) const {
+  return event == core::Event::kAfterTrainBatch;
 }
 
-void GradientClipping::apply(trainer::Event /*event*/, trainer::State& state, trainer::Logger& /*logger*/) {
+void GradientClipping::apply(core::Event /*event*/, core::State& state, core::Logger& /*logger*/) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> params;
   for (const at::Tensor& p : state.trainable_parameters()) {
@@ -71,7 +71,7 @@ void GradientClipping::apply(trainer::Event /*event*/, trainer::State& state, tr
 
 namespace {
 
-void truncate_batch(trainer::State& s, int64_t length) {
+void truncate_batch(core::State& s, int64_t length) {
   if (length >= s.batch.input_ids.size(1)) return;
   s.batch.input_ids = s.batch.input_ids.slice(1, 0, length);
   s.batch.labels = s.batch.labels.slice(1, 0, length);
@@ -85,12 +85,12 @@ bool ends_with_component(const std::string& name, const std::string& suffix) {
 
 }  // namespace
 
-bool Alibi::match(trainer::Event e, const trainer::State& /*s*/) const {
-  return e == trainer::Event::kInit || (e == trainer::Event::kAfterDataloader && o_.train_sequence_length_scaling < 1);
+bool Alibi::match(core::Event e, const core::State& /*s*/) const {
+  return e == core::Event::kInit || (e == core::Event::kAfterDataloader && o_.train_sequence_length_scaling < 1);
 }
 
-void Alibi::apply(trainer::Event e, trainer::State& s, trainer::Logger& /*logger*/) {
-  if (e == trainer::Event::kAfterDataloader) {
+void Alibi::apply(core::Event e, core::State& s, core::Logger& /*logger*/) {
+  if (e == core::Event::kAfterDataloader) {
     truncate_batch(
         s, static_cast<int64_t>(static_cast<double>(s.batch.input_ids.size(1)) * o_.train_sequence_length_scaling));
     return;
@@ -169,12 +169,12 @@ void save_lora_adapters(models::MPTForCausalLM& model, const LoraOptions& o, con
   util::write_file_atomically(dir + "/adapter_config.json", config.dump(2) + "\n", "lora");
 }
 
-bool Lora::match(trainer::Event e, const trainer::State& /*s*/) const {
-  return e == trainer::Event::kInit || (e == trainer::Event::kFitEnd && o_.save_path);
+bool Lora::match(core::Event e, const core::State& /*s*/) const {
+  return e == core::Event::kInit || (e == core::Event::kFitEnd && o_.save_path);
 }
 
-void Lora::apply(trainer::Event e, trainer::State& s, trainer::Logger& /*logger*/) {
-  if (e == trainer::Event::kFitEnd) {
+void Lora::apply(core::Event e, core::State& s, core::Logger& /*logger*/) {
+  if (e == core::Event::kFitEnd) {
     save_lora_adapters(s.model, o_, *o_.save_path);
     return;
   }
@@ -193,8 +193,8 @@ Ema::Ema(EmaOptions o) : o_(std::move(o)) {
   smoothing_ = o_.smoothing ? *o_.smoothing : std::pow(2.0, -interval / o_.half_life.value());
 }
 
-bool Ema::match(trainer::Event e, const trainer::State& /*s*/) const {
-  using trainer::Event;
+bool Ema::match(core::Event e, const core::State& /*s*/) const {
+  using core::Event;
   return e == Event::kFitStart || e == Event::kBatchEnd || e == Event::kEpochEnd || e == Event::kEvalStart ||
          e == Event::kEvalEnd;
 }
@@ -202,12 +202,12 @@ bool Ema::match(trainer::Event e, const trainer::State& /*s*/) const {
 namespace {
 // The tensors that hold the weights: the model's, or with sharding this rank's flat shards (EMA is elementwise, so
 // averaging shards is averaging the model).
-std::vector<at::Tensor> weights_of(const trainer::State& s) {
+std::vector<at::Tensor> weights_of(const core::State& s) {
   return s.parallel ? s.parallel->parameters() : s.model->parameters();
 }
 }  // namespace
 
-void Ema::swap(trainer::State& s) {
+void Ema::swap(core::State& s) {
   at::NoGradGuard no_grad;
   const auto params = weights_of(s);
   for (size_t i = 0; i < params.size(); ++i) {
@@ -218,20 +218,20 @@ void Ema::swap(trainer::State& s) {
   swapped_ = !swapped_;
 }
 
-std::optional<trainer::ComponentState> Ema::state_dict(const trainer::State& /*state*/) const {
+std::optional<core::ComponentState> Ema::state_dict(const core::State& /*state*/) const {
   if (ema_.empty()) return std::nullopt;
   // Saved while swapped in (a checkpoint during evaluation): ema_ holds the training weights then.
   if (swapped_) throw Error("ema", "cannot checkpoint during evaluation (the averaged weights are swapped in)");
-  return trainer::ComponentState{nlohmann::json::object(), ema_};
+  return core::ComponentState{nlohmann::json::object(), ema_};
 }
 
-void Ema::load_state_dict(const trainer::ComponentState& saved, trainer::State& /*state*/) {
+void Ema::load_state_dict(const core::ComponentState& saved, core::State& /*state*/) {
   ema_.clear();
   for (const at::Tensor& t : saved.per_parameter) ema_.push_back(t.clone());
 }
 
-void Ema::apply(trainer::Event e, trainer::State& s, trainer::Logger& /*logger*/) {
-  using trainer::Event;
+void Ema::apply(core::Event e, core::State& s, core::Logger& /*logger*/) {
+  using core::Event;
   const config::Time& start = o_.ema_start;
   const bool started =
       start.unit() == config::TimeUnit::kDuration
@@ -263,11 +263,11 @@ void Ema::apply(trainer::Event e, trainer::State& s, trainer::Logger& /*logger*/
 
 // ---- low_precision_layernorm ----
 
-bool LowPrecisionLayerNorm::match(trainer::Event e, const trainer::State& /*s*/) const {
-  return e == trainer::Event::kInit;
+bool LowPrecisionLayerNorm::match(core::Event e, const core::State& /*s*/) const {
+  return e == core::Event::kInit;
 }
 
-void LowPrecisionLayerNorm::apply(trainer::Event /*e*/, trainer::State& s, trainer::Logger& /*logger*/) {
+void LowPrecisionLayerNorm::apply(core::Event /*e*/, core::State& s, core::Logger& /*logger*/) {
   int n = 0;
   for (const auto& item : s.model->named_modules()) {
     auto norm = std::dynamic_pointer_cast<models::NormImpl>(item.value());
@@ -287,8 +287,8 @@ void LowPrecisionLayerNorm::apply(trainer::Event /*e*/, trainer::State& s, train
 
 // ---- seq_length_warmup ----
 
-bool SeqLengthWarmup::match(trainer::Event e, const trainer::State& /*s*/) const {
-  return e == trainer::Event::kAfterDataloader;
+bool SeqLengthWarmup::match(core::Event e, const core::State& /*s*/) const {
+  return e == core::Event::kAfterDataloader;
 }
 
 int64_t SeqLengthWarmup::length_at(int64_t batch, int64_t total_batches) const {
@@ -300,7 +300,7 @@ int64_t SeqLengthWarmup::length_at(int64_t batch, int64_t total_batches) const {
   return std::clamp(len, o_.min_seq_length, o_.max_seq_length);
 }
 
-void SeqLengthWarmup::apply(trainer::Event /*e*/, trainer::State& s, trainer::Logger& /*logger*/) {
+void SeqLengthWarmup::apply(core::Event /*e*/, core::State& s, core::Logger& /*logger*/) {
   int64_t total = 0;
   switch (s.max_duration.unit()) {
     case config::TimeUnit::kBatch:
@@ -315,11 +315,11 @@ void SeqLengthWarmup::apply(trainer::Event /*e*/, trainer::State& s, trainer::Lo
   truncate_batch(s, length_at(s.timestamp.batch, total));
 }
 
-bool LossSpikeDetection::match(trainer::Event e, const trainer::State& /*s*/) const {
-  return e == trainer::Event::kAfterTrainBatch;
+bool LossSpikeDetection::match(core::Event e, const core::State& /*s*/) const {
+  return e == core::Event::kAfterTrainBatch;
 }
 
-void LossSpikeDetection::apply(trainer::Event /*e*/, trainer::State& s, trainer::Logger& logger) {
+void LossSpikeDetection::apply(core::Event /*e*/, core::State& s, core::Logger& logger) {
   const double loss = s.train_loss;  // the mean over every rank's batch: all ranks decide alike
   const bool finite = std::isfinite(loss);
   double mean = 0;
@@ -357,20 +357,19 @@ void LossSpikeDetection::apply(trainer::Event /*e*/, trainer::State& s, trainer:
   }
 }
 
-std::optional<trainer::ComponentState> LossSpikeDetection::state_dict(const trainer::State& /*s*/) const {
-  trainer::ComponentState st;
+std::optional<core::ComponentState> LossSpikeDetection::state_dict(const core::State& /*s*/) const {
+  core::ComponentState st;
   st.values = {{"window", std::vector<double>(window_.begin(), window_.end())}, {"consecutive", consecutive_}};
   return st;
 }
 
-void LossSpikeDetection::load_state_dict(const trainer::ComponentState& saved, trainer::State& /*s*/) {
+void LossSpikeDetection::load_state_dict(const core::ComponentState& saved, core::State& /*s*/) {
   const auto w = saved.values.at("window").get<std::vector<double>>();
   window_.assign(w.begin(), w.end());
   consecutive_ = saved.values.value("consecutive", int64_t{0});
 }
 
-std::shared_ptr<trainer::Algorithm> make_algorithm(const config::ComponentOptions& c,
-                                                   const trainer::TrainConfig& /*cfg*/) {
+std::shared_ptr<core::Algorithm> make_algorithm(const config::ComponentOptions& c) {
   if (c.name == "gradient_clipping") {
     return std::make_shared<GradientClipping>(std::any_cast<GradientClippingOptions>(c.options));
   }

@@ -14,9 +14,9 @@
 #include "tessera/checkpoint/hf.h"
 #include "tessera/dist/communicator.h"
 #include "tessera/dist/fsdp.h"
-#include "tessera/loggers/loggers.h"
+#include "tessera/util/file_io.h"
 #include "tessera/models/mpt_config.h"
-#include "tessera/trainer/state.h"
+#include "tessera/core/state.h"
 #include "tessera/util/error.h"
 #include "tessera/util/peak_flops.h"
 
@@ -29,7 +29,7 @@
 namespace tessera::callbacks {
 namespace {
 
-using trainer::Event;
+using core::Event;
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -58,7 +58,7 @@ std::string optimizer_class(const std::string& name) {
 
 }  // namespace
 
-double elapsed_fraction(const trainer::State& s) {
+double elapsed_fraction(const core::State& s) {
   const config::Time& max = s.max_duration;
   double done = static_cast<double>(s.timestamp.get(max.unit()));
   if (max.unit() == config::TimeUnit::kEpoch && s.dataloader_len && *s.dataloader_len > 0) {
@@ -74,14 +74,14 @@ double in_time_unit(double seconds, const std::string& unit) {
   return seconds;
 }
 
-void SpeedMonitor::run_event(Event event, trainer::State& s, trainer::Logger& logger) {
+void SpeedMonitor::run_event(Event event, core::State& s, core::Logger& logger) {
   if (event == Event::kFitStart) {
     if (o_.gpu_flops_available) {
       peak_ = *o_.gpu_flops_available;
     } else {
-      const at::ScalarType dtype = s.precision == trainer::Precision::kFp32
+      const at::ScalarType dtype = s.precision == core::Precision::kFp32
                                        ? at::kFloat
-                                       : (s.precision == trainer::Precision::kAmpBf16 ? at::kBFloat16 : at::kHalf);
+                                       : (s.precision == core::Precision::kAmpBf16 ? at::kBFloat16 : at::kHalf);
       peak_ = util::measure_matmul_flops(dtype, s.device, 1024, 0.5);
       spdlog::info("speed_monitor: measured peak {:.1f} GFLOP/s ({} GEMM on {}) for MFU", peak_ / 1e9,
                    at::toString(dtype), s.device.str());
@@ -97,7 +97,7 @@ void SpeedMonitor::run_event(Event event, trainer::State& s, trainer::Logger& lo
   total_flops_ += batch_flops;
   history_.push_back({s.timestamp.batch, s.timestamp.sample, s.timestamp.token, s.timestamp.total_wct, total_flops_});
   if (static_cast<int64_t>(history_.size()) > o_.window_size + 1) history_.pop_front();
-  trainer::Metrics m;
+  core::Metrics m;
   if (static_cast<int64_t>(history_.size()) == o_.window_size + 1) {
     const Point& a = history_.front();
     const Point& b = history_.back();
@@ -128,16 +128,16 @@ void SpeedMonitor::run_event(Event event, trainer::State& s, trainer::Logger& lo
   logger.log_metrics(m);
 }
 
-void LRMonitor::run_event(Event event, trainer::State& s, trainer::Logger& logger) {
+void LRMonitor::run_event(Event event, core::State& s, core::Logger& logger) {
   if (event != Event::kBatchEnd || !s.optimizer) return;
   logger.log_metrics({{fmt::format("lr-{}/group0", optimizer_class(s.optimizer->options().name)), s.current_lr()}});
 }
 
-void MemoryMonitor::run_event(Event event, trainer::State& s, trainer::Logger& logger) {
+void MemoryMonitor::run_event(Event event, core::State& s, core::Logger& logger) {
   if (event != Event::kAfterTrainBatch) return;
   constexpr double kGB = 1e9;
   const auto [rss, hwm] = process_rss();
-  trainer::Metrics m{{"memory/rss_gb", rss / kGB}, {"memory/peak_rss_gb", hwm / kGB}};
+  core::Metrics m{{"memory/rss_gb", rss / kGB}, {"memory/peak_rss_gb", hwm / kGB}};
 #ifdef TESSERA_WITH_CUDA_ALLOCATOR_STATS
   if (s.device.is_cuda()) {
     using c10::CachingDeviceAllocator::StatType;
@@ -155,7 +155,7 @@ void MemoryMonitor::run_event(Event event, trainer::State& s, trainer::Logger& l
   logger.log_metrics(m);
 }
 
-void RuntimeEstimator::run_event(Event event, trainer::State& s, trainer::Logger& logger) {
+void RuntimeEstimator::run_event(Event event, core::State& s, core::Logger& logger) {
   if (event != Event::kBatchEnd) return;
   if (s.timestamp.batch <= o_.skip_batches) return;
   const double frac = elapsed_fraction(s);
@@ -170,7 +170,7 @@ void RuntimeEstimator::run_event(Event event, trainer::State& s, trainer::Logger
   logger.log_metrics({{"time/remaining_estimate", in_time_unit(rate * std::max(0.0, 1.0 - frac), o_.time_unit)}});
 }
 
-void OptimizerMonitor::run_event(Event event, trainer::State& s, trainer::Logger& logger) {
+void OptimizerMonitor::run_event(Event event, core::State& s, core::Logger& logger) {
   if (event != Event::kBatchEnd || s.timestamp.batch % o_.batch_log_interval != 0) return;
   // The tensors this rank holds, each with the parameter ranges in it: one whole parameter per tensor in one process,
   // flat shards (dist::ParallelModel) with several ranks. Squares are summed per parameter name over this rank's
@@ -235,7 +235,7 @@ void OptimizerMonitor::run_event(Event event, trainer::State& s, trainer::Logger
   const at::Tensor total = s.sum_over_shards(sums).cpu().contiguous();
   const auto v = total.accessor<double, 2>();
   const char* prefix[kRows] = {"l2_norm/grad/", "l2_norm/param/", "l2_norm/moment/", "l2_norm/second_moment_sqrt/"};
-  trainer::Metrics m;
+  core::Metrics m;
   double global_sq = 0;
   for (int64_t row = 0; row < kRows; ++row) {
     for (int64_t c = 0; c < n; ++c) {
@@ -250,7 +250,7 @@ void OptimizerMonitor::run_event(Event event, trainer::State& s, trainer::Logger
   logger.log_metrics(m);
 }
 
-double monitored_value(const MonitoredMetric& metric, const trainer::State& s) {
+double monitored_value(const MonitoredMetric& metric, const core::State& s) {
   if (metric.dataloader_label == "train") return s.train_loss;
   auto label = s.eval_metrics.find(metric.dataloader_label);
   if (label == s.eval_metrics.end()) {
@@ -265,7 +265,7 @@ double monitored_value(const MonitoredMetric& metric, const trainer::State& s) {
   return it->second;
 }
 
-void EarlyStopper::update(trainer::State& s) {
+void EarlyStopper::update(core::State& s) {
   const double value = monitored_value(o_.metric, s);
   const bool better = o_.metric.less ? value < best_.value_or(value) : value > best_.value_or(value);
   if (!best_ || (better && std::fabs(value - *best_) > std::fabs(o_.min_delta))) {
@@ -281,14 +281,14 @@ void EarlyStopper::update(trainer::State& s) {
   }
 }
 
-void EarlyStopper::run_event(Event event, trainer::State& s, trainer::Logger& /*logger*/) {
+void EarlyStopper::run_event(Event event, core::State& s, core::Logger& /*logger*/) {
   const bool train = o_.metric.dataloader_label == "train";
   if (event == Event::kEvalEnd && !train) update(s);
   if (event == Event::kEpochEnd && train) update(s);
   if (event == Event::kBatchEnd && train && o_.patience.unit() == config::TimeUnit::kBatch) update(s);
 }
 
-void ThresholdStopper::run_event(Event event, trainer::State& s, trainer::Logger& /*logger*/) {
+void ThresholdStopper::run_event(Event event, core::State& s, core::Logger& /*logger*/) {
   const bool train = o_.metric.dataloader_label == "train";
   const bool check = (event == Event::kEvalEnd && !train) || (event == Event::kEpochEnd && train) ||
                      (event == Event::kBatchEnd && train && o_.stop_on_batch);
@@ -309,7 +309,7 @@ std::string replace_all(std::string s, const std::string& from, const std::strin
 }
 }  // namespace
 
-void HfCheckpointer::run_event(Event event, trainer::State& s, trainer::Logger& /*logger*/) {
+void HfCheckpointer::run_event(Event event, core::State& s, core::Logger& /*logger*/) {
   const config::Time& iv = o_.save_interval;
   bool due = false;
   if (event == Event::kBatchEnd) due = iv.unit() == config::TimeUnit::kBatch && s.timestamp.batch % iv.count() == 0;
@@ -318,7 +318,7 @@ void HfCheckpointer::run_event(Event event, trainer::State& s, trainer::Logger& 
   if (due && s.timestamp.batch != last_saved_batch_) save(s);
 }
 
-void HfCheckpointer::save(trainer::State& s) {
+void HfCheckpointer::save(core::State& s) {
   last_saved_batch_ = s.timestamp.batch;
   std::vector<std::pair<std::string, at::Tensor>> weights;
   if (s.parallel) {
@@ -331,7 +331,7 @@ void HfCheckpointer::save(trainer::State& s) {
     name = replace_all(name, "{epoch}", std::to_string(s.timestamp.epoch));
     name = replace_all(name, "{run_name}", s.run_name);
     const std::filesystem::path root =
-        std::filesystem::path(loggers::fill_path_pattern(o_.save_folder, s.run_name, s.rank)) / "huggingface";
+        std::filesystem::path(util::fill_path_pattern(o_.save_folder, s.run_name, s.rank)) / "huggingface";
     const std::filesystem::path dir = root / name;
     if (std::filesystem::exists(dir) && !o_.overwrite) {
       throw Error("hf_checkpointer", fmt::format("{} exists and overwrite is false", dir.string()));
@@ -358,8 +358,7 @@ void HfCheckpointer::save(trainer::State& s) {
   if (s.comm) s.comm->barrier();
 }
 
-std::shared_ptr<trainer::Callback> make_callback(const config::ComponentOptions& c,
-                                                 const trainer::TrainConfig& /*cfg*/) {
+std::shared_ptr<core::Callback> make_callback(const config::ComponentOptions& c) {
   if (c.name == "speed_monitor") return std::make_shared<SpeedMonitor>(std::any_cast<SpeedMonitorOptions>(c.options));
   if (c.name == "lr_monitor") return std::make_shared<LRMonitor>();
   if (c.name == "memory_monitor") return std::make_shared<MemoryMonitor>();

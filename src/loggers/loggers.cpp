@@ -8,14 +8,15 @@
 #include <filesystem>
 
 #include "tessera/loggers/tensorboard.h"
-#include "tessera/trainer/state.h"
+#include "tessera/core/state.h"
 #include "tessera/util/error.h"
+#include "tessera/util/file_io.h"
 #include "tessera/util/python_json.h"
 
 namespace tessera::loggers {
 namespace {
 
-using trainer::Event;
+using core::Event;
 
 std::string format_value(double v) {
   if (std::isfinite(v) && v != 0 && (std::fabs(v) >= 1e5 || std::fabs(v) < 1e-3)) return fmt::format("{:.4e}", v);
@@ -23,7 +24,7 @@ std::string format_value(double v) {
 }
 
 // Batches in the whole run, when max_duration says (for the "b/N" display); 0 when unknown.
-int64_t total_batches(const trainer::State& s) {
+int64_t total_batches(const core::State& s) {
   const config::Time& m = s.max_duration;
   const int64_t global_batch = s.device_train_batch_size * s.world_size;
   switch (m.unit()) {
@@ -44,20 +45,10 @@ int64_t total_batches(const trainer::State& s) {
 
 }  // namespace
 
-std::string fill_path_pattern(std::string pattern, const std::string& run_name, int64_t rank) {
-  for (const auto& [key, value] :
-       {std::pair<std::string, std::string>{"{run_name}", run_name}, {"{rank}", std::to_string(rank)}}) {
-    for (size_t at = pattern.find(key); at != std::string::npos; at = pattern.find(key, at + value.size())) {
-      pattern.replace(at, key.size(), value);
-    }
-  }
-  return pattern;
-}
-
 ConsoleLogger::ConsoleLogger(config::Time interval, bool progress_bar, std::FILE* stream)
     : interval_(interval), bar_(progress_bar && isatty(fileno(stream)) != 0), stream_(stream) {}
 
-void ConsoleLogger::log_metrics(const trainer::Metrics& metrics, int64_t /*step*/) {
+void ConsoleLogger::log_metrics(const core::Metrics& metrics, int64_t /*step*/) {
   for (const auto& [k, v] : metrics) pending_[k] = v;
 }
 
@@ -76,7 +67,7 @@ void ConsoleLogger::print(const std::string& prefix) {
   pending_.clear();
 }
 
-void ConsoleLogger::run_event(Event event, trainer::State& s, trainer::Logger& /*logger*/) {
+void ConsoleLogger::run_event(Event event, core::State& s, core::Logger& /*logger*/) {
   const int64_t total = total_batches(s);
   const std::string of = total > 0 ? fmt::format("/{}", total) : "";
   if (event == Event::kEvalStart) {
@@ -86,7 +77,7 @@ void ConsoleLogger::run_event(Event event, trainer::State& s, trainer::Logger& /
   }
   if (event == Event::kEvalEnd) {
     in_eval_ = false;
-    trainer::Metrics train = std::move(pending_);
+    core::Metrics train = std::move(pending_);
     pending_.clear();
     for (auto it = train.begin(); it != train.end();) {
       if (it->first.rfind("metrics/eval/", 0) == 0) {
@@ -135,7 +126,7 @@ JsonlLogger::JsonlLogger(const std::string& path) : path_(path) {
   if (!out_) throw Error("jsonl logger", fmt::format("{}: cannot open for writing", path));
 }
 
-void JsonlLogger::log_metrics(const trainer::Metrics& metrics, int64_t step) {
+void JsonlLogger::log_metrics(const core::Metrics& metrics, int64_t step) {
   nlohmann::ordered_json j;
   j["batch"] = step;
   for (const auto& [k, v] : metrics) j[k] = v;
@@ -147,28 +138,28 @@ void JsonlLogger::log_hyperparameters(const nlohmann::json& hparams) {
   out_.flush();
 }
 
-void JsonlLogger::run_event(Event event, trainer::State& /*state*/, trainer::Logger& /*logger*/) {
+void JsonlLogger::run_event(Event event, core::State& /*state*/, core::Logger& /*logger*/) {
   if (event == Event::kBatchEnd || event == Event::kEvalEnd || event == Event::kFitEnd) out_.flush();
 }
 
-void JsonlLogger::close(trainer::State& /*state*/, trainer::Logger& /*logger*/) {
+void JsonlLogger::close(core::State& /*state*/, core::Logger& /*logger*/) {
   out_.flush();
 }
 
-std::shared_ptr<trainer::LoggerDestination> make_console_logger(const config::Time& interval, bool progress_bar) {
+std::shared_ptr<core::LoggerDestination> make_console_logger(const config::Time& interval, bool progress_bar) {
   return std::make_shared<ConsoleLogger>(interval, progress_bar);
 }
 
-std::shared_ptr<trainer::Callback> make_logger(const config::ComponentOptions& c, const trainer::TrainConfig& cfg,
+std::shared_ptr<core::Callback> make_logger(const config::ComponentOptions& c, const std::string& run_name,
                                                int64_t rank) {
   if (c.name == "jsonl") {
     const auto& o = std::any_cast<const JsonlLoggerOptions&>(c.options);
     // Metrics are reduced over the ranks before they are logged: one file, from rank 0, unless the name has {rank}.
     if (rank != 0 && o.filename.find("{rank}") == std::string::npos) return nullptr;
-    return std::make_shared<JsonlLogger>(fill_path_pattern(o.filename, cfg.run_name, rank));
+    return std::make_shared<JsonlLogger>(util::fill_path_pattern(o.filename, run_name, rank));
   }
   if (c.name == "tensorboard") {
-    return std::make_shared<TensorBoardLogger>(std::any_cast<const TensorBoardLoggerOptions&>(c.options), cfg.run_name);
+    return std::make_shared<TensorBoardLogger>(std::any_cast<const TensorBoardLoggerOptions&>(c.options), run_name);
   }
   throw ConfigError("loggers", fmt::format("logger `{}` has no implementation", c.name));
 }

@@ -14,13 +14,14 @@
 #include <utility>
 
 #include "tessera/loggers/loggers.h"
-#include "tessera/trainer/state.h"
+#include "tessera/core/state.h"
 #include "tessera/util/error.h"
+#include "tessera/util/file_io.h"
 
 namespace tessera::loggers {
 namespace {
 
-using trainer::Event;
+using core::Event;
 
 constexpr std::array<uint32_t, 256> make_crc32c_table() {
   std::array<uint32_t, 256> table{};
@@ -137,7 +138,7 @@ std::string file_version_event(double wall_time) {
   return e;
 }
 
-std::string scalars_event(double wall_time, int64_t step, const trainer::Metrics& scalars) {
+std::string scalars_event(double wall_time, int64_t step, const core::Metrics& scalars) {
   std::string summary;
   for (const auto& [tag, value] : scalars) {
     std::string v;
@@ -201,7 +202,7 @@ void EventFileWriter::append(const std::string& event) {
   pending_ += tensorboard::frame_record(event);
 }
 
-void EventFileWriter::add_scalars(const trainer::Metrics& scalars, int64_t step) {
+void EventFileWriter::add_scalars(const core::Metrics& scalars, int64_t step) {
   if (!scalars.empty()) append(tensorboard::scalars_event(wall_seconds(), step, scalars));
 }
 
@@ -225,10 +226,10 @@ void TensorBoardLogger::open(int64_t rank) {
   if (opened_) return;
   opened_ = true;
   if (o_.rank_zero_only && rank != 0) return;
-  writer_ = std::make_unique<EventFileWriter>(fill_path_pattern(o_.log_dir, run_name_, rank));
+  writer_ = std::make_unique<EventFileWriter>(util::fill_path_pattern(o_.log_dir, run_name_, rank));
 }
 
-void TensorBoardLogger::log_metrics(const trainer::Metrics& metrics, int64_t step) {
+void TensorBoardLogger::log_metrics(const core::Metrics& metrics, int64_t step) {
   open(0);
   if (writer_) writer_->add_scalars(metrics, step);
 }
@@ -248,7 +249,7 @@ void TensorBoardLogger::log_hyperparameters(const nlohmann::json& hparams) {
   writer_->add_text("hyperparameters", text, 0);
 }
 
-void TensorBoardLogger::run_event(Event event, trainer::State& s, trainer::Logger& /*logger*/) {
+void TensorBoardLogger::run_event(Event event, core::State& s, core::Logger& /*logger*/) {
   if (event == Event::kInit) {
     if (!s.run_name.empty()) run_name_ = s.run_name;
     open(s.rank);
@@ -259,7 +260,7 @@ void TensorBoardLogger::run_event(Event event, trainer::State& s, trainer::Logge
   if (interval || event == Event::kEpochEnd || event == Event::kEvalEnd || event == Event::kFitEnd) writer_->flush();
 }
 
-void TensorBoardLogger::close(trainer::State& /*state*/, trainer::Logger& /*logger*/) {
+void TensorBoardLogger::close(core::State& /*state*/, core::Logger& /*logger*/) {
   if (writer_) writer_->flush();
 }
 

@@ -9,6 +9,8 @@
 #include "tessera/util/error.h"
 
 namespace tessera::trainer {
+
+using core::Precision;
 namespace {
 
 std::string human_count(double n) {

@@ -13,6 +13,8 @@
 #include "tessera/util/error.h"
 
 namespace tessera::trainer {
+
+using core::Precision;
 namespace {
 
 using config::Section;
@@ -162,18 +164,6 @@ void parse_icl_tasks(Section& root, TrainConfig& cfg) {
 }
 
 }  // namespace
-
-std::string to_string(Precision p) {
-  switch (p) {
-    case Precision::kFp32:
-      return "fp32";
-    case Precision::kAmpBf16:
-      return "amp_bf16";
-    case Precision::kAmpFp16:
-      return "amp_fp16";
-  }
-  return "?";
-}
 
 TrainConfig parse_train_config(config::Value resolved, const std::string& path) {
   config::ParseContext ctx(path);

@@ -22,12 +22,23 @@
 #include "tessera/dist/communicator.h"
 #include "tessera/dist/fsdp.h"
 #include "tessera/loggers/loggers.h"
-#include "tessera/trainer/checkpointing.h"
+#include "tessera/callbacks/checkpoint_saver.h"
 #include "tessera/util/device.h"
 #include "tessera/util/error.h"
+#include "tessera/util/file_io.h"
 #include "tessera/util/heartbeat.h"
 
 namespace tessera::trainer {
+
+using callbacks::load_checkpoint;
+using callbacks::load_newest_checkpoint;
+using callbacks::LoadedCheckpoint;
+using callbacks::LoadOptions;
+using core::Event;
+using core::Metrics;
+using core::Precision;
+using core::State;
+
 namespace {
 
 using config::Time;
@@ -108,24 +119,10 @@ data::TokenBatch slice(const data::TokenBatch& b, int64_t start, int64_t end) {
 
 }  // namespace
 
-bool is_out_of_memory(const std::exception& e) {
-  if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) return true;  // the CUDA caching allocator
-  // LibTorch's CPU allocator reports a failed allocation as a plain c10::Error (an enforce failure).
-  return dynamic_cast<const c10::Error*>(&e) != nullptr &&
-         std::string_view(e.what()).find("DefaultCPUAllocator: can't allocate memory") != std::string_view::npos;
-}
-
-int available_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return 1;
-}
-
 Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config)), logger_(state_) {
   // Threads: LibTorch's default can be 1 inside some environments; use every core this process may run on unless
   // the user pinned a count with OMP_NUM_THREADS.
-  if (std::getenv("OMP_NUM_THREADS") == nullptr) at::set_num_threads(available_cores());
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) at::set_num_threads(util::available_cores());
   const util::DeviceInfo dev = util::device_info();
   state_.device = dev.cuda_devices > 0 ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
   state_.precision = cfg_.precision;
@@ -229,12 +226,12 @@ Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config
     state_.callbacks.push_back(loggers::make_console_logger(cfg_.console_log_interval, cfg_.progress_bar));
   }
   for (const auto& c : cfg_.loggers) {
-    if (auto logger = loggers::make_logger(c, cfg_, state_.rank)) state_.callbacks.push_back(std::move(logger));
+    if (auto logger = loggers::make_logger(c, state_.run_name, state_.rank)) state_.callbacks.push_back(std::move(logger));
   }
-  for (const auto& c : cfg_.callbacks) state_.callbacks.push_back(callbacks::make_callback(c, cfg_));
+  for (const auto& c : cfg_.callbacks) state_.callbacks.push_back(callbacks::make_callback(c));
   if (cfg_.save_folder) {
-    SaveOptions so;
-    so.folder = loggers::fill_path_pattern(*cfg_.save_folder, state_.run_name, 0);
+    callbacks::SaveOptions so;
+    so.folder = util::fill_path_pattern(*cfg_.save_folder, state_.run_name, 0);
     so.filename = cfg_.save_filename;
     so.latest_filename = cfg_.save_latest_filename;
     so.interval = cfg_.save_interval;
@@ -243,16 +240,16 @@ Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config
     so.weights_only = cfg_.save_weights_only;
     so.async = cfg_.save_async;
     so.timeout = cfg_.dist_timeout;
-    saver_ = std::make_shared<CheckpointSaver>(so, [this] { return resumption_state(); });
+    saver_ = std::make_shared<callbacks::CheckpointSaver>(so, [this] { return resumption_state(); });
     state_.callbacks.push_back(saver_);
   }
-  for (const auto& a : cfg_.algorithms) state_.algorithms.push_back(algorithms::make_algorithm(a, cfg_));
+  for (const auto& a : cfg_.algorithms) state_.algorithms.push_back(algorithms::make_algorithm(a));
   for (auto& a : parts.algorithms) state_.algorithms.push_back(std::move(a));
   for (auto& c : parts.callbacks) state_.callbacks.push_back(std::move(c));
   for (auto& c : state_.callbacks) {
-    if (auto d = std::dynamic_pointer_cast<LoggerDestination>(c)) logger_.add_destination(d);
+    if (auto d = std::dynamic_pointer_cast<core::LoggerDestination>(c)) logger_.add_destination(d);
   }
-  engine_ = std::make_unique<Engine>(state_, logger_);
+  engine_ = std::make_unique<core::Engine>(state_, logger_);
   engine_->run_event(Event::kInit);
 
   if (const std::string why = optim::check_schedule(cfg_.scheduler, cfg_.max_duration); !why.empty()) {
@@ -313,7 +310,7 @@ void Trainer::load_initial_checkpoint() {
   LoadOptions lo;
   lo.strict_model_weights = cfg_.load_strict_model_weights;
   if (cfg_.autoresume) {
-    const std::string folder = loggers::fill_path_pattern(*cfg_.save_folder, state_.run_name, 0);
+    const std::string folder = util::fill_path_pattern(*cfg_.save_folder, state_.run_name, 0);
     resumed = load_newest_checkpoint(state_, folder, cfg_.save_latest_filename, lo);
     if (!resumed && state_.rank == 0) spdlog::info("autoresume: no checkpoint in {} yet; starting fresh", folder);
   }
@@ -405,7 +402,7 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
   } catch (const std::exception& e) {
     if (!auto_microbatch_) throw;
     const bool peer = dynamic_cast<const dist::PeerOutOfMemory*>(&e) != nullptr;
-    if (!peer && !is_out_of_memory(e)) throw;
+    if (!peer && !util::is_out_of_memory(e)) throw;
     if (state_.parallel) {
       // This rank's own error takes the place of its next sync point (a peer's error was seen at one already).
       if (!peer) state_.parallel->agree_on_oom(true);

@@ -2,11 +2,16 @@
 #include "tessera/util/device.h"
 
 #include <fmt/format.h>
+#include <sched.h>
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/util/Exception.h>
 #include <torch/version.h>
+
+#include <algorithm>
+#include <string_view>
 
 namespace tessera::util {
 
@@ -26,6 +31,20 @@ std::string describe(const DeviceInfo& info) {
   std::string cuda = info.cuda_devices > 0 ? fmt::format("{} device(s)", info.cuda_devices) : "no device";
   std::string build = info.cuda_version.empty() ? "CPU-only build" : "CUDA " + info.cuda_version + " build";
   return fmt::format("cpu ({} threads); cuda: {} (LibTorch {}, {})", info.cpu_threads, cuda, info.torch_version, build);
+}
+
+int available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return 1;
+}
+
+bool is_out_of_memory(const std::exception& e) {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) return true;  // the CUDA caching allocator
+  // LibTorch's CPU allocator reports a failed allocation as a plain c10::Error (an enforce failure).
+  return dynamic_cast<const c10::Error*>(&e) != nullptr &&
+         std::string_view(e.what()).find("DefaultCPUAllocator: can't allocate memory") != std::string_view::npos;
 }
 
 }  // namespace tessera::util

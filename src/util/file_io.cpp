@@ -60,4 +60,14 @@ void write_file_atomically(const std::string& path, const std::vector<std::strin
   }
 }
 
+std::string fill_path_pattern(std::string pattern, const std::string& run_name, int64_t rank) {
+  for (const auto& [key, value] :
+       {std::pair<std::string, std::string>{"{run_name}", run_name}, {"{rank}", std::to_string(rank)}}) {
+    for (size_t at = pattern.find(key); at != std::string::npos; at = pattern.find(key, at + value.size())) {
+      pattern.replace(at, key.size(), value);
+    }
+  }
+  return pattern;
+}
+
 }  // namespace tessera::util

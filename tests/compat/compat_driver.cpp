@@ -284,12 +284,12 @@ int train_tokenizer(const std::string& spec_path, const std::string& out_path) {
 }  // namespace
 
 // Records what the trainer did, for a plain-PyTorch replay.
-class TraceCallback : public tessera::trainer::Callback {
+class TraceCallback : public tessera::core::Callback {
  public:
   explicit TraceCallback(std::string dir) : dir_(std::move(dir)) {}
   std::string name() const override { return "TraceCallback"; }
-  void run_event(tessera::trainer::Event e, tessera::trainer::State& s, tessera::trainer::Logger& /*l*/) override {
-    using tessera::trainer::Event;
+  void run_event(tessera::core::Event e, tessera::core::State& s, tessera::core::Logger& /*l*/) override {
+    using tessera::core::Event;
     if (e == Event::kFitStart) tessera::checkpoint::save_hf_model(s.model, dir_ + "/init");
     if (e == Event::kBatchStart) {
       const at::Tensor ids = s.batch.input_ids.contiguous();

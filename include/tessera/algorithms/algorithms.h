@@ -12,8 +12,7 @@
 #include "tessera/algorithms/options.h"
 #include "tessera/config/component.h"
 #include "tessera/models/mpt.h"
-#include "tessera/trainer/callback.h"
-#include "tessera/trainer/train_config.h"
+#include "tessera/core/callback.h"
 
 namespace tessera::algorithms {
 
@@ -23,12 +22,12 @@ namespace tessera::algorithms {
 //   value:    clamp every gradient element to [-threshold, threshold];
 //   adaptive: AGC: per unit (row of a matrix, whole vector for biases and norms), scale the gradient by
 //             min(1, threshold * ||w_unit|| / ||g_unit||).
-class GradientClipping : public trainer::Algorithm {
+class GradientClipping : public core::Algorithm {
  public:
   explicit GradientClipping(GradientClippingOptions o) : o_(std::move(o)) {}
   std::string name() const override { return "GradientClipping"; }
-  bool match(trainer::Event event, const trainer::State& state) const override;
-  void apply(trainer::Event event, trainer::State& state, trainer::Logger& logger) override;
+  bool match(core::Event event, const core::State& state) const override;
+  void apply(core::Event event, core::State& state, core::Logger& logger) override;
   // The global L2 norm of the gradients before clipping, as of the last apply().
   double last_norm() const { return last_norm_; }
 
@@ -40,12 +39,12 @@ class GradientClipping : public trainer::Algorithm {
 // alibi: at INIT, rebuilds the model with ALiBi attention (learned positions dropped, alibi_bias_max, max_seq_len =
 // max_sequence_length) from the run's seed; at AFTER_DATALOADER, truncates training batches to
 // int(T * train_sequence_length_scaling) tokens (Composer's default 0.25: train short, evaluate long).
-class Alibi : public trainer::Algorithm {
+class Alibi : public core::Algorithm {
  public:
   explicit Alibi(AlibiOptions o) : o_(std::move(o)) {}
   std::string name() const override { return "Alibi"; }
-  bool match(trainer::Event event, const trainer::State& state) const override;
-  void apply(trainer::Event event, trainer::State& state, trainer::Logger& logger) override;
+  bool match(core::Event event, const core::State& state) const override;
+  void apply(core::Event event, core::State& state, core::Logger& logger) override;
 
  private:
   AlibiOptions o_;
@@ -55,12 +54,12 @@ class Alibi : public trainer::Algorithm {
 // scale lora_alpha / r; dropout on the adapter's input) to every Linear whose module name ends with one of
 // target_modules, and freezes every other parameter (the optimizer, created after INIT, sees only the adapters).
 // At FIT_END with save_path, writes the adapters in PEFT's layout (adapter_model.safetensors, adapter_config.json).
-class Lora : public trainer::Algorithm {
+class Lora : public core::Algorithm {
  public:
   explicit Lora(LoraOptions o) : o_(std::move(o)) {}
   std::string name() const override { return "Lora"; }
-  bool match(trainer::Event event, const trainer::State& state) const override;
-  void apply(trainer::Event event, trainer::State& state, trainer::Logger& logger) override;
+  bool match(core::Event event, const core::State& state) const override;
+  void apply(core::Event event, core::State& state, core::Logger& logger) override;
 
  private:
   LoraOptions o_;
@@ -78,21 +77,21 @@ void save_lora_adapters(models::MPTForCausalLM& model, const LoraOptions& o, con
 // ema: an exponential moving average of the weights, ema = s * ema + (1 - s) * w, updated every update_interval
 // (ba: at BATCH_END; ep: at EPOCH_END) from ema_start on, with s = smoothing or 2^(-update_interval / half_life). The
 // averaged weights replace the model's during evaluation (swapped at EVAL_START, back at EVAL_END).
-class Ema : public trainer::Algorithm {
+class Ema : public core::Algorithm {
  public:
   explicit Ema(EmaOptions o);
   std::string name() const override { return "EMA"; }
-  bool match(trainer::Event event, const trainer::State& state) const override;
-  void apply(trainer::Event event, trainer::State& state, trainer::Logger& logger) override;
+  bool match(core::Event event, const core::State& state) const override;
+  void apply(core::Event event, core::State& state, core::Logger& logger) override;
   double smoothing() const { return smoothing_; }
   // The averaged weights, in model.parameters() order; empty before ema_start.
   const std::vector<at::Tensor>& weights() const { return ema_; }
   // Checkpoints keep the averaged weights (sharded like the parameters).
-  std::optional<trainer::ComponentState> state_dict(const trainer::State& state) const override;
-  void load_state_dict(const trainer::ComponentState& saved, trainer::State& state) override;
+  std::optional<core::ComponentState> state_dict(const core::State& state) const override;
+  void load_state_dict(const core::ComponentState& saved, core::State& state) override;
 
  private:
-  void swap(trainer::State& state);
+  void swap(core::State& state);
   EmaOptions o_;
   double smoothing_;
   std::vector<at::Tensor> ema_;
@@ -101,22 +100,22 @@ class Ema : public trainer::Algorithm {
 
 // low_precision_layernorm: at INIT, every LayerNorm / RMSNorm of the model becomes its low-precision variant (runs in
 // the autocast dtype with autocast disabled, as LLM Foundry's LPLayerNorm); without autocast nothing changes.
-class LowPrecisionLayerNorm : public trainer::Algorithm {
+class LowPrecisionLayerNorm : public core::Algorithm {
  public:
   std::string name() const override { return "LowPrecisionLayerNorm"; }
-  bool match(trainer::Event event, const trainer::State& state) const override;
-  void apply(trainer::Event event, trainer::State& state, trainer::Logger& logger) override;
+  bool match(core::Event event, const core::State& state) const override;
+  void apply(core::Event event, core::State& state, core::Logger& logger) override;
 };
 
 // seq_length_warmup: at AFTER_DATALOADER during the first `duration` of training (in batches), truncates the batch to
 // min_seq_length + step_size * (batch / update_every), update_every = warmup batches / ((max - min) / step_size),
 // capped at max_seq_length, as Composer's SeqLengthWarmup (truncate=True) does.
-class SeqLengthWarmup : public trainer::Algorithm {
+class SeqLengthWarmup : public core::Algorithm {
  public:
   explicit SeqLengthWarmup(SeqLengthWarmupOptions o) : o_(std::move(o)) {}
   std::string name() const override { return "SeqLengthWarmup"; }
-  bool match(trainer::Event event, const trainer::State& state) const override;
-  void apply(trainer::Event event, trainer::State& state, trainer::Logger& logger) override;
+  bool match(core::Event event, const core::State& state) const override;
+  void apply(core::Event event, core::State& state, core::Logger& logger) override;
   // The sequence length for the batch at `batch` of a run of `total_batches`.
   int64_t length_at(int64_t batch, int64_t total_batches) const;
 
@@ -130,14 +129,14 @@ class SeqLengthWarmup : public trainer::Algorithm {
 // optimizer are restored from the newest checkpoint; time and data go on, so the batches since that checkpoint are
 // not replayed) or stop (the step is not taken and training stops). Each detection is logged as a warning and as
 // the metric loss_spike/detected. Spikes do not enter the window. The window is checkpointed.
-class LossSpikeDetection : public trainer::Algorithm {
+class LossSpikeDetection : public core::Algorithm {
  public:
   explicit LossSpikeDetection(LossSpikeOptions o) : o_(std::move(o)) {}
   std::string name() const override { return "LossSpikeDetection"; }
-  bool match(trainer::Event event, const trainer::State& state) const override;
-  void apply(trainer::Event event, trainer::State& state, trainer::Logger& logger) override;
-  std::optional<trainer::ComponentState> state_dict(const trainer::State& state) const override;
-  void load_state_dict(const trainer::ComponentState& saved, trainer::State& state) override;
+  bool match(core::Event event, const core::State& state) const override;
+  void apply(core::Event event, core::State& state, core::Logger& logger) override;
+  std::optional<core::ComponentState> state_dict(const core::State& state) const override;
+  void load_state_dict(const core::ComponentState& saved, core::State& state) override;
 
  private:
   LossSpikeOptions o_;
@@ -146,6 +145,6 @@ class LossSpikeDetection : public trainer::Algorithm {
 };
 
 // Builds a registered algorithm from its parsed options.
-std::shared_ptr<trainer::Algorithm> make_algorithm(const config::ComponentOptions& c, const trainer::TrainConfig& cfg);
+std::shared_ptr<core::Algorithm> make_algorithm(const config::ComponentOptions& c);
 
 }  // namespace tessera::algorithms

@@ -9,8 +9,7 @@
 
 #include "tessera/callbacks/options.h"
 #include "tessera/config/component.h"
-#include "tessera/trainer/callback.h"
-#include "tessera/trainer/train_config.h"
+#include "tessera/core/callback.h"
 
 namespace tessera::callbacks {
 
@@ -19,11 +18,11 @@ namespace tessera::callbacks {
 // LLM Foundry's MPT FLOP count ((2 N + 4 L d T) x 3 per token), throughput/device/mfu and /hfu against
 // `gpu_flops_available` (per device; default: a GEMM probe measured once at FIT_START in the run's precision, CPU or
 // GPU), and time/train, time/val, time/total in `time_unit`.
-class SpeedMonitor : public trainer::Callback {
+class SpeedMonitor : public core::Callback {
  public:
   explicit SpeedMonitor(SpeedMonitorOptions o) : o_(std::move(o)) {}
   std::string name() const override { return "SpeedMonitor"; }
-  void run_event(trainer::Event event, trainer::State& state, trainer::Logger& logger) override;
+  void run_event(core::Event event, core::State& state, core::Logger& logger) override;
   double peak_flops() const { return peak_; }
 
  private:
@@ -40,27 +39,27 @@ class SpeedMonitor : public trainer::Callback {
 };
 
 // lr_monitor, at BATCH_END: lr-{Optimizer}/group0, the rate of the next step.
-class LRMonitor : public trainer::Callback {
+class LRMonitor : public core::Callback {
  public:
   std::string name() const override { return "LRMonitor"; }
-  void run_event(trainer::Event event, trainer::State& state, trainer::Logger& logger) override;
+  void run_event(core::Event event, core::State& state, core::Logger& logger) override;
 };
 
 // memory_monitor, at AFTER_TRAIN_BATCH: memory/rss_gb and memory/peak_rss_gb of the process; on GPU also the CUDA
 // caching allocator's memory/{current,peak}_{allocated,reserved}_mem (GB) and memory/alloc_retries.
-class MemoryMonitor : public trainer::Callback {
+class MemoryMonitor : public core::Callback {
  public:
   std::string name() const override { return "MemoryMonitor"; }
-  void run_event(trainer::Event event, trainer::State& state, trainer::Logger& logger) override;
+  void run_event(core::Event event, core::State& state, core::Logger& logger) override;
 };
 
 // runtime_estimator, at BATCH_END after `skip_batches`: time/remaining_estimate in `time_unit`, extrapolated from
 // the training rate since then (evaluation time excluded).
-class RuntimeEstimator : public trainer::Callback {
+class RuntimeEstimator : public core::Callback {
  public:
   explicit RuntimeEstimator(RuntimeEstimatorOptions o) : o_(std::move(o)) {}
   std::string name() const override { return "RuntimeEstimator"; }
-  void run_event(trainer::Event event, trainer::State& state, trainer::Logger& logger) override;
+  void run_event(core::Event event, core::State& state, core::Logger& logger) override;
 
  private:
   RuntimeEstimatorOptions o_;
@@ -77,11 +76,11 @@ class RuntimeEstimator : public trainer::Callback {
 // name under LLM Foundry's wrapper: "model." + the MPT name (model.transformer.blocks.0.attn.Wqkv.weight).
 // With several ranks (sharded parameters) each rank sums squares over its part of each parameter and the sums are
 // added over the shard group (every rank must run it; rank 0 logs): the same values as one process.
-class OptimizerMonitor : public trainer::Callback {
+class OptimizerMonitor : public core::Callback {
  public:
   explicit OptimizerMonitor(OptimizerMonitorOptions o) : o_(o) {}
   std::string name() const override { return "OptimizerMonitor"; }
-  void run_event(trainer::Event event, trainer::State& state, trainer::Logger& logger) override;
+  void run_event(core::Event event, core::State& state, core::Logger& logger) override;
 
  private:
   OptimizerMonitorOptions o_;
@@ -91,15 +90,15 @@ class OptimizerMonitor : public trainer::Callback {
 // by more than |min_delta| in the direction of `comp`) and calls stop_training() once more than `patience` (epochs or
 // batches) has passed since the best. Checked at EVAL_END for dataloader_label eval; for train, at EPOCH_END and,
 // when patience is in batches, at every BATCH_END.
-class EarlyStopper : public trainer::Callback {
+class EarlyStopper : public core::Callback {
  public:
   explicit EarlyStopper(EarlyStopperOptions o) : o_(std::move(o)) {}
   std::string name() const override { return "EarlyStopper"; }
-  void run_event(trainer::Event event, trainer::State& state, trainer::Logger& logger) override;
+  void run_event(core::Event event, core::State& state, core::Logger& logger) override;
   std::optional<double> best() const { return best_; }
 
  private:
-  void update(trainer::State& state);
+  void update(core::State& state);
   EarlyStopperOptions o_;
   std::optional<double> best_;
   config::Timestamp best_at_;
@@ -108,11 +107,11 @@ class EarlyStopper : public trainer::Callback {
 // threshold_stopper (Composer's ThresholdStopper): calls stop_training() as soon as the monitored metric is below
 // (comp less) or above (greater) `threshold`. Checked at EVAL_END for eval; for train at EPOCH_END, and at every
 // BATCH_END with stop_on_batch.
-class ThresholdStopper : public trainer::Callback {
+class ThresholdStopper : public core::Callback {
  public:
   explicit ThresholdStopper(ThresholdStopperOptions o) : o_(std::move(o)) {}
   std::string name() const override { return "ThresholdStopper"; }
-  void run_event(trainer::Event event, trainer::State& state, trainer::Logger& logger) override;
+  void run_event(core::Event event, core::State& state, core::Logger& logger) override;
 
  private:
   ThresholdStopperOptions o_;
@@ -122,27 +121,27 @@ class ThresholdStopper : public trainer::Callback {
 // (config.json + safetensors) to save_folder/huggingface/<huggingface_folder_name> every save_interval and at the end
 // of training. With several ranks every rank takes part in gathering the weights and rank 0 writes; the folder
 // appears complete or not at all (written under a temporary name, then renamed).
-class HfCheckpointer : public trainer::Callback {
+class HfCheckpointer : public core::Callback {
  public:
   explicit HfCheckpointer(HfCheckpointerOptions o) : o_(std::move(o)) {}
   std::string name() const override { return "HuggingFaceCheckpointer"; }
-  void run_event(trainer::Event event, trainer::State& state, trainer::Logger& logger) override;
+  void run_event(core::Event event, core::State& state, core::Logger& logger) override;
 
  private:
-  void save(trainer::State& state);
+  void save(core::State& state);
   HfCheckpointerOptions o_;
   int64_t last_saved_batch_ = -1;
 };
 
 // The value a stopper monitors now: eval -> state.eval_metrics["eval"][monitor] (Error when no evaluation has run);
 // train -> state.train_loss.
-double monitored_value(const MonitoredMetric& metric, const trainer::State& state);
+double monitored_value(const MonitoredMetric& metric, const core::State& state);
 
 // Fraction of max_duration elapsed (epochs counted fractionally through the dataloader length).
-double elapsed_fraction(const trainer::State& state);
+double elapsed_fraction(const core::State& state);
 // Seconds expressed in seconds | minutes | hours | days.
 double in_time_unit(double seconds, const std::string& unit);
 
-std::shared_ptr<trainer::Callback> make_callback(const config::ComponentOptions& c, const trainer::TrainConfig& cfg);
+std::shared_ptr<core::Callback> make_callback(const config::ComponentOptions& c);
 
 }  // namespace tessera::callbacks

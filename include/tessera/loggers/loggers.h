@@ -10,27 +10,26 @@
 #include "tessera/config/component.h"
 #include "tessera/config/time.h"
 #include "tessera/loggers/options.h"
-#include "tessera/trainer/callback.h"
-#include "tessera/trainer/train_config.h"
+#include "tessera/core/callback.h"
 
 namespace tessera::loggers {
 
 // Prints to stderr (Composer's console_stream default). Train metrics are collected during a batch and printed
 // every `interval` (ba or ep) as one line: "[epoch=0][batch=10/300] loss/train/total: 5.1234, ...". Eval metrics
 // print when evaluation ends. With progress_bar on a terminal, a bar is redrawn in place every batch instead.
-class ConsoleLogger : public trainer::LoggerDestination {
+class ConsoleLogger : public core::LoggerDestination {
  public:
   ConsoleLogger(config::Time interval, bool progress_bar, std::FILE* stream = stderr);
   std::string name() const override { return "ConsoleLogger"; }
-  void log_metrics(const trainer::Metrics& metrics, int64_t step) override;
-  void run_event(trainer::Event event, trainer::State& state, trainer::Logger& logger) override;
+  void log_metrics(const core::Metrics& metrics, int64_t step) override;
+  void run_event(core::Event event, core::State& state, core::Logger& logger) override;
 
  private:
   void print(const std::string& prefix);
   config::Time interval_;
   bool bar_;
   std::FILE* stream_;
-  trainer::Metrics pending_;
+  core::Metrics pending_;
   bool in_eval_ = false;
   bool bar_drawn_ = false;
 };
@@ -38,14 +37,14 @@ class ConsoleLogger : public trainer::LoggerDestination {
 // `jsonl`: one JSON object per line in `filename` ({run_name} and {rank} are filled in): first
 // {"hyperparameters": <resolved recipe>}, then {"batch": b, "<metric>": value, ...} for every log call. Lines are
 // flushed at the end of each batch and evaluation, so a crashed run keeps what it logged.
-class JsonlLogger : public trainer::LoggerDestination {
+class JsonlLogger : public core::LoggerDestination {
  public:
   explicit JsonlLogger(const std::string& path);
   std::string name() const override { return "JsonlLogger"; }
-  void log_metrics(const trainer::Metrics& metrics, int64_t step) override;
+  void log_metrics(const core::Metrics& metrics, int64_t step) override;
   void log_hyperparameters(const nlohmann::json& hparams) override;
-  void run_event(trainer::Event event, trainer::State& state, trainer::Logger& logger) override;
-  void close(trainer::State& state, trainer::Logger& logger) override;
+  void run_event(core::Event event, core::State& state, core::Logger& logger) override;
+  void close(core::State& state, core::Logger& logger) override;
   const std::string& path() const { return path_; }
 
  private:
@@ -53,12 +52,9 @@ class JsonlLogger : public trainer::LoggerDestination {
   std::ofstream out_;
 };
 
-// `pattern` with every {run_name} and {rank} replaced (file and folder options of the loggers).
-std::string fill_path_pattern(std::string pattern, const std::string& run_name, int64_t rank);
-
-std::shared_ptr<trainer::LoggerDestination> make_console_logger(const config::Time& interval, bool progress_bar);
+std::shared_ptr<core::LoggerDestination> make_console_logger(const config::Time& interval, bool progress_bar);
 // The logger `c` for this rank; nullptr when this rank writes nothing (jsonl without {rank} on ranks other than 0).
-std::shared_ptr<trainer::Callback> make_logger(const config::ComponentOptions& c, const trainer::TrainConfig& cfg,
+std::shared_ptr<core::Callback> make_logger(const config::ComponentOptions& c, const std::string& run_name,
                                                int64_t rank = 0);
 
 }  // namespace tessera::loggers

@@ -15,7 +15,7 @@
 #include <string_view>
 
 #include "tessera/loggers/options.h"
-#include "tessera/trainer/callback.h"
+#include "tessera/core/callback.h"
 
 namespace tessera::loggers {
 
@@ -32,7 +32,7 @@ std::string frame_record(std::string_view data);
 //   the first record of every file: wall_time, file_version "brain.Event:2";
 std::string file_version_event(double wall_time);
 //   scalars: wall_time, step, summary { value { tag, simple_value (float32) } ... };
-std::string scalars_event(double wall_time, int64_t step, const trainer::Metrics& scalars);
+std::string scalars_event(double wall_time, int64_t step, const core::Metrics& scalars);
 //   a text summary (the text plugin's format: a DT_STRING scalar tensor with plugin_name "text", markdown).
 std::string text_event(double wall_time, int64_t step, std::string_view tag, std::string_view markdown);
 
@@ -48,7 +48,7 @@ class EventFileWriter {
   EventFileWriter(const EventFileWriter&) = delete;
   EventFileWriter& operator=(const EventFileWriter&) = delete;
 
-  void add_scalars(const trainer::Metrics& scalars, int64_t step);
+  void add_scalars(const core::Metrics& scalars, int64_t step);
   void add_text(std::string_view tag, std::string_view markdown, int64_t step);
   void flush();
   const std::string& path() const { return path_; }
@@ -64,14 +64,14 @@ class EventFileWriter {
 // recipe as a text summary `hyperparameters` (JSON in a markdown code block) at step 0. The file is opened at INIT in
 // `log_dir` ({run_name} and {rank} filled in); with rank_zero_only, ranks other than 0 write nothing. Flushed every
 // `flush_interval` batches (at BATCH_END), at EPOCH_END, EVAL_END, FIT_END and close().
-class TensorBoardLogger : public trainer::LoggerDestination {
+class TensorBoardLogger : public core::LoggerDestination {
  public:
   TensorBoardLogger(TensorBoardLoggerOptions options, std::string run_name);
   std::string name() const override { return "TensorBoardLogger"; }
-  void log_metrics(const trainer::Metrics& metrics, int64_t step) override;
+  void log_metrics(const core::Metrics& metrics, int64_t step) override;
   void log_hyperparameters(const nlohmann::json& hparams) override;
-  void run_event(trainer::Event event, trainer::State& state, trainer::Logger& logger) override;
-  void close(trainer::State& state, trainer::Logger& logger) override;
+  void run_event(core::Event event, core::State& state, core::Logger& logger) override;
+  void close(core::State& state, core::Logger& logger) override;
   // The event file's path; empty until INIT (or the first log call), and on ranks that do not write.
   std::string path() const { return writer_ ? writer_->path() : std::string(); }
 

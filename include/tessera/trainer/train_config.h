@@ -16,15 +16,13 @@
 #include "tessera/config/component.h"
 #include "tessera/config/time.h"
 #include "tessera/config/value.h"
+#include "tessera/core/precision.h"
 #include "tessera/data/options.h"
 #include "tessera/dist/sharding.h"
 #include "tessera/models/mpt_config.h"
 #include "tessera/optim/options.h"
 
 namespace tessera::trainer {
-
-enum class Precision { kFp32, kAmpBf16, kAmpFp16 };
-std::string to_string(Precision p);
 
 // `device_train_microbatch_size`: a number of samples, or `auto` (halve on out-of-memory).
 struct MicrobatchSize {
@@ -66,7 +64,7 @@ struct TrainConfig {
   int64_t global_train_batch_size = 0;
   MicrobatchSize device_train_microbatch_size;
   int64_t device_eval_batch_size = 0;
-  Precision precision = Precision::kAmpBf16;
+  core::Precision precision = core::Precision::kAmpBf16;
   int64_t seed = 17;
   bool deterministic_mode = false;  // deterministic kernels only (Composer's deterministic_mode)
   std::string run_name;             // recipe value, else $RUN_NAME, else the recipe's file name without extension

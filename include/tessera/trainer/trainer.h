@@ -4,12 +4,12 @@
 //   TrainConfig cfg = load_train_config("recipes/mpt-tiny-cpu.yaml");
 //   Trainer trainer(cfg, {.callbacks = {std::make_shared<MyCallback>()}});
 //   trainer.fit();
-//   Metrics m = trainer.eval();  // {"LanguageCrossEntropy": ..., "LanguagePerplexity": ...}
+//   core::Metrics m = trainer.eval();  // {"LanguageCrossEntropy": ..., "LanguagePerplexity": ...}
 //
 // Batches: global_train_batch_size is split over ranks (device batch), and each device batch into microbatches of
 // device_train_microbatch_size samples; each microbatch loss is scaled by its share of the device batch, so the
 // accumulated gradient equals that of one big batch. `auto` starts from the whole device batch and, when a batch
-// runs out of memory (is_out_of_memory) on any rank, halves the microbatch on every rank and retries the batch; the
+// runs out of memory (util::is_out_of_memory) on any rank, halves the microbatch on every rank and retries the batch; the
 // ranks agree through the sharding engine's sync points (dist::ParallelOptions::agree_on_oom). On CPU, Linux
 // overcommits memory and its OOM killer ends the process instead of failing an allocation, so there `auto` keeps
 // the whole device batch unless the process has an address-space limit (ulimit -v).
@@ -28,10 +28,10 @@
 #include "tessera/data/tokenizer.h"
 #include "tessera/eval/gauntlet.h"
 #include "tessera/eval/icl.h"
-#include "tessera/trainer/callback.h"
-#include "tessera/trainer/checkpointing.h"
-#include "tessera/trainer/engine.h"
-#include "tessera/trainer/state.h"
+#include "tessera/callbacks/checkpoint_saver.h"
+#include "tessera/core/callback.h"
+#include "tessera/core/engine.h"
+#include "tessera/core/state.h"
 #include "tessera/trainer/train_config.h"
 
 namespace tessera::data {
@@ -42,8 +42,8 @@ namespace tessera::trainer {
 
 // Components added by code, after the recipe's own (research code's custom algorithms and callbacks).
 struct TrainerParts {
-  std::vector<std::shared_ptr<Algorithm>> algorithms;
-  std::vector<std::shared_ptr<Callback>> callbacks;  // LoggerDestinations included
+  std::vector<std::shared_ptr<core::Algorithm>> algorithms;
+  std::vector<std::shared_ptr<core::Callback>> callbacks;  // LoggerDestinations included
 };
 
 class Trainer {
@@ -57,9 +57,9 @@ class Trainer {
   void fit();
   // Evaluates the eval loader and the ICL tasks now (EVAL_STANDALONE_START/_END around the eval events); returns the
   // eval loader's metrics (empty without one). ICL accuracies go to state().eval_metrics["{label}/{k}-shot"].
-  Metrics eval();
+  core::Metrics eval();
 
-  State& state() { return state_; }
+  core::State& state() { return state_; }
   const TrainConfig& config() const { return cfg_; }
 
  private:
@@ -69,17 +69,17 @@ class Trainer {
   void rollback();                          // restores model and optimizer from the newest checkpoint
   void train_batch();
   bool run_microbatches(const data::TokenBatch& batch, int64_t microbatch_size);
-  Metrics run_eval();
-  Metrics run_loader_eval();
+  core::Metrics run_eval();
+  core::Metrics run_loader_eval();
   bool eval_due_at_batch_end() const;
   bool eval_due_at_epoch_end() const;
   bool has_eval() const { return eval_data_ != nullptr || !icl_tasks_.empty(); }
   void run_icl_eval();
 
   TrainConfig cfg_;
-  State state_;
-  Logger logger_;
-  std::unique_ptr<Engine> engine_;
+  core::State state_;
+  core::Logger logger_;
+  std::unique_ptr<core::Engine> engine_;
   std::unique_ptr<data::StreamingDataset> train_data_;
   std::unique_ptr<data::StreamingDataset> eval_data_;
   std::vector<eval::IclTaskConfig> icl_tasks_;    // `icl_tasks`, evaluated with the eval loader
@@ -90,14 +90,8 @@ class Trainer {
   bool auto_microbatch_ = false;
   double loss_scale_ = 65536.0;             // amp_fp16 dynamic loss scale
   int64_t good_steps_ = 0;                  // amp_fp16: steps since the scale last changed
-  std::shared_ptr<CheckpointSaver> saver_;  // when the recipe has save_folder
+  std::shared_ptr<callbacks::CheckpointSaver> saver_;  // when the recipe has save_folder
   std::optional<std::string> last_checkpoint_;
 };
-
-// Number of CPU cores this process may run on (sched_getaffinity), at least 1.
-int available_cores();
-
-// Whether `e` is an out-of-memory error: CUDA's (c10::OutOfMemoryError) or LibTorch's CPU allocator failing.
-bool is_out_of_memory(const std::exception& e);
 
 }  // namespace tessera::trainer

@@ -1,6 +1,7 @@
 // What compute this process sees: CPU threads and CUDA devices, as LibTorch reports them.
 #pragma once
 
+#include <exception>
 #include <string>
 
 namespace tessera::util {
@@ -17,5 +18,11 @@ DeviceInfo device_info();
 
 // One line for logs and plans: "cpu (2 threads); cuda: no device (LibTorch 2.11.0, CUDA 13.0 build)".
 std::string describe(const DeviceInfo& info);
+
+// Number of CPU cores this process may run on (sched_getaffinity), at least 1.
+int available_cores();
+
+// Whether `e` is an out-of-memory error: CUDA's (c10::OutOfMemoryError) or LibTorch's CPU allocator failing.
+bool is_out_of_memory(const std::exception& e);
 
 }  // namespace tessera::util

@@ -1,6 +1,7 @@
 // Whole-file reads, and file writes that never leave a partial file under the final name.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -22,5 +23,8 @@ void write_file_atomically(const std::string& path, const std::vector<std::strin
 inline void write_file_atomically(const std::string& path, std::string_view data, const std::string& component = "io") {
   write_file_atomically(path, std::vector<std::string_view>{data}, component);
 }
+
+// `pattern` with every {run_name} and {rank} replaced (file and folder options of loggers, checkpoints, ...).
+std::string fill_path_pattern(std::string pattern, const std::string& run_name, int64_t rank);
 
 }  // namespace tessera::util

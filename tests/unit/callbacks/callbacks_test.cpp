@@ -13,7 +13,7 @@
 #include "tessera/config/reader.h"
 #include "tessera/config/value.h"
 #include "tessera/data/mds.h"
-#include "tessera/trainer/state.h"
+#include "tessera/core/state.h"
 #include "tessera/trainer/trainer.h"
 #include "test_util.h"
 #include "tiny_data.h"
@@ -21,9 +21,12 @@
 namespace tessera::callbacks {
 namespace {
 
+using core::Event;
+using core::Metrics;
+
 namespace fs = std::filesystem;
-using trainer::Event;
-using trainer::Metrics;
+using core::Event;
+using core::Metrics;
 using trainer::TrainConfig;
 using trainer::Trainer;
 
@@ -45,7 +48,7 @@ TrainConfig tiny_config(const std::string& components, const std::vector<std::st
 }
 
 // Every log call, by step.
-class Recorder : public trainer::LoggerDestination {
+class Recorder : public core::LoggerDestination {
  public:
   std::string name() const override { return "Recorder"; }
   void log_metrics(const Metrics& metrics, int64_t step) override {
@@ -55,10 +58,10 @@ class Recorder : public trainer::LoggerDestination {
 };
 
 // At BATCH_END (after the recipe's callbacks): each parameter's gradient and Adam state norms, in double.
-class HandNorms : public trainer::Callback {
+class HandNorms : public core::Callback {
  public:
   std::string name() const override { return "HandNorms"; }
-  void run_event(Event e, trainer::State& s, trainer::Logger& /*l*/) override {
+  void run_event(Event e, core::State& s, core::Logger& /*l*/) override {
     if (e != Event::kBatchEnd) return;
     Metrics& m = at_batch[s.timestamp.batch];
     double sq = 0;

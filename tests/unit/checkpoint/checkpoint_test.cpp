@@ -12,7 +12,7 @@
 #include "tessera/algorithms/algorithms.h"
 #include "tessera/checkpoint/checkpoint.h"
 #include "tessera/checkpoint/hf.h"
-#include "tessera/trainer/checkpointing.h"
+#include "tessera/callbacks/checkpoint_saver.h"
 #include "tessera/trainer/trainer.h"
 #include "tessera/util/error.h"
 #include "test_util.h"
@@ -42,7 +42,7 @@ void write_checkpoint(const fs::path& folder, const std::string& name, int64_t b
   for (int r = 0; r < world; ++r) pending.push_back(checkpoint::begin_checkpoint(folder.string(), name, r, timeout));
   for (int r = 0; r < world; ++r)
     checkpoint::write_rank_file(pending[static_cast<size_t>(r)], r, ranks[static_cast<size_t>(r)]);
-  nlohmann::json meta = {{"timestamp", trainer::timestamp_to_json(config::Timestamp{.batch = batch})}};
+  nlohmann::json meta = {{"timestamp", callbacks::timestamp_to_json(config::Timestamp{.batch = batch})}};
   checkpoint::publish_checkpoint(pending[0], meta, world, timeout, "latest");
 }
 
@@ -133,7 +133,7 @@ TEST(CheckpointFormat, PublishingWithoutEveryRanksFileFailsAndKeepsLatest) {
   const auto p = checkpoint::begin_checkpoint(folder.string(), "ep0-ba2", 0, std::chrono::seconds(1));
   checkpoint::write_rank_file(p, 0, four_rank_payload()[0]);
   const std::string err = testing::error_of([&] {
-    checkpoint::publish_checkpoint(p, {{"timestamp", trainer::timestamp_to_json({})}}, 2,
+    checkpoint::publish_checkpoint(p, {{"timestamp", callbacks::timestamp_to_json({})}}, 2,
                                    std::chrono::milliseconds(300), "latest");
   });
   EXPECT_NE(err.find("rank 1 did not finish writing rank1.safetensors"), std::string::npos) << err;
@@ -170,12 +170,12 @@ trainer::TrainConfig run_config(const std::string& run, const std::vector<std::s
 }
 
 // Stops training after `batch` without a final save, as a crash would.
-class CrashAt : public trainer::Callback {
+class CrashAt : public core::Callback {
  public:
   explicit CrashAt(int64_t batch) : batch_(batch) {}
   std::string name() const override { return "CrashAt"; }
-  void run_event(trainer::Event e, trainer::State& s, trainer::Logger& /*l*/) override {
-    if (e == trainer::Event::kBatchEnd && s.timestamp.batch == batch_) s.stop_training();
+  void run_event(core::Event e, core::State& s, core::Logger& /*l*/) override {
+    if (e == core::Event::kBatchEnd && s.timestamp.batch == batch_) s.stop_training();
   }
 
  private:
@@ -396,14 +396,14 @@ TEST(Checkpointing, AFailingDiskFailsTheSaveAndKeepsThePreviousCheckpoint) {
 // ------------------------------------------------------------------------------------------------------
 
 // Multiplies the loss of batch `batch` (1-based) by `factor` before backward: a real spike, in loss and gradients.
-class SpikeAt : public trainer::Algorithm {
+class SpikeAt : public core::Algorithm {
  public:
   SpikeAt(int64_t batch, double factor) : batch_(batch), factor_(factor) {}
   std::string name() const override { return "SpikeAt"; }
-  bool match(trainer::Event e, const trainer::State& s) const override {
-    return e == trainer::Event::kAfterLoss && s.timestamp.batch + 1 == batch_;
+  bool match(core::Event e, const core::State& s) const override {
+    return e == core::Event::kAfterLoss && s.timestamp.batch + 1 == batch_;
   }
-  void apply(trainer::Event /*e*/, trainer::State& s, trainer::Logger& /*l*/) override { s.loss = s.loss * factor_; }
+  void apply(core::Event /*e*/, core::State& s, core::Logger& /*l*/) override { s.loss = s.loss * factor_; }
 
  private:
   int64_t batch_;
@@ -411,11 +411,11 @@ class SpikeAt : public trainer::Algorithm {
 };
 
 // The model's weights at the end of every batch (index 0: before training).
-class WeightLog : public trainer::Callback {
+class WeightLog : public core::Callback {
  public:
   std::string name() const override { return "WeightLog"; }
-  void run_event(trainer::Event e, trainer::State& s, trainer::Logger& /*l*/) override {
-    if (e != trainer::Event::kFitStart && e != trainer::Event::kBatchEnd) return;
+  void run_event(core::Event e, core::State& s, core::Logger& /*l*/) override {
+    if (e != core::Event::kFitStart && e != core::Event::kBatchEnd) return;
     std::vector<at::Tensor> w;
     for (const auto& p : s.model->parameters()) w.push_back(p.detach().clone());
     at.push_back(std::move(w));

@@ -356,20 +356,20 @@ TEST_F(DistTraining, MixedPrecisionFullShardTracksOneProcess) {
 namespace {
 // Stands in for the CUDA allocator on rank 1 of a CPU run: throws its out-of-memory error (c10::OutOfMemoryError) at
 // a different point of the first batch for each microbatch size it is tried with, and lets size 1 through.
-class OutOfMemoryOnRankOne : public trainer::Callback {
+class OutOfMemoryOnRankOne : public core::Callback {
  public:
   std::string name() const override { return "OutOfMemoryOnRankOne"; }
-  void run_event(trainer::Event e, trainer::State& s, trainer::Logger& /*logger*/) override {
+  void run_event(core::Event e, core::State& s, core::Logger& /*logger*/) override {
     if (s.rank != 1 || s.timestamp.batch != 0) return;
     const int64_t mb = s.device_train_microbatch_size;
-    if (e == trainer::Event::kBeforeTrainBatch) microbatch = 0;
-    if (e == trainer::Event::kBeforeForward) ++microbatch;
+    if (e == core::Event::kBeforeTrainBatch) microbatch = 0;
+    if (e == core::Event::kBeforeForward) ++microbatch;
     // 8: before any collective of the batch; the other rank meets the error at the forward's first gather.
     // 4: between forward and backward; the other rank meets it at a sync point inside backward (in autograd).
     // 2: after the second microbatch's backward, past every collective; the ranks agree after the microbatches.
-    const bool fail = (mb == 8 && e == trainer::Event::kBeforeForward) ||
-                      (mb == 4 && e == trainer::Event::kAfterForward) ||
-                      (mb == 2 && e == trainer::Event::kAfterBackward && microbatch == 2);
+    const bool fail = (mb == 8 && e == core::Event::kBeforeForward) ||
+                      (mb == 4 && e == core::Event::kAfterForward) ||
+                      (mb == 2 && e == core::Event::kAfterBackward && microbatch == 2);
     if (!fail) return;
     ++thrown;
     throw c10::OutOfMemoryError(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},

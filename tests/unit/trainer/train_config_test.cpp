@@ -15,6 +15,8 @@
 namespace tessera::trainer {
 namespace {
 
+using core::Precision;
+
 const std::string kSource = TESSERA_SOURCE_DIR;
 
 std::string write_recipe(const std::string& name, const std::string& yaml) {

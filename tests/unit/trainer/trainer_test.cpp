@@ -22,6 +22,14 @@
 namespace tessera::trainer {
 namespace {
 
+using core::Algorithm;
+using core::Callback;
+using core::Event;
+using core::Logger;
+using core::LoggerDestination;
+using core::Metrics;
+using core::State;
+
 namespace fs = std::filesystem;
 
 fs::path dataset() {
@@ -157,9 +165,9 @@ TEST(Trainer, AutoMicrobatchingHalvesAndRetriesWhenAnAllocationFails) {
     (void)at::empty({int64_t{1} << 50}, at::kByte);
     ADD_FAILURE() << "allocated 1 PiB";
   } catch (const std::exception& e) {
-    EXPECT_TRUE(is_out_of_memory(e)) << e.what();
+    EXPECT_TRUE(util::is_out_of_memory(e)) << e.what();
   }
-  EXPECT_FALSE(is_out_of_memory(Error("train", "not enough samples")));
+  EXPECT_FALSE(util::is_out_of_memory(Error("train", "not enough samples")));
 
   const std::vector<std::string> base = {"max_duration=3ba", "eval_interval=0", "deterministic_mode=true"};
   auto with = [&](const std::string& extra) {

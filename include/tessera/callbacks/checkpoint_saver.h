@@ -22,10 +22,10 @@
 
 #include "tessera/checkpoint/checkpoint.h"
 #include "tessera/config/time.h"
-#include "tessera/trainer/callback.h"
-#include "tessera/trainer/state.h"
+#include "tessera/core/callback.h"
+#include "tessera/core/state.h"
 
-namespace tessera::trainer {
+namespace tessera::callbacks {
 
 struct SaveOptions {
   std::string folder;                                   // save_folder, {run_name} filled in
@@ -48,16 +48,16 @@ using ExtraState = std::function<nlohmann::json()>;
 // written by a background thread while training goes on, and the next save, FIT_END or close() waits for it. A failed
 // write (e.g. a full disk) raises tessera::Error naming the file and the OS error at the next of those points; the
 // previous checkpoint and `latest` stay as they were.
-class CheckpointSaver : public Callback {
+class CheckpointSaver : public core::Callback {
  public:
   CheckpointSaver(SaveOptions options, ExtraState extra);
   ~CheckpointSaver() override;
   std::string name() const override { return "CheckpointSaver"; }
-  void run_event(Event event, State& state, Logger& logger) override;
-  void close(State& state, Logger& logger) override;
+  void run_event(core::Event event, core::State& state, core::Logger& logger) override;
+  void close(core::State& state, core::Logger& logger) override;
 
   // Saves now (all ranks together).
-  void save(State& state, Logger& logger);
+  void save(core::State& state, core::Logger& logger);
   // Waits for a background write; rethrows its error.
   void wait();
   const SaveOptions& options() const { return o_; }
@@ -73,7 +73,7 @@ class CheckpointSaver : public Callback {
   const std::vector<std::string>& saved() const { return saved_; }
 
  private:
-  bool due(Event event, const State& state) const;
+  bool due(core::Event event, const core::State& state) const;
   SaveOptions o_;
   ExtraState extra_;
   std::thread writer_;
@@ -99,16 +99,16 @@ struct LoadedCheckpoint {
 // safetensors; weights only). Every rank calls it. Each rank verifies the size and checksum of every file it reads
 // from, before using its bytes, and the ranks agree on the outcome: if any rank fails, every rank throws
 // tessera::Error (the failing rank's names the file, tensor or key; the others name that rank).
-LoadedCheckpoint load_checkpoint(State& state, const std::string& path, const LoadOptions& options);
+LoadedCheckpoint load_checkpoint(core::State& state, const std::string& path, const LoadOptions& options);
 
 // autoresume: loads the newest loadable checkpoint in `folder`: latest_filename's target first, then the others from
 // newest to oldest, skipping each that fails to load (corrupt, truncated, incomplete) with a warning naming the file.
 // nullopt when the folder holds no checkpoint. When it holds some and none loads, throws: the state may be partly
 // overwritten by then, so the run must not go on from it.
-std::optional<LoadedCheckpoint> load_newest_checkpoint(State& state, const std::string& folder,
+std::optional<LoadedCheckpoint> load_newest_checkpoint(core::State& state, const std::string& folder,
                                                        const std::string& latest_filename, const LoadOptions& options);
 
 nlohmann::json timestamp_to_json(const config::Timestamp& t);
 config::Timestamp timestamp_from_json(const nlohmann::json& j);
 
-}  // namespace tessera::trainer
+}  // namespace tessera::callbacks

@@ -1,45 +1,13 @@
-// Event dispatch in Composer's order, the Logger facade, and State helpers.
-#include "tessera/trainer/engine.h"
-
-#include "tessera/dist/fsdp.h"
+// Event dispatch in Composer's order.
+#include "tessera/core/engine.h"
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
-namespace tessera::trainer {
-
-void Logger::log_metrics(const Metrics& metrics) {
-  for (auto& d : destinations_) d->log_metrics(metrics, state_.timestamp.batch);
-}
-
-void Logger::log_hyperparameters(const nlohmann::json& hparams) {
-  for (auto& d : destinations_) d->log_hyperparameters(hparams);
-}
-
-double State::current_lr() const {
-  if (!optimizer) return 0;
-  const optim::ScheduleClock c{previous_timestamp, max_duration, dataloader_len, scale_schedule_ratio};
-  return optimizer->options().lr * optim::lr_multiplier(scheduler, c);
-}
-
-std::vector<at::Tensor> State::trainable_parameters() const {
-  if (parallel) return parallel->parameters();
-  std::vector<at::Tensor> out;
-  for (const at::Tensor& p : model->parameters()) {
-    if (p.requires_grad()) out.push_back(p);
-  }
-  return out;
-}
-
-std::vector<at::Tensor> State::held_parameters() const {
-  return parallel ? parallel->parameters() : model->parameters();
-}
-
-at::Tensor State::sum_over_shards(const at::Tensor& t) const {
-  return parallel ? parallel->sum_over_shards(t) : t;
-}
+namespace tessera::core {
 
 bool Engine::debug_enabled() {
   static const bool enabled = [] {
@@ -97,4 +65,4 @@ void Engine::close() {
   }
 }
 
-}  // namespace tessera::trainer
+}  // namespace tessera::core

@@ -1,6 +1,6 @@
 // Checkpoints of a training run (see checkpointing.h): what each rank saves, the saver callback with its background
 // writer, and restoring a State from a checkpoint or a Hugging Face folder.
-#include "tessera/trainer/checkpointing.h"
+#include "tessera/callbacks/checkpoint_saver.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
@@ -21,20 +21,25 @@
 #include "tessera/dist/fsdp.h"
 #include "tessera/util/error.h"
 
-namespace tessera::trainer {
+namespace tessera::callbacks {
+
+using core::Algorithm;
+using core::Callback;
+using core::ComponentState;
+
 namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 constexpr const char* kComponent = "checkpoint";
 
-// One tensor this rank holds (State::held_parameters()[i]) and the parameter ranges in it.
+// One tensor this rank holds (core::State::held_parameters()[i]) and the parameter ranges in it.
 struct Held {
   at::Tensor tensor;
   std::vector<dist::ShardSpan> spans;
 };
 
-std::vector<Held> held_layout(const State& s) {
+std::vector<Held> held_layout(const core::State& s) {
   std::vector<Held> out;
   if (s.parallel) {
     const auto layout = s.parallel->shard_layout();
@@ -50,7 +55,7 @@ std::vector<Held> held_layout(const State& s) {
 }
 
 // This rank's copy of the held tensors is the one checkpoints store (see ParallelModel::stores_shards).
-bool stores_held(const State& s) {
+bool stores_held(const core::State& s) {
   return !s.parallel || s.parallel->stores_shards();
 }
 
@@ -60,7 +65,7 @@ at::Tensor span_of(const at::Tensor& t, const dist::ShardSpan& sp) {
 }
 
 // Components with state, keyed by name (a repeated name gets "#2", "#3", ...).
-std::vector<std::pair<std::string, std::variant<Algorithm*, Callback*>>> stateful_components(const State& s) {
+std::vector<std::pair<std::string, std::variant<Algorithm*, Callback*>>> stateful_components(const core::State& s) {
   std::vector<std::pair<std::string, std::variant<Algorithm*, Callback*>>> out;
   std::map<std::string, int> seen;
   auto key = [&](const std::string& name) {
@@ -72,12 +77,12 @@ std::vector<std::pair<std::string, std::variant<Algorithm*, Callback*>>> statefu
   return out;
 }
 
-std::optional<ComponentState> state_of(const std::variant<Algorithm*, Callback*>& c, const State& s) {
+std::optional<core::ComponentState> state_of(const std::variant<Algorithm*, Callback*>& c, const core::State& s) {
   return std::visit([&](auto* p) { return p->state_dict(s); }, c);
 }
 
 // Optimizer parameter j -> index of the held tensor it is.
-std::vector<size_t> optimizer_to_held(const State& s, const std::vector<Held>& held) {
+std::vector<size_t> optimizer_to_held(const core::State& s, const std::vector<Held>& held) {
   std::vector<size_t> out;
   for (const at::Tensor& p : s.optimizer->params()) {
     size_t found = held.size();
@@ -122,7 +127,7 @@ void read_pieces(checkpoint::CheckpointReader& r, const std::string& prefix, con
   }
 }
 
-std::string fill_name(std::string pattern, const State& s) {
+std::string fill_name(std::string pattern, const core::State& s) {
   const config::Timestamp& t = s.timestamp;
   const std::vector<std::pair<std::string, std::string>> vars = {
       {"{run_name}", s.run_name},
@@ -152,7 +157,7 @@ std::string now_iso8601() {
 }
 
 // Rank 0's choice among `candidates` (an index, -1 for none), made by `choose` on rank 0 and broadcast.
-int64_t agree_on_index(State& s, const std::function<int64_t()>& choose) {
+int64_t agree_on_index(core::State& s, const std::function<int64_t()>& choose) {
   int64_t index = s.rank == 0 ? choose() : 0;
   if (s.world_size > 1) {
     at::Tensor t = at::full({1}, static_cast<double>(index), at::TensorOptions().dtype(at::kDouble).device(s.device));
@@ -162,7 +167,7 @@ int64_t agree_on_index(State& s, const std::function<int64_t()>& choose) {
   return index;
 }
 
-LoadedCheckpoint load_hf_weights(State& s, const std::string& dir, bool strict) {
+LoadedCheckpoint load_hf_weights(core::State& s, const std::string& dir, bool strict) {
   const auto files = checkpoint::open_safetensors_dir(dir);
   const bool tied = s.model_options.tie_word_embeddings;
   std::set<std::string> used;
@@ -255,15 +260,15 @@ void CheckpointSaver::wait() {
   }
 }
 
-bool CheckpointSaver::due(Event event, const State& s) const {
+bool CheckpointSaver::due(core::Event event, const core::State& s) const {
   if (last_saved_batch_ == s.timestamp.batch) return false;
   const bool end = s.reached_max_duration();
   const config::Time& iv = o_.interval;
-  if (event == Event::kEpochCheckpoint) {
+  if (event == core::Event::kEpochCheckpoint) {
     if (iv.unit() == config::TimeUnit::kEpoch) return end || s.timestamp.epoch % std::max<int64_t>(1, iv.count()) == 0;
     return end;
   }
-  if (event != Event::kBatchCheckpoint) return false;
+  if (event != core::Event::kBatchCheckpoint) return false;
   if (iv.unit() == config::TimeUnit::kEpoch) return false;  // at EPOCH_CHECKPOINT (also the end of training)
   if (end) return true;
   config::TimeUnit unit = iv.unit();
@@ -279,8 +284,8 @@ bool CheckpointSaver::due(Event event, const State& s) const {
   return std::floor(prev / every) != std::floor(now / every);
 }
 
-void CheckpointSaver::run_event(Event event, State& s, Logger& logger) {
-  if (event == Event::kFitStart) {
+void CheckpointSaver::run_event(core::Event event, core::State& s, core::Logger& logger) {
+  if (event == core::Event::kFitStart) {
     if (s.rank == 0) {
       std::error_code ec;
       if (fs::is_directory(o_.folder, ec)) {  // temporary directories of saves that a crash interrupted
@@ -304,14 +309,14 @@ void CheckpointSaver::run_event(Event event, State& s, Logger& logger) {
     }
     return;
   }
-  if (event == Event::kFitEnd) {
+  if (event == core::Event::kFitEnd) {
     wait();
     return;
   }
   if (due(event, s)) save(s, logger);
 }
 
-void CheckpointSaver::close(State& /*state*/, Logger& /*logger*/) {
+void CheckpointSaver::close(core::State& /*state*/, core::Logger& /*logger*/) {
   try {
     wait();
   } catch (const std::exception& e) {
@@ -319,7 +324,7 @@ void CheckpointSaver::close(State& /*state*/, Logger& /*logger*/) {
   }
 }
 
-void CheckpointSaver::save(State& s, Logger& logger) {
+void CheckpointSaver::save(core::State& s, core::Logger& logger) {
   wait();  // one save at a time; a failed earlier write surfaces here
   last_saved_batch_ = s.timestamp.batch;
   const auto started = Clock::now();
@@ -342,7 +347,7 @@ void CheckpointSaver::save(State& s, Logger& logger) {
       }
     }
     for (const auto& [key, c] : stateful_components(s)) {
-      std::optional<ComponentState> st = state_of(c, s);
+      std::optional<core::ComponentState> st = state_of(c, s);
       if (!st) continue;
       components[key] = st->values;
       if (!st->per_parameter.empty()) {
@@ -429,7 +434,7 @@ namespace {
 
 // The body of load_checkpoint for a Tessera checkpoint, on one rank. Each file's checksum is verified as the reader
 // first maps it, before its bytes are copied.
-LoadedCheckpoint load_sharded(State& s, const std::string& path, const LoadOptions& o) {
+LoadedCheckpoint load_sharded(core::State& s, const std::string& path, const LoadOptions& o) {
   checkpoint::CheckpointReader r(path, /*verify_checksums=*/true);
   const nlohmann::json& meta = r.metadata();
   const std::vector<Held> held = held_layout(s);
@@ -490,7 +495,7 @@ LoadedCheckpoint load_sharded(State& s, const std::string& path, const LoadOptio
   const nlohmann::json& comps = meta.value("components", nlohmann::json::object());
   for (const auto& [key, c] : stateful_components(s)) {
     if (!comps.contains(key)) continue;
-    ComponentState cs;
+    core::ComponentState cs;
     cs.values = comps.at(key);
     if (cs.values.value("__per_parameter__", false)) {
       cs.values.erase("__per_parameter__");
@@ -525,7 +530,7 @@ LoadedCheckpoint load_sharded(State& s, const std::string& path, const LoadOptio
 
 // The lowest rank whose `failed` is true (world_size when none): one all-reduce, so that every rank learns whether
 // any rank failed and no rank goes on alone.
-int64_t first_failed_rank(State& s, bool failed) {
+int64_t first_failed_rank(core::State& s, bool failed) {
   if (s.world_size == 1) return failed ? 0 : 1;
   at::Tensor t = at::full({1}, static_cast<double>(failed ? s.rank : s.world_size),
                           at::TensorOptions().dtype(at::kDouble).device(s.device));
@@ -535,7 +540,7 @@ int64_t first_failed_rank(State& s, bool failed) {
 
 }  // namespace
 
-LoadedCheckpoint load_checkpoint(State& s, const std::string& path, const LoadOptions& o) {
+LoadedCheckpoint load_checkpoint(core::State& s, const std::string& path, const LoadOptions& o) {
   if (!fs::exists(fs::path(path) / "metadata.json") && fs::exists(fs::path(path) / "config.json")) {
     return load_hf_weights(s, path, o.strict_model_weights);
   }
@@ -554,7 +559,7 @@ LoadedCheckpoint load_checkpoint(State& s, const std::string& path, const LoadOp
   throw Error(kComponent, fmt::format("cannot load {}: {}", path, error));
 }
 
-std::optional<LoadedCheckpoint> load_newest_checkpoint(State& s, const std::string& folder,
+std::optional<LoadedCheckpoint> load_newest_checkpoint(core::State& s, const std::string& folder,
                                                        const std::string& latest_filename, const LoadOptions& o) {
   // Every rank lists the folder; rank 0's count is the reference (a rank seeing another listing has no shared
   // folder).
@@ -582,4 +587,4 @@ std::optional<LoadedCheckpoint> load_newest_checkpoint(State& s, const std::stri
                                       folder, skipped.size(), fmt::join(skipped, ", ")));
 }
 
-}  // namespace tessera::trainer
+}  // namespace tessera::callbacks

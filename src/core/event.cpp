@@ -1,9 +1,9 @@
 // Event names and classification.
-#include "tessera/trainer/event.h"
+#include "tessera/core/event.h"
 
 #include <array>
 
-namespace tessera::trainer {
+namespace tessera::core {
 
 std::string_view to_string(Event e) {
   static constexpr std::array<std::string_view, 31> kNames = {"init",
@@ -60,4 +60,4 @@ bool is_eval_event(Event e) {
   return e >= Event::kEvalBeforeAll;
 }
 
-}  // namespace tessera::trainer
+}  // namespace tessera::core

@@ -7,11 +7,11 @@
 
 #include <functional>
 
-#include "tessera/trainer/callback.h"
-#include "tessera/trainer/event.h"
-#include "tessera/trainer/state.h"
+#include "tessera/core/callback.h"
+#include "tessera/core/event.h"
+#include "tessera/core/state.h"
 
-namespace tessera::trainer {
+namespace tessera::core {
 
 class Engine {
  public:
@@ -32,4 +32,4 @@ class Engine {
   bool closed_ = false;
 };
 
-}  // namespace tessera::trainer
+}  // namespace tessera::core

@@ -16,15 +16,15 @@
 #include "tessera/models/mpt.h"
 #include "tessera/optim/optimizer.h"
 #include "tessera/optim/scheduler.h"
-#include "tessera/trainer/callback.h"
-#include "tessera/trainer/train_config.h"
+#include "tessera/core/callback.h"
+#include "tessera/core/precision.h"
 
 namespace tessera::dist {
 class Communicator;
 class ParallelModel;
 }  // namespace tessera::dist
 
-namespace tessera::trainer {
+namespace tessera::core {
 
 struct State {
   std::string run_name;
@@ -86,4 +86,4 @@ struct State {
   at::Tensor sum_over_shards(const at::Tensor& t) const;
 };
 
-}  // namespace tessera::trainer
+}  // namespace tessera::core

@@ -31,7 +31,7 @@
 
 #include <string_view>
 
-namespace tessera::trainer {
+namespace tessera::core {
 
 enum class Event {
   kInit,
@@ -73,4 +73,4 @@ std::string_view to_string(Event e);
 bool is_after_event(Event e);
 bool is_eval_event(Event e);
 
-}  // namespace tessera::trainer
+}  // namespace tessera::core

@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "tessera/trainer/event.h"
+#include "tessera/core/event.h"
 
-namespace tessera::trainer {
+namespace tessera::core {
 
 struct State;
 class Logger;
@@ -79,4 +79,4 @@ class Logger {
   std::vector<std::shared_ptr<LoggerDestination>> destinations_;
 };
 
-}  // namespace tessera::trainer
+}  // namespace tessera::core

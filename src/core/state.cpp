@@ -1,0 +1,39 @@
+// The Logger facade and State helpers.
+#include "tessera/core/state.h"
+
+#include "tessera/dist/fsdp.h"
+
+namespace tessera::core {
+
+void Logger::log_metrics(const Metrics& metrics) {
+  for (auto& d : destinations_) d->log_metrics(metrics, state_.timestamp.batch);
+}
+
+void Logger::log_hyperparameters(const nlohmann::json& hparams) {
+  for (auto& d : destinations_) d->log_hyperparameters(hparams);
+}
+
+double State::current_lr() const {
+  if (!optimizer) return 0;
+  const optim::ScheduleClock c{previous_timestamp, max_duration, dataloader_len, scale_schedule_ratio};
+  return optimizer->options().lr * optim::lr_multiplier(scheduler, c);
+}
+
+std::vector<at::Tensor> State::trainable_parameters() const {
+  if (parallel) return parallel->parameters();
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& p : model->parameters()) {
+    if (p.requires_grad()) out.push_back(p);
+  }
+  return out;
+}
+
+std::vector<at::Tensor> State::held_parameters() const {
+  return parallel ? parallel->parameters() : model->parameters();
+}
+
+at::Tensor State::sum_over_shards(const at::Tensor& t) const {
+  return parallel ? parallel->sum_over_shards(t) : t;
+}
+
+}  // namespace tessera::core
