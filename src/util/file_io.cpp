@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -26,7 +27,10 @@ std::string read_file(const std::string& path, const std::string& component) {
 void write_file_atomically(const std::string& path, const std::vector<std::string_view>& parts,
                            const std::string& component, const std::function<void(std::string_view)>& observe) {
   constexpr size_t kChunk = size_t{8} << 20;
-  const std::string tmp = path + ".tmp";
+  // A name of this writer's own: processes (e.g. the local ranks decompressing one shard) may write the same path at
+  // once; each renames its complete file over it, and the last one wins with the same bytes.
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = fmt::format("{}.tmp.{}.{}", path, ::getpid(), counter.fetch_add(1));
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw Error(component, fmt::format("{}: cannot create {}: {}", path, tmp, std::strerror(errno)));
   auto fail = [&](const std::string& what) {

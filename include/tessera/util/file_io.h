@@ -12,8 +12,9 @@ namespace tessera::util {
 // The bytes of `path`; tessera::Error(component) "<path>: cannot open" or "<path>: read failed" otherwise.
 std::string read_file(const std::string& path, const std::string& component = "io");
 
-// Writes the concatenation of `parts` to `<path>.tmp` in the same directory, fsyncs it, and renames it over `path`:
-// after a crash at any moment `path` is either its previous content (or absent) or the complete new content. On
+// Writes the concatenation of `parts` to a temporary file of this call's own (`<path>.tmp.<pid>.<n>`) in the same
+// directory, fsyncs it, and renames it over `path`: after a crash at any moment `path` is either its previous content
+// (or absent) or the complete new content, also when several processes or threads write `path` at once. On
 // failure the temporary file is removed and tessera::Error(component) names `path` and the OS error.
 // `observe`, when given, sees every byte just before it is written, in order and in chunks of at most 8 MiB (for a
 // checksum computed while the bytes are hot in cache).

@@ -103,3 +103,42 @@ TEST(Device, DescribesThreadsAndTheLibTorchBuild) {
 
 }  // namespace
 }  // namespace tessera::util
+
+#include <filesystem>
+#include <thread>
+#include <vector>
+
+#include "tessera/util/file_io.h"
+
+namespace tessera::util {
+namespace {
+
+// The local ranks of a job decompress the same MDS shard into the same cache path at once: every writer must
+// succeed and the file end up whole (with one shared temporary name, one writer's rename took the other's file).
+TEST(FileIo, ConcurrentAtomicWritesOfOnePathAllSucceed) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / fmt::format("tessera_io_{}", getpid());
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "shard.00000.mds").string();
+  const std::string content(1 << 16, 'x');
+  std::vector<std::thread> writers;
+  std::vector<int> failures(8, 0);
+  for (int w = 0; w < 8; ++w) {
+    writers.emplace_back([&, w] {
+      for (int i = 0; i < 20; ++i) {
+        try {
+          write_file_atomically(path, content, "mds");
+        } catch (const Error&) {
+          ++failures[w];
+        }
+      }
+    });
+  }
+  for (auto& t : writers) t.join();
+  for (int w = 0; w < 8; ++w) EXPECT_EQ(failures[w], 0) << "writer " << w;
+  EXPECT_EQ(read_file(path), content);
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir), {}), 1) << "no temporary file left behind";
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tessera::util
