@@ -22,11 +22,11 @@
 #include <iostream>
 #include <vector>
 
+#include "tessera/callbacks/checkpoint_saver.h"
 #include "tessera/checkpoint/checkpoint.h"
 #include "tessera/config/reader.h"
 #include "tessera/config/value.h"
 #include "tessera/data/mds.h"
-#include "tessera/callbacks/checkpoint_saver.h"
 #include "tessera/trainer/trainer.h"
 
 namespace {

@@ -75,7 +75,7 @@ int worker(const Args& a) {
   po.sharding.strategy = parse_strategy(a.strategy);
   po.overlap = a.overlap;
   po.ranks_per_node = comm->size();
-  auto parallel = dist::parallelize(model, po, comm);
+  auto parallel = dist::parallelize(*model, po, comm);
   optim::OptimizerOptions oo;
   oo.name = "decoupled_adamw";
   oo.lr = 1e-4;

@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
   if (!default_allocator) tessera::util::configure_host_allocator();
   try {
     const auto cfg = tessera::trainer::load_train_config(recipe, overrides);
-    tessera::models::MPTOptions o = cfg.model;
+    tessera::models::MPTOptions o = std::any_cast<const tessera::models::MPTOptions&>(cfg.model.options);
     o.init_device = "cpu";
     auto model = tessera::models::build_mpt(o, 0);
     model->train();

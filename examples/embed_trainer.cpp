@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <iostream>
 
-#include "tessera/data/mds.h"
+#include "demo_data.h"
 #include "tessera/trainer/trainer.h"
 #include "tessera/util/logging.h"
 
@@ -21,7 +21,7 @@ class FreezeEmbeddings : public core::Algorithm {
   std::string name() const override { return "FreezeEmbeddings"; }
   bool match(core::Event e, const core::State&) const override { return e == core::Event::kInit; }
   void apply(core::Event, core::State& s, core::Logger&) override {
-    s.model->transformer->wte->weight.set_requires_grad(false);
+    s.model->named_parameters()["transformer.wte.weight"].set_requires_grad(false);
   }
 };
 
@@ -42,24 +42,10 @@ class LossTracker : public core::Callback {
   double stop_below_;
 };
 
-// 256 samples of 65 tokens with a learnable pattern, as the text loader expects (`tokens`: ndarray:int32).
-void write_demo_data(const fs::path& dir) {
-  for (const char* split : {"train", "val"}) {
-    fs::remove_all(dir / split);
-    data::mds::MDSWriter w({(dir / split).string(), {{"tokens", "ndarray:int32"}}, "zstd", {}, uint64_t{1} << 20});
-    for (int i = 0; i < 256; ++i) {
-      std::vector<int32_t> t(65);
-      for (size_t j = 0; j < t.size(); ++j) t[j] = static_cast<int32_t>((i + 3 * j) % 97);
-      w.write({{"tokens", at::tensor(t, at::kInt)}});
-    }
-    w.finish();
-  }
-}
-
 int main(int argc, char** argv) {
   util::init_logging("warn");
   fs::path data = argc > 1 ? fs::path(argv[1]) : fs::temp_directory_path() / "tessera_embed_demo";
-  if (argc <= 1) write_demo_data(data);
+  if (argc <= 1) examples::write_demo_data(data);
 
   // The main job's recipe, made smaller from code (the same overrides work on the command line).
   trainer::TrainConfig cfg = trainer::load_train_config(
@@ -72,11 +58,11 @@ int main(int argc, char** argv) {
   auto freeze = std::make_shared<FreezeEmbeddings>();
   auto tracker = std::make_shared<LossTracker>(0.5);
   trainer::Trainer t(cfg, {{freeze}, {tracker}});
-  const at::Tensor wte_before = t.state().model->transformer->wte->weight.detach().clone();
+  const at::Tensor wte_before = t.state().model->named_parameters()["transformer.wte.weight"].detach().clone();
   t.fit();
   const core::Metrics eval = t.eval();
 
-  const bool frozen = at::equal(wte_before, t.state().model->transformer->wte->weight);
+  const bool frozen = at::equal(wte_before, t.state().model->named_parameters()["transformer.wte.weight"]);
   const bool fell = tracker->losses.back() < tracker->losses.front() - 1.0;
   std::cout << fmt::format("batches: {}, loss {:.3f} -> {:.3f}, eval perplexity {:.2f}, embeddings frozen: {}\n",
                            tracker->losses.size(), tracker->losses.front(), tracker->losses.back(),

@@ -1,4 +1,4 @@
-// `eval`: in-context-learning evaluation of an MPT model (HF folder or Tessera checkpoint) on LLM Foundry task files.
+// `eval`: in-context-learning evaluation of a model (HF folder or Tessera checkpoint) on LLM Foundry task files.
 //
 //   eval --model runs/x/hf --tokenizer tokenizer.json --tasks tasks.yaml [--gauntlet gauntlet.yaml]
 //        [--output results.json] [--nproc-per-node N]
@@ -33,7 +33,7 @@ namespace {
 namespace fs = std::filesystem;
 
 // --model: an HF folder, a Tessera checkpoint directory, or a save folder (its newest valid checkpoint).
-tessera::models::MPTForCausalLM load_model(const std::string& path) {
+std::shared_ptr<tessera::models::CausalLM> load_model(const std::string& path) {
   if (fs::exists(fs::path(path) / "config.json")) return tessera::checkpoint::load_hf_model(path);
   if (fs::exists(fs::path(path) / "metadata.json")) return tessera::checkpoint::load_checkpoint_model(path);
   if (fs::is_directory(path) && !tessera::checkpoint::list_checkpoints(path).empty()) {
@@ -48,7 +48,7 @@ tessera::models::MPTForCausalLM load_model(const std::string& path) {
 }
 
 int run(int argc, char** argv) {
-  CLI::App app{"Evaluate an MPT model on in-context-learning tasks (LLM Foundry's task format).", "eval"};
+  CLI::App app{"Evaluate a model on in-context-learning tasks (LLM Foundry's task format).", "eval"};
   std::string model_dir;
   std::string tokenizer_path;
   std::string tasks_path;
@@ -110,7 +110,7 @@ int run(int argc, char** argv) {
   std::optional<tessera::eval::GauntletConfig> gauntlet;
   if (!gauntlet_path.empty()) gauntlet = tessera::eval::load_gauntlet(gauntlet_path);
   const tessera::data::Tokenizer tokenizer = tessera::data::Tokenizer::from_file(tokenizer_path);
-  tessera::models::MPTForCausalLM model = load_model(model_dir);
+  const std::shared_ptr<tessera::models::CausalLM> model = load_model(model_dir);
 
   std::ofstream rows_out;
   if (!dump_rows.empty() && lead) {
@@ -122,7 +122,7 @@ int run(int argc, char** argv) {
   for (const auto& task : tasks) {
     for (int64_t k : task.num_fewshot) {
       if (rows_out.is_open()) {
-        const int64_t max_seq_len = task.max_seq_len > 0 ? task.max_seq_len : model->options().max_seq_len;
+        const int64_t max_seq_len = task.max_seq_len > 0 ? task.max_seq_len : model->max_seq_len();
         const auto data = tessera::eval::load_icl_dataset(task.dataset_uri, task.icl_task_type, task.strip_dataset,
                                                           task.has_categories);
         for (const auto& [category, examples] : tessera::eval::split_by_category(task, data)) {
@@ -141,7 +141,7 @@ int run(int argc, char** argv) {
       }
       const auto started = std::chrono::steady_clock::now();
       const std::vector<tessera::eval::IclResult> rs =
-          tessera::eval::evaluate_icl_task(model, tokenizer, task, k, ranks);
+          tessera::eval::evaluate_icl_task(*model, tokenizer, task, k, ranks);
       if (!lead) continue;
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       int64_t examples = 0;

@@ -17,6 +17,7 @@
 
 #include "tessera/checkpoint/safetensors.h"
 #include "tessera/core/state.h"
+#include "tessera/models/layers.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
 
@@ -95,23 +96,17 @@ void Alibi::apply(core::Event e, core::State& s, core::Logger& /*logger*/) {
         s, static_cast<int64_t>(static_cast<double>(s.batch.input_ids.size(1)) * o_.train_sequence_length_scaling));
     return;
   }
-  models::MPTOptions o = s.model_options;
-  if (o.attn.rope) throw ConfigError("algorithms", "alibi: the model uses rotary embeddings (attn_config.rope)");
-  o.attn.alibi = true;
-  o.attn.alibi_bias_max = o_.alibi_bias_max;
-  o.learned_pos_emb = false;
-  if (o_.max_sequence_length) o.max_seq_len = *o_.max_sequence_length;
-  s.model_options = o;
-  s.model = models::build_mpt(o, static_cast<uint64_t>(s.seed));
+  s.model = s.model->with_alibi(o_.alibi_bias_max, o_.max_sequence_length.value_or(s.model->max_seq_len()),
+                                static_cast<uint64_t>(s.seed));
 }
 
 // ---- lora ----
 
-std::vector<std::string> attach_lora(models::MPTForCausalLM& model, const LoraOptions& o, uint64_t seed) {
+std::vector<std::string> attach_lora(models::CausalLM& model, const LoraOptions& o, uint64_t seed) {
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   std::vector<std::string> adapted;
   at::NoGradGuard no_grad;
-  for (const auto& item : model->named_modules()) {
+  for (const auto& item : model.named_modules()) {
     auto linear = std::dynamic_pointer_cast<models::LinearImpl>(item.value());
     if (!linear) continue;
     const bool wanted = std::any_of(o.target_modules.begin(), o.target_modules.end(),
@@ -128,16 +123,16 @@ std::vector<std::string> attach_lora(models::MPTForCausalLM& model, const LoraOp
     throw ConfigError("algorithms", fmt::format("lora: no Linear module matches target_modules [{}]",
                                                 fmt::join(o.target_modules, ", ")));
   }
-  for (auto& p : model->named_parameters()) {
+  for (auto& p : model.named_parameters()) {
     const bool adapter = p.key().find(".lora_A") != std::string::npos || p.key().find(".lora_B") != std::string::npos;
     p.value().set_requires_grad(adapter);
   }
   return adapted;
 }
 
-void merge_lora(models::MPTForCausalLM& model) {
+void merge_lora(models::CausalLM& model) {
   at::NoGradGuard no_grad;
-  for (const auto& item : model->named_modules()) {
+  for (const auto& item : model.named_modules()) {
     auto linear = std::dynamic_pointer_cast<models::LinearImpl>(item.value());
     if (!linear || !linear->lora_A.defined()) continue;
     linear->weight.add_((at::matmul(linear->lora_B, linear->lora_A) * linear->lora_scale).to(linear->weight.dtype()));
@@ -145,9 +140,9 @@ void merge_lora(models::MPTForCausalLM& model) {
   }
 }
 
-void save_lora_adapters(models::MPTForCausalLM& model, const LoraOptions& o, const std::string& dir) {
+void save_lora_adapters(models::CausalLM& model, const LoraOptions& o, const std::string& dir) {
   std::map<std::string, at::Tensor> tensors;
-  for (const auto& p : model->named_parameters()) {
+  for (const auto& p : model.named_parameters()) {
     for (const char* which : {"lora_A", "lora_B"}) {
       const std::string suffix = std::string(".") + which;
       const std::string& k = p.key();
@@ -175,10 +170,10 @@ bool Lora::match(core::Event e, const core::State& /*s*/) const {
 
 void Lora::apply(core::Event e, core::State& s, core::Logger& /*logger*/) {
   if (e == core::Event::kFitEnd) {
-    save_lora_adapters(s.model, o_, *o_.save_path);
+    save_lora_adapters(*s.model, o_, *o_.save_path);
     return;
   }
-  const auto adapted = attach_lora(s.model, o_, static_cast<uint64_t>(s.seed) + 1);
+  const auto adapted = attach_lora(*s.model, o_, static_cast<uint64_t>(s.seed) + 1);
   spdlog::info("lora: adapters (r={}) on {} modules; {} trainable parameters", o_.r, adapted.size(), [&] {
     int64_t n = 0;
     for (const auto& p : s.trainable_parameters()) n += p.numel();
@@ -268,21 +263,7 @@ bool LowPrecisionLayerNorm::match(core::Event e, const core::State& /*s*/) const
 }
 
 void LowPrecisionLayerNorm::apply(core::Event /*e*/, core::State& s, core::Logger& /*logger*/) {
-  int n = 0;
-  for (const auto& item : s.model->named_modules()) {
-    auto norm = std::dynamic_pointer_cast<models::NormImpl>(item.value());
-    if (!norm) continue;
-    if (norm->type == models::NormType::kLayerNorm) norm->type = models::NormType::kLowPrecisionLayerNorm;
-    if (norm->type == models::NormType::kRMSNorm) norm->type = models::NormType::kLowPrecisionRMSNorm;
-    ++n;
-  }
-  if (s.model_options.norm_type == models::NormType::kLayerNorm) {
-    s.model_options.norm_type = models::NormType::kLowPrecisionLayerNorm;
-  }
-  if (s.model_options.norm_type == models::NormType::kRMSNorm) {
-    s.model_options.norm_type = models::NormType::kLowPrecisionRMSNorm;
-  }
-  spdlog::debug("low_precision_layernorm: {} norms in low precision", n);
+  s.model->use_low_precision_norms();
 }
 
 // ---- seq_length_warmup ----
@@ -367,23 +348,6 @@ void LossSpikeDetection::load_state_dict(const core::ComponentState& saved, core
   const auto w = saved.values.at("window").get<std::vector<double>>();
   window_.assign(w.begin(), w.end());
   consecutive_ = saved.values.value("consecutive", int64_t{0});
-}
-
-std::shared_ptr<core::Algorithm> make_algorithm(const config::ComponentOptions& c) {
-  if (c.name == "gradient_clipping") {
-    return std::make_shared<GradientClipping>(std::any_cast<GradientClippingOptions>(c.options));
-  }
-  if (c.name == "alibi") return std::make_shared<Alibi>(std::any_cast<AlibiOptions>(c.options));
-  if (c.name == "lora") return std::make_shared<Lora>(std::any_cast<LoraOptions>(c.options));
-  if (c.name == "ema") return std::make_shared<Ema>(std::any_cast<EmaOptions>(c.options));
-  if (c.name == "low_precision_layernorm") return std::make_shared<LowPrecisionLayerNorm>();
-  if (c.name == "loss_spike_detection") {
-    return std::make_shared<LossSpikeDetection>(std::any_cast<LossSpikeOptions>(c.options));
-  }
-  if (c.name == "seq_length_warmup") {
-    return std::make_shared<SeqLengthWarmup>(std::any_cast<SeqLengthWarmupOptions>(c.options));
-  }
-  throw ConfigError("algorithms", fmt::format("algorithm `{}` has no implementation", c.name));
 }
 
 }  // namespace tessera::algorithms

@@ -12,12 +12,11 @@
 #include <string>
 
 #include "tessera/checkpoint/hf.h"
+#include "tessera/core/state.h"
 #include "tessera/dist/communicator.h"
 #include "tessera/dist/fsdp.h"
-#include "tessera/util/file_io.h"
-#include "tessera/models/mpt_config.h"
-#include "tessera/core/state.h"
 #include "tessera/util/error.h"
+#include "tessera/util/file_io.h"
 #include "tessera/util/peak_flops.h"
 
 // The CUDA caching allocator's statistics, when LibTorch was built with CUDA (the pinned wheel is).
@@ -92,8 +91,7 @@ void SpeedMonitor::run_event(Event event, core::State& s, core::Logger& logger) 
   if (event == Event::kEvalEnd) eval_seconds_ += now_seconds() - eval_started_;
   if (event != Event::kBatchEnd) return;
   const int64_t seq = s.batch.input_ids.size(1);
-  const double batch_flops =
-      models::mpt_flops_per_token(s.model_options, seq) * static_cast<double>(s.batch.samples * seq * s.world_size);
+  const double batch_flops = s.model->flops_per_token(seq) * static_cast<double>(s.batch.samples * seq * s.world_size);
   total_flops_ += batch_flops;
   history_.push_back({s.timestamp.batch, s.timestamp.sample, s.timestamp.token, s.timestamp.total_wct, total_flops_});
   if (static_cast<int64_t>(history_.size()) > o_.window_size + 1) history_.pop_front();
@@ -336,9 +334,7 @@ void HfCheckpointer::save(core::State& s) {
     if (std::filesystem::exists(dir) && !o_.overwrite) {
       throw Error("hf_checkpointer", fmt::format("{} exists and overwrite is false", dir.string()));
     }
-    models::MPTOptions o = s.model_options;
-    o.init_device = "cpu";
-    models::MPTForCausalLM copy(o);
+    const std::shared_ptr<models::CausalLM> copy = s.model->rebuild("cpu", std::nullopt);  // every weight copied below
     {
       at::NoGradGuard no_grad;
       std::map<std::string, at::Tensor> by_name(weights.begin(), weights.end());
@@ -350,32 +346,12 @@ void HfCheckpointer::save(core::State& s) {
     const std::filesystem::path tmp = root / ("." + name + ".tmp");
     std::filesystem::remove_all(tmp);
     std::filesystem::create_directories(tmp);
-    checkpoint::save_hf_model(copy, tmp.string(), dtype);
+    checkpoint::save_hf_model(*copy, tmp.string(), dtype);
     std::filesystem::remove_all(dir);
     std::filesystem::rename(tmp, dir);
     spdlog::info("hf_checkpointer: wrote {}", dir.string());
   }
   if (s.comm) s.comm->barrier();
-}
-
-std::shared_ptr<core::Callback> make_callback(const config::ComponentOptions& c) {
-  if (c.name == "speed_monitor") return std::make_shared<SpeedMonitor>(std::any_cast<SpeedMonitorOptions>(c.options));
-  if (c.name == "lr_monitor") return std::make_shared<LRMonitor>();
-  if (c.name == "memory_monitor") return std::make_shared<MemoryMonitor>();
-  if (c.name == "runtime_estimator") {
-    return std::make_shared<RuntimeEstimator>(std::any_cast<RuntimeEstimatorOptions>(c.options));
-  }
-  if (c.name == "optimizer_monitor") {
-    return std::make_shared<OptimizerMonitor>(std::any_cast<OptimizerMonitorOptions>(c.options));
-  }
-  if (c.name == "early_stopper") return std::make_shared<EarlyStopper>(std::any_cast<EarlyStopperOptions>(c.options));
-  if (c.name == "threshold_stopper") {
-    return std::make_shared<ThresholdStopper>(std::any_cast<ThresholdStopperOptions>(c.options));
-  }
-  if (c.name == "hf_checkpointer") {
-    return std::make_shared<HfCheckpointer>(std::any_cast<HfCheckpointerOptions>(c.options));
-  }
-  throw ConfigError("callbacks", fmt::format("callback `{}` has no implementation", c.name));
 }
 
 }  // namespace tessera::callbacks

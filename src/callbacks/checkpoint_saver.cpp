@@ -169,13 +169,13 @@ int64_t agree_on_index(core::State& s, const std::function<int64_t()>& choose) {
 
 LoadedCheckpoint load_hf_weights(core::State& s, const std::string& dir, bool strict) {
   const auto files = checkpoint::open_safetensors_dir(dir);
-  const bool tied = s.model_options.tie_word_embeddings;
+  const std::optional<std::string> tied = s.model->tied_embedding_name();
   std::set<std::string> used;
   at::NoGradGuard no_grad;
   for (const Held& h : held_layout(s)) {
     for (const dist::ShardSpan& sp : h.spans) {
       std::string source = sp.name;
-      if (!files.count(source) && tied && source == "transformer.wte.weight" && files.count("lm_head.weight")) {
+      if (!files.count(source) && tied && source == *tied && files.count("lm_head.weight")) {
         source = "lm_head.weight";
       }
       auto it = files.find(source);
@@ -375,7 +375,8 @@ void CheckpointSaver::save(core::State& s, core::Logger& logger) {
     meta["weights_only"] = o_.weights_only;
     meta["sharding"] = {{"strategy", s.parallel ? dist::to_string(s.parallel->options().sharding.strategy) : "NONE"},
                         {"world_size", s.world_size}};
-    meta["hf_config"] = nlohmann::json::parse(checkpoint::hf_config_json(s.model_options, at::kFloat));
+    if (s.model->has_hf_format())
+      meta["hf_config"] = nlohmann::json::parse(checkpoint::hf_config_json(*s.model, at::kFloat));
     if (s.optimizer && !o_.weights_only) {
       meta["optimizer"] = {
           {"name", s.optimizer->options().name}, {"step", s.optimizer->steps()}, {"slots", s.optimizer->slot_names()}};

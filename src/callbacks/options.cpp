@@ -1,5 +1,7 @@
-// Callback option schemas.
+// The callback registry: option schemas and builders.
 #include "tessera/callbacks/options.h"
+
+#include "tessera/callbacks/callbacks.h"
 
 #include <fmt/format.h>
 
@@ -43,77 +45,114 @@ MonitoredMetric parse_monitored(config::Section& s, const std::vector<std::strin
   return m;
 }
 
+// Builds T from its Options (the std::any a parser returned); Options void: T takes none.
+template <class T, class Options>
+core::CallbackRegistry::Builder build() {
+  return [](const std::any& o, const core::RunContext& /*run*/) -> std::shared_ptr<core::Callback> {
+    if constexpr (std::is_void_v<Options>) {
+      return std::make_shared<T>();
+    } else {
+      return std::make_shared<T>(std::any_cast<const Options&>(o));
+    }
+  };
+}
+
 }  // namespace
 
-config::ComponentRegistry& callback_registry() {
-  static config::ComponentRegistry* registry = [] {
-    auto* r = new config::ComponentRegistry("callback");
-    r->add("speed_monitor", [](config::Section& s) -> std::any {
-      SpeedMonitorOptions o;
-      o.window_size = s.get_int("window_size", o.window_size);
-      s.check(o.window_size > 0, "window_size", "must be positive");
-      o.gpu_flops_available = s.get_optional_double("gpu_flops_available");
-      s.check(!o.gpu_flops_available || *o.gpu_flops_available > 0, "gpu_flops_available", "must be positive");
-      o.time_unit = s.get_choice("time_unit", o.time_unit, {"seconds", "minutes", "hours", "days"});
-      s.finish();
-      return o;
-    });
-    r->add("runtime_estimator", [](config::Section& s) -> std::any {
-      RuntimeEstimatorOptions o;
-      o.skip_batches = s.get_int("skip_batches", o.skip_batches);
-      s.check(o.skip_batches >= 0, "skip_batches", "must be non-negative");
-      o.time_unit = s.get_choice("time_unit", o.time_unit, {"seconds", "minutes", "hours", "days"});
-      s.finish();
-      return o;
-    });
-    r->add("lr_monitor", [](config::Section& s) -> std::any {
-      s.finish();
-      return LRMonitorOptions{};
-    });
-    r->add("memory_monitor", [](config::Section& s) -> std::any {
-      s.finish({"memory_keys", "dist_aggregate_batch_interval"});
-      return MemoryMonitorOptions{};
-    });
-    r->add("optimizer_monitor", [](config::Section& s) -> std::any {
-      OptimizerMonitorOptions o;
-      o.log_optimizer_metrics = s.get_bool("log_optimizer_metrics", o.log_optimizer_metrics);
-      o.batch_log_interval = s.get_int("batch_log_interval", o.batch_log_interval);
-      s.check(o.batch_log_interval > 0, "batch_log_interval", "must be a positive number of batches");
-      s.finish();
-      return o;
-    });
-    r->add("early_stopper", [](config::Section& s) -> std::any {
-      EarlyStopperOptions o;
-      o.metric = parse_monitored(s, {"monitor", "dataloader_label", "comp", "min_delta", "patience"});
-      o.min_delta = s.get_double("min_delta", o.min_delta);
-      o.patience = s.get_time("patience", o.patience, config::TimeUnit::kEpoch);
-      s.check(o.patience.unit() == config::TimeUnit::kEpoch || o.patience.unit() == config::TimeUnit::kBatch,
-              "patience", fmt::format("\"{}\": must be in ep or ba", o.patience.str()));
-      s.finish();
-      return o;
-    });
-    r->add("threshold_stopper", [](config::Section& s) -> std::any {
-      ThresholdStopperOptions o;
-      o.metric = parse_monitored(s, {"monitor", "dataloader_label", "comp", "threshold", "stop_on_batch"});
-      o.threshold = s.require_double("threshold");
-      o.stop_on_batch = s.get_bool("stop_on_batch", o.stop_on_batch);
-      s.finish();
-      return o;
-    });
-    r->add("hf_checkpointer", [](config::Section& s) -> std::any {
-      HfCheckpointerOptions o;
-      o.save_folder = s.require_string("save_folder");
-      o.save_interval = s.get_time("save_interval", o.save_interval, config::TimeUnit::kEpoch);
-      s.check(o.save_interval.unit() == config::TimeUnit::kBatch || o.save_interval.unit() == config::TimeUnit::kEpoch,
+core::CallbackRegistry& callback_registry() {
+  static core::CallbackRegistry* registry = [] {
+    auto* r = new core::CallbackRegistry("callback");
+    r->add(
+        "speed_monitor",
+        [](config::Section& s) -> std::any {
+          SpeedMonitorOptions o;
+          o.window_size = s.get_int("window_size", o.window_size);
+          s.check(o.window_size > 0, "window_size", "must be positive");
+          o.gpu_flops_available = s.get_optional_double("gpu_flops_available");
+          s.check(!o.gpu_flops_available || *o.gpu_flops_available > 0, "gpu_flops_available", "must be positive");
+          o.time_unit = s.get_choice("time_unit", o.time_unit, {"seconds", "minutes", "hours", "days"});
+          s.finish();
+          return o;
+        },
+        build<SpeedMonitor, SpeedMonitorOptions>());
+    r->add(
+        "runtime_estimator",
+        [](config::Section& s) -> std::any {
+          RuntimeEstimatorOptions o;
+          o.skip_batches = s.get_int("skip_batches", o.skip_batches);
+          s.check(o.skip_batches >= 0, "skip_batches", "must be non-negative");
+          o.time_unit = s.get_choice("time_unit", o.time_unit, {"seconds", "minutes", "hours", "days"});
+          s.finish();
+          return o;
+        },
+        build<RuntimeEstimator, RuntimeEstimatorOptions>());
+    r->add(
+        "lr_monitor",
+        [](config::Section& s) -> std::any {
+          s.finish();
+          return LRMonitorOptions{};
+        },
+        build<LRMonitor, void>());
+    r->add(
+        "memory_monitor",
+        [](config::Section& s) -> std::any {
+          s.finish({"memory_keys", "dist_aggregate_batch_interval"});
+          return MemoryMonitorOptions{};
+        },
+        build<MemoryMonitor, void>());
+    r->add(
+        "optimizer_monitor",
+        [](config::Section& s) -> std::any {
+          OptimizerMonitorOptions o;
+          o.log_optimizer_metrics = s.get_bool("log_optimizer_metrics", o.log_optimizer_metrics);
+          o.batch_log_interval = s.get_int("batch_log_interval", o.batch_log_interval);
+          s.check(o.batch_log_interval > 0, "batch_log_interval", "must be a positive number of batches");
+          s.finish();
+          return o;
+        },
+        build<OptimizerMonitor, OptimizerMonitorOptions>());
+    r->add(
+        "early_stopper",
+        [](config::Section& s) -> std::any {
+          EarlyStopperOptions o;
+          o.metric = parse_monitored(s, {"monitor", "dataloader_label", "comp", "min_delta", "patience"});
+          o.min_delta = s.get_double("min_delta", o.min_delta);
+          o.patience = s.get_time("patience", o.patience, config::TimeUnit::kEpoch);
+          s.check(o.patience.unit() == config::TimeUnit::kEpoch || o.patience.unit() == config::TimeUnit::kBatch,
+                  "patience", fmt::format("\"{}\": must be in ep or ba", o.patience.str()));
+          s.finish();
+          return o;
+        },
+        build<EarlyStopper, EarlyStopperOptions>());
+    r->add(
+        "threshold_stopper",
+        [](config::Section& s) -> std::any {
+          ThresholdStopperOptions o;
+          o.metric = parse_monitored(s, {"monitor", "dataloader_label", "comp", "threshold", "stop_on_batch"});
+          o.threshold = s.require_double("threshold");
+          o.stop_on_batch = s.get_bool("stop_on_batch", o.stop_on_batch);
+          s.finish();
+          return o;
+        },
+        build<ThresholdStopper, ThresholdStopperOptions>());
+    r->add(
+        "hf_checkpointer",
+        [](config::Section& s) -> std::any {
+          HfCheckpointerOptions o;
+          o.save_folder = s.require_string("save_folder");
+          o.save_interval = s.get_time("save_interval", o.save_interval, config::TimeUnit::kEpoch);
+          s.check(
+              o.save_interval.unit() == config::TimeUnit::kBatch || o.save_interval.unit() == config::TimeUnit::kEpoch,
               "save_interval", "must be in `ba` or `ep`");
-      s.check(!o.save_interval.is_zero(), "save_interval", "must be positive");
-      o.huggingface_folder_name = s.get_string("huggingface_folder_name", o.huggingface_folder_name);
-      o.precision = s.get_choice("precision", o.precision, {"float32", "bfloat16", "float16"});
-      o.overwrite = s.get_bool("overwrite", o.overwrite);
-      s.finish({"mlflow_registered_model_name", "mlflow_logging_config", "flatten_imports", "final_register_only",
-                "register_wait_seconds"});
-      return o;
-    });
+          s.check(!o.save_interval.is_zero(), "save_interval", "must be positive");
+          o.huggingface_folder_name = s.get_string("huggingface_folder_name", o.huggingface_folder_name);
+          o.precision = s.get_choice("precision", o.precision, {"float32", "bfloat16", "float16"});
+          o.overwrite = s.get_bool("overwrite", o.overwrite);
+          s.finish({"mlflow_registered_model_name", "mlflow_logging_config", "flatten_imports", "final_register_only",
+                    "register_wait_seconds"});
+          return o;
+        },
+        build<HfCheckpointer, HfCheckpointerOptions>());
     r->add_foundry_names({"checkpoint_saver",
                           "mono_checkpoint_saver",
                           "eval_gauntlet",

@@ -14,9 +14,9 @@ void Logger::log_hyperparameters(const nlohmann::json& hparams) {
 }
 
 double State::current_lr() const {
-  if (!optimizer) return 0;
+  if (!optimizer || !scheduler) return 0;
   const optim::ScheduleClock c{previous_timestamp, max_duration, dataloader_len, scale_schedule_ratio};
-  return optimizer->options().lr * optim::lr_multiplier(scheduler, c);
+  return optimizer->options().lr * scheduler->multiplier(c);
 }
 
 std::vector<at::Tensor> State::trainable_parameters() const {

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 namespace tessera::dist {
 namespace {
@@ -94,7 +95,7 @@ class ParallelModel::Impl : public models::UnitRunner {
   at::Tensor run(int64_t unit_index, const UnitFn& fn, const at::Tensor& x) override;
   at::Tensor backward_call(CallRecord& rec, const at::Tensor& grad_out);
 
-  void setup(models::MPTForCausalLM& model);
+  void setup(models::CausalLM& model);
   void gather(Unit& u);
   void wait_gathered(Unit& u);
   void reshard(Unit& u);
@@ -148,9 +149,21 @@ struct UnitFunction : public torch::autograd::Function<UnitFunction> {
   }
 };
 
+// The modules that own parameters of `unit` (init_weights selects modules by name).
+std::set<std::string> modules_of_unit(models::CausalLM& model, int64_t unit) {
+  std::set<std::string> out;
+  for (const auto& m : model.named_modules()) {
+    for (const auto& p : m.value()->named_parameters(/*recurse=*/false)) {
+      const std::string name = m.key().empty() ? p.key() : m.key() + "." + p.key();
+      if (model.unit_of_parameter(name) == unit) out.insert(m.key());
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
-void ParallelModel::Impl::setup(models::MPTForCausalLM& model) {
+void ParallelModel::Impl::setup(models::CausalLM& model) {
   const int world = comm_->size();
   const ShardingStrategy strategy = o_.sharding.strategy;
   // Groups: HYBRID_SHARD shards within nodes of ranks_per_node consecutive ranks and replicates across them.
@@ -177,8 +190,8 @@ void ParallelModel::Impl::setup(models::MPTForCausalLM& model) {
   const int shard_rank = sharded() ? shard_comm_->rank() : 0;
 
   std::map<int64_t, std::unique_ptr<Unit>> by_index;
-  for (auto& item : model->named_parameters()) {
-    const int64_t idx = models::unit_of_parameter(item.key());
+  for (auto& item : model.named_parameters()) {
+    const int64_t idx = model.unit_of_parameter(item.key());
     auto& u = by_index[idx];
     if (!u) {
       u = std::make_unique<Unit>();
@@ -196,9 +209,8 @@ void ParallelModel::Impl::setup(models::MPTForCausalLM& model) {
         // set_data refuses meta -> real; the shallow copy is what it does after that check.
         p.unsafeGetTensorImpl()->shallow_copy_from(real.getIntrusivePtr());
       }
-      const int64_t unit = idx;
-      models::init_mpt_weights(model, o_.init_seed,
-                               [unit](const std::string& m) { return models::unit_of_parameter(m) == unit; });
+      const std::set<std::string> modules = modules_of_unit(model, idx);
+      model.init_weights(o_.init_seed, [&modules](const std::string& m) { return modules.count(m) > 0; });
     }
     std::vector<at::Tensor> flat_parts;
     for (const at::Tensor& p : u->params) {
@@ -560,11 +572,11 @@ std::vector<int64_t> ParallelModel::unit_sizes() const {
   return out;
 }
 
-std::shared_ptr<ParallelModel> parallelize(models::MPTForCausalLM& model, const ParallelOptions& options,
+std::shared_ptr<ParallelModel> parallelize(models::CausalLM& model, const ParallelOptions& options,
                                            std::shared_ptr<Communicator> comm) {
   auto impl = std::make_shared<ParallelModel::Impl>(options, std::move(comm));
   impl->setup(model);
-  model->transformer->unit_runner = impl;
+  model.set_unit_runner(impl);
   spdlog::info("dist: {} over {} ranks ({}), {} units, parameters in {}, gradients reduced in {}",
                to_string(options.sharding.strategy), impl->comm_->size(), impl->comm_->backend_name(),
                impl->units_.size(), c10::toString(options.param_dtype), c10::toString(options.reduce_dtype));

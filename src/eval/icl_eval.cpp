@@ -1,4 +1,4 @@
-// Scoring ICL rows with an MPT model and LLM Foundry's accuracy metrics (see icl.h).
+// Scoring ICL rows with any causal LM (the model protocol) and LLM Foundry's accuracy metrics (see icl.h).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -19,12 +19,12 @@ namespace tessera::eval {
 namespace {
 
 // Log-probabilities of the continuation tokens after the context. x: (1, L) -> rows L_ctx-1 .. L-2 of the logits.
-at::Tensor continuation_log_probs(models::MPTForCausalLM& model, const IclRow& row, at::Tensor* predictions) {
+at::Tensor continuation_log_probs(models::CausalLM& model, const IclRow& row, at::Tensor* predictions) {
   std::vector<int64_t> ids = row.context;
   ids.insert(ids.end(), row.continuation.begin(), row.continuation.end());
-  const auto device = model->parameters().front().device();
+  const auto device = model.parameters().front().device();
   at::Tensor input = at::tensor(ids, at::kLong).unsqueeze(0).to(device);
-  at::Tensor logits = model->forward(input).squeeze(0).to(at::kFloat);  // (L, V)
+  at::Tensor logits = model.forward(input).squeeze(0).to(at::kFloat);  // (L, V)
   const auto start = static_cast<int64_t>(row.context.size()) - 1;
   const auto len = static_cast<int64_t>(row.continuation.size());
   at::Tensor rows = logits.narrow(0, start, len);  // (C, V)
@@ -97,10 +97,10 @@ bool generation_exact_match(const std::string& output, const std::vector<std::st
 namespace {
 
 // One evaluator: `data` (a whole task file, or one category of it) at `num_fewshot`.
-IclResult evaluate_examples(models::MPTForCausalLM& model, const data::Tokenizer& tokenizer, const IclTaskConfig& task,
+IclResult evaluate_examples(models::CausalLM& model, const data::Tokenizer& tokenizer, const IclTaskConfig& task,
                             const std::vector<IclExample>& data, int64_t num_fewshot, const std::string& category,
                             const IclRanks& ranks) {
-  const int64_t max_seq_len = task.max_seq_len > 0 ? task.max_seq_len : model->options().max_seq_len;
+  const int64_t max_seq_len = task.max_seq_len > 0 ? task.max_seq_len : model.max_seq_len();
   int64_t max_answer_tokens = 0;
   const std::vector<IclPrepared> examples =
       prepare_icl_examples(task, data, num_fewshot, tokenizer, max_seq_len, &max_answer_tokens);
@@ -113,8 +113,8 @@ IclResult evaluate_examples(models::MPTForCausalLM& model, const data::Tokenizer
   if (!category.empty()) r.label += "/" + category;
   r.total = static_cast<int64_t>(examples.size());
   if (examples.empty()) return r;
-  const bool was_training = model->is_training();
-  model->eval();
+  const bool was_training = model.is_training();
+  model.eval();
   at::NoGradGuard no_grad;
   const std::string& type = task.icl_task_type;
   const bool generation = type == "generation_task_with_answers";
@@ -176,13 +176,13 @@ IclResult evaluate_examples(models::MPTForCausalLM& model, const data::Tokenizer
       if (static_cast<int64_t>(best) == p.gold) ++r.correct;
     }
   }
-  if (was_training) model->train();
+  if (was_training) model.train();
   return r;
 }
 
 }  // namespace
 
-std::vector<IclResult> evaluate_icl_task(models::MPTForCausalLM& model, const data::Tokenizer& tokenizer,
+std::vector<IclResult> evaluate_icl_task(models::CausalLM& model, const data::Tokenizer& tokenizer,
                                          const IclTaskConfig& task, int64_t num_fewshot, const IclRanks& ranks) {
   if (ranks.world_size < 1 || ranks.rank < 0 || ranks.rank >= ranks.world_size ||
       (ranks.world_size > 1 && !ranks.sum)) {

@@ -7,10 +7,9 @@
 #include <cmath>
 #include <filesystem>
 
-#include "tessera/loggers/tensorboard.h"
 #include "tessera/core/state.h"
+#include "tessera/loggers/tensorboard.h"
 #include "tessera/util/error.h"
-#include "tessera/util/file_io.h"
 #include "tessera/util/python_json.h"
 
 namespace tessera::loggers {
@@ -148,20 +147,6 @@ void JsonlLogger::close(core::State& /*state*/, core::Logger& /*logger*/) {
 
 std::shared_ptr<core::LoggerDestination> make_console_logger(const config::Time& interval, bool progress_bar) {
   return std::make_shared<ConsoleLogger>(interval, progress_bar);
-}
-
-std::shared_ptr<core::Callback> make_logger(const config::ComponentOptions& c, const std::string& run_name,
-                                               int64_t rank) {
-  if (c.name == "jsonl") {
-    const auto& o = std::any_cast<const JsonlLoggerOptions&>(c.options);
-    // Metrics are reduced over the ranks before they are logged: one file, from rank 0, unless the name has {rank}.
-    if (rank != 0 && o.filename.find("{rank}") == std::string::npos) return nullptr;
-    return std::make_shared<JsonlLogger>(util::fill_path_pattern(o.filename, run_name, rank));
-  }
-  if (c.name == "tensorboard") {
-    return std::make_shared<TensorBoardLogger>(std::any_cast<const TensorBoardLoggerOptions&>(c.options), run_name);
-  }
-  throw ConfigError("loggers", fmt::format("logger `{}` has no implementation", c.name));
 }
 
 }  // namespace tessera::loggers

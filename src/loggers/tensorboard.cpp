@@ -13,8 +13,8 @@
 #include <filesystem>
 #include <utility>
 
-#include "tessera/loggers/loggers.h"
 #include "tessera/core/state.h"
+#include "tessera/loggers/loggers.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
 

@@ -34,15 +34,15 @@ bool ends_with(const std::vector<int64_t>& seq, const std::vector<int64_t>& tail
 
 }  // namespace
 
-std::vector<std::vector<int64_t>> generate(MPTForCausalLM& model, const std::vector<std::vector<int64_t>>& prompts,
+std::vector<std::vector<int64_t>> generate(CausalLM& model, const std::vector<std::vector<int64_t>>& prompts,
                                            const GenerationOptions& g) {
   if (prompts.empty()) return {};
   if (g.temperature <= 0) throw ConfigError("generate", "temperature must be positive");
   if (g.top_p <= 0 || g.top_p > 1) throw ConfigError("generate", "top_p must lie in (0, 1]");
-  const bool was_training = model->is_training();
-  model->eval();
+  const bool was_training = model.is_training();
+  model.eval();
   at::NoGradGuard no_grad;
-  const at::Device device = model->transformer->wte->weight.device();
+  const at::Device device = model.parameters().front().device();
   const int64_t batch = static_cast<int64_t>(prompts.size());
   int64_t longest = 0;
   for (const auto& p : prompts) {
@@ -70,7 +70,7 @@ std::vector<std::vector<int64_t>> generate(MPTForCausalLM& model, const std::vec
   std::vector<bool> done(static_cast<size_t>(batch), false);
   at::Tensor input = ids;
   for (int64_t step = 0; step < g.max_new_tokens; ++step) {
-    const at::Tensor logits = model->forward(input, fo).select(1, -1).to(at::kFloat).cpu();  // (B, V)
+    const at::Tensor logits = model.forward(input, fo).select(1, -1).to(at::kFloat).cpu();  // (B, V)
     at::Tensor next;
     if (g.do_sample) {
       const at::Tensor filtered = filter_logits(logits / g.temperature, g.top_k, g.top_p);
@@ -96,7 +96,7 @@ std::vector<std::vector<int64_t>> generate(MPTForCausalLM& model, const std::vec
     input = next.view({batch, 1}).to(device);
     if (fo.attention_mask) fo.attention_mask = at::ones({batch, 1}, at::TensorOptions(at::kBool).device(device));
   }
-  model->train(was_training);
+  model.train(was_training);
   return out;
 }
 

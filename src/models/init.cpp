@@ -81,11 +81,11 @@ uint64_t module_seed(uint64_t seed, const std::string& module_name) {
   return z ^ (z >> 31);
 }
 
-void init_mpt_weights(MPTForCausalLM& model, uint64_t seed, const std::function<bool(const std::string&)>& select) {
+void init_mpt_weights(MPTForCausalLMImpl& model, uint64_t seed, const std::function<bool(const std::string&)>& select) {
   at::NoGradGuard no_grad;
-  const MPTOptions& o = model->options();
+  const MPTOptions& o = model.options();
   const int64_t hd = o.head_dim();
-  for (const auto& item : model->named_modules()) {
+  for (const auto& item : model.named_modules()) {
     if (select && !select(item.key())) continue;
     torch::nn::Module& m = *item.value();
     if (m.parameters(/*recurse=*/false).empty()) continue;

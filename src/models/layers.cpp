@@ -35,8 +35,6 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias, const at::Tensor
   if (with_bias) bias = register_parameter("bias", at::zeros({out}, options));
 }
 
-void LinearImpl::reset() {}
-
 void LinearImpl::attach_lora(const at::Tensor& a, const at::Tensor& b, double scale, double dropout) {
   lora_A = register_parameter("lora_A", a);
   lora_B = register_parameter("lora_B", b);

@@ -120,13 +120,6 @@ int64_t unit_of_parameter(const std::string& name) {
   return std::stoll(name.substr(kBlocks.size(), name.find('.', kBlocks.size()) - kBlocks.size())) + 1;
 }
 
-namespace {
-at::Tensor run_unit(const std::shared_ptr<UnitRunner>& runner, int64_t unit,
-                    const std::function<at::Tensor(const at::Tensor&)>& fn, const at::Tensor& x) {
-  return runner ? runner->run(unit, fn, x) : fn(x);
-}
-}  // namespace
-
 at::Tensor MPTModelImpl::forward_blocks(const at::Tensor& ids, const ForwardOptions& fo) {
   TORCH_CHECK(ids.dim() == 2, "input_ids must be (batch, seq), got ", ids.sizes());
   KVCache* cache = fo.cache;
@@ -211,16 +204,56 @@ MPTForCausalLM materialize(const MPTForCausalLM& meta_model, const at::Device& d
   return build_mpt(o, seed);
 }
 
-at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, int64_t ignore_index,
-                          at::Reduction::Reduction reduction) {
-  const int64_t b = labels.size(0), s = labels.size(1), v = logits.size(2);
-  // Position t is scored against labels[:, t + 1]; the last position has no target and is ignored. Scoring every
-  // position of the contiguous logits avoids slicing them, which would copy (B*S, V) floats forward and scatter
-  // them back in backward: the largest tensors of a small model's step. The ignored rows add nothing to the sum,
-  // the count or the gradient.
-  const at::Tensor targets =
-      at::cat({labels.narrow(1, 1, s - 1), at::full({b, 1}, ignore_index, labels.options())}, 1).reshape({-1});
-  return at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, v}), targets, {}, reduction, ignore_index);
+void MPTForCausalLMImpl::init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select) {
+  init_mpt_weights(*this, seed, select);
+}
+
+std::shared_ptr<CausalLM> MPTForCausalLMImpl::rebuild(const std::string& device, std::optional<uint64_t> seed) const {
+  MPTOptions o = o_;
+  o.init_device = device;
+  return seed ? build_mpt(o, *seed).ptr() : MPTForCausalLM(o).ptr();
+}
+
+double MPTForCausalLMImpl::flops_per_token(int64_t seq_len) const {
+  return mpt_flops_per_token(o_, seq_len);
+}
+
+std::optional<double> MPTForCausalLMImpl::activation_bytes(int64_t batch, int64_t seq_len, int bytes_per_value,
+                                                           bool activation_checkpointing) const {
+  return mpt_activation_bytes(o_, batch, seq_len, bytes_per_value, activation_checkpointing);
+}
+
+std::string MPTForCausalLMImpl::describe() const {
+  return fmt::format("mpt_causal_lm: d_model {}, n_heads {} (kv {}), n_layers {}, ffn {}, vocab {}, {}", o_.d_model,
+                     o_.n_heads, o_.attn.kv_n_heads, o_.n_layers, o_.ffn_hidden(), o_.vocab_size,
+                     o_.attn.alibi ? "alibi" : (o_.attn.rope ? "rope" : "learned positions"));
+}
+
+nlohmann::ordered_json MPTForCausalLMImpl::hf_config(at::ScalarType dtype) const {
+  return mpt_hf_config(o_, dtype);
+}
+
+std::optional<std::string> MPTForCausalLMImpl::tied_embedding_name() const {
+  if (!o_.tie_word_embeddings) return std::nullopt;
+  return "transformer.wte.weight";
+}
+
+std::shared_ptr<CausalLM> MPTForCausalLMImpl::with_alibi(double alibi_bias_max, int64_t max_seq_len,
+                                                         uint64_t seed) const {
+  if (o_.attn.rope) throw ConfigError("algorithms", "alibi: the model uses rotary embeddings (attn_config.rope)");
+  MPTOptions o = o_;
+  o.attn.alibi = true;
+  o.attn.alibi_bias_max = alibi_bias_max;
+  o.learned_pos_emb = false;
+  o.max_seq_len = max_seq_len;
+  o.init_device = transformer->wte->weight.device().str();
+  return build_mpt(o, seed).ptr();
+}
+
+void MPTForCausalLMImpl::use_low_precision_norms() {
+  CausalLM::use_low_precision_norms();
+  if (o_.norm_type == NormType::kLayerNorm) o_.norm_type = NormType::kLowPrecisionLayerNorm;
+  if (o_.norm_type == NormType::kRMSNorm) o_.norm_type = NormType::kLowPrecisionRMSNorm;
 }
 
 }  // namespace tessera::models

@@ -189,16 +189,6 @@ MPTOptions parse_mpt_options(config::Section& s) {
   return o;
 }
 
-config::Registry<MPTOptions>& model_registry() {
-  static config::Registry<MPTOptions>* registry = [] {
-    auto* r = new config::Registry<MPTOptions>("model");
-    r->add("mpt_causal_lm", parse_mpt_options);
-    r->add_foundry_names({"hf_causal_lm", "hf_t5", "hf_prefix_lm", "hf_llama"});
-    return r;
-  }();
-  return *registry;
-}
-
 int64_t mpt_block_params(const MPTOptions& o) {
   const int64_t d = o.d_model, hd = o.head_dim(), h = o.n_heads, kv = o.attn.kv_n_heads;
   const int64_t f = o.ffn_hidden();

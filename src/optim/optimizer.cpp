@@ -193,11 +193,21 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options, const
   for (const at::Tensor& p : params) {
     if (p.requires_grad()) trainable.push_back(p);
   }
-  if (options.name == "decoupled_adamw") return std::make_unique<Adam>(options, std::move(trainable), true);
-  if (options.name == "adamw") return std::make_unique<Adam>(options, std::move(trainable), false);
-  if (options.name == "decoupled_lionw") return std::make_unique<Lion>(options, std::move(trainable));
-  if (options.name == "decoupled_sgdw") return std::make_unique<SGDW>(options, std::move(trainable));
-  throw ConfigError("optimizer", fmt::format("unknown optimizer `{}`", options.name));
+  return optimizer_registry().build(options.name, options, std::move(trainable));
 }
+
+namespace detail {
+
+std::unique_ptr<Optimizer> make_adam(const OptimizerOptions& options, std::vector<at::Tensor> params, bool decoupled) {
+  return std::make_unique<Adam>(options, std::move(params), decoupled);
+}
+std::unique_ptr<Optimizer> make_lion(const OptimizerOptions& options, std::vector<at::Tensor> params) {
+  return std::make_unique<Lion>(options, std::move(params));
+}
+std::unique_ptr<Optimizer> make_sgdw(const OptimizerOptions& options, std::vector<at::Tensor> params) {
+  return std::make_unique<SGDW>(options, std::move(params));
+}
+
+}  // namespace detail
 
 }  // namespace tessera::optim

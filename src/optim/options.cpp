@@ -3,6 +3,9 @@
 
 #include <fmt/format.h>
 
+#include "tessera/optim/optimizer.h"
+#include "tessera/optim/scheduler.h"
+
 namespace tessera::optim {
 namespace {
 
@@ -84,15 +87,18 @@ void warmup_fields(Section& s, SchedulerOptions& o) {
   o.scale_warmup = s.get_bool("scale_warmup", false);
 }
 
-void add_scheduler(config::Registry<SchedulerOptions>& r, const std::string& name, SchedulerParser fields) {
-  r.add(name, [name, fields](Section& s) {
-    SchedulerOptions o;
-    o.name = name;
-    fields(s, o);
-    s.check(o.alpha_f >= 0, "alpha_f", "must be non-negative");
-    s.finish();
-    return o;
-  });
+void add_scheduler(SchedulerRegistry& r, const std::string& name, SchedulerParser fields) {
+  r.add(
+      name,
+      [name, fields](Section& s) {
+        SchedulerOptions o;
+        o.name = name;
+        fields(s, o);
+        s.check(o.alpha_f >= 0, "alpha_f", "must be non-negative");
+        s.finish();
+        return o;
+      },
+      detail::builtin_scheduler);
 }
 
 }  // namespace
@@ -104,22 +110,32 @@ int OptimizerOptions::state_tensors() const {
   return 2;
 }
 
-config::Registry<OptimizerOptions>& optimizer_registry() {
-  static config::Registry<OptimizerOptions>* registry = [] {
-    auto* r = new config::Registry<OptimizerOptions>("optimizer");
-    r->add("decoupled_adamw", [](Section& s) { return parse_adam(s, "decoupled_adamw", 1e-3, {0.9, 0.95}, 1e-5); });
-    r->add("adamw", [](Section& s) { return parse_adam(s, "adamw", 1e-3, {0.9, 0.999}, 1e-2); });
-    r->add("decoupled_lionw", parse_lion);
-    r->add("decoupled_sgdw", parse_sgdw);
+OptimizerRegistry& optimizer_registry() {
+  static OptimizerRegistry* registry = [] {
+    auto* r = new OptimizerRegistry("optimizer");
+    r->add(
+        "decoupled_adamw",
+        [](Section& s) {
+          return parse_adam(s, "decoupled_adamw", 1e-3, {0.9, 0.95}, 1e-5);
+        },
+        [](const OptimizerOptions& o, std::vector<at::Tensor> p) { return detail::make_adam(o, std::move(p), true); });
+    r->add(
+        "adamw",
+        [](Section& s) {
+          return parse_adam(s, "adamw", 1e-3, {0.9, 0.999}, 1e-2);
+        },
+        [](const OptimizerOptions& o, std::vector<at::Tensor> p) { return detail::make_adam(o, std::move(p), false); });
+    r->add("decoupled_lionw", parse_lion, detail::make_lion);
+    r->add("decoupled_sgdw", parse_sgdw, detail::make_sgdw);
     r->add_foundry_names({"clip_lion", "adalr_lion", "no_op", "decoupled_adamw_bnb"});
     return r;
   }();
   return *registry;
 }
 
-config::Registry<SchedulerOptions>& scheduler_registry() {
-  static config::Registry<SchedulerOptions>* registry = [] {
-    auto* r = new config::Registry<SchedulerOptions>("scheduler");
+SchedulerRegistry& scheduler_registry() {
+  static SchedulerRegistry* registry = [] {
+    auto* r = new SchedulerRegistry("scheduler");
     add_scheduler(*r, "constant", [](Section& s, SchedulerOptions& o) {
       o.alpha = s.get_double("alpha", 1.0);
       o.t_max = schedule_time(s, "t_max", o.t_max);

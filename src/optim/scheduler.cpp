@@ -5,8 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
+
+#include "tessera/util/error.h"
 
 namespace tessera::optim {
 namespace {
@@ -77,79 +81,138 @@ double multistep(const SchedulerOptions& o, const ScheduleClock& c) {
   return factor;
 }
 
+// The warmup phase of a *_with_warmup schedule (a ramp from 0 to `target`), or nullopt after it.
+std::optional<double> warmup(const SchedulerOptions& o, const ScheduleClock& c, double target) {
+  const Count t_warmup = convert(o.t_warmup, c);
+  if (!before(c, t_warmup)) return std::nullopt;
+  // LinearScheduler(0, target, t_warmup), evaluated with SSR only when scale_warmup.
+  return linear(c, 0.0, target, convert(o.t_warmup, c, o.scale_warmup ? c.ssr : 1.0));
+}
+
+double constant(const SchedulerOptions& o, const ScheduleClock& c) {
+  return before(c, convert(o.t_max, c, c.ssr)) ? o.alpha : 1.0;
+}
+double linear_schedule(const SchedulerOptions& o, const ScheduleClock& c) {
+  return linear(c, o.alpha_i, o.alpha_f, convert(o.t_max, c, c.ssr));
+}
+double cosine(const SchedulerOptions& o, const ScheduleClock& c) {
+  const Count t_max = convert(o.t_max, c, c.ssr);
+  return cosine_anneal(now_in(c, t_max.unit) / t_max.value, o.alpha_f);
+}
+double polynomial(const SchedulerOptions& o, const ScheduleClock& c) {
+  const Count t_max = convert(o.t_max, c, c.ssr);
+  const double frac = std::min(1.0, now_in(c, t_max.unit) / t_max.value);
+  return o.alpha_f + std::pow(1.0 - frac, o.power) * (1.0 - o.alpha_f);
+}
+double step(const SchedulerOptions& o, const ScheduleClock& c) {
+  const Count step = convert(o.step_size, c, c.ssr);
+  return std::pow(o.gamma, std::floor(now_in(c, step.unit) / step.value));
+}
+double exponential(const SchedulerOptions& o, const ScheduleClock& c) {
+  const Count period = convert(o.decay_period, c, c.ssr);
+  return std::pow(o.gamma, now_in(c, period.unit) / period.value);
+}
+double cosine_warm_restarts(const SchedulerOptions& o, const ScheduleClock& c) {
+  const Count t_0 = convert(o.t_0, c, c.ssr);
+  const double now = now_in(c, t_0.unit);
+  double len = t_0.value;
+  double end = t_0.value;
+  while (end <= now) {
+    if (len == 0) throw std::invalid_argument("the interval between warm restarts has decayed to 0 (t_mult < 1)");
+    len = std::trunc(o.t_mult * len);
+    end += len;
+  }
+  return cosine_anneal((now - (end - len)) / len, o.alpha_f);
+}
+double multistep_with_warmup(const SchedulerOptions& o, const ScheduleClock& c) {
+  if (auto w = warmup(o, c, 1.0)) return *w;
+  return multistep(o, c);
+}
+double constant_with_warmup(const SchedulerOptions& o, const ScheduleClock& c) {
+  if (auto w = warmup(o, c, o.alpha)) return *w;
+  return constant(o, c);
+}
+double linear_decay_with_warmup(const SchedulerOptions& o, const ScheduleClock& c) {
+  if (auto w = warmup(o, c, o.alpha_i)) return *w;
+  const double frac = post_warmup_fraction(c, convert(o.t_warmup, c), convert(o.t_max, c, c.ssr));
+  return o.alpha_i + frac * (o.alpha_f - o.alpha_i);
+}
+double cosine_with_warmup(const SchedulerOptions& o, const ScheduleClock& c) {
+  if (auto w = warmup(o, c, 1.0)) return *w;
+  return cosine_anneal(post_warmup_fraction(c, convert(o.t_warmup, c), convert(o.t_max, c, c.ssr)), o.alpha_f);
+}
+double polynomial_with_warmup(const SchedulerOptions& o, const ScheduleClock& c) {
+  if (auto w = warmup(o, c, 1.0)) return *w;
+  const double frac = post_warmup_fraction(c, convert(o.t_warmup, c), convert(o.t_max, c, c.ssr));
+  return o.alpha_f + std::pow(1.0 - frac, o.power) * (1.0 - o.alpha_f);
+}
+double inv_sqrt_with_warmup(const SchedulerOptions& o, const ScheduleClock& c) {
+  const Count t_warmup = convert(o.t_warmup, c);
+  if (before(c, t_warmup)) return linear(c, 0.0, 1.0, t_warmup);
+  const Count t_scale = convert(o.t_scale, c, c.ssr);
+  const Count t_cooldown = convert(o.t_cooldown, c, c.ssr);
+  const Count t_max = convert(o.t_max, c, c.ssr);
+  const double now = now_in(c, t_scale.unit);
+  const double shift = t_scale.value - t_warmup.value;
+  const double cooldown_start = std::max(t_max.value - t_cooldown.value, t_warmup.value);
+  auto decay = [&](double t) {
+    return o.alpha_f_decay + (1.0 - o.alpha_f_decay) / std::sqrt((t + shift) / t_scale.value);
+  };
+  if (now < cooldown_start) return decay(now);
+  const double alpha_i = decay(cooldown_start);
+  if (t_cooldown.value == 0) return alpha_i;
+  const double frac = std::min(1.0, (now - cooldown_start) / t_cooldown.value);
+  return alpha_i + frac * (o.alpha_f_cooldown - alpha_i);
+}
+
+using Formula = double (*)(const SchedulerOptions&, const ScheduleClock&);
+
+const std::map<std::string, Formula>& formulas() {
+  static const std::map<std::string, Formula> table = {{"constant", constant},
+                                                       {"linear", linear_schedule},
+                                                       {"cosine", cosine},
+                                                       {"polynomial", polynomial},
+                                                       {"step", step},
+                                                       {"multistep", multistep},
+                                                       {"exponential", exponential},
+                                                       {"cosine_warm_restarts", cosine_warm_restarts},
+                                                       {"multistep_with_warmup", multistep_with_warmup},
+                                                       {"constant_with_warmup", constant_with_warmup},
+                                                       {"linear_decay_with_warmup", linear_decay_with_warmup},
+                                                       {"cosine_with_warmup", cosine_with_warmup},
+                                                       {"polynomial_with_warmup", polynomial_with_warmup},
+                                                       {"inv_sqrt_with_warmup", inv_sqrt_with_warmup}};
+  return table;
+}
+
+// A built-in schedule: its options and its formula, chosen once.
+class BuiltinScheduler : public Scheduler {
+ public:
+  BuiltinScheduler(SchedulerOptions o, Formula f) : o_(std::move(o)), f_(f) {}
+  double multiplier(const ScheduleClock& clock) const override { return f_(o_, clock); }
+  std::string check(const config::Time& max_duration) const override { return check_schedule(o_, max_duration); }
+
+ private:
+  SchedulerOptions o_;
+  Formula f_;
+};
+
 }  // namespace
 
-double lr_multiplier(const SchedulerOptions& o, const ScheduleClock& c) {
-  const std::string& n = o.name;
-  const bool warmup = n.size() > 12 && n.compare(n.size() - 12, 12, "_with_warmup") == 0 && n != "inv_sqrt_with_warmup";
-  if (warmup) {
-    const double warmup_ssr = o.scale_warmup ? c.ssr : 1.0;
-    const Count t_warmup = convert(o.t_warmup, c);
-    if (before(c, t_warmup)) {
-      // LinearScheduler(0, alpha or 1, t_warmup), evaluated with SSR only when scale_warmup.
-      const Count scaled = convert(o.t_warmup, c, warmup_ssr);
-      const double target = n == "constant_with_warmup" ? o.alpha : (n == "linear_decay_with_warmup" ? o.alpha_i : 1.0);
-      return linear(c, 0.0, target, scaled);
-    }
-    if (n == "multistep_with_warmup") return multistep(o, c);
-    const Count t_max = convert(o.t_max, c, c.ssr);
-    if (n == "constant_with_warmup") return before(c, t_max) ? o.alpha : 1.0;
-    const double frac = post_warmup_fraction(c, t_warmup, t_max);
-    if (n == "linear_decay_with_warmup") return o.alpha_i + frac * (o.alpha_f - o.alpha_i);
-    if (n == "cosine_with_warmup") return cosine_anneal(frac, o.alpha_f);
-    if (n == "polynomial_with_warmup") return o.alpha_f + std::pow(1.0 - frac, o.power) * (1.0 - o.alpha_f);
+namespace detail {
+
+std::shared_ptr<const Scheduler> builtin_scheduler(const SchedulerOptions& options) {
+  auto it = formulas().find(options.name);
+  if (it == formulas().end()) {
+    throw ConfigError("scheduler", fmt::format("no built-in scheduler `{}`", options.name));
   }
-  if (n == "constant") return before(c, convert(o.t_max, c, c.ssr)) ? o.alpha : 1.0;
-  if (n == "linear") return linear(c, o.alpha_i, o.alpha_f, convert(o.t_max, c, c.ssr));
-  if (n == "cosine") {
-    const Count t_max = convert(o.t_max, c, c.ssr);
-    return cosine_anneal(now_in(c, t_max.unit) / t_max.value, o.alpha_f);
-  }
-  if (n == "polynomial") {
-    const Count t_max = convert(o.t_max, c, c.ssr);
-    const double frac = std::min(1.0, now_in(c, t_max.unit) / t_max.value);
-    return o.alpha_f + std::pow(1.0 - frac, o.power) * (1.0 - o.alpha_f);
-  }
-  if (n == "step") {
-    const Count step = convert(o.step_size, c, c.ssr);
-    return std::pow(o.gamma, std::floor(now_in(c, step.unit) / step.value));
-  }
-  if (n == "multistep") return multistep(o, c);
-  if (n == "exponential") {
-    const Count period = convert(o.decay_period, c, c.ssr);
-    return std::pow(o.gamma, now_in(c, period.unit) / period.value);
-  }
-  if (n == "cosine_warm_restarts") {
-    const Count t_0 = convert(o.t_0, c, c.ssr);
-    const double now = now_in(c, t_0.unit);
-    double len = t_0.value;
-    double end = t_0.value;
-    while (end <= now) {
-      if (len == 0) throw std::invalid_argument("the interval between warm restarts has decayed to 0 (t_mult < 1)");
-      len = std::trunc(o.t_mult * len);
-      end += len;
-    }
-    return cosine_anneal((now - (end - len)) / len, o.alpha_f);
-  }
-  if (n == "inv_sqrt_with_warmup") {
-    const Count t_warmup = convert(o.t_warmup, c);
-    if (before(c, t_warmup)) return linear(c, 0.0, 1.0, t_warmup);
-    const Count t_scale = convert(o.t_scale, c, c.ssr);
-    const Count t_cooldown = convert(o.t_cooldown, c, c.ssr);
-    const Count t_max = convert(o.t_max, c, c.ssr);
-    const double now = now_in(c, t_scale.unit);
-    const double shift = t_scale.value - t_warmup.value;
-    const double cooldown_start = std::max(t_max.value - t_cooldown.value, t_warmup.value);
-    auto decay = [&](double t) {
-      return o.alpha_f_decay + (1.0 - o.alpha_f_decay) / std::sqrt((t + shift) / t_scale.value);
-    };
-    if (now < cooldown_start) return decay(now);
-    const double alpha_i = decay(cooldown_start);
-    if (t_cooldown.value == 0) return alpha_i;
-    const double frac = std::min(1.0, (now - cooldown_start) / t_cooldown.value);
-    return alpha_i + frac * (o.alpha_f_cooldown - alpha_i);
-  }
-  throw std::invalid_argument(fmt::format("unknown scheduler `{}`", n));
+  return std::make_shared<BuiltinScheduler>(options, it->second);
+}
+
+}  // namespace detail
+
+double lr_multiplier(const SchedulerOptions& options, const ScheduleClock& clock) {
+  return scheduler_registry().build(options.name, options)->multiplier(clock);
 }
 
 std::string check_schedule(const SchedulerOptions& o, const config::Time& max_duration) {

@@ -41,9 +41,12 @@ Plan make_plan(const TrainConfig& cfg, int64_t world_size, int64_t ranks_per_nod
   Plan plan;
   plan.world_size = world_size;
   plan.ranks_per_node = std::clamp<int64_t>(ranks_per_node, 1, world_size);
-  plan.n_params = models::mpt_param_count(cfg.model);
+  // The model on `meta`: shapes only, no memory, whatever its size.
+  const std::shared_ptr<models::CausalLM> model = models::model_registry().build(cfg.model.name, cfg.model, "meta", 0);
+  plan.model = model->describe();
+  plan.n_params = model->num_params();
   plan.seq_len = cfg.train_loader.max_seq_len;
-  plan.flops_per_token = models::mpt_flops_per_token(cfg.model, plan.seq_len);
+  plan.flops_per_token = model->flops_per_token(plan.seq_len);
   plan.tokens_per_step = cfg.global_train_batch_size * plan.seq_len;
   if (cfg.global_train_batch_size % world_size != 0) {
     throw ConfigError("recipe", fmt::format("{}: global_train_batch_size ({}) is not divisible by the world size ({})",
@@ -64,9 +67,10 @@ Plan make_plan(const TrainConfig& cfg, int64_t world_size, int64_t ranks_per_nod
   }
   const bool mixed = cfg.precision != Precision::kFp32;
   const int act_bytes = mixed ? 2 : 4;
-  const int64_t unit = models::mpt_largest_unit_params(cfg.model);
-  const double act = models::mpt_activation_bytes(cfg.model, mb, plan.seq_len, act_bytes, false);
-  const double act_ckpt = models::mpt_activation_bytes(cfg.model, mb, plan.seq_len, act_bytes, true);
+  const int64_t unit = model->largest_unit_params();
+  // A model that does not estimate its activations counts none (the plan says so).
+  const double act = model->activation_bytes(mb, plan.seq_len, act_bytes, false).value_or(0);
+  const double act_ckpt = model->activation_bytes(mb, plan.seq_len, act_bytes, true).value_or(0);
   for (auto strategy :
        {dist::ShardingStrategy::kNoShard, dist::ShardingStrategy::kShardGradOp, dist::ShardingStrategy::kFullShard}) {
     plan.memory.push_back({strategy,
@@ -78,7 +82,6 @@ Plan make_plan(const TrainConfig& cfg, int64_t world_size, int64_t ranks_per_nod
 }
 
 std::string render_plan(const TrainConfig& cfg, const Plan& plan, const std::string& device_line) {
-  const models::MPTOptions& m = cfg.model;
   std::string out;
   auto line = [&out](std::string_view label, const std::string& value) {
     out += fmt::format("  {:<26}{}\n", label, value);
@@ -86,9 +89,7 @@ std::string render_plan(const TrainConfig& cfg, const Plan& plan, const std::str
   out += fmt::format("Plan for {} (run {})\n", cfg.recipe_path, cfg.run_name);
   line("devices", device_line);
   line("world size", fmt::format("{} ({} per node)", plan.world_size, plan.ranks_per_node));
-  line("model", fmt::format("mpt_causal_lm: d_model {}, n_heads {} (kv {}), n_layers {}, ffn {}, vocab {}, {}",
-                            m.d_model, m.n_heads, m.attn.kv_n_heads, m.n_layers, m.ffn_hidden(), m.vocab_size,
-                            m.attn.alibi ? "alibi" : (m.attn.rope ? "rope" : "learned positions")));
+  line("model", plan.model);
   line("parameters",
        fmt::format("{} ({})", with_commas(plan.n_params), human_count(static_cast<double>(plan.n_params))));
   line("FLOPs per token",

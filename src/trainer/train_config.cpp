@@ -10,6 +10,8 @@
 #include "tessera/callbacks/options.h"
 #include "tessera/config/reader.h"
 #include "tessera/loggers/options.h"
+#include "tessera/optim/optimizer.h"
+#include "tessera/optim/scheduler.h"
 #include "tessera/util/error.h"
 
 namespace tessera::trainer {
@@ -98,8 +100,9 @@ const std::vector<std::string_view> kTopLevelKeys = {"variables",
                                                      "log_to_console",
                                                      "deterministic_mode"};
 
-template <class Options>
-Options parse_named(Section& root, std::string_view key, const config::Registry<Options>& registry, bool required) {
+template <class Options, class... Rest>
+Options parse_named(Section& root, std::string_view key, const config::Registry<Options, Rest...>& registry,
+                    bool required) {
   Section s = root.section(key);
   if (!s.present()) {
     if (required) root.fail(key, "missing required key");
@@ -183,11 +186,14 @@ TrainConfig parse_train_config(config::Value resolved, const std::string& path) 
     Section model = root.section("model");
     if (!model.present()) root.fail("model", "missing required key");
     const std::string name = model.require_string("name");
-    if (auto parsed = models::model_registry().parse(name, model, model, "name")) cfg.model = *parsed;
-    // As in LLM Foundry, the model's max_seq_len is its own (MPTConfig default 2048), not the top-level value.
-    model.check(cfg.model.max_seq_len >= cfg.max_seq_len, "max_seq_len",
-                fmt::format("the model's max_seq_len ({}) is shorter than the recipe's max_seq_len ({})",
-                            cfg.model.max_seq_len, cfg.max_seq_len));
+    if (auto parsed = models::model_registry().parse(name, model, model, "name")) {
+      cfg.model = *std::move(parsed);
+      cfg.model.name = name;
+      // As in LLM Foundry, the model's max_seq_len is its own (MPTConfig default 2048), not the top-level value.
+      model.check(cfg.model.max_seq_len >= cfg.max_seq_len, "max_seq_len",
+                  fmt::format("the model's max_seq_len ({}) is shorter than the recipe's max_seq_len ({})",
+                              cfg.model.max_seq_len, cfg.max_seq_len));
+    }
   }
   {
     Section tok = root.section("tokenizer");
@@ -197,7 +203,7 @@ TrainConfig parse_train_config(config::Value resolved, const std::string& path) 
   cfg.train_loader = parse_named(root, "train_loader", data::loader_registry(), true);
   if (root.has("eval_loader")) cfg.eval_loader = parse_named(root, "eval_loader", data::loader_registry(), true);
   for (const data::LoaderOptions* loader : {&cfg.train_loader, cfg.eval_loader ? &*cfg.eval_loader : nullptr}) {
-    if (loader == nullptr) continue;
+    if (loader == nullptr || !cfg.model.options.has_value()) continue;
     const char* key = loader == &cfg.train_loader ? "train_loader" : "eval_loader";
     root.check(loader->max_seq_len <= cfg.model.max_seq_len, key,
                fmt::format("dataset.max_seq_len ({}) exceeds the model's max_seq_len ({})", loader->max_seq_len,

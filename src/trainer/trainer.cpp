@@ -17,12 +17,12 @@
 
 #include "tessera/algorithms/algorithms.h"
 #include "tessera/callbacks/callbacks.h"
+#include "tessera/callbacks/checkpoint_saver.h"
 #include "tessera/data/loader.h"
 #include "tessera/data/streaming_dataset.h"
 #include "tessera/dist/communicator.h"
 #include "tessera/dist/fsdp.h"
 #include "tessera/loggers/loggers.h"
-#include "tessera/callbacks/checkpoint_saver.h"
 #include "tessera/util/device.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
@@ -48,34 +48,6 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
-
-// Autocast of forward and loss (backward runs outside, as in Composer's get_precision_context).
-class AutocastGuard {
- public:
-  AutocastGuard(Precision p, at::DeviceType device) : device_(device) {
-    if (p == Precision::kFp32) return;
-    prev_enabled_ = at::autocast::is_autocast_enabled(device);
-    prev_dtype_ = at::autocast::get_autocast_dtype(device);
-    at::autocast::set_autocast_enabled(device, true);
-    at::autocast::set_autocast_dtype(device, p == Precision::kAmpBf16 ? at::kBFloat16 : at::kHalf);
-    at::autocast::increment_nesting();
-    active_ = true;
-  }
-  ~AutocastGuard() {
-    if (!active_) return;
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_autocast_enabled(device_, prev_enabled_);
-    at::autocast::set_autocast_dtype(device_, prev_dtype_);
-  }
-  AutocastGuard(const AutocastGuard&) = delete;
-  AutocastGuard& operator=(const AutocastGuard&) = delete;
-
- private:
-  at::DeviceType device_;
-  bool active_ = false;
-  bool prev_enabled_ = false;
-  at::ScalarType prev_dtype_ = at::kFloat;
-};
 
 // `values` summed over every rank, in one all-reduce (doubles: exact for counts below 2^53).
 std::vector<double> sum_over_ranks(const State& s, const std::vector<double>& values) {
@@ -120,6 +92,25 @@ data::TokenBatch slice(const data::TokenBatch& b, int64_t start, int64_t end) {
 }  // namespace
 
 Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config)), logger_(state_) {
+  setup_ranks();
+  build_data();  // before the model, so that a missing or corrupt dataset fails first
+  build_icl_tasks();
+  build_model();
+  build_components(std::move(parts));
+  engine_ = std::make_unique<core::Engine>(state_, logger_);
+  engine_->run_event(Event::kInit);  // model surgery (alibi, lora, ...) happens here
+  setup_microbatching();
+  shard_model();  // after INIT's surgery, before the optimizer sees the parameters
+  state_.optimizer = optim::make_optimizer(cfg_.optimizer, state_.trainable_parameters());
+  // Reseed so that INIT-time randomness does not change what training draws; a resumed run then restores the RNG.
+  at::manual_seed(static_cast<uint64_t>(cfg_.seed + state_.rank));
+  engine_->run_event(Event::kBeforeLoad);
+  load_initial_checkpoint();
+  engine_->run_event(Event::kAfterLoad);
+  logger_.log_hyperparameters(cfg_.resolved.to_json());
+}
+
+void Trainer::setup_ranks() {
   // Threads: LibTorch's default can be 1 inside some environments; use every core this process may run on unless
   // the user pinned a count with OMP_NUM_THREADS.
   if (std::getenv("OMP_NUM_THREADS") == nullptr) at::set_num_threads(util::available_cores());
@@ -139,9 +130,13 @@ Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config
   state_.seed = cfg_.seed;
   state_.max_duration = cfg_.max_duration;
   state_.max_seq_len = cfg_.max_seq_len;
-  state_.scheduler = cfg_.scheduler;
+  state_.scheduler = optim::scheduler_registry().build(cfg_.scheduler.name, cfg_.scheduler);
+  if (const std::string why = state_.scheduler->check(cfg_.max_duration); !why.empty()) {
+    throw ConfigError("recipe", fmt::format("{}: {}", cfg_.recipe_path, why));
+  }
   // Ranks: the launcher's environment (torchrun's variables), or one process.
-  const dist::Rendezvous rv = dist::rendezvous_from_env();
+  rendezvous_ = dist::rendezvous_from_env();
+  const dist::Rendezvous& rv = rendezvous_;
   state_.rank = rv.rank;
   state_.world_size = rv.world_size;
   state_.local_rank = rv.local_rank;
@@ -151,19 +146,20 @@ Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config
     throw ConfigError("recipe", fmt::format("{}: global_train_batch_size {} does not divide over {} ranks",
                                             cfg_.recipe_path, cfg_.global_train_batch_size, state_.world_size));
   }
-  if (state_.world_size > 1) check_multi_rank_support();
   state_.comm = dist::Communicator::connect(rv, state_.device, cfg_.dist_timeout);
   if (state_.world_size > 1) {
     spdlog::info("rank {} of {} (node {}, local rank {}), {} collectives", state_.rank, state_.world_size,
                  rv.node_rank(), rv.local_rank, state_.comm->backend_name());
   }
   state_.device_train_batch_size = cfg_.global_train_batch_size / state_.world_size;
+}
 
-  // Data first, so that a missing or corrupt dataset fails before the model is built.
+void Trainer::build_data() {
   if (cfg_.train_loader.max_seq_len != cfg_.max_seq_len) {
     spdlog::warn("train_loader.dataset.max_seq_len ({}) differs from max_seq_len ({})", cfg_.train_loader.max_seq_len,
                  cfg_.max_seq_len);
   }
+  const dist::Rendezvous& rv = rendezvous_;
   workers_ = std::max<int64_t>(1, cfg_.train_loader.num_workers);
   const data::World world{rv.num_nodes(), rv.local_world_size, workers_};
   train_data_ = std::make_unique<data::StreamingDataset>(
@@ -178,57 +174,69 @@ Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config
     eval_data_ = std::make_unique<data::StreamingDataset>(
         streaming_options(*cfg_.eval_loader, cfg_.device_eval_batch_size, cfg_.eval_loader->shuffle), world);
   }
+}
+
+void Trainer::build_icl_tasks() {
   if (cfg_.icl_tasks_path) {
     icl_tasks_ = eval::load_icl_tasks(*cfg_.icl_tasks_path);
   } else {
     const std::string base = std::filesystem::path(cfg_.recipe_path).parent_path().string();
     for (const auto& t : cfg_.icl_tasks) icl_tasks_.push_back(eval::parse_icl_task(t.raw, base));
   }
-  if (!icl_tasks_.empty()) {
-    // ICL prompts are as long as icl_seq_len (default: the model's context) unless a task says otherwise.
-    for (auto& t : icl_tasks_) {
-      if (t.max_seq_len == 0) t.max_seq_len = cfg_.icl_seq_len.value_or(cfg_.max_seq_len);
-    }
-    if (cfg_.eval_gauntlet) {
-      if (cfg_.eval_gauntlet->is_scalar()) {
-        std::filesystem::path g = cfg_.eval_gauntlet->text();
-        const std::filesystem::path beside = std::filesystem::path(cfg_.recipe_path).parent_path() / g;
-        if (!std::filesystem::exists(g) && std::filesystem::exists(beside)) g = beside;
-        if (!std::filesystem::exists(g)) {
-          throw ConfigError("recipe", fmt::format("{}: eval_gauntlet: {} does not exist", cfg_.recipe_path,
-                                                  cfg_.eval_gauntlet->text()));
-        }
-        gauntlet_ = eval::load_gauntlet(g.string());
-      } else {
-        gauntlet_ = eval::parse_gauntlet(*cfg_.eval_gauntlet);
-      }
-    }
-    std::filesystem::path tok = cfg_.tokenizer.name;
-    if (std::filesystem::is_directory(tok)) tok /= "tokenizer.json";
-    if (!std::filesystem::is_regular_file(tok)) {
-      throw ConfigError("recipe", fmt::format("{}: icl_tasks need a tokenizer: tokenizer.name \"{}\" is not a "
-                                              "tokenizer.json or a folder holding one",
-                                              cfg_.recipe_path, cfg_.tokenizer.name));
-    }
-    icl_tokenizer_ = data::Tokenizer::from_file(tok);
+  if (icl_tasks_.empty()) return;
+  // ICL prompts are as long as icl_seq_len (default: the model's context) unless a task says otherwise.
+  for (auto& t : icl_tasks_) {
+    if (t.max_seq_len == 0) t.max_seq_len = cfg_.icl_seq_len.value_or(cfg_.max_seq_len);
   }
+  if (cfg_.eval_gauntlet) {
+    if (cfg_.eval_gauntlet->is_scalar()) {
+      std::filesystem::path g = cfg_.eval_gauntlet->text();
+      const std::filesystem::path beside = std::filesystem::path(cfg_.recipe_path).parent_path() / g;
+      if (!std::filesystem::exists(g) && std::filesystem::exists(beside)) g = beside;
+      if (!std::filesystem::exists(g)) {
+        throw ConfigError("recipe", fmt::format("{}: eval_gauntlet: {} does not exist", cfg_.recipe_path,
+                                                cfg_.eval_gauntlet->text()));
+      }
+      gauntlet_ = eval::load_gauntlet(g.string());
+    } else {
+      gauntlet_ = eval::parse_gauntlet(*cfg_.eval_gauntlet);
+    }
+  }
+  std::filesystem::path tok = cfg_.tokenizer.name;
+  if (std::filesystem::is_directory(tok)) tok /= "tokenizer.json";
+  if (!std::filesystem::is_regular_file(tok)) {
+    throw ConfigError("recipe", fmt::format("{}: icl_tasks need a tokenizer: tokenizer.name \"{}\" is not a "
+                                            "tokenizer.json or a folder holding one",
+                                            cfg_.recipe_path, cfg_.tokenizer.name));
+  }
+  icl_tokenizer_ = data::Tokenizer::from_file(tok);
+}
+
+void Trainer::build_model() {
   at::manual_seed(static_cast<uint64_t>(cfg_.seed));
-  state_.model_options = cfg_.model;
   // `meta` with several ranks: the sharding engine materialises one unit at a time (a model larger than one rank's
   // memory); otherwise the whole model is built on the device.
   const bool deferred = cfg_.model.init_device == "meta" && state_.world_size > 1;
-  state_.model_options.init_device = deferred ? "meta" : state_.device.is_cuda() ? "cuda" : "cpu";
-  state_.model = models::build_mpt(state_.model_options, static_cast<uint64_t>(cfg_.seed));
+  state_.model = models::model_registry().build(cfg_.model.name, cfg_.model,
+                                                deferred                  ? "meta"
+                                                : state_.device.is_cuda() ? "cuda"
+                                                                          : "cpu",
+                                                static_cast<uint64_t>(cfg_.seed));
+}
 
+void Trainer::build_components(TrainerParts parts) {
+  const core::RunContext run{state_.run_name, state_.rank, state_.world_size};
   // Loggers first, then callbacks (Composer: state.callbacks = loggers + callbacks). Metrics are reduced over the
   // ranks before they are logged, so only rank 0 prints them.
   if ((cfg_.log_to_console || cfg_.progress_bar) && state_.rank == 0) {
     state_.callbacks.push_back(loggers::make_console_logger(cfg_.console_log_interval, cfg_.progress_bar));
   }
-  for (const auto& c : cfg_.loggers) {
-    if (auto logger = loggers::make_logger(c, state_.run_name, state_.rank)) state_.callbacks.push_back(std::move(logger));
+  for (auto& c : config::build_components(cfg_.loggers, loggers::logger_registry(), run)) {
+    state_.callbacks.push_back(std::move(c));
   }
-  for (const auto& c : cfg_.callbacks) state_.callbacks.push_back(callbacks::make_callback(c));
+  for (auto& c : config::build_components(cfg_.callbacks, callbacks::callback_registry(), run)) {
+    state_.callbacks.push_back(std::move(c));
+  }
   if (cfg_.save_folder) {
     callbacks::SaveOptions so;
     so.folder = util::fill_path_pattern(*cfg_.save_folder, state_.run_name, 0);
@@ -243,55 +251,54 @@ Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config
     saver_ = std::make_shared<callbacks::CheckpointSaver>(so, [this] { return resumption_state(); });
     state_.callbacks.push_back(saver_);
   }
-  for (const auto& a : cfg_.algorithms) state_.algorithms.push_back(algorithms::make_algorithm(a));
-  for (auto& a : parts.algorithms) state_.algorithms.push_back(std::move(a));
+  state_.algorithms = config::build_components(cfg_.algorithms, algorithms::algorithm_registry(), run);
+  // Components that read or replace whole parameter tensors, which sharding turns into flat shards.
+  std::vector<std::string> unsupported;
+  for (size_t i = 0; i < state_.algorithms.size(); ++i) {
+    if (!state_.algorithms[i]->supports_sharded_parameters())
+      unsupported.push_back("algorithms." + cfg_.algorithms[i].name);
+  }
+  for (auto& a : parts.algorithms) {
+    if (!a->supports_sharded_parameters()) unsupported.push_back(a->name());
+    state_.algorithms.push_back(std::move(a));
+  }
+  if (state_.world_size > 1 && !unsupported.empty()) {
+    throw ConfigError("recipe", fmt::format("{}: not supported yet with more than one rank: {}", cfg_.recipe_path,
+                                            fmt::join(unsupported, ", ")));
+  }
   for (auto& c : parts.callbacks) state_.callbacks.push_back(std::move(c));
   for (auto& c : state_.callbacks) {
     if (auto d = std::dynamic_pointer_cast<core::LoggerDestination>(c)) logger_.add_destination(d);
   }
-  engine_ = std::make_unique<core::Engine>(state_, logger_);
-  engine_->run_event(Event::kInit);
+}
 
-  if (const std::string why = optim::check_schedule(cfg_.scheduler, cfg_.max_duration); !why.empty()) {
-    throw ConfigError("recipe", fmt::format("{}: {}", cfg_.recipe_path, why));
-  }
-
-  // Microbatches.
-  auto_microbatch_ = cfg_.device_train_microbatch_size.automatic;
+void Trainer::setup_microbatching() {
+  oom_retry_ = OutOfMemoryRetry(cfg_.device_train_microbatch_size.automatic);
+  loss_scaler_ = LossScaler(state_.precision == Precision::kAmpFp16);
   state_.device_train_microbatch_size =
-      auto_microbatch_ ? state_.device_train_batch_size
-                       : std::min(cfg_.device_train_microbatch_size.samples, state_.device_train_batch_size);
-  if (auto_microbatch_ && state_.rank == 0) {
+      oom_retry_.enabled() ? state_.device_train_batch_size
+                           : std::min(cfg_.device_train_microbatch_size.samples, state_.device_train_batch_size);
+  if (oom_retry_.enabled() && state_.rank == 0) {
     spdlog::info(
         "device_train_microbatch_size: auto starts from the whole device batch ({} samples) and halves it "
         "when a batch runs out of memory{}",
         state_.device_train_batch_size,
         state_.device.is_cuda() ? "" : " (on CPU only a failed allocation counts, e.g. under ulimit -v)");
   }
+}
 
-  // Shard after INIT (algorithms' model surgery comes first), before the optimizer sees the parameters.
-  if (state_.world_size > 1) {
-    dist::ParallelOptions po;
-    po.sharding = cfg_.fsdp;
-    const at::ScalarType low = state_.precision == Precision::kAmpBf16   ? at::kBFloat16
-                               : state_.precision == Precision::kAmpFp16 ? at::kHalf
-                                                                         : at::kFloat;
-    std::tie(po.param_dtype, po.reduce_dtype) = dist::mixed_precision_dtypes(cfg_.fsdp.mixed_precision, low);
-    po.ranks_per_node = static_cast<int>(state_.local_world_size);
-    po.overlap = cfg_.fsdp.overlap_communication;
-    po.device = state_.device;
-    po.init_seed = static_cast<uint64_t>(cfg_.seed);
-    po.agree_on_oom = auto_microbatch_;
-    state_.parallel = dist::parallelize(state_.model, po, state_.comm);
-  }
-  state_.optimizer = optim::make_optimizer(cfg_.optimizer, state_.trainable_parameters());
-
-  // Reseed so that INIT-time randomness does not change what training draws; a resumed run then restores the RNG.
-  at::manual_seed(static_cast<uint64_t>(cfg_.seed + state_.rank));
-  engine_->run_event(Event::kBeforeLoad);
-  load_initial_checkpoint();
-  engine_->run_event(Event::kAfterLoad);
-  logger_.log_hyperparameters(cfg_.resolved.to_json());
+void Trainer::shard_model() {
+  if (state_.world_size == 1) return;
+  dist::ParallelOptions po;
+  po.sharding = cfg_.fsdp;
+  std::tie(po.param_dtype, po.reduce_dtype) =
+      dist::mixed_precision_dtypes(cfg_.fsdp.mixed_precision, core::autocast_dtype(state_.precision));
+  po.ranks_per_node = static_cast<int>(state_.local_world_size);
+  po.overlap = cfg_.fsdp.overlap_communication;
+  po.device = state_.device;
+  po.init_seed = static_cast<uint64_t>(cfg_.seed);
+  po.agree_on_oom = oom_retry_.enabled();
+  state_.parallel = dist::parallelize(*state_.model, po, state_.comm);
 }
 
 nlohmann::json Trainer::resumption_state() const {
@@ -299,8 +306,8 @@ nlohmann::json Trainer::resumption_state() const {
   return {{"config", cfg_.resolved.to_json()},
           {"dataset", {{"train", train_data_->state(t.epoch, t.sample_in_epoch).to_json()}}},
           {"trainer",
-           {{"loss_scale", loss_scale_},
-            {"good_steps", good_steps_},
+           {{"loss_scale", loss_scaler_.loss_scale()},
+            {"good_steps", loss_scaler_.good_steps()},
             {"device_train_microbatch_size", state_.device_train_microbatch_size}}}};
 }
 
@@ -330,9 +337,9 @@ void Trainer::load_initial_checkpoint() {
       }
     }
     if (m.contains("trainer")) {
-      loss_scale_ = m["trainer"].value("loss_scale", loss_scale_);
-      good_steps_ = m["trainer"].value("good_steps", good_steps_);
-      if (auto_microbatch_) {
+      loss_scaler_.restore(m["trainer"].value("loss_scale", loss_scaler_.loss_scale()),
+                           m["trainer"].value("good_steps", loss_scaler_.good_steps()));
+      if (oom_retry_.enabled()) {
         state_.device_train_microbatch_size =
             std::min(state_.device_train_batch_size,
                      m["trainer"].value("device_train_microbatch_size", state_.device_train_microbatch_size));
@@ -344,22 +351,6 @@ void Trainer::load_initial_checkpoint() {
                  state_.timestamp.epoch, state_.timestamp.batch, loaded.full_state ? "" : " (weights only)");
   }
   last_checkpoint_ = loaded.path;
-}
-
-void Trainer::check_multi_rank_support() const {
-  // Components that read or replace whole parameter tensors, which sharding turns into flat shards.
-  std::vector<std::string> unsupported;
-  for (const auto& a : cfg_.algorithms) {
-    if (a.name == "lora") unsupported.push_back("algorithms." + a.name);
-    if (a.name == "gradient_clipping" &&
-        std::any_cast<algorithms::GradientClippingOptions>(a.options).clipping_type == "adaptive") {
-      unsupported.emplace_back("algorithms.gradient_clipping.clipping_type: adaptive");
-    }
-  }
-  if (!unsupported.empty()) {
-    throw ConfigError("recipe", fmt::format("{}: not supported yet with more than one rank: {}", cfg_.recipe_path,
-                                            fmt::join(unsupported, ", ")));
-  }
 }
 
 Trainer::~Trainer() {
@@ -390,36 +381,19 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
       }
       engine_->run_event(Event::kAfterLoss);
       engine_->run_event(Event::kBeforeBackward);
-      if (state_.precision == Precision::kAmpFp16) {
-        (state_.loss * loss_scale_).backward();
-      } else {
-        state_.loss.backward();
-      }
+      loss_scaler_.scale(state_.loss).backward();
       if (state_.parallel) state_.parallel->finish_backward();
       engine_->run_event(Event::kAfterBackward);
       total += state_.loss.item<double>();
     }
   } catch (const std::exception& e) {
-    if (!auto_microbatch_) throw;
-    const bool peer = dynamic_cast<const dist::PeerOutOfMemory*>(&e) != nullptr;
-    if (!peer && !util::is_out_of_memory(e)) throw;
-    if (state_.parallel) {
-      // This rank's own error takes the place of its next sync point (a peer's error was seen at one already).
-      if (!peer) state_.parallel->agree_on_oom(true);
-      state_.parallel->discard_microbatches();
-    }
-    return false;
+    if (oom_retry_.absorb(e, state_.parallel.get())) return false;
+    throw;
   }
   // A rank that ran out of memory after its last collective tells the others here.
-  if (auto_microbatch_ && state_.parallel && state_.parallel->agree_on_oom(false)) {
-    state_.parallel->discard_microbatches();
-    return false;
-  }
-  state_.train_loss = total;
-  if (state_.world_size > 1) {
-    // The logged loss is the mean over every rank's device batch (Composer all-reduces it too).
-    state_.train_loss = sum_over_ranks(state_, {total})[0] / static_cast<double>(state_.world_size);
-  }
+  if (oom_retry_.peer_failed(state_.parallel.get())) return false;
+  // The logged loss is the mean over every rank's device batch (Composer all-reduces it too).
+  state_.train_loss = sum_over_ranks(state_, {total})[0] / static_cast<double>(state_.world_size);
   return true;
 }
 
@@ -431,12 +405,7 @@ void Trainer::train_batch() {
     state_.optimizer->zero_grad();
     if (run_microbatches(full, state_.device_train_microbatch_size)) break;
     // Out of memory with `auto` (on this rank or another): halve the microbatch and retry the same batch.
-    if (state_.device_train_microbatch_size == 1) {
-      throw Error("train", fmt::format("rank {}: out of memory with device_train_microbatch_size=1 (on this rank or "
-                                       "another): not even 1 sample fits",
-                                       state_.rank));
-    }
-    state_.device_train_microbatch_size = std::max<int64_t>(1, state_.device_train_microbatch_size / 2);
+    state_.device_train_microbatch_size = OutOfMemoryRetry::halve(state_.device_train_microbatch_size, state_.rank);
     spdlog::warn(
         "rank {}: out of memory (on this rank or another): retrying batch {} with "
         "device_train_microbatch_size={}",
@@ -446,39 +415,18 @@ void Trainer::train_batch() {
     state_.optimizer->zero_grad();
   }
   state_.batch = full;
-  bool skip_step = false;
-  if (state_.precision == Precision::kAmpFp16) {
-    // Unscale before AFTER_TRAIN_BATCH (clipping sees true gradients); skip the step on inf/nan.
-    at::NoGradGuard no_grad;
-    for (at::Tensor& p : state_.trainable_parameters()) {
-      if (!p.grad().defined()) continue;
-      p.mutable_grad().div_(loss_scale_);
-      if (!at::isfinite(p.grad()).all().item<bool>()) skip_step = true;
-    }
-    if (state_.world_size > 1) {  // every rank skips, or none
-      at::Tensor t = at::full({1}, skip_step ? 1.0 : 0.0, at::TensorOptions().device(state_.device));
-      state_.comm->all_reduce(t, dist::ReduceOp::kMax).wait();
-      skip_step = t.item<double>() > 0;
-    }
-  }
+  // Unscale before AFTER_TRAIN_BATCH (clipping sees true gradients); an overflow skips the step.
+  const bool overflow = loss_scaler_.unscale(state_.trainable_parameters(), *state_.comm, state_.device);
   engine_->run_event(Event::kAfterTrainBatch);
   // Composer's order: the step uses the rate the scheduler last computed (at the previous step's timestamp).
   const optim::ScheduleClock clock{state_.previous_timestamp, state_.max_duration, state_.dataloader_len,
                                    state_.scale_schedule_ratio};
-  const double lr = cfg_.optimizer.lr * optim::lr_multiplier(state_.scheduler, clock);
+  const double lr = cfg_.optimizer.lr * state_.scheduler->multiplier(clock);
   if (state_.skip_optimizer_step && state_.rank == 0) {
     spdlog::warn("batch {}: optimizer step skipped", state_.timestamp.batch + 1);
   }
-  if (!skip_step && !state_.skip_optimizer_step) state_.optimizer->step(lr);
-  if (state_.precision == Precision::kAmpFp16) {
-    if (skip_step) {
-      loss_scale_ *= 0.5;
-      good_steps_ = 0;
-    } else if (++good_steps_ == 2000) {
-      loss_scale_ *= 2.0;
-      good_steps_ = 0;
-    }
-  }
+  if (!overflow && !state_.skip_optimizer_step) state_.optimizer->step(lr);
+  loss_scaler_.update(overflow);
 }
 
 void Trainer::fit() {
@@ -510,12 +458,11 @@ void Trainer::fit() {
       engine_->run_event(Event::kAfterDataloader);
       engine_->run_event(Event::kBatchStart);
       int64_t samples = state_.batch.samples, tokens = count_tokens(state_.batch);
-      if (state_.world_size > 1) {  // the timestamp counts every rank's samples and tokens
-        const std::vector<double> sums =
-            sum_over_ranks(state_, {static_cast<double>(samples), static_cast<double>(tokens)});
-        samples = static_cast<int64_t>(sums[0]);
-        tokens = static_cast<int64_t>(sums[1]);
-      }
+      // The timestamp counts every rank's samples and tokens.
+      const std::vector<double> sums =
+          sum_over_ranks(state_, {static_cast<double>(samples), static_cast<double>(tokens)});
+      samples = static_cast<int64_t>(sums[0]);
+      tokens = static_cast<int64_t>(sums[1]);
       train_batch();
       if (state_.rollback_requested) rollback();
       Metrics m{{"loss/train/total", state_.train_loss}};
@@ -640,11 +587,10 @@ Metrics Trainer::run_loader_eval() {
       engine_->run_event(Event::kEvalBatchEnd);
     }
   }
-  if (state_.world_size > 1) {  // every rank evaluated its share of the eval set
-    const std::vector<double> sums = sum_over_ranks(state_, {loss_sum, static_cast<double>(token_count)});
-    loss_sum = sums[0];
-    token_count = static_cast<int64_t>(sums[1]);
-  }
+  // Every rank evaluated its share of the eval set.
+  const std::vector<double> sums = sum_over_ranks(state_, {loss_sum, static_cast<double>(token_count)});
+  loss_sum = sums[0];
+  token_count = static_cast<int64_t>(sums[1]);
   if (token_count == 0) throw Error("eval", "the eval loader yielded no tokens (is the eval dataset empty?)");
   const double ce = loss_sum / static_cast<double>(token_count);
   const Metrics metrics{{"LanguageCrossEntropy", ce}, {"LanguagePerplexity", std::exp(ce)}};
@@ -662,7 +608,7 @@ void Trainer::run_icl_eval() {
     for (int64_t k : task.num_fewshot) {
       eval::IclRanks ranks{state_.rank, state_.world_size,
                            [this](std::vector<double>& v) { v = sum_over_ranks(state_, v); }};
-      for (const eval::IclResult& r : eval::evaluate_icl_task(state_.model, *icl_tokenizer_, task, k, ranks)) {
+      for (const eval::IclResult& r : eval::evaluate_icl_task(*state_.model, *icl_tokenizer_, task, k, ranks)) {
         state_.eval_metrics[r.label] = Metrics{{r.metric, r.accuracy()}};
         logger_.log_metrics({{fmt::format("metrics/{}/{}", r.label, r.metric), r.accuracy()}});
         results.push_back(r);

@@ -82,7 +82,7 @@ int generate(const std::string& dir, const std::string& inputs_path, const std::
   tessera::models::GenerationOptions g;
   g.max_new_tokens = max_new;
   g.eos_token_id = eos;
-  const auto result = tessera::models::generate(model, prompts, g);
+  const auto result = tessera::models::generate(*model, prompts, g);
   at::Tensor tokens = at::full({ids.size(0), max_new}, -1, at::kLong);
   for (size_t b = 0; b < result.size(); ++b) {
     for (size_t t = 0; t < result[b].size(); ++t)
@@ -290,7 +290,7 @@ class TraceCallback : public tessera::core::Callback {
   std::string name() const override { return "TraceCallback"; }
   void run_event(tessera::core::Event e, tessera::core::State& s, tessera::core::Logger& /*l*/) override {
     using tessera::core::Event;
-    if (e == Event::kFitStart) tessera::checkpoint::save_hf_model(s.model, dir_ + "/init");
+    if (e == Event::kFitStart) tessera::checkpoint::save_hf_model(*s.model, dir_ + "/init");
     if (e == Event::kBatchStart) {
       const at::Tensor ids = s.batch.input_ids.contiguous();
       trace_["batches"].push_back(std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel()));
@@ -319,7 +319,7 @@ int main(int argc, char** argv) {
       return forward(argv[2], argv[3], argv[4], argc > 5 && std::string(argv[5]) == "--reference");
     if (cmd == "export" && argc >= 4) {
       auto model = tessera::checkpoint::load_hf_model(argv[2]);
-      tessera::checkpoint::save_hf_model(model, argv[3],
+      tessera::checkpoint::save_hf_model(*model, argv[3],
                                          argc > 4 && std::string(argv[4]) == "bf16" ? at::kBFloat16 : at::kFloat);
       return 0;
     }

@@ -11,8 +11,8 @@
 
 #include "tessera/algorithms/options.h"
 #include "tessera/config/component.h"
-#include "tessera/models/mpt.h"
 #include "tessera/core/callback.h"
+#include "tessera/models/causal_lm.h"
 
 namespace tessera::algorithms {
 
@@ -66,13 +66,13 @@ class Lora : public core::Algorithm {
 };
 
 // Attaches LoRA adapters (see Lora); returns the names of the adapted modules. Throws when none matches.
-std::vector<std::string> attach_lora(models::MPTForCausalLM& model, const LoraOptions& o, uint64_t seed);
+std::vector<std::string> attach_lora(models::CausalLM& model, const LoraOptions& o, uint64_t seed);
 // Folds every adapter into its base weight (W += scale * B A) and removes it: the model then computes exactly what
-// the adapted model computed (up to rounding) and exports as a plain MPT.
-void merge_lora(models::MPTForCausalLM& model);
+// the adapted model computed (up to rounding) and exports as the plain model.
+void merge_lora(models::CausalLM& model);
 // Writes the adapters only: dir/adapter_model.safetensors ("base_model.model.<module>.lora_{A,B}.weight") and
 // dir/adapter_config.json (peft_type LORA, r, lora_alpha, lora_dropout, target_modules).
-void save_lora_adapters(models::MPTForCausalLM& model, const LoraOptions& o, const std::string& dir);
+void save_lora_adapters(models::CausalLM& model, const LoraOptions& o, const std::string& dir);
 
 // ema: an exponential moving average of the weights, ema = s * ema + (1 - s) * w, updated every update_interval
 // (ba: at BATCH_END; ep: at EPOCH_END) from ema_start on, with s = smoothing or 2^(-update_interval / half_life). The
@@ -143,8 +143,5 @@ class LossSpikeDetection : public core::Algorithm {
   std::deque<double> window_;
   int64_t consecutive_ = 0;
 };
-
-// Builds a registered algorithm from its parsed options.
-std::shared_ptr<core::Algorithm> make_algorithm(const config::ComponentOptions& c);
 
 }  // namespace tessera::algorithms

@@ -8,6 +8,7 @@
 
 #include "tessera/config/component.h"
 #include "tessera/config/time.h"
+#include "tessera/core/callback.h"
 
 namespace tessera::algorithms {
 
@@ -64,6 +65,6 @@ struct LossSpikeOptions {
 
 // Registered: gradient_clipping, alibi, lora, ema, low_precision_layernorm, seq_length_warmup, loss_spike_detection.
 // Composer's and LLM Foundry's other names are known and reported as not supported yet.
-config::ComponentRegistry& algorithm_registry();
+core::AlgorithmRegistry& algorithm_registry();
 
 }  // namespace tessera::algorithms

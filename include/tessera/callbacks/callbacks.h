@@ -142,6 +142,4 @@ double elapsed_fraction(const core::State& state);
 // Seconds expressed in seconds | minutes | hours | days.
 double in_time_unit(double seconds, const std::string& unit);
 
-std::shared_ptr<core::Callback> make_callback(const config::ComponentOptions& c);
-
 }  // namespace tessera::callbacks

@@ -7,6 +7,7 @@
 
 #include "tessera/config/component.h"
 #include "tessera/config/time.h"
+#include "tessera/core/callback.h"
 
 namespace tessera::callbacks {
 
@@ -62,6 +63,6 @@ struct ThresholdStopperOptions {
 
 // Registered: speed_monitor, lr_monitor, memory_monitor, runtime_estimator, optimizer_monitor, early_stopper,
 // threshold_stopper.
-config::ComponentRegistry& callback_registry();
+core::CallbackRegistry& callback_registry();
 
 }  // namespace tessera::callbacks

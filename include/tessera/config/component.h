@@ -1,9 +1,12 @@
 // Component maps (`algorithms:`, `callbacks:`, `loggers:`): each key names a registered component and its value holds
-// that component's options. Options are type-erased here; each component's layer knows its own Options type.
+// that component's options. Options are type-erased here (std::any); each component's layer knows its own Options
+// type, and its registry entry both parses and builds it.
 #pragma once
 
 #include <any>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "tessera/config/registry.h"
@@ -15,11 +18,44 @@ struct ComponentOptions {
   std::any options;  // the component's own Options struct, as its parser returned it
 };
 
-using ComponentRegistry = Registry<std::any>;
+// A family whose components each have their own Options type; `Built` is what build() returns.
+template <class Built, class... Args>
+using ComponentRegistry = Registry<std::any, Built, Args...>;
+
+// Registers component `name` whose parser returns `Options` and whose builder takes the Options (not the std::any).
+template <class Options, class Built, class... Args, class Parse, class Build>
+void add_component(ComponentRegistry<Built, Args...>& registry, const std::string& name, Parse parse, Build build) {
+  registry.add(
+      name, [parse](Section& s) -> std::any { return Options(parse(s)); },
+      [build](const std::any& options, Args... args) -> Built {
+        return build(std::any_cast<const Options&>(options), std::forward<Args>(args)...);
+      });
+}
 
 // Reads the map at `key` of `parent`: every entry must be a registered component (or LLM Foundry's, then reported as
 // not supported yet). A null entry (`lr_monitor: {}` or `lr_monitor:`) means default options.
+template <class Built, class... Args>
 std::vector<ComponentOptions> parse_components(Section& parent, std::string_view key,
-                                               const ComponentRegistry& registry);
+                                               const ComponentRegistry<Built, Args...>& registry) {
+  std::vector<ComponentOptions> out;
+  Section map = parent.section(key);
+  for (const std::string& name : map.keys()) {
+    Section options = map.section(name);
+    if (auto parsed = registry.parse(name, options, map, name)) out.push_back({name, std::move(*parsed)});
+  }
+  return out;
+}
+
+// Builds every component of `components` in order (a builder may return nullptr: nothing to add on this rank).
+template <class Built, class... Args>
+std::vector<Built> build_components(const std::vector<ComponentOptions>& components,
+                                    const ComponentRegistry<Built, Args...>& registry,
+                                    std::type_identity_t<Args>... args) {
+  std::vector<Built> out;
+  for (const ComponentOptions& c : components) {
+    if (Built b = registry.build(c.name, c.options, args...)) out.push_back(std::move(b));
+  }
+  return out;
+}
 
 }  // namespace tessera::config

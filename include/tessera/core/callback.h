@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/config/component.h"
 #include "tessera/core/event.h"
 
 namespace tessera::core {
@@ -38,6 +39,9 @@ class Algorithm {
  public:
   virtual ~Algorithm() = default;
   virtual std::string name() const = 0;
+  // Whether it works when the parameters are the sharding engine's flat shards (held_parameters()) rather than the
+  // model's own tensors; the trainer refuses the others with more than one rank.
+  virtual bool supports_sharded_parameters() const { return true; }
   virtual bool match(Event event, const State& state) const = 0;
   virtual void apply(Event event, State& state, Logger& logger) = 0;
   // Checkpointed state; nullopt (the default) for stateless algorithms. Loading happens before FIT_START.
@@ -78,5 +82,17 @@ class Logger {
   const State& state_;
   std::vector<std::shared_ptr<LoggerDestination>> destinations_;
 };
+
+// What the trainer tells a component it builds from a recipe: the run and this process's place in it.
+struct RunContext {
+  std::string run_name;
+  int64_t rank = 0;
+  int64_t world_size = 1;
+};
+
+// `algorithms:`, `callbacks:` and `loggers:` entries: name -> parse the options, build the component. A logger's
+// builder returns a LoggerDestination, or nullptr when this rank writes nothing.
+using AlgorithmRegistry = config::ComponentRegistry<std::shared_ptr<Algorithm>, const RunContext&>;
+using CallbackRegistry = config::ComponentRegistry<std::shared_ptr<Callback>, const RunContext&>;
 
 }  // namespace tessera::core

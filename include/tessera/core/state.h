@@ -1,5 +1,5 @@
 // Everything the training loop, algorithms and callbacks share: the model, optimizer, schedule, time, the current
-// batch and its outputs, and the latest metrics. Composer's State, for MPT language models.
+// batch and its outputs, and the latest metrics. Composer's State, for causal language models.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -12,12 +12,12 @@
 #include <vector>
 
 #include "tessera/config/time.h"
-#include "tessera/data/loader.h"
-#include "tessera/models/mpt.h"
-#include "tessera/optim/optimizer.h"
-#include "tessera/optim/scheduler.h"
 #include "tessera/core/callback.h"
 #include "tessera/core/precision.h"
+#include "tessera/data/loader.h"
+#include "tessera/models/causal_lm.h"
+#include "tessera/optim/optimizer.h"
+#include "tessera/optim/scheduler.h"
 
 namespace tessera::dist {
 class Communicator;
@@ -38,10 +38,9 @@ struct State {
   at::Device device = at::kCPU;
   Precision precision = Precision::kFp32;
 
-  models::MPTOptions model_options;  // what `model` was built from (algorithms may change both at INIT)
-  models::MPTForCausalLM model{nullptr};
+  std::shared_ptr<models::CausalLM> model;      // any model family (the model protocol); surgery may replace it at INIT
   std::unique_ptr<optim::Optimizer> optimizer;  // created after INIT, so that surgery (LoRA, ...) is seen
-  optim::SchedulerOptions scheduler;
+  std::shared_ptr<const optim::Scheduler> scheduler;  // built once from the recipe's `scheduler`
   double scale_schedule_ratio = 1.0;
 
   config::Timestamp timestamp;

@@ -1,9 +1,9 @@
 // The sharding engine: data parallelism with NO_SHARD (DDP), SHARD_GRAD_OP (ZeRO-2), FULL_SHARD (ZeRO-3) and
 // HYBRID_SHARD, applied to a model from outside.
 //
-// parallelize(model, ...) flattens the parameters of each unit (the model's UnitRunner units: for MPT the root --
-// embeddings, final norm and head -- and each block) into one fp32 vector padded to a multiple of the shard-group
-// size, keeps this rank's slice of it as the tensor the optimizer steps, and installs itself as the model's
+// parallelize(model, ...) flattens the parameters of each unit (the model protocol's units, models/causal_lm.h: for
+// MPT the root -- embeddings, final norm and head -- and each block) into one fp32 vector padded to a multiple of the
+// shard-group size, keeps this rank's slice of it as the tensor the optimizer steps, and installs itself as the model's
 // UnitRunner. Each unit call then runs as one autograd node:
 //   forward:  wait for (or issue) the all-gather of the unit's parameters in `param_dtype`, issue the next unit's
 //             gather (prefetch), run the unit, and free the gathered parameters (FULL_SHARD; the root stays gathered
@@ -38,7 +38,7 @@
 
 #include "tessera/dist/communicator.h"
 #include "tessera/dist/sharding.h"
-#include "tessera/models/mpt.h"
+#include "tessera/models/causal_lm.h"
 #include "tessera/util/error.h"
 
 namespace tessera::dist {
@@ -121,11 +121,11 @@ class ParallelModel {
 
 // Shards `model` over `comm` (every rank calls it with an identically initialised model, or with sync_module_states
 // rank 0's weights are broadcast first). A model built on `meta` is materialised one unit at a time: the unit is
-// allocated on options.device, initialised (models::init_mpt_weights with init_seed, that unit's modules only: the
-// same values as a whole-model init), sharded and freed, so no rank ever holds more than one unit's full parameters.
-// The model keeps working through its UnitRunner; its own parameter tensors become views of gathered buffers, valid
-// only while a unit runs.
-std::shared_ptr<ParallelModel> parallelize(models::MPTForCausalLM& model, const ParallelOptions& options,
+// allocated on options.device, initialised (the model's init_weights with init_seed, that unit's modules only:
+// the same values as a whole-model init), sharded and freed, so no rank ever holds more than one unit's full
+// parameters. The model keeps working through its UnitRunner; its own parameter tensors become views of gathered
+// buffers, valid only while a unit runs.
+std::shared_ptr<ParallelModel> parallelize(models::CausalLM& model, const ParallelOptions& options,
                                            std::shared_ptr<Communicator> comm);
 
 }  // namespace tessera::dist

@@ -14,7 +14,7 @@
 
 #include "tessera/config/value.h"
 #include "tessera/data/tokenizer.h"
-#include "tessera/models/mpt.h"
+#include "tessera/models/causal_lm.h"
 
 namespace tessera::eval {
 
@@ -118,7 +118,7 @@ struct IclRanks {
 // over the ranks before the metric is computed, so the result is the one a single process gets. Every rank runs the
 // same number of forward passes (the last ones repeat a row where the rows do not divide evenly), as a sharded model
 // needs.
-std::vector<IclResult> evaluate_icl_task(models::MPTForCausalLM& model, const data::Tokenizer& tokenizer,
+std::vector<IclResult> evaluate_icl_task(models::CausalLM& model, const data::Tokenizer& tokenizer,
                                          const IclTaskConfig& task, int64_t num_fewshot, const IclRanks& ranks = {});
 
 }  // namespace tessera::eval

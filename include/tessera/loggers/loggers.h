@@ -9,8 +9,8 @@
 
 #include "tessera/config/component.h"
 #include "tessera/config/time.h"
-#include "tessera/loggers/options.h"
 #include "tessera/core/callback.h"
+#include "tessera/loggers/options.h"
 
 namespace tessera::loggers {
 
@@ -53,8 +53,4 @@ class JsonlLogger : public core::LoggerDestination {
 };
 
 std::shared_ptr<core::LoggerDestination> make_console_logger(const config::Time& interval, bool progress_bar);
-// The logger `c` for this rank; nullptr when this rank writes nothing (jsonl without {rank} on ranks other than 0).
-std::shared_ptr<core::Callback> make_logger(const config::ComponentOptions& c, const std::string& run_name,
-                                               int64_t rank = 0);
-
 }  // namespace tessera::loggers

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "tessera/config/component.h"
+#include "tessera/core/callback.h"
 
 namespace tessera::loggers {
 
@@ -21,6 +22,6 @@ struct TensorBoardLoggerOptions {
 };
 
 // Registered: jsonl, tensorboard. LLM Foundry's names (wandb, mlflow, file, ...) are reported as not supported yet.
-config::ComponentRegistry& logger_registry();
+core::CallbackRegistry& logger_registry();
 
 }  // namespace tessera::loggers

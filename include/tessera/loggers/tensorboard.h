@@ -14,8 +14,8 @@
 #include <string>
 #include <string_view>
 
-#include "tessera/loggers/options.h"
 #include "tessera/core/callback.h"
+#include "tessera/loggers/options.h"
 
 namespace tessera::loggers {
 

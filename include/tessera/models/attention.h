@@ -7,6 +7,7 @@
 #include <optional>
 #include <vector>
 
+#include "tessera/models/causal_lm.h"
 #include "tessera/models/layers.h"
 
 namespace tessera::models {
@@ -24,16 +25,9 @@ struct AttentionInputs {
   bool reference = false;          // use the explicit softmax(QK^T * scale + mask) V path instead of SDPA
 };
 
-// Keys and values of one layer: (B, kv_n_heads, T, head_dim).
-struct LayerCache {
-  at::Tensor key;
-  at::Tensor value;
-};
-
-class GroupedQueryAttentionImpl : public torch::nn::Cloneable<GroupedQueryAttentionImpl> {
+class GroupedQueryAttentionImpl : public torch::nn::Module {
  public:
   GroupedQueryAttentionImpl(const MPTOptions& options, const at::TensorOptions& tensor_options);
-  void reset() override {}
   // x: (B, S, d_model) -> (B, S, d_model). With `cache`, appends this chunk's keys and values to it.
   at::Tensor forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache = nullptr);
 

@@ -1,12 +1,13 @@
-// Autoregressive decoding from an MPT model with a KV cache: greedy or sampled (temperature, top-k, top-p), stop
-// sequences, end-of-sequence token, max new tokens. Used by ICL generation tasks and by users trying a model.
+// Autoregressive decoding from any causal LM (the model protocol) with a KV cache: greedy or sampled (temperature,
+// top-k, top-p), stop sequences, end-of-sequence token, max new tokens. Used by ICL generation tasks and by users
+// trying a model.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <vector>
 
-#include "tessera/models/mpt.h"
+#include "tessera/models/causal_lm.h"
 
 namespace tessera::models {
 
@@ -28,7 +29,7 @@ struct GenerationOptions {
 // Generates a continuation for each prompt (a batch, left-padded internally). Returns only the new tokens of each
 // sequence, including the end-of-sequence token or stop sequence that ended it. Runs in eval mode without autograd;
 // the model's training mode is restored afterwards.
-std::vector<std::vector<int64_t>> generate(MPTForCausalLM& model, const std::vector<std::vector<int64_t>>& prompts,
+std::vector<std::vector<int64_t>> generate(CausalLM& model, const std::vector<std::vector<int64_t>>& prompts,
                                            const GenerationOptions& options);
 
 }  // namespace tessera::models

@@ -5,7 +5,6 @@
 #pragma once
 
 #include <ATen/ATen.h>
-#include <torch/nn/cloneable.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
@@ -14,10 +13,9 @@
 namespace tessera::models {
 
 // y = x W^T + b, W: (out_features, in_features).
-class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
+class LinearImpl : public torch::nn::Module {
  public:
   LinearImpl(int64_t in_features, int64_t out_features, bool bias, const at::TensorOptions& options);
-  void reset() override;  // parameters are created in the constructor; initialisation is init_mpt_weights()
   at::Tensor forward(const at::Tensor& x);
 
   int64_t in_features;
@@ -40,10 +38,9 @@ TORCH_MODULE(Linear);
 // LayerNorm (weight, bias unless `bias` is false) or RMSNorm (weight only) over the last dimension. The
 // low-precision variants run in the autocast dtype with autocast disabled, as LLM Foundry's LPLayerNorm does; without
 // autocast they are the plain norms.
-class NormImpl : public torch::nn::Cloneable<NormImpl> {
+class NormImpl : public torch::nn::Module {
  public:
   NormImpl(int64_t size, NormType type, double eps, bool bias, const at::TensorOptions& options);
-  void reset() override {}
   at::Tensor forward(const at::Tensor& x);
 
   int64_t size;
@@ -54,10 +51,9 @@ class NormImpl : public torch::nn::Cloneable<NormImpl> {
 };
 TORCH_MODULE(Norm);
 
-class EmbeddingImpl : public torch::nn::Cloneable<EmbeddingImpl> {
+class EmbeddingImpl : public torch::nn::Module {
  public:
   EmbeddingImpl(int64_t num_embeddings, int64_t dim, const at::TensorOptions& options);
-  void reset() override {}
   at::Tensor forward(const at::Tensor& ids);  // ids: (B, T) int64 -> (B, T, dim)
 
   at::Tensor weight;  // (num_embeddings, dim)

@@ -1,12 +1,14 @@
 // MPT, LLM Foundry's decoder-only transformer, as LibTorch modules. Submodule names match LLM Foundry and Hugging
 // Face, so named_parameters() gives the checkpoint keys: transformer.wte.weight, transformer.wpe.weight,
 // transformer.blocks.{i}.norm_1.weight, ....attn.Wqkv.weight, ....ffn.up_proj.weight, transformer.norm_f.weight,
-// lm_head.weight (untied only). Model code knows nothing about distribution; sharding is applied from outside.
+// lm_head.weight (untied only). MPTForCausalLM implements the model protocol (causal_lm.h); model code knows
+// nothing about distribution, sharding is applied from outside.
 // Modules are not thread-safe.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <torch/nn/modules/container/modulelist.h>
+#include <nlohmann/json.hpp>
 
 #include <functional>
 #include <memory>
@@ -15,16 +17,16 @@
 #include <vector>
 
 #include "tessera/models/attention.h"
+#include "tessera/models/causal_lm.h"
 #include "tessera/models/layers.h"
 #include "tessera/models/mpt_config.h"
 
 namespace tessera::models {
 
 // mptmlp: down_proj(gelu(up_proj(x))); mptglu: down_proj(gelu(gate_proj(x)) * up_proj(x)). Exact (erf) GELU.
-class FFNImpl : public torch::nn::Cloneable<FFNImpl> {
+class FFNImpl : public torch::nn::Module {
  public:
   FFNImpl(const MPTOptions& options, const at::TensorOptions& tensor_options);
-  void reset() override {}
   at::Tensor forward(const at::Tensor& x);
 
   Linear up_proj{nullptr};
@@ -34,10 +36,9 @@ class FFNImpl : public torch::nn::Cloneable<FFNImpl> {
 TORCH_MODULE(FFN);
 
 // Pre-LN block: x + drop(attn(norm_1(x))), then + drop(ffn(norm_2(x))).
-class MPTBlockImpl : public torch::nn::Cloneable<MPTBlockImpl> {
+class MPTBlockImpl : public torch::nn::Module {
  public:
   MPTBlockImpl(const MPTOptions& options, const at::TensorOptions& tensor_options);
-  void reset() override {}
   at::Tensor forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache = nullptr);
 
   Norm norm_1{nullptr};
@@ -50,35 +51,14 @@ class MPTBlockImpl : public torch::nn::Cloneable<MPTBlockImpl> {
 };
 TORCH_MODULE(MPTBlock);
 
-// Keys and values of every layer for incremental decoding, plus the key padding mask seen so far.
-struct KVCache {
-  std::vector<LayerCache> layers;
-  at::Tensor attention_mask;  // (B, length) bool, true = real token; undefined when no mask was given
-  int64_t length = 0;         // positions cached
-};
+// MPT's units (see CausalLM): 0 = the root (embeddings, final norm and head: one unit because the head may be tied
+// to the embedding; it runs twice per forward), 1..n_layers = the blocks. Unit u's parameters are those named
+// "transformer.blocks.{u-1}." for blocks and all others for the root.
+int64_t unit_of_parameter(const std::string& name);
 
-// Extension point for code that wraps parts of the forward pass (the sharding engine gathers a unit's parameters
-// around it). MPT's units: 0 = the root (embeddings, final norm and head: one unit because the head may be tied to
-// the embedding; it runs twice per forward), 1..n_layers = the blocks. Unit u's parameters are those named
-// "transformer.blocks.{u-1}." for blocks and all others for the root. Without a runner, fn(x) runs directly.
-class UnitRunner {
- public:
-  virtual ~UnitRunner() = default;
-  virtual at::Tensor run(int64_t unit, const std::function<at::Tensor(const at::Tensor&)>& fn, const at::Tensor& x) = 0;
-};
-int64_t unit_of_parameter(const std::string& name);  // by the naming rule above
-
-struct ForwardOptions {
-  std::optional<at::Tensor> attention_mask;  // (B, S) bool/int, true or 1 = token, false or 0 = padding
-  std::optional<at::Tensor> sequence_id;     // (B, S) int64: packed-document ids (attn_uses_sequence_id)
-  KVCache* cache = nullptr;                  // incremental decoding: reads and extends the cache
-  bool reference_attention = false;          // explicit softmax path instead of SDPA (for tests)
-};
-
-class MPTModelImpl : public torch::nn::Cloneable<MPTModelImpl> {
+class MPTModelImpl : public torch::nn::Module {
  public:
   MPTModelImpl(const MPTOptions& options, const at::TensorOptions& tensor_options);
-  void reset() override {}
   // input_ids: (B, S) int64 -> hidden states before norm_f: (B, S, d_model), the blocks run through unit_runner.
   at::Tensor forward_blocks(const at::Tensor& input_ids, const ForwardOptions& fo = {});
   // input_ids: (B, S) int64 -> hidden states after norm_f: (B, S, d_model).
@@ -88,7 +68,7 @@ class MPTModelImpl : public torch::nn::Cloneable<MPTModelImpl> {
   Embedding wpe{nullptr};  // learned positions only
   torch::nn::ModuleList blocks{nullptr};
   Norm norm_f{nullptr};
-  std::shared_ptr<UnitRunner> unit_runner;  // set by parallelize(); runs every unit of this model's forward
+  std::shared_ptr<UnitRunner> unit_runner;  // set through MPTForCausalLM's set_unit_runner()
 
  private:
   AttentionInputs attention_inputs(const at::Tensor& input_ids, const ForwardOptions& fo, int64_t past,
@@ -106,13 +86,32 @@ class MPTModelImpl : public torch::nn::Cloneable<MPTModelImpl> {
 };
 TORCH_MODULE(MPTModel);
 
-class MPTForCausalLMImpl : public torch::nn::Cloneable<MPTForCausalLMImpl> {
+// MPT as a CausalLM (the model protocol, causal_lm.h); `model.name: mpt_causal_lm`.
+class MPTForCausalLMImpl : public CausalLM {
  public:
   explicit MPTForCausalLMImpl(const MPTOptions& options);
-  void reset() override {}
   // input_ids: (B, S) int64 -> logits (B, S, vocab_size).
-  at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& fo = {});
+  at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& fo = {}) override;
   const MPTOptions& options() const { return o_; }
+
+  int64_t num_units() const override { return o_.n_layers + 1; }
+  int64_t unit_of_parameter(const std::string& name) const override { return models::unit_of_parameter(name); }
+  void set_unit_runner(std::shared_ptr<UnitRunner> runner) override { transformer->unit_runner = std::move(runner); }
+  void init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select = nullptr) override;
+  std::shared_ptr<CausalLM> rebuild(const std::string& device, std::optional<uint64_t> seed) const override;
+  double flops_per_token(int64_t seq_len) const override;
+  std::optional<double> activation_bytes(int64_t batch, int64_t seq_len, int bytes_per_value,
+                                         bool activation_checkpointing) const override;
+  int64_t largest_unit_params() const override { return mpt_largest_unit_params(o_); }
+  int64_t vocab_size() const override { return o_.vocab_size; }
+  int64_t max_seq_len() const override { return o_.max_seq_len; }
+  std::string describe() const override;
+  std::string family() const override { return "mpt"; }
+  bool has_hf_format() const override { return true; }
+  nlohmann::ordered_json hf_config(at::ScalarType dtype) const override;
+  std::optional<std::string> tied_embedding_name() const override;
+  std::shared_ptr<CausalLM> with_alibi(double alibi_bias_max, int64_t max_seq_len, uint64_t seed) const override;
+  void use_low_precision_norms() override;
 
   MPTModel transformer{nullptr};
   Linear lm_head{nullptr};  // only when tie_word_embeddings is false
@@ -131,8 +130,12 @@ MPTForCausalLM build_mpt(const MPTOptions& options, uint64_t seed = 17);
 // emb_init_std / emb_init_uniform_lim / the scheme, norms weight 1 bias 0. Each module draws from its own generator,
 // seeded from `seed` and the module's name, so initialising any subset of modules (`select` on module names, e.g.
 // one unit at a time when building a sharded model from `meta`) gives exactly the values of a whole-model init.
-void init_mpt_weights(MPTForCausalLM& model, uint64_t seed,
+void init_mpt_weights(MPTForCausalLMImpl& model, uint64_t seed,
                       const std::function<bool(const std::string&)>& select = nullptr);
+inline void init_mpt_weights(MPTForCausalLM& model, uint64_t seed,
+                             const std::function<bool(const std::string&)>& select = nullptr) {
+  init_mpt_weights(*model, seed, select);
+}
 // The seed of module `module_name`'s generator under init_mpt_weights(model, seed).
 uint64_t module_seed(uint64_t seed, const std::string& module_name);
 
@@ -140,10 +143,10 @@ uint64_t module_seed(uint64_t seed, const std::string& module_name);
 // `device` and initialised from `seed` (identical to building it there directly); the meta model is left as it was.
 MPTForCausalLM materialize(const MPTForCausalLM& meta_model, const at::Device& device, uint64_t seed);
 
-// Next-token loss: cross-entropy of logits[:, t] against labels[:, t + 1] over labels != ignore_index, their mean
-// (at::Reduction::Mean) or sum (at::Reduction::Sum). Computed in fp32 on the logits as they are (no copy without
-// the last position: the targets are shifted instead, with the last one ignored).
-at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, int64_t ignore_index = -100,
-                          at::Reduction::Reduction reduction = at::Reduction::Mean);
+// config.json <-> MPTOptions (LLM Foundry's MPTConfig fields plus HF's aliases). Reading accepts HF's
+// layer_norm_epsilon and ignores HF's generic PretrainedConfig fields; it throws tessera::Error("hf") naming `where`
+// for a model_type other than "mpt" or an invalid or unsupported architecture value.
+MPTOptions mpt_options_from_hf_config(const nlohmann::json& config, const std::string& where);
+nlohmann::ordered_json mpt_hf_config(const MPTOptions& options, at::ScalarType dtype);
 
 }  // namespace tessera::models

@@ -86,9 +86,6 @@ struct MPTOptions {
 // not implement (e.g. fc_type: te, ffn_type: mb_moe) are recorded as not supported yet.
 MPTOptions parse_mpt_options(config::Section& s);
 
-// The model registry (`model.name`): mpt_causal_lm.
-config::Registry<MPTOptions>& model_registry();
-
 // Exact number of parameters of the model these options build (embeddings, tied or not, included).
 int64_t mpt_param_count(const MPTOptions& o);
 

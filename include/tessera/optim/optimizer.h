@@ -61,6 +61,18 @@ class Optimizer {
   double last_lr_ = 0;
 };
 
+// `optimizer.name` -> parse the options, build the optimizer over the parameters it is given. Built in:
+// decoupled_adamw, adamw, decoupled_lionw, decoupled_sgdw; research code adds its own (OptimizerOptions::extra holds
+// its own keys) before building a Trainer.
+using OptimizerRegistry = config::Registry<OptimizerOptions, std::unique_ptr<Optimizer>, std::vector<at::Tensor>>;
+OptimizerRegistry& optimizer_registry();
+
+namespace detail {  // the built-in optimizers, for the registry
+std::unique_ptr<Optimizer> make_adam(const OptimizerOptions& options, std::vector<at::Tensor> params, bool decoupled);
+std::unique_ptr<Optimizer> make_lion(const OptimizerOptions& options, std::vector<at::Tensor> params);
+std::unique_ptr<Optimizer> make_sgdw(const OptimizerOptions& options, std::vector<at::Tensor> params);
+}  // namespace detail
+
 // Builds the optimizer named by options.name over `params` (those with requires_grad; others are skipped).
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options, const std::vector<at::Tensor>& params);
 

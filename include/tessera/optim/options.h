@@ -2,6 +2,7 @@
 // `scheduler.name`), with Composer's defaults.
 #pragma once
 
+#include <any>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@ struct OptimizerOptions {
   double momentum = 0.0;      // decoupled_sgdw
   double dampening = 0.0;     // decoupled_sgdw
   bool nesterov = false;      // decoupled_sgdw
+  std::any extra;             // a registered optimizer's own options (research code), as its parser made them
 
   // fp32 state tensors kept per parameter: 2 for Adam (m, v), 1 for Lion and SGD with momentum, else 0.
   int state_tensors() const;
@@ -27,7 +29,7 @@ struct OptimizerOptions {
 
 // Composer's schedulers. Every time field carries its unit; `t_max` defaults to "1dur" (= max_duration).
 struct SchedulerOptions {
-  std::string name;  // see scheduler_registry() for the list
+  std::string name;  // see scheduler_registry() (scheduler.h) for the list
   config::Time t_warmup{0, config::TimeUnit::kBatch};
   config::Time t_max{1, config::TimeUnit::kDuration};
   double alpha = 1.0;                                      // constant*
@@ -45,9 +47,7 @@ struct SchedulerOptions {
   config::Time t_cooldown{0, config::TimeUnit::kBatch};    // inv_sqrt_with_warmup
   double alpha_f_decay = 0.0;                              // inv_sqrt_with_warmup: limit of the decay
   double alpha_f_cooldown = 0.0;                           // inv_sqrt_with_warmup: end of the linear cooldown
+  std::any extra;  // a registered scheduler's own options (research code), as its parser made them
 };
-
-config::Registry<OptimizerOptions>& optimizer_registry();
-config::Registry<SchedulerOptions>& scheduler_registry();
 
 }  // namespace tessera::optim

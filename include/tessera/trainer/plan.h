@@ -20,6 +20,7 @@ struct MemoryRow {
 struct Plan {
   int64_t world_size = 1;
   int64_t ranks_per_node = 1;
+  std::string model;  // the model's one-line description
   int64_t n_params = 0;
   double flops_per_token = 0;
   int64_t seq_len = 0;

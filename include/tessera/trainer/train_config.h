@@ -19,7 +19,7 @@
 #include "tessera/core/precision.h"
 #include "tessera/data/options.h"
 #include "tessera/dist/sharding.h"
-#include "tessera/models/mpt_config.h"
+#include "tessera/models/causal_lm.h"
 #include "tessera/optim/options.h"
 
 namespace tessera::trainer {
@@ -44,7 +44,7 @@ struct TrainConfig {
   config::Value resolved;  // the whole recipe after overrides and interpolation (stored in checkpoints)
 
   int64_t max_seq_len = 0;
-  models::MPTOptions model;
+  models::ModelOptions model;  // `model`: the registered family's options (models::model_registry())
   data::TokenizerOptions tokenizer;
   data::LoaderOptions train_loader;
   std::optional<data::LoaderOptions> eval_loader;

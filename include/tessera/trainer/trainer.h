@@ -9,8 +9,8 @@
 // Batches: global_train_batch_size is split over ranks (device batch), and each device batch into microbatches of
 // device_train_microbatch_size samples; each microbatch loss is scaled by its share of the device batch, so the
 // accumulated gradient equals that of one big batch. `auto` starts from the whole device batch and, when a batch
-// runs out of memory (util::is_out_of_memory) on any rank, halves the microbatch on every rank and retries the batch; the
-// ranks agree through the sharding engine's sync points (dist::ParallelOptions::agree_on_oom). On CPU, Linux
+// runs out of memory (util::is_out_of_memory) on any rank, halves the microbatch on every rank and retries the batch;
+// the ranks agree through the sharding engine's sync points (dist::ParallelOptions::agree_on_oom). On CPU, Linux
 // overcommits memory and its OOM killer ends the process instead of failing an allocation, so there `auto` keeps
 // the whole device batch unless the process has an address-space limit (ulimit -v).
 // Precision: fp32, amp_bf16 (autocast of forward and loss to bf16, fp32 weights, gradients and optimizer state; on
@@ -25,13 +25,16 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tessera/data/tokenizer.h"
-#include "tessera/eval/gauntlet.h"
-#include "tessera/eval/icl.h"
 #include "tessera/callbacks/checkpoint_saver.h"
 #include "tessera/core/callback.h"
 #include "tessera/core/engine.h"
 #include "tessera/core/state.h"
+#include "tessera/data/tokenizer.h"
+#include "tessera/dist/communicator.h"
+#include "tessera/eval/gauntlet.h"
+#include "tessera/eval/icl.h"
+#include "tessera/trainer/microbatching.h"
+#include "tessera/trainer/precision_context.h"
 #include "tessera/trainer/train_config.h"
 
 namespace tessera::data {
@@ -63,7 +66,14 @@ class Trainer {
   const TrainConfig& config() const { return cfg_; }
 
  private:
-  void check_multi_rank_support() const;
+  // The constructor's build steps, in order.
+  void setup_ranks();  // device, precision, schedule, rendezvous, communicator
+  void build_data();   // train and eval datasets
+  void build_icl_tasks();
+  void build_model();
+  void build_components(TrainerParts parts);  // loggers, callbacks, the checkpoint saver, algorithms
+  void setup_microbatching();
+  void shard_model();  // the sharding engine, with more than one rank
   void load_initial_checkpoint();
   nlohmann::json resumption_state() const;  // saved with checkpoints: recipe, data position, loss scale, ...
   void rollback();                          // restores model and optimizer from the newest checkpoint
@@ -85,11 +95,11 @@ class Trainer {
   std::vector<eval::IclTaskConfig> icl_tasks_;    // `icl_tasks`, evaluated with the eval loader
   std::optional<data::Tokenizer> icl_tokenizer_;  // tokenizer.name, loaded when there are ICL tasks
   std::optional<eval::GauntletConfig> gauntlet_;  // `eval_gauntlet`, scored over the ICL results
+  dist::Rendezvous rendezvous_;
   int64_t workers_ = 1;
   std::optional<int64_t> last_eval_batch_;
-  bool auto_microbatch_ = false;
-  double loss_scale_ = 65536.0;             // amp_fp16 dynamic loss scale
-  int64_t good_steps_ = 0;                  // amp_fp16: steps since the scale last changed
+  OutOfMemoryRetry oom_retry_{false};                  // device_train_microbatch_size: auto
+  LossScaler loss_scaler_{false};                      // amp_fp16
   std::shared_ptr<callbacks::CheckpointSaver> saver_;  // when the recipe has save_folder
   std::optional<std::string> last_checkpoint_;
 };

@@ -10,9 +10,10 @@
 #include <vector>
 
 #include "tessera/algorithms/algorithms.h"
+#include "tessera/callbacks/checkpoint_saver.h"
 #include "tessera/checkpoint/checkpoint.h"
 #include "tessera/checkpoint/hf.h"
-#include "tessera/callbacks/checkpoint_saver.h"
+#include "tessera/models/mpt.h"
 #include "tessera/trainer/trainer.h"
 #include "tessera/util/error.h"
 #include "test_util.h"
@@ -331,14 +332,18 @@ TEST(Checkpointing, ExportToHuggingFaceAndLoadItBackAsWeights) {
   const fs::path hf = dataset().parent_path() / "export_hf";
   fs::remove_all(hf);
   checkpoint::export_checkpoint_to_hf((run_folder("export") / "ep0-ba3").string(), hf.string());
-  models::MPTForCausalLM loaded = checkpoint::load_hf_model(hf.string());
+  std::shared_ptr<models::CausalLM> loaded = checkpoint::load_hf_model(hf.string());
   auto a = t.state().model->named_parameters();
   auto b = loaded->named_parameters();
   ASSERT_EQ(a.size(), b.size());
   for (const auto& item : a) EXPECT_TRUE(at::equal(item.value(), b[item.key()])) << item.key();
   // The checkpoint read as a model directly (what `eval --model CHECKPOINT` does).
-  models::MPTForCausalLM direct = checkpoint::load_checkpoint_model((run_folder("export") / "ep0-ba3").string());
-  EXPECT_EQ(direct->options().d_model, t.state().model->options().d_model);
+  std::shared_ptr<models::CausalLM> direct =
+      checkpoint::load_checkpoint_model((run_folder("export") / "ep0-ba3").string());
+  auto as_mpt = [](const std::shared_ptr<models::CausalLM>& m) {
+    return std::dynamic_pointer_cast<models::MPTForCausalLMImpl>(m);
+  };
+  EXPECT_EQ(as_mpt(direct)->options().d_model, as_mpt(t.state().model)->options().d_model);
   auto e = direct->named_parameters();
   ASSERT_EQ(a.size(), e.size());
   for (const auto& item : a) EXPECT_TRUE(at::equal(item.value(), e[item.key()])) << item.key();

@@ -6,6 +6,7 @@
 
 #include "tessera/checkpoint/hf.h"
 #include "tessera/checkpoint/safetensors.h"
+#include "tessera/models/mpt.h"
 #include "tessera/util/error.h"
 #include "test_util.h"
 
@@ -114,7 +115,7 @@ TEST(HfFolder, ExportLoadRoundTripAndWeightErrors) {
   o.init.init_div_is_residual = 2.0;
   auto model = models::build_mpt(o, 9);
   const fs::path dir = temp_dir("hf");
-  save_hf_model(model, (dir / "m").string());
+  save_hf_model(*model, (dir / "m").string());
   auto loaded = load_hf_model((dir / "m").string());
   const at::Tensor ids = at::randint(0, 50, {2, 7}, at::kLong);
   EXPECT_TRUE(at::equal(loaded->forward(ids), model->forward(ids)));

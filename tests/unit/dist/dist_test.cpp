@@ -367,8 +367,7 @@ class OutOfMemoryOnRankOne : public core::Callback {
     // 8: before any collective of the batch; the other rank meets the error at the forward's first gather.
     // 4: between forward and backward; the other rank meets it at a sync point inside backward (in autograd).
     // 2: after the second microbatch's backward, past every collective; the ranks agree after the microbatches.
-    const bool fail = (mb == 8 && e == core::Event::kBeforeForward) ||
-                      (mb == 4 && e == core::Event::kAfterForward) ||
+    const bool fail = (mb == 8 && e == core::Event::kBeforeForward) || (mb == 4 && e == core::Event::kAfterForward) ||
                       (mb == 2 && e == core::Event::kAfterBackward && microbatch == 2);
     if (!fail) return;
     ++thrown;
@@ -698,7 +697,7 @@ TEST(Fsdp, UnitsOnAWorldOfOneGiveThePlainModelsLogitsAndGradients) {
     dist::ParallelOptions po;
     po.sharding.strategy = dist::ShardingStrategy::kFullShard;
     po.sharding.activation_checkpointing = checkpointing;
-    auto parallel = dist::parallelize(sharded, po, dist::Communicator::single());
+    auto parallel = dist::parallelize(*sharded, po, dist::Communicator::single());
     ASSERT_EQ(parallel->parameters().size(), 4u);  // root + 3 blocks
     const at::Tensor ids = at::randint(50, {2, 16}, at::kLong);
 
@@ -744,7 +743,7 @@ TEST(Fsdp, AMetaModelIsMaterialisedUnitByUnitAsAWholeModelInit) {
   dist::ParallelOptions po;
   po.sharding.strategy = dist::ShardingStrategy::kFullShard;
   po.init_seed = 5;
-  auto parallel = dist::parallelize(meta, po, dist::Communicator::single());
+  auto parallel = dist::parallelize(*meta, po, dist::Communicator::single());
   std::map<std::string, at::Tensor> expected;
   for (const auto& item : whole->named_parameters()) expected[item.key()] = item.value();
   for (const auto& [name, t] : parallel->full_state_dict()) {

@@ -122,8 +122,8 @@ TEST_P(Decoding, LeftPaddedBatchGeneratesWhatEachPromptGeneratesAlone) {
   GenerationOptions g;
   g.max_new_tokens = 6;
   const std::vector<std::vector<int64_t>> prompts = {{5, 9, 2, 44, 7, 1}, {3, 8}, {60, 61, 62, 63}};
-  const auto batched = generate(m, prompts, g);
-  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(batched[i], generate(m, {prompts[i]}, g)[0]) << i;
+  const auto batched = models::generate(*m, prompts, g);
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(batched[i], models::generate(*m, {prompts[i]}, g)[0]) << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(AlibiAndLearnedPositions, Decoding, ::testing::Bool());
@@ -132,7 +132,7 @@ TEST(Generate, StopsAndSamples) {
   MPTForCausalLM m = build_mpt(small(), 8);
   GenerationOptions g;
   g.max_new_tokens = 8;
-  const std::vector<int64_t> greedy = generate(m, {{1, 2, 3}}, g)[0];
+  const std::vector<int64_t> greedy = models::generate(*m, {{1, 2, 3}}, g)[0];
   ASSERT_EQ(greedy.size(), 8u);
   // The first position whose token did not occur before it can serve as an end-of-sequence token.
   size_t first_new = 1;
@@ -142,35 +142,35 @@ TEST(Generate, StopsAndSamples) {
   }
   if (first_new < greedy.size()) {
     g.eos_token_id = greedy[first_new];
-    auto out = generate(m, {{1, 2, 3}}, g)[0];
+    auto out = models::generate(*m, {{1, 2, 3}}, g)[0];
     EXPECT_EQ(out, std::vector<int64_t>(greedy.begin(), greedy.begin() + static_cast<long>(first_new) + 1))
         << "stops after emitting EOS";
     g.eos_token_id.reset();
   }
   // A stop sequence ending at the last token (and nowhere earlier) stops exactly there.
   g.stop_sequences = {{greedy[6], greedy[7], -5}};  // never completes
-  EXPECT_EQ(generate(m, {{1, 2, 3}}, g)[0], greedy);
+  EXPECT_EQ(models::generate(*m, {{1, 2, 3}}, g)[0], greedy);
   g.stop_sequences = {std::vector<int64_t>(greedy.begin(), greedy.end())};
-  EXPECT_EQ(generate(m, {{1, 2, 3}}, g)[0], greedy);
+  EXPECT_EQ(models::generate(*m, {{1, 2, 3}}, g)[0], greedy);
   g.max_new_tokens = 20;
-  EXPECT_EQ(generate(m, {{1, 2, 3}}, g)[0], greedy) << "stops once the output ends with the stop sequence";
+  EXPECT_EQ(models::generate(*m, {{1, 2, 3}}, g)[0], greedy) << "stops once the output ends with the stop sequence";
   g.max_new_tokens = 8;
   g.stop_sequences.clear();
   g.do_sample = true;
   g.top_k = 1;
-  EXPECT_EQ(generate(m, {{1, 2, 3}}, g)[0], greedy) << "top-k 1 is greedy";
+  EXPECT_EQ(models::generate(*m, {{1, 2, 3}}, g)[0], greedy) << "top-k 1 is greedy";
   g.top_k = 0;
   g.top_p = 1e-6;
-  EXPECT_EQ(generate(m, {{1, 2, 3}}, g)[0], greedy) << "a tiny nucleus is greedy";
+  EXPECT_EQ(models::generate(*m, {{1, 2, 3}}, g)[0], greedy) << "a tiny nucleus is greedy";
   g.top_p = 1.0;
   g.temperature = 5.0;
   g.seed = 11;
-  const auto a = generate(m, {{1, 2, 3}}, g)[0], b = generate(m, {{1, 2, 3}}, g)[0];
+  const auto a = models::generate(*m, {{1, 2, 3}}, g)[0], b = models::generate(*m, {{1, 2, 3}}, g)[0];
   EXPECT_EQ(a, b) << "sampling is reproducible for a seed";
   g.seed = 12;
-  EXPECT_NE(generate(m, {{1, 2, 3}}, g)[0], a);
+  EXPECT_NE(models::generate(*m, {{1, 2, 3}}, g)[0], a);
   g.temperature = 0;
-  EXPECT_THROW(generate(m, {{1}}, g), ConfigError);
+  EXPECT_THROW(models::generate(*m, {{1}}, g), ConfigError);
 }
 
 TEST(MPT, MetaConstructionAllocatesNothingUntilMaterialized) {

@@ -205,4 +205,34 @@ TEST(TrainCli, BadRecipesNameFileKeyAndLine) {
                           "wandb), load_ignore_keys");
 }
 
+// A component name nobody registered: exit 2, the key path and the registered names (research code's entries join
+// them; examples/custom_model.cpp trains one).
+TEST(TrainCli, UnregisteredComponentNamesListTheRegisteredOnes) {
+  {
+    auto [path, line] = mutated("model_name.yaml", "name: mpt_causal_lm", "name: my_lm");
+    expect_config_error(run("--recipe " + path + " --dry-run"),
+                        "[recipe] " + path + ":" + std::to_string(line) +
+                            ": model.name: unknown model \"my_lm\" (available: mpt_causal_lm)");
+  }
+  {
+    auto [path, line] =
+        mutated("algorithm_name.yaml", "  gradient_clipping:\n    clipping_type: norm\n    clipping_threshold: 1.0\n",
+                "  gradient_clippin: {clipping_type: norm, clipping_threshold: 1.0}\n");
+    expect_config_error(run("--recipe " + path + " --dry-run"),
+                        "[recipe] " + path + ":" + std::to_string(line) +
+                            ": algorithms.gradient_clippin: unknown algorithm \"gradient_clippin\" (available: alibi, "
+                            "ema, gradient_clipping, lora, loss_spike_detection, low_precision_layernorm, "
+                            "seq_length_warmup)");
+  }
+  {
+    auto [path, line] =
+        mutated("callback_name.yaml", "  speed_monitor:\n    window_size: 10\n", "  speed_monitr: {window_size: 10}\n");
+    expect_config_error(run("--recipe " + path + " --dry-run"),
+                        "[recipe] " + path + ":" + std::to_string(line) +
+                            ": callbacks.speed_monitr: unknown callback \"speed_monitr\" (available: early_stopper, "
+                            "hf_checkpointer, lr_monitor, memory_monitor, optimizer_monitor, runtime_estimator, "
+                            "speed_monitor, threshold_stopper)");
+  }
+}
+
 }  // namespace

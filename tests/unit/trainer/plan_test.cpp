@@ -1,6 +1,7 @@
 // Dry-run planning: batch arithmetic and ZeRO memory accounting.
 #include <gtest/gtest.h>
 
+#include "tessera/models/mpt_config.h"
 #include "tessera/trainer/plan.h"
 #include "tessera/util/error.h"
 
@@ -46,7 +47,7 @@ TEST(Plan, ZeroMemoryPerRank) {
 
 TEST(Plan, ActivationCheckpointingKeepsOnlyBlockInputs) {
   const TrainConfig cfg = load_train_config(kRecipe);
-  const auto& m = cfg.model;
+  const auto& m = std::any_cast<const models::MPTOptions&>(cfg.model.options);
   const double tokens = 16.0 * 2048;
   const double logits = tokens * 50368 * (2 + 4);
   const double block = tokens * (8 * 768 + 2 * 3072) * 2;  // bf16 values, no dropout

@@ -9,6 +9,7 @@
 
 #include "tessera/algorithms/options.h"
 #include "tessera/callbacks/options.h"
+#include "tessera/models/mpt_config.h"
 #include "tessera/trainer/train_config.h"
 #include "tessera/util/error.h"
 
@@ -16,6 +17,11 @@ namespace tessera::trainer {
 namespace {
 
 using core::Precision;
+
+// The recipe's model section as MPT options.
+const models::MPTOptions& mpt(const TrainConfig& cfg) {
+  return std::any_cast<const models::MPTOptions&>(cfg.model.options);
+}
 
 const std::string kSource = TESSERA_SOURCE_DIR;
 
@@ -39,8 +45,8 @@ TEST(Recipes, ParameterCountsMatchLlmFoundrysTable) {
                                                 {"mpt-13b", 82.16},  {"mpt-30b", 188.3},  {"mpt-70b", 405.3}};
   for (const auto& [name, params] : expected) {
     const TrainConfig cfg = load_train_config(kSource + "/recipes/" + name + ".yaml");
-    EXPECT_EQ(models::mpt_param_count(cfg.model), params) << name;
-    const double f = models::mpt_flops_per_token(cfg.model, 2048) / 1e9;
+    EXPECT_EQ(models::mpt_param_count(mpt(cfg)), params) << name;
+    const double f = models::mpt_flops_per_token(mpt(cfg), 2048) / 1e9;
     EXPECT_NEAR(f, gflops.at(name), gflops.at(name) * 6e-4) << name;
   }
 }
@@ -58,11 +64,11 @@ TEST(Recipes, EveryShippedRecipeLoads) {
 TEST(Recipes, LlmFoundrysOwnYamlLoadsUnchanged) {
   const TrainConfig cfg = load_train_config(kSource + "/tests/data/foundry/mpt-125m.yaml");
   EXPECT_EQ(cfg.max_seq_len, 2048);
-  EXPECT_EQ(cfg.model.d_model, 768);
-  EXPECT_EQ(cfg.model.init_device, "meta");
-  EXPECT_EQ(cfg.model.attn.attn_impl, "flash");
-  EXPECT_EQ(cfg.model.norm_type, models::NormType::kLowPrecisionLayerNorm);
-  EXPECT_TRUE(cfg.model.learned_pos_emb);
+  EXPECT_EQ(mpt(cfg).d_model, 768);
+  EXPECT_EQ(mpt(cfg).init_device, "meta");
+  EXPECT_EQ(mpt(cfg).attn.attn_impl, "flash");
+  EXPECT_EQ(mpt(cfg).norm_type, models::NormType::kLowPrecisionLayerNorm);
+  EXPECT_TRUE(mpt(cfg).learned_pos_emb);
   EXPECT_EQ(cfg.tokenizer.model_max_length, 2048);
   EXPECT_EQ(cfg.train_loader.streams.at(0).local, "./my-copy-c4");
   EXPECT_EQ(cfg.train_loader.streams.at(0).split, "train");
@@ -100,11 +106,11 @@ TEST(Recipes, LlmFoundrysOwnYamlLoadsUnchanged) {
 TEST(Recipes, LlmFoundrysSmallCpuYamlLoadsUnchanged) {
   const TrainConfig cfg = load_train_config(kSource + "/tests/data/foundry/mpt-small-cpu.yaml");
   EXPECT_EQ(cfg.run_name, "mpt_causal_lm_cpu");
-  EXPECT_EQ(cfg.model.ffn_hidden(), 80);
-  EXPECT_EQ(cfg.model.loss_fn, "torch_crossentropy");
+  EXPECT_EQ(mpt(cfg).ffn_hidden(), 80);
+  EXPECT_EQ(mpt(cfg).loss_fn, "torch_crossentropy");
   EXPECT_EQ(cfg.precision, Precision::kFp32);
   EXPECT_EQ(cfg.eval_subset_num_batches, 5);
-  EXPECT_EQ(models::mpt_param_count(cfg.model), 823200);
+  EXPECT_EQ(models::mpt_param_count(mpt(cfg)), 823200);
 }
 
 TEST(Recipes, UnimplementedLlmFoundryKeysAreListedTogether) {
@@ -129,7 +135,7 @@ TEST(Recipes, OverridesBeatTheFileAndFeedInterpolation) {
       {"variables.max_seq_len=512", "optimizer.lr=1e-4", "optimizer.betas=[0.8, 0.9]",
        "device_train_microbatch_size=auto", "max_duration=2ep", "fsdp_config.sharding_strategy=NO_SHARD"});
   EXPECT_EQ(cfg.max_seq_len, 512);
-  EXPECT_EQ(cfg.model.max_seq_len, 512);
+  EXPECT_EQ(mpt(cfg).max_seq_len, 512);
   EXPECT_EQ(cfg.train_loader.max_seq_len, 512);
   EXPECT_EQ(cfg.tokenizer.model_max_length, 512);
   EXPECT_DOUBLE_EQ(cfg.optimizer.lr, 1e-4);
@@ -163,7 +169,7 @@ global_train_batch_size: 8
 device_eval_batch_size: 4
 )");
   const TrainConfig cfg = load_train_config(path);
-  EXPECT_EQ(cfg.model.max_seq_len, 2048) << "MPTConfig's default";
+  EXPECT_EQ(mpt(cfg).max_seq_len, 2048) << "MPTConfig's default";
   EXPECT_EQ(cfg.max_duration, config::Time::epochs(1)) << "a bare integer is epochs";
   EXPECT_EQ(cfg.eval_interval, config::Time::epochs(1));
   EXPECT_TRUE(cfg.device_train_microbatch_size.automatic);
@@ -176,8 +182,8 @@ device_eval_batch_size: 4
   EXPECT_EQ(cfg.train_loader.shuffle_seed, 9176) << "StreamingTextDataset's default seed";
   EXPECT_EQ(cfg.train_loader.shuffle_algo, "py1e");
   EXPECT_FALSE(cfg.fsdp_configured);
-  EXPECT_EQ(cfg.model.attn.kv_n_heads, 2);
-  EXPECT_NEAR(cfg.model.init.init_div_is_residual, 2.0, 1e-12) << "sqrt(2 * n_layers)";
+  EXPECT_EQ(mpt(cfg).attn.kv_n_heads, 2);
+  EXPECT_NEAR(mpt(cfg).init.init_div_is_residual, 2.0, 1e-12) << "sqrt(2 * n_layers)";
 }
 
 TEST(Recipes, InlineIclTasksAndPaths) {

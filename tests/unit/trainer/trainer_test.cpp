@@ -14,6 +14,7 @@
 #include "tessera/data/mds.h"
 #include "tessera/data/tokenizer.h"
 #include "tessera/eval/icl.h"
+#include "tessera/models/mpt.h"
 #include "tessera/trainer/trainer.h"
 #include "tessera/util/device.h"
 #include "test_util.h"
@@ -245,7 +246,7 @@ TEST(Trainer, IclTasksRunAtEvalInterval) {
   mc.icl_task_type = "multiple_choice";
   mc.max_seq_len = 32;
   EXPECT_DOUBLE_EQ(m.at("mc/1-shot").at("InContextLearningMultipleChoiceAccuracy"),
-                   eval::evaluate_icl_task(t.state().model, tok, mc, 1).at(0).accuracy());
+                   eval::evaluate_icl_task(*t.state().model, tok, mc, 1).at(0).accuracy());
   const auto& g = m.at("eval_gauntlet");
   const double both = ((m.at("mc/1-shot").at("InContextLearningMultipleChoiceAccuracy") - 0.5) / 0.5 +
                        m.at("lm/1-shot").at("InContextLearningLMAccuracy")) /
@@ -355,9 +356,11 @@ TEST(Algorithms, AlibiDropsPositionsTrainsShortEvaluatesLong) {
   Trainer t(tiny_config({"max_duration=2ba", "algorithms.alibi.train_sequence_length_scaling=0.25",
                          "algorithms.alibi.max_sequence_length=64"}),
             {.algorithms = {}, .callbacks = {probe}});
-  EXPECT_TRUE(t.state().model_options.attn.alibi);
-  EXPECT_FALSE(t.state().model->transformer->wpe);
-  EXPECT_EQ(t.state().model_options.max_seq_len, 64);
+  const auto mpt = std::dynamic_pointer_cast<models::MPTForCausalLMImpl>(t.state().model);
+  ASSERT_TRUE(mpt);
+  EXPECT_TRUE(mpt->options().attn.alibi);
+  EXPECT_FALSE(mpt->transformer->wpe);
+  EXPECT_EQ(mpt->options().max_seq_len, 64);
   t.fit();
   for (int64_t len : probe->lengths) EXPECT_EQ(len, 8);        // 32 * 0.25
   for (int64_t len : probe->eval_lengths) EXPECT_EQ(len, 32);  // evaluation at the full length
@@ -385,13 +388,13 @@ TEST(Algorithms, LoraTrainsOnlyAdaptersAndMergesExactly) {
     EXPECT_EQ(changed, p.key().find("lora_") != std::string::npos) << p.key();
   }
   // The merged model computes what the adapted one computes.
-  models::MPTForCausalLM& model = t.state().model;
-  model->eval();
+  models::CausalLM& model = *t.state().model;
+  model.eval();
   const at::Tensor ids = at::randint(0, 64, {2, 16}, at::kLong);
-  const at::Tensor adapted = model->forward(ids).detach();
+  const at::Tensor adapted = model.forward(ids).detach();
   algorithms::merge_lora(model);
-  for (const auto& p : model->named_parameters()) EXPECT_EQ(p.key().find("lora_"), std::string::npos) << p.key();
-  EXPECT_TRUE(at::allclose(model->forward(ids), adapted, 1e-5, 1e-5));
+  for (const auto& p : model.named_parameters()) EXPECT_EQ(p.key().find("lora_"), std::string::npos) << p.key();
+  EXPECT_TRUE(at::allclose(model.forward(ids), adapted, 1e-5, 1e-5));
 }
 
 TEST(Algorithms, EmaAveragesWeightsAndIsSwappedInForEval) {
@@ -468,7 +471,8 @@ TEST(Callbacks, MonitorsLogConsistentValues) {
   // Every sample is 32 tokens (33 stored, truncated to max_seq_len): tokens/s = 32 x samples/s = 256 x batches/s.
   EXPECT_NEAR(value("throughput/tokens_per_sec"), 32 * value("throughput/samples_per_sec"), 1e-6);
   EXPECT_NEAR(value("throughput/samples_per_sec"), 8 * value("throughput/batches_per_sec"), 1e-6);
-  const double flops_per_token = models::mpt_flops_per_token(t.state().model_options, 32);
+  const double flops_per_token = models::mpt_flops_per_token(
+      std::dynamic_pointer_cast<models::MPTForCausalLMImpl>(t.state().model)->options(), 32);
   EXPECT_NEAR(value("throughput/flops_per_sec"), flops_per_token * value("throughput/tokens_per_sec"),
               1e-6 * value("throughput/flops_per_sec"));
   EXPECT_NEAR(value("throughput/device/mfu"), value("throughput/device/flops_per_sec") / 1e12, 1e-12);

@@ -1,0 +1,140 @@
+// The model protocol: what everything outside models/ -- the trainer, the sharding engine, activation checkpointing,
+// ICL evaluation, generation, checkpoints and HF export, the surgery algorithms and the monitors -- sees of a causal
+// language model. MPT implements it (mpt.h); research code implements it for its own model and registers a builder
+// under a `model.name` (model_registry() below), and then trains it from a recipe like any built-in family.
+//
+// A CausalLM is a torch::nn::Module whose parameter names are its checkpoint keys. It knows nothing about ranks or
+// shards: the sharding engine wraps its units from outside through a UnitRunner. Not thread-safe.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+#include <nlohmann/json_fwd.hpp>
+
+#include <any>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tessera/config/registry.h"
+
+namespace tessera::models {
+
+// Keys and values of one layer: (B, kv_heads, T, head_dim).
+struct LayerCache {
+  at::Tensor key;
+  at::Tensor value;
+};
+
+// Keys and values of every layer for incremental decoding, plus the key padding mask seen so far.
+struct KVCache {
+  std::vector<LayerCache> layers;
+  at::Tensor attention_mask;  // (B, length) bool, true = real token; undefined when no mask was given
+  int64_t length = 0;         // positions cached
+};
+
+struct ForwardOptions {
+  std::optional<at::Tensor> attention_mask;  // (B, S) bool/int, true or 1 = token, false or 0 = padding
+  std::optional<at::Tensor> sequence_id;     // (B, S) int64: packed-document ids (attention and positions reset)
+  KVCache* cache = nullptr;                  // incremental decoding: reads and extends the cache
+  bool reference_attention = false;          // explicit softmax path instead of SDPA (for tests)
+};
+
+// Extension point for code that wraps parts of the forward pass: the sharding engine gathers a unit's parameters
+// around each call, and re-runs the call in backward under activation checkpointing (so `fn` must capture by value
+// and be repeatable). Without a runner, fn(x) runs directly.
+class UnitRunner {
+ public:
+  virtual ~UnitRunner() = default;
+  virtual at::Tensor run(int64_t unit, const std::function<at::Tensor(const at::Tensor&)>& fn, const at::Tensor& x) = 0;
+};
+
+// fn(x) through `runner` when there is one.
+inline at::Tensor run_unit(const std::shared_ptr<UnitRunner>& runner, int64_t unit,
+                           const std::function<at::Tensor(const at::Tensor&)>& fn, const at::Tensor& x) {
+  return runner ? runner->run(unit, fn, x) : fn(x);
+}
+
+class CausalLM : public torch::nn::Module {
+ public:
+  // input_ids: (B, S) int64 -> logits (B, S, vocab_size()).
+  virtual at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& options = {}) = 0;
+
+  // --- Units: the ordered pieces the sharding engine wraps (and activation checkpointing re-runs), numbered
+  // 0 .. num_units() - 1. Unit 0 is the root (what runs outside the blocks: embeddings, final norm, head); every
+  // forward call of a unit goes through the runner set here.
+  virtual int64_t num_units() const = 0;
+  // The unit that owns parameter `name` (a key of named_parameters()).
+  virtual int64_t unit_of_parameter(const std::string& name) const = 0;
+  virtual void set_unit_runner(std::shared_ptr<UnitRunner> runner) = 0;
+
+  // --- Initialisation. Initialises the parameters of the modules `select` accepts (by module name; all when null)
+  // from `seed`, each module from its own generator, so initialising one unit at a time (a sharded build from `meta`)
+  // gives exactly the values of a whole-model init.
+  virtual void init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select = nullptr) = 0;
+  // A new model of this architecture (the family's own options, surgery such as ALiBi or low-precision norms
+  // included; attached adapters not) on `device` ("cpu", "cuda:0", "meta"), initialised from `seed` when one is
+  // given (and the device is not meta), else allocated only. The weights are not copied.
+  virtual std::shared_ptr<CausalLM> rebuild(const std::string& device, std::optional<uint64_t> seed) const = 0;
+
+  // --- Size and cost (also on `meta`).
+  int64_t num_params() const;  // every parameter element, tied ones once
+  // Training FLOPs per token at sequence length `seq_len` (6 N + the attention term), for MFU and plans.
+  virtual double flops_per_token(int64_t seq_len) const = 0;
+  // Activation bytes of one forward+backward on `batch` sequences of `seq_len` tokens stored in `bytes_per_value`;
+  // nullopt when the model does not estimate it.
+  virtual std::optional<double> activation_bytes(int64_t batch, int64_t seq_len, int bytes_per_value,
+                                                 bool activation_checkpointing) const;
+  // Parameters of the largest unit (what FULL_SHARD holds gathered at once); default: counted over the units.
+  virtual int64_t largest_unit_params() const;
+  virtual int64_t vocab_size() const = 0;
+  virtual int64_t max_seq_len() const = 0;
+  // One line for plans and logs ("mpt_causal_lm: d_model 768, ...").
+  virtual std::string describe() const;
+
+  // --- Hugging Face interop: the family's model_type in config.json ("mpt"), and the config.json of this model
+  // (torch_dtype `dtype`); a model without an HF format throws Error saying so (the default).
+  virtual std::string family() const = 0;
+  virtual bool has_hf_format() const { return false; }
+  virtual nlohmann::ordered_json hf_config(at::ScalarType dtype) const;
+  // For a model whose head reuses the input embedding: the embedding's parameter name, which HF folders may store
+  // under "lm_head.weight" instead. nullopt (the default) for untied heads.
+  virtual std::optional<std::string> tied_embedding_name() const { return std::nullopt; }
+
+  // --- Surgery. ALiBi attention (learned positions dropped) with `alibi_bias_max`, up to `max_seq_len` tokens: a
+  // rebuilt model initialised from `seed` (the default throws ConfigError: the family does not support it).
+  virtual std::shared_ptr<CausalLM> with_alibi(double alibi_bias_max, int64_t max_seq_len, uint64_t seed) const;
+  // Every LayerNorm / RMSNorm runs in the autocast dtype (LLM Foundry's low-precision norms).
+  virtual void use_low_precision_norms();
+};
+
+// What a recipe's `model:` section parsed into: the family's own options (type-erased), and what the trainer needs
+// to know before building.
+struct ModelOptions {
+  std::string name;                 // the registered name (`model.name`)
+  std::any options;                 // the registered parser's own Options struct
+  int64_t max_seq_len = 0;          // the longest sequence the model takes
+  std::string init_device = "cpu";  // "cpu" | "cuda" | "meta" (deferred: built unit by unit when sharded)
+};
+
+// `model.name` -> parse the section, build on a device ("cpu", "cuda:0", "meta") from a seed. Built in:
+// mpt_causal_lm. Research code adds its own entries before building a Trainer.
+using ModelRegistry = config::Registry<ModelOptions, std::shared_ptr<CausalLM>, const std::string&, uint64_t>;
+ModelRegistry& model_registry();
+
+// Builds a model from config.json (`config`, read from `where`, for messages) by its model_type, on `device`;
+// initialised from `seed` when one is given, else allocated only (for weights read next). Throws tessera::Error
+// naming `where` for a model_type no family reads or an invalid config.
+std::shared_ptr<CausalLM> build_from_hf_config(const nlohmann::json& config, const std::string& where,
+                                               const std::string& device, std::optional<uint64_t> seed = std::nullopt);
+
+// Next-token loss: cross-entropy of logits[:, t] against labels[:, t + 1] over labels != ignore_index, their mean
+// (at::Reduction::Mean) or sum (at::Reduction::Sum). Computed in fp32 on the logits as they are (no copy without
+// the last position: the targets are shifted instead, with the last one ignored).
+at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, int64_t ignore_index = -100,
+                          at::Reduction::Reduction reduction = at::Reduction::Mean);
+
+}  // namespace tessera::models

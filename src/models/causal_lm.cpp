@@ -1,0 +1,72 @@
+// The model protocol's defaults, and the next-token loss.
+#include "tessera/models/causal_lm.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <map>
+
+#include "tessera/models/layers.h"
+#include "tessera/util/error.h"
+
+namespace tessera::models {
+
+int64_t CausalLM::num_params() const {
+  int64_t n = 0;
+  for (const at::Tensor& p : parameters()) n += p.numel();  // a tied weight is one parameter
+  return n;
+}
+
+std::optional<double> CausalLM::activation_bytes(int64_t /*batch*/, int64_t /*seq_len*/, int /*bytes_per_value*/,
+                                                 bool /*activation_checkpointing*/) const {
+  return std::nullopt;
+}
+
+int64_t CausalLM::largest_unit_params() const {
+  std::map<int64_t, int64_t> per_unit;
+  for (const auto& item : named_parameters()) per_unit[unit_of_parameter(item.key())] += item.value().numel();
+  int64_t largest = 0;
+  for (const auto& [unit, n] : per_unit) largest = std::max(largest, n);
+  return largest;
+}
+
+std::string CausalLM::describe() const {
+  return fmt::format("{}: {} parameters, {} units, vocab {}", family(), num_params(), num_units(), vocab_size());
+}
+
+nlohmann::ordered_json CausalLM::hf_config(at::ScalarType /*dtype*/) const {
+  throw Error("hf", fmt::format("model family \"{}\" has no Hugging Face format", family()));
+}
+
+std::shared_ptr<CausalLM> CausalLM::with_alibi(double /*alibi_bias_max*/, int64_t /*max_seq_len*/,
+                                               uint64_t /*seed*/) const {
+  throw ConfigError("algorithms", fmt::format("alibi: model family \"{}\" does not support ALiBi surgery", family()));
+}
+
+void CausalLM::use_low_precision_norms() {
+  int n = 0;
+  for (const auto& item : named_modules()) {
+    auto norm = std::dynamic_pointer_cast<NormImpl>(item.value());
+    if (!norm) continue;
+    if (norm->type == NormType::kLayerNorm) norm->type = NormType::kLowPrecisionLayerNorm;
+    if (norm->type == NormType::kRMSNorm) norm->type = NormType::kLowPrecisionRMSNorm;
+    ++n;
+  }
+  spdlog::debug("low_precision_layernorm: {} norms in low precision", n);
+}
+
+at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, int64_t ignore_index,
+                          at::Reduction::Reduction reduction) {
+  const int64_t b = labels.size(0), s = labels.size(1), v = logits.size(2);
+  // Position t is scored against labels[:, t + 1]; the last position has no target and is ignored. Scoring every
+  // position of the contiguous logits avoids slicing them, which would copy (B*S, V) floats forward and scatter
+  // them back in backward: the largest tensors of a small model's step. The ignored rows add nothing to the sum,
+  // the count or the gradient.
+  const at::Tensor targets =
+      at::cat({labels.narrow(1, 1, s - 1), at::full({b, 1}, ignore_index, labels.options())}, 1).reshape({-1});
+  return at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, v}), targets, {}, reduction, ignore_index);
+}
+
+}  // namespace tessera::models

@@ -1,0 +1,42 @@
+// The model families Tessera ships, by recipe name (`model.name`) and by config.json model_type.
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "tessera/models/causal_lm.h"
+#include "tessera/models/mpt.h"
+#include "tessera/util/error.h"
+
+namespace tessera::models {
+
+ModelRegistry& model_registry() {
+  static ModelRegistry* registry = [] {
+    auto* r = new ModelRegistry("model");
+    r->add(
+        "mpt_causal_lm",
+        [](config::Section& s) {
+          const MPTOptions o = parse_mpt_options(s);
+          return ModelOptions{"mpt_causal_lm", o, o.max_seq_len, o.init_device};
+        },
+        [](const ModelOptions& m, const std::string& device, uint64_t seed) -> std::shared_ptr<CausalLM> {
+          MPTOptions o = std::any_cast<const MPTOptions&>(m.options);
+          o.init_device = device;
+          return build_mpt(o, seed).ptr();
+        });
+    r->add_foundry_names({"hf_causal_lm", "hf_t5", "hf_prefix_lm", "hf_llama"});
+    return r;
+  }();
+  return *registry;
+}
+
+std::shared_ptr<CausalLM> build_from_hf_config(const nlohmann::json& config, const std::string& where,
+                                               const std::string& device, std::optional<uint64_t> seed) {
+  const std::string type = config.is_object() ? config.value("model_type", "") : "";
+  if (type == "mpt") {
+    MPTOptions o = mpt_options_from_hf_config(config, where);
+    o.init_device = device;
+    return seed ? build_mpt(o, *seed).ptr() : MPTForCausalLM(o).ptr();
+  }
+  throw Error("hf", fmt::format("{}: model_type is \"{}\"; Tessera reads: mpt", where, type));
+}
+
+}  // namespace tessera::models
