@@ -50,8 +50,11 @@ GroupedQueryAttentionImpl::GroupedQueryAttentionImpl(const MPTOptions& o, const 
   const int64_t hd = o.head_dim(), h = o.n_heads, kv = o.attn.kv_n_heads;
   Wqkv = register_module("Wqkv", Linear(o.d_model, (h + 2 * kv) * hd, o.wqkv_bias(), t));
   if (o.attn.qk_ln || o.attn.qk_gn) {
-    q_ln = register_module("q_ln", Norm(o.attn.qk_gn ? hd : h * hd, o.norm_type, o.norm_eps, !o.no_bias, t));
-    k_ln = register_module("k_ln", Norm(o.attn.qk_gn ? hd : kv * hd, o.norm_type, o.norm_eps, !o.no_bias, t));
+    // As LLM Foundry builds them: its default norm (LPLayerNorm, eps 1e-5, a bias unless no_bias), whatever the
+    // model's norm_type and norm_eps (its attention class is not given them).
+    constexpr NormType kQk = NormType::kLowPrecisionLayerNorm;
+    q_ln = register_module("q_ln", Norm(o.attn.qk_gn ? hd : h * hd, kQk, 1e-5, !o.no_bias, t));
+    k_ln = register_module("k_ln", Norm(o.attn.qk_gn ? hd : kv * hd, kQk, 1e-5, !o.no_bias, t));
   }
   out_proj = register_module("out_proj", Linear(h * hd, o.d_model, !o.no_bias, t));
   out_proj->is_residual = true;

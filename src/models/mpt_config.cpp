@@ -9,6 +9,21 @@
 namespace tessera::models {
 namespace {
 
+// `fc_type`: a string, or (as LLM Foundry's MPTConfig stores it, in the model and in ffn_config of its saved
+// config.json) a mapping {name: ...}. Only torch's Linear is implemented.
+void read_fc_type(config::Section& s) {
+  const config::Value* fc = s.has("fc_type") ? s.raw("fc_type") : nullptr;
+  std::string name = "torch";
+  if (fc != nullptr && fc->is_map()) {
+    config::Section fc_section(fc, s.key_path("fc_type"), s.context());
+    name = fc_section.get_string("name", name);
+    fc_section.finish();
+  } else {
+    name = s.get_string("fc_type", name);
+  }
+  if (name != "torch") s.not_supported("fc_type", name);
+}
+
 void parse_attention(config::Section& s, MPTOptions& o) {
   AttentionOptions& a = o.attn;
   a.attn_type = s.get_choice("attn_type", a.attn_type,
@@ -43,7 +58,13 @@ void parse_attention(config::Section& s, MPTOptions& o) {
     cfg.get_int("xpos_scale_base", 512);
     cfg.finish();
   }
-  if (s.has("rope_hf_config")) s.section("rope_hf_config").finish({"type", "factor"});
+  if (auto cfg = s.section("rope_hf_config"); cfg.present()) {
+    // Only read with rope_impl: hf (not supported); LLM Foundry's saved configs carry its default, no scaling.
+    const std::string type = cfg.get_string("type", "no_scaling");
+    if (type != "no_scaling") cfg.not_supported("type", type);
+    cfg.get_double("factor", 1.0);
+    cfg.finish();
+  }
   if (s.get_bool("fused_qkv", true) == false) s.not_supported("fused_qkv", "false");
   if (s.get_bool("nope", false)) s.not_supported("nope", "true");
   if (s.get_optional_double("attn_logit_softcapping")) s.not_supported("attn_logit_softcapping");
@@ -80,7 +101,8 @@ void parse_ffn(config::Section& s, MPTOptions& o) {
     if (name != "gelu" || approximate != "none") s.not_supported("ffn_act_fn", name + "/" + approximate);
     act_section.finish();
   }
-  s.finish({"fc_type", "moe_world_size", "ffn_bias"});
+  read_fc_type(s);
+  s.finish({"moe_world_size", "ffn_bias"});
 }
 
 void parse_init(config::Section& s, MPTOptions& o) {
@@ -124,9 +146,8 @@ MPTOptions parse_mpt_options(config::Section& s) {
   s.check(o.n_heads > 0, "n_heads", "must be positive");
   s.check(o.n_layers > 0, "n_layers", "must be positive");
   s.check(o.d_model % o.n_heads == 0, "n_heads", fmt::format("must divide d_model ({})", o.d_model));
-  if (s.has("head_dim")) {
-    const int64_t hd = s.get_int("head_dim", 0);
-    s.check(hd == o.d_model / o.n_heads, "head_dim", "only head_dim == d_model / n_heads is supported");
+  if (const auto hd = s.get_optional_int("head_dim")) {  // LLM Foundry writes null for the default
+    s.check(*hd == o.d_model / o.n_heads, "head_dim", "only head_dim == d_model / n_heads is supported");
   }
   o.expansion_ratio = s.get_double("expansion_ratio", o.expansion_ratio);
   s.check(o.expansion_ratio > 0, "expansion_ratio", "must be positive");
@@ -166,8 +187,7 @@ MPTOptions parse_mpt_options(config::Section& s) {
   o.init_device = s.get_choice("init_device", o.init_device, {"cpu", "meta", "mixed", "cuda"});
   if (o.init_device == "mixed") s.not_supported("init_device", "mixed");
   o.loss_fn = s.get_choice("loss_fn", o.loss_fn, {"fused_crossentropy", "torch_crossentropy"});
-  const std::string fc_type = s.get_string("fc_type", "torch");
-  if (fc_type != "torch") s.not_supported("fc_type", fc_type);
+  read_fc_type(s);
   if (s.get_bool("use_cache", false)) s.not_supported("use_cache", "true (the KV cache is used by generation only)");
   if (!s.get_bool("use_pad_tok_in_ffn", true)) s.not_supported("use_pad_tok_in_ffn", "false");
   if (s.get_optional_double("final_logit_softcapping")) s.not_supported("final_logit_softcapping");
@@ -198,9 +218,10 @@ int64_t mpt_block_params(const MPTOptions& o) {
   int64_t n = 0;
   n += norm;  // norm_1
   const int64_t qkv_out = (h + 2 * kv) * hd;
-  n += d * qkv_out + (o.wqkv_bias() ? qkv_out : 0);                 // attn.Wqkv
-  if (o.attn.qk_ln) n += (h * hd + kv * hd) * (1 + norm_bias);      // attn.q_ln over H*hd, attn.k_ln over KV*hd
-  if (o.attn.qk_gn) n += 2 * hd * (1 + norm_bias);                  // per-head norms
+  n += d * qkv_out + (o.wqkv_bias() ? qkv_out : 0);  // attn.Wqkv
+  // q_ln / k_ln are LayerNorms with a bias unless no_bias, whatever norm_type (as LLM Foundry builds them).
+  if (o.attn.qk_ln) n += (h * hd + kv * hd) * (1 + bias);           // attn.q_ln over H*hd, attn.k_ln over KV*hd
+  if (o.attn.qk_gn) n += 2 * hd * (1 + bias);                       // per-head norms
   n += h * hd * d + bias * d;                                       // attn.out_proj
   n += norm;                                                        // norm_2
   const int64_t projections = o.ffn.type == FfnType::kGLU ? 2 : 1;  // up_proj (+ gate_proj)

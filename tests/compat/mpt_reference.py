@@ -49,9 +49,9 @@ def make_weights(cfg, seed):
     def rnd(*shape, scale=0.08):
         return torch.randn(*shape, generator=g) * scale
 
-    def norm(name, n):
+    def norm(name, n, with_bias=None):
         w[name + ".weight"] = 1 + rnd(n, scale=0.1)
-        if norm_bias:
+        if norm_bias if with_bias is None else with_bias:
             w[name + ".bias"] = rnd(n, scale=0.1)
 
     def linear(name, n_in, n_out, with_bias):
@@ -66,12 +66,14 @@ def make_weights(cfg, seed):
         p = f"transformer.blocks.{i}."
         norm(p + "norm_1", d)
         linear(p + "attn.Wqkv", d, (h + 2 * kv) * hd, wqkv_bias)
+        # LLM Foundry builds q_ln / k_ln as its default norm (LPLayerNorm, eps 1e-5, with a bias unless no_bias),
+        # whatever the model's norm_type: the attention class is not given norm_type.
         if a["qk_ln"]:
-            norm(p + "attn.q_ln", h * hd)
-            norm(p + "attn.k_ln", kv * hd)
+            norm(p + "attn.q_ln", h * hd, bias)
+            norm(p + "attn.k_ln", kv * hd, bias)
         if a["qk_gn"]:
-            norm(p + "attn.q_ln", hd)
-            norm(p + "attn.k_ln", hd)
+            norm(p + "attn.q_ln", hd, bias)
+            norm(p + "attn.k_ln", hd, bias)
         linear(p + "attn.out_proj", h * hd, d, bias)
         norm(p + "norm_2", d)
         linear(p + "ffn.up_proj", d, f, bias)
@@ -139,12 +141,13 @@ def forward(cfg, w, ids, sequence_id=None):
         if a["clip_qkv"]:
             qkv = qkv.clamp(-a["clip_qkv"], a["clip_qkv"])
         q, k, v = qkv.split([d, kv * hd, kv * hd], dim=2)
+        qk = dict(c, norm_type="layernorm", norm_eps=1e-5)
         if a["qk_ln"]:
-            q = apply_norm(c, w, p + "attn.q_ln", q)
-            k = apply_norm(c, w, p + "attn.k_ln", k)
+            q = apply_norm(qk, w, p + "attn.q_ln", q)
+            k = apply_norm(qk, w, p + "attn.k_ln", k)
         if a["qk_gn"]:
-            q = apply_norm(c, w, p + "attn.q_ln", q.view(b, s, h, hd)).view(b, s, h * hd)
-            k = apply_norm(c, w, p + "attn.k_ln", k.view(b, s, kv, hd)).view(b, s, kv * hd)
+            q = apply_norm(qk, w, p + "attn.q_ln", q.view(b, s, h, hd)).view(b, s, h * hd)
+            k = apply_norm(qk, w, p + "attn.k_ln", k.view(b, s, kv, hd)).view(b, s, kv * hd)
         if a["rope"]:
             q = rotary(q.view(b, s, h, hd), a["rope_theta"]).view(b, s, h * hd)
             k = rotary(k.view(b, s, kv, hd), a["rope_theta"]).view(b, s, kv * hd)
