@@ -31,6 +31,12 @@ if(NOT TESSERA_PYTHON)
   get_filename_component(_venv "${Torch_DIR}/../../../../../../.." ABSOLUTE)
   set(TESSERA_PYTHON "${_venv}/bin/python" CACHE FILEPATH "Python with the compatibility peers (tools/requirements.txt)")
 endif()
+# Composer + LLM Foundry live in a venv of their own beside it (tools/setup_composer.sh): they pin another torch.
+if(NOT TESSERA_COMPOSER_PYTHON)
+  get_filename_component(_home "${TESSERA_PYTHON}/../../.." ABSOLUTE)
+  set(TESSERA_COMPOSER_PYTHON "${_home}/venv-composer/bin/python" CACHE FILEPATH
+      "Python with Composer and LLM Foundry (tools/setup_composer.sh)")
+endif()
 message(STATUS "LibTorch ${Torch_VERSION} from ${Torch_DIR}")
 
 # Torch's include directory carries its own fmt (12.x) headers, which would shadow Debian's fmt 9 that spdlog and

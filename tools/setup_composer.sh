@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Optional: Composer + LLM Foundry in a venv of their own ($TESSERA_HOME/venv-composer, default
-# ~/.cache/tessera/venv-composer). They pin another torch than the one LibTorch comes from, so they cannot share the
-# main venv; they serve benchmarks (benchmarks/train_vs_pytorch.py measures Composer's Trainer beside Tessera when
-# this venv exists) and the opt-in tests in tests/composer/, not the main test command. Idempotent: a second run with the pin satisfied downloads nothing.
+# Composer + LLM Foundry in a venv of their own ($TESSERA_HOME/venv-composer, default ~/.cache/tessera/venv-composer).
+# They pin another torch than the one LibTorch comes from, so they cannot share the main venv. README's test command
+# runs this: the tests in tests/composer/ (ctest's `composer` entry) compare Tessera against their own code, and
+# benchmarks/train_vs_pytorch.py measures Composer's Trainer beside Tessera when this venv exists. The main job does
+# not need it. Idempotent: a second run with the pin satisfied downloads nothing.
 #
 # Needs tools/setup.sh's Debian packages (python3-venv). About 4 GB (torch with its CUDA libraries).
 set -euo pipefail
