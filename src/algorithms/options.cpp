@@ -4,21 +4,6 @@
 #include "tessera/algorithms/algorithms.h"
 
 namespace tessera::algorithms {
-namespace {
-
-// Builds T from its Options (the std::any a parser returned).
-template <class T, class Options>
-core::AlgorithmRegistry::Builder build() {
-  return [](const std::any& o, const core::RunContext& /*run*/) -> std::shared_ptr<core::Algorithm> {
-    if constexpr (std::is_constructible_v<T, Options>) {
-      return std::make_shared<T>(std::any_cast<const Options&>(o));
-    } else {
-      return std::make_shared<T>();
-    }
-  };
-}
-
-}  // namespace
 
 core::AlgorithmRegistry& algorithm_registry() {
   static core::AlgorithmRegistry* registry = [] {
@@ -33,7 +18,7 @@ core::AlgorithmRegistry& algorithm_registry() {
           s.finish();
           return o;
         },
-        build<GradientClipping, GradientClippingOptions>());
+        core::construct<core::Algorithm, GradientClipping, GradientClippingOptions>());
     r->add(
         "alibi",
         [](config::Section& s) -> std::any {
@@ -49,7 +34,7 @@ core::AlgorithmRegistry& algorithm_registry() {
           s.finish();
           return o;
         },
-        build<Alibi, AlibiOptions>());
+        core::construct<core::Algorithm, Alibi, AlibiOptions>());
     r->add(
         "lora",
         [](config::Section& s) -> std::any {
@@ -65,7 +50,7 @@ core::AlgorithmRegistry& algorithm_registry() {
           s.finish();
           return o;
         },
-        build<Lora, LoraOptions>());
+        core::construct<core::Algorithm, Lora, LoraOptions>());
     r->add(
         "ema",
         [](config::Section& s) -> std::any {
@@ -83,7 +68,7 @@ core::AlgorithmRegistry& algorithm_registry() {
           s.finish();
           return o;
         },
-        build<Ema, EmaOptions>());
+        core::construct<core::Algorithm, Ema, EmaOptions>());
     r->add(
         "low_precision_layernorm",
         [](config::Section& s) -> std::any {
@@ -91,7 +76,7 @@ core::AlgorithmRegistry& algorithm_registry() {
           s.finish();
           return LowPrecisionLayerNormOptions{};
         },
-        build<LowPrecisionLayerNorm, LowPrecisionLayerNormOptions>());
+        core::construct<core::Algorithm, LowPrecisionLayerNorm>());
     r->add(
         "seq_length_warmup",
         [](config::Section& s) -> std::any {
@@ -109,7 +94,7 @@ core::AlgorithmRegistry& algorithm_registry() {
           s.finish();
           return o;
         },
-        build<SeqLengthWarmup, SeqLengthWarmupOptions>());
+        core::construct<core::Algorithm, SeqLengthWarmup, SeqLengthWarmupOptions>());
     r->add(
         "loss_spike_detection",
         [](config::Section& s) -> std::any {
@@ -126,7 +111,7 @@ core::AlgorithmRegistry& algorithm_registry() {
           s.finish();
           return o;
         },
-        build<LossSpikeDetection, LossSpikeOptions>());
+        core::construct<core::Algorithm, LossSpikeDetection, LossSpikeOptions>());
     r->add_foundry_names({"gated_linear_units", "layer_freezing", "sam", "swa", "selective_backprop", "label_smoothing",
                           "factorize", "stochastic_depth", "low_precision_groupnorm", "gyro_dropout",
                           "fused_layernorm"});

@@ -45,18 +45,6 @@ MonitoredMetric parse_monitored(config::Section& s, const std::vector<std::strin
   return m;
 }
 
-// Builds T from its Options (the std::any a parser returned); Options void: T takes none.
-template <class T, class Options>
-core::CallbackRegistry::Builder build() {
-  return [](const std::any& o, const core::RunContext& /*run*/) -> std::shared_ptr<core::Callback> {
-    if constexpr (std::is_void_v<Options>) {
-      return std::make_shared<T>();
-    } else {
-      return std::make_shared<T>(std::any_cast<const Options&>(o));
-    }
-  };
-}
-
 }  // namespace
 
 core::CallbackRegistry& callback_registry() {
@@ -74,7 +62,7 @@ core::CallbackRegistry& callback_registry() {
           s.finish();
           return o;
         },
-        build<SpeedMonitor, SpeedMonitorOptions>());
+        core::construct<core::Callback, SpeedMonitor, SpeedMonitorOptions>());
     r->add(
         "runtime_estimator",
         [](config::Section& s) -> std::any {
@@ -85,21 +73,21 @@ core::CallbackRegistry& callback_registry() {
           s.finish();
           return o;
         },
-        build<RuntimeEstimator, RuntimeEstimatorOptions>());
+        core::construct<core::Callback, RuntimeEstimator, RuntimeEstimatorOptions>());
     r->add(
         "lr_monitor",
         [](config::Section& s) -> std::any {
           s.finish();
           return LRMonitorOptions{};
         },
-        build<LRMonitor, void>());
+        core::construct<core::Callback, LRMonitor>());
     r->add(
         "memory_monitor",
         [](config::Section& s) -> std::any {
           s.finish({"memory_keys", "dist_aggregate_batch_interval"});
           return MemoryMonitorOptions{};
         },
-        build<MemoryMonitor, void>());
+        core::construct<core::Callback, MemoryMonitor>());
     r->add(
         "optimizer_monitor",
         [](config::Section& s) -> std::any {
@@ -110,7 +98,7 @@ core::CallbackRegistry& callback_registry() {
           s.finish();
           return o;
         },
-        build<OptimizerMonitor, OptimizerMonitorOptions>());
+        core::construct<core::Callback, OptimizerMonitor, OptimizerMonitorOptions>());
     r->add(
         "early_stopper",
         [](config::Section& s) -> std::any {
@@ -123,7 +111,7 @@ core::CallbackRegistry& callback_registry() {
           s.finish();
           return o;
         },
-        build<EarlyStopper, EarlyStopperOptions>());
+        core::construct<core::Callback, EarlyStopper, EarlyStopperOptions>());
     r->add(
         "threshold_stopper",
         [](config::Section& s) -> std::any {
@@ -134,7 +122,7 @@ core::CallbackRegistry& callback_registry() {
           s.finish();
           return o;
         },
-        build<ThresholdStopper, ThresholdStopperOptions>());
+        core::construct<core::Callback, ThresholdStopper, ThresholdStopperOptions>());
     r->add(
         "hf_checkpointer",
         [](config::Section& s) -> std::any {
@@ -152,7 +140,7 @@ core::CallbackRegistry& callback_registry() {
                     "register_wait_seconds"});
           return o;
         },
-        build<HfCheckpointer, HfCheckpointerOptions>());
+        core::construct<core::Callback, HfCheckpointer, HfCheckpointerOptions>());
     r->add_foundry_names({"checkpoint_saver",
                           "mono_checkpoint_saver",
                           "eval_gauntlet",

@@ -10,11 +10,14 @@
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
 
+#include <any>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "tessera/config/component.h"
@@ -94,5 +97,18 @@ struct RunContext {
 // builder returns a LoggerDestination, or nullptr when this rank writes nothing.
 using AlgorithmRegistry = config::ComponentRegistry<std::shared_ptr<Algorithm>, const RunContext&>;
 using CallbackRegistry = config::ComponentRegistry<std::shared_ptr<Callback>, const RunContext&>;
+
+// The builder of a component that is constructed from the Options its parser returned (Options void: from nothing),
+// for AlgorithmRegistry (Base = Algorithm) and CallbackRegistry (Base = Callback).
+template <class Base, class T, class Options = void>
+std::function<std::shared_ptr<Base>(const std::any&, const RunContext&)> construct() {
+  return [](const std::any& options, const RunContext& /*run*/) -> std::shared_ptr<Base> {
+    if constexpr (std::is_void_v<Options>) {
+      return std::make_shared<T>();
+    } else {
+      return std::make_shared<T>(std::any_cast<const Options&>(options));
+    }
+  };
+}
 
 }  // namespace tessera::core
