@@ -18,13 +18,15 @@ if [ ! -x "$venv/bin/python" ]; then
   log "creating $venv"
   "${TESSERA_PYTHON:-python3}" -m venv "$venv"
 fi
-if "$venv/bin/python" -m pip show llm-foundry 2>/dev/null | grep -qx "Version: ${pin#*==}"; then
+# (pip's output is captured first: `pip show | grep -q` under pipefail fails when grep stops reading early.)
+version_of() { "$venv/bin/python" -m pip show "$1" 2>/dev/null | sed -n 's/^Version: //p'; }
+if [ "$(version_of llm-foundry)" = "${pin#*==}" ]; then
   log "$pin: present"
 else
   log "installing $pin (and Composer, with their torch)"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$pin"
 fi
-if ! "$venv/bin/python" -m pip show pytest 2>/dev/null | grep -qx "Version: ${test_pin#*==}"; then
+if [ "$(version_of pytest)" != "${test_pin#*==}" ]; then
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$test_pin"
 fi
 "$venv/bin/python" -c 'import composer, llmfoundry, torch; print("[setup-composer] composer", composer.__version__,
