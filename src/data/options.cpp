@@ -8,8 +8,8 @@ namespace {
 
 using config::Section;
 
-StreamOptions parse_stream(Section& s, bool is_dataset) {
-  StreamOptions st;
+StreamSpec parse_stream(Section& s, bool is_dataset) {
+  StreamSpec st;
   st.local = is_dataset ? s.get_string("local", "") : s.require_string("local");
   // `remote:` left blank means local-only, as LLM Foundry's recipes write it; a real remote needs network access.
   if (auto remote = s.get_optional_string("remote")) s.not_supported("remote", *remote);
@@ -30,33 +30,37 @@ LoaderOptions parse_text_loader(Section& s) {
   LoaderOptions o;
   o.name = "text";
   auto ds = s.section("dataset");
-  o.max_seq_len = ds.require_int("max_seq_len");
-  ds.check(o.max_seq_len > 0, "max_seq_len", "must be positive");
+  o.tokens.max_seq_len = ds.require_int("max_seq_len");
+  ds.check(o.tokens.max_seq_len > 0, "max_seq_len", "must be positive");
   if (const config::Value* streams = ds.raw("streams")) {
     auto map = Section(streams, ds.key_path("streams"), ds.context());
     for (const std::string& name : map.keys()) {
       auto stream = map.section(name);
-      o.streams.push_back(parse_stream(stream, false));
+      o.dataset.streams.push_back(parse_stream(stream, false));
     }
     map.finish();
-    ds.check(!o.streams.empty(), "streams", "must name at least one stream");
+    ds.check(!o.dataset.streams.empty(), "streams", "must name at least one stream");
   }
-  StreamOptions top = parse_stream(ds, true);
-  if (o.streams.empty()) {
+  StreamSpec top = parse_stream(ds, true);
+  if (o.dataset.streams.empty()) {
     ds.check(!top.local.empty(), "local", "missing required key (or give `streams`)");
-    o.streams.push_back(top);
+    o.dataset.streams.push_back(top);
   }
-  o.shuffle = ds.get_bool("shuffle", false);
-  o.shuffle_seed = ds.get_int("shuffle_seed", o.shuffle_seed);
-  o.shuffle_algo = ds.get_choice("shuffle_algo", o.shuffle_algo, {"naive", "py1s", "py1br", "py1e", "py1b", "py2s"});
-  if (o.shuffle_algo == "py1b" || o.shuffle_algo == "py2s") ds.not_supported("shuffle_algo", o.shuffle_algo);
-  o.shuffle_block_size = ds.get_optional_int("shuffle_block_size");
-  o.num_canonical_nodes = ds.get_optional_int("num_canonical_nodes");
-  ds.check(!o.num_canonical_nodes || *o.num_canonical_nodes > 0, "num_canonical_nodes", "must be positive");
-  o.partition_algo = ds.get_choice("partition_algo", o.partition_algo, {"orig", "relaxed"});
-  o.token_encoding_type = ds.get_choice("token_encoding_type", o.token_encoding_type,
-                                        {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"});
-  o.epoch_size = ds.get_optional_int("epoch_size");
+  o.dataset.shuffle = ds.get_bool("shuffle", false);
+  o.dataset.shuffle_seed = ds.get_int("shuffle_seed", o.dataset.shuffle_seed);
+  o.dataset.shuffle_algo =
+      ds.get_choice("shuffle_algo", o.dataset.shuffle_algo, {"naive", "py1s", "py1br", "py1e", "py1b", "py2s"});
+  if (o.dataset.shuffle_algo == "py1b" || o.dataset.shuffle_algo == "py2s")
+    ds.not_supported("shuffle_algo", o.dataset.shuffle_algo);
+  o.dataset.shuffle_block_size = ds.get_optional_int("shuffle_block_size");
+  o.dataset.num_canonical_nodes = ds.get_optional_int("num_canonical_nodes");
+  ds.check(!o.dataset.num_canonical_nodes || *o.dataset.num_canonical_nodes > 0, "num_canonical_nodes",
+           "must be positive");
+  o.dataset.partition_algo = ds.get_choice("partition_algo", o.dataset.partition_algo, {"orig", "relaxed"});
+  o.tokens.token_encoding_type =
+      ds.get_choice("token_encoding_type", o.tokens.token_encoding_type,
+                    {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"});
+  o.dataset.epoch_size = ds.get_optional_int("epoch_size");
   const std::string sampling = ds.get_string("sampling_method", "balanced");
   if (sampling != "balanced") ds.not_supported("sampling_method", sampling);
   const std::string batching = ds.get_string("batching_method", "random");
@@ -66,11 +70,11 @@ LoaderOptions parse_text_loader(Section& s) {
   ds.finish({"hf_name", "hf_kwargs", "preprocessing_fn", "decoder_only_format", "packing_ratio", "allow_pad_trimming",
              "sampling_granularity", "download_retry", "download_timeout", "validate_hash", "keep_zip",
              "allow_unsafe_types", "replication", "stream_name", "stream_config", "eos_token_id", "bos_token_id"});
-  o.drop_last = s.get_bool("drop_last", true);
+  o.tokens.drop_last = s.get_bool("drop_last", true);
   o.num_workers = s.get_int("num_workers", 0);
   s.check(o.num_workers >= 0, "num_workers", "must be non-negative");
-  o.prefetch_factor = s.get_int("prefetch_factor", 2);
-  s.check(o.prefetch_factor >= 1, "prefetch_factor", "must be at least 1");
+  o.tokens.prefetch_factor = s.get_int("prefetch_factor", 2);
+  s.check(o.tokens.prefetch_factor >= 1, "prefetch_factor", "must be at least 1");
   s.get_bool("pin_memory", false);         // batches are copied with non_blocking copies when a GPU is used
   s.get_bool("persistent_workers", true);  // worker threads always persist across epochs
   s.get_int("timeout", 0);

@@ -45,7 +45,7 @@ Plan make_plan(const TrainConfig& cfg, int64_t world_size, int64_t ranks_per_nod
   const std::shared_ptr<models::CausalLM> model = models::model_registry().build(cfg.model.name, cfg.model, "meta", 0);
   plan.model = model->describe();
   plan.n_params = model->num_params();
-  plan.seq_len = cfg.train_loader.max_seq_len;
+  plan.seq_len = cfg.train_loader.tokens.max_seq_len;
   plan.flops_per_token = model->flops_per_token(plan.seq_len);
   plan.tokens_per_step = cfg.global_train_batch_size * plan.seq_len;
   if (cfg.global_train_batch_size % world_size != 0) {

@@ -205,8 +205,8 @@ TrainConfig parse_train_config(config::Value resolved, const std::string& path) 
   for (const data::LoaderOptions* loader : {&cfg.train_loader, cfg.eval_loader ? &*cfg.eval_loader : nullptr}) {
     if (loader == nullptr || !cfg.model.options.has_value()) continue;
     const char* key = loader == &cfg.train_loader ? "train_loader" : "eval_loader";
-    root.check(loader->max_seq_len <= cfg.model.max_seq_len, key,
-               fmt::format("dataset.max_seq_len ({}) exceeds the model's max_seq_len ({})", loader->max_seq_len,
+    root.check(loader->tokens.max_seq_len <= cfg.model.max_seq_len, key,
+               fmt::format("dataset.max_seq_len ({}) exceeds the model's max_seq_len ({})", loader->tokens.max_seq_len,
                            cfg.model.max_seq_len));
   }
   cfg.optimizer = parse_named(root, "optimizer", optim::optimizer_registry(), true);

@@ -57,27 +57,9 @@ std::vector<double> sum_over_ranks(const State& s, const std::vector<double>& va
   return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
 }
 
-data::StreamingOptions streaming_options(const data::LoaderOptions& l, int64_t batch_size, bool shuffle) {
-  data::StreamingOptions o;
-  for (const data::StreamOptions& s : l.streams)
-    o.streams.push_back({s.local, s.split, s.proportion, s.repeat, s.choose});
+// The loader's dataset options with this run's per-device batch size.
+data::StreamingOptions with_batch_size(data::StreamingOptions o, int64_t batch_size) {
   o.batch_size = batch_size;
-  o.shuffle = shuffle;
-  o.shuffle_seed = static_cast<uint64_t>(l.shuffle_seed);
-  o.shuffle_algo = l.shuffle_algo;
-  o.shuffle_block_size = l.shuffle_block_size;
-  o.num_canonical_nodes = l.num_canonical_nodes;
-  o.partition_algo = l.partition_algo;
-  o.epoch_size = l.epoch_size;
-  return o;
-}
-
-data::TokenLoaderOptions token_options(const data::LoaderOptions& l) {
-  data::TokenLoaderOptions o;
-  o.max_seq_len = l.max_seq_len;
-  o.token_encoding_type = l.token_encoding_type;
-  o.drop_last = l.drop_last;
-  o.prefetch_factor = l.prefetch_factor;
   return o;
 }
 
@@ -155,24 +137,24 @@ void Trainer::setup_ranks() {
 }
 
 void Trainer::build_data() {
-  if (cfg_.train_loader.max_seq_len != cfg_.max_seq_len) {
-    spdlog::warn("train_loader.dataset.max_seq_len ({}) differs from max_seq_len ({})", cfg_.train_loader.max_seq_len,
-                 cfg_.max_seq_len);
+  if (cfg_.train_loader.tokens.max_seq_len != cfg_.max_seq_len) {
+    spdlog::warn("train_loader.dataset.max_seq_len ({}) differs from max_seq_len ({})",
+                 cfg_.train_loader.tokens.max_seq_len, cfg_.max_seq_len);
   }
   const dist::Rendezvous& rv = rendezvous_;
   workers_ = std::max<int64_t>(1, cfg_.train_loader.num_workers);
   const data::World world{rv.num_nodes(), rv.local_world_size, workers_};
   train_data_ = std::make_unique<data::StreamingDataset>(
-      streaming_options(cfg_.train_loader, state_.device_train_batch_size, cfg_.train_loader.shuffle), world);
+      with_batch_size(cfg_.train_loader.dataset, state_.device_train_batch_size), world);
   state_.dataloader_len =
-      data::batches_in_epoch(*train_data_, 0, 0, rv.node_rank(), rv.local_rank, cfg_.train_loader.drop_last);
+      data::batches_in_epoch(*train_data_, 0, 0, rv.node_rank(), rv.local_rank, cfg_.train_loader.tokens.drop_last);
   if (*state_.dataloader_len == 0) {
     throw Error("train", fmt::format("the training data has fewer samples ({}) than one device batch ({})",
                                      train_data_->epoch_size(), state_.device_train_batch_size));
   }
   if (cfg_.eval_loader) {
     eval_data_ = std::make_unique<data::StreamingDataset>(
-        streaming_options(*cfg_.eval_loader, cfg_.device_eval_batch_size, cfg_.eval_loader->shuffle), world);
+        with_batch_size(cfg_.eval_loader->dataset, cfg_.device_eval_batch_size), world);
   }
 }
 
@@ -440,7 +422,7 @@ void Trainer::fit() {
     if (!epoch_done) {
       loader = std::make_unique<data::TokenBatchLoader>(
           *train_data_, workers_, state_.timestamp.epoch, state_.timestamp.sample_in_epoch,
-          state_.rank / state_.local_world_size, state_.local_rank, token_options(cfg_.train_loader));
+          state_.rank / state_.local_world_size, state_.local_rank, cfg_.train_loader.tokens);
     }
     while (!epoch_done) {
       const auto started = Clock::now();
@@ -563,7 +545,7 @@ Metrics Trainer::run_loader_eval() {
   {
     at::NoGradGuard no_grad;
     data::TokenBatchLoader loader(*eval_data_, workers_, 0, 0, state_.rank / state_.local_world_size, state_.local_rank,
-                                  token_options(*cfg_.eval_loader));
+                                  cfg_.eval_loader->tokens);
     while (cfg_.eval_subset_num_batches < 0 || state_.eval_timestamp.batch < cfg_.eval_subset_num_batches) {
       std::optional<data::TokenBatch> next = loader.next();
       if (!next) break;

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "tessera/config/registry.h"
+#include "tessera/data/loader.h"
+#include "tessera/data/streaming_dataset.h"
 
 namespace tessera::data {
 
@@ -16,31 +18,14 @@ struct TokenizerOptions {
   std::optional<int64_t> model_max_length;  // kwargs.model_max_length
 };
 
-struct StreamOptions {
-  std::string local;                 // directory holding index.json and shards
-  std::optional<std::string> split;  // sub-directory of `local`
-  std::optional<double> proportion;
-  std::optional<double> repeat;
-  std::optional<int64_t> choose;
-};
-
+// `train_loader` / `eval_loader` with `name: text`: Streaming's dataset options (the `dataset:` keys; the per-device
+// batch_size is the trainer's to set) and how samples become token batches; one struct, handed as it is to
+// StreamingDataset and TokenBatchLoader.
 struct LoaderOptions {
   std::string name = "text";
-  // dataset:
-  std::vector<StreamOptions> streams;  // `local`/`split` of the dataset form stream 0 when `streams` is absent
-  bool shuffle = false;
-  int64_t max_seq_len = 0;
-  int64_t shuffle_seed = 9176;
-  std::string shuffle_algo = "py1e";  // naive | py1s | py1br | py1e
-  std::optional<int64_t> shuffle_block_size;
-  std::optional<int64_t> num_canonical_nodes;
-  std::string partition_algo = "relaxed";     // orig | relaxed
-  std::string token_encoding_type = "int64";  // for legacy `bytes` token columns
-  std::optional<int64_t> epoch_size;
-  // loader:
-  bool drop_last = true;
-  int64_t num_workers = 0;      // background reader threads (0: read on the training thread)
-  int64_t prefetch_factor = 2;  // batches prefetched per worker
+  StreamingOptions dataset;   // streams (`local`/`split` form stream 0 when `streams` is absent), shuffle, seeds, ...
+  TokenLoaderOptions tokens;  // dataset.max_seq_len, dataset.token_encoding_type, drop_last, prefetch_factor
+  int64_t num_workers = 0;    // background reader threads (0: read on the training thread)
 };
 
 TokenizerOptions parse_tokenizer_options(config::Section& s);

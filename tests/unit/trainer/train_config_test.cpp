@@ -70,13 +70,13 @@ TEST(Recipes, LlmFoundrysOwnYamlLoadsUnchanged) {
   EXPECT_EQ(mpt(cfg).norm_type, models::NormType::kLowPrecisionLayerNorm);
   EXPECT_TRUE(mpt(cfg).learned_pos_emb);
   EXPECT_EQ(cfg.tokenizer.model_max_length, 2048);
-  EXPECT_EQ(cfg.train_loader.streams.at(0).local, "./my-copy-c4");
-  EXPECT_EQ(cfg.train_loader.streams.at(0).split, "train");
-  EXPECT_EQ(cfg.train_loader.shuffle_seed, 17);
+  EXPECT_EQ(cfg.train_loader.dataset.streams.at(0).local, "./my-copy-c4");
+  EXPECT_EQ(cfg.train_loader.dataset.streams.at(0).split, "train");
+  EXPECT_EQ(cfg.train_loader.dataset.shuffle_seed, 17u);
   EXPECT_EQ(cfg.train_loader.num_workers, 8);
   ASSERT_TRUE(cfg.eval_loader.has_value());
-  EXPECT_FALSE(cfg.eval_loader->shuffle);
-  EXPECT_FALSE(cfg.eval_loader->drop_last);
+  EXPECT_FALSE(cfg.eval_loader->dataset.shuffle);
+  EXPECT_FALSE(cfg.eval_loader->tokens.drop_last);
   EXPECT_EQ(cfg.optimizer.name, "decoupled_adamw");
   EXPECT_DOUBLE_EQ(cfg.optimizer.lr, 6.0e-4);
   EXPECT_EQ(cfg.optimizer.betas, (std::vector<double>{0.9, 0.95}));
@@ -136,7 +136,7 @@ TEST(Recipes, OverridesBeatTheFileAndFeedInterpolation) {
        "device_train_microbatch_size=auto", "max_duration=2ep", "fsdp_config.sharding_strategy=NO_SHARD"});
   EXPECT_EQ(cfg.max_seq_len, 512);
   EXPECT_EQ(mpt(cfg).max_seq_len, 512);
-  EXPECT_EQ(cfg.train_loader.max_seq_len, 512);
+  EXPECT_EQ(cfg.train_loader.tokens.max_seq_len, 512);
   EXPECT_EQ(cfg.tokenizer.model_max_length, 512);
   EXPECT_DOUBLE_EQ(cfg.optimizer.lr, 1e-4);
   EXPECT_EQ(cfg.optimizer.betas, (std::vector<double>{0.8, 0.9}));
@@ -179,8 +179,8 @@ device_eval_batch_size: 4
   EXPECT_EQ(cfg.optimizer.betas, (std::vector<double>{0.9, 0.95}));
   EXPECT_EQ(cfg.scheduler.t_warmup, config::Time(0.1, config::TimeUnit::kDuration));
   EXPECT_EQ(cfg.save_interval, config::Time::batches(1000));
-  EXPECT_EQ(cfg.train_loader.shuffle_seed, 9176) << "StreamingTextDataset's default seed";
-  EXPECT_EQ(cfg.train_loader.shuffle_algo, "py1e");
+  EXPECT_EQ(cfg.train_loader.dataset.shuffle_seed, 9176u) << "StreamingTextDataset's default seed";
+  EXPECT_EQ(cfg.train_loader.dataset.shuffle_algo, "py1e");
   EXPECT_FALSE(cfg.fsdp_configured);
   EXPECT_EQ(mpt(cfg).attn.kv_n_heads, 2);
   EXPECT_NEAR(mpt(cfg).init.init_div_is_residual, 2.0, 1e-12) << "sqrt(2 * n_layers)";
