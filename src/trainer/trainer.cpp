@@ -1,11 +1,8 @@
 // The training loop (Composer's Trainer._train_loop / _train_batch / _eval_loop, for one process per rank).
 #include "tessera/trainer/trainer.h"
 
-#include <ATen/autocast_mode.h>
 #include <ATen/core/grad_mode.h>
-#include <c10/util/Exception.h>
 #include <fmt/format.h>
-#include <sched.h>
 #include <spdlog/spdlog.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -99,6 +96,7 @@ void Trainer::setup_ranks() {
   const util::DeviceInfo dev = util::device_info();
   state_.device = dev.cuda_devices > 0 ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
   state_.precision = cfg_.precision;
+  loss_scaler_ = LossScaler(state_.precision == Precision::kAmpFp16);
   if (state_.precision == Precision::kAmpFp16 && !state_.device.is_cuda()) {
     throw ConfigError("recipe", fmt::format("{}: precision: amp_fp16 needs a GPU (loss scaling is for CUDA); use "
                                             "amp_bf16 or fp32 on CPU",
@@ -256,7 +254,6 @@ void Trainer::build_components(TrainerParts parts) {
 
 void Trainer::setup_microbatching() {
   oom_retry_ = OutOfMemoryRetry(cfg_.device_train_microbatch_size.automatic);
-  loss_scaler_ = LossScaler(state_.precision == Precision::kAmpFp16);
   state_.device_train_microbatch_size =
       oom_retry_.enabled() ? state_.device_train_batch_size
                            : std::min(cfg_.device_train_microbatch_size.samples, state_.device_train_batch_size);

@@ -22,16 +22,6 @@ struct ComponentOptions {
 template <class Built, class... Args>
 using ComponentRegistry = Registry<std::any, Built, Args...>;
 
-// Registers component `name` whose parser returns `Options` and whose builder takes the Options (not the std::any).
-template <class Options, class Built, class... Args, class Parse, class Build>
-void add_component(ComponentRegistry<Built, Args...>& registry, const std::string& name, Parse parse, Build build) {
-  registry.add(
-      name, [parse](Section& s) -> std::any { return Options(parse(s)); },
-      [build](const std::any& options, Args... args) -> Built {
-        return build(std::any_cast<const Options&>(options), std::forward<Args>(args)...);
-      });
-}
-
 // Reads the map at `key` of `parent`: every entry must be a registered component (or LLM Foundry's, then reported as
 // not supported yet). A null entry (`lr_monitor: {}` or `lr_monitor:`) means default options.
 template <class Built, class... Args>
