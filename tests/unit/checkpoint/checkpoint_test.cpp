@@ -367,8 +367,9 @@ int run_limited(const std::string& run, const std::string& overrides, int64_t li
   const fs::path log = dataset().parent_path() / (run + ".log");
   const fs::path recipe = dataset().parent_path() / (run + ".yaml");
   std::ofstream(recipe) << run_config(run).resolved.to_json().dump();
-  const std::string cmd = fmt::format("sh -c \"trap '' XFSZ; ulimit -f {}; exec {} --recipe {} {}\" > {} 2>&1",
-                                      limit_kib, TESSERA_TRAIN_BIN, recipe.string(), overrides, log.string());
+  const std::string cmd =
+      fmt::format("sh -c \"trap '' XFSZ; ulimit -f {}; exec {} --recipe {} {}\" > {} 2>&1", limit_kib,
+                  ::tessera::testing::train_bin(), recipe.string(), overrides, log.string());
   const int rc = std::system(cmd.c_str());
   std::ifstream in(log);
   *output = std::string(std::istreambuf_iterator<char>(in), {});

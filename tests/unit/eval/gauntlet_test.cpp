@@ -27,7 +27,8 @@ IclResult result(const std::string& label, int64_t correct, int64_t total) {
 
 TEST(Gauntlet, LoadsLlmFoundryV03) {
   const GauntletConfig c = load_gauntlet(
-      (std::filesystem::path(TESSERA_SOURCE_DIR) / "tests" / "data" / "icl" / "eval_gauntlet_v0.3.yaml").string());
+      (std::filesystem::path(::tessera::testing::source_dir()) / "tests" / "data" / "icl" / "eval_gauntlet_v0.3.yaml")
+          .string());
   EXPECT_EQ(c.weighting, "EQUAL");
   ASSERT_EQ(c.categories.size(), 5u);
   EXPECT_EQ(c.categories[0].name, "world_knowledge");

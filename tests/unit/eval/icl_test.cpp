@@ -96,8 +96,8 @@ TEST(PromptConstruction, FewshotDelimitersAndSeparateContinuation) {
 }
 
 TEST(IclTasks, LlmFoundryV03LoadsWithItsCategoryTasks) {
-  const std::vector<IclTaskConfig> tasks =
-      load_icl_tasks((fs::path(TESSERA_SOURCE_DIR) / "tests" / "data" / "icl" / "tasks_v0.3.yaml").string());
+  const std::vector<IclTaskConfig> tasks = load_icl_tasks(
+      (fs::path(::tessera::testing::source_dir()) / "tests" / "data" / "icl" / "tasks_v0.3.yaml").string());
   ASSERT_GT(tasks.size(), 30u);
   std::vector<std::string> categorised;
   for (const IclTaskConfig& t : tasks) {

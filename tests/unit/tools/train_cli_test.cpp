@@ -8,10 +8,12 @@
 #include <fstream>
 #include <sstream>
 
+#include "test_util.h"
+
 namespace {
 
-const std::string kSource = TESSERA_SOURCE_DIR;
-const std::string kTrain = TESSERA_TRAIN_BIN;
+const std::string kSource = ::tessera::testing::source_dir();
+const std::string kTrain = ::tessera::testing::train_bin();
 
 struct Result {
   int exit_code;

@@ -4,11 +4,12 @@
 #include "tessera/models/mpt_config.h"
 #include "tessera/trainer/plan.h"
 #include "tessera/util/error.h"
+#include "test_util.h"
 
 namespace tessera::trainer {
 namespace {
 
-const std::string kRecipe = std::string(TESSERA_SOURCE_DIR) + "/recipes/mpt-125m.yaml";
+const std::string kRecipe = std::string(::tessera::testing::source_dir()) + "/recipes/mpt-125m.yaml";
 
 TEST(Plan, BatchArithmeticFollowsLlmFoundry) {
   TrainConfig cfg = load_train_config(kRecipe);

@@ -12,6 +12,7 @@
 #include "tessera/models/mpt_config.h"
 #include "tessera/trainer/train_config.h"
 #include "tessera/util/error.h"
+#include "test_util.h"
 
 namespace tessera::trainer {
 namespace {
@@ -23,7 +24,7 @@ const models::MPTOptions& mpt(const TrainConfig& cfg) {
   return std::any_cast<const models::MPTOptions&>(cfg.model.options);
 }
 
-const std::string kSource = TESSERA_SOURCE_DIR;
+const std::string kSource = ::tessera::testing::source_dir();
 
 std::string write_recipe(const std::string& name, const std::string& yaml) {
   const auto dir = std::filesystem::temp_directory_path() / "tessera_recipes";
