@@ -114,8 +114,8 @@ std::shared_ptr<Communicator> Communicator::single() {
 }
 
 std::shared_ptr<Communicator> Communicator::connect(const Rendezvous& rv, const at::Device& device,
-                                                    std::chrono::milliseconds timeout) {
-  if (rv.world_size == 1) return single();
+                                                    std::chrono::milliseconds timeout, bool process_group_for_one) {
+  if (rv.world_size == 1 && !process_group_for_one) return single();
   auto backend = std::make_unique<Backend>();
   backend->timeout = timeout;
   backend->cuda = device.is_cuda();

@@ -78,6 +78,7 @@ const std::vector<std::string_view> kTopLevelKeys = {"variables",
                                                      "device_train_microbatch_size",
                                                      "device_eval_batch_size",
                                                      "precision",
+                                                     "device",
                                                      "seed",
                                                      "run_name",
                                                      "save_folder",
@@ -244,6 +245,7 @@ TrainConfig parse_train_config(config::Value resolved, const std::string& path) 
   if (precision == "fp32") cfg.precision = Precision::kFp32;
   if (precision == "amp_fp16") cfg.precision = Precision::kAmpFp16;
   if (precision == "amp_fp8") root.not_supported("precision", "amp_fp8");
+  cfg.device = root.get_choice("device", cfg.device, {"auto", "cpu", "gpu"});
   cfg.seed = root.get_int("seed", 17);
   root.check(cfg.seed >= 0, "seed", "must be non-negative");
   cfg.deterministic_mode = root.get_bool("deterministic_mode", false);

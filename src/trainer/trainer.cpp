@@ -94,7 +94,11 @@ void Trainer::setup_ranks() {
   // the user pinned a count with OMP_NUM_THREADS.
   if (std::getenv("OMP_NUM_THREADS") == nullptr) at::set_num_threads(util::available_cores());
   const util::DeviceInfo dev = util::device_info();
-  state_.device = dev.cuda_devices > 0 ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  if (cfg_.device == "gpu" && dev.cuda_devices == 0) {
+    throw ConfigError("recipe", fmt::format("{}: device: gpu, but {}", cfg_.recipe_path, util::describe(dev)));
+  }
+  const bool use_gpu = cfg_.device == "gpu" || (cfg_.device == "auto" && dev.cuda_devices > 0);
+  state_.device = use_gpu ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
   state_.precision = cfg_.precision;
   loss_scaler_ = LossScaler(state_.precision == Precision::kAmpFp16);
   if (state_.precision == Precision::kAmpFp16 && !state_.device.is_cuda()) {
@@ -121,7 +125,17 @@ void Trainer::setup_ranks() {
   state_.world_size = rv.world_size;
   state_.local_rank = rv.local_rank;
   state_.local_world_size = rv.local_world_size;
-  if (state_.device.is_cuda()) state_.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(rv.local_rank));
+  if (state_.device.is_cuda()) {
+    // One GPU per process, chosen by the local rank (torchrun's convention).
+    if (rv.local_rank >= dev.cuda_devices) {
+      throw ConfigError("recipe", fmt::format("{}: rank {} (local rank {}) has no GPU of its own: this node has {} "
+                                              "GPU(s) and {} processes; launch at most {} per node, or set device: "
+                                              "cpu",
+                                              cfg_.recipe_path, rv.rank, rv.local_rank, dev.cuda_devices,
+                                              rv.local_world_size, dev.cuda_devices));
+    }
+    state_.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(rv.local_rank));
+  }
   if (cfg_.global_train_batch_size % state_.world_size != 0) {
     throw ConfigError("recipe", fmt::format("{}: global_train_batch_size {} does not divide over {} ranks",
                                             cfg_.recipe_path, cfg_.global_train_batch_size, state_.world_size));

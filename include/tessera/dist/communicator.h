@@ -79,9 +79,11 @@ class Communicator {
   class Backend;  // Gloo or NCCL process group (internal)
 
   // Connects to the job's other ranks (all ranks call this together). `device`: CPU selects Gloo, CUDA NCCL.
-  // `timeout` bounds every collective, and the rendezvous itself.
+  // `timeout` bounds every collective, and the rendezvous itself. A world of one gets the local communicator
+  // (single()) unless `process_group_for_one` asks for a real Gloo/NCCL group even then (to test a backend on one
+  // device, e.g. NCCL on a machine with one GPU).
   static std::shared_ptr<Communicator> connect(const Rendezvous& rv, const at::Device& device,
-                                               std::chrono::milliseconds timeout);
+                                               std::chrono::milliseconds timeout, bool process_group_for_one = false);
   // A world of one: collectives are local copies.
   static std::shared_ptr<Communicator> single();
 

@@ -65,6 +65,7 @@ struct TrainConfig {
   MicrobatchSize device_train_microbatch_size;
   int64_t device_eval_batch_size = 0;
   core::Precision precision = core::Precision::kAmpBf16;
+  std::string device = "auto";  // Composer's Trainer `device`: auto (a GPU when there is one), cpu or gpu
   int64_t seed = 17;
   bool deterministic_mode = false;  // deterministic kernels only (Composer's deterministic_mode)
   std::string run_name;             // recipe value, else $RUN_NAME, else the recipe's file name without extension

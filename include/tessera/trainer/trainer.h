@@ -63,6 +63,8 @@ class Trainer {
   core::Metrics eval();
 
   core::State& state() { return state_; }
+  // amp_fp16's current loss scale (65536 at first; halved by each overflow); 1 for every other precision.
+  double loss_scale() const { return loss_scaler_.enabled() ? loss_scaler_.loss_scale() : 1.0; }
   const TrainConfig& config() const { return cfg_; }
 
  private:

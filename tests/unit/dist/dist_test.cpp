@@ -35,6 +35,7 @@
 #include "tessera/dist/sharding.h"
 #include "tessera/models/mpt.h"
 #include "tessera/trainer/trainer.h"
+#include "test_util.h"
 #include "tiny_data.h"
 
 namespace fs = std::filesystem;
@@ -250,6 +251,7 @@ global_train_batch_size: 8
 device_train_microbatch_size: 4
 device_eval_batch_size: 8
 precision: fp32
+device: cpu  # the 2-rank runs are CPU (Gloo) runs on any machine; the 1-rank runs they are compared with too
 log_to_console: false
 loggers: {{jsonl: {{filename: "{1}/runs/{{run_name}}/metrics.jsonl"}}}}
 callbacks: {{hf_checkpointer: {{save_folder: "{1}/runs/{{run_name}}", save_interval: 1000ba}}}}
@@ -260,8 +262,8 @@ callbacks: {{hf_checkpointer: {{save_folder: "{1}/runs/{{run_name}}", save_inter
   // Runs `train` on `nproc` local ranks (1: a plain process) and reads its losses and final weights.
   static TrainRun run(const std::string& name, int nproc, const std::vector<std::string>& overrides,
                       const std::vector<std::string>& launcher_args = {}) {
-    std::string cmd =
-        fmt::format("{} --recipe {} run_name={}", TESSERA_TRAIN_BIN, (root_ / "tiny.yaml").string(), name);
+    std::string cmd = fmt::format("{} --recipe {} run_name={}", ::tessera::testing::train_bin(),
+                                  (root_ / "tiny.yaml").string(), name);
     if (nproc > 1) cmd += fmt::format(" --nproc-per-node {} --master-port {}", nproc, free_port());
     for (const auto& a : launcher_args) cmd += " " + a;
     for (const auto& o : overrides) cmd += " " + o;
@@ -472,7 +474,7 @@ TEST_F(DistTraining, HybridShardOverTwoNodesMatchesOneProcess) {
       const std::string cmd = fmt::format(
           "{} --recipe {} run_name=hy4 --nproc-per-node 2 --nnodes 2 --node-rank {} --master-port {} "
           "fsdp_config.sharding_strategy=HYBRID_SHARD train_loader.dataset.num_canonical_nodes=1 > {} 2>&1",
-          TESSERA_TRAIN_BIN, (root_ / "tiny.yaml").string(), k, port,
+          ::tessera::testing::train_bin(), (root_ / "tiny.yaml").string(), k, port,
           (root_ / fmt::format("hy4_node{}.log", k)).string());
       return std::system(cmd.c_str());
     });
@@ -495,7 +497,7 @@ TEST_F(DistTraining, IclEvaluationSplitOverRanksCountsWhatOneProcessCounts) {
                              "Question: who wrote it?\nAnswer: nobody, in the end; a dog and an owl"},
                             {400, 2, {}})
       .save(tok);
-  const fs::path icl = fs::path(TESSERA_SOURCE_DIR) / "tests" / "data" / "icl";
+  const fs::path icl = fs::path(::tessera::testing::source_dir()) / "tests" / "data" / "icl";
   const fs::path tasks = root_ / "icl_tasks.yaml";
   std::ofstream(tasks) << fmt::format(R"(icl_tasks:
 - {{label: lambada, dataset_uri: {0}/lambada_openai.jsonl, icl_task_type: language_modeling, num_fewshot: [0, 1]}}
@@ -585,9 +587,10 @@ TEST_F(DistTraining, KillingARandomRankResumesToTheUninterruptedWeights) {
   const char* env = std::getenv("TESSERA_FAULT_TRIALS");
   const int trials = env != nullptr ? std::atoi(env) : 2;
   const fs::path log = root_ / "fault_injection.log";
-  const std::string cmd = fmt::format("RUNS_DIR={} {}/tests/fault_injection/kill_random_rank.sh {} {} {} {} > {} 2>&1",
-                                      (root_ / "runs").string(), TESSERA_SOURCE_DIR, TESSERA_TRAIN_BIN,
-                                      (root_ / "tiny.yaml").string(), (root_ / "fault").string(), trials, log.string());
+  const std::string cmd =
+      fmt::format("RUNS_DIR={} {}/tests/fault_injection/kill_random_rank.sh {} {} {} {} > {} 2>&1",
+                  (root_ / "runs").string(), ::tessera::testing::source_dir(), ::tessera::testing::train_bin(),
+                  (root_ / "tiny.yaml").string(), (root_ / "fault").string(), trials, log.string());
   EXPECT_EQ(std::system(cmd.c_str()), 0) << read_text(log);
   EXPECT_NE(read_text(log).find(fmt::format("{0}/{0} trials passed", trials)), std::string::npos) << read_text(log);
 }
@@ -635,9 +638,9 @@ TEST_F(DistTraining, KilledRankStopsTheJobWithinThirtySeconds) {
     dup2(fd, 2);
     const std::string port = std::to_string(free_port());
     const std::string recipe = (root_ / "tiny.yaml").string();
-    execl(TESSERA_TRAIN_BIN, TESSERA_TRAIN_BIN, "--recipe", recipe.c_str(), "--nproc-per-node", "2", "--master-port",
-          port.c_str(), "run_name=killed", "max_duration=100000ba", "log_to_console=true", "console_log_interval=1ba",
-          static_cast<char*>(nullptr));
+    execl(::tessera::testing::train_bin(), ::tessera::testing::train_bin(), "--recipe", recipe.c_str(),
+          "--nproc-per-node", "2", "--master-port", port.c_str(), "run_name=killed", "max_duration=100000ba",
+          "log_to_console=true", "console_log_interval=1ba", static_cast<char*>(nullptr));
     _exit(127);
   }
   // Wait until training runs (rank 0 logs batches), then kill -9 rank 1.

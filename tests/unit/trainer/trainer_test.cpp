@@ -204,8 +204,17 @@ TEST(Trainer, LossFallsAndEvalReportsPerplexity) {
 TEST(Trainer, BadSetupsNameTheProblem) {
   EXPECT_NE(testing::error_of([] { Trainer t(tiny_config({"global_train_batch_size=64"})); }).find("fewer samples"),
             std::string::npos);
-  EXPECT_NE(testing::error_of([] { Trainer t(tiny_config({"precision=amp_fp16"})); }).find("amp_fp16 needs a GPU"),
+  EXPECT_NE(testing::error_of([] {
+              Trainer t(tiny_config({"precision=amp_fp16", "device=cpu"}));
+            }).find("amp_fp16 needs a GPU"),
             std::string::npos);
+  // `device`: auto, cpu or gpu; gpu needs one.
+  EXPECT_NE(testing::error_of([] { tiny_config({"device=tpu"}); }).find("device"), std::string::npos);
+  if (util::device_info().cuda_devices == 0) {
+    EXPECT_NE(testing::error_of([] { Trainer t(tiny_config({"device=gpu"})); }).find("device: gpu, but cpu"),
+              std::string::npos);
+  }
+  EXPECT_FALSE(Trainer(tiny_config({"device=cpu"})).state().device.is_cuda());
 }
 
 // `icl_tasks` in a recipe: evaluated at eval_interval with the eval loader, logged per task and few-shot count.
