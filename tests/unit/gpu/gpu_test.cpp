@@ -1,0 +1,299 @@
+// The CUDA path (docs/gpu.md): mixed precision with loss scaling, a real out-of-memory in auto microbatching, the
+// fused SDPA kernels, NCCL, and bitwise resume on a GPU. Every test skips without a CUDA device and must pass on one
+// (tools/gpu_check.sh runs them from the GPU kit).
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "tessera/callbacks/checkpoint_saver.h"
+#include "tessera/dist/communicator.h"
+#include "tessera/models/mpt.h"
+#include "tessera/trainer/trainer.h"
+#include "tessera/util/device.h"
+#include "test_util.h"
+#include "tiny_data.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+
+#define TESSERA_REQUIRE_GPU() \
+  if (util::device_info().cuda_devices == 0) GTEST_SKIP() << "no GPU"
+
+fs::path dataset() {
+  static const fs::path dir = [] {
+    const fs::path d = fs::temp_directory_path() / "tessera_gpu_test" / "data";
+    testing::write_token_split(d / "train", 64, 1);
+    testing::write_token_split(d / "val", 16, 2);
+    return d;
+  }();
+  return dir;
+}
+
+// The tiny MPT of the trainer tests, on the GPU: 8 batches of 8 per epoch.
+trainer::TrainConfig gpu_config(const std::vector<std::string>& overrides = {}) {
+  return testing::tiny_train_config(
+      dataset(), "device: gpu\neval_interval: 0\ndevice_train_microbatch_size: 4\ndevice_eval_batch_size: 8\n",
+      overrides);
+}
+
+// The training loss of every batch, and what a test asks of particular batches.
+class LossLog : public core::Callback {
+ public:
+  std::string name() const override { return "LossLog"; }
+  void run_event(core::Event e, core::State& s, core::Logger& /*l*/) override {
+    if (e == core::Event::kBatchEnd) losses.push_back(s.loss.item<double>());
+  }
+  std::vector<double> losses;
+};
+
+std::vector<at::Tensor> weights_of(trainer::Trainer& t) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : t.state().model->parameters()) out.push_back(p.detach().cpu().clone());
+  return out;
+}
+
+TEST(Gpu, TrainerRunsOnTheGpuWithFp32MasterWeightsInAmpBf16) {
+  TESSERA_REQUIRE_GPU();
+  trainer::Trainer t(gpu_config({"max_duration=4ep", "precision=amp_bf16"}));
+  EXPECT_TRUE(t.state().device.is_cuda());
+  const double before = t.eval().at("LanguageCrossEntropy");
+  t.fit();
+  const double after = t.eval().at("LanguageCrossEntropy");
+  EXPECT_LT(after, before - 0.5);
+  for (const auto& p : t.state().model->parameters()) {
+    EXPECT_TRUE(p.is_cuda());
+    EXPECT_EQ(p.scalar_type(), at::kFloat);
+  }
+}
+
+TEST(Gpu, AmpFp16LossCurveFollowsFp32) {
+  TESSERA_REQUIRE_GPU();
+  auto fp32 = std::make_shared<LossLog>(), fp16 = std::make_shared<LossLog>();
+  trainer::Trainer a(gpu_config({"max_duration=2ep", "precision=fp32", "deterministic_mode=true"}), {{}, {fp32}});
+  a.fit();
+  trainer::Trainer b(gpu_config({"max_duration=2ep", "precision=amp_fp16", "deterministic_mode=true"}), {{}, {fp16}});
+  b.fit();
+  ASSERT_EQ(fp32->losses.size(), 16u);
+  ASSERT_EQ(fp16->losses.size(), 16u);
+  // Stated tolerance (docs/gpu.md): every batch's loss within 1% of fp32's; no step was skipped (scale unchanged).
+  for (size_t i = 0; i < fp32->losses.size(); ++i) {
+    EXPECT_NEAR(fp16->losses[i], fp32->losses[i], 0.01 * fp32->losses[i]) << "batch " << i + 1;
+  }
+  EXPECT_LT(fp16->losses.back(), fp16->losses.front() - 0.3);
+  EXPECT_EQ(b.loss_scale(), 65536.0);
+  EXPECT_EQ(a.loss_scale(), 1.0);
+}
+
+// Puts an inf into one gradient after the backward of batch `batch` (the scaled gradients, before unscaling).
+class Overflow : public core::Callback {
+ public:
+  explicit Overflow(int64_t batch) : batch_(batch) {}
+  std::string name() const override { return "Overflow"; }
+  void run_event(core::Event e, core::State& s, core::Logger& /*l*/) override {
+    if (s.timestamp.batch + 1 != batch_) return;
+    if (e == core::Event::kBeforeTrainBatch) {
+      for (const auto& p : s.model->parameters()) before.push_back(p.detach().clone());
+    }
+    if (e == core::Event::kAfterBackward) s.model->parameters().front().mutable_grad().view(-1)[0].fill_(INFINITY);
+    if (e == core::Event::kBatchEnd) {
+      for (const auto& p : s.model->parameters()) after.push_back(p.detach().clone());
+    }
+  }
+  std::vector<at::Tensor> before, after;
+
+ private:
+  int64_t batch_;
+};
+
+TEST(Gpu, AmpFp16OverflowSkipsTheStepAndHalvesTheScale) {
+  TESSERA_REQUIRE_GPU();
+  auto overflow = std::make_shared<Overflow>(3);
+  trainer::Trainer t(gpu_config({"max_duration=6ba", "precision=amp_fp16"}), {{}, {overflow}});
+  t.fit();
+  EXPECT_EQ(t.loss_scale(), 32768.0);
+  ASSERT_EQ(overflow->before.size(), overflow->after.size());
+  ASSERT_FALSE(overflow->before.empty());
+  for (size_t i = 0; i < overflow->before.size(); ++i) {
+    EXPECT_TRUE(at::equal(overflow->before[i], overflow->after[i])) << "batch 3 changed parameter " << i;
+  }
+  for (const auto& p : t.state().model->parameters()) EXPECT_TRUE(at::isfinite(p).all().item<bool>());
+}
+
+// The allocator's cap for this process, lifted at the end of the scope.
+class MemoryCap {
+ public:
+  explicit MemoryCap(double fraction) { c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, 0); }
+  ~MemoryCap() {
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(1.0, 0);
+  }
+  MemoryCap(const MemoryCap&) = delete;
+  MemoryCap& operator=(const MemoryCap&) = delete;
+};
+
+TEST(Gpu, AutoMicrobatchingHalvesOnARealOutOfMemory) {
+  TESSERA_REQUIRE_GPU();
+  // A 131072-token vocabulary makes the logits dominate: 1024 samples of 32 tokens hold 17 GB of fp32 logits before
+  // the loss and its gradient, far over a cap of 5% of the GPU (4 GB on an H100, 7 GB on an H200); a few halvings
+  // later a microbatch fits. The run then matches one that started at that size.
+  const fs::path big = fs::temp_directory_path() / "tessera_gpu_test" / "big";
+  testing::write_token_split(big / "train", 2048, 3);
+  testing::write_token_split(big / "val", 8, 4);
+  const std::vector<std::string> common = {"max_duration=2ba", "model.vocab_size=131072",
+                                           "global_train_batch_size=1024", "deterministic_mode=true", "precision=fp32"};
+  auto config = [&](const std::string& microbatch) {
+    std::vector<std::string> o = common;
+    o.push_back("device_train_microbatch_size=" + microbatch);
+    return testing::tiny_train_config(big, "device: gpu\neval_interval: 0\ndevice_eval_batch_size: 8\n", o);
+  };
+  int64_t fitted = 0;
+  std::vector<at::Tensor> retried;
+  {
+    const MemoryCap cap(0.05);
+    trainer::Trainer t(config("auto"));
+    t.fit();
+    fitted = t.state().device_train_microbatch_size;
+    retried = weights_of(t);
+  }
+  EXPECT_LT(fitted, 1024) << "nothing ran out of memory";
+  EXPECT_GE(fitted, 1);
+  trainer::Trainer direct(config(std::to_string(fitted)));
+  direct.fit();
+  const auto expected = weights_of(direct);
+  ASSERT_EQ(retried.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) EXPECT_TRUE(at::equal(retried[i], expected[i])) << "tensor " << i;
+}
+
+// Fused SDPA (flash for causal attention without a mask, memory-efficient with ALiBi's additive mask) against the
+// explicit softmax path, forward and backward, in bf16 on the GPU. The math fallback is switched off, so a shape the
+// fused kernels refuse fails here instead of passing on the fallback.
+class FusedAttention : public ::testing::TestWithParam<bool> {};
+
+TEST_P(FusedAttention, MatchesTheExplicitPath) {
+  TESSERA_REQUIRE_GPU();
+  const bool alibi = GetParam();
+  models::MPTOptions o;
+  o.d_model = 256;
+  o.n_heads = 4;
+  o.n_layers = 2;
+  o.vocab_size = 512;
+  o.max_seq_len = 256;
+  o.attn.kv_n_heads = 2;  // grouped-query attention
+  o.attn.alibi = alibi;
+  o.learned_pos_emb = !alibi;
+  models::MPTForCausalLM m = models::build_mpt(o, 7);
+  m->to(at::Device(at::kCUDA, 0), at::kBFloat16);
+  const at::Tensor ids = at::randint(0, o.vocab_size, {2, 256}, at::TensorOptions().dtype(at::kLong).device(at::kCUDA));
+  auto run = [&](bool reference) {
+    m->zero_grad();
+    models::ForwardOptions fo;
+    fo.reference_attention = reference;
+    const at::Tensor logits = m->forward(ids, fo);
+    logits.to(at::kFloat).pow(2).mean().backward();
+    std::vector<at::Tensor> out = {logits.detach().to(at::kFloat)};
+    for (const auto& p : m->parameters()) out.push_back(p.grad().to(at::kFloat));
+    return out;
+  };
+  const auto explicit_path = run(true);
+  auto& ctx = at::globalContext();
+  const bool math = ctx.userEnabledMathSDP();
+  ctx.setSDPUseMath(false);
+  std::vector<at::Tensor> fused;
+  try {
+    fused = run(false);
+  } catch (...) {
+    ctx.setSDPUseMath(math);
+    throw;
+  }
+  ctx.setSDPUseMath(math);
+  ASSERT_EQ(fused.size(), explicit_path.size());
+  for (size_t i = 0; i < fused.size(); ++i) {
+    // bf16 outputs: within 2% of the tensor's largest magnitude, and pointing the same way.
+    const double scale = explicit_path[i].abs().max().item<double>();
+    EXPECT_LE((fused[i] - explicit_path[i]).abs().max().item<double>(), 0.02 * scale + 1e-6) << "tensor " << i;
+    const double cosine = at::cosine_similarity(fused[i].flatten(), explicit_path[i].flatten(), 0).item<double>();
+    EXPECT_GT(cosine, 0.999) << "tensor " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, FusedAttention, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? std::string("Alibi") : std::string("Causal");
+                         });
+
+TEST(Gpu, NcclCollectivesOnOneRank) {
+  TESSERA_REQUIRE_GPU();
+  dist::Rendezvous rv;
+  rv.master_port = 29000 + static_cast<int>(getpid() % 1000);
+  auto comm = dist::Communicator::connect(rv, at::Device(at::kCUDA, 0), std::chrono::seconds(60),
+                                          /*process_group_for_one=*/true);
+  EXPECT_EQ(comm->backend_name(), "nccl");
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  at::Tensor t = at::arange(5, cuda.dtype(at::kFloat));
+  comm->all_reduce(t).wait();
+  EXPECT_TRUE(at::equal(t.cpu(), at::arange(5, at::kFloat)));
+  at::Tensor m = at::full({3}, 2.0, cuda.dtype(at::kDouble));
+  comm->all_reduce(m, dist::ReduceOp::kMax).wait();
+  EXPECT_TRUE(at::equal(m.cpu(), at::full({3}, 2.0, at::kDouble)));
+  at::Tensor in = at::arange(6, cuda.dtype(at::kFloat)), out = at::empty({6}, cuda.dtype(at::kFloat));
+  comm->reduce_scatter(out, in).wait();
+  EXPECT_TRUE(at::equal(out.cpu(), at::arange(6, at::kFloat)));
+  at::Tensor mine = at::full({4}, 7, cuda.dtype(at::kLong)), all = at::empty({4}, cuda.dtype(at::kLong));
+  comm->all_gather(all, mine).wait();
+  EXPECT_TRUE(at::equal(all.cpu(), at::full({4}, 7, at::kLong)));
+  at::Tensor b = at::full({2}, 3.0, cuda.dtype(at::kBFloat16));
+  comm->broadcast(b, 0).wait();
+  EXPECT_TRUE(at::equal(b.cpu(), at::full({2}, 3.0, at::kBFloat16)));
+  comm->barrier();
+}
+
+// Stops training after `batch` without a final save, as a crash would.
+class CrashAt : public core::Callback {
+ public:
+  explicit CrashAt(int64_t batch) : batch_(batch) {}
+  std::string name() const override { return "CrashAt"; }
+  void run_event(core::Event e, core::State& s, core::Logger& /*l*/) override {
+    if (e == core::Event::kBatchEnd && s.timestamp.batch == batch_) s.stop_training();
+  }
+
+ private:
+  int64_t batch_;
+};
+
+TEST(Gpu, CheckpointOfGpuTensorsResumesBitwiseInDeterministicMode) {
+  TESSERA_REQUIRE_GPU();
+  const fs::path runs = dataset().parent_path() / "runs";
+  fs::remove_all(runs);
+  auto config = [&](const std::string& run, std::vector<std::string> extra) {
+    std::vector<std::string> o = {"run_name=" + run,         "save_folder=" + (runs / "{run_name}").string(),
+                                  "max_duration=12ba",       "save_interval=4ba",
+                                  "deterministic_mode=true", "model.resid_pdrop=0.1",
+                                  "precision=amp_bf16",      "scheduler.name=cosine_with_warmup",
+                                  "scheduler.t_warmup=2ba"};
+    o.insert(o.end(), extra.begin(), extra.end());
+    return gpu_config(o);
+  };
+  trainer::Trainer whole(config("whole", {}));
+  whole.fit();
+  const auto expected = weights_of(whole);
+  {
+    trainer::Trainer first(config("resumed", {}), {{}, {std::make_shared<CrashAt>(6)}});
+    first.fit();
+  }
+  trainer::Trainer second(config("resumed", {"autoresume=true"}));
+  EXPECT_EQ(second.state().timestamp.batch, 4);
+  second.fit();
+  const auto got = weights_of(second);
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(at::equal(got[i], expected[i])) << "tensor " << i;
+}
+
+}  // namespace
+}  // namespace tessera
