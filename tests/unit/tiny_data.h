@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "tessera/config/value.h"
+#include "tessera/core/callback.h"
+#include "tessera/core/state.h"
 #include "tessera/data/mds.h"
 #include "tessera/trainer/train_config.h"
 
@@ -57,5 +59,18 @@ log_to_console: false
   config::resolve_interpolations(v);
   return trainer::parse_train_config(std::move(v), "tiny.yaml");
 }
+
+// Stops training after `batch` without a final save, as a crash would.
+class CrashAt : public core::Callback {
+ public:
+  explicit CrashAt(int64_t batch) : batch_(batch) {}
+  std::string name() const override { return "CrashAt"; }
+  void run_event(core::Event e, core::State& s, core::Logger& /*l*/) override {
+    if (e == core::Event::kBatchEnd && s.timestamp.batch == batch_) s.stop_training();
+  }
+
+ private:
+  int64_t batch_;
+};
 
 }  // namespace tessera::testing

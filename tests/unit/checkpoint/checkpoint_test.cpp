@@ -170,19 +170,6 @@ trainer::TrainConfig run_config(const std::string& run, const std::vector<std::s
                                     o);
 }
 
-// Stops training after `batch` without a final save, as a crash would.
-class CrashAt : public core::Callback {
- public:
-  explicit CrashAt(int64_t batch) : batch_(batch) {}
-  std::string name() const override { return "CrashAt"; }
-  void run_event(core::Event e, core::State& s, core::Logger& /*l*/) override {
-    if (e == core::Event::kBatchEnd && s.timestamp.batch == batch_) s.stop_training();
-  }
-
- private:
-  int64_t batch_;
-};
-
 std::vector<at::Tensor> weights_of(trainer::Trainer& t) {
   std::vector<at::Tensor> out;
   for (const auto& p : t.state().model->parameters()) out.push_back(p.detach().clone());
@@ -206,7 +193,8 @@ TEST(Checkpointing, AResumedRunEndsBitwiseIdenticalToAnUninterruptedOne) {
   const auto expected = weights_of(whole);
   {
     // Crash after batch 5 (mid-epoch: 3 batches per epoch); the newest checkpoint is ba4.
-    trainer::Trainer first(run_config("resumed"), {.algorithms = {}, .callbacks = {std::make_shared<CrashAt>(5)}});
+    trainer::Trainer first(run_config("resumed"),
+                           {.algorithms = {}, .callbacks = {std::make_shared<testing::CrashAt>(5)}});
     first.fit();
     EXPECT_EQ(first.state().timestamp.batch, 5);
   }
@@ -244,7 +232,7 @@ TEST(Checkpointing, SynchronousSavesWriteTheSameBytesAndResumeBitwise) {
   EXPECT_EQ(a.metadata()["files"][0]["xxh64"], b.metadata()["files"][0]["xxh64"]);
   {
     trainer::Trainer first(run_config("sync_resumed", {"save_async=false"}),
-                           {.algorithms = {}, .callbacks = {std::make_shared<CrashAt>(5)}});
+                           {.algorithms = {}, .callbacks = {std::make_shared<testing::CrashAt>(5)}});
     first.fit();
   }
   trainer::Trainer second(run_config("sync_resumed", {"save_async=false", "autoresume=true"}));

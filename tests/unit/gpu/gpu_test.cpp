@@ -254,19 +254,6 @@ TEST(Gpu, NcclCollectivesOnOneRank) {
   comm->barrier();
 }
 
-// Stops training after `batch` without a final save, as a crash would.
-class CrashAt : public core::Callback {
- public:
-  explicit CrashAt(int64_t batch) : batch_(batch) {}
-  std::string name() const override { return "CrashAt"; }
-  void run_event(core::Event e, core::State& s, core::Logger& /*l*/) override {
-    if (e == core::Event::kBatchEnd && s.timestamp.batch == batch_) s.stop_training();
-  }
-
- private:
-  int64_t batch_;
-};
-
 TEST(Gpu, CheckpointOfGpuTensorsResumesBitwiseInDeterministicMode) {
   TESSERA_REQUIRE_GPU();
   const fs::path runs = dataset().parent_path() / "runs";
@@ -284,7 +271,7 @@ TEST(Gpu, CheckpointOfGpuTensorsResumesBitwiseInDeterministicMode) {
   whole.fit();
   const auto expected = weights_of(whole);
   {
-    trainer::Trainer first(config("resumed", {}), {{}, {std::make_shared<CrashAt>(6)}});
+    trainer::Trainer first(config("resumed", {}), {{}, {std::make_shared<testing::CrashAt>(6)}});
     first.fit();
   }
   trainer::Trainer second(config("resumed", {"autoresume=true"}));
