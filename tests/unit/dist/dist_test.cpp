@@ -145,6 +145,21 @@ TEST(DistCollectives, FourRanksOverGloo) {
   EXPECT_EQ(launch_workers("Collectives", 4), 0);
 }
 
+TEST(DistCollectives, AWorldOfOneIsLocalUnlessAProcessGroupIsAskedFor) {
+  dist::Rendezvous rv;
+  rv.master_port = free_port();
+  EXPECT_EQ(dist::Communicator::connect(rv, at::kCPU, std::chrono::seconds(30))->backend_name(), "local");
+  auto comm = dist::Communicator::connect(rv, at::kCPU, std::chrono::seconds(30), /*process_group_for_one=*/true);
+  EXPECT_EQ(comm->backend_name(), "gloo");
+  at::Tensor t = at::arange(4, at::kFloat);
+  comm->all_reduce(t).wait();
+  EXPECT_TRUE(at::equal(t, at::arange(4, at::kFloat)));
+  at::Tensor all = at::empty({4}, at::kFloat);
+  comm->all_gather(all, t).wait();
+  EXPECT_TRUE(at::equal(all, t));
+  EXPECT_DOUBLE_EQ(comm->stats().all_reduce_bytes, 0.0);  // a ring of one sends nothing
+}
+
 // Runs in the 2 processes of DistCollectives.ATimedOutCollectiveNamesRankAndOperation.
 TEST(DistWorker, Timeout) {
   if (!is_worker()) GTEST_SKIP() << "a worker of DistCollectives.ATimedOutCollectiveNamesRankAndOperation";
