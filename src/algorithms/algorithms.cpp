@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <numeric>
 
 #include "tessera/checkpoint/safetensors.h"
@@ -24,12 +25,76 @@
 namespace tessera::algorithms {
 namespace {
 
-// L2 norm per unit: the whole tensor for 0-d/1-d, else per row over the remaining dimensions (keepdim).
-at::Tensor unitwise_norm(const at::Tensor& t) {
-  if (t.dim() <= 1) return at::linalg_vector_norm(t.to(at::kFloat), 2);
-  std::vector<int64_t> dims(static_cast<size_t>(t.dim() - 1));
-  std::iota(dims.begin(), dims.end(), 1);
-  return at::linalg_vector_norm(t.to(at::kFloat), 2, dims, /*keepdim=*/true);
+// Sums of squares of `x` (elements [start, start + n) of a parameter, row-major, rows of `row_len` elements) per
+// row it touches, from row start / row_len on.
+at::Tensor row_squares(const at::Tensor& x, int64_t start, int64_t row_len) {
+  const int64_t n = x.numel();
+  const int64_t first = start / row_len, rows = (start + n - 1) / row_len - first + 1;
+  const int64_t lead = start - first * row_len;
+  const at::Tensor xf = x.to(at::kFloat);
+  if (lead == 0 && n == rows * row_len) return xf.view({rows, row_len}).square().sum(1);
+  at::Tensor padded = at::zeros({rows * row_len}, xf.options());
+  padded.narrow(0, lead, n).copy_(xf);
+  return padded.view({rows, row_len}).square().sum(1);
+}
+
+// Rows of a parameter for adaptive clipping: the whole tensor for 0-d/1-d, else one per index of the first dimension
+// (the norm over the remaining dimensions, as Composer's AGC takes it).
+int64_t agc_rows(const std::vector<int64_t>& shape) {
+  return shape.size() <= 1 ? 1 : shape[0];
+}
+
+// Adaptive gradient clipping over the ranges of each parameter this rank holds (whole parameters in one process,
+// pieces of flat shards with sharding): per-row sums of squares of gradient and weight over this rank's ranges, one
+// sum over the shard group, then each held element's gradient scaled by its row's min(1, threshold * |w| / |g|).
+void adaptive_clip(core::State& state, double threshold) {
+  // Row offsets of every parameter in one vector, in the model's order (the same on every rank).
+  std::map<std::string, int64_t> base;
+  int64_t total_rows = 0;
+  for (const auto& item : state.model->named_parameters()) {
+    base[item.key()] = total_rows;
+    total_rows += agc_rows(item.value().sizes().vec());
+  }
+  struct Piece {
+    at::Tensor grad, param;  // flat views of this range
+    int64_t row = 0;         // global index of the first row it touches
+    int64_t start = 0, row_len = 1;
+  };
+  std::vector<Piece> pieces;
+  for (const core::HeldTensor& h : state.held_layout()) {
+    if (!h.tensor.grad().defined()) continue;
+    const at::Tensor g = h.tensor.mutable_grad().view({-1});
+    const at::Tensor w = h.tensor.detach().view({-1});
+    for (const dist::ShardSpan& sp : h.spans) {
+      int64_t numel = 1;
+      for (int64_t d : sp.shape) numel *= d;
+      if (sp.numel == 0 || numel == 0) continue;
+      const int64_t row_len = numel / agc_rows(sp.shape);
+      pieces.push_back({g.narrow(0, sp.offset, sp.numel), w.narrow(0, sp.offset, sp.numel),
+                        base.at(sp.name) + sp.start / row_len, sp.start, row_len});
+    }
+  }
+  if (pieces.empty()) return;
+  const at::TensorOptions opts = at::TensorOptions().dtype(at::kFloat).device(pieces[0].grad.device());
+  at::Tensor sums = at::zeros({2, total_rows}, opts);  // [gradient; weight] squares per row
+  for (const Piece& p : pieces) {
+    const at::Tensor gs = row_squares(p.grad, p.start, p.row_len);
+    sums[0].narrow(0, p.row, gs.numel()).add_(gs);
+    sums[1].narrow(0, p.row, gs.numel()).add_(row_squares(p.param, p.start, p.row_len));
+  }
+  sums = state.sum_over_shards(sums.reshape({-1})).view({2, total_rows}).sqrt();
+  const at::Tensor coef = at::clamp_max(at::nan_to_num(sums[1] * threshold / sums[0], 1.0), 1.0);
+  for (Piece& p : pieces) {
+    const int64_t n = p.grad.numel();
+    const int64_t rows = (p.start + n - 1) / p.row_len - p.start / p.row_len + 1;
+    const int64_t lead = p.start - (p.start / p.row_len) * p.row_len;
+    const at::Tensor c = coef.narrow(0, p.row, rows).to(p.grad.scalar_type());
+    if (lead == 0 && n == rows * p.row_len) {
+      p.grad.view({rows, p.row_len}).mul_(c.unsqueeze(1));
+    } else {
+      p.grad.mul_(c.repeat_interleave(p.row_len).narrow(0, lead, n));
+    }
+  }
 }
 
 }  // namespace
@@ -59,12 +124,7 @@ void GradientClipping::apply(core::Event /*event*/, core::State& state, core::Lo
   } else if (o_.clipping_type == "value") {
     for (at::Tensor& p : params) p.mutable_grad().clamp_(-thr, thr);
   } else {  // adaptive
-    for (at::Tensor& p : params) {
-      const at::Tensor g_norm = unitwise_norm(p.grad());
-      const at::Tensor max_norm = unitwise_norm(p) * thr;
-      const at::Tensor coef = at::clamp_max(at::nan_to_num(max_norm / g_norm, 1.0), 1.0);
-      p.mutable_grad().mul_(coef.to(p.grad().scalar_type()));
-    }
+    adaptive_clip(state, thr);
   }
 }
 

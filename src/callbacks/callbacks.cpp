@@ -173,21 +173,13 @@ void OptimizerMonitor::run_event(Event event, core::State& s, core::Logger& logg
   // The tensors this rank holds, each with the parameter ranges in it: one whole parameter per tensor in one process,
   // flat shards (dist::ParallelModel) with several ranks. Squares are summed per parameter name over this rank's
   // ranges, summed over the ranks that together hold every shard, and rooted: the values one process gets.
-  struct Held {
-    at::Tensor tensor;  // what the optimizer steps
-    std::vector<dist::ShardSpan> spans;
-  };
-  std::vector<Held> held;
+  using Held = core::HeldTensor;
+  const std::vector<Held> held = s.held_layout();
   std::vector<std::string> names;
   std::map<std::string, int64_t> column;
   for (const auto& item : s.model->named_parameters()) {
     column[item.key()] = static_cast<int64_t>(names.size());
     names.push_back(item.key());
-    if (!s.parallel) held.push_back({item.value(), {{item.key(), {}, 0, item.value().numel(), 0}}});
-  }
-  if (s.parallel) {
-    const std::vector<std::vector<dist::ShardSpan>> layout = s.parallel->shard_layout();
-    for (size_t i = 0; i < layout.size(); ++i) held.push_back({s.parallel->parameters()[i], layout[i]});
   }
   const int64_t n = static_cast<int64_t>(names.size());
   // Rows of squares, then rows counting the ranges seen (a parameter is logged when any rank had a range of it).

@@ -33,26 +33,7 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 constexpr const char* kComponent = "checkpoint";
 
-// One tensor this rank holds (core::State::held_parameters()[i]) and the parameter ranges in it.
-struct Held {
-  at::Tensor tensor;
-  std::vector<dist::ShardSpan> spans;
-};
-
-std::vector<Held> held_layout(const core::State& s) {
-  std::vector<Held> out;
-  if (s.parallel) {
-    const auto layout = s.parallel->shard_layout();
-    const auto& params = s.parallel->parameters();
-    for (size_t i = 0; i < params.size(); ++i) out.push_back({params[i], layout[i]});
-    return out;
-  }
-  for (const auto& item : s.model->named_parameters()) {
-    const at::Tensor& p = item.value();
-    out.push_back({p, {{item.key(), p.sizes().vec(), 0, p.numel(), 0}}});
-  }
-  return out;
-}
+using Held = core::HeldTensor;
 
 // This rank's copy of the held tensors is the one checkpoints store (see ParallelModel::stores_shards).
 bool stores_held(const core::State& s) {
@@ -172,7 +153,7 @@ LoadedCheckpoint load_hf_weights(core::State& s, const std::string& dir, bool st
   const std::optional<std::string> tied = s.model->tied_embedding_name();
   std::set<std::string> used;
   at::NoGradGuard no_grad;
-  for (const Held& h : held_layout(s)) {
+  for (const Held& h : s.held_layout()) {
     for (const dist::ShardSpan& sp : h.spans) {
       std::string source = sp.name;
       if (!files.count(source) && tied && source == *tied && files.count("lm_head.weight")) {
@@ -330,7 +311,7 @@ void CheckpointSaver::save(core::State& s, core::Logger& logger) {
   const auto started = Clock::now();
   // Snapshot (blocking): every tensor copied to host memory (async) or viewed there (sync), the rest as JSON.
   auto payload = std::make_shared<checkpoint::RankPayload>();
-  const std::vector<Held> held = held_layout(s);
+  const std::vector<Held> held = s.held_layout();
   const bool stores = stores_held(s);
   if (stores) {
     for (const Held& h : held) add_pieces(*payload, "model/", h, h.tensor, o_.async);
@@ -438,7 +419,7 @@ namespace {
 LoadedCheckpoint load_sharded(core::State& s, const std::string& path, const LoadOptions& o) {
   checkpoint::CheckpointReader r(path, /*verify_checksums=*/true);
   const nlohmann::json& meta = r.metadata();
-  const std::vector<Held> held = held_layout(s);
+  const std::vector<Held> held = s.held_layout();
   at::NoGradGuard no_grad;
 
   // Model weights.

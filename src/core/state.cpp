@@ -32,6 +32,21 @@ std::vector<at::Tensor> State::held_parameters() const {
   return parallel ? parallel->parameters() : model->parameters();
 }
 
+std::vector<HeldTensor> State::held_layout() const {
+  std::vector<HeldTensor> out;
+  if (parallel) {
+    const auto layout = parallel->shard_layout();
+    const auto& params = parallel->parameters();
+    for (size_t i = 0; i < params.size(); ++i) out.push_back({params[i], layout[i]});
+    return out;
+  }
+  for (const auto& item : model->named_parameters()) {
+    const at::Tensor& p = item.value();
+    out.push_back({p, {{item.key(), p.sizes().vec(), 0, p.numel(), 0}}});
+  }
+  return out;
+}
+
 at::Tensor State::sum_over_shards(const at::Tensor& t) const {
   return parallel ? parallel->sum_over_shards(t) : t;
 }

@@ -15,6 +15,7 @@
 #include "tessera/core/callback.h"
 #include "tessera/core/precision.h"
 #include "tessera/data/loader.h"
+#include "tessera/dist/fsdp.h"
 #include "tessera/models/causal_lm.h"
 #include "tessera/optim/optimizer.h"
 #include "tessera/optim/scheduler.h"
@@ -25,6 +26,13 @@ class ParallelModel;
 }  // namespace tessera::dist
 
 namespace tessera::core {
+
+// One tensor this rank holds for the model (what the optimizer steps) and the parameter ranges in it: a whole
+// parameter in one process, or a flat shard of the sharding engine covering parts of several parameters.
+struct HeldTensor {
+  at::Tensor tensor;
+  std::vector<dist::ShardSpan> spans;
+};
 
 struct State {
   std::string run_name;
@@ -78,6 +86,9 @@ struct State {
   // The tensors this rank holds for the model: model->parameters(), or with more than one rank this rank's flat
   // shards (the sharding engine's parameters()). Checkpoints store and restore these.
   std::vector<at::Tensor> held_parameters() const;
+  // The same tensors with the parameter ranges each holds: what checkpoints, the optimizer monitor and per-parameter
+  // algorithms (adaptive clipping) read to see whole parameters through shards.
+  std::vector<HeldTensor> held_layout() const;
   // Parameters that receive gradients: the model's, or with more than one rank this rank's flat shards.
   std::vector<at::Tensor> trainable_parameters() const;
   // Sum of `t` over the ranks that together hold every gradient shard once (e.g. squared norms for clipping);

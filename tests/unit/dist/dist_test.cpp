@@ -358,6 +358,26 @@ TEST_F(DistTraining, FullShardOnTwoAndFourRanksMatchesOneProcess) {
               "FULL_SHARD x2 with activation checkpointing, no overlap");
 }
 
+TEST_F(DistTraining, AdaptiveClippingOnShardsClipsEachRowAsOneProcessDoes) {
+  if (is_worker()) GTEST_SKIP();
+  // AGC scales each row of each parameter by threshold * |w_row| / |g_row|. On flat shards a row may be split
+  // between ranks and several parameters share one shard; the norms must still be the whole rows'.
+  const std::vector<std::string> agc = {"algorithms.gradient_clipping.clipping_type=adaptive",
+                                        "algorithms.gradient_clipping.clipping_threshold=0.002"};
+  const TrainRun one = run("single_agc", 1, agc);
+  for (const char* strategy : {"FULL_SHARD", "NO_SHARD"}) {
+    std::vector<std::string> o = agc;
+    o.push_back(fmt::format("fsdp_config.sharding_strategy={}", strategy));
+    expect_same(one, run(fmt::format("agc2_{}", strategy), 2, o),
+                fmt::format("{} x2 with adaptive clipping", strategy));
+  }
+  // The clipping acted: the weights are not those of a run without it.
+  double moved = 0;
+  for (const auto& [name, w] : one.weights)
+    moved = std::max(moved, (w - single().weights.at(name)).abs().max().item<double>());
+  EXPECT_GT(moved, 1e-3);
+}
+
 TEST_F(DistTraining, MixedPrecisionFullShardTracksOneProcess) {
   if (is_worker()) GTEST_SKIP();
   // amp_bf16 with DEFAULT (parameters gathered in bf16, gradients reduced in fp32) against one process under the
