@@ -209,6 +209,7 @@ std::vector<IclExample> load_icl_dataset(const std::string& path, const std::str
       ex.continuation = str("answer", true);
       ex.aliases = strings("aliases", false);
       ex.chain_of_thought = str("chain_of_thought", false);
+      ex.has_chain_of_thought = j.contains("chain_of_thought");
     }
     if (const std::string* c = string_field(j, "category")) {
       ex.category = *c;
@@ -232,16 +233,23 @@ std::vector<IclPrepared> prepare_icl_examples(const IclTaskConfig& task, const s
   const bool schema = type == "schema";
   std::optional<int32_t> eos = tokenizer.token_to_id("<|endoftext|>");
 
+  // Chain of thought is on when the task file has the `chain_of_thought` column (LLM Foundry's `has_cot`: the dataset
+  // has the feature), whatever cot_delimiter says; the delimiter only goes between the thought and the answer.
+  const bool has_cot =
+      generation && std::any_of(data.begin(), data.end(), [](const IclExample& ex) { return ex.has_chain_of_thought; });
   // The answer written after an in-context example.
   auto in_context_answer = [&](const IclExample& ex) -> std::string {
     if (type == "multiple_choice") return ex.choices[static_cast<size_t>(ex.gold)];
-    if (generation && !task.cot_delimiter.empty()) return ex.chain_of_thought + task.cot_delimiter + ex.continuation;
+    if (has_cot) return ex.chain_of_thought + task.cot_delimiter + ex.continuation;
     return ex.continuation;
   };
   // construct_context: prelimiter, example delimiter after earlier text, continuation delimiter, optional answer.
+  // Schema tasks put the prelimiter before the example delimiter (LLM Foundry's InContextLearningSchemaTaskDataset,
+  // as its test contexts do); the other types put it after.
   auto construct_context = [&](const IclExample& ex, const std::string& preceding, bool add_answer) {
-    std::string ctx = task.prelimiter + (schema ? ex.choices[static_cast<size_t>(ex.gold)] : ex.context);
+    std::string ctx = schema ? ex.choices[static_cast<size_t>(ex.gold)] : task.prelimiter + ex.context;
     if (!preceding.empty()) ctx = task.example_delimiter + ctx;
+    if (schema) ctx = task.prelimiter + ctx;
     ctx += task.continuation_delimiter;
     if (add_answer) ctx += in_context_answer(ex);
     return ctx;
@@ -253,7 +261,7 @@ std::vector<IclPrepared> prepare_icl_examples(const IclTaskConfig& task, const s
       std::vector<std::string> all = {ex.continuation};
       all.insert(all.end(), ex.aliases.begin(), ex.aliases.end());
       for (const std::string& a : all) {
-        const std::string response = task.cot_delimiter.empty() ? a : ex.chain_of_thought + task.cot_delimiter + a;
+        const std::string response = has_cot ? ex.chain_of_thought + task.cot_delimiter + a : a;
         answer_budget = std::max<int64_t>(answer_budget, static_cast<int64_t>(tokenizer.encode(response, true).size()));
       }
     }

@@ -61,6 +61,7 @@ class Task:
         if self.strip:
             rows = [{k: (v.strip() if isinstance(v, str) else v) for k, v in r.items()} for r in rows]
         self.data = rows
+        self.has_cot = any("chain_of_thought" in r for r in rows)
         self.prefix_space = len(self.enc(" a", False)) == 1
 
     def enc(self, text, special=True):
@@ -70,8 +71,8 @@ class Task:
         if self.type == "multiple_choice":
             raise AssertionError("unused")
         if self.type == "generation_task_with_answers":
-            if in_context and self.cot_delimiter:
-                return f"{ex['chain_of_thought']}{self.cot_delimiter}{ex['answer']}"
+            if in_context and self.has_cot:  # LLM Foundry: the file has the column, whatever cot_delimiter is
+                return f"{ex.get('chain_of_thought', '')}{self.cot_delimiter}{ex['answer']}"
             return ex["answer"]
         cont = ex["continuation"]
         if self.prefix_space and not cont.startswith(" ") and not in_context:
@@ -83,9 +84,12 @@ class Task:
             ctx = ex["context_options"][ex["gold"]]
         else:
             ctx = ex["query"] if self.type == "multiple_choice" else ex["context"]
-        ctx = f"{self.prelimiter}{ctx}"
-        if len(preceding) > 0:
-            ctx = f"{self.example_delimiter}{ctx}"
+        if self.type == "schema":  # the prelimiter goes before the example delimiter
+            ctx = f"{self.prelimiter}{self.example_delimiter if preceding else ''}{ctx}"
+        else:
+            ctx = f"{self.prelimiter}{ctx}"
+            if len(preceding) > 0:
+                ctx = f"{self.example_delimiter}{ctx}"
         ctx = f"{ctx}{self.continuation_delimiter}"
         if add_answer:
             if self.type == "multiple_choice":
@@ -105,7 +109,7 @@ class Task:
         if self.type == "generation_task_with_answers":
             for ex in self.data:
                 for a in [ex["answer"]] + list(ex.get("aliases", [])):
-                    resp = f"{ex['chain_of_thought']}{self.cot_delimiter}{a}" if self.cot_delimiter else a
+                    resp = f"{ex.get('chain_of_thought', '')}{self.cot_delimiter}{a}" if self.has_cot else a
                     answer_budget = max(answer_budget, len(self.enc(resp)))
             answer_budget += 10 if self.cot_delimiter else 0
         self.max_answer_length = answer_budget

@@ -47,13 +47,14 @@ IclTaskConfig parse_icl_task(const config::Value& entry, const std::string& base
 
 // One JSONL line, after strip_dataset. Fields unused by the task type stay empty.
 struct IclExample {
-  std::string context;               // LM / generation: `context`; MC: `query`; schema: unused
-  std::string continuation;          // LM / schema: `continuation`; generation: `answer`
-  std::vector<std::string> choices;  // MC: `choices`; schema: `context_options`
-  int64_t gold = 0;                  // MC / schema
-  std::vector<std::string> aliases;  // generation
-  std::string chain_of_thought;      // generation (optional)
-  std::string category;              // optional; required with has_categories (taken as written, not stripped)
+  std::string context;                // LM / generation: `context`; MC: `query`; schema: unused
+  std::string continuation;           // LM / schema: `continuation`; generation: `answer`
+  std::vector<std::string> choices;   // MC: `choices`; schema: `context_options`
+  int64_t gold = 0;                   // MC / schema
+  std::vector<std::string> aliases;   // generation
+  std::string chain_of_thought;       // generation (optional)
+  bool has_chain_of_thought = false;  // the line has the field (LLM Foundry: the dataset has the column)
+  std::string category;               // optional; required with has_categories (taken as written, not stripped)
 };
 
 // Reads a task's JSONL file. Throws Error naming the file and line for bad JSON, a missing or mistyped key (`category`
