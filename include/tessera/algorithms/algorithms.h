@@ -58,6 +58,8 @@ class Lora : public core::Algorithm {
  public:
   explicit Lora(LoraOptions o) : o_(std::move(o)) {}
   std::string name() const override { return "Lora"; }
+  // The sharding engine would step the frozen base weights' shards too (weight decay moves them): one rank only.
+  bool supports_sharded_parameters() const override { return false; }
   bool match(core::Event event, const core::State& state) const override;
   void apply(core::Event event, core::State& state, core::Logger& logger) override;
 

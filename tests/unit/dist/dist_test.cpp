@@ -378,6 +378,19 @@ TEST_F(DistTraining, AdaptiveClippingOnShardsClipsEachRowAsOneProcessDoes) {
   EXPECT_GT(moved, 1e-3);
 }
 
+TEST_F(DistTraining, LoraWithMoreThanOneRankIsAConfigError) {
+  if (is_worker()) GTEST_SKIP();
+  const fs::path log = root_ / "lora2.log";
+  const std::string cmd =
+      fmt::format("{} --recipe {} run_name=lora2 --nproc-per-node 2 --master-port {} algorithms.lora.r=4 > {} 2>&1",
+                  ::tessera::testing::train_bin(), (root_ / "tiny.yaml").string(), free_port(), log.string());
+  const int rc = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(rc));
+  EXPECT_EQ(WEXITSTATUS(rc), 2) << read_text(log);
+  EXPECT_NE(read_text(log).find("not supported yet with more than one rank: algorithms.lora"), std::string::npos)
+      << read_text(log);
+}
+
 TEST_F(DistTraining, MixedPrecisionFullShardTracksOneProcess) {
   if (is_worker()) GTEST_SKIP();
   // amp_bf16 with DEFAULT (parameters gathered in bf16, gradients reduced in fp32) against one process under the
