@@ -120,6 +120,19 @@ TEST(YamlFile, SyntaxErrorsDuplicatesAndMissingFiles) {
   EXPECT_NE(error_of([&] { load_yaml_file(path.string()); }).find("must be a YAML mapping"), std::string::npos);
 }
 
+TEST(YamlFile, TextThatIsNotUtf8IsAnErrorNamingTheLine) {
+  // Latin-1 "café" on line 2 (found by fuzz_recipe_yaml: it used to pass until the resolved recipe was first written
+  // as JSON, at the first checkpoint, and then end the run with a JSON library exception).
+  EXPECT_EQ(error_of([] { load("a: 1\nrun_name: caf\xe9\n"); }),
+            "[recipe] test.yaml:2: not valid UTF-8 (byte 0xE9); save the recipe as UTF-8");
+  EXPECT_NE(error_of([] { load("a: \xed\xa0\x80\n"); }).find("not valid UTF-8 (byte 0xED)"), std::string::npos)
+      << "a UTF-16 surrogate";
+  EXPECT_NE(error_of([] { load("a: \xc0\xaf\n"); }).find("not valid UTF-8"), std::string::npos) << "overlong";
+  Value v = load("a: 1\n");
+  EXPECT_NE(error_of([&] { apply_override(v, "run_name=caf\xe9"); }).find("command line"), std::string::npos);
+  EXPECT_EQ(load("name: \"caf\xc3\xa9 \xf0\x9f\x98\x80\"\n").find("name")->text(), "caf\xc3\xa9 \xf0\x9f\x98\x80");
+}
+
 TEST(Json, MatchesTypedValues) {
   Value v = resolved("variables: {s: 128}\nmax_seq_len: ${variables.s}\nname: \"x\"\nlr: 6.0e-4\nf: [true, ~]\n");
   const nlohmann::ordered_json j = v.to_json();
