@@ -155,10 +155,10 @@ std::string python_float_repr(double v) {
     if (exponent < 0) {
       out = "0." + std::string(static_cast<size_t>(-exponent - 1), '0') + digits;
     } else if (static_cast<int>(digits.size()) <= exponent + 1) {
-      out = digits + std::string(static_cast<size_t>(exponent + 1) - digits.size(), '0') + ".0";
+      out = digits + std::string(static_cast<size_t>(exponent) + 1 - digits.size(), '0') + ".0";
     } else {
-      out =
-          digits.substr(0, static_cast<size_t>(exponent + 1)) + "." + digits.substr(static_cast<size_t>(exponent + 1));
+      const size_t point = static_cast<size_t>(exponent) + 1;  // exponent >= 0 here
+      out = digits.substr(0, point) + "." + digits.substr(point);
     }
   } else {
     out = digits.substr(0, 1) + (digits.size() > 1 ? "." + digits.substr(1) : "") +

@@ -134,7 +134,17 @@ int launch_workers(const std::string& name, int nproc) {
   o.master_port = free_port();
   o.argv = {fs::read_symlink("/proc/self/exe").string(), "--gtest_filter=DistWorker." + name};
   setenv("TESSERA_DIST_WORKER", "1", 1);
+  // A sharded run of this binary (GTEST_TOTAL_SHARDS, as tools/sanitize.sh and tools/gpu_check.sh use) must not
+  // shard the workers too: each would run its test only in the shard that happens to hold it.
+  std::vector<std::pair<std::string, std::string>> saved;
+  for (const char* var : {"GTEST_SHARD_INDEX", "GTEST_TOTAL_SHARDS", "GTEST_SHARD_STATUS_FILE"}) {
+    if (const char* v = std::getenv(var)) {
+      saved.emplace_back(var, v);
+      unsetenv(var);
+    }
+  }
   const int rc = dist::launch(o);
+  for (const auto& [var, v] : saved) setenv(var.c_str(), v.c_str(), 1);
   unsetenv("TESSERA_DIST_WORKER");
   return rc;
 }

@@ -1,0 +1,127 @@
+"""Writes the committed seed corpus of the libFuzzer targets (fuzz/seeds/<target>/) with the real producers of each
+format: Hugging Face `tokenizers` for tokenizer.json, `mosaicml-streaming`'s MDSWriter for MDS, `safetensors` for
+safetensors files, and the recipes in recipes/ for recipe YAML. Run from the checkout with the venv of tools/setup.sh:
+
+    ~/.cache/tessera/venv/bin/python tools/make_fuzz_seeds.py
+
+The output is deterministic except for tokenizer training order details; re-running rewrites the seeds.
+"""
+
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+
+import numpy as np
+import torch
+from safetensors.torch import save as st_save
+from streaming import MDSWriter
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SEEDS = ROOT / "fuzz" / "seeds"
+TEXT = [
+    "Hello, world! The quick brown fox jumps over the lazy dog.",
+    "Tessera trains large language models in C++ on LibTorch. 12345 67890",
+    "Ünïcödé: café, naïve, 日本語のテキスト, emoji 😀 and tabs\tand\nnewlines.",
+    "def f(x):\n    return x * 2  # code, too\n",
+] * 8
+
+
+def fresh(name):
+    d = SEEDS / name
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    return d
+
+
+def tokenizers_seeds():
+    out = fresh("fuzz_tokenizer_json")
+    # GPT-2 style: byte-level BPE, no normalizer.
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(TEXT, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    (out / "gpt2_style.json").write_text(tok.to_str())
+    # Llama-3 style: NFC, a split regex then byte-level, added special tokens and a template with BOS.
+    tok = Tokenizer(models.BPE(ignore_merges=True))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(
+            pattern=__import__("tokenizers").Regex(
+                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"),
+            behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(TEXT, trainers.BpeTrainer(vocab_size=320, special_tokens=["<|begin_of_text|>",
+                                                                                      "<|end_of_text|>"],
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bos = tok.token_to_id("<|begin_of_text|>")
+    tok.post_processor = processors.TemplateProcessing(single="<|begin_of_text|> $A",
+                                                       pair="<|begin_of_text|> $A <|begin_of_text|> $B",
+                                                       special_tokens=[("<|begin_of_text|>", bos)])
+    (out / "llama3_style.json").write_text(tok.to_str())
+    # Metaspace pre-tokenizer with an unknown token (SentencePiece-converted BPE, as older Llama tokenizers are).
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(TEXT, trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>", "<s>", "</s>"]))
+    (out / "metaspace.json").write_text(tok.to_str())
+
+
+def mds_seeds():
+    out = fresh("fuzz_mds_reader")
+    rng = np.random.default_rng(0)
+    cases = {
+        "tokens": ({"tokens": "ndarray:int32"}, lambda i: {"tokens": rng.integers(0, 1000, 16, dtype=np.int32)}),
+        "mixed": ({"text": "str", "raw": "bytes", "score": "float32", "meta": "json", "arr": "ndarray"},
+                  lambda i: {"text": TEXT[i % 4][:20], "raw": bytes([i, 255, 0]), "score": np.float32(i / 3),
+                             "meta": {"i": i, "tags": ["a", "b"]}, "arr": np.arange(i + 1, dtype=np.int64)}),
+        "typed": ({"u": "uint16", "si": "str_int", "sf": "str_float", "fixed": "ndarray:float16:2,3"},
+                  lambda i: {"u": np.uint16(i), "si": i * 7, "sf": i / 4,
+                             "fixed": np.full((2, 3), i, dtype=np.float16)}),
+    }
+    for name, (columns, sample) in cases.items():
+        with tempfile.TemporaryDirectory() as d:
+            with MDSWriter(out=d, columns=columns, size_limit=1 << 20) as w:
+                for i in range(6):
+                    w.write(sample(i))
+            index = pathlib.Path(d, "index.json").read_bytes()
+            shard = pathlib.Path(d, "shard.00000.mds").read_bytes()
+            (out / f"{name}.bin").write_bytes(index + b"\xff" + shard)
+
+
+def safetensors_seeds():
+    out = fresh("fuzz_safetensors")
+    g = torch.Generator().manual_seed(0)
+    (out / "float.safetensors").write_bytes(st_save({
+        "transformer.wte.weight": torch.randn(8, 4, generator=g),
+        "transformer.blocks.0.norm_1.weight": torch.ones(4),
+        "lm_head.weight": torch.randn(8, 4, generator=g).to(torch.bfloat16),
+    }, metadata={"format": "pt"}))
+    (out / "dtypes.safetensors").write_bytes(st_save({
+        "f16": torch.randn(3, generator=g).half(), "f64": torch.randn(2, 2, generator=g).double(),
+        "i64": torch.arange(5), "i32": torch.arange(3, dtype=torch.int32), "u8": torch.arange(4, dtype=torch.uint8),
+        "bool": torch.tensor([True, False]), "scalar": torch.tensor(1.5), "empty": torch.zeros(0, 3),
+    }))
+    (out / "metadata_only.safetensors").write_bytes(st_save({}, metadata={"step": "12", "note": "no tensors"}))
+
+
+def recipe_seeds():
+    out = fresh("fuzz_recipe_yaml")
+    for p in sorted((ROOT / "recipes").glob("*.yaml")) + [ROOT / "tests" / "data" / "interpolation.yaml"]:
+        shutil.copy(p, out / p.name)
+
+
+if __name__ == "__main__":
+    os.chdir(ROOT)
+    tokenizers_seeds()
+    mds_seeds()
+    safetensors_seeds()
+    recipe_seeds()
+    for d in sorted(SEEDS.iterdir()):
+        files = list(d.iterdir())
+        print(f"{d.relative_to(ROOT)}: {len(files)} files, {sum(f.stat().st_size for f in files)} bytes")

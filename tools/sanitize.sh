@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Builds the unit test binary (and `train`, which its tests start) with sanitizers in a build tree of its own, and runs
+# the unit suite under them (docs/testing.md):
+#   asan  AddressSanitizer + UndefinedBehaviorSanitizer (+ libstdc++ assertions): the whole unit suite, multi-process
+#         tests included (the ranks and the `train` processes they start are the instrumented builds too), in two
+#         shards side by side.
+#   tsan  ThreadSanitizer: the tests that run threads of our own: the loader's workers, the asynchronous checkpoint
+#         writer, the launcher (output forwarding, watchdog, signals) and heartbeats, plus the collectives.
+# LibTorch and the Debian libraries are the prebuilt, uninstrumented ones; tools/sanitizers/ holds the suppressions
+# for reports inside them (each says why). Any report fails the run; the logs stay in BUILD_DIR/logs/.
+# Usage: tools/sanitize.sh asan|tsan [BUILD_DIR (default build/asan or build/tsan)]
+set -euo pipefail
+SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+MODE=${1:?usage: tools/sanitize.sh asan|tsan [BUILD_DIR]}
+case "$MODE" in
+  asan) SANITIZE=address,undefined ;;
+  tsan) SANITIZE=thread ;;
+  *) echo "tools/sanitize.sh: unknown mode '$MODE' (asan or tsan)" >&2; exit 2 ;;
+esac
+BUILD=${2:-$SRC/build/$MODE}
+SUPP=$SRC/tools/sanitizers
+
+if [[ ! -f "$BUILD/build.ninja" ]]; then
+  # -O1: the sanitizers' usual level (readable reports, tolerable speed); -g1: line tables for the reports without the
+  # full debug info of LibTorch's headers, which would double the compile time.
+  cmake -S "$SRC" -B "$BUILD" -G Ninja -DTESSERA_SANITIZE=$SANITIZE -DCMAKE_BUILD_TYPE=Debug \
+    "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1" -DTESSERA_BUILD_BENCHMARKS=OFF -DTESSERA_WERROR=OFF \
+    > "$BUILD.configure.log" 2>&1 || { cat "$BUILD.configure.log"; exit 1; }
+fi
+cmake --build "$BUILD" --target tessera_tests
+
+LOGS=$BUILD/logs
+rm -rf "$LOGS"
+mkdir -p "$LOGS"
+export TESSERA_SOURCE_DIR=$SRC
+# One intra-op thread: LibTorch's OpenMP pool synchronises through libgomp, which the sanitizers cannot see into;
+# our own threads are what these runs are for.
+export OMP_NUM_THREADS=1
+BIN=$BUILD/bin/tessera_tests
+
+run_shard() {  # run_shard NAME FILTER [INDEX TOTAL]
+  local name=$1 filter=$2
+  if [[ $# -ge 4 ]]; then
+    GTEST_SHARD_INDEX=$3 GTEST_TOTAL_SHARDS=$4 "$BIN" --gtest_filter="$filter" > "$LOGS/$name.log" 2>&1
+  else
+    "$BIN" --gtest_filter="$filter" > "$LOGS/$name.log" 2>&1
+  fi
+}
+
+status=0
+if [[ $MODE == asan ]]; then
+  # allocator_may_return_null: an allocation too large to serve fails as it does without ASan (LibTorch's allocator
+  # then throws), which Trainer.AutoMicrobatchingHalvesAndRetriesWhenAnAllocationFails relies on. protect_shadow_gap=0
+  # lets the CUDA runtime that LibTorch loads map its memory.
+  export ASAN_OPTIONS="detect_leaks=1:allocator_may_return_null=1:protect_shadow_gap=0:detect_stack_use_after_return=0:strict_string_checks=1:check_initialization_order=1:detect_odr_violation=0"
+  export LSAN_OPTIONS="suppressions=$SUPP/lsan.supp:print_suppressions=0"
+  export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$SUPP/ubsan.supp"
+  run_shard shard0 '-Gpu*' 0 2 & p0=$!
+  run_shard shard1 '-Gpu*' 1 2 & p1=$!
+  wait $p0 || status=1
+  wait $p1 || status=1
+else
+  export TSAN_OPTIONS="suppressions=$SUPP/tsan.supp:halt_on_error=0:second_deadlock_stack=1:history_size=4"
+  # Not Checkpointing.AFailingDisk*: it runs `train` under `ulimit -f`, and TSan's runtime itself dies of SIGBUS
+  # under a small file-size limit.
+  run_shard threads 'TokenLoader.*:Tokenizer.SaveLoadAndThreads:Checkpointing.*:LossSpikes.*:Launcher.*:Heartbeat.*:DistCollectives.*:DistTraining.KilledRankStopsTheJobWithinThirtySeconds-Checkpointing.AFailingDisk*' || status=1
+fi
+
+# A report in a child process (a rank, a `train`) fails that child and so its test; say where to look either way.
+reports=$(grep -l -E "ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:|WARNING: ThreadSanitizer" "$LOGS"/*.log || true)
+for f in $reports; do
+  echo "== sanitizer report in $f" >&2
+  grep -n -A30 -E "ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:|WARNING: ThreadSanitizer" "$f" | head -80 >&2
+  status=1
+done
+for f in "$LOGS"/*.log; do
+  grep -E "^\[  (PASSED|FAILED)  \]|tests? ran" "$f" | sed "s|^|$(basename "$f" .log): |"
+done
+if [[ $status -ne 0 ]]; then
+  grep -h "^\[  FAILED  \]" "$LOGS"/*.log >&2 || true
+  echo "sanitize $MODE: FAILED (logs in $LOGS)" >&2
+  exit 1
+fi
+echo "sanitize $MODE: clean"
