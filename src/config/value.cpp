@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "tessera/util/error.h"
+#include "tessera/util/utf8.h"
 
 namespace tessera::config {
 namespace {
@@ -28,45 +29,10 @@ constexpr const char* kComponent = "recipe";
   throw ConfigError(kComponent, text + message);
 }
 
-// Index of the first byte that does not start a well-formed UTF-8 sequence (RFC 3629: no overlong forms, no
-// surrogates, nothing above U+10FFFF), or npos.
-size_t first_invalid_utf8(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t n = 0;                        // continuation bytes
-    unsigned char lo = 0x80, hi = 0xBF;  // the range of the first continuation byte
-    if (c >= 0xC2 && c <= 0xDF) {
-      n = 1;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      n = 2;
-      if (c == 0xE0) lo = 0xA0;
-      if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      n = 3;
-      if (c == 0xF0) lo = 0x90;
-      if (c == 0xF4) hi = 0x8F;
-    } else {
-      return i;
-    }
-    if (i + n >= s.size()) return i;
-    for (size_t k = 1; k <= n; ++k) {
-      const auto b = static_cast<unsigned char>(s[i + k]);
-      if (k == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xBF)) return i;
-    }
-    i += n + 1;
-  }
-  return std::string_view::npos;
-}
-
 // Fails unless `text` (a scalar or key as yaml-cpp decoded it) is UTF-8. The whole text is checked first; this guards
 // what decoding makes of it (fuzz_recipe_yaml found a well-formed text whose decoded scalar was not).
 void require_utf8(const std::string& text, const Origin& origin, const std::string& path) {
-  if (const size_t bad = first_invalid_utf8(text); bad != std::string_view::npos) {
+  if (const size_t bad = util::first_invalid_utf8(text); bad != std::string_view::npos) {
     fail(origin, path,
          fmt::format("not valid UTF-8 after YAML decoding (byte 0x{:02X})",
                      static_cast<unsigned>(static_cast<unsigned char>(text[bad]))));
@@ -416,7 +382,7 @@ nlohmann::ordered_json Value::to_json() const {
 Value parse_yaml(const std::string& text, const Origin& origin) {
   // Recipes are UTF-8 (YAML's encoding, and the JSON that checkpoints and loggers write the resolved recipe into).
   // Another encoding would otherwise surface only when the recipe is first written out, at the first checkpoint.
-  if (const size_t bad = first_invalid_utf8(text); bad != std::string_view::npos) {
+  if (const size_t bad = util::first_invalid_utf8(text); bad != std::string_view::npos) {
     Origin at = origin;
     if (origin.override.empty()) at.line = static_cast<int>(std::count(text.begin(), text.begin() + bad, '\n')) + 1;
     fail(at, "",

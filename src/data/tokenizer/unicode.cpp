@@ -9,6 +9,7 @@
 
 #include "tessera/data/tokenizer.h"
 #include "tessera/util/error.h"
+#include "tessera/util/utf8.h"
 
 namespace tessera::data {
 namespace detail {
@@ -31,38 +32,6 @@ struct ByteLevelTables {
 const ByteLevelTables& tables() {
   static const ByteLevelTables t;
   return t;
-}
-
-// Length of the valid UTF-8 sequence at s[i], or 0 with `bad` = the length of the maximal invalid subpart (the bytes
-// one U+FFFD replaces: a lead byte and the continuation bytes that could still have completed it).
-size_t utf8_sequence(std::string_view s, size_t i, size_t& bad) {
-  const auto at = [&](size_t k) { return k < s.size() ? static_cast<uint8_t>(s[k]) : 0x100; };
-  const unsigned b = at(i);
-  bad = 1;
-  if (b < 0x80) return 1;
-  unsigned n = 0, lo = 0x80, hi = 0xBF;
-  if (b >= 0xC2 && b <= 0xDF) {
-    n = 2;
-  } else if (b >= 0xE0 && b <= 0xEF) {
-    n = 3;
-    if (b == 0xE0) lo = 0xA0;
-    if (b == 0xED) hi = 0x9F;
-  } else if (b >= 0xF0 && b <= 0xF4) {
-    n = 4;
-    if (b == 0xF0) lo = 0x90;
-    if (b == 0xF4) hi = 0x8F;
-  } else {
-    return 0;
-  }
-  for (unsigned k = 1; k < n; ++k) {
-    const unsigned c = at(i + k);
-    const unsigned l = k == 1 ? lo : 0x80, h = k == 1 ? hi : 0xBF;
-    if (c < l || c > h) {
-      bad = k;
-      return 0;
-    }
-  }
-  return n;
 }
 
 const icu::Normalizer2& nfc_instance() {
@@ -111,25 +80,6 @@ void append_utf8(std::string& out, char32_t cp) {
     out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
     out += static_cast<char>(0x80 | (cp & 0x3F));
   }
-}
-
-bool is_valid_utf8(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    // ASCII fast path, 8 bytes at a time.
-    while (i + 8 <= s.size()) {
-      uint64_t w;
-      std::memcpy(&w, s.data() + i, 8);
-      if (w & 0x8080808080808080ULL) break;
-      i += 8;
-    }
-    if (i >= s.size()) break;
-    size_t bad;
-    const size_t n = utf8_sequence(s, i, bad);
-    if (n == 0) return false;
-    i += n;
-  }
-  return true;
 }
 
 char32_t byte_level_char(uint8_t b) {
@@ -203,7 +153,7 @@ std::string sanitize_utf8(std::string_view text) {
   size_t i = 0;
   while (i < text.size()) {
     size_t bad;
-    const size_t n = detail::utf8_sequence(text, i, bad);
+    const size_t n = util::utf8_sequence(text, i, bad);
     if (n > 0) {
       out.append(text.substr(i, n));
       i += n;

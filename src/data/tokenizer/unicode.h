@@ -2,6 +2,8 @@
 // classes Hugging Face's added-token matching uses.
 #pragma once
 
+#include "tessera/util/utf8.h"
+
 #include <array>
 #include <cstdint>
 #include <string>
@@ -16,7 +18,7 @@ char32_t prev_code_point(std::string_view s, size_t end, size_t& begin);
 void append_utf8(std::string& out, char32_t cp);
 
 // True if `s` is well-formed UTF-8 (no surrogates, no overlongs, nothing above U+10FFFF).
-bool is_valid_utf8(std::string_view s);
+using util::is_valid_utf8;
 
 // GPT-2's bytes_to_unicode(): every byte maps to one printable character; byte_level_char(b) is its code point.
 char32_t byte_level_char(uint8_t b);
