@@ -25,16 +25,12 @@
 namespace tessera::algorithms {
 namespace {
 
-// Sums of squares of `x` (elements [start, start + n) of a parameter, row-major, rows of `row_len` elements) per
-// row it touches, from row start / row_len on.
-at::Tensor row_squares(const at::Tensor& x, int64_t start, int64_t row_len) {
-  const int64_t n = x.numel();
-  const int64_t first = start / row_len, rows = (start + n - 1) / row_len - first + 1;
-  const int64_t lead = start - first * row_len;
+// Sums of squares of `x`, a parameter's elements laid out from offset `lead` inside `rows` rows of `row_len`, per row.
+at::Tensor row_squares(const at::Tensor& x, int64_t lead, int64_t rows, int64_t row_len) {
   const at::Tensor xf = x.to(at::kFloat);
-  if (lead == 0 && n == rows * row_len) return xf.view({rows, row_len}).square().sum(1);
+  if (lead == 0 && x.numel() == rows * row_len) return xf.view({rows, row_len}).square().sum(1);
   at::Tensor padded = at::zeros({rows * row_len}, xf.options());
-  padded.narrow(0, lead, n).copy_(xf);
+  padded.narrow(0, lead, x.numel()).copy_(xf);
   return padded.view({rows, row_len}).square().sum(1);
 }
 
@@ -58,7 +54,9 @@ void adaptive_clip(core::State& state, double threshold) {
   struct Piece {
     at::Tensor grad, param;  // flat views of this range
     int64_t row = 0;         // global index of the first row it touches
-    int64_t start = 0, row_len = 1;
+    int64_t rows = 1;        // rows it touches
+    int64_t lead = 0;        // its first element's position inside the first row
+    int64_t row_len = 1;
   };
   std::vector<Piece> pieces;
   for (const core::HeldTensor& h : state.held_layout()) {
@@ -70,29 +68,26 @@ void adaptive_clip(core::State& state, double threshold) {
       for (int64_t d : sp.shape) numel *= d;
       if (sp.numel == 0 || numel == 0) continue;
       const int64_t row_len = numel / agc_rows(sp.shape);
-      pieces.push_back({g.narrow(0, sp.offset, sp.numel), w.narrow(0, sp.offset, sp.numel),
-                        base.at(sp.name) + sp.start / row_len, sp.start, row_len});
+      const int64_t first = sp.start / row_len;
+      pieces.push_back({g.narrow(0, sp.offset, sp.numel), w.narrow(0, sp.offset, sp.numel), base.at(sp.name) + first,
+                        (sp.start + sp.numel - 1) / row_len - first + 1, sp.start - first * row_len, row_len});
     }
   }
   if (pieces.empty()) return;
   const at::TensorOptions opts = at::TensorOptions().dtype(at::kFloat).device(pieces[0].grad.device());
   at::Tensor sums = at::zeros({2, total_rows}, opts);  // [gradient; weight] squares per row
   for (const Piece& p : pieces) {
-    const at::Tensor gs = row_squares(p.grad, p.start, p.row_len);
-    sums[0].narrow(0, p.row, gs.numel()).add_(gs);
-    sums[1].narrow(0, p.row, gs.numel()).add_(row_squares(p.param, p.start, p.row_len));
+    sums[0].narrow(0, p.row, p.rows).add_(row_squares(p.grad, p.lead, p.rows, p.row_len));
+    sums[1].narrow(0, p.row, p.rows).add_(row_squares(p.param, p.lead, p.rows, p.row_len));
   }
   sums = state.sum_over_shards(sums.reshape({-1})).view({2, total_rows}).sqrt();
   const at::Tensor coef = at::clamp_max(at::nan_to_num(sums[1] * threshold / sums[0], 1.0), 1.0);
   for (Piece& p : pieces) {
-    const int64_t n = p.grad.numel();
-    const int64_t rows = (p.start + n - 1) / p.row_len - p.start / p.row_len + 1;
-    const int64_t lead = p.start - (p.start / p.row_len) * p.row_len;
-    const at::Tensor c = coef.narrow(0, p.row, rows).to(p.grad.scalar_type());
-    if (lead == 0 && n == rows * p.row_len) {
-      p.grad.view({rows, p.row_len}).mul_(c.unsqueeze(1));
+    const at::Tensor c = coef.narrow(0, p.row, p.rows).to(p.grad.scalar_type());
+    if (p.lead == 0 && p.grad.numel() == p.rows * p.row_len) {
+      p.grad.view({p.rows, p.row_len}).mul_(c.unsqueeze(1));
     } else {
-      p.grad.mul_(c.repeat_interleave(p.row_len).narrow(0, lead, n));
+      p.grad.mul_(c.repeat_interleave(p.row_len).narrow(0, p.lead, p.grad.numel()));
     }
   }
 }
@@ -254,17 +249,9 @@ bool Ema::match(core::Event e, const core::State& /*s*/) const {
          e == Event::kEvalEnd;
 }
 
-namespace {
-// The tensors that hold the weights: the model's, or with sharding this rank's flat shards (EMA is elementwise, so
-// averaging shards is averaging the model).
-std::vector<at::Tensor> weights_of(const core::State& s) {
-  return s.parallel ? s.parallel->parameters() : s.model->parameters();
-}
-}  // namespace
-
 void Ema::swap(core::State& s) {
   at::NoGradGuard no_grad;
-  const auto params = weights_of(s);
+  const auto params = s.held_parameters();
   for (size_t i = 0; i < params.size(); ++i) {
     at::Tensor tmp = params[i].detach().clone();
     params[i].detach().copy_(ema_[i]);
@@ -294,7 +281,8 @@ void Ema::apply(core::Event e, core::State& s, core::Logger& /*logger*/) {
           : !s.timestamp.before(start);
   if (e == Event::kFitStart) {
     if (ema_.empty()) {
-      for (const auto& p : weights_of(s)) ema_.push_back(p.detach().clone());
+      // The held tensors: whole parameters, or flat shards (EMA is elementwise, so averaging them averages the model).
+      for (const auto& p : s.held_parameters()) ema_.push_back(p.detach().clone());
     }
     return;
   }
@@ -312,7 +300,7 @@ void Ema::apply(core::Event e, core::State& s, core::Logger& /*logger*/) {
                    (e == Event::kEpochEnd && unit == config::TimeUnit::kEpoch && s.timestamp.epoch % every == 0);
   if (!due || !started || ema_.empty()) return;
   at::NoGradGuard no_grad;
-  const auto params = weights_of(s);
+  const auto params = s.held_parameters();
   for (size_t i = 0; i < params.size(); ++i) ema_[i].mul_(smoothing_).add_(params[i].detach(), 1.0 - smoothing_);
 }
 
