@@ -167,6 +167,12 @@ std::vector<std::string> attach_lora(models::CausalLM& model, const LoraOptions&
     const bool wanted = std::any_of(o.target_modules.begin(), o.target_modules.end(),
                                     [&](const std::string& t) { return ends_with_component(item.key(), t); });
     if (!wanted || linear->lora_A.defined()) continue;
+    if (linear->weight.is_meta()) {
+      throw ConfigError("algorithms",
+                        "lora: the model is on meta (model.init_device: meta with more than one rank is "
+                        "built one unit at a time after INIT, where the adapters are attached); use "
+                        "model.init_device: cpu with lora");
+    }
     const at::TensorOptions opts = linear->weight.options().dtype(at::kFloat);
     const double bound = 1.0 / std::sqrt(static_cast<double>(linear->in_features));
     at::Tensor a = at::empty({o.r, linear->in_features}, opts.device(at::kCPU)).uniform_(-bound, bound, gen);
@@ -195,14 +201,14 @@ void merge_lora(models::CausalLM& model) {
   }
 }
 
-void save_lora_adapters(models::CausalLM& model, const LoraOptions& o, const std::string& dir) {
+void save_lora_adapters(const std::vector<std::pair<std::string, at::Tensor>>& weights, const LoraOptions& o,
+                        const std::string& dir) {
   std::map<std::string, at::Tensor> tensors;
-  for (const auto& p : model.named_parameters()) {
+  for (const auto& [k, w] : weights) {
     for (const char* which : {"lora_A", "lora_B"}) {
       const std::string suffix = std::string(".") + which;
-      const std::string& k = p.key();
       if (k.size() > suffix.size() && k.compare(k.size() - suffix.size(), suffix.size(), suffix) == 0) {
-        tensors["base_model.model." + k + ".weight"] = p.value().detach().to(at::kCPU);
+        tensors["base_model.model." + k + ".weight"] = w.detach().to(at::kCPU);
       }
     }
   }
@@ -225,13 +231,14 @@ bool Lora::match(core::Event e, const core::State& /*s*/) const {
 
 void Lora::apply(core::Event e, core::State& s, core::Logger& /*logger*/) {
   if (e == core::Event::kFitEnd) {
-    save_lora_adapters(*s.model, o_, *o_.save_path);
+    const auto weights = s.parallel->full_state_dict();  // collective: every rank
+    if (s.rank == 0) save_lora_adapters(weights, o_, *o_.save_path);
     return;
   }
   const auto adapted = attach_lora(*s.model, o_, static_cast<uint64_t>(s.seed) + 1);
   spdlog::info("lora: adapters (r={}) on {} modules; {} trainable parameters", o_.r, adapted.size(), [&] {
     int64_t n = 0;
-    for (const auto& p : s.trainable_parameters()) n += p.numel();
+    for (const auto& p : s.model->parameters()) n += p.requires_grad() ? p.numel() : 0;
     return n;
   }());
 }

@@ -310,12 +310,7 @@ void HfCheckpointer::run_event(Event event, core::State& s, core::Logger& /*logg
 
 void HfCheckpointer::save(core::State& s) {
   last_saved_batch_ = s.timestamp.batch;
-  std::vector<std::pair<std::string, at::Tensor>> weights;
-  if (s.parallel) {
-    weights = s.parallel->full_state_dict();  // collective: every rank
-  } else {
-    for (const auto& item : s.model->named_parameters()) weights.emplace_back(item.key(), item.value().detach());
-  }
+  const std::vector<std::pair<std::string, at::Tensor>> weights = s.parallel->full_state_dict();  // every rank
   if (s.rank == 0) {
     std::string name = replace_all(o_.huggingface_folder_name, "{batch}", std::to_string(s.timestamp.batch));
     name = replace_all(name, "{epoch}", std::to_string(s.timestamp.epoch));

@@ -35,9 +35,10 @@ constexpr const char* kComponent = "checkpoint";
 
 using Held = core::HeldTensor;
 
-// This rank's copy of the held tensors is the one checkpoints store (see ParallelModel::stores_shards).
-bool stores_held(const core::State& s) {
-  return !s.parallel || s.parallel->stores_shards();
+// Whether this rank's copy of `h` is the one checkpoints store: shards per ParallelModel::stores_shards, frozen
+// parameters (whole on every rank) from rank 0.
+bool stores_held(const core::State& s, const Held& h) {
+  return h.replicated ? s.rank == 0 : s.parallel->stores_shards();
 }
 
 // A flat view of elements [offset, offset + numel) of a held tensor (or a tensor shaped like one).
@@ -139,13 +140,10 @@ std::string now_iso8601() {
 
 // Rank 0's choice among `candidates` (an index, -1 for none), made by `choose` on rank 0 and broadcast.
 int64_t agree_on_index(core::State& s, const std::function<int64_t()>& choose) {
-  int64_t index = s.rank == 0 ? choose() : 0;
-  if (s.world_size > 1) {
-    at::Tensor t = at::full({1}, static_cast<double>(index), at::TensorOptions().dtype(at::kDouble).device(s.device));
-    s.comm->broadcast(t, 0).wait();
-    index = static_cast<int64_t>(t.cpu().item<double>());
-  }
-  return index;
+  const int64_t index = s.rank == 0 ? choose() : 0;
+  at::Tensor t = at::full({1}, static_cast<double>(index), at::TensorOptions().dtype(at::kDouble).device(s.device));
+  s.comm->broadcast(t, 0).wait();
+  return static_cast<int64_t>(t.cpu().item<double>());
 }
 
 LoadedCheckpoint load_hf_weights(core::State& s, const std::string& dir, bool strict) {
@@ -312,13 +310,12 @@ void CheckpointSaver::save(core::State& s, core::Logger& logger) {
   // Snapshot (blocking): every tensor copied to host memory (async) or viewed there (sync), the rest as JSON.
   auto payload = std::make_shared<checkpoint::RankPayload>();
   const std::vector<Held> held = s.held_layout();
-  const bool stores = stores_held(s);
-  if (stores) {
-    for (const Held& h : held) add_pieces(*payload, "model/", h, h.tensor, o_.async);
+  for (const Held& h : held) {
+    if (stores_held(s, h)) add_pieces(*payload, "model/", h, h.tensor, o_.async);
   }
   nlohmann::json components = nlohmann::json::object();
   if (!o_.weights_only) {
-    if (stores && s.optimizer) {
+    if (s.parallel->stores_shards() && s.optimizer) {  // the optimizer steps shards only
       const std::vector<size_t> to_held = optimizer_to_held(s, held);
       for (const auto& [key, t] : s.optimizer->state()) {
         const size_t dot = key.find('.');
@@ -337,8 +334,8 @@ void CheckpointSaver::save(core::State& s, core::Logger& logger) {
                                               st->per_parameter.size(), held.size()));
         }
         components[key]["__per_parameter__"] = true;
-        if (stores) {
-          for (size_t i = 0; i < held.size(); ++i) {
+        for (size_t i = 0; i < held.size(); ++i) {
+          if (stores_held(s, held[i])) {
             add_pieces(*payload, fmt::format("component/{}/", key), held[i], st->per_parameter[i], o_.async);
           }
         }
@@ -354,7 +351,7 @@ void CheckpointSaver::save(core::State& s, core::Logger& logger) {
     meta["timestamp"] = timestamp_to_json(s.timestamp);
     meta["previous_timestamp"] = timestamp_to_json(s.previous_timestamp);
     meta["weights_only"] = o_.weights_only;
-    meta["sharding"] = {{"strategy", s.parallel ? dist::to_string(s.parallel->options().sharding.strategy) : "NONE"},
+    meta["sharding"] = {{"strategy", dist::to_string(s.parallel->options().sharding.strategy)},
                         {"world_size", s.world_size}};
     if (s.model->has_hf_format())
       meta["hf_config"] = nlohmann::json::parse(checkpoint::hf_config_json(*s.model, at::kFloat));
@@ -513,7 +510,6 @@ LoadedCheckpoint load_sharded(core::State& s, const std::string& path, const Loa
 // The lowest rank whose `failed` is true (world_size when none): one all-reduce, so that every rank learns whether
 // any rank failed and no rank goes on alone.
 int64_t first_failed_rank(core::State& s, bool failed) {
-  if (s.world_size == 1) return failed ? 0 : 1;
   at::Tensor t = at::full({1}, static_cast<double>(failed ? s.rank : s.world_size),
                           at::TensorOptions().dtype(at::kDouble).device(s.device));
   s.comm->all_reduce(t, dist::ReduceOp::kMin).wait();

@@ -2,6 +2,7 @@
 #include "tessera/core/state.h"
 
 #include "tessera/dist/fsdp.h"
+#include "tessera/util/error.h"
 
 namespace tessera::core {
 
@@ -19,36 +20,39 @@ double State::current_lr() const {
   return optimizer->options().lr * scheduler->multiplier(c);
 }
 
+namespace {
+
+const dist::ParallelModel& engine(const State& s) {
+  if (!s.parallel) throw Error("state", "the model's parameters are held by the sharding engine, set up after INIT");
+  return *s.parallel;
+}
+
+}  // namespace
+
 std::vector<at::Tensor> State::trainable_parameters() const {
-  if (parallel) return parallel->parameters();
-  std::vector<at::Tensor> out;
-  for (const at::Tensor& p : model->parameters()) {
-    if (p.requires_grad()) out.push_back(p);
-  }
-  return out;
+  return engine(*this).parameters();
 }
 
 std::vector<at::Tensor> State::held_parameters() const {
-  return parallel ? parallel->parameters() : model->parameters();
+  std::vector<at::Tensor> out = engine(*this).parameters();
+  for (const auto& [name, t] : parallel->frozen_parameters()) out.push_back(t);
+  return out;
 }
 
 std::vector<HeldTensor> State::held_layout() const {
+  const dist::ParallelModel& e = engine(*this);
   std::vector<HeldTensor> out;
-  if (parallel) {
-    const auto layout = parallel->shard_layout();
-    const auto& params = parallel->parameters();
-    for (size_t i = 0; i < params.size(); ++i) out.push_back({params[i], layout[i]});
-    return out;
-  }
-  for (const auto& item : model->named_parameters()) {
-    const at::Tensor& p = item.value();
-    out.push_back({p, {{item.key(), p.sizes().vec(), 0, p.numel(), 0}}});
+  const auto layout = e.shard_layout();
+  const auto& params = e.parameters();
+  for (size_t i = 0; i < params.size(); ++i) out.push_back({params[i], layout[i], false});
+  for (const auto& [name, t] : e.frozen_parameters()) {
+    out.push_back({t, {{name, t.sizes().vec(), 0, t.numel(), 0}}, true});
   }
   return out;
 }
 
 at::Tensor State::sum_over_shards(const at::Tensor& t) const {
-  return parallel ? parallel->sum_over_shards(t) : t;
+  return parallel->sum_over_shards(t);
 }
 
 }  // namespace tessera::core

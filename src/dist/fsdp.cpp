@@ -112,6 +112,8 @@ class ParallelModel::Impl : public models::UnitRunner {
   std::shared_ptr<Communicator> replica_comm_;  // HYBRID: the same shard on every node
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<at::Tensor> parameters_;
+  std::vector<std::pair<std::string, at::Tensor>> frozen_;  // whole on every rank, in the model's order
+  std::vector<std::string> names_;                          // every parameter, in the model's order
   std::vector<std::unique_ptr<CallRecord>> records_;
   bool sync_ = true;
   bool root_called_ = false;  // the root's first call of this forward (embedding) has run
@@ -189,7 +191,10 @@ void ParallelModel::Impl::setup(models::CausalLM& model) {
   const int shards = sharded() ? shard_comm_->size() : 1;
   const int shard_rank = sharded() ? shard_comm_->rank() : 0;
 
+  // Every parameter by unit; frozen ones (requires_grad false) stay whole, outside the flat vectors.
   std::map<int64_t, std::unique_ptr<Unit>> by_index;
+  std::map<int64_t, std::vector<at::Tensor>> unit_frozen;
+  std::map<std::string, at::Tensor> frozen;
   for (auto& item : model.named_parameters()) {
     const int64_t idx = model.unit_of_parameter(item.key());
     auto& u = by_index[idx];
@@ -197,20 +202,41 @@ void ParallelModel::Impl::setup(models::CausalLM& model) {
       u = std::make_unique<Unit>();
       u->index = idx;
     }
+    if (!item.value().requires_grad()) {
+      frozen[item.key()] = item.value();
+      unit_frozen[idx].push_back(item.value());
+      continue;
+    }
     u->names.push_back(item.key());
     u->params.push_back(item.value());
   }
   at::NoGradGuard no_grad;
   for (auto& [idx, u] : by_index) {
-    if (u->params[0].is_meta()) {
+    std::vector<at::Tensor> all = u->params;
+    for (const at::Tensor& p : unit_frozen[idx]) all.push_back(p);
+    if (!all.empty() && all[0].is_meta()) {
       // Deferred initialisation: allocate this unit only, initialise its modules, shard it below.
-      for (at::Tensor& p : u->params) {
+      for (at::Tensor& p : all) {
         const at::Tensor real = at::empty(p.sizes(), at::TensorOptions().dtype(at::kFloat).device(o_.device));
         // set_data refuses meta -> real; the shallow copy is what it does after that check.
         p.unsafeGetTensorImpl()->shallow_copy_from(real.getIntrusivePtr());
       }
       const std::set<std::string> modules = modules_of_unit(model, idx);
       model.init_weights(o_.init_seed, [&modules](const std::string& m) { return modules.count(m) > 0; });
+    }
+    if (o_.sharding.sync_module_states) {
+      for (at::Tensor& p : unit_frozen[idx]) {
+        at::Tensor t = p.detach();
+        comm_->broadcast(t, 0).wait();
+      }
+    }
+    if (u->params.empty()) {  // every parameter of the unit is frozen: an empty flat vector, no collectives
+      u->shard = at::zeros({0}, at::TensorOptions().dtype(at::kFloat).device(o_.device)).requires_grad_(true);
+      u->full = u->shard.detach();
+      u->gathered = true;
+      parameters_.push_back(u->shard);
+      units_.push_back(std::move(u));
+      continue;
     }
     std::vector<at::Tensor> flat_parts;
     for (const at::Tensor& p : u->params) {
@@ -243,6 +269,10 @@ void ParallelModel::Impl::setup(models::CausalLM& model) {
   for (size_t i = 0; i < units_.size(); ++i) {
     TORCH_CHECK(units_[i]->index == static_cast<int64_t>(i), "dist: model units are not numbered 0..n");
   }
+  for (const auto& item : model.named_parameters()) {
+    names_.push_back(item.key());
+    if (frozen.count(item.key())) frozen_.emplace_back(item.key(), frozen.at(item.key()));
+  }
 }
 
 void ParallelModel::Impl::gather(Unit& u) {
@@ -264,7 +294,7 @@ void ParallelModel::Impl::wait_gathered(Unit& u) {
 }
 
 void ParallelModel::Impl::reshard(Unit& u) {
-  if (!sharded() || !u.gathered) return;
+  if (!sharded() || !u.gathered || u.padded == 0) return;
   free_storage(u.full);
   u.gathered = false;
 }
@@ -342,9 +372,12 @@ at::Tensor ParallelModel::Impl::backward_call(CallRecord& rec, const at::Tensor&
     }
   }
   const at::Tensor g = grad_out.defined() ? grad_out : at::zeros_like(rec.out);
+  // Nothing to differentiate when the input needs no gradient and every parameter of the unit is frozen (the root
+  // under LoRA, called on token ids).
   const std::vector<at::Tensor> grads =
-      torch::autograd::grad({rec.out}, inputs, {g}, /*retain_graph=*/false, /*create_graph=*/false,
-                            /*allow_unused=*/true);
+      inputs.empty() ? std::vector<at::Tensor>{}
+                     : torch::autograd::grad({rec.out}, inputs, {g}, /*retain_graph=*/false, /*create_graph=*/false,
+                                             /*allow_unused=*/true);
   rec.out = at::Tensor();
   rec.x_leaf = at::Tensor();
   rec.x_in = at::Tensor();
@@ -368,6 +401,10 @@ at::Tensor ParallelModel::Impl::backward_call(CallRecord& rec, const at::Tensor&
 
 void ParallelModel::Impl::launch_reduction(Unit& u) {
   at::NoGradGuard no_grad;
+  if (u.padded == 0) {  // nothing trainable in this unit
+    u.grad_full = at::Tensor();
+    return;
+  }
   if (!sharded()) {
     if (u.local_acc.defined()) {
       u.local_acc.add_(u.grad_full);
@@ -411,7 +448,8 @@ void ParallelModel::Impl::finish_backward() {
   }
   const double scale = 1.0 / comm_->size();
   for (Unit* u : done) {
-    at::Tensor g = u->reduce_out.to(at::kFloat).mul_(scale);
+    at::Tensor g = u->reduce_out.to(at::kFloat);
+    if (scale != 1.0) g.mul_(scale);
     u->reduce_out = at::Tensor();
     if (u->shard.grad().defined()) {
       u->shard.mutable_grad().add_(g);
@@ -469,7 +507,7 @@ void ParallelModel::Impl::discard() {
     u->grad_full = at::Tensor();
     u->local_acc = at::Tensor();
     u->pending_calls = 0;
-    if (sharded()) {  // also a buffer allocated for a gather that a sync point then stopped
+    if (sharded() && u->padded > 0) {  // also a buffer allocated for a gather that a sync point then stopped
       free_storage(u->full);
       u->gathered = false;
     }
@@ -483,6 +521,10 @@ void ParallelModel::Impl::discard() {
 
 const std::vector<at::Tensor>& ParallelModel::parameters() const {
   return impl_->parameters_;
+}
+
+const std::vector<std::pair<std::string, at::Tensor>>& ParallelModel::frozen_parameters() const {
+  return impl_->frozen_;
 }
 
 void ParallelModel::prepare_backward(bool sync) {
@@ -509,19 +551,22 @@ at::Tensor ParallelModel::sum_over_shards(const at::Tensor& t) {
 
 std::vector<std::pair<std::string, at::Tensor>> ParallelModel::full_state_dict() {
   at::NoGradGuard no_grad;
-  std::vector<std::pair<std::string, at::Tensor>> out;
+  std::map<std::string, at::Tensor> by_name;
   for (auto& u : impl_->units_) {
     at::Tensor full = u->shard.detach();
-    if (impl_->sharded()) {
+    if (impl_->sharded() && u->padded > 0) {
       full = at::empty({u->padded}, u->shard.options());
       at::Tensor shard = u->shard.detach().contiguous();
       impl_->shard_comm_->all_gather(full, shard).wait();
     }
     for (size_t i = 0; i < u->params.size(); ++i) {
-      out.emplace_back(u->names[i],
-                       full.narrow(0, u->offsets[i], u->params[i].numel()).view(u->params[i].sizes()).clone());
+      by_name[u->names[i]] = full.narrow(0, u->offsets[i], u->params[i].numel()).view(u->params[i].sizes()).clone();
     }
   }
+  for (const auto& [name, t] : impl_->frozen_)
+    by_name[name] = t.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const std::string& name : impl_->names_) out.emplace_back(name, by_name.at(name));
   return out;
 }
 

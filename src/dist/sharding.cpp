@@ -55,6 +55,18 @@ ShardingOptions parse_sharding_options(config::Section& s) {
   return o;
 }
 
+bool applies_fsdp(int64_t world_size) {
+  return world_size > 1;
+}
+
+ShardingOptions sharding_for_world(ShardingOptions o, int64_t world_size) {
+  if (applies_fsdp(world_size)) return o;
+  o.strategy = ShardingStrategy::kNoShard;
+  o.mixed_precision = MixedPrecision::kFull;
+  o.activation_checkpointing = false;
+  return o;
+}
+
 StateMemory state_memory_per_rank(int64_t n_params, ShardingStrategy strategy, int64_t world_size,
                                   int64_t ranks_per_node, bool mixed_precision, int state_tensors,
                                   int64_t largest_unit_params) {

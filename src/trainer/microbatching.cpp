@@ -10,21 +10,19 @@
 
 namespace tessera::trainer {
 
-bool OutOfMemoryRetry::absorb(const std::exception& e, dist::ParallelModel* parallel) const {
+bool OutOfMemoryRetry::absorb(const std::exception& e, dist::ParallelModel& parallel) const {
   if (!enabled_) return false;
   const bool peer = dynamic_cast<const dist::PeerOutOfMemory*>(&e) != nullptr;
   if (!peer && !util::is_out_of_memory(e)) return false;
-  if (parallel) {
-    // This rank's own error takes the place of its next sync point (a peer's error was seen at one already).
-    if (!peer) parallel->agree_on_oom(true);
-    parallel->discard_microbatches();
-  }
+  // This rank's own error takes the place of its next sync point (a peer's error was seen at one already).
+  if (!peer) parallel.agree_on_oom(true);
+  parallel.discard_microbatches();
   return true;
 }
 
-bool OutOfMemoryRetry::peer_failed(dist::ParallelModel* parallel) const {
-  if (!enabled_ || !parallel || !parallel->agree_on_oom(false)) return false;
-  parallel->discard_microbatches();
+bool OutOfMemoryRetry::peer_failed(dist::ParallelModel& parallel) const {
+  if (!enabled_ || !parallel.agree_on_oom(false)) return false;
+  parallel.discard_microbatches();
   return true;
 }
 

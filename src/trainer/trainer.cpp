@@ -208,9 +208,9 @@ void Trainer::build_icl_tasks() {
 
 void Trainer::build_model() {
   at::manual_seed(static_cast<uint64_t>(cfg_.seed));
-  // `meta` with several ranks: the sharding engine materialises one unit at a time (a model larger than one rank's
-  // memory); otherwise the whole model is built on the device.
-  const bool deferred = cfg_.model.init_device == "meta" && state_.world_size > 1;
+  // `meta` under FSDP: the sharding engine materialises one unit at a time (a model larger than one rank's memory);
+  // otherwise (one rank: LLM Foundry reverts meta to cpu) the whole model is built on the device.
+  const bool deferred = cfg_.model.init_device == "meta" && dist::applies_fsdp(state_.world_size);
   state_.model = models::model_registry().build(cfg_.model.name, cfg_.model,
                                                 deferred                  ? "meta"
                                                 : state_.device.is_cuda() ? "cuda"
@@ -256,7 +256,7 @@ void Trainer::build_components(TrainerParts parts) {
     if (!a->supports_sharded_parameters()) unsupported.push_back(a->name());
     state_.algorithms.push_back(std::move(a));
   }
-  if (state_.world_size > 1 && !unsupported.empty()) {
+  if (dist::applies_fsdp(state_.world_size) && !unsupported.empty()) {
     throw ConfigError("recipe", fmt::format("{}: not supported yet with more than one rank: {}", cfg_.recipe_path,
                                             fmt::join(unsupported, ", ")));
   }
@@ -281,11 +281,11 @@ void Trainer::setup_microbatching() {
 }
 
 void Trainer::shard_model() {
-  if (state_.world_size == 1) return;
+  // Every world size runs through the sharding engine; one rank gets DDP's options (sharding_for_world).
   dist::ParallelOptions po;
-  po.sharding = cfg_.fsdp;
+  po.sharding = dist::sharding_for_world(cfg_.fsdp, state_.world_size);
   std::tie(po.param_dtype, po.reduce_dtype) =
-      dist::mixed_precision_dtypes(cfg_.fsdp.mixed_precision, core::autocast_dtype(state_.precision));
+      dist::mixed_precision_dtypes(po.sharding.mixed_precision, core::autocast_dtype(state_.precision));
   po.ranks_per_node = static_cast<int>(state_.local_world_size);
   po.overlap = cfg_.fsdp.overlap_communication;
   po.device = state_.device;
@@ -357,7 +357,7 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
   try {
     for (int64_t start = 0; start < n; start += microbatch_size) {
       const int64_t end = std::min(n, start + microbatch_size);
-      if (state_.parallel) state_.parallel->prepare_backward(/*sync=*/end == n);
+      state_.parallel->prepare_backward(/*sync=*/end == n);
       state_.batch = slice(batch, start, end);
       engine_->run_event(Event::kBeforeForward);
       {
@@ -375,16 +375,16 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
       engine_->run_event(Event::kAfterLoss);
       engine_->run_event(Event::kBeforeBackward);
       loss_scaler_.scale(state_.loss).backward();
-      if (state_.parallel) state_.parallel->finish_backward();
+      state_.parallel->finish_backward();
       engine_->run_event(Event::kAfterBackward);
       total += state_.loss.item<double>();
     }
   } catch (const std::exception& e) {
-    if (oom_retry_.absorb(e, state_.parallel.get())) return false;
+    if (oom_retry_.absorb(e, *state_.parallel)) return false;
     throw;
   }
   // A rank that ran out of memory after its last collective tells the others here.
-  if (oom_retry_.peer_failed(state_.parallel.get())) return false;
+  if (oom_retry_.peer_failed(*state_.parallel)) return false;
   // The logged loss is the mean over every rank's device batch (Composer all-reduces it too).
   state_.train_loss = sum_over_ranks(state_, {total})[0] / static_cast<double>(state_.world_size);
   return true;

@@ -52,14 +52,14 @@ class Alibi : public core::Algorithm {
 
 // lora: at INIT, attaches adapters (A: r x in, uniform(+-1/sqrt(in)) as PEFT's kaiming init; B: out x r, zeros;
 // scale lora_alpha / r; dropout on the adapter's input) to every Linear whose module name ends with one of
-// target_modules, and freezes every other parameter (the optimizer, created after INIT, sees only the adapters).
-// At FIT_END with save_path, writes the adapters in PEFT's layout (adapter_model.safetensors, adapter_config.json).
+// target_modules, and freezes every other parameter (the optimizer, created after INIT, sees only the adapters; the
+// sharding engine keeps the frozen weights whole on every rank, outside its flat shards). At FIT_END with save_path,
+// rank 0 writes the adapters in PEFT's layout (adapter_model.safetensors, adapter_config.json). Needs the model built
+// on a device (not init_device: meta under FSDP).
 class Lora : public core::Algorithm {
  public:
   explicit Lora(LoraOptions o) : o_(std::move(o)) {}
   std::string name() const override { return "Lora"; }
-  // The sharding engine would step the frozen base weights' shards too (weight decay moves them): one rank only.
-  bool supports_sharded_parameters() const override { return false; }
   bool match(core::Event event, const core::State& state) const override;
   void apply(core::Event event, core::State& state, core::Logger& logger) override;
 
@@ -72,9 +72,11 @@ std::vector<std::string> attach_lora(models::CausalLM& model, const LoraOptions&
 // Folds every adapter into its base weight (W += scale * B A) and removes it: the model then computes exactly what
 // the adapted model computed (up to rounding) and exports as the plain model.
 void merge_lora(models::CausalLM& model);
-// Writes the adapters only: dir/adapter_model.safetensors ("base_model.model.<module>.lora_{A,B}.weight") and
-// dir/adapter_config.json (peft_type LORA, r, lora_alpha, lora_dropout, target_modules).
-void save_lora_adapters(models::CausalLM& model, const LoraOptions& o, const std::string& dir);
+// Writes the adapters among `weights` (named like the model's parameters) only: dir/adapter_model.safetensors
+// ("base_model.model.<module>.lora_{A,B}.weight") and dir/adapter_config.json (peft_type LORA, r, lora_alpha,
+// lora_dropout, target_modules).
+void save_lora_adapters(const std::vector<std::pair<std::string, at::Tensor>>& weights, const LoraOptions& o,
+                        const std::string& dir);
 
 // ema: an exponential moving average of the weights, ema = s * ema + (1 - s) * w, updated every update_interval
 // (ba: at BATCH_END; ep: at EPOCH_END) from ema_start on, with s = smoothing or 2^(-update_interval / half_life). The

@@ -27,11 +27,13 @@ class ParallelModel;
 
 namespace tessera::core {
 
-// One tensor this rank holds for the model (what the optimizer steps) and the parameter ranges in it: a whole
-// parameter in one process, or a flat shard of the sharding engine covering parts of several parameters.
+// One tensor this rank holds for the model and the parameter ranges in it: a flat shard of the sharding engine
+// covering parts of several parameters (what the optimizer steps), or a frozen parameter that every rank holds whole
+// (`replicated`: checkpoints take it from rank 0).
 struct HeldTensor {
   at::Tensor tensor;
   std::vector<dist::ShardSpan> spans;
+  bool replicated = false;
 };
 
 struct State {
@@ -42,7 +44,7 @@ struct State {
   int64_t local_rank = 0;
   int64_t local_world_size = 1;
   std::shared_ptr<dist::Communicator> comm;       // the job's ranks (a world of one: local copies)
-  std::shared_ptr<dist::ParallelModel> parallel;  // the sharding engine when world_size > 1, else null
+  std::shared_ptr<dist::ParallelModel> parallel;  // the sharding engine (any world size), from after INIT
   at::Device device = at::kCPU;
   Precision precision = Precision::kFp32;
 
@@ -83,16 +85,16 @@ struct State {
   bool skip_optimizer_step = false;
   // Set by an algorithm or callback: restore the model and optimizer from the newest checkpoint after this batch.
   bool rollback_requested = false;
-  // The tensors this rank holds for the model: model->parameters(), or with more than one rank this rank's flat
-  // shards (the sharding engine's parameters()). Checkpoints store and restore these.
+  // The tensors this rank holds for the model: the sharding engine's flat shards (parameters()), then the frozen
+  // parameters whole. Checkpoints store and restore these. The helpers below need `parallel` (after INIT).
   std::vector<at::Tensor> held_parameters() const;
   // The same tensors with the parameter ranges each holds: what checkpoints, the optimizer monitor and per-parameter
   // algorithms (adaptive clipping) read to see whole parameters through shards.
   std::vector<HeldTensor> held_layout() const;
-  // Parameters that receive gradients: the model's, or with more than one rank this rank's flat shards.
+  // What receives gradients and the optimizer steps: this rank's flat shards.
   std::vector<at::Tensor> trainable_parameters() const;
   // Sum of `t` over the ranks that together hold every gradient shard once (e.g. squared norms for clipping);
-  // `t` itself with one rank or unsharded gradients.
+  // `t` itself with unsharded gradients (one rank, NO_SHARD).
   at::Tensor sum_over_shards(const at::Tensor& t) const;
 };
 

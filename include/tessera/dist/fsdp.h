@@ -19,6 +19,12 @@
 // Without a gradient (no_grad, e.g. evaluation or generation) units gather, run and free without autograd. All ranks
 // must run the same sequence of forward and backward passes. Not thread-safe.
 //
+// Frozen parameters (requires_grad false when parallelize runs, e.g. the base weights under LoRA) are not flattened:
+// every rank keeps them whole, as the model's own tensors, and nothing steps or reduces them (frozen_parameters()).
+//
+// A world of one is the same engine over the local communicator, whose collectives are no-ops; the trainer gives it
+// DDP's options there (sharding_for_world), so the flat vectors are the parameters themselves and nothing is copied.
+//
 // Out-of-memory agreement (`agree_on_oom`, for device_train_microbatch_size: auto): when one rank runs out of
 // memory in the middle of a forward or backward, the others are already heading for its next collective, which it
 // will never issue. So every collective a forward or backward issues is preceded by a sync point: a one-element
@@ -87,6 +93,8 @@ class ParallelModel {
 
   // What the optimizer steps: one fp32 tensor per unit, this rank's shard (NO_SHARD: the whole flat vector).
   const std::vector<at::Tensor>& parameters() const;
+  // The frozen parameters, whole on every rank, by name in the model's order.
+  const std::vector<std::pair<std::string, at::Tensor>>& frozen_parameters() const;
   // Before a microbatch's backward: `sync` false accumulates gradients locally without communicating (NO_SHARD's
   // no_sync for all but the last microbatch; sharded strategies reduce every microbatch).
   void prepare_backward(bool sync);
@@ -101,7 +109,8 @@ class ParallelModel {
   // Sum of `t` over the ranks that together hold one copy of every shard (identity for NO_SHARD), e.g. for the
   // global gradient norm.
   at::Tensor sum_over_shards(const at::Tensor& t);
-  // The whole model as fp32 tensors named like model->named_parameters(); every rank must call it.
+  // The whole model (frozen parameters included) as fp32 tensors named and ordered like model->named_parameters();
+  // every rank must call it.
   std::vector<std::pair<std::string, at::Tensor>> full_state_dict();
   // Per parameters()[i], the parameter ranges it holds (padding excluded): what a sharded checkpoint stores and
   // what loading one fills.

@@ -39,6 +39,15 @@ struct ShardingOptions {
 // Reads an `fsdp_config` section (absent: Composer's defaults).
 ShardingOptions parse_sharding_options(config::Section& s);
 
+// Whether `world_size` ranks shard at all. LLM Foundry's rule for one rank (llmfoundry/command_utils/train.py:
+// "FSDP is not applicable for single-GPU training. Reverting to DDP."; utils/config_utils.py: init_device meta
+// "is only valid when using FSDP! Reverting to cpu"): a world of one runs as DDP and builds its model on the device.
+bool applies_fsdp(int64_t world_size);
+// The options that apply on `world_size` ranks: `o` itself when applies_fsdp, else DDP's: NO_SHARD, parameters and
+// reductions in full precision (autocast alone lowers the compute) and no activation checkpointing, as with LLM
+// Foundry, where the fsdp_config is dropped.
+ShardingOptions sharding_for_world(ShardingOptions o, int64_t world_size);
+
 // Bytes per rank for model state, by component.
 struct StateMemory {
   double params = 0;  // resident parameters (sharded or not)

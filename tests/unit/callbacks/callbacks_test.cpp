@@ -64,23 +64,29 @@ class HandNorms : public core::Callback {
   void run_event(Event e, core::State& s, core::Logger& /*l*/) override {
     if (e != Event::kBatchEnd) return;
     Metrics& m = at_batch[s.timestamp.batch];
+    // One rank holds every parameter whole, as ranges of the engine's flat vectors (State::held_layout).
+    auto norm = [](const at::Tensor& values, const dist::ShardSpan& sp) {
+      const at::Tensor v = values.detach().reshape({-1}).narrow(0, sp.offset, sp.numel).to(at::kDouble);
+      return std::sqrt(v.mul(v).sum().item<double>());
+    };
     double sq = 0;
-    for (const auto& item : s.model->named_parameters()) {
-      const at::Tensor g = item.value().grad().to(at::kDouble);
-      const double n = std::sqrt(g.mul(g).sum().item<double>());
-      m["grad/model." + item.key()] = n;
-      m["param/model." + item.key()] = std::sqrt(item.value().to(at::kDouble).pow(2).sum().item<double>());
-      sq += n * n;
+    const auto held = s.held_layout();
+    for (const auto& h : held) {
+      for (const dist::ShardSpan& sp : h.spans) {
+        const double n = norm(h.tensor.grad(), sp);
+        m["grad/model." + sp.name] = n;
+        m["param/model." + sp.name] = norm(h.tensor, sp);
+        sq += n * n;
+      }
     }
     m["global"] = std::sqrt(sq);
     const auto params = s.optimizer->params();
     for (const auto& [key, t] : s.optimizer->state()) {
       if (key == "step") continue;
       const size_t i = std::stoul(key.substr(0, key.find('.')));
-      for (const auto& item : s.model->named_parameters()) {
-        if (!item.value().is_same(params[i])) continue;
-        const double n = std::sqrt(t.to(at::kDouble).pow(2).sum().item<double>());
-        m[key.substr(key.find('.') + 1) + "/model." + item.key()] = n;
+      for (const auto& h : held) {
+        if (!h.tensor.is_same(params[i])) continue;
+        for (const dist::ShardSpan& sp : h.spans) m[key.substr(key.find('.') + 1) + "/model." + sp.name] = norm(t, sp);
       }
     }
   }

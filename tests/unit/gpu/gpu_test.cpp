@@ -101,7 +101,8 @@ class Overflow : public core::Callback {
     if (e == core::Event::kBeforeTrainBatch) {
       for (const auto& p : s.model->parameters()) before.push_back(p.detach().clone());
     }
-    if (e == core::Event::kAfterBackward) s.model->parameters().front().mutable_grad().view(-1)[0].fill_(INFINITY);
+    // The gradients the optimizer steps (the engine's flat vectors).
+    if (e == core::Event::kAfterBackward) s.trainable_parameters().front().mutable_grad().view(-1)[0].fill_(INFINITY);
     if (e == core::Event::kBatchEnd) {
       for (const auto& p : s.model->parameters()) after.push_back(p.detach().clone());
     }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -302,13 +303,21 @@ class Probe : public Callback {
   std::vector<std::vector<at::Tensor>> params, eval_params;
 };
 
+// Each parameter's piece of `values` (a held tensor or its gradient), shaped like the parameter: one rank holds
+// every parameter whole, as ranges of the engine's flat vectors.
+void append_per_parameter(const core::HeldTensor& h, const at::Tensor& values, std::vector<at::Tensor>* out) {
+  for (const dist::ShardSpan& sp : h.spans) {
+    out->push_back(values.detach().reshape({-1}).narrow(0, sp.offset, sp.numel).view(sp.shape).clone());
+  }
+}
+
 std::vector<at::Tensor> grads_after_clipping(const std::string& type, double threshold, std::vector<at::Tensor>* before,
                                              std::vector<at::Tensor>* weights = nullptr) {
   struct Grab : Callback {
     std::string name() const override { return "Grab"; }
     void run_event(Event e, State& s, Logger& /*l*/) override {
       if (e != Event::kAfterTrainBatch) return;  // callbacks run after algorithms: clipped gradients here
-      for (const auto& p : s.trainable_parameters()) grads.push_back(p.grad().clone());
+      for (const auto& h : s.held_layout()) append_per_parameter(h, h.tensor.grad(), &grads);
     }
     std::vector<at::Tensor> grads;
   };
@@ -316,9 +325,9 @@ std::vector<at::Tensor> grads_after_clipping(const std::string& type, double thr
     std::string name() const override { return "GrabBefore"; }
     bool match(Event e, const State& /*s*/) const override { return e == Event::kAfterTrainBatch; }
     void apply(Event /*e*/, State& s, Logger& /*l*/) override {
-      for (const auto& p : s.trainable_parameters()) {
-        grads.push_back(p.grad().clone());
-        weights.push_back(p.detach().clone());
+      for (const auto& h : s.held_layout()) {
+        append_per_parameter(h, h.tensor.grad(), &grads);
+        append_per_parameter(h, h.tensor, &weights);
       }
     }
     std::vector<at::Tensor> grads, weights;
@@ -420,11 +429,24 @@ TEST(Algorithms, EmaAveragesWeightsAndIsSwappedInForEval) {
   for (const auto& step : probe->params) {
     for (size_t i = 0; i < expected.size(); ++i) expected[i] = expected[i] * s + step[i] * (1 - s);
   }
-  for (size_t i = 0; i < expected.size(); ++i) EXPECT_TRUE(at::allclose(ema->weights()[i], expected[i], 1e-5, 1e-6));
+  // The averages are kept per held tensor (the engine's flat vectors): read each parameter's range of them.
+  std::map<std::string, at::Tensor> averaged;
+  const auto held = t.state().held_layout();
+  ASSERT_EQ(held.size(), ema->weights().size());
+  for (size_t k = 0; k < held.size(); ++k) {
+    for (const dist::ShardSpan& sp : held[k].spans) {
+      averaged[sp.name] = ema->weights()[k].reshape({-1}).narrow(0, sp.offset, sp.numel).view(sp.shape);
+    }
+  }
+  const auto named = t.state().model->named_parameters();
+  ASSERT_EQ(named.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_TRUE(at::allclose(averaged.at(named[i].key()), expected[i], 1e-5, 1e-6)) << named[i].key();
+  }
   // Evaluation (after batches 2 and 4) saw averaged weights, and training continued with the raw ones.
   ASSERT_EQ(probe->eval_params.size(), 2u);
   EXPECT_FALSE(at::equal(probe->eval_params[1][0], probe->params[3][0]));
-  EXPECT_TRUE(at::allclose(probe->eval_params[1][0], ema->weights()[0]));
+  EXPECT_TRUE(at::allclose(probe->eval_params[1][0], averaged.at(named[0].key())));
   EXPECT_TRUE(at::equal(t.state().model->parameters()[0], probe->params[3][0]));
 }
 
