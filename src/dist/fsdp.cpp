@@ -65,9 +65,10 @@ struct Unit {
   bool gathered = false;
   bool gather_in_flight = false;
   Work gather_work;
-  int64_t pending_calls = 0;  // forward calls whose backward has not run yet
-  at::Tensor grad_full;       // reduce_dtype (padded): this microbatch's gradient, summed over calls
-  at::Tensor local_acc;       // NO_SHARD: gradients of microbatches not yet synchronised
+  int64_t pending_calls = 0;       // forward calls whose backward has not run yet
+  at::Tensor grad_full;            // reduce_dtype (padded): this microbatch's gradient, summed over calls
+  std::vector<char> grad_written;  // per parameter: a call has written its range of grad_full
+  at::Tensor local_acc;            // NO_SHARD: gradients of microbatches not yet synchronised
   at::Tensor reduce_in, reduce_out;
   bool reduce_in_flight = false;
   Work reduce_work;
@@ -383,13 +384,24 @@ at::Tensor ParallelModel::Impl::backward_call(CallRecord& rec, const at::Tensor&
   rec.x_in = at::Tensor();
   {
     at::NoGradGuard no_grad;
-    if (!u.grad_full.defined()) u.grad_full = at::zeros({u.padded}, u.shard.options().dtype(o_.reduce_dtype));
+    if (!u.grad_full.defined()) {
+      // Filled range by range: a parameter's first gradient is copied in, later calls' (a tied weight) added; what
+      // no call wrote is zeroed before the reduction. One pass over the gradients, not a memset and an add.
+      u.grad_full = at::empty({u.padded}, u.shard.options().dtype(o_.reduce_dtype));
+      u.grad_written.assign(u.params.size(), 0);
+    }
     const size_t first = rec.x_requires_grad ? 1 : 0;
     for (size_t k = 0; k < which.size(); ++k) {
       const at::Tensor& gp = grads[first + k];
       if (!gp.defined()) continue;
       const size_t i = which[k];
-      u.grad_full.narrow(0, u.offsets[i], u.params[i].numel()).add_(gp.reshape({-1}).to(o_.reduce_dtype));
+      at::Tensor range = u.grad_full.narrow(0, u.offsets[i], u.params[i].numel());
+      if (u.grad_written[i]) {
+        range.add_(gp.reshape({-1}).to(o_.reduce_dtype));
+      } else {
+        range.copy_(gp.reshape({-1}));
+        u.grad_written[i] = 1;
+      }
     }
   }
   if (--u.pending_calls == 0) {
@@ -405,6 +417,11 @@ void ParallelModel::Impl::launch_reduction(Unit& u) {
     u.grad_full = at::Tensor();
     return;
   }
+  // Parameters no call gave a gradient (unused in this forward) and the padding reduce as zeros.
+  for (size_t i = 0; i < u.params.size(); ++i) {
+    if (!u.grad_written[i]) u.grad_full.narrow(0, u.offsets[i], u.params[i].numel()).zero_();
+  }
+  if (u.padded > u.numel) u.grad_full.narrow(0, u.numel, u.padded - u.numel).zero_();
   if (!sharded()) {
     if (u.local_acc.defined()) {
       u.local_acc.add_(u.grad_full);
