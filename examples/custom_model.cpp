@@ -166,7 +166,8 @@ class Halving : public optim::Scheduler {
  public:
   explicit Halving(int64_t every) : every_(every) {}
   double multiplier(const optim::ScheduleClock& c) const override {
-    return std::pow(0.5, static_cast<double>(c.now.batch / every_));
+    const int64_t halvings = c.now.batch / every_;  // whole periods elapsed
+    return std::pow(0.5, static_cast<double>(halvings));
   }
 
  private:

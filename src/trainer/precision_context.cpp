@@ -30,7 +30,7 @@ bool LossScaler::unscale(const std::vector<at::Tensor>& params, dist::Communicat
     at::NoGradGuard no_grad;
     for (const at::Tensor& p : params) {
       if (!p.grad().defined()) continue;
-      at::Tensor g = p.grad();
+      const at::Tensor& g = p.grad();
       g.div_(scale_);
       if (!at::isfinite(g).all().item<bool>()) overflow = true;
     }
