@@ -19,7 +19,9 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "tessera/callbacks/checkpoint_saver.h"
@@ -141,6 +143,8 @@ int main(int argc, char** argv) {
   app.add_option("--dir", dir, "Work folder (on the disk to measure)");
   app.add_option("--seq-len", seq, "Sequence length (default 512)");
   app.add_option("--batch", batch, "Global batch size (default 2)");
+  std::string json_path;
+  app.add_option("--json", json_path, "Also write the figures here as JSON (benchmarks/run)");
   CLI11_PARSE(app, argc, argv);
   const fs::path root(dir);
   fs::remove_all(root);
@@ -266,5 +270,28 @@ int main(int argc, char** argv) {
       "{:.2f} s\n",
       construct_s, to_first_step_s);
   fs::remove_all(root);
+  if (!json_path.empty()) {
+    const nlohmann::json rows = nlohmann::json::array({{{"case", "save (sync, whole path)"},
+                                                        {"unit", "GB/s"},
+                                                        {"tessera", best(save_gbs_runs)},
+                                                        {"peers", {{"raw sequential write + fsync", best(raw_w_runs)}}},
+                                                        {"median", save_gbs},
+                                                        {"peer_median", raw_w}},
+                                                       {{"case", "load (cold, checksums + all tensors)"},
+                                                        {"unit", "GB/s"},
+                                                        {"tessera", best(load_gbs_runs)},
+                                                        {"peers", {{"raw cold read", best(raw_r_runs)}}},
+                                                        {"median", load_gbs},
+                                                        {"peer_median", raw_r}}});
+    const nlohmann::json record = {{"benchmark", "checkpoint_io"},
+                                   {"title", "Checkpoint I/O (mpt-125m, fp32 + AdamW): Tessera vs the raw disk"},
+                                   {"checkpoint_bytes", bytes},
+                                   {"async_blocking_seconds", blocking},
+                                   {"step_seconds", step},
+                                   {"restart_construct_seconds", construct_s},
+                                   {"restart_first_step_seconds", to_first_step_s},
+                                   {"rows", rows}};
+    std::ofstream(json_path) << record.dump(1) << "\n";
+  }
   return 0;
 }

@@ -117,7 +117,7 @@ nlohmann::json run_config(const Args& a, const std::string& strategy, int n, boo
   const std::string out = (dir / fmt::format("{}_{}_{}", strategy, n, overlap)).string();
   dist::LaunchOptions lo;
   lo.nproc_per_node = n;
-  lo.master_port = 29400 + (std::rand() % 500);
+  lo.master_port = dist::free_local_port();
   lo.argv = {fs::read_symlink("/proc/self/exe").string(),
              "--worker",
              "--strategy",
@@ -164,6 +164,8 @@ int main(int argc, char** argv) {
   app.add_option("--steps", a.steps, "Timed steps (after one warm-up step)");
   app.add_option("--ranks", a.ranks, "World sizes to measure, comma-separated");
   app.add_option("--strategies", a.strategies, "Strategies, comma-separated");
+  std::string json_path;
+  app.add_option("--json", json_path, "Also write the figures here as JSON (benchmarks/run)");
   CLI11_PARSE(app, argc, argv);
   util::configure_host_allocator();
   if (is_worker) return worker(a);
@@ -180,6 +182,7 @@ int main(int argc, char** argv) {
       << "| strategy | N | params | param MB/rank | grad MB/rank | optimizer MB/rank | total MB/rank | sent MB/step"
          " | theory MB/step | step s (overlap) | step s (no overlap) "
          "|\n|---|---|---|---|---|---|---|---|---|---|---|\n";
+  nlohmann::json rows = nlohmann::json::array();
   for (const std::string& strategy : split(a.strategies)) {
     for (const std::string& ns : split(a.ranks)) {
       const int n = std::stoi(ns);
@@ -198,8 +201,30 @@ int main(int argc, char** argv) {
           r["params"].get<double>() / 1e6, p / mb, g / mb, o / mb, (p + g + o) / mb,
           r["sent_bytes_per_step"].get<double>() / mb, theory / mb, r["step_seconds"].get<double>(), no_overlap);
       std::cout.flush();
+      const double step = r["step_seconds"].get<double>();
+      rows.push_back(
+          {{"case", fmt::format("{} x{}", strategy, n)},
+           {"strategy", strategy},
+           {"ranks", n},
+           {"unit", "samples/s"},
+           {"tessera", static_cast<double>(n * a.batch) / step},
+           {"peers", nlohmann::json::object()},
+           {"step_seconds", step},
+           {"step_seconds_no_overlap", no_overlap.empty() ? nlohmann::json() : nlohmann::json(std::stod(no_overlap))},
+           {"params", r["params"]},
+           {"bytes_per_rank", p + g + o},
+           {"sent_bytes_per_step", r["sent_bytes_per_step"]},
+           {"theory_bytes_per_step", theory}});
     }
   }
   fs::remove_all(dir);
+  if (!json_path.empty()) {
+    const nlohmann::json record = {
+        {"benchmark", "dist_sharding"},
+        {"title", "Sharding engine on one machine (CPU, Gloo): ranks x strategies"},
+        {"model", {{"d_model", a.d_model}, {"n_layers", a.n_layers}, {"seq", a.seq}, {"batch_per_rank", a.batch}}},
+        {"rows", rows}};
+    std::ofstream(json_path) << record.dump(1) << "\n";
+  }
   return 0;
 }

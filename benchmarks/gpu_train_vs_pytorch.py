@@ -24,6 +24,8 @@ import subprocess
 import sys
 import time
 
+import bench_json
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Dense bf16 peak per device (NVIDIA's datasheets; the sparse figure is twice this).
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
@@ -153,6 +155,17 @@ def main():
                      f"{r['step_ms']:.1f} | {r['peak_allocated_gb']:.1f} | {f'{ratio:.2f}x' if ratio else ''} |")
     report = "\n".join(lines)
     print(report)
+    suite_rows = []  # benchmarks/run: per shape, Tessera (recipe arch) with the PyTorch runs as peers
+    for shape in args.shapes.split(","):
+        by_case = {r["case"]: r for r in rows if r["shape"] == shape}
+        ours = by_case.get("tessera (recipe arch)", {})
+        suite_rows.append({"case": f"mpt-{shape} amp_bf16 seq {args.seq}", "unit": "tokens/s",
+                           "tessera": ours.get("tokens_per_sec"), "mfu": ours.get("mfu"),
+                           "peak_allocated_gb": ours.get("peak_allocated_gb"),
+                           "peers": {name: r.get("tokens_per_sec") for name, r in by_case.items()
+                                     if name != "tessera (recipe arch)"}})
+    bench_json.emit("gpu_train_vs_pytorch", suite_rows, device=device, peak_bf16_flops=peak,
+                    title=f"Training step on one GPU ({device}): Tessera vs PyTorch")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         meta = {"device": device, "peak_bf16_flops": peak, "torch": torch.__version__, "python": platform.python_version(),

@@ -21,6 +21,8 @@ import sys
 import tempfile
 import time
 
+import bench_json
+
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -105,8 +107,13 @@ def main():
                 t[2] += ref_s
                 print(f"| {cfg['label']}/{k}-shot | {kind} | {total} | {total / mine['seconds']:.1f} | "
                       f"{total / ref_s:.1f} | {ref_s / mine['seconds']:.2f}x |")
+        rows = []
         for kind, (n, ours_s, ref_s) in totals.items():
             print(f"| all {kind} | {kind} | {n} | {n / ours_s:.1f} | {n / ref_s:.1f} | {ref_s / ours_s:.2f}x |")
+            rows.append({"case": f"all {kind} tasks", "unit": "examples/s", "tessera": n / ours_s,
+                         "peers": {"reference (HF model, LLM Foundry's prompts)": n / ref_s}, "examples": n})
+        bench_json.emit("icl_vs_reference", rows, title="ICL evaluation (CPU): Tessera eval vs a reference loop",
+                        model={"d_model": args.d_model, "n_layers": args.n_layers, "max_seq_len": args.max_seq_len})
 
 
 if __name__ == "__main__":

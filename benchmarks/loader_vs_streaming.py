@@ -14,6 +14,8 @@ import subprocess
 import tempfile
 import time
 
+import bench_json
+
 import numpy as np
 from streaming import MDSWriter, StreamingDataset
 from streaming.base.util import clean_stale_shared_memory
@@ -56,6 +58,11 @@ def main():
         print(f"{'Tessera (' + str(args.workers) + ' worker threads)':<32}{o:>12.0f}{o * mb:>10.0f}")
         print(f"{'mosaicml-streaming (iterated)':<32}{t:>12.0f}{t * mb:>10.0f}")
         print(f"ratio {o / t:.1f}x")
+        bench_json.emit("loader_vs_streaming",
+                        [{"case": f"{args.samples} x 2048 tokens, zstd", "unit": "samples/s", "tessera": o,
+                          "peers": {"mosaicml-streaming": t}, "mb_per_s": o * mb, "workers": args.workers,
+                          "rounds": args.rounds}],
+                        title="MDS loader (CPU): Tessera vs mosaicml-streaming")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ import subprocess
 import sys
 import time
 
+import bench_json
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BENCH = os.environ.get("TESSERA_BENCH_BIN", str(ROOT / "build" / "bin" / "bench_mpt_fwd_bwd"))
 TUNED_MALLOC = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 30), "MALLOC_TOP_PAD_": str(64 << 20)}
@@ -81,6 +83,7 @@ def main():
           f"alternating rounds of {args.steps} timed steps after 1 warm-up")
     print(f"{'precision':<10}{'Tessera':>9}{'HF':>9}{'HF+malloc':>11}{'ratio':>7}{'ratio*':>8}"
           f"{'MFU T':>8}{'MFU HF':>8}{'MFU HF+':>9}{'GEMM peak':>12}   (tokens/s; ratio* = vs HF+malloc)")
+    rows = []
     for precision in ("fp32", "amp_bf16"):
         ours, theirs, tuned = [], [], []
         for _ in range(args.rounds):
@@ -92,6 +95,10 @@ def main():
         peak = statistics.median(r["gemm_peak_flops"] for r in ours)
         print(f"{precision:<10}{t:>9.1f}{h:>9.1f}{ht:>11.1f}{t / h:>7.2f}{t / ht:>8.2f}{t * f / peak:>8.1%}"
               f"{h * f / peak:>8.1%}{ht * f / peak:>9.1%}{peak / 1e9:>8.0f} GF/s", flush=True)
+        rows.append({"case": f"mpt-125m {precision}", "unit": "tokens/s", "tessera": t,
+                     "peers": {"HF MptForCausalLM eager": h, "HF eager + malloc settings": ht},
+                     "mfu": t * f / peak, "gemm_peak_flops": peak, "batch": args.batch, "seq": args.seq})
+    bench_json.emit("mpt_fwd_bwd_vs_hf", rows, title="MPT forward + backward (CPU): Tessera vs Hugging Face")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
+import bench_json  # noqa: E402
+
 from tokenizers import Tokenizer  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -61,6 +63,12 @@ def main():
           f"{nbytes / 1e6 / hf_first:>12.1f}")
     print(f"ratio {ours['mb_per_s'] / (nbytes / 1e6 / hf_med):.1f}x (first round "
           f"{(nbytes / ours['first_round_s']) / (nbytes / hf_first):.1f}x)")
+    bench_json.emit("tokenizer_vs_hf",
+                    [{"case": f"{args.style} BPE, vocab {tok.get_vocab_size()}", "unit": "MB/s",
+                      "tessera": ours["mb_per_s"], "peers": {"HF tokenizers (encode_batch)": nbytes / 1e6 / hf_med},
+                      "first_round_mb_per_s": nbytes / 1e6 / ours["first_round_s"],
+                      "peer_first_round_mb_per_s": nbytes / 1e6 / hf_first, "rounds": args.rounds}],
+                    title="Tokenizer encode (one thread): Tessera vs HF tokenizers")
 
 
 if __name__ == "__main__":

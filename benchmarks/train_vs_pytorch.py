@@ -43,6 +43,8 @@ import sys
 import tempfile
 import time
 
+import bench_json
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TRAIN = os.environ.get("TESSERA_TRAIN_BIN", str(ROOT / "build" / "bin" / "train"))
 COMPOSER_PYTHON = os.environ.get("TESSERA_COMPOSER_PYTHON",
@@ -246,6 +248,7 @@ def main():
           "ratio* = Tessera / PyTorch eager with Tessera's malloc settings (medians of the per-round ratios)")
     print(f"{'case':<6}{'precision':<10}{'Tessera':>9}{'PyTorch':>9}{'PT+malloc':>11}{'ratio':>7}{'ratio*':>8}"
           f"{'MFU T':>8}{'MFU PT':>8}{'MFU PT+':>9}{'GEMM peak':>13}{'Composer':>10}{'T/Comp':>8}")
+    rows = []
     for name in args.cases.split(","):
         case = CASES[name]
         work = pathlib.Path(tempfile.mkdtemp(prefix=f"tessera_train_bench_{name}_"))
@@ -280,8 +283,15 @@ def main():
                       f"{t * f / peak:>8.1%}{p * f / peak:>8.1%}{pt * f / peak:>9.1%}{peak / 1e9:>9.0f} GF/s"
                       f"{comp_cells}",
                       flush=True)
+                rows.append({"case": f"{name} {precision}", "unit": "tokens/s", "tessera": t,
+                             "peers": {"PyTorch eager": p, "PyTorch eager + malloc settings": pt,
+                                       "Composer + LLM Foundry": statistics.median(comp) if comp[0] is not None
+                                       else None},
+                             "ratio_vs_pytorch": ratio, "ratio_vs_pytorch_malloc": ratio_t, "mfu": t * f / peak,
+                             "gemm_peak_flops": peak, "rounds": args.rounds})
         finally:
             shutil.rmtree(work, ignore_errors=True)
+    bench_json.emit("train_vs_pytorch", rows, title="End-to-end training step (CPU): Tessera train vs PyTorch")
 
 
 if __name__ == "__main__":

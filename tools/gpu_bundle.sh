@@ -62,7 +62,7 @@ done
 strip --strip-unneeded "$kit"/lib/*.so* 2>/dev/null || true
 
 # What the programs read from the source tree.
-(cd "$here" && tar cf - recipes tests/data benchmarks/gpu_train_vs_pytorch.py tools/gpu_check.sh) | tar xf - -C "$kit/src"
+(cd "$here" && tar cf - recipes tests/data benchmarks/gpu_train_vs_pytorch.py benchmarks/bench_json.py tools/gpu_check.sh) | tar xf - -C "$kit/src"
 commit=$(git -C "$here" rev-parse HEAD 2>/dev/null || echo unknown)
 [ -z "$(git -C "$here" status --porcelain --untracked-files=no 2>/dev/null)" ] || commit="$commit+changes"
 echo "$commit" > "$kit/COMMIT"

@@ -3,10 +3,13 @@
 // it.
 #include "tessera/dist/launcher.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -550,6 +553,22 @@ int launch(const LaunchOptions& o) {
     }
     spdlog::warn("[launch] restart {}/{} after {}", restarts + 1, o.max_restarts, end.cause);
   }
+}
+
+int free_local_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw Error("launcher", fmt::format("socket: {}", std::strerror(errno)));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof(a);
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  const int err = errno;
+  close(fd);
+  if (!ok) throw Error("launcher", fmt::format("no free local TCP port: {}", std::strerror(err)));
+  return ntohs(a.sin_port);
 }
 
 }  // namespace tessera::dist

@@ -72,4 +72,8 @@ inline constexpr int kLaunchHangExitCode = 124;
 // restored when it returns, and the ranks start with them.
 int launch(const LaunchOptions& options);
 
+// A TCP port on 127.0.0.1 that nobody listens on now (the kernel's choice), for a local job's master_port. Another
+// process may take it before the job binds it; for tests and benchmarks on one machine.
+int free_local_port();
+
 }  // namespace tessera::dist

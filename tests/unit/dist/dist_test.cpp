@@ -4,9 +4,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -47,18 +45,8 @@ bool is_worker() {
   return std::getenv("TESSERA_DIST_WORKER") != nullptr;
 }
 
-// A TCP port nobody listens on now (the kernel's choice), for MASTER_PORT.
 int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
+  return dist::free_local_port();
 }
 
 std::string read_text(const fs::path& p) {

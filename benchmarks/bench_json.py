@@ -1,0 +1,23 @@
+"""Machine-readable results for benchmarks/run (benchmarks/suite.py).
+
+A benchmark program calls emit() with its figures; when TESSERA_BENCH_JSON names a file (benchmarks/run sets it),
+the rows are written there as JSON, and otherwise nothing happens, so the programs run alone exactly as before.
+
+A row is one measured case:
+    {"case": "tiny fp32", "unit": "tokens/s", "tessera": 4722.5,
+     "peers": {"PyTorch eager": 3745.0, ...},   # measured in the same run, same unit; None when not measured
+     ...}                                        # anything else the benchmark reports (MFU, ratios, sizes)
+Higher is better for every unit used with "tessera" and "peers" (throughputs).
+"""
+import json
+import os
+import sys
+
+
+def emit(benchmark, rows, **meta):
+    path = os.environ.get("TESSERA_BENCH_JSON")
+    if not path:
+        return
+    record = {"benchmark": benchmark, "argv": sys.argv, "rows": rows, **meta}
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
