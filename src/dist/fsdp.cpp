@@ -195,8 +195,8 @@ void ParallelModel::Impl::setup(models::CausalLM& model) {
   // Every parameter by unit; frozen ones (requires_grad false) stay whole, outside the flat vectors.
   std::map<int64_t, std::unique_ptr<Unit>> by_index;
   std::map<int64_t, std::vector<at::Tensor>> unit_frozen;
-  std::map<std::string, at::Tensor> frozen;
   for (auto& item : model.named_parameters()) {
+    names_.push_back(item.key());
     const int64_t idx = model.unit_of_parameter(item.key());
     auto& u = by_index[idx];
     if (!u) {
@@ -204,7 +204,7 @@ void ParallelModel::Impl::setup(models::CausalLM& model) {
       u->index = idx;
     }
     if (!item.value().requires_grad()) {
-      frozen[item.key()] = item.value();
+      frozen_.emplace_back(item.key(), item.value());
       unit_frozen[idx].push_back(item.value());
       continue;
     }
@@ -269,10 +269,6 @@ void ParallelModel::Impl::setup(models::CausalLM& model) {
   }
   for (size_t i = 0; i < units_.size(); ++i) {
     TORCH_CHECK(units_[i]->index == static_cast<int64_t>(i), "dist: model units are not numbered 0..n");
-  }
-  for (const auto& item : model.named_parameters()) {
-    names_.push_back(item.key());
-    if (frozen.count(item.key())) frozen_.emplace_back(item.key(), frozen.at(item.key()));
   }
 }
 
