@@ -114,6 +114,10 @@ def recipe_seeds():
     out = fresh("fuzz_recipe_yaml")
     for p in sorted((ROOT / "recipes").glob("*.yaml")) + [ROOT / "tests" / "data" / "interpolation.yaml"]:
         shutil.copy(p, out / p.name)
+    # Floats outside double's range (a finding of fuzz_recipe_yaml: std::stod threw std::out_of_range).
+    (out / "float_range.yaml").write_text(
+        "optimizer:\n  name: decoupled_adamw\n  lr: 1.0e+999\n  eps: 1.0e-999\n  weight_decay: -1.0e+999\n"
+        "scheduler:\n  name: cosine_with_warmup\n  t_warmup: 10ba\n  alpha_f: 4.9e-324\n")
 
 
 if __name__ == "__main__":

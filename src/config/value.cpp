@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <regex>
@@ -310,7 +311,9 @@ std::optional<double> Value::as_double() const {
   if (t.find("nan") != std::string::npos || t.find("NaN") != std::string::npos || t.find("NAN") != std::string::npos) {
     return std::numeric_limits<double>::quiet_NaN();
   }
-  return std::stod(t);
+  // Out of double's range, Python's float() (which OmegaConf and PyYAML use) gives +-inf or rounds to zero; stod
+  // would throw std::out_of_range for both (found by fuzz_recipe_yaml). strtod returns those values.
+  return std::strtod(t.c_str(), nullptr);
 }
 
 std::optional<bool> Value::as_bool() const {

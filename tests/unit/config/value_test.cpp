@@ -1,5 +1,7 @@
 // Recipe trees: YAML loading with provenance, overrides, OmegaConf-style interpolation.
 #include <gtest/gtest.h>
+
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
@@ -41,6 +43,17 @@ TEST(Value, ScalarTypingFollowsYaml11AndOmegaConf) {
   EXPECT_TRUE(std::isinf(*v.find("j")->as_double()));
   EXPECT_TRUE(v.find("k")->is_null());
   EXPECT_EQ(v.find("b")->as_int(), std::nullopt);
+}
+
+TEST(Value, FloatsOutOfDoubleRangeReadAsPythonReadsThem) {
+  // Python's float(): 1.0e+999 -> inf, -1.0e+999 -> -inf, 1.0e-999 -> 0.0 (a recipe with these once crashed the
+  // loader with std::out_of_range).
+  Value v = load("a: 1.0e+999\nb: -1.0e+999\nc: 1.0e-999\nd: 4.9e-324\n");
+  EXPECT_EQ(*v.find("a")->as_double(), std::numeric_limits<double>::infinity());
+  EXPECT_EQ(*v.find("b")->as_double(), -std::numeric_limits<double>::infinity());
+  EXPECT_EQ(*v.find("c")->as_double(), 0.0);
+  EXPECT_EQ(*v.find("d")->as_double(), std::numeric_limits<double>::denorm_min());
+  EXPECT_NO_THROW(v.to_json());
 }
 
 TEST(Value, KeepsLineNumbers) {
