@@ -2,12 +2,15 @@
 // fused SDPA kernels, NCCL, and bitwise resume on a GPU. Every test skips without a CUDA device and must pass on one
 // (tools/gpu_check.sh runs them from the GPU kit).
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/callbacks/checkpoint_saver.h"
@@ -15,6 +18,7 @@
 #include "tessera/models/mpt.h"
 #include "tessera/trainer/trainer.h"
 #include "tessera/util/device.h"
+#include "tessera/util/error.h"
 #include "test_util.h"
 #include "tiny_data.h"
 
@@ -253,6 +257,33 @@ TEST(Gpu, NcclCollectivesOnOneRank) {
   comm->broadcast(b, 0).wait();
   EXPECT_TRUE(at::equal(b.cpu(), at::full({2}, 3.0, at::kBFloat16)));
   comm->barrier();
+}
+
+// One process per GPU (torchrun's convention): a rank whose local rank has no GPU is refused before it connects, with
+// a message naming the rank and what to do, instead of sharing a GPU or hanging in the rendezvous.
+TEST(Gpu, ARankWithoutAGpuOfItsOwnIsAConfigErrorNamingIt) {
+  TESSERA_REQUIRE_GPU();
+  const int gpus = util::device_info().cuda_devices;
+  const std::vector<std::pair<std::string, std::string>> vars = {
+      {"RANK", std::to_string(gpus)},
+      {"WORLD_SIZE", std::to_string(gpus + 1)},
+      {"LOCAL_RANK", std::to_string(gpus)},
+      {"LOCAL_WORLD_SIZE", std::to_string(gpus + 1)},
+      {"MASTER_ADDR", "127.0.0.1"},
+      {"MASTER_PORT", "1"}};  // never reached: the check comes before the rendezvous
+  for (const auto& [k, v] : vars) setenv(k.c_str(), v.c_str(), 1);
+  std::string what;
+  try {
+    trainer::Trainer t(gpu_config());
+  } catch (const ConfigError& e) {
+    what = e.what();
+  }
+  for (const auto& kv : vars) unsetenv(kv.first.c_str());
+  EXPECT_NE(what.find(fmt::format("rank {} (local rank {}) has no GPU of its own: this node has {} GPU(s) and {} "
+                                  "processes; launch at most {} per node, or set device: cpu",
+                                  gpus, gpus, gpus, gpus + 1, gpus)),
+            std::string::npos)
+      << what;
 }
 
 TEST(Gpu, CheckpointOfGpuTensorsResumesBitwiseInDeterministicMode) {
