@@ -1,7 +1,10 @@
-// `convert`: exports a Tessera checkpoint (any world size or sharding) as a Hugging Face MPT folder, streaming one
-// tensor at a time, so the whole model is never held in memory.
+// `convert`: exports a Tessera checkpoint (any world size or sharding) as a Hugging Face folder, streaming one tensor
+// at a time, so the whole model is never held in memory. By default the folder is one that transformers'
+// AutoModelForCausalLM loads as the same function (an MPT with learned positions becomes GPT-2; a model no
+// transformers architecture represents is refused with the reason); --layout llm-foundry writes the family's own
+// layout instead (LLM Foundry's MPT class loads it).
 //
-//   convert --checkpoint runs/x/checkpoints/ep0-ba1000 --hf-out runs/x/hf [--dtype bfloat16]
+//   convert --checkpoint runs/x/checkpoints/ep0-ba1000 --hf-out runs/x/hf [--dtype bfloat16] [--max-shard-size 5GB]
 //   convert --checkpoint runs/x/checkpoints --hf-out runs/x/hf      (a save folder: its newest valid checkpoint)
 //
 // Exit codes: 0 success, 1 runtime failure (missing or corrupt checkpoint), 2 usage error.
@@ -9,7 +12,9 @@
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 
+#include <cctype>
 #include <filesystem>
+#include <map>
 #include <string>
 
 #include "tessera/checkpoint/checkpoint.h"
@@ -20,10 +25,29 @@
 
 namespace {
 
+// "5GB", "200MB", "1024" -> bytes (decimal units, as transformers' save_pretrained reads them).
+uint64_t parse_size(const std::string& text) {
+  size_t end = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &end);
+  } catch (const std::exception&) {
+    end = 0;
+  }
+  std::string unit = text.substr(end);
+  for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  const std::map<std::string, double> units = {{"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}};
+  if (end == 0 || !units.count(unit) || value <= 0) {
+    throw tessera::ConfigError("convert",
+                               fmt::format("--max-shard-size {}: expected a size such as 5GB or 200MB", text));
+  }
+  return static_cast<uint64_t>(value * units.at(unit));
+}
+
 int run(int argc, char** argv) {
-  CLI::App app{"Export a Tessera checkpoint as a Hugging Face MPT folder (config.json + model.safetensors).",
-               "convert"};
-  std::string checkpoint_dir, out_dir, dtype = "float32", latest = "latest";
+  CLI::App app{"Export a Tessera checkpoint as a Hugging Face folder (config.json + safetensors).", "convert"};
+  std::string checkpoint_dir, out_dir, dtype = "float32", latest = "latest", layout = "transformers",
+                                       shard_size = "5GB";
   app.add_option("--checkpoint", checkpoint_dir,
                  "A checkpoint directory, or a save folder (its newest valid checkpoint is used)")
       ->required();
@@ -32,6 +56,13 @@ int run(int argc, char** argv) {
   app.add_option("--dtype", dtype, "float32, bfloat16 or float16 (default float32)")
       ->check(CLI::IsMember({"float32", "bfloat16", "float16"}));
   app.add_option("--latest-filename", latest, "The save folder's latest symlink (default latest)");
+  app.add_option("--layout", layout,
+                 "transformers (default: a folder AutoModelForCausalLM loads as the same function) or llm-foundry "
+                 "(the family's own layout, for LLM Foundry's MPT class)")
+      ->check(CLI::IsMember({"transformers", "llm-foundry"}));
+  app.add_option("--max-shard-size", shard_size,
+                 "Split the weights into shards of at most this size, with an index (default 5GB; units B, KB, MB, "
+                 "GB, as in save_pretrained)");
   if (auto code = tessera::util::parse_command_line(app, argc, argv)) return *code;
   tessera::util::init_logging("info");
   namespace fs = std::filesystem;
@@ -42,7 +73,11 @@ int run(int argc, char** argv) {
     dir = *found;
   }
   const at::ScalarType t = dtype == "bfloat16" ? at::kBFloat16 : dtype == "float16" ? at::kHalf : at::kFloat;
-  tessera::checkpoint::export_checkpoint_to_hf(dir, out_dir, t);
+  const uint64_t max_shard_bytes = parse_size(shard_size);
+  tessera::checkpoint::export_checkpoint_to_hf(
+      dir, out_dir, t,
+      layout == "llm-foundry" ? tessera::checkpoint::HfLayout::kFamily : tessera::checkpoint::HfLayout::kTransformers,
+      max_shard_bytes);
   spdlog::info("exported {} to {} ({})", dir, out_dir, dtype);
   return 0;
 }

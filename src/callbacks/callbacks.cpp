@@ -305,6 +305,14 @@ void HfCheckpointer::run_event(Event event, core::State& s, core::Logger& /*logg
   if (event == Event::kBatchEnd) due = iv.unit() == config::TimeUnit::kBatch && s.timestamp.batch % iv.count() == 0;
   if (event == Event::kEpochEnd) due = iv.unit() == config::TimeUnit::kEpoch && s.timestamp.epoch % iv.count() == 0;
   if (event == Event::kFitEnd) due = true;
+  if (event == Event::kFitStart) {
+    // A model transformers cannot load as the same function is refused now, not at the first save hours later.
+    try {
+      (void)s.model->hf_format(at::kFloat);
+    } catch (const Error& e) {
+      throw ConfigError("hf_checkpointer", e.message());
+    }
+  }
   if (due && s.timestamp.batch != last_saved_batch_) save(s);
 }
 

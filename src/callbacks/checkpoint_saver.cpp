@@ -147,39 +147,26 @@ int64_t agree_on_index(core::State& s, const std::function<int64_t()>& choose) {
 }
 
 LoadedCheckpoint load_hf_weights(core::State& s, const std::string& dir, bool strict) {
-  const auto files = checkpoint::open_safetensors_dir(dir);
-  const std::optional<std::string> tied = s.model->tied_embedding_name();
-  std::set<std::string> used;
+  // The folder in the family's own layout or the model's transformers one (GPT-2 for a learned-position MPT), read
+  // through memory maps: each rank copies only its spans, one tensor at a time.
+  const checkpoint::HfWeights weights(*s.model, dir);
   at::NoGradGuard no_grad;
   for (const Held& h : s.held_layout()) {
     for (const dist::ShardSpan& sp : h.spans) {
-      std::string source = sp.name;
-      if (!files.count(source) && tied && source == *tied && files.count("lm_head.weight")) {
-        source = "lm_head.weight";
-      }
-      auto it = files.find(source);
-      if (it == files.end()) {
+      const std::optional<at::Tensor> stored = weights.param(sp.name);
+      if (!stored) {
         if (strict) throw Error(kComponent, fmt::format("{}: has no weight {}", dir, sp.name));
         spdlog::warn("[checkpoint] {}: no weight {}; it keeps its initial value", dir, sp.name);
         continue;
       }
-      const checkpoint::TensorInfo& info = it->second->info(source);
-      if (info.shape != sp.shape) {
-        throw Error(kComponent, fmt::format("{}: {} has shape [{}], this model's is [{}]", it->second->path(), source,
-                                            fmt::join(info.shape, ", "), fmt::join(sp.shape, ", ")));
-      }
-      span_of(h.tensor, sp).copy_(it->second->view(source).reshape({-1}).narrow(0, sp.start, sp.numel));
-      used.insert(source);
+      span_of(h.tensor, sp).copy_(stored->reshape({-1}).narrow(0, sp.start, sp.numel));
     }
   }
   // Every rank sees only its spans; rank 0 judges unexpected weights against the whole model.
   if (s.rank == 0) {
-    std::set<std::string> names;
-    for (const auto& item : s.model->named_parameters()) names.insert(item.key());
-    for (const auto& [name, file] : files) {
-      if (names.count(name) || (tied && name == "lm_head.weight")) continue;
-      if (strict) throw Error(kComponent, fmt::format("{}: unexpected weight {}", file->path(), name));
-      spdlog::warn("[checkpoint] {}: ignoring weight {} (not in this model)", file->path(), name);
+    for (const std::string& name : weights.unexpected()) {
+      if (strict) throw Error(kComponent, fmt::format("{}: unexpected weight {}", weights.path_of(name), name));
+      spdlog::warn("[checkpoint] {}: ignoring weight {} (not in this model)", weights.path_of(name), name);
     }
   }
   return {dir, nlohmann::json(), false};

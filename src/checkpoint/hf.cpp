@@ -48,40 +48,104 @@ std::string hf_config_json(const models::CausalLM& model, at::ScalarType dtype) 
   return model.hf_config(dtype).dump(2) + "\n";
 }
 
-LoadReport load_weights(models::CausalLM& model, const std::map<std::string, std::shared_ptr<SafetensorsFile>>& tensors,
-                        bool strict) {
+HfWeights::HfWeights(const models::CausalLM& model, const std::string& dir)
+    : dir_(dir), tied_(model.tied_embedding_name()) {
+  const fs::path config_path = fs::path(dir) / "config.json";
+  const nlohmann::json config = read_json(config_path);
+  model_type_ = config.is_object() ? config.value("model_type", "") : "";
+  models::HfFormat format;
+  if (model_type_ == model.family()) {
+    format = models::family_hf_format(model, at::kFloat);
+  } else {
+    format = model.hf_format(at::kFloat);
+    const std::string type = format.config.value("model_type", "");
+    if (type != model_type_) {
+      throw Error(kComponent, fmt::format("{}: model_type \"{}\" is not a layout of this {} model (it reads \"{}\" "
+                                          "and \"{}\")",
+                                          config_path.string(), model_type_, model.family(), model.family(), type));
+    }
+  }
+  for (models::HfTensor& t : format.tensors) {
+    if (t.param.empty()) {
+      zeros_.push_back(std::move(t));
+    } else {
+      by_param_[t.param] = std::move(t);
+    }
+  }
+  if (fs::exists(fs::path(dir) / "pytorch_model.bin") && !fs::exists(fs::path(dir) / "model.safetensors") &&
+      !fs::exists(fs::path(dir) / "model.safetensors.index.json")) {
+    throw Error(kComponent, fmt::format("{}: only safetensors weights are loaded (pytorch_model.bin is a pickle, "
+                                        "which could run code); convert it with save_pretrained(safe_serialization="
+                                        "True)",
+                                        dir));
+  }
+  files_ = open_safetensors_dir(dir);
+}
+
+std::string HfWeights::path_of(const std::string& name) const {
+  auto it = files_.find(name);
+  if (it != files_.end()) return it->second->path();
+  return files_.empty() ? dir_ : files_.begin()->second->path();
+}
+
+std::optional<at::Tensor> HfWeights::param(const std::string& name) const {
+  auto m = by_param_.find(name);
+  if (m == by_param_.end()) return std::nullopt;
+  const models::HfTensor& t = m->second;
+  std::string source = t.name;
+  if (!files_.count(source) && tied_ && name == *tied_ && files_.count("lm_head.weight")) source = "lm_head.weight";
+  auto it = files_.find(source);
+  if (it == files_.end()) return std::nullopt;
+  const TensorInfo& info = it->second->info(source);
+  if (info.shape != t.shape) {
+    std::vector<int64_t> expected = t.shape;
+    if (t.transpose) std::reverse(expected.begin(), expected.end());
+    throw Error(kComponent, fmt::format("{}: tensor {} has shape [{}], the model expects [{}]", it->second->path(),
+                                        source, fmt::join(info.shape, ", "), fmt::join(t.shape, ", ")));
+  }
+  at::Tensor v = it->second->view(source);
+  if (t.transpose) v = v.t().contiguous();
+  return v;
+}
+
+std::vector<std::string> HfWeights::unexpected() const {
+  std::set<std::string> taken;
+  for (const auto& [param, t] : by_param_) taken.insert(t.name);
+  for (const models::HfTensor& z : zeros_) {
+    taken.insert(z.name);
+    auto it = files_.find(z.name);
+    if (it == files_.end()) continue;
+    if (it->second->info(z.name).shape != z.shape || it->second->view(z.name).count_nonzero().item<int64_t>() != 0) {
+      throw Error(kComponent, fmt::format("{}: tensor {} is not all zeros, but this model has no such parameter (it "
+                                          "would compute another function)",
+                                          it->second->path(), z.name));
+    }
+  }
+  std::vector<std::string> out;
+  for (const auto& [name, file] : files_) {
+    if (taken.count(name) || (tied_ && name == "lm_head.weight")) continue;
+    const bool mask_buffer =
+        model_type_ == "gpt2" && (name.size() > 10 && (name.compare(name.size() - 10, 10, ".attn.bias") == 0 ||
+                                                       name.find(".attn.masked_bias") != std::string::npos));
+    if (!mask_buffer) out.push_back(name);
+  }
+  return out;
+}
+
+LoadReport load_weights(models::CausalLM& model, const HfWeights& weights, bool strict) {
   at::NoGradGuard no_grad;
   LoadReport report;
-  const std::optional<std::string> tied = model.tied_embedding_name();
-  std::set<std::string> used;
   for (auto& item : model.named_parameters()) {
-    std::string source = item.key();
-    if (!tensors.count(source) && tied && source == *tied && tensors.count("lm_head.weight")) {
-      source = "lm_head.weight";
-    }
-    auto it = tensors.find(source);
-    if (it == tensors.end()) {
-      if (strict) {
-        throw Error(kComponent,
-                    fmt::format("{}: missing tensor {}",
-                                tensors.empty() ? "(no files)" : tensors.begin()->second->path(), item.key()));
-      }
+    const std::optional<at::Tensor> stored = weights.param(item.key());
+    if (!stored) {
+      if (strict) throw Error(kComponent, fmt::format("{}: missing tensor {}", weights.path_of(""), item.key()));
       report.missing.push_back(item.key());
       continue;
     }
-    const TensorInfo& info = it->second->info(source);
-    if (info.shape != item.value().sizes().vec()) {
-      throw Error(kComponent,
-                  fmt::format("{}: tensor {} has shape [{}], the model expects [{}]", it->second->path(), source,
-                              fmt::join(info.shape, ", "), fmt::join(item.value().sizes().vec(), ", ")));
-    }
-    item.value().copy_(it->second->view(source));
-    used.insert(source);
+    item.value().copy_(*stored);
   }
-  for (const auto& [name, file] : tensors) {
-    if (used.count(name)) continue;
-    if (tied && name == "lm_head.weight") continue;  // the other half of a tied pair
-    if (strict) throw Error(kComponent, fmt::format("{}: unexpected tensor {}", file->path(), name));
+  for (const std::string& name : weights.unexpected()) {
+    if (strict) throw Error(kComponent, fmt::format("{}: unexpected tensor {}", weights.path_of(name), name));
     report.unexpected.push_back(name);
   }
   return report;
@@ -90,24 +154,44 @@ LoadReport load_weights(models::CausalLM& model, const std::map<std::string, std
 std::shared_ptr<models::CausalLM> load_hf_model(const std::string& dir) {
   const fs::path config = fs::path(dir) / "config.json";
   std::shared_ptr<models::CausalLM> model = models::build_from_hf_config(read_json(config), config.string(), "cpu");
-  if (fs::exists(fs::path(dir) / "pytorch_model.bin") && !fs::exists(fs::path(dir) / "model.safetensors") &&
-      !fs::exists(fs::path(dir) / "model.safetensors.index.json")) {
-    throw Error(kComponent, fmt::format("{}: only safetensors weights are loaded (pytorch_model.bin is a pickle, "
-                                        "which could run code); convert it with save_pretrained(safe_serialization="
-                                        "True)",
-                                        dir));
-  }
-  load_weights(*model, open_safetensors_dir(dir), /*strict=*/true);
+  load_weights(*model, HfWeights(*model, dir), /*strict=*/true);
   return model;
 }
 
-void save_hf_model(models::CausalLM& model, const std::string& dir, at::ScalarType dtype, uint64_t max_shard_bytes) {
-  const std::string config = hf_config_json(model, dtype);  // refuses a model without an HF format before writing
+namespace {
+
+models::HfFormat format_in(const models::CausalLM& model, at::ScalarType dtype, HfLayout layout) {
+  return layout == HfLayout::kFamily ? models::family_hf_format(model, dtype) : model.hf_format(dtype);
+}
+
+std::vector<TensorLayout> layout_of(const models::HfFormat& format, at::ScalarType dtype) {
+  std::vector<TensorLayout> out;
+  for (const models::HfTensor& t : format.tensors) out.push_back({t.name, dtype, t.shape});
+  return out;
+}
+
+// Stored tensor `t` from the parameter value `value` (undefined for zeros).
+at::Tensor stored_form(const models::HfTensor& t, const at::Tensor& value) {
+  if (t.param.empty()) return at::zeros(t.shape, at::kFloat);
+  return t.transpose ? value.t() : value;
+}
+
+}  // namespace
+
+void save_hf_model(models::CausalLM& model, const std::string& dir, at::ScalarType dtype, uint64_t max_shard_bytes,
+                   HfLayout layout) {
+  const models::HfFormat format = format_in(model, dtype, layout);  // refuses before anything is written
   fs::create_directories(dir);
-  std::map<std::string, at::Tensor> tensors;
-  for (const auto& item : model.named_parameters()) tensors[item.key()] = item.value().detach().to(dtype);
-  save_sharded_safetensors(dir, tensors, max_shard_bytes, {{"format", "pt"}});
-  util::write_file_atomically((fs::path(dir) / "config.json").string(), config, kComponent);
+  std::map<std::string, at::Tensor> params;
+  for (const auto& item : model.named_parameters()) params[item.key()] = item.value();
+  save_sharded_safetensors_streamed(dir, layout_of(format, dtype),
+                                    [&](size_t i) {
+                                      const models::HfTensor& t = format.tensors[i];
+                                      return stored_form(t,
+                                                         t.param.empty() ? at::Tensor() : params.at(t.param).detach());
+                                    },
+                                    max_shard_bytes, {{"format", "pt"}});
+  util::write_file_atomically((fs::path(dir) / "config.json").string(), format.config.dump(2) + "\n", kComponent);
 }
 
 namespace {
@@ -165,49 +249,24 @@ std::shared_ptr<models::CausalLM> load_checkpoint_model(const std::string& check
   return model;
 }
 
-void export_checkpoint_to_hf(const std::string& checkpoint_dir, const std::string& out_dir, at::ScalarType dtype) {
+void export_checkpoint_to_hf(const std::string& checkpoint_dir, const std::string& out_dir, at::ScalarType dtype,
+                             HfLayout layout, uint64_t max_shard_bytes) {
   CheckpointReader reader(checkpoint_dir);
-  CheckpointModel cm = checkpoint_model(reader, checkpoint_dir);
-  const fs::path out(out_dir);
-  nlohmann::json& config = cm.config;
-  const auto& tensors = cm.tensors;
-  // safetensors header, then each tensor's bytes in the same order, streamed.
-  std::vector<TensorLayout> layout;
-  for (const auto& [name, shape] : tensors) layout.push_back({name, dtype, shape});
-  const std::string header = safetensors_header(layout, {{"format", "pt"}});
-  fs::create_directories(out);
-  const fs::path final_path = out / "model.safetensors";
-  const std::string tmp = final_path.string() + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(kComponent, fmt::format("{}: cannot create: {}", tmp, std::strerror(errno)));
-  auto write_all = [&](const void* data, size_t size) {
-    const char* p = static_cast<const char*>(data);
-    while (size > 0) {
-      const ssize_t w = ::write(fd, p, size);
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0) {
-        const std::string why = std::strerror(errno);
-        ::close(fd);
-        ::unlink(tmp.c_str());
-        throw Error(kComponent, fmt::format("{}: write failed: {}", final_path.string(), why));
-      }
-      p += w;
-      size -= static_cast<size_t>(w);
-    }
-  };
-  write_all(header.data(), header.size());
-  for (const auto& [name, shape] : tensors) {
-    const at::Tensor t = reader.read_full("model/" + name).to(dtype).contiguous();
-    write_all(t.data_ptr(), static_cast<size_t>(t.nbytes()));
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    ::unlink(tmp.c_str());
-    throw Error(kComponent, fmt::format("{}: fsync/close failed: {}", final_path.string(), std::strerror(errno)));
-  }
-  fs::rename(tmp, final_path);
-  fs::remove(out / "model.safetensors.index.json");
-  config["torch_dtype"] = dtype == at::kBFloat16 ? "bfloat16" : (dtype == at::kHalf ? "float16" : "float32");
-  util::write_file_atomically((out / "config.json").string(), config.dump(2) + "\n", kComponent);
+  const CheckpointModel cm = checkpoint_model(reader, checkpoint_dir);
+  // On meta: names and shapes only; the format refuses a model transformers cannot represent before anything is
+  // written.
+  const std::shared_ptr<models::CausalLM> model =
+      models::build_from_hf_config(cm.config, (fs::path(checkpoint_dir) / "metadata.json").string(), "meta");
+  const models::HfFormat format = format_in(*model, dtype, layout);
+  fs::create_directories(out_dir);
+  save_sharded_safetensors_streamed(out_dir, layout_of(format, dtype),
+                                    [&](size_t i) {
+                                      const models::HfTensor& t = format.tensors[i];
+                                      return stored_form(
+                                          t, t.param.empty() ? at::Tensor() : reader.read_full("model/" + t.param));
+                                    },
+                                    max_shard_bytes, {{"format", "pt"}});
+  util::write_file_atomically((fs::path(out_dir) / "config.json").string(), format.config.dump(2) + "\n", kComponent);
 }
 
 }  // namespace tessera::checkpoint

@@ -222,35 +222,117 @@ std::vector<std::string> save_sharded_safetensors(const std::string& dir,
                                                   const std::map<std::string, at::Tensor>& tensors,
                                                   uint64_t max_shard_bytes,
                                                   const std::map<std::string, std::string>& metadata) {
-  std::filesystem::create_directories(dir);
-  std::vector<std::map<std::string, at::Tensor>> shards(1);
-  uint64_t in_shard = 0, total = 0;
+  std::vector<TensorLayout> layout;
+  std::vector<const at::Tensor*> data;
   for (const auto& [name, t] : tensors) {
-    const uint64_t n = t.numel() * t.element_size();
+    layout.push_back({name, t.scalar_type(), t.sizes().vec()});
+    data.push_back(&t);
+  }
+  return save_sharded_safetensors_streamed(
+      dir, layout, [&](size_t i) { return *data[i]; }, max_shard_bytes, metadata);
+}
+
+namespace {
+
+uint64_t nbytes(const TensorLayout& t) {
+  uint64_t n = c10::elementSize(t.dtype);
+  for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+// Writes layout[first, last) to `path` through a temporary file, one produced tensor at a time.
+void write_streamed(const std::string& path, const std::vector<TensorLayout>& layout, size_t first, size_t last,
+                    const std::function<at::Tensor(size_t)>& produce,
+                    const std::map<std::string, std::string>& metadata) {
+  const std::vector<TensorLayout> part(layout.begin() + static_cast<std::ptrdiff_t>(first),
+                                       layout.begin() + static_cast<std::ptrdiff_t>(last));
+  const std::string header = safetensors_header(part, metadata);
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail(tmp, fmt::format("cannot create: {}", std::strerror(errno)));
+  auto abandon = [&](const std::string& why) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    fail(path, why);
+  };
+  auto write_all = [&](const void* data, size_t size) {
+    const char* p = static_cast<const char*>(data);
+    while (size > 0) {
+      const ssize_t w = ::write(fd, p, size);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) abandon(fmt::format("write failed: {}", std::strerror(errno)));
+      p += w;
+      size -= static_cast<size_t>(w);
+    }
+  };
+  write_all(header.data(), header.size());
+  for (size_t i = first; i < last; ++i) {
+    at::Tensor t;
+    try {
+      t = produce(i).detach().to(at::kCPU, layout[i].dtype).contiguous();
+    } catch (...) {
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw;
+    }
+    if (t.sizes().vec() != layout[i].shape) abandon(fmt::format("tensor {} has an unexpected shape", layout[i].name));
+    write_all(t.data_ptr(), static_cast<size_t>(t.nbytes()));
+  }
+  if (::fsync(fd) != 0) abandon(fmt::format("fsync failed: {}", std::strerror(errno)));
+  if (::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    fail(path, fmt::format("close failed: {}", std::strerror(errno)));
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+}  // namespace
+
+std::vector<std::string> save_sharded_safetensors_streamed(const std::string& dir,
+                                                           const std::vector<TensorLayout>& layout,
+                                                           const std::function<at::Tensor(size_t)>& produce,
+                                                           uint64_t max_shard_bytes,
+                                                           const std::map<std::string, std::string>& metadata) {
+  namespace fs = std::filesystem;
+  fs::create_directories(dir);
+  // Shards: [begin, end) ranges of layout, a new one when the next tensor would pass the limit.
+  std::vector<std::pair<size_t, size_t>> shards = {{0, 0}};
+  uint64_t in_shard = 0, total = 0;
+  for (size_t i = 0; i < layout.size(); ++i) {
+    const uint64_t n = nbytes(layout[i]);
     if (in_shard > 0 && in_shard + n > max_shard_bytes) {
-      shards.emplace_back();
+      shards.emplace_back(i, i);
       in_shard = 0;
     }
-    shards.back()[name] = t;
+    shards.back().second = i + 1;
     in_shard += n;
     total += n;
   }
   std::vector<std::string> files;
-  if (shards.size() == 1) {
-    save_safetensors((std::filesystem::path(dir) / "model.safetensors").string(), shards[0], metadata);
-    std::filesystem::remove(std::filesystem::path(dir) / "model.safetensors.index.json");
-    return {"model.safetensors"};
+  for (size_t k = 0; k < shards.size(); ++k) {
+    files.push_back(shards.size() == 1 ? std::string("model.safetensors")
+                                       : fmt::format("model-{:05d}-of-{:05d}.safetensors", k + 1, shards.size()));
+    write_streamed((fs::path(dir) / files.back()).string(), layout, shards[k].first, shards[k].second, produce,
+                   metadata);
   }
-  nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}},
-                                  {"weight_map", nlohmann::ordered_json::object()}};
-  for (size_t i = 0; i < shards.size(); ++i) {
-    const std::string file = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
-    save_safetensors((std::filesystem::path(dir) / file).string(), shards[i], metadata);
-    for (const auto& [name, t] : shards[i]) index["weight_map"][name] = file;
-    files.push_back(file);
+  const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
+  if (shards.size() > 1) {
+    nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}},
+                                    {"weight_map", nlohmann::ordered_json::object()}};
+    for (size_t k = 0; k < shards.size(); ++k) {
+      for (size_t i = shards[k].first; i < shards[k].second; ++i) index["weight_map"][layout[i].name] = files[k];
+    }
+    util::write_file_atomically(index_path.string(), index.dump(2) + "\n", kComponent);
+  } else {
+    fs::remove(index_path);
   }
-  util::write_file_atomically((std::filesystem::path(dir) / "model.safetensors.index.json").string(),
-                              index.dump(2) + "\n", kComponent);
+  // Files of an earlier save in another layout: they would shadow or contradict the new one.
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    const bool ours = name == "model.safetensors" || (name.rfind("model-", 0) == 0 && name.size() > 12 &&
+                                                      name.compare(name.size() - 12, 12, ".safetensors") == 0);
+    if (ours && std::find(files.begin(), files.end(), name) == files.end()) fs::remove(entry.path());
+  }
   return files;
 }
 

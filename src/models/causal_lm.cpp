@@ -40,6 +40,20 @@ nlohmann::ordered_json CausalLM::hf_config(at::ScalarType /*dtype*/) const {
   throw Error("hf", fmt::format("model family \"{}\" has no Hugging Face format", family()));
 }
 
+HfFormat CausalLM::hf_format(at::ScalarType dtype) const {
+  return family_hf_format(*this, dtype);
+}
+
+HfFormat family_hf_format(const CausalLM& model, at::ScalarType dtype) {
+  HfFormat f;
+  f.config = model.hf_config(dtype);
+  for (const auto& item : model.named_parameters()) {
+    f.tensors.push_back({item.key(), item.key(), false, item.value().sizes().vec()});
+  }
+  std::sort(f.tensors.begin(), f.tensors.end(), [](const HfTensor& a, const HfTensor& b) { return a.name < b.name; });
+  return f;
+}
+
 std::shared_ptr<CausalLM> CausalLM::with_alibi(double /*alibi_bias_max*/, int64_t /*max_seq_len*/,
                                                uint64_t /*seed*/) const {
   throw ConfigError("algorithms", fmt::format("alibi: model family \"{}\" does not support ALiBi surgery", family()));

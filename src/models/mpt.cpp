@@ -233,6 +233,10 @@ nlohmann::ordered_json MPTForCausalLMImpl::hf_config(at::ScalarType dtype) const
   return mpt_hf_config(o_, dtype);
 }
 
+HfFormat MPTForCausalLMImpl::hf_format(at::ScalarType dtype) const {
+  return mpt_hf_format(o_, dtype, *this);
+}
+
 std::optional<std::string> MPTForCausalLMImpl::tied_embedding_name() const {
   if (!o_.tie_word_embeddings) return std::nullopt;
   return "transformer.wte.weight";

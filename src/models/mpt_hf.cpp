@@ -2,8 +2,12 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <set>
 #include <string>
+#include <vector>
+
+#include <fmt/ranges.h>
 
 #include "tessera/config/reader.h"
 #include "tessera/config/value.h"
@@ -161,6 +165,168 @@ nlohmann::ordered_json mpt_hf_config(const MPTOptions& o, at::ScalarType dtype) 
       {"torch_dtype", dtype == at::kBFloat16 ? "bfloat16" : (dtype == at::kHalf ? "float16" : "float32")}};
   if (o.attention_bias) j["attention_bias"] = *o.attention_bias;
   return j;
+}
+
+namespace {
+
+const char* dtype_name(at::ScalarType dtype) {
+  return dtype == at::kBFloat16 ? "bfloat16" : (dtype == at::kHalf ? "float16" : "float32");
+}
+
+// What keeps a model from every transformers architecture (as phrases naming the recipe key).
+std::vector<std::string> blockers_for_any(const MPTOptions& o) {
+  std::vector<std::string> why;
+  if (o.attn.kv_n_heads != o.n_heads) {
+    why.push_back(fmt::format("attn_config.attn_type {} (kv_n_heads {} of {} heads)", o.attn.attn_type,
+                              o.attn.kv_n_heads, o.n_heads));
+  }
+  if (o.attn.qk_ln) why.emplace_back("attn_config.qk_ln");
+  if (o.attn.qk_gn) why.emplace_back("attn_config.qk_gn");
+  if (o.attn.sliding_window_size > 0) {
+    why.push_back(fmt::format("attn_config.sliding_window_size {}", o.attn.sliding_window_size));
+  }
+  if (o.attn.rope) why.emplace_back("attn_config.rope");
+  if (o.ffn.type == FfnType::kGLU) why.emplace_back("ffn_config.ffn_type mptglu");
+  if (o.norm_type == NormType::kRMSNorm || o.norm_type == NormType::kLowPrecisionRMSNorm) {
+    why.emplace_back("norm_type rmsnorm");
+  }
+  if (o.logit_scale) why.push_back(fmt::format("logit_scale {}", *o.logit_scale));
+  return why;
+}
+
+std::string refusal(const MPTOptions& o, const std::string& target, const std::vector<std::string>& why) {
+  return fmt::format(
+      "this MPT ({}) has no exact Hugging Face transformers form: {} cannot represent {}; transformers would load a "
+      "different function. Export the LLM Foundry layout instead (convert --layout llm-foundry, loaded by LLM "
+      "Foundry's MPT class), or train with settings transformers represents: learned positions (exported as GPT-2), "
+      "or ALiBi with no_bias: true and expansion_ratio 4 (exported as MPT)",
+      o.attn.alibi ? "ALiBi" : (o.attn.rope ? "rotary positions" : "learned positions"), target, fmt::join(why, ", "));
+}
+
+// transformers' MptForCausalLM: ALiBi (slopes from alibi_bias_max 8), no biases anywhere, 4 d_model MLP, multi-head.
+HfFormat mpt_as_transformers_mpt(const MPTOptions& o, at::ScalarType dtype, const CausalLM& model) {
+  std::vector<std::string> why = blockers_for_any(o);
+  if (!o.no_bias || o.wqkv_bias()) why.emplace_back("biases (no_bias: false)");
+  if (o.attn.alibi_bias_max != 8.0) why.push_back(fmt::format("attn_config.alibi_bias_max {}", o.attn.alibi_bias_max));
+  if (o.ffn_hidden() != 4 * o.d_model) why.push_back(fmt::format("an MLP of {} (not 4 d_model)", o.ffn_hidden()));
+  if (!why.empty()) throw Error("hf", refusal(o, "transformers' MptForCausalLM (ALiBi, no biases)", why));
+  return family_hf_format(model, dtype);
+}
+
+// transformers' GPT2LMHeadModel: learned positions, LayerNorms and Linears with biases (zeros where the MPT has
+// none), exact GELU ("gelu"), Conv1D weights stored as (in, out), scores scaled by 1/sqrt(head_dim).
+HfFormat mpt_as_gpt2(const MPTOptions& o, at::ScalarType dtype) {
+  std::vector<std::string> why = blockers_for_any(o);
+  if (o.attn.clip_qkv) why.push_back(fmt::format("attn_config.clip_qkv {}", *o.attn.clip_qkv));
+  const double default_scale = 1.0 / std::sqrt(static_cast<double>(o.head_dim()));
+  const bool scaled = !o.attn.softmax_scale || *o.attn.softmax_scale == default_scale;
+  if (!scaled && *o.attn.softmax_scale != 1.0) {
+    why.push_back(fmt::format("attn_config.softmax_scale {}", *o.attn.softmax_scale));
+  }
+  if (!why.empty()) throw Error("hf", refusal(o, "transformers' GPT2LMHeadModel (learned positions)", why));
+  const int64_t d = o.d_model, f_dim = o.ffn_hidden();
+  HfFormat f;
+  f.config = {{"architectures", {"GPT2LMHeadModel"}},
+              {"model_type", "gpt2"},
+              {"vocab_size", o.vocab_size},
+              {"n_positions", o.max_seq_len},
+              {"n_embd", d},
+              {"n_layer", o.n_layers},
+              {"n_head", o.n_heads},
+              {"n_inner", f_dim},
+              {"activation_function", "gelu"},
+              {"resid_pdrop", o.resid_pdrop},
+              {"embd_pdrop", o.emb_pdrop},
+              {"attn_pdrop", o.attn.attn_pdrop},
+              {"layer_norm_epsilon", o.norm_eps},
+              {"initializer_range", 0.02},
+              {"scale_attn_weights", scaled},
+              {"scale_attn_by_inverse_layer_idx", false},
+              {"reorder_and_upcast_attn", false},
+              {"tie_word_embeddings", o.tie_word_embeddings},
+              {"bos_token_id", nullptr},
+              {"eos_token_id", nullptr},
+              {"use_cache", true},
+              {"torch_dtype", dtype_name(dtype)}};
+  auto add = [&](const std::string& name, const std::string& param, std::vector<int64_t> shape, bool t = false) {
+    f.tensors.push_back({name, param, t, std::move(shape)});
+  };
+  add("transformer.wte.weight", "transformer.wte.weight", {o.vocab_size, d});
+  add("transformer.wpe.weight", o.learned_pos_emb ? "transformer.wpe.weight" : "", {o.max_seq_len, d});
+  const bool norm_bias = o.norm_has_bias(), bias = !o.no_bias;
+  auto norm = [&](const std::string& to, const std::string& from) {
+    add(to + ".weight", from + ".weight", {d});
+    add(to + ".bias", norm_bias ? from + ".bias" : "", {d});
+  };
+  for (int64_t i = 0; i < o.n_layers; ++i) {
+    const std::string h = fmt::format("transformer.h.{}.", i), b = fmt::format("transformer.blocks.{}.", i);
+    norm(h + "ln_1", b + "norm_1");
+    add(h + "attn.c_attn.weight", b + "attn.Wqkv.weight", {d, 3 * d}, true);
+    add(h + "attn.c_attn.bias", o.wqkv_bias() ? b + "attn.Wqkv.bias" : "", {3 * d});
+    add(h + "attn.c_proj.weight", b + "attn.out_proj.weight", {d, d}, true);
+    add(h + "attn.c_proj.bias", bias ? b + "attn.out_proj.bias" : "", {d});
+    norm(h + "ln_2", b + "norm_2");
+    add(h + "mlp.c_fc.weight", b + "ffn.up_proj.weight", {d, f_dim}, true);
+    add(h + "mlp.c_fc.bias", bias ? b + "ffn.up_proj.bias" : "", {f_dim});
+    add(h + "mlp.c_proj.weight", b + "ffn.down_proj.weight", {f_dim, d}, true);
+    add(h + "mlp.c_proj.bias", bias ? b + "ffn.down_proj.bias" : "", {d});
+  }
+  norm("transformer.ln_f", "transformer.norm_f");
+  if (!o.tie_word_embeddings) add("lm_head.weight", "lm_head.weight", {o.vocab_size, d});
+  return f;
+}
+
+}  // namespace
+
+HfFormat mpt_hf_format(const MPTOptions& o, at::ScalarType dtype, const CausalLM& model) {
+  if (o.attn.alibi) return mpt_as_transformers_mpt(o, dtype, model);
+  if (o.attn.rope)
+    throw Error("hf", refusal(o, "no transformers architecture with MPT's layout", {"attn_config.rope"}));
+  return mpt_as_gpt2(o, dtype);
+}
+
+MPTOptions mpt_options_from_gpt2_config(const nlohmann::json& c, const std::string& where) {
+  auto fail = [&](const std::string& why) {
+    throw Error("hf", fmt::format("{}: a GPT-2 config Tessera cannot read exactly: {}", where, why));
+  };
+  auto get_int = [&](const char* key, std::optional<int64_t> fallback = std::nullopt) -> int64_t {
+    if (c.contains(key) && c[key].is_number_integer()) return c[key].get<int64_t>();
+    if (!fallback) fail(fmt::format("{} is missing or not an integer", key));
+    return *fallback;
+  };
+  auto get_double = [&](const char* key, double fallback) {
+    return c.contains(key) && c[key].is_number() ? c[key].get<double>() : fallback;
+  };
+  const std::string act = c.value("activation_function", "gelu_new");
+  if (act != "gelu") {
+    fail(fmt::format("activation_function \"{}\" (Tessera's MLP computes exact GELU, \"gelu\")", act));
+  }
+  if (c.value("scale_attn_by_inverse_layer_idx", false)) fail("scale_attn_by_inverse_layer_idx is true");
+  if (c.value("add_cross_attention", false)) fail("add_cross_attention is true");
+  MPTOptions o;
+  o.d_model = get_int("n_embd", 768);
+  o.n_heads = get_int("n_head", 12);
+  o.n_layers = get_int("n_layer", 12);
+  o.vocab_size = get_int("vocab_size", 50257);
+  o.max_seq_len = get_int("n_positions", 1024);
+  o.ffn.ffn_hidden_size =
+      c.contains("n_inner") && c["n_inner"].is_number_integer() ? c["n_inner"].get<int64_t>() : 4 * o.d_model;
+  o.expansion_ratio = static_cast<double>(*o.ffn.ffn_hidden_size) / static_cast<double>(o.d_model);
+  if (o.n_heads <= 0 || o.d_model % o.n_heads != 0) fail("n_embd is not a multiple of n_head");
+  o.resid_pdrop = get_double("resid_pdrop", 0.1);
+  o.emb_pdrop = get_double("embd_pdrop", 0.1);
+  o.attn.attn_pdrop = get_double("attn_pdrop", 0.1);
+  o.norm_eps = get_double("layer_norm_epsilon", 1e-5);
+  o.norm_type = NormType::kLayerNorm;
+  o.learned_pos_emb = true;
+  o.no_bias = false;
+  o.tie_word_embeddings = c.value("tie_word_embeddings", true);
+  o.attn.attn_type = "multihead_attention";
+  o.attn.kv_n_heads = o.n_heads;
+  o.attn.attn_impl = "torch";
+  if (!c.value("scale_attn_weights", true)) o.attn.softmax_scale = 1.0;
+  o.init_device = "cpu";
+  return o;
 }
 
 }  // namespace tessera::models

@@ -36,7 +36,12 @@ std::shared_ptr<CausalLM> build_from_hf_config(const nlohmann::json& config, con
     o.init_device = device;
     return seed ? build_mpt(o, *seed).ptr() : MPTForCausalLM(o).ptr();
   }
-  throw Error("hf", fmt::format("{}: model_type is \"{}\"; Tessera reads: mpt", where, type));
+  if (type == "gpt2") {  // what Tessera exports an MPT with learned positions as
+    MPTOptions o = mpt_options_from_gpt2_config(config, where);
+    o.init_device = device;
+    return seed ? build_mpt(o, *seed).ptr() : MPTForCausalLM(o).ptr();
+  }
+  throw Error("hf", fmt::format("{}: model_type is \"{}\"; Tessera reads: mpt, gpt2", where, type));
 }
 
 }  // namespace tessera::models

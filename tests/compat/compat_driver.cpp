@@ -4,7 +4,8 @@
 //   tessera_compat_driver forward DIR INPUTS.safetensors OUT.safetensors [--reference]
 //       loads the HF folder DIR, runs forward on input_ids (and attention_mask / sequence_id if given), computes the
 //       next-token loss on input_ids, backpropagates, and writes logits, loss and grad.<parameter> for every parameter
-//   tessera_compat_driver export DIR OUT_DIR [bf16]    loads DIR and writes it back with save_hf_model
+//   tessera_compat_driver export DIR OUT_DIR [bf16] [family]
+//       loads DIR and writes it back with save_hf_model (transformers' layout, or the family's own with "family")
 //   tessera_compat_driver generate DIR INPUTS.safetensors OUT.safetensors MAX_NEW [EOS]
 //       greedy generation for each row of input_ids; writes tokens (B, n) padded with -1
 //   tessera_compat_driver mds-write SPEC.json OUT_DIR
@@ -29,6 +30,7 @@
 //        "vocab_size": n, "seconds": encode time}
 //   tessera_compat_driver train-tokenizer SPEC.json OUT_TOKENIZER.json
 //       SPEC: {"documents": [str], "vocab_size": n, "min_frequency": n, "special_tokens": [str]}
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -290,7 +292,10 @@ class TraceCallback : public tessera::core::Callback {
   std::string name() const override { return "TraceCallback"; }
   void run_event(tessera::core::Event e, tessera::core::State& s, tessera::core::Logger& /*l*/) override {
     using tessera::core::Event;
-    if (e == Event::kFitStart) tessera::checkpoint::save_hf_model(*s.model, dir_ + "/init");
+    if (e == Event::kFitStart) {  // LLM Foundry's layout: the replays build LLM Foundry's own MPT from it
+      tessera::checkpoint::save_hf_model(*s.model, dir_ + "/init", at::kFloat, uint64_t{5} << 30,
+                                         tessera::checkpoint::HfLayout::kFamily);
+    }
     if (e == Event::kBatchStart) {
       const at::Tensor ids = s.batch.input_ids.contiguous();
       trace_["batches"].push_back(std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel()));
@@ -319,8 +324,11 @@ int main(int argc, char** argv) {
       return forward(argv[2], argv[3], argv[4], argc > 5 && std::string(argv[5]) == "--reference");
     if (cmd == "export" && argc >= 4) {
       auto model = tessera::checkpoint::load_hf_model(argv[2]);
-      tessera::checkpoint::save_hf_model(*model, argv[3],
-                                         argc > 4 && std::string(argv[4]) == "bf16" ? at::kBFloat16 : at::kFloat);
+      const std::vector<std::string> opts(argv + 4, argv + argc);
+      auto has = [&](const char* o) { return std::find(opts.begin(), opts.end(), o) != opts.end(); };
+      tessera::checkpoint::save_hf_model(
+          *model, argv[3], has("bf16") ? at::kBFloat16 : at::kFloat, uint64_t{5} << 30,
+          has("family") ? tessera::checkpoint::HfLayout::kFamily : tessera::checkpoint::HfLayout::kTransformers);
       return 0;
     }
     if (cmd == "generate" && argc >= 6) {

@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -77,6 +78,17 @@ std::vector<std::string> save_sharded_safetensors(const std::string& dir,
                                                   const std::map<std::string, at::Tensor>& tensors,
                                                   uint64_t max_shard_bytes,
                                                   const std::map<std::string, std::string>& metadata = {});
+
+// The streamed form of save_sharded_safetensors: the tensors are described by `layout` (in file order) and produced
+// one at a time by `produce(i)` (converted to layout[i]'s dtype and shape), so no more than one tensor is in memory:
+// a model larger than host memory can be written. Each file is written to a temporary name, fsynced and renamed; the
+// index is written last, and files of an earlier layout in `dir` (model.safetensors, an index or shards of another
+// count) are removed after it. Returns the file names.
+std::vector<std::string> save_sharded_safetensors_streamed(const std::string& dir,
+                                                           const std::vector<TensorLayout>& layout,
+                                                           const std::function<at::Tensor(size_t)>& produce,
+                                                           uint64_t max_shard_bytes,
+                                                           const std::map<std::string, std::string>& metadata = {});
 
 // Opens every tensor of a model directory: model.safetensors.index.json if present, else model.safetensors. Returns
 // name -> (file, so views stay valid). Throws naming the index or file for a missing shard or a tensor listed in the

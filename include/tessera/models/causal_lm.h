@@ -58,6 +58,22 @@ inline at::Tensor run_unit(const std::shared_ptr<UnitRunner>& runner, int64_t un
   return runner ? runner->run(unit, fn, x) : fn(x);
 }
 
+// One tensor of a Hugging Face folder: its name there, the model parameter it holds and how.
+struct HfTensor {
+  std::string name;            // in the folder ("transformer.h.0.attn.c_attn.weight")
+  std::string param;           // the model's parameter (a named_parameters() key); empty: zeros (a bias the model
+                               // does not have, which the HF architecture always has)
+  bool transpose = false;      // stored transposed (GPT-2's Conv1D keeps weights as (in, out))
+  std::vector<int64_t> shape;  // as stored
+};
+
+// A model as a folder that transformers' AutoModelForCausalLM loads as the same function: config.json (its
+// model_type picks transformers' class) and every stored tensor, in file order.
+struct HfFormat {
+  nlohmann::ordered_json config;
+  std::vector<HfTensor> tensors;
+};
+
 class CausalLM : public torch::nn::Module {
  public:
   // input_ids: (B, S) int64 -> logits (B, S, vocab_size()).
@@ -95,11 +111,17 @@ class CausalLM : public torch::nn::Module {
   // One line for plans and logs ("mpt_causal_lm: d_model 768, ...").
   virtual std::string describe() const;
 
-  // --- Hugging Face interop: the family's model_type in config.json ("mpt"), and the config.json of this model
-  // (torch_dtype `dtype`); a model without an HF format throws Error saying so (the default).
+  // --- Hugging Face interop. The family's model_type ("mpt"), and its own config.json of this model (torch_dtype
+  // `dtype`): the description checkpoints store and build_from_hf_config() reads back, in the family's layout
+  // (parameter names as checkpoint keys). A model without an HF format throws Error saying so (the default).
   virtual std::string family() const = 0;
   virtual bool has_hf_format() const { return false; }
   virtual nlohmann::ordered_json hf_config(at::ScalarType dtype) const;
+  // The folder transformers' AutoModelForCausalLM loads as exactly this model's function (what exports write; it
+  // may be another transformers architecture than the family's, e.g. GPT-2 for an MPT with learned positions). Throws
+  // Error saying why and what to do when no transformers architecture computes the same function. The default: the
+  // family's own config and parameter names, for families whose layout is transformers'.
+  virtual HfFormat hf_format(at::ScalarType dtype) const;
   // For a model whose head reuses the input embedding: the embedding's parameter name, which HF folders may store
   // under "lm_head.weight" instead. nullopt (the default) for untied heads.
   virtual std::optional<std::string> tied_embedding_name() const { return std::nullopt; }
@@ -110,6 +132,10 @@ class CausalLM : public torch::nn::Module {
   // Every LayerNorm / RMSNorm runs in the autocast dtype (LLM Foundry's low-precision norms).
   virtual void use_low_precision_norms();
 };
+
+// The family's own layout of `model` (hf_config() and its parameter names, sorted): what CausalLM::hf_format()
+// returns by default, and what LLM Foundry's own classes load for an MPT.
+HfFormat family_hf_format(const CausalLM& model, at::ScalarType dtype);
 
 // What a recipe's `model:` section parsed into: the family's own options (type-erased), and what the trainer needs
 // to know before building.

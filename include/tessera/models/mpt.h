@@ -109,6 +109,7 @@ class MPTForCausalLMImpl : public CausalLM {
   std::string family() const override { return "mpt"; }
   bool has_hf_format() const override { return true; }
   nlohmann::ordered_json hf_config(at::ScalarType dtype) const override;
+  HfFormat hf_format(at::ScalarType dtype) const override;
   std::optional<std::string> tied_embedding_name() const override;
   std::shared_ptr<CausalLM> with_alibi(double alibi_bias_max, int64_t max_seq_len, uint64_t seed) const override;
   void use_low_precision_norms() override;
@@ -148,5 +149,16 @@ MPTForCausalLM materialize(const MPTForCausalLM& meta_model, const at::Device& d
 // for a model_type other than "mpt" or an invalid or unsupported architecture value.
 MPTOptions mpt_options_from_hf_config(const nlohmann::json& config, const std::string& where);
 nlohmann::ordered_json mpt_hf_config(const MPTOptions& options, at::ScalarType dtype);
+
+// The folder transformers loads as exactly `model`'s function (CausalLM::hf_format): ALiBi models without biases as
+// transformers' MptForCausalLM (the family's own names), models with learned positions as GPT2LMHeadModel (biases
+// the MPT lacks stored as zeros, Conv1D weights transposed). Throws Error("hf") naming every setting that no
+// transformers architecture represents (grouped-query attention, qk_ln, GLU, RMSNorm, rotary, ALiBi with biases, ...)
+// and what to do instead.
+HfFormat mpt_hf_format(const MPTOptions& options, at::ScalarType dtype, const CausalLM& model);
+// config.json of transformers' GPT-2 (model_type gpt2, activation_function "gelu") -> the MPT computing the same
+// function: learned positions, biases, LayerNorm. Throws Error("hf") naming `where` for what MPT cannot compute
+// (gelu_new, per-layer scaling, cross-attention).
+MPTOptions mpt_options_from_gpt2_config(const nlohmann::json& config, const std::string& where);
 
 }  // namespace tessera::models

@@ -115,9 +115,20 @@ TEST(HfFolder, ExportLoadRoundTripAndWeightErrors) {
   o.init.init_div_is_residual = 2.0;
   auto model = models::build_mpt(o, 9);
   const fs::path dir = temp_dir("hf");
-  save_hf_model(*model, (dir / "m").string());
-  auto loaded = load_hf_model((dir / "m").string());
   const at::Tensor ids = at::randint(0, 50, {2, 7}, at::kLong);
+  // transformers' layout: learned positions and biases are GPT-2, Conv1D weights transposed.
+  save_hf_model(*model, (dir / "gpt2").string());
+  {
+    SafetensorsFile f((dir / "gpt2" / "model.safetensors").string());
+    EXPECT_TRUE(at::equal(f.load("transformer.h.1.attn.c_attn.weight"),
+                          model->named_parameters()["transformer.blocks.1.attn.Wqkv.weight"].t()));
+    EXPECT_FALSE(f.contains("lm_head.weight"));  // tied
+    auto loaded = load_hf_model((dir / "gpt2").string());
+    EXPECT_TRUE(at::equal(loaded->forward(ids), model->forward(ids)));
+  }
+  // The family's own layout (LLM Foundry's MPT).
+  save_hf_model(*model, (dir / "m").string(), at::kFloat, uint64_t{5} << 30, HfLayout::kFamily);
+  auto loaded = load_hf_model((dir / "m").string());
   EXPECT_TRUE(at::equal(loaded->forward(ids), model->forward(ids)));
   EXPECT_EQ(read_hf_config((dir / "m").string()).max_seq_len, 16);
 
@@ -153,6 +164,70 @@ TEST(HfFolder, ExportLoadRoundTripAndWeightErrors) {
   write_bytes(dir / "m" / "config.json", "{\"model_type\": \"mpt\", \"d_model\": 30, \"n_heads\": 4}");
   EXPECT_NE(error_of([&] { read_hf_config((dir / "m").string()); }).find("n_heads: must divide d_model (30)"),
             std::string::npos);
+}
+
+TEST(HfFolder, ModelsTransformersCannotComputeAreRefusedWithTheReasonBeforeWriting) {
+  models::MPTOptions o;
+  o.d_model = 32, o.n_heads = 4, o.n_layers = 1, o.vocab_size = 50, o.max_seq_len = 16, o.attn.kv_n_heads = 4;
+  o.init.init_div_is_residual = 2.0;
+  const fs::path dir = temp_dir("refused");
+  auto refusal = [&](const models::MPTOptions& opts) {
+    auto model = models::build_mpt(opts, 1);
+    fs::remove_all(dir / "out");
+    const std::string err = error_of([&] { save_hf_model(*model, (dir / "out").string()); });
+    EXPECT_FALSE(fs::exists(dir / "out")) << "nothing is written";
+    EXPECT_NE(err.find("--layout llm-foundry"), std::string::npos) << err;
+    return err;
+  };
+  models::MPTOptions alibi = o;
+  alibi.attn.alibi = true, alibi.learned_pos_emb = false;  // with biases: transformers' MPT has none
+  EXPECT_NE(refusal(alibi).find("MptForCausalLM (ALiBi, no biases) cannot represent biases (no_bias: false)"),
+            std::string::npos);
+  models::MPTOptions gqa = o;
+  gqa.attn.attn_type = "grouped_query_attention", gqa.attn.kv_n_heads = 2;
+  EXPECT_NE(refusal(gqa).find("GPT2LMHeadModel (learned positions) cannot represent attn_config.attn_type "
+                              "grouped_query_attention (kv_n_heads 2 of 4 heads)"),
+            std::string::npos);
+  models::MPTOptions glu = o;
+  glu.ffn.type = models::FfnType::kGLU, glu.attn.qk_ln = true;
+  EXPECT_NE(refusal(glu).find("attn_config.qk_ln, ffn_config.ffn_type mptglu"), std::string::npos);
+  // ALiBi without biases is transformers' MPT, in the family's names.
+  alibi.no_bias = true;
+  auto model = models::build_mpt(alibi, 1);
+  save_hf_model(*model, (dir / "mpt").string());
+  EXPECT_EQ(read_hf_config((dir / "mpt").string()).attn.alibi, true);
+}
+
+TEST(HfFolder, BiasesTheModelLacksAreZerosInGpt2AndMustStayZeros) {
+  models::MPTOptions o;
+  o.d_model = 32, o.n_heads = 4, o.n_layers = 1, o.vocab_size = 50, o.max_seq_len = 16, o.attn.kv_n_heads = 4;
+  o.no_bias = true, o.tie_word_embeddings = false, o.init.init_div_is_residual = 2.0;
+  auto model = models::build_mpt(o, 2);
+  const fs::path dir = temp_dir("zeros");
+  save_hf_model(*model, (dir / "g").string());
+  SafetensorsFile f((dir / "g" / "model.safetensors").string());
+  EXPECT_EQ(f.load("transformer.h.0.mlp.c_fc.bias").count_nonzero().item<int64_t>(), 0);
+  EXPECT_TRUE(f.contains("lm_head.weight"));
+  // Read back into the same (bias-free) architecture: the zeros stand for nothing.
+  auto again = models::build_mpt(o, 3);
+  load_weights(*again, HfWeights(*again, (dir / "g").string()));
+  for (const auto& p : model->named_parameters()) {
+    EXPECT_TRUE(at::equal(p.value(), again->named_parameters()[p.key()])) << p.key();
+  }
+  const at::Tensor ids = at::randint(0, 50, {2, 5}, at::kLong);
+  EXPECT_TRUE(at::equal(again->forward(ids), model->forward(ids)));
+  // A bias that is not zero would be a different function: refused, naming it.
+  std::map<std::string, at::Tensor> tensors;
+  for (const std::string& n : f.names()) tensors[n] = f.load(n);
+  tensors["transformer.h.0.mlp.c_fc.bias"] = at::ones({128});
+  save_safetensors((dir / "g" / "model.safetensors").string(), tensors);
+  EXPECT_NE(error_of([&] {
+              load_weights(*again, HfWeights(*again, (dir / "g").string()));
+            }).find("tensor transformer.h.0.mlp.c_fc.bias is not all zeros"),
+            std::string::npos);
+  // Loaded as its own model, the GPT-2 folder has biases and computes what it stores.
+  auto with_bias = load_hf_model((dir / "g").string());
+  EXPECT_FALSE(std::dynamic_pointer_cast<models::MPTForCausalLMImpl>(with_bias)->options().no_bias);
 }
 
 }  // namespace

@@ -1,0 +1,180 @@
+"""Tessera's Hugging Face exports against transformers itself: what `convert` writes must load in
+AutoModelForCausalLM as the same function, or be refused with the reason.
+
+transformers' MptForCausalLM has ALiBi only and no biases, so an export of the recipes' own MPT (learned positions and
+biases, LLM Foundry's defaults) in MPT's layout loads there silently wrong. Such a model is exactly GPT-2 (learned
+positions, pre-LN blocks with biases, exact GELU when activation_function is "gelu", tied head), and that is what
+`convert` writes for it.
+
+- A GPT-2 folder written by transformers loads in Tessera with the same logits (1e-5) and gradients (1e-4 relative).
+- The model section of every recipe in recipes/ (dimensions shrunk), trained 5 steps by Tessera, checkpointed, and
+  exported by `convert`: AutoModelForCausalLM loads it as GPT2LMHeadModel whose logits equal Tessera's (1e-5), with
+  and without attention masks (left padding).
+- With the `alibi` algorithm and no_bias the export is transformers' MPT, logits equal; with biases it is refused.
+"""
+import pathlib
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file, save_file
+from streaming import MDSWriter
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+
+from conftest import ROOT, _binary
+
+SEQ = 32
+VOCAB = 128
+
+GPT2_CONFIGS = {
+    "tied": dict(n_embd=64, n_head=4, n_layer=2, vocab_size=101, n_positions=32),
+    "untied-inner": dict(n_embd=48, n_head=6, n_layer=3, vocab_size=97, n_positions=40, n_inner=100,
+                         tie_word_embeddings=False),
+}
+
+
+def gpt2_param_name(ours):
+    """Tessera's MPT parameter name -> (GPT-2 name, transposed)."""
+    parts = ours.split(".")
+    if parts[1] == "blocks":
+        i, rest = parts[2], ".".join(parts[3:])
+        table = {"norm_1": ("ln_1", False), "norm_2": ("ln_2", False), "attn.Wqkv": ("attn.c_attn", True),
+                 "attn.out_proj": ("attn.c_proj", True), "ffn.up_proj": ("mlp.c_fc", True),
+                 "ffn.down_proj": ("mlp.c_proj", True)}
+        module, kind = rest.rsplit(".", 1)
+        name, transposed = table[module]
+        return f"transformer.h.{i}.{name}.{kind}", transposed and kind == "weight"
+    if ours.startswith("transformer.norm_f"):
+        return ours.replace("norm_f", "ln_f"), False
+    return ours, False
+
+
+@pytest.mark.parametrize("name", GPT2_CONFIGS)
+def test_gpt2_folders_from_transformers_load_with_the_same_logits_and_gradients(name, driver, tmp_path):
+    cfg = GPT2_CONFIGS[name]
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(activation_function="gelu", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                       **cfg)).eval()
+    with torch.no_grad():  # randomise norms and biases too, so they are really compared
+        for n, p in model.named_parameters():
+            if "ln" in n or n.endswith(".bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    ids = torch.randint(0, cfg["vocab_size"], (2, cfg["n_positions"] - 3), generator=torch.Generator().manual_seed(1))
+    save_file({"input_ids": ids}, tmp_path / "in.safetensors")
+    driver("forward", tmp_path / "hf", tmp_path / "in.safetensors", tmp_path / "out.safetensors")
+    ours = load_file(tmp_path / "out.safetensors")
+    model.zero_grad()
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    assert (ours["logits"] - out.logits.detach()).abs().max().item() <= 1e-5
+    assert abs(ours["loss"].item() - out.loss.item()) <= 1e-5
+    params = dict(model.named_parameters())
+    for key in (k for k in ours if k.startswith("grad.")):
+        hf_name, transposed = gpt2_param_name(key[len("grad."):])
+        g = params[hf_name].grad
+        g = g.t() if transposed else g
+        diff = (ours[key] - g).abs().max().item()
+        assert diff <= 1e-4 * g.abs().max().item() + 1e-9, f"{key} vs {hf_name}: {diff}"
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    root = tmp_path_factory.mktemp("export_data")
+    rng = np.random.default_rng(0)
+    with MDSWriter(out=str(root / "train"), columns={"tokens": "ndarray:int32"}, compression="zstd") as w:
+        for _ in range(64):
+            start, stride = rng.integers(0, VOCAB), rng.integers(1, 6)
+            w.write({"tokens": ((start + stride * np.arange(SEQ + 1)) % VOCAB).astype(np.int32)})
+    return root
+
+
+def train_and_checkpoint(driver, tmp_path, dataset, model_section, algorithms=None):
+    """Trains `model_section` 5 steps with Tessera and returns the checkpoint directory."""
+    recipe = {
+        "max_seq_len": SEQ, "seed": 3, "model": model_section, "tokenizer": {"name": "unused"},
+        "train_loader": {"name": "text", "dataset": {"local": str(dataset), "split": "train", "shuffle": True,
+                                                     "max_seq_len": SEQ}, "drop_last": True},
+        "optimizer": {"name": "decoupled_adamw", "lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8,
+                      "weight_decay": 0.0},
+        "scheduler": {"name": "constant_with_warmup", "t_warmup": "0ba"},
+        "algorithms": algorithms or {}, "max_duration": "5ba", "eval_interval": 0, "global_train_batch_size": 8,
+        "device_train_microbatch_size": 8, "device_eval_batch_size": 8, "precision": "fp32", "log_to_console": False,
+        "save_folder": str(tmp_path / "ckpt"), "save_interval": "5ba",
+    }
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    driver("train-trace", tmp_path / "recipe.yaml", tmp_path / "trace")
+    return tmp_path / "ckpt" / "ep0-ba5"
+
+
+def convert(checkpoint, out, *args):
+    return subprocess.run([_binary("TESSERA_CONVERT_TOOL", "convert"), "--checkpoint", str(checkpoint), "--hf-out",
+                           str(out), *args], capture_output=True, text=True)
+
+
+def tessera_logits(driver, tmp_path, folder, ids, mask=None):
+    inputs = {"input_ids": ids}
+    if mask is not None:
+        inputs["attention_mask"] = mask
+    save_file(inputs, tmp_path / "in.safetensors")
+    driver("forward", folder, tmp_path / "in.safetensors", tmp_path / "out.safetensors")
+    return load_file(tmp_path / "out.safetensors")["logits"]
+
+
+def assert_same_function(driver, tmp_path, reference_folder, hf):
+    ids = torch.randint(0, VOCAB, (3, SEQ), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert (tessera_logits(driver, tmp_path, reference_folder, ids) - hf(ids).logits).abs().max().item() <= 1e-5
+    # Left padding: the real tokens' logits agree (positions count real tokens only, as HF's generate sets them).
+    mask = torch.ones(3, SEQ, dtype=torch.long)
+    mask[1, :5] = 0
+    mask[2, :11] = 0
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        ref = hf(ids, attention_mask=mask, position_ids=positions).logits
+    ours = tessera_logits(driver, tmp_path, reference_folder, ids, mask.bool())
+    real = mask.bool()
+    assert (ours[real] - ref[real]).abs().max().item() <= 1e-5
+
+
+RECIPES = sorted(p.name for p in (ROOT / "recipes").glob("mpt-*.yaml"))
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_the_recipes_mpt_exports_as_gpt2_computing_the_same_logits(recipe, driver, tmp_path, dataset):
+    section = yaml.safe_load((ROOT / "recipes" / recipe).read_text())["model"]
+    section.update(d_model=64, n_heads=4, n_layers=2, max_seq_len=SEQ, vocab_size=VOCAB, init_device="cpu")
+    section.setdefault("attn_config", {})["attn_impl"] = "torch"
+    checkpoint = train_and_checkpoint(driver, tmp_path, dataset, section)
+    for args in ([], ["--layout", "llm-foundry"]):
+        out = tmp_path / ("llm-foundry" if args else "hf")
+        proc = convert(checkpoint, out, *args)
+        assert proc.returncode == 0, proc.stderr
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", torch_dtype=torch.float32).eval()
+    assert type(hf).__name__ == "GPT2LMHeadModel"
+    # Tessera's own model, read from the LLM Foundry layout of the same checkpoint.
+    assert_same_function(driver, tmp_path, tmp_path / "llm-foundry", hf)
+
+
+def test_alibi_without_biases_exports_as_transformers_mpt_and_with_biases_is_refused(driver, tmp_path, dataset):
+    section = dict(name="mpt_causal_lm", d_model=64, n_heads=4, n_layers=2, expansion_ratio=4, max_seq_len=SEQ,
+                   vocab_size=VOCAB, no_bias=True, attn_config={"attn_impl": "torch"})
+    alibi = {"alibi": {"max_sequence_length": SEQ}}
+    checkpoint = train_and_checkpoint(driver, tmp_path / "a", dataset, section, alibi)
+    assert convert(checkpoint, tmp_path / "hf").returncode == 0
+    assert convert(checkpoint, tmp_path / "own", "--layout", "llm-foundry").returncode == 0
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", torch_dtype=torch.float32).eval()
+    assert type(hf).__name__ == "MptForCausalLM"
+    with torch.no_grad():
+        ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(5))
+        assert (tessera_logits(driver, tmp_path, tmp_path / "own", ids) - hf(ids).logits).abs().max().item() <= 1e-5
+
+    section["no_bias"] = False
+    checkpoint = train_and_checkpoint(driver, tmp_path / "b", dataset, section, alibi)
+    proc = convert(checkpoint, tmp_path / "refused")
+    assert proc.returncode != 0
+    assert "cannot represent biases (no_bias: false)" in proc.stderr and "--layout llm-foundry" in proc.stderr
+    assert not (tmp_path / "refused" / "config.json").exists()
