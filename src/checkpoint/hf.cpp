@@ -1,15 +1,10 @@
 // Hugging Face folder import and export, for every model family through the model protocol.
 #include "tessera/checkpoint/hf.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include <unistd.h>
-#include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -98,8 +93,6 @@ std::optional<at::Tensor> HfWeights::param(const std::string& name) const {
   if (it == files_.end()) return std::nullopt;
   const TensorInfo& info = it->second->info(source);
   if (info.shape != t.shape) {
-    std::vector<int64_t> expected = t.shape;
-    if (t.transpose) std::reverse(expected.begin(), expected.end());
     throw Error(kComponent, fmt::format("{}: tensor {} has shape [{}], the model expects [{}]", it->second->path(),
                                         source, fmt::join(info.shape, ", "), fmt::join(t.shape, ", ")));
   }
@@ -125,8 +118,7 @@ std::vector<std::string> HfWeights::unexpected() const {
   for (const auto& [name, file] : files_) {
     if (taken.count(name) || (tied_ && name == "lm_head.weight")) continue;
     const bool mask_buffer =
-        model_type_ == "gpt2" && (name.size() > 10 && (name.compare(name.size() - 10, 10, ".attn.bias") == 0 ||
-                                                       name.find(".attn.masked_bias") != std::string::npos));
+        model_type_ == "gpt2" && (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias"));
     if (!mask_buffer) out.push_back(name);
   }
   return out;
@@ -196,11 +188,12 @@ void save_hf_model(models::CausalLM& model, const std::string& dir, at::ScalarTy
 
 namespace {
 
-// The model a checkpoint's hf_config describes, and its weights' names and shapes (sorted), checked against the
-// checkpoint's model/ tensors: each must be there with its shape, and nothing else (LoRA adapters are refused).
+// The model a checkpoint's hf_config describes, built on the meta device (names and shapes only), checked against
+// the checkpoint's model/ tensors: each weight must be there with its shape, and nothing else (LoRA adapters are
+// refused).
 struct CheckpointModel {
   nlohmann::json config;
-  std::vector<std::pair<std::string, std::vector<int64_t>>> tensors;
+  std::shared_ptr<models::CausalLM> meta;
 };
 
 CheckpointModel checkpoint_model(const CheckpointReader& reader, const std::string& checkpoint_dir) {
@@ -209,10 +202,9 @@ CheckpointModel checkpoint_model(const CheckpointReader& reader, const std::stri
   }
   CheckpointModel out;
   out.config = reader.metadata().at("hf_config");
-  // On the meta device: names and shapes only.
-  const std::shared_ptr<models::CausalLM> model =
-      models::build_from_hf_config(out.config, (fs::path(checkpoint_dir) / "metadata.json").string(), "meta");
-  for (const auto& item : model->named_parameters()) {
+  out.meta = models::build_from_hf_config(out.config, (fs::path(checkpoint_dir) / "metadata.json").string(), "meta");
+  std::set<std::string> names;
+  for (const auto& item : out.meta->named_parameters()) {
     const std::string name = "model/" + item.key();
     if (!reader.has_tensor(name)) {
       throw Error(kComponent, fmt::format("{}: has no weight {}", checkpoint_dir, item.key()));
@@ -222,17 +214,15 @@ CheckpointModel checkpoint_model(const CheckpointReader& reader, const std::stri
                   fmt::format("{}: {} has shape [{}], the config gives [{}]", checkpoint_dir, item.key(),
                               fmt::join(reader.shape(name), ", "), fmt::join(item.value().sizes().vec(), ", ")));
     }
-    out.tensors.emplace_back(item.key(), item.value().sizes().vec());
+    names.insert(name);
   }
   for (const std::string& name : reader.tensor_names("model/")) {
-    const std::string key = name.substr(6);
-    if (std::none_of(out.tensors.begin(), out.tensors.end(), [&](const auto& t) { return t.first == key; })) {
+    if (!names.count(name)) {
       throw Error(kComponent, fmt::format("{}: weight {} is not part of a plain {} model (LoRA adapters? merge them "
                                           "before saving)",
-                                          checkpoint_dir, key, model->family()));
+                                          checkpoint_dir, name.substr(6), out.meta->family()));
     }
   }
-  std::sort(out.tensors.begin(), out.tensors.end());
   return out;
 }
 
@@ -253,11 +243,8 @@ void export_checkpoint_to_hf(const std::string& checkpoint_dir, const std::strin
                              HfLayout layout, uint64_t max_shard_bytes) {
   CheckpointReader reader(checkpoint_dir);
   const CheckpointModel cm = checkpoint_model(reader, checkpoint_dir);
-  // On meta: names and shapes only; the format refuses a model transformers cannot represent before anything is
-  // written.
-  const std::shared_ptr<models::CausalLM> model =
-      models::build_from_hf_config(cm.config, (fs::path(checkpoint_dir) / "metadata.json").string(), "meta");
-  const models::HfFormat format = format_in(*model, dtype, layout);
+  // The format refuses a model transformers cannot represent before anything is written.
+  const models::HfFormat format = format_in(*cm.meta, dtype, layout);
   fs::create_directories(out_dir);
   save_sharded_safetensors_streamed(out_dir, layout_of(format, dtype),
                                     [&](size_t i) {

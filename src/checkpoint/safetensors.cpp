@@ -329,8 +329,7 @@ std::vector<std::string> save_sharded_safetensors_streamed(const std::string& di
   // Files of an earlier save in another layout: they would shadow or contradict the new one.
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
-    const bool ours = name == "model.safetensors" || (name.rfind("model-", 0) == 0 && name.size() > 12 &&
-                                                      name.compare(name.size() - 12, 12, ".safetensors") == 0);
+    const bool ours = name == "model.safetensors" || (name.starts_with("model-") && name.ends_with(".safetensors"));
     if (ours && std::find(files.begin(), files.end(), name) == files.end()) fs::remove(entry.path());
   }
   return files;

@@ -19,6 +19,11 @@ namespace {
 
 constexpr const char* kComponent = "hf";
 
+// config.json's torch_dtype.
+const char* dtype_name(at::ScalarType dtype) {
+  return dtype == at::kBFloat16 ? "bfloat16" : (dtype == at::kHalf ? "float16" : "float32");
+}
+
 const std::set<std::string> kModelKeys = {"d_model",
                                           "n_heads",
                                           "n_layers",
@@ -162,16 +167,12 @@ nlohmann::ordered_json mpt_hf_config(const MPTOptions& o, at::ScalarType dtype) 
       {"use_cache", false},
       {"init_config", init},
       {"tie_word_embeddings", o.tie_word_embeddings},
-      {"torch_dtype", dtype == at::kBFloat16 ? "bfloat16" : (dtype == at::kHalf ? "float16" : "float32")}};
+      {"torch_dtype", dtype_name(dtype)}};
   if (o.attention_bias) j["attention_bias"] = *o.attention_bias;
   return j;
 }
 
 namespace {
-
-const char* dtype_name(at::ScalarType dtype) {
-  return dtype == at::kBFloat16 ? "bfloat16" : (dtype == at::kHalf ? "float16" : "float32");
-}
 
 // What keeps a model from every transformers architecture (as phrases naming the recipe key).
 std::vector<std::string> blockers_for_any(const MPTOptions& o) {

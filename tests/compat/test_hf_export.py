@@ -10,7 +10,8 @@ positions, pre-LN blocks with biases, exact GELU when activation_function is "ge
 - The model section of every recipe in recipes/ (dimensions shrunk), trained 5 steps by Tessera, checkpointed, and
   exported by `convert`: AutoModelForCausalLM loads it as GPT2LMHeadModel whose logits equal Tessera's (1e-5), with
   and without attention masks (left padding).
-- With the `alibi` algorithm and no_bias the export is transformers' MPT, logits equal; with biases it is refused.
+- With the `alibi` algorithm and no_bias the export is transformers' MPT, logits equal; sharded with an index past
+  --max-shard-size it loads the same; with biases it is refused.
 """
 import pathlib
 import subprocess
@@ -171,6 +172,17 @@ def test_alibi_without_biases_exports_as_transformers_mpt_and_with_biases_is_ref
     with torch.no_grad():
         ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(5))
         assert (tessera_logits(driver, tmp_path, tmp_path / "own", ids) - hf(ids).logits).abs().max().item() <= 1e-5
+
+    # Sharded past --max-shard-size, with HF's index: transformers loads the same model. Exporting unsharded into
+    # the same folder afterwards leaves no shard or index of the earlier layout behind.
+    assert convert(checkpoint, tmp_path / "sharded", "--max-shard-size", "100KB").returncode == 0
+    shards = sorted(p.name for p in (tmp_path / "sharded").glob("model-*-of-*.safetensors"))
+    assert len(shards) > 1 and (tmp_path / "sharded" / "model.safetensors.index.json").exists()
+    sharded = AutoModelForCausalLM.from_pretrained(tmp_path / "sharded", torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert torch.equal(sharded(ids).logits, hf(ids).logits)
+    assert convert(checkpoint, tmp_path / "sharded").returncode == 0
+    assert sorted(p.name for p in (tmp_path / "sharded").iterdir()) == ["config.json", "model.safetensors"]
 
     section["no_bias"] = False
     checkpoint = train_and_checkpoint(driver, tmp_path / "b", dataset, section, alibi)

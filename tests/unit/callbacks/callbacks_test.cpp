@@ -270,5 +270,24 @@ TEST(StopperOptions, DefaultComparisonFollowsTheMetricName) {
   EXPECT_TRUE(parse("loss/train/total", "train"));
 }
 
+// A model transformers cannot load as the same function (grouped-query attention with learned positions) is refused
+// when training starts, naming the reason, rather than at the first save after hours of training.
+TEST(HfCheckpointerCallback, AModelWithNoTransformersFormIsRefusedAtFitStart) {
+  const fs::path folder = dataset().parent_path() / "hf_refused";
+  fs::remove_all(folder);
+  Trainer t(tiny_config("callbacks: {hf_checkpointer: {save_folder: " + folder.string() + ", save_interval: 1ba}}\n",
+                        {"model.attn_config.attn_type=grouped_query_attention", "model.attn_config.kv_n_heads=1"}));
+  std::string err;
+  try {
+    t.fit();
+  } catch (const ConfigError& e) {
+    err = e.what();
+  }
+  EXPECT_NE(err.find("[hf_checkpointer]"), std::string::npos) << err;
+  EXPECT_NE(err.find("grouped_query_attention (kv_n_heads 1 of 2 heads)"), std::string::npos) << err;
+  EXPECT_EQ(t.state().timestamp.batch, 0);
+  EXPECT_FALSE(fs::exists(folder / "huggingface"));
+}
+
 }  // namespace
 }  // namespace tessera::callbacks
