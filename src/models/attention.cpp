@@ -39,10 +39,10 @@ at::Tensor alibi_slopes(int64_t n_heads, double alibi_bias_max) {
 }
 
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  // x: (B, S, H, hd); cos/sin: (S, hd/2) -> broadcast over batch and heads.
+  // x: (B, S, H, hd); cos/sin: (S, hd/2) or (B, S, hd/2) -> broadcast over heads (and batch).
   const int64_t half = x.size(-1) / 2;
   const at::Tensor x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
-  const at::Tensor c = cos.unsqueeze(1).to(x.scalar_type()), s = sin.unsqueeze(1).to(x.scalar_type());
+  const at::Tensor c = cos.unsqueeze(-2).to(x.scalar_type()), s = sin.unsqueeze(-2).to(x.scalar_type());
   return at::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
 }
 
@@ -87,15 +87,26 @@ at::Tensor GroupedQueryAttentionImpl::forward(const at::Tensor& x, const Attenti
   q = q.transpose(1, 2);  // (B, H, S, hd)
   k = k.transpose(1, 2);  // (B, KV, S, hd)
   v = v.transpose(1, 2);
-  if (cache != nullptr) {
-    if (cache->key.defined()) {
-      k = at::cat({cache->key, k}, 2);
-      v = at::cat({cache->value, v}, 2);
-    }
-    cache->key = k;
-    cache->value = v;
+  append_to_cache(cache, k, v);
+  const at::Tensor context = attend(q, k, v, in, scale_, is_training() ? o_.attn.attn_pdrop : 0.0, is_training())
+                                 .transpose(1, 2)
+                                 .reshape({b, s, h * hd});  // (B, S, H hd)
+  return out_proj(context);
+}
+
+void append_to_cache(LayerCache* cache, at::Tensor& k, at::Tensor& v) {
+  if (cache == nullptr) return;
+  if (cache->key.defined()) {
+    k = at::cat({cache->key, k}, 2);
+    v = at::cat({cache->value, v}, 2);
   }
-  const double dropout = is_training() ? o_.attn.attn_pdrop : 0.0;
+  cache->key = k;
+  cache->value = v;
+}
+
+at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionInputs& in,
+                  double scale, double dropout, bool training) {
+  const int64_t s = q.size(2), h = q.size(1), kv = k.size(1);
   at::Tensor context;
   // Kernel choice: on CPU, ATen's fused SDPA is slower than the explicit softmax path in bf16 for short keys (about
   // 2x at 128 and 1.6x at 256 keys, forward + backward; bench_attention_variants, docs/performance.md) and faster
@@ -106,22 +117,18 @@ at::Tensor GroupedQueryAttentionImpl::forward(const at::Tensor& x, const Attenti
     // Plain path: kv head g serves query heads g * n_rep .. g * n_rep + n_rep - 1, as LLM Foundry's repeat_kv_for_gqa.
     const int64_t rep = h / kv;
     const at::Tensor kf = rep > 1 ? k.repeat_interleave(rep, 1) : k, vf = rep > 1 ? v.repeat_interleave(rep, 1) : v;
-    at::Tensor scores = at::matmul(q, kf.transpose(-1, -2)) * scale_;  // (B, H, s_q, s_k)
+    at::Tensor scores = at::matmul(q, kf.transpose(-1, -2)) * scale;  // (B, H, s_q, s_k)
     if (in.mask) scores = scores + *in.mask;
     if (in.is_causal) {
       const int64_t sk = kf.size(2);
-      const at::Tensor future = at::ones({s, sk}, x.options().dtype(at::kBool)).triu(sk - s + 1);
+      const at::Tensor future = at::ones({s, sk}, q.options().dtype(at::kBool)).triu(sk - s + 1);
       scores = scores.masked_fill(future, lowest_value(scores.scalar_type()));
     }
     at::Tensor weights = at::softmax(scores, -1);
-    weights = at::dropout(weights, dropout, is_training());
-    context = at::matmul(weights, vf);
-  } else {
-    context = at::scaled_dot_product_attention(q, k, v, in.mask, dropout, in.is_causal, scale_,
-                                               /*enable_gqa=*/kv != h);
+    weights = at::dropout(weights, dropout, training);
+    return at::matmul(weights, vf);
   }
-  context = context.transpose(1, 2).reshape({b, s, h * hd});  // (B, S, H hd)
-  return out_proj(context);
+  return at::scaled_dot_product_attention(q, k, v, in.mask, dropout, in.is_causal, scale, /*enable_gqa=*/kv != h);
 }
 
 }  // namespace tessera::models

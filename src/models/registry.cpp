@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/models/causal_lm.h"
+#include "tessera/models/llama.h"
 #include "tessera/models/mpt.h"
 #include "tessera/util/error.h"
 
@@ -22,6 +23,18 @@ ModelRegistry& model_registry() {
           o.init_device = device;
           return build_mpt(o, seed).ptr();
         });
+    r->add(
+        "llama",
+        [](config::Section& s) {
+          const LlamaOptions o = parse_llama_options(s);
+          s.finish();
+          return ModelOptions{"llama", o, o.max_position_embeddings, o.init_device};
+        },
+        [](const ModelOptions& m, const std::string& device, uint64_t seed) -> std::shared_ptr<CausalLM> {
+          LlamaOptions o = std::any_cast<const LlamaOptions&>(m.options);
+          o.init_device = device;
+          return build_llama(o, seed).ptr();
+        });
     r->add_foundry_names({"hf_causal_lm", "hf_t5", "hf_prefix_lm", "hf_llama"});
     return r;
   }();
@@ -36,12 +49,18 @@ std::shared_ptr<CausalLM> build_from_hf_config(const nlohmann::json& config, con
     o.init_device = device;
     return seed ? build_mpt(o, *seed).ptr() : MPTForCausalLM(o).ptr();
   }
+  if (type == "llama" || type == "mistral" || type == "qwen2") {
+    LlamaOptions o = llama_options_from_hf_config(config, where);
+    o.init_device = device;
+    return seed ? build_llama(o, *seed).ptr() : LlamaForCausalLM(o).ptr();
+  }
   if (type == "gpt2") {  // what Tessera exports an MPT with learned positions as
     MPTOptions o = mpt_options_from_gpt2_config(config, where);
     o.init_device = device;
     return seed ? build_mpt(o, *seed).ptr() : MPTForCausalLM(o).ptr();
   }
-  throw Error("hf", fmt::format("{}: model_type is \"{}\"; Tessera reads: mpt, gpt2", where, type));
+  throw Error("hf",
+              fmt::format("{}: model_type is \"{}\"; Tessera reads: mpt, gpt2, llama, mistral, qwen2", where, type));
 }
 
 }  // namespace tessera::models

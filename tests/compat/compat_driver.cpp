@@ -7,7 +7,8 @@
 //   tessera_compat_driver export DIR OUT_DIR [bf16] [family]
 //       loads DIR and writes it back with save_hf_model (transformers' layout, or the family's own with "family")
 //   tessera_compat_driver generate DIR INPUTS.safetensors OUT.safetensors MAX_NEW [EOS]
-//       greedy generation for each row of input_ids; writes tokens (B, n) padded with -1
+//       greedy generation for each row of input_ids (its first lengths[b] tokens when INPUTS has "lengths"); writes
+//       tokens (B, n) padded with -1
 //   tessera_compat_driver mds-write SPEC.json OUT_DIR
 //       SPEC: {"columns": {name: encoding}, "compression": str|null, "hashes": [...], "size_limit": int|null,
 //              "samples": [{name: value}]}; values: numbers, strings, {"bytes": hex}, {"json": any},
@@ -76,10 +77,12 @@ int generate(const std::string& dir, const std::string& inputs_path, const std::
   auto model = tessera::checkpoint::load_hf_model(dir);
   SafetensorsFile inputs(inputs_path);
   const at::Tensor ids = inputs.load("input_ids", at::kLong);
+  const at::Tensor lengths = inputs.contains("lengths") ? inputs.load("lengths", at::kLong) : at::Tensor();
   std::vector<std::vector<int64_t>> prompts;
   for (int64_t b = 0; b < ids.size(0); ++b) {
     const at::Tensor row = ids[b].contiguous();
-    prompts.emplace_back(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel());
+    const int64_t n = lengths.defined() ? lengths[b].item<int64_t>() : row.numel();
+    prompts.emplace_back(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + n);
   }
   tessera::models::GenerationOptions g;
   g.max_new_tokens = max_new;

@@ -42,7 +42,17 @@ class GroupedQueryAttentionImpl : public torch::nn::Module {
 };
 TORCH_MODULE(GroupedQueryAttention);
 
-// Applies GPT-NeoX-style (flash-attn "dail", non-interleaved) rotary embeddings to x: (B, S, heads, head_dim).
+// Applies GPT-NeoX-style (flash-attn "dail", non-interleaved; HF's rotate_half) rotary embeddings to
+// x: (B, S, heads, head_dim), with cos/sin (S, head_dim / 2) or, for per-row positions, (B, S, head_dim / 2).
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+// With a cache: prepends its keys and values to k and v ((B, KV, S, hd)) and stores the result in it.
+void append_to_cache(LayerCache* cache, at::Tensor& k, at::Tensor& v);
+
+// Attention of q (B, H, s_q, hd) over k, v (B, KV, s_k, hd), H a multiple of KV (grouped-query), with `in`'s mask or
+// causal flag: SDPA, or the explicit softmax path (in.reference; and for short bf16 keys on CPU, where it is faster).
+// Returns (B, H, s_q, hd).
+at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionInputs& in,
+                  double scale, double dropout, bool training);
 
 }  // namespace tessera::models

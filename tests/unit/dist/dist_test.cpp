@@ -31,6 +31,7 @@
 #include "tessera/dist/fsdp.h"
 #include "tessera/dist/launcher.h"
 #include "tessera/dist/sharding.h"
+#include "tessera/models/llama.h"
 #include "tessera/models/mpt.h"
 #include "tessera/trainer/trainer.h"
 #include "test_util.h"
@@ -238,20 +239,34 @@ struct TrainRun {
   std::map<std::string, at::Tensor> weights;  // the final model, from hf_checkpointer
 };
 
-class DistTraining : public ::testing::Test {
+// The models the distributed tests train: each family's tiny configuration (the rest of the recipe is shared).
+struct TinyMpt {
+  static constexpr const char* kDir = "dist_training";
+  // no_bias (LLM Foundry's MPT default): the key slice of a Wqkv bias has an exactly-zero gradient, so its
+  // gradient is rounding noise that Adam amplifies to full-size steps, and no two summation orders agree on it.
+  static constexpr const char* kModel =
+      "{name: mpt_causal_lm, d_model: 32, n_heads: 2, n_layers: 3, expansion_ratio: 2, max_seq_len: 32,\n"
+      "        vocab_size: 64, no_bias: true, attn_config: {attn_impl: torch}}";
+};
+struct TinyLlama {
+  static constexpr const char* kDir = "dist_training_llama";
+  static constexpr const char* kModel =
+      "{name: llama, hidden_size: 32, num_attention_heads: 4, num_key_value_heads: 2, num_hidden_layers: 3,\n"
+      "        intermediate_size: 64, vocab_size: 64, max_position_embeddings: 32}";
+};
+
+template <class Model>
+class DistTrainingOf : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    root_ = fs::temp_directory_path() / "dist_training";
+    root_ = fs::temp_directory_path() / Model::kDir;
     fs::remove_all(root_);
     tessera::testing::write_token_split(root_ / "data" / "train", 256, 1);
     tessera::testing::write_token_split(root_ / "data" / "val", 32, 2);
-    // no_bias (LLM Foundry's MPT default): the key slice of a Wqkv bias has an exactly-zero gradient, so its
-    // gradient is rounding noise that Adam amplifies to full-size steps, and no two summation orders agree on it.
     std::ofstream(root_ / "tiny.yaml") << fmt::format(R"(
 max_seq_len: 32
 seed: 3
-model: {{name: mpt_causal_lm, d_model: 32, n_heads: 2, n_layers: 3, expansion_ratio: 2, max_seq_len: 32,
-        vocab_size: 64, no_bias: true, attn_config: {{attn_impl: torch}}}}
+model: {2}
 tokenizer: {{name: unused}}
 train_loader: {{name: text, dataset: {{local: {0}, split: train, shuffle: true, max_seq_len: 32}}, drop_last: true}}
 eval_loader: {{name: text, dataset: {{local: {0}, split: val, shuffle: false, max_seq_len: 32}}, drop_last: false}}
@@ -269,7 +284,7 @@ log_to_console: false
 loggers: {{jsonl: {{filename: "{1}/runs/{{run_name}}/metrics.jsonl"}}}}
 callbacks: {{hf_checkpointer: {{save_folder: "{1}/runs/{{run_name}}", save_interval: 1000ba}}}}
 )",
-                                                      (root_ / "data").string(), root_.string());
+                                                      (root_ / "data").string(), root_.string(), Model::kModel);
   }
 
   // Runs `train` on `nproc` local ranks (1: a plain process) and reads its losses and final weights.
@@ -312,7 +327,7 @@ callbacks: {{hf_checkpointer: {{save_folder: "{1}/runs/{{run_name}}", save_inter
     for (const auto& [name, w] : single.weights) {
       const at::Tensor& v = sharded.weights.at(name);
       EXPECT_TRUE(at::allclose(v, w, 1e-4, 1e-5))
-          << what << " " << name << ": max diff " << (v - w).abs().max().item<double>();
+          << what << " " << name << ": max diff " << (v - w).abs().max().template item<double>();
     }
   }
 
@@ -321,9 +336,48 @@ callbacks: {{hf_checkpointer: {{save_folder: "{1}/runs/{{run_name}}", save_inter
     return r;
   }
 
+  // Trains 10 of the 20 batches (t_max pins the schedule to the full run's) on `nproc` ranks with `strategy` and
+  // saves a checkpoint there; returns its directory.
+  static std::string save_at_ten(const std::string& name, int nproc, const std::string& strategy) {
+    const fs::path ckpt = root_ / "ckpt";
+    fs::remove_all(ckpt / name);
+    std::vector<std::string> o = {"max_duration=10ba", "scheduler.t_max=20ba", "save_interval=10ba",
+                                  "save_folder=" + (ckpt / name).string()};
+    if (!strategy.empty()) o.push_back("fsdp_config.sharding_strategy=" + strategy);
+    run(name, nproc, o);
+    EXPECT_TRUE(fs::exists(ckpt / name / "ep0-ba10" / "metadata.json")) << name;
+    return (ckpt / name / "ep0-ba10").string();
+  }
+
+  // Loads checkpoint `from` on `nproc` ranks with `strategy` and trains one step: its loss.
+  static double loss_after_resuming(const std::string& name, int nproc, const std::string& strategy,
+                                    const std::string& from) {
+    std::vector<std::string> o = {"max_duration=11ba", "scheduler.t_max=20ba", "load_path=" + from};
+    if (!strategy.empty()) o.push_back("fsdp_config.sharding_strategy=" + strategy);
+    const TrainRun r = run(name, nproc, o);
+    EXPECT_EQ(r.losses.size(), 1u) << name << ": resumed at batch 10, so one step";
+    return r.losses.empty() ? 0.0 : r.losses[0];
+  }
+
+  // tests/fault_injection/kill_random_rank.sh: kill -9 of a random rank at a random step under --max-restarts and
+  // autoresume; the final weights must equal an uninterrupted run's, byte for byte.
+  static void expect_kills_resume_bitwise(int trials) {
+    const fs::path log = root_ / "fault_injection.log";
+    const std::string cmd =
+        fmt::format("RUNS_DIR={} {}/tests/fault_injection/kill_random_rank.sh {} {} {} {} > {} 2>&1",
+                    (root_ / "runs").string(), ::tessera::testing::source_dir(), ::tessera::testing::train_bin(),
+                    (root_ / "tiny.yaml").string(), (root_ / "fault").string(), trials, log.string());
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << read_text(log);
+    EXPECT_NE(read_text(log).find(fmt::format("{0}/{0} trials passed", trials)), std::string::npos) << read_text(log);
+  }
+
   static fs::path root_;
 };
-fs::path DistTraining::root_;
+template <class Model>
+fs::path DistTrainingOf<Model>::root_;
+
+using DistTraining = DistTrainingOf<TinyMpt>;
+using DistTrainingLlama = DistTrainingOf<TinyLlama>;
 
 }  // namespace
 
@@ -611,34 +665,16 @@ TEST_F(DistTraining, IclEvaluationSplitOverRanksCountsWhatOneProcessCounts) {
 TEST_F(DistTraining, CheckpointsReshardAcrossWorldSizesAndStrategies) {
   if (is_worker()) GTEST_SKIP();
   // Save at batch 10 with one layout, load with another, train one step: the 11th loss is the uninterrupted
-  // single process's (up to summation order, as for the sharded-equals-unsharded tests). t_max pins the schedule to
-  // that run's 20 batches.
-  const fs::path ckpt = root_ / "ckpt";
-  auto save = [&](const std::string& name, int nproc, const std::string& strategy) {
-    fs::remove_all(ckpt / name);
-    std::vector<std::string> o = {"max_duration=10ba", "scheduler.t_max=20ba", "save_interval=10ba",
-                                  "save_folder=" + (ckpt / name).string()};
-    if (!strategy.empty()) o.push_back("fsdp_config.sharding_strategy=" + strategy);
-    run(name, nproc, o);
-    EXPECT_TRUE(fs::exists(ckpt / name / "ep0-ba10" / "metadata.json")) << name;
-    return (ckpt / name / "ep0-ba10").string();
-  };
-  auto next_loss = [&](const std::string& name, int nproc, const std::string& strategy, const std::string& from) {
-    std::vector<std::string> o = {"max_duration=11ba", "scheduler.t_max=20ba", "load_path=" + from};
-    if (!strategy.empty()) o.push_back("fsdp_config.sharding_strategy=" + strategy);
-    const TrainRun r = run(name, nproc, o);
-    EXPECT_EQ(r.losses.size(), 1u) << name << ": resumed at batch 10, so one step";
-    return r.losses.empty() ? 0.0 : r.losses[0];
-  };
+  // single process's (up to summation order, as for the sharded-equals-unsharded tests).
   const double want = single().losses.at(10);
-  const std::string fs4 = save("ck_fs4", 4, "FULL_SHARD");
-  const double fs4_to_1 = next_loss("ck_fs4_to_1", 1, "", fs4);
-  const double fs4_to_4 = next_loss("ck_fs4_to_4", 4, "FULL_SHARD", fs4);
-  const double fs4_to_ns2 = next_loss("ck_fs4_to_ns2", 2, "NO_SHARD", fs4);
-  const std::string sgo2 = save("ck_sgo2", 2, "SHARD_GRAD_OP");
-  const double sgo2_to_fs4 = next_loss("ck_sgo2_to_fs4", 4, "FULL_SHARD", sgo2);
-  const std::string one = save("ck_1", 1, "");
-  const double one_to_fs2 = next_loss("ck_1_to_fs2", 2, "FULL_SHARD", one);
+  const std::string fs4 = save_at_ten("ck_fs4", 4, "FULL_SHARD");
+  const double fs4_to_1 = loss_after_resuming("ck_fs4_to_1", 1, "", fs4);
+  const double fs4_to_4 = loss_after_resuming("ck_fs4_to_4", 4, "FULL_SHARD", fs4);
+  const double fs4_to_ns2 = loss_after_resuming("ck_fs4_to_ns2", 2, "NO_SHARD", fs4);
+  const std::string sgo2 = save_at_ten("ck_sgo2", 2, "SHARD_GRAD_OP");
+  const double sgo2_to_fs4 = loss_after_resuming("ck_sgo2_to_fs4", 4, "FULL_SHARD", sgo2);
+  const std::string one = save_at_ten("ck_1", 1, "");
+  const double one_to_fs2 = loss_after_resuming("ck_1_to_fs2", 2, "FULL_SHARD", one);
   for (const auto& [what, loss] :
        std::vector<std::pair<std::string, double>>{{"FULL_SHARD x4 -> 1 process", fs4_to_1},
                                                    {"FULL_SHARD x4 -> FULL_SHARD x4", fs4_to_4},
@@ -655,18 +691,35 @@ TEST_F(DistTraining, CheckpointsReshardAcrossWorldSizesAndStrategies) {
 
 TEST_F(DistTraining, KillingARandomRankResumesToTheUninterruptedWeights) {
   if (is_worker()) GTEST_SKIP();
-  // tests/fault_injection/kill_random_rank.sh: kill -9 of a random rank at a random step under --max-restarts and
-  // autoresume; the final weights must equal an uninterrupted run's, byte for byte. A few trials here
-  // (TESSERA_FAULT_TRIALS, default 2); the script runs 10 by default.
+  // A few trials here (TESSERA_FAULT_TRIALS, default 2); the script runs 10 by default.
   const char* env = std::getenv("TESSERA_FAULT_TRIALS");
-  const int trials = env != nullptr ? std::atoi(env) : 2;
-  const fs::path log = root_ / "fault_injection.log";
-  const std::string cmd =
-      fmt::format("RUNS_DIR={} {}/tests/fault_injection/kill_random_rank.sh {} {} {} {} > {} 2>&1",
-                  (root_ / "runs").string(), ::tessera::testing::source_dir(), ::tessera::testing::train_bin(),
-                  (root_ / "tiny.yaml").string(), (root_ / "fault").string(), trials, log.string());
-  EXPECT_EQ(std::system(cmd.c_str()), 0) << read_text(log);
-  EXPECT_NE(read_text(log).find(fmt::format("{0}/{0} trials passed", trials)), std::string::npos) << read_text(log);
+  expect_kills_resume_bitwise(env != nullptr ? std::atoi(env) : 2);
+}
+
+// ---- The Llama family through the same engine -----------------------------------------------------------------------
+
+TEST_F(DistTrainingLlama, ShardedOnTwoAndFourRanksMatchesOneProcess) {
+  if (is_worker()) GTEST_SKIP();
+  expect_same(single(), run("ns2", 2, {"fsdp_config.sharding_strategy=NO_SHARD"}), "Llama NO_SHARD x2");
+  expect_same(single(), run("sgo2", 2, {"fsdp_config.sharding_strategy=SHARD_GRAD_OP"}), "Llama SHARD_GRAD_OP x2");
+  expect_same(single(), run("fs4", 4, {"fsdp_config.sharding_strategy=FULL_SHARD"}), "Llama FULL_SHARD x4");
+  expect_same(single(), run("fs2meta", 2, {"model.init_device=meta", "fsdp_config.activation_checkpointing=true"}),
+              "Llama FULL_SHARD x2 from meta, with activation checkpointing");
+}
+
+TEST_F(DistTrainingLlama, CheckpointsReshardAcrossWorldSizesAndStrategies) {
+  if (is_worker()) GTEST_SKIP();
+  const double want = single().losses.at(10);
+  const std::string fs4 = save_at_ten("ck_fs4", 4, "FULL_SHARD");
+  EXPECT_NEAR(loss_after_resuming("ck_fs4_to_1", 1, "", fs4), want, 1e-5 * want) << "FULL_SHARD x4 -> 1 process";
+  const std::string one = save_at_ten("ck_1", 1, "");
+  EXPECT_NEAR(loss_after_resuming("ck_1_to_fs2", 2, "FULL_SHARD", one), want, 1e-5 * want)
+      << "1 process -> FULL_SHARD x2";
+}
+
+TEST_F(DistTrainingLlama, KillingARandomRankResumesToTheUninterruptedWeights) {
+  if (is_worker()) GTEST_SKIP();
+  expect_kills_resume_bitwise(1);
 }
 
 // ---- Failure: a killed rank ends the job ----------------------------------------------------------------------------
@@ -831,4 +884,47 @@ TEST(Fsdp, AMetaModelIsMaterialisedUnitByUnitAsAWholeModelInit) {
   whole->eval();
   meta->eval();
   EXPECT_TRUE(at::allclose(meta->forward(ids), whole->forward(ids), 1e-6, 1e-6));
+}
+
+TEST(Fsdp, LlamaUnitsGiveThePlainModelsNumbersAndAMetaBuildTheWholeModelsInit) {
+  models::LlamaOptions o;
+  o.vocab_size = 50;
+  o.hidden_size = 32;
+  o.intermediate_size = 48;
+  o.num_hidden_layers = 3;
+  o.num_attention_heads = 4;
+  o.num_key_value_heads = 2;
+  o.head_dim = 8;
+  o.max_position_embeddings = 16;
+  o.tie_word_embeddings = true;
+  models::LlamaForCausalLM plain = models::build_llama(o, 5);
+  o.init_device = "meta";
+  models::LlamaForCausalLM sharded = models::build_llama(o, 5);
+  dist::ParallelOptions po;
+  po.sharding.strategy = dist::ShardingStrategy::kFullShard;
+  po.sharding.activation_checkpointing = true;
+  po.init_seed = 5;
+  auto parallel = dist::parallelize(*sharded, po, dist::Communicator::single());
+  ASSERT_EQ(parallel->parameters().size(), 4u);  // root + 3 decoder layers
+  std::map<std::string, at::Tensor> expected;
+  for (const auto& item : plain->named_parameters()) expected[item.key()] = item.value();
+  for (const auto& [name, t] : parallel->full_state_dict()) EXPECT_TRUE(at::equal(t, expected.at(name))) << name;
+
+  const at::Tensor ids = at::randint(50, {2, 16}, at::kLong);
+  const at::Tensor ref_logits = plain->forward(ids);
+  models::causal_lm_loss(ref_logits, ids).backward();
+  parallel->prepare_backward(true);
+  const at::Tensor logits = sharded->forward(ids);
+  models::causal_lm_loss(logits, ids).backward();
+  parallel->finish_backward();
+  EXPECT_TRUE(at::allclose(logits, ref_logits, 1e-6, 1e-6));
+  std::vector<std::vector<at::Tensor>> per_unit(4);
+  for (const auto& item : plain->named_parameters()) {
+    per_unit[plain->unit_of_parameter(item.key())].push_back(item.value().grad().reshape({-1}));
+  }
+  for (size_t u = 0; u < 4; ++u) {
+    const at::Tensor want = at::cat(per_unit[u]);
+    const at::Tensor got = parallel->parameters()[u].grad().narrow(0, 0, want.numel());
+    EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6)) << "unit " << u << ": " << (got - want).abs().max().item<double>();
+  }
 }

@@ -1,6 +1,7 @@
 // Dry-run planning: batch arithmetic and ZeRO memory accounting.
 #include <gtest/gtest.h>
 
+#include "tessera/models/llama.h"
 #include "tessera/models/mpt_config.h"
 #include "tessera/trainer/plan.h"
 #include "tessera/util/error.h"
@@ -54,6 +55,21 @@ TEST(Plan, ActivationCheckpointingKeepsOnlyBlockInputs) {
   const double block = tokens * (8 * 768 + 2 * 3072) * 2;  // bf16 values, no dropout
   EXPECT_DOUBLE_EQ(models::mpt_activation_bytes(m, 16, 2048, 2, false), 12 * block + logits);
   EXPECT_DOUBLE_EQ(models::mpt_activation_bytes(m, 16, 2048, 2, true), 12 * tokens * 768 * 2 + block + logits);
+}
+
+TEST(Plan, LlamaRecipesHaveThePublishedParameterCounts) {
+  // Meta's figures for its releases: 8.03 B, 1.24 B and 70.6 B (the exact counts of the HF checkpoints).
+  const std::map<std::string, int64_t> published = {
+      {"llama3-8b", 8030261248}, {"llama3.2-1b", 1235814400}, {"llama3-70b", 70553706496}};
+  for (const auto& [name, count] : published) {
+    const TrainConfig cfg =
+        load_train_config(std::string(::tessera::testing::source_dir()) + "/recipes/" + name + ".yaml");
+    const auto& o = std::any_cast<const models::LlamaOptions&>(cfg.model.options);
+    EXPECT_EQ(models::llama_param_count(o), count) << name;
+    // The model itself, built on meta, has that many parameters; so does the plan `train --dry-run` prints.
+    EXPECT_EQ(models::model_registry().build("llama", cfg.model, "meta", 0)->num_params(), count) << name;
+    EXPECT_EQ(make_plan(cfg, 64, 8).n_params, count) << name;
+  }
 }
 
 }  // namespace

@@ -1,0 +1,176 @@
+// The Llama family (Llama 2/3/3.1/3.2, and Mistral's sliding window and Qwen2's q/k/v biases from the same code) as
+// LibTorch modules with Hugging Face's module names, so named_parameters() gives the keys of HF folders:
+// model.embed_tokens.weight, model.layers.{i}.input_layernorm.weight, ....self_attn.{q,k,v,o}_proj.weight,
+// ....post_attention_layernorm.weight, ....mlp.{gate,up,down}_proj.weight, model.norm.weight, lm_head.weight (untied
+// only). RMSNorm, rotary embeddings in HF's rotate-half layout (HF weights load without permutation), SwiGLU,
+// grouped-query attention. LlamaForCausalLM implements the model protocol (causal_lm.h); `model.name: llama`.
+// Modules are not thread-safe.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "tessera/config/reader.h"
+#include "tessera/models/attention.h"
+#include "tessera/models/causal_lm.h"
+#include "tessera/models/layers.h"
+
+namespace tessera::models {
+
+// HF's rope_scaling: none ("default"), "linear" (positions divided by factor) or Llama 3.1's "llama3" (low
+// frequencies divided by factor, a smooth ramp between low_freq_factor and high_freq_factor).
+struct RopeScaling {
+  std::string type = "default";
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+// HF's LlamaConfig keys and defaults (MistralConfig and Qwen2Config add sliding windows and q/k/v biases).
+struct LlamaOptions {
+  std::string model_type = "llama";  // llama | mistral | qwen2: the config.json written back
+  int64_t vocab_size = 32000;
+  int64_t hidden_size = 4096;
+  int64_t intermediate_size = 11008;
+  int64_t num_hidden_layers = 32;
+  int64_t num_attention_heads = 32;
+  int64_t num_key_value_heads = 0;  // resolved: num_attention_heads when not given
+  int64_t head_dim = 0;             // resolved: hidden_size / num_attention_heads when not given
+  int64_t max_position_embeddings = 2048;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;  // q, k, v and o projections (Qwen2: q, k, v only, see qkv_bias)
+  bool qkv_bias = false;        // Qwen2's biases on q, k, v and none on o
+  bool mlp_bias = false;
+  int64_t sliding_window = 0;  // Mistral / Qwen2: each query sees at most this many keys; 0 = unlimited
+  double attention_dropout = 0.0;
+  double initializer_range = 0.02;
+  std::optional<int64_t> bos_token_id, eos_token_id, pad_token_id;
+  std::string init_device = "cpu";  // cpu | cuda | meta
+
+  bool q_bias() const { return attention_bias || qkv_bias; }
+  bool o_bias() const { return attention_bias; }
+};
+
+// Reads a `model:` section with name llama (HF's LlamaConfig keys; `sliding_window`, `qkv_bias` for the Mistral and
+// Qwen2 variants); errors name the key path and line.
+LlamaOptions parse_llama_options(config::Section& s);
+// config.json (model_type llama, mistral or qwen2) -> options; throws Error("hf") naming `where` for what the family
+// does not compute (another hidden_act, rope_scaling types other than linear and llama3, ...).
+LlamaOptions llama_options_from_hf_config(const nlohmann::json& config, const std::string& where);
+nlohmann::ordered_json llama_hf_config(const LlamaOptions& o, at::ScalarType dtype);
+
+// Exact parameter count (the embedding once when tied), and training FLOPs per token: 6 N (less an untied input
+// embedding, a lookup) + 12 L (heads x head_dim) S.
+int64_t llama_param_count(const LlamaOptions& o);
+double llama_flops_per_token(const LlamaOptions& o, int64_t seq_len);
+// Parameters of the largest sharding unit: the root (embedding, final norm, untied head) or one decoder layer.
+int64_t llama_largest_unit_params(const LlamaOptions& o);
+// Activation bytes kept for the backward of one forward on batch x seq_len tokens: per layer the input, both norm
+// outputs, q/k/v, the attention output, the residual sum and the four MLP intermediates (gate, up, silu(gate) and the
+// product); with activation checkpointing each layer's input only, plus one layer's worth recomputed; and the logits
+// (stored in `bytes_per_value`, and their fp32 loss copy).
+double llama_activation_bytes(const LlamaOptions& o, int64_t batch, int64_t seq_len, int bytes_per_value,
+                              bool activation_checkpointing);
+
+// The inverse frequencies of the rotary embedding (head_dim / 2,), float32, with `rope_scaling` applied as HF does.
+at::Tensor llama_inv_freq(const LlamaOptions& o);
+
+class LlamaAttentionImpl : public torch::nn::Module {
+ public:
+  LlamaAttentionImpl(const LlamaOptions& o, const at::TensorOptions& t);
+  at::Tensor forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache = nullptr);
+
+  Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  LlamaOptions o_;
+};
+TORCH_MODULE(LlamaAttention);
+
+// down_proj(silu(gate_proj(x)) * up_proj(x)).
+class LlamaMLPImpl : public torch::nn::Module {
+ public:
+  LlamaMLPImpl(const LlamaOptions& o, const at::TensorOptions& t);
+  at::Tensor forward(const at::Tensor& x);
+
+  Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(LlamaMLP);
+
+class LlamaDecoderLayerImpl : public torch::nn::Module {
+ public:
+  LlamaDecoderLayerImpl(const LlamaOptions& o, const at::TensorOptions& t);
+  at::Tensor forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache = nullptr);
+
+  Norm input_layernorm{nullptr};
+  LlamaAttention self_attn{nullptr};
+  Norm post_attention_layernorm{nullptr};
+  LlamaMLP mlp{nullptr};
+};
+TORCH_MODULE(LlamaDecoderLayer);
+
+class LlamaModelImpl : public torch::nn::Module {
+ public:
+  LlamaModelImpl(const LlamaOptions& o, const at::TensorOptions& t);
+
+  Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  Norm norm{nullptr};
+};
+TORCH_MODULE(LlamaModel);
+
+// Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers.
+class LlamaForCausalLMImpl : public CausalLM {
+ public:
+  explicit LlamaForCausalLMImpl(const LlamaOptions& o);
+  at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& fo = {}) override;
+  const LlamaOptions& options() const { return o_; }
+
+  int64_t num_units() const override { return o_.num_hidden_layers + 1; }
+  int64_t unit_of_parameter(const std::string& name) const override;
+  void set_unit_runner(std::shared_ptr<UnitRunner> runner) override { runner_ = std::move(runner); }
+  void init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select = nullptr) override;
+  std::shared_ptr<CausalLM> rebuild(const std::string& device, std::optional<uint64_t> seed) const override;
+  double flops_per_token(int64_t seq_len) const override { return llama_flops_per_token(o_, seq_len); }
+  std::optional<double> activation_bytes(int64_t batch, int64_t seq_len, int bytes_per_value,
+                                         bool activation_checkpointing) const override {
+    return llama_activation_bytes(o_, batch, seq_len, bytes_per_value, activation_checkpointing);
+  }
+  int64_t largest_unit_params() const override { return llama_largest_unit_params(o_); }
+  int64_t vocab_size() const override { return o_.vocab_size; }
+  int64_t max_seq_len() const override { return o_.max_position_embeddings; }
+  std::string describe() const override;
+  std::string family() const override { return o_.model_type; }
+  bool has_hf_format() const override { return true; }
+  nlohmann::ordered_json hf_config(at::ScalarType dtype) const override { return llama_hf_config(o_, dtype); }
+  std::optional<std::string> tied_embedding_name() const override;
+
+  LlamaModel model{nullptr};
+  Linear lm_head{nullptr};  // only when tie_word_embeddings is false
+
+ private:
+  AttentionInputs attention_inputs(const at::Tensor& ids, const ForwardOptions& fo, int64_t past,
+                                   const at::Tensor& key_mask, const at::Tensor& positions);
+
+  LlamaOptions o_;
+  at::Tensor inv_freq_;  // (head_dim / 2,) float32, on the CPU
+  std::shared_ptr<UnitRunner> runner_;
+};
+TORCH_MODULE(LlamaForCausalLM);
+
+// Builds the model on options.init_device; on a real device initialised as HF's LlamaPreTrainedModel does (normal
+// with std initializer_range for Linear and Embedding weights, zero biases, norms 1), each module from its own
+// generator seeded from `seed` and the module's name.
+LlamaForCausalLM build_llama(const LlamaOptions& options, uint64_t seed = 17);
+
+}  // namespace tessera::models

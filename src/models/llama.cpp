@@ -1,0 +1,438 @@
+// The Llama family: options (recipe and config.json), modules, masks and rotary tables, initialisation.
+#include "tessera/models/llama.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <set>
+
+#include "tessera/config/value.h"
+#include "tessera/models/mpt.h"  // module_seed
+#include "tessera/util/error.h"
+
+namespace tessera::models {
+namespace {
+
+constexpr float kMasked = std::numeric_limits<float>::lowest();
+
+at::ScalarType compute_dtype(const at::Tensor& param) {
+  const at::DeviceType device = param.device().type();
+  if (at::autocast::is_autocast_enabled(device)) return at::autocast::get_autocast_dtype(device);
+  return param.scalar_type();
+}
+
+const char* dtype_name(at::ScalarType dtype) {
+  return dtype == at::kBFloat16 ? "bfloat16" : (dtype == at::kHalf ? "float16" : "float32");
+}
+
+}  // namespace
+
+// ---- Options --------------------------------------------------------------------------------------------------------
+
+LlamaOptions parse_llama_options(config::Section& s) {
+  LlamaOptions o;
+  o.model_type = s.get_choice("model_type", o.model_type, {"llama", "mistral", "qwen2"});
+  o.vocab_size = s.get_int("vocab_size", o.vocab_size);
+  o.hidden_size = s.get_int("hidden_size", o.hidden_size);
+  o.intermediate_size = s.get_int("intermediate_size", o.intermediate_size);
+  o.num_hidden_layers = s.get_int("num_hidden_layers", o.num_hidden_layers);
+  o.num_attention_heads = s.get_int("num_attention_heads", o.num_attention_heads);
+  o.num_key_value_heads = s.get_optional_int("num_key_value_heads").value_or(o.num_attention_heads);
+  s.check(o.num_attention_heads > 0, "num_attention_heads", "must be positive");
+  o.head_dim = s.get_optional_int("head_dim").value_or(o.hidden_size / o.num_attention_heads);
+  o.max_position_embeddings = s.get_int("max_position_embeddings", o.max_position_embeddings);
+  o.rms_norm_eps = s.get_double("rms_norm_eps", o.rms_norm_eps);
+  o.rope_theta = s.get_double("rope_theta", o.rope_theta);
+  o.tie_word_embeddings = s.get_bool("tie_word_embeddings", o.tie_word_embeddings);
+  o.attention_bias = s.get_bool("attention_bias", o.attention_bias);
+  o.qkv_bias = s.get_bool("qkv_bias", o.model_type == "qwen2");
+  o.mlp_bias = s.get_bool("mlp_bias", o.mlp_bias);
+  o.sliding_window = s.get_optional_int("sliding_window").value_or(0);
+  o.attention_dropout = s.get_double("attention_dropout", o.attention_dropout);
+  o.initializer_range = s.get_double("initializer_range", o.initializer_range);
+  o.bos_token_id = s.get_optional_int("bos_token_id");
+  o.eos_token_id = s.get_optional_int("eos_token_id");
+  o.pad_token_id = s.get_optional_int("pad_token_id");
+  o.init_device = s.get_choice("init_device", o.init_device, {"cpu", "meta", "cuda"});
+  const std::string act = s.get_string("hidden_act", "silu");
+  s.check(act == "silu", "hidden_act", "only silu (SwiGLU) is implemented");
+  if (s.has("rope_scaling")) {
+    config::Section r = s.section("rope_scaling");
+    std::string type = r.get_optional_string("rope_type").value_or(r.get_string("type", "default"));
+    r.check(type == "default" || type == "linear" || type == "llama3", "rope_type",
+            "expected default, linear or llama3, got " + type);
+    o.rope_scaling.type = type;
+    o.rope_scaling.factor = r.get_double("factor", 1.0);
+    o.rope_scaling.low_freq_factor = r.get_double("low_freq_factor", 1.0);
+    o.rope_scaling.high_freq_factor = r.get_double("high_freq_factor", 4.0);
+    o.rope_scaling.original_max_position_embeddings =
+        r.get_int("original_max_position_embeddings", o.max_position_embeddings);
+    r.check(o.rope_scaling.factor > 0, "factor", "must be positive");
+    r.finish();
+  }
+  s.check(o.hidden_size > 0 && o.vocab_size > 0 && o.intermediate_size > 0 && o.num_hidden_layers > 0, "hidden_size",
+          "hidden_size, vocab_size, intermediate_size and num_hidden_layers must be positive");
+  s.check(o.num_key_value_heads > 0 && o.num_attention_heads % o.num_key_value_heads == 0, "num_key_value_heads",
+          fmt::format("must divide num_attention_heads ({})", o.num_attention_heads));
+  s.check(o.head_dim > 0 && o.head_dim % 2 == 0, "head_dim", "must be positive and even (rotary embeddings)");
+  return o;
+}
+
+LlamaOptions llama_options_from_hf_config(const nlohmann::json& raw, const std::string& where) {
+  static const std::set<std::string> kKeys = {"model_type",          "vocab_size",        "hidden_size",
+                                              "intermediate_size",   "num_hidden_layers", "num_attention_heads",
+                                              "num_key_value_heads", "head_dim",          "max_position_embeddings",
+                                              "rms_norm_eps",        "rope_theta",        "rope_scaling",
+                                              "tie_word_embeddings", "attention_bias",    "mlp_bias",
+                                              "sliding_window",      "attention_dropout", "initializer_range",
+                                              "bos_token_id",        "eos_token_id",      "pad_token_id",
+                                              "hidden_act"};
+  const std::string type = raw.value("model_type", "");
+  if (type != "llama" && type != "mistral" && type != "qwen2") {
+    throw Error("hf", fmt::format("{}: model_type is \"{}\", expected llama, mistral or qwen2", where, type));
+  }
+  nlohmann::json cfg = nlohmann::json::object();
+  for (const auto& [k, v] : raw.items()) {
+    if (kKeys.count(k) && !v.is_null()) cfg[k] = v;
+  }
+  if (cfg.contains("eos_token_id") && cfg["eos_token_id"].is_array()) cfg.erase("eos_token_id");  // Llama 3.1's list
+  // Mistral and Qwen2 write sliding_window even when it is off (use_sliding_window: false in Qwen2). Qwen2 slides in
+  // the layers its layer_types names (by default those >= max_window_layers); Tessera's window covers every layer or
+  // none.
+  if (type == "qwen2") {
+    const int64_t layers = raw.value("num_hidden_layers", int64_t{0});
+    int64_t sliding = 0;
+    if (raw.contains("layer_types") && raw["layer_types"].is_array()) {
+      for (const auto& t : raw["layer_types"]) sliding += t == "sliding_attention" ? 1 : 0;
+    } else if (raw.value("use_sliding_window", false)) {
+      sliding = std::max<int64_t>(0, layers - raw.value("max_window_layers", int64_t{28}));
+    }
+    if (raw.value("sliding_window", nlohmann::json()).is_null()) sliding = 0;
+    if (sliding == 0) {
+      cfg.erase("sliding_window");
+    } else if (sliding != layers) {
+      throw Error("hf", fmt::format("{}: a sliding window in {} of {} layers (layer_types, max_window_layers); "
+                                    "Tessera's sliding window covers every layer or none",
+                                    where, sliding, layers));
+    }
+  }
+  config::Origin origin;
+  origin.file = where;
+  config::Value v = config::parse_yaml(cfg.dump(), origin);
+  config::ParseContext ctx(where);
+  config::Section s(&v, "", ctx);
+  try {
+    LlamaOptions o = parse_llama_options(s);
+    s.finish();
+    ctx.throw_if_unsupported();
+    o.init_device = "cpu";
+    return o;
+  } catch (const ConfigError& e) {
+    throw Error("hf", e.message());
+  }
+}
+
+nlohmann::ordered_json llama_hf_config(const LlamaOptions& o, at::ScalarType dtype) {
+  static const std::map<std::string, std::string> kArch = {
+      {"llama", "LlamaForCausalLM"}, {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"}};
+  auto optional = [](const std::optional<int64_t>& v) { return v ? nlohmann::ordered_json(*v) : nullptr; };
+  nlohmann::ordered_json j = {{"architectures", {kArch.at(o.model_type)}},
+                              {"model_type", o.model_type},
+                              {"vocab_size", o.vocab_size},
+                              {"hidden_size", o.hidden_size},
+                              {"intermediate_size", o.intermediate_size},
+                              {"num_hidden_layers", o.num_hidden_layers},
+                              {"num_attention_heads", o.num_attention_heads},
+                              {"num_key_value_heads", o.num_key_value_heads},
+                              {"head_dim", o.head_dim},
+                              {"hidden_act", "silu"},
+                              {"max_position_embeddings", o.max_position_embeddings},
+                              {"rms_norm_eps", o.rms_norm_eps},
+                              {"rope_theta", o.rope_theta},
+                              {"tie_word_embeddings", o.tie_word_embeddings},
+                              {"attention_dropout", o.attention_dropout},
+                              {"initializer_range", o.initializer_range},
+                              {"bos_token_id", optional(o.bos_token_id)},
+                              {"eos_token_id", optional(o.eos_token_id)},
+                              {"pad_token_id", optional(o.pad_token_id)},
+                              {"use_cache", true},
+                              {"torch_dtype", dtype_name(dtype)}};
+  if (o.rope_scaling.type == "default") {
+    j["rope_scaling"] = nullptr;
+  } else {
+    nlohmann::ordered_json r = {{"rope_type", o.rope_scaling.type}, {"factor", o.rope_scaling.factor}};
+    if (o.rope_scaling.type == "llama3") {
+      r["low_freq_factor"] = o.rope_scaling.low_freq_factor;
+      r["high_freq_factor"] = o.rope_scaling.high_freq_factor;
+      r["original_max_position_embeddings"] = o.rope_scaling.original_max_position_embeddings;
+    }
+    j["rope_scaling"] = r;
+  }
+  if (o.model_type == "llama") {
+    j["attention_bias"] = o.attention_bias;
+    j["mlp_bias"] = o.mlp_bias;
+  } else {
+    j["sliding_window"] = o.sliding_window > 0 ? nlohmann::ordered_json(o.sliding_window) : nullptr;
+    if (o.model_type == "qwen2") j["use_sliding_window"] = o.sliding_window > 0;
+  }
+  return j;
+}
+
+namespace {
+int64_t llama_layer_params(const LlamaOptions& o) {
+  const int64_t d = o.hidden_size, hd = o.head_dim, h = o.num_attention_heads, kv = o.num_key_value_heads;
+  const int64_t f = o.intermediate_size;
+  int64_t attn = d * h * hd + 2 * d * kv * hd + h * hd * d;
+  if (o.q_bias()) attn += h * hd + 2 * kv * hd;
+  if (o.o_bias()) attn += d;
+  int64_t mlp = 3 * d * f;
+  if (o.mlp_bias) mlp += 2 * f + d;
+  return attn + mlp + 2 * d;  // + the two RMSNorm weights
+}
+}  // namespace
+
+int64_t llama_param_count(const LlamaOptions& o) {
+  const int64_t embeddings = o.vocab_size * o.hidden_size * (o.tie_word_embeddings ? 1 : 2);
+  return o.num_hidden_layers * llama_layer_params(o) + embeddings + o.hidden_size;
+}
+
+double llama_flops_per_token(const LlamaOptions& o, int64_t seq_len) {
+  int64_t n = llama_param_count(o);
+  if (!o.tie_word_embeddings) n -= o.vocab_size * o.hidden_size;
+  return 6.0 * static_cast<double>(n) + 12.0 * static_cast<double>(o.num_hidden_layers) *
+                                            static_cast<double>(o.num_attention_heads * o.head_dim) *
+                                            static_cast<double>(seq_len);
+}
+
+int64_t llama_largest_unit_params(const LlamaOptions& o) {
+  const int64_t root = o.vocab_size * o.hidden_size * (o.tie_word_embeddings ? 1 : 2) + o.hidden_size;
+  return std::max(root, llama_layer_params(o));
+}
+
+double llama_activation_bytes(const LlamaOptions& o, int64_t batch, int64_t seq_len, int bytes_per_value,
+                              bool activation_checkpointing) {
+  const double tokens = static_cast<double>(batch) * static_cast<double>(seq_len);
+  const double d = static_cast<double>(o.hidden_size), f = static_cast<double>(o.intermediate_size);
+  const double q = static_cast<double>(o.num_attention_heads * o.head_dim);
+  const double kv = static_cast<double>(o.num_key_value_heads * o.head_dim);
+  const double p = bytes_per_value;
+  const double block = tokens * (4 * d + 2 * q + 2 * kv + 4 * f) * p;
+  const double layers = static_cast<double>(o.num_hidden_layers);
+  const double stored = activation_checkpointing ? layers * tokens * d * p + block : layers * block;
+  return stored + tokens * static_cast<double>(o.vocab_size) * (p + 4);
+}
+
+at::Tensor llama_inv_freq(const LlamaOptions& o) {
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  // HF: 1 / base ** (arange(0, dim, 2) / dim), in float32.
+  at::Tensor inv = 1.0 / at::pow(o.rope_theta, at::arange(0, o.head_dim, 2, f32) / static_cast<double>(o.head_dim));
+  const RopeScaling& r = o.rope_scaling;
+  if (r.type == "linear") return inv / r.factor;
+  if (r.type != "llama3") return inv;
+  const double old_len = static_cast<double>(r.original_max_position_embeddings);
+  const double low_wavelen = old_len / r.low_freq_factor, high_wavelen = old_len / r.high_freq_factor;
+  const at::Tensor wavelen = 2 * M_PI / inv;
+  at::Tensor scaled = at::where(wavelen > low_wavelen, inv / r.factor, inv);
+  const at::Tensor smooth = (old_len / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+  const at::Tensor smoothed = (1 - smooth) * scaled / r.factor + smooth * scaled;
+  const at::Tensor medium = (wavelen >= high_wavelen).logical_and(wavelen <= low_wavelen);
+  return at::where(medium, smoothed, scaled);
+}
+
+// ---- Modules --------------------------------------------------------------------------------------------------------
+
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaOptions& o, const at::TensorOptions& t) : o_(o) {
+  const int64_t d = o.hidden_size, hd = o.head_dim;
+  q_proj = register_module("q_proj", Linear(d, o.num_attention_heads * hd, o.q_bias(), t));
+  k_proj = register_module("k_proj", Linear(d, o.num_key_value_heads * hd, o.q_bias(), t));
+  v_proj = register_module("v_proj", Linear(d, o.num_key_value_heads * hd, o.q_bias(), t));
+  o_proj = register_module("o_proj", Linear(o.num_attention_heads * hd, d, o.o_bias(), t));
+}
+
+at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
+  const int64_t b = x.size(0), s = x.size(1), hd = o_.head_dim, h = o_.num_attention_heads, kv = o_.num_key_value_heads;
+  at::Tensor q = apply_rotary(q_proj(x).reshape({b, s, h, hd}), in.rope_cos, in.rope_sin).transpose(1, 2);
+  at::Tensor k = apply_rotary(k_proj(x).reshape({b, s, kv, hd}), in.rope_cos, in.rope_sin).transpose(1, 2);
+  at::Tensor v = v_proj(x).reshape({b, s, kv, hd}).transpose(1, 2);
+  append_to_cache(cache, k, v);
+  const double dropout = is_training() ? o_.attention_dropout : 0.0;
+  const at::Tensor context =
+      attend(q, k, v, in, 1.0 / std::sqrt(static_cast<double>(hd)), dropout, is_training());  // (B, H, s, hd)
+  return o_proj(context.transpose(1, 2).reshape({b, s, h * hd}));
+}
+
+LlamaMLPImpl::LlamaMLPImpl(const LlamaOptions& o, const at::TensorOptions& t) {
+  gate_proj = register_module("gate_proj", Linear(o.hidden_size, o.intermediate_size, o.mlp_bias, t));
+  up_proj = register_module("up_proj", Linear(o.hidden_size, o.intermediate_size, o.mlp_bias, t));
+  down_proj = register_module("down_proj", Linear(o.intermediate_size, o.hidden_size, o.mlp_bias, t));
+}
+
+at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
+  return down_proj(at::silu(gate_proj(x)) * up_proj(x));
+}
+
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaOptions& o, const at::TensorOptions& t) {
+  input_layernorm =
+      register_module("input_layernorm", Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));
+  self_attn = register_module("self_attn", LlamaAttention(o, t));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm", Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));
+  mlp = register_module("mlp", LlamaMLP(o, t));
+}
+
+at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
+  const at::Tensor h = x + self_attn(input_layernorm(x), in, cache);
+  return h + mlp(post_attention_layernorm(h));
+}
+
+LlamaModelImpl::LlamaModelImpl(const LlamaOptions& o, const at::TensorOptions& t) {
+  embed_tokens = register_module("embed_tokens", Embedding(o.vocab_size, o.hidden_size, t));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < o.num_hidden_layers; ++i) layers->push_back(LlamaDecoderLayer(o, t));
+  norm = register_module("norm", Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));
+}
+
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaOptions& o) : o_(o), inv_freq_(llama_inv_freq(o)) {
+  const at::TensorOptions t = at::TensorOptions().dtype(at::kFloat).device(at::Device(o.init_device));
+  model = register_module("model", LlamaModel(o, t));
+  if (!o.tie_word_embeddings) lm_head = register_module("lm_head", Linear(o.hidden_size, o.vocab_size, false, t));
+}
+
+int64_t LlamaForCausalLMImpl::unit_of_parameter(const std::string& name) const {
+  static const std::string kLayers = "model.layers.";
+  if (name.rfind(kLayers, 0) != 0) return 0;
+  return std::stoll(name.substr(kLayers.size(), name.find('.', kLayers.size()) - kLayers.size())) + 1;
+}
+
+AttentionInputs LlamaForCausalLMImpl::attention_inputs(const at::Tensor& ids, const ForwardOptions& fo, int64_t past,
+                                                       const at::Tensor& key_mask, const at::Tensor& positions) {
+  AttentionInputs in;
+  in.past = past;
+  in.reference = fo.reference_attention;
+  const int64_t s_q = ids.size(1), s_k = past + s_q;
+  const bool padding = key_mask.defined() && !key_mask.all().item<bool>();
+  const bool seq_ids = fo.sequence_id.has_value();
+  if (!padding && !seq_ids && o_.sliding_window <= 0 && !(past > 0 && s_q > 1)) {
+    in.is_causal = past == 0;
+  } else {
+    const auto lopts = ids.options().dtype(at::kLong);
+    const at::Tensor qpos = at::arange(past, s_k, lopts).unsqueeze(1), kpos = at::arange(0, s_k, lopts).unsqueeze(0);
+    at::Tensor blocked = (kpos > qpos).view({1, 1, s_q, s_k});
+    // HF's sliding window: query q sees keys k with q - k < sliding_window.
+    if (o_.sliding_window > 0) blocked = blocked | (kpos <= qpos - o_.sliding_window).view({1, 1, s_q, s_k});
+    if (padding) blocked = blocked | key_mask.logical_not().view({ids.size(0), 1, 1, s_k});
+    if (seq_ids) {
+      TORCH_CHECK(past == 0, "sequence_id cannot be combined with a KV cache");
+      const at::Tensor& sid = *fo.sequence_id;
+      blocked = blocked | (sid.unsqueeze(2) != sid.unsqueeze(1)).unsqueeze(1);
+    }
+    in.mask = at::zeros(blocked.sizes(), ids.options().dtype(at::kFloat))
+                  .masked_fill(blocked, kMasked)
+                  .to(compute_dtype(model->embed_tokens->weight));
+  }
+  // Rotary tables for each row's positions, in float32 as HF computes them.
+  const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq_.to(ids.device()).view({1, 1, -1});
+  in.rope_cos = freqs.cos();  // (B, s_q, head_dim / 2)
+  in.rope_sin = freqs.sin();
+  return in;
+}
+
+at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOptions& fo) {
+  TORCH_CHECK(ids.dim() == 2, "input_ids must be (batch, seq), got ", ids.sizes());
+  KVCache* cache = fo.cache;
+  const int64_t past = cache ? cache->length : 0, s = ids.size(1);
+  at::Tensor key_mask;
+  if (fo.attention_mask || (cache && cache->attention_mask.defined())) {
+    at::Tensor now = fo.attention_mask ? fo.attention_mask->to(at::kBool)
+                                       : at::ones({ids.size(0), s}, ids.options().dtype(at::kBool));
+    key_mask = (cache && cache->attention_mask.defined()) ? at::cat({cache->attention_mask, now}, 1) : now;
+  }
+  // Positions: past .. past + s, less the padding before each token (left padding, as HF's generate sets
+  // position_ids), restarting at each packed document.
+  at::Tensor positions =
+      at::arange(past, past + s, ids.options().dtype(at::kLong)).unsqueeze(0).expand({ids.size(0), s});
+  if (key_mask.defined()) {
+    const at::Tensor pads = at::cumsum(key_mask.logical_not().to(at::kLong), 1).narrow(1, past, s);
+    positions = at::clamp_min(positions - pads, 0);
+  }
+  if (fo.sequence_id) {
+    const at::Tensor& sid = *fo.sequence_id;
+    const at::Tensor index = at::arange(s, ids.options().dtype(at::kLong)).unsqueeze(0).expand_as(sid);
+    at::Tensor starts = at::ones_like(sid, at::kBool);
+    starts.narrow(1, 1, s - 1).copy_(sid.narrow(1, 1, s - 1) != sid.narrow(1, 0, s - 1));
+    const at::Tensor doc_start = std::get<0>(at::cummax(at::where(starts, index, at::zeros_like(index)), 1));
+    positions = index - doc_start;
+  }
+  auto embed = [this](const at::Tensor& input_ids) { return model->embed_tokens(input_ids); };
+  at::Tensor x = run_unit(runner_, 0, embed, ids);
+  const AttentionInputs in = attention_inputs(ids, fo, past, key_mask, positions);
+  if (cache && cache->layers.empty()) cache->layers.resize(static_cast<size_t>(o_.num_hidden_layers));
+  for (size_t i = 0; i < model->layers->size(); ++i) {
+    auto layer = model->layers[i]->as<LlamaDecoderLayerImpl>();
+    LayerCache* layer_cache = cache ? &cache->layers[i] : nullptr;
+    auto fn = [layer, in, layer_cache](const at::Tensor& h) { return layer->forward(h, in, layer_cache); };
+    x = run_unit(runner_, static_cast<int64_t>(i) + 1, fn, x);
+  }
+  if (cache) {
+    cache->length = past + s;
+    if (key_mask.defined()) cache->attention_mask = key_mask;
+  }
+  auto head = [this](const at::Tensor& h) {
+    const at::Tensor normed = model->norm(h);
+    return lm_head ? lm_head(normed) : at::linear(normed, model->embed_tokens->weight);
+  };
+  return run_unit(runner_, 0, head, x);
+}
+
+void LlamaForCausalLMImpl::init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select) {
+  at::NoGradGuard no_grad;
+  for (const auto& item : named_modules()) {
+    if (select && !select(item.key())) continue;
+    torch::nn::Module& m = *item.value();
+    if (m.parameters(/*recurse=*/false).empty()) continue;
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(module_seed(seed, item.key()));
+    if (auto* lin = m.as<LinearImpl>()) {
+      lin->weight.normal_(0.0, o_.initializer_range, gen);
+      if (lin->bias.defined()) lin->bias.zero_();
+    } else if (auto* emb = m.as<EmbeddingImpl>()) {
+      emb->weight.normal_(0.0, o_.initializer_range, gen);
+      if (o_.pad_token_id && *o_.pad_token_id >= 0 && *o_.pad_token_id < o_.vocab_size) {
+        emb->weight[*o_.pad_token_id].zero_();
+      }
+    } else if (auto* norm = m.as<NormImpl>()) {
+      norm->weight.fill_(1.0);
+    }
+  }
+}
+
+std::shared_ptr<CausalLM> LlamaForCausalLMImpl::rebuild(const std::string& device, std::optional<uint64_t> seed) const {
+  LlamaOptions o = o_;
+  o.init_device = device;
+  return seed ? build_llama(o, *seed).ptr() : LlamaForCausalLM(o).ptr();
+}
+
+std::string LlamaForCausalLMImpl::describe() const {
+  return fmt::format(
+      "{}: hidden {}, heads {} (kv {}, head_dim {}), layers {}, intermediate {}, vocab {}, rope theta "
+      "{}{}",
+      o_.model_type, o_.hidden_size, o_.num_attention_heads, o_.num_key_value_heads, o_.head_dim, o_.num_hidden_layers,
+      o_.intermediate_size, o_.vocab_size, o_.rope_theta,
+      o_.rope_scaling.type == "default" ? "" : " (" + o_.rope_scaling.type + " scaling)");
+}
+
+std::optional<std::string> LlamaForCausalLMImpl::tied_embedding_name() const {
+  if (!o_.tie_word_embeddings) return std::nullopt;
+  return "model.embed_tokens.weight";
+}
+
+LlamaForCausalLM build_llama(const LlamaOptions& options, uint64_t seed) {
+  LlamaForCausalLM model(options);
+  if (options.init_device != "meta") model->init_weights(seed);
+  return model;
+}
+
+}  // namespace tessera::models

@@ -1,0 +1,267 @@
+"""Tessera's Llama family against transformers' LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM (the real
+peers), on random small configurations: grouped-query and multi-query attention, explicit head_dim, tied embeddings,
+attention and MLP biases, linear and Llama 3.1 rope scaling, Mistral's sliding window, Qwen2's q/k/v biases.
+
+- transformers saves a folder -> Tessera loads it: logits within 1e-5 max-abs in fp32, the loss within 1e-5, and the
+  gradient of every parameter within 1e-4 relative (max-abs difference over the parameter's max-abs gradient), on the
+  SDPA path and the explicit reference path.
+- Left padding with an attention mask: the real tokens' logits, the loss and the gradients agree (positions count real
+  tokens only, as HF's generate sets them).
+- Packed documents with sequence_id: each document's logits equal HF's on the document alone.
+- Greedy generation equals HF's generate, also for a batch of prompts of different lengths.
+- HF folder -> Tessera -> 5 training steps -> checkpoint -> `convert` -> AutoModelForCausalLM: the same logits.
+"""
+import json
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file, save_file
+from streaming import MDSWriter
+from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM)
+
+from conftest import ROOT
+from test_hf_export import convert
+
+BASE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, vocab_size=101,
+            max_position_embeddings=64, rms_norm_eps=1e-5)
+
+CONFIGS = {
+    "mha": (LlamaConfig, LlamaForCausalLM, dict(BASE)),
+    "gqa": (LlamaConfig, LlamaForCausalLM,
+            dict(BASE, hidden_size=96, num_attention_heads=6, num_key_value_heads=2, intermediate_size=160)),
+    "mqa-head-dim": (LlamaConfig, LlamaForCausalLM, dict(BASE, num_key_value_heads=1, head_dim=24)),
+    "tied-biases": (LlamaConfig, LlamaForCausalLM,
+                    dict(BASE, num_key_value_heads=2, tie_word_embeddings=True, attention_bias=True, mlp_bias=True)),
+    "rope-linear": (LlamaConfig, LlamaForCausalLM,
+                    dict(BASE, rope_theta=500000.0, rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    "rope-llama3": (LlamaConfig, LlamaForCausalLM,
+                    dict(BASE, hidden_size=128, num_key_value_heads=2, rope_theta=500000.0,
+                         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
+    "mistral-sliding": (MistralConfig, MistralForCausalLM, dict(BASE, num_key_value_heads=2, sliding_window=7)),
+    "qwen2-biases": (Qwen2Config, Qwen2ForCausalLM, dict(BASE, num_key_value_heads=2, tie_word_embeddings=True)),
+}
+SEQ = 29
+
+
+def hf_model(name, seed=0):
+    config_class, model_class, cfg = CONFIGS[name]
+    torch.manual_seed(seed)
+    model = model_class(config_class(**cfg, attn_implementation="sdpa")).eval()
+    with torch.no_grad():  # HF initialises norms to 1 and biases to 0: randomise them so they are really compared
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.add_(0.1 * torch.randn_like(p))
+            elif n.endswith(".bias"):
+                p.normal_(0.0, 0.1)
+    return model
+
+
+def save(model, folder):
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def run_tessera(driver, tmp_path, folder, reference=False, **inputs):
+    save_file(inputs, tmp_path / "in.safetensors")
+    args = ["--reference"] if reference else []
+    driver("forward", folder, tmp_path / "in.safetensors", tmp_path / "out.safetensors", *args)
+    return load_file(tmp_path / "out.safetensors")
+
+
+def hf_forward(model, ids, **kwargs):
+    model.zero_grad()
+    out = model(input_ids=ids, **kwargs)
+    out.loss.backward()
+    return out.logits.detach(), out.loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+def assert_gradients_match(ours, grads, tied):
+    names = {k[len("grad."):] for k in ours if k.startswith("grad.")}
+    assert names == set(grads) - ({"lm_head.weight"} if tied else set())
+    for param in names:
+        g = grads[param]
+        diff = (ours["grad." + param] - g).abs().max().item()
+        assert diff <= 1e-4 * g.abs().max().item() + 1e-9, f"{param}: max-abs diff {diff}"
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_logits_and_gradients_match_transformers(name, driver, tmp_path):
+    model = hf_model(name)
+    folder = save(model, tmp_path / "hf")
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, vocab, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    logits, loss, grads = hf_forward(model, ids, labels=ids)
+    for reference in (False, True):
+        ours = run_tessera(driver, tmp_path, folder, reference, input_ids=ids)
+        assert (ours["logits"] - logits).abs().max().item() <= 1e-5
+        assert abs(ours["loss"].item() - loss.item()) <= 1e-5
+        assert_gradients_match(ours, grads, model.config.tie_word_embeddings)
+
+
+@pytest.mark.parametrize("name", ["gqa", "mistral-sliding", "qwen2-biases"])
+def test_left_padding_matches_transformers(name, driver, tmp_path):
+    model = hf_model(name, seed=1)
+    folder = save(model, tmp_path / "hf")
+    ids = torch.randint(0, model.config.vocab_size, (3, SEQ), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(3, SEQ, dtype=torch.long)
+    mask[1, :5] = 0
+    mask[2, :12] = 0
+    # A label counts when it and the token before it are real: a padding position's logits are not compared.
+    predicted = torch.cat([torch.zeros(3, 1, dtype=torch.long), mask[:, :-1]], 1)
+    labels = ids.masked_fill((mask == 0) | (predicted == 0), -100)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    logits, loss, grads = hf_forward(model, ids, attention_mask=mask, position_ids=positions, labels=labels)
+    ours = run_tessera(driver, tmp_path, folder, input_ids=ids, attention_mask=mask.bool(), labels=labels)
+    real = mask.bool()
+    assert (ours["logits"][real] - logits[real]).abs().max().item() <= 1e-5
+    assert abs(ours["loss"].item() - loss.item()) <= 1e-5
+    assert_gradients_match(ours, grads, model.config.tie_word_embeddings)
+
+
+@pytest.mark.parametrize("name", ["gqa", "mistral-sliding"])
+def test_packed_documents_equal_each_document_alone(name, driver, tmp_path):
+    model = hf_model(name, seed=2)
+    folder = save(model, tmp_path / "hf")
+    lengths = [5, 9, 3, 12]
+    ids = torch.randint(0, model.config.vocab_size, (1, sum(lengths)), generator=torch.Generator().manual_seed(3))
+    sequence_id = torch.cat([torch.full((n,), i, dtype=torch.long) for i, n in enumerate(lengths)]).unsqueeze(0)
+    ours = run_tessera(driver, tmp_path, folder, input_ids=ids, sequence_id=sequence_id)["logits"]
+    start = 0
+    with torch.no_grad():
+        for n in lengths:
+            alone = model(ids[:, start:start + n]).logits
+            assert (ours[:, start:start + n] - alone).abs().max().item() <= 1e-5
+            start += n
+
+
+@pytest.mark.parametrize("name", ["gqa", "rope-llama3", "mistral-sliding", "qwen2-biases"])
+def test_greedy_generation_matches_transformers_generate(name, driver, tmp_path):
+    model = hf_model(name, seed=5)
+    with torch.no_grad():  # sharpen the distribution so greedy choices are not near-ties
+        head = model.lm_head.weight if not model.config.tie_word_embeddings else model.model.embed_tokens.weight
+        head.mul_(4.0)
+    folder = save(model, tmp_path / "hf")
+    vocab = model.config.vocab_size
+    ids = torch.randint(1, vocab, (3, 11), generator=torch.Generator().manual_seed(4))
+    lengths = torch.tensor([11, 4, 8])
+    save_file({"input_ids": ids, "lengths": lengths}, tmp_path / "in.safetensors")
+    driver("generate", folder, tmp_path / "in.safetensors", tmp_path / "out.safetensors", 14)
+    ours = load_file(tmp_path / "out.safetensors")["tokens"]
+    # HF: the prompts left-padded with an attention mask (generate derives positions from it).
+    padded = torch.zeros_like(ids)
+    mask = torch.zeros_like(ids)
+    for b, n in enumerate(lengths.tolist()):
+        padded[b, 11 - n:] = ids[b, :n]
+        mask[b, 11 - n:] = 1
+    with torch.no_grad():
+        theirs = model.generate(padded, attention_mask=mask, max_new_tokens=14, min_new_tokens=14, do_sample=False,
+                                use_cache=True, pad_token_id=0, eos_token_id=None)[:, 11:]
+    assert torch.equal(ours, theirs)
+
+
+def test_configs_transformers_computes_differently_are_refused(driver, tmp_path):
+    # Qwen2 with a sliding window on some layers only (layers >= max_window_layers): refused, not loaded wrong.
+    cfg = dict(CONFIGS["qwen2-biases"][2], use_sliding_window=True, sliding_window=8, max_window_layers=1)
+    save(Qwen2ForCausalLM(Qwen2Config(**cfg)), tmp_path / "qwen")
+    ids = torch.zeros(1, 4, dtype=torch.long)
+    with pytest.raises(AssertionError, match="sliding window in 1 of 2 layers"):
+        run_tessera(driver, tmp_path, tmp_path / "qwen", input_ids=ids)
+    # Other activations and rope types.
+    for key, value, message in (("hidden_act", "gelu", "hidden_act"),
+                                ("rope_scaling", {"rope_type": "yarn", "factor": 2.0}, "rope_type")):
+        folder = save(hf_model("mha"), tmp_path / key)
+        config = json.loads((folder / "config.json").read_text())
+        config[key] = value
+        (folder / "config.json").write_text(json.dumps(config))
+        with pytest.raises(AssertionError, match=message):
+            run_tessera(driver, tmp_path, folder, input_ids=ids)
+
+
+# ---- Round trip: HF folder -> Tessera -> train -> checkpoint -> convert -> transformers --------------------------
+
+VOCAB = 128
+TRAIN_SEQ = 32
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    root = tmp_path_factory.mktemp("llama_data")
+    rng = np.random.default_rng(0)
+    with MDSWriter(out=str(root / "train"), columns={"tokens": "ndarray:int32"}, compression="zstd") as w:
+        for _ in range(64):
+            start, stride = rng.integers(0, VOCAB), rng.integers(1, 6)
+            w.write({"tokens": ((start + stride * np.arange(TRAIN_SEQ + 1)) % VOCAB).astype(np.int32)})
+    return root
+
+
+def train_export_and_compare(driver, tmp_path, dataset, section, start=None):
+    """Trains `section` 5 steps with Tessera (from the HF folder `start` when given), checkpoints, exports with
+    `convert`, and checks AutoModelForCausalLM computes Tessera's logits on the export. Returns transformers' model."""
+    recipe = {
+        "max_seq_len": TRAIN_SEQ, "seed": 3, "model": section, "tokenizer": {"name": "unused"},
+        "train_loader": {"name": "text", "dataset": {"local": str(dataset), "split": "train", "shuffle": True,
+                                                     "max_seq_len": TRAIN_SEQ}, "drop_last": True},
+        "optimizer": {"name": "decoupled_adamw", "lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8,
+                      "weight_decay": 0.0},
+        "scheduler": {"name": "constant_with_warmup", "t_warmup": "0ba"},
+        "max_duration": "5ba", "eval_interval": 0, "global_train_batch_size": 8, "device_train_microbatch_size": 8,
+        "device_eval_batch_size": 8, "precision": "fp32", "log_to_console": False,
+        "save_folder": str(tmp_path / "ckpt"), "save_interval": "5ba",
+    }
+    if start is not None:
+        recipe["load_path"] = str(start)
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    trace = tmp_path / "trace"
+    driver("train-trace", tmp_path / "recipe.yaml", trace)
+    init = load_file(trace / "init" / "model.safetensors")
+    if start is not None:  # the run started from the HF folder's weights
+        started = load_file(start / "model.safetensors")
+        assert set(init) == set(started) and all(torch.equal(init[k], started[k]) for k in init)
+    losses = json.loads((trace / "trace.json").read_text())["losses"]
+    assert losses[-1] < losses[0]
+
+    proc = convert(tmp_path / "ckpt" / "ep0-ba5", tmp_path / "hf")
+    assert proc.returncode == 0, proc.stderr
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", torch_dtype=torch.float32).eval()
+    trained = load_file(tmp_path / "hf" / "model.safetensors")
+    assert set(trained) == set(init) and not all(torch.equal(trained[k], init[k]) for k in trained)
+    ids = torch.randint(0, VOCAB, (3, TRAIN_SEQ), generator=torch.Generator().manual_seed(7))
+    ours = run_tessera(driver, tmp_path, tmp_path / "hf", input_ids=ids)["logits"]
+    with torch.no_grad():
+        assert (ours - hf(ids).logits).abs().max().item() <= 1e-5
+    return hf
+
+
+@pytest.mark.parametrize("name", ["gqa", "tied-biases", "rope-llama3", "mistral-sliding", "qwen2-biases"])
+def test_hf_folder_trained_and_exported_loads_in_transformers_as_the_same_function(name, driver, tmp_path, dataset):
+    config_class, model_class, cfg = CONFIGS[name]
+    torch.manual_seed(6)
+    start = save(model_class(config_class(**dict(cfg, vocab_size=VOCAB))), tmp_path / "start")
+    hf_config = json.loads((start / "config.json").read_text())
+    section = {k: hf_config[k] for k in ("model_type", "vocab_size", "hidden_size", "intermediate_size",
+                                         "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                                         "max_position_embeddings", "rms_norm_eps", "rope_theta",
+                                         "tie_word_embeddings") if k in hf_config}
+    for k in ("rope_scaling", "attention_bias", "mlp_bias", "sliding_window", "head_dim"):
+        if hf_config.get(k) is not None:
+            section[k] = hf_config[k]
+    section["name"] = "llama"
+    hf = train_export_and_compare(driver, tmp_path, dataset, section, start)
+    assert type(hf) is model_class
+
+
+@pytest.mark.parametrize("recipe", sorted(p.name for p in (ROOT / "recipes").glob("llama*.yaml")))
+def test_the_recipes_llama_trained_from_scratch_exports_as_llama_computing_the_same_logits(recipe, driver, tmp_path,
+                                                                                           dataset):
+    section = yaml.safe_load((ROOT / "recipes" / recipe).read_text())["model"]
+    section.pop("head_dim", None)
+    section.update(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=TRAIN_SEQ, init_device="cpu")
+    if "rope_scaling" in section:
+        section["rope_scaling"]["original_max_position_embeddings"] = 16  # every regime of the llama3 ramp
+    hf = train_export_and_compare(driver, tmp_path, dataset, section)
+    assert type(hf) is LlamaForCausalLM
