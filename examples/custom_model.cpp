@@ -187,7 +187,7 @@ void register_components() {
         o.max_seq_len = s.get_int("max_seq_len", o.max_seq_len);
         const std::string init_device = s.get_choice("init_device", "cpu", {"cpu"});
         s.finish();
-        return models::ModelOptions{"parallel_block_lm", o, o.max_seq_len, init_device};
+        return models::ModelOptions{"parallel_block_lm", o, o.max_seq_len, init_device, {}};
       },
       [](const models::ModelOptions& m, const std::string& device, uint64_t seed) -> std::shared_ptr<models::CausalLM> {
         auto model = std::make_shared<ParallelBlockLM>(std::any_cast<const ParallelBlockLMOptions&>(m.options), device);

@@ -31,6 +31,7 @@
 #include "tessera/data/tokenizer.h"
 #include "tessera/util/device.h"
 #include "tessera/util/error.h"
+#include "tessera/util/hf_hub.h"
 #include "tessera/util/logging.h"
 #include "tessera/util/tool_main.h"
 
@@ -178,7 +179,7 @@ int run(int argc, char** argv) {
   if (docs.empty()) throw tessera::Error("convert", "the inputs hold no documents");
   std::optional<tessera::data::Tokenizer> tok;
   if (o.concat_tokens > 0) {
-    tok = tessera::data::Tokenizer::from_file(o.tokenizer);
+    tok = tessera::data::Tokenizer::from_file(tessera::util::resolve_hf_tokenizer(o.tokenizer));
     if (!tok->encode("", true).empty() && (!o.bos_text.empty() || !o.eos_text.empty())) {
       spdlog::warn("the tokenizer adds special tokens itself, and --bos-text/--eos-text add more; tokens may repeat");
     }

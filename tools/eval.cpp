@@ -25,6 +25,7 @@
 #include "tessera/eval/gauntlet.h"
 #include "tessera/eval/icl.h"
 #include "tessera/util/error.h"
+#include "tessera/util/hf_hub.h"
 #include "tessera/util/logging.h"
 #include "tessera/util/tool_main.h"
 
@@ -32,8 +33,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// --model: an HF folder, a Tessera checkpoint directory, or a save folder (its newest valid checkpoint).
+// --model: an HF folder, a Tessera checkpoint directory, a save folder (its newest valid checkpoint), or a hub id in
+// the local Hugging Face cache.
 std::shared_ptr<tessera::models::CausalLM> load_model(const std::string& path) {
+  if (!fs::exists(path)) return tessera::checkpoint::load_hf_model(tessera::util::resolve_hf_folder(path).string());
   if (fs::exists(fs::path(path) / "config.json")) return tessera::checkpoint::load_hf_model(path);
   if (fs::exists(fs::path(path) / "metadata.json")) return tessera::checkpoint::load_checkpoint_model(path);
   if (fs::is_directory(path) && !tessera::checkpoint::list_checkpoints(path).empty()) {
@@ -109,7 +112,8 @@ int run(int argc, char** argv) {
   const std::vector<tessera::eval::IclTaskConfig> tasks = tessera::eval::load_icl_tasks(tasks_path);
   std::optional<tessera::eval::GauntletConfig> gauntlet;
   if (!gauntlet_path.empty()) gauntlet = tessera::eval::load_gauntlet(gauntlet_path);
-  const tessera::data::Tokenizer tokenizer = tessera::data::Tokenizer::from_file(tokenizer_path);
+  const tessera::data::Tokenizer tokenizer =
+      tessera::data::Tokenizer::from_file(tessera::util::resolve_hf_tokenizer(tokenizer_path));
   const std::shared_ptr<tessera::models::CausalLM> model = load_model(model_dir);
 
   std::ofstream rows_out;

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/models/causal_lm.h"
+#include "tessera/models/hf_causal_lm.h"
 #include "tessera/models/llama.h"
 #include "tessera/models/mpt.h"
 #include "tessera/util/error.h"
@@ -16,7 +17,7 @@ ModelRegistry& model_registry() {
         "mpt_causal_lm",
         [](config::Section& s) {
           const MPTOptions o = parse_mpt_options(s);
-          return ModelOptions{"mpt_causal_lm", o, o.max_seq_len, o.init_device};
+          return ModelOptions{"mpt_causal_lm", o, o.max_seq_len, o.init_device, {}};
         },
         [](const ModelOptions& m, const std::string& device, uint64_t seed) -> std::shared_ptr<CausalLM> {
           MPTOptions o = std::any_cast<const MPTOptions&>(m.options);
@@ -28,14 +29,33 @@ ModelRegistry& model_registry() {
         [](config::Section& s) {
           const LlamaOptions o = parse_llama_options(s);
           s.finish();
-          return ModelOptions{"llama", o, o.max_position_embeddings, o.init_device};
+          return ModelOptions{"llama", o, o.max_position_embeddings, o.init_device, {}};
         },
         [](const ModelOptions& m, const std::string& device, uint64_t seed) -> std::shared_ptr<CausalLM> {
           LlamaOptions o = std::any_cast<const LlamaOptions&>(m.options);
           o.init_device = device;
           return build_llama(o, seed).ptr();
         });
-    r->add_foundry_names({"hf_causal_lm", "hf_t5", "hf_prefix_lm", "hf_llama"});
+    r->add(
+        "hf_causal_lm",
+        [](config::Section& s) {
+          const HfCausalLMOptions o = parse_hf_causal_lm_options(s);
+          const std::string where = o.folder + "/config.json";
+          int64_t max_seq_len = 0;
+          try {
+            max_seq_len = build_from_hf_config(o.config, where, "meta")->max_seq_len();
+          } catch (const Error& e) {
+            s.fail("pretrained_model_name_or_path", e.message());
+          }
+          ModelOptions m{"hf_causal_lm", o, max_seq_len, o.init_device, {}};
+          if (o.pretrained) m.pretrained_weights = o.folder;
+          return m;
+        },
+        [](const ModelOptions& m, const std::string& device, uint64_t seed) -> std::shared_ptr<CausalLM> {
+          const auto& o = std::any_cast<const HfCausalLMOptions&>(m.options);
+          return build_from_hf_config(o.config, o.folder + "/config.json", device, seed);
+        });
+    r->add_foundry_names({"hf_t5", "hf_prefix_lm"});
     return r;
   }();
   return *registry;

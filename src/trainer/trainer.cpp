@@ -24,6 +24,7 @@
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
 #include "tessera/util/heartbeat.h"
+#include "tessera/util/hf_hub.h"
 
 namespace tessera::trainer {
 
@@ -196,12 +197,12 @@ void Trainer::build_icl_tasks() {
       gauntlet_ = eval::parse_gauntlet(*cfg_.eval_gauntlet);
     }
   }
-  std::filesystem::path tok = cfg_.tokenizer.name;
-  if (std::filesystem::is_directory(tok)) tok /= "tokenizer.json";
-  if (!std::filesystem::is_regular_file(tok)) {
-    throw ConfigError("recipe", fmt::format("{}: icl_tasks need a tokenizer: tokenizer.name \"{}\" is not a "
-                                            "tokenizer.json or a folder holding one",
-                                            cfg_.recipe_path, cfg_.tokenizer.name));
+  std::filesystem::path tok;
+  try {
+    tok = util::resolve_hf_tokenizer(cfg_.tokenizer.name);
+  } catch (const Error& e) {
+    throw ConfigError("recipe",
+                      fmt::format("{}: icl_tasks need a tokenizer: tokenizer.name: {}", cfg_.recipe_path, e.message()));
   }
   icl_tokenizer_ = data::Tokenizer::from_file(tok);
 }
@@ -315,9 +316,15 @@ void Trainer::load_initial_checkpoint() {
     if (!resumed && state_.rank == 0) spdlog::info("autoresume: no checkpoint in {} yet; starting fresh", folder);
   }
   const bool resuming = resumed.has_value();
-  if (!resuming && !cfg_.load_path) return;
+  // A fresh start: load_path, else the pretrained weights of an hf_causal_lm model (all of them: strict).
+  std::optional<std::string> initial = cfg_.load_path;
+  if (!initial && cfg_.model.pretrained_weights) {
+    initial = cfg_.model.pretrained_weights;
+    lo.strict_model_weights = true;
+  }
+  if (!resuming && !initial) return;
   if (!resuming) lo.weights_only = cfg_.load_weights_only;
-  const LoadedCheckpoint loaded = resuming ? *std::move(resumed) : load_checkpoint(state_, *cfg_.load_path, lo);
+  const LoadedCheckpoint loaded = resuming ? *std::move(resumed) : load_checkpoint(state_, *initial, lo);
   if (loaded.full_state) {
     const nlohmann::json& m = loaded.metadata;
     if (m.contains("dataset") && m["dataset"].contains("train")) {

@@ -144,10 +144,14 @@ struct ModelOptions {
   std::any options;                 // the registered parser's own Options struct
   int64_t max_seq_len = 0;          // the longest sequence the model takes
   std::string init_device = "cpu";  // "cpu" | "cuda" | "meta" (deferred: built unit by unit when sharded)
+  // A Hugging Face folder whose weights the run starts from when there is no checkpoint to resume and no load_path
+  // (hf_causal_lm with pretrained: true).
+  std::optional<std::string> pretrained_weights;
 };
 
 // `model.name` -> parse the section, build on a device ("cpu", "cuda:0", "meta") from a seed. Built in:
-// mpt_causal_lm. Research code adds its own entries before building a Trainer.
+// mpt_causal_lm, llama, and hf_causal_lm (a Hugging Face folder or cached hub id of any family that reads HF configs).
+// Research code adds its own entries before building a Trainer.
 using ModelRegistry = config::Registry<ModelOptions, std::shared_ptr<CausalLM>, const std::string&, uint64_t>;
 ModelRegistry& model_registry();
 

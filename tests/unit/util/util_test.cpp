@@ -142,3 +142,76 @@ TEST(FileIo, ConcurrentAtomicWritesOfOnePathAllSucceed) {
 
 }  // namespace
 }  // namespace tessera::util
+
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+
+#include "tessera/util/hf_hub.h"
+
+namespace tessera::util {
+namespace {
+
+// Sets an environment variable for the scope, restoring the old value after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value.empty()) {
+      unsetenv(name);
+    } else {
+      setenv(name, value.c_str(), 1);
+    }
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      setenv(name_, old_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+TEST(HfHub, HubIdsResolveToTheMainSnapshotOfTheCacheTheEnvironmentNames) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / "tessera_hf_hub_test";
+  fs::remove_all(root);
+  const fs::path repo = root / "home" / "hub" / "models--org--model";
+  fs::create_directories(repo / "snapshots" / "c0ffee");
+  fs::create_directories(repo / "snapshots" / "old");
+  fs::create_directories(repo / "refs");
+  std::ofstream(repo / "refs" / "main") << "c0ffee\n";  // huggingface_hub writes no newline; tolerate one
+  std::ofstream(repo / "snapshots" / "c0ffee" / "tokenizer.json") << "{}";
+
+  const ScopedEnv hub("HF_HUB_CACHE", ""), legacy("HUGGINGFACE_HUB_CACHE", ""), xdg("XDG_CACHE_HOME", "");
+  const ScopedEnv home("HF_HOME", (root / "home").string());
+  EXPECT_EQ(hf_hub_cache(), root / "home" / "hub");
+  EXPECT_EQ(resolve_hf_folder("org/model"), repo / "snapshots" / "c0ffee");
+  EXPECT_EQ(resolve_hf_tokenizer("org/model"), repo / "snapshots" / "c0ffee" / "tokenizer.json");
+  // A local folder or file is itself.
+  EXPECT_EQ(resolve_hf_folder(repo.string()), repo);
+  EXPECT_EQ(resolve_hf_tokenizer((repo / "snapshots" / "c0ffee" / "tokenizer.json").string()),
+            repo / "snapshots" / "c0ffee" / "tokenizer.json");
+  // HF_HUB_CACHE wins over HF_HOME; an id missing there names the file looked for.
+  const ScopedEnv other("HF_HUB_CACHE", (root / "elsewhere").string());
+  EXPECT_EQ(hf_hub_cache(), root / "elsewhere");
+  try {
+    resolve_hf_folder("org/model");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find((root / "elsewhere" / "models--org--model" / "refs" / "main").string()),
+              std::string::npos)
+        << e.message();
+  }
+  EXPECT_THROW(resolve_hf_folder("not/a/hub/id"), Error);
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace tessera::util

@@ -1,0 +1,25 @@
+// Hugging Face names resolved the way transformers resolves them offline: a local path, or a hub id
+// ("meta-llama/Llama-3.2-1B") found in the local Hugging Face cache. Tessera never downloads.
+//
+// The cache is $HF_HUB_CACHE, else $HUGGINGFACE_HUB_CACHE (its older name), else $HF_HOME/hub, else
+// $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub, laid out by huggingface_hub as
+// models--{org}--{name}/refs/main (the commit of the main revision) and models--{org}--{name}/snapshots/{commit}/.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+namespace tessera::util {
+
+// The Hugging Face hub cache folder the environment names (it need not exist).
+std::filesystem::path hf_hub_cache();
+
+// `name_or_path` as a folder: itself when it is a local folder, else the snapshot of the hub id's main revision in
+// the cache. Throws tessera::Error (component "hf_hub") naming what was searched when neither exists.
+std::filesystem::path resolve_hf_folder(const std::string& name_or_path);
+
+// A tokenizer.json: `name_or_path` itself when it is a file, `{folder}/tokenizer.json` for a local folder or a hub id
+// in the cache. Throws tessera::Error naming what was searched.
+std::filesystem::path resolve_hf_tokenizer(const std::string& name_or_path);
+
+}  // namespace tessera::util
