@@ -13,17 +13,15 @@ attention and MLP biases, linear and Llama 3.1 rope scaling, Mistral's sliding w
 """
 import json
 
-import numpy as np
 import pytest
 import torch
 import yaml
 from safetensors.torch import load_file, save_file
-from streaming import MDSWriter
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM)
 
 from conftest import ROOT
-from test_hf_export import convert
+from test_hf_export import SEQ, VOCAB, convert, dataset  # noqa: F401 (the fixture)
 
 BASE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, vocab_size=101,
             max_position_embeddings=64, rms_norm_eps=1e-5)
@@ -183,19 +181,7 @@ def test_configs_transformers_computes_differently_are_refused(driver, tmp_path)
 
 # ---- Round trip: HF folder -> Tessera -> train -> checkpoint -> convert -> transformers --------------------------
 
-VOCAB = 128
-TRAIN_SEQ = 32
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    root = tmp_path_factory.mktemp("llama_data")
-    rng = np.random.default_rng(0)
-    with MDSWriter(out=str(root / "train"), columns={"tokens": "ndarray:int32"}, compression="zstd") as w:
-        for _ in range(64):
-            start, stride = rng.integers(0, VOCAB), rng.integers(1, 6)
-            w.write({"tokens": ((start + stride * np.arange(TRAIN_SEQ + 1)) % VOCAB).astype(np.int32)})
-    return root
+TRAIN_SEQ = SEQ  # the shared dataset (test_hf_export.dataset): token ids < VOCAB, sequences of SEQ
 
 
 def train_export_and_compare(driver, tmp_path, dataset, section, start=None):
