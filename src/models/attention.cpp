@@ -1,6 +1,7 @@
 // MPT grouped-query attention over scaled_dot_product_attention, with a reference path for testing.
 #include "tessera/models/attention.h"
 
+#include <ATen/autocast_mode.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
@@ -25,6 +26,29 @@ double lowest_value(at::ScalarType t) {
 }
 
 }  // namespace
+
+at::ScalarType compute_dtype(const at::Tensor& param) {
+  const at::DeviceType device = param.device().type();
+  if (at::autocast::is_autocast_enabled(device)) return at::autocast::get_autocast_dtype(device);
+  return param.scalar_type();
+}
+
+at::Tensor key_padding_mask(const at::Tensor& ids, const ForwardOptions& fo) {
+  const KVCache* cache = fo.cache;
+  const bool cached = cache != nullptr && cache->attention_mask.defined();
+  if (!fo.attention_mask && !cached) return {};
+  const at::Tensor now = fo.attention_mask ? fo.attention_mask->to(at::kBool)
+                                           : at::ones({ids.size(0), ids.size(1)}, ids.options().dtype(at::kBool));
+  return cached ? at::cat({cache->attention_mask, now}, 1) : now;
+}
+
+at::Tensor positions_after_padding(const at::Tensor& key_mask, int64_t past, int64_t s,
+                                   const at::TensorOptions& options) {
+  const at::Tensor pos = at::arange(past, past + s, options.dtype(at::kLong)).unsqueeze(0);
+  if (!key_mask.defined()) return pos;
+  const at::Tensor pads = at::cumsum(key_mask.logical_not().to(at::kLong), 1).narrow(1, past, s);
+  return at::clamp_min(pos - pads, 0);
+}
 
 at::Tensor alibi_slopes(int64_t n_heads, double alibi_bias_max) {
   const int64_t n = int64_t{1} << static_cast<int64_t>(std::ceil(std::log2(static_cast<double>(n_heads))));

@@ -19,6 +19,10 @@ int64_t CausalLM::num_params() const {
   return n;
 }
 
+const char* hf_torch_dtype(at::ScalarType dtype) {
+  return dtype == at::kBFloat16 ? "bfloat16" : (dtype == at::kHalf ? "float16" : "float32");
+}
+
 std::optional<double> CausalLM::activation_bytes(int64_t /*batch*/, int64_t /*seq_len*/, int /*bytes_per_value*/,
                                                  bool /*activation_checkpointing*/) const {
   return std::nullopt;

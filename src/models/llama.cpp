@@ -2,7 +2,6 @@
 #include "tessera/models/llama.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/autocast_mode.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -18,16 +17,6 @@ namespace tessera::models {
 namespace {
 
 constexpr float kMasked = std::numeric_limits<float>::lowest();
-
-at::ScalarType compute_dtype(const at::Tensor& param) {
-  const at::DeviceType device = param.device().type();
-  if (at::autocast::is_autocast_enabled(device)) return at::autocast::get_autocast_dtype(device);
-  return param.scalar_type();
-}
-
-const char* dtype_name(at::ScalarType dtype) {
-  return dtype == at::kBFloat16 ? "bfloat16" : (dtype == at::kHalf ? "float16" : "float32");
-}
 
 }  // namespace
 
@@ -160,7 +149,7 @@ nlohmann::ordered_json llama_hf_config(const LlamaOptions& o, at::ScalarType dty
                               {"eos_token_id", optional(o.eos_token_id)},
                               {"pad_token_id", optional(o.pad_token_id)},
                               {"use_cache", true},
-                              {"torch_dtype", dtype_name(dtype)}};
+                              {"torch_dtype", hf_torch_dtype(dtype)}};
   if (o.rope_scaling.type == "default") {
     j["rope_scaling"] = nullptr;
   } else {
@@ -345,20 +334,10 @@ at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOpt
   TORCH_CHECK(ids.dim() == 2, "input_ids must be (batch, seq), got ", ids.sizes());
   KVCache* cache = fo.cache;
   const int64_t past = cache ? cache->length : 0, s = ids.size(1);
-  at::Tensor key_mask;
-  if (fo.attention_mask || (cache && cache->attention_mask.defined())) {
-    at::Tensor now = fo.attention_mask ? fo.attention_mask->to(at::kBool)
-                                       : at::ones({ids.size(0), s}, ids.options().dtype(at::kBool));
-    key_mask = (cache && cache->attention_mask.defined()) ? at::cat({cache->attention_mask, now}, 1) : now;
-  }
+  const at::Tensor key_mask = key_padding_mask(ids, fo);
   // Positions: past .. past + s, less the padding before each token (left padding, as HF's generate sets
   // position_ids), restarting at each packed document.
-  at::Tensor positions =
-      at::arange(past, past + s, ids.options().dtype(at::kLong)).unsqueeze(0).expand({ids.size(0), s});
-  if (key_mask.defined()) {
-    const at::Tensor pads = at::cumsum(key_mask.logical_not().to(at::kLong), 1).narrow(1, past, s);
-    positions = at::clamp_min(positions - pads, 0);
-  }
+  at::Tensor positions = positions_after_padding(key_mask, past, s, ids.options());
   if (fo.sequence_id) {
     const at::Tensor& sid = *fo.sequence_id;
     const at::Tensor index = at::arange(s, ids.options().dtype(at::kLong)).unsqueeze(0).expand_as(sid);

@@ -1,7 +1,6 @@
 // MPT modules: FFN, block, transformer body and the causal-LM head; mask and rotary tables built per call.
 #include "tessera/models/mpt.h"
 
-#include <ATen/autocast_mode.h>
 #include <fmt/format.h>
 
 #include <cmath>
@@ -13,12 +12,6 @@ namespace tessera::models {
 namespace {
 
 constexpr float kMasked = std::numeric_limits<float>::lowest();  // LLM Foundry fills with finfo.min, not -inf
-
-at::ScalarType compute_dtype(const at::Tensor& param) {
-  const at::DeviceType device = param.device().type();
-  if (at::autocast::is_autocast_enabled(device)) return at::autocast::get_autocast_dtype(device);
-  return param.scalar_type();
-}
 
 }  // namespace
 
@@ -127,25 +120,12 @@ at::Tensor MPTModelImpl::forward_blocks(const at::Tensor& ids, const ForwardOpti
   if (past + s > o_.max_seq_len && (o_.learned_pos_emb)) {
     throw Error("model", fmt::format("sequence of {} tokens exceeds max_seq_len {}", past + s, o_.max_seq_len));
   }
-  // Key padding mask over cached + new positions.
-  at::Tensor key_mask;
-  if (fo.attention_mask || (cache && cache->attention_mask.defined())) {
-    at::Tensor now = fo.attention_mask ? fo.attention_mask->to(at::kBool)
-                                       : at::ones({ids.size(0), s}, ids.options().dtype(at::kBool));
-    key_mask = (cache && cache->attention_mask.defined()) ? at::cat({cache->attention_mask, now}, 1) : now;
-  }
+  const at::Tensor key_mask = key_padding_mask(ids, fo);  // over cached + new positions
   // The lambdas capture by value: the sharding engine may run them again in backward (activation checkpointing).
   auto embed = [this, key_mask, past, s](const at::Tensor& input_ids) {
     at::Tensor x = wte(input_ids);
-    if (wpe) {
-      at::Tensor pos = at::arange(past, past + s, input_ids.options()).unsqueeze(0);
-      if (key_mask.defined()) {
-        // Left padding: positions count real tokens only (LLM Foundry's fix).
-        const at::Tensor pads = at::cumsum(key_mask.logical_not().to(at::kLong), 1).narrow(1, past, s);
-        pos = at::clamp_min(pos - pads, 0);
-      }
-      x = x + wpe(pos);
-    }
+    // Left padding: positions count real tokens only (LLM Foundry's fix).
+    if (wpe) x = x + wpe(positions_after_padding(key_mask, past, s, input_ids.options()));
     if (o_.embedding_fraction < 1.0) {
       x = x * o_.embedding_fraction + x.detach() * (1.0 - o_.embedding_fraction);
     }

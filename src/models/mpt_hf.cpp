@@ -19,11 +19,6 @@ namespace {
 
 constexpr const char* kComponent = "hf";
 
-// config.json's torch_dtype.
-const char* dtype_name(at::ScalarType dtype) {
-  return dtype == at::kBFloat16 ? "bfloat16" : (dtype == at::kHalf ? "float16" : "float32");
-}
-
 const std::set<std::string> kModelKeys = {"d_model",
                                           "n_heads",
                                           "n_layers",
@@ -167,7 +162,7 @@ nlohmann::ordered_json mpt_hf_config(const MPTOptions& o, at::ScalarType dtype) 
       {"use_cache", false},
       {"init_config", init},
       {"tie_word_embeddings", o.tie_word_embeddings},
-      {"torch_dtype", dtype_name(dtype)}};
+      {"torch_dtype", hf_torch_dtype(dtype)}};
   if (o.attention_bias) j["attention_bias"] = *o.attention_bias;
   return j;
 }
@@ -248,7 +243,7 @@ HfFormat mpt_as_gpt2(const MPTOptions& o, at::ScalarType dtype) {
               {"bos_token_id", nullptr},
               {"eos_token_id", nullptr},
               {"use_cache", true},
-              {"torch_dtype", dtype_name(dtype)}};
+              {"torch_dtype", hf_torch_dtype(dtype)}};
   auto add = [&](const std::string& name, const std::string& param, std::vector<int64_t> shape, bool t = false) {
     f.tensors.push_back({name, param, t, std::move(shape)});
   };

@@ -92,8 +92,9 @@ def dataset(tmp_path_factory):
     return root
 
 
-def train_and_checkpoint(driver, tmp_path, dataset, model_section, algorithms=None):
-    """Trains `model_section` 5 steps with Tessera and returns the checkpoint directory."""
+def train_and_checkpoint(driver, tmp_path, dataset, model_section, algorithms=None, extra=None):
+    """Trains `model_section` 5 steps with Tessera (recipe keys `extra` added) and returns the checkpoint directory;
+    the trace (initial weights, losses) is in tmp_path / "trace"."""
     recipe = {
         "max_seq_len": SEQ, "seed": 3, "model": model_section, "tokenizer": {"name": "unused"},
         "train_loader": {"name": "text", "dataset": {"local": str(dataset), "split": "train", "shuffle": True,
@@ -105,6 +106,7 @@ def train_and_checkpoint(driver, tmp_path, dataset, model_section, algorithms=No
         "device_train_microbatch_size": 8, "device_eval_batch_size": 8, "precision": "fp32", "log_to_console": False,
         "save_folder": str(tmp_path / "ckpt"), "save_interval": "5ba",
     }
+    recipe.update(extra or {})
     tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     driver("train-trace", tmp_path / "recipe.yaml", tmp_path / "trace")

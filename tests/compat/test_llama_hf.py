@@ -21,7 +21,8 @@ from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, M
                           Qwen2Config, Qwen2ForCausalLM)
 
 from conftest import ROOT
-from test_hf_export import SEQ, VOCAB, convert, dataset  # noqa: F401 (the fixture)
+from test_hf_export import SEQ as TRAIN_SEQ  # the shared dataset (test_hf_export.dataset): sequences of 32
+from test_hf_export import VOCAB, convert, dataset, train_and_checkpoint  # noqa: F401 (the fixture)
 
 BASE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, vocab_size=101,
             max_position_embeddings=64, rms_norm_eps=1e-5)
@@ -181,28 +182,14 @@ def test_configs_transformers_computes_differently_are_refused(driver, tmp_path)
 
 # ---- Round trip: HF folder -> Tessera -> train -> checkpoint -> convert -> transformers --------------------------
 
-TRAIN_SEQ = SEQ  # the shared dataset (test_hf_export.dataset): token ids < VOCAB, sequences of SEQ
 
 
 def train_export_and_compare(driver, tmp_path, dataset, section, start=None):
     """Trains `section` 5 steps with Tessera (from the HF folder `start` when given), checkpoints, exports with
     `convert`, and checks AutoModelForCausalLM computes Tessera's logits on the export. Returns transformers' model."""
-    recipe = {
-        "max_seq_len": TRAIN_SEQ, "seed": 3, "model": section, "tokenizer": {"name": "unused"},
-        "train_loader": {"name": "text", "dataset": {"local": str(dataset), "split": "train", "shuffle": True,
-                                                     "max_seq_len": TRAIN_SEQ}, "drop_last": True},
-        "optimizer": {"name": "decoupled_adamw", "lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8,
-                      "weight_decay": 0.0},
-        "scheduler": {"name": "constant_with_warmup", "t_warmup": "0ba"},
-        "max_duration": "5ba", "eval_interval": 0, "global_train_batch_size": 8, "device_train_microbatch_size": 8,
-        "device_eval_batch_size": 8, "precision": "fp32", "log_to_console": False,
-        "save_folder": str(tmp_path / "ckpt"), "save_interval": "5ba",
-    }
-    if start is not None:
-        recipe["load_path"] = str(start)
-    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    checkpoint = train_and_checkpoint(driver, tmp_path, dataset, section,
+                                      extra={"load_path": str(start)} if start is not None else None)
     trace = tmp_path / "trace"
-    driver("train-trace", tmp_path / "recipe.yaml", trace)
     init = load_file(trace / "init" / "model.safetensors")
     if start is not None:  # the run started from the HF folder's weights
         started = load_file(start / "model.safetensors")
@@ -210,7 +197,7 @@ def train_export_and_compare(driver, tmp_path, dataset, section, start=None):
     losses = json.loads((trace / "trace.json").read_text())["losses"]
     assert losses[-1] < losses[0]
 
-    proc = convert(tmp_path / "ckpt" / "ep0-ba5", tmp_path / "hf")
+    proc = convert(checkpoint, tmp_path / "hf")
     assert proc.returncode == 0, proc.stderr
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", torch_dtype=torch.float32).eval()
     trained = load_file(tmp_path / "hf" / "model.safetensors")

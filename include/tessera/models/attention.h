@@ -12,6 +12,19 @@
 
 namespace tessera::models {
 
+// The dtype a forward computes in: the autocast dtype of `param`'s device when autocast is on, else param's own.
+at::ScalarType compute_dtype(const at::Tensor& param);
+
+// The key padding mask over the cached and new positions of a forward on `ids` (B, S): (B, past + S) bool, true =
+// real token; undefined when neither `fo` nor its cache has a mask.
+at::Tensor key_padding_mask(const at::Tensor& ids, const ForwardOptions& fo);
+
+// Positions past .. past + s, less the padding before each token of each row (left padding: positions count real
+// tokens only, as LLM Foundry and HF's generate set them), clamped at 0: int64 (B, s) with a `key_mask`
+// (key_padding_mask()), (1, s) without one (undefined).
+at::Tensor positions_after_padding(const at::Tensor& key_mask, int64_t past, int64_t s,
+                                   const at::TensorOptions& options);
+
 // LLM Foundry's gen_slopes: slope_k = 2^(-alibi_bias_max * k / n) for k = 1..n, n the next power of two; for other
 // head counts the odd-indexed slopes of the power of two come first. Shape (n_heads,), float32.
 at::Tensor alibi_slopes(int64_t n_heads, double alibi_bias_max);
@@ -21,7 +34,8 @@ struct AttentionInputs {
   int64_t past = 0;                // positions already in the KV cache before this chunk
   std::optional<at::Tensor> mask;  // additive, broadcastable to (B, H, s_q, s_k), in the compute dtype
   bool is_causal = false;          // no mask needed beyond plain causal masking
-  at::Tensor rope_cos, rope_sin;   // (s_q, head_dim / 2) for positions past .. past + s_q; undefined without RoPE
+  at::Tensor rope_cos, rope_sin;   // (s_q, head_dim / 2) for positions past .. past + s_q, or (B or 1, s_q,
+                                   // head_dim / 2) for per-row positions; undefined without RoPE
   bool reference = false;          // use the explicit softmax(QK^T * scale + mask) V path instead of SDPA
 };
 

@@ -133,6 +133,9 @@ class CausalLM : public torch::nn::Module {
   virtual void use_low_precision_norms();
 };
 
+// config.json's torch_dtype for `dtype`: "bfloat16", "float16" or "float32".
+const char* hf_torch_dtype(at::ScalarType dtype);
+
 // The family's own layout of `model` (hf_config() and its parameter names, sorted): what CausalLM::hf_format()
 // returns by default, and what LLM Foundry's own classes load for an MPT.
 HfFormat family_hf_format(const CausalLM& model, at::ScalarType dtype);

@@ -819,6 +819,21 @@ models::MPTForCausalLM small_mpt() {
   o.resid_pdrop = 0.1;  // dropout: activation checkpointing must replay the same masks
   return models::build_mpt(o, 5);
 }
+
+// Each unit's flat gradient (parallel->parameters()[u], padding aside) equals the plain model's gradients of that
+// unit's parameters, concatenated in named_parameters() order.
+void expect_unit_gradients(const models::CausalLM& plain, dist::ParallelModel& parallel, const std::string& what) {
+  std::vector<std::vector<at::Tensor>> per_unit(static_cast<size_t>(plain.num_units()));
+  for (const auto& item : plain.named_parameters()) {
+    per_unit[static_cast<size_t>(plain.unit_of_parameter(item.key()))].push_back(item.value().grad().reshape({-1}));
+  }
+  for (size_t u = 0; u < per_unit.size(); ++u) {
+    const at::Tensor want = at::cat(per_unit[u]);
+    const at::Tensor got = parallel.parameters()[u].grad().narrow(0, 0, want.numel());
+    EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6))
+        << what << " unit " << u << ": " << (got - want).abs().max().item<double>();
+  }
+}
 }  // namespace
 
 TEST(Fsdp, UnitsOnAWorldOfOneGiveThePlainModelsLogitsAndGradients) {
@@ -844,16 +859,7 @@ TEST(Fsdp, UnitsOnAWorldOfOneGiveThePlainModelsLogitsAndGradients) {
     EXPECT_TRUE(at::allclose(logits, ref_logits, 1e-6, 1e-6));
 
     // Unit 0 (root) then blocks, each flattened in named_parameters() order.
-    std::vector<std::vector<at::Tensor>> per_unit(4);
-    for (const auto& item : plain->named_parameters()) {
-      per_unit[models::unit_of_parameter(item.key())].push_back(item.value().grad().reshape({-1}));
-    }
-    for (size_t u = 0; u < 4; ++u) {
-      const at::Tensor expected = at::cat(per_unit[u]);
-      const at::Tensor got = parallel->parameters()[u].grad().narrow(0, 0, expected.numel());
-      EXPECT_TRUE(at::allclose(got, expected, 1e-5, 1e-6))
-          << "unit " << u << " checkpointing " << checkpointing << ": " << (got - expected).abs().max().item<double>();
-    }
+    expect_unit_gradients(*plain, *parallel, fmt::format("checkpointing {}", checkpointing));
     // Evaluation without gradients goes through the same units.
     at::NoGradGuard no_grad;
     plain->eval();
@@ -918,13 +924,5 @@ TEST(Fsdp, LlamaUnitsGiveThePlainModelsNumbersAndAMetaBuildTheWholeModelsInit) {
   models::causal_lm_loss(logits, ids).backward();
   parallel->finish_backward();
   EXPECT_TRUE(at::allclose(logits, ref_logits, 1e-6, 1e-6));
-  std::vector<std::vector<at::Tensor>> per_unit(4);
-  for (const auto& item : plain->named_parameters()) {
-    per_unit[plain->unit_of_parameter(item.key())].push_back(item.value().grad().reshape({-1}));
-  }
-  for (size_t u = 0; u < 4; ++u) {
-    const at::Tensor want = at::cat(per_unit[u]);
-    const at::Tensor got = parallel->parameters()[u].grad().narrow(0, 0, want.numel());
-    EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6)) << "unit " << u << ": " << (got - want).abs().max().item<double>();
-  }
+  expect_unit_gradients(*plain, *parallel, "llama");
 }
