@@ -231,7 +231,9 @@ std::vector<IclPrepared> prepare_icl_examples(const IclTaskConfig& task, const s
   auto with_prefix = [&](const std::string& s) { return (prefix_space && (s.empty() || s[0] != ' ')) ? " " + s : s; };
   const bool generation = type == "generation_task_with_answers";
   const bool schema = type == "schema";
-  std::optional<int32_t> eos = tokenizer.token_to_id("<|endoftext|>");
+  // The eos token tokenizer_config.json names (transformers' tokenizer.eos_token_id), else GPT-style <|endoftext|>.
+  std::optional<int32_t> eos = tokenizer.eos_token_id();
+  if (!eos) eos = tokenizer.token_to_id("<|endoftext|>");
 
   // Chain of thought is on when the task file has the `chain_of_thought` column (LLM Foundry's `has_cot`: the dataset
   // has the feature), whatever cot_delimiter says; the delimiter only goes between the thought and the answer.

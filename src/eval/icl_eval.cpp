@@ -128,7 +128,8 @@ IclResult evaluate_examples(models::CausalLM& model, const data::Tokenizer& toke
   models::GenerationOptions gen;
   gen.max_new_tokens = max_answer_tokens;
   gen.fixed_steps = ranks.world_size > 1;
-  if (auto eos = tokenizer.token_to_id("<|endoftext|>")) gen.eos_token_id = *eos;
+  if (auto eos = tokenizer.eos_token_id() ? tokenizer.eos_token_id() : tokenizer.token_to_id("<|endoftext|>"))
+    gen.eos_token_id = *eos;
   // LM: 1 when every continuation token is the argmax; MC / schema: the continuation's mean cross-entropy;
   // generation: 1 on an exact match.
   auto score = [&](size_t e, size_t i) -> double {

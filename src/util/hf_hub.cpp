@@ -66,10 +66,10 @@ fs::path resolve_hf_folder(const std::string& name_or_path) {
 
 fs::path resolve_hf_tokenizer(const std::string& name_or_path) {
   if (fs::is_regular_file(name_or_path)) return name_or_path;
-  const fs::path file = resolve_hf_folder(name_or_path) / "tokenizer.json";
-  if (!fs::is_regular_file(file))
-    throw Error("hf_hub", fmt::format("{}: no tokenizer.json in {}", name_or_path, file.parent_path().string()));
-  return file;
+  const fs::path folder = resolve_hf_folder(name_or_path);
+  if (!fs::is_regular_file(folder / "tokenizer.json"))
+    throw Error("hf_hub", fmt::format("{}: no tokenizer.json in {}", name_or_path, folder.string()));
+  return folder;
 }
 
 }  // namespace tessera::util

@@ -246,7 +246,11 @@ int tokenize(const std::string& tokenizer_path, const std::string& input_path, c
   std::ifstream in(input_path);
   const auto input = nlohmann::json::parse(in);
   const bool add_special = input.value("add_special_tokens", true);
-  nlohmann::json out = {{"vocab_size", tok.vocab_size()}};
+  const auto optional_id = [](std::optional<int32_t> id) { return id ? nlohmann::json(*id) : nlohmann::json(); };
+  nlohmann::json out = {{"vocab_size", tok.vocab_size()},
+                        {"bos", optional_id(tok.bos_token_id())},
+                        {"eos", optional_id(tok.eos_token_id())},
+                        {"pad", optional_id(tok.pad_token_id())}};
   std::vector<std::string> texts;
   for (const auto& t : input["texts"]) texts.push_back(from_hex(t.get<std::string>()));
   std::vector<std::vector<int32_t>> ids;

@@ -14,7 +14,7 @@
 namespace tessera::data {
 
 struct TokenizerOptions {
-  std::string name;                         // a local directory or tokenizer.json path (no hub downloads)
+  std::string name;                         // a tokenizer.json, a folder, or a hub id in the local HF cache
   std::optional<int64_t> model_max_length;  // kwargs.model_max_length
 };
 

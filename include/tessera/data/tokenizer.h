@@ -1,15 +1,24 @@
-// Byte-level BPE tokenizers in Hugging Face's tokenizer.json format (GPT-2, GPT-NeoX and Llama-3 style), with the
-// same ids as Hugging Face `tokenizers` for the same text, and Tessera's own byte-level BPE trainer.
+// BPE tokenizers in Hugging Face's tokenizer.json format, with the same ids as Hugging Face `tokenizers` for the same
+// text: byte-level BPE (GPT-2, GPT-NeoX, Llama-3 style) and SentencePiece-style BPE (Llama-2, Mistral: characters,
+// `▁` for spaces, <0xXX> byte fallback); and Tessera's own byte-level BPE trainer.
 //
 // Supported tokenizer.json subset (anything else is an error naming the file and the JSON key):
-//   model            BPE: vocab, merges ("a b" strings or ["a", "b"] pairs), ignore_merges; dropout, unk_token,
-//                    continuing_subword_prefix and end_of_word_suffix null; byte_fallback false
-//   normalizer       null, NFC, or a Sequence of those
-//   pre_tokenizer    ByteLevel (add_prefix_space, use_regex), Split (Regex or String pattern, any behavior, invert),
-//                    or a Sequence of those ending in ByteLevel (the BPE runs on bytes)
+//   model            BPE: vocab, merges ("a b" strings or ["a", "b"] pairs), ignore_merges, unk_token, fuse_unk,
+//                    byte_fallback (not with ByteLevel); dropout null; continuing_subword_prefix and
+//                    end_of_word_suffix null or ""
+//   normalizer       null, NFC, Prepend, Replace (String or Regex pattern), or a Sequence of those
+//   pre_tokenizer    null, ByteLevel (add_prefix_space, use_regex), Split (Regex or String pattern, any behavior,
+//                    invert), Metaspace (replacement, prepend_scheme always/first/never or the older
+//                    add_prefix_space, split), or a Sequence of those; a ByteLevel must come last and makes the BPE
+//                    run on bytes, otherwise it runs on characters
 //   post_processor   null, ByteLevel, TemplateProcessing (the single-sequence template), or a Sequence of those
-//   decoder          null or ByteLevel
+//   decoder          null, ByteLevel, Replace (String pattern), ByteFallback, Fuse, Strip, Metaspace, or a Sequence
 //   added_tokens     special / lstrip / rstrip / single_word / normalized, split out before pre-tokenization
+//
+// Loaded from a folder (as transformers' AutoTokenizer loads one), tokenizer_config.json and special_tokens_map.json
+// there are honoured too: bos/eos/pad/unk tokens, and for tokenizer_class LlamaTokenizer(Fast) the add_bos_token
+// (default true) / add_eos_token (default false) template that transformers builds. A tokenizer.json file alone loads
+// as `tokenizers.Tokenizer.from_file` does.
 //
 // Invalid UTF-8 in the text given to encode() is replaced first, each maximal invalid subsequence by U+FFFD exactly as
 // Python's bytes.decode("utf-8", errors="replace") does, so the ids equal Hugging Face's for the replaced text.
@@ -35,7 +44,8 @@ struct TokenizerImpl;
 
 class Tokenizer {
  public:
-  // Loads a Hugging Face tokenizer.json (or a directory containing one). Errors (tessera::Error, component
+  // Loads a Hugging Face tokenizer.json, or a folder with one (and tokenizer_config.json, special_tokens_map.json
+  // when present). Errors (tessera::Error, component
   // "tokenizer") name the file and the JSON path of the bad key: malformed JSON, unsupported model / pre_tokenizer /
   // normalizer / decoder / post_processor type, a merge naming an unknown token, duplicate ids, and so on.
   static Tokenizer from_file(const std::filesystem::path& path);
@@ -51,6 +61,14 @@ class Tokenizer {
   // Number of distinct tokens including added tokens (Hugging Face get_vocab_size(with_added_tokens=True)).
   int64_t vocab_size() const;
   std::optional<int32_t> token_to_id(std::string_view token) const;
+  // The special tokens tokenizer_config.json / special_tokens_map.json name (a tokenizer loaded from a folder), and
+  // their ids; unset when not named.
+  std::optional<std::string> bos_token() const;
+  std::optional<std::string> eos_token() const;
+  std::optional<std::string> pad_token() const;
+  std::optional<int32_t> bos_token_id() const;
+  std::optional<int32_t> eos_token_id() const;
+  std::optional<int32_t> pad_token_id() const;
   std::optional<std::string> id_to_token(int32_t id) const;
 
   // The pieces the normalizer, added-token split and pre-tokenizer produce, as raw UTF-8 (before the byte-level

@@ -62,7 +62,8 @@ void PairMap::put(int32_t a, int32_t b, Value v) {
 
 void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) const {
   if (ignore_merges) {
-    if (auto it = byte_vocab.find(word); it != byte_vocab.end()) {
+    const StringMap<int32_t>& whole = byte_level ? byte_vocab : vocab;
+    if (auto it = whole.find(word); it != whole.end()) {
       out.push_back(it->second);
       return;
     }
@@ -71,12 +72,57 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
   thread_local std::vector<Candidate> heap;
   symbols.clear();
   heap.clear();
-  for (char c : word) {
-    const int32_t id = byte_ids[static_cast<uint8_t>(c)];
-    if (id < 0) continue;
+  bool pending_unk = false;  // Hugging Face's merge_word: an unknown symbol is added when the next known one comes
+  const auto push = [&](int32_t id) {
     const auto n = static_cast<int32_t>(symbols.size());
     symbols.push_back({id, n - 1, n + 1, false});
+  };
+  const auto flush_unk = [&] {
+    if (pending_unk) push(unk_id);
+    pending_unk = false;
+  };
+  const auto unknown = [&] {
+    if (unk_id < 0) return;  // no unknown token: the symbol is dropped
+    if (pending_unk && !fuse_unk) push(unk_id);
+    pending_unk = true;
+  };
+  const auto known = [&](int32_t id) {
+    flush_unk();
+    push(id);
+  };
+  if (byte_level) {
+    for (char c : word) {
+      const int32_t id = byte_ids[static_cast<uint8_t>(c)];
+      id >= 0 ? known(id) : unknown();
+    }
+  } else {
+    for (size_t i = 0; i < word.size();) {
+      size_t len = 1;
+      const auto lead = static_cast<uint8_t>(word[i]);
+      if (lead >= 0xF0) {
+        len = 4;
+      } else if (lead >= 0xE0) {
+        len = 3;
+      } else if (lead >= 0xC0) {
+        len = 2;
+      }
+      len = std::min(len, word.size() - i);
+      const std::string_view ch = word.substr(i, len);
+      i += len;
+      if (auto it = vocab.find(ch); it != vocab.end()) {
+        known(it->second);
+        continue;
+      }
+      if (byte_fallback &&
+          std::all_of(ch.begin(), ch.end(), [&](char b) { return fallback_ids[static_cast<uint8_t>(b)] >= 0; })) {
+        // Hugging Face adds the byte tokens without flushing a pending unknown token first.
+        for (char b : ch) push(fallback_ids[static_cast<uint8_t>(b)]);
+        continue;
+      }
+      unknown();
+    }
   }
+  flush_unk();
   if (symbols.empty()) return;
   symbols.back().next = -1;
   const auto n = static_cast<int32_t>(symbols.size());

@@ -52,13 +52,21 @@ class PairMap {
 };
 
 struct BpeModel {
-  StringMap<int32_t> vocab;             // token (as written in tokenizer.json) -> id
+  StringMap<int32_t> vocab;  // token (as written in tokenizer.json) -> id
+  // Byte-level tokenizers (a ByteLevel pre-tokenizer): words are raw bytes, each byte one initial symbol.
+  bool byte_level = true;
   std::array<int32_t, 256> byte_ids{};  // id of each single-byte token, -1 if the vocab lacks it
   StringMap<int32_t> byte_vocab;        // raw bytes -> id, for every token made only of byte-level characters
+  // Otherwise (SentencePiece style): words are UTF-8, each character one initial symbol; a character not in the vocab
+  // becomes its bytes' <0xXX> tokens (byte_fallback, when all exist), else the unknown token.
+  bool byte_fallback = false;
+  std::array<int32_t, 256> fallback_ids{};  // id of "<0xXX>" for each byte, -1 if the vocab lacks it
+  int32_t unk_id = -1;                      // -1: no unknown token (unknown symbols are dropped)
+  bool fuse_unk = false;                    // consecutive unknown symbols become one unknown token
   PairMap merges;
   bool ignore_merges = false;
 
-  // Appends the ids of `word` (raw bytes of one pre-token). Bytes without a token are dropped (unk_token is null).
+  // Appends the ids of `word` (one pre-token: raw bytes when byte_level, else UTF-8).
   void encode_word(std::string_view word, std::vector<int32_t>& out) const;
 };
 

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "tessera/util/error.h"
+#include "tessera/util/file_io.h"
 #include "tokenizer_impl.h"
 #include "unicode.h"
 
@@ -70,6 +71,21 @@ class Loader {
     if (v != nullptr && !v->is_null()) fail(join(path, key), fmt::format("must be null ({})", why));
   }
 
+  // A key that must be null, absent or "" (an affix Tessera's BPE does not implement).
+  void require_empty(const Json& obj, const std::string& path, const char* key) const {
+    const Json* v = member(obj, path, key, false);
+    if (v != nullptr && !v->is_null() && !(v->is_string() && v->get<std::string>().empty()))
+      fail(join(path, key), "must be null or empty (subword prefixes and suffixes are not supported)");
+  }
+  // The UTF-8 of exactly one character.
+  std::string get_char(const Json& v, const std::string& path) const {
+    const std::string s = get_string(v, path);
+    size_t n = 0;
+    for (char c : s) n += (static_cast<uint8_t>(c) & 0xC0) != 0x80;
+    if (n != 1) fail(path, fmt::format("expected one character, got {}", quote(s)));
+    return s;
+  }
+
   void load(std::string_view text, TokenizerImpl& t) {
     Json doc;
     try {
@@ -85,20 +101,22 @@ class Loader {
       load_added(*a, "added_tokens", t);
     if (const Json* n = member(doc, "", "normalizer", false); n != nullptr && !n->is_null())
       load_normalizer(*n, "normalizer", t);
-    const Json* p = member(doc, "", "pre_tokenizer", false);
-    if (p == nullptr || p->is_null())
-      fail("pre_tokenizer", "missing: Tessera supports byte-level BPE only (a ByteLevel pre-tokenizer)");
-    load_pre_tokenizer(*p, "pre_tokenizer", t);
-    if (t.pre_tokenizers.empty() || t.pre_tokenizers.back().kind != PreTokenizer::Kind::kByteLevel)
-      fail("pre_tokenizer", "must be ByteLevel or a Sequence ending in ByteLevel (Tessera supports byte-level BPE)");
+    if (const Json* p = member(doc, "", "pre_tokenizer", false); p != nullptr && !p->is_null())
+      load_pre_tokenizer(*p, "pre_tokenizer", t);
+    // With a ByteLevel pre-tokenizer the BPE runs on bytes; it must come last (what follows would see byte-level
+    // characters). Without one, on characters (SentencePiece style).
+    for (size_t i = 0; i < t.pre_tokenizers.size(); ++i) {
+      if (t.pre_tokenizers[i].kind == PreTokenizer::Kind::kByteLevel && i + 1 != t.pre_tokenizers.size())
+        fail("pre_tokenizer", "a ByteLevel pre-tokenizer must come last in the Sequence");
+    }
+    t.model.byte_level = !t.pre_tokenizers.empty() && t.pre_tokenizers.back().kind == PreTokenizer::Kind::kByteLevel;
+    if (t.model.byte_level && t.model.byte_fallback)
+      fail("model.byte_fallback", "must be false with a ByteLevel pre-tokenizer (every byte has a token)");
     if (const Json* pp = member(doc, "", "post_processor", false); pp != nullptr && !pp->is_null())
       load_post_processor(*pp, "post_processor", t);
-    if (const Json* d = member(doc, "", "decoder", false); d != nullptr && !d->is_null()) {
-      const std::string type = get_type(*d, "decoder");
-      if (type != "ByteLevel")
-        fail("decoder.type", fmt::format("unsupported decoder {} (supported: ByteLevel, null)", quote(type)));
-      t.byte_level_decoder = true;
-    }
+    if (const Json* d = member(doc, "", "decoder", false); d != nullptr && !d->is_null())
+      load_decoder(*d, "decoder", t);
+    t.byte_level_decoder = t.decoders.size() == 1 && t.decoders[0].kind == DecodeStep::Kind::kByteLevel;
   }
 
  private:
@@ -106,10 +124,10 @@ class Loader {
     const std::string type = get_type(m, path);
     if (type != "BPE") fail(path + ".type", fmt::format("unsupported model {} (supported: BPE)", quote(type)));
     require_null(m, path, "dropout", "BPE dropout is not supported");
-    require_null(m, path, "unk_token", "byte-level BPE needs no unknown token");
-    require_null(m, path, "continuing_subword_prefix", "not used by byte-level BPE");
-    require_null(m, path, "end_of_word_suffix", "not used by byte-level BPE");
-    if (get_bool(m, path, "byte_fallback", false)) fail(path + ".byte_fallback", "must be false");
+    require_empty(m, path, "continuing_subword_prefix");
+    require_empty(m, path, "end_of_word_suffix");
+    model.byte_fallback = get_bool(m, path, "byte_fallback", false);
+    model.fuse_unk = get_bool(m, path, "fuse_unk", false);
     model.ignore_merges = get_bool(m, path, "ignore_merges", false);
 
     const std::string vpath = path + ".vocab";
@@ -122,6 +140,17 @@ class Loader {
       if (auto [it, inserted] = by_id.emplace(id, token); !inserted)
         fail(vpath, fmt::format("tokens {} and {} both have id {}", quote(it->second), quote(token), id));
       model.vocab[token] = id;
+    }
+    if (const Json* unk = member(m, path, "unk_token", false); unk != nullptr && !unk->is_null()) {
+      const std::string token = get_string(*unk, path + ".unk_token");
+      auto it = model.vocab.find(token);
+      if (it == model.vocab.end()) fail(path + ".unk_token", fmt::format("{} is not in the vocab", quote(token)));
+      model.unk_id = it->second;
+    }
+    model.fallback_ids.fill(-1);
+    for (int b = 0; b < 256; ++b) {
+      if (auto it = model.vocab.find(fmt::format("<0x{:02X}>", b)); it != model.vocab.end())
+        model.fallback_ids[b] = it->second;
     }
     model.byte_ids.fill(-1);
     std::string bytes;
@@ -208,15 +237,112 @@ class Loader {
 
   void load_normalizer(const Json& n, const std::string& path, TokenizerImpl& t) {
     const std::string type = get_type(n, path);
-    if (type == "NFC") {
-      t.nfc = true;
-    } else if (type == "Sequence") {
+    if (type == "Sequence") {
       const Json& list = *member(n, path, "normalizers", true);
       if (!list.is_array()) fail(path + ".normalizers", "expected an array");
       for (size_t i = 0; i < list.size(); ++i) load_normalizer(list[i], fmt::format("{}.normalizers[{}]", path, i), t);
-    } else {
-      fail(path + ".type", fmt::format("unsupported normalizer {} (supported: NFC, Sequence, null)", quote(type)));
+      return;
     }
+    Normalizer norm;
+    if (type == "NFC") {
+      norm.kind = Normalizer::Kind::kNfc;
+    } else if (type == "Prepend") {
+      norm.kind = Normalizer::Kind::kPrepend;
+      norm.content = get_string(*member(n, path, "prepend", true), path + ".prepend");
+    } else if (type == "Replace") {
+      norm.kind = Normalizer::Kind::kReplace;
+      norm.pattern = load_pattern(n, path);
+      norm.content = get_string(*member(n, path, "content", true), path + ".content");
+      if (norm.pattern == nullptr) return;  // an empty String pattern replaces nothing
+    } else {
+      fail(path + ".type",
+           fmt::format("unsupported normalizer {} (supported: NFC, Prepend, Replace, Sequence, null)", quote(type)));
+    }
+    t.normalizers.push_back(std::move(norm));
+  }
+
+  // A Split / Replace "pattern": {"Regex": ...} or {"String": ...}; null for an empty String (never matches).
+  std::shared_ptr<const Regex> load_pattern(const Json& p, const std::string& path) const {
+    const std::string ppath = path + ".pattern";
+    const Json& pattern = *member(p, path, "pattern", true);
+    const Json* regex = member(pattern, ppath, "Regex", false);
+    const Json* literal = member(pattern, ppath, "String", false);
+    if ((regex == nullptr) == (literal == nullptr)) fail(ppath, "expected {\"Regex\": ...} or {\"String\": ...}");
+    const std::string spath = regex != nullptr ? ppath + ".Regex" : ppath + ".String";
+    const std::string text = get_string(regex != nullptr ? *regex : *literal, spath);
+    if (regex == nullptr && text.empty()) return nullptr;
+    return std::make_shared<Regex>(text, regex == nullptr, fmt::format("{}: {}", source_, spath));
+  }
+
+  // Metaspace's prepend_scheme, with the older add_prefix_space key as Hugging Face reads it.
+  PreTokenizer::Prepend load_prepend_scheme(const Json& p, const std::string& path) const {
+    PreTokenizer::Prepend scheme = PreTokenizer::Prepend::kAlways;
+    if (const Json* s = member(p, path, "prepend_scheme", false); s != nullptr && !s->is_null()) {
+      const std::string v = get_string(*s, path + ".prepend_scheme");
+      if (v == "always") {
+        scheme = PreTokenizer::Prepend::kAlways;
+      } else if (v == "first") {
+        scheme = PreTokenizer::Prepend::kFirst;
+      } else if (v == "never") {
+        scheme = PreTokenizer::Prepend::kNever;
+      } else {
+        fail(path + ".prepend_scheme", fmt::format("unknown scheme {} (always, first, never)", quote(v)));
+      }
+    }
+    const Json* legacy = member(p, path, "add_prefix_space", false);
+    if (legacy != nullptr && legacy->is_boolean() && !legacy->get<bool>()) {
+      if (scheme != PreTokenizer::Prepend::kNever && member(p, path, "prepend_scheme", false) != nullptr)
+        fail(path + ".add_prefix_space", "false contradicts prepend_scheme");
+      scheme = PreTokenizer::Prepend::kNever;
+    }
+    return scheme;
+  }
+
+  void load_decoder(const Json& d, const std::string& path, TokenizerImpl& t) {
+    const std::string type = get_type(d, path);
+    if (type == "Sequence") {
+      const Json& list = *member(d, path, "decoders", true);
+      if (!list.is_array()) fail(path + ".decoders", "expected an array");
+      for (size_t i = 0; i < list.size(); ++i) load_decoder(list[i], fmt::format("{}.decoders[{}]", path, i), t);
+      return;
+    }
+    DecodeStep step;
+    if (type == "ByteLevel") {
+      step.kind = DecodeStep::Kind::kByteLevel;
+    } else if (type == "ByteFallback") {
+      step.kind = DecodeStep::Kind::kByteFallback;
+    } else if (type == "Fuse") {
+      step.kind = DecodeStep::Kind::kFuse;
+    } else if (type == "Replace") {
+      step.kind = DecodeStep::Kind::kReplace;
+      const std::string ppath = path + ".pattern";
+      const Json& pattern = *member(d, path, "pattern", true);
+      const Json* literal = member(pattern, ppath, "String", false);
+      if (literal == nullptr) fail(ppath, "expected {\"String\": ...} (a Regex pattern in a decoder is not supported)");
+      step.pattern = get_string(*literal, ppath + ".String");
+      step.content = get_string(*member(d, path, "content", true), path + ".content");
+    } else if (type == "Strip") {
+      step.kind = DecodeStep::Kind::kStrip;
+      step.content = get_char(*member(d, path, "content", true), path + ".content");
+      step.start = get_count(d, path, "start");
+      step.stop = get_count(d, path, "stop");
+    } else if (type == "Metaspace") {
+      step.kind = DecodeStep::Kind::kMetaspace;
+      step.pattern = get_char(*member(d, path, "replacement", true), path + ".replacement");
+      step.prepend = load_prepend_scheme(d, path) != PreTokenizer::Prepend::kNever;
+    } else {
+      fail(path + ".type", fmt::format("unsupported decoder {} (supported: ByteLevel, Replace, ByteFallback, Fuse, "
+                                       "Strip, Metaspace, Sequence, null)",
+                                       quote(type)));
+    }
+    t.decoders.push_back(std::move(step));
+  }
+
+  size_t get_count(const Json& obj, const std::string& path, const char* key) const {
+    const Json& v = *member(obj, path, key, true);
+    if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0))
+      fail(join(path, key), fmt::format("expected a non-negative integer, got {}", type_name(v)));
+    return static_cast<size_t>(std::min<uint64_t>(v.get<uint64_t>(), 1U << 30));
   }
 
   void load_pre_tokenizer(const Json& p, const std::string& path, TokenizerImpl& t) {
@@ -235,15 +361,7 @@ class Loader {
       pt.use_regex = get_bool(p, path, "use_regex", true);
     } else if (type == "Split") {
       pt.kind = PreTokenizer::Kind::kSplit;
-      const std::string ppath = path + ".pattern";
-      const Json& pattern = *member(p, path, "pattern", true);
-      const Json* regex = member(pattern, ppath, "Regex", false);
-      const Json* literal = member(pattern, ppath, "String", false);
-      if ((regex == nullptr) == (literal == nullptr)) fail(ppath, "expected {\"Regex\": ...} or {\"String\": ...}");
-      const std::string spath = regex != nullptr ? ppath + ".Regex" : ppath + ".String";
-      const std::string text = get_string(regex != nullptr ? *regex : *literal, spath);
-      if (regex != nullptr || !text.empty())
-        pt.regex = std::make_shared<Regex>(text, regex == nullptr, fmt::format("{}: {}", source_, spath));
+      pt.regex = load_pattern(p, path);
       const std::string behavior = get_string(*member(p, path, "behavior", true), path + ".behavior");
       static const std::map<std::string, SplitBehavior> kBehaviors = {
           {"Removed", SplitBehavior::kRemoved},
@@ -255,9 +373,16 @@ class Loader {
       if (it == kBehaviors.end()) fail(path + ".behavior", fmt::format("unknown behavior {}", quote(behavior)));
       pt.behavior = it->second;
       pt.invert = get_bool(p, path, "invert", false);
+    } else if (type == "Metaspace") {
+      pt.kind = PreTokenizer::Kind::kMetaspace;
+      pt.replacement = get_char(*member(p, path, "replacement", true), path + ".replacement");
+      pt.prepend = load_prepend_scheme(p, path);
+      pt.split = get_bool(p, path, "split", true);
+      pt.regex = std::make_shared<Regex>(pt.replacement, true, fmt::format("{}: {}.replacement", source_, path));
     } else {
       fail(path + ".type",
-           fmt::format("unsupported pre_tokenizer {} (supported: ByteLevel, Split, Sequence)", quote(type)));
+           fmt::format("unsupported pre_tokenizer {} (supported: ByteLevel, Split, Metaspace, Sequence, null)",
+                       quote(type)));
     }
     t.pre_tokenizers.push_back(std::move(pt));
   }
@@ -327,6 +452,77 @@ std::shared_ptr<TokenizerImpl> load_tokenizer_json(std::string_view json, const 
   t->uid = next_uid++;
   t->finish();
   return t;
+}
+
+void load_tokenizer_config(const std::filesystem::path& folder, TokenizerImpl& t) {
+  std::map<std::string, std::optional<std::string>> special;  // key -> content (nullopt: explicitly null)
+  Json config;
+  std::string config_source;
+  for (const char* name : {"tokenizer_config.json", "special_tokens_map.json"}) {
+    const std::filesystem::path file = folder / name;
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(file, ec)) continue;
+    const std::string source = file.string();
+    Loader loader(source);
+    Json doc;
+    try {
+      doc = Json::parse(util::read_file(source, kComponent));
+    } catch (const Json::exception& e) {
+      throw Error(kComponent, fmt::format("{}: malformed JSON: {}", source, e.what()));
+    }
+    if (!doc.is_object()) loader.fail("(root)", "expected an object");
+    for (const char* key : {"bos_token", "eos_token", "pad_token", "unk_token"}) {
+      auto it = doc.find(key);
+      if (it == doc.end()) continue;
+      // special_tokens_map.json overrides tokenizer_config.json, as in transformers' from_pretrained.
+      if (it->is_null()) {
+        special[key] = std::nullopt;
+      } else if (it->is_string()) {
+        special[key] = it->get<std::string>();
+      } else if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) {
+        special[key] = (*it)["content"].get<std::string>();
+      } else {
+        loader.fail(key, "expected a string, an AddedToken object with a content string, or null");
+      }
+    }
+    if (std::string(name) == "tokenizer_config.json") {
+      config = std::move(doc);
+      config_source = source;
+    }
+  }
+  const auto token_of = [&](const char* key) -> std::optional<std::string> {
+    auto it = special.find(key);
+    if (it == special.end() || !it->second) return std::nullopt;
+    const std::string& content = *it->second;
+    if (!t.added_ids.count(content) && !t.model.vocab.count(content)) {
+      throw Error(kComponent,
+                  fmt::format("{}: {} {} is not a token of {}", folder.string(), key, quote(content), t.source));
+    }
+    return content;
+  };
+  t.bos_token = token_of("bos_token");
+  t.eos_token = token_of("eos_token");
+  t.pad_token = token_of("pad_token");
+  t.unk_token = token_of("unk_token");
+
+  // LlamaTokenizerFast rebuilds the post-processor from add_bos_token (default true) / add_eos_token (default false).
+  if (!config.is_object()) return;
+  const auto cls = config.find("tokenizer_class");
+  if (cls == config.end() || !cls->is_string()) return;
+  const std::string name = cls->get<std::string>();
+  if (name != "LlamaTokenizer" && name != "LlamaTokenizerFast") return;
+  Loader loader(config_source);
+  const bool add_bos = loader.get_bool(config, "", "add_bos_token", true);
+  const bool add_eos = loader.get_bool(config, "", "add_eos_token", false);
+  const auto id_of = [&](const std::optional<std::string>& token, const char* key) {
+    if (!token) loader.fail(key, fmt::format("add_{} is true but {} is not set", key, key));
+    auto it = t.added_ids.find(*token);
+    return it != t.added_ids.end() ? it->second : t.model.vocab.find(*token)->second;
+  };
+  t.template_prefix.clear();
+  t.template_suffix.clear();
+  if (add_bos) t.template_prefix.push_back(id_of(t.bos_token, "bos_token"));
+  if (add_eos) t.template_suffix.push_back(id_of(t.eos_token, "eos_token"));
 }
 
 }  // namespace tessera::data::detail

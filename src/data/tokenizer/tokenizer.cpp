@@ -40,6 +40,7 @@ WordCache& word_cache(uint64_t owner) {
 
 struct Span {
   size_t begin, end;
+  bool origin = false;  // starts at offset 0 of the original text (Metaspace's prepend_scheme "first")
 };
 
 // Hugging Face's NormalizedString::split over the regex's matches of arena[span].
@@ -62,7 +63,9 @@ void split_span(const Regex* regex, SplitBehavior behavior, bool invert, const s
     for (auto& p : parts) p.second = !p.second;
   }
   const size_t first_out = out.size();
-  const auto emit = [&](Span r) { out.push_back({span.begin + r.begin, span.begin + r.end}); };
+  const auto emit = [&](Span r) {
+    out.push_back({span.begin + r.begin, span.begin + r.end, span.origin && r.begin == 0});
+  };
   bool previous_match = false;
   switch (behavior) {
     case SplitBehavior::kIsolated:
@@ -113,6 +116,57 @@ void split_span(const Regex* regex, SplitBehavior behavior, bool invert, const s
   out.erase(std::remove_if(out.begin() + static_cast<std::ptrdiff_t>(first_out), out.end(),
                            [](const Span& x) { return x.begin == x.end; }),
             out.end());
+}
+
+// Every non-overlapping match of `pattern` in `s` (leftmost first) replaced by `content`.
+std::string replace_all(const Regex& pattern, std::string_view s, std::string_view content) {
+  thread_local std::vector<std::pair<size_t, size_t>> matches;
+  matches.clear();
+  pattern.find_all(s, matches);
+  if (matches.empty()) return std::string(s);
+  std::string out;
+  out.reserve(s.size() + matches.size() * content.size());
+  size_t prev = 0;
+  for (const auto& [b, e] : matches) {
+    out.append(s.substr(prev, b - prev));
+    out.append(content);
+    prev = e;
+  }
+  out.append(s.substr(prev));
+  return out;
+}
+
+void replace_literal(std::string& s, std::string_view pattern, std::string_view content) {
+  if (pattern.empty()) return;
+  std::string out;
+  size_t prev = 0;
+  for (size_t at = s.find(pattern); at != std::string::npos; at = s.find(pattern, prev)) {
+    out.append(s, prev, at - prev);
+    out.append(content);
+    prev = at + pattern.size();
+  }
+  if (prev == 0) return;
+  out.append(s, prev, std::string::npos);
+  s = std::move(out);
+}
+
+size_t utf8_length(uint8_t lead) {
+  return lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+}
+
+// "<0xXX>" (Rust's u8::from_str_radix over the two characters, which also takes "+X") -> the byte.
+std::optional<uint8_t> fallback_byte(const std::string& token) {
+  if (token.size() != 6 || token.compare(0, 3, "<0x") != 0 || token[5] != '>') return std::nullopt;
+  const auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  const int hi = hex(token[3]), lo = hex(token[4]);
+  if (token[3] == '+' && lo >= 0) return static_cast<uint8_t>(lo);
+  if (hi < 0 || lo < 0) return std::nullopt;
+  return static_cast<uint8_t>(hi * 16 + lo);
 }
 
 // The UTF-8 code point before / at a position of valid UTF-8, or 0 at the edges.
@@ -176,20 +230,38 @@ void TokenizerImpl::finish() {
   }
   for (size_t i = 0; i < added.size(); ++i) {
     if (added[i].normalized) {
-      normalized_matcher.add(nfc ? detail::nfc(added[i].content) : added[i].content, static_cast<int>(i));
+      normalized_matcher.add(normalize(added[i].content), static_cast<int>(i));
     } else {
       raw_matcher.add(added[i].content, static_cast<int>(i));
     }
   }
 }
 
+std::string TokenizerImpl::normalize(std::string_view text) const {
+  std::string s(text);
+  for (const Normalizer& n : normalizers) {
+    switch (n.kind) {
+      case Normalizer::Kind::kNfc:
+        s = detail::nfc(s);
+        break;
+      case Normalizer::Kind::kPrepend:
+        if (!s.empty()) s.insert(0, n.content);
+        break;
+      case Normalizer::Kind::kReplace:
+        s = replace_all(*n.pattern, s, n.content);
+        break;
+    }
+  }
+  return s;
+}
+
 // Splits `text` around the added tokens `matcher` finds (Hugging Face's AddedVocabulary::find_matches, including
-// single_word / lstrip / rstrip) and hands each piece to `on_text` / each token id to `on_token`.
+// single_word / lstrip / rstrip) and hands each piece and its offset to `on_text` / each token id to `on_token`.
 template <typename OnText, typename OnToken>
 void split_added(const TokenizerImpl& t, const AddedMatcher& matcher, std::string_view s, OnText on_text,
                  OnToken on_token) {
   if (matcher.empty()) {
-    if (!s.empty()) on_text(s);
+    if (!s.empty()) on_text(s, size_t{0});
     return;
   }
   size_t start_offset = 0, from = 0;
@@ -214,19 +286,19 @@ void split_added(const TokenizerImpl& t, const AddedMatcher& matcher, std::strin
         stop = q;
       }
     }
-    if (start_offset < start) on_text(s.substr(start_offset, start - start_offset));
+    if (start_offset < start) on_text(s.substr(start_offset, start - start_offset), start_offset);
     on_token(a.id);
     start_offset = stop;
   }
-  if (start_offset < s.size()) on_text(s.substr(start_offset));
+  if (start_offset < s.size()) on_text(s.substr(start_offset), start_offset);
 }
 
-void TokenizerImpl::encode_piece(std::string_view piece, std::vector<std::string>* pieces,
+void TokenizerImpl::encode_piece(std::string_view piece, bool first, std::vector<std::string>* pieces,
                                  std::vector<int32_t>* ids) const {
   thread_local std::string arena;
   thread_local std::vector<Span> spans, next;
   arena.assign(piece);
-  spans.assign(1, Span{0, arena.size()});
+  spans.assign(1, Span{0, arena.size(), first});
   for (const PreTokenizer& pt : pre_tokenizers) {
     next.clear();
     for (Span sp : spans) {
@@ -237,13 +309,30 @@ void TokenizerImpl::encode_piece(std::string_view piece, std::vector<std::string
           const size_t b = arena.size();
           arena += ' ';
           arena.append(arena.data() + sp.begin, len);
-          sp = {b, b + len + 1};
+          sp = {b, b + len + 1, sp.origin};
         }
         if (!pt.use_regex) {
           next.push_back(sp);
           continue;
         }
         split_span(&Regex::gpt2(), SplitBehavior::kIsolated, false, arena, sp, next);
+      } else if (pt.kind == PreTokenizer::Kind::kMetaspace) {
+        // Spaces become the replacement, which is prepended per the scheme; the result is split before each
+        // replacement (MergedWithNext) when `split`. Rewritten at the end of the arena.
+        std::string text(arena, sp.begin, sp.end - sp.begin);
+        replace_literal(text, " ", pt.replacement);
+        const bool starts = text.compare(0, pt.replacement.size(), pt.replacement) == 0;
+        if (!starts && (pt.prepend == PreTokenizer::Prepend::kAlways ||
+                        (pt.prepend == PreTokenizer::Prepend::kFirst && sp.origin)))
+          text.insert(0, pt.replacement);
+        const size_t b = arena.size();
+        arena += text;
+        const Span rewritten{b, arena.size(), sp.origin};
+        if (pt.split) {
+          split_span(pt.regex.get(), SplitBehavior::kMergedWithNext, false, arena, rewritten, next);
+        } else {
+          next.push_back(rewritten);
+        }
       } else {
         split_span(pt.regex.get(), pt.behavior, pt.invert, arena, sp, next);
       }
@@ -285,13 +374,99 @@ void TokenizerImpl::pre_tokenize(std::string_view text, std::vector<std::string>
   };
   split_added(
       *this, raw_matcher, text,
-      [&](std::string_view raw) {
-        const std::string normalized = nfc ? detail::nfc(raw) : std::string();
-        const std::string_view n = nfc ? std::string_view(normalized) : raw;
+      [&](std::string_view raw, size_t raw_offset) {
+        const std::string normalized = normalizers.empty() ? std::string() : normalize(raw);
+        const std::string_view n = normalizers.empty() ? raw : std::string_view(normalized);
         split_added(
-            *this, normalized_matcher, n, [&](std::string_view piece) { encode_piece(piece, pieces, ids); }, on_token);
+            *this, normalized_matcher, n,
+            [&](std::string_view piece, size_t offset) {
+              encode_piece(piece, raw_offset == 0 && offset == 0, pieces, ids);
+            },
+            on_token);
       },
       on_token);
+}
+
+std::string TokenizerImpl::decode_tokens(std::vector<std::string> tokens) const {
+  std::string joined;
+  if (decoders.empty()) {  // no decoder: Hugging Face joins the tokens with spaces
+    for (size_t i = 0; i < tokens.size(); ++i) joined += (i ? " " : "") + tokens[i];
+    return joined;
+  }
+  for (const DecodeStep& d : decoders) {
+    switch (d.kind) {
+      case DecodeStep::Kind::kByteLevel: {
+        std::string bytes, all;
+        for (const std::string& t : tokens) all += from_byte_level(t, bytes) ? bytes : t;
+        tokens.assign(1, sanitize_utf8(all));
+        break;
+      }
+      case DecodeStep::Kind::kReplace:
+        for (std::string& t : tokens) replace_literal(t, d.pattern, d.content);
+        break;
+      case DecodeStep::Kind::kByteFallback: {
+        std::vector<std::string> out;
+        std::string pending;
+        const auto flush = [&] {
+          if (pending.empty()) return;
+          if (is_valid_utf8(pending)) {
+            out.push_back(pending);
+          } else {
+            for (size_t i = 0; i < pending.size(); ++i) out.emplace_back("\xEF\xBF\xBD");  // U+FFFD per byte
+          }
+          pending.clear();
+        };
+        for (std::string& t : tokens) {
+          if (auto b = fallback_byte(t)) {
+            pending += static_cast<char>(*b);
+          } else {
+            flush();
+            out.push_back(std::move(t));
+          }
+        }
+        flush();
+        tokens = std::move(out);
+        break;
+      }
+      case DecodeStep::Kind::kFuse: {
+        std::string all;
+        for (const std::string& t : tokens) all += t;
+        tokens.clear();
+        tokens.push_back(std::move(all));
+        break;
+      }
+      case DecodeStep::Kind::kStrip:
+        for (std::string& t : tokens) {
+          size_t begin = 0, end = t.size();
+          for (size_t k = 0; k < d.start && t.compare(begin, d.content.size(), d.content) == 0; ++k)
+            begin += d.content.size();
+          for (size_t k = 0; k < d.stop && end >= begin + d.content.size() &&
+                             t.compare(end - d.content.size(), d.content.size(), d.content) == 0;
+               ++k)
+            end -= d.content.size();
+          t = t.substr(begin, end - begin);
+        }
+        break;
+      case DecodeStep::Kind::kMetaspace:
+        for (size_t i = 0; i < tokens.size(); ++i) {
+          std::string out;
+          const std::string& t = tokens[i];
+          for (size_t k = 0; k < t.size();) {
+            const size_t len = std::min(utf8_length(static_cast<uint8_t>(t[k])), t.size() - k);
+            if (t.compare(k, len, d.pattern) == 0) {
+              if (i != 0 || !d.prepend) out += ' ';  // the first token's replacements are dropped
+            } else {
+              out.append(t, k, len);
+            }
+            k += len;
+          }
+          tokens[i] = std::move(out);
+        }
+        break;
+    }
+  }
+  for (const std::string& t : tokens) joined += t;
+  return joined;
 }
 
 }  // namespace detail
@@ -303,8 +478,11 @@ constexpr const char* kComponent = "tokenizer";
 Tokenizer Tokenizer::from_file(const std::filesystem::path& path) {
   std::filesystem::path file = path;
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) file = path / "tokenizer.json";
-  return from_json(util::read_file(file.string(), kComponent), file.string());
+  const bool folder = std::filesystem::is_directory(path, ec);
+  if (folder) file = path / "tokenizer.json";
+  auto impl = detail::load_tokenizer_json(util::read_file(file.string(), kComponent), file.string());
+  if (folder) detail::load_tokenizer_config(path, *impl);
+  return Tokenizer(std::move(impl));
 }
 
 Tokenizer Tokenizer::from_json(std::string_view json, const std::string& source_name) {
@@ -322,16 +500,22 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
   const detail::TokenizerImpl& t = *impl_;
-  std::string out;
-  bool first = true;
-  for (int32_t id : ids) {
-    if (id < 0 || static_cast<size_t>(id) >= t.id_present.size() || !t.id_present[id]) continue;
-    if (skip_special_tokens && t.id_special[id]) continue;
-    if (!t.byte_level_decoder && !first) out += ' ';  // no decoder: Hugging Face joins the tokens with spaces
-    out += t.id_bytes[id];
-    first = false;
+  const auto wanted = [&](int32_t id) {
+    return id >= 0 && static_cast<size_t>(id) < t.id_present.size() && t.id_present[id] &&
+           !(skip_special_tokens && t.id_special[id]);
+  };
+  if (t.byte_level_decoder) {  // the common case, without building the token list
+    std::string out;
+    for (int32_t id : ids) {
+      if (wanted(id)) out += t.id_bytes[id];
+    }
+    return sanitize_utf8(out);
   }
-  return sanitize_utf8(out);
+  std::vector<std::string> tokens;
+  for (int32_t id : ids) {
+    if (wanted(id)) tokens.push_back(t.id_token[id]);
+  }
+  return t.decode_tokens(std::move(tokens));
 }
 
 int64_t Tokenizer::vocab_size() const {
@@ -342,6 +526,25 @@ std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
   if (auto it = impl_->added_ids.find(token); it != impl_->added_ids.end()) return it->second;
   if (auto it = impl_->model.vocab.find(token); it != impl_->model.vocab.end()) return it->second;
   return std::nullopt;
+}
+
+std::optional<std::string> Tokenizer::bos_token() const {
+  return impl_->bos_token;
+}
+std::optional<std::string> Tokenizer::eos_token() const {
+  return impl_->eos_token;
+}
+std::optional<std::string> Tokenizer::pad_token() const {
+  return impl_->pad_token;
+}
+std::optional<int32_t> Tokenizer::bos_token_id() const {
+  return impl_->bos_token ? token_to_id(*impl_->bos_token) : std::nullopt;
+}
+std::optional<int32_t> Tokenizer::eos_token_id() const {
+  return impl_->eos_token ? token_to_id(*impl_->eos_token) : std::nullopt;
+}
+std::optional<int32_t> Tokenizer::pad_token_id() const {
+  return impl_->pad_token ? token_to_id(*impl_->pad_token) : std::nullopt;
 }
 
 std::optional<std::string> Tokenizer::id_to_token(int32_t id) const {

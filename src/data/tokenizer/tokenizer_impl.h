@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -44,12 +45,32 @@ class AddedMatcher {
 enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
 
 struct PreTokenizer {
-  enum class Kind { kByteLevel, kSplit } kind;
+  enum class Kind { kByteLevel, kSplit, kMetaspace } kind;
   bool add_prefix_space = false;       // ByteLevel
   bool use_regex = true;               // ByteLevel
-  std::shared_ptr<const Regex> regex;  // Split (null: an empty String pattern, which never matches)
+  std::shared_ptr<const Regex> regex;  // Split (null: an empty String pattern, which never matches); Metaspace: the
+                                       // replacement character, split on when `split`
   SplitBehavior behavior = SplitBehavior::kIsolated;
   bool invert = false;
+  enum class Prepend { kAlways, kFirst, kNever } prepend = Prepend::kAlways;  // Metaspace
+  std::string replacement;                                                    // Metaspace, UTF-8 of one character
+  bool split = true;                                                          // Metaspace
+};
+
+// One normalizer of a Sequence: NFC, Prepend (a non-empty text gets `content` in front), Replace (every match of
+// `pattern`, a literal or a regex, becomes `content`).
+struct Normalizer {
+  enum class Kind { kNfc, kPrepend, kReplace } kind;
+  std::string content;
+  std::shared_ptr<const Regex> pattern;
+};
+
+// One decoder of a Sequence, run over the list of token strings as Hugging Face's decode_chain does.
+struct DecodeStep {
+  enum class Kind { kByteLevel, kReplace, kByteFallback, kFuse, kStrip, kMetaspace } kind;
+  std::string pattern, content;  // Replace: literal pattern -> content; Strip: the character (UTF-8)
+  size_t start = 0, stop = 0;    // Strip: at most this many leading / trailing `content` characters
+  bool prepend = true;           // Metaspace: prepend_scheme is not never (the first token loses its replacements)
 };
 
 struct TokenizerImpl {
@@ -62,11 +83,14 @@ struct TokenizerImpl {
   StringMap<int32_t> added_ids;     // content -> id
   AddedMatcher raw_matcher;         // tokens with normalized=false, matched on the raw text
   AddedMatcher normalized_matcher;  // tokens with normalized=true, matched on the normalized text
-  bool nfc = false;
+  std::vector<Normalizer> normalizers;
   std::vector<PreTokenizer> pre_tokenizers;
   // The post-processor's single-sequence template: ids before and after the sequence (empty without one).
   std::vector<int32_t> template_prefix, template_suffix;
-  bool byte_level_decoder = false;
+  std::vector<DecodeStep> decoders;
+  // From tokenizer_config.json / special_tokens_map.json (a tokenizer loaded from a folder); unset otherwise.
+  std::optional<std::string> bos_token, eos_token, pad_token, unk_token;
+  bool byte_level_decoder = false;  // decoders is exactly [ByteLevel]: id_bytes hold each token's raw bytes
 
   // Per id (dense up to the largest id): the token string, whether it exists, is special, and its decoded bytes.
   std::vector<std::string> id_token;
@@ -76,11 +100,22 @@ struct TokenizerImpl {
 
   // Fills the id tables, matchers and vocab size after model / added / decoder are set.
   void finish();
+  // The normalizers applied in order (the text unchanged without any).
+  std::string normalize(std::string_view text) const;
   void pre_tokenize(std::string_view text, std::vector<std::string>* pieces, std::vector<int32_t>* ids) const;
-  void encode_piece(std::string_view piece, std::vector<std::string>* pieces, std::vector<int32_t>* ids) const;
+  // `first`: the piece starts at offset 0 of the original text (Metaspace's prepend_scheme "first").
+  void encode_piece(std::string_view piece, bool first, std::vector<std::string>* pieces,
+                    std::vector<int32_t>* ids) const;
+  // Hugging Face's decoder chain over token strings, joined (no decoder: joined with spaces).
+  std::string decode_tokens(std::vector<std::string> tokens) const;
 };
 
 // Parses a tokenizer.json document; errors name `source` and the JSON path.
 std::shared_ptr<TokenizerImpl> load_tokenizer_json(std::string_view json, const std::string& source);
+
+// Applies what transformers' AutoTokenizer takes from tokenizer_config.json and special_tokens_map.json in `folder`
+// (either may be missing): the bos/eos/pad/unk tokens, and for tokenizer_class LlamaTokenizer(Fast) the
+// add_bos_token / add_eos_token template. Errors name the file and key.
+void load_tokenizer_config(const std::filesystem::path& folder, TokenizerImpl& t);
 
 }  // namespace tessera::data::detail

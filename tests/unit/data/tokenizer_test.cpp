@@ -72,8 +72,11 @@ TEST(Tokenizer, MalformedJsonNamesFileAndKey) {
       {[](Json& j) { j["model"]["merges"][1] = 12; }, "model.merges[1]: expected a \"a b\" string"},
       {[](Json& j) { j["model"]["merges"][2] = "a b c"; }, "model.merges[2]: expected \"<left> <right>\""},
       {[](Json& j) { j["model"]["merges"][0] = "Q Z"; }, "model.merges[0]: merged token \"QZ\" is not in the vocab"},
-      {[](Json& j) { j["model"]["byte_fallback"] = true; }, "model.byte_fallback: must be false"},
-      {[](Json& j) { j["model"]["unk_token"] = "<unk>"; }, "model.unk_token: must be null"},
+      {[](Json& j) { j["model"]["byte_fallback"] = true; },
+       "model.byte_fallback: must be false with a ByteLevel pre-tokenizer"},
+      {[](Json& j) { j["model"]["unk_token"] = "<unk>"; }, "model.unk_token: \"<unk>\" is not in the vocab"},
+      {[](Json& j) { j["model"]["continuing_subword_prefix"] = "##"; },
+       "model.continuing_subword_prefix: must be null or empty"},
       {[](Json& j) { j["model"]["dropout"] = 0.1; }, "model.dropout: must be null"},
       {[](Json& j) { j["truncation"] = Json::object(); }, "truncation: must be null"},
       {[](Json& j) {
@@ -88,7 +91,30 @@ TEST(Tokenizer, MalformedJsonNamesFileAndKey) {
          j["pre_tokenizer"] = {{"type", "Whitespace"}};
        },
        "pre_tokenizer.type: unsupported pre_tokenizer"},
-      {[](Json& j) { j["pre_tokenizer"] = nullptr; }, "pre_tokenizer: missing"},
+      {[](Json& j) {
+         j["normalizer"] = {{"type", "Replace"}, {"pattern", {{"Regex", "(unclosed"}}}, {"content", "x"}};
+       },
+       "normalizer.pattern.Regex: invalid regular expression"},
+      {[](Json& j) {
+         j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "ab"}, {"prepend_scheme", "first"}};
+       },
+       "pre_tokenizer.replacement: expected one character, got \"ab\""},
+      {[](Json& j) {
+         j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "_"}, {"prepend_scheme", "sometimes"}};
+       },
+       "pre_tokenizer.prepend_scheme: unknown scheme \"sometimes\""},
+      {[](Json& j) {
+         j["pre_tokenizer"] = {
+             {"type", "Sequence"},
+             {"pretokenizers", Json::array({j["pre_tokenizer"], {{"type", "Metaspace"}, {"replacement", "_"}}})}};
+       },
+       "pre_tokenizer: a ByteLevel pre-tokenizer must come last"},
+      {[](Json& j) {
+         j["decoder"] = {
+             {"type", "Sequence"},
+             {"decoders", Json::array({{{"type", "Strip"}, {"content", " "}, {"start", -1}, {"stop", 0}}})}};
+       },
+       "decoder.decoders[0].start: expected a non-negative integer"},
       {[](Json& j) {
          j["pre_tokenizer"] = {
              {"type", "Sequence"},
@@ -97,11 +123,6 @@ TEST(Tokenizer, MalformedJsonNamesFileAndKey) {
                            j["pre_tokenizer"]})}};
        },
        "pre_tokenizer.pretokenizers[0].pattern.Regex: invalid regular expression"},
-      {[](Json& j) {
-         j["pre_tokenizer"] = {
-             {"type", "Split"}, {"pattern", {{"Regex", "a"}}}, {"behavior", "Isolated"}, {"invert", false}};
-       },
-       "pre_tokenizer: must be ByteLevel or a Sequence ending in ByteLevel"},
       {[](Json& j) { j["pre_tokenizer"]["add_prefix_space"] = "yes"; },
        "pre_tokenizer.add_prefix_space: expected a boolean"},
       {[](Json& j) {
@@ -251,6 +272,54 @@ TEST(Tokenizer, SaveLoadAndThreads) {
   }
   for (auto& th : threads) th.join();
   EXPECT_EQ(mismatches, 0);
+  fs::remove_all(dir);
+}
+
+// tokenizer_config.json / special_tokens_map.json in a folder: the special tokens transformers reads (the map wins),
+// and errors naming the file and key for a token the vocab lacks or a malformed file.
+TEST(Tokenizer, FolderConfigNamesSpecialTokens) {
+  const fs::path dir = fs::temp_directory_path() / "tessera_tokenizer_config_test";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  trained().save(dir / "tokenizer.json");
+  const auto write = [&](const char* name, const std::string& text) { std::ofstream(dir / name) << text; };
+  write("tokenizer_config.json",
+        R"({"bos_token": "<|endoftext|>", "eos_token": {"content": "<|endoftext|>", "__type": "AddedToken"},
+            "pad_token": null, "tokenizer_class": "GPT2Tokenizer"})");
+  Tokenizer t = Tokenizer::from_file(dir);
+  EXPECT_EQ(t.bos_token_id(), trained().token_to_id("<|endoftext|>"));
+  EXPECT_EQ(t.eos_token(), "<|endoftext|>");
+  EXPECT_FALSE(t.pad_token_id());
+  EXPECT_EQ(t.encode("ab"), trained().encode("ab"));  // only LlamaTokenizer(Fast) rebuilds the template
+  EXPECT_FALSE(Tokenizer::from_file(dir / "tokenizer.json").bos_token());  // a file alone: tokenizers' from_file
+
+  write("special_tokens_map.json", R"({"pad_token": "<|endoftext|>"})");
+  EXPECT_EQ(Tokenizer::from_file(dir).pad_token_id(), trained().token_to_id("<|endoftext|>"));
+
+  write("tokenizer_config.json", R"({"tokenizer_class": "LlamaTokenizerFast", "add_eos_token": true,
+                                     "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"})");
+  const int32_t eot = *trained().token_to_id("<|endoftext|>");
+  const std::vector<int32_t> body = trained().encode("ab", false);
+  std::vector<int32_t> want = {eot};
+  want.insert(want.end(), body.begin(), body.end());
+  want.push_back(eot);
+  EXPECT_EQ(Tokenizer::from_file(dir).encode("ab"), want);
+
+  write("special_tokens_map.json", R"({"eos_token": "<nope>"})");
+  std::string error = error_of([&] { Tokenizer::from_file(dir); });
+  EXPECT_NE(error.find(dir.string() + ": eos_token \"<nope>\" is not a token of"), std::string::npos) << error;
+  write("special_tokens_map.json", R"({"eos_token": 3})");
+  error = error_of([&] { Tokenizer::from_file(dir); });
+  EXPECT_NE(error.find("special_tokens_map.json: eos_token: expected a string"), std::string::npos) << error;
+  fs::remove(dir / "special_tokens_map.json");
+  write("tokenizer_config.json", R"({"tokenizer_class": "LlamaTokenizer"})");
+  error = error_of([&] { Tokenizer::from_file(dir); });
+  EXPECT_NE(error.find("tokenizer_config.json: bos_token: add_bos_token is true but bos_token is not set"),
+            std::string::npos)
+      << error;
+  write("tokenizer_config.json", "{");
+  error = error_of([&] { Tokenizer::from_file(dir); });
+  EXPECT_NE(error.find("tokenizer_config.json: malformed JSON"), std::string::npos) << error;
   fs::remove_all(dir);
 }
 

@@ -193,7 +193,8 @@ TEST(HfHub, HubIdsResolveToTheMainSnapshotOfTheCacheTheEnvironmentNames) {
   const ScopedEnv home("HF_HOME", (root / "home").string());
   EXPECT_EQ(hf_hub_cache(), root / "home" / "hub");
   EXPECT_EQ(resolve_hf_folder("org/model"), repo / "snapshots" / "c0ffee");
-  EXPECT_EQ(resolve_hf_tokenizer("org/model"), repo / "snapshots" / "c0ffee" / "tokenizer.json");
+  EXPECT_EQ(resolve_hf_tokenizer("org/model"),
+            repo / "snapshots" / "c0ffee");  // the folder: its tokenizer_config.json applies
   // A local folder or file is itself.
   EXPECT_EQ(resolve_hf_folder(repo.string()), repo);
   EXPECT_EQ(resolve_hf_tokenizer((repo / "snapshots" / "c0ffee" / "tokenizer.json").string()),
