@@ -7,6 +7,10 @@
 //   convert --checkpoint runs/x/checkpoints/ep0-ba1000 --hf-out runs/x/hf [--dtype bfloat16] [--max-shard-size 5GB]
 //   convert --checkpoint runs/x/checkpoints --hf-out runs/x/hf      (a save folder: its newest valid checkpoint)
 //
+// The folder also gets generation_config.json and the tokenizer's files: --tokenizer (a tokenizer.json, a folder or a
+// hub id in the local HF cache), by default the recipe's tokenizer.name recorded in the checkpoint (skipped with a
+// warning when it does not resolve here); --tokenizer none copies none.
+//
 // Exit codes: 0 success, 1 runtime failure (missing or corrupt checkpoint), 2 usage error.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -20,6 +24,7 @@
 #include "tessera/checkpoint/checkpoint.h"
 #include "tessera/checkpoint/hf.h"
 #include "tessera/util/error.h"
+#include "tessera/util/hf_hub.h"
 #include "tessera/util/logging.h"
 #include "tessera/util/tool_main.h"
 
@@ -63,6 +68,10 @@ int run(int argc, char** argv) {
   app.add_option("--max-shard-size", shard_size,
                  "Split the weights into shards of at most this size, with an index (default 5GB; units B, KB, MB, "
                  "GB, as in save_pretrained)");
+  std::string tokenizer;
+  app.add_option("--tokenizer", tokenizer,
+                 "Tokenizer files to copy: a tokenizer.json, a folder or a hub id (default: the recipe's "
+                 "tokenizer.name from the checkpoint; none: copy none)");
   if (auto code = tessera::util::parse_command_line(app, argc, argv)) return *code;
   tessera::util::init_logging("info");
   namespace fs = std::filesystem;
@@ -74,10 +83,22 @@ int run(int argc, char** argv) {
   }
   const at::ScalarType t = dtype == "bfloat16" ? at::kBFloat16 : dtype == "float16" ? at::kHalf : at::kFloat;
   const uint64_t max_shard_bytes = parse_size(shard_size);
+  std::optional<fs::path> tokenizer_path;
+  if (tokenizer.empty()) {
+    if (const auto recorded = tessera::checkpoint::checkpoint_tokenizer_name(dir)) {
+      try {
+        tokenizer_path = tessera::util::resolve_hf_tokenizer(*recorded);
+      } catch (const tessera::Error& e) {
+        spdlog::warn("convert: the recipe's tokenizer is not copied: {} (pass --tokenizer)", e.message());
+      }
+    }
+  } else if (tokenizer != "none") {
+    tokenizer_path = tessera::util::resolve_hf_tokenizer(tokenizer);
+  }
   tessera::checkpoint::export_checkpoint_to_hf(
       dir, out_dir, t,
       layout == "llm-foundry" ? tessera::checkpoint::HfLayout::kFamily : tessera::checkpoint::HfLayout::kTransformers,
-      max_shard_bytes);
+      max_shard_bytes, tokenizer_path);
   spdlog::info("exported {} to {} ({})", dir, out_dir, dtype);
   return 0;
 }

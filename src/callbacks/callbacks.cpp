@@ -17,6 +17,7 @@
 #include "tessera/dist/fsdp.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
+#include "tessera/util/hf_hub.h"
 #include "tessera/util/peak_flops.h"
 
 // The CUDA caching allocator's statistics, when LibTorch was built with CUDA (the pinned wheel is).
@@ -341,7 +342,16 @@ void HfCheckpointer::save(core::State& s) {
     const std::filesystem::path tmp = root / ("." + name + ".tmp");
     std::filesystem::remove_all(tmp);
     std::filesystem::create_directories(tmp);
-    checkpoint::save_hf_model(*copy, tmp.string(), dtype);
+    std::optional<std::filesystem::path> tokenizer;
+    if (!s.tokenizer_name.empty()) {
+      try {
+        tokenizer = util::resolve_hf_tokenizer(s.tokenizer_name);
+      } catch (const Error& e) {
+        spdlog::warn("hf_checkpointer: the tokenizer is not copied: {}", e.message());
+      }
+    }
+    checkpoint::save_hf_model(*copy, tmp.string(), dtype, uint64_t{5} << 30, checkpoint::HfLayout::kTransformers,
+                              tokenizer);
     std::filesystem::remove_all(dir);
     std::filesystem::rename(tmp, dir);
     spdlog::info("hf_checkpointer: wrote {}", dir.string());

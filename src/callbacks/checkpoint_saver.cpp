@@ -160,6 +160,7 @@ LoadedCheckpoint load_hf_weights(core::State& s, const std::string& dir, bool st
         continue;
       }
       span_of(h.tensor, sp).copy_(stored->reshape({-1}).narrow(0, sp.start, sp.numel));
+      weights.release(sp.name);
     }
   }
   // Every rank sees only its spans; rank 0 judges unexpected weights against the whole model.

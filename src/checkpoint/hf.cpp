@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include "tessera/checkpoint/checkpoint.h"
 #include "tessera/config/reader.h"
 #include "tessera/config/value.h"
+#include "tessera/data/tokenizer.h"
 #include "tessera/models/mpt.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
@@ -83,22 +85,34 @@ std::string HfWeights::path_of(const std::string& name) const {
   return files_.empty() ? dir_ : files_.begin()->second->path();
 }
 
-std::optional<at::Tensor> HfWeights::param(const std::string& name) const {
+std::optional<HfWeights::Stored> HfWeights::locate(const std::string& name) const {
   auto m = by_param_.find(name);
   if (m == by_param_.end()) return std::nullopt;
-  const models::HfTensor& t = m->second;
-  std::string source = t.name;
+  std::string source = m->second.name;
   if (!files_.count(source) && tied_ && name == *tied_ && files_.count("lm_head.weight")) source = "lm_head.weight";
   auto it = files_.find(source);
   if (it == files_.end()) return std::nullopt;
-  const TensorInfo& info = it->second->info(source);
+  return Stored{&m->second, it->second.get(), source};
+}
+
+std::optional<at::Tensor> HfWeights::param(const std::string& name) const {
+  const std::optional<Stored> found = locate(name);
+  if (!found) return std::nullopt;
+  const models::HfTensor& t = *found->tensor;
+  const std::string& source = found->name;
+  const auto* file = found->file;
+  const TensorInfo& info = file->info(source);
   if (info.shape != t.shape) {
-    throw Error(kComponent, fmt::format("{}: tensor {} has shape [{}], the model expects [{}]", it->second->path(),
-                                        source, fmt::join(info.shape, ", "), fmt::join(t.shape, ", ")));
+    throw Error(kComponent, fmt::format("{}: tensor {} has shape [{}], the model expects [{}]", file->path(), source,
+                                        fmt::join(info.shape, ", "), fmt::join(t.shape, ", ")));
   }
-  at::Tensor v = it->second->view(source);
+  at::Tensor v = file->view(source);
   if (t.transpose) v = v.t().contiguous();
   return v;
+}
+
+void HfWeights::release(const std::string& name) const {
+  if (const std::optional<Stored> found = locate(name)) found->file->release(found->name);
 }
 
 std::vector<std::string> HfWeights::unexpected() const {
@@ -135,6 +149,7 @@ LoadReport load_weights(models::CausalLM& model, const HfWeights& weights, bool 
       continue;
     }
     item.value().copy_(*stored);
+    weights.release(item.key());
   }
   for (const std::string& name : weights.unexpected()) {
     if (strict) throw Error(kComponent, fmt::format("{}: unexpected tensor {}", weights.path_of(name), name));
@@ -168,10 +183,55 @@ at::Tensor stored_form(const models::HfTensor& t, const at::Tensor& value) {
   return t.transpose ? value.t() : value;
 }
 
+// The tokenizer files transformers' AutoTokenizer reads from a folder (those present are copied).
+constexpr const char* kTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                           "tokenizer.model", "chat_template.jinja"};
+
+// generation_config.json and the tokenizer's files, written before config.json (which marks a complete folder).
+void write_extras(const fs::path& dir, const nlohmann::ordered_json& config, const std::optional<fs::path>& tokenizer) {
+  std::optional<data::Tokenizer> tok;
+  if (tokenizer) {
+    tok = data::Tokenizer::from_file(*tokenizer);  // checks it loads, and reads its special tokens
+    if (config.contains("vocab_size") && config["vocab_size"].is_number_integer() &&
+        tok->vocab_size() > config["vocab_size"].get<int64_t>()) {
+      spdlog::warn("hf export: the tokenizer {} has {} tokens, more than the model's vocab_size {}",
+                   tokenizer->string(), tok->vocab_size(), config["vocab_size"].get<int64_t>());
+    }
+    for (const char* name : kTokenizerFiles) fs::remove(dir / name);  // no stale file of an earlier tokenizer
+    if (fs::is_directory(*tokenizer)) {
+      for (const char* name : kTokenizerFiles) {
+        if (fs::is_regular_file(*tokenizer / name))
+          util::write_file_atomically((dir / name).string(), util::read_file((*tokenizer / name).string(), kComponent),
+                                      kComponent);
+      }
+    } else {
+      util::write_file_atomically((dir / "tokenizer.json").string(), util::read_file(tokenizer->string(), kComponent),
+                                  kComponent);
+      // A lone tokenizer.json loads in AutoTokenizer as the generic fast tokenizer, with decode as `tokenizers`'.
+      const nlohmann::ordered_json tc = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+                                         {"clean_up_tokenization_spaces", false}};
+      util::write_file_atomically((dir / "tokenizer_config.json").string(), tc.dump(2) + "\n", kComponent);
+    }
+  }
+  // The ids `generate` uses: config.json's, else the tokenizer's special tokens.
+  nlohmann::ordered_json gen = nlohmann::ordered_json::object();
+  const auto put = [&](const char* key, std::optional<int32_t> from_tokenizer) {
+    if (config.contains(key) && !config[key].is_null()) {
+      gen[key] = config[key];
+    } else if (from_tokenizer) {
+      gen[key] = *from_tokenizer;
+    }
+  };
+  put("bos_token_id", tok ? tok->bos_token_id() : std::nullopt);
+  put("eos_token_id", tok ? tok->eos_token_id() : std::nullopt);
+  put("pad_token_id", tok ? tok->pad_token_id() : std::nullopt);
+  util::write_file_atomically((dir / "generation_config.json").string(), gen.dump(2) + "\n", kComponent);
+}
+
 }  // namespace
 
 void save_hf_model(models::CausalLM& model, const std::string& dir, at::ScalarType dtype, uint64_t max_shard_bytes,
-                   HfLayout layout) {
+                   HfLayout layout, const std::optional<std::filesystem::path>& tokenizer) {
   const models::HfFormat format = format_in(model, dtype, layout);  // refuses before anything is written
   fs::create_directories(dir);
   std::map<std::string, at::Tensor> params;
@@ -183,6 +243,7 @@ void save_hf_model(models::CausalLM& model, const std::string& dir, at::ScalarTy
                                                          t.param.empty() ? at::Tensor() : params.at(t.param).detach());
                                     },
                                     max_shard_bytes, {{"format", "pt"}});
+  write_extras(dir, format.config, tokenizer);
   util::write_file_atomically((fs::path(dir) / "config.json").string(), format.config.dump(2) + "\n", kComponent);
 }
 
@@ -240,7 +301,8 @@ std::shared_ptr<models::CausalLM> load_checkpoint_model(const std::string& check
 }
 
 void export_checkpoint_to_hf(const std::string& checkpoint_dir, const std::string& out_dir, at::ScalarType dtype,
-                             HfLayout layout, uint64_t max_shard_bytes) {
+                             HfLayout layout, uint64_t max_shard_bytes,
+                             const std::optional<std::filesystem::path>& tokenizer) {
   CheckpointReader reader(checkpoint_dir);
   const CheckpointModel cm = checkpoint_model(reader, checkpoint_dir);
   // The format refuses a model transformers cannot represent before anything is written.
@@ -253,7 +315,20 @@ void export_checkpoint_to_hf(const std::string& checkpoint_dir, const std::strin
                                           t, t.param.empty() ? at::Tensor() : reader.read_full("model/" + t.param));
                                     },
                                     max_shard_bytes, {{"format", "pt"}});
+  write_extras(out_dir, format.config, tokenizer);
   util::write_file_atomically((fs::path(out_dir) / "config.json").string(), format.config.dump(2) + "\n", kComponent);
+}
+
+std::optional<std::string> checkpoint_tokenizer_name(const std::string& checkpoint_dir) {
+  const CheckpointReader reader(checkpoint_dir);
+  const nlohmann::json& meta = reader.metadata();
+  const auto config = meta.find("config");
+  if (config == meta.end() || !config->is_object()) return std::nullopt;
+  const auto tok = config->find("tokenizer");
+  if (tok == config->end() || !tok->is_object()) return std::nullopt;
+  const auto name = tok->find("name");
+  if (name == tok->end() || !name->is_string()) return std::nullopt;
+  return name->get<std::string>();
 }
 
 }  // namespace tessera::checkpoint

@@ -177,6 +177,14 @@ at::Tensor SafetensorsFile::view(const std::string& name) const {
       base, i.shape, [keep](void*) mutable { keep.reset(); }, at::TensorOptions().dtype(i.dtype));
 }
 
+void SafetensorsFile::release(const std::string& name) const {
+  const TensorInfo& t = info(name);
+  const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t begin = (data_start_ + t.begin + page - 1) / page * page;
+  const uint64_t end = (data_start_ + t.end) / page * page;
+  if (end > begin) ::madvise(static_cast<char*>(mapping_->addr) + begin, end - begin, MADV_DONTNEED);
+}
+
 at::Tensor SafetensorsFile::load(const std::string& name, std::optional<at::ScalarType> dtype) const {
   const at::Tensor v = view(name);
   return v.to(dtype.value_or(v.scalar_type()), /*non_blocking=*/false, /*copy=*/true);

@@ -112,6 +112,7 @@ void Trainer::setup_ranks() {
     at::globalContext().setDeterministicAlgorithms(true, false);
   }
   state_.run_name = cfg_.run_name;
+  state_.tokenizer_name = cfg_.tokenizer.name;
   state_.seed = cfg_.seed;
   state_.max_duration = cfg_.max_duration;
   state_.max_seq_len = cfg_.max_seq_len;

@@ -101,6 +101,21 @@ def test_logits_and_gradients_match_transformers(name, driver, tmp_path):
         assert_gradients_match(ours, grads, model.config.tie_word_embeddings)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_sharded_folders_of_each_dtype_load_as_transformers_loads_them(dtype, driver, tmp_path):
+    """A folder transformers wrote in bf16 / fp16 / fp32, in many shards with an index, read tensor by tensor through
+    memory maps into fp32: the logits equal transformers' from_pretrained(torch_dtype=float32) of the same folder."""
+    folder = tmp_path / "hf"
+    hf_model("tied-biases").to(dtype).save_pretrained(folder, max_shard_size="20KB", safe_serialization=True)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 2
+    ref = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    ids = torch.randint(0, ref.config.vocab_size, (2, SEQ), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = ref(input_ids=ids).logits
+    assert (run_tessera(driver, tmp_path, folder, input_ids=ids)["logits"] - want).abs().max().item() <= 1e-5
+
+
 @pytest.mark.parametrize("name", ["gqa", "mistral-sliding", "qwen2-biases"])
 def test_left_padding_matches_transformers(name, driver, tmp_path):
     model = hf_model(name, seed=1)
@@ -238,3 +253,51 @@ def test_the_recipes_llama_trained_from_scratch_exports_as_llama_computing_the_s
         section["rope_scaling"]["original_max_position_embeddings"] = 16  # every regime of the llama3 ramp
     hf = train_export_and_compare(driver, tmp_path, dataset, section)
     assert type(hf) is LlamaForCausalLM
+
+
+def test_export_copies_the_tokenizer_and_writes_generation_config(driver, tmp_path, dataset):
+    """The recipe's tokenizer folder (Llama-2 style: a real SentencePiece model through transformers' converter) is
+    copied into the export, so AutoTokenizer loads the same tokenizer there, and generation_config.json carries its
+    bos/eos/pad ids, which transformers' generate uses. `--tokenizer` takes a lone tokenizer.json instead (loaded as
+    PreTrainedTokenizerFast), or none."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer, GenerationConfig, LlamaTokenizerFast, PreTrainedTokenizerFast
+    from test_tokenizer_hf import read_fortunes
+    from test_tokenizer_sentencepiece import train_sentencepiece
+    docs = read_fortunes()[::3]
+    train_sentencepiece(docs, tmp_path / "sp.model")
+    tok_dir = tmp_path / "tok"
+    LlamaTokenizerFast(vocab_file=str(tmp_path / "sp.model"), legacy=False, add_prefix_space=True, from_slow=True,
+                       add_eos_token=True, pad_token="</s>").save_pretrained(tok_dir)
+    section = dict(name="llama", hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=TRAIN_SEQ)
+    checkpoint = train_and_checkpoint(driver, tmp_path, dataset, section, extra={"tokenizer": {"name": str(tok_dir)}})
+
+    out = tmp_path / "hf"
+    proc = convert(checkpoint, out)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        assert (out / name).read_bytes() == (tok_dir / name).read_bytes(), name
+    texts = docs[:100] + ["", " x", "<s>a</s>"]
+    assert AutoTokenizer.from_pretrained(out)(texts)["input_ids"] == AutoTokenizer.from_pretrained(tok_dir)(texts)[
+        "input_ids"]
+    gen = GenerationConfig.from_pretrained(out)
+    assert (gen.bos_token_id, gen.eos_token_id, gen.pad_token_id) == (1, 2, 2)
+    assert AutoModelForCausalLM.from_pretrained(out).generation_config.eos_token_id == 2
+
+    lone = tmp_path / "lone"
+    assert convert(checkpoint, lone, "--tokenizer", str(tok_dir / "tokenizer.json")).returncode == 0
+    hf_tok = AutoTokenizer.from_pretrained(lone)
+    assert type(hf_tok) is PreTrainedTokenizerFast
+    peer = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    assert hf_tok(texts)["input_ids"] == [e.ids for e in peer.encode_batch(texts)]
+    ids = peer.encode(" Hello  world\n").ids
+    for skip in (False, True):
+        assert hf_tok.decode(ids, skip_special_tokens=skip) == peer.decode(ids, skip_special_tokens=skip)
+    assert GenerationConfig.from_pretrained(lone).eos_token_id is None  # a lone tokenizer.json names no eos
+
+    none = tmp_path / "none"
+    assert convert(checkpoint, none, "--tokenizer", "none").returncode == 0
+    assert sorted(p.name for p in none.iterdir()) == ["config.json", "generation_config.json", "model.safetensors"]
+    proc = convert(checkpoint, tmp_path / "bad", "--tokenizer", "org/not-cached")
+    assert proc.returncode != 0 and "org/not-cached" in proc.stderr and not (tmp_path / "bad" / "config.json").exists()

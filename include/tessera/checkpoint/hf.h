@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -40,11 +41,20 @@ class HfWeights {
   // Stored tensors no parameter takes (a tied model's lm_head.weight and GPT-2's attention-mask buffers aside). Throws
   // naming the tensor when one that stands for a bias the model lacks is not all zeros.
   std::vector<std::string> unexpected() const;
+  // After param(name) was copied: drops the stored tensor's pages from this process (SafetensorsFile::release).
+  void release(const std::string& name) const;
   // The file holding stored tensor `name` (for messages); the folder when none does.
   std::string path_of(const std::string& name) const;
   const std::string& model_type() const { return model_type_; }
 
  private:
+  struct Stored {  // where parameter `name` is stored
+    const models::HfTensor* tensor;
+    const SafetensorsFile* file;
+    std::string name;
+  };
+  std::optional<Stored> locate(const std::string& name) const;
+
   std::string dir_;
   std::string model_type_;
   std::map<std::string, std::shared_ptr<SafetensorsFile>> files_;
@@ -72,8 +82,15 @@ enum class HfLayout { kTransformers, kFamily };
 
 // Writes config.json and the weights (in `dtype`, sharded above `max_shard_bytes`) into `dir`, in `layout`. Tied
 // models store the embedding only, as HF does. A layout the model has no form in throws before anything is written.
+//
+// Every export also writes generation_config.json (bos/eos/pad_token_id: config.json's, else the tokenizer's special
+// tokens), and with `tokenizer` (a tokenizer.json, or a folder holding one: util::resolve_hf_tokenizer) copies its
+// files (tokenizer.json, tokenizer_config.json, special_tokens_map.json, tokenizer.model, chat_template.jinja, those
+// present; those absent are removed from `dir`), so that AutoTokenizer loads the folder. A lone tokenizer.json gets a
+// tokenizer_config.json naming PreTrainedTokenizerFast. config.json is written last.
 void save_hf_model(models::CausalLM& model, const std::string& dir, at::ScalarType dtype = at::kFloat,
-                   uint64_t max_shard_bytes = uint64_t{5} << 30, HfLayout layout = HfLayout::kTransformers);
+                   uint64_t max_shard_bytes = uint64_t{5} << 30, HfLayout layout = HfLayout::kTransformers,
+                   const std::optional<std::filesystem::path>& tokenizer = std::nullopt);
 
 // Builds a model from a Tessera checkpoint directory (checkpoint.h; any world size and strategy): the architecture
 // from its "hf_config", the fp32 weights read (checksums verified) from its rank files. Throws naming the checkpoint
@@ -85,8 +102,13 @@ std::shared_ptr<models::CausalLM> load_checkpoint_model(const std::string& check
 // so that no more than the largest tensor is in memory. Each file appears complete or not at all, config.json last.
 // Throws naming the checkpoint for one without an HF config, with weights that are not the plain model (LoRA
 // adapters: merge them before saving), or a model with no form in `layout` (before writing anything).
+// generation_config.json and `tokenizer` as in save_hf_model.
 void export_checkpoint_to_hf(const std::string& checkpoint_dir, const std::string& out_dir,
                              at::ScalarType dtype = at::kFloat, HfLayout layout = HfLayout::kTransformers,
-                             uint64_t max_shard_bytes = uint64_t{5} << 30);
+                             uint64_t max_shard_bytes = uint64_t{5} << 30,
+                             const std::optional<std::filesystem::path>& tokenizer = std::nullopt);
+
+// The recipe's tokenizer.name stored in a checkpoint's metadata (the trainer's "config"), if any.
+std::optional<std::string> checkpoint_tokenizer_name(const std::string& checkpoint_dir);
 
 }  // namespace tessera::checkpoint

@@ -46,6 +46,10 @@ class SafetensorsFile {
   at::Tensor view(const std::string& name) const;
   // A copy converted to `dtype` (or the stored dtype), owning its memory.
   at::Tensor load(const std::string& name, std::optional<at::ScalarType> dtype = std::nullopt) const;
+  // Drops the resident pages that lie wholly inside the tensor's bytes from this process (madvise MADV_DONTNEED; they
+  // stay in the page cache and are read again if a view touches them). Loaders call it once a tensor is copied, so
+  // that reading a folder tensor by tensor holds at most about one stored tensor in memory besides the model.
+  void release(const std::string& name) const;
 
  private:
   struct Mapping;

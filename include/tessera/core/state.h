@@ -38,7 +38,8 @@ struct HeldTensor {
 
 struct State {
   std::string run_name;
-  int64_t seed = 17;  // rank-zero seed; rank r uses seed + r
+  std::string tokenizer_name;  // the recipe's tokenizer.name (a tokenizer.json, folder or hub id), empty without one
+  int64_t seed = 17;           // rank-zero seed; rank r uses seed + r
   int64_t rank = 0;
   int64_t world_size = 1;
   int64_t local_rank = 0;

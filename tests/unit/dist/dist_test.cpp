@@ -657,6 +657,13 @@ TEST_F(DistTraining, IclEvaluationSplitOverRanksCountsWhatOneProcessCounts) {
   EXPECT_TRUE(one.count("metrics/triviaqa/1-shot/InContextLearningGenerationExactMatchAccuracy"));
   // A random model is near chance on COPA's two choices: the counts are not trivially zero.
   EXPECT_GT(one.at("metrics/copa/0-shot/InContextLearningMultipleChoiceAccuracy"), 0.2);
+  // hf_checkpointer copied the recipe's tokenizer next to the weights, with what AutoTokenizer needs to load it.
+  for (const char* run_name : {"icl1", "icl3"}) {
+    const fs::path hf = root_ / "runs" / run_name / "huggingface" / "ba1";
+    EXPECT_EQ(read_text(hf / "tokenizer.json"), read_text(tok)) << run_name;
+    EXPECT_NE(read_text(hf / "tokenizer_config.json").find("PreTrainedTokenizerFast"), std::string::npos) << run_name;
+    EXPECT_TRUE(fs::exists(hf / "generation_config.json")) << run_name;
+  }
 }
 
 // ---- Checkpoints: resharding and fault injection
