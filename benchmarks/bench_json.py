@@ -13,6 +13,11 @@ import json
 import os
 import sys
 
+# util::configure_host_allocator()'s glibc malloc settings, as environment variables for a Python peer's process: no
+# mmap for large blocks, never trim (a threshold beyond any heap), 64 MiB top pad. The peers are measured with them
+# too, so that a ratio compares the frameworks and not their allocators.
+TUNED_MALLOC = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 62), "MALLOC_TOP_PAD_": str(64 << 20)}
+
 
 def emit(benchmark, rows, **meta):
     path = os.environ.get("TESSERA_BENCH_JSON")

@@ -25,8 +25,8 @@ import time
 import bench_json
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-BENCH = os.environ.get("TESSERA_BENCH_BIN", str(ROOT / "build" / "bin" / "bench_mpt_fwd_bwd"))
-TUNED_MALLOC = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 30), "MALLOC_TOP_PAD_": str(64 << 20)}
+BENCH = os.environ.get("TESSERA_BENCH_BIN", str(ROOT / "build" / "bin" / "bench_fwd_bwd"))
+TUNED_MALLOC = bench_json.TUNED_MALLOC
 
 
 def hf_worker(precision, batch, seq, steps, warmup=1):

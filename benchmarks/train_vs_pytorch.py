@@ -49,7 +49,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 TRAIN = os.environ.get("TESSERA_TRAIN_BIN", str(ROOT / "build" / "bin" / "train"))
 COMPOSER_PYTHON = os.environ.get("TESSERA_COMPOSER_PYTHON",
                                  str(pathlib.Path.home() / ".cache" / "tessera" / "venv-composer" / "bin" / "python"))
-TUNED_MALLOC = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 30), "MALLOC_TOP_PAD_": str(64 << 20)}
+TUNED_MALLOC = bench_json.TUNED_MALLOC
 LR = 2e-3
 
 # name -> model shape, sequence length, batch, warm-up and timed batches

@@ -7,7 +7,7 @@ namespace tessera::util {
 
 void configure_host_allocator() {
   mallopt(M_MMAP_MAX, 0);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);  // the largest value mallopt takes as an int
+  mallopt(M_TRIM_THRESHOLD, -1);  // never trim (mallopt(3): -1 disables trimming completely)
   mallopt(M_TOP_PAD, 64 << 20);
 }
 

@@ -1,9 +1,11 @@
-// Forward+backward throughput of Tessera's MPT on this machine (tokens/s and MFU against a measured GEMM peak).
+// Forward+backward throughput of a recipe's model (any family, built through the model registry) on this machine
+// (tokens/s and MFU against a measured GEMM peak).
 //
-//   bench_mpt_fwd_bwd --recipe recipes/mpt-125m.yaml [--batch 1] [--seq 512] [--steps 3] [--precision fp32|amp_bf16]
-//                     [overrides ...]
+//   bench_fwd_bwd --recipe recipes/mpt-125m.yaml [--batch 1] [--seq 512] [--steps 3] [--precision fp32|amp_bf16]
+//                 [overrides ...]
 //
-// Prints one JSON object per line. benchmarks/mpt_fwd_bwd_vs_hf.py runs it beside HF transformers' eager MPT.
+// Prints one JSON object per line. benchmarks/mpt_fwd_bwd_vs_hf.py and llama_vs_hf.py run it beside HF
+// transformers' eager classes.
 #include <ATen/autocast_mode.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -11,14 +13,14 @@
 #include <chrono>
 #include <iostream>
 
-#include "tessera/models/mpt.h"
+#include "tessera/models/causal_lm.h"
 #include "tessera/trainer/train_config.h"
 #include "tessera/util/allocator.h"
 #include "tessera/util/error.h"
 #include "tessera/util/peak_flops.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"MPT forward+backward throughput"};
+  CLI::App app{"Forward+backward throughput of a recipe's model"};
   std::string recipe = "recipes/mpt-125m.yaml", precision = "fp32";
   std::vector<std::string> overrides;
   int64_t batch = 1, seq = 512, steps = 3, warmup = 1;
@@ -37,11 +39,9 @@ int main(int argc, char** argv) {
   if (!default_allocator) tessera::util::configure_host_allocator();
   try {
     const auto cfg = tessera::trainer::load_train_config(recipe, overrides);
-    tessera::models::MPTOptions o = std::any_cast<const tessera::models::MPTOptions&>(cfg.model.options);
-    o.init_device = "cpu";
-    auto model = tessera::models::build_mpt(o, 0);
+    auto model = tessera::models::model_registry().build(cfg.model.name, cfg.model, "cpu", 0);
     model->train();
-    const at::Tensor ids = at::randint(0, o.vocab_size, {batch, seq}, at::kLong);
+    const at::Tensor ids = at::randint(0, model->vocab_size(), {batch, seq}, at::kLong);
     const bool bf16 = precision == "amp_bf16";
     auto step = [&] {
       model->zero_grad();
@@ -65,11 +65,14 @@ int main(int argc, char** argv) {
     }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double tokens_per_s = static_cast<double>(batch * seq * steps) / dt;
-    const double flops_per_token = tessera::models::mpt_flops_per_token(o, seq);
+    const double flops_per_token = model->flops_per_token(seq);
+    int64_t params = 0;
+    for (const auto& p : model->parameters()) params += p.numel();
     const double peak = tessera::util::measure_matmul_flops(bf16 ? at::kBFloat16 : at::kFloat);
     nlohmann::json out = {{"framework", "tessera"},
                           {"precision", precision},
-                          {"params", tessera::models::mpt_param_count(o)},
+                          {"model", model->family()},
+                          {"params", params},
                           {"batch", batch},
                           {"seq", seq},
                           {"threads", at::get_num_threads()},
