@@ -26,3 +26,23 @@ def emit(benchmark, rows, **meta):
     record = {"benchmark": benchmark, "argv": sys.argv, "rows": rows, **meta}
     with open(path, "w") as f:
         json.dump(record, f, indent=1)
+
+
+def time_train_steps(model, ids, precision, steps, warmup=1):
+    """Seconds for `steps` forward + loss + backward steps of a transformers causal LM on `ids` (fp32, or bf16
+    autocast for "amp_bf16"), after `warmup` untimed ones: the peers' side of the forward+backward benchmarks."""
+    import time
+    import torch
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "amp_bf16"):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+
+    for _ in range(warmup):
+        step()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return time.perf_counter() - t0

@@ -55,18 +55,8 @@ def hf_fwd_bwd_worker(recipe, precision, batch, seq, steps):
     cfg._attn_implementation = "eager"
     model = LlamaForCausalLM(cfg).train()
     ids = torch.randint(0, cfg.vocab_size, (batch, seq))
-
-    def step():
-        model.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "amp_bf16"):
-            loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-
-    step()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    print(json.dumps({"tokens_per_s": batch * seq * steps / (time.perf_counter() - t0)}))
+    seconds = bench_json.time_train_steps(model, ids, precision, steps)
+    print(json.dumps({"tokens_per_s": batch * seq * steps / seconds}))
 
 
 def steps_of(shape, args):

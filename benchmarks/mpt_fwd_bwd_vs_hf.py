@@ -20,7 +20,6 @@ import pathlib
 import statistics
 import subprocess
 import sys
-import time
 
 import bench_json
 
@@ -36,20 +35,9 @@ def hf_worker(precision, batch, seq, steps, warmup=1):
     cfg = MptConfig(d_model=768, n_heads=12, n_layers=12, expansion_ratio=4, max_seq_len=seq, vocab_size=50368)
     model = MptForCausalLM(cfg).train()
     ids = torch.randint(0, cfg.vocab_size, (batch, seq))
-
-    def step():
-        model.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "amp_bf16"):
-            loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-
-    for _ in range(warmup):
-        step()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    print(json.dumps({"tokens_per_s": batch * seq * steps / (time.perf_counter() - t0),
-                      "threads": torch.get_num_threads(), "torch": torch.__version__}))
+    seconds = bench_json.time_train_steps(model, ids, precision, steps, warmup)
+    print(json.dumps({"tokens_per_s": batch * seq * steps / seconds, "threads": torch.get_num_threads(),
+                      "torch": torch.__version__}))
 
 
 def hf(precision, args, tuned):

@@ -71,6 +71,13 @@ class Loader {
     if (v != nullptr && !v->is_null()) fail(join(path, key), fmt::format("must be null ({})", why));
   }
 
+  // Calls `load(item, path[i])` for each item of the array `list` (a Sequence's members).
+  template <typename Load>
+  void for_each_item(const Json& list, const std::string& path, Load load) const {
+    if (!list.is_array()) fail(path, "expected an array");
+    for (size_t i = 0; i < list.size(); ++i) load(list[i], fmt::format("{}[{}]", path, i));
+  }
+
   // A key that must be null, absent or "" (an affix Tessera's BPE does not implement).
   void require_empty(const Json& obj, const std::string& path, const char* key) const {
     const Json* v = member(obj, path, key, false);
@@ -238,9 +245,8 @@ class Loader {
   void load_normalizer(const Json& n, const std::string& path, TokenizerImpl& t) {
     const std::string type = get_type(n, path);
     if (type == "Sequence") {
-      const Json& list = *member(n, path, "normalizers", true);
-      if (!list.is_array()) fail(path + ".normalizers", "expected an array");
-      for (size_t i = 0; i < list.size(); ++i) load_normalizer(list[i], fmt::format("{}.normalizers[{}]", path, i), t);
+      for_each_item(*member(n, path, "normalizers", true), path + ".normalizers",
+                    [&](const Json& item, const std::string& ipath) { load_normalizer(item, ipath, t); });
       return;
     }
     Normalizer norm;
@@ -301,9 +307,8 @@ class Loader {
   void load_decoder(const Json& d, const std::string& path, TokenizerImpl& t) {
     const std::string type = get_type(d, path);
     if (type == "Sequence") {
-      const Json& list = *member(d, path, "decoders", true);
-      if (!list.is_array()) fail(path + ".decoders", "expected an array");
-      for (size_t i = 0; i < list.size(); ++i) load_decoder(list[i], fmt::format("{}.decoders[{}]", path, i), t);
+      for_each_item(*member(d, path, "decoders", true), path + ".decoders",
+                    [&](const Json& item, const std::string& ipath) { load_decoder(item, ipath, t); });
       return;
     }
     DecodeStep step;
@@ -348,10 +353,8 @@ class Loader {
   void load_pre_tokenizer(const Json& p, const std::string& path, TokenizerImpl& t) {
     const std::string type = get_type(p, path);
     if (type == "Sequence") {
-      const Json& list = *member(p, path, "pretokenizers", true);
-      if (!list.is_array()) fail(path + ".pretokenizers", "expected an array");
-      for (size_t i = 0; i < list.size(); ++i)
-        load_pre_tokenizer(list[i], fmt::format("{}.pretokenizers[{}]", path, i), t);
+      for_each_item(*member(p, path, "pretokenizers", true), path + ".pretokenizers",
+                    [&](const Json& item, const std::string& ipath) { load_pre_tokenizer(item, ipath, t); });
       return;
     }
     PreTokenizer pt;
@@ -391,10 +394,8 @@ class Loader {
     const std::string type = get_type(p, path);
     if (type == "ByteLevel") return;  // offsets only; adds no ids
     if (type == "Sequence") {
-      const Json& list = *member(p, path, "processors", true);
-      if (!list.is_array()) fail(path + ".processors", "expected an array");
-      for (size_t i = 0; i < list.size(); ++i)
-        load_post_processor(list[i], fmt::format("{}.processors[{}]", path, i), t);
+      for_each_item(*member(p, path, "processors", true), path + ".processors",
+                    [&](const Json& item, const std::string& ipath) { load_post_processor(item, ipath, t); });
       return;
     }
     if (type != "TemplateProcessing") {
