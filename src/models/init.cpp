@@ -33,19 +33,19 @@ void init_fn(const MPTOptions& mo, at::Tensor w, at::Generator& gen) {
   const Fans f = fans(w);
   const double fan = o.fan_mode == "fan_in" ? f.in : f.out;
   if (o.name == "kaiming_normal_") {
-    w.normal_(0.0, gain(o) / std::sqrt(fan), gen);
+    normal_from(w, 0.0, gain(o) / std::sqrt(fan), gen);
   } else if (o.name == "kaiming_uniform_") {
     const double bound = gain(o) * std::sqrt(3.0 / fan);
-    w.uniform_(-bound, bound, gen);
+    uniform_from(w, -bound, bound, gen);
   } else if (o.name == "xavier_uniform_") {
     const double bound = o.init_gain * std::sqrt(6.0 / (f.in + f.out));
-    w.uniform_(-bound, bound, gen);
+    uniform_from(w, -bound, bound, gen);
   } else if (o.name == "xavier_normal_") {
-    w.normal_(0.0, o.init_gain * std::sqrt(2.0 / (f.in + f.out)), gen);
+    normal_from(w, 0.0, o.init_gain * std::sqrt(2.0 / (f.in + f.out)), gen);
   } else if (o.name == "baseline_") {
-    w.normal_(0.0, *o.init_std, gen);
+    normal_from(w, 0.0, *o.init_std, gen);
   } else if (o.name == "small_init_" || o.name == "neox_init_") {
-    w.normal_(0.0, std::sqrt(2.0 / (5.0 * static_cast<double>(mo.d_model))), gen);
+    normal_from(w, 0.0, std::sqrt(2.0 / (5.0 * static_cast<double>(mo.d_model))), gen);
   } else {
     throw Error("model", "unknown init scheme " + o.name);
   }
@@ -60,10 +60,10 @@ double residual_divisor(const MPTOptions& o) {
 void torch_default(torch::nn::Module& m, at::Generator& gen) {
   if (auto* lin = m.as<LinearImpl>()) {
     const double bound = 1.0 / std::sqrt(static_cast<double>(lin->in_features));
-    lin->weight.uniform_(-bound, bound, gen);  // kaiming_uniform_(a=sqrt(5))
-    if (lin->bias.defined()) lin->bias.uniform_(-bound, bound, gen);
+    uniform_from(lin->weight, -bound, bound, gen);  // kaiming_uniform_(a=sqrt(5))
+    if (lin->bias.defined()) uniform_from(lin->bias, -bound, bound, gen);
   } else if (auto* emb = m.as<EmbeddingImpl>()) {
-    emb->weight.normal_(0.0, 1.0, gen);
+    normal_from(emb->weight, 0.0, 1.0, gen);
   } else if (auto* norm = m.as<NormImpl>()) {
     norm->weight.fill_(1.0);
     if (norm->bias.defined()) norm->bias.zero_();
@@ -79,6 +79,26 @@ uint64_t module_seed(uint64_t seed, const std::string& module_name) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
+}
+
+void normal_from(at::Tensor w, double mean, double std, at::Generator& gen) {
+  if (w.is_cpu()) {
+    w.normal_(mean, std, gen);
+    return;
+  }
+  at::Tensor t = at::empty(w.sizes(), w.options().device(at::kCPU));
+  t.normal_(mean, std, gen);
+  w.copy_(t);
+}
+
+void uniform_from(at::Tensor w, double low, double high, at::Generator& gen) {
+  if (w.is_cpu()) {
+    w.uniform_(low, high, gen);
+    return;
+  }
+  at::Tensor t = at::empty(w.sizes(), w.options().device(at::kCPU));
+  t.uniform_(low, high, gen);
+  w.copy_(t);
 }
 
 void init_mpt_weights(MPTForCausalLMImpl& model, uint64_t seed, const std::function<bool(const std::string&)>& select) {
@@ -109,9 +129,9 @@ void init_mpt_weights(MPTForCausalLMImpl& model, uint64_t seed, const std::funct
       if (lin->bias.defined()) lin->bias.zero_();
     } else if (auto* emb = m.as<EmbeddingImpl>()) {
       if (o.init.emb_init_std) {
-        emb->weight.normal_(0.0, *o.init.emb_init_std, gen);
+        normal_from(emb->weight, 0.0, *o.init.emb_init_std, gen);
       } else if (o.init.emb_init_uniform_lim) {
-        emb->weight.uniform_(-*o.init.emb_init_uniform_lim, *o.init.emb_init_uniform_lim, gen);
+        uniform_from(emb->weight, -*o.init.emb_init_uniform_lim, *o.init.emb_init_uniform_lim, gen);
       } else {
         init_fn(o, emb->weight, gen);
       }

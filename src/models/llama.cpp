@@ -375,10 +375,10 @@ void LlamaForCausalLMImpl::init_weights(uint64_t seed, const std::function<bool(
     if (m.parameters(/*recurse=*/false).empty()) continue;
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(module_seed(seed, item.key()));
     if (auto* lin = m.as<LinearImpl>()) {
-      lin->weight.normal_(0.0, o_.initializer_range, gen);
+      normal_from(lin->weight, 0.0, o_.initializer_range, gen);
       if (lin->bias.defined()) lin->bias.zero_();
     } else if (auto* emb = m.as<EmbeddingImpl>()) {
-      emb->weight.normal_(0.0, o_.initializer_range, gen);
+      normal_from(emb->weight, 0.0, o_.initializer_range, gen);
       if (o_.pad_token_id && *o_.pad_token_id >= 0 && *o_.pad_token_id < o_.vocab_size) {
         emb->weight[*o_.pad_token_id].zero_();
       }

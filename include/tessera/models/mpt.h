@@ -140,6 +140,11 @@ inline void init_mpt_weights(MPTForCausalLM& model, uint64_t seed,
 // The seed of module `module_name`'s generator under init_mpt_weights(model, seed).
 uint64_t module_seed(uint64_t seed, const std::string& module_name);
 
+// Random fills from a CPU generator into a tensor on any device: drawn on the CPU and copied, so that a model built
+// on a GPU gets exactly the weights it gets on the CPU (and a CUDA tensor cannot take a CPU generator).
+void normal_from(at::Tensor w, double mean, double std, at::Generator& gen);
+void uniform_from(at::Tensor w, double low, double high, at::Generator& gen);
+
 // A model built on `meta` describes shapes only (no memory). materialize() returns the same model allocated on
 // `device` and initialised from `seed` (identical to building it there directly); the meta model is left as it was.
 MPTForCausalLM materialize(const MPTForCausalLM& meta_model, const at::Device& device, uint64_t seed);
