@@ -29,6 +29,76 @@ TEXT = [
 ] * 8
 
 
+SENTENCEPIECE_STYLE = {'version': '1.0',
+ 'truncation': None,
+ 'padding': None,
+ 'added_tokens': [{'id': 0,
+                   'content': '<unk>',
+                   'single_word': False,
+                   'lstrip': False,
+                   'rstrip': False,
+                   'normalized': False,
+                   'special': True},
+                  {'id': 1,
+                   'content': '<s>',
+                   'single_word': False,
+                   'lstrip': False,
+                   'rstrip': False,
+                   'normalized': False,
+                   'special': True},
+                  {'id': 2,
+                   'content': '</s>',
+                   'single_word': False,
+                   'lstrip': False,
+                   'rstrip': False,
+                   'normalized': False,
+                   'special': True}],
+ 'normalizer': {'type': 'Sequence',
+                'normalizers': [{'type': 'NFC'},
+                                {'type': 'Prepend', 'prepend': '▁'},
+                                {'type': 'Replace', 'pattern': {'String': ' '}, 'content': '▁'}]},
+ 'pre_tokenizer': {'type': 'Metaspace', 'replacement': '▁', 'prepend_scheme': 'first', 'split': True},
+ 'post_processor': {'type': 'TemplateProcessing',
+                    'single': [{'SpecialToken': {'id': '<s>', 'type_id': 0}},
+                               {'Sequence': {'id': 'A', 'type_id': 0}}],
+                    'pair': [{'Sequence': {'id': 'A', 'type_id': 0}},
+                             {'Sequence': {'id': 'B', 'type_id': 1}}],
+                    'special_tokens': {'<s>': {'id': '<s>', 'ids': [1], 'tokens': ['<s>']}}},
+ 'decoder': {'type': 'Sequence',
+             'decoders': [{'type': 'Replace', 'pattern': {'String': '▁'}, 'content': ' '},
+                          {'type': 'ByteFallback'},
+                          {'type': 'Fuse'},
+                          {'type': 'Strip', 'content': ' ', 'start': 1, 'stop': 0},
+                          {'type': 'Metaspace',
+                           'replacement': '▁',
+                           'prepend_scheme': 'always',
+                           'split': True}]},
+ 'model': {'type': 'BPE',
+           'dropout': None,
+           'unk_token': '<unk>',
+           'continuing_subword_prefix': None,
+           'end_of_word_suffix': None,
+           'fuse_unk': True,
+           'byte_fallback': True,
+           'ignore_merges': False,
+           'vocab': {'<unk>': 0,
+                     '<s>': 1,
+                     '</s>': 2,
+                     '<0x41>': 3,
+                     '<0xE2>': 4,
+                     '<0x82>': 5,
+                     '<0xAC>': 6,
+                     '▁': 7,
+                     'a': 8,
+                     'b': 9,
+                     'c': 10,
+                     '▁a': 11,
+                     'ab': 12,
+                     '▁ab': 13,
+                     'bc': 14},
+           'merges': ['▁ a', 'a b', '▁ ab', 'b c']}}
+
+
 def fresh(name):
     d = SEEDS / name
     shutil.rmtree(d, ignore_errors=True)
@@ -70,6 +140,10 @@ def tokenizers_seeds():
     tok.decoder = decoders.Metaspace()
     tok.train_from_iterator(TEXT, trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>", "<s>", "</s>"]))
     (out / "metaspace.json").write_text(tok.to_str())
+    # Llama-2 / Mistral layout (Prepend + Replace normalizer, no pre-tokenizer, byte fallback, the Replace / ByteFallback
+    # / Fuse / Strip decoders), with a Metaspace pre-tokenizer and decoder too, on a tiny hand-written vocab; loaded and
+    # written back by HF tokenizers.
+    (out / "sentencepiece_style.json").write_text(Tokenizer.from_str(json.dumps(SENTENCEPIECE_STYLE)).to_str())
 
 
 def mds_seeds():
@@ -110,6 +184,12 @@ def safetensors_seeds():
     (out / "metadata_only.safetensors").write_bytes(st_save({}, metadata={"step": "12", "note": "no tensors"}))
 
 
+def chat_template_seeds():
+    out = fresh("fuzz_chat_template")
+    for p in sorted((ROOT / "tests" / "data" / "chat_templates").glob("*.jinja")):
+        shutil.copy(p, out / p.name)
+
+
 def recipe_seeds():
     out = fresh("fuzz_recipe_yaml")
     for p in sorted((ROOT / "recipes").glob("*.yaml")) + [ROOT / "tests" / "data" / "interpolation.yaml"]:
@@ -126,6 +206,7 @@ if __name__ == "__main__":
     mds_seeds()
     safetensors_seeds()
     recipe_seeds()
+    chat_template_seeds()
     for d in sorted(SEEDS.iterdir()):
         files = list(d.iterdir())
         print(f"{d.relative_to(ROOT)}: {len(files)} files, {sum(f.stat().st_size for f in files)} bytes")

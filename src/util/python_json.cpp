@@ -5,16 +5,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 namespace tessera::util {
 namespace {
 
-void escape_string(const std::string& s, std::string& out) {
+void escape_string(const std::string& s, bool ensure_ascii, std::string& out) {
   out += '"';
   for (size_t i = 0; i < s.size();) {
     const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
+    if (c < 0x80 || !ensure_ascii) {
       switch (c) {
         case '"':
           out += "\\\"";
@@ -38,7 +39,7 @@ void escape_string(const std::string& s, std::string& out) {
           out += "\\f";
           break;
         default:
-          if (c < 0x20 || c == 0x7f) {
+          if (c < 0x20 || (c == 0x7f && ensure_ascii)) {
             out += fmt::format("\\u{:04x}", c);
           } else {
             out += static_cast<char>(c);
@@ -64,65 +65,88 @@ void escape_string(const std::string& s, std::string& out) {
   out += '"';
 }
 
-void dump(const nlohmann::ordered_json& v, bool sort_keys, std::string& out) {
-  switch (v.type()) {
-    case nlohmann::json::value_t::null:
-      out += "null";
-      break;
-    case nlohmann::json::value_t::boolean:
-      out += v.get<bool>() ? "true" : "false";
-      break;
-    case nlohmann::json::value_t::number_integer:
-      out += std::to_string(v.get<int64_t>());
-      break;
-    case nlohmann::json::value_t::number_unsigned:
-      out += std::to_string(v.get<uint64_t>());
-      break;
-    case nlohmann::json::value_t::number_float: {
-      const double d = v.get<double>();
-      if (std::isnan(d)) {
-        out += "NaN";
-      } else if (std::isinf(d)) {
-        out += d > 0 ? "Infinity" : "-Infinity";
-      } else {
-        out += python_float_repr(d);
-      }
-      break;
-    }
-    case nlohmann::json::value_t::string:
-      escape_string(v.get_ref<const std::string&>(), out);
-      break;
-    case nlohmann::json::value_t::array: {
-      out += '[';
-      bool first = true;
-      for (const auto& item : v) {
-        if (!first) out += ", ";
-        first = false;
-        dump(item, sort_keys, out);
-      }
-      out += ']';
-      break;
-    }
-    case nlohmann::json::value_t::object: {
-      std::vector<std::string> keys;
-      for (const auto& [k, val] : v.items()) keys.push_back(k);
-      if (sort_keys) std::sort(keys.begin(), keys.end());  // Python sorts by code point; UTF-8 bytes sort the same
-      out += '{';
-      bool first = true;
-      for (const std::string& k : keys) {
-        if (!first) out += ", ";
-        first = false;
-        escape_string(k, out);
-        out += ": ";
-        dump(v.at(k), sort_keys, out);
-      }
-      out += '}';
-      break;
-    }
-    default:
-      out += "null";  // binary / discarded values do not occur in the documents we write
+struct Dumper {
+  const PythonJsonOptions& o;
+  std::string item_sep, key_sep;
+  std::string out;
+
+  void newline(int depth) {
+    out += '\n';
+    out.append(static_cast<size_t>(*o.indent) * static_cast<size_t>(depth), ' ');
   }
-}
+
+  void dump(const nlohmann::ordered_json& v, int depth) {
+    switch (v.type()) {
+      case nlohmann::json::value_t::null:
+        out += "null";
+        break;
+      case nlohmann::json::value_t::boolean:
+        out += v.get<bool>() ? "true" : "false";
+        break;
+      case nlohmann::json::value_t::number_integer:
+        out += std::to_string(v.get<int64_t>());
+        break;
+      case nlohmann::json::value_t::number_unsigned:
+        out += std::to_string(v.get<uint64_t>());
+        break;
+      case nlohmann::json::value_t::number_float: {
+        const double d = v.get<double>();
+        if (std::isnan(d)) {
+          out += "NaN";
+        } else if (std::isinf(d)) {
+          out += d > 0 ? "Infinity" : "-Infinity";
+        } else {
+          out += python_float_repr(d);
+        }
+        break;
+      }
+      case nlohmann::json::value_t::string:
+        escape_string(v.get_ref<const std::string&>(), o.ensure_ascii, out);
+        break;
+      case nlohmann::json::value_t::array: {
+        if (v.empty()) {
+          out += "[]";
+          break;
+        }
+        out += '[';
+        bool first = true;
+        for (const auto& item : v) {
+          if (!first) out += item_sep;
+          first = false;
+          if (o.indent) newline(depth + 1);
+          dump(item, depth + 1);
+        }
+        if (o.indent) newline(depth);
+        out += ']';
+        break;
+      }
+      case nlohmann::json::value_t::object: {
+        if (v.empty()) {
+          out += "{}";
+          break;
+        }
+        std::vector<std::string> keys;
+        for (const auto& [k, val] : v.items()) keys.push_back(k);
+        if (o.sort_keys) std::sort(keys.begin(), keys.end());  // Python sorts by code point; UTF-8 bytes sort the same
+        out += '{';
+        bool first = true;
+        for (const std::string& k : keys) {
+          if (!first) out += item_sep;
+          first = false;
+          if (o.indent) newline(depth + 1);
+          escape_string(k, o.ensure_ascii, out);
+          out += key_sep;
+          dump(v.at(k), depth + 1);
+        }
+        if (o.indent) newline(depth);
+        out += '}';
+        break;
+      }
+      default:
+        out += "null";  // binary / discarded values do not occur in the documents we write
+    }
+  }
+};
 
 }  // namespace
 
@@ -168,9 +192,16 @@ std::string python_float_repr(double v) {
 }
 
 std::string python_json_dumps(const nlohmann::ordered_json& value, bool sort_keys) {
-  std::string out;
-  dump(value, sort_keys, out);
-  return out;
+  PythonJsonOptions o;
+  o.sort_keys = sort_keys;
+  return python_json_dumps(value, o);
+}
+
+std::string python_json_dumps(const nlohmann::ordered_json& value, const PythonJsonOptions& options) {
+  Dumper d{options, options.indent ? "," : ", ", ": ", {}};
+  if (options.separators) std::tie(d.item_sep, d.key_sep) = *options.separators;
+  d.dump(value, 0);
+  return std::move(d.out);
 }
 
 }  // namespace tessera::util

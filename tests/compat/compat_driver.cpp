@@ -25,6 +25,8 @@
 //   tessera_compat_driver train-trace RECIPE OUT_DIR [OVERRIDES...]
 //       trains the recipe and writes OUT_DIR/init (the initial weights as an HF folder) and OUT_DIR/trace.json:
 //       {"batches": [input_ids of each device batch], "lrs": [rate of each step], "losses": [loss of each step]}
+//   tessera_compat_driver chat-template TEMPLATE.jinja CASES.json OUT.json
+//       CASES: [context objects] -> [{"text": rendered} | {"error": message}] (util::jinja::Template)
 //   tessera_compat_driver tokenize TOKENIZER.json INPUT.json OUT.json
 //       INPUT: {"texts": [hex bytes], "add_special_tokens": bool, "pieces": bool, "decode": [[ids]]} ->
 //       {"ids": [[...]], "decoded": [hex], "decoded_skip": [hex] (decode of each "decode" entry), "pieces": [[hex]],
@@ -36,6 +38,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <sstream>
 #include <string>
 
 #include "tessera/checkpoint/hf.h"
@@ -48,6 +51,7 @@
 #include "tessera/models/mpt.h"
 #include "tessera/trainer/trainer.h"
 #include "tessera/util/error.h"
+#include "tessera/util/jinja.h"
 
 namespace {
 
@@ -279,6 +283,25 @@ int tokenize(const std::string& tokenizer_path, const std::string& input_path, c
   return 0;
 }
 
+int chat_template(const std::string& template_path, const std::string& cases_path, const std::string& out_path) {
+  std::ifstream t(template_path);
+  std::stringstream text;
+  text << t.rdbuf();
+  const tessera::util::jinja::Template tpl(text.str(), template_path);
+  std::ifstream in(cases_path);
+  const auto cases = nlohmann::ordered_json::parse(in);
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& c : cases) {
+    try {
+      out.push_back({{"text", tpl.render(c)}});
+    } catch (const tessera::Error& e) {
+      out.push_back({{"error", e.message()}});
+    }
+  }
+  std::ofstream(out_path) << out.dump();
+  return 0;
+}
+
 int train_tokenizer(const std::string& spec_path, const std::string& out_path) {
   std::ifstream in(spec_path);
   const auto spec = nlohmann::json::parse(in);
@@ -349,6 +372,7 @@ int main(int argc, char** argv) {
     if (cmd == "train-trace" && argc >= 4) return train_trace(argv[2], argv[3], {argv + 4, argv + argc});
     if (cmd == "tokenize" && argc >= 5) return tokenize(argv[2], argv[3], argv[4]);
     if (cmd == "train-tokenizer" && argc >= 4) return train_tokenizer(argv[2], argv[3]);
+    if (cmd == "chat-template" && argc >= 5) return chat_template(argv[2], argv[3], argv[4]);
     std::cerr << "usage: see the comment at the top of tests/compat/mpt_driver.cpp\n";
     return 2;
   } catch (const tessera::Error& e) {

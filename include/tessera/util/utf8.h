@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <string_view>
 
 namespace tessera::util {
@@ -13,6 +14,9 @@ size_t utf8_sequence(std::string_view s, size_t i, size_t& bad);
 
 // Index of the first byte of `s` that does not start a well-formed sequence, or std::string_view::npos.
 size_t first_invalid_utf8(std::string_view s);
+
+// Appends code point `cp` (at most U+10FFFF, not a surrogate) as UTF-8.
+void append_utf8(std::string& out, char32_t cp);
 
 inline bool is_valid_utf8(std::string_view s) {
   return first_invalid_utf8(s) == std::string_view::npos;

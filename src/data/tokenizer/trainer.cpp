@@ -17,6 +17,7 @@
 #include "regex.h"
 #include "tessera/data/tokenizer.h"
 #include "tessera/util/error.h"
+#include "tessera/util/utf8.h"
 #include "tokenizer_impl.h"
 #include "unicode.h"
 
@@ -175,13 +176,13 @@ Tokenizer train_bpe_tokenizer(const std::vector<std::string>& documents, const B
   std::sort(alphabet.begin(), alphabet.end());
   for (char32_t c : alphabet) {
     std::string s;
-    detail::append_utf8(s, c);
+    util::append_utf8(s, c);
     add_token(s);
   }
   std::array<int32_t, 256> byte_id{};
   for (int b = 0; b < 256; ++b) {
     std::string s;
-    detail::append_utf8(s, detail::byte_level_char(static_cast<uint8_t>(b)));
+    util::append_utf8(s, detail::byte_level_char(static_cast<uint8_t>(b)));
     byte_id[b] = word_to_id.at(s);
   }
 

@@ -64,24 +64,6 @@ char32_t prev_code_point(std::string_view s, size_t end, size_t& begin) {
   return next_code_point(s, i);
 }
 
-void append_utf8(std::string& out, char32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
-
 char32_t byte_level_char(uint8_t b) {
   return tables().to_char[b];
 }
@@ -93,7 +75,7 @@ int byte_of_byte_level_char(char32_t cp) {
 std::string to_byte_level(std::string_view bytes) {
   std::string out;
   out.reserve(bytes.size() * 2);
-  for (char c : bytes) append_utf8(out, byte_level_char(static_cast<uint8_t>(c)));
+  for (char c : bytes) util::append_utf8(out, byte_level_char(static_cast<uint8_t>(c)));
   return out;
 }
 

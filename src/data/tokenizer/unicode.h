@@ -15,7 +15,6 @@ namespace tessera::data::detail {
 char32_t next_code_point(std::string_view s, size_t& i);
 // Decodes the code point ending just before s[end] of VALID UTF-8; sets `begin` to its first byte.
 char32_t prev_code_point(std::string_view s, size_t end, size_t& begin);
-void append_utf8(std::string& out, char32_t cp);
 
 // True if `s` is well-formed UTF-8 (no surrogates, no overlongs, nothing above U+10FFFF).
 using util::is_valid_utf8;
