@@ -553,6 +553,8 @@ constexpr int kMaxExprDepth = 200;
 constexpr int kMaxBlockDepth = 100;
 constexpr int64_t kMaxRange = 100000;  // jinja2's sandbox limit (MAX_RANGE)
 constexpr size_t kMaxString = size_t{1} << 26;
+constexpr int64_t kMaxSteps = 1000000;  // statements and loop iterations one render may execute
+constexpr int64_t kMaxIndent = 1000;    // widths of `indent` and `tojson(indent=...)`
 
 ExprPtr make(Expr::Kind k, int line) {
   auto e = std::make_unique<Expr>();
@@ -1124,6 +1126,22 @@ class Renderer {
     throw Error(kComponent, fmt::format("{}:{}: {}", name_, line, what));
   }
 
+  // Counts one statement or loop iteration against kMaxSteps, so that nested loops cannot run for hours.
+  void tick(int line) {
+    if (++steps_ > kMaxSteps) fail(line, fmt::format("the template ran more than {} statements", kMaxSteps));
+  }
+
+  std::string bounded(std::string s, int line) const {
+    if (s.size() > kMaxString) fail(line, "string too long");
+    return s;
+  }
+
+  int64_t indent_width(int64_t width, int line) const {
+    if (width > kMaxIndent)
+      fail(line, fmt::format("indent width {} is larger than the limit of {}", width, kMaxIndent));
+    return width;
+  }
+
   Value lookup(const std::string& n) const {
     for (auto it = frames_.rbegin(); it != frames_.rend(); ++it) {
       if (auto f = it->find(n); f != it->end()) return f->second;
@@ -1139,6 +1157,8 @@ class Renderer {
   }
 
   Flow exec(const Stmt& s, std::string& out) {
+    tick(s.line);
+    if (out.size() > kMaxString) fail(s.line, "the rendered text is too long");
     switch (s.kind) {
       case Stmt::Kind::kText:
         out += s.text;
@@ -1184,6 +1204,7 @@ class Renderer {
     if (s.filter) {
       std::vector<Json> kept;
       for (Json& item : items) {
+        tick(s.line);
         bind(s, item);
         if (truthy(eval(*s.filter))) kept.push_back(std::move(item));
       }
@@ -1191,6 +1212,7 @@ class Renderer {
     }
     const auto n = static_cast<int64_t>(items.size());
     for (int64_t k = 0; k < n; ++k) {
+      tick(s.line);
       bind(s, items[static_cast<size_t>(k)]);
       Json loop = {{"index", k + 1},  {"index0", k},        {"revindex", n - k}, {"revindex0", n - k - 1},
                    {"first", k == 0}, {"last", k == n - 1}, {"length", n},       {"depth", 1},
@@ -1552,7 +1574,10 @@ class Renderer {
         if (v && v->is_string()) {
           options.push_back(v->data.get<std::string>());
         } else if (v && v->is_list()) {
-          for (const Json& o : v->data) options.push_back(o.get<std::string>());
+          for (const Json& o : v->data) {
+            if (!o.is_string()) fail(line, m + "() takes a string or a tuple of strings");
+            options.push_back(o.get<std::string>());
+          }
         } else {
           fail(line, m + "() takes a string or a tuple of strings");
         }
@@ -1568,7 +1593,11 @@ class Renderer {
         const int64_t ms = maxsplit && maxsplit->is_integer() ? maxsplit->data.get<int64_t>() : -1;
         if (m == "rsplit" && ms >= 0) fail(line, "rsplit() with maxsplit is not supported");
         std::optional<std::string> sep_text;
-        if (sep && !sep->is_none()) sep_text = sep->data.get<std::string>();
+        if (sep && !sep->is_none()) {
+          if (!sep->is_string()) fail(line, m + "() takes a string separator");
+          sep_text = sep->data.get<std::string>();
+          if (sep_text->empty()) fail(line, "empty separator");
+        }
         Json out = Json::array();
         for (std::string& part : py_split(s, sep_text, ms)) out.push_back(std::move(part));
         return Value::of(std::move(out));
@@ -1698,9 +1727,12 @@ class Renderer {
       o.ensure_ascii = false;
       if (const Value* x = a.get(0, "ensure_ascii")) o.ensure_ascii = truthy(*x);
       if (const Value* x = a.get(1, "indent"); x && x->is_integer())
-        o.indent = static_cast<int>(x->data.get<int64_t>());
-      if (const Value* x = a.get(2, "separators"); x && x->is_list() && x->data.size() == 2)
+        o.indent = static_cast<int>(indent_width(x->data.get<int64_t>(), e.line));
+      if (const Value* x = a.get(2, "separators"); x && !x->is_none()) {
+        if (!x->is_list() || x->data.size() != 2 || !x->data[0].is_string() || !x->data[1].is_string())
+          fail(e.line, "tojson separators must be a pair of strings");
         o.separators = std::make_pair(x->data[0].get<std::string>(), x->data[1].get<std::string>());
+      }
       if (const Value* x = a.get(3, "sort_keys")) o.sort_keys = truthy(*x);
       return Value::of(python_json_dumps(data_of(v, e.line), o));
     }
@@ -1724,7 +1756,10 @@ class Renderer {
     }
     if (f == "replace") {
       Args m;
-      m.pos = {Value::of(to_str(*a.get(0, "old"))), Value::of(to_str(*a.get(1, "new")))};
+      const Value* from = a.get(0, "old");
+      const Value* to = a.get(1, "new");
+      if (!from || !to) fail(e.line, "replace takes the old and the new string");
+      m.pos = {Value::of(to_str(*from)), Value::of(to_str(*to))};
       return method(Value::of(to_str(v)), "replace", m, e.line);
     }
     if (f == "int") {
@@ -1849,7 +1884,7 @@ class Renderer {
           a.get(0, "width") && a.get(0, "width")->is_integer() ? a.get(0, "width")->data.get<int64_t>() : 4;
       const bool first = a.get(1, "first") && truthy(*a.get(1, "first"));
       const bool blank = a.get(2, "blank") && truthy(*a.get(2, "blank"));
-      const std::string pad(static_cast<size_t>(std::max<int64_t>(width, 0)), ' ');
+      const std::string pad(static_cast<size_t>(std::max<int64_t>(indent_width(width, e.line), 0)), ' ');
       const std::vector<std::string> lines = py_split(to_str(v), std::string("\n"), -1);
       std::string out;
       for (size_t k = 0; k < lines.size(); ++k) {
@@ -1946,7 +1981,7 @@ class Renderer {
     const std::string& op = e.name;
     const Value a = eval(*e.kids[0]);
     const Value b = eval(*e.kids[1]);
-    if (op == "~") return Value::of(to_str(a) + to_str(b));
+    if (op == "~") return Value::of(bounded(to_str(a) + to_str(b), e.line));
     if (op == "==") return Value::of(equal(a, b));
     if (op == "!=") return Value::of(!equal(a, b));
     if (op == "<" || op == "<=" || op == ">" || op == ">=") {
@@ -1957,8 +1992,11 @@ class Renderer {
     if (op == "notin") return Value::of(!contains(b, a, e.line));
     if (!a.defined() || !b.defined()) fail(e.line, fmt::format("'{}' is undefined", a.defined() ? b.name : a.name));
     if (op == "+") {
-      if (a.is_string() && b.is_string()) return Value::of(a.data.get<std::string>() + b.data.get<std::string>());
+      if (a.is_string() && b.is_string()) {
+        return Value::of(bounded(a.data.get<std::string>() + b.data.get<std::string>(), e.line));
+      }
       if (a.is_list() && b.is_list()) {
+        if (a.data.size() + b.data.size() > static_cast<size_t>(kMaxRange)) fail(e.line, "list too long");
         Json out = a.data;
         for (const Json& x : b.data) out.push_back(x);
         return Value::of(std::move(out));
@@ -2032,6 +2070,7 @@ class Renderer {
 
   const std::string& name_;
   std::vector<std::map<std::string, Value>> frames_;
+  int64_t steps_ = 0;
 };
 
 }  // namespace
@@ -2050,7 +2089,13 @@ Template& Template::operator=(Template&&) noexcept = default;
 std::string Template::render(const nlohmann::ordered_json& context) const {
   detail::Renderer r(name_, context);
   std::string out;
-  const detail::Flow f = r.run(program_->body, out);
+  detail::Flow f = detail::Flow::kNormal;
+  try {
+    f = r.run(program_->body, out);
+  } catch (const nlohmann::json::exception& e) {
+    // A value of a type an operation does not take, where no check above named it first.
+    throw Error(detail::kComponent, fmt::format("{}: {}", name_, e.what()));
+  }
   if (f != detail::Flow::kNormal) throw Error(detail::kComponent, name_ + ": break or continue outside a loop");
   return out;
 }

@@ -66,5 +66,22 @@ TEST(Jinja, ErrorsNameTheTemplateAndLine) {
   EXPECT_NE(error_of("{% set x = [] %}{{ x.append(1) }}").find("immutable"), std::string::npos);
 }
 
+TEST(Jinja, HostileTemplatesHitLimitsNotTheMachine) {
+  // A tokenizer_config.json is downloaded data: nested loops, doubling strings and huge indents end in an error.
+  EXPECT_NE(error_of("{% for a in range(1000) %}{% for b in range(1000) %}{% for c in range(10) %}"
+                     "{% endfor %}{% endfor %}{% endfor %}")
+                .find("t.jinja:1: the template ran more than 1000000 statements"),
+            std::string::npos);
+  EXPECT_NE(error_of("{% set ns = namespace(s='xxxxxxxx') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}"
+                     "{% endfor %}")
+                .find("string too long"),
+            std::string::npos);
+  EXPECT_NE(error_of("{{ 'a\nb' | indent(100000) }}").find("indent width 100000 is larger than the limit"),
+            std::string::npos);
+  EXPECT_NE(error_of("{{ [1] | tojson(indent=5000) }}").find("indent width 5000"), std::string::npos);
+  EXPECT_NE(error_of("{{ 'a' | replace }}").find("replace takes the old and the new string"), std::string::npos);
+  EXPECT_NE(error_of("{{ [1] | tojson(separators=[1, 2]) }}").find("a pair of strings"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace tessera::util::jinja
