@@ -3,6 +3,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <map>
+
+#include "tessera/util/error.h"
+
 namespace tessera::data {
 namespace {
 
@@ -82,7 +87,117 @@ LoaderOptions parse_text_loader(Section& s) {
   return o;
 }
 
+// hf_kwargs.data_files: a path, a list of paths (both the train split), or a map of split -> path(s).
+std::map<std::string, std::vector<std::string>> parse_data_files(Section& kw) {
+  std::map<std::string, std::vector<std::string>> out;
+  const config::Value* v = kw.raw("data_files");
+  if (v == nullptr) return out;
+  const auto paths = [&](const config::Value& x, const std::string& key) {
+    std::vector<std::string> p;
+    if (x.is_scalar()) {
+      p.push_back(x.text());
+    } else if (x.is_sequence()) {
+      for (const config::Value& item : x.items()) {
+        kw.check(item.is_scalar(), key, "expected a list of paths");
+        p.push_back(item.text());
+      }
+    } else {
+      kw.check(false, key, "expected a path, a list of paths, or a map of split names to paths");
+    }
+    return p;
+  };
+  if (v->is_map()) {
+    for (const auto& [split, x] : v->entries()) out[split] = paths(x, "data_files." + split);
+  } else {
+    out["train"] = paths(*v, "data_files");
+  }
+  return out;
+}
+
+LoaderOptions parse_finetuning_loader(Section& s) {
+  LoaderOptions o;
+  o.name = "finetuning";
+  FinetuningOptions f;
+  auto ds = s.section("dataset");
+  for (const char* key : {"remote", "local", "streams"}) {
+    if (ds.has(key)) ds.not_supported(key, "fine-tuning from MDS streams (use hf_name with local JSONL/JSON files)");
+  }
+  f.hf_name = ds.require_string("hf_name");
+  f.split = ds.require_string("split");
+  auto kw = ds.section("hf_kwargs");
+  f.data_files = parse_data_files(kw);
+  kw.finish({"token", "revision", "trust_remote_code", "cache_dir", "num_proc"});
+  ds.check(f.hf_name != "json" || !f.data_files.empty(), "hf_kwargs", "hf_name: json needs hf_kwargs.data_files");
+  if (const config::Value* pre = ds.raw("preprocessing_fn"); pre != nullptr && !pre->is_null()) {
+    if (!pre->is_map()) {
+      ds.not_supported("preprocessing_fn",
+                       "an importable Python function (give the {prompt: COLUMN, response: "
+                       "COLUMN} mapping instead)");
+    } else {
+      auto m = ds.section("preprocessing_fn");
+      ds.check(
+          pre->entries().size() == 2 && pre->entries()[0].first == "prompt" && pre->entries()[1].first == "response",
+          "preprocessing_fn", "the mapping must have exactly the keys prompt and response, in that order");
+      f.columns = std::make_pair(m.require_string("prompt"), m.require_string("response"));
+      m.finish();
+    }
+  }
+  f.max_seq_len = ds.require_int("max_seq_len");
+  ds.check(f.max_seq_len > 0, "max_seq_len", "must be positive");
+  ds.check(ds.has("decoder_only_format"), "decoder_only_format", "must be set to true or false");
+  if (!ds.get_bool("decoder_only_format", true)) ds.not_supported("decoder_only_format", "encoder-decoder models");
+  f.target_prompts = ds.get_string("target_prompts", f.target_prompts);
+  f.target_responses = ds.get_string("target_responses", f.target_responses);
+  std::transform(f.target_prompts.begin(), f.target_prompts.end(), f.target_prompts.begin(), ::tolower);
+  std::transform(f.target_responses.begin(), f.target_responses.end(), f.target_responses.begin(), ::tolower);
+  try {
+    validate_target_settings(f.target_prompts, f.target_responses, ds.path());
+  } catch (const Error& e) {
+    ds.check(false, "target_prompts", e.what());
+  }
+  f.allow_pad_trimming = ds.get_bool("allow_pad_trimming", false);
+  if (const config::Value* pr = ds.raw("packing_ratio"); pr != nullptr && !pr->is_null()) {
+    if (pr->is_scalar() && pr->text() == "auto") {
+      f.auto_packing_ratio = true;
+    } else {
+      const std::optional<double> r = pr->as_double();
+      ds.check(r.has_value(), "packing_ratio", "expected a number or auto");
+      ds.check(*r >= 1, "packing_ratio", "must be at least 1");
+      f.packing_ratio = *r;
+    }
+  }
+  f.max_leftover_bins_to_keep = ds.get_optional_int("max_leftover_bins_to_keep");
+  ds.check(!f.max_leftover_bins_to_keep || *f.max_leftover_bins_to_keep >= 0, "max_leftover_bins_to_keep",
+           "must be non-negative");
+  ds.check(!f.max_leftover_bins_to_keep || f.packing_ratio || f.auto_packing_ratio, "max_leftover_bins_to_keep",
+           "is set but packing_ratio is not");
+  f.shuffle = ds.get_bool("shuffle", false);
+  f.shuffle_seed = ds.get_int("shuffle_seed", 0);
+  ds.get_bool("safe_load", false);  // local files only: nothing is downloaded
+  for (const char* key : {"seq_parallel_replication", "auto_packing_replication"}) {
+    if (auto r = ds.get_optional_int(key)) ds.check(*r == 1, key, "sequence parallelism is not supported");
+  }
+  ds.get_optional_int("eos_token_id");  // LLM Foundry checks these against the tokenizer; so does the trainer
+  ds.get_optional_int("bos_token_id");
+  ds.finish({"mapping_fn", "pad_to_longest", "replication"});
+  o.tokens.max_seq_len = f.max_seq_len;
+  o.finetuning = std::move(f);
+  o.tokens.drop_last = s.get_bool("drop_last", false);
+  o.num_workers = s.get_int("num_workers", 0);
+  s.check(o.num_workers >= 0, "num_workers", "must be non-negative");
+  o.tokens.prefetch_factor = s.get_int("prefetch_factor", 2);
+  s.get_bool("pin_memory", false);
+  s.get_bool("persistent_workers", true);
+  s.get_int("timeout", 0);
+  s.finish();
+  return o;
+}
+
 }  // namespace
+
+LoaderOptions parse_finetuning_section(Section& s) {
+  return parse_finetuning_loader(s);
+}
 
 TokenizerOptions parse_tokenizer_options(Section& s) {
   TokenizerOptions o;
@@ -98,7 +213,7 @@ config::Registry<LoaderOptions>& loader_registry() {
   static config::Registry<LoaderOptions>* registry = [] {
     auto* r = new config::Registry<LoaderOptions>("data loader");
     r->add("text", parse_text_loader);
-    r->add_foundry_names({"finetuning"});
+    r->add("finetuning", parse_finetuning_loader);
     return r;
   }();
   return *registry;

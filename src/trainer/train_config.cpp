@@ -47,7 +47,6 @@ const std::vector<std::string_view> kFoundryOnlyKeys = {"code_paths",
                                                         "parallelism_config",
                                                         "tp_config",
                                                         "train_subset_num_batches",
-                                                        "accumulate_train_batch_on_tokens",
                                                         "dataloader",
                                                         "eval_subset_num_batches_per_loader",
                                                         "model_gauntlet",
@@ -73,6 +72,7 @@ const std::vector<std::string_view> kTopLevelKeys = {"variables",
                                                      "max_duration",
                                                      "eval_interval",
                                                      "eval_first",
+                                                     "accumulate_train_batch_on_tokens",
                                                      "eval_subset_num_batches",
                                                      "global_train_batch_size",
                                                      "device_train_microbatch_size",
@@ -231,6 +231,7 @@ TrainConfig parse_train_config(config::Value resolved, const std::string& path) 
   root.check(!cfg.max_duration.is_zero(), "max_duration", "must be positive");
   cfg.eval_interval = root.get_time("eval_interval", cfg.eval_interval, TimeUnit::kEpoch);
   cfg.eval_first = root.get_bool("eval_first", false);
+  cfg.accumulate_train_batch_on_tokens = root.get_bool("accumulate_train_batch_on_tokens", true);
   cfg.eval_subset_num_batches = root.get_int("eval_subset_num_batches", -1);
   root.check(cfg.eval_subset_num_batches == -1 || cfg.eval_subset_num_batches > 0, "eval_subset_num_batches",
              "must be -1 (all batches) or positive");

@@ -15,6 +15,7 @@
 #include "tessera/algorithms/algorithms.h"
 #include "tessera/callbacks/callbacks.h"
 #include "tessera/callbacks/checkpoint_saver.h"
+#include "tessera/data/finetuning.h"
 #include "tessera/data/loader.h"
 #include "tessera/data/streaming_dataset.h"
 #include "tessera/dist/communicator.h"
@@ -65,8 +66,34 @@ int64_t count_tokens(const data::TokenBatch& b) {
   return b.labels.ne(-100).sum().item<int64_t>();
 }
 
+// Tokens that generate loss: labels[:, 1:] != -100 (what each position predicts), as LLM Foundry counts them.
+int64_t count_loss_tokens(const data::TokenBatch& b) {
+  return b.labels.slice(1, 1).ne(-100).sum().item<int64_t>();
+}
+
 data::TokenBatch slice(const data::TokenBatch& b, int64_t start, int64_t end) {
-  return {b.input_ids.slice(0, start, end), b.labels.slice(0, start, end), end - start};
+  data::TokenBatch out;
+  out.input_ids = b.input_ids.slice(0, start, end);
+  out.labels = b.labels.slice(0, start, end);
+  out.samples = end - start;
+  if (b.attention_mask.defined()) out.attention_mask = b.attention_mask.slice(0, start, end);
+  if (b.sequence_id.defined()) out.sequence_id = b.sequence_id.slice(0, start, end);
+  return out;
+}
+
+models::ForwardOptions forward_options(const data::TokenBatch& b) {
+  models::ForwardOptions fo;
+  if (b.attention_mask.defined()) fo.attention_mask = b.attention_mask;
+  if (b.sequence_id.defined()) fo.sequence_id = b.sequence_id;
+  return fo;
+}
+
+data::TokenBatch to_device(data::TokenBatch b, const at::Device& device, bool non_blocking) {
+  if (!device.is_cuda()) return b;
+  for (at::Tensor* t : {&b.input_ids, &b.labels, &b.attention_mask, &b.sequence_id}) {
+    if (t->defined()) *t = t->to(device, non_blocking);
+  }
+  return b;
 }
 
 }  // namespace
@@ -150,7 +177,54 @@ void Trainer::setup_ranks() {
   state_.device_train_batch_size = cfg_.global_train_batch_size / state_.world_size;
 }
 
+data::ChatTokenizer Trainer::finetuning_tokenizer() const {
+  std::filesystem::path tok;
+  try {
+    tok = util::resolve_hf_tokenizer(cfg_.tokenizer.name);
+  } catch (const Error& e) {
+    throw ConfigError("recipe", fmt::format("{}: the finetuning loader needs a tokenizer: tokenizer.name: {}",
+                                            cfg_.recipe_path, e.message()));
+  }
+  return data::ChatTokenizer(data::Tokenizer::from_file(tok), "");
+}
+
+std::unique_ptr<data::BatchIterator> Trainer::open_train_epoch() {
+  const config::Timestamp& t = state_.timestamp;
+  if (train_ft_) {
+    return std::make_unique<data::FinetuningBatches>(*train_ft_, t.epoch, state_.world_size, state_.rank,
+                                                     cfg_.train_loader.tokens.drop_last, t.batch_in_epoch);
+  }
+  return std::make_unique<data::TokenBatchLoader>(*train_data_, workers_, t.epoch, t.sample_in_epoch,
+                                                  state_.rank / state_.local_world_size, state_.local_rank,
+                                                  cfg_.train_loader.tokens);
+}
+
+std::unique_ptr<data::BatchIterator> Trainer::open_eval() {
+  if (eval_ft_) {
+    return std::make_unique<data::FinetuningBatches>(*eval_ft_, 0, state_.world_size, state_.rank,
+                                                     cfg_.eval_loader->tokens.drop_last, 0);
+  }
+  return std::make_unique<data::TokenBatchLoader>(*eval_data_, workers_, 0, 0, state_.rank / state_.local_world_size,
+                                                  state_.local_rank, cfg_.eval_loader->tokens);
+}
+
 void Trainer::build_data() {
+  if (cfg_.train_loader.finetuning || (cfg_.eval_loader && cfg_.eval_loader->finetuning)) {
+    const data::ChatTokenizer tok = finetuning_tokenizer();
+    if (cfg_.train_loader.finetuning) {
+      train_ft_ = std::make_unique<data::FinetuningDataset>(*cfg_.train_loader.finetuning, tok,
+                                                            state_.device_train_batch_size, state_.world_size);
+      state_.dataloader_len = train_ft_->batches_in_epoch(state_.world_size, cfg_.train_loader.tokens.drop_last);
+      if (*state_.dataloader_len == 0) {
+        throw Error("train", fmt::format("the fine-tuning data has fewer examples ({}) than one device batch ({})",
+                                         train_ft_->size(), train_ft_->examples_per_batch()));
+      }
+    }
+    if (cfg_.eval_loader && cfg_.eval_loader->finetuning) {
+      eval_ft_ = std::make_unique<data::FinetuningDataset>(*cfg_.eval_loader->finetuning, tok,
+                                                           cfg_.device_eval_batch_size, state_.world_size);
+    }
+  }
   if (cfg_.train_loader.tokens.max_seq_len != cfg_.max_seq_len) {
     spdlog::warn("train_loader.dataset.max_seq_len ({}) differs from max_seq_len ({})",
                  cfg_.train_loader.tokens.max_seq_len, cfg_.max_seq_len);
@@ -158,15 +232,17 @@ void Trainer::build_data() {
   const dist::Rendezvous& rv = rendezvous_;
   workers_ = std::max<int64_t>(1, cfg_.train_loader.num_workers);
   const data::World world{rv.num_nodes(), rv.local_world_size, workers_};
-  train_data_ = std::make_unique<data::StreamingDataset>(
-      with_batch_size(cfg_.train_loader.dataset, state_.device_train_batch_size), world);
-  state_.dataloader_len =
-      data::batches_in_epoch(*train_data_, 0, 0, rv.node_rank(), rv.local_rank, cfg_.train_loader.tokens.drop_last);
-  if (*state_.dataloader_len == 0) {
-    throw Error("train", fmt::format("the training data has fewer samples ({}) than one device batch ({})",
-                                     train_data_->epoch_size(), state_.device_train_batch_size));
+  if (!train_ft_) {
+    train_data_ = std::make_unique<data::StreamingDataset>(
+        with_batch_size(cfg_.train_loader.dataset, state_.device_train_batch_size), world);
+    state_.dataloader_len =
+        data::batches_in_epoch(*train_data_, 0, 0, rv.node_rank(), rv.local_rank, cfg_.train_loader.tokens.drop_last);
+    if (*state_.dataloader_len == 0) {
+      throw Error("train", fmt::format("the training data has fewer samples ({}) than one device batch ({})",
+                                       train_data_->epoch_size(), state_.device_train_batch_size));
+    }
   }
-  if (cfg_.eval_loader) {
+  if (cfg_.eval_loader && !eval_ft_) {
     eval_data_ = std::make_unique<data::StreamingDataset>(
         with_batch_size(cfg_.eval_loader->dataset, cfg_.device_eval_batch_size), world);
   }
@@ -298,12 +374,15 @@ void Trainer::shard_model() {
 
 nlohmann::json Trainer::resumption_state() const {
   const config::Timestamp& t = state_.timestamp;
-  return {{"config", cfg_.resolved.to_json()},
-          {"dataset", {{"train", train_data_->state(t.epoch, t.sample_in_epoch).to_json()}}},
-          {"trainer",
-           {{"loss_scale", loss_scaler_.loss_scale()},
-            {"good_steps", loss_scaler_.good_steps()},
-            {"device_train_microbatch_size", state_.device_train_microbatch_size}}}};
+  return {
+      {"config", cfg_.resolved.to_json()},
+      {"dataset",
+       {{"train", train_ft_ ? nlohmann::json{{"finetuning", {{"epoch", t.epoch}, {"batch_in_epoch", t.batch_in_epoch}}}}
+                            : train_data_->state(t.epoch, t.sample_in_epoch).to_json()}}},
+      {"trainer",
+       {{"loss_scale", loss_scaler_.loss_scale()},
+        {"good_steps", loss_scaler_.good_steps()},
+        {"device_train_microbatch_size", state_.device_train_microbatch_size}}}};
 }
 
 void Trainer::load_initial_checkpoint() {
@@ -329,6 +408,25 @@ void Trainer::load_initial_checkpoint() {
   if (loaded.full_state) {
     const nlohmann::json& m = loaded.metadata;
     if (m.contains("dataset") && m["dataset"].contains("train")) {
+      const nlohmann::json& d = m["dataset"]["train"];
+      if (d.contains("finetuning") != (train_ft_ != nullptr)) {
+        throw Error("checkpoint",
+                    fmt::format("{}: the checkpoint's data loader state is for a {} loader, this run's "
+                                "train_loader is {}",
+                                loaded.path, d.contains("finetuning") ? "finetuning" : "text", cfg_.train_loader.name));
+      }
+    }
+    if (train_ft_ && m.contains("dataset") && m["dataset"].contains("train")) {
+      // The epoch's order is the sampler's for that epoch; the batches trained are skipped when the epoch opens.
+      const nlohmann::json& f = m["dataset"]["train"]["finetuning"];
+      if (f.value("epoch", int64_t{-1}) != state_.timestamp.epoch ||
+          f.value("batch_in_epoch", int64_t{-1}) != state_.timestamp.batch_in_epoch) {
+        throw Error("checkpoint",
+                    fmt::format("{}: the data loader state ({}) does not match the timestamp (epoch {}, "
+                                "batch {})",
+                                loaded.path, f.dump(), state_.timestamp.epoch, state_.timestamp.batch_in_epoch));
+      }
+    } else if (m.contains("dataset") && m["dataset"].contains("train")) {
       const auto [epoch, sample] = train_data_->load_state(data::ResumeState::from_json(m["dataset"]["train"]));
       if (epoch != state_.timestamp.epoch || sample != state_.timestamp.sample_in_epoch) {
         throw Error("checkpoint",
@@ -360,6 +458,10 @@ Trainer::~Trainer() {
 
 bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch_size) {
   const int64_t n = batch.input_ids.size(0);
+  // accumulate_train_batch_on_tokens (LLM Foundry's default): each microbatch's summed loss over the mean number of
+  // loss tokens per rank, so the step's gradient is the mean over every loss token of every rank however the batch
+  // is split; otherwise each microbatch's mean loss counts by its share of the samples.
+  const double per_rank_tokens = std::max(1.0, loss_tokens_ / static_cast<double>(state_.world_size));
   const at::DeviceType dev = state_.device.type();
   double total = 0;
   try {
@@ -370,15 +472,19 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
       engine_->run_event(Event::kBeforeForward);
       {
         AutocastGuard autocast(state_.precision, dev);
-        state_.outputs = state_.model->forward(state_.batch.input_ids);
+        state_.outputs = state_.model->forward(state_.batch.input_ids, forward_options(state_.batch));
       }
       engine_->run_event(Event::kAfterForward);
       engine_->run_event(Event::kBeforeLoss);
       {
         AutocastGuard autocast(state_.precision, dev);
-        // Each microbatch's mean loss counts by its share of the device batch.
-        state_.loss = models::causal_lm_loss(state_.outputs, state_.batch.labels) *
-                      (static_cast<double>(end - start) / static_cast<double>(n));
+        if (cfg_.accumulate_train_batch_on_tokens) {
+          state_.loss =
+              models::causal_lm_loss(state_.outputs, state_.batch.labels, -100, at::Reduction::Sum) / per_rank_tokens;
+        } else {
+          state_.loss = models::causal_lm_loss(state_.outputs, state_.batch.labels) *
+                        (static_cast<double>(end - start) / static_cast<double>(n));
+        }
       }
       engine_->run_event(Event::kAfterLoss);
       engine_->run_event(Event::kBeforeBackward);
@@ -432,17 +538,13 @@ void Trainer::train_batch() {
 
 void Trainer::fit() {
   engine_->run_event(Event::kFitStart);
-  if (cfg_.eval_first && state_.timestamp.batch == 0 && eval_data_) eval();
+  if (cfg_.eval_first && state_.timestamp.batch == 0 && has_eval_loader()) eval();
   while (!state_.reached_max_duration() && !state_.stop_requested) {
     if (state_.timestamp.batch_in_epoch == 0) engine_->run_event(Event::kEpochStart);
     // A run resumed from a checkpoint of an epoch's last batch has nothing left to load in that epoch.
     bool epoch_done = state_.timestamp.batch_in_epoch >= *state_.dataloader_len;
-    std::unique_ptr<data::TokenBatchLoader> loader;
-    if (!epoch_done) {
-      loader = std::make_unique<data::TokenBatchLoader>(
-          *train_data_, workers_, state_.timestamp.epoch, state_.timestamp.sample_in_epoch,
-          state_.rank / state_.local_world_size, state_.local_rank, cfg_.train_loader.tokens);
-    }
+    std::unique_ptr<data::BatchIterator> loader;
+    if (!epoch_done) loader = open_train_epoch();
     while (!epoch_done) {
       const auto started = Clock::now();
       engine_->run_event(Event::kBeforeDataloader);
@@ -451,19 +553,17 @@ void Trainer::fit() {
         epoch_done = true;
         break;
       }
-      state_.batch = std::move(*next);
-      if (state_.device.is_cuda()) {
-        state_.batch.input_ids = state_.batch.input_ids.to(state_.device, /*non_blocking=*/true);
-        state_.batch.labels = state_.batch.labels.to(state_.device, /*non_blocking=*/true);
-      }
+      state_.batch = to_device(std::move(*next), state_.device, /*non_blocking=*/true);
       engine_->run_event(Event::kAfterDataloader);
       engine_->run_event(Event::kBatchStart);
       int64_t samples = state_.batch.samples, tokens = count_tokens(state_.batch);
-      // The timestamp counts every rank's samples and tokens.
+      // The timestamp counts every rank's samples and tokens; the loss is normalised by every rank's loss tokens.
       const std::vector<double> sums =
-          sum_over_ranks(state_, {static_cast<double>(samples), static_cast<double>(tokens)});
+          sum_over_ranks(state_, {static_cast<double>(samples), static_cast<double>(tokens),
+                                  static_cast<double>(count_loss_tokens(state_.batch))});
       samples = static_cast<int64_t>(sums[0]);
       tokens = static_cast<int64_t>(sums[1]);
+      loss_tokens_ = sums[2];
       train_batch();
       if (state_.rollback_requested) rollback();
       Metrics m{{"loss/train/total", state_.train_loss}};
@@ -547,7 +647,7 @@ Metrics Trainer::run_eval() {
   engine_->run_event(Event::kEvalBeforeAll);
   engine_->run_event(Event::kEvalStart);
   Metrics metrics;
-  if (eval_data_) metrics = run_loader_eval();
+  if (has_eval_loader()) metrics = run_loader_eval();
   run_icl_eval();
   engine_->run_event(Event::kEvalEnd);
   engine_->run_event(Event::kEvalAfterAll);
@@ -563,21 +663,16 @@ Metrics Trainer::run_loader_eval() {
   int64_t token_count = 0;
   {
     at::NoGradGuard no_grad;
-    data::TokenBatchLoader loader(*eval_data_, workers_, 0, 0, state_.rank / state_.local_world_size, state_.local_rank,
-                                  cfg_.eval_loader->tokens);
+    std::unique_ptr<data::BatchIterator> loader = open_eval();
     while (cfg_.eval_subset_num_batches < 0 || state_.eval_timestamp.batch < cfg_.eval_subset_num_batches) {
-      std::optional<data::TokenBatch> next = loader.next();
+      std::optional<data::TokenBatch> next = loader->next();
       if (!next) break;
-      state_.batch = std::move(*next);
-      if (state_.device.is_cuda()) {
-        state_.batch.input_ids = state_.batch.input_ids.to(state_.device);
-        state_.batch.labels = state_.batch.labels.to(state_.device);
-      }
+      state_.batch = to_device(std::move(*next), state_.device, /*non_blocking=*/false);
       engine_->run_event(Event::kEvalBatchStart);
       engine_->run_event(Event::kEvalBeforeForward);
       {
         AutocastGuard autocast(state_.precision, state_.device.type());
-        state_.outputs = state_.model->forward(state_.batch.input_ids);
+        state_.outputs = state_.model->forward(state_.batch.input_ids, forward_options(state_.batch));
       }
       engine_->run_event(Event::kEvalAfterForward);
       // LanguageCrossEntropy: summed over predicted tokens, divided by their count at the end.

@@ -25,6 +25,10 @@
 //   tessera_compat_driver train-trace RECIPE OUT_DIR [OVERRIDES...]
 //       trains the recipe and writes OUT_DIR/init (the initial weights as an HF folder) and OUT_DIR/trace.json:
 //       {"batches": [input_ids of each device batch], "lrs": [rate of each step], "losses": [loss of each step]}
+//   tessera_compat_driver finetuning-batches CONFIG.json OUT.json
+//       CONFIG: {"tokenizer": folder, "device_batch_size", "drop_last", "world_size", "rank", "epoch", "date_string",
+//                "dataset": {LLM Foundry's finetuning dataset keys}} -> {"batches": [{"input_ids", "labels",
+//                "attention_mask", "sequence_id"}], "examples", "dropped", "packing_ratio", "packing": {...}}
 //   tessera_compat_driver chat-template TEMPLATE.jinja CASES.json OUT.json
 //       CASES: [context objects] -> [{"text": rendered} | {"error": message}] (util::jinja::Template)
 //   tessera_compat_driver tokenize TOKENIZER.json INPUT.json OUT.json
@@ -43,7 +47,10 @@
 
 #include "tessera/checkpoint/hf.h"
 #include "tessera/checkpoint/safetensors.h"
+#include "tessera/config/reader.h"
+#include "tessera/data/finetuning.h"
 #include "tessera/data/mds.h"
+#include "tessera/data/options.h"
 #include "tessera/data/streaming.h"
 #include "tessera/data/streaming_dataset.h"
 #include "tessera/data/tokenizer.h"
@@ -283,6 +290,51 @@ int tokenize(const std::string& tokenizer_path, const std::string& input_path, c
   return 0;
 }
 
+nlohmann::json rows_of(const at::Tensor& t) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (int64_t r = 0; r < t.size(0); ++r) {
+    const at::Tensor row = t[r].contiguous();
+    rows.push_back(std::vector<int64_t>(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel()));
+  }
+  return rows;
+}
+
+int finetuning_batches(const std::string& config_path, const std::string& out_path) {
+  std::ifstream in(config_path);
+  const auto cfg = nlohmann::ordered_json::parse(in);
+  // The dataset keys go through the recipe parser, as a train_loader section (JSON is YAML).
+  nlohmann::ordered_json loader = {{"dataset", cfg["dataset"]}, {"drop_last", cfg.value("drop_last", false)}};
+  const tessera::config::Value root = tessera::config::parse_yaml(loader.dump(), {config_path, 0, ""});
+  tessera::config::ParseContext ctx(config_path);
+  tessera::config::Section section(&root, "train_loader", ctx);
+  tessera::data::LoaderOptions o = tessera::data::parse_finetuning_section(section);
+  ctx.throw_if_unsupported();
+  tessera::data::FinetuningOptions f = *o.finetuning;
+  f.date_string = cfg.value("date_string", "");
+  const tessera::data::ChatTokenizer tok(tessera::data::Tokenizer::from_file(cfg["tokenizer"].get<std::string>()),
+                                         f.date_string);
+  const int64_t world = cfg.value("world_size", 1), rank = cfg.value("rank", 0);
+  const tessera::data::FinetuningDataset ds(f, tok, cfg["device_batch_size"].get<int64_t>(), world);
+  tessera::data::FinetuningDataset::Epoch epoch(ds, cfg.value("epoch", 0), world, rank, o.tokens.drop_last);
+  nlohmann::json batches = nlohmann::json::array();
+  while (auto b = epoch.next()) {
+    batches.push_back({{"input_ids", rows_of(b->input_ids)},
+                       {"labels", rows_of(b->labels)},
+                       {"attention_mask", rows_of(b->attention_mask)},
+                       {"sequence_id", rows_of(b->sequence_id)}});
+  }
+  const tessera::data::PackingStats& st = epoch.packing_stats();
+  nlohmann::json out = {
+      {"batches", batches},
+      {"examples", ds.size()},
+      {"dropped", ds.dropped()},
+      {"packing_ratio", ds.packing_ratio()},
+      {"batches_in_epoch", ds.batches_in_epoch(world, o.tokens.drop_last)},
+      {"packing", {{"total_tokens", st.total_tokens}, {"packed_tokens", st.packed_tokens}, {"rows", st.rows}}}};
+  std::ofstream(out_path) << out.dump();
+  return 0;
+}
+
 int chat_template(const std::string& template_path, const std::string& cases_path, const std::string& out_path) {
   std::ifstream t(template_path);
   std::stringstream text;
@@ -372,6 +424,7 @@ int main(int argc, char** argv) {
     if (cmd == "train-trace" && argc >= 4) return train_trace(argv[2], argv[3], {argv + 4, argv + argc});
     if (cmd == "tokenize" && argc >= 5) return tokenize(argv[2], argv[3], argv[4]);
     if (cmd == "train-tokenizer" && argc >= 4) return train_tokenizer(argv[2], argv[3]);
+    if (cmd == "finetuning-batches" && argc >= 4) return finetuning_batches(argv[2], argv[3]);
     if (cmd == "chat-template" && argc >= 5) return chat_template(argv[2], argv[3], argv[4]);
     std::cerr << "usage: see the comment at the top of tests/compat/mpt_driver.cpp\n";
     return 2;

@@ -24,6 +24,18 @@ struct TokenBatch {
   at::Tensor input_ids;  // (B, T) int64
   at::Tensor labels;     // (B, T) int64: input_ids with padding set to -100
   int64_t samples = 0;   // real samples in the batch (B unless the last batch is short)
+  // Given to the model when defined: the padding mask (fine-tuning batches padded on the left) and the ids of
+  // packed examples (fine-tuning with packing), so attention and positions reset per example.
+  at::Tensor attention_mask;  // (B, T) int64, 1 = token
+  at::Tensor sequence_id;     // (B, T) int64, -1 on padding
+};
+
+// One epoch's batches for one rank: TokenBatchLoader (text) or FinetuningBatches (finetuning).
+class BatchIterator {
+ public:
+  virtual ~BatchIterator() = default;
+  // The next batch, or nullopt at the end of the epoch.
+  virtual std::optional<TokenBatch> next() = 0;
 };
 
 struct TokenLoaderOptions {
@@ -44,16 +56,16 @@ int64_t batches_in_epoch(const StreamingDataset& dataset, int64_t epoch, int64_t
 
 // Iterates one rank's share of one epoch. The dataset's World must have workers_per_rank = the number of loader
 // threads (at least 1). Not thread-safe (one consumer); the workers only read the dataset (thread-safe).
-class TokenBatchLoader {
+class TokenBatchLoader : public BatchIterator {
  public:
   TokenBatchLoader(StreamingDataset& dataset, int64_t workers, int64_t epoch, int64_t sample_in_epoch, int64_t node,
                    int64_t rank_of_node, TokenLoaderOptions options);
-  ~TokenBatchLoader();
+  ~TokenBatchLoader() override;
   TokenBatchLoader(const TokenBatchLoader&) = delete;
   TokenBatchLoader& operator=(const TokenBatchLoader&) = delete;
 
   // The next batch, or nullopt at the end of the epoch. A worker's error (a corrupt shard) is rethrown here.
-  std::optional<TokenBatch> next();
+  std::optional<TokenBatch> next() override;
   // Samples this rank has consumed in this epoch (for the resumption state: multiply by the number of ranks).
   int64_t samples_consumed() const { return consumed_; }
 

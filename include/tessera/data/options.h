@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tessera/config/registry.h"
+#include "tessera/data/finetuning.h"
 #include "tessera/data/loader.h"
 #include "tessera/data/streaming_dataset.h"
 
@@ -26,10 +27,15 @@ struct LoaderOptions {
   StreamingOptions dataset;   // streams (`local`/`split` form stream 0 when `streams` is absent), shuffle, seeds, ...
   TokenLoaderOptions tokens;  // dataset.max_seq_len, dataset.token_encoding_type, drop_last, prefetch_factor
   int64_t num_workers = 0;    // background reader threads (0: read on the training thread)
+  // `name: finetuning`: LLM Foundry's fine-tuning dataset keys (dataset/tokens above are unused then, except
+  // tokens.max_seq_len and tokens.drop_last, which default to false here as in build_finetuning_dataloader).
+  std::optional<FinetuningOptions> finetuning;
 };
 
 TokenizerOptions parse_tokenizer_options(config::Section& s);
-// Loaders by `name` (text). The parser reads everything except `name`.
+// Loaders by `name` (text, finetuning). The parser reads everything except `name`.
 config::Registry<LoaderOptions>& loader_registry();
+// The `finetuning` loader's parser (what loader_registry() runs for it), for tools that parse one section directly.
+LoaderOptions parse_finetuning_section(config::Section& s);
 
 }  // namespace tessera::data

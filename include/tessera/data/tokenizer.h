@@ -66,6 +66,13 @@ class Tokenizer {
   std::optional<std::string> bos_token() const;
   std::optional<std::string> eos_token() const;
   std::optional<std::string> pad_token() const;
+  std::optional<std::string> unk_token() const;
+  const std::vector<std::string>& additional_special_tokens() const;
+  // tokenizer_config.json's chat_template (its "default" when it is a list of named templates), or the folder's
+  // chat_template.jinja, which wins as in transformers; unset when there is none. padding_side: "right" (default)
+  // or "left".
+  const std::optional<std::string>& chat_template() const;
+  const std::string& padding_side() const;
   std::optional<int32_t> bos_token_id() const;
   std::optional<int32_t> eos_token_id() const;
   std::optional<int32_t> pad_token_id() const;

@@ -60,6 +60,9 @@ struct TrainConfig {
   config::Time max_duration;
   config::Time eval_interval = config::Time::epochs(1);  // 0 disables evaluation
   bool eval_first = false;
+  // LLM Foundry's default: microbatch losses are weighted by their loss-generating tokens (exact gradient
+  // accumulation for padded fine-tuning batches); false weights them by samples, as Composer's own default.
+  bool accumulate_train_batch_on_tokens = true;
   int64_t eval_subset_num_batches = -1;  // -1: the whole eval set
   int64_t global_train_batch_size = 0;
   MicrobatchSize device_train_microbatch_size;

@@ -29,6 +29,7 @@
 #include "tessera/core/callback.h"
 #include "tessera/core/engine.h"
 #include "tessera/core/state.h"
+#include "tessera/data/finetuning.h"
 #include "tessera/data/tokenizer.h"
 #include "tessera/dist/communicator.h"
 #include "tessera/eval/gauntlet.h"
@@ -85,7 +86,12 @@ class Trainer {
   core::Metrics run_loader_eval();
   bool eval_due_at_batch_end() const;
   bool eval_due_at_epoch_end() const;
-  bool has_eval() const { return eval_data_ != nullptr || !icl_tasks_.empty(); }
+  bool has_eval() const { return eval_data_ != nullptr || eval_ft_ != nullptr || !icl_tasks_.empty(); }
+  bool has_eval_loader() const { return eval_data_ != nullptr || eval_ft_ != nullptr; }
+  // This rank's batches of the train loader from the current timestamp on, and of the eval loader from its start.
+  std::unique_ptr<data::BatchIterator> open_train_epoch();
+  std::unique_ptr<data::BatchIterator> open_eval();
+  data::ChatTokenizer finetuning_tokenizer() const;
   void run_icl_eval();
 
   TrainConfig cfg_;
@@ -94,11 +100,14 @@ class Trainer {
   std::unique_ptr<core::Engine> engine_;
   std::unique_ptr<data::StreamingDataset> train_data_;
   std::unique_ptr<data::StreamingDataset> eval_data_;
+  std::unique_ptr<data::FinetuningDataset> train_ft_;  // `name: finetuning` loaders instead of the text ones
+  std::unique_ptr<data::FinetuningDataset> eval_ft_;
   std::vector<eval::IclTaskConfig> icl_tasks_;    // `icl_tasks`, evaluated with the eval loader
   std::optional<data::Tokenizer> icl_tokenizer_;  // tokenizer.name, loaded when there are ICL tasks
   std::optional<eval::GauntletConfig> gauntlet_;  // `eval_gauntlet`, scored over the ICL results
   dist::Rendezvous rendezvous_;
   int64_t workers_ = 1;
+  double loss_tokens_ = 0;  // loss-generating tokens of the current batch, summed over ranks
   std::optional<int64_t> last_eval_batch_;
   OutOfMemoryRetry oom_retry_{false};                  // device_train_microbatch_size: auto
   LossScaler loss_scaler_{false};                      // amp_fp16

@@ -506,6 +506,42 @@ void load_tokenizer_config(const std::filesystem::path& folder, TokenizerImpl& t
   t.pad_token = token_of("pad_token");
   t.unk_token = token_of("unk_token");
 
+  // What chat templates and collators read: the template (a chat_template.jinja beside the config wins, as in
+  // transformers' from_pretrained; a list of named templates gives its "default"), padding_side and the
+  // additional special tokens.
+  if (config.is_object()) {
+    Loader loader(config_source);
+    if (auto it = config.find("padding_side"); it != config.end()) {
+      if (!it->is_string() || (*it != "left" && *it != "right")) loader.fail("padding_side", "expected left or right");
+      t.padding_side = it->get<std::string>();
+    }
+    if (auto it = config.find("additional_special_tokens"); it != config.end() && it->is_array()) {
+      for (const Json& x : *it) {
+        if (x.is_string()) t.additional_special_tokens.push_back(x.get<std::string>());
+        if (x.is_object() && x.contains("content") && x["content"].is_string())
+          t.additional_special_tokens.push_back(x["content"].get<std::string>());
+      }
+    }
+    if (auto it = config.find("chat_template"); it != config.end() && !it->is_null()) {
+      if (it->is_string()) {
+        t.chat_template = it->get<std::string>();
+      } else if (it->is_array()) {
+        for (const Json& x : *it) {
+          if (!x.is_object() || !x.contains("name") || !x.contains("template") || !x["template"].is_string())
+            loader.fail("chat_template", "expected a string or a list of {name, template} objects");
+          if (x["name"] == "default") t.chat_template = x["template"].get<std::string>();
+        }
+      } else {
+        loader.fail("chat_template", "expected a string or a list of {name, template} objects");
+      }
+    }
+  }
+  {
+    const std::filesystem::path file = folder / "chat_template.jinja";
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(file, ec)) t.chat_template = util::read_file(file.string(), kComponent);
+  }
+
   // LlamaTokenizerFast rebuilds the post-processor from add_bos_token (default true) / add_eos_token (default false).
   if (!config.is_object()) return;
   const auto cls = config.find("tokenizer_class");

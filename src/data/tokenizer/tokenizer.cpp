@@ -537,6 +537,18 @@ std::optional<std::string> Tokenizer::eos_token() const {
 std::optional<std::string> Tokenizer::pad_token() const {
   return impl_->pad_token;
 }
+std::optional<std::string> Tokenizer::unk_token() const {
+  return impl_->unk_token;
+}
+const std::vector<std::string>& Tokenizer::additional_special_tokens() const {
+  return impl_->additional_special_tokens;
+}
+const std::optional<std::string>& Tokenizer::chat_template() const {
+  return impl_->chat_template;
+}
+const std::string& Tokenizer::padding_side() const {
+  return impl_->padding_side;
+}
 std::optional<int32_t> Tokenizer::bos_token_id() const {
   return impl_->bos_token ? token_to_id(*impl_->bos_token) : std::nullopt;
 }

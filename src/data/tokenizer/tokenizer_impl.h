@@ -90,6 +90,9 @@ struct TokenizerImpl {
   std::vector<DecodeStep> decoders;
   // From tokenizer_config.json / special_tokens_map.json (a tokenizer loaded from a folder); unset otherwise.
   std::optional<std::string> bos_token, eos_token, pad_token, unk_token;
+  std::vector<std::string> additional_special_tokens;
+  std::optional<std::string> chat_template;  // chat_template.jinja, else tokenizer_config.json's (its "default")
+  std::string padding_side = "right";
   bool byte_level_decoder = false;  // decoders is exactly [ByteLevel]: id_bytes hold each token's raw bytes
 
   // Per id (dense up to the largest id): the token string, whether it exists, is special, and its decoded bytes.
