@@ -22,7 +22,7 @@ apt_packages=(
   libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev libzstd-dev libxxhash-dev zlib1g-dev libpcre2-dev libicu-dev libgloo-dev
   python3 python3-venv python3-dev
-  fortunes
+  fortunes jq
 )
 missing=()
 for p in "${apt_packages[@]}"; do

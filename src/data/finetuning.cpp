@@ -13,7 +13,6 @@
 #include <ctime>
 #include <filesystem>
 #include <limits>
-#include <numeric>
 #include <set>
 #include <sstream>
 
@@ -229,6 +228,56 @@ void read_file_rows(const std::string& path, std::vector<std::pair<Json, std::st
     rows.emplace_back(std::move(row), where);
   }
 }
+
+// BinPackCollator._first_fit_bin_packing: the items (largest first, stable) go into the bins left over from the
+// previous batch, each into the first bin it fits (which then moves to the end), or a bin of its own; when only as
+// many items remain as bins are missing, each gets its own. The `num_bins` largest bins are returned; the rest are
+// kept in `leftovers` (at most `keep` of them). Items have a `size`; combine(bin, item) merges item into bin.
+template <class Item, class Combine>
+std::vector<Item> first_fit(std::vector<Item> items, std::vector<Item>& leftovers, size_t num_bins, int64_t max_size,
+                            std::optional<int64_t> keep, Combine combine) {
+  const auto by_size = [](const Item& a, const Item& b) { return a.size > b.size; };
+  std::stable_sort(items.begin(), items.end(), by_size);
+  std::vector<Item> bins = std::move(leftovers);
+  leftovers.clear();
+  const size_t count = items.size();
+  const auto missing = [&] { return num_bins > bins.size() ? num_bins - bins.size() : 0; };
+  if (count < missing()) {
+    for (Item& e : items) bins.push_back(std::move(e));
+  } else {
+    for (size_t i = 0; i < count; ++i) {
+      Item& e = items[i];
+      if (count - i == missing()) {
+        bins.push_back(std::move(e));
+        continue;
+      }
+      auto fits = std::find_if(bins.begin(), bins.end(), [&](const Item& b) { return b.size + e.size <= max_size; });
+      if (fits == bins.end()) {
+        bins.push_back(std::move(e));
+        continue;
+      }
+      Item bin = std::move(*fits);
+      bins.erase(fits);
+      combine(bin, e);
+      bins.push_back(std::move(bin));
+    }
+  }
+  std::stable_sort(bins.begin(), bins.end(), by_size);
+  std::vector<Item> out;
+  for (size_t k = 0; k < bins.size(); ++k) {
+    if (k < num_bins) {
+      out.push_back(std::move(bins[k]));
+    } else if (!keep || static_cast<int64_t>(leftovers.size()) < *keep) {
+      leftovers.push_back(std::move(bins[k]));
+    }
+  }
+  return out;
+}
+
+// A packed row's length only, for profiling.
+struct Length {
+  int64_t size = 0;
+};
 
 }  // namespace
 
@@ -575,15 +624,8 @@ std::optional<FinetuningBatch> FinetuningDataset::Epoch::next() {
 
 // BinPackCollator._first_fit_bin_packing over this batch's examples and the bins left over from earlier batches.
 std::vector<FinetuningDataset::Bin> FinetuningDataset::Epoch::pack(std::vector<Bin> examples) {
-  const auto num_bins = static_cast<size_t>(ds_.device_batch_size_);
-  const int64_t max_size = ds_.o_.max_seq_len;
-  const auto by_size = [](const Bin& a, const Bin& b) { return a.size > b.size; };
-  std::stable_sort(examples.begin(), examples.end(), by_size);
   for (const Bin& e : examples) stats_.total_tokens += e.size;
-  stats_.rows += static_cast<int64_t>(num_bins);
-  std::vector<Bin> bins = std::move(leftovers_);
-  leftovers_.clear();
-  const size_t count = examples.size();
+  stats_.rows += ds_.device_batch_size_;
   const auto combine = [](Bin& bin, Bin& add) {
     add.labels[0] = kIgnore;  // the first token of a packed example predicts nothing from the one before
     const int64_t next =
@@ -593,41 +635,9 @@ std::vector<FinetuningDataset::Bin> FinetuningDataset::Epoch::pack(std::vector<B
     for (int64_t s : add.sequence_id) bin.sequence_id.push_back(s + next);
     bin.size += add.size;
   };
-  if (count < (num_bins > bins.size() ? num_bins - bins.size() : 0)) {
-    for (Bin& e : examples) bins.push_back(std::move(e));
-  } else {
-    for (size_t i = 0; i < count; ++i) {
-      Bin& e = examples[i];
-      const size_t required = num_bins > bins.size() ? num_bins - bins.size() : 0;
-      if (count - i == required) {
-        bins.push_back(std::move(e));
-        continue;
-      }
-      bool added = false;
-      for (size_t k = 0; k < bins.size(); ++k) {
-        if (bins[k].size + e.size <= max_size) {
-          Bin bin = std::move(bins[k]);
-          bins.erase(bins.begin() + static_cast<std::ptrdiff_t>(k));
-          combine(bin, e);
-          bins.push_back(std::move(bin));
-          added = true;
-          break;
-        }
-      }
-      if (!added) bins.push_back(std::move(e));
-    }
-  }
-  std::stable_sort(bins.begin(), bins.end(), by_size);
-  std::vector<Bin> out;
-  for (size_t k = 0; k < bins.size(); ++k) {
-    if (k < num_bins) {
-      stats_.packed_tokens += bins[k].size;
-      out.push_back(std::move(bins[k]));
-    } else if (!ds_.o_.max_leftover_bins_to_keep ||
-               static_cast<int64_t>(leftovers_.size()) < *ds_.o_.max_leftover_bins_to_keep) {
-      leftovers_.push_back(std::move(bins[k]));
-    }
-  }
+  std::vector<Bin> out = first_fit(std::move(examples), leftovers_, static_cast<size_t>(ds_.device_batch_size_),
+                                   ds_.o_.max_seq_len, ds_.o_.max_leftover_bins_to_keep, combine);
+  for (const Bin& b : out) stats_.packed_tokens += b.size;
   return out;
 }
 
@@ -673,49 +683,22 @@ double profile_auto_packing_ratio(const std::vector<int64_t>& sizes, int64_t dev
   double chosen = 1;
   for (size_t k = 0; k < ratios.size(); ++k) {
     const int64_t raw = raw_sizes[k];
-    // A packer in profiling mode: sizes only.
-    std::vector<int64_t> leftovers;
+    // A packer in profiling mode: lengths only.
+    std::vector<Length> leftovers;
     int64_t packed = 0, total = 0, batches = 0;
     for (int64_t idx = 0; idx < profiled; idx += raw) {
       const int64_t end = std::min(profiled, idx + raw);
       if (end - idx < device_batch_size) continue;
-      std::vector<int64_t> batch(sizes.begin() + idx, sizes.begin() + end);
-      std::stable_sort(batch.begin(), batch.end(), std::greater<>());
-      std::vector<int64_t> bins = std::move(leftovers);
-      leftovers.clear();
-      const auto num_bins = static_cast<size_t>(device_batch_size);
-      const size_t count = batch.size();
-      if (count < (num_bins > bins.size() ? num_bins - bins.size() : 0)) {
-        bins.insert(bins.end(), batch.begin(), batch.end());
-      } else {
-        for (size_t i = 0; i < count; ++i) {
-          const size_t required = num_bins > bins.size() ? num_bins - bins.size() : 0;
-          if (count - i == required) {
-            bins.push_back(batch[i]);
-            continue;
-          }
-          bool added = false;
-          for (size_t b = 0; b < bins.size(); ++b) {
-            if (bins[b] + batch[i] <= max_seq_len) {
-              const int64_t s = bins[b] + batch[i];
-              bins.erase(bins.begin() + static_cast<std::ptrdiff_t>(b));
-              bins.push_back(s);
-              added = true;
-              break;
-            }
-          }
-          if (!added) bins.push_back(batch[i]);
-        }
+      std::vector<Length> batch;
+      for (int64_t i = idx; i < end; ++i) {
+        batch.push_back({sizes[static_cast<size_t>(i)]});
+        total += sizes[static_cast<size_t>(i)];
       }
-      std::stable_sort(bins.begin(), bins.end(), std::greater<>());
-      for (size_t b = 0; b < bins.size(); ++b) {
-        if (b < num_bins) {
-          packed += bins[b];
-        } else if (!max_leftover_bins_to_keep || static_cast<int64_t>(leftovers.size()) < *max_leftover_bins_to_keep) {
-          leftovers.push_back(bins[b]);
-        }
+      for (const Length& b :
+           first_fit(std::move(batch), leftovers, static_cast<size_t>(device_batch_size), max_seq_len,
+                     max_leftover_bins_to_keep, [](Length&bin, const Length&add) { bin.size += add.size; })) {
+        packed += b.size;
       }
-      total += std::accumulate(batch.begin(), batch.end(), int64_t{0});
       ++batches;
     }
     if (batches == 0 || packed != total) break;  // no data to profile, or some waste: keep the previous ratio

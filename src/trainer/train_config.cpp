@@ -25,9 +25,6 @@ using config::TimeUnit;
 
 // Top-level keys of LLM Foundry's TrainConfig that Tessera does not implement yet.
 const std::vector<std::string_view> kFoundryOnlyKeys = {"code_paths",
-                                                        "max_split_size_mb",
-                                                        "expandable_segments",
-                                                        "cuda_load_lazy",
                                                         "eval_loaders",
                                                         "icl_tasks_str",
                                                         "eval_gauntlet_str",
@@ -73,6 +70,9 @@ const std::vector<std::string_view> kTopLevelKeys = {"variables",
                                                      "eval_interval",
                                                      "eval_first",
                                                      "accumulate_train_batch_on_tokens",
+                                                     "max_split_size_mb",
+                                                     "expandable_segments",
+                                                     "cuda_load_lazy",
                                                      "eval_subset_num_batches",
                                                      "global_train_batch_size",
                                                      "device_train_microbatch_size",
@@ -232,6 +232,10 @@ TrainConfig parse_train_config(config::Value resolved, const std::string& path) 
   cfg.eval_interval = root.get_time("eval_interval", cfg.eval_interval, TimeUnit::kEpoch);
   cfg.eval_first = root.get_bool("eval_first", false);
   cfg.accumulate_train_batch_on_tokens = root.get_bool("accumulate_train_batch_on_tokens", true);
+  cfg.max_split_size_mb = root.get_optional_int("max_split_size_mb");
+  root.check(!cfg.max_split_size_mb || *cfg.max_split_size_mb > 0, "max_split_size_mb", "must be positive");
+  cfg.expandable_segments = root.get_bool("expandable_segments", false);
+  cfg.cuda_load_lazy = root.get_bool("cuda_load_lazy", false);
   cfg.eval_subset_num_batches = root.get_int("eval_subset_num_batches", -1);
   root.check(cfg.eval_subset_num_batches == -1 || cfg.eval_subset_num_batches > 0, "eval_subset_num_batches",
              "must be -1 (all batches) or positive");

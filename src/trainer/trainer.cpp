@@ -121,6 +121,12 @@ void Trainer::setup_ranks() {
   // Threads: LibTorch's default can be 1 inside some environments; use every core this process may run on unless
   // the user pinned a count with OMP_NUM_THREADS.
   if (std::getenv("OMP_NUM_THREADS") == nullptr) at::set_num_threads(util::available_cores());
+  // Before anything starts CUDA: the caching allocator and the driver read these once (the environment wins).
+  std::string alloc_conf;
+  if (cfg_.max_split_size_mb) alloc_conf = fmt::format("max_split_size_mb:{}", *cfg_.max_split_size_mb);
+  if (cfg_.expandable_segments) alloc_conf += std::string(alloc_conf.empty() ? "" : ",") + "expandable_segments:True";
+  if (!alloc_conf.empty()) setenv("PYTORCH_CUDA_ALLOC_CONF", alloc_conf.c_str(), 0);
+  if (cfg_.cuda_load_lazy) setenv("CUDA_MODULE_LOADING", "LAZY", 0);
   const util::DeviceInfo dev = util::device_info();
   if (cfg_.device == "gpu" && dev.cuda_devices == 0) {
     throw ConfigError("recipe", fmt::format("{}: device: gpu, but {}", cfg_.recipe_path, util::describe(dev)));

@@ -63,6 +63,11 @@ struct TrainConfig {
   // LLM Foundry's default: microbatch losses are weighted by their loss-generating tokens (exact gradient
   // accumulation for padded fine-tuning batches); false weights them by samples, as Composer's own default.
   bool accumulate_train_batch_on_tokens = true;
+  // CUDA allocator and module loading (LLM Foundry sets PYTORCH_CUDA_ALLOC_CONF / CUDA_MODULE_LOADING from these
+  // before CUDA starts; so does the trainer, unless the environment already sets them).
+  std::optional<int64_t> max_split_size_mb;
+  bool expandable_segments = false;
+  bool cuda_load_lazy = false;
   int64_t eval_subset_num_batches = -1;  // -1: the whole eval set
   int64_t global_train_batch_size = 0;
   MicrobatchSize device_train_microbatch_size;
