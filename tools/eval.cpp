@@ -33,23 +33,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// --model: an HF folder, a Tessera checkpoint directory, a save folder (its newest valid checkpoint), or a hub id in
-// the local Hugging Face cache.
-std::shared_ptr<tessera::models::CausalLM> load_model(const std::string& path) {
-  if (!fs::exists(path)) return tessera::checkpoint::load_hf_model(tessera::util::resolve_hf_folder(path).string());
-  if (fs::exists(fs::path(path) / "config.json")) return tessera::checkpoint::load_hf_model(path);
-  if (fs::exists(fs::path(path) / "metadata.json")) return tessera::checkpoint::load_checkpoint_model(path);
-  if (fs::is_directory(path) && !tessera::checkpoint::list_checkpoints(path).empty()) {
-    const auto found = tessera::checkpoint::find_latest_valid_checkpoint(path, "latest");
-    if (!found) throw tessera::Error("eval", fmt::format("{}: none of its checkpoints is valid", path));
-    spdlog::info("evaluating {}", *found);
-    return tessera::checkpoint::load_checkpoint_model(*found);
-  }
-  throw tessera::ConfigError("eval", fmt::format("--model {}: not a Hugging Face folder (config.json), a Tessera "
-                                                 "checkpoint (metadata.json) or a folder of checkpoints",
-                                                 path));
-}
-
 int run(int argc, char** argv) {
   CLI::App app{"Evaluate a model on in-context-learning tasks (LLM Foundry's task format).", "eval"};
   std::string model_dir;
@@ -114,7 +97,7 @@ int run(int argc, char** argv) {
   if (!gauntlet_path.empty()) gauntlet = tessera::eval::load_gauntlet(gauntlet_path);
   const tessera::data::Tokenizer tokenizer =
       tessera::data::Tokenizer::from_file(tessera::util::resolve_hf_tokenizer(tokenizer_path));
-  const std::shared_ptr<tessera::models::CausalLM> model = load_model(model_dir);
+  const std::shared_ptr<tessera::models::CausalLM> model = tessera::checkpoint::load_any_model(model_dir, "eval");
 
   std::ofstream rows_out;
   if (!dump_rows.empty() && lead) {

@@ -17,6 +17,7 @@
 #include "tessera/models/mpt.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
+#include "tessera/util/hf_hub.h"
 
 namespace tessera::checkpoint {
 namespace {
@@ -288,6 +289,21 @@ CheckpointModel checkpoint_model(const CheckpointReader& reader, const std::stri
 }
 
 }  // namespace
+
+std::shared_ptr<models::CausalLM> load_any_model(const std::string& path, const std::string& tool) {
+  if (!fs::exists(path)) return load_hf_model(util::resolve_hf_folder(path).string());
+  if (fs::exists(fs::path(path) / "config.json")) return load_hf_model(path);
+  if (fs::exists(fs::path(path) / "metadata.json")) return load_checkpoint_model(path);
+  if (fs::is_directory(path) && !list_checkpoints(path).empty()) {
+    const auto found = find_latest_valid_checkpoint(path, "latest");
+    if (!found) throw Error(tool, fmt::format("{}: none of its checkpoints is valid", path));
+    spdlog::info("using {}", *found);
+    return load_checkpoint_model(*found);
+  }
+  throw ConfigError(tool, fmt::format("--model {}: not a Hugging Face folder (config.json), a Tessera checkpoint "
+                                      "(metadata.json) or a folder of checkpoints",
+                                      path));
+}
 
 std::shared_ptr<models::CausalLM> load_checkpoint_model(const std::string& checkpoint_dir) {
   CheckpointReader reader(checkpoint_dir);

@@ -314,15 +314,7 @@ ChatTokenizer::ChatTokenizer(Tokenizer tokenizer, const std::string& date_string
                                                                 own ? "chat_template" : "default chat template");
   // LLM Foundry sets the pad token to the eos token when the tokenizer has none (so templates see it too).
   std::optional<std::string> pad = tok_.pad_token() ? tok_.pad_token() : tok_.eos_token();
-  if (tok_.pad_token_id()) {
-    pad_id_ = *tok_.pad_token_id();
-  } else if (tok_.eos_token_id()) {
-    pad_id_ = *tok_.eos_token_id();
-  } else {
-    throw Error(kComponent,
-                "the tokenizer has neither a pad token nor an eos token to pad with (set pad_token or "
-                "eos_token in its tokenizer_config.json)");
-  }
+  pad_id_ = tok_.pad_token_id() ? tok_.pad_token_id() : tok_.eos_token_id();
   Json& c = impl->context;
   if (tok_.bos_token()) c["bos_token"] = *tok_.bos_token();
   if (tok_.eos_token()) c["eos_token"] = *tok_.eos_token();
@@ -477,11 +469,16 @@ FinetuningDataset::FinetuningDataset(const FinetuningOptions& options, const Cha
                                      int64_t device_batch_size, int64_t world_size)
     : o_(options),
       device_batch_size_(device_batch_size),
-      pad_id_(tokenizer.pad_token_id()),
+      pad_id_(tokenizer.pad_token_id().value_or(0)),
       pad_left_(tokenizer.pad_left()),
       eos_(tokenizer.eos_token_id()),
       examples_per_batch_(device_batch_size) {
   validate_target_settings(o_.target_prompts, o_.target_responses, "train_loader.dataset");
+  if (!tokenizer.pad_token_id()) {
+    throw Error(kComponent,
+                "the tokenizer has neither a pad token nor an eos token to pad with (set pad_token or "
+                "eos_token in its tokenizer_config.json)");
+  }
   const std::string source = o_.hf_name == "json" ? "hf_kwargs.data_files" : o_.hf_name;
   for (const auto& [row, where] : read_finetuning_rows(o_)) {
     const FinetuningExample ex = tokenizer.tokenize(row, where);

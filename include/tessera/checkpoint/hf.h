@@ -97,6 +97,10 @@ void save_hf_model(models::CausalLM& model, const std::string& dir, at::ScalarTy
 // for one without an HF config, or with weights that are not the plain model.
 std::shared_ptr<models::CausalLM> load_checkpoint_model(const std::string& checkpoint_dir);
 
+// What the tools' --model accepts: an HF folder (config.json), a Tessera checkpoint (metadata.json), a save folder
+// (its newest valid checkpoint) or a hub id in the local Hugging Face cache. Errors name `tool` and the path.
+std::shared_ptr<models::CausalLM> load_any_model(const std::string& path, const std::string& tool);
+
 // Writes a Tessera checkpoint's model (checkpoint.h; any world size) as a Hugging Face folder in `layout`: config.json
 // and model.safetensors (or shards past `max_shard_bytes`, with HF's index) in `dtype`, streamed one tensor at a time,
 // so that no more than the largest tensor is in memory. Each file appears complete or not at all, config.json last.

@@ -64,7 +64,8 @@ class ChatTokenizer {
  public:
   ChatTokenizer(Tokenizer tokenizer, const std::string& date_string);
   const Tokenizer& tokenizer() const { return tok_; }
-  int32_t pad_token_id() const { return pad_id_; }
+  // The pad token's id, else the eos token's (LLM Foundry pads with eos); unset when the tokenizer has neither.
+  std::optional<int32_t> pad_token_id() const { return pad_id_; }
   std::optional<int32_t> eos_token_id() const { return tok_.eos_token_id(); }
   bool pad_left() const { return tok_.padding_side() == "left"; }
   // transformers' apply_chat_template(messages, tokenize=False, add_generation_prompt=...) with this tokenizer's
@@ -78,7 +79,7 @@ class ChatTokenizer {
  private:
   struct Impl;
   Tokenizer tok_;
-  int32_t pad_id_ = 0;
+  std::optional<int32_t> pad_id_;
   std::shared_ptr<const Impl> impl_;
 };
 

@@ -1,0 +1,171 @@
+// `generate`: tries a model (a fine-tuned one, typically) on prompts: greedy or sampled decoding with a KV cache, the
+// tokenizer's chat template applied when asked.
+//
+//   generate --model runs/sft/hf --prompt "Tell me a fortune about art." [--chat] [--max-new-tokens 64]
+//   generate --model M --prompt-file prompts.jsonl --output out.jsonl --sample --temperature 0.7 --top-p 0.9
+//   echo "Once upon a time" | generate --model M
+//
+// Prompts: each --prompt; a --prompt-file (JSONL: one {"prompt": "..."} or {"messages": [...]} per line; any other
+// file: its whole text is one prompt; `-`: standard input); else standard input. Exit codes: 0 success, 1 runtime
+// failure, 2 usage error.
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tessera/checkpoint/hf.h"
+#include "tessera/data/finetuning.h"
+#include "tessera/data/tokenizer.h"
+#include "tessera/models/generate.h"
+#include "tessera/util/error.h"
+#include "tessera/util/file_io.h"
+#include "tessera/util/hf_hub.h"
+#include "tessera/util/logging.h"
+#include "tessera/util/tool_main.h"
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// One prompt: plain text, or a conversation (chat).
+struct Prompt {
+  std::string text;
+  Json messages;  // an array when the prompt is a conversation
+};
+
+std::vector<Prompt> read_prompt_file(const std::string& path) {
+  const std::string text = path == "-" ? std::string(std::istreambuf_iterator<char>(std::cin), {})
+                                       : tessera::util::read_file(path, "generate");
+  std::vector<Prompt> out;
+  if (path.size() < 6 || path.substr(path.size() - 6) != ".jsonl") {
+    out.push_back({text, Json()});
+    return out;
+  }
+  std::istringstream in(text);
+  std::string line;
+  for (int64_t n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    Json row;
+    try {
+      row = Json::parse(line);
+    } catch (const Json::exception& e) {
+      throw tessera::Error("generate", fmt::format("{}:{}: malformed JSON line: {}", path, n, e.what()));
+    }
+    if (row.is_object() && row.contains("prompt") && row["prompt"].is_string()) {
+      out.push_back({row["prompt"].get<std::string>(), Json()});
+    } else if (row.is_object() && row.contains("messages") && row["messages"].is_array()) {
+      out.push_back({"", row["messages"]});
+    } else {
+      throw tessera::Error("generate",
+                           fmt::format("{}:{}: expected {{\"prompt\": string}} or {{\"messages\": [...]}}", path, n));
+    }
+  }
+  return out;
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"Generate text from a model (an HF folder, a Tessera checkpoint or save folder).", "generate"};
+  std::string model_path, tokenizer_path, prompt_file, output, system, log_level = "warn";
+  std::vector<std::string> prompts, stops;
+  bool chat = false;
+  tessera::models::GenerationOptions g;
+  g.max_new_tokens = 64;
+  app.add_option("--model", model_path, "HF folder, Tessera checkpoint, save folder, or hub id in the local HF cache")
+      ->required();
+  app.add_option("--tokenizer", tokenizer_path, "tokenizer.json or folder (default: the model folder's)");
+  app.add_option("--prompt", prompts, "A prompt (repeatable)");
+  app.add_option("--prompt-file", prompt_file,
+                 "JSONL of {\"prompt\"} / {\"messages\"} rows, or a text file holding one prompt; - for stdin");
+  app.add_flag("--chat", chat,
+               "Render each prompt as a user message with the tokenizer's chat template (LLM Foundry's ChatML when it "
+               "has none) and add the generation prompt");
+  app.add_option("--system", system, "A system message before each prompt (with --chat)");
+  app.add_option("--max-new-tokens", g.max_new_tokens, "Tokens to generate at most")->check(CLI::PositiveNumber);
+  app.add_flag("--sample", g.do_sample, "Sample instead of greedy decoding");
+  app.add_option("--temperature", g.temperature, "Sampling temperature")->check(CLI::PositiveNumber);
+  app.add_option("--top-k", g.top_k, "Sample among the k most likely tokens (0: all)")->check(CLI::NonNegativeNumber);
+  app.add_option("--top-p", g.top_p, "Sample within the top-p probability mass")->check(CLI::Range(0.0, 1.0));
+  app.add_option("--seed", g.seed, "Sampling seed");
+  app.add_option("--stop", stops, "Stop a sequence when its tokens end with this text's tokens (repeatable)");
+  app.add_option("--output", output, "Write {\"prompt\", \"completion\", \"tokens\"} rows as JSONL here");
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off");
+  if (auto code = tessera::util::parse_command_line(app, argc, argv)) return *code;
+  tessera::util::init_logging(log_level);
+  if (!system.empty() && !chat) throw tessera::ConfigError("generate", "--system needs --chat");
+
+  std::vector<Prompt> all;
+  for (const std::string& p : prompts) all.push_back({p, Json()});
+  if (!prompt_file.empty()) {
+    for (Prompt& p : read_prompt_file(prompt_file)) all.push_back(std::move(p));
+  }
+  if (prompts.empty() && prompt_file.empty()) all = read_prompt_file("-");
+
+  const std::string tok_source = tokenizer_path.empty() ? model_path : tokenizer_path;
+  std::filesystem::path tok_file;
+  try {
+    tok_file = tessera::util::resolve_hf_tokenizer(tok_source);
+  } catch (const tessera::Error& e) {
+    throw tessera::ConfigError("generate",
+                               fmt::format("{}{}", e.message(), tokenizer_path.empty() ? " (give --tokenizer)" : ""));
+  }
+  const tessera::data::ChatTokenizer tok(tessera::data::Tokenizer::from_file(tok_file), "");
+  const std::shared_ptr<tessera::models::CausalLM> model = tessera::checkpoint::load_any_model(model_path, "generate");
+
+  std::vector<std::vector<int64_t>> ids;
+  std::vector<std::string> shown;  // the prompt text as given to the model
+  for (const Prompt& p : all) {
+    std::string text = p.text;
+    bool special = true;
+    if (chat || p.messages.is_array()) {
+      Json messages = p.messages.is_array() ? p.messages : Json::array();
+      if (!p.messages.is_array()) {
+        if (!system.empty()) messages.push_back({{"role", "system"}, {"content", system}});
+        messages.push_back({{"role", "user"}, {"content", p.text}});
+      }
+      text = tok.apply_chat_template(messages, true);
+      special = false;  // the template writes the special tokens (apply_chat_template's tokenization)
+    }
+    const std::vector<int32_t> t = tok.tokenizer().encode(text, special);
+    if (t.empty()) throw tessera::ConfigError("generate", "an empty prompt (nothing to continue from)");
+    ids.emplace_back(t.begin(), t.end());
+    shown.push_back(text);
+  }
+  if (auto eos = tok.eos_token_id()) g.eos_token_id = *eos;
+  g.pad_token_id = tok.pad_token_id().value_or(0);  // left padding is masked: any id will do
+  for (const std::string& s : stops) {
+    const std::vector<int32_t> t = tok.tokenizer().encode(s, false);
+    g.stop_sequences.emplace_back(t.begin(), t.end());
+  }
+  const std::vector<std::vector<int64_t>> out = tessera::models::generate(*model, ids, g);
+
+  std::ofstream rows;
+  if (!output.empty()) {
+    rows.open(output);
+    if (!rows) throw tessera::Error("generate", fmt::format("cannot write {}", output));
+  }
+  for (size_t i = 0; i < out.size(); ++i) {
+    const std::vector<int32_t> t(out[i].begin(), out[i].end());
+    const std::string completion = tok.tokenizer().decode(t, /*skip_special_tokens=*/true);
+    if (rows.is_open()) {
+      rows << nlohmann::json{{"prompt", shown[i]}, {"completion", completion}, {"tokens", out[i]}}.dump() << "\n";
+    } else {
+      if (all.size() > 1) std::cout << "=== " << i + 1 << "\n";
+      std::cout << completion << "\n";
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return tessera::util::tool_main([&] { return run(argc, argv); });
+}
