@@ -15,6 +15,7 @@
 #include "tessera/core/state.h"
 #include "tessera/dist/communicator.h"
 #include "tessera/dist/fsdp.h"
+#include "tessera/models/layers.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
 #include "tessera/util/hf_hub.h"
@@ -335,6 +336,18 @@ void HfCheckpointer::save(core::State& s) {
       at::NoGradGuard no_grad;
       std::map<std::string, at::Tensor> by_name(weights.begin(), weights.end());
       for (auto& item : copy->named_parameters()) item.value().copy_(by_name.at(item.key()));
+      // LoRA adapters are folded into the exported weights (W + scale B A), so the folder computes the adapted
+      // model's function (the adapters alone go to the lora algorithm's save_path, in PEFT's layout).
+      const auto params = copy->named_parameters();
+      for (const auto& item : s.model->named_modules()) {
+        auto linear = std::dynamic_pointer_cast<models::LinearImpl>(item.value());
+        if (!linear || !linear->lora_A.defined()) continue;
+        at::Tensor w = params[item.key() + ".weight"];
+        const at::Tensor delta = at::matmul(by_name.at(item.key() + ".lora_B").to(at::kFloat),
+                                            by_name.at(item.key() + ".lora_A").to(at::kFloat)) *
+                                 linear->lora_scale;
+        w.add_(delta.to(w.dtype()));
+      }
     }
     const at::ScalarType dtype = o_.precision == "bfloat16"  ? at::kBFloat16
                                  : o_.precision == "float16" ? at::kHalf

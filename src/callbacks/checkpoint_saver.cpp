@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <string_view>
 #include <variant>
 
 #include "tessera/checkpoint/hf.h"
@@ -154,6 +155,13 @@ LoadedCheckpoint load_hf_weights(core::State& s, const std::string& dir, bool st
   for (const Held& h : s.held_layout()) {
     for (const dist::ShardSpan& sp : h.spans) {
       const std::optional<at::Tensor> stored = weights.param(sp.name);
+      // A LoRA adapter attached at INIT is not part of the base model's folder: it keeps its initialisation (B = 0,
+      // so training starts from the base model's function).
+      const auto ends_with = [&](const char* suffix) {
+        const std::string_view n(sp.name), x(suffix);
+        return n.size() > x.size() && n.substr(n.size() - x.size()) == x;
+      };
+      if (!stored && (ends_with(".lora_A") || ends_with(".lora_B"))) continue;
       if (!stored) {
         if (strict) throw Error(kComponent, fmt::format("{}: has no weight {}", dir, sp.name));
         spdlog::warn("[checkpoint] {}: no weight {}; it keeps its initial value", dir, sp.name);
