@@ -50,6 +50,9 @@ def benchmarks():
     out = {
         "train_vs_pytorch": ([PY, ROOT / "benchmarks/train_vs_pytorch.py"], ["--rounds", "3"],
                              ["--rounds", "1", "--cases", "tiny"], "env"),
+        "finetune_vs_llmfoundry": ([PY, ROOT / "benchmarks/finetune_vs_llmfoundry.py"],
+                                   ["--rounds", "3", "--foundry-attn", "eager,sdpa"],
+                                   ["--rounds", "1", "--warmup", "3", "--steps", "8", "--ratios", "2"], "env"),
         "mpt_fwd_bwd_vs_hf": ([PY, ROOT / "benchmarks/mpt_fwd_bwd_vs_hf.py"], [],
                               ["--rounds", "1", "--steps", "2", "--seq", "256"], "env"),
         "llama_fwd_bwd_vs_hf": ([PY, ROOT / "benchmarks/llama_vs_hf.py", "--part", "fwd_bwd"], [],
