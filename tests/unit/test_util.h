@@ -2,8 +2,11 @@
 #pragma once
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "tessera/util/error.h"
 
@@ -28,6 +31,33 @@ inline std::string error_of(const std::function<void()>& f) {
     return e.what();
   }
   return "(no error)";
+}
+
+// What a test of every shipped recipe needs on a machine without the models the fine-tuning recipes start from: a
+// Hugging Face hub cache (HF_HUB_CACHE, set for this process and the tools it runs) with the published config.json
+// of those hub models (tests/data/hub_configs/org--name.json), and, for sft-tiny-cpu, an override pointing its
+// model at a folder shaped like the main job's export. Returns the overrides for `recipe`.
+inline std::vector<std::string> shipped_recipe_overrides(const std::filesystem::path& recipe) {
+  namespace fs = std::filesystem;
+  static const fs::path root = [] {
+    const fs::path r = fs::temp_directory_path() / "tessera_hub_cache";
+    const std::string rev(40, '0');
+    for (const auto& e : fs::directory_iterator(fs::path(source_dir()) / "tests" / "data" / "hub_configs")) {
+      const std::string stem = e.path().stem().string();
+      const fs::path model = r / ("models--" + stem);
+      const fs::path dir = stem == "main-job-export" ? r / stem : model / "snapshots" / rev;
+      fs::create_directories(dir);
+      fs::copy_file(e.path(), dir / "config.json", fs::copy_options::overwrite_existing);
+      if (stem != "main-job-export") {
+        fs::create_directories(model / "refs");
+        std::ofstream(model / "refs" / "main") << rev;
+      }
+    }
+    setenv("HF_HUB_CACHE", r.c_str(), 1);
+    return r;
+  }();
+  if (recipe.stem() == "sft-tiny-cpu") return {"variables.model_path=" + (root / "main-job-export").string()};
+  return {};
 }
 
 }  // namespace tessera::testing

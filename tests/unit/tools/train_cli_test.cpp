@@ -57,7 +57,9 @@ void expect_config_error(const Result& r, const std::string& message) {
 TEST(TrainCli, DryRunOfEveryShippedRecipeSucceeds) {
   for (const auto& entry : std::filesystem::directory_iterator(kSource + "/recipes")) {
     if (entry.path().extension() != ".yaml") continue;
-    const Result r = run("--recipe " + entry.path().string() + " --dry-run");
+    std::string overrides;
+    for (const std::string& o : tessera::testing::shipped_recipe_overrides(entry.path())) overrides += " " + o;
+    const Result r = run("--recipe " + entry.path().string() + " --dry-run" + overrides);
     EXPECT_EQ(r.exit_code, 0) << entry.path() << "\n" << r.output;
     EXPECT_NE(r.output.find("parameters"), std::string::npos);
   }
