@@ -10,12 +10,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <limits>
 #include <set>
 #include <sstream>
 
+#include "tessera/data/mds.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
 #include "tessera/util/jinja.h"
@@ -98,6 +100,30 @@ void validate_chat(const Json& row, const std::string& where) {
     }
     previous = role.get<std::string>();
   }
+}
+
+// Token ids of an MDS column: an ndarray of any integer type, or bytes of `encoding` values (LLM Foundry's legacy).
+std::vector<int32_t> tokens_of(const mds::Field& field, const std::string& encoding, const std::string& where) {
+  at::Tensor t;
+  if (const auto* tensor = std::get_if<at::Tensor>(&field)) {
+    t = tensor->reshape({-1});
+  } else if (const auto* bytes = std::get_if<std::string>(&field)) {
+    static const std::map<std::string, at::ScalarType> kTypes = {
+        {"int8", at::kChar},  {"int16", at::kShort},   {"int32", at::kInt},     {"int64", at::kLong},
+        {"uint8", at::kByte}, {"uint16", at::kUInt16}, {"uint32", at::kUInt32}, {"uint64", at::kUInt64}};
+    auto it = kTypes.find(encoding);
+    if (it == kTypes.end()) fail(where, fmt::format("token_encoding_type {} is not an integer type", encoding));
+    const size_t item = c10::elementSize(it->second);
+    if (bytes->size() % item != 0) {
+      fail(where, fmt::format("{} bytes is not a whole number of {} tokens", bytes->size(), encoding));
+    }
+    t = at::empty({static_cast<int64_t>(bytes->size() / item)}, at::TensorOptions().dtype(it->second));
+    std::memcpy(t.data_ptr(), bytes->data(), bytes->size());
+  } else {
+    fail(where, "a token column must hold an array or bytes");
+  }
+  t = t.to(at::kLong).contiguous();
+  return std::vector<int32_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
 }
 
 bool starts_with(const std::string& s, const std::string& prefix) {
@@ -466,7 +492,7 @@ std::vector<std::pair<Json, std::string>> read_finetuning_rows(const FinetuningO
 // The dataset, the sampler and the collators.
 
 FinetuningDataset::FinetuningDataset(const FinetuningOptions& options, const ChatTokenizer& tokenizer,
-                                     int64_t device_batch_size, int64_t world_size)
+                                     int64_t device_batch_size, int64_t world_size, int64_t ranks_per_node)
     : o_(options),
       device_batch_size_(device_batch_size),
       pad_id_(tokenizer.pad_token_id().value_or(0)),
@@ -478,6 +504,20 @@ FinetuningDataset::FinetuningDataset(const FinetuningOptions& options, const Cha
     throw Error(kComponent,
                 "the tokenizer has neither a pad token nor an eos token to pad with (set pad_token or "
                 "eos_token in its tokenizer_config.json)");
+  }
+  if (o_.streams) {
+    if (o_.auto_packing_ratio) fail("train_loader.dataset.packing_ratio", "auto needs hf_name data, not MDS streams");
+    packing_ratio_ = o_.packing_ratio.value_or(1);
+    if (packing_ratio_ < 1) fail("train_loader.dataset.packing_ratio", "must be at least 1");
+    examples_per_batch_ = packing_ratio_ == 1
+                              ? device_batch_size_
+                              : static_cast<int64_t>(static_cast<double>(device_batch_size_) * packing_ratio_);
+    ranks_per_node_ = ranks_per_node > 0 ? ranks_per_node : world_size;
+    StreamingOptions so = *o_.streams;
+    so.batch_size = examples_per_batch_;  // the DataLoader's batch: the examples packed into one batch
+    mds_ = std::make_unique<StreamingDataset>(so, World{world_size / ranks_per_node_, ranks_per_node_, 1});
+    tokenizer_ = tokenizer;
+    return;
   }
   const std::string source = o_.hf_name == "json" ? "hf_kwargs.data_files" : o_.hf_name;
   for (const auto& [row, where] : read_finetuning_rows(o_)) {
@@ -554,25 +594,53 @@ std::vector<int64_t> FinetuningDataset::sampler_indices(int64_t epoch, int64_t w
 }
 
 int64_t FinetuningDataset::batches_in_epoch(int64_t world_size, bool drop_last) const {
+  if (mds_) return static_cast<int64_t>(worker_batches(mds_->epoch_ids(0, 0), 0, 0, drop_last)[0].size());
   const int64_t n = static_cast<int64_t>(sampler_indices(0, world_size, 0, drop_last).size());
   return drop_last ? n / examples_per_batch_ : (n + examples_per_batch_ - 1) / examples_per_batch_;
 }
 
 FinetuningDataset::Epoch::Epoch(const FinetuningDataset& ds, int64_t epoch, int64_t world_size, int64_t rank,
                                 bool drop_last)
-    : ds_(ds), order_(ds.sampler_indices(epoch, world_size, rank, drop_last)), drop_last_(drop_last) {}
+    : ds_(ds), drop_last_(drop_last) {
+  if (ds.mds_) {
+    // Streaming's order: this rank's (only) worker's batches, as LLM Foundry's DataLoader over the dataset reads them.
+    mds_ = worker_batches(ds.mds_->epoch_ids(epoch, 0), rank / ds.ranks_per_node_, rank % ds.ranks_per_node_,
+                          drop_last)[0];
+  } else {
+    order_ = ds.sampler_indices(epoch, world_size, rank, drop_last);
+  }
+}
 
 std::optional<FinetuningBatch> FinetuningDataset::Epoch::next() {
-  const size_t per_batch = static_cast<size_t>(ds_.examples_per_batch_);
-  const size_t left = order_.size() - at_;
-  if (left == 0 || (drop_last_ && left < per_batch)) return std::nullopt;
-  const size_t n = std::min(per_batch, left);
+  std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> from_mds;
+  std::vector<const std::pair<std::vector<int32_t>, std::vector<int32_t>>*> examples;
+  if (ds_.mds_) {
+    if (at_ >= mds_.size()) return std::nullopt;
+    for (int64_t id : mds_[at_]) from_mds.push_back(ds_.mds_example(id));
+    for (const auto& e : from_mds) examples.push_back(&e);
+    ++at_;
+  } else {
+    const auto per_batch = static_cast<size_t>(ds_.examples_per_batch_);
+    const size_t left = order_.size() - at_;
+    if (left == 0 || (drop_last_ && left < per_batch)) return std::nullopt;
+    for (size_t k = 0; k < std::min(per_batch, left); ++k) {
+      examples.push_back(&ds_.examples_[static_cast<size_t>(order_[at_ + k])]);
+    }
+    at_ += examples.size();
+  }
+  const size_t n = examples.size();
   const auto T = static_cast<size_t>(ds_.o_.max_seq_len);
   // Seq2SeqFinetuningCollator: truncate to max_seq_len, pad to it.
   std::vector<Bin> rows;
   size_t longest = 0;
   for (size_t k = 0; k < n; ++k) {
-    const auto& [ids, labels] = ds_.examples_[static_cast<size_t>(order_[at_ + k])];
+    const auto& [ids, labels] = *examples[k];
+    if (!has_loss(labels, T)) {
+      throw Error(kComponent, fmt::format("an example of {} tokens keeps no loss-generating token within max_seq_len "
+                                          "{} (MDS fine-tuning data is not filtered: prepare it with the same "
+                                          "max_seq_len and target settings)",
+                                          ids.size(), T));
+    }
     Bin p;
     const size_t len = std::min(ids.size(), T);
     p.ids.assign(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(len));
@@ -582,7 +650,6 @@ std::optional<FinetuningBatch> FinetuningDataset::Epoch::next() {
     longest = std::max(longest, len);
     rows.push_back(std::move(p));
   }
-  at_ += n;
   size_t width = T;
   const bool packing = ds_.packing_ratio_ != 1;
   if (!packing && ds_.o_.allow_pad_trimming && seen_first_) {
@@ -636,6 +703,54 @@ std::vector<FinetuningDataset::Bin> FinetuningDataset::Epoch::pack(std::vector<B
                                    ds_.o_.max_seq_len, ds_.o_.max_leftover_bins_to_keep, combine);
   for (const Bin& b : out) stats_.packed_tokens += b.size;
   return out;
+}
+
+std::pair<std::vector<int32_t>, std::vector<int32_t>> FinetuningDataset::mds_example(int64_t sample) const {
+  const mds::Sample s = mds_->get(sample);
+  const std::string where = fmt::format("MDS sample {}", sample);
+  FinetuningExample ex;
+  if (auto it = s.find("turns"); it != s.end()) {
+    // convert_finetuning_dataset's tokenized layout: [{"input_ids": [...], "labels": [...]}, ...]
+    const auto* turns = std::get_if<Json>(&it->second);
+    if (turns == nullptr || !turns->is_array()) fail(where, "the turns column must hold a JSON list");
+    for (const Json& t : *turns) {
+      if (!t.is_object() || !t.contains("input_ids") || !t.contains("labels")) {
+        fail(where, "each turn must have input_ids and labels");
+      }
+      ex.turns.push_back({t["input_ids"].get<std::vector<int32_t>>(), t["labels"].get<std::vector<int32_t>>()});
+    }
+  } else if (s.count("input_ids") != 0U) {
+    // The legacy tokenized layout: input_ids (the prompt) and labels (the response), truncated to max_seq_len.
+    FinetuningTurn turn;
+    for (const char* column : {"input_ids", "labels"}) {
+      auto c = s.find(column);
+      if (c == s.end()) fail(where, fmt::format("input_ids without {}", column));
+      std::vector<int32_t> tokens = tokens_of(c->second, o_.token_encoding_type, where);
+      if (static_cast<int64_t>(tokens.size()) > o_.max_seq_len) tokens.resize(static_cast<size_t>(o_.max_seq_len));
+      (std::string(column) == "input_ids" ? turn.prompt : turn.response) = std::move(tokens);
+    }
+    ex.turns.push_back(std::move(turn));
+  } else {
+    // Untokenized rows (prompt/response str columns, or messages json): tokenized as rows of files are.
+    Json row = Json::object();
+    for (const auto& [k, v] : s) {
+      if (const auto* str = std::get_if<std::string>(&v)) {
+        row[k] = *str;
+      } else if (const auto* j = std::get_if<Json>(&v)) {
+        row[k] = *j;
+      } else if (const auto* i = std::get_if<int64_t>(&v)) {
+        row[k] = *i;
+      } else if (const auto* d = std::get_if<double>(&v)) {
+        row[k] = *d;
+      } else {
+        fail(where, fmt::format("column {} holds an array; expected turns, input_ids/labels, prompt/response or "
+                                "messages",
+                                k));
+      }
+    }
+    ex = tokenizer_->tokenize(row, where);
+  }
+  return stitch_turns(ex, o_.target_prompts, o_.target_responses, eos_);
 }
 
 FinetuningBatches::FinetuningBatches(const FinetuningDataset& ds, int64_t epoch, int64_t world_size, int64_t rank,

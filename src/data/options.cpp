@@ -31,47 +31,50 @@ StreamSpec parse_stream(Section& s, bool is_dataset) {
   return st;
 }
 
-LoaderOptions parse_text_loader(Section& s) {
-  LoaderOptions o;
-  o.name = "text";
-  auto ds = s.section("dataset");
-  o.tokens.max_seq_len = ds.require_int("max_seq_len");
-  ds.check(o.tokens.max_seq_len > 0, "max_seq_len", "must be positive");
+// StreamingDataset's keys of a loader's `dataset:` section: `local`/`split` (stream 0) or `streams`, shuffling,
+// partitioning and sampling.
+void parse_streaming_dataset(Section& ds, StreamingOptions& o) {
   if (const config::Value* streams = ds.raw("streams")) {
     auto map = Section(streams, ds.key_path("streams"), ds.context());
     for (const std::string& name : map.keys()) {
       auto stream = map.section(name);
-      o.dataset.streams.push_back(parse_stream(stream, false));
+      o.streams.push_back(parse_stream(stream, false));
     }
     map.finish();
-    ds.check(!o.dataset.streams.empty(), "streams", "must name at least one stream");
+    ds.check(!o.streams.empty(), "streams", "must name at least one stream");
   }
   StreamSpec top = parse_stream(ds, true);
-  if (o.dataset.streams.empty()) {
+  if (o.streams.empty()) {
     ds.check(!top.local.empty(), "local", "missing required key (or give `streams`)");
-    o.dataset.streams.push_back(top);
+    o.streams.push_back(top);
   }
-  o.dataset.shuffle = ds.get_bool("shuffle", false);
-  o.dataset.shuffle_seed = ds.get_int("shuffle_seed", o.dataset.shuffle_seed);
-  o.dataset.shuffle_algo =
-      ds.get_choice("shuffle_algo", o.dataset.shuffle_algo, {"naive", "py1s", "py1br", "py1e", "py1b", "py2s"});
-  if (o.dataset.shuffle_algo == "py1b" || o.dataset.shuffle_algo == "py2s")
-    ds.not_supported("shuffle_algo", o.dataset.shuffle_algo);
-  o.dataset.shuffle_block_size = ds.get_optional_int("shuffle_block_size");
-  o.dataset.num_canonical_nodes = ds.get_optional_int("num_canonical_nodes");
-  ds.check(!o.dataset.num_canonical_nodes || *o.dataset.num_canonical_nodes > 0, "num_canonical_nodes",
-           "must be positive");
-  o.dataset.partition_algo = ds.get_choice("partition_algo", o.dataset.partition_algo, {"orig", "relaxed"});
-  o.tokens.token_encoding_type =
-      ds.get_choice("token_encoding_type", o.tokens.token_encoding_type,
-                    {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"});
-  o.dataset.epoch_size = ds.get_optional_int("epoch_size");
+  o.shuffle = ds.get_bool("shuffle", false);
+  o.shuffle_seed = ds.get_int("shuffle_seed", o.shuffle_seed);
+  o.shuffle_algo = ds.get_choice("shuffle_algo", o.shuffle_algo, {"naive", "py1s", "py1br", "py1e", "py1b", "py2s"});
+  if (o.shuffle_algo == "py1b" || o.shuffle_algo == "py2s") ds.not_supported("shuffle_algo", o.shuffle_algo);
+  o.shuffle_block_size = ds.get_optional_int("shuffle_block_size");
+  o.num_canonical_nodes = ds.get_optional_int("num_canonical_nodes");
+  ds.check(!o.num_canonical_nodes || *o.num_canonical_nodes > 0, "num_canonical_nodes", "must be positive");
+  o.partition_algo = ds.get_choice("partition_algo", o.partition_algo, {"orig", "relaxed"});
+  o.epoch_size = ds.get_optional_int("epoch_size");
   const std::string sampling = ds.get_string("sampling_method", "balanced");
   if (sampling != "balanced") ds.not_supported("sampling_method", sampling);
   const std::string batching = ds.get_string("batching_method", "random");
   if (batching != "random") ds.not_supported("batching_method", batching);
   ds.get_optional_int("predownload");  // local shards only: nothing to download ahead
   ds.get_optional_string("cache_limit");
+}
+
+LoaderOptions parse_text_loader(Section& s) {
+  LoaderOptions o;
+  o.name = "text";
+  auto ds = s.section("dataset");
+  o.tokens.max_seq_len = ds.require_int("max_seq_len");
+  ds.check(o.tokens.max_seq_len > 0, "max_seq_len", "must be positive");
+  parse_streaming_dataset(ds, o.dataset);
+  o.tokens.token_encoding_type =
+      ds.get_choice("token_encoding_type", o.tokens.token_encoding_type,
+                    {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"});
   ds.finish({"hf_name", "hf_kwargs", "preprocessing_fn", "decoder_only_format", "packing_ratio", "allow_pad_trimming",
              "sampling_granularity", "download_retry", "download_timeout", "validate_hash", "keep_zip",
              "allow_unsafe_types", "replication", "stream_name", "stream_config", "eos_token_id", "bos_token_id"});
@@ -119,15 +122,28 @@ LoaderOptions parse_finetuning_loader(Section& s) {
   o.name = "finetuning";
   FinetuningOptions f;
   auto ds = s.section("dataset");
-  for (const char* key : {"remote", "local", "streams"}) {
-    if (ds.has(key)) ds.not_supported(key, "fine-tuning from MDS streams (use hf_name with local JSONL/JSON files)");
+  const bool mds = ds.has("local") || ds.has("streams") || ds.has("remote");
+  if (mds) {
+    // LLM Foundry's StreamingFinetuningDataset: MDS samples in Streaming's order (its shuffle_seed default 9176).
+    for (const char* key : {"hf_name", "hf_kwargs", "preprocessing_fn", "safe_load"}) {
+      ds.check(!ds.has(key), key, "is for hf_name data; this dataset streams MDS shards (local / streams)");
+    }
+    StreamingOptions so;
+    parse_streaming_dataset(ds, so);
+    f.streams = std::move(so);
+    f.shuffle = f.streams->shuffle;
+    f.token_encoding_type = ds.get_choice("token_encoding_type", f.token_encoding_type,
+                                          {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"});
+  } else {
+    f.hf_name = ds.require_string("hf_name");
+    f.split = ds.require_string("split");
   }
-  f.hf_name = ds.require_string("hf_name");
-  f.split = ds.require_string("split");
-  auto kw = ds.section("hf_kwargs");
-  f.data_files = parse_data_files(kw);
-  kw.finish({"token", "revision", "trust_remote_code", "cache_dir", "num_proc"});
-  ds.check(f.hf_name != "json" || !f.data_files.empty(), "hf_kwargs", "hf_name: json needs hf_kwargs.data_files");
+  if (!mds) {
+    auto kw = ds.section("hf_kwargs");
+    f.data_files = parse_data_files(kw);
+    kw.finish({"token", "revision", "trust_remote_code", "cache_dir", "num_proc"});
+    ds.check(f.hf_name != "json" || !f.data_files.empty(), "hf_kwargs", "hf_name: json needs hf_kwargs.data_files");
+  }
   if (const config::Value* pre = ds.raw("preprocessing_fn"); pre != nullptr && !pre->is_null()) {
     if (!pre->is_map()) {
       ds.not_supported("preprocessing_fn",
@@ -171,8 +187,10 @@ LoaderOptions parse_finetuning_loader(Section& s) {
            "must be non-negative");
   ds.check(!f.max_leftover_bins_to_keep || f.packing_ratio || f.auto_packing_ratio, "max_leftover_bins_to_keep",
            "is set but packing_ratio is not");
-  f.shuffle = ds.get_bool("shuffle", false);
-  f.shuffle_seed = ds.get_int("shuffle_seed", 0);
+  if (!mds) {
+    f.shuffle = ds.get_bool("shuffle", false);
+    f.shuffle_seed = ds.get_int("shuffle_seed", 0);
+  }
   ds.get_bool("safe_load", false);  // local files only: nothing is downloaded
   for (const char* key : {"seq_parallel_replication", "auto_packing_replication"}) {
     if (auto r = ds.get_optional_int(key)) ds.check(*r == 1, key, "sequence parallelism is not supported");

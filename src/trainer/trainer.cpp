@@ -218,8 +218,9 @@ void Trainer::build_data() {
   if (cfg_.train_loader.finetuning || (cfg_.eval_loader && cfg_.eval_loader->finetuning)) {
     const data::ChatTokenizer tok = finetuning_tokenizer();
     if (cfg_.train_loader.finetuning) {
-      train_ft_ = std::make_unique<data::FinetuningDataset>(*cfg_.train_loader.finetuning, tok,
-                                                            state_.device_train_batch_size, state_.world_size);
+      train_ft_ =
+          std::make_unique<data::FinetuningDataset>(*cfg_.train_loader.finetuning, tok, state_.device_train_batch_size,
+                                                    state_.world_size, state_.local_world_size);
       state_.dataloader_len = train_ft_->batches_in_epoch(state_.world_size, cfg_.train_loader.tokens.drop_last);
       if (*state_.dataloader_len == 0) {
         throw Error("train", fmt::format("the fine-tuning data has fewer examples ({}) than one device batch ({})",
@@ -227,8 +228,8 @@ void Trainer::build_data() {
       }
     }
     if (cfg_.eval_loader && cfg_.eval_loader->finetuning) {
-      eval_ft_ = std::make_unique<data::FinetuningDataset>(*cfg_.eval_loader->finetuning, tok,
-                                                           cfg_.device_eval_batch_size, state_.world_size);
+      eval_ft_ = std::make_unique<data::FinetuningDataset>(
+          *cfg_.eval_loader->finetuning, tok, cfg_.device_eval_batch_size, state_.world_size, state_.local_world_size);
     }
   }
   if (cfg_.train_loader.tokens.max_seq_len != cfg_.max_seq_len) {

@@ -26,7 +26,8 @@
 //       trains the recipe and writes OUT_DIR/init (the initial weights as an HF folder) and OUT_DIR/trace.json:
 //       {"batches": [input_ids of each device batch], "lrs": [rate of each step], "losses": [loss of each step]}
 //   tessera_compat_driver finetuning-batches CONFIG.json OUT.json
-//       CONFIG: {"tokenizer": folder, "device_batch_size", "drop_last", "world_size", "rank", "epoch", "date_string",
+//       CONFIG: {"tokenizer": folder, "device_batch_size", "drop_last", "world_size", "rank", "ranks_per_node",
+//                "epoch", "date_string",
 //                "dataset": {LLM Foundry's finetuning dataset keys}} -> {"batches": [{"input_ids", "labels",
 //                "attention_mask", "sequence_id"}], "examples", "dropped", "packing_ratio", "packing": {...}}
 //   tessera_compat_driver chat-template TEMPLATE.jinja CASES.json OUT.json
@@ -314,7 +315,8 @@ int finetuning_batches(const std::string& config_path, const std::string& out_pa
   const tessera::data::ChatTokenizer tok(tessera::data::Tokenizer::from_file(cfg["tokenizer"].get<std::string>()),
                                          f.date_string);
   const int64_t world = cfg.value("world_size", 1), rank = cfg.value("rank", 0);
-  const tessera::data::FinetuningDataset ds(f, tok, cfg["device_batch_size"].get<int64_t>(), world);
+  const tessera::data::FinetuningDataset ds(f, tok, cfg["device_batch_size"].get<int64_t>(), world,
+                                            cfg.value("ranks_per_node", world));
   tessera::data::FinetuningDataset::Epoch epoch(ds, cfg.value("epoch", 0), world, rank, o.tokens.drop_last);
   nlohmann::json batches = nlohmann::json::array();
   while (auto b = epoch.next()) {

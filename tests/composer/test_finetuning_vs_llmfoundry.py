@@ -25,9 +25,12 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import composer.utils.dist as composer_dist  # noqa: E402
+import numpy as np  # noqa: E402
 import datasets  # noqa: E402
 import pytest  # noqa: E402
 from llmfoundry.data.finetuning import build_finetuning_dataloader  # noqa: E402
+from streaming import MDSWriter  # noqa: E402
+from streaming.base.util import clean_stale_shared_memory  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
 from transformers import AutoTokenizer, PreTrainedTokenizerFast  # noqa: E402
 
@@ -430,3 +433,67 @@ def test_bad_rows_name_file_and_line(name, tmp_path, tokenizers_):
     assert f"train.jsonl:{line}" in proc.stderr, proc.stderr
     for word in words:
         assert word in proc.stderr.lower(), proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# MDS fine-tuning data: LLM Foundry's StreamingFinetuningDataset over the layouts its convert_finetuning_dataset
+# writes (tokenized `turns`, untokenized prompt/response str or messages json) and the legacy input_ids/labels
+# columns (bytes of int64, or ndarrays), in Streaming's order (one rank).
+
+def _mds_samples(layout, tokenizer_dir, n):
+    docs = fortunes()
+    rows = [{"prompt": f"Q{i}: {docs[i][:60]}", "response": docs[i + 300][:300]} for i in range(n)]
+    if layout == "prompt_response":
+        return {"prompt": "str", "response": "str"}, rows
+    if layout == "messages":
+        return {"messages": "json"}, [{"messages": [{"role": "user", "content": r["prompt"]},
+                                                    {"role": "assistant", "content": r["response"]}]} for r in rows]
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    turns = [ft_tasks.tokenize_formatted_example(r, tokenizer)["turns"] for r in rows]
+    if layout == "turns":
+        return {"turns": "json"}, [{"turns": [{"input_ids": list(t["input_ids"]), "labels": list(t["labels"])}
+                                              for t in ts]} for ts in turns]
+    if layout == "legacy_bytes":
+        return {"input_ids": "bytes", "labels": "bytes"}, [
+            {"input_ids": np.asarray(ts[0]["input_ids"], np.int64).tobytes(),
+             "labels": np.asarray(ts[0]["labels"], np.int64).tobytes()} for ts in turns]
+    return {"input_ids": "ndarray:uint32", "labels": "ndarray:uint32"}, [
+        {"input_ids": np.asarray(ts[0]["input_ids"], np.uint32), "labels": np.asarray(ts[0]["labels"], np.uint32)}
+        for ts in turns]
+
+
+MDS_CASES = {
+    "turns-A": ("turns", "A", {}),
+    "prompt-response-B-shuffle": ("prompt_response", "B", {"shuffle": True, "shuffle_seed": 11}),
+    "messages-A-targets-all": ("messages", "A", {"target_prompts": "all", "target_responses": "all"}),
+    "legacy-bytes-A-shuffle": ("legacy_bytes", "A", {"shuffle": True}),
+    "ndarray-A-pack2": ("ndarray", "A", {"packing_ratio": 2.0}),
+    "turns-C-left-trim-shuffle": ("turns", "C", {"shuffle": True, "allow_pad_trimming": True}),
+}
+
+
+@pytest.mark.parametrize("name", MDS_CASES)
+def test_mds_batches_equal_llmfoundry(name, tmp_path, monkeypatch, tokenizers_):
+    layout, tok, extra = MDS_CASES[name]
+    tokenizer_dir = tokenizers_[tok]
+    columns, samples = _mds_samples(layout, tokenizer_dir, 45)
+    with MDSWriter(out=str(tmp_path / "mds"), columns=columns, size_limit=1 << 14) as writer:
+        for s in samples:
+            writer.write(s)
+    # `streams` with a local-only stream (LLM Foundry treats a top-level `local` without `remote` as hf_name data).
+    dataset = {"streams": {"main": {"local": str(tmp_path / "mds")}}, "max_seq_len": 128,
+               "decoder_only_format": True, **extra}
+    monkeypatch.setattr(ft_tasks, "get_date_string", lambda: DATE)
+    clean_stale_shared_memory()
+    spec = build_finetuning_dataloader(tokenizer=AutoTokenizer.from_pretrained(str(tokenizer_dir)),
+                                       device_batch_size=4, dataset=copy.deepcopy(dataset), num_workers=0,
+                                       drop_last=True, pin_memory=False, prefetch_factor=None,
+                                       persistent_workers=False)
+    want = [{k: batch[k].tolist() for k in KEYS} for batch in spec.dataloader]
+    del spec
+    clean_stale_shared_memory()
+    assert len(want) >= 2
+    got = tessera_epoch(tmp_path, tokenizer_dir, dataset, 4, True, 1, 0, 0)
+    assert got["batches_in_epoch"] == len(want)
+    diff = first_difference(got["batches"], want)
+    assert diff is None, diff

@@ -1,9 +1,9 @@
 // LLM Foundry's `finetuning` data loader (llmfoundry/data/finetuning/): prompt/response and chat examples from local
-// JSONL / JSON files, tokenized as LLM Foundry tokenizes them (chat turns rendered with the tokenizer's chat template),
-// examples that keep no loss-generating token after truncation dropped, then ordered by Composer's distributed sampler
-// (torch's DistributedSampler) and collated by Seq2SeqFinetuningCollator, optionally packed by BinPackCollator.
-// Batches equal those of LLM Foundry's build_finetuning_dataloader token for token (tests/composer/
-// test_finetuning_vs_llmfoundry.py).
+// JSONL / JSON files (or MDS streams in LLM Foundry's fine-tuning layouts), tokenized as LLM Foundry tokenizes them
+// (chat turns rendered with the tokenizer's chat template), examples that keep no loss-generating token after
+// truncation dropped, then ordered by Composer's distributed sampler (torch's DistributedSampler) and collated by
+// Seq2SeqFinetuningCollator, optionally packed by BinPackCollator. Batches equal those of LLM Foundry's
+// build_finetuning_dataloader token for token (tests/composer/ test_finetuning_vs_llmfoundry.py).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "tessera/data/loader.h"
+#include "tessera/data/streaming_dataset.h"
 #include "tessera/data/tokenizer.h"
 
 namespace tessera::data {
@@ -39,6 +40,12 @@ struct FinetuningOptions {
   bool shuffle = false;
   int64_t shuffle_seed = 0;  // Composer's dist.get_sampler seed (dataset.shuffle_seed, default 0)
   std::string date_string;   // given to chat templates; empty: today's date as "%d %b %Y" (LLM Foundry's)
+  // `local` / `streams` instead of hf_name: MDS samples (LLM Foundry's convert_finetuning_dataset layouts: `turns`
+  // json, `prompt`/`response` str, `messages` json, or legacy `input_ids`/`labels` bytes or ndarrays) in Streaming's
+  // order, as LLM Foundry's StreamingFinetuningDataset reads them (not filtered: an example left without loss tokens
+  // after truncation is an error).
+  std::optional<StreamingOptions> streams;
+  std::string token_encoding_type = "int64";  // of legacy bytes columns
 };
 
 // Checks target_prompts / target_responses as LLM Foundry's validate_target_settings does; throws ConfigError-style
@@ -114,9 +121,10 @@ class FinetuningDataset {
   // and logged). `device_batch_size`: rows per batch; with packing, int(device_batch_size * packing_ratio) examples
   // are packed into them. `world_size`: ranks (packing_ratio auto agrees on the smallest ratio over all of them).
   FinetuningDataset(const FinetuningOptions& options, const ChatTokenizer& tokenizer, int64_t device_batch_size,
-                    int64_t world_size = 1);
+                    int64_t world_size = 1, int64_t ranks_per_node = 0);
 
-  int64_t size() const { return static_cast<int64_t>(examples_.size()); }
+  // Examples: those read from files (after dropping), or the MDS streams' epoch size.
+  int64_t size() const { return mds_ ? mds_->epoch_size() : static_cast<int64_t>(examples_.size()); }
   int64_t dropped() const { return dropped_; }
   double packing_ratio() const { return packing_ratio_; }
   // Examples per batch drawn from the sampler (device_batch_size without packing).
@@ -147,7 +155,8 @@ class FinetuningDataset {
    private:
     std::vector<Bin> pack(std::vector<Bin> examples);
     const FinetuningDataset& ds_;
-    std::vector<int64_t> order_;
+    std::vector<int64_t> order_;             // example indices (files), or
+    std::vector<std::vector<int64_t>> mds_;  // this rank's batches of MDS sample ids
     size_t at_ = 0;
     bool drop_last_;
     bool seen_first_ = false;
@@ -162,6 +171,11 @@ class FinetuningDataset {
   bool pad_left_;
   std::optional<int32_t> eos_;
   std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> examples_;  // stitched (ids, labels)
+  // MDS samples: the dataset, the tokenizer for untokenized layouts, this process's place.
+  std::unique_ptr<StreamingDataset> mds_;
+  std::optional<ChatTokenizer> tokenizer_;
+  int64_t ranks_per_node_ = 1;
+  std::pair<std::vector<int32_t>, std::vector<int32_t>> mds_example(int64_t sample) const;
   int64_t dropped_ = 0;
   double packing_ratio_ = 1;
   int64_t examples_per_batch_;
