@@ -17,7 +17,6 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -42,30 +41,23 @@ struct Prompt {
 };
 
 std::vector<Prompt> read_prompt_file(const std::string& path) {
-  const std::string text = path == "-" ? std::string(std::istreambuf_iterator<char>(std::cin), {})
-                                       : tessera::util::read_file(path, "generate");
-  std::vector<Prompt> out;
-  if (path.size() < 6 || path.substr(path.size() - 6) != ".jsonl") {
-    out.push_back({text, Json()});
-    return out;
+  const bool rows = path.size() > 6 && path.substr(path.size() - 6) == ".jsonl";
+  if (!rows) {
+    return {{path == "-" ? std::string(std::istreambuf_iterator<char>(std::cin), {})
+                         : tessera::util::read_file(path, "generate"),
+             Json()}};
   }
-  std::istringstream in(text);
-  std::string line;
-  for (int64_t n = 1; std::getline(in, line); ++n) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    Json row;
-    try {
-      row = Json::parse(line);
-    } catch (const Json::exception& e) {
-      throw tessera::Error("generate", fmt::format("{}:{}: malformed JSON line: {}", path, n, e.what()));
-    }
-    if (row.is_object() && row.contains("prompt") && row["prompt"].is_string()) {
+  std::vector<std::pair<Json, std::string>> read;
+  tessera::data::append_json_rows(path, read);
+  std::vector<Prompt> out;
+  for (const auto& [row, where] : read) {
+    if (row.contains("prompt") && row["prompt"].is_string()) {
       out.push_back({row["prompt"].get<std::string>(), Json()});
-    } else if (row.is_object() && row.contains("messages") && row["messages"].is_array()) {
+    } else if (row.contains("messages") && row["messages"].is_array()) {
       out.push_back({"", row["messages"]});
     } else {
       throw tessera::Error("generate",
-                           fmt::format("{}:{}: expected {{\"prompt\": string}} or {{\"messages\": [...]}}", path, n));
+                           fmt::format("{}: expected {{\"prompt\": string}} or {{\"messages\": [...]}}", where));
     }
   }
   return out;

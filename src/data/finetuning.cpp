@@ -1,26 +1,17 @@
-// LLM Foundry's fine-tuning data path: llmfoundry/data/finetuning/tasks.py (reading, validating and tokenizing
-// examples, filtering), collator.py (Seq2SeqFinetuningCollator, decoder-only), packing.py (BinPackCollator and
-// auto_packing_ratio), with Composer's distributed sampler (torch's DistributedSampler) for the order.
-#include "tessera/data/finetuning.h"
-
+// LLM Foundry's fine-tuning batches: the dataset of tokenized, filtered examples (or MDS samples, as its
+// StreamingFinetuningDataset), Composer's distributed sampler order, Seq2SeqFinetuningCollator and BinPackCollator
+// (llmfoundry/data/finetuning/collator.py, llmfoundry/data/packing.py) and auto_packing_ratio's profile. The examples
+// themselves are read and tokenized in finetuning_examples.cpp.
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <cstring>
-#include <ctime>
-#include <filesystem>
 #include <limits>
-#include <set>
-#include <sstream>
 
+#include "tessera/data/finetuning.h"
 #include "tessera/data/mds.h"
 #include "tessera/util/error.h"
-#include "tessera/util/file_io.h"
-#include "tessera/util/jinja.h"
 
 namespace tessera::data {
 namespace {
@@ -29,230 +20,14 @@ using Json = nlohmann::ordered_json;
 constexpr const char* kComponent = "finetuning";
 constexpr int32_t kIgnore = -100;
 
-// LLM Foundry's _DEFAULT_CHAT_TEMPLATE (ChatML), for tokenizers without a template of their own.
-constexpr const char* kDefaultChatTemplate =
-    "{% for message in messages %}"
-    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}"
-    "{{ '<|im_start|>assistant\n' }}"
-    "{% endif %}";
-
 [[noreturn]] void fail(const std::string& where, const std::string& what) {
   throw Error(kComponent, fmt::format("{}: {}", where, what));
-}
-
-std::string keys_of(const Json& row) {
-  std::vector<std::string> keys;
-  for (const auto& [k, v] : row.items()) keys.push_back("'" + k + "'");
-  std::sort(keys.begin(), keys.end());
-  std::string out;
-  for (const std::string& k : keys) out += (out.empty() ? "" : ", ") + k;
-  return "{" + out + "}";
-}
-
-std::string today() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  localtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%d %b %Y", &tm);
-  return buf;
-}
-
-// The response keys LLM Foundry accepts, in the order it would find one.
-const Json* response_of(const Json& row) {
-  for (const char* key : {"response", "completion"}) {
-    if (auto it = row.find(key); it != row.end()) return &*it;
-  }
-  return nullptr;
-}
-
-void validate_chat(const Json& row, const std::string& where) {
-  const Json& messages = row["messages"];
-  if (!messages.is_array()) fail(where, fmt::format("messages must be a list, not {}", messages.type_name()));
-  if (messages.size() <= 1) fail(where, "a chat example needs at least two messages");
-  const Json& last = messages.back();
-  if (!last.is_object()) fail(where, fmt::format("a message must be an object, not {}", last.type_name()));
-  if (!last.contains("role")) fail(where, fmt::format("a message needs a role key; it has {}", keys_of(last)));
-  if (last["role"] != "assistant") {
-    fail(where, fmt::format("the last message must be from the assistant, not {}", last["role"].dump()));
-  }
-  static const std::set<std::string> kRoles = {"user", "assistant", "system", "tool"};
-  std::optional<std::string> previous;
-  for (size_t k = 0; k < messages.size(); ++k) {
-    const Json& m = messages[k];
-    const std::string at = fmt::format("{}: message {}", where, k);
-    if (!m.is_object()) fail(at, fmt::format("a message must be an object, not {}", m.type_name()));
-    if (!m.contains("role") || !m.contains("content")) {
-      fail(at, fmt::format("a message needs role and content keys; it has {}", keys_of(m)));
-    }
-    if (m.size() != 2) fail(at, fmt::format("a message must have exactly role and content; it has {}", keys_of(m)));
-    const Json& role = m["role"];
-    if (!role.is_string() || !kRoles.count(role.get<std::string>())) {
-      fail(at, fmt::format("invalid role {}: allowed roles are assistant, system, tool, user", role.dump()));
-    }
-    if (!m["content"].is_string() && !m["content"].is_array()) {
-      fail(at, fmt::format("content must be a string or a list, not {}", m["content"].type_name()));
-    }
-    if (previous && *previous == role.get<std::string>()) {
-      fail(at, fmt::format("two {} messages in a row: roles must alternate", *previous));
-    }
-    previous = role.get<std::string>();
-  }
-}
-
-// Token ids of an MDS column: an ndarray of any integer type, or bytes of `encoding` values (LLM Foundry's legacy).
-std::vector<int32_t> tokens_of(const mds::Field& field, const std::string& encoding, const std::string& where) {
-  at::Tensor t;
-  if (const auto* tensor = std::get_if<at::Tensor>(&field)) {
-    t = tensor->reshape({-1});
-  } else if (const auto* bytes = std::get_if<std::string>(&field)) {
-    static const std::map<std::string, at::ScalarType> kTypes = {
-        {"int8", at::kChar},  {"int16", at::kShort},   {"int32", at::kInt},     {"int64", at::kLong},
-        {"uint8", at::kByte}, {"uint16", at::kUInt16}, {"uint32", at::kUInt32}, {"uint64", at::kUInt64}};
-    auto it = kTypes.find(encoding);
-    if (it == kTypes.end()) fail(where, fmt::format("token_encoding_type {} is not an integer type", encoding));
-    const size_t item = c10::elementSize(it->second);
-    if (bytes->size() % item != 0) {
-      fail(where, fmt::format("{} bytes is not a whole number of {} tokens", bytes->size(), encoding));
-    }
-    t = at::empty({static_cast<int64_t>(bytes->size() / item)}, at::TensorOptions().dtype(it->second));
-    std::memcpy(t.data_ptr(), bytes->data(), bytes->size());
-  } else {
-    fail(where, "a token column must hold an array or bytes");
-  }
-  t = t.to(at::kLong).contiguous();
-  return std::vector<int32_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
-}
-
-bool starts_with(const std::string& s, const std::string& prefix) {
-  return s.size() >= prefix.size() && s.compare(0, prefix.size(), prefix) == 0;
-}
-
-// The labels a prompt or response turn contributes under a target policy (LLM Foundry's _TARGET_POLICY_LOOKUP).
-void append_labels(std::vector<int32_t>& labels, const std::vector<int32_t>& seq, const std::string& policy,
-                   bool is_last_turn) {
-  bool keep = false;
-  if (policy == "all") {
-    keep = true;
-  } else if (policy == "last") {
-    keep = is_last_turn;
-  } else if (starts_with(policy, "length>=")) {
-    keep = static_cast<int64_t>(seq.size()) >= std::stoll(policy.substr(8));
-  }
-  if (keep) {
-    labels.insert(labels.end(), seq.begin(), seq.end());
-  } else {
-    labels.insert(labels.end(), seq.size(), kIgnore);
-  }
 }
 
 bool has_loss(const std::vector<int32_t>& labels, size_t limit) {
   const size_t n = std::min(limit, labels.size());
   return std::any_of(labels.begin(), labels.begin() + static_cast<std::ptrdiff_t>(n),
                      [](int32_t l) { return l != kIgnore; });
-}
-
-// The files of `split` in a local folder, as Hugging Face datasets' default patterns pick them: a file whose name,
-// split at - . _ space and digits, has one of the split's keywords, or a file under a folder named by one; when no
-// file names any split, every file is the train split.
-std::vector<std::string> split_files(const std::filesystem::path& folder, const std::string& split) {
-  static const std::map<std::string, std::vector<std::string>> kKeywords = {
-      {"train", {"train", "training"}},
-      {"validation", {"validation", "valid", "dev", "val"}},
-      {"test", {"test", "testing", "eval", "evaluation"}}};
-  const auto words_of = [](const std::filesystem::path& rel) {
-    std::set<std::string> words;
-    for (const auto& part : rel) {
-      std::string word;
-      for (char c : part.string()) {
-        if (c == '-' || c == '.' || c == '_' || c == ' ' || (c >= '0' && c <= '9')) {
-          if (!word.empty()) words.insert(word);
-          word.clear();
-        } else {
-          word += c;
-        }
-      }
-      if (!word.empty()) words.insert(word);
-    }
-    return words;
-  };
-  std::vector<std::filesystem::path> files;
-  std::error_code ec;
-  for (auto it = std::filesystem::recursive_directory_iterator(folder, ec);
-       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
-    if (!it->is_regular_file()) continue;
-    const std::filesystem::path rel = std::filesystem::relative(it->path(), folder);
-    const std::string name = rel.filename().string();
-    if (name.empty() || name[0] == '.') continue;
-    const std::string ext = rel.extension().string();
-    if (ext == ".lock" || ext == ".metadata" || ext == ".md") continue;
-    if (ext != ".jsonl" && ext != ".json") {
-      fail(it->path().string(),
-           "unsupported data file (Tessera reads .jsonl and .json files; convert CSV or Parquet "
-           "to JSONL)");
-    }
-    files.push_back(rel);
-  }
-  if (ec) fail(folder.string(), ec.message());
-  std::sort(files.begin(), files.end());
-  const auto keywords_for = [&](const std::string& s) {
-    auto it = kKeywords.find(s);
-    return it == kKeywords.end() ? std::vector<std::string>{s} : it->second;
-  };
-  const auto matches = [&](const std::filesystem::path& rel, const std::string& s) {
-    const std::set<std::string> words = words_of(rel);
-    for (const std::string& k : keywords_for(s)) {
-      if (words.count(k)) return true;
-    }
-    return false;
-  };
-  std::vector<std::string> out;
-  bool any_split = false;
-  for (const auto& rel : files) {
-    for (const auto& [name, _] : kKeywords) any_split = any_split || matches(rel, name);
-    if (matches(rel, split)) out.push_back((folder / rel).string());
-  }
-  if (!any_split && split == "train") {
-    for (const auto& rel : files) out.push_back((folder / rel).string());
-  }
-  return out;
-}
-
-void read_file_rows(const std::string& path, std::vector<std::pair<Json, std::string>>& rows) {
-  const std::string text = util::read_file(path, kComponent);
-  const size_t first = text.find_first_not_of(" \t\r\n");
-  if (first != std::string::npos && text[first] == '[') {
-    Json doc;
-    try {
-      doc = Json::parse(text);
-    } catch (const Json::exception& e) {
-      fail(path, fmt::format("malformed JSON: {}", e.what()));
-    }
-    for (size_t k = 0; k < doc.size(); ++k) {
-      const std::string where = fmt::format("{}[{}]", path, k);
-      if (!doc[k].is_object()) fail(where, fmt::format("expected an object, not {}", doc[k].type_name()));
-      rows.emplace_back(std::move(doc[k]), where);
-    }
-    return;
-  }
-  std::istringstream in(text);
-  std::string line;
-  int64_t number = 0;
-  while (std::getline(in, line)) {
-    ++number;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = fmt::format("{}:{}", path, number);
-    Json row;
-    try {
-      row = Json::parse(line);
-    } catch (const Json::exception& e) {
-      fail(where, fmt::format("malformed JSON line: {}", e.what()));
-    }
-    if (!row.is_object()) fail(where, fmt::format("expected a JSON object, not {}", row.type_name()));
-    rows.emplace_back(std::move(row), where);
-  }
 }
 
 // BinPackCollator._first_fit_bin_packing: the items (largest first, stable) go into the bins left over from the
@@ -306,187 +81,6 @@ struct Length {
 };
 
 }  // namespace
-
-void validate_target_settings(const std::string& target_prompts, const std::string& target_responses,
-                              const std::string& where) {
-  if (target_responses != "all" && target_responses != "last") {
-    fail(where, fmt::format("target_responses must be either \"last\" or \"all\", not \"{}\"", target_responses));
-  }
-  if (starts_with(target_prompts, "length>=")) {
-    const std::string cutoff = target_prompts.substr(8);
-    if (cutoff.empty() || !std::all_of(cutoff.begin(), cutoff.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-      fail(where, fmt::format("target_prompts \"{}\": the cutoff after length>= must be digits", target_prompts));
-    }
-    if (cutoff.size() > 12 || std::stoll(cutoff) <= 0) {
-      fail(where, fmt::format("target_prompts \"{}\": the cutoff must be a positive integer", target_prompts));
-    }
-  } else if (target_prompts != "all" && target_prompts != "none") {
-    fail(where, fmt::format("target_prompts must be \"all\", \"none\" or \"length>=XX\", not \"{}\"", target_prompts));
-  }
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// Tokenization.
-
-struct ChatTokenizer::Impl {
-  std::unique_ptr<util::jinja::Template> chat_template;
-  Json context;  // the special tokens and date_string every render sees
-};
-
-ChatTokenizer::ChatTokenizer(Tokenizer tokenizer, const std::string& date_string) : tok_(std::move(tokenizer)) {
-  auto impl = std::make_shared<Impl>();
-  const std::optional<std::string>& own = tok_.chat_template();
-  impl->chat_template = std::make_unique<util::jinja::Template>(own ? *own : std::string(kDefaultChatTemplate),
-                                                                own ? "chat_template" : "default chat template");
-  // LLM Foundry sets the pad token to the eos token when the tokenizer has none (so templates see it too).
-  std::optional<std::string> pad = tok_.pad_token() ? tok_.pad_token() : tok_.eos_token();
-  pad_id_ = tok_.pad_token_id() ? tok_.pad_token_id() : tok_.eos_token_id();
-  Json& c = impl->context;
-  if (tok_.bos_token()) c["bos_token"] = *tok_.bos_token();
-  if (tok_.eos_token()) c["eos_token"] = *tok_.eos_token();
-  if (tok_.unk_token()) c["unk_token"] = *tok_.unk_token();
-  if (pad) c["pad_token"] = *pad;
-  if (!tok_.additional_special_tokens().empty()) c["additional_special_tokens"] = tok_.additional_special_tokens();
-  c["date_string"] = date_string.empty() ? today() : date_string;
-  c["tools"] = nullptr;
-  c["documents"] = nullptr;
-  impl_ = std::move(impl);
-}
-
-std::string ChatTokenizer::apply_chat_template(const Json& messages, bool add_generation_prompt) const {
-  Json context = impl_->context;
-  context["messages"] = messages;
-  context["add_generation_prompt"] = add_generation_prompt;
-  return impl_->chat_template->render(context);
-}
-
-FinetuningExample ChatTokenizer::tokenize(const Json& row, const std::string& where) const {
-  if (!row.is_object()) fail(where, fmt::format("an example must be an object, not {}", row.type_name()));
-  FinetuningExample out;
-  if (row.size() == 1 && row.contains("messages")) {
-    validate_chat(row, where);
-    const Json& messages = row["messages"];
-    std::string previous;  // the conversation through the previous turn
-    for (size_t idx = 0; idx < messages.size(); ++idx) {
-      if (messages[idx]["role"] != "assistant") continue;
-      Json through = Json::array(), before = Json::array();
-      for (size_t k = 0; k <= idx; ++k) {
-        through.push_back(messages[k]);
-        if (k < idx) before.push_back(messages[k]);
-      }
-      std::string full, with_prompt;
-      try {
-        full = apply_chat_template(through, false);
-        with_prompt = apply_chat_template(before, true);
-      } catch (const Error& e) {
-        fail(where, fmt::format("the chat template failed: {}", e.what()));
-      }
-      if (!starts_with(full, previous) || !starts_with(with_prompt, previous) || !starts_with(full, with_prompt)) {
-        fail(where,
-             "the chat template does not render each conversation as an extension of the previous turn's "
-             "(LLM Foundry's InvalidConversationError)");
-      }
-      const std::string prompt = with_prompt.substr(previous.size());
-      const std::string response = full.substr(with_prompt.size());
-      out.turns.push_back({tok_.encode(prompt, false), tok_.encode(response, false)});
-      previous += prompt;
-      previous += response;
-    }
-    return out;
-  }
-  const Json* response = response_of(row);
-  if (row.size() != 2 || !row.contains("prompt") || response == nullptr) {
-    fail(where, fmt::format("unknown example type with keys {}: prompt/response examples have 'prompt' and "
-                            "'response' (or 'completion'), chat examples have 'messages' only",
-                            keys_of(row)));
-  }
-  if (!row["prompt"].is_string())
-    fail(where, fmt::format("prompt must be a string, not {}", row["prompt"].type_name()));
-  if (!response->is_string()) fail(where, fmt::format("response must be a string, not {}", response->type_name()));
-  FinetuningTurn turn{tok_.encode(row["prompt"].get_ref<const std::string&>(), true),
-                      tok_.encode(response->get_ref<const std::string&>(), true)};
-  // Both sides start with the BOS the tokenizer adds: the labels do not repeat it.
-  const std::optional<int32_t> bos = tok_.bos_token_id();
-  if (bos && !turn.prompt.empty() && !turn.response.empty() && turn.prompt[0] == *bos && turn.response[0] == *bos) {
-    turn.response.erase(turn.response.begin());
-  }
-  out.turns.push_back(std::move(turn));
-  return out;
-}
-
-std::pair<std::vector<int32_t>, std::vector<int32_t>> stitch_turns(const FinetuningExample& example,
-                                                                   const std::string& target_prompts,
-                                                                   const std::string& target_responses,
-                                                                   std::optional<int32_t> eos) {
-  std::vector<int32_t> ids, labels;
-  for (size_t k = 0; k < example.turns.size(); ++k) {
-    const bool last = k + 1 == example.turns.size();
-    const std::vector<int32_t>& context = example.turns[k].prompt;
-    std::vector<int32_t> target = example.turns[k].response;
-    if (last && eos && (target.empty() || target.back() != *eos)) target.push_back(*eos);
-    ids.insert(ids.end(), context.begin(), context.end());
-    ids.insert(ids.end(), target.begin(), target.end());
-    append_labels(labels, context, target_prompts, last);
-    append_labels(labels, target, target_responses, last);
-  }
-  return {std::move(ids), std::move(labels)};
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// Reading.
-
-std::vector<std::pair<Json, std::string>> read_finetuning_rows(const FinetuningOptions& o) {
-  std::vector<std::string> files;
-  if (o.hf_name == "json") {
-    auto it = o.data_files.find(o.split);
-    if (it == o.data_files.end()) {
-      fail("hf_kwargs.data_files", fmt::format("no files for split '{}'", o.split));
-    }
-    files = it->second;
-  } else {
-    const std::filesystem::path folder(o.hf_name);
-    std::error_code ec;
-    if (std::filesystem::is_regular_file(folder, ec)) {
-      fail(o.hf_name,
-           "hf_name is a file: give its folder (with split-named files), or hf_name: json with "
-           "hf_kwargs.data_files");
-    }
-    if (!std::filesystem::is_directory(folder, ec)) {
-      fail(o.hf_name,
-           "no such folder (hf_name must be a local folder of JSONL/JSON files, or json with "
-           "hf_kwargs.data_files; datasets on the Hugging Face Hub are not downloaded)");
-    }
-    files = split_files(folder, o.split);
-    if (files.empty()) fail(o.hf_name, fmt::format("no data file for split '{}'", o.split));
-  }
-  std::vector<std::pair<Json, std::string>> rows;
-  for (const std::string& f : files) {
-    if (!std::filesystem::exists(f)) fail(f, "no such data file");
-    read_file_rows(f, rows);
-  }
-  // A dataset has the columns of all its rows: a row without one has it as null (as Hugging Face datasets does).
-  std::vector<std::string> columns;
-  std::set<std::string> seen;
-  for (const auto& [row, _] : rows) {
-    for (const auto& [k, v] : row.items()) {
-      if (seen.insert(k).second) columns.push_back(k);
-    }
-  }
-  for (auto& [row, where] : rows) {
-    if (row.size() != columns.size()) {
-      Json full = Json::object();
-      for (const std::string& c : columns) full[c] = row.contains(c) ? row[c] : Json(nullptr);
-      row = std::move(full);
-    }
-    if (o.columns) {
-      for (const std::string& c : {o.columns->first, o.columns->second}) {
-        if (!row.contains(c)) fail(where, fmt::format("preprocessing_fn names column '{}', which the data lacks", c));
-      }
-      row = Json{{"prompt", row[o.columns->first]}, {"response", row[o.columns->second]}};
-    }
-  }
-  return rows;
-}
 
 // ---------------------------------------------------------------------------------------------------------------
 // The dataset, the sampler and the collators.
@@ -550,9 +144,10 @@ FinetuningDataset::FinetuningDataset(const FinetuningOptions& options, const Cha
     // Every rank profiles every rank's share, so all agree on the smallest ratio without communicating (LLM Foundry
     // all-reduces the MIN).
     double ratio = std::numeric_limits<double>::infinity();
+    const std::vector<int64_t> order = sampler_order(0, world_size, false);
     for (int64_t r = 0; r < world_size; ++r) {
       std::vector<int64_t> sizes;
-      for (int64_t i : sampler_indices(0, world_size, r, false)) {
+      for (int64_t i : rank_slice(order, world_size, r)) {
         sizes.push_back(
             std::min<int64_t>(static_cast<int64_t>(examples_[static_cast<size_t>(i)].first.size()), o_.max_seq_len));
       }
@@ -569,12 +164,15 @@ FinetuningDataset::FinetuningDataset(const FinetuningOptions& options, const Cha
                             : static_cast<int64_t>(static_cast<double>(device_batch_size_) * packing_ratio_);
 }
 
-std::vector<int64_t> FinetuningDataset::sampler_indices(int64_t epoch, int64_t world_size, int64_t rank,
-                                                        bool drop_last) const {
+int64_t FinetuningDataset::per_rank(int64_t world_size, bool drop_last) const {
+  // DistributedSampler's num_samples: ceil(n / W), or floor(n / W) when the tail is dropped.
   const int64_t n = size();
-  const int64_t per_rank = drop_last && n % world_size != 0 ? (n - world_size + world_size - 1) / world_size
-                                                            : (n + world_size - 1) / world_size;
-  const int64_t total = per_rank * world_size;
+  return drop_last ? n / world_size : (n + world_size - 1) / world_size;
+}
+
+std::vector<int64_t> FinetuningDataset::sampler_order(int64_t epoch, int64_t world_size, bool drop_last) const {
+  const int64_t n = size();
+  const int64_t total = per_rank(world_size, drop_last) * world_size;
   std::vector<int64_t> indices(static_cast<size_t>(n));
   if (o_.shuffle) {
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o_.shuffle_seed + epoch));
@@ -583,19 +181,29 @@ std::vector<int64_t> FinetuningDataset::sampler_indices(int64_t epoch, int64_t w
   } else {
     for (int64_t i = 0; i < n; ++i) indices[static_cast<size_t>(i)] = i;
   }
-  if (!drop_last) {
-    for (int64_t k = 0; static_cast<int64_t>(indices.size()) < total; ++k) indices.push_back(indices[k % n]);
-  } else {
-    indices.resize(static_cast<size_t>(total));
-  }
+  // The tail: padded by repeating from the start, or cut.
+  for (int64_t k = 0; static_cast<int64_t>(indices.size()) < total; ++k) indices.push_back(indices[k % n]);
+  indices.resize(static_cast<size_t>(total));
+  return indices;
+}
+
+std::vector<int64_t> FinetuningDataset::rank_slice(const std::vector<int64_t>& order, int64_t world_size,
+                                                   int64_t rank) {
   std::vector<int64_t> mine;
-  for (int64_t i = rank; i < total; i += world_size) mine.push_back(indices[static_cast<size_t>(i)]);
+  for (auto i = static_cast<size_t>(rank); i < order.size(); i += static_cast<size_t>(world_size)) {
+    mine.push_back(order[i]);
+  }
   return mine;
+}
+
+std::vector<int64_t> FinetuningDataset::sampler_indices(int64_t epoch, int64_t world_size, int64_t rank,
+                                                        bool drop_last) const {
+  return rank_slice(sampler_order(epoch, world_size, drop_last), world_size, rank);
 }
 
 int64_t FinetuningDataset::batches_in_epoch(int64_t world_size, bool drop_last) const {
   if (mds_) return static_cast<int64_t>(worker_batches(mds_->epoch_ids(0, 0), 0, 0, drop_last)[0].size());
-  const int64_t n = static_cast<int64_t>(sampler_indices(0, world_size, 0, drop_last).size());
+  const int64_t n = per_rank(world_size, drop_last);
   return drop_last ? n / examples_per_batch_ : (n + examples_per_batch_ - 1) / examples_per_batch_;
 }
 
@@ -725,8 +333,9 @@ std::pair<std::vector<int32_t>, std::vector<int32_t>> FinetuningDataset::mds_exa
     for (const char* column : {"input_ids", "labels"}) {
       auto c = s.find(column);
       if (c == s.end()) fail(where, fmt::format("input_ids without {}", column));
-      std::vector<int32_t> tokens = tokens_of(c->second, o_.token_encoding_type, where);
-      if (static_cast<int64_t>(tokens.size()) > o_.max_seq_len) tokens.resize(static_cast<size_t>(o_.max_seq_len));
+      at::Tensor t = token_column(c->second, o_.token_encoding_type, where + ": column " + column);
+      t = t.narrow(0, 0, std::min<int64_t>(t.size(0), o_.max_seq_len)).to(at::kLong).contiguous();
+      std::vector<int32_t> tokens(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
       (std::string(column) == "input_ids" ? turn.prompt : turn.response) = std::move(tokens);
     }
     ex.turns.push_back(std::move(turn));

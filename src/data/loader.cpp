@@ -23,6 +23,21 @@ at::ScalarType encoding_dtype(const std::string& name) {
 
 }  // namespace
 
+at::Tensor token_column(const mds::Field& field, const std::string& encoding, const std::string& where) {
+  if (const auto* tensor = std::get_if<at::Tensor>(&field)) return tensor->reshape({-1});
+  const auto* bytes = std::get_if<std::string>(&field);
+  if (bytes == nullptr) throw Error("loader", fmt::format("{} holds neither an array nor bytes", where));
+  const at::ScalarType dtype = encoding_dtype(encoding);
+  const size_t item = c10::elementSize(dtype);
+  if (bytes->size() % item != 0) {
+    throw Error("loader",
+                fmt::format("{}: {} bytes is not a whole number of {} tokens", where, bytes->size(), encoding));
+  }
+  at::Tensor t = at::empty({static_cast<int64_t>(bytes->size() / item)}, at::TensorOptions().dtype(dtype));
+  std::memcpy(t.data_ptr(), bytes->data(), bytes->size());
+  return t;
+}
+
 struct TokenBatchLoader::Worker {
   std::vector<std::vector<int64_t>> batches;  // sample ids of each of this worker's batches
   std::mutex mutex;
@@ -116,27 +131,14 @@ void TokenBatchLoader::run(Worker& w) {
 }
 
 TokenBatch TokenBatchLoader::collate(const std::vector<int64_t>& ids) {
-  const at::ScalarType legacy = encoding_dtype(o_.token_encoding_type);
   std::vector<at::Tensor> rows;
   int64_t longest = 0;
   for (int64_t id : ids) {
     mds::Sample s = ds_.get(id);
     auto it = s.find(o_.column);
     if (it == s.end()) throw Error("loader", fmt::format("sample {} has no \"{}\" column", id, o_.column));
-    at::Tensor t;
-    if (const auto* tensor = std::get_if<at::Tensor>(&it->second)) {
-      t = tensor->reshape({-1});
-    } else if (const auto* bytes = std::get_if<std::string>(&it->second)) {
-      const size_t item = c10::elementSize(legacy);
-      if (bytes->size() % item != 0) {
-        throw Error("loader", fmt::format("sample {}: {} bytes is not a whole number of {} tokens", id, bytes->size(),
-                                          o_.token_encoding_type));
-      }
-      t = at::empty({static_cast<int64_t>(bytes->size() / item)}, at::TensorOptions().dtype(legacy));
-      std::memcpy(t.data_ptr(), bytes->data(), bytes->size());
-    } else {
-      throw Error("loader", fmt::format("sample {}: column \"{}\" holds neither an array nor bytes", id, o_.column));
-    }
+    at::Tensor t =
+        token_column(it->second, o_.token_encoding_type, fmt::format("sample {}: column \"{}\"", id, o_.column));
     t = t.narrow(0, 0, std::min<int64_t>(t.size(0), o_.max_seq_len)).to(at::kLong);
     longest = std::max(longest, t.size(0));
     rows.push_back(t);

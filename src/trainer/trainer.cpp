@@ -183,15 +183,15 @@ void Trainer::setup_ranks() {
   state_.device_train_batch_size = cfg_.global_train_batch_size / state_.world_size;
 }
 
-data::ChatTokenizer Trainer::finetuning_tokenizer() const {
+data::Tokenizer Trainer::load_tokenizer(const std::string& needed_by) const {
   std::filesystem::path tok;
   try {
     tok = util::resolve_hf_tokenizer(cfg_.tokenizer.name);
   } catch (const Error& e) {
-    throw ConfigError("recipe", fmt::format("{}: the finetuning loader needs a tokenizer: tokenizer.name: {}",
-                                            cfg_.recipe_path, e.message()));
+    throw ConfigError("recipe", fmt::format("{}: {} need{} a tokenizer: tokenizer.name: {}", cfg_.recipe_path,
+                                            needed_by, needed_by == "icl_tasks" ? "" : "s", e.message()));
   }
-  return data::ChatTokenizer(data::Tokenizer::from_file(tok), "");
+  return data::Tokenizer::from_file(tok);
 }
 
 std::unique_ptr<data::BatchIterator> Trainer::open_train_epoch() {
@@ -216,7 +216,7 @@ std::unique_ptr<data::BatchIterator> Trainer::open_eval() {
 
 void Trainer::build_data() {
   if (cfg_.train_loader.finetuning || (cfg_.eval_loader && cfg_.eval_loader->finetuning)) {
-    const data::ChatTokenizer tok = finetuning_tokenizer();
+    const data::ChatTokenizer tok(load_tokenizer("the finetuning loader"), "");
     if (cfg_.train_loader.finetuning) {
       train_ft_ =
           std::make_unique<data::FinetuningDataset>(*cfg_.train_loader.finetuning, tok, state_.device_train_batch_size,
@@ -281,14 +281,7 @@ void Trainer::build_icl_tasks() {
       gauntlet_ = eval::parse_gauntlet(*cfg_.eval_gauntlet);
     }
   }
-  std::filesystem::path tok;
-  try {
-    tok = util::resolve_hf_tokenizer(cfg_.tokenizer.name);
-  } catch (const Error& e) {
-    throw ConfigError("recipe",
-                      fmt::format("{}: icl_tasks need a tokenizer: tokenizer.name: {}", cfg_.recipe_path, e.message()));
-  }
-  icl_tokenizer_ = data::Tokenizer::from_file(tok);
+  icl_tokenizer_ = load_tokenizer("icl_tasks");
 }
 
 void Trainer::build_model() {

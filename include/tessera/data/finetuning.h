@@ -97,6 +97,10 @@ std::pair<std::vector<int32_t>, std::vector<int32_t>> stitch_turns(const Finetun
                                                                    const std::string& target_responses,
                                                                    std::optional<int32_t> eos);
 
+// Appends the objects of a JSONL file (one per non-blank line) or of a JSON file holding an array, each with where it
+// is ("file:line" or "file[index]"); a malformed line or a non-object is an error naming it.
+void append_json_rows(const std::string& path, std::vector<std::pair<nlohmann::ordered_json, std::string>>& rows);
+
 // The rows of the split `options` select: each object with its "file:line" (JSONL) or "file[index]" (JSON array).
 // Errors name the file and line: a malformed line, a row that is not an object, no file for the split.
 std::vector<std::pair<nlohmann::ordered_json, std::string>> read_finetuning_rows(const FinetuningOptions& options);
@@ -176,6 +180,11 @@ class FinetuningDataset {
   std::optional<ChatTokenizer> tokenizer_;
   int64_t ranks_per_node_ = 1;
   std::pair<std::vector<int32_t>, std::vector<int32_t>> mds_example(int64_t sample) const;
+  // torch's DistributedSampler: examples per rank, the whole epoch's order (shuffled from shuffle_seed + epoch; the
+  // tail padded by repeating or cut), and a rank's share of it (every world_size-th from `rank`).
+  int64_t per_rank(int64_t world_size, bool drop_last) const;
+  std::vector<int64_t> sampler_order(int64_t epoch, int64_t world_size, bool drop_last) const;
+  static std::vector<int64_t> rank_slice(const std::vector<int64_t>& order, int64_t world_size, int64_t rank);
   int64_t dropped_ = 0;
   double packing_ratio_ = 1;
   int64_t examples_per_batch_;

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "tessera/data/mds.h"
 #include "tessera/data/streaming_dataset.h"
 
 namespace tessera::data {
@@ -46,6 +47,10 @@ struct TokenLoaderOptions {
   bool drop_last = true;                      // drop a final batch with fewer than batch_size samples
   int64_t prefetch_factor = 2;                // batches each worker keeps ready
 };
+
+// The tokens of an MDS column, 1-d in their stored dtype: an ndarray of any integer dtype as it is, or `bytes` of
+// `encoding` values (int8 .. uint64: LLM Foundry's legacy layout). Errors name `where` (the sample and column).
+at::Tensor token_column(const mds::Field& field, const std::string& encoding, const std::string& where);
 
 // This rank's batches of an epoch, per worker: the sample ids of each batch (short final batches dropped when
 // drop_last). batches_in_epoch counts them (the dataloader length).

@@ -91,7 +91,8 @@ class Trainer {
   // This rank's batches of the train loader from the current timestamp on, and of the eval loader from its start.
   std::unique_ptr<data::BatchIterator> open_train_epoch();
   std::unique_ptr<data::BatchIterator> open_eval();
-  data::ChatTokenizer finetuning_tokenizer() const;
+  // tokenizer.name, resolved (a file, folder or cached hub id) and loaded; a ConfigError names `needed_by`.
+  data::Tokenizer load_tokenizer(const std::string& needed_by) const;
   void run_icl_eval();
 
   TrainConfig cfg_;
