@@ -56,6 +56,8 @@ find_package(CLI11 REQUIRED)
 find_package(nlohmann_json REQUIRED)
 find_package(Threads REQUIRED)
 find_package(ZLIB REQUIRED)
+find_package(CURL REQUIRED)
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 find_library(TESSERA_ZSTD_LIB zstd REQUIRED)
 find_library(TESSERA_XXHASH_LIB xxhash REQUIRED)
 # The tokenizer: PCRE2 (JIT) for pre-tokenizer patterns, ICU for NFC and Unicode properties.

@@ -57,6 +57,8 @@
 #include "tessera/data/tokenizer.h"
 #include "tessera/models/generate.h"
 #include "tessera/models/mpt.h"
+#include "tessera/storage/s3.h"
+#include "tessera/storage/storage.h"
 #include "tessera/trainer/trainer.h"
 #include "tessera/util/error.h"
 #include "tessera/util/jinja.h"
@@ -401,6 +403,50 @@ int train_trace(const std::string& recipe, const std::string& out_dir, const std
   return 0;
 }
 
+// Runs a list of storage operations in one process ({"op": "put"|"put_file"|"get"|"range"|"download"|"list"|"remove"|
+// "stat", ...}) and writes their results plus how often credentials were read and how many requests were sent.
+int storage_batch(const std::string& ops_path, const std::string& out_path) {
+  namespace storage = tessera::storage;
+  std::ifstream in(ops_path);
+  const auto ops = nlohmann::json::parse(in);
+  nlohmann::json results = nlohmann::json::array();
+  for (const auto& op : ops) {
+    const std::string name = op.at("op");
+    nlohmann::json r = nlohmann::json::object();
+    try {
+      if (name == "put") {
+        storage::write(op.at("uri"), op.at("data").get<std::string>());
+      } else if (name == "put_file") {
+        storage::upload(op.at("path"), op.at("uri"));
+      } else if (name == "get") {
+        r["data"] = storage::read(op.at("uri"));
+      } else if (name == "range") {
+        r["data"] = storage::read_range(op.at("uri"), op.at("offset"), op.at("length"));
+      } else if (name == "download") {
+        storage::download(op.at("uri"), op.at("path"));
+      } else if (name == "list") {
+        for (const auto& o : storage::list(op.at("uri"))) r["objects"].push_back({o.uri, o.size, o.etag});
+      } else if (name == "remove") {
+        storage::remove(op.at("uri"));
+      } else if (name == "stat") {
+        const auto s = storage::stat(op.at("uri"));
+        r["size"] = s ? nlohmann::json(s->size) : nlohmann::json();
+      }
+    } catch (const tessera::Error& e) {
+      r["error"] = e.what();
+    }
+    results.push_back(r);
+  }
+  nlohmann::json out = {{"results", results}, {"credential_loads", storage::credential_loads()}};
+  try {
+    if (storage::credential_loads() > 0) out["requests"] = storage::S3Client::shared().requests_sent();
+  } catch (const tessera::Error&) {
+    // no client was made (no credentials): nothing was sent
+  }
+  std::ofstream(out_path) << out.dump();
+  return 0;
+}
+
 int main(int argc, char** argv) {
   try {
     const std::string cmd = argc > 1 ? argv[1] : "";
@@ -427,6 +473,7 @@ int main(int argc, char** argv) {
     if (cmd == "tokenize" && argc >= 5) return tokenize(argv[2], argv[3], argv[4]);
     if (cmd == "train-tokenizer" && argc >= 4) return train_tokenizer(argv[2], argv[3]);
     if (cmd == "finetuning-batches" && argc >= 4) return finetuning_batches(argv[2], argv[3]);
+    if (cmd == "storage-batch" && argc >= 4) return storage_batch(argv[2], argv[3]);
     if (cmd == "chat-template" && argc >= 5) return chat_template(argv[2], argv[3], argv[4]);
     std::cerr << "usage: see the comment at the top of tests/compat/mpt_driver.cpp\n";
     return 2;

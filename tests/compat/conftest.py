@@ -53,3 +53,23 @@ def hub_cache(tmp_path_factory):
         (folder / "snapshots" / ("0" * 40)).mkdir(parents=True)
         (folder / "snapshots" / ("0" * 40) / "config.json").write_text(file.read_text())
     return root
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A moto S3 server process on loopback with signature checking on (tests/compat/s3_server.py)."""
+    from s3_server import MotoServer
+
+    server = MotoServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server, request):
+    """A new, empty bucket on the test server, named after the test."""
+    import re
+
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:50].strip("-") + "-" + str(os.getpid() % 10000)
+    s3_server.client().create_bucket(Bucket=name)
+    return name

@@ -1,0 +1,56 @@
+// URI-addressed objects: local files (plain paths, file://) and S3-compatible object stores (s3://bucket/key), behind
+// one set of functions. Every layer above (datasets, the MDS writer, checkpoints, HF export) reads and writes through
+// these, so any path in a recipe may be remote.
+//
+// Semantics, the same for both backends:
+//   - write() publishes atomically: readers see the old object (or none) or the whole new one, never a part (local:
+//     temporary file + fsync + rename; S3: one PUT, or a multipart upload that becomes visible only when completed).
+//   - download() fetches into a temporary file next to `local_path` and renames it, so a crash never leaves a partial
+//     file under the final name; S3 objects come down in parallel byte ranges.
+//   - list() is recursive under a prefix and returns full URIs, sorted.
+// Errors throw tessera::Error naming the URI (and for S3 the HTTP status and S3's error code). Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tessera::storage {
+
+// A parsed location. Local paths keep their spelling (relative stays relative); `file://` is stripped.
+struct Uri {
+  enum class Scheme { kLocal, kS3 };
+  Scheme scheme = Scheme::kLocal;
+  std::string bucket;       // S3 only
+  std::string key;          // S3: the object key (no leading '/'); local: the path
+  std::string str() const;  // s3://bucket/key, or the path
+};
+
+// Throws ConfigError for an unsupported scheme ("gs://", "azure://", ...) or an S3 URI without a bucket, naming it.
+Uri parse_uri(std::string_view uri);
+bool is_remote(std::string_view uri);  // true for s3://
+// `base` + "/" + `name` for URIs and paths alike (no doubled slash).
+std::string join(std::string_view base, std::string_view name);
+
+struct ObjectInfo {
+  std::string uri;
+  uint64_t size = 0;
+  std::string etag;  // S3's ETag without quotes; empty for local files
+};
+
+std::string read(const std::string& uri);
+// `length` bytes from `offset`; throws if the object is shorter.
+std::string read_range(const std::string& uri, uint64_t offset, uint64_t length);
+void download(const std::string& uri, const std::string& local_path);
+void write(const std::string& uri, std::string_view data);
+// Streams a local file to `uri` (S3: multipart in parallel parts when large; memory bounded by the part pool).
+void upload(const std::string& local_path, const std::string& uri);
+std::vector<ObjectInfo> list(const std::string& prefix_uri);
+// Deletes one object; deleting a missing object is not an error (as S3).
+void remove(const std::string& uri);
+// Size and ETag, or nullopt when the object does not exist.
+std::optional<ObjectInfo> stat(const std::string& uri);
+
+}  // namespace tessera::storage

@@ -1,0 +1,585 @@
+// S3Client: signed requests over pooled libcurl handles, retries with backoff, parallel ranged downloads and parallel
+// multipart uploads.
+#include <curl/curl.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <ctime>
+#include <exception>
+#include <filesystem>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "tessera/storage/s3.h"
+#include "tessera/util/error.h"
+
+namespace tessera::storage {
+namespace {
+
+constexpr const char* kComponent = "s3";
+constexpr const char* kEmptyHash = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
+std::string uri_of(const std::string& bucket, const std::string& key) {
+  return fmt::format("s3://{}/{}", bucket, key);
+}
+
+std::string amz_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%dT%H%M%SZ", &tm);
+  return buf;
+}
+
+// The text of the first <tag>...</tag> in `xml` (entities decoded), or "".
+std::string xml_unescape(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '&') {
+      out += s[i];
+      continue;
+    }
+    const size_t semi = s.find(';', i);
+    if (semi == std::string_view::npos) {
+      out += s[i];
+      continue;
+    }
+    const std::string_view ent = s.substr(i + 1, semi - i - 1);
+    if (ent == "amp")
+      out += '&';
+    else if (ent == "lt")
+      out += '<';
+    else if (ent == "gt")
+      out += '>';
+    else if (ent == "quot")
+      out += '"';
+    else if (ent == "apos")
+      out += '\'';
+    else if (!ent.empty() && ent[0] == '#') {
+      const unsigned long cp = ent.size() > 1 && (ent[1] == 'x' || ent[1] == 'X')
+                                   ? std::stoul(std::string(ent.substr(2)), nullptr, 16)
+                                   : std::stoul(std::string(ent.substr(1)));
+      if (cp < 0x80) {
+        out += static_cast<char>(cp);
+      } else if (cp < 0x800) {
+        out += static_cast<char>(0xC0 | (cp >> 6));
+        out += static_cast<char>(0x80 | (cp & 0x3F));
+      } else if (cp < 0x10000) {
+        out += static_cast<char>(0xE0 | (cp >> 12));
+        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+        out += static_cast<char>(0x80 | (cp & 0x3F));
+      } else {
+        out += static_cast<char>(0xF0 | (cp >> 18));
+        out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+        out += static_cast<char>(0x80 | (cp & 0x3F));
+      }
+    } else {
+      out.append(s.substr(i, semi - i + 1));
+    }
+    i = semi;
+  }
+  return out;
+}
+
+// Inner texts of every <tag>...</tag> (not nested in itself) in `xml`, in order.
+std::vector<std::string_view> xml_all(std::string_view xml, std::string_view tag) {
+  std::vector<std::string_view> out;
+  const std::string open = fmt::format("<{}>", tag), close = fmt::format("</{}>", tag);
+  size_t pos = 0;
+  while ((pos = xml.find(open, pos)) != std::string_view::npos) {
+    const size_t begin = pos + open.size();
+    const size_t end = xml.find(close, begin);
+    if (end == std::string_view::npos) break;
+    out.push_back(xml.substr(begin, end - begin));
+    pos = end + close.size();
+  }
+  return out;
+}
+
+std::string xml_first(std::string_view xml, std::string_view tag) {
+  const auto all = xml_all(xml, tag);
+  return all.empty() ? std::string() : xml_unescape(all.front());
+}
+
+std::string strip_quotes(std::string s) {
+  if (s.size() >= 2 && s.front() == '"' && s.back() == '"') s = s.substr(1, s.size() - 2);
+  return s;
+}
+
+bool retryable_status(long status, const std::string& code) {  // NOLINT(google-runtime-int)
+  return status == 429 || status == 500 || status == 502 || status == 503 || status == 504 ||
+         code == "RequestTimeout" || code == "SlowDown" || code == "InternalError";
+}
+
+bool retryable_curl(CURLcode c) {
+  switch (c) {
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_OPERATION_TIMEDOUT:
+    case CURLE_SEND_ERROR:
+    case CURLE_RECV_ERROR:
+    case CURLE_GOT_NOTHING:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM:
+      return true;
+    default:
+      return false;
+  }
+}
+
+struct Endpoint {
+  std::string scheme;  // "http" / "https"
+  std::string host;    // host[:port]
+  bool custom = false;
+};
+
+Endpoint parse_endpoint(const S3Config& c) {
+  Endpoint e;
+  const std::string url = c.endpoint.empty() ? fmt::format("https://s3.{}.amazonaws.com", c.region) : c.endpoint;
+  const size_t sep = url.find("://");
+  e.scheme = url.substr(0, sep);
+  e.host = url.substr(sep + 3);
+  if (const size_t slash = e.host.find('/'); slash != std::string::npos) e.host.resize(slash);
+  e.custom = !c.endpoint.empty();
+  return e;
+}
+
+bool dns_compatible(const std::string& bucket) {
+  if (bucket.size() < 3 || bucket.size() > 63) return false;
+  return std::all_of(bucket.begin(), bucket.end(),
+                     [](char c) { return std::islower(static_cast<unsigned char>(c)) || std::isdigit(c) || c == '-'; });
+}
+
+struct Transfer {
+  std::string_view upload;  // PUT body
+  size_t upload_pos = 0;
+  S3Response* response = nullptr;
+  CURL* handle = nullptr;
+  const std::function<void(uint64_t, std::string_view)>* sink = nullptr;
+  uint64_t received = 0;
+  std::exception_ptr sink_error;
+};
+
+size_t on_read(char* buf, size_t size, size_t n, void* user) {
+  auto* t = static_cast<Transfer*>(user);
+  const size_t len = std::min(size * n, t->upload.size() - t->upload_pos);
+  std::memcpy(buf, t->upload.data() + t->upload_pos, len);
+  t->upload_pos += len;
+  return len;
+}
+
+// libcurl rewinds the body when it resends a request on a fresh connection.
+int on_seek(void* user, curl_off_t offset, int origin) {
+  auto* t = static_cast<Transfer*>(user);
+  if (origin != SEEK_SET || offset < 0 || static_cast<size_t>(offset) > t->upload.size()) return CURL_SEEKFUNC_FAIL;
+  t->upload_pos = static_cast<size_t>(offset);
+  return CURL_SEEKFUNC_OK;
+}
+
+size_t on_write(char* data, size_t size, size_t n, void* user) {
+  auto* t = static_cast<Transfer*>(user);
+  const size_t len = size * n;
+  long status = 0;  // NOLINT(google-runtime-int)
+  curl_easy_getinfo(t->handle, CURLINFO_RESPONSE_CODE, &status);
+  if (t->sink && *t->sink && status >= 200 && status < 300) {
+    try {
+      (*t->sink)(t->received, std::string_view(data, len));
+    } catch (...) {
+      t->sink_error = std::current_exception();
+      return 0;  // aborts the transfer
+    }
+    t->received += len;
+  } else {
+    t->response->body.append(data, len);
+  }
+  return len;
+}
+
+size_t on_header(char* data, size_t size, size_t n, void* user) {
+  auto* t = static_cast<Transfer*>(user);
+  const std::string_view line(data, size * n);
+  if (line.rfind("HTTP/", 0) == 0) {
+    t->response->headers.clear();  // a new response (after 100 Continue or a redirect)
+    return size * n;
+  }
+  const size_t colon = line.find(':');
+  if (colon != std::string_view::npos) {
+    std::string name(line.substr(0, colon));
+    std::transform(name.begin(), name.end(), name.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    std::string value(line.substr(colon + 1));
+    while (!value.empty() && std::isspace(static_cast<unsigned char>(value.back()))) value.pop_back();
+    value.erase(0, value.find_first_not_of(" \t"));
+    t->response->headers.emplace_back(std::move(name), std::move(value));
+  }
+  return size * n;
+}
+
+void init_curl_once() {
+  static std::once_flag once;
+  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+}
+
+// Runs `work(i)` for i in [0, n) on up to `threads` threads; rethrows the first failure after all stop.
+void parallel_for(size_t n, int threads, const std::function<void(size_t)>& work) {
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  auto run = [&] {
+    for (size_t i = next++; i < n && !failed; i = next++) {
+      try {
+        work(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+        failed = true;
+      }
+    }
+  };
+  const size_t count = std::min<size_t>(n, static_cast<size_t>(std::max(threads, 1)));
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < count; ++t) pool.emplace_back(run);
+  run();
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace
+
+std::string S3Response::header(std::string_view name) const {
+  for (const auto& [k, v] : headers) {
+    if (k == name) return v;
+  }
+  return {};
+}
+
+// Idle easy handles; each keeps its connections open between requests (curl_easy_reset keeps the connection cache).
+struct S3Client::Pool {
+  std::mutex mutex;
+  std::vector<CURL*> idle;
+  CURL* acquire() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!idle.empty()) {
+        CURL* h = idle.back();
+        idle.pop_back();
+        curl_easy_reset(h);
+        return h;
+      }
+    }
+    CURL* h = curl_easy_init();
+    if (!h) throw Error(kComponent, "curl_easy_init failed");
+    return h;
+  }
+  void release(CURL* h) {
+    std::lock_guard<std::mutex> lock(mutex);
+    idle.push_back(h);
+  }
+  ~Pool() {
+    for (CURL* h : idle) curl_easy_cleanup(h);
+  }
+};
+
+S3Client::S3Client(S3Config config, S3Credentials credentials)
+    : config_(std::move(config)), credentials_(std::move(credentials)), pool_(std::make_unique<Pool>()) {
+  init_curl_once();
+}
+
+S3Client::~S3Client() = default;
+
+S3Client& S3Client::shared() {
+  static S3Client client(S3Config::from_environment(), load_credentials());
+  return client;
+}
+
+S3Response S3Client::send(const std::string& method, const std::string& bucket, const std::string& key,
+                          const std::vector<std::pair<std::string, std::string>>& query,
+                          std::vector<std::pair<std::string, std::string>> headers, std::string_view payload,
+                          const BodySink& sink) {
+  const Endpoint ep = parse_endpoint(config_);
+  const bool virtual_host = config_.addressing == S3Config::Addressing::kVirtual ||
+                            (config_.addressing == S3Config::Addressing::kAuto && !ep.custom && dns_compatible(bucket));
+  const std::string encoded_key = sigv4::uri_encode(key, true);
+  std::string host = ep.host, path;
+  if (virtual_host) {
+    host = bucket + "." + ep.host;
+    path = "/" + encoded_key;
+  } else {
+    path = "/" + bucket + (key.empty() && query.size() > 0 ? "" : "/" + encoded_key);
+  }
+  std::string query_string;
+  for (const auto& [k, v] : query) {
+    query_string +=
+        (query_string.empty() ? "?" : "&") + sigv4::uri_encode(k, false) + "=" + sigv4::uri_encode(v, false);
+  }
+  const std::string url = fmt::format("{}://{}{}{}", ep.scheme, host, path, query_string);
+  const std::string payload_hash = payload.empty() ? kEmptyHash : sigv4::sha256_hex(payload);
+  const std::string where = uri_of(bucket, key);
+
+  std::mt19937_64 rng(std::random_device{}());
+  std::string last_error;
+  for (int attempt = 0; attempt < config_.max_attempts; ++attempt) {
+    if (attempt > 0) {
+      const double cap = std::min(config_.backoff_max_s, config_.backoff_base_s * std::pow(2.0, attempt - 1));
+      std::this_thread::sleep_for(std::chrono::duration<double>(std::uniform_real_distribution<double>(0, cap)(rng)));
+    }
+    sigv4::Request req{method, path, query, headers, payload_hash};
+    const std::string date = amz_now();
+    req.headers.emplace_back("host", host);
+    req.headers.emplace_back("x-amz-date", date);
+    req.headers.emplace_back("x-amz-content-sha256", payload_hash);
+    if (!credentials_.session_token.empty())
+      req.headers.emplace_back("x-amz-security-token", credentials_.session_token);
+    const std::string auth = sigv4::authorization(req, credentials_, config_.region, "s3", date);
+
+    curl_slist* list = nullptr;
+    for (const auto& [k, v] : req.headers) {
+      if (k != "host") list = curl_slist_append(list, fmt::format("{}: {}", k, v).c_str());
+    }
+    list = curl_slist_append(list, ("Authorization: " + auth).c_str());
+    list = curl_slist_append(list, "Expect:");
+    S3Response response;
+    Transfer t;
+    t.upload = payload;
+    t.response = &response;
+    t.sink = &sink;
+    CURL* h = pool_->acquire();
+    t.handle = h;
+    curl_easy_setopt(h, CURLOPT_URL, url.c_str());
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, list);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, config_.connect_timeout_s);
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1024L);
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, config_.stall_timeout_s);
+    curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_write);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &t);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, &t);
+    if (method == "HEAD") {
+      curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+    } else if (method == "PUT") {
+      curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
+      curl_easy_setopt(h, CURLOPT_READFUNCTION, on_read);
+      curl_easy_setopt(h, CURLOPT_READDATA, &t);
+      curl_easy_setopt(h, CURLOPT_SEEKFUNCTION, on_seek);
+      curl_easy_setopt(h, CURLOPT_SEEKDATA, &t);
+      curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(payload.size()));
+    } else if (method == "POST") {
+      curl_easy_setopt(h, CURLOPT_POST, 1L);
+      curl_easy_setopt(h, CURLOPT_POSTFIELDS, payload.data());
+      curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(payload.size()));
+    } else if (method != "GET") {
+      curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method.c_str());
+    }
+    ++requests_;
+    const CURLcode rc = curl_easy_perform(h);
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &response.status);
+    curl_slist_free_all(list);
+    if (rc != CURLE_OK) {
+      // A broken handle may hold a broken connection: drop it rather than pool it.
+      curl_easy_cleanup(h);
+      if (t.sink_error) std::rethrow_exception(t.sink_error);
+      last_error = fmt::format("{} failed: {}", method, curl_easy_strerror(rc));
+      if (retryable_curl(rc)) continue;
+      throw Error(kComponent, fmt::format("{}: {}", where, last_error));
+    }
+    pool_->release(h);
+    if (response.status >= 200 && response.status < 300) return response;
+    const std::string code = xml_first(response.body, "Code");
+    const std::string message = xml_first(response.body, "Message");
+    last_error = fmt::format("{} HTTP {}{}{}", method, response.status, code.empty() ? "" : " " + code,
+                             message.empty() ? "" : ": " + message);
+    if (retryable_status(response.status, code)) continue;
+    if (response.status == 403 || code == "InvalidAccessKeyId" || code == "SignatureDoesNotMatch") {
+      last_error += fmt::format(" (bucket {}; credentials from {})", bucket, credentials_.source);
+    }
+    response.body = last_error;  // callers that accept a status (404 on HEAD) read the summary
+    if (response.status == 404 && (method == "HEAD" || method == "DELETE")) return response;
+    throw Error(kComponent, fmt::format("{}: {}", where, last_error));
+  }
+  throw Error(kComponent, fmt::format("{}: {} (gave up after {} attempts)", where, last_error, config_.max_attempts));
+}
+
+std::string S3Client::get(const std::string& bucket, const std::string& key) {
+  return send("GET", bucket, key, {}, {}, {}).body;
+}
+
+std::string S3Client::get_range(const std::string& bucket, const std::string& key, uint64_t offset, uint64_t length) {
+  if (length == 0) return {};
+  S3Response r = send("GET", bucket, key, {}, {{"range", fmt::format("bytes={}-{}", offset, offset + length - 1)}}, {});
+  if (r.body.size() != length) {
+    throw Error(kComponent, fmt::format("{}: asked for {} bytes at {}, got {} (the object is shorter)",
+                                        uri_of(bucket, key), length, offset, r.body.size()));
+  }
+  return std::move(r.body);
+}
+
+void S3Client::download(const std::string& bucket, const std::string& key, const std::string& path) {
+  const std::string where = uri_of(bucket, key);
+  const auto info = head(bucket, key);
+  if (!info) throw Error(kComponent, fmt::format("{}: no such object", where));
+  static std::atomic<int64_t> counter{0};
+  const std::string tmp = fmt::format("{}.tmp-{}-{}", path, ::getpid(), counter++);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(kComponent, fmt::format("{}: cannot create {}: {}", where, tmp, std::strerror(errno)));
+  try {
+    if (::ftruncate(fd, static_cast<off_t>(info->size)) != 0) {
+      throw Error(kComponent, fmt::format("{}: cannot size {}: {}", where, tmp, std::strerror(errno)));
+    }
+    const uint64_t part = config_.part_size;
+    const size_t parts = static_cast<size_t>((info->size + part - 1) / part);
+    parallel_for(parts, config_.parallelism, [&](size_t i) {
+      const uint64_t begin = i * part, end = std::min(info->size, begin + part);
+      std::atomic<uint64_t> got{0};
+      send("GET", bucket, key, {},
+           {{"range", fmt::format("bytes={}-{}", begin, end - 1)}, {"if-match", "\"" + info->etag + "\""}}, {},
+           [&](uint64_t offset, std::string_view bytes) {
+             if (offset + bytes.size() > end - begin) {
+               throw Error(kComponent, fmt::format("{}: range {}-{} returned too many bytes", where, begin, end - 1));
+             }
+             if (::pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(begin + offset)) !=
+                 static_cast<ssize_t>(bytes.size())) {
+               throw Error(kComponent, fmt::format("{}: cannot write {}: {}", where, tmp, std::strerror(errno)));
+             }
+             got = offset + bytes.size();
+           });
+      if (got != end - begin) {
+        throw Error(kComponent, fmt::format("{}: range {}-{} returned {} bytes", where, begin, end - 1, got.load()));
+      }
+    });
+    ::close(fd);
+    std::filesystem::rename(tmp, path);
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+}
+
+void S3Client::put(const std::string& bucket, const std::string& key, std::string_view data) {
+  if (data.size() <= config_.multipart_threshold) {
+    send("PUT", bucket, key, {}, {}, data);
+    return;
+  }
+  upload_parts(bucket, key, data.size(),
+               [&](uint64_t offset, uint64_t length) { return std::string(data.substr(offset, length)); });
+}
+
+void S3Client::upload_file(const std::string& path, const std::string& bucket, const std::string& key) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(kComponent, fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
+  const off_t size = ::lseek(fd, 0, SEEK_END);
+  const auto read_part = [&](uint64_t offset, uint64_t length) {
+    std::string buf(length, '\0');
+    uint64_t done = 0;
+    while (done < length) {
+      const ssize_t n = ::pread(fd, buf.data() + done, length - done, static_cast<off_t>(offset + done));
+      if (n <= 0)
+        throw Error(kComponent, fmt::format("{}: read failed at {}: {}", path, offset + done, std::strerror(errno)));
+      done += static_cast<uint64_t>(n);
+    }
+    return buf;
+  };
+  if (static_cast<uint64_t>(size) <= config_.multipart_threshold) {
+    send("PUT", bucket, key, {}, {}, read_part(0, static_cast<uint64_t>(size)));
+    return;
+  }
+  upload_parts(bucket, key, static_cast<uint64_t>(size), read_part);
+}
+
+void S3Client::upload_parts(const std::string& bucket, const std::string& key, uint64_t size,
+                            const std::function<std::string(uint64_t, uint64_t)>& read_part) {
+  const std::string where = uri_of(bucket, key);
+  uint64_t part = config_.part_size;
+  while ((size + part - 1) / part > 10000) part *= 2;  // S3 allows 10,000 parts
+  const std::string upload_id = xml_first(send("POST", bucket, key, {{"uploads", ""}}, {}, {}).body, "UploadId");
+  if (upload_id.empty()) throw Error(kComponent, fmt::format("{}: CreateMultipartUpload returned no UploadId", where));
+  const size_t parts = static_cast<size_t>((size + part - 1) / part);
+  std::vector<std::string> etags(parts);
+  try {
+    parallel_for(parts, config_.parallelism, [&](size_t i) {
+      const uint64_t begin = i * part, length = std::min(size - begin, part);
+      const std::string body = read_part(begin, length);
+      const S3Response r =
+          send("PUT", bucket, key, {{"partNumber", std::to_string(i + 1)}, {"uploadId", upload_id}}, {}, body);
+      etags[i] = r.header("etag");
+      if (etags[i].empty()) throw Error(kComponent, fmt::format("{}: part {} returned no ETag", where, i + 1));
+    });
+    std::string xml = "<CompleteMultipartUpload>";
+    for (size_t i = 0; i < parts; ++i) {
+      xml += fmt::format("<Part><PartNumber>{}</PartNumber><ETag>{}</ETag></Part>", i + 1, etags[i]);
+    }
+    xml += "</CompleteMultipartUpload>";
+    const S3Response r =
+        send("POST", bucket, key, {{"uploadId", upload_id}}, {{"content-type", "application/xml"}}, xml);
+    // CompleteMultipartUpload can fail with 200 and an <Error> body.
+    if (r.body.find("<Error>") != std::string::npos) {
+      throw Error(kComponent, fmt::format("{}: CompleteMultipartUpload failed: {} {}", where, xml_first(r.body, "Code"),
+                                          xml_first(r.body, "Message")));
+    }
+  } catch (...) {
+    try {
+      send("DELETE", bucket, key, {{"uploadId", upload_id}}, {}, {});
+    } catch (const std::exception& e) {
+      spdlog::warn("[s3] {}: could not abort multipart upload: {}", where, e.what());
+    }
+    throw;
+  }
+}
+
+std::vector<S3Client::Listed> S3Client::list(const std::string& bucket, const std::string& prefix) {
+  std::vector<Listed> out;
+  std::string token;
+  while (true) {
+    std::vector<std::pair<std::string, std::string>> query{{"list-type", "2"}, {"prefix", prefix}};
+    if (!token.empty()) query.emplace_back("continuation-token", token);
+    const S3Response r = send("GET", bucket, "", query, {}, {});
+    for (const std::string_view item : xml_all(r.body, "Contents")) {
+      Listed l;
+      l.key = xml_first(item, "Key");
+      l.size = std::stoull("0" + xml_first(item, "Size"));
+      l.etag = strip_quotes(xml_first(item, "ETag"));
+      out.push_back(std::move(l));
+    }
+    if (xml_first(r.body, "IsTruncated") != "true") break;
+    token = xml_first(r.body, "NextContinuationToken");
+    if (token.empty()) break;
+  }
+  std::sort(out.begin(), out.end(), [](const Listed& a, const Listed& b) { return a.key < b.key; });
+  return out;
+}
+
+void S3Client::remove(const std::string& bucket, const std::string& key) {
+  send("DELETE", bucket, key, {}, {}, {});
+}
+
+std::optional<S3Client::Listed> S3Client::head(const std::string& bucket, const std::string& key) {
+  const S3Response r = send("HEAD", bucket, key, {}, {}, {});
+  if (r.status == 404) return std::nullopt;
+  Listed l;
+  l.key = key;
+  l.size = std::stoull("0" + r.header("content-length"));
+  l.etag = strip_quotes(r.header("etag"));
+  return l;
+}
+
+}  // namespace tessera::storage

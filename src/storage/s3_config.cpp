@@ -1,0 +1,152 @@
+// Where the S3 client's settings and credentials come from: the environment variables and the ~/.aws files that the
+// AWS CLI and boto3 read, with the same precedence.
+#include <fmt/format.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "tessera/storage/s3.h"
+#include "tessera/util/error.h"
+
+namespace tessera::storage {
+namespace {
+
+constexpr const char* kComponent = "s3";
+std::atomic<int64_t> g_credential_loads{0};
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+std::string trim(std::string s) {
+  const auto not_space = [](unsigned char c) { return !std::isspace(c); };
+  s.erase(s.begin(), std::find_if(s.begin(), s.end(), not_space));
+  s.erase(std::find_if(s.rbegin(), s.rend(), not_space).base(), s.end());
+  return s;
+}
+
+std::string home_file(const char* variable, const char* fallback) {
+  std::string path = env(variable);
+  if (!path.empty()) return path;
+  const std::string home = env("HOME");
+  return home.empty() ? std::string() : home + "/" + fallback;
+}
+
+// The top-level `key = value` pairs of one section of an AWS INI file (nested, indented sub-sections are skipped).
+std::map<std::string, std::string> ini_section(const std::string& path, const std::string& section) {
+  std::map<std::string, std::string> out;
+  std::ifstream in(path);
+  if (!in) return out;
+  std::string line;
+  bool inside = false;
+  while (std::getline(in, line)) {
+    const bool indented = !line.empty() && (line[0] == ' ' || line[0] == '\t');
+    line = trim(line);
+    if (line.empty() || line[0] == '#' || line[0] == ';') continue;
+    if (line.front() == '[' && line.back() == ']') {
+      inside = trim(line.substr(1, line.size() - 2)) == section;
+      continue;
+    }
+    const size_t eq = line.find('=');
+    if (!inside || indented || eq == std::string::npos) continue;
+    out[trim(line.substr(0, eq))] = trim(line.substr(eq + 1));
+  }
+  return out;
+}
+
+std::string profile_name() {
+  std::string p = env("AWS_PROFILE");
+  if (p.empty()) p = env("AWS_DEFAULT_PROFILE");
+  return p.empty() ? "default" : p;
+}
+
+// ~/.aws/config names profiles "[profile NAME]" except "[default]".
+std::map<std::string, std::string> config_profile() {
+  const std::string name = profile_name();
+  return ini_section(home_file("AWS_CONFIG_FILE", ".aws/config"), name == "default" ? name : "profile " + name);
+}
+
+int positive_env(const char* name, int fallback) {
+  const std::string v = env(name);
+  if (v.empty()) return fallback;
+  try {
+    const int n = std::stoi(v);
+    if (n > 0) return n;
+  } catch (const std::exception&) {
+  }
+  throw ConfigError(kComponent, fmt::format("{}={}: expected a positive integer", name, v));
+}
+
+}  // namespace
+
+S3Config S3Config::from_environment() {
+  S3Config c;
+  const auto profile = config_profile();
+  for (const char* name : {"S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"}) {
+    c.endpoint = env(name);
+    if (!c.endpoint.empty()) break;
+  }
+  if (c.endpoint.empty() && profile.count("endpoint_url")) c.endpoint = profile.at("endpoint_url");
+  while (!c.endpoint.empty() && c.endpoint.back() == '/') c.endpoint.pop_back();
+  if (!c.endpoint.empty() && c.endpoint.rfind("http://", 0) != 0 && c.endpoint.rfind("https://", 0) != 0) {
+    throw ConfigError(kComponent, fmt::format("endpoint {}: expected an http:// or https:// URL", c.endpoint));
+  }
+  std::string region = env("AWS_REGION");
+  if (region.empty()) region = env("AWS_DEFAULT_REGION");
+  if (region.empty() && profile.count("region")) region = profile.at("region");
+  if (!region.empty()) c.region = region;
+  const std::string style = env("TESSERA_S3_ADDRESSING_STYLE");
+  if (style == "path") {
+    c.addressing = Addressing::kPath;
+  } else if (style == "virtual") {
+    c.addressing = Addressing::kVirtual;
+  } else if (!style.empty() && style != "auto") {
+    throw ConfigError(kComponent, fmt::format("TESSERA_S3_ADDRESSING_STYLE={}: expected auto, path or virtual", style));
+  }
+  c.max_attempts = positive_env("TESSERA_S3_MAX_ATTEMPTS", c.max_attempts);
+  c.part_size = static_cast<uint64_t>(positive_env("TESSERA_S3_PART_SIZE_MB", 16)) << 20;
+  if (c.part_size < (5ULL << 20)) throw ConfigError(kComponent, "TESSERA_S3_PART_SIZE_MB: S3's minimum part is 5 MB");
+  c.multipart_threshold = c.part_size;
+  c.parallelism = positive_env("TESSERA_S3_PARALLELISM", c.parallelism);
+  c.stall_timeout_s = positive_env("TESSERA_S3_STALL_TIMEOUT_S", static_cast<int>(c.stall_timeout_s));
+  return c;
+}
+
+S3Credentials load_credentials() {
+  ++g_credential_loads;
+  S3Credentials c;
+  c.access_key_id = env("AWS_ACCESS_KEY_ID");
+  c.secret_access_key = env("AWS_SECRET_ACCESS_KEY");
+  if (!c.access_key_id.empty() && !c.secret_access_key.empty()) {
+    c.session_token = env("AWS_SESSION_TOKEN");
+    c.source = "environment";
+    return c;
+  }
+  const std::string name = profile_name();
+  const std::string credentials_file = home_file("AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials");
+  const std::string config_file = home_file("AWS_CONFIG_FILE", ".aws/config");
+  for (const auto& [file, section] :
+       {std::pair{credentials_file, name}, std::pair{config_file, name == "default" ? name : "profile " + name}}) {
+    const auto s = ini_section(file, section);
+    if (s.count("aws_access_key_id") && s.count("aws_secret_access_key")) {
+      c.access_key_id = s.at("aws_access_key_id");
+      c.secret_access_key = s.at("aws_secret_access_key");
+      c.session_token = s.count("aws_session_token") ? s.at("aws_session_token") : "";
+      c.source = fmt::format("{} [{}]", file, section);
+      return c;
+    }
+  }
+  throw ConfigError(kComponent, fmt::format("no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
+                                            "profile [{}] in {} or {} (AWS_PROFILE picks the profile)",
+                                            name, credentials_file, config_file));
+}
+
+int64_t credential_loads() {
+  return g_credential_loads.load();
+}
+
+}  // namespace tessera::storage
