@@ -27,7 +27,8 @@ int main(int argc, char** argv) {
   tessera::util::configure_host_allocator();
   try {
     tessera::data::StreamingOptions o;
-    o.streams = {{data, {}, {}, {}, {}}};
+    o.streams.emplace_back();
+    o.streams.back().local = data;
     o.batch_size = batch;
     o.shuffle = shuffle;
     const auto t0 = std::chrono::steady_clock::now();

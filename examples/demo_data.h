@@ -15,8 +15,12 @@ namespace examples {
 inline void write_demo_data(const std::filesystem::path& dir) {
   for (const char* split : {"train", "val"}) {
     std::filesystem::remove_all(dir / split);
-    tessera::data::mds::MDSWriter w(
-        {(dir / split).string(), {{"tokens", "ndarray:int32"}}, "zstd", {}, uint64_t{1} << 20});
+    tessera::data::mds::WriterOptions options;
+    options.out = (dir / split).string();
+    options.columns = {{"tokens", "ndarray:int32"}};
+    options.compression = "zstd";
+    options.size_limit = uint64_t{1} << 20;
+    tessera::data::mds::MDSWriter w(options);
     for (int i = 0; i < 256; ++i) {
       std::vector<int32_t> t(65);
       for (size_t j = 0; j < t.size(); ++j) t[j] = static_cast<int32_t>((i + 3 * j) % 97);

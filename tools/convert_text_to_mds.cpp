@@ -29,6 +29,7 @@
 #include "tessera/data/documents.h"
 #include "tessera/data/mds.h"
 #include "tessera/data/tokenizer.h"
+#include "tessera/storage/storage.h"
 #include "tessera/util/device.h"
 #include "tessera/util/error.h"
 #include "tessera/util/hf_hub.h"
@@ -81,23 +82,34 @@ std::vector<std::vector<int32_t>> encode_all(const tessera::data::Tokenizer& tok
   return out;
 }
 
-void prepare_dir(const fs::path& dir, bool overwrite) {
-  if (fs::exists(dir) && !fs::is_empty(dir)) {
+void prepare_dir(const std::string& dir, bool overwrite) {
+  if (tessera::storage::is_remote(dir)) {
+    const auto existing = tessera::storage::list(tessera::storage::join(dir, ""));
+    if (existing.empty()) return;
     if (!overwrite) {
       throw ConfigError(
-          "convert", fmt::format("{}: output directory is not empty (pass --overwrite to replace it)", dir.string()));
+          "convert",
+          fmt::format("{}: output location holds {} objects (pass --overwrite to replace them)", dir, existing.size()));
+    }
+    for (const auto& obj : existing) tessera::storage::remove(obj.uri);
+    return;
+  }
+  if (fs::exists(dir) && !fs::is_empty(dir)) {
+    if (!overwrite) {
+      throw ConfigError("convert",
+                        fmt::format("{}: output directory is not empty (pass --overwrite to replace it)", dir));
     }
     fs::remove_all(dir);
   }
 }
 
 // Writes one split; returns (samples, tokens).
-std::pair<int64_t, int64_t> write_split(const Options& o, const fs::path& dir, const tessera::data::Tokenizer* tok,
+std::pair<int64_t, int64_t> write_split(const Options& o, const std::string& dir, const tessera::data::Tokenizer* tok,
                                         const std::vector<std::string>& docs, const std::vector<size_t>& which,
                                         int workers) {
   prepare_dir(dir, o.overwrite);
   tessera::data::mds::WriterOptions w;
-  w.out = dir.string();
+  w.out = dir;
   w.compression = o.compression == "none" ? std::nullopt : std::optional<std::string>(o.compression);
   w.size_limit = o.size_limit;
   w.exist_ok = true;
@@ -150,7 +162,9 @@ int run(int argc, char** argv) {
   std::string log_level = "info";
   app.add_option("--input", inputs, "Files or directories of documents")->required();
   app.add_option("--format", o.format, "fortunes | text | jsonl (the `text` field)");
-  app.add_option("--output", o.output, "Output directory (gets train/ and, with --val-fraction, val/)")->required();
+  app.add_option("--output", o.output,
+                 "Output directory or s3://bucket/prefix (gets train/ and, with --val-fraction, val/)")
+      ->required();
   app.add_option("--tokenizer", o.tokenizer, "tokenizer.json (required with --concat-tokens)");
   app.add_option("--concat-tokens", o.concat_tokens, "Tokens per sample; omit to write raw text samples")
       ->check(CLI::PositiveNumber);
@@ -197,14 +211,14 @@ int run(int argc, char** argv) {
   std::sort(train.begin(), train.end());
 
   const auto [train_samples, train_tokens] =
-      write_split(o, fs::path(o.output) / "train", tok ? &*tok : nullptr, docs, train, workers);
+      write_split(o, tessera::storage::join(o.output, "train"), tok ? &*tok : nullptr, docs, train, workers);
   std::cout << fmt::format("train: {} documents -> {} samples ({} tokens) in {}\n", train.size(), train_samples,
-                           train_tokens, (fs::path(o.output) / "train").string());
+                           train_tokens, tessera::storage::join(o.output, "train"));
   if (n_val > 0) {
     const auto [val_samples, val_tokens] =
-        write_split(o, fs::path(o.output) / "val", tok ? &*tok : nullptr, docs, val, workers);
+        write_split(o, tessera::storage::join(o.output, "val"), tok ? &*tok : nullptr, docs, val, workers);
     std::cout << fmt::format("val: {} documents -> {} samples ({} tokens) in {}\n", val.size(), val_samples, val_tokens,
-                             (fs::path(o.output) / "val").string());
+                             tessera::storage::join(o.output, "val"));
   }
   return tessera::kExitOk;
 }

@@ -3,6 +3,10 @@
 
 #include <fmt/format.h>
 
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <exception>
 
@@ -47,6 +51,11 @@ struct TokenBatchLoader::Worker {
   std::exception_ptr error;
   bool stop = false;
   std::thread thread;
+  // Remote streams: a second thread fetches shards ahead of `position` (samples collated so far), as Streaming's
+  // per-worker prepare thread does.
+  std::atomic<int64_t> position{0};
+  std::atomic<bool> halt{false};
+  std::thread prefetcher;
 };
 
 std::vector<std::vector<std::vector<int64_t>>> worker_batches(const streaming::Partition& part, int64_t node,
@@ -92,6 +101,9 @@ TokenBatchLoader::TokenBatchLoader(StreamingDataset& dataset, int64_t workers, i
     workers_.push_back(std::move(worker));
   }
   for (auto& w : workers_) w->thread = std::thread([this, ptr = w.get()] { run(*ptr); });
+  if (ds_.has_remote()) {
+    for (auto& w : workers_) w->prefetcher = std::thread([this, ptr = w.get()] { prefetch(*ptr); });
+  }
 }
 
 TokenBatchLoader::~TokenBatchLoader() {
@@ -100,10 +112,33 @@ TokenBatchLoader::~TokenBatchLoader() {
       std::lock_guard<std::mutex> lock(w->mutex);
       w->stop = true;
     }
+    w->halt = true;
     w->cv.notify_all();
   }
   for (auto& w : workers_) {
     if (w->thread.joinable()) w->thread.join();
+    if (w->prefetcher.joinable()) w->prefetcher.join();
+  }
+}
+
+void TokenBatchLoader::prefetch(Worker& w) {
+  const int64_t ahead = ds_.predownload();
+  int64_t i = 0;
+  for (const auto& ids : w.batches) {
+    for (const int64_t id : ids) {
+      while (i - w.position.load() > ahead) {
+        if (w.halt) return;
+        std::this_thread::sleep_for(std::chrono::milliseconds(7));
+      }
+      if (w.halt) return;
+      try {
+        ds_.prefetch(id);
+      } catch (const std::exception& e) {
+        // The worker fetches the shard itself when it reaches it, and reports the failure then.
+        spdlog::debug("[loader] prefetching sample {} failed: {}", id, e.what());
+      }
+      ++i;
+    }
   }
 }
 
@@ -116,6 +151,7 @@ void TokenBatchLoader::run(Worker& w) {
         if (w.stop) return;
       }
       TokenBatch batch = collate(ids);
+      w.position += static_cast<int64_t>(ids.size());
       {
         std::lock_guard<std::mutex> lock(w.mutex);
         w.ready.push_back(std::move(batch));

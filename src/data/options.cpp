@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 
+#include "tessera/storage/storage.h"
 #include "tessera/util/error.h"
 
 namespace tessera::data {
@@ -15,10 +16,26 @@ using config::Section;
 
 StreamSpec parse_stream(Section& s, bool is_dataset) {
   StreamSpec st;
-  st.local = is_dataset ? s.get_string("local", "") : s.require_string("local");
-  // `remote:` left blank means local-only, as LLM Foundry's recipes write it; a real remote needs network access.
-  if (auto remote = s.get_optional_string("remote")) s.not_supported("remote", *remote);
+  // `remote:` left blank means local-only, as LLM Foundry's recipes write it. With a remote, `local` is where shards
+  // are cached (default: a folder under the temporary directory named after the remote).
+  st.remote = s.get_optional_string("remote");
+  if (st.remote && st.remote->empty()) st.remote.reset();
+  if (st.remote) {
+    try {
+      storage::parse_uri(*st.remote);
+    } catch (const Error& e) {
+      s.check(false, "remote", e.message());
+    }
+  }
+  st.local = is_dataset || st.remote ? s.get_string("local", "") : s.require_string("local");
   st.split = s.get_optional_string("split");
+  st.keep_zip = s.get_bool("keep_zip", false);
+  st.download_retry = static_cast<int>(s.get_int("download_retry", 2));
+  s.check(st.download_retry >= 1, "download_retry", "must be at least 1 (it counts attempts)");
+  st.download_timeout = s.get_double("download_timeout", 60);
+  s.check(st.download_timeout > 0, "download_timeout", "must be positive");
+  // Streaming checks one named hash when asked; Tessera always checks every hash index.json records.
+  s.get_optional_string("validate_hash");
   st.proportion = s.get_optional_double("proportion");
   st.repeat = s.get_optional_double("repeat");
   st.choose = s.get_optional_int("choose");
@@ -27,7 +44,7 @@ StreamSpec parse_stream(Section& s, bool is_dataset) {
   s.check(!st.choose || *st.choose > 0, "choose", "must be positive");
   s.check(!(st.proportion && (st.repeat || st.choose)), "proportion", "give at most one of proportion, repeat, choose");
   s.check(!(st.repeat && st.choose), "repeat", "give at most one of proportion, repeat, choose");
-  if (!is_dataset) s.finish({"download_retry", "download_timeout", "validate_hash", "keep_zip"});
+  if (!is_dataset) s.finish();
   return st;
 }
 
@@ -45,7 +62,7 @@ void parse_streaming_dataset(Section& ds, StreamingOptions& o) {
   }
   StreamSpec top = parse_stream(ds, true);
   if (o.streams.empty()) {
-    ds.check(!top.local.empty(), "local", "missing required key (or give `streams`)");
+    ds.check(!top.local.empty() || top.remote, "local", "missing required key (or give `remote` or `streams`)");
     o.streams.push_back(top);
   }
   o.shuffle = ds.get_bool("shuffle", false);
@@ -61,8 +78,16 @@ void parse_streaming_dataset(Section& ds, StreamingOptions& o) {
   if (sampling != "balanced") ds.not_supported("sampling_method", sampling);
   const std::string batching = ds.get_string("batching_method", "random");
   if (batching != "random") ds.not_supported("batching_method", batching);
-  ds.get_optional_int("predownload");  // local shards only: nothing to download ahead
-  ds.get_optional_string("cache_limit");
+  o.predownload = ds.get_optional_int("predownload");
+  ds.check(!o.predownload || *o.predownload >= 0, "predownload", "must be non-negative");
+  if (const config::Value* limit = ds.raw("cache_limit"); limit != nullptr && !limit->is_null()) {
+    try {
+      o.cache_limit = mds::parse_cache_limit(limit->text());
+    } catch (const Error& e) {
+      ds.check(false, "cache_limit", e.message());
+    }
+    if (*o.cache_limit == 0) o.cache_limit.reset();  // Streaming: 0 disables the limit
+  }
 }
 
 LoaderOptions parse_text_loader(Section& s) {
@@ -76,8 +101,8 @@ LoaderOptions parse_text_loader(Section& s) {
       ds.get_choice("token_encoding_type", o.tokens.token_encoding_type,
                     {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"});
   ds.finish({"hf_name", "hf_kwargs", "preprocessing_fn", "decoder_only_format", "packing_ratio", "allow_pad_trimming",
-             "sampling_granularity", "download_retry", "download_timeout", "validate_hash", "keep_zip",
-             "allow_unsafe_types", "replication", "stream_name", "stream_config", "eos_token_id", "bos_token_id"});
+             "sampling_granularity", "allow_unsafe_types", "replication", "stream_name", "stream_config",
+             "eos_token_id", "bos_token_id"});
   o.tokens.drop_last = s.get_bool("drop_last", true);
   o.num_workers = s.get_int("num_workers", 0);
   s.check(o.num_workers >= 0, "num_workers", "must be non-negative");

@@ -228,7 +228,9 @@ int streaming_epoch(const std::string& spec_path, const std::string& out_path) {
   tessera::data::StreamingOptions o;
   for (const auto& st : j["streams"]) {
     tessera::data::StreamSpec spec;
-    spec.local = st["local"];
+    spec.local = st.value("local", "");
+    if (st.contains("remote")) spec.remote = st["remote"].get<std::string>();
+    spec.keep_zip = st.value("keep_zip", false);
     if (st.contains("proportion")) spec.proportion = st["proportion"].get<double>();
     if (st.contains("repeat")) spec.repeat = st["repeat"].get<double>();
     if (st.contains("choose")) spec.choose = st["choose"].get<int64_t>();
@@ -242,6 +244,7 @@ int streaming_epoch(const std::string& spec_path, const std::string& out_path) {
   o.num_canonical_nodes = j["ncn"].get<int64_t>();
   o.partition_algo = j["partition"];
   if (!j["epoch_size"].is_null()) o.epoch_size = j["epoch_size"].get<int64_t>();
+  if (j.contains("cache_limit")) o.cache_limit = tessera::data::mds::parse_cache_limit(j["cache_limit"]);
   tessera::data::StreamingDataset ds(o, {j["nodes"], j["ranks"], j["workers"]});
   if (j["initial_p"].get<int64_t>() > 0) {
     tessera::data::ResumeState st = ds.state(j["epoch"], j["sample_in_epoch"]);
@@ -251,7 +254,9 @@ int streaming_epoch(const std::string& spec_path, const std::string& out_path) {
   const auto p = ds.epoch_ids(j["epoch"], j["sample_in_epoch"]);
   std::vector<int64_t> fields;
   for (int64_t id : p.ids) fields.push_back(id < 0 ? -1 : std::get<int64_t>(ds.get(id)["id"]));
-  std::ofstream(out_path) << nlohmann::json({{"shape", p.shape}, {"ids", p.ids}, {"ids_field", fields}}).dump();
+  nlohmann::json out = {{"shape", p.shape}, {"ids", p.ids}, {"ids_field", fields}};
+  for (size_t s = 0; s < j["streams"].size(); ++s) out["cache_usage"].push_back(ds.stream(s).cache_usage());
+  std::ofstream(out_path) << out.dump();
   return 0;
 }
 

@@ -77,6 +77,7 @@ class TokenBatchLoader : public BatchIterator {
  private:
   struct Worker;
   void run(Worker& w);
+  void prefetch(Worker& w);  // remote streams: fetches shards ahead of the worker
   TokenBatch collate(const std::vector<int64_t>& ids);
 
   StreamingDataset& ds_;

@@ -35,12 +35,17 @@ std::string encode(const std::string& encoding, const Field& value);
 Field decode(const std::string& encoding, std::string_view bytes);
 
 struct WriterOptions {
-  std::string out;                                         // directory (created; must be empty unless exist_ok)
+  // Directory (created; must be empty unless exist_ok), or a remote location (s3://bucket/prefix): shards are then
+  // written to `local` (default: a new temporary directory), uploaded as each is finished, and index.json last, so
+  // a reader never sees an index naming a shard that is not there yet.
+  std::string out;
   std::map<std::string, std::string> columns;              // name -> encoding
   std::optional<std::string> compression;                  // "zstd", "zstd:7", "gz", "gz:6"; nullopt = none
   std::vector<std::string> hashes;                         // sorted subset of sha1, xxh64, xxh3_64
   std::optional<uint64_t> size_limit = uint64_t{1} << 26;  // raw shard bytes; < 2^32; nullopt = unlimited
   bool exist_ok = false;
+  std::optional<std::string> local;  // remote `out` only: staging directory
+  bool keep_local = false;           // remote `out` only: keep the staged files
 };
 
 // Writes samples into shards, flushing a shard when the next sample would exceed size_limit, and index.json on
@@ -60,8 +65,10 @@ class MDSWriter {
  private:
   void flush_shard();
   std::string config_json() const;
+  void publish(const std::string& name, std::string_view bytes);  // writes (and uploads) one file
 
   WriterOptions o_;
+  std::string dir_;  // where files are written: `out`, or the staging directory of a remote `out`
   std::vector<std::string> names_, encodings_;
   std::vector<std::optional<int64_t>> sizes_;
   std::string config_;                // the shard config JSON embedded in every shard
@@ -91,12 +98,28 @@ struct ShardInfo {
 
 struct ReaderOptions {
   bool verify_hashes = true;  // check every supported hash in index.json when a shard is first opened
+  // A remote copy of the dataset (s3://bucket/prefix, file://, or another folder). index.json and shards missing
+  // from the local directory are fetched from it on first use (or ahead, by prefetch()); one process per node
+  // fetches each file while the others wait (file locks in <dir>/.tessera-locks).
+  std::optional<std::string> remote;
+  // Bytes of index.json plus shard files kept in the local directory; before a fetch would exceed it, the least
+  // recently used shards are deleted (raw and compressed files both). nullopt: unlimited. Must be at least four
+  // times the largest shard (raw + compressed), as Streaming requires.
+  std::optional<uint64_t> cache_limit;
+  bool keep_zip = false;         // keep a fetched compressed shard next to its decompressed copy
+  int download_retry = 2;        // attempts per file fetch (Streaming's meaning: total tries, at least 1)
+  double download_timeout = 60;  // seconds to wait for another process of the node fetching the same file
 };
+
+// Streaming's cache_limit strings: an integer byte count, or a number with a base-1024 suffix b, kb, mb, gb, tb,
+// pb, eb, zb, yb ("10gb" = 10 * 1024^3). Throws naming the value otherwise.
+uint64_t parse_cache_limit(const std::string& text);
 
 // One MDS directory (a "stream"). Index memory is O(shards) and small per shard (the column layout is shared and
 // index.json is parsed one shard at a time); samples are located by binary search over cumulative shard sizes. Shards
-// are opened (decompressed to the raw name if needed, hash-checked, memory-mapped) on first use and stay mapped.
-// Thread-safe for concurrent reads.
+// are opened (fetched from the remote if there is one, decompressed to the raw name if needed, hash-checked,
+// memory-mapped) on first use and stay mapped; with a cache_limit, a shard whose files were evicted is unmapped when
+// no reader holds it. Thread-safe for concurrent reads, and for several processes sharing one local directory.
 class MDSDataset {
  public:
   explicit MDSDataset(std::string dir, ReaderOptions options = {});
@@ -108,22 +131,35 @@ class MDSDataset {
   // (shard, index within shard) of a global sample id; throws naming the dataset when out of range.
   std::pair<size_t, int64_t> locate(int64_t sample) const;
 
-  // The raw bytes of one sample (valid while the dataset lives) and the decoded sample.
-  std::string_view raw_sample(int64_t sample);
+  // The raw bytes of one sample, the decoded sample, and the undecoded bytes of one of its columns.
+  std::string raw_sample(int64_t sample);
   Sample get(int64_t sample);
-  // The bytes of one column of a sample, without decoding (fast path for token columns).
-  std::string_view column(int64_t sample, const std::string& name);
+  std::string column(int64_t sample, const std::string& name);
+
+  // With a remote: fetches a shard's files into the local directory if they are not there (no-op otherwise).
+  void prefetch(size_t shard);
+  bool is_remote() const { return options_.remote.has_value(); }
+  // Sets (or clears) the cache limit, checking it as the constructor does. Not to be called while reading.
+  void set_cache_limit(std::optional<uint64_t> limit);
+  // Bytes the local directory holds now by Streaming's accounting (index.json + shard files, by index.json sizes).
+  uint64_t cache_usage() const;
 
  private:
   struct OpenShard;
-  OpenShard& open(size_t shard);
+  std::shared_ptr<OpenShard> open(size_t shard);
+  void fetch(size_t shard);      // remote.cpp
+  void make_room(size_t shard);  // remote.cpp: evicts until the shard fits in cache_limit
+  void fetch_index();            // remote.cpp
+  void touch(size_t shard);      // remote.cpp: marks a shard used now (LRU order across the node)
+  std::string remote_file(const std::string& basename) const;
 
   std::string dir_;
   ReaderOptions options_;
   std::vector<ShardInfo> shards_;
   std::vector<int64_t> cumulative_;  // cumulative_[k] = samples in shards 0..k
   std::mutex mutex_;
-  std::vector<std::unique_ptr<OpenShard>> open_;
+  std::vector<std::shared_ptr<OpenShard>> open_;
+  std::vector<int64_t> touched_;  // when each shard's access time was last written (steady seconds)
 };
 
 }  // namespace tessera::data::mds

@@ -18,11 +18,15 @@
 namespace tessera::data {
 
 struct StreamSpec {
-  std::string local;                 // dataset directory (index.json)
-  std::optional<std::string> split;  // sub-directory of `local`
-  std::optional<double> proportion;  // relative weight (all streams or none)
-  std::optional<double> repeat;      // absolute: repeat * samples per epoch
-  std::optional<int64_t> choose;     // absolute: this many samples per epoch
+  std::string local;                  // dataset directory (index.json); with a remote, where files are fetched to
+  std::optional<std::string> remote;  // s3://bucket/prefix (or a folder) the shards are fetched from on demand
+  std::optional<std::string> split;   // sub-directory of `local` (and of `remote`)
+  std::optional<double> proportion;   // relative weight (all streams or none)
+  std::optional<double> repeat;       // absolute: repeat * samples per epoch
+  std::optional<int64_t> choose;      // absolute: this many samples per epoch
+  bool keep_zip = false;              // remote streams: keep compressed shards after decompressing them
+  int download_retry = 2;             // remote streams: attempts per file
+  double download_timeout = 60;       // remote streams: seconds to wait for another process fetching the same file
 };
 
 struct StreamingOptions {
@@ -38,6 +42,10 @@ struct StreamingOptions {
   std::string sampling_method = "balanced";    // balanced (reseed per epoch) | fixed
   int64_t sampling_granularity = 1;
   bool verify_hashes = true;
+  // Remote streams: bytes of shard files kept locally over all streams (each stream gets a share proportional to its
+  // size); nullopt = unlimited. predownload: samples each loader worker fetches ahead (default 8 * batch_size).
+  std::optional<uint64_t> cache_limit;
+  std::optional<int64_t> predownload;
 };
 
 // Where this process sits: torchrun's RANK / LOCAL_WORLD_SIZE / WORLD_SIZE convention, plus loader workers.
@@ -74,6 +82,10 @@ class StreamingDataset {
   // Where a global sample id lives: (stream, id within the stream).
   std::pair<size_t, int64_t> locate(int64_t sample) const;
   mds::MDSDataset& stream(size_t s) { return *streams_[s]; }
+  bool has_remote() const;
+  // Fetches the shard holding a global sample id into its stream's local directory (no-op for local streams).
+  void prefetch(int64_t sample);
+  int64_t predownload() const { return o_.predownload.value_or(8 * o_.batch_size); }
 
   mds::Sample get(int64_t sample);
   // The state after `sample_in_epoch` global samples of `epoch`, and the arguments to resume from it.

@@ -52,6 +52,8 @@ void verify(const std::vector<std::pair<std::string, std::string>>& expected, st
 struct MDSDataset::OpenShard {
   void* addr = nullptr;
   size_t size = 0;
+  ino_t inode = 0;  // of the raw file when mapped: gone or replaced means evicted
+  std::string path;
   std::string_view bytes() const { return {static_cast<const char*>(addr), size}; }
   ~OpenShard() {
     if (addr != nullptr && addr != MAP_FAILED) ::munmap(addr, size);
@@ -70,8 +72,9 @@ std::vector<std::pair<std::string, std::string>> hashes_of(const nlohmann::json&
 
 }  // namespace
 
-MDSDataset::MDSDataset(std::string dir, ReaderOptions options) : dir_(std::move(dir)), options_(options) {
+MDSDataset::MDSDataset(std::string dir, ReaderOptions options) : dir_(std::move(dir)), options_(std::move(options)) {
   const fs::path index_path = fs::path(dir_) / "index.json";
+  if (options_.remote) fetch_index();
   if (!fs::exists(index_path)) throw Error(kComponent, fmt::format("{}: no index.json (not an MDS dataset?)", dir_));
   const std::string where = index_path.string();
   int64_t total = 0;
@@ -154,9 +157,29 @@ MDSDataset::MDSDataset(std::string dir, ReaderOptions options) : dir_(std::move(
   shards_.shrink_to_fit();
   cumulative_.shrink_to_fit();
   open_.resize(shards_.size());
+  touched_.resize(shards_.size(), 0);
+  set_cache_limit(options_.cache_limit);
 }
 
 MDSDataset::~MDSDataset() = default;
+
+void MDSDataset::set_cache_limit(std::optional<uint64_t> limit) {
+  options_.cache_limit = limit;
+  if (!limit) return;
+  // Streaming's checks (streaming/base/dataset.py): room for the index, and for four of the largest shards.
+  const uint64_t index_bytes = fs::file_size(fs::path(dir_) / "index.json");
+  uint64_t largest = 0;
+  for (const auto& s : shards_) largest = std::max(largest, s.raw_bytes + s.zip_bytes);
+  if (*limit <= index_bytes) {
+    throw ConfigError(kComponent, fmt::format("{}: cache_limit ({} bytes) is not larger than index.json ({} bytes)",
+                                              dir_, *limit, index_bytes));
+  }
+  if (*limit < 4 * largest) {
+    throw ConfigError(kComponent, fmt::format("{}: cache_limit ({} bytes) is too low: it must be at least four times "
+                                              "the largest shard ({} bytes, raw plus compressed)",
+                                              dir_, *limit, largest));
+  }
+}
 
 std::pair<size_t, int64_t> MDSDataset::locate(int64_t sample) const {
   if (sample < 0 || sample >= size()) {
@@ -169,12 +192,43 @@ std::pair<size_t, int64_t> MDSDataset::locate(int64_t sample) const {
   return {shard, sample - before};
 }
 
-MDSDataset::OpenShard& MDSDataset::open(size_t k) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (open_[k]) return *open_[k];
+std::shared_ptr<MDSDataset::OpenShard> MDSDataset::open(size_t k) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (options_.cache_limit) touch(k);
+    if (open_[k]) return open_[k];
+  }
   const ShardInfo& info = shards_[k];
   const fs::path raw_path = fs::path(dir_) / info.raw_basename;
-  if (!fs::exists(raw_path)) {
+  int fd = -1;
+  // With a remote, fetch outside the lock (other threads keep reading mapped shards); another process may evict the
+  // files before they are opened under a small cache_limit, so fetch again a few times (Streaming retries 7 times).
+  for (int attempt = 0; options_.remote && fd < 0 && attempt < 8; ++attempt) {
+    fetch(k);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (open_[k]) return open_[k];
+    fd = ::open(raw_path.c_str(), O_RDONLY | O_CLOEXEC);
+  }
+  if (options_.remote && fd < 0) {
+    throw Error(kComponent, fmt::format("{}: shard {} was evicted again before it could be opened, 8 times: the "
+                                        "cache_limit is too low for this many readers (thrashing)",
+                                        raw_path.string(), k));
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (open_[k]) {
+    if (fd >= 0) ::close(fd);
+    return open_[k];
+  }
+  if (options_.cache_limit) {
+    // Unmap shards whose files a fetch evicted, once nobody reads them.
+    for (auto& shard : open_) {
+      struct stat st {};
+      if (shard && shard.use_count() == 1 && (::stat(shard->path.c_str(), &st) != 0 || st.st_ino != shard->inode)) {
+        shard.reset();
+      }
+    }
+  }
+  if (fd < 0 && !fs::exists(raw_path)) {
     if (!info.zip_basename) throw Error(kComponent, fmt::format("{}: shard {} is missing", raw_path.string(), k));
     const fs::path zip_path = fs::path(dir_) / *info.zip_basename;
     if (!fs::exists(zip_path)) throw Error(kComponent, fmt::format("{}: shard {} is missing", zip_path.string(), k));
@@ -188,22 +242,32 @@ MDSDataset::OpenShard& MDSDataset::open(size_t k) {
     // As Streaming: decompress to <raw>.tmp and rename, so a crash never leaves a partial raw shard; keep the zip.
     util::write_file_atomically(raw_path.string(), raw, kComponent);
   }
-  auto shard = std::make_unique<OpenShard>();
-  const int fd = ::open(raw_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fd = ::open(raw_path.c_str(), O_RDONLY | O_CLOEXEC);
+  auto shard = std::make_shared<OpenShard>();
   if (fd < 0) throw Error(kComponent, fmt::format("{}: cannot open: {}", raw_path.string(), std::strerror(errno)));
   struct stat st {};
   ::fstat(fd, &st);
   shard->size = static_cast<size_t>(st.st_size);
+  shard->inode = st.st_ino;
+  shard->path = raw_path.string();
   if (shard->size > 0) shard->addr = ::mmap(nullptr, shard->size, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
   if (shard->addr == MAP_FAILED) throw Error(kComponent, fmt::format("{}: mmap failed", raw_path.string()));
   const std::string file = raw_path.string();
   const std::string_view b = shard->bytes();
   if (b.size() != info.raw_bytes) {
+    if (options_.remote) fs::remove(raw_path);  // fetched: fetch it again next time
     throw Error(kComponent,
                 fmt::format("{}: {} bytes, index.json says {}: truncated or replaced", file, b.size(), info.raw_bytes));
   }
-  if (options_.verify_hashes) verify(info.raw_hashes, b, file);
+  if (options_.verify_hashes) {
+    try {
+      verify(info.raw_hashes, b, file);
+    } catch (const Error&) {
+      if (options_.remote) fs::remove(raw_path);  // fetched: fetch it again next time
+      throw;
+    }
+  }
   const uint64_t n = static_cast<uint64_t>(info.samples);
   if (b.size() < 4 + 4 * (n + 1) || u32_at(b, 0) != n) {
     throw Error(kComponent, fmt::format("{}: header says {} samples, index.json says {}", file,
@@ -218,15 +282,23 @@ MDSDataset::OpenShard& MDSDataset::open(size_t k) {
   }
   if (prev != b.size())
     throw Error(kComponent, fmt::format("{}: offsets end at {}, the file has {} bytes", file, prev, b.size()));
-  open_[k] = std::move(shard);
-  return *open_[k];
+  open_[k] = shard;
+  return shard;
 }
 
-std::string_view MDSDataset::raw_sample(int64_t sample) {
+namespace {
+
+std::string_view sample_bytes(std::string_view shard, int64_t idx) {
+  const uint32_t begin = u32_at(shard, 4 + 4 * static_cast<size_t>(idx));
+  const uint32_t end = u32_at(shard, 8 + 4 * static_cast<size_t>(idx));
+  return shard.substr(begin, end - begin);
+}
+
+}  // namespace
+
+std::string MDSDataset::raw_sample(int64_t sample) {
   const auto [k, idx] = locate(sample);
-  const std::string_view b = open(k).bytes();
-  const uint32_t begin = u32_at(b, 4 + 4 * static_cast<size_t>(idx)), end = u32_at(b, 8 + 4 * static_cast<size_t>(idx));
-  return b.substr(begin, end - begin);
+  return std::string(sample_bytes(open(k)->bytes(), idx));
 }
 
 namespace {
@@ -255,7 +327,8 @@ Sample MDSDataset::get(int64_t sample) {
   const auto [k, idx] = locate(sample);
   const ShardInfo& info = shards_[k];
   const std::string where = fmt::format("{}/{}: sample {}", dir_, info.raw_basename, idx);
-  const auto cols = split_columns(info, raw_sample(sample), where);
+  const auto shard = open(k);  // held while decoding: an evicted shard stays mapped until released
+  const auto cols = split_columns(info, sample_bytes(shard->bytes(), idx), where);
   Sample out;
   for (size_t c = 0; c < cols.size(); ++c) {
     try {
@@ -267,7 +340,7 @@ Sample MDSDataset::get(int64_t sample) {
   return out;
 }
 
-std::string_view MDSDataset::column(int64_t sample, const std::string& name) {
+std::string MDSDataset::column(int64_t sample, const std::string& name) {
   const auto [k, idx] = locate(sample);
   const ShardInfo& info = shards_[k];
   const auto& names = info.columns->names;
@@ -276,7 +349,9 @@ std::string_view MDSDataset::column(int64_t sample, const std::string& name) {
     throw Error(kComponent, fmt::format("{}/{}: no column \"{}\"", dir_, info.raw_basename, name));
   }
   const std::string where = fmt::format("{}/{}: sample {}", dir_, info.raw_basename, idx);
-  return split_columns(info, raw_sample(sample), where)[static_cast<size_t>(it - names.begin())];
+  const auto shard = open(k);
+  return std::string(
+      split_columns(info, sample_bytes(shard->bytes(), idx), where)[static_cast<size_t>(it - names.begin())]);
 }
 
 }  // namespace tessera::data::mds

@@ -5,8 +5,11 @@
 #include <algorithm>
 #include <filesystem>
 
+#include <stdlib.h>
+
 #include "compression.h"
 #include "tessera/data/mds.h"
+#include "tessera/storage/storage.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
 #include "tessera/util/hashing.h"
@@ -43,11 +46,25 @@ MDSWriter::MDSWriter(WriterOptions options) : o_(std::move(options)) {
     throw Error(kComponent, "size_limit must be below 4 GiB: shard offsets are uint32");
   }
   if (o_.compression) detail::compression_extension(*o_.compression);  // validates
-  if (fs::exists(o_.out) && !fs::is_empty(o_.out) && !o_.exist_ok) {
-    throw Error(kComponent,
-                fmt::format("{}: directory exists and is not empty (set exist_ok to write into it)", o_.out));
+  if (storage::is_remote(o_.out)) {
+    if (!o_.exist_ok && storage::stat(storage::join(o_.out, "index.json"))) {
+      throw Error(kComponent,
+                  fmt::format("{}: already holds a dataset (index.json; set exist_ok to write over it)", o_.out));
+    }
+    if (o_.local) {
+      dir_ = *o_.local;
+    } else {
+      std::string tmpl = (fs::temp_directory_path() / "tessera-mds-XXXXXX").string();
+      if (::mkdtemp(tmpl.data()) == nullptr) throw Error(kComponent, "cannot create a staging directory");
+      dir_ = tmpl;
+    }
+  } else {
+    dir_ = o_.out;
   }
-  fs::create_directories(o_.out);
+  if (fs::exists(dir_) && !fs::is_empty(dir_) && !o_.exist_ok) {
+    throw Error(kComponent, fmt::format("{}: directory exists and is not empty (set exist_ok to write into it)", dir_));
+  }
+  fs::create_directories(dir_);
   config_ = config_json();  // constant for the dataset: every shard embeds it
   pending_bytes_ = 8 + config_.size();
 }
@@ -129,9 +146,9 @@ void MDSWriter::flush_shard() {
     const std::string zip_name = raw_name + "." + detail::compression_extension(*o_.compression);
     zip_info = {{"basename", zip_name}, {"bytes", zip.size()}, {"hashes", nlohmann::ordered_json::object()}};
     for (const std::string& h : o_.hashes) zip_info["hashes"][h] = util::hex_digest(h, zip);
-    util::write_file_atomically((fs::path(o_.out) / zip_name).string(), zip, kComponent);
+    publish(zip_name, zip);
   } else {
-    util::write_file_atomically((fs::path(o_.out) / raw_name).string(), raw, kComponent);
+    publish(raw_name, raw);
   }
   nlohmann::ordered_json shard = nlohmann::ordered_json::parse(config);
   shard["raw_data"] = raw_info;
@@ -146,9 +163,20 @@ void MDSWriter::finish() {
   if (finished_) return;
   if (!pending_.empty()) flush_shard();
   const nlohmann::ordered_json index = {{"shards", shards_}, {"version", 2}};
-  util::write_file_atomically((fs::path(o_.out) / "index.json").string(),
-                              util::python_json_dumps(index, /*sort_keys=*/true), kComponent);
+  publish("index.json", util::python_json_dumps(index, /*sort_keys=*/true));
+  if (storage::is_remote(o_.out) && !o_.keep_local) {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
   finished_ = true;
+}
+
+void MDSWriter::publish(const std::string& name, std::string_view bytes) {
+  const std::string path = (fs::path(dir_) / name).string();
+  util::write_file_atomically(path, bytes, kComponent);
+  if (!storage::is_remote(o_.out)) return;
+  storage::upload(path, storage::join(o_.out, name));
+  if (!o_.keep_local) fs::remove(path);
 }
 
 }  // namespace tessera::data::mds

@@ -7,6 +7,8 @@
 #include <numeric>
 
 #include "tessera/data/streaming_dataset.h"
+#include "tessera/storage/s3.h"
+#include "tessera/storage/storage.h"
 #include "tessera/util/error.h"
 #include "tessera/util/numpy_random.h"
 
@@ -60,6 +62,13 @@ std::vector<int64_t> apply_weights(const std::vector<StreamSpec>& streams, const
   return choose;
 }
 
+// Where a remote stream without `local` is cached: a folder under the system temporary directory named by a hash of
+// the remote (Streaming uses a blake2s hash the same way, but refuses to reuse the folder; here it is a cache).
+std::string default_local(const std::string& remote) {
+  return (std::filesystem::temp_directory_path() / "tessera-streams" / storage::sigv4::sha256_hex(remote).substr(0, 32))
+      .string();
+}
+
 }  // namespace
 
 nlohmann::json ResumeState::to_json() const {
@@ -92,9 +101,20 @@ StreamingDataset::StreamingDataset(StreamingOptions options, World world) : o_(s
   if (o_.batch_size < 1) throw Error(kComponent, "batch_size must be positive");
   std::vector<int64_t> per_stream;
   int64_t total = 0;  // running sample offset over all streams and shards
-  for (const StreamSpec& s : o_.streams) {
-    const std::string dir = s.split ? (std::filesystem::path(s.local) / *s.split).string() : s.local;
-    streams_.push_back(std::make_unique<mds::MDSDataset>(dir, mds::ReaderOptions{o_.verify_hashes}));
+  for (size_t i = 0; i < o_.streams.size(); ++i) {
+    const StreamSpec& s = o_.streams[i];
+    std::string local = s.local;
+    if (local.empty() && s.remote) local = default_local(*s.remote);
+    const std::string dir = s.split ? (std::filesystem::path(local) / *s.split).string() : local;
+    mds::ReaderOptions reader;
+    reader.verify_hashes = o_.verify_hashes;
+    if (s.remote) {
+      reader.remote = s.split ? storage::join(*s.remote, *s.split) : *s.remote;
+      reader.keep_zip = s.keep_zip;
+      reader.download_retry = s.download_retry;
+      reader.download_timeout = s.download_timeout;
+    }
+    streams_.push_back(std::make_unique<mds::MDSDataset>(dir, reader));
     sample_offset_per_stream_.push_back(total);
     per_stream.push_back(streams_.back()->size());
     shards_per_stream_.push_back(static_cast<int64_t>(streams_.back()->shards().size()));
@@ -104,9 +124,35 @@ StreamingDataset::StreamingDataset(StreamingOptions options, World world) : o_(s
       total += shard.samples;
     }
   }
+  if (o_.cache_limit) {
+    // One limit over all remote streams, shared in proportion to their shard bytes.
+    uint64_t total_bytes = 0;
+    std::vector<uint64_t> bytes;
+    for (const auto& st : streams_) {
+      uint64_t b = 0;
+      for (const auto& shard : st->shards()) b += shard.raw_bytes + shard.zip_bytes;
+      bytes.push_back(st->is_remote() ? b : 0);
+      total_bytes += bytes.back();
+    }
+    for (size_t i = 0; i < streams_.size(); ++i) {
+      if (bytes[i] == 0) continue;
+      const auto share = static_cast<uint64_t>(static_cast<long double>(*o_.cache_limit) * bytes[i] / total_bytes);
+      streams_[i]->set_cache_limit(share);
+    }
+  }
   stream_choose_ = apply_weights(o_.streams, per_stream, o_.epoch_size, o_.shuffle_seed, epoch_size_);
   ncn_ = o_.num_canonical_nodes.value_or((o_.shuffle_algo == "py1s" ? 64 : 1) * world_.num_nodes);
   block_size_ = o_.shuffle_block_size.value_or(std::max<int64_t>(4000000 / ncn_, int64_t{1} << 18));
+}
+
+bool StreamingDataset::has_remote() const {
+  return std::any_of(streams_.begin(), streams_.end(), [](const auto& s) { return s->is_remote(); });
+}
+
+void StreamingDataset::prefetch(int64_t sample) {
+  const auto [s, id] = locate(sample);
+  if (!streams_[s]->is_remote()) return;
+  streams_[s]->prefetch(streams_[s]->locate(id).first);
 }
 
 int64_t StreamingDataset::num_unique_samples() const {

@@ -36,7 +36,8 @@ fs::path make_dataset(const std::string& name, bool legacy_bytes) {
 
 StreamingOptions options(const fs::path& dir, int64_t batch) {
   StreamingOptions o;
-  o.streams = {{dir.string(), {}, {}, {}, {}}};
+  o.streams.emplace_back();
+  o.streams.back().local = dir.string();
   o.batch_size = batch;
   o.shuffle = true;
   o.shuffle_seed = 5;

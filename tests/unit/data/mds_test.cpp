@@ -14,6 +14,12 @@ namespace {
 namespace fs = std::filesystem;
 using tessera::testing::error_of;
 
+ReaderOptions no_hash_check() {
+  ReaderOptions o;
+  o.verify_hashes = false;
+  return o;
+}
+
 fs::path fresh(const std::string& name) {
   const fs::path d = fs::temp_directory_path() / "tessera_mds" / name;
   fs::remove_all(d);
@@ -78,7 +84,7 @@ TEST(MDS, DamagedShardsAreDetected) {
   std::string bad_offsets = good;
   bad_offsets[8] = '\x01', bad_offsets[9] = '\x00', bad_offsets[10] = '\x00', bad_offsets[11] = '\x00';
   spit(shard, bad_offsets);
-  EXPECT_NE(error_of([&] { MDSDataset(dir.string(), {.verify_hashes = false}).get(0); }).find("corrupt offsets"),
+  EXPECT_NE(error_of([&] { MDSDataset(dir.string(), no_hash_check()).get(0); }).find("corrupt offsets"),
             std::string::npos);
   fs::remove(shard);
   EXPECT_NE(error_of([&] { MDSDataset(dir.string()).get(0); }).find("shard 0 is missing"), std::string::npos);
@@ -159,6 +165,60 @@ TEST(MDS, EncodingGoldenBytes) {
   EXPECT_EQ(hex(encode("ndarray:int32", at::tensor({1, 2, 3}, at::kInt))),
             "04030100000002000000030000"
             "00");
+}
+
+TEST(MDS, CacheLimitStringsAreStreamings) {
+  EXPECT_EQ(parse_cache_limit("10gb"), 10737418240ULL);
+  EXPECT_EQ(parse_cache_limit(" 2Kb "), 2048u);
+  EXPECT_EQ(parse_cache_limit("1.5kb"), 1536u);
+  EXPECT_EQ(parse_cache_limit("100b"), 100u);
+  EXPECT_EQ(parse_cache_limit("100"), 100u);
+  for (const char* bad : {"1k", "1.5b", "1e3", "gb", "-1kb", "lots"}) {
+    EXPECT_NE(error_of([&] { parse_cache_limit(bad); }).find("unsupported value/suffix"), std::string::npos) << bad;
+  }
+}
+
+// A remote that is another folder: shards are fetched on first use, compressed copies dropped, a damaged fetched
+// shard deleted (so the next read fetches it again), and a cache limit keeps the folder small.
+TEST(MDS, RemoteFolderIsFetchedOnDemandAndEvicted) {
+  const fs::path remote = fresh("remote_src"), local = fresh("remote_cache");
+  write_tokens(remote, 400, "zstd", 1 << 10);
+  ReaderOptions o;
+  o.remote = "file://" + remote.string();
+  MDSDataset ds(local.string(), o);
+  EXPECT_TRUE(fs::exists(local / "index.json"));
+  EXPECT_FALSE(fs::exists(local / ds.shards()[0].raw_basename));
+  EXPECT_EQ(std::get<int64_t>(ds.get(250).at("id")), 250);
+  const auto shard = ds.locate(250).first;
+  EXPECT_TRUE(fs::exists(local / ds.shards()[shard].raw_basename));
+  EXPECT_FALSE(fs::exists(local / *ds.shards()[shard].zip_basename));
+  ds.prefetch(0);
+  EXPECT_TRUE(fs::exists(local / ds.shards()[0].raw_basename));
+
+  // Damage a not-yet-fetched shard at the source: the read fails naming the file, and leaves nothing behind.
+  const size_t last = ds.shards().size() - 1;
+  {
+    std::fstream f(remote / *ds.shards()[last].zip_basename, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(20);
+    f.put('\x7f');
+  }
+  EXPECT_NE(error_of([&] { ds.get(399); }).find("mismatch"), std::string::npos);
+  EXPECT_FALSE(fs::exists(local / *ds.shards()[last].zip_basename));
+
+  uint64_t largest = 0;
+  for (const auto& s : ds.shards()) largest = std::max(largest, s.raw_bytes + s.zip_bytes);
+  const uint64_t index_bytes = fs::file_size(local / "index.json");
+  const fs::path small = fresh("remote_small");
+  ReaderOptions limited = o;
+  limited.cache_limit = index_bytes + 4 * largest;
+  MDSDataset lds(small.string(), limited);
+  for (int64_t i = 0; i < 390; ++i) {
+    ASSERT_EQ(std::get<int64_t>(lds.get(i).at("id")), i);
+    ASSERT_LE(lds.cache_usage(), *limited.cache_limit) << i;
+  }
+  limited.cache_limit = 3 * largest;
+  EXPECT_NE(error_of([&] { MDSDataset(fresh("remote_tiny").string(), limited); }).find("cache_limit"),
+            std::string::npos);
 }
 
 }  // namespace
