@@ -63,6 +63,8 @@ def benchmarks():
         "tokenizer_vs_hf": ([PY, ROOT / "benchmarks/tokenizer_vs_hf.py"], [], ["--rounds", "2"], "env"),
         "icl_vs_reference": ([PY, ROOT / "benchmarks/icl_vs_reference.py"], [],
                              ["--d-model", "128", "--n-layers", "2", "--max-seq-len", "256"], "env"),
+        "storage_vs_boto3": ([PY, ROOT / "benchmarks/storage_vs_boto3.py"], [],
+                             ["--objects", "4", "--mb", "32", "--rounds", "1"], "env"),
         "checkpoint_io": ([b / "bench_checkpoint_io"], [], ["--seq-len", "128"], "flag"),
         "dist_sharding": ([b / "bench_dist_sharding"], [],
                           ["--d-model", "256", "--n-layers", "4", "--steps", "2", "--ranks", "1,2,4"], "flag"),

@@ -46,6 +46,7 @@ done
 # in a newer version.
 is_provided() {
   case "$(basename "$1")" in
+    libcurl*) return 1 ;;  # not CUDA's, despite the libcu prefix below
     libtorch*|libc10*|libcaffe2*|libgomp*|libcu*|libnccl*|libnvJitLink*|libnvshmem*|libnvrtc*|libnvToolsExt*) return 0 ;;
     libc.so*|libm.so*|libdl.so*|librt.so*|libpthread.so*|libutil.so*|ld-linux*|libstdc++.so*|libgcc_s.so*) return 0 ;;
     linux-vdso*) return 0 ;;

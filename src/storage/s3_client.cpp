@@ -410,6 +410,7 @@ S3Response S3Client::send(const std::string& method, const std::string& bucket, 
     }
     response.body = last_error;  // callers that accept a status (404 on HEAD) read the summary
     if (response.status == 404 && (method == "HEAD" || method == "DELETE")) return response;
+    if (response.status == 416 && method == "GET") return response;  // a range of an empty object
     throw Error(kComponent, fmt::format("{}: {}", where, last_error));
   }
   throw Error(kComponent, fmt::format("{}: {} (gave up after {} attempts)", where, last_error, config_.max_attempts));
@@ -431,37 +432,54 @@ std::string S3Client::get_range(const std::string& bucket, const std::string& ke
 
 void S3Client::download(const std::string& bucket, const std::string& key, const std::string& path) {
   const std::string where = uri_of(bucket, key);
-  const auto info = head(bucket, key);
-  if (!info) throw Error(kComponent, fmt::format("{}: no such object", where));
   static std::atomic<int64_t> counter{0};
   const std::string tmp = fmt::format("{}.tmp-{}-{}", path, ::getpid(), counter++);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw Error(kComponent, fmt::format("{}: cannot create {}: {}", where, tmp, std::strerror(errno)));
-  try {
-    if (::ftruncate(fd, static_cast<off_t>(info->size)) != 0) {
-      throw Error(kComponent, fmt::format("{}: cannot size {}: {}", where, tmp, std::strerror(errno)));
-    }
-    const uint64_t part = config_.part_size;
-    const size_t parts = static_cast<size_t>((info->size + part - 1) / part);
-    parallel_for(parts, config_.parallelism, [&](size_t i) {
-      const uint64_t begin = i * part, end = std::min(info->size, begin + part);
-      std::atomic<uint64_t> got{0};
-      send("GET", bucket, key, {},
-           {{"range", fmt::format("bytes={}-{}", begin, end - 1)}, {"if-match", "\"" + info->etag + "\""}}, {},
-           [&](uint64_t offset, std::string_view bytes) {
-             if (offset + bytes.size() > end - begin) {
-               throw Error(kComponent, fmt::format("{}: range {}-{} returned too many bytes", where, begin, end - 1));
-             }
-             if (::pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(begin + offset)) !=
-                 static_cast<ssize_t>(bytes.size())) {
-               throw Error(kComponent, fmt::format("{}: cannot write {}: {}", where, tmp, std::strerror(errno)));
-             }
-             got = offset + bytes.size();
-           });
-      if (got != end - begin) {
-        throw Error(kComponent, fmt::format("{}: range {}-{} returned {} bytes", where, begin, end - 1, got.load()));
+  const uint64_t part = config_.part_size;
+  // Fetches bytes [begin, end) into the file (end = 0: the first range, whose answer tells the object's size).
+  const auto fetch = [&](uint64_t begin, uint64_t end, const std::string& etag) {
+    std::atomic<uint64_t> got{0};
+    const uint64_t last = (end == 0 ? part : end) - 1;
+    std::vector<std::pair<std::string, std::string>> headers{{"range", fmt::format("bytes={}-{}", begin, last)}};
+    if (!etag.empty()) headers.emplace_back("if-match", "\"" + etag + "\"");
+    S3Response r = send("GET", bucket, key, {}, headers, {}, [&](uint64_t offset, std::string_view bytes) {
+      if (begin + offset + bytes.size() > last + 1) {
+        throw Error(kComponent, fmt::format("{}: range {}-{} returned too many bytes", where, begin, last));
       }
+      if (::pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(begin + offset)) !=
+          static_cast<ssize_t>(bytes.size())) {
+        throw Error(kComponent, fmt::format("{}: cannot write {}: {}", where, tmp, std::strerror(errno)));
+      }
+      got = offset + bytes.size();
     });
+    if (end != 0 && got != end - begin) {
+      throw Error(kComponent, fmt::format("{}: range {}-{} returned {} bytes", where, begin, last, got.load()));
+    }
+    r.body = std::to_string(got.load());
+    return r;
+  };
+  try {
+    // The first range also gives the size (Content-Range: bytes 0-N/TOTAL) and the ETag that pins the other ranges
+    // to the same version of the object; an empty object answers 416.
+    const S3Response first = fetch(0, 0, "");
+    uint64_t size = 0;
+    if (first.status != 416) {
+      const std::string range = first.header("content-range");
+      const size_t slash = range.rfind('/');
+      size = slash == std::string::npos ? std::stoull(first.body) : std::stoull(range.substr(slash + 1));
+      if (std::stoull(first.body) != std::min(size, part)) {
+        throw Error(kComponent, fmt::format("{}: the first range returned {} bytes of {}", where, first.body, size));
+      }
+    }
+    const std::string etag = strip_quotes(first.header("etag"));
+    const size_t parts = static_cast<size_t>((size + part - 1) / part);
+    if (parts > 1) {
+      parallel_for(parts - 1, config_.parallelism, [&](size_t i) {
+        const uint64_t begin = (i + 1) * part;
+        fetch(begin, std::min(size, begin + part), etag);
+      });
+    }
     ::close(fd);
     std::filesystem::rename(tmp, path);
   } catch (...) {

@@ -108,7 +108,7 @@ S3Config S3Config::from_environment() {
     throw ConfigError(kComponent, fmt::format("TESSERA_S3_ADDRESSING_STYLE={}: expected auto, path or virtual", style));
   }
   c.max_attempts = positive_env("TESSERA_S3_MAX_ATTEMPTS", c.max_attempts);
-  c.part_size = static_cast<uint64_t>(positive_env("TESSERA_S3_PART_SIZE_MB", 16)) << 20;
+  c.part_size = static_cast<uint64_t>(positive_env("TESSERA_S3_PART_SIZE_MB", 8)) << 20;
   if (c.part_size < (5ULL << 20)) throw ConfigError(kComponent, "TESSERA_S3_PART_SIZE_MB: S3's minimum part is 5 MB");
   c.multipart_threshold = c.part_size;
   c.parallelism = positive_env("TESSERA_S3_PARALLELISM", c.parallelism);

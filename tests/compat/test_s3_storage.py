@@ -21,7 +21,7 @@ def run_batch(env, ops, tmp_path, name="ops"):
 
 def test_objects_round_trip_with_boto3(s3_server, s3_bucket, tmp_path):
     s3 = s3_server.client()
-    big = os.urandom(37 * 1024 * 1024 + 123)  # multipart: three 16 MiB parts, the last one short
+    big = os.urandom(37 * 1024 * 1024 + 123)  # multipart: five 8 MiB parts, the last one short
     (tmp_path / "big.bin").write_bytes(big)
     s3.put_object(Bucket=s3_bucket, Key="from-boto3/a b+c.txt", Body=b"written by boto3")
     s3.put_object(Bucket=s3_bucket, Key="from-boto3/big.bin", Body=big)
@@ -44,7 +44,7 @@ def test_objects_round_trip_with_boto3(s3_server, s3_bucket, tmp_path):
     assert s3.get_object(Bucket=s3_bucket, Key="from-tessera/small.txt")["Body"].read() == b"written by tessera"
     assert s3.get_object(Bucket=s3_bucket, Key="from-tessera/big.bin")["Body"].read() == big
     # A multipart object's ETag says how many parts it was sent in.
-    assert s3.head_object(Bucket=s3_bucket, Key="from-tessera/big.bin")["ETag"].strip('"').endswith("-3")
+    assert s3.head_object(Bucket=s3_bucket, Key="from-tessera/big.bin")["ETag"].strip('"').endswith("-5")
     assert r[2]["data"] == "written by boto3" and r[3]["data"] == "tten by"
     assert (tmp_path / "down" / "big.bin").read_bytes() == big
     assert not [p for p in (tmp_path / "down").iterdir() if p.name != "big.bin"]  # no temporary file left
@@ -118,9 +118,18 @@ def test_transient_failures_are_retried(s3_server, s3_bucket, fault_proxy, tmp_p
     assert (tmp_path / "obj").read_bytes() == data
     assert s3_server.client().get_object(Bucket=s3_bucket, Key="up")["Body"].read() == data[::-1]
     assert not fault_proxy.plan  # every planned failure was met, and survived
-    # HEAD + 3 ranges, create + 3 parts + complete without faults; every injected failure cost a retry (libcurl
-    # itself resends once on a reused connection that was reset, which the proxy sees and the client does not count).
-    assert out["requests"] >= 9 + 7  # the 7 failures other than resets
+    # 5 ranges, create + 5 parts + complete without faults; every injected failure cost a retry (libcurl itself
+    # resends once on a reused connection that was reset, which the proxy sees and the client does not count).
+    assert out["requests"] >= 12 + 7  # the 7 failures other than resets
+
+
+def test_an_empty_object_downloads_as_an_empty_file(s3_server, s3_bucket, tmp_path):
+    s3_server.client().put_object(Bucket=s3_bucket, Key="empty", Body=b"")
+    out = run_batch(s3_server.env(), [{"op": "download", "uri": f"s3://{s3_bucket}/empty", "path": str(tmp_path / "e")},
+                                      {"op": "download", "uri": f"s3://{s3_bucket}/absent", "path": str(tmp_path / "a")}],
+                    tmp_path)
+    assert out["results"][0].get("error") is None and (tmp_path / "e").read_bytes() == b""
+    assert "NoSuchKey" in out["results"][1]["error"] and not (tmp_path / "a").exists()
 
 
 def test_a_server_that_keeps_failing_exhausts_the_retry_budget(s3_server, s3_bucket, fault_proxy, tmp_path):

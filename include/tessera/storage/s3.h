@@ -75,7 +75,8 @@ class S3Client {
 
   std::string get(const std::string& bucket, const std::string& key);
   std::string get_range(const std::string& bucket, const std::string& key, uint64_t offset, uint64_t length);
-  // Parallel ranged download into a temporary file renamed to `path` when complete and of the right size.
+  // Parallel ranged download into a temporary file renamed to `path` when complete. The first range's answer gives
+  // the size and the ETag every other range must match (If-Match), so a replaced object fails instead of mixing.
   void download(const std::string& bucket, const std::string& key, const std::string& path);
   // One PUT, or a parallel multipart upload above multipart_threshold (aborted on failure).
   void put(const std::string& bucket, const std::string& key, std::string_view data);
