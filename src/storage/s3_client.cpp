@@ -20,6 +20,7 @@
 
 #include "tessera/storage/s3.h"
 #include "tessera/util/error.h"
+#include "tessera/util/utf8.h"
 
 namespace tessera::storage {
 namespace {
@@ -69,21 +70,7 @@ std::string xml_unescape(std::string_view s) {
       const unsigned long cp = ent.size() > 1 && (ent[1] == 'x' || ent[1] == 'X')
                                    ? std::stoul(std::string(ent.substr(2)), nullptr, 16)
                                    : std::stoul(std::string(ent.substr(1)));
-      if (cp < 0x80) {
-        out += static_cast<char>(cp);
-      } else if (cp < 0x800) {
-        out += static_cast<char>(0xC0 | (cp >> 6));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-      } else if (cp < 0x10000) {
-        out += static_cast<char>(0xE0 | (cp >> 12));
-        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-      } else {
-        out += static_cast<char>(0xF0 | (cp >> 18));
-        out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-      }
+      util::append_utf8(out, static_cast<char32_t>(cp));
     } else {
       out.append(s.substr(i, semi - i + 1));
     }
