@@ -10,6 +10,11 @@
 //     step.
 //
 //   bench_checkpoint_io [--dir /tmp/tessera_ckpt_bench] [--seq-len 512] [--batch 2]
+//
+// With --remote s3://bucket/prefix (benchmarks/checkpoint_s3_vs_boto3.py starts a loopback S3 server and measures
+// boto3 writing the same bytes) the checkpoints go to object storage instead, and it measures: the synchronous save
+// (snapshot, upload, metadata, `latest`; best and median of --rounds) and async saves every step (blocking time per
+// save against the step time, and the upload's total time in the background).
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -89,8 +94,10 @@ void write_data(const fs::path& dir, int64_t n, int64_t seq) {
   w.finish();
 }
 
-trainer::TrainConfig bench_config(const fs::path& root, int64_t seq, int64_t batch, const std::vector<std::string>& o) {
-  const std::string yaml = fmt::format(R"(
+trainer::TrainConfig bench_config(const fs::path& root, int64_t seq, int64_t batch, const std::vector<std::string>& o,
+                                  const std::string& save_folder = "") {
+  const std::string yaml =
+      fmt::format(R"(
 max_seq_len: {0}
 run_name: bench
 model: {{name: mpt_causal_lm, d_model: 768, n_heads: 12, n_layers: 12, expansion_ratio: 4, max_seq_len: {0},
@@ -108,7 +115,7 @@ log_to_console: false
 save_folder: {3}
 save_interval: 1ba
 )",
-                                       seq, (root / "data").string(), batch, (root / "ckpt").string());
+                  seq, (root / "data").string(), batch, save_folder.empty() ? (root / "ckpt").string() : save_folder);
   config::Value v = config::parse_yaml(yaml, config::Origin{"bench.yaml", 1, ""});
   for (const auto& s : o) config::apply_override(v, s);
   config::resolve_interpolations(v);
@@ -134,6 +141,61 @@ class StepClock : public core::Callback {
   std::optional<Clock::time_point> first_step_end;
 };
 
+// --remote: saves to object storage; prints and writes the figures; returns the exit code.
+int remote_saves(const fs::path& root, const std::string& folder, int64_t seq, int64_t batch, int rounds,
+                 const std::string& json_path) {
+  std::vector<double> sync_s;
+  uint64_t bytes = 0;
+  {
+    trainer::Trainer t(
+        bench_config(root, seq, batch, {"max_duration=1ba", "save_async=false", "save_overwrite=true"}, folder));
+    t.fit();
+    const auto saver = saver_of(t);
+    bytes = saver->last_save().bytes;
+    core::Logger logger(t.state());
+    for (int r = 0; r < rounds; ++r) {
+      saver->save(t.state(), logger);  // the same name again: rank file, metadata and `latest` replaced
+      sync_s.push_back(saver->last_save().seconds);
+    }
+  }
+  // Async saves every step: what a step waits for, and the uploads' time in the background.
+  double blocking = 0, step = 0, background = 0;
+  {
+    auto clock = std::make_shared<StepClock>();
+    trainer::Trainer t(
+        bench_config(root, seq, batch, {"max_duration=4ba", "save_overwrite=true", "save_num_checkpoints_to_keep=1"},
+                     folder),
+        {.algorithms = {}, .callbacks = {clock}});
+    t.fit();
+    blocking = saver_of(t)->last_save().blocking_seconds;
+    background = saver_of(t)->last_save().seconds;
+    for (size_t i = 1; i < clock->steps.size(); ++i) step += clock->steps[i];
+    step /= static_cast<double>(clock->steps.size() - 1);
+  }
+  std::sort(sync_s.begin(), sync_s.end());
+  const double best = sync_s.front(), median = sync_s[sync_s.size() / 2];
+  std::cout << fmt::format("checkpoint (rank 0 file) {:.1f} MB to {}\n", bytes / 1e6, folder);
+  std::cout << fmt::format("sync save: best {:.2f} s ({:.0f} MB/s), median {:.2f} s over {} rounds\n", best,
+                           bytes / 1e6 / best, median, rounds);
+  std::cout << fmt::format(
+      "async save: blocking {:.3f} s per save, step {:.2f} s ({:.1f}% of a step); upload in the "
+      "background {:.2f} s\n",
+      blocking, step, 100 * blocking / step, background);
+  if (!json_path.empty()) {
+    std::ofstream(json_path) << nlohmann::json{{"bytes", bytes},
+                                               {"sync_best_seconds", best},
+                                               {"sync_median_seconds", median},
+                                               {"rounds", rounds},
+                                               {"async_blocking_seconds", blocking},
+                                               {"async_background_seconds", background},
+                                               {"step_seconds", step}}
+                                    .dump(1)
+                             << "\n";
+  }
+  fs::remove_all(root);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -143,8 +205,11 @@ int main(int argc, char** argv) {
   app.add_option("--dir", dir, "Work folder (on the disk to measure)");
   app.add_option("--seq-len", seq, "Sequence length (default 512)");
   app.add_option("--batch", batch, "Global batch size (default 2)");
-  std::string json_path;
+  std::string json_path, remote;
+  int rounds = 3;
   app.add_option("--json", json_path, "Also write the figures here as JSON (benchmarks/run)");
+  app.add_option("--remote", remote, "Save to this object-storage prefix instead (s3://bucket/prefix)");
+  app.add_option("--rounds", rounds, "Synchronous saves to time with --remote (default 3)");
   CLI11_PARSE(app, argc, argv);
   const fs::path root(dir);
   fs::remove_all(root);
@@ -152,6 +217,7 @@ int main(int argc, char** argv) {
   write_data(root / "data" / "train", 16 * batch, seq);
   std::cout << fmt::format("mpt-125m, fp32 weights + AdamW state, seq {}, batch {}, amp_bf16, {}\n", seq, batch,
                            root.string());
+  if (!remote.empty()) return remote_saves(root, remote, seq, batch, rounds, json_path);
 
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());

@@ -66,6 +66,7 @@ def benchmarks():
         "storage_vs_boto3": ([PY, ROOT / "benchmarks/storage_vs_boto3.py"], [],
                              ["--objects", "4", "--mb", "32", "--rounds", "1"], "env"),
         "checkpoint_io": ([b / "bench_checkpoint_io"], [], ["--seq-len", "128"], "flag"),
+        "checkpoint_s3_vs_boto3": ([PY, ROOT / "benchmarks/checkpoint_s3_vs_boto3.py"], [], ["--rounds", "1"], "env"),
         "dist_sharding": ([b / "bench_dist_sharding"], [],
                           ["--d-model", "256", "--n-layers", "4", "--steps", "2", "--ranks", "1,2,4"], "flag"),
     }
@@ -252,6 +253,12 @@ def report(results, image_dir):
             lines.append("")
             continue
         lines.append(table(rec))
+        if rec["benchmark"] == "checkpoint_s3_vs_boto3":
+            lines.append("")
+            lines.append(f"Async saves to S3 block for {rec['async_blocking_seconds']:.3f} s per save "
+                         f"({100 * rec['async_blocking_seconds'] / rec['step_seconds']:.1f}% of a "
+                         f"{rec['step_seconds']:.2f} s step); the upload takes {rec['async_background_seconds']:.2f} s "
+                         f"in the background.")
         if rec["benchmark"] == "checkpoint_io":
             lines.append("")
             lines.append(f"Async save blocks for {rec['async_blocking_seconds']:.3f} s per save "

@@ -6,6 +6,7 @@
 //
 //   convert --checkpoint runs/x/checkpoints/ep0-ba1000 --hf-out runs/x/hf [--dtype bfloat16] [--max-shard-size 5GB]
 //   convert --checkpoint runs/x/checkpoints --hf-out runs/x/hf      (a save folder: its newest valid checkpoint)
+//   convert --checkpoint s3://bucket/run/checkpoints --hf-out s3://bucket/run/hf       (either side in object storage)
 //
 // The folder also gets generation_config.json and the tokenizer's files: --tokenizer (a tokenizer.json, a folder or a
 // hub id in the local HF cache), by default the recipe's tokenizer.name recorded in the checkpoint (skipped with a
@@ -19,11 +20,14 @@
 #include <cctype>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "tessera/checkpoint/checkpoint.h"
 #include "tessera/checkpoint/hf.h"
+#include "tessera/storage/storage.h"
 #include "tessera/util/error.h"
+#include "tessera/util/file_io.h"
 #include "tessera/util/hf_hub.h"
 #include "tessera/util/logging.h"
 #include "tessera/util/tool_main.h"
@@ -75,9 +79,13 @@ int run(int argc, char** argv) {
   if (auto code = tessera::util::parse_command_line(app, argc, argv)) return *code;
   tessera::util::init_logging("info");
   namespace fs = std::filesystem;
+  namespace storage = tessera::storage;
   std::string dir = checkpoint_dir;
-  if (!fs::exists(fs::path(dir) / "metadata.json") && fs::is_directory(dir)) {
-    const auto found = tessera::checkpoint::find_latest_valid_checkpoint(dir, latest);
+  const bool remote_in = storage::is_remote(dir);
+  if (remote_in ? !storage::stat(storage::join(dir, "metadata.json")).has_value()
+                : !fs::exists(fs::path(dir) / "metadata.json") && fs::is_directory(dir)) {
+    // Remote: sizes only here; the reader verifies each file's checksum as it downloads it.
+    const auto found = tessera::checkpoint::find_latest_valid_checkpoint(dir, latest, /*verify_checksums=*/!remote_in);
     if (!found) throw tessera::Error("convert", fmt::format("{}: no valid checkpoint in this folder", dir));
     dir = *found;
   }
@@ -95,10 +103,14 @@ int run(int argc, char** argv) {
   } else if (tokenizer != "none") {
     tokenizer_path = tessera::util::resolve_hf_tokenizer(tokenizer);
   }
+  // An object-store destination gets the folder written complete in $TMPDIR first, then uploaded (config.json last).
+  std::optional<tessera::util::TempFolder> staging;
+  if (storage::is_remote(out_dir)) staging.emplace("tessera-convert");
   tessera::checkpoint::export_checkpoint_to_hf(
-      dir, out_dir, t,
+      dir, staging ? staging->path : out_dir, t,
       layout == "llm-foundry" ? tessera::checkpoint::HfLayout::kFamily : tessera::checkpoint::HfLayout::kTransformers,
       max_shard_bytes, tokenizer_path);
+  if (staging) storage::upload_tree(staging->path, out_dir, {"config.json"});
   spdlog::info("exported {} to {} ({})", dir, out_dir, dtype);
   return 0;
 }

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "tessera/checkpoint/hf.h"
@@ -16,6 +17,7 @@
 #include "tessera/dist/communicator.h"
 #include "tessera/dist/fsdp.h"
 #include "tessera/models/layers.h"
+#include "tessera/storage/storage.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
 #include "tessera/util/hf_hub.h"
@@ -325,12 +327,11 @@ void HfCheckpointer::save(core::State& s) {
     std::string name = replace_all(o_.huggingface_folder_name, "{batch}", std::to_string(s.timestamp.batch));
     name = replace_all(name, "{epoch}", std::to_string(s.timestamp.epoch));
     name = replace_all(name, "{run_name}", s.run_name);
-    const std::filesystem::path root =
-        std::filesystem::path(util::fill_path_pattern(o_.save_folder, s.run_name, s.rank)) / "huggingface";
-    const std::filesystem::path dir = root / name;
-    if (std::filesystem::exists(dir) && !o_.overwrite) {
-      throw Error("hf_checkpointer", fmt::format("{} exists and overwrite is false", dir.string()));
-    }
+    const std::string root = storage::join(util::fill_path_pattern(o_.save_folder, s.run_name, s.rank), "huggingface");
+    const std::string dir = storage::join(root, name);
+    const bool remote = storage::is_remote(dir);
+    const bool exists = remote ? !storage::list(dir + "/").empty() : std::filesystem::exists(dir);
+    if (exists && !o_.overwrite) throw Error("hf_checkpointer", fmt::format("{} exists and overwrite is false", dir));
     const std::shared_ptr<models::CausalLM> copy = s.model->rebuild("cpu", std::nullopt);  // every weight copied below
     {
       at::NoGradGuard no_grad;
@@ -352,9 +353,18 @@ void HfCheckpointer::save(core::State& s) {
     const at::ScalarType dtype = o_.precision == "bfloat16"  ? at::kBFloat16
                                  : o_.precision == "float16" ? at::kHalf
                                                              : at::kFloat;
-    const std::filesystem::path tmp = root / ("." + name + ".tmp");
-    std::filesystem::remove_all(tmp);
-    std::filesystem::create_directories(tmp);
+    // Written complete into a temporary folder first: beside the destination (then renamed), or for an object store
+    // in $TMPDIR (then uploaded, config.json last: a reader waiting for it finds the weights in place).
+    std::optional<util::TempFolder> staging;
+    std::filesystem::path tmp;
+    if (remote) {
+      staging.emplace("tessera-hf-export");
+      tmp = staging->path;
+    } else {
+      tmp = std::filesystem::path(root) / ("." + name + ".tmp");
+      std::filesystem::remove_all(tmp);
+      std::filesystem::create_directories(tmp);
+    }
     std::optional<std::filesystem::path> tokenizer;
     if (!s.tokenizer_name.empty()) {
       try {
@@ -365,9 +375,14 @@ void HfCheckpointer::save(core::State& s) {
     }
     checkpoint::save_hf_model(*copy, tmp.string(), dtype, uint64_t{5} << 30, checkpoint::HfLayout::kTransformers,
                               tokenizer);
-    std::filesystem::remove_all(dir);
-    std::filesystem::rename(tmp, dir);
-    spdlog::info("hf_checkpointer: wrote {}", dir.string());
+    if (remote) {
+      for (const storage::ObjectInfo& o : storage::list(dir + "/")) storage::remove(o.uri);  // overwrite: no leftovers
+      storage::upload_tree(tmp.string(), dir, {"config.json"});
+    } else {
+      std::filesystem::remove_all(dir);
+      std::filesystem::rename(tmp, dir);
+    }
+    spdlog::info("hf_checkpointer: wrote {}", dir);
   }
   if (s.comm) s.comm->barrier();
 }

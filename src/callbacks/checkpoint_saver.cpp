@@ -12,6 +12,7 @@
 #include <ctime>
 #include <filesystem>
 #include <map>
+#include <random>
 #include <set>
 #include <string_view>
 #include <variant>
@@ -20,7 +21,9 @@
 #include "tessera/checkpoint/safetensors.h"
 #include "tessera/dist/communicator.h"
 #include "tessera/dist/fsdp.h"
+#include "tessera/storage/storage.h"
 #include "tessera/util/error.h"
+#include "tessera/util/file_io.h"
 
 namespace tessera::callbacks {
 
@@ -269,6 +272,11 @@ void CheckpointSaver::run_event(core::Event event, core::State& s, core::Logger&
           if (n.rfind(".tmp-", 0) == 0 || n.rfind(".old-", 0) == 0) fs::remove_all(e.path(), ec);
         }
       }
+      // Remote folders: the objects of saves that a crash interrupted (no metadata.json).
+      for (const std::string& dir : checkpoint::incomplete_checkpoints(o_.folder)) {
+        spdlog::info("[checkpoint] removing {}: an interrupted save (no metadata.json)", dir);
+        checkpoint::remove_checkpoint(dir);
+      }
       if (!o_.overwrite) {
         for (const std::string& dir : checkpoint::list_checkpoints(o_.folder)) {
           const int64_t batch =
@@ -363,7 +371,16 @@ void CheckpointSaver::save(core::State& s, core::Logger& logger) {
     }
   }
   const double blocking = std::chrono::duration<double>(Clock::now() - started).count();
-  const checkpoint::PendingCheckpoint pending = checkpoint::begin_checkpoint(o_.folder, name, s.rank, o_.timeout);
+  // A remote save's receipts name the attempt, so that rank 0 never takes an interrupted earlier save's for this one's.
+  std::string attempt;
+  if (storage::is_remote(o_.folder)) {
+    attempt = std::to_string(agree_on_index(s, [] {
+      std::random_device rd;
+      return static_cast<int64_t>((uint64_t{rd()} << 20) ^ rd()) & ((int64_t{1} << 52) - 1);
+    }));
+  }
+  const checkpoint::PendingCheckpoint pending =
+      checkpoint::begin_checkpoint(o_.folder, name, s.rank, o_.timeout, attempt);
   const int rank = static_cast<int>(s.rank), world = static_cast<int>(s.world_size);
   last_save_ = {0, 0, blocking};
   auto write = [this, pending, payload, meta, rank, world, started]() mutable {
@@ -380,10 +397,13 @@ void CheckpointSaver::save(core::State& s, core::Logger& logger) {
           const size_t keep = static_cast<size_t>(std::max<int64_t>(1, o_.num_checkpoints_to_keep));
           for (size_t i = 0; i + keep < all.size(); ++i) {
             if (fs::path(all[i]).lexically_normal() == fs::path(pending.final_dir).lexically_normal()) continue;
-            std::error_code ec;
-            fs::remove_all(all[i], ec);
-            spdlog::info("[checkpoint] removed {} (save_num_checkpoints_to_keep: {})", all[i],
-                         o_.num_checkpoints_to_keep);
+            try {
+              checkpoint::remove_checkpoint(all[i]);
+              spdlog::info("[checkpoint] removed {} (save_num_checkpoints_to_keep: {})", all[i],
+                           o_.num_checkpoints_to_keep);
+            } catch (const std::exception& e) {  // the new checkpoint is safe: training goes on
+              spdlog::warn("[checkpoint] could not remove {}: {}", all[i], e.what());
+            }
           }
         }
       }
@@ -515,7 +535,19 @@ int64_t first_failed_rank(core::State& s, bool failed) {
 }  // namespace
 
 LoadedCheckpoint load_checkpoint(core::State& s, const std::string& path, const LoadOptions& o) {
-  if (!fs::exists(fs::path(path) / "metadata.json") && fs::exists(fs::path(path) / "config.json")) {
+  if (storage::is_remote(path)) {
+    if (!storage::stat(storage::join(path, "metadata.json")) && storage::stat(storage::join(path, "config.json"))) {
+      // A Hugging Face folder in object storage: downloaded whole, then read as a local one.
+      const util::TempFolder local("tessera-hf");
+      const std::string prefix = storage::join(path, "");
+      for (const storage::ObjectInfo& obj : storage::list(prefix)) {
+        storage::download(obj.uri, (fs::path(local.path) / obj.uri.substr(prefix.size())).string());
+      }
+      LoadedCheckpoint loaded = load_hf_weights(s, local.path, o.strict_model_weights);
+      loaded.path = path;
+      return loaded;
+    }
+  } else if (!fs::exists(fs::path(path) / "metadata.json") && fs::exists(fs::path(path) / "config.json")) {
     return load_hf_weights(s, path, o.strict_model_weights);
   }
   std::optional<LoadedCheckpoint> loaded;

@@ -11,13 +11,16 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include "tessera/checkpoint/safetensors.h"
+#include "tessera/storage/storage.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
 
@@ -94,23 +97,158 @@ std::string mapped_xxh64(std::string_view bytes) {
   return xxh64_hex(h);
 }
 
-// Batch of a checkpoint for ordering: its metadata's timestamp, or -1 when unreadable.
-int64_t checkpoint_batch(const fs::path& dir) {
+bool remote(const std::string& location) {
+  return storage::is_remote(location);
+}
+
+// A checkpoint's metadata.json, local or remote.
+nlohmann::json read_metadata(const std::string& dir) {
+  const std::string path = storage::join(dir, kMetadata);
+  if (!remote(dir)) return read_json(path);
+  const std::string text = storage::read(path);
   try {
-    const nlohmann::json m = read_json((dir / kMetadata).string());
-    return m.at("timestamp").at("batch").get<int64_t>();
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail(path, fmt::format("not valid JSON ({})", e.what()));
+  }
+}
+
+// Batch of a checkpoint for ordering: its metadata's timestamp, or -1 when unreadable.
+int64_t checkpoint_batch(const std::string& dir) {
+  try {
+    return read_metadata(dir).at("timestamp").at("batch").get<int64_t>();
   } catch (const std::exception&) {
     return -1;
   }
 }
 
+// xxh64 of a remote object, read in ranges of 64 MiB (memory stays bounded whatever its size).
+std::string remote_xxh64(const std::string& uri, uint64_t size) {
+  constexpr uint64_t kRange = uint64_t{64} << 20;
+  XXH64_state_t* st = XXH64_createState();
+  XXH64_reset(st, 0);
+  try {
+    for (uint64_t off = 0; off < size; off += kRange) {
+      const std::string bytes = storage::read_range(uri, off, std::min(kRange, size - off));
+      XXH64_update(st, bytes.data(), bytes.size());
+    }
+  } catch (...) {
+    XXH64_freeState(st);
+    throw;
+  }
+  const uint64_t h = XXH64_digest(st);
+  XXH64_freeState(st);
+  return xxh64_hex(h);
+}
+
+// The metadata.json publish_checkpoint writes: the caller's fields plus the format's, built from the ranks' receipts.
+nlohmann::json merge_receipts(const std::string& where, nlohmann::json metadata,
+                              const std::vector<nlohmann::json>& receipts) {
+  const int world_size = static_cast<int>(receipts.size());
+  nlohmann::json tensors = nlohmann::json::object();
+  nlohmann::json files = nlohmann::json::array();
+  nlohmann::json locals = nlohmann::json::object();
+  for (int r = 0; r < world_size; ++r) {
+    const nlohmann::json& rc = receipts[static_cast<size_t>(r)];
+    files.push_back({{"rank", r}, {"name", rc.at("file")}, {"bytes", rc.at("bytes")}, {"xxh64", rc.at("xxh64")}});
+    if (!rc.at("local").empty()) locals[std::to_string(r)] = rc.at("local");
+    for (const nlohmann::json& pc : rc.at("pieces")) {
+      const std::string name = pc.at("tensor").get<std::string>();
+      nlohmann::json& t = tensors[name];
+      if (t.is_null()) t = {{"shape", pc.at("shape")}, {"dtype", pc.at("dtype")}, {"pieces", nlohmann::json::array()}};
+      if (t.at("shape") != pc.at("shape")) fail(where, fmt::format("ranks disagree on the shape of {}", name));
+      t["pieces"].push_back({{"rank", r}, {"key", pc.at("key")}, {"start", pc.at("start")}, {"numel", pc.at("numel")}});
+    }
+  }
+  metadata["format"] = "tessera-checkpoint";
+  metadata["format_version"] = kFormatVersion;
+  metadata["world_size"] = world_size;
+  metadata["tensors"] = std::move(tensors);
+  metadata["local_tensors"] = std::move(locals);
+  metadata["files"] = std::move(files);
+  return metadata;
+}
+
+// Polls until `ready` (up to `deadline`), sleeping 5 ms at first and up to 100 ms (remote polls cost a request).
+template <class Ready>
+bool poll_until(const Ready& ready, std::chrono::steady_clock::time_point deadline) {
+  auto pause = std::chrono::milliseconds(5);
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(100));
+  }
+  return true;
+}
+
+// ---- Remote save folders (s3://) ----------------------------------------------------------------------------------
+// No directories and no rename: the ranks upload their files straight to folder/name/, each followed by a receipt
+// naming the save's attempt; rank 0 waits for this attempt's receipts, writes metadata.json (the object that makes the
+// checkpoint count), removes the receipts and anything else under the prefix, and writes the `latest` object (the
+// checkpoint's name) last.
+
+void publish_remote(const PendingCheckpoint& p, nlohmann::json metadata, int world_size,
+                    std::chrono::milliseconds timeout, const std::string& latest_name) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::vector<nlohmann::json> receipts(static_cast<size_t>(world_size));
+  for (int r = 0; r < world_size; ++r) {
+    const std::string uri = storage::join(p.final_dir, receipt_name(r));
+    nlohmann::json& receipt = receipts[static_cast<size_t>(r)];
+    const bool came = poll_until(
+        [&] {
+          if (!storage::stat(uri)) return false;
+          receipt = nlohmann::json::parse(storage::read(uri), nullptr, /*allow_exceptions=*/false);
+          // A receipt of an earlier, interrupted attempt at this checkpoint does not count.
+          return receipt.is_object() && receipt.value("attempt", "") == p.attempt;
+        },
+        deadline);
+    if (!came) {
+      fail(p.final_dir, fmt::format("rank {} did not finish uploading {} within {} s", r, rank_file_name(r),
+                                    timeout.count() / 1000));
+    }
+  }
+  metadata = merge_receipts(p.final_dir, std::move(metadata), receipts);
+  storage::write(storage::join(p.final_dir, kMetadata), metadata.dump(1) + "\n");
+  // Receipts, and files of earlier attempts (e.g. of ranks beyond this world size).
+  std::set<std::string> keep = {storage::join(p.final_dir, kMetadata)};
+  for (const nlohmann::json& f : metadata.at("files"))
+    keep.insert(storage::join(p.final_dir, f.at("name").get<std::string>()));
+  for (const storage::ObjectInfo& o : storage::list(p.final_dir + "/")) {
+    if (!keep.count(o.uri)) storage::remove(o.uri);
+  }
+  if (!latest_name.empty()) storage::write(storage::join(p.folder, latest_name), p.name);
+}
+
+std::vector<std::string> list_remote(const std::string& folder) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  const std::string prefix = storage::join(folder, "");
+  for (const storage::ObjectInfo& o : storage::list(prefix)) {
+    const std::string rest = o.uri.substr(prefix.size());
+    const size_t slash = rest.find('/');
+    if (slash == std::string::npos || slash == 0 || rest[0] == '.' || rest.substr(slash + 1) != kMetadata) continue;
+    const std::string dir = storage::join(folder, rest.substr(0, slash));
+    found.emplace_back(checkpoint_batch(dir), dir);
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(std::move(f.second));
+  return out;
+}
+
 }  // namespace
 
 PendingCheckpoint begin_checkpoint(const std::string& folder, const std::string& name, int rank,
-                                   std::chrono::milliseconds timeout) {
+                                   std::chrono::milliseconds timeout, const std::string& attempt) {
   PendingCheckpoint p;
   p.folder = folder;
   p.name = name;
+  p.attempt = attempt;
+  if (remote(folder)) {
+    p.final_dir = p.temp_dir = storage::join(folder, name);
+    // A checkpoint saved again under the same name stops counting before any of its files is replaced.
+    if (rank == 0) storage::remove(storage::join(p.final_dir, kMetadata));
+    return p;
+  }
   p.final_dir = (fs::path(folder) / name).string();
   p.temp_dir = (fs::path(folder) / (".tmp-" + name)).string();
   std::error_code ec;
@@ -171,66 +309,56 @@ uint64_t write_rank_file(const PendingCheckpoint& p, int rank, const RankPayload
   XXH64_state_t* st = XXH64_createState();
   XXH64_reset(st, 0);
   uint64_t bytes = 0;
-  const std::string path = (fs::path(p.temp_dir) / rank_file_name(rank)).string();
+  const auto hash = [&](std::string_view chunk) {
+    XXH64_update(st, chunk.data(), chunk.size());
+    bytes += chunk.size();
+  };
+  const std::string path = storage::join(p.temp_dir, rank_file_name(rank));
   try {
-    util::write_file_atomically(path, parts, kComponent, [&](std::string_view chunk) {
-      XXH64_update(st, chunk.data(), chunk.size());
-      bytes += chunk.size();
-    });
+    if (remote(path)) {
+      // Uploaded from the host copy, no local file: hashed from memory first (the receipt needs the digest).
+      for (std::string_view part : parts) hash(part);
+      storage::write_parts(path, parts);
+    } else {
+      util::write_file_atomically(path, parts, kComponent, hash);
+    }
   } catch (...) {
     XXH64_freeState(st);
     throw;
   }
   const std::string digest = xxh64_hex(XXH64_digest(st));
   XXH64_freeState(st);
-  const nlohmann::json receipt = {{"rank", rank},    {"file", rank_file_name(rank)}, {"bytes", bytes},
-                                  {"xxh64", digest}, {"pieces", std::move(pieces)},  {"local", std::move(locals)}};
-  util::write_file_atomically((fs::path(p.temp_dir) / receipt_name(rank)).string(), receipt.dump(), kComponent);
+  const nlohmann::json receipt = {{"rank", rank},        {"file", rank_file_name(rank)}, {"bytes", bytes},
+                                  {"xxh64", digest},     {"pieces", std::move(pieces)},  {"local", std::move(locals)},
+                                  {"attempt", p.attempt}};
+  const std::string receipt_path = storage::join(p.temp_dir, receipt_name(rank));
+  if (remote(receipt_path)) {
+    storage::write(receipt_path, receipt.dump());
+  } else {
+    util::write_file_atomically(receipt_path, receipt.dump(), kComponent);
+  }
   return bytes;
 }
 
 void publish_checkpoint(const PendingCheckpoint& p, nlohmann::json metadata, int world_size,
                         std::chrono::milliseconds timeout, const std::string& latest_name) {
   try {
+    if (remote(p.folder)) {
+      publish_remote(p, std::move(metadata), world_size, timeout, latest_name);
+      return;
+    }
     // Every rank's receipt: its file is complete and fsynced.
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     std::vector<nlohmann::json> receipts(static_cast<size_t>(world_size));
     for (int r = 0; r < world_size; ++r) {
       const fs::path rp = fs::path(p.temp_dir) / receipt_name(r);
-      while (!fs::exists(rp)) {
-        if (std::chrono::steady_clock::now() > deadline) {
-          fail(p.temp_dir, fmt::format("rank {} did not finish writing {} within {} s", r, rank_file_name(r),
-                                       timeout.count() / 1000));
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      if (!poll_until([&] { return fs::exists(rp); }, deadline)) {
+        fail(p.temp_dir, fmt::format("rank {} did not finish writing {} within {} s", r, rank_file_name(r),
+                                     timeout.count() / 1000));
       }
       receipts[static_cast<size_t>(r)] = read_json(rp.string());
     }
-    nlohmann::json tensors = nlohmann::json::object();
-    nlohmann::json files = nlohmann::json::array();
-    nlohmann::json locals = nlohmann::json::object();
-    for (int r = 0; r < world_size; ++r) {
-      const nlohmann::json& rc = receipts[static_cast<size_t>(r)];
-      files.push_back({{"rank", r}, {"name", rc.at("file")}, {"bytes", rc.at("bytes")}, {"xxh64", rc.at("xxh64")}});
-      if (!rc.at("local").empty()) locals[std::to_string(r)] = rc.at("local");
-      for (const nlohmann::json& pc : rc.at("pieces")) {
-        const std::string name = pc.at("tensor").get<std::string>();
-        nlohmann::json& t = tensors[name];
-        if (t.is_null())
-          t = {{"shape", pc.at("shape")}, {"dtype", pc.at("dtype")}, {"pieces", nlohmann::json::array()}};
-        if (t.at("shape") != pc.at("shape")) {
-          fail(p.temp_dir, fmt::format("ranks disagree on the shape of {}", name));
-        }
-        t["pieces"].push_back(
-            {{"rank", r}, {"key", pc.at("key")}, {"start", pc.at("start")}, {"numel", pc.at("numel")}});
-      }
-    }
-    metadata["format"] = "tessera-checkpoint";
-    metadata["format_version"] = kFormatVersion;
-    metadata["world_size"] = world_size;
-    metadata["tensors"] = std::move(tensors);
-    metadata["local_tensors"] = std::move(locals);
-    metadata["files"] = std::move(files);
+    metadata = merge_receipts(p.temp_dir, std::move(metadata), receipts);
     util::write_file_atomically((fs::path(p.temp_dir) / kMetadata).string(), metadata.dump(1) + "\n", kComponent);
     for (int r = 0; r < world_size; ++r) fs::remove(fs::path(p.temp_dir) / receipt_name(r));
     sync_dir(p.temp_dir);
@@ -268,11 +396,63 @@ void publish_checkpoint(const PendingCheckpoint& p, nlohmann::json metadata, int
 }
 
 void abandon_checkpoint(const PendingCheckpoint& p) {
+  if (remote(p.folder)) {
+    try {
+      // Unless it was published after all (only the `latest` object failed), its objects go.
+      if (!storage::stat(storage::join(p.final_dir, kMetadata))) {
+        for (const storage::ObjectInfo& o : storage::list(p.final_dir + "/")) storage::remove(o.uri);
+      }
+    } catch (const std::exception& e) {
+      spdlog::warn("[checkpoint] {}: could not remove the interrupted save's objects: {}", p.final_dir, e.what());
+    }
+    return;
+  }
   std::error_code ec;
   fs::remove_all(p.temp_dir, ec);
 }
 
+void remove_checkpoint(const std::string& dir) {
+  if (!remote(dir)) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    if (ec) fail(dir, fmt::format("cannot remove: {}", ec.message()));
+    return;
+  }
+  // metadata.json first: from then on the checkpoint no longer counts, whatever remains.
+  const std::string meta = storage::join(dir, kMetadata);
+  storage::remove(meta);
+  for (const storage::ObjectInfo& o : storage::list(dir + "/")) storage::remove(o.uri);
+}
+
+std::vector<std::string> incomplete_checkpoints(const std::string& folder) {
+  if (!remote(folder)) return {};
+  // Only prefixes holding nothing but rank files and receipts: anything else under the folder (another tool's
+  // output, an hf_checkpointer export) is not a checkpoint of ours and is left alone.
+  const auto ours = [](const std::string& file) {
+    size_t i = 4;
+    if (file.rfind("rank", 0) != 0) return false;
+    while (i < file.size() && std::isdigit(static_cast<unsigned char>(file[i]))) ++i;
+    const std::string rest = file.substr(i);
+    return i > 4 && (rest == ".safetensors" || rest == ".receipt.json");
+  };
+  std::set<std::string> candidates, excluded;
+  const std::string prefix = storage::join(folder, "");
+  for (const storage::ObjectInfo& o : storage::list(prefix)) {
+    const std::string rest = o.uri.substr(prefix.size());
+    const size_t slash = rest.find('/');
+    if (slash == std::string::npos || slash == 0) continue;
+    const std::string dir = storage::join(folder, rest.substr(0, slash));
+    (ours(rest.substr(slash + 1)) ? candidates : excluded).insert(dir);
+  }
+  std::vector<std::string> out;
+  for (const std::string& d : candidates) {
+    if (!excluded.count(d)) out.push_back(d);
+  }
+  return out;
+}
+
 std::vector<std::string> list_checkpoints(const std::string& folder) {
+  if (remote(folder)) return list_remote(folder);
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;
   if (!fs::is_directory(folder, ec)) return {};
@@ -280,7 +460,7 @@ std::vector<std::string> list_checkpoints(const std::string& folder) {
     const std::string name = e.path().filename().string();
     if (name.empty() || name[0] == '.' || e.is_symlink() || !e.is_directory()) continue;
     if (!fs::exists(e.path() / kMetadata)) continue;
-    found.emplace_back(checkpoint_batch(e.path()), e.path().string());
+    found.emplace_back(checkpoint_batch(e.path().string()), e.path().string());
   }
   std::sort(found.begin(), found.end());
   std::vector<std::string> out;
@@ -290,7 +470,7 @@ std::vector<std::string> list_checkpoints(const std::string& folder) {
 
 std::string validate_checkpoint(const std::string& dir, bool verify_checksums) {
   try {
-    const nlohmann::json m = read_json((fs::path(dir) / kMetadata).string());
+    const nlohmann::json m = read_metadata(dir);
     if (m.value("format", "") != "tessera-checkpoint")
       return fmt::format("{}/{}: not a Tessera checkpoint", dir, kMetadata);
     if (m.value("format_version", 0) > kFormatVersion) {
@@ -298,6 +478,22 @@ std::string validate_checkpoint(const std::string& dir, bool verify_checksums) {
                          m.value("format_version", 0), kFormatVersion);
     }
     for (const nlohmann::json& f : m.at("files")) {
+      if (remote(dir)) {
+        const std::string uri = storage::join(dir, f.at("name").get<std::string>());
+        const auto info = storage::stat(uri);
+        const uint64_t want = f.at("bytes").get<uint64_t>();
+        if (!info) return fmt::format("{}: missing", uri);
+        if (info->size != want)
+          return fmt::format("{}: {} bytes, metadata says {} (truncated?)", uri, info->size, want);
+        if (verify_checksums) {
+          const std::string h = remote_xxh64(uri, want);
+          if (h != f.at("xxh64").get<std::string>()) {
+            return fmt::format("{}: xxh64 checksum {} does not match the metadata's {} (corrupted)", uri, h,
+                               f.at("xxh64").get<std::string>());
+          }
+        }
+        continue;
+      }
       const fs::path path = fs::path(dir) / f.at("name").get<std::string>();
       std::error_code ec;
       const uint64_t size = fs::file_size(path, ec);
@@ -322,6 +518,20 @@ std::string validate_checkpoint(const std::string& dir, bool verify_checksums) {
 
 std::vector<std::string> checkpoint_candidates(const std::string& folder, const std::string& latest_name) {
   std::vector<std::string> candidates;
+  if (remote(folder)) {
+    // `latest` is an object holding the newest checkpoint's name.
+    const std::string latest = latest_name.empty() ? "" : storage::join(folder, latest_name);
+    if (!latest.empty() && storage::stat(latest)) {
+      std::string target = storage::read(latest);
+      while (!target.empty() && std::isspace(static_cast<unsigned char>(target.back()))) target.pop_back();
+      if (!target.empty() && target.find('/') == std::string::npos) candidates.push_back(storage::join(folder, target));
+    }
+    std::vector<std::string> all = list_checkpoints(folder);
+    for (auto it = all.rbegin(); it != all.rend(); ++it) {
+      if (std::find(candidates.begin(), candidates.end(), *it) == candidates.end()) candidates.push_back(*it);
+    }
+    return candidates;
+  }
   std::error_code ec;
   const fs::path link = fs::path(folder) / latest_name;
   if (!latest_name.empty() && fs::is_symlink(link, ec)) {
@@ -336,9 +546,10 @@ std::vector<std::string> checkpoint_candidates(const std::string& folder, const 
   return candidates;
 }
 
-std::optional<std::string> find_latest_valid_checkpoint(const std::string& folder, const std::string& latest_name) {
+std::optional<std::string> find_latest_valid_checkpoint(const std::string& folder, const std::string& latest_name,
+                                                        bool verify_checksums) {
   for (const std::string& c : checkpoint_candidates(folder, latest_name)) {
-    const std::string why = validate_checkpoint(c);
+    const std::string why = validate_checkpoint(c, verify_checksums);
     if (why.empty()) return c;
     spdlog::warn("[checkpoint] skipping {}: {}", c, why);
   }
@@ -349,11 +560,16 @@ std::optional<std::string> find_latest_valid_checkpoint(const std::string& folde
 
 CheckpointReader::CheckpointReader(std::string dir, bool verify_checksums)
     : dir_(std::move(dir)), verify_(verify_checksums) {
-  const std::string path = (fs::path(dir_) / kMetadata).string();
-  if (!fs::exists(path)) {
+  const std::string path = storage::join(dir_, kMetadata);
+  if (remote(dir_)) {
+    if (!storage::stat(path)) {
+      fail(dir_, storage::list(dir_ + "/").empty() ? "does not exist"
+                                                   : "no metadata.json: not a (complete) Tessera checkpoint");
+    }
+  } else if (!fs::exists(path)) {
     fail(dir_, fs::exists(dir_) ? "no metadata.json: not a (complete) Tessera checkpoint" : "does not exist");
   }
-  meta_ = read_json(path);
+  meta_ = read_metadata(dir_);
   if (meta_.value("format", "") != "tessera-checkpoint") fail(path, "not a Tessera checkpoint (\"format\")");
   const int version = meta_.value("format_version", 0);
   if (version < 1 || version > kFormatVersion) {
@@ -364,7 +580,13 @@ CheckpointReader::CheckpointReader(std::string dir, bool verify_checksums)
   }
 }
 
-CheckpointReader::~CheckpointReader() = default;
+CheckpointReader::~CheckpointReader() {
+  files_.clear();  // unmapped before their folder goes
+  if (!cache_.empty()) {
+    std::error_code ec;
+    fs::remove_all(cache_, ec);
+  }
+}
 
 std::vector<std::string> CheckpointReader::tensor_names(const std::string& prefix) const {
   std::vector<std::string> out;
@@ -393,20 +615,27 @@ SafetensorsFile& CheckpointReader::file(int rank) {
     if (f.at("rank").get<int>() == rank) entry = &f;
   }
   if (entry == nullptr) fail(dir_, fmt::format("metadata.json lists no file for rank {}", rank));
-  const std::string path = (fs::path(dir_) / entry->at("name").get<std::string>()).string();
+  const std::string shown = storage::join(dir_, entry->at("name").get<std::string>());  // for messages
+  std::string path = shown;
+  if (remote(path)) {
+    if (cache_.empty()) cache_ = util::make_temp_dir("tessera-checkpoint", kComponent);
+    const std::string local = (fs::path(cache_) / entry->at("name").get<std::string>()).string();
+    storage::download(shown, local);
+    path = local;
+  }
   std::error_code ec;
   const uint64_t size = fs::file_size(path, ec);
-  if (ec) fail(path, fmt::format("missing ({})", ec.message()));
+  if (ec) fail(shown, fmt::format("missing ({})", ec.message()));
   if (size != entry->at("bytes").get<uint64_t>()) {
-    fail(path, fmt::format("{} bytes, metadata.json says {} (truncated?)", size, entry->at("bytes").get<uint64_t>()));
+    fail(shown, fmt::format("{} bytes, metadata.json says {} (truncated?)", size, entry->at("bytes").get<uint64_t>()));
   }
   auto f = std::make_shared<SafetensorsFile>(path);
   if (verify_) {
     // Before any of its bytes are used.
     const std::string h = mapped_xxh64(f->bytes());
     if (h != entry->at("xxh64").get<std::string>()) {
-      fail(path, fmt::format("xxh64 checksum {} does not match metadata.json's {} (corrupted)", h,
-                             entry->at("xxh64").get<std::string>()));
+      fail(shown, fmt::format("xxh64 checksum {} does not match metadata.json's {} (corrupted)", h,
+                              entry->at("xxh64").get<std::string>()));
     }
   }
   files_[rank] = f;

@@ -315,7 +315,10 @@ S3Response S3Client::send(const std::string& method, const std::string& bucket, 
   }
   const std::string url = fmt::format("{}://{}{}{}", ep.scheme, host, path, query_string);
   const std::string payload_hash = payload.empty() ? kEmptyHash : sigv4::sha256_hex(payload);
-  const std::string where = uri_of(bucket, key);
+  std::string where = uri_of(bucket, key);
+  for (const auto& [k, v] : query) {
+    if (key.empty() && k == "prefix") where = uri_of(bucket, v);  // a listing: errors name the prefix
+  }
 
   std::mt19937_64 rng(std::random_device{}());
   std::string last_error;
@@ -483,6 +486,36 @@ void S3Client::put(const std::string& bucket, const std::string& key, std::strin
   }
   upload_parts(bucket, key, data.size(),
                [&](uint64_t offset, uint64_t length) { return std::string(data.substr(offset, length)); });
+}
+
+void S3Client::put_parts(const std::string& bucket, const std::string& key,
+                         const std::vector<std::string_view>& parts) {
+  // Offsets of each buffer within the object.
+  std::vector<uint64_t> starts;
+  uint64_t size = 0;
+  for (std::string_view p : parts) {
+    starts.push_back(size);
+    size += p.size();
+  }
+  const auto gather = [&](uint64_t offset, uint64_t length) {
+    std::string out;
+    out.reserve(length);
+    size_t i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), offset) - starts.begin()) - 1;
+    for (; i < parts.size() && out.size() < length; ++i) {
+      const uint64_t from = offset + out.size() - starts[i];
+      out.append(parts[i].substr(from, length - out.size()));
+    }
+    return out;
+  };
+  if (parts.empty()) {
+    send("PUT", bucket, key, {}, {}, {});
+    return;
+  }
+  if (size <= config_.multipart_threshold) {
+    send("PUT", bucket, key, {}, {}, gather(0, size));
+    return;
+  }
+  upload_parts(bucket, key, size, gather);
 }
 
 void S3Client::upload_file(const std::string& path, const std::string& bucket, const std::string& key) {

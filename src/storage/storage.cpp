@@ -105,6 +105,16 @@ void write(const std::string& uri, std::string_view data) {
   util::write_file_atomically(u.key, data, kComponent);
 }
 
+void write_parts(const std::string& uri, const std::vector<std::string_view>& parts) {
+  const Uri u = parse_uri(uri);
+  if (u.scheme == Uri::Scheme::kS3) {
+    S3Client::shared().put_parts(u.bucket, u.key, parts);
+    return;
+  }
+  make_parent(u.key);
+  util::write_file_atomically(u.key, parts, kComponent);
+}
+
 void upload(const std::string& local_path, const std::string& uri) {
   const Uri u = parse_uri(uri);
   if (u.scheme == Uri::Scheme::kS3) {
@@ -114,6 +124,22 @@ void upload(const std::string& local_path, const std::string& uri) {
   if (fs::exists(u.key) && fs::equivalent(local_path, u.key)) return;
   make_parent(u.key);
   util::write_file_atomically(u.key, util::read_file(local_path, kComponent), kComponent);
+}
+
+void upload_tree(const std::string& local_dir, const std::string& uri, const std::vector<std::string>& last) {
+  std::vector<std::string> first, final;
+  for (const auto& e : fs::recursive_directory_iterator(local_dir)) {
+    if (!e.is_regular_file()) continue;
+    const std::string rel = fs::relative(e.path(), local_dir).generic_string();
+    (std::find(last.begin(), last.end(), rel) == last.end() ? first : final).push_back(rel);
+  }
+  std::sort(first.begin(), first.end());
+  std::sort(final.begin(), final.end(), [&](const std::string& a, const std::string& b) {
+    return std::find(last.begin(), last.end(), a) < std::find(last.begin(), last.end(), b);
+  });
+  for (const auto* group : {&first, &final}) {
+    for (const std::string& rel : *group) upload((fs::path(local_dir) / rel).string(), join(uri, rel));
+  }
 }
 
 std::vector<ObjectInfo> list(const std::string& prefix_uri) {

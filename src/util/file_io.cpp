@@ -3,11 +3,13 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -62,6 +64,22 @@ void write_file_atomically(const std::string& path, const std::vector<std::strin
     ::unlink(tmp.c_str());
     throw Error(component, fmt::format("{}: rename from {} failed: {}", path, tmp, why));
   }
+}
+
+std::string make_temp_dir(const std::string& prefix, const std::string& component) {
+  std::error_code ec;
+  std::filesystem::path base = std::filesystem::temp_directory_path(ec);
+  if (ec) base = "/tmp";
+  std::string tmpl = (base / (prefix + "-XXXXXX")).string();
+  if (::mkdtemp(tmpl.data()) == nullptr) {
+    throw Error(component, fmt::format("{}: cannot create a temporary directory: {}", tmpl, std::strerror(errno)));
+  }
+  return tmpl;
+}
+
+TempFolder::~TempFolder() {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
 }
 
 std::string fill_path_pattern(std::string pattern, const std::string& run_name, int64_t rank) {

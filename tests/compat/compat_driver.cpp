@@ -61,6 +61,7 @@
 #include "tessera/storage/storage.h"
 #include "tessera/trainer/trainer.h"
 #include "tessera/util/error.h"
+#include "tessera/util/file_io.h"
 #include "tessera/util/jinja.h"
 
 namespace {
@@ -408,8 +409,9 @@ int train_trace(const std::string& recipe, const std::string& out_dir, const std
   return 0;
 }
 
-// Runs a list of storage operations in one process ({"op": "put"|"put_file"|"get"|"range"|"download"|"list"|"remove"|
-// "stat", ...}) and writes their results plus how often credentials were read and how many requests were sent.
+// Runs a list of storage operations in one process ({"op":
+// "put"|"put_file"|"put_parts"|"get"|"range"|"download"|"list"|"remove"| "stat", ...}) and writes their results plus
+// how often credentials were read and how many requests were sent.
 int storage_batch(const std::string& ops_path, const std::string& out_path) {
   namespace storage = tessera::storage;
   std::ifstream in(ops_path);
@@ -423,6 +425,16 @@ int storage_batch(const std::string& ops_path, const std::string& out_path) {
         storage::write(op.at("uri"), op.at("data").get<std::string>());
       } else if (name == "put_file") {
         storage::upload(op.at("path"), op.at("uri"));
+      } else if (name == "put_parts") {  // a file's bytes, split at "cuts", written as separate buffers
+        const std::string bytes = tessera::util::read_file(op.at("path"));
+        std::vector<std::string_view> parts;
+        size_t from = 0;
+        for (const size_t cut : op.at("cuts").get<std::vector<size_t>>()) {
+          parts.emplace_back(std::string_view(bytes).substr(from, cut - from));
+          from = cut;
+        }
+        parts.emplace_back(std::string_view(bytes).substr(from));
+        storage::write_parts(op.at("uri"), parts);
       } else if (name == "get") {
         r["data"] = storage::read(op.at("uri"));
       } else if (name == "range") {

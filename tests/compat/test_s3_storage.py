@@ -56,6 +56,29 @@ def test_objects_round_trip_with_boto3(s3_server, s3_bucket, tmp_path):
     assert out["credential_loads"] == 1
 
 
+def test_a_write_from_several_buffers_is_their_concatenation(s3_server, s3_bucket, tmp_path):
+    # What a checkpoint's rank file goes up as: a header and tensors, each its own buffer, gathered into 8 MiB parts
+    # (buffers shorter than a part, longer than several, empty, and ending exactly on a part boundary).
+    s3 = s3_server.client()
+    data = os.urandom(29 * 1024 * 1024 + 77)
+    (tmp_path / "data.bin").write_bytes(data)
+    mib = 1024 * 1024
+    cuts = [100, 100, 5 * mib, 8 * mib, 8 * mib + 1, 27 * mib]
+    small = [3, 7, 7, 20]
+    (tmp_path / "small.bin").write_bytes(data[:50])
+    base = f"s3://{s3_bucket}"
+    out = run_batch(s3_server.env(), [
+        {"op": "put_parts", "path": str(tmp_path / "data.bin"), "cuts": cuts, "uri": f"{base}/parts/big"},
+        {"op": "put_parts", "path": str(tmp_path / "small.bin"), "cuts": small, "uri": f"{base}/parts/small"},
+        {"op": "put_parts", "path": str(tmp_path / "data.bin"), "cuts": cuts, "uri": str(tmp_path / "local.bin")},
+    ], tmp_path)
+    assert [x.get("error") for x in out["results"]] == [None] * 3
+    assert s3.get_object(Bucket=s3_bucket, Key="parts/big")["Body"].read() == data
+    assert s3.head_object(Bucket=s3_bucket, Key="parts/big")["ETag"].strip('"').endswith("-4")
+    assert s3.get_object(Bucket=s3_bucket, Key="parts/small")["Body"].read() == data[:50]
+    assert (tmp_path / "local.bin").read_bytes() == data
+
+
 def test_listing_follows_continuation_tokens(s3_server, s3_bucket, tmp_path):
     s3 = s3_server.client()
     keys = [f"many/{i:05d}" for i in range(1005)]  # S3 pages listings at 1,000 keys

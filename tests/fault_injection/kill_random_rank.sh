@@ -6,7 +6,9 @@
 #
 # RECIPE must train deterministically for max_duration=20ba and write its final weights with hf_checkpointer to
 # <runs>/{run_name}/huggingface/ba20/model.safetensors where <runs> is the recipe's own choice; pass it as
-# RUNS_DIR in the environment (default: WORKDIR/runs). The unit suite runs a few trials (DistTraining.Kill*); run
+# RUNS_DIR in the environment (default: WORKDIR/runs). Checkpoints go to SAVE_ROOT/<run name> (default: WORKDIR/ckpt;
+# an s3:// prefix works too, with the S3 variables of docs/storage.md set, and should be empty). The unit suite runs a
+# few trials (DistTraining.Kill*), tests/compat/test_s3_checkpoints.py a few with SAVE_ROOT in object storage; run
 # this script directly for more.
 set -euo pipefail
 
@@ -16,6 +18,7 @@ work=$3
 trials=${4:-10}
 seed=${5:-$RANDOM}
 runs=${RUNS_DIR:-$work/runs}
+save_root=${SAVE_ROOT:-$work/ckpt}
 RANDOM=$seed
 mkdir -p "$work"
 echo "kill_random_rank: $trials trials, seed $seed"
@@ -28,9 +31,9 @@ common=(fsdp_config.sharding_strategy=FULL_SHARD deterministic_mode=true save_in
 
 # The uninterrupted reference.
 ref=fi_reference
-rm -rf "$runs/$ref" "$work/ckpt/$ref"
+rm -rf "$runs/$ref" "$work/ckpt/$ref"  # (an object-store SAVE_ROOT is new and empty)
 "$train" --recipe "$recipe" --nproc-per-node 2 --master-port "$(free_port)" run_name=$ref \
-  save_folder="$work/ckpt/$ref" "${common[@]}" > "$work/$ref.log" 2>&1 || { cat "$work/$ref.log"; exit 1; }
+  save_folder="$save_root/$ref" "${common[@]}" > "$work/$ref.log" 2>&1 || { cat "$work/$ref.log"; exit 1; }
 want="$runs/$ref/huggingface/ba20/model.safetensors"
 [ -f "$want" ] || { echo "no reference weights at $want"; exit 1; }
 
@@ -50,7 +53,7 @@ for ((t = 1; t <= trials; t++)); do
   victim=$((RANDOM % 2))
   rm -rf "$runs/$name" "$work/ckpt/$name"
   "$train" --recipe "$recipe" --nproc-per-node 2 --max-restarts 2 --master-port "$(free_port)" run_name=$name \
-    save_folder="$work/ckpt/$name" "${common[@]}" > "$work/$name.log" 2>&1 &
+    save_folder="$save_root/$name" "${common[@]}" > "$work/$name.log" 2>&1 &
   launcher=$!
   killed=0
   while kill -0 "$launcher" 2>/dev/null; do

@@ -10,6 +10,12 @@
 // and then moves the `latest` symlink. A crash at any moment leaves the previous checkpoint loadable and `latest`
 // pointing at a complete checkpoint. The save folder must be shared by all ranks (one filesystem).
 //
+// The save folder may also be an object store prefix (s3://bucket/prefix, storage/storage.h). There is no rename: each
+// rank uploads its file straight to folder/name/ from memory, then a receipt naming the save's attempt; rank 0 waits
+// for this attempt's receipts, writes metadata.json, and writes the `latest` object (holding the checkpoint's name)
+// last. A checkpoint counts only once metadata.json exists, and loads only when every file it lists has its size and
+// checksum, so an interrupted upload is never taken for a checkpoint. Readers download the files they need.
+//
 //   PendingCheckpoint p = begin_checkpoint(folder, "ep0-ba10", rank, world);
 //   write_rank_file(p, rank, payload);              // every rank
 //   if (rank == 0) publish_checkpoint(p, meta, world, timeout, "latest");
@@ -56,13 +62,17 @@ struct PendingCheckpoint {
   std::string folder;     // the save folder
   std::string name;       // e.g. "ep0-ba10"
   std::string final_dir;  // folder/name
-  std::string temp_dir;   // folder/.tmp-name
+  std::string temp_dir;   // folder/.tmp-name (remote folders: folder/name, written in place)
+  std::string attempt;    // identifies this save among interrupted earlier ones of the same name (remote receipts)
 };
 
 // Names the directories (creating the folder and, on rank 0, a fresh temporary directory; other ranks wait up to
 // `timeout` for it to appear). Throws tessera::Error("checkpoint") naming the path on failure.
+// A remote folder needs no directory: rank 0 removes an earlier checkpoint's metadata.json of the same name (so it
+// stops counting before its files are replaced), and every rank must pass the same `attempt` (e.g. a random number
+// rank 0 broadcast), which publish_checkpoint expects in the receipts.
 PendingCheckpoint begin_checkpoint(const std::string& folder, const std::string& name, int rank,
-                                   std::chrono::milliseconds timeout);
+                                   std::chrono::milliseconds timeout, const std::string& attempt = "");
 
 // Writes rank{rank}.safetensors into p.temp_dir (fsynced), then its receipt. Returns the bytes written. Throws
 // tessera::Error("checkpoint") naming the file and the OS error (e.g. "No space left on device"); nothing partial is
@@ -77,8 +87,17 @@ uint64_t write_rank_file(const PendingCheckpoint& p, int rank, const RankPayload
 void publish_checkpoint(const PendingCheckpoint& p, nlohmann::json metadata, int world_size,
                         std::chrono::milliseconds timeout, const std::string& latest_name);
 
-// Removes a failed checkpoint's temporary directory (best effort).
+// Removes a failed checkpoint's temporary directory (remote: its objects, unless metadata.json was written) (best
+// effort).
 void abandon_checkpoint(const PendingCheckpoint& p);
+
+// Deletes a published checkpoint (remote: metadata.json first, so that it stops counting at once).
+void remove_checkpoint(const std::string& dir);
+
+// Remote folders: prefixes folder/name/ holding rank files and receipts and nothing else, no metadata.json in
+// particular (saves a crash interrupted). Empty for local folders (their interrupted saves are hidden .tmp-
+// directories).
+std::vector<std::string> incomplete_checkpoints(const std::string& folder);
 
 // Published checkpoints in `folder` (directories with a metadata.json), oldest first by (batch, name).
 std::vector<std::string> list_checkpoints(const std::string& folder);
@@ -89,8 +108,10 @@ std::vector<std::string> checkpoint_candidates(const std::string& folder, const 
 
 // The newest checkpoint in `folder` that validates (metadata parses, every file exists with its size and checksum):
 // `latest_name`'s target first, then the others from newest to oldest. Each invalid one is skipped with a warning
-// naming the file and the problem. nullopt when there is none.
-std::optional<std::string> find_latest_valid_checkpoint(const std::string& folder, const std::string& latest_name);
+// naming the file and the problem. nullopt when there is none. Without `verify_checksums` only sizes are checked (for
+// remote folders, where a checksum costs a download; CheckpointReader verifies them as it reads).
+std::optional<std::string> find_latest_valid_checkpoint(const std::string& folder, const std::string& latest_name,
+                                                        bool verify_checksums = true);
 
 // Empty when `dir` is a complete, uncorrupted checkpoint; otherwise what is wrong, naming the file.
 std::string validate_checkpoint(const std::string& dir, bool verify_checksums = true);
@@ -99,7 +120,8 @@ std::string validate_checkpoint(const std::string& dir, bool verify_checksums = 
 // Opening checks the metadata (format and version); files are memory-mapped on first use and their size and checksum
 // verified then, before any of their bytes are returned (set verify_checksums false to skip the checksum). The
 // checksum is computed through the same mapping the reads copy from, so verifying and reading cost one pass over the
-// disk. Not thread-safe.
+// disk. A remote checkpoint's files are downloaded (parallel byte ranges) into a temporary folder the reader owns and
+// removes, then read the same way. Not thread-safe.
 class CheckpointReader {
  public:
   explicit CheckpointReader(std::string dir, bool verify_checksums = true);
@@ -130,6 +152,7 @@ class CheckpointReader {
   bool verify_;
   nlohmann::json meta_;
   std::map<int, std::shared_ptr<SafetensorsFile>> files_;
+  std::string cache_;  // remote checkpoints: where their files are downloaded ("" until the first)
 };
 
 }  // namespace tessera::checkpoint

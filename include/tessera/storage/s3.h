@@ -80,6 +80,8 @@ class S3Client {
   void download(const std::string& bucket, const std::string& key, const std::string& path);
   // One PUT, or a parallel multipart upload above multipart_threshold (aborted on failure).
   void put(const std::string& bucket, const std::string& key, std::string_view data);
+  // put() of the concatenation of `parts`; each part request gathers its bytes from them.
+  void put_parts(const std::string& bucket, const std::string& key, const std::vector<std::string_view>& parts);
   // Multipart from a file, reading one part per worker at a time.
   void upload_file(const std::string& path, const std::string& bucket, const std::string& key);
   struct Listed {

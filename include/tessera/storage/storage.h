@@ -45,8 +45,14 @@ std::string read(const std::string& uri);
 std::string read_range(const std::string& uri, uint64_t offset, uint64_t length);
 void download(const std::string& uri, const std::string& local_path);
 void write(const std::string& uri, std::string_view data);
+// write() of the concatenation of `parts`, without joining them in memory (S3: each multipart part is gathered from
+// them as it is sent). For writers whose bytes are already in several buffers, e.g. a checkpoint's tensors.
+void write_parts(const std::string& uri, const std::vector<std::string_view>& parts);
 // Streams a local file to `uri` (S3: multipart in parallel parts when large; memory bounded by the part pool).
 void upload(const std::string& local_path, const std::string& uri);
+// Uploads every file under `local_dir` to `uri` + its relative path; the files named in `last` (relative paths, e.g.
+// "config.json") go after all the others, so a reader that waits for them finds the rest in place.
+void upload_tree(const std::string& local_dir, const std::string& uri, const std::vector<std::string>& last = {});
 std::vector<ObjectInfo> list(const std::string& prefix_uri);
 // Deletes one object; deleting a missing object is not an error (as S3).
 void remove(const std::string& uri);

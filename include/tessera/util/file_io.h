@@ -25,6 +25,18 @@ inline void write_file_atomically(const std::string& path, std::string_view data
   write_file_atomically(path, std::vector<std::string_view>{data}, component);
 }
 
+// A new, empty directory `<$TMPDIR or /tmp>/<prefix>-XXXXXX` (mkdtemp); throws tessera::Error(component) naming it.
+std::string make_temp_dir(const std::string& prefix, const std::string& component = "io");
+
+// A make_temp_dir() directory removed, with everything in it, when this goes out of scope.
+struct TempFolder {
+  explicit TempFolder(const std::string& prefix) : path(make_temp_dir(prefix)) {}
+  ~TempFolder();
+  TempFolder(const TempFolder&) = delete;
+  TempFolder& operator=(const TempFolder&) = delete;
+  std::string path;
+};
+
 // `pattern` with every {run_name} and {rank} replaced (file and folder options of loggers, checkpoints, ...).
 std::string fill_path_pattern(std::string pattern, const std::string& run_name, int64_t rank);
 

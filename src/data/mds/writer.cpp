@@ -5,8 +5,6 @@
 #include <algorithm>
 #include <filesystem>
 
-#include <stdlib.h>
-
 #include "compression.h"
 #include "tessera/data/mds.h"
 #include "tessera/storage/storage.h"
@@ -54,9 +52,7 @@ MDSWriter::MDSWriter(WriterOptions options) : o_(std::move(options)) {
     if (o_.local) {
       dir_ = *o_.local;
     } else {
-      std::string tmpl = (fs::temp_directory_path() / "tessera-mds-XXXXXX").string();
-      if (::mkdtemp(tmpl.data()) == nullptr) throw Error(kComponent, "cannot create a staging directory");
-      dir_ = tmpl;
+      dir_ = util::make_temp_dir("tessera-mds", kComponent);
     }
   } else {
     dir_ = o_.out;
