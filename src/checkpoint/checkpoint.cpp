@@ -219,20 +219,41 @@ void publish_remote(const PendingCheckpoint& p, nlohmann::json metadata, int wor
   if (!latest_name.empty()) storage::write(storage::join(p.folder, latest_name), p.name);
 }
 
-std::vector<std::string> list_remote(const std::string& folder) {
-  std::vector<std::pair<int64_t, std::string>> found;
+// Every object folder/<name>/<file> of a remote folder as (folder/<name>, <file>), from one listing.
+std::vector<std::pair<std::string, std::string>> remote_children(const std::string& folder) {
+  std::vector<std::pair<std::string, std::string>> out;
   const std::string prefix = storage::join(folder, "");
   for (const storage::ObjectInfo& o : storage::list(prefix)) {
     const std::string rest = o.uri.substr(prefix.size());
     const size_t slash = rest.find('/');
-    if (slash == std::string::npos || slash == 0 || rest[0] == '.' || rest.substr(slash + 1) != kMetadata) continue;
-    const std::string dir = storage::join(folder, rest.substr(0, slash));
-    found.emplace_back(checkpoint_batch(dir), dir);
+    if (slash == std::string::npos || slash == 0) continue;
+    out.emplace_back(storage::join(folder, rest.substr(0, slash)), rest.substr(slash + 1));
   }
-  std::sort(found.begin(), found.end());
-  std::vector<std::string> out;
-  for (auto& f : found) out.push_back(std::move(f.second));
   return out;
+}
+
+// The checkpoint `latest_name` points at (a symlink locally; remotely an object holding the name), if any.
+std::optional<std::string> latest_target(const std::string& folder, const std::string& latest_name) {
+  if (latest_name.empty()) return std::nullopt;
+  if (remote(folder)) {
+    const std::string latest = storage::join(folder, latest_name);
+    if (!storage::stat(latest)) return std::nullopt;
+    std::string target = storage::read(latest);
+    while (!target.empty() && std::isspace(static_cast<unsigned char>(target.back()))) target.pop_back();
+    if (target.empty() || target.find('/') != std::string::npos) return std::nullopt;
+    return storage::join(folder, target);
+  }
+  std::error_code ec;
+  const fs::path link = fs::path(folder) / latest_name;
+  if (!fs::is_symlink(link, ec)) return std::nullopt;
+  const fs::path target = fs::path(folder) / fs::read_symlink(link, ec);
+  if (ec) return std::nullopt;
+  return target.string();
+}
+
+// How candidates are compared: lexically normal local paths, URIs as they are.
+std::string normal(const std::string& dir) {
+  return remote(dir) ? dir : fs::path(dir).lexically_normal().string();
 }
 
 }  // namespace
@@ -436,14 +457,7 @@ std::vector<std::string> incomplete_checkpoints(const std::string& folder) {
     return i > 4 && (rest == ".safetensors" || rest == ".receipt.json");
   };
   std::set<std::string> candidates, excluded;
-  const std::string prefix = storage::join(folder, "");
-  for (const storage::ObjectInfo& o : storage::list(prefix)) {
-    const std::string rest = o.uri.substr(prefix.size());
-    const size_t slash = rest.find('/');
-    if (slash == std::string::npos || slash == 0) continue;
-    const std::string dir = storage::join(folder, rest.substr(0, slash));
-    (ours(rest.substr(slash + 1)) ? candidates : excluded).insert(dir);
-  }
+  for (const auto& [dir, file] : remote_children(folder)) (ours(file) ? candidates : excluded).insert(dir);
   std::vector<std::string> out;
   for (const std::string& d : candidates) {
     if (!excluded.count(d)) out.push_back(d);
@@ -452,16 +466,22 @@ std::vector<std::string> incomplete_checkpoints(const std::string& folder) {
 }
 
 std::vector<std::string> list_checkpoints(const std::string& folder) {
-  if (remote(folder)) return list_remote(folder);
-  std::vector<std::pair<int64_t, std::string>> found;
-  std::error_code ec;
-  if (!fs::is_directory(folder, ec)) return {};
-  for (const fs::directory_entry& e : fs::directory_iterator(folder, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.empty() || name[0] == '.' || e.is_symlink() || !e.is_directory()) continue;
-    if (!fs::exists(e.path() / kMetadata)) continue;
-    found.emplace_back(checkpoint_batch(e.path().string()), e.path().string());
+  std::vector<std::string> dirs;
+  if (remote(folder)) {
+    for (const auto& [dir, file] : remote_children(folder)) {
+      if (file == kMetadata && fs::path(dir).filename().string()[0] != '.') dirs.push_back(dir);
+    }
+  } else {
+    std::error_code ec;
+    if (!fs::is_directory(folder, ec)) return {};
+    for (const fs::directory_entry& e : fs::directory_iterator(folder, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.empty() || name[0] == '.' || e.is_symlink() || !e.is_directory()) continue;
+      if (fs::exists(e.path() / kMetadata)) dirs.push_back(e.path().string());
+    }
   }
+  std::vector<std::pair<int64_t, std::string>> found;
+  for (std::string& d : dirs) found.emplace_back(checkpoint_batch(d), std::move(d));
   std::sort(found.begin(), found.end());
   std::vector<std::string> out;
   for (auto& f : found) out.push_back(std::move(f.second));
@@ -518,29 +538,10 @@ std::string validate_checkpoint(const std::string& dir, bool verify_checksums) {
 
 std::vector<std::string> checkpoint_candidates(const std::string& folder, const std::string& latest_name) {
   std::vector<std::string> candidates;
-  if (remote(folder)) {
-    // `latest` is an object holding the newest checkpoint's name.
-    const std::string latest = latest_name.empty() ? "" : storage::join(folder, latest_name);
-    if (!latest.empty() && storage::stat(latest)) {
-      std::string target = storage::read(latest);
-      while (!target.empty() && std::isspace(static_cast<unsigned char>(target.back()))) target.pop_back();
-      if (!target.empty() && target.find('/') == std::string::npos) candidates.push_back(storage::join(folder, target));
-    }
-    std::vector<std::string> all = list_checkpoints(folder);
-    for (auto it = all.rbegin(); it != all.rend(); ++it) {
-      if (std::find(candidates.begin(), candidates.end(), *it) == candidates.end()) candidates.push_back(*it);
-    }
-    return candidates;
-  }
-  std::error_code ec;
-  const fs::path link = fs::path(folder) / latest_name;
-  if (!latest_name.empty() && fs::is_symlink(link, ec)) {
-    const fs::path target = fs::path(folder) / fs::read_symlink(link, ec);
-    if (!ec) candidates.push_back(target.lexically_normal().string());
-  }
+  if (const auto latest = latest_target(folder, latest_name)) candidates.push_back(normal(*latest));
   std::vector<std::string> all = list_checkpoints(folder);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    const std::string p = fs::path(*it).lexically_normal().string();
+    const std::string p = normal(*it);
     if (std::find(candidates.begin(), candidates.end(), p) == candidates.end()) candidates.push_back(p);
   }
   return candidates;
