@@ -7,7 +7,8 @@
 - autoresume from S3 skips what must never be loaded (a `latest` pointing at an upload without metadata.json, a
   checkpoint whose file was corrupted) and resumes from the newest good one, ending with the uninterrupted run's
   weights; the interrupted upload's objects are removed;
-- `convert --checkpoint s3://... --hf-out s3://...` gives the bytes a local conversion gives;
+- `convert --checkpoint s3://... --hf-out s3://...` gives the bytes a local conversion gives, and `load_path` takes
+  that folder from S3 as it takes the local one;
 - a 2-rank job saving to S3, killed with SIGKILL at random moments under --max-restarts, resumes from S3 with final
   weights bitwise equal to an uninterrupted run's (tests/fault_injection/kill_random_rank.sh);
 - a bucket that does not exist fails the run with an error naming it.
@@ -163,6 +164,13 @@ def test_convert_reads_and_writes_s3(s3_server, s3_bucket, data, tmp_path):
     assert sorted(exported) == sorted(p.name for p in (tmp_path / "hf").iterdir())
     for name in exported:
         assert get(s3, s3_bucket, f"c/hf/{name}") == (tmp_path / "hf" / name).read_bytes(), name
+    # load_path takes the HF folder in S3 as it takes the local one: the same first losses.
+    losses = {}
+    for name, path in (("from-s3", f"s3://{s3_bucket}/c/hf"), ("from-local", tmp_path / "hf")):
+        train(env, rec, f"run_name={name}", f"load_path={path}", "max_duration=2ba")
+        lines = (tmp_path / "runs" / name / "metrics.jsonl").read_text().splitlines()
+        losses[name] = [json.loads(l)["loss/train/total"] for l in lines if "loss/train/total" in l]
+    assert len(losses["from-s3"]) == 2 and losses["from-s3"] == losses["from-local"]
 
 
 def test_killed_two_rank_job_resumes_from_s3_bitwise(s3_server, s3_bucket, data, tmp_path):
