@@ -3,8 +3,10 @@
 #include <curl/curl.h>
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <openssl/evp.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <atomic>
@@ -213,6 +215,17 @@ size_t on_header(char* data, size_t size, size_t n, void* user) {
     t->response->headers.emplace_back(std::move(name), std::move(value));
   }
   return size * n;
+}
+
+// The base64 of the big-endian CRC32 of `data`: S3's x-amz-checksum-crc32 value.
+std::string crc32_base64(std::string_view data) {
+  uLong crc = crc32_z(0L, Z_NULL, 0);
+  crc = crc32_z(crc, reinterpret_cast<const Bytef*>(data.data()), data.size());
+  const unsigned char be[4] = {static_cast<unsigned char>(crc >> 24), static_cast<unsigned char>(crc >> 16),
+                               static_cast<unsigned char>(crc >> 8), static_cast<unsigned char>(crc)};
+  unsigned char out[9];
+  EVP_EncodeBlock(out, be, 4);
+  return std::string(reinterpret_cast<const char*>(out), 8);
 }
 
 void init_curl_once() {
@@ -481,7 +494,7 @@ void S3Client::download(const std::string& bucket, const std::string& key, const
 
 void S3Client::put(const std::string& bucket, const std::string& key, std::string_view data) {
   if (data.size() <= config_.multipart_threshold) {
-    send("PUT", bucket, key, {}, {}, data);
+    put_single(bucket, key, data);
     return;
   }
   upload_parts(bucket, key, data.size(),
@@ -508,11 +521,11 @@ void S3Client::put_parts(const std::string& bucket, const std::string& key,
     return out;
   };
   if (parts.empty()) {
-    send("PUT", bucket, key, {}, {}, {});
+    put_single(bucket, key, {});
     return;
   }
   if (size <= config_.multipart_threshold) {
-    send("PUT", bucket, key, {}, {}, gather(0, size));
+    put_single(bucket, key, gather(0, size));
     return;
   }
   upload_parts(bucket, key, size, gather);
@@ -538,10 +551,19 @@ void S3Client::upload_file(const std::string& path, const std::string& bucket, c
     return buf;
   };
   if (static_cast<uint64_t>(size) <= config_.multipart_threshold) {
-    send("PUT", bucket, key, {}, {}, read_part(0, static_cast<uint64_t>(size)));
+    put_single(bucket, key, read_part(0, static_cast<uint64_t>(size)));
     return;
   }
   upload_parts(bucket, key, static_cast<uint64_t>(size), read_part);
+}
+
+void S3Client::put_single(const std::string& bucket, const std::string& key, std::string_view data) {
+  std::vector<std::pair<std::string, std::string>> headers;
+  if (config_.request_checksums) {
+    headers.emplace_back("x-amz-checksum-crc32", crc32_base64(data));
+    headers.emplace_back("x-amz-sdk-checksum-algorithm", "CRC32");  // as the SDKs send it (some stores read it)
+  }
+  send("PUT", bucket, key, {}, std::move(headers), data);
 }
 
 void S3Client::upload_parts(const std::string& bucket, const std::string& key, uint64_t size,
@@ -549,22 +571,34 @@ void S3Client::upload_parts(const std::string& bucket, const std::string& key, u
   const std::string where = uri_of(bucket, key);
   uint64_t part = config_.part_size;
   while ((size + part - 1) / part > 10000) part *= 2;  // S3 allows 10,000 parts
-  const std::string upload_id = xml_first(send("POST", bucket, key, {{"uploads", ""}}, {}, {}).body, "UploadId");
+  // With checksums on, the upload declares CRC32 and each part carries its own, as the AWS SDKs do: the store checks
+  // every part as it arrives and keeps a composite checksum of the object.
+  std::vector<std::pair<std::string, std::string>> create_headers;
+  if (config_.request_checksums) create_headers.emplace_back("x-amz-checksum-algorithm", "CRC32");
+  const std::string upload_id =
+      xml_first(send("POST", bucket, key, {{"uploads", ""}}, std::move(create_headers), {}).body, "UploadId");
   if (upload_id.empty()) throw Error(kComponent, fmt::format("{}: CreateMultipartUpload returned no UploadId", where));
   const size_t parts = static_cast<size_t>((size + part - 1) / part);
-  std::vector<std::string> etags(parts);
+  std::vector<std::string> etags(parts), crcs(parts);
   try {
     parallel_for(parts, config_.parallelism, [&](size_t i) {
       const uint64_t begin = i * part, length = std::min(size - begin, part);
       const std::string body = read_part(begin, length);
-      const S3Response r =
-          send("PUT", bucket, key, {{"partNumber", std::to_string(i + 1)}, {"uploadId", upload_id}}, {}, body);
+      std::vector<std::pair<std::string, std::string>> headers;
+      if (config_.request_checksums) {
+        crcs[i] = crc32_base64(body);
+        headers.emplace_back("x-amz-checksum-crc32", crcs[i]);
+        headers.emplace_back("x-amz-sdk-checksum-algorithm", "CRC32");
+      }
+      const S3Response r = send("PUT", bucket, key, {{"partNumber", std::to_string(i + 1)}, {"uploadId", upload_id}},
+                                std::move(headers), body);
       etags[i] = r.header("etag");
       if (etags[i].empty()) throw Error(kComponent, fmt::format("{}: part {} returned no ETag", where, i + 1));
     });
     std::string xml = "<CompleteMultipartUpload>";
     for (size_t i = 0; i < parts; ++i) {
-      xml += fmt::format("<Part><PartNumber>{}</PartNumber><ETag>{}</ETag></Part>", i + 1, etags[i]);
+      const std::string crc = crcs[i].empty() ? "" : "<ChecksumCRC32>" + crcs[i] + "</ChecksumCRC32>";
+      xml += fmt::format("<Part>{}<ETag>{}</ETag><PartNumber>{}</PartNumber></Part>", crc, etags[i], i + 1);
     }
     xml += "</CompleteMultipartUpload>";
     const S3Response r =

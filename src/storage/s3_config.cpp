@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -113,6 +114,15 @@ S3Config S3Config::from_environment() {
   c.multipart_threshold = c.part_size;
   c.parallelism = positive_env("TESSERA_S3_PARALLELISM", c.parallelism);
   c.stall_timeout_s = positive_env("TESSERA_S3_STALL_TIMEOUT_S", static_cast<int>(c.stall_timeout_s));
+  std::string checksums = env("AWS_REQUEST_CHECKSUM_CALCULATION");
+  for (char& ch : checksums) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (checksums == "when_required") {
+    c.request_checksums = false;
+  } else if (!checksums.empty() && checksums != "when_supported") {
+    throw ConfigError(kComponent, fmt::format("AWS_REQUEST_CHECKSUM_CALCULATION={}: expected when_supported or "
+                                              "when_required",
+                                              checksums));
+  }
   return c;
 }
 

@@ -1,9 +1,11 @@
 """Tessera's S3 client (src/storage/) against a real S3-API server (moto, signatures checked) with boto3 as the peer:
 objects Tessera writes read back identically through boto3 and the other way round, single and multipart, ranges,
 listing with continuation, deletes; wrong credentials fail naming the bucket; credentials are read once a process."""
+import base64
 import json
 import os
 import subprocess
+import zlib
 
 import pytest
 
@@ -77,6 +79,37 @@ def test_a_write_from_several_buffers_is_their_concatenation(s3_server, s3_bucke
     assert s3.head_object(Bucket=s3_bucket, Key="parts/big")["ETag"].strip('"').endswith("-4")
     assert s3.get_object(Bucket=s3_bucket, Key="parts/small")["Body"].read() == data[:50]
     assert (tmp_path / "local.bin").read_bytes() == data
+
+
+def crc32_b64(data):
+    return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+
+
+def test_uploads_carry_the_crc32_checksums_the_sdks_send(s3_server, s3_bucket, tmp_path):
+    # As boto3 does by default: each PUT carries its body's CRC32, and a multipart upload declares CRC32 and lists each
+    # part's, so the store can check every part and keeps the composite checksum (CRC32 of the parts' CRC32s, "-N").
+    s3 = s3_server.client()
+    big = os.urandom(20 * 1024 * 1024 + 5)
+    (tmp_path / "big.bin").write_bytes(big)
+    base = f"s3://{s3_bucket}"
+    out = run_batch(s3_server.env(), [
+        {"op": "put", "uri": f"{base}/crc/small", "data": "checked on arrival"},
+        {"op": "put_file", "path": str(tmp_path / "big.bin"), "uri": f"{base}/crc/big"},
+    ], tmp_path)
+    assert [x.get("error") for x in out["results"]] == [None] * 2
+    # moto keeps the value a PUT sent (S3 also checks it against the body).
+    small = s3.head_object(Bucket=s3_bucket, Key="crc/small", ChecksumMode="ENABLED")
+    assert small["ChecksumCRC32"] == crc32_b64(b"checked on arrival")
+    part = 8 * 1024 * 1024
+    parts = [big[i:i + part] for i in range(0, len(big), part)]
+    composite = crc32_b64(b"".join(zlib.crc32(p).to_bytes(4, "big") for p in parts))
+    head = s3.head_object(Bucket=s3_bucket, Key="crc/big", ChecksumMode="ENABLED")
+    assert head["ChecksumCRC32"] in (composite, f"{composite}-{len(parts)}")  # S3 appends "-N"; moto's HEAD does not
+    assert s3.get_object(Bucket=s3_bucket, Key="crc/big")["Body"].read() == big
+    # AWS_REQUEST_CHECKSUM_CALCULATION=when_required (the SDKs' switch, for stores that refuse the headers): none sent.
+    run_batch(s3_server.env(AWS_REQUEST_CHECKSUM_CALCULATION="when_required"),
+              [{"op": "put", "uri": f"{base}/crc/plain", "data": "no checksum"}], tmp_path, "plain")
+    assert "ChecksumCRC32" not in s3.head_object(Bucket=s3_bucket, Key="crc/plain", ChecksumMode="ENABLED")
 
 
 def test_listing_follows_continuation_tokens(s3_server, s3_bucket, tmp_path):

@@ -39,10 +39,15 @@ struct S3Config {
   uint64_t part_size = 16ULL << 20;  // bytes per range request / multipart part (S3's minimum is 5 MiB)
   uint64_t multipart_threshold = 16ULL << 20;  // writes above this use a multipart upload
   int parallelism = 8;                         // concurrent part requests per object
+  // Send a CRC32 of every uploaded body (x-amz-checksum-crc32; multipart uploads declare CRC32 and list each part's),
+  // so the store rejects a body damaged on the way, as the AWS SDKs do by default. Off with
+  // AWS_REQUEST_CHECKSUM_CALCULATION=when_required, the SDKs' switch, for stores that refuse these headers.
+  bool request_checksums = true;
 
   // Reads S3_ENDPOINT_URL / AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, AWS_REGION / AWS_DEFAULT_REGION (else the profile's
   // `region` in ~/.aws/config), TESSERA_S3_ADDRESSING_STYLE (auto|path|virtual), TESSERA_S3_MAX_ATTEMPTS,
-  // TESSERA_S3_PART_SIZE_MB, TESSERA_S3_PARALLELISM, TESSERA_S3_STALL_TIMEOUT_S.
+  // TESSERA_S3_PART_SIZE_MB, TESSERA_S3_PARALLELISM, TESSERA_S3_STALL_TIMEOUT_S,
+  // AWS_REQUEST_CHECKSUM_CALCULATION (when_supported | when_required).
   static S3Config from_environment();
 };
 
@@ -107,6 +112,8 @@ class S3Client {
                   const std::vector<std::pair<std::string, std::string>>& query,
                   std::vector<std::pair<std::string, std::string>> headers, std::string_view payload,
                   const BodySink& sink = nullptr);
+  // One PUT, with the body's CRC32 when request_checksums is on.
+  void put_single(const std::string& bucket, const std::string& key, std::string_view data);
   void upload_parts(const std::string& bucket, const std::string& key, uint64_t size,
                     const std::function<std::string(uint64_t offset, uint64_t length)>& read_part);
 
