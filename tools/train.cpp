@@ -6,7 +6,8 @@
 //                                                                     (restart after a crash or a hang; resume needs
 //                                                                      the recipe's autoresume: true)
 //
-// Exit codes: 0 success, 1 runtime failure, 2 usage or recipe error; under the launcher, a failed rank's code (128 +
+// Exit codes: 0 success, 1 runtime failure, 2 usage or recipe error, 75 stopped for a preemption signal after saving
+// a checkpoint (recipe key preemption_signals); under the launcher, a failed rank's code (128 +
 // signal for a signal) or 124 when the watchdog found the job hung.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -26,6 +27,7 @@
 #include "tessera/util/device.h"
 #include "tessera/util/error.h"
 #include "tessera/util/logging.h"
+#include "tessera/util/preemption.h"
 #include "tessera/util/tool_main.h"
 
 namespace {
@@ -96,6 +98,7 @@ int run(int argc, char** argv) {
   if (nproc_per_node > 0 && !dry_run) {
     // Launcher: the ranks run this same command line minus the launcher's flags.
     launch.nproc_per_node = nproc_per_node;
+    if (cfg.save_folder) launch.preemption_signals = cfg.preemption_signals;
     launch.argv = {"/proc/self/exe"};
     const std::vector<std::string> launcher_flags = {"--nproc-per-node",  "--nnodes",      "--node-rank",
                                                      "--master-addr",     "--master-port", "--max-restarts",
@@ -127,7 +130,7 @@ int run(int argc, char** argv) {
   spdlog::info("{}", tessera::util::describe(tessera::util::device_info()));
   tessera::trainer::Trainer trainer(cfg);
   trainer.fit();
-  return tessera::kExitOk;
+  return trainer.preempted() ? tessera::util::kExitPreempted : tessera::kExitOk;
 }
 
 }  // namespace

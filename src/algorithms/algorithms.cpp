@@ -225,8 +225,8 @@ void save_lora_adapters(const std::vector<std::pair<std::string, at::Tensor>>& w
   util::write_file_atomically(dir + "/adapter_config.json", config.dump(2) + "\n", "lora");
 }
 
-bool Lora::match(core::Event e, const core::State& /*s*/) const {
-  return e == core::Event::kInit || (e == core::Event::kFitEnd && o_.save_path);
+bool Lora::match(core::Event e, const core::State& s) const {
+  return e == core::Event::kInit || (e == core::Event::kFitEnd && o_.save_path && !s.preempted);
 }
 
 void Lora::apply(core::Event e, core::State& s, core::Logger& /*logger*/) {

@@ -308,7 +308,7 @@ void HfCheckpointer::run_event(Event event, core::State& s, core::Logger& /*logg
   bool due = false;
   if (event == Event::kBatchEnd) due = iv.unit() == config::TimeUnit::kBatch && s.timestamp.batch % iv.count() == 0;
   if (event == Event::kEpochEnd) due = iv.unit() == config::TimeUnit::kEpoch && s.timestamp.epoch % iv.count() == 0;
-  if (event == Event::kFitEnd) due = true;
+  if (event == Event::kFitEnd) due = !s.preempted;  // a preempted run has not ended: it resumes later
   if (event == Event::kFitStart) {
     // A model transformers cannot load as the same function is refused now, not at the first save hours later.
     try {

@@ -35,6 +35,7 @@
 
 #include "tessera/util/error.h"
 #include "tessera/util/heartbeat.h"
+#include "tessera/util/preemption.h"
 #include "watchdog.h"
 
 extern char** environ;
@@ -55,8 +56,8 @@ constexpr double kMaxGraceSeconds = 7 * 24 * 3600;
 constexpr auto kPollInterval = std::chrono::milliseconds(50);
 // Longest line kept whole; a longer one (binary output, a progress bar without newlines) is relayed in pieces.
 constexpr size_t kMaxLineBytes = size_t{1} << 20;
-// Signals forwarded to the ranks, and SIGPIPE, ignored while we run so that a closed stdout cannot kill the launcher
-// and orphan the ranks.
+// Signals forwarded to the ranks (with the options' preemption signals), and SIGPIPE, ignored while we run so that a
+// closed stdout cannot kill the launcher and orphan the ranks.
 constexpr std::array<int, 4> kHandledSignals = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
 
 volatile sig_atomic_t g_pending_signal = 0;
@@ -69,20 +70,25 @@ void remember_signal(int sig) {
 // job.
 class SignalGuard {
  public:
-  SignalGuard() {
+  explicit SignalGuard(const std::vector<int>& preemption_signals)
+      : handled_(kHandledSignals.begin(), kHandledSignals.end()) {
+    for (const int sig : preemption_signals) {
+      if (std::find(handled_.begin(), handled_.end(), sig) == handled_.end()) handled_.push_back(sig);
+    }
+    old_.resize(handled_.size());
     g_pending_signal = 0;
-    for (size_t i = 0; i < kHandledSignals.size(); ++i) {
-      ::sigaction(kHandledSignals[i], nullptr, &old_[i]);
+    for (size_t i = 0; i < handled_.size(); ++i) {
+      ::sigaction(handled_[i], nullptr, &old_[i]);
       struct sigaction sa {};
       sigemptyset(&sa.sa_mask);
-      if (kHandledSignals[i] == SIGPIPE) {
+      if (handled_[i] == SIGPIPE) {
         sa.sa_handler = SIG_IGN;
       } else if (old_[i].sa_handler != SIG_IGN) {
         sa.sa_handler = remember_signal;
       } else {
         continue;
       }
-      ::sigaction(kHandledSignals[i], &sa, nullptr);
+      ::sigaction(handled_[i], &sa, nullptr);
     }
   }
   ~SignalGuard() { restore(); }
@@ -91,11 +97,12 @@ class SignalGuard {
 
   // Puts back the caller's dispositions (also in a forked child, before exec: async-signal-safe).
   void restore() const {
-    for (size_t i = 0; i < kHandledSignals.size(); ++i) ::sigaction(kHandledSignals[i], &old_[i], nullptr);
+    for (size_t i = 0; i < handled_.size(); ++i) ::sigaction(handled_[i], &old_[i], nullptr);
   }
 
  private:
-  std::array<struct sigaction, kHandledSignals.size()> old_{};
+  std::vector<int> handled_;
+  std::vector<struct sigaction> old_;
 };
 
 // One of a rank's output pipes and the part of a line read from it so far.
@@ -120,7 +127,7 @@ struct Rank {
 
 // How one attempt of the job ended.
 struct Ending {
-  enum class Kind { kSuccess, kRankFailed, kCannotRun, kHang, kSignal };
+  enum class Kind { kSuccess, kRankFailed, kCannotRun, kHang, kSignal, kPreempted };
   Kind kind = Kind::kSuccess;
   int code = 0;              // the launch's exit code for it
   std::string cause;         // "rank 1 (pid 1234) exited with code 3", "a hang: ...", "signal 15 (Terminated)"
@@ -367,6 +374,8 @@ class Job {
     bool interrupted = false;
     std::optional<Clock::time_point> kill_at;  // while stopping: SIGKILL whatever is left at this time
     std::optional<Clock::time_point> drain_until;
+    bool preempting = false;  // a preemption signal was forwarded: the ranks save, then exit kExitPreempted
+    bool preempted = false;   // a rank exited kExitPreempted
     auto stop = [&](int sig) {
       for (const Rank& r : ranks_) signal_rank(r, sig);  // exited ranks too: what they started may still run
       if (!kill_at) {
@@ -386,6 +395,14 @@ class Job {
         r.exited = true;
         r.signaled = info.si_code == CLD_KILLED || info.si_code == CLD_DUMPED;
         r.code = info.si_status;
+        if (!r.signaled && r.code == util::kExitPreempted) {
+          // Not a failure: the ranks agreed to stop after saving a checkpoint; the others are stopping too.
+          if (!preempted) {
+            spdlog::warn("[launch] rank {} (pid {}) stopped for a preemption after saving a checkpoint", r.rank, r.pid);
+          }
+          preempted = true;
+          continue;
+        }
         if ((r.signaled || r.code != 0) && !result) {
           const std::string what = describe_exit(r, o_);
           spdlog::error("[launch] {}; stopping the other ranks", what);
@@ -396,8 +413,22 @@ class Job {
       }
       if (const int sig = g_pending_signal; sig != 0) {
         g_pending_signal = 0;
-        spdlog::warn("[launch] forwarding signal {} ({}) to the ranks", sig, strsignal(sig));
         interrupted = true;
+        const bool preemption =
+            std::find(o_.preemption_signals.begin(), o_.preemption_signals.end(), sig) != o_.preemption_signals.end();
+        if (preemption && !preempting && !result) {
+          // The ranks finish their batch, save and exit: no deadline here (the scheduler's own kill is the limit).
+          preempting = true;
+          spdlog::warn(
+              "[launch] forwarding {} to the ranks: a preemption; waiting for them to save a checkpoint and "
+              "exit (a second signal stops them at once)",
+              util::signal_name(sig));
+          for (const Rank& r : ranks_) {
+            if (!r.exited) ::kill(r.pid, sig);  // the rank itself: what it started keeps the default disposition
+          }
+          continue;
+        }
+        spdlog::warn("[launch] forwarding signal {} ({}) to the ranks", sig, strsignal(sig));
         if (!result) {
           result = Ending{Ending::Kind::kSignal, 128 + sig, fmt::format("signal {} ({})", sig, strsignal(sig))};
         }
@@ -434,6 +465,9 @@ class Job {
     for (const Rank& r : ranks_) signal_rank(r, SIGKILL);
     const auto end = Clock::now() + std::chrono::milliseconds(500);
     while (Clock::now() < end && poll_output(kPollInterval)) {
+    }
+    if (!result && preempted) {
+      result = Ending{Ending::Kind::kPreempted, util::kExitPreempted, "a preemption"};
     }
     Ending ending = result.value_or(Ending{});
     ending.interrupted = interrupted;
@@ -496,7 +530,7 @@ void validate(const LaunchOptions& o) {
 
 int launch(const LaunchOptions& o) {
   validate(o);
-  SignalGuard signals;  // before Job: the ranks are gone by the time the caller's handlers return
+  SignalGuard signals(o.preemption_signals);  // before Job: the ranks are gone by the time the caller's handlers return
   spdlog::info("[launch] {} ranks on node {} of {} (ranks {}..{} of {}), rendezvous at {}:{}", o.nproc_per_node,
                o.node_rank, o.nnodes, o.node_rank * o.nproc_per_node, (o.node_rank + 1) * o.nproc_per_node - 1,
                o.nnodes * o.nproc_per_node, o.master_addr, o.master_port);
@@ -533,6 +567,12 @@ int launch(const LaunchOptions& o) {
         if (restarts > 0)
           spdlog::info("[launch] the job succeeded after {} restart{}", restarts, restarts == 1 ? "" : "s");
         return 0;
+      case Ending::Kind::kPreempted:
+        spdlog::warn(
+            "[launch] the job stopped for a preemption after saving a checkpoint (exit {}); run it again to "
+            "resume",
+            end.code);
+        return end.code;
       case Ending::Kind::kSignal:
       case Ending::Kind::kCannotRun:
         return end.code;

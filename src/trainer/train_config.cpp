@@ -13,6 +13,7 @@
 #include "tessera/optim/optimizer.h"
 #include "tessera/optim/scheduler.h"
 #include "tessera/util/error.h"
+#include "tessera/util/preemption.h"
 
 namespace tessera::trainer {
 
@@ -93,6 +94,7 @@ const std::vector<std::string_view> kTopLevelKeys = {"variables",
                                                      "load_weights_only",
                                                      "load_strict_model_weights",
                                                      "autoresume",
+                                                     "preemption_signals",
                                                      "icl_tasks",
                                                      "icl_seq_len",
                                                      "eval_gauntlet",
@@ -282,6 +284,19 @@ TrainConfig parse_train_config(config::Value resolved, const std::string& path) 
   cfg.load_strict_model_weights = root.get_bool("load_strict_model_weights", true);
   cfg.autoresume = root.get_bool("autoresume", false);
   root.check(!cfg.autoresume || cfg.save_folder.has_value(), "autoresume", "needs save_folder");
+  {
+    const std::vector<std::string> names = root.get_strings("preemption_signals", {"SIGTERM", "SIGUSR1"});
+    cfg.preemption_signals.clear();
+    for (const std::string& n : names) {
+      try {
+        cfg.preemption_signals.push_back(util::parse_signal_name(n));
+      } catch (const ConfigError& e) {
+        root.fail("preemption_signals", fmt::format("\"{}\": expected SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2 or "
+                                                    "SIGQUIT",
+                                                    n));
+      }
+    }
+  }
 
   parse_icl_tasks(root, cfg);
   if (const config::Value* v = root.raw("icl_seq_len"); v != nullptr && !v->is_null()) {

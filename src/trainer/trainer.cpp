@@ -26,6 +26,7 @@
 #include "tessera/util/file_io.h"
 #include "tessera/util/heartbeat.h"
 #include "tessera/util/hf_hub.h"
+#include "tessera/util/preemption.h"
 
 namespace tessera::trainer {
 
@@ -99,6 +100,10 @@ data::TokenBatch to_device(data::TokenBatch b, const at::Device& device, bool no
 }  // namespace
 
 Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config)), logger_(state_) {
+  // From the start, so that a signal during start-up is not lost either: training stops after its first batch.
+  if (cfg_.save_folder && !cfg_.preemption_signals.empty()) {
+    preemption_ = std::make_unique<util::PreemptionHandler>(cfg_.preemption_signals);
+  }
   setup_ranks();
   build_data();  // before the model, so that a missing or corrupt dataset fails first
   build_icl_tasks();
@@ -558,12 +563,23 @@ void Trainer::fit() {
       engine_->run_event(Event::kBatchStart);
       int64_t samples = state_.batch.samples, tokens = count_tokens(state_.batch);
       // The timestamp counts every rank's samples and tokens; the loss is normalised by every rank's loss tokens.
+      // The same all-reduce tells every rank whether any rank received a preemption signal, so that all stop after
+      // the same batch.
+      const int signal = preemption_ ? util::PreemptionHandler::received() : 0;
       const std::vector<double> sums =
           sum_over_ranks(state_, {static_cast<double>(samples), static_cast<double>(tokens),
-                                  static_cast<double>(count_loss_tokens(state_.batch))});
+                                  static_cast<double>(count_loss_tokens(state_.batch)), signal != 0 ? 1.0 : 0.0});
       samples = static_cast<int64_t>(sums[0]);
       tokens = static_cast<int64_t>(sums[1]);
       loss_tokens_ = sums[2];
+      if (sums[3] > 0 && !state_.preempted) {
+        state_.preempted = true;
+        state_.stop_requested = true;
+        if (signal != 0) {
+          spdlog::warn("rank {}: received {}; every rank finishes batch {}, saves a checkpoint and stops", state_.rank,
+                       util::signal_name(signal), state_.timestamp.batch + 1);
+        }
+      }
       train_batch();
       if (state_.rollback_requested) rollback();
       Metrics m{{"loss/train/total", state_.train_loss}};
@@ -575,7 +591,7 @@ void Trainer::fit() {
       state_.timestamp.to_next_batch(samples, tokens, seconds_since(started));
       engine_->run_event(Event::kBatchEnd);
       util::heartbeat(fmt::format("batch {}", state_.timestamp.batch));
-      if (eval_due_at_batch_end()) run_eval();
+      if (eval_due_at_batch_end() && !state_.preempted) run_eval();  // a preemption saves first, as soon as it can
       engine_->run_event(Event::kBatchCheckpoint);
       if (state_.timestamp.batch_in_epoch == *state_.dataloader_len) {
         epoch_done = true;
@@ -591,6 +607,13 @@ void Trainer::fit() {
     engine_->run_event(Event::kEpochCheckpoint);
   }
   engine_->run_event(Event::kFitEnd);
+  if (state_.preempted) {
+    if (state_.rank == 0) {
+      spdlog::warn("preempted: stopped after batch {}{}", state_.timestamp.batch,
+                   saver_ && !saver_->saved().empty() ? "; resume from " + saver_->saved().back() : "");
+    }
+    return;
+  }
   // The final evaluation, unless the last interval already ended here.
   if (has_eval() && !cfg_.eval_interval.is_zero() && last_eval_batch_ != state_.timestamp.batch) run_eval();
 }

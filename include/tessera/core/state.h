@@ -82,6 +82,10 @@ struct State {
   // Ends training after the current batch (Composer's stop_training).
   void stop_training() { stop_requested = true; }
   bool stop_requested = false;
+  // Set by the trainer when the ranks agreed to stop for a preemption signal (util/preemption.h), with
+  // stop_requested: the checkpoint saver saves at this batch, and what FIT_END does only at the real end of
+  // training (exports, adapters) is skipped.
+  bool preempted = false;
   // Set by an algorithm at AFTER_TRAIN_BATCH: this batch's optimizer step is skipped (reset every batch).
   bool skip_optimizer_step = false;
   // Set by an algorithm or callback: restore the model and optimizer from the newest checkpoint after this batch.

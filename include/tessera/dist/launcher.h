@@ -24,6 +24,11 @@ struct LaunchOptions {
   // counts as hung (> 0; 0: no watchdog). Set it above the longest stretch a healthy job spends without a heartbeat
   // (a batch, an evaluation, a checkpoint save between collectives).
   double watchdog_timeout_seconds = 0;
+  // Signals the ranks treat as preemption (the recipe's preemption_signals, util/preemption.h): the launcher forwards
+  // one to each rank and waits for them to save a checkpoint and exit util::kExitPreempted, with no deadline of its
+  // own; a second signal stops them as any other. A rank exiting util::kExitPreempted (it received the signal
+  // itself, e.g. from Slurm) is not a failure. Either way the launch returns util::kExitPreempted, without a restart.
+  std::vector<int> preemption_signals;
 };
 
 // The exit code of a launch that ended because its watchdog found the job hung (as timeout(1)'s).

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -91,6 +92,9 @@ struct TrainConfig {
   bool load_weights_only = false;
   bool load_strict_model_weights = true;
   bool autoresume = false;  // continue from the newest valid checkpoint in save_folder
+  // With save_folder: on these signals every rank finishes its batch, the job saves a checkpoint and exits with
+  // util::kExitPreempted (75); [] keeps the default disposition (the process dies).
+  std::vector<int> preemption_signals = {SIGTERM, SIGUSR1};
 
   std::optional<std::string> icl_tasks_path;   // `icl_tasks: path/to/tasks.yaml`
   std::vector<IclTaskOptions> icl_tasks;       // inline list

@@ -41,6 +41,9 @@
 namespace tessera::data {
 class StreamingDataset;
 }
+namespace tessera::util {
+class PreemptionHandler;
+}
 
 namespace tessera::trainer {
 
@@ -57,8 +60,12 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
-  // Trains until max_duration (or stop_training()), evaluating on eval_interval.
+  // Trains until max_duration (or stop_training()), evaluating on eval_interval. With save_folder and
+  // preemption_signals, one of those signals (received by any rank, from construction on) makes every rank finish its
+  // batch, save a checkpoint and return from fit() with preempted() true.
   void fit();
+  // fit() stopped for a preemption signal after saving its checkpoint (the `train` tool exits util::kExitPreempted).
+  bool preempted() const { return state_.preempted; }
   // Evaluates the eval loader and the ICL tasks now (EVAL_STANDALONE_START/_END around the eval events); returns the
   // eval loader's metrics (empty without one). ICL accuracies go to state().eval_metrics["{label}/{k}-shot"].
   core::Metrics eval();
@@ -114,6 +121,7 @@ class Trainer {
   LossScaler loss_scaler_{false};                      // amp_fp16
   std::shared_ptr<callbacks::CheckpointSaver> saver_;  // when the recipe has save_folder
   std::optional<std::string> last_checkpoint_;
+  std::unique_ptr<util::PreemptionHandler> preemption_;  // with save_folder and preemption_signals
 };
 
 }  // namespace tessera::trainer

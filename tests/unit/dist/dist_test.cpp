@@ -34,6 +34,7 @@
 #include "tessera/models/llama.h"
 #include "tessera/models/mpt.h"
 #include "tessera/trainer/trainer.h"
+#include "tessera/util/preemption.h"
 #include "test_util.h"
 #include "tiny_data.h"
 
@@ -932,4 +933,105 @@ TEST(Fsdp, LlamaUnitsGiveThePlainModelsNumbersAndAMetaBuildTheWholeModelsInit) {
   parallel->finish_backward();
   EXPECT_TRUE(at::allclose(logits, ref_logits, 1e-6, 1e-6));
   expect_unit_gradients(*plain, *parallel, "llama");
+}
+
+// ---- Preemption: a signal saves a checkpoint and exits 75; the requeued run ends as an uninterrupted one -----------
+
+TEST_F(DistTraining, PreemptionSignalSavesACheckpointAndTheRequeuedRunEndsBitwiseEqual) {
+  if (is_worker()) GTEST_SKIP();
+  struct Case {
+    std::string name;
+    int nproc;
+    int signal;
+    bool to_a_rank;  // signal rank 1 itself (as Slurm signals every process) rather than the launcher
+  };
+  for (const Case& c : {Case{"pre1_term", 1, SIGTERM, false}, Case{"pre2_term", 2, SIGTERM, false},
+                        Case{"pre2_usr1", 2, SIGUSR1, true}}) {
+    SCOPED_TRACE(c.name);
+    const fs::path ckpt = root_ / "ckpt" / c.name;
+    fs::remove_all(ckpt);
+    fs::remove_all(root_ / "runs" / c.name);
+    std::vector<std::string> common = {"max_duration=60ba", "save_interval=1000ba", "autoresume=true",
+                                       "deterministic_mode=true"};
+    if (c.nproc > 1) common.push_back("fsdp_config.sharding_strategy=FULL_SHARD");
+    // The uninterrupted run, with a save folder of its own.
+    const std::string ref = c.name + "_ref";
+    fs::remove_all(root_ / "ckpt" / ref);
+    std::vector<std::string> ref_overrides = common;
+    ref_overrides.push_back("save_folder=" + (root_ / "ckpt" / ref).string());
+    run(ref, c.nproc, ref_overrides);
+    common.push_back("save_folder=" + ckpt.string());
+    // The job, in the background; signalled once it has trained 5 batches.
+    const fs::path log = root_ / (c.name + ".log");
+    const fs::path metrics = root_ / "runs" / c.name / "metrics.jsonl";
+    const pid_t job = fork();
+    if (job == 0) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(fd, 1);
+      dup2(fd, 2);
+      std::vector<std::string> args = {::tessera::testing::train_bin(), "--recipe", (root_ / "tiny.yaml").string(),
+                                       "run_name=" + c.name};
+      if (c.nproc > 1) {
+        for (const std::string& a : {std::string("--nproc-per-node"), std::to_string(c.nproc),
+                                     std::string("--master-port"), std::to_string(free_port())}) {
+          args.push_back(a);
+        }
+      }
+      args.insert(args.end(), common.begin(), common.end());
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    auto steps = [&] {
+      std::ifstream f(metrics);
+      int n = 0;
+      for (std::string line; std::getline(f, line);) n += line.find("loss/train/total") != std::string::npos;
+      return n;
+    };
+    int status = 0;
+    while (steps() < 5 && std::chrono::steady_clock::now() < deadline) {
+      ASSERT_EQ(waitpid(job, &status, WNOHANG), 0) << "the job ended before the signal:\n" << read_text(log);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    pid_t target = job;
+    if (c.to_a_rank) {
+      for (pid_t child : children_of(job)) {
+        if (env_of(child, "RANK") == "1") target = child;
+      }
+      ASSERT_NE(target, job) << read_text(log);
+    }
+    kill(target, c.signal);
+    while (waitpid(job, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(job, SIGKILL);
+        FAIL() << "the job did not stop after the signal:\n" << read_text(log);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ASSERT_TRUE(WIFEXITED(status)) << read_text(log);
+    EXPECT_EQ(WEXITSTATUS(status), util::kExitPreempted) << read_text(log);
+    // It stopped early, with a complete checkpoint of the batch it stopped after, and no final export.
+    const int stopped_at = steps();
+    EXPECT_LT(stopped_at, 60) << read_text(log);
+    std::vector<std::string> saved;
+    for (const auto& e : fs::directory_iterator(ckpt)) {
+      if (!e.is_symlink() && fs::exists(e.path() / "metadata.json")) saved.push_back(e.path().filename().string());
+    }
+    ASSERT_EQ(saved.size(), 1u) << read_text(log);
+    EXPECT_NE(saved[0].find(fmt::format("-ba{}", stopped_at)), std::string::npos) << saved[0];
+    EXPECT_FALSE(fs::exists(root_ / "runs" / c.name / "huggingface")) << "a preempted run exported its weights";
+    EXPECT_NE(read_text(log).find("saves a checkpoint and stops"), std::string::npos) << read_text(log);
+
+    // The requeued job: the same command resumes there and ends with the uninterrupted run's weights, bit for bit.
+    run(c.name, c.nproc, common);
+    const auto weights = [&](const std::string& name) {
+      return read_text(root_ / "runs" / name / "huggingface" / "ba60" / "model.safetensors");
+    };
+    ASSERT_FALSE(weights(ref).empty());
+    EXPECT_TRUE(weights(c.name) == weights(ref))
+        << "the requeued run's final weights differ from the uninterrupted run's";
+  }
 }

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <any>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -186,6 +187,21 @@ device_eval_batch_size: 4
   EXPECT_FALSE(cfg.fsdp_configured);
   EXPECT_EQ(mpt(cfg).attn.kv_n_heads, 2);
   EXPECT_NEAR(mpt(cfg).init.init_div_is_residual, 2.0, 1e-12) << "sqrt(2 * n_layers)";
+}
+
+TEST(Recipes, PreemptionSignalsDefaultToTermAndUsr1AndNameABadOne) {
+  const std::string path = kSource + "/recipes/mpt-125m.yaml";
+  EXPECT_EQ(load_train_config(path).preemption_signals, (std::vector<int>{SIGTERM, SIGUSR1}));
+  EXPECT_EQ(load_train_config(path, {"preemption_signals=[usr2, SIGHUP]"}).preemption_signals,
+            (std::vector<int>{SIGUSR2, SIGHUP}));
+  EXPECT_TRUE(load_train_config(path, {"preemption_signals=[]"}).preemption_signals.empty());
+  try {
+    (void)load_train_config(path, {"preemption_signals=[SIGTERM, SIGKILL]"});
+    ADD_FAILURE() << "SIGKILL accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("preemption_signals"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("SIGKILL"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Recipes, InlineIclTasksAndPaths) {
