@@ -291,9 +291,7 @@ TrainConfig parse_train_config(config::Value resolved, const std::string& path) 
       try {
         cfg.preemption_signals.push_back(util::parse_signal_name(n));
       } catch (const ConfigError& e) {
-        root.fail("preemption_signals", fmt::format("\"{}\": expected SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2 or "
-                                                    "SIGQUIT",
-                                                    n));
+        root.fail("preemption_signals", e.message());  // names the value and the accepted signals
       }
     }
   }

@@ -2,10 +2,8 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cctype>
-#include <cstring>
 #include <utility>
 
 #include "tessera/util/error.h"
