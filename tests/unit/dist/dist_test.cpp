@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +23,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "tessera/checkpoint/checkpoint.h"
@@ -695,6 +697,65 @@ TEST_F(DistTraining, CheckpointsReshardAcrossWorldSizesAndStrategies) {
   const checkpoint::CheckpointReader r(fs4);
   EXPECT_EQ(r.world_size(), 4);
   EXPECT_EQ(r.metadata()["sharding"]["strategy"], "FULL_SHARD");
+}
+
+// Issue 20 item 4: resuming on another world size or strategy keeps everything a step needs. The next step's loss
+// alone (CheckpointsReshardAcrossWorldSizesAndStrategies) is computed before the optimizer step, so lost moments
+// would pass it; six more steps and the moments after them would not.
+TEST_F(DistTraining, ReshardingKeepsTheOptimizerMomentsTheScheduleAndTheDataPosition) {
+  if (is_worker()) GTEST_SKIP();
+  const fs::path ckpt = root_ / "ckpt";
+  auto leg = [&](const std::string& name, int nproc, const std::string& strategy, int until, const std::string& from) {
+    fs::remove_all(ckpt / name);
+    std::vector<std::string> o = {fmt::format("max_duration={}ba", until), "scheduler.t_max=12ba",
+                                  fmt::format("save_interval={}ba", until), "save_folder=" + (ckpt / name).string()};
+    if (!strategy.empty()) o.push_back("fsdp_config.sharding_strategy=" + strategy);
+    if (!from.empty()) o.push_back("load_path=" + from);
+    const TrainRun r = run(name, nproc, o);
+    return std::make_pair(r.losses, (ckpt / name / fmt::format("ep0-ba{}", until)).string());
+  };
+  const auto [a_losses, a_ckpt] = leg("rs_a", 2, "FULL_SHARD", 12, "");
+  ASSERT_EQ(a_losses.size(), 12u);
+  const auto [b_losses, b_ckpt] = leg("rs_b", 2, "FULL_SHARD", 6, "");
+  ASSERT_EQ(b_losses.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(b_losses[i], a_losses[i]) << "the same 2-rank job, step " << i + 1;
+
+  checkpoint::CheckpointReader a(a_ckpt);
+  const std::vector<std::string> moments = a.tensor_names("optim/");
+  // Two Adam moments per parameter, and the step count.
+  ASSERT_GE(moments.size(), 2 * a.tensor_names("model/").size()) << fmt::format("{}", fmt::join(moments, ", "));
+  for (const auto& [name, nproc, strategy] : std::vector<std::tuple<std::string, int, std::string>>{
+           {"rs_b_to_1", 1, ""}, {"rs_b_to_4", 4, "FULL_SHARD"}, {"rs_b_to_4sgo", 4, "SHARD_GRAD_OP"}}) {
+    SCOPED_TRACE(name);
+    const auto [losses, resumed] = leg(name, nproc, strategy, 12, b_ckpt);
+    ASSERT_EQ(losses.size(), 6u) << "resumed at batch 6 of 12";
+    for (size_t i = 0; i < 6; ++i) EXPECT_NEAR(losses[i], a_losses[6 + i], 1e-5) << "step " << 7 + i;
+    checkpoint::CheckpointReader r(resumed);
+    EXPECT_EQ(r.world_size(), nproc);
+    ASSERT_EQ(r.tensor_names("optim/"), moments);
+    double worst = 0;
+    for (const std::string& m : moments) {
+      const at::Tensor want = a.read_full(m), got = r.read_full(m);
+      ASSERT_EQ(got.sizes(), want.sizes()) << m;
+      const double diff = (got.to(at::kDouble) - want.to(at::kDouble)).abs().max().item<double>();
+      EXPECT_LE(diff, 1e-5) << m;
+      worst = std::max(worst, diff);
+      if (m.find("exp_avg_sq") != std::string::npos) {
+        EXPECT_GT(want.abs().max().item<double>(), 0.0) << m << ": twelve steps leave a nonzero moment";
+      }
+    }
+    // The schedule and data positions: the same batch, sample and token counts, and the optimizer's step.
+    const auto positions = [](const nlohmann::json& m) {
+      nlohmann::json p = {{"optimizer", m.value("optimizer", nlohmann::json())},
+                          {"dataset", m.value("dataset", nlohmann::json())}};
+      for (const auto& [k, v] : m.at("timestamp").items()) {
+        if (k.find("_wct") == std::string::npos) p["timestamp"][k] = v;  // wall-clock times differ
+      }
+      return p.dump();
+    };
+    EXPECT_EQ(positions(r.metadata()), positions(a.metadata()));
+    std::printf("%s: largest moment difference %.3g over %zu tensors\n", name.c_str(), worst, moments.size());
+  }
 }
 
 TEST_F(DistTraining, KillingARandomRankResumesToTheUninterruptedWeights) {
