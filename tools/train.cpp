@@ -60,6 +60,21 @@ int run(int argc, char** argv) {
   app.add_option("--ranks-per-node", ranks_per_node,
                  "Ranks per node to plan for (default: $LOCAL_WORLD_SIZE, else the world size)")
       ->check(CLI::PositiveNumber);
+  // Checkpoint-interval advice (--dry-run): given figures, else estimates.
+  tessera::trainer::CheckpointCostInputs costs;
+  app.add_option("--mtbf-hours", costs.mtbf_hours,
+                 "Dry run: the job's mean time between failures, for the checkpoint-interval advice (default: Llama "
+                 "3's failure rate per GPU over the world size)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--save-seconds", costs.save_seconds,
+                 "Dry run: one save's time, measured (default: estimated from the save folder's write rate)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--save-blocking-seconds", costs.blocking_seconds,
+                 "Dry run: training time one save blocks, measured (checkpoint/blocking_seconds)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--step-seconds", costs.step_seconds,
+                 "Dry run: one optimizer step's time, measured (default: estimated from FLOPs)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off");
   // The launcher (torchrun's flags): spawn this many ranks here, each running this command without these flags.
   tessera::dist::LaunchOptions launch;
@@ -125,6 +140,13 @@ int run(int argc, char** argv) {
   const tessera::trainer::Plan plan = tessera::trainer::make_plan(cfg, world_size, ranks_per_node);
   if (dry_run) {
     std::cout << tessera::trainer::render_plan(cfg, plan, tessera::util::describe(tessera::util::device_info()));
+    // Checkpoint advice for a run that checkpoints, or when asked for with a failure rate.
+    if (cfg.save_folder || costs.mtbf_hours) {
+      std::vector<std::string> sources;
+      const tessera::trainer::CheckpointCosts c =
+          tessera::trainer::estimate_checkpoint_costs(cfg, plan, costs, sources);
+      std::cout << tessera::trainer::render_checkpoint_advice(cfg, c, sources);
+    }
     return tessera::kExitOk;
   }
   spdlog::info("{}", tessera::util::describe(tessera::util::device_info()));

@@ -4,12 +4,24 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <algorithm>
+#include <fcntl.h>
+#include <unistd.h>
 
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+#include "tessera/storage/storage.h"
 #include "tessera/util/error.h"
+#include "tessera/util/file_io.h"
+#include "tessera/util/peak_flops.h"
 
 namespace tessera::trainer {
 
+namespace fs = std::filesystem;
 using core::Precision;
 namespace {
 
@@ -34,7 +46,71 @@ std::string with_commas(int64_t n) {
   return n < 0 ? "-" + out : out;
 }
 
+// "42 s", "3.5 min", "7.2 h", "12.4 d", "3.1 y".
+std::string human_seconds(double s) {
+  if (s < 60) return fmt::format("{:.3g} s", s);
+  if (s < 3600) return fmt::format("{:.3g} min", s / 60);
+  if (s < 86400) return fmt::format("{:.3g} h", s / 3600);
+  if (s < 365.25 * 86400) return fmt::format("{:.3g} d", s / 86400);
+  return fmt::format("{:.3g} y", s / (365.25 * 86400));
+}
+
+void check_costs(const CheckpointCosts& c) {
+  if (!(c.mtbf_seconds > 0) || !(c.step_seconds > 0) || !(c.save_seconds >= 0) || !(c.blocking_seconds >= 0)) {
+    throw ConfigError("train", fmt::format("checkpoint advice needs a positive MTBF and step time and non-negative "
+                                           "save times (got MTBF {} s, step {} s, save {} s, blocking {} s)",
+                                           c.mtbf_seconds, c.step_seconds, c.save_seconds, c.blocking_seconds));
+  }
+}
+
 }  // namespace
+
+double checkpoint_overhead(const CheckpointCosts& c, int64_t interval_batches) {
+  check_costs(c);
+  // Each segment trains `interval` steps and then blocks for one save. A failure (rate 1/M) loses on average half a
+  // segment; with asynchronous saves also the save still being written, as the newest checkpoint is then the one
+  // before it.
+  const double segment = static_cast<double>(std::max<int64_t>(1, interval_batches)) * c.step_seconds;
+  // An asynchronous save waits for the previous one: a segment shorter than a save blocks for the difference too.
+  const double blocking = c.blocking_seconds + (c.async ? std::max(0.0, c.save_seconds - segment) : 0.0);
+  const double period = segment + blocking;
+  const double rework = period / 2 + (c.async ? c.save_seconds : 0.0);
+  return std::min(1.0, blocking / period + rework / c.mtbf_seconds);
+}
+
+CheckpointAdvice advise_checkpoint_interval(const CheckpointCosts& c) {
+  check_costs(c);
+  CheckpointAdvice a;
+  const double delta = std::max(c.blocking_seconds, 1e-9), m = c.mtbf_seconds;
+  a.young_seconds = std::sqrt(2 * delta * m);
+  if (delta < 2 * m) {
+    const double r = delta / (2 * m);
+    a.daly_seconds = a.young_seconds * (1 + std::sqrt(r) / 3 + r / 9) - delta;
+  } else {
+    a.daly_seconds = m;
+  }
+  a.interval_batches = std::max<int64_t>(1, std::llround(a.daly_seconds / c.step_seconds));
+  if (c.async) {  // a save every segment: the segment must at least cover one whole write
+    a.interval_batches = std::max(a.interval_batches, static_cast<int64_t>(std::ceil(c.save_seconds / c.step_seconds)));
+  }
+  a.overhead_fraction = checkpoint_overhead(c, a.interval_batches);
+  const double segment = static_cast<double>(a.interval_batches) * c.step_seconds;
+  a.lost_per_failure_seconds = segment / 2 + (c.async ? c.save_seconds : 0.0);
+  return a;
+}
+
+double checkpoint_bytes_per_rank(const TrainConfig& cfg, const Plan& plan, dist::ShardingStrategy strategy) {
+  const int states = cfg.save_weights_only ? 0 : cfg.optimizer.state_tensors();
+  const double total = static_cast<double>(plan.n_params) * 4.0 * (1 + states);
+  switch (strategy) {
+    case dist::ShardingStrategy::kNoShard:
+      return total;  // rank 0 stores the one copy
+    case dist::ShardingStrategy::kHybridShard:
+      return total / static_cast<double>(plan.ranks_per_node);  // the first node's ranks store it
+    default:
+      return total / static_cast<double>(plan.world_size);
+  }
+}
 
 Plan make_plan(const TrainConfig& cfg, int64_t world_size, int64_t ranks_per_node) {
   if (world_size < 1) throw ConfigError("train", fmt::format("world size must be at least 1, got {}", world_size));
@@ -135,6 +211,137 @@ std::string render_plan(const TrainConfig& cfg, const Plan& plan, const std::str
   if (cfg.fsdp_configured) {
     out += fmt::format("    * = fsdp_config.sharding_strategy; activation checkpointing is {}\n",
                        cfg.fsdp.activation_checkpointing ? "on (use the ckpt columns)" : "off");
+  }
+  return out;
+}
+
+namespace {
+
+// Bytes per second of writing `bytes` to a new file in `dir` and fsyncing it (the file is removed).
+double measure_write_rate(const fs::path& dir, size_t bytes) {
+  const fs::path probe = dir / fmt::format(".tessera-write-probe-{}", ::getpid());
+  const std::string data(bytes, '\x5a');
+  const auto start = std::chrono::steady_clock::now();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (fd < 0) throw Error("train", fmt::format("{}: cannot write a probe file to measure the save rate", dir.string()));
+  size_t done = 0;
+  bool ok = true;
+  while (ok && done < bytes) {
+    const ssize_t n = ::write(fd, data.data() + done, bytes - done);
+    ok = n > 0;
+    if (ok) done += static_cast<size_t>(n);
+  }
+  ok = ok && ::fsync(fd) == 0;
+  ::close(fd);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::error_code ec;
+  fs::remove(probe, ec);
+  if (!ok) throw Error("train", fmt::format("{}: writing a probe file to measure the save rate failed", dir.string()));
+  return static_cast<double>(bytes) / std::max(secs, 1e-9);
+}
+
+// Bytes per second of copying a host tensor (a save_async snapshot copies every tensor it stores).
+double measure_copy_rate(size_t bytes) {
+  const at::Tensor src = at::ones({static_cast<int64_t>(bytes / 4)}, at::kFloat);
+  at::Tensor dst = at::empty_like(src);
+  dst.copy_(src);  // warm up: the pages are touched once
+  double best = 1e30;
+  for (int i = 0; i < 3; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    dst.copy_(src);
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return static_cast<double>(bytes) / std::max(best, 1e-9);
+}
+
+constexpr double kGpuHoursPerFailure = 54.0 * 24 * 16384 / 419;  // Llama 3 405B: 419 interruptions, 54 days, 16K GPUs
+constexpr double kAssumedMfu = 0.4;
+constexpr size_t kProbeBytes = size_t{64} << 20;
+
+}  // namespace
+
+CheckpointCosts estimate_checkpoint_costs(const TrainConfig& cfg, const Plan& plan, const CheckpointCostInputs& given,
+                                          std::vector<std::string>& sources) {
+  CheckpointCosts c;
+  c.async = cfg.save_async;
+  auto row = [&sources](std::string_view label, const std::string& text) {
+    sources.push_back(fmt::format("{:<24}{}", label, text));
+  };
+  if (given.mtbf_hours) {
+    c.mtbf_seconds = *given.mtbf_hours * 3600;
+    row("time between failures", fmt::format("{} (--mtbf-hours)", human_seconds(c.mtbf_seconds)));
+  } else {
+    c.mtbf_seconds = kGpuHoursPerFailure * 3600 / static_cast<double>(plan.world_size);
+    row("time between failures", fmt::format("{} (Llama 3's rate, one failure per {:.0f} GPU-hours, over {} ranks; "
+                                             "--mtbf-hours to give yours)",
+                                             human_seconds(c.mtbf_seconds), kGpuHoursPerFailure, plan.world_size));
+  }
+  const dist::ShardingStrategy strategy = plan.world_size == 1 ? dist::ShardingStrategy::kNoShard : cfg.fsdp.strategy;
+  const double bytes = checkpoint_bytes_per_rank(cfg, plan, strategy);
+  if (given.save_seconds) {
+    c.save_seconds = *given.save_seconds;
+    row("one save", fmt::format("{} (--save-seconds)", human_seconds(c.save_seconds)));
+  } else if (cfg.save_folder && storage::is_remote(*cfg.save_folder)) {
+    throw ConfigError("train", fmt::format("save_folder {} is remote: the dry run cannot measure its write rate; pass "
+                                           "--save-seconds (a real save's time, from its \"[checkpoint] saved\" log "
+                                           "line)",
+                                           *cfg.save_folder));
+  } else {
+    fs::path dir =
+        cfg.save_folder ? fs::path(util::fill_path_pattern(*cfg.save_folder, cfg.run_name, 0)) : fs::current_path();
+    while (!fs::is_directory(dir) && dir.has_parent_path() && dir.parent_path() != dir) dir = dir.parent_path();
+    const double rate = measure_write_rate(dir, kProbeBytes);
+    c.save_seconds = bytes / rate;
+    row("one save", fmt::format("{} ({:.1f} MB per rank at {:.0f} MB/s, measured writing to {}; --save-seconds to "
+                                "give a real save's)",
+                                human_seconds(c.save_seconds), bytes / 1e6, rate / 1e6, dir.string()));
+  }
+  if (given.blocking_seconds) {
+    c.blocking_seconds = *given.blocking_seconds;
+    row("blocking per save", fmt::format("{} (--save-blocking-seconds)", human_seconds(c.blocking_seconds)));
+  } else if (!c.async) {
+    c.blocking_seconds = c.save_seconds;
+    row("blocking per save", fmt::format("{} (save_async: false, so the whole save)", human_seconds(c.save_seconds)));
+  } else {
+    const double rate = measure_copy_rate(kProbeBytes);
+    c.blocking_seconds = std::min(c.save_seconds, bytes / rate);
+    row("blocking per save", fmt::format("{} (the snapshot: {:.1f} MB copied at {:.1f} GB/s, measured; "
+                                         "checkpoint/blocking_seconds of a real run to check)",
+                                         human_seconds(c.blocking_seconds), bytes / 1e6, rate / 1e9));
+  }
+  if (given.step_seconds) {
+    c.step_seconds = *given.step_seconds;
+    row("step time", fmt::format("{} (--step-seconds)", human_seconds(c.step_seconds)));
+  } else {
+    const bool cuda = cfg.device != "cpu" && at::hasCUDA();
+    const at::ScalarType dtype = cfg.precision == Precision::kFp32 || !cuda ? at::kFloat : at::kBFloat16;
+    const double flops =
+        util::measure_matmul_flops(dtype, cuda ? at::Device(at::kCUDA) : at::Device(at::kCPU), 1024, 0.3);
+    const double per_rank =
+        plan.flops_per_token * static_cast<double>(plan.tokens_per_step) / static_cast<double>(plan.world_size);
+    c.step_seconds = per_rank / (flops * kAssumedMfu);
+    row("step time", fmt::format("{} ({:.3g} TFLOP per rank at {:.0f}% of this machine's measured {:.1f} TFLOP/s {} "
+                                 "GEMM; --step-seconds to give a real run's)",
+                                 human_seconds(c.step_seconds), per_rank / 1e12, 100 * kAssumedMfu, flops / 1e12,
+                                 cuda ? "GPU" : "CPU"));
+  }
+  return c;
+}
+
+std::string render_checkpoint_advice(const TrainConfig& cfg, const CheckpointCosts& costs,
+                                     const std::vector<std::string>& sources) {
+  const CheckpointAdvice a = advise_checkpoint_interval(costs);
+  std::string out = "  checkpoint interval (Young/Daly: least expected time lost to saves and failures):\n";
+  for (const std::string& s : sources) out += fmt::format("    {}\n", s);
+  out += fmt::format("    {:<24}{} = save_interval: {}ba (Daly; Young {})\n", "best interval",
+                     human_seconds(a.daly_seconds), a.interval_batches, human_seconds(a.young_seconds));
+  out += fmt::format("    {:<24}{} per save ({}), {:.3g}% of wall time expected lost; a failure redoes {}\n",
+                     "at that interval", human_seconds(costs.blocking_seconds),
+                     costs.async ? "save_async: training blocks for the snapshot" : "synchronous saves",
+                     100 * a.overhead_fraction, human_seconds(a.lost_per_failure_seconds));
+  if (cfg.save_interval.unit() == config::TimeUnit::kBatch && cfg.save_interval.count() > 0) {
+    out += fmt::format("    {:<24}{}: {:.3g}% expected lost\n", "the recipe's interval", cfg.save_interval.str(),
+                       100 * checkpoint_overhead(costs, cfg.save_interval.count()));
   }
   return out;
 }

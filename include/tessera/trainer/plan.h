@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,10 +34,53 @@ struct Plan {
   std::vector<MemoryRow> memory;          // NO_SHARD, SHARD_GRAD_OP, FULL_SHARD
 };
 
+// What a checkpoint costs and how often the job fails: the inputs of the interval advice.
+struct CheckpointCosts {
+  double mtbf_seconds = 0;      // the job's mean time between failures
+  double save_seconds = 0;      // one whole save: snapshot, write and publish
+  double blocking_seconds = 0;  // what one save stops training for (the whole save when saves are synchronous)
+  double step_seconds = 0;      // one optimizer step
+  bool async = true;            // save_async: the write overlaps training, and the next save waits for it
+};
+
+// The checkpoint interval that minimises the expected time lost to checkpoints and failures.
+struct CheckpointAdvice {
+  double young_seconds = 0;             // Young (1974): sqrt(2 delta M), delta = blocking time, M = MTBF
+  double daly_seconds = 0;              // Daly (2006): Young's with the higher-order terms, M when delta >= 2M
+  int64_t interval_batches = 0;         // Daly's interval in steps, at least 1 and, async, at least one whole save
+  double overhead_fraction = 0;         // expected fraction of wall time lost at that interval (saves + rework)
+  double lost_per_failure_seconds = 0;  // expected training time redone after a failure at that interval
+};
+
+CheckpointAdvice advise_checkpoint_interval(const CheckpointCosts& c);
+// The expected fraction of wall time lost with a save every `interval_batches` steps: blocking time per segment plus
+// the rework a failure costs (half a segment on average, plus the save in flight when saves are asynchronous).
+double checkpoint_overhead(const CheckpointCosts& c, int64_t interval_batches);
+
+// Bytes the busiest rank writes per checkpoint: fp32 weights and optimizer state, its share under `strategy`.
+double checkpoint_bytes_per_rank(const TrainConfig& cfg, const Plan& plan, dist::ShardingStrategy strategy);
+
 // Throws ConfigError when the recipe cannot run on `world_size` ranks (global batch not divisible, ...).
 Plan make_plan(const TrainConfig& cfg, int64_t world_size, int64_t ranks_per_node);
 
 // Human-readable plan, as printed by `train --dry-run`.
 std::string render_plan(const TrainConfig& cfg, const Plan& plan, const std::string& device_line);
+
+// What the dry run knows of a checkpoint's costs: given figures (measured on a real run), else estimates.
+struct CheckpointCostInputs {
+  std::optional<double> mtbf_hours;        // default: Llama 3's failure rate per GPU over the world size
+  std::optional<double> save_seconds;      // default: bytes per rank over the save folder's measured write rate
+  std::optional<double> blocking_seconds;  // default: the whole save, or, async, the snapshot's measured copy time
+  std::optional<double> step_seconds;      // default: FLOPs per rank over this machine's measured GEMM rate at 40%
+};
+// Fills in what `given` leaves out, measuring this machine where it must (a 64 MiB probe file written, fsynced and
+// removed in the save folder or the nearest existing parent; a host copy; a GEMM). `sources` says where each came
+// from.
+CheckpointCosts estimate_checkpoint_costs(const TrainConfig& cfg, const Plan& plan, const CheckpointCostInputs& given,
+                                          std::vector<std::string>& sources);
+
+// The dry run's checkpoint section: the interval advice and how its inputs were found (`sources`: one line per input).
+std::string render_checkpoint_advice(const TrainConfig& cfg, const CheckpointCosts& costs,
+                                     const std::vector<std::string>& sources);
 
 }  // namespace tessera::trainer

@@ -71,6 +71,29 @@ TEST(TrainCli, DryRunOfEveryShippedRecipeSucceeds) {
   EXPECT_NE(r.output.find("* FULL_SHARD"), std::string::npos);
 }
 
+TEST(TrainCli, DryRunAdvisesACheckpointInterval) {
+  // Given figures: a failure every 2 h, 60 s synchronous saves, 12 s steps: Daly's 14.8 min is 74 steps.
+  const std::string recipe = kSource + "/recipes/mpt-7b.yaml --dry-run --world-size 512 ";
+  Result r = run("--recipe " + recipe +
+                 "--mtbf-hours 2 --save-seconds 60 --step-seconds 12 save_async=false save_folder=s3://bucket/ckpt");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("14.8 min = save_interval: 74ba (Daly; Young 15.5 min)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("1 min per save (synchronous saves)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the recipe's interval   1000ba"), std::string::npos) << r.output;
+  // Estimated: the save folder's write rate and the snapshot copy are measured here; a remote folder needs a figure.
+  const std::string dir = ::testing::TempDir() + "/advice";
+  r = run("--recipe " + recipe + "--step-seconds 12 save_folder=" + dir + "/{run_name}/checkpoints");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("Llama 3's rate"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("measured writing to"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the snapshot:"), std::string::npos) << r.output;
+  r = run("--recipe " + recipe + "--step-seconds 12 save_folder=s3://bucket/ckpt");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("s3://bucket/ckpt is remote"), std::string::npos) << r.output;
+  // No save folder and no failure rate: no advice.
+  EXPECT_EQ(run("--recipe " + recipe).output.find("checkpoint interval"), std::string::npos);
+}
+
 TEST(TrainCli, LlmFoundrysYamlDryRunsUnchanged) {
   for (const char* name : {"mpt-125m.yaml", "mpt-small-cpu.yaml"}) {
     const Result r = run("--recipe " + kSource + "/tests/data/foundry/" + name + " --dry-run");

@@ -1,6 +1,8 @@
 // Dry-run planning: batch arithmetic and ZeRO memory accounting.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "tessera/models/llama.h"
 #include "tessera/models/mpt_config.h"
 #include "tessera/trainer/plan.h"
@@ -70,6 +72,55 @@ TEST(Plan, LlamaRecipesHaveThePublishedParameterCounts) {
     EXPECT_EQ(models::model_registry().build("llama", cfg.model, "meta", 0)->num_params(), count) << name;
     EXPECT_EQ(make_plan(cfg, 64, 8).n_params, count) << name;
   }
+}
+
+TEST(Plan, CheckpointIntervalFollowsYoungAndDalyAndMinimisesTheExpectedLoss) {
+  // Synchronous saves of a minute, a failure a day, 10-second steps.
+  CheckpointCosts c{
+      .mtbf_seconds = 86400, .save_seconds = 60, .blocking_seconds = 60, .step_seconds = 10, .async = false};
+  const CheckpointAdvice a = advise_checkpoint_interval(c);
+  EXPECT_NEAR(a.young_seconds, 3219.94, 0.01);  // sqrt(2 * 60 * 86400)
+  // Daly: 3219.94 * (1 + sqrt(60 / 172800) / 3 + (60 / 172800) / 9) - 60.
+  EXPECT_NEAR(a.daly_seconds, 3180.06, 0.01);
+  EXPECT_EQ(a.interval_batches, 318);
+  EXPECT_DOUBLE_EQ(a.lost_per_failure_seconds, 1590);
+  // The advice minimises the expected loss it reports: no other interval does better than 0.01% of wall time.
+  int64_t best = 1;
+  for (int64_t k = 1; k < 5000; ++k) {
+    if (checkpoint_overhead(c, k) < checkpoint_overhead(c, best)) best = k;
+  }
+  EXPECT_NEAR(static_cast<double>(best), 318, 318 * 0.03);
+  EXPECT_LT(a.overhead_fraction - checkpoint_overhead(c, best), 1e-4);
+  // 60/3240 saving + 1620/86400 rework: about 3.7% lost.
+  EXPECT_NEAR(a.overhead_fraction, 60.0 / 3240 + 1620.0 / 86400, 1e-3);
+
+  // A save at least twice the MTBF: Daly's interval is the MTBF itself.
+  c.save_seconds = c.blocking_seconds = 2 * 86400;
+  EXPECT_DOUBLE_EQ(advise_checkpoint_interval(c).daly_seconds, 86400);
+
+  // Asynchronous: a tenth of a second of blocking, but a save takes 100 s to write, so saves are at least 100 s apart
+  // (the next save waits for the write); a failure also loses the save in flight.
+  c = {.mtbf_seconds = 3600, .save_seconds = 100, .blocking_seconds = 0.1, .step_seconds = 1, .async = true};
+  const CheckpointAdvice b = advise_checkpoint_interval(c);
+  EXPECT_NEAR(b.young_seconds, std::sqrt(2 * 0.1 * 3600), 1e-9);
+  EXPECT_EQ(b.interval_batches, 100);
+  EXPECT_DOUBLE_EQ(b.lost_per_failure_seconds, 50 + 100);
+  EXPECT_GT(checkpoint_overhead(c, 10), checkpoint_overhead(c, 100))
+      << "saving more often than a save completes blocks";
+
+  c.mtbf_seconds = 0;
+  EXPECT_THROW(advise_checkpoint_interval(c), ConfigError);
+}
+
+TEST(Plan, CheckpointBytesPerRankAreTheStoringRanksShare) {
+  const TrainConfig cfg = load_train_config(kRecipe);
+  const Plan p = make_plan(cfg, 16, 8);
+  const double full = static_cast<double>(p.n_params) * 12;  // fp32 weights and Adam's two moments
+  EXPECT_DOUBLE_EQ(checkpoint_bytes_per_rank(cfg, p, dist::ShardingStrategy::kNoShard), full);
+  EXPECT_DOUBLE_EQ(checkpoint_bytes_per_rank(cfg, p, dist::ShardingStrategy::kFullShard), full / 16);
+  EXPECT_DOUBLE_EQ(checkpoint_bytes_per_rank(cfg, p, dist::ShardingStrategy::kHybridShard), full / 8);
+  const TrainConfig weights_only = load_train_config(kRecipe, {"save_weights_only=true"});
+  EXPECT_DOUBLE_EQ(checkpoint_bytes_per_rank(weights_only, p, dist::ShardingStrategy::kNoShard), full / 3);
 }
 
 }  // namespace
