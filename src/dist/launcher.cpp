@@ -436,8 +436,12 @@ class Job {
       }
       if (watchdog != nullptr && !result) {
         std::vector<bool> exited;
-        for (const Rank& r : ranks_) exited.push_back(r.exited);
-        if (std::optional<detail::Hang> hang = watchdog->check(Clock::now(), exited)) {
+        std::vector<pid_t> pids;
+        for (const Rank& r : ranks_) {
+          exited.push_back(r.exited);
+          pids.push_back(r.pid);
+        }
+        if (std::optional<detail::Hang> hang = watchdog->check(Clock::now(), exited, pids)) {
           spdlog::error("[launch] hang: {}; stopping the ranks", hang->report);
           result = Ending{Ending::Kind::kHang, kLaunchHangExitCode, "a hang: " + hang->summary};
           stop(SIGTERM);

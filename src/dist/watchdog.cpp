@@ -58,6 +58,16 @@ std::string_view status_of(std::string_view line) {
   return end != time.c_str() && *end == '\0' ? line.substr(space + 1) : line;
 }
 
+// The state letter of /proc/<pid>/stat ('R', 'S', 'D', 'T' stopped, 't' traced, 'Z', ...), or '?' when unreadable.
+char process_state(pid_t pid) {
+  if (pid <= 0) return '?';
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  std::string line;
+  if (!std::getline(in, line)) return '?';
+  const size_t close = line.rfind(')');  // the command name, in parentheses, may hold spaces
+  return close != std::string::npos && close + 2 < line.size() ? line[close + 2] : '?';
+}
+
 }  // namespace
 
 Watchdog::Watchdog(double timeout_seconds, bool other_nodes) : timeout_(timeout_seconds), other_nodes_(other_nodes) {
@@ -87,7 +97,8 @@ void Watchdog::start(const std::vector<int>& ranks, Clock::time_point now) {
   last_progress_.reset();
 }
 
-std::optional<Hang> Watchdog::check(Clock::time_point now, const std::vector<bool>& exited) {
+std::optional<Hang> Watchdog::check(Clock::time_point now, const std::vector<bool>& exited,
+                                    const std::vector<pid_t>& pids) {
   if (now < next_check_) return std::nullopt;
   const double interval = std::clamp(timeout_ / 4, 0.1, 1.0);
   next_check_ = now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(interval));
@@ -103,24 +114,30 @@ std::optional<Hang> Watchdog::check(Clock::time_point now, const std::vector<boo
   if (std::all_of(exited.begin(), exited.end(), [](bool e) { return e; })) return std::nullopt;
   if (last_progress_) {
     const double idle = seconds(now - *last_progress_);
-    if (idle >= timeout_) return describe(now, exited, idle, false);
+    if (idle >= timeout_) return describe(now, exited, pids, idle, false);
   } else {
     const double idle = seconds(now - started_at_);
-    if (idle >= kFirstBeatAllowance * timeout_) return describe(now, exited, idle, true);
+    if (idle >= kFirstBeatAllowance * timeout_) return describe(now, exited, pids, idle, true);
   }
   return std::nullopt;
 }
 
-Hang Watchdog::describe(Clock::time_point now, const std::vector<bool>& exited, double stalled_seconds,
-                        bool never) const {
+Hang Watchdog::describe(Clock::time_point now, const std::vector<bool>& exited, const std::vector<pid_t>& pids,
+                        double stalled_seconds, bool never) const {
   std::vector<std::string> suspects, others;
   std::vector<int> suspect_ranks;
   bool waiting = false;
   for (size_t i = 0; i < seen_.size(); ++i) {
     const Seen& s = seen_[i];
     const std::string age = format_seconds(seconds(now - s.changed_at));
+    const char state = i < pids.size() ? process_state(pids[i]) : '?';
     if (i < exited.size() && exited[i]) {
       others.push_back(fmt::format("rank {} has exited", s.rank));
+    } else if (state == 'T' || state == 't') {  // its record cannot change: the process does not run
+      suspects.push_back(fmt::format(
+          "rank {} (pid {}) is stopped (process state {}: SIGSTOP or a debugger), last {}", s.rank, pids[i], state,
+          s.written ? fmt::format("\"{}\" ({} ago)", status_of(s.line), age) : std::string("without a heartbeat")));
+      suspect_ranks.push_back(s.rank);
     } else if (!s.written) {
       suspects.push_back(fmt::format("rank {} has not written a heartbeat ({} since the start)", s.rank, age));
       suspect_ranks.push_back(s.rank);

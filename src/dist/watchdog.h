@@ -2,6 +2,8 @@
 // decides when the job has stopped making progress, naming the rank that looks stuck and what every rank last did.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <optional>
 #include <string>
@@ -38,8 +40,11 @@ class Watchdog {
   // Reads the records when a check is due (about once a second; more often for timeouts under 4 s). A rank makes
   // progress when its record changes. Returns the hang once no rank has made progress for the timeout since the last
   // change of any record, or, while no rank has written one yet, for 10 times the timeout since the start.
-  // `exited[i]`: ranks[i] (from start()) has exited; an exited rank is not stuck.
-  std::optional<Hang> check(Clock::time_point now, const std::vector<bool>& exited);
+  // `exited[i]`: ranks[i] (from start()) has exited; an exited rank is not stuck. `pids[i]` (optional): its process,
+  // whose state the report gives when it is stopped (SIGSTOP, or a debugger): such a rank is the suspect whatever its
+  // record says.
+  std::optional<Hang> check(Clock::time_point now, const std::vector<bool>& exited,
+                            const std::vector<pid_t>& pids = {});
 
  private:
   struct Seen {
@@ -48,7 +53,8 @@ class Watchdog {
     std::string line;  // the record's last complete line: "<time> <status>"
     Clock::time_point changed_at;
   };
-  Hang describe(Clock::time_point now, const std::vector<bool>& exited, double stalled_seconds, bool never) const;
+  Hang describe(Clock::time_point now, const std::vector<bool>& exited, const std::vector<pid_t>& pids,
+                double stalled_seconds, bool never) const;
 
   double timeout_;  // seconds
   bool other_nodes_;

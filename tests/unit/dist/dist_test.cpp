@@ -20,6 +20,7 @@
 #include <future>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -822,6 +823,48 @@ std::string env_of(pid_t pid, const std::string& var) {
   }
   return "";
 }
+
+// The pid of the launcher's child that runs rank `rank` (0 when there is none).
+pid_t rank_pid(pid_t launcher, int rank) {
+  for (pid_t c : children_of(launcher)) {
+    if (env_of(c, "RANK") == std::to_string(rank)) return c;
+  }
+  return 0;
+}
+
+// Starts `train` with the recipe on `nproc` local ranks (1: a plain process) in the background, its output going to
+// `log`; `args` are launcher flags and overrides. Returns its pid.
+pid_t start_train(const fs::path& recipe, const std::string& name, int nproc, const std::vector<std::string>& args,
+                  const fs::path& log) {
+  std::vector<std::string> all = {::tessera::testing::train_bin(), "--recipe", recipe.string(), "run_name=" + name};
+  if (nproc > 1) {
+    for (const std::string& a : {std::string("--nproc-per-node"), std::to_string(nproc), std::string("--master-port"),
+                                 std::to_string(free_port())}) {
+      all.push_back(a);
+    }
+  }
+  all.insert(all.end(), args.begin(), args.end());
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// The training steps a run's metrics.jsonl holds so far.
+int steps_logged(const fs::path& metrics) {
+  std::ifstream f(metrics);
+  int n = 0;
+  for (std::string line; std::getline(f, line);) n += line.find("loss/train/total") != std::string::npos;
+  return n;
+}
 }  // namespace
 
 TEST_F(DistTraining, KilledRankStopsTheJobWithinThirtySeconds) {
@@ -846,10 +889,7 @@ TEST_F(DistTraining, KilledRankStopsTheJobWithinThirtySeconds) {
     ASSERT_EQ(waitpid(launcher, &early, WNOHANG), 0) << "the job ended before it could be killed:\n" << read_text(log);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  pid_t victim = 0;
-  for (pid_t c : children_of(launcher)) {
-    if (env_of(c, "RANK") == "1") victim = c;
-  }
+  const pid_t victim = rank_pid(launcher, 1);
   ASSERT_NE(victim, 0) << read_text(log);
   const auto killed_at = std::chrono::steady_clock::now();
   kill(victim, SIGKILL);
@@ -1025,45 +1065,16 @@ TEST_F(DistTraining, PreemptionSignalSavesACheckpointAndTheRequeuedRunEndsBitwis
     // The job, in the background; signalled once it has trained 5 batches.
     const fs::path log = root_ / (c.name + ".log");
     const fs::path metrics = root_ / "runs" / c.name / "metrics.jsonl";
-    const pid_t job = fork();
-    if (job == 0) {
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      dup2(fd, 1);
-      dup2(fd, 2);
-      std::vector<std::string> args = {::tessera::testing::train_bin(), "--recipe", (root_ / "tiny.yaml").string(),
-                                       "run_name=" + c.name};
-      if (c.nproc > 1) {
-        for (const std::string& a : {std::string("--nproc-per-node"), std::to_string(c.nproc),
-                                     std::string("--master-port"), std::to_string(free_port())}) {
-          args.push_back(a);
-        }
-      }
-      args.insert(args.end(), common.begin(), common.end());
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
+    const pid_t job = start_train(root_ / "tiny.yaml", c.name, c.nproc, common, log);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    auto steps = [&] {
-      std::ifstream f(metrics);
-      int n = 0;
-      for (std::string line; std::getline(f, line);) n += line.find("loss/train/total") != std::string::npos;
-      return n;
-    };
+    auto steps = [&] { return steps_logged(metrics); };
     int status = 0;
     while (steps() < 5 && std::chrono::steady_clock::now() < deadline) {
       ASSERT_EQ(waitpid(job, &status, WNOHANG), 0) << "the job ended before the signal:\n" << read_text(log);
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    pid_t target = job;
-    if (c.to_a_rank) {
-      for (pid_t child : children_of(job)) {
-        if (env_of(child, "RANK") == "1") target = child;
-      }
-      ASSERT_NE(target, job) << read_text(log);
-    }
+    const pid_t target = c.to_a_rank ? rank_pid(job, 1) : job;
+    ASSERT_NE(target, 0) << read_text(log);
     kill(target, c.signal);
     while (waitpid(job, &status, WNOHANG) == 0) {
       if (std::chrono::steady_clock::now() > deadline) {
@@ -1095,4 +1106,72 @@ TEST_F(DistTraining, PreemptionSignalSavesACheckpointAndTheRequeuedRunEndsBitwis
     EXPECT_TRUE(weights(c.name) == weights(ref))
         << "the requeued run's final weights differ from the uninterrupted run's";
   }
+}
+
+// ---- Hangs: a stopped rank is caught by the watchdog, named, and the job resumes from its last checkpoint ---------
+
+TEST_F(DistTraining, AStoppedRankIsCaughtNamedAndTheRestartedJobEndsBitwiseEqual) {
+  if (is_worker()) GTEST_SKIP();
+  const std::vector<std::string> common = {"max_duration=100ba", "save_interval=5ba", "autoresume=true",
+                                           "deterministic_mode=true", "fsdp_config.sharding_strategy=FULL_SHARD"};
+  for (const char* name : {"hang", "hang_ref"}) {
+    fs::remove_all(root_ / "ckpt" / name);
+    fs::remove_all(root_ / "runs" / name);
+  }
+  std::vector<std::string> ref = common;
+  ref.push_back("save_folder=" + (root_ / "ckpt" / "hang_ref").string());
+  run("hang_ref", 2, ref);
+
+  constexpr double kTimeout = 3;
+  std::vector<std::string> args = {"--watchdog-timeout", "3", "--max-restarts", "1"};
+  args.insert(args.end(), common.begin(), common.end());
+  args.push_back("save_folder=" + (root_ / "ckpt" / "hang").string());
+  const fs::path log = root_ / "hang.log";
+  const pid_t job = start_train(root_ / "tiny.yaml", "hang", 2, args, log);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(180);
+  int status = 0;
+  while (steps_logged(root_ / "runs" / "hang" / "metrics.jsonl") < 8 && std::chrono::steady_clock::now() < deadline) {
+    ASSERT_EQ(waitpid(job, &status, WNOHANG), 0) << "the job ended before the stop:\n" << read_text(log);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const pid_t victim = rank_pid(job, 1);
+  ASSERT_NE(victim, 0) << read_text(log);
+  kill(victim, SIGSTOP);  // as a wedged GPU, a swapped-out node or a debugger would leave it
+  const auto stopped_at = std::chrono::steady_clock::now();
+  std::optional<double> caught_after;
+  while (waitpid(job, &status, WNOHANG) == 0) {
+    if (!caught_after && read_text(log).find("hang: no rank made progress") != std::string::npos) {
+      caught_after = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(job, SIGKILL);
+      FAIL() << "the job did not end:\n" << read_text(log);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const std::string text = read_text(log);
+  ASSERT_TRUE(WIFEXITED(status)) << text;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the restarted job finishes:\n" << text;
+  // Caught within the timeout (plus a check interval and polling), not by the collective's own 600 s limit.
+  ASSERT_TRUE(caught_after.has_value()) << text;
+  const size_t report = text.find("hang: ");
+  std::printf("caught %.2f s after SIGSTOP: %s\n", *caught_after,
+              text.substr(report, text.find('\n', report) - report).c_str());
+  EXPECT_LT(*caught_after, kTimeout + 2) << text;
+  // Named: the stopped rank with its process state, the other with the collective it waits in and its size.
+  EXPECT_NE(text.find(fmt::format("rank 1 (pid {}) is stopped (process state T: SIGSTOP or a debugger)", victim)),
+            std::string::npos)
+      << text;
+  const size_t waiting = text.find("rank 0 is waiting in ");
+  ASSERT_NE(waiting, std::string::npos) << text;
+  EXPECT_NE(text.substr(waiting, 120).find(" elements ("), std::string::npos) << text.substr(waiting, 120);
+  EXPECT_NE(text.find("restart 1/1 after a hang: no rank made progress for "), std::string::npos) << text;
+  EXPECT_NE(text.find("(suspect: rank 1)"), std::string::npos) << text;
+  EXPECT_NE(text.find("resumed from " + (root_ / "ckpt" / "hang").string()), std::string::npos) << text;
+  // Resumed from its latest checkpoint, it ends with the uninterrupted run's weights, bit for bit.
+  const auto weights = [&](const std::string& name) {
+    return read_text(root_ / "runs" / name / "huggingface" / "ba100" / "model.safetensors");
+  };
+  ASSERT_FALSE(weights("hang_ref").empty());
+  EXPECT_TRUE(weights("hang") == weights("hang_ref")) << "the restarted run's final weights differ";
 }
