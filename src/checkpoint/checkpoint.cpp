@@ -22,6 +22,7 @@
 #include "tessera/checkpoint/safetensors.h"
 #include "tessera/storage/storage.h"
 #include "tessera/util/error.h"
+#include "tessera/util/file_env.h"
 #include "tessera/util/file_io.h"
 
 namespace tessera::checkpoint {
@@ -53,11 +54,12 @@ std::string xxh64_hex(uint64_t h) {
 
 // fsync of a directory, so that a rename or a new entry in it is durable.
 void sync_dir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  util::FileEnv& env = util::file_env();
+  const int fd = env.open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
   if (fd < 0) fail(dir, fmt::format("cannot open directory to fsync: {}", std::strerror(errno)));
-  const int rc = ::fsync(fd);
+  const int rc = env.fsync(fd, dir);
   const int err = errno;
-  ::close(fd);
+  env.close(fd, dir);
   if (rc != 0) fail(dir, fmt::format("fsync failed: {}", std::strerror(err)));
 }
 
@@ -272,13 +274,13 @@ PendingCheckpoint begin_checkpoint(const std::string& folder, const std::string&
   }
   p.final_dir = (fs::path(folder) / name).string();
   p.temp_dir = (fs::path(folder) / (".tmp-" + name)).string();
-  std::error_code ec;
   if (rank == 0) {
-    fs::create_directories(folder, ec);
-    if (ec) fail(folder, fmt::format("cannot create the save folder: {}", ec.message()));
-    fs::remove_all(p.temp_dir, ec);  // left over from a crashed save of the same name
-    fs::create_directory(p.temp_dir, ec);
-    if (ec) fail(p.temp_dir, fmt::format("cannot create: {}", ec.message()));
+    util::FileEnv& env = util::file_env();
+    if (env.create_directories(folder) != 0) {
+      fail(folder, fmt::format("cannot create the save folder: {}", std::strerror(errno)));
+    }
+    env.remove_all(p.temp_dir);  // left over from a crashed save of the same name
+    if (env.mkdir(p.temp_dir, 0755) != 0) fail(p.temp_dir, fmt::format("cannot create: {}", std::strerror(errno)));
     return p;
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -381,33 +383,38 @@ void publish_checkpoint(const PendingCheckpoint& p, nlohmann::json metadata, int
     }
     metadata = merge_receipts(p.temp_dir, std::move(metadata), receipts);
     util::write_file_atomically((fs::path(p.temp_dir) / kMetadata).string(), metadata.dump(1) + "\n", kComponent);
-    for (int r = 0; r < world_size; ++r) fs::remove(fs::path(p.temp_dir) / receipt_name(r));
+    util::FileEnv& env = util::file_env();
+    for (int r = 0; r < world_size; ++r) {
+      const std::string receipt = (fs::path(p.temp_dir) / receipt_name(r)).string();
+      if (env.unlink(receipt) != 0) fail(receipt, fmt::format("cannot remove: {}", std::strerror(errno)));
+    }
     sync_dir(p.temp_dir);
-    std::error_code ec;
     if (fs::exists(p.final_dir)) {
       // save_overwrite (or a re-save at the same batch after a restart): move the old one aside first, so that a
       // crash in between still leaves one complete copy.
-      const fs::path old = fs::path(p.folder) / (".old-" + p.name);
-      fs::remove_all(old, ec);
-      fs::rename(p.final_dir, old, ec);
-      if (ec) fail(p.final_dir, fmt::format("cannot move the existing checkpoint aside: {}", ec.message()));
-      fs::rename(p.temp_dir, p.final_dir, ec);
-      if (ec) fail(p.final_dir, fmt::format("rename from {} failed: {}", p.temp_dir, ec.message()));
-      fs::remove_all(old, ec);
-    } else {
-      fs::rename(p.temp_dir, p.final_dir, ec);
-      if (ec) fail(p.final_dir, fmt::format("rename from {} failed: {}", p.temp_dir, ec.message()));
+      const std::string old = (fs::path(p.folder) / (".old-" + p.name)).string();
+      env.remove_all(old);
+      if (env.rename(p.final_dir, old) != 0) {
+        fail(p.final_dir, fmt::format("cannot move the existing checkpoint aside: {}", std::strerror(errno)));
+      }
+      if (env.rename(p.temp_dir, p.final_dir) != 0) {
+        fail(p.final_dir, fmt::format("rename from {} failed: {}", p.temp_dir, std::strerror(errno)));
+      }
+      env.remove_all(old);
+    } else if (env.rename(p.temp_dir, p.final_dir) != 0) {
+      fail(p.final_dir, fmt::format("rename from {} failed: {}", p.temp_dir, std::strerror(errno)));
     }
     sync_dir(p.folder);
     if (!latest_name.empty()) {
       // A relative symlink, replaced atomically by renaming a new link over it.
-      const fs::path link = fs::path(p.folder) / latest_name;
-      const fs::path tmp_link = fs::path(p.folder) / (".tmp-" + latest_name);
-      fs::remove(tmp_link, ec);
-      fs::create_directory_symlink(p.name, tmp_link, ec);
-      if (ec) fail(link.string(), fmt::format("cannot create the symlink: {}", ec.message()));
-      fs::rename(tmp_link, link, ec);
-      if (ec) fail(link.string(), fmt::format("cannot update the symlink: {}", ec.message()));
+      const std::string link = (fs::path(p.folder) / latest_name).string();
+      const std::string tmp_link = (fs::path(p.folder) / (".tmp-" + latest_name)).string();
+      env.unlink(tmp_link);
+      if (env.symlink(p.name, tmp_link) != 0) {
+        fail(link, fmt::format("cannot create the symlink: {}", std::strerror(errno)));
+      }
+      if (env.rename(tmp_link, link) != 0)
+        fail(link, fmt::format("cannot update the symlink: {}", std::strerror(errno)));
       sync_dir(p.folder);
     }
   } catch (...) {
@@ -428,15 +435,12 @@ void abandon_checkpoint(const PendingCheckpoint& p) {
     }
     return;
   }
-  std::error_code ec;
-  fs::remove_all(p.temp_dir, ec);
+  util::file_env().remove_all(p.temp_dir);
 }
 
 void remove_checkpoint(const std::string& dir) {
   if (!remote(dir)) {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-    if (ec) fail(dir, fmt::format("cannot remove: {}", ec.message()));
+    if (util::file_env().remove_all(dir) != 0) fail(dir, fmt::format("cannot remove: {}", std::strerror(errno)));
     return;
   }
   // metadata.json first: from then on the checkpoint no longer counts, whatever remains.

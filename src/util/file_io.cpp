@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "tessera/util/error.h"
+#include "tessera/util/file_env.h"
 
 namespace tessera::util {
 
@@ -33,7 +34,8 @@ void write_file_atomically(const std::string& path, const std::vector<std::strin
   // once; each renames its complete file over it, and the last one wins with the same bytes.
   static std::atomic<uint64_t> counter{0};
   const std::string tmp = fmt::format("{}.tmp.{}.{}", path, ::getpid(), counter.fetch_add(1));
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  FileEnv& env = file_env();
+  const int fd = env.open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw Error(component, fmt::format("{}: cannot create {}: {}", path, tmp, std::strerror(errno)));
   auto fail = [&](const std::string& what) {
     const std::string why = std::strerror(errno);
@@ -47,19 +49,20 @@ void write_file_atomically(const std::string& path, const std::vector<std::strin
       if (observe) observe(chunk);
       size_t done = 0;
       while (done < chunk.size()) {
-        const ssize_t w = ::write(fd, chunk.data() + done, chunk.size() - done);
+        const ssize_t w = env.write(fd, chunk.data() + done, chunk.size() - done, tmp);
         if (w < 0 && errno == EINTR) continue;
         if (w < 0) fail("write");
         done += static_cast<size_t>(w);
       }
     }
   }
-  if (::fsync(fd) != 0) fail("fsync");
-  if (::close(fd) != 0) {
+  if (env.fsync(fd, tmp) != 0) fail("fsync");
+  if (env.close(fd, tmp) != 0) {
+    const std::string why = std::strerror(errno);
     ::unlink(tmp.c_str());
-    throw Error(component, fmt::format("{}: close failed: {}", path, std::strerror(errno)));
+    throw Error(component, fmt::format("{}: close failed: {}", path, why));
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (env.rename(tmp, path) != 0) {
     const std::string why = std::strerror(errno);
     ::unlink(tmp.c_str());
     throw Error(component, fmt::format("{}: rename from {} failed: {}", path, tmp, why));
