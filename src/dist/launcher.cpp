@@ -444,6 +444,12 @@ class Job {
         if (std::optional<detail::Hang> hang = watchdog->check(Clock::now(), exited, pids)) {
           spdlog::error("[launch] hang: {}; stopping the ranks", hang->report);
           result = Ending{Ending::Kind::kHang, kLaunchHangExitCode, "a hang: " + hang->summary};
+          // A stopped rank cannot act on SIGTERM, and the others wait for it in a collective: killing it at once
+          // fails their collective now rather than after the grace period.
+          for (const Rank& r : ranks_) {
+            const char state = r.exited ? '?' : detail::process_state(r.pid);
+            if (state == 'T' || state == 't') signal_rank(r, SIGKILL);
+          }
           stop(SIGTERM);
         }
       }

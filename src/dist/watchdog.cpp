@@ -58,6 +58,8 @@ std::string_view status_of(std::string_view line) {
   return end != time.c_str() && *end == '\0' ? line.substr(space + 1) : line;
 }
 
+}  // namespace
+
 // The state letter of /proc/<pid>/stat ('R', 'S', 'D', 'T' stopped, 't' traced, 'Z', ...), or '?' when unreadable.
 char process_state(pid_t pid) {
   if (pid <= 0) return '?';
@@ -67,8 +69,6 @@ char process_state(pid_t pid) {
   const size_t close = line.rfind(')');  // the command name, in parentheses, may hold spaces
   return close != std::string::npos && close + 2 < line.size() ? line[close + 2] : '?';
 }
-
-}  // namespace
 
 Watchdog::Watchdog(double timeout_seconds, bool other_nodes) : timeout_(timeout_seconds), other_nodes_(other_nodes) {
   std::error_code ec;

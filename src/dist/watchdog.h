@@ -11,6 +11,9 @@
 
 namespace tessera::dist::detail {
 
+// The state letter of /proc/<pid>/stat ('R', 'S', 'D', 'T' stopped, 't' traced, 'Z', ...), or '?' when unreadable.
+char process_state(pid_t pid);
+
 // A hang the watchdog found.
 struct Hang {
   std::string report;   // every rank's last status and its age, the suspects first

@@ -1167,6 +1167,8 @@ TEST_F(DistTraining, AStoppedRankIsCaughtNamedAndTheRestartedJobEndsBitwiseEqual
   EXPECT_NE(text.substr(waiting, 120).find(" elements ("), std::string::npos) << text.substr(waiting, 120);
   EXPECT_NE(text.find("restart 1/1 after a hang: no rank made progress for "), std::string::npos) << text;
   EXPECT_NE(text.find("(suspect: rank 1)"), std::string::npos) << text;
+  // The stopped rank is killed at once, so rank 0's collective fails and no rank needs the SIGKILL after the grace.
+  EXPECT_EQ(text.find("did not stop within"), std::string::npos) << text;
   EXPECT_NE(text.find("resumed from " + (root_ / "ckpt" / "hang").string()), std::string::npos) << text;
   // Resumed from its latest checkpoint, it ends with the uninterrupted run's weights, bit for bit.
   const auto weights = [&](const std::string& name) {
