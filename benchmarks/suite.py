@@ -67,6 +67,10 @@ def benchmarks():
                              ["--objects", "4", "--mb", "32", "--rounds", "1"], "env"),
         "checkpoint_io": ([b / "bench_checkpoint_io"], [], ["--seq-len", "128"], "flag"),
         "checkpoint_s3_vs_boto3": ([PY, ROOT / "benchmarks/checkpoint_s3_vs_boto3.py"], [], ["--rounds", "1"], "env"),
+        "goodput_soak": ([PY, ROOT / "benchmarks/goodput_soak.py"], ["--minutes", "5", "--kill-every", "60"],
+                         ["--minutes", "1", "--kill-every", "15"], "env"),
+        "health_monitor_overhead": ([PY, ROOT / "benchmarks/health_monitor_overhead.py"], [],
+                                    ["--steps", "600", "--rounds", "2"], "env"),
         "dist_sharding": ([b / "bench_dist_sharding"], [],
                           ["--d-model", "256", "--n-layers", "4", "--steps", "2", "--ranks", "1,2,4"], "flag"),
     }
@@ -162,9 +166,12 @@ def table(rec):
     rows = rec["rows"]
     peers = peer_names(rows)
     extra = "mfu" if any(r.get("mfu") is not None for r in rows) else None
-    # The sharding engine's own figures: what each rank holds and sends.
+    # The sharding engine's own figures (what each rank holds and sends) and the soak's (restarts).
     dist = [("MB/rank", "bytes_per_rank", 1e-6), ("sent MB/step", "sent_bytes_per_step", 1e-6),
-            ("theory MB/step", "theory_bytes_per_step", 1e-6), ("step s", "step_seconds", 1.0)]
+            ("theory MB/step", "theory_bytes_per_step", 1e-6), ("step s", "step_seconds", 1.0),
+            ("restart s (median)", "restart_latency_median_s", 1.0), ("restart s (max)", "restart_latency_max_s", 1.0),
+            ("steps lost", "steps_lost_mean", 1.0), ("interruptions", "interruptions", 1.0),
+            ("overhead %", "overhead_percent", 1.0)]
     dist = [d for d in dist if any(d[1] in r for r in rows)]
     head = ["case", "unit", "Tessera"] + peers + [f"Tessera / {p}" for p in peers] + (["MFU"] if extra else [])
     head += [d[0] for d in dist]

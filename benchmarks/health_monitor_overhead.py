@@ -1,0 +1,57 @@
+"""The health monitor's overhead per step (issue 20: < 1% of the tiny recipe's step time): the tiny 2-rank job of
+benchmarks/goodput_soak.py trained with and without `health_monitor` (interval 10), rounds alternating, each round's
+seconds per step taken from the step lines' arrival between its 50th and last step; the best round of each compared.
+
+    python benchmarks/health_monitor_overhead.py [--steps 1500] [--rounds 3] [--train build/bin/train]
+"""
+import argparse
+import os
+import pathlib
+import sys
+import tempfile
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import bench_json  # noqa: E402
+import goodput_soak as soak  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--interval", type=int, default=10)
+    ap.add_argument("--train", default=str(pathlib.Path(os.environ.get("TESSERA_BIN_DIR", ROOT / "build" / "bin"))
+                                           / "train"))
+    args = ap.parse_args()
+    work = pathlib.Path(tempfile.mkdtemp(prefix="tessera-health-"))
+    soak.write_split(work / "data" / "train", 4096, 1)
+    soak.write_split(work / "data" / "val", 64, 2)
+    (work / "soak.yaml").write_text(soak.RECIPE.format(data=work / "data", work=work))
+    job_args = argparse.Namespace(train=args.train, save_interval=1000000, watchdog_timeout=0)
+    best = {}
+    for r in range(args.rounds):
+        for monitored in (False, True):
+            name = f"{'with' if monitored else 'without'}{r}"
+            extra = [f"callbacks.health_monitor.interval={args.interval}"] if monitored else []
+            job = soak.Job(job_args, work, name, args.steps, False, extra)
+            job.wait()
+            if job.proc.returncode != 0:
+                sys.exit(f"{name} failed:\n{job.log.read_text()[-3000:]}")
+            lines = job.lines[50:]
+            per_step = (lines[-1][0] - lines[0][0]) / (len(lines) - 1)
+            print(f"round {r + 1}, {'with' if monitored else 'without'} health_monitor: {1e3 * per_step:.3f} ms/step",
+                  flush=True)
+            best[monitored] = min(best.get(monitored, per_step), per_step)
+    overhead = best[True] / best[False] - 1
+    print(f"best of {args.rounds}: without {1e3 * best[False]:.3f} ms/step, with {1e3 * best[True]:.3f} ms/step: "
+          f"overhead {100 * overhead:+.2f}% of a step (one all_gather of 10 doubles every {args.interval} steps)")
+    bench_json.emit("health_monitor_overhead", [{
+        "case": f"tiny recipe, 2 ranks, interval {args.interval}", "unit": "steps/s", "tessera": 1 / best[True],
+        "peers": {"without health_monitor": 1 / best[False]}, "overhead_percent": 100 * overhead}])
+    soak.subprocess.run(["rm", "-rf", str(work)])
+
+
+if __name__ == "__main__":
+    main()
