@@ -152,6 +152,7 @@ int run(int argc, char** argv) {
   spdlog::info("{}", tessera::util::describe(tessera::util::device_info()));
   tessera::trainer::Trainer trainer(cfg);
   trainer.fit();
+  if (trainer.unhealthy()) return tessera::util::kExitUnhealthy;
   return trainer.preempted() ? tessera::util::kExitPreempted : tessera::kExitOk;
 }
 

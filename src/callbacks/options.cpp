@@ -2,6 +2,7 @@
 #include "tessera/callbacks/options.h"
 
 #include "tessera/callbacks/callbacks.h"
+#include "tessera/callbacks/health_monitor.h"
 
 #include <fmt/format.h>
 
@@ -63,6 +64,26 @@ core::CallbackRegistry& callback_registry() {
           return o;
         },
         core::construct<core::Callback, SpeedMonitor, SpeedMonitorOptions>());
+    r->add(
+        "health_monitor",
+        [](config::Section& s) -> std::any {
+          HealthMonitorOptions o;
+          o.interval = s.get_int("interval", o.interval);
+          s.check(o.interval > 0, "interval", "must be positive");
+          o.straggler_threshold = s.get_double("straggler_threshold", o.straggler_threshold);
+          s.check(o.straggler_threshold > 0, "straggler_threshold", "must be positive");
+          o.straggler_windows = s.get_int("straggler_windows", o.straggler_windows);
+          s.check(o.straggler_windows > 0, "straggler_windows", "must be positive");
+          o.flat_loss_windows = s.get_int("flat_loss_windows", o.flat_loss_windows);
+          s.check(o.flat_loss_windows > 0, "flat_loss_windows", "must be positive");
+          o.net_collapse_fraction = s.get_double("net_collapse_fraction", o.net_collapse_fraction);
+          s.check(o.net_collapse_fraction > 0 && o.net_collapse_fraction < 1, "net_collapse_fraction",
+                  "must be in (0, 1)");
+          o.response = s.get_choice("response", o.response, {"log", "stop"});
+          s.finish();
+          return o;
+        },
+        core::construct<core::Callback, HealthMonitor, HealthMonitorOptions>());
     r->add(
         "runtime_estimator",
         [](config::Section& s) -> std::any {

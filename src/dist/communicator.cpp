@@ -9,6 +9,8 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <optional>
 
@@ -91,10 +93,27 @@ class Work::Impl {
   std::string op;  // "all_reduce of 4096 Float elements"
 };
 
+namespace {
+std::atomic<int64_t> g_wait_nanoseconds{0};
+}  // namespace
+
+double collective_wait_seconds() {
+  return static_cast<double>(g_wait_nanoseconds.load(std::memory_order_relaxed)) * 1e-9;
+}
+
 void Work::wait() {
   if (!impl_ || !impl_->work) return;
   // A rank stuck here names the collective in its heartbeat, for the launcher's watchdog.
   const util::HeartbeatScope waiting(impl_->op);
+  const auto started = std::chrono::steady_clock::now();
+  struct Count {  // the time waited, also when the collective fails
+    std::chrono::steady_clock::time_point started;
+    ~Count() {
+      g_wait_nanoseconds.fetch_add(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started).count(),
+          std::memory_order_relaxed);
+    }
+  } count{started};
   try {
     impl_->work->wait();
   } catch (const std::exception& e) {

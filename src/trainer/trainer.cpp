@@ -609,7 +609,8 @@ void Trainer::fit() {
   engine_->run_event(Event::kFitEnd);
   if (state_.preempted) {
     if (state_.rank == 0) {
-      spdlog::warn("preempted: stopped after batch {}{}", state_.timestamp.batch,
+      spdlog::warn("{}: stopped after batch {}{}", state_.unhealthy ? "health monitor" : "preempted",
+                   state_.timestamp.batch,
                    saver_ && !saver_->saved().empty() ? "; resume from " + saver_->saved().back() : "");
     }
     return;

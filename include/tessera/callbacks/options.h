@@ -61,8 +61,8 @@ struct ThresholdStopperOptions {
   bool stop_on_batch = false;  // also check at every batch end (else at evaluation and epoch ends)
 };
 
-// Registered: speed_monitor, lr_monitor, memory_monitor, runtime_estimator, optimizer_monitor, early_stopper,
-// threshold_stopper.
+// Registered: speed_monitor, lr_monitor, memory_monitor, runtime_estimator, health_monitor, optimizer_monitor,
+// early_stopper, threshold_stopper.
 core::CallbackRegistry& callback_registry();
 
 }  // namespace tessera::callbacks

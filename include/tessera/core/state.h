@@ -86,6 +86,9 @@ struct State {
   // stop_requested: the checkpoint saver saves at this batch, and what FIT_END does only at the real end of
   // training (exports, adapters) is skipped.
   bool preempted = false;
+  // Set with `preempted` by the health monitor's `response: stop` (callbacks/health_monitor.h): the job saves a
+  // checkpoint and exits kExitUnhealthy, which the supervisor restarts.
+  bool unhealthy = false;
   // Set by an algorithm at AFTER_TRAIN_BATCH: this batch's optimizer step is skipped (reset every batch).
   bool skip_optimizer_step = false;
   // Set by an algorithm or callback: restore the model and optimizer from the newest checkpoint after this batch.

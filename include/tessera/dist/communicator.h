@@ -48,6 +48,10 @@ struct Rendezvous {
 // RANK is unset. No variables: a world of one. Throws ConfigError naming a malformed or inconsistent variable.
 Rendezvous rendezvous_from_env();
 
+// Seconds this process has spent blocked in Work::wait() (every communicator and group together, all threads) since
+// it started: the time its ranks' collectives kept it waiting (the health monitor's wait time).
+double collective_wait_seconds();
+
 // Bytes this rank sent per kind of collective, counted as a ring algorithm sends them (all_reduce of S bytes on N
 // ranks: 2(N-1)/N·S; reduce_scatter of an S-byte input and all_gather of an S-byte output: (N-1)/N·S; broadcast:
 // S), the accounting of the ZeRO paper.

@@ -66,6 +66,8 @@ class Trainer {
   void fit();
   // fit() stopped for a preemption signal after saving its checkpoint (the `train` tool exits util::kExitPreempted).
   bool preempted() const { return state_.preempted; }
+  // Whether the health monitor stopped the run (response: stop) after a checkpoint.
+  bool unhealthy() const { return state_.unhealthy; }
   // Evaluates the eval loader and the ICL tasks now (EVAL_STANDALONE_START/_END around the eval events); returns the
   // eval loader's metrics (empty without one). ICL accuracies go to state().eval_metrics["{label}/{k}-shot"].
   core::Metrics eval();

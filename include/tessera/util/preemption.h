@@ -13,6 +13,9 @@ namespace tessera::util {
 // The exit code of a run that stopped for a preemption signal after saving its checkpoint: sysexits.h's EX_TEMPFAIL
 // ("a temporary failure; the user is invited to retry"). The launcher treats it as the end of the job, not a failure.
 inline constexpr int kExitPreempted = 75;
+// `train`'s exit code after the health monitor (response: stop) found a straggler or a silent failure and the job
+// saved a checkpoint: a failure to the supervisor, which restarts the job.
+inline constexpr int kExitUnhealthy = 76;
 
 // The signal number for a name: "SIGTERM", "TERM", "sigusr1" (TERM, INT, HUP, USR1, USR2 and QUIT are accepted).
 // Throws ConfigError naming the value otherwise.

@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -1176,4 +1177,69 @@ TEST_F(DistTraining, AStoppedRankIsCaughtNamedAndTheRestartedJobEndsBitwiseEqual
   };
   ASSERT_FALSE(weights("hang_ref").empty());
   EXPECT_TRUE(weights("hang") == weights("hang_ref")) << "the restarted run's final weights differ";
+}
+
+// ---- Health monitor: a rank slowed down from outside is named a straggler; response: stop restarts the job --------
+
+TEST_F(DistTraining, AThrottledRankIsNamedAStragglerWithinFiftyStepsAndTheJobRestarts) {
+  if (is_worker()) GTEST_SKIP();
+  fs::remove_all(root_ / "ckpt" / "straggler");
+  fs::remove_all(root_ / "runs" / "straggler");
+  const std::vector<std::string> args = {
+      "--max-restarts", "1", "max_duration=400ba", "fsdp_config.sharding_strategy=FULL_SHARD",
+      "callbacks.health_monitor.interval=5", "callbacks.health_monitor.response=stop",
+      // Ranks of this millisecond-scale CPU job differ by up to 50% on their own
+      // (2 cores, rank 0 also logs): a straggler here is twice as slow.
+      "callbacks.health_monitor.straggler_threshold=1.0", "autoresume=true", "save_interval=1000ba",
+      "save_folder=" + (root_ / "ckpt" / "straggler").string()};
+  const fs::path log = root_ / "straggler.log";
+  const fs::path metrics = root_ / "runs" / "straggler" / "metrics.jsonl";
+  const pid_t job = start_train(root_ / "tiny.yaml", "straggler", 2, args, log);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(180);
+  int status = 0;
+  while (steps_logged(metrics) < 20 && std::chrono::steady_clock::now() < deadline) {
+    ASSERT_EQ(waitpid(job, &status, WNOHANG), 0) << "the job ended before the throttling:\n" << read_text(log);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const pid_t victim = rank_pid(job, 1);
+  ASSERT_NE(victim, 0) << read_text(log);
+  const int throttled_from = steps_logged(metrics);
+  // Rank 1 runs a quarter of the time (SIGSTOP for 15 ms, SIGCONT for 5 ms), as a slow or shared device would.
+  std::atomic<bool> throttling{true};
+  std::thread throttle([&] {
+    while (throttling && kill(victim, SIGSTOP) == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(15));
+      kill(victim, SIGCONT);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    kill(victim, SIGCONT);
+  });
+  while (waitpid(job, &status, WNOHANG) == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  throttling = false;
+  throttle.join();
+  if (std::chrono::steady_clock::now() >= deadline) {
+    kill(job, SIGKILL);
+    waitpid(job, &status, 0);
+    FAIL() << "the job did not end:\n" << read_text(log);
+  }
+  const std::string text = read_text(log);
+  ASSERT_TRUE(WIFEXITED(status)) << text;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << text;
+  // Named, with the evidence, within 50 steps of the throttling's start; rank 0 is not.
+  const size_t found = text.find("[health] straggler: rank 1 (node 0) over batches ");
+  ASSERT_NE(found, std::string::npos) << text;
+  const std::string line = text.substr(found, text.find('\n', found) - found);
+  std::printf("throttled from step %d: %s\n", throttled_from, line.c_str());
+  const int until = std::stoi(line.substr(line.find('-', line.find("over batches")) + 1));
+  EXPECT_LE(until - throttled_from, 50) << line;
+  EXPECT_NE(line.find("compute "), std::string::npos) << line;
+  EXPECT_EQ(text.find("[health] straggler: rank 0"), std::string::npos) << text;
+  // response: stop saved a checkpoint and exited 76; the supervisor restarted the job, which resumed from it.
+  EXPECT_NE(text.find("exited with code 76"), std::string::npos) << text;
+  EXPECT_NE(text.find("restart 1/1 after"), std::string::npos) << text;
+  EXPECT_NE(text.find("resumed from " + (root_ / "ckpt" / "straggler").string()), std::string::npos) << text;
+  EXPECT_TRUE(fs::exists(root_ / "runs" / "straggler" / "huggingface" / "ba400" / "model.safetensors"))
+      << "the restarted job finished";
 }

@@ -254,11 +254,12 @@ TEST(TrainCli, UnregisteredComponentNamesListTheRegisteredOnes) {
   {
     auto [path, line] =
         mutated("callback_name.yaml", "  speed_monitor:\n    window_size: 10\n", "  speed_monitr: {window_size: 10}\n");
-    expect_config_error(run("--recipe " + path + " --dry-run"),
-                        "[recipe] " + path + ":" + std::to_string(line) +
-                            ": callbacks.speed_monitr: unknown callback \"speed_monitr\" (available: early_stopper, "
-                            "hf_checkpointer, lr_monitor, memory_monitor, optimizer_monitor, runtime_estimator, "
-                            "speed_monitor, threshold_stopper)");
+    expect_config_error(
+        run("--recipe " + path + " --dry-run"),
+        "[recipe] " + path + ":" + std::to_string(line) +
+            ": callbacks.speed_monitr: unknown callback \"speed_monitr\" (available: early_stopper, health_monitor, "
+            "hf_checkpointer, lr_monitor, memory_monitor, optimizer_monitor, runtime_estimator, "
+            "speed_monitor, threshold_stopper)");
   }
 }
 
