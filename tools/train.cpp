@@ -5,15 +5,23 @@
 //   train --recipe recipes/mpt-tiny-cpu.yaml --nproc-per-node 2 --max-restarts 3 --watchdog-timeout 300
 //                                                                     (restart after a crash or a hang; resume needs
 //                                                                      the recipe's autoresume: true)
+//   train --recipe R --nnodes 2:3 --nproc-per-node 8 --rdzv-endpoint node0:29400 [--rdzv-host] --max-restarts 3
+//                                                                     (elastic: one launcher per node, the one with
+//                                                                      --rdzv-host on node0; a lost node is excluded
+//                                                                      and the job goes on on the others)
 //
 // Exit codes: 0 success, 1 runtime failure, 2 usage or recipe error, 75 stopped for a preemption signal after saving
 // a checkpoint (recipe key preemption_signals); under the launcher, a failed rank's code (128 +
-// signal for a signal) or 124 when the watchdog found the job hung.
+// signal for a signal) or 124 when the watchdog found the job hung; 76 stopped by the health monitor; 77 this node was
+// excluded from an elastic job (or its ranks marked it bad).
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
+#include <climits>
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -40,6 +48,30 @@ int64_t env_int(const char* name, int64_t fallback) {
   } catch (const std::exception&) {
     throw tessera::ConfigError("train", fmt::format("environment variable {}=\"{}\" is not an integer", name, v));
   }
+}
+
+// --nnodes: "N" (a fixed number of nodes) or "MIN:MAX" (an elastic job).
+void parse_nnodes(const std::string& text, tessera::dist::LaunchOptions& launch) {
+  auto number = [&](const std::string& part) {
+    if (part.empty() || part.size() > 6 || part.find_first_not_of("0123456789") != std::string::npos ||
+        std::stoi(part) < 1) {
+      throw tessera::ConfigError("train", fmt::format("--nnodes '{}' must be N or MIN:MAX (positive integers)", text));
+    }
+    return std::stoi(part);
+  };
+  const size_t colon = text.find(':');
+  if (colon == std::string::npos) {
+    launch.nnodes = number(text);
+    return;
+  }
+  launch.min_nodes = number(text.substr(0, colon));
+  launch.max_nodes = number(text.substr(colon + 1));
+}
+
+std::string host_name() {
+  char name[HOST_NAME_MAX + 1] = {};
+  if (::gethostname(name, sizeof(name)) != 0 || name[0] == '\0') return "localhost";
+  return name;
 }
 
 int run(int argc, char** argv) {
@@ -82,14 +114,27 @@ int run(int argc, char** argv) {
   app.add_option("--nproc-per-node", nproc_per_node,
                  "Spawn this many local ranks (torchrun's launcher): rank-prefixed output, one dead rank stops all")
       ->check(CLI::PositiveNumber);
-  app.add_option("--nnodes", launch.nnodes, "Nodes in the job (with --nproc-per-node; default 1)")
-      ->check(CLI::PositiveNumber);
+  std::string nnodes;
+  app.add_option("--nnodes", nnodes,
+                 "Nodes in the job: N, or MIN:MAX for an elastic job that goes on without lost nodes (needs "
+                 "--rdzv-endpoint; default 1)");
   app.add_option("--node-rank", launch.node_rank, "This node's index (with --nproc-per-node; default 0)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--master-addr", launch.master_addr, "Address of node 0 (with --nproc-per-node; default 127.0.0.1)");
   app.add_option("--master-port", launch.master_port,
                  "Rendezvous port on node 0 (with --nproc-per-node; default 29500)")
       ->check(CLI::Range(1, 65535));
+  app.add_option("--rdzv-endpoint", launch.rdzv_endpoint,
+                 "Elastic job (--nnodes MIN:MAX): HOST:PORT of the rendezvous, run by the launcher with --rdzv-host");
+  app.add_flag("--rdzv-host", launch.rdzv_host,
+               "Elastic job: this launcher runs the rendezvous on the endpoint's port, and is node 0");
+  app.add_option("--node-id", launch.node_id, "Elastic job: this node's name (default: the host name)");
+  app.add_option("--rdzv-timeout", launch.rdzv_timeout_seconds,
+                 "Elastic job: seconds to wait for MIN nodes, or for the rendezvous host (default 600)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--rdzv-last-call", launch.rdzv_last_call_seconds,
+                 "Elastic job: once MIN nodes have joined, seconds to wait for more, up to MAX (default 3)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--max-restarts", launch.max_restarts,
                  "Restart all ranks up to this many times after a rank fails or hangs (launcher; implies "
                  "--nproc-per-node 1 when that is not given; default 0)")
@@ -102,6 +147,8 @@ int run(int argc, char** argv) {
   if (auto code = tessera::util::parse_command_line(app, argc, argv)) return *code;
   tessera::util::init_logging(log_level);
   tessera::util::configure_host_allocator();
+  if (!nnodes.empty()) parse_nnodes(nnodes, launch);
+  if (launch.node_id.empty()) launch.node_id = host_name();
 
   const tessera::trainer::TrainConfig cfg = tessera::trainer::load_train_config(recipe, overrides);
   if (print_config) {
@@ -109,18 +156,20 @@ int run(int argc, char** argv) {
     return tessera::kExitOk;
   }
   // The supervisor's flags need the launcher: one local rank unless told otherwise.
-  if (nproc_per_node == 0 && (launch.max_restarts > 0 || launch.watchdog_timeout_seconds > 0)) nproc_per_node = 1;
+  if (nproc_per_node == 0 && (launch.max_restarts > 0 || launch.watchdog_timeout_seconds > 0 || launch.min_nodes > 0)) {
+    nproc_per_node = 1;
+  }
   if (nproc_per_node > 0 && !dry_run) {
     // Launcher: the ranks run this same command line minus the launcher's flags.
     launch.nproc_per_node = nproc_per_node;
     if (cfg.save_folder) launch.preemption_signals = cfg.preemption_signals;
     launch.argv = {"/proc/self/exe"};
-    const std::vector<std::string> launcher_flags = {"--nproc-per-node",  "--nnodes",      "--node-rank",
-                                                     "--master-addr",     "--master-port", "--max-restarts",
-                                                     "--watchdog-timeout"};
+    const std::vector<std::string> launcher_flags = {
+        "--nproc-per-node",   "--nnodes",        "--node-rank", "--master-addr",  "--master-port",   "--max-restarts",
+        "--watchdog-timeout", "--rdzv-endpoint", "--node-id",   "--rdzv-timeout", "--rdzv-last-call"};
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
-      bool skip = false;
+      bool skip = a == "--rdzv-host" || a.rfind("--rdzv-host=", 0) == 0;  // a flag without a value
       for (const auto& f : launcher_flags) {
         if (a == f) {
           skip = true;
@@ -133,7 +182,9 @@ int run(int argc, char** argv) {
     }
     return tessera::dist::launch(launch);
   }
-  if (world_size == 0 && nproc_per_node > 0) world_size = int64_t{nproc_per_node} * launch.nnodes;
+  if (world_size == 0 && nproc_per_node > 0) {
+    world_size = int64_t{nproc_per_node} * (launch.max_nodes > 0 ? launch.max_nodes : launch.nnodes);
+  }
   if (ranks_per_node == 0 && nproc_per_node > 0) ranks_per_node = nproc_per_node;
   if (world_size == 0) world_size = env_int("WORLD_SIZE", 1);
   if (ranks_per_node == 0) ranks_per_node = env_int("LOCAL_WORLD_SIZE", world_size);
@@ -152,6 +203,7 @@ int run(int argc, char** argv) {
   spdlog::info("{}", tessera::util::describe(tessera::util::device_info()));
   tessera::trainer::Trainer trainer(cfg);
   trainer.fit();
+  if (trainer.node_bad()) return tessera::util::kExitNodeBad;
   if (trainer.unhealthy()) return tessera::util::kExitUnhealthy;
   return trainer.preempted() ? tessera::util::kExitPreempted : tessera::kExitOk;
 }

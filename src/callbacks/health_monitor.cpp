@@ -3,6 +3,7 @@
 #include "tessera/callbacks/health_monitor.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <ATen/ATen.h>
@@ -248,14 +249,29 @@ void HealthMonitor::exchange(core::State& s, core::Logger& logger) {
                    first_batch_ + 1, s.timestamp.batch, f.evidence);
     }
   }
-  if (!findings.empty() && o_.response == "stop" && !s.preempted) {
+  if (!findings.empty() && o_.response != "log" && !s.preempted) {
     // Every rank reached the same findings from the same figures: all stop after this batch, with a checkpoint.
     s.unhealthy = true;
     s.preempted = true;
     s.stop_requested = true;
+    std::vector<int> bad;
+    if (o_.response == "exclude_node") {
+      for (const HealthFinding& f : findings) {
+        if (std::find(bad.begin(), bad.end(), f.node) == bad.end()) bad.push_back(f.node);
+      }
+      std::sort(bad.begin(), bad.end());
+      s.node_bad = std::find(bad.begin(), bad.end(), mine_.node) != bad.end();
+    }
     if (s.rank == 0) {
-      spdlog::warn("[health] response stop: every rank saves a checkpoint after batch {} and the job exits 76",
-                   s.timestamp.batch);
+      if (bad.empty()) {
+        spdlog::warn("[health] response stop: every rank saves a checkpoint after batch {} and the job exits 76",
+                     s.timestamp.batch);
+      } else {
+        spdlog::warn(
+            "[health] response exclude_node: every rank saves a checkpoint after batch {}; the ranks of node{} {} "
+            "exit 77 (node bad), the others 76",
+            s.timestamp.batch, bad.size() == 1 ? "" : "s", fmt::format("{}", fmt::join(bad, ", ")));
+      }
     }
   }
   mine_ = {};

@@ -79,7 +79,7 @@ core::CallbackRegistry& callback_registry() {
           o.net_collapse_fraction = s.get_double("net_collapse_fraction", o.net_collapse_fraction);
           s.check(o.net_collapse_fraction > 0 && o.net_collapse_fraction < 1, "net_collapse_fraction",
                   "must be in (0, 1)");
-          o.response = s.get_choice("response", o.response, {"log", "stop"});
+          o.response = s.get_choice("response", o.response, {"log", "stop", "exclude_node"});
           s.finish();
           return o;
         },

@@ -7,7 +7,9 @@
 //   - silent failures: a non-finite loss, a loss that stays exactly unchanged on one rank while the others' move, and
 //     a node whose network throughput collapses while the other nodes' does not.
 // Each finding is logged with the rank, the node and the evidence; with `response: stop` the job then saves a
-// checkpoint and stops with exit code 76, so that the supervisor restarts it (docs/checkpointing.md).
+// checkpoint and stops with exit code 76, so that the supervisor restarts it (docs/checkpointing.md); with
+// `response: exclude_node` the ranks on the nodes the findings name exit 77 instead, which marks their node bad for an
+// elastic job's launcher (docs/distributed.md#elastic-jobs-node-exclusion).
 #pragma once
 
 #include <cstdint>
@@ -25,7 +27,9 @@ struct HealthMonitorOptions {
   int64_t straggler_windows = 2;       // intervals a straggler must stay slow before it is reported
   int64_t flat_loss_windows = 5;       // intervals a rank's loss may stay unchanged while the others' move
   double net_collapse_fraction = 0.1;  // a node's network throughput below this fraction of its own median
-  std::string response = "log";        // log | stop (save a checkpoint and exit 76)
+  // log | stop (save a checkpoint and exit 76) | exclude_node (as stop, and the ranks on the nodes of the findings exit
+  // 77 instead: an elastic job's launcher then excludes those nodes)
+  std::string response = "log";
 };
 
 // One rank's figures over one interval.

@@ -89,6 +89,9 @@ struct State {
   // Set with `preempted` by the health monitor's `response: stop` (callbacks/health_monitor.h): the job saves a
   // checkpoint and exits kExitUnhealthy, which the supervisor restarts.
   bool unhealthy = false;
+  // Set with `unhealthy` by the health monitor's `response: exclude_node` on the ranks of a node a finding names: the
+  // process exits util::kExitNodeBad, and an elastic job's launcher excludes the node.
+  bool node_bad = false;
   // Set by an algorithm at AFTER_TRAIN_BATCH: this batch's optimizer step is skipped (reset every batch).
   bool skip_optimizer_step = false;
   // Set by an algorithm or callback: restore the model and optimizer from the newest checkpoint after this batch.

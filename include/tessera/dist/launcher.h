@@ -29,6 +29,20 @@ struct LaunchOptions {
   // own; a second signal stops them as any other. A rank exiting util::kExitPreempted (it received the signal
   // itself, e.g. from Slurm) is not a failure. Either way the launch returns util::kExitPreempted, without a restart.
   std::vector<int> preemption_signals;
+
+  // Elastic job (torchrun's --nnodes MIN:MAX; docs/distributed.md#elastic-jobs): min_nodes > 0 makes the job
+  // elastic. One launcher (rdzv_host) runs the rendezvous at rdzv_endpoint and is node 0; every other node's launcher
+  // joins it there. Each attempt of the job runs on the nodes that joined (at most max_nodes), which get their node
+  // ranks, nnodes and MASTER_ADDR (the endpoint's host) from the rendezvous; nnodes and node_rank are not used. A node
+  // whose launcher is lost, or whose ranks exit util::kExitNodeBad, is excluded, and the job restarts without it (the
+  // ranks resume from the latest checkpoint, resharded) while at least min_nodes remain.
+  int min_nodes = 0;
+  int max_nodes = 0;
+  std::string rdzv_endpoint;          // "HOST:PORT" of the rendezvous
+  bool rdzv_host = false;             // this launcher runs the rendezvous (on the endpoint's port)
+  std::string node_id;                // this node's name in the job (default: the host name)
+  double rdzv_timeout_seconds = 600;  // waiting for min_nodes nodes, or for the rendezvous host to answer
+  double rdzv_last_call_seconds = 3;  // first attempt: once min_nodes have joined, wait this long for more
 };
 
 // The exit code of a launch that ended because its watchdog found the job hung (as timeout(1)'s).
@@ -75,6 +89,17 @@ inline constexpr int kLaunchHangExitCode = 124;
 // handlers (a signal ignored on entry, e.g. SIGHUP under nohup, stays ignored and is not forwarded) and ignores
 // SIGPIPE (a closed stdout drops the ranks' output instead of killing the launcher); the previous dispositions are
 // restored when it returns, and the ranks start with them.
+//
+// Elastic (min_nodes > 0): as above on every node, with a rendezvous between attempts. The rendezvous host waits until
+// max_nodes launchers have joined, or min_nodes have and the last call has passed, then starts an attempt on them
+// (node ranks in joining order, the host first; nodes beyond max_nodes wait as spares). When a node fails (a rank
+// fails or hangs, or the node's launcher is lost), the host tells every other node to stop its ranks, excludes the
+// lost nodes and those whose ranks exited util::kExitNodeBad (logging the list), and, within max_restarts, starts the
+// next attempt at once on the nodes left and any that joined meanwhile, on the new world size (the last call is for
+// the first attempt only). With fewer than min_nodes it
+// waits up to rdzv_timeout_seconds for more, then gives up naming the excluded nodes. When the job ends, every
+// launcher returns the job's exit code; an excluded node's returns util::kExitNodeBad. The host is not excluded: if
+// it is lost the job is (as with torchrun's c10d rendezvous), and the other launchers return 1.
 int launch(const LaunchOptions& options);
 
 // A TCP port on 127.0.0.1 that nobody listens on now (the kernel's choice), for a local job's master_port. Another

@@ -68,6 +68,8 @@ class Trainer {
   bool preempted() const { return state_.preempted; }
   // Whether the health monitor stopped the run (response: stop) after a checkpoint.
   bool unhealthy() const { return state_.unhealthy; }
+  // Whether the health monitor (response: exclude_node) marked this rank's node bad; `train` then exits 77.
+  bool node_bad() const { return state_.node_bad; }
   // Evaluates the eval loader and the ICL tasks now (EVAL_STANDALONE_START/_END around the eval events); returns the
   // eval loader's metrics (empty without one). ICL accuracies go to state().eval_metrics["{label}/{k}-shot"].
   core::Metrics eval();

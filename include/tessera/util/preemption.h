@@ -16,6 +16,9 @@ inline constexpr int kExitPreempted = 75;
 // `train`'s exit code after the health monitor (response: stop) found a straggler or a silent failure and the job
 // saved a checkpoint: a failure to the supervisor, which restarts the job.
 inline constexpr int kExitUnhealthy = 76;
+// A rank's exit code that marks its node bad (the health monitor's `response: exclude_node`): an elastic job's
+// launcher excludes the node and the job restarts without it (dist/launcher.h).
+inline constexpr int kExitNodeBad = 77;
 
 // The signal number for a name: "SIGTERM", "TERM", "sigusr1" (TERM, INT, HUP, USR1, USR2 and QUIT are accepted).
 // Throws ConfigError naming the value otherwise.

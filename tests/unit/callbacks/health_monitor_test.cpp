@@ -1,6 +1,7 @@
 // health_monitor's judgement (HealthAssessor) on given figures: straggler scores and their persistence, the
 // silent-failure rules, /proc/net/dev; and the callback in a one-process run (its metrics, response: stop). The
 // straggler test on real ranks throttled from outside is DistTraining.AThrottledRankIsNamedAStraggler*.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -154,6 +155,24 @@ TEST(HealthMonitor, LogsEachRanksSignalsEveryInterval) {
     EXPECT_NE(line.find("health/node0/net_MBps"), std::string::npos) << line;
   }
   EXPECT_EQ(logged, 2) << "after batches 3 and 6";
+}
+
+TEST(HealthMonitor, ExcludeNodeSavesStopsAndMarksTheNodeOfTheFindingBad) {
+  // An absurd learning rate makes the loss non-finite within a few batches: a silent failure on rank 0 (node 0).
+  const fs::path save = data_dir() / "ckpt" / "health_exclude";
+  fs::remove_all(save);
+  trainer::Trainer t(testing::tiny_train_config(
+      data_dir(),
+      "device_train_microbatch_size: 4\ndevice_eval_batch_size: 4\neval_interval: 0\n"
+      "callbacks: {health_monitor: {interval: 2, response: exclude_node}}\n",
+      {"max_duration=20ba", "optimizer.lr=1e30", "save_interval=1000ba", "save_folder=" + save.string()}));
+  t.fit();
+  EXPECT_TRUE(t.unhealthy());
+  EXPECT_TRUE(t.node_bad());
+  const int64_t stopped_at = t.state().timestamp.batch;
+  EXPECT_LT(stopped_at, 20) << "stopped early";
+  EXPECT_EQ(stopped_at % 2, 0) << "at an interval's end";
+  EXPECT_TRUE(fs::exists(save / fmt::format("ep0-ba{}", stopped_at) / "metadata.json")) << "saved where it stopped";
 }
 
 TEST(HealthMonitor, BadOptionsNameTheKey) {

@@ -1179,6 +1179,102 @@ TEST_F(DistTraining, AStoppedRankIsCaughtNamedAndTheRestartedJobEndsBitwiseEqual
   EXPECT_TRUE(weights("hang") == weights("hang_ref")) << "the restarted run's final weights differ";
 }
 
+// ---- Elastic: three "nodes" (launchers) on one machine lose one and finish on two
+// -------------------------------------
+
+// Issue 20 item 3: `train --nnodes 2:3` on three launchers, the first running the rendezvous. Node c is killed (its
+// launcher and rank, as a node that loses power); the host excludes it and restarts the job on a and b, world size 2,
+// resuming from the latest checkpoint, resharded. The job's final weights equal, bit for bit, those of a 2-rank run
+// started by hand from the checkpoint the restart resumed from.
+TEST_F(DistTraining, AThreeNodeElasticJobLosesANodeAndFinishesOnTwo) {
+  if (is_worker()) GTEST_SKIP();
+  for (const char* name : {"elastic", "elastic_ref"}) {
+    fs::remove_all(root_ / "ckpt" / name);
+    fs::remove_all(root_ / "runs" / name);
+  }
+  // 12 samples per batch: 4 per rank on three ranks, 6 on two.
+  const std::vector<std::string> common = {"max_duration=60ba",
+                                           "global_train_batch_size=12",
+                                           "device_train_microbatch_size=2",
+                                           "deterministic_mode=true",
+                                           "fsdp_config.sharding_strategy=FULL_SHARD",
+                                           "save_interval=5ba"};
+  // One thread per rank in both runs: each elastic launcher has one rank and would give it every core, the reference's
+  // two share them, and another intra-op split sums in another order.
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  const std::optional<std::string> saved_omp = omp != nullptr ? std::optional<std::string>(omp) : std::nullopt;
+  setenv("OMP_NUM_THREADS", "1", 1);
+  struct RestoreOmp {
+    const std::optional<std::string>& saved;
+    ~RestoreOmp() { saved ? setenv("OMP_NUM_THREADS", saved->c_str(), 1) : unsetenv("OMP_NUM_THREADS"); }
+  } restore_omp{saved_omp};
+  const std::string endpoint = fmt::format("127.0.0.1:{}", free_port());
+  const std::string master_port = std::to_string(free_port());
+  std::vector<pid_t> nodes;
+  for (const std::string id : {"a", "b", "c"}) {
+    std::vector<std::string> args = {
+        "--nnodes",         "2:3",    "--nproc-per-node", "1",
+        "--rdzv-endpoint",  endpoint, "--node-id",        id,
+        "--max-restarts",   "1",      "--master-port",    master_port,
+        "--rdzv-last-call", "60",     "autoresume=true",  "save_folder=" + (root_ / "ckpt" / "elastic").string()};
+    if (id == "a") args.push_back("--rdzv-host");
+    args.insert(args.end(), common.begin(), common.end());
+    nodes.push_back(start_train(root_ / "tiny.yaml", "elastic", 1, args, root_ / ("elastic_" + id + ".log")));
+  }
+  const auto log = [&](const std::string& id) { return read_text(root_ / ("elastic_" + id + ".log")); };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(240);
+  int status = 0;
+  while (steps_logged(root_ / "runs" / "elastic" / "metrics.jsonl") < 12) {
+    for (const pid_t n : nodes) ASSERT_EQ(waitpid(n, &status, WNOHANG), 0) << "a node ended early:\n" << log("a");
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << log("a");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  kill(nodes[2], SIGKILL);
+  ASSERT_EQ(waitpid(nodes[2], &status, 0), nodes[2]);
+  for (int i : {0, 1}) {
+    while (waitpid(nodes[i], &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        for (const pid_t n : nodes) kill(n, SIGKILL);
+        FAIL() << "node " << i << " did not end:\n" << log("a") << log("b");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << log("a") << log("b");
+  }
+  const std::string host = log("a");
+  // b and c join in either order.
+  EXPECT_TRUE(host.find("attempt 0: 3 nodes (a, b, c), world size 3") != std::string::npos ||
+              host.find("attempt 0: 3 nodes (a, c, b), world size 3") != std::string::npos)
+      << host;
+  EXPECT_NE(host.find("excluding node c from the job: lost"), std::string::npos) << host;
+  EXPECT_NE(host.find("attempt 1: 2 nodes (a, b), world size 2"), std::string::npos) << host;
+  // The checkpoint the restart resumed from: the reference starts there, on two ranks.
+  const std::string marker = "resumed from ";
+  const size_t at = host.find(marker);
+  ASSERT_NE(at, std::string::npos) << host;
+  const std::string from = host.substr(at + marker.size(), host.find(' ', at + marker.size()) - at - marker.size());
+  std::printf("the restart on two nodes resumed from %s\n", from.c_str());
+  // Two nodes of one rank, as the restarted job ran (the data's partition follows the nodes, Streaming's way).
+  const std::string ref_port = std::to_string(free_port());
+  std::vector<pid_t> ref_nodes;
+  for (const std::string node_rank : {"0", "1"}) {
+    std::vector<std::string> args = {"--nnodes",      "2",      "--node-rank",      node_rank, "--nproc-per-node", "1",
+                                     "--master-port", ref_port, "load_path=" + from};
+    args.insert(args.end(), common.begin(), common.end());
+    ref_nodes.push_back(
+        start_train(root_ / "tiny.yaml", "elastic_ref", 1, args, root_ / ("elastic_ref_" + node_rank + ".log")));
+  }
+  for (const pid_t n : ref_nodes) {
+    ASSERT_EQ(waitpid(n, &status, 0), n);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << read_text(root_ / "elastic_ref_0.log");
+  }
+  const auto weights = [&](const std::string& name) {
+    return read_text(root_ / "runs" / name / "huggingface" / "ba60" / "model.safetensors");
+  };
+  ASSERT_FALSE(weights("elastic_ref").empty());
+  EXPECT_TRUE(weights("elastic") == weights("elastic_ref")) << "the elastic run's final weights differ";
+}
+
 // ---- Health monitor: a rank slowed down from outside is named a straggler; response: stop restarts the job --------
 
 TEST_F(DistTraining, AThrottledRankIsNamedAStragglerWithinFiftyStepsAndTheJobRestarts) {
