@@ -16,6 +16,7 @@
 
 #include "tessera/core/state.h"
 #include "tessera/dist/communicator.h"
+#include "tessera/util/error.h"
 
 namespace tessera::callbacks {
 namespace {
@@ -34,7 +35,7 @@ double median(std::vector<double> v) {
 }
 
 // The fields of RankHealth, in the order they travel in the all_gather.
-constexpr int kFields = 10;
+constexpr int kFields = 15;
 
 std::vector<double> pack(const RankHealth& h) {
   return {static_cast<double>(h.rank),
@@ -46,7 +47,12 @@ std::vector<double> pack(const RankHealth& h) {
           h.loss,
           h.loss_changes,
           h.nonfinite,
-          h.net_bytes_per_second};
+          h.net_bytes_per_second,
+          h.gpu_util,
+          h.gpu_mem_gb,
+          h.gpu_ecc_new,
+          h.gpu_xids,
+          h.gpu_last_xid};
 }
 
 RankHealth unpack(const double* v) {
@@ -61,6 +67,11 @@ RankHealth unpack(const double* v) {
   h.loss_changes = v[7];
   h.nonfinite = v[8];
   h.net_bytes_per_second = v[9];
+  h.gpu_util = v[10];
+  h.gpu_mem_gb = v[11];
+  h.gpu_ecc_new = v[12];
+  h.gpu_xids = v[13];
+  h.gpu_last_xid = v[14];
   return h;
 }
 
@@ -134,6 +145,22 @@ std::vector<HealthFinding> HealthAssessor::assess(const std::vector<RankHealth>&
           {"non-finite loss", r.rank, r.node,
            fmt::format("{} of its last {:.0f} steps had a non-finite loss (last: {})", r.nonfinite, r.steps, r.loss)});
     }
+    if (r.gpu_util >= 0) {
+      metrics[key + "gpu_util"] = r.gpu_util;
+      metrics[key + "gpu_mem_gb"] = r.gpu_mem_gb;
+    }
+    if (r.gpu_xids > 0 || r.gpu_ecc_new > 0) {
+      std::string evidence;
+      if (r.gpu_xids > 0) {
+        evidence = fmt::format("{} critical XID event{} on its GPU (last: XID {})", r.gpu_xids,
+                               r.gpu_xids == 1 ? "" : "s", r.gpu_last_xid);
+      }
+      if (r.gpu_ecc_new > 0) {
+        evidence += fmt::format("{}{} new uncorrected ECC error{} on its GPU", evidence.empty() ? "" : "; ",
+                                r.gpu_ecc_new, r.gpu_ecc_new == 1 ? "" : "s");
+      }
+      out.push_back({"gpu error", r.rank, r.node, evidence});
+    }
     bool others_changed = false;
     for (size_t j = 0; j < n; ++j) others_changed = others_changed || (j != i && ranks[j].loss_changes > 0);
     if (r.steps > 1 && r.loss_changes == 0 && others_changed) {
@@ -178,11 +205,30 @@ std::vector<HealthFinding> HealthAssessor::assess(const std::vector<RankHealth>&
   return out;
 }
 
+HealthMonitor::~HealthMonitor() = default;
+
 void HealthMonitor::run_event(Event event, core::State& s, core::Logger& logger) {
   switch (event) {
     case Event::kFitStart:
       mine_ = {};
       first_batch_ = s.timestamp.batch;
+      if (s.device.is_cuda() && !nvml_) {
+        std::string why;
+        gpu_bus_id_ = util::cuda_pci_bus_id(s.device.index() >= 0 ? s.device.index() : 0);
+        if (!gpu_bus_id_.empty()) nvml_ = util::Nvml::open(&why);
+        if (nvml_) {
+          try {  // the first read registers for the GPU's XID events and gives the ECC count to compare with
+            ecc_seen_ = nvml_->read(gpu_bus_id_).ecc_uncorrected;
+          } catch (const Error& e) {
+            why = e.what();
+            nvml_.reset();
+          }
+        }
+        if (!nvml_) {
+          spdlog::warn("[health] rank {}: no GPU signals (utilisation, memory, XID and ECC errors): {}", s.rank,
+                       gpu_bus_id_.empty() ? std::string("no PCI bus id for the device") : why);
+        }
+      }
       if (s.local_rank == 0) {
         if (auto b = network_bytes()) {
           net_bytes_ = *b;
@@ -226,6 +272,23 @@ void HealthMonitor::exchange(core::State& s, core::Logger& logger) {
       mine_.net_bytes_per_second = (*b - net_bytes_) / std::max(1e-9, t - net_at_);
       net_bytes_ = *b;
       net_at_ = t;
+    }
+  }
+  if (nvml_) {
+    try {
+      const util::GpuHealth g = nvml_->read(gpu_bus_id_);
+      mine_.gpu_util = g.utilization_percent;
+      mine_.gpu_mem_gb = g.memory_used_bytes / 1e9;
+      if (g.ecc_uncorrected >= 0) {
+        if (ecc_seen_ >= 0)
+          mine_.gpu_ecc_new = static_cast<double>(std::max<int64_t>(0, g.ecc_uncorrected - ecc_seen_));
+        ecc_seen_ = g.ecc_uncorrected;
+      }
+      mine_.gpu_xids = static_cast<double>(g.xids.size());
+      if (!g.xids.empty()) mine_.gpu_last_xid = static_cast<double>(g.xids.back());
+    } catch (const Error& e) {
+      spdlog::warn("[health] rank {}: GPU signals off after an NVML error: {}", s.rank, e.what());
+      nvml_.reset();
     }
   }
   const std::vector<double> packed = pack(mine_);

@@ -18,6 +18,7 @@
 #include <fmt/ranges.h>
 
 #include "tessera/util/error.h"
+#include "tessera/util/nvml.h"
 
 namespace tessera::dist::detail {
 namespace {
@@ -80,6 +81,7 @@ Watchdog::Watchdog(double timeout_seconds, bool other_nodes) : timeout_(timeout_
                 fmt::format("cannot create the watchdog's heartbeat directory {}: {}", tmpl, std::strerror(errno)));
   }
   dir_ = tmpl;
+  nvml_ = util::Nvml::open(nullptr);  // a GPU node's utilisation goes into hang reports; none on other machines
 }
 
 Watchdog::~Watchdog() {
@@ -123,7 +125,7 @@ std::optional<Hang> Watchdog::check(Clock::time_point now, const std::vector<boo
 }
 
 Hang Watchdog::describe(Clock::time_point now, const std::vector<bool>& exited, const std::vector<pid_t>& pids,
-                        double stalled_seconds, bool never) const {
+                        double stalled_seconds, bool never) {
   std::vector<std::string> suspects, others;
   std::vector<int> suspect_ranks;
   bool waiting = false;
@@ -163,6 +165,16 @@ Hang Watchdog::describe(Clock::time_point now, const std::vector<bool>& exited, 
   }
   for (const std::string& part : suspects) h.report += "; " + part;
   for (const std::string& part : others) h.report += "; " + part;
+  if (nvml_) {
+    try {
+      std::vector<double> utilization;
+      for (int i = 0, n = nvml_->device_count(); i < n; ++i)
+        utilization.push_back(nvml_->read_index(i).utilization_percent);
+      if (const std::string gpus = util::describe_gpu_hang(utilization); !gpus.empty()) h.report += "; " + gpus;
+    } catch (const Error& e) {
+      h.report += fmt::format("; no GPU utilisation: {}", e.what());
+    }
+  }
   if (!suspect_ranks.empty()) {
     h.summary = fmt::format("{} (suspect: rank {})", head, fmt::join(suspect_ranks, ", "));
   } else {

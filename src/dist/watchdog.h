@@ -5,9 +5,14 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+namespace tessera::util {
+class Nvml;
+}
 
 namespace tessera::dist::detail {
 
@@ -57,7 +62,7 @@ class Watchdog {
     Clock::time_point changed_at;
   };
   Hang describe(Clock::time_point now, const std::vector<bool>& exited, const std::vector<pid_t>& pids,
-                double stalled_seconds, bool never) const;
+                double stalled_seconds, bool never);
 
   double timeout_;  // seconds
   bool other_nodes_;
@@ -65,6 +70,7 @@ class Watchdog {
   std::vector<Seen> seen_;
   Clock::time_point started_at_, next_check_;
   std::optional<Clock::time_point> last_progress_;
+  std::unique_ptr<util::Nvml> nvml_;  // this node's GPUs, when it has an NVIDIA driver
 };
 
 }  // namespace tessera::dist::detail

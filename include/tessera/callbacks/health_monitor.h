@@ -6,6 +6,8 @@
 //     `straggler_threshold` above the median of the other ranks for `straggler_windows` intervals is reported;
 //   - silent failures: a non-finite loss, a loss that stays exactly unchanged on one rank while the others' move, and
 //     a node whose network throughput collapses while the other nodes' does not.
+//   - GPU errors (on CUDA ranks, through NVML when the driver has it): a critical XID event or new uncorrected ECC
+//     errors on a rank's GPU during the interval. Its utilisation and memory are logged.
 // Each finding is logged with the rank, the node and the evidence; with `response: stop` the job then saves a
 // checkpoint and stops with exit code 76, so that the supervisor restarts it (docs/checkpointing.md); with
 // `response: exclude_node` the ranks on the nodes the findings name exit 77 instead, which marks their node bad for an
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "tessera/core/callback.h"
+#include "tessera/util/nvml.h"
 
 namespace tessera::callbacks {
 
@@ -44,11 +47,17 @@ struct RankHealth {
   double loss_changes = 0;           // steps whose loss differed from the step before
   double nonfinite = 0;              // steps with a non-finite loss
   double net_bytes_per_second = -1;  // the node's interfaces, read by its first rank (-1 on the others)
-  double compute_per_step() const;   // (step - wait) / steps
+  // The rank's GPU through NVML (util/nvml.h), read at the interval's end; -1 without a GPU or NVML.
+  double gpu_util = -1;             // percent of the driver's last sample period a kernel ran
+  double gpu_mem_gb = -1;           // memory in use, GB
+  double gpu_ecc_new = 0;           // uncorrected ECC errors that appeared during the interval
+  double gpu_xids = 0;              // critical XID events during the interval
+  double gpu_last_xid = 0;          // the last one's code
+  double compute_per_step() const;  // (step - wait) / steps
 };
 
 struct HealthFinding {
-  std::string kind;  // "straggler", "non-finite loss", "flat loss", "network collapse"
+  std::string kind;  // "straggler", "non-finite loss", "flat loss", "network collapse", "gpu error"
   int rank = -1;     // -1 for a node's finding
   int node = 0;
   std::string evidence;
@@ -73,6 +82,7 @@ class HealthAssessor {
 class HealthMonitor : public core::Callback {
  public:
   explicit HealthMonitor(HealthMonitorOptions o) : o_(o), assessor_(std::move(o)) {}
+  ~HealthMonitor() override;
   std::string name() const override { return "HealthMonitor"; }
   void run_event(core::Event event, core::State& state, core::Logger& logger) override;
 
@@ -86,6 +96,9 @@ class HealthMonitor : public core::Callback {
   std::optional<double> previous_loss_;
   double net_bytes_ = -1, net_at_ = 0;  // the last /proc/net/dev reading and its time
   int64_t first_batch_ = 0;             // the first batch of the current interval
+  std::unique_ptr<util::Nvml> nvml_;    // on a CUDA rank with an NVIDIA driver
+  std::string gpu_bus_id_;              // this rank's GPU
+  int64_t ecc_seen_ = -1;               // its uncorrected ECC count at the previous read
 };
 
 // The total bytes received and sent over every interface in /proc/net/dev, or nullopt when it cannot be read.

@@ -118,6 +118,33 @@ TEST(HealthAssessor, SilentFailuresNonFiniteFlatLossAndANetworkCollapse) {
   EXPECT_TRUE(both.assess(r, m).empty());
 }
 
+TEST(HealthAssessor, AGpuErrorIsAFindingAndTheGpuSignalsAreLogged) {
+  HealthAssessor a{HealthMonitorOptions{}};
+  std::vector<RankHealth> r = ranks({0.01, 0.01, 0.01});
+  for (RankHealth& h : r) {
+    h.gpu_util = 97;
+    h.gpu_mem_gb = 41.5;
+  }
+  r[1].gpu_xids = 2;
+  r[1].gpu_last_xid = 79;  // "GPU has fallen off the bus"
+  r[2].gpu_ecc_new = 1;
+  core::Metrics m;
+  const std::vector<HealthFinding> found = of_kind(a.assess(r, m), "gpu error");
+  ASSERT_EQ(found.size(), 2u);
+  EXPECT_EQ(found[0].rank, 1);
+  EXPECT_EQ(found[0].node, 0);
+  EXPECT_EQ(found[0].evidence, "2 critical XID events on its GPU (last: XID 79)");
+  EXPECT_EQ(found[1].rank, 2);
+  EXPECT_EQ(found[1].node, 1);
+  EXPECT_EQ(found[1].evidence, "1 new uncorrected ECC error on its GPU");
+  EXPECT_EQ(m.at("health/rank0/gpu_util"), 97);
+  EXPECT_EQ(m.at("health/rank2/gpu_mem_gb"), 41.5);
+  // Without a GPU nothing is logged of it.
+  core::Metrics cpu;
+  a.assess(ranks({0.01, 0.01}), cpu);
+  EXPECT_EQ(cpu.count("health/rank0/gpu_util"), 0u);
+}
+
 TEST(HealthMonitor, ReadsTheNetworkInterfaces) {
   const std::optional<double> b = network_bytes();
   ASSERT_TRUE(b.has_value()) << "/proc/net/dev";

@@ -1,6 +1,7 @@
 // The CUDA path (docs/gpu.md): mixed precision with loss scaling, a real out-of-memory in auto microbatching, the
 // fused SDPA kernels, NCCL, and bitwise resume on a GPU. Every test skips without a CUDA device and must pass on one
 // (tools/gpu_check.sh runs them from the GPU kit).
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -19,6 +20,7 @@
 #include "tessera/trainer/trainer.h"
 #include "tessera/util/device.h"
 #include "tessera/util/error.h"
+#include "tessera/util/nvml.h"
 #include "test_util.h"
 #include "tiny_data.h"
 
@@ -312,6 +314,41 @@ TEST(Gpu, CheckpointOfGpuTensorsResumesBitwiseInDeterministicMode) {
   const auto got = weights_of(second);
   ASSERT_EQ(got.size(), expected.size());
   for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(at::equal(got[i], expected[i])) << "tensor " << i;
+}
+
+// The health monitor's and the watchdog's view of a GPU: NVML, loaded at run time, reads the device LibTorch uses.
+TEST(Gpu, NvmlReadsTheDevicesUtilisationMemoryAndErrors) {
+  TESSERA_REQUIRE_GPU();
+  std::string why;
+  const std::unique_ptr<util::Nvml> nvml = util::Nvml::open(&why);
+  ASSERT_NE(nvml, nullptr) << why;
+  EXPECT_GE(nvml->device_count(), 1);
+  const std::string bus = util::cuda_pci_bus_id(0);
+  ASSERT_FALSE(bus.empty());
+  const util::GpuHealth before = nvml->read(bus);
+  EXPECT_EQ(before.pci_bus_id, bus);
+  EXPECT_GT(before.memory_total_bytes, 1e9);
+  EXPECT_TRUE(before.xids.empty()) << "XID " << before.xids.front();
+  // 2 GiB more in use, and a busy GPU while matmuls run.
+  at::Tensor big = at::empty({int64_t{1} << 29}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA));
+  big.fill_(1);
+  at::Tensor a = at::randn({8192, 8192}, at::TensorOptions().device(at::kCUDA));
+  double busiest = 0;
+  util::GpuHealth during;
+  for (int i = 0; i < 20; ++i) {
+    for (int k = 0; k < 20; ++k) a = at::mm(a, a).div_(8192);
+    during = nvml->read(bus);
+    busiest = std::max(busiest, during.utilization_percent);
+  }
+  at::cuda::device_synchronize();
+  EXPECT_GE(during.memory_used_bytes - before.memory_used_bytes, 1.9 * (1 << 30));
+  EXPECT_GT(busiest, 50) << "percent, while matmuls ran";
+  EXPECT_LE(busiest, 100);
+  if (before.ecc_uncorrected >= 0) {
+    EXPECT_EQ(during.ecc_uncorrected, before.ecc_uncorrected);
+  }
+  const util::GpuHealth by_index = nvml->read_index(0);
+  EXPECT_GT(by_index.memory_total_bytes, 1e9);
 }
 
 }  // namespace

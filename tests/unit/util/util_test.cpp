@@ -1,4 +1,5 @@
 // Hash digests and Python-compatible JSON, against values computed by Python's hashlib, xxhash and json.
+#include <dlfcn.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -148,6 +149,7 @@ TEST(FileIo, ConcurrentAtomicWritesOfOnePathAllSucceed) {
 #include <optional>
 
 #include "tessera/util/hf_hub.h"
+#include "tessera/util/nvml.h"
 
 namespace tessera::util {
 namespace {
@@ -212,6 +214,28 @@ TEST(HfHub, HubIdsResolveToTheMainSnapshotOfTheCacheTheEnvironmentNames) {
   }
   EXPECT_THROW(resolve_hf_folder("not/a/hub/id"), Error);
   fs::remove_all(root);
+}
+
+// ---- NVML: the hang report's GPU clause, and a machine without the driver ----
+
+TEST(Nvml, DescribesAHungNodesGpus) {
+  EXPECT_EQ(describe_gpu_hang({}), "");
+  EXPECT_EQ(describe_gpu_hang({5}), "GPU 0 is 5% busy");
+  EXPECT_EQ(describe_gpu_hang({100, 0}),
+            "GPU 0 is 100% busy, GPU 1 0%: a GPU busy while no rank makes progress runs a kernel or NCCL collective "
+            "that does not finish (a GPU hang, or a peer that never joins)");
+  EXPECT_NE(describe_gpu_hang({3, 91}).find(": a GPU busy while no rank makes progress"), std::string::npos);
+}
+
+TEST(Nvml, WithoutTheDriverItIsAbsentAndSaysWhy) {
+  if (void* lib = ::dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL)) {
+    ::dlclose(lib);
+    GTEST_SKIP() << "this machine has the NVIDIA driver (Gpu.NvmlReads* covers it)";
+  }
+  std::string why;
+  EXPECT_EQ(Nvml::open(&why), nullptr);
+  EXPECT_NE(why.find("libnvidia-ml.so.1"), std::string::npos) << why;
+  EXPECT_EQ(Nvml::open(nullptr), nullptr);
 }
 
 }  // namespace
