@@ -27,7 +27,10 @@ if [[ ! -f "$BUILD/build.ninja" ]]; then
     "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1" -DTESSERA_BUILD_BENCHMARKS=OFF -DTESSERA_WERROR=OFF \
     > "$BUILD.configure.log" 2>&1 || { cat "$BUILD.configure.log"; exit 1; }
 fi
-cmake --build "$BUILD" --target tessera_tests
+# TSan runs the threaded tests only, from a binary of just their files (tests/CMakeLists.txt).
+TARGET=tessera_tests
+[[ $MODE == tsan ]] && TARGET=tessera_thread_tests
+cmake --build "$BUILD" --target "$TARGET"
 
 LOGS=$BUILD/logs
 rm -rf "$LOGS"
@@ -36,7 +39,7 @@ export TESSERA_SOURCE_DIR=$SRC
 # One intra-op thread: LibTorch's OpenMP pool synchronises through libgomp, which the sanitizers cannot see into;
 # our own threads are what these runs are for.
 export OMP_NUM_THREADS=1
-BIN=$BUILD/bin/tessera_tests
+BIN=$BUILD/bin/$TARGET
 
 run_shard() {  # run_shard NAME FILTER [INDEX TOTAL]
   local name=$1 filter=$2
