@@ -28,7 +28,9 @@ report=$(cd "$report" && pwd)
 python=${PYTHON:-python3}
 torch_lib=${TESSERA_TORCH_LIB:-$("$python" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')}
 torch_version=$("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo unknown)
-export LD_LIBRARY_PATH="$kit/lib:$torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The NVIDIA wheels beside torch hold the CUDA runtime (libcudart) that our CUDA code links directly.
+nvidia_libs=$(cd "$torch_lib/../../nvidia" 2>/dev/null && printf "$PWD/%s:" */lib)
+export LD_LIBRARY_PATH="$kit/lib:$torch_lib${nvidia_libs:+:${nvidia_libs%:}}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export TESSERA_SOURCE_DIR="$kit/src" TESSERA_TRAIN_BIN="$kit/bin/train"
 log() { printf '[gpu_check] %s\n' "$*" | tee -a "$report/gpu_check.log"; }
 

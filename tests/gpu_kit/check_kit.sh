@@ -17,7 +17,10 @@ trap 'rm -rf "$work"' EXIT
 mkdir "$work/machine"
 tar xJf "$work/gpu-kit.tar.xz" -C "$work/machine"
 kit="$work/machine/tessera-gpu-kit"
-export LD_LIBRARY_PATH="$kit/lib:$torch_lib"
+# The NVIDIA wheels beside torch (nvidia/cu13/lib holds libcudart, which our CUDA code links directly): the GPU
+# machine's only CUDA runtime. Named first so that a toolkit this machine has (/usr/local/cuda) cannot stand in for it.
+nvidia_libs=$(printf '%s:' "$torch_lib"/../../nvidia/*/lib)
+export LD_LIBRARY_PATH="$kit/lib:$torch_lib:${nvidia_libs%:}"
 
 # Every library resolves from the kit, from LibTorch's wheel (and the NVIDIA wheels its RUNPATH names), or is part of
 # the base system that every GPU machine has.
