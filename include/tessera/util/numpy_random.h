@@ -4,6 +4,7 @@
 // Not thread-safe (one generator per thread).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -31,8 +32,8 @@ class NumpyGenerator {
 
   // Generator.shuffle / permutation (Fisher-Yates from the end).
   template <class T>
-  void shuffle(T* data, size_t n) {
-    for (size_t i = n; i-- > 1;) std::swap(data[i], data[random_interval(i)]);
+  void shuffle(T* data, std::size_t n) {
+    for (std::size_t i = n; i-- > 1;) std::swap(data[i], data[random_interval(i)]);
   }
   template <class T>
   void shuffle(std::vector<T>& v) {
