@@ -71,6 +71,7 @@ def benchmarks():
                          ["--minutes", "1", "--kill-every", "15"], "env"),
         "health_monitor_overhead": ([PY, ROOT / "benchmarks/health_monitor_overhead.py"], [],
                                     ["--steps", "600", "--rounds", "2"], "env"),
+        "planner": ([b / "bench_planner", "--source", ROOT], [], ["--jobs", "8,16", "--time-limit", "20"], "flag"),
         "dist_sharding": ([b / "bench_dist_sharding"], [],
                           ["--d-model", "256", "--n-layers", "4", "--steps", "2", "--ranks", "1,2,4"], "flag"),
     }

@@ -20,7 +20,7 @@ apt_packages=(
   build-essential cmake ninja-build ccache pkg-config git clang-format xz-utils
   clang clang-tidy libclang-rt-dev
   libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
-  libgtest-dev libgmock-dev libbenchmark-dev libcurl4-openssl-dev libssl-dev libzstd-dev libxxhash-dev zlib1g-dev libpcre2-dev libicu-dev libgloo-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libcurl4-openssl-dev libssl-dev libzstd-dev libxxhash-dev zlib1g-dev libpcre2-dev libicu-dev libgloo-dev coinor-libcbc-dev
   python3 python3-venv python3-dev
   fortunes jq
 )

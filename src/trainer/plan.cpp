@@ -144,6 +144,7 @@ Plan make_plan(const TrainConfig& cfg, int64_t world_size, int64_t ranks_per_nod
   const bool mixed = cfg.precision != Precision::kFp32;
   const int act_bytes = mixed ? 2 : 4;
   const int64_t unit = model->largest_unit_params();
+  plan.largest_unit_params = unit;
   // A model that does not estimate its activations counts none (the plan says so).
   const double act = model->activation_bytes(mb, plan.seq_len, act_bytes, false).value_or(0);
   const double act_ckpt = model->activation_bytes(mb, plan.seq_len, act_bytes, true).value_or(0);

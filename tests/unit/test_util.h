@@ -1,6 +1,10 @@
 // Helpers shared by the unit tests.
 #pragma once
 
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +25,20 @@ inline const char* source_dir() {
 inline const char* train_bin() {
   const char* env = std::getenv("TESSERA_TRAIN_BIN");
   return env != nullptr && *env != 0 ? env : TESSERA_BUILT_TRAIN_BIN;
+}
+
+// A shell command's exit code (-1 when a signal ended it) and its output, stdout and stderr together.
+struct CommandResult {
+  int exit_code;
+  std::string output;
+};
+inline CommandResult run_command(const std::string& cmd) {
+  FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
 // The what() of the tessera::Error that `f` throws, or "(no error)".

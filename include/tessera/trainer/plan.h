@@ -32,6 +32,7 @@ struct Plan {
   int64_t microbatches_per_step = 0;      // gradient-accumulation steps; 0 when auto
   std::vector<int64_t> microbatch_sizes;  // one step's microbatches (the last may be smaller)
   std::vector<MemoryRow> memory;          // NO_SHARD, SHARD_GRAD_OP, FULL_SHARD
+  int64_t largest_unit_params = 0;        // the biggest FSDP unit (a block), for the gathered-parameter memory
 };
 
 // What a checkpoint costs and how often the job fails: the inputs of the interval advice.

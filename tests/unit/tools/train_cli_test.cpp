@@ -1,9 +1,6 @@
 // The `train` command: exit codes and the messages users see for bad recipes and bad usage.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -15,19 +12,10 @@ namespace {
 const std::string kSource = ::tessera::testing::source_dir();
 const std::string kTrain = ::tessera::testing::train_bin();
 
-struct Result {
-  int exit_code;
-  std::string output;  // stdout and stderr
-};
+using Result = ::tessera::testing::CommandResult;
 
 Result run(const std::string& args) {
-  const std::string cmd = kTrain + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return ::tessera::testing::run_command(kTrain + " " + args);
 }
 
 std::string read(const std::string& path) {

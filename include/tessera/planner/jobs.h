@@ -1,0 +1,57 @@
+// The jobs a multi-job plan schedules (docs/planner.md): a list of Tessera recipes read from a YAML file,
+//
+//   jobs:
+//     - name: mpt-1b-lr3e-4            # unique; default: the recipe's file name and the job's index
+//       recipe: recipes/mpt-1b.yaml    # relative to the jobs file's folder, else to the working directory
+//       overrides: [optimizer.lr=3e-4] # as on train's command line
+//       max_duration: 2000ba           # default: the recipe's; in ba, sp or tok
+//       weight: 2                      # priority in the weighted-completion objective (default 1)
+//       max_nodes: 1                   # nodes the job may span (default 1: it stays within one node)
+//
+// and what the planner needs to know of each: its size, FLOPs and memory (JobProfile), read from the recipe the way
+// `train --dry-run` reads it, with the model built on `meta`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tessera::planner {
+
+struct JobSpec {
+  std::string name;
+  std::string recipe;                  // the path as resolved (see above)
+  std::vector<std::string> overrides;  // "key=value" assignments
+  std::string max_duration;            // empty: the recipe's
+  double weight = 1;
+  int64_t max_nodes = 1;
+};
+
+// What the performance model and the memory check use. Filled from a recipe by profile_job, or written directly
+// (tests, simulated workloads).
+struct JobProfile {
+  std::string name;
+  int64_t n_params = 0;
+  int64_t largest_unit_params = 0;  // parameters of the biggest FSDP unit (a block)
+  double flops_per_token = 0;       // training (forward and backward) FLOPs per token
+  int64_t seq_len = 0;
+  int64_t global_batch = 0;                     // samples per optimizer step
+  int64_t steps = 0;                            // optimizer steps to train
+  double activation_bytes_per_sample = 0;       // without activation checkpointing
+  double activation_bytes_per_sample_ckpt = 0;  // with it
+  bool mixed_precision = true;                  // 2-byte parameters and gradients, a 4-byte master copy
+  int optimizer_state_tensors = 2;              // Adam's two moments
+  double weight = 1;
+  int64_t max_nodes = 1;
+
+  double tokens_per_step() const { return static_cast<double>(global_batch * seq_len); }
+};
+
+// Reads a jobs file. ConfigError naming the file and key for an unknown key, a missing recipe, a duplicate name.
+std::vector<JobSpec> load_jobs(const std::string& path);
+
+// Reads the job's recipe (with its overrides and max_duration) and measures the model on `meta`. ConfigError when
+// the recipe is invalid or its max_duration is in epochs (the planner cannot know the dataset's size).
+JobProfile profile_job(const JobSpec& spec);
+
+}  // namespace tessera::planner

@@ -1,0 +1,65 @@
+// The performance model: what a job's step costs in a given configuration on a given number of devices, for the
+// configurations a planner may choose (docs/planner.md, "The performance model").
+//
+//   compute   flops_per_token * tokens_per_step / (devices * peak * mfu), x 4/3 with activation checkpointing
+//             (the forward runs twice)
+//   traffic   ZeRO's bytes per rank and step for the strategy, with P the bytes of one copy of the parameters
+//             (2 per parameter in mixed precision), k = (n-1)/n for a collective over n ranks and m microbatches:
+//               NO_SHARD       all-reduce of the gradients once per step           2kP
+//               SHARD_GRAD_OP  reduce-scatter per microbatch, all-gather per step  kP(m + 1)
+//               FULL_SHARD     two all-gathers and a reduce-scatter per microbatch 3kPm
+//               HYBRID_SHARD   FULL_SHARD within the node, all-reduce of each shard across nodes
+//   links     alpha-beta: bytes over the link's bandwidth plus a latency per ring step; a collective that spans
+//             nodes runs at the inter-node link's rate
+//   step      compute + the communication that does not hide behind `overlap` of the compute
+//
+// Thread-safe (pure functions).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tessera/dist/sharding.h"
+#include "tessera/planner/cluster.h"
+#include "tessera/planner/jobs.h"
+
+namespace tessera::planner {
+
+struct Candidate {
+  int64_t devices = 1;
+  int64_t nodes = 1;  // devices / devices_per_node when the job spans nodes, else 1
+  dist::ShardingStrategy strategy = dist::ShardingStrategy::kNoShard;
+  bool activation_checkpointing = false;
+  int64_t microbatch = 1;      // samples per microbatch
+  int64_t microbatches = 1;    // per step
+  double memory_bytes = 0;     // per device: model state + one microbatch's activations
+  double compute_s = 0;        // per step
+  double communication_s = 0;  // per step, before overlap
+  double step_s = 0;           // per step
+  double duration_s = 0;       // startup + steps * step_s
+  bool fits = true;            // memory_bytes within the device's usable memory
+
+  // "FULL_SHARD, act. ckpt, microbatch 4".
+  std::string describe() const;
+};
+
+// One configuration's costs; fits = false when it needs more than the device's usable memory. `devices` must divide
+// the job's global batch (std::invalid_argument otherwise).
+Candidate model_candidate(const JobProfile& job, const Cluster& cluster, int64_t devices,
+                          dist::ShardingStrategy strategy, bool activation_checkpointing, int64_t microbatch);
+
+// The device counts a job may run on: powers of two up to a node's devices, then whole nodes (2, 4, ... up to the
+// job's max_nodes and the cluster's), each dividing the job's global batch.
+std::vector<int64_t> device_counts(const JobProfile& job, const Cluster& cluster);
+
+// Every configuration that fits, for each device count: the strategies that apply (one device: NO_SHARD only;
+// HYBRID_SHARD only across nodes), activation checkpointing off and on, and the microbatch sizes (powers of two up
+// to the per-device batch, and the per-device batch itself).
+std::vector<Candidate> enumerate_candidates(const JobProfile& job, const Cluster& cluster);
+
+// The fastest fitting configuration per device count, without the device counts that are no faster than a smaller
+// one: what the scheduler chooses from. Sorted by device count. Empty when nothing fits.
+std::vector<Candidate> best_candidates(const JobProfile& job, const Cluster& cluster);
+
+}  // namespace tessera::planner

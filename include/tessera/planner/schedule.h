@@ -1,0 +1,122 @@
+// Schedules of several jobs on one cluster (docs/planner.md): which configuration each job runs in, on which
+// devices, from when to when; the checks every schedule must pass; the naive policies a plan is compared with; and
+// the joint optimum, a mixed-integer linear program solved by COIN-OR CBC (Saturn's formulation, time-indexed).
+//
+// Devices are numbered node-major: device d is device d % devices_per_node of node d / devices_per_node.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tessera/planner/cluster.h"
+#include "tessera/planner/jobs.h"
+#include "tessera/planner/perf_model.h"
+
+namespace tessera::planner {
+
+// A job with the configurations the scheduler chooses from (best_candidates).
+struct PlanJob {
+  JobProfile profile;
+  std::vector<Candidate> options;
+};
+
+struct Placement {
+  int job = 0;     // index into the jobs
+  int option = 0;  // index into the job's options
+  std::vector<int64_t> devices;
+  double start_s = 0;
+  double end_s = 0;
+};
+
+struct Schedule {
+  std::string policy;                 // "milp", "sequential", "equal split", "greedy largest first"
+  std::vector<Placement> placements;  // one per job, in job order
+  double makespan_s() const;
+  // Sum over jobs of weight x end time.
+  double weighted_completion_s(const std::vector<PlanJob>& jobs) const;
+};
+
+// Every constraint a schedule must meet: each job placed once, in one of its options, on exactly that option's
+// device count, within one node unless the option spans nodes (then on whole nodes), for exactly its duration, and
+// no device used by two jobs at once. Returns the violations, one line each; empty when the schedule is valid.
+std::vector<std::string> check_schedule(const Schedule& s, const std::vector<PlanJob>& jobs, const Cluster& cluster);
+
+// The naive policies (each returns a valid schedule, or throws ConfigError naming a job that fits nowhere):
+//   sequential            one job at a time, in file order, each on as many devices as it may use
+//   equal split           the devices cut into equal groups (a power of two per group, the smallest on which every
+//                         job fits), jobs dealt to the groups in turn, each group running its jobs one after another
+//   greedy largest first  jobs by work (device-seconds on their smallest option) descending, each placed where it
+//                         would finish first given the devices' free times
+Schedule sequential_schedule(const std::vector<PlanJob>& jobs, const Cluster& cluster);
+Schedule equal_split_schedule(const std::vector<PlanJob>& jobs, const Cluster& cluster);
+Schedule greedy_schedule(const std::vector<PlanJob>& jobs, const Cluster& cluster);
+
+enum class Objective { kMakespan, kWeightedCompletion };
+
+// The time-indexed model the solver works on: time cut into slots of `slot_s` seconds, each option's duration
+// rounded up to whole slots, each option placed on one node (or one aligned block of nodes) and started at a slot.
+struct SlotModel {
+  struct Choice {
+    int job = 0;
+    int option = 0;
+    int64_t first_node = 0;
+    int64_t nodes = 1;
+    int64_t devices_per_node = 1;  // of the option, on each of its nodes
+    int64_t start = 0;             // slot
+    int64_t length = 1;            // slots
+  };
+  double slot_s = 0;
+  int64_t horizon = 0;          // slots
+  std::vector<Choice> choices;  // every (job, option, placement, start) that ends within the horizon
+  Objective objective = Objective::kMakespan;
+  std::vector<double> weights;  // per job
+
+  // The objective in slots of a selection (one choice per job): the makespan, or sum of weight x end slot.
+  double objective_of(const std::vector<int>& selected) const;
+  // Whether the selection uses at most devices_per_node on every node in every slot.
+  bool feasible(const std::vector<int>& selected, int64_t devices_per_node, int64_t nodes) const;
+};
+
+// Builds the slot model with about `slots` slots over the greedy schedule's makespan (the horizon grows so that the
+// greedy schedule, rounded, fits).
+SlotModel make_slot_model(const std::vector<PlanJob>& jobs, const Cluster& cluster, int64_t slots, Objective objective);
+
+struct SolveOptions {
+  int64_t slots = 32;
+  double time_limit_s = 60;
+  Objective objective = Objective::kMakespan;
+};
+
+struct SolveResult {
+  // The chosen placements, compacted to start as soon as their devices are free; or the greedy schedule when it is
+  // at least as good (greedy_kept: rounding durations up to slots can cost more than the solver found).
+  Schedule schedule;
+  bool greedy_kept = false;
+  std::vector<int> selected;  // per job, the index of its choice in `model`
+  SlotModel model;
+  double objective_slots = 0;  // of the selection, in the slot model
+  double bound_slots = 0;      // CBC's best bound
+  bool optimal = false;        // proven optimal within the time limit
+  double solve_s = 0;
+  int64_t variables = 0;
+  int64_t constraints = 0;
+};
+
+// Solves the slot model with CBC (the greedy schedule as its first incumbent). Throws Error when CBC finds no
+// solution within the time limit.
+SolveResult solve_milp(const std::vector<PlanJob>& jobs, const Cluster& cluster, const SolveOptions& options);
+
+// A selection of the slot model as a schedule: concrete devices on each node, each job started as soon as the
+// devices it was given are free (never later than its slot), for its exact duration.
+Schedule schedule_from_slots(const SlotModel& model, const std::vector<int>& selected, const std::vector<PlanJob>& jobs,
+                             const Cluster& cluster);
+
+// A lower bound on any schedule's makespan: the longest job's shortest duration, and the least device-seconds of all
+// jobs spread over every device.
+double lower_bound_s(const std::vector<PlanJob>& jobs, const Cluster& cluster);
+
+// The plan as a table (one row per job: configuration, devices, start, end) and the comparison with the baselines.
+std::string render_schedule(const Schedule& s, const std::vector<PlanJob>& jobs, const Cluster& cluster);
+
+}  // namespace tessera::planner

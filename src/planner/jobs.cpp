@@ -1,0 +1,116 @@
+// Jobs files and the profile of each job's recipe.
+#include "tessera/planner/jobs.h"
+
+#include <cmath>
+#include <filesystem>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "tessera/config/reader.h"
+#include "tessera/config/time.h"
+#include "tessera/config/value.h"
+#include "tessera/trainer/plan.h"
+#include "tessera/trainer/train_config.h"
+#include "tessera/util/error.h"
+
+namespace tessera::planner {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Relative recipe paths: the jobs file's folder first, then the working directory.
+std::string resolve_recipe(config::Section& s, const std::string& recipe, const fs::path& jobs_dir) {
+  const fs::path given(recipe);
+  if (given.is_absolute()) {
+    s.check(fs::exists(given), "recipe", fmt::format("{} does not exist", recipe));
+    return recipe;
+  }
+  if (fs::exists(jobs_dir / given)) return (jobs_dir / given).lexically_normal().string();
+  if (fs::exists(given)) return recipe;
+  s.fail("recipe", fmt::format("{} exists neither in {} nor in the working directory", recipe,
+                               jobs_dir.empty() ? std::string(".") : jobs_dir.string()));
+}
+
+}  // namespace
+
+std::vector<JobSpec> load_jobs(const std::string& path) {
+  const config::Value root = config::load_yaml_file(path);
+  config::ParseContext ctx(path);
+  config::Section top(&root, "", ctx);
+  const config::Value* list = top.raw("jobs");
+  top.check(list != nullptr && list->is_sequence() && !list->items().empty(), "jobs",
+            "must be a non-empty list of jobs ({name, recipe, overrides, max_duration, weight, max_nodes})");
+  top.finish();
+  const fs::path dir = fs::path(path).parent_path();
+  std::vector<JobSpec> jobs;
+  std::set<std::string> names;
+  for (size_t i = 0; i < list->items().size(); ++i) {
+    config::Section s(&list->items()[i], fmt::format("jobs[{}]", i), ctx);
+    s.reject_unknown({"name", "recipe", "overrides", "max_duration", "weight", "max_nodes"});
+    JobSpec j;
+    j.recipe = resolve_recipe(s, s.require_string("recipe"), dir);
+    j.name = s.get_string("name", fmt::format("{}-{}", fs::path(j.recipe).stem().string(), i));
+    s.check(names.insert(j.name).second, "name", fmt::format("'{}' names two jobs", j.name));
+    j.overrides = s.get_strings("overrides", {});
+    j.max_duration = s.get_string("max_duration", "");
+    j.weight = s.get_double("weight", 1);
+    s.check(j.weight > 0, "weight", "must be positive");
+    j.max_nodes = s.get_int("max_nodes", 1);
+    s.check(j.max_nodes >= 1, "max_nodes", "must be at least 1");
+    s.finish();
+    jobs.push_back(std::move(j));
+  }
+  ctx.throw_if_unsupported();
+  return jobs;
+}
+
+JobProfile profile_job(const JobSpec& spec) {
+  std::vector<std::string> overrides = spec.overrides;
+  if (!spec.max_duration.empty()) overrides.push_back("max_duration=" + spec.max_duration);
+  const trainer::TrainConfig cfg = trainer::load_train_config(spec.recipe, overrides);
+  const trainer::Plan plan = trainer::make_plan(cfg, 1, 1);
+  JobProfile p;
+  p.name = spec.name;
+  p.n_params = plan.n_params;
+  p.largest_unit_params = plan.largest_unit_params;
+  p.flops_per_token = plan.flops_per_token;
+  p.seq_len = plan.seq_len;
+  p.global_batch = cfg.global_train_batch_size;
+  p.weight = spec.weight;
+  p.max_nodes = spec.max_nodes;
+  p.mixed_precision = cfg.precision != core::Precision::kFp32;
+  p.optimizer_state_tensors = cfg.optimizer.state_tensors();
+  // The plan's activations are for one microbatch of the whole batch (auto) or the recipe's microbatch size.
+  const int64_t mb = plan.auto_microbatch ? plan.device_train_batch_size : plan.microbatch_size;
+  if (!plan.memory.empty() && mb > 0) {
+    p.activation_bytes_per_sample = plan.memory.front().activations / static_cast<double>(mb);
+    p.activation_bytes_per_sample_ckpt = plan.memory.front().activations_ckpt / static_cast<double>(mb);
+  }
+  const config::Time& d = cfg.max_duration;
+  switch (d.unit()) {
+    case config::TimeUnit::kBatch:
+      p.steps = d.count();
+      break;
+    case config::TimeUnit::kSample:
+      p.steps = (d.count() + p.global_batch - 1) / p.global_batch;
+      break;
+    case config::TimeUnit::kToken:
+      p.steps = static_cast<int64_t>(std::ceil(d.value() / p.tokens_per_step()));
+      break;
+    default:
+      throw ConfigError("plan", fmt::format("job {}: {}: max_duration {} is not in ba, sp or tok (the planner cannot "
+                                            "know how many steps an epoch is); give one in the jobs file",
+                                            spec.name, spec.recipe, d.str()));
+  }
+  if (p.steps <= 0) {
+    throw ConfigError("plan",
+                      fmt::format("job {}: {}: max_duration {} trains no step", spec.name, spec.recipe, d.str()));
+  }
+  return p;
+}
+
+}  // namespace tessera::planner

@@ -1,0 +1,169 @@
+// The planner's performance model (the formulas are in the header).
+#include "tessera/planner/perf_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace tessera::planner {
+namespace {
+
+using dist::ShardingStrategy;
+
+// One ring collective moving `bytes` per rank over `ranks` ranks (`steps` latency hops), on `link`.
+double collective_s(double bytes, int64_t steps, const Link& link) {
+  return bytes / link.bandwidth_bytes_per_s + static_cast<double>(steps) * link.latency_s;
+}
+
+bool is_power_of_two(int64_t n) {
+  return n > 0 && (n & (n - 1)) == 0;
+}
+
+}  // namespace
+
+std::string Candidate::describe() const {
+  return fmt::format("{}{}, microbatch {}", dist::to_string(strategy), activation_checkpointing ? ", act. ckpt" : "",
+                     microbatch);
+}
+
+Candidate model_candidate(const JobProfile& job, const Cluster& cluster, int64_t devices, ShardingStrategy strategy,
+                          bool activation_checkpointing, int64_t microbatch) {
+  if (devices < 1 || job.global_batch % devices != 0) {
+    throw std::invalid_argument(
+        fmt::format("{} devices do not divide job {}'s global batch of {}", devices, job.name, job.global_batch));
+  }
+  Candidate c;
+  c.devices = devices;
+  c.nodes = devices > cluster.devices_per_node ? devices / cluster.devices_per_node : 1;
+  c.strategy = strategy;
+  c.activation_checkpointing = activation_checkpointing;
+  const int64_t device_batch = job.global_batch / devices;
+  c.microbatch = std::clamp<int64_t>(microbatch, 1, device_batch);
+  c.microbatches = (device_batch + c.microbatch - 1) / c.microbatch;
+
+  // Memory: ZeRO's accounting of the model state plus one microbatch's activations.
+  const int64_t ranks_per_node = std::min(devices, cluster.devices_per_node);
+  const dist::StateMemory state =
+      dist::state_memory_per_rank(job.n_params, strategy, devices, ranks_per_node, job.mixed_precision,
+                                  job.optimizer_state_tensors, job.largest_unit_params);
+  const double act_per_sample =
+      activation_checkpointing ? job.activation_bytes_per_sample_ckpt : job.activation_bytes_per_sample;
+  c.memory_bytes = state.total() + act_per_sample * static_cast<double>(c.microbatch);
+  c.fits = c.memory_bytes <= cluster.memory_bytes * cluster.usable_memory;
+
+  // Compute.
+  const double flops = job.flops_per_token * job.tokens_per_step() * (activation_checkpointing ? 4.0 / 3.0 : 1.0);
+  c.compute_s = flops / (static_cast<double>(devices) * cluster.peak_flops * cluster.mfu);
+
+  // Communication: bytes per rank and step, by strategy, over the link the collective runs on.
+  const double p = static_cast<double>(job.n_params) * (job.mixed_precision ? 2.0 : 4.0);
+  const double m = static_cast<double>(c.microbatches);
+  const int64_t units =
+      job.largest_unit_params > 0
+          ? std::max<int64_t>(1, (job.n_params + job.largest_unit_params - 1) / job.largest_unit_params)
+          : 1;
+  const Link& link = c.nodes > 1 ? cluster.inter_node : cluster.intra_node;
+  const double n = static_cast<double>(devices);
+  const double k = (n - 1) / n;
+  const int64_t hops = 2 * (devices - 1);
+  double comm = 0;
+  if (devices > 1) {
+    switch (strategy) {
+      case ShardingStrategy::kNoShard:
+        comm = collective_s(2 * k * p, hops, link);
+        break;
+      case ShardingStrategy::kShardGradOp:
+        comm = collective_s(k * p * (m + 1), hops * units * (c.microbatches + 1) / 2, link);
+        break;
+      case ShardingStrategy::kFullShard:
+        comm = collective_s(3 * k * p * m, hops * units * c.microbatches * 3 / 2, link);
+        break;
+      case ShardingStrategy::kHybridShard: {
+        const double d = static_cast<double>(ranks_per_node);
+        const double kd = (d - 1) / d;
+        comm =
+            collective_s(3 * kd * p * m, 2 * (ranks_per_node - 1) * units * c.microbatches * 3 / 2, cluster.intra_node);
+        if (c.nodes > 1) {
+          const double kn = static_cast<double>(c.nodes - 1) / static_cast<double>(c.nodes);
+          comm += collective_s(2 * kn * p / d, 2 * (c.nodes - 1), cluster.inter_node);
+        }
+        break;
+      }
+    }
+  }
+  c.communication_s = comm;
+  c.step_s = c.compute_s + std::max(0.0, comm - cluster.overlap * c.compute_s);
+  c.duration_s = cluster.startup_s + static_cast<double>(job.steps) * c.step_s;
+  return c;
+}
+
+std::vector<int64_t> device_counts(const JobProfile& job, const Cluster& cluster) {
+  std::vector<int64_t> out;
+  for (int64_t g = 1; g <= cluster.devices_per_node; g *= 2) {
+    if (job.global_batch % g == 0) out.push_back(g);
+  }
+  if (!is_power_of_two(cluster.devices_per_node) && job.global_batch % cluster.devices_per_node == 0) {
+    out.push_back(cluster.devices_per_node);  // a whole node of, say, 6 devices
+  }
+  const int64_t max_nodes = std::min(job.max_nodes, cluster.nodes);
+  for (int64_t nodes = 2; nodes <= max_nodes; nodes *= 2) {
+    const int64_t g = nodes * cluster.devices_per_node;
+    if (job.global_batch % g == 0) out.push_back(g);
+  }
+  return out;
+}
+
+std::vector<Candidate> enumerate_candidates(const JobProfile& job, const Cluster& cluster) {
+  std::vector<Candidate> out;
+  for (int64_t g : device_counts(job, cluster)) {
+    std::vector<ShardingStrategy> strategies = {ShardingStrategy::kNoShard};
+    if (g > 1) {
+      strategies.push_back(ShardingStrategy::kShardGradOp);
+      strategies.push_back(ShardingStrategy::kFullShard);
+    }
+    if (g > cluster.devices_per_node) strategies.push_back(ShardingStrategy::kHybridShard);
+    const int64_t device_batch = job.global_batch / g;
+    std::vector<int64_t> microbatches;
+    for (int64_t mb = 1; mb < device_batch; mb *= 2) microbatches.push_back(mb);
+    microbatches.push_back(device_batch);
+    for (ShardingStrategy s : strategies) {
+      for (bool ckpt : {false, true}) {
+        for (int64_t mb : microbatches) {
+          Candidate c = model_candidate(job, cluster, g, s, ckpt, mb);
+          if (c.fits) out.push_back(c);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<Candidate> best_candidates(const JobProfile& job, const Cluster& cluster) {
+  std::map<int64_t, Candidate> best;  // by device count
+  for (const Candidate& c : enumerate_candidates(job, cluster)) {
+    auto it = best.find(c.devices);
+    // Fastest first; among equals, the larger microbatch (the model does not count the per-microbatch overheads
+    // that make small ones slower in practice), then the least memory.
+    if (it == best.end() || c.step_s < it->second.step_s ||
+        (c.step_s == it->second.step_s &&
+         std::tie(c.microbatch, it->second.memory_bytes) > std::tie(it->second.microbatch, c.memory_bytes))) {
+      best[c.devices] = c;
+    }
+  }
+  std::vector<Candidate> out;
+  for (const auto& [devices, c] : best) {
+    // More devices that finish no sooner are never worth taking.
+    if (!out.empty() && c.duration_s >= out.back().duration_s) continue;
+    out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace tessera::planner

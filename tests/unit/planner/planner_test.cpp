@@ -1,0 +1,341 @@
+// The multi-job planner: the performance model's formulas, the schedule checks, the naive policies, and the MILP
+// against exhaustive search.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tessera/dist/sharding.h"
+#include "tessera/planner/cluster.h"
+#include "tessera/planner/jobs.h"
+#include "tessera/planner/perf_model.h"
+#include "tessera/planner/schedule.h"
+#include "test_util.h"
+
+namespace tessera::planner {
+namespace {
+
+using dist::ShardingStrategy;
+
+Cluster small_cluster(int64_t nodes, int64_t per_node) {
+  Cluster c;
+  c.nodes = nodes;
+  c.devices_per_node = per_node;
+  c.device_kind = "test";
+  c.peak_flops = 100e12;
+  c.memory_bytes = 16.0 * 1024 * 1024 * 1024;
+  c.startup_s = 30;
+  c.intra_node = {100e9, 5e-6};
+  c.inter_node = {10e9, 20e-6};
+  return c;
+}
+
+JobProfile job(std::string name, double params, int64_t steps, int64_t batch = 64) {
+  JobProfile p;
+  p.name = std::move(name);
+  p.largest_unit_params = static_cast<int64_t>(params / 24);  // 24 blocks
+  p.n_params = 24 * p.largest_unit_params;
+  p.seq_len = 2048;
+  p.flops_per_token = 6 * params + 12.0 * 24 * 2048 * 2048;
+  p.global_batch = batch;
+  p.steps = steps;
+  p.activation_bytes_per_sample = 2048.0 * 24 * 34 * 2048;  // ~34 bytes per hidden unit and layer
+  p.activation_bytes_per_sample_ckpt = 2048.0 * 24 * 2 * 2048;
+  return p;
+}
+
+std::vector<PlanJob> plan_jobs(const std::vector<JobProfile>& profiles, const Cluster& cluster) {
+  std::vector<PlanJob> out;
+  for (const JobProfile& p : profiles) out.push_back({p, best_candidates(p, cluster)});
+  return out;
+}
+
+TEST(PerfModel, MemoryIsZeroAccountingPlusOneMicrobatchOfActivations) {
+  const Cluster cluster = small_cluster(1, 4);
+  const JobProfile p = job("a", 1e9, 100);
+  for (ShardingStrategy s :
+       {ShardingStrategy::kNoShard, ShardingStrategy::kShardGradOp, ShardingStrategy::kFullShard}) {
+    for (bool ckpt : {false, true}) {
+      const Candidate c = model_candidate(p, cluster, 4, s, ckpt, 2);
+      const dist::StateMemory state = dist::state_memory_per_rank(p.n_params, s, 4, 4, true, 2, p.largest_unit_params);
+      const double act = ckpt ? p.activation_bytes_per_sample_ckpt : p.activation_bytes_per_sample;
+      EXPECT_DOUBLE_EQ(c.memory_bytes, state.total() + 2 * act);
+      EXPECT_EQ(c.fits, c.memory_bytes <= cluster.memory_bytes * cluster.usable_memory);
+      EXPECT_EQ(c.microbatches, 8);  // 64 / 4 devices / 2 per microbatch
+    }
+  }
+}
+
+TEST(PerfModel, StepTimeFollowsTheComputeAndZeroTrafficFormulas) {
+  Cluster cluster = small_cluster(2, 4);
+  cluster.overlap = 0;  // step = compute + communication
+  const JobProfile p = job("a", 1e9, 100);
+  const double bytes = 2.0 * static_cast<double>(p.n_params);  // mixed precision: 2 bytes per parameter
+  // One device: compute only.
+  const Candidate one = model_candidate(p, cluster, 1, ShardingStrategy::kNoShard, false, 64);
+  EXPECT_DOUBLE_EQ(one.compute_s, p.flops_per_token * p.tokens_per_step() / (100e12 * 0.4));
+  EXPECT_EQ(one.communication_s, 0);
+  // DDP on 4 devices of a node: 2 (n-1)/n P over the intra-node link plus 2 (n-1) latencies.
+  const Candidate ddp = model_candidate(p, cluster, 4, ShardingStrategy::kNoShard, false, 16);
+  EXPECT_NEAR(ddp.communication_s, 2 * 0.75 * bytes / 100e9 + 6 * 5e-6, 1e-12);
+  EXPECT_NEAR(ddp.compute_s, one.compute_s / 4, 1e-12);
+  EXPECT_NEAR(ddp.step_s, ddp.compute_s + ddp.communication_s, 1e-12);
+  // FULL_SHARD moves 3 (n-1)/n P per microbatch; activation checkpointing recomputes the forward (x 4/3).
+  const Candidate fsdp = model_candidate(p, cluster, 4, ShardingStrategy::kFullShard, true, 4);
+  EXPECT_EQ(fsdp.microbatches, 4);
+  EXPECT_NEAR(fsdp.communication_s, 3 * 0.75 * bytes * 4 / 100e9 + 6 * 24 * 4 * 3 / 2 * 5e-6, 1e-9);
+  EXPECT_NEAR(fsdp.compute_s, ddp.compute_s * 4 / 3, 1e-12);
+  // Across two nodes the ring runs at the inter-node rate.
+  const Candidate wide = model_candidate(p, cluster, 8, ShardingStrategy::kNoShard, false, 8);
+  EXPECT_EQ(wide.nodes, 2);
+  EXPECT_NEAR(wide.communication_s, 2 * 0.875 * bytes / 10e9 + 14 * 20e-6, 1e-12);
+  // Overlap hides communication up to that fraction of the compute.
+  cluster.overlap = 0.5;
+  const Candidate hidden = model_candidate(p, cluster, 4, ShardingStrategy::kNoShard, false, 16);
+  EXPECT_NEAR(hidden.step_s, hidden.compute_s + std::max(0.0, hidden.communication_s - 0.5 * hidden.compute_s), 1e-12);
+  EXPECT_DOUBLE_EQ(hidden.duration_s, cluster.startup_s + 100 * hidden.step_s);
+}
+
+TEST(PerfModel, CandidatesFitAndTheBestAreFasterWithEachDeviceCountTheyKeep) {
+  const Cluster cluster = small_cluster(2, 4);
+  const JobProfile big = job("big", 3e9, 100);  // 48 GB of Adam state: only sharded over several devices
+  const std::vector<Candidate> all = enumerate_candidates(big, cluster);
+  ASSERT_FALSE(all.empty());
+  for (const Candidate& c : all) {
+    EXPECT_TRUE(c.fits);
+    EXPECT_LE(c.memory_bytes, cluster.memory_bytes * cluster.usable_memory);
+    if (c.devices == 1) {
+      EXPECT_EQ(c.strategy, ShardingStrategy::kNoShard);
+    }
+    if (c.strategy == ShardingStrategy::kHybridShard) {
+      EXPECT_GT(c.devices, cluster.devices_per_node);
+    }
+  }
+  EXPECT_FALSE(model_candidate(big, cluster, 1, ShardingStrategy::kNoShard, true, 1).fits);
+  const std::vector<Candidate> best = best_candidates(big, cluster);
+  ASSERT_FALSE(best.empty());
+  EXPECT_GT(best.front().devices, 1);
+  for (size_t i = 1; i < best.size(); ++i) {
+    EXPECT_GT(best[i].devices, best[i - 1].devices);
+    EXPECT_LT(best[i].duration_s, best[i - 1].duration_s);
+  }
+  // Each kept configuration is the fastest of its device count.
+  for (const Candidate& b : best) {
+    for (const Candidate& c : all) {
+      if (c.devices == b.devices) {
+        EXPECT_GE(c.step_s, b.step_s);
+      }
+    }
+  }
+  // max_nodes 1 (the default): nothing across nodes.
+  for (const Candidate& c : best) EXPECT_LE(c.devices, cluster.devices_per_node);
+}
+
+TEST(Schedule, CheckNamesEveryBrokenConstraint) {
+  const Cluster cluster = small_cluster(1, 4);
+  const std::vector<PlanJob> jobs = plan_jobs({job("a", 1e8, 50), job("b", 1e8, 50)}, cluster);
+  const Schedule ok = greedy_schedule(jobs, cluster);
+  ASSERT_TRUE(check_schedule(ok, jobs, cluster).empty());
+
+  auto first_problem = [&](const std::function<void(Schedule&)>& edit) {
+    Schedule s = ok;
+    edit(s);
+    const std::vector<std::string> bad = check_schedule(s, jobs, cluster);
+    return bad.empty() ? std::string("(valid)") : bad.front();
+  };
+  // Two jobs on the same devices at once (the jobs are alike, so their options are too).
+  EXPECT_NE(first_problem([](Schedule& s) {
+              s.placements[1] = s.placements[0];
+              s.placements[1].job = 1;
+            }).find("runs two jobs at once"),
+            std::string::npos);
+  // A run shorter than the option's duration.
+  EXPECT_NE(first_problem([](Schedule& s) { s.placements[0].end_s -= 10; }).find("runs"), std::string::npos);
+  // The wrong number of devices.
+  EXPECT_NE(first_problem([](Schedule& s) { s.placements[0].devices.pop_back(); }).find("devices given"),
+            std::string::npos);
+  // A job left out.
+  EXPECT_NE(first_problem([](Schedule& s) { s.placements.pop_back(); }).find("placed 0 times"), std::string::npos);
+  // A device that does not exist.
+  EXPECT_NE(first_problem([](Schedule& s) { s.placements[0].devices.back() = 99; }).find("does not exist"),
+            std::string::npos);
+}
+
+// Random instances: every policy's schedule passes the checks, and the MILP's is never longer than sequential.
+TEST(Schedule, EveryPolicyMeetsTheConstraintsOnRandomInstances) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 6; ++trial) {
+    const Cluster cluster = small_cluster(1 + trial % 2, 4);
+    std::vector<JobProfile> profiles;
+    const int n = 3 + trial % 3;
+    for (int i = 0; i < n; ++i) {
+      JobProfile p = job("job" + std::to_string(i), std::uniform_real_distribution<double>(5e7, 2e9)(rng),
+                         std::uniform_int_distribution<int64_t>(20, 400)(rng));
+      p.max_nodes = trial % 2 == 0 ? 1 : 2;
+      profiles.push_back(p);
+    }
+    const std::vector<PlanJob> jobs = plan_jobs(profiles, cluster);
+    SolveOptions options;
+    options.slots = 12;
+    options.time_limit_s = 1;  // the checks hold for any incumbent, proven optimal or not
+    const SolveResult r = solve_milp(jobs, cluster, options);
+    for (const Schedule& s : {r.schedule, sequential_schedule(jobs, cluster), equal_split_schedule(jobs, cluster),
+                              greedy_schedule(jobs, cluster)}) {
+      const std::vector<std::string> bad = check_schedule(s, jobs, cluster);
+      EXPECT_TRUE(bad.empty()) << s.policy << ": " << (bad.empty() ? "" : bad.front());
+    }
+    EXPECT_TRUE(r.model.feasible(r.selected, cluster.devices_per_node, cluster.nodes));
+    // The compacted schedule starts no job later than its slot.
+    for (const Placement& p : r.greedy_kept ? std::vector<Placement>{} : r.schedule.placements) {
+      const SlotModel::Choice& c = r.model.choices[static_cast<size_t>(r.selected[static_cast<size_t>(p.job)])];
+      EXPECT_LE(p.start_s, static_cast<double>(c.start) * r.model.slot_s + 1e-6);
+    }
+    EXPECT_LE(r.schedule.makespan_s(), r.objective_slots * r.model.slot_s + 1e-6);
+    EXPECT_LE(r.bound_slots, r.objective_slots);
+  }
+}
+
+// The best objective over every selection of the slot model, by depth-first search with the capacity checked as it
+// goes.
+double exhaustive_optimum(const SlotModel& m, int n_jobs, int64_t per_node, int64_t nodes) {
+  std::vector<std::vector<int>> by_job(static_cast<size_t>(n_jobs));
+  for (size_t i = 0; i < m.choices.size(); ++i)
+    by_job[static_cast<size_t>(m.choices[i].job)].push_back(static_cast<int>(i));
+  double best = std::numeric_limits<double>::infinity();
+  std::vector<int> chosen;
+  std::function<void(int)> search = [&](int j) {
+    if (!m.feasible(chosen, per_node, nodes)) return;
+    if (j == n_jobs) {
+      best = std::min(best, m.objective_of(chosen));
+      return;
+    }
+    for (int i : by_job[static_cast<size_t>(j)]) {
+      chosen.push_back(i);
+      if (m.objective_of(chosen) < best) search(j + 1);  // both objectives only grow as jobs are added
+      chosen.pop_back();
+    }
+  };
+  search(0);
+  return best;
+}
+
+TEST(Milp, IsOptimalOnSmallInstancesByExhaustiveSearch) {
+  std::mt19937 rng(11);
+  int checked = 0;
+  for (int trial = 0; trial < 8; ++trial) {
+    const Cluster cluster = small_cluster(trial % 4 == 3 ? 2 : 1, trial % 2 == 0 ? 4 : 2);
+    std::vector<JobProfile> profiles;
+    for (int i = 0; i < 3; ++i) {
+      JobProfile p = job("job" + std::to_string(i), std::uniform_real_distribution<double>(5e7, 1e9)(rng),
+                         std::uniform_int_distribution<int64_t>(20, 300)(rng), 16);
+      p.weight = 1 + i % 2;
+      p.max_nodes = 2;
+      profiles.push_back(p);
+    }
+    const std::vector<PlanJob> jobs = plan_jobs(profiles, cluster);
+    for (Objective objective : {Objective::kMakespan, Objective::kWeightedCompletion}) {
+      SolveOptions options;
+      options.slots = 6;
+      options.time_limit_s = 60;
+      options.objective = objective;
+      const SolveResult r = solve_milp(jobs, cluster, options);
+      ASSERT_TRUE(r.optimal) << "trial " << trial;
+      const double brute = exhaustive_optimum(r.model, 3, cluster.devices_per_node, cluster.nodes);
+      EXPECT_NEAR(r.objective_slots, brute, 1e-9) << "trial " << trial << ", " << r.model.choices.size() << " choices";
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 16);
+}
+
+// Saturn's workload shape: a grid of fine-tuning jobs over MPT 1B-13B (the shipped recipes) on 8 nodes of 8 H100,
+// throughput from the performance model. The greedy schedule is the solver's first incumbent, so whatever CBC
+// reaches in its time limit, the plan is no longer than greedy's; against running the jobs one after another on as
+// many devices as help each ("current practice") and an equal split it is far shorter.
+TEST(Milp, OnASaturnShapedGridThePlanBeatsTheNaivePolicies) {
+  const std::string data = std::string(testing::source_dir()) + "/tests/data/planner";
+  const Cluster cluster = load_cluster(data + "/h100-64.yaml");
+  std::vector<PlanJob> jobs;
+  for (const JobSpec& spec : load_jobs(data + "/grid-16-jobs.yaml")) {
+    const JobProfile p = profile_job(spec);
+    jobs.push_back({p, best_candidates(p, cluster)});
+  }
+  ASSERT_EQ(jobs.size(), 16u);
+  SolveOptions options;
+  options.time_limit_s = 5;
+  const SolveResult r = solve_milp(jobs, cluster, options);
+  const std::vector<std::string> bad = check_schedule(r.schedule, jobs, cluster);
+  ASSERT_TRUE(bad.empty()) << bad.front();
+  const double plan = r.schedule.makespan_s();
+  EXPECT_LE(plan, greedy_schedule(jobs, cluster).makespan_s() + 1e-6);
+  EXPECT_LE(plan, 0.7 * sequential_schedule(jobs, cluster).makespan_s());
+  EXPECT_LE(plan, 0.6 * equal_split_schedule(jobs, cluster).makespan_s());
+  EXPECT_GE(plan, lower_bound_s(jobs, cluster) - 1e-6);
+}
+
+TEST(Jobs, AJobsFileNamesItsMistakes) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "planner_jobs";
+  std::filesystem::create_directories(dir);
+  const std::string recipe = std::string(testing::source_dir()) + "/recipes/mpt-125m.yaml";
+  auto write = [&](const std::string& text) {
+    std::ofstream(dir / "jobs.yaml") << text;
+    return (dir / "jobs.yaml").string();
+  };
+  EXPECT_NE(testing::error_of([&] {
+              load_jobs(write("jobs:\n  - recipe: " + recipe + "\n    max_nodez: 2\n"));
+            }).find("jobs[0].max_nodez"),
+            std::string::npos);
+  EXPECT_NE(testing::error_of([&] { load_jobs(write("jobs:\n  - recipe: nowhere.yaml\n")); }).find("nowhere.yaml"),
+            std::string::npos);
+  EXPECT_NE(testing::error_of([&] {
+              load_jobs(write("jobs:\n  - {recipe: " + recipe + ", name: a}\n  - {recipe: " + recipe + ", name: a}\n"));
+            }).find("'a' names two jobs"),
+            std::string::npos);
+  const std::vector<JobSpec> specs =
+      load_jobs(write("jobs:\n  - {recipe: " + recipe + ", max_duration: 1000ba, weight: 2, overrides: [seed=3]}\n"));
+  ASSERT_EQ(specs.size(), 1u);
+  EXPECT_EQ(specs[0].name, "mpt-125m-0");
+  const JobProfile p = profile_job(specs[0]);
+  EXPECT_EQ(p.steps, 1000);
+  EXPECT_EQ(p.weight, 2);
+  EXPECT_GT(p.n_params, 100'000'000);
+  EXPECT_GT(p.activation_bytes_per_sample, p.activation_bytes_per_sample_ckpt);
+  JobSpec epochs = specs[0];
+  epochs.max_duration = "2ep";
+  EXPECT_NE(testing::error_of([&] { profile_job(epochs); }).find("not in ba, sp or tok"), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Cluster, AClusterFileIsReadWithItsUnitsAndItsMistakesNamed) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "planner_cluster";
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& text) {
+    std::ofstream(dir / "c.yaml") << text;
+    return (dir / "c.yaml").string();
+  };
+  const Cluster c =
+      load_cluster(write("nodes: 8\ndevices_per_node: 8\ndevice: {kind: H100, peak_tflops: 989, memory_gib: 80}\n"
+                         "inter_node: {bandwidth_gbps: 50, latency_us: 10}\n"));
+  EXPECT_EQ(c.devices(), 64);
+  EXPECT_DOUBLE_EQ(c.peak_flops, 989e12);
+  EXPECT_DOUBLE_EQ(c.memory_bytes, 80.0 * 1024 * 1024 * 1024);
+  EXPECT_DOUBLE_EQ(c.inter_node.bandwidth_bytes_per_s, 50e9);
+  EXPECT_DOUBLE_EQ(c.inter_node.latency_s, 10e-6);
+  EXPECT_NE(testing::error_of([&] { load_cluster(write("devices_per_node: 8\n")); }).find("device"), std::string::npos);
+  EXPECT_NE(testing::error_of([&] {
+              load_cluster(write("devices_per_node: 8\ndevice: {peak_tflops: 1, memory_gib: 1, mfu: 2}\n"));
+            }).find("device.mfu"),
+            std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tessera::planner
