@@ -2,7 +2,7 @@
 // idea; docs/planner.md), and compares the plan with the naive policies.
 //
 //   plan --jobs jobs.yaml --cluster cluster.yaml [--time-limit 60] [--slots 32] [--objective makespan|weighted]
-//        [--json plan.json]
+//        [--json plan.json] [--gantt plan.png]
 //
 // Prints each job's configurations (the performance model's step time per device count), the plan as a table, and
 // the makespan of the plan against running the jobs one after another, an equal split of the devices and a greedy
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "tessera/planner/cluster.h"
+#include "tessera/planner/gantt.h"
 #include "tessera/planner/jobs.h"
 #include "tessera/planner/perf_model.h"
 #include "tessera/planner/schedule.h"
@@ -51,6 +52,7 @@ int run(int argc, char** argv) {
   std::string cluster_path;
   std::string objective = "makespan";
   std::string json_path;
+  std::string gantt_path;
   std::string log_level = "warn";
   planner::SolveOptions options;
   app.add_option("--jobs", jobs_path, "The jobs file (a list of recipes)")->required();
@@ -61,6 +63,7 @@ int run(int argc, char** argv) {
   app.add_option("--objective", objective, "makespan, or weighted (the sum of weight x completion time)")
       ->check(CLI::IsMember({"makespan", "weighted"}));
   app.add_option("--json", json_path, "Write the plan and the baselines as JSON here");
+  app.add_option("--gantt", gantt_path, "Draw the plan as a Gantt chart (PNG) here");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off");
   if (auto code = tessera::util::parse_command_line(app, argc, argv)) return *code;
   tessera::util::init_logging(log_level);
@@ -109,6 +112,11 @@ int run(int argc, char** argv) {
   for (const planner::Schedule& b : baselines) {
     std::cout << fmt::format("  {:<22} makespan {:8.2f} h   the plan is {:5.1f}% shorter\n", b.policy,
                              b.makespan_s() / 3600, 100 * (1 - plan_makespan / b.makespan_s()));
+  }
+  if (!gantt_path.empty()) {
+    planner::write_png(planner::draw_gantt(r.schedule, cluster), gantt_path);
+    std::cout << fmt::format("Gantt chart: {} (bars numbered as the table's first column; hours or minutes below)\n",
+                             gantt_path);
   }
   if (!json_path.empty()) {
     Json out = {{"cluster", cluster.describe()},

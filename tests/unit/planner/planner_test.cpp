@@ -1,10 +1,13 @@
 // The multi-job planner: the performance model's formulas, the schedule checks, the naive policies, and the MILP
 // against exhaustive search.
 #include <gtest/gtest.h>
+#include <zlib.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -15,6 +18,7 @@
 
 #include "tessera/dist/sharding.h"
 #include "tessera/planner/cluster.h"
+#include "tessera/planner/gantt.h"
 #include "tessera/planner/jobs.h"
 #include "tessera/planner/perf_model.h"
 #include "tessera/planner/schedule.h"
@@ -279,6 +283,76 @@ TEST(Milp, OnASaturnShapedGridThePlanBeatsTheNaivePolicies) {
   EXPECT_LE(plan, 0.7 * sequential_schedule(jobs, cluster).makespan_s());
   EXPECT_LE(plan, 0.6 * equal_split_schedule(jobs, cluster).makespan_s());
   EXPECT_GE(plan, lower_bound_s(jobs, cluster) - 1e-6);
+}
+
+TEST(Gantt, EachJobsBarCoversItsDevicesAndTimesAndThePngDecodesToTheImage) {
+  const Cluster cluster = small_cluster(2, 4);
+  const std::vector<PlanJob> jobs =
+      plan_jobs({job("a", 5e8, 200), job("b", 1e8, 100), job("c", 2e8, 300), job("d", 1e8, 50)}, cluster);
+  const Schedule s = greedy_schedule(jobs, cluster);
+  GanttLayout layout;
+  layout.row_height = 20;
+  const Image im = draw_gantt(s, cluster, layout);
+  ASSERT_EQ(im.height, layout.top + 20 * 8 + layout.bottom);
+  const int64_t plot = im.width - layout.left - 10;
+  auto pixel = [&](int64_t x, int64_t y) {
+    const uint8_t* p = &im.rgb[static_cast<size_t>((y * im.width + x) * 3)];
+    return std::array<uint8_t, 3>{p[0], p[1], p[2]};
+  };
+  std::vector<std::vector<bool>> busy(8, std::vector<bool>(static_cast<size_t>(plot), false));
+  for (const Placement& p : s.placements) {
+    const int64_t x0 = layout.left + std::llround(p.start_s / s.makespan_s() * static_cast<double>(plot));
+    const int64_t x1 = layout.left + std::llround(p.end_s / s.makespan_s() * static_cast<double>(plot));
+    for (int64_t d : p.devices) {
+      // The bar's colour at its right end (the number is at its left), in each of its devices' rows.
+      EXPECT_EQ(pixel(std::max(x0, x1 - 1), layout.top + d * 20 + 18), gantt_job_colour(p.job)) << "job " << p.job;
+      for (int64_t x = x0; x < x1; ++x) busy[static_cast<size_t>(d)][static_cast<size_t>(x - layout.left)] = true;
+    }
+  }
+  // An idle device-time is background (away from the tick lines).
+  bool checked_idle = false;
+  for (int64_t d = 0; d < 8 && !checked_idle; ++d) {
+    for (int64_t x = 5; x < plot - 5; ++x) {
+      if (!busy[static_cast<size_t>(d)][static_cast<size_t>(x - 3)] && !busy[static_cast<size_t>(d)][static_cast<size_t>(x)] &&
+          !busy[static_cast<size_t>(d)][static_cast<size_t>(x + 3)] &&
+          pixel(layout.left + x + 1, layout.top + d * 20 + 18) == kGanttBackground) {
+        checked_idle = true;
+        break;
+      }
+    }
+  }
+  EXPECT_TRUE(checked_idle) << "the greedy plan leaves some device idle for a while";
+  EXPECT_NE(gantt_job_colour(0), gantt_job_colour(10));
+
+  // The PNG: signature, IHDR, and the IDAT inflating to the image's scanlines.
+  const std::filesystem::path path = std::filesystem::temp_directory_path() / "plan.png";
+  write_png(im, path.string());
+  std::ifstream in(path, std::ios::binary);
+  const std::string png((std::istreambuf_iterator<char>(in)), {});
+  ASSERT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  auto be32 = [&](size_t at) {
+    return (static_cast<uint32_t>(static_cast<uint8_t>(png[at])) << 24) |
+           (static_cast<uint32_t>(static_cast<uint8_t>(png[at + 1])) << 16) |
+           (static_cast<uint32_t>(static_cast<uint8_t>(png[at + 2])) << 8) | static_cast<uint8_t>(png[at + 3]);
+  };
+  ASSERT_EQ(png.substr(12, 4), "IHDR");
+  EXPECT_EQ(be32(16), static_cast<uint32_t>(im.width));
+  EXPECT_EQ(be32(20), static_cast<uint32_t>(im.height));
+  const size_t idat = 8 + 12 + 13;
+  ASSERT_EQ(png.substr(idat + 4, 4), "IDAT");
+  const uint32_t n = be32(idat);
+  std::vector<uint8_t> raw(static_cast<size_t>(im.height * (im.width * 3 + 1)));
+  uLongf raw_size = raw.size();
+  ASSERT_EQ(uncompress(raw.data(), &raw_size, reinterpret_cast<const Bytef*>(png.data() + idat + 8), n), Z_OK);
+  ASSERT_EQ(raw_size, raw.size());
+  for (int64_t y = 0; y < im.height; ++y) {
+    const uint8_t* line = &raw[static_cast<size_t>(y * (im.width * 3 + 1))];
+    ASSERT_EQ(line[0], 0);
+    ASSERT_EQ(std::memcmp(line + 1, &im.rgb[static_cast<size_t>(y * im.width * 3)], static_cast<size_t>(im.width * 3)),
+              0)
+        << "row " << y;
+  }
+  std::filesystem::remove(path);
 }
 
 TEST(Jobs, AJobsFileNamesItsMistakes) {
