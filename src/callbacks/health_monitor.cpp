@@ -208,6 +208,13 @@ std::vector<HealthFinding> HealthAssessor::assess(const std::vector<RankHealth>&
 HealthMonitor::~HealthMonitor() = default;
 
 void HealthMonitor::run_event(Event event, core::State& s, core::Logger& logger) {
+  // The monitor's own cost, every event included: reported per step as health/overhead_ms.
+  const double entered = now_seconds();
+  handle(event, s, logger);
+  own_seconds_ += now_seconds() - entered;
+}
+
+void HealthMonitor::handle(Event event, core::State& s, core::Logger& logger) {
   switch (event) {
     case Event::kFitStart:
       mine_ = {};
@@ -304,6 +311,10 @@ void HealthMonitor::exchange(core::State& s, core::Logger& logger) {
   for (int64_t r = 0; r < s.world_size; ++r) ranks.push_back(unpack(v + r * kFields));
   core::Metrics metrics;
   const std::vector<HealthFinding> findings = assessor_.assess(ranks, metrics);
+  // This rank's time in the monitor per step over the interval (the previous exchange included).
+  metrics["health/overhead_ms"] =
+      1e3 * own_seconds_ / std::max(1.0, static_cast<double>(s.timestamp.batch - first_batch_));
+  own_seconds_ = 0;
   logger.log_metrics(metrics);
   for (const HealthFinding& f : findings) {
     if (s.rank == 0) {

@@ -87,12 +87,14 @@ class HealthMonitor : public core::Callback {
   void run_event(core::Event event, core::State& state, core::Logger& logger) override;
 
  private:
+  void handle(core::Event event, core::State& s, core::Logger& logger);
   void exchange(core::State& s, core::Logger& logger);
 
   HealthMonitorOptions o_;
   HealthAssessor assessor_;
   RankHealth mine_;
   double data_started_ = 0, step_started_ = 0, wait_at_start_ = 0;
+  double own_seconds_ = 0;  // spent in this callback since the last exchange (health/overhead_ms)
   std::optional<double> previous_loss_;
   double net_bytes_ = -1, net_at_ = 0;  // the last /proc/net/dev reading and its time
   int64_t first_batch_ = 0;             // the first batch of the current interval

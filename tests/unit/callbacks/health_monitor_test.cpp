@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -180,6 +182,11 @@ TEST(HealthMonitor, LogsEachRanksSignalsEveryInterval) {
     EXPECT_NE(line.find("health/rank0/straggler_relative\":1.0"), std::string::npos) << line;
     EXPECT_NE(line.find("health/findings\":0.0"), std::string::npos) << line;
     EXPECT_NE(line.find("health/node0/net_MBps"), std::string::npos) << line;
+    // The monitor's own time per step: measured, and a small part of the step.
+    const nlohmann::json j = nlohmann::json::parse(line);
+    ASSERT_TRUE(j.contains("health/overhead_ms")) << line;
+    EXPECT_GT(j["health/overhead_ms"].get<double>(), 0) << line;
+    EXPECT_LT(j["health/overhead_ms"].get<double>(), 0.5 * j["health/rank0/compute_ms"].get<double>()) << line;
   }
   EXPECT_EQ(logged, 2) << "after batches 3 and 6";
 }
