@@ -26,10 +26,9 @@ if [[ ! -f "$BUILD/build.ninja" ]]; then
 fi
 cmake --build "$BUILD" -- "${TARGETS[@]}"
 
-failed=()
-for t in "${TARGETS[@]}"; do
-  corpus="$BUILD/corpus/$t"
-  findings="$BUILD/findings/$t"
+# One target per core at a time (each is one process): the targets run two by two on the 2-core CI machine.
+run_target() {  # run_target TARGET: its log in BUILD/TARGET.log, its status in BUILD/TARGET.status
+  local t=$1 corpus="$BUILD/corpus/$1" findings="$BUILD/findings/$1" budget
   rm -rf "$corpus" "$findings"
   mkdir -p "$corpus" "$findings"
   if [[ -n "$SECONDS_EACH" ]]; then
@@ -37,12 +36,26 @@ for t in "${TARGETS[@]}"; do
   else
     budget=(-seed=1 -runs="${RUNS[$t]}")
   fi
-  echo "== $t: ${budget[*]} from $(ls "$SRC/fuzz/seeds/$t" | wc -l) seeds"
+  echo "== $t: ${budget[*]} from $(ls "$SRC/fuzz/seeds/$t" | wc -l) seeds" > "$BUILD/$t.summary"
   # One process; leaks count (detect_leaks=1 is libFuzzer's default under ASan). LibTorch's own one-time allocations
   # are not leaks LSan reports (they stay reachable).
-  if ! "$BUILD/bin/$t" "${budget[@]}" -rss_limit_mb=4096 -timeout=20 \
-      -max_len="${MAX_LEN[$t]}" -artifact_prefix="$findings/" -print_final_stats=1 \
-      "$corpus" "$SRC/fuzz/seeds/$t" > "$BUILD/$t.log" 2>&1; then
+  local status=0
+  "$BUILD/bin/$t" "${budget[@]}" -rss_limit_mb=4096 -timeout=20 \
+    -max_len="${MAX_LEN[$t]}" -artifact_prefix="$findings/" -print_final_stats=1 \
+    "$corpus" "$SRC/fuzz/seeds/$t" > "$BUILD/$t.log" 2>&1 || status=$?
+  echo "$status" > "$BUILD/$t.status"
+}
+jobs_at_once=$(nproc)
+for t in "${TARGETS[@]}"; do
+  while (( $(jobs -rp | wc -l) >= jobs_at_once )); do wait -n || true; done
+  run_target "$t" &
+done
+wait
+
+failed=()
+for t in "${TARGETS[@]}"; do
+  cat "$BUILD/$t.summary"
+  if [[ "$(cat "$BUILD/$t.status")" != 0 ]]; then
     failed+=("$t")
     tail -60 "$BUILD/$t.log"
   fi

@@ -60,10 +60,13 @@ if [[ $MODE == asan ]]; then
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$SUPP/ubsan.supp"
   # Left out (they repeat, many times over, code paths that other tests here run under ASan too; the normal build runs
   # them all): the kill at each of a save's 32 steps (SaveFaults.AFailure* fails the same steps in-process), the Llama
-  # repeats of the multi-rank training tests, the random-kill trials, and the 3-rank ICL split (the evaluation code
-  # runs in-process here).
+  # repeats of the multi-rank training tests, the random-kill trials, the 3-rank ICL split (the evaluation code
+  # runs in-process here), and two tests that read recipes in many `train` processes.
   asan_skip='Gpu*:SaveFaults.AKillAtEveryStep*:DistTrainingLlama.*:DistTraining.KillingARandomRank*'
   asan_skip+=':DistTraining.IclEvaluationSplitOverRanks*'
+  # The dry run of every shipped recipe and the bad-recipe messages start ~40 instrumented `train` processes to read
+  # recipes; the recipe reader runs under ASan in-process here (config tests) and in the fuzz_recipe_yaml target.
+  asan_skip+=':TrainCli.DryRunOfEveryShippedRecipeSucceeds:TrainCli.BadRecipesNameFileKeyAndLine'
   run_shard shard0 "-$asan_skip" 0 2 & p0=$!
   run_shard shard1 "-$asan_skip" 1 2 & p1=$!
   wait $p0 || status=1
