@@ -20,11 +20,11 @@ struct Image {
 };
 
 struct GanttLayout {
-  int64_t width = 1200;      // pixels
-  int64_t left = 40;         // the margin holding the node numbers
+  int64_t width = 1200;  // pixels
+  int64_t left = 40;     // the margin holding the node numbers
   int64_t top = 10;
-  int64_t bottom = 30;       // the margin holding the time ticks
-  int64_t row_height = 0;    // per device; 0: chosen from the device count (4 to 24 pixels)
+  int64_t bottom = 30;     // the margin holding the time ticks
+  int64_t row_height = 0;  // per device; 0: chosen from the device count (4 to 24 pixels)
 };
 
 // The colour of job `job`'s bars, and the background.

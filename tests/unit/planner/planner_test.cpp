@@ -313,7 +313,8 @@ TEST(Gantt, EachJobsBarCoversItsDevicesAndTimesAndThePngDecodesToTheImage) {
   bool checked_idle = false;
   for (int64_t d = 0; d < 8 && !checked_idle; ++d) {
     for (int64_t x = 5; x < plot - 5; ++x) {
-      if (!busy[static_cast<size_t>(d)][static_cast<size_t>(x - 3)] && !busy[static_cast<size_t>(d)][static_cast<size_t>(x)] &&
+      if (!busy[static_cast<size_t>(d)][static_cast<size_t>(x - 3)] &&
+          !busy[static_cast<size_t>(d)][static_cast<size_t>(x)] &&
           !busy[static_cast<size_t>(d)][static_cast<size_t>(x + 3)] &&
           pixel(layout.left + x + 1, layout.top + d * 20 + 18) == kGanttBackground) {
         checked_idle = true;
