@@ -5,7 +5,7 @@
 #   tools/gpu_bundle.sh [--build-dir build] [--out gpu-kit.tar.xz] [--no-build]
 #
 # Builds the build directory (the default preset's: RelWithDebInfo, i.e. -O2 -DNDEBUG) unless --no-build, then packs:
-#   bin/    stripped train, eval, generate, convert, convert_text_to_mds, the unit-test binary and bench_gpu_train_step
+#   bin/    stripped train, eval, generate, convert, convert_text_to_mds, plan, the unit-test binary and bench_gpu_train_step
 #   lib/    every shared library those need that is neither LibTorch's nor CUDA's nor the base system's
 #           (yaml-cpp, spdlog, fmt, zstd, xxhash, pcre2, ICU, ...), found with ldd
 #   src/    what the programs read from the source tree: recipes/, tests/data/, benchmarks/*.py, tools/gpu_check.sh
@@ -25,7 +25,7 @@ while (($#)); do
   esac
 done
 limit=$((40 * 1000 * 1000))
-programs=(train eval generate convert convert_text_to_mds tessera_tests bench_gpu_train_step)
+programs=(train eval generate convert convert_text_to_mds plan tessera_tests bench_gpu_train_step)
 
 if ((do_build)); then
   cmake --build "$build" --target "${programs[@]}"
