@@ -244,10 +244,9 @@ def main():
         pathlib.Path(args.dump).write_text(json.dumps({"ref": ref.lines, "job": job.lines, "events": events,
                                                        "ref_started": ref.started, "job_started": job.started}))
     restarts = len(re.findall(r"\[launch\] restart \d+/", job.log.read_text()))
-    startup_lost = startup
     restart_lost = sum(r["latency"] for r in rows)
     retrained = sum(r["lost"] for r in rows) * own_step
-    print(f"  lost: {startup_lost:.1f} s before the first step, {restart_lost:.1f} s from the kills to the restarted "
+    print(f"  lost: {startup:.1f} s before the first step, {restart_lost:.1f} s from the kills to the restarted "
           f"attempts' first steps, {retrained:.1f} s retraining steps since the checkpoints resumed from; "
           f"{wall - steps * own_step:.1f} s in all")
     print(f"interrupted: {wall:.1f} s, {len(events)} interruptions, {restarts} restarts, exit {job.proc.returncode}, "
@@ -271,7 +270,7 @@ def main():
         "restart_latency_max_s": max(lat) if lat else None,
         "steps_lost_mean": statistics.mean(r["lost"] for r in rows) if rows else None,
         "goodput_cross_run_percent": 100 * cross_run, "own_step_ms": 1e3 * own_step,
-        "lost_startup_s": startup_lost, "lost_restarts_s": restart_lost, "lost_retrained_s": retrained,
+        "lost_startup_s": startup, "lost_restarts_s": restart_lost, "lost_retrained_s": retrained,
         "interruptions": len(events), "wall_s": wall, "uninterrupted_wall_s": ref_wall,
         "step_ms": 1e3 * ref_step, "final_weights_equal": same}])
     if not same:

@@ -10,11 +10,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <numeric>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include <coin/Cbc_C_Interface.h>
@@ -98,23 +96,28 @@ bool SlotModel::feasible(const std::vector<int>& selected, int64_t devices_per_n
   return true;
 }
 
-SlotModel make_slot_model(const std::vector<PlanJob>& jobs, const Cluster& cluster, int64_t slots,
-                          Objective objective) {
-  const Schedule greedy = greedy_schedule(jobs, cluster);
+namespace {
+
+// The slot model around a given greedy schedule (which sets the slot length and the horizon, and becomes `greedy`).
+SlotModel slot_model_around(const std::vector<PlanJob>& jobs, const Cluster& cluster, int64_t slots,
+                            Objective objective, const Schedule& greedy) {
   SlotModel m;
   m.objective = objective;
   m.slot_s = greedy.makespan_s() / static_cast<double>(std::max<int64_t>(1, slots));
-  int64_t greedy_end = 0;
-  greedy_in_slots(greedy, jobs, cluster, m.slot_s, &greedy_end);
-  m.horizon = greedy_end;
+  const std::vector<SlotPlacement> g = greedy_in_slots(greedy, jobs, cluster, m.slot_s, &m.horizon);
   for (const PlanJob& j : jobs) m.weights.push_back(j.profile.weight);
+  m.greedy.assign(jobs.size(), -1);
   for (size_t job = 0; job < jobs.size(); ++job) {
+    const SlotPlacement& gp = g[job];
     for (size_t o = 0; o < jobs[job].options.size(); ++o) {
       const Candidate& c = jobs[job].options[o];
       const int64_t length = slots_for(c.duration_s, m.slot_s);
       const int64_t step = c.nodes > 1 ? c.nodes : 1;
       for (int64_t first = 0; first + step <= cluster.nodes; first += step) {
         for (int64_t start = 0; start + length <= m.horizon; ++start) {
+          if (static_cast<int>(o) == gp.option && first == gp.first_node && start == gp.start) {
+            m.greedy[job] = static_cast<int>(m.choices.size());
+          }
           m.choices.push_back({static_cast<int>(job), static_cast<int>(o), first, step,
                                c.nodes > 1 ? cluster.devices_per_node : c.devices, start, length});
         }
@@ -122,6 +125,13 @@ SlotModel make_slot_model(const std::vector<PlanJob>& jobs, const Cluster& clust
     }
   }
   return m;
+}
+
+}  // namespace
+
+SlotModel make_slot_model(const std::vector<PlanJob>& jobs, const Cluster& cluster, int64_t slots,
+                          Objective objective) {
+  return slot_model_around(jobs, cluster, slots, objective, greedy_schedule(jobs, cluster));
 }
 
 Schedule schedule_from_slots(const SlotModel& model, const std::vector<int>& selected, const std::vector<PlanJob>& jobs,
@@ -172,7 +182,8 @@ Schedule schedule_from_slots(const SlotModel& model, const std::vector<int>& sel
 SolveResult solve_milp(const std::vector<PlanJob>& jobs, const Cluster& cluster, const SolveOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   SolveResult r;
-  r.model = make_slot_model(jobs, cluster, options.slots, options.objective);
+  const Schedule greedy = greedy_schedule(jobs, cluster);
+  r.model = slot_model_around(jobs, cluster, options.slots, options.objective, greedy);
   const SlotModel& m = r.model;
   const bool makespan = options.objective == Objective::kMakespan;
   const int n_choices = static_cast<int>(m.choices.size());
@@ -243,11 +254,6 @@ SolveResult solve_milp(const std::vector<PlanJob>& jobs, const Cluster& cluster,
   r.variables = n_cols;
   r.constraints = n_rows;
 
-  // The greedy schedule, in slots: the first incumbent.
-  const Schedule greedy = greedy_schedule(jobs, cluster);
-  int64_t greedy_end = 0;
-  const std::vector<SlotPlacement> g = greedy_in_slots(greedy, jobs, cluster, m.slot_s, &greedy_end);
-
   // Symmetry: the nodes are alike, so any plan can be relabelled block by block (blocks of the widest option's node
   // count, which keeps every narrower block aligned) to put one chosen job in the first block. The job is the one
   // the greedy schedule starts first there, so the incumbent stays feasible.
@@ -258,8 +264,11 @@ SolveResult solve_milp(const std::vector<PlanJob>& jobs, const Cluster& cluster,
   if (cluster.nodes % block == 0 && cluster.nodes > block) {
     int anchor = -1;
     for (int j = 0; j < n_jobs; ++j) {
-      const SlotPlacement& s = g[static_cast<size_t>(j)];
-      if (s.first_node < block && (anchor < 0 || s.start < g[static_cast<size_t>(anchor)].start)) anchor = j;
+      const SlotModel::Choice& c = m.choices[static_cast<size_t>(m.greedy[static_cast<size_t>(j)])];
+      if (c.first_node < block &&
+          (anchor < 0 || c.start < m.choices[static_cast<size_t>(m.greedy[static_cast<size_t>(anchor)])].start)) {
+        anchor = j;
+      }
     }
     for (int i = 0; anchor >= 0 && i < n_choices; ++i) {
       const SlotModel::Choice& c = m.choices[static_cast<size_t>(i)];
@@ -272,24 +281,12 @@ SolveResult solve_milp(const std::vector<PlanJob>& jobs, const Cluster& cluster,
                   obj.data(), row_lb.data(), row_ub.data());
   for (int i = 0; i < n_choices; ++i) Cbc_setInteger(model.get(), i);
   {
-    std::map<std::tuple<int, int, int64_t, int64_t>, int> lookup;
-    for (int i = 0; i < n_choices; ++i) {
-      const SlotModel::Choice& c = m.choices[static_cast<size_t>(i)];
-      lookup[{c.job, c.option, c.first_node, c.start}] = i;
-    }
-    std::vector<int> cols;
-    std::vector<double> vals;
-    for (int j = 0; j < n_jobs; ++j) {
-      const SlotPlacement& s = g[static_cast<size_t>(j)];
-      auto it = lookup.find({j, s.option, s.first_node, s.start});
-      if (it != lookup.end()) {
-        cols.push_back(it->second);
-        vals.push_back(1.0);
-      }
-    }
+    // The greedy schedule, in slots: the first incumbent.
+    std::vector<int> cols(m.greedy.begin(), m.greedy.end());
+    std::vector<double> vals(cols.size(), 1.0);
     if (makespan) {
       cols.push_back(c_col);
-      vals.push_back(static_cast<double>(greedy_end));
+      vals.push_back(static_cast<double>(m.horizon));
     }
     Cbc_setMIPStartI(model.get(), static_cast<int>(cols.size()), cols.data(), vals.data());
   }

@@ -71,6 +71,7 @@ struct SlotModel {
   std::vector<Choice> choices;  // every (job, option, placement, start) that ends within the horizon
   Objective objective = Objective::kMakespan;
   std::vector<double> weights;  // per job
+  std::vector<int> greedy;      // per job, the choice the greedy schedule takes (the solver's first incumbent)
 
   // The objective in slots of a selection (one choice per job): the makespan, or sum of weight x end slot.
   double objective_of(const std::vector<int>& selected) const;
