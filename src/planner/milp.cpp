@@ -113,8 +113,11 @@ SlotModel slot_model_around(const std::vector<PlanJob>& jobs, const Cluster& clu
       const Candidate& c = jobs[job].options[o];
       const int64_t length = slots_for(c.duration_s, m.slot_s);
       const int64_t step = c.nodes > 1 ? c.nodes : 1;
+      const bool pinned = static_cast<int>(o) == jobs[job].running_option;
       for (int64_t first = 0; first + step <= cluster.nodes; first += step) {
-        for (int64_t start = 0; start + length <= m.horizon; ++start) {
+        // A running job's continuing option: where it runs, from slot 0.
+        if (pinned && first != jobs[job].running_devices.front() / cluster.devices_per_node) continue;
+        for (int64_t start = 0; start + length <= m.horizon && !(pinned && start > 0); ++start) {
           if (static_cast<int>(o) == gp.option && first == gp.first_node && start == gp.start) {
             m.greedy[job] = static_cast<int>(m.choices.size());
           }
@@ -136,8 +139,14 @@ SlotModel make_slot_model(const std::vector<PlanJob>& jobs, const Cluster& clust
 
 Schedule schedule_from_slots(const SlotModel& model, const std::vector<int>& selected, const std::vector<PlanJob>& jobs,
                              const Cluster& cluster) {
+  // Running jobs that continue first (they keep their devices), then by start slot.
+  const auto continues = [&](int i) {
+    const SlotModel::Choice& c = model.choices[static_cast<size_t>(i)];
+    return c.option == jobs[static_cast<size_t>(c.job)].running_option;
+  };
   std::vector<int> order(selected.begin(), selected.end());
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    if (continues(a) != continues(b)) return continues(a);
     return model.choices[static_cast<size_t>(a)].start < model.choices[static_cast<size_t>(b)].start;
   });
   const int64_t per_node = cluster.devices_per_node;
@@ -150,7 +159,9 @@ Schedule schedule_from_slots(const SlotModel& model, const std::vector<int>& sel
     Placement p;
     p.job = c.job;
     p.option = c.option;
-    for (int64_t n = c.first_node; n < c.first_node + c.nodes; ++n) {
+    const std::vector<int64_t>& running = jobs[static_cast<size_t>(c.job)].running_devices;
+    if (continues(i)) p.devices = running;
+    for (int64_t n = c.first_node; n < c.first_node + c.nodes && !continues(i); ++n) {
       // The node's devices free at the choice's start slot (the capacity rows guarantee enough), earliest free
       // first in seconds so the job can start soonest.
       std::vector<int64_t> devs;
@@ -256,12 +267,14 @@ SolveResult solve_milp(const std::vector<PlanJob>& jobs, const Cluster& cluster,
 
   // Symmetry: the nodes are alike, so any plan can be relabelled block by block (blocks of the widest option's node
   // count, which keeps every narrower block aligned) to put one chosen job in the first block. The job is the one
-  // the greedy schedule starts first there, so the incumbent stays feasible.
+  // the greedy schedule starts first there, so the incumbent stays feasible. Running jobs make the nodes unalike.
   int64_t block = 1;
   for (const PlanJob& j : jobs) {
     for (const Candidate& c : j.options) block = std::max(block, c.nodes);
   }
-  if (cluster.nodes % block == 0 && cluster.nodes > block) {
+  const bool any_running =
+      std::any_of(jobs.begin(), jobs.end(), [](const PlanJob& j) { return j.running_option >= 0; });
+  if (cluster.nodes % block == 0 && cluster.nodes > block && !any_running) {
     int anchor = -1;
     for (int j = 0; j < n_jobs; ++j) {
       const SlotModel::Choice& c = m.choices[static_cast<size_t>(m.greedy[static_cast<size_t>(j)])];

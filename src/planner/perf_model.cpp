@@ -100,7 +100,9 @@ Candidate model_candidate(const JobProfile& job, const Cluster& cluster, int64_t
   }
   c.communication_s = comm;
   c.step_s = c.compute_s + std::max(0.0, comm - cluster.overlap * c.compute_s);
-  c.duration_s = cluster.startup_s + static_cast<double>(job.steps) * c.step_s;
+  c.modelled_step_s = c.step_s;
+  c.startup_s = cluster.startup_s;
+  c.duration_s = c.startup_s + static_cast<double>(job.steps) * c.step_s;
   return c;
 }
 
@@ -146,13 +148,20 @@ std::vector<Candidate> enumerate_candidates(const JobProfile& job, const Cluster
 }
 
 std::vector<Candidate> best_candidates(const JobProfile& job, const Cluster& cluster) {
+  return select_best(enumerate_candidates(job, cluster));
+}
+
+std::vector<Candidate> select_best(const std::vector<Candidate>& candidates) {
+  std::map<int64_t, bool> profiled;  // by device count: whether any configuration was measured
+  for (const Candidate& c : candidates) profiled[c.devices] = profiled[c.devices] || (c.fits && c.profiled);
   std::map<int64_t, Candidate> best;  // by device count
-  for (const Candidate& c : enumerate_candidates(job, cluster)) {
+  for (const Candidate& c : candidates) {
+    if (!c.fits || c.profiled != profiled[c.devices]) continue;
     auto it = best.find(c.devices);
     // Fastest first; among equals, the larger microbatch (the model does not count the per-microbatch overheads
     // that make small ones slower in practice), then the least memory.
-    if (it == best.end() || c.step_s < it->second.step_s ||
-        (c.step_s == it->second.step_s &&
+    if (it == best.end() || c.duration_s < it->second.duration_s ||
+        (c.duration_s == it->second.duration_s &&
          std::tie(c.microbatch, it->second.memory_bytes) > std::tie(it->second.microbatch, c.memory_bytes))) {
       best[c.devices] = c;
     }

@@ -163,6 +163,9 @@ std::vector<std::string> check_schedule(const Schedule& s, const std::vector<Pla
       }
     }
     if (p.start_s < 0) bad.push_back(fmt::format("{}: starts before 0", who));
+    if (p.option == j.running_option && (p.devices != j.running_devices || p.start_s != 0)) {
+      bad.push_back(fmt::format("{}: continues where it runs, but is placed elsewhere or later", who));
+    }
     if (std::abs(p.end_s - p.start_s - o.duration_s) > 1e-6 * std::max(1.0, o.duration_s)) {
       bad.push_back(
           fmt::format("{}: runs {:.3f} s, its option takes {:.3f} s", who, p.end_s - p.start_s, o.duration_s));
@@ -259,7 +262,14 @@ Schedule greedy_schedule(const std::vector<PlanJob>& jobs, const Cluster& cluste
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return work(a) > work(b); });
   std::vector<double> free_at(static_cast<size_t>(cluster.devices()), 0.0);
   std::vector<Placement> out;
+  for (size_t i = 0; i < jobs.size(); ++i) {  // running jobs go on where they run
+    if (jobs[i].running_option >= 0) {
+      out.push_back(
+          place(static_cast<int>(i), jobs[i].running_option, jobs[i], {0.0, jobs[i].running_devices}, free_at));
+    }
+  }
   for (size_t i : order) {
+    if (jobs[i].running_option >= 0) continue;
     int best = -1;
     Slot best_slot;
     double best_end = std::numeric_limits<double>::infinity();

@@ -36,9 +36,12 @@ struct Candidate {
   double memory_bytes = 0;     // per device: model state + one microbatch's activations
   double compute_s = 0;        // per step
   double communication_s = 0;  // per step, before overlap
-  double step_s = 0;           // per step
-  double duration_s = 0;       // startup + steps * step_s
+  double step_s = 0;           // per step: modelled, or measured when `profiled`
+  double startup_s = 0;        // from launch to the first step: the cluster's startup_s, or measured
+  double duration_s = 0;       // startup_s + steps * step_s
   bool fits = true;            // memory_bytes within the device's usable memory
+  bool profiled = false;       // step_s and startup_s come from a trial run (planner/profiler.h)
+  double modelled_step_s = 0;  // what the performance model predicts, kept beside a measurement
 
   // "FULL_SHARD, act. ckpt, microbatch 4".
   std::string describe() const;
@@ -61,5 +64,8 @@ std::vector<Candidate> enumerate_candidates(const JobProfile& job, const Cluster
 // The fastest fitting configuration per device count, without the device counts that are no faster than a smaller
 // one: what the scheduler chooses from. Sorted by device count. Empty when nothing fits.
 std::vector<Candidate> best_candidates(const JobProfile& job, const Cluster& cluster);
+// The same choice among given configurations (modelled or profiled). Where a device count has profiled
+// configurations, only they compete: a measurement is trusted over the model.
+std::vector<Candidate> select_best(const std::vector<Candidate>& candidates);
 
 }  // namespace tessera::planner

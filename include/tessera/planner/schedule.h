@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/planner/cluster.h"
@@ -17,8 +18,16 @@ namespace tessera::planner {
 
 // A job with the configurations the scheduler chooses from (best_candidates).
 struct PlanJob {
+  PlanJob() = default;
+  PlanJob(JobProfile p, std::vector<Candidate> o) : profile(std::move(p)), options(std::move(o)) {}
+
   JobProfile profile;
   std::vector<Candidate> options;
+  // Re-planning (planner/executor.h): a job that runs now. Its option `running_option` continues it where it runs,
+  // on `running_devices` from time 0 (its duration: what is left); its other options stop it and restart it from its
+  // checkpoint, anywhere, at any time (their durations include the restart). -1: the job has not started.
+  int running_option = -1;
+  std::vector<int64_t> running_devices;
 };
 
 struct Placement {
@@ -38,8 +47,9 @@ struct Schedule {
 };
 
 // Every constraint a schedule must meet: each job placed once, in one of its options, on exactly that option's
-// device count, within one node unless the option spans nodes (then on whole nodes), for exactly its duration, and
-// no device used by two jobs at once. Returns the violations, one line each; empty when the schedule is valid.
+// device count, within one node unless the option spans nodes (then on whole nodes), for exactly its duration, a
+// running job's continuing option on its devices from time 0, and no device used by two jobs at once. Returns the
+// violations, one line each; empty when the schedule is valid.
 std::vector<std::string> check_schedule(const Schedule& s, const std::vector<PlanJob>& jobs, const Cluster& cluster);
 
 // The naive policies (each returns a valid schedule, or throws ConfigError naming a job that fits nowhere):
@@ -47,7 +57,7 @@ std::vector<std::string> check_schedule(const Schedule& s, const std::vector<Pla
 //   equal split           the devices cut into equal groups (a power of two per group, the smallest on which every
 //                         job fits), jobs dealt to the groups in turn, each group running its jobs one after another
 //   greedy largest first  jobs by work (device-seconds on their smallest option) descending, each placed where it
-//                         would finish first given the devices' free times
+//                         would finish first given the devices' free times (running jobs continue where they run)
 Schedule sequential_schedule(const std::vector<PlanJob>& jobs, const Cluster& cluster);
 Schedule equal_split_schedule(const std::vector<PlanJob>& jobs, const Cluster& cluster);
 Schedule greedy_schedule(const std::vector<PlanJob>& jobs, const Cluster& cluster);

@@ -173,6 +173,96 @@ TEST(Schedule, CheckNamesEveryBrokenConstraint) {
             std::string::npos);
 }
 
+// Where a device count has measured configurations, only they compete (a measurement is trusted over the model).
+TEST(PerfModel, SelectBestTrustsMeasuredConfigurationsOverModelledOnes) {
+  const Cluster cluster = small_cluster(1, 4);
+  const JobProfile p = job("a", 2e8, 100);
+  std::vector<Candidate> all = enumerate_candidates(p, cluster);
+  const std::vector<Candidate> modelled = best_candidates(p, cluster);
+  ASSERT_GE(modelled.size(), 2u);
+  // Measure one 1-device configuration other than the model's best, slower than the model said.
+  Candidate* measured = nullptr;
+  for (Candidate& c : all) {
+    if (c.devices == 1 && c.microbatch != modelled.front().microbatch) measured = &c;
+  }
+  ASSERT_NE(measured, nullptr);
+  measured->profiled = true;
+  measured->step_s *= 1.5;
+  measured->startup_s = 7;
+  measured->duration_s = 7 + static_cast<double>(p.steps) * measured->step_s;
+  const std::vector<Candidate> best = select_best(all);
+  ASSERT_FALSE(best.empty());
+  EXPECT_EQ(best.front().devices, 1);
+  EXPECT_TRUE(best.front().profiled);
+  EXPECT_EQ(best.front().microbatch, measured->microbatch);
+  EXPECT_DOUBLE_EQ(best.front().duration_s, measured->duration_s);
+  // The other device counts, unmeasured, keep the model's choice.
+  for (size_t i = 1; i < best.size(); ++i) EXPECT_FALSE(best[i].profiled);
+}
+
+// Re-planning: a running job's continuing option stays where it runs from time 0; the solver moves the job only when
+// a restart elsewhere ends sooner, and every schedule passes the checks (which name a misplaced continuation).
+TEST(Replan, ARunningJobGoesOnWhereItRunsUnlessMovingItEndsSooner) {
+  const Cluster cluster = small_cluster(1, 2);
+  const JobProfile p = job("a", 2e8, 200, 16);
+  const std::vector<Candidate> options = best_candidates(p, cluster);
+  ASSERT_EQ(options.size(), 2u);  // 1 and 2 devices
+  ASSERT_LT(options[1].duration_s, options[0].duration_s);
+  auto running = [&](double left_s) {
+    PlanJob j(p, {});
+    Candidate go_on = options[0];
+    go_on.duration_s = left_s;
+    j.options = {go_on, options[1]};
+    j.running_option = 0;
+    j.running_devices = {1};
+    return j;
+  };
+  SolveOptions o;
+  o.slots = 16;
+  o.time_limit_s = 10;
+  // Little left: it goes on, on device 1, from 0.
+  {
+    const std::vector<PlanJob> jobs = {running(10)};
+    const SolveResult r = solve_milp(jobs, cluster, o);
+    ASSERT_TRUE(check_schedule(r.schedule, jobs, cluster).empty()) << check_schedule(r.schedule, jobs, cluster).front();
+    EXPECT_EQ(r.schedule.placements[0].option, 0);
+    EXPECT_EQ(r.schedule.placements[0].devices, std::vector<int64_t>{1});
+    EXPECT_DOUBLE_EQ(r.schedule.placements[0].start_s, 0);
+  }
+  // Much left and the other device idle: restarting on both devices ends sooner.
+  {
+    const std::vector<PlanJob> jobs = {running(2 * options[1].duration_s)};
+    const SolveResult r = solve_milp(jobs, cluster, o);
+    ASSERT_TRUE(check_schedule(r.schedule, jobs, cluster).empty());
+    EXPECT_EQ(r.schedule.placements[0].option, 1);
+    EXPECT_EQ(r.schedule.placements[0].devices.size(), 2u);
+  }
+  // The same, but a pending job keeps device 0 busy: moving would wait for it, so the running job goes on.
+  {
+    PlanJob other(job("b", 2e8, 150, 16), {});
+    other.options = {best_candidates(other.profile, cluster).front()};
+    const std::vector<PlanJob> jobs = {running(1.2 * options[1].duration_s), other};
+    const SolveResult r = solve_milp(jobs, cluster, o);
+    ASSERT_TRUE(check_schedule(r.schedule, jobs, cluster).empty());
+    EXPECT_EQ(r.schedule.placements[0].option, 0);
+    EXPECT_EQ(r.schedule.placements[1].devices, std::vector<int64_t>{0});
+    EXPECT_DOUBLE_EQ(r.schedule.placements[1].start_s, 0);
+    // The greedy schedule never moves a running job either.
+    const Schedule g = greedy_schedule(jobs, cluster);
+    EXPECT_TRUE(check_schedule(g, jobs, cluster).empty());
+    EXPECT_EQ(g.placements[0].devices, std::vector<int64_t>{1});
+  }
+  // The checks name a continuation placed elsewhere or later.
+  {
+    const std::vector<PlanJob> jobs = {running(10)};
+    Schedule s = greedy_schedule(jobs, cluster);
+    s.placements[0].devices = {0};
+    const std::vector<std::string> bad = check_schedule(s, jobs, cluster);
+    ASSERT_FALSE(bad.empty());
+    EXPECT_NE(bad.front().find("continues where it runs"), std::string::npos) << bad.front();
+  }
+}
+
 // Random instances: every policy's schedule passes the checks, and the MILP's is never longer than sequential.
 TEST(Schedule, EveryPolicyMeetsTheConstraintsOnRandomInstances) {
   std::mt19937 rng(7);
@@ -258,6 +348,40 @@ TEST(Milp, IsOptimalOnSmallInstancesByExhaustiveSearch) {
     }
   }
   EXPECT_EQ(checked, 16);
+}
+
+// With running jobs in the program, the solver is still optimal within the slot model (exhaustive search).
+TEST(Replan, IsOptimalWithRunningJobsByExhaustiveSearch) {
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 4; ++trial) {
+    const Cluster cluster = small_cluster(1, 4);
+    std::vector<PlanJob> jobs;
+    for (int i = 0; i < 3; ++i) {
+      JobProfile p = job("job" + std::to_string(i), std::uniform_real_distribution<double>(5e7, 1e9)(rng),
+                         std::uniform_int_distribution<int64_t>(20, 300)(rng), 16);
+      jobs.emplace_back(p, best_candidates(p, cluster));
+    }
+    // Job 0 runs on devices 2 and 3 in its 2-device option, with a random part of it left.
+    Candidate go_on = *std::find_if(jobs[0].options.begin(), jobs[0].options.end(),
+                                    [](const Candidate& c) { return c.devices == 2; });
+    go_on.duration_s *= std::uniform_real_distribution<double>(0.1, 1.0)(rng);
+    jobs[0].options.insert(jobs[0].options.begin(), go_on);
+    jobs[0].running_option = 0;
+    jobs[0].running_devices = {2, 3};
+    SolveOptions o;
+    o.slots = 6;
+    o.time_limit_s = 60;
+    const SolveResult r = solve_milp(jobs, cluster, o);
+    ASSERT_TRUE(r.optimal);
+    ASSERT_TRUE(check_schedule(r.schedule, jobs, cluster).empty()) << check_schedule(r.schedule, jobs, cluster).front();
+    EXPECT_NEAR(r.objective_slots, exhaustive_optimum(r.model, 3, cluster.devices_per_node, cluster.nodes), 1e-9)
+        << "trial " << trial;
+    for (const SlotModel::Choice& c : r.model.choices) {
+      if (c.job == 0 && c.option == 0) {
+        EXPECT_EQ(c.start, 0);
+      }
+    }
+  }
 }
 
 // Saturn's workload shape: a grid of fine-tuning jobs over MPT 1B-13B (the shipped recipes) on 8 nodes of 8 H100,
