@@ -1,0 +1,242 @@
+// `plan --profile --run` end to end, with real `train` jobs on this machine's cores: the plan's makespan against the
+// run's, the MILP plan against the sequential baseline run the same way, the trial cache, and re-planning after a
+// job is killed and after a core is taken away from the planner.
+#include <gtest/gtest.h>
+
+#include <sched.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "tessera/planner/profiler.h"
+#include "tessera/util/subprocess.h"
+#include "test_util.h"
+#include "tiny_data.h"
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+namespace {
+
+std::string read_text(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string plan_bin() {
+  return (fs::path(tessera::testing::train_bin()).parent_path() / "plan").string();
+}
+
+// The pid of the `train` launcher that `plan` (pid `parent`) started for run `name`, or 0.
+pid_t train_of(pid_t parent, const std::string& name) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string pid = e.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmdline = read_text(e.path() / "cmdline");
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    const std::string stat = read_text(e.path() / "stat");
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    std::string state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == parent && cmdline.find(" run_name=" + name + " ") != std::string::npos) return std::stoi(pid);
+  }
+  return 0;
+}
+
+// The last batch in a metrics file, or -1.
+int64_t last_batch(const fs::path& metrics) {
+  const std::string text = read_text(metrics);
+  const size_t at = text.rfind("\"batch\":");
+  return at == std::string::npos ? -1 : std::strtoll(text.c_str() + at + 8, nullptr, 10);
+}
+
+class PlanRun : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = fs::temp_directory_path() / "plan_run";
+    fs::remove_all(root_);
+    tessera::testing::write_token_split(root_ / "data" / "train", 512, 1);
+    // A tiny MPT whose size the jobs set; a checkpoint every 10 batches, as a user's job would have.
+    std::ofstream(root_ / "job.yaml") << fmt::format(R"(
+max_seq_len: 32
+seed: 3
+model: {{name: mpt_causal_lm, d_model: 64, n_heads: 2, n_layers: 2, expansion_ratio: 4, max_seq_len: 32,
+        vocab_size: 64, attn_config: {{attn_impl: torch}}}}
+tokenizer: {{name: unused}}
+train_loader: {{name: text, dataset: {{local: {0}, split: train, shuffle: true, max_seq_len: 32}}, drop_last: true}}
+optimizer: {{name: decoupled_adamw, lr: 0.001, weight_decay: 0.0}}
+scheduler: {{name: constant_with_warmup, t_warmup: 0ba}}
+max_duration: 100ba
+save_interval: 10ba
+global_train_batch_size: 32
+device_train_microbatch_size: 32
+device_eval_batch_size: 32
+precision: fp32
+device: cpu
+log_to_console: false
+)",
+                                                     (root_ / "data").string());
+  }
+  static fs::path root_;
+};
+fs::path PlanRun::root_;
+
+// Four jobs of different sizes on two cores: profiled, planned by the MILP, run; then the sequential baseline (each
+// job on as many cores as help it, one after another) run the same way. Timing-sensitive: the `timing` ctest entry
+// runs it alone (TESSERA_TIMING_TESTS=1).
+TEST_F(PlanRun, FourJobsOnTwoCoresEndNearThePlanAndBeforeTheSequentialBaseline) {
+  if (std::getenv("TESSERA_TIMING_TESTS") == nullptr) GTEST_SKIP() << "set TESSERA_TIMING_TESTS=1 on an idle machine";
+  if (tessera::planner::allowed_cpus().size() < 2) GTEST_SKIP() << "needs two cores";
+  std::ofstream(root_ / "jobs4.yaml") << R"(jobs:
+  - {name: big, recipe: job.yaml, max_duration: 160ba, overrides: [model.d_model=192, model.n_layers=3]}
+  - {name: deep, recipe: job.yaml, max_duration: 240ba, overrides: [model.d_model=128, model.n_layers=4]}
+  - {name: wide, recipe: job.yaml, max_duration: 240ba, overrides: [model.d_model=160, model.n_layers=2]}
+  - {name: small, recipe: job.yaml, max_duration: 400ba, overrides: [model.d_model=96, model.n_layers=2]}
+)";
+  std::ofstream(root_ / "cpu2.yaml") << R"(nodes: 1
+devices_per_node: 2
+device: {kind: cpu, peak_tflops: 0.05, memory_gib: 4, mfu: 0.5}
+intra_node: {bandwidth_gbps: 1, latency_us: 100}
+overlap: 0
+startup_s: 2
+)";
+  const std::string common = fmt::format(
+      "{} --jobs {} --cluster {} --profile --profile-configs 1 --profile-budget 300 --profile-cache {} --time-limit 10 "
+      "--train-bin {} --run",
+      plan_bin(), (root_ / "jobs4.yaml").string(), (root_ / "cpu2.yaml").string(), (root_ / "cache.json").string(),
+      tessera::testing::train_bin());
+  const auto milp = tessera::testing::run_command(
+      fmt::format("{} --work-dir {} --json {}", common, (root_ / "milp").string(), (root_ / "milp.json").string()));
+  ASSERT_EQ(milp.exit_code, 0) << milp.output;
+  std::printf("%s\n", milp.output.c_str());
+  const auto seq =
+      tessera::testing::run_command(fmt::format("{} --policy sequential --no-replan --work-dir {} --json {}", common,
+                                                (root_ / "seq").string(), (root_ / "seq.json").string()));
+  ASSERT_EQ(seq.exit_code, 0) << seq.output;
+  std::printf("%s\n", seq.output.c_str());
+  const Json m = Json::parse(read_text(root_ / "milp.json"));
+  const Json s = Json::parse(read_text(root_ / "seq.json"));
+  // Every trial of the second run came from the cache the first one wrote.
+  ASSERT_FALSE(s["trials"].empty());
+  for (const Json& t : s["trials"]) EXPECT_TRUE(t["cached"].get<bool>()) << t.dump();
+  for (const Json& t : m["trials"]) EXPECT_FALSE(t["cached"].get<bool>()) << t.dump();
+  // The plan as run: within 15% of its makespan, every job to its last batch.
+  const double planned = m["run"]["planned_makespan_s"].get<double>();
+  const double actual = m["run"]["makespan_s"].get<double>();
+  EXPECT_TRUE(m["run"]["ok"].get<bool>());
+  EXPECT_LE(std::abs(actual / planned - 1), 0.15) << "planned " << planned << " s, actual " << actual << " s";
+  for (const char* job : {"big", "deep", "wide", "small"}) {
+    EXPECT_TRUE(fs::exists(root_ / "milp" / job / "ckpt" / "latest")) << job;
+  }
+  EXPECT_EQ(last_batch(root_ / "milp" / "small" / "metrics.jsonl"), 400);
+  // The MILP plan beats the sequential baseline, planned and run.
+  const double seq_actual = s["run"]["makespan_s"].get<double>();
+  EXPECT_LT(planned, s["run"]["planned_makespan_s"].get<double>());
+  EXPECT_LT(actual, seq_actual) << "MILP " << actual << " s, sequential " << seq_actual << " s";
+}
+
+// Two jobs, one core each. Job `a` is killed with SIGKILL: the executor restarts it from its checkpoint. Then core
+// 1 is taken from the planner's CPU set: job `b`, which runs there, is stopped (it saves a checkpoint), and placed
+// again on the core left, where it resumes once `a` is done. Every job finishes.
+TEST_F(PlanRun, AKilledJobAndALostCoreAreReplannedAndEveryJobFinishes) {
+  const std::vector<int> cpus = tessera::planner::allowed_cpus();
+  if (cpus.size() < 2) GTEST_SKIP() << "needs two cores";
+  std::ofstream(root_ / "jobs2.yaml") << R"(jobs:
+  - {name: a, recipe: job.yaml, max_duration: 150ba}
+  - {name: b, recipe: job.yaml, max_duration: 150ba}
+)";
+  // A link too slow for two cores to help either job: one core each, side by side.
+  std::ofstream(root_ / "cpu2slow.yaml") << R"(nodes: 1
+devices_per_node: 2
+device: {kind: cpu, peak_tflops: 0.05, memory_gib: 4}
+intra_node: {bandwidth_gbps: 0.0001, latency_us: 100}
+startup_s: 2
+)";
+  const fs::path work = root_ / "faults";
+  tessera::util::SpawnOptions o;
+  o.argv = {plan_bin(),
+            "--jobs",
+            (root_ / "jobs2.yaml").string(),
+            "--cluster",
+            (root_ / "cpu2slow.yaml").string(),
+            "--run",
+            "--work-dir",
+            work.string(),
+            "--json",
+            (root_ / "faults.json").string(),
+            "--train-bin",
+            tessera::testing::train_bin(),
+            "--time-limit",
+            "5",
+            "--log-level",
+            "info"};
+  o.output_path = (root_ / "faults.log").string();
+  o.cpus = {cpus[0], cpus[1]};
+  const pid_t plan = tessera::util::spawn(o);
+  const auto wait_for = [&](const std::function<bool()>& ready, const char* what) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (!ready()) {
+      ASSERT_FALSE(tessera::util::poll_exit(plan).has_value()) << "plan ended before " << what << ":\n"
+                                                               << read_text(root_ / "faults.log");
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "waiting for " << what;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  };
+  wait_for(
+      [&] { return last_batch(work / "a" / "metrics.jsonl") >= 25 && last_batch(work / "b" / "metrics.jsonl") >= 25; },
+      "both jobs to train 25 batches");
+  const pid_t a = train_of(plan, "a");
+  ASSERT_NE(a, 0);
+  ::kill(-a, SIGKILL);  // the launcher's group: `a` was started in a session of its own
+  ::kill(a, SIGKILL);
+  wait_for([&] { return train_of(plan, "a") != 0 && train_of(plan, "a") != a; }, "`a` to be restarted");
+  // Take away the core job b runs on (the executor logged it: "b started on device N").
+  const std::string log = read_text(root_ / "faults.log");
+  const size_t at = log.find("b started on device ");
+  ASSERT_NE(at, std::string::npos) << log;
+  const int b_core = std::stoi(log.substr(at + 20));
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus) {
+    if (c != b_core) CPU_SET(c, &set);
+  }
+  ASSERT_EQ(::sched_setaffinity(plan, sizeof(set), &set), 0);
+  const tessera::util::ExitStatus st = tessera::util::wait_exit(plan);
+  const std::string out = read_text(root_ / "faults.log");
+  ASSERT_EQ(st.code, 0) << out;
+  std::printf("%s\n", out.substr(out.find("Running the")).c_str());
+  const Json r = Json::parse(read_text(root_ / "faults.json"))["run"];
+  ASSERT_TRUE(r["ok"].get<bool>()) << out;
+  const Json& ja = r["jobs"][0];
+  const Json& jb = r["jobs"][1];
+  ASSERT_GE(ja["attempts"].size(), 2u) << out;
+  EXPECT_NE(ja["attempts"][0]["outcome"].get<std::string>().find("killed by signal 9"), std::string::npos) << out;
+  EXPECT_GT(ja["attempts"][1]["from_step"].get<int64_t>(), 0) << "a resumed from its checkpoint";
+  ASSERT_EQ(jb["attempts"].size(), 2u) << out;
+  EXPECT_EQ(jb["attempts"][0]["outcome"].get<std::string>(), "device lost") << out;
+  EXPECT_GT(jb["attempts"][1]["from_step"].get<int64_t>(), 0) << "b resumed from the checkpoint it saved";
+  EXPECT_NE(jb["attempts"][1]["devices"][0].get<int>(), b_core) << out;
+  EXPECT_NE(out.find("left this process's CPU set"), std::string::npos) << out;
+  for (const char* job : {"a", "b"}) EXPECT_EQ(last_batch(work / job / "metrics.jsonl"), 150) << job;
+}
+
+}  // namespace
