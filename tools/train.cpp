@@ -21,13 +21,18 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "tessera/dist/launcher.h"
+#include "tessera/planner/cluster.h"
+#include "tessera/planner/jobs.h"
+#include "tessera/planner/perf_model.h"
 #include "tessera/trainer/plan.h"
 #include "tessera/trainer/train_config.h"
 #include "tessera/trainer/trainer.h"
@@ -107,6 +112,10 @@ int run(int argc, char** argv) {
   app.add_option("--step-seconds", costs.step_seconds,
                  "Dry run: one optimizer step's time, measured (default: estimated from FLOPs)")
       ->check(CLI::PositiveNumber);
+  std::string cluster_path;
+  app.add_option("--cluster", cluster_path,
+                 "Dry run: a cluster description (docs/planner.md#the-cluster-file); plans for all its devices and "
+                 "prints the performance model's step time, throughput, scaling efficiency and time to train");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off");
   // The launcher (torchrun's flags): spawn this many ranks here, each running this command without these flags.
   tessera::dist::LaunchOptions launch;
@@ -182,6 +191,12 @@ int run(int argc, char** argv) {
     }
     return tessera::dist::launch(launch);
   }
+  std::optional<tessera::planner::Cluster> cluster;
+  if (!cluster_path.empty()) {
+    cluster = tessera::planner::load_cluster(cluster_path);
+    if (world_size == 0) world_size = cluster->devices();
+    if (ranks_per_node == 0) ranks_per_node = std::min(world_size, cluster->devices_per_node);
+  }
   if (world_size == 0 && nproc_per_node > 0) {
     world_size = int64_t{nproc_per_node} * (launch.max_nodes > 0 ? launch.max_nodes : launch.nnodes);
   }
@@ -191,6 +206,18 @@ int run(int argc, char** argv) {
   const tessera::trainer::Plan plan = tessera::trainer::make_plan(cfg, world_size, ranks_per_node);
   if (dry_run) {
     std::cout << tessera::trainer::render_plan(cfg, plan, tessera::util::describe(tessera::util::device_info()));
+    if (cluster) {
+      const tessera::planner::JobProfile job = tessera::planner::profile_config(cfg, cfg.run_name);
+      if (job.global_batch % world_size != 0) {
+        throw tessera::ConfigError("train", fmt::format("--cluster: {} devices do not divide global_train_batch_size "
+                                                        "{}",
+                                                        world_size, job.global_batch));
+      }
+      const int64_t microbatch = plan.auto_microbatch ? plan.device_train_batch_size : plan.microbatch_size;
+      const tessera::planner::ScalingEstimate e = tessera::planner::estimate_scaling(
+          job, *cluster, world_size, cfg.fsdp.strategy, cfg.fsdp.activation_checkpointing, microbatch);
+      std::cout << "\n" << tessera::planner::render_estimate(e, job, *cluster);
+    }
     // Checkpoint advice for a run that checkpoints, or when asked for with a failure rate.
     if (cfg.save_folder || costs.mtbf_hours) {
       std::vector<std::string> sources;

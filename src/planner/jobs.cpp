@@ -68,20 +68,15 @@ std::vector<JobSpec> load_jobs(const std::string& path) {
   return jobs;
 }
 
-JobProfile profile_job(const JobSpec& spec) {
-  std::vector<std::string> overrides = spec.overrides;
-  if (!spec.max_duration.empty()) overrides.push_back("max_duration=" + spec.max_duration);
-  const trainer::TrainConfig cfg = trainer::load_train_config(spec.recipe, overrides);
+JobProfile profile_config(const trainer::TrainConfig& cfg, const std::string& name) {
   const trainer::Plan plan = trainer::make_plan(cfg, 1, 1);
   JobProfile p;
-  p.name = spec.name;
+  p.name = name;
   p.n_params = plan.n_params;
   p.largest_unit_params = plan.largest_unit_params;
   p.flops_per_token = plan.flops_per_token;
   p.seq_len = plan.seq_len;
   p.global_batch = cfg.global_train_batch_size;
-  p.weight = spec.weight;
-  p.max_nodes = spec.max_nodes;
   p.mixed_precision = cfg.precision != core::Precision::kFp32;
   p.optimizer_state_tensors = cfg.optimizer.state_tensors();
   // The plan's activations are for one microbatch of the whole batch (auto) or the recipe's microbatch size.
@@ -102,9 +97,24 @@ JobProfile profile_job(const JobSpec& spec) {
       p.steps = static_cast<int64_t>(std::ceil(d.value() / p.tokens_per_step()));
       break;
     default:
-      throw ConfigError("plan", fmt::format("job {}: {}: max_duration {} is not in ba, sp or tok (the planner cannot "
-                                            "know how many steps an epoch is); give one in the jobs file",
-                                            spec.name, spec.recipe, d.str()));
+      p.steps = 0;  // epochs: unknown without the dataset's size
+  }
+  return p;
+}
+
+JobProfile profile_job(const JobSpec& spec) {
+  std::vector<std::string> overrides = spec.overrides;
+  if (!spec.max_duration.empty()) overrides.push_back("max_duration=" + spec.max_duration);
+  const trainer::TrainConfig cfg = trainer::load_train_config(spec.recipe, overrides);
+  JobProfile p = profile_config(cfg, spec.name);
+  p.weight = spec.weight;
+  p.max_nodes = spec.max_nodes;
+  const config::Time& d = cfg.max_duration;
+  if (d.unit() != config::TimeUnit::kBatch && d.unit() != config::TimeUnit::kSample &&
+      d.unit() != config::TimeUnit::kToken) {
+    throw ConfigError("plan", fmt::format("job {}: {}: max_duration {} is not in ba, sp or tok (the planner cannot "
+                                          "know how many steps an epoch is); give one in the jobs file",
+                                          spec.name, spec.recipe, d.str()));
   }
   if (p.steps <= 0) {
     throw ConfigError("plan",

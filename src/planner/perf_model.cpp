@@ -175,4 +175,39 @@ std::vector<Candidate> select_best(const std::vector<Candidate>& candidates) {
   return out;
 }
 
+ScalingEstimate estimate_scaling(const JobProfile& job, const Cluster& cluster, int64_t devices,
+                                 ShardingStrategy strategy, bool activation_checkpointing, int64_t microbatch) {
+  ScalingEstimate e;
+  e.config = model_candidate(job, cluster, devices, strategy, activation_checkpointing, microbatch);
+  e.tokens_per_s = job.tokens_per_step() / e.config.step_s;
+  e.efficiency = e.config.compute_s / e.config.step_s;
+  return e;
+}
+
+std::string render_estimate(const ScalingEstimate& e, const JobProfile& job, const Cluster& cluster) {
+  const Candidate& c = e.config;
+  const double hidden = std::min(c.communication_s, cluster.overlap * c.compute_s);
+  std::string out = fmt::format("Estimate on {} ({} devices; docs/planner.md#the-performance-model):\n",
+                                cluster.describe(), c.devices);
+  out += fmt::format("  configuration       {}, {} microbatch{} per step{}\n", c.describe(), c.microbatches,
+                     c.microbatches == 1 ? "" : "es", c.fits ? "" : "  (does NOT fit the device's usable memory)");
+  out += fmt::format(
+      "  step time           {:.3f} s: compute {:.3f} s at {:.0f}% MFU, communication {:.3f} s of which "
+      "{:.3f} s hidden\n",
+      c.step_s, c.compute_s, 100 * cluster.mfu, c.communication_s, hidden);
+  out += fmt::format("  throughput          {:.0f} tokens/s ({:.0f} per device)\n", e.tokens_per_s,
+                     e.tokens_per_s / static_cast<double>(c.devices));
+  out += fmt::format("  scaling efficiency  {:.1f}% of {} x one device's throughput\n", 100 * e.efficiency, c.devices);
+  out += fmt::format("  memory per device   {:.1f} GiB of {:.0f} GiB\n", c.memory_bytes / (1024.0 * 1024 * 1024),
+                     cluster.memory_bytes / (1024.0 * 1024 * 1024));
+  if (job.steps > 0) {
+    const double total = c.startup_s + static_cast<double>(job.steps) * c.step_s;
+    out += fmt::format("  time to train       {:.1f} h ({} steps, {:.0f} s startup)\n", total / 3600, job.steps,
+                       c.startup_s);
+  } else {
+    out += "  time to train       unknown (max_duration is in epochs)\n";
+  }
+  return out;
+}
+
 }  // namespace tessera::planner

@@ -16,6 +16,10 @@
 #include <string>
 #include <vector>
 
+namespace tessera::trainer {
+struct TrainConfig;
+}  // namespace tessera::trainer
+
 namespace tessera::planner {
 
 struct JobSpec {
@@ -50,6 +54,8 @@ struct JobProfile {
 // Reads a jobs file. ConfigError naming the file and key for an unknown key, a missing recipe, a duplicate name.
 std::vector<JobSpec> load_jobs(const std::string& path);
 
+// What the planner needs of a loaded recipe, the model measured on `meta` (steps: 0 when max_duration is in epochs).
+JobProfile profile_config(const trainer::TrainConfig& cfg, const std::string& name);
 // Reads the job's recipe (with its overrides and max_duration) and measures the model on `meta`. ConfigError when
 // the recipe is invalid or its max_duration is in epochs (the planner cannot know the dataset's size).
 JobProfile profile_job(const JobSpec& spec);

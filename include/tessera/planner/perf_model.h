@@ -68,4 +68,17 @@ std::vector<Candidate> best_candidates(const JobProfile& job, const Cluster& clu
 // configurations, only they compete: a measurement is trusted over the model.
 std::vector<Candidate> select_best(const std::vector<Candidate>& candidates);
 
+// What the model predicts for one configuration on `devices` devices of `cluster`, against the same work on one device
+// (`train --dry-run --cluster`): the step time, the throughput, the time to train, and the scaling efficiency,
+// throughput on `devices` / (`devices` x throughput on one), which is compute_s / step_s since compute divides evenly.
+struct ScalingEstimate {
+  Candidate config;         // on `devices`
+  double tokens_per_s = 0;  // all devices together
+  double efficiency = 0;    // in (0, 1]
+};
+ScalingEstimate estimate_scaling(const JobProfile& job, const Cluster& cluster, int64_t devices,
+                                 dist::ShardingStrategy strategy, bool activation_checkpointing, int64_t microbatch);
+// The estimate as the dry run prints it (steps = 0: no time to train, e.g. a duration in epochs).
+std::string render_estimate(const ScalingEstimate& e, const JobProfile& job, const Cluster& cluster);
+
 }  // namespace tessera::planner

@@ -82,6 +82,29 @@ TEST(TrainCli, DryRunAdvisesACheckpointInterval) {
   EXPECT_EQ(run("--recipe " + recipe).output.find("checkpoint interval"), std::string::npos);
 }
 
+// The performance model's estimate on a described cluster. mpt-7b at a global batch of 512 on 16 x 8 H100: compute
+// 43.17 GFLOP/token x 1,048,576 tokens x 4/3 (activation checkpointing) / (128 x 989 TFLOP/s x 0.4) = 1.192 s;
+// FULL_SHARD moves 3 x 127/128 x 13.3 GB per rank and step over the 50 GB/s inter-node links plus the ring latencies,
+// 0.915 s, of which half the compute (0.596 s) hides: a 1.511 s step, 1.192 / 1.511 = 78.9% scaling efficiency.
+TEST(TrainCli, DryRunOnAClusterEstimatesStepTimeThroughputAndScaling) {
+  const std::string cluster = kSource + "/tests/data/planner/h100-128.yaml";
+  Result r = run("--recipe " + kSource + "/recipes/mpt-7b.yaml --dry-run --cluster " + cluster +
+                 " global_train_batch_size=512");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("world size                128 (8 per node)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step time           1.511 s: compute 1.192 s at 40% MFU, communication 0.915 s of which "
+                          "0.596 s hidden"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("throughput          694067 tokens/s (5422 per device)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("scaling efficiency  78.9% of 128"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("time to train       26.8 h (63900 steps, 120 s startup)"), std::string::npos) << r.output;
+  // The world must divide the batch.
+  r = run("--recipe " + kSource + "/recipes/llama3-8b.yaml --dry-run --cluster " + cluster);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("not divisible by the world size (128)"), std::string::npos) << r.output;
+}
+
 TEST(TrainCli, LlmFoundrysYamlDryRunsUnchanged) {
   for (const char* name : {"mpt-125m.yaml", "mpt-small-cpu.yaml"}) {
     const Result r = run("--recipe " + kSource + "/tests/data/foundry/" + name + " --dry-run");
