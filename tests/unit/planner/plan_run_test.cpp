@@ -100,6 +100,46 @@ log_to_console: false
 };
 fs::path PlanRun::root_;
 
+// Profiling without timing assertions: each configuration tried runs once, measured from its heartbeats, and a second
+// plan of the same job takes every figure from the cache.
+TEST_F(PlanRun, ProfilingMeasuresEachTriedConfigurationOnceAndCachesIt) {
+  if (tessera::planner::allowed_cpus().size() < 2) GTEST_SKIP() << "needs two cores";
+  std::ofstream(root_ / "jobs1.yaml") << "jobs:\n  - {name: one, recipe: job.yaml, max_duration: 50ba}\n";
+  std::ofstream(root_ / "cpu2prof.yaml") << R"(nodes: 1
+devices_per_node: 2
+device: {kind: cpu, peak_tflops: 0.05, memory_gib: 4}
+)";
+  const std::string cmd = fmt::format(
+      "{} --jobs {} --cluster {} --profile --profile-configs 1 --profile-seconds 0.5 --profile-cache {} "
+      "--train-bin {} --work-dir {} --json {}",
+      plan_bin(), (root_ / "jobs1.yaml").string(), (root_ / "cpu2prof.yaml").string(), (root_ / "cache1.json").string(),
+      tessera::testing::train_bin(), (root_ / "prof").string(), (root_ / "prof.json").string());
+  const auto first = tessera::testing::run_command(cmd);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const Json a = Json::parse(read_text(root_ / "prof.json"));
+  ASSERT_EQ(a["trials"].size(), 2u) << first.output;  // one configuration on 1 core, one on 2
+  for (const Json& t : a["trials"]) {
+    EXPECT_TRUE(t["ok"].get<bool>()) << t.dump();
+    EXPECT_FALSE(t["cached"].get<bool>()) << t.dump();
+    EXPECT_GT(t["step_s"].get<double>(), 0) << t.dump();
+    EXPECT_LT(t["step_s"].get<double>(), 5) << t.dump();
+    EXPECT_GT(t["startup_s"].get<double>(), 0) << t.dump();
+    EXPECT_GT(t["peak_rss_bytes"].get<double>(), 50e6) << t.dump();  // LibTorch alone is more
+  }
+  EXPECT_EQ(a["trials"][0]["devices"].get<int>() + a["trials"][1]["devices"].get<int>(), 3);
+  // The plan chose a measured configuration.
+  EXPECT_NE(first.output.find("(measured)"), std::string::npos) << first.output;
+  const auto second = tessera::testing::run_command(cmd);
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  const Json b = Json::parse(read_text(root_ / "prof.json"));
+  ASSERT_EQ(b["trials"].size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_TRUE(b["trials"][i]["cached"].get<bool>());
+    EXPECT_DOUBLE_EQ(b["trials"][i]["step_s"].get<double>(), a["trials"][i]["step_s"].get<double>());
+  }
+  EXPECT_DOUBLE_EQ(b["profile"]["seconds"].get<double>(), 0.0);
+}
+
 // Four jobs of different sizes on two cores: profiled, planned by the MILP, run; then the sequential baseline (each
 // job on as many cores as help it, one after another) run the same way. Timing-sensitive: the `timing` ctest entry
 // runs it alone (TESSERA_TIMING_TESTS=1).
