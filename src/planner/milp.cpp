@@ -134,7 +134,7 @@ SlotModel slot_model_around(const std::vector<PlanJob>& jobs, const Cluster& clu
 
 SlotModel make_slot_model(const std::vector<PlanJob>& jobs, const Cluster& cluster, int64_t slots,
                           Objective objective) {
-  return slot_model_around(jobs, cluster, slots, objective, greedy_schedule(jobs, cluster));
+  return slot_model_around(jobs, cluster, slots, objective, best_greedy_schedule(jobs, cluster, objective));
 }
 
 Schedule schedule_from_slots(const SlotModel& model, const std::vector<int>& selected, const std::vector<PlanJob>& jobs,
@@ -193,7 +193,7 @@ Schedule schedule_from_slots(const SlotModel& model, const std::vector<int>& sel
 SolveResult solve_milp(const std::vector<PlanJob>& jobs, const Cluster& cluster, const SolveOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   SolveResult r;
-  const Schedule greedy = greedy_schedule(jobs, cluster);
+  const Schedule greedy = best_greedy_schedule(jobs, cluster, options.objective);
   r.model = slot_model_around(jobs, cluster, options.slots, options.objective, greedy);
   const SlotModel& m = r.model;
   const bool makespan = options.objective == Objective::kMakespan;

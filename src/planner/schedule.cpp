@@ -251,7 +251,11 @@ Schedule equal_split_schedule(const std::vector<PlanJob>& jobs, const Cluster& c
   return in_job_order("equal split", std::move(out));
 }
 
-Schedule greedy_schedule(const std::vector<PlanJob>& jobs, const Cluster& cluster) {
+namespace {
+
+// The greedy policy with each job's options limited to at most `cap` devices (a job with none that small keeps its
+// smallest).
+Schedule greedy_capped(const std::vector<PlanJob>& jobs, const Cluster& cluster, int64_t cap) {
   require_options(jobs, cluster);
   std::vector<size_t> order(jobs.size());
   std::iota(order.begin(), order.end(), 0);
@@ -274,6 +278,7 @@ Schedule greedy_schedule(const std::vector<PlanJob>& jobs, const Cluster& cluste
     Slot best_slot;
     double best_end = std::numeric_limits<double>::infinity();
     for (size_t o = 0; o < jobs[i].options.size(); ++o) {
+      if (jobs[i].options[o].devices > cap && o > 0) continue;
       Slot slot = earliest_slot(jobs[i].options[o], free_at, cluster);
       const double end = slot.start + jobs[i].options[o].duration_s;
       if (end < best_end - 1e-9) {
@@ -285,6 +290,28 @@ Schedule greedy_schedule(const std::vector<PlanJob>& jobs, const Cluster& cluste
     out.push_back(place(static_cast<int>(i), best, jobs[i], best_slot, free_at));
   }
   return in_job_order("greedy largest first", std::move(out));
+}
+
+}  // namespace
+
+Schedule greedy_schedule(const std::vector<PlanJob>& jobs, const Cluster& cluster) {
+  return greedy_capped(jobs, cluster, cluster.devices());
+}
+
+Schedule best_greedy_schedule(const std::vector<PlanJob>& jobs, const Cluster& cluster, Objective objective) {
+  std::set<int64_t> caps;
+  for (const PlanJob& j : jobs) {
+    for (const Candidate& c : j.options) caps.insert(c.devices);
+  }
+  const auto score = [&](const Schedule& s) {
+    return objective == Objective::kMakespan ? s.makespan_s() : s.weighted_completion_s(jobs);
+  };
+  Schedule best = greedy_schedule(jobs, cluster);
+  for (int64_t cap : caps) {
+    Schedule s = greedy_capped(jobs, cluster, cap);
+    if (score(s) < score(best) - 1e-9) best = std::move(s);
+  }
+  return best;
 }
 
 double lower_bound_s(const std::vector<PlanJob>& jobs, const Cluster& cluster) {

@@ -64,6 +64,12 @@ Schedule greedy_schedule(const std::vector<PlanJob>& jobs, const Cluster& cluste
 
 enum class Objective { kMakespan, kWeightedCompletion };
 
+// The best by `objective` of the greedy policy run with each job limited to at most N devices, for every N the jobs'
+// options use (and unlimited): greedy spreads a large job wide to finish it early, which can leave the others a worse
+// packing than narrower jobs side by side. The solver's first incumbent, and the plan when the solver finds none
+// better. Its policy name stays "greedy largest first".
+Schedule best_greedy_schedule(const std::vector<PlanJob>& jobs, const Cluster& cluster, Objective objective);
+
 // The time-indexed model the solver works on: time cut into slots of `slot_s` seconds, each option's duration
 // rounded up to whole slots, each option placed on one node (or one aligned block of nodes) and started at a slot.
 struct SlotModel {
@@ -81,7 +87,7 @@ struct SlotModel {
   std::vector<Choice> choices;  // every (job, option, placement, start) that ends within the horizon
   Objective objective = Objective::kMakespan;
   std::vector<double> weights;  // per job
-  std::vector<int> greedy;      // per job, the choice the greedy schedule takes (the solver's first incumbent)
+  std::vector<int> greedy;      // per job, the choice best_greedy_schedule takes (the solver's first incumbent)
 
   // The objective in slots of a selection (one choice per job): the makespan, or sum of weight x end slot.
   double objective_of(const std::vector<int>& selected) const;
@@ -89,8 +95,8 @@ struct SlotModel {
   bool feasible(const std::vector<int>& selected, int64_t devices_per_node, int64_t nodes) const;
 };
 
-// Builds the slot model with about `slots` slots over the greedy schedule's makespan (the horizon grows so that the
-// greedy schedule, rounded, fits).
+// Builds the slot model with about `slots` slots over best_greedy_schedule's makespan (the horizon grows so that that
+// schedule, rounded, fits).
 SlotModel make_slot_model(const std::vector<PlanJob>& jobs, const Cluster& cluster, int64_t slots, Objective objective);
 
 struct SolveOptions {
@@ -114,7 +120,7 @@ struct SolveResult {
   int64_t constraints = 0;
 };
 
-// Solves the slot model with CBC (the greedy schedule as its first incumbent). Throws Error when CBC finds no
+// Solves the slot model with CBC (best_greedy_schedule as its first incumbent). Throws Error when CBC finds no
 // solution within the time limit.
 SolveResult solve_milp(const std::vector<PlanJob>& jobs, const Cluster& cluster, const SolveOptions& options);
 

@@ -281,11 +281,15 @@ TEST(Schedule, EveryPolicyMeetsTheConstraintsOnRandomInstances) {
     options.slots = 12;
     options.time_limit_s = 1;  // the checks hold for any incumbent, proven optimal or not
     const SolveResult r = solve_milp(jobs, cluster, options);
+    const Schedule best_greedy = best_greedy_schedule(jobs, cluster, Objective::kMakespan);
     for (const Schedule& s : {r.schedule, sequential_schedule(jobs, cluster), equal_split_schedule(jobs, cluster),
-                              greedy_schedule(jobs, cluster)}) {
+                              greedy_schedule(jobs, cluster), best_greedy}) {
       const std::vector<std::string> bad = check_schedule(s, jobs, cluster);
       EXPECT_TRUE(bad.empty()) << s.policy << ": " << (bad.empty() ? "" : bad.front());
     }
+    // The solver starts from the best capped greedy schedule, which is never worse than plain greedy.
+    EXPECT_LE(best_greedy.makespan_s(), greedy_schedule(jobs, cluster).makespan_s() + 1e-9);
+    EXPECT_LE(r.schedule.makespan_s(), best_greedy.makespan_s() + 1e-6);
     EXPECT_TRUE(r.model.feasible(r.selected, cluster.devices_per_node, cluster.nodes));
     // The compacted schedule starts no job later than its slot.
     for (const Placement& p : r.greedy_kept ? std::vector<Placement>{} : r.schedule.placements) {
