@@ -39,9 +39,8 @@
 #include "tessera/util/error.h"
 #include "tessera/util/heartbeat.h"
 #include "tessera/util/preemption.h"
+#include "tessera/util/subprocess.h"
 #include "watchdog.h"
-
-extern char** environ;
 
 namespace tessera::dist {
 namespace detail {
@@ -241,22 +240,7 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank
     const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
     set.emplace_back("OMP_NUM_THREADS", std::to_string(std::max<long>(1, cores / o.nproc_per_node)));
   }
-  std::vector<std::string> env;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    const std::string_view kv(*e);
-    const std::string_view name = kv.substr(0, kv.find('='));
-    if (std::none_of(set.begin(), set.end(), [&](const auto& s) { return s.first == name; })) env.emplace_back(kv);
-  }
-  for (const auto& [name, value] : set) env.push_back(fmt::format("{}={}", name, value));
-  return env;
-}
-
-std::vector<char*> c_strings(std::vector<std::string>& strings) {
-  std::vector<char*> out;
-  out.reserve(strings.size() + 1);
-  for (std::string& s : strings) out.push_back(s.data());
-  out.push_back(nullptr);
-  return out;
+  return util::environment_with(set);
 }
 
 // The child between fork and exec: async-signal-safe calls only (the caller may have other threads, whose locks a
@@ -325,7 +309,7 @@ class Job {
     std::string prefix = o_.prefix_output ? fmt::format("[rank {}] ", rank) : "";
     std::vector<std::string> env = rank_environment(o_, local_rank, env_);
     std::vector<std::string> args = o_.argv;
-    const std::vector<char*> envp = c_strings(env), argv = c_strings(args);
+    const std::vector<char*> envp = util::c_strings(env), argv = util::c_strings(args);
     int out[2], err[2], status[2];
     if (::pipe2(out, O_CLOEXEC) != 0) throw Error("launch", fmt::format("pipe: {}", std::strerror(errno)));
     if (::pipe2(err, O_CLOEXEC) != 0) {

@@ -27,14 +27,6 @@ extern char** environ;
 namespace tessera::util {
 namespace {
 
-std::vector<char*> c_strings(std::vector<std::string>& strings) {
-  std::vector<char*> out;
-  out.reserve(strings.size() + 1);
-  for (std::string& s : strings) out.push_back(s.data());
-  out.push_back(nullptr);
-  return out;
-}
-
 ExitStatus from_wait(int status, const rusage& usage) {
   ExitStatus s;
   if (WIFSIGNALED(status)) {
@@ -49,6 +41,25 @@ ExitStatus from_wait(int status, const rusage& usage) {
 
 }  // namespace
 
+std::vector<std::string> environment_with(const std::vector<std::pair<std::string, std::string>>& set) {
+  std::vector<std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string_view kv(*e);
+    const std::string_view name = kv.substr(0, kv.find('='));
+    if (std::none_of(set.begin(), set.end(), [&](const auto& s) { return s.first == name; })) env.emplace_back(kv);
+  }
+  for (const auto& [name, value] : set) env.push_back(name + "=" + value);
+  return env;
+}
+
+std::vector<char*> c_strings(std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  out.reserve(strings.size() + 1);
+  for (std::string& s : strings) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
 std::string ExitStatus::describe() const {
   if (signal != 0) return fmt::format("was killed by signal {} ({})", signal, strsignal(signal));
   return fmt::format("exited with code {}", code);
@@ -56,13 +67,7 @@ std::string ExitStatus::describe() const {
 
 pid_t spawn(const SpawnOptions& o) {
   if (o.argv.empty()) throw Error("process", "spawn: no program given");
-  std::vector<std::string> env;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    const std::string_view kv(*e);
-    const std::string_view name = kv.substr(0, kv.find('='));
-    if (std::none_of(o.env.begin(), o.env.end(), [&](const auto& s) { return s.first == name; })) env.emplace_back(kv);
-  }
-  for (const auto& [name, value] : o.env) env.push_back(name + "=" + value);
+  std::vector<std::string> env = environment_with(o.env);
   std::vector<std::string> args = o.argv;
   const std::vector<char*> envp = c_strings(env), argv = c_strings(args);
   cpu_set_t cpus;

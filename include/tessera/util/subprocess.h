@@ -21,6 +21,11 @@ struct SpawnOptions {
   std::string output_path;                               // stdout and stderr appended here (empty: inherited)
 };
 
+// This process's environment ("NAME=value" entries) with `set` added, replacing variables of the same names.
+std::vector<std::string> environment_with(const std::vector<std::pair<std::string, std::string>>& set);
+// Pointers to the strings' characters, null-terminated, for execve (valid while `strings` is unchanged).
+std::vector<char*> c_strings(std::vector<std::string>& strings);
+
 // Starts the process (setsid: its pid is its process group; it gets SIGKILL if this process dies). Throws Error naming
 // the program when it cannot be started (fork fails, the output file cannot be opened, exec fails).
 pid_t spawn(const SpawnOptions& options);
