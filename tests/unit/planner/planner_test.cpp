@@ -389,9 +389,9 @@ TEST(Replan, IsOptimalWithRunningJobsByExhaustiveSearch) {
 }
 
 // Saturn's workload shape: a grid of fine-tuning jobs over MPT 1B-13B (the shipped recipes) on 8 nodes of 8 H100,
-// throughput from the performance model. The greedy schedule is the solver's first incumbent, so whatever CBC
-// reaches in its time limit, the plan is no longer than greedy's; against running the jobs one after another on as
-// many devices as help each ("current practice") and an equal split it is far shorter.
+// throughput from the performance model. The best capped greedy schedule is the solver's first incumbent, so whatever
+// CBC reaches in its time limit, the plan is no longer than greedy's; against running the jobs one after another on
+// as many devices as help each ("current practice") and an equal split it is at least 40% shorter (issue 21's goal).
 TEST(Milp, OnASaturnShapedGridThePlanBeatsTheNaivePolicies) {
   const std::string data = std::string(testing::source_dir()) + "/tests/data/planner";
   const Cluster cluster = load_cluster(data + "/h100-64.yaml");
@@ -408,7 +408,7 @@ TEST(Milp, OnASaturnShapedGridThePlanBeatsTheNaivePolicies) {
   ASSERT_TRUE(bad.empty()) << bad.front();
   const double plan = r.schedule.makespan_s();
   EXPECT_LE(plan, greedy_schedule(jobs, cluster).makespan_s() + 1e-6);
-  EXPECT_LE(plan, 0.7 * sequential_schedule(jobs, cluster).makespan_s());
+  EXPECT_LE(plan, 0.6 * sequential_schedule(jobs, cluster).makespan_s());
   EXPECT_LE(plan, 0.6 * equal_split_schedule(jobs, cluster).makespan_s());
   EXPECT_GE(plan, lower_bound_s(jobs, cluster) - 1e-6);
 }
