@@ -3,6 +3,7 @@
 #include "tessera/callbacks/checkpoint_saver.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
@@ -347,6 +348,9 @@ void CheckpointSaver::save(core::State& s, core::Logger& logger) {
       }
     }
     payload->local["rng/cpu"] = at::detail::getDefaultCPUGenerator().get_state();
+    // On a GPU, dropout and every other random op on the device draw from the device's generator (a seed and an
+    // offset): without it a resumed run draws other masks than the uninterrupted one.
+    if (s.device.is_cuda()) payload->local["rng/cuda"] = at::globalContext().defaultGenerator(s.device).get_state();
   }
   const std::string name = fill_name(o_.filename, s);
   nlohmann::json meta;
@@ -512,6 +516,11 @@ LoadedCheckpoint load_sharded(core::State& s, const std::string& path, const Loa
     if (rng.defined()) {
       at::Generator gen = at::detail::getDefaultCPUGenerator();
       gen.set_state(rng);
+      const at::Tensor cuda_rng = s.device.is_cuda() ? r.read_local(static_cast<int>(s.rank), "rng/cuda") : at::Tensor();
+      if (cuda_rng.defined()) {
+        at::Generator cuda_gen = at::globalContext().defaultGenerator(s.device);  // shares the device's generator
+        cuda_gen.set_state(cuda_rng);
+      }
     } else if (s.rank == 0 || s.rank == saved_world) {
       spdlog::warn("[checkpoint] {}: saved by {} ranks, resumed on {}: ranks from {} on keep their fresh RNG state",
                    path, saved_world, s.world_size, saved_world);
