@@ -133,7 +133,9 @@ nlohmann::ordered_json mpt_hf_config(const MPTOptions& o, at::ScalarType dtype) 
   nlohmann::ordered_json init = {{"name", o.init.name},
                                  {"fan_mode", o.init.fan_mode},
                                  {"init_nonlinearity", o.init.init_nonlinearity},
-                                 {"init_div_is_residual", o.init.init_div_is_residual},
+                                 {"init_div_is_residual", o.init.init_div_is_residual > 0
+                                                              ? o.init.init_div_is_residual
+                                                              : std::sqrt(2.0 * static_cast<double>(o.n_layers))},
                                  {"init_gain", o.init.init_gain}};
   if (o.init.emb_init_std) init["emb_init_std"] = *o.init.emb_init_std;
   if (o.init.emb_init_uniform_lim) init["emb_init_uniform_lim"] = *o.init.emb_init_uniform_lim;

@@ -42,7 +42,7 @@ struct InitOptions {
                                          // neox_init_, small_init_, xavier_uniform_, xavier_normal_
   std::string fan_mode = "fan_in";
   std::string init_nonlinearity = "relu";
-  double init_div_is_residual = 0.0;  // resolved divisor for residual projections (true -> sqrt(2 L))
+  double init_div_is_residual = 0.0;  // divisor for residual projections (true -> sqrt(2 L)); 0: sqrt(2 L), as true
   std::optional<double> emb_init_std;
   std::optional<double> emb_init_uniform_lim;
   std::optional<double> init_std;  // required by baseline_

@@ -63,6 +63,13 @@ TEST(MPTInit, KaimingNormalStatisticsFollowLlmFoundry) {
   // Same seed, same weights; other seed, other weights.
   EXPECT_TRUE(at::equal(build_mpt(o, 1234)->transformer->wte->weight, m->transformer->wte->weight));
   EXPECT_FALSE(at::equal(build_mpt(o, 99)->transformer->wte->weight, m->transformer->wte->weight));
+  // Options built in code without setting the divisor (its default, 0) get LLM Foundry's default, true: the same
+  // weights, not a division by zero.
+  MPTOptions unset = o;
+  unset.init.init_div_is_residual = MPTOptions{}.init.init_div_is_residual;
+  const MPTForCausalLM u = build_mpt(unset, 1234);
+  const auto expected = m->named_parameters();
+  for (const auto& p : u->named_parameters()) EXPECT_TRUE(at::equal(p.value(), expected[p.key()])) << p.key();
 }
 
 TEST(MPTInit, OtherSchemes) {
