@@ -208,10 +208,17 @@ std::vector<HealthFinding> HealthAssessor::assess(const std::vector<RankHealth>&
 HealthMonitor::~HealthMonitor() = default;
 
 void HealthMonitor::run_event(Event event, core::State& s, core::Logger& logger) {
-  // The monitor's own cost, every event included: reported per step as health/overhead_ms.
+  // The monitor's own cost per step, every event included, reported as health/overhead_ms. FIT_START's one-time
+  // setup (loading NVML and registering for the GPU's XID events, tens of milliseconds) is not a per-step cost: it
+  // is logged once instead of being spread over the first interval's steps.
   const double entered = now_seconds();
   handle(event, s, logger);
-  own_seconds_ += now_seconds() - entered;
+  const double spent = now_seconds() - entered;
+  if (event == Event::kFitStart) {
+    spdlog::debug("[health] rank {}: monitor set up in {:.1f} ms", s.rank, 1e3 * spent);
+  } else {
+    own_seconds_ += spent;
+  }
 }
 
 void HealthMonitor::handle(Event event, core::State& s, core::Logger& logger) {
