@@ -152,6 +152,14 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     weights = at::dropout(weights, dropout, training);
     return at::matmul(weights, vf);
   }
+  // An additive mask (ALiBi, padding) rules out the flash kernel, and CUDA's memory-efficient kernel, the one that
+  // takes a mask, does not take grouped K/V (torch 2.11 would fall back to the math kernel, which materialises the
+  // scores): on a GPU, grouped K/V with a mask are expanded to one head per query head first.
+  if (in.mask && kv != h && q.is_cuda()) {
+    const int64_t rep = h / kv;
+    return at::scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), in.mask,
+                                            dropout, in.is_causal, scale, /*enable_gqa=*/false);
+  }
   return at::scaled_dot_product_attention(q, k, v, in.mask, dropout, in.is_causal, scale, /*enable_gqa=*/kv != h);
 }
 
