@@ -258,7 +258,7 @@ TEST(Checkpointing, AutoresumeSkipsACorruptNewestCheckpointAndRefusesWhenNoneLoa
   EXPECT_EQ(resumed.state().timestamp.batch, 4);
   CheckpointReader ba4(all[1]);
   for (const auto& item : resumed.state().model->named_parameters()) {
-    EXPECT_TRUE(at::equal(item.value(), ba4.read_full("model/" + item.key()))) << item.key();
+    EXPECT_TRUE(at::equal(item.value().cpu(), ba4.read_full("model/" + item.key()))) << item.key();
   }
   // Every checkpoint broken: an error listing them, never a fresh start over weights read from a broken one.
   for (size_t i = 0; i < 2; ++i) {
@@ -324,7 +324,7 @@ TEST(Checkpointing, ExportToHuggingFaceAndLoadItBackAsWeights) {
   auto a = t.state().model->named_parameters();
   auto b = loaded->named_parameters();
   ASSERT_EQ(a.size(), b.size());
-  for (const auto& item : a) EXPECT_TRUE(at::equal(item.value(), b[item.key()])) << item.key();
+  for (const auto& item : a) EXPECT_TRUE(at::equal(item.value().cpu(), b[item.key()].cpu())) << item.key();
   // The checkpoint read as a model directly (what `eval --model CHECKPOINT` does).
   std::shared_ptr<models::CausalLM> direct =
       checkpoint::load_checkpoint_model((run_folder("export") / "ep0-ba3").string());
@@ -334,19 +334,19 @@ TEST(Checkpointing, ExportToHuggingFaceAndLoadItBackAsWeights) {
   EXPECT_EQ(as_mpt(direct)->options().d_model, as_mpt(t.state().model)->options().d_model);
   auto e = direct->named_parameters();
   ASSERT_EQ(a.size(), e.size());
-  for (const auto& item : a) EXPECT_TRUE(at::equal(item.value(), e[item.key()])) << item.key();
+  for (const auto& item : a) EXPECT_TRUE(at::equal(item.value().cpu(), e[item.key()].cpu())) << item.key();
   // load_path accepts the HF folder: same weights, a fresh start.
   trainer::Trainer from_hf(run_config("from_hf", {"load_path=" + hf.string(), "save_overwrite=true"}));
   EXPECT_EQ(from_hf.state().timestamp.batch, 0);
   auto c = from_hf.state().model->named_parameters();
-  for (const auto& item : a) EXPECT_TRUE(at::equal(item.value(), c[item.key()])) << item.key();
+  for (const auto& item : a) EXPECT_TRUE(at::equal(item.value().cpu(), c[item.key()].cpu())) << item.key();
   // load_weights_only from a Tessera checkpoint: the weights, but time starts over.
   trainer::Trainer weights(run_config("weights", {"load_path=" + (run_folder("export") / "ep0-ba3").string(),
                                                   "load_weights_only=true", "save_overwrite=true"}));
   EXPECT_EQ(weights.state().timestamp.batch, 0);
   EXPECT_EQ(weights.state().optimizer->steps(), 0);
   auto d = weights.state().model->named_parameters();
-  for (const auto& item : a) EXPECT_TRUE(at::equal(item.value(), d[item.key()])) << item.key();
+  for (const auto& item : a) EXPECT_TRUE(at::equal(item.value().cpu(), d[item.key()].cpu())) << item.key();
 }
 
 // `train` in a shell whose file size limit (ulimit -f, 1 KiB blocks) makes a write fail with EFBIG: the next save

@@ -408,7 +408,7 @@ TEST(Algorithms, LoraTrainsOnlyAdaptersAndMergesExactly) {
   // The merged model computes what the adapted one computes.
   models::CausalLM& model = *t.state().model;
   model.eval();
-  const at::Tensor ids = at::randint(0, 64, {2, 16}, at::kLong);
+  const at::Tensor ids = at::randint(0, 64, {2, 16}, at::TensorOptions().dtype(at::kLong).device(t.state().device));
   const at::Tensor adapted = model.forward(ids).detach();
   algorithms::merge_lora(model);
   for (const auto& p : model.named_parameters()) EXPECT_EQ(p.key().find("lora_"), std::string::npos) << p.key();
