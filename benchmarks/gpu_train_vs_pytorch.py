@@ -8,7 +8,9 @@ autocast of forward and loss, fp32 weights and AdamW state), one microbatch per 
   and the architecture HF's class implements (ALiBi, no biases, plain LayerNorm; SDPA with an additive mask).
 - PyTorch: Hugging Face's `MptForCausalLM` (the class people train MPT with in plain PyTorch) on that second
   architecture, eager and under `torch.compile`, with torch.optim.AdamW (fused) and clip_grad_norm_, fed batches of
-  random tokens already on the GPU (no data loading: the peer's step is a lower bound).
+  random tokens already on the GPU (no data loading: the peer's step is a lower bound). Where the peer's whole batch
+  does not fit, it accumulates gradients over the largest microbatch that does (halving from the batch on CUDA
+  out-of-memory, as Composer's auto microbatching does), so every case trains the same samples per optimizer step.
 
 MFU = tokens/s x FLOPs per token (6N + 12 L d S, the model's own count) / the device's dense bf16 peak, named per
 device (H100 SXM and H200: 989 TFLOP/s). Peak memory is the CUDA caching allocator's peak allocation. Prints a
@@ -61,6 +63,17 @@ def model_shape(recipe):
 
 
 def run_pytorch(recipe, batch, seq, steps, warmup, compile_model):
+    """The peer's step at the largest microbatch that fits (batch, batch/2, ... as Composer's auto microbatching
+    finds it), accumulating gradients to the same `batch` samples per optimizer step."""
+    micro = batch
+    while True:
+        r = run_pytorch_micro(recipe, batch, micro, seq, steps, warmup, compile_model)
+        if r.get("error") != "CUDA out of memory" or micro == 1:
+            return r
+        micro //= 2
+
+
+def run_pytorch_micro(recipe, batch, micro, seq, steps, warmup, compile_model):
     import torch
     from transformers import MptConfig, MptForCausalLM
     d, h, layers, ratio, vocab = model_shape(recipe)
@@ -77,10 +90,10 @@ def run_pytorch(recipe, batch, seq, steps, warmup, compile_model):
     ends = []
     try:
         for i in range(steps + warmup):
-            ids = batches[i]
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = step_model(input_ids=ids, labels=ids).loss
-            loss.backward()
+            for ids in batches[i].split(micro):
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = step_model(input_ids=ids, labels=ids).loss * (ids.shape[0] / batch)
+                loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -88,11 +101,12 @@ def run_pytorch(recipe, batch, seq, steps, warmup, compile_model):
             ends.append(time.perf_counter())
     except torch.OutOfMemoryError:
         del model, opt, step_model
+        batches = None
         torch.cuda.empty_cache()
         return {"error": "CUDA out of memory"}
     seconds = ends[-1] - ends[warmup - 1]
     out = {"params": params, "tokens_per_sec": steps * batch * seq / seconds, "step_ms": seconds * 1e3 / steps,
-           "peak_allocated_gb": torch.cuda.max_memory_allocated() / 1e9}
+           "peak_allocated_gb": torch.cuda.max_memory_allocated() / 1e9, "microbatch": micro}
     del model, opt, step_model, batches
     torch.cuda.empty_cache()
     return out
@@ -143,15 +157,16 @@ def main():
                     r["mfu"] = r["tokens_per_sec"] * f / peak
     eager = {r["shape"]: r.get("tokens_per_sec") for r in rows if r["case"].startswith("pytorch eager")}
     lines = [f"Device: {device} (bf16 dense peak {peak / 1e12:.0f} TFLOP/s)" if peak else f"Device: {device}", "",
-             "| shape | case | batch x seq | tokens/s | MFU | step ms | peak alloc GB | vs eager |",
-             "|---|---|---|---:|---:|---:|---:|---:|"]
+             "| shape | case | batch x seq | microbatch | tokens/s | MFU | step ms | peak alloc GB | vs eager |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if "tokens_per_sec" not in r:
-            lines.append(f"| {r['shape']} | {r['case']} | {r['batch']} x {r['seq']} | {r['error']} | | | | |")
+            lines.append(f"| {r['shape']} | {r['case']} | {r['batch']} x {r['seq']} | | {r['error']} | | | | |")
             continue
         ratio = r["tokens_per_sec"] / eager[r["shape"]] if eager.get(r["shape"]) else None
         mfu = f"{100 * r['mfu']:.1f}%" if "mfu" in r else ""
-        lines.append(f"| {r['shape']} | {r['case']} | {r['batch']} x {r['seq']} | {r['tokens_per_sec']:,.0f} | {mfu} | "
+        lines.append(f"| {r['shape']} | {r['case']} | {r['batch']} x {r['seq']} | {r.get('microbatch', r['batch'])} | "
+                     f"{r['tokens_per_sec']:,.0f} | {mfu} | "
                      f"{r['step_ms']:.1f} | {r['peak_allocated_gb']:.1f} | {f'{ratio:.2f}x' if ratio else ''} |")
     report = "\n".join(lines)
     print(report)

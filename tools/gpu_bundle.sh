@@ -8,7 +8,8 @@
 #   bin/    stripped train, eval, generate, convert, convert_text_to_mds, plan, the unit-test binary and bench_gpu_train_step
 #   lib/    every shared library those need that is neither LibTorch's nor CUDA's nor the base system's
 #           (yaml-cpp, spdlog, fmt, zstd, xxhash, pcre2, ICU, ...), found with ldd
-#   src/    what the programs read from the source tree: recipes/, tests/data/, benchmarks/*.py, tools/gpu_check.sh
+#   src/    what the programs read from the source tree: recipes/, tests/data/, tests/fault_injection/, benchmarks/*.py,
+#           tools/gpu_check.sh
 # Fails when the archive is over 40 MB.
 set -euo pipefail
 
@@ -63,7 +64,7 @@ done
 strip --strip-unneeded "$kit"/lib/*.so* 2>/dev/null || true
 
 # What the programs read from the source tree.
-(cd "$here" && tar cf - recipes tests/data benchmarks/gpu_train_vs_pytorch.py benchmarks/bench_json.py tools/gpu_check.sh) | tar xf - -C "$kit/src"
+(cd "$here" && tar cf - recipes tests/data tests/fault_injection benchmarks/gpu_train_vs_pytorch.py benchmarks/bench_json.py tools/gpu_check.sh) | tar xf - -C "$kit/src"
 commit=$(git -C "$here" rev-parse HEAD 2>/dev/null || echo unknown)
 [ -z "$(git -C "$here" status --porcelain --untracked-files=no 2>/dev/null)" ] || commit="$commit+changes"
 echo "$commit" > "$kit/COMMIT"

@@ -3,7 +3,7 @@
 # with a GPU too), then the GPU benchmarks, and writes a report (JSON + Markdown) to REPORT_DIR. docs/gpu.md.
 #
 #   tar xJf gpu-kit.tar.xz && tessera-gpu-kit/src/tools/gpu_check.sh REPORT_DIR [--quick] [--tests-only]
-#                                                                    [--shapes 125m,350m,1b]
+#                                                                    [--benchmarks-only] [--shapes 125m,350m,1b]
 #
 # LibTorch comes from the machine's PyTorch (`python3 -c 'import torch'`; override with TESSERA_TORCH_LIB), which must
 # be the CUDA build of the version the kit was built against. --quick: the GPU tests only and the 125m benchmark.
@@ -14,11 +14,13 @@ report=${1:?usage: gpu_check.sh REPORT_DIR [--quick] [--tests-only]}
 shift
 quick=0
 tests_only=0
+benchmarks_only=0
 shapes=125m,350m,1b
 while (($#)); do
   case "$1" in
     --quick) quick=1; shapes=125m; shift ;;
     --tests-only) tests_only=1; shift ;;
+    --benchmarks-only) benchmarks_only=1; shift ;;
     --shapes) shapes=$2; shift 2 ;;
     *) echo "gpu_check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -45,11 +47,13 @@ fi
 # ---- Unit tests: the GPU tests first, then the rest in parallel shards ---------------------------------------------
 cd "$report"
 status=0
-log "GPU tests"
-"$kit/bin/tessera_tests" --gtest_filter='Gpu*' --gtest_output="json:$report/gpu_tests.json" \
-  > "$report/gpu_tests.log" 2>&1 || status=1
-tail -n 40 "$report/gpu_tests.log"
-if ((!quick)); then
+if ((!benchmarks_only)); then
+  log "GPU tests"
+  "$kit/bin/tessera_tests" --gtest_filter='Gpu*' --gtest_output="json:$report/gpu_tests.json" \
+    > "$report/gpu_tests.log" 2>&1 || status=1
+  tail -n 40 "$report/gpu_tests.log"
+fi
+if ((!quick && !benchmarks_only)); then
   shards=${TESSERA_TEST_SHARDS:-8}
   log "all unit tests on this GPU machine ($shards shards)"
   pids=()
@@ -93,11 +97,17 @@ for f in sorted(glob.glob(os.path.join(report, "*.json"))):
             if t.get("failures"):
                 summary["failures"] += 1
                 summary["failed"].append(f"{suite['name']}.{t['name']}")
+                # What failed, without the stack frames of exceptions.
+                text = "\n".join(f.get("failure", "") for f in t["failures"])
+                text = "\n".join(l for l in text.splitlines() if not l.startswith("frame #"))
+                summary.setdefault("messages", {})[f"{suite['name']}.{t['name']}"] = text[:3000]
 bench = os.path.join(report, "gpu_benchmarks.json")
 out = {"unit_tests": summary, "benchmarks": json.load(open(bench)) if os.path.exists(bench) else None}
 json.dump(out, open(os.path.join(report, "report.json"), "w"), indent=1)
 md = [f"# GPU check", "", f"Unit tests: {summary['tests']} run, {summary['failures']} failed, {summary['skipped']} skipped."]
 md += [f"- failed: {n}" for n in summary["failed"]]
+for name, text in summary.get("messages", {}).items():
+    md += ["", f"### {name}", "", "```", text, "```"]
 if os.path.exists(os.path.join(report, "gpu_benchmarks.md")):
     md += ["", "## Training step on one GPU", "", open(os.path.join(report, "gpu_benchmarks.md")).read()]
 open(os.path.join(report, "report.md"), "w").write("\n".join(md) + "\n")
