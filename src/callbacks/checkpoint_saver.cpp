@@ -516,7 +516,8 @@ LoadedCheckpoint load_sharded(core::State& s, const std::string& path, const Loa
     if (rng.defined()) {
       at::Generator gen = at::detail::getDefaultCPUGenerator();
       gen.set_state(rng);
-      const at::Tensor cuda_rng = s.device.is_cuda() ? r.read_local(static_cast<int>(s.rank), "rng/cuda") : at::Tensor();
+      const at::Tensor cuda_rng =
+          s.device.is_cuda() ? r.read_local(static_cast<int>(s.rank), "rng/cuda") : at::Tensor();
       if (cuda_rng.defined()) {
         at::Generator cuda_gen = at::globalContext().defaultGenerator(s.device);  // shares the device's generator
         cuda_gen.set_state(cuda_rng);
