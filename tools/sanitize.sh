@@ -22,9 +22,11 @@ SUPP=$SRC/tools/sanitizers
 
 if [[ ! -f "$BUILD/build.ninja" ]]; then
   # -O1: the sanitizers' usual level (readable reports, tolerable speed); -g1: line tables for the reports without the
-  # full debug info of LibTorch's headers, which would double the compile time.
+  # full debug info of LibTorch's headers, which would double the compile time. A unity build (batches of 8 sources
+  # as one translation unit) compiles this tree, built once and cold in CI, in about half the time.
   cmake -S "$SRC" -B "$BUILD" -G Ninja -DTESSERA_SANITIZE=$SANITIZE -DCMAKE_BUILD_TYPE=Debug \
     "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1" -DTESSERA_BUILD_BENCHMARKS=OFF -DTESSERA_WERROR=OFF \
+    -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=8 \
     > "$BUILD.configure.log" 2>&1 || { cat "$BUILD.configure.log"; exit 1; }
 fi
 # TSan runs the threaded tests only, from a binary of just their files (tests/CMakeLists.txt).

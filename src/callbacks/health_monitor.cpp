@@ -23,7 +23,7 @@ namespace {
 
 using core::Event;
 
-double now_seconds() {
+double monitor_clock_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
@@ -211,9 +211,9 @@ void HealthMonitor::run_event(Event event, core::State& s, core::Logger& logger)
   // The monitor's own cost per step, every event included, reported as health/overhead_ms. FIT_START's one-time
   // setup (loading NVML and registering for the GPU's XID events, tens of milliseconds) is not a per-step cost: it
   // is logged once instead of being spread over the first interval's steps.
-  const double entered = now_seconds();
+  const double entered = monitor_clock_seconds();
   handle(event, s, logger);
-  const double spent = now_seconds() - entered;
+  const double spent = monitor_clock_seconds() - entered;
   if (event == Event::kFitStart) {
     spdlog::debug("[health] rank {}: monitor set up in {:.1f} ms", s.rank, 1e3 * spent);
   } else {
@@ -246,18 +246,18 @@ void HealthMonitor::handle(Event event, core::State& s, core::Logger& logger) {
       if (s.local_rank == 0) {
         if (auto b = network_bytes()) {
           net_bytes_ = *b;
-          net_at_ = now_seconds();
+          net_at_ = monitor_clock_seconds();
         }
       }
       return;
     case Event::kBeforeDataloader:
-      data_started_ = now_seconds();
+      data_started_ = monitor_clock_seconds();
       return;
     case Event::kAfterDataloader:
-      mine_.data_seconds += now_seconds() - data_started_;
+      mine_.data_seconds += monitor_clock_seconds() - data_started_;
       return;
     case Event::kBatchStart:
-      step_started_ = now_seconds();
+      step_started_ = monitor_clock_seconds();
       wait_at_start_ = dist::collective_wait_seconds();
       return;
     case Event::kBatchEnd:
@@ -266,7 +266,7 @@ void HealthMonitor::handle(Event event, core::State& s, core::Logger& logger) {
       return;
   }
   mine_.steps += 1;
-  mine_.step_seconds += now_seconds() - step_started_;
+  mine_.step_seconds += monitor_clock_seconds() - step_started_;
   mine_.wait_seconds += dist::collective_wait_seconds() - wait_at_start_;
   const double loss = s.train_loss;
   if (!std::isfinite(loss)) mine_.nonfinite += 1;
@@ -282,7 +282,7 @@ void HealthMonitor::exchange(core::State& s, core::Logger& logger) {
   mine_.net_bytes_per_second = -1;
   if (s.local_rank == 0 && net_bytes_ >= 0) {
     if (auto b = network_bytes()) {
-      const double t = now_seconds();
+      const double t = monitor_clock_seconds();
       mine_.net_bytes_per_second = (*b - net_bytes_) / std::max(1e-9, t - net_at_);
       net_bytes_ = *b;
       net_at_ = t;

@@ -29,11 +29,11 @@ namespace tessera::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
-constexpr const char* kComponent = "checkpoint";
+constexpr const char* kCheckpointComponent = "checkpoint";
 constexpr const char* kMetadata = "metadata.json";
 
-[[noreturn]] void fail(const std::string& path, const std::string& message) {
-  throw Error(kComponent, fmt::format("{}: {}", path, message));
+[[noreturn]] void fail_checkpoint(const std::string& path, const std::string& message) {
+  throw Error(kCheckpointComponent, fmt::format("{}: {}", path, message));
 }
 
 std::string rank_file_name(int rank) {
@@ -56,20 +56,20 @@ std::string xxh64_hex(uint64_t h) {
 void sync_dir(const std::string& dir) {
   util::FileEnv& env = util::file_env();
   const int fd = env.open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
-  if (fd < 0) fail(dir, fmt::format("cannot open directory to fsync: {}", std::strerror(errno)));
+  if (fd < 0) fail_checkpoint(dir, fmt::format("cannot open directory to fsync: {}", std::strerror(errno)));
   const int rc = env.fsync(fd, dir);
   const int err = errno;
   env.close(fd, dir);
-  if (rc != 0) fail(dir, fmt::format("fsync failed: {}", std::strerror(err)));
+  if (rc != 0) fail_checkpoint(dir, fmt::format("fsync failed: {}", std::strerror(err)));
 }
 
 nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);
-  if (!in) fail(path, "cannot open");
+  if (!in) fail_checkpoint(path, "cannot open");
   try {
     return nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
-    fail(path, fmt::format("not valid JSON ({})", e.what()));
+    fail_checkpoint(path, fmt::format("not valid JSON ({})", e.what()));
   }
 }
 
@@ -111,7 +111,7 @@ nlohmann::json read_metadata(const std::string& dir) {
   try {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    fail(path, fmt::format("not valid JSON ({})", e.what()));
+    fail_checkpoint(path, fmt::format("not valid JSON ({})", e.what()));
   }
 }
 
@@ -158,7 +158,8 @@ nlohmann::json merge_receipts(const std::string& where, nlohmann::json metadata,
       const std::string name = pc.at("tensor").get<std::string>();
       nlohmann::json& t = tensors[name];
       if (t.is_null()) t = {{"shape", pc.at("shape")}, {"dtype", pc.at("dtype")}, {"pieces", nlohmann::json::array()}};
-      if (t.at("shape") != pc.at("shape")) fail(where, fmt::format("ranks disagree on the shape of {}", name));
+      if (t.at("shape") != pc.at("shape"))
+        fail_checkpoint(where, fmt::format("ranks disagree on the shape of {}", name));
       t["pieces"].push_back({{"rank", r}, {"key", pc.at("key")}, {"start", pc.at("start")}, {"numel", pc.at("numel")}});
     }
   }
@@ -205,8 +206,8 @@ void publish_remote(const PendingCheckpoint& p, nlohmann::json metadata, int wor
         },
         deadline);
     if (!came) {
-      fail(p.final_dir, fmt::format("rank {} did not finish uploading {} within {} s", r, rank_file_name(r),
-                                    timeout.count() / 1000));
+      fail_checkpoint(p.final_dir, fmt::format("rank {} did not finish uploading {} within {} s", r, rank_file_name(r),
+                                               timeout.count() / 1000));
     }
   }
   metadata = merge_receipts(p.final_dir, std::move(metadata), receipts);
@@ -277,18 +278,20 @@ PendingCheckpoint begin_checkpoint(const std::string& folder, const std::string&
   if (rank == 0) {
     util::FileEnv& env = util::file_env();
     if (env.create_directories(folder) != 0) {
-      fail(folder, fmt::format("cannot create the save folder: {}", std::strerror(errno)));
+      fail_checkpoint(folder, fmt::format("cannot create the save folder: {}", std::strerror(errno)));
     }
     env.remove_all(p.temp_dir);  // left over from a crashed save of the same name
-    if (env.mkdir(p.temp_dir, 0755) != 0) fail(p.temp_dir, fmt::format("cannot create: {}", std::strerror(errno)));
+    if (env.mkdir(p.temp_dir, 0755) != 0)
+      fail_checkpoint(p.temp_dir, fmt::format("cannot create: {}", std::strerror(errno)));
     return p;
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (!fs::is_directory(p.temp_dir)) {
     if (std::chrono::steady_clock::now() > deadline) {
-      fail(p.temp_dir, fmt::format("rank 0 did not create it within {} s (is the save folder on a filesystem every "
-                                   "rank shares?)",
-                                   timeout.count() / 1000));
+      fail_checkpoint(p.temp_dir,
+                      fmt::format("rank 0 did not create it within {} s (is the save folder on a filesystem every "
+                                  "rank shares?)",
+                                  timeout.count() / 1000));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
@@ -301,7 +304,7 @@ uint64_t write_rank_file(const PendingCheckpoint& p, int rank, const RankPayload
   nlohmann::json pieces = nlohmann::json::array();
   for (const auto& [piece, values] : payload.pieces) {
     if (values.numel() != piece.numel) {
-      throw Error(kComponent,
+      throw Error(kCheckpointComponent,
                   fmt::format("piece {} of {} has {} values", piece_key(piece), piece.numel, values.numel()));
     }
     const std::string key = piece_key(piece);
@@ -343,7 +346,7 @@ uint64_t write_rank_file(const PendingCheckpoint& p, int rank, const RankPayload
       for (std::string_view part : parts) hash(part);
       storage::write_parts(path, parts);
     } else {
-      util::write_file_atomically(path, parts, kComponent, hash);
+      util::write_file_atomically(path, parts, kCheckpointComponent, hash);
     }
   } catch (...) {
     XXH64_freeState(st);
@@ -358,7 +361,7 @@ uint64_t write_rank_file(const PendingCheckpoint& p, int rank, const RankPayload
   if (remote(receipt_path)) {
     storage::write(receipt_path, receipt.dump());
   } else {
-    util::write_file_atomically(receipt_path, receipt.dump(), kComponent);
+    util::write_file_atomically(receipt_path, receipt.dump(), kCheckpointComponent);
   }
   return bytes;
 }
@@ -376,17 +379,18 @@ void publish_checkpoint(const PendingCheckpoint& p, nlohmann::json metadata, int
     for (int r = 0; r < world_size; ++r) {
       const fs::path rp = fs::path(p.temp_dir) / receipt_name(r);
       if (!poll_until([&] { return fs::exists(rp); }, deadline)) {
-        fail(p.temp_dir, fmt::format("rank {} did not finish writing {} within {} s", r, rank_file_name(r),
-                                     timeout.count() / 1000));
+        fail_checkpoint(p.temp_dir, fmt::format("rank {} did not finish writing {} within {} s", r, rank_file_name(r),
+                                                timeout.count() / 1000));
       }
       receipts[static_cast<size_t>(r)] = read_json(rp.string());
     }
     metadata = merge_receipts(p.temp_dir, std::move(metadata), receipts);
-    util::write_file_atomically((fs::path(p.temp_dir) / kMetadata).string(), metadata.dump(1) + "\n", kComponent);
+    util::write_file_atomically((fs::path(p.temp_dir) / kMetadata).string(), metadata.dump(1) + "\n",
+                                kCheckpointComponent);
     util::FileEnv& env = util::file_env();
     for (int r = 0; r < world_size; ++r) {
       const std::string receipt = (fs::path(p.temp_dir) / receipt_name(r)).string();
-      if (env.unlink(receipt) != 0) fail(receipt, fmt::format("cannot remove: {}", std::strerror(errno)));
+      if (env.unlink(receipt) != 0) fail_checkpoint(receipt, fmt::format("cannot remove: {}", std::strerror(errno)));
     }
     sync_dir(p.temp_dir);
     if (fs::exists(p.final_dir)) {
@@ -395,14 +399,15 @@ void publish_checkpoint(const PendingCheckpoint& p, nlohmann::json metadata, int
       const std::string old = (fs::path(p.folder) / (".old-" + p.name)).string();
       env.remove_all(old);
       if (env.rename(p.final_dir, old) != 0) {
-        fail(p.final_dir, fmt::format("cannot move the existing checkpoint aside: {}", std::strerror(errno)));
+        fail_checkpoint(p.final_dir,
+                        fmt::format("cannot move the existing checkpoint aside: {}", std::strerror(errno)));
       }
       if (env.rename(p.temp_dir, p.final_dir) != 0) {
-        fail(p.final_dir, fmt::format("rename from {} failed: {}", p.temp_dir, std::strerror(errno)));
+        fail_checkpoint(p.final_dir, fmt::format("rename from {} failed: {}", p.temp_dir, std::strerror(errno)));
       }
       env.remove_all(old);
     } else if (env.rename(p.temp_dir, p.final_dir) != 0) {
-      fail(p.final_dir, fmt::format("rename from {} failed: {}", p.temp_dir, std::strerror(errno)));
+      fail_checkpoint(p.final_dir, fmt::format("rename from {} failed: {}", p.temp_dir, std::strerror(errno)));
     }
     sync_dir(p.folder);
     if (!latest_name.empty()) {
@@ -411,10 +416,10 @@ void publish_checkpoint(const PendingCheckpoint& p, nlohmann::json metadata, int
       const std::string tmp_link = (fs::path(p.folder) / (".tmp-" + latest_name)).string();
       env.unlink(tmp_link);
       if (env.symlink(p.name, tmp_link) != 0) {
-        fail(link, fmt::format("cannot create the symlink: {}", std::strerror(errno)));
+        fail_checkpoint(link, fmt::format("cannot create the symlink: {}", std::strerror(errno)));
       }
       if (env.rename(tmp_link, link) != 0)
-        fail(link, fmt::format("cannot update the symlink: {}", std::strerror(errno)));
+        fail_checkpoint(link, fmt::format("cannot update the symlink: {}", std::strerror(errno)));
       sync_dir(p.folder);
     }
   } catch (...) {
@@ -440,7 +445,8 @@ void abandon_checkpoint(const PendingCheckpoint& p) {
 
 void remove_checkpoint(const std::string& dir) {
   if (!remote(dir)) {
-    if (util::file_env().remove_all(dir) != 0) fail(dir, fmt::format("cannot remove: {}", std::strerror(errno)));
+    if (util::file_env().remove_all(dir) != 0)
+      fail_checkpoint(dir, fmt::format("cannot remove: {}", std::strerror(errno)));
     return;
   }
   // metadata.json first: from then on the checkpoint no longer counts, whatever remains.
@@ -568,20 +574,23 @@ CheckpointReader::CheckpointReader(std::string dir, bool verify_checksums)
   const std::string path = storage::join(dir_, kMetadata);
   if (remote(dir_)) {
     if (!storage::stat(path)) {
-      fail(dir_, storage::list(dir_ + "/").empty() ? "does not exist"
-                                                   : "no metadata.json: not a (complete) Tessera checkpoint");
+      fail_checkpoint(dir_, storage::list(dir_ + "/").empty()
+                                ? "does not exist"
+                                : "no metadata.json: not a (complete) Tessera checkpoint");
     }
   } else if (!fs::exists(path)) {
-    fail(dir_, fs::exists(dir_) ? "no metadata.json: not a (complete) Tessera checkpoint" : "does not exist");
+    fail_checkpoint(dir_,
+                    fs::exists(dir_) ? "no metadata.json: not a (complete) Tessera checkpoint" : "does not exist");
   }
   meta_ = read_metadata(dir_);
-  if (meta_.value("format", "") != "tessera-checkpoint") fail(path, "not a Tessera checkpoint (\"format\")");
+  if (meta_.value("format", "") != "tessera-checkpoint") fail_checkpoint(path, "not a Tessera checkpoint (\"format\")");
   const int version = meta_.value("format_version", 0);
   if (version < 1 || version > kFormatVersion) {
-    fail(path, fmt::format("format version {} is not one this build reads (1..{})", version, kFormatVersion));
+    fail_checkpoint(path,
+                    fmt::format("format version {} is not one this build reads (1..{})", version, kFormatVersion));
   }
   for (const char* key : {"world_size", "tensors", "files"}) {
-    if (!meta_.contains(key)) fail(path, fmt::format("missing \"{}\"", key));
+    if (!meta_.contains(key)) fail_checkpoint(path, fmt::format("missing \"{}\"", key));
   }
 }
 
@@ -603,12 +612,12 @@ std::vector<std::string> CheckpointReader::tensor_names(const std::string& prefi
 }
 
 std::vector<int64_t> CheckpointReader::shape(const std::string& name) const {
-  if (!has_tensor(name)) fail(dir_, fmt::format("has no tensor {}", name));
+  if (!has_tensor(name)) fail_checkpoint(dir_, fmt::format("has no tensor {}", name));
   return meta_.at("tensors").at(name).at("shape").get<std::vector<int64_t>>();
 }
 
 at::ScalarType CheckpointReader::dtype(const std::string& name) const {
-  if (!has_tensor(name)) fail(dir_, fmt::format("has no tensor {}", name));
+  if (!has_tensor(name)) fail_checkpoint(dir_, fmt::format("has no tensor {}", name));
   return dtype_from_name(meta_.at("tensors").at(name).at("dtype").get<std::string>());
 }
 
@@ -619,28 +628,29 @@ SafetensorsFile& CheckpointReader::file(int rank) {
   for (const nlohmann::json& f : meta_.at("files")) {
     if (f.at("rank").get<int>() == rank) entry = &f;
   }
-  if (entry == nullptr) fail(dir_, fmt::format("metadata.json lists no file for rank {}", rank));
+  if (entry == nullptr) fail_checkpoint(dir_, fmt::format("metadata.json lists no file for rank {}", rank));
   const std::string shown = storage::join(dir_, entry->at("name").get<std::string>());  // for messages
   std::string path = shown;
   if (remote(path)) {
-    if (cache_.empty()) cache_ = util::make_temp_dir("tessera-checkpoint", kComponent);
+    if (cache_.empty()) cache_ = util::make_temp_dir("tessera-checkpoint", kCheckpointComponent);
     const std::string local = (fs::path(cache_) / entry->at("name").get<std::string>()).string();
     storage::download(shown, local);
     path = local;
   }
   std::error_code ec;
   const uint64_t size = fs::file_size(path, ec);
-  if (ec) fail(shown, fmt::format("missing ({})", ec.message()));
+  if (ec) fail_checkpoint(shown, fmt::format("missing ({})", ec.message()));
   if (size != entry->at("bytes").get<uint64_t>()) {
-    fail(shown, fmt::format("{} bytes, metadata.json says {} (truncated?)", size, entry->at("bytes").get<uint64_t>()));
+    fail_checkpoint(
+        shown, fmt::format("{} bytes, metadata.json says {} (truncated?)", size, entry->at("bytes").get<uint64_t>()));
   }
   auto f = std::make_shared<SafetensorsFile>(path);
   if (verify_) {
     // Before any of its bytes are used.
     const std::string h = mapped_xxh64(f->bytes());
     if (h != entry->at("xxh64").get<std::string>()) {
-      fail(shown, fmt::format("xxh64 checksum {} does not match metadata.json's {} (corrupted)", h,
-                              entry->at("xxh64").get<std::string>()));
+      fail_checkpoint(shown, fmt::format("xxh64 checksum {} does not match metadata.json's {} (corrupted)", h,
+                                         entry->at("xxh64").get<std::string>()));
     }
   }
   files_[rank] = f;
@@ -648,13 +658,14 @@ SafetensorsFile& CheckpointReader::file(int rank) {
 }
 
 void CheckpointReader::read(const std::string& name, int64_t start, at::Tensor dst) {
-  if (!has_tensor(name)) fail(dir_, fmt::format("has no tensor {}", name));
+  if (!has_tensor(name)) fail_checkpoint(dir_, fmt::format("has no tensor {}", name));
   const nlohmann::json& t = meta_.at("tensors").at(name);
   int64_t total = 1;
   for (int64_t d : t.at("shape").get<std::vector<int64_t>>()) total *= d;
   const int64_t n = dst.numel();
   if (start < 0 || start + n > total) {
-    fail(dir_, fmt::format("{}: elements [{}, {}) are outside its {} elements", name, start, start + n, total));
+    fail_checkpoint(dir_,
+                    fmt::format("{}: elements [{}, {}) are outside its {} elements", name, start, start + n, total));
   }
   TORCH_CHECK(dst.is_contiguous(), "CheckpointReader::read: dst must be contiguous");
   at::Tensor out = dst.view({-1});
@@ -667,16 +678,16 @@ void CheckpointReader::read(const std::string& name, int64_t start, at::Tensor d
     if (lo >= hi) continue;
     SafetensorsFile& f = file(pc.at("rank").get<int>());
     const std::string key = pc.at("key").get<std::string>();
-    if (!f.contains(key)) fail(f.path(), fmt::format("has no piece {} (listed in metadata.json)", key));
+    if (!f.contains(key)) fail_checkpoint(f.path(), fmt::format("has no piece {} (listed in metadata.json)", key));
     const at::Tensor src = f.view(key).view({-1});
     if (src.numel() != pn)
-      fail(f.path(), fmt::format("piece {} has {} elements, metadata.json says {}", key, src.numel(), pn));
+      fail_checkpoint(f.path(), fmt::format("piece {} has {} elements, metadata.json says {}", key, src.numel(), pn));
     out.narrow(0, lo - start, hi - lo).copy_(src.narrow(0, lo - ps, hi - lo));
     covered += hi - lo;
   }
   if (covered != n) {
-    fail(dir_, fmt::format("{}: its pieces cover {} of the {} elements [{}, {}) asked for", name, covered, n, start,
-                           start + n));
+    fail_checkpoint(dir_, fmt::format("{}: its pieces cover {} of the {} elements [{}, {}) asked for", name, covered, n,
+                                      start, start + n));
   }
 }
 

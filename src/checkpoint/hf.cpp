@@ -23,15 +23,15 @@ namespace tessera::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
-constexpr const char* kComponent = "hf";
+constexpr const char* kHfComponent = "hf";
 
 nlohmann::json read_json(const fs::path& path) {
   std::ifstream in(path);
-  if (!in) throw Error(kComponent, fmt::format("{}: cannot open", path.string()));
+  if (!in) throw Error(kHfComponent, fmt::format("{}: cannot open", path.string()));
   try {
     return nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
-    throw Error(kComponent, fmt::format("{}: not valid JSON ({})", path.string(), e.what()));
+    throw Error(kHfComponent, fmt::format("{}: not valid JSON ({})", path.string(), e.what()));
   }
 }
 
@@ -58,9 +58,9 @@ HfWeights::HfWeights(const models::CausalLM& model, const std::string& dir)
     format = model.hf_format(at::kFloat);
     const std::string type = format.config.value("model_type", "");
     if (type != model_type_) {
-      throw Error(kComponent, fmt::format("{}: model_type \"{}\" is not a layout of this {} model (it reads \"{}\" "
-                                          "and \"{}\")",
-                                          config_path.string(), model_type_, model.family(), model.family(), type));
+      throw Error(kHfComponent, fmt::format("{}: model_type \"{}\" is not a layout of this {} model (it reads \"{}\" "
+                                            "and \"{}\")",
+                                            config_path.string(), model_type_, model.family(), model.family(), type));
     }
   }
   for (models::HfTensor& t : format.tensors) {
@@ -72,10 +72,10 @@ HfWeights::HfWeights(const models::CausalLM& model, const std::string& dir)
   }
   if (fs::exists(fs::path(dir) / "pytorch_model.bin") && !fs::exists(fs::path(dir) / "model.safetensors") &&
       !fs::exists(fs::path(dir) / "model.safetensors.index.json")) {
-    throw Error(kComponent, fmt::format("{}: only safetensors weights are loaded (pytorch_model.bin is a pickle, "
-                                        "which could run code); convert it with save_pretrained(safe_serialization="
-                                        "True)",
-                                        dir));
+    throw Error(kHfComponent, fmt::format("{}: only safetensors weights are loaded (pytorch_model.bin is a pickle, "
+                                          "which could run code); convert it with save_pretrained(safe_serialization="
+                                          "True)",
+                                          dir));
   }
   files_ = open_safetensors_dir(dir);
 }
@@ -104,8 +104,8 @@ std::optional<at::Tensor> HfWeights::param(const std::string& name) const {
   const auto* file = found->file;
   const TensorInfo& info = file->info(source);
   if (info.shape != t.shape) {
-    throw Error(kComponent, fmt::format("{}: tensor {} has shape [{}], the model expects [{}]", file->path(), source,
-                                        fmt::join(info.shape, ", "), fmt::join(t.shape, ", ")));
+    throw Error(kHfComponent, fmt::format("{}: tensor {} has shape [{}], the model expects [{}]", file->path(), source,
+                                          fmt::join(info.shape, ", "), fmt::join(t.shape, ", ")));
   }
   at::Tensor v = file->view(source);
   if (t.transpose) v = v.t().contiguous();
@@ -124,9 +124,9 @@ std::vector<std::string> HfWeights::unexpected() const {
     auto it = files_.find(z.name);
     if (it == files_.end()) continue;
     if (it->second->info(z.name).shape != z.shape || it->second->view(z.name).count_nonzero().item<int64_t>() != 0) {
-      throw Error(kComponent, fmt::format("{}: tensor {} is not all zeros, but this model has no such parameter (it "
-                                          "would compute another function)",
-                                          it->second->path(), z.name));
+      throw Error(kHfComponent, fmt::format("{}: tensor {} is not all zeros, but this model has no such parameter (it "
+                                            "would compute another function)",
+                                            it->second->path(), z.name));
     }
   }
   std::vector<std::string> out;
@@ -145,7 +145,7 @@ LoadReport load_weights(models::CausalLM& model, const HfWeights& weights, bool 
   for (auto& item : model.named_parameters()) {
     const std::optional<at::Tensor> stored = weights.param(item.key());
     if (!stored) {
-      if (strict) throw Error(kComponent, fmt::format("{}: missing tensor {}", weights.path_of(""), item.key()));
+      if (strict) throw Error(kHfComponent, fmt::format("{}: missing tensor {}", weights.path_of(""), item.key()));
       report.missing.push_back(item.key());
       continue;
     }
@@ -153,7 +153,7 @@ LoadReport load_weights(models::CausalLM& model, const HfWeights& weights, bool 
     weights.release(item.key());
   }
   for (const std::string& name : weights.unexpected()) {
-    if (strict) throw Error(kComponent, fmt::format("{}: unexpected tensor {}", weights.path_of(name), name));
+    if (strict) throw Error(kHfComponent, fmt::format("{}: unexpected tensor {}", weights.path_of(name), name));
     report.unexpected.push_back(name);
   }
   return report;
@@ -202,16 +202,16 @@ void write_extras(const fs::path& dir, const nlohmann::ordered_json& config, con
     if (fs::is_directory(*tokenizer)) {
       for (const char* name : kTokenizerFiles) {
         if (fs::is_regular_file(*tokenizer / name))
-          util::write_file_atomically((dir / name).string(), util::read_file((*tokenizer / name).string(), kComponent),
-                                      kComponent);
+          util::write_file_atomically((dir / name).string(),
+                                      util::read_file((*tokenizer / name).string(), kHfComponent), kHfComponent);
       }
     } else {
-      util::write_file_atomically((dir / "tokenizer.json").string(), util::read_file(tokenizer->string(), kComponent),
-                                  kComponent);
+      util::write_file_atomically((dir / "tokenizer.json").string(), util::read_file(tokenizer->string(), kHfComponent),
+                                  kHfComponent);
       // A lone tokenizer.json loads in AutoTokenizer as the generic fast tokenizer, with decode as `tokenizers`'.
       const nlohmann::ordered_json tc = {{"tokenizer_class", "PreTrainedTokenizerFast"},
                                          {"clean_up_tokenization_spaces", false}};
-      util::write_file_atomically((dir / "tokenizer_config.json").string(), tc.dump(2) + "\n", kComponent);
+      util::write_file_atomically((dir / "tokenizer_config.json").string(), tc.dump(2) + "\n", kHfComponent);
     }
   }
   // The ids `generate` uses: config.json's, else the tokenizer's special tokens.
@@ -226,7 +226,7 @@ void write_extras(const fs::path& dir, const nlohmann::ordered_json& config, con
   put("bos_token_id", tok ? tok->bos_token_id() : std::nullopt);
   put("eos_token_id", tok ? tok->eos_token_id() : std::nullopt);
   put("pad_token_id", tok ? tok->pad_token_id() : std::nullopt);
-  util::write_file_atomically((dir / "generation_config.json").string(), gen.dump(2) + "\n", kComponent);
+  util::write_file_atomically((dir / "generation_config.json").string(), gen.dump(2) + "\n", kHfComponent);
 }
 
 }  // namespace
@@ -245,7 +245,7 @@ void save_hf_model(models::CausalLM& model, const std::string& dir, at::ScalarTy
                                     },
                                     max_shard_bytes, {{"format", "pt"}});
   write_extras(dir, format.config, tokenizer);
-  util::write_file_atomically((fs::path(dir) / "config.json").string(), format.config.dump(2) + "\n", kComponent);
+  util::write_file_atomically((fs::path(dir) / "config.json").string(), format.config.dump(2) + "\n", kHfComponent);
 }
 
 namespace {
@@ -260,7 +260,8 @@ struct CheckpointModel {
 
 CheckpointModel checkpoint_model(const CheckpointReader& reader, const std::string& checkpoint_dir) {
   if (!reader.metadata().contains("hf_config")) {
-    throw Error(kComponent, fmt::format("{}: metadata.json has no hf_config (not a model checkpoint)", checkpoint_dir));
+    throw Error(kHfComponent,
+                fmt::format("{}: metadata.json has no hf_config (not a model checkpoint)", checkpoint_dir));
   }
   CheckpointModel out;
   out.config = reader.metadata().at("hf_config");
@@ -269,10 +270,10 @@ CheckpointModel checkpoint_model(const CheckpointReader& reader, const std::stri
   for (const auto& item : out.meta->named_parameters()) {
     const std::string name = "model/" + item.key();
     if (!reader.has_tensor(name)) {
-      throw Error(kComponent, fmt::format("{}: has no weight {}", checkpoint_dir, item.key()));
+      throw Error(kHfComponent, fmt::format("{}: has no weight {}", checkpoint_dir, item.key()));
     }
     if (reader.shape(name) != item.value().sizes().vec()) {
-      throw Error(kComponent,
+      throw Error(kHfComponent,
                   fmt::format("{}: {} has shape [{}], the config gives [{}]", checkpoint_dir, item.key(),
                               fmt::join(reader.shape(name), ", "), fmt::join(item.value().sizes().vec(), ", ")));
     }
@@ -280,9 +281,9 @@ CheckpointModel checkpoint_model(const CheckpointReader& reader, const std::stri
   }
   for (const std::string& name : reader.tensor_names("model/")) {
     if (!names.count(name)) {
-      throw Error(kComponent, fmt::format("{}: weight {} is not part of a plain {} model (LoRA adapters? merge them "
-                                          "before saving)",
-                                          checkpoint_dir, name.substr(6), out.meta->family()));
+      throw Error(kHfComponent, fmt::format("{}: weight {} is not part of a plain {} model (LoRA adapters? merge them "
+                                            "before saving)",
+                                            checkpoint_dir, name.substr(6), out.meta->family()));
     }
   }
   return out;
@@ -332,7 +333,7 @@ void export_checkpoint_to_hf(const std::string& checkpoint_dir, const std::strin
                                     },
                                     max_shard_bytes, {{"format", "pt"}});
   write_extras(out_dir, format.config, tokenizer);
-  util::write_file_atomically((fs::path(out_dir) / "config.json").string(), format.config.dump(2) + "\n", kComponent);
+  util::write_file_atomically((fs::path(out_dir) / "config.json").string(), format.config.dump(2) + "\n", kHfComponent);
 }
 
 std::optional<std::string> checkpoint_tokenizer_name(const std::string& checkpoint_dir) {

@@ -12,7 +12,7 @@
 namespace tessera::config {
 namespace {
 
-constexpr const char* kComponent = "recipe";
+constexpr const char* kReaderComponent = "recipe";
 
 size_t edit_distance(std::string_view a, std::string_view b) {
   std::vector<size_t> row(b.size() + 1);
@@ -33,7 +33,7 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 
 void ParseContext::throw_if_unsupported() const {
   if (unsupported_.empty()) return;
-  throw ConfigError(kComponent, fmt::format("{}: not supported yet: {}", file_, fmt::join(unsupported_, ", ")));
+  throw ConfigError(kReaderComponent, fmt::format("{}: not supported yet: {}", file_, fmt::join(unsupported_, ", ")));
 }
 
 Section::Section(const Value* value, std::string path, ParseContext& ctx)
@@ -41,7 +41,7 @@ Section::Section(const Value* value, std::string path, ParseContext& ctx)
   if (value_ != nullptr && value_->is_null()) value_ = nullptr;
   if (value_ != nullptr && !value_->is_map()) {
     std::string where = value_->origin().describe();
-    throw ConfigError(kComponent,
+    throw ConfigError(kReaderComponent,
                       fmt::format("{}{}: expected a mapping of keys, got {} {}", where.empty() ? "" : where + ": ",
                                   path_.empty() ? "(root)" : path_, value_->type_name(), value_->brief()));
   }
@@ -87,7 +87,7 @@ Origin Section::origin_of(std::string_view key) const {
 void Section::fail(std::string_view key, const std::string& message) const {
   std::string where = origin_of(key).describe();
   if (where.empty()) where = ctx_->file();
-  throw ConfigError(kComponent, fmt::format("{}: {}: {}", where, key_path(key), message));
+  throw ConfigError(kReaderComponent, fmt::format("{}: {}: {}", where, key_path(key), message));
 }
 
 void Section::type_error(std::string_view key, const Value& v, const std::string& expected) const {

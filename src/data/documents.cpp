@@ -15,10 +15,10 @@ namespace tessera::data {
 namespace {
 
 namespace fs = std::filesystem;
-constexpr const char* kComponent = "documents";
+constexpr const char* kDocumentsComponent = "documents";
 
 std::string read_all(const fs::path& p) {
-  return util::read_file(p.string(), kComponent);
+  return util::read_file(p.string(), kDocumentsComponent);
 }
 
 bool wanted_in_directory(const fs::path& p, DocumentFormat format) {
@@ -46,13 +46,13 @@ std::vector<fs::path> expand(const std::vector<fs::path>& paths, DocumentFormat 
         if (it->is_regular_file(ec) && !it->is_symlink(ec) && wanted_in_directory(it->path(), format))
           found.push_back(it->path());
       }
-      if (ec) throw Error(kComponent, fmt::format("{}: cannot list: {}", p.string(), ec.message()));
+      if (ec) throw Error(kDocumentsComponent, fmt::format("{}: cannot list: {}", p.string(), ec.message()));
       std::sort(found.begin(), found.end());
       files.insert(files.end(), found.begin(), found.end());
     } else if (fs::exists(p, ec)) {
       files.push_back(p);
     } else {
-      throw Error(kComponent, fmt::format("{}: no such file or directory", p.string()));
+      throw Error(kDocumentsComponent, fmt::format("{}: no such file or directory", p.string()));
     }
   }
   return files;
@@ -89,10 +89,10 @@ void read_jsonl(const fs::path& file, const std::string& text, std::vector<std::
     try {
       j = nlohmann::json::parse(line);
     } catch (const nlohmann::json::exception& e) {
-      throw Error(kComponent, fmt::format("{}:{}: malformed JSON: {}", file.string(), line_no, e.what()));
+      throw Error(kDocumentsComponent, fmt::format("{}:{}: malformed JSON: {}", file.string(), line_no, e.what()));
     }
     if (!j.is_object() || !j.contains("text") || !j["text"].is_string())
-      throw Error(kComponent,
+      throw Error(kDocumentsComponent,
                   fmt::format("{}:{}: expected an object with a string \"text\" field", file.string(), line_no));
     std::string doc = j["text"].get<std::string>();
     if (!doc.empty()) out.push_back(std::move(doc));
@@ -105,7 +105,8 @@ DocumentFormat parse_document_format(const std::string& name) {
   if (name == "fortunes") return DocumentFormat::kFortunes;
   if (name == "text") return DocumentFormat::kText;
   if (name == "jsonl") return DocumentFormat::kJsonl;
-  throw ConfigError(kComponent, fmt::format("unknown document format \"{}\" (expected fortunes, text or jsonl)", name));
+  throw ConfigError(kDocumentsComponent,
+                    fmt::format("unknown document format \"{}\" (expected fortunes, text or jsonl)", name));
 }
 
 std::vector<std::string> read_documents(const std::vector<std::filesystem::path>& paths, DocumentFormat format) {

@@ -17,17 +17,17 @@ namespace tessera::data {
 namespace {
 
 using Json = nlohmann::ordered_json;
-constexpr const char* kComponent = "finetuning";
-constexpr int32_t kIgnore = -100;
+constexpr const char* kFinetuningComponent = "finetuning";
+constexpr int32_t kIgnoreLabel = -100;
 
-[[noreturn]] void fail(const std::string& where, const std::string& what) {
-  throw Error(kComponent, fmt::format("{}: {}", where, what));
+[[noreturn]] void fail_finetuning(const std::string& where, const std::string& what) {
+  throw Error(kFinetuningComponent, fmt::format("{}: {}", where, what));
 }
 
 bool has_loss(const std::vector<int32_t>& labels, size_t limit) {
   const size_t n = std::min(limit, labels.size());
   return std::any_of(labels.begin(), labels.begin() + static_cast<std::ptrdiff_t>(n),
-                     [](int32_t l) { return l != kIgnore; });
+                     [](int32_t l) { return l != kIgnoreLabel; });
 }
 
 // BinPackCollator._first_fit_bin_packing: the items (largest first, stable) go into the bins left over from the
@@ -95,14 +95,15 @@ FinetuningDataset::FinetuningDataset(const FinetuningOptions& options, const Cha
       examples_per_batch_(device_batch_size) {
   validate_target_settings(o_.target_prompts, o_.target_responses, "train_loader.dataset");
   if (!tokenizer.pad_token_id()) {
-    throw Error(kComponent,
+    throw Error(kFinetuningComponent,
                 "the tokenizer has neither a pad token nor an eos token to pad with (set pad_token or "
                 "eos_token in its tokenizer_config.json)");
   }
   if (o_.streams) {
-    if (o_.auto_packing_ratio) fail("train_loader.dataset.packing_ratio", "auto needs hf_name data, not MDS streams");
+    if (o_.auto_packing_ratio)
+      fail_finetuning("train_loader.dataset.packing_ratio", "auto needs hf_name data, not MDS streams");
     packing_ratio_ = o_.packing_ratio.value_or(1);
-    if (packing_ratio_ < 1) fail("train_loader.dataset.packing_ratio", "must be at least 1");
+    if (packing_ratio_ < 1) fail_finetuning("train_loader.dataset.packing_ratio", "must be at least 1");
     examples_per_batch_ = packing_ratio_ == 1
                               ? device_batch_size_
                               : static_cast<int64_t>(static_cast<double>(device_batch_size_) * packing_ratio_);
@@ -136,9 +137,10 @@ FinetuningDataset::FinetuningDataset(const FinetuningOptions& options, const Cha
         source, o_.split, dropped_, o_.max_seq_len);
   }
   if (examples_.empty()) {
-    fail(source, fmt::format("split '{}': no valid examples after dropping {} (prompts longer than max_seq_len {}, "
-                             "empty prompts or responses, or no loss-generating tokens)",
-                             o_.split, dropped_, o_.max_seq_len));
+    fail_finetuning(source,
+                    fmt::format("split '{}': no valid examples after dropping {} (prompts longer than max_seq_len {}, "
+                                "empty prompts or responses, or no loss-generating tokens)",
+                                o_.split, dropped_, o_.max_seq_len));
   }
   if (o_.auto_packing_ratio) {
     // Every rank profiles every rank's share, so all agree on the smallest ratio without communicating (LLM Foundry
@@ -158,7 +160,7 @@ FinetuningDataset::FinetuningDataset(const FinetuningOptions& options, const Cha
   } else if (o_.packing_ratio) {
     packing_ratio_ = *o_.packing_ratio;
   }
-  if (packing_ratio_ < 1) fail("train_loader.dataset.packing_ratio", "must be at least 1");
+  if (packing_ratio_ < 1) fail_finetuning("train_loader.dataset.packing_ratio", "must be at least 1");
   examples_per_batch_ = packing_ratio_ == 1
                             ? device_batch_size_
                             : static_cast<int64_t>(static_cast<double>(device_batch_size_) * packing_ratio_);
@@ -244,10 +246,11 @@ std::optional<FinetuningBatch> FinetuningDataset::Epoch::next() {
   for (size_t k = 0; k < n; ++k) {
     const auto& [ids, labels] = *examples[k];
     if (!has_loss(labels, T)) {
-      throw Error(kComponent, fmt::format("an example of {} tokens keeps no loss-generating token within max_seq_len "
-                                          "{} (MDS fine-tuning data is not filtered: prepare it with the same "
-                                          "max_seq_len and target settings)",
-                                          ids.size(), T));
+      throw Error(kFinetuningComponent,
+                  fmt::format("an example of {} tokens keeps no loss-generating token within max_seq_len "
+                              "{} (MDS fine-tuning data is not filtered: prepare it with the same "
+                              "max_seq_len and target settings)",
+                              ids.size(), T));
     }
     Bin p;
     const size_t len = std::min(ids.size(), T);
@@ -270,7 +273,7 @@ std::optional<FinetuningBatch> FinetuningDataset::Epoch::next() {
   const auto B = static_cast<int64_t>(rows.size());
   const auto W = static_cast<int64_t>(width);
   b.input_ids = at::full({B, W}, ds_.pad_id_, at::kLong);
-  b.labels = at::full({B, W}, kIgnore, at::kLong);
+  b.labels = at::full({B, W}, kIgnoreLabel, at::kLong);
   b.attention_mask = at::zeros({B, W}, at::kLong);
   b.sequence_id = at::full({B, W}, -1, at::kLong);
   for (int64_t r = 0; r < B; ++r) {
@@ -299,7 +302,7 @@ std::vector<FinetuningDataset::Bin> FinetuningDataset::Epoch::pack(std::vector<B
   for (const Bin& e : examples) stats_.total_tokens += e.size;
   stats_.rows += ds_.device_batch_size_;
   const auto combine = [](Bin& bin, Bin& add) {
-    add.labels[0] = kIgnore;  // the first token of a packed example predicts nothing from the one before
+    add.labels[0] = kIgnoreLabel;  // the first token of a packed example predicts nothing from the one before
     const int64_t next =
         bin.sequence_id.empty() ? 0 : *std::max_element(bin.sequence_id.begin(), bin.sequence_id.end()) + 1;
     bin.ids.insert(bin.ids.end(), add.ids.begin(), add.ids.end());
@@ -320,10 +323,10 @@ std::pair<std::vector<int32_t>, std::vector<int32_t>> FinetuningDataset::mds_exa
   if (auto it = s.find("turns"); it != s.end()) {
     // convert_finetuning_dataset's tokenized layout: [{"input_ids": [...], "labels": [...]}, ...]
     const auto* turns = std::get_if<Json>(&it->second);
-    if (turns == nullptr || !turns->is_array()) fail(where, "the turns column must hold a JSON list");
+    if (turns == nullptr || !turns->is_array()) fail_finetuning(where, "the turns column must hold a JSON list");
     for (const Json& t : *turns) {
       if (!t.is_object() || !t.contains("input_ids") || !t.contains("labels")) {
-        fail(where, "each turn must have input_ids and labels");
+        fail_finetuning(where, "each turn must have input_ids and labels");
       }
       ex.turns.push_back({t["input_ids"].get<std::vector<int32_t>>(), t["labels"].get<std::vector<int32_t>>()});
     }
@@ -332,7 +335,7 @@ std::pair<std::vector<int32_t>, std::vector<int32_t>> FinetuningDataset::mds_exa
     FinetuningTurn turn;
     for (const char* column : {"input_ids", "labels"}) {
       auto c = s.find(column);
-      if (c == s.end()) fail(where, fmt::format("input_ids without {}", column));
+      if (c == s.end()) fail_finetuning(where, fmt::format("input_ids without {}", column));
       at::Tensor t = token_column(c->second, o_.token_encoding_type, where + ": column " + column);
       t = t.narrow(0, 0, std::min<int64_t>(t.size(0), o_.max_seq_len)).to(at::kLong).contiguous();
       std::vector<int32_t> tokens(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
@@ -352,9 +355,10 @@ std::pair<std::vector<int32_t>, std::vector<int32_t>> FinetuningDataset::mds_exa
       } else if (const auto* d = std::get_if<double>(&v)) {
         row[k] = *d;
       } else {
-        fail(where, fmt::format("column {} holds an array; expected turns, input_ids/labels, prompt/response or "
-                                "messages",
-                                k));
+        fail_finetuning(where,
+                        fmt::format("column {} holds an array; expected turns, input_ids/labels, prompt/response or "
+                                    "messages",
+                                    k));
       }
     }
     ex = tokenizer_->tokenize(row, where);

@@ -18,7 +18,7 @@ namespace tessera::data {
 namespace {
 
 using Json = nlohmann::ordered_json;
-constexpr const char* kComponent = "finetuning";
+constexpr const char* kExamplesComponent = "finetuning";
 constexpr int32_t kIgnore = -100;
 
 // LLM Foundry's _DEFAULT_CHAT_TEMPLATE (ChatML), for tokenizers without a template of their own.
@@ -31,7 +31,7 @@ constexpr const char* kDefaultChatTemplate =
     "{% endif %}";
 
 [[noreturn]] void fail(const std::string& where, const std::string& what) {
-  throw Error(kComponent, fmt::format("{}: {}", where, what));
+  throw Error(kExamplesComponent, fmt::format("{}: {}", where, what));
 }
 
 std::string keys_of(const Json& row) {
@@ -185,7 +185,7 @@ std::vector<std::string> split_files(const std::filesystem::path& folder, const 
 }  // namespace
 
 void append_json_rows(const std::string& path, std::vector<std::pair<Json, std::string>>& rows) {
-  const std::string text = util::read_file(path, kComponent);
+  const std::string text = util::read_file(path, kExamplesComponent);
   const size_t first = text.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && text[first] == '[') {
     Json doc;

@@ -16,7 +16,7 @@
 namespace tessera::models {
 namespace {
 
-constexpr float kMasked = std::numeric_limits<float>::lowest();
+constexpr float kLlamaMasked = std::numeric_limits<float>::lowest();
 
 }  // namespace
 
@@ -320,7 +320,7 @@ AttentionInputs LlamaForCausalLMImpl::attention_inputs(const at::Tensor& ids, co
       blocked = blocked | (sid.unsqueeze(2) != sid.unsqueeze(1)).unsqueeze(1);
     }
     in.mask = at::zeros(blocked.sizes(), ids.options().dtype(at::kFloat))
-                  .masked_fill(blocked, kMasked)
+                  .masked_fill(blocked, kLlamaMasked)
                   .to(compute_dtype(model->embed_tokens->weight));
   }
   // Rotary tables for each row's positions, in float32 as HF computes them.

@@ -27,7 +27,7 @@
 namespace tessera::storage {
 namespace {
 
-constexpr const char* kComponent = "s3";
+constexpr const char* kS3ClientComponent = "s3";
 constexpr const char* kEmptyHash = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 
 std::string uri_of(const std::string& bucket, const std::string& key) {
@@ -282,7 +282,7 @@ struct S3Client::Pool {
       }
     }
     CURL* h = curl_easy_init();
-    if (!h) throw Error(kComponent, "curl_easy_init failed");
+    if (!h) throw Error(kS3ClientComponent, "curl_easy_init failed");
     return h;
   }
   void release(CURL* h) {
@@ -399,7 +399,7 @@ S3Response S3Client::send(const std::string& method, const std::string& bucket, 
       if (t.sink_error) std::rethrow_exception(t.sink_error);
       last_error = fmt::format("{} failed: {}", method, curl_easy_strerror(rc));
       if (retryable_curl(rc)) continue;
-      throw Error(kComponent, fmt::format("{}: {}", where, last_error));
+      throw Error(kS3ClientComponent, fmt::format("{}: {}", where, last_error));
     }
     pool_->release(h);
     if (response.status >= 200 && response.status < 300) return response;
@@ -414,9 +414,10 @@ S3Response S3Client::send(const std::string& method, const std::string& bucket, 
     response.body = last_error;  // callers that accept a status (404 on HEAD) read the summary
     if (response.status == 404 && (method == "HEAD" || method == "DELETE")) return response;
     if (response.status == 416 && method == "GET") return response;  // a range of an empty object
-    throw Error(kComponent, fmt::format("{}: {}", where, last_error));
+    throw Error(kS3ClientComponent, fmt::format("{}: {}", where, last_error));
   }
-  throw Error(kComponent, fmt::format("{}: {} (gave up after {} attempts)", where, last_error, config_.max_attempts));
+  throw Error(kS3ClientComponent,
+              fmt::format("{}: {} (gave up after {} attempts)", where, last_error, config_.max_attempts));
 }
 
 std::string S3Client::get(const std::string& bucket, const std::string& key) {
@@ -427,8 +428,8 @@ std::string S3Client::get_range(const std::string& bucket, const std::string& ke
   if (length == 0) return {};
   S3Response r = send("GET", bucket, key, {}, {{"range", fmt::format("bytes={}-{}", offset, offset + length - 1)}}, {});
   if (r.body.size() != length) {
-    throw Error(kComponent, fmt::format("{}: asked for {} bytes at {}, got {} (the object is shorter)",
-                                        uri_of(bucket, key), length, offset, r.body.size()));
+    throw Error(kS3ClientComponent, fmt::format("{}: asked for {} bytes at {}, got {} (the object is shorter)",
+                                                uri_of(bucket, key), length, offset, r.body.size()));
   }
   return std::move(r.body);
 }
@@ -438,7 +439,8 @@ void S3Client::download(const std::string& bucket, const std::string& key, const
   static std::atomic<int64_t> counter{0};
   const std::string tmp = fmt::format("{}.tmp-{}-{}", path, ::getpid(), counter++);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(kComponent, fmt::format("{}: cannot create {}: {}", where, tmp, std::strerror(errno)));
+  if (fd < 0)
+    throw Error(kS3ClientComponent, fmt::format("{}: cannot create {}: {}", where, tmp, std::strerror(errno)));
   const uint64_t part = config_.part_size;
   // Fetches bytes [begin, end) into the file (end = 0: the first range, whose answer tells the object's size).
   const auto fetch = [&](uint64_t begin, uint64_t end, const std::string& etag) {
@@ -448,16 +450,16 @@ void S3Client::download(const std::string& bucket, const std::string& key, const
     if (!etag.empty()) headers.emplace_back("if-match", "\"" + etag + "\"");
     S3Response r = send("GET", bucket, key, {}, headers, {}, [&](uint64_t offset, std::string_view bytes) {
       if (begin + offset + bytes.size() > last + 1) {
-        throw Error(kComponent, fmt::format("{}: range {}-{} returned too many bytes", where, begin, last));
+        throw Error(kS3ClientComponent, fmt::format("{}: range {}-{} returned too many bytes", where, begin, last));
       }
       if (::pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(begin + offset)) !=
           static_cast<ssize_t>(bytes.size())) {
-        throw Error(kComponent, fmt::format("{}: cannot write {}: {}", where, tmp, std::strerror(errno)));
+        throw Error(kS3ClientComponent, fmt::format("{}: cannot write {}: {}", where, tmp, std::strerror(errno)));
       }
       got = offset + bytes.size();
     });
     if (end != 0 && got != end - begin) {
-      throw Error(kComponent, fmt::format("{}: range {}-{} returned {} bytes", where, begin, last, got.load()));
+      throw Error(kS3ClientComponent, fmt::format("{}: range {}-{} returned {} bytes", where, begin, last, got.load()));
     }
     r.body = std::to_string(got.load());
     return r;
@@ -472,7 +474,8 @@ void S3Client::download(const std::string& bucket, const std::string& key, const
       const size_t slash = range.rfind('/');
       size = slash == std::string::npos ? std::stoull(first.body) : std::stoull(range.substr(slash + 1));
       if (std::stoull(first.body) != std::min(size, part)) {
-        throw Error(kComponent, fmt::format("{}: the first range returned {} bytes of {}", where, first.body, size));
+        throw Error(kS3ClientComponent,
+                    fmt::format("{}: the first range returned {} bytes of {}", where, first.body, size));
       }
     }
     const std::string etag = strip_quotes(first.header("etag"));
@@ -533,7 +536,7 @@ void S3Client::put_parts(const std::string& bucket, const std::string& key,
 
 void S3Client::upload_file(const std::string& path, const std::string& bucket, const std::string& key) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error(kComponent, fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+  if (fd < 0) throw Error(kS3ClientComponent, fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
   struct FdCloser {
     int fd;
     ~FdCloser() { ::close(fd); }
@@ -545,7 +548,8 @@ void S3Client::upload_file(const std::string& path, const std::string& bucket, c
     while (done < length) {
       const ssize_t n = ::pread(fd, buf.data() + done, length - done, static_cast<off_t>(offset + done));
       if (n <= 0)
-        throw Error(kComponent, fmt::format("{}: read failed at {}: {}", path, offset + done, std::strerror(errno)));
+        throw Error(kS3ClientComponent,
+                    fmt::format("{}: read failed at {}: {}", path, offset + done, std::strerror(errno)));
       done += static_cast<uint64_t>(n);
     }
     return buf;
@@ -577,7 +581,8 @@ void S3Client::upload_parts(const std::string& bucket, const std::string& key, u
   if (config_.request_checksums) create_headers.emplace_back("x-amz-checksum-algorithm", "CRC32");
   const std::string upload_id =
       xml_first(send("POST", bucket, key, {{"uploads", ""}}, std::move(create_headers), {}).body, "UploadId");
-  if (upload_id.empty()) throw Error(kComponent, fmt::format("{}: CreateMultipartUpload returned no UploadId", where));
+  if (upload_id.empty())
+    throw Error(kS3ClientComponent, fmt::format("{}: CreateMultipartUpload returned no UploadId", where));
   const size_t parts = static_cast<size_t>((size + part - 1) / part);
   std::vector<std::string> etags(parts), crcs(parts);
   try {
@@ -593,7 +598,7 @@ void S3Client::upload_parts(const std::string& bucket, const std::string& key, u
       const S3Response r = send("PUT", bucket, key, {{"partNumber", std::to_string(i + 1)}, {"uploadId", upload_id}},
                                 std::move(headers), body);
       etags[i] = r.header("etag");
-      if (etags[i].empty()) throw Error(kComponent, fmt::format("{}: part {} returned no ETag", where, i + 1));
+      if (etags[i].empty()) throw Error(kS3ClientComponent, fmt::format("{}: part {} returned no ETag", where, i + 1));
     });
     std::string xml = "<CompleteMultipartUpload>";
     for (size_t i = 0; i < parts; ++i) {
@@ -605,8 +610,8 @@ void S3Client::upload_parts(const std::string& bucket, const std::string& key, u
         send("POST", bucket, key, {{"uploadId", upload_id}}, {{"content-type", "application/xml"}}, xml);
     // CompleteMultipartUpload can fail with 200 and an <Error> body.
     if (r.body.find("<Error>") != std::string::npos) {
-      throw Error(kComponent, fmt::format("{}: CompleteMultipartUpload failed: {} {}", where, xml_first(r.body, "Code"),
-                                          xml_first(r.body, "Message")));
+      throw Error(kS3ClientComponent, fmt::format("{}: CompleteMultipartUpload failed: {} {}", where,
+                                                  xml_first(r.body, "Code"), xml_first(r.body, "Message")));
     }
   } catch (...) {
     try {

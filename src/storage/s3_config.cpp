@@ -15,7 +15,7 @@
 namespace tessera::storage {
 namespace {
 
-constexpr const char* kComponent = "s3";
+constexpr const char* kS3ConfigComponent = "s3";
 std::atomic<int64_t> g_credential_loads{0};
 
 std::string env(const char* name) {
@@ -79,7 +79,7 @@ int positive_env(const char* name, int fallback) {
     if (n > 0) return n;
   } catch (const std::exception&) {
   }
-  throw ConfigError(kComponent, fmt::format("{}={}: expected a positive integer", name, v));
+  throw ConfigError(kS3ConfigComponent, fmt::format("{}={}: expected a positive integer", name, v));
 }
 
 }  // namespace
@@ -94,7 +94,7 @@ S3Config S3Config::from_environment() {
   if (c.endpoint.empty() && profile.count("endpoint_url")) c.endpoint = profile.at("endpoint_url");
   while (!c.endpoint.empty() && c.endpoint.back() == '/') c.endpoint.pop_back();
   if (!c.endpoint.empty() && c.endpoint.rfind("http://", 0) != 0 && c.endpoint.rfind("https://", 0) != 0) {
-    throw ConfigError(kComponent, fmt::format("endpoint {}: expected an http:// or https:// URL", c.endpoint));
+    throw ConfigError(kS3ConfigComponent, fmt::format("endpoint {}: expected an http:// or https:// URL", c.endpoint));
   }
   std::string region = env("AWS_REGION");
   if (region.empty()) region = env("AWS_DEFAULT_REGION");
@@ -106,11 +106,13 @@ S3Config S3Config::from_environment() {
   } else if (style == "virtual") {
     c.addressing = Addressing::kVirtual;
   } else if (!style.empty() && style != "auto") {
-    throw ConfigError(kComponent, fmt::format("TESSERA_S3_ADDRESSING_STYLE={}: expected auto, path or virtual", style));
+    throw ConfigError(kS3ConfigComponent,
+                      fmt::format("TESSERA_S3_ADDRESSING_STYLE={}: expected auto, path or virtual", style));
   }
   c.max_attempts = positive_env("TESSERA_S3_MAX_ATTEMPTS", c.max_attempts);
   c.part_size = static_cast<uint64_t>(positive_env("TESSERA_S3_PART_SIZE_MB", 8)) << 20;
-  if (c.part_size < (5ULL << 20)) throw ConfigError(kComponent, "TESSERA_S3_PART_SIZE_MB: S3's minimum part is 5 MB");
+  if (c.part_size < (5ULL << 20))
+    throw ConfigError(kS3ConfigComponent, "TESSERA_S3_PART_SIZE_MB: S3's minimum part is 5 MB");
   c.multipart_threshold = c.part_size;
   c.parallelism = positive_env("TESSERA_S3_PARALLELISM", c.parallelism);
   c.stall_timeout_s = positive_env("TESSERA_S3_STALL_TIMEOUT_S", static_cast<int>(c.stall_timeout_s));
@@ -119,9 +121,9 @@ S3Config S3Config::from_environment() {
   if (checksums == "when_required") {
     c.request_checksums = false;
   } else if (!checksums.empty() && checksums != "when_supported") {
-    throw ConfigError(kComponent, fmt::format("AWS_REQUEST_CHECKSUM_CALCULATION={}: expected when_supported or "
-                                              "when_required",
-                                              checksums));
+    throw ConfigError(kS3ConfigComponent, fmt::format("AWS_REQUEST_CHECKSUM_CALCULATION={}: expected when_supported or "
+                                                      "when_required",
+                                                      checksums));
   }
   return c;
 }
@@ -150,9 +152,10 @@ S3Credentials load_credentials() {
       return c;
     }
   }
-  throw ConfigError(kComponent, fmt::format("no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
-                                            "profile [{}] in {} or {} (AWS_PROFILE picks the profile)",
-                                            name, credentials_file, config_file));
+  throw ConfigError(kS3ConfigComponent,
+                    fmt::format("no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
+                                "profile [{}] in {} or {} (AWS_PROFILE picks the profile)",
+                                name, credentials_file, config_file));
 }
 
 int64_t credential_loads() {

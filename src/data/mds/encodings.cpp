@@ -12,7 +12,7 @@
 namespace tessera::data::mds {
 namespace {
 
-constexpr const char* kComponent = "mds";
+constexpr const char* kEncodingsComponent = "mds";
 
 struct Scalar {
   const char* name;
@@ -56,7 +56,7 @@ NDArraySpec parse_ndarray(const std::string& encoding) {
   const std::string dtype = rest.substr(0, colon);
   spec.dtype = scalar_by_name(dtype);
   if (spec.dtype == nullptr)
-    throw Error(kComponent, fmt::format("encoding {}: unsupported dtype \"{}\"", encoding, dtype));
+    throw Error(kEncodingsComponent, fmt::format("encoding {}: unsupported dtype \"{}\"", encoding, dtype));
   if (colon != std::string::npos) {
     std::stringstream dims(rest.substr(colon + 1));
     std::string d;
@@ -64,9 +64,10 @@ NDArraySpec parse_ndarray(const std::string& encoding) {
       try {
         spec.shape.push_back(std::stoll(d));
       } catch (const std::exception&) {
-        throw Error(kComponent, fmt::format("encoding {}: bad shape", encoding));
+        throw Error(kEncodingsComponent, fmt::format("encoding {}: bad shape", encoding));
       }
-      if (spec.shape.back() < 1) throw Error(kComponent, fmt::format("encoding {}: dimensions must be >= 1", encoding));
+      if (spec.shape.back() < 1)
+        throw Error(kEncodingsComponent, fmt::format("encoding {}: dimensions must be >= 1", encoding));
     }
   }
   return spec;
@@ -88,12 +89,12 @@ T read_raw(std::string_view b) {
 
 int64_t as_int(const std::string& enc, const Field& f) {
   if (const auto* i = std::get_if<int64_t>(&f)) return *i;
-  throw Error(kComponent, fmt::format("encoding {} needs an integer value", enc));
+  throw Error(kEncodingsComponent, fmt::format("encoding {} needs an integer value", enc));
 }
 double as_double(const std::string& enc, const Field& f) {
   if (const auto* d = std::get_if<double>(&f)) return *d;
   if (const auto* i = std::get_if<int64_t>(&f)) return static_cast<double>(*i);
-  throw Error(kComponent, fmt::format("encoding {} needs a number", enc));
+  throw Error(kEncodingsComponent, fmt::format("encoding {} needs a number", enc));
 }
 
 std::string encode_scalar(const Scalar& s, const std::string& enc, const Field& f) {
@@ -123,7 +124,7 @@ std::string encode_scalar(const Scalar& s, const std::string& enc, const Field& 
     default:
       break;
   }
-  throw Error(kComponent, "unreachable scalar type");
+  throw Error(kEncodingsComponent, "unreachable scalar type");
 }
 
 Field decode_scalar(const Scalar& s, std::string_view b) {
@@ -156,30 +157,31 @@ Field decode_scalar(const Scalar& s, std::string_view b) {
     default:
       break;
   }
-  throw Error(kComponent, "unreachable scalar type");
+  throw Error(kEncodingsComponent, "unreachable scalar type");
 }
 
 std::string encode_ndarray(const std::string& enc, const Field& f) {
   const auto* tp = std::get_if<at::Tensor>(&f);
-  if (tp == nullptr) throw Error(kComponent, fmt::format("encoding {} needs a tensor", enc));
+  if (tp == nullptr) throw Error(kEncodingsComponent, fmt::format("encoding {} needs a tensor", enc));
   const NDArraySpec spec = parse_ndarray(enc);
   const at::Tensor t = tp->contiguous().cpu();
   const Scalar* dtype = scalar_by_dtype(t.scalar_type());
   if (dtype == nullptr)
-    throw Error(kComponent, fmt::format("encoding {}: unsupported dtype {}", enc, c10::toString(t.scalar_type())));
-  if (t.dim() == 0) throw Error(kComponent, fmt::format("encoding {}: attempting to encode a scalar", enc));
+    throw Error(kEncodingsComponent,
+                fmt::format("encoding {}: unsupported dtype {}", enc, c10::toString(t.scalar_type())));
+  if (t.dim() == 0) throw Error(kEncodingsComponent, fmt::format("encoding {}: attempting to encode a scalar", enc));
   if (t.numel() == 0)
-    throw Error(kComponent, fmt::format("encoding {}: attempting to encode an array with 0 elements", enc));
+    throw Error(kEncodingsComponent, fmt::format("encoding {}: attempting to encode an array with 0 elements", enc));
   if (spec.dtype != nullptr && spec.dtype != dtype) {
-    throw Error(kComponent, fmt::format("encoding {}: got dtype {}", enc, dtype->name));
+    throw Error(kEncodingsComponent, fmt::format("encoding {}: got dtype {}", enc, dtype->name));
   }
   if (!spec.shape.empty() && spec.shape != t.sizes().vec()) {
-    throw Error(kComponent, fmt::format("encoding {}: got shape [{}]", enc, fmt::join(t.sizes().vec(), ",")));
+    throw Error(kEncodingsComponent, fmt::format("encoding {}: got shape [{}]", enc, fmt::join(t.sizes().vec(), ",")));
   }
   std::string out;
   if (spec.dtype == nullptr) out += static_cast<char>(dtype->code);
   if (spec.shape.empty()) {
-    if (t.dim() > 63) throw Error(kComponent, fmt::format("encoding {}: more than 63 dimensions", enc));
+    if (t.dim() > 63) throw Error(kEncodingsComponent, fmt::format("encoding {}: more than 63 dimensions", enc));
     const int64_t biggest = *std::max_element(t.sizes().begin(), t.sizes().end());
     const int code = biggest < (1 << 8) ? 0 : biggest < (1 << 16) ? 1 : biggest < (int64_t{1} << 32) ? 2 : 3;
     out += static_cast<char>((t.dim() << 2) | code);
@@ -198,13 +200,13 @@ Field decode_ndarray(const std::string& enc, std::string_view b) {
   const NDArraySpec spec = parse_ndarray(enc);
   size_t pos = 0;
   auto need = [&](size_t n) {
-    if (pos + n > b.size()) throw Error(kComponent, fmt::format("encoding {}: value truncated", enc));
+    if (pos + n > b.size()) throw Error(kEncodingsComponent, fmt::format("encoding {}: value truncated", enc));
   };
   const Scalar* dtype = spec.dtype;
   if (dtype == nullptr) {
     need(1);
     dtype = scalar_by_code(static_cast<unsigned char>(b[pos++]));
-    if (dtype == nullptr) throw Error(kComponent, fmt::format("encoding {}: unknown dtype code", enc));
+    if (dtype == nullptr) throw Error(kEncodingsComponent, fmt::format("encoding {}: unknown dtype code", enc));
   }
   std::vector<int64_t> shape = spec.shape;
   if (shape.empty()) {
@@ -223,8 +225,8 @@ Field decode_ndarray(const std::string& enc, std::string_view b) {
   for (int64_t d : shape) numel *= d;
   const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(dtype->dtype);
   if (b.size() - pos != nbytes) {
-    throw Error(kComponent, fmt::format("encoding {}: {} value bytes for shape [{}] of {}", enc, b.size() - pos,
-                                        fmt::join(shape, ","), dtype->name));
+    throw Error(kEncodingsComponent, fmt::format("encoding {}: {} value bytes for shape [{}] of {}", enc,
+                                                 b.size() - pos, fmt::join(shape, ","), dtype->name));
   }
   at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype->dtype));
   std::memcpy(t.data_ptr(), b.data() + pos, nbytes);
@@ -247,8 +249,8 @@ std::optional<int64_t> encoded_size(const std::string& enc) {
     for (int64_t d : spec.shape) n *= d;
     return n;
   }
-  if (enc == "pkl") throw Error(kComponent, "encoding pkl is refused: unpickling could run code");
-  throw Error(kComponent, fmt::format("unsupported encoding \"{}\"", enc));
+  if (enc == "pkl") throw Error(kEncodingsComponent, "encoding pkl is refused: unpickling could run code");
+  throw Error(kEncodingsComponent, fmt::format("unsupported encoding \"{}\"", enc));
 }
 
 std::string encode(const std::string& enc, const Field& value) {
@@ -259,21 +261,22 @@ std::string encode(const std::string& enc, const Field& value) {
   if (enc == "str_float") return util::python_float_repr(as_double(enc, value));
   if (enc == "json") {
     if (const auto* j = std::get_if<nlohmann::ordered_json>(&value)) return util::python_json_dumps(*j);
-    throw Error(kComponent, "encoding json needs a JSON value");
+    throw Error(kEncodingsComponent, "encoding json needs a JSON value");
   }
   if (enc == "ndarray" || enc.starts_with("ndarray:")) return encode_ndarray(enc, value);
   encoded_size(enc);  // throws for unknown encodings
-  throw Error(kComponent, fmt::format("encoding {} needs a string", enc));
+  throw Error(kEncodingsComponent, fmt::format("encoding {} needs a string", enc));
 }
 
 Field decode(const std::string& enc, std::string_view b) {
   if (enc == "bytes" || enc == "str" || enc == "str_decimal") return std::string(b);
   if (enc == "int") {
-    if (b.size() != 8) throw Error(kComponent, "encoding int: expected 8 bytes");
+    if (b.size() != 8) throw Error(kEncodingsComponent, "encoding int: expected 8 bytes");
     return read_raw<int64_t>(b);
   }
   if (const Scalar* s = scalar_by_name(enc)) {
-    if (b.size() != c10::elementSize(s->dtype)) throw Error(kComponent, fmt::format("encoding {}: wrong size", enc));
+    if (b.size() != c10::elementSize(s->dtype))
+      throw Error(kEncodingsComponent, fmt::format("encoding {}: wrong size", enc));
     return decode_scalar(*s, b);
   }
   try {
@@ -281,11 +284,12 @@ Field decode(const std::string& enc, std::string_view b) {
     if (enc == "str_float") return std::stod(std::string(b));
     if (enc == "json") return nlohmann::ordered_json::parse(b);
   } catch (const std::exception& e) {
-    throw Error(kComponent, fmt::format("encoding {}: cannot decode \"{}\"", enc, std::string(b.substr(0, 40))));
+    throw Error(kEncodingsComponent,
+                fmt::format("encoding {}: cannot decode \"{}\"", enc, std::string(b.substr(0, 40))));
   }
   if (enc == "ndarray" || enc.starts_with("ndarray:")) return decode_ndarray(enc, b);
   encoded_size(enc);
-  throw Error(kComponent, fmt::format("unsupported encoding \"{}\"", enc));
+  throw Error(kEncodingsComponent, fmt::format("unsupported encoding \"{}\"", enc));
 }
 
 }  // namespace tessera::data::mds

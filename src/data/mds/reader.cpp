@@ -22,10 +22,10 @@ namespace tessera::data::mds {
 namespace {
 
 namespace fs = std::filesystem;
-constexpr const char* kComponent = "mds";
+constexpr const char* kReaderComponent = "mds";
 
 std::string read_file(const fs::path& p) {
-  return util::read_file(p.string(), kComponent);
+  return util::read_file(p.string(), kReaderComponent);
 }
 
 uint32_t u32_at(std::string_view b, size_t pos) {
@@ -40,9 +40,10 @@ void verify(const std::vector<std::pair<std::string, std::string>>& expected, st
     if (!util::hash_supported(algo)) continue;
     const std::string actual = util::hex_digest(algo, data);
     if (actual != digest) {
-      throw Error(kComponent, fmt::format("{}: {} mismatch (index.json says {}, the file hashes to {}): the shard is "
-                                          "corrupt",
-                                          file, algo, digest, actual));
+      throw Error(kReaderComponent,
+                  fmt::format("{}: {} mismatch (index.json says {}, the file hashes to {}): the shard is "
+                              "corrupt",
+                              file, algo, digest, actual));
     }
   }
 }
@@ -75,7 +76,8 @@ std::vector<std::pair<std::string, std::string>> hashes_of(const nlohmann::json&
 MDSDataset::MDSDataset(std::string dir, ReaderOptions options) : dir_(std::move(dir)), options_(std::move(options)) {
   const fs::path index_path = fs::path(dir_) / "index.json";
   if (options_.remote) fetch_index();
-  if (!fs::exists(index_path)) throw Error(kComponent, fmt::format("{}: no index.json (not an MDS dataset?)", dir_));
+  if (!fs::exists(index_path))
+    throw Error(kReaderComponent, fmt::format("{}: no index.json (not an MDS dataset?)", dir_));
   const std::string where = index_path.string();
   int64_t total = 0;
   std::shared_ptr<const ShardColumns> last_columns;
@@ -85,11 +87,11 @@ MDSDataset::MDSDataset(std::string dir, ReaderOptions options) : dir_(std::move(
     const size_t k = shards_.size();
     try {
       if (s.at("format").get<std::string>() != "mds") {
-        throw Error(kComponent, fmt::format("{}: shard {}: format \"{}\" is not supported (only mds)", where, k,
-                                            s.at("format").get<std::string>()));
+        throw Error(kReaderComponent, fmt::format("{}: shard {}: format \"{}\" is not supported (only mds)", where, k,
+                                                  s.at("format").get<std::string>()));
       }
       if (s.at("version").get<int>() != 2)
-        throw Error(kComponent, fmt::format("{}: shard {}: version must be 2", where, k));
+        throw Error(kReaderComponent, fmt::format("{}: shard {}: version must be 2", where, k));
       ShardColumns cols;
       cols.names = s.at("column_names").get<std::vector<std::string>>();
       cols.encodings = s.at("column_encodings").get<std::vector<std::string>>();
@@ -98,11 +100,12 @@ MDSDataset::MDSDataset(std::string dir, ReaderOptions options) : dir_(std::move(
       }
       if (!last_columns || !(*last_columns == cols)) {
         if (cols.names.size() != cols.encodings.size() || cols.names.size() != cols.sizes.size()) {
-          throw Error(kComponent, fmt::format("{}: shard {}: column lists differ in length", where, k));
+          throw Error(kReaderComponent, fmt::format("{}: shard {}: column lists differ in length", where, k));
         }
         for (size_t c = 0; c < cols.encodings.size(); ++c) {
           if (encoded_size(cols.encodings[c]) != cols.sizes[c]) {
-            throw Error(kComponent, fmt::format("{}: shard {}: column_sizes disagree with the encodings", where, k));
+            throw Error(kReaderComponent,
+                        fmt::format("{}: shard {}: column_sizes disagree with the encodings", where, k));
           }
         }
         last_columns = std::make_shared<const ShardColumns>(std::move(cols));
@@ -121,14 +124,14 @@ MDSDataset::MDSDataset(std::string dir, ReaderOptions options) : dir_(std::move(
         info.zip_bytes = zip.at("bytes").get<uint64_t>();
         info.zip_hashes = hashes_of(zip);
         if (!info.compression)
-          throw Error(kComponent, fmt::format("{}: shard {}: zip_data without compression", where, k));
+          throw Error(kReaderComponent, fmt::format("{}: shard {}: zip_data without compression", where, k));
       }
-      if (info.samples < 0) throw Error(kComponent, fmt::format("{}: shard {}: negative sample count", where, k));
+      if (info.samples < 0) throw Error(kReaderComponent, fmt::format("{}: shard {}: negative sample count", where, k));
       total += info.samples;
       shards_.push_back(std::move(info));
       cumulative_.push_back(total);
     } catch (const nlohmann::json::exception& e) {
-      throw Error(kComponent, fmt::format("{}: shard {}: missing or malformed key ({})", where, k, e.what()));
+      throw Error(kReaderComponent, fmt::format("{}: shard {}: missing or malformed key ({})", where, k, e.what()));
     }
   };
   bool in_shards = false;
@@ -144,15 +147,15 @@ MDSDataset::MDSDataset(std::string dir, ReaderOptions options) : dir_(std::move(
       return true;
     });
   } catch (const nlohmann::json::exception& e) {
-    throw Error(kComponent, fmt::format("{}: not valid JSON ({})", where, e.what()));
+    throw Error(kReaderComponent, fmt::format("{}: not valid JSON ({})", where, e.what()));
   }
   if (!index.is_object() || index.value("version", 0) != 2) {
-    throw Error(kComponent,
+    throw Error(kReaderComponent,
                 fmt::format("{}: unsupported index version {} (expected 2)", where,
                             index.is_object() && index.contains("version") ? index["version"].dump() : "none"));
   }
   if (!index.contains("shards") || !index["shards"].is_array()) {
-    throw Error(kComponent, fmt::format("{}: missing the \"shards\" list", where));
+    throw Error(kReaderComponent, fmt::format("{}: missing the \"shards\" list", where));
   }
   shards_.shrink_to_fit();
   cumulative_.shrink_to_fit();
@@ -171,19 +174,21 @@ void MDSDataset::set_cache_limit(std::optional<uint64_t> limit) {
   uint64_t largest = 0;
   for (const auto& s : shards_) largest = std::max(largest, s.raw_bytes + s.zip_bytes);
   if (*limit <= index_bytes) {
-    throw ConfigError(kComponent, fmt::format("{}: cache_limit ({} bytes) is not larger than index.json ({} bytes)",
-                                              dir_, *limit, index_bytes));
+    throw ConfigError(
+        kReaderComponent,
+        fmt::format("{}: cache_limit ({} bytes) is not larger than index.json ({} bytes)", dir_, *limit, index_bytes));
   }
   if (*limit < 4 * largest) {
-    throw ConfigError(kComponent, fmt::format("{}: cache_limit ({} bytes) is too low: it must be at least four times "
-                                              "the largest shard ({} bytes, raw plus compressed)",
-                                              dir_, *limit, largest));
+    throw ConfigError(kReaderComponent,
+                      fmt::format("{}: cache_limit ({} bytes) is too low: it must be at least four times "
+                                  "the largest shard ({} bytes, raw plus compressed)",
+                                  dir_, *limit, largest));
   }
 }
 
 std::pair<size_t, int64_t> MDSDataset::locate(int64_t sample) const {
   if (sample < 0 || sample >= size()) {
-    throw Error(kComponent,
+    throw Error(kReaderComponent,
                 fmt::format("{}: sample {} is out of range (the dataset has {} samples)", dir_, sample, size()));
   }
   const size_t shard =
@@ -210,9 +215,9 @@ std::shared_ptr<MDSDataset::OpenShard> MDSDataset::open(size_t k) {
     fd = ::open(raw_path.c_str(), O_RDONLY | O_CLOEXEC);
   }
   if (options_.remote && fd < 0) {
-    throw Error(kComponent, fmt::format("{}: shard {} was evicted again before it could be opened, 8 times: the "
-                                        "cache_limit is too low for this many readers (thrashing)",
-                                        raw_path.string(), k));
+    throw Error(kReaderComponent, fmt::format("{}: shard {} was evicted again before it could be opened, 8 times: the "
+                                              "cache_limit is too low for this many readers (thrashing)",
+                                              raw_path.string(), k));
   }
   std::lock_guard<std::mutex> lock(mutex_);
   if (open_[k]) {
@@ -229,22 +234,24 @@ std::shared_ptr<MDSDataset::OpenShard> MDSDataset::open(size_t k) {
     }
   }
   if (fd < 0 && !fs::exists(raw_path)) {
-    if (!info.zip_basename) throw Error(kComponent, fmt::format("{}: shard {} is missing", raw_path.string(), k));
+    if (!info.zip_basename) throw Error(kReaderComponent, fmt::format("{}: shard {} is missing", raw_path.string(), k));
     const fs::path zip_path = fs::path(dir_) / *info.zip_basename;
-    if (!fs::exists(zip_path)) throw Error(kComponent, fmt::format("{}: shard {} is missing", zip_path.string(), k));
+    if (!fs::exists(zip_path))
+      throw Error(kReaderComponent, fmt::format("{}: shard {} is missing", zip_path.string(), k));
     const std::string zip = read_file(zip_path);
     if (zip.size() != info.zip_bytes) {
-      throw Error(kComponent, fmt::format("{}: {} bytes, index.json says {}: truncated or replaced", zip_path.string(),
-                                          zip.size(), info.zip_bytes));
+      throw Error(kReaderComponent, fmt::format("{}: {} bytes, index.json says {}: truncated or replaced",
+                                                zip_path.string(), zip.size(), info.zip_bytes));
     }
     if (options_.verify_hashes) verify(info.zip_hashes, zip, zip_path.string());
     const std::string raw = detail::decompress(*info.compression, zip, zip_path.string());
     // As Streaming: decompress to <raw>.tmp and rename, so a crash never leaves a partial raw shard; keep the zip.
-    util::write_file_atomically(raw_path.string(), raw, kComponent);
+    util::write_file_atomically(raw_path.string(), raw, kReaderComponent);
   }
   if (fd < 0) fd = ::open(raw_path.c_str(), O_RDONLY | O_CLOEXEC);
   auto shard = std::make_shared<OpenShard>();
-  if (fd < 0) throw Error(kComponent, fmt::format("{}: cannot open: {}", raw_path.string(), std::strerror(errno)));
+  if (fd < 0)
+    throw Error(kReaderComponent, fmt::format("{}: cannot open: {}", raw_path.string(), std::strerror(errno)));
   struct stat st {};
   ::fstat(fd, &st);
   shard->size = static_cast<size_t>(st.st_size);
@@ -252,12 +259,12 @@ std::shared_ptr<MDSDataset::OpenShard> MDSDataset::open(size_t k) {
   shard->path = raw_path.string();
   if (shard->size > 0) shard->addr = ::mmap(nullptr, shard->size, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
-  if (shard->addr == MAP_FAILED) throw Error(kComponent, fmt::format("{}: mmap failed", raw_path.string()));
+  if (shard->addr == MAP_FAILED) throw Error(kReaderComponent, fmt::format("{}: mmap failed", raw_path.string()));
   const std::string file = raw_path.string();
   const std::string_view b = shard->bytes();
   if (b.size() != info.raw_bytes) {
     if (options_.remote) fs::remove(raw_path);  // fetched: fetch it again next time
-    throw Error(kComponent,
+    throw Error(kReaderComponent,
                 fmt::format("{}: {} bytes, index.json says {}: truncated or replaced", file, b.size(), info.raw_bytes));
   }
   if (options_.verify_hashes) {
@@ -270,18 +277,18 @@ std::shared_ptr<MDSDataset::OpenShard> MDSDataset::open(size_t k) {
   }
   const uint64_t n = static_cast<uint64_t>(info.samples);
   if (b.size() < 4 + 4 * (n + 1) || u32_at(b, 0) != n) {
-    throw Error(kComponent, fmt::format("{}: header says {} samples, index.json says {}", file,
-                                        b.size() >= 4 ? u32_at(b, 0) : 0, n));
+    throw Error(kReaderComponent, fmt::format("{}: header says {} samples, index.json says {}", file,
+                                              b.size() >= 4 ? u32_at(b, 0) : 0, n));
   }
   uint32_t prev = u32_at(b, 4);
-  if (prev < 4 + 4 * (n + 1)) throw Error(kComponent, fmt::format("{}: corrupt offsets", file));
+  if (prev < 4 + 4 * (n + 1)) throw Error(kReaderComponent, fmt::format("{}: corrupt offsets", file));
   for (uint64_t i = 1; i <= n; ++i) {
     const uint32_t cur = u32_at(b, 4 + 4 * i);
-    if (cur < prev) throw Error(kComponent, fmt::format("{}: corrupt offsets at sample {}", file, i - 1));
+    if (cur < prev) throw Error(kReaderComponent, fmt::format("{}: corrupt offsets at sample {}", file, i - 1));
     prev = cur;
   }
   if (prev != b.size())
-    throw Error(kComponent, fmt::format("{}: offsets end at {}, the file has {} bytes", file, prev, b.size()));
+    throw Error(kReaderComponent, fmt::format("{}: offsets end at {}, the file has {} bytes", file, prev, b.size()));
   open_[k] = shard;
   return shard;
 }
@@ -307,17 +314,17 @@ namespace {
 std::vector<std::string_view> split_columns(const ShardInfo& info, std::string_view s, const std::string& where) {
   size_t head = 0;
   for (const auto& size : info.columns->sizes) head += size ? 0 : 4;
-  if (s.size() < head) throw Error(kComponent, fmt::format("{}: sample shorter than its size prefixes", where));
+  if (s.size() < head) throw Error(kReaderComponent, fmt::format("{}: sample shorter than its size prefixes", where));
   std::vector<std::string_view> out;
   size_t pos = head, var = 0;
   for (const auto& size : info.columns->sizes) {
     const size_t n = size ? static_cast<size_t>(*size) : u32_at(s, 4 * var++);
-    if (pos + n > s.size()) throw Error(kComponent, fmt::format("{}: column sizes exceed the sample", where));
+    if (pos + n > s.size()) throw Error(kReaderComponent, fmt::format("{}: column sizes exceed the sample", where));
     out.push_back(s.substr(pos, n));
     pos += n;
   }
   if (pos != s.size())
-    throw Error(kComponent, fmt::format("{}: {} bytes left after the last column", where, s.size() - pos));
+    throw Error(kReaderComponent, fmt::format("{}: {} bytes left after the last column", where, s.size() - pos));
   return out;
 }
 
@@ -334,7 +341,7 @@ Sample MDSDataset::get(int64_t sample) {
     try {
       out[info.columns->names[c]] = decode(info.columns->encodings[c], cols[c]);
     } catch (const Error& e) {
-      throw Error(kComponent, fmt::format("{}: column {}: {}", where, info.columns->names[c], e.message()));
+      throw Error(kReaderComponent, fmt::format("{}: column {}: {}", where, info.columns->names[c], e.message()));
     }
   }
   return out;
@@ -346,7 +353,7 @@ std::string MDSDataset::column(int64_t sample, const std::string& name) {
   const auto& names = info.columns->names;
   const auto it = std::find(names.begin(), names.end(), name);
   if (it == names.end()) {
-    throw Error(kComponent, fmt::format("{}/{}: no column \"{}\"", dir_, info.raw_basename, name));
+    throw Error(kReaderComponent, fmt::format("{}/{}: no column \"{}\"", dir_, info.raw_basename, name));
   }
   const std::string where = fmt::format("{}/{}: sample {}", dir_, info.raw_basename, idx);
   const auto shard = open(k);

@@ -26,7 +26,7 @@ namespace tessera::data::mds {
 namespace {
 
 namespace fs = std::filesystem;
-constexpr const char* kComponent = "mds";
+constexpr const char* kRemoteComponent = "mds";
 
 // An exclusive flock on `path` (created), waited for up to `timeout_s` seconds. Locks taken through different opens
 // exclude each other, within one process as across processes.
@@ -36,14 +36,15 @@ class NodeLock {
     fs::create_directories(path.parent_path());
     fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd_ < 0)
-      throw Error(kComponent, fmt::format("{}: cannot open lock file: {}", path.string(), std::strerror(errno)));
+      throw Error(kRemoteComponent, fmt::format("{}: cannot open lock file: {}", path.string(), std::strerror(errno)));
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
     while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
       if (std::chrono::steady_clock::now() > deadline) {
         ::close(fd_);
-        throw Error(kComponent, fmt::format("{}: another process has been fetching it for over {} s (lock {}); raise "
-                                            "download_timeout or check that process",
-                                            what, timeout_s, path.string()));
+        throw Error(kRemoteComponent,
+                    fmt::format("{}: another process has been fetching it for over {} s (lock {}); raise "
+                                "download_timeout or check that process",
+                                what, timeout_s, path.string()));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(7));  // Streaming's TICK
     }
@@ -89,9 +90,10 @@ uint64_t parse_cache_limit(const std::string& text) {
       s += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   }
   const auto bad = [&] {
-    return ConfigError(kComponent, fmt::format("cache_limit {}: unsupported value/suffix (an integer byte count, or a "
-                                               "number with one of b, kb, mb, gb, tb, pb, eb, zb, yb)",
-                                               text));
+    return ConfigError(kRemoteComponent,
+                       fmt::format("cache_limit {}: unsupported value/suffix (an integer byte count, or a "
+                                   "number with one of b, kb, mb, gb, tb, pb, eb, zb, yb)",
+                                   text));
   };
   static const std::pair<const char*, int> kUnits[] = {{"kb", 1}, {"mb", 2}, {"gb", 3}, {"tb", 4},
                                                        {"pb", 5}, {"eb", 6}, {"zb", 7}, {"yb", 8}};
@@ -169,9 +171,10 @@ void MDSDataset::make_room(size_t k) {
       }
     }
     if (!victim) {
-      throw Error(kComponent, fmt::format("{}: cache_limit ({} bytes) is too low: nothing is left to evict to make "
-                                          "room for shard {} ({} bytes)",
-                                          dir_, limit, k, need));
+      throw Error(kRemoteComponent,
+                  fmt::format("{}: cache_limit ({} bytes) is too low: nothing is left to evict to make "
+                              "room for shard {} ({} bytes)",
+                              dir_, limit, k, need));
     }
     const ShardInfo& v = shards_[*victim];
     std::error_code ec;
@@ -195,11 +198,11 @@ void MDSDataset::fetch(size_t k) {
   }
   const fs::path zip_path = fs::path(dir_) / *info.zip_basename;
   if (!present(zip_path)) download_with_retry(remote_file(*info.zip_basename), zip_path, options_.download_retry);
-  const std::string zip = util::read_file(zip_path.string(), kComponent);
+  const std::string zip = util::read_file(zip_path.string(), kRemoteComponent);
   const auto corrupt = [&](const std::string& why) {
     fs::remove(zip_path);  // so that the next attempt fetches it again
-    return Error(kComponent, fmt::format("{}: {} (fetched from {}; deleted)", zip_path.string(), why,
-                                         remote_file(*info.zip_basename)));
+    return Error(kRemoteComponent, fmt::format("{}: {} (fetched from {}; deleted)", zip_path.string(), why,
+                                               remote_file(*info.zip_basename)));
   };
   if (zip.size() != info.zip_bytes) {
     throw corrupt(fmt::format("{} bytes, index.json says {}", zip.size(), info.zip_bytes));
@@ -211,7 +214,8 @@ void MDSDataset::fetch(size_t k) {
       }
     }
   }
-  util::write_file_atomically(raw.string(), detail::decompress(*info.compression, zip, zip_path.string()), kComponent);
+  util::write_file_atomically(raw.string(), detail::decompress(*info.compression, zip, zip_path.string()),
+                              kRemoteComponent);
   if (!options_.keep_zip) fs::remove(zip_path);
 }
 

@@ -15,7 +15,7 @@
 namespace tessera::data {
 namespace {
 
-constexpr const char* kComponent = "streaming";
+constexpr const char* kDatasetComponent = "streaming";
 
 // Stream.apply_weights: samples per epoch for each stream.
 std::vector<int64_t> apply_weights(const std::vector<StreamSpec>& streams, const std::vector<int64_t>& samples,
@@ -26,9 +26,9 @@ std::vector<int64_t> apply_weights(const std::vector<StreamSpec>& streams, const
     relative += s.proportion.has_value();
     absolute += s.repeat.has_value() || s.choose.has_value();
   }
-  if (relative && relative != n) throw Error(kComponent, "give proportion for every stream or for none");
+  if (relative && relative != n) throw Error(kDatasetComponent, "give proportion for every stream or for none");
   if (relative && absolute)
-    throw Error(kComponent, "relative (proportion) and absolute (repeat, choose) weights cannot be mixed");
+    throw Error(kDatasetComponent, "relative (proportion) and absolute (repeat, choose) weights cannot be mixed");
   std::vector<int64_t> choose(n);
   const int64_t total = std::accumulate(samples.begin(), samples.end(), int64_t{0});
   if (relative || (!absolute && epoch_size)) {
@@ -47,7 +47,7 @@ std::vector<int64_t> apply_weights(const std::vector<StreamSpec>& streams, const
     }
     return choose;
   }
-  if (epoch_size) throw Error(kComponent, "epoch_size needs relative (proportion) weights or none");
+  if (epoch_size) throw Error(kDatasetComponent, "epoch_size needs relative (proportion) weights or none");
   choose_per_epoch = 0;
   for (size_t i = 0; i < n; ++i) {
     if (streams[i].repeat) {
@@ -91,14 +91,14 @@ ResumeState ResumeState::from_json(const nlohmann::json& j) {
       s.initial_physical_nodes = j["initial_physical_nodes"].get<int64_t>();
     }
   } catch (const nlohmann::json::exception& e) {
-    throw Error(kComponent, fmt::format("data loader state: {}", e.what()));
+    throw Error(kDatasetComponent, fmt::format("data loader state: {}", e.what()));
   }
   return s;
 }
 
 StreamingDataset::StreamingDataset(StreamingOptions options, World world) : o_(std::move(options)), world_(world) {
-  if (o_.streams.empty()) throw Error(kComponent, "a StreamingDataset needs at least one stream");
-  if (o_.batch_size < 1) throw Error(kComponent, "batch_size must be positive");
+  if (o_.streams.empty()) throw Error(kDatasetComponent, "a StreamingDataset needs at least one stream");
+  if (o_.batch_size < 1) throw Error(kDatasetComponent, "batch_size must be positive");
   std::vector<int64_t> per_stream;
   int64_t total = 0;  // running sample offset over all streams and shards
   for (size_t i = 0; i < o_.streams.size(); ++i) {

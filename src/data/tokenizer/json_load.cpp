@@ -15,7 +15,7 @@ namespace tessera::data::detail {
 namespace {
 
 using Json = nlohmann::ordered_json;
-constexpr const char* kComponent = "tokenizer";
+constexpr const char* kJsonLoadComponent = "tokenizer";
 // Larger than any real vocabulary (the largest are ~256k); bounds the dense id tables a hostile file can request.
 constexpr int64_t kMaxId = (int64_t{1} << 22) - 1;
 
@@ -28,7 +28,7 @@ class Loader {
   explicit Loader(std::string source) : source_(std::move(source)) {}
 
   [[noreturn]] void fail(const std::string& path, const std::string& message) const {
-    throw Error(kComponent, fmt::format("{}: {}: {}", source_, path, message));
+    throw Error(kJsonLoadComponent, fmt::format("{}: {}: {}", source_, path, message));
   }
 
   static std::string type_name(const Json& j) { return j.type_name(); }
@@ -98,7 +98,7 @@ class Loader {
     try {
       doc = Json::parse(text);
     } catch (const Json::exception& e) {
-      throw Error(kComponent, fmt::format("{}: malformed JSON: {}", source_, e.what()));
+      throw Error(kJsonLoadComponent, fmt::format("{}: malformed JSON: {}", source_, e.what()));
     }
     if (!doc.is_object()) fail("(root)", fmt::format("expected an object, got {}", type_name(doc)));
     require_null(doc, "", "truncation", "truncation is not supported");
@@ -467,9 +467,9 @@ void load_tokenizer_config(const std::filesystem::path& folder, TokenizerImpl& t
     Loader loader(source);
     Json doc;
     try {
-      doc = Json::parse(util::read_file(source, kComponent));
+      doc = Json::parse(util::read_file(source, kJsonLoadComponent));
     } catch (const Json::exception& e) {
-      throw Error(kComponent, fmt::format("{}: malformed JSON: {}", source, e.what()));
+      throw Error(kJsonLoadComponent, fmt::format("{}: malformed JSON: {}", source, e.what()));
     }
     if (!doc.is_object()) loader.fail("(root)", "expected an object");
     for (const char* key : {"bos_token", "eos_token", "pad_token", "unk_token"}) {
@@ -496,7 +496,7 @@ void load_tokenizer_config(const std::filesystem::path& folder, TokenizerImpl& t
     if (it == special.end() || !it->second) return std::nullopt;
     const std::string& content = *it->second;
     if (!t.added_ids.count(content) && !t.model.vocab.count(content)) {
-      throw Error(kComponent,
+      throw Error(kJsonLoadComponent,
                   fmt::format("{}: {} {} is not a token of {}", folder.string(), key, quote(content), t.source));
     }
     return content;
@@ -539,7 +539,8 @@ void load_tokenizer_config(const std::filesystem::path& folder, TokenizerImpl& t
   {
     const std::filesystem::path file = folder / "chat_template.jinja";
     std::error_code ec;
-    if (std::filesystem::is_regular_file(file, ec)) t.chat_template = util::read_file(file.string(), kComponent);
+    if (std::filesystem::is_regular_file(file, ec))
+      t.chat_template = util::read_file(file.string(), kJsonLoadComponent);
   }
 
   // LlamaTokenizerFast rebuilds the post-processor from add_bos_token (default true) / add_eos_token (default false).

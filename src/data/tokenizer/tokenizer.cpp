@@ -18,7 +18,7 @@ namespace tessera::data {
 namespace detail {
 namespace {
 
-constexpr const char* kComponent = "tokenizer";
+constexpr const char* kTokenizerComponent = "tokenizer";
 // Words longer than this (bytes) are not cached: rare, and they would crowd the cache.
 constexpr size_t kMaxCachedWord = 256;
 // The per-thread word cache is cleared when it reaches this many words (bounds its memory to some tens of MB).
@@ -472,7 +472,7 @@ std::string TokenizerImpl::decode_tokens(std::vector<std::string> tokens) const 
 }  // namespace detail
 
 namespace {
-constexpr const char* kComponent = "tokenizer";
+constexpr const char* kTokenizerComponent = "tokenizer";
 }
 
 Tokenizer Tokenizer::from_file(const std::filesystem::path& path) {
@@ -480,7 +480,7 @@ Tokenizer Tokenizer::from_file(const std::filesystem::path& path) {
   std::error_code ec;
   const bool folder = std::filesystem::is_directory(path, ec);
   if (folder) file = path / "tokenizer.json";
-  auto impl = detail::load_tokenizer_json(util::read_file(file.string(), kComponent), file.string());
+  auto impl = detail::load_tokenizer_json(util::read_file(file.string(), kTokenizerComponent), file.string());
   if (folder) detail::load_tokenizer_config(path, *impl);
   return Tokenizer(std::move(impl));
 }
@@ -575,7 +575,7 @@ std::string Tokenizer::to_json() const {
 }
 
 void Tokenizer::save(const std::filesystem::path& path) const {
-  util::write_file_atomically(path.string(), impl_->json, kComponent);
+  util::write_file_atomically(path.string(), impl_->json, kTokenizerComponent);
 }
 
 }  // namespace tessera::data

@@ -145,7 +145,7 @@ TEST(CheckpointFormat, PublishingWithoutEveryRanksFileFailsAndKeepsLatest) {
 
 // ---- Checkpointing a training run ---------------------------------------------------------------------------------
 
-fs::path dataset() {
+fs::path checkpoint_dataset() {
   static const fs::path dir = [] {
     const fs::path d = fs::temp_directory_path() / "tessera_checkpoint_test" / "data";
     testing::write_token_split(d / "train", 24, 1);
@@ -158,19 +158,19 @@ fs::path dataset() {
 // Dropout (the RNG matters), EMA (an algorithm's state), a cosine schedule over the whole run, 3 batches per epoch.
 trainer::TrainConfig run_config(const std::string& run, const std::vector<std::string>& overrides = {}) {
   std::vector<std::string> o = {
-      "run_name=" + run,         "save_folder=" + (dataset().parent_path() / "runs" / "{run_name}").string(),
+      "run_name=" + run,         "save_folder=" + (checkpoint_dataset().parent_path() / "runs" / "{run_name}").string(),
       "max_duration=8ba",        "eval_interval=0",
       "deterministic_mode=true", "model.resid_pdrop=0.1",
       "model.emb_pdrop=0.1",     "scheduler.name=cosine_with_warmup",
       "scheduler.t_warmup=2ba"};
   o.insert(o.end(), overrides.begin(), overrides.end());
-  return testing::tiny_train_config(dataset(),
+  return testing::tiny_train_config(checkpoint_dataset(),
                                     "device_train_microbatch_size: 4\ndevice_eval_batch_size: 4\n"
                                     "algorithms: {ema: {half_life: 3ba}}\nsave_interval: 2ba\n",
                                     o);
 }
 
-std::vector<at::Tensor> weights_of(trainer::Trainer& t) {
+std::vector<at::Tensor> checkpoint_weights_of(trainer::Trainer& t) {
   std::vector<at::Tensor> out;
   for (const auto& p : t.state().model->parameters()) out.push_back(p.detach().clone());
   for (const auto& a : t.state().algorithms) {
@@ -182,7 +182,7 @@ std::vector<at::Tensor> weights_of(trainer::Trainer& t) {
 }
 
 fs::path run_folder(const std::string& run) {
-  return dataset().parent_path() / "runs" / run;
+  return checkpoint_dataset().parent_path() / "runs" / run;
 }
 
 TEST(Checkpointing, AResumedRunEndsBitwiseIdenticalToAnUninterruptedOne) {
@@ -190,7 +190,7 @@ TEST(Checkpointing, AResumedRunEndsBitwiseIdenticalToAnUninterruptedOne) {
   fs::remove_all(run_folder("resumed"));
   trainer::Trainer whole(run_config("whole"));
   whole.fit();
-  const auto expected = weights_of(whole);
+  const auto expected = checkpoint_weights_of(whole);
   {
     // Crash after batch 5 (mid-epoch: 3 batches per epoch); the newest checkpoint is ba4.
     trainer::Trainer first(run_config("resumed"),
@@ -205,7 +205,7 @@ TEST(Checkpointing, AResumedRunEndsBitwiseIdenticalToAnUninterruptedOne) {
   EXPECT_EQ(second.state().timestamp.sample_in_epoch, 8);
   second.fit();
   EXPECT_EQ(second.state().timestamp.batch, 8);
-  const auto got = weights_of(second);
+  const auto got = checkpoint_weights_of(second);
   ASSERT_EQ(got.size(), expected.size());
   ASSERT_GT(got.size(), second.state().model->parameters().size()) << "EMA weights compared too";
   for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(at::equal(got[i], expected[i])) << "tensor " << i;
@@ -226,7 +226,7 @@ TEST(Checkpointing, SynchronousSavesWriteTheSameBytesAndResumeBitwise) {
   async_ref.fit();
   trainer::Trainer whole(run_config("sync_whole", {"save_async=false"}));
   whole.fit();
-  const auto expected = weights_of(whole);
+  const auto expected = checkpoint_weights_of(whole);
   const CheckpointReader a((run_folder("async_ref") / "ep1-ba4").string());
   const CheckpointReader b((run_folder("sync_whole") / "ep1-ba4").string());
   EXPECT_EQ(a.metadata()["files"][0]["xxh64"], b.metadata()["files"][0]["xxh64"]);
@@ -238,7 +238,7 @@ TEST(Checkpointing, SynchronousSavesWriteTheSameBytesAndResumeBitwise) {
   trainer::Trainer second(run_config("sync_resumed", {"save_async=false", "autoresume=true"}));
   EXPECT_EQ(second.state().timestamp.batch, 4);
   second.fit();
-  const auto got = weights_of(second);
+  const auto got = checkpoint_weights_of(second);
   ASSERT_EQ(got.size(), expected.size());
   for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(at::equal(got[i], expected[i])) << "tensor " << i;
 }
@@ -317,7 +317,7 @@ TEST(Checkpointing, ExportToHuggingFaceAndLoadItBackAsWeights) {
   fs::remove_all(run_folder("export"));
   trainer::Trainer t(run_config("export", {"max_duration=3ba", "algorithms.ema.half_life=1000ba"}));
   t.fit();
-  const fs::path hf = dataset().parent_path() / "export_hf";
+  const fs::path hf = checkpoint_dataset().parent_path() / "export_hf";
   fs::remove_all(hf);
   checkpoint::export_checkpoint_to_hf((run_folder("export") / "ep0-ba3").string(), hf.string());
   std::shared_ptr<models::CausalLM> loaded = checkpoint::load_hf_model(hf.string());
@@ -352,8 +352,8 @@ TEST(Checkpointing, ExportToHuggingFaceAndLoadItBackAsWeights) {
 // `train` in a shell whose file size limit (ulimit -f, 1 KiB blocks) makes a write fail with EFBIG: the next save
 // after `batches` fails. SIGXFSZ is ignored (inherited through exec) so that the write returns the error.
 int run_limited(const std::string& run, const std::string& overrides, int64_t limit_kib, std::string* output) {
-  const fs::path log = dataset().parent_path() / (run + ".log");
-  const fs::path recipe = dataset().parent_path() / (run + ".yaml");
+  const fs::path log = checkpoint_dataset().parent_path() / (run + ".log");
+  const fs::path recipe = checkpoint_dataset().parent_path() / (run + ".yaml");
   std::ofstream(recipe) << run_config(run).resolved.to_json().dump();
   const std::string cmd =
       fmt::format("sh -c \"trap '' XFSZ; ulimit -f {}; exec {} --recipe {} {}\" > {} 2>&1", limit_kib,

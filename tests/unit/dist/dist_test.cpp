@@ -55,7 +55,7 @@ int free_port() {
   return dist::free_local_port();
 }
 
-std::string read_text(const fs::path& p) {
+std::string read_dist_log(const fs::path& p) {
   std::ifstream f(p);
   std::stringstream ss;
   ss << f.rdbuf();
@@ -302,7 +302,7 @@ callbacks: {{hf_checkpointer: {{save_folder: "{1}/runs/{{run_name}}", save_inter
     for (const auto& o : overrides) cmd += " " + o;
     const fs::path log = root_ / (name + ".log");
     const int rc = std::system((cmd + " > " + log.string() + " 2>&1").c_str());
-    EXPECT_EQ(rc, 0) << cmd << "\n" << read_text(log);
+    EXPECT_EQ(rc, 0) << cmd << "\n" << read_dist_log(log);
     return read_run(name);
   }
 
@@ -372,8 +372,9 @@ callbacks: {{hf_checkpointer: {{save_folder: "{1}/runs/{{run_name}}", save_inter
         fmt::format("RUNS_DIR={} {}/tests/fault_injection/kill_random_rank.sh {} {} {} {} > {} 2>&1",
                     (root_ / "runs").string(), ::tessera::testing::source_dir(), ::tessera::testing::train_bin(),
                     (root_ / "tiny.yaml").string(), (root_ / "fault").string(), trials, log.string());
-    EXPECT_EQ(std::system(cmd.c_str()), 0) << read_text(log);
-    EXPECT_NE(read_text(log).find(fmt::format("{0}/{0} trials passed", trials)), std::string::npos) << read_text(log);
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << read_dist_log(log);
+    EXPECT_NE(read_dist_log(log).find(fmt::format("{0}/{0} trials passed", trials)), std::string::npos)
+        << read_dist_log(log);
   }
 
   static fs::path root_;
@@ -613,8 +614,8 @@ TEST_F(DistTraining, HybridShardOverTwoNodesMatchesOneProcess) {
     });
   };
   auto n0 = node(0), n1 = node(1);
-  EXPECT_EQ(n0.get(), 0) << read_text(root_ / "hy4_node0.log");
-  EXPECT_EQ(n1.get(), 0) << read_text(root_ / "hy4_node1.log");
+  EXPECT_EQ(n0.get(), 0) << read_dist_log(root_ / "hy4_node0.log");
+  EXPECT_EQ(n1.get(), 0) << read_dist_log(root_ / "hy4_node1.log");
   expect_same(single(), read_run("hy4"), "HYBRID_SHARD 2 nodes x 2");
 }
 
@@ -665,8 +666,9 @@ TEST_F(DistTraining, IclEvaluationSplitOverRanksCountsWhatOneProcessCounts) {
   // hf_checkpointer copied the recipe's tokenizer next to the weights, with what AutoTokenizer needs to load it.
   for (const char* run_name : {"icl1", "icl3"}) {
     const fs::path hf = root_ / "runs" / run_name / "huggingface" / "ba1";
-    EXPECT_EQ(read_text(hf / "tokenizer.json"), read_text(tok)) << run_name;
-    EXPECT_NE(read_text(hf / "tokenizer_config.json").find("PreTrainedTokenizerFast"), std::string::npos) << run_name;
+    EXPECT_EQ(read_dist_log(hf / "tokenizer.json"), read_dist_log(tok)) << run_name;
+    EXPECT_NE(read_dist_log(hf / "tokenizer_config.json").find("PreTrainedTokenizerFast"), std::string::npos)
+        << run_name;
     EXPECT_TRUE(fs::exists(hf / "generation_config.json")) << run_name;
   }
 }
@@ -886,19 +888,20 @@ TEST_F(DistTraining, KilledRankStopsTheJobWithinThirtySeconds) {
   // Wait until training runs (rank 0 logs batches), then kill -9 rank 1.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   int early = 0;
-  while (read_text(log).find("[batch=3/") == std::string::npos && std::chrono::steady_clock::now() < deadline) {
-    ASSERT_EQ(waitpid(launcher, &early, WNOHANG), 0) << "the job ended before it could be killed:\n" << read_text(log);
+  while (read_dist_log(log).find("[batch=3/") == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+    ASSERT_EQ(waitpid(launcher, &early, WNOHANG), 0) << "the job ended before it could be killed:\n"
+                                                     << read_dist_log(log);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   const pid_t victim = rank_pid(launcher, 1);
-  ASSERT_NE(victim, 0) << read_text(log);
+  ASSERT_NE(victim, 0) << read_dist_log(log);
   const auto killed_at = std::chrono::steady_clock::now();
   kill(victim, SIGKILL);
   int status = 0;
   while (waitpid(launcher, &status, WNOHANG) == 0) {
     if (std::chrono::steady_clock::now() - killed_at > std::chrono::seconds(60)) {
       kill(launcher, SIGKILL);
-      FAIL() << "the job did not stop within 60 s of the kill:\n" << read_text(log);
+      FAIL() << "the job did not stop within 60 s of the kill:\n" << read_dist_log(log);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -906,7 +909,7 @@ TEST_F(DistTraining, KilledRankStopsTheJobWithinThirtySeconds) {
   EXPECT_LT(seconds, 30.0);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_NE(WEXITSTATUS(status), 0);
-  const std::string text = read_text(log);
+  const std::string text = read_dist_log(log);
   EXPECT_NE(text.find("rank 1"), std::string::npos) << text;
   EXPECT_NE(text.find("signal 9"), std::string::npos) << text;
   EXPECT_TRUE(children_of(launcher).empty());
@@ -1071,37 +1074,37 @@ TEST_F(DistTraining, PreemptionSignalSavesACheckpointAndTheRequeuedRunEndsBitwis
     auto steps = [&] { return steps_logged(metrics); };
     int status = 0;
     while (steps() < 5 && std::chrono::steady_clock::now() < deadline) {
-      ASSERT_EQ(waitpid(job, &status, WNOHANG), 0) << "the job ended before the signal:\n" << read_text(log);
+      ASSERT_EQ(waitpid(job, &status, WNOHANG), 0) << "the job ended before the signal:\n" << read_dist_log(log);
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     const pid_t target = c.to_a_rank ? rank_pid(job, 1) : job;
-    ASSERT_NE(target, 0) << read_text(log);
+    ASSERT_NE(target, 0) << read_dist_log(log);
     kill(target, c.signal);
     while (waitpid(job, &status, WNOHANG) == 0) {
       if (std::chrono::steady_clock::now() > deadline) {
         kill(job, SIGKILL);
-        FAIL() << "the job did not stop after the signal:\n" << read_text(log);
+        FAIL() << "the job did not stop after the signal:\n" << read_dist_log(log);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    ASSERT_TRUE(WIFEXITED(status)) << read_text(log);
-    EXPECT_EQ(WEXITSTATUS(status), util::kExitPreempted) << read_text(log);
+    ASSERT_TRUE(WIFEXITED(status)) << read_dist_log(log);
+    EXPECT_EQ(WEXITSTATUS(status), util::kExitPreempted) << read_dist_log(log);
     // It stopped early, with a complete checkpoint of the batch it stopped after, and no final export.
     const int stopped_at = steps();
-    EXPECT_LT(stopped_at, 60) << read_text(log);
+    EXPECT_LT(stopped_at, 60) << read_dist_log(log);
     std::vector<std::string> saved;
     for (const auto& e : fs::directory_iterator(ckpt)) {
       if (!e.is_symlink() && fs::exists(e.path() / "metadata.json")) saved.push_back(e.path().filename().string());
     }
-    ASSERT_EQ(saved.size(), 1u) << read_text(log);
+    ASSERT_EQ(saved.size(), 1u) << read_dist_log(log);
     EXPECT_NE(saved[0].find(fmt::format("-ba{}", stopped_at)), std::string::npos) << saved[0];
     EXPECT_FALSE(fs::exists(root_ / "runs" / c.name / "huggingface")) << "a preempted run exported its weights";
-    EXPECT_NE(read_text(log).find("saves a checkpoint and stops"), std::string::npos) << read_text(log);
+    EXPECT_NE(read_dist_log(log).find("saves a checkpoint and stops"), std::string::npos) << read_dist_log(log);
 
     // The requeued job: the same command resumes there and ends with the uninterrupted run's weights, bit for bit.
     run(c.name, c.nproc, common);
     const auto weights = [&](const std::string& name) {
-      return read_text(root_ / "runs" / name / "huggingface" / "ba60" / "model.safetensors");
+      return read_dist_log(root_ / "runs" / name / "huggingface" / "ba60" / "model.safetensors");
     };
     ASSERT_FALSE(weights(ref).empty());
     EXPECT_TRUE(weights(c.name) == weights(ref))
@@ -1132,25 +1135,25 @@ TEST_F(DistTraining, AStoppedRankIsCaughtNamedAndTheRestartedJobEndsBitwiseEqual
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(180);
   int status = 0;
   while (steps_logged(root_ / "runs" / "hang" / "metrics.jsonl") < 8 && std::chrono::steady_clock::now() < deadline) {
-    ASSERT_EQ(waitpid(job, &status, WNOHANG), 0) << "the job ended before the stop:\n" << read_text(log);
+    ASSERT_EQ(waitpid(job, &status, WNOHANG), 0) << "the job ended before the stop:\n" << read_dist_log(log);
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   const pid_t victim = rank_pid(job, 1);
-  ASSERT_NE(victim, 0) << read_text(log);
+  ASSERT_NE(victim, 0) << read_dist_log(log);
   kill(victim, SIGSTOP);  // as a wedged GPU, a swapped-out node or a debugger would leave it
   const auto stopped_at = std::chrono::steady_clock::now();
   std::optional<double> caught_after;
   while (waitpid(job, &status, WNOHANG) == 0) {
-    if (!caught_after && read_text(log).find("hang: no rank made progress") != std::string::npos) {
+    if (!caught_after && read_dist_log(log).find("hang: no rank made progress") != std::string::npos) {
       caught_after = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
     }
     if (std::chrono::steady_clock::now() > deadline) {
       kill(job, SIGKILL);
-      FAIL() << "the job did not end:\n" << read_text(log);
+      FAIL() << "the job did not end:\n" << read_dist_log(log);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  const std::string text = read_text(log);
+  const std::string text = read_dist_log(log);
   ASSERT_TRUE(WIFEXITED(status)) << text;
   EXPECT_EQ(WEXITSTATUS(status), 0) << "the restarted job finishes:\n" << text;
   // Caught within the timeout (plus a check interval and polling), not by the collective's own 600 s limit.
@@ -1173,7 +1176,7 @@ TEST_F(DistTraining, AStoppedRankIsCaughtNamedAndTheRestartedJobEndsBitwiseEqual
   EXPECT_NE(text.find("resumed from " + (root_ / "ckpt" / "hang").string()), std::string::npos) << text;
   // Resumed from its latest checkpoint, it ends with the uninterrupted run's weights, bit for bit.
   const auto weights = [&](const std::string& name) {
-    return read_text(root_ / "runs" / name / "huggingface" / "ba100" / "model.safetensors");
+    return read_dist_log(root_ / "runs" / name / "huggingface" / "ba100" / "model.safetensors");
   };
   ASSERT_FALSE(weights("hang_ref").empty());
   EXPECT_TRUE(weights("hang") == weights("hang_ref")) << "the restarted run's final weights differ";
@@ -1221,7 +1224,7 @@ TEST_F(DistTraining, AThreeNodeElasticJobLosesANodeAndFinishesOnTwo) {
     args.insert(args.end(), common.begin(), common.end());
     nodes.push_back(start_train(root_ / "tiny.yaml", "elastic", 1, args, root_ / ("elastic_" + id + ".log")));
   }
-  const auto log = [&](const std::string& id) { return read_text(root_ / ("elastic_" + id + ".log")); };
+  const auto log = [&](const std::string& id) { return read_dist_log(root_ / ("elastic_" + id + ".log")); };
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(240);
   int status = 0;
   while (steps_logged(root_ / "runs" / "elastic" / "metrics.jsonl") < 12) {
@@ -1266,10 +1269,10 @@ TEST_F(DistTraining, AThreeNodeElasticJobLosesANodeAndFinishesOnTwo) {
   }
   for (const pid_t n : ref_nodes) {
     ASSERT_EQ(waitpid(n, &status, 0), n);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << read_text(root_ / "elastic_ref_0.log");
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << read_dist_log(root_ / "elastic_ref_0.log");
   }
   const auto weights = [&](const std::string& name) {
-    return read_text(root_ / "runs" / name / "huggingface" / "ba60" / "model.safetensors");
+    return read_dist_log(root_ / "runs" / name / "huggingface" / "ba60" / "model.safetensors");
   };
   ASSERT_FALSE(weights("elastic_ref").empty());
   EXPECT_TRUE(weights("elastic") == weights("elastic_ref")) << "the elastic run's final weights differ";
@@ -1298,11 +1301,11 @@ TEST_F(DistTraining, AThrottledRankIsNamedAStragglerWithinFiftyStepsAndTheJobRes
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(180);
   int status = 0;
   while (steps_logged(metrics) < 20 && std::chrono::steady_clock::now() < deadline) {
-    ASSERT_EQ(waitpid(job, &status, WNOHANG), 0) << "the job ended before the throttling:\n" << read_text(log);
+    ASSERT_EQ(waitpid(job, &status, WNOHANG), 0) << "the job ended before the throttling:\n" << read_dist_log(log);
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   const pid_t victim = rank_pid(job, 1);
-  ASSERT_NE(victim, 0) << read_text(log);
+  ASSERT_NE(victim, 0) << read_dist_log(log);
   const int throttled_from = steps_logged(metrics);
   // Rank 1 runs a quarter of the time (SIGSTOP for 15 ms, SIGCONT for 5 ms), as a slow or shared device would.
   std::atomic<bool> throttling{true};
@@ -1322,9 +1325,9 @@ TEST_F(DistTraining, AThrottledRankIsNamedAStragglerWithinFiftyStepsAndTheJobRes
   if (std::chrono::steady_clock::now() >= deadline) {
     kill(job, SIGKILL);
     waitpid(job, &status, 0);
-    FAIL() << "the job did not end:\n" << read_text(log);
+    FAIL() << "the job did not end:\n" << read_dist_log(log);
   }
-  const std::string text = read_text(log);
+  const std::string text = read_dist_log(log);
   ASSERT_TRUE(WIFEXITED(status)) << text;
   EXPECT_EQ(WEXITSTATUS(status), 0) << text;
   // Named, with the evidence, within 50 steps of the throttling's start; rank 0 is not.

@@ -99,7 +99,7 @@ class LogCapture {
   std::ostringstream text_;
 };
 
-std::string read_text(const fs::path& p) {
+std::string read_launcher_log(const fs::path& p) {
   std::ifstream f(p);
   std::stringstream ss;
   ss << f.rdbuf();
@@ -152,8 +152,8 @@ Outcome launch_capturing(const LaunchOptions& o, const TempDir& dir) {
   ::close(saved_err);
   std::fclose(out);
   std::fclose(err);
-  r.out = read_text(dir.path() / "stdout.txt");
-  r.err = read_text(dir.path() / "stderr.txt");
+  r.out = read_launcher_log(dir.path() / "stdout.txt");
+  r.err = read_launcher_log(dir.path() / "stderr.txt");
   r.log = log.text();
   return r;
 }
@@ -175,7 +175,7 @@ bool ends_soon(pid_t pid) {
 }
 
 pid_t read_pid(const fs::path& p) {
-  const std::string text = read_text(p);
+  const std::string text = read_launcher_log(p);
   return text.empty() ? 0 : static_cast<pid_t>(std::stol(text));
 }
 
@@ -211,7 +211,7 @@ TEST(Launcher, GivesEveryRankTheTorchrunEnvironment) {
   EXPECT_EQ(launch_capturing(o, dir).rc, 0);
   for (int local = 0; local < 3; ++local) {
     const int rank = 3 + local;
-    EXPECT_EQ(read_text(dir.path() / ("env_" + std::to_string(rank))),
+    EXPECT_EQ(read_launcher_log(dir.path() / ("env_" + std::to_string(rank))),
               fmt::format("{} 6 {} 3 1 1 10.1.2.3 31234 1\n", rank, local));
   }
   EXPECT_FALSE(fs::exists(dir.path() / "env_0"));
@@ -220,7 +220,7 @@ TEST(Launcher, GivesEveryRankTheTorchrunEnvironment) {
   // One node with the defaults.
   EXPECT_EQ(launch_capturing(shell(script, 2), dir).rc, 0);
   for (int rank = 0; rank < 2; ++rank) {
-    EXPECT_EQ(read_text(dir.path() / ("env_" + std::to_string(rank))),
+    EXPECT_EQ(read_launcher_log(dir.path() / ("env_" + std::to_string(rank))),
               fmt::format("{} 2 {} 2 0 0 127.0.0.1 29500 1\n", rank, rank));
   }
 }
@@ -474,7 +474,7 @@ TEST(Launcher, RestartsAfterACrashAndSucceeds) {
             std::string::npos)
       << r.log;
   EXPECT_EQ(r.log.find("restart 2/3"), std::string::npos) << r.log;
-  for (int rank : {0, 1}) EXPECT_EQ(read_text(dir.path() / fmt::format("runs_{}", rank)), "0 3\n1 3\n") << rank;
+  for (int rank : {0, 1}) EXPECT_EQ(read_launcher_log(dir.path() / fmt::format("runs_{}", rank)), "0 3\n1 3\n") << rank;
 }
 
 TEST(Launcher, GivesUpWhenTheRestartsAreUsedUp) {
@@ -524,7 +524,7 @@ TEST(Launcher, WatchdogNamesTheStuckRankAndStopsTheJob) {
   EXPECT_EQ(r.log.find("restart 1/"), std::string::npos) << r.log;
   for (int rank : {0, 1}) EXPECT_TRUE(ends_soon(read_pid(dir.path() / fmt::format("pid_{}", rank)))) << rank;
   // The heartbeat directory was a fresh one under $TMPDIR, and is gone.
-  const std::string heartbeat_dir = read_text(dir.path() / "heartbeat_dir");
+  const std::string heartbeat_dir = read_launcher_log(dir.path() / "heartbeat_dir");
   EXPECT_EQ(heartbeat_dir.rfind((fs::temp_directory_path() / "tessera-heartbeat-").string(), 0), 0u) << heartbeat_dir;
   EXPECT_FALSE(heartbeat_dirs_left());
 }
@@ -561,7 +561,7 @@ TEST(Launcher, RestartsAfterAHang) {
   EXPECT_NE(r.log.find("rank 0 is waiting in barrier"), std::string::npos) << r.log;
   EXPECT_NE(r.log.find("restart 1/1 after a hang: no rank made progress for "), std::string::npos) << r.log;
   EXPECT_NE(r.log.find("(suspect: rank 1)"), std::string::npos) << r.log;
-  for (int rank : {0, 1}) EXPECT_EQ(read_text(dir.path() / fmt::format("runs_{}", rank)), "0\n1\n") << rank;
+  for (int rank : {0, 1}) EXPECT_EQ(read_launcher_log(dir.path() / fmt::format("runs_{}", rank)), "0\n1\n") << rank;
   EXPECT_FALSE(heartbeat_dirs_left());
 }
 
@@ -581,7 +581,7 @@ TEST(Launcher, AForwardedSignalIsNotRestarted) {
   EXPECT_LT(r.seconds, 5);
   EXPECT_NE(r.log.find("forwarding signal 15"), std::string::npos) << r.log;
   EXPECT_EQ(r.log.find("restart 1/"), std::string::npos) << r.log;
-  for (int rank : {0, 1}) EXPECT_EQ(read_text(dir.path() / fmt::format("runs_{}", rank)), "0\n") << rank;
+  for (int rank : {0, 1}) EXPECT_EQ(read_launcher_log(dir.path() / fmt::format("runs_{}", rank)), "0\n") << rank;
   EXPECT_TRUE(ends_soon(read_pid(dir.path() / "sleep_1")));
 }
 
@@ -603,7 +603,7 @@ struct ElasticNode {
   fs::path log;
   std::optional<int> status;  // waitpid's, once reaped
 
-  std::string text() const { return read_text(log); }
+  std::string text() const { return read_launcher_log(log); }
 };
 
 struct ElasticSetup {
@@ -763,9 +763,9 @@ TEST(Elastic, ALostNodeIsExcludedAndTheJobGoesOnWithTheOthers) {
   EXPECT_EQ(exit_code(nodes[1], 10), 0) << nodes[1].text();
   EXPECT_EQ(exit_code(nodes[2], 10), 128 + SIGKILL);
   // Attempt 1 ran on two nodes, world size 2, with the same node ranks for a and b.
-  EXPECT_EQ(read_text(dir.path() / "runs_a"), "0 0 3 0\n1 0 2 0\n");
-  EXPECT_EQ(read_text(dir.path() / "runs_b"), "0 1 3 1\n1 1 2 1\n");
-  EXPECT_EQ(read_text(dir.path() / "runs_c"), "0 2 3 2\n");
+  EXPECT_EQ(read_launcher_log(dir.path() / "runs_a"), "0 0 3 0\n1 0 2 0\n");
+  EXPECT_EQ(read_launcher_log(dir.path() / "runs_b"), "0 1 3 1\n1 1 2 1\n");
+  EXPECT_EQ(read_launcher_log(dir.path() / "runs_c"), "0 2 3 2\n");
   const std::string host = nodes[0].text();
   EXPECT_NE(host.find("attempt 0: 3 nodes (a, b, c), world size 3"), std::string::npos) << host;
   EXPECT_NE(host.find("node c is lost (its launcher's connection closed)"), std::string::npos) << host;
@@ -795,9 +795,9 @@ TEST(Elastic, AFailedRankRestartsOnTheSameNodesAndANodeMarkedBadIsExcluded) {
   EXPECT_EQ(exit_code(nodes[0], 60), 0) << nodes[0].text();
   EXPECT_EQ(exit_code(nodes[1], 10), 0) << nodes[1].text();
   EXPECT_EQ(exit_code(nodes[2], 10), tessera::util::kExitNodeBad) << nodes[2].text();
-  EXPECT_EQ(read_text(dir.path() / "runs_a"), "0 0 3 0\n1 0 3 0\n2 0 2 0\n");
-  EXPECT_EQ(read_text(dir.path() / "runs_b"), "0 1 3 1\n1 1 3 1\n2 1 2 1\n");
-  EXPECT_EQ(read_text(dir.path() / "runs_c"), "0 2 3 2\n1 2 3 2\n");
+  EXPECT_EQ(read_launcher_log(dir.path() / "runs_a"), "0 0 3 0\n1 0 3 0\n2 0 2 0\n");
+  EXPECT_EQ(read_launcher_log(dir.path() / "runs_b"), "0 1 3 1\n1 1 3 1\n2 1 2 1\n");
+  EXPECT_EQ(read_launcher_log(dir.path() / "runs_c"), "0 2 3 2\n1 2 3 2\n");
   const std::string host = nodes[0].text();
   EXPECT_NE(host.find("restart 1/2 after node b: rank 1 (pid "), std::string::npos) << host;
   EXPECT_NE(host.find("exited with code 3\n"), std::string::npos) << host;
@@ -825,7 +825,7 @@ TEST(Elastic, FewerThanMinNodesEndsTheJobNamingTheExcludedOnes) {
   EXPECT_NE(host.find("only 1 of the 2 nodes the job needs (--nnodes 2:2) joined within 1 s; excluded nodes: b (lost)"),
             std::string::npos)
       << host;
-  EXPECT_EQ(read_text(dir.path() / "runs_a"), "0 0 2 0\n");
+  EXPECT_EQ(read_launcher_log(dir.path() / "runs_a"), "0 0 2 0\n");
 }
 
 TEST(Elastic, TheHostRefusesANodeThatDoesNotFitNamingIt) {
