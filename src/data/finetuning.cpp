@@ -18,7 +18,6 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 constexpr const char* kFinetuningComponent = "finetuning";
-constexpr int32_t kIgnoreLabel = -100;
 
 [[noreturn]] void fail_finetuning(const std::string& where, const std::string& what) {
   throw Error(kFinetuningComponent, fmt::format("{}: {}", where, what));

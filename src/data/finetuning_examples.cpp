@@ -19,7 +19,6 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 constexpr const char* kExamplesComponent = "finetuning";
-constexpr int32_t kIgnore = -100;
 
 // LLM Foundry's _DEFAULT_CHAT_TEMPLATE (ChatML), for tokenizers without a template of their own.
 constexpr const char* kDefaultChatTemplate =
@@ -112,7 +111,7 @@ void append_labels(std::vector<int32_t>& labels, const std::vector<int32_t>& seq
   if (keep) {
     labels.insert(labels.end(), seq.begin(), seq.end());
   } else {
-    labels.insert(labels.end(), seq.size(), kIgnore);
+    labels.insert(labels.end(), seq.size(), kIgnoreLabel);
   }
 }
 

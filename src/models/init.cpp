@@ -53,9 +53,7 @@ void init_fn(const MPTOptions& mo, at::Tensor w, at::Generator& gen) {
 
 double residual_divisor(const MPTOptions& o) {
   if (o.init.name == "neox_init_") return static_cast<double>(o.n_layers) / std::sqrt(10.0);
-  // 0 (MPTOptions' default, for code that builds options without the config parser): LLM Foundry's default, true.
-  if (o.init.init_div_is_residual <= 0) return std::sqrt(2.0 * static_cast<double>(o.n_layers));
-  return o.init.init_div_is_residual;
+  return init_div_is_residual(o);
 }
 
 // torch's reset_parameters(), for init_config.name: default_.

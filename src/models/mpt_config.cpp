@@ -240,6 +240,11 @@ int64_t mpt_param_count(const MPTOptions& o) {
   return n;
 }
 
+double init_div_is_residual(const MPTOptions& o) {
+  return o.init.init_div_is_residual > 0 ? o.init.init_div_is_residual
+                                         : std::sqrt(2.0 * static_cast<double>(o.n_layers));
+}
+
 double mpt_flops_per_token(const MPTOptions& o, int64_t seq_len) {
   double n = static_cast<double>(mpt_param_count(o));
   if (!o.tie_word_embeddings) n -= static_cast<double>(o.vocab_size * o.d_model);

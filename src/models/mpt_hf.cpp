@@ -130,13 +130,11 @@ nlohmann::ordered_json mpt_hf_config(const MPTOptions& o, at::ScalarType dtype) 
   if (o.attn.attn_type == "grouped_query_attention") attn["kv_n_heads"] = o.attn.kv_n_heads;
   nlohmann::ordered_json ffn = {{"ffn_type", o.ffn.type == FfnType::kGLU ? "mptglu" : "mptmlp"}};
   if (o.ffn.ffn_hidden_size) ffn["ffn_hidden_size"] = *o.ffn.ffn_hidden_size;
-  nlohmann::ordered_json init = {
-      {"name", o.init.name},
-      {"fan_mode", o.init.fan_mode},
-      {"init_nonlinearity", o.init.init_nonlinearity},
-      {"init_div_is_residual", o.init.init_div_is_residual > 0 ? o.init.init_div_is_residual
-                                                               : std::sqrt(2.0 * static_cast<double>(o.n_layers))},
-      {"init_gain", o.init.init_gain}};
+  nlohmann::ordered_json init = {{"name", o.init.name},
+                                 {"fan_mode", o.init.fan_mode},
+                                 {"init_nonlinearity", o.init.init_nonlinearity},
+                                 {"init_div_is_residual", init_div_is_residual(o)},
+                                 {"init_gain", o.init.init_gain}};
   if (o.init.emb_init_std) init["emb_init_std"] = *o.init.emb_init_std;
   if (o.init.emb_init_uniform_lim) init["emb_init_uniform_lim"] = *o.init.emb_init_uniform_lim;
   if (o.init.init_std) init["init_std"] = *o.init.init_std;

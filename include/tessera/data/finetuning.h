@@ -90,6 +90,9 @@ class ChatTokenizer {
   std::shared_ptr<const Impl> impl_;
 };
 
+// The label of a token that carries no loss (LLM Foundry's CROSS_ENTROPY_IGNORE_INDEX, torch's ignore_index).
+inline constexpr int32_t kIgnoreLabel = -100;
+
 // An example's input_ids and labels (-100 where no loss) before truncation, as stitch_turns_decoder_only (with the
 // eos appended to the last response when it does not end with it, if `eos` is given).
 std::pair<std::vector<int32_t>, std::vector<int32_t>> stitch_turns(const FinetuningExample& example,

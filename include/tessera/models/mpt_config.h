@@ -93,6 +93,10 @@ int64_t mpt_param_count(const MPTOptions& o);
 // embedding when it is untied (an untied wte is a lookup), and S the sequence length.
 double mpt_flops_per_token(const MPTOptions& o, int64_t seq_len);
 
+// init_config.init_div_is_residual as LLM Foundry resolves it: the value set, or sqrt(2 n_layers) (its default, true)
+// when it is 0, MPTOptions' default for options built in code.
+double init_div_is_residual(const MPTOptions& o);
+
 // Parameters of the largest wrapped unit (embedding, one block, or head), for transient all-gather memory.
 int64_t mpt_largest_unit_params(const MPTOptions& o);
 // Parameters of one transformer block.
