@@ -72,6 +72,8 @@ def benchmarks():
         "health_monitor_overhead": ([PY, ROOT / "benchmarks/health_monitor_overhead.py"], [],
                                     ["--steps", "600", "--rounds", "2"], "env"),
         "planner": ([b / "bench_planner", "--source", ROOT], [], ["--jobs", "8,16", "--time-limit", "20"], "flag"),
+        "plan_run_makespan": ([PY, ROOT / "benchmarks/plan_run_makespan.py"], ["--rounds", "5"], ["--rounds", "1"],
+                              "env"),
         "dist_sharding": ([b / "bench_dist_sharding"], [],
                           ["--d-model", "256", "--n-layers", "4", "--steps", "2", "--ranks", "1,2,4"], "flag"),
     }
@@ -172,7 +174,10 @@ def table(rec):
             ("theory MB/step", "theory_bytes_per_step", 1e-6), ("step s", "step_seconds", 1.0),
             ("restart s (median)", "restart_latency_median_s", 1.0), ("restart s (max)", "restart_latency_max_s", 1.0),
             ("steps lost", "steps_lost_mean", 1.0), ("interruptions", "interruptions", 1.0),
-            ("overhead %", "overhead_percent", 1.0)]
+            ("overhead %", "overhead_percent", 1.0), ("planned s", "planned_makespan_s", 1.0),
+            ("run s", "actual_makespan_s", 1.0), ("run vs plan %", "difference_percent", 1.0),
+            ("median run vs plan %", "median_difference_percent", 1.0),
+            ("rounds within 15%", "rounds_within_15_percent", 1.0)]
     dist = [d for d in dist if any(d[1] in r for r in rows)]
     head = ["case", "unit", "Tessera"] + peers + [f"Tessera / {p}" for p in peers] + (["MFU"] if extra else [])
     head += [d[0] for d in dist]

@@ -35,6 +35,20 @@ std::string resolve_recipe(config::Section& s, const std::string& recipe, const 
                                jobs_dir.empty() ? std::string(".") : jobs_dir.string()));
 }
 
+// Optimizer steps in `t` for the job `p` (its batch and tokens per step known); 0 for epochs and wall time.
+int64_t steps_of(const config::Time& t, const JobProfile& p) {
+  switch (t.unit()) {
+    case config::TimeUnit::kBatch:
+      return t.count();
+    case config::TimeUnit::kSample:
+      return (t.count() + p.global_batch - 1) / p.global_batch;
+    case config::TimeUnit::kToken:
+      return static_cast<int64_t>(std::ceil(t.value() / p.tokens_per_step()));
+    default:
+      return 0;
+  }
+}
+
 }  // namespace
 
 std::vector<JobSpec> load_jobs(const std::string& path) {
@@ -85,20 +99,9 @@ JobProfile profile_config(const trainer::TrainConfig& cfg, const std::string& na
     p.activation_bytes_per_sample = plan.memory.front().activations / static_cast<double>(mb);
     p.activation_bytes_per_sample_ckpt = plan.memory.front().activations_ckpt / static_cast<double>(mb);
   }
-  const config::Time& d = cfg.max_duration;
-  switch (d.unit()) {
-    case config::TimeUnit::kBatch:
-      p.steps = d.count();
-      break;
-    case config::TimeUnit::kSample:
-      p.steps = (d.count() + p.global_batch - 1) / p.global_batch;
-      break;
-    case config::TimeUnit::kToken:
-      p.steps = static_cast<int64_t>(std::ceil(d.value() / p.tokens_per_step()));
-      break;
-    default:
-      p.steps = 0;  // epochs: unknown without the dataset's size
-  }
+  p.steps = steps_of(cfg.max_duration, p);  // 0 for epochs: unknown without the dataset's size
+  // `plan --run` always gives a job a save_folder, so it checkpoints at the recipe's save_interval.
+  p.save_interval_steps = steps_of(cfg.save_interval, p);
   return p;
 }
 

@@ -54,11 +54,19 @@ std::string hardware(const Cluster& cluster) {
   return fmt::format("{}: {}", cluster.device_kind, util::describe(util::device_info()));
 }
 
-std::string cache_key(const JobSpec& spec, const Candidate& c, const Cluster& cluster, const ProfileOptions& o) {
+// The steps between a trial's checkpoints: the job's interval when it is short enough to measure, else 0 (no saves).
+int64_t trial_save_interval(const JobProfile& job, const ProfileOptions& o) {
+  return job.save_interval_steps > 0 && job.save_interval_steps <= o.max_save_interval_steps ? job.save_interval_steps
+                                                                                             : 0;
+}
+
+std::string cache_key(const JobSpec& spec, const JobProfile& job, const Candidate& c, const Cluster& cluster,
+                      const ProfileOptions& o) {
   std::string material = util::read_file(spec.recipe, "plan");
   for (const std::string& s : spec.overrides) material += "\n" + s;
-  material += fmt::format("\n{} devices {}\n{}\nwarmup {} measure {} s, {} steps", c.devices, c.describe(),
-                          hardware(cluster), o.warmup_steps, o.measure_s, o.measure_steps);
+  material += fmt::format("\n{} devices {}\n{}\nwarmup {} measure {} s, {} steps, saves every {} steps", c.devices,
+                          c.describe(), hardware(cluster), o.warmup_steps, o.measure_s, o.measure_steps,
+                          trial_save_interval(job, o));
   return util::hex_digest("xxh64", material);
 }
 
@@ -97,6 +105,7 @@ double unix_now() {
 struct Running {
   Trial* trial = nullptr;
   const JobSpec* spec = nullptr;
+  int64_t save_every = 0;  // steps between the trial's checkpoints (0: none); the measured stretch is whole intervals
   std::string key;
   fs::path dir;
   pid_t pid = -1;
@@ -124,10 +133,15 @@ pid_t start_trial(Running& r, const Cluster& cluster, const ProfileOptions& o, c
   s.argv.insert(s.argv.end(), r.spec->overrides.begin(), r.spec->overrides.end());
   for (const std::string& x : configuration_overrides(c)) s.argv.push_back(x);
   // Long enough never to end by itself: the wave stops it once measured.
-  for (const char* x :
-       {"max_duration=1000000000ba", "callbacks={}", "loggers={}", "eval_interval=1000000000ba", "eval_first=false",
-        "save_folder=null", "autoresume=false", "progress_bar=false", "log_to_console=false"}) {
+  for (const char* x : {"max_duration=1000000000ba", "callbacks={}", "loggers={}", "eval_interval=1000000000ba",
+                        "eval_first=false", "autoresume=false", "progress_bar=false", "log_to_console=false"}) {
     s.argv.emplace_back(x);
+  }
+  if (r.save_every > 0) {
+    s.argv.push_back("save_folder=" + (r.dir / "ckpt").string());
+    s.argv.push_back(fmt::format("save_interval={}ba", r.save_every));
+  } else {
+    s.argv.emplace_back("save_folder=null");
   }
   s.argv.push_back("run_name=trial-" + r.key);
   s.output_path = (r.dir / "trial.log").string();
@@ -182,6 +196,24 @@ const std::pair<int64_t, double>* first_after(const Running& r, double from) {
   return nullptr;
 }
 
+// The batches of the measured stretch from `first`: the most whole save intervals (whole batches without saves) seen
+// so far.
+int64_t stretch_batches(const Running& r, const std::pair<int64_t, double>& first) {
+  const int64_t every = std::max<int64_t>(1, r.save_every);
+  return (r.seen.back().first - first.first) / every * every;
+}
+
+// The Unix time at which `batch` was reached, interpolated between the heartbeats seen around it (the poll may miss
+// a batch); `batch` lies within the batches seen.
+double time_at(const Running& r, int64_t batch) {
+  const auto after = std::lower_bound(r.seen.begin(), r.seen.end(), batch,
+                                      [](const std::pair<int64_t, double>& b, int64_t x) { return b.first < x; });
+  if (after->first == batch || after == r.seen.begin()) return after->second;
+  const auto before = std::prev(after);
+  const double f = static_cast<double>(batch - before->first) / static_cast<double>(after->first - before->first);
+  return before->second + f * (after->second - before->second);
+}
+
 // Runs the trials of one wave side by side (`devices[i]`: trial i's devices) until each has `measure_steps` batches
 // and `measure_s` seconds past the moment every one of them finished its warm-up, or until `time_limit_s`.
 void run_wave(std::vector<Running>& wave, const std::vector<std::vector<int>>& devices, const Cluster& cluster,
@@ -206,7 +238,8 @@ void run_wave(std::vector<Running>& wave, const std::vector<std::vector<int>>& d
       measured = unix_now() - window >= o.measure_s;
       for (const Running& r : wave) {
         const auto* first = first_after(r, window);
-        measured = measured && first != nullptr && r.seen.back().first - first->first >= o.measure_steps;
+        const int64_t n = first == nullptr ? 0 : stretch_batches(r, *first);
+        measured = measured && n >= o.measure_steps && n >= r.save_every;
       }
     }
     out_of_time = std::chrono::duration<double>(Clock::now() - started).count() > time_limit_s;
@@ -221,6 +254,8 @@ void run_wave(std::vector<Running>& wave, const std::vector<std::vector<int>>& d
       t.error = fmt::format("`train` {} before it was measured (log: {}):\n{}", r.exit->describe(),
                             (r.dir / "trial.log").string(), tail_of(r.dir / "trial.log", 2000));
     }
+    std::error_code ec;
+    fs::remove_all(r.dir / "ckpt", ec);  // a trial's checkpoints are only there to be timed
     t.wall_s = unix_now() - r.launched;
     t.peak_rss_bytes = std::max(t.peak_rss_bytes, r.exit->max_rss_bytes);
     if (!t.error.empty()) continue;
@@ -230,10 +265,10 @@ void run_wave(std::vector<Running>& wave, const std::vector<std::vector<int>>& d
                             : "stopped when another trial of its wave failed";
       continue;
     }
-    // The measured stretch: from the first batch seen after the window opened to the last batch seen.
+    // The measured stretch: from the first batch seen after the window opened, over whole save intervals.
     const auto* first = first_after(r, window);
-    const auto& last = r.seen.back();
-    t.step_s = (last.second - first->second) / static_cast<double>(last.first - first->first);
+    const int64_t n = stretch_batches(r, *first);
+    t.step_s = (time_at(r, first->first + n) - first->second) / static_cast<double>(n);
     const auto& early = r.seen.front();
     t.startup_s = std::max(0.0, early.second - r.launched - static_cast<double>(early.first) * t.step_s);
     t.ok = t.step_s > 0;
@@ -357,7 +392,7 @@ std::vector<std::vector<Candidate>> profile_jobs(const std::vector<JobSpec>& spe
       Trial t;
       t.job = specs[j].name;
       t.config = c;
-      const std::string key = cache_key(specs[j], c, cluster, o);
+      const std::string key = cache_key(specs[j], jobs[j], c, cluster, o);
       if (cache.contains(key)) {
         const Json& hit = cache[key];
         t.cached = true;
@@ -400,6 +435,7 @@ std::vector<std::vector<Candidate>> profile_jobs(const std::vector<JobSpec>& spe
       Running r;
       r.trial = &trials[j][k];
       r.spec = &specs[j];
+      r.save_every = trial_save_interval(jobs[j], o);
       r.key = keys[j][k];
       r.dir = fs::path(o.work_dir) / "trials" / fmt::format("{}-{}", specs[j].name, r.key);
       wave.push_back(std::move(r));

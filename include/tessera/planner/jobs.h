@@ -41,6 +41,7 @@ struct JobProfile {
   int64_t seq_len = 0;
   int64_t global_batch = 0;                     // samples per optimizer step
   int64_t steps = 0;                            // optimizer steps to train
+  int64_t save_interval_steps = 0;              // steps between the checkpoints a plan run saves (0: none known)
   double activation_bytes_per_sample = 0;       // without activation checkpointing
   double activation_bytes_per_sample_ckpt = 0;  // with it
   bool mixed_precision = true;                  // 2-byte parameters and gradients, a 4-byte master copy

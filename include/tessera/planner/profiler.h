@@ -2,7 +2,10 @@
 // with `train` and its launcher, so that the planner chooses from measured step times rather than modelled ones.
 //
 // A trial trains the job's recipe in one configuration (strategy, activation checkpointing, microbatch size) on
-// `devices` devices, with evaluation, checkpoints and the recipe's callbacks and loggers off. Trials run in waves that
+// `devices` devices, with evaluation and the recipe's callbacks and loggers off. A job that checkpoints every
+// k <= `max_save_interval_steps` steps (JobProfile::save_interval_steps) saves every k steps in its trial too, into
+// the trial's folder, and its measured stretch covers whole intervals, so that the step time includes the saves'
+// share of it; a longer interval is profiled without saves. Trials run in waves that
 // keep every device of the node busy, as a plan does (on two cores, two 1-core trials side by side; a trial on every
 // core alone), so that what they measure includes what jobs running side by side cost each other. The step time is
 // read from rank 0's heartbeats (util/heartbeat.h: the wall time of each batch) over the stretch in which every trial
@@ -24,15 +27,16 @@
 namespace tessera::planner {
 
 struct ProfileOptions {
-  std::string train_bin;         // the `train` executable
-  std::string work_dir;          // trial logs go under <work_dir>/trials/
-  std::string cache_path;        // the JSON cache (created if missing; empty: no cache)
-  double budget_s = 600;         // seconds for all the trials together; no wave starts past it
-  int64_t warmup_steps = 3;      // batches before the measured stretch (allocator, caches, first touch)
-  double measure_s = 3;          // the measured stretch: at least this long ...
-  int64_t measure_steps = 5;     // ... and at least this many batches of every trial in the wave
-  int64_t per_device_count = 2;  // configurations tried per device count, in the model's order of speed
-  std::vector<int> cpus;         // CPU devices: the cores, in device order (empty: this process's affinity set)
+  std::string train_bin;                  // the `train` executable
+  std::string work_dir;                   // trial logs go under <work_dir>/trials/
+  std::string cache_path;                 // the JSON cache (created if missing; empty: no cache)
+  double budget_s = 600;                  // seconds for all the trials together; no wave starts past it
+  int64_t warmup_steps = 3;               // batches before the measured stretch (allocator, caches, first touch)
+  double measure_s = 3;                   // the measured stretch: at least this long ...
+  int64_t measure_steps = 5;              // ... and at least this many batches of every trial in the wave
+  int64_t max_save_interval_steps = 100;  // a job saving at most this many steps apart is profiled with its saves
+  int64_t per_device_count = 2;           // configurations tried per device count, in the model's order of speed
+  std::vector<int> cpus;  // CPU devices: the cores, in device order (empty: this process's affinity set)
 };
 
 // One trial's outcome.

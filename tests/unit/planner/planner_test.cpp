@@ -511,6 +511,14 @@ TEST(Jobs, AJobsFileNamesItsMistakes) {
   EXPECT_EQ(p.weight, 2);
   EXPECT_GT(p.n_params, 100'000'000);
   EXPECT_GT(p.activation_bytes_per_sample, p.activation_bytes_per_sample_ckpt);
+  // The steps between the checkpoints a plan run saves (the profiler times trials with them when they are short).
+  JobSpec saves = specs[0];
+  saves.overrides.push_back("save_interval=20ba");
+  EXPECT_EQ(profile_job(saves).save_interval_steps, 20);
+  saves.overrides.back() = "save_interval=" + std::to_string(3 * p.global_batch + 1) + "sp";
+  EXPECT_EQ(profile_job(saves).save_interval_steps, 4);  // a step is a whole batch: the save comes after the 4th
+  saves.overrides.back() = "save_interval=1ep";
+  EXPECT_EQ(profile_job(saves).save_interval_steps, 0);
   JobSpec epochs = specs[0];
   epochs.max_duration = "2ep";
   EXPECT_NE(testing::error_of([&] { profile_job(epochs); }).find("not in ba, sp or tok"), std::string::npos);
