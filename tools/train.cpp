@@ -153,6 +153,11 @@ int run(int argc, char** argv) {
                  "rank and stops the job, then restarts it if --max-restarts allows (launcher; implies "
                  "--nproc-per-node 1 when that is not given; default 0: off)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--watchdog-step-multiple", launch.watchdog_step_multiple,
+                 "Derive the watchdog's timeout from the job's pace: this many times the longest step seen, and at "
+                 "least --watchdog-timeout (60 s when that is not given) (launcher; implies --nproc-per-node 1 when "
+                 "that is not given; default 0: off)")
+      ->check(CLI::NonNegativeNumber);
   if (auto code = tessera::util::parse_command_line(app, argc, argv)) return *code;
   tessera::util::init_logging(log_level);
   tessera::util::configure_host_allocator();
@@ -165,7 +170,8 @@ int run(int argc, char** argv) {
     return tessera::kExitOk;
   }
   // The supervisor's flags need the launcher: one local rank unless told otherwise.
-  if (nproc_per_node == 0 && (launch.max_restarts > 0 || launch.watchdog_timeout_seconds > 0 || launch.min_nodes > 0)) {
+  if (nproc_per_node == 0 && (launch.max_restarts > 0 || launch.watchdog_timeout_seconds > 0 ||
+                              launch.watchdog_step_multiple > 0 || launch.min_nodes > 0)) {
     nproc_per_node = 1;
   }
   if (nproc_per_node > 0 && !dry_run) {
@@ -174,8 +180,9 @@ int run(int argc, char** argv) {
     if (cfg.save_folder) launch.preemption_signals = cfg.preemption_signals;
     launch.argv = {"/proc/self/exe"};
     const std::vector<std::string> launcher_flags = {
-        "--nproc-per-node",   "--nnodes",        "--node-rank", "--master-addr",  "--master-port",   "--max-restarts",
-        "--watchdog-timeout", "--rdzv-endpoint", "--node-id",   "--rdzv-timeout", "--rdzv-last-call"};
+        "--nproc-per-node", "--nnodes",       "--node-rank",        "--master-addr",
+        "--master-port",    "--max-restarts", "--watchdog-timeout", "--rdzv-endpoint",
+        "--node-id",        "--rdzv-timeout", "--rdzv-last-call",   "--watchdog-step-multiple"};
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       bool skip = a == "--rdzv-host" || a.rfind("--rdzv-host=", 0) == 0;  // a flag without a value

@@ -529,6 +529,10 @@ void validate(const LaunchOptions& o) {
     throw ConfigError("launch", fmt::format("--watchdog-timeout {} must be a finite number of seconds >= 0",
                                             o.watchdog_timeout_seconds));
   }
+  if (!std::isfinite(o.watchdog_step_multiple) || (o.watchdog_step_multiple != 0 && o.watchdog_step_multiple < 1)) {
+    throw ConfigError("launch", fmt::format("--watchdog-step-multiple {} must be 0 (off) or a number >= 1",
+                                            o.watchdog_step_multiple));
+  }
   if (o.min_nodes == 0 && o.max_nodes == 0) return;
   if (o.min_nodes < 1 || o.max_nodes < o.min_nodes) {
     throw ConfigError("launch",
@@ -550,14 +554,25 @@ void validate(const LaunchOptions& o) {
   }
 }
 
+// The watchdog's timeout, or its floor under --watchdog-step-multiple (0: no watchdog).
+double watchdog_seconds(const LaunchOptions& o) {
+  if (o.watchdog_step_multiple > 0 && o.watchdog_timeout_seconds <= 0) return kDerivedWatchdogFloorSeconds;
+  return o.watchdog_timeout_seconds;
+}
+
 void log_supervisor(const LaunchOptions& o) {
-  if (o.max_restarts > 0 || o.watchdog_timeout_seconds > 0) {
+  if (o.max_restarts > 0 || watchdog_seconds(o) > 0) {
+    std::string watchdog = "no watchdog";
+    if (o.watchdog_step_multiple > 0) {
+      watchdog = fmt::format("watchdog after {:g} x the longest step without progress (at least {:g} s)",
+                             o.watchdog_step_multiple, watchdog_seconds(o));
+    } else if (o.watchdog_timeout_seconds > 0) {
+      watchdog = fmt::format("watchdog after {} s without progress", o.watchdog_timeout_seconds);
+    }
     spdlog::info("[launch] supervisor: {}, {}",
                  o.max_restarts > 0 ? fmt::format("up to {} restart{}", o.max_restarts, o.max_restarts == 1 ? "" : "s")
                                     : std::string("no restarts"),
-                 o.watchdog_timeout_seconds > 0
-                     ? fmt::format("watchdog after {} s without progress", o.watchdog_timeout_seconds)
-                     : std::string("no watchdog"));
+                 watchdog);
   }
 }
 
@@ -593,7 +608,7 @@ int launch(const LaunchOptions& o) {
   std::optional<Watchdog> watchdog;
   if (o.min_nodes > 0) {
     log_supervisor(o);
-    if (o.watchdog_timeout_seconds > 0) watchdog.emplace(o.watchdog_timeout_seconds, o.max_nodes > 1);
+    if (watchdog_seconds(o) > 0) watchdog.emplace(watchdog_seconds(o), o.max_nodes > 1, o.watchdog_step_multiple);
     if (o.rdzv_host) return detail::run_rendezvous_host(o, signals, watchdog ? &*watchdog : nullptr);
     return detail::run_agent(o, signals, watchdog ? &*watchdog : nullptr);
   }
@@ -601,7 +616,7 @@ int launch(const LaunchOptions& o) {
                o.node_rank, o.nnodes, o.node_rank * o.nproc_per_node, (o.node_rank + 1) * o.nproc_per_node - 1,
                o.nnodes * o.nproc_per_node, o.master_addr, o.master_port);
   log_supervisor(o);
-  if (o.watchdog_timeout_seconds > 0) watchdog.emplace(o.watchdog_timeout_seconds, o.nnodes > 1);
+  if (watchdog_seconds(o) > 0) watchdog.emplace(watchdog_seconds(o), o.nnodes > 1, o.watchdog_step_multiple);
   for (int restarts = 0;; ++restarts) {
     const Ending end = detail::run_attempt(o, restarts, signals, watchdog ? &*watchdog : nullptr, nullptr);
     switch (end.kind) {

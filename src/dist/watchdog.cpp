@@ -71,7 +71,8 @@ char process_state(pid_t pid) {
   return close != std::string::npos && close + 2 < line.size() ? line[close + 2] : '?';
 }
 
-Watchdog::Watchdog(double timeout_seconds, bool other_nodes) : timeout_(timeout_seconds), other_nodes_(other_nodes) {
+Watchdog::Watchdog(double timeout_seconds, bool other_nodes, double step_multiple)
+    : timeout_(timeout_seconds), other_nodes_(other_nodes), step_multiple_(step_multiple) {
   std::error_code ec;
   fs::path tmp = fs::temp_directory_path(ec);
   if (ec) tmp = "/tmp";
@@ -93,7 +94,7 @@ void Watchdog::start(const std::vector<int>& ranks, Clock::time_point now) {
   std::error_code ec;
   for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) fs::remove(it->path(), ec);
   seen_.clear();
-  for (int r : ranks) seen_.push_back({r, false, {}, now});
+  for (int r : ranks) seen_.push_back({r, false, {}, now, -1, 0});
   started_at_ = now;
   next_check_ = now;
   last_progress_.reset();
@@ -111,17 +112,50 @@ std::optional<Hang> Watchdog::check(Clock::time_point now, const std::vector<boo
     s.line = std::move(*line);
     s.changed_at = now;
     last_progress_ = now;
+    note_step(s);
   }
   // Ranks that are all done are not hanging (the launcher is only reading their last output).
   if (std::all_of(exited.begin(), exited.end(), [](bool e) { return e; })) return std::nullopt;
   if (last_progress_) {
     const double idle = seconds(now - *last_progress_);
-    if (idle >= timeout_) return describe(now, exited, pids, idle, false);
+    if (idle >= timeout()) return describe(now, exited, pids, idle, false);
   } else {
     const double idle = seconds(now - started_at_);
     if (idle >= kFirstBeatAllowance * timeout_) return describe(now, exited, pids, idle, true);
   }
   return std::nullopt;
+}
+
+double Watchdog::timeout() const {
+  return std::max(timeout_, step_multiple_ * longest_step_);
+}
+
+// A "batch N" record after the same rank's "batch M" (M < N): the time per batch between them (the records' own
+// times, so the poll's granularity does not count) may be the longest step yet. A record of anything else than a
+// batch or a collective wait within one (an evaluation batch, say) starts the next measurement afresh, so that an
+// evaluation does not count as a step.
+void Watchdog::note_step(Seen& s) {
+  const std::string_view status = status_of(s.line);
+  constexpr std::string_view kBatch = "batch ";
+  if (status.substr(0, kWaitingIn.size()) == kWaitingIn) return;
+  int64_t batch = -1;
+  if (status.size() < s.line.size() && status.substr(0, kBatch.size()) == kBatch) {
+    const std::string number(status.substr(kBatch.size()));
+    char* end = nullptr;
+    batch = std::strtoll(number.c_str(), &end, 10);
+    if (end == number.c_str()) batch = -1;
+  }
+  if (batch < 0) {
+    s.batch = -1;
+    return;
+  }
+  if (batch == s.batch) return;  // the same batch's status restored after a collective wait
+  const double time = std::strtod(s.line.c_str(), nullptr);
+  if (s.batch >= 0 && batch > s.batch && time >= s.batch_time) {
+    longest_step_ = std::max(longest_step_, (time - s.batch_time) / static_cast<double>(batch - s.batch));
+  }
+  s.batch = batch;
+  s.batch_time = time;
 }
 
 Hang Watchdog::describe(Clock::time_point now, const std::vector<bool>& exited, const std::vector<pid_t>& pids,
@@ -156,7 +190,11 @@ Hang Watchdog::describe(Clock::time_point now, const std::vector<bool>& exited, 
   const std::string head =
       never ? fmt::format("no rank wrote a heartbeat within {} of starting ({} x the {} timeout)",
                           format_seconds(stalled_seconds), kFirstBeatAllowance, format_seconds(timeout_))
-            : fmt::format("no rank made progress for {}", format_seconds(stalled_seconds));
+            : fmt::format("no rank made progress for {}{}", format_seconds(stalled_seconds),
+                          step_multiple_ * longest_step_ > timeout_
+                              ? fmt::format(" (timeout {}: {:g} x the longest step seen, {:.2f} s)",
+                                            format_seconds(timeout()), step_multiple_, longest_step_)
+                              : std::string());
   const std::string elsewhere = other_nodes_ ? " (the stuck rank may be on another node)" : "";
   h.report = head;
   if (suspects.empty() && waiting) {

@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -31,9 +32,11 @@ class Watchdog {
   using Clock = std::chrono::steady_clock;
 
   // Creates a fresh directory for the records under $TMPDIR (else /tmp); removes it, with the records, in the
-  // destructor. `other_nodes`: the job has ranks on other nodes, which this watchdog does not see. Throws Error when
-  // the directory cannot be created.
-  Watchdog(double timeout_seconds, bool other_nodes);
+  // destructor. `other_nodes`: the job has ranks on other nodes, which this watchdog does not see. `step_multiple`
+  // > 0: the timeout is the larger of `timeout_seconds` and step_multiple x the longest step seen (from the times
+  // and batch numbers of the ranks' "batch N" records, over every attempt). Throws Error when the directory cannot
+  // be created.
+  Watchdog(double timeout_seconds, bool other_nodes, double step_multiple = 0);
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
@@ -47,12 +50,17 @@ class Watchdog {
 
   // Reads the records when a check is due (about once a second; more often for timeouts under 4 s). A rank makes
   // progress when its record changes. Returns the hang once no rank has made progress for the timeout since the last
-  // change of any record, or, while no rank has written one yet, for 10 times the timeout since the start.
+  // change of any record, or, while no rank has written one yet, for 10 times `timeout_seconds` since the start.
   // `exited[i]`: ranks[i] (from start()) has exited; an exited rank is not stuck. `pids[i]` (optional): its process,
   // whose state the report gives when it is stopped (SIGSTOP, or a debugger): such a rank is the suspect whatever its
   // record says.
   std::optional<Hang> check(Clock::time_point now, const std::vector<bool>& exited,
                             const std::vector<pid_t>& pids = {});
+
+  // The timeout now, in seconds: `timeout_seconds`, or step_multiple x the longest step seen when that is longer.
+  double timeout() const;
+  // The longest step seen so far, in seconds (0 before any rank has recorded two batches).
+  double longest_step() const { return longest_step_; }
 
  private:
   struct Seen {
@@ -60,12 +68,17 @@ class Watchdog {
     bool written = false;
     std::string line;  // the record's last complete line: "<time> <status>"
     Clock::time_point changed_at;
+    int64_t batch = -1;  // the last "batch N" record's N, and its time (Unix seconds)
+    double batch_time = 0;
   };
+  void note_step(Seen& s);
   Hang describe(Clock::time_point now, const std::vector<bool>& exited, const std::vector<pid_t>& pids,
                 double stalled_seconds, bool never);
 
-  double timeout_;  // seconds
+  double timeout_;  // seconds: the timeout, or its floor with step_multiple_
   bool other_nodes_;
+  double step_multiple_;
+  double longest_step_ = 0;  // seconds
   std::string dir_;
   std::vector<Seen> seen_;
   Clock::time_point started_at_, next_check_;

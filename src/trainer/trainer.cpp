@@ -705,6 +705,7 @@ Metrics Trainer::run_loader_eval() {
       token_count += tokens;
       state_.eval_timestamp.to_next_batch(state_.batch.samples, tokens, 0);
       engine_->run_event(Event::kEvalBatchEnd);
+      util::heartbeat(fmt::format("eval batch {}", state_.eval_timestamp.batch));  // progress for the watchdog
     }
   }
   // Every rank evaluated its share of the eval set.
@@ -726,6 +727,7 @@ void Trainer::run_icl_eval() {
   std::vector<eval::IclResult> results;
   for (const eval::IclTaskConfig& task : icl_tasks_) {
     for (int64_t k : task.num_fewshot) {
+      util::heartbeat(fmt::format("icl {} {}-shot", task.label, k));
       eval::IclRanks ranks{state_.rank, state_.world_size,
                            [this](std::vector<double>& v) { v = sum_over_ranks(state_, v); }};
       for (const eval::IclResult& r : eval::evaluate_icl_task(*state_.model, *icl_tokenizer_, task, k, ranks)) {

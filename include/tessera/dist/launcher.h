@@ -24,6 +24,10 @@ struct LaunchOptions {
   // counts as hung (> 0; 0: no watchdog). Set it above the longest stretch a healthy job spends without a heartbeat
   // (a batch, an evaluation, a checkpoint save between collectives).
   double watchdog_timeout_seconds = 0;
+  // Watchdog with a timeout derived from the job's own pace (> 0): the timeout is the larger of
+  // watchdog_timeout_seconds (kDerivedWatchdogFloorSeconds when that is 0) and this multiple of the longest step the
+  // ranks' "batch N" heartbeats have shown, so that it grows with the job's steps; 0: off.
+  double watchdog_step_multiple = 0;
   // Signals the ranks treat as preemption (the recipe's preemption_signals, util/preemption.h): the launcher forwards
   // one to each rank and waits for them to save a checkpoint and exit util::kExitPreempted, with no deadline of its
   // own; a second signal stops them as any other. A rank exiting util::kExitPreempted (it received the signal
@@ -44,6 +48,10 @@ struct LaunchOptions {
   double rdzv_timeout_seconds = 600;  // waiting for min_nodes nodes, or for the rendezvous host to answer
   double rdzv_last_call_seconds = 3;  // first attempt: once min_nodes have joined, wait this long for more
 };
+
+// The timeout's floor under `watchdog_step_multiple` when no watchdog_timeout_seconds is given: long enough for a first
+// checkpoint save or evaluation before the watchdog has seen one.
+inline constexpr double kDerivedWatchdogFloorSeconds = 60;
 
 // The exit code of a launch that ended because its watchdog found the job hung (as timeout(1)'s).
 inline constexpr int kLaunchHangExitCode = 124;
@@ -74,10 +82,10 @@ inline constexpr int kLaunchHangExitCode = 124;
 // attempt's exit code once the restarts are used up. A forwarded signal stops the job without a restart (the return
 // value is as above), and so does a program that cannot be executed (127).
 //
-// Watchdog (watchdog_timeout_seconds > 0): the ranks get TESSERA_HEARTBEAT_DIR, a fresh directory under $TMPDIR
-// (removed at the end), and write their progress there (util/heartbeat.h: the trainer after each batch, the
-// communicator around each collective wait). About once a second the launcher reads the records. When none has
-// changed for watchdog_timeout_seconds (counted from the last change of any rank's record; before any rank has
+// Watchdog (watchdog_timeout_seconds > 0 or watchdog_step_multiple > 0): the ranks get TESSERA_HEARTBEAT_DIR, a fresh
+// directory under $TMPDIR (removed at the end), and write their progress there (util/heartbeat.h: the trainer after
+// each batch, the communicator around each collective wait). About once a second the launcher reads the records. When
+// none has changed for watchdog_timeout_seconds (counted from the last change of any rank's record; before any rank has
 // written one, from the start of the attempt but with 10 times the timeout), it logs an error naming each rank's last
 // status and its age and the suspects, the ranks not waiting in a collective (e.g. "hang: no rank made progress for
 // 30 s; rank 1 is stuck outside any collective (last: "batch 12", 31 s ago); rank 0 is waiting in all_reduce of 1

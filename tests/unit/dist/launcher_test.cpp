@@ -406,6 +406,9 @@ TEST(Launcher, RejectsBadOptions) {
   };
   expect_config_error(shell("true", 0), "--nproc-per-node 0");
   LaunchOptions o = shell("true", 1);
+  o.watchdog_step_multiple = 0.5;
+  expect_config_error(o, "--watchdog-step-multiple 0.5");
+  o.watchdog_step_multiple = 0;
   o.node_rank = 1;
   expect_config_error(o, "--node-rank 1");
   o.node_rank = -1;
@@ -527,6 +530,39 @@ TEST(Launcher, WatchdogNamesTheStuckRankAndStopsTheJob) {
   const std::string heartbeat_dir = read_launcher_log(dir.path() / "heartbeat_dir");
   EXPECT_EQ(heartbeat_dir.rfind((fs::temp_directory_path() / "tessera-heartbeat-").string(), 0), 0u) << heartbeat_dir;
   EXPECT_FALSE(heartbeat_dirs_left());
+}
+
+// --watchdog-step-multiple: the timeout follows the job's pace. The ranks beat "batch N" every 0.4 s (with an
+// evaluation batch between two of them, which must not count as a step), then stop: with a 0.3 s floor and a
+// multiple of 8, the hang is reported after about 8 x 0.4 s, not after the floor.
+TEST(Launcher, WatchdogDerivesItsTimeoutFromTheLongestStep) {
+  const TempDir dir;
+  const ScopedEnv test_dir("TEST_DIR", dir.str());
+  LaunchOptions o = shell(
+      "beat() { echo \"$(date +%s.%N) $1\" > $TESSERA_HEARTBEAT_DIR/rank$RANK; }; "
+      "i=0; while [ $i -lt 6 ]; do beat \"batch $i\"; sleep 0.4; i=$((i+1)); "
+      "  if [ $i = 3 ]; then beat \"eval batch 1\"; sleep 1.5; fi; done; "
+      "beat \"batch 6\"; date +%s.%N > $TEST_DIR/last_beat_$RANK; exec sleep 60",
+      2);
+  o.watchdog_timeout_seconds = 0.3;
+  o.watchdog_step_multiple = 8;
+  const Outcome r = launch_capturing(o, dir);
+  EXPECT_EQ(r.rc, 124) << r.log;
+  const double last_beat = std::stod(read_launcher_log(dir.path() / "last_beat_0"));
+  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  // The launcher returned after the derived timeout (8 x at least 0.4 s = 3.2 s) from the last beat, not after the
+  // 0.3 s floor, nor after 8 x the 1.9 s the evaluation made of one interval.
+  const double caught = now - last_beat;
+  EXPECT_GT(caught, 3.0) << r.log;
+  EXPECT_LT(caught, 12.0) << r.log;
+  const size_t at = r.log.find("hang: no rank made progress for ");
+  ASSERT_NE(at, std::string::npos) << r.log;
+  const std::string line = r.log.substr(at, r.log.find('\n', at) - at);
+  std::printf("caught %.1f s after the last beat: %s\n", caught, line.c_str());
+  EXPECT_NE(line.find(" x the longest step seen, 0."), std::string::npos) << line;
+  EXPECT_NE(line.find("(timeout "), std::string::npos) << line;
+  EXPECT_NE(r.log.find("watchdog after 8 x the longest step without progress (at least 0.3 s)"), std::string::npos)
+      << r.log;
 }
 
 TEST(Launcher, WatchdogCatchesAJobThatNeverBeats) {
