@@ -1,6 +1,6 @@
 """The multi-job planner's plan against its real execution (issue 21: planned and actual makespan within 15%, and the
-MILP plan ahead of the sequential baseline): four tiny MPT jobs of different sizes (those of
-PlanRun.FourJobsOnTwoCoresEndNearThePlanAndBeforeTheSequentialBaseline) profiled, planned by the MILP and run with
+MILP plan ahead of the sequential baseline): four tiny MPT jobs of different sizes (tests/data/planner/four-jobs, as
+in PlanRun.FourJobsOnTwoCoresEndNearThePlanAndBeforeTheSequentialBaseline) profiled, planned by the MILP and run with
 `plan --profile --run` on two cores, --rounds times, each round from an empty trial cache; then the sequential
 baseline, planned from the last round's cache and run the same way. Reports per round the planned and actual
 makespan and their difference, and over the rounds the median difference and how many were within 15%.
@@ -26,39 +26,7 @@ import goodput_soak as soak  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-RECIPE = """
-max_seq_len: 32
-seed: 3
-model: {{name: mpt_causal_lm, d_model: 64, n_heads: 2, n_layers: 2, expansion_ratio: 4, max_seq_len: 32,
-        vocab_size: 64, attn_config: {{attn_impl: torch}}}}
-tokenizer: {{name: unused}}
-train_loader: {{name: text, dataset: {{local: {data}, split: train, shuffle: true, max_seq_len: 32}}, drop_last: true}}
-optimizer: {{name: decoupled_adamw, lr: 0.001, weight_decay: 0.0}}
-scheduler: {{name: constant_with_warmup, t_warmup: 0ba}}
-max_duration: 100ba
-save_interval: 10ba
-global_train_batch_size: 32
-device_train_microbatch_size: 32
-device_eval_batch_size: 32
-precision: fp32
-device: cpu
-log_to_console: false
-"""
-
-JOBS = """jobs:
-  - {name: big, recipe: job.yaml, max_duration: 160ba, overrides: [model.d_model=192, model.n_layers=3]}
-  - {name: deep, recipe: job.yaml, max_duration: 240ba, overrides: [model.d_model=128, model.n_layers=4]}
-  - {name: wide, recipe: job.yaml, max_duration: 240ba, overrides: [model.d_model=160, model.n_layers=2]}
-  - {name: small, recipe: job.yaml, max_duration: 400ba, overrides: [model.d_model=96, model.n_layers=2]}
-"""
-
-CLUSTER = """nodes: 1
-devices_per_node: 2
-device: {kind: cpu, peak_tflops: 0.05, memory_gib: 4, mfu: 0.5}
-intra_node: {bandwidth_gbps: 1, latency_us: 100}
-overlap: 0
-startup_s: 2
-"""
+FOUR_JOBS = ROOT / "tests" / "data" / "planner" / "four-jobs"  # shared with PlanRun's tests
 
 
 def plan(args, bin_dir, work, cache, out, extra):
@@ -88,9 +56,9 @@ def main():
         sys.exit("plan_run_makespan: needs two cores")
     work = pathlib.Path(tempfile.mkdtemp(prefix="tessera-plan-run-"))
     soak.write_split(work / "data" / "train", 512, 1)
-    (work / "job.yaml").write_text(RECIPE.format(data=work / "data"))
-    (work / "jobs.yaml").write_text(JOBS)
-    (work / "cpu2.yaml").write_text(CLUSTER)
+    (work / "job.yaml").write_text((FOUR_JOBS / "job.yaml").read_text().replace("@DATA@", str(work / "data")))
+    shutil.copy(FOUR_JOBS / "jobs.yaml", work / "jobs.yaml")
+    shutil.copy(FOUR_JOBS / "cpu2.yaml", work / "cpu2.yaml")
 
     rows = []
     errors = []

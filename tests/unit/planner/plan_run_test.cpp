@@ -75,26 +75,15 @@ class PlanRun : public ::testing::Test {
     root_ = fs::temp_directory_path() / "plan_run";
     fs::remove_all(root_);
     tessera::testing::write_token_split(root_ / "data" / "train", 512, 1);
-    // A tiny MPT whose size the jobs set; a checkpoint every 10 batches, as a user's job would have.
-    std::ofstream(root_ / "job.yaml") << fmt::format(R"(
-max_seq_len: 32
-seed: 3
-model: {{name: mpt_causal_lm, d_model: 64, n_heads: 2, n_layers: 2, expansion_ratio: 4, max_seq_len: 32,
-        vocab_size: 64, attn_config: {{attn_impl: torch}}}}
-tokenizer: {{name: unused}}
-train_loader: {{name: text, dataset: {{local: {0}, split: train, shuffle: true, max_seq_len: 32}}, drop_last: true}}
-optimizer: {{name: decoupled_adamw, lr: 0.001, weight_decay: 0.0}}
-scheduler: {{name: constant_with_warmup, t_warmup: 0ba}}
-max_duration: 100ba
-save_interval: 10ba
-global_train_batch_size: 32
-device_train_microbatch_size: 32
-device_eval_batch_size: 32
-precision: fp32
-device: cpu
-log_to_console: false
-)",
-                                                     (root_ / "data").string());
+    // The recipe, jobs and cluster of tests/data/planner/four-jobs (shared with benchmarks/plan_run_makespan.py).
+    const fs::path shared = fs::path(tessera::testing::source_dir()) / "tests" / "data" / "planner" / "four-jobs";
+    std::string recipe = read_text(shared / "job.yaml");
+    for (size_t at = recipe.find("@DATA@"); at != std::string::npos; at = recipe.find("@DATA@", at)) {
+      recipe.replace(at, 6, (root_ / "data").string());
+    }
+    std::ofstream(root_ / "job.yaml") << recipe;
+    fs::copy_file(shared / "jobs.yaml", root_ / "jobs4.yaml");
+    fs::copy_file(shared / "cpu2.yaml", root_ / "cpu2.yaml");
   }
   static fs::path root_;
 };
@@ -148,19 +137,6 @@ device: {kind: cpu, peak_tflops: 0.05, memory_gib: 4}
 TEST_F(PlanRun, FourJobsOnTwoCoresEndNearThePlanAndBeforeTheSequentialBaseline) {
   if (std::getenv("TESSERA_TIMING_TESTS") == nullptr) GTEST_SKIP() << "set TESSERA_TIMING_TESTS=1 on an idle machine";
   if (tessera::planner::allowed_cpus().size() < 2) GTEST_SKIP() << "needs two cores";
-  std::ofstream(root_ / "jobs4.yaml") << R"(jobs:
-  - {name: big, recipe: job.yaml, max_duration: 160ba, overrides: [model.d_model=192, model.n_layers=3]}
-  - {name: deep, recipe: job.yaml, max_duration: 240ba, overrides: [model.d_model=128, model.n_layers=4]}
-  - {name: wide, recipe: job.yaml, max_duration: 240ba, overrides: [model.d_model=160, model.n_layers=2]}
-  - {name: small, recipe: job.yaml, max_duration: 400ba, overrides: [model.d_model=96, model.n_layers=2]}
-)";
-  std::ofstream(root_ / "cpu2.yaml") << R"(nodes: 1
-devices_per_node: 2
-device: {kind: cpu, peak_tflops: 0.05, memory_gib: 4, mfu: 0.5}
-intra_node: {bandwidth_gbps: 1, latency_us: 100}
-overlap: 0
-startup_s: 2
-)";
   const std::string common = fmt::format(
       "{} --jobs {} --cluster {} --profile --profile-configs 1 --profile-budget 300 --profile-cache {} --time-limit 10 "
       "--train-bin {} --run",
