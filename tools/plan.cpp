@@ -15,10 +15,12 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -50,8 +52,10 @@ Json schedule_json(const planner::Schedule& s, const std::vector<planner::PlanJo
                     {"step_s", c.step_s},
                     {"start_s", p.start_s},
                     {"end_s", p.end_s}});
+    const planner::JobProfile& j = jobs[static_cast<size_t>(p.job)].profile;
+    if (j.has_deadline()) rows.back()["deadline_s"] = j.deadline_s;
   }
-  return {{"policy", s.policy}, {"makespan_s", s.makespan_s()}, {"placements", rows}};
+  return {{"policy", s.policy}, {"makespan_s", s.makespan_s()}, {"late_s", s.lateness_s(jobs)}, {"placements", rows}};
 }
 
 std::string human_time(double s) {
@@ -171,9 +175,12 @@ int run(int argc, char** argv) {
   const std::vector<std::string> bad = planner::check_schedule(r.schedule, jobs, cluster);
   if (!bad.empty()) throw tessera::Error("plan", "the plan breaks a constraint: " + bad.front());
   std::cout << fmt::format(
-      "\nPlan (MILP, {} variables, {} constraints, {:.1f} s{}; slots of {}: {} of at most {}, CBC's bound {}):\n",
+      "\nPlan (MILP, {} variables, {} constraints, {:.1f} s{}; slots of {}: {} of at most {}, CBC's bound {}{}):\n",
       r.variables, r.constraints, r.solve_s, r.optimal ? ", optimal" : ", time limit reached",
-      human_time(r.model.slot_s), r.objective_slots, r.model.horizon, r.bound_slots);
+      human_time(r.model.slot_s), r.objective_slots, r.model.horizon, r.bound_slots,
+      r.model.late_weight > 0 ? fmt::format("; deadlines first: {} slot{} late, {} each", r.late_slots,
+                                            r.late_slots == 1 ? "" : "s", r.model.late_weight)
+                              : std::string());
   if (r.greedy_kept) std::cout << "(the greedy schedule, which is at least as good as the solver's once unrounded)\n";
   std::cout << planner::render_schedule(r.schedule, jobs, cluster);
 
@@ -187,9 +194,15 @@ int run(int argc, char** argv) {
       "within {:.1f}% of that\n",
       human_time(lower), 100 * (plan_makespan / lower - 1));
   std::cout << "\nAgainst the naive policies:\n";
+  const bool deadlines =
+      std::any_of(jobs.begin(), jobs.end(), [](const planner::PlanJob& j) { return j.profile.has_deadline(); });
   for (const planner::Schedule& b : baselines) {
-    std::cout << fmt::format("  {:<22} makespan {:>10}   the plan is {:5.1f}% shorter\n", b.policy,
-                             human_time(b.makespan_s()), 100 * (1 - plan_makespan / b.makespan_s()));
+    std::cout << fmt::format("  {:<22} makespan {:>10}   the plan is {:5.1f}% shorter{}\n", b.policy,
+                             human_time(b.makespan_s()), 100 * (1 - plan_makespan / b.makespan_s()),
+                             deadlines
+                                 ? fmt::format("; late by {} in all (the plan: {})", human_time(b.lateness_s(jobs)),
+                                               human_time(r.schedule.lateness_s(jobs)))
+                                 : std::string());
   }
   if (!gantt_path.empty()) {
     planner::write_png(planner::draw_gantt(r.schedule, cluster), gantt_path);
@@ -203,6 +216,7 @@ int run(int argc, char** argv) {
                 {"seconds", r.solve_s},
                 {"slot_s", r.model.slot_s},
                 {"objective_slots", r.objective_slots},
+                {"late_slots", r.late_slots},
                 {"bound_slots", r.bound_slots},
                 {"lower_bound_s", lower},
                 {"greedy_kept", r.greedy_kept}}}};
@@ -265,6 +279,7 @@ int run(int argc, char** argv) {
                     {"end_s", j.end_s},
                     {"done", j.done},
                     {"attempts", attempts}});
+      if (j.deadline_s < std::numeric_limits<double>::infinity()) jr.back()["deadline_s"] = j.deadline_s;
     }
     out["run"] = {{"policy", chosen->policy},
                   {"planned_makespan_s", rep.planned_makespan_s},

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <regex>
 #include <string>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include "tessera/checkpoint/checkpoint.h"
@@ -141,7 +143,14 @@ class Executor {
     }
     for (size_t i = 0; i < jobs_.size(); ++i) {
       fs::create_directories(job_dir(i));
-      report.jobs.push_back({jobs_[i].spec.name, live_[i].plan_start, live_[i].plan_end, 0, 0, false, {}});
+      report.jobs.push_back({jobs_[i].spec.name,
+                             live_[i].plan_start,
+                             live_[i].plan_end,
+                             0,
+                             0,
+                             false,
+                             {},
+                             jobs_[i].plan.profile.deadline_s});
     }
     event(fmt::format("plan: {} jobs on devices {}, makespan {:.1f} s", jobs_.size(), device_list(phys_),
                       plan.makespan_s()));
@@ -371,6 +380,7 @@ class Executor {
       if (l.state != State::kPending && l.state != State::kRunning) continue;
       PlanJob p;
       p.profile = jobs_[i].plan.profile;
+      p.profile.deadline_s -= now;  // the new plan's time 0 is now (a deadline already past still counts lateness)
       std::vector<int> map;
       int64_t done = checkpoint_step(ckpt_dir(i));
       if (l.state == State::kRunning) {
@@ -464,6 +474,21 @@ std::string render_report(const ExecReport& r) {
   out += fmt::format("makespan: planned {:.1f} s, actual {:.1f} s ({:+.1f}%){}; {} re-plan{}\n", r.planned_makespan_s,
                      r.makespan_s, 100 * (r.makespan_s / r.planned_makespan_s - 1), r.ok ? "" : ", NOT every job done",
                      r.replans, r.replans == 1 ? "" : "s");
+  int with = 0;
+  std::vector<std::string> late;
+  for (const ExecJobReport& j : r.jobs) {
+    if (j.deadline_s == std::numeric_limits<double>::infinity()) continue;
+    ++with;
+    if (!j.done || j.end_s > j.deadline_s) {
+      late.push_back(j.done ? fmt::format("{} ended at {:.1f} s, {:.1f} s after its deadline", j.name, j.end_s,
+                                          j.end_s - j.deadline_s)
+                            : fmt::format("{} did not finish", j.name));
+    }
+  }
+  if (with > 0) {
+    out += late.empty() ? fmt::format("deadlines: all {} met\n", with)
+                        : fmt::format("deadlines: {} of {} missed: {}\n", late.size(), with, fmt::join(late, "; "));
+  }
   return out;
 }
 

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -49,6 +50,26 @@ int64_t steps_of(const config::Time& t, const JobProfile& p) {
   }
 }
 
+// A deadline: seconds as a number, or a number with a unit: s, m (min), h or d.
+double parse_deadline(config::Section& s, const std::string& text) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    s.fail("deadline", fmt::format("\"{}\" is not a time (a number of seconds, or with a unit: 90m, 2h, 1d)", text));
+  }
+  const std::string unit = text.substr(used);
+  double scale = 0;
+  if (unit.empty() || unit == "s") scale = 1;
+  if (unit == "m" || unit == "min") scale = 60;
+  if (unit == "h") scale = 3600;
+  if (unit == "d") scale = 86400;
+  s.check(scale > 0, "deadline", fmt::format("\"{}\": unknown unit \"{}\" (s, m, h or d)", text, unit));
+  s.check(std::isfinite(value) && value > 0, "deadline", fmt::format("\"{}\" must be a positive time", text));
+  return value * scale;
+}
+
 }  // namespace
 
 std::vector<JobSpec> load_jobs(const std::string& path) {
@@ -57,14 +78,14 @@ std::vector<JobSpec> load_jobs(const std::string& path) {
   config::Section top(&root, "", ctx);
   const config::Value* list = top.raw("jobs");
   top.check(list != nullptr && list->is_sequence() && !list->items().empty(), "jobs",
-            "must be a non-empty list of jobs ({name, recipe, overrides, max_duration, weight, max_nodes})");
+            "must be a non-empty list of jobs ({name, recipe, overrides, max_duration, weight, deadline, max_nodes})");
   top.finish();
   const fs::path dir = fs::path(path).parent_path();
   std::vector<JobSpec> jobs;
   std::set<std::string> names;
   for (size_t i = 0; i < list->items().size(); ++i) {
     config::Section s(&list->items()[i], fmt::format("jobs[{}]", i), ctx);
-    s.reject_unknown({"name", "recipe", "overrides", "max_duration", "weight", "max_nodes"});
+    s.reject_unknown({"name", "recipe", "overrides", "max_duration", "weight", "deadline", "max_nodes"});
     JobSpec j;
     j.recipe = resolve_recipe(s, s.require_string("recipe"), dir);
     j.name = s.get_string("name", fmt::format("{}-{}", fs::path(j.recipe).stem().string(), i));
@@ -73,6 +94,9 @@ std::vector<JobSpec> load_jobs(const std::string& path) {
     j.max_duration = s.get_string("max_duration", "");
     j.weight = s.get_double("weight", 1);
     s.check(j.weight > 0, "weight", "must be positive");
+    if (const std::optional<std::string> deadline = s.get_optional_string("deadline")) {
+      j.deadline_s = parse_deadline(s, *deadline);
+    }
     j.max_nodes = s.get_int("max_nodes", 1);
     s.check(j.max_nodes >= 1, "max_nodes", "must be at least 1");
     s.finish();
@@ -112,6 +136,7 @@ JobProfile profile_job(const JobSpec& spec) {
   JobProfile p = profile_config(cfg, spec.name);
   p.weight = spec.weight;
   p.max_nodes = spec.max_nodes;
+  p.deadline_s = spec.deadline_s;
   const config::Time& d = cfg.max_duration;
   if (d.unit() != config::TimeUnit::kBatch && d.unit() != config::TimeUnit::kSample &&
       d.unit() != config::TimeUnit::kToken) {

@@ -5,7 +5,9 @@
 //            on each node, in each slot, the devices of the running choices are at most the node's;
 //            C >= end slot of each job's choice (makespan objective only).
 // Objective: min C + eps * sum of end slots (eps keeps every job as early as the makespan allows; it is below one
-//            slot in total, so the optimal makespan is unchanged), or min sum of weight x end slot.
+//            slot in total, so the optimal makespan is unchanged), or min sum of weight x end slot; plus, with
+//            deadlines, late_weight x the slots by which each choice ends after its job's deadline (a constant of
+//            the choice). late_weight exceeds the rest of the objective's range, so deadlines come first.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -67,6 +69,15 @@ std::vector<SlotPlacement> greedy_in_slots(const Schedule& greedy, const std::ve
 
 }  // namespace
 
+int64_t SlotModel::late_slots_of(const std::vector<int>& selected) const {
+  int64_t late = 0;
+  for (int i : selected) {
+    const Choice& c = choices[static_cast<size_t>(i)];
+    late += std::max<int64_t>(0, c.start + c.length - deadline_slots[static_cast<size_t>(c.job)]);
+  }
+  return late;
+}
+
 double SlotModel::objective_of(const std::vector<int>& selected) const {
   double value = 0;
   for (int i : selected) {
@@ -78,7 +89,7 @@ double SlotModel::objective_of(const std::vector<int>& selected) const {
       value += weights[static_cast<size_t>(c.job)] * end;
     }
   }
-  return value;
+  return value + late_weight * static_cast<double>(late_slots_of(selected));
 }
 
 bool SlotModel::feasible(const std::vector<int>& selected, int64_t devices_per_node, int64_t nodes) const {
@@ -106,6 +117,21 @@ SlotModel slot_model_around(const std::vector<PlanJob>& jobs, const Cluster& clu
   m.slot_s = greedy.makespan_s() / static_cast<double>(std::max<int64_t>(1, slots));
   const std::vector<SlotPlacement> g = greedy_in_slots(greedy, jobs, cluster, m.slot_s, &m.horizon);
   for (const PlanJob& j : jobs) m.weights.push_back(j.profile.weight);
+  bool deadlines = false;
+  for (const PlanJob& j : jobs) {
+    deadlines = deadlines || j.profile.has_deadline();
+    // The last slot end at or before the deadline (a deadline past the horizon cannot be missed).
+    const double last = j.profile.deadline_s / m.slot_s + 1e-9;
+    m.deadline_slots.push_back(last > static_cast<double>(m.horizon) ? m.horizon + 1
+                                                                     : static_cast<int64_t>(std::floor(last)));
+  }
+  if (deadlines) {
+    // Above the objective's range: the makespan is at most the horizon (and the tie-breaking term below half a
+    // slot), the weighted sum at most the weights' sum times it.
+    const double weights = std::accumulate(m.weights.begin(), m.weights.end(), 0.0);
+    m.late_weight = objective == Objective::kMakespan ? static_cast<double>(m.horizon + 2)
+                                                      : weights * static_cast<double>(m.horizon) + 1;
+  }
   m.greedy.assign(jobs.size(), -1);
   for (size_t job = 0; job < jobs.size(); ++job) {
     const SlotPlacement& gp = g[job];
@@ -218,6 +244,8 @@ SolveResult solve_milp(const std::vector<PlanJob>& jobs, const Cluster& cluster,
   for (int i = 0; i < n_choices; ++i) {
     const SlotModel::Choice& c = m.choices[static_cast<size_t>(i)];
     const double end = static_cast<double>(c.start + c.length);
+    const double late = m.late_weight * static_cast<double>(std::max<int64_t>(
+                                            0, c.start + c.length - m.deadline_slots[static_cast<size_t>(c.job)]));
     start.push_back(static_cast<CoinBigIndex>(index.size()));
     index.push_back(c.job);
     value.push_back(1.0);
@@ -232,9 +260,9 @@ SolveResult solve_milp(const std::vector<PlanJob>& jobs, const Cluster& cluster,
       value.push_back(end);
       index.push_back(energy_row);
       value.push_back(static_cast<double>(c.devices_per_node * c.nodes * c.length));
-      obj[static_cast<size_t>(i)] = eps * end;
+      obj[static_cast<size_t>(i)] = eps * end + late;
     } else {
-      obj[static_cast<size_t>(i)] = m.weights[static_cast<size_t>(c.job)] * end;
+      obj[static_cast<size_t>(i)] = m.weights[static_cast<size_t>(c.job)] * end + late;
     }
   }
   if (makespan) {
@@ -323,6 +351,7 @@ SolveResult solve_milp(const std::vector<PlanJob>& jobs, const Cluster& cluster,
   }
   r.optimal = Cbc_isProvenOptimal(model.get()) != 0;
   r.objective_slots = m.objective_of(r.selected);
+  r.late_slots = m.late_slots_of(r.selected);
   // The solver's bound without the tie-breaking term (below half a slot in total), rounded up: the makespan is a
   // whole number of slots.
   const double bound = Cbc_getBestPossibleObjValue(model.get());
@@ -331,9 +360,8 @@ SolveResult solve_milp(const std::vector<PlanJob>& jobs, const Cluster& cluster,
   r.bound_slots = std::min(r.bound_slots, r.objective_slots);
   r.schedule = schedule_from_slots(m, r.selected, jobs, cluster);
   // Rounding to slots can cost the solver's plan more than it gains: the greedy schedule, unrounded, is kept when
-  // it is at least as good by the objective.
-  const auto score = [&](const Schedule& s) { return makespan ? s.makespan_s() : s.weighted_completion_s(jobs); };
-  if (score(greedy) <= score(r.schedule)) {
+  // it is at least as good (deadlines first, then the objective).
+  if (!better_schedule(r.schedule, greedy, jobs, options.objective)) {
     r.schedule = greedy;
     r.schedule.policy = "milp";
     r.greedy_kept = true;

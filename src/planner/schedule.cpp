@@ -118,6 +118,24 @@ double Schedule::weighted_completion_s(const std::vector<PlanJob>& jobs) const {
   return sum;
 }
 
+double Schedule::lateness_s(const std::vector<PlanJob>& jobs) const {
+  double sum = 0;
+  for (const Placement& p : placements) {
+    const JobProfile& j = jobs[static_cast<size_t>(p.job)].profile;
+    if (j.has_deadline()) sum += std::max(0.0, p.end_s - j.deadline_s);
+  }
+  return sum;
+}
+
+bool better_schedule(const Schedule& a, const Schedule& b, const std::vector<PlanJob>& jobs, Objective objective) {
+  const double late_a = a.lateness_s(jobs), late_b = b.lateness_s(jobs);
+  if (std::abs(late_a - late_b) > 1e-6 * std::max(1.0, late_b)) return late_a < late_b;
+  const auto score = [&](const Schedule& s) {
+    return objective == Objective::kMakespan ? s.makespan_s() : s.weighted_completion_s(jobs);
+  };
+  return score(a) < score(b) - 1e-9;
+}
+
 std::vector<std::string> check_schedule(const Schedule& s, const std::vector<PlanJob>& jobs, const Cluster& cluster) {
   std::vector<std::string> bad;
   const int64_t per_node = cluster.devices_per_node;
@@ -254,8 +272,9 @@ Schedule equal_split_schedule(const std::vector<PlanJob>& jobs, const Cluster& c
 namespace {
 
 // The greedy policy with each job's options limited to at most `cap` devices (a job with none that small keeps its
-// smallest).
-Schedule greedy_capped(const std::vector<PlanJob>& jobs, const Cluster& cluster, int64_t cap) {
+// smallest). Jobs by work, largest first; with `deadlines_first`, the jobs with a deadline before the others, the
+// earliest deadline first.
+Schedule greedy_capped(const std::vector<PlanJob>& jobs, const Cluster& cluster, int64_t cap, bool deadlines_first) {
   require_options(jobs, cluster);
   std::vector<size_t> order(jobs.size());
   std::iota(order.begin(), order.end(), 0);
@@ -263,7 +282,12 @@ Schedule greedy_capped(const std::vector<PlanJob>& jobs, const Cluster& cluster,
     const Candidate& c = jobs[i].options.front();
     return static_cast<double>(c.devices) * c.duration_s;
   };
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return work(a) > work(b); });
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    if (deadlines_first && jobs[a].profile.deadline_s != jobs[b].profile.deadline_s) {
+      return jobs[a].profile.deadline_s < jobs[b].profile.deadline_s;
+    }
+    return work(a) > work(b);
+  });
   std::vector<double> free_at(static_cast<size_t>(cluster.devices()), 0.0);
   std::vector<Placement> out;
   for (size_t i = 0; i < jobs.size(); ++i) {  // running jobs go on where they run
@@ -292,24 +316,29 @@ Schedule greedy_capped(const std::vector<PlanJob>& jobs, const Cluster& cluster,
   return in_job_order("greedy largest first", std::move(out));
 }
 
+bool any_deadline(const std::vector<PlanJob>& jobs) {
+  return std::any_of(jobs.begin(), jobs.end(), [](const PlanJob& j) { return j.profile.has_deadline(); });
+}
+
 }  // namespace
 
 Schedule greedy_schedule(const std::vector<PlanJob>& jobs, const Cluster& cluster) {
-  return greedy_capped(jobs, cluster, cluster.devices());
+  return greedy_capped(jobs, cluster, cluster.devices(), any_deadline(jobs));
 }
 
 Schedule best_greedy_schedule(const std::vector<PlanJob>& jobs, const Cluster& cluster, Objective objective) {
-  std::set<int64_t> caps;
+  std::set<int64_t> caps = {cluster.devices()};
   for (const PlanJob& j : jobs) {
     for (const Candidate& c : j.options) caps.insert(c.devices);
   }
-  const auto score = [&](const Schedule& s) {
-    return objective == Objective::kMakespan ? s.makespan_s() : s.weighted_completion_s(jobs);
-  };
+  std::vector<bool> orders = {false};
+  if (any_deadline(jobs)) orders.push_back(true);
   Schedule best = greedy_schedule(jobs, cluster);
-  for (int64_t cap : caps) {
-    Schedule s = greedy_capped(jobs, cluster, cap);
-    if (score(s) < score(best) - 1e-9) best = std::move(s);
+  for (bool deadlines_first : orders) {
+    for (int64_t cap : caps) {
+      Schedule s = greedy_capped(jobs, cluster, cap, deadlines_first);
+      if (better_schedule(s, best, jobs, objective)) best = std::move(s);
+    }
   }
   return best;
 }
@@ -337,14 +366,32 @@ std::string render_schedule(const Schedule& s, const std::vector<PlanJob>& jobs,
   for (const Placement& p : s.placements) by_start.push_back(&p);
   std::stable_sort(by_start.begin(), by_start.end(),
                    [](const Placement* a, const Placement* b) { return a->start_s < b->start_s; });
+  const bool deadlines = any_deadline(jobs);
+  if (deadlines) out.insert(out.size() - 1, fmt::format("  {}", "deadline"));
+  int late = 0;
   for (const Placement* p : by_start) {
     const PlanJob& j = jobs[static_cast<size_t>(p->job)];
     const Candidate& c = j.options[static_cast<size_t>(p->option)];
-    out += fmt::format("{:<4}{:<24}{:>5}  {:<16}{:<38}{:>12}{:>12}{:>12}\n", p->job, j.profile.name, c.devices,
+    out += fmt::format("{:<4}{:<24}{:>5}  {:<16}{:<38}{:>12}{:>12}{:>12}", p->job, j.profile.name, c.devices,
                        where(*p, cluster), c.describe(), human_time(p->start_s), human_time(p->end_s),
                        human_time(p->end_s - p->start_s));
+    if (j.profile.has_deadline()) {
+      const bool met = p->end_s <= j.profile.deadline_s + 1e-9;
+      late += met ? 0 : 1;
+      out += fmt::format("  {}{}", human_time(j.profile.deadline_s),
+                         met ? "" : fmt::format(", LATE by {}", human_time(p->end_s - j.profile.deadline_s)));
+    }
+    out += "\n";
   }
-  out += fmt::format("makespan {}\n", human_time(s.makespan_s()));
+  out += fmt::format("makespan {}", human_time(s.makespan_s()));
+  if (deadlines) {
+    const auto with =
+        std::count_if(jobs.begin(), jobs.end(), [](const PlanJob& j) { return j.profile.has_deadline(); });
+    out += late == 0
+               ? fmt::format("; every deadline met ({} job{})", with, with == 1 ? "" : "s")
+               : fmt::format("; {} of {} deadlines missed, by {} in all", late, with, human_time(s.lateness_s(jobs)));
+  }
+  out += "\n";
   return out;
 }
 

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,7 @@ struct ExecJobReport {
   double end_s = 0;    // last attempt's end
   bool done = false;
   std::vector<ExecAttempt> attempts;
+  double deadline_s = std::numeric_limits<double>::infinity();  // the job's, from the start of the run
 };
 
 struct ExecReport {
@@ -83,7 +85,8 @@ struct ExecReport {
 ExecReport execute_plan(const std::vector<ExecJob>& jobs, const Cluster& cluster, const Schedule& plan,
                         const ExecOptions& options);
 
-// The report as a table: per job, planned and actual start and end, and its attempts; then the makespans.
+// The report as a table: per job, planned and actual start and end, and its attempts; then the makespans and, when
+// jobs have deadlines, which ones ended after theirs.
 std::string render_report(const ExecReport& report);
 
 }  // namespace tessera::planner

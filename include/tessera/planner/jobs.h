@@ -6,6 +6,7 @@
 //       overrides: [optimizer.lr=3e-4] # as on train's command line
 //       max_duration: 2000ba           # default: the recipe's; in ba, sp or tok
 //       weight: 2                      # priority in the weighted-completion objective (default 1)
+//       deadline: 2h                   # end by then, counted from the plan's start (s, m, h or d; a number: s)
 //       max_nodes: 1                   # nodes the job may span (default 1: it stays within one node)
 //
 // and what the planner needs to know of each: its size, FLOPs and memory (JobProfile), read from the recipe the way
@@ -13,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -29,6 +31,7 @@ struct JobSpec {
   std::string max_duration;            // empty: the recipe's
   double weight = 1;
   int64_t max_nodes = 1;
+  double deadline_s = std::numeric_limits<double>::infinity();  // from the plan's start; infinity: none
 };
 
 // What the performance model and the memory check use. Filled from a recipe by profile_job, or written directly
@@ -48,11 +51,16 @@ struct JobProfile {
   int optimizer_state_tensors = 2;              // Adam's two moments
   double weight = 1;
   int64_t max_nodes = 1;
+  // Seconds from the start of the plan by which the job should end (infinity: none). Deadlines come before the
+  // objective: a plan minimises the total time by which jobs miss theirs first (docs/planner.md).
+  double deadline_s = std::numeric_limits<double>::infinity();
 
+  bool has_deadline() const { return deadline_s < std::numeric_limits<double>::infinity(); }
   double tokens_per_step() const { return static_cast<double>(global_batch * seq_len); }
 };
 
-// Reads a jobs file. ConfigError naming the file and key for an unknown key, a missing recipe, a duplicate name.
+// Reads a jobs file. ConfigError naming the file and key for an unknown key, a missing recipe, a duplicate name, a
+// deadline that is not a positive time.
 std::vector<JobSpec> load_jobs(const std::string& path);
 
 // What the planner needs of a loaded recipe, the model measured on `meta` (steps: 0 when max_duration is in epochs).

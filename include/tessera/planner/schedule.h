@@ -44,7 +44,15 @@ struct Schedule {
   double makespan_s() const;
   // Sum over jobs of weight x end time.
   double weighted_completion_s(const std::vector<PlanJob>& jobs) const;
+  // Sum over jobs of the time by which each ends after its deadline (0 when every job meets its own).
+  double lateness_s(const std::vector<PlanJob>& jobs) const;
 };
+
+enum class Objective { kMakespan, kWeightedCompletion };
+
+// Whether `a` is a better schedule than `b`: less total lateness past the jobs' deadlines first, then the objective
+// (makespan, or weighted completion time).
+bool better_schedule(const Schedule& a, const Schedule& b, const std::vector<PlanJob>& jobs, Objective objective);
 
 // Every constraint a schedule must meet: each job placed once, in one of its options, on exactly that option's
 // device count, within one node unless the option spans nodes (then on whole nodes), for exactly its duration, a
@@ -57,17 +65,16 @@ std::vector<std::string> check_schedule(const Schedule& s, const std::vector<Pla
 //   equal split           the devices cut into equal groups (a power of two per group, the smallest on which every
 //                         job fits), jobs dealt to the groups in turn, each group running its jobs one after another
 //   greedy largest first  jobs by work (device-seconds on their smallest option) descending, each placed where it
-//                         would finish first given the devices' free times (running jobs continue where they run)
+//                         would finish first given the devices' free times (running jobs continue where they run);
+//                         with deadlines, the jobs that have one first, earliest deadline first
 Schedule sequential_schedule(const std::vector<PlanJob>& jobs, const Cluster& cluster);
 Schedule equal_split_schedule(const std::vector<PlanJob>& jobs, const Cluster& cluster);
 Schedule greedy_schedule(const std::vector<PlanJob>& jobs, const Cluster& cluster);
 
-enum class Objective { kMakespan, kWeightedCompletion };
-
-// The best by `objective` of the greedy policy run with each job limited to at most N devices, for every N the jobs'
-// options use (and unlimited): greedy spreads a large job wide to finish it early, which can leave the others a worse
-// packing than narrower jobs side by side. The solver's first incumbent, and the plan when the solver finds none
-// better. Its policy name stays "greedy largest first".
+// The best (better_schedule) of the greedy policy run with each job limited to at most N devices, for every N the
+// jobs' options use (and unlimited), in both job orders (by work, and deadlines first): greedy spreads a large job wide
+// to finish it early, which can leave the others a worse packing than narrower jobs side by side. The solver's first
+// incumbent, and the plan when the solver finds none better. Its policy name stays "greedy largest first".
 Schedule best_greedy_schedule(const std::vector<PlanJob>& jobs, const Cluster& cluster, Objective objective);
 
 // The time-indexed model the solver works on: time cut into slots of `slot_s` seconds, each option's duration
@@ -88,8 +95,16 @@ struct SlotModel {
   Objective objective = Objective::kMakespan;
   std::vector<double> weights;  // per job
   std::vector<int> greedy;      // per job, the choice best_greedy_schedule takes (the solver's first incumbent)
+  // Deadlines: per job, the last slot end that meets its deadline (a choice ending in that slot ends by the deadline);
+  // a job without one gets a slot past the horizon. A slot of lateness costs `late_weight`, more than the objective
+  // can range over, so the solver misses deadlines by as few slots as it can first.
+  std::vector<int64_t> deadline_slots;
+  double late_weight = 0;
 
-  // The objective in slots of a selection (one choice per job): the makespan, or sum of weight x end slot.
+  // The slots by which a selection's jobs end after their deadlines, summed.
+  int64_t late_slots_of(const std::vector<int>& selected) const;
+  // The objective in slots of a selection (one choice per job): late_weight x late slots, plus the makespan or the
+  // sum of weight x end slot.
   double objective_of(const std::vector<int>& selected) const;
   // Whether the selection uses at most devices_per_node on every node in every slot.
   bool feasible(const std::vector<int>& selected, int64_t devices_per_node, int64_t nodes) const;
@@ -112,7 +127,8 @@ struct SolveResult {
   bool greedy_kept = false;
   std::vector<int> selected;  // per job, the index of its choice in `model`
   SlotModel model;
-  double objective_slots = 0;  // of the selection, in the slot model
+  double objective_slots = 0;  // of the selection, in the slot model (its lateness term included)
+  int64_t late_slots = 0;      // of the selection: slots by which jobs end after their deadlines
   double bound_slots = 0;      // CBC's best bound
   bool optimal = false;        // proven optimal within the time limit
   double solve_s = 0;

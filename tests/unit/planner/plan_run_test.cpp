@@ -180,7 +180,7 @@ TEST_F(PlanRun, AKilledJobAndALostCoreAreReplannedAndEveryJobFinishes) {
   const std::vector<int> cpus = tessera::planner::allowed_cpus();
   if (cpus.size() < 2) GTEST_SKIP() << "needs two cores";
   std::ofstream(root_ / "jobs2.yaml") << R"(jobs:
-  - {name: a, recipe: job.yaml, max_duration: 150ba}
+  - {name: a, recipe: job.yaml, max_duration: 150ba, deadline: 1h}
   - {name: b, recipe: job.yaml, max_duration: 150ba}
 )";
   // A link too slow for two cores to help either job: one core each, side by side.
@@ -256,6 +256,10 @@ startup_s: 2
   EXPECT_NE(jb["attempts"][1]["devices"][0].get<int>(), b_core) << out;
   EXPECT_NE(out.find("left this process's CPU set"), std::string::npos) << out;
   for (const char* job : {"a", "b"}) EXPECT_EQ(last_batch(work / job / "metrics.jsonl"), 150) << job;
+  // a's deadline (an hour) carries through the re-plans to the report.
+  EXPECT_EQ(ja["deadline_s"].get<double>(), 3600);
+  EXPECT_FALSE(jb.contains("deadline_s"));
+  EXPECT_NE(out.find("deadlines: all 1 met"), std::string::npos) << out;
 }
 
 }  // namespace

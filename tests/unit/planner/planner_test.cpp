@@ -388,6 +388,101 @@ TEST(Replan, IsOptimalWithRunningJobsByExhaustiveSearch) {
   }
 }
 
+// A job of one configuration: `seconds` on one device.
+PlanJob one_device_job(const std::string& name, double seconds, double weight) {
+  JobProfile p;
+  p.name = name;
+  p.weight = weight;
+  Candidate c;
+  c.step_s = seconds;
+  c.duration_s = seconds;
+  return {p, {c}};
+}
+
+// Deadlines come before the objective: a job with a deadline runs first even where the objective alone would put it
+// last, a deadline that cannot be met is missed by as little as possible, and the table says which.
+TEST(Milp, DeadlinesComeBeforeTheObjective) {
+  const Cluster cluster = small_cluster(1, 1);
+  std::vector<PlanJob> jobs = {one_device_job("big", 100, 100), one_device_job("small", 10, 1)};
+  SolveOptions o;
+  o.slots = 22;
+  o.objective = Objective::kWeightedCompletion;
+  // Without a deadline the heavy job goes first (100 x 100 + 110 against 100 x 110 + 10).
+  SolveResult r = solve_milp(jobs, cluster, o);
+  EXPECT_DOUBLE_EQ(r.schedule.placements[1].end_s, 110);
+  // With one at 20 s the small job goes first, and the plan meets it.
+  jobs[1].profile.deadline_s = 20;
+  r = solve_milp(jobs, cluster, o);
+  ASSERT_TRUE(check_schedule(r.schedule, jobs, cluster).empty());
+  EXPECT_DOUBLE_EQ(r.schedule.placements[1].end_s, 10);
+  EXPECT_DOUBLE_EQ(r.schedule.placements[0].end_s, 110);
+  EXPECT_EQ(r.schedule.lateness_s(jobs), 0);
+  EXPECT_EQ(r.late_slots, 0);
+  EXPECT_NE(render_schedule(r.schedule, jobs, cluster).find("every deadline met (1 job)"), std::string::npos);
+  // The same with the makespan objective, where the order changes nothing but the deadline.
+  o.objective = Objective::kMakespan;
+  r = solve_milp(jobs, cluster, o);
+  EXPECT_DOUBLE_EQ(r.schedule.placements[1].end_s, 10);
+  // A deadline no plan meets (5 s for 10 s of work): missed by the least, 5 s, and named in the table.
+  jobs[1].profile.deadline_s = 5;
+  r = solve_milp(jobs, cluster, o);
+  EXPECT_DOUBLE_EQ(r.schedule.placements[1].end_s, 10);
+  EXPECT_DOUBLE_EQ(r.schedule.lateness_s(jobs), 5);
+  const std::string table = render_schedule(r.schedule, jobs, cluster);
+  EXPECT_NE(table.find("LATE by 5.0 s"), std::string::npos) << table;
+  EXPECT_NE(table.find("1 of 1 deadlines missed"), std::string::npos) << table;
+  // The naive policies see deadlines too: greedy puts the jobs that have one first.
+  jobs[1].profile.deadline_s = 20;
+  EXPECT_DOUBLE_EQ(greedy_schedule(jobs, cluster).placements[1].end_s, 10);
+  EXPECT_DOUBLE_EQ(sequential_schedule(jobs, cluster).lateness_s(jobs), 90);
+}
+
+// With deadlines on some jobs, the solver's choice is still the optimum of the slot model, lateness first
+// (exhaustive search), and never later past the deadlines than the best greedy schedule.
+TEST(Milp, WithDeadlinesIsOptimalByExhaustiveSearch) {
+  std::mt19937 rng(23);
+  int late_somewhere = 0;
+  for (int trial = 0; trial < 6; ++trial) {
+    const Cluster cluster = small_cluster(1, trial % 2 == 0 ? 4 : 2);
+    std::vector<JobProfile> profiles;
+    for (int i = 0; i < 3; ++i) {
+      JobProfile p = job("job" + std::to_string(i), std::uniform_real_distribution<double>(5e7, 1e9)(rng),
+                         std::uniform_int_distribution<int64_t>(20, 300)(rng), 16);
+      p.weight = 1 + i % 2;
+      profiles.push_back(p);
+    }
+    std::vector<PlanJob> jobs = plan_jobs(profiles, cluster);
+    // Deadlines on two of the three jobs, between 0.4 and 1.2 times the deadline-free plan's makespan.
+    const double makespan = best_greedy_schedule(jobs, cluster, Objective::kMakespan).makespan_s();
+    for (int i = 0; i < 2; ++i) {
+      jobs[static_cast<size_t>((trial + i) % 3)].profile.deadline_s =
+          std::uniform_real_distribution<double>(0.4, 1.2)(rng) * makespan;
+    }
+    for (Objective objective : {Objective::kMakespan, Objective::kWeightedCompletion}) {
+      SolveOptions options;
+      options.slots = 6;
+      options.time_limit_s = 60;
+      options.objective = objective;
+      const SolveResult r = solve_milp(jobs, cluster, options);
+      ASSERT_TRUE(r.optimal) << "trial " << trial;
+      ASSERT_TRUE(check_schedule(r.schedule, jobs, cluster).empty());
+      EXPECT_GT(r.model.late_weight, 0);
+      EXPECT_NEAR(r.objective_slots, exhaustive_optimum(r.model, 3, cluster.devices_per_node, cluster.nodes), 1e-9)
+          << "trial " << trial;
+      const Schedule greedy = best_greedy_schedule(jobs, cluster, objective);
+      EXPECT_LE(r.schedule.lateness_s(jobs), greedy.lateness_s(jobs) + 1e-6) << "trial " << trial;
+      // A plan on time in its slots is on time in seconds (jobs start no later than their slots).
+      if (r.late_slots == 0) {
+        EXPECT_EQ(r.schedule.lateness_s(jobs), 0) << "trial " << trial;
+      }
+      late_somewhere += r.late_slots > 0 ? 1 : 0;
+    }
+  }
+  // The deadlines are tight enough that some cannot all be met, and loose enough that some can.
+  EXPECT_GT(late_somewhere, 0);
+  EXPECT_LT(late_somewhere, 12);
+}
+
 // Saturn's workload shape: a grid of fine-tuning jobs over MPT 1B-13B (the shipped recipes) on 8 nodes of 8 H100,
 // throughput from the performance model. The best capped greedy schedule is the solver's first incumbent, so whatever
 // CBC reaches in its time limit, the plan is no longer than greedy's; against running the jobs one after another on
@@ -519,6 +614,21 @@ TEST(Jobs, AJobsFileNamesItsMistakes) {
   EXPECT_EQ(profile_job(saves).save_interval_steps, 4);  // a step is a whole batch: the save comes after the 4th
   saves.overrides.back() = "save_interval=1ep";
   EXPECT_EQ(profile_job(saves).save_interval_steps, 0);
+  // Deadlines: seconds, or a number with s, m (min), h or d; anything else is named.
+  const auto deadline = [&](const std::string& text) {
+    return load_jobs(write("jobs:\n  - {recipe: " + recipe + ", deadline: " + text + "}\n"))[0].deadline_s;
+  };
+  EXPECT_EQ(deadline("90"), 90);
+  EXPECT_EQ(deadline("90m"), 5400);
+  EXPECT_EQ(deadline("1.5h"), 5400);
+  EXPECT_EQ(deadline("2d"), 172800);
+  EXPECT_FALSE(p.has_deadline());
+  EXPECT_NE(testing::error_of([&] { deadline("soon"); }).find("jobs[0].deadline"), std::string::npos);
+  EXPECT_NE(testing::error_of([&] { deadline("3w"); }).find("unknown unit \"w\""), std::string::npos);
+  EXPECT_NE(testing::error_of([&] { deadline("-5m"); }).find("must be a positive time"), std::string::npos);
+  JobSpec due = specs[0];
+  due.deadline_s = 600;
+  EXPECT_EQ(profile_job(due).deadline_s, 600);
   JobSpec epochs = specs[0];
   epochs.max_duration = "2ep";
   EXPECT_NE(testing::error_of([&] { profile_job(epochs); }).find("not in ba, sp or tok"), std::string::npos);
