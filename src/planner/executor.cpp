@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <regex>
 #include <string>
@@ -23,6 +24,7 @@
 #include "tessera/planner/profiler.h"
 #include "tessera/util/device.h"
 #include "tessera/util/error.h"
+#include "tessera/util/nvml.h"
 #include "tessera/util/preemption.h"
 #include "tessera/util/subprocess.h"
 
@@ -52,6 +54,7 @@ struct Live {
   double first_seen_at = 0;
   int64_t last_step = 0;
   std::string stop_reason;
+  bool stop_killed = false;  // stopped with SIGKILL (its device was lost), not asked to checkpoint
   int retries = 0;
   std::vector<ExecAttempt> attempts;
 };
@@ -96,6 +99,8 @@ std::string device_list(const std::vector<T>& devices) {
   return out;
 }
 
+constexpr int64_t kHardwareXids[] = {48, 63, 64, 74, 79, 92, 94, 95, 119, 120};
+
 class Executor {
  public:
   Executor(const std::vector<ExecJob>& jobs, const Cluster& cluster, const ExecOptions& o)
@@ -118,6 +123,16 @@ class Executor {
                                             cluster.devices_per_node, cluster.device_kind, phys_.size()));
     }
     phys_.resize(static_cast<size_t>(cluster.devices_per_node));
+    if (!cpu_ && !phys_.empty()) {
+      // GPU loss detection: NVML, read once a second for each GPU the plan holds.
+      std::string why;
+      nvml_ = util::Nvml::open(&why);
+      if (nvml_ == nullptr) spdlog::warn("[plan] NVML unavailable ({}): lost GPUs will not be detected", why);
+      const int most = *std::max_element(phys_.begin(), phys_.end());
+      bus_ids_.resize(static_cast<size_t>(most) + 1);
+      ecc_.assign(static_cast<size_t>(most) + 1, -1);
+      for (int d : phys_) bus_ids_[static_cast<size_t>(d)] = util::cuda_pci_bus_id(d);
+    }
   }
 
   ~Executor() {
@@ -159,7 +174,7 @@ class Executor {
     while (std::any_of(live_.begin(), live_.end(),
                        [](const Live& l) { return l.state != State::kDone && l.state != State::kFailed; })) {
       const double now = elapsed();
-      if (cpu_ && lose_devices()) replan_needed = true;
+      if (cpu_ ? lose_devices() : lose_gpus(now)) replan_needed = true;
       for (size_t i = 0; i < live_.size(); ++i) replan_needed = reap(i, now) || replan_needed;
       // Departures of running jobs from their planned ends, at most one re-plan every few seconds.
       if (o_.replan && now - last_replan > 5) {
@@ -256,9 +271,50 @@ class Executor {
       if (std::find(allowed.begin(), allowed.end(), d) == allowed.end()) lost.push_back(d);
     }
     if (lost.empty()) return false;
+    drop_devices(lost,
+                 fmt::format("device{} {} left this process's CPU set", lost.size() == 1 ? "" : "s", device_list(lost)),
+                 /*kill=*/false);
+    return true;
+  }
+
+  // GPUs NVML reads as lost or failing (gpu_loss_reason): their jobs are killed (a failing GPU cannot be trusted to
+  // save), resume from their latest checkpoints elsewhere, and the GPUs are planned on no more.
+  bool lose_gpus(double now) {
+    if (nvml_ == nullptr || now - last_gpu_read_ < 1.0) return false;
+    last_gpu_read_ = now;
+    std::vector<int> lost;
+    std::vector<std::string> why;
+    for (int d : phys_) {
+      const size_t at = static_cast<size_t>(d);
+      if (at >= bus_ids_.size() || bus_ids_[at].empty()) continue;
+      std::string reason;
+      try {
+        const util::GpuHealth h = nvml_->read(bus_ids_[at]);
+        reason = gpu_loss_reason(h, ecc_[at]);
+        ecc_[at] = h.ecc_uncorrected;
+      } catch (const Error& e) {
+        if (nvml_error_means_gpu_lost(e.what())) {
+          reason = e.what();
+        } else if (!nvml_warned_) {
+          spdlog::warn("[plan] reading GPU {} through NVML: {}", d, e.what());
+          nvml_warned_ = true;
+        }
+      }
+      if (!reason.empty()) {
+        lost.push_back(d);
+        why.push_back(fmt::format("GPU {} ({}): {}", d, bus_ids_[at], reason));
+      }
+    }
+    if (lost.empty()) return false;
+    drop_devices(lost, fmt::format("lost {}", fmt::join(why, "; ")), /*kill=*/true);
+    return true;
+  }
+
+  // Takes `lost` out of the plan: the jobs running on them are stopped (killed with `kill`), the pending ones placed
+  // there are placed again.
+  void drop_devices(const std::vector<int>& lost, const std::string& what, bool kill) {
     for (int d : lost) phys_.erase(std::find(phys_.begin(), phys_.end(), d));
-    event(fmt::format("device{} {} left this process's CPU set; {} left", lost.size() == 1 ? "" : "s",
-                      device_list(lost), phys_.size()));
+    event(fmt::format("{}; {} left", what, phys_.size()));
     for (size_t i = 0; i < live_.size(); ++i) {
       Live& l = live_[i];
       const std::vector<int64_t>& held = l.state == State::kPending ? l.devices : l.run_devices;
@@ -266,21 +322,23 @@ class Executor {
                                    [&](int64_t d) { return std::find(lost.begin(), lost.end(), d) != lost.end(); });
       if (!hit) continue;
       if (l.state == State::kRunning) {
-        stop(i, "device lost");
+        stop(i, "device lost", kill);
         l.option = -1;
       } else if (l.state == State::kPending) {
         l.option = -1;
       }
     }
-    return true;
   }
 
-  void stop(size_t i, const std::string& reason) {
+  // SIGTERM: `train` saves a checkpoint and exits 75 (preemption). SIGKILL (`kill`): it resumes from its latest.
+  void stop(size_t i, const std::string& reason, bool kill = false) {
     Live& l = live_[i];
     l.state = State::kStopping;
     l.stop_reason = reason;
-    util::signal_group(l.pid, SIGTERM);  // `train` saves a checkpoint and exits 75 (preemption)
-    event(fmt::format("{}: stopping it ({}); it saves a checkpoint", name(i), reason));
+    l.stop_killed = kill;
+    util::signal_group(l.pid, kill ? SIGKILL : SIGTERM);
+    event(fmt::format("{}: {} it ({}); {}", name(i), kill ? "killing" : "stopping", reason,
+                      kill ? "it resumes from its latest checkpoint" : "it saves a checkpoint"));
   }
 
   // Whether job i's attempt ended and the plan needs revisiting.
@@ -299,7 +357,7 @@ class Executor {
       event(fmt::format("{} done (planned end {:.1f} s)", name(i), l.plan_end));
       return o_.replan && departs(l, now);
     }
-    const bool stopped = l.state == State::kStopping && st->code == util::kExitPreempted;
+    const bool stopped = l.state == State::kStopping && (st->code == util::kExitPreempted || l.stop_killed);
     a.outcome = stopped ? l.stop_reason : "failed: " + st->describe();
     if (!stopped) {
       if (l.retries >= o_.max_retries) {
@@ -446,11 +504,39 @@ class Executor {
   std::vector<Live> live_;
   std::vector<int> phys_;  // the devices left, physical ids; planner device d is phys_[d]
   bool cpu_ = true;
+  std::unique_ptr<util::Nvml> nvml_;  // GPUs: null without NVML
+  std::vector<std::string> bus_ids_;  // by physical GPU id: its PCI bus id (NVML's name for it)
+  std::vector<int64_t> ecc_;          // by physical GPU id: uncorrected ECC errors at the last read (-1: unknown)
+  double last_gpu_read_ = -1e9;
+  bool nvml_warned_ = false;
   Clock::time_point t0_;
   std::vector<std::string> events_;
 };
 
 }  // namespace
+
+std::string gpu_loss_reason(const util::GpuHealth& health, int64_t ecc_before) {
+  std::vector<int64_t> hardware;
+  for (int64_t x : health.xids) {
+    if (std::find(std::begin(kHardwareXids), std::end(kHardwareXids), x) != std::end(kHardwareXids)) {
+      hardware.push_back(x);
+    }
+  }
+  if (!hardware.empty()) {
+    return fmt::format("XID {} (a hardware error)", fmt::join(hardware, ", "));
+  }
+  if (ecc_before >= 0 && health.ecc_uncorrected > ecc_before) {
+    return fmt::format("uncorrected ECC errors rose from {} to {}", ecc_before, health.ecc_uncorrected);
+  }
+  return "";
+}
+
+bool nvml_error_means_gpu_lost(const std::string& message) {
+  // NVML_ERROR_GPU_IS_LOST is 15; NVML_ERROR_NOT_FOUND (6) from the handle lookup: the bus id names no GPU now.
+  return message.find("(error 15)") != std::string::npos ||
+         (message.find("nvmlDeviceGetHandleByPciBusId") != std::string::npos &&
+          message.find("(error 6)") != std::string::npos);
+}
 
 ExecReport execute_plan(const std::vector<ExecJob>& jobs, const Cluster& cluster, const Schedule& plan,
                         const ExecOptions& options) {

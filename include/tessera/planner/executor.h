@@ -12,8 +12,10 @@
 // restarted elsewhere, resuming from their checkpoints by resharding) when:
 //   - a job ends earlier or later than planned, or is predicted to from its progress, by more than the tolerance;
 //   - a job fails (it restarts, resuming from its latest checkpoint, up to max_retries times);
-//   - a device disappears (on CPU: a core leaves this process's affinity set, e.g. `taskset -p`); the jobs on it are
-//     stopped with SIGTERM (they save a checkpoint) and placed again on the devices left.
+//   - a device disappears: on CPU, a core leaves this process's affinity set (e.g. `taskset -p`), and the jobs on it
+//     are stopped with SIGTERM (they save a checkpoint); on GPUs, NVML reads the GPU as lost, or reports a hardware
+//     XID or new uncorrected ECC errors on it (gpu_loss_reason), and the jobs on it are killed (they resume from
+//     their latest checkpoint). Either way they are placed again on the devices left.
 // A running job is stopped and moved only when the new plan says so (SIGTERM: it checkpoints and exits 75, then
 // restarts on its new devices).
 //
@@ -28,8 +30,18 @@
 #include "tessera/planner/cluster.h"
 #include "tessera/planner/jobs.h"
 #include "tessera/planner/schedule.h"
+#include "tessera/util/nvml.h"
 
 namespace tessera::planner {
+
+// Why the executor counts a GPU as lost, from NVML's read of it (empty: it does not):
+//   - a critical XID that NVIDIA's XID catalogue puts on the hardware (48 double-bit ECC error, 63/64 ECC page
+//     retirement or row remapping, 74 NVLink error, 79 fallen off the bus, 92 high single-bit ECC rate, 94/95
+//     contained/uncontained ECC error, 119/120 GSP error); XIDs a program causes (13, 31, 43, ...) are its own;
+//   - uncorrected ECC errors above `ecc_before`, the count at the previous read (-1: none known).
+std::string gpu_loss_reason(const util::GpuHealth& health, int64_t ecc_before);
+// Whether an NVML error message says the GPU is gone (NVML_ERROR_GPU_IS_LOST, or its handle is no longer found).
+bool nvml_error_means_gpu_lost(const std::string& message);
 
 struct ExecJob {
   JobSpec spec;

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -22,7 +23,10 @@
 
 #include <fmt/format.h>
 
+#include "tessera/planner/executor.h"
 #include "tessera/planner/profiler.h"
+#include "tessera/util/device.h"
+#include "tessera/util/nvml.h"
 #include "tessera/util/subprocess.h"
 #include "test_util.h"
 #include "tiny_data.h"
@@ -263,3 +267,82 @@ startup_s: 2
 }
 
 }  // namespace
+
+// What makes the executor count a GPU as lost: hardware XIDs and new uncorrected ECC errors, not the XIDs a program
+// causes; and NVML's own "GPU is lost".
+TEST(PlanExecutor, AGpuIsLostOnHardwareXidsNewEccErrorsOrNvmlSayingSo) {
+  tessera::util::GpuHealth h;
+  h.ecc_uncorrected = 0;
+  EXPECT_EQ(tessera::planner::gpu_loss_reason(h, 0), "");
+  h.xids = {13, 31, 43};  // graphics exception, page fault, stopped channel: the program's
+  EXPECT_EQ(tessera::planner::gpu_loss_reason(h, 0), "");
+  h.xids = {13, 79};
+  EXPECT_EQ(tessera::planner::gpu_loss_reason(h, 0), "XID 79 (a hardware error)");
+  h.xids = {48, 94};
+  EXPECT_EQ(tessera::planner::gpu_loss_reason(h, 0), "XID 48, 94 (a hardware error)");
+  h.xids.clear();
+  h.ecc_uncorrected = 2;
+  EXPECT_EQ(tessera::planner::gpu_loss_reason(h, 0), "uncorrected ECC errors rose from 0 to 2");
+  EXPECT_EQ(tessera::planner::gpu_loss_reason(h, 2), "");
+  EXPECT_EQ(tessera::planner::gpu_loss_reason(h, -1), "") << "the first read knows no earlier count";
+  EXPECT_TRUE(tessera::planner::nvml_error_means_gpu_lost(
+      "GPU 00000000:3B:00.0: NVML nvmlDeviceGetUtilizationRates: GPU is lost (error 15)"));
+  EXPECT_TRUE(tessera::planner::nvml_error_means_gpu_lost(
+      "GPU 00000000:3B:00.0: NVML nvmlDeviceGetHandleByPciBusId_v2: Not Found (error 6)"));
+  EXPECT_FALSE(tessera::planner::nvml_error_means_gpu_lost(
+      "GPU 00000000:3B:00.0: NVML nvmlDeviceGetUtilizationRates: Not Supported (error 3)"));
+}
+
+// On a GPU machine: `plan --run` runs a job on a GPU (CUDA_VISIBLE_DEVICES, device=gpu) to its end, and the GPU loss
+// detection reads the healthy GPU through NVML without counting it lost.
+class GpuPlanRun : public PlanRun {};
+
+TEST_F(GpuPlanRun, AJobRunsOnTheGpuAndAHealthyGpuIsNotCountedLost) {
+  if (tessera::util::device_info().cuda_devices == 0) GTEST_SKIP() << "no GPU";
+  std::string why;
+  const std::unique_ptr<tessera::util::Nvml> nvml = tessera::util::Nvml::open(&why);
+  ASSERT_NE(nvml, nullptr) << why;
+  const tessera::util::GpuHealth h = nvml->read(tessera::util::cuda_pci_bus_id(0));
+  EXPECT_EQ(tessera::planner::gpu_loss_reason(h, h.ecc_uncorrected), "");
+  std::ofstream(root_ / "jobs-gpu.yaml") << R"(jobs:
+  - {name: g, recipe: job.yaml, max_duration: 60ba, deadline: 10m, overrides: [device=gpu]}
+)";
+  std::ofstream(root_ / "gpu1.yaml") << R"(nodes: 1
+devices_per_node: 1
+device: {kind: gpu, peak_tflops: 989, memory_gib: 80}
+startup_s: 5
+)";
+  const fs::path work = root_ / "gpu";
+  tessera::util::SpawnOptions o;
+  o.argv = {plan_bin(),
+            "--jobs",
+            (root_ / "jobs-gpu.yaml").string(),
+            "--cluster",
+            (root_ / "gpu1.yaml").string(),
+            "--run",
+            "--work-dir",
+            work.string(),
+            "--json",
+            (root_ / "gpu.json").string(),
+            "--train-bin",
+            tessera::testing::train_bin(),
+            "--time-limit",
+            "5",
+            "--log-level",
+            "info"};
+  o.output_path = (root_ / "gpu.log").string();
+  const tessera::util::ExitStatus st = tessera::util::wait_exit(tessera::util::spawn(o));
+  const std::string out = read_text(root_ / "gpu.log");
+  ASSERT_EQ(st.code, 0) << out;
+  const Json r = Json::parse(read_text(root_ / "gpu.json"))["run"];
+  ASSERT_TRUE(r["ok"].get<bool>()) << out;
+  ASSERT_EQ(r["jobs"][0]["attempts"].size(), 1u) << out;
+  EXPECT_EQ(r["jobs"][0]["attempts"][0]["outcome"].get<std::string>(), "done") << out;
+  EXPECT_EQ(r["jobs"][0]["attempts"][0]["devices"][0].get<int>(), 0);
+  EXPECT_EQ(last_batch(work / "g" / "metrics.jsonl"), 60);
+  EXPECT_EQ(out.find("NVML unavailable"), std::string::npos) << out;
+  EXPECT_EQ(out.find("lost"), std::string::npos) << out;
+  EXPECT_NE(out.find("deadlines: all 1 met"), std::string::npos) << out;
+  // device=gpu with no GPU visible is a configuration error (Gpu.ARankWithoutAGpuOfItsOwnIsAConfigErrorNamingIt), so
+  // the job's success says it trained on the GPU the executor gave it.
+}
