@@ -73,6 +73,31 @@ int64_t last_batch(const fs::path& metrics) {
   return at == std::string::npos ? -1 : std::strtoll(text.c_str() + at + 8, nullptr, 10);
 }
 
+// `plan --run` of jobs file `jobs` on cluster file `cluster` (both in `root`): its work in root/<name>, its JSON in
+// root/<name>.json, its output in root/<name>.log.
+tessera::util::SpawnOptions plan_run(const fs::path& root, const std::string& jobs, const std::string& cluster,
+                                     const std::string& name) {
+  tessera::util::SpawnOptions o;
+  o.argv = {plan_bin(),
+            "--jobs",
+            (root / jobs).string(),
+            "--cluster",
+            (root / cluster).string(),
+            "--run",
+            "--work-dir",
+            (root / name).string(),
+            "--json",
+            (root / (name + ".json")).string(),
+            "--train-bin",
+            tessera::testing::train_bin(),
+            "--time-limit",
+            "5",
+            "--log-level",
+            "info"};
+  o.output_path = (root / (name + ".log")).string();
+  return o;
+}
+
 class PlanRun : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -195,24 +220,7 @@ intra_node: {bandwidth_gbps: 0.0001, latency_us: 100}
 startup_s: 2
 )";
   const fs::path work = root_ / "faults";
-  tessera::util::SpawnOptions o;
-  o.argv = {plan_bin(),
-            "--jobs",
-            (root_ / "jobs2.yaml").string(),
-            "--cluster",
-            (root_ / "cpu2slow.yaml").string(),
-            "--run",
-            "--work-dir",
-            work.string(),
-            "--json",
-            (root_ / "faults.json").string(),
-            "--train-bin",
-            tessera::testing::train_bin(),
-            "--time-limit",
-            "5",
-            "--log-level",
-            "info"};
-  o.output_path = (root_ / "faults.log").string();
+  tessera::util::SpawnOptions o = plan_run(root_, "jobs2.yaml", "cpu2slow.yaml", "faults");
   o.cpus = {cpus[0], cpus[1]};
   const pid_t plan = tessera::util::spawn(o);
   const auto wait_for = [&](const std::function<bool()>& ready, const char* what) {
@@ -313,25 +321,8 @@ device: {kind: gpu, peak_tflops: 989, memory_gib: 80}
 startup_s: 5
 )";
   const fs::path work = root_ / "gpu";
-  tessera::util::SpawnOptions o;
-  o.argv = {plan_bin(),
-            "--jobs",
-            (root_ / "jobs-gpu.yaml").string(),
-            "--cluster",
-            (root_ / "gpu1.yaml").string(),
-            "--run",
-            "--work-dir",
-            work.string(),
-            "--json",
-            (root_ / "gpu.json").string(),
-            "--train-bin",
-            tessera::testing::train_bin(),
-            "--time-limit",
-            "5",
-            "--log-level",
-            "info"};
-  o.output_path = (root_ / "gpu.log").string();
-  const tessera::util::ExitStatus st = tessera::util::wait_exit(tessera::util::spawn(o));
+  const tessera::util::ExitStatus st =
+      tessera::util::wait_exit(tessera::util::spawn(plan_run(root_, "jobs-gpu.yaml", "gpu1.yaml", "gpu")));
   const std::string out = read_text(root_ / "gpu.log");
   ASSERT_EQ(st.code, 0) << out;
   const Json r = Json::parse(read_text(root_ / "gpu.json"))["run"];

@@ -325,6 +325,22 @@ double exhaustive_optimum(const SlotModel& m, int n_jobs, int64_t per_node, int6
   return best;
 }
 
+// Solves a small instance (6 slots) and checks that the solver proved its choice optimal and that it is the optimum
+// of exhaustive search over the same slot model.
+SolveResult solve_small_exactly(const std::vector<PlanJob>& jobs, const Cluster& cluster, Objective objective,
+                                int trial) {
+  SolveOptions options;
+  options.slots = 6;
+  options.time_limit_s = 60;
+  options.objective = objective;
+  const SolveResult r = solve_milp(jobs, cluster, options);
+  EXPECT_TRUE(r.optimal) << "trial " << trial;
+  const double brute =
+      exhaustive_optimum(r.model, static_cast<int>(jobs.size()), cluster.devices_per_node, cluster.nodes);
+  EXPECT_NEAR(r.objective_slots, brute, 1e-9) << "trial " << trial << ", " << r.model.choices.size() << " choices";
+  return r;
+}
+
 TEST(Milp, IsOptimalOnSmallInstancesByExhaustiveSearch) {
   std::mt19937 rng(11);
   int checked = 0;
@@ -340,14 +356,7 @@ TEST(Milp, IsOptimalOnSmallInstancesByExhaustiveSearch) {
     }
     const std::vector<PlanJob> jobs = plan_jobs(profiles, cluster);
     for (Objective objective : {Objective::kMakespan, Objective::kWeightedCompletion}) {
-      SolveOptions options;
-      options.slots = 6;
-      options.time_limit_s = 60;
-      options.objective = objective;
-      const SolveResult r = solve_milp(jobs, cluster, options);
-      ASSERT_TRUE(r.optimal) << "trial " << trial;
-      const double brute = exhaustive_optimum(r.model, 3, cluster.devices_per_node, cluster.nodes);
-      EXPECT_NEAR(r.objective_slots, brute, 1e-9) << "trial " << trial << ", " << r.model.choices.size() << " choices";
+      solve_small_exactly(jobs, cluster, objective, trial);
       ++checked;
     }
   }
@@ -459,16 +468,9 @@ TEST(Milp, WithDeadlinesIsOptimalByExhaustiveSearch) {
           std::uniform_real_distribution<double>(0.4, 1.2)(rng) * makespan;
     }
     for (Objective objective : {Objective::kMakespan, Objective::kWeightedCompletion}) {
-      SolveOptions options;
-      options.slots = 6;
-      options.time_limit_s = 60;
-      options.objective = objective;
-      const SolveResult r = solve_milp(jobs, cluster, options);
-      ASSERT_TRUE(r.optimal) << "trial " << trial;
+      const SolveResult r = solve_small_exactly(jobs, cluster, objective, trial);
       ASSERT_TRUE(check_schedule(r.schedule, jobs, cluster).empty());
       EXPECT_GT(r.model.late_weight, 0);
-      EXPECT_NEAR(r.objective_slots, exhaustive_optimum(r.model, 3, cluster.devices_per_node, cluster.nodes), 1e-9)
-          << "trial " << trial;
       const Schedule greedy = best_greedy_schedule(jobs, cluster, objective);
       EXPECT_LE(r.schedule.lateness_s(jobs), greedy.lateness_s(jobs) + 1e-6) << "trial " << trial;
       // A plan on time in its slots is on time in seconds (jobs start no later than their slots).
