@@ -194,8 +194,7 @@ int run(int argc, char** argv) {
       "within {:.1f}% of that\n",
       human_time(lower), 100 * (plan_makespan / lower - 1));
   std::cout << "\nAgainst the naive policies:\n";
-  const bool deadlines =
-      std::any_of(jobs.begin(), jobs.end(), [](const planner::PlanJob& j) { return j.profile.has_deadline(); });
+  const bool deadlines = planner::any_deadline(jobs);
   for (const planner::Schedule& b : baselines) {
     std::cout << fmt::format("  {:<22} makespan {:>10}   the plan is {:5.1f}% shorter{}\n", b.policy,
                              human_time(b.makespan_s()), 100 * (1 - plan_makespan / b.makespan_s()),

@@ -69,12 +69,13 @@ std::vector<SlotPlacement> greedy_in_slots(const Schedule& greedy, const std::ve
 
 }  // namespace
 
+int64_t SlotModel::late_slots(const Choice& c) const {
+  return std::max<int64_t>(0, c.start + c.length - deadline_slots[static_cast<size_t>(c.job)]);
+}
+
 int64_t SlotModel::late_slots_of(const std::vector<int>& selected) const {
   int64_t late = 0;
-  for (int i : selected) {
-    const Choice& c = choices[static_cast<size_t>(i)];
-    late += std::max<int64_t>(0, c.start + c.length - deadline_slots[static_cast<size_t>(c.job)]);
-  }
+  for (int i : selected) late += late_slots(choices[static_cast<size_t>(i)]);
   return late;
 }
 
@@ -117,15 +118,13 @@ SlotModel slot_model_around(const std::vector<PlanJob>& jobs, const Cluster& clu
   m.slot_s = greedy.makespan_s() / static_cast<double>(std::max<int64_t>(1, slots));
   const std::vector<SlotPlacement> g = greedy_in_slots(greedy, jobs, cluster, m.slot_s, &m.horizon);
   for (const PlanJob& j : jobs) m.weights.push_back(j.profile.weight);
-  bool deadlines = false;
   for (const PlanJob& j : jobs) {
-    deadlines = deadlines || j.profile.has_deadline();
     // The last slot end at or before the deadline (a deadline past the horizon cannot be missed).
     const double last = j.profile.deadline_s / m.slot_s + 1e-9;
     m.deadline_slots.push_back(last > static_cast<double>(m.horizon) ? m.horizon + 1
                                                                      : static_cast<int64_t>(std::floor(last)));
   }
-  if (deadlines) {
+  if (any_deadline(jobs)) {
     // Above the objective's range: the makespan is at most the horizon (and the tie-breaking term below half a
     // slot), the weighted sum at most the weights' sum times it.
     const double weights = std::accumulate(m.weights.begin(), m.weights.end(), 0.0);
@@ -244,8 +243,7 @@ SolveResult solve_milp(const std::vector<PlanJob>& jobs, const Cluster& cluster,
   for (int i = 0; i < n_choices; ++i) {
     const SlotModel::Choice& c = m.choices[static_cast<size_t>(i)];
     const double end = static_cast<double>(c.start + c.length);
-    const double late = m.late_weight * static_cast<double>(std::max<int64_t>(
-                                            0, c.start + c.length - m.deadline_slots[static_cast<size_t>(c.job)]));
+    const double late = m.late_weight * static_cast<double>(m.late_slots(c));
     start.push_back(static_cast<CoinBigIndex>(index.size()));
     index.push_back(c.job);
     value.push_back(1.0);

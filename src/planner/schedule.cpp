@@ -316,11 +316,11 @@ Schedule greedy_capped(const std::vector<PlanJob>& jobs, const Cluster& cluster,
   return in_job_order("greedy largest first", std::move(out));
 }
 
+}  // namespace
+
 bool any_deadline(const std::vector<PlanJob>& jobs) {
   return std::any_of(jobs.begin(), jobs.end(), [](const PlanJob& j) { return j.profile.has_deadline(); });
 }
-
-}  // namespace
 
 Schedule greedy_schedule(const std::vector<PlanJob>& jobs, const Cluster& cluster) {
   return greedy_capped(jobs, cluster, cluster.devices(), any_deadline(jobs));

@@ -54,6 +54,9 @@ enum class Objective { kMakespan, kWeightedCompletion };
 // (makespan, or weighted completion time).
 bool better_schedule(const Schedule& a, const Schedule& b, const std::vector<PlanJob>& jobs, Objective objective);
 
+// Whether any of the jobs has a deadline.
+bool any_deadline(const std::vector<PlanJob>& jobs);
+
 // Every constraint a schedule must meet: each job placed once, in one of its options, on exactly that option's
 // device count, within one node unless the option spans nodes (then on whole nodes), for exactly its duration, a
 // running job's continuing option on its devices from time 0, and no device used by two jobs at once. Returns the
@@ -101,6 +104,8 @@ struct SlotModel {
   std::vector<int64_t> deadline_slots;
   double late_weight = 0;
 
+  // The slots by which a choice ends after its job's deadline (0 when on time).
+  int64_t late_slots(const Choice& c) const;
   // The slots by which a selection's jobs end after their deadlines, summed.
   int64_t late_slots_of(const std::vector<int>& selected) const;
   // The objective in slots of a selection (one choice per job): late_weight x late slots, plus the makespan or the
