@@ -14,11 +14,13 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -299,6 +301,31 @@ TEST(PlanExecutor, AGpuIsLostOnHardwareXidsNewEccErrorsOrNvmlSayingSo) {
       "GPU 00000000:3B:00.0: NVML nvmlDeviceGetHandleByPciBusId_v2: Not Found (error 6)"));
   EXPECT_FALSE(tessera::planner::nvml_error_means_gpu_lost(
       "GPU 00000000:3B:00.0: NVML nvmlDeviceGetUtilizationRates: Not Supported (error 3)"));
+}
+
+// The run report's last line names the jobs that ended after their deadlines, and leaves jobs without one out.
+TEST(PlanExecutor, TheReportNamesTheJobsThatMissedTheirDeadlines) {
+  tessera::planner::ExecReport r;
+  r.planned_makespan_s = 10;
+  r.makespan_s = 12;
+  r.ok = true;
+  for (const auto& [name, end, deadline] : {std::tuple<const char*, double, double>{"a", 8, 9},
+                                            {"b", 12, 10},
+                                            {"c", 11, std::numeric_limits<double>::infinity()}}) {
+    tessera::planner::ExecJobReport j;
+    j.name = name;
+    j.end_s = end;
+    j.done = true;
+    j.deadline_s = deadline;
+    r.jobs.push_back(j);
+  }
+  const std::string text = tessera::planner::render_report(r);
+  EXPECT_NE(text.find("deadlines: 1 of 2 missed: b ended at 12.0 s, 2.0 s after its deadline\n"), std::string::npos)
+      << text;
+  r.jobs[1].done = false;
+  EXPECT_NE(tessera::planner::render_report(r).find("deadlines: 1 of 2 missed: b did not finish"), std::string::npos);
+  r.jobs[1].deadline_s = std::numeric_limits<double>::infinity();
+  EXPECT_NE(tessera::planner::render_report(r).find("deadlines: all 1 met"), std::string::npos);
 }
 
 // On a GPU machine: `plan --run` runs a job on a GPU (CUDA_VISIBLE_DEVICES, device=gpu) to its end, and the GPU loss
