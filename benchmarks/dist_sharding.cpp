@@ -117,7 +117,7 @@ nlohmann::json run_config(const Args& a, const std::string& strategy, int n, boo
   const std::string out = (dir / fmt::format("{}_{}_{}", strategy, n, overlap)).string();
   dist::LaunchOptions lo;
   lo.nproc_per_node = n;
-  lo.master_port = dist::free_local_port();
+  lo.master_port = 0;  // the launcher binds a free port
   lo.argv = {fs::read_symlink("/proc/self/exe").string(),
              "--worker",
              "--strategy",

@@ -59,8 +59,9 @@ int run(int argc, char** argv) {
   app.add_option("--nproc-per-node", nproc_per_node,
                  "Split the evaluation over this many local ranks (the launcher; also runs under torchrun or srun)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--master-port", launch.master_port, "Rendezvous port (with --nproc-per-node; default 29500)")
-      ->check(CLI::Range(1, 65535));
+  app.add_option("--master-port", launch.master_port,
+                 "Rendezvous port (with --nproc-per-node; default 29500; 0: the launcher binds a free port)")
+      ->check(CLI::Range(0, 65535));
   if (auto code = tessera::util::parse_command_line(app, argc, argv)) return *code;
   if (nproc_per_node > 0) {
     tessera::util::init_logging(log_level);

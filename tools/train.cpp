@@ -131,8 +131,9 @@ int run(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--master-addr", launch.master_addr, "Address of node 0 (with --nproc-per-node; default 127.0.0.1)");
   app.add_option("--master-port", launch.master_port,
-                 "Rendezvous port on node 0 (with --nproc-per-node; default 29500)")
-      ->check(CLI::Range(1, 65535));
+                 "Rendezvous port on node 0 (with --nproc-per-node; default 29500; 0: one node, the launcher binds a "
+                 "free port and hands it to rank 0)")
+      ->check(CLI::Range(0, 65535));
   app.add_option("--rdzv-endpoint", launch.rdzv_endpoint,
                  "Elastic job (--nnodes MIN:MAX): HOST:PORT of the rendezvous, run by the launcher with --rdzv-host");
   app.add_flag("--rdzv-host", launch.rdzv_host,
@@ -152,6 +153,10 @@ int run(int argc, char** argv) {
                  "Seconds without progress (no rank's heartbeat changed) after which the launcher reports the stuck "
                  "rank and stops the job, then restarts it if --max-restarts allows (launcher; implies "
                  "--nproc-per-node 1 when that is not given; default 0: off)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--stop-grace", launch.stop_grace_seconds,
+                 "After a rank fails or hangs, or on a signal: seconds the other ranks get to exit after SIGTERM "
+                 "before the launcher SIGKILLs them (launcher; default 5)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--watchdog-step-multiple", launch.watchdog_step_multiple,
                  "Derive the watchdog's timeout from the job's pace: this many times the longest step seen, and at "

@@ -15,6 +15,7 @@
 #include <optional>
 
 #include "backend.h"
+#include "tessera/dist/launcher.h"
 #include "tessera/util/heartbeat.h"
 
 namespace tessera::dist {
@@ -147,6 +148,12 @@ std::shared_ptr<Communicator> Communicator::connect(const Rendezvous& rv, const 
   const bool agent_store = agent != nullptr && std::string(agent) == "True";
   so.isServer = rv.rank == 0 && !agent_store;
   if (!agent_store) so.numWorkers = static_cast<size_t>(rv.world_size);
+  // `train --master-port 0`: the launcher bound the port and passed its listening socket to rank 0; the store takes
+  // it over (once per process: the variable goes with it).
+  if (const char* fd = std::getenv(kMasterListenFdEnv); fd != nullptr && so.isServer) {
+    so.masterListenFd = std::atoi(fd);
+    unsetenv(kMasterListenFdEnv);
+  }
   const util::HeartbeatScope waiting(
       fmt::format("rendezvous with {} ranks at {}:{}", rv.world_size, rv.master_addr, rv.master_port));
   try {

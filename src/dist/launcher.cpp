@@ -234,6 +234,9 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank
       {"TESSERA_LAUNCHED", "1"},
   };
   if (o.min_nodes > 0) set.emplace_back("TESSERA_NODE_ID", o.node_id);
+  if (o.master_listen_fd >= 0 && o.node_rank * o.nproc_per_node + local_rank == 0) {
+    set.emplace_back(kMasterListenFdEnv, std::to_string(o.master_listen_fd));
+  }
   set.insert(set.end(), extra.begin(), extra.end());
   // Ranks share this machine's cores (torchrun sets 1; an even split keeps a small job from idling cores).
   if (std::getenv("OMP_NUM_THREADS") == nullptr) {
@@ -246,7 +249,9 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank
 // The child between fork and exec: async-signal-safe calls only (the caller may have other threads, whose locks a
 // forked child inherits held). Signals are blocked on entry. On exec failure, reports errno through status_fd.
 [[noreturn]] void exec_rank(char* const* argv, char* const* envp, int out_fd, int err_fd, int status_fd, pid_t launcher,
-                            const SignalGuard& signals) {
+                            const SignalGuard& signals, int inherit_fd) {
+  // The one descriptor this rank keeps across exec (rank 0: the rendezvous's listening socket), or -1.
+  if (inherit_fd >= 0) ::fcntl(inherit_fd, F_SETFD, 0);
   // A session of its own (torchrun's start_new_session): the launcher signals the rank's whole process group, and
   // terminal job control never stops a rank that touches the terminal. In exchange terminal signals no longer reach it
   // directly: the launcher forwards them, and if the launcher itself is killed the rank gets SIGKILL.
@@ -328,7 +333,8 @@ class Job {
     sigfillset(&all);
     ::pthread_sigmask(SIG_SETMASK, &all, &before);
     const pid_t pid = ::fork();
-    if (pid == 0) exec_rank(argv.data(), envp.data(), out[1], err[1], status[1], launcher, signals);
+    const int inherit_fd = rank == 0 ? o_.master_listen_fd : -1;
+    if (pid == 0) exec_rank(argv.data(), envp.data(), out[1], err[1], status[1], launcher, signals, inherit_fd);
     const int fork_errno = errno;
     ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
     for (int fd : {out[1], err[1], status[1]}) ::close(fd);
@@ -515,8 +521,13 @@ void validate(const LaunchOptions& o) {
   }
   if (o.argv.empty() || o.argv[0].empty()) throw ConfigError("launch", "no program to run");
   if (o.master_addr.empty()) throw ConfigError("launch", "--master-addr is empty");
-  if (o.master_port < 1 || o.master_port > 65535) {
+  if (o.master_port < 0 || o.master_port > 65535) {
     throw ConfigError("launch", fmt::format("--master-port {} is not a TCP port", o.master_port));
+  }
+  if (o.master_port == 0 && (o.nnodes > 1 || o.min_nodes > 0)) {
+    throw ConfigError("launch",
+                      "--master-port 0 (a port the launcher picks) works for one node only: the other nodes "
+                      "need to know the port; give every node the same --master-port");
   }
   if (!std::isfinite(o.stop_grace_seconds) || o.stop_grace_seconds < 0) {
     throw ConfigError(
@@ -602,16 +613,36 @@ Ending run_attempt(const LaunchOptions& o, int restarts, const SignalGuard& sign
 
 }  // namespace detail
 
-int launch(const LaunchOptions& o) {
-  validate(o);
-  SignalGuard signals(o.preemption_signals);  // before Job: the ranks are gone by the time the caller's handlers return
-  std::optional<Watchdog> watchdog;
-  if (o.min_nodes > 0) {
-    log_supervisor(o);
-    if (watchdog_seconds(o) > 0) watchdog.emplace(watchdog_seconds(o), o.max_nodes > 1, o.watchdog_step_multiple);
-    if (o.rdzv_host) return detail::run_rendezvous_host(o, signals, watchdog ? &*watchdog : nullptr);
-    return detail::run_agent(o, signals, watchdog ? &*watchdog : nullptr);
+namespace {
+
+// The rendezvous port of `--master-port 0`: a listening TCP socket on every interface, bound to a port the kernel
+// chose, open (close-on-exec; rank 0 inherits it through exec_rank) until the launch returns.
+struct ListeningSocket {
+  int fd = -1;
+  int port = 0;
+  ListeningSocket() = default;
+  ListeningSocket(const ListeningSocket&) = delete;
+  ListeningSocket& operator=(const ListeningSocket&) = delete;
+  ~ListeningSocket() {
+    if (fd >= 0) ::close(fd);
   }
+  void bind_any_port() {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) throw Error("launch", fmt::format("--master-port 0: socket: {}", std::strerror(errno)));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    socklen_t len = sizeof(a);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(fd, SOMAXCONN) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      throw Error("launch", fmt::format("--master-port 0: could not bind a port: {}", std::strerror(errno)));
+    }
+    port = ntohs(a.sin_port);
+  }
+};
+
+// One node's launch, not elastic: attempts until one succeeds, stops for good, or the restarts run out.
+int launch_one_node(const LaunchOptions& o, const SignalGuard& signals, std::optional<Watchdog>& watchdog) {
   spdlog::info("[launch] {} ranks on node {} of {} (ranks {}..{} of {}), rendezvous at {}:{}", o.nproc_per_node,
                o.node_rank, o.nnodes, o.node_rank * o.nproc_per_node, (o.node_rank + 1) * o.nproc_per_node - 1,
                o.nnodes * o.nproc_per_node, o.master_addr, o.master_port);
@@ -651,6 +682,28 @@ int launch(const LaunchOptions& o) {
     }
     spdlog::warn("[launch] restart {}/{} after {}", restarts + 1, o.max_restarts, end.cause);
   }
+}
+
+}  // namespace
+
+int launch(const LaunchOptions& o) {
+  validate(o);
+  SignalGuard signals(o.preemption_signals);  // before Job: the ranks are gone by the time the caller's handlers return
+  std::optional<Watchdog> watchdog;
+  if (o.min_nodes > 0) {
+    log_supervisor(o);
+    if (watchdog_seconds(o) > 0) watchdog.emplace(watchdog_seconds(o), o.max_nodes > 1, o.watchdog_step_multiple);
+    if (o.rdzv_host) return detail::run_rendezvous_host(o, signals, watchdog ? &*watchdog : nullptr);
+    return detail::run_agent(o, signals, watchdog ? &*watchdog : nullptr);
+  }
+  if (o.master_port != 0) return launch_one_node(o, signals, watchdog);
+  // --master-port 0: bind the port here and keep it bound for every attempt; rank 0's store takes the socket over.
+  ListeningSocket bound;
+  bound.bind_any_port();
+  LaunchOptions with_port = o;
+  with_port.master_port = bound.port;
+  with_port.master_listen_fd = bound.fd;
+  return launch_one_node(with_port, signals, watchdog);
 }
 
 int free_local_port() {

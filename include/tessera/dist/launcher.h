@@ -13,7 +13,11 @@ struct LaunchOptions {
   int nnodes = 1;                         // nodes in the job (>= 1)
   int node_rank = 0;                      // this node's index, in [0, nnodes)
   std::string master_addr = "127.0.0.1";  // rendezvous host (node 0)
-  int master_port = 29500;                // rendezvous TCP port
+  // Rendezvous TCP port. 0 (one node, not elastic): the launcher binds a free port itself and hands the listening
+  // socket to rank 0's store (TESSERA_MASTER_LISTEN_FD), so no other process can take the port between its choice and
+  // its use, as a probed "free" port can be (torchrun --standalone).
+  int master_port = 29500;
+  int master_listen_fd = -1;      // internal: the socket launch() bound for master_port 0
   std::vector<std::string> argv;  // program and arguments every rank runs (argv[0]: the executable, found in PATH)
   double stop_grace_seconds = 5;  // seconds; after a failure: SIGTERM the other ranks, SIGKILL those left after this
   bool prefix_output = true;      // prefix each line a rank prints with "[rank R] "
@@ -48,6 +52,10 @@ struct LaunchOptions {
   double rdzv_timeout_seconds = 600;  // waiting for min_nodes nodes, or for the rendezvous host to answer
   double rdzv_last_call_seconds = 3;  // first attempt: once min_nodes have joined, wait this long for more
 };
+
+// The variable naming, in rank 0 of a launch with master_port 0, the descriptor of the rendezvous's bound listening
+// socket (Communicator::connect takes it over for the store).
+inline constexpr const char* kMasterListenFdEnv = "TESSERA_MASTER_LISTEN_FD";
 
 // The timeout's floor under `watchdog_step_multiple` when no watchdog_timeout_seconds is given: long enough for a first
 // checkpoint save or evaluation before the watchdog has seen one.
