@@ -2,7 +2,9 @@
 #pragma once
 
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +27,33 @@ inline const char* source_dir() {
 inline const char* train_bin() {
   const char* env = std::getenv("TESSERA_TRAIN_BIN");
   return env != nullptr && *env != 0 ? env : TESSERA_BUILT_TRAIN_BIN;
+}
+
+// How many times longer than on an idle machine with an uninstrumented build a test allows real processes to take:
+// the one knob for every grace, window and upper time bound in the tests (docs/testing.md#flakes). It is
+// TESSERA_TEST_TIME_SCALE (default 1), times 3 in a sanitizer build (ASan's and TSan's processes start, run and exit
+// slower; ASan's leak check runs at every exit), times the machine's load per core (the 1-minute load average over the
+// cores online) when that is above 1, at most 4x. Read once per process. Only upper bounds scale: a test that checks
+// that something did not happen too early keeps its bound.
+inline double time_scale() {
+  static const double scale = [] {
+    double s = 1;
+    if (const char* env = std::getenv("TESSERA_TEST_TIME_SCALE"); env != nullptr && *env != 0) {
+      s = std::max(1.0, std::atof(env));
+    }
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    s *= 3;
+#endif
+    double load = 0;
+    if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+      if (std::fscanf(f, "%lf", &load) != 1) load = 0;
+      std::fclose(f);
+    }
+    const double cores = static_cast<double>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+    s *= std::clamp(load / cores, 1.0, 4.0);
+    return s;
+  }();
+  return scale;
 }
 
 // A shell command's exit code (-1 when a signal ended it) and its output, stdout and stderr together.

@@ -29,6 +29,7 @@
 #include "tessera/dist/launcher.h"
 #include "tessera/util/error.h"
 #include "tessera/util/preemption.h"
+#include "test_util.h"
 
 extern char** environ;
 
@@ -36,6 +37,8 @@ namespace fs = std::filesystem;
 using tessera::dist::launch;
 using tessera::dist::LaunchOptions;
 using Clock = std::chrono::steady_clock;
+// Every upper time bound here is this many times the bound on an idle machine (docs/testing.md#flakes).
+const double kScale = tessera::testing::time_scale();
 
 namespace {
 
@@ -169,7 +172,7 @@ bool running(pid_t pid) {
 
 // Waits up to two seconds (a SIGKILL takes effect asynchronously) for pid to stop running.
 bool ends_soon(pid_t pid) {
-  const auto deadline = Clock::now() + std::chrono::seconds(2);
+  const auto deadline = Clock::now() + std::chrono::duration<double>(2 * kScale);
   while (running(pid) && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   return !running(pid);
 }
@@ -243,7 +246,7 @@ TEST(Launcher, AFailingRankStopsTheOthersAndGivesItsExitCode) {
             3),
       dir);
   EXPECT_EQ(r.rc, 3);
-  EXPECT_LT(r.seconds, 15);
+  EXPECT_LT(r.seconds, 15 * kScale);
   EXPECT_NE(r.log.find(fmt::format("rank 1 (pid {}) exited with code 3", read_pid(dir.path() / "pid_1"))),
             std::string::npos)
       << r.log;
@@ -267,7 +270,7 @@ TEST(Launcher, ARankKilledBySignalGives128PlusTheSignal) {
                                            2),
                                      dir);
   EXPECT_EQ(r.rc, 128 + SIGKILL);
-  EXPECT_LT(r.seconds, 15);
+  EXPECT_LT(r.seconds, 15 * kScale);
   const pid_t victim = read_pid(dir.path() / "pid_0");
   EXPECT_NE(r.log.find(fmt::format("rank 0 (pid {}) was killed by signal 9 ({})", victim, strsignal(SIGKILL))),
             std::string::npos)
@@ -343,7 +346,7 @@ TEST(Launcher, ForwardsSignalsAndRestoresTheHandlers) {
             2),
       dir);
   EXPECT_EQ(r.rc, 128 + SIGTERM);
-  EXPECT_LT(r.seconds, 5);
+  EXPECT_LT(r.seconds, 5 * kScale);
   EXPECT_NE(r.log.find("forwarding signal 15"), std::string::npos) << r.log;
   EXPECT_TRUE(ends_soon(read_pid(dir.path() / "sleep_1")));
   struct sigaction after {};
@@ -380,7 +383,7 @@ TEST(Launcher, RanksDieWithTheLauncher) {
         shell("echo $$ > $TEST_DIR/tmp_$RANK && mv $TEST_DIR/tmp_$RANK $TEST_DIR/pid_$RANK && exec sleep 60", 2);
     ::_exit(launch(o));
   }
-  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  const auto deadline = Clock::now() + std::chrono::duration<double>(5 * kScale);
   while ((!fs::exists(dir.path() / "pid_0") || !fs::exists(dir.path() / "pid_1")) && Clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -471,7 +474,7 @@ TEST(Launcher, RestartsAfterACrashAndSucceeds) {
   o.max_restarts = 3;
   const Outcome r = launch_capturing(o, dir);
   EXPECT_EQ(r.rc, 0) << r.log;
-  EXPECT_LT(r.seconds, 10);
+  EXPECT_LT(r.seconds, 10 * kScale);
   EXPECT_NE(r.log.find(fmt::format("restart 1/3 after rank 1 (pid {}) was killed by signal 9 ({})",
                                    read_pid(dir.path() / "pid_1"), strsignal(SIGKILL))),
             std::string::npos)
@@ -492,7 +495,7 @@ TEST(Launcher, GivesUpWhenTheRestartsAreUsedUp) {
   o.max_restarts = 2;
   const Outcome r = launch_capturing(o, dir);
   EXPECT_EQ(r.rc, 3) << r.log;
-  EXPECT_LT(r.seconds, 10);
+  EXPECT_LT(r.seconds, 10 * kScale);
   for (int attempt = 0; attempt < 4; ++attempt) {
     for (int rank : {0, 1}) {
       EXPECT_EQ(fs::exists(dir.path() / fmt::format("ran_{}_{}", rank, attempt)), attempt <= 2)
@@ -519,7 +522,7 @@ TEST(Launcher, WatchdogNamesTheStuckRankAndStopsTheJob) {
   const Outcome r = launch_capturing(o, dir);
   EXPECT_EQ(r.rc, tessera::dist::kLaunchHangExitCode) << r.log;
   EXPECT_EQ(r.rc, 124);
-  EXPECT_LT(r.seconds, 8);
+  EXPECT_LT(r.seconds, 8 * kScale);
   EXPECT_NE(r.log.find("hang: no rank made progress for "), std::string::npos) << r.log;
   EXPECT_NE(r.log.find("rank 1 is stuck outside any collective (last: \"batch 4\", "), std::string::npos) << r.log;
   EXPECT_NE(r.log.find("rank 0 is waiting in all_reduce of 1 Double elements ("), std::string::npos) << r.log;
@@ -554,7 +557,7 @@ TEST(Launcher, WatchdogDerivesItsTimeoutFromTheLongestStep) {
   // 0.3 s floor, nor after 8 x the 1.9 s the evaluation made of one interval.
   const double caught = now - last_beat;
   EXPECT_GT(caught, 3.0) << r.log;
-  EXPECT_LT(caught, 12.0) << r.log;
+  EXPECT_LT(caught, 12.0 * kScale) << r.log;
   const size_t at = r.log.find("hang: no rank made progress for ");
   ASSERT_NE(at, std::string::npos) << r.log;
   const std::string line = r.log.substr(at, r.log.find('\n', at) - at);
@@ -573,7 +576,7 @@ TEST(Launcher, WatchdogCatchesAJobThatNeverBeats) {
   const Outcome r = launch_capturing(o, dir);
   EXPECT_EQ(r.rc, 124) << r.log;
   EXPECT_GT(r.seconds, 2.9);
-  EXPECT_LT(r.seconds, 8);
+  EXPECT_LT(r.seconds, 8 * kScale);
   EXPECT_NE(r.log.find("no rank wrote a heartbeat within"), std::string::npos) << r.log;
   EXPECT_NE(r.log.find("rank 0 has not written a heartbeat"), std::string::npos) << r.log;
   EXPECT_NE(r.log.find("rank 1 has not written a heartbeat"), std::string::npos) << r.log;
@@ -593,7 +596,7 @@ TEST(Launcher, RestartsAfterAHang) {
   o.max_restarts = 1;
   const Outcome r = launch_capturing(o, dir);
   EXPECT_EQ(r.rc, 0) << r.log;
-  EXPECT_LT(r.seconds, 8);
+  EXPECT_LT(r.seconds, 8 * kScale);
   EXPECT_NE(r.log.find("rank 0 is waiting in barrier"), std::string::npos) << r.log;
   EXPECT_NE(r.log.find("restart 1/1 after a hang: no rank made progress for "), std::string::npos) << r.log;
   EXPECT_NE(r.log.find("(suspect: rank 1)"), std::string::npos) << r.log;
@@ -614,7 +617,7 @@ TEST(Launcher, AForwardedSignalIsNotRestarted) {
   o.watchdog_timeout_seconds = 30;
   const Outcome r = launch_capturing(o, dir);
   EXPECT_EQ(r.rc, 128 + SIGTERM) << r.log;
-  EXPECT_LT(r.seconds, 5);
+  EXPECT_LT(r.seconds, 5 * kScale);
   EXPECT_NE(r.log.find("forwarding signal 15"), std::string::npos) << r.log;
   EXPECT_EQ(r.log.find("restart 1/"), std::string::npos) << r.log;
   for (int rank : {0, 1}) EXPECT_EQ(read_launcher_log(dir.path() / fmt::format("runs_{}", rank)), "0\n") << rank;
@@ -850,15 +853,19 @@ TEST(Elastic, FewerThanMinNodesEndsTheJobNamingTheExcludedOnes) {
   ElasticSetup setup;
   setup.port = tessera::dist::free_local_port();
   setup.nnodes = "2:2";
-  setup.rdzv_timeout = 1;
+  // Long enough for node b to start and join (a test process loading LibTorch: seconds on a loaded machine); it is
+  // also how long the host then waits for a second node once b is gone.
+  setup.rdzv_timeout = std::round(5 * kScale);
   setup.script = kRecordAttempt + "exec sleep 60";
   std::vector<ElasticNode> nodes = start_nodes(dir, {"a", "b"}, setup);
   NodeReaper reaper{{&nodes[0], &nodes[1]}};
   ASSERT_TRUE(wait_until([&] { return fs::exists(dir.path() / "runs_b"); }, 60)) << nodes[0].text();
   ::kill(nodes[1].pid, SIGKILL);
-  EXPECT_EQ(exit_code(nodes[0], 30), 1) << nodes[0].text();
+  EXPECT_EQ(exit_code(nodes[0], 30 + setup.rdzv_timeout), 1) << nodes[0].text();
   const std::string host = nodes[0].text();
-  EXPECT_NE(host.find("only 1 of the 2 nodes the job needs (--nnodes 2:2) joined within 1 s; excluded nodes: b (lost)"),
+  EXPECT_NE(host.find(fmt::format("only 1 of the 2 nodes the job needs (--nnodes 2:2) joined within {} s; excluded "
+                                  "nodes: b (lost)",
+                                  setup.rdzv_timeout)),
             std::string::npos)
       << host;
   EXPECT_EQ(read_launcher_log(dir.path() / "runs_a"), "0 0 2 0\n");
@@ -869,7 +876,9 @@ TEST(Elastic, TheHostRefusesANodeThatDoesNotFitNamingIt) {
   ElasticSetup setup;
   setup.port = tessera::dist::free_local_port();
   setup.nnodes = "2:2";
-  setup.rdzv_timeout = 3;
+  // Long enough for both refused nodes to start and reach the host (seconds each on a loaded machine) before it gives
+  // up waiting for a second node.
+  setup.rdzv_timeout = std::round(10 * kScale);
   setup.script = "true";
   ElasticNode a = start_node(dir, "a", true, setup);
   NodeReaper reaper{{&a}};
@@ -888,6 +897,6 @@ TEST(Elastic, TheHostRefusesANodeThatDoesNotFitNamingIt) {
   EXPECT_NE(a2.text().find("a node named a is already in the job (give each launcher its own --node-id)"),
             std::string::npos)
       << a2.text();
-  EXPECT_EQ(exit_code(a, 30), 1) << a.text();
+  EXPECT_EQ(exit_code(a, 30 + setup.rdzv_timeout), 1) << a.text();
   EXPECT_NE(a.text().find("only 1 of the 2 nodes the job needs"), std::string::npos) << a.text();
 }

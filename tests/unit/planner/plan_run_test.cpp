@@ -226,7 +226,8 @@ startup_s: 2
   o.cpus = {cpus[0], cpus[1]};
   const pid_t plan = tessera::util::spawn(o);
   const auto wait_for = [&](const std::function<bool()>& ready, const char* what) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(120 * tessera::testing::time_scale());
     while (!ready()) {
       ASSERT_FALSE(tessera::util::poll_exit(plan).has_value()) << "plan ended before " << what << ":\n"
                                                                << read_text(root_ / "faults.log");
