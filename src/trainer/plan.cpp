@@ -173,7 +173,9 @@ std::string render_plan(const TrainConfig& cfg, const Plan& plan, const std::str
        fmt::format("{:.4g} GFLOP (6N + 12 L d S, S = {})", plan.flops_per_token / 1e9, plan.seq_len));
   line("FLOPs per step",
        fmt::format("{:.4g} PFLOP", plan.flops_per_token * static_cast<double>(plan.tokens_per_step) / 1e15));
-  line("precision", to_string(cfg.precision));
+  line("precision", cfg.precision_auto ? "auto (amp_bf16 on a GPU or a CPU with native bf16, else fp32; planned as "
+                                         "amp_bf16)"
+                                       : to_string(cfg.precision));
   line("optimizer",
        fmt::format("{} (lr {:g}), scheduler {}", cfg.optimizer.name, cfg.optimizer.lr, cfg.scheduler.name));
   line("max duration", cfg.max_duration.str());

@@ -248,7 +248,9 @@ TrainConfig parse_train_config(config::Value resolved, const std::string& path) 
   cfg.device_eval_batch_size = root.require_int("device_eval_batch_size");
   root.check(cfg.device_eval_batch_size > 0, "device_eval_batch_size", "must be positive");
 
-  const std::string precision = root.get_choice("precision", "amp_bf16", {"fp32", "amp_bf16", "amp_fp16", "amp_fp8"});
+  const std::string precision =
+      root.get_choice("precision", "amp_bf16", {"fp32", "amp_bf16", "amp_fp16", "amp_fp8", "auto"});
+  cfg.precision_auto = precision == "auto";
   if (precision == "fp32") cfg.precision = Precision::kFp32;
   if (precision == "amp_fp16") cfg.precision = Precision::kAmpFp16;
   if (precision == "amp_fp8") root.not_supported("precision", "amp_fp8");

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "test_util.h"
+#include "tiny_data.h"
 
 namespace {
 
@@ -275,3 +276,46 @@ TEST(TrainCli, UnregisteredComponentNamesListTheRegisteredOnes) {
 }
 
 }  // namespace
+
+namespace {
+
+// A tiny MPT recipe over a tiny MDS split in a fresh directory, for runs of the `train` binary.
+std::string tiny_recipe(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / "tessera_cli" / name;
+  ::tessera::testing::write_token_split(dir / "data" / "train", 32, 1);
+  const std::string path = (dir / "tiny.yaml").string();
+  std::ofstream(path) << "max_seq_len: 32\n"
+                         "model: {name: mpt_causal_lm, d_model: 32, n_heads: 2, n_layers: 2, expansion_ratio: 2,\n"
+                         "        max_seq_len: 32, vocab_size: 64, attn_config: {attn_impl: torch}}\n"
+                         "tokenizer: {name: unused}\n"
+                         "train_loader: {name: text, dataset: {local: "
+                      << (dir / "data").string()
+                      << ", split: train, max_seq_len: 32}, drop_last: true}\n"
+                         "optimizer: {name: decoupled_adamw, lr: 0.01}\n"
+                         "scheduler: {name: constant_with_warmup, t_warmup: 0ba}\n"
+                         "max_duration: 1ba\n"
+                         "eval_interval: 0\n"
+                         "global_train_batch_size: 8\n"
+                         "device_eval_batch_size: 8\n"
+                         "device: cpu\n"
+                         "callbacks: {speed_monitor: {window_size: 1}}\n";
+  return path;
+}
+
+}  // namespace
+
+// Issue 37: on a CPU that only emulates bf16 (~50x slower than fp32), `precision: auto` trains in fp32, and an explicit
+// amp_bf16 run is warned about by the speed monitor with the measured figures. LibTorch restricted to AVX2
+// (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA) emulates bf16 on any x86 CPU, so this holds on every machine.
+TEST(TrainCli, OnACpuThatEmulatesBf16AutoPicksFp32AndAmpBf16IsWarnedAbout) {
+  const std::string recipe = tiny_recipe("emulated_bf16");
+  const std::string avx2 = "ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 OMP_NUM_THREADS=1 ";
+  const Result autop = ::tessera::testing::run_command(avx2 + kTrain + " --recipe " + recipe + " precision=auto");
+  ASSERT_EQ(autop.exit_code, 0) << autop.output;
+  EXPECT_NE(autop.output.find("precision: auto -> fp32 (bf16 is "), std::string::npos) << autop.output;
+  EXPECT_EQ(autop.output.find("bf16 is emulated on this CPU: "), std::string::npos) << autop.output;
+  const Result bf16 = ::tessera::testing::run_command(avx2 + kTrain + " --recipe " + recipe + " precision=amp_bf16");
+  ASSERT_EQ(bf16.exit_code, 0) << bf16.output;
+  EXPECT_NE(bf16.output.find("speed_monitor: bf16 is emulated on this CPU: "), std::string::npos) << bf16.output;
+  EXPECT_NE(bf16.output.find("GFLOP/s in fp32; use precision: fp32 (or auto)"), std::string::npos) << bf16.output;
+}
