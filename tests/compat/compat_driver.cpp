@@ -23,8 +23,11 @@
 //              "block", "ncn", "partition", "epoch_size", "nodes", "ranks", "workers", "epoch", "sample_in_epoch",
 //              "initial_p"} -> {"shape", "ids", "ids_field": the "id" column of each sample (-1 for padding)}
 //   tessera_compat_driver train-trace RECIPE OUT_DIR [OVERRIDES...]
-//       trains the recipe and writes OUT_DIR/init (the initial weights as an HF folder) and OUT_DIR/trace.json:
-//       {"batches": [input_ids of each device batch], "lrs": [rate of each step], "losses": [loss of each step]}
+//       trains the recipe and writes OUT_DIR/init and OUT_DIR/final (the initial and final weights as HF folders)
+//       and OUT_DIR/trace.json: {"batches": [input_ids of each device batch], "lrs": [rate of each step],
+//       "losses": [loss of each step], "rank", "world_size"}. Under torchrun's variables (RANK, WORLD_SIZE, ...)
+//       every rank runs it with its own OUT_DIR: each writes its own trace (its device batches; the losses are
+//       the mean over the ranks), and rank 0 alone writes init/ and final/, gathered from the shards.
 //   tessera_compat_driver finetuning-batches CONFIG.json OUT.json
 //       CONFIG: {"tokenizer": folder, "device_batch_size", "drop_last", "world_size", "rank", "ranks_per_node",
 //                "epoch", "date_string",
@@ -55,6 +58,7 @@
 #include "tessera/data/streaming.h"
 #include "tessera/data/streaming_dataset.h"
 #include "tessera/data/tokenizer.h"
+#include "tessera/dist/fsdp.h"
 #include "tessera/models/generate.h"
 #include "tessera/models/mpt.h"
 #include "tessera/storage/s3.h"
@@ -377,6 +381,26 @@ int train_tokenizer(const std::string& spec_path, const std::string& out_path) {
 
 }  // namespace
 
+// Writes the model as an HF folder in LLM Foundry's layout (the replays build LLM Foundry's own MPT from it). With
+// several ranks the model's own tensors are views of freed gather buffers (FULL_SHARD), so the weights are gathered
+// from the shards (every rank takes part) and rank 0 writes them from a CPU copy of the model.
+void save_whole_model(tessera::core::State& s, const std::string& dir) {
+  if (s.world_size == 1) {
+    tessera::checkpoint::save_hf_model(*s.model, dir, at::kFloat, uint64_t{5} << 30,
+                                       tessera::checkpoint::HfLayout::kFamily);
+    return;
+  }
+  const std::vector<std::pair<std::string, at::Tensor>> weights = s.parallel->full_state_dict();
+  if (s.rank != 0) return;
+  const std::shared_ptr<tessera::models::CausalLM> copy = s.model->rebuild("cpu", std::nullopt);
+  {
+    at::NoGradGuard no_grad;
+    const std::map<std::string, at::Tensor> by_name(weights.begin(), weights.end());
+    for (auto& item : copy->named_parameters()) item.value().copy_(by_name.at(item.key()));
+  }
+  tessera::checkpoint::save_hf_model(*copy, dir, at::kFloat, uint64_t{5} << 30, tessera::checkpoint::HfLayout::kFamily);
+}
+
 // Records what the trainer did, for a plain-PyTorch replay.
 class TraceCallback : public tessera::core::Callback {
  public:
@@ -384,9 +408,10 @@ class TraceCallback : public tessera::core::Callback {
   std::string name() const override { return "TraceCallback"; }
   void run_event(tessera::core::Event e, tessera::core::State& s, tessera::core::Logger& /*l*/) override {
     using tessera::core::Event;
-    if (e == Event::kFitStart) {  // LLM Foundry's layout: the replays build LLM Foundry's own MPT from it
-      tessera::checkpoint::save_hf_model(*s.model, dir_ + "/init", at::kFloat, uint64_t{5} << 30,
-                                         tessera::checkpoint::HfLayout::kFamily);
+    if (e == Event::kFitStart) {
+      save_whole_model(s, dir_ + "/init");
+      trace_["rank"] = s.rank;
+      trace_["world_size"] = s.world_size;
     }
     if (e == Event::kBatchStart) {
       const at::Tensor ids = s.batch.input_ids.contiguous();
@@ -394,7 +419,10 @@ class TraceCallback : public tessera::core::Callback {
       trace_["lrs"].push_back(s.current_lr());
     }
     if (e == Event::kBatchEnd) trace_["losses"].push_back(s.train_loss);
-    if (e == Event::kFitEnd) std::ofstream(dir_ + "/trace.json") << trace_.dump();
+    if (e == Event::kFitEnd) {
+      save_whole_model(s, dir_ + "/final");
+      std::ofstream(dir_ + "/trace.json") << trace_.dump();
+    }
   }
 
  private:

@@ -13,7 +13,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 def _binary(env, name):
     path = os.environ.get(env, str(ROOT / "build" / "bin" / name))
     if not pathlib.Path(path).exists():
-        pytest.fail(f"{path} does not exist: build the project first (cmake --workflow --preset default)")
+        pytest.fail(f"{path} does not exist: build the tests first (cmake --preset test && cmake --build build)")
     return path
 
 
@@ -28,6 +28,12 @@ def driver():
         return proc
 
     return run
+
+
+@pytest.fixture(scope="session")
+def driver_path():
+    """The path of tessera_compat_driver, for tests that start it themselves (one process per rank)."""
+    return _binary("TESSERA_COMPAT_DRIVER", "tessera_compat_driver")
 
 
 # config.json of the hub models the fine-tuning recipes in recipes/ start from (as published), and of the main job's
