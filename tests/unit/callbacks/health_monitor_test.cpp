@@ -6,10 +6,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tessera/callbacks/health_monitor.h"
@@ -147,10 +153,46 @@ TEST(HealthAssessor, AGpuErrorIsAFindingAndTheGpuSignalsAreLogged) {
   EXPECT_EQ(cpu.count("health/rank0/gpu_util"), 0u);
 }
 
+// The counters see traffic this test makes itself: 1 MiB sent over a loopback TCP connection counts on `lo` once
+// transmitted and once received.
 TEST(HealthMonitor, ReadsTheNetworkInterfaces) {
-  const std::optional<double> b = network_bytes();
-  ASSERT_TRUE(b.has_value()) << "/proc/net/dev";
-  EXPECT_GE(*b, 0.0);
+  const std::optional<double> before = network_bytes();
+  ASSERT_TRUE(before.has_value()) << "/proc/net/dev";
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::listen(listener, 1), 0);
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const int out = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_EQ(::connect(out, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  const int in = ::accept(listener, nullptr, nullptr);
+  ASSERT_GE(in, 0);
+  constexpr size_t kBytes = 1 << 20;
+  std::thread reader([in] {
+    std::vector<char> buf(1 << 16);
+    size_t got = 0;
+    while (got < kBytes) {
+      const ssize_t n = ::read(in, buf.data(), buf.size());
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+  });
+  const std::vector<char> data(kBytes, 'x');
+  size_t sent = 0;
+  while (sent < kBytes) {
+    const ssize_t n = ::write(out, data.data() + sent, kBytes - sent);
+    ASSERT_GT(n, 0);
+    sent += static_cast<size_t>(n);
+  }
+  reader.join();
+  for (int fd : {out, in, listener}) ::close(fd);
+  const std::optional<double> after = network_bytes();
+  ASSERT_TRUE(after.has_value());
+  EXPECT_GE(*after - *before, 2.0 * kBytes) << "before " << *before << ", after " << *after;
 }
 
 fs::path data_dir() {

@@ -249,8 +249,17 @@ TEST_F(SaveFaults, AFailureAtEveryStepOfASaveStopsTheRunAndResumesBitwise) {
         error = e.what();
       }
       ASSERT_TRUE(env.fired()) << what;
-      // A failed step the save needs stops the run with an error; one it can do without (removing a leftover that is
-      // not there) does not.
+      // A failed step the save needs stops the run with an error naming the folder. Two kinds can fail without that:
+      // removing a leftover (a receipt or temporary that a failed removal merely leaves behind, ignored on load), and
+      // closing a directory's descriptor after its fsync succeeded (the entries are durable; a directory has no
+      // buffered data for close to report).
+      const std::string& op = (*steps_)[k - 1];
+      const bool is_file = op.find(".safetensors") != std::string::npos || op.find(".json") != std::string::npos;
+      const bool can_do_without =
+          op.rfind("unlink ", 0) == 0 || op.rfind("remove_all ", 0) == 0 || (op.rfind("close ", 0) == 0 && !is_file);
+      if (!can_do_without) {
+        ASSERT_TRUE(error.has_value()) << what << ": the run went on after a failed step of its save";
+      }
       if (error) {
         EXPECT_NE(error->find(folder_of(run).string()), std::string::npos) << what << ": " << *error;
       }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -18,6 +19,7 @@
 #include "tessera/models/mpt.h"
 #include "tessera/trainer/trainer.h"
 #include "tessera/util/device.h"
+#include "tessera/util/peak_flops.h"
 #include "test_util.h"
 #include "tiny_data.h"
 
@@ -487,13 +489,31 @@ class Collect : public LoggerDestination {
   std::map<std::string, std::pair<int64_t, double>> last;
 };
 
+// Counts, independently of the speed monitor, the tokens each batch's forwards saw and when each batch ended.
+class TokenClock : public Callback {
+ public:
+  std::string name() const override { return "TokenClock"; }
+  void run_event(Event e, State& s, Logger& /*l*/) override {
+    if (e == Event::kBeforeForward) tokens_in_batch += s.batch.input_ids.numel();
+    if (e == Event::kBatchEnd) {
+      ends.push_back(std::chrono::steady_clock::now());
+      tokens.push_back(tokens_in_batch);
+      tokens_in_batch = 0;
+    }
+  }
+  int64_t tokens_in_batch = 0;
+  std::vector<int64_t> tokens;
+  std::vector<std::chrono::steady_clock::time_point> ends;
+};
+
 TEST(Callbacks, MonitorsLogConsistentValues) {
   auto sink = std::make_shared<Collect>();
+  auto clock = std::make_shared<TokenClock>();
   Trainer t(tiny_config({"max_duration=6ba", "eval_interval=0", "callbacks.speed_monitor.window_size=2",
                          "callbacks.speed_monitor.gpu_flops_available=1e12", "callbacks.lr_monitor={}",
                          "callbacks.memory_monitor={}", "callbacks.runtime_estimator={}",
                          "scheduler.name=linear_decay_with_warmup", "scheduler.t_warmup=2ba"}),
-            {.algorithms = {}, .callbacks = {sink}});
+            {.algorithms = {}, .callbacks = {clock, sink}});
   t.fit();
   auto value = [&](const std::string& k) {
     EXPECT_TRUE(sink->last.count(k)) << k;
@@ -507,6 +527,15 @@ TEST(Callbacks, MonitorsLogConsistentValues) {
   EXPECT_NEAR(value("throughput/flops_per_sec"), flops_per_token * value("throughput/tokens_per_sec"),
               1e-6 * value("throughput/flops_per_sec"));
   EXPECT_NEAR(value("throughput/device/mfu"), value("throughput/device/flops_per_sec") / 1e12, 1e-12);
+  // Against tokens counted here and this test's own clock over the monitor's window (the last 2 batches): the same
+  // rate, up to the moments at which each side reads the clock (microseconds in batches of milliseconds).
+  ASSERT_EQ(clock->tokens.size(), 6u);
+  EXPECT_EQ(clock->tokens[5], 8 * 32);
+  const double window_s = std::chrono::duration<double>(clock->ends[5] - clock->ends[3]).count();
+  const double tokens_per_s = static_cast<double>(clock->tokens[4] + clock->tokens[5]) / window_s;
+  EXPECT_NEAR(value("throughput/tokens_per_sec"), tokens_per_s, 0.25 * tokens_per_s);
+  EXPECT_NEAR(value("throughput/device/mfu"), flops_per_token * tokens_per_s / 1e12,
+              0.25 * flops_per_token * tokens_per_s / 1e12);
   // lr of the next step (step 6) = schedule at batch 5: linear decay from 1 at batch 2 to 0 at batch 6.
   EXPECT_NEAR(value("lr-DecoupledAdamW/group0"), 0.01 * (1.0 - 3.0 / 4.0), 1e-12);
   EXPECT_GT(value("memory/rss_gb"), 0.01);
@@ -515,14 +544,66 @@ TEST(Callbacks, MonitorsLogConsistentValues) {
   EXPECT_EQ(sink->last["loss/train/total"].first, 5);  // logged before the timestamp advanced past batch 5
 }
 
+// Whether every training forward's logits came out of a bf16 matrix product: then each value is representable in
+// bf16 (as a bf16 tensor, or widened from one), which fp32 logits practically never all are.
+class Bf16Logits : public Callback {
+ public:
+  std::string name() const override { return "Bf16Logits"; }
+  void run_event(Event e, State& s, Logger& /*l*/) override {
+    if (e != Event::kAfterForward) return;
+    const at::Tensor o = s.outputs.detach();
+    ++forwards;
+    if (o.scalar_type() == at::kBFloat16 || at::equal(o.to(at::kBFloat16).to(o.scalar_type()), o)) ++bf16;
+  }
+  int forwards = 0, bf16 = 0;
+};
+
 TEST(Trainer, AmpBf16TrainsOnCpu) {
-  Trainer t(tiny_config({"max_duration=8ep", "eval_interval=0", "precision=amp_bf16"}));
+  auto logits = std::make_shared<Bf16Logits>();
+  Trainer t(tiny_config({"max_duration=8ep", "eval_interval=0", "precision=amp_bf16"}),
+            {.algorithms = {}, .callbacks = {logits}});
   const double before = t.eval().at("LanguageCrossEntropy");
   t.fit();
   const double after = t.eval().at("LanguageCrossEntropy");
   EXPECT_LT(after, before - 0.5);
   EXPECT_LT(after, std::log(64.0));
   for (const auto& p : t.state().model->parameters()) EXPECT_EQ(p.scalar_type(), at::kFloat);  // fp32 master weights
+  // The forwards really ran in bf16 (not silently in fp32).
+  ASSERT_GT(logits->forwards, 0);
+  EXPECT_EQ(logits->bf16, logits->forwards);
+}
+
+TEST(Trainer, Fp32LogitsAreNotBf16) {  // the check above can tell the two apart
+  auto logits = std::make_shared<Bf16Logits>();
+  Trainer t(tiny_config({"max_duration=2ba", "eval_interval=0", "precision=fp32"}),
+            {.algorithms = {}, .callbacks = {logits}});
+  t.fit();
+  ASSERT_GT(logits->forwards, 0);
+  EXPECT_EQ(logits->bf16, 0);
+}
+
+// precision: auto follows the CPU: amp_bf16 where this CPU computes bf16 natively and faster than fp32, else fp32
+// (TrainCli.OnACpuThatEmulatesBf16* checks the emulated side on every machine).
+TEST(Trainer, AutoPrecisionFollowsTheCpusBf16) {
+  auto logits = std::make_shared<Bf16Logits>();
+  Trainer t(tiny_config({"max_duration=2ba", "eval_interval=0", "precision=auto", "device=cpu"}),
+            {.algorithms = {}, .callbacks = {logits}});
+  t.fit();
+  const util::CpuBf16 cpu = util::probe_cpu_bf16();
+  std::printf("this CPU: bf16 flag %d, %s\n", cpu.flag ? 1 : 0, cpu.rates().c_str());
+  const bool bf16 = t.state().precision == core::Precision::kAmpBf16;
+  EXPECT_TRUE(bf16 || t.state().precision == core::Precision::kFp32);
+  if (!cpu.flag) {
+    EXPECT_FALSE(bf16) << "no bf16 instructions: bf16 would be emulated";
+  }
+  // Far from the threshold (a quarter of fp32's rate) the measurement decides the same way each time.
+  if (cpu.flag && cpu.bf16_flops > cpu.fp32_flops) {
+    EXPECT_TRUE(bf16) << cpu.rates();
+  }
+  if (cpu.bf16_flops < cpu.fp32_flops / 10) {
+    EXPECT_FALSE(bf16) << cpu.rates();
+  }
+  EXPECT_EQ(logits->bf16, bf16 ? logits->forwards : 0);
 }
 
 TEST(Trainer, AmpFp16WithLossScalingOnGpu) {
