@@ -29,6 +29,8 @@ limit=$((40 * 1000 * 1000))
 programs=(train eval generate convert convert_text_to_mds plan tessera_tests bench_gpu_train_step)
 
 if ((do_build)); then
+  # The default preset builds neither the unit tests nor the benchmarks: turn them on in this tree.
+  cmake -S "$here" -B "$build" -DTESSERA_BUILD_TESTS=ON -DTESSERA_BUILD_BENCHMARKS=ON > /dev/null
   cmake --build "$build" --target "${programs[@]}"
 fi
 
