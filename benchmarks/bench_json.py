@@ -46,3 +46,46 @@ def time_train_steps(model, ids, precision, steps, warmup=1):
     for _ in range(steps):
         step()
     return time.perf_counter() - t0
+
+
+_BF16_EMULATED = None
+
+
+def cpu_bf16_emulated():
+    """True where this CPU's bf16 GEMMs are emulated, about 50x slower than fp32: no bf16 instructions in its flags
+    (AVX512-BF16 / AMX on x86, BF16 on ARM), or a 512^2 bf16 GEMM below a quarter of fp32's rate (LibTorch restricted
+    below them, e.g. ONEDNN_MAX_CPU_ISA=AVX2). The rule of Tessera's `precision: auto` (util::probe_cpu_bf16), so that
+    the benchmarks mark exactly the hosts where Tessera itself would not train in bf16. Measured once per process."""
+    global _BF16_EMULATED
+    if _BF16_EMULATED is None:
+        import re
+        import time
+        import torch
+        try:
+            m = re.search(r"^(?:flags|Features)\s*:(.*)$", open("/proc/cpuinfo").read(), re.M)
+            flags = m.group(1).split() if m else []
+        except OSError:
+            flags = []
+        flag = any(f in ("avx512_bf16", "amx_bf16", "bf16") for f in flags)
+        n = 512
+        a32, b32 = torch.ones(n, n) / n, torch.ones(n, n)
+        a16, b16 = a32.bfloat16(), b32.bfloat16()
+
+        def seconds(a, b):
+            t0 = time.perf_counter()
+            (a @ b).sum().item()
+            return time.perf_counter() - t0
+
+        seconds(a32, b32), seconds(a16, b16)  # warm-up
+        best32 = best16 = float("inf")
+        for _ in range(5):  # alternating, so that other work on the cores slows both alike
+            best32 = min(best32, seconds(a32, b32))
+            best16 = min(best16, seconds(a16, b16))
+        _BF16_EMULATED = not (flag and best16 <= 4 * best32)
+    return _BF16_EMULATED
+
+
+# On a CPU that emulates bf16, the benchmarks run their amp_bf16 cases on this many timed steps, once, and mark them
+# (a full-length emulated case took over 6 minutes of `benchmarks/run --quick` on a 2-core AVX2-only EPYC).
+EMULATED_BF16_STEPS = 1
+EMULATED_BF16_NOTE = "bf16 emulated on this CPU: 1 step, 1 round"

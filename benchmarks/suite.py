@@ -27,6 +27,8 @@ import sys
 import tempfile
 import time
 
+import bench_json
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BIN = pathlib.Path(os.environ.get("TESSERA_BIN_DIR", ROOT / "build" / "bin"))
 PY = sys.executable
@@ -97,6 +99,8 @@ def machine():
     try:
         import torch
         info["torch"] = torch.__version__
+        # Where bf16 GEMMs are emulated (~50x slower than fp32), the amp_bf16 cases run one short round, marked.
+        info["cpu_bf16"] = "emulated" if bench_json.cpu_bf16_emulated() else "native"
         info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     except Exception:
         info["torch"] = None
@@ -250,7 +254,9 @@ def report(results, image_dir):
              f"{' (quick: smaller inputs, fewer rounds; rough figures)' if results['quick'] else ''}, at Tessera "
              f"{(m.get('tessera_commit') or '?')[:10]}{' with local changes' if m.get('tessera_tree_dirty') else ''}"
              f" on {m.get('cpu', '?')} ({m.get('cores')} cores, {m.get('memory_gib')} GiB"
-             f"{', GPU ' + m['gpu'] if m.get('gpu') else ', no GPU'}); torch {m.get('torch')}, transformers "
+             f"{', GPU ' + m['gpu'] if m.get('gpu') else ', no GPU'}"
+             f"{'; bf16 emulated on this CPU: amp_bf16 cases ran 1 short round' if m.get('cpu_bf16') == 'emulated' else ''}"
+             f"); torch {m.get('torch')}, transformers "
              f"{m.get('transformers')}, tokenizers {m.get('tokenizers')}, mosaicml-streaming {m.get('streaming')}. "
              "Every peer ran in the same invocation on the same machine; higher is better throughout.", ""]
     for rec in results["benchmarks"]:

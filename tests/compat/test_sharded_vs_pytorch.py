@@ -103,6 +103,7 @@ def peer_optimizer(name, params):
 
 
 def free_port():
+    """A free port for the PyTorch side's rendezvous (mp.spawn's processes cannot inherit a bound socket)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -142,15 +143,25 @@ def run_tessera_ranks(driver_path, tmp_path, dataset, strategy, optimizer):
     recipe.write_text(RECIPE.format(data=dataset, shuffle_seed=SHUFFLE_SEED, optimizer=OPTIMIZERS[optimizer][0],
                                     algorithms=OPTIMIZERS[optimizer][1], warmup=WARMUP, alpha_f=ALPHA_F,
                                     strategy=strategy, steps=STEPS, batch=BATCH, micro=MICRO))
-    port = free_port()
+    # The rendezvous port is bound here and its listening socket handed to rank 0's store, as `train --master-port 0`
+    # does (TESSERA_MASTER_LISTEN_FD), so no other process can take it in between.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    port = listener.getsockname()[1]
     procs, outs = [], []
     for rank in range(WORLD):
         out = tmp_path / f"rank{rank}"
         out.mkdir(exist_ok=True)
         outs.append(out)
         env = {**os.environ, **rank_env(rank, port), "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([driver_path, "train-trace", str(recipe), str(out)], env=env,
+        fds = ()
+        if rank == 0:
+            env["TESSERA_MASTER_LISTEN_FD"] = str(listener.fileno())
+            fds = (listener.fileno(),)
+        procs.append(subprocess.Popen([driver_path, "train-trace", str(recipe), str(out)], env=env, pass_fds=fds,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    listener.close()
     logs = []
     try:
         for p in procs:
