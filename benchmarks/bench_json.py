@@ -89,3 +89,9 @@ def cpu_bf16_emulated():
 # (a full-length emulated case took over 6 minutes of `benchmarks/run --quick` on a 2-core AVX2-only EPYC).
 EMULATED_BF16_STEPS = 1
 EMULATED_BF16_NOTE = "bf16 emulated on this CPU: 1 step, 1 round"
+
+
+def pct(value, width):
+    """A right-aligned percentage cell, or "-" for None (e.g. MFU of an emulated-bf16 case, whose GEMM peak probe
+    measures the emulation, not the hardware)."""
+    return f"{value:>{width}.1%}" if value is not None else f"{'-':>{width}}"

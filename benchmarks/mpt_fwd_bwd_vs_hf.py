@@ -84,14 +84,15 @@ def main():
         t, h, ht = (statistics.median(x) for x in ([r["tokens_per_s"] for r in ours], theirs, tuned))
         f = ours[0]["flops_per_token"]
         peak = statistics.median(r["gemm_peak_flops"] for r in ours)
-        print(f"{precision:<10}{t:>9.1f}{h:>9.1f}{ht:>11.1f}{t / h:>7.2f}{t / ht:>8.2f}{t * f / peak:>8.1%}"
-              f"{h * f / peak:>8.1%}{ht * f / peak:>9.1%}{peak / 1e9:>8.0f} GF/s", flush=True)
+        mfu = [None if emulated else x * f / peak for x in (t, h, ht)]
+        print(f"{precision:<10}{t:>9.1f}{h:>9.1f}{ht:>11.1f}{t / h:>7.2f}{t / ht:>8.2f}{bench_json.pct(mfu[0], 8)}"
+              f"{bench_json.pct(mfu[1], 8)}{bench_json.pct(mfu[2], 9)}{peak / 1e9:>8.0f} GF/s", flush=True)
         if emulated:
             print(f"  (amp_bf16: {bench_json.EMULATED_BF16_NOTE})", flush=True)
         label = f"mpt-125m {precision}" + (f" ({bench_json.EMULATED_BF16_NOTE})" if emulated else "")
         rows.append({"case": label, "bf16_emulated": emulated, "unit": "tokens/s", "tessera": t,
                      "peers": {"HF MptForCausalLM eager": h, "HF eager + malloc settings": ht},
-                     "mfu": t * f / peak, "gemm_peak_flops": peak, "batch": args.batch, "seq": args.seq})
+                     "mfu": mfu[0], "gemm_peak_flops": peak, "batch": args.batch, "seq": args.seq})
     bench_json.emit("mpt_fwd_bwd_vs_hf", rows, title="MPT forward + backward (CPU): Tessera vs Hugging Face")
 
 

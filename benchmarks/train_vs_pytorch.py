@@ -290,8 +290,10 @@ def main():
                     comp_cells = f"{'-':>10}{'-':>8}"
                 f = ours[0]["flops_per_token"]
                 peak = statistics.median(r["gemm_peak"] for r in ours)
+                mfu = [None if emulated else x * f / peak for x in (t, p, pt)]
                 print(f"{name:<6}{precision:<10}{t:>9.1f}{p:>9.1f}{pt:>11.1f}{ratio:>7.2f}{ratio_t:>8.2f}"
-                      f"{t * f / peak:>8.1%}{p * f / peak:>8.1%}{pt * f / peak:>9.1%}{peak / 1e9:>9.0f} GF/s"
+                      f"{bench_json.pct(mfu[0], 8)}{bench_json.pct(mfu[1], 8)}{bench_json.pct(mfu[2], 9)}"
+                      f"{peak / 1e9:>9.0f} GF/s"
                       f"{comp_cells}",
                       flush=True)
                 if emulated:
@@ -302,7 +304,7 @@ def main():
                              "peers": {"PyTorch eager": p, "PyTorch eager + malloc settings": pt,
                                        "Composer + LLM Foundry": statistics.median(comp) if comp[0] is not None
                                        else None},
-                             "ratio_vs_pytorch": ratio, "ratio_vs_pytorch_malloc": ratio_t, "mfu": t * f / peak,
+                             "ratio_vs_pytorch": ratio, "ratio_vs_pytorch_malloc": ratio_t, "mfu": mfu[0],
                              "gemm_peak_flops": peak, "rounds": len(ours)})
         finally:
             shutil.rmtree(work, ignore_errors=True)
