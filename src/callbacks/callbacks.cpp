@@ -89,13 +89,9 @@ void SpeedMonitor::run_event(Event event, core::State& s, core::Logger& logger) 
       spdlog::info("speed_monitor: measured peak {:.1f} GFLOP/s ({} GEMM on {}) for MFU", peak_ / 1e9,
                    at::toString(dtype), s.device.str());
       if (dtype == at::kBFloat16 && s.device.is_cpu()) {
-        // A CPU without native bf16 emulates it, ~50x slower than fp32: say so once, with the figures.
-        const double fp32 = util::measure_matmul_flops(at::kFloat, s.device, 1024, 0.5);
-        if (peak_ < fp32 / 4) {
-          spdlog::warn(
-              "speed_monitor: bf16 is emulated on this CPU: {:.1f} GFLOP/s against {:.1f} GFLOP/s in fp32; "
-              "use precision: fp32 (or auto)",
-              peak_ / 1e9, fp32 / 1e9);
+        // A CPU without native bf16 emulates it, ~50x slower than fp32: say so once, by precision: auto's rule.
+        if (const util::CpuBf16 cpu = util::probe_cpu_bf16(); !cpu.native()) {
+          spdlog::warn("speed_monitor: bf16 is emulated on this CPU: {}; use precision: fp32 (or auto)", cpu.rates());
         }
       }
     }

@@ -615,30 +615,30 @@ Ending run_attempt(const LaunchOptions& o, int restarts, const SignalGuard& sign
 
 namespace {
 
-// The rendezvous port of `--master-port 0`: a listening TCP socket on every interface, bound to a port the kernel
-// chose, open (close-on-exec; rank 0 inherits it through exec_rank) until the launch returns.
+// A listening TCP socket (close-on-exec) on `address`, bound to a port the kernel chose; closed with the object. The
+// rendezvous port of `--master-port 0` (every interface; rank 0 inherits it through exec_rank) and free_local_port's
+// probe (loopback).
 struct ListeningSocket {
   int fd = -1;
   int port = 0;
-  ListeningSocket() = default;
-  ListeningSocket(const ListeningSocket&) = delete;
-  ListeningSocket& operator=(const ListeningSocket&) = delete;
-  ~ListeningSocket() {
-    if (fd >= 0) ::close(fd);
-  }
-  void bind_any_port() {
+  ListeningSocket(uint32_t address, const char* what) {
     fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) throw Error("launch", fmt::format("--master-port 0: socket: {}", std::strerror(errno)));
+    if (fd < 0) throw Error("launch", fmt::format("{}: socket: {}", what, std::strerror(errno)));
     sockaddr_in a{};
     a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    a.sin_addr.s_addr = htonl(address);
     socklen_t len = sizeof(a);
     if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(fd, SOMAXCONN) != 0 ||
         ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-      throw Error("launch", fmt::format("--master-port 0: could not bind a port: {}", std::strerror(errno)));
+      const int e = errno;
+      ::close(fd);
+      throw Error("launch", fmt::format("{}: could not bind a port: {}", what, std::strerror(e)));
     }
     port = ntohs(a.sin_port);
   }
+  ListeningSocket(const ListeningSocket&) = delete;
+  ListeningSocket& operator=(const ListeningSocket&) = delete;
+  ~ListeningSocket() { ::close(fd); }
 };
 
 // One node's launch, not elastic: attempts until one succeeds, stops for good, or the restarts run out.
@@ -698,8 +698,7 @@ int launch(const LaunchOptions& o) {
   }
   if (o.master_port != 0) return launch_one_node(o, signals, watchdog);
   // --master-port 0: bind the port here and keep it bound for every attempt; rank 0's store takes the socket over.
-  ListeningSocket bound;
-  bound.bind_any_port();
+  const ListeningSocket bound(INADDR_ANY, "--master-port 0");
   LaunchOptions with_port = o;
   with_port.master_port = bound.port;
   with_port.master_listen_fd = bound.fd;
@@ -707,19 +706,7 @@ int launch(const LaunchOptions& o) {
 }
 
 int free_local_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw Error("launcher", fmt::format("socket: {}", std::strerror(errno)));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof(a);
-  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-                  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
-  const int err = errno;
-  close(fd);
-  if (!ok) throw Error("launcher", fmt::format("no free local TCP port: {}", std::strerror(err)));
-  return ntohs(a.sin_port);
+  return ListeningSocket(INADDR_LOOPBACK, "free_local_port").port;
 }
 
 }  // namespace tessera::dist

@@ -50,8 +50,8 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// `precision: auto`: amp_bf16 on a GPU, and on a CPU that computes bf16 natively (and measures it faster than fp32);
-// fp32 where bf16 would be emulated, about 50x slower (docs/training.md#precision).
+// `precision: auto`: amp_bf16 on a GPU, and on a CPU that computes bf16 natively (util::CpuBf16::native); fp32 where
+// bf16 would be emulated, about 50x slower (docs/training.md#precision).
 Precision auto_precision(const at::Device& device) {
   if (device.is_cuda()) {
     spdlog::info("precision: auto -> amp_bf16 (GPU)");

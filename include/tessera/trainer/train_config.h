@@ -74,8 +74,8 @@ struct TrainConfig {
   MicrobatchSize device_train_microbatch_size;
   int64_t device_eval_batch_size = 0;
   core::Precision precision = core::Precision::kAmpBf16;
-  // `precision: auto`: the trainer picks amp_bf16 on a GPU or on a CPU that computes bf16 natively and measures it
-  // faster than fp32 (util::probe_cpu_bf16), else fp32; `precision` holds amp_bf16 until then (the dry run's plan).
+  // `precision: auto`: the trainer picks amp_bf16 on a GPU or on a CPU that computes bf16 natively
+  // (util::CpuBf16::native), else fp32; `precision` holds amp_bf16 until then (the dry run's plan).
   bool precision_auto = false;
   std::string device = "auto";  // Composer's Trainer `device`: auto (a GPU when there is one), cpu or gpu
   int64_t seed = 17;
