@@ -427,6 +427,10 @@ TEST(Launcher, RejectsBadOptions) {
   o.master_port = 70000;
   expect_config_error(o, "--master-port 70000");
   o = shell("true", 1);
+  o.master_port = 0;  // the launcher's own port works for one node only
+  o.nnodes = 2;
+  expect_config_error(o, "--master-port 0 (a port the launcher picks) works for one node only");
+  o = shell("true", 1);
   o.stop_grace_seconds = -1;
   expect_config_error(o, "stop_grace_seconds");
   o = shell("true", 1);
