@@ -7,6 +7,11 @@ import subprocess
 
 import pytest
 
+# No test reaches a network. huggingface_hub reads this once, at import (before any test module imports
+# transformers): without it, from_pretrained(..., local_files_only=True) still tries the hub for optional files such
+# as adapter_config.json, and waits on each connection's timeout (about 45 s per test here).
+os.environ["HF_HUB_OFFLINE"] = "1"
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
