@@ -6,8 +6,8 @@ not include each other either.
     tools/check_layers.py [--root DIR]
 
 Prints one line per violation ("src/util/x.cpp:12: util includes tessera/trainer/trainer.h (trainer is above
-util)") and exits 1 when there is any; exits 0 and prints a summary otherwise. A folder under include/tessera/ or src/
-that is not in the table below is a violation too, so a new layer must be placed deliberately.
+util)") and exits 1 when there is any; exits 0 and prints a summary otherwise. A folder under include/tessera/,
+src/include/tessera/ or src/ that is not in the table below is a violation too, so a new layer must be placed deliberately.
 """
 import argparse
 import pathlib
@@ -36,12 +36,14 @@ SOURCES = (".h", ".hpp", ".cpp", ".cc")
 
 
 def layer_files(root: pathlib.Path):
-    """(layer, path) for every source file of a layer: include/tessera/<layer>/** and src/<layer>/**."""
-    for base in (root / "include" / "tessera", root / "src"):
+    """(layer, path) for every source file of a layer: include/tessera/<layer>/** (public headers),
+    src/include/tessera/<layer>/** (internal headers) and src/<layer>/**."""
+    internal = root / "src" / "include"
+    for base in (root / "include" / "tessera", internal / "tessera", root / "src"):
         if not base.is_dir():
             continue
         for path in sorted(base.rglob("*")):
-            if path.suffix in SOURCES and path.is_file():
+            if path.suffix in SOURCES and path.is_file() and not (base == root / "src" and internal in path.parents):
                 yield path.relative_to(base).parts[0], path
 
 

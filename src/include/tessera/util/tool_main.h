@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "tessera/util/error.h"
+#include "tessera/version.h"
 
 namespace tessera::util {
 
@@ -27,11 +28,16 @@ int tool_main(Body&& body) {
   }
 }
 
-// Parses the command line; returns the exit code to stop with (help printed, or a usage error), else nullopt.
+// Parses the command line; returns the exit code to stop with (help or --version printed, or a usage error), else
+// nullopt.
 inline std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
+  app.set_version_flag("--version", std::string(app.get_name()) + " (Tessera " + version() +
+                                        ", built with LibTorch " TESSERA_TORCH_VERSION ")");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     app.exit(e);
