@@ -182,7 +182,7 @@ TokenBatch TokenBatchLoader::collate(const std::vector<int64_t>& ids) {
   TokenBatch b;
   b.samples = static_cast<int64_t>(rows.size());
   b.input_ids = at::full({b.samples, longest}, o_.pad_token_id, at::kLong);
-  b.labels = at::full({b.samples, longest}, -100, at::kLong);
+  b.labels = at::full({b.samples, longest}, kIgnoreLabel, at::kLong);
   for (int64_t i = 0; i < b.samples; ++i) {
     const at::Tensor& r = rows[static_cast<size_t>(i)];
     b.input_ids[i].narrow(0, 0, r.size(0)).copy_(r);

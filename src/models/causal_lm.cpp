@@ -75,16 +75,24 @@ void CausalLM::use_low_precision_norms() {
   spdlog::debug("low_precision_layernorm: {} norms in low precision", n);
 }
 
-at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, int64_t ignore_index,
-                          at::Reduction::Reduction reduction) {
-  const int64_t b = labels.size(0), s = labels.size(1), v = logits.size(2);
+at::Tensor next_token_targets(const at::Tensor& labels, int64_t ignore_index) {
+  const int64_t b = labels.size(0), s = labels.size(1);
   // Position t is scored against labels[:, t + 1]; the last position has no target and is ignored. Scoring every
   // position of the contiguous logits avoids slicing them, which would copy (B*S, V) floats forward and scatter
   // them back in backward: the largest tensors of a small model's step. The ignored rows add nothing to the sum,
   // the count or the gradient.
-  const at::Tensor targets =
-      at::cat({labels.narrow(1, 1, s - 1), at::full({b, 1}, ignore_index, labels.options())}, 1).reshape({-1});
-  return at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, v}), targets, {}, reduction, ignore_index);
+  return at::cat({labels.narrow(1, 1, s - 1), at::full({b, 1}, ignore_index, labels.options())}, 1).reshape({-1});
+}
+
+at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, int64_t ignore_index,
+                          at::Reduction::Reduction reduction) {
+  const int64_t v = logits.size(2);
+  return at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, v}), next_token_targets(labels, ignore_index), {},
+                                reduction, ignore_index);
+}
+
+at::Tensor CausalLM::loss(const at::Tensor& logits, const data::TokenBatch& batch) const {
+  return causal_lm_loss(logits, batch.labels, data::kIgnoreLabel, at::Reduction::Sum);
 }
 
 }  // namespace tessera::models

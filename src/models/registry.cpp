@@ -1,5 +1,6 @@
 // The model families Tessera ships, by recipe name (`model.name`) and by config.json model_type.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "tessera/models/causal_lm.h"
@@ -61,26 +62,66 @@ ModelRegistry& model_registry() {
   return *registry;
 }
 
+void HfModelTypeRegistry::add(const std::string& model_type, HfConfigBuilder build) {
+  builders_[model_type] = std::move(build);
+}
+
+bool HfModelTypeRegistry::contains(const std::string& model_type) const {
+  return builders_.count(model_type) > 0;
+}
+
+std::vector<std::string> HfModelTypeRegistry::model_types() const {
+  std::vector<std::string> out;
+  for (const auto& [type, build] : builders_) out.push_back(type);
+  return out;
+}
+
+std::shared_ptr<CausalLM> HfModelTypeRegistry::build(const nlohmann::json& config, const std::string& where,
+                                                     const std::string& device, std::optional<uint64_t> seed) const {
+  const std::string type = config.is_object() ? config.value("model_type", "") : "";
+  const auto it = builders_.find(type);
+  if (it == builders_.end()) {
+    throw Error(
+        "hf", fmt::format("{}: model_type is \"{}\"; Tessera reads: {}", where, type, fmt::join(model_types(), ", ")));
+  }
+  return it->second(config, where, device, seed);
+}
+
+HfModelTypeRegistry& hf_model_type_registry() {
+  static HfModelTypeRegistry* registry = [] {
+    auto* r = new HfModelTypeRegistry;
+    r->add("mpt",
+           [](const nlohmann::json& config, const std::string& where, const std::string& device,
+              std::optional<uint64_t> seed) -> std::shared_ptr<CausalLM> {
+             MPTOptions o = mpt_options_from_hf_config(config, where);
+             o.init_device = device;
+             return seed ? build_mpt(o, *seed).ptr() : MPTForCausalLM(o).ptr();
+           });
+    // What Tessera exports an MPT with learned positions as.
+    r->add("gpt2",
+           [](const nlohmann::json& config, const std::string& where, const std::string& device,
+              std::optional<uint64_t> seed) -> std::shared_ptr<CausalLM> {
+             MPTOptions o = mpt_options_from_gpt2_config(config, where);
+             o.init_device = device;
+             return seed ? build_mpt(o, *seed).ptr() : MPTForCausalLM(o).ptr();
+           });
+    for (const char* type : {"llama", "mistral", "qwen2"}) {
+      r->add(type,
+             [](const nlohmann::json& config, const std::string& where, const std::string& device,
+                std::optional<uint64_t> seed) -> std::shared_ptr<CausalLM> {
+               LlamaOptions o = llama_options_from_hf_config(config, where);
+               o.init_device = device;
+               return seed ? build_llama(o, *seed).ptr() : LlamaForCausalLM(o).ptr();
+             });
+    }
+    return r;
+  }();
+  return *registry;
+}
+
 std::shared_ptr<CausalLM> build_from_hf_config(const nlohmann::json& config, const std::string& where,
                                                const std::string& device, std::optional<uint64_t> seed) {
-  const std::string type = config.is_object() ? config.value("model_type", "") : "";
-  if (type == "mpt") {
-    MPTOptions o = mpt_options_from_hf_config(config, where);
-    o.init_device = device;
-    return seed ? build_mpt(o, *seed).ptr() : MPTForCausalLM(o).ptr();
-  }
-  if (type == "llama" || type == "mistral" || type == "qwen2") {
-    LlamaOptions o = llama_options_from_hf_config(config, where);
-    o.init_device = device;
-    return seed ? build_llama(o, *seed).ptr() : LlamaForCausalLM(o).ptr();
-  }
-  if (type == "gpt2") {  // what Tessera exports an MPT with learned positions as
-    MPTOptions o = mpt_options_from_gpt2_config(config, where);
-    o.init_device = device;
-    return seed ? build_mpt(o, *seed).ptr() : MPTForCausalLM(o).ptr();
-  }
-  throw Error("hf",
-              fmt::format("{}: model_type is \"{}\"; Tessera reads: mpt, gpt2, llama, mistral, qwen2", where, type));
+  return hf_model_type_registry().build(config, where, device, seed);
 }
 
 }  // namespace tessera::models

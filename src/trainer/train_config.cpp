@@ -10,6 +10,8 @@
 #include "tessera/callbacks/options.h"
 #include "tessera/config/reader.h"
 #include "tessera/loggers/options.h"
+#include "tessera/models/loss.h"
+#include "tessera/models/metric.h"
 #include "tessera/optim/optimizer.h"
 #include "tessera/optim/scheduler.h"
 #include "tessera/util/error.h"
@@ -58,6 +60,8 @@ const std::vector<std::string_view> kFoundryOnlyKeys = {"code_paths",
 const std::vector<std::string_view> kTopLevelKeys = {"variables",
                                                      "max_seq_len",
                                                      "model",
+                                                     "loss",
+                                                     "metrics",
                                                      "tokenizer",
                                                      "train_loader",
                                                      "eval_loader",
@@ -198,6 +202,8 @@ TrainConfig parse_train_config(config::Value resolved, const std::string& path) 
                               cfg.model.max_seq_len, cfg.max_seq_len));
     }
   }
+  if (root.has("loss")) cfg.loss = parse_named(root, "loss", models::loss_registry(), true);
+  cfg.metrics = config::parse_components(root, "metrics", models::metric_registry());
   {
     Section tok = root.section("tokenizer");
     if (!tok.present()) root.fail("tokenizer", "missing required key");

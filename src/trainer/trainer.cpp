@@ -21,6 +21,8 @@
 #include "tessera/dist/communicator.h"
 #include "tessera/dist/fsdp.h"
 #include "tessera/loggers/loggers.h"
+#include "tessera/models/loss.h"
+#include "tessera/models/metric.h"
 #include "tessera/util/device.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
@@ -82,12 +84,7 @@ data::StreamingOptions with_batch_size(data::StreamingOptions o, int64_t batch_s
 }
 
 int64_t count_tokens(const data::TokenBatch& b) {
-  return b.labels.ne(-100).sum().item<int64_t>();
-}
-
-// Tokens that generate loss: labels[:, 1:] != -100 (what each position predicts), as LLM Foundry counts them.
-int64_t count_loss_tokens(const data::TokenBatch& b) {
-  return b.labels.slice(1, 1).ne(-100).sum().item<int64_t>();
+  return b.labels.ne(data::kIgnoreLabel).sum().item<int64_t>();
 }
 
 data::TokenBatch slice(const data::TokenBatch& b, int64_t start, int64_t end) {
@@ -346,6 +343,10 @@ void Trainer::build_components(TrainerParts parts) {
     saver_ = std::make_shared<callbacks::CheckpointSaver>(so, [this] { return resumption_state(); });
     state_.callbacks.push_back(saver_);
   }
+  loss_ = parts.loss;
+  if (!loss_ && cfg_.loss) loss_ = models::loss_registry().build(cfg_.loss->name, *cfg_.loss);
+  metrics_ = config::build_components(cfg_.metrics, models::metric_registry());
+  metrics_.insert(metrics_.end(), parts.metrics.begin(), parts.metrics.end());
   state_.algorithms = config::build_components(cfg_.algorithms, algorithms::algorithm_registry(), run);
   // Components that read or replace whole parameter tensors, which sharding turns into flat shards.
   std::vector<std::string> unsupported;
@@ -501,12 +502,13 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
       engine_->run_event(Event::kBeforeLoss);
       {
         AutocastGuard autocast(state_.precision, dev);
+        const at::Tensor sum = loss_sum();
         if (cfg_.accumulate_train_batch_on_tokens) {
-          state_.loss =
-              models::causal_lm_loss(state_.outputs, state_.batch.labels, -100, at::Reduction::Sum) / per_rank_tokens;
+          state_.loss = sum / per_rank_tokens;
         } else {
-          state_.loss = models::causal_lm_loss(state_.outputs, state_.batch.labels) *
-                        (static_cast<double>(end - start) / static_cast<double>(n));
+          // The microbatch's mean over its loss tokens, by its share of the samples.
+          const auto tokens = static_cast<double>(std::max<int64_t>(1, data::loss_token_count(state_.batch)));
+          state_.loss = sum / tokens * (static_cast<double>(end - start) / static_cast<double>(n));
         }
       }
       engine_->run_event(Event::kAfterLoss);
@@ -525,6 +527,10 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
   // The logged loss is the mean over every rank's device batch (Composer all-reduces it too).
   state_.train_loss = sum_over_ranks(state_, {total})[0] / static_cast<double>(state_.world_size);
   return true;
+}
+
+at::Tensor Trainer::loss_sum() const {
+  return loss_ ? loss_->sum(state_.outputs, state_.batch) : state_.model->loss(state_.outputs, state_.batch);
 }
 
 void Trainer::train_batch() {
@@ -586,7 +592,7 @@ void Trainer::fit() {
       const int signal = preemption_ ? util::PreemptionHandler::received() : 0;
       const std::vector<double> sums =
           sum_over_ranks(state_, {static_cast<double>(samples), static_cast<double>(tokens),
-                                  static_cast<double>(count_loss_tokens(state_.batch)), signal != 0 ? 1.0 : 0.0});
+                                  static_cast<double>(data::loss_token_count(state_.batch)), signal != 0 ? 1.0 : 0.0});
       samples = static_cast<int64_t>(sums[0]);
       tokens = static_cast<int64_t>(sums[1]);
       loss_tokens_ = sums[2];
@@ -701,8 +707,17 @@ Metrics Trainer::run_loader_eval() {
   state_.model->eval();
   const data::TokenBatch saved = state_.batch;
   state_.eval_timestamp = {};
-  double loss_sum = 0;
-  int64_t token_count = 0;
+  // The model's metrics, then TrainerParts' and the recipe's; sums[0..1] are LanguageCrossEntropy's (the summed loss
+  // and the token count), then each metric's own.
+  std::vector<std::shared_ptr<const models::EvalMetric>> metrics = state_.model->eval_metrics();
+  metrics.insert(metrics.end(), metrics_.begin(), metrics_.end());
+  std::vector<size_t> offsets;
+  size_t width = 2;
+  for (const auto& m : metrics) {
+    offsets.push_back(width);
+    width += m->num_sums();
+  }
+  std::vector<double> sums(width, 0.0);
   {
     at::NoGradGuard no_grad;
     std::unique_ptr<data::BatchIterator> loader = open_eval();
@@ -718,26 +733,29 @@ Metrics Trainer::run_loader_eval() {
       }
       engine_->run_event(Event::kEvalAfterForward);
       // LanguageCrossEntropy: summed over predicted tokens, divided by their count at the end.
-      loss_sum += models::causal_lm_loss(state_.outputs, state_.batch.labels, -100, at::Reduction::Sum).item<double>();
-      const int64_t tokens = state_.batch.labels.slice(1, 1).ne(-100).sum().item<int64_t>();
-      token_count += tokens;
+      sums[0] += models::causal_lm_loss(state_.outputs, state_.batch.labels, data::kIgnoreLabel, at::Reduction::Sum)
+                     .item<double>();
+      const int64_t tokens = data::loss_token_count(state_.batch);
+      sums[1] += static_cast<double>(tokens);
+      for (size_t i = 0; i < metrics.size(); ++i) metrics[i]->update(state_.outputs, state_.batch, &sums[offsets[i]]);
       state_.eval_timestamp.to_next_batch(state_.batch.samples, tokens, 0);
       engine_->run_event(Event::kEvalBatchEnd);
       util::heartbeat(fmt::format("eval batch {}", state_.eval_timestamp.batch));  // progress for the watchdog
     }
   }
   // Every rank evaluated its share of the eval set.
-  const std::vector<double> sums = sum_over_ranks(state_, {loss_sum, static_cast<double>(token_count)});
-  loss_sum = sums[0];
-  token_count = static_cast<int64_t>(sums[1]);
-  if (token_count == 0) throw Error("eval", "the eval loader yielded no tokens (is the eval dataset empty?)");
-  const double ce = loss_sum / static_cast<double>(token_count);
-  const Metrics metrics{{"LanguageCrossEntropy", ce}, {"LanguagePerplexity", std::exp(ce)}};
-  state_.eval_metrics["eval"] = metrics;
-  logger_.log_metrics({{"metrics/eval/LanguageCrossEntropy", ce}, {"metrics/eval/LanguagePerplexity", std::exp(ce)}});
+  sums = sum_over_ranks(state_, sums);
+  if (sums[1] == 0) throw Error("eval", "the eval loader yielded no tokens (is the eval dataset empty?)");
+  const double ce = sums[0] / sums[1];
+  Metrics values{{"LanguageCrossEntropy", ce}, {"LanguagePerplexity", std::exp(ce)}};
+  for (size_t i = 0; i < metrics.size(); ++i) values[metrics[i]->name()] = metrics[i]->compute(&sums[offsets[i]]);
+  state_.eval_metrics["eval"] = values;
+  Metrics logged;
+  for (const auto& [name, value] : values) logged["metrics/eval/" + name] = value;
+  logger_.log_metrics(logged);
   state_.batch = saved;
   if (was_training) state_.model->train();
-  return metrics;
+  return values;
 }
 
 void Trainer::run_icl_eval() {

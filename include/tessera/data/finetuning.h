@@ -90,11 +90,8 @@ class ChatTokenizer {
   std::shared_ptr<const Impl> impl_;
 };
 
-// The label of a token that carries no loss (LLM Foundry's CROSS_ENTROPY_IGNORE_INDEX, torch's ignore_index).
-inline constexpr int32_t kIgnoreLabel = -100;
-
-// An example's input_ids and labels (-100 where no loss) before truncation, as stitch_turns_decoder_only (with the
-// eos appended to the last response when it does not end with it, if `eos` is given).
+// An example's input_ids and labels (kIgnoreLabel where no loss) before truncation, as stitch_turns_decoder_only (with
+// the eos appended to the last response when it does not end with it, if `eos` is given).
 std::pair<std::vector<int32_t>, std::vector<int32_t>> stitch_turns(const FinetuningExample& example,
                                                                    const std::string& target_prompts,
                                                                    const std::string& target_responses,
@@ -108,8 +105,8 @@ void append_json_rows(const std::string& path, std::vector<std::pair<nlohmann::o
 // Errors name the file and line: a malformed line, a row that is not an object, no file for the split.
 std::vector<std::pair<nlohmann::ordered_json, std::string>> read_finetuning_rows(const FinetuningOptions& options);
 
-// A fine-tuning batch: input_ids (B, T) int64, labels (B, T) with -100 where no loss, attention_mask (B, T) int64,
-// sequence_id (B, T) int64 (-1 on padding; packed examples numbered 0, 1, ... within a row).
+// A fine-tuning batch: input_ids (B, T) int64, labels (B, T) with kIgnoreLabel where no loss, attention_mask (B, T)
+// int64, sequence_id (B, T) int64 (-1 on padding; packed examples numbered 0, 1, ... within a row).
 struct FinetuningBatch {
   at::Tensor input_ids, labels, attention_mask, sequence_id;
   int64_t examples = 0;  // raw examples collated into it

@@ -1,7 +1,8 @@
 // Token batches for language-model training: LLM Foundry's text dataset over a StreamingDataset, read and collated
 // by background threads. Samples are `tokens` columns (ndarray of any integer dtype, or legacy `bytes` holding
 // `token_encoding_type` values), truncated to max_seq_len; a batch is input_ids (B, T) int64 and labels with padding
-// masked as -100. Batches come in Streaming's order for this rank: worker w's batch k is the (k * W + w)-th batch.
+// masked as kIgnoreLabel (-100). Batches come in Streaming's order for this rank: worker w's batch k is the (k * W +
+// w)-th batch.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -16,20 +17,11 @@
 #include <thread>
 #include <vector>
 
+#include "tessera/data/batch.h"
 #include "tessera/data/mds.h"
 #include "tessera/data/streaming_dataset.h"
 
 namespace tessera::data {
-
-struct TokenBatch {
-  at::Tensor input_ids;  // (B, T) int64
-  at::Tensor labels;     // (B, T) int64: input_ids with padding set to -100
-  int64_t samples = 0;   // real samples in the batch (B unless the last batch is short)
-  // Given to the model when defined: the padding mask (fine-tuning batches padded on the left) and the ids of
-  // packed examples (fine-tuning with packing), so attention and positions reset per example.
-  at::Tensor attention_mask;  // (B, T) int64, 1 = token
-  at::Tensor sequence_id;     // (B, T) int64, -1 on padding
-};
 
 // One epoch's batches for one rank: TokenBatchLoader (text) or FinetuningBatches (finetuning).
 class BatchIterator {

@@ -14,12 +14,16 @@
 #include <any>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "tessera/config/registry.h"
+#include "tessera/data/batch.h"
+#include "tessera/models/loss.h"
+#include "tessera/models/metric.h"
 
 namespace tessera::models {
 
@@ -126,6 +130,13 @@ class CausalLM : public torch::nn::Module {
   // under "lm_head.weight" instead. nullopt (the default) for untied heads.
   virtual std::optional<std::string> tied_embedding_name() const { return std::nullopt; }
 
+  // --- Objective and metrics (Composer's ComposerModel.loss and get_metrics). The training loss of `logits` (this
+  // model's forward on batch.input_ids) on `batch`, summed over its loss tokens (models/loss.h); default: next-token
+  // cross-entropy. A recipe's `loss:` section takes precedence. The model's own evaluation metrics, beside
+  // LanguageCrossEntropy and the recipe's `metrics:` (default: none).
+  virtual at::Tensor loss(const at::Tensor& logits, const data::TokenBatch& batch) const;
+  virtual std::vector<std::shared_ptr<const EvalMetric>> eval_metrics() const { return {}; }
+
   // --- Surgery. ALiBi attention (learned positions dropped) with `alibi_bias_max`, up to `max_seq_len` tokens: a
   // rebuilt model initialised from `seed` (the default throws ConfigError: the family does not support it).
   virtual std::shared_ptr<CausalLM> with_alibi(double alibi_bias_max, int64_t max_seq_len, uint64_t seed) const;
@@ -158,16 +169,42 @@ struct ModelOptions {
 using ModelRegistry = config::Registry<ModelOptions, std::shared_ptr<CausalLM>, const std::string&, uint64_t>;
 ModelRegistry& model_registry();
 
-// Builds a model from config.json (`config`, read from `where`, for messages) by its model_type, on `device`;
-// initialised from `seed` when one is given, else allocated only (for weights read next). Throws tessera::Error
-// naming `where` for a model_type no family reads or an invalid config.
+// config.json model_type -> the family that reads it: builds the model a config.json describes (`where` names the
+// file in messages) on `device`, initialised from `seed` when one is given, else allocated only (for weights read
+// next). Every HF folder and every checkpoint (whose metadata.json stores the model's hf_config()) is rebuilt through
+// it: `hf_causal_lm`, `load_path`, and the eval, convert and generate tools. A family registers its model_types
+// beside its `model.name`; research code registers its own family's (its hf_config()'s model_type) the same way.
+using HfConfigBuilder = std::function<std::shared_ptr<CausalLM>(
+    const nlohmann::json& config, const std::string& where, const std::string& device, std::optional<uint64_t> seed)>;
+
+class HfModelTypeRegistry {
+ public:
+  // Registers (or replaces) the builder of `model_type`.
+  void add(const std::string& model_type, HfConfigBuilder build);
+  bool contains(const std::string& model_type) const;
+  std::vector<std::string> model_types() const;  // sorted
+  // Throws tessera::Error naming `where` and the registered model_types for one no family reads.
+  std::shared_ptr<CausalLM> build(const nlohmann::json& config, const std::string& where, const std::string& device,
+                                  std::optional<uint64_t> seed) const;
+
+ private:
+  std::map<std::string, HfConfigBuilder> builders_;
+};
+
+// Built in: mpt, gpt2 (what an MPT with learned positions exports as), llama, mistral, qwen2.
+HfModelTypeRegistry& hf_model_type_registry();
+
+// hf_model_type_registry().build(...).
 std::shared_ptr<CausalLM> build_from_hf_config(const nlohmann::json& config, const std::string& where,
                                                const std::string& device, std::optional<uint64_t> seed = std::nullopt);
 
 // Next-token loss: cross-entropy of logits[:, t] against labels[:, t + 1] over labels != ignore_index, their mean
 // (at::Reduction::Mean) or sum (at::Reduction::Sum). Computed in fp32 on the logits as they are (no copy without
 // the last position: the targets are shifted instead, with the last one ignored).
-at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, int64_t ignore_index = -100,
+at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, int64_t ignore_index = data::kIgnoreLabel,
                           at::Reduction::Reduction reduction = at::Reduction::Mean);
+// The flattened (B * S) targets causal_lm_loss scores position t against: labels[:, t + 1], and ignore_index for the
+// last position.
+at::Tensor next_token_targets(const at::Tensor& labels, int64_t ignore_index = data::kIgnoreLabel);
 
 }  // namespace tessera::models

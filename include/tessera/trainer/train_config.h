@@ -46,6 +46,10 @@ struct TrainConfig {
 
   int64_t max_seq_len = 0;
   models::ModelOptions model;  // `model`: the registered family's options (models::model_registry())
+  // `loss`: a registered loss (models::loss_registry()) in place of the model's own (CausalLM::loss).
+  std::optional<models::LossOptions> loss;
+  // `metrics`: registered evaluation metrics (models::metric_registry()) beside LanguageCrossEntropy.
+  std::vector<config::ComponentOptions> metrics;
   data::TokenizerOptions tokenizer;
   data::LoaderOptions train_loader;
   std::optional<data::LoaderOptions> eval_loader;

@@ -34,6 +34,8 @@
 #include "tessera/dist/communicator.h"
 #include "tessera/eval/gauntlet.h"
 #include "tessera/eval/icl.h"
+#include "tessera/models/loss.h"
+#include "tessera/models/metric.h"
 #include "tessera/trainer/microbatching.h"
 #include "tessera/trainer/precision_context.h"
 #include "tessera/trainer/train_config.h"
@@ -51,6 +53,10 @@ namespace tessera::trainer {
 struct TrainerParts {
   std::vector<std::shared_ptr<core::Algorithm>> algorithms;
   std::vector<std::shared_ptr<core::Callback>> callbacks;  // LoggerDestinations included
+  // The training loss, in place of the recipe's `loss:` and the model's own (CausalLM::loss); null: those.
+  std::shared_ptr<const models::Loss> loss = nullptr;
+  // Evaluation metrics beside the recipe's `metrics:` and the model's own (CausalLM::eval_metrics).
+  std::vector<std::shared_ptr<const models::EvalMetric>> metrics = {};
 };
 
 class Trainer {
@@ -93,6 +99,8 @@ class Trainer {
   void rollback();                          // restores model and optimizer from the newest checkpoint
   void train_batch();
   bool run_microbatches(const data::TokenBatch& batch, int64_t microbatch_size);
+  // The training loss of state_.outputs on state_.batch, summed over its loss tokens (models/loss.h).
+  at::Tensor loss_sum() const;
   core::Metrics run_eval();
   core::Metrics run_loader_eval();
   bool eval_due_at_batch_end() const;
@@ -126,6 +134,8 @@ class Trainer {
   std::shared_ptr<callbacks::CheckpointSaver> saver_;  // when the recipe has save_folder
   std::optional<std::string> last_checkpoint_;
   std::unique_ptr<util::PreemptionHandler> preemption_;  // with save_folder and preemption_signals
+  std::shared_ptr<const models::Loss> loss_;             // TrainerParts::loss or `loss:`; null: the model's own
+  std::vector<std::shared_ptr<const models::EvalMetric>> metrics_;  // TrainerParts::metrics and `metrics:`
 };
 
 }  // namespace tessera::trainer
