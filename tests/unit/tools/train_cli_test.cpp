@@ -245,7 +245,7 @@ TEST(TrainCli, BadRecipesNameFileKeyAndLine) {
 }
 
 // A component name nobody registered: exit 2, the key path and the registered names (research code's entries join
-// them; examples/custom_model.cpp trains one).
+// them; examples/research/research_lm.cpp trains one).
 TEST(TrainCli, UnregisteredComponentNamesListTheRegisteredOnes) {
   {
     auto [path, line] = mutated("model_name.yaml", "name: mpt_causal_lm", "name: my_lm");

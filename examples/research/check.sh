@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Builds and runs the research example as its own user would (ctest -R example_research; docs/api.md#installing):
+# installs Tessera from BUILD_DIR into a prefix, moves the prefix (the package is relocatable), configures and builds
+# examples/research against it with find_package(Tessera), and runs research_lm and the installed tools. Then checks
+# that a project which adds Tessera with add_subdirectory builds the library and tools only, no test or benchmark.
+#
+#   examples/research/check.sh BUILD_DIR WORK_DIR [GENERATOR] [CXX_COMPILER]
+set -euo pipefail
+
+src=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+build=$(cd "${1:?usage: check.sh BUILD_DIR WORK_DIR [GENERATOR] [CXX_COMPILER]}" && pwd)
+work=${2:?usage: check.sh BUILD_DIR WORK_DIR [GENERATOR] [CXX_COMPILER]}
+generator=${3:-Ninja}
+cxx=${4:-c++}
+mkdir -p "$work"
+work=$(cd "$work" && pwd)
+
+# Install, then move: nothing in the package may name the prefix it was installed to.
+rm -rf "$work/staging" "$work/prefix"
+cmake --install "$build" --prefix "$work/staging" > "$work/install.log"
+mv "$work/staging" "$work/prefix"
+prefix="$work/prefix"
+if grep -rlI --exclude='*.a' "$work/staging" "$prefix" > "$work/stale.txt"; then
+  echo "check.sh: the installed package names its install prefix in:" >&2
+  cat "$work/stale.txt" >&2
+  exit 1
+fi
+test ! -e "$prefix/include/tessera/util/subprocess.h" || { echo "check.sh: an internal header was installed" >&2; exit 1; }
+
+# The research project, configured and built against the moved prefix (ccache, where present, makes reruns quick).
+launcher=()
+if command -v ccache > /dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
+cmake -S "$src/examples/research" -B "$work/build" -G "$generator" -DCMAKE_CXX_COMPILER="$cxx" \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$prefix" "${launcher[@]}" > "$work/configure.log" 2>&1 ||
+  { cat "$work/configure.log"; exit 1; }
+cmake --build "$work/build"
+"$work/build/research_lm"
+
+# The installed tools run from the prefix (their RUNPATH finds LibTorch).
+"$prefix/bin/train" --version
+"$prefix/bin/train" --recipe "$src/recipes/mpt-125m.yaml" --dry-run | grep -q parameters
+
+# add_subdirectory: the library and the tools are targets, the tests and benchmarks are not.
+mkdir -p "$work/subdir"
+cat > "$work/subdir/CMakeLists.txt" <<CMAKE
+cmake_minimum_required(VERSION 3.25)
+project(UsesTesseraAsASubdirectory LANGUAGES CXX)
+add_subdirectory("$src" tessera)
+CMAKE
+cmake -S "$work/subdir" -B "$work/subdir/build" -G "$generator" -DCMAKE_CXX_COMPILER="$cxx" > "$work/subdir.log" 2>&1 ||
+  { cat "$work/subdir.log"; exit 1; }
+targets=$(cmake --build "$work/subdir/build" --target help)
+for want in tessera train eval; do
+  grep -qE "(^|[ /])$want(:| )" <<< "$targets" || { echo "check.sh: add_subdirectory has no target $want" >&2; exit 1; }
+done
+if grep -E "tessera_tests|bench_|embed_trainer" <<< "$targets"; then
+  echo "check.sh: add_subdirectory(tessera) would build the targets above (tests, benchmarks or examples)" >&2
+  exit 1
+fi
+echo "check.sh: installed, built out of tree, ran; add_subdirectory builds the library and tools only"
