@@ -80,7 +80,7 @@ std::string host_name() {
 }
 
 int run(int argc, char** argv) {
-  CLI::App app{"Train an MPT model from an LLM Foundry-style recipe.", "train"};
+  CLI::App app{"Train a causal language model (any registered family) from an LLM Foundry-style recipe.", "train"};
   std::string recipe;
   std::vector<std::string> overrides;
   bool dry_run = false;
@@ -242,9 +242,19 @@ int run(int argc, char** argv) {
   spdlog::info("{}", tessera::util::describe(tessera::util::device_info()));
   tessera::trainer::Trainer trainer(cfg);
   trainer.fit();
-  if (trainer.node_bad()) return tessera::util::kExitNodeBad;
-  if (trainer.unhealthy()) return tessera::util::kExitUnhealthy;
-  return trainer.preempted() ? tessera::util::kExitPreempted : tessera::kExitOk;
+  using Stop = tessera::core::State::StopReason;
+  switch (trainer.stop_reason()) {
+    case Stop::kNodeBad:
+      return tessera::util::kExitNodeBad;
+    case Stop::kUnhealthy:
+      return tessera::util::kExitUnhealthy;
+    case Stop::kPreempted:
+      return tessera::util::kExitPreempted;
+    case Stop::kNone:
+    case Stop::kRequested:
+      break;
+  }
+  return tessera::kExitOk;
 }
 
 }  // namespace

@@ -226,7 +226,7 @@ void save_lora_adapters(const std::vector<std::pair<std::string, at::Tensor>>& w
 }
 
 bool Lora::match(core::Event e, const core::State& s) const {
-  return e == core::Event::kInit || (e == core::Event::kFitEnd && o_.save_path && !s.preempted);
+  return e == core::Event::kInit || (e == core::Event::kFitEnd && o_.save_path && !s.preempted());
 }
 
 void Lora::apply(core::Event e, core::State& s, core::Logger& /*logger*/) {

@@ -274,7 +274,7 @@ void EarlyStopper::update(core::State& s) {
   }
   const int64_t since = o_.patience.unit() == config::TimeUnit::kEpoch ? s.timestamp.epoch - best_at_.epoch
                                                                        : s.timestamp.batch - best_at_.batch;
-  if (static_cast<double>(since) > o_.patience.value() && !s.stop_requested) {
+  if (static_cast<double>(since) > o_.patience.value() && !s.stop_requested()) {
     spdlog::info("early_stopper: {} has not improved on {} (at batch {}) for {}; stopping", o_.metric.monitor, *best_,
                  best_at_.batch, o_.patience.str());
     s.stop_training();
@@ -314,7 +314,7 @@ void HfCheckpointer::run_event(Event event, core::State& s, core::Logger& /*logg
   bool due = false;
   if (event == Event::kBatchEnd) due = iv.unit() == config::TimeUnit::kBatch && s.timestamp.batch % iv.count() == 0;
   if (event == Event::kEpochEnd) due = iv.unit() == config::TimeUnit::kEpoch && s.timestamp.epoch % iv.count() == 0;
-  if (event == Event::kFitEnd) due = !s.preempted;  // a preempted run has not ended: it resumes later
+  if (event == Event::kFitEnd) due = !s.preempted();  // a preempted run has not ended: it resumes later
   if (event == Event::kFitStart) {
     // A model transformers cannot load as the same function is refused now, not at the first save hours later.
     try {

@@ -241,7 +241,7 @@ void CheckpointSaver::wait() {
 
 bool CheckpointSaver::due(core::Event event, const core::State& s) const {
   if (last_saved_batch_ == s.timestamp.batch) return false;
-  if (s.preempted) return event == core::Event::kBatchCheckpoint;  // the checkpoint a preempted job resumes from
+  if (s.preempted()) return event == core::Event::kBatchCheckpoint;  // the checkpoint a preempted job resumes from
   const bool end = s.reached_max_duration();
   const config::Time& iv = o_.interval;
   if (event == core::Event::kEpochCheckpoint) {

@@ -330,18 +330,18 @@ void HealthMonitor::exchange(core::State& s, core::Logger& logger) {
                    first_batch_ + 1, s.timestamp.batch, f.evidence);
     }
   }
-  if (!findings.empty() && o_.response != "log" && !s.preempted) {
+  if (!findings.empty() && o_.response != "log" && !s.preempted()) {
     // Every rank reached the same findings from the same figures: all stop after this batch, with a checkpoint.
-    s.unhealthy = true;
-    s.preempted = true;
-    s.stop_requested = true;
+    s.stop_training(core::State::StopReason::kUnhealthy);
     std::vector<int> bad;
     if (o_.response == "exclude_node") {
       for (const HealthFinding& f : findings) {
         if (std::find(bad.begin(), bad.end(), f.node) == bad.end()) bad.push_back(f.node);
       }
       std::sort(bad.begin(), bad.end());
-      s.node_bad = std::find(bad.begin(), bad.end(), mine_.node) != bad.end();
+      if (std::find(bad.begin(), bad.end(), mine_.node) != bad.end()) {
+        s.stop_training(core::State::StopReason::kNodeBad);
+      }
     }
     if (s.rank == 0) {
       if (bad.empty()) {

@@ -568,7 +568,7 @@ void Trainer::train_batch() {
 void Trainer::fit() {
   engine_->run_event(Event::kFitStart);
   if (cfg_.eval_first && state_.timestamp.batch == 0 && has_eval_loader()) eval();
-  while (!state_.reached_max_duration() && !state_.stop_requested) {
+  while (!state_.reached_max_duration() && !state_.stop_requested()) {
     if (state_.timestamp.batch_in_epoch == 0) engine_->run_event(Event::kEpochStart);
     // A run resumed from a checkpoint of an epoch's last batch has nothing left to load in that epoch.
     bool epoch_done = state_.timestamp.batch_in_epoch >= *state_.dataloader_len;
@@ -596,9 +596,8 @@ void Trainer::fit() {
       samples = static_cast<int64_t>(sums[0]);
       tokens = static_cast<int64_t>(sums[1]);
       loss_tokens_ = sums[2];
-      if (sums[3] > 0 && !state_.preempted) {
-        state_.preempted = true;
-        state_.stop_requested = true;
+      if (sums[3] > 0 && !state_.preempted()) {
+        state_.stop_training(State::StopReason::kPreempted);
         if (signal != 0) {
           spdlog::warn("rank {}: received {}; every rank finishes batch {}, saves a checkpoint and stops", state_.rank,
                        util::signal_name(signal), state_.timestamp.batch + 1);
@@ -615,13 +614,13 @@ void Trainer::fit() {
       state_.timestamp.to_next_batch(samples, tokens, seconds_since(started));
       engine_->run_event(Event::kBatchEnd);
       util::heartbeat(fmt::format("batch {}", state_.timestamp.batch));
-      if (eval_due_at_batch_end() && !state_.preempted) run_eval();  // a preemption saves first, as soon as it can
+      if (eval_due_at_batch_end() && !state_.preempted()) run_eval();  // a preemption saves first, as soon as it can
       engine_->run_event(Event::kBatchCheckpoint);
       if (state_.timestamp.batch_in_epoch == *state_.dataloader_len) {
         epoch_done = true;
         break;
       }
-      if (state_.reached_max_duration() || state_.stop_requested) break;
+      if (state_.reached_max_duration() || state_.stop_requested()) break;
     }
     if (!epoch_done) break;
     state_.previous_timestamp = state_.timestamp;
@@ -631,9 +630,10 @@ void Trainer::fit() {
     engine_->run_event(Event::kEpochCheckpoint);
   }
   engine_->run_event(Event::kFitEnd);
-  if (state_.preempted) {
+  if (state_.preempted()) {
     if (state_.rank == 0) {
-      spdlog::warn("{}: stopped after batch {}{}", state_.unhealthy ? "health monitor" : "preempted",
+      spdlog::warn("{}: stopped after batch {}{}",
+                   state_.stop_reason >= State::StopReason::kUnhealthy ? "health monitor" : "preempted",
                    state_.timestamp.batch,
                    saver_ && !saver_->saved().empty() ? "; resume from " + saver_->saved().back() : "");
     }

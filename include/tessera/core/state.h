@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <algorithm>
 
 #include <cstdint>
 #include <map>
@@ -79,19 +80,21 @@ struct State {
   double current_lr() const;
   // timestamp >= max_duration, in max_duration's unit.
   bool reached_max_duration() const { return !timestamp.before(max_duration); }
+  // Why training ends before max_duration; the most severe reason given so far holds:
+  //   kRequested  an algorithm or callback asked (Composer's stop_training: early stopping, loss spikes);
+  //   kPreempted  the ranks agreed to stop for a preemption signal (util/preemption.h): `train` exits kExitPreempted;
+  //   kUnhealthy  the health monitor's `response: stop` (callbacks/health_monitor.h): exits kExitUnhealthy, which the
+  //               supervisor restarts;
+  //   kNodeBad    its `response: exclude_node`, on the ranks of a node a finding names: exits kExitNodeBad, and an
+  //               elastic job's launcher excludes the node.
+  // From kPreempted on the run stops to resume later (preempted()): the checkpoint saver saves at this batch, and
+  // what FIT_END does only at the real end of training (exports, adapters) is skipped.
+  enum class StopReason { kNone, kRequested, kPreempted, kUnhealthy, kNodeBad };
+  StopReason stop_reason = StopReason::kNone;
   // Ends training after the current batch (Composer's stop_training).
-  void stop_training() { stop_requested = true; }
-  bool stop_requested = false;
-  // Set by the trainer when the ranks agreed to stop for a preemption signal (util/preemption.h), with
-  // stop_requested: the checkpoint saver saves at this batch, and what FIT_END does only at the real end of
-  // training (exports, adapters) is skipped.
-  bool preempted = false;
-  // Set with `preempted` by the health monitor's `response: stop` (callbacks/health_monitor.h): the job saves a
-  // checkpoint and exits kExitUnhealthy, which the supervisor restarts.
-  bool unhealthy = false;
-  // Set with `unhealthy` by the health monitor's `response: exclude_node` on the ranks of a node a finding names: the
-  // process exits util::kExitNodeBad, and an elastic job's launcher excludes the node.
-  bool node_bad = false;
+  void stop_training(StopReason why = StopReason::kRequested) { stop_reason = std::max(stop_reason, why); }
+  bool stop_requested() const { return stop_reason != StopReason::kNone; }
+  bool preempted() const { return stop_reason >= StopReason::kPreempted; }
   // Set by an algorithm at AFTER_TRAIN_BATCH: this batch's optimizer step is skipped (reset every batch).
   bool skip_optimizer_step = false;
   // Set by an algorithm or callback: restore the model and optimizer from the newest checkpoint after this batch.

@@ -68,14 +68,11 @@ class Trainer {
 
   // Trains until max_duration (or stop_training()), evaluating on eval_interval. With save_folder and
   // preemption_signals, one of those signals (received by any rank, from construction on) makes every rank finish its
-  // batch, save a checkpoint and return from fit() with preempted() true.
+  // batch, save a checkpoint and return from fit() with stop_reason() kPreempted.
   void fit();
-  // fit() stopped for a preemption signal after saving its checkpoint (the `train` tool exits util::kExitPreempted).
-  bool preempted() const { return state_.preempted; }
-  // Whether the health monitor stopped the run (response: stop) after a checkpoint.
-  bool unhealthy() const { return state_.unhealthy; }
-  // Whether the health monitor (response: exclude_node) marked this rank's node bad; `train` then exits 77.
-  bool node_bad() const { return state_.node_bad; }
+  // Why fit() stopped before max_duration (core::State::StopReason; kNone when it ran to the end). From kPreempted on,
+  // after saving its checkpoint: a preemption signal, or the health monitor's `response: stop` or `exclude_node`.
+  core::State::StopReason stop_reason() const { return state_.stop_reason; }
   // Evaluates the eval loader and the ICL tasks now (EVAL_STANDALONE_START/_END around the eval events); returns the
   // eval loader's metrics (empty without one). ICL accuracies go to state().eval_metrics["{label}/{k}-shot"].
   core::Metrics eval();
