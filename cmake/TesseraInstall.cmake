@@ -7,7 +7,7 @@ include(CMakePackageConfigHelpers)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/tessera DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(FILES ${PROJECT_BINARY_DIR}/include/tessera/version.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tessera)
 install(TARGETS tessera tessera_planner_model tessera_planner EXPORT TesseraTargets
-        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 set_target_properties(tessera PROPERTIES EXPORT_NAME tessera)
 set_target_properties(tessera_planner_model PROPERTIES EXPORT_NAME planner_model)
 set_target_properties(tessera_planner PROPERTIES EXPORT_NAME planner)

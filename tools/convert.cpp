@@ -55,6 +55,7 @@ uint64_t parse_size(const std::string& text) {
 
 int run(int argc, char** argv) {
   CLI::App app{"Export a Tessera checkpoint as a Hugging Face folder (config.json + safetensors).", "convert"};
+  tessera::util::add_plugin_option(app);
   std::string checkpoint_dir, out_dir, dtype = "float32", latest = "latest", layout = "transformers",
                                        shard_size = "5GB";
   app.add_option("--checkpoint", checkpoint_dir,

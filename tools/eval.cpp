@@ -35,6 +35,7 @@ namespace fs = std::filesystem;
 
 int run(int argc, char** argv) {
   CLI::App app{"Evaluate a model on in-context-learning tasks (LLM Foundry's task format).", "eval"};
+  tessera::util::add_plugin_option(app);
   std::string model_dir;
   std::string tokenizer_path;
   std::string tasks_path;

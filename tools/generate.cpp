@@ -65,6 +65,7 @@ std::vector<Prompt> read_prompt_file(const std::string& path) {
 
 int run(int argc, char** argv) {
   CLI::App app{"Generate text from a model (an HF folder, a Tessera checkpoint or save folder).", "generate"};
+  tessera::util::add_plugin_option(app);
   std::string model_path, tokenizer_path, prompt_file, output, system, log_level = "warn";
   std::vector<std::string> prompts, stops;
   bool chat = false;

@@ -81,6 +81,7 @@ std::string host_name() {
 
 int run(int argc, char** argv) {
   CLI::App app{"Train a causal language model (any registered family) from an LLM Foundry-style recipe.", "train"};
+  tessera::util::add_plugin_option(app);
   std::string recipe;
   std::vector<std::string> overrides;
   bool dry_run = false;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs the research example as its own user would (ctest -R example_research; docs/api.md#installing):
 # installs Tessera from BUILD_DIR into a prefix, moves the prefix (the package is relocatable), configures and builds
-# examples/research against it with find_package(Tessera), and runs research_lm and the installed tools. Then checks
+# examples/research against it with find_package(Tessera), and runs research_lm and the installed tools (with the
+# research components as a plug-in: train, then convert the checkpoint). Then checks
 # that a project which adds Tessera with add_subdirectory builds the library and tools only, no test or benchmark.
 #
 #   examples/research/check.sh BUILD_DIR WORK_DIR [GENERATOR] [CXX_COMPILER]
@@ -36,9 +37,38 @@ cmake -S "$src/examples/research" -B "$work/build" -G "$generator" -DCMAKE_CXX_C
 cmake --build "$work/build"
 "$work/build/research_lm"
 
-# The installed tools run from the prefix (their RUNPATH finds LibTorch).
+# The installed tools run from the prefix (their RUNPATH finds libtessera and LibTorch), and with the components as a
+# plug-in they train the research recipe and export its checkpoint; without it, convert names the unknown model_type.
 "$prefix/bin/train" --version
 "$prefix/bin/train" --recipe "$src/recipes/mpt-125m.yaml" --dry-run | grep -q parameters
+plugin="$work/build/libresearch_lm_plugin.so"
+run="$work/tools-run"
+rm -rf "$run"
+"$work/build/research_lm" data "$run/data"
+"$prefix/bin/train" --plugin "$plugin" --recipe "$src/examples/research/research.yaml" \
+  variables.data_local="$run/data" save_folder="$run/ckpt" loggers.jsonl.filename="$run/metrics.jsonl" \
+  max_duration=4ba eval_interval=2ba fsdp_config.sharding_strategy=NO_SHARD
+grep -q '"metrics/eval/Top5Accuracy"' "$run/metrics.jsonl" ||
+  { echo "check.sh: train --plugin logged no Top5Accuracy" >&2; exit 1; }
+"$prefix/bin/convert" --plugin "$plugin" --checkpoint "$run/ckpt" --hf-out "$run/hf"
+"$work/build/research_lm" same-logits "$run/ckpt/latest" "$run/hf"
+if "$prefix/bin/convert" --checkpoint "$run/ckpt" --hf-out "$run/hf2" 2> "$run/convert.err"; then
+  echo "check.sh: convert read a research checkpoint without the plug-in" >&2
+  exit 1
+fi
+grep -q 'model_type is "parallel_block_lm"' "$run/convert.err" || { cat "$run/convert.err" >&2; exit 1; }
+if "$prefix/bin/train" --plugin "$work/no-such-plugin.so" --recipe "$src/examples/research/research.yaml" \
+  2> "$run/plugin.err"; then
+  echo "check.sh: a missing plug-in was accepted" >&2
+  exit 1
+fi
+grep -q "no-such-plugin.so: no such file" "$run/plugin.err" || { cat "$run/plugin.err" >&2; exit 1; }
+if "$prefix/bin/convert" --plugin "$src/examples/research/research.yaml" --checkpoint "$run/ckpt" --hf-out "$run/hf3" \
+  2> "$run/plugin.err"; then
+  echo "check.sh: a file that is not a shared library was accepted as a plug-in" >&2
+  exit 1
+fi
+grep -q "research.yaml: cannot load: " "$run/plugin.err" || { cat "$run/plugin.err" >&2; exit 1; }
 
 # add_subdirectory: the library and the tools are targets, the tests and benchmarks are not.
 mkdir -p "$work/subdir"
@@ -57,4 +87,5 @@ if grep -E "tessera_tests|bench_|embed_trainer" <<< "$targets"; then
   echo "check.sh: add_subdirectory(tessera) would build the targets above (tests, benchmarks or examples)" >&2
   exit 1
 fi
-echo "check.sh: installed, built out of tree, ran; add_subdirectory builds the library and tools only"
+echo "check.sh: installed, built out of tree, ran; the installed tools trained and converted with the plug-in;" \
+  "add_subdirectory builds the library and tools only"

@@ -9,8 +9,11 @@
 #include <exception>
 #include <iostream>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "tessera/util/error.h"
+#include "tessera/util/plugin.h"
 #include "tessera/version.h"
 
 namespace tessera::util {
@@ -26,6 +29,15 @@ int tool_main(Body&& body) {
     std::cerr << "error: " << e.what() << "\n";
     return kExitRuntimeError;
   }
+}
+
+// --plugin PATH (repeatable): shared libraries that register components by name (util/plugin.h), loaded as the
+// command line is parsed, before the tool reads a recipe or builds a model.
+inline void add_plugin_option(CLI::App& app) {
+  app.add_option_function<std::vector<std::string>>(
+      "--plugin", [](const std::vector<std::string>& paths) { load_plugins(paths); },
+      "A shared library registering components (models and their HF model_types, losses, metrics, ...) by name; "
+      "repeatable (docs/api.md#plug-ins)");
 }
 
 // Parses the command line; returns the exit code to stop with (help or --version printed, or a usage error), else
