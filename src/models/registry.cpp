@@ -87,32 +87,30 @@ std::shared_ptr<CausalLM> HfModelTypeRegistry::build(const nlohmann::json& confi
   return it->second(config, where, device, seed);
 }
 
+namespace {
+
+// The builder of a family whose options `read` takes from a config.json: `Model` allocated only, or `build` from a
+// seed.
+template <class Options, class Model>
+HfConfigBuilder hf_builder(Options (*read)(const nlohmann::json&, const std::string&),
+                           Model (*build)(const Options&, uint64_t)) {
+  return [read, build](const nlohmann::json& config, const std::string& where, const std::string& device,
+                       std::optional<uint64_t> seed) -> std::shared_ptr<CausalLM> {
+    Options o = read(config, where);
+    o.init_device = device;
+    return seed ? build(o, *seed).ptr() : Model(o).ptr();
+  };
+}
+
+}  // namespace
+
 HfModelTypeRegistry& hf_model_type_registry() {
   static HfModelTypeRegistry* registry = [] {
     auto* r = new HfModelTypeRegistry;
-    r->add("mpt",
-           [](const nlohmann::json& config, const std::string& where, const std::string& device,
-              std::optional<uint64_t> seed) -> std::shared_ptr<CausalLM> {
-             MPTOptions o = mpt_options_from_hf_config(config, where);
-             o.init_device = device;
-             return seed ? build_mpt(o, *seed).ptr() : MPTForCausalLM(o).ptr();
-           });
-    // What Tessera exports an MPT with learned positions as.
-    r->add("gpt2",
-           [](const nlohmann::json& config, const std::string& where, const std::string& device,
-              std::optional<uint64_t> seed) -> std::shared_ptr<CausalLM> {
-             MPTOptions o = mpt_options_from_gpt2_config(config, where);
-             o.init_device = device;
-             return seed ? build_mpt(o, *seed).ptr() : MPTForCausalLM(o).ptr();
-           });
+    r->add("mpt", hf_builder(&mpt_options_from_hf_config, &build_mpt));
+    r->add("gpt2", hf_builder(&mpt_options_from_gpt2_config, &build_mpt));  // an MPT with learned positions
     for (const char* type : {"llama", "mistral", "qwen2"}) {
-      r->add(type,
-             [](const nlohmann::json& config, const std::string& where, const std::string& device,
-                std::optional<uint64_t> seed) -> std::shared_ptr<CausalLM> {
-               LlamaOptions o = llama_options_from_hf_config(config, where);
-               o.init_device = device;
-               return seed ? build_llama(o, *seed).ptr() : LlamaForCausalLM(o).ptr();
-             });
+      r->add(type, hf_builder(&llama_options_from_hf_config, &build_llama));
     }
     return r;
   }();
