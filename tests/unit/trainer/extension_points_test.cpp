@@ -21,8 +21,9 @@
 #include "tessera/util/error.h"
 #include "tiny_data.h"
 
-namespace tessera::trainer {
-namespace {
+// File-local names live in a named namespace: the sanitizer trees build the tests as unity batches, where an
+// anonymous namespace is shared with the other trainer tests (trainer_test.cpp has a dataset() too).
+namespace tessera::trainer::extension_points_test {
 
 namespace fs = std::filesystem;
 
@@ -292,5 +293,4 @@ TEST(HfModelTypes, AResearchFamilysModelTypeRebuildsItAndAnUnknownOneListsTheReg
   EXPECT_TRUE(at::equal(built->parameters()[0], BigramLM().rebuild("cpu", 3)->parameters()[0]));
 }
 
-}  // namespace
-}  // namespace tessera::trainer
+}  // namespace tessera::trainer::extension_points_test
