@@ -506,8 +506,10 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
         if (cfg_.accumulate_train_batch_on_tokens) {
           state_.loss = sum / per_rank_tokens;
         } else {
-          // The microbatch's mean over its loss tokens, by its share of the samples.
-          const auto tokens = static_cast<double>(std::max<int64_t>(1, data::loss_token_count(state_.batch)));
+          // The microbatch's mean over its loss tokens, by its share of the samples. The count stays on the device:
+          // no host sync per microbatch.
+          const at::Tensor tokens =
+              state_.batch.labels.slice(1, 1).ne(data::kIgnoreLabel).sum().clamp_min(1).to(sum.scalar_type());
           state_.loss = sum / tokens * (static_cast<double>(end - start) / static_cast<double>(n));
         }
       }
