@@ -1,4 +1,5 @@
-// MPT grouped-query attention over scaled_dot_product_attention, with a reference path for testing.
+// The attention primitives the families share: masks, positions, ALiBi slopes, rotary embeddings, the KV cache and
+// grouped-query scaled_dot_product_attention, with a reference path for testing.
 #include "tessera/models/attention.h"
 
 #include <ATen/autocast_mode.h>
@@ -50,6 +51,15 @@ at::Tensor positions_after_padding(const at::Tensor& key_mask, int64_t past, int
   return at::clamp_min(pos - pads, 0);
 }
 
+at::Tensor document_positions(const at::Tensor& sid) {
+  const int64_t s = sid.size(1);
+  const at::Tensor index = at::arange(s, sid.options().dtype(at::kLong)).unsqueeze(0).expand_as(sid);
+  at::Tensor starts = at::ones_like(sid, at::kBool);
+  starts.narrow(1, 1, s - 1).copy_(sid.narrow(1, 1, s - 1) != sid.narrow(1, 0, s - 1));
+  const at::Tensor doc_start = std::get<0>(at::cummax(at::where(starts, index, at::zeros_like(index)), 1));
+  return index - doc_start;
+}
+
 at::Tensor alibi_slopes(int64_t n_heads, double alibi_bias_max) {
   const int64_t n = int64_t{1} << static_cast<int64_t>(std::ceil(std::log2(static_cast<double>(n_heads))));
   at::Tensor m = at::arange(1, n + 1, at::kFloat) * static_cast<float>(alibi_bias_max / static_cast<double>(n));
@@ -62,60 +72,17 @@ at::Tensor alibi_slopes(int64_t n_heads, double alibi_bias_max) {
   return slopes;
 }
 
+at::Tensor rotary_inv_freq(int64_t head_dim, double theta) {
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  return 1.0 / at::pow(theta, at::arange(0, head_dim, 2, f32) / static_cast<double>(head_dim));
+}
+
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   // x: (B, S, H, hd); cos/sin: (S, hd/2) or (B, S, hd/2) -> broadcast over heads (and batch).
   const int64_t half = x.size(-1) / 2;
   const at::Tensor x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
   const at::Tensor c = cos.unsqueeze(-2).to(x.scalar_type()), s = sin.unsqueeze(-2).to(x.scalar_type());
   return at::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
-}
-
-GroupedQueryAttentionImpl::GroupedQueryAttentionImpl(const MPTOptions& o, const at::TensorOptions& t) : o_(o) {
-  const int64_t hd = o.head_dim(), h = o.n_heads, kv = o.attn.kv_n_heads;
-  Wqkv = register_module("Wqkv", Linear(o.d_model, (h + 2 * kv) * hd, o.wqkv_bias(), t));
-  if (o.attn.qk_ln || o.attn.qk_gn) {
-    // As LLM Foundry builds them: its default norm (LPLayerNorm, eps 1e-5, a bias unless no_bias), whatever the
-    // model's norm_type and norm_eps (its attention class is not given them).
-    constexpr NormType kQk = NormType::kLowPrecisionLayerNorm;
-    q_ln = register_module("q_ln", Norm(o.attn.qk_gn ? hd : h * hd, kQk, 1e-5, !o.no_bias, t));
-    k_ln = register_module("k_ln", Norm(o.attn.qk_gn ? hd : kv * hd, kQk, 1e-5, !o.no_bias, t));
-  }
-  out_proj = register_module("out_proj", Linear(h * hd, o.d_model, !o.no_bias, t));
-  out_proj->is_residual = true;
-  scale_ = o.attn.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(hd)));
-}
-
-at::Tensor GroupedQueryAttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
-  const int64_t b = x.size(0), s = x.size(1), hd = o_.head_dim(), h = o_.n_heads, kv = o_.attn.kv_n_heads;
-  at::Tensor qkv = Wqkv(x);  // (B, S, (H + 2 KV) hd): [Q | K | V], head-major
-  if (o_.attn.clip_qkv) qkv = qkv.clamp(-*o_.attn.clip_qkv, *o_.attn.clip_qkv);
-  at::Tensor q = qkv.narrow(2, 0, h * hd), k = qkv.narrow(2, h * hd, kv * hd),
-             v = qkv.narrow(2, (h + kv) * hd, kv * hd);
-  if (q_ln) {
-    const auto dtype = q.scalar_type();
-    if (o_.attn.qk_gn) {
-      q = q_ln(q.reshape({b, s, h, hd})).to(dtype).reshape({b, s, h * hd});
-      k = k_ln(k.reshape({b, s, kv, hd})).to(dtype).reshape({b, s, kv * hd});
-    } else {
-      q = q_ln(q).to(dtype);
-      k = k_ln(k).to(dtype);
-    }
-  }
-  q = q.reshape({b, s, h, hd});
-  k = k.reshape({b, s, kv, hd});
-  v = v.reshape({b, s, kv, hd});
-  if (in.rope_cos.defined()) {
-    q = apply_rotary(q, in.rope_cos, in.rope_sin);
-    k = apply_rotary(k, in.rope_cos, in.rope_sin);
-  }
-  q = q.transpose(1, 2);  // (B, H, S, hd)
-  k = k.transpose(1, 2);  // (B, KV, S, hd)
-  v = v.transpose(1, 2);
-  append_to_cache(cache, k, v);
-  const at::Tensor context = attend(q, k, v, in, scale_, is_training() ? o_.attn.attn_pdrop : 0.0, is_training())
-                                 .transpose(1, 2)
-                                 .reshape({b, s, h * hd});  // (B, S, H hd)
-  return out_proj(context);
 }
 
 void append_to_cache(LayerCache* cache, at::Tensor& k, at::Tensor& v) {

@@ -1,4 +1,4 @@
-// Linear, Norm and Embedding modules with meta-device-friendly parameter creation.
+// Linear, Norm and Embedding modules with meta-device-friendly parameter creation, and the initialisation helpers.
 #include "tessera/models/layers.h"
 
 #include <ATen/autocast_mode.h>
@@ -83,6 +83,35 @@ EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim, const at::Tens
 
 at::Tensor EmbeddingImpl::forward(const at::Tensor& ids) {
   return at::embedding(weight, ids);
+}
+
+uint64_t module_seed(uint64_t seed, const std::string& module_name) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the name, mixed with the seed (splitmix64's finaliser)
+  for (const unsigned char c : module_name) h = (h ^ c) * 1099511628211ull;
+  uint64_t z = h ^ (seed + 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+void normal_from(at::Tensor w, double mean, double std, at::Generator& gen) {
+  if (w.is_cpu()) {
+    w.normal_(mean, std, gen);
+    return;
+  }
+  at::Tensor t = at::empty(w.sizes(), w.options().device(at::kCPU));
+  t.normal_(mean, std, gen);
+  w.copy_(t);
+}
+
+void uniform_from(at::Tensor w, double low, double high, at::Generator& gen) {
+  if (w.is_cpu()) {
+    w.uniform_(low, high, gen);
+    return;
+  }
+  at::Tensor t = at::empty(w.sizes(), w.options().device(at::kCPU));
+  t.uniform_(low, high, gen);
+  w.copy_(t);
 }
 
 }  // namespace tessera::models

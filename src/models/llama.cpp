@@ -10,7 +10,7 @@
 #include <set>
 
 #include "tessera/config/value.h"
-#include "tessera/models/mpt.h"  // module_seed
+#include "tessera/models/layers.h"
 #include "tessera/util/error.h"
 
 namespace tessera::models {
@@ -216,9 +216,7 @@ double llama_activation_bytes(const LlamaOptions& o, int64_t batch, int64_t seq_
 }
 
 at::Tensor llama_inv_freq(const LlamaOptions& o) {
-  const auto f32 = at::TensorOptions().dtype(at::kFloat);
-  // HF: 1 / base ** (arange(0, dim, 2) / dim), in float32.
-  at::Tensor inv = 1.0 / at::pow(o.rope_theta, at::arange(0, o.head_dim, 2, f32) / static_cast<double>(o.head_dim));
+  at::Tensor inv = rotary_inv_freq(o.head_dim, o.rope_theta);
   const RopeScaling& r = o.rope_scaling;
   if (r.type == "linear") return inv / r.factor;
   if (r.type != "llama3") return inv;
@@ -338,14 +336,7 @@ at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOpt
   // Positions: past .. past + s, less the padding before each token (left padding, as HF's generate sets
   // position_ids), restarting at each packed document.
   at::Tensor positions = positions_after_padding(key_mask, past, s, ids.options());
-  if (fo.sequence_id) {
-    const at::Tensor& sid = *fo.sequence_id;
-    const at::Tensor index = at::arange(s, ids.options().dtype(at::kLong)).unsqueeze(0).expand_as(sid);
-    at::Tensor starts = at::ones_like(sid, at::kBool);
-    starts.narrow(1, 1, s - 1).copy_(sid.narrow(1, 1, s - 1) != sid.narrow(1, 0, s - 1));
-    const at::Tensor doc_start = std::get<0>(at::cummax(at::where(starts, index, at::zeros_like(index)), 1));
-    positions = index - doc_start;
-  }
+  if (fo.sequence_id) positions = document_positions(*fo.sequence_id);
   auto embed = [this](const at::Tensor& input_ids) { return model->embed_tokens(input_ids); };
   at::Tensor x = run_unit(runner_, 0, embed, ids);
   const AttentionInputs in = attention_inputs(ids, fo, past, key_mask, positions);

@@ -1,4 +1,4 @@
-// MPT modules: FFN, block, transformer body and the causal-LM head; mask and rotary tables built per call.
+// MPT modules: attention, FFN, block, transformer body and the causal-LM head; mask and rotary tables built per call.
 #include "tessera/models/mpt.h"
 
 #include <fmt/format.h>
@@ -14,6 +14,54 @@ namespace {
 constexpr float kMasked = std::numeric_limits<float>::lowest();  // LLM Foundry fills with finfo.min, not -inf
 
 }  // namespace
+
+GroupedQueryAttentionImpl::GroupedQueryAttentionImpl(const MPTOptions& o, const at::TensorOptions& t) : o_(o) {
+  const int64_t hd = o.head_dim(), h = o.n_heads, kv = o.attn.kv_n_heads;
+  Wqkv = register_module("Wqkv", Linear(o.d_model, (h + 2 * kv) * hd, o.wqkv_bias(), t));
+  if (o.attn.qk_ln || o.attn.qk_gn) {
+    // As LLM Foundry builds them: its default norm (LPLayerNorm, eps 1e-5, a bias unless no_bias), whatever the
+    // model's norm_type and norm_eps (its attention class is not given them).
+    constexpr NormType kQk = NormType::kLowPrecisionLayerNorm;
+    q_ln = register_module("q_ln", Norm(o.attn.qk_gn ? hd : h * hd, kQk, 1e-5, !o.no_bias, t));
+    k_ln = register_module("k_ln", Norm(o.attn.qk_gn ? hd : kv * hd, kQk, 1e-5, !o.no_bias, t));
+  }
+  out_proj = register_module("out_proj", Linear(h * hd, o.d_model, !o.no_bias, t));
+  out_proj->is_residual = true;
+  scale_ = o.attn.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(hd)));
+}
+
+at::Tensor GroupedQueryAttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
+  const int64_t b = x.size(0), s = x.size(1), hd = o_.head_dim(), h = o_.n_heads, kv = o_.attn.kv_n_heads;
+  at::Tensor qkv = Wqkv(x);  // (B, S, (H + 2 KV) hd): [Q | K | V], head-major
+  if (o_.attn.clip_qkv) qkv = qkv.clamp(-*o_.attn.clip_qkv, *o_.attn.clip_qkv);
+  at::Tensor q = qkv.narrow(2, 0, h * hd), k = qkv.narrow(2, h * hd, kv * hd),
+             v = qkv.narrow(2, (h + kv) * hd, kv * hd);
+  if (q_ln) {
+    const auto dtype = q.scalar_type();
+    if (o_.attn.qk_gn) {
+      q = q_ln(q.reshape({b, s, h, hd})).to(dtype).reshape({b, s, h * hd});
+      k = k_ln(k.reshape({b, s, kv, hd})).to(dtype).reshape({b, s, kv * hd});
+    } else {
+      q = q_ln(q).to(dtype);
+      k = k_ln(k).to(dtype);
+    }
+  }
+  q = q.reshape({b, s, h, hd});
+  k = k.reshape({b, s, kv, hd});
+  v = v.reshape({b, s, kv, hd});
+  if (in.rope_cos.defined()) {
+    q = apply_rotary(q, in.rope_cos, in.rope_sin);
+    k = apply_rotary(k, in.rope_cos, in.rope_sin);
+  }
+  q = q.transpose(1, 2);  // (B, H, S, hd)
+  k = k.transpose(1, 2);  // (B, KV, S, hd)
+  v = v.transpose(1, 2);
+  append_to_cache(cache, k, v);
+  const at::Tensor context = attend(q, k, v, in, scale_, is_training() ? o_.attn.attn_pdrop : 0.0, is_training())
+                                 .transpose(1, 2)
+                                 .reshape({b, s, h * hd});  // (B, S, H hd)
+  return out_proj(context);
+}
 
 FFNImpl::FFNImpl(const MPTOptions& o, const at::TensorOptions& t) {
   const int64_t f = o.ffn_hidden();

@@ -1,5 +1,7 @@
-// MPT attention: fused Wqkv, grouped-query heads, optional qk LayerNorm, clipping, rotary embeddings, and
-// scaled_dot_product_attention with ALiBi / causal / sliding-window / packed-document / padding masks.
+// Attention as every family computes it: padding masks and positions, ALiBi slopes, rotary embeddings, the KV cache,
+// and grouped-query scaled_dot_product_attention with ALiBi / causal / sliding-window / packed-document / padding
+// masks (or the explicit softmax path). Each family's attention module projects, splits and combines heads its own
+// way and calls attend().
 #pragma once
 
 #include <ATen/ATen.h>
@@ -8,7 +10,6 @@
 #include <vector>
 
 #include "tessera/models/causal_lm.h"
-#include "tessera/models/layers.h"
 
 namespace tessera::models {
 
@@ -25,11 +26,14 @@ at::Tensor key_padding_mask(const at::Tensor& ids, const ForwardOptions& fo);
 at::Tensor positions_after_padding(const at::Tensor& key_mask, int64_t past, int64_t s,
                                    const at::TensorOptions& options);
 
+// Positions that restart at 0 at each packed document of `sequence_id` (B, S) int64: int64 (B, S).
+at::Tensor document_positions(const at::Tensor& sequence_id);
+
 // LLM Foundry's gen_slopes: slope_k = 2^(-alibi_bias_max * k / n) for k = 1..n, n the next power of two; for other
 // head counts the odd-indexed slopes of the power of two come first. Shape (n_heads,), float32.
 at::Tensor alibi_slopes(int64_t n_heads, double alibi_bias_max);
 
-// Everything a block's attention needs for one forward call, built once per call by MPTModel and shared by blocks.
+// Everything a block's attention needs for one forward call, built once per call by the model and shared by blocks.
 struct AttentionInputs {
   int64_t past = 0;                // positions already in the KV cache before this chunk
   std::optional<at::Tensor> mask;  // additive, broadcastable to (B, H, s_q, s_k), in the compute dtype
@@ -39,22 +43,9 @@ struct AttentionInputs {
   bool reference = false;          // use the explicit softmax(QK^T * scale + mask) V path instead of SDPA
 };
 
-class GroupedQueryAttentionImpl : public torch::nn::Module {
- public:
-  GroupedQueryAttentionImpl(const MPTOptions& options, const at::TensorOptions& tensor_options);
-  // x: (B, S, d_model) -> (B, S, d_model). With `cache`, appends this chunk's keys and values to it.
-  at::Tensor forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache = nullptr);
-
-  Linear Wqkv{nullptr};
-  Linear out_proj{nullptr};
-  Norm q_ln{nullptr};
-  Norm k_ln{nullptr};
-
- private:
-  MPTOptions o_;
-  double scale_;
-};
-TORCH_MODULE(GroupedQueryAttention);
+// Rotary inverse frequencies as HF and LLM Foundry compute them: 1 / theta^(arange(0, head_dim, 2) / head_dim),
+// float32, (head_dim / 2,), on the CPU.
+at::Tensor rotary_inv_freq(int64_t head_dim, double theta);
 
 // Applies GPT-NeoX-style (flash-attn "dail", non-interleaved; HF's rotate_half) rotary embeddings to
 // x: (B, S, heads, head_dim), with cos/sin (S, head_dim / 2) or, for per-row positions, (B, S, head_dim / 2).

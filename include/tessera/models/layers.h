@@ -1,5 +1,5 @@
-// Building blocks of the MPT model: Linear, LayerNorm/RMSNorm (optionally low precision) and Embedding modules whose
-// parameters are created directly with the requested TensorOptions, so a model can be built on the `meta` device
+// Building blocks every family shares: Linear, LayerNorm/RMSNorm (optionally low precision) and Embedding modules
+// whose parameters are created directly with the requested TensorOptions, so a model can be built on the `meta` device
 // (no memory) and materialised later by the sharding engine. Parameter names ("weight", "bias") are the HF ones.
 // Not thread-safe (like every torch::nn::Module).
 #pragma once
@@ -8,7 +8,10 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
-#include "tessera/models/mpt_config.h"
+#include <cstdint>
+#include <string>
+
+#include "tessera/models/norm_type.h"
 
 namespace tessera::models {
 
@@ -59,5 +62,17 @@ class EmbeddingImpl : public torch::nn::Module {
   at::Tensor weight;  // (num_embeddings, dim)
 };
 TORCH_MODULE(Embedding);
+
+// ---- Initialisation helpers shared by the families' init_weights ---------------------------------------------------
+
+// The seed of module `module_name`'s own generator under a whole-model init from `seed`: each module draws from its
+// own generator, so initialising any subset of modules (one unit at a time, when a sharded model is built from
+// `meta`) gives exactly the values of a whole-model init.
+uint64_t module_seed(uint64_t seed, const std::string& module_name);
+
+// Random fills from a CPU generator into a tensor on any device: drawn on the CPU and copied, so that a model built
+// on a GPU gets exactly the weights it gets on the CPU (and a CUDA tensor cannot take a CPU generator).
+void normal_from(at::Tensor w, double mean, double std, at::Generator& gen);
+void uniform_from(at::Tensor w, double low, double high, at::Generator& gen);
 
 }  // namespace tessera::models

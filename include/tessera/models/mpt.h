@@ -23,6 +23,25 @@
 
 namespace tessera::models {
 
+// MPT attention: fused Wqkv ([Q | K | V], head-major), grouped-query heads, optional qk LayerNorm, clipping and
+// rotary embeddings.
+class GroupedQueryAttentionImpl : public torch::nn::Module {
+ public:
+  GroupedQueryAttentionImpl(const MPTOptions& options, const at::TensorOptions& tensor_options);
+  // x: (B, S, d_model) -> (B, S, d_model). With `cache`, appends this chunk's keys and values to it.
+  at::Tensor forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache = nullptr);
+
+  Linear Wqkv{nullptr};
+  Linear out_proj{nullptr};
+  Norm q_ln{nullptr};
+  Norm k_ln{nullptr};
+
+ private:
+  MPTOptions o_;
+  double scale_;
+};
+TORCH_MODULE(GroupedQueryAttention);
+
 // mptmlp: down_proj(gelu(up_proj(x))); mptglu: down_proj(gelu(gate_proj(x)) * up_proj(x)). Exact (erf) GELU.
 class FFNImpl : public torch::nn::Module {
  public:
@@ -137,13 +156,6 @@ inline void init_mpt_weights(MPTForCausalLM& model, uint64_t seed,
                              const std::function<bool(const std::string&)>& select = nullptr) {
   init_mpt_weights(*model, seed, select);
 }
-// The seed of module `module_name`'s generator under init_mpt_weights(model, seed).
-uint64_t module_seed(uint64_t seed, const std::string& module_name);
-
-// Random fills from a CPU generator into a tensor on any device: drawn on the CPU and copied, so that a model built
-// on a GPU gets exactly the weights it gets on the CPU (and a CUDA tensor cannot take a CPU generator).
-void normal_from(at::Tensor w, double mean, double std, at::Generator& gen);
-void uniform_from(at::Tensor w, double low, double high, at::Generator& gen);
 
 // A model built on `meta` describes shapes only (no memory). materialize() returns the same model allocated on
 // `device` and initialised from `seed` (identical to building it there directly); the meta model is left as it was.

@@ -8,10 +8,10 @@
 
 #include "tessera/config/reader.h"
 #include "tessera/config/registry.h"
+#include "tessera/models/norm_type.h"
 
 namespace tessera::models {
 
-enum class NormType { kLayerNorm, kLowPrecisionLayerNorm, kRMSNorm, kLowPrecisionRMSNorm };
 enum class FfnType { kMLP, kGLU };  // LLM Foundry's mptmlp, mptglu
 
 struct AttentionOptions {
