@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/models/causal_lm.h"
+#include "tessera/models/falcon.h"
 #include "tessera/models/hf_causal_lm.h"
 #include "tessera/models/llama.h"
 #include "tessera/models/mpt.h"
@@ -36,6 +37,18 @@ ModelRegistry& model_registry() {
           LlamaOptions o = std::any_cast<const LlamaOptions&>(m.options);
           o.init_device = device;
           return build_llama(o, seed).ptr();
+        });
+    r->add(
+        "falcon",
+        [](config::Section& s) {
+          const FalconOptions o = parse_falcon_options(s);
+          s.finish();
+          return ModelOptions{"falcon", o, o.max_position_embeddings, o.init_device, {}};
+        },
+        [](const ModelOptions& m, const std::string& device, uint64_t seed) -> std::shared_ptr<CausalLM> {
+          FalconOptions o = std::any_cast<const FalconOptions&>(m.options);
+          o.init_device = device;
+          return build_falcon(o, seed).ptr();
         });
     r->add(
         "hf_causal_lm",
@@ -112,6 +125,7 @@ HfModelTypeRegistry& hf_model_type_registry() {
     for (const char* type : {"llama", "mistral", "qwen2"}) {
       r->add(type, hf_builder(&llama_options_from_hf_config, &build_llama));
     }
+    r->add("falcon", hf_builder(&falcon_options_from_hf_config, &build_falcon));
     return r;
   }();
   return *registry;

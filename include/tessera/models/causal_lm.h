@@ -164,8 +164,8 @@ struct ModelOptions {
 };
 
 // `model.name` -> parse the section, build on a device ("cpu", "cuda:0", "meta") from a seed. Built in:
-// mpt_causal_lm, llama, and hf_causal_lm (a Hugging Face folder or cached hub id of any family that reads HF configs).
-// Research code adds its own entries before building a Trainer.
+// mpt_causal_lm, llama, falcon, and hf_causal_lm (a Hugging Face folder or cached hub id of any family that reads HF
+// configs). Research code adds its own entries before building a Trainer.
 using ModelRegistry = config::Registry<ModelOptions, std::shared_ptr<CausalLM>, const std::string&, uint64_t>;
 ModelRegistry& model_registry();
 
@@ -191,7 +191,7 @@ class HfModelTypeRegistry {
   std::map<std::string, HfConfigBuilder> builders_;
 };
 
-// Built in: mpt, gpt2 (what an MPT with learned positions exports as), llama, mistral, qwen2.
+// Built in: mpt, gpt2 (what an MPT with learned positions exports as), llama, mistral, qwen2, falcon.
 HfModelTypeRegistry& hf_model_type_registry();
 
 // hf_model_type_registry().build(...).

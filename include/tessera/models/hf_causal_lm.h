@@ -1,6 +1,7 @@
 // LLM Foundry's `model.name: hf_causal_lm`: a model described by a Hugging Face folder (a local path, or a hub id in
-// the local Hugging Face cache, util/hf_hub.h), whose config.json model_type picks the family (llama, mistral, qwen2,
-// mpt, gpt2), with LLM Foundry's `config_overrides` applied, and whose weights start the run when `pretrained`.
+// the local Hugging Face cache, util/hf_hub.h), whose config.json model_type picks the family (hf_model_type_registry:
+// llama, mistral, qwen2, falcon, mpt, gpt2, and what plug-ins register), with LLM Foundry's `config_overrides`
+// applied, and whose weights start the run when `pretrained`.
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -75,6 +75,12 @@ struct TinyLlama {
       "{name: llama, hidden_size: 32, num_attention_heads: 4, num_key_value_heads: 2, num_hidden_layers: 3,\n"
       "        intermediate_size: 64, vocab_size: 64, max_position_embeddings: 32}";
 };
+struct TinyFalcon {  // Falcon 40B's block: grouped K/V, attention and MLP in parallel after their own LayerNorms
+  static constexpr const char* kDir = "dist_training_falcon";
+  static constexpr const char* kModel =
+      "{name: falcon, hidden_size: 32, num_attention_heads: 4, num_kv_heads: 2, new_decoder_architecture: true,\n"
+      "        num_hidden_layers: 3, ffn_hidden_size: 64, vocab_size: 64, max_position_embeddings: 32}";
+};
 
 template <class Model>
 class DistTrainingOf : public ::testing::Test {
@@ -200,6 +206,7 @@ fs::path DistTrainingOf<Model>::root_;
 
 using DistTraining = DistTrainingOf<TinyMpt>;
 using DistTrainingLlama = DistTrainingOf<TinyLlama>;
+using DistTrainingFalcon = DistTrainingOf<TinyFalcon>;
 
 }  // namespace
 
@@ -609,6 +616,17 @@ TEST_F(DistTrainingLlama, CheckpointsReshardAcrossWorldSizesAndStrategies) {
 TEST_F(DistTrainingLlama, KillingARandomRankResumesToTheUninterruptedWeights) {
   if (is_worker()) GTEST_SKIP();
   expect_kills_resume_bitwise(1);
+}
+
+// ---- The Falcon family: added under models/ only, trained by the same engine ---------------------------------------
+
+TEST_F(DistTrainingFalcon, FullShardFromMetaMatchesOneProcessAndItsCheckpointResumesInOne) {
+  if (is_worker()) GTEST_SKIP();
+  expect_same(single(), run("fs2meta", 2, {"model.init_device=meta", "fsdp_config.activation_checkpointing=true"}),
+              "Falcon FULL_SHARD x2 from meta, with activation checkpointing");
+  const double want = single().losses.at(10);
+  const std::string fs2 = save_at_ten("ck_fs2", 2, "FULL_SHARD");
+  EXPECT_NEAR(loss_after_resuming("ck_fs2_to_1", 1, "", fs2), want, 1e-5 * want) << "FULL_SHARD x2 -> 1 process";
 }
 
 // ---- Failure: a killed rank ends the job ----------------------------------------------------------------------------
