@@ -238,6 +238,10 @@ LoaderOptions parse_finetuning_loader(Section& s) {
 
 }  // namespace
 
+LoaderOptions parse_text_section(Section& s) {
+  return parse_text_loader(s);
+}
+
 LoaderOptions parse_finetuning_section(Section& s) {
   return parse_finetuning_loader(s);
 }
@@ -250,16 +254,6 @@ TokenizerOptions parse_tokenizer_options(Section& s) {
   kwargs.finish({"trust_remote_code", "padding_side", "use_fast", "add_bos_token", "add_eos_token"});
   s.finish();
   return o;
-}
-
-config::Registry<LoaderOptions>& loader_registry() {
-  static config::Registry<LoaderOptions>* registry = [] {
-    auto* r = new config::Registry<LoaderOptions>("data loader");
-    r->add("text", parse_text_loader);
-    r->add("finetuning", parse_finetuning_loader);
-    return r;
-  }();
-  return *registry;
 }
 
 }  // namespace tessera::data

@@ -9,6 +9,7 @@
 #include "tessera/algorithms/options.h"
 #include "tessera/callbacks/options.h"
 #include "tessera/config/reader.h"
+#include "tessera/data/data_loader.h"
 #include "tessera/loggers/options.h"
 #include "tessera/models/loss.h"
 #include "tessera/models/metric.h"

@@ -15,9 +15,7 @@
 #include "tessera/algorithms/algorithms.h"
 #include "tessera/callbacks/callbacks.h"
 #include "tessera/callbacks/checkpoint_saver.h"
-#include "tessera/data/finetuning.h"
 #include "tessera/data/loader.h"
-#include "tessera/data/streaming_dataset.h"
 #include "tessera/dist/communicator.h"
 #include "tessera/dist/fsdp.h"
 #include "tessera/loggers/loggers.h"
@@ -78,11 +76,6 @@ std::vector<double> sum_over_ranks(const State& s, const std::vector<double>& va
 }
 
 // The loader's dataset options with this run's per-device batch size.
-data::StreamingOptions with_batch_size(data::StreamingOptions o, int64_t batch_size) {
-  o.batch_size = batch_size;
-  return o;
-}
-
 int64_t count_tokens(const data::TokenBatch& b) {
   return b.labels.ne(data::kIgnoreLabel).sum().item<int64_t>();
 }
@@ -215,63 +208,44 @@ data::Tokenizer Trainer::load_tokenizer(const std::string& needed_by) const {
 }
 
 std::unique_ptr<data::BatchIterator> Trainer::open_train_epoch() {
-  const config::Timestamp& t = state_.timestamp;
-  if (train_ft_) {
-    return std::make_unique<data::FinetuningBatches>(*train_ft_, t.epoch, state_.world_size, state_.rank,
-                                                     cfg_.train_loader.tokens.drop_last, t.batch_in_epoch);
-  }
-  return std::make_unique<data::TokenBatchLoader>(*train_data_, workers_, t.epoch, t.sample_in_epoch,
-                                                  state_.rank / state_.local_world_size, state_.local_rank,
-                                                  cfg_.train_loader.tokens);
+  return train_loader_->open(state_.timestamp);
 }
 
 std::unique_ptr<data::BatchIterator> Trainer::open_eval() {
-  if (eval_ft_) {
-    return std::make_unique<data::FinetuningBatches>(*eval_ft_, 0, state_.world_size, state_.rank,
-                                                     cfg_.eval_loader->tokens.drop_last, 0);
-  }
-  return std::make_unique<data::TokenBatchLoader>(*eval_data_, workers_, 0, 0, state_.rank / state_.local_world_size,
-                                                  state_.local_rank, cfg_.eval_loader->tokens);
+  return eval_loader_->open(config::Timestamp{});
 }
 
 void Trainer::build_data() {
-  if (cfg_.train_loader.finetuning || (cfg_.eval_loader && cfg_.eval_loader->finetuning)) {
-    const data::ChatTokenizer tok(load_tokenizer("the finetuning loader"), "");
-    if (cfg_.train_loader.finetuning) {
-      train_ft_ =
-          std::make_unique<data::FinetuningDataset>(*cfg_.train_loader.finetuning, tok, state_.device_train_batch_size,
-                                                    state_.world_size, state_.local_world_size);
-      state_.dataloader_len = train_ft_->batches_in_epoch(state_.world_size, cfg_.train_loader.tokens.drop_last);
-      if (*state_.dataloader_len == 0) {
-        throw Error("train", fmt::format("the fine-tuning data has fewer examples ({}) than one device batch ({})",
-                                         train_ft_->size(), train_ft_->examples_per_batch()));
-      }
-    }
-    if (cfg_.eval_loader && cfg_.eval_loader->finetuning) {
-      eval_ft_ = std::make_unique<data::FinetuningDataset>(
-          *cfg_.eval_loader->finetuning, tok, cfg_.device_eval_batch_size, state_.world_size, state_.local_world_size);
-    }
-  }
   if (cfg_.train_loader.tokens.max_seq_len != cfg_.max_seq_len) {
     spdlog::warn("train_loader.dataset.max_seq_len ({}) differs from max_seq_len ({})",
                  cfg_.train_loader.tokens.max_seq_len, cfg_.max_seq_len);
   }
   const dist::Rendezvous& rv = rendezvous_;
-  workers_ = std::max<int64_t>(1, cfg_.train_loader.num_workers);
-  const data::World world{rv.num_nodes(), rv.local_world_size, workers_};
-  if (!train_ft_) {
-    train_data_ = std::make_unique<data::StreamingDataset>(
-        with_batch_size(cfg_.train_loader.dataset, state_.device_train_batch_size), world);
-    state_.dataloader_len =
-        data::batches_in_epoch(*train_data_, 0, 0, rv.node_rank(), rv.local_rank, cfg_.train_loader.tokens.drop_last);
-    if (*state_.dataloader_len == 0) {
-      throw Error("train", fmt::format("the training data has fewer samples ({}) than one device batch ({})",
-                                       train_data_->epoch_size(), state_.device_train_batch_size));
-    }
-  }
-  if (cfg_.eval_loader && !eval_ft_) {
-    eval_data_ = std::make_unique<data::StreamingDataset>(
-        with_batch_size(cfg_.eval_loader->dataset, cfg_.device_eval_batch_size), world);
+  data::LoaderContext ctx;
+  ctx.world_size = state_.world_size;
+  ctx.rank = state_.rank;
+  ctx.num_nodes = rv.num_nodes();
+  ctx.node_rank = rv.node_rank();
+  ctx.local_world_size = rv.local_world_size;
+  ctx.local_rank = rv.local_rank;
+  // The recipe's tokenizer, loaded once by the first loader that asks for it.
+  auto tokenizer = std::make_shared<std::optional<data::Tokenizer>>();
+  auto tokenizer_for = [this, tokenizer](const std::string& loader) {
+    return [this, tokenizer, loader] {
+      if (!*tokenizer) *tokenizer = load_tokenizer("the " + loader + " loader");
+      return **tokenizer;
+    };
+  };
+  ctx.split = "train_loader";
+  ctx.device_batch_size = state_.device_train_batch_size;
+  ctx.tokenizer = tokenizer_for(cfg_.train_loader.name);
+  train_loader_ = data::loader_registry().build(cfg_.train_loader.name, cfg_.train_loader, ctx);
+  state_.dataloader_len = train_loader_->batches_per_epoch();
+  if (cfg_.eval_loader) {
+    ctx.split = "eval_loader";
+    ctx.device_batch_size = cfg_.device_eval_batch_size;
+    ctx.tokenizer = tokenizer_for(cfg_.eval_loader->name);
+    eval_loader_ = data::loader_registry().build(cfg_.eval_loader->name, *cfg_.eval_loader, ctx);
   }
 }
 
@@ -398,15 +372,12 @@ void Trainer::shard_model() {
 
 nlohmann::json Trainer::resumption_state() const {
   const config::Timestamp& t = state_.timestamp;
-  return {
-      {"config", cfg_.resolved.to_json()},
-      {"dataset",
-       {{"train", train_ft_ ? nlohmann::json{{"finetuning", {{"epoch", t.epoch}, {"batch_in_epoch", t.batch_in_epoch}}}}
-                            : train_data_->state(t.epoch, t.sample_in_epoch).to_json()}}},
-      {"trainer",
-       {{"loss_scale", loss_scaler_.loss_scale()},
-        {"good_steps", loss_scaler_.good_steps()},
-        {"device_train_microbatch_size", state_.device_train_microbatch_size}}}};
+  return {{"config", cfg_.resolved.to_json()},
+          {"dataset", {{"train", train_loader_->state(t)}}},
+          {"trainer",
+           {{"loss_scale", loss_scaler_.loss_scale()},
+            {"good_steps", loss_scaler_.good_steps()},
+            {"device_train_microbatch_size", state_.device_train_microbatch_size}}}};
 }
 
 void Trainer::load_initial_checkpoint() {
@@ -432,32 +403,7 @@ void Trainer::load_initial_checkpoint() {
   if (loaded.full_state) {
     const nlohmann::json& m = loaded.metadata;
     if (m.contains("dataset") && m["dataset"].contains("train")) {
-      const nlohmann::json& d = m["dataset"]["train"];
-      if (d.contains("finetuning") != (train_ft_ != nullptr)) {
-        throw Error("checkpoint",
-                    fmt::format("{}: the checkpoint's data loader state is for a {} loader, this run's "
-                                "train_loader is {}",
-                                loaded.path, d.contains("finetuning") ? "finetuning" : "text", cfg_.train_loader.name));
-      }
-    }
-    if (train_ft_ && m.contains("dataset") && m["dataset"].contains("train")) {
-      // The epoch's order is the sampler's for that epoch; the batches trained are skipped when the epoch opens.
-      const nlohmann::json& f = m["dataset"]["train"]["finetuning"];
-      if (f.value("epoch", int64_t{-1}) != state_.timestamp.epoch ||
-          f.value("batch_in_epoch", int64_t{-1}) != state_.timestamp.batch_in_epoch) {
-        throw Error("checkpoint",
-                    fmt::format("{}: the data loader state ({}) does not match the timestamp (epoch {}, "
-                                "batch {})",
-                                loaded.path, f.dump(), state_.timestamp.epoch, state_.timestamp.batch_in_epoch));
-      }
-    } else if (m.contains("dataset") && m["dataset"].contains("train")) {
-      const auto [epoch, sample] = train_data_->load_state(data::ResumeState::from_json(m["dataset"]["train"]));
-      if (epoch != state_.timestamp.epoch || sample != state_.timestamp.sample_in_epoch) {
-        throw Error("checkpoint",
-                    fmt::format("{}: the data loader state (epoch {}, sample {}) does not match the "
-                                "timestamp (epoch {}, sample {})",
-                                loaded.path, epoch, sample, state_.timestamp.epoch, state_.timestamp.sample_in_epoch));
-      }
+      train_loader_->load_state(m["dataset"]["train"], state_.timestamp, loaded.path);
     }
     if (m.contains("trainer")) {
       loss_scaler_.restore(m["trainer"].value("loss_scale", loss_scaler_.loss_scale()),

@@ -1,7 +1,8 @@
-// Options of the tokenizer and of the text data loaders (`tokenizer:`, `train_loader:`, `eval_loader:`), in LLM
+// Options of the tokenizer and of the data loaders (`tokenizer:`, `train_loader:`, `eval_loader:`), in LLM
 // Foundry's schema. The loader's dataset keys are mosaicml-streaming's StreamingDataset arguments.
 #pragma once
 
+#include <any>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -30,12 +31,14 @@ struct LoaderOptions {
   // `name: finetuning`: LLM Foundry's fine-tuning dataset keys (dataset/tokens above are unused then, except
   // tokens.max_seq_len and tokens.drop_last, which default to false here as in build_finetuning_dataloader).
   std::optional<FinetuningOptions> finetuning;
+  // A registered research loader's own options (its parser's to fill, its builder's to read).
+  std::any extra;
 };
 
 TokenizerOptions parse_tokenizer_options(config::Section& s);
-// Loaders by `name` (text, finetuning). The parser reads everything except `name`.
-config::Registry<LoaderOptions>& loader_registry();
-// The `finetuning` loader's parser (what loader_registry() runs for it), for tools that parse one section directly.
+// The parsers of the built-in loaders (what loader_registry(), data_loader.h, runs for `text` and `finetuning`; they
+// read everything except `name`), also for tools that parse one section directly.
+LoaderOptions parse_text_section(config::Section& s);
 LoaderOptions parse_finetuning_section(config::Section& s);
 
 }  // namespace tessera::data

@@ -29,7 +29,7 @@
 #include "tessera/core/callback.h"
 #include "tessera/core/engine.h"
 #include "tessera/core/state.h"
-#include "tessera/data/finetuning.h"
+#include "tessera/data/data_loader.h"
 #include "tessera/data/tokenizer.h"
 #include "tessera/dist/communicator.h"
 #include "tessera/eval/gauntlet.h"
@@ -40,9 +40,6 @@
 #include "tessera/trainer/precision_context.h"
 #include "tessera/trainer/train_config.h"
 
-namespace tessera::data {
-class StreamingDataset;
-}
 namespace tessera::util {
 class PreemptionHandler;
 }
@@ -102,8 +99,8 @@ class Trainer {
   core::Metrics run_loader_eval();
   bool eval_due_at_batch_end() const;
   bool eval_due_at_epoch_end() const;
-  bool has_eval() const { return eval_data_ != nullptr || eval_ft_ != nullptr || !icl_tasks_.empty(); }
-  bool has_eval_loader() const { return eval_data_ != nullptr || eval_ft_ != nullptr; }
+  bool has_eval() const { return eval_loader_ != nullptr || !icl_tasks_.empty(); }
+  bool has_eval_loader() const { return eval_loader_ != nullptr; }
   // This rank's batches of the train loader from the current timestamp on, and of the eval loader from its start.
   std::unique_ptr<data::BatchIterator> open_train_epoch();
   std::unique_ptr<data::BatchIterator> open_eval();
@@ -115,15 +112,12 @@ class Trainer {
   core::State state_;
   core::Logger logger_;
   std::unique_ptr<core::Engine> engine_;
-  std::unique_ptr<data::StreamingDataset> train_data_;
-  std::unique_ptr<data::StreamingDataset> eval_data_;
-  std::unique_ptr<data::FinetuningDataset> train_ft_;  // `name: finetuning` loaders instead of the text ones
-  std::unique_ptr<data::FinetuningDataset> eval_ft_;
-  std::vector<eval::IclTaskConfig> icl_tasks_;    // `icl_tasks`, evaluated with the eval loader
-  std::optional<data::Tokenizer> icl_tokenizer_;  // tokenizer.name, loaded when there are ICL tasks
-  std::optional<eval::GauntletConfig> gauntlet_;  // `eval_gauntlet`, scored over the ICL results
+  std::unique_ptr<data::DataLoader> train_loader_;  // built by data::loader_registry() from the recipe's sections
+  std::unique_ptr<data::DataLoader> eval_loader_;   // null without an eval_loader
+  std::vector<eval::IclTaskConfig> icl_tasks_;      // `icl_tasks`, evaluated with the eval loader
+  std::optional<data::Tokenizer> icl_tokenizer_;    // tokenizer.name, loaded when there are ICL tasks
+  std::optional<eval::GauntletConfig> gauntlet_;    // `eval_gauntlet`, scored over the ICL results
   dist::Rendezvous rendezvous_;
-  int64_t workers_ = 1;
   double loss_tokens_ = 0;  // loss-generating tokens of the current batch, summed over ranks
   std::optional<int64_t> last_eval_batch_;
   OutOfMemoryRetry oom_retry_{false};                  // device_train_microbatch_size: auto

@@ -1,7 +1,8 @@
 // Extension points beyond the model (docs/api.md#extension-points): the training loss (the built-in `cross_entropy`
 // against its definition; the precedence of TrainerParts::loss, a recipe's `loss:` and the model's own
 // CausalLM::loss), evaluation metrics (from the model and from a recipe's `metrics:`, against counts made here), and
-// config.json model_types registered beside a family.
+// config.json model_types registered beside a family, and data loaders registered by name (trained from, checkpointed
+// and resumed where they stood).
 #include <gtest/gtest.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/data/data_loader.h"
 #include "tessera/models/causal_lm.h"
 #include "tessera/models/loss.h"
 #include "tessera/models/metric.h"
@@ -291,6 +293,143 @@ TEST(HfModelTypes, AResearchFamilysModelTypeRebuildsItAndAnUnknownOneListsTheReg
   const auto built = models::build_from_hf_config(config, "/x/config.json", "cpu", 3);
   EXPECT_EQ(built->family(), "bigram_lm");
   EXPECT_TRUE(at::equal(built->parameters()[0], BigramLM().rebuild("cpu", 3)->parameters()[0]));
+}
+
+// ---- Data loaders ---------------------------------------------------------------------------------------------------
+
+// A research loader: `batches` batches per epoch of 32 tokens whose ids depend on (epoch, batch, row, rank), so a run
+// that resumed at the wrong place trains on other tokens. Records where each epoch opened and what state it loaded.
+struct CountingLog {
+  std::vector<std::pair<int64_t, int64_t>> opened;  // (epoch, batch_in_epoch)
+  std::vector<nlohmann::json> loaded;
+};
+CountingLog& counting_log() {
+  static CountingLog log;
+  return log;
+}
+
+class CountingLoader : public data::DataLoader {
+ public:
+  CountingLoader(int64_t batches, const data::LoaderContext& ctx) : batches_(batches), ctx_(ctx) {}
+  std::optional<int64_t> batches_per_epoch() const override { return batches_; }
+  std::unique_ptr<data::BatchIterator> open(const config::Timestamp& at) override {
+    counting_log().opened.emplace_back(at.epoch, at.batch_in_epoch);
+    return std::make_unique<Epoch>(*this, at.epoch, at.batch_in_epoch);
+  }
+  nlohmann::json state(const config::Timestamp& at) const override {
+    return {{"counting", {at.epoch, at.batch_in_epoch}}};
+  }
+  void load_state(const nlohmann::json& state, const config::Timestamp& at, const std::string& where) override {
+    counting_log().loaded.push_back(state);
+    if (state.value("counting", nlohmann::json()) != nlohmann::json{at.epoch, at.batch_in_epoch}) {
+      throw Error("counting", where + ": not a counting loader's state at this timestamp: " + state.dump());
+    }
+  }
+
+ private:
+  class Epoch : public data::BatchIterator {
+   public:
+    Epoch(const CountingLoader& l, int64_t epoch, int64_t batch) : l_(l), epoch_(epoch), batch_(batch) {}
+    std::optional<data::TokenBatch> next() override {
+      if (batch_ >= l_.batches_) return std::nullopt;
+      const int64_t rows = l_.ctx_.device_batch_size, base = 7 * epoch_ + 3 * batch_ + 11 * l_.ctx_.rank;
+      data::TokenBatch b;
+      b.input_ids = (at::arange(32, at::kLong).unsqueeze(0) * (at::arange(rows, at::kLong).unsqueeze(1) + 1) + base)
+                        .remainder(64);
+      b.labels = b.input_ids.clone();
+      b.samples = rows;
+      ++batch_;
+      return b;
+    }
+
+   private:
+    const CountingLoader& l_;
+    int64_t epoch_, batch_;
+  };
+  int64_t batches_;
+  data::LoaderContext ctx_;
+};
+
+void register_counting_loader() {
+  data::loader_registry().add(
+      "counting",
+      [](config::Section& s) {
+        data::LoaderOptions o;
+        o.name = "counting";
+        o.tokens.max_seq_len = 32;
+        o.extra = s.get_int("batches", 4);
+        s.finish();
+        return o;
+      },
+      [](const data::LoaderOptions& o, const data::LoaderContext& ctx) -> std::unique_ptr<data::DataLoader> {
+        EXPECT_EQ(ctx.split, "train_loader");
+        EXPECT_EQ(ctx.device_batch_size, 8);
+        return std::make_unique<CountingLoader>(std::any_cast<int64_t>(o.extra), ctx);
+      });
+}
+
+std::map<std::string, at::Tensor> weights_of(Trainer& t) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& p : t.state().model->named_parameters()) out[p.key()] = p.value().detach().clone();
+  return out;
+}
+
+TEST(DataLoaders, ARegisteredLoaderTrainsAndResumesWhereItStoodAcrossAnEpoch) {
+  register_counting_loader();
+  const fs::path dir = fs::temp_directory_path() / "tessera_counting_loader";
+  fs::remove_all(dir);
+  // 4 batches per epoch, a checkpoint every 3 batches into `folder`, resumed from the newest one there.
+  auto config = [&](const std::string& duration, const std::string& folder) {
+    return testing::tiny_train_config(
+        dataset(), "device_eval_batch_size: 4\n",
+        {"train_loader={name: counting, batches: 4}", "eval_interval=0", "device_train_microbatch_size=8",
+         "run_name=counting", "save_folder=" + (dir / folder).string(), "save_interval=3ba", "autoresume=true",
+         "max_duration=" + duration});
+  };
+  counting_log() = {};
+  Trainer whole(config("6ba", "whole"));
+  EXPECT_EQ(whole.state().dataloader_len, 4);
+  whole.fit();
+  // Epoch 0 from its start, then epoch 1 from its start: 4 + 2 batches.
+  EXPECT_EQ(counting_log().opened, (std::vector<std::pair<int64_t, int64_t>>{{0, 0}, {1, 0}}));
+  const auto want = weights_of(whole);
+
+  {
+    Trainer first(config("3ba", "split"));
+    first.fit();
+  }
+  counting_log() = {};
+  Trainer resumed(config("6ba", "split"));  // autoresume: the checkpoint at batch 3
+  ASSERT_EQ(counting_log().loaded.size(), 1u);
+  EXPECT_EQ(counting_log().loaded[0], (nlohmann::json{{"counting", {0, 3}}}));
+  resumed.fit();
+  EXPECT_EQ(counting_log().opened, (std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {1, 0}}));
+  const auto got = weights_of(resumed);
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [name, w] : want) EXPECT_TRUE(at::equal(w, got.at(name))) << name;
+
+  // A text loader's checkpoint is not this loader's: the run refuses it, naming the checkpoint.
+  Trainer text(testing::tiny_train_config(dataset(), "device_eval_batch_size: 4\n",
+                                          {"max_duration=3ba", "eval_interval=0", "save_interval=3ba",
+                                           "save_folder=" + (dir / "text").string(), "run_name=counting"}));
+  text.fit();
+  try {
+    Trainer wrong(config("6ba", "text"));
+    ADD_FAILURE() << "a text loader's checkpoint was resumed by the counting loader";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find((dir / "text").string()), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("not a counting loader's state"), std::string::npos) << e.message();
+  }
+  // And the text loader refuses the counting loader's checkpoint.
+  try {
+    Trainer wrong(testing::tiny_train_config(dataset(), "device_eval_batch_size: 4\n",
+                                             {"max_duration=6ba", "eval_interval=0", "autoresume=true",
+                                              "save_folder=" + (dir / "split").string(), "run_name=counting"}));
+    ADD_FAILURE() << "the counting loader's checkpoint was resumed by the text loader";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("is not a text loader's"), std::string::npos) << e.message();
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace tessera::trainer::extension_points_test
