@@ -2,7 +2,7 @@
 # Builds and runs the research example as its own user would (ctest -R example_research; docs/api.md#installing):
 # installs Tessera from BUILD_DIR into a prefix, moves the prefix (the package is relocatable), configures and builds
 # examples/research against it with find_package(Tessera), and runs research_lm and the installed tools (with the
-# research components as a plug-in: train, then convert the checkpoint). Then checks
+# research components as a plug-in: train, convert the checkpoint, evaluate ICL tasks on it, sample from it). Then checks
 # that a project which adds Tessera with add_subdirectory builds the library and tools only, no test or benchmark.
 #
 #   examples/research/check.sh BUILD_DIR WORK_DIR [GENERATOR] [CXX_COMPILER]
@@ -52,6 +52,22 @@ grep -q '"metrics/eval/Top5Accuracy"' "$run/metrics.jsonl" ||
   { echo "check.sh: train --plugin logged no Top5Accuracy" >&2; exit 1; }
 "$prefix/bin/convert" --plugin "$plugin" --checkpoint "$run/ckpt" --hf-out "$run/hf"
 "$work/build/research_lm" same-logits "$run/ckpt/latest" "$run/hf"
+# The installed eval and generate on the research model's export, through the plug-in: ICL accuracies, and samples.
+"$prefix/bin/eval" --plugin "$plugin" --model "$run/hf" --tokenizer "$run/data/tokenizer.json" \
+  --tasks "$run/data/icl_tasks.yaml" --output "$run/icl.json" --log-level warn
+python3 - "$run/icl.json" <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))
+text = json.dumps(rows)
+assert text.count("InContextLearningLMAccuracy") == 2 and "InContextLearningMultipleChoiceAccuracy" in text, text
+PY
+"$prefix/bin/generate" --plugin "$plugin" --model "$run/hf" --tokenizer "$run/data/tokenizer.json" \
+  --prompt "the cat sat on" --prompt "the owl" --max-new-tokens 6 --output "$run/generated.jsonl" --log-level warn
+python3 - "$run/generated.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+assert [r["prompt"] for r in rows] == ["the cat sat on", "the owl"] and all(len(r["tokens"]) == 6 for r in rows), rows
+PY
 if "$prefix/bin/convert" --checkpoint "$run/ckpt" --hf-out "$run/hf2" 2> "$run/convert.err"; then
   echo "check.sh: convert read a research checkpoint without the plug-in" >&2
   exit 1
@@ -87,5 +103,6 @@ if grep -E "tessera_tests|bench_|embed_trainer" <<< "$targets"; then
   echo "check.sh: add_subdirectory(tessera) would build the targets above (tests, benchmarks or examples)" >&2
   exit 1
 fi
-echo "check.sh: installed, built out of tree, ran; the installed tools trained and converted with the plug-in;" \
+echo "check.sh: installed, built out of tree, ran; the installed tools trained, converted, evaluated and sampled" \
+  "with the plug-in;" \
   "add_subdirectory builds the library and tools only"

@@ -1,19 +1,18 @@
-// The research components: a model, its HF model_type, a loss, a metric, a schedule, an algorithm and a callback, each
-// registered by name when this code is loaded. research_lm links it; libresearch_lm_plugin.so is the same code as a
-// plug-in, which Tessera's installed tools load with --plugin (docs/api.md#plug-ins). The model is a small transformer
-// that is not MPT (parallel attention + MLP residual blocks, GPT-J style, with a weight-tied head), written in plain
-// LibTorch against the model protocol (models::CausalLM); the loss is focal loss, the metric top-k accuracy; the
-// schedule halves the rate every few batches; the algorithm (`token_dropout`) replaces a fraction of the input tokens
-// at AFTER_DATALOADER; the callback (`kill_after`) kills rank 1 once to test recovery.
+// The research components: a model, its HF model_type, a data loader, a loss, a metric, a schedule, an algorithm and a
+// callback, each registered by name when this code is loaded. research_lm links it; libresearch_lm_plugin.so is the
+// same code as a plug-in, which Tessera's installed tools load with --plugin (docs/api.md#plug-ins). The model is a
+// small transformer that is not MPT (parallel attention + MLP residual blocks, GPT-J style, with a weight-tied head),
+// written against the model protocol (models::CausalLM) from Tessera's shared blocks (models/layers.h), so it builds on
+// `meta`; the loader (`copy_task`) makes a synthetic copying task on the fly, with its own sample order and resumable
+// position; the loss is focal loss, the metric top-k accuracy; the schedule halves the rate every few batches; the
+// algorithm (`token_dropout`) replaces a fraction of the input tokens at AFTER_DATALOADER; the callback (`kill_after`)
+// kills rank 1 once to test recovery.
 #include <fmt/format.h>
 #include <signal.h>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/linear.h>
-#include <torch/nn/modules/normalization.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -26,7 +25,10 @@
 #include "tessera/config/reader.h"
 #include "tessera/core/callback.h"
 #include "tessera/core/state.h"
+#include "tessera/data/data_loader.h"
+#include "tessera/models/attention.h"
 #include "tessera/models/causal_lm.h"
+#include "tessera/models/layers.h"
 #include "tessera/models/loss.h"
 #include "tessera/models/metric.h"
 #include "tessera/optim/scheduler.h"
@@ -46,33 +48,37 @@ struct ParallelBlockLMOptions {
   int64_t max_seq_len = 64;
 };
 
-// x + proj(attention(ln(x))) + fc_out(gelu(fc_in(ln(x)))): attention and MLP read the same normalised input.
+// x + proj(attention(ln(x))) + fc_out(gelu(fc_in(ln(x)))): attention and MLP read the same normalised input. Built
+// from Tessera's shared blocks (models/layers.h), which create their parameters with the given TensorOptions, so the
+// model can be built on `meta` (shapes only) and materialised unit by unit by the sharding engine.
 class ParallelBlockImpl : public torch::nn::Module {
  public:
-  explicit ParallelBlockImpl(const ParallelBlockLMOptions& o) : heads_(o.n_heads) {
-    ln = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model})));
-    qkv = register_module("qkv", torch::nn::Linear(o.d_model, 3 * o.d_model));
-    proj = register_module("proj", torch::nn::Linear(o.d_model, o.d_model));
-    fc_in = register_module("fc_in", torch::nn::Linear(o.d_model, 4 * o.d_model));
-    fc_out = register_module("fc_out", torch::nn::Linear(4 * o.d_model, o.d_model));
+  ParallelBlockImpl(const ParallelBlockLMOptions& o, const at::TensorOptions& t) : heads_(o.n_heads) {
+    ln = register_module("ln", models::Norm(o.d_model, models::NormType::kLayerNorm, 1e-5, true, t));
+    qkv = register_module("qkv", models::Linear(o.d_model, 3 * o.d_model, true, t));
+    proj = register_module("proj", models::Linear(o.d_model, o.d_model, true, t));
+    fc_in = register_module("fc_in", models::Linear(o.d_model, 4 * o.d_model, true, t));
+    fc_out = register_module("fc_out", models::Linear(4 * o.d_model, o.d_model, true, t));
   }
-  // x: (B, T, C) -> (B, T, C). `mask`: undefined (causal attention), or (B, 1, T, T) bool, true = may attend.
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& mask = {}) {
+  // x: (B, T, C) -> (B, T, C). `mask`: undefined (causal attention), or (B, 1, T, past + T) bool, true = may attend.
+  // With `cache`, this chunk's keys and values are appended to it and attention covers the cached ones too.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& mask, models::LayerCache* cache) {
     const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
     const at::Tensor h = ln(x);
     // (B, T, 3C) -> 3 x (B, H, T, C / H)
     auto parts = qkv(h).view({b, t, 3, heads_, c / heads_}).permute({2, 0, 3, 1, 4}).unbind(0);
-    const at::Tensor y =
-        at::scaled_dot_product_attention(parts[0], parts[1], parts[2],
-                                         mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt, 0.0,
-                                         /*is_causal=*/!mask.defined())
-            .transpose(1, 2)
-            .reshape({b, t, c});
+    at::Tensor k = parts[1], v = parts[2];
+    models::append_to_cache(cache, k, v);
+    const at::Tensor y = at::scaled_dot_product_attention(
+                             parts[0], k, v, mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt, 0.0,
+                             /*is_causal=*/!mask.defined())
+                             .transpose(1, 2)
+                             .reshape({b, t, c});
     return x + proj(y) + fc_out(at::gelu(fc_in(h)));
   }
 
-  torch::nn::LayerNorm ln{nullptr};
-  torch::nn::Linear qkv{nullptr}, proj{nullptr}, fc_in{nullptr}, fc_out{nullptr};
+  models::Norm ln{nullptr};
+  models::Linear qkv{nullptr}, proj{nullptr}, fc_in{nullptr}, fc_out{nullptr};
 
  private:
   int64_t heads_;
@@ -82,42 +88,48 @@ TORCH_MODULE(ParallelBlock);
 class ParallelBlockLM : public models::CausalLM {
  public:
   ParallelBlockLM(const ParallelBlockLMOptions& o, const std::string& device) : o_(o) {
-    wte = register_module("wte", torch::nn::Embedding(o.vocab_size, o.d_model));
-    wpe = register_module("wpe", torch::nn::Embedding(o.max_seq_len, o.d_model));
+    const at::TensorOptions t = at::TensorOptions().dtype(at::kFloat).device(at::Device(device));
+    wte = register_module("wte", models::Embedding(o.vocab_size, o.d_model, t));
+    wpe = register_module("wpe", models::Embedding(o.max_seq_len, o.d_model, t));
     blocks = register_module("blocks", torch::nn::ModuleList());
-    for (int64_t i = 0; i < o.n_layers; ++i) blocks->push_back(ParallelBlock(o));
-    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model})));
-    // torch::nn modules allocate on the CPU; `meta` (shapes only) is not worth it for a model this small, so it is
-    // built on the CPU as well, and the sharding engine shards it from there.
-    if (device != "meta" && device != "cpu") to(at::Device(device));
+    for (int64_t i = 0; i < o.n_layers; ++i) blocks->push_back(ParallelBlock(o, t));
+    ln_f = register_module("ln_f", models::Norm(o.d_model, models::NormType::kLayerNorm, 1e-5, true, t));
   }
 
   // ids: (B, T) -> logits (B, T, V). Units: 0 = embeddings, final norm and the tied head; 1..L = the blocks. With a
   // padding mask (left-padded prompts: ICL evaluation, fine-tuning batches), positions count real tokens only and no
-  // query attends to padding, so a padded sequence's logits are those of the sequence alone.
+  // query attends to padding, so a padded sequence's logits are those of the sequence alone. With a KV cache
+  // (generation), each call adds its chunk's keys and values and attends over everything cached. The masks and
+  // positions come from Tessera's shared attention helpers (models/attention.h).
   at::Tensor forward(const at::Tensor& ids, const models::ForwardOptions& fo = {}) override {
-    if (fo.cache || fo.sequence_id) {
-      throw Error("parallel_block_lm", "packed sequences and KV caches are not implemented");
-    }
-    const int64_t t = ids.size(1);
-    at::Tensor positions = at::arange(t, ids.options()).expand({ids.size(0), t});
+    if (fo.sequence_id) throw Error("parallel_block_lm", "packed sequences are not implemented");
+    models::KVCache* cache = fo.cache;
+    const int64_t t = ids.size(1), past = cache ? cache->length : 0;
+    const at::Tensor key_mask = models::key_padding_mask(ids, fo);  // (B, past + t), or undefined: no padding
+    const at::Tensor positions = models::positions_after_padding(key_mask, past, t, ids.options());
     at::Tensor mask;
-    if (fo.attention_mask) {
-      const at::Tensor real = fo.attention_mask->to(at::kBool);
-      positions = (real.to(at::kLong).cumsum(1) - 1).clamp_min(0);
-      const at::Tensor causal = at::ones({t, t}, ids.options().dtype(at::kBool)).tril();
+    if (key_mask.defined() || past > 0) {
+      const auto lopts = ids.options().dtype(at::kLong);
+      const at::Tensor qpos = at::arange(past, past + t, lopts).unsqueeze(1), kpos = at::arange(past + t, lopts);
       // Causal, not onto padding keys; each query may see itself, so a padding row is never all masked (its output
       // is ignored).
-      mask = (causal.unsqueeze(0) & real.unsqueeze(1)) | at::eye(t, ids.options().dtype(at::kBool)).unsqueeze(0);
-      mask = mask.unsqueeze(1);
+      mask = (kpos <= qpos).unsqueeze(0);  // (1, t, past + t)
+      if (key_mask.defined()) mask = mask & key_mask.unsqueeze(1);
+      mask = (mask | (kpos == qpos).unsqueeze(0)).unsqueeze(1);
     }
+    if (cache && cache->layers.empty()) cache->layers.resize(blocks->size());
     at::Tensor x = models::run_unit(
         runner_, 0, [this, positions](const at::Tensor& in) { return wte(in) + wpe(positions); }, ids);
     for (size_t i = 0; i < blocks->size(); ++i) {
       auto block = blocks[i]->as<ParallelBlockImpl>();
+      models::LayerCache* layer_cache = cache ? &cache->layers[i] : nullptr;
       x = models::run_unit(
-          runner_, static_cast<int64_t>(i) + 1, [block, mask](const at::Tensor& h) { return block->forward(h, mask); },
-          x);
+          runner_, static_cast<int64_t>(i) + 1,
+          [block, mask, layer_cache](const at::Tensor& h) { return block->forward(h, mask, layer_cache); }, x);
+    }
+    if (cache) {
+      cache->length = past + t;
+      if (key_mask.defined()) cache->attention_mask = key_mask;
     }
     return models::run_unit(
         runner_, 0, [this](const at::Tensor& h) { return at::linear(ln_f(h), wte->weight); }, x);
@@ -131,22 +143,20 @@ class ParallelBlockLM : public models::CausalLM {
   void set_unit_runner(std::shared_ptr<models::UnitRunner> runner) override { runner_ = std::move(runner); }
 
   // N(0, 0.02) weights, zero biases, unit norms; each module from its own generator (seed and module name), so that
-  // initialising one unit at a time gives the values of a whole-model init.
+  // initialising one unit at a time (a sharded build from `meta`) gives the values of a whole-model init.
   void init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select = nullptr) override {
     at::NoGradGuard no_grad;
     for (const auto& item : named_modules()) {
       if (select && !select(item.key())) continue;
-      const uint64_t module_seed = seed ^ std::hash<std::string>{}(item.key());
-      at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(module_seed);
-      for (auto& p : item.value()->named_parameters(/*recurse=*/false)) {
-        at::Tensor w = p.value();
-        if (item.value()->as<torch::nn::LayerNormImpl>()) {
-          p.key() == "weight" ? w.fill_(1.0) : w.zero_();
-        } else if (p.key() == "bias") {
-          w.zero_();
-        } else {
-          w.copy_(at::empty(w.sizes(), at::kFloat).normal_(0.0, 0.02, gen));
-        }
+      at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(models::module_seed(seed, item.key()));
+      if (auto* norm = item.value()->as<models::NormImpl>()) {
+        norm->weight.fill_(1.0);
+        norm->bias.zero_();
+      } else if (auto* lin = item.value()->as<models::LinearImpl>()) {
+        models::normal_from(lin->weight, 0.0, 0.02, gen);
+        lin->bias.zero_();
+      } else if (auto* emb = item.value()->as<models::EmbeddingImpl>()) {
+        models::normal_from(emb->weight, 0.0, 0.02, gen);
       }
     }
   }
@@ -177,13 +187,92 @@ class ParallelBlockLM : public models::CausalLM {
             {"torch_dtype", models::hf_torch_dtype(dtype)}};
   }
 
-  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  models::Embedding wte{nullptr}, wpe{nullptr};
   torch::nn::ModuleList blocks{nullptr};
-  torch::nn::LayerNorm ln_f{nullptr};
+  models::Norm ln_f{nullptr};
 
  private:
   ParallelBlockLMOptions o_;
   std::shared_ptr<models::UnitRunner> runner_;
+};
+
+// ---- the data loader: a synthetic copying task ----------------------------------------------------------------------
+
+// Sample i of epoch e: `length` tokens, a random first half in [1, vocab) and its copy as the second half, drawn from
+// a generator seeded by (seed, e, i), so every rank, epoch and restart sees the same samples. Rank r of W takes
+// samples r, r + W, ... of the epoch's shuffled order, in batches of the device batch size (a short last batch is
+// dropped). The loss is on the copy only (labels: kIgnoreLabel on the first half), so what it learns is to copy.
+struct CopyTaskOptions {
+  int64_t samples = 512;  // per epoch
+  int64_t length = 64;
+  int64_t vocab = 128;
+  uint64_t seed = 5;
+};
+
+class CopyTaskLoader : public data::DataLoader {
+ public:
+  CopyTaskLoader(CopyTaskOptions o, const data::LoaderContext& ctx) : o_(o), ctx_(ctx) {
+    batches_ = o_.samples / (ctx.world_size * ctx.device_batch_size);
+    if (batches_ == 0) {
+      throw Error("copy_task", fmt::format("{}: {} samples make no batch of {} on each of {} ranks", ctx.split,
+                                           o_.samples, ctx.device_batch_size, ctx.world_size));
+    }
+  }
+
+  std::optional<int64_t> batches_per_epoch() const override { return batches_; }
+
+  std::unique_ptr<data::BatchIterator> open(const config::Timestamp& at) override {
+    return std::make_unique<Epoch>(*this, at.epoch, at.batch_in_epoch);
+  }
+
+  nlohmann::json state(const config::Timestamp& at) const override {
+    return {{"copy_task", {{"epoch", at.epoch}, {"batch_in_epoch", at.batch_in_epoch}}}};
+  }
+  void load_state(const nlohmann::json& state, const config::Timestamp& at, const std::string& where) override {
+    if (!state.contains("copy_task") || state["copy_task"].value("epoch", -1) != at.epoch ||
+        state["copy_task"].value("batch_in_epoch", -1) != at.batch_in_epoch) {
+      throw Error("copy_task", fmt::format("{}: the checkpoint's loader state {} is not copy_task's at epoch {}, "
+                                           "batch {}",
+                                           where, state.dump(), at.epoch, at.batch_in_epoch));
+    }
+  }
+
+ private:
+  class Epoch : public data::BatchIterator {
+   public:
+    Epoch(const CopyTaskLoader& l, int64_t epoch, int64_t batch) : l_(l), epoch_(epoch), batch_(batch) {
+      at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(l.o_.seed * 1000003 + static_cast<uint64_t>(epoch));
+      order_ = at::randperm(l.o_.samples, gen, at::kLong);
+    }
+    std::optional<data::TokenBatch> next() override {
+      if (batch_ >= l_.batches_) return std::nullopt;
+      const int64_t b = l_.ctx_.device_batch_size, w = l_.ctx_.world_size, half = l_.o_.length / 2;
+      std::vector<at::Tensor> rows;
+      for (int64_t j = 0; j < b; ++j) {
+        const int64_t i = order_[(batch_ * b + j) * w + l_.ctx_.rank].item<int64_t>();
+        at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(
+            l_.o_.seed ^ (static_cast<uint64_t>(epoch_) << 32) ^ static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull);
+        const at::Tensor first = at::randint(1, l_.o_.vocab, {half}, gen, at::kLong);
+        rows.push_back(at::cat({first, first}));
+      }
+      ++batch_;
+      data::TokenBatch out;
+      out.input_ids = at::stack(rows);
+      out.labels = out.input_ids.clone();
+      out.labels.narrow(1, 0, half).fill_(data::kIgnoreLabel);
+      out.samples = b;
+      return out;
+    }
+
+   private:
+    const CopyTaskLoader& l_;
+    int64_t epoch_, batch_;
+    at::Tensor order_;
+  };
+
+  CopyTaskOptions o_;
+  data::LoaderContext ctx_;
+  int64_t batches_ = 0;
 };
 
 // ---- the schedule: the rate halves every `every` batches -----------------------------------------------------------
@@ -311,14 +400,34 @@ void register_components() {
         o.n_layers = s.get_int("n_layers", o.n_layers);
         o.vocab_size = s.get_int("vocab_size", o.vocab_size);
         o.max_seq_len = s.get_int("max_seq_len", o.max_seq_len);
-        const std::string init_device = s.get_choice("init_device", "cpu", {"cpu"});
+        const std::string init_device = s.get_choice("init_device", "cpu", {"cpu", "meta", "cuda"});
         s.finish();
         return models::ModelOptions{"parallel_block_lm", o, o.max_seq_len, init_device, {}};
       },
       [](const models::ModelOptions& m, const std::string& device, uint64_t seed) -> std::shared_ptr<models::CausalLM> {
         auto model = std::make_shared<ParallelBlockLM>(std::any_cast<const ParallelBlockLMOptions&>(m.options), device);
-        model->init_weights(seed);
+        if (device != "meta") model->init_weights(seed);
         return model;
+      });
+  data::loader_registry().add(
+      "copy_task",
+      [](config::Section& s) {
+        data::LoaderOptions o;
+        o.name = "copy_task";
+        CopyTaskOptions c;
+        c.samples = s.get_int("samples", c.samples);
+        c.length = s.get_int("length", c.length);
+        c.vocab = s.get_int("vocab", c.vocab);
+        c.seed = static_cast<uint64_t>(s.get_int("seed", static_cast<int64_t>(c.seed)));
+        s.check(c.length >= 2 && c.length % 2 == 0, "length", "must be even and at least 2");
+        s.check(c.vocab >= 2, "vocab", "must be at least 2");
+        o.tokens.max_seq_len = c.length;  // what the trainer checks against the model's context
+        o.extra = c;
+        s.finish();
+        return o;
+      },
+      [](const data::LoaderOptions& o, const data::LoaderContext& ctx) -> std::unique_ptr<data::DataLoader> {
+        return std::make_unique<CopyTaskLoader>(std::any_cast<const CopyTaskOptions&>(o.extra), ctx);
       });
   optim::scheduler_registry().add(
       "halving",

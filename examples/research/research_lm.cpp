@@ -1,7 +1,7 @@
-// Research code that uses an installed Tessera (find_package(Tessera)): its own model, loss, metric, schedule,
-// algorithm and callback (components.cpp), each registered by name and selected from research.yaml, trained like the
-// built-in ones. The check trains the recipe on 2 ranks with FULL_SHARD, once uninterrupted and once killed and
-// resumed, and compares. Built and run by examples/research/check.sh (ctest -R example_research), outside Tessera's
+// Research code that uses an installed Tessera (find_package(Tessera)): its own model, data loader, loss, metric,
+// schedule, algorithm and callback (components.cpp), each registered by name and selected from research.yaml, trained
+// like the built-in ones. The check trains the recipe on 2 ranks with FULL_SHARD, once uninterrupted and once killed
+// and resumed, and compares. Built and run by examples/research/check.sh (ctest -R example_research), outside Tessera's
 // build tree, which then also runs Tessera's installed tools on the same recipe with the components as a plug-in.
 //
 //   research_lm                  the check: writes demo data, then runs the recipe on 2 ranks twice, once
@@ -29,6 +29,7 @@
 #include "tessera/checkpoint/checkpoint.h"
 #include "tessera/checkpoint/hf.h"
 #include "tessera/data/mds.h"
+#include "tessera/data/tokenizer.h"
 #include "tessera/dist/launcher.h"
 #include "tessera/models/causal_lm.h"
 #include "tessera/trainer/trainer.h"
@@ -40,8 +41,10 @@ using namespace tessera;
 
 // ---- one rank, and the check -----------------------------------------------------------------------------------
 
-// The demo dataset: 256 samples of 65 tokens < 97 with a learnable pattern, in the `train` and `val` splits that the
-// text loader reads (`tokens`: ndarray:int32).
+// The demo data: 256 samples of 65 tokens < 97 with a learnable pattern, in the `train` and `val` splits that the
+// text loader reads (`tokens`: ndarray:int32); a byte-level BPE tokenizer trained on short sentences
+// (tokenizer.json, 300 tokens); and two in-context-learning tasks over such sentences, a language-modeling and a
+// multiple-choice one (lm.jsonl, mc.jsonl, listed in icl_tasks.yaml for the `eval` tool).
 void write_demo_data(const fs::path& dir) {
   for (const char* split : {"train", "val"}) {
     fs::remove_all(dir / split);
@@ -58,6 +61,31 @@ void write_demo_data(const fs::path& dir) {
     }
     w.finish();
   }
+  const std::vector<std::string> animals = {"cat", "dog", "bird", "fish", "cow", "fox", "owl", "bee"};
+  const std::vector<std::string> places = {"mat", "rug", "log", "box", "bed", "hill", "tree", "road"};
+  std::vector<std::string> sentences;
+  for (size_t a = 0; a < animals.size(); ++a) {
+    for (size_t p = 0; p < places.size(); ++p) sentences.push_back("the " + animals[a] + " sat on the " + places[p]);
+  }
+  data::BpeTrainerOptions bpe;
+  bpe.vocab_size = 300;
+  data::train_bpe_tokenizer(sentences, bpe).save(dir / "tokenizer.json");
+  std::ofstream lm(dir / "lm.jsonl"), mc(dir / "mc.jsonl");
+  for (size_t i = 0; i < 16; ++i) {
+    const std::string& animal = animals[i % animals.size()];
+    const std::string& place = places[(3 * i) % places.size()];
+    lm << nlohmann::json{{"context", "the " + animal + " sat on the"}, {"continuation", " " + place}}.dump() << "\n";
+    mc << nlohmann::json{{"query", "the " + animal + " sat on"},
+                         {"choices", {" the " + place, " a " + place + " and", " the the"}},
+                         {"gold", 0}}
+              .dump()
+       << "\n";
+  }
+  std::ofstream(dir / "icl_tasks.yaml") << fmt::format(
+      "icl_tasks:\n"
+      "- {{label: sat_on, dataset_uri: {0}/lm.jsonl, num_fewshot: [0, 1], icl_task_type: language_modeling}}\n"
+      "- {{label: sat_on_choice, dataset_uri: {0}/mc.jsonl, num_fewshot: [0], icl_task_type: multiple_choice}}\n",
+      fs::absolute(dir).string());
 }
 
 int run_rank(const std::string& data, const std::string& run_dir, int64_t kill_after) {
@@ -116,7 +144,7 @@ int check() {
   // The halving schedule: the rate lr_monitor logs at batches 2, 6 and 10 is 0.01, 0.005, 0.0025. Token dropout: it
   // replaced about p of rank 0's 8 x 64 input tokens at every batch (p = 0.1: 51 expected; binomial sd 7).
   const std::map<int64_t, double> expected = {{2, 0.01}, {6, 0.005}, {10, 0.0025}};
-  int matched = 0, dropout_batches = 0, evals = 0;
+  int matched = 0, dropout_batches = 0, evals = 0, icl = 0;
   std::ifstream metrics(root / "whole" / "metrics.jsonl");
   for (std::string line; std::getline(metrics, line);) {
     const auto j = nlohmann::json::parse(line);
@@ -127,6 +155,11 @@ int check() {
     if (j.contains("metrics/eval/Top5Accuracy")) {
       const double a = j["metrics/eval/Top5Accuracy"].get<double>();
       evals += a > 0 && a <= 1;
+    }
+    for (const auto& [key, value] : j.items()) {  // the ICL tasks, evaluated with the eval loader on both ranks
+      if (key.find("InContextLearning") != std::string::npos && value.get<double>() >= 0 && value.get<double>() <= 1) {
+        ++icl;
+      }
     }
     if (j.contains("token_dropout/replaced")) {
       const double n = j["token_dropout/replaced"].get<double>();
@@ -157,11 +190,13 @@ int check() {
   std::cout << fmt::format(
       "research_lm: killed after batch 5, resumed at batch {}; {} tensors; the resumed run equals the uninterrupted "
       "one bitwise: {}; halving schedule applied: {}; token dropout at every batch: {}; Top5Accuracy evaluations: "
-      "{}; the HF-format export computes the same logits: {}; left padding leaves the logits unchanged: {}\n",
-      resumed_at, a.size(), same ? "yes" : "no", halving ? "yes" : "no", dropout ? "yes" : "no", evals,
+      "{}; ICL results: {}; the HF-format export computes the same logits: {}; left padding leaves the logits "
+      "unchanged: {}\n",
+      resumed_at, a.size(), same ? "yes" : "no", halving ? "yes" : "no", dropout ? "yes" : "no", evals, icl,
       exported_same ? "yes" : "no", padding_ok ? "yes" : "no");
   fs::remove_all(root);
-  return resumed_at == 4 && same && halving && dropout && evals == 2 && exported_same && padding_ok ? 0 : 1;
+  // Two evaluations, each with sat_on 0- and 1-shot and sat_on_choice 0-shot.
+  return resumed_at == 4 && same && halving && dropout && evals == 2 && icl == 6 && exported_same && padding_ok ? 0 : 1;
 }
 
 int main(int argc, char** argv) {
