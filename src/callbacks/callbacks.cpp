@@ -51,14 +51,6 @@ std::pair<double, double> process_rss() {
   return {rss, hwm};
 }
 
-std::string optimizer_class(const std::string& name) {
-  if (name == "decoupled_adamw") return "DecoupledAdamW";
-  if (name == "adamw") return "AdamW";
-  if (name == "decoupled_lionw") return "DecoupledLionW";
-  if (name == "decoupled_sgdw") return "DecoupledSGDW";
-  return name;
-}
-
 }  // namespace
 
 double elapsed_fraction(const core::State& s) {
@@ -138,7 +130,8 @@ void SpeedMonitor::run_event(Event event, core::State& s, core::Logger& logger) 
 
 void LRMonitor::run_event(Event event, core::State& s, core::Logger& logger) {
   if (event != Event::kBatchEnd || !s.optimizer) return;
-  logger.log_metrics({{fmt::format("lr-{}/group0", optimizer_class(s.optimizer->options().name)), s.current_lr()}});
+  const optim::OptimizerOptions& o = s.optimizer->options();
+  logger.log_metrics({{fmt::format("lr-{}/group0", o.class_name.empty() ? o.name : o.class_name), s.current_lr()}});
 }
 
 void MemoryMonitor::run_event(Event event, core::State& s, core::Logger& logger) {

@@ -16,6 +16,8 @@ using config::TimeUnit;
 OptimizerOptions parse_adam(Section& s, const std::string& name, double lr, std::vector<double> betas, double wd) {
   OptimizerOptions o;
   o.name = name;
+  o.class_name = name == "decoupled_adamw" ? "DecoupledAdamW" : "AdamW";
+  o.state_tensors = 2;
   o.lr = s.get_double("lr", lr);
   s.check(o.lr >= 0, "lr", "must be non-negative");
   o.betas = s.get_doubles("betas", std::move(betas), 2);
@@ -32,6 +34,8 @@ OptimizerOptions parse_adam(Section& s, const std::string& name, double lr, std:
 OptimizerOptions parse_lion(Section& s) {
   OptimizerOptions o;
   o.name = "decoupled_lionw";
+  o.class_name = "DecoupledLionW";
+  o.state_tensors = 1;  // the momentum
   o.lr = s.get_double("lr", 1e-4);
   s.check(o.lr >= 0, "lr", "must be non-negative");
   o.betas = s.get_doubles("betas", {0.9, 0.99}, 2);
@@ -53,6 +57,8 @@ OptimizerOptions parse_sgdw(Section& s) {
   o.nesterov = s.get_bool("nesterov", false);
   s.check(o.momentum >= 0, "momentum", "must be non-negative");
   s.check(!o.nesterov || (o.momentum > 0 && o.dampening == 0), "nesterov", "needs momentum > 0 and dampening == 0");
+  o.class_name = "DecoupledSGDW";
+  o.state_tensors = o.momentum > 0 ? 1 : 0;  // the momentum buffer
   s.finish();
   return o;
 }
@@ -102,13 +108,6 @@ void add_scheduler(SchedulerRegistry& r, const std::string& name, SchedulerParse
 }
 
 }  // namespace
-
-int OptimizerOptions::state_tensors() const {
-  if (name == "decoupled_adamw" || name == "adamw") return 2;
-  if (name == "decoupled_lionw") return 1;
-  if (name == "decoupled_sgdw") return momentum > 0 ? 1 : 0;
-  return 2;
-}
 
 OptimizerRegistry& optimizer_registry() {
   static OptimizerRegistry* registry = [] {

@@ -116,7 +116,7 @@ JobProfile profile_config(const trainer::TrainConfig& cfg, const std::string& na
   p.seq_len = plan.seq_len;
   p.global_batch = cfg.global_train_batch_size;
   p.mixed_precision = cfg.precision != core::Precision::kFp32;
-  p.optimizer_state_tensors = cfg.optimizer.state_tensors();
+  p.optimizer_state_tensors = cfg.optimizer.state_tensors;
   // The plan's activations are for one microbatch of the whole batch (auto) or the recipe's microbatch size.
   const int64_t mb = plan.auto_microbatch ? plan.device_train_batch_size : plan.microbatch_size;
   if (!plan.memory.empty() && mb > 0) {
@@ -125,7 +125,7 @@ JobProfile profile_config(const trainer::TrainConfig& cfg, const std::string& na
   }
   p.steps = steps_of(cfg.max_duration, p);  // 0 for epochs: unknown without the dataset's size
   // `plan --run` always gives a job a save_folder, so it checkpoints at the recipe's save_interval.
-  p.save_interval_steps = steps_of(cfg.save_interval, p);
+  p.save_interval_steps = steps_of(cfg.save.interval, p);
   return p;
 }
 

@@ -100,7 +100,7 @@ CheckpointAdvice advise_checkpoint_interval(const CheckpointCosts& c) {
 }
 
 double checkpoint_bytes_per_rank(const TrainConfig& cfg, const Plan& plan, dist::ShardingStrategy strategy) {
-  const int states = cfg.save_weights_only ? 0 : cfg.optimizer.state_tensors();
+  const int states = cfg.save.weights_only ? 0 : cfg.optimizer.state_tensors;
   const double total = static_cast<double>(plan.n_params) * 4.0 * (1 + states);
   switch (strategy) {
     case dist::ShardingStrategy::kNoShard:
@@ -152,7 +152,7 @@ Plan make_plan(const TrainConfig& cfg, int64_t world_size, int64_t ranks_per_nod
        {dist::ShardingStrategy::kNoShard, dist::ShardingStrategy::kShardGradOp, dist::ShardingStrategy::kFullShard}) {
     plan.memory.push_back({strategy,
                            dist::state_memory_per_rank(plan.n_params, strategy, world_size, plan.ranks_per_node, mixed,
-                                                       cfg.optimizer.state_tensors(), unit),
+                                                       cfg.optimizer.state_tensors, unit),
                            act, act_ckpt});
   }
   return plan;
@@ -197,7 +197,7 @@ std::string render_plan(const TrainConfig& cfg, const Plan& plan, const std::str
   if (!names.empty()) line("components", fmt::format("{}", fmt::join(names, ", ")));
   const int64_t mb = plan.auto_microbatch ? plan.device_train_batch_size : plan.microbatch_size;
   const bool mixed = cfg.precision != Precision::kFp32;
-  const int states = cfg.optimizer.state_tensors();
+  const int states = cfg.optimizer.state_tensors;
   out += fmt::format(
       "  memory per rank (estimate: {}+{}+{} bytes per parameter for params+grads+optimizer as in ZeRO; "
       "activations for a microbatch of {}):\n",
@@ -266,7 +266,7 @@ constexpr size_t kProbeBytes = size_t{64} << 20;
 CheckpointCosts estimate_checkpoint_costs(const TrainConfig& cfg, const Plan& plan, const CheckpointCostInputs& given,
                                           std::vector<std::string>& sources) {
   CheckpointCosts c;
-  c.async = cfg.save_async;
+  c.async = cfg.save.async;
   auto row = [&sources](std::string_view label, const std::string& text) {
     sources.push_back(fmt::format("{:<24}{}", label, text));
   };
@@ -342,9 +342,9 @@ std::string render_checkpoint_advice(const TrainConfig& cfg, const CheckpointCos
                      "at that interval", human_seconds(costs.blocking_seconds),
                      costs.async ? "save_async: training blocks for the snapshot" : "synchronous saves",
                      100 * a.overhead_fraction, human_seconds(a.lost_per_failure_seconds));
-  if (cfg.save_interval.unit() == config::TimeUnit::kBatch && cfg.save_interval.count() > 0) {
-    out += fmt::format("    {:<24}{}: {:.3g}% expected lost\n", "the recipe's interval", cfg.save_interval.str(),
-                       100 * checkpoint_overhead(costs, cfg.save_interval.count()));
+  if (cfg.save.interval.unit() == config::TimeUnit::kBatch && cfg.save.interval.count() > 0) {
+    out += fmt::format("    {:<24}{}: {:.3g}% expected lost\n", "the recipe's interval", cfg.save.interval.str(),
+                       100 * checkpoint_overhead(costs, cfg.save.interval.count()));
   }
   return out;
 }

@@ -275,22 +275,23 @@ TrainConfig parse_train_config(config::Value resolved, const std::string& path) 
   }
 
   cfg.save_folder = root.get_optional_string("save_folder");
-  cfg.save_filename = root.get_string("save_filename", cfg.save_filename);
-  root.check(!cfg.save_filename.empty() && cfg.save_filename.find('/') == std::string::npos &&
-                 cfg.save_filename.find("{rank}") == std::string::npos,
+  callbacks::SaveOptions& save = cfg.save;
+  save.filename = root.get_string("save_filename", save.filename);
+  root.check(!save.filename.empty() && save.filename.find('/') == std::string::npos &&
+                 save.filename.find("{rank}") == std::string::npos,
              "save_filename", "must name one directory (no '/', no {rank}: all ranks share it)");
-  cfg.save_latest_filename = root.get_string("save_latest_filename", cfg.save_latest_filename);
-  root.check(cfg.save_latest_filename.find('/') == std::string::npos, "save_latest_filename", "must not contain '/'");
-  cfg.save_interval = root.get_time("save_interval", cfg.save_interval, TimeUnit::kEpoch);
-  root.check(!cfg.save_interval.is_zero(), "save_interval", "must be positive");
-  cfg.save_num_checkpoints_to_keep = root.get_int("save_num_checkpoints_to_keep", -1);
-  root.check(cfg.save_num_checkpoints_to_keep >= -1, "save_num_checkpoints_to_keep", "must be -1 (keep all) or >= 0");
-  cfg.save_overwrite = root.get_bool("save_overwrite", false);
-  cfg.save_weights_only = root.get_bool("save_weights_only", false);
-  cfg.save_async = root.get_bool("save_async", true);
+  save.latest_filename = root.get_string("save_latest_filename", save.latest_filename);
+  root.check(save.latest_filename.find('/') == std::string::npos, "save_latest_filename", "must not contain '/'");
+  save.interval = root.get_time("save_interval", save.interval, TimeUnit::kEpoch);
+  root.check(!save.interval.is_zero(), "save_interval", "must be positive");
+  save.num_checkpoints_to_keep = root.get_int("save_num_checkpoints_to_keep", -1);
+  root.check(save.num_checkpoints_to_keep >= -1, "save_num_checkpoints_to_keep", "must be -1 (keep all) or >= 0");
+  save.overwrite = root.get_bool("save_overwrite", false);
+  save.weights_only = root.get_bool("save_weights_only", false);
+  save.async = root.get_bool("save_async", true);
   cfg.load_path = root.get_optional_string("load_path");
-  cfg.load_weights_only = root.get_bool("load_weights_only", false);
-  cfg.load_strict_model_weights = root.get_bool("load_strict_model_weights", true);
+  cfg.load.weights_only = root.get_bool("load_weights_only", false);
+  cfg.load.strict_model_weights = root.get_bool("load_strict_model_weights", true);
   cfg.autoresume = root.get_bool("autoresume", false);
   root.check(!cfg.autoresume || cfg.save_folder.has_value(), "autoresume", "needs save_folder");
   {

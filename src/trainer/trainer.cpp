@@ -304,15 +304,9 @@ void Trainer::build_components(TrainerParts parts) {
     state_.callbacks.push_back(std::move(c));
   }
   if (cfg_.save_folder) {
-    callbacks::SaveOptions so;
+    callbacks::SaveOptions so = cfg_.save;
     so.folder = util::fill_path_pattern(*cfg_.save_folder, state_.run_name, 0);
-    so.filename = cfg_.save_filename;
-    so.latest_filename = cfg_.save_latest_filename;
-    so.interval = cfg_.save_interval;
-    so.num_checkpoints_to_keep = cfg_.save_num_checkpoints_to_keep;
-    so.overwrite = cfg_.save_overwrite || cfg_.autoresume;
-    so.weights_only = cfg_.save_weights_only;
-    so.async = cfg_.save_async;
+    so.overwrite = so.overwrite || cfg_.autoresume;  // resuming writes on into the folder
     so.timeout = cfg_.dist_timeout;
     saver_ = std::make_shared<callbacks::CheckpointSaver>(so, [this] { return resumption_state(); });
     state_.callbacks.push_back(saver_);
@@ -384,10 +378,10 @@ void Trainer::load_initial_checkpoint() {
   // autoresume: the newest valid checkpoint of this run wins over load_path (which only seeds the first start).
   std::optional<LoadedCheckpoint> resumed;
   LoadOptions lo;
-  lo.strict_model_weights = cfg_.load_strict_model_weights;
+  lo.strict_model_weights = cfg_.load.strict_model_weights;
   if (cfg_.autoresume) {
     const std::string folder = util::fill_path_pattern(*cfg_.save_folder, state_.run_name, 0);
-    resumed = load_newest_checkpoint(state_, folder, cfg_.save_latest_filename, lo);
+    resumed = load_newest_checkpoint(state_, folder, cfg_.save.latest_filename, lo);
     if (!resumed && state_.rank == 0) spdlog::info("autoresume: no checkpoint in {} yet; starting fresh", folder);
   }
   const bool resuming = resumed.has_value();
@@ -398,7 +392,7 @@ void Trainer::load_initial_checkpoint() {
     lo.strict_model_weights = true;
   }
   if (!resuming && !initial) return;
-  if (!resuming) lo.weights_only = cfg_.load_weights_only;
+  if (!resuming) lo.weights_only = cfg_.load.weights_only;
   const LoadedCheckpoint loaded = resuming ? *std::move(resumed) : load_checkpoint(state_, *initial, lo);
   if (loaded.full_state) {
     const nlohmann::json& m = loaded.metadata;
@@ -599,7 +593,7 @@ void Trainer::rollback() {
   std::optional<LoadedCheckpoint> loaded;
   if (saver_) {
     saver_->wait();
-    loaded = load_newest_checkpoint(state_, saver_->options().folder, cfg_.save_latest_filename, lo);
+    loaded = load_newest_checkpoint(state_, saver_->options().folder, cfg_.save.latest_filename, lo);
   }
   if (!loaded && last_checkpoint_) loaded = load_checkpoint(state_, *last_checkpoint_, lo);
   if (!loaded)

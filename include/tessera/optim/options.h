@@ -22,9 +22,9 @@ struct OptimizerOptions {
   double dampening = 0.0;     // decoupled_sgdw
   bool nesterov = false;      // decoupled_sgdw
   std::any extra;             // a registered optimizer's own options (research code), as its parser made them
-
-  // fp32 state tensors kept per parameter: 2 for Adam (m, v), 1 for Lion and SGD with momentum, else 0.
-  int state_tensors() const;
+  // Facts about the optimizer that plans and monitors use, set by its parser (a research optimizer's sets its own):
+  int state_tensors = 2;   // fp32 state tensors kept per parameter: Adam 2 (m, v); Lion, SGD with momentum 1; SGD 0
+  std::string class_name;  // its class as Composer names it in `lr-<class>/group0` (DecoupledAdamW); empty: `name`
 };
 
 // Composer's schedulers. Every time field carries its unit; `t_max` defaults to "1dur" (= max_duration).

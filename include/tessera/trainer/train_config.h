@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/callbacks/checkpoint_saver.h"
 #include "tessera/config/component.h"
 #include "tessera/config/time.h"
 #include "tessera/config/value.h"
@@ -86,19 +87,15 @@ struct TrainConfig {
   bool deterministic_mode = false;  // deterministic kernels only (Composer's deterministic_mode)
   std::string run_name;             // recipe value, else $RUN_NAME, else the recipe's file name without extension
 
-  // Checkpoints (docs/checkpointing.md).
-  std::optional<std::string> save_folder;                    // {run_name} is filled in
-  std::string save_filename = "ep{epoch}-ba{batch}";         // each checkpoint's directory name
-  std::string save_latest_filename = "latest";               // symlink to the newest checkpoint
-  config::Time save_interval = config::Time::batches(1000);  // the end of training always saves
-  int64_t save_num_checkpoints_to_keep = -1;                 // -1: keep all
-  bool save_overwrite = false;
-  bool save_weights_only = false;
-  bool save_async = true;                // write checkpoints in a background thread
+  // Checkpoints (docs/checkpointing.md): Composer's save_* and load_* keys, read into the options the checkpoint
+  // saver and loader take.
+  std::optional<std::string> save_folder;  // {run_name} is filled in; none: no checkpoints
+  // save_filename, save_latest_filename, save_interval, save_num_checkpoints_to_keep, save_overwrite,
+  // save_weights_only, save_async (save.folder is save_folder filled in, by the trainer).
+  callbacks::SaveOptions save;
   std::optional<std::string> load_path;  // a Tessera checkpoint directory or a Hugging Face folder
-  bool load_weights_only = false;
-  bool load_strict_model_weights = true;
-  bool autoresume = false;  // continue from the newest valid checkpoint in save_folder
+  callbacks::LoadOptions load;           // load_weights_only, load_strict_model_weights
+  bool autoresume = false;               // continue from the newest valid checkpoint in save_folder
   // With save_folder: on these signals every rank finishes its batch, the job saves a checkpoint and exits with
   // util::kExitPreempted (75); [] keeps the default disposition (the process dies).
   std::vector<int> preemption_signals = {SIGTERM, SIGUSR1};

@@ -5,6 +5,7 @@
 
 #include "tessera/models/llama.h"
 #include "tessera/models/mpt_config.h"
+#include "tessera/optim/optimizer.h"
 #include "tessera/trainer/plan.h"
 #include "tessera/util/error.h"
 #include "test_util.h"
@@ -72,6 +73,37 @@ TEST(Plan, LlamaRecipesHaveThePublishedParameterCounts) {
     EXPECT_EQ(models::model_registry().build("llama", cfg.model, "meta", 0)->num_params(), count) << name;
     EXPECT_EQ(make_plan(cfg, 64, 8).n_params, count) << name;
   }
+}
+
+TEST(Plan, ARegisteredOptimizersOwnStateCountSizesTheOptimizerMemoryAndCheckpoints) {
+  // A research optimizer that keeps three fp32 tensors per parameter says so in its options; the plan and the
+  // checkpoint size follow it, as they follow Adam's two and Lion's one.
+  optim::optimizer_registry().add(
+      "three_moments",
+      [](config::Section& s) {
+        optim::OptimizerOptions o;
+        o.name = "three_moments";
+        o.lr = s.get_double("lr", 1e-3);
+        o.state_tensors = 3;
+        o.class_name = "ThreeMoments";
+        s.finish();
+        return o;
+      },
+      [](const optim::OptimizerOptions& o, std::vector<at::Tensor> p) {
+        return optim::optimizer_registry().build("decoupled_lionw", o, std::move(p));
+      });
+  const TrainConfig adam = load_train_config(kRecipe);
+  const TrainConfig lion = load_train_config(kRecipe, {"optimizer={name: decoupled_lionw, lr: 1.0e-4}"});
+  const TrainConfig three = load_train_config(kRecipe, {"optimizer={name: three_moments, lr: 1.0e-3}"});
+  EXPECT_EQ(adam.optimizer.state_tensors, 2);
+  EXPECT_EQ(lion.optimizer.state_tensors, 1);
+  EXPECT_EQ(three.optimizer.class_name, "ThreeMoments");
+  const Plan pa = make_plan(adam, 1, 1), pl = make_plan(lion, 1, 1), p3 = make_plan(three, 1, 1);
+  const double n = static_cast<double>(pa.n_params);
+  // NO_SHARD, mixed precision: a 4-byte master copy plus 4 bytes per state tensor, per parameter.
+  EXPECT_DOUBLE_EQ(p3.memory[0].state.optimizer - pa.memory[0].state.optimizer, 4 * n);
+  EXPECT_DOUBLE_EQ(pa.memory[0].state.optimizer - pl.memory[0].state.optimizer, 4 * n);
+  EXPECT_DOUBLE_EQ(checkpoint_bytes_per_rank(three, p3, dist::ShardingStrategy::kNoShard), n * 4 * (1 + 3));
 }
 
 TEST(Plan, CheckpointIntervalFollowsYoungAndDalyAndMinimisesTheExpectedLoss) {

@@ -181,7 +181,7 @@ device_eval_batch_size: 4
   EXPECT_DOUBLE_EQ(cfg.optimizer.weight_decay, 1e-5) << "Composer's DecoupledAdamW default";
   EXPECT_EQ(cfg.optimizer.betas, (std::vector<double>{0.9, 0.95}));
   EXPECT_EQ(cfg.scheduler.t_warmup, config::Time(0.1, config::TimeUnit::kDuration));
-  EXPECT_EQ(cfg.save_interval, config::Time::batches(1000));
+  EXPECT_EQ(cfg.save.interval, config::Time::batches(1000));
   EXPECT_EQ(cfg.train_loader.dataset.shuffle_seed, 9176u) << "StreamingTextDataset's default seed";
   EXPECT_EQ(cfg.train_loader.dataset.shuffle_algo, "py1e");
   EXPECT_FALSE(cfg.fsdp_configured);
