@@ -240,7 +240,10 @@ TEST(Elastic, FewerThanMinNodesEndsTheJobNamingTheExcludedOnes) {
   setup.script = kRecordAttempt + "exec sleep 60";
   std::vector<ElasticNode> nodes = start_nodes(dir, {"a", "b"}, setup);
   NodeReaper reaper{{&nodes[0], &nodes[1]}};
-  ASSERT_TRUE(wait_until([&] { return fs::exists(dir.path() / "runs_b"); }, 60)) << nodes[0].text();
+  // Both ranks recorded their attempt before b dies (b's rank can get there first; killing b then stopped a's rank
+  // before it wrote, and runs_a stayed empty: a flake of this test under load).
+  ASSERT_TRUE(wait_until([&] { return fs::exists(dir.path() / "runs_a") && fs::exists(dir.path() / "runs_b"); }, 60))
+      << nodes[0].text();
   ::kill(nodes[1].pid, SIGKILL);
   EXPECT_EQ(exit_code(nodes[0], 30 + setup.rdzv_timeout), 1) << nodes[0].text();
   const std::string host = nodes[0].text();
