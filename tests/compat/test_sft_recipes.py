@@ -7,6 +7,11 @@ pointing at a small model of the same family saved by transformers (MptForCausal
 folder saved by transformers, and a folder of prompt/response JSONL files: every other setting is the recipe's own.
 Each must finish its epochs, evaluate (the MPT recipe before training too) and report finite losses. With the
 published configs in a hub cache, both plan the real models (6.65 B and 8.03 B parameters) with --dry-run.
+
+One setting besides the paths is overridden: `precision=auto` for the recipes' amp_bf16. On a CPU with native bf16
+(AVX512-BF16, AMX) auto is amp_bf16, the recipe's own setting; on one that only emulates bf16 (AVX2), where bf16 runs
+about 50x slower than fp32 and the Llama recipe's 64 x 4096-token batches (allow_pad_trimming: false) took over two
+minutes each, it is fp32 (docs/training.md#precision).
 """
 import json
 import math
@@ -58,7 +63,7 @@ def run(recipe, *overrides, env=None):
 ])
 def test_recipe_runs_with_only_its_paths_changed(workdir, recipe, model, steps, evals):
     log = run(recipe, f"variables.model_path={workdir / model}", f"variables.tokenizer_name={workdir / 'tok'}",
-              f"variables.data_local={workdir / 'data'}")
+              f"variables.data_local={workdir / 'data'}", "precision=auto")
     losses = [float(x) for x in re.findall(r"loss/train/total: ([-+0-9.eE]+|nan|inf)", log)]
     evals_seen = [float(x) for x in re.findall(r"metrics/eval/LanguageCrossEntropy: ([-+0-9.eE]+|nan|inf)", log)]
     assert len(losses) == steps, log[-3000:]
