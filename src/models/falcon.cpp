@@ -2,7 +2,6 @@
 // initialisation.
 #include "tessera/models/falcon.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -438,17 +437,7 @@ at::Tensor FalconForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOp
   auto embed = [this](const at::Tensor& input_ids) { return transformer->word_embeddings(input_ids); };
   at::Tensor x = run_unit(runner_, 0, embed, ids);
   const AttentionInputs in = attention_inputs(ids, fo, past, key_mask, positions);
-  if (cache && cache->layers.empty()) cache->layers.resize(static_cast<size_t>(o_.num_hidden_layers));
-  for (size_t i = 0; i < transformer->h->size(); ++i) {
-    auto layer = transformer->h[i]->as<FalconDecoderLayerImpl>();
-    LayerCache* layer_cache = cache ? &cache->layers[i] : nullptr;
-    auto fn = [layer, in, layer_cache](const at::Tensor& h) { return layer->forward(h, in, layer_cache); };
-    x = run_unit(runner_, static_cast<int64_t>(i) + 1, fn, x);
-  }
-  if (cache) {
-    cache->length = past + s;
-    if (key_mask.defined()) cache->attention_mask = key_mask;
-  }
+  x = run_decoder_layers<FalconDecoderLayerImpl>(runner_, transformer->h, in, cache, key_mask, s, x);
   auto head = [this](const at::Tensor& h) {
     const at::Tensor normed = transformer->ln_f(h);
     return lm_head ? lm_head(normed) : at::linear(normed, transformer->word_embeddings->weight);
@@ -457,22 +446,7 @@ at::Tensor FalconForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOp
 }
 
 void FalconForCausalLMImpl::init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select) {
-  at::NoGradGuard no_grad;
-  for (const auto& item : named_modules()) {
-    if (select && !select(item.key())) continue;
-    torch::nn::Module& m = *item.value();
-    if (m.parameters(/*recurse=*/false).empty()) continue;
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(module_seed(seed, item.key()));
-    if (auto* lin = m.as<LinearImpl>()) {
-      normal_from(lin->weight, 0.0, o_.initializer_range, gen);
-      if (lin->bias.defined()) lin->bias.zero_();
-    } else if (auto* emb = m.as<EmbeddingImpl>()) {
-      normal_from(emb->weight, 0.0, o_.initializer_range, gen);
-    } else if (auto* norm = m.as<NormImpl>()) {
-      norm->weight.fill_(1.0);
-      norm->bias.zero_();
-    }
-  }
+  init_like_transformers(*this, seed, o_.initializer_range, select, std::nullopt);
 }
 
 std::shared_ptr<CausalLM> FalconForCausalLMImpl::rebuild(const std::string& device,

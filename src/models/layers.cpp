@@ -1,6 +1,7 @@
 // Linear, Norm and Embedding modules with meta-device-friendly parameter creation, and the initialisation helpers.
 #include "tessera/models/layers.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
 
 namespace tessera::models {
@@ -112,6 +113,27 @@ void uniform_from(at::Tensor w, double low, double high, at::Generator& gen) {
   at::Tensor t = at::empty(w.sizes(), w.options().device(at::kCPU));
   t.uniform_(low, high, gen);
   w.copy_(t);
+}
+
+void init_like_transformers(torch::nn::Module& model, uint64_t seed, double std,
+                            const std::function<bool(const std::string&)>& select, std::optional<int64_t> padding_row) {
+  at::NoGradGuard no_grad;
+  for (const auto& item : model.named_modules()) {
+    if (select && !select(item.key())) continue;
+    torch::nn::Module& m = *item.value();
+    if (m.parameters(/*recurse=*/false).empty()) continue;
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(module_seed(seed, item.key()));
+    if (auto* lin = m.as<LinearImpl>()) {
+      normal_from(lin->weight, 0.0, std, gen);
+      if (lin->bias.defined()) lin->bias.zero_();
+    } else if (auto* emb = m.as<EmbeddingImpl>()) {
+      normal_from(emb->weight, 0.0, std, gen);
+      if (padding_row && *padding_row >= 0 && *padding_row < emb->weight.size(0)) emb->weight[*padding_row].zero_();
+    } else if (auto* norm = m.as<NormImpl>()) {
+      norm->weight.fill_(1.0);
+      if (norm->bias.defined()) norm->bias.zero_();
+    }
+  }
 }
 
 }  // namespace tessera::models

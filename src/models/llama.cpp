@@ -1,7 +1,6 @@
 // The Llama family: options (recipe and config.json), modules, masks and rotary tables, initialisation.
 #include "tessera/models/llama.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -340,17 +339,7 @@ at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOpt
   auto embed = [this](const at::Tensor& input_ids) { return model->embed_tokens(input_ids); };
   at::Tensor x = run_unit(runner_, 0, embed, ids);
   const AttentionInputs in = attention_inputs(ids, fo, past, key_mask, positions);
-  if (cache && cache->layers.empty()) cache->layers.resize(static_cast<size_t>(o_.num_hidden_layers));
-  for (size_t i = 0; i < model->layers->size(); ++i) {
-    auto layer = model->layers[i]->as<LlamaDecoderLayerImpl>();
-    LayerCache* layer_cache = cache ? &cache->layers[i] : nullptr;
-    auto fn = [layer, in, layer_cache](const at::Tensor& h) { return layer->forward(h, in, layer_cache); };
-    x = run_unit(runner_, static_cast<int64_t>(i) + 1, fn, x);
-  }
-  if (cache) {
-    cache->length = past + s;
-    if (key_mask.defined()) cache->attention_mask = key_mask;
-  }
+  x = run_decoder_layers<LlamaDecoderLayerImpl>(runner_, model->layers, in, cache, key_mask, s, x);
   auto head = [this](const at::Tensor& h) {
     const at::Tensor normed = model->norm(h);
     return lm_head ? lm_head(normed) : at::linear(normed, model->embed_tokens->weight);
@@ -359,24 +348,7 @@ at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOpt
 }
 
 void LlamaForCausalLMImpl::init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select) {
-  at::NoGradGuard no_grad;
-  for (const auto& item : named_modules()) {
-    if (select && !select(item.key())) continue;
-    torch::nn::Module& m = *item.value();
-    if (m.parameters(/*recurse=*/false).empty()) continue;
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(module_seed(seed, item.key()));
-    if (auto* lin = m.as<LinearImpl>()) {
-      normal_from(lin->weight, 0.0, o_.initializer_range, gen);
-      if (lin->bias.defined()) lin->bias.zero_();
-    } else if (auto* emb = m.as<EmbeddingImpl>()) {
-      normal_from(emb->weight, 0.0, o_.initializer_range, gen);
-      if (o_.pad_token_id && *o_.pad_token_id >= 0 && *o_.pad_token_id < o_.vocab_size) {
-        emb->weight[*o_.pad_token_id].zero_();
-      }
-    } else if (auto* norm = m.as<NormImpl>()) {
-      norm->weight.fill_(1.0);
-    }
-  }
+  init_like_transformers(*this, seed, o_.initializer_range, select, o_.pad_token_id);
 }
 
 std::shared_ptr<CausalLM> LlamaForCausalLMImpl::rebuild(const std::string& device, std::optional<uint64_t> seed) const {

@@ -181,18 +181,7 @@ at::Tensor MPTModelImpl::forward_blocks(const at::Tensor& ids, const ForwardOpti
   };
   at::Tensor x = run_unit(unit_runner, 0, embed, ids);
   const AttentionInputs in = attention_inputs(ids, fo, past, key_mask);
-  if (cache && cache->layers.empty()) cache->layers.resize(static_cast<size_t>(o_.n_layers));
-  for (size_t i = 0; i < blocks->size(); ++i) {
-    auto block = blocks[i]->as<MPTBlockImpl>();
-    LayerCache* layer_cache = cache ? &cache->layers[i] : nullptr;
-    auto fn = [block, in, layer_cache](const at::Tensor& h) { return block->forward(h, in, layer_cache); };
-    x = run_unit(unit_runner, static_cast<int64_t>(i) + 1, fn, x);
-  }
-  if (cache) {
-    cache->length = past + s;
-    if (key_mask.defined()) cache->attention_mask = key_mask;
-  }
-  return x;
+  return run_decoder_layers<MPTBlockImpl>(unit_runner, blocks, in, cache, key_mask, s, x);
 }
 
 at::Tensor MPTModelImpl::forward(const at::Tensor& ids, const ForwardOptions& fo) {

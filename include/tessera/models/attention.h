@@ -5,6 +5,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <torch/nn/modules/container/modulelist.h>
 
 #include <optional>
 #include <vector>
@@ -53,6 +54,28 @@ at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
 
 // With a cache: prepends its keys and values to k and v ((B, KV, S, hd)) and stores the result in it.
 void append_to_cache(LayerCache* cache, at::Tensor& k, at::Tensor& v);
+
+// Runs the decoder layers (`LayerImpl`s with forward(x, in, LayerCache*)) as units 1..n through `runner`, each with
+// the call's shared attention inputs and its own slot of `cache`; then advances the cache by `new_tokens` and keeps
+// the key padding mask seen so far. The lambdas capture by value: the sharding engine may run them again in
+// backward (activation checkpointing).
+template <class LayerImpl>
+at::Tensor run_decoder_layers(const std::shared_ptr<UnitRunner>& runner, const torch::nn::ModuleList& layers,
+                              const AttentionInputs& in, KVCache* cache, const at::Tensor& key_mask, int64_t new_tokens,
+                              at::Tensor x) {
+  if (cache && cache->layers.empty()) cache->layers.resize(layers->size());
+  for (size_t i = 0; i < layers->size(); ++i) {
+    auto* layer = layers->ptr(i)->as<LayerImpl>();
+    LayerCache* layer_cache = cache ? &cache->layers[i] : nullptr;
+    auto fn = [layer, in, layer_cache](const at::Tensor& h) { return layer->forward(h, in, layer_cache); };
+    x = run_unit(runner, static_cast<int64_t>(i) + 1, fn, x);
+  }
+  if (cache) {
+    cache->length += new_tokens;
+    if (key_mask.defined()) cache->attention_mask = key_mask;
+  }
+  return x;
+}
 
 // Attention of q (B, H, s_q, hd) over k, v (B, KV, s_k, hd), H a multiple of KV (grouped-query), with `in`'s mask or
 // causal flag: SDPA, or the explicit softmax path (in.reference; and for short bf16 keys on CPU, where it is faster).

@@ -9,6 +9,8 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 
 #include "tessera/models/norm_type.h"
@@ -74,5 +76,12 @@ uint64_t module_seed(uint64_t seed, const std::string& module_name);
 // on a GPU gets exactly the weights it gets on the CPU (and a CUDA tensor cannot take a CPU generator).
 void normal_from(at::Tensor w, double mean, double std, at::Generator& gen);
 void uniform_from(at::Tensor w, double low, double high, at::Generator& gen);
+
+// transformers' PreTrainedModel._init_weights over the Linear, Embedding and Norm modules of `model` that `select`
+// accepts (by module name; all when null): weights normal(0, std) and biases 0, embeddings normal(0, std) with row
+// `padding_row` zeroed when given, norms weight 1 and bias 0; each module from its own generator (module_seed).
+void init_like_transformers(torch::nn::Module& model, uint64_t seed, double std,
+                            const std::function<bool(const std::string&)>& select,
+                            std::optional<int64_t> padding_row = std::nullopt);
 
 }  // namespace tessera::models
