@@ -353,30 +353,34 @@ TEST(Launcher, WatchdogNamesTheStuckRankAndStopsTheJob) {
 TEST(Launcher, WatchdogDerivesItsTimeoutFromTheLongestStep) {
   const TempDir dir;
   const ScopedEnv test_dir("TEST_DIR", dir.str());
+  // Steps of 0.25 s under a 0.5 s floor: until the second beat no step is known and the floor is the timeout, so the
+  // first step must stay well inside it (with 0.4 s steps under a 0.3 s floor, a poll in the first step declared a
+  // hang once on a loaded machine). The 1.2 s evaluation pause stays inside the derived 8 x 0.25 = 2 s.
   LaunchOptions o = shell(
       "beat() { echo \"$(date +%s.%N) $1\" > $TESSERA_HEARTBEAT_DIR/rank$RANK; }; "
-      "i=0; while [ $i -lt 6 ]; do beat \"batch $i\"; sleep 0.4; i=$((i+1)); "
-      "  if [ $i = 3 ]; then beat \"eval batch 1\"; sleep 1.5; fi; done; "
+      "i=0; while [ $i -lt 6 ]; do beat \"batch $i\"; sleep 0.25; i=$((i+1)); "
+      "  if [ $i = 3 ]; then beat \"eval batch 1\"; sleep 1.2; fi; done; "
       "beat \"batch 6\"; date +%s.%N > $TEST_DIR/last_beat_$RANK; exec sleep 60",
       2);
-  o.watchdog_timeout_seconds = 0.3;
+  o.watchdog_timeout_seconds = 0.5;
   o.watchdog_step_multiple = 8;
   const Outcome r = launch_capturing(o, dir);
   EXPECT_EQ(r.rc, 124) << r.log;
+  ASSERT_TRUE(fs::exists(dir.path() / "last_beat_0")) << "the job was stopped before its last beat:\n" << r.log;
   const double last_beat = std::stod(read_launcher_log(dir.path() / "last_beat_0"));
   const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  // The launcher returned after the derived timeout (8 x at least 0.4 s = 3.2 s) from the last beat, not after the
-  // 0.3 s floor, nor after 8 x the 1.9 s the evaluation made of one interval.
+  // The launcher returned after the derived timeout (8 x at least 0.25 s = 2 s) from the last beat, not after the
+  // 0.5 s floor, nor after 8 x the 1.45 s the evaluation made of one interval.
   const double caught = now - last_beat;
-  EXPECT_GT(caught, 3.0) << r.log;
-  EXPECT_LT(caught, 12.0 * kScale) << r.log;
+  EXPECT_GT(caught, 1.9) << r.log;
+  EXPECT_LT(caught, 11.0 * kScale) << r.log;
   const size_t at = r.log.find("hang: no rank made progress for ");
   ASSERT_NE(at, std::string::npos) << r.log;
   const std::string line = r.log.substr(at, r.log.find('\n', at) - at);
   std::printf("caught %.1f s after the last beat: %s\n", caught, line.c_str());
   EXPECT_NE(line.find(" x the longest step seen, 0."), std::string::npos) << line;
   EXPECT_NE(line.find("(timeout "), std::string::npos) << line;
-  EXPECT_NE(r.log.find("watchdog after 8 x the longest step without progress (at least 0.3 s)"), std::string::npos)
+  EXPECT_NE(r.log.find("watchdog after 8 x the longest step without progress (at least 0.5 s)"), std::string::npos)
       << r.log;
 }
 
