@@ -196,7 +196,8 @@ void Trainer::setup_ranks() {
   state_.device_train_batch_size = cfg_.global_train_batch_size / state_.world_size;
 }
 
-data::Tokenizer Trainer::load_tokenizer(const std::string& needed_by) const {
+const data::Tokenizer& Trainer::tokenizer(const std::string& needed_by) {
+  if (tokenizer_) return *tokenizer_;
   std::filesystem::path tok;
   try {
     tok = util::resolve_hf_tokenizer(cfg_.tokenizer.name);
@@ -204,7 +205,8 @@ data::Tokenizer Trainer::load_tokenizer(const std::string& needed_by) const {
     throw ConfigError("recipe", fmt::format("{}: {} need{} a tokenizer: tokenizer.name: {}", cfg_.recipe_path,
                                             needed_by, needed_by == "icl_tasks" ? "" : "s", e.message()));
   }
-  return data::Tokenizer::from_file(tok);
+  tokenizer_ = data::Tokenizer::from_file(tok);
+  return *tokenizer_;
 }
 
 std::unique_ptr<data::BatchIterator> Trainer::open_train_epoch() {
@@ -228,13 +230,8 @@ void Trainer::build_data() {
   ctx.node_rank = rv.node_rank();
   ctx.local_world_size = rv.local_world_size;
   ctx.local_rank = rv.local_rank;
-  // The recipe's tokenizer, loaded once by the first loader that asks for it.
-  auto tokenizer = std::make_shared<std::optional<data::Tokenizer>>();
-  auto tokenizer_for = [this, tokenizer](const std::string& loader) {
-    return [this, tokenizer, loader] {
-      if (!*tokenizer) *tokenizer = load_tokenizer("the " + loader + " loader");
-      return **tokenizer;
-    };
+  auto tokenizer_for = [this](const std::string& loader) {
+    return [this, loader] { return tokenizer("the " + loader + " loader"); };
   };
   ctx.split = "train_loader";
   ctx.device_batch_size = state_.device_train_batch_size;
@@ -275,7 +272,7 @@ void Trainer::build_icl_tasks() {
       gauntlet_ = eval::parse_gauntlet(*cfg_.eval_gauntlet);
     }
   }
-  icl_tokenizer_ = load_tokenizer("icl_tasks");
+  (void)tokenizer("icl_tasks");  // loaded now, so that a missing tokenizer fails at start-up
 }
 
 void Trainer::build_model() {
@@ -708,7 +705,7 @@ void Trainer::run_icl_eval() {
       util::heartbeat(fmt::format("icl {} {}-shot", task.label, k));
       eval::IclRanks ranks{state_.rank, state_.world_size,
                            [this](std::vector<double>& v) { v = sum_over_ranks(state_, v); }};
-      for (const eval::IclResult& r : eval::evaluate_icl_task(*state_.model, *icl_tokenizer_, task, k, ranks)) {
+      for (const eval::IclResult& r : eval::evaluate_icl_task(*state_.model, *tokenizer_, task, k, ranks)) {
         state_.eval_metrics[r.label] = Metrics{{r.metric, r.accuracy()}};
         logger_.log_metrics({{fmt::format("metrics/{}/{}", r.label, r.metric), r.accuracy()}});
         results.push_back(r);

@@ -26,7 +26,8 @@ from transformers import FalconConfig, FalconForCausalLM
 
 from conftest import ROOT
 from test_hf_export import VOCAB, dataset  # noqa: F401 (the fixture)
-from test_llama_hf import assert_gradients_match, hf_forward, run_tessera, save, train_export_and_compare
+from test_llama_hf import (assert_gradients_match, check_greedy_generation, check_left_padding,
+                            check_packed_documents, hf_forward, run_tessera, save, train_export_and_compare)
 
 BASE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=101, max_position_embeddings=64,
             layer_norm_epsilon=1e-5, bos_token_id=1, eos_token_id=2)
@@ -72,60 +73,17 @@ def test_logits_and_gradients_match_transformers(name, driver, tmp_path):
 
 @pytest.mark.parametrize("name", ["7b-multi-query", "40b-new-architecture", "rw-alibi-biases-sequential"])
 def test_left_padding_matches_transformers(name, driver, tmp_path):
-    model = hf_model(name, seed=1)
-    folder = save(model, tmp_path / "hf")
-    ids = torch.randint(0, model.config.vocab_size, (3, SEQ), generator=torch.Generator().manual_seed(2))
-    mask = torch.ones(3, SEQ, dtype=torch.long)
-    mask[1, :5] = 0
-    mask[2, :12] = 0
-    predicted = torch.cat([torch.zeros(3, 1, dtype=torch.long), mask[:, :-1]], 1)
-    labels = ids.masked_fill((mask == 0) | (predicted == 0), -100)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    logits, loss, grads = hf_forward(model, ids, attention_mask=mask, position_ids=positions, labels=labels)
-    ours = run_tessera(driver, tmp_path, folder, input_ids=ids, attention_mask=mask.bool(), labels=labels)
-    real = mask.bool()
-    assert (ours["logits"][real] - logits[real]).abs().max().item() <= 1e-5
-    assert abs(ours["loss"].item() - loss.item()) <= 1e-5
-    assert_gradients_match(ours, grads, model.config.tie_word_embeddings)
+    check_left_padding(hf_model(name, seed=1), driver, tmp_path)
 
 
 @pytest.mark.parametrize("name", ["40b-new-architecture", "alibi-six-heads"])
 def test_packed_documents_equal_each_document_alone(name, driver, tmp_path):
-    model = hf_model(name, seed=2)
-    folder = save(model, tmp_path / "hf")
-    lengths = [5, 9, 3, 12]
-    ids = torch.randint(0, model.config.vocab_size, (1, sum(lengths)), generator=torch.Generator().manual_seed(3))
-    sequence_id = torch.cat([torch.full((n,), i, dtype=torch.long) for i, n in enumerate(lengths)]).unsqueeze(0)
-    ours = run_tessera(driver, tmp_path, folder, input_ids=ids, sequence_id=sequence_id)["logits"]
-    start = 0
-    with torch.no_grad():
-        for n in lengths:
-            alone = model(ids[:, start:start + n]).logits
-            assert (ours[:, start:start + n] - alone).abs().max().item() <= 1e-5
-            start += n
+    check_packed_documents(hf_model(name, seed=2), driver, tmp_path)
 
 
 @pytest.mark.parametrize("name", ["7b-multi-query", "40b-new-architecture", "rw-alibi-biases-sequential"])
 def test_greedy_generation_matches_transformers_generate(name, driver, tmp_path):
-    from safetensors.torch import load_file, save_file
-    model = hf_model(name, seed=5)
-    with torch.no_grad():  # sharpen the distribution so greedy choices are not near-ties
-        model.get_output_embeddings().weight.mul_(4.0)
-    folder = save(model, tmp_path / "hf")
-    ids = torch.randint(3, model.config.vocab_size, (3, 11), generator=torch.Generator().manual_seed(4))
-    lengths = torch.tensor([11, 4, 8])
-    save_file({"input_ids": ids, "lengths": lengths}, tmp_path / "in.safetensors")
-    driver("generate", folder, tmp_path / "in.safetensors", tmp_path / "out.safetensors", 14)
-    ours = load_file(tmp_path / "out.safetensors")["tokens"]
-    padded = torch.zeros_like(ids)
-    mask = torch.zeros_like(ids)
-    for b, n in enumerate(lengths.tolist()):
-        padded[b, 11 - n:] = ids[b, :n]
-        mask[b, 11 - n:] = 1
-    with torch.no_grad():
-        theirs = model.generate(padded, attention_mask=mask, max_new_tokens=14, min_new_tokens=14, do_sample=False,
-                                use_cache=True, pad_token_id=0, eos_token_id=None)[:, 11:]
-    assert torch.equal(ours, theirs)
+    check_greedy_generation(hf_model(name, seed=5), driver, tmp_path, lowest_id=3)
 
 
 def test_configs_transformers_does_not_compute_are_refused(driver, tmp_path):

@@ -116,9 +116,9 @@ def test_sharded_folders_of_each_dtype_load_as_transformers_loads_them(dtype, dr
     assert (run_tessera(driver, tmp_path, folder, input_ids=ids)["logits"] - want).abs().max().item() <= 1e-5
 
 
-@pytest.mark.parametrize("name", ["gqa", "mistral-sliding", "qwen2-biases"])
-def test_left_padding_matches_transformers(name, driver, tmp_path):
-    model = hf_model(name, seed=1)
+def check_left_padding(model, driver, tmp_path):
+    """Left padding with an attention mask: the real tokens' logits, the loss and the gradients equal transformers'
+    (positions count real tokens only, as HF's generate sets them). Shared with the other families' suites."""
     folder = save(model, tmp_path / "hf")
     ids = torch.randint(0, model.config.vocab_size, (3, SEQ), generator=torch.Generator().manual_seed(2))
     mask = torch.ones(3, SEQ, dtype=torch.long)
@@ -136,9 +136,8 @@ def test_left_padding_matches_transformers(name, driver, tmp_path):
     assert_gradients_match(ours, grads, model.config.tie_word_embeddings)
 
 
-@pytest.mark.parametrize("name", ["gqa", "mistral-sliding"])
-def test_packed_documents_equal_each_document_alone(name, driver, tmp_path):
-    model = hf_model(name, seed=2)
+def check_packed_documents(model, driver, tmp_path):
+    """Packed documents with sequence_id: each document's logits equal transformers' on the document alone."""
     folder = save(model, tmp_path / "hf")
     lengths = [5, 9, 3, 12]
     ids = torch.randint(0, model.config.vocab_size, (1, sum(lengths)), generator=torch.Generator().manual_seed(3))
@@ -152,15 +151,13 @@ def test_packed_documents_equal_each_document_alone(name, driver, tmp_path):
             start += n
 
 
-@pytest.mark.parametrize("name", ["gqa", "rope-llama3", "mistral-sliding", "qwen2-biases"])
-def test_greedy_generation_matches_transformers_generate(name, driver, tmp_path):
-    model = hf_model(name, seed=5)
+def check_greedy_generation(model, driver, tmp_path, lowest_id=1):
+    """Greedy generation for prompts of different lengths equals transformers' generate on them left-padded."""
     with torch.no_grad():  # sharpen the distribution so greedy choices are not near-ties
-        head = model.lm_head.weight if not model.config.tie_word_embeddings else model.model.embed_tokens.weight
-        head.mul_(4.0)
+        model.get_output_embeddings().weight.mul_(4.0)
     folder = save(model, tmp_path / "hf")
     vocab = model.config.vocab_size
-    ids = torch.randint(1, vocab, (3, 11), generator=torch.Generator().manual_seed(4))
+    ids = torch.randint(lowest_id, vocab, (3, 11), generator=torch.Generator().manual_seed(4))
     lengths = torch.tensor([11, 4, 8])
     save_file({"input_ids": ids, "lengths": lengths}, tmp_path / "in.safetensors")
     driver("generate", folder, tmp_path / "in.safetensors", tmp_path / "out.safetensors", 14)
@@ -175,6 +172,21 @@ def test_greedy_generation_matches_transformers_generate(name, driver, tmp_path)
         theirs = model.generate(padded, attention_mask=mask, max_new_tokens=14, min_new_tokens=14, do_sample=False,
                                 use_cache=True, pad_token_id=0, eos_token_id=None)[:, 11:]
     assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("name", ["gqa", "mistral-sliding", "qwen2-biases"])
+def test_left_padding_matches_transformers(name, driver, tmp_path):
+    check_left_padding(hf_model(name, seed=1), driver, tmp_path)
+
+
+@pytest.mark.parametrize("name", ["gqa", "mistral-sliding"])
+def test_packed_documents_equal_each_document_alone(name, driver, tmp_path):
+    check_packed_documents(hf_model(name, seed=2), driver, tmp_path)
+
+
+@pytest.mark.parametrize("name", ["gqa", "rope-llama3", "mistral-sliding", "qwen2-biases"])
+def test_greedy_generation_matches_transformers_generate(name, driver, tmp_path):
+    check_greedy_generation(hf_model(name, seed=5), driver, tmp_path)
 
 
 def test_configs_transformers_computes_differently_are_refused(driver, tmp_path):

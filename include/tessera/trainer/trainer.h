@@ -104,8 +104,9 @@ class Trainer {
   // This rank's batches of the train loader from the current timestamp on, and of the eval loader from its start.
   std::unique_ptr<data::BatchIterator> open_train_epoch();
   std::unique_ptr<data::BatchIterator> open_eval();
-  // tokenizer.name, resolved (a file, folder or cached hub id) and loaded; a ConfigError names `needed_by`.
-  data::Tokenizer load_tokenizer(const std::string& needed_by) const;
+  // tokenizer.name, resolved (a file, folder or cached hub id) and loaded on the first call (the loaders and the ICL
+  // tasks share it); a ConfigError names `needed_by`.
+  const data::Tokenizer& tokenizer(const std::string& needed_by);
   void run_icl_eval();
 
   TrainConfig cfg_;
@@ -115,7 +116,7 @@ class Trainer {
   std::unique_ptr<data::DataLoader> train_loader_;  // built by data::loader_registry() from the recipe's sections
   std::unique_ptr<data::DataLoader> eval_loader_;   // null without an eval_loader
   std::vector<eval::IclTaskConfig> icl_tasks_;      // `icl_tasks`, evaluated with the eval loader
-  std::optional<data::Tokenizer> icl_tokenizer_;    // tokenizer.name, loaded when there are ICL tasks
+  std::optional<data::Tokenizer> tokenizer_;        // tokenizer.name, loaded when a loader or ICL task needs it
   std::optional<eval::GauntletConfig> gauntlet_;    // `eval_gauntlet`, scored over the ICL results
   dist::Rendezvous rendezvous_;
   double loss_tokens_ = 0;  // loss-generating tokens of the current batch, summed over ranks
