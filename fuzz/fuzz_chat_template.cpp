@@ -1,12 +1,12 @@
-// libFuzzer target: util::jinja::Template on arbitrary bytes as a chat template, rendered with a conversation that
-// has system, user, assistant and tool messages. Any exception other than tessera::Error, any crash or sanitizer
+// libFuzzer target: data::chat_template::Template on arbitrary bytes as a chat template, rendered with a conversation
+// that has system, user, assistant and tool messages. Any exception other than tessera::Error, any crash or sanitizer
 // report is a finding.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
 
+#include "tessera/data/chat_template.h"
 #include "tessera/util/error.h"
-#include "tessera/util/jinja.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const nlohmann::ordered_json context = nlohmann::ordered_json::parse(R"({
@@ -16,7 +16,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
     "add_generation_prompt": true, "bos_token": "<s>", "eos_token": "</s>"})");
   try {
-    const tessera::util::jinja::Template tpl(std::string_view(reinterpret_cast<const char*>(data), size), "fuzz");
+    const tessera::data::chat_template::Template tpl(std::string_view(reinterpret_cast<const char*>(data), size),
+                                                     "fuzz");
     tpl.render(context);
   } catch (const tessera::Error&) {
   }

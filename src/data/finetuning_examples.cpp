@@ -9,10 +9,10 @@
 #include <set>
 #include <sstream>
 
+#include "tessera/data/chat_template.h"
 #include "tessera/data/finetuning.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
-#include "tessera/util/jinja.h"
 
 namespace tessera::data {
 namespace {
@@ -240,15 +240,15 @@ void validate_target_settings(const std::string& target_prompts, const std::stri
 // Tokenization.
 
 struct ChatTokenizer::Impl {
-  std::unique_ptr<util::jinja::Template> chat_template;
+  std::unique_ptr<chat_template::Template> tpl;
   Json context;  // the special tokens and date_string every render sees
 };
 
 ChatTokenizer::ChatTokenizer(Tokenizer tokenizer, const std::string& date_string) : tok_(std::move(tokenizer)) {
   auto impl = std::make_shared<Impl>();
   const std::optional<std::string>& own = tok_.chat_template();
-  impl->chat_template = std::make_unique<util::jinja::Template>(own ? *own : std::string(kDefaultChatTemplate),
-                                                                own ? "chat_template" : "default chat template");
+  impl->tpl = std::make_unique<chat_template::Template>(own ? *own : std::string(kDefaultChatTemplate),
+                                                        own ? "chat_template" : "default chat template");
   // LLM Foundry sets the pad token to the eos token when the tokenizer has none (so templates see it too).
   std::optional<std::string> pad = tok_.pad_token() ? tok_.pad_token() : tok_.eos_token();
   pad_id_ = tok_.pad_token_id() ? tok_.pad_token_id() : tok_.eos_token_id();
@@ -268,7 +268,7 @@ std::string ChatTokenizer::apply_chat_template(const Json& messages, bool add_ge
   Json context = impl_->context;
   context["messages"] = messages;
   context["add_generation_prompt"] = add_generation_prompt;
-  return impl_->chat_template->render(context);
+  return impl_->tpl->render(context);
 }
 
 FinetuningExample ChatTokenizer::tokenize(const Json& row, const std::string& where) const {

@@ -34,7 +34,7 @@
 //                "dataset": {LLM Foundry's finetuning dataset keys}} -> {"batches": [{"input_ids", "labels",
 //                "attention_mask", "sequence_id"}], "examples", "dropped", "packing_ratio", "packing": {...}}
 //   tessera_compat_driver chat-template TEMPLATE.jinja CASES.json OUT.json
-//       CASES: [context objects] -> [{"text": rendered} | {"error": message}] (util::jinja::Template)
+//       CASES: [context objects] -> [{"text": rendered} | {"error": message}] (chat_template::Template)
 //   tessera_compat_driver tokenize TOKENIZER.json INPUT.json OUT.json
 //       INPUT: {"texts": [hex bytes], "add_special_tokens": bool, "pieces": bool, "decode": [[ids]]} ->
 //       {"ids": [[...]], "decoded": [hex], "decoded_skip": [hex] (decode of each "decode" entry), "pieces": [[hex]],
@@ -52,6 +52,7 @@
 #include "tessera/checkpoint/hf.h"
 #include "tessera/checkpoint/safetensors.h"
 #include "tessera/config/reader.h"
+#include "tessera/data/chat_template.h"
 #include "tessera/data/finetuning.h"
 #include "tessera/data/mds.h"
 #include "tessera/data/options.h"
@@ -66,7 +67,6 @@
 #include "tessera/trainer/trainer.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
-#include "tessera/util/jinja.h"
 
 namespace {
 
@@ -353,7 +353,7 @@ int chat_template(const std::string& template_path, const std::string& cases_pat
   std::ifstream t(template_path);
   std::stringstream text;
   text << t.rdbuf();
-  const tessera::util::jinja::Template tpl(text.str(), template_path);
+  const tessera::data::chat_template::Template tpl(text.str(), template_path);
   std::ifstream in(cases_path);
   const auto cases = nlohmann::ordered_json::parse(in);
   nlohmann::json out = nlohmann::json::array();

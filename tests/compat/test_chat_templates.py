@@ -1,4 +1,4 @@
-"""Chat templates: Tessera's Jinja interpreter (util/jinja.h) against transformers' apply_chat_template (jinja2 in
+"""Chat templates: Tessera's Jinja interpreter (data/chat_template.h) against transformers' apply_chat_template (jinja2 in
 transformers' sandboxed environment) on the templates in tests/data/chat_templates/: the ChatML template LLM Foundry
 falls back to, LLM Foundry's tiktoken default, Llama 2, Llama 3, Llama 3.1 with tools, Mistral Instruct v0.1, Gemma,
 Zephyr, Qwen2.5 with tools, and features.jinja (one line per supported construct). For each template and each

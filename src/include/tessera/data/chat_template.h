@@ -1,7 +1,7 @@
-// Jinja templates as Hugging Face chat templates use them (tokenizer_config.json's `chat_template`), rendered the way
-// transformers' apply_chat_template renders them: jinja2's ImmutableSandboxedEnvironment with trim_blocks and
-// lstrip_blocks, loop controls, the `generation` block, and the globals raise_exception, strftime_now and a
-// Python-style tojson (ensure_ascii=False).
+// Chat templates: Jinja templates as Hugging Face tokenizers carry them (tokenizer_config.json's `chat_template`),
+// rendered the way transformers' apply_chat_template renders them: jinja2's ImmutableSandboxedEnvironment with
+// trim_blocks and lstrip_blocks, loop controls, the `generation` block, and the globals raise_exception, strftime_now
+// and a Python-style tojson (ensure_ascii=False).
 //
 // The subset real chat templates use:
 //   statements   if / elif / else, for (one or two targets, `if` filter, else, loop.index/index0/first/last/length/
@@ -22,6 +22,8 @@
 // Tuples are lists here: a printed tuple (rare in templates) shows as [1, 2] where Python shows (1, 2).
 // Anything outside the subset (macros, call blocks, includes, ...) is an error naming the template, line and
 // construct, at parse time where possible.
+//
+// The interpreter lives in src/data/chat_template/: value (Python semantics), lexer, parser, renderer, filters.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -30,7 +32,7 @@
 #include <string>
 #include <string_view>
 
-namespace tessera::util::jinja {
+namespace tessera::data::chat_template {
 
 namespace detail {
 struct Program;
@@ -56,4 +58,4 @@ class Template {
   std::unique_ptr<detail::Program> program_;
 };
 
-}  // namespace tessera::util::jinja
+}  // namespace tessera::data::chat_template

@@ -1,6 +1,6 @@
-// util/jinja: the whitespace rules and semantics chat templates depend on (tests/compat/test_chat_templates.py
+// data/chat_template: the whitespace rules and semantics chat templates depend on (tests/compat/test_chat_templates.py
 // compares whole templates with transformers' apply_chat_template), and errors naming the template and line.
-#include "tessera/util/jinja.h"
+#include "tessera/data/chat_template.h"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 
 #include "tessera/util/error.h"
 
-namespace tessera::util::jinja {
+namespace tessera::data::chat_template {
 namespace {
 
 using Json = nlohmann::ordered_json;
@@ -26,7 +26,7 @@ std::string error_of(const std::string& source, const Json& context = Json::obje
   return "no error";
 }
 
-TEST(Jinja, WhitespaceFollowsTrimAndLstripBlocks) {
+TEST(ChatTemplate, WhitespaceFollowsTrimAndLstripBlocks) {
   // trim_blocks drops the newline after a block tag; lstrip_blocks the indentation before one; `-` strips all
   // whitespace on its side, `+` keeps the indentation; one trailing newline of the template is dropped.
   EXPECT_EQ(render("{% if true %}\n  x\n{% endif %}\n"), "  x\n");
@@ -38,7 +38,7 @@ TEST(Jinja, WhitespaceFollowsTrimAndLstripBlocks) {
   EXPECT_EQ(render("a\r\nb"), "a\nb");
 }
 
-TEST(Jinja, ValuesPrintAsPythonAndNamespacesCarryAcrossLoops) {
+TEST(ChatTemplate, ValuesPrintAsPythonAndNamespacesCarryAcrossLoops) {
   const Json ctx = {{"messages", Json::array({{{"role", "user"}, {"content", "hi"}}, {{"role", "assistant"}}})}};
   EXPECT_EQ(render("{{ true }} {{ none }} {{ [1, 'a', none] }} {{ {'k': 1.0} }} {{ undefined }}|"),
             "True None [1, 'a', None] {'k': 1.0} |");
@@ -53,7 +53,7 @@ TEST(Jinja, ValuesPrintAsPythonAndNamespacesCarryAcrossLoops) {
   EXPECT_EQ(render("{{ {'b': [1, {'c': 'é'}]} | tojson }}"), "{\"b\": [1, {\"c\": \"é\"}]}");
 }
 
-TEST(Jinja, ErrorsNameTheTemplateAndLine) {
+TEST(ChatTemplate, ErrorsNameTheTemplateAndLine) {
   EXPECT_NE(error_of("ok\n{{ raise_exception('Roles must alternate') }}").find("[jinja] t.jinja: Roles must alternate"),
             std::string::npos);
   EXPECT_NE(error_of("a\nb\n{% macro f() %}{% endmacro %}").find("t.jinja:3: unsupported tag 'macro'"),
@@ -66,7 +66,7 @@ TEST(Jinja, ErrorsNameTheTemplateAndLine) {
   EXPECT_NE(error_of("{% set x = [] %}{{ x.append(1) }}").find("immutable"), std::string::npos);
 }
 
-TEST(Jinja, HostileTemplatesHitLimitsNotTheMachine) {
+TEST(ChatTemplate, HostileTemplatesHitLimitsNotTheMachine) {
   // A tokenizer_config.json is downloaded data: nested loops, doubling strings and huge indents end in an error.
   EXPECT_NE(error_of("{% for a in range(1000) %}{% for b in range(1000) %}{% for c in range(10) %}"
                      "{% endfor %}{% endfor %}{% endfor %}")
@@ -84,4 +84,4 @@ TEST(Jinja, HostileTemplatesHitLimitsNotTheMachine) {
 }
 
 }  // namespace
-}  // namespace tessera::util::jinja
+}  // namespace tessera::data::chat_template
