@@ -167,34 +167,61 @@ double inv_sqrt_with_warmup(const SchedulerOptions& o, const ScheduleClock& c) {
 
 using Formula = double (*)(const SchedulerOptions&, const ScheduleClock&);
 
-const std::map<std::string, Formula>& formulas() {
-  static const std::map<std::string, Formula> table = {{"constant", constant},
-                                                       {"linear", linear_schedule},
-                                                       {"cosine", cosine},
-                                                       {"polynomial", polynomial},
-                                                       {"step", step},
-                                                       {"multistep", multistep},
-                                                       {"exponential", exponential},
-                                                       {"cosine_warm_restarts", cosine_warm_restarts},
-                                                       {"multistep_with_warmup", multistep_with_warmup},
-                                                       {"constant_with_warmup", constant_with_warmup},
-                                                       {"linear_decay_with_warmup", linear_decay_with_warmup},
-                                                       {"cosine_with_warmup", cosine_with_warmup},
-                                                       {"polynomial_with_warmup", polynomial_with_warmup},
-                                                       {"inv_sqrt_with_warmup", inv_sqrt_with_warmup}};
+// A built-in schedule's entry: its formula and the checks Composer makes before training, as facts of the entry.
+struct Builtin {
+  Formula formula;
+  // Composer's *_with_warmup decays (_raise_if_max_duration_exceeds_t_max): t_max shorter than max_duration, in the
+  // same unit, would end the schedule before training ends.
+  bool t_max_covers_training = false;
+  // LLM Foundry's inv_sqrt_with_warmup compares its times with the elapsed fraction of max_duration, so they must be in
+  // max_duration's unit.
+  bool times_in_max_duration_unit = false;
+};
+
+const std::map<std::string, Builtin>& builtins() {
+  static const std::map<std::string, Builtin> table = {
+      {"constant", {constant}},
+      {"linear", {linear_schedule}},
+      {"cosine", {cosine}},
+      {"polynomial", {polynomial}},
+      {"step", {step}},
+      {"multistep", {multistep}},
+      {"exponential", {exponential}},
+      {"cosine_warm_restarts", {cosine_warm_restarts}},
+      {"multistep_with_warmup", {multistep_with_warmup}},
+      {"constant_with_warmup", {constant_with_warmup}},
+      {"linear_decay_with_warmup", {linear_decay_with_warmup, /*t_max_covers_training=*/true}},
+      {"cosine_with_warmup", {cosine_with_warmup, /*t_max_covers_training=*/true}},
+      {"polynomial_with_warmup", {polynomial_with_warmup, /*t_max_covers_training=*/true}},
+      {"inv_sqrt_with_warmup", {inv_sqrt_with_warmup, false, /*times_in_max_duration_unit=*/true}}};
   return table;
 }
 
-// A built-in schedule: its options and its formula, chosen once.
+// A built-in schedule: its options and its entry, chosen once.
 class BuiltinScheduler : public Scheduler {
  public:
-  BuiltinScheduler(SchedulerOptions o, Formula f) : o_(std::move(o)), f_(f) {}
-  double multiplier(const ScheduleClock& clock) const override { return f_(o_, clock); }
-  std::string check(const config::Time& max_duration) const override { return check_schedule(o_, max_duration); }
+  BuiltinScheduler(SchedulerOptions o, const Builtin& b) : o_(std::move(o)), b_(b) {}
+  double multiplier(const ScheduleClock& clock) const override { return b_.formula(o_, clock); }
+
+  std::string check(const config::Time& max_duration) const override {
+    if (b_.t_max_covers_training && o_.t_max.unit() == max_duration.unit() && o_.t_max.value() < max_duration.value()) {
+      return fmt::format("scheduler.t_max ({}) is shorter than max_duration ({}); the schedule would end first",
+                         o_.t_max.str(), max_duration.str());
+    }
+    if (b_.times_in_max_duration_unit) {
+      for (const auto& [key, t] :
+           {std::pair{"t_warmup", o_.t_warmup}, {"t_scale", o_.t_scale}, {"t_cooldown", o_.t_cooldown}}) {
+        if (t.unit() != max_duration.unit()) {
+          return fmt::format("scheduler.{} ({}) must be in max_duration's unit ({})", key, t.str(), max_duration.str());
+        }
+      }
+    }
+    return {};
+  }
 
  private:
   SchedulerOptions o_;
-  Formula f_;
+  const Builtin& b_;
 };
 
 }  // namespace
@@ -202,8 +229,8 @@ class BuiltinScheduler : public Scheduler {
 namespace detail {
 
 std::shared_ptr<const Scheduler> builtin_scheduler(const SchedulerOptions& options) {
-  auto it = formulas().find(options.name);
-  if (it == formulas().end()) {
+  auto it = builtins().find(options.name);
+  if (it == builtins().end()) {
     throw ConfigError("scheduler", fmt::format("no built-in scheduler `{}`", options.name));
   }
   return std::make_shared<BuiltinScheduler>(options, it->second);
@@ -215,23 +242,8 @@ double lr_multiplier(const SchedulerOptions& options, const ScheduleClock& clock
   return scheduler_registry().build(options.name, options)->multiplier(clock);
 }
 
-std::string check_schedule(const SchedulerOptions& o, const config::Time& max_duration) {
-  // As Composer's *_with_warmup schedulers do (_raise_if_max_duration_exceeds_t_max).
-  const bool has_t_max =
-      o.name == "linear_decay_with_warmup" || o.name == "cosine_with_warmup" || o.name == "polynomial_with_warmup";
-  if (has_t_max && o.t_max.unit() == max_duration.unit() && o.t_max.value() < max_duration.value()) {
-    return fmt::format("scheduler.t_max ({}) is shorter than max_duration ({}); the schedule would end first",
-                       o.t_max.str(), max_duration.str());
-  }
-  if (o.name == "inv_sqrt_with_warmup") {
-    for (const auto& [key, t] :
-         {std::pair{"t_warmup", o.t_warmup}, {"t_scale", o.t_scale}, {"t_cooldown", o.t_cooldown}}) {
-      if (t.unit() != max_duration.unit()) {
-        return fmt::format("scheduler.{} ({}) must be in max_duration's unit ({})", key, t.str(), max_duration.str());
-      }
-    }
-  }
-  return {};
+std::string check_schedule(const SchedulerOptions& options, const config::Time& max_duration) {
+  return scheduler_registry().build(options.name, options)->check(max_duration);
 }
 
 }  // namespace tessera::optim

@@ -49,8 +49,10 @@ namespace detail {
 std::shared_ptr<const Scheduler> builtin_scheduler(const SchedulerOptions& options);
 }  // namespace detail
 
-// Composer's checks before training: t_max shorter than max_duration in the same unit is an error (the schedule
-// would end before training does). Returns an empty string when fine, else the reason.
+// The registered schedule's checks before training (Scheduler::check), for tests and one-off uses. The built-ins make
+// Composer's: t_max shorter than max_duration in the same unit is an error for the *_with_warmup decays (the schedule
+// would end before training does), and inv_sqrt_with_warmup's times must be in max_duration's unit. Returns an empty
+// string when fine, else the reason.
 std::string check_schedule(const SchedulerOptions& options, const config::Time& max_duration);
 
 }  // namespace tessera::optim

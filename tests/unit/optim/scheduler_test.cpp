@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
+#include <string>
 
 #include "tessera/optim/scheduler.h"
 
@@ -106,11 +108,46 @@ TEST(Scheduler, InverseSquareRootWithWarmup) {
   EXPECT_DOUBLE_EQ(at_batch(o, 100), 0.0);
 }
 
-TEST(Scheduler, CheckScheduleRejectsShortTMax) {
-  SchedulerOptions o = named("cosine_with_warmup");
-  o.t_max = Time::batches(50);
-  EXPECT_NE(check_schedule(o, Time::batches(100)), "");
-  EXPECT_EQ(check_schedule(o, Time::batches(50)), "");
+TEST(Scheduler, ChecksAreTheEntrysFacts) {
+  // Composer checks t_max against max_duration for the *_with_warmup decays only.
+  for (const char* name : {"cosine_with_warmup", "linear_decay_with_warmup", "polynomial_with_warmup"}) {
+    SchedulerOptions o = named(name);
+    o.t_max = Time::batches(50);
+    EXPECT_NE(check_schedule(o, Time::batches(100)).find("scheduler.t_max (50ba) is shorter"), std::string::npos)
+        << name;
+    EXPECT_EQ(check_schedule(o, Time::batches(50)), "") << name;
+    EXPECT_EQ(check_schedule(o, Time::parse("100000tok")), "") << name;  // another unit: not comparable, as in Composer
+  }
+  SchedulerOptions cosine = named("cosine");
+  cosine.t_max = Time::batches(50);
+  EXPECT_EQ(check_schedule(cosine, Time::batches(100)), "");
+  // inv_sqrt_with_warmup's times must be in max_duration's unit.
+  SchedulerOptions inv = named("inv_sqrt_with_warmup");
+  inv.t_warmup = Time::batches(10);
+  inv.t_scale = Time::batches(10);
+  inv.t_cooldown = Time::parse("2048tok");
+  EXPECT_NE(check_schedule(inv, Time::batches(100)).find("scheduler.t_cooldown (2048tok) must be in max_duration's"),
+            std::string::npos);
+  inv.t_cooldown = Time::batches(20);
+  EXPECT_EQ(check_schedule(inv, Time::batches(100)), "");
+  // A registered research schedule's own check runs too.
+  struct Short : Scheduler {
+    double multiplier(const ScheduleClock&) const override { return 1.0; }
+    std::string check(const Time& max_duration) const override {
+      return max_duration.value() > 10 ? "too long for this schedule" : "";
+    }
+  };
+  scheduler_registry().add(
+      "test_checks_short",
+      [](config::Section& s) {
+        SchedulerOptions o;
+        o.name = "test_checks_short";
+        s.finish();
+        return o;
+      },
+      [](const SchedulerOptions&) { return std::make_shared<const Short>(); });
+  EXPECT_EQ(check_schedule(named("test_checks_short"), Time::batches(100)), "too long for this schedule");
+  EXPECT_EQ(check_schedule(named("test_checks_short"), Time::batches(5)), "");
 }
 
 }  // namespace
