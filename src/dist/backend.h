@@ -16,17 +16,17 @@ class Communicator::Backend {
  public:
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> pg;
-  std::string prefix;      // store namespace of this group
-  bool all_local = false;  // every rank on this machine (Gloo binds loopback)
+  std::string prefix;        // store namespace of this group
+  std::string gloo_address;  // the local address Gloo binds (unless GLOO_SOCKET_IFNAME names an interface)
   std::chrono::milliseconds timeout{0};
   bool cuda = false;
 };
 
 namespace detail {
 
-// A Gloo process group over `store`. `all_local`: bind 127.0.0.1 (GLOO_SOCKET_IFNAME, when set, wins).
+// A Gloo process group over `store`, bound to the interface GLOO_SOCKET_IFNAME names, else to `address`.
 c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                            std::chrono::milliseconds timeout, bool all_local);
+                                            std::chrono::milliseconds timeout, const std::string& address);
 // An NCCL process group on the current CUDA device; throws CommError when Tessera was built without NCCL.
 c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                             std::chrono::milliseconds timeout);

@@ -9,10 +9,17 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <optional>
+#include <set>
 
 #include "backend.h"
 #include "tessera/dist/launcher.h"
@@ -59,6 +66,7 @@ Rendezvous rendezvous_from_env() {
     world = env_long("SLURM_NTASKS");
     local_rank = env_long("SLURM_LOCALID");
     local_world = env_long("SLURM_NTASKS_PER_NODE");
+    if (!local_world && env_long("SLURM_NNODES") == 1) local_world = world;  // one node: every task is local
   }
   if (!rank && !world) return rv;
   if (!rank || !world) {
@@ -66,22 +74,114 @@ Rendezvous rendezvous_from_env() {
   }
   rv.rank = static_cast<int>(*rank);
   rv.world_size = static_cast<int>(*world);
-  rv.local_rank = static_cast<int>(local_rank.value_or(rv.rank));
-  rv.local_world_size = static_cast<int>(local_world.value_or(rv.world_size));
   if (rv.world_size < 1 || rv.rank < 0 || rv.rank >= rv.world_size) {
     throw ConfigError("dist", fmt::format("RANK={} is not in [0, WORLD_SIZE={})", rv.rank, rv.world_size));
   }
+  if (const char* a = std::getenv("MASTER_ADDR"); a != nullptr && *a != '\0') rv.master_addr = a;
+  if (auto p = env_long("MASTER_PORT")) rv.master_port = static_cast<int>(*p);
+  if (rv.world_size > 1 && (!local_rank || !local_world)) {
+    // Nothing says which ranks share a machine: the rendezvous finds out (Communicator::connect).
+    rv.placement_known = false;
+    rv.local_rank = 0;
+    rv.local_world_size = 1;
+    if (std::getenv("MASTER_ADDR") == nullptr) {
+      throw ConfigError("dist",
+                        "MASTER_ADDR is not set, and neither is LOCAL_WORLD_SIZE: a job whose ranks may be on "
+                        "several machines needs the address of rank 0's machine");
+    }
+    return rv;
+  }
+  rv.local_rank = static_cast<int>(local_rank.value_or(0));
+  rv.local_world_size = static_cast<int>(local_world.value_or(1));
   if (rv.local_world_size < 1 || rv.world_size % rv.local_world_size != 0 || rv.local_rank < 0 ||
       rv.local_rank >= rv.local_world_size) {
     throw ConfigError("dist", fmt::format("LOCAL_RANK={} / LOCAL_WORLD_SIZE={} do not fit WORLD_SIZE={} (every node "
                                           "must run the same number of ranks)",
                                           rv.local_rank, rv.local_world_size, rv.world_size));
   }
-  if (const char* a = std::getenv("MASTER_ADDR"); a != nullptr && *a != '\0') rv.master_addr = a;
-  if (auto p = env_long("MASTER_PORT")) rv.master_port = static_cast<int>(*p);
   if (rv.world_size > 1 && std::getenv("MASTER_ADDR") == nullptr && rv.local_world_size != rv.world_size) {
     throw ConfigError("dist", "MASTER_ADDR is not set: a job over several nodes needs the address of rank 0's node");
   }
+  return rv;
+}
+
+namespace {
+
+// The local address this machine uses to reach host:port, numeric.
+std::string local_address_toward(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found); rc != 0) {
+    throw CommError("dist", fmt::format("MASTER_ADDR {}: cannot resolve it: {}", host, ::gai_strerror(rc)));
+  }
+  std::string address;
+  for (addrinfo* ai = found; ai != nullptr && address.empty(); ai = ai->ai_next) {
+    const int fd = ::socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    std::array<char, NI_MAXHOST> text{};
+    // Connecting a UDP socket sends nothing: the kernel only picks the route, and so the local address.
+    if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+        ::getnameinfo(reinterpret_cast<sockaddr*>(&local), len, text.data(), text.size(), nullptr, 0, NI_NUMERICHOST) ==
+            0) {
+      address = text.data();
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  if (address.empty()) {
+    throw CommError("dist", fmt::format("MASTER_ADDR {}: no local address routes there", host));
+  }
+  return address;
+}
+
+std::string host_name() {
+  std::array<char, 256> buf{};
+  if (::gethostname(buf.data(), buf.size() - 1) != 0) return "?";
+  return buf.data();
+}
+
+// Every rank's host identity, through the store (rank r writes "host/r").
+std::vector<std::string> exchange_hosts(const Rendezvous& rv, c10d::Store& store, const std::string& identity) {
+  store.set(fmt::format("host/{}", rv.rank), std::vector<uint8_t>(identity.begin(), identity.end()));
+  std::vector<std::string> keys;
+  for (int r = 0; r < rv.world_size; ++r) keys.push_back(fmt::format("host/{}", r));
+  store.wait(keys);
+  std::vector<std::string> hosts;
+  for (const std::vector<uint8_t>& v : store.multiGet(keys)) hosts.emplace_back(v.begin(), v.end());
+  return hosts;
+}
+
+}  // namespace
+
+Rendezvous place_by_hosts(Rendezvous rv, const std::vector<std::string>& hosts) {
+  if (static_cast<int>(hosts.size()) != rv.world_size) {
+    throw CommError("dist",
+                    fmt::format("rank {}: {} host identities for {} ranks", rv.rank, hosts.size(), rv.world_size));
+  }
+  int local = 0;  // the ranks on rank 0's machine
+  while (local < rv.world_size && hosts[local] == hosts[0]) ++local;
+  bool node_by_node = rv.world_size % local == 0;
+  std::set<std::string> machines;
+  for (int r = 0; r < rv.world_size && node_by_node; ++r) {
+    const int first = r / local * local;  // the first rank of r's node
+    node_by_node = hosts[r] == hosts[first] && (r != first || machines.insert(hosts[r]).second);
+  }
+  if (!node_by_node) {
+    std::vector<std::string> listing;
+    for (int r = 0; r < rv.world_size; ++r) listing.push_back(fmt::format("rank {} on {}", r, hosts[r]));
+    throw CommError("dist", fmt::format("rank {}: the ranks are not placed node by node (consecutive ranks on each "
+                                        "machine, the same number per machine): {}; launch them so, or set "
+                                        "LOCAL_RANK and LOCAL_WORLD_SIZE",
+                                        rv.rank, fmt::join(listing, ", ")));
+  }
+  rv.local_world_size = local;
+  rv.local_rank = rv.rank % local;
+  rv.placement_known = true;
   return rv;
 }
 
@@ -135,11 +235,19 @@ std::shared_ptr<Communicator> Communicator::single() {
 
 std::shared_ptr<Communicator> Communicator::connect(const Rendezvous& rv, const at::Device& device,
                                                     std::chrono::milliseconds timeout, bool process_group_for_one) {
-  if (rv.world_size == 1 && !process_group_for_one) return single();
+  if (rv.world_size == 1 && !process_group_for_one) {
+    auto c = single();
+    c->rv_ = rv;
+    return c;
+  }
   auto backend = std::make_unique<Backend>();
   backend->timeout = timeout;
   backend->cuda = device.is_cuda();
-  backend->all_local = rv.local_world_size == rv.world_size;
+  // The local address that reaches rank 0's store: what Gloo binds and (with the host name) what identifies this
+  // machine. A job on one machine has MASTER_ADDR 127.0.0.1 and so binds loopback.
+  const std::string address = local_address_toward(rv.master_addr, rv.master_port);
+  backend->gloo_address = address;
+  Rendezvous placed = rv;
   c10d::TCPStoreOptions so;
   so.port = static_cast<uint16_t>(rv.master_port);
   so.timeout = timeout;
@@ -158,10 +266,14 @@ std::shared_ptr<Communicator> Communicator::connect(const Rendezvous& rv, const 
       fmt::format("rendezvous with {} ranks at {}:{}", rv.world_size, rv.master_addr, rv.master_port));
   try {
     backend->store = c10::make_intrusive<c10d::TCPStore>(rv.master_addr, so);
-    backend->prefix = "tessera";
+    // Under torchrun the agent's store outlives a restart: each attempt gets keys of its own (as torch's
+    // init_process_group does with "/worker/attempt_N").
+    const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    backend->prefix = agent_store && attempt != nullptr ? fmt::format("tessera/attempt_{}", attempt) : "tessera";
     auto store = c10::make_intrusive<c10d::PrefixStore>(backend->prefix, backend->store);
+    if (!rv.placement_known) placed = place_by_hosts(rv, exchange_hosts(rv, *store, host_name() + " " + address));
     backend->pg = backend->cuda ? detail::make_nccl(store, rv.rank, rv.world_size, timeout)
-                                : detail::make_gloo(store, rv.rank, rv.world_size, timeout, backend->all_local);
+                                : detail::make_gloo(store, rv.rank, rv.world_size, timeout, address);
   } catch (const CommError&) {
     throw;
   } catch (const std::exception& e) {
@@ -172,6 +284,7 @@ std::shared_ptr<Communicator> Communicator::connect(const Rendezvous& rv, const 
   c->rank_ = rv.rank;
   c->global_rank_ = rv.rank;
   c->size_ = rv.world_size;
+  c->rv_ = placed;
   c->backend_ = std::move(backend);
   spdlog::debug("dist: rank {} of {} connected ({})", c->rank_, c->size_, c->backend_name());
   return c;
@@ -291,14 +404,14 @@ std::shared_ptr<Communicator> Communicator::new_group(const std::vector<int>& ra
   auto b = std::make_unique<Backend>();
   b->store = backend_->store;
   b->prefix = fmt::format("{}/group{}/{}", backend_->prefix, id, fmt::join(ranks, ","));
-  b->all_local = backend_->all_local;
+  b->gloo_address = backend_->gloo_address;
   b->timeout = backend_->timeout;
   b->cuda = backend_->cuda;
   const int n = static_cast<int>(ranks.size());
   try {
     auto store = c10::make_intrusive<c10d::PrefixStore>(b->prefix, b->store);
     b->pg = b->cuda ? detail::make_nccl(store, my_index, n, b->timeout)
-                    : detail::make_gloo(store, my_index, n, b->timeout, b->all_local);
+                    : detail::make_gloo(store, my_index, n, b->timeout, b->gloo_address);
   } catch (const CommError&) {
     throw;
   } catch (const std::exception& e) {
@@ -309,6 +422,7 @@ std::shared_ptr<Communicator> Communicator::new_group(const std::vector<int>& ra
   c->rank_ = my_index;
   c->global_rank_ = global_rank_;
   c->size_ = n;
+  c->rv_ = rv_;
   c->backend_ = std::move(b);
   return c;
 }

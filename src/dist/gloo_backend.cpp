@@ -9,15 +9,13 @@
 namespace tessera::dist::detail {
 
 c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                            std::chrono::milliseconds timeout, bool all_local) {
+                                            std::chrono::milliseconds timeout, const std::string& address) {
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
   const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
   if (ifname != nullptr && *ifname != '\0') {
     options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
-  } else if (all_local) {
-    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
   } else {
-    options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(address));
   }
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
 }

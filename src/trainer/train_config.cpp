@@ -106,7 +106,8 @@ const std::vector<std::string_view> kTopLevelKeys = {"variables",
                                                      "console_log_interval",
                                                      "progress_bar",
                                                      "log_to_console",
-                                                     "deterministic_mode"};
+                                                     "deterministic_mode",
+                                                     "dist_timeout"};
 
 template <class Options, class... Rest>
 Options parse_named(Section& root, std::string_view key, const config::Registry<Options, Rest...>& registry,

@@ -105,6 +105,23 @@ data::TokenBatch to_device(data::TokenBatch b, const at::Device& device, bool no
   return b;
 }
 
+// The GPU of a rank: its local rank's, or the only one it sees when the launcher gave each task a GPU of its own
+// (Slurm's --gpus-per-task=1: SLURM_GPUS_PER_TASK=1, CUDA_VISIBLE_DEVICES naming that GPU).
+at::Device cuda_device_of(const dist::Rendezvous& rv, int visible, const std::string& recipe) {
+  const char* per_task = std::getenv("SLURM_GPUS_PER_TASK");  // "[type:]count"
+  if (visible == 1 && per_task != nullptr) {
+    const std::string_view count = std::string_view(per_task).substr(std::string_view(per_task).rfind(':') + 1);
+    if (count == "1") return {at::kCUDA, 0};
+  }
+  if (rv.local_rank >= visible) {
+    throw ConfigError("recipe",
+                      fmt::format("{}: rank {} (local rank {}) has no GPU of its own: this node has {} GPU(s) "
+                                  "and {} processes; launch at most {} per node, or set device: cpu",
+                                  recipe, rv.rank, rv.local_rank, visible, rv.local_world_size, visible));
+  }
+  return {at::kCUDA, static_cast<c10::DeviceIndex>(rv.local_rank)};
+}
+
 }  // namespace
 
 Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config)), logger_(state_) {
@@ -168,30 +185,28 @@ void Trainer::setup_ranks() {
   }
   // Ranks: the launcher's environment (torchrun's variables), or one process.
   rendezvous_ = dist::rendezvous_from_env();
-  const dist::Rendezvous& rv = rendezvous_;
-  state_.rank = rv.rank;
-  state_.world_size = rv.world_size;
-  state_.local_rank = rv.local_rank;
-  state_.local_world_size = rv.local_world_size;
-  if (state_.device.is_cuda()) {
-    // One GPU per process, chosen by the local rank (torchrun's convention).
-    if (rv.local_rank >= dev.cuda_devices) {
-      throw ConfigError("recipe", fmt::format("{}: rank {} (local rank {}) has no GPU of its own: this node has {} "
-                                              "GPU(s) and {} processes; launch at most {} per node, or set device: "
-                                              "cpu",
-                                              cfg_.recipe_path, rv.rank, rv.local_rank, dev.cuda_devices,
-                                              rv.local_world_size, dev.cuda_devices));
-    }
-    state_.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(rv.local_rank));
+  state_.rank = rendezvous_.rank;
+  state_.world_size = rendezvous_.world_size;
+  // One GPU per process, chosen by the local rank (torchrun's convention): before connecting when the launcher said
+  // which ranks share this machine, else once the rendezvous found out.
+  const bool cuda = state_.device.is_cuda();
+  if (cuda && rendezvous_.placement_known) {
+    state_.device = cuda_device_of(rendezvous_, dev.cuda_devices, cfg_.recipe_path);
   }
   if (cfg_.global_train_batch_size % state_.world_size != 0) {
     throw ConfigError("recipe", fmt::format("{}: global_train_batch_size {} does not divide over {} ranks",
                                             cfg_.recipe_path, cfg_.global_train_batch_size, state_.world_size));
   }
-  state_.comm = dist::Communicator::connect(rv, state_.device, cfg_.dist_timeout);
+  state_.comm = dist::Communicator::connect(rendezvous_, state_.device, cfg_.dist_timeout);
+  const bool found = !rendezvous_.placement_known;
+  rendezvous_ = state_.comm->rendezvous();
+  if (cuda && found) state_.device = cuda_device_of(rendezvous_, dev.cuda_devices, cfg_.recipe_path);
+  state_.local_rank = rendezvous_.local_rank;
+  state_.local_world_size = rendezvous_.local_world_size;
   if (state_.world_size > 1) {
-    spdlog::info("rank {} of {} (node {}, local rank {}), {} collectives", state_.rank, state_.world_size,
-                 rv.node_rank(), rv.local_rank, state_.comm->backend_name());
+    spdlog::info("rank {} of {} (node {}, local rank {}{}), {} collectives", state_.rank, state_.world_size,
+                 rendezvous_.node_rank(), rendezvous_.local_rank, found ? ", found by the rendezvous" : "",
+                 state_.comm->backend_name());
   }
   state_.device_train_batch_size = cfg_.global_train_batch_size / state_.world_size;
 }

@@ -39,14 +39,27 @@ struct Rendezvous {
   int local_world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  // False when the launcher did not say which ranks share a machine (a Kubeflow PyTorchJob's pods, srun over several
+  // nodes without --ntasks-per-node): Communicator::connect finds out from the ranks' host identities, and
+  // Communicator::rendezvous() holds the answer. local_rank / local_world_size are 0 / 1 until then.
+  bool placement_known = true;
   int node_rank() const { return rank / local_world_size; }
   int num_nodes() const { return world_size / local_world_size; }
 };
 
 // Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun, `train
-// --nproc-per-node`), falling back to Slurm's SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE when
-// RANK is unset. No variables: a world of one. Throws ConfigError naming a malformed or inconsistent variable.
+// --nproc-per-node`), falling back to Slurm's SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID and SLURM_NTASKS_PER_NODE
+// (or SLURM_NNODES=1: every task on this node) when RANK is unset. No variables: a world of one. Without the local
+// variables (a PyTorchJob pod gets MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK only) the placement is left to the
+// rendezvous (placement_known = false), which then needs MASTER_ADDR. Throws ConfigError naming a malformed or
+// inconsistent variable.
 Rendezvous rendezvous_from_env();
+
+// The placement of `rv`'s ranks from every rank's host identity (hosts[r] for rank r; equal strings share a machine):
+// local_rank, local_world_size and placement_known set. Ranks must be placed node by node (consecutive ranks per
+// machine, the same number on each: torchrun's numbering, which Streaming's sample order and node_rank() assume);
+// otherwise CommError lists which rank is on which host.
+Rendezvous place_by_hosts(Rendezvous rv, const std::vector<std::string>& hosts);
 
 // Seconds this process has spent blocked in Work::wait() (every communicator and group together, all threads) since
 // it started: the time its ranks' collectives kept it waiting (the health monitor's wait time).
@@ -82,10 +95,15 @@ class Communicator {
  public:
   class Backend;  // Gloo or NCCL process group (internal)
 
-  // Connects to the job's other ranks (all ranks call this together). `device`: CPU selects Gloo, CUDA NCCL.
-  // `timeout` bounds every collective, and the rendezvous itself. A world of one gets the local communicator
-  // (single()) unless `process_group_for_one` asks for a real Gloo/NCCL group even then (to test a backend on one
-  // device, e.g. NCCL on a machine with one GPU).
+  // Connects to the job's other ranks (all ranks call this together). `device`: CPU selects Gloo, CUDA NCCL (the
+  // device index is not used here). `timeout` bounds every collective, and the rendezvous itself. When
+  // rv.placement_known is false, the ranks first exchange their host identities (host name and the address that
+  // reaches MASTER_ADDR) through the store: ranks with the same identity share a node, and rendezvous() holds the
+  // local rank and size found; ranks must then be placed node by node (consecutive ranks per node, the same number
+  // on every node, as Streaming's sample order assumes), else CommError names the hosts. Gloo binds the interface of
+  // GLOO_SOCKET_IFNAME, else the local address that reaches MASTER_ADDR (127.0.0.1 for a one-machine job). A world of
+  // one gets the local communicator (single()) unless `process_group_for_one` asks for a real Gloo/NCCL group even then
+  // (to test a backend on one device, e.g. NCCL on a machine with one GPU).
   static std::shared_ptr<Communicator> connect(const Rendezvous& rv, const at::Device& device,
                                                std::chrono::milliseconds timeout, bool process_group_for_one = false);
   // A world of one: collectives are local copies.
@@ -94,6 +112,8 @@ class Communicator {
   ~Communicator();
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // Where this process sits in the job: connect()'s Rendezvous with the placement found (placement_known true).
+  const Rendezvous& rendezvous() const { return rv_; }
   std::string backend_name() const;
 
   // In place over all ranks of this communicator. `t` must be contiguous.
@@ -118,7 +138,8 @@ class Communicator {
 
   int rank_ = 0;
   int size_ = 1;
-  int global_rank_ = 0;               // this process's rank in the job, for messages
+  int global_rank_ = 0;  // this process's rank in the job, for messages
+  Rendezvous rv_;
   std::unique_ptr<Backend> backend_;  // process group and store; null for a world of one
   int groups_made_ = 0;
   CommStats stats_;

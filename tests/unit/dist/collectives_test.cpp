@@ -164,10 +164,37 @@ TEST(DistCollectives, WorldOfOneIsLocal) {
   EXPECT_EQ(comm->stats().total_bytes(), 0);
 }
 
+TEST(DistRendezvous, PlacementFromHostIdentitiesIsNodeByNode) {
+  dist::Rendezvous rv;
+  rv.rank = 4;
+  rv.world_size = 6;
+  rv.placement_known = false;
+  const dist::Rendezvous placed =
+      dist::place_by_hosts(rv, {"a 10.0.0.1", "a 10.0.0.1", "a 10.0.0.2", "a 10.0.0.2", "b 10.0.0.3", "b 10.0.0.3"});
+  EXPECT_TRUE(placed.placement_known);
+  EXPECT_EQ(placed.local_world_size, 2);
+  EXPECT_EQ(placed.local_rank, 0);
+  EXPECT_EQ(placed.node_rank(), 2);
+  EXPECT_EQ(dist::place_by_hosts(rv, std::vector<std::string>(6, "x")).local_world_size, 6);
+  EXPECT_EQ(dist::place_by_hosts(rv, {"0", "1", "2", "3", "4", "5"}).num_nodes(), 6);
+  // Interleaved (round-robin) placement, uneven nodes, a machine coming back: refused, naming the hosts.
+  for (const std::vector<std::string>& bad : std::vector<std::vector<std::string>>{
+           {"a", "b", "a", "b", "a", "b"}, {"a", "a", "a", "a", "b", "b"}, {"a", "a", "b", "b", "a", "a"}}) {
+    try {
+      dist::place_by_hosts(rv, bad);
+      ADD_FAILURE() << "accepted " << fmt::format("{}", fmt::join(bad, ","));
+    } catch (const dist::CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("not placed node by node"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("rank 1 on " + bad[1]), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(DistRendezvous, ReadsTorchrunAndSlurmVariables) {
   if (is_worker()) GTEST_SKIP();
-  const char* names[] = {"RANK",        "WORLD_SIZE",   "LOCAL_RANK",   "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                         "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",    "SLURM_NTASKS_PER_NODE"};
+  const char* names[] = {"RANK",          "WORLD_SIZE",   "LOCAL_RANK",           "LOCAL_WORLD_SIZE",
+                         "MASTER_ADDR",   "MASTER_PORT",  "SLURM_PROCID",         "SLURM_NTASKS",
+                         "SLURM_LOCALID", "SLURM_NNODES", "SLURM_NTASKS_PER_NODE"};
   for (const char* v : names) unsetenv(v);
   EXPECT_EQ(dist::rendezvous_from_env().world_size, 1);
   setenv("RANK", "5", 1);
@@ -196,5 +223,28 @@ TEST(DistRendezvous, ReadsTorchrunAndSlurmVariables) {
   EXPECT_EQ(rv.rank, 3);
   EXPECT_EQ(rv.world_size, 4);
   EXPECT_EQ(rv.node_rank(), 1);
+  EXPECT_TRUE(rv.placement_known);
+  // srun over several nodes without --ntasks-per-node: the rendezvous finds the placement (it needs MASTER_ADDR).
+  unsetenv("SLURM_NTASKS_PER_NODE");
+  rv = dist::rendezvous_from_env();
+  EXPECT_FALSE(rv.placement_known);
+  EXPECT_EQ(rv.rank, 3);
+  unsetenv("MASTER_ADDR");
+  EXPECT_THROW(dist::rendezvous_from_env(), ConfigError);
+  // ... on one node every task is local.
+  setenv("SLURM_NNODES", "1", 1);
+  rv = dist::rendezvous_from_env();
+  EXPECT_TRUE(rv.placement_known);
+  EXPECT_EQ(rv.local_world_size, 4);
+  EXPECT_EQ(rv.local_rank, 1);
+  for (const char* v : names) unsetenv(v);
+  // A PyTorchJob pod: MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK only.
+  setenv("RANK", "1", 1);
+  setenv("WORLD_SIZE", "2", 1);
+  setenv("MASTER_ADDR", "job-master-0", 1);
+  setenv("MASTER_PORT", "23456", 1);
+  rv = dist::rendezvous_from_env();
+  EXPECT_FALSE(rv.placement_known);
+  EXPECT_EQ(rv.master_addr, "job-master-0");
   for (const char* v : names) unsetenv(v);
 }
