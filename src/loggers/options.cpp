@@ -1,7 +1,11 @@
 // The logger registry: option schemas and builders.
 #include "tessera/loggers/options.h"
 
+#include <spdlog/spdlog.h>
+
+#include "tessera/config/value.h"
 #include "tessera/loggers/loggers.h"
+#include "tessera/loggers/mlflow.h"
 #include "tessera/loggers/tensorboard.h"
 #include "tessera/util/file_io.h"
 
@@ -42,7 +46,50 @@ core::CallbackRegistry& logger_registry() {
           return std::make_shared<TensorBoardLogger>(std::any_cast<const TensorBoardLoggerOptions&>(options),
                                                      run.run_name);
         });
-    r->add_foundry_names({"wandb", "mlflow", "file", "inmemory", "comet_ml", "neptune", "slack", "mosaicml",
+    r->add(
+        "mlflow",
+        [](config::Section& s) -> std::any {
+          MlflowLoggerOptions o;
+          o.experiment_name = s.get_string("experiment_name", o.experiment_name);
+          o.run_name = s.get_string("run_name", o.run_name);
+          o.tracking_uri = s.get_string("tracking_uri", o.tracking_uri);
+          if (const config::Value* tags = s.raw("tags")) {
+            s.check(tags->is_map(), "tags", "expected a mapping of tag names to values");
+            for (const auto& [k, v] : tags->entries()) o.tags[k] = v.text();
+          }
+          if (const config::Value* renames = s.raw("rename_metrics")) {
+            s.check(renames->is_map(), "rename_metrics", "expected a mapping of metric names to new names");
+            for (const auto& [k, v] : renames->entries()) o.rename_metrics[k] = v.text();
+          }
+          o.rank_zero_only = s.get_bool("rank_zero_only", o.rank_zero_only);
+          o.flush_interval = s.get_double("flush_interval", o.flush_interval);
+          s.check(o.flush_interval >= 0, "flush_interval", "must be a non-negative number of seconds");
+          o.synchronous = s.get_bool("synchronous", o.synchronous);
+          o.resume = s.get_bool("resume", o.resume);
+          o.ignore_metrics = s.get_strings("ignore_metrics", o.ignore_metrics);
+          o.ignore_hyperparameters = s.get_strings("ignore_hyperparameters", o.ignore_hyperparameters);
+          o.run_group = s.get_string("run_group", o.run_group);
+          o.log_duplicated_metric_every_n_steps =
+              s.get_int("log_duplicated_metric_every_n_steps", o.log_duplicated_metric_every_n_steps);
+          // Keys of Composer's logger that tune its Python side: accepted, said once.
+          for (const char* key : {"log_system_metrics", "logging_buffer_seconds"}) {
+            if (s.has(key)) {
+              s.raw(key);
+              spdlog::warn(
+                  "loggers.mlflow.{}: tunes Composer's Python MLflow client; Tessera sends metrics every "
+                  "flush_interval seconds and logs no system metrics (ignored)",
+                  key);
+            }
+          }
+          s.finish({"model_registry_prefix", "model_registry_uri"});
+          return o;
+        },
+        [](const std::any& options, const core::RunContext& run) -> std::shared_ptr<core::Callback> {
+          const auto& o = std::any_cast<const MlflowLoggerOptions&>(options);
+          if (o.rank_zero_only && run.rank != 0) return nullptr;
+          return std::make_shared<MlflowLogger>(o, run);
+        });
+    r->add_foundry_names({"wandb", "file", "inmemory", "comet_ml", "neptune", "slack", "mosaicml",
                           "remote_uploader_downloader", "progress_bar", "console"});
     return r;
   }();

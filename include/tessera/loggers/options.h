@@ -2,7 +2,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "tessera/config/component.h"
 #include "tessera/core/callback.h"
@@ -21,7 +23,25 @@ struct TensorBoardLoggerOptions {
   bool rank_zero_only = true;                      // only rank 0 writes
 };
 
-// Registered: jsonl, tensorboard. LLM Foundry's names (wandb, mlflow, file, ...) are reported as not supported yet.
+// `mlflow`: an MLflow tracking server (Composer's MLFlowLogger keys).
+struct MlflowLoggerOptions {
+  std::string experiment_name;  // default: MLFLOW_EXPERIMENT_NAME, else Composer's "my-mlflow-experiment"
+  std::string run_name;         // default: the trainer's run name
+  std::string tracking_uri;     // http(s)://host:port of the server; default: MLFLOW_TRACKING_URI
+  std::map<std::string, std::string> tags;
+  bool rank_zero_only = true;  // only rank 0 logs; otherwise each rank logs a run "<run_name>-rank<r>"
+  double flush_interval = 10;  // seconds between batches of metrics sent (also at eval end, fit end and close)
+  bool synchronous = false;    // true: every log call is sent at once
+  bool resume = false;         // continue the run tagged run_name=<this run name> in the experiment, if there is one
+  std::map<std::string, std::string> rename_metrics;  // exact name -> the name logged
+  std::vector<std::string> ignore_metrics;            // glob patterns of metrics not logged
+  std::vector<std::string> ignore_hyperparameters;    // glob patterns of top-level recipe keys not logged as params
+  std::string run_group;                              // tagged run_group when set
+  int64_t log_duplicated_metric_every_n_steps = 100;  // an unchanged value is sent again only this many steps later
+};
+
+// Registered: jsonl, tensorboard, mlflow. LLM Foundry's names (wandb, mlflow, file, ...) are reported as not supported
+// yet.
 core::CallbackRegistry& logger_registry();
 
 }  // namespace tessera::loggers

@@ -1,0 +1,349 @@
+// Composer's MLFlowLogger over MLflow's REST API (libcurl, JSON).
+#include "tessera/loggers/mlflow.h"
+
+#include <curl/curl.h>
+#include <fmt/format.h>
+#include <fnmatch.h>
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <thread>
+#include <utility>
+
+#include "tessera/core/state.h"
+#include "tessera/util/error.h"
+#include "tessera/util/python_json.h"
+
+namespace tessera::loggers {
+namespace {
+
+constexpr const char* kMlflow = "mlflow";
+constexpr size_t kMaxParamValue = 6000;  // MLflow's MAX_PARAM_VAL_LENGTH
+constexpr size_t kParamsPerBatch = 100;  // log-batch limits
+constexpr size_t kMetricsPerBatch = 1000;
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::string(v) : fallback;
+}
+
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+size_t append_body(char* data, size_t size, size_t n, void* out) {
+  static_cast<std::string*>(out)->append(data, size * n);
+  return size * n;
+}
+
+struct Response {
+  long status = 0;  // NOLINT(google-runtime-int): libcurl's type
+  std::string body;
+  std::string transport_error;  // set when no HTTP response came back
+};
+
+Response request(const std::string& method, const std::string& url, const std::string& body) {
+  static const bool initialised = curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK;
+  Response r;
+  CURL* h = initialised ? curl_easy_init() : nullptr;
+  if (h == nullptr) {
+    r.transport_error = "libcurl could not be initialised";
+    return r;
+  }
+  curl_slist* headers = curl_slist_append(nullptr, "Content-Type: application/json");
+  const std::string token = env_or("MLFLOW_TRACKING_TOKEN", "");
+  if (!token.empty()) headers = curl_slist_append(headers, ("Authorization: Bearer " + token).c_str());
+  const std::string user = env_or("MLFLOW_TRACKING_USERNAME", ""), password = env_or("MLFLOW_TRACKING_PASSWORD", "");
+  if (token.empty() && !user.empty()) {
+    curl_easy_setopt(h, CURLOPT_HTTPAUTH, CURLAUTH_BASIC);
+    curl_easy_setopt(h, CURLOPT_USERNAME, user.c_str());
+    curl_easy_setopt(h, CURLOPT_PASSWORD, password.c_str());
+  }
+  curl_easy_setopt(h, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
+  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, 10L);
+  curl_easy_setopt(h, CURLOPT_TIMEOUT, 60L);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, append_body);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, &r.body);
+  if (method == "POST") {
+    curl_easy_setopt(h, CURLOPT_POST, 1L);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body.c_str());
+    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, static_cast<long>(body.size()));  // NOLINT(google-runtime-int)
+  }
+  const CURLcode rc = curl_easy_perform(h);
+  if (rc != CURLE_OK) {
+    r.transport_error = curl_easy_strerror(rc);
+  } else {
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r.status);
+  }
+  curl_slist_free_all(headers);
+  curl_easy_cleanup(h);
+  return r;
+}
+
+std::string query_string(const nlohmann::json& body) {
+  std::string q;
+  CURL* h = curl_easy_init();
+  for (const auto& [k, v] : body.items()) {
+    const std::string text = v.is_string() ? v.get<std::string>() : v.dump();
+    char* escaped = curl_easy_escape(h, text.c_str(), static_cast<int>(text.size()));
+    q += (q.empty() ? "?" : "&") + k + "=" + escaped;
+    curl_free(escaped);
+  }
+  curl_easy_cleanup(h);
+  return q;
+}
+
+// Python's str() of a JSON scalar, as MLflow's log_params stringifies values.
+std::string python_str(const nlohmann::json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_boolean()) return v.get<bool>() ? "True" : "False";
+  if (v.is_null()) return "None";
+  if (v.is_number_float()) return util::python_float_repr(v.get<double>());
+  return v.dump();
+}
+
+void flatten(const nlohmann::json& v, const std::string& prefix,
+             std::vector<std::pair<std::string, std::string>>& out) {
+  if (v.is_object() && !v.empty()) {
+    for (const auto& [k, child] : v.items()) flatten(child, prefix.empty() ? k : prefix + "." + k, out);
+    return;
+  }
+  out.emplace_back(prefix, v.is_array() || v.is_object() ? v.dump() : python_str(v));
+}
+
+bool matches_any(const std::string& name, const std::vector<std::string>& patterns) {
+  for (const std::string& p : patterns) {
+    if (::fnmatch(p.c_str(), name.c_str(), 0) == 0) return true;
+  }
+  return false;
+}
+
+// A metric value as MLflow's JSON API takes it (protobuf's JSON mapping spells the non-finite doubles).
+nlohmann::json metric_value(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "Infinity" : "-Infinity";
+  return v;
+}
+
+nlohmann::json tag_list(const std::map<std::string, std::string>& tags) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& [k, v] : tags) out.push_back({{"key", k}, {"value", v}});
+  return out;
+}
+
+}  // namespace
+
+// ---- MlflowClient
+// -----------------------------------------------------------------------------------------------------
+
+MlflowClient::MlflowClient(std::string tracking_uri, int attempts)
+    : uri_(std::move(tracking_uri)), attempts_(attempts) {
+  while (!uri_.empty() && uri_.back() == '/') uri_.pop_back();
+  if (uri_.rfind("http://", 0) != 0 && uri_.rfind("https://", 0) != 0) {
+    throw ConfigError(kMlflow, fmt::format("tracking_uri '{}': Tessera talks to an MLflow tracking server over HTTP "
+                                           "(http://host:port or https://...); file stores and 'databricks' are not "
+                                           "supported (set MLFLOW_TRACKING_URI or loggers.mlflow.tracking_uri)",
+                                           uri_));
+  }
+}
+
+nlohmann::json MlflowClient::call(const std::string& method, const std::string& endpoint, const nlohmann::json& body,
+                                  bool missing_ok) {
+  const std::string url = uri_ + "/api/2.0/mlflow/" + endpoint + (method == "GET" ? query_string(body) : std::string());
+  const std::string payload = method == "GET" ? std::string() : body.dump();
+  Response r;
+  double wait = 0.5;
+  for (int attempt = 1;; ++attempt) {
+    r = request(method, url, payload);
+    const bool transient = !r.transport_error.empty() || r.status == 429 || r.status >= 500;
+    if (!transient || attempt >= attempts_) break;
+    std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+    wait *= 2;
+  }
+  if (!r.transport_error.empty()) {
+    throw Error(kMlflow, fmt::format("{} {}: {} (after {} attempts)", method, url, r.transport_error, attempts_));
+  }
+  nlohmann::json parsed = nlohmann::json::parse(r.body, nullptr, false);
+  if (r.status / 100 == 2) return parsed.is_discarded() ? nlohmann::json::object() : parsed;
+  const std::string code = parsed.is_object() ? parsed.value("error_code", "") : "";
+  if (missing_ok && r.status == 404 && code == "RESOURCE_DOES_NOT_EXIST") return nullptr;
+  const std::string message = parsed.is_object() ? parsed.value("message", r.body) : r.body;
+  throw Error(kMlflow, fmt::format("{} {}: HTTP {}{}: {}", method, url, r.status, code.empty() ? "" : " " + code,
+                                   message.substr(0, 2000)));
+}
+
+std::vector<std::pair<std::string, std::string>> mlflow_params(const nlohmann::json& hparams) {
+  std::vector<std::pair<std::string, std::string>> out;
+  flatten(hparams, "", out);
+  for (auto& [key, value] : out) {
+    if (value.size() > kMaxParamValue) {
+      spdlog::warn("mlflow: param {} is {} characters long; MLflow keeps {}, so it is cut there", key, value.size(),
+                   kMaxParamValue);
+      value.resize(kMaxParamValue);
+    }
+  }
+  return out;
+}
+
+// ---- MlflowLogger
+// -----------------------------------------------------------------------------------------------------
+
+MlflowLogger::MlflowLogger(MlflowLoggerOptions options, const core::RunContext& run)
+    : o_(std::move(options)),
+      run_(run),
+      client_(o_.tracking_uri.empty() ? env_or("MLFLOW_TRACKING_URI", "") : o_.tracking_uri),
+      last_flush_(std::chrono::steady_clock::now()) {
+  if (o_.experiment_name.empty()) o_.experiment_name = env_or("MLFLOW_EXPERIMENT_NAME", "my-mlflow-experiment");
+  experiment_id_ = env_or("MLFLOW_EXPERIMENT_ID", "");
+  if (experiment_id_.empty()) {
+    const nlohmann::json found =
+        client_.call("GET", "experiments/get-by-name", {{"experiment_name", o_.experiment_name}}, true);
+    if (!found.is_null()) {
+      experiment_id_ = found.at("experiment").at("experiment_id").get<std::string>();
+    } else {
+      experiment_id_ = client_.call("POST", "experiments/create", {{"name", o_.experiment_name}})
+                           .at("experiment_id")
+                           .get<std::string>();
+    }
+  }
+}
+
+void MlflowLogger::start_run() {
+  if (!run_id_.empty()) return;
+  // Composer tags the run with the trainer's run name (RUN_NAME wins), which is what `resume` looks for.
+  const std::string composer_run = env_or("RUN_NAME", run_.run_name);
+  std::string name = o_.run_name.empty() ? run_.run_name : o_.run_name;
+  if (!o_.rank_zero_only) name += fmt::format("-rank{}", run_.rank);
+  std::map<std::string, std::string> tags = o_.tags;
+  tags["run_name"] = composer_run;
+  if (!o_.run_group.empty()) tags["run_group"] = o_.run_group;
+  run_id_ = env_or("MLFLOW_RUN_ID", "");
+  if (run_id_.empty() && o_.resume) {
+    const nlohmann::json found = client_.call("POST", "runs/search",
+                                              {{"experiment_ids", {experiment_id_}},
+                                               {"filter", fmt::format("tags.run_name = \"{}\"", composer_run)},
+                                               {"max_results", 1}});
+    if (found.contains("runs") && !found["runs"].empty()) {
+      run_id_ = found["runs"][0].at("info").at("run_id").get<std::string>();
+      client_.call("POST", "runs/update", {{"run_id", run_id_}, {"status", "RUNNING"}});
+      spdlog::info("mlflow: resuming run {} ({}) in experiment {}", run_id_, name, experiment_id_);
+    }
+  }
+  if (run_id_.empty()) {
+    run_id_ = client_
+                  .call("POST", "runs/create",
+                        {{"experiment_id", experiment_id_},
+                         {"run_name", name},
+                         {"start_time", now_ms()},
+                         {"tags", tag_list(tags)}})
+                  .at("run")
+                  .at("info")
+                  .at("run_id")
+                  .get<std::string>();
+    spdlog::info("mlflow: run {} ({}) in experiment {} at {}", run_id_, name, experiment_id_, client_.uri());
+  } else {
+    client_.call("POST", "runs/log-batch", {{"run_id", run_id_}, {"tags", tag_list(tags)}});
+  }
+}
+
+void MlflowLogger::log_hyperparameters(const nlohmann::json& hparams) {
+  start_run();
+  nlohmann::json kept = nlohmann::json::object();
+  for (const auto& [k, v] : hparams.items()) {
+    if (!matches_any(k, o_.ignore_hyperparameters)) kept[k] = v;
+  }
+  // A resumed run keeps the params it has (MLflow refuses to change one); new keys are added.
+  std::map<std::string, std::string> existing;
+  const nlohmann::json got = client_.call("GET", "runs/get", {{"run_id", run_id_}});
+  if (got.contains("run") && got["run"].contains("data") && got["run"]["data"].contains("params")) {
+    for (const auto& p : got["run"]["data"]["params"]) existing[p.at("key")] = p.at("value");
+  }
+  nlohmann::json params = nlohmann::json::array();
+  for (const auto& [k, v] : mlflow_params(kept)) {
+    if (existing.count(k)) continue;
+    params.push_back({{"key", k}, {"value", v}});
+    if (params.size() == kParamsPerBatch) {
+      client_.call("POST", "runs/log-batch", {{"run_id", run_id_}, {"params", params}});
+      params = nlohmann::json::array();
+    }
+  }
+  if (!params.empty()) client_.call("POST", "runs/log-batch", {{"run_id", run_id_}, {"params", params}});
+}
+
+void MlflowLogger::log_metrics(const core::Metrics& metrics, int64_t step) {
+  start_run();
+  const int64_t t = now_ms();
+  for (const auto& [k, v] : metrics) {
+    if (matches_any(k, o_.ignore_metrics)) continue;
+    // As Composer: an unchanged value is sent again only every log_duplicated_metric_every_n_steps steps.
+    auto it = last_.find(k);
+    if (it != last_.end() && it->second.first == v &&
+        step < it->second.second + o_.log_duplicated_metric_every_n_steps) {
+      continue;
+    }
+    last_[k] = {v, step};
+    auto renamed = o_.rename_metrics.find(k);
+    const std::string& key = renamed == o_.rename_metrics.end() ? k : renamed->second;
+    pending_.push_back({{"key", key}, {"value", metric_value(v)}, {"timestamp", t}, {"step", step}});
+  }
+  if (o_.synchronous) flush();
+}
+
+void MlflowLogger::send(nlohmann::json batch) {
+  const size_t n = batch.size();
+  try {
+    client_.call("POST", "runs/log-batch", {{"run_id", run_id_}, {"metrics", std::move(batch)}});
+  } catch (const Error& e) {
+    // The server was unreachable through every retry: training goes on; what could not be sent is counted.
+    dropped_ += static_cast<int64_t>(n);
+    spdlog::warn("mlflow: {} metric values not logged: {}", n, e.what());
+  }
+}
+
+void MlflowLogger::flush() {
+  last_flush_ = std::chrono::steady_clock::now();
+  if (pending_.empty() || run_id_.empty()) return;
+  nlohmann::json batch = nlohmann::json::array();
+  for (auto& m : pending_) {
+    batch.push_back(std::move(m));
+    if (batch.size() == kMetricsPerBatch) {
+      send(std::move(batch));
+      batch = nlohmann::json::array();
+    }
+  }
+  if (!batch.empty()) send(std::move(batch));
+  pending_ = nlohmann::json::array();
+}
+
+void MlflowLogger::run_event(core::Event event, core::State& state, core::Logger& /*logger*/) {
+  if (event == core::Event::kInit) {
+    if (!state.run_name.empty()) run_.run_name = state.run_name;
+    start_run();
+    return;
+  }
+  if (event == core::Event::kFitEnd) fit_ended_ = true;
+  const bool due =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - last_flush_).count() >= o_.flush_interval;
+  if ((event == core::Event::kBatchEnd && due) || event == core::Event::kEvalEnd || event == core::Event::kFitEnd) {
+    flush();
+  }
+}
+
+void MlflowLogger::close(core::State& state, core::Logger& /*logger*/) {
+  flush();
+  if (run_id_.empty()) return;
+  // FINISHED after a whole fit; KILLED when the run stopped to be restarted (preemption, a bad node); else FAILED.
+  const char* status = fit_ended_ ? "FINISHED" : state.preempted() ? "KILLED" : "FAILED";
+  try {
+    client_.call("POST", "runs/update", {{"run_id", run_id_}, {"status", status}, {"end_time", now_ms()}});
+  } catch (const Error& e) {
+    spdlog::warn("mlflow: could not mark run {} {}: {}", run_id_, status, e.what());
+  }
+  if (dropped_ > 0) spdlog::warn("mlflow: {} metric values could not be sent to {}", dropped_, client_.uri());
+}
+
+}  // namespace tessera::loggers

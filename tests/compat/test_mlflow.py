@@ -1,0 +1,157 @@
+"""The `mlflow` logger against a real MLflow tracking server (`mlflow server`, PyPI mlflow, on loopback with a SQLite
+store), read back with MLflow's own client:
+
+- a run in the named experiment, with its tags (the user's, `run_name`, `run_group`), the resolved recipe as params
+  (dotted keys), every step's loss at its step with the value the jsonl logger wrote, and status FINISHED;
+- `resume: true` after autoresume: the requeued job finds its run by the `run_name` tag and continues it (one run,
+  every step's loss), as Composer's MLFlowLogger does;
+- a server that is not there fails the run before training, naming the URI; a file store URI is refused.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import yaml
+from streaming import MDSWriter
+
+from conftest import _binary
+
+SEQ, VOCAB = 32, 128
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mlflow")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mlflow = os.path.join(os.path.dirname(sys.executable), "mlflow")
+    proc = subprocess.Popen([mlflow, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+                             "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
+                             "--artifacts-destination", str(root / "artifacts")],
+                            stdout=open(root / "server.log", "w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(uri + "/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("mlflow server did not start:\n" + (root / "server.log").read_text()[-3000:])
+        time.sleep(0.3)
+    yield uri
+    os.killpg(proc.pid, 15)
+    proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def recipe(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mlflow-run")
+    rng = np.random.default_rng(0)
+    with MDSWriter(out=str(root / "data" / "train"), columns={"tokens": "ndarray:int32"}, size_limit=4000) as w:
+        for _ in range(128):
+            start, stride = rng.integers(0, VOCAB), rng.integers(1, 6)
+            w.write({"tokens": ((start + stride * np.arange(SEQ + 1)) % VOCAB).astype(np.int32)})
+    r = {
+        "max_seq_len": SEQ, "seed": 3, "tokenizer": {"name": "unused"},
+        "model": {"name": "mpt_causal_lm", "d_model": 32, "n_heads": 2, "n_layers": 2, "expansion_ratio": 2,
+                  "max_seq_len": SEQ, "vocab_size": VOCAB, "attn_config": {"attn_impl": "torch"}},
+        "train_loader": {"name": "text", "dataset": {"local": str(root / "data"), "split": "train", "shuffle": True,
+                                                     "max_seq_len": SEQ}, "drop_last": True},
+        "optimizer": {"name": "decoupled_adamw", "lr": 3e-3},
+        "scheduler": {"name": "constant_with_warmup", "t_warmup": "2ba"},
+        "max_duration": "6ba", "eval_interval": 0, "global_train_batch_size": 8,
+        "device_train_microbatch_size": 8, "device_eval_batch_size": 8, "precision": "fp32", "device": "cpu",
+        "log_to_console": False, "save_folder": f"{root}/{{run_name}}/ckpt", "save_interval": "2ba",
+        "loggers": {"jsonl": {"filename": f"{root}/{{run_name}}/metrics.jsonl"}},
+    }
+    path = root / "recipe.yaml"
+    path.write_text(yaml.safe_dump(r))
+    return path, root
+
+
+def train(path, *overrides, check=True):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.run([_binary("TESSERA_TRAIN_BIN", "train"), "--recipe", str(path), *overrides], env=env,
+                          capture_output=True, text=True, timeout=600)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def jsonl_losses(root, run):
+    rows = [json.loads(line) for line in (root / run / "metrics.jsonl").read_text().splitlines()]
+    return {r["batch"]: r["loss/train/total"] for r in rows if "loss/train/total" in r}
+
+
+def test_a_run_its_params_tags_and_every_step_reach_the_server(server, recipe):
+    from mlflow import MlflowClient
+
+    path, root = recipe
+    train(path, "run_name=first", f"loggers.mlflow.tracking_uri={server}", "loggers.mlflow.experiment_name=tessera",
+          "loggers.mlflow.tags.team=pretraining", "loggers.mlflow.run_group=sweep-1",
+          "loggers.mlflow.synchronous=true")
+    client = MlflowClient(server)
+    exp = client.get_experiment_by_name("tessera")
+    assert exp is not None
+    runs = client.search_runs([exp.experiment_id], filter_string='tags.run_name = "first"')
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.run_name == "first" and run.info.status == "FINISHED"
+    assert run.data.tags["team"] == "pretraining" and run.data.tags["run_group"] == "sweep-1"
+    params = run.data.params
+    assert params["max_seq_len"] == "32" and params["model.d_model"] == "32"
+    assert params["optimizer.name"] == "decoupled_adamw" and params["optimizer.lr"] == "0.003"
+    assert params["loggers.mlflow.synchronous"] == "True"
+    history = client.get_metric_history(run.info.run_id, "loss/train/total")
+    want = jsonl_losses(root, "first")
+    assert sorted(m.step for m in history) == list(range(6))
+    for m in history:
+        assert m.value == pytest.approx(want[m.step], rel=1e-6)
+
+
+def test_resume_continues_the_run_after_autoresume(server, recipe):
+    from mlflow import MlflowClient
+
+    path, root = recipe
+    common = ["run_name=resumed", f"loggers.mlflow.tracking_uri={server}", "loggers.mlflow.experiment_name=tessera",
+              "loggers.mlflow.resume=true", "autoresume=true", "loggers.mlflow.flush_interval=0"]
+    train(path, *common, "max_duration=4ba")
+    train(path, *common, "max_duration=6ba")  # a later job of the same run: resumes at batch 4
+    client = MlflowClient(server)
+    exp = client.get_experiment_by_name("tessera")
+    runs = client.search_runs([exp.experiment_id], filter_string='tags.run_name = "resumed"')
+    assert len(runs) == 1, [r.info.run_id for r in runs]
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    assert run.data.params["max_duration"] == "4ba"  # a param is set once: MLflow keeps the first value
+    history = client.get_metric_history(run.info.run_id, "loss/train/total")
+    assert sorted(m.step for m in history) == list(range(6))
+    want = jsonl_losses(root, "resumed")
+    for m in history:
+        assert m.value == pytest.approx(want[m.step], rel=1e-6)
+
+
+def test_a_server_that_is_not_there_fails_the_run_naming_it(recipe):
+    path, _ = recipe
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = train(path, "run_name=nowhere", f"loggers.mlflow.tracking_uri=http://127.0.0.1:{port}", check=False)
+    assert proc.returncode != 0
+    assert f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name" in proc.stderr, proc.stderr[-2000:]
+    assert "[mlflow]" in proc.stderr
+    proc = train(path, "run_name=file", "loggers.mlflow.tracking_uri=./mlruns", check=False)
+    assert proc.returncode != 0 and "tracking_uri './mlruns'" in proc.stderr, proc.stderr[-2000:]
