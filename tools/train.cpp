@@ -117,7 +117,9 @@ int run(int argc, char** argv) {
   app.add_option("--cluster", cluster_path,
                  "Dry run: a cluster description (docs/planner.md#the-cluster-file); plans for all its devices and "
                  "prints the performance model's step time, throughput, scaling efficiency and time to train");
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off");
+  CLI::Option* log_level_flag =
+      app.add_option("--log-level", log_level,
+                     "trace, debug, info, warn, error or off (default: the recipe's python_log_level, else info)");
   // The launcher (torchrun's flags): spawn this many ranks here, each running this command without these flags.
   tessera::dist::LaunchOptions launch;
   int nproc_per_node = 0;
@@ -171,6 +173,7 @@ int run(int argc, char** argv) {
   if (launch.node_id.empty()) launch.node_id = host_name();
 
   const tessera::trainer::TrainConfig cfg = tessera::trainer::load_train_config(recipe, overrides);
+  if (log_level_flag->count() == 0 && !cfg.log_level.empty()) tessera::util::init_logging(cfg.log_level);
   if (print_config) {
     std::cout << cfg.resolved.to_json().dump(2) << "\n";
     return tessera::kExitOk;

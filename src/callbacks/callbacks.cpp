@@ -6,11 +6,15 @@
 
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "tessera/checkpoint/hf.h"
 #include "tessera/core/state.h"
@@ -384,6 +388,52 @@ void HfCheckpointer::save(core::State& s) {
     spdlog::info("hf_checkpointer: wrote {}", dir);
   }
   if (s.comm) s.comm->barrier();
+}
+
+// ---- run_timeout
+// ------------------------------------------------------------------------------------------------------
+
+struct RunTimeout::Timer {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool cancelled = false;
+  std::thread thread;
+};
+
+RunTimeout::RunTimeout(RunTimeoutOptions o) : o_(o) {}
+
+RunTimeout::~RunTimeout() {
+  cancel();
+}
+
+void RunTimeout::run_event(core::Event event, core::State& /*state*/, core::Logger& /*logger*/) {
+  if (event != core::Event::kFitEnd || timer_) return;
+  timer_ = std::make_unique<Timer>();
+  Timer* t = timer_.get();
+  const double timeout = o_.timeout;
+  t->thread = std::thread([t, timeout] {
+    std::unique_lock lock(t->mutex);
+    if (t->cv.wait_for(lock, std::chrono::duration<double>(timeout), [t] { return t->cancelled; })) return;
+    spdlog::error("run_timeout: the process is still running {} s after the end of training; interrupting it", timeout);
+    spdlog::default_logger()->flush();
+    std::signal(SIGINT, SIG_DFL);  // whatever handler the run installed, the interrupt ends the process
+    std::raise(SIGINT);
+  });
+}
+
+void RunTimeout::cancel() {
+  if (!timer_) return;
+  {
+    const std::lock_guard lock(timer_->mutex);
+    timer_->cancelled = true;
+  }
+  timer_->cv.notify_all();
+  if (timer_->thread.joinable()) timer_->thread.join();
+  timer_.reset();
+}
+
+void RunTimeout::close(core::State& /*state*/, core::Logger& /*logger*/) {
+  cancel();
 }
 
 }  // namespace tessera::callbacks

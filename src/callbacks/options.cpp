@@ -5,6 +5,7 @@
 #include "tessera/callbacks/health_monitor.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cctype>
@@ -162,11 +163,32 @@ core::CallbackRegistry& callback_registry() {
           return o;
         },
         core::construct<core::Callback, HfCheckpointer, HfCheckpointerOptions>());
+    r->add(
+        "run_timeout",
+        [](config::Section& s) -> std::any {
+          RunTimeoutOptions o;
+          o.timeout = s.get_double("timeout", o.timeout);
+          s.check(o.timeout > 0, "timeout", "must be a positive number of seconds");
+          s.finish();
+          return o;
+        },
+        core::construct<core::Callback, RunTimeout, RunTimeoutOptions>());
+    r->add(
+        "scheduled_gc",
+        [](config::Section& s) -> std::any {
+          for (const std::string& key : s.keys()) s.raw(key);
+          spdlog::warn(
+              "callbacks.scheduled_gc: it schedules Python's garbage collector, which a C++ run does not "
+              "have; Tessera does not use it");
+          return {};
+        },
+        [](const std::any& /*options*/, const core::RunContext& /*run*/) -> std::shared_ptr<core::Callback> {
+          return nullptr;
+        });
     r->add_foundry_names({"checkpoint_saver",
                           "mono_checkpoint_saver",
                           "eval_gauntlet",
                           "curriculum_learning",
-                          "scheduled_gc",
                           "kill_loss_spike",
                           "generate_callback",
                           "activation_monitor",
@@ -176,7 +198,6 @@ core::CallbackRegistry& callback_registry() {
                           "memory_snapshot",
                           "free_outputs",
                           "inactivity",
-                          "run_timeout",
                           "async_eval",
                           "log_model_info",
                           "loss_perp_v_len",

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <stdexcept>
@@ -212,6 +213,11 @@ Section Section::section(std::string_view key) {
 
 void Section::not_supported(std::string_view key, const std::string& detail) {
   ctx_->not_supported(detail.empty() ? key_path(key) : fmt::format("{} ({})", key_path(key), detail));
+}
+
+void Section::python_only(std::string_view key, std::string_view why) {
+  if (lookup(key) == nullptr) return;
+  spdlog::warn("{}: {}; Tessera does not use it", key_path(key), why);
 }
 
 void Section::finish(const std::vector<std::string_view>& foundry_keys) {

@@ -27,7 +27,10 @@ OptimizerOptions parse_adam(Section& s, const std::string& name, double lr, std:
   o.weight_decay = s.get_double("weight_decay", wd);
   s.check(o.weight_decay >= 0, "weight_decay", "must be non-negative");
   if (s.get_bool("amsgrad", false)) s.not_supported("amsgrad", "true");
-  s.finish({"foreach", "maximize", "capturable", "differentiable", "fused"});
+  for (const char* key : {"foreach", "fused"}) {
+    s.python_only(key, "it picks PyTorch's optimizer kernels (one per tensor, multi-tensor or fused)");
+  }
+  s.finish({"maximize", "capturable", "differentiable"});
   return o;
 }
 

@@ -3,8 +3,12 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
 
 #include "tessera/algorithms/options.h"
 #include "tessera/callbacks/options.h"
@@ -37,7 +41,6 @@ const std::vector<std::string_view> kFoundryOnlyKeys = {"code_paths",
                                                         "save_ignore_keys",
                                                         "only_hf_checkpoint",
                                                         "only_composer_checkpoint",
-                                                        "python_log_level",
                                                         "log_config",
                                                         "spin_dataloaders",
                                                         "device_train_grad_accum",
@@ -107,7 +110,8 @@ const std::vector<std::string_view> kTopLevelKeys = {"variables",
                                                      "progress_bar",
                                                      "log_to_console",
                                                      "deterministic_mode",
-                                                     "dist_timeout"};
+                                                     "dist_timeout",
+                                                     "python_log_level"};
 
 template <class Options, class... Rest>
 Options parse_named(Section& root, std::string_view key, const config::Registry<Options, Rest...>& registry,
@@ -234,6 +238,18 @@ TrainConfig parse_train_config(config::Value resolved, const std::string& path) 
     const double seconds = root.get_double("dist_timeout", 600.0);
     root.check(seconds > 0, "dist_timeout", "must be a positive number of seconds");
     cfg.dist_timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  }
+  if (std::optional<std::string> level = root.get_optional_string("python_log_level")) {
+    // Python's logging levels (LLM Foundry sets its and Composer's loggers to this one) as spdlog's.
+    std::string lower;
+    for (char c : *level) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    static const std::map<std::string, std::string> kLevels = {
+        {"notset", "trace"}, {"debug", "debug"}, {"info", "info"},         {"warning", "warn"},
+        {"warn", "warn"},    {"error", "error"}, {"critical", "critical"}, {"fatal", "critical"}};
+    auto it = kLevels.find(lower);
+    root.check(it != kLevels.end(), "python_log_level",
+               fmt::format("'{}' is not a Python logging level (debug, info, warning, error, critical)", *level));
+    cfg.log_level = it->second;
   }
 
   cfg.max_duration = root.require_time("max_duration", TimeUnit::kEpoch);

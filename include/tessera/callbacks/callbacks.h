@@ -117,6 +117,27 @@ class ThresholdStopper : public core::Callback {
   ThresholdStopperOptions o_;
 };
 
+// run_timeout (LLM Foundry's RunTimeoutCallback): a guard against a run that hangs on its way out (a stuck collective
+// in teardown, a thread that never joins). At FIT_END a timer starts; if the process is still alive `timeout` seconds
+// later, it logs an error and interrupts itself with SIGINT (default action: the process ends as interrupted, as the
+// Python callback's KeyboardInterrupt does). close() cancels the timer, so a run that exits in time is untouched.
+class RunTimeout : public core::Callback {
+ public:
+  explicit RunTimeout(RunTimeoutOptions o);
+  ~RunTimeout() override;
+  RunTimeout(const RunTimeout&) = delete;
+  RunTimeout& operator=(const RunTimeout&) = delete;
+  std::string name() const override { return "RunTimeoutCallback"; }
+  void run_event(core::Event event, core::State& state, core::Logger& logger) override;
+  void close(core::State& state, core::Logger& logger) override;
+
+ private:
+  void cancel();
+  struct Timer;
+  RunTimeoutOptions o_;
+  std::unique_ptr<Timer> timer_;
+};
+
 // hf_checkpointer (LLM Foundry's HuggingFaceCheckpointer): writes the model as a Hugging Face MPT folder
 // (config.json + safetensors) to save_folder/huggingface/<huggingface_folder_name> every save_interval and at the end
 // of training. With several ranks every rank takes part in gathering the weights and rank 0 writes; the folder

@@ -61,8 +61,13 @@ struct ThresholdStopperOptions {
   bool stop_on_batch = false;  // also check at every batch end (else at evaluation and epoch ends)
 };
 
+// run_timeout (LLM Foundry's RunTimeoutCallback): the process must exit within `timeout` seconds of FIT_END.
+struct RunTimeoutOptions {
+  double timeout = 1800;
+};
+
 // Registered: speed_monitor, lr_monitor, memory_monitor, runtime_estimator, health_monitor, optimizer_monitor,
-// early_stopper, threshold_stopper.
+// early_stopper, threshold_stopper, hf_checkpointer, run_timeout; scheduled_gc is accepted and does nothing.
 core::CallbackRegistry& callback_registry();
 
 }  // namespace tessera::callbacks

@@ -83,6 +83,9 @@ class Section {
   }
   // Records "path.key: detail" as not supported yet (reported with the others once the whole recipe is read).
   void not_supported(std::string_view key, const std::string& detail = "");
+  // A key that only tunes LLM Foundry's or Composer's Python side (a garbage collector schedule, PyTorch's choice of
+  // optimizer kernels): when present it is read, not used, and a warning says so with `why`.
+  void python_only(std::string_view key, std::string_view why);
 
   // Ends the section. Each key that was not read is either one of `foundry_keys` (LLM Foundry's schema has it and
   // Tessera does not implement it yet: recorded in the context) or unknown: a ConfigError naming the key, with a

@@ -62,6 +62,9 @@ struct TrainConfig {
   dist::ShardingOptions fsdp;                      // Composer's defaults when `fsdp_config` is absent
   bool fsdp_configured = false;                    // whether the recipe has an `fsdp_config`
   std::chrono::milliseconds dist_timeout{600000};  // `dist_timeout` (seconds, default 600): every collective's limit
+  // LLM Foundry's `python_log_level` (debug, info, warning, error, critical) as spdlog's level name ("warn", ...);
+  // empty when absent. `train` uses it unless --log-level is given.
+  std::string log_level;
 
   config::Time max_duration;
   config::Time eval_interval = config::Time::epochs(1);  // 0 disables evaluation

@@ -3,10 +3,16 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tessera/callbacks/callbacks.h"
@@ -287,6 +293,35 @@ TEST(HfCheckpointerCallback, AModelWithNoTransformersFormIsRefusedAtFitStart) {
   EXPECT_NE(err.find("grouped_query_attention (kv_n_heads 1 of 2 heads)"), std::string::npos) << err;
   EXPECT_EQ(t.state().timestamp.batch, 0);
   EXPECT_FALSE(fs::exists(folder / "huggingface"));
+}
+
+// run_timeout: a process still alive `timeout` seconds after FIT_END is interrupted (SIGINT); close() in time
+// cancels the timer. The hanging process is a forked child that only runs the callback.
+TEST(RunTimeout, InterruptsAProcessThatHangsAfterFitEndAndSparesOneThatCloses) {
+  const double scale = ::tessera::testing::time_scale();
+  const auto start = std::chrono::steady_clock::now();
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    core::State state;
+    core::Logger logger(state);
+    RunTimeout guard(RunTimeoutOptions{0.2});
+    guard.run_event(core::Event::kFitEnd, state, logger);
+    std::this_thread::sleep_for(std::chrono::seconds(60));  // "hangs"
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT) << status;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 0.2 + 10 * scale);
+
+  core::State state;
+  core::Logger logger(state);
+  RunTimeout guard(RunTimeoutOptions{0.2});
+  guard.run_event(core::Event::kFitEnd, state, logger);
+  guard.close(state, logger);
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // past the timeout: this process is still here
+  SUCCEED();
 }
 
 }  // namespace

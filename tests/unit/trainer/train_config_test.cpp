@@ -116,8 +116,28 @@ TEST(Recipes, LlmFoundrysSmallCpuYamlLoadsUnchanged) {
   EXPECT_EQ(models::mpt_param_count(mpt(cfg)), 823200);
 }
 
+// Keys of LLM Foundry's YAMLs that only tune its Python side are accepted (with a warning); python_log_level sets the
+// log level; run_timeout is a real callback.
+TEST(Recipes, LlmFoundrysPythonSideKeysAreAcceptedAndPythonLogLevelMaps) {
+  std::ifstream in(kSource + "/tests/data/foundry/mpt-125m.yaml");
+  const std::string yaml =
+      std::string(std::istreambuf_iterator<char>(in), {}) + "python_log_level: WARNING\ndist_timeout: 300.0\n";
+  const std::string path = write_recipe("python_side.yaml", yaml);
+  const TrainConfig cfg =
+      load_train_config(path, {"optimizer.foreach=true", "optimizer.fused=false",
+                               "callbacks.scheduled_gc.batch_interval=2000", "callbacks.run_timeout.timeout=600"});
+  EXPECT_EQ(cfg.log_level, "warn");
+  EXPECT_EQ(cfg.dist_timeout, std::chrono::milliseconds(300000));
+  std::vector<std::string> names;
+  for (const config::ComponentOptions& c : cfg.callbacks) names.push_back(c.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"speed_monitor", "lr_monitor", "memory_monitor", "runtime_estimator",
+                                             "scheduled_gc", "run_timeout"}));
+  EXPECT_EQ(std::any_cast<const callbacks::RunTimeoutOptions&>(cfg.callbacks.back().options).timeout, 600.0);
+  EXPECT_THROW(load_train_config(path, {"python_log_level=loud"}), ConfigError);
+}
+
 TEST(Recipes, UnimplementedLlmFoundryKeysAreListedTogether) {
-  std::string yaml = "load_ignore_keys: [a]\nloggers:\n  wandb: {}\n  mlflow: {}\n";
+  std::string yaml = "load_ignore_keys: [a]\nloggers:\n  wandb: {}\n  comet_ml: {}\n";
   std::ifstream in(kSource + "/tests/data/foundry/mpt-125m.yaml");
   yaml += std::string(std::istreambuf_iterator<char>(in), {});
   const std::string path = write_recipe("unsupported.yaml", yaml);
@@ -127,7 +147,7 @@ TEST(Recipes, UnimplementedLlmFoundryKeysAreListedTogether) {
   } catch (const ConfigError& e) {
     EXPECT_EQ(std::string(e.what()),
               "[recipe] " + path +
-                  ": not supported yet: loggers.wandb (logger wandb), loggers.mlflow (logger mlflow), "
+                  ": not supported yet: loggers.wandb (logger wandb), loggers.comet_ml (logger comet_ml), "
                   "fsdp_config.activation_cpu_offload (true), precision (amp_fp8), load_ignore_keys");
   }
 }
