@@ -22,6 +22,19 @@ def _binary(env, name):
     return path
 
 
+def write_sequence_mds(out, samples, seq, vocab, seed=0):
+    """An MDS split at `out` of `samples` samples of seq + 1 int32 tokens: arithmetic progressions mod `vocab` with a
+    random start and stride (1-5), which a tiny model learns within a few steps."""
+    import numpy as np
+    from streaming import MDSWriter
+
+    rng = np.random.default_rng(seed)
+    with MDSWriter(out=str(out), columns={"tokens": "ndarray:int32"}, size_limit=4000) as w:
+        for _ in range(samples):
+            start, stride = rng.integers(0, vocab), rng.integers(1, 6)
+            w.write({"tokens": ((start + stride * np.arange(seq + 1)) % vocab).astype(np.int32)})
+
+
 @pytest.fixture(scope="session")
 def driver():
     path = _binary("TESSERA_COMPAT_DRIVER", "tessera_compat_driver")

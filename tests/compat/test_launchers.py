@@ -19,12 +19,10 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 import yaml
-from streaming import MDSWriter
 
-from conftest import _binary
+from conftest import _binary, write_sequence_mds
 
 SEQ, VOCAB, STEPS = 32, 128, 12
 
@@ -32,11 +30,7 @@ SEQ, VOCAB, STEPS = 32, 128, 12
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("launch-data")
-    rng = np.random.default_rng(0)
-    with MDSWriter(out=str(root / "train"), columns={"tokens": "ndarray:int32"}, size_limit=4000) as w:
-        for _ in range(256):
-            start, stride = rng.integers(0, VOCAB), rng.integers(1, 6)
-            w.write({"tokens": ((start + stride * np.arange(SEQ + 1)) % VOCAB).astype(np.int32)})
+    write_sequence_mds(root / "train", 256, SEQ, VOCAB)
     return root
 
 

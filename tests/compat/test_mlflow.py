@@ -15,12 +15,10 @@ import sys
 import time
 import urllib.request
 
-import numpy as np
 import pytest
 import yaml
-from streaming import MDSWriter
 
-from conftest import _binary
+from conftest import _binary, write_sequence_mds
 
 SEQ, VOCAB = 32, 128
 
@@ -58,11 +56,7 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def recipe(tmp_path_factory):
     root = tmp_path_factory.mktemp("mlflow-run")
-    rng = np.random.default_rng(0)
-    with MDSWriter(out=str(root / "data" / "train"), columns={"tokens": "ndarray:int32"}, size_limit=4000) as w:
-        for _ in range(128):
-            start, stride = rng.integers(0, VOCAB), rng.integers(1, 6)
-            w.write({"tokens": ((start + stride * np.arange(SEQ + 1)) % VOCAB).astype(np.int32)})
+    write_sequence_mds(root / "data" / "train", 128, SEQ, VOCAB)
     r = {
         "max_seq_len": SEQ, "seed": 3, "tokenizer": {"name": "unused"},
         "model": {"name": "mpt_causal_lm", "d_model": 32, "n_heads": 2, "n_layers": 2, "expansion_ratio": 2,

@@ -271,8 +271,8 @@ TEST(TrainCli, UnregisteredComponentNamesListTheRegisteredOnes) {
         run("--recipe " + path + " --dry-run"),
         "[recipe] " + path + ":" + std::to_string(line) +
             ": callbacks.speed_monitr: unknown callback \"speed_monitr\" (available: early_stopper, health_monitor, "
-            "hf_checkpointer, lr_monitor, memory_monitor, optimizer_monitor, runtime_estimator, "
-            "speed_monitor, threshold_stopper)");
+            "hf_checkpointer, lr_monitor, memory_monitor, optimizer_monitor, run_timeout, runtime_estimator, "
+            "scheduled_gc, speed_monitor, threshold_stopper)");
   }
 }
 
