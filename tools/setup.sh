@@ -23,6 +23,7 @@ apt_packages=(
   libgtest-dev libgmock-dev libbenchmark-dev libcurl4-openssl-dev libssl-dev libzstd-dev libxxhash-dev zlib1g-dev libpcre2-dev libicu-dev libgloo-dev coinor-libcbc-dev
   python3 python3-venv python3-dev
   fortunes jq
+  iproute2  # `ip netns` for the PyTorchJob test (tests/compat/test_launchers.py)
 )
 missing=()
 for p in "${apt_packages[@]}"; do
