@@ -73,12 +73,6 @@ void parse_nnodes(const std::string& text, tessera::dist::LaunchOptions& launch)
   launch.max_nodes = number(text.substr(colon + 1));
 }
 
-std::string host_name() {
-  char name[HOST_NAME_MAX + 1] = {};
-  if (::gethostname(name, sizeof(name)) != 0 || name[0] == '\0') return "localhost";
-  return name;
-}
-
 int run(int argc, char** argv) {
   CLI::App app{"Train a causal language model (any registered family) from an LLM Foundry-style recipe.", "train"};
   tessera::util::add_plugin_option(app);
@@ -170,7 +164,7 @@ int run(int argc, char** argv) {
   tessera::util::init_logging(log_level);
   tessera::util::configure_host_allocator();
   if (!nnodes.empty()) parse_nnodes(nnodes, launch);
-  if (launch.node_id.empty()) launch.node_id = host_name();
+  if (launch.node_id.empty()) launch.node_id = tessera::util::host_name();
 
   const tessera::trainer::TrainConfig cfg = tessera::trainer::load_train_config(recipe, overrides);
   if (log_level_flag->count() == 0 && !cfg.log_level.empty()) tessera::util::init_logging(cfg.log_level);

@@ -23,6 +23,7 @@
 
 #include "backend.h"
 #include "tessera/dist/launcher.h"
+#include "tessera/util/device.h"
 #include "tessera/util/heartbeat.h"
 
 namespace tessera::dist {
@@ -77,14 +78,15 @@ Rendezvous rendezvous_from_env() {
   if (rv.world_size < 1 || rv.rank < 0 || rv.rank >= rv.world_size) {
     throw ConfigError("dist", fmt::format("RANK={} is not in [0, WORLD_SIZE={})", rv.rank, rv.world_size));
   }
-  if (const char* a = std::getenv("MASTER_ADDR"); a != nullptr && *a != '\0') rv.master_addr = a;
+  const char* master = std::getenv("MASTER_ADDR");
+  if (master != nullptr && *master != '\0') rv.master_addr = master;
   if (auto p = env_long("MASTER_PORT")) rv.master_port = static_cast<int>(*p);
   if (rv.world_size > 1 && (!local_rank || !local_world)) {
     // Nothing says which ranks share a machine: the rendezvous finds out (Communicator::connect).
     rv.placement_known = false;
     rv.local_rank = 0;
     rv.local_world_size = 1;
-    if (std::getenv("MASTER_ADDR") == nullptr) {
+    if (master == nullptr) {
       throw ConfigError("dist",
                         "MASTER_ADDR is not set, and neither is LOCAL_WORLD_SIZE: a job whose ranks may be on "
                         "several machines needs the address of rank 0's machine");
@@ -99,7 +101,7 @@ Rendezvous rendezvous_from_env() {
                                           "must run the same number of ranks)",
                                           rv.local_rank, rv.local_world_size, rv.world_size));
   }
-  if (rv.world_size > 1 && std::getenv("MASTER_ADDR") == nullptr && rv.local_world_size != rv.world_size) {
+  if (rv.world_size > 1 && master == nullptr && rv.local_world_size != rv.world_size) {
     throw ConfigError("dist", "MASTER_ADDR is not set: a job over several nodes needs the address of rank 0's node");
   }
   return rv;
@@ -137,12 +139,6 @@ std::string local_address_toward(const std::string& host, int port) {
     throw CommError("dist", fmt::format("MASTER_ADDR {}: no local address routes there", host));
   }
   return address;
-}
-
-std::string host_name() {
-  std::array<char, 256> buf{};
-  if (::gethostname(buf.data(), buf.size() - 1) != 0) return "?";
-  return buf.data();
 }
 
 // Every rank's host identity, through the store (rank r writes "host/r").
@@ -271,7 +267,7 @@ std::shared_ptr<Communicator> Communicator::connect(const Rendezvous& rv, const 
     const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
     backend->prefix = agent_store && attempt != nullptr ? fmt::format("tessera/attempt_{}", attempt) : "tessera";
     auto store = c10::make_intrusive<c10d::PrefixStore>(backend->prefix, backend->store);
-    if (!rv.placement_known) placed = place_by_hosts(rv, exchange_hosts(rv, *store, host_name() + " " + address));
+    if (!rv.placement_known) placed = place_by_hosts(rv, exchange_hosts(rv, *store, util::host_name() + " " + address));
     backend->pg = backend->cuda ? detail::make_nccl(store, rv.rank, rv.world_size, timeout)
                                 : detail::make_gloo(store, rv.rank, rv.world_size, timeout, address);
   } catch (const CommError&) {

@@ -222,6 +222,7 @@ void MlflowLogger::start_run() {
   tags["run_name"] = composer_run;
   if (!o_.run_group.empty()) tags["run_group"] = o_.run_group;
   run_id_ = env_or("MLFLOW_RUN_ID", "");
+  existing_run_ = !run_id_.empty();
   if (run_id_.empty() && o_.resume) {
     const nlohmann::json found = client_.call("POST", "runs/search",
                                               {{"experiment_ids", {experiment_id_}},
@@ -229,6 +230,7 @@ void MlflowLogger::start_run() {
                                                {"max_results", 1}});
     if (found.contains("runs") && !found["runs"].empty()) {
       run_id_ = found["runs"][0].at("info").at("run_id").get<std::string>();
+      existing_run_ = true;
       client_.call("POST", "runs/update", {{"run_id", run_id_}, {"status", "RUNNING"}});
       spdlog::info("mlflow: resuming run {} ({}) in experiment {}", run_id_, name, experiment_id_);
     }
@@ -258,9 +260,11 @@ void MlflowLogger::log_hyperparameters(const nlohmann::json& hparams) {
   }
   // A resumed run keeps the params it has (MLflow refuses to change one); new keys are added.
   std::map<std::string, std::string> existing;
-  const nlohmann::json got = client_.call("GET", "runs/get", {{"run_id", run_id_}});
-  if (got.contains("run") && got["run"].contains("data") && got["run"]["data"].contains("params")) {
-    for (const auto& p : got["run"]["data"]["params"]) existing[p.at("key")] = p.at("value");
+  if (existing_run_) {
+    const nlohmann::json got = client_.call("GET", "runs/get", {{"run_id", run_id_}});
+    if (got.contains("run") && got["run"].contains("data") && got["run"]["data"].contains("params")) {
+      for (const auto& p : got["run"]["data"]["params"]) existing[p.at("key")] = p.at("value");
+    }
   }
   nlohmann::json params = nlohmann::json::array();
   for (const auto& [k, v] : mlflow_params(kept)) {

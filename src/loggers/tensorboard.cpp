@@ -15,6 +15,7 @@
 
 #include "tessera/core/state.h"
 #include "tessera/loggers/loggers.h"
+#include "tessera/util/device.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
 
@@ -100,12 +101,6 @@ double wall_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-std::string hostname() {
-  std::array<char, 256> buf{};
-  if (gethostname(buf.data(), buf.size() - 1) != 0) return "localhost";
-  return buf.data();
-}
-
 }  // namespace
 
 namespace tensorboard {
@@ -179,9 +174,10 @@ EventFileWriter::EventFileWriter(const std::string& log_dir) {
   std::error_code ec;
   std::filesystem::create_directories(log_dir, ec);
   const double now = wall_seconds();
-  path_ = (std::filesystem::path(log_dir) / fmt::format("events.out.tfevents.{:010d}.{}.{}.{}",
-                                                        static_cast<int64_t>(now), hostname(), getpid(), counter++))
-              .string();
+  path_ =
+      (std::filesystem::path(log_dir) / fmt::format("events.out.tfevents.{:010d}.{}.{}.{}", static_cast<int64_t>(now),
+                                                    util::host_name(), getpid(), counter++))
+          .string();
   file_ = std::fopen(path_.c_str(), "wb");
   if (file_ == nullptr) {
     throw Error("tensorboard logger", fmt::format("{}: cannot open for writing: {}", path_, std::strerror(errno)));

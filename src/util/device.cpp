@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
@@ -11,6 +12,9 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <array>
+#include <climits>
+#include <string>
 #include <string_view>
 
 namespace tessera::util {
@@ -31,6 +35,12 @@ std::string describe(const DeviceInfo& info) {
   std::string cuda = info.cuda_devices > 0 ? fmt::format("{} device(s)", info.cuda_devices) : "no device";
   std::string build = info.cuda_version.empty() ? "CPU-only build" : "CUDA " + info.cuda_version + " build";
   return fmt::format("cpu ({} threads); cuda: {} (LibTorch {}, {})", info.cpu_threads, cuda, info.torch_version, build);
+}
+
+std::string host_name() {
+  std::array<char, HOST_NAME_MAX + 1> name{};
+  if (::gethostname(name.data(), name.size() - 1) != 0 || name[0] == '\0') return "localhost";
+  return name.data();
 }
 
 int available_cores() {

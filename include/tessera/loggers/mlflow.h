@@ -69,6 +69,7 @@ class MlflowLogger : public core::LoggerDestination {
   MlflowClient client_;
   std::string experiment_id_;
   std::string run_id_;
+  bool existing_run_ = false;  // the run was there before this process (resume, MLFLOW_RUN_ID): it may hold params
   bool fit_ended_ = false;
   std::map<std::string, std::pair<double, int64_t>> last_;  // metric -> (value, step) last sent
   nlohmann::json pending_ = nlohmann::json::array();        // metrics not sent yet

@@ -22,6 +22,9 @@ std::string describe(const DeviceInfo& info);
 // Number of CPU cores this process may run on (sched_getaffinity), at least 1.
 int available_cores();
 
+// This machine's host name (gethostname), "localhost" when it has none.
+std::string host_name();
+
 // Whether `e` is an out-of-memory error: CUDA's (c10::OutOfMemoryError) or LibTorch's CPU allocator failing.
 bool is_out_of_memory(const std::exception& e);
 
