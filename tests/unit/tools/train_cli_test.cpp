@@ -320,3 +320,15 @@ TEST(TrainCli, OnACpuThatEmulatesBf16AutoPicksFp32AndAmpBf16IsWarnedAbout) {
   EXPECT_NE(bf16.output.find("speed_monitor: bf16 is emulated on this CPU: "), std::string::npos) << bf16.output;
   EXPECT_NE(bf16.output.find("GFLOP/s in fp32; use precision: fp32 (or auto)"), std::string::npos) << bf16.output;
 }
+
+// LLM Foundry's python_log_level sets train's log level; an explicit --log-level wins.
+TEST(TrainCli, PythonLogLevelSetsTheLogLevelUnlessTheFlagIsGiven) {
+  const std::string recipe = tiny_recipe("python_log_level");
+  const Result quiet = ::tessera::testing::run_command(kTrain + " --recipe " + recipe + " python_log_level=WARNING");
+  ASSERT_EQ(quiet.exit_code, 0) << quiet.output;
+  EXPECT_EQ(quiet.output.find("[info]"), std::string::npos) << quiet.output;
+  const Result flag =
+      ::tessera::testing::run_command(kTrain + " --recipe " + recipe + " python_log_level=WARNING --log-level info");
+  ASSERT_EQ(flag.exit_code, 0) << flag.output;
+  EXPECT_NE(flag.output.find("[info]"), std::string::npos) << flag.output;
+}
