@@ -7,6 +7,9 @@ once per run); a file that was clean under the same key before is not checked ag
 cached, so they are reported on every run. clang-tidy walks LibTorch's whole AST for every file (~10 s each); listing
 a file's includes takes well under one.
 
+The cache keys name our files relative to the checkout and the build tree, so a fresh clone elsewhere (CI's) reuses
+the results of this one.
+
 Usage: tidy_cached.py --build DIR --filter REGEX [--cache DIR] [-j N]
 Exit status: 0 when every file is clean, 1 on findings (printed), 2 on a usage or tool error.
 """
@@ -78,25 +81,39 @@ def main() -> int:
                 old.unlink(missing_ok=True)
 
     hashes = {}
+    root = str(SOURCE)
 
     def file_hash(path: str) -> str:
         h = hashes.get(path)
         if h is None:
             try:
-                h = hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
+                data = pathlib.Path(path).read_bytes()
+                if path.startswith(root + os.sep):  # generated files (the PCH's header) name the checkout
+                    data = data.replace(root.encode(), b"<checkout>")
+                h = hashlib.sha256(data).hexdigest()
             except OSError:
                 h = "missing"
             hashes[path] = h
         return h
 
-    def key(e) -> str:
+    def relative(text: str) -> str:
+        return text.replace(root, "<checkout>")
+
+    def includes(e) -> list:
+        """The files the translation unit reads (absolute paths), or None when the compiler cannot list them."""
         r = subprocess.run(preprocess_args(e["command"]), cwd=e["directory"], capture_output=True, text=True)
         if r.returncode != 0:
+            return None
+        deps = set(r.stdout.replace("\\\n", " ").split(":", 1)[1].split())
+        return [os.path.normpath(os.path.join(e["directory"], d)) for d in deps]
+
+    def key(e) -> str:
+        deps = includes(e)
+        if deps is None:
             return ""  # cannot list its includes: check it
-        deps = sorted(set(r.stdout.replace("\\\n", " ").split(":", 1)[1].split()))
-        h = hashlib.sha256((base + e["command"]).encode())
-        for d in deps:
-            h.update(f"\0{d}\0{file_hash(os.path.join(e['directory'], d))}".encode())
+        h = hashlib.sha256((base + relative(e["command"])).encode())
+        for d in sorted(deps, key=relative):
+            h.update(f"\0{relative(d)}\0{file_hash(d)}".encode())
         return h.hexdigest()
 
     def check(e):
