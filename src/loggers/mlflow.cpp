@@ -1,7 +1,6 @@
-// Composer's MLFlowLogger over MLflow's REST API (libcurl, JSON).
+// Composer's MLFlowLogger over MLflow's REST API (JSON over util/http.h).
 #include "tessera/loggers/mlflow.h"
 
-#include <curl/curl.h>
 #include <fmt/format.h>
 #include <fnmatch.h>
 #include <spdlog/spdlog.h>
@@ -13,6 +12,7 @@
 
 #include "tessera/core/state.h"
 #include "tessera/util/error.h"
+#include "tessera/util/http.h"
 #include "tessera/util/python_json.h"
 
 namespace tessera::loggers {
@@ -33,67 +33,28 @@ int64_t now_ms() {
       .count();
 }
 
-size_t append_body(char* data, size_t size, size_t n, void* out) {
-  static_cast<std::string*>(out)->append(data, size * n);
-  return size * n;
-}
-
-struct Response {
-  long status = 0;  // NOLINT(google-runtime-int): libcurl's type
-  std::string body;
-  std::string transport_error;  // set when no HTTP response came back
-};
+using Response = util::HttpResponse;
 
 Response request(const std::string& method, const std::string& url, const std::string& body) {
-  static const bool initialised = curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK;
-  Response r;
-  CURL* h = initialised ? curl_easy_init() : nullptr;
-  if (h == nullptr) {
-    r.transport_error = "libcurl could not be initialised";
-    return r;
-  }
-  curl_slist* headers = curl_slist_append(nullptr, "Content-Type: application/json");
+  util::HttpRequest req;
+  req.method = method;
+  req.url = url;
+  req.body = body;
+  req.headers.emplace_back("Content-Type", "application/json");
   const std::string token = env_or("MLFLOW_TRACKING_TOKEN", "");
-  if (!token.empty()) headers = curl_slist_append(headers, ("Authorization: Bearer " + token).c_str());
-  const std::string user = env_or("MLFLOW_TRACKING_USERNAME", ""), password = env_or("MLFLOW_TRACKING_PASSWORD", "");
-  if (token.empty() && !user.empty()) {
-    curl_easy_setopt(h, CURLOPT_HTTPAUTH, CURLAUTH_BASIC);
-    curl_easy_setopt(h, CURLOPT_USERNAME, user.c_str());
-    curl_easy_setopt(h, CURLOPT_PASSWORD, password.c_str());
+  if (!token.empty()) req.headers.emplace_back("Authorization", "Bearer " + token);
+  if (token.empty()) {
+    req.basic_user = env_or("MLFLOW_TRACKING_USERNAME", "");
+    req.basic_password = env_or("MLFLOW_TRACKING_PASSWORD", "");
   }
-  curl_easy_setopt(h, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
-  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, 10L);
-  curl_easy_setopt(h, CURLOPT_TIMEOUT, 60L);
-  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, append_body);
-  curl_easy_setopt(h, CURLOPT_WRITEDATA, &r.body);
-  if (method == "POST") {
-    curl_easy_setopt(h, CURLOPT_POST, 1L);
-    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body.c_str());
-    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, static_cast<long>(body.size()));  // NOLINT(google-runtime-int)
-  }
-  const CURLcode rc = curl_easy_perform(h);
-  if (rc != CURLE_OK) {
-    r.transport_error = curl_easy_strerror(rc);
-  } else {
-    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r.status);
-  }
-  curl_slist_free_all(headers);
-  curl_easy_cleanup(h);
-  return r;
+  return util::http_request(req);
 }
 
 std::string query_string(const nlohmann::json& body) {
   std::string q;
-  CURL* h = curl_easy_init();
   for (const auto& [k, v] : body.items()) {
-    const std::string text = v.is_string() ? v.get<std::string>() : v.dump();
-    char* escaped = curl_easy_escape(h, text.c_str(), static_cast<int>(text.size()));
-    q += (q.empty() ? "?" : "&") + k + "=" + escaped;
-    curl_free(escaped);
+    q += (q.empty() ? "?" : "&") + k + "=" + util::url_encode(v.is_string() ? v.get<std::string>() : v.dump());
   }
-  curl_easy_cleanup(h);
   return q;
 }
 

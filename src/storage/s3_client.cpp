@@ -295,6 +295,9 @@ struct S3Client::Pool {
 };
 
 S3Client::S3Client(S3Config config, S3Credentials credentials)
+    : S3Client(std::move(config), fixed_credentials(std::move(credentials))) {}
+
+S3Client::S3Client(S3Config config, std::shared_ptr<CredentialProvider> credentials)
     : config_(std::move(config)), credentials_(std::move(credentials)), pool_(std::make_unique<Pool>()) {
   init_curl_once();
 }
@@ -302,7 +305,7 @@ S3Client::S3Client(S3Config config, S3Credentials credentials)
 S3Client::~S3Client() = default;
 
 S3Client& S3Client::shared() {
-  static S3Client client(S3Config::from_environment(), load_credentials());
+  static S3Client client(S3Config::from_environment(), default_credential_provider());
   return client;
 }
 
@@ -345,9 +348,9 @@ S3Response S3Client::send(const std::string& method, const std::string& bucket, 
     req.headers.emplace_back("host", host);
     req.headers.emplace_back("x-amz-date", date);
     req.headers.emplace_back("x-amz-content-sha256", payload_hash);
-    if (!credentials_.session_token.empty())
-      req.headers.emplace_back("x-amz-security-token", credentials_.session_token);
-    const std::string auth = sigv4::authorization(req, credentials_, config_.region, "s3", date);
+    const S3Credentials credentials = credentials_->get();
+    if (!credentials.session_token.empty()) req.headers.emplace_back("x-amz-security-token", credentials.session_token);
+    const std::string auth = sigv4::authorization(req, credentials, config_.region, "s3", date);
 
     curl_slist* list = nullptr;
     for (const auto& [k, v] : req.headers) {
@@ -408,8 +411,12 @@ S3Response S3Client::send(const std::string& method, const std::string& bucket, 
     last_error = fmt::format("{} HTTP {}{}{}", method, response.status, code.empty() ? "" : " " + code,
                              message.empty() ? "" : ": " + message);
     if (retryable_status(response.status, code)) continue;
+    if (code == "ExpiredToken" || code == "TokenRefreshRequired") {
+      credentials_->expired_by_server();  // temporary credentials the server saw expire first: fetch, try again
+      continue;
+    }
     if (response.status == 403 || code == "InvalidAccessKeyId" || code == "SignatureDoesNotMatch") {
-      last_error += fmt::format(" (bucket {}; credentials from {})", bucket, credentials_.source);
+      last_error += fmt::format(" (bucket {}; credentials from {})", bucket, credentials.source);
     }
     response.body = last_error;  // callers that accept a status (404 on HEAD) read the summary
     if (response.status == 404 && (method == "HEAD" || method == "DELETE")) return response;

@@ -2,13 +2,14 @@
 // AWS CLI and boto3 read, with the same precedence.
 #include <fmt/format.h>
 
-#include <atomic>
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 
+#include "tessera/storage/aws_files.h"
 #include "tessera/storage/s3.h"
 #include "tessera/util/error.h"
 
@@ -16,12 +17,23 @@ namespace tessera::storage {
 namespace {
 
 constexpr const char* kS3ConfigComponent = "s3";
-std::atomic<int64_t> g_credential_loads{0};
+using aws::env;
 
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? std::string(v) : std::string();
+int positive_env(const char* name, int fallback) {
+  const std::string v = env(name);
+  if (v.empty()) return fallback;
+  try {
+    const int n = std::stoi(v);
+    if (n > 0) return n;
+  } catch (const std::exception&) {
+  }
+  throw ConfigError(kS3ConfigComponent, fmt::format("{}={}: expected a positive integer", name, v));
 }
+
+}  // namespace
+
+namespace aws {
+namespace {
 
 std::string trim(std::string s) {
   const auto not_space = [](unsigned char c) { return !std::isspace(c); };
@@ -37,7 +49,21 @@ std::string home_file(const char* variable, const char* fallback) {
   return home.empty() ? std::string() : home + "/" + fallback;
 }
 
-// The top-level `key = value` pairs of one section of an AWS INI file (nested, indented sub-sections are skipped).
+}  // namespace
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+std::string config_file() {
+  return home_file("AWS_CONFIG_FILE", ".aws/config");
+}
+
+std::string credentials_file() {
+  return home_file("AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials");
+}
+
 std::map<std::string, std::string> ini_section(const std::string& path, const std::string& section) {
   std::map<std::string, std::string> out;
   std::ifstream in(path);
@@ -66,27 +92,25 @@ std::string profile_name() {
 }
 
 // ~/.aws/config names profiles "[profile NAME]" except "[default]".
-std::map<std::string, std::string> config_profile() {
-  const std::string name = profile_name();
-  return ini_section(home_file("AWS_CONFIG_FILE", ".aws/config"), name == "default" ? name : "profile " + name);
+std::map<std::string, std::string> config_profile(const std::string& name) {
+  return ini_section(config_file(), name == "default" ? name : "profile " + name);
 }
 
-int positive_env(const char* name, int fallback) {
-  const std::string v = env(name);
-  if (v.empty()) return fallback;
-  try {
-    const int n = std::stoi(v);
-    if (n > 0) return n;
-  } catch (const std::exception&) {
+std::string region() {
+  std::string r = env("AWS_REGION");
+  if (r.empty()) r = env("AWS_DEFAULT_REGION");
+  if (r.empty()) {
+    const auto profile = config_profile(profile_name());
+    if (profile.count("region")) r = profile.at("region");
   }
-  throw ConfigError(kS3ConfigComponent, fmt::format("{}={}: expected a positive integer", name, v));
+  return r.empty() ? "us-east-1" : r;
 }
 
-}  // namespace
+}  // namespace aws
 
 S3Config S3Config::from_environment() {
   S3Config c;
-  const auto profile = config_profile();
+  const auto profile = aws::config_profile(aws::profile_name());
   for (const char* name : {"S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"}) {
     c.endpoint = env(name);
     if (!c.endpoint.empty()) break;
@@ -96,10 +120,7 @@ S3Config S3Config::from_environment() {
   if (!c.endpoint.empty() && c.endpoint.rfind("http://", 0) != 0 && c.endpoint.rfind("https://", 0) != 0) {
     throw ConfigError(kS3ConfigComponent, fmt::format("endpoint {}: expected an http:// or https:// URL", c.endpoint));
   }
-  std::string region = env("AWS_REGION");
-  if (region.empty()) region = env("AWS_DEFAULT_REGION");
-  if (region.empty() && profile.count("region")) region = profile.at("region");
-  if (!region.empty()) c.region = region;
+  c.region = aws::region();
   const std::string style = env("TESSERA_S3_ADDRESSING_STYLE");
   if (style == "path") {
     c.addressing = Addressing::kPath;
@@ -126,40 +147,6 @@ S3Config S3Config::from_environment() {
                                                       checksums));
   }
   return c;
-}
-
-S3Credentials load_credentials() {
-  ++g_credential_loads;
-  S3Credentials c;
-  c.access_key_id = env("AWS_ACCESS_KEY_ID");
-  c.secret_access_key = env("AWS_SECRET_ACCESS_KEY");
-  if (!c.access_key_id.empty() && !c.secret_access_key.empty()) {
-    c.session_token = env("AWS_SESSION_TOKEN");
-    c.source = "environment";
-    return c;
-  }
-  const std::string name = profile_name();
-  const std::string credentials_file = home_file("AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials");
-  const std::string config_file = home_file("AWS_CONFIG_FILE", ".aws/config");
-  for (const auto& [file, section] :
-       {std::pair{credentials_file, name}, std::pair{config_file, name == "default" ? name : "profile " + name}}) {
-    const auto s = ini_section(file, section);
-    if (s.count("aws_access_key_id") && s.count("aws_secret_access_key")) {
-      c.access_key_id = s.at("aws_access_key_id");
-      c.secret_access_key = s.at("aws_secret_access_key");
-      c.session_token = s.count("aws_session_token") ? s.at("aws_session_token") : "";
-      c.source = fmt::format("{} [{}]", file, section);
-      return c;
-    }
-  }
-  throw ConfigError(kS3ConfigComponent,
-                    fmt::format("no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
-                                "profile [{}] in {} or {} (AWS_PROFILE picks the profile)",
-                                name, credentials_file, config_file));
-}
-
-int64_t credential_loads() {
-  return g_credential_loads.load();
 }
 
 }  // namespace tessera::storage

@@ -48,6 +48,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "tessera/checkpoint/hf.h"
 #include "tessera/checkpoint/safetensors.h"
@@ -473,6 +474,8 @@ int storage_batch(const std::string& ops_path, const std::string& out_path) {
         for (const auto& o : storage::list(op.at("uri"))) r["objects"].push_back({o.uri, o.size, o.etag});
       } else if (name == "remove") {
         storage::remove(op.at("uri"));
+      } else if (name == "sleep") {  // time passing between operations (credentials expiring)
+        std::this_thread::sleep_for(std::chrono::duration<double>(op.at("seconds").get<double>()));
       } else if (name == "stat") {
         const auto s = storage::stat(op.at("uri"));
         r["size"] = s ? nlohmann::json(s->size) : nlohmann::json();

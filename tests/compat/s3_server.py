@@ -45,11 +45,13 @@ class MotoServer:
         self.secret_access_key = key["SecretAccessKey"]
 
     def env(self, **extra):
-        """Environment for a Tessera process (or Streaming) talking to this server, with no ~/.aws files."""
+        """Environment for a Tessera process (or Streaming) talking to this server, with no ~/.aws files and no
+        instance metadata lookup (on a cloud VM 169.254.169.254 may answer)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         env.update(S3_ENDPOINT_URL=self.url, AWS_ACCESS_KEY_ID=self.access_key_id,
                    AWS_SECRET_ACCESS_KEY=self.secret_access_key, AWS_REGION="us-east-1",
-                   AWS_SHARED_CREDENTIALS_FILE="/nonexistent", AWS_CONFIG_FILE="/nonexistent")
+                   AWS_SHARED_CREDENTIALS_FILE="/nonexistent", AWS_CONFIG_FILE="/nonexistent",
+                   AWS_EC2_METADATA_DISABLED="true")
         env.update(extra)
         return env
 
@@ -70,13 +72,14 @@ class FaultProxy:
     `plan` ("ok", "500", "503", "reset": close the connection without answering, "stall": answer nothing for
     `stall_s` seconds), then "ok" (or `after`) once the plan is used up. Counts what it saw."""
 
-    def __init__(self, upstream_url, stall_s=30):
+    def __init__(self, upstream_url, stall_s=30, gate=None):
         import http.client
         import http.server
         import threading
         import urllib.parse
 
-        self.plan, self.after, self.stall_s, self.seen = [], "ok", stall_s, []
+        # gate(method, path, headers) -> None to go on, or (status, code, message) to answer with that S3 error.
+        self.plan, self.after, self.stall_s, self.seen, self.gate = [], "ok", stall_s, [], gate
         self.lock = threading.Lock()
         upstream = urllib.parse.urlparse(upstream_url)
         proxy = self
@@ -101,10 +104,12 @@ class FaultProxy:
                     time.sleep(proxy.stall_s)
                     self.close_connection = True
                     return
-                if action in ("500", "503"):
-                    code = {"500": "InternalError", "503": "SlowDown"}[action]
-                    payload = f"<Error><Code>{code}</Code><Message>injected</Message></Error>".encode()
-                    self.send_response(int(action))
+                refusal = proxy.gate(self.command, self.path, self.headers) if proxy.gate else None
+                if refusal or action in ("500", "503"):
+                    status, code, message = refusal or (int(action), {"500": "InternalError", "503": "SlowDown"}[action],
+                                                        "injected")
+                    payload = f"<Error><Code>{code}</Code><Message>{message}</Message></Error>".encode()
+                    self.send_response(status)
                     self.send_header("Content-Length", str(len(payload)))
                     self.end_headers()
                     if self.command != "HEAD":

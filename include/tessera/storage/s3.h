@@ -1,10 +1,13 @@
 // The S3 client behind storage::*: AWS Signature Version 4 over libcurl, for AWS S3 and S3-compatible stores (MinIO,
 // Ceph RGW, Cloudflare R2, OCI's S3 endpoint). One process-wide client (S3Client::shared()) reads the credentials
 // and configuration once, reuses connections, retries transient failures with exponential backoff and jitter, and
-// splits large transfers into parallel parts. Credentials never appear in errors or logs. Thread-safe.
+// splits large transfers into parallel parts. Credentials come from the AWS SDKs' default chain (static keys, STS
+// roles, web identity, credential_process, container and EC2 endpoints) and are refreshed before they expire.
+// Credentials never appear in errors or logs. Thread-safe.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -21,7 +24,46 @@ struct S3Credentials {
   std::string secret_access_key;
   std::string session_token;  // empty unless temporary credentials
   std::string source;         // where they came from ("environment", "~/.aws/credentials [default]"), for messages
+  // When temporary credentials stop working; none for long-term keys.
+  std::optional<std::chrono::system_clock::time_point> expiration;
 };
+
+// Where the S3 client gets its credentials, asked before every request. Thread-safe.
+class CredentialProvider {
+ public:
+  virtual ~CredentialProvider() = default;
+  // Credentials to sign with now. Temporary ones are fetched again within 5 minutes of their expiration (within half
+  // their lifetime when that is shorter); while one thread fetches, the others keep signing with the current ones
+  // if those have not expired. Throws Error naming the source when none can be had.
+  virtual S3Credentials get() = 0;
+  // The server answered ExpiredToken: the next get() fetches new credentials (nothing to do for long-term keys).
+  virtual void expired_by_server() {}
+  // Where the credentials come from, for messages; never a secret.
+  virtual std::string source() const = 0;
+};
+
+// Long-term keys, as given.
+std::shared_ptr<CredentialProvider> fixed_credentials(S3Credentials credentials);
+
+// The AWS SDKs' default chain (botocore's order), resolved once per call:
+//   1. AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY (+ AWS_SESSION_TOKEN);
+//   2. the profile's role_arn (AWS_PROFILE, default "default", in AWS_CONFIG_FILE / AWS_SHARED_CREDENTIALS_FILE)
+//      through STS AssumeRole, signed with its source_profile's credentials (themselves any of these, chained) or
+//      its credential_source (Environment, Ec2InstanceMetadata, EcsContainer); role_session_name, external_id and
+//      duration_seconds as the SDKs read them;
+//   3. AWS_WEB_IDENTITY_TOKEN_FILE + AWS_ROLE_ARN (+ AWS_ROLE_SESSION_NAME), or the profile's
+//      web_identity_token_file + role_arn, through STS AssumeRoleWithWebIdentity (EKS's IAM roles for service
+//      accounts; the token file is read again at every refresh);
+//   4. the profile's static keys in the credentials file, then its credential_process (a command printing
+//      {"Version": 1, "AccessKeyId", ...}), then its static keys in the config file;
+//   5. AWS_CONTAINER_CREDENTIALS_RELATIVE_URI (http://169.254.170.2 + it) or AWS_CONTAINER_CREDENTIALS_FULL_URI,
+//      with AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE or AWS_CONTAINER_AUTHORIZATION_TOKEN (ECS, SageMaker, EKS Pod
+//      Identity);
+//   6. the EC2 instance metadata service, IMDSv2 (AWS_EC2_METADATA_SERVICE_ENDPOINT, default
+//      http://169.254.169.254; AWS_METADATA_SERVICE_TIMEOUT, default 1 s; off with AWS_EC2_METADATA_DISABLED=true).
+// STS is reached at AWS_ENDPOINT_URL_STS, else AWS_ENDPOINT_URL, else the profile's endpoint_url, else
+// https://sts.<region>.amazonaws.com. Throws ConfigError saying where it looked when no source has credentials.
+std::shared_ptr<CredentialProvider> default_credential_provider();
 
 struct S3Config {
   // Endpoint URL ("http://127.0.0.1:9000"); empty = AWS, https://s3.<region>.amazonaws.com.
@@ -51,11 +93,9 @@ struct S3Config {
   static S3Config from_environment();
 };
 
-// AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY (+ AWS_SESSION_TOKEN); else the profile (AWS_PROFILE, default "default")
-// in AWS_SHARED_CREDENTIALS_FILE (default ~/.aws/credentials), then in AWS_CONFIG_FILE (default ~/.aws/config).
-// Throws ConfigError saying where it looked when none is found.
+// default_credential_provider()->get(): the credentials the default chain gives now.
 S3Credentials load_credentials();
-// How many times this process has called load_credentials() (tests check the shared client reads them once).
+// How many times this process has resolved the default chain (tests check the shared client does it once).
 int64_t credential_loads();
 
 // One HTTP exchange, as the client saw it.
@@ -69,11 +109,12 @@ struct S3Response {
 class S3Client {
  public:
   S3Client(S3Config config, S3Credentials credentials);
+  S3Client(S3Config config, std::shared_ptr<CredentialProvider> credentials);
   ~S3Client();
   S3Client(const S3Client&) = delete;
   S3Client& operator=(const S3Client&) = delete;
 
-  // The process-wide client, built on first use from the environment (credentials read once).
+  // The process-wide client, built on first use from the environment (the credentials chain resolved once).
   static S3Client& shared();
 
   const S3Config& config() const { return config_; }
@@ -118,7 +159,7 @@ class S3Client {
                     const std::function<std::string(uint64_t offset, uint64_t length)>& read_part);
 
   S3Config config_;
-  S3Credentials credentials_;
+  std::shared_ptr<CredentialProvider> credentials_;
   std::unique_ptr<Pool> pool_;
   std::atomic<int64_t> requests_{0};
 };

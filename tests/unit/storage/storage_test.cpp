@@ -62,7 +62,7 @@ TEST(Storage, LocalBackendPublishesListsAndDeletes) {
 
 // https://docs.aws.amazon.com/AmazonS3/latest/API/sig-v4-header-based-auth.html, "Example: GET Object".
 TEST(Storage, SigV4MatchesAwsPublishedExample) {
-  const S3Credentials creds{"AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "", "test"};
+  const S3Credentials creds{"AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "", "test", {}};
   const std::string empty = sigv4::sha256_hex("");
   EXPECT_EQ(empty, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
   sigv4::Request req{"GET",
@@ -122,11 +122,14 @@ TEST(Storage, CredentialsAndSettingsFollowTheAwsPrecedence) {
                                 << "s3 =\n  addressing_style = path\n"
                                 << "[profile cfgonly]\naws_access_key_id = CFGKEY\naws_secret_access_key = c\n";
   EnvGuard env;
-  for (const char* v : {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-                        "AWS_DEFAULT_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION", "S3_ENDPOINT_URL",
-                        "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "TESSERA_S3_ADDRESSING_STYLE"}) {
+  for (const char* v :
+       {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE",
+        "AWS_REGION", "AWS_DEFAULT_REGION", "S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL",
+        "TESSERA_S3_ADDRESSING_STYLE", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI"}) {
     env.unset(v);
   }
+  env.set("AWS_EC2_METADATA_DISABLED", "true");  // on a cloud VM the metadata address may answer
   env.set("AWS_SHARED_CREDENTIALS_FILE", (dir / "credentials").string());
   env.set("AWS_CONFIG_FILE", (dir / "config").string());
 
