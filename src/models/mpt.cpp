@@ -17,7 +17,13 @@ constexpr float kMasked = std::numeric_limits<float>::lowest();  // LLM Foundry 
 
 GroupedQueryAttentionImpl::GroupedQueryAttentionImpl(const MPTOptions& o, const at::TensorOptions& t) : o_(o) {
   const int64_t hd = o.head_dim(), h = o.n_heads, kv = o.attn.kv_n_heads;
-  Wqkv = register_module("Wqkv", Linear(o.d_model, (h + 2 * kv) * hd, o.wqkv_bias(), t));
+  if (o.attn.fused_qkv) {
+    Wqkv = register_module("Wqkv", Linear(o.d_model, (h + 2 * kv) * hd, o.wqkv_bias(), t));
+  } else {
+    Wq = register_module("Wq", Linear(o.d_model, h * hd, o.wqkv_bias(), t));
+    Wk = register_module("Wk", Linear(o.d_model, kv * hd, o.wqkv_bias(), t));
+    Wv = register_module("Wv", Linear(o.d_model, kv * hd, o.wqkv_bias(), t));
+  }
   if (o.attn.qk_ln || o.attn.qk_gn) {
     // As LLM Foundry builds them: its default norm (LPLayerNorm, eps 1e-5, a bias unless no_bias), whatever the
     // model's norm_type and norm_eps (its attention class is not given them).
@@ -32,10 +38,23 @@ GroupedQueryAttentionImpl::GroupedQueryAttentionImpl(const MPTOptions& o, const 
 
 at::Tensor GroupedQueryAttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
   const int64_t b = x.size(0), s = x.size(1), hd = o_.head_dim(), h = o_.n_heads, kv = o_.attn.kv_n_heads;
-  at::Tensor qkv = Wqkv(x);  // (B, S, (H + 2 KV) hd): [Q | K | V], head-major
-  if (o_.attn.clip_qkv) qkv = qkv.clamp(-*o_.attn.clip_qkv, *o_.attn.clip_qkv);
-  at::Tensor q = qkv.narrow(2, 0, h * hd), k = qkv.narrow(2, h * hd, kv * hd),
-             v = qkv.narrow(2, (h + kv) * hd, kv * hd);
+  at::Tensor q, k, v;
+  if (Wqkv) {
+    at::Tensor qkv = Wqkv(x);  // (B, S, (H + 2 KV) hd): [Q | K | V], head-major
+    if (o_.attn.clip_qkv) qkv = qkv.clamp(-*o_.attn.clip_qkv, *o_.attn.clip_qkv);
+    q = qkv.narrow(2, 0, h * hd);
+    k = qkv.narrow(2, h * hd, kv * hd);
+    v = qkv.narrow(2, (h + kv) * hd, kv * hd);
+  } else {
+    q = Wq(x);
+    k = Wk(x);
+    v = Wv(x);
+    if (o_.attn.clip_qkv) {
+      q = q.clamp(-*o_.attn.clip_qkv, *o_.attn.clip_qkv);
+      k = k.clamp(-*o_.attn.clip_qkv, *o_.attn.clip_qkv);
+      v = v.clamp(-*o_.attn.clip_qkv, *o_.attn.clip_qkv);
+    }
+  }
   if (q_ln) {
     const auto dtype = q.scalar_type();
     if (o_.attn.qk_gn) {

@@ -65,7 +65,7 @@ void parse_attention(config::Section& s, MPTOptions& o) {
     cfg.get_double("factor", 1.0);
     cfg.finish();
   }
-  if (s.get_bool("fused_qkv", true) == false) s.not_supported("fused_qkv", "false");
+  a.fused_qkv = s.get_bool("fused_qkv", a.fused_qkv);
   if (s.get_bool("nope", false)) s.not_supported("nope", "true");
   if (s.get_optional_double("attn_logit_softcapping")) s.not_supported("attn_logit_softcapping");
 
@@ -218,7 +218,7 @@ int64_t mpt_block_params(const MPTOptions& o) {
   int64_t n = 0;
   n += norm;  // norm_1
   const int64_t qkv_out = (h + 2 * kv) * hd;
-  n += d * qkv_out + (o.wqkv_bias() ? qkv_out : 0);  // attn.Wqkv
+  n += d * qkv_out + (o.wqkv_bias() ? qkv_out : 0);  // attn.Wqkv (or Wq, Wk, Wv: the same count)
   // q_ln / k_ln are LayerNorms with a bias unless no_bias, whatever norm_type (as LLM Foundry builds them).
   if (o.attn.qk_ln) n += (h * hd + kv * hd) * (1 + bias);           // attn.q_ln over H*hd, attn.k_ln over KV*hd
   if (o.attn.qk_gn) n += 2 * hd * (1 + bias);                       // per-head norms

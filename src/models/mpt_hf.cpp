@@ -128,6 +128,7 @@ nlohmann::ordered_json mpt_hf_config(const MPTOptions& o, at::ScalarType dtype) 
       {"rope_theta", o.attn.rope_theta},
       {"rope_impl", "dail"}};
   if (o.attn.attn_type == "grouped_query_attention") attn["kv_n_heads"] = o.attn.kv_n_heads;
+  if (!o.attn.fused_qkv) attn["fused_qkv"] = false;
   nlohmann::ordered_json ffn = {{"ffn_type", o.ffn.type == FfnType::kGLU ? "mptglu" : "mptmlp"}};
   if (o.ffn.ffn_hidden_size) ffn["ffn_hidden_size"] = *o.ffn.ffn_hidden_size;
   nlohmann::ordered_json init = {{"name", o.init.name},
@@ -177,6 +178,7 @@ std::vector<std::string> blockers_for_any(const MPTOptions& o) {
                               o.attn.kv_n_heads, o.n_heads));
   }
   if (o.attn.qk_ln) why.emplace_back("attn_config.qk_ln");
+  if (!o.attn.fused_qkv) why.emplace_back("attn_config.fused_qkv false (separate Wq, Wk, Wv)");
   if (o.attn.qk_gn) why.emplace_back("attn_config.qk_gn");
   if (o.attn.sliding_window_size > 0) {
     why.push_back(fmt::format("attn_config.sliding_window_size {}", o.attn.sliding_window_size));

@@ -1,6 +1,7 @@
 """Tessera's MPT against LLM Foundry's own MPTForCausalLM (llmfoundry.models.mpt), on the architectures the recipes
 produce, which HF transformers' MPT class cannot represent: learned positions and biases (LLM Foundry's defaults, as
-in recipes/mpt-*.yaml), low-precision LayerNorm, grouped-query attention, GLU feed-forward, qk_ln, RMSNorm.
+in recipes/mpt-*.yaml), low-precision LayerNorm, grouped-query attention, GLU feed-forward, qk_ln, RMSNorm, separate
+Wq/Wk/Wv projections (fused_qkv: false).
 
 LLM Foundry builds and initialises the model and writes it with save_pretrained (its own config.json and
 safetensors); Tessera loads that folder. Same tokens: logits within 1e-5 max-abs in fp32 and every parameter's loss
@@ -28,6 +29,9 @@ CONFIGS = {
     "glu-no-bias-untied": dict(ffn_config={"ffn_type": "mptglu"}, no_bias=True, tie_word_embeddings=False),
     "qk-ln-rmsnorm": dict(attn_config={"attn_impl": "torch", "qk_ln": True}, norm_type="rmsnorm"),
     "alibi-clip": dict(attn_config={"attn_impl": "torch", "alibi": True, "alibi_bias_max": 4, "clip_qkv": 0.8}),
+    # LLM Foundry's separate Wq, Wk, Wv (attn_config.fused_qkv: false), each clipped.
+    "unfused-qkv-gqa-clip": dict(attn_config={"attn_impl": "torch", "fused_qkv": False, "clip_qkv": 0.5,
+                                              "attn_type": "grouped_query_attention", "kv_n_heads": 2}),
 }
 
 

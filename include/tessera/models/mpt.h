@@ -23,15 +23,18 @@
 
 namespace tessera::models {
 
-// MPT attention: fused Wqkv ([Q | K | V], head-major), grouped-query heads, optional qk LayerNorm, clipping and
-// rotary embeddings.
+// MPT attention: fused Wqkv ([Q | K | V], head-major) or, with attn_config.fused_qkv: false, LLM Foundry's separate
+// Wq, Wk, Wv (the same function); grouped-query heads, optional qk LayerNorm, clipping and rotary embeddings.
 class GroupedQueryAttentionImpl : public torch::nn::Module {
  public:
   GroupedQueryAttentionImpl(const MPTOptions& options, const at::TensorOptions& tensor_options);
   // x: (B, S, d_model) -> (B, S, d_model). With `cache`, appends this chunk's keys and values to it.
   at::Tensor forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache = nullptr);
 
-  Linear Wqkv{nullptr};
+  Linear Wqkv{nullptr};  // fused_qkv (the default)
+  Linear Wq{nullptr};    // fused_qkv: false
+  Linear Wk{nullptr};
+  Linear Wv{nullptr};
   Linear out_proj{nullptr};
   Norm q_ln{nullptr};
   Norm k_ln{nullptr};

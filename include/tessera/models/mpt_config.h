@@ -20,7 +20,8 @@ struct AttentionOptions {
   double attn_pdrop = 0.0;
   bool qk_ln = false;                   // LayerNorm over the full query / key vectors
   bool qk_gn = false;                   // LayerNorm per head
-  std::optional<double> clip_qkv;       // clamp Wqkv output to [-c, c]
+  std::optional<double> clip_qkv;       // clamp the Q, K and V projections to [-c, c]
+  bool fused_qkv = true;                // one Wqkv projection, or LLM Foundry's separate Wq, Wk, Wv
   std::optional<double> softmax_scale;  // default 1/sqrt(head_dim)
   bool attn_uses_sequence_id = false;   // block-diagonal attention for packed documents
   int64_t sliding_window_size = -1;     // -1: unlimited
