@@ -89,6 +89,13 @@ void parse_ffn(config::Section& s, MPTOptions& o) {
       s.get_choice("ffn_type", "mptmlp", {"mptmlp", "mptglu", "te_ln_mlp", "torch_dmoe", "mb_moe", "mb_dmoe"});
   if (type == "mptglu") {
     o.ffn.type = FfnType::kGLU;
+  } else if (type == "torch_dmoe" || type == "mb_moe" || type == "mb_dmoe") {
+    // A mixture of experts: its own keys (moe_num_experts, moe_top_k, memory_optimized_mlp, ...) are LLM Foundry's,
+    // not misspellings; the one thing to say is that the layer is not built.
+    s.not_supported("ffn_type", type + " (mixture-of-experts layers are not built yet)");
+    for (const std::string& key : s.keys()) s.raw(key);
+    s.finish();
+    return;
   } else if (type != "mptmlp") {
     s.not_supported("ffn_type", type);
   }

@@ -269,7 +269,11 @@ TrainConfig parse_train_config(config::Value resolved, const std::string& path) 
   cfg.global_train_batch_size = root.require_int("global_train_batch_size");
   root.check(cfg.global_train_batch_size > 0, "global_train_batch_size", "must be positive");
   cfg.device_train_microbatch_size = parse_microbatch(root);
-  cfg.device_eval_batch_size = root.require_int("device_eval_batch_size");
+  // LLM Foundry's default when absent (config_utils.update_config_with_batch_size_info): the train microbatch size,
+  // or 1 with automatic microbatching.
+  cfg.device_eval_batch_size =
+      root.get_int("device_eval_batch_size",
+                   cfg.device_train_microbatch_size.automatic ? 1 : cfg.device_train_microbatch_size.samples);
   root.check(cfg.device_eval_batch_size > 0, "device_eval_batch_size", "must be positive");
 
   const std::string precision =

@@ -1,0 +1,184 @@
+"""LLM Foundry's published train YAMLs (scripts/train/yamls/{pretrain,finetune}, copied verbatim into
+tests/data/foundry/ with their source commit on the first line; tests/data/foundry/published/INDEX.md lists them)
+read by Tessera as LLM Foundry 0.22 itself reads them.
+
+For every YAML: LLM Foundry's own train-config validation (make_dataclass_and_log_config, what its train.py runs
+first) must accept it, so the set is the one this Foundry version runs. Then `train --dry-run`, with a Hugging Face
+cache holding the published config.json of each model the YAMLs name (tests/data/hub_configs/), must
+- plan it, with the parameter count LLM Foundry's MPTForCausalLM or transformers' model class has for the same config
+  (built on the meta device), for the families Tessera builds (MPT, Llama);
+- refuse it as LLM Foundry does where LLM Foundry's own code refuses it: `config_overrides.attn_config` on a Llama
+  config (set_config_overrides raises) and the unused top-level `dataset` anchor (its validation raises);
+- refuse it naming the family or setting not built yet: GPT-Neo, OPT and GPT-2's gelu_new (issue 41), DBRX and MPT's
+  mixture-of-experts layers (issue 43).
+Each one that plans also trains when shrunk: two steps of a 2-layer model of the same configuration on local MDS
+tokens, every other key as published (precision, FSDP, optimizer, scheduler, callbacks).
+"""
+import json
+import math
+import os
+import pathlib
+import re
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from llmfoundry.utils.config_utils import TRAIN_CONFIG_KEYS, TrainConfig, make_dataclass_and_log_config
+from omegaconf import OmegaConf as om
+from streaming import MDSWriter
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TRAIN = os.environ.get("TESSERA_TRAIN_BIN", str(ROOT / "build" / "bin" / "train"))
+FOUNDRY = ROOT / "tests" / "data" / "foundry"
+YAMLS = sorted(str(p.relative_to(FOUNDRY)) for p in FOUNDRY.glob("published/*/*.yaml")) + [
+    "mpt-125m.yaml", "mpt-small-cpu.yaml"]
+
+NOT_BUILT = {  # YAML -> what the refusal must name
+    "published/finetune/dbrx-full-ft.yaml": 'model_type is "dbrx"',
+    "published/finetune/dbrx-lora-ft.yaml": 'model_type is "dbrx"',
+    "published/finetune/gpt2-arc-easy-cpu-streaming-dataset.yaml": 'activation_function "gelu_new"',
+    "published/pretrain/gpt-neo-125m.yaml": 'model_type is "gpt_neo"',
+    "published/pretrain/opt-3b.yaml": 'model_type is "opt"',
+    "published/pretrain/testing-moe.yaml": "mb_dmoe (mixture-of-experts layers are not built yet)",
+}
+FOUNDRY_REFUSES = {  # YAML -> what both refusals say (each names the first override Llama's config lacks: LLM
+    # Foundry in the YAML's order, max_seq_len; Tessera in key order, attn_config)
+    "published/finetune/llama-2-7b_dolly_sft.yaml": 'config does not have attribute "',
+    "published/finetune/llama-2-7b_domain_adapt.yaml": 'config does not have attribute "',
+    "published/finetune/llama-3-8b_dolly_sft.yaml": 'config does not have attribute "',
+    "published/finetune/llama-3-8b_domain_adapt.yaml": 'config does not have attribute "',
+}
+FOUNDRY_VALIDATION_REFUSES = {"published/finetune/1b_local_data_sft.yaml": "dataset"}
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hub")
+    for file in sorted((ROOT / "tests" / "data" / "hub_configs").glob("*--*.json")) + [
+            ROOT / "tests" / "data" / "hub_configs" / "gpt2.json"]:
+        folder = root / ("models--" + file.stem)
+        (folder / "refs").mkdir(parents=True)
+        (folder / "refs" / "main").write_text("0" * 40)
+        (folder / "snapshots" / ("0" * 40)).mkdir(parents=True)
+        (folder / "snapshots" / ("0" * 40) / "config.json").write_text(file.read_text())
+    return root
+
+
+def snapshot(hub, name):
+    return hub / ("models--" + name.replace("/", "--")) / "snapshots" / ("0" * 40)
+
+
+def resolved(name):
+    return om.to_container(om.load(FOUNDRY / name), resolve=True)
+
+
+def dry_run(name, hub, *overrides):
+    return subprocess.run([TRAIN, "--recipe", str(FOUNDRY / name), "--dry-run", *overrides], capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, HF_HUB_CACHE=str(hub)))
+
+
+def peer_parameters(cfg, hub):
+    """The parameter count of the model the YAML describes, as LLM Foundry / transformers build it (meta device)."""
+    model = dict(cfg["model"])
+    with torch.device("meta"):
+        if model["name"] == "mpt_causal_lm":
+            from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM
+
+            for key in ("name", "pretrained", "loss_fn"):
+                model.pop(key, None)
+            model["init_device"] = "meta"  # LLM Foundry's own switch (its init otherwise allocates on the CPU)
+            model.setdefault("attn_config", {})["attn_impl"] = "torch"  # flash-attn is not installed; same weights
+            net = MPTForCausalLM(MPTConfig(**model))
+        else:
+            from transformers import AutoConfig, AutoModelForCausalLM
+
+            config = AutoConfig.from_pretrained(snapshot(hub, model["pretrained_model_name_or_path"]))
+            net = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in net.parameters())
+
+
+@pytest.mark.parametrize("name", YAMLS)
+def test_read_as_llm_foundry_reads_it(name, hub):
+    cfg = om.load(FOUNDRY / name)
+    if name in FOUNDRY_VALIDATION_REFUSES:
+        with pytest.raises(ValueError, match=FOUNDRY_VALIDATION_REFUSES[name]):
+            make_dataclass_and_log_config(cfg, TrainConfig, TRAIN_CONFIG_KEYS, transforms="all")
+    else:
+        make_dataclass_and_log_config(cfg, TrainConfig, TRAIN_CONFIG_KEYS, transforms="all")
+    out = dry_run(name, hub)
+    text = out.stdout + out.stderr
+    if name in NOT_BUILT:
+        assert out.returncode == 2 and NOT_BUILT[name] in text, text
+        return
+    if name in FOUNDRY_VALIDATION_REFUSES:
+        assert out.returncode == 2 and f"{FOUNDRY_VALIDATION_REFUSES[name]}: unknown key" in text, text
+        return
+    if name in FOUNDRY_REFUSES:
+        from llmfoundry.utils.config_utils import set_config_overrides
+        from transformers import AutoConfig
+
+        model = resolved(name)["model"]
+        with pytest.raises(ValueError, match=re.escape(FOUNDRY_REFUSES[name])):
+            set_config_overrides(AutoConfig.from_pretrained(snapshot(hub, model["pretrained_model_name_or_path"])),
+                                 model["config_overrides"])
+        assert out.returncode == 2 and FOUNDRY_REFUSES[name] in text, text
+        return
+    assert out.returncode == 0, text
+    count = int(re.search(r"parameters\s+([\d,]+)", out.stdout).group(1).replace(",", ""))
+    assert count == peer_parameters(resolved(name), hub)
+
+
+PLANNED = [n for n in YAMLS if n not in NOT_BUILT and n not in FOUNDRY_REFUSES and n not in FOUNDRY_VALIDATION_REFUSES]
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """A tokenizer folder, a tiny Llama 3.1 config (its rope scaling kept) and MDS token splits of 64 + 1 tokens."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import LlamaConfig, PreTrainedTokenizerFast
+
+    root = tmp_path_factory.mktemp("small")
+    tok = ByteLevelBPETokenizer()
+    tok.train_from_iterator([f"sample {i} of the published recipes" for i in range(200)], vocab_size=300,
+                            special_tokens=["<|endoftext|>"])
+    PreTrainedTokenizerFast(tokenizer_object=tok._tokenizer, eos_token="<|endoftext|>").save_pretrained(root / "tok")
+    llama = json.loads((ROOT / "tests" / "data" / "hub_configs" / "meta-llama--Meta-Llama-3.1-8B.json").read_text())
+    llama.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=512)
+    (root / "llama").mkdir()
+    (root / "llama" / "config.json").write_text(json.dumps(llama))
+    LlamaConfig.from_pretrained(root / "llama")  # transformers reads it
+    rng = np.random.default_rng(0)
+    for split in ("train", "val", "train_small", "val_small"):
+        with MDSWriter(out=str(root / "data" / split), columns={"tokens": "ndarray:int32"}) as w:
+            for _ in range(32):
+                start, stride = rng.integers(0, 512), rng.integers(1, 6)
+                w.write({"tokens": ((start + stride * np.arange(65)) % 512).astype(np.int32)})
+    return root
+
+
+@pytest.mark.parametrize("name", PLANNED)
+def test_trains_when_shrunk(name, small, tmp_path):
+    cfg = resolved(name)
+    shrink = [f"variables.data_local={small / 'data'}", "variables.data_remote=null", "max_seq_len=64",
+              f"tokenizer.name={small / 'tok'}", "global_train_batch_size=4", "device_train_microbatch_size=2",
+              "device_eval_batch_size=2", "max_duration=2ba", "eval_interval=1ba", "eval_subset_num_batches=1",
+              "train_loader.dataset.max_seq_len=64", "train_loader.num_workers=0", "save_folder=null",
+              f"loggers={{jsonl: {{filename: {tmp_path}/metrics.jsonl}}}}"]
+    if "eval_loader" in cfg:
+        shrink += ["eval_loader.dataset.max_seq_len=64", "eval_loader.num_workers=0"]
+    if "tokenizer" in cfg and "kwargs" in cfg["tokenizer"]:
+        shrink.append("tokenizer.kwargs.model_max_length=64")
+    if cfg["model"]["name"] == "mpt_causal_lm":
+        shrink += ["model.d_model=64", "model.n_heads=4", "model.n_layers=2", "model.max_seq_len=64",
+                   "model.vocab_size=512"]
+    else:
+        shrink.append(f"model.pretrained_model_name_or_path={small / 'llama'}")
+    out = subprocess.run([TRAIN, "--recipe", str(FOUNDRY / name), *shrink], capture_output=True, text=True,
+                         timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss/train/total"] for r in rows if "loss/train/total" in r]
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses), rows
