@@ -24,6 +24,7 @@ apt_packages=(
   python3 python3-venv python3-dev
   fortunes jq
   iproute2  # `ip netns` for the PyTorchJob test (tests/compat/test_launchers.py)
+  slurmctld slurmd slurm-client munge  # a one-node Slurm cluster for the Slurm test (tests/compat/test_launchers.py)
 )
 missing=()
 for p in "${apt_packages[@]}"; do

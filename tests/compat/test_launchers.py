@@ -8,11 +8,16 @@
   variables). The ranks find out which of them share a machine through the rendezvous. On one machine they are one
   node of two ranks (equal to the launcher's 2-rank run); in two network namespaces joined by a veth pair (two pods,
   addresses on that private link only, no shared loopback) they are two nodes of one rank, Gloo binds the address that
-  reaches MASTER_ADDR, and they train equal to two launchers run with `--nnodes 2`.
+  reaches MASTER_ADDR, and they train equal to two launchers run with `--nnodes 2`;
+- Slurm: Debian's slurmctld, slurmd and munge started here (one node on loopback), the shipped sbatch script
+  (tools/slurm_train.sbatch) running 2 ranks through srun; preempted with `scancel --signal=USR1`, the job saves,
+  exits 75, requeues itself and resumes to the uninterrupted run's losses and final weights.
 """
+import getpass
 import json
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,6 +29,7 @@ import yaml
 
 from conftest import _binary, write_sequence_mds
 
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SEQ, VOCAB, STEPS = 32, 128, 12
 
 
@@ -248,3 +254,125 @@ def test_pytorchjob_pods_in_two_network_namespaces_train_as_two_nodes(recipe):
     assert "rank 1 of 2 (node 1, local rank 0" in outs[1][1], outs[1][1][-3000:]
     assert losses(runs, "pods_netns") == losses(runs, "two_nodes")
     assert weights(runs, "pods_netns") == weights(runs, "two_nodes")
+
+
+class SlurmCluster:
+    """A one-node Slurm cluster of Debian's daemons on loopback: munged with a key of its own, slurmctld and slurmd
+    with a config written here (ports free now, state and logs in `root`). SLURM_CONF in `env` points the client
+    commands (sbatch, scontrol, scancel) at it."""
+
+    DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "scancel")
+
+    def __init__(self, root):
+        self.root = root
+        user = getpass.getuser()
+        (root / "state").mkdir()
+        (root / "spool").mkdir()
+        key = root / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        self.munge_socket = root / "munge.sock"
+        subprocess.run(["munged", "--force", f"--key-file={key}", f"--socket={self.munge_socket}",
+                        f"--pid-file={root / 'munged.pid'}", f"--log-file={root / 'munged.log'}",
+                        f"--seed-file={root / 'munge.seed'}"], check=True, timeout=30)
+        conf = root / "slurm.conf"
+        conf.write_text(f"""ClusterName=tessera
+SlurmctldHost=localhost(127.0.0.1)
+SlurmUser={user}
+SlurmdUser={user}
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
+AuthType=auth/munge
+AuthInfo=socket={self.munge_socket}
+CredType=cred/munge
+StateSaveLocation={root / 'state'}
+SlurmdSpoolDir={root / 'spool'}
+SlurmctldPidFile={root / 'slurmctld.pid'}
+SlurmdPidFile={root / 'slurmd.pid'}
+SlurmctldLogFile={root / 'slurmctld.log'}
+SlurmdLogFile={root / 'slurmd.log'}
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+ReturnToService=2
+JobRequeue=1
+NodeName=localhost NodeAddr=127.0.0.1 CPUs={os.cpu_count()} State=UNKNOWN
+PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+""")
+        self.env = {**clean_env(), "SLURM_CONF": str(conf)}
+        subprocess.run(["slurmctld", "-f", str(conf)], check=True, env=self.env, timeout=30)
+        subprocess.run(["slurmd", "-f", str(conf), "-N", "localhost"], check=True, env=self.env, timeout=30)
+        deadline = time.time() + 60
+        while "idle" not in self.cmd("sinfo", "-h", "-o", "%T", check=False):
+            if time.time() > deadline:
+                raise RuntimeError(f"the Slurm node did not come up: {self.logs()}")
+            time.sleep(0.2)
+
+    def cmd(self, *args, check=True):
+        proc = subprocess.run(list(map(str, args)), env=self.env, capture_output=True, text=True, timeout=60)
+        if check:
+            assert proc.returncode == 0, f"{args}: {proc.stderr}"
+        return proc.stdout
+
+    def job(self, job_id):
+        """scontrol's fields of the job: JobState, Restarts, Reason, ..."""
+        fields = self.cmd("scontrol", "show", "job", "-o", job_id).split()
+        return dict(f.split("=", 1) for f in fields if "=" in f)
+
+    def logs(self):
+        return "".join(f"\n== {p.name}\n{p.read_text()[-2000:]}" for p in sorted(self.root.glob("*.log")))
+
+    def stop(self):
+        for name in ("slurmd", "slurmctld", "munged"):
+            pid_file = self.root / f"{name}.pid"
+            if pid_file.exists():
+                try:
+                    os.kill(int(pid_file.read_text().split()[0]), signal.SIGTERM)
+                except (ProcessLookupError, ValueError):
+                    pass
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    missing = [d for d in SlurmCluster.DAEMONS if shutil.which(d) is None]
+    if missing:
+        pytest.skip(f"Slurm is not installed ({', '.join(missing)} missing; tools/setup.sh installs slurmctld, "
+                    "slurmd, slurm-client and munge)")
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    yield cluster
+    cluster.stop()
+
+
+def test_slurm_job_preempted_with_usr1_requeues_and_ends_bitwise(recipe, reference, slurm):
+    """The shipped sbatch script (tools/slurm_train.sbatch) runs 2 ranks through srun. `scancel --signal=USR1` after
+    a few steps: every rank saves and exits 75, the script requeues the job, the requeued job (same id, restart 1)
+    resumes from that checkpoint, and its losses and final weights equal the uninterrupted launcher run's."""
+    path, runs = recipe
+    out = runs / "slurm.out"
+    job = slurm.cmd("sbatch", "--parsable", "--ntasks=2", f"--output={out}",
+                    f"--export=ALL,TESSERA_TRAIN={_binary('TESSERA_TRAIN_BIN', 'train')}",
+                    ROOT / "tools" / "slurm_train.sbatch", "--recipe", path, "run_name=slurm").strip().split(";")[0]
+    metrics = runs / "slurm" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while (metrics.read_text().count('"loss/train/total"') if metrics.exists() else 0) < 3:
+        assert time.time() < deadline, f"no progress: {out.read_text() if out.exists() else ''}{slurm.logs()}"
+        time.sleep(0.05)
+    slurm.cmd("scancel", "--signal=USR1", job)
+    # The script requeues the job; a requeued job waits (Slurm's requeue delay): let it start now.
+    while slurm.job(job).get("Restarts", "0") == "0":
+        assert time.time() < deadline, f"not requeued: {out.read_text()}{slurm.logs()}"
+        time.sleep(0.2)
+    slurm.cmd("scontrol", "update", f"JobId={job}", "StartTime=now")
+    while slurm.job(job)["JobState"] not in ("COMPLETED", "FAILED", "CANCELLED"):
+        assert time.time() < deadline, f"did not finish: {out.read_text()}{slurm.logs()}"
+        time.sleep(0.2)
+    log = out.read_text()
+    assert slurm.job(job)["JobState"] == "COMPLETED", log[-4000:]
+    assert "received SIGUSR1" in log and "the ranks exited 75" in log and "requeueing job" in log, log[-4000:]
+    assert f"job {job}, restart 1: 2 ranks" in log and "resumed from" in log, log[-4000:]
+    assert losses(runs, "slurm") == losses(runs, reference)
+    assert weights(runs, "slurm") == weights(runs, reference)
