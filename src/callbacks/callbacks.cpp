@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "tessera/checkpoint/hf.h"
+#include "tessera/core/model_registry.h"
 #include "tessera/core/state.h"
 #include "tessera/dist/communicator.h"
 #include "tessera/dist/fsdp.h"
@@ -306,7 +307,7 @@ std::string replace_all(std::string s, const std::string& from, const std::strin
 }
 }  // namespace
 
-void HfCheckpointer::run_event(Event event, core::State& s, core::Logger& /*logger*/) {
+void HfCheckpointer::run_event(Event event, core::State& s, core::Logger& logger) {
   const config::Time& iv = o_.save_interval;
   bool due = false;
   if (event == Event::kBatchEnd) due = iv.unit() == config::TimeUnit::kBatch && s.timestamp.batch % iv.count() == 0;
@@ -319,11 +320,29 @@ void HfCheckpointer::run_event(Event event, core::State& s, core::Logger& /*logg
     } catch (const Error& e) {
       throw ConfigError("hf_checkpointer", e.message());
     }
+    if (!o_.mlflow_registered_model_name.empty() && s.rank == 0) {
+      bool registry = false;
+      for (const auto& d : logger.destinations()) registry |= dynamic_cast<core::ModelRegistry*>(d.get()) != nullptr;
+      if (!registry) {
+        throw ConfigError("hf_checkpointer",
+                          "mlflow_registered_model_name is set, but no mlflow logger is configured "
+                          "(add loggers: mlflow: ..., or remove mlflow_registered_model_name)");
+      }
+    }
   }
-  if (due && s.timestamp.batch != last_saved_batch_) save(s);
+  if (event == Event::kFitEnd && due) {
+    save(s, logger, true);  // the final folder, registered when asked (even if this batch's folder exists already)
+  } else if (due && s.timestamp.batch != last_saved_batch_) {
+    save(s, logger, false);
+  }
 }
 
-void HfCheckpointer::save(core::State& s) {
+void HfCheckpointer::save(core::State& s, core::Logger& logger, bool final) {
+  const bool register_model = final && !o_.mlflow_registered_model_name.empty();
+  // The final batch's folder may be written already (save_interval hit it): then it is exported again only for the
+  // registry, into a temporary folder.
+  const bool already_written = s.timestamp.batch == last_saved_batch_;
+  if (already_written && !register_model) return;
   last_saved_batch_ = s.timestamp.batch;
   const std::vector<std::pair<std::string, at::Tensor>> weights = s.parallel->full_state_dict();  // every rank
   if (s.rank == 0) {
@@ -334,7 +353,9 @@ void HfCheckpointer::save(core::State& s) {
     const std::string dir = storage::join(root, name);
     const bool remote = storage::is_remote(dir);
     const bool exists = remote ? !storage::list(dir + "/").empty() : std::filesystem::exists(dir);
-    if (exists && !o_.overwrite) throw Error("hf_checkpointer", fmt::format("{} exists and overwrite is false", dir));
+    if (exists && !o_.overwrite && !already_written) {
+      throw Error("hf_checkpointer", fmt::format("{} exists and overwrite is false", dir));
+    }
     const std::shared_ptr<models::CausalLM> copy = s.model->rebuild("cpu", std::nullopt);  // every weight copied below
     {
       at::NoGradGuard no_grad;
@@ -360,7 +381,7 @@ void HfCheckpointer::save(core::State& s) {
     // in $TMPDIR (then uploaded, config.json last: a reader waiting for it finds the weights in place).
     std::optional<util::TempFolder> staging;
     std::filesystem::path tmp;
-    if (remote) {
+    if (remote || already_written) {
       staging.emplace("tessera-hf-export");
       tmp = staging->path;
     } else {
@@ -378,14 +399,26 @@ void HfCheckpointer::save(core::State& s) {
     }
     checkpoint::save_hf_model(*copy, tmp.string(), dtype, uint64_t{5} << 30, checkpoint::HfLayout::kTransformers,
                               tokenizer);
-    if (remote) {
-      for (const storage::ObjectInfo& o : storage::list(dir + "/")) storage::remove(o.uri);  // overwrite: no leftovers
-      storage::upload_tree(tmp.string(), dir, {"config.json"});
-    } else {
-      std::filesystem::remove_all(dir);
-      std::filesystem::rename(tmp, dir);
+    if (register_model) {
+      for (const auto& d : logger.destinations()) {
+        if (auto* registry = dynamic_cast<core::ModelRegistry*>(d.get())) {
+          spdlog::info("hf_checkpointer: {}",
+                       registry->log_model(tmp.string(), "final_model_checkpoint", o_.mlflow_registered_model_name,
+                                           o_.mlflow_logging_config));
+        }
+      }
     }
-    spdlog::info("hf_checkpointer: wrote {}", dir);
+    if (!already_written) {  // (else this batch's folder is in place; the copy was for the registry)
+      if (remote) {
+        for (const storage::ObjectInfo& o : storage::list(dir + "/"))
+          storage::remove(o.uri);  // overwrite: no leftovers
+        storage::upload_tree(tmp.string(), dir, {"config.json"});
+      } else {
+        std::filesystem::remove_all(dir);
+        std::filesystem::rename(tmp, dir);
+      }
+      spdlog::info("hf_checkpointer: wrote {}", dir);
+    }
   }
   if (s.comm) s.comm->barrier();
 }

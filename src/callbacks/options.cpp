@@ -158,8 +158,12 @@ core::CallbackRegistry& callback_registry() {
           o.huggingface_folder_name = s.get_string("huggingface_folder_name", o.huggingface_folder_name);
           o.precision = s.get_choice("precision", o.precision, {"float32", "bfloat16", "float16"});
           o.overwrite = s.get_bool("overwrite", o.overwrite);
-          s.finish({"mlflow_registered_model_name", "mlflow_logging_config", "flatten_imports", "final_register_only",
-                    "register_wait_seconds"});
+          o.mlflow_registered_model_name = s.get_string("mlflow_registered_model_name", "");
+          if (const config::Value* v = s.raw("mlflow_logging_config"); v != nullptr && !v->is_null()) {
+            s.check(v->is_map(), "mlflow_logging_config", "expected a mapping (task, metadata)");
+            o.mlflow_logging_config = v->to_json().dump();
+          }
+          s.finish({"flatten_imports", "final_register_only", "register_wait_seconds"});
           return o;
         },
         core::construct<core::Callback, HfCheckpointer, HfCheckpointerOptions>());

@@ -5,13 +5,18 @@
 #include <fnmatch.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <set>
 #include <thread>
 #include <utility>
 
 #include "tessera/core/state.h"
 #include "tessera/util/error.h"
+#include "tessera/util/file_io.h"
 #include "tessera/util/http.h"
 #include "tessera/util/python_json.h"
 
@@ -135,6 +140,38 @@ nlohmann::json MlflowClient::call(const std::string& method, const std::string& 
   const std::string message = parsed.is_object() ? parsed.value("message", r.body) : r.body;
   throw Error(kMlflow, fmt::format("{} {}: HTTP {}{}: {}", method, url, r.status, code.empty() ? "" : " " + code,
                                    message.substr(0, 2000)));
+}
+
+void MlflowClient::put_artifact(const std::string& path, const std::string& bytes) {
+  const std::string url = uri_ + "/api/2.0/mlflow-artifacts/artifacts/" + path;
+  util::HttpRequest req;
+  req.method = "PUT";
+  req.url = url;
+  req.body = bytes;
+  req.timeout_s = 3600;
+  req.headers.emplace_back("Content-Type", "application/octet-stream");
+  const std::string token = env_or("MLFLOW_TRACKING_TOKEN", "");
+  if (!token.empty()) {
+    req.headers.emplace_back("Authorization", "Bearer " + token);
+  } else {
+    req.basic_user = env_or("MLFLOW_TRACKING_USERNAME", "");
+    req.basic_password = env_or("MLFLOW_TRACKING_PASSWORD", "");
+  }
+  util::HttpResponse r;
+  double wait = 0.5;
+  for (int attempt = 1;; ++attempt) {
+    r = util::http_request(req);
+    const bool transient = !r.transport_error.empty() || r.status == 429 || r.status >= 500;
+    if (!transient || attempt >= attempts_) break;
+    std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+    wait *= 2;
+  }
+  if (!r.transport_error.empty() || r.status / 100 != 2) {
+    throw Error(kMlflow,
+                fmt::format("PUT {}: {}", url,
+                            r.transport_error.empty() ? fmt::format("HTTP {}: {}", r.status, r.body.substr(0, 2000))
+                                                      : r.transport_error));
+  }
 }
 
 std::vector<std::pair<std::string, std::string>> mlflow_params(const nlohmann::json& hparams) {
@@ -296,6 +333,122 @@ void MlflowLogger::run_event(core::Event event, core::State& state, core::Logger
   if ((event == core::Event::kBatchEnd && due) || event == core::Event::kEvalEnd || event == core::Event::kFitEnd) {
     flush();
   }
+}
+
+namespace {
+
+// A Hugging Face tokenizer's files: mlflow's transformers flavor keeps them under components/tokenizer/.
+bool is_tokenizer_file(const std::string& name) {
+  static const std::set<std::string> kNames = {
+      "tokenizer.json",  "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+      "tokenizer.model", "added_tokens.json",     "chat_template.jinja",     "vocab.txt"};
+  return kNames.count(name) > 0;
+}
+
+std::string yaml_quoted(const std::string& s) {
+  return nlohmann::json(s).dump();  // a JSON string is a YAML double-quoted scalar
+}
+
+}  // namespace
+
+std::string MlflowLogger::log_model(const std::string& folder, const std::string& artifact_path,
+                                    const std::string& registered_model_name, const std::string& logging_config_json) {
+  namespace fs = std::filesystem;
+  start_run();
+  flush();
+  const nlohmann::json logging = nlohmann::json::parse(logging_config_json);
+  const nlohmann::json run = client_.call("GET", "runs/get", {{"run_id", run_id_}});
+  const std::string artifact_uri = run.at("run").at("info").at("artifact_uri").get<std::string>();
+  // Where the files go: through the server's artifact proxy, or straight into a local artifact folder.
+  std::function<void(const std::string&, const std::string&)> put;
+  if (artifact_uri.rfind("mlflow-artifacts:", 0) == 0) {
+    std::string base = artifact_uri.substr(std::string("mlflow-artifacts:").size());
+    const size_t scheme_end = base.rfind("//", 0) == 0 ? base.find('/', 2) : 0;  // mlflow-artifacts://host:port/...
+    base = base.substr(scheme_end == std::string::npos ? base.size() : scheme_end);
+    while (!base.empty() && base.front() == '/') base.erase(0, 1);
+    put = [this, base](const std::string& rel, const std::string& bytes) {
+      client_.put_artifact(base + "/" + rel, bytes);
+    };
+  } else if (artifact_uri.rfind("file://", 0) == 0 || artifact_uri.rfind('/', 0) == 0) {
+    const fs::path base = artifact_uri.rfind("file://", 0) == 0 ? artifact_uri.substr(7) : artifact_uri;
+    put = [base](const std::string& rel, const std::string& bytes) {
+      util::write_file_atomically((base / rel).string(), bytes, kMlflow);
+    };
+  } else {
+    throw Error(kMlflow, fmt::format("run {}'s artifact URI {} is neither the tracking server's artifact proxy "
+                                     "(mlflow-artifacts:, `mlflow server`'s default) nor a local folder: Tessera "
+                                     "cannot upload the model there",
+                                     run_id_, artifact_uri));
+  }
+  const nlohmann::json config =
+      nlohmann::json::parse(util::read_file((fs::path(folder) / "config.json").string(), kMlflow));
+  bool has_tokenizer = false;
+  std::string tokenizer_type = "PreTrainedTokenizerFast";
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(folder)) {
+    if (!e.is_regular_file()) continue;
+    files.push_back(e.path());
+    if (is_tokenizer_file(e.path().filename().string())) has_tokenizer = true;
+  }
+  std::sort(files.begin(), files.end());
+  if (fs::exists(fs::path(folder) / "tokenizer_config.json")) {
+    const nlohmann::json tc = nlohmann::json::parse(
+        util::read_file((fs::path(folder) / "tokenizer_config.json").string(), kMlflow), nullptr, false);
+    if (tc.is_object() && tc.contains("tokenizer_class") && tc["tokenizer_class"].is_string()) {
+      tokenizer_type = tc["tokenizer_class"].get<std::string>();
+    }
+  }
+  uint64_t bytes_sent = 0;
+  for (const fs::path& f : files) {
+    const std::string name = f.filename().string();
+    const std::string rel = artifact_path + (is_tokenizer_file(name) ? "/components/tokenizer/" : "/model/") + name;
+    const std::string bytes = util::read_file(f.string(), kMlflow);
+    bytes_sent += bytes.size();
+    put(rel, bytes);
+  }
+  // MLmodel: the transformers flavor as mlflow.transformers.log_model writes it for a text-generation checkpoint, with
+  // LLM Foundry's logging config (task llm/v1/completions by default) as the model's metadata.
+  nlohmann::json metadata = logging.value("metadata", nlohmann::json::object());
+  if (!metadata.is_object()) metadata = nlohmann::json::object();
+  metadata["task"] = logging.value("task", std::string("llm/v1/completions"));
+  std::string dtype = config.value("torch_dtype", std::string("float32"));
+  std::string mlmodel = fmt::format(
+      "artifact_path: {}\nflavors:\n  python_function:\n    loader_module: mlflow.transformers\n"
+      "  transformers:\n    code: null\n",
+      yaml_quoted(artifact_path));
+  mlmodel += has_tokenizer ? "    components:\n    - tokenizer\n" : "    components: []\n";
+  mlmodel += "    framework: pt\n    instance_type: TextGenerationPipeline\n    model_binary: model\n";
+  mlmodel += fmt::format("    pipeline_model_type: {}\n",
+                         yaml_quoted(config.value("architectures", nlohmann::json::array({""}))[0].get<std::string>()));
+  mlmodel +=
+      fmt::format("    source_model_name: {}\n", yaml_quoted(metadata.value("pretrained_model_name", std::string(""))));
+  mlmodel += "    task: text-generation\n";
+  if (has_tokenizer) mlmodel += fmt::format("    tokenizer_type: {}\n", yaml_quoted(tokenizer_type));
+  mlmodel += fmt::format("    torch_dtype: {}\n", yaml_quoted("torch." + dtype));
+  mlmodel +=
+      fmt::format("    transformers_version: {}\n", yaml_quoted(config.value("transformers_version", std::string(""))));
+  mlmodel += fmt::format("metadata: {}\n", metadata.dump());
+  mlmodel += fmt::format("run_id: {}\n", yaml_quoted(run_id_));
+  put(artifact_path + "/MLmodel", mlmodel);
+
+  std::string source = artifact_uri;
+  while (!source.empty() && source.back() == '/') source.pop_back();
+  source += "/" + artifact_path;
+  std::string what =
+      fmt::format("uploaded {} files ({} bytes) to run {} as {}", files.size() + 1, bytes_sent, run_id_, source);
+  if (!registered_model_name.empty()) {
+    const nlohmann::json existing =
+        client_.call("GET", "registered-models/get", {{"name", registered_model_name}}, true);
+    if (existing.is_null()) client_.call("POST", "registered-models/create", {{"name", registered_model_name}});
+    const nlohmann::json version = client_.call("POST", "model-versions/create",
+                                                {{"name", registered_model_name},
+                                                 {"source", source},
+                                                 {"run_id", run_id_},
+                                                 {"tags", tag_list({{"task", metadata["task"].get<std::string>()}})}});
+    what += fmt::format("; registered as {} version {}", registered_model_name,
+                        version.at("model_version").at("version").get<std::string>());
+  }
+  return what;
 }
 
 void MlflowLogger::close(core::State& state, core::Logger& /*logger*/) {

@@ -9,6 +9,7 @@ store), read back with MLflow's own client:
 """
 import json
 import os
+import pathlib
 import socket
 import subprocess
 import sys
@@ -149,3 +150,56 @@ def test_a_server_that_is_not_there_fails_the_run_naming_it(recipe):
     assert "[mlflow]" in proc.stderr
     proc = train(path, "run_name=file", "loggers.mlflow.tracking_uri=./mlruns", check=False)
     assert proc.returncode != 0 and "tracking_uri './mlruns'" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_hf_checkpointer_logs_and_registers_the_final_model_as_llm_foundry_does(server, recipe, tmp_path):
+    """hf_checkpointer's mlflow_registered_model_name: the final Hugging Face folder goes to the run as a transformers
+    flavor model (final_model_checkpoint/: MLmodel, model/, components/tokenizer/) and becomes a new version of the
+    registered model; MLflow's own mlflow.transformers.load_model loads it and it computes what the local folder
+    computes. A second run registers version 2. Without an mlflow logger the setting fails the run before training."""
+    import mlflow
+    import torch
+    from mlflow import MlflowClient
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    path, root = recipe
+    tok = ByteLevelBPETokenizer()
+    tok.train_from_iterator([f"registered model sample {i}" for i in range(100)], vocab_size=300,
+                            special_tokens=["<|endoftext|>"])
+    PreTrainedTokenizerFast(tokenizer_object=tok._tokenizer, eos_token="<|endoftext|>").save_pretrained(tmp_path / "tok")
+    common = [f"loggers.mlflow.tracking_uri={server}", "loggers.mlflow.experiment_name=registry",
+              f"tokenizer.name={tmp_path / 'tok'}", "model.vocab_size=512",
+              f"callbacks.hf_checkpointer.save_folder={root}/{{run_name}}", "callbacks.hf_checkpointer.save_interval=3ba",
+              "callbacks.hf_checkpointer.mlflow_registered_model_name=tessera-tiny",
+              "callbacks.hf_checkpointer.mlflow_logging_config.metadata.pretrained_model_name=tessera/tiny"]
+    train(path, "run_name=registered", *common)
+    mlflow.set_tracking_uri(server)  # for download_artifacts and load_model's models:/ URI
+    client = MlflowClient(server)
+    versions = client.search_model_versions("name='tessera-tiny'")
+    assert [v.version for v in versions] == ["1"]
+    v = versions[0]
+    assert client.get_run(v.run_id).data.tags["run_name"] == "registered"
+    assert v.source.endswith("/final_model_checkpoint") and v.tags["task"] == "llm/v1/completions"
+    local = root / "registered" / "huggingface" / "ba6"
+    got = pathlib.Path(mlflow.artifacts.download_artifacts(run_id=v.run_id, artifact_path="final_model_checkpoint",
+                                                           dst_path=str(tmp_path / "download")))
+    assert (got / "model" / "model.safetensors").read_bytes() == (local / "model.safetensors").read_bytes()
+    assert (got / "components" / "tokenizer" / "tokenizer.json").read_bytes() == (local / "tokenizer.json").read_bytes()
+    mlmodel = yaml.safe_load((got / "MLmodel").read_text())
+    assert mlmodel["metadata"] == {"pretrained_model_name": "tessera/tiny", "task": "llm/v1/completions"}
+    components = mlflow.transformers.load_model(f"models:/tessera-tiny/1", return_type="components")
+    ids = torch.tensor([[5, 17, 3, 90, 64]])
+    with torch.no_grad():
+        ours = components["model"](ids).logits
+        want = AutoModelForCausalLM.from_pretrained(local)(ids).logits
+    assert torch.equal(ours, want)
+    assert type(components["tokenizer"]).__name__ == "PreTrainedTokenizerFast"
+
+    train(path, "run_name=registered-again", *common)
+    assert sorted(v.version for v in client.search_model_versions("name='tessera-tiny'")) == ["1", "2"]
+
+    proc = train(path, "run_name=no-logger", f"tokenizer.name={tmp_path / 'tok'}", "model.vocab_size=512",
+                 f"callbacks.hf_checkpointer.save_folder={root}/{{run_name}}",
+                 "callbacks.hf_checkpointer.mlflow_registered_model_name=tessera-tiny", check=False)
+    assert proc.returncode == 2 and "no mlflow logger" in proc.stderr, proc.stderr[-2000:]

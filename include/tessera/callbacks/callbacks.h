@@ -141,7 +141,8 @@ class RunTimeout : public core::Callback {
 // hf_checkpointer (LLM Foundry's HuggingFaceCheckpointer): writes the model as a Hugging Face MPT folder
 // (config.json + safetensors) to save_folder/huggingface/<huggingface_folder_name> every save_interval and at the end
 // of training. With several ranks every rank takes part in gathering the weights and rank 0 writes; the folder
-// appears complete or not at all (written under a temporary name, then renamed).
+// appears complete or not at all (written under a temporary name, then renamed). With mlflow_registered_model_name,
+// the final folder also goes to the MLflow logger (core::ModelRegistry) as a registered model.
 class HfCheckpointer : public core::Callback {
  public:
   explicit HfCheckpointer(HfCheckpointerOptions o) : o_(std::move(o)) {}
@@ -149,7 +150,7 @@ class HfCheckpointer : public core::Callback {
   void run_event(core::Event event, core::State& state, core::Logger& logger) override;
 
  private:
-  void save(core::State& state);
+  void save(core::State& state, core::Logger& logger, bool final);
   HfCheckpointerOptions o_;
   int64_t last_saved_batch_ = -1;
 };

@@ -29,6 +29,9 @@ struct HfCheckpointerOptions {
   std::string huggingface_folder_name = "ba{batch}";     // {batch}, {epoch} and {run_name} are replaced
   std::string precision = "float32";                     // float32 | bfloat16 | float16
   bool overwrite = true;                                 // false: an existing folder is an error
+  // The final folder also goes to the MLflow logger's run as a model registered under this name (empty: not).
+  std::string mlflow_registered_model_name;
+  std::string mlflow_logging_config = "{}";  // JSON: {"task": ..., "metadata": {...}} (LLM Foundry's keys)
 };
 
 struct LRMonitorOptions {};

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "tessera/core/callback.h"
+#include "tessera/core/model_registry.h"
 #include "tessera/loggers/options.h"
 
 namespace tessera::loggers {
@@ -35,6 +36,9 @@ class MlflowClient {
   nlohmann::json call(const std::string& method, const std::string& endpoint, const nlohmann::json& body,
                       bool missing_ok = false);
   const std::string& uri() const { return uri_; }
+  // PUT `bytes` to the tracking server's artifact proxy (/api/2.0/mlflow-artifacts/artifacts/<path>), as MLflow's
+  // clients upload to a `mlflow-artifacts:` artifact URI.
+  void put_artifact(const std::string& path, const std::string& bytes);
 
  private:
   std::string uri_;
@@ -45,7 +49,7 @@ class MlflowClient {
 // (True, None, 0.001). Values longer than MLflow's 6000 characters are cut there (with a warning naming the key).
 std::vector<std::pair<std::string, std::string>> mlflow_params(const nlohmann::json& hparams);
 
-class MlflowLogger : public core::LoggerDestination {
+class MlflowLogger : public core::LoggerDestination, public core::ModelRegistry {
  public:
   // Connects at construction: the experiment is found or created here, so that a wrong URI or a server that is down
   // fails the run before training starts.
@@ -55,6 +59,12 @@ class MlflowLogger : public core::LoggerDestination {
   void log_hyperparameters(const nlohmann::json& hparams) override;
   void run_event(core::Event event, core::State& state, core::Logger& logger) override;
   void close(core::State& state, core::Logger& logger) override;
+  // As mlflow.transformers.log_model + registration do for LLM Foundry: the folder as a `transformers` flavor model
+  // under the run's `artifact_path` (MLmodel, model/, components/tokenizer/), then a new version of the registered
+  // model whose source is that artifact path. The run's artifact URI must be `mlflow-artifacts:` (a tracking server
+  // that serves artifacts, `mlflow server`'s default) or a local path.
+  std::string log_model(const std::string& folder, const std::string& artifact_path,
+                        const std::string& registered_model_name, const std::string& logging_config_json) override;
 
   const std::string& experiment_id() const { return experiment_id_; }
   const std::string& run_id() const { return run_id_; }
