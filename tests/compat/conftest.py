@@ -57,26 +57,17 @@ def driver_path():
 # config.json of the hub models the fine-tuning recipes in recipes/ start from (as published), and of the main job's
 # export that recipes/sft-tiny-cpu.yaml fine-tunes (a GPT-2 layout, since that MPT has learned positions; n_positions
 # 1024 instead of 128, so that the recipe tests' max_seq_len override of 512 fits): tests/data/hub_configs/, shared
-# with the unit tests (tests/unit/test_util.h), so that recipes naming them resolve and plan without the weights.
-HUB_CONFIGS = ROOT / "tests" / "data" / "hub_configs"
+# with the unit tests (tests/unit/test_util.h), so that recipes naming them resolve and plan without the weights
+# (tests/compat/hub_cache.py builds the cache).
 
 
 @pytest.fixture(scope="session")
 def hub_cache(tmp_path_factory):
     """A hub cache (HF_HUB_CACHE layout: models--org--name/refs/main -> snapshots/REV/) with the configs of
     tests/data/hub_configs/org--name.json, and a folder main-job-export/ holding main-job-export.json."""
-    root = tmp_path_factory.mktemp("hub")
-    for file in sorted(HUB_CONFIGS.glob("*.json")):
-        if file.stem == "main-job-export":
-            (root / file.stem).mkdir()
-            (root / file.stem / "config.json").write_text(file.read_text())
-            continue
-        folder = root / ("models--" + file.stem)
-        (folder / "refs").mkdir(parents=True)
-        (folder / "refs" / "main").write_text("0" * 40)
-        (folder / "snapshots" / ("0" * 40)).mkdir(parents=True)
-        (folder / "snapshots" / ("0" * 40) / "config.json").write_text(file.read_text())
-    return root
+    from hub_cache import make_hub_cache
+
+    return make_hub_cache(tmp_path_factory.mktemp("hub"))
 
 
 @pytest.fixture(scope="session")

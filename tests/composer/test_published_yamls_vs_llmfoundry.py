@@ -20,6 +20,7 @@ import os
 import pathlib
 import re
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -30,6 +31,9 @@ from omegaconf import OmegaConf as om
 from streaming import MDSWriter
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "compat"))
+from hub_cache import make_hub_cache, snapshot  # noqa: E402  (the compat suite's hub cache builder)
+
 TRAIN = os.environ.get("TESSERA_TRAIN_BIN", str(ROOT / "build" / "bin" / "train"))
 FOUNDRY = ROOT / "tests" / "data" / "foundry"
 YAMLS = sorted(str(p.relative_to(FOUNDRY)) for p in FOUNDRY.glob("published/*/*.yaml")) + [
@@ -55,19 +59,7 @@ FOUNDRY_VALIDATION_REFUSES = {"published/finetune/1b_local_data_sft.yaml": "data
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hub")
-    for file in sorted((ROOT / "tests" / "data" / "hub_configs").glob("*--*.json")) + [
-            ROOT / "tests" / "data" / "hub_configs" / "gpt2.json"]:
-        folder = root / ("models--" + file.stem)
-        (folder / "refs").mkdir(parents=True)
-        (folder / "refs" / "main").write_text("0" * 40)
-        (folder / "snapshots" / ("0" * 40)).mkdir(parents=True)
-        (folder / "snapshots" / ("0" * 40) / "config.json").write_text(file.read_text())
-    return root
-
-
-def snapshot(hub, name):
-    return hub / ("models--" + name.replace("/", "--")) / "snapshots" / ("0" * 40)
+    return make_hub_cache(tmp_path_factory.mktemp("hub"))
 
 
 def resolved(name):
