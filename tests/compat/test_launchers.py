@@ -362,13 +362,16 @@ def test_slurm_job_preempted_with_usr1_requeues_and_ends_bitwise(recipe, referen
         assert time.time() < deadline, f"no progress: {out.read_text() if out.exists() else ''}{slurm.logs()}"
         time.sleep(0.05)
     slurm.cmd("scancel", "--signal=USR1", job)
-    # The script requeues the job; a requeued job waits (Slurm's requeue delay): let it start now.
-    while slurm.job(job).get("Restarts", "0") == "0":
-        assert time.time() < deadline, f"not requeued: {out.read_text()}{slurm.logs()}"
+    # The script requeues the job; a requeued job waits (Slurm's requeue delay): once it is pending again, let it
+    # start now. (While the first run's batch script ends, scontrol may show the job FAILED or COMPLETING with its
+    # restart already counted: only PENDING means requeued.)
+    while not (slurm.job(job).get("Restarts", "0") != "0" and slurm.job(job)["JobState"] == "PENDING"):
+        assert time.time() < deadline, f"not requeued: {out.read_text()}{slurm.job(job)}{slurm.logs()}"
         time.sleep(0.2)
     slurm.cmd("scontrol", "update", f"JobId={job}", "StartTime=now")
-    while slurm.job(job)["JobState"] not in ("COMPLETED", "FAILED", "CANCELLED"):
-        assert time.time() < deadline, f"did not finish: {out.read_text()}{slurm.logs()}"
+    while out.read_text().count("[slurm] the ranks exited") < 2 or \
+            slurm.job(job)["JobState"] not in ("COMPLETED", "FAILED", "CANCELLED"):
+        assert time.time() < deadline, f"did not finish: {out.read_text()}{slurm.job(job)}{slurm.logs()}"
         time.sleep(0.2)
     log = out.read_text()
     assert slurm.job(job)["JobState"] == "COMPLETED", log[-4000:]
