@@ -40,19 +40,26 @@ int64_t now_ms() {
 
 using Response = util::HttpResponse;
 
-Response request(const std::string& method, const std::string& url, const std::string& body) {
-  util::HttpRequest req;
-  req.method = method;
-  req.url = url;
-  req.body = body;
-  req.headers.emplace_back("Content-Type", "application/json");
+// One exchange with MLflow's clients' authentication (MLFLOW_TRACKING_TOKEN as a bearer token, else
+// MLFLOW_TRACKING_USERNAME / _PASSWORD), retried on connection failures, 429 and 5xx (`attempts` in all, backing off
+// from 0.5 s).
+Response exchange(util::HttpRequest req, int attempts) {
   const std::string token = env_or("MLFLOW_TRACKING_TOKEN", "");
-  if (!token.empty()) req.headers.emplace_back("Authorization", "Bearer " + token);
-  if (token.empty()) {
+  if (!token.empty()) {
+    req.headers.emplace_back("Authorization", "Bearer " + token);
+  } else {
     req.basic_user = env_or("MLFLOW_TRACKING_USERNAME", "");
     req.basic_password = env_or("MLFLOW_TRACKING_PASSWORD", "");
   }
-  return util::http_request(req);
+  Response r;
+  double wait = 0.5;
+  for (int attempt = 1;; ++attempt) {
+    r = util::http_request(req);
+    const bool transient = !r.transport_error.empty() || r.status == 429 || r.status >= 500;
+    if (!transient || attempt >= attempts) return r;
+    std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+    wait *= 2;
+  }
 }
 
 std::string query_string(const nlohmann::json& body) {
@@ -120,16 +127,12 @@ MlflowClient::MlflowClient(std::string tracking_uri, int attempts)
 nlohmann::json MlflowClient::call(const std::string& method, const std::string& endpoint, const nlohmann::json& body,
                                   bool missing_ok) {
   const std::string url = uri_ + "/api/2.0/mlflow/" + endpoint + (method == "GET" ? query_string(body) : std::string());
-  const std::string payload = method == "GET" ? std::string() : body.dump();
-  Response r;
-  double wait = 0.5;
-  for (int attempt = 1;; ++attempt) {
-    r = request(method, url, payload);
-    const bool transient = !r.transport_error.empty() || r.status == 429 || r.status >= 500;
-    if (!transient || attempt >= attempts_) break;
-    std::this_thread::sleep_for(std::chrono::duration<double>(wait));
-    wait *= 2;
-  }
+  util::HttpRequest req;
+  req.method = method;
+  req.url = url;
+  if (method != "GET") req.body = body.dump();
+  req.headers.emplace_back("Content-Type", "application/json");
+  const Response r = exchange(std::move(req), attempts_);
   if (!r.transport_error.empty()) {
     throw Error(kMlflow, fmt::format("{} {}: {} (after {} attempts)", method, url, r.transport_error, attempts_));
   }
@@ -150,22 +153,7 @@ void MlflowClient::put_artifact(const std::string& path, const std::string& byte
   req.body = bytes;
   req.timeout_s = 3600;
   req.headers.emplace_back("Content-Type", "application/octet-stream");
-  const std::string token = env_or("MLFLOW_TRACKING_TOKEN", "");
-  if (!token.empty()) {
-    req.headers.emplace_back("Authorization", "Bearer " + token);
-  } else {
-    req.basic_user = env_or("MLFLOW_TRACKING_USERNAME", "");
-    req.basic_password = env_or("MLFLOW_TRACKING_PASSWORD", "");
-  }
-  util::HttpResponse r;
-  double wait = 0.5;
-  for (int attempt = 1;; ++attempt) {
-    r = util::http_request(req);
-    const bool transient = !r.transport_error.empty() || r.status == 429 || r.status >= 500;
-    if (!transient || attempt >= attempts_) break;
-    std::this_thread::sleep_for(std::chrono::duration<double>(wait));
-    wait *= 2;
-  }
+  const Response r = exchange(std::move(req), attempts_);
   if (!r.transport_error.empty() || r.status / 100 != 2) {
     throw Error(kMlflow,
                 fmt::format("PUT {}: {}", url,

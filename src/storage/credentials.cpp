@@ -12,7 +12,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
-#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <functional>
@@ -66,23 +65,6 @@ Clock::time_point parse_expiration(const std::string& text, const std::string& w
     t = text[i] == '+' ? t - offset : t + offset;
   }
   return t;
-}
-
-std::string xml_unescape(std::string s) {
-  static const std::pair<const char*, const char*> kEntities[] = {
-      {"&lt;", "<"}, {"&gt;", ">"}, {"&quot;", "\""}, {"&apos;", "'"}, {"&amp;", "&"}};
-  for (const auto& [from, to] : kEntities) {
-    for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + 1)) s.replace(at, strlen(from), to);
-  }
-  return s;
-}
-
-std::string xml_text(const std::string& body, const std::string& tag) {
-  const std::string open = "<" + tag + ">", close = "</" + tag + ">";
-  const size_t a = body.find(open);
-  if (a == std::string::npos) return "";
-  const size_t b = body.find(close, a);
-  return b == std::string::npos ? "" : xml_unescape(body.substr(a + open.size(), b - a - open.size()));
 }
 
 // Credentials from a JSON document as the container endpoint, IMDS and credential_process write them.
@@ -225,15 +207,6 @@ std::string sts_endpoint(const std::map<std::string, std::string>& profile) {
   return e;
 }
 
-std::string amz_date_now() {
-  const std::time_t t = Clock::to_time_t(Clock::now());
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y%m%dT%H%M%SZ", &tm);
-  return buf;
-}
-
 // One STS Query API call (https://docs.aws.amazon.com/STS/latest/APIReference/); signed with `signer` unless null
 // (AssumeRoleWithWebIdentity is not signed). Returns the credentials in its answer.
 S3Credentials sts(const std::string& endpoint, const std::string& action,
@@ -251,7 +224,7 @@ S3Credentials sts(const std::string& endpoint, const std::string& action,
   if (signer != nullptr) {
     const size_t scheme = endpoint.find("://");
     const std::string host = endpoint.substr(scheme == std::string::npos ? 0 : scheme + 3);
-    const std::string date = amz_date_now();
+    const std::string date = aws::amz_now();
     const std::string payload_hash = sigv4::sha256_hex(form);
     sigv4::Request sr{"POST", "/", {}, {}, payload_hash};
     sr.headers = {{"content-type", "application/x-www-form-urlencoded; charset=utf-8"},
@@ -267,18 +240,18 @@ S3Credentials sts(const std::string& endpoint, const std::string& action,
   const std::string where = fmt::format("{}: STS {} at {}", what, action, endpoint);
   const util::HttpResponse r = exchange(req, 3);
   if (!r.transport_error.empty() || r.status != 200) {
-    const std::string code = xml_text(r.body, "Code"), message = xml_text(r.body, "Message");
+    const std::string code = aws::xml_first(r.body, "Code"), message = aws::xml_first(r.body, "Message");
     throw Error(kCredentialsComponent, fmt::format("{}: {}{}{}", where, describe(r), code.empty() ? "" : " " + code,
                                                    message.empty() ? "" : ": " + message));
   }
   S3Credentials c;
-  c.access_key_id = xml_text(r.body, "AccessKeyId");
-  c.secret_access_key = xml_text(r.body, "SecretAccessKey");
-  c.session_token = xml_text(r.body, "SessionToken");
+  c.access_key_id = aws::xml_first(r.body, "AccessKeyId");
+  c.secret_access_key = aws::xml_first(r.body, "SecretAccessKey");
+  c.session_token = aws::xml_first(r.body, "SessionToken");
   if (c.access_key_id.empty() || c.secret_access_key.empty()) {
     throw Error(kCredentialsComponent, fmt::format("{}: the answer holds no credentials", where));
   }
-  const std::string expiration = xml_text(r.body, "Expiration");
+  const std::string expiration = aws::xml_first(r.body, "Expiration");
   if (!expiration.empty()) c.expiration = parse_expiration(expiration, where);
   c.source = what;
   return c;

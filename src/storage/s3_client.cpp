@@ -20,6 +20,7 @@
 #include <random>
 #include <thread>
 
+#include "tessera/storage/aws_files.h"
 #include "tessera/storage/s3.h"
 #include "tessera/util/error.h"
 #include "tessera/util/utf8.h"
@@ -33,6 +34,10 @@ constexpr const char* kEmptyHash = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b
 std::string uri_of(const std::string& bucket, const std::string& key) {
   return fmt::format("s3://{}/{}", bucket, key);
 }
+
+}  // namespace
+
+namespace aws {
 
 std::string amz_now() {
   const std::time_t t = std::time(nullptr);
@@ -100,6 +105,14 @@ std::string xml_first(std::string_view xml, std::string_view tag) {
   const auto all = xml_all(xml, tag);
   return all.empty() ? std::string() : xml_unescape(all.front());
 }
+
+}  // namespace aws
+
+namespace {
+
+using aws::amz_now;
+using aws::xml_all;
+using aws::xml_first;
 
 std::string strip_quotes(std::string s) {
   if (s.size() >= 2 && s.front() == '"' && s.back() == '"') s = s.substr(1, s.size() - 2);

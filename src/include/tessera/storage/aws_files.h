@@ -1,9 +1,12 @@
 // The environment variables and ~/.aws files the AWS CLI and SDKs read, shared by the S3 client's configuration
-// (s3_config.cpp) and its credentials chain (credentials.cpp). Internal (src/include).
+// (s3_config.cpp) and its credentials chain (credentials.cpp), and the small pieces of AWS's wire format both the S3
+// client and STS calls need (s3_client.cpp). Internal (src/include).
 #pragma once
 
 #include <map>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace tessera::storage::aws {
 
@@ -21,5 +24,11 @@ std::map<std::string, std::string> ini_section(const std::string& path, const st
 std::map<std::string, std::string> config_profile(const std::string& name);
 // The region: AWS_REGION, AWS_DEFAULT_REGION, the profile's `region`, else us-east-1.
 std::string region();
+
+// The current UTC time as SigV4's x-amz-date (YYYYMMDDTHHMMSSZ).
+std::string amz_now();
+// The texts of every / the first <tag>...</tag> in `xml` (the first with entities decoded; "" when absent).
+std::vector<std::string_view> xml_all(std::string_view xml, std::string_view tag);
+std::string xml_first(std::string_view xml, std::string_view tag);
 
 }  // namespace tessera::storage::aws
