@@ -46,6 +46,29 @@ std::string hf_config_json(const models::CausalLM& model, at::ScalarType dtype) 
   return model.hf_config(dtype).dump(2) + "\n";
 }
 
+namespace {
+
+// The name under which a folder of `model_type` may store a head tied to the input embedding.
+std::string tied_head_name(const std::string& model_type) {
+  return model_type == "gpt_neox" ? "embed_out.weight" : "lm_head.weight";
+}
+
+// Buffers that older transformers versions saved beside the weights (causal masks, rotary tables) and no current
+// class reads.
+bool unused_buffer(const std::string& model_type, const std::string& name) {
+  if (model_type == "gpt2") return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias");
+  if (model_type == "gpt_neo") {
+    return name.ends_with(".attn.attention.bias") || name.ends_with(".attn.attention.masked_bias");
+  }
+  if (model_type == "gpt_neox") {
+    return name.ends_with(".attention.bias") || name.ends_with(".attention.masked_bias") ||
+           name.ends_with(".rotary_emb.inv_freq");
+  }
+  return false;
+}
+
+}  // namespace
+
 HfWeights::HfWeights(const models::CausalLM& model, const std::string& dir)
     : dir_(dir), tied_(model.tied_embedding_name()) {
   const fs::path config_path = fs::path(dir) / "config.json";
@@ -90,7 +113,8 @@ std::optional<HfWeights::Stored> HfWeights::locate(const std::string& name) cons
   auto m = by_param_.find(name);
   if (m == by_param_.end()) return std::nullopt;
   std::string source = m->second.name;
-  if (!files_.count(source) && tied_ && name == *tied_ && files_.count("lm_head.weight")) source = "lm_head.weight";
+  const std::string head = tied_head_name(model_type_);
+  if (!files_.count(source) && tied_ && name == *tied_ && files_.count(head)) source = head;
   auto it = files_.find(source);
   if (it == files_.end()) return std::nullopt;
   return Stored{&m->second, it->second.get(), source};
@@ -131,10 +155,8 @@ std::vector<std::string> HfWeights::unexpected() const {
   }
   std::vector<std::string> out;
   for (const auto& [name, file] : files_) {
-    if (taken.count(name) || (tied_ && name == "lm_head.weight")) continue;
-    const bool mask_buffer =
-        model_type_ == "gpt2" && (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias"));
-    if (!mask_buffer) out.push_back(name);
+    if (taken.count(name) || (tied_ && name == tied_head_name(model_type_))) continue;
+    if (!unused_buffer(model_type_, name)) out.push_back(name);
   }
   return out;
 }

@@ -60,6 +60,46 @@ at::Tensor document_positions(const at::Tensor& sid) {
   return index - doc_start;
 }
 
+AttentionInputs causal_attention_inputs(const at::Tensor& ids, const ForwardOptions& fo, int64_t past,
+                                        const at::Tensor& key_mask, at::ScalarType dtype, int64_t sliding_window) {
+  AttentionInputs in;
+  in.past = past;
+  in.reference = fo.reference_attention;
+  const int64_t s_q = ids.size(1), s_k = past + s_q;
+  const bool padding = key_mask.defined() && !key_mask.all().item<bool>();
+  const bool seq_ids = fo.sequence_id.has_value();
+  const bool windowed = sliding_window > 0 && s_k > sliding_window;
+  if (!padding && !seq_ids && !windowed && !(past > 0 && s_q > 1)) {
+    in.is_causal = past == 0;
+    return in;
+  }
+  const auto lopts = ids.options().dtype(at::kLong);
+  const at::Tensor qpos = at::arange(past, s_k, lopts).unsqueeze(1), kpos = at::arange(0, s_k, lopts).unsqueeze(0);
+  at::Tensor blocked = (kpos > qpos).view({1, 1, s_q, s_k});
+  if (windowed) blocked = blocked | (kpos <= qpos - sliding_window).view({1, 1, s_q, s_k});
+  if (padding) blocked = blocked | key_mask.logical_not().view({ids.size(0), 1, 1, s_k});
+  if (seq_ids) {
+    TORCH_CHECK(past == 0, "sequence_id cannot be combined with a KV cache");
+    const at::Tensor& sid = *fo.sequence_id;
+    blocked = blocked | (sid.unsqueeze(2) != sid.unsqueeze(1)).unsqueeze(1);
+  }
+  in.mask = at::zeros(blocked.sizes(), ids.options().dtype(at::kFloat))
+                .masked_fill(blocked, std::numeric_limits<float>::lowest())
+                .to(dtype);
+  return in;
+}
+
+at::Tensor token_positions(const at::Tensor& ids, const ForwardOptions& fo, int64_t past, const at::Tensor& key_mask) {
+  if (fo.sequence_id) return document_positions(*fo.sequence_id);
+  return positions_after_padding(key_mask, past, ids.size(1), ids.options());
+}
+
+void set_rope_tables(AttentionInputs& in, const at::Tensor& positions, const at::Tensor& inv_freq) {
+  const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq.to(positions.device()).view({1, 1, -1});
+  in.rope_cos = freqs.cos();
+  in.rope_sin = freqs.sin();
+}
+
 at::Tensor alibi_slopes(int64_t n_heads, double alibi_bias_max) {
   const int64_t n = int64_t{1} << static_cast<int64_t>(std::ceil(std::log2(static_cast<double>(n_heads))));
   at::Tensor m = at::arange(1, n + 1, at::kFloat) * static_cast<float>(alibi_bias_max / static_cast<double>(n));

@@ -300,19 +300,7 @@ FalconMLPImpl::FalconMLPImpl(const FalconOptions& o, const at::TensorOptions& t)
 }
 
 at::Tensor FalconMLPImpl::forward(const at::Tensor& x) {
-  at::Tensor y = dense_h_to_4h(x);
-  if (activation_ == "gelu") {
-    y = at::gelu(y);
-  } else if (activation_ == "gelu_pytorch_tanh") {
-    y = at::gelu(y, "tanh");
-  } else if (activation_ == "gelu_new") {  // transformers' NewGELUActivation, term by term
-    y = 0.5 * y * (1.0 + at::tanh(std::sqrt(2.0 / M_PI) * (y + 0.044715 * at::pow(y, 3.0))));
-  } else if (activation_ == "relu") {
-    y = at::relu(y);
-  } else {
-    y = at::silu(y);
-  }
-  return dense_4h_to_h(y);
+  return dense_4h_to_h(hf_activation(activation_, dense_h_to_4h(x)));
 }
 
 FalconDecoderLayerImpl::FalconDecoderLayerImpl(const FalconOptions& o, const at::TensorOptions& t) : o_(o) {

@@ -1,8 +1,13 @@
-// Linear, Norm and Embedding modules with meta-device-friendly parameter creation, and the initialisation helpers.
+// Linear, Norm and Embedding modules with meta-device-friendly parameter creation, transformers' activations, and the
+// initialisation helpers.
 #include "tessera/models/layers.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
 
 namespace tessera::models {
 namespace {
@@ -83,7 +88,41 @@ EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim, const at::Tens
 }
 
 at::Tensor EmbeddingImpl::forward(const at::Tensor& ids) {
-  return at::embedding(weight, ids);
+  return at::embedding(weight, ids, padding_idx);
+}
+
+const std::vector<std::string>& hf_activation_names() {
+  static const std::vector<std::string> kNames = {
+      "gelu",       "gelu_10", "gelu_fast", "gelu_new",   "gelu_python", "gelu_pytorch_tanh",
+      "leaky_relu", "linear",  "mish",      "quick_gelu", "relu",        "relu2",
+      "relu6",      "sigmoid", "silu",      "swish",      "tanh"};
+  return kNames;
+}
+
+bool is_hf_activation(const std::string& name) {
+  const auto& names = hf_activation_names();
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+at::Tensor hf_activation(const std::string& name, const at::Tensor& x) {
+  if (name == "gelu" || name == "gelu_python") return at::gelu(x);
+  if (name == "gelu_pytorch_tanh") return at::gelu(x, "tanh");
+  if (name == "gelu_new") {  // NewGELUActivation
+    return 0.5 * x * (1.0 + at::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * at::pow(x, 3.0))));
+  }
+  if (name == "gelu_fast") return 0.5 * x * (1.0 + at::tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)));
+  if (name == "gelu_10") return at::clamp(at::gelu(x), -10, 10);
+  if (name == "quick_gelu") return x * at::sigmoid(1.702 * x);
+  if (name == "relu") return at::relu(x);
+  if (name == "relu2") return at::square(at::relu(x));
+  if (name == "relu6") return at::hardtanh(x, 0, 6);
+  if (name == "leaky_relu") return at::leaky_relu(x, 0.01);
+  if (name == "sigmoid") return at::sigmoid(x);
+  if (name == "silu" || name == "swish") return at::silu(x);
+  if (name == "tanh") return at::tanh(x);
+  if (name == "mish") return at::mish(x);
+  if (name == "linear") return x;
+  throw std::invalid_argument("unknown activation \"" + name + "\"");
 }
 
 uint64_t module_seed(uint64_t seed, const std::string& module_name) {

@@ -82,7 +82,7 @@ at::Tensor GroupedQueryAttentionImpl::forward(const at::Tensor& x, const Attenti
   return out_proj(context);
 }
 
-FFNImpl::FFNImpl(const MPTOptions& o, const at::TensorOptions& t) {
+FFNImpl::FFNImpl(const MPTOptions& o, const at::TensorOptions& t) : act_(o.ffn.ffn_act_fn) {
   const int64_t f = o.ffn_hidden();
   up_proj = register_module("up_proj", Linear(o.d_model, f, !o.no_bias, t));
   if (o.ffn.type == FfnType::kGLU) gate_proj = register_module("gate_proj", Linear(o.d_model, f, !o.no_bias, t));
@@ -91,8 +91,8 @@ FFNImpl::FFNImpl(const MPTOptions& o, const at::TensorOptions& t) {
 }
 
 at::Tensor FFNImpl::forward(const at::Tensor& x) {
-  if (gate_proj) return down_proj(at::gelu(gate_proj(x)) * up_proj(x));
-  return down_proj(at::gelu(up_proj(x)));
+  if (gate_proj) return down_proj(hf_activation(act_, gate_proj(x)) * up_proj(x));
+  return down_proj(hf_activation(act_, up_proj(x)));
 }
 
 MPTBlockImpl::MPTBlockImpl(const MPTOptions& o, const at::TensorOptions& t) : resid_pdrop_(o.resid_pdrop) {

@@ -103,9 +103,16 @@ void parse_ffn(config::Section& s, MPTOptions& o) {
   s.check(!o.ffn.ffn_hidden_size || *o.ffn.ffn_hidden_size > 0, "ffn_hidden_size", "must be positive");
   if (const config::Value* act = s.raw("ffn_act_fn")) {
     config::Section act_section(act, s.key_path("ffn_act_fn"), s.context());
-    const std::string name = act_section.get_string("name", "gelu");
-    const std::string approximate = act_section.get_string("approximate", "none");
-    if (name != "gelu" || approximate != "none") s.not_supported("ffn_act_fn", name + "/" + approximate);
+    // LLM Foundry's resolve_ffn_act_fn: torch.nn.functional.<name>(x, **rest); held as the activation's name in
+    // transformers' ACT2FN, which computes the same function.
+    const std::string name =
+        act_section.get_choice("name", "gelu", {"gelu", "relu", "silu", "sigmoid", "tanh", "mish"});
+    if (name == "gelu") {
+      const std::string approximate = act_section.get_choice("approximate", "none", {"none", "tanh"});
+      o.ffn.ffn_act_fn = approximate == "tanh" ? "gelu_pytorch_tanh" : "gelu";
+    } else {
+      o.ffn.ffn_act_fn = name;
+    }
     act_section.finish();
   }
   read_fc_type(s);

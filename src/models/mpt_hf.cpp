@@ -131,6 +131,12 @@ nlohmann::ordered_json mpt_hf_config(const MPTOptions& o, at::ScalarType dtype) 
   if (!o.attn.fused_qkv) attn["fused_qkv"] = false;
   nlohmann::ordered_json ffn = {{"ffn_type", o.ffn.type == FfnType::kGLU ? "mptglu" : "mptmlp"}};
   if (o.ffn.ffn_hidden_size) ffn["ffn_hidden_size"] = *o.ffn.ffn_hidden_size;
+  if (o.ffn.ffn_act_fn != "gelu") {
+    // torch.nn.functional's form; GPT-2's gelu_new is the same tanh GELU (equal up to rounding).
+    const bool tanh_gelu = o.ffn.ffn_act_fn == "gelu_pytorch_tanh" || o.ffn.ffn_act_fn == "gelu_new";
+    ffn["ffn_act_fn"] = tanh_gelu ? nlohmann::ordered_json{{"name", "gelu"}, {"approximate", "tanh"}}
+                                  : nlohmann::ordered_json{{"name", o.ffn.ffn_act_fn}};
+  }
   nlohmann::ordered_json init = {{"name", o.init.name},
                                  {"fan_mode", o.init.fan_mode},
                                  {"init_nonlinearity", o.init.init_nonlinearity},
@@ -192,6 +198,13 @@ std::vector<std::string> blockers_for_any(const MPTOptions& o) {
   return why;
 }
 
+// transformers' MptForCausalLM computes the exact GELU only.
+std::vector<std::string> blockers_for_mpt(const MPTOptions& o) {
+  std::vector<std::string> why = blockers_for_any(o);
+  if (o.ffn.ffn_act_fn != "gelu") why.push_back(fmt::format("ffn_config.ffn_act_fn {}", o.ffn.ffn_act_fn));
+  return why;
+}
+
 std::string refusal(const MPTOptions& o, const std::string& target, const std::vector<std::string>& why) {
   return fmt::format(
       "this MPT ({}) has no exact Hugging Face transformers form: {} cannot represent {}; transformers would load a "
@@ -203,7 +216,7 @@ std::string refusal(const MPTOptions& o, const std::string& target, const std::v
 
 // transformers' MptForCausalLM: ALiBi (slopes from alibi_bias_max 8), no biases anywhere, 4 d_model MLP, multi-head.
 HfFormat mpt_as_transformers_mpt(const MPTOptions& o, at::ScalarType dtype, const CausalLM& model) {
-  std::vector<std::string> why = blockers_for_any(o);
+  std::vector<std::string> why = blockers_for_mpt(o);
   if (!o.no_bias || o.wqkv_bias()) why.emplace_back("biases (no_bias: false)");
   if (o.attn.alibi_bias_max != 8.0) why.push_back(fmt::format("attn_config.alibi_bias_max {}", o.attn.alibi_bias_max));
   if (o.ffn_hidden() != 4 * o.d_model) why.push_back(fmt::format("an MLP of {} (not 4 d_model)", o.ffn_hidden()));
@@ -212,15 +225,16 @@ HfFormat mpt_as_transformers_mpt(const MPTOptions& o, at::ScalarType dtype, cons
 }
 
 // transformers' GPT2LMHeadModel: learned positions, LayerNorms and Linears with biases (zeros where the MPT has
-// none), exact GELU ("gelu"), Conv1D weights stored as (in, out), scores scaled by 1/sqrt(head_dim).
+// none), the MLP's activation by its ACT2FN name (the tanh GELU as GPT-2's own "gelu_new"), Conv1D weights stored as
+// (in, out), scores scaled by 1/sqrt(head_dim).
 HfFormat mpt_as_gpt2(const MPTOptions& o, at::ScalarType dtype) {
   std::vector<std::string> why = blockers_for_any(o);
   if (o.attn.clip_qkv) why.push_back(fmt::format("attn_config.clip_qkv {}", *o.attn.clip_qkv));
+  // scale_attn_weights: false (scores unscaled) is not an export target: transformers 4.57 honours it only with
+  // attn_implementation eager, and its default SDPA path scales by 1/sqrt(head_dim) whatever the config says.
   const double default_scale = 1.0 / std::sqrt(static_cast<double>(o.head_dim()));
   const bool scaled = !o.attn.softmax_scale || *o.attn.softmax_scale == default_scale;
-  if (!scaled && *o.attn.softmax_scale != 1.0) {
-    why.push_back(fmt::format("attn_config.softmax_scale {}", *o.attn.softmax_scale));
-  }
+  if (!scaled) why.push_back(fmt::format("attn_config.softmax_scale {}", *o.attn.softmax_scale));
   if (!why.empty()) throw Error("hf", refusal(o, "transformers' GPT2LMHeadModel (learned positions)", why));
   const int64_t d = o.d_model, f_dim = o.ffn_hidden();
   HfFormat f;
@@ -232,13 +246,13 @@ HfFormat mpt_as_gpt2(const MPTOptions& o, at::ScalarType dtype) {
               {"n_layer", o.n_layers},
               {"n_head", o.n_heads},
               {"n_inner", f_dim},
-              {"activation_function", "gelu"},
+              {"activation_function", o.ffn.ffn_act_fn == "gelu_pytorch_tanh" ? "gelu_new" : o.ffn.ffn_act_fn},
               {"resid_pdrop", o.resid_pdrop},
               {"embd_pdrop", o.emb_pdrop},
               {"attn_pdrop", o.attn.attn_pdrop},
               {"layer_norm_epsilon", o.norm_eps},
               {"initializer_range", 0.02},
-              {"scale_attn_weights", scaled},
+              {"scale_attn_weights", true},
               {"scale_attn_by_inverse_layer_idx", false},
               {"reorder_and_upcast_attn", false},
               {"tie_word_embeddings", o.tie_word_embeddings},
@@ -296,10 +310,25 @@ MPTOptions mpt_options_from_gpt2_config(const nlohmann::json& c, const std::stri
     return c.contains(key) && c[key].is_number() ? c[key].get<double>() : fallback;
   };
   const std::string act = c.value("activation_function", "gelu_new");
-  if (act != "gelu") {
-    fail(fmt::format("activation_function \"{}\" (Tessera's MLP computes exact GELU, \"gelu\")", act));
+  if (!is_hf_activation(act)) {
+    fail(fmt::format("activation_function \"{}\" (Tessera computes {})", act, fmt::join(hf_activation_names(), ", ")));
   }
-  if (c.value("scale_attn_by_inverse_layer_idx", false)) fail("scale_attn_by_inverse_layer_idx is true");
+  // Published GPT-2 checkpoints set none of these. transformers 4.57 computes them only with attn_implementation
+  // eager (per-layer score scaling; under autocast, scores in float32; unscaled scores) and ignores them on its
+  // default SDPA path, so a folder with them has no one function to match.
+  for (const char* key : {"scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"}) {
+    if (c.value(key, false)) {
+      fail(
+          fmt::format("{} is true (transformers computes it only with attn_implementation eager, and ignores it on "
+                      "its default SDPA path)",
+                      key));
+    }
+  }
+  if (!c.value("scale_attn_weights", true)) {
+    fail(
+        "scale_attn_weights is false (transformers leaves scores unscaled only with attn_implementation eager; its "
+        "default SDPA path scales them by 1/sqrt(head_dim))");
+  }
   if (c.value("add_cross_attention", false)) fail("add_cross_attention is true");
   MPTOptions o;
   o.d_model = get_int("n_embd", 768);
@@ -316,13 +345,13 @@ MPTOptions mpt_options_from_gpt2_config(const nlohmann::json& c, const std::stri
   o.attn.attn_pdrop = get_double("attn_pdrop", 0.1);
   o.norm_eps = get_double("layer_norm_epsilon", 1e-5);
   o.norm_type = NormType::kLayerNorm;
+  o.ffn.ffn_act_fn = act;
   o.learned_pos_emb = true;
   o.no_bias = false;
   o.tie_word_embeddings = c.value("tie_word_embeddings", true);
   o.attn.attn_type = "multihead_attention";
   o.attn.kv_n_heads = o.n_heads;
   o.attn.attn_impl = "torch";
-  if (!c.value("scale_attn_weights", true)) o.attn.softmax_scale = 1.0;
   o.init_device = "cpu";
   return o;
 }

@@ -5,6 +5,7 @@
 
 #include "tessera/models/causal_lm.h"
 #include "tessera/models/falcon.h"
+#include "tessera/models/gpt_neox.h"
 #include "tessera/models/hf_causal_lm.h"
 #include "tessera/models/llama.h"
 #include "tessera/models/mpt.h"
@@ -49,6 +50,18 @@ ModelRegistry& model_registry() {
           FalconOptions o = std::any_cast<const FalconOptions&>(m.options);
           o.init_device = device;
           return build_falcon(o, seed).ptr();
+        });
+    r->add(
+        "gpt_neox",
+        [](config::Section& s) {
+          const GPTNeoXOptions o = parse_gpt_neox_options(s);
+          s.finish();
+          return ModelOptions{"gpt_neox", o, o.max_position_embeddings, o.init_device, {}};
+        },
+        [](const ModelOptions& m, const std::string& device, uint64_t seed) -> std::shared_ptr<CausalLM> {
+          GPTNeoXOptions o = std::any_cast<const GPTNeoXOptions&>(m.options);
+          o.init_device = device;
+          return build_gpt_neox(o, seed).ptr();
         });
     r->add(
         "hf_causal_lm",
@@ -126,6 +139,7 @@ HfModelTypeRegistry& hf_model_type_registry() {
       r->add(type, hf_builder(&llama_options_from_hf_config, &build_llama));
     }
     r->add("falcon", hf_builder(&falcon_options_from_hf_config, &build_falcon));
+    r->add("gpt_neox", hf_builder(&gpt_neox_options_from_hf_config, &build_gpt_neox));
     return r;
   }();
   return *registry;

@@ -3,10 +3,15 @@ AutoModelForCausalLM as the same function, or be refused with the reason.
 
 transformers' MptForCausalLM has ALiBi only and no biases, so an export of the recipes' own MPT (learned positions and
 biases, LLM Foundry's defaults) in MPT's layout loads there silently wrong. Such a model is exactly GPT-2 (learned
-positions, pre-LN blocks with biases, exact GELU when activation_function is "gelu", tied head), and that is what
-`convert` writes for it.
+positions, pre-LN blocks with biases, the MLP's activation by name, tied head), and that is what `convert` writes for
+it.
 
-- A GPT-2 folder written by transformers loads in Tessera with the same logits (1e-5) and gradients (1e-4 relative).
+- A GPT-2 folder written by transformers loads in Tessera with the same logits (1e-5) and gradients (1e-4 relative):
+  the published gelu_new, exact GELU with an untied head, ReLU. Settings transformers computes only with
+  attn_implementation eager and ignores on its default SDPA path (scale_attn_by_inverse_layer_idx,
+  reorder_and_upcast_attn, scale_attn_weights: false) and activations Tessera does not compute are refused by name.
+- A GPT-2 folder as published, fine-tuned through hf_causal_lm and exported, loads as GPT2LMHeadModel with its own
+  activation_function and the same logits.
 - The model section of every recipe in recipes/ (dimensions shrunk), trained 5 steps by Tessera, checkpointed, and
   exported by `convert`: AutoModelForCausalLM loads it as GPT2LMHeadModel whose logits equal Tessera's (1e-5), with
   and without attention masks (left padding).
@@ -30,11 +35,23 @@ from conftest import ROOT, _binary
 SEQ = 32
 VOCAB = 128
 
-GPT2_CONFIGS = {
-    "tied": dict(n_embd=64, n_head=4, n_layer=2, vocab_size=101, n_positions=32),
-    "untied-inner": dict(n_embd=48, n_head=6, n_layer=3, vocab_size=97, n_positions=40, n_inner=100,
-                         tie_word_embeddings=False),
+GPT2_CONFIGS = {  # GPT2Config's default activation, gelu_new (the tanh GELU), is the published checkpoints'
+    "published-gelu-new": dict(n_embd=64, n_head=4, n_layer=2, vocab_size=101, n_positions=32),
+    "untied-inner-gelu": dict(n_embd=48, n_head=6, n_layer=3, vocab_size=97, n_positions=40, n_inner=100,
+                              tie_word_embeddings=False, activation_function="gelu"),
+    "relu": dict(n_embd=48, n_head=4, n_layer=2, vocab_size=97, n_positions=32, activation_function="relu"),
 }
+
+
+def gpt2_model(name, vocab_size=None):
+    cfg = dict(GPT2_CONFIGS[name], **({"vocab_size": vocab_size} if vocab_size else {}))
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **cfg)).eval()
+    with torch.no_grad():  # randomise norms and biases too, so they are really compared
+        for n, p in model.named_parameters():
+            if "ln" in n or n.endswith(".bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    return model
 
 
 def gpt2_param_name(ours):
@@ -56,13 +73,7 @@ def gpt2_param_name(ours):
 @pytest.mark.parametrize("name", GPT2_CONFIGS)
 def test_gpt2_folders_from_transformers_load_with_the_same_logits_and_gradients(name, driver, tmp_path):
     cfg = GPT2_CONFIGS[name]
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(activation_function="gelu", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                                       **cfg)).eval()
-    with torch.no_grad():  # randomise norms and biases too, so they are really compared
-        for n, p in model.named_parameters():
-            if "ln" in n or n.endswith(".bias"):
-                p.add_(0.1 * torch.randn_like(p))
+    model = gpt2_model(name)
     model.save_pretrained(tmp_path / "hf", safe_serialization=True)
     ids = torch.randint(0, cfg["vocab_size"], (2, cfg["n_positions"] - 3), generator=torch.Generator().manual_seed(1))
     save_file({"input_ids": ids}, tmp_path / "in.safetensors")
@@ -80,6 +91,35 @@ def test_gpt2_folders_from_transformers_load_with_the_same_logits_and_gradients(
         g = g.t() if transposed else g
         diff = (ours[key] - g).abs().max().item()
         assert diff <= 1e-4 * g.abs().max().item() + 1e-9, f"{key} vs {hf_name}: {diff}"
+
+
+def test_gpt2_settings_tessera_does_not_compute_are_refused(driver, tmp_path):
+    gpt2_model("published-gelu-new").save_pretrained(tmp_path / "hf", safe_serialization=True)
+    original = json.loads((tmp_path / "hf" / "config.json").read_text())
+    save_file({"input_ids": torch.zeros(1, 4, dtype=torch.long)}, tmp_path / "in.safetensors")
+    for change, message in (({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
+                            ({"reorder_and_upcast_attn": True}, "reorder_and_upcast_attn"),
+                            ({"scale_attn_weights": False}, "scale_attn_weights"),
+                            ({"activation_function": "gelu_accurate"}, 'activation_function "gelu_accurate"')):
+        (tmp_path / "hf" / "config.json").write_text(json.dumps(dict(original, **change)))
+        with pytest.raises(AssertionError, match=message):
+            driver("forward", tmp_path / "hf", tmp_path / "in.safetensors", tmp_path / "out.safetensors")
+
+
+@pytest.mark.parametrize("name", ["published-gelu-new", "relu"])
+def test_gpt2_fine_tuned_and_exported_loads_as_gpt2_with_its_activation(name, driver, tmp_path, dataset):
+    """A GPT-2 folder as published (gelu_new) fine-tuned through hf_causal_lm, checkpointed and exported: transformers
+    loads a GPT2LMHeadModel with the same activation_function computing Tessera's logits."""
+    start = tmp_path / "start"
+    gpt2_model(name, vocab_size=VOCAB).save_pretrained(start, safe_serialization=True)
+    section = {"name": "hf_causal_lm", "pretrained_model_name_or_path": str(start), "pretrained": True}
+    checkpoint = train_and_checkpoint(driver, tmp_path, dataset, section)
+    assert convert(checkpoint, tmp_path / "hf").returncode == 0
+    exported = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert exported["activation_function"] == GPT2_CONFIGS[name].get("activation_function", "gelu_new")
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", torch_dtype=torch.float32).eval()
+    assert type(hf).__name__ == "GPT2LMHeadModel"
+    assert_same_function(driver, tmp_path, tmp_path / "hf", hf)
 
 
 @pytest.fixture(scope="module")

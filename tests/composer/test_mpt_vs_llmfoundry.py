@@ -1,7 +1,7 @@
 """Tessera's MPT against LLM Foundry's own MPTForCausalLM (llmfoundry.models.mpt), on the architectures the recipes
 produce, which HF transformers' MPT class cannot represent: learned positions and biases (LLM Foundry's defaults, as
 in recipes/mpt-*.yaml), low-precision LayerNorm, grouped-query attention, GLU feed-forward, qk_ln, RMSNorm, separate
-Wq/Wk/Wv projections (fused_qkv: false).
+Wq/Wk/Wv projections (fused_qkv: false), ffn_act_fn (the tanh GELU, ReLU).
 
 LLM Foundry builds and initialises the model and writes it with save_pretrained (its own config.json and
 safetensors); Tessera loads that folder. Same tokens: logits within 1e-5 max-abs in fp32 and every parameter's loss
@@ -32,6 +32,9 @@ CONFIGS = {
     # LLM Foundry's separate Wq, Wk, Wv (attn_config.fused_qkv: false), each clipped.
     "unfused-qkv-gqa-clip": dict(attn_config={"attn_impl": "torch", "fused_qkv": False, "clip_qkv": 0.5,
                                               "attn_type": "grouped_query_attention", "kv_n_heads": 2}),
+    # ffn_config.ffn_act_fn: torch.nn.functional's tanh GELU in the GLU, and ReLU in the plain MLP.
+    "glu-tanh-gelu": dict(ffn_config={"ffn_type": "mptglu", "ffn_act_fn": {"name": "gelu", "approximate": "tanh"}}),
+    "relu": dict(ffn_config={"ffn_type": "mptmlp", "ffn_act_fn": {"name": "relu"}}),
 }
 
 

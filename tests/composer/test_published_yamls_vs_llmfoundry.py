@@ -9,10 +9,11 @@ cache holding the published config.json of each model the YAMLs name (tests/data
   (built on the meta device), for the families Tessera builds (MPT, Llama);
 - refuse it as LLM Foundry does where LLM Foundry's own code refuses it: `config_overrides.attn_config` on a Llama
   config (set_config_overrides raises) and the unused top-level `dataset` anchor (its validation raises);
-- refuse it naming the family or setting not built yet: GPT-Neo, OPT and GPT-2's gelu_new (issue 41), DBRX and MPT's
-  mixture-of-experts layers (issue 43).
-Each one that plans also trains when shrunk: two steps of a 2-layer model of the same configuration on local MDS
-tokens, every other key as published (precision, FSDP, optimizer, scheduler, callbacks).
+- refuse it naming the family or setting not built yet: GPT-Neo and OPT (issue 41), DBRX and MPT's mixture-of-experts
+  layers (issue 43).
+Each one that plans also trains when shrunk: two steps of a 2-layer model of the same configuration (for hf_causal_lm,
+a folder transformers wrote: the published config.json shrunk, with weights) on local MDS tokens, or prompt/response
+samples for the finetuning loader, every other key as published (precision, FSDP, optimizer, scheduler, callbacks).
 """
 import json
 import math
@@ -42,7 +43,6 @@ YAMLS = sorted(str(p.relative_to(FOUNDRY)) for p in FOUNDRY.glob("published/*/*.
 NOT_BUILT = {  # YAML -> what the refusal must name
     "published/finetune/dbrx-full-ft.yaml": 'model_type is "dbrx"',
     "published/finetune/dbrx-lora-ft.yaml": 'model_type is "dbrx"',
-    "published/finetune/gpt2-arc-easy-cpu-streaming-dataset.yaml": 'activation_function "gelu_new"',
     "published/pretrain/gpt-neo-125m.yaml": 'model_type is "gpt_neo"',
     "published/pretrain/opt-3b.yaml": 'model_type is "opt"',
     "published/pretrain/testing-moe.yaml": "mb_dmoe (mixture-of-experts layers are not built yet)",
@@ -127,28 +127,41 @@ PLANNED = [n for n in YAMLS if n not in NOT_BUILT and n not in FOUNDRY_REFUSES a
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-    """A tokenizer folder, a tiny Llama 3.1 config (its rope scaling kept) and MDS token splits of 64 + 1 tokens."""
+    """A tokenizer folder; for each model the YAMLs name, a tiny folder transformers wrote from its published
+    config.json (2 layers of 64, vocabulary 512, every other key as published: Llama 3.1's rope scaling, GPT-2's
+    gelu_new); MDS token splits of 64 + 1 tokens, and prompt/response splits for the finetuning loader."""
     from tokenizers import ByteLevelBPETokenizer
-    from transformers import LlamaConfig, PreTrainedTokenizerFast
+    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
     root = tmp_path_factory.mktemp("small")
     tok = ByteLevelBPETokenizer()
     tok.train_from_iterator([f"sample {i} of the published recipes" for i in range(200)], vocab_size=300,
                             special_tokens=["<|endoftext|>"])
     PreTrainedTokenizerFast(tokenizer_object=tok._tokenizer, eos_token="<|endoftext|>").save_pretrained(root / "tok")
-    llama = json.loads((ROOT / "tests" / "data" / "hub_configs" / "meta-llama--Meta-Llama-3.1-8B.json").read_text())
-    llama.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=512)
-    (root / "llama").mkdir()
-    (root / "llama" / "config.json").write_text(json.dumps(llama))
-    LlamaConfig.from_pretrained(root / "llama")  # transformers reads it
+    for hub_id, changes in SHRUNK.items():
+        config = json.loads((ROOT / "tests" / "data" / "hub_configs" / f"{hub_id.replace('/', '--')}.json").read_text())
+        config.update(changes, vocab_size=512)
+        (root / "config.json").write_text(json.dumps(config))
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(root)).save_pretrained(root / "models" / hub_id)
+    (root / "config.json").unlink()
     rng = np.random.default_rng(0)
     for split in ("train", "val", "train_small", "val_small"):
         with MDSWriter(out=str(root / "data" / split), columns={"tokens": "ndarray:int32"}) as w:
             for _ in range(32):
                 start, stride = rng.integers(0, 512), rng.integers(1, 6)
                 w.write({"tokens": ((start + stride * np.arange(65)) % 512).astype(np.int32)})
+        with MDSWriter(out=str(root / "finetuning" / split), columns={"prompt": "str", "response": "str"}) as w:
+            for i in range(32):
+                w.write({"prompt": f"sample {i} of the", "response": f" published recipes {i}"})
     return root
+
+
+SHRUNK = {  # hub id -> the published config's keys changed for the shrunk model
+    "meta-llama/Meta-Llama-3.1-8B": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2),
+    "gpt2": dict(n_embd=64, n_head=4, n_layer=2),
+}
 
 
 @pytest.mark.parametrize("name", PLANNED)
@@ -167,7 +180,9 @@ def test_trains_when_shrunk(name, small, tmp_path):
         shrink += ["model.d_model=64", "model.n_heads=4", "model.n_layers=2", "model.max_seq_len=64",
                    "model.vocab_size=512"]
     else:
-        shrink.append(f"model.pretrained_model_name_or_path={small / 'llama'}")
+        shrink.append(f"model.pretrained_model_name_or_path={small / 'models' / cfg['model']['pretrained_model_name_or_path']}")
+    if cfg["train_loader"]["name"] == "finetuning":
+        shrink[0] = f"variables.data_local={small / 'finetuning'}"
     out = subprocess.run([TRAIN, "--recipe", str(FOUNDRY / name), *shrink], capture_output=True, text=True,
                          timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

@@ -44,6 +44,21 @@ struct AttentionInputs {
   bool reference = false;          // use the explicit softmax(QK^T * scale + mask) V path instead of SDPA
 };
 
+// The causal attention inputs of a forward on `ids` (B, s_q) after `past` cached positions, as transformers' decoders
+// mask: plain causal (is_causal, no mask) when nothing else applies, else an additive mask in `dtype` (the most
+// negative float where blocked) hiding future keys, the padding of `key_mask` (key_padding_mask()), other packed
+// documents of fo.sequence_id, and, when `sliding_window` > 0, keys at or beyond `sliding_window` positions back
+// (HF's sliding window: query q sees key k when q - k < window). Sets past and reference from `fo` too.
+AttentionInputs causal_attention_inputs(const at::Tensor& ids, const ForwardOptions& fo, int64_t past,
+                                        const at::Tensor& key_mask, at::ScalarType dtype, int64_t sliding_window = 0);
+
+// The positions a rotary or learned-position family reads for a forward on `ids` (B, s) after `past` cached ones:
+// positions_after_padding(), or each packed document's own positions with fo.sequence_id.
+at::Tensor token_positions(const at::Tensor& ids, const ForwardOptions& fo, int64_t past, const at::Tensor& key_mask);
+
+// Sets in.rope_cos / rope_sin ((B or 1, s, inv_freq.size(0)), float32 as HF computes them) for `positions`.
+void set_rope_tables(AttentionInputs& in, const at::Tensor& positions, const at::Tensor& inv_freq);
+
 // Rotary inverse frequencies as HF and LLM Foundry compute them: 1 / theta^(arange(0, head_dim, 2) / head_dim),
 // float32, (head_dim / 2,), on the CPU.
 at::Tensor rotary_inv_freq(int64_t head_dim, double theta);

@@ -12,6 +12,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "tessera/models/norm_type.h"
 
@@ -62,8 +63,19 @@ class EmbeddingImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& ids);  // ids: (B, T) int64 -> (B, T, dim)
 
   at::Tensor weight;  // (num_embeddings, dim)
+  // torch.nn.Embedding's padding_idx: that row gets no gradient (the row's value is used as stored); -1 = none.
+  int64_t padding_idx = -1;
 };
 TORCH_MODULE(Embedding);
+
+// ---- Activations ---------------------------------------------------------------------------------------------------
+
+// The activations of transformers' ACT2FN this computes, by their config names ("gelu", "gelu_new", ...), each as
+// transformers' module computes it (term by term where transformers writes it out).
+const std::vector<std::string>& hf_activation_names();
+bool is_hf_activation(const std::string& name);
+// act(x) for one of hf_activation_names(); throws std::invalid_argument for any other name.
+at::Tensor hf_activation(const std::string& name, const at::Tensor& x);
 
 // ---- Initialisation helpers shared by the families' init_weights ---------------------------------------------------
 

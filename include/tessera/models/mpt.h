@@ -54,6 +54,9 @@ class FFNImpl : public torch::nn::Module {
   Linear up_proj{nullptr};
   Linear gate_proj{nullptr};  // mptglu only
   Linear down_proj{nullptr};
+
+ private:
+  std::string act_;  // ffn_config.ffn_act_fn, by its ACT2FN name
 };
 TORCH_MODULE(FFN);
 

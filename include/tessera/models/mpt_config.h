@@ -35,7 +35,9 @@ struct AttentionOptions {
 struct FfnOptions {
   FfnType type = FfnType::kMLP;
   std::optional<int64_t> ffn_hidden_size;  // overrides d_model * expansion_ratio
-  std::string ffn_act_fn = "gelu";         // exact (erf) GELU
+  // The activation as transformers' ACT2FN names it: "gelu" (exact, erf), "gelu_pytorch_tanh" (recipes'
+  // {name: gelu, approximate: tanh}), "gelu_new" (GPT-2's; the tanh GELU term by term), relu, silu, ....
+  std::string ffn_act_fn = "gelu";
 };
 
 struct InitOptions {

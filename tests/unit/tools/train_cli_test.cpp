@@ -252,7 +252,7 @@ TEST(TrainCli, UnregisteredComponentNamesListTheRegisteredOnes) {
     expect_config_error(
         run("--recipe " + path + " --dry-run"),
         "[recipe] " + path + ":" + std::to_string(line) +
-            ": model.name: unknown model \"my_lm\" (available: falcon, hf_causal_lm, llama, mpt_causal_lm)");
+            ": model.name: unknown model \"my_lm\" (available: falcon, gpt_neox, hf_causal_lm, llama, mpt_causal_lm)");
   }
   {
     auto [path, line] =

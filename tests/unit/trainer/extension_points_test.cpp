@@ -6,8 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -277,8 +280,14 @@ TEST(HfModelTypes, AResearchFamilysModelTypeRebuildsItAndAnUnknownOneListsTheReg
     (void)models::build_from_hf_config(config, "/x/config.json", "cpu");
     ADD_FAILURE() << "an unregistered model_type was built";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("/x/config.json: model_type is \"bigram_lm\"; Tessera reads: falcon, gpt2, "
-                                         "llama, mistral, mpt, qwen2"),
+    // Every registered type, sorted: the built-in families at least.
+    const std::vector<std::string> types = models::hf_model_type_registry().model_types();
+    for (const char* family : {"falcon", "gpt2", "llama", "mistral", "mpt", "qwen2"}) {
+      EXPECT_NE(std::find(types.begin(), types.end(), family), types.end()) << family;
+    }
+    EXPECT_TRUE(std::is_sorted(types.begin(), types.end()));
+    EXPECT_NE(std::string(e.what()).find(fmt::format("/x/config.json: model_type is \"bigram_lm\"; Tessera reads: {}",
+                                                     fmt::join(types, ", "))),
               std::string::npos)
         << e.what();
   }

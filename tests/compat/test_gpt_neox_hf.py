@@ -1,0 +1,125 @@
+"""Tessera's GPT-NeoX family (GPT-NeoX-20B, the Pythia suite) against transformers' GPTNeoXForCausalLM (the real
+peer), on random small configurations of each variant: Pythia's parallel residual with a quarter of each head rotated
+and an untied head; a sequential residual with full rotary, a tied head and no attention biases; linear rope scaling
+with another activation.
+
+- transformers saves a folder -> Tessera loads it: logits within 1e-5 max-abs in fp32, the loss within 1e-5, and the
+  gradient of every parameter within 1e-4 relative, on the SDPA path and the explicit reference path.
+- Left padding, packed documents and greedy generation equal transformers' (shared checks of test_llama_hf).
+- What Tessera's GPT-NeoX does not compute is refused by name.
+- HF folder -> Tessera (`model.name: gpt_neox`) -> 5 training steps -> checkpoint -> `convert` -> AutoModelForCausalLM
+  loads a GPTNeoXForCausalLM computing the same logits.
+- recipes/pythia-1b.yaml is the published EleutherAI/pythia-1b config, and `train --dry-run` prints the parameter
+  count transformers computes for it, from the recipe and from the config.json in a hub cache.
+"""
+import json
+import os
+import subprocess
+
+import pytest
+import torch
+import yaml
+from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+from conftest import ROOT
+from test_hf_export import VOCAB, dataset  # noqa: F401 (the fixture)
+from test_llama_hf import (assert_gradients_match, check_greedy_generation, check_left_padding,
+                            check_packed_documents, hf_forward, run_tessera, save, train_export_and_compare)
+
+BASE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96, vocab_size=101,
+            max_position_embeddings=64, layer_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
+
+CONFIGS = {
+    "pythia": dict(BASE, rotary_pct=0.25, use_parallel_residual=True, tie_word_embeddings=False),
+    "sequential-full-rotary-tied-no-bias": dict(BASE, rotary_pct=1.0, use_parallel_residual=False,
+                                                tie_word_embeddings=True, attention_bias=False),
+    "rope-linear-gelu-new": dict(BASE, hidden_size=96, num_attention_heads=6, rotary_pct=0.5, rotary_emb_base=500.0,
+                                 rope_scaling={"rope_type": "linear", "factor": 2.0}, hidden_act="gelu_new"),
+}
+SEQ = 29
+
+
+def hf_model(name, seed=0):
+    torch.manual_seed(seed)
+    model = GPTNeoXForCausalLM(GPTNeoXConfig(**CONFIGS[name], attn_implementation="sdpa")).eval()
+    with torch.no_grad():  # HF initialises norms to 1 and biases to 0: randomise them so they are really compared
+        for n, p in model.named_parameters():
+            if "layernorm" in n or "layer_norm" in n:
+                p.add_(0.1 * torch.randn_like(p))
+            elif n.endswith(".bias"):
+                p.normal_(0.0, 0.1)
+    return model
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_logits_and_gradients_match_transformers(name, driver, tmp_path):
+    model = hf_model(name)
+    folder = save(model, tmp_path / "hf")
+    ids = torch.randint(0, model.config.vocab_size, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    logits, loss, grads = hf_forward(model, ids, labels=ids)
+    for reference in (False, True):
+        ours = run_tessera(driver, tmp_path, folder, reference, input_ids=ids)
+        assert (ours["logits"] - logits).abs().max().item() <= 1e-5
+        assert abs(ours["loss"].item() - loss.item()) <= 1e-5
+        assert_gradients_match(ours, grads, model.config.tie_word_embeddings)
+
+
+@pytest.mark.parametrize("name", ["pythia", "sequential-full-rotary-tied-no-bias"])
+def test_left_padding_matches_transformers(name, driver, tmp_path):
+    check_left_padding(hf_model(name, seed=1), driver, tmp_path)
+
+
+def test_packed_documents_equal_each_document_alone(driver, tmp_path):
+    check_packed_documents(hf_model("pythia", seed=2), driver, tmp_path)
+
+
+@pytest.mark.parametrize("name", ["pythia", "rope-linear-gelu-new"])
+def test_greedy_generation_matches_transformers_generate(name, driver, tmp_path):
+    check_greedy_generation(hf_model(name, seed=5), driver, tmp_path, lowest_id=3)
+
+
+def test_configs_tessera_does_not_compute_are_refused(driver, tmp_path):
+    ids = torch.zeros(1, 4, dtype=torch.long)
+    folder = save(hf_model("pythia"), tmp_path / "hf")
+    original = json.loads((folder / "config.json").read_text())
+    cases = [
+        ({"hidden_act": "gelu_accurate"}, "hidden_act"),
+        ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type"),
+        ({"rotary_pct": 0.2}, "rotary_pct"),  # int(16 x 0.2) = 3 rotary dimensions: odd
+        ({"hidden_size": 66}, "num_attention_heads"),
+    ]
+    for change, message in cases:
+        (folder / "config.json").write_text(json.dumps(dict(original, **change)))
+        with pytest.raises(AssertionError, match=message):
+            run_tessera(driver, tmp_path, folder, input_ids=ids)
+
+
+@pytest.mark.parametrize("name", ["pythia", "sequential-full-rotary-tied-no-bias"])
+def test_hf_folder_trained_and_exported_loads_in_transformers_as_the_same_function(name, driver, tmp_path, dataset):
+    torch.manual_seed(6)
+    start = save(GPTNeoXForCausalLM(GPTNeoXConfig(**dict(CONFIGS[name], vocab_size=VOCAB))), tmp_path / "start")
+    section = dict(CONFIGS[name], name="gpt_neox", vocab_size=VOCAB)  # the recipe takes GPTNeoXConfig's keys
+    hf = train_export_and_compare(driver, tmp_path, dataset, section, start)
+    assert type(hf) is GPTNeoXForCausalLM
+
+
+def test_recipe_is_the_published_pythia_1b_with_transformers_parameter_count(hub_cache, tmp_path):
+    published = json.loads((ROOT / "tests" / "data" / "hub_configs" / "EleutherAI--pythia-1b.json").read_text())
+    recipe = yaml.safe_load((ROOT / "recipes" / "pythia-1b.yaml").read_text())["model"]
+    config = GPTNeoXConfig(**{k: v for k, v in published.items() if k not in ("architectures", "model_type")})
+    for key, value in recipe.items():
+        if key not in ("name", "init_device"):
+            assert getattr(config, key) == value, key
+    with torch.device("meta"):
+        expected = sum(p.numel() for p in GPTNeoXForCausalLM(config).parameters())
+    train = os.environ.get("TESSERA_TRAIN_BIN", str(ROOT / "build" / "bin" / "train"))
+    via_hub = yaml.safe_load((ROOT / "recipes" / "pythia-1b.yaml").read_text())
+    via_hub["model"] = {"name": "hf_causal_lm", "pretrained_model_name_or_path": "EleutherAI/pythia-1b",
+                        "pretrained": False, "init_device": "meta"}
+    (tmp_path / "via_hub.yaml").write_text(yaml.safe_dump(via_hub))
+    env = dict(os.environ, HF_HUB_CACHE=str(hub_cache))
+    for recipe_path in (ROOT / "recipes" / "pythia-1b.yaml", tmp_path / "via_hub.yaml"):
+        proc = subprocess.run([train, "--recipe", str(recipe_path), "--dry-run", "--world-size", "8"],
+                              capture_output=True, text=True, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert f"{expected:,}" in proc.stdout + proc.stderr, (expected, proc.stdout[-2000:])
