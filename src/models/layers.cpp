@@ -167,7 +167,8 @@ void init_like_transformers(torch::nn::Module& model, uint64_t seed, double std,
       if (lin->bias.defined()) lin->bias.zero_();
     } else if (auto* emb = m.as<EmbeddingImpl>()) {
       normal_from(emb->weight, 0.0, std, gen);
-      if (padding_row && *padding_row >= 0 && *padding_row < emb->weight.size(0)) emb->weight[*padding_row].zero_();
+      const int64_t row = emb->padding_idx >= 0 ? emb->padding_idx : padding_row.value_or(-1);
+      if (row >= 0 && row < emb->weight.size(0)) emb->weight[row].zero_();
     } else if (auto* norm = m.as<NormImpl>()) {
       norm->weight.fill_(1.0);
       if (norm->bias.defined()) norm->bias.zero_();

@@ -277,6 +277,10 @@ at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const AttentionIn
 
 LlamaModelImpl::LlamaModelImpl(const LlamaOptions& o, const at::TensorOptions& t) {
   embed_tokens = register_module("embed_tokens", Embedding(o.vocab_size, o.hidden_size, t));
+  // transformers' nn.Embedding(vocab, hidden, padding_idx=pad_token_id): that row gets no gradient.
+  if (o.pad_token_id && *o.pad_token_id >= 0 && *o.pad_token_id < o.vocab_size) {
+    embed_tokens->padding_idx = *o.pad_token_id;
+  }
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < o.num_hidden_layers; ++i) layers->push_back(LlamaDecoderLayer(o, t));
   norm = register_module("norm", Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));

@@ -9,6 +9,7 @@
 #include "tessera/models/hf_causal_lm.h"
 #include "tessera/models/llama.h"
 #include "tessera/models/mpt.h"
+#include "tessera/models/opt.h"
 #include "tessera/util/error.h"
 
 namespace tessera::models {
@@ -62,6 +63,18 @@ ModelRegistry& model_registry() {
           GPTNeoXOptions o = std::any_cast<const GPTNeoXOptions&>(m.options);
           o.init_device = device;
           return build_gpt_neox(o, seed).ptr();
+        });
+    r->add(
+        "opt",
+        [](config::Section& s) {
+          const OPTOptions o = parse_opt_options(s);
+          s.finish();
+          return ModelOptions{"opt", o, o.max_position_embeddings, o.init_device, {}};
+        },
+        [](const ModelOptions& m, const std::string& device, uint64_t seed) -> std::shared_ptr<CausalLM> {
+          OPTOptions o = std::any_cast<const OPTOptions&>(m.options);
+          o.init_device = device;
+          return build_opt(o, seed).ptr();
         });
     r->add(
         "hf_causal_lm",
@@ -140,6 +153,7 @@ HfModelTypeRegistry& hf_model_type_registry() {
     }
     r->add("falcon", hf_builder(&falcon_options_from_hf_config, &build_falcon));
     r->add("gpt_neox", hf_builder(&gpt_neox_options_from_hf_config, &build_gpt_neox));
+    r->add("opt", hf_builder(&opt_options_from_hf_config, &build_opt));
     return r;
   }();
   return *registry;

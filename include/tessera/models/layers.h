@@ -91,7 +91,8 @@ void uniform_from(at::Tensor w, double low, double high, at::Generator& gen);
 
 // transformers' PreTrainedModel._init_weights over the Linear, Embedding and Norm modules of `model` that `select`
 // accepts (by module name; all when null): weights normal(0, std) and biases 0, embeddings normal(0, std) with row
-// `padding_row` zeroed when given, norms weight 1 and bias 0; each module from its own generator (module_seed).
+// `padding_row` (or the embedding's own padding_idx) zeroed, norms weight 1 and bias 0; each module from its own
+// generator (module_seed).
 void init_like_transformers(torch::nn::Module& model, uint64_t seed, double std,
                             const std::function<bool(const std::string&)>& select,
                             std::optional<int64_t> padding_row = std::nullopt);

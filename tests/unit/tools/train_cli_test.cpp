@@ -249,10 +249,10 @@ TEST(TrainCli, BadRecipesNameFileKeyAndLine) {
 TEST(TrainCli, UnregisteredComponentNamesListTheRegisteredOnes) {
   {
     auto [path, line] = mutated("model_name.yaml", "name: mpt_causal_lm", "name: my_lm");
-    expect_config_error(
-        run("--recipe " + path + " --dry-run"),
-        "[recipe] " + path + ":" + std::to_string(line) +
-            ": model.name: unknown model \"my_lm\" (available: falcon, gpt_neox, hf_causal_lm, llama, mpt_causal_lm)");
+    expect_config_error(run("--recipe " + path + " --dry-run"),
+                        "[recipe] " + path + ":" + std::to_string(line) +
+                            ": model.name: unknown model \"my_lm\" (available: falcon, gpt_neox, hf_causal_lm, llama, "
+                            "mpt_causal_lm, opt)");
   }
   {
     auto [path, line] =
