@@ -119,6 +119,11 @@ std::optional<int64_t> Section::get_optional_int(std::string_view key) {
   return read(key, &Value::as_int, "an integer");
 }
 
+std::optional<int64_t> Section::get_nullable_int(std::string_view key, std::optional<int64_t> fallback) {
+  if (value_ == nullptr || value_->find(key) == nullptr) return fallback;
+  return get_optional_int(key);
+}
+
 double Section::require_double(std::string_view key) {
   return required(key, get_optional_double(key));
 }

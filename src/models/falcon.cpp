@@ -54,9 +54,9 @@ FalconOptions parse_falcon_options(config::Section& s) {
   o.attention_dropout = s.get_double("attention_dropout", o.attention_dropout);
   o.initializer_range = s.get_double("initializer_range", o.initializer_range);
   o.tie_word_embeddings = s.get_bool("tie_word_embeddings", o.tie_word_embeddings);
-  if (s.has("bos_token_id")) o.bos_token_id = s.get_optional_int("bos_token_id");
-  if (s.has("eos_token_id")) o.eos_token_id = s.get_optional_int("eos_token_id");
-  o.pad_token_id = s.get_optional_int("pad_token_id");
+  o.bos_token_id = s.get_nullable_int("bos_token_id", o.bos_token_id);
+  o.eos_token_id = s.get_nullable_int("eos_token_id", o.eos_token_id);
+  o.pad_token_id = s.get_nullable_int("pad_token_id", o.pad_token_id);
   o.init_device = s.get_choice("init_device", o.init_device, {"cpu", "meta", "cuda"});
   if (s.has("rope_scaling")) {
     config::Section r = s.section("rope_scaling");

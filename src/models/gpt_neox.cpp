@@ -40,9 +40,9 @@ GPTNeoXOptions parse_gpt_neox_options(config::Section& s) {
   o.tie_word_embeddings = s.get_bool("tie_word_embeddings", o.tie_word_embeddings);
   o.use_parallel_residual = s.get_bool("use_parallel_residual", o.use_parallel_residual);
   o.attention_bias = s.get_bool("attention_bias", o.attention_bias);
-  if (s.has("bos_token_id")) o.bos_token_id = s.get_optional_int("bos_token_id");
-  if (s.has("eos_token_id")) o.eos_token_id = s.get_optional_int("eos_token_id");
-  o.pad_token_id = s.get_optional_int("pad_token_id");
+  o.bos_token_id = s.get_nullable_int("bos_token_id", o.bos_token_id);
+  o.eos_token_id = s.get_nullable_int("eos_token_id", o.eos_token_id);
+  o.pad_token_id = s.get_nullable_int("pad_token_id", o.pad_token_id);
   o.init_device = s.get_choice("init_device", o.init_device, {"cpu", "meta", "cuda"});
   if (s.has("rope_scaling")) {
     config::Section r = s.section("rope_scaling");

@@ -47,9 +47,9 @@ OPTOptions parse_opt_options(config::Section& s) {
   s.check(s.get_bool("layer_norm_elementwise_affine", true), "layer_norm_elementwise_affine",
           "false (LayerNorms without weight and bias) is not computed by Tessera's OPT");
   o.tie_word_embeddings = s.get_bool("tie_word_embeddings", o.tie_word_embeddings);
-  if (s.has("bos_token_id")) o.bos_token_id = s.get_optional_int("bos_token_id");
-  if (s.has("eos_token_id")) o.eos_token_id = s.get_optional_int("eos_token_id");
-  if (s.has("pad_token_id")) o.pad_token_id = s.get_optional_int("pad_token_id");
+  o.bos_token_id = s.get_nullable_int("bos_token_id", o.bos_token_id);
+  o.eos_token_id = s.get_nullable_int("eos_token_id", o.eos_token_id);
+  o.pad_token_id = s.get_nullable_int("pad_token_id", o.pad_token_id);
   o.init_device = s.get_choice("init_device", o.init_device, {"cpu", "meta", "cuda"});
 
   s.check(o.hidden_size > 0 && o.vocab_size > 0 && o.num_hidden_layers > 0 && o.ffn_dim > 0, "hidden_size",

@@ -5,6 +5,7 @@
 
 #include "tessera/models/causal_lm.h"
 #include "tessera/models/falcon.h"
+#include "tessera/models/gpt_neo.h"
 #include "tessera/models/gpt_neox.h"
 #include "tessera/models/hf_causal_lm.h"
 #include "tessera/models/llama.h"
@@ -51,6 +52,18 @@ ModelRegistry& model_registry() {
           FalconOptions o = std::any_cast<const FalconOptions&>(m.options);
           o.init_device = device;
           return build_falcon(o, seed).ptr();
+        });
+    r->add(
+        "gpt_neo",
+        [](config::Section& s) {
+          const GPTNeoOptions o = parse_gpt_neo_options(s);
+          s.finish();
+          return ModelOptions{"gpt_neo", o, o.max_position_embeddings, o.init_device, {}};
+        },
+        [](const ModelOptions& m, const std::string& device, uint64_t seed) -> std::shared_ptr<CausalLM> {
+          GPTNeoOptions o = std::any_cast<const GPTNeoOptions&>(m.options);
+          o.init_device = device;
+          return build_gpt_neo(o, seed).ptr();
         });
     r->add(
         "gpt_neox",
@@ -152,6 +165,7 @@ HfModelTypeRegistry& hf_model_type_registry() {
       r->add(type, hf_builder(&llama_options_from_hf_config, &build_llama));
     }
     r->add("falcon", hf_builder(&falcon_options_from_hf_config, &build_falcon));
+    r->add("gpt_neo", hf_builder(&gpt_neo_options_from_hf_config, &build_gpt_neo));
     r->add("gpt_neox", hf_builder(&gpt_neox_options_from_hf_config, &build_gpt_neox));
     r->add("opt", hf_builder(&opt_options_from_hf_config, &build_opt));
     return r;

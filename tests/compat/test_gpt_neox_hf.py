@@ -23,7 +23,7 @@ from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
 from conftest import ROOT
 from test_hf_export import VOCAB, dataset  # noqa: F401 (the fixture)
-from test_llama_hf import (assert_gradients_match, check_greedy_generation, check_left_padding,
+from test_llama_hf import (TRAIN_SEQ, assert_gradients_match, check_greedy_generation, check_left_padding,
                             check_packed_documents, hf_forward, run_tessera, save, train_export_and_compare)
 
 BASE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96, vocab_size=101,
@@ -123,3 +123,13 @@ def test_recipe_is_the_published_pythia_1b_with_transformers_parameter_count(hub
                               capture_output=True, text=True, env=env, timeout=300)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert f"{expected:,}" in proc.stdout + proc.stderr, (expected, proc.stdout[-2000:])
+
+
+@pytest.mark.parametrize("recipe", ["gpt-neox-tiny-cpu.yaml", "pythia-1b.yaml"])
+def test_the_recipes_gpt_neox_trained_from_scratch_exports_as_gpt_neox_computing_the_same_logits(recipe, driver,
+                                                                                               tmp_path, dataset):
+    section = yaml.safe_load((ROOT / "recipes" / recipe).read_text())["model"]
+    section.update(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, vocab_size=VOCAB,
+                   max_position_embeddings=TRAIN_SEQ, init_device="cpu")
+    hf = train_export_and_compare(driver, tmp_path, dataset, section)
+    assert type(hf) is GPTNeoXForCausalLM

@@ -24,7 +24,7 @@ from transformers import OPTConfig, OPTForCausalLM
 
 from conftest import ROOT
 from test_hf_export import VOCAB, dataset  # noqa: F401 (the fixture)
-from test_llama_hf import (assert_gradients_match, check_greedy_generation, check_left_padding,
+from test_llama_hf import (TRAIN_SEQ, assert_gradients_match, check_greedy_generation, check_left_padding,
                             check_packed_documents, hf_forward, run_tessera, save, train_export_and_compare)
 
 BASE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=96, vocab_size=101,
@@ -124,3 +124,13 @@ def test_recipe_is_the_published_opt_1_3b_with_transformers_parameter_count(hub_
                               capture_output=True, text=True, env=env, timeout=300)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert f"{expected:,}" in proc.stdout + proc.stderr, (expected, proc.stdout[-2000:])
+
+
+@pytest.mark.parametrize("recipe", ["opt-tiny-cpu.yaml", "opt-1.3b.yaml"])
+def test_the_recipes_opt_trained_from_scratch_exports_as_opt_computing_the_same_logits(recipe, driver, tmp_path,
+                                                                                     dataset):
+    section = yaml.safe_load((ROOT / "recipes" / recipe).read_text())["model"]
+    section.update(hidden_size=64, ffn_dim=96, num_hidden_layers=2, num_attention_heads=4, vocab_size=VOCAB,
+                   word_embed_proj_dim=64, max_position_embeddings=TRAIN_SEQ, init_device="cpu")
+    hf = train_export_and_compare(driver, tmp_path, dataset, section)
+    assert type(hf) is OPTForCausalLM

@@ -9,8 +9,7 @@ cache holding the published config.json of each model the YAMLs name (tests/data
   (built on the meta device), for the families Tessera builds (MPT, Llama);
 - refuse it as LLM Foundry does where LLM Foundry's own code refuses it: `config_overrides.attn_config` on a Llama
   config (set_config_overrides raises) and the unused top-level `dataset` anchor (its validation raises);
-- refuse it naming the family or setting not built yet: GPT-Neo (issue 41), DBRX and MPT's mixture-of-experts
-  layers (issue 43).
+- refuse it naming the family or setting not built yet: DBRX and MPT's mixture-of-experts layers (issue 43).
 Each one that plans also trains when shrunk: two steps of a 2-layer model of the same configuration (for hf_causal_lm,
 a folder transformers wrote: the published config.json shrunk, with weights) on local MDS tokens, or prompt/response
 samples for the finetuning loader, every other key as published (precision, FSDP, optimizer, scheduler, callbacks).
@@ -43,7 +42,6 @@ YAMLS = sorted(str(p.relative_to(FOUNDRY)) for p in FOUNDRY.glob("published/*/*.
 NOT_BUILT = {  # YAML -> what the refusal must name
     "published/finetune/dbrx-full-ft.yaml": 'model_type is "dbrx"',
     "published/finetune/dbrx-lora-ft.yaml": 'model_type is "dbrx"',
-    "published/pretrain/gpt-neo-125m.yaml": 'model_type is "gpt_neo"',
     "published/pretrain/testing-moe.yaml": "mb_dmoe (mixture-of-experts layers are not built yet)",
 }
 FOUNDRY_REFUSES = {  # YAML -> what both refusals say (each names the first override Llama's config lacks: LLM
@@ -160,6 +158,8 @@ SHRUNK = {  # hub id -> the published config's keys changed for the shrunk model
     "meta-llama/Meta-Llama-3.1-8B": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2),
     "gpt2": dict(n_embd=64, n_head=4, n_layer=2),
+    "EleutherAI/gpt-neo-125M": dict(hidden_size=64, num_heads=4, num_layers=2, attention_types=[[["global", "local"], 1]],
+                                    attention_layers=["global", "local"]),
     "facebook/opt-2.7b": dict(hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
                               word_embed_proj_dim=64),
 }

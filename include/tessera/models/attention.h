@@ -71,12 +71,12 @@ at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
 void append_to_cache(LayerCache* cache, at::Tensor& k, at::Tensor& v);
 
 // Runs the decoder layers (`LayerImpl`s with forward(x, in, LayerCache*)) as units 1..n through `runner`, each with
-// the call's shared attention inputs and its own slot of `cache`; then advances the cache by `new_tokens` and keeps
-// the key padding mask seen so far. The lambdas capture by value: the sharding engine may run them again in
-// backward (activation checkpointing).
-template <class LayerImpl>
+// the call's shared attention inputs (AttentionInputs, or a family's own set of them) and its own slot of `cache`;
+// then advances the cache by `new_tokens` and keeps the key padding mask seen so far. The lambdas capture by value:
+// the sharding engine may run them again in backward (activation checkpointing).
+template <class LayerImpl, class Inputs = AttentionInputs>
 at::Tensor run_decoder_layers(const std::shared_ptr<UnitRunner>& runner, const torch::nn::ModuleList& layers,
-                              const AttentionInputs& in, KVCache* cache, const at::Tensor& key_mask, int64_t new_tokens,
+                              const Inputs& in, KVCache* cache, const at::Tensor& key_mask, int64_t new_tokens,
                               at::Tensor x) {
   if (cache && cache->layers.empty()) cache->layers.resize(layers->size());
   for (size_t i = 0; i < layers->size(); ++i) {
