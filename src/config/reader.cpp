@@ -124,6 +124,11 @@ std::optional<int64_t> Section::get_nullable_int(std::string_view key, std::opti
   return get_optional_int(key);
 }
 
+std::optional<double> Section::get_nullable_double(std::string_view key, std::optional<double> fallback) {
+  if (value_ == nullptr || value_->find(key) == nullptr) return fallback;
+  return get_optional_double(key);
+}
+
 double Section::require_double(std::string_view key) {
   return required(key, get_optional_double(key));
 }

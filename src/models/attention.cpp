@@ -144,11 +144,12 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   // everywhere else. Both compute the same attention.
   const bool short_bf16_on_cpu =
       q.device().is_cpu() && q.scalar_type() == at::kBFloat16 && k.size(2) <= 256 && dropout == 0.0;
-  if (in.reference || short_bf16_on_cpu) {
+  if (in.reference || short_bf16_on_cpu || in.softcap > 0) {
     // Plain path: kv head g serves query heads g * n_rep .. g * n_rep + n_rep - 1, as LLM Foundry's repeat_kv_for_gqa.
     const int64_t rep = h / kv;
     const at::Tensor kf = rep > 1 ? k.repeat_interleave(rep, 1) : k, vf = rep > 1 ? v.repeat_interleave(rep, 1) : v;
     at::Tensor scores = at::matmul(q, kf.transpose(-1, -2)) * scale;  // (B, H, s_q, s_k)
+    if (in.softcap > 0) scores = at::tanh(scores / in.softcap) * in.softcap;
     if (in.mask) scores = scores + *in.mask;
     if (in.is_causal) {
       const int64_t sk = kf.size(2);

@@ -211,7 +211,7 @@ GPTNeoBlockImpl::GPTNeoBlockImpl(const GPTNeoOptions& o, bool local, const at::T
   mlp = register_module("mlp", GPTNeoMLP(o, t));
 }
 
-at::Tensor GPTNeoBlockImpl::forward(const at::Tensor& x, const GPTNeoAttentionInputs& in, LayerCache* cache) {
+at::Tensor GPTNeoBlockImpl::forward(const at::Tensor& x, const GlobalLocalInputs& in, LayerCache* cache) {
   const at::Tensor h = x + attn->attention(ln_1(x), local_ ? in.local : in.global, cache);
   return h + mlp(ln_2(h));
 }
@@ -248,8 +248,8 @@ at::Tensor GPTNeoForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOp
   at::Tensor x = run_unit(runner_, 0, embed, ids);
   const at::ScalarType dtype = compute_dtype(transformer->wte->weight);
   // The local layers' window counts absolute positions in the row (padding included), as transformers' banded mask.
-  const GPTNeoAttentionInputs in{causal_attention_inputs(ids, fo, past, key_mask, dtype),
-                                 causal_attention_inputs(ids, fo, past, key_mask, dtype, o_.window_size)};
+  const GlobalLocalInputs in{causal_attention_inputs(ids, fo, past, key_mask, dtype),
+                             causal_attention_inputs(ids, fo, past, key_mask, dtype, o_.window_size)};
   x = run_decoder_layers<GPTNeoBlockImpl>(runner_, transformer->h, in, cache, key_mask, s, x);
   auto head = [this](const at::Tensor& h) { return at::linear(transformer->ln_f(h), transformer->wte->weight); };
   return run_unit(runner_, 0, head, x);

@@ -5,6 +5,7 @@
 
 #include "tessera/models/causal_lm.h"
 #include "tessera/models/falcon.h"
+#include "tessera/models/gemma.h"
 #include "tessera/models/gpt_neo.h"
 #include "tessera/models/gpt_neox.h"
 #include "tessera/models/hf_causal_lm.h"
@@ -53,6 +54,21 @@ ModelRegistry& model_registry() {
           o.init_device = device;
           return build_falcon(o, seed).ptr();
         });
+    for (const char* type : {"gemma2", "gemma3_text"}) {
+      const std::string model_type = type;
+      r->add(
+          model_type,
+          [model_type](config::Section& s) {
+            const GemmaOptions o = parse_gemma_options(s, model_type);
+            s.finish();
+            return ModelOptions{model_type, o, o.max_position_embeddings, o.init_device, {}};
+          },
+          [](const ModelOptions& m, const std::string& device, uint64_t seed) -> std::shared_ptr<CausalLM> {
+            GemmaOptions o = std::any_cast<const GemmaOptions&>(m.options);
+            o.init_device = device;
+            return build_gemma(o, seed).ptr();
+          });
+    }
     r->add(
         "gpt_neo",
         [](config::Section& s) {
@@ -165,6 +181,9 @@ HfModelTypeRegistry& hf_model_type_registry() {
       r->add(type, hf_builder(&llama_options_from_hf_config, &build_llama));
     }
     r->add("falcon", hf_builder(&falcon_options_from_hf_config, &build_falcon));
+    for (const char* type : {"gemma2", "gemma3_text"}) {
+      r->add(type, hf_builder(&gemma_options_from_hf_config, &build_gemma));
+    }
     r->add("gpt_neo", hf_builder(&gpt_neo_options_from_hf_config, &build_gpt_neo));
     r->add("gpt_neox", hf_builder(&gpt_neox_options_from_hf_config, &build_gpt_neox));
     r->add("opt", hf_builder(&opt_options_from_hf_config, &build_opt));

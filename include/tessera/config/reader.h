@@ -59,6 +59,7 @@ class Section {
   std::optional<int64_t> get_optional_int(std::string_view key);
   // `fallback` when the key is absent, nullopt when it is null (HF configs' "pad_token_id": null), else the integer.
   std::optional<int64_t> get_nullable_int(std::string_view key, std::optional<int64_t> fallback);
+  std::optional<double> get_nullable_double(std::string_view key, std::optional<double> fallback);
   double require_double(std::string_view key);
   double get_double(std::string_view key, double fallback);
   std::optional<double> get_optional_double(std::string_view key);

@@ -42,6 +42,14 @@ struct AttentionInputs {
   at::Tensor rope_cos, rope_sin;   // (s_q, head_dim / 2) for positions past .. past + s_q, or (B or 1, s_q,
                                    // head_dim / 2) for per-row positions; undefined without RoPE
   bool reference = false;          // use the explicit softmax(QK^T * scale + mask) V path instead of SDPA
+  double softcap = 0;              // > 0: scores capped as softcap * tanh(scores / softcap) before the mask (Gemma 2's
+                                   // attn_logit_softcapping); takes the explicit path
+};
+
+// The attention inputs of families whose layers are of two kinds (GPT-Neo's global and local layers, Gemma's full
+// and sliding-window ones): each layer reads the set of its kind.
+struct GlobalLocalInputs {
+  AttentionInputs global, local;
 };
 
 // The causal attention inputs of a forward on `ids` (B, s_q) after `past` cached positions, as transformers' decoders

@@ -92,16 +92,10 @@ class GPTNeoMLPImpl : public torch::nn::Module {
 };
 TORCH_MODULE(GPTNeoMLP);
 
-// The layer reads the attention inputs of its kind: the model passes the global ones and the local ones (with the
-// window) and each layer picks by its attention type.
-struct GPTNeoAttentionInputs {
-  AttentionInputs global, local;
-};
-
 class GPTNeoBlockImpl : public torch::nn::Module {
  public:
   GPTNeoBlockImpl(const GPTNeoOptions& o, bool local, const at::TensorOptions& t);
-  at::Tensor forward(const at::Tensor& x, const GPTNeoAttentionInputs& in, LayerCache* cache = nullptr);
+  at::Tensor forward(const at::Tensor& x, const GlobalLocalInputs& in, LayerCache* cache = nullptr);
 
   Norm ln_1{nullptr};
   GPTNeoAttention attn{nullptr};
