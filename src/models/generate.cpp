@@ -69,7 +69,13 @@ std::vector<std::vector<int64_t>> generate(CausalLM& model, const std::vector<st
   std::vector<std::vector<int64_t>> out(static_cast<size_t>(batch));
   std::vector<bool> done(static_cast<size_t>(batch), false);
   at::Tensor input = ids;
+  at::Tensor all_ids = ids, all_mask = mask.to(device);  // the whole sequences so far, for a recomputed cache
   for (int64_t step = 0; step < g.max_new_tokens; ++step) {
+    if (cache.length > 0 && model.kv_cache_stale(cache.length, cache.length + input.size(1))) {
+      cache = KVCache{};
+      input = all_ids;
+      if (padded) fo.attention_mask = all_mask;
+    }
     const at::Tensor logits = model.forward(input, fo).select(1, -1).to(at::kFloat).cpu();  // (B, V)
     at::Tensor next;
     if (g.do_sample) {
@@ -94,6 +100,8 @@ std::vector<std::vector<int64_t>> generate(CausalLM& model, const std::vector<st
     }
     if (all_done && !g.fixed_steps) break;
     input = next.view({batch, 1}).to(device);
+    all_ids = at::cat({all_ids, input}, 1);
+    all_mask = at::cat({all_mask, at::ones({batch, 1}, all_mask.options())}, 1);
     if (fo.attention_mask) fo.attention_mask = at::ones({batch, 1}, at::TensorOptions(at::kBool).device(device));
   }
   model.train(was_training);

@@ -12,6 +12,7 @@
 #include "tessera/models/llama.h"
 #include "tessera/models/mpt.h"
 #include "tessera/models/opt.h"
+#include "tessera/models/phi3.h"
 #include "tessera/util/error.h"
 
 namespace tessera::models {
@@ -106,6 +107,18 @@ ModelRegistry& model_registry() {
           return build_opt(o, seed).ptr();
         });
     r->add(
+        "phi3",
+        [](config::Section& s) {
+          const Phi3Options o = parse_phi3_options(s);
+          s.finish();
+          return ModelOptions{"phi3", o, o.max_position_embeddings, o.init_device, {}};
+        },
+        [](const ModelOptions& m, const std::string& device, uint64_t seed) -> std::shared_ptr<CausalLM> {
+          Phi3Options o = std::any_cast<const Phi3Options&>(m.options);
+          o.init_device = device;
+          return build_phi3(o, seed).ptr();
+        });
+    r->add(
         "hf_causal_lm",
         [](config::Section& s) {
           const HfCausalLMOptions o = parse_hf_causal_lm_options(s);
@@ -187,6 +200,7 @@ HfModelTypeRegistry& hf_model_type_registry() {
     r->add("gpt_neo", hf_builder(&gpt_neo_options_from_hf_config, &build_gpt_neo));
     r->add("gpt_neox", hf_builder(&gpt_neox_options_from_hf_config, &build_gpt_neox));
     r->add("opt", hf_builder(&opt_options_from_hf_config, &build_opt));
+    r->add("phi3", hf_builder(&phi3_options_from_hf_config, &build_phi3));
     return r;
   }();
   return *registry;

@@ -130,6 +130,11 @@ class CausalLM : public torch::nn::Module {
   // under "lm_head.weight" instead. nullopt (the default) for untied heads.
   virtual std::optional<std::string> tied_embedding_name() const { return std::nullopt; }
 
+  // --- Decoding. True when a KV cache of `past` positions cannot serve the next call, which brings each row to
+  // `total` positions: generate() then drops the cache and runs the whole sequence again (as transformers' Phi-3
+  // does when longrope switches from its short to its long factors). Default: never.
+  virtual bool kv_cache_stale(int64_t past, int64_t total) const { return false; }
+
   // --- Objective and metrics (Composer's ComposerModel.loss and get_metrics). The training loss of `logits` (this
   // model's forward on batch.input_ids) on `batch`, summed over its loss tokens (models/loss.h); default: next-token
   // cross-entropy. A recipe's `loss:` section takes precedence. The model's own evaluation metrics, beside
