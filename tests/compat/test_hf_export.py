@@ -122,6 +122,38 @@ def test_gpt2_fine_tuned_and_exported_loads_as_gpt2_with_its_activation(name, dr
     assert_same_function(driver, tmp_path, tmp_path / "hf", hf)
 
 
+def test_gpt2_small_recipe_plans_transformers_count_and_trains_shrunk_to_a_gpt2_export(driver, tmp_path, dataset,
+                                                                                       hub_cache):
+    """recipes/gpt2-small.yaml (LLM Foundry's gpt2-small: hf_causal_lm gpt2 with n_positions overridden to 2048):
+    the dry run prints GPT2LMHeadModel's count for the published config with that override; shrunk (2 layers of 64,
+    the gelu_new of the published config kept) it trains from scratch and exports as GPT2LMHeadModel with gelu_new
+    computing the same logits."""
+    import os
+    train = os.environ.get("TESSERA_TRAIN_BIN", str(ROOT / "build" / "bin" / "train"))
+    env = dict(os.environ, HF_HUB_CACHE=str(hub_cache))
+    proc = subprocess.run([train, "--recipe", str(ROOT / "recipes" / "gpt2-small.yaml"), "--dry-run", "--world-size",
+                           "8"], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    published = json.loads((ROOT / "tests" / "data" / "hub_configs" / "gpt2.json").read_text())
+    config = GPT2Config(**{k: v for k, v in published.items() if k not in ("architectures", "model_type")})
+    config.n_positions = 2048
+    with torch.device("meta"):
+        expected = sum(p.numel() for p in GPT2LMHeadModel(config).parameters())
+    assert f"{expected:,}" in proc.stdout, (expected, proc.stdout[-2000:])
+
+    shrunk = dict(published, n_embd=64, n_head=4, n_layer=2, vocab_size=VOCAB, n_positions=SEQ)
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "config.json").write_text(json.dumps(shrunk))
+    section = dict(yaml.safe_load((ROOT / "recipes" / "gpt2-small.yaml").read_text())["model"],
+                   pretrained_model_name_or_path=str(tmp_path / "gpt2"), config_overrides={"n_positions": SEQ})
+    checkpoint = train_and_checkpoint(driver, tmp_path / "run", dataset, section)
+    assert convert(checkpoint, tmp_path / "hf").returncode == 0
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["activation_function"] == "gelu_new"
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", torch_dtype=torch.float32).eval()
+    assert type(hf).__name__ == "GPT2LMHeadModel"
+    assert_same_function(driver, tmp_path, tmp_path / "hf", hf)
+
+
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     root = tmp_path_factory.mktemp("export_data")
