@@ -10,6 +10,7 @@
 #include <set>
 
 #include "tessera/config/value.h"
+#include "tessera/models/family_support.h"
 #include "tessera/util/error.h"
 
 namespace tessera::models {
@@ -69,16 +70,7 @@ GemmaOptions parse_gemma_options(config::Section& s, const std::string& model_ty
     s.check(!s.get_bool("use_bidirectional_attention", false), "use_bidirectional_attention",
             "true (EmbeddingGemma's bidirectional attention) is not a causal language model");
   }
-  if (s.has("rope_scaling")) {
-    config::Section r = s.section("rope_scaling");
-    const std::string type = r.get_optional_string("rope_type").value_or(r.get_string("type", "default"));
-    r.check(type == "default" || type == "linear", "rope_type",
-            "expected default or linear (Tessera's Gemma computes no other scaling), got " + type);
-    const double factor = r.get_double("factor", 1.0);
-    r.check(factor > 0, "factor", "must be positive");
-    if (type == "linear") o.rope_linear_factor = factor;
-    r.finish();
-  }
+  o.rope_linear_factor = read_linear_rope_scaling(s, "Gemma");
   o.bos_token_id = s.get_nullable_int("bos_token_id", o.bos_token_id);
   o.eos_token_id = s.get_nullable_int("eos_token_id", o.eos_token_id);
   o.pad_token_id = s.get_nullable_int("pad_token_id", o.pad_token_id);
@@ -136,27 +128,13 @@ GemmaOptions gemma_options_from_hf_config(const nlohmann::json& raw, const std::
   if (type != "gemma2" && type != "gemma3_text") {
     throw Error("hf", fmt::format("{}: model_type is \"{}\", expected gemma2 or gemma3_text", where, type));
   }
-  nlohmann::json cfg = nlohmann::json::object();
-  for (const auto& [k, v] : raw.items()) {
-    if (kKeys.count(k) || (type == "gemma3_text" && kGemma3Keys.count(k))) cfg[k] = v;  // nulls kept: they mean none
-  }
-  if (cfg.contains("rope_scaling") && cfg["rope_scaling"].is_null()) cfg.erase("rope_scaling");
-  if (cfg.contains("layer_types") && cfg["layer_types"].is_null()) cfg.erase("layer_types");
-  if (cfg.contains("eos_token_id") && cfg["eos_token_id"].is_array()) cfg["eos_token_id"] = nullptr;  // a list
-  config::Origin origin;
-  origin.file = where;
-  config::Value v = config::parse_yaml(cfg.dump(), origin);
-  config::ParseContext ctx(where);
-  config::Section s(&v, "", ctx);
-  try {
-    GemmaOptions o = parse_gemma_options(s, type);
-    s.finish();
-    ctx.throw_if_unsupported();
-    o.init_device = "cpu";
-    return o;
-  } catch (const ConfigError& e) {
-    throw Error("hf", e.message());
-  }
+  std::set<std::string> keys = kKeys;
+  if (type == "gemma3_text") keys.insert(kGemma3Keys.begin(), kGemma3Keys.end());
+  const nlohmann::json cfg = hf_config_keys(raw, keys);
+  GemmaOptions o;
+  read_hf_config(cfg, where, [&](config::Section& s) { o = parse_gemma_options(s, type); });
+  o.init_device = "cpu";
+  return o;
 }
 
 nlohmann::ordered_json gemma_hf_config(const GemmaOptions& o, at::ScalarType dtype) {
@@ -281,9 +259,7 @@ GemmaForCausalLMImpl::GemmaForCausalLMImpl(const GemmaOptions& o) : o_(o) {
 }
 
 int64_t GemmaForCausalLMImpl::unit_of_parameter(const std::string& name) const {
-  static const std::string kLayers = "model.layers.";
-  if (name.rfind(kLayers, 0) != 0) return 0;
-  return std::stoll(name.substr(kLayers.size(), name.find('.', kLayers.size()) - kLayers.size())) + 1;
+  return layer_unit(name, "model.layers.");
 }
 
 at::Tensor GemmaForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOptions& fo) {
@@ -358,9 +334,7 @@ std::optional<std::string> GemmaForCausalLMImpl::tied_embedding_name() const {
 }
 
 GemmaForCausalLM build_gemma(const GemmaOptions& options, uint64_t seed) {
-  GemmaForCausalLM model(options);
-  if (options.init_device != "meta") model->init_weights(seed);
-  return model;
+  return build_initialised<GemmaForCausalLM>(options, seed);
 }
 
 }  // namespace tessera::models

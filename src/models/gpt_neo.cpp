@@ -9,6 +9,7 @@
 #include <set>
 
 #include "tessera/config/value.h"
+#include "tessera/models/family_support.h"
 #include "tessera/util/error.h"
 
 namespace tessera::models {
@@ -118,27 +119,11 @@ GPTNeoOptions gpt_neo_options_from_hf_config(const nlohmann::json& raw, const st
                                               "eos_token_id",      "pad_token_id"};
   const std::string type = raw.value("model_type", "");
   if (type != "gpt_neo") throw Error("hf", fmt::format("{}: model_type is \"{}\", expected gpt_neo", where, type));
-  nlohmann::json cfg = nlohmann::json::object();
-  for (const auto& [k, v] : raw.items()) {
-    if (kKeys.count(k) && !v.is_null()) cfg[k] = v;
-  }
-  for (const char* id : {"bos_token_id", "eos_token_id"}) {
-    if (raw.contains(id) && (raw[id].is_null() || raw[id].is_array())) cfg[id] = nullptr;  // none, or a list
-  }
-  config::Origin origin;
-  origin.file = where;
-  config::Value v = config::parse_yaml(cfg.dump(), origin);
-  config::ParseContext ctx(where);
-  config::Section s(&v, "", ctx);
-  try {
-    GPTNeoOptions o = parse_gpt_neo_options(s);
-    s.finish();
-    ctx.throw_if_unsupported();
-    o.init_device = "cpu";
-    return o;
-  } catch (const ConfigError& e) {
-    throw Error("hf", e.message());
-  }
+  nlohmann::json cfg = hf_config_keys(raw, kKeys);
+  GPTNeoOptions o;
+  read_hf_config(cfg, where, [&](config::Section& s) { o = parse_gpt_neo_options(s); });
+  o.init_device = "cpu";
+  return o;
 }
 
 nlohmann::ordered_json gpt_neo_hf_config(const GPTNeoOptions& o, at::ScalarType dtype) {
@@ -230,9 +215,7 @@ GPTNeoForCausalLMImpl::GPTNeoForCausalLMImpl(const GPTNeoOptions& o) : o_(o) {
 }
 
 int64_t GPTNeoForCausalLMImpl::unit_of_parameter(const std::string& name) const {
-  static const std::string kLayers = "transformer.h.";
-  if (name.rfind(kLayers, 0) != 0) return 0;
-  return std::stoll(name.substr(kLayers.size(), name.find('.', kLayers.size()) - kLayers.size())) + 1;
+  return layer_unit(name, "transformer.h.");
 }
 
 at::Tensor GPTNeoForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOptions& fo) {
@@ -286,9 +269,7 @@ std::string GPTNeoForCausalLMImpl::describe() const {
 }
 
 GPTNeoForCausalLM build_gpt_neo(const GPTNeoOptions& options, uint64_t seed) {
-  GPTNeoForCausalLM model(options);
-  if (options.init_device != "meta") model->init_weights(seed);
-  return model;
+  return build_initialised<GPTNeoForCausalLM>(options, seed);
 }
 
 }  // namespace tessera::models

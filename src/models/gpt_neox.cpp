@@ -8,6 +8,7 @@
 #include <set>
 
 #include "tessera/config/value.h"
+#include "tessera/models/family_support.h"
 #include "tessera/util/error.h"
 
 namespace tessera::models {
@@ -44,16 +45,7 @@ GPTNeoXOptions parse_gpt_neox_options(config::Section& s) {
   o.eos_token_id = s.get_nullable_int("eos_token_id", o.eos_token_id);
   o.pad_token_id = s.get_nullable_int("pad_token_id", o.pad_token_id);
   o.init_device = s.get_choice("init_device", o.init_device, {"cpu", "meta", "cuda"});
-  if (s.has("rope_scaling")) {
-    config::Section r = s.section("rope_scaling");
-    const std::string type = r.get_optional_string("rope_type").value_or(r.get_string("type", "default"));
-    r.check(type == "default" || type == "linear", "rope_type",
-            "expected default or linear (Tessera's GPT-NeoX computes no other scaling), got " + type);
-    const double factor = r.get_double("factor", 1.0);
-    r.check(factor > 0, "factor", "must be positive");
-    if (type == "linear") o.rope_linear_factor = factor;
-    r.finish();
-  }
+  o.rope_linear_factor = read_linear_rope_scaling(s, "GPT-NeoX");
 
   s.check(o.hidden_size > 0 && o.vocab_size > 0 && o.num_hidden_layers > 0 && o.intermediate_size > 0, "hidden_size",
           "hidden_size, vocab_size, num_hidden_layers and intermediate_size must be positive");
@@ -82,27 +74,11 @@ GPTNeoXOptions gpt_neox_options_from_hf_config(const nlohmann::json& raw, const 
       "pad_token_id"};
   const std::string type = raw.value("model_type", "");
   if (type != "gpt_neox") throw Error("hf", fmt::format("{}: model_type is \"{}\", expected gpt_neox", where, type));
-  nlohmann::json cfg = nlohmann::json::object();
-  for (const auto& [k, v] : raw.items()) {
-    if (kKeys.count(k) && !v.is_null()) cfg[k] = v;
-  }
-  for (const char* id : {"bos_token_id", "eos_token_id"}) {
-    if (raw.contains(id) && (raw[id].is_null() || raw[id].is_array())) cfg[id] = nullptr;  // none, or a list
-  }
-  config::Origin origin;
-  origin.file = where;
-  config::Value v = config::parse_yaml(cfg.dump(), origin);
-  config::ParseContext ctx(where);
-  config::Section s(&v, "", ctx);
-  try {
-    GPTNeoXOptions o = parse_gpt_neox_options(s);
-    s.finish();
-    ctx.throw_if_unsupported();
-    o.init_device = "cpu";
-    return o;
-  } catch (const ConfigError& e) {
-    throw Error("hf", e.message());
-  }
+  nlohmann::json cfg = hf_config_keys(raw, kKeys);
+  GPTNeoXOptions o;
+  read_hf_config(cfg, where, [&](config::Section& s) { o = parse_gpt_neox_options(s); });
+  o.init_device = "cpu";
+  return o;
 }
 
 nlohmann::ordered_json gpt_neox_hf_config(const GPTNeoXOptions& o, at::ScalarType dtype) {
@@ -207,9 +183,7 @@ GPTNeoXForCausalLMImpl::GPTNeoXForCausalLMImpl(const GPTNeoXOptions& o) : o_(o) 
 }
 
 int64_t GPTNeoXForCausalLMImpl::unit_of_parameter(const std::string& name) const {
-  static const std::string kLayers = "gpt_neox.layers.";
-  if (name.rfind(kLayers, 0) != 0) return 0;
-  return std::stoll(name.substr(kLayers.size(), name.find('.', kLayers.size()) - kLayers.size())) + 1;
+  return layer_unit(name, "gpt_neox.layers.");
 }
 
 at::Tensor GPTNeoXForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOptions& fo) {
@@ -277,9 +251,7 @@ std::optional<std::string> GPTNeoXForCausalLMImpl::tied_embedding_name() const {
 }
 
 GPTNeoXForCausalLM build_gpt_neox(const GPTNeoXOptions& options, uint64_t seed) {
-  GPTNeoXForCausalLM model(options);
-  if (options.init_device != "meta") model->init_weights(seed);
-  return model;
+  return build_initialised<GPTNeoXForCausalLM>(options, seed);
 }
 
 }  // namespace tessera::models

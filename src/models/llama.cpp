@@ -9,6 +9,7 @@
 #include <set>
 
 #include "tessera/config/value.h"
+#include "tessera/models/family_support.h"
 #include "tessera/models/layers.h"
 #include "tessera/util/error.h"
 
@@ -83,11 +84,7 @@ LlamaOptions llama_options_from_hf_config(const nlohmann::json& raw, const std::
   if (type != "llama" && type != "mistral" && type != "qwen2") {
     throw Error("hf", fmt::format("{}: model_type is \"{}\", expected llama, mistral or qwen2", where, type));
   }
-  nlohmann::json cfg = nlohmann::json::object();
-  for (const auto& [k, v] : raw.items()) {
-    if (kKeys.count(k) && !v.is_null()) cfg[k] = v;
-  }
-  if (cfg.contains("eos_token_id") && cfg["eos_token_id"].is_array()) cfg.erase("eos_token_id");  // Llama 3.1's list
+  nlohmann::json cfg = hf_config_keys(raw, kKeys);  // Llama 3.1's list of eos ids reads as none
   // Mistral and Qwen2 write sliding_window even when it is off (use_sliding_window: false in Qwen2). Qwen2 slides in
   // the layers its layer_types names (by default those >= max_window_layers); Tessera's window covers every layer or
   // none.
@@ -108,20 +105,10 @@ LlamaOptions llama_options_from_hf_config(const nlohmann::json& raw, const std::
                                     where, sliding, layers));
     }
   }
-  config::Origin origin;
-  origin.file = where;
-  config::Value v = config::parse_yaml(cfg.dump(), origin);
-  config::ParseContext ctx(where);
-  config::Section s(&v, "", ctx);
-  try {
-    LlamaOptions o = parse_llama_options(s);
-    s.finish();
-    ctx.throw_if_unsupported();
-    o.init_device = "cpu";
-    return o;
-  } catch (const ConfigError& e) {
-    throw Error("hf", e.message());
-  }
+  LlamaOptions o;
+  read_hf_config(cfg, where, [&](config::Section& s) { o = parse_llama_options(s); });
+  o.init_device = "cpu";
+  return o;
 }
 
 nlohmann::ordered_json llama_hf_config(const LlamaOptions& o, at::ScalarType dtype) {
@@ -293,9 +280,7 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaOptions& o) : o_(o), inv_f
 }
 
 int64_t LlamaForCausalLMImpl::unit_of_parameter(const std::string& name) const {
-  static const std::string kLayers = "model.layers.";
-  if (name.rfind(kLayers, 0) != 0) return 0;
-  return std::stoll(name.substr(kLayers.size(), name.find('.', kLayers.size()) - kLayers.size())) + 1;
+  return layer_unit(name, "model.layers.");
 }
 
 AttentionInputs LlamaForCausalLMImpl::attention_inputs(const at::Tensor& ids, const ForwardOptions& fo, int64_t past,

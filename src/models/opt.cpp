@@ -9,6 +9,7 @@
 #include <set>
 
 #include "tessera/config/value.h"
+#include "tessera/models/family_support.h"
 #include "tessera/util/error.h"
 
 namespace tessera::models {
@@ -93,27 +94,11 @@ OPTOptions opt_options_from_hf_config(const nlohmann::json& raw, const std::stri
                                               "pad_token_id"};
   const std::string type = raw.value("model_type", "");
   if (type != "opt") throw Error("hf", fmt::format("{}: model_type is \"{}\", expected opt", where, type));
-  nlohmann::json cfg = nlohmann::json::object();
-  for (const auto& [k, v] : raw.items()) {
-    if (kKeys.count(k) && !v.is_null()) cfg[k] = v;
-  }
-  for (const char* id : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
-    if (raw.contains(id) && (raw[id].is_null() || raw[id].is_array())) cfg[id] = nullptr;  // none, or a list
-  }
-  config::Origin origin;
-  origin.file = where;
-  config::Value v = config::parse_yaml(cfg.dump(), origin);
-  config::ParseContext ctx(where);
-  config::Section s(&v, "", ctx);
-  try {
-    OPTOptions o = parse_opt_options(s);
-    s.finish();
-    ctx.throw_if_unsupported();
-    o.init_device = "cpu";
-    return o;
-  } catch (const ConfigError& e) {
-    throw Error("hf", e.message());
-  }
+  nlohmann::json cfg = hf_config_keys(raw, kKeys);
+  OPTOptions o;
+  read_hf_config(cfg, where, [&](config::Section& s) { o = parse_opt_options(s); });
+  o.init_device = "cpu";
+  return o;
 }
 
 nlohmann::ordered_json opt_hf_config(const OPTOptions& o, at::ScalarType dtype) {
@@ -214,9 +199,7 @@ OPTForCausalLMImpl::OPTForCausalLMImpl(const OPTOptions& o) : o_(o) {
 }
 
 int64_t OPTForCausalLMImpl::unit_of_parameter(const std::string& name) const {
-  static const std::string kLayers = "model.decoder.layers.";
-  if (name.rfind(kLayers, 0) != 0) return 0;
-  return std::stoll(name.substr(kLayers.size(), name.find('.', kLayers.size()) - kLayers.size())) + 1;
+  return layer_unit(name, "model.decoder.layers.");
 }
 
 at::Tensor OPTForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOptions& fo) {
@@ -277,9 +260,7 @@ std::optional<std::string> OPTForCausalLMImpl::tied_embedding_name() const {
 }
 
 OPTForCausalLM build_opt(const OPTOptions& options, uint64_t seed) {
-  OPTForCausalLM model(options);
-  if (options.init_device != "meta") model->init_weights(seed);
-  return model;
+  return build_initialised<OPTForCausalLM>(options, seed);
 }
 
 }  // namespace tessera::models

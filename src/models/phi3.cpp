@@ -9,6 +9,7 @@
 #include <set>
 
 #include "tessera/config/value.h"
+#include "tessera/models/family_support.h"
 #include "tessera/util/error.h"
 
 namespace tessera::models {
@@ -125,28 +126,11 @@ Phi3Options phi3_options_from_hf_config(const nlohmann::json& raw, const std::st
                                               "pad_token_id"};
   const std::string type = raw.value("model_type", "");
   if (type != "phi3") throw Error("hf", fmt::format("{}: model_type is \"{}\", expected phi3", where, type));
-  nlohmann::json cfg = nlohmann::json::object();
-  for (const auto& [k, v] : raw.items()) {
-    if (kKeys.count(k)) cfg[k] = v;
-  }
-  for (const char* key : {"rope_scaling", "sliding_window", "num_key_value_heads"}) {
-    if (cfg.contains(key) && cfg[key].is_null()) cfg.erase(key);
-  }
-  if (cfg.contains("eos_token_id") && cfg["eos_token_id"].is_array()) cfg["eos_token_id"] = nullptr;  // a list
-  config::Origin origin;
-  origin.file = where;
-  config::Value v = config::parse_yaml(cfg.dump(), origin);
-  config::ParseContext ctx(where);
-  config::Section s(&v, "", ctx);
-  try {
-    Phi3Options o = parse_phi3_options(s);
-    s.finish();
-    ctx.throw_if_unsupported();
-    o.init_device = "cpu";
-    return o;
-  } catch (const ConfigError& e) {
-    throw Error("hf", e.message());
-  }
+  nlohmann::json cfg = hf_config_keys(raw, kKeys);
+  Phi3Options o;
+  read_hf_config(cfg, where, [&](config::Section& s) { o = parse_phi3_options(s); });
+  o.init_device = "cpu";
+  return o;
 }
 
 nlohmann::ordered_json phi3_hf_config(const Phi3Options& o, at::ScalarType dtype) {
@@ -257,9 +241,7 @@ Phi3ForCausalLMImpl::Phi3ForCausalLMImpl(const Phi3Options& o) : o_(o) {
 }
 
 int64_t Phi3ForCausalLMImpl::unit_of_parameter(const std::string& name) const {
-  static const std::string kLayers = "model.layers.";
-  if (name.rfind(kLayers, 0) != 0) return 0;
-  return std::stoll(name.substr(kLayers.size(), name.find('.', kLayers.size()) - kLayers.size())) + 1;
+  return layer_unit(name, "model.layers.");
 }
 
 at::Tensor Phi3ForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOptions& fo) {
@@ -322,9 +304,7 @@ std::optional<std::string> Phi3ForCausalLMImpl::tied_embedding_name() const {
 }
 
 Phi3ForCausalLM build_phi3(const Phi3Options& options, uint64_t seed) {
-  Phi3ForCausalLM model(options);
-  if (options.init_device != "meta") model->init_weights(seed);
-  return model;
+  return build_initialised<Phi3ForCausalLM>(options, seed);
 }
 
 }  // namespace tessera::models

@@ -16,6 +16,28 @@
 #include "tessera/util/error.h"
 
 namespace tessera::models {
+namespace {
+
+// A family whose recipe section `parse` reads into its Options (which have max_position_embeddings and init_device)
+// and whose model `build` makes from them and a seed.
+template <class Options, class Model>
+void add_family(ModelRegistry& r, const std::string& name, std::function<Options(config::Section&)> parse,
+                Model (*build)(const Options&, uint64_t)) {
+  r.add(
+      name,
+      [name, parse](config::Section& s) {
+        const Options o = parse(s);
+        s.finish();
+        return ModelOptions{name, o, o.max_position_embeddings, o.init_device, {}};
+      },
+      [build](const ModelOptions& m, const std::string& device, uint64_t seed) -> std::shared_ptr<CausalLM> {
+        Options o = std::any_cast<const Options&>(m.options);
+        o.init_device = device;
+        return build(o, seed).ptr();
+      });
+}
+
+}  // namespace
 
 ModelRegistry& model_registry() {
   static ModelRegistry* registry = [] {
@@ -31,93 +53,16 @@ ModelRegistry& model_registry() {
           o.init_device = device;
           return build_mpt(o, seed).ptr();
         });
-    r->add(
-        "llama",
-        [](config::Section& s) {
-          const LlamaOptions o = parse_llama_options(s);
-          s.finish();
-          return ModelOptions{"llama", o, o.max_position_embeddings, o.init_device, {}};
-        },
-        [](const ModelOptions& m, const std::string& device, uint64_t seed) -> std::shared_ptr<CausalLM> {
-          LlamaOptions o = std::any_cast<const LlamaOptions&>(m.options);
-          o.init_device = device;
-          return build_llama(o, seed).ptr();
-        });
-    r->add(
-        "falcon",
-        [](config::Section& s) {
-          const FalconOptions o = parse_falcon_options(s);
-          s.finish();
-          return ModelOptions{"falcon", o, o.max_position_embeddings, o.init_device, {}};
-        },
-        [](const ModelOptions& m, const std::string& device, uint64_t seed) -> std::shared_ptr<CausalLM> {
-          FalconOptions o = std::any_cast<const FalconOptions&>(m.options);
-          o.init_device = device;
-          return build_falcon(o, seed).ptr();
-        });
+    add_family<LlamaOptions>(*r, "llama", &parse_llama_options, &build_llama);
+    add_family<FalconOptions>(*r, "falcon", &parse_falcon_options, &build_falcon);
     for (const char* type : {"gemma2", "gemma3_text"}) {
-      const std::string model_type = type;
-      r->add(
-          model_type,
-          [model_type](config::Section& s) {
-            const GemmaOptions o = parse_gemma_options(s, model_type);
-            s.finish();
-            return ModelOptions{model_type, o, o.max_position_embeddings, o.init_device, {}};
-          },
-          [](const ModelOptions& m, const std::string& device, uint64_t seed) -> std::shared_ptr<CausalLM> {
-            GemmaOptions o = std::any_cast<const GemmaOptions&>(m.options);
-            o.init_device = device;
-            return build_gemma(o, seed).ptr();
-          });
+      add_family<GemmaOptions>(
+          *r, type, [t = std::string(type)](config::Section& s) { return parse_gemma_options(s, t); }, &build_gemma);
     }
-    r->add(
-        "gpt_neo",
-        [](config::Section& s) {
-          const GPTNeoOptions o = parse_gpt_neo_options(s);
-          s.finish();
-          return ModelOptions{"gpt_neo", o, o.max_position_embeddings, o.init_device, {}};
-        },
-        [](const ModelOptions& m, const std::string& device, uint64_t seed) -> std::shared_ptr<CausalLM> {
-          GPTNeoOptions o = std::any_cast<const GPTNeoOptions&>(m.options);
-          o.init_device = device;
-          return build_gpt_neo(o, seed).ptr();
-        });
-    r->add(
-        "gpt_neox",
-        [](config::Section& s) {
-          const GPTNeoXOptions o = parse_gpt_neox_options(s);
-          s.finish();
-          return ModelOptions{"gpt_neox", o, o.max_position_embeddings, o.init_device, {}};
-        },
-        [](const ModelOptions& m, const std::string& device, uint64_t seed) -> std::shared_ptr<CausalLM> {
-          GPTNeoXOptions o = std::any_cast<const GPTNeoXOptions&>(m.options);
-          o.init_device = device;
-          return build_gpt_neox(o, seed).ptr();
-        });
-    r->add(
-        "opt",
-        [](config::Section& s) {
-          const OPTOptions o = parse_opt_options(s);
-          s.finish();
-          return ModelOptions{"opt", o, o.max_position_embeddings, o.init_device, {}};
-        },
-        [](const ModelOptions& m, const std::string& device, uint64_t seed) -> std::shared_ptr<CausalLM> {
-          OPTOptions o = std::any_cast<const OPTOptions&>(m.options);
-          o.init_device = device;
-          return build_opt(o, seed).ptr();
-        });
-    r->add(
-        "phi3",
-        [](config::Section& s) {
-          const Phi3Options o = parse_phi3_options(s);
-          s.finish();
-          return ModelOptions{"phi3", o, o.max_position_embeddings, o.init_device, {}};
-        },
-        [](const ModelOptions& m, const std::string& device, uint64_t seed) -> std::shared_ptr<CausalLM> {
-          Phi3Options o = std::any_cast<const Phi3Options&>(m.options);
-          o.init_device = device;
-          return build_phi3(o, seed).ptr();
-        });
+    add_family<GPTNeoOptions>(*r, "gpt_neo", &parse_gpt_neo_options, &build_gpt_neo);
+    add_family<GPTNeoXOptions>(*r, "gpt_neox", &parse_gpt_neox_options, &build_gpt_neox);
+    add_family<OPTOptions>(*r, "opt", &parse_opt_options, &build_opt);
+    add_family<Phi3Options>(*r, "phi3", &parse_phi3_options, &build_phi3);
     r->add(
         "hf_causal_lm",
         [](config::Section& s) {

@@ -16,18 +16,15 @@ untied head, linear rope scaling and the tanh GELU, and ALiBi over a head count 
   counts transformers computes for them.
 """
 import json
-import os
-import subprocess
 
 import pytest
 import torch
-import yaml
 from transformers import FalconConfig, FalconForCausalLM
 
-from conftest import ROOT
 from test_hf_export import VOCAB, dataset  # noqa: F401 (the fixture)
-from test_llama_hf import (assert_gradients_match, check_greedy_generation, check_left_padding,
-                            check_packed_documents, hf_forward, run_tessera, save, train_export_and_compare)
+from test_llama_hf import (check_greedy_generation, check_left_padding, check_logits_and_gradients,
+                           check_packed_documents, check_recipe_parameter_count, randomise_norms_and_biases, run_tessera, save,
+                           train_export_and_compare)
 
 BASE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=101, max_position_embeddings=64,
             layer_norm_epsilon=1e-5, bos_token_id=1, eos_token_id=2)
@@ -48,27 +45,12 @@ SEQ = 29
 
 def hf_model(name, seed=0):
     torch.manual_seed(seed)
-    model = FalconForCausalLM(FalconConfig(**CONFIGS[name], attn_implementation="sdpa")).eval()
-    with torch.no_grad():  # HF initialises norms to 1 and biases to 0: randomise them so they are really compared
-        for n, p in model.named_parameters():
-            if "ln" in n.split(".")[-2] or "layernorm" in n:
-                p.add_(0.1 * torch.randn_like(p))
-            elif n.endswith(".bias"):
-                p.normal_(0.0, 0.1)
-    return model
+    return randomise_norms_and_biases(FalconForCausalLM(FalconConfig(**CONFIGS[name], attn_implementation="sdpa")).eval())
 
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_logits_and_gradients_match_transformers(name, driver, tmp_path):
-    model = hf_model(name)
-    folder = save(model, tmp_path / "hf")
-    ids = torch.randint(0, model.config.vocab_size, (2, SEQ), generator=torch.Generator().manual_seed(1))
-    logits, loss, grads = hf_forward(model, ids, labels=ids)
-    for reference in (False, True):
-        ours = run_tessera(driver, tmp_path, folder, reference, input_ids=ids)
-        assert (ours["logits"] - logits).abs().max().item() <= 1e-5
-        assert abs(ours["loss"].item() - loss.item()) <= 1e-5
-        assert_gradients_match(ours, grads, model.config.tie_word_embeddings)
+    check_logits_and_gradients(hf_model(name), driver, tmp_path)
 
 
 @pytest.mark.parametrize("name", ["7b-multi-query", "40b-new-architecture", "rw-alibi-biases-sequential"])
@@ -122,23 +104,5 @@ def test_hf_folder_trained_and_exported_loads_in_transformers_as_the_same_functi
 
 @pytest.mark.parametrize("size", ["7b", "40b"])
 def test_recipes_are_the_published_models_with_transformers_parameter_counts(size, hub_cache, tmp_path):
-    published = json.loads((ROOT / "tests" / "data" / "hub_configs" / f"tiiuae--falcon-{size}.json").read_text())
-    recipe = yaml.safe_load((ROOT / "recipes" / f"falcon-{size}.yaml").read_text())["model"]
-    config = FalconConfig(**{k: v for k, v in published.items() if k not in ("architectures", "model_type")})
-    for key, value in recipe.items():
-        if key not in ("name", "init_device"):
-            assert getattr(config, key) == value, key
-    with torch.device("meta"):
-        expected = sum(p.numel() for p in FalconForCausalLM(config).parameters())
-    train = os.environ.get("TESSERA_TRAIN_BIN", str(ROOT / "build" / "bin" / "train"))
-    # The recipe, and the same recipe with the model through hf_causal_lm from the published config.json in a hub cache.
-    via_hub = yaml.safe_load((ROOT / "recipes" / f"falcon-{size}.yaml").read_text())
-    via_hub["model"] = {"name": "hf_causal_lm", "pretrained_model_name_or_path": f"tiiuae/falcon-{size}",
-                        "pretrained": False, "init_device": "meta"}
-    (tmp_path / "via_hub.yaml").write_text(yaml.safe_dump(via_hub))
-    env = dict(os.environ, HF_HUB_CACHE=str(hub_cache))
-    for recipe_path in (ROOT / "recipes" / f"falcon-{size}.yaml", tmp_path / "via_hub.yaml"):
-        proc = subprocess.run([train, "--recipe", str(recipe_path), "--dry-run", "--world-size", "64"],
-                              capture_output=True, text=True, env=env, timeout=300)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert f"{expected:,}" in proc.stdout + proc.stderr, (expected, proc.stdout[-2000:])
+    check_recipe_parameter_count(f"falcon-{size}.yaml", f"tiiuae/falcon-{size}", FalconConfig, FalconForCausalLM, hub_cache,
+                                 tmp_path, world_size=64)

@@ -18,8 +18,6 @@ and its docs ask for eager when training Gemma 2); Tessera computes the eager fu
   transformers computes for it, from the recipe and from the config.json in a hub cache.
 """
 import json
-import os
-import subprocess
 
 import pytest
 import torch
@@ -28,8 +26,9 @@ from transformers import Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gem
 
 from conftest import ROOT
 from test_hf_export import VOCAB, dataset  # noqa: F401 (the fixture)
-from test_llama_hf import (TRAIN_SEQ, assert_gradients_match, check_greedy_generation, check_left_padding,
-                            check_packed_documents, hf_forward, run_tessera, save, train_export_and_compare)
+from test_llama_hf import (TRAIN_SEQ, check_greedy_generation, check_left_padding, check_logits_and_gradients,
+                           check_packed_documents, check_recipe_parameter_count, randomise_norms_and_biases,
+                           run_tessera, save, train_export_and_compare)
 
 BASE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
             head_dim=16, vocab_size=101, max_position_embeddings=64, sliding_window=7, pad_token_id=0,
@@ -53,28 +52,12 @@ SEQ = 29
 def hf_model(name, seed=0, **changes):
     config_class, model_class, cfg = CONFIGS[name]
     torch.manual_seed(seed)
-    model = model_class(config_class(**dict(cfg, **changes), attn_implementation="eager")).eval()
-    with torch.no_grad():  # HF initialises norms to 0 (1 + w) and biases to 0: randomise them so they are compared
-        for n, p in model.named_parameters():
-            if "norm" in n:
-                p.add_(0.1 * torch.randn_like(p))
-            elif n.endswith(".bias"):
-                p.normal_(0.0, 0.1)
-    return model
+    return randomise_norms_and_biases(model_class(config_class(**dict(cfg, **changes), attn_implementation="eager")).eval())
 
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_logits_and_gradients_match_transformers(name, driver, tmp_path):
-    model = hf_model(name)
-    folder = save(model, tmp_path / "hf")
-    ids = torch.randint(0, model.config.vocab_size, (2, SEQ), generator=torch.Generator().manual_seed(1))
-    ids[1, 4] = model.config.pad_token_id  # the padding row's gradient is zero in both
-    logits, loss, grads = hf_forward(model, ids, labels=ids)
-    for reference in (False, True):
-        ours = run_tessera(driver, tmp_path, folder, reference, input_ids=ids)
-        assert (ours["logits"] - logits).abs().max().item() <= 1e-5
-        assert abs(ours["loss"].item() - loss.item()) <= 1e-5
-        assert_gradients_match(ours, grads, model.config.tie_word_embeddings)
+    check_logits_and_gradients(hf_model(name), driver, tmp_path, pad_at=(1, 4))
 
 
 @pytest.mark.parametrize("name", ["gemma2-softcaps", "gemma3-qk-norms-local-rope"])
@@ -130,22 +113,4 @@ def test_the_recipes_gemma_trained_from_scratch_exports_as_gemma_computing_the_s
 
 
 def test_recipe_is_the_published_gemma_2_2b_with_transformers_parameter_count(hub_cache, tmp_path):
-    published = json.loads((ROOT / "tests" / "data" / "hub_configs" / "google--gemma-2-2b.json").read_text())
-    recipe = yaml.safe_load((ROOT / "recipes" / "gemma-2-2b.yaml").read_text())["model"]
-    config = Gemma2Config(**{k: v for k, v in published.items() if k not in ("architectures", "model_type")})
-    for key, value in recipe.items():
-        if key not in ("name", "init_device"):
-            assert getattr(config, key) == value, key
-    with torch.device("meta"):
-        expected = sum(p.numel() for p in Gemma2ForCausalLM(config).parameters())
-    train = os.environ.get("TESSERA_TRAIN_BIN", str(ROOT / "build" / "bin" / "train"))
-    via_hub = yaml.safe_load((ROOT / "recipes" / "gemma-2-2b.yaml").read_text())
-    via_hub["model"] = {"name": "hf_causal_lm", "pretrained_model_name_or_path": "google/gemma-2-2b",
-                        "pretrained": False, "init_device": "meta"}
-    (tmp_path / "via_hub.yaml").write_text(yaml.safe_dump(via_hub))
-    env = dict(os.environ, HF_HUB_CACHE=str(hub_cache))
-    for recipe_path in (ROOT / "recipes" / "gemma-2-2b.yaml", tmp_path / "via_hub.yaml"):
-        proc = subprocess.run([train, "--recipe", str(recipe_path), "--dry-run", "--world-size", "8"],
-                              capture_output=True, text=True, env=env, timeout=300)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert f"{expected:,}" in proc.stdout + proc.stderr, (expected, proc.stdout[-2000:])
+    check_recipe_parameter_count("gemma-2-2b.yaml", "google/gemma-2-2b", Gemma2Config, Gemma2ForCausalLM, hub_cache, tmp_path)

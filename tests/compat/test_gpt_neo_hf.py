@@ -19,8 +19,9 @@ from transformers import GPTNeoConfig, GPTNeoForCausalLM
 
 from conftest import ROOT
 from test_hf_export import VOCAB, dataset  # noqa: F401 (the fixture)
-from test_llama_hf import (TRAIN_SEQ, assert_gradients_match, check_greedy_generation, check_left_padding,
-                            check_packed_documents, hf_forward, run_tessera, save, train_export_and_compare)
+from test_llama_hf import (TRAIN_SEQ, check_greedy_generation, check_left_padding, check_logits_and_gradients,
+                           check_packed_documents, randomise_norms_and_biases, run_tessera, save,
+                           train_export_and_compare)
 
 BASE = dict(hidden_size=64, num_layers=2, num_heads=4, vocab_size=101, max_position_embeddings=64, window_size=7,
             bos_token_id=1, eos_token_id=2)
@@ -37,27 +38,12 @@ SEQ = 29
 
 def hf_model(name, seed=0):
     torch.manual_seed(seed)
-    model = GPTNeoForCausalLM(GPTNeoConfig(**CONFIGS[name], attn_implementation="eager")).eval()
-    with torch.no_grad():  # HF initialises norms to 1 and biases to 0: randomise them so they are really compared
-        for n, p in model.named_parameters():
-            if ".ln_" in n:
-                p.add_(0.1 * torch.randn_like(p))
-            elif n.endswith(".bias"):
-                p.normal_(0.0, 0.1)
-    return model
+    return randomise_norms_and_biases(GPTNeoForCausalLM(GPTNeoConfig(**CONFIGS[name], attn_implementation="eager")).eval())
 
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_logits_and_gradients_match_transformers(name, driver, tmp_path):
-    model = hf_model(name)
-    folder = save(model, tmp_path / "hf")
-    ids = torch.randint(0, model.config.vocab_size, (2, SEQ), generator=torch.Generator().manual_seed(1))
-    logits, loss, grads = hf_forward(model, ids, labels=ids)
-    for reference in (False, True):
-        ours = run_tessera(driver, tmp_path, folder, reference, input_ids=ids)
-        assert (ours["logits"] - logits).abs().max().item() <= 1e-5
-        assert abs(ours["loss"].item() - loss.item()) <= 1e-5
-        assert_gradients_match(ours, grads, True)
+    check_logits_and_gradients(hf_model(name), driver, tmp_path)
 
 
 @pytest.mark.parametrize("name", ["125m-pattern", "local-first-relu-inner"])

@@ -12,6 +12,8 @@ attention and MLP biases, linear and Llama 3.1 rope scaling, Mistral's sliding w
 - HF folder -> Tessera -> 5 training steps -> checkpoint -> `convert` -> AutoModelForCausalLM: the same logits.
 """
 import json
+import os
+import subprocess
 
 import pytest
 import torch
@@ -49,13 +51,20 @@ SEQ = 29
 def hf_model(name, seed=0):
     config_class, model_class, cfg = CONFIGS[name]
     torch.manual_seed(seed)
-    model = model_class(config_class(**cfg, attn_implementation="sdpa")).eval()
-    with torch.no_grad():  # HF initialises norms to 1 and biases to 0: randomise them so they are really compared
-        for n, p in model.named_parameters():
-            if "norm" in n:
-                p.add_(0.1 * torch.randn_like(p))
-            elif n.endswith(".bias"):
-                p.normal_(0.0, 0.1)
+    return randomise_norms_and_biases(model_class(config_class(**cfg, attn_implementation="sdpa")).eval())
+
+
+def randomise_norms_and_biases(model):
+    """transformers initialises norms to 1 (Gemma's to 0, for 1 + w) and biases to 0: randomise them so that they are
+    really compared. Shared with the other families' suites."""
+    with torch.no_grad():
+        for module in model.modules():
+            norm = "Norm" in type(module).__name__
+            for name, p in module.named_parameters(recurse=False):
+                if norm:
+                    p.add_(0.1 * torch.randn_like(p))
+                elif name == "bias":
+                    p.normal_(0.0, 0.1)
     return model
 
 
@@ -87,18 +96,52 @@ def assert_gradients_match(ours, grads, tied):
         assert diff <= 1e-4 * g.abs().max().item() + 1e-9, f"{param}: max-abs diff {diff}"
 
 
-@pytest.mark.parametrize("name", CONFIGS)
-def test_logits_and_gradients_match_transformers(name, driver, tmp_path):
-    model = hf_model(name)
+def check_logits_and_gradients(model, driver, tmp_path, seq=SEQ, pad_at=None):
+    """transformers saves `model`'s folder and Tessera loads it: logits within 1e-5 max-abs in fp32, the loss within
+    1e-5 and every gradient within 1e-4 relative, on the SDPA path and the explicit reference path. `pad_at` (row,
+    column) puts the padding token there, whose embedding row gets no gradient in either. Shared with the other
+    families' suites."""
     folder = save(model, tmp_path / "hf")
-    vocab = model.config.vocab_size
-    ids = torch.randint(0, vocab, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, model.config.vocab_size, (2, seq), generator=torch.Generator().manual_seed(1))
+    if pad_at is not None:
+        ids[pad_at] = model.config.pad_token_id
     logits, loss, grads = hf_forward(model, ids, labels=ids)
     for reference in (False, True):
         ours = run_tessera(driver, tmp_path, folder, reference, input_ids=ids)
         assert (ours["logits"] - logits).abs().max().item() <= 1e-5
         assert abs(ours["loss"].item() - loss.item()) <= 1e-5
         assert_gradients_match(ours, grads, model.config.tie_word_embeddings)
+
+
+def check_recipe_parameter_count(recipe, hub_id, config_class, model_class, hub_cache, tmp_path, world_size=8):
+    """recipes/`recipe` is the published config.json of `hub_id` (tests/data/hub_configs/): every key of its model
+    section equals the config's; and `train --dry-run` prints the parameter count transformers' `model_class` has for
+    that config, from the recipe and from the same recipe with the model through hf_causal_lm over the config.json in
+    a hub cache. Shared with the other families' suites."""
+    published = json.loads((ROOT / "tests" / "data" / "hub_configs" / f"{hub_id.replace('/', '--')}.json")
+                           .read_text())
+    recipe_yaml = yaml.safe_load((ROOT / "recipes" / recipe).read_text())
+    config = config_class(**{k: v for k, v in published.items() if k not in ("architectures", "model_type")})
+    for key, value in recipe_yaml["model"].items():
+        if key not in ("name", "init_device"):
+            assert getattr(config, key) == value, key
+    with torch.device("meta"):
+        expected = sum(p.numel() for p in model_class(config).parameters())
+    train = os.environ.get("TESSERA_TRAIN_BIN", str(ROOT / "build" / "bin" / "train"))
+    recipe_yaml["model"] = {"name": "hf_causal_lm", "pretrained_model_name_or_path": hub_id, "pretrained": False,
+                            "init_device": "meta"}
+    (tmp_path / "via_hub.yaml").write_text(yaml.safe_dump(recipe_yaml))
+    env = dict(os.environ, HF_HUB_CACHE=str(hub_cache))
+    for recipe_path in (ROOT / "recipes" / recipe, tmp_path / "via_hub.yaml"):
+        proc = subprocess.run([train, "--recipe", str(recipe_path), "--dry-run", "--world-size", str(world_size)],
+                              capture_output=True, text=True, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert f"{expected:,}" in proc.stdout + proc.stderr, (expected, proc.stdout[-2000:])
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_logits_and_gradients_match_transformers(name, driver, tmp_path):
+    check_logits_and_gradients(hf_model(name), driver, tmp_path)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
