@@ -368,6 +368,10 @@ def test_slurm_job_preempted_with_usr1_requeues_and_ends_bitwise(recipe, referen
     while not (slurm.job(job).get("Restarts", "0") != "0" and slurm.job(job)["JobState"] == "PENDING"):
         assert time.time() < deadline, f"not requeued: {out.read_text()}{slurm.job(job)}{slurm.logs()}"
         time.sleep(0.2)
+    # slurmd refuses a step whose credential is not newer than the revocation of the run it just killed, at one-second
+    # resolution ("Job credential revoked": a start in the same second as the requeue fails the job). Slurm's own
+    # requeue delay avoids that; forcing the start ourselves, we let the clock pass the requeue's second first.
+    time.sleep(2.0)
     slurm.cmd("scontrol", "update", f"JobId={job}", "StartTime=now")
     while out.read_text().count("[slurm] the ranks exited") < 2 or \
             slurm.job(job)["JobState"] not in ("COMPLETED", "FAILED", "CANCELLED"):
