@@ -63,6 +63,8 @@ def benchmarks():
         "loader_vs_streaming": ([PY, ROOT / "benchmarks/loader_vs_streaming.py"], [],
                                 ["--samples", "4000", "--rounds", "1"], "env"),
         "tokenizer_vs_hf": ([PY, ROOT / "benchmarks/tokenizer_vs_hf.py"], [], ["--rounds", "2"], "env"),
+        "convert_vs_llmfoundry": ([PY, ROOT / "benchmarks/convert_vs_llmfoundry.py"], [],
+                                  ["--gb", "0.2", "--small-gb", "0.05", "--peer-mb", "16"], "env"),
         "icl_vs_reference": ([PY, ROOT / "benchmarks/icl_vs_reference.py"], [],
                              ["--d-model", "128", "--n-layers", "2", "--max-seq-len", "256"], "env"),
         "storage_vs_boto3": ([PY, ROOT / "benchmarks/storage_vs_boto3.py"], [],

@@ -48,6 +48,32 @@ if(NOT EXISTS ${TESSERA_FMT_SHIM}/fmt)
   file(CREATE_LINK /usr/include/fmt ${TESSERA_FMT_SHIM}/fmt SYMBOLIC)
 endif()
 
+# ---- Apache Arrow C++ with Parquet --------------------------------------------------------------------------------
+# Debian 12 packages no Arrow; the pinned `pyarrow` wheel in the same venv ships Arrow's and Parquet's C++ shared
+# libraries and headers (built with the C++11 ABI, as LibTorch's wheel is), so it is taken from there as LibTorch is
+# (docs/data.md#readers). Only src/data/records.cpp uses it.
+if(NOT TESSERA_PYARROW_DIR)
+  get_filename_component(_venv_for_arrow "${Torch_DIR}/../../../../../../.." ABSOLUTE)
+  file(GLOB _pyarrow_dirs "${_venv_for_arrow}/lib/python3*/site-packages/pyarrow")
+  if(NOT _pyarrow_dirs)
+    message(FATAL_ERROR "Apache Arrow C++ not found: no pyarrow wheel in ${_venv_for_arrow}. Run tools/setup.sh "
+                        "(or pass -DTESSERA_PYARROW_DIR=<...>/site-packages/pyarrow).")
+  endif()
+  list(GET _pyarrow_dirs 0 _pyarrow_dir)
+  set(TESSERA_PYARROW_DIR "${_pyarrow_dir}" CACHE PATH "The pyarrow wheel's folder (Arrow/Parquet C++ libraries)")
+endif()
+file(GLOB _arrow_libs "${TESSERA_PYARROW_DIR}/libarrow.so.[0-9]*")
+file(GLOB _parquet_libs "${TESSERA_PYARROW_DIR}/libparquet.so.[0-9]*")
+if(NOT _arrow_libs OR NOT _parquet_libs OR NOT EXISTS "${TESSERA_PYARROW_DIR}/include/parquet/arrow/reader.h")
+  message(FATAL_ERROR "${TESSERA_PYARROW_DIR} lacks libarrow, libparquet or their headers")
+endif()
+list(GET _arrow_libs 0 _arrow_lib)
+list(GET _parquet_libs 0 _parquet_lib)
+# Linked by full path (the wheel has no unversioned names), so an installed Tessera's package names them too.
+set(TESSERA_ARROW_LIBS "${_parquet_lib};${_arrow_lib}")
+set(TESSERA_ARROW_INCLUDE "${TESSERA_PYARROW_DIR}/include")
+message(STATUS "Apache Arrow C++: ${_arrow_lib}")
+
 # ---- Debian packages ------------------------------------------------------------------------------------------------
 find_package(yaml-cpp REQUIRED)
 find_package(fmt REQUIRED)

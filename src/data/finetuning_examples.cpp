@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <ctime>
 #include <filesystem>
 #include <set>
@@ -11,8 +12,10 @@
 
 #include "tessera/data/chat_template.h"
 #include "tessera/data/finetuning.h"
+#include "tessera/data/records.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
+#include "tessera/util/hf_hub.h"
 
 namespace tessera::data {
 namespace {
@@ -148,11 +151,12 @@ std::vector<std::string> split_files(const std::filesystem::path& folder, const 
     const std::string name = rel.filename().string();
     if (name.empty() || name[0] == '.') continue;
     const std::string ext = rel.extension().string();
-    if (ext == ".lock" || ext == ".metadata" || ext == ".md") continue;
-    if (ext != ".jsonl" && ext != ".json") {
+    if (ext == ".lock" || ext == ".metadata" || ext == ".md" || name == ".gitattributes") continue;
+    if (name == "dataset_info.json" || name == "state.json" || name == "dataset_dict.json") continue;
+    if (!record_format_of(name) || record_format_of(name) == RecordFormat::kText) {
       fail(it->path().string(),
-           "unsupported data file (Tessera reads .jsonl and .json files; convert CSV or Parquet "
-           "to JSONL)");
+           "unsupported data file (Tessera reads .jsonl, .json, .parquet, .arrow and .csv files, plain or .gz / "
+           ".zst)");
     }
     files.push_back(rel);
   }
@@ -181,40 +185,37 @@ std::vector<std::string> split_files(const std::filesystem::path& folder, const 
   return out;
 }
 
+// A hub dataset id's snapshot in the local Hugging Face cache (datasets--{org}--{name}/snapshots/{refs/main}), as
+// huggingface_hub lays it out; nullopt when the id is not cached.
+std::optional<std::filesystem::path> cached_dataset_snapshot(const std::string& id) {
+  if (id.empty() || id.find("..") != std::string::npos || id.front() == '/') return std::nullopt;
+  std::string dashed;
+  for (char c : id) dashed += c == '/' ? std::string("--") : std::string(1, c);
+  const std::filesystem::path repo = util::hf_hub_cache() / ("datasets--" + dashed);
+  std::error_code ec;
+  std::string commit;
+  if (std::filesystem::exists(repo / "refs" / "main", ec)) {
+    commit = util::read_file((repo / "refs" / "main").string(), kExamplesComponent);
+    while (!commit.empty() && std::isspace(static_cast<unsigned char>(commit.back()))) commit.pop_back();
+  } else if (std::filesystem::is_directory(repo / "snapshots", ec)) {
+    for (const auto& e : std::filesystem::directory_iterator(repo / "snapshots", ec))
+      commit = e.path().filename().string();
+  }
+  if (commit.empty() || !std::filesystem::is_directory(repo / "snapshots" / commit, ec)) return std::nullopt;
+  return repo / "snapshots" / commit;
+}
+
 }  // namespace
 
 void append_json_rows(const std::string& path, std::vector<std::pair<Json, std::string>>& rows) {
-  const std::string text = util::read_file(path, kExamplesComponent);
-  const size_t first = text.find_first_not_of(" \t\r\n");
-  if (first != std::string::npos && text[first] == '[') {
-    Json doc;
-    try {
-      doc = Json::parse(text);
-    } catch (const Json::exception& e) {
-      fail(path, fmt::format("malformed JSON: {}", e.what()));
-    }
-    for (size_t k = 0; k < doc.size(); ++k) {
-      const std::string where = fmt::format("{}[{}]", path, k);
-      if (!doc[k].is_object()) fail(where, fmt::format("expected an object, not {}", doc[k].type_name()));
-      rows.emplace_back(std::move(doc[k]), where);
-    }
-    return;
-  }
-  std::istringstream in(text);
-  std::string line;
-  int64_t number = 0;
-  while (std::getline(in, line)) {
-    ++number;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = fmt::format("{}:{}", path, number);
-    Json row;
-    try {
-      row = Json::parse(line);
-    } catch (const Json::exception& e) {
-      fail(where, fmt::format("malformed JSON line: {}", e.what()));
-    }
-    if (!row.is_object()) fail(where, fmt::format("expected a JSON object, not {}", row.type_name()));
-    rows.emplace_back(std::move(row), where);
+  const std::optional<RecordFormat> format = record_format_of(path);
+  auto file = RecordFile::open(path, format && format != RecordFormat::kText ? *format : RecordFormat::kJsonl);
+  std::vector<Record> batch;
+  for (int64_t row = 0;;) {
+    batch.clear();
+    const size_t got = file->read(batch, 4096);
+    if (got == 0) break;
+    for (auto& r : batch) rows.emplace_back(std::move(r), file->where(row++));
   }
 }
 
@@ -348,24 +349,30 @@ std::pair<std::vector<int32_t>, std::vector<int32_t>> stitch_turns(const Finetun
 
 std::vector<std::pair<Json, std::string>> read_finetuning_rows(const FinetuningOptions& o) {
   std::vector<std::string> files;
-  if (o.hf_name == "json") {
+  if (o.hf_name == "json" || o.hf_name == "csv" || o.hf_name == "parquet" || o.hf_name == "arrow") {
     auto it = o.data_files.find(o.split);
     if (it == o.data_files.end()) {
       fail("hf_kwargs.data_files", fmt::format("no files for split '{}'", o.split));
     }
     files = it->second;
   } else {
-    const std::filesystem::path folder(o.hf_name);
+    std::filesystem::path folder(o.hf_name);
     std::error_code ec;
+    if (!std::filesystem::exists(folder, ec)) {
+      if (auto snapshot = cached_dataset_snapshot(o.hf_name)) folder = *snapshot;
+    }
+    if (!o.data_dir.empty()) folder /= o.data_dir;
     if (std::filesystem::is_regular_file(folder, ec)) {
       fail(o.hf_name,
            "hf_name is a file: give its folder (with split-named files), or hf_name: json with "
            "hf_kwargs.data_files");
     }
     if (!std::filesystem::is_directory(folder, ec)) {
-      fail(o.hf_name,
-           "no such folder (hf_name must be a local folder of JSONL/JSON files, or json with "
-           "hf_kwargs.data_files; datasets on the Hugging Face Hub are not downloaded)");
+      fail(folder.string(),
+           fmt::format("no such folder (hf_name must be a local folder of data files, a hub dataset id in the local "
+                       "Hugging Face cache ({}), or json / parquet / csv / arrow with hf_kwargs.data_files; datasets "
+                       "on the Hugging Face Hub are not downloaded)",
+                       util::hf_hub_cache().string()));
     }
     files = split_files(folder, o.split);
     if (files.empty()) fail(o.hf_name, fmt::format("no data file for split '{}'", o.split));

@@ -166,8 +166,11 @@ LoaderOptions parse_finetuning_loader(Section& s) {
   if (!mds) {
     auto kw = ds.section("hf_kwargs");
     f.data_files = parse_data_files(kw);
+    f.data_dir = kw.get_string("data_dir", "");
     kw.finish({"token", "revision", "trust_remote_code", "cache_dir", "num_proc"});
-    ds.check(f.hf_name != "json" || !f.data_files.empty(), "hf_kwargs", "hf_name: json needs hf_kwargs.data_files");
+    const bool builder = f.hf_name == "json" || f.hf_name == "csv" || f.hf_name == "parquet" || f.hf_name == "arrow";
+    ds.check(!builder || !f.data_files.empty(), "hf_kwargs",
+             fmt::format("hf_name: {} needs hf_kwargs.data_files", f.hf_name));
   }
   if (const config::Value* pre = ds.raw("preprocessing_fn"); pre != nullptr && !pre->is_null()) {
     if (!pre->is_map()) {

@@ -27,6 +27,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import composer.utils.dist as composer_dist  # noqa: E402
 import numpy as np  # noqa: E402
 import datasets  # noqa: E402
+import gzip  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.csv as pacsv  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
 import pytest  # noqa: E402
 from llmfoundry.data.finetuning import build_finetuning_dataloader  # noqa: E402
 from streaming import MDSWriter  # noqa: E402
@@ -194,11 +198,36 @@ def corpus(tmp_path_factory):
     (root / "array.json").write_text(json.dumps(_prompt_response_rows(t, 15), ensure_ascii=False, indent=1),
                                      encoding="utf-8")
     _write_jsonl(root / "extra.jsonl", _prompt_response_rows(t, 12))
+    # The same kinds of rows as Parquet (several row groups, nested chat messages), Arrow IPC stream files (as
+    # `datasets` caches them), CSV (pandas-style: no nested values) and gzip-compressed JSONL.
+    pq.write_table(pa.Table.from_pylist(pr), root / "pr.parquet", row_group_size=16)
+    pq.write_table(pa.Table.from_pylist(_chat_rows(t, 41)), root / "chat.parquet", row_group_size=10)
+    columns = [{"id": i, "question": r["prompt"], "answer": r["response"], "source": "fortunes"}
+               for i, r in enumerate(_prompt_response_rows(t, 31))]
+    pacsv.write_csv(pa.Table.from_pylist(columns), root / "columns.csv")
+    table = pa.Table.from_pylist(_chat_rows(t, 37))
+    with pa.ipc.new_stream(root / "chat.arrow", table.schema) as w:
+        for batch in table.to_batches(max_chunksize=9):
+            w.write_batch(batch)
+    with gzip.open(root / "pr.jsonl.gz", "wt", encoding="utf-8") as f:
+        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in _prompt_response_rows(t, 27))
+    (root / "pq_folder").mkdir()
+    pq.write_table(pa.Table.from_pylist(_prompt_response_rows(t, 21)), root / "pq_folder" / "train-00000.parquet")
+    pq.write_table(pa.Table.from_pylist(_prompt_response_rows(t, 13)), root / "pq_folder" / "validation-00000.parquet")
     return root
 
 
 def _rows(path):
     path = pathlib.Path(path)
+    if path.suffix == ".parquet":
+        return pq.read_metadata(path).num_rows
+    if path.suffix == ".arrow":
+        with pa.ipc.open_stream(path) as r:
+            return r.read_all().num_rows
+    if path.suffix == ".csv":
+        return pacsv.read_csv(path).num_rows
+    if path.suffix == ".gz":
+        return sum(1 for line in gzip.open(path, "rt", encoding="utf-8") if line.strip())
     if path.suffix == ".json":
         return len(json.loads(path.read_text(encoding="utf-8")))
     return sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
@@ -208,9 +237,9 @@ def resolve(dataset, root):
     """The case's dataset config with file names made absolute under the corpus folder; and the files it reads."""
     ds = copy.deepcopy(dataset)
     files = []
-    if ds["hf_name"] != "json":
+    if ds["hf_name"] not in ("json", "parquet", "csv", "arrow"):
         ds["hf_name"] = str(root / ds["hf_name"])
-        files = [pathlib.Path(ds["hf_name"]) / f"{ds['split']}.jsonl"]
+        files = sorted(pathlib.Path(ds["hf_name"]).glob(f"{ds['split']}*"))
     data_files = ds.get("hf_kwargs", {}).get("data_files")
     if data_files is not None:
         def fix(v):
@@ -311,9 +340,9 @@ def first_difference(got, want):
 # ---------------------------------------------------------------------------------------------------------------
 # Cases
 
-def ds(data_files, **kw):
-    """A train_loader.dataset reading `data_files` (names under the corpus folder) through hf_name: json."""
-    base = {"hf_name": "json", "hf_kwargs": {"data_files": data_files}, "split": "train", "max_seq_len": 128,
+def ds(data_files, builder="json", **kw):
+    """A train_loader.dataset reading `data_files` (names under the corpus folder) through hf_name: `builder`."""
+    base = {"hf_name": builder, "hf_kwargs": {"data_files": data_files}, "split": "train", "max_seq_len": 128,
             "decoder_only_format": True, "shuffle": False}
     base.update(kw)
     return base
@@ -386,6 +415,15 @@ CASES = {
     "auto-A-256-keep1": case("A", ds("pr.jsonl", max_seq_len=256, packing_ratio="auto", max_leftover_bins_to_keep=1,
                                      shuffle=True)),
     "auto-B-64-is-1": case("B", ds("pr.jsonl", max_seq_len=64, packing_ratio="auto")),
+    # other file formats, through `datasets`' builders and folder inference
+    "parquet-pr-A-64": case("A", ds("pr.parquet", builder="parquet", **PR64)),
+    "parquet-chat-B-shuffle": case("B", ds("chat.parquet", builder="parquet", shuffle=True, shuffle_seed=3)),
+    "arrow-chat-C": case("C", ds("chat.arrow", builder="arrow", max_seq_len=256)),
+    "csv-columns-B": case("B", ds("columns.csv", builder="csv", preprocessing_fn={"prompt": "question",
+                                                                                   "response": "answer"}, **PR64)),
+    "jsonl-gz-A": case("A", ds("pr.jsonl.gz", **PR64)),
+    "folder-parquet-validation-A": case("A", {"hf_name": "pq_folder", "split": "validation", "max_seq_len": 64,
+                                              "decoder_only_format": True, "shuffle": False}, batch=3),
     "auto-C-chat-512-world2-rank1": case("C", ds("chat.jsonl", max_seq_len=512, packing_ratio="auto", shuffle=True,
                                                  shuffle_seed=2), batch=2, world=2, rank=1),
 }

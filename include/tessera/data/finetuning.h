@@ -25,9 +25,12 @@ namespace tessera::data {
 
 // train_loader.dataset for `name: finetuning`, in LLM Foundry's keys.
 struct FinetuningOptions {
-  std::string hf_name;  // a local folder of data files, or "json" with data_files
+  // A local folder of data files (JSONL/JSON, Parquet, Arrow, CSV; .gz/.zst too), a hub dataset id whose snapshot is
+  // in the local Hugging Face cache, or a `datasets` builder name (json, parquet, csv, arrow) with data_files.
+  std::string hf_name;
   std::string split = "train";
   std::map<std::string, std::vector<std::string>> data_files;  // hf_kwargs.data_files, by split
+  std::string data_dir;                                        // hf_kwargs.data_dir: a subfolder of hf_name
   // preprocessing_fn's dict form: the columns that hold the prompt and the response.
   std::optional<std::pair<std::string, std::string>> columns;
   int64_t max_seq_len = 2048;
@@ -97,8 +100,9 @@ std::pair<std::vector<int32_t>, std::vector<int32_t>> stitch_turns(const Finetun
                                                                    const std::string& target_responses,
                                                                    std::optional<int32_t> eos);
 
-// Appends the objects of a JSONL file (one per non-blank line) or of a JSON file holding an array, each with where it
-// is ("file:line" or "file[index]"); a malformed line or a non-object is an error naming it.
+// Appends the rows of a data file (records.h: JSONL, a JSON array, Parquet, Arrow, CSV, by its name; plain, .gz or
+// .zst), each with where it is ("file:line", or "file[index]" for arrays and columnar files); a malformed line or a
+// non-object is an error naming it.
 void append_json_rows(const std::string& path, std::vector<std::pair<nlohmann::ordered_json, std::string>>& rows);
 
 // The rows of the split `options` select: each object with its "file:line" (JSONL) or "file[index]" (JSON array).

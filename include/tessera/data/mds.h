@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -46,6 +47,13 @@ struct WriterOptions {
   bool exist_ok = false;
   std::optional<std::string> local;  // remote `out` only: staging directory
   bool keep_local = false;           // remote `out` only: keep the staged files
+  // Resuming an interrupted dataset: the index.json entries of the shards already written (their files are kept;
+  // numbering continues after them). Local `out` only.
+  std::optional<nlohmann::ordered_json> resume_shards;
+  // Rewrite index.json after every shard (listing the finished shards), so an interrupted writer can be resumed.
+  bool index_every_shard = false;
+  // Called after each shard is published (and, with index_every_shard, index.json): shards and samples in them.
+  std::function<void(int64_t shards, int64_t samples)> on_shard;
 };
 
 // Writes samples into shards, flushing a shard when the next sample would exceed size_limit, and index.json on
@@ -61,6 +69,7 @@ class MDSWriter {
   void write(const Sample& sample);
   void finish();  // flushes the last shard and writes index.json; idempotent
   int64_t samples_written() const { return total_samples_; }
+  int64_t shards_written() const { return static_cast<int64_t>(shards_.size()); }
 
  private:
   void flush_shard();

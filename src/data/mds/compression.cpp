@@ -1,6 +1,7 @@
 // zstd and gzip codecs for MDS shards.
 #include "compression.h"
 
+#include <arrow/util/compression.h>
 #include <fmt/format.h>
 #include <zlib.h>
 #include <zstd.h>
@@ -49,10 +50,15 @@ std::string compression_extension(const std::string& spec) {
 std::string compress(const std::string& spec, std::string_view raw) {
   const Spec s = parse(spec);
   if (s.family == "zstd") {
-    std::string out(ZSTD_compressBound(raw.size()), '\0');
-    const size_t n = ZSTD_compress(out.data(), out.size(), raw.data(), raw.size(), s.level);
-    if (ZSTD_isError(n)) throw Error("mds", fmt::format("zstd compression failed: {}", ZSTD_getErrorName(n)));
-    out.resize(n);
+    // Through Arrow's codec: it carries zstd 1.5.7, the version of the `zstd` module Streaming compresses with, and
+    // zstd's output differs between versions (Debian 12 has 1.5.4); one ZSTD_compress call at the level either way.
+    auto codec = arrow::util::Codec::Create(arrow::Compression::ZSTD, s.level);
+    if (!codec.ok()) throw Error("mds", fmt::format("zstd codec: {}", codec.status().ToString()));
+    std::string out(static_cast<size_t>((*codec)->MaxCompressedLen(static_cast<int64_t>(raw.size()), nullptr)), '\0');
+    auto n = (*codec)->Compress(static_cast<int64_t>(raw.size()), reinterpret_cast<const uint8_t*>(raw.data()),
+                                static_cast<int64_t>(out.size()), reinterpret_cast<uint8_t*>(out.data()));
+    if (!n.ok()) throw Error("mds", fmt::format("zstd compression failed: {}", n.status().ToString()));
+    out.resize(static_cast<size_t>(*n));
     return out;
   }
   z_stream z{};

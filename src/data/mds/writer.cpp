@@ -61,6 +61,12 @@ MDSWriter::MDSWriter(WriterOptions options) : o_(std::move(options)) {
     throw Error(kComponent, fmt::format("{}: directory exists and is not empty (set exist_ok to write into it)", dir_));
   }
   fs::create_directories(dir_);
+  if (o_.resume_shards) {
+    if (storage::is_remote(o_.out))
+      throw Error(kComponent, fmt::format("{}: resuming needs a local directory", o_.out));
+    shards_ = *o_.resume_shards;
+    for (const auto& shard : shards_) total_samples_ += shard.at("samples").get<int64_t>();
+  }
   config_ = config_json();  // constant for the dataset: every shard embeds it
   pending_bytes_ = 8 + config_.size();
 }
@@ -153,6 +159,10 @@ void MDSWriter::flush_shard() {
   shards_.push_back(std::move(shard));
   pending_.clear();
   pending_bytes_ = 8 + config.size();
+  if (o_.index_every_shard) {
+    publish("index.json", util::python_json_dumps({{"shards", shards_}, {"version", 2}}, /*sort_keys=*/true));
+  }
+  if (o_.on_shard) o_.on_shard(static_cast<int64_t>(shards_.size()), total_samples_);
 }
 
 void MDSWriter::finish() {
