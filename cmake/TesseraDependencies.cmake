@@ -84,7 +84,30 @@ find_package(Threads REQUIRED)
 find_package(ZLIB REQUIRED)
 find_package(CURL REQUIRED)
 find_package(OpenSSL REQUIRED COMPONENTS Crypto)
-find_library(TESSERA_ZSTD_LIB zstd REQUIRED)
+# zstd 1.5.7, built here from the sources tools/setup.sh unpacks (the PyPI `zstd` sdist bundles them): MDS shards are
+# compressed as Streaming's `zstd` module compresses them (zstd 1.5.7, multithreaded framing), which Debian's 1.5.4
+# does not reproduce byte for byte. Static, with hidden symbols, so it never interposes on the libzstd that other
+# libraries (curl, ...) load.
+if(NOT TESSERA_ZSTD_SOURCE)
+  set(_tessera_home_zstd "$ENV{TESSERA_HOME}")
+  if(NOT _tessera_home_zstd)
+    set(_tessera_home_zstd "$ENV{HOME}/.cache/tessera")
+  endif()
+  set(TESSERA_ZSTD_SOURCE "${_tessera_home_zstd}/src/zstd-1.5.7.2/zstd/lib" CACHE PATH "zstd 1.5.7's lib/ folder")
+endif()
+if(NOT EXISTS "${TESSERA_ZSTD_SOURCE}/zstd.h")
+  message(FATAL_ERROR "zstd 1.5.7 sources not found at ${TESSERA_ZSTD_SOURCE}. Run tools/setup.sh first.")
+endif()
+enable_language(C)
+file(GLOB _zstd_sources "${TESSERA_ZSTD_SOURCE}/common/*.c" "${TESSERA_ZSTD_SOURCE}/compress/*.c"
+     "${TESSERA_ZSTD_SOURCE}/decompress/*.c")
+add_library(tessera_zstd STATIC ${_zstd_sources})
+target_include_directories(tessera_zstd SYSTEM PUBLIC "${TESSERA_ZSTD_SOURCE}")
+target_compile_definitions(tessera_zstd PRIVATE ZSTD_MULTITHREAD ZSTD_DISABLE_ASM)
+set_target_properties(tessera_zstd PROPERTIES POSITION_INDEPENDENT_CODE ON C_VISIBILITY_PRESET hidden
+                                              UNITY_BUILD OFF)
+target_link_libraries(tessera_zstd PRIVATE Threads::Threads)
+set(TESSERA_ZSTD_LIB tessera_zstd)
 find_library(TESSERA_XXHASH_LIB xxhash REQUIRED)
 # The tokenizer: PCRE2 (JIT) for pre-tokenizer patterns, ICU for NFC and Unicode properties.
 find_library(TESSERA_PCRE2_LIB pcre2-8 REQUIRED)

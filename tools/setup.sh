@@ -6,6 +6,9 @@
 #   2. A machine-wide Python venv at $TESSERA_HOME/venv (default ~/.cache/tessera/venv) holding the pinned PyPI
 #      `torch` wheel, which provides LibTorch (headers, shared libraries, CMake config), plus the Python peers that
 #      tests/compat/ compares against (tools/requirements.txt). It lives outside the checkout so fresh clones reuse it.
+#   3. The C sources of zstd 1.5.7, from the pinned PyPI `zstd` source distribution (which bundles them), at
+#      $TESSERA_HOME/src/zstd-<version>: CMake builds them into Tessera, because MDS shards must be compressed by the
+#      zstd version Streaming uses to be byte-identical to its (Debian 12 has 1.5.4; docs/data.md#reading-dataset-files).
 #
 # Environment: TESSERA_HOME (install prefix), TESSERA_PYTHON (interpreter that creates the venv; default python3).
 set -euo pipefail
@@ -66,4 +69,24 @@ PY
 )
 [ -n "$torch_cmake" ] || { echo "[setup] error: torch CMake package not found in $venv" >&2; exit 1; }
 log "LibTorch CMake package: $torch_cmake"
+
+# ---- 3. zstd sources ------------------------------------------------------------------------------------------------
+zstd_version=1.5.7.2
+zstd_sha256=6d8684c69009be49e1b18ec251a5eb0d7e24f93624990a8a124a1da66a92fc8a
+zstd_dir="$TESSERA_HOME/src/zstd-$zstd_version"
+if [ -f "$zstd_dir/zstd/lib/zstd.h" ]; then
+  log "zstd sources $zstd_dir: present"
+else
+  tmp=$(mktemp -d)
+  log "fetching the zstd $zstd_version source distribution from PyPI"
+  "$venv/bin/python" -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
+    "zstd==$zstd_version" -d "$tmp"
+  echo "$zstd_sha256  $tmp/zstd-$zstd_version.tar.gz" | sha256sum -c --quiet - \
+    || { echo "[setup] error: zstd-$zstd_version.tar.gz does not have the pinned sha256" >&2; exit 1; }
+  mkdir -p "$TESSERA_HOME/src"
+  tar -xzf "$tmp/zstd-$zstd_version.tar.gz" -C "$tmp"
+  rm -rf "$zstd_dir" && mv "$tmp/zstd-$zstd_version" "$zstd_dir"
+  rm -rf "$tmp"
+  log "zstd sources: $zstd_dir"
+fi
 log "ready"

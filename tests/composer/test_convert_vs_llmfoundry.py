@@ -129,3 +129,19 @@ def test_parquet_bytes_equal_llmfoundry_convert_dataset_hf(tmp_path, inputs, set
     assert sorted(got_files) == sorted(want_files)
     for name in want_files:
         assert got_files[name] == want_files[name], name
+
+
+def test_a_shard_larger_than_one_zstd_job_is_byte_identical(tmp_path, inputs):
+    # Streaming's `zstd` module compresses with worker threads, which frame data above one job (8 MiB at level 3)
+    # differently from single-threaded zstd; a 12 MB raw-text shard crosses that.
+    rows = [json.loads(line) for line in (inputs / "docs.jsonl").read_text().splitlines()]
+    with open(tmp_path / "big.jsonl", "w") as f:
+        for k in range(40):
+            f.writelines(json.dumps({"text": f"{k}: {r['text']}"}) + "\n" for r in rows)
+    want = tmp_path / "foundry"
+    convert_dataset_json(path=str(tmp_path / "big.jsonl"), out_root=str(want), compression="zstd", concat_tokens=None,
+                         split="train")
+    got = tessera(inputs, tmp_path / "big.jsonl", tmp_path / "tessera")
+    index = json.loads((want / "index.json").read_text())
+    assert len(index["shards"]) == 1 and index["shards"][0]["raw_data"]["bytes"] > 9 << 20
+    assert files_of(got) == files_of(want)

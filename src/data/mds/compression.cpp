@@ -1,10 +1,11 @@
 // zstd and gzip codecs for MDS shards.
 #include "compression.h"
 
-#include <arrow/util/compression.h>
 #include <fmt/format.h>
 #include <zlib.h>
 #include <zstd.h>
+
+#include <memory>
 
 #include "tessera/util/error.h"
 
@@ -50,15 +51,18 @@ std::string compression_extension(const std::string& spec) {
 std::string compress(const std::string& spec, std::string_view raw) {
   const Spec s = parse(spec);
   if (s.family == "zstd") {
-    // Through Arrow's codec: it carries zstd 1.5.7, the version of the `zstd` module Streaming compresses with, and
-    // zstd's output differs between versions (Debian 12 has 1.5.4); one ZSTD_compress call at the level either way.
-    auto codec = arrow::util::Codec::Create(arrow::Compression::ZSTD, s.level);
-    if (!codec.ok()) throw Error("mds", fmt::format("zstd codec: {}", codec.status().ToString()));
-    std::string out(static_cast<size_t>((*codec)->MaxCompressedLen(static_cast<int64_t>(raw.size()), nullptr)), '\0');
-    auto n = (*codec)->Compress(static_cast<int64_t>(raw.size()), reinterpret_cast<const uint8_t*>(raw.data()),
-                                static_cast<int64_t>(out.size()), reinterpret_cast<uint8_t*>(out.data()));
-    if (!n.ok()) throw Error("mds", fmt::format("zstd compression failed: {}", n.status().ToString()));
-    out.resize(static_cast<size_t>(*n));
+    // As Streaming's `zstd` module compresses (zstd 1.5.7, ZSTD_compress2 with worker threads, whose framing is the
+    // same for any number of workers and differs from single-threaded compression above one job's size).
+    std::unique_ptr<ZSTD_CCtx, size_t (*)(ZSTD_CCtx*)> cctx(ZSTD_createCCtx(), ZSTD_freeCCtx);
+    if (!cctx) throw Error("mds", "zstd: out of memory");
+    for (const auto& [param, value] : {std::pair{ZSTD_c_compressionLevel, s.level}, std::pair{ZSTD_c_nbWorkers, 1}}) {
+      const size_t r = ZSTD_CCtx_setParameter(cctx.get(), param, value);
+      if (ZSTD_isError(r)) throw Error("mds", fmt::format("zstd: {}", ZSTD_getErrorName(r)));
+    }
+    std::string out(ZSTD_compressBound(raw.size()), '\0');
+    const size_t n = ZSTD_compress2(cctx.get(), out.data(), out.size(), raw.data(), raw.size());
+    if (ZSTD_isError(n)) throw Error("mds", fmt::format("zstd compression failed: {}", ZSTD_getErrorName(n)));
+    out.resize(n);
     return out;
   }
   z_stream z{};
