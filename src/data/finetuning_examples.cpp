@@ -219,6 +219,85 @@ void append_json_rows(const std::string& path, std::vector<std::pair<Json, std::
   }
 }
 
+namespace {
+
+const Json& preprocessor_field(const Json& row, const char* key, const std::string& name, const std::string& where) {
+  auto it = row.find(key);
+  if (it == row.end() || !it->is_string()) {
+    fail(where, fmt::format("the {} preprocessing function needs a string '{}' field (LLM Foundry: "
+                            "UnableToProcessPromptResponseError)",
+                            name, key));
+  }
+  return *it;
+}
+
+Json user_assistant_chat(const std::string& user, const std::string& assistant) {
+  return Json{{"messages", Json::array({Json{{"role", "user"}, {"content", user}},
+                                        Json{{"role", "assistant"}, {"content", assistant}}})}};
+}
+
+}  // namespace
+
+bool is_registered_preprocessor(const std::string& name) {
+  static const std::set<std::string> kNames = {"tatsu-lab/alpaca",    "HuggingFaceH4/databricks_dolly_15k",
+                                               "bigscience/P3",       "Muennighoff/P3",
+                                               "Muennighoff/flan",    "teknium/OpenHermes-2.5",
+                                               "math-ai/StackMathQA", "AI-MO/NuminaMath-CoT"};
+  return kNames.count(name) > 0;
+}
+
+Json apply_registered_preprocessor(const std::string& name, const Json& row, const std::string& where) {
+  const auto str = [&](const char* key) { return preprocessor_field(row, key, name, where).get<std::string>(); };
+  if (name == "tatsu-lab/alpaca") {  // text = prompt "### Response:" response, exactly once
+    const std::string text = str("text");
+    const std::string marker = "### Response:";
+    const size_t at = text.find(marker);
+    if (at == std::string::npos || text.find(marker, at + 1) != std::string::npos) {
+      fail(where, "the tatsu-lab/alpaca preprocessing function needs '### Response:' exactly once in 'text'");
+    }
+    return Json{{"prompt", text.substr(0, at + marker.size())}, {"response", text.substr(at + marker.size())}};
+  }
+  if (name == "HuggingFaceH4/databricks_dolly_15k") {
+    const std::string input = str("input");
+    const std::string instruction = input.empty() ? str("instruction") : str("instruction") + "\n" + input;
+    return Json{{"prompt",
+                 "Below is an instruction that describes a task. Write a response that appropriately "
+                 "completes the request.\n\n### Instruction:\n" +
+                     instruction + "\n\n### Response:\n"},
+                {"response", str("output")}};
+  }
+  if (name == "bigscience/P3") return Json{{"prompt", str("inputs") + ":"}, {"response", str("targets")}};
+  if (name == "Muennighoff/P3" || name == "Muennighoff/flan") {
+    const std::string prompt = str("inputs");
+    std::string response = str("targets");
+    const auto transition = [](char c) { return c == ' ' || c == '\n' || c == '\t'; };
+    if (!((!prompt.empty() && transition(prompt.back())) || (!response.empty() && transition(response.front())))) {
+      response = " " + response;
+    }
+    return Json{{"prompt", prompt}, {"response", response}};
+  }
+  if (name == "teknium/OpenHermes-2.5") {
+    auto it = row.find("conversations");
+    if (it == row.end() || !it->is_array()) {
+      fail(where, "the teknium/OpenHermes-2.5 preprocessing function needs a 'conversations' list");
+    }
+    Json messages = Json::array();
+    for (const Json& m : *it) {
+      const std::string from = preprocessor_field(m, "from", name, where).get<std::string>();
+      const std::string role = from == "human" ? "user" : from == "gpt" ? "assistant" : from;
+      messages.push_back(Json{{"role", role}, {"content", preprocessor_field(m, "value", name, where)}});
+    }
+    return Json{{"messages", messages}};
+  }
+  if (name == "math-ai/StackMathQA") return user_assistant_chat(str("Q"), str("A"));
+  if (name == "AI-MO/NuminaMath-CoT") {
+    auto it = row.find("messages");
+    if (it == row.end()) fail(where, "the AI-MO/NuminaMath-CoT preprocessing function needs a 'messages' field");
+    return Json{{"messages", *it}};
+  }
+  fail(where, fmt::format("no preprocessing function is registered as '{}'", name));
+}
+
 void validate_target_settings(const std::string& target_prompts, const std::string& target_responses,
                               const std::string& where) {
   if (target_responses != "all" && target_responses != "last") {
@@ -390,6 +469,9 @@ std::vector<std::pair<Json, std::string>> read_finetuning_rows(const FinetuningO
       if (seen.insert(k).second) columns.push_back(k);
     }
   }
+  // LLM Foundry: a named preprocessing_fn, else the one registered under the dataset's name.
+  const std::string preprocessor =
+      !o.preprocessor.empty() ? o.preprocessor : (is_registered_preprocessor(o.hf_name) ? o.hf_name : "");
   for (auto& [row, where] : rows) {
     if (row.size() != columns.size()) {
       Json full = Json::object();
@@ -401,6 +483,8 @@ std::vector<std::pair<Json, std::string>> read_finetuning_rows(const FinetuningO
         if (!row.contains(c)) fail(where, fmt::format("preprocessing_fn names column '{}', which the data lacks", c));
       }
       row = Json{{"prompt", row[o.columns->first]}, {"response", row[o.columns->second]}};
+    } else if (!preprocessor.empty()) {
+      row = apply_registered_preprocessor(preprocessor, row, where);
     }
   }
   return rows;

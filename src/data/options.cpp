@@ -173,10 +173,14 @@ LoaderOptions parse_finetuning_loader(Section& s) {
              fmt::format("hf_name: {} needs hf_kwargs.data_files", f.hf_name));
   }
   if (const config::Value* pre = ds.raw("preprocessing_fn"); pre != nullptr && !pre->is_null()) {
-    if (!pre->is_map()) {
+    if (pre->is_scalar() && is_registered_preprocessor(ds.get_string("preprocessing_fn", ""))) {
+      f.preprocessor = ds.get_string("preprocessing_fn", "");
+    } else if (!pre->is_map()) {
       ds.not_supported("preprocessing_fn",
-                       "an importable Python function (give the {prompt: COLUMN, response: "
-                       "COLUMN} mapping instead)");
+                       "an importable Python function (give the {prompt: COLUMN, response: COLUMN} mapping, or a "
+                       "name LLM Foundry registers: tatsu-lab/alpaca, HuggingFaceH4/databricks_dolly_15k, "
+                       "bigscience/P3, Muennighoff/P3, Muennighoff/flan, teknium/OpenHermes-2.5, math-ai/StackMathQA, "
+                       "AI-MO/NuminaMath-CoT)");
     } else {
       auto m = ds.section("preprocessing_fn");
       ds.check(

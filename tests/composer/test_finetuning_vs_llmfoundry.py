@@ -211,6 +211,20 @@ def corpus(tmp_path_factory):
             w.write_batch(batch)
     with gzip.open(root / "pr.jsonl.gz", "wt", encoding="utf-8") as f:
         f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in _prompt_response_rows(t, 27))
+    # Rows in the layouts of the hub datasets LLM Foundry registers preprocessing functions for (tasks.py).
+    pr = _prompt_response_rows(t, 30)
+    _write_jsonl(root / "alpaca.jsonl", [{"instruction": "x", "text": f"{r['prompt']}\n\n### Response:{r['response']}"}
+                                         for r in pr])
+    _write_jsonl(root / "dolly.jsonl", [{"instruction": r["prompt"], "input": "" if i % 3 else t.text(),
+                                         "output": r["response"], "category": "qa"} for i, r in enumerate(pr)])
+    _write_jsonl(root / "p3.jsonl", [{"inputs": r["prompt"] + (" " if i % 4 == 0 else ""),
+                                      "targets": ("\n" if i % 5 == 0 else "") + r["response"]}
+                                     for i, r in enumerate(pr)])
+    _write_jsonl(root / "hermes.jsonl", [{"conversations": ([{"from": "system", "value": "Be brief."}] if i % 2 else [])
+                                          + [{"from": "human", "value": r["prompt"]}, {"from": "gpt",
+                                                                                      "value": r["response"]}]}
+                                         for i, r in enumerate(pr)])
+    _write_jsonl(root / "qa.jsonl", [{"Q": r["prompt"], "A": r["response"], "meta": {"n": i}} for i, r in enumerate(pr)])
     (root / "pq_folder").mkdir()
     pq.write_table(pa.Table.from_pylist(_prompt_response_rows(t, 21)), root / "pq_folder" / "train-00000.parquet")
     pq.write_table(pa.Table.from_pylist(_prompt_response_rows(t, 13)), root / "pq_folder" / "validation-00000.parquet")
@@ -422,6 +436,14 @@ CASES = {
     "csv-columns-B": case("B", ds("columns.csv", builder="csv", preprocessing_fn={"prompt": "question",
                                                                                    "response": "answer"}, **PR64)),
     "jsonl-gz-A": case("A", ds("pr.jsonl.gz", **PR64)),
+    # LLM Foundry's registered preprocessing functions, by name
+    "registered-alpaca-A": case("A", ds("alpaca.jsonl", preprocessing_fn="tatsu-lab/alpaca", **PR64)),
+    "registered-dolly-B": case("B", ds("dolly.jsonl", preprocessing_fn="HuggingFaceH4/databricks_dolly_15k")),
+    "registered-p3-A": case("A", ds("p3.jsonl", preprocessing_fn="bigscience/P3", **PR64)),
+    "registered-muennighoff-flan-B": case("B", ds("p3.jsonl", preprocessing_fn="Muennighoff/flan", **PR64)),
+    "registered-openhermes-A": case("A", ds("hermes.jsonl", preprocessing_fn="teknium/OpenHermes-2.5")),
+    "registered-stackmathqa-C": case("C", ds("qa.jsonl", preprocessing_fn="math-ai/StackMathQA")),
+    "registered-numinamath-B": case("B", ds("chat.jsonl", preprocessing_fn="AI-MO/NuminaMath-CoT")),
     "folder-parquet-validation-A": case("A", {"hf_name": "pq_folder", "split": "validation", "max_seq_len": 64,
                                               "decoder_only_format": True, "shuffle": False}, batch=3),
     "auto-C-chat-512-world2-rank1": case("C", ds("chat.jsonl", max_seq_len=512, packing_ratio="auto", shuffle=True,

@@ -33,6 +33,9 @@ struct FinetuningOptions {
   std::string data_dir;                                        // hf_kwargs.data_dir: a subfolder of hf_name
   // preprocessing_fn's dict form: the columns that hold the prompt and the response.
   std::optional<std::pair<std::string, std::string>> columns;
+  // preprocessing_fn as a name LLM Foundry registers (e.g. "tatsu-lab/alpaca"); empty: the one registered for
+  // hf_name, if any (as LLM Foundry picks it).
+  std::string preprocessor;
   int64_t max_seq_len = 2048;
   std::string target_prompts = "none";    // none | all | length>=N
   std::string target_responses = "last";  // last | all
@@ -104,6 +107,14 @@ std::pair<std::vector<int32_t>, std::vector<int32_t>> stitch_turns(const Finetun
 // .zst), each with where it is ("file:line", or "file[index]" for arrays and columnar files); a malformed line or a
 // non-object is an error naming it.
 void append_json_rows(const std::string& path, std::vector<std::pair<nlohmann::ordered_json, std::string>>& rows);
+
+// LLM Foundry's preprocessing functions registered by dataset name in llmfoundry/data/finetuning/tasks.py
+// (tatsu-lab/alpaca, HuggingFaceH4/databricks_dolly_15k, bigscience/P3, Muennighoff/P3, Muennighoff/flan,
+// teknium/OpenHermes-2.5, math-ai/StackMathQA, AI-MO/NuminaMath-CoT): whether `name` is one, and a row reformatted by
+// it (prompt/response or messages); a row it cannot process is an error naming `where`.
+bool is_registered_preprocessor(const std::string& name);
+nlohmann::ordered_json apply_registered_preprocessor(const std::string& name, const nlohmann::ordered_json& row,
+                                                     const std::string& where);
 
 // The rows of the split `options` select: each object with its "file:line" (JSONL) or "file[index]" (JSON array).
 // Errors name the file and line: a malformed line, a row that is not an object, no file for the split.

@@ -163,5 +163,44 @@ TEST(Finetuning, BadRowsAreNamedByFileAndLine) {
             std::string::npos);
 }
 
+// A hub dataset id that is not a local folder is read from its snapshot in the Hugging Face cache (HF_HUB_CACHE), and
+// the preprocessing function LLM Foundry registers under that id applies (its outputs are checked against LLM Foundry
+// in tests/composer/test_finetuning_vs_llmfoundry.py).
+TEST(Finetuning, AHubIdIsReadFromTheCacheWithItsRegisteredPreprocessing) {
+  const fs::path hub = workdir() / "hub";
+  const fs::path snapshot = hub / "datasets--tatsu-lab--alpaca" / "snapshots" / "0123abc";
+  fs::create_directories(snapshot / "data");
+  fs::create_directories(hub / "datasets--tatsu-lab--alpaca" / "refs");
+  std::ofstream(hub / "datasets--tatsu-lab--alpaca" / "refs" / "main") << "0123abc";
+  std::ofstream(snapshot / "data" / "train-00000-of-00001.jsonl")
+      << "{\"text\": \"Say hi.\\n\\n### Response: hi\", \"instruction\": \"Say hi.\"}\n"
+      << "{\"text\": \"Count.\\n### Response:1 2 3\", \"instruction\": \"Count.\"}\n";
+  std::ofstream(snapshot / "README.md") << "# alpaca";
+  const char* old = std::getenv("HF_HUB_CACHE");
+  const std::string saved = old ? old : "";
+  setenv("HF_HUB_CACHE", hub.c_str(), 1);
+  FinetuningOptions o;
+  o.hf_name = "tatsu-lab/alpaca";
+  const auto rows = read_finetuning_rows(o);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].first, (nlohmann::ordered_json{{"prompt", "Say hi.\n\n### Response:"}, {"response", " hi"}}));
+  EXPECT_EQ(rows[1].first, (nlohmann::ordered_json{{"prompt", "Count.\n### Response:"}, {"response", "1 2 3"}}));
+  EXPECT_NE(rows[0].second.find("train-00000-of-00001.jsonl:1"), std::string::npos);
+  o.hf_name = "tatsu-lab/not-cached";
+  std::string error;
+  try {
+    read_finetuning_rows(o);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("tatsu-lab/not-cached: no such folder"), std::string::npos) << error;
+  EXPECT_NE(error.find(hub.string()), std::string::npos) << error;
+  if (old) {
+    setenv("HF_HUB_CACHE", saved.c_str(), 1);
+  } else {
+    unsetenv("HF_HUB_CACHE");
+  }
+}
+
 }  // namespace
 }  // namespace tessera::data
