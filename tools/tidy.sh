@@ -17,7 +17,10 @@ if [[ ! -f "$BUILD/build.ninja" ]]; then
     { cat "$BUILD.configure.log"; exit 1; }
 fi
 # The precompiled headers (one per target that does not reuse the library's), nothing else.
-mapfile -t PCH < <(ninja -C "$BUILD" -t targets all | grep -oE '^[^:]*cmake_pch\.hxx\.pch' | sort -u)
+mapfile -t PCH < <(ninja -C "$BUILD" -t targets all | grep -oE '^[^:]*cmake_pch\.hxx\.(pch|gch)' | sort -u)
+# (clang's PCH is named .pch or .gch depending on how CMake detected the compiler; with none found, a bare `ninja`
+# would build the whole tree instead.)
+((${#PCH[@]})) || { echo "tidy: no precompiled-header target in $BUILD" >&2; exit 1; }
 ninja -C "$BUILD" "${PCH[@]}" > "$BUILD.pch.log" 2>&1 || { tail -40 "$BUILD.pch.log"; exit 1; }
 # Files generated in the build tree (none today) and the PCH sources themselves are not ours to check. A file that
 # was clean under the same clang-tidy, .clang-tidy, compile command and included text is not checked again

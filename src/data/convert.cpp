@@ -61,7 +61,7 @@ class Pipeline {
   Pipeline(RecordStream& stream, std::string column, const Tokenizer* tok, int workers, int64_t first_doc,
            size_t block_docs)
       : stream_(stream), column_(std::move(column)), tok_(tok), next_doc_(first_doc), block_docs_(block_docs) {
-    max_blocks_ = static_cast<size_t>(2 * std::max(1, workers) + 2);
+    max_blocks_ = 2 * static_cast<size_t>(std::max(1, workers)) + 2;
     threads_.emplace_back([this] { guarded([this] { read_loop(); }); });
     if (tok_ != nullptr) {
       for (int w = 0; w < std::max(1, workers); ++w)
