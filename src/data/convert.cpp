@@ -406,6 +406,11 @@ ConvertResult convert_to_mds(const ConvertOptions& o) {
                                                        progress_path));
     }
     result.resumed = true;
+    // A kill while the progress file was being replaced leaves its temporary copy; the split folders are cleaned
+    // below (keep_finished_shards).
+    for (const auto& entry : fs::directory_iterator(o.output)) {
+      if (entry.path().filename().string().rfind(std::string(kProgressFile) + ".tmp", 0) == 0) fs::remove(entry.path());
+    }
   } else {
     if (local && o.overwrite) fs::remove(progress_path, ec);
     for (const Split& s : splits) prepare_output(s.location, o.overwrite);

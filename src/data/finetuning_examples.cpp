@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <set>
@@ -203,6 +204,59 @@ std::optional<std::filesystem::path> cached_dataset_snapshot(const std::string& 
   }
   if (commit.empty() || !std::filesystem::is_directory(repo / "snapshots" / commit, ec)) return std::nullopt;
   return repo / "snapshots" / commit;
+}
+
+// `datasets`' own cache folder: $HF_DATASETS_CACHE, else $HF_HOME/datasets, else $XDG_CACHE_HOME/huggingface/datasets,
+// else ~/.cache/huggingface/datasets.
+std::filesystem::path hf_datasets_cache() {
+  const auto env = [](const char* name) -> std::string {
+    const char* v = std::getenv(name);
+    return v != nullptr ? v : "";
+  };
+  if (!env("HF_DATASETS_CACHE").empty()) return env("HF_DATASETS_CACHE");
+  if (!env("HF_HOME").empty()) return std::filesystem::path(env("HF_HOME")) / "datasets";
+  if (!env("XDG_CACHE_HOME").empty()) return std::filesystem::path(env("XDG_CACHE_HOME")) / "huggingface" / "datasets";
+  return std::filesystem::path(env("HOME")) / ".cache" / "huggingface" / "datasets";
+}
+
+// The Arrow files of a hub dataset id's split that `datasets` prepared before, as load_dataset finds them offline
+// ("Using the latest cached version"): {cache}/{org}___{name}/default/{version}/{hash}/{name}-{split}.arrow (or
+// -{split}-NNNNN-of-NNNNN.arrow shards), the most recently written version; empty when there is none.
+std::vector<std::string> cached_dataset_split(const std::string& id, const std::string& split) {
+  if (id.empty() || id.find("..") != std::string::npos || id.front() == '/') return {};
+  std::string folder_name;
+  for (char c : id) folder_name += c == '/' ? std::string("___") : std::string(1, c);
+  const std::filesystem::path root = hf_datasets_cache() / folder_name / "default";
+  std::error_code ec;
+  if (!std::filesystem::is_directory(root, ec)) return {};
+  std::optional<std::filesystem::path> newest;
+  std::filesystem::file_time_type newest_time{};
+  for (const auto& version : std::filesystem::directory_iterator(root, ec)) {
+    if (!version.is_directory(ec)) continue;
+    for (const auto& build : std::filesystem::directory_iterator(version.path(), ec)) {
+      const auto info = build.path() / "dataset_info.json";
+      if (!build.is_directory(ec) || !std::filesystem::exists(info, ec)) continue;
+      const auto when = std::filesystem::last_write_time(info, ec);
+      if (!newest || when > newest_time) {
+        newest = build.path();
+        newest_time = when;
+      }
+    }
+  }
+  if (!newest) return {};
+  std::vector<std::string> files;
+  const std::string single = "-" + split + ".arrow", sharded = "-" + split + "-";
+  for (const auto& f : std::filesystem::directory_iterator(*newest, ec)) {
+    const std::string name = f.path().filename().string();
+    const bool one =
+        name.size() > single.size() && name.compare(name.size() - single.size(), single.size(), single) == 0;
+    const size_t at = name.rfind(sharded);
+    const bool shard = at != std::string::npos && name.size() > 6 && name.compare(name.size() - 6, 6, ".arrow") == 0 &&
+                       name.find("-of-", at + sharded.size()) != std::string::npos;
+    if (one || shard) files.push_back(f.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
 }
 
 }  // namespace
@@ -428,15 +482,20 @@ std::pair<std::vector<int32_t>, std::vector<int32_t>> stitch_turns(const Finetun
 
 std::vector<std::pair<Json, std::string>> read_finetuning_rows(const FinetuningOptions& o) {
   std::vector<std::string> files;
-  if (o.hf_name == "json" || o.hf_name == "csv" || o.hf_name == "parquet" || o.hf_name == "arrow") {
+  std::error_code ec;
+  const bool builder = o.hf_name == "json" || o.hf_name == "csv" || o.hf_name == "parquet" || o.hf_name == "arrow";
+  if (!builder && o.data_dir.empty() && !std::filesystem::exists(o.hf_name, ec)) {
+    // A hub id whose split `datasets` prepared before (what load_dataset reads offline) comes first.
+    files = cached_dataset_split(o.hf_name, o.split);
+  }
+  if (builder) {
     auto it = o.data_files.find(o.split);
     if (it == o.data_files.end()) {
       fail("hf_kwargs.data_files", fmt::format("no files for split '{}'", o.split));
     }
     files = it->second;
-  } else {
+  } else if (files.empty()) {
     std::filesystem::path folder(o.hf_name);
-    std::error_code ec;
     if (!std::filesystem::exists(folder, ec)) {
       if (auto snapshot = cached_dataset_snapshot(o.hf_name)) folder = *snapshot;
     }
@@ -448,10 +507,10 @@ std::vector<std::pair<Json, std::string>> read_finetuning_rows(const FinetuningO
     }
     if (!std::filesystem::is_directory(folder, ec)) {
       fail(folder.string(),
-           fmt::format("no such folder (hf_name must be a local folder of data files, a hub dataset id in the local "
-                       "Hugging Face cache ({}), or json / parquet / csv / arrow with hf_kwargs.data_files; datasets "
-                       "on the Hugging Face Hub are not downloaded)",
-                       util::hf_hub_cache().string()));
+           fmt::format("no such folder (hf_name must be a local folder of data files, a hub dataset id that "
+                       "`datasets` cached ({}) or whose snapshot is in the Hugging Face cache ({}), or json / parquet "
+                       "/ csv / arrow with hf_kwargs.data_files; datasets on the Hugging Face Hub are not downloaded)",
+                       hf_datasets_cache().string(), util::hf_hub_cache().string()));
     }
     files = split_files(folder, o.split);
     if (files.empty()) fail(o.hf_name, fmt::format("no data file for split '{}'", o.split));

@@ -112,6 +112,39 @@ def test_streaming_reads_what_tessera_converted_to_s3(streaming_env, s3_bucket, 
     assert proc.returncode != 0 and f"s3://{s3_bucket}/converted/train" in proc.stderr
 
 
+def test_converting_from_s3_inputs_equals_converting_the_local_files(streaming_env, s3_bucket, tmp_path):
+    """convert_text_to_mds --input s3://bucket/prefix/ (boto3 uploaded .jsonl.zst and Parquet files, listed and fetched
+    one at a time) writes the same bytes as the same files converted from a local folder."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = [f"document {i}: " + " ".join(f"w{(i * 3 + j) % 70}" for j in range(i % 50 + 1)) for i in range(600)]
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    with pa.CompressedOutputStream(str(folder / "a.jsonl.zst"), "zstd") as f:
+        f.write("".join(json.dumps({"text": d}) + "\n" for d in docs[:300]).encode())
+    pq.write_table(pa.table({"text": docs[300:]}), folder / "b.parquet", row_group_size=64)
+    client = streaming_env.client()
+    for p in sorted(folder.iterdir()):
+        client.upload_file(str(p), s3_bucket, f"raw/{p.name}")
+
+    def convert(src, out):
+        proc = subprocess.run([_binary("TESSERA_CONVERT_BIN", "convert_text_to_mds"), "--input", src, "--output", out,
+                               "--size-limit", "4000", "--progress", "off"], env=streaming_env.env(),
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+
+    convert(folder, tmp_path / "from-local")
+    convert(f"s3://{s3_bucket}/raw/", tmp_path / "from-s3")
+    local = {p.name: p.read_bytes() for p in (tmp_path / "from-local" / "train").iterdir()}
+    remote = {p.name: p.read_bytes() for p in (tmp_path / "from-s3" / "train").iterdir()}
+    assert len(local) > 3 and remote == local
+    proc = subprocess.run([_binary("TESSERA_CONVERT_BIN", "convert_text_to_mds"), "--input",
+                           f"s3://{s3_bucket}/missing/", "--output", tmp_path / "x"], env=streaming_env.env(),
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and f"s3://{s3_bucket}/missing/" in proc.stderr, proc.stderr
+
+
 def test_a_cache_smaller_than_the_dataset_evicts_and_reads_the_same(streaming_env, s3_bucket, tmp_path):
     write_remote(tmp_path, s3_bucket, "big", 1500, "zstd", 3)
     remote = f"s3://{s3_bucket}/big"

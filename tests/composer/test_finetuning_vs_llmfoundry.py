@@ -253,7 +253,8 @@ def resolve(dataset, root):
     files = []
     if ds["hf_name"] not in ("json", "parquet", "csv", "arrow"):
         ds["hf_name"] = str(root / ds["hf_name"])
-        files = sorted(pathlib.Path(ds["hf_name"]).glob(f"{ds['split']}*"))
+        base = pathlib.Path(ds["hf_name"]) / ds.get("hf_kwargs", {}).get("data_dir", "")
+        files = sorted(base.glob(f"{ds['split']}*"))
     data_files = ds.get("hf_kwargs", {}).get("data_files")
     if data_files is not None:
         def fix(v):
@@ -444,6 +445,8 @@ CASES = {
     "registered-openhermes-A": case("A", ds("hermes.jsonl", preprocessing_fn="teknium/OpenHermes-2.5")),
     "registered-stackmathqa-C": case("C", ds("qa.jsonl", preprocessing_fn="math-ai/StackMathQA")),
     "registered-numinamath-B": case("B", ds("chat.jsonl", preprocessing_fn="AI-MO/NuminaMath-CoT")),
+    "data-dir-parquet-train-B": case("B", {"hf_name": ".", "hf_kwargs": {"data_dir": "pq_folder"}, "split": "train",
+                                           "max_seq_len": 64, "decoder_only_format": True, "shuffle": False}),
     "folder-parquet-validation-A": case("A", {"hf_name": "pq_folder", "split": "validation", "max_seq_len": 64,
                                               "decoder_only_format": True, "shuffle": False}, batch=3),
     "auto-C-chat-512-world2-rank1": case("C", ds("chat.jsonl", max_seq_len=512, packing_ratio="auto", shuffle=True,
@@ -462,6 +465,29 @@ def test_batches_equal_llmfoundry(name, tmp_path, monkeypatch, tokenizers_, corp
     rows = sum(_rows(f) for f in files)
     assert (got["examples"], got["dropped"]) == (valid, rows - valid), "valid / dropped examples"
     assert got["packing_ratio"] == pytest.approx(ratio, abs=1e-9), "packing ratio"
+    diff = first_difference(got["batches"], want)
+    assert diff is None, diff
+
+
+def test_a_hub_id_that_datasets_cached_reads_as_load_dataset_does_offline(tmp_path, monkeypatch, tokenizers_, corpus):
+    """hf_name: tatsu-lab/alpaca with nothing local but `datasets`' own cache of it (what an earlier online
+    load_dataset left; made here by datasets from Parquet files, its folder named as the hub id's): LLM Foundry loads
+    it offline and applies the preprocessing function it registers for that name; Tessera finds the same split."""
+    source = tmp_path / "src" / "alpaca" / "data"  # the folder's name is the files' name, as the id's would be
+    source.mkdir(parents=True)
+    rows = [json.loads(line) for line in (corpus / "alpaca.jsonl").read_text().splitlines()]
+    pq.write_table(pa.Table.from_pylist(rows[:20]), source / "train-00000-of-00001.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[20:]), source / "test-00000-of-00001.parquet")
+    cache = tmp_path / "hf_datasets"  # where foundry_epoch points datasets
+    datasets.load_dataset(str(source.parent), split="train", cache_dir=str(cache))
+    (cache / "alpaca").rename(cache / "tatsu-lab___alpaca")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(cache))
+    dataset = {"hf_name": "tatsu-lab/alpaca", "split": "test", "max_seq_len": 64, "decoder_only_format": True,
+               "shuffle": False}
+    args = (tokenizers_["A"], dataset, 3, False, 1, 0, 0)
+    want, valid, _ = foundry_epoch(tmp_path, monkeypatch, *args)
+    got = tessera_epoch(tmp_path, *args)
+    assert (got["examples"], got["dropped"]) == (valid, len(rows) - 20 - valid) and valid > 0
     diff = first_difference(got["batches"], want)
     assert diff is None, diff
 

@@ -204,6 +204,9 @@ TEST(Convert, AnInterruptedConversionResumesToTheSameBytes) {
       };
       EXPECT_NE(error_of([&] { convert_to_mds(o); }).find("interrupted"), std::string::npos);
       ASSERT_TRUE(fs::exists(f.dir / "resumed" / ".tessera-convert.json"));
+      // What a kill in the middle of an atomic write leaves: temporary files, which the rerun removes.
+      util::write_file_atomically((f.dir / "resumed" / ".tessera-convert.json.tmp.1.2").string(), "{\"half");
+      util::write_file_atomically((f.dir / "resumed" / "train" / "shard.00999.mds.zstd.tmp.3.4").string(), "x");
       o.overwrite = false;
       o.progress = nullptr;
       const ConvertResult r = convert_to_mds(o);
