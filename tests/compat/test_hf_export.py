@@ -200,10 +200,19 @@ def tessera_logits(driver, tmp_path, folder, ids, mask=None):
     return load_file(tmp_path / "out.safetensors")["logits"]
 
 
+def _close(ours, ref):
+    """fp32 logits of the same function: within 3e-5 of the logits' scale (at least 1). The models compared here were
+    trained 5 steps from scratch, which makes them sensitive to rounding: MKL's and oneDNN's fp32 kernels round
+    differently with the alignment of their buffers, and CI saw 4.4e-5 at a scale of 3 in 1 run of many (0 in the
+    others); the nearest wrong function, GPT-2's gelu_new computed as the exact GELU, differs by 4.5e-4 there."""
+    diff = (ours - ref).abs().max().item()
+    assert diff <= 3e-5 * max(1.0, ref.abs().max().item()), (diff, ref.abs().max().item())
+
+
 def assert_same_function(driver, tmp_path, reference_folder, hf):
     ids = torch.randint(0, VOCAB, (3, SEQ), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
-        assert (tessera_logits(driver, tmp_path, reference_folder, ids) - hf(ids).logits).abs().max().item() <= 1e-5
+        _close(tessera_logits(driver, tmp_path, reference_folder, ids), hf(ids).logits)
     # Left padding: the real tokens' logits agree (positions count real tokens only, as HF's generate sets them).
     mask = torch.ones(3, SEQ, dtype=torch.long)
     mask[1, :5] = 0
@@ -213,7 +222,7 @@ def assert_same_function(driver, tmp_path, reference_folder, hf):
         ref = hf(ids, attention_mask=mask, position_ids=positions).logits
     ours = tessera_logits(driver, tmp_path, reference_folder, ids, mask.bool())
     real = mask.bool()
-    assert (ours[real] - ref[real]).abs().max().item() <= 1e-5
+    _close(ours[real], ref[real])
 
 
 # The model sections of the recipes that train their own MPT (not the fine-tuning ones, which start from a pretrained
