@@ -95,23 +95,30 @@ at::Tensor FFNImpl::forward(const at::Tensor& x) {
   return down_proj(hf_activation(act_, up_proj(x)));
 }
 
-MPTBlockImpl::MPTBlockImpl(const MPTOptions& o, const at::TensorOptions& t) : resid_pdrop_(o.resid_pdrop) {
+MPTBlockImpl::MPTBlockImpl(const MPTOptions& o, const at::TensorOptions& t, std::shared_ptr<AuxLossScale> aux_scale)
+    : resid_pdrop_(o.resid_pdrop) {
   norm_1 = register_module("norm_1", Norm(o.d_model, o.norm_type, o.norm_eps, !o.no_bias, t));
   attn = register_module("attn", GroupedQueryAttention(o, t));
   norm_2 = register_module("norm_2", Norm(o.d_model, o.norm_type, o.norm_eps, !o.no_bias, t));
-  ffn = register_module("ffn", FFN(o, t));
+  if (o.ffn.moe) {
+    moe = register_module("ffn", MoE(o.moe_layer(), t, aux_scale ? aux_scale : std::make_shared<AuxLossScale>()));
+  } else {
+    ffn = register_module("ffn", FFN(o, t));
+  }
 }
 
 at::Tensor MPTBlockImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
   at::Tensor h = x + at::dropout(attn(norm_1(x), in, cache), resid_pdrop_, is_training());
-  return h + at::dropout(ffn(norm_2(h)), resid_pdrop_, is_training());
+  const at::Tensor normed = norm_2(h);
+  return h + at::dropout(moe ? moe(normed) : ffn(normed), resid_pdrop_, is_training());
 }
 
-MPTModelImpl::MPTModelImpl(const MPTOptions& o, const at::TensorOptions& t) : o_(o) {
+MPTModelImpl::MPTModelImpl(const MPTOptions& o, const at::TensorOptions& t, std::shared_ptr<AuxLossScale> aux_scale)
+    : o_(o) {
   wte = register_module("wte", Embedding(o.vocab_size, o.d_model, t));
   if (o.learned_pos_emb) wpe = register_module("wpe", Embedding(o.max_seq_len, o.d_model, t));
   blocks = register_module("blocks", torch::nn::ModuleList());
-  for (int64_t i = 0; i < o.n_layers; ++i) blocks->push_back(MPTBlock(o, t));
+  for (int64_t i = 0; i < o.n_layers; ++i) blocks->push_back(MPTBlock(o, t, aux_scale));
   norm_f = register_module("norm_f", Norm(o.d_model, o.norm_type, o.norm_eps, !o.no_bias, t));
   if (o.attn.alibi) slopes_ = alibi_slopes(o.n_heads, o.attn.alibi_bias_max);
 }
@@ -211,11 +218,14 @@ at::Tensor MPTModelImpl::forward(const at::Tensor& ids, const ForwardOptions& fo
 
 MPTForCausalLMImpl::MPTForCausalLMImpl(const MPTOptions& o) : o_(o) {
   const at::TensorOptions t = at::TensorOptions().dtype(at::kFloat).device(at::Device(o.init_device));
-  transformer = register_module("transformer", MPTModel(o, t));
+  transformer = register_module("transformer", MPTModel(o, t, aux_scale_));
   if (!o.tie_word_embeddings) lm_head = register_module("lm_head", Linear(o.d_model, o.vocab_size, false, t));
 }
 
 at::Tensor MPTForCausalLMImpl::forward(const at::Tensor& input_ids, const ForwardOptions& fo) {
+  if (o_.ffn.moe) {
+    for (const auto& b : *transformer->blocks) b->as<MPTBlockImpl>()->moe->records.clear();
+  }
   const at::Tensor x = transformer->forward_blocks(input_ids, fo);
   auto head = [this](const at::Tensor& h) {
     const at::Tensor normed = transformer->norm_f(h);
@@ -260,8 +270,11 @@ std::optional<double> MPTForCausalLMImpl::activation_bytes(int64_t batch, int64_
 }
 
 std::string MPTForCausalLMImpl::describe() const {
+  const std::string ffn = o_.ffn.moe ? fmt::format("{} x {} experts (top {}, {})", o_.ffn_hidden(),
+                                                   o_.ffn.moe->num_experts, o_.ffn.moe->top_k, o_.ffn.moe->ffn_type)
+                                     : std::to_string(o_.ffn_hidden());
   return fmt::format("mpt_causal_lm: d_model {}, n_heads {} (kv {}), n_layers {}, ffn {}, vocab {}, {}", o_.d_model,
-                     o_.n_heads, o_.attn.kv_n_heads, o_.n_layers, o_.ffn_hidden(), o_.vocab_size,
+                     o_.n_heads, o_.attn.kv_n_heads, o_.n_layers, ffn, o_.vocab_size,
                      o_.attn.alibi ? "alibi" : (o_.attn.rope ? "rope" : "learned positions"));
 }
 
@@ -288,6 +301,37 @@ std::shared_ptr<CausalLM> MPTForCausalLMImpl::with_alibi(double alibi_bias_max, 
   o.max_seq_len = max_seq_len;
   o.init_device = transformer->wte->weight.device().str();
   return build_mpt(o, seed).ptr();
+}
+
+std::map<std::string, at::Tensor> MPTForCausalLMImpl::auxiliary_losses() const {
+  std::map<std::string, at::Tensor> out;
+  if (!o_.ffn.moe) return out;
+  for (const auto& b : *transformer->blocks) {
+    const auto& records = b->as<MPTBlockImpl>()->moe->records;
+    if (records.empty()) continue;
+    for (const auto& [name, t] : {std::pair{"lbl", records.front().lbl}, std::pair{"z_loss", records.front().zloss}}) {
+      if (!t.defined()) continue;
+      auto it = out.find(name);
+      if (it == out.end()) {
+        out.emplace(name, t.to(at::kFloat));
+      } else {
+        it->second = it->second + t.to(at::kFloat);
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> MPTForCausalLMImpl::expert_token_counts() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  if (!o_.ffn.moe) return out;
+  int64_t i = 0;
+  for (const auto& b : *transformer->blocks) {
+    const auto& records = b->as<MPTBlockImpl>()->moe->records;
+    if (!records.empty()) out.emplace_back(fmt::format("layer_{}", i), records.front().tokens_per_expert);
+    ++i;
+  }
+  return out;
 }
 
 void MPTForCausalLMImpl::use_low_precision_norms() {

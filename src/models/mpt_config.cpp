@@ -84,23 +84,66 @@ void parse_attention(config::Section& s, MPTOptions& o) {
             "attn_logit_softcapping"});
 }
 
+// ffn_config of a mixture of experts: LLM Foundry's torch_dmoe keys and the MegaBlocks Arguments fields LLM Foundry
+// passes through for mb_moe / mb_dmoe, with MegaBlocks' defaults.
+void parse_moe(config::Section& s, MPTOptions& o, const std::string& type) {
+  MoEFfnOptions m;
+  m.ffn_type = type;
+  m.num_experts = s.get_int("moe_num_experts", 1);
+  s.check(m.num_experts >= 1, "moe_num_experts", "must be at least 1");
+  m.top_k = s.get_int("moe_top_k", 1);
+  s.check(m.top_k >= 1 && m.top_k <= m.num_experts, "moe_top_k",
+          fmt::format("must lie in [1, moe_num_experts] ([1, {}])", m.num_experts));
+  m.glu = s.get_choice("mlp_type", "mlp", {"mlp", "glu"}) == "glu";
+  s.get_choice("mlp_impl", "sparse", {"sparse", "grouped"});  // MegaBlocks' kernels; the same function
+  m.jitter_eps = s.get_optional_double("moe_jitter_eps");
+  s.check(!m.jitter_eps || (*m.jitter_eps >= 0 && *m.jitter_eps < 1), "moe_jitter_eps", "must lie in [0, 1)");
+  m.normalize_expert_weights = s.get_optional_double("moe_normalize_expert_weights");
+  s.check(!m.normalize_expert_weights || *m.normalize_expert_weights > 0, "moe_normalize_expert_weights",
+          "must be a positive p (1 or 2 are usual)");
+  m.uniform_expert_assignment = s.get_bool("uniform_expert_assignment", false);
+  m.capacity_factor = s.get_double("moe_capacity_factor", 1.0);
+  s.check(m.capacity_factor >= 0, "moe_capacity_factor", "must not be negative");
+  m.loss_weight = s.get_double("moe_loss_weight", type == "torch_dmoe" ? 0.0 : 0.1);
+  s.check(m.loss_weight >= 0, "moe_loss_weight", "must not be negative");
+  m.lbl_in_fp32 = s.get_bool("moe_lbl_in_fp32", false);
+  m.zloss_weight = s.get_double("moe_zloss_weight", 0.0);
+  s.check(m.zloss_weight >= 0, "moe_zloss_weight", "must not be negative");
+  m.zloss_in_fp32 = s.get_bool("moe_zloss_in_fp32", false);
+  m.memory_optimized_mlp = s.get_bool("memory_optimized_mlp", false);
+  if (const int64_t ep = s.get_int("moe_world_size", 1); ep != 1) {
+    s.not_supported("moe_world_size", fmt::format("{} (expert parallelism is not built yet: experts are sharded with "
+                                                  "the rest of the model by the sharding engine)",
+                                                  ep));
+  }
+  if (const config::Value* group = s.raw("lbl_process_group"); group && !group->is_null()) {
+    s.not_supported("lbl_process_group", group->brief());
+  }
+  if (s.get_bool("moe_expert_model_parallelism", false)) s.not_supported("moe_expert_model_parallelism", "true");
+  if (s.get_bool("moe_weight_parallelism", false)) s.not_supported("moe_weight_parallelism", "true");
+  if (s.get_bool("shared_expert", false)) s.not_supported("shared_expert", "true");
+  if (s.raw("device_mesh")) s.not_supported("device_mesh", "(expert parallelism is not built yet)");
+  s.get_bool("fp16", false);  // LLM Foundry sets both false: the trainer's precision decides
+  s.get_bool("bf16", false);
+  s.get_bool("return_bias", false);
+  o.ffn.moe = m;
+}
+
 void parse_ffn(config::Section& s, MPTOptions& o) {
   const std::string type =
       s.get_choice("ffn_type", "mptmlp", {"mptmlp", "mptglu", "te_ln_mlp", "torch_dmoe", "mb_moe", "mb_dmoe"});
   if (type == "mptglu") {
     o.ffn.type = FfnType::kGLU;
   } else if (type == "torch_dmoe" || type == "mb_moe" || type == "mb_dmoe") {
-    // A mixture of experts: its own keys (moe_num_experts, moe_top_k, memory_optimized_mlp, ...) are LLM Foundry's,
-    // not misspellings; the one thing to say is that the layer is not built.
-    s.not_supported("ffn_type", type + " (mixture-of-experts layers are not built yet)");
-    for (const std::string& key : s.keys()) s.raw(key);
-    s.finish();
-    return;
+    parse_moe(s, o, type);
   } else if (type != "mptmlp") {
     s.not_supported("ffn_type", type);
   }
   o.ffn.ffn_hidden_size = s.get_optional_int("ffn_hidden_size");
   s.check(!o.ffn.ffn_hidden_size || *o.ffn.ffn_hidden_size > 0, "ffn_hidden_size", "must be positive");
+  // MegaBlocks' layers default to the tanh GELU (its Arguments.activation_fn); every other ffn_type to LLM Foundry's
+  // exact GELU.
+  if (type == "mb_moe" || type == "mb_dmoe") o.ffn.ffn_act_fn = "gelu_pytorch_tanh";
   if (const config::Value* act = s.raw("ffn_act_fn")) {
     config::Section act_section(act, s.key_path("ffn_act_fn"), s.context());
     // LLM Foundry's resolve_ffn_act_fn: torch.nn.functional.<name>(x, **rest); held as the activation's name in
@@ -116,7 +159,7 @@ void parse_ffn(config::Section& s, MPTOptions& o) {
     act_section.finish();
   }
   read_fc_type(s);
-  s.finish({"moe_world_size", "ffn_bias"});
+  s.finish({"ffn_bias"});
 }
 
 void parse_init(config::Section& s, MPTOptions& o) {
@@ -149,6 +192,28 @@ void parse_init(config::Section& s, MPTOptions& o) {
 int64_t MPTOptions::ffn_hidden() const {
   if (ffn.ffn_hidden_size) return *ffn.ffn_hidden_size;
   return static_cast<int64_t>(static_cast<double>(d_model) * expansion_ratio);
+}
+
+MoEOptions MPTOptions::moe_layer() const {
+  const MoEFfnOptions& m = ffn.moe.value();
+  MoEOptions l;
+  l.num_experts = m.num_experts;
+  l.top_k = m.top_k;
+  l.hidden_size = d_model;
+  l.ffn_hidden = ffn_hidden();
+  l.glu = m.glu;
+  l.activation = ffn.ffn_act_fn;
+  l.jitter_eps = m.jitter_eps;
+  l.normalize_expert_weights = m.normalize_expert_weights;
+  l.uniform_expert_assignment = m.uniform_expert_assignment;
+  if (m.ffn_type == "mb_moe") l.capacity_factor = m.capacity_factor;
+  l.output_bias = m.ffn_type != "torch_dmoe" && !no_bias;  // torch_dmoe ignores bias; MegaBlocks adds one
+  l.loss_weight = m.loss_weight;
+  l.lbl_in_fp32 = m.lbl_in_fp32;
+  l.zloss_weight = m.zloss_weight;
+  l.zloss_in_fp32 = m.zloss_in_fp32;
+  l.num_layers = n_layers;
+  return l;
 }
 
 MPTOptions parse_mpt_options(config::Section& s) {
@@ -238,6 +303,7 @@ int64_t mpt_block_params(const MPTOptions& o) {
   if (o.attn.qk_gn) n += 2 * hd * (1 + bias);                       // per-head norms
   n += h * hd * d + bias * d;                                       // attn.out_proj
   n += norm;                                                        // norm_2
+  if (o.ffn.moe) return n + moe_params(o.moe_layer());              // router, experts (and their bias)
   const int64_t projections = o.ffn.type == FfnType::kGLU ? 2 : 1;  // up_proj (+ gate_proj)
   n += projections * (d * f + bias * f);
   n += f * d + bias * d;  // ffn.down_proj
@@ -254,13 +320,22 @@ int64_t mpt_param_count(const MPTOptions& o) {
   return n;
 }
 
+int64_t mpt_active_param_count(const MPTOptions& o) {
+  int64_t n = mpt_param_count(o);
+  if (o.ffn.moe) {
+    const MoEOptions l = o.moe_layer();
+    n -= o.n_layers * (moe_params(l) - moe_active_params(l));
+  }
+  return n;
+}
+
 double init_div_is_residual(const MPTOptions& o) {
   return o.init.init_div_is_residual > 0 ? o.init.init_div_is_residual
                                          : std::sqrt(2.0 * static_cast<double>(o.n_layers));
 }
 
 double mpt_flops_per_token(const MPTOptions& o, int64_t seq_len) {
-  double n = static_cast<double>(mpt_param_count(o));
+  double n = static_cast<double>(mpt_active_param_count(o));
   if (!o.tie_word_embeddings) n -= static_cast<double>(o.vocab_size * o.d_model);
   return 6.0 * n +
          12.0 * static_cast<double>(o.n_layers) * static_cast<double>(o.d_model) * static_cast<double>(seq_len);
@@ -278,6 +353,13 @@ double mpt_activation_bytes(const MPTOptions& o, int64_t batch, int64_t seq_len,
   const double f = static_cast<double>(o.ffn_hidden());
   const double p = bytes_per_value;
   double values = 8 * d + 2 * f + (o.ffn.type == FfnType::kGLU ? f : 0);
+  if (o.ffn.moe) {
+    // Each token's top_k expert rows: its input copy (d), the hidden activations (2 F, 3 F with GLU) and output (d),
+    // plus the router's logits and scores (2 E).
+    const MoEOptions l = o.moe_layer();
+    const double k = static_cast<double>(l.top_k);
+    values = 8 * d + k * (2 * d + (l.glu ? 3 : 2) * f) + 2 * static_cast<double>(l.num_experts);
+  }
   double masks = 0;
   if (o.attn.attn_pdrop > 0 || o.resid_pdrop > 0) masks = 2 * d;  // residual dropout masks (attention and ffn)
   const double block = tokens * (values * p + masks);

@@ -130,8 +130,30 @@ nlohmann::ordered_json mpt_hf_config(const MPTOptions& o, at::ScalarType dtype) 
   if (o.attn.attn_type == "grouped_query_attention") attn["kv_n_heads"] = o.attn.kv_n_heads;
   if (!o.attn.fused_qkv) attn["fused_qkv"] = false;
   nlohmann::ordered_json ffn = {{"ffn_type", o.ffn.type == FfnType::kGLU ? "mptglu" : "mptmlp"}};
+  if (o.ffn.moe) {
+    // LLM Foundry's torch_dmoe keys, and MegaBlocks' for the losses and capacity (which LLM Foundry passes on).
+    const MoEFfnOptions& m = *o.ffn.moe;
+    auto optional = [](const std::optional<double>& v) {
+      return v ? nlohmann::ordered_json(*v) : nlohmann::ordered_json();
+    };
+    ffn = {{"ffn_type", m.ffn_type},
+           {"moe_num_experts", m.num_experts},
+           {"moe_top_k", m.top_k},
+           {"mlp_type", m.glu ? "glu" : "mlp"},
+           {"moe_jitter_eps", optional(m.jitter_eps)},
+           {"moe_normalize_expert_weights", optional(m.normalize_expert_weights)},
+           {"uniform_expert_assignment", m.uniform_expert_assignment}};
+    if (m.ffn_type != "torch_dmoe" || m.loss_weight != 0) ffn["moe_loss_weight"] = m.loss_weight;
+    if (m.ffn_type == "mb_moe") ffn["moe_capacity_factor"] = m.capacity_factor;
+    if (m.lbl_in_fp32) ffn["moe_lbl_in_fp32"] = true;
+    if (m.zloss_weight != 0) ffn["moe_zloss_weight"] = m.zloss_weight;
+    if (m.zloss_in_fp32) ffn["moe_zloss_in_fp32"] = true;
+    if (m.memory_optimized_mlp) ffn["memory_optimized_mlp"] = true;
+  }
   if (o.ffn.ffn_hidden_size) ffn["ffn_hidden_size"] = *o.ffn.ffn_hidden_size;
-  if (o.ffn.ffn_act_fn != "gelu") {
+  const bool default_act = o.ffn.moe && o.ffn.moe->ffn_type != "torch_dmoe" ? o.ffn.ffn_act_fn == "gelu_pytorch_tanh"
+                                                                            : o.ffn.ffn_act_fn == "gelu";
+  if (!default_act) {
     // torch.nn.functional's form; GPT-2's gelu_new is the same tanh GELU (equal up to rounding).
     const bool tanh_gelu = o.ffn.ffn_act_fn == "gelu_pytorch_tanh" || o.ffn.ffn_act_fn == "gelu_new";
     ffn["ffn_act_fn"] = tanh_gelu ? nlohmann::ordered_json{{"name", "gelu"}, {"approximate", "tanh"}}
@@ -191,6 +213,7 @@ std::vector<std::string> blockers_for_any(const MPTOptions& o) {
   }
   if (o.attn.rope) why.emplace_back("attn_config.rope");
   if (o.ffn.type == FfnType::kGLU) why.emplace_back("ffn_config.ffn_type mptglu");
+  if (o.ffn.moe) why.push_back(fmt::format("ffn_config.ffn_type {} (a mixture of experts)", o.ffn.moe->ffn_type));
   if (o.norm_type == NormType::kRMSNorm || o.norm_type == NormType::kLowPrecisionRMSNorm) {
     why.emplace_back("norm_type rmsnorm");
   }

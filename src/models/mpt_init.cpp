@@ -67,6 +67,13 @@ void torch_default(torch::nn::Module& m, at::Generator& gen) {
   } else if (auto* norm = m.as<NormImpl>()) {
     norm->weight.fill_(1.0);
     if (norm->bias.defined()) norm->bias.zero_();
+  } else if (auto* experts = m.as<MoEExpertWeightsImpl>()) {
+    // No reset_parameters(): LLM Foundry's experts keep the torch.rand values they were built with.
+    for (at::Tensor* w : {&experts->w1, &experts->v1, &experts->w2}) {
+      if (w->defined()) uniform_from(*w, 0.0, 1.0, gen);
+    }
+  } else if (auto* layer = m.as<MoEExpertsImpl>()) {
+    if (layer->bias.defined()) layer->bias.zero_();
   }
 }
 
@@ -109,6 +116,23 @@ void init_mpt_weights(MPTForCausalLMImpl& model, uint64_t seed, const std::funct
     } else if (auto* norm = m.as<NormImpl>()) {
       norm->weight.fill_(1.0);
       if (norm->bias.defined()) norm->bias.zero_();
+    } else if (auto* experts = m.as<MoEExpertWeightsImpl>()) {
+      // LLM Foundry's moe_init: its torch_dmoe weights whole, as (E F, d) matrices; MegaBlocks' (mb_*) expert by
+      // expert, with w2 divided as a residual projection.
+      const bool megablocks = o.ffn.moe && o.ffn.moe->ffn_type != "torch_dmoe";
+      const int64_t e_count = o.ffn.moe ? o.ffn.moe->num_experts : 1;
+      for (at::Tensor* w : {&experts->w1, &experts->v1, &experts->w2}) {
+        if (!w->defined()) continue;
+        if (!megablocks) {
+          init_fn(o, *w, gen);
+          continue;
+        }
+        const int64_t rows = w->size(0) / e_count;
+        for (int64_t e = 0; e < e_count; ++e) init_fn(o, w->narrow(0, e * rows, rows), gen);
+        if (w == &experts->w2) w->div_(residual_divisor(o));
+      }
+    } else if (auto* layer = m.as<MoEExpertsImpl>()) {
+      if (layer->bias.defined()) layer->bias.zero_();
     }
   }
 }

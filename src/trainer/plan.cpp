@@ -121,6 +121,7 @@ Plan make_plan(const TrainConfig& cfg, int64_t world_size, int64_t ranks_per_nod
   const std::shared_ptr<models::CausalLM> model = models::model_registry().build(cfg.model.name, cfg.model, "meta", 0);
   plan.model = model->describe();
   plan.n_params = model->num_params();
+  plan.n_active_params = model->num_active_params();
   plan.seq_len = cfg.train_loader.tokens.max_seq_len;
   plan.flops_per_token = model->flops_per_token(plan.seq_len);
   plan.tokens_per_step = cfg.global_train_batch_size * plan.seq_len;
@@ -169,8 +170,12 @@ std::string render_plan(const TrainConfig& cfg, const Plan& plan, const std::str
   line("model", plan.model);
   line("parameters",
        fmt::format("{} ({})", with_commas(plan.n_params), human_count(static_cast<double>(plan.n_params))));
-  line("FLOPs per token",
-       fmt::format("{:.4g} GFLOP (6N + 12 L d S, S = {})", plan.flops_per_token / 1e9, plan.seq_len));
+  if (plan.n_active_params != plan.n_params) {
+    line("active parameters", fmt::format("{} ({}) per token", with_commas(plan.n_active_params),
+                                          human_count(static_cast<double>(plan.n_active_params))));
+  }
+  line("FLOPs per token", fmt::format("{:.4g} GFLOP (6N + 12 L d S, {}S = {})", plan.flops_per_token / 1e9,
+                                      plan.n_active_params != plan.n_params ? "N active, " : "", plan.seq_len));
   line("FLOPs per step",
        fmt::format("{:.4g} PFLOP", plan.flops_per_token * static_cast<double>(plan.tokens_per_step) / 1e15));
   line("precision", cfg.precision_auto ? "auto (amp_bf16 on a GPU or a CPU with native bf16, else fp32; planned as "

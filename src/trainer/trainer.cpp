@@ -3,9 +3,11 @@
 
 #include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -440,6 +442,8 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
   const double per_rank_tokens = std::max(1.0, loss_tokens_ / static_cast<double>(state_.world_size));
   const at::DeviceType dev = state_.device.type();
   double total = 0;
+  aux_losses_.clear();
+  expert_counts_.clear();
   try {
     for (int64_t start = 0; start < n; start += microbatch_size) {
       const int64_t end = std::min(n, start + microbatch_size);
@@ -463,6 +467,27 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
           const at::Tensor tokens =
               state_.batch.labels.slice(1, 1).ne(data::kIgnoreLabel).sum().clamp_min(1).to(sum.scalar_type());
           state_.loss = sum / tokens * (static_cast<double>(end - start) / static_cast<double>(n));
+        }
+      }
+      // A mixture of experts' auxiliary losses (models/moe.h), each microbatch's by its share of the samples as
+      // Composer weighs its loss dicts: in the reported loss here, and in the gradient through the model's own graph
+      // at the factor set for this backward.
+      const std::map<std::string, at::Tensor> aux = state_.model->auxiliary_losses();
+      if (!aux.empty()) {
+        const double share = static_cast<double>(end - start) / static_cast<double>(n);
+        state_.model->set_auxiliary_loss_scale(share * (loss_scaler_.enabled() ? loss_scaler_.loss_scale() : 1.0));
+        for (const auto& [name, value] : aux) {
+          state_.loss = state_.loss + value.to(state_.loss.scalar_type()) * share;
+          aux_losses_[name] += value.item<double>() * share;
+        }
+      }
+      for (auto& [router, counts] : state_.model->expert_token_counts()) {
+        auto it = std::find_if(expert_counts_.begin(), expert_counts_.end(),
+                               [&](const auto& entry) { return entry.first == router; });
+        if (it == expert_counts_.end()) {
+          expert_counts_.emplace_back(router, counts.to(at::kCPU, at::kDouble));
+        } else {
+          it->second = it->second + counts.to(at::kCPU, at::kDouble);
         }
       }
       engine_->run_event(Event::kAfterLoss);
@@ -560,6 +585,7 @@ void Trainer::fit() {
       train_batch();
       if (state_.rollback_requested) rollback();
       Metrics m{{"loss/train/total", state_.train_loss}};
+      log_mixture_of_experts(m);
       if (cfg_.device_train_microbatch_size.automatic) {
         m["trainer/device_train_microbatch_size"] = static_cast<double>(state_.device_train_microbatch_size);
       }
@@ -595,6 +621,41 @@ void Trainer::fit() {
   }
   // The final evaluation, unless the last interval already ended here.
   if (has_eval() && !cfg_.eval_interval.is_zero() && last_eval_batch_ != state_.timestamp.batch) run_eval();
+}
+
+void Trainer::log_mixture_of_experts(Metrics& m) {
+  if (aux_losses_.empty() && expert_counts_.empty()) return;
+  // One all-reduce for the losses and every router's counts.
+  std::vector<double> values;
+  for (const auto& [name, v] : aux_losses_) values.push_back(v);
+  for (const auto& [router, counts] : expert_counts_) {
+    const at::Tensor c = counts.contiguous();
+    values.insert(values.end(), c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+  }
+  values = sum_over_ranks(state_, values);
+  size_t i = 0;
+  const double world = static_cast<double>(state_.world_size);
+  for (const auto& [name, v] : aux_losses_) m["loss/train/" + name] = values[i++] / world;
+  for (const auto& [router, counts] : expert_counts_) {
+    const auto experts = static_cast<size_t>(counts.numel());
+    double routed = 0;
+    for (size_t e = 0; e < experts; ++e) routed += values[i + e];
+    std::vector<std::string> starved;
+    for (size_t e = 0; e < experts; ++e) {
+      m[fmt::format("moe/{}/expert_{}", router, e)] = routed > 0 ? values[i + e] / routed : 0.0;
+      if (values[i + e] == 0 && starved_warned_.insert(fmt::format("{}/{}", router, e)).second) {
+        starved.push_back(std::to_string(e));
+      }
+    }
+    if (!starved.empty() && state_.rank == 0) {
+      spdlog::warn(
+          "batch {}: router {} sent no tokens to expert{} {} (of {} routed on all ranks): starved experts stop "
+          "learning; a larger moe_loss_weight or moe_jitter_eps spreads the load (warned once per expert)",
+          state_.timestamp.batch + 1, router, starved.size() > 1 ? "s" : "", fmt::join(starved, ", "),
+          static_cast<int64_t>(routed));
+    }
+    i += experts;
+  }
 }
 
 void Trainer::rollback() {

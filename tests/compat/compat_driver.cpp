@@ -1,9 +1,11 @@
 // Test driver for tests/compat: runs Tessera on inputs prepared by Python and writes the results, so pytest can compare
 // them with the real peers (Hugging Face transformers, the plain-PyTorch MPT reference, mosaicml-streaming).
 //
-//   tessera_compat_driver forward DIR INPUTS.safetensors OUT.safetensors [--reference]
+//   tessera_compat_driver forward DIR INPUTS.safetensors OUT.safetensors [--reference | --train]
 //       loads the HF folder DIR, runs forward on input_ids (and attention_mask / sequence_id if given), computes the
-//       next-token loss on input_ids, backpropagates, and writes logits, loss and grad.<parameter> for every parameter
+//       next-token loss on input_ids, backpropagates, and writes logits, loss and grad.<parameter> for every parameter;
+//       --train runs in training mode: a mixture of experts' auxiliary losses join the loss (aux.<name>), and each
+//       router's tokens per expert are written (tokens_per_expert.<router>)
 //   tessera_compat_driver export DIR OUT_DIR [bf16] [family]
 //       loads DIR and writes it back with save_hf_model (transformers' layout, or the family's own with "family")
 //   tessera_compat_driver generate DIR INPUTS.safetensors OUT.safetensors MAX_NEW [EOS]
@@ -73,9 +75,16 @@ namespace {
 
 using tessera::checkpoint::SafetensorsFile;
 
-int forward(const std::string& dir, const std::string& inputs_path, const std::string& out_path, bool reference) {
+int forward(const std::string& dir, const std::string& inputs_path, const std::string& out_path, bool reference,
+            bool train) {
   auto model = tessera::checkpoint::load_hf_model(dir);
-  model->eval();  // dropout off; the compared configurations use no dropout
+  // Dropout off (the compared configurations use none); --train: training mode, so that a mixture of experts adds
+  // its auxiliary losses (written as aux.<name>) to the loss.
+  if (train) {
+    model->train();
+  } else {
+    model->eval();
+  }
   SafetensorsFile inputs(inputs_path);
   const at::Tensor ids = inputs.load("input_ids", at::kLong);
   tessera::models::ForwardOptions fo;
@@ -84,9 +93,16 @@ int forward(const std::string& dir, const std::string& inputs_path, const std::s
   if (inputs.contains("sequence_id")) fo.sequence_id = inputs.load("sequence_id", at::kLong);
   const at::Tensor logits = model->forward(ids, fo);
   const at::Tensor labels = inputs.contains("labels") ? inputs.load("labels", at::kLong) : ids;
-  const at::Tensor loss = tessera::models::causal_lm_loss(logits, labels);
+  at::Tensor loss = tessera::models::causal_lm_loss(logits, labels);
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [name, value] : model->auxiliary_losses()) {
+    out["aux." + name] = value.reshape({1});
+    loss = loss + value;  // its gradient comes through the model's graph (factor 1)
+  }
   loss.backward();
-  std::map<std::string, at::Tensor> out = {{"logits", logits.detach()}, {"loss", loss.detach().reshape({1})}};
+  out["logits"] = logits.detach();
+  out["loss"] = loss.detach().reshape({1});
+  for (const auto& [router, counts] : model->expert_token_counts()) out["tokens_per_expert." + router] = counts;
   for (const auto& p : model->named_parameters()) out["grad." + p.key()] = p.value().grad();
   tessera::checkpoint::save_safetensors(out_path, out);
   return 0;
@@ -499,7 +515,8 @@ int main(int argc, char** argv) {
   try {
     const std::string cmd = argc > 1 ? argv[1] : "";
     if (cmd == "forward" && argc >= 5)
-      return forward(argv[2], argv[3], argv[4], argc > 5 && std::string(argv[5]) == "--reference");
+      return forward(argv[2], argv[3], argv[4], argc > 5 && std::string(argv[5]) == "--reference",
+                     argc > 5 && std::string(argv[5]) == "--train");
     if (cmd == "export" && argc >= 4) {
       auto model = tessera::checkpoint::load_hf_model(argv[2]);
       const std::vector<std::string> opts(argv + 4, argv + argc);

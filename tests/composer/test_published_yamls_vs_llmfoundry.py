@@ -9,7 +9,9 @@ cache holding the published config.json of each model the YAMLs name (tests/data
   (built on the meta device), for the families Tessera builds (MPT, Llama);
 - refuse it as LLM Foundry does where LLM Foundry's own code refuses it: `config_overrides.attn_config` on a Llama
   config (set_config_overrides raises) and the unused top-level `dataset` anchor (its validation raises);
-- refuse it naming the family or setting not built yet: DBRX and MPT's mixture-of-experts layers (issue 43).
+- refuse it naming the family not built yet: DBRX (issue 43).
+MPT's MegaBlocks layers (testing-moe.yaml's mb_dmoe) are counted with LLM Foundry's torch_dmoe layer of the same
+experts (MegaBlocks needs CUDA to install), plus the d_model output bias per layer that MegaBlocks adds with biases.
 Each one that plans also trains when shrunk: two steps of a 2-layer model of the same configuration (for hf_causal_lm,
 a folder transformers wrote: the published config.json shrunk, with weights) on local MDS tokens, or prompt/response
 samples for the finetuning loader, every other key as published (precision, FSDP, optimizer, scheduler, callbacks).
@@ -42,7 +44,6 @@ YAMLS = sorted(str(p.relative_to(FOUNDRY)) for p in FOUNDRY.glob("published/*/*.
 NOT_BUILT = {  # YAML -> what the refusal must name
     "published/finetune/dbrx-full-ft.yaml": 'model_type is "dbrx"',
     "published/finetune/dbrx-lora-ft.yaml": 'model_type is "dbrx"',
-    "published/pretrain/testing-moe.yaml": "mb_dmoe (mixture-of-experts layers are not built yet)",
 }
 FOUNDRY_REFUSES = {  # YAML -> what both refusals say (each names the first override Llama's config lacks: LLM
     # Foundry in the YAML's order, max_seq_len; Tessera in key order, attn_config)
@@ -78,8 +79,19 @@ def peer_parameters(cfg, hub):
             for key in ("name", "pretrained", "loss_fn"):
                 model.pop(key, None)
             model["init_device"] = "meta"  # LLM Foundry's own switch (its init otherwise allocates on the CPU)
+            ffn = dict(model.get("ffn_config", {}))
+            megablocks_bias = 0
+            if ffn.get("ffn_type") in ("mb_moe", "mb_dmoe"):
+                keep = ("moe_num_experts", "moe_top_k", "mlp_type", "moe_jitter_eps", "moe_normalize_expert_weights",
+                        "uniform_expert_assignment", "ffn_hidden_size", "ffn_act_fn")
+                model["ffn_config"] = dict({"mlp_type": "mlp", "moe_jitter_eps": None,
+                                            "moe_normalize_expert_weights": None, "uniform_expert_assignment": False},
+                                           **{k: v for k, v in ffn.items() if k in keep}, ffn_type="torch_dmoe")
+                if not model.get("no_bias", False):
+                    megablocks_bias = model["n_layers"] * model["d_model"]
             model.setdefault("attn_config", {})["attn_impl"] = "torch"  # flash-attn is not installed; same weights
             net = MPTForCausalLM(MPTConfig(**model))
+            return sum(p.numel() for p in net.parameters()) + megablocks_bias
         else:
             from transformers import AutoConfig, AutoModelForCausalLM
 

@@ -19,6 +19,7 @@
 #include "tessera/models/attention.h"
 #include "tessera/models/causal_lm.h"
 #include "tessera/models/layers.h"
+#include "tessera/models/moe.h"
 #include "tessera/models/mpt_config.h"
 
 namespace tessera::models {
@@ -60,16 +61,19 @@ class FFNImpl : public torch::nn::Module {
 };
 TORCH_MODULE(FFN);
 
-// Pre-LN block: x + drop(attn(norm_1(x))), then + drop(ffn(norm_2(x))).
+// Pre-LN block: x + drop(attn(norm_1(x))), then + drop(ffn(norm_2(x))). The ffn is the dense FFN or, with
+// ffn_config.ffn_type torch_dmoe / mb_moe / mb_dmoe, a mixture of experts (moe.h), registered as "ffn" either way.
 class MPTBlockImpl : public torch::nn::Module {
  public:
-  MPTBlockImpl(const MPTOptions& options, const at::TensorOptions& tensor_options);
+  MPTBlockImpl(const MPTOptions& options, const at::TensorOptions& tensor_options,
+               std::shared_ptr<AuxLossScale> aux_scale = nullptr);
   at::Tensor forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache = nullptr);
 
   Norm norm_1{nullptr};
   GroupedQueryAttention attn{nullptr};
   Norm norm_2{nullptr};
   FFN ffn{nullptr};
+  MoE moe{nullptr};  // registered as "ffn" instead of `ffn`
 
  private:
   double resid_pdrop_;
@@ -83,7 +87,8 @@ int64_t unit_of_parameter(const std::string& name);
 
 class MPTModelImpl : public torch::nn::Module {
  public:
-  MPTModelImpl(const MPTOptions& options, const at::TensorOptions& tensor_options);
+  MPTModelImpl(const MPTOptions& options, const at::TensorOptions& tensor_options,
+               std::shared_ptr<AuxLossScale> aux_scale = nullptr);
   // input_ids: (B, S) int64 -> hidden states before norm_f: (B, S, d_model), the blocks run through unit_runner.
   at::Tensor forward_blocks(const at::Tensor& input_ids, const ForwardOptions& fo = {});
   // input_ids: (B, S) int64 -> hidden states after norm_f: (B, S, d_model).
@@ -138,12 +143,17 @@ class MPTForCausalLMImpl : public CausalLM {
   std::optional<std::string> tied_embedding_name() const override;
   std::shared_ptr<CausalLM> with_alibi(double alibi_bias_max, int64_t max_seq_len, uint64_t seed) const override;
   void use_low_precision_norms() override;
+  std::map<std::string, at::Tensor> auxiliary_losses() const override;
+  void set_auxiliary_loss_scale(double scale) override { aux_scale_->set(scale); }
+  std::vector<std::pair<std::string, at::Tensor>> expert_token_counts() const override;
+  int64_t num_active_params() const override { return mpt_active_param_count(o_); }
 
   MPTModel transformer{nullptr};
   Linear lm_head{nullptr};  // only when tie_word_embeddings is false
 
  private:
   MPTOptions o_;
+  std::shared_ptr<AuxLossScale> aux_scale_ = std::make_shared<AuxLossScale>();
 };
 TORCH_MODULE(MPTForCausalLM);
 

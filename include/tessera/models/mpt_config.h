@@ -8,6 +8,7 @@
 
 #include "tessera/config/reader.h"
 #include "tessera/config/registry.h"
+#include "tessera/models/moe_options.h"
 #include "tessera/models/norm_type.h"
 
 namespace tessera::models {
@@ -32,8 +33,29 @@ struct AttentionOptions {
   int64_t kv_n_heads = 0;  // resolved: n_heads (MHA), 1 (MQA), or as given (GQA)
 };
 
+// ffn_type torch_dmoe | mb_moe | mb_dmoe: a mixture of experts in every block, with LLM Foundry's and MegaBlocks'
+// ffn_config keys (moe_num_experts, moe_top_k, ...). The three compute the same layer, except that mb_moe routes with a
+// capacity factor (MegaBlocks' MoE) where the others are dropless, and that the load-balancing loss's weight
+// defaults to MegaBlocks' 0.1 for mb_* and to 0 for torch_dmoe (LLM Foundry's torch_dmoe has none).
+struct MoEFfnOptions {
+  std::string ffn_type = "torch_dmoe";
+  int64_t num_experts = 1;
+  int64_t top_k = 1;
+  bool glu = false;  // mlp_type
+  std::optional<double> jitter_eps;
+  std::optional<double> normalize_expert_weights;
+  bool uniform_expert_assignment = false;
+  double capacity_factor = 1.0;  // mb_moe only
+  double loss_weight = 0.0;
+  bool lbl_in_fp32 = false;
+  double zloss_weight = 0.0;
+  bool zloss_in_fp32 = false;
+  bool memory_optimized_mlp = false;  // accepted: MegaBlocks' recomputation of the activation; the same function
+};
+
 struct FfnOptions {
   FfnType type = FfnType::kMLP;
+  std::optional<MoEFfnOptions> moe;        // a mixture of experts instead of the dense MLP
   std::optional<int64_t> ffn_hidden_size;  // overrides d_model * expansion_ratio
   // The activation as transformers' ACT2FN names it: "gelu" (exact, erf), "gelu_pytorch_tanh" (recipes'
   // {name: gelu, approximate: tanh}), "gelu_new" (GPT-2's; the tanh GELU term by term), relu, silu, ....
@@ -78,6 +100,8 @@ struct MPTOptions {
 
   int64_t head_dim() const { return d_model / n_heads; }
   int64_t ffn_hidden() const;
+  // The MoE layer of every block (ffn.moe set), with its sizes and activation resolved.
+  MoEOptions moe_layer() const;
   bool wqkv_bias() const { return attention_bias.value_or(!no_bias); }
   // LayerNorms carry a bias unless no_bias; RMSNorms never do.
   bool norm_has_bias() const {
@@ -91,9 +115,12 @@ MPTOptions parse_mpt_options(config::Section& s);
 
 // Exact number of parameters of the model these options build (embeddings, tied or not, included).
 int64_t mpt_param_count(const MPTOptions& o);
+// The parameters one token uses (LLM Foundry's mpt_get_active_params, before its untied-embedding correction): all
+// of them for a dense model; with experts, each block's router and top_k of its experts.
+int64_t mpt_active_param_count(const MPTOptions& o);
 
-// Training FLOPs per token as LLM Foundry counts them: 6 N + 12 L d S, where N is the parameter count less the input
-// embedding when it is untied (an untied wte is a lookup), and S the sequence length.
+// Training FLOPs per token as LLM Foundry counts them: 6 N + 12 L d S, where N is the active parameter count less
+// the input embedding when it is untied (an untied wte is a lookup), and S the sequence length.
 double mpt_flops_per_token(const MPTOptions& o, int64_t seq_len);
 
 // init_config.init_div_is_residual as LLM Foundry resolves it: the value set, or sqrt(2 n_layers) (its default, true)

@@ -23,6 +23,7 @@ struct Plan {
   int64_t ranks_per_node = 1;
   std::string model;  // the model's one-line description
   int64_t n_params = 0;
+  int64_t n_active_params = 0;  // those one token uses (fewer than n_params for a mixture of experts)
   double flops_per_token = 0;
   int64_t seq_len = 0;
   int64_t tokens_per_step = 0;          // global_train_batch_size * seq_len

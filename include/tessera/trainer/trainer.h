@@ -19,8 +19,11 @@
 // gives; it is a pure function of the timestamp.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -120,6 +123,13 @@ class Trainer {
   std::optional<eval::GauntletConfig> gauntlet_;    // `eval_gauntlet`, scored over the ICL results
   dist::Rendezvous rendezvous_;
   double loss_tokens_ = 0;  // loss-generating tokens of the current batch, summed over ranks
+  // Mixtures of experts: the batch's auxiliary losses (each microbatch's by its share) and the tokens each router
+  // sent to each expert (summed over microbatches), logged after the batch; the routers and experts already warned
+  // about as starved.
+  std::map<std::string, double> aux_losses_;
+  std::vector<std::pair<std::string, at::Tensor>> expert_counts_;
+  std::set<std::string> starved_warned_;
+  void log_mixture_of_experts(core::Metrics& metrics);
   std::optional<int64_t> last_eval_batch_;
   OutOfMemoryRetry oom_retry_{false};                  // device_train_microbatch_size: auto
   LossScaler loss_scaler_{false};                      // amp_fp16

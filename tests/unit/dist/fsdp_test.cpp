@@ -113,6 +113,61 @@ TEST(Fsdp, UnitsOnAWorldOfOneGiveThePlainModelsLogitsAndGradients) {
   }
 }
 
+TEST(Fsdp, MixtureOfExpertsAuxiliaryLossesReachTheGradientsThroughTheUnits) {
+  // MegaBlocks' dMoE in every block, with its load-balancing loss, z-loss and router jitter: the auxiliary losses'
+  // gradients come through each unit's own graph (and its re-run under activation checkpointing, the jitter replayed).
+  models::MPTOptions o = small_mpt()->options();
+  o.no_bias = false;
+  models::MoEFfnOptions m;
+  m.ffn_type = "mb_dmoe";
+  m.num_experts = 4;
+  m.top_k = 2;
+  m.glu = true;
+  m.jitter_eps = 0.1;
+  m.loss_weight = 0.1;
+  m.zloss_weight = 0.01;
+  o.ffn.moe = m;
+  for (const bool checkpointing : {false, true}) {
+    models::MPTForCausalLM plain = models::build_mpt(o, 5), sharded = models::build_mpt(o, 5);
+    dist::ParallelOptions po;
+    po.sharding.strategy = dist::ShardingStrategy::kFullShard;
+    po.sharding.activation_checkpointing = checkpointing;
+    auto parallel = dist::parallelize(*sharded, po, dist::Communicator::single());
+    const at::Tensor ids = at::randint(50, {2, 16}, at::kLong);
+    auto total = [&](models::MPTForCausalLMImpl& model, const at::Tensor& logits) {
+      at::Tensor loss = models::causal_lm_loss(logits, ids);
+      for (const auto& [name, value] : model.auxiliary_losses()) loss = loss + value;  // values: detached
+      return loss;
+    };
+    at::manual_seed(9);
+    const at::Tensor ref_logits = plain->forward(ids);
+    const auto ref_aux = plain->auxiliary_losses();
+    ASSERT_EQ(ref_aux.size(), 2u);
+    total(*plain, ref_logits).backward();
+    at::manual_seed(9);
+    parallel->prepare_backward(true);
+    const at::Tensor logits = sharded->forward(ids);
+    const auto aux = sharded->auxiliary_losses();
+    total(*sharded, logits).backward();
+    parallel->finish_backward();
+    EXPECT_TRUE(at::allclose(logits, ref_logits, 1e-6, 1e-6));
+    for (const auto& [name, value] : ref_aux) {
+      EXPECT_NEAR(aux.at(name).item<double>(), value.item<double>(), 1e-7) << name;
+    }
+    expect_unit_gradients(*plain, *parallel, fmt::format("MoE, checkpointing {}", checkpointing));
+    // The router's gradient holds the auxiliary losses': with them scaled to 0 it is another.
+    const at::Tensor with_aux =
+        plain->transformer->blocks[0]->as<models::MPTBlockImpl>()->moe->router->layer->weight.grad().clone();
+    plain->zero_grad();
+    plain->set_auxiliary_loss_scale(0.0);
+    at::manual_seed(9);
+    models::causal_lm_loss(plain->forward(ids), ids).backward();
+    EXPECT_FALSE(at::allclose(
+        with_aux, plain->transformer->blocks[0]->as<models::MPTBlockImpl>()->moe->router->layer->weight.grad(), 1e-4,
+        1e-6));
+  }
+}
+
 TEST(Fsdp, AMetaModelIsMaterialisedUnitByUnitAsAWholeModelInit) {
   models::MPTForCausalLM whole = small_mpt();
   models::MPTOptions o = whole->options();

@@ -1,0 +1,198 @@
+// Mixture-of-experts layers: router, grouped expert GEMMs, MegaBlocks' load-balancing loss and router z-loss.
+#include "tessera/models/moe.h"
+
+#include <ATen/autocast_mode.h>
+#include <torch/autograd.h>
+
+#include <map>
+#include <tuple>
+#include <utility>
+
+#include "tessera/models/layers.h"
+
+namespace tessera::models {
+namespace {
+
+struct AuxLossFunction : public torch::autograd::Function<AuxLossFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& y, const at::Tensor& aux,
+                            const at::Tensor& scale) {
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["aux"] = aux.detach();
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const at::Tensor aux = ctx->saved_data["aux"].toTensor();
+    const double scale = ctx->saved_data["scale"].toTensor().item<double>();
+    return {grads[0], at::full_like(aux, scale), at::Tensor()};
+  }
+};
+
+// Whether at::_grouped_mm runs for these operands here (it needs 16-byte aligned strides and, on CUDA, a dtype and
+// GPU it supports); learnt once per device type and dtype by trying it.
+std::map<std::pair<int, int>, bool>& grouped_mm_support() {
+  static thread_local std::map<std::pair<int, int>, bool> support;
+  return support;
+}
+
+bool aligned_for_grouped_mm(const at::Tensor& x, const at::Tensor& w) {
+  const int64_t elt = static_cast<int64_t>(x.element_size());
+  return (x.size(1) * elt) % 16 == 0 && (w.size(2) * elt) % 16 == 0 && (w.size(1) * elt) % 16 == 0;
+}
+
+// x: (N, in) rows grouped by expert, `counts[e]` rows for expert e; w: (E, in, out) -> (N, out).
+at::Tensor expert_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts, const at::Tensor& offsets) {
+  const auto key = std::make_pair(static_cast<int>(x.device().type()), static_cast<int>(x.scalar_type()));
+  auto& support = grouped_mm_support();
+  const auto known = support.find(key);
+  if (aligned_for_grouped_mm(x, w) && (known == support.end() || known->second)) {
+    try {
+      at::Tensor y = at::_grouped_mm(x, w, offsets);
+      support[key] = true;
+      return y;
+    } catch (const c10::Error&) {
+      support[key] = false;
+    }
+  }
+  // One GEMM per expert over its contiguous rows (the counts come to the host once per call).
+  const at::Tensor host = counts.to(at::kCPU);
+  const int64_t* n = host.data_ptr<int64_t>();
+  std::vector<at::Tensor> parts;
+  int64_t start = 0;
+  for (int64_t e = 0; e < w.size(0); ++e) {
+    if (n[e] == 0) continue;
+    parts.push_back(at::mm(x.narrow(0, start, n[e]), w[e]));
+    start += n[e];
+  }
+  if (parts.empty()) return at::zeros({0, w.size(2)}, x.options());
+  return parts.size() == 1 ? parts[0] : at::cat(parts);
+}
+
+at::ScalarType compute_type(const at::Tensor& x) {
+  const at::DeviceType dev = x.device().type();
+  if ((dev == at::kCPU || dev == at::kCUDA) && at::autocast::is_autocast_enabled(dev)) {
+    return at::autocast::get_autocast_dtype(dev);
+  }
+  return x.scalar_type();
+}
+
+}  // namespace
+
+at::Tensor attach_aux_loss(const at::Tensor& y, const at::Tensor& aux, const std::shared_ptr<AuxLossScale>& scale) {
+  if (!at::GradMode::is_enabled() || !aux.requires_grad()) return y;
+  return AuxLossFunction::apply(y, aux, scale->value);
+}
+
+int64_t moe_params(const MoEOptions& o) {
+  const int64_t per_expert = (o.glu ? 3 : 2) * o.ffn_hidden * o.hidden_size;
+  return o.hidden_size * o.num_experts + o.num_experts * per_expert + (o.output_bias ? o.hidden_size : 0);
+}
+
+int64_t moe_active_params(const MoEOptions& o) {
+  const int64_t per_expert = (o.glu ? 3 : 2) * o.ffn_hidden * o.hidden_size;
+  return o.hidden_size * o.num_experts + o.top_k * per_expert + (o.output_bias ? o.hidden_size : 0);
+}
+
+MoERouterImpl::MoERouterImpl(const MoEOptions& o, const at::TensorOptions& t) {
+  layer = register_module("layer", Linear(o.hidden_size, o.num_experts, /*bias=*/false, t));
+}
+
+MoEExpertWeightsImpl::MoEExpertWeightsImpl(const MoEOptions& o, const at::TensorOptions& t) {
+  const std::vector<int64_t> shape = {o.num_experts * o.ffn_hidden, o.hidden_size};
+  w1 = register_parameter("w1", at::empty(shape, t));
+  if (o.glu) v1 = register_parameter("v1", at::empty(shape, t));
+  w2 = register_parameter("w2", at::empty(shape, t));
+}
+
+MoEExpertsImpl::MoEExpertsImpl(const MoEOptions& o, const at::TensorOptions& t) {
+  mlp = register_module("mlp", MoEExpertWeights(o, t));
+  if (o.output_bias) bias = register_parameter("bias", at::zeros({o.hidden_size}, t));
+}
+
+MoEImpl::MoEImpl(const MoEOptions& o, const at::TensorOptions& t, std::shared_ptr<AuxLossScale> scale)
+    : o_(o), scale_(std::move(scale)) {
+  TORCH_CHECK(o.num_experts >= 1 && o.top_k >= 1 && o.top_k <= o.num_experts, "moe: need 1 <= top_k <= num_experts");
+  router = register_module("router", MoERouter(o, t));
+  experts = register_module("experts", MoEExperts(o, t));
+}
+
+at::Tensor MoEImpl::forward(const at::Tensor& x) {
+  const int64_t d = o_.hidden_size, e_count = o_.num_experts, k = o_.top_k, f = o_.ffn_hidden;
+  const at::Tensor flat = x.reshape({-1, d});
+  const int64_t tokens = flat.size(0);
+
+  // Router (MegaBlocks' LearnedRouter): softmax scores, the top k, optionally p-normalised.
+  at::Tensor router_in = flat;
+  if (is_training() && o_.jitter_eps) {
+    const double eps = *o_.jitter_eps;
+    router_in = flat * ((1.0 - eps) + at::rand(flat.sizes(), flat.options()) * (2.0 * eps));
+  }
+  const at::Tensor logits = router->layer(router_in);  // (T, E)
+  const at::Tensor scores = logits.softmax(-1);
+  at::Tensor weights, chosen;
+  if (k == 1) {
+    std::tie(weights, chosen) = scores.max(-1, /*keepdim=*/true);
+  } else {
+    std::tie(weights, chosen) = scores.topk(k, -1);
+  }
+  if (o_.normalize_expert_weights) {
+    weights = weights / at::norm(weights, at::Scalar(*o_.normalize_expert_weights), {-1}, /*keepdim=*/true);
+  }
+  if (o_.uniform_expert_assignment) {
+    chosen = at::arange(tokens * k, chosen.options()).remainder(e_count).view({tokens, k});
+  }
+  weights = weights.to(x.scalar_type());
+
+  // Capacity-factor routing: the slots past an expert's capacity (in token order, per top-k slot) are dropped.
+  if (o_.capacity_factor) {
+    const auto capacity =
+        static_cast<int64_t>(*o_.capacity_factor * static_cast<double>(tokens) / static_cast<double>(e_count));
+    if (capacity > 0) {  // 0: as many as the busiest expert got (MegaBlocks), so none are dropped
+      const at::Tensor rank = at::one_hot(chosen, e_count).cumsum(0).gather(2, chosen.unsqueeze(2)).squeeze(2) - 1;
+      weights = weights * rank.lt(capacity).to(weights.scalar_type());
+    }
+  }
+
+  // Group the (token, slot) pairs by expert, in token order within each expert.
+  const at::Tensor flat_choice = chosen.reshape({-1});
+  const at::Tensor order = at::argsort(flat_choice, /*stable=*/true, /*dim=*/0);
+  const at::Tensor token = at::floor_divide(order, k);
+  const at::Tensor counts = at::bincount(flat_choice, {}, e_count);
+  const at::Tensor offsets = counts.cumsum(0).to(at::kInt);
+
+  const at::ScalarType ct = compute_type(flat);
+  const at::Tensor xs = flat.index_select(0, token).to(ct);
+  const auto& mlp = experts->mlp;
+  const at::Tensor w1 = mlp->w1.to(ct).view({e_count, f, d}).transpose(1, 2);  // (E, d, F)
+  at::Tensor h = hf_activation(o_.activation, expert_mm(xs, w1, counts, offsets));
+  if (o_.glu) h = h * expert_mm(xs, mlp->v1.to(ct).view({e_count, f, d}).transpose(1, 2), counts, offsets);
+  at::Tensor y = expert_mm(h, mlp->w2.to(ct).view({e_count, f, d}), counts, offsets);  // (T k, d)
+  y = y * weights.reshape({-1}).index_select(0, order).unsqueeze(1).to(y.scalar_type());
+  at::Tensor out = at::zeros({tokens, d}, y.options()).index_add(0, token, y);
+  if (experts->bias.defined()) out = out + experts->bias.to(out.scalar_type());
+  out = out.view(x.sizes());
+
+  if (!is_training()) return out;
+  // MegaBlocks' load-balancing loss, this layer's share of its sum over layers: loss_weight * E / (layers * T * k) *
+  // dot(tokens per expert, mean score per expert); and its router z-loss: weight * mean over tokens of logsumexp^2.
+  MoERecord record;
+  record.tokens_per_expert = counts.detach();
+  at::Tensor aux;
+  if (o_.loss_weight != 0) {
+    const at::Tensor s = o_.lbl_in_fp32 ? scores.to(at::kFloat) : scores;
+    const double scale = o_.loss_weight * static_cast<double>(e_count) /
+                         (static_cast<double>(o_.num_layers) * static_cast<double>(tokens) * static_cast<double>(k));
+    aux = at::dot(counts.to(s.scalar_type()), s.mean(0)) * scale;
+    record.lbl = aux.detach();
+  }
+  if (o_.zloss_weight != 0) {
+    const at::Tensor l = o_.zloss_in_fp32 ? logits.to(at::kFloat) : logits;
+    const at::Tensor z = at::logsumexp(l, {1}).square().mean() * o_.zloss_weight;
+    record.zloss = z.detach();
+    aux = aux.defined() ? aux + z.to(aux.scalar_type()) : z;
+  }
+  records.push_back(std::move(record));
+  return aux.defined() ? attach_aux_loss(out, aux, scale_) : out;
+}
+
+}  // namespace tessera::models
