@@ -24,7 +24,11 @@ constexpr float kLlamaMasked = std::numeric_limits<float>::lowest();
 
 LlamaOptions parse_llama_options(config::Section& s) {
   LlamaOptions o;
-  o.model_type = s.get_choice("model_type", o.model_type, {"llama", "mistral", "qwen2"});
+  o.model_type = s.get_choice("model_type", o.model_type, {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe"});
+  if (o.model_type == "mixtral") {  // MixtralConfig's defaults where they differ from LlamaConfig's
+    o.rms_norm_eps = 1e-5;
+    o.rope_theta = 1e6;
+  }
   o.vocab_size = s.get_int("vocab_size", o.vocab_size);
   o.hidden_size = s.get_int("hidden_size", o.hidden_size);
   o.intermediate_size = s.get_int("intermediate_size", o.intermediate_size);
@@ -38,7 +42,7 @@ LlamaOptions parse_llama_options(config::Section& s) {
   o.rope_theta = s.get_double("rope_theta", o.rope_theta);
   o.tie_word_embeddings = s.get_bool("tie_word_embeddings", o.tie_word_embeddings);
   o.attention_bias = s.get_bool("attention_bias", o.attention_bias);
-  o.qkv_bias = s.get_bool("qkv_bias", o.model_type == "qwen2");
+  o.qkv_bias = s.get_bool("qkv_bias", o.model_type == "qwen2" || o.model_type == "qwen2_moe");
   o.mlp_bias = s.get_bool("mlp_bias", o.mlp_bias);
   o.sliding_window = s.get_optional_int("sliding_window").value_or(0);
   o.attention_dropout = s.get_double("attention_dropout", o.attention_dropout);
@@ -47,6 +51,35 @@ LlamaOptions parse_llama_options(config::Section& s) {
   o.eos_token_id = s.get_optional_int("eos_token_id");
   o.pad_token_id = s.get_optional_int("pad_token_id");
   o.init_device = s.get_choice("init_device", o.init_device, {"cpu", "meta", "cuda"});
+  if (o.model_type == "mixtral") {
+    o.num_experts = s.get_int("num_local_experts", 8);
+    o.num_experts_per_tok = s.get_int("num_experts_per_tok", 2);
+    o.router_jitter_noise = s.get_double("router_jitter_noise", 0.0);
+    s.check(o.router_jitter_noise >= 0 && o.router_jitter_noise < 1, "router_jitter_noise", "must lie in [0, 1)");
+  } else if (o.model_type == "qwen2_moe") {
+    o.num_experts = s.get_int("num_experts", 60);
+    o.num_experts_per_tok = s.get_int("num_experts_per_tok", 4);
+    o.moe_intermediate_size = s.get_int("moe_intermediate_size", 1408);
+    o.shared_expert_intermediate_size = s.get_int("shared_expert_intermediate_size", 5632);
+    o.norm_topk_prob = s.get_bool("norm_topk_prob", false);
+    o.decoder_sparse_step = s.get_int("decoder_sparse_step", 1);
+    s.check(o.decoder_sparse_step >= 1, "decoder_sparse_step", "must be at least 1");
+    if (const config::Value* dense = s.raw("mlp_only_layers"); dense && !dense->is_null()) {
+      for (const config::Value& v : dense->items()) {
+        const auto i = v.as_int();
+        if (!i) s.fail("mlp_only_layers", "expected a list of layer indices, got " + dense->brief());
+        o.mlp_only_layers.push_back(*i);
+      }
+    }
+    s.check(o.moe_intermediate_size > 0 && o.shared_expert_intermediate_size >= 0, "moe_intermediate_size",
+            "must be positive");
+  }
+  if (o.num_experts > 0) {
+    o.router_aux_loss_coef = s.get_double("router_aux_loss_coef", 0.001);
+    o.output_router_logits = s.get_bool("output_router_logits", false);
+    s.check(o.num_experts_per_tok >= 1 && o.num_experts_per_tok <= o.num_experts, "num_experts_per_tok",
+            fmt::format("must lie in [1, {}] (the number of experts)", o.num_experts));
+  }
   const std::string act = s.get_string("hidden_act", "silu");
   s.check(act == "silu", "hidden_act", "only silu (SwiGLU) is implemented");
   if (s.has("rope_scaling")) {
@@ -72,23 +105,50 @@ LlamaOptions parse_llama_options(config::Section& s) {
 }
 
 LlamaOptions llama_options_from_hf_config(const nlohmann::json& raw, const std::string& where) {
-  static const std::set<std::string> kKeys = {"model_type",          "vocab_size",        "hidden_size",
-                                              "intermediate_size",   "num_hidden_layers", "num_attention_heads",
-                                              "num_key_value_heads", "head_dim",          "max_position_embeddings",
-                                              "rms_norm_eps",        "rope_theta",        "rope_scaling",
-                                              "tie_word_embeddings", "attention_bias",    "mlp_bias",
-                                              "sliding_window",      "attention_dropout", "initializer_range",
-                                              "bos_token_id",        "eos_token_id",      "pad_token_id",
-                                              "hidden_act"};
+  static const std::set<std::string> kKeys = {"model_type",
+                                              "vocab_size",
+                                              "hidden_size",
+                                              "intermediate_size",
+                                              "num_hidden_layers",
+                                              "num_attention_heads",
+                                              "num_key_value_heads",
+                                              "head_dim",
+                                              "max_position_embeddings",
+                                              "rms_norm_eps",
+                                              "rope_theta",
+                                              "rope_scaling",
+                                              "tie_word_embeddings",
+                                              "attention_bias",
+                                              "mlp_bias",
+                                              "sliding_window",
+                                              "attention_dropout",
+                                              "initializer_range",
+                                              "bos_token_id",
+                                              "eos_token_id",
+                                              "pad_token_id",
+                                              "hidden_act",
+                                              "num_local_experts",
+                                              "num_experts",
+                                              "num_experts_per_tok",
+                                              "router_jitter_noise",
+                                              "moe_intermediate_size",
+                                              "shared_expert_intermediate_size",
+                                              "norm_topk_prob",
+                                              "decoder_sparse_step",
+                                              "mlp_only_layers",
+                                              "router_aux_loss_coef",
+                                              "output_router_logits",
+                                              "qkv_bias"};
   const std::string type = raw.value("model_type", "");
-  if (type != "llama" && type != "mistral" && type != "qwen2") {
-    throw Error("hf", fmt::format("{}: model_type is \"{}\", expected llama, mistral or qwen2", where, type));
+  if (type != "llama" && type != "mistral" && type != "qwen2" && type != "mixtral" && type != "qwen2_moe") {
+    throw Error("hf", fmt::format("{}: model_type is \"{}\", expected llama, mistral, qwen2, mixtral or qwen2_moe",
+                                  where, type));
   }
   nlohmann::json cfg = hf_config_keys(raw, kKeys);  // Llama 3.1's list of eos ids reads as none
   // Mistral and Qwen2 write sliding_window even when it is off (use_sliding_window: false in Qwen2). Qwen2 slides in
   // the layers its layer_types names (by default those >= max_window_layers); Tessera's window covers every layer or
   // none.
-  if (type == "qwen2") {
+  if (type == "qwen2" || type == "qwen2_moe") {
     const int64_t layers = raw.value("num_hidden_layers", int64_t{0});
     int64_t sliding = 0;
     if (raw.contains("layer_types") && raw["layer_types"].is_array()) {
@@ -112,8 +172,11 @@ LlamaOptions llama_options_from_hf_config(const nlohmann::json& raw, const std::
 }
 
 nlohmann::ordered_json llama_hf_config(const LlamaOptions& o, at::ScalarType dtype) {
-  static const std::map<std::string, std::string> kArch = {
-      {"llama", "LlamaForCausalLM"}, {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"}};
+  static const std::map<std::string, std::string> kArch = {{"llama", "LlamaForCausalLM"},
+                                                           {"mistral", "MistralForCausalLM"},
+                                                           {"qwen2", "Qwen2ForCausalLM"},
+                                                           {"mixtral", "MixtralForCausalLM"},
+                                                           {"qwen2_moe", "Qwen2MoeForCausalLM"}};
   auto optional = [](const std::optional<int64_t>& v) { return v ? nlohmann::ordered_json(*v) : nullptr; };
   nlohmann::ordered_json j = {{"architectures", {kArch.at(o.model_type)}},
                               {"model_type", o.model_type},
@@ -152,13 +215,58 @@ nlohmann::ordered_json llama_hf_config(const LlamaOptions& o, at::ScalarType dty
     j["mlp_bias"] = o.mlp_bias;
   } else {
     j["sliding_window"] = o.sliding_window > 0 ? nlohmann::ordered_json(o.sliding_window) : nullptr;
-    if (o.model_type == "qwen2") j["use_sliding_window"] = o.sliding_window > 0;
+    if (o.model_type == "qwen2" || o.model_type == "qwen2_moe") {
+      j["use_sliding_window"] = o.sliding_window > 0;
+      j["max_window_layers"] = 0;  // every layer slides when the window is on
+    }
+  }
+  if (o.model_type == "mixtral") {
+    j["num_local_experts"] = o.num_experts;
+    j["router_jitter_noise"] = o.router_jitter_noise;
+  } else if (o.model_type == "qwen2_moe") {
+    j["num_experts"] = o.num_experts;
+    j["moe_intermediate_size"] = o.moe_intermediate_size;
+    j["shared_expert_intermediate_size"] = o.shared_expert_intermediate_size;
+    j["norm_topk_prob"] = o.norm_topk_prob;
+    j["decoder_sparse_step"] = o.decoder_sparse_step;
+    j["mlp_only_layers"] = o.mlp_only_layers;
+    j["qkv_bias"] = o.qkv_bias;
+  }
+  if (o.num_experts > 0) {
+    j["num_experts_per_tok"] = o.num_experts_per_tok;
+    j["router_aux_loss_coef"] = o.router_aux_loss_coef;
+    j["output_router_logits"] = o.output_router_logits;
   }
   return j;
 }
 
+bool LlamaOptions::is_sparse_layer(int64_t i) const {
+  if (num_experts <= 0) return false;
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), i) != mlp_only_layers.end()) return false;
+  return (i + 1) % decoder_sparse_step == 0;
+}
+
+int64_t LlamaOptions::sparse_layers() const {
+  int64_t n = 0;
+  for (int64_t i = 0; i < num_hidden_layers; ++i) n += is_sparse_layer(i) ? 1 : 0;
+  return n;
+}
+
+SparseMoeOptions LlamaOptions::sparse_moe() const {
+  SparseMoeOptions m;
+  m.num_experts = num_experts;
+  m.top_k = num_experts_per_tok;
+  m.hidden_size = hidden_size;
+  m.ffn_hidden = model_type == "qwen2_moe" ? moe_intermediate_size : intermediate_size;
+  m.shared_ffn_hidden = model_type == "qwen2_moe" ? shared_expert_intermediate_size : 0;
+  m.qwen_names = model_type == "qwen2_moe";
+  m.norm_topk_prob = norm_topk_prob;
+  m.jitter_noise = router_jitter_noise;
+  return m;
+}
+
 namespace {
-int64_t llama_layer_params(const LlamaOptions& o) {
+int64_t llama_layer_params(const LlamaOptions& o, int64_t index, bool active = false) {
   const int64_t d = o.hidden_size, hd = o.head_dim, h = o.num_attention_heads, kv = o.num_key_value_heads;
   const int64_t f = o.intermediate_size;
   int64_t attn = d * h * hd + 2 * d * kv * hd + h * hd * d;
@@ -166,17 +274,29 @@ int64_t llama_layer_params(const LlamaOptions& o) {
   if (o.o_bias()) attn += d;
   int64_t mlp = 3 * d * f;
   if (o.mlp_bias) mlp += 2 * f + d;
+  if (o.is_sparse_layer(index))
+    mlp = active ? sparse_moe_active_params(o.sparse_moe()) : sparse_moe_params(o.sparse_moe());
   return attn + mlp + 2 * d;  // + the two RMSNorm weights
+}
+
+int64_t llama_count(const LlamaOptions& o, bool active) {
+  const int64_t embeddings = o.vocab_size * o.hidden_size * (o.tie_word_embeddings ? 1 : 2);
+  int64_t n = embeddings + o.hidden_size;
+  for (int64_t i = 0; i < o.num_hidden_layers; ++i) n += llama_layer_params(o, i, active);
+  return n;
 }
 }  // namespace
 
 int64_t llama_param_count(const LlamaOptions& o) {
-  const int64_t embeddings = o.vocab_size * o.hidden_size * (o.tie_word_embeddings ? 1 : 2);
-  return o.num_hidden_layers * llama_layer_params(o) + embeddings + o.hidden_size;
+  return llama_count(o, false);
+}
+
+int64_t llama_active_param_count(const LlamaOptions& o) {
+  return llama_count(o, true);
 }
 
 double llama_flops_per_token(const LlamaOptions& o, int64_t seq_len) {
-  int64_t n = llama_param_count(o);
+  int64_t n = llama_active_param_count(o);
   if (!o.tie_word_embeddings) n -= o.vocab_size * o.hidden_size;
   return 6.0 * static_cast<double>(n) + 12.0 * static_cast<double>(o.num_hidden_layers) *
                                             static_cast<double>(o.num_attention_heads * o.head_dim) *
@@ -184,8 +304,9 @@ double llama_flops_per_token(const LlamaOptions& o, int64_t seq_len) {
 }
 
 int64_t llama_largest_unit_params(const LlamaOptions& o) {
-  const int64_t root = o.vocab_size * o.hidden_size * (o.tie_word_embeddings ? 1 : 2) + o.hidden_size;
-  return std::max(root, llama_layer_params(o));
+  int64_t largest = o.vocab_size * o.hidden_size * (o.tie_word_embeddings ? 1 : 2) + o.hidden_size;
+  for (int64_t i = 0; i < o.num_hidden_layers; ++i) largest = std::max(largest, llama_layer_params(o, i));
+  return largest;
 }
 
 double llama_activation_bytes(const LlamaOptions& o, int64_t batch, int64_t seq_len, int bytes_per_value,
@@ -195,7 +316,13 @@ double llama_activation_bytes(const LlamaOptions& o, int64_t batch, int64_t seq_
   const double q = static_cast<double>(o.num_attention_heads * o.head_dim);
   const double kv = static_cast<double>(o.num_key_value_heads * o.head_dim);
   const double p = bytes_per_value;
-  const double block = tokens * (4 * d + 2 * q + 2 * kv + 4 * f) * p;
+  double mlp = 4 * f;
+  if (o.num_experts > 0) {  // each token's top-k experts (and the shared one), plus a copy of its input per slot
+    const SparseMoeOptions m = o.sparse_moe();
+    mlp = static_cast<double>(m.top_k) * (4 * static_cast<double>(m.ffn_hidden) + 2 * d) +
+          4 * static_cast<double>(m.shared_ffn_hidden) + 2 * static_cast<double>(m.num_experts);
+  }
+  const double block = tokens * (4 * d + 2 * q + 2 * kv + mlp) * p;
   const double layers = static_cast<double>(o.num_hidden_layers);
   const double stored = activation_checkpointing ? layers * tokens * d * p + block : layers * block;
   return stored + tokens * static_cast<double>(o.vocab_size) * (p + 4);
@@ -248,34 +375,47 @@ at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
   return down_proj(at::silu(gate_proj(x)) * up_proj(x));
 }
 
-LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaOptions& o, const at::TensorOptions& t) {
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaOptions& o, const at::TensorOptions& t, int64_t index,
+                                             std::shared_ptr<HfRouterLoss> router_loss,
+                                             std::shared_ptr<AuxLossScale> aux_scale) {
   input_layernorm =
       register_module("input_layernorm", Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));
   self_attn = register_module("self_attn", LlamaAttention(o, t));
   post_attention_layernorm =
       register_module("post_attention_layernorm", Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));
-  mlp = register_module("mlp", LlamaMLP(o, t));
+  if (o.is_sparse_layer(index)) {
+    moe = register_module(o.model_type == "mixtral" ? "block_sparse_moe" : "mlp",
+                          SparseMoeBlock(o.sparse_moe(), t, std::move(router_loss),
+                                         aux_scale ? std::move(aux_scale) : std::make_shared<AuxLossScale>()));
+  } else {
+    mlp = register_module("mlp", LlamaMLP(o, t));
+  }
 }
 
 at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
   const at::Tensor h = x + self_attn(input_layernorm(x), in, cache);
-  return h + mlp(post_attention_layernorm(h));
+  const at::Tensor normed = post_attention_layernorm(h);
+  return h + (moe ? moe(normed) : mlp(normed));
 }
 
-LlamaModelImpl::LlamaModelImpl(const LlamaOptions& o, const at::TensorOptions& t) {
+LlamaModelImpl::LlamaModelImpl(const LlamaOptions& o, const at::TensorOptions& t,
+                               std::shared_ptr<HfRouterLoss> router_loss, std::shared_ptr<AuxLossScale> aux_scale) {
   embed_tokens = register_module("embed_tokens", Embedding(o.vocab_size, o.hidden_size, t));
   // transformers' nn.Embedding(vocab, hidden, padding_idx=pad_token_id): that row gets no gradient.
   if (o.pad_token_id && *o.pad_token_id >= 0 && *o.pad_token_id < o.vocab_size) {
     embed_tokens->padding_idx = *o.pad_token_id;
   }
   layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < o.num_hidden_layers; ++i) layers->push_back(LlamaDecoderLayer(o, t));
+  for (int64_t i = 0; i < o.num_hidden_layers; ++i)
+    layers->push_back(LlamaDecoderLayer(o, t, i, router_loss, aux_scale));
   norm = register_module("norm", Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));
 }
 
 LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaOptions& o) : o_(o), inv_freq_(llama_inv_freq(o)) {
   const at::TensorOptions t = at::TensorOptions().dtype(at::kFloat).device(at::Device(o.init_device));
-  model = register_module("model", LlamaModel(o, t));
+  router_loss_->coef = o.output_router_logits ? o.router_aux_loss_coef : 0.0;
+  router_loss_->sparse_layers = o.sparse_layers();
+  model = register_module("model", LlamaModel(o, t, router_loss_, aux_scale_));
   if (!o.tie_word_embeddings) lm_head = register_module("lm_head", Linear(o.hidden_size, o.vocab_size, false, t));
 }
 
@@ -325,6 +465,17 @@ at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOpt
   // position_ids), restarting at each packed document.
   at::Tensor positions = positions_after_padding(key_mask, past, s, ids.options());
   if (fo.sequence_id) positions = document_positions(*fo.sequence_id);
+  const bool moe_training = o_.num_experts > 0 && is_training();
+  if (o_.num_experts > 0) {
+    for (const auto& layer : *model->layers) {
+      if (auto& moe = layer->as<LlamaDecoderLayerImpl>()->moe) moe->records.clear();
+    }
+    aux_loss_ = at::Tensor();
+    if (moe_training) {
+      router_loss_->start(o_.num_experts, key_mask.defined() ? key_mask.reshape({-1}) : at::Tensor(), ids.numel(),
+                          ids.device());
+    }
+  }
   auto embed = [this](const at::Tensor& input_ids) { return model->embed_tokens(input_ids); };
   at::Tensor x = run_unit(runner_, 0, embed, ids);
   const AttentionInputs in = attention_inputs(ids, fo, past, key_mask, positions);
@@ -333,7 +484,29 @@ at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOpt
     const at::Tensor normed = model->norm(h);
     return lm_head ? lm_head(normed) : at::linear(normed, model->embed_tokens->weight);
   };
-  return run_unit(runner_, 0, head, x);
+  at::Tensor logits = run_unit(runner_, 0, head, x);
+  if (moe_training) aux_loss_ = router_loss_->finish();
+  return logits;
+}
+
+std::map<std::string, at::Tensor> LlamaForCausalLMImpl::auxiliary_losses() const {
+  if (!aux_loss_.defined()) return {};
+  return {{"aux_loss", aux_loss_}};
+}
+
+std::vector<std::pair<std::string, at::Tensor>> LlamaForCausalLMImpl::expert_token_counts() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  int64_t i = 0;
+  for (const auto& layer : *model->layers) {
+    const auto& moe = layer->as<LlamaDecoderLayerImpl>()->moe;
+    if (moe && !moe->records.empty()) out.emplace_back(fmt::format("layer_{}", i), moe->records.front());
+    ++i;
+  }
+  return out;
+}
+
+int64_t LlamaForCausalLMImpl::num_active_params() const {
+  return llama_active_param_count(o_);
 }
 
 void LlamaForCausalLMImpl::init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select) {
@@ -348,11 +521,14 @@ std::shared_ptr<CausalLM> LlamaForCausalLMImpl::rebuild(const std::string& devic
 
 std::string LlamaForCausalLMImpl::describe() const {
   return fmt::format(
-      "{}: hidden {}, heads {} (kv {}, head_dim {}), layers {}, intermediate {}, vocab {}, rope theta "
-      "{}{}",
-      o_.model_type, o_.hidden_size, o_.num_attention_heads, o_.num_key_value_heads, o_.head_dim, o_.num_hidden_layers,
-      o_.intermediate_size, o_.vocab_size, o_.rope_theta,
-      o_.rope_scaling.type == "default" ? "" : " (" + o_.rope_scaling.type + " scaling)");
+             "{}: hidden {}, heads {} (kv {}, head_dim {}), layers {}, intermediate {}, vocab {}, rope theta "
+             "{}{}",
+             o_.model_type, o_.hidden_size, o_.num_attention_heads, o_.num_key_value_heads, o_.head_dim,
+             o_.num_hidden_layers, o_.intermediate_size, o_.vocab_size, o_.rope_theta,
+             o_.rope_scaling.type == "default" ? "" : " (" + o_.rope_scaling.type + " scaling)") +
+         (o_.num_experts > 0 ? fmt::format(", {} experts of {} (top {}) in {} layers", o_.num_experts,
+                                           o_.sparse_moe().ffn_hidden, o_.num_experts_per_tok, o_.sparse_layers())
+                             : "");
 }
 
 std::optional<std::string> LlamaForCausalLMImpl::tied_embedding_name() const {

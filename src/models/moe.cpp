@@ -4,6 +4,7 @@
 #include <ATen/autocast_mode.h>
 #include <torch/autograd.h>
 
+#include <algorithm>
 #include <map>
 #include <tuple>
 #include <utility>
@@ -13,10 +14,13 @@
 namespace tessera::models {
 namespace {
 
+// y unchanged; in backward, `aux` receives factor * scale, so that aux's gradient joins the main loss's through y's
+// graph.
 struct AuxLossFunction : public torch::autograd::Function<AuxLossFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& y, const at::Tensor& aux,
-                            const at::Tensor& scale) {
+                            const at::Tensor& factor, const at::Tensor& scale) {
     ctx->saved_data["scale"] = scale;
+    ctx->saved_data["factor"] = factor;
     ctx->saved_data["aux"] = aux.detach();
     return y;
   }
@@ -24,7 +28,8 @@ struct AuxLossFunction : public torch::autograd::Function<AuxLossFunction> {
                                                  torch::autograd::variable_list grads) {
     const at::Tensor aux = ctx->saved_data["aux"].toTensor();
     const double scale = ctx->saved_data["scale"].toTensor().item<double>();
-    return {grads[0], at::full_like(aux, scale), at::Tensor()};
+    const at::Tensor factor = ctx->saved_data["factor"].toTensor();
+    return {grads[0], (factor * scale).to(aux.scalar_type()).expand_as(aux).contiguous(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -80,7 +85,7 @@ at::ScalarType compute_type(const at::Tensor& x) {
 
 at::Tensor attach_aux_loss(const at::Tensor& y, const at::Tensor& aux, const std::shared_ptr<AuxLossScale>& scale) {
   if (!at::GradMode::is_enabled() || !aux.requires_grad()) return y;
-  return AuxLossFunction::apply(y, aux, scale->value);
+  return AuxLossFunction::apply(y, aux, at::ones({}, aux.options().dtype(at::kFloat)), scale->value);
 }
 
 int64_t moe_params(const MoEOptions& o) {
@@ -193,6 +198,121 @@ at::Tensor MoEImpl::forward(const at::Tensor& x) {
   }
   records.push_back(std::move(record));
   return aux.defined() ? attach_aux_loss(out, aux, scale_) : out;
+}
+
+// ---- Hugging Face's sparse MoE blocks -----------------------------------------------------------------------------
+
+void HfRouterLoss::start(int64_t experts, const at::Tensor& mask, int64_t tokens, const at::Device& device) {
+  token_mask = mask;
+  real_tokens = mask.defined() ? mask.sum().item<double>() : static_cast<double>(tokens);
+  grad_factor = at::zeros({experts}, at::TensorOptions().dtype(at::kFloat).device(device));
+  counts.clear();
+  prob_sums.clear();
+}
+
+at::Tensor HfRouterLoss::finish() {
+  if (counts.empty() || coef == 0) return {};
+  // The first `sparse_layers` entries: activation checkpointing's recomputation appends more.
+  const size_t layers = std::min(counts.size(), static_cast<size_t>(sparse_layers));
+  at::Tensor count = counts[0], probs = prob_sums[0];
+  for (size_t l = 1; l < layers; ++l) {
+    count = count + counts[l];
+    probs = probs + prob_sums[l];
+  }
+  const double denom = static_cast<double>(layers) * real_tokens;
+  if (denom <= 0) return {};
+  const double experts = static_cast<double>(count.numel());
+  const at::Tensor share = count / denom;  // each expert's share of the routed slots
+  grad_factor.copy_(share * (coef * experts / denom));
+  return (share * probs).sum() * (coef * experts / denom);
+}
+
+SparseExpertImpl::SparseExpertImpl(int64_t hidden, int64_t ffn, bool qwen_names, const at::TensorOptions& t) {
+  gate = register_module(qwen_names ? "gate_proj" : "w1", Linear(hidden, ffn, false, t));
+  up = register_module(qwen_names ? "up_proj" : "w3", Linear(hidden, ffn, false, t));
+  down = register_module(qwen_names ? "down_proj" : "w2", Linear(ffn, hidden, false, t));
+}
+
+SparseMoeBlockImpl::SparseMoeBlockImpl(const SparseMoeOptions& o, const at::TensorOptions& t,
+                                       std::shared_ptr<HfRouterLoss> loss, std::shared_ptr<AuxLossScale> scale)
+    : o_(o), loss_(std::move(loss)), scale_(std::move(scale)) {
+  TORCH_CHECK(o.num_experts >= 1 && o.top_k >= 1 && o.top_k <= o.num_experts, "moe: need 1 <= top_k <= num_experts");
+  gate = register_module("gate", Linear(o.hidden_size, o.num_experts, false, t));
+  experts = register_module("experts", torch::nn::ModuleList());
+  for (int64_t e = 0; e < o.num_experts; ++e) {
+    experts->push_back(SparseExpert(o.hidden_size, o.ffn_hidden, o.qwen_names, t));
+  }
+  if (o.shared_ffn_hidden > 0) {
+    shared_expert = register_module("shared_expert", SparseExpert(o.hidden_size, o.shared_ffn_hidden, true, t));
+    shared_expert_gate = register_module("shared_expert_gate", Linear(o.hidden_size, 1, false, t));
+  }
+}
+
+at::Tensor SparseMoeBlockImpl::forward(const at::Tensor& x) {
+  const int64_t d = o_.hidden_size, k = o_.top_k, e_count = o_.num_experts;
+  at::Tensor h = x;
+  if (is_training() && o_.jitter_noise > 0) {
+    const double j = o_.jitter_noise;
+    h = h * ((1.0 - j) + at::rand(h.sizes(), h.options()) * (2.0 * j));
+  }
+  const at::Tensor flat = h.reshape({-1, d});
+  const int64_t tokens = flat.size(0);
+  const at::Tensor logits = gate(flat);
+  const at::Tensor probs = at::softmax(logits, 1, at::kFloat);  // transformers: softmax(dtype=torch.float)
+  auto [weights, chosen] = probs.topk(k, -1);
+  if (o_.norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  weights = weights.to(flat.scalar_type());
+
+  // Sorted by expert (in token order within each), one GEMM per projection and expert over its rows, summed back per
+  // token in expert order as transformers' loop over experts does.
+  const at::Tensor flat_choice = chosen.reshape({-1});
+  const at::Tensor order = at::argsort(flat_choice, /*stable=*/true, /*dim=*/0);
+  const at::Tensor token = at::floor_divide(order, k);
+  const at::Tensor counts = at::bincount(flat_choice, {}, e_count);
+  const at::Tensor host = counts.to(at::kCPU);
+  const int64_t* n = host.data_ptr<int64_t>();
+  const at::Tensor xs = flat.index_select(0, token);
+  std::vector<at::Tensor> parts;
+  int64_t start = 0;
+  for (int64_t e = 0; e < e_count; ++e) {
+    if (n[e] == 0) continue;
+    auto* expert = experts[static_cast<size_t>(e)]->as<SparseExpertImpl>();
+    const at::Tensor rows = xs.narrow(0, start, n[e]);
+    parts.push_back(expert->down(at::silu(expert->gate(rows)) * expert->up(rows)));
+    start += n[e];
+  }
+  at::Tensor y = parts.size() == 1 ? parts[0] : at::cat(parts);
+  y = y * weights.reshape({-1}).index_select(0, order).unsqueeze(1).to(y.scalar_type());
+  at::Tensor out = at::zeros({tokens, d}, y.options()).index_add(0, token, y);
+  if (shared_expert) {
+    const at::Tensor shared = shared_expert->down(at::silu(shared_expert->gate(flat)) * shared_expert->up(flat));
+    out = out + at::sigmoid(shared_expert_gate(flat)) * shared;
+  }
+  out = out.view(x.sizes());
+  if (!is_training()) return out;
+  records.push_back(counts.detach());
+  if (!loss_ || loss_->coef == 0) return out;
+  // transformers' load_balancing_loss_func over real tokens: this layer's routed slots and summed probabilities.
+  at::Tensor valid = loss_->token_mask.defined() ? loss_->token_mask.reshape({-1}).to(probs.options())
+                                                 : at::ones({tokens}, probs.options());
+  const at::Tensor slots =
+      (at::one_hot(chosen, e_count).to(at::kFloat) * valid.view({-1, 1, 1})).sum(at::IntArrayRef{0, 1});
+  const at::Tensor prob_sum = (probs * valid.view({-1, 1})).sum(0);
+  loss_->counts.push_back(slots.detach());
+  loss_->prob_sums.push_back(prob_sum.detach());
+  if (!at::GradMode::is_enabled()) return out;
+  return AuxLossFunction::apply(out, prob_sum, loss_->grad_factor, scale_->value);
+}
+
+int64_t sparse_moe_params(const SparseMoeOptions& o) {
+  const int64_t d = o.hidden_size;
+  int64_t n = d * o.num_experts + o.num_experts * 3 * d * o.ffn_hidden;
+  if (o.shared_ffn_hidden > 0) n += 3 * d * o.shared_ffn_hidden + d;
+  return n;
+}
+
+int64_t sparse_moe_active_params(const SparseMoeOptions& o) {
+  return sparse_moe_params(o) - (o.num_experts - o.top_k) * 3 * o.hidden_size * o.ffn_hidden;
 }
 
 }  // namespace tessera::models

@@ -135,7 +135,7 @@ HfModelTypeRegistry& hf_model_type_registry() {
     auto* r = new HfModelTypeRegistry;
     r->add("mpt", hf_builder(&mpt_options_from_hf_config, &build_mpt));
     r->add("gpt2", hf_builder(&mpt_options_from_gpt2_config, &build_mpt));  // an MPT with learned positions
-    for (const char* type : {"llama", "mistral", "qwen2"}) {
+    for (const char* type : {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe"}) {
       r->add(type, hf_builder(&llama_options_from_hf_config, &build_llama));
     }
     r->add("falcon", hf_builder(&falcon_options_from_hf_config, &build_falcon));

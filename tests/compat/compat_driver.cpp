@@ -103,7 +103,10 @@ int forward(const std::string& dir, const std::string& inputs_path, const std::s
   out["logits"] = logits.detach();
   out["loss"] = loss.detach().reshape({1});
   for (const auto& [router, counts] : model->expert_token_counts()) out["tokens_per_expert." + router] = counts;
-  for (const auto& p : model->named_parameters()) out["grad." + p.key()] = p.value().grad();
+  // A parameter outside the graph (an expert no token was routed to) has no gradient: written as zeros.
+  for (const auto& p : model->named_parameters()) {
+    out["grad." + p.key()] = p.value().grad().defined() ? p.value().grad() : at::zeros_like(p.value());
+  }
   tessera::checkpoint::save_safetensors(out_path, out);
   return 0;
 }

@@ -148,3 +148,23 @@ def test_moe_auxiliary_losses_follow_megablocks_on_llm_foundrys_routing(top_k, g
     torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1),
                                       ignore_index=-100).backward()
     assert (ours["grad." + router] - dict(model.named_parameters())[router].grad).abs().max().item() > 1e-5
+
+
+def test_a_moe_model_exported_in_llm_foundrys_layout_loads_in_llm_foundry_as_the_same_function(tmp_path):
+    """Tessera loads LLM Foundry's torch_dmoe MPT and writes it back in the family layout (what `convert --layout
+    llm-foundry` writes): LLM Foundry's MPTForCausalLM loads that folder and computes the same logits; the
+    transformers layout is refused naming the mixture of experts."""
+    model = foundry_model(dict(ffn_config=dict(MOE, moe_num_experts=4, moe_top_k=2, mlp_type="glu",
+                                               moe_normalize_expert_weights=1)))
+    model.save_pretrained(tmp_path / "foundry", safe_serialization=True)
+    proc = subprocess.run([DRIVER, "export", str(tmp_path / "foundry"), str(tmp_path / "out"), "family"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    back = MPTForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert back.config.ffn_config["ffn_type"] == "torch_dmoe"
+    ids = torch.randint(0, BASE["vocab_size"], (2, 20), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert (back(input_ids=ids).logits - model(input_ids=ids).logits).abs().max().item() <= 1e-6
+    refused = subprocess.run([DRIVER, "export", str(tmp_path / "foundry"), str(tmp_path / "hf")], capture_output=True,
+                             text=True)
+    assert refused.returncode != 0 and "ffn_config.ffn_type torch_dmoe (a mixture of experts)" in refused.stderr

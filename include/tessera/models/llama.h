@@ -12,14 +12,18 @@
 #include <nlohmann/json.hpp>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tessera/config/reader.h"
 #include "tessera/models/attention.h"
 #include "tessera/models/causal_lm.h"
 #include "tessera/models/layers.h"
+#include "tessera/models/moe.h"
 
 namespace tessera::models {
 
@@ -33,9 +37,10 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 8192;
 };
 
-// HF's LlamaConfig keys and defaults (MistralConfig and Qwen2Config add sliding windows and q/k/v biases).
+// HF's LlamaConfig keys and defaults (MistralConfig and Qwen2Config add sliding windows and q/k/v biases;
+// MixtralConfig and Qwen2MoeConfig a sparse mixture of experts in place of the MLP).
 struct LlamaOptions {
-  std::string model_type = "llama";  // llama | mistral | qwen2: the config.json written back
+  std::string model_type = "llama";  // llama | mistral | qwen2 | mixtral | qwen2_moe: the config.json written back
   int64_t vocab_size = 32000;
   int64_t hidden_size = 4096;
   int64_t intermediate_size = 11008;
@@ -56,8 +61,22 @@ struct LlamaOptions {
   double initializer_range = 0.02;
   std::optional<int64_t> bos_token_id, eos_token_id, pad_token_id;
   std::string init_device = "cpu";  // cpu | cuda | meta
+  // Mixtral (num_local_experts) and Qwen2-MoE (num_experts): 0 = a dense model.
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 2;
+  int64_t moe_intermediate_size = 0;            // Qwen2-MoE's experts (Mixtral's use intermediate_size)
+  int64_t shared_expert_intermediate_size = 0;  // Qwen2-MoE
+  bool norm_topk_prob = true;                   // Mixtral always; Qwen2-MoE's key (default false)
+  double router_jitter_noise = 0;               // Mixtral
+  double router_aux_loss_coef = 0.001;          // transformers' load-balancing loss, with output_router_logits
+  bool output_router_logits = false;
+  int64_t decoder_sparse_step = 1;       // Qwen2-MoE: layers i with (i + 1) % step == 0 are sparse
+  std::vector<int64_t> mlp_only_layers;  // Qwen2-MoE: dense layers
 
   bool q_bias() const { return attention_bias || qkv_bias; }
+  bool is_sparse_layer(int64_t i) const;
+  int64_t sparse_layers() const;
+  SparseMoeOptions sparse_moe() const;
   bool o_bias() const { return attention_bias; }
 };
 
@@ -70,8 +89,10 @@ LlamaOptions llama_options_from_hf_config(const nlohmann::json& config, const st
 nlohmann::ordered_json llama_hf_config(const LlamaOptions& o, at::ScalarType dtype);
 
 // Exact parameter count (the embedding once when tied), and training FLOPs per token: 6 N (less an untied input
-// embedding, a lookup) + 12 L (heads x head_dim) S.
+// embedding, a lookup) + 12 L (heads x head_dim) S, N counting each sparse layer's router, top-k experts and shared
+// expert only (the active parameters).
 int64_t llama_param_count(const LlamaOptions& o);
+int64_t llama_active_param_count(const LlamaOptions& o);
 double llama_flops_per_token(const LlamaOptions& o, int64_t seq_len);
 // Parameters of the largest sharding unit: the root (embedding, final norm, untied head) or one decoder layer.
 int64_t llama_largest_unit_params(const LlamaOptions& o);
@@ -107,21 +128,27 @@ class LlamaMLPImpl : public torch::nn::Module {
 };
 TORCH_MODULE(LlamaMLP);
 
+// The MLP is dense, or in sparse layers a SparseMoeBlock registered as "block_sparse_moe" (Mixtral) or "mlp"
+// (Qwen2-MoE).
 class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
-  LlamaDecoderLayerImpl(const LlamaOptions& o, const at::TensorOptions& t);
+  LlamaDecoderLayerImpl(const LlamaOptions& o, const at::TensorOptions& t, int64_t index = 0,
+                        std::shared_ptr<HfRouterLoss> router_loss = nullptr,
+                        std::shared_ptr<AuxLossScale> aux_scale = nullptr);
   at::Tensor forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache = nullptr);
 
   Norm input_layernorm{nullptr};
   LlamaAttention self_attn{nullptr};
   Norm post_attention_layernorm{nullptr};
   LlamaMLP mlp{nullptr};
+  SparseMoeBlock moe{nullptr};
 };
 TORCH_MODULE(LlamaDecoderLayer);
 
 class LlamaModelImpl : public torch::nn::Module {
  public:
-  LlamaModelImpl(const LlamaOptions& o, const at::TensorOptions& t);
+  LlamaModelImpl(const LlamaOptions& o, const at::TensorOptions& t, std::shared_ptr<HfRouterLoss> router_loss = nullptr,
+                 std::shared_ptr<AuxLossScale> aux_scale = nullptr);
 
   Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
@@ -154,6 +181,12 @@ class LlamaForCausalLMImpl : public CausalLM {
   bool has_hf_format() const override { return true; }
   nlohmann::ordered_json hf_config(at::ScalarType dtype) const override { return llama_hf_config(o_, dtype); }
   std::optional<std::string> tied_embedding_name() const override;
+  // Mixtral / Qwen2-MoE: transformers' load-balancing loss as "aux_loss" (with output_router_logits; weighted by
+  // router_aux_loss_coef), and each sparse layer's tokens per expert.
+  std::map<std::string, at::Tensor> auxiliary_losses() const override;
+  void set_auxiliary_loss_scale(double scale) override { aux_scale_->set(scale); }
+  std::vector<std::pair<std::string, at::Tensor>> expert_token_counts() const override;
+  int64_t num_active_params() const override;
 
   LlamaModel model{nullptr};
   Linear lm_head{nullptr};  // only when tie_word_embeddings is false
@@ -165,6 +198,9 @@ class LlamaForCausalLMImpl : public CausalLM {
   LlamaOptions o_;
   at::Tensor inv_freq_;  // (head_dim / 2,) float32, on the CPU
   std::shared_ptr<UnitRunner> runner_;
+  std::shared_ptr<HfRouterLoss> router_loss_ = std::make_shared<HfRouterLoss>();
+  std::shared_ptr<AuxLossScale> aux_scale_ = std::make_shared<AuxLossScale>();
+  at::Tensor aux_loss_;  // the last training forward's (undefined: none)
 };
 TORCH_MODULE(LlamaForCausalLM);
 

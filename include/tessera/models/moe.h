@@ -14,6 +14,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
@@ -84,6 +85,70 @@ class MoEImpl : public torch::nn::Module {
   std::shared_ptr<AuxLossScale> scale_;
 };
 TORCH_MODULE(MoE);
+
+// ---- Hugging Face's sparse MoE blocks: Mixtral's block_sparse_moe and Qwen2-MoE's mlp -------------------------------
+
+// transformers' load_balancing_loss_func over a whole forward: E * sum over experts of (the share of the (layer,
+// token) top-k slots routed to the expert) * (its mean router probability), over the router logits of every sparse
+// layer, padding excluded. It couples the layers (both shares are means over all of them), so each layer attaches its
+// probability sums and the model fills in their common gradient factor once every layer has run.
+struct HfRouterLoss {
+  double coef = 0;            // router_aux_loss_coef (0: none)
+  int64_t sparse_layers = 0;  // layers with experts
+  at::Tensor token_mask;      // (B S,) bool, true = a real token; undefined: every token
+  double real_tokens = 0;     // tokens counted per layer
+  // This forward's factor, (E,) float: d(coef * aux) / d(a layer's summed probabilities), filled by finish().
+  at::Tensor grad_factor;
+  std::vector<at::Tensor> counts;     // per layer (E,) float: the top-k slots of real tokens
+  std::vector<at::Tensor> prob_sums;  // per layer (E,) float: summed router probabilities of real tokens (detached)
+  // Starts a training forward of `tokens` tokens (B S): a new factor tensor (graphs of earlier forwards keep theirs).
+  void start(int64_t experts, const at::Tensor& mask, int64_t tokens, const at::Device& device);
+  // After every layer: the factor, and coef * aux (detached), or an undefined tensor when nothing was routed.
+  at::Tensor finish();
+};
+
+struct SparseMoeOptions {
+  int64_t num_experts = 8;
+  int64_t top_k = 2;
+  int64_t hidden_size = 0;
+  int64_t ffn_hidden = 0;         // each expert's intermediate size
+  int64_t shared_ffn_hidden = 0;  // Qwen2-MoE's shared expert (0: none)
+  bool qwen_names = false;        // experts' gate_proj / up_proj / down_proj (Qwen2-MoE) or w1 / w3 / w2 (Mixtral)
+  bool norm_topk_prob = true;     // the top-k probabilities divided by their sum
+  double jitter_noise = 0;        // Mixtral's router_jitter_noise: the block's input times U(1 - j, 1 + j) in training
+};
+
+// One expert (or Qwen2-MoE's shared expert): down(silu(gate(x)) * up(x)) under either family's names.
+class SparseExpertImpl : public torch::nn::Module {
+ public:
+  SparseExpertImpl(int64_t hidden, int64_t ffn, bool qwen_names, const at::TensorOptions& t);
+  Linear gate{nullptr}, up{nullptr}, down{nullptr};  // w1, w3, w2 (Mixtral)
+};
+TORCH_MODULE(SparseExpert);
+
+class SparseMoeBlockImpl : public torch::nn::Module {
+ public:
+  SparseMoeBlockImpl(const SparseMoeOptions& o, const at::TensorOptions& t, std::shared_ptr<HfRouterLoss> loss,
+                     std::shared_ptr<AuxLossScale> scale);
+  // x: (B, S, d) -> (B, S, d). In training, adds this layer's routing to the model's HfRouterLoss and attaches its
+  // share of the loss's gradient to the output; records the tokens per expert.
+  at::Tensor forward(const at::Tensor& x);
+
+  Linear gate{nullptr};
+  torch::nn::ModuleList experts{nullptr};
+  SparseExpert shared_expert{nullptr};  // Qwen2-MoE
+  Linear shared_expert_gate{nullptr};   // Qwen2-MoE: sigmoid(shared_expert_gate(x)) * shared_expert(x)
+  std::vector<at::Tensor> records;      // tokens per expert (E,) int64 of each training forward since the last clear
+
+ private:
+  SparseMoeOptions o_;
+  std::shared_ptr<HfRouterLoss> loss_;
+  std::shared_ptr<AuxLossScale> scale_;
+};
+TORCH_MODULE(SparseMoeBlock);
+
+int64_t sparse_moe_params(const SparseMoeOptions& o);
+int64_t sparse_moe_active_params(const SparseMoeOptions& o);
 
 // y, with `aux` (a scalar) attached: the same values, and in backward d(aux) = scale.value, so that aux's gradient
 // joins the main loss's through y's graph.
