@@ -60,6 +60,8 @@ def benchmarks():
         "llama_fwd_bwd_vs_hf": ([PY, ROOT / "benchmarks/llama_vs_hf.py", "--part", "fwd_bwd"], [],
                                 ["--rounds", "1", "--shapes", "tiny", "--steps", "5"], "env"),
         "hf_load_memory": ([PY, ROOT / "benchmarks/llama_vs_hf.py", "--part", "load"], [], [], "env"),
+        "moe_fwd_bwd_vs_hf": ([PY, ROOT / "benchmarks/moe_vs_hf.py"], [],
+                              ["--rounds", "1", "--steps", "2", "--hidden", "256", "--seq", "128"], "env"),
         "loader_vs_streaming": ([PY, ROOT / "benchmarks/loader_vs_streaming.py"], [],
                                 ["--samples", "4000", "--rounds", "1"], "env"),
         "tokenizer_vs_hf": ([PY, ROOT / "benchmarks/tokenizer_vs_hf.py"], [], ["--rounds", "2"], "env"),
