@@ -481,13 +481,15 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
           aux_losses_[name] += value.item<double>() * share;
         }
       }
-      for (auto& [router, counts] : state_.model->expert_token_counts()) {
+      for (const auto& routed : state_.model->expert_token_counts()) {
+        const std::string& router = routed.first;
         auto it = std::find_if(expert_counts_.begin(), expert_counts_.end(),
-                               [&](const auto& entry) { return entry.first == router; });
+                               [&router](const auto& entry) { return entry.first == router; });
+        const at::Tensor counts = routed.second.to(at::kCPU, at::kDouble);
         if (it == expert_counts_.end()) {
-          expert_counts_.emplace_back(router, counts.to(at::kCPU, at::kDouble));
+          expert_counts_.emplace_back(router, counts);
         } else {
-          it->second = it->second + counts.to(at::kCPU, at::kDouble);
+          it->second = it->second + counts;
         }
       }
       engine_->run_event(Event::kAfterLoss);
