@@ -312,6 +312,17 @@ void HfCheckpointer::run_event(Event event, core::State& s, core::Logger& logger
   bool due = false;
   if (event == Event::kBatchEnd) due = iv.unit() == config::TimeUnit::kBatch && s.timestamp.batch % iv.count() == 0;
   if (event == Event::kEpochEnd) due = iv.unit() == config::TimeUnit::kEpoch && s.timestamp.epoch % iv.count() == 0;
+  if ((event == Event::kBatchEnd || event == Event::kEpochEnd) && iv.unit() == config::TimeUnit::kDuration) {
+    // Composer's `dur` interval: each time the elapsed fraction of max_duration passes a multiple of it (1dur: at
+    // the end).
+    const config::TimeUnit unit = s.max_duration.unit();
+    const double total = s.max_duration.value();
+    if (total > 0 && unit != config::TimeUnit::kDuration) {
+      const double now = static_cast<double>(s.timestamp.get(unit)) / total;
+      const double before = static_cast<double>(s.previous_timestamp.get(unit)) / total;
+      due = std::floor(now / iv.value() + 1e-9) > std::floor(before / iv.value() + 1e-9);
+    }
+  }
   if (event == Event::kFitEnd) due = !s.preempted();  // a preempted run has not ended: it resumes later
   if (event == Event::kFitStart) {
     // A model transformers cannot load as the same function is refused now, not at the first save hours later.

@@ -151,9 +151,10 @@ core::CallbackRegistry& callback_registry() {
           HfCheckpointerOptions o;
           o.save_folder = s.require_string("save_folder");
           o.save_interval = s.get_time("save_interval", o.save_interval, config::TimeUnit::kEpoch);
-          s.check(
-              o.save_interval.unit() == config::TimeUnit::kBatch || o.save_interval.unit() == config::TimeUnit::kEpoch,
-              "save_interval", "must be in `ba` or `ep`");
+          s.check(o.save_interval.unit() == config::TimeUnit::kBatch ||
+                      o.save_interval.unit() == config::TimeUnit::kEpoch ||
+                      o.save_interval.unit() == config::TimeUnit::kDuration,
+                  "save_interval", "must be in `ba`, `ep` or `dur`");
           s.check(!o.save_interval.is_zero(), "save_interval", "must be positive");
           o.huggingface_folder_name = s.get_string("huggingface_folder_name", o.huggingface_folder_name);
           o.precision = s.get_choice("precision", o.precision, {"float32", "bfloat16", "float16"});

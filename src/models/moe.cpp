@@ -114,8 +114,9 @@ MoEExpertsImpl::MoEExpertsImpl(const MoEOptions& o, const at::TensorOptions& t) 
   if (o.output_bias) bias = register_parameter("bias", at::zeros({o.hidden_size}, t));
 }
 
-MoEImpl::MoEImpl(const MoEOptions& o, const at::TensorOptions& t, std::shared_ptr<AuxLossScale> scale)
-    : o_(o), scale_(std::move(scale)) {
+MoEImpl::MoEImpl(const MoEOptions& o, const at::TensorOptions& t, std::shared_ptr<AuxLossScale> scale,
+                 std::shared_ptr<HfRouterLoss> hf_loss)
+    : o_(o), scale_(std::move(scale)), hf_loss_(std::move(hf_loss)) {
   TORCH_CHECK(o.num_experts >= 1 && o.top_k >= 1 && o.top_k <= o.num_experts, "moe: need 1 <= top_k <= num_experts");
   router = register_module("router", MoERouter(o, t));
   experts = register_module("experts", MoEExperts(o, t));
@@ -123,7 +124,7 @@ MoEImpl::MoEImpl(const MoEOptions& o, const at::TensorOptions& t, std::shared_pt
 
 at::Tensor MoEImpl::forward(const at::Tensor& x) {
   const int64_t d = o_.hidden_size, e_count = o_.num_experts, k = o_.top_k, f = o_.ffn_hidden;
-  const at::Tensor flat = x.reshape({-1, d});
+  at::Tensor flat = x.reshape({-1, d});
   const int64_t tokens = flat.size(0);
 
   // Router (MegaBlocks' LearnedRouter): softmax scores, the top k, optionally p-normalised.
@@ -131,9 +132,10 @@ at::Tensor MoEImpl::forward(const at::Tensor& x) {
   if (is_training() && o_.jitter_eps) {
     const double eps = *o_.jitter_eps;
     router_in = flat * ((1.0 - eps) + at::rand(flat.sizes(), flat.options()) * (2.0 * eps));
+    if (o_.jitter_experts) flat = router_in;  // DBRX scales its input in place: the experts see it too
   }
   const at::Tensor logits = router->layer(router_in);  // (T, E)
-  const at::Tensor scores = logits.softmax(-1);
+  const at::Tensor scores = o_.router_fp32 ? at::softmax(logits, -1, at::kFloat) : logits.softmax(-1);
   at::Tensor weights, chosen;
   if (k == 1) {
     std::tie(weights, chosen) = scores.max(-1, /*keepdim=*/true);
@@ -147,6 +149,7 @@ at::Tensor MoEImpl::forward(const at::Tensor& x) {
     chosen = at::arange(tokens * k, chosen.options()).remainder(e_count).view({tokens, k});
   }
   weights = weights.to(x.scalar_type());
+  const at::Tensor routed = chosen;  // before any capacity drop
 
   // Capacity-factor routing: the slots past an expert's capacity (in token order, per top-k slot) are dropped.
   if (o_.capacity_factor) {
@@ -178,6 +181,21 @@ at::Tensor MoEImpl::forward(const at::Tensor& x) {
   out = out.view(x.sizes());
 
   if (!is_training()) return out;
+  if (o_.transformers_loss) {
+    records.push_back({counts.detach(), at::Tensor(), at::Tensor()});
+    if (!hf_loss_ || hf_loss_->coef == 0) return out;
+    // transformers' load_balancing_loss_func of DBRX over the routers' softmax probabilities, real tokens only.
+    const at::Tensor probs = scores.to(at::kFloat);
+    const at::Tensor valid = hf_loss_->token_mask.defined() ? hf_loss_->token_mask.reshape({-1}).to(probs.options())
+                                                            : at::ones({tokens}, probs.options());
+    const at::Tensor slots =
+        (at::one_hot(routed, e_count).to(at::kFloat) * valid.view({-1, 1, 1})).sum(at::IntArrayRef{0, 1});
+    const at::Tensor prob_sum = (probs * valid.view({-1, 1})).sum(0);
+    hf_loss_->counts.push_back(slots.detach());
+    hf_loss_->prob_sums.push_back(prob_sum.detach());
+    if (!at::GradMode::is_enabled()) return out;
+    return AuxLossFunction::apply(out, prob_sum, hf_loss_->grad_factor, scale_->value);
+  }
   // MegaBlocks' load-balancing loss, this layer's share of its sum over layers: loss_weight * E / (layers * T * k) *
   // dot(tokens per expert, mean score per expert); and its router z-loss: weight * mean over tokens of logsumexp^2.
   MoERecord record;

@@ -95,13 +95,15 @@ at::Tensor FFNImpl::forward(const at::Tensor& x) {
   return down_proj(hf_activation(act_, up_proj(x)));
 }
 
-MPTBlockImpl::MPTBlockImpl(const MPTOptions& o, const at::TensorOptions& t, std::shared_ptr<AuxLossScale> aux_scale)
+MPTBlockImpl::MPTBlockImpl(const MPTOptions& o, const at::TensorOptions& t, std::shared_ptr<AuxLossScale> aux_scale,
+                           std::shared_ptr<HfRouterLoss> hf_loss)
     : resid_pdrop_(o.resid_pdrop) {
   norm_1 = register_module("norm_1", Norm(o.d_model, o.norm_type, o.norm_eps, !o.no_bias, t));
   attn = register_module("attn", GroupedQueryAttention(o, t));
   norm_2 = register_module("norm_2", Norm(o.d_model, o.norm_type, o.norm_eps, !o.no_bias, t));
   if (o.ffn.moe) {
-    moe = register_module("ffn", MoE(o.moe_layer(), t, aux_scale ? aux_scale : std::make_shared<AuxLossScale>()));
+    moe = register_module(
+        "ffn", MoE(o.moe_layer(), t, aux_scale ? aux_scale : std::make_shared<AuxLossScale>(), std::move(hf_loss)));
   } else {
     ffn = register_module("ffn", FFN(o, t));
   }
@@ -113,12 +115,13 @@ at::Tensor MPTBlockImpl::forward(const at::Tensor& x, const AttentionInputs& in,
   return h + at::dropout(moe ? moe(normed) : ffn(normed), resid_pdrop_, is_training());
 }
 
-MPTModelImpl::MPTModelImpl(const MPTOptions& o, const at::TensorOptions& t, std::shared_ptr<AuxLossScale> aux_scale)
+MPTModelImpl::MPTModelImpl(const MPTOptions& o, const at::TensorOptions& t, std::shared_ptr<AuxLossScale> aux_scale,
+                           std::shared_ptr<HfRouterLoss> hf_loss)
     : o_(o) {
   wte = register_module("wte", Embedding(o.vocab_size, o.d_model, t));
   if (o.learned_pos_emb) wpe = register_module("wpe", Embedding(o.max_seq_len, o.d_model, t));
   blocks = register_module("blocks", torch::nn::ModuleList());
-  for (int64_t i = 0; i < o.n_layers; ++i) blocks->push_back(MPTBlock(o, t, aux_scale));
+  for (int64_t i = 0; i < o.n_layers; ++i) blocks->push_back(MPTBlock(o, t, aux_scale, hf_loss));
   norm_f = register_module("norm_f", Norm(o.d_model, o.norm_type, o.norm_eps, !o.no_bias, t));
   if (o.attn.alibi) slopes_ = alibi_slopes(o.n_heads, o.attn.alibi_bias_max);
 }
@@ -174,7 +177,13 @@ AttentionInputs MPTModelImpl::attention_inputs(const at::Tensor& ids, const Forw
     const auto fopts = at::TensorOptions().device(ids.device()).dtype(at::kFloat);
     const at::Tensor inv_freq =
         1.0 / at::pow(o_.attn.rope_theta, at::arange(0, 2 * half, 2, fopts) / static_cast<double>(2 * half));
-    const at::Tensor freqs = at::outer(at::arange(past, s_k, fopts), inv_freq);  // (s_q, half), positions in fp32
+    at::Tensor freqs = at::outer(at::arange(past, s_k, fopts), inv_freq);  // (s_q, half), positions in fp32
+    if (o_.hf_layout == "dbrx" && padding) {
+      // transformers' DBRX takes the positions generate() derives from the mask (real tokens only); LLM Foundry's
+      // `dail` rotary counts every position from the cache's length.
+      const at::Tensor pos = positions_after_padding(key_mask, past, s_q, ids.options());
+      freqs = pos.to(at::kFloat).unsqueeze(-1) * inv_freq.view({1, 1, -1});  // (B, s_q, half)
+    }
     in.rope_cos = freqs.cos();
     in.rope_sin = freqs.sin();
   }
@@ -218,13 +227,24 @@ at::Tensor MPTModelImpl::forward(const at::Tensor& ids, const ForwardOptions& fo
 
 MPTForCausalLMImpl::MPTForCausalLMImpl(const MPTOptions& o) : o_(o) {
   const at::TensorOptions t = at::TensorOptions().dtype(at::kFloat).device(at::Device(o.init_device));
-  transformer = register_module("transformer", MPTModel(o, t, aux_scale_));
+  if (o.ffn.moe) {
+    hf_loss_->coef = o.ffn.moe->output_router_logits ? o.ffn.moe->loss_weight : 0.0;
+    hf_loss_->sparse_layers = o.n_layers;
+  }
+  transformer = register_module("transformer", MPTModel(o, t, aux_scale_, hf_loss_));
   if (!o.tie_word_embeddings) lm_head = register_module("lm_head", Linear(o.d_model, o.vocab_size, false, t));
 }
 
 at::Tensor MPTForCausalLMImpl::forward(const at::Tensor& input_ids, const ForwardOptions& fo) {
+  const bool transformers_loss = o_.ffn.moe && o_.hf_layout == "dbrx" && is_training();
   if (o_.ffn.moe) {
     for (const auto& b : *transformer->blocks) b->as<MPTBlockImpl>()->moe->records.clear();
+    hf_aux_ = at::Tensor();
+    if (transformers_loss) {
+      const at::Tensor key_mask = key_padding_mask(input_ids, fo);
+      hf_loss_->start(o_.ffn.moe->num_experts, key_mask.defined() ? key_mask.reshape({-1}) : at::Tensor(),
+                      input_ids.numel(), input_ids.device());
+    }
   }
   const at::Tensor x = transformer->forward_blocks(input_ids, fo);
   auto head = [this](const at::Tensor& h) {
@@ -233,7 +253,9 @@ at::Tensor MPTForCausalLMImpl::forward(const at::Tensor& input_ids, const Forwar
     if (o_.logit_scale) logits = logits * *o_.logit_scale;
     return logits;
   };
-  return run_unit(transformer->unit_runner, 0, head, x);
+  at::Tensor logits = run_unit(transformer->unit_runner, 0, head, x);
+  if (transformers_loss) hf_aux_ = hf_loss_->finish();
+  return logits;
 }
 
 MPTForCausalLM build_mpt(const MPTOptions& options, uint64_t seed) {
@@ -273,13 +295,14 @@ std::string MPTForCausalLMImpl::describe() const {
   const std::string ffn = o_.ffn.moe ? fmt::format("{} x {} experts (top {}, {})", o_.ffn_hidden(),
                                                    o_.ffn.moe->num_experts, o_.ffn.moe->top_k, o_.ffn.moe->ffn_type)
                                      : std::to_string(o_.ffn_hidden());
-  return fmt::format("mpt_causal_lm: d_model {}, n_heads {} (kv {}), n_layers {}, ffn {}, vocab {}, {}", o_.d_model,
-                     o_.n_heads, o_.attn.kv_n_heads, o_.n_layers, ffn, o_.vocab_size,
+  return fmt::format("{}: d_model {}, n_heads {} (kv {}), n_layers {}, ffn {}, vocab {}, {}",
+                     o_.hf_layout == "dbrx" ? "dbrx (as mpt_causal_lm)" : "mpt_causal_lm", o_.d_model, o_.n_heads,
+                     o_.attn.kv_n_heads, o_.n_layers, ffn, o_.vocab_size,
                      o_.attn.alibi ? "alibi" : (o_.attn.rope ? "rope" : "learned positions"));
 }
 
 nlohmann::ordered_json MPTForCausalLMImpl::hf_config(at::ScalarType dtype) const {
-  return mpt_hf_config(o_, dtype);
+  return o_.hf_layout == "dbrx" ? dbrx_hf_config(o_, dtype) : mpt_hf_config(o_, dtype);
 }
 
 HfFormat MPTForCausalLMImpl::hf_format(at::ScalarType dtype) const {
@@ -306,6 +329,7 @@ std::shared_ptr<CausalLM> MPTForCausalLMImpl::with_alibi(double alibi_bias_max, 
 std::map<std::string, at::Tensor> MPTForCausalLMImpl::auxiliary_losses() const {
   std::map<std::string, at::Tensor> out;
   if (!o_.ffn.moe) return out;
+  if (hf_aux_.defined()) out.emplace("aux_loss", hf_aux_);
   for (const auto& b : *transformer->blocks) {
     const auto& records = b->as<MPTBlockImpl>()->moe->records;
     if (records.empty()) continue;

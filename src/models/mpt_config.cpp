@@ -213,6 +213,12 @@ MoEOptions MPTOptions::moe_layer() const {
   l.zloss_weight = m.zloss_weight;
   l.zloss_in_fp32 = m.zloss_in_fp32;
   l.num_layers = n_layers;
+  if (hf_layout == "dbrx") {
+    l.router_fp32 = true;
+    l.jitter_experts = true;
+    l.transformers_loss = true;
+    l.loss_weight = 0;  // transformers' loss instead (HfRouterLoss), weighted by moe_loss_weight
+  }
   return l;
 }
 

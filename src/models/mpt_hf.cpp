@@ -314,10 +314,126 @@ HfFormat mpt_as_gpt2(const MPTOptions& o, at::ScalarType dtype) {
 }  // namespace
 
 HfFormat mpt_hf_format(const MPTOptions& o, at::ScalarType dtype, const CausalLM& model) {
+  if (o.hf_layout == "dbrx") {
+    // DbrxForCausalLM: MPT's modules under DBRX's names (the attention and its norms inside norm_attn_norm).
+    HfFormat f;
+    f.config = dbrx_hf_config(o, dtype);
+    for (const auto& p : model.named_parameters()) {
+      std::string name = p.key();
+      for (const char* inner : {".norm_1.", ".attn.", ".norm_2."}) {
+        const size_t at = name.find(inner);
+        if (name.rfind("transformer.blocks.", 0) == 0 && at != std::string::npos) {
+          name.insert(at, ".norm_attn_norm");
+          break;
+        }
+      }
+      f.tensors.push_back({name, p.key(), false, p.value().sizes().vec()});
+    }
+    return f;
+  }
   if (o.attn.alibi) return mpt_as_transformers_mpt(o, dtype, model);
   if (o.attn.rope)
     throw Error("hf", refusal(o, "no transformers architecture with MPT's layout", {"attn_config.rope"}));
   return mpt_as_gpt2(o, dtype);
+}
+
+MPTOptions mpt_options_from_dbrx_config(const nlohmann::json& c, const std::string& where) {
+  auto fail = [&](const std::string& why) {
+    throw Error("hf", fmt::format("{}: a DBRX config Tessera cannot read exactly: {}", where, why));
+  };
+  const nlohmann::json attn = c.value("attn_config", nlohmann::json::object());
+  const nlohmann::json ffn = c.value("ffn_config", nlohmann::json::object());
+  auto number = [](const nlohmann::json& j, const char* key, double fallback) {
+    return j.contains(key) && j[key].is_number() ? j[key].get<double>() : fallback;
+  };
+  auto integer = [](const nlohmann::json& j, const char* key, int64_t fallback) {
+    return j.contains(key) && j[key].is_number_integer() ? j[key].get<int64_t>() : fallback;
+  };
+  auto optional = [](const nlohmann::json& j, const char* key, std::optional<double> fallback) {
+    if (!j.contains(key)) return fallback;
+    return j[key].is_number() ? std::optional<double>(j[key].get<double>()) : std::nullopt;
+  };
+  if (c.value("tie_word_embeddings", false)) fail("tie_word_embeddings is true (DBRX's head is untied)");
+  MPTOptions o;  // DbrxConfig's defaults
+  o.hf_layout = "dbrx";
+  o.d_model = integer(c, "d_model", 2048);
+  o.n_heads = integer(c, "n_heads", 16);
+  o.n_layers = integer(c, "n_layers", 24);
+  o.max_seq_len = integer(c, "max_seq_len", 2048);
+  o.vocab_size = integer(c, "vocab_size", 32000);
+  o.resid_pdrop = number(c, "resid_pdrop", 0.0);
+  o.emb_pdrop = number(c, "emb_pdrop", 0.0);
+  o.initializer_range = number(c, "initializer_range", 0.02);
+  if (o.n_heads <= 0 || o.d_model % o.n_heads != 0) fail("d_model is not a multiple of n_heads");
+  o.no_bias = true;
+  o.norm_type = NormType::kLayerNorm;  // nn.LayerNorm(d_model, bias=False), eps 1e-5
+  o.norm_eps = 1e-5;
+  o.learned_pos_emb = false;
+  o.tie_word_embeddings = false;
+  o.attn.attn_pdrop = number(attn, "attn_pdrop", 0.0);
+  o.attn.clip_qkv = optional(attn, "clip_qkv", std::nullopt);
+  o.attn.kv_n_heads = integer(attn, "kv_n_heads", 1);
+  if (o.attn.kv_n_heads <= 0 || o.n_heads % o.attn.kv_n_heads != 0)
+    fail("attn_config.kv_n_heads does not divide n_heads");
+  o.attn.attn_type = o.attn.kv_n_heads == o.n_heads ? "multihead_attention"
+                     : o.attn.kv_n_heads == 1       ? "multiquery_attention"
+                                                    : "grouped_query_attention";
+  o.attn.rope = true;
+  o.attn.rope_theta = number(attn, "rope_theta", 10000.0);
+  o.attn.attn_impl = "torch";
+  o.ffn.ffn_hidden_size = integer(ffn, "ffn_hidden_size", 3584);
+  o.expansion_ratio = static_cast<double>(*o.ffn.ffn_hidden_size) / static_cast<double>(o.d_model);
+  std::string act = "silu";
+  if (ffn.contains("ffn_act_fn") && ffn["ffn_act_fn"].is_object()) act = ffn["ffn_act_fn"].value("name", "silu");
+  if (!is_hf_activation(act)) fail(fmt::format("ffn_config.ffn_act_fn {}", act));
+  o.ffn.ffn_act_fn = act;
+  MoEFfnOptions m;
+  m.ffn_type = "torch_dmoe";
+  m.glu = true;
+  m.num_experts = integer(ffn, "moe_num_experts", 4);
+  m.top_k = integer(ffn, "moe_top_k", 1);
+  if (m.top_k < 1 || m.top_k > m.num_experts) fail("ffn_config.moe_top_k is not in [1, moe_num_experts]");
+  m.jitter_eps = optional(ffn, "moe_jitter_eps", std::nullopt);
+  m.normalize_expert_weights = optional(ffn, "moe_normalize_expert_weights", 1.0);
+  m.loss_weight = number(ffn, "moe_loss_weight", 0.01);
+  m.output_router_logits = c.value("output_router_logits", false);
+  o.ffn.moe = m;
+  o.init_device = "cpu";
+  return o;
+}
+
+nlohmann::ordered_json dbrx_hf_config(const MPTOptions& o, at::ScalarType dtype) {
+  const MoEFfnOptions& m = o.ffn.moe.value();
+  auto optional = [](const std::optional<double>& v) {
+    return v ? nlohmann::ordered_json(*v) : nlohmann::ordered_json();
+  };
+  return {{"architectures", {"DbrxForCausalLM"}},
+          {"model_type", "dbrx"},
+          {"d_model", o.d_model},
+          {"n_heads", o.n_heads},
+          {"n_layers", o.n_layers},
+          {"max_seq_len", o.max_seq_len},
+          {"vocab_size", o.vocab_size},
+          {"resid_pdrop", o.resid_pdrop},
+          {"emb_pdrop", o.emb_pdrop},
+          {"attn_config",
+           {{"attn_pdrop", o.attn.attn_pdrop},
+            {"clip_qkv", optional(o.attn.clip_qkv)},
+            {"kv_n_heads", o.attn.kv_n_heads},
+            {"rope_theta", o.attn.rope_theta}}},
+          {"ffn_config",
+           {{"ffn_act_fn", {{"name", o.ffn.ffn_act_fn}}},
+            {"ffn_hidden_size", o.ffn_hidden()},
+            {"moe_jitter_eps", optional(m.jitter_eps)},
+            {"moe_loss_weight", m.loss_weight},
+            {"moe_normalize_expert_weights", optional(m.normalize_expert_weights)},
+            {"moe_num_experts", m.num_experts},
+            {"moe_top_k", m.top_k}}},
+          {"initializer_range", o.initializer_range},
+          {"output_router_logits", m.output_router_logits},
+          {"tie_word_embeddings", false},
+          {"use_cache", true},
+          {"torch_dtype", hf_torch_dtype(dtype)}};
 }
 
 MPTOptions mpt_options_from_gpt2_config(const nlohmann::json& c, const std::string& where) {

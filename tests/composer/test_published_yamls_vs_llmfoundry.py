@@ -9,7 +9,9 @@ cache holding the published config.json of each model the YAMLs name (tests/data
   (built on the meta device), for the families Tessera builds (MPT, Llama);
 - refuse it as LLM Foundry does where LLM Foundry's own code refuses it: `config_overrides.attn_config` on a Llama
   config (set_config_overrides raises) and the unused top-level `dataset` anchor (its validation raises);
-- refuse it naming the family not built yet: DBRX (issue 43).
+- refuse the DBRX fine-tuning YAMLs' trust_remote_code, peft_config and autoresume without a save_folder (as
+  Composer's Trainer does), naming the key, and plan them with those keys changed (CHANGED: with DBRX's published
+  132 B parameters);
 MPT's MegaBlocks layers (testing-moe.yaml's mb_dmoe) are counted with LLM Foundry's torch_dmoe layer of the same
 experts (MegaBlocks needs CUDA to install), plus the d_model output bias per layer that MegaBlocks adds with biases.
 Each one that plans also trains when shrunk: two steps of a 2-layer model of the same configuration (for hf_causal_lm,
@@ -41,9 +43,18 @@ FOUNDRY = ROOT / "tests" / "data" / "foundry"
 YAMLS = sorted(str(p.relative_to(FOUNDRY)) for p in FOUNDRY.glob("published/*/*.yaml")) + [
     "mpt-125m.yaml", "mpt-small-cpu.yaml"]
 
-NOT_BUILT = {  # YAML -> what the refusal must name
-    "published/finetune/dbrx-full-ft.yaml": 'model_type is "dbrx"',
-    "published/finetune/dbrx-lora-ft.yaml": 'model_type is "dbrx"',
+NOT_BUILT = {}  # YAML -> what the refusal must name (none left)
+# The DBRX fine-tuning YAMLs: Tessera refuses their tokenizer kwarg trust_remote_code (it runs no code from a hub
+# folder: tokenizer.json only), dbrx-lora-ft's model.peft_config (LoRA is the `lora` algorithm here), and, as
+# Composer's Trainer itself does after LLM Foundry's validation, autoresume without a save_folder
+# (composer/trainer/trainer.py: "The `save_folder` must be specified when autoresume is enabled."). With those keys
+# changed (the overrides below) they plan DBRX with transformers' count, and train shrunk.
+CHANGED = {
+    "published/finetune/dbrx-full-ft.yaml": ("trust_remote_code", ["tokenizer.kwargs={model_max_length: 4096}",
+                                                                   "save_folder=./checkpoints"]),
+    "published/finetune/dbrx-lora-ft.yaml": ("trust_remote_code", ["tokenizer.kwargs={model_max_length: 4096}",
+                                                                   "save_folder=./checkpoints",
+                                                                   "model.peft_config=null"]),
 }
 FOUNDRY_REFUSES = {  # YAML -> what both refusals say (each names the first override Llama's config lacks: LLM
     # Foundry in the YAML's order, max_seq_len; Tessera in key order, attn_config)
@@ -113,6 +124,11 @@ def test_read_as_llm_foundry_reads_it(name, hub):
     if name in NOT_BUILT:
         assert out.returncode == 2 and NOT_BUILT[name] in text, text
         return
+    if name in CHANGED:
+        refused, changes = CHANGED[name]
+        assert out.returncode == 2 and (refused in text or "autoresume: needs save_folder" in text), text
+        out = dry_run(name, hub, *changes)
+        text = out.stdout + out.stderr
     if name in FOUNDRY_VALIDATION_REFUSES:
         assert out.returncode == 2 and f"{FOUNDRY_VALIDATION_REFUSES[name]}: unknown key" in text, text
         return
@@ -131,7 +147,9 @@ def test_read_as_llm_foundry_reads_it(name, hub):
     assert count == peer_parameters(resolved(name), hub)
 
 
-PLANNED = [n for n in YAMLS if n not in NOT_BUILT and n not in FOUNDRY_REFUSES and n not in FOUNDRY_VALIDATION_REFUSES]
+# (The DBRX fine-tuning YAMLs read a hub dataset: tests/compat/test_dbrx_hf.py fine-tunes and exports a DBRX folder.)
+PLANNED = [n for n in YAMLS if n not in NOT_BUILT and n not in FOUNDRY_REFUSES and n not in FOUNDRY_VALIDATION_REFUSES
+           and n not in CHANGED]
 
 
 @pytest.fixture(scope="module")

@@ -43,6 +43,25 @@ struct AuxLossScale {
   void set(double v) { value.fill_(v); }
 };
 
+// transformers' load_balancing_loss_func over a whole forward: E * sum over experts of (the share of the (layer,
+// token) top-k slots routed to the expert) * (its mean router probability), over the router logits of every sparse
+// layer, padding excluded. It couples the layers (both shares are means over all of them), so each layer attaches its
+// probability sums and the model fills in their common gradient factor once every layer has run.
+struct HfRouterLoss {
+  double coef = 0;            // router_aux_loss_coef (0: none)
+  int64_t sparse_layers = 0;  // layers with experts
+  at::Tensor token_mask;      // (B S,) bool, true = a real token; undefined: every token
+  double real_tokens = 0;     // tokens counted per layer
+  // This forward's factor, (E,) float: d(coef * aux) / d(a layer's summed probabilities), filled by finish().
+  at::Tensor grad_factor;
+  std::vector<at::Tensor> counts;     // per layer (E,) float: the top-k slots of real tokens
+  std::vector<at::Tensor> prob_sums;  // per layer (E,) float: summed router probabilities of real tokens (detached)
+  // Starts a training forward of `tokens` tokens (B S): a new factor tensor (graphs of earlier forwards keep theirs).
+  void start(int64_t experts, const at::Tensor& mask, int64_t tokens, const at::Device& device);
+  // After every layer: the factor, and coef * aux (detached), or an undefined tensor when nothing was routed.
+  at::Tensor finish();
+};
+
 // router.layer: a Linear (d -> E) without bias, initialised as the model's other Linears.
 class MoERouterImpl : public torch::nn::Module {
  public:
@@ -69,7 +88,9 @@ TORCH_MODULE(MoEExperts);
 
 class MoEImpl : public torch::nn::Module {
  public:
-  MoEImpl(const MoEOptions& o, const at::TensorOptions& t, std::shared_ptr<AuxLossScale> scale);
+  // `hf_loss`: the model's transformers-style loss, for transformers_loss layers (DBRX).
+  MoEImpl(const MoEOptions& o, const at::TensorOptions& t, std::shared_ptr<AuxLossScale> scale,
+          std::shared_ptr<HfRouterLoss> hf_loss = nullptr);
   // x: (B, S, d) -> (B, S, d). In training, records a MoERecord and attaches the auxiliary losses to the output.
   at::Tensor forward(const at::Tensor& x);
   const MoEOptions& options() const { return o_; }
@@ -83,29 +104,11 @@ class MoEImpl : public torch::nn::Module {
  private:
   MoEOptions o_;
   std::shared_ptr<AuxLossScale> scale_;
+  std::shared_ptr<HfRouterLoss> hf_loss_;
 };
 TORCH_MODULE(MoE);
 
 // ---- Hugging Face's sparse MoE blocks: Mixtral's block_sparse_moe and Qwen2-MoE's mlp -------------------------------
-
-// transformers' load_balancing_loss_func over a whole forward: E * sum over experts of (the share of the (layer,
-// token) top-k slots routed to the expert) * (its mean router probability), over the router logits of every sparse
-// layer, padding excluded. It couples the layers (both shares are means over all of them), so each layer attaches its
-// probability sums and the model fills in their common gradient factor once every layer has run.
-struct HfRouterLoss {
-  double coef = 0;            // router_aux_loss_coef (0: none)
-  int64_t sparse_layers = 0;  // layers with experts
-  at::Tensor token_mask;      // (B S,) bool, true = a real token; undefined: every token
-  double real_tokens = 0;     // tokens counted per layer
-  // This forward's factor, (E,) float: d(coef * aux) / d(a layer's summed probabilities), filled by finish().
-  at::Tensor grad_factor;
-  std::vector<at::Tensor> counts;     // per layer (E,) float: the top-k slots of real tokens
-  std::vector<at::Tensor> prob_sums;  // per layer (E,) float: summed router probabilities of real tokens (detached)
-  // Starts a training forward of `tokens` tokens (B S): a new factor tensor (graphs of earlier forwards keep theirs).
-  void start(int64_t experts, const at::Tensor& mask, int64_t tokens, const at::Device& device);
-  // After every layer: the factor, and coef * aux (detached), or an undefined tensor when nothing was routed.
-  at::Tensor finish();
-};
 
 struct SparseMoeOptions {
   int64_t num_experts = 8;

@@ -27,6 +27,12 @@ struct MoEOptions {
   double zloss_weight = 0;   // moe_zloss_weight: the router z-loss's weight
   bool zloss_in_fp32 = false;
   int64_t num_layers = 1;  // MoE layers in the model: the load-balancing loss is averaged over them
+  // DBRX (transformers' DbrxRouter): the softmax in float32, the jitter applied to the layer's input (router and
+  // experts alike), and transformers' load-balancing loss (HfRouterLoss, over the routers' softmax probabilities)
+  // instead of MegaBlocks'.
+  bool router_fp32 = false;
+  bool jitter_experts = false;
+  bool transformers_loss = false;
 };
 
 // Parameters of one MoE layer, and those one token uses (the router, top_k experts and the bias).

@@ -66,7 +66,7 @@ TORCH_MODULE(FFN);
 class MPTBlockImpl : public torch::nn::Module {
  public:
   MPTBlockImpl(const MPTOptions& options, const at::TensorOptions& tensor_options,
-               std::shared_ptr<AuxLossScale> aux_scale = nullptr);
+               std::shared_ptr<AuxLossScale> aux_scale = nullptr, std::shared_ptr<HfRouterLoss> hf_loss = nullptr);
   at::Tensor forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache = nullptr);
 
   Norm norm_1{nullptr};
@@ -88,7 +88,7 @@ int64_t unit_of_parameter(const std::string& name);
 class MPTModelImpl : public torch::nn::Module {
  public:
   MPTModelImpl(const MPTOptions& options, const at::TensorOptions& tensor_options,
-               std::shared_ptr<AuxLossScale> aux_scale = nullptr);
+               std::shared_ptr<AuxLossScale> aux_scale = nullptr, std::shared_ptr<HfRouterLoss> hf_loss = nullptr);
   // input_ids: (B, S) int64 -> hidden states before norm_f: (B, S, d_model), the blocks run through unit_runner.
   at::Tensor forward_blocks(const at::Tensor& input_ids, const ForwardOptions& fo = {});
   // input_ids: (B, S) int64 -> hidden states after norm_f: (B, S, d_model).
@@ -154,6 +154,8 @@ class MPTForCausalLMImpl : public CausalLM {
  private:
   MPTOptions o_;
   std::shared_ptr<AuxLossScale> aux_scale_ = std::make_shared<AuxLossScale>();
+  std::shared_ptr<HfRouterLoss> hf_loss_ = std::make_shared<HfRouterLoss>();  // DBRX's transformers-style loss
+  at::Tensor hf_aux_;                                                         // its last training value
 };
 TORCH_MODULE(MPTForCausalLM);
 
@@ -193,5 +195,11 @@ HfFormat mpt_hf_format(const MPTOptions& options, at::ScalarType dtype, const Ca
 // function: learned positions, biases, LayerNorm. Throws Error("hf") naming `where` for what MPT cannot compute
 // (gelu_new, per-layer scaling, cross-attention).
 MPTOptions mpt_options_from_gpt2_config(const nlohmann::json& config, const std::string& where);
+// config.json of transformers' DBRX (model_type dbrx: GQA with clip_qkv and rotary positions, LayerNorms without
+// biases, GLU experts with DbrxRouter's routing and transformers' load-balancing loss) -> the MPT computing the same
+// function, with hf_layout "dbrx", which exports as DbrxForCausalLM again (module names mapped: blocks.{i}.norm_1 ->
+// blocks.{i}.norm_attn_norm.norm_1, ...). Throws Error("hf") naming `where` for what Tessera does not compute.
+MPTOptions mpt_options_from_dbrx_config(const nlohmann::json& config, const std::string& where);
+nlohmann::ordered_json dbrx_hf_config(const MPTOptions& options, at::ScalarType dtype);
 
 }  // namespace tessera::models

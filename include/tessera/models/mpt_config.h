@@ -51,6 +51,7 @@ struct MoEFfnOptions {
   double zloss_weight = 0.0;
   bool zloss_in_fp32 = false;
   bool memory_optimized_mlp = false;  // accepted: MegaBlocks' recomputation of the activation; the same function
+  bool output_router_logits = false;  // DBRX: transformers adds its load-balancing loss only then
 };
 
 struct FfnOptions {
@@ -94,6 +95,9 @@ struct MPTOptions {
   double embedding_fraction = 1.0;
   std::string init_device = "cpu";             // cpu | meta (deferred init, for sharding)
   std::string loss_fn = "fused_crossentropy";  // fused_crossentropy | torch_crossentropy (same math here)
+  // "dbrx": the model was read from (and exports as) transformers' DbrxForCausalLM (mpt.h); empty: MPT's own.
+  std::string hf_layout;
+  double initializer_range = 0.02;  // DBRX's config, written back
   AttentionOptions attn;
   FfnOptions ffn;
   InitOptions init;
