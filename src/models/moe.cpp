@@ -184,17 +184,8 @@ at::Tensor MoEImpl::forward(const at::Tensor& x) {
   if (o_.transformers_loss) {
     records.push_back({counts.detach(), at::Tensor(), at::Tensor()});
     if (!hf_loss_ || hf_loss_->coef == 0) return out;
-    // transformers' load_balancing_loss_func of DBRX over the routers' softmax probabilities, real tokens only.
-    const at::Tensor probs = scores.to(at::kFloat);
-    const at::Tensor valid = hf_loss_->token_mask.defined() ? hf_loss_->token_mask.reshape({-1}).to(probs.options())
-                                                            : at::ones({tokens}, probs.options());
-    const at::Tensor slots =
-        (at::one_hot(routed, e_count).to(at::kFloat) * valid.view({-1, 1, 1})).sum(at::IntArrayRef{0, 1});
-    const at::Tensor prob_sum = (probs * valid.view({-1, 1})).sum(0);
-    hf_loss_->counts.push_back(slots.detach());
-    hf_loss_->prob_sums.push_back(prob_sum.detach());
-    if (!at::GradMode::is_enabled()) return out;
-    return AuxLossFunction::apply(out, prob_sum, hf_loss_->grad_factor, scale_->value);
+    // transformers' load_balancing_loss_func of DBRX over the routers' softmax probabilities.
+    return hf_loss_->attach(out, routed, scores.to(at::kFloat), scale_);
   }
   // MegaBlocks' load-balancing loss, this layer's share of its sum over layers: loss_weight * E / (layers * T * k) *
   // dot(tokens per expert, mean score per expert); and its router z-loss: weight * mean over tokens of logsumexp^2.
@@ -243,6 +234,21 @@ at::Tensor HfRouterLoss::finish() {
   const at::Tensor share = count / denom;  // each expert's share of the routed slots
   grad_factor.copy_(share * (coef * experts / denom));
   return (share * probs).sum() * (coef * experts / denom);
+}
+
+at::Tensor HfRouterLoss::attach(const at::Tensor& out, const at::Tensor& chosen, const at::Tensor& probs,
+                                const std::shared_ptr<AuxLossScale>& scale) {
+  // This layer's routed slots and summed probabilities over real tokens.
+  const int64_t tokens = probs.size(0), experts = probs.size(1);
+  const at::Tensor valid =
+      token_mask.defined() ? token_mask.reshape({-1}).to(probs.options()) : at::ones({tokens}, probs.options());
+  const at::Tensor slots =
+      (at::one_hot(chosen, experts).to(at::kFloat) * valid.view({-1, 1, 1})).sum(at::IntArrayRef{0, 1});
+  const at::Tensor prob_sum = (probs * valid.view({-1, 1})).sum(0);
+  counts.push_back(slots.detach());
+  prob_sums.push_back(prob_sum.detach());
+  if (!at::GradMode::is_enabled()) return out;
+  return AuxLossFunction::apply(out, prob_sum, grad_factor, scale->value);
 }
 
 SparseExpertImpl::SparseExpertImpl(int64_t hidden, int64_t ffn, bool qwen_names, const at::TensorOptions& t) {
@@ -310,16 +316,7 @@ at::Tensor SparseMoeBlockImpl::forward(const at::Tensor& x) {
   if (!is_training()) return out;
   records.push_back(counts.detach());
   if (!loss_ || loss_->coef == 0) return out;
-  // transformers' load_balancing_loss_func over real tokens: this layer's routed slots and summed probabilities.
-  at::Tensor valid = loss_->token_mask.defined() ? loss_->token_mask.reshape({-1}).to(probs.options())
-                                                 : at::ones({tokens}, probs.options());
-  const at::Tensor slots =
-      (at::one_hot(chosen, e_count).to(at::kFloat) * valid.view({-1, 1, 1})).sum(at::IntArrayRef{0, 1});
-  const at::Tensor prob_sum = (probs * valid.view({-1, 1})).sum(0);
-  loss_->counts.push_back(slots.detach());
-  loss_->prob_sums.push_back(prob_sum.detach());
-  if (!at::GradMode::is_enabled()) return out;
-  return AuxLossFunction::apply(out, prob_sum, loss_->grad_factor, scale_->value);
+  return loss_->attach(out, chosen, probs, scale_);
 }
 
 int64_t sparse_moe_params(const SparseMoeOptions& o) {

@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, DbrxConfig, DbrxForCausalLM
 
 import test_llama_hf
 from test_hf_export import dataset  # noqa: F401 (the fixture)
+from test_moe_hf import check_fine_tuned_export, check_router_aux_loss
 from test_llama_hf import (SEQ, assert_gradients_match, check_greedy_generation, check_left_padding,
                            check_logits_and_gradients, randomise_norms_and_biases, run_tessera, save)
 
@@ -80,29 +81,8 @@ def test_router_aux_loss_matches_transformers_in_training(padded, driver, tmp_pa
     cfg = CONFIGS["gqa-clip-top2"]
     model = hf_model("gqa-clip-top2", seed=3, output_router_logits=True,
                      ffn_config=dict(cfg["ffn_config"], moe_loss_weight=0.05)).train()
-    folder = save(model, tmp_path / "hf")
-    ids = torch.randint(0, model.config.vocab_size, (3, SEQ), generator=torch.Generator().manual_seed(2))
-    labels, kwargs, inputs = ids.clone(), {}, {}
-    if padded:
-        mask = torch.ones(3, SEQ, dtype=torch.long)
-        mask[1, :5] = 0
-        mask[2, :12] = 0
-        predicted = torch.cat([torch.zeros(3, 1, dtype=torch.long), mask[:, :-1]], 1)
-        labels = ids.masked_fill((mask == 0) | (predicted == 0), -100)
-        kwargs = dict(attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
-        inputs = dict(attention_mask=mask.bool())
-    model.zero_grad()
-    out = model(input_ids=ids, labels=labels, **kwargs)
-    out.loss.backward()
-    grads = {n: p.grad for n, p in model.named_parameters()}
-    save_file(dict(input_ids=ids, labels=labels, **inputs), tmp_path / "in.safetensors")
-    driver("forward", folder, tmp_path / "in.safetensors", tmp_path / "out.safetensors", "--train")
-    ours = dbrx_names(load_file(tmp_path / "out.safetensors"))
-    aux = 0.05 * out.aux_loss.item()
-    assert aux > 0
-    assert abs(ours["aux.aux_loss"].item() - aux) <= 1e-6
-    assert abs(ours["loss"].item() - out.loss.item()) <= 1e-5
-    assert_gradients_match(ours, grads, False)
+    check_router_aux_loss(model, 0.05, "transformer.blocks.0.ffn.router.layer.weight", padded, driver, tmp_path,
+                          rename=dbrx_names)
 
 
 def test_tessera_writes_a_folder_transformers_loads_as_dbrx(driver, tmp_path):
@@ -125,22 +105,12 @@ def test_a_dbrx_folder_fine_tuned_and_exported_loads_in_transformers_as_the_same
                                                                                           dataset):
     """A DBRX folder (with output_router_logits: the load-balancing loss in training) fine-tuned 5 steps through
     hf_causal_lm, checkpointed and exported with `convert`: DbrxForCausalLM, the same logits."""
-    from test_hf_export import VOCAB, convert, train_and_checkpoint
+    from test_hf_export import VOCAB
     torch.manual_seed(6)
     start = tmp_path / "start"
     hf_model("gqa-clip-top2", vocab_size=VOCAB, output_router_logits=True).save_pretrained(start,
                                                                                          safe_serialization=True)
-    section = {"name": "hf_causal_lm", "pretrained_model_name_or_path": str(start), "pretrained": True}
-    checkpoint = train_and_checkpoint(driver, tmp_path, dataset, section)
-    losses = json.loads((tmp_path / "trace" / "trace.json").read_text())["losses"]
-    assert losses[-1] < losses[0]
-    assert convert(checkpoint, tmp_path / "hf").returncode == 0
-    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", torch_dtype=torch.float32).eval()
-    assert type(hf) is DbrxForCausalLM
-    ids = torch.randint(0, VOCAB, (3, 32), generator=torch.Generator().manual_seed(7))
-    with torch.no_grad():
-        assert (run_tessera(driver, tmp_path, tmp_path / "hf", input_ids=ids)["logits"] - hf(ids).logits) \
-            .abs().max().item() <= 1e-5
+    check_fine_tuned_export(start, DbrxForCausalLM, driver, tmp_path, dataset)
 
 
 def test_dbrx_recipe_plans_the_published_total_and_active_parameters(hub_cache, tmp_path):

@@ -59,17 +59,15 @@ def test_greedy_generation_matches_transformers_generate(name, driver, tmp_path)
     check_greedy_generation(hf_model(name, seed=5), driver, tmp_path)
 
 
-@pytest.mark.parametrize("padded", [False, True])
-@pytest.mark.parametrize("name", ["mixtral-top2-of-4", "qwen2-moe-normalised-sparse-step"])
-def test_router_aux_loss_matches_transformers_in_training(name, padded, driver, tmp_path):
-    """output_router_logits: transformers adds router_aux_loss_coef * load_balancing_loss_func(router logits of every
-    sparse layer, attention_mask) to the loss in training; Tessera reports the same auxiliary loss and its total has
-    the same gradients (the loss couples the layers: each expert's share of the slots over all of them)."""
-    model = hf_model(name, seed=3, output_router_logits=True, router_aux_loss_coef=0.05).train()
+def check_router_aux_loss(model, coef, router, padded, driver, tmp_path, rename=lambda ours: ours):
+    """`model` (training mode, output_router_logits on, the auxiliary loss weighted by `coef`) and Tessera on its folder
+    in training mode: the same auxiliary loss (1e-6), loss (1e-5) and gradients (1e-4 relative), left-padded when
+    `padded`; the `router` weight's gradient differs from transformers' without the auxiliary loss, so it is there.
+    `rename` maps Tessera's outputs to the family's parameter names. Shared with test_dbrx_hf."""
+    from safetensors.torch import load_file, save_file
     folder = save(model, tmp_path / "hf")
     ids = torch.randint(0, model.config.vocab_size, (3, SEQ), generator=torch.Generator().manual_seed(2))
-    kwargs, inputs = {}, {}
-    labels = ids.clone()
+    labels, kwargs, inputs = ids.clone(), {}, {}
     if padded:
         mask = torch.ones(3, SEQ, dtype=torch.long)
         mask[1, :5] = 0
@@ -82,18 +80,14 @@ def test_router_aux_loss_matches_transformers_in_training(name, padded, driver, 
     out = model(input_ids=ids, labels=labels, **kwargs)
     out.loss.backward()
     grads = {n: p.grad for n, p in model.named_parameters()}
-    save_inputs = dict(input_ids=ids, labels=labels, **inputs)
-    from safetensors.torch import load_file, save_file
-    save_file(save_inputs, tmp_path / "in.safetensors")
+    save_file(dict(input_ids=ids, labels=labels, **inputs), tmp_path / "in.safetensors")
     driver("forward", folder, tmp_path / "in.safetensors", tmp_path / "out.safetensors", "--train")
-    ours = load_file(tmp_path / "out.safetensors")
-    aux = 0.05 * out.aux_loss.item()
+    ours = rename(load_file(tmp_path / "out.safetensors"))
+    aux = coef * out.aux_loss.item()
     assert aux > 0
     assert abs(ours["aux.aux_loss"].item() - aux) <= 1e-6
     assert abs(ours["loss"].item() - out.loss.item()) <= 1e-5
     assert_gradients_match(ours, grads, model.config.tie_word_embeddings)
-    # The routers' gradients hold the auxiliary loss's: without it transformers' differ.
-    router = next(n for n in grads if n.endswith("gate.weight") and "shared" not in n)
     model.config.output_router_logits = False
     model.zero_grad()
     model(input_ids=ids, labels=labels, output_router_logits=False, **kwargs).loss.backward()
@@ -101,17 +95,14 @@ def test_router_aux_loss_matches_transformers_in_training(name, padded, driver, 
     assert (ours["grad." + router] - plain).abs().max().item() > 1e-6
 
 
-@pytest.mark.parametrize("name", ["mixtral-top2-of-4", "qwen2-moe-shared"])
-def test_hf_folder_trained_and_exported_loads_in_transformers_as_the_same_function(name, driver, tmp_path, dataset):
-    config_class, model_class, cfg = CONFIGS[name]
-    torch.manual_seed(6)
-    start = save(model_class(config_class(**dict(cfg, vocab_size=VOCAB, output_router_logits=True))),
-                 tmp_path / "start")
-    section = {"name": "hf_causal_lm", "pretrained_model_name_or_path": str(start), "pretrained": True}
+def check_fine_tuned_export(start, model_class, driver, tmp_path, dataset):
+    """The HF folder `start` fine-tuned 5 steps through hf_causal_lm (training losses fall), checkpointed and exported
+    with `convert`: transformers loads `model_class` computing Tessera's logits. Shared with test_dbrx_hf."""
     from test_hf_export import convert, train_and_checkpoint
+    section = {"name": "hf_causal_lm", "pretrained_model_name_or_path": str(start), "pretrained": True}
     checkpoint = train_and_checkpoint(driver, tmp_path, dataset, section)
-    trace = json.loads((tmp_path / "trace" / "trace.json").read_text())
-    assert trace["losses"][-1] < trace["losses"][0]
+    losses = json.loads((tmp_path / "trace" / "trace.json").read_text())["losses"]
+    assert losses[-1] < losses[0]
     assert convert(checkpoint, tmp_path / "hf").returncode == 0
     from transformers import AutoModelForCausalLM
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", torch_dtype=torch.float32).eval()
@@ -120,6 +111,26 @@ def test_hf_folder_trained_and_exported_loads_in_transformers_as_the_same_functi
     with torch.no_grad():
         assert (run_tessera(driver, tmp_path, tmp_path / "hf", input_ids=ids)["logits"] - hf(ids).logits) \
             .abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("name", ["mixtral-top2-of-4", "qwen2-moe-normalised-sparse-step"])
+def test_router_aux_loss_matches_transformers_in_training(name, padded, driver, tmp_path):
+    """output_router_logits: transformers adds router_aux_loss_coef * load_balancing_loss_func(router logits of every
+    sparse layer, attention_mask) to the loss in training; Tessera reports the same auxiliary loss and its total has
+    the same gradients (the loss couples the layers: each expert's share of the slots over all of them)."""
+    model = hf_model(name, seed=3, output_router_logits=True, router_aux_loss_coef=0.05).train()
+    router = next(n for n, _ in model.named_parameters() if n.endswith("gate.weight") and "shared" not in n)
+    check_router_aux_loss(model, 0.05, router, padded, driver, tmp_path)
+
+
+@pytest.mark.parametrize("name", ["mixtral-top2-of-4", "qwen2-moe-shared"])
+def test_hf_folder_trained_and_exported_loads_in_transformers_as_the_same_function(name, driver, tmp_path, dataset):
+    config_class, model_class, cfg = CONFIGS[name]
+    torch.manual_seed(6)
+    start = save(model_class(config_class(**dict(cfg, vocab_size=VOCAB, output_router_logits=True))),
+                 tmp_path / "start")
+    check_fine_tuned_export(start, model_class, driver, tmp_path, dataset)
 
 
 def test_mixtral_recipe_plans_the_published_total_and_active_parameters(hub_cache, tmp_path):

@@ -58,6 +58,10 @@ struct HfRouterLoss {
   std::vector<at::Tensor> prob_sums;  // per layer (E,) float: summed router probabilities of real tokens (detached)
   // Starts a training forward of `tokens` tokens (B S): a new factor tensor (graphs of earlier forwards keep theirs).
   void start(int64_t experts, const at::Tensor& mask, int64_t tokens, const at::Device& device);
+  // A layer's part: records its routed slots (`chosen`, (T, k)) and summed probabilities (`probs`, (T, E) float32)
+  // over real tokens, and returns `out` with their gradient attached (in grad mode).
+  at::Tensor attach(const at::Tensor& out, const at::Tensor& chosen, const at::Tensor& probs,
+                    const std::shared_ptr<AuxLossScale>& scale);
   // After every layer: the factor, and coef * aux (detached), or an undefined tensor when nothing was routed.
   at::Tensor finish();
 };
