@@ -295,6 +295,26 @@ TEST(HfCheckpointerCallback, AModelWithNoTransformersFormIsRefusedAtFitStart) {
   EXPECT_FALSE(fs::exists(folder / "huggingface"));
 }
 
+// save_interval in Composer's `dur` unit: a folder each time the elapsed fraction of max_duration passes a multiple
+// of it. 0.5dur over 4 batches: at batches 2 and 4 only; 1dur: once, at the end.
+TEST(HfCheckpointerCallback, DurationIntervalsSaveWhenTheElapsedFractionPassesAMultiple) {
+  for (const auto& [interval, expected] : {std::pair<std::string, std::vector<int>>{"0.5dur", {2, 4}},
+                                           std::pair<std::string, std::vector<int>>{"1dur", {4}}}) {
+    const fs::path folder = dataset().parent_path() / ("hf_dur_" + interval);
+    fs::remove_all(folder);
+    Trainer t(tiny_config(
+        "callbacks: {hf_checkpointer: {save_folder: " + folder.string() + ", save_interval: " + interval + "}}\n",
+        {"max_duration=4ba", "eval_interval=0"}));
+    t.fit();
+    for (int batch = 1; batch <= 4; ++batch) {
+      const bool want = std::find(expected.begin(), expected.end(), batch) != expected.end();
+      EXPECT_EQ(fs::exists(folder / "huggingface" / ("ba" + std::to_string(batch)) / "config.json"), want)
+          << interval << " batch " << batch;
+    }
+    fs::remove_all(folder);
+  }
+}
+
 // run_timeout: a process still alive `timeout` seconds after FIT_END is interrupted (SIGINT); close() in time
 // cancels the timer. The hanging process is a forked child that only runs the callback.
 TEST(RunTimeout, InterruptsAProcessThatHangsAfterFitEndAndSparesOneThatCloses) {
