@@ -23,7 +23,7 @@
 namespace fs = std::filesystem;
 
 namespace tessera::models {
-namespace {
+namespace moe_test {  // named: the sanitizer trees' unity batches join this file with mpt_config_test's helpers
 
 MPTOptions parse(const std::string& yaml) {
   config::Origin origin;
@@ -344,5 +344,5 @@ loggers: {{jsonl: {{filename: "{1}/metrics.jsonl"}}}}
   fs::remove_all(root);
 }
 
-}  // namespace
+}  // namespace moe_test
 }  // namespace tessera::models
