@@ -24,7 +24,9 @@ constexpr float kLlamaMasked = std::numeric_limits<float>::lowest();
 
 LlamaOptions parse_llama_options(config::Section& s) {
   LlamaOptions o;
-  o.model_type = s.get_choice("model_type", o.model_type, {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe"});
+  o.model_type =
+      s.get_choice("model_type", o.model_type, {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe"});
+  o.qk_norm = o.model_type == "qwen3_moe";
   if (o.model_type == "mixtral") {  // MixtralConfig's defaults where they differ from LlamaConfig's
     o.rms_norm_eps = 1e-5;
     o.rope_theta = 1e6;
@@ -56,11 +58,12 @@ LlamaOptions parse_llama_options(config::Section& s) {
     o.num_experts_per_tok = s.get_int("num_experts_per_tok", 2);
     o.router_jitter_noise = s.get_double("router_jitter_noise", 0.0);
     s.check(o.router_jitter_noise >= 0 && o.router_jitter_noise < 1, "router_jitter_noise", "must lie in [0, 1)");
-  } else if (o.model_type == "qwen2_moe") {
-    o.num_experts = s.get_int("num_experts", 60);
-    o.num_experts_per_tok = s.get_int("num_experts_per_tok", 4);
-    o.moe_intermediate_size = s.get_int("moe_intermediate_size", 1408);
-    o.shared_expert_intermediate_size = s.get_int("shared_expert_intermediate_size", 5632);
+  } else if (o.model_type == "qwen2_moe" || o.model_type == "qwen3_moe") {
+    const bool qwen3 = o.model_type == "qwen3_moe";  // Qwen3MoeConfig's defaults, and no shared expert
+    o.num_experts = s.get_int("num_experts", qwen3 ? 128 : 60);
+    o.num_experts_per_tok = s.get_int("num_experts_per_tok", qwen3 ? 8 : 4);
+    o.moe_intermediate_size = s.get_int("moe_intermediate_size", qwen3 ? 768 : 1408);
+    o.shared_expert_intermediate_size = qwen3 ? 0 : s.get_int("shared_expert_intermediate_size", 5632);
     o.norm_topk_prob = s.get_bool("norm_topk_prob", false);
     o.decoder_sparse_step = s.get_int("decoder_sparse_step", 1);
     s.check(o.decoder_sparse_step >= 1, "decoder_sparse_step", "must be at least 1");
@@ -140,8 +143,10 @@ LlamaOptions llama_options_from_hf_config(const nlohmann::json& raw, const std::
                                               "output_router_logits",
                                               "qkv_bias"};
   const std::string type = raw.value("model_type", "");
-  if (type != "llama" && type != "mistral" && type != "qwen2" && type != "mixtral" && type != "qwen2_moe") {
-    throw Error("hf", fmt::format("{}: model_type is \"{}\", expected llama, mistral, qwen2, mixtral or qwen2_moe",
+  if (type != "llama" && type != "mistral" && type != "qwen2" && type != "mixtral" && type != "qwen2_moe" &&
+      type != "qwen3_moe") {
+    throw Error("hf", fmt::format("{}: model_type is \"{}\", expected llama, mistral, qwen2, mixtral, qwen2_moe or "
+                                  "qwen3_moe",
                                   where, type));
   }
   nlohmann::json cfg = hf_config_keys(raw, kKeys);  // Llama 3.1's list of eos ids reads as none
@@ -165,6 +170,7 @@ LlamaOptions llama_options_from_hf_config(const nlohmann::json& raw, const std::
                                     where, sliding, layers));
     }
   }
+  if (type == "qwen3_moe" && !raw.value("use_sliding_window", false)) cfg.erase("sliding_window");
   LlamaOptions o;
   read_hf_config(cfg, where, [&](config::Section& s) { o = parse_llama_options(s); });
   o.init_device = "cpu";
@@ -172,11 +178,9 @@ LlamaOptions llama_options_from_hf_config(const nlohmann::json& raw, const std::
 }
 
 nlohmann::ordered_json llama_hf_config(const LlamaOptions& o, at::ScalarType dtype) {
-  static const std::map<std::string, std::string> kArch = {{"llama", "LlamaForCausalLM"},
-                                                           {"mistral", "MistralForCausalLM"},
-                                                           {"qwen2", "Qwen2ForCausalLM"},
-                                                           {"mixtral", "MixtralForCausalLM"},
-                                                           {"qwen2_moe", "Qwen2MoeForCausalLM"}};
+  static const std::map<std::string, std::string> kArch = {
+      {"llama", "LlamaForCausalLM"},     {"mistral", "MistralForCausalLM"},    {"qwen2", "Qwen2ForCausalLM"},
+      {"mixtral", "MixtralForCausalLM"}, {"qwen2_moe", "Qwen2MoeForCausalLM"}, {"qwen3_moe", "Qwen3MoeForCausalLM"}};
   auto optional = [](const std::optional<int64_t>& v) { return v ? nlohmann::ordered_json(*v) : nullptr; };
   nlohmann::ordered_json j = {{"architectures", {kArch.at(o.model_type)}},
                               {"model_type", o.model_type},
@@ -213,6 +217,10 @@ nlohmann::ordered_json llama_hf_config(const LlamaOptions& o, at::ScalarType dty
   if (o.model_type == "llama") {
     j["attention_bias"] = o.attention_bias;
     j["mlp_bias"] = o.mlp_bias;
+  } else if (o.model_type == "qwen3_moe") {
+    j["attention_bias"] = o.attention_bias;
+    j["use_sliding_window"] = o.sliding_window > 0;
+    j["sliding_window"] = o.sliding_window > 0 ? nlohmann::ordered_json(o.sliding_window) : nullptr;
   } else {
     j["sliding_window"] = o.sliding_window > 0 ? nlohmann::ordered_json(o.sliding_window) : nullptr;
     if (o.model_type == "qwen2" || o.model_type == "qwen2_moe") {
@@ -223,14 +231,14 @@ nlohmann::ordered_json llama_hf_config(const LlamaOptions& o, at::ScalarType dty
   if (o.model_type == "mixtral") {
     j["num_local_experts"] = o.num_experts;
     j["router_jitter_noise"] = o.router_jitter_noise;
-  } else if (o.model_type == "qwen2_moe") {
+  } else if (o.model_type == "qwen2_moe" || o.model_type == "qwen3_moe") {
     j["num_experts"] = o.num_experts;
     j["moe_intermediate_size"] = o.moe_intermediate_size;
-    j["shared_expert_intermediate_size"] = o.shared_expert_intermediate_size;
+    if (o.model_type == "qwen2_moe") j["shared_expert_intermediate_size"] = o.shared_expert_intermediate_size;
     j["norm_topk_prob"] = o.norm_topk_prob;
     j["decoder_sparse_step"] = o.decoder_sparse_step;
     j["mlp_only_layers"] = o.mlp_only_layers;
-    j["qkv_bias"] = o.qkv_bias;
+    if (o.model_type == "qwen2_moe") j["qkv_bias"] = o.qkv_bias;
   }
   if (o.num_experts > 0) {
     j["num_experts_per_tok"] = o.num_experts_per_tok;
@@ -257,9 +265,10 @@ SparseMoeOptions LlamaOptions::sparse_moe() const {
   m.num_experts = num_experts;
   m.top_k = num_experts_per_tok;
   m.hidden_size = hidden_size;
-  m.ffn_hidden = model_type == "qwen2_moe" ? moe_intermediate_size : intermediate_size;
+  const bool qwen = model_type == "qwen2_moe" || model_type == "qwen3_moe";
+  m.ffn_hidden = qwen ? moe_intermediate_size : intermediate_size;
   m.shared_ffn_hidden = model_type == "qwen2_moe" ? shared_expert_intermediate_size : 0;
-  m.qwen_names = model_type == "qwen2_moe";
+  m.qwen_names = qwen;
   m.norm_topk_prob = norm_topk_prob;
   m.jitter_noise = router_jitter_noise;
   return m;
@@ -272,6 +281,7 @@ int64_t llama_layer_params(const LlamaOptions& o, int64_t index, bool active = f
   int64_t attn = d * h * hd + 2 * d * kv * hd + h * hd * d;
   if (o.q_bias()) attn += h * hd + 2 * kv * hd;
   if (o.o_bias()) attn += d;
+  if (o.qk_norm) attn += 2 * hd;
   int64_t mlp = 3 * d * f;
   if (o.mlp_bias) mlp += 2 * f + d;
   if (o.is_sparse_layer(index))
@@ -351,12 +361,22 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaOptions& o, const at::TensorOp
   k_proj = register_module("k_proj", Linear(d, o.num_key_value_heads * hd, o.q_bias(), t));
   v_proj = register_module("v_proj", Linear(d, o.num_key_value_heads * hd, o.q_bias(), t));
   o_proj = register_module("o_proj", Linear(o.num_attention_heads * hd, d, o.o_bias(), t));
+  if (o.qk_norm) {
+    q_norm = register_module("q_norm", Norm(hd, NormType::kRMSNorm, o.rms_norm_eps, false, t));
+    k_norm = register_module("k_norm", Norm(hd, NormType::kRMSNorm, o.rms_norm_eps, false, t));
+  }
 }
 
 at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
   const int64_t b = x.size(0), s = x.size(1), hd = o_.head_dim, h = o_.num_attention_heads, kv = o_.num_key_value_heads;
-  at::Tensor q = apply_rotary(q_proj(x).reshape({b, s, h, hd}), in.rope_cos, in.rope_sin).transpose(1, 2);
-  at::Tensor k = apply_rotary(k_proj(x).reshape({b, s, kv, hd}), in.rope_cos, in.rope_sin).transpose(1, 2);
+  at::Tensor q = q_proj(x).reshape({b, s, h, hd});
+  at::Tensor k = k_proj(x).reshape({b, s, kv, hd});
+  if (q_norm) {  // Qwen3: per head, before rotary
+    q = q_norm(q).to(q.scalar_type());
+    k = k_norm(k).to(k.scalar_type());
+  }
+  q = apply_rotary(q, in.rope_cos, in.rope_sin).transpose(1, 2);
+  k = apply_rotary(k, in.rope_cos, in.rope_sin).transpose(1, 2);
   at::Tensor v = v_proj(x).reshape({b, s, kv, hd}).transpose(1, 2);
   append_to_cache(cache, k, v);
   const double dropout = is_training() ? o_.attention_dropout : 0.0;

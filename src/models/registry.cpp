@@ -196,7 +196,7 @@ HfModelTypeRegistry& hf_model_type_registry() {
     r->add("mpt", hf_builder(&mpt_options_from_hf_config, &build_mpt));
     r->add("gpt2", hf_builder(&mpt_options_from_gpt2_config, &build_mpt));  // an MPT with learned positions
     r->add("dbrx", hf_builder(&mpt_options_from_dbrx_config, &build_mpt));  // an MPT with DBRX's names
-    for (const char* type : {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe"}) {
+    for (const char* type : {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe"}) {
       r->add(type, hf_builder(&llama_options_from_hf_config, &build_llama));
     }
     r->add("falcon", hf_builder(&falcon_options_from_hf_config, &build_falcon));

@@ -1,6 +1,7 @@
-"""Tessera's mixture-of-experts families against transformers' MixtralForCausalLM and Qwen2MoeForCausalLM (the real
-peers), on random small configurations: top-1 and top-k routing, grouped-query attention, Qwen2-MoE's shared expert
-and its gate, norm_topk_prob on and off, dense layers between sparse ones (decoder_sparse_step, mlp_only_layers).
+"""Tessera's mixture-of-experts families against transformers' MixtralForCausalLM, Qwen2MoeForCausalLM and
+Qwen3MoeForCausalLM (the real peers), on random small configurations: top-1 and top-k routing, grouped-query
+attention, Qwen2-MoE's shared expert and its gate, Qwen3-MoE's per-head q/k norms, norm_topk_prob on and off, dense
+layers between sparse ones (decoder_sparse_step, mlp_only_layers).
 
 - transformers saves a folder -> Tessera loads it: logits within 1e-5, the loss within 1e-5 and every gradient within
   1e-4 relative (evaluation mode), on the SDPA and the explicit attention path; left padding; greedy generation.
@@ -14,7 +15,8 @@ import json
 
 import pytest
 import torch
-from transformers import MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM
+from transformers import (MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig,
+                          Qwen3MoeForCausalLM)
 
 from test_hf_export import VOCAB, dataset  # noqa: F401 (the fixture)
 from test_llama_hf import (SEQ, assert_gradients_match, check_greedy_generation, check_left_padding,
@@ -34,6 +36,13 @@ CONFIGS = {
                                          dict(BASE, num_hidden_layers=4, num_experts=4, num_experts_per_tok=3,
                                               moe_intermediate_size=32, shared_expert_intermediate_size=24,
                                               norm_topk_prob=True, decoder_sparse_step=2, mlp_only_layers=[3])),
+    # Qwen3-MoE: per-head q/k RMSNorms, no shared expert; attention biases, an explicit head_dim.
+    "qwen3-moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM,
+                  dict(BASE, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)),
+    "qwen3-moe-normalised-biases-head-dim": (Qwen3MoeConfig, Qwen3MoeForCausalLM,
+                                             dict(BASE, num_experts=4, num_experts_per_tok=3, moe_intermediate_size=24,
+                                                  norm_topk_prob=True, attention_bias=True, head_dim=24,
+                                                  decoder_sparse_step=2)),
 }
 
 
@@ -49,12 +58,12 @@ def test_logits_and_gradients_match_transformers(name, driver, tmp_path):
     check_logits_and_gradients(hf_model(name), driver, tmp_path)
 
 
-@pytest.mark.parametrize("name", ["mixtral-top2-of-4", "qwen2-moe-shared"])
+@pytest.mark.parametrize("name", ["mixtral-top2-of-4", "qwen2-moe-shared", "qwen3-moe"])
 def test_left_padding_matches_transformers(name, driver, tmp_path):
     check_left_padding(hf_model(name, seed=1), driver, tmp_path)
 
 
-@pytest.mark.parametrize("name", ["mixtral-top2-of-4", "qwen2-moe-normalised-sparse-step"])
+@pytest.mark.parametrize("name", ["mixtral-top2-of-4", "qwen2-moe-normalised-sparse-step", "qwen3-moe"])
 def test_greedy_generation_matches_transformers_generate(name, driver, tmp_path):
     check_greedy_generation(hf_model(name, seed=5), driver, tmp_path)
 
@@ -114,7 +123,7 @@ def check_fine_tuned_export(start, model_class, driver, tmp_path, dataset):
 
 
 @pytest.mark.parametrize("padded", [False, True])
-@pytest.mark.parametrize("name", ["mixtral-top2-of-4", "qwen2-moe-normalised-sparse-step"])
+@pytest.mark.parametrize("name", ["mixtral-top2-of-4", "qwen2-moe-normalised-sparse-step", "qwen3-moe"])
 def test_router_aux_loss_matches_transformers_in_training(name, padded, driver, tmp_path):
     """output_router_logits: transformers adds router_aux_loss_coef * load_balancing_loss_func(router logits of every
     sparse layer, attention_mask) to the loss in training; Tessera reports the same auxiliary loss and its total has
@@ -124,7 +133,7 @@ def test_router_aux_loss_matches_transformers_in_training(name, padded, driver, 
     check_router_aux_loss(model, 0.05, router, padded, driver, tmp_path)
 
 
-@pytest.mark.parametrize("name", ["mixtral-top2-of-4", "qwen2-moe-shared"])
+@pytest.mark.parametrize("name", ["mixtral-top2-of-4", "qwen2-moe-shared", "qwen3-moe-normalised-biases-head-dim"])
 def test_hf_folder_trained_and_exported_loads_in_transformers_as_the_same_function(name, driver, tmp_path, dataset):
     config_class, model_class, cfg = CONFIGS[name]
     torch.manual_seed(6)

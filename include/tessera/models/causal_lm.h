@@ -209,8 +209,8 @@ class HfModelTypeRegistry {
   std::map<std::string, HfConfigBuilder> builders_;
 };
 
-// Built in: mpt, gpt2 (what an MPT with learned positions exports as), llama, mistral, qwen2, mixtral, qwen2_moe,
-// falcon, and the other families' model_types.
+// Built in: mpt, gpt2 (what an MPT with learned positions exports as), dbrx (an MPT too), llama, mistral, qwen2,
+// mixtral, qwen2_moe, qwen3_moe, falcon, and the other families' model_types.
 HfModelTypeRegistry& hf_model_type_registry();
 
 // hf_model_type_registry().build(...).

@@ -40,7 +40,8 @@ struct RopeScaling {
 // HF's LlamaConfig keys and defaults (MistralConfig and Qwen2Config add sliding windows and q/k/v biases;
 // MixtralConfig and Qwen2MoeConfig a sparse mixture of experts in place of the MLP).
 struct LlamaOptions {
-  std::string model_type = "llama";  // llama | mistral | qwen2 | mixtral | qwen2_moe: the config.json written back
+  // llama | mistral | qwen2 | mixtral | qwen2_moe | qwen3_moe: the config.json written back
+  std::string model_type = "llama";
   int64_t vocab_size = 32000;
   int64_t hidden_size = 4096;
   int64_t intermediate_size = 11008;
@@ -61,7 +62,8 @@ struct LlamaOptions {
   double initializer_range = 0.02;
   std::optional<int64_t> bos_token_id, eos_token_id, pad_token_id;
   std::string init_device = "cpu";  // cpu | cuda | meta
-  // Mixtral (num_local_experts) and Qwen2-MoE (num_experts): 0 = a dense model.
+  bool qk_norm = false;  // Qwen3-MoE: RMSNorms q_norm / k_norm over each head's queries and keys, before rotary
+  // Mixtral (num_local_experts), Qwen2-MoE and Qwen3-MoE (num_experts): 0 = a dense model.
   int64_t num_experts = 0;
   int64_t num_experts_per_tok = 2;
   int64_t moe_intermediate_size = 0;            // Qwen2-MoE's experts (Mixtral's use intermediate_size)
@@ -112,6 +114,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache = nullptr);
 
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  Norm q_norm{nullptr}, k_norm{nullptr};  // qk_norm only
 
  private:
   LlamaOptions o_;
