@@ -375,6 +375,33 @@ Work Communicator::broadcast(at::Tensor& t, int root) {
   });
 }
 
+Work Communicator::all_to_all(at::Tensor& out, at::Tensor& in, const std::vector<int64_t>& out_splits,
+                              const std::vector<int64_t>& in_splits) {
+  check_flat(out, "all_to_all output");
+  check_flat(in, "all_to_all input");
+  const auto n = static_cast<size_t>(size_);
+  TORCH_CHECK(out_splits.size() == n && in_splits.size() == n, "dist: all_to_all needs one split per rank (", size_,
+              ")");
+  int64_t in_rows = 0, out_rows = 0;
+  for (size_t r = 0; r < n; ++r) {
+    in_rows += in_splits[r];
+    out_rows += out_splits[r];
+  }
+  TORCH_CHECK(in.dim() >= 1 && out.dim() >= 1 && in.size(0) == in_rows && out.size(0) == out_rows,
+              "dist: all_to_all splits do not add up to the tensors' rows");
+  if (!backend_) {
+    out.copy_(in);
+    return {};
+  }
+  const double row_bytes = in_rows > 0 ? static_cast<double>(in.nbytes()) / static_cast<double>(in_rows) : 0.0;
+  stats_.calls++;
+  stats_.all_to_all_bytes += static_cast<double>(in_rows - in_splits[static_cast<size_t>(rank_)]) * row_bytes;
+  return issue(global_rank_, describe("all_to_all", in), [&] {
+    std::vector<int64_t> o = out_splits, i = in_splits;
+    return backend_->pg->alltoall_base(out, in, o, i);
+  });
+}
+
 void Communicator::barrier() {
   if (!backend_) return;
   // A one-element all_reduce: Gloo's barrier and NCCL's differ in what they need; this works on both.

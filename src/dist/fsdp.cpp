@@ -14,6 +14,8 @@
 #include <map>
 #include <set>
 
+#include "tessera/models/moe.h"
+
 namespace tessera::dist {
 namespace {
 
@@ -57,6 +59,10 @@ struct Unit {
   int64_t index = 0;
   std::vector<std::string> names;
   std::vector<at::Tensor> params;  // the module's parameter tensors (their TensorImpls are the module's)
+  // Per parameter: the whole parameter's shape and where this rank's part of it starts (element offset): the part is
+  // the whole parameter except for expert-parallel experts (this rank's rows of them).
+  std::vector<std::vector<int64_t>> global_shapes;
+  std::vector<int64_t> global_starts;
   std::vector<int64_t> offsets;
   int64_t numel = 0, padded = 0, shard_numel = 0;
   at::Tensor shard;  // fp32 (shard_numel), requires grad: the optimizer's parameter
@@ -72,6 +78,45 @@ struct Unit {
   at::Tensor reduce_in, reduce_out;
   bool reduce_in_flight = false;
   Work reduce_work;
+  Communicator* comm = nullptr;     // the ranks that split this unit's flat vector (sharded strategies)
+  Communicator* replica = nullptr;  // HYBRID_SHARD: the ranks that hold the same shard on the other nodes
+  // Expert parallelism: this unit's local experts, a flat vector of their own split over the ranks that hold the same
+  // experts (gathered, freed and reduced with the unit).
+  std::unique_ptr<Unit> experts;
+};
+
+// A unit and its experts' part, if any.
+template <class F>
+void each_part(Unit& u, F&& f) {
+  f(u);
+  if (u.experts) f(*u.experts);
+}
+
+// The token exchange of an expert-parallel group over its communicator.
+class GroupExchange : public models::ExpertExchange {
+ public:
+  explicit GroupExchange(std::shared_ptr<Communicator> comm) : comm_(std::move(comm)) {}
+  int rank() const override { return comm_->rank(); }
+  int size() const override { return comm_->size(); }
+  at::Tensor all_gather(const at::Tensor& counts) override {
+    at::Tensor in = counts.to(at::kLong).contiguous();
+    at::Tensor out = at::empty({comm_->size() * in.numel()}, in.options());
+    comm_->all_gather(out, in).wait();
+    return out.view({comm_->size(), in.numel()}).cpu();
+  }
+  at::Tensor all_to_all(const at::Tensor& in, const std::vector<int64_t>& send,
+                        const std::vector<int64_t>& recv) override {
+    at::Tensor src = in.contiguous();
+    std::vector<int64_t> shape = src.sizes().vec();
+    shape[0] = 0;
+    for (int64_t r : recv) shape[0] += r;
+    at::Tensor out = at::empty(shape, src.options());
+    comm_->all_to_all(out, src, recv, send).wait();
+    return out;
+  }
+
+ private:
+  std::shared_ptr<Communicator> comm_;
 };
 
 struct CallRecord {
@@ -97,6 +142,10 @@ class ParallelModel::Impl : public models::UnitRunner {
   at::Tensor backward_call(CallRecord& rec, const at::Tensor& grad_out);
 
   void setup(models::CausalLM& model);
+  // Expert parallelism: the MoE layers' degree (1: none), its groups, and the names of the expert weights split.
+  std::set<std::string> setup_expert_parallel(models::CausalLM& model);
+  // Fills u's flat vector from `sources` (u.params' values, or for experts this rank's rows of them).
+  void build_flat(Unit& u, const std::vector<at::Tensor>& sources, bool experts);
   void gather(Unit& u);
   void wait_gathered(Unit& u);
   void reshard(Unit& u);
@@ -111,7 +160,11 @@ class ParallelModel::Impl : public models::UnitRunner {
   std::shared_ptr<Communicator> comm_;          // the whole job
   std::shared_ptr<Communicator> shard_comm_;    // ranks that split the parameters (HYBRID: this node)
   std::shared_ptr<Communicator> replica_comm_;  // HYBRID: the same shard on every node
+  int ep_ = 1;                                  // expert-parallel degree
+  std::shared_ptr<Communicator> ep_comm_;       // the expert-parallel group (consecutive ranks)
+  std::shared_ptr<Communicator> expert_comm_;   // the ranks that hold the same experts (HYBRID: on this node)
   std::vector<std::unique_ptr<Unit>> units_;
+  std::vector<Unit*> parts_;  // per parameters_[i]: the unit or experts' part whose shard it is
   std::vector<at::Tensor> parameters_;
   std::vector<std::pair<std::string, at::Tensor>> frozen_;  // whole on every rank, in the model's order
   std::vector<std::string> names_;                          // every parameter, in the model's order
@@ -166,6 +219,111 @@ std::set<std::string> modules_of_unit(models::CausalLM& model, int64_t unit) {
 
 }  // namespace
 
+std::set<std::string> ParallelModel::Impl::setup_expert_parallel(models::CausalLM& model) {
+  std::vector<std::pair<std::string, std::shared_ptr<models::MoEImpl>>> layers;
+  for (const auto& m : model.named_modules()) {
+    auto moe = std::dynamic_pointer_cast<models::MoEImpl>(m.value());
+    if (!moe || moe->options().world_size <= 1) continue;
+    const int64_t ep = moe->options().world_size;
+    if (ep_ > 1 && ep != ep_) {
+      throw ConfigError("dist",
+                        fmt::format("model.ffn_config.moe_world_size: MoE layers disagree ({} and {})", ep_, ep));
+    }
+    ep_ = static_cast<int>(ep);
+    layers.emplace_back(m.key(), moe);
+  }
+  std::set<std::string> names;
+  if (layers.empty()) return names;
+  const int world = comm_->size();
+  const ShardingStrategy strategy = o_.sharding.strategy;
+  const std::string key = fmt::format("model.ffn_config.moe_world_size {}", ep_);
+  if (world % ep_ != 0) {
+    throw ConfigError("dist", fmt::format("{}: the job's {} rank(s) do not split into expert-parallel groups of {}",
+                                          key, world, ep_));
+  }
+  if (strategy == ShardingStrategy::kNoShard) {
+    throw ConfigError("dist", fmt::format("{}: expert parallelism needs a sharded strategy (fsdp_config."
+                                          "sharding_strategy FULL_SHARD, SHARD_GRAD_OP or HYBRID_SHARD), not NO_SHARD",
+                                          key));
+  }
+  const bool hybrid = strategy == ShardingStrategy::kHybridShard && o_.ranks_per_node < world;
+  if (hybrid && o_.ranks_per_node % ep_ != 0) {
+    throw ConfigError("dist", fmt::format("{}: HYBRID_SHARD keeps an expert-parallel group on one node, and nodes of "
+                                          "{} ranks do not split into groups of {}",
+                                          key, o_.ranks_per_node, ep_));
+  }
+  // Expert-parallel groups: ep_ consecutive ranks. The ranks that hold the same experts (the same position in their
+  // group) split those experts' flat vectors: all of them, or under HYBRID_SHARD those on this node (the node's
+  // copies then replicate across nodes, as the dense shards do).
+  for (int g = 0; g < world / ep_; ++g) {
+    std::vector<int> ranks;
+    for (int i = 0; i < ep_; ++i) ranks.push_back(g * ep_ + i);
+    if (auto c = comm_->new_group(ranks)) ep_comm_ = c;
+  }
+  const int span = hybrid ? o_.ranks_per_node : world;
+  for (int s = 0; s < world / span; ++s) {
+    for (int i = 0; i < ep_; ++i) {
+      std::vector<int> ranks;
+      for (int r = i; r < span; r += ep_) ranks.push_back(s * span + r);
+      if (auto c = comm_->new_group(ranks)) expert_comm_ = c;
+    }
+  }
+  auto exchange = std::make_shared<GroupExchange>(ep_comm_);
+  for (auto& [prefix, moe] : layers) {
+    if (moe->options().num_experts % ep_ != 0) {
+      throw ConfigError(
+          "dist", fmt::format("{}: {} has {} experts, not a multiple of it", key, prefix, moe->options().num_experts));
+    }
+    const std::string base = prefix.empty() ? "experts.mlp." : prefix + ".experts.mlp.";
+    for (const char* w : {"w1", "v1", "w2"}) {
+      if (std::string(w) == "v1" && !moe->options().glu) continue;
+      names.insert(base + w);
+    }
+    moe->set_expert_exchange(exchange);
+  }
+  spdlog::info("dist: expert parallelism over groups of {} ranks ({} MoE layers, {} experts each per rank)", ep_,
+               layers.size(), layers[0].second->options().num_experts / ep_);
+  return names;
+}
+
+void ParallelModel::Impl::build_flat(Unit& u, const std::vector<at::Tensor>& sources, bool experts) {
+  const int shards = sharded() ? u.comm->size() : 1;
+  const int shard_rank = sharded() ? u.comm->rank() : 0;
+  std::vector<at::Tensor> flat_parts;
+  for (const at::Tensor& p : sources) {
+    u.offsets.push_back(u.numel);
+    u.numel += p.numel();
+    flat_parts.push_back(p.detach().to(at::kFloat).reshape({-1}));
+  }
+  u.padded = (u.numel + shards - 1) / shards * shards;
+  u.shard_numel = u.padded / shards;
+  at::Tensor flat = at::zeros({u.padded}, flat_parts[0].options());
+  flat.narrow(0, 0, u.numel).copy_(at::cat(flat_parts));
+  if (o_.sharding.sync_module_states) {
+    // Rank 0's values; for experts, those of the first rank that holds the same ones.
+    if (!experts) {
+      comm_->broadcast(flat, 0).wait();
+    } else {
+      expert_comm_->broadcast(flat, 0).wait();
+      if (replica_comm_) replica_comm_->broadcast(flat, 0).wait();
+    }
+  }
+  if (!sharded()) {
+    u.shard = flat;
+    u.full = flat;
+    u.gathered = true;
+  } else {
+    u.shard = flat.narrow(0, shard_rank * u.shard_numel, u.shard_numel).clone();
+    u.full = at::empty({u.padded}, flat.options().dtype(o_.param_dtype));
+  }
+  u.shard.requires_grad_(true);
+  for (size_t i = 0; i < u.params.size(); ++i) {
+    at::Tensor& p = u.params[i];
+    p.set_data(u.full.narrow(0, u.offsets[i], sources[i].numel()).view(sources[i].sizes()));
+  }
+  if (sharded()) free_storage(u.full);
+}
+
 void ParallelModel::Impl::setup(models::CausalLM& model) {
   const int world = comm_->size();
   const ShardingStrategy strategy = o_.sharding.strategy;
@@ -189,8 +347,8 @@ void ParallelModel::Impl::setup(models::CausalLM& model) {
   } else {
     shard_comm_ = comm_;
   }
-  const int shards = sharded() ? shard_comm_->size() : 1;
-  const int shard_rank = sharded() ? shard_comm_->rank() : 0;
+  const std::set<std::string> expert_names = setup_expert_parallel(model);
+  const int ep_rank = ep_comm_ ? ep_comm_->rank() : 0;
 
   // Every parameter by unit; frozen ones (requires_grad false) stay whole, outside the flat vectors.
   std::map<int64_t, std::unique_ptr<Unit>> by_index;
@@ -202,18 +360,37 @@ void ParallelModel::Impl::setup(models::CausalLM& model) {
     if (!u) {
       u = std::make_unique<Unit>();
       u->index = idx;
+      u->comm = shard_comm_.get();
+      u->replica = replica_comm_.get();
     }
+    const bool expert = expert_names.count(item.key()) > 0;
     if (!item.value().requires_grad()) {
+      if (expert) {
+        throw ConfigError("dist", fmt::format("expert parallelism: {} is frozen; frozen expert weights (the base of "
+                                              "LoRA on the experts) are not split over ranks",
+                                              item.key()));
+      }
       frozen_.emplace_back(item.key(), item.value());
       unit_frozen[idx].push_back(item.value());
       continue;
     }
-    u->names.push_back(item.key());
-    u->params.push_back(item.value());
+    Unit* target = u.get();
+    if (expert) {
+      if (!u->experts) {
+        u->experts = std::make_unique<Unit>();
+        u->experts->index = idx;
+        u->experts->comm = expert_comm_.get();
+        u->experts->replica = replica_comm_.get();
+      }
+      target = u->experts.get();
+    }
+    target->names.push_back(item.key());
+    target->params.push_back(item.value());
   }
   at::NoGradGuard no_grad;
   for (auto& [idx, u] : by_index) {
     std::vector<at::Tensor> all = u->params;
+    if (u->experts) all.insert(all.end(), u->experts->params.begin(), u->experts->params.end());
     for (const at::Tensor& p : unit_frozen[idx]) all.push_back(p);
     if (!all.empty() && all[0].is_meta()) {
       // Deferred initialisation: allocate this unit only, initialise its modules, shard it below.
@@ -231,40 +408,35 @@ void ParallelModel::Impl::setup(models::CausalLM& model) {
         comm_->broadcast(t, 0).wait();
       }
     }
+    for (const at::Tensor& p : u->params) {
+      u->global_shapes.push_back(p.sizes().vec());
+      u->global_starts.push_back(0);
+    }
+    if (u->experts) {
+      // This rank's experts: rows [ep_rank * rows, (ep_rank + 1) * rows) of each (E * F, d) weight.
+      Unit& x = *u->experts;
+      std::vector<at::Tensor> mine;
+      for (const at::Tensor& p : x.params) {
+        const int64_t rows = p.size(0) / ep_;
+        x.global_shapes.push_back(p.sizes().vec());
+        x.global_starts.push_back(ep_rank * rows * (p.numel() / p.size(0)));
+        mine.push_back(p.detach().narrow(0, ep_rank * rows, rows));
+      }
+      build_flat(x, mine, /*experts=*/true);
+    }
     if (u->params.empty()) {  // every parameter of the unit is frozen: an empty flat vector, no collectives
       u->shard = at::zeros({0}, at::TensorOptions().dtype(at::kFloat).device(o_.device)).requires_grad_(true);
       u->full = u->shard.detach();
       u->gathered = true;
-      parameters_.push_back(u->shard);
-      units_.push_back(std::move(u));
-      continue;
-    }
-    std::vector<at::Tensor> flat_parts;
-    for (const at::Tensor& p : u->params) {
-      u->offsets.push_back(u->numel);
-      u->numel += p.numel();
-      flat_parts.push_back(p.detach().to(at::kFloat).reshape({-1}));
-    }
-    u->padded = (u->numel + shards - 1) / shards * shards;
-    u->shard_numel = u->padded / shards;
-    at::Tensor flat = at::zeros({u->padded}, flat_parts[0].options());
-    flat.narrow(0, 0, u->numel).copy_(at::cat(flat_parts));
-    if (o_.sharding.sync_module_states) comm_->broadcast(flat, 0).wait();
-    if (!sharded()) {
-      u->shard = flat;
-      u->full = flat;
-      u->gathered = true;
     } else {
-      u->shard = flat.narrow(0, shard_rank * u->shard_numel, u->shard_numel).clone();
-      u->full = at::empty({u->padded}, flat.options().dtype(o_.param_dtype));
+      build_flat(*u, u->params, /*experts=*/false);
     }
-    u->shard.requires_grad_(true);
-    for (size_t i = 0; i < u->params.size(); ++i) {
-      at::Tensor& p = u->params[i];
-      p.set_data(u->full.narrow(0, u->offsets[i], p.numel()).view(p.sizes()));
-    }
-    if (sharded()) free_storage(u->full);
     parameters_.push_back(u->shard);
+    parts_.push_back(u.get());
+    if (u->experts) {
+      parameters_.push_back(u->experts->shard);
+      parts_.push_back(u->experts.get());
+    }
     units_.push_back(std::move(u));
   }
   for (size_t i = 0; i < units_.size(); ++i) {
@@ -277,7 +449,7 @@ void ParallelModel::Impl::gather(Unit& u) {
   realloc_storage(u.full, static_cast<size_t>(u.padded) * u.full.element_size());
   u.send = u.shard.detach().to(o_.param_dtype).contiguous();
   sync_point();
-  u.gather_work = shard_comm_->all_gather(u.full, u.send);
+  u.gather_work = u.comm->all_gather(u.full, u.send);
   u.gather_in_flight = true;
 }
 
@@ -306,13 +478,14 @@ at::Tensor ParallelModel::Impl::run(int64_t unit_index, const UnitFn& fn, const 
     root_called_ = !root_called_;
   }
   const int64_t next_forward = head_call ? -1 : (unit_index < n_blocks ? unit_index + 1 : -1);
-  wait_gathered(u);
-  if (o_.overlap && next_forward >= 0) gather(*units_[static_cast<size_t>(next_forward)]);
+  each_part(u, [this](Unit& p) { wait_gathered(p); });
+  if (o_.overlap && next_forward >= 0)
+    each_part(*units_[static_cast<size_t>(next_forward)], [this](Unit& p) { gather(p); });
 
   if (!at::GradMode::is_enabled()) {
     at::Tensor out = fn(x);
     // Evaluation: nothing will come back for these parameters.
-    if (unit_index != 0 || head_call) reshard(u);
+    if (unit_index != 0 || head_call) each_part(u, [this](Unit& p) { reshard(p); });
     return out;
   }
   auto rec = std::make_unique<CallRecord>();
@@ -333,14 +506,18 @@ at::Tensor ParallelModel::Impl::run(int64_t unit_index, const UnitFn& fn, const 
   records_.push_back(std::move(rec));
   at::Tensor out = UnitFunction::apply(x, u.shard, raw);
   // FULL_SHARD frees a block's parameters after its forward (the root stays until its backward).
-  if (o_.sharding.strategy != ShardingStrategy::kShardGradOp && unit_index != 0) reshard(u);
+  if (o_.sharding.strategy != ShardingStrategy::kShardGradOp && unit_index != 0) {
+    each_part(u, [this](Unit& p) { reshard(p); });
+  }
   return out;
 }
 
 at::Tensor ParallelModel::Impl::backward_call(CallRecord& rec, const at::Tensor& grad_out) {
   Unit& u = *rec.unit;
-  wait_gathered(u);
-  if (o_.overlap && rec.next_in_backward >= 0) gather(*units_[static_cast<size_t>(rec.next_in_backward)]);
+  each_part(u, [this](Unit& p) { wait_gathered(p); });
+  if (o_.overlap && rec.next_in_backward >= 0) {
+    each_part(*units_[static_cast<size_t>(rec.next_in_backward)], [this](Unit& p) { gather(p); });
+  }
   at::AutoGradMode enable(true);
   if (rec.recompute) {
     // Activation checkpointing: run the forward again, with the same randomness and precision.
@@ -361,13 +538,15 @@ at::Tensor ParallelModel::Impl::backward_call(CallRecord& rec, const at::Tensor&
   }
   std::vector<at::Tensor> inputs;
   if (rec.x_requires_grad) inputs.push_back(rec.x_leaf);
-  std::vector<size_t> which;
-  for (size_t i = 0; i < u.params.size(); ++i) {
-    if (u.params[i].requires_grad()) {
-      inputs.push_back(u.params[i]);
-      which.push_back(i);
+  std::vector<std::pair<Unit*, size_t>> which;  // (part, parameter) per gradient asked for
+  each_part(u, [&](Unit& part) {
+    for (size_t i = 0; i < part.params.size(); ++i) {
+      if (part.params[i].requires_grad()) {
+        inputs.push_back(part.params[i]);
+        which.emplace_back(&part, i);
+      }
     }
-  }
+  });
   const at::Tensor g = grad_out.defined() ? grad_out : at::zeros_like(rec.out);
   // Nothing to differentiate when the input needs no gradient and every parameter of the unit is frozen (the root
   // under LoRA, called on token ids).
@@ -380,29 +559,34 @@ at::Tensor ParallelModel::Impl::backward_call(CallRecord& rec, const at::Tensor&
   rec.x_in = at::Tensor();
   {
     at::NoGradGuard no_grad;
-    if (!u.grad_full.defined()) {
-      // Filled range by range: a parameter's first gradient is copied in, later calls' (a tied weight) added; what
-      // no call wrote is zeroed before the reduction. One pass over the gradients, not a memset and an add.
-      u.grad_full = at::empty({u.padded}, u.shard.options().dtype(o_.reduce_dtype));
-      u.grad_written.assign(u.params.size(), 0);
-    }
+    each_part(u, [this](Unit& part) {
+      if (!part.grad_full.defined()) {
+        // Filled range by range: a parameter's first gradient is copied in, later calls' (a tied weight) added; what
+        // no call wrote is zeroed before the reduction. One pass over the gradients, not a memset and an add.
+        part.grad_full = at::empty({part.padded}, part.shard.options().dtype(o_.reduce_dtype));
+        part.grad_written.assign(part.params.size(), 0);
+      }
+    });
     const size_t first = rec.x_requires_grad ? 1 : 0;
     for (size_t k = 0; k < which.size(); ++k) {
       const at::Tensor& gp = grads[first + k];
       if (!gp.defined()) continue;
-      const size_t i = which[k];
-      at::Tensor range = u.grad_full.narrow(0, u.offsets[i], u.params[i].numel());
-      if (u.grad_written[i]) {
+      Unit& part = *which[k].first;
+      const size_t i = which[k].second;
+      at::Tensor range = part.grad_full.narrow(0, part.offsets[i], part.params[i].numel());
+      if (part.grad_written[i]) {
         range.add_(gp.reshape({-1}).to(o_.reduce_dtype));
       } else {
         range.copy_(gp.reshape({-1}));
-        u.grad_written[i] = 1;
+        part.grad_written[i] = 1;
       }
     }
   }
   if (--u.pending_calls == 0) {
-    reshard(u);
-    launch_reduction(u);
+    each_part(u, [this](Unit& part) {
+      reshard(part);
+      launch_reduction(part);
+    });
   }
   return rec.x_requires_grad ? grads[0] : at::Tensor();
 }
@@ -435,7 +619,7 @@ void ParallelModel::Impl::launch_reduction(Unit& u) {
     u.grad_full = at::Tensor();
     u.reduce_out = at::empty({u.shard_numel}, u.reduce_in.options());
     sync_point();
-    u.reduce_work = shard_comm_->reduce_scatter(u.reduce_out, u.reduce_in);
+    u.reduce_work = u.comm->reduce_scatter(u.reduce_out, u.reduce_in);
   }
   u.reduce_in_flight = true;
   if (!o_.overlap) {
@@ -446,17 +630,17 @@ void ParallelModel::Impl::launch_reduction(Unit& u) {
 void ParallelModel::Impl::finish_backward() {
   at::NoGradGuard no_grad;
   std::vector<Unit*> done;
-  for (auto& u : units_) {
+  for (Unit* u : parts_) {
     if (!u->reduce_in_flight) continue;
     u->reduce_work.wait();
     u->reduce_in = at::Tensor();
     u->reduce_in_flight = false;
-    done.push_back(u.get());
+    done.push_back(u);
   }
   if (replica_comm_) {  // HYBRID_SHARD: sum each shard over the nodes
     sync_point();
     std::vector<Work> works;
-    for (Unit* u : done) works.push_back(replica_comm_->all_reduce(u->reduce_out));
+    for (Unit* u : done) works.push_back(u->replica->all_reduce(u->reduce_out));
     for (Work& w : works) w.wait();
   }
   const double scale = 1.0 / comm_->size();
@@ -475,6 +659,8 @@ void ParallelModel::Impl::finish_backward() {
       throw Error("dist", fmt::format("unit {}: {} forward call(s) had no backward before finish_backward", u->index,
                                       u->pending_calls));
     }
+  }
+  for (Unit* u : parts_) {
     reshard(*u);
     if (u->gather_in_flight) {  // a prefetch nobody used: complete it so that the buffers can be freed
       u->gather_work.wait();
@@ -504,7 +690,7 @@ bool ParallelModel::Impl::agree(bool failed) {
 void ParallelModel::Impl::discard() {
   at::NoGradGuard no_grad;
   // Every rank issued the same collectives before the sync point where they agreed: complete them all.
-  for (auto& u : units_) {
+  for (Unit* u : parts_) {
     if (u->gather_in_flight) {
       u->gather_work.wait();
       u->gather_in_flight = false;
@@ -565,15 +751,22 @@ at::Tensor ParallelModel::sum_over_shards(const at::Tensor& t) {
 std::vector<std::pair<std::string, at::Tensor>> ParallelModel::full_state_dict() {
   at::NoGradGuard no_grad;
   std::map<std::string, at::Tensor> by_name;
-  for (auto& u : impl_->units_) {
+  for (Unit* u : impl_->parts_) {
     at::Tensor full = u->shard.detach();
     if (impl_->sharded() && u->padded > 0) {
       full = at::empty({u->padded}, u->shard.options());
       at::Tensor shard = u->shard.detach().contiguous();
-      impl_->shard_comm_->all_gather(full, shard).wait();
+      u->comm->all_gather(full, shard).wait();
     }
     for (size_t i = 0; i < u->params.size(); ++i) {
-      by_name[u->names[i]] = full.narrow(0, u->offsets[i], u->params[i].numel()).view(u->params[i].sizes()).clone();
+      at::Tensor part = full.narrow(0, u->offsets[i], u->params[i].numel()).contiguous();
+      if (u->global_shapes[i] != u->params[i].sizes().vec()) {
+        // Experts: every rank of the expert-parallel group holds its rows; in rank order they make the whole weight.
+        at::Tensor whole = at::empty({part.numel() * impl_->ep_comm_->size()}, part.options());
+        impl_->ep_comm_->all_gather(whole, part).wait();
+        part = whole;
+      }
+      by_name[u->names[i]] = part.view(u->global_shapes[i]).clone();
     }
   }
   for (const auto& [name, t] : impl_->frozen_)
@@ -586,16 +779,16 @@ std::vector<std::pair<std::string, at::Tensor>> ParallelModel::full_state_dict()
 std::vector<std::vector<ShardSpan>> ParallelModel::shard_layout() const {
   std::vector<std::vector<ShardSpan>> out;
   const bool sharded = impl_->sharded();
-  for (const auto& u : impl_->units_) {
+  for (const Unit* u : impl_->parts_) {
     // This rank's slice of the unit's flat vector: [lo, lo + shard_numel).
-    const int64_t lo = sharded ? impl_->shard_comm_->rank() * u->shard_numel : 0;
+    const int64_t lo = sharded && u->comm ? u->comm->rank() * u->shard_numel : 0;
     const int64_t hi = lo + u->shard_numel;
     std::vector<ShardSpan> spans;
     for (size_t i = 0; i < u->params.size(); ++i) {
       const int64_t p_lo = u->offsets[i], p_hi = p_lo + u->params[i].numel();
       const int64_t a = std::max(lo, p_lo), b = std::min(hi, p_hi);
       if (a >= b) continue;
-      spans.push_back({u->names[i], u->params[i].sizes().vec(), a - p_lo, b - a, a - lo});
+      spans.push_back({u->names[i], u->global_shapes[i], u->global_starts[i] + a - p_lo, b - a, a - lo});
     }
     out.push_back(std::move(spans));
   }
@@ -626,7 +819,7 @@ const ParallelOptions& ParallelModel::options() const {
 
 std::vector<int64_t> ParallelModel::unit_sizes() const {
   std::vector<int64_t> out;
-  for (const auto& u : impl_->units_) out.push_back(u->numel);
+  for (const auto& u : impl_->units_) out.push_back(u->numel + (u->experts ? u->experts->numel : 0));
   return out;
 }
 

@@ -33,6 +33,31 @@ struct AuxLossFunction : public torch::autograd::Function<AuxLossFunction> {
   }
 };
 
+// The expert-parallel token exchange as one autograd node: backward sends the rows' gradients back the way they came.
+struct AllToAllFunction : public torch::autograd::Function<AllToAllFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, ExpertExchange* exchange,
+                            const std::vector<int64_t>& send, const std::vector<int64_t>& recv) {
+    ctx->saved_data["exchange"] = reinterpret_cast<int64_t>(exchange);
+    ctx->saved_data["send"] = send;
+    ctx->saved_data["recv"] = recv;
+    at::Tensor out = exchange->all_to_all(x, send, recv);
+    ctx->saved_data["shape"] = out.sizes().vec();
+    ctx->saved_data["like"] = at::empty({0}, out.options());
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* exchange = reinterpret_cast<ExpertExchange*>(ctx->saved_data["exchange"].toInt());
+    const std::vector<int64_t> send = ctx->saved_data["send"].toIntVector();
+    const std::vector<int64_t> recv = ctx->saved_data["recv"].toIntVector();
+    const at::Tensor g = grads[0].defined() ? grads[0]
+                                            : at::zeros(ctx->saved_data["shape"].toIntVector(),
+                                                        ctx->saved_data["like"].toTensor().options());
+    // Every rank of the group runs this backward (the exchanged rows always reach the layer's output).
+    return {exchange->all_to_all(g.contiguous(), recv, send), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 // Whether at::_grouped_mm runs for these operands here (it needs 16-byte aligned strides and, on CUDA, a dtype and
 // GPU it supports); learnt once per device type and dtype by trying it.
 std::map<std::pair<int, int>, bool>& grouped_mm_support() {
@@ -50,7 +75,7 @@ at::Tensor expert_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   const auto key = std::make_pair(static_cast<int>(x.device().type()), static_cast<int>(x.scalar_type()));
   auto& support = grouped_mm_support();
   const auto known = support.find(key);
-  if (aligned_for_grouped_mm(x, w) && (known == support.end() || known->second)) {
+  if (x.size(0) > 0 && aligned_for_grouped_mm(x, w) && (known == support.end() || known->second)) {
     try {
       at::Tensor y = at::_grouped_mm(x, w, offsets);
       support[key] = true;
@@ -69,7 +94,8 @@ at::Tensor expert_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
     parts.push_back(at::mm(x.narrow(0, start, n[e]), w[e]));
     start += n[e];
   }
-  if (parts.empty()) return at::zeros({0, w.size(2)}, x.options());
+  // No rows (a rank of an expert-parallel group that received none): an empty product, still in the graph.
+  if (parts.empty()) return at::mm(x, w[0]);
   return parts.size() == 1 ? parts[0] : at::cat(parts);
 }
 
@@ -122,6 +148,49 @@ MoEImpl::MoEImpl(const MoEOptions& o, const at::TensorOptions& t, std::shared_pt
   experts = register_module("experts", MoEExperts(o, t));
 }
 
+at::Tensor MoEImpl::expert_parallel(
+    const at::Tensor& xs, const at::Tensor& counts,
+    const std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>& run_experts) {
+  const int64_t group = exchange_->size(), me = exchange_->rank();
+  const int64_t local = o_.num_experts / group;  // experts per rank: rank r holds [r * local, (r + 1) * local)
+  // Every rank's rows per expert: a[r][e] rows go from rank r to expert e.
+  const at::Tensor all = exchange_->all_gather(counts).contiguous();
+  const auto a = all.accessor<int64_t, 2>();
+  std::vector<int64_t> send(static_cast<size_t>(group), 0), recv(static_cast<size_t>(group), 0);
+  for (int64_t r = 0; r < group; ++r) {
+    for (int64_t j = 0; j < local; ++j) {
+      send[static_cast<size_t>(r)] += a[me][r * local + j];
+      recv[static_cast<size_t>(r)] += a[r][me * local + j];
+    }
+  }
+  // The received rows come by source rank, each source's grouped by expert; the experts want them by expert (in
+  // source order within each): `perm` lists received rows in that order.
+  std::vector<int64_t> source_start(static_cast<size_t>(group), 0);
+  for (int64_t r = 1; r < group; ++r) {
+    source_start[static_cast<size_t>(r)] = source_start[static_cast<size_t>(r - 1)] + recv[static_cast<size_t>(r - 1)];
+  }
+  std::vector<int64_t> perm, local_counts(static_cast<size_t>(local), 0);
+  std::vector<int64_t> cursor = source_start;
+  for (int64_t j = 0; j < local; ++j) {
+    for (int64_t r = 0; r < group; ++r) {
+      const int64_t n = a[r][me * local + j];
+      int64_t& c = cursor[static_cast<size_t>(r)];
+      for (int64_t i = 0; i < n; ++i) perm.push_back(c + i);
+      c += n;
+      local_counts[static_cast<size_t>(j)] += n;
+    }
+  }
+  const at::Device dev = xs.device();
+  const at::Tensor perm_t = at::tensor(perm, at::kLong).to(dev);
+  const at::Tensor n = at::tensor(local_counts, at::kLong).to(dev);
+  const at::Tensor off = n.cumsum(0).to(at::kInt);
+  const at::Tensor received = AllToAllFunction::apply(xs.contiguous(), exchange_.get(), send, recv);
+  const at::Tensor out_local = run_experts(received.index_select(0, perm_t), n, off);
+  // Back to the received order (the inverse permutation), then to the ranks the rows came from.
+  const at::Tensor back = out_local.index_select(0, at::argsort(perm_t));
+  return AllToAllFunction::apply(back.contiguous(), exchange_.get(), recv, send);
+}
+
 at::Tensor MoEImpl::forward(const at::Tensor& x) {
   const int64_t d = o_.hidden_size, e_count = o_.num_experts, k = o_.top_k, f = o_.ffn_hidden;
   at::Tensor flat = x.reshape({-1, d});
@@ -170,11 +239,16 @@ at::Tensor MoEImpl::forward(const at::Tensor& x) {
 
   const at::ScalarType ct = compute_type(flat);
   const at::Tensor xs = flat.index_select(0, token).to(ct);
+  // The experts this rank holds (all of them without expert parallelism) over rows grouped by expert.
   const auto& mlp = experts->mlp;
-  const at::Tensor w1 = mlp->w1.to(ct).view({e_count, f, d}).transpose(1, 2);  // (E, d, F)
-  at::Tensor h = hf_activation(o_.activation, expert_mm(xs, w1, counts, offsets));
-  if (o_.glu) h = h * expert_mm(xs, mlp->v1.to(ct).view({e_count, f, d}).transpose(1, 2), counts, offsets);
-  at::Tensor y = expert_mm(h, mlp->w2.to(ct).view({e_count, f, d}), counts, offsets);  // (T k, d)
+  auto run_experts = [&](const at::Tensor& rows, const at::Tensor& n, const at::Tensor& off) {
+    const int64_t local = mlp->w1.size(0) / f;
+    const at::Tensor w1 = mlp->w1.to(ct).view({local, f, d}).transpose(1, 2);  // (E, d, F)
+    at::Tensor h = hf_activation(o_.activation, expert_mm(rows, w1, n, off));
+    if (o_.glu) h = h * expert_mm(rows, mlp->v1.to(ct).view({local, f, d}).transpose(1, 2), n, off);
+    return expert_mm(h, mlp->w2.to(ct).view({local, f, d}), n, off);  // (rows, d)
+  };
+  at::Tensor y = exchange_ ? expert_parallel(xs, counts, run_experts) : run_experts(xs, counts, offsets);  // (T k, d)
   y = y * weights.reshape({-1}).index_select(0, order).unsqueeze(1).to(y.scalar_type());
   at::Tensor out = at::zeros({tokens, d}, y.options()).index_add(0, token, y);
   if (experts->bias.defined()) out = out + experts->bias.to(out.scalar_type());

@@ -111,18 +111,19 @@ void parse_moe(config::Section& s, MPTOptions& o, const std::string& type) {
   s.check(m.zloss_weight >= 0, "moe_zloss_weight", "must not be negative");
   m.zloss_in_fp32 = s.get_bool("moe_zloss_in_fp32", false);
   m.memory_optimized_mlp = s.get_bool("memory_optimized_mlp", false);
-  if (const int64_t ep = s.get_int("moe_world_size", 1); ep != 1) {
-    s.not_supported("moe_world_size", fmt::format("{} (expert parallelism is not built yet: experts are sharded with "
-                                                  "the rest of the model by the sharding engine)",
-                                                  ep));
-  }
+  m.world_size = s.get_int("moe_world_size", 1);
+  s.check(m.world_size >= 1 && m.num_experts % m.world_size == 0, "moe_world_size",
+          fmt::format("must divide moe_num_experts ({}): each rank of an expert-parallel group holds as many experts",
+                      m.num_experts));
   if (const config::Value* group = s.raw("lbl_process_group"); group && !group->is_null()) {
     s.not_supported("lbl_process_group", group->brief());
   }
   if (s.get_bool("moe_expert_model_parallelism", false)) s.not_supported("moe_expert_model_parallelism", "true");
   if (s.get_bool("moe_weight_parallelism", false)) s.not_supported("moe_weight_parallelism", "true");
   if (s.get_bool("shared_expert", false)) s.not_supported("shared_expert", "true");
-  if (s.raw("device_mesh")) s.not_supported("device_mesh", "(expert parallelism is not built yet)");
+  if (s.raw("device_mesh")) {
+    s.not_supported("device_mesh", "(the sharding engine makes the expert-parallel groups from moe_world_size)");
+  }
   s.get_bool("fp16", false);  // LLM Foundry sets both false: the trainer's precision decides
   s.get_bool("bf16", false);
   s.get_bool("return_bias", false);
@@ -212,6 +213,7 @@ MoEOptions MPTOptions::moe_layer() const {
   l.lbl_in_fp32 = m.lbl_in_fp32;
   l.zloss_weight = m.zloss_weight;
   l.zloss_in_fp32 = m.zloss_in_fp32;
+  l.world_size = m.world_size;
   l.num_layers = n_layers;
   if (hf_layout == "dbrx") {
     l.router_fp32 = true;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Fault injection: kill -9 a random rank of a 2-rank job at a random step, under the supervisor (--max-restarts)
-# with autoresume, and check that the job finishes with final weights byte-identical to an uninterrupted run's.
+# Fault injection: kill -9 a random rank of a 2-rank (NPROC) job at a random step, under the supervisor
+# (--max-restarts) with autoresume, and check that the job finishes with final weights byte-identical to an
+# uninterrupted run's.
 #
 #   tests/fault_injection/kill_random_rank.sh TRAIN_BIN RECIPE WORKDIR [TRIALS=10] [SEED=$RANDOM]
 #
@@ -10,6 +11,9 @@
 # an s3:// prefix works too, with the S3 variables of docs/storage.md set, and should be empty). The unit suite runs a
 # few trials (DistTraining.Kill*), tests/compat/test_s3_checkpoints.py a few with SAVE_ROOT in object storage; run
 # this script directly for more.
+# NPROC: the job's ranks (default 2). EXTRA: more overrides for every run (space-separated). FINAL=checkpoint compares
+# the rank files of the last checkpoint (SAVE_ROOT/<run>/ep0-ba20) instead of hf_checkpointer's weights, for models
+# transformers has no class for.
 set -euo pipefail
 
 train=$1
@@ -19,21 +23,40 @@ trials=${4:-10}
 seed=${5:-$RANDOM}
 runs=${RUNS_DIR:-$work/runs}
 save_root=${SAVE_ROOT:-$work/ckpt}
+nproc=${NPROC:-2}
+final=${FINAL:-hf}
+read -r -a extra <<< "${EXTRA:-}"
 RANDOM=$seed
 mkdir -p "$work"
 echo "kill_random_rank: $trials trials, seed $seed (rerun the same kills with SEED=$seed as the fifth argument)"
 
 # --master-port 0: each launcher binds a free port itself (no probe another job could race).
 common=(fsdp_config.sharding_strategy=FULL_SHARD deterministic_mode=true save_interval=2ba max_duration=20ba
-        autoresume=true)
+        autoresume=true "${extra[@]}")
 
 # The uninterrupted reference.
 ref=fi_reference
 rm -rf "$runs/$ref" "$work/ckpt/$ref"  # (an object-store SAVE_ROOT is new and empty)
-"$train" --recipe "$recipe" --nproc-per-node 2 --master-port 0 run_name=$ref \
+"$train" --recipe "$recipe" --nproc-per-node "$nproc" --master-port 0 run_name=$ref \
   save_folder="$save_root/$ref" "${common[@]}" > "$work/$ref.log" 2>&1 || { cat "$work/$ref.log"; exit 1; }
-want="$runs/$ref/huggingface/ba20/model.safetensors"
-[ -f "$want" ] || { echo "no reference weights at $want"; exit 1; }
+# The final weights of run $1: hf_checkpointer's file, or the last checkpoint's rank files.
+final_weights() {
+  if [ "$final" = checkpoint ]; then
+    ls "$save_root/$1/ep0-ba20/"rank*.safetensors 2>/dev/null || true
+  else
+    echo "$runs/$1/huggingface/ba20/model.safetensors"
+  fi
+}
+same_weights() {  # run: whether its final weights equal the reference's byte for byte
+  local a b i
+  read -r -a a <<< "$(final_weights "$ref" | tr '\n' ' ')"
+  read -r -a b <<< "$(final_weights "$1" | tr '\n' ' ')"
+  [ "${#a[@]}" = "${#b[@]}" ] || return 1
+  for ((i = 0; i < ${#a[@]}; i++)); do cmp -s "${a[i]}" "${b[i]}" || return 1; done
+}
+want=$(final_weights "$ref")
+[ -n "$want" ] || { echo "no reference checkpoint at $save_root/$ref/ep0-ba20"; exit 1; }
+for f in $want; do [ -f "$f" ] || { echo "no reference weights at $f"; exit 1; }; done
 
 # Process ids of the launcher's children (the ranks) and their RANK.
 rank_pid() {  # launcher_pid rank
@@ -49,7 +72,7 @@ rank_pid() {  # launcher_pid rank
 trial() {  # step victim name
   local step=$1 victim=$2 name=$3 launcher pid done_steps
   rm -rf "$runs/$name" "$work/ckpt/$name"
-  "$train" --recipe "$recipe" --nproc-per-node 2 --max-restarts 2 --master-port 0 run_name="$name" \
+  "$train" --recipe "$recipe" --nproc-per-node "$nproc" --max-restarts 2 --master-port 0 run_name="$name" \
     save_folder="$save_root/$name" "${common[@]}" > "$work/$name.log" 2>&1 &
   launcher=$!
   killed=0
@@ -71,7 +94,7 @@ trial() {  # step victim name
     result="exit code $rc"
   elif ! grep -q "restart 1/2" "$work/$name.log"; then
     result="no restart logged"
-  elif ! cmp -s "$want" "$runs/$name/huggingface/ba20/model.safetensors"; then
+  elif ! same_weights "$name"; then
     result="final weights differ from the uninterrupted run's"
   fi
 }
@@ -80,7 +103,7 @@ failures=0
 for ((t = 1; t <= trials; t++)); do
   name=fi_trial$t
   step=$((2 + RANDOM % 16))  # kill once the job has logged this many steps
-  victim=$((RANDOM % 2))
+  victim=$((RANDOM % nproc))
   trial "$step" "$victim" "$name"
   # A job can outrun the poll and end before its kill (a fast machine, a late step): that trial tested nothing, so it
   # runs again with an earlier step rather than failing (up to 3 times).

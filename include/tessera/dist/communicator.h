@@ -1,5 +1,5 @@
-// Collective communication between the ranks of a job: all_reduce, reduce_scatter, all_gather, broadcast and barrier
-// on flat tensors, with asynchronous handles so that communication can overlap computation.
+// Collective communication between the ranks of a job: all_reduce, reduce_scatter, all_gather, broadcast, all_to_all
+// and barrier on contiguous tensors, with asynchronous handles so that communication can overlap computation.
 //
 // Backends are chosen at link time: Gloo through LibTorch's c10d (CPU tensors; processes on one machine or many, over
 // TCP) and NCCL (CUDA tensors; compiled in when the toolkit has it). Rendezvous uses c10d's TCPStore at
@@ -74,7 +74,10 @@ struct CommStats {
   double reduce_scatter_bytes = 0;
   double all_gather_bytes = 0;
   double broadcast_bytes = 0;
-  double total_bytes() const { return all_reduce_bytes + reduce_scatter_bytes + all_gather_bytes + broadcast_bytes; }
+  double all_to_all_bytes = 0;  // the rows sent to other ranks
+  double total_bytes() const {
+    return all_reduce_bytes + reduce_scatter_bytes + all_gather_bytes + broadcast_bytes + all_to_all_bytes;
+  }
 };
 
 // Handle of an asynchronous collective. wait() blocks until it completed (its output tensors are then valid) and
@@ -123,6 +126,11 @@ class Communicator {
   // `out`: size() * in.numel() elements; chunk r is rank r's `in`.
   Work all_gather(at::Tensor& out, at::Tensor& in);
   Work broadcast(at::Tensor& t, int root);
+  // Rows (dim 0) of `in` go out in rank order, in_splits[r] of them to rank r; `out` receives out_splits[r] rows from
+  // each rank r, in rank order (expert parallelism's token exchange). Every pair of ranks must agree on the rows
+  // between them; zero rows are allowed.
+  Work all_to_all(at::Tensor& out, at::Tensor& in, const std::vector<int64_t>& out_splits,
+                  const std::vector<int64_t>& in_splits);
   void barrier();
 
   // A communicator over `ranks` (indices into this one; must include this rank). Every rank of this communicator

@@ -22,6 +22,16 @@
 // Frozen parameters (requires_grad false when parallelize runs, e.g. the base weights under LoRA) are not flattened:
 // every rank keeps them whole, as the model's own tensors, and nothing steps or reduces them (frozen_parameters()).
 //
+// Expert parallelism: when the model's MoE layers (models/moe.h) have moe_world_size P > 1, ranks form groups of P
+// consecutive ranks, and each rank keeps only its rows of every expert weight (experts [i * E / P, (i + 1) * E / P)
+// for the group's i-th rank); the layers exchange tokens over the group (all-to-all). A unit's expert weights are a
+// second flat vector, split over the ranks that hold the same experts (world / P of them; under HYBRID_SHARD those on
+// the node, replicated across nodes), gathered, freed and reduced with the unit. Their gradient on a rank already sums
+// the whole group's tokens (the exchange's backward brings them back), so the reduction over the ranks holding the
+// same experts and the division by the world size give the same average as for dense parameters. Shard layouts and
+// full_state_dict name experts by their global rows, so checkpoints resume under any other degree or world size.
+// NO_SHARD with expert parallelism is refused, as is a HYBRID_SHARD node that does not hold whole groups.
+//
 // A world of one is the same engine over the local communicator, whose collectives are no-ops; the trainer gives it
 // DDP's options there (sharding_for_world), so the flat vectors are the parameters themselves and nothing is copied.
 //
@@ -91,7 +101,8 @@ class ParallelModel {
   class Impl;
   explicit ParallelModel(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-  // What the optimizer steps: one fp32 tensor per unit, this rank's shard (NO_SHARD: the whole flat vector).
+  // What the optimizer steps: one fp32 tensor per unit, this rank's shard (NO_SHARD: the whole flat vector); under
+  // expert parallelism a unit with experts has a second one, its experts' shard, right after it.
   const std::vector<at::Tensor>& parameters() const;
   // The frozen parameters, whole on every rank, by name in the model's order.
   const std::vector<std::pair<std::string, at::Tensor>>& frozen_parameters() const;

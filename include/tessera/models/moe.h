@@ -7,6 +7,12 @@
 // GEMM per projection (at::_grouped_mm) where the shapes allow it, else as one GEMM per expert over its contiguous
 // rows: no loop over tokens.
 //
+// Expert parallelism (moe_world_size > 1): the sharding engine keeps only this rank's experts in the layer's weights
+// (rows [rank * E / P, (rank + 1) * E / P) of experts, P ranks in the expert-parallel group) and installs an
+// ExpertExchange. The layer then routes its own tokens as before, sends each row to the rank that holds its expert
+// (all-to-all), computes its experts over the rows it received from every rank of the group, and sends the results
+// back (all-to-all); both exchanges are differentiable (backward is the reverse exchange).
+//
 // Auxiliary losses reach the gradient through the layer's own output (MoEAuxLoss below), so that they flow through
 // whatever runs the layer (the sharding engine's units, activation checkpointing) like the main loss does.
 // Modules are not thread-safe.
@@ -18,6 +24,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -66,6 +73,20 @@ struct HfRouterLoss {
   at::Tensor finish();
 };
 
+// The token exchange of an expert-parallel group (dist's sharding engine implements it). Every rank of the group
+// makes the same calls in the same order.
+class ExpertExchange {
+ public:
+  virtual ~ExpertExchange() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Every rank's `counts` ((n,) int64): (size(), n) int64 on the CPU, row r from rank r.
+  virtual at::Tensor all_gather(const at::Tensor& counts) = 0;
+  // Rows of `in` in rank order, send[r] of them to rank r; returns recv[r] rows from each rank r, in rank order.
+  virtual at::Tensor all_to_all(const at::Tensor& in, const std::vector<int64_t>& send,
+                                const std::vector<int64_t>& recv) = 0;
+};
+
 // router.layer: a Linear (d -> E) without bias, initialised as the model's other Linears.
 class MoERouterImpl : public torch::nn::Module {
  public:
@@ -98,6 +119,8 @@ class MoEImpl : public torch::nn::Module {
   // x: (B, S, d) -> (B, S, d). In training, records a MoERecord and attaches the auxiliary losses to the output.
   at::Tensor forward(const at::Tensor& x);
   const MoEOptions& options() const { return o_; }
+  // Expert parallelism (the sharding engine calls it after leaving this rank's experts in the weights).
+  void set_expert_exchange(std::shared_ptr<ExpertExchange> exchange) { exchange_ = std::move(exchange); }
 
   MoERouter router{nullptr};
   MoEExperts experts{nullptr};
@@ -106,9 +129,16 @@ class MoEImpl : public torch::nn::Module {
   std::vector<MoERecord> records;
 
  private:
+  // Expert parallelism: `xs` (rows grouped by expert, `counts` per expert) sent to the ranks that hold their experts,
+  // computed there with `run_experts` (rows, rows per local expert, their offsets) and sent back, in xs's order.
+  at::Tensor expert_parallel(
+      const at::Tensor& xs, const at::Tensor& counts,
+      const std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>& run_experts);
+
   MoEOptions o_;
   std::shared_ptr<AuxLossScale> scale_;
   std::shared_ptr<HfRouterLoss> hf_loss_;
+  std::shared_ptr<ExpertExchange> exchange_;
 };
 TORCH_MODULE(MoE);
 

@@ -26,6 +26,9 @@ struct MoEOptions {
   bool lbl_in_fp32 = false;  // moe_lbl_in_fp32
   double zloss_weight = 0;   // moe_zloss_weight: the router z-loss's weight
   bool zloss_in_fp32 = false;
+  // moe_world_size: the expert-parallel degree. Above 1, the sharding engine (dist/fsdp.h) splits the experts over
+  // groups of this many ranks and installs the token exchange (ExpertExchange, models/moe.h) on the layer.
+  int64_t world_size = 1;
   int64_t num_layers = 1;  // MoE layers in the model: the load-balancing loss is averaged over them
   // DBRX (transformers' DbrxRouter): the softmax in float32, the jitter applied to the layer's input (router and
   // experts alike), and transformers' load-balancing loss (HfRouterLoss, over the routers' softmax probabilities)

@@ -52,6 +52,7 @@ struct MoEFfnOptions {
   bool zloss_in_fp32 = false;
   bool memory_optimized_mlp = false;  // accepted: MegaBlocks' recomputation of the activation; the same function
   bool output_router_logits = false;  // DBRX: transformers adds its load-balancing loss only then
+  int64_t world_size = 1;             // moe_world_size: the expert-parallel degree (MoEOptions::world_size)
 };
 
 struct FfnOptions {

@@ -85,6 +85,29 @@ TEST(DistWorker, Collectives) {
   comm->broadcast(b, n - 1).wait();
   EXPECT_TRUE(at::equal(b, at::full({4}, static_cast<float>(n - 1), at::kFloat)));
 
+  // all_to_all with uneven rows, some zero, and rank 0 sending none at all: rank r sends rank q rows_of(r, q) rows
+  // of 2 values, (100 r + q, i) for the i-th.
+  auto rows_of = [](int from, int to) -> int64_t { return from == 0 ? 0 : (from + to) % 3; };
+  std::vector<int64_t> send(static_cast<size_t>(n)), recv(static_cast<size_t>(n));
+  std::vector<at::Tensor> parts;
+  for (int q = 0; q < n; ++q) {
+    send[static_cast<size_t>(q)] = rows_of(r, q);
+    recv[static_cast<size_t>(q)] = rows_of(q, r);
+    const at::Tensor i = at::arange(rows_of(r, q), at::kFloat);
+    parts.push_back(at::stack({at::full_like(i, 100.0f * static_cast<float>(r) + static_cast<float>(q)), i}, 1));
+  }
+  at::Tensor a2a_in = at::cat(parts);
+  int64_t received = 0;
+  for (int64_t k : recv) received += k;
+  at::Tensor a2a_out = at::empty({received, 2}, at::kFloat);
+  comm->all_to_all(a2a_out, a2a_in, recv, send).wait();
+  std::vector<at::Tensor> expected;
+  for (int q = 0; q < n; ++q) {
+    const at::Tensor i = at::arange(rows_of(q, r), at::kFloat);
+    expected.push_back(at::stack({at::full_like(i, 100.0f * static_cast<float>(q) + static_cast<float>(r)), i}, 1));
+  }
+  EXPECT_TRUE(at::equal(a2a_out, at::cat(expected))) << "rank " << r;
+
   // Two asynchronous collectives in flight at once, completed in order.
   at::Tensor a1 = at::ones({1000}), a2 = at::full({1000}, 2.0f);
   dist::Work w1 = comm->all_reduce(a1), w2 = comm->all_reduce(a2);

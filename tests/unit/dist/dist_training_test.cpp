@@ -199,10 +199,11 @@ callbacks: {{hf_checkpointer: {{save_folder: "{1}/runs/{{run_name}}", save_inter
 
   // tests/fault_injection/kill_random_rank.sh: kill -9 of a random rank at a random step under --max-restarts and
   // autoresume; the final weights must equal an uninterrupted run's, byte for byte.
-  static void expect_kills_resume_bitwise(int trials) {
+  // `env`: more of the script's variables (NPROC, EXTRA, FINAL).
+  static void expect_kills_resume_bitwise(int trials, const std::string& env = "") {
     const fs::path log = root_ / "fault_injection.log";
     const std::string cmd =
-        fmt::format("RUNS_DIR={} {}/tests/fault_injection/kill_random_rank.sh {} {} {} {} > {} 2>&1",
+        fmt::format("{} RUNS_DIR={} {}/tests/fault_injection/kill_random_rank.sh {} {} {} {} > {} 2>&1", env,
                     (root_ / "runs").string(), ::tessera::testing::source_dir(), ::tessera::testing::train_bin(),
                     (root_ / "tiny.yaml").string(), (root_ / "fault").string(), trials, log.string());
     EXPECT_EQ(std::system(cmd.c_str()), 0) << read_dist_log(log);
@@ -661,6 +662,130 @@ TEST_F(DistTrainingMoe, ShardedOnTwoAndFourRanksMatchesOneProcessWithTheRouterZL
       EXPECT_NEAR(z.at(i), one_z[i], 1e-5 * std::abs(one_z[i])) << name << " step " << i;
     }
   }
+}
+
+namespace {
+// Every model tensor of checkpoint `dir`, whole, by name ("model/transformer.wte.weight", ...).
+std::map<std::string, at::Tensor> checkpoint_weights(const fs::path& dir) {
+  checkpoint::CheckpointReader r(dir.string());
+  std::map<std::string, at::Tensor> out;
+  for (const std::string& n : r.tensor_names("model/")) out[n] = r.read_full(n);
+  return out;
+}
+}  // namespace
+
+TEST_F(DistTrainingMoe, ExpertParallelLayoutsMatchOneProcessAndTheirCheckpointsReshard) {
+  if (is_worker()) GTEST_SKIP();
+  // Expert parallelism (moe_world_size) composed with the dense parameters' sharding, on 4 ranks: each layout trains
+  // 10 of the 20 steps (t_max pins the schedule) and saves there; losses and the saved weights must equal one
+  // process's, which trains all 20 and saves at 10 as well.
+  const fs::path ckpt = root_ / "ckpt";
+  auto with_save = [&](const std::string& name, std::vector<std::string> o) {
+    fs::remove_all(ckpt / name);
+    for (const char* x : {"callbacks={}", "scheduler.t_max=20ba", "save_interval=10ba"}) o.emplace_back(x);
+    o.push_back("save_folder=" + (ckpt / name).string());
+    return o;
+  };
+  TrainRun one = run("ep_single", 1, with_save("ep_single", {}));
+  one.weights = checkpoint_weights(ckpt / "ep_single" / "ep0-ba10");
+  ASSERT_EQ(one.losses.size(), 20u);
+  ASSERT_TRUE(one.weights.count("model/transformer.blocks.0.ffn.experts.mlp.w1")) << "the experts are saved whole";
+  auto expect_first_ten = [&](const TrainRun& r, const std::string& what) {
+    ASSERT_EQ(r.losses.size(), 10u) << what;
+    for (size_t i = 0; i < 10; ++i) {
+      EXPECT_NEAR(r.losses[i], one.losses[i], 1e-5 * std::abs(one.losses[i])) << what << " step " << i;
+    }
+    ASSERT_EQ(r.weights.size(), one.weights.size()) << what;
+    for (const auto& [name, w] : one.weights) {
+      const at::Tensor& v = r.weights.at(name);
+      EXPECT_TRUE(at::allclose(v, w, 1e-4, 1e-5))
+          << what << " " << name << ": max diff " << (v - w).abs().max().item<double>();
+    }
+  };
+  const std::string ep2 = "model.ffn_config.moe_world_size=2", ep4 = "model.ffn_config.moe_world_size=4";
+  struct Layout {
+    std::string name;
+    std::vector<std::string> overrides;
+  };
+  const std::vector<Layout> layouts = {
+      // EP 2 x FSDP 2: each expert's rows split over the 2 ranks that hold it; recomputed blocks exchange again.
+      {"ep2_fs2", {ep2, "fsdp_config.sharding_strategy=FULL_SHARD", "fsdp_config.activation_checkpointing=true"}},
+      {"ep4", {ep4, "fsdp_config.sharding_strategy=SHARD_GRAD_OP"}},  // one expert per rank
+      {"ep1_fs4", {"fsdp_config.sharding_strategy=FULL_SHARD"}},
+  };
+  for (const Layout& l : layouts) {
+    TrainRun r = run(l.name, 4, with_save(l.name, [&] {
+                       std::vector<std::string> o = l.overrides;
+                       o.emplace_back("max_duration=10ba");
+                       return o;
+                     }()));
+    r.weights = checkpoint_weights(ckpt / l.name / "ep0-ba10");
+    expect_first_ten(r, l.name);
+  }
+  // HYBRID_SHARD over two nodes of 2 (two launchers): an expert-parallel group per node, its experts replicated
+  // across the nodes.
+  {
+    const int port = free_port();
+    std::vector<std::string> o =
+        with_save("ep2_hy", {ep2, "max_duration=10ba", "fsdp_config.sharding_strategy=HYBRID_SHARD",
+                             "train_loader.dataset.num_canonical_nodes=1"});
+    auto node = [&](int k) {
+      std::string cmd = fmt::format(
+          "{} --recipe {} run_name=ep2_hy --nproc-per-node 2 --nnodes 2 --node-rank {} "
+          "--master-port {}",
+          ::tessera::testing::train_bin(), (root_ / "tiny.yaml").string(), k, port);
+      for (const std::string& x : o) cmd += " " + x;
+      cmd += " > " + (root_ / fmt::format("ep2_hy_node{}.log", k)).string() + " 2>&1";
+      return std::async(std::launch::async, [cmd] { return std::system(cmd.c_str()); });
+    };
+    auto n0 = node(0), n1 = node(1);
+    EXPECT_EQ(n0.get(), 0) << read_dist_log(root_ / "ep2_hy_node0.log");
+    EXPECT_EQ(n1.get(), 0) << read_dist_log(root_ / "ep2_hy_node1.log");
+    TrainRun r = read_run("ep2_hy");
+    r.weights = checkpoint_weights(ckpt / "ep2_hy" / "ep0-ba10");
+    expect_first_ten(r, "EP 2 x HYBRID_SHARD (2 nodes x 2)");
+  }
+  // The checkpoints name experts by their global rows: each resumes under another degree and world size with the
+  // uninterrupted run's next loss.
+  const double want = one.losses.at(10);
+  auto resumed = [&](const std::string& name, int nproc, const std::string& from, const std::string& degree) {
+    std::vector<std::string> o = {"callbacks={}", "max_duration=11ba", "scheduler.t_max=20ba",
+                                  "load_path=" + (ckpt / from / "ep0-ba10").string(),
+                                  "fsdp_config.sharding_strategy=FULL_SHARD"};
+    if (!degree.empty()) o.push_back(degree);
+    const TrainRun r = run(name, nproc, o);
+    EXPECT_EQ(r.losses.size(), 1u) << name;
+    return r.losses.empty() ? 0.0 : r.losses[0];
+  };
+  EXPECT_NEAR(resumed("ep2_to_ep4", 4, "ep2_fs2", ep4), want, 1e-5 * want) << "EP 2 x FSDP 2 -> EP 4";
+  EXPECT_NEAR(resumed("ep4_to_ep2", 2, "ep4", ep2), want, 1e-5 * want) << "EP 4 -> EP 2 on 2 ranks";
+  EXPECT_NEAR(resumed("ep2_to_1", 1, "ep2_fs2", ""), want, 1e-5 * want) << "EP 2 x FSDP 2 -> one process";
+  EXPECT_NEAR(resumed("one_to_ep4", 4, "ep_single", ep4), want, 1e-5 * want) << "one process -> EP 4";
+}
+
+TEST_F(DistTrainingMoe, ExpertParallelKillOfARankResumesBitwise) {
+  if (is_worker()) GTEST_SKIP();
+  // EP 2 on 2 ranks (each holds half of every layer's experts): a kill -9 of either rank at a random step, the
+  // supervisor's restart and autoresume end on the uninterrupted run's last checkpoint, byte for byte.
+  expect_kills_resume_bitwise(1, "NPROC=2 FINAL=checkpoint EXTRA='callbacks={} model.ffn_config.moe_world_size=2'");
+}
+
+TEST_F(DistTrainingMoe, ExpertParallelLayoutsTheEngineCannotBuildAreRefusedNamingTheKey) {
+  if (is_worker()) GTEST_SKIP();
+  auto refused = [&](const std::string& name, int nproc, const std::vector<std::string>& o, const std::string& want) {
+    std::string cmd = fmt::format("{} --recipe {} run_name={} callbacks={{}} max_duration=1ba",
+                                  ::tessera::testing::train_bin(), (root_ / "tiny.yaml").string(), name);
+    if (nproc > 1) cmd += fmt::format(" --nproc-per-node {} --master-port 0", nproc);
+    for (const std::string& x : o) cmd += " " + x;
+    const fs::path log = root_ / (name + ".log");
+    EXPECT_NE(std::system((cmd + " > " + log.string() + " 2>&1").c_str()), 0) << name;
+    const std::string text = read_dist_log(log);
+    EXPECT_NE(text.find(want), std::string::npos) << name << ":\n" << text;
+  };
+  refused("ep_one_rank", 1, {"model.ffn_config.moe_world_size=2"},
+          "model.ffn_config.moe_world_size 2: the job's 1 rank(s) do not split into expert-parallel groups of 2");
+  refused("ep_no_shard", 2, {"model.ffn_config.moe_world_size=2", "fsdp_config.sharding_strategy=NO_SHARD"},
+          "expert parallelism needs a sharded strategy");
 }
 
 // ---- The Falcon family: added under models/ only, trained by the same engine ---------------------------------------

@@ -91,10 +91,10 @@ TEST(MoEConfig, WrongValuesAndMissingFeaturesNameTheirKeys) {
   EXPECT_NE(message(kBase + "ffn_config: {ffn_type: torch_dmoe, moe_num_experts: 4, mlp_type: swiglu}")
                 .find("model.ffn_config.mlp_type"),
             std::string::npos);
-  const std::string ep = message(kBase + "ffn_config: {ffn_type: mb_dmoe, moe_num_experts: 4, moe_world_size: 2}");
-  EXPECT_NE(ep.find("not supported yet: model.ffn_config.moe_world_size (2 (expert parallelism is not built yet"),
-            std::string::npos)
-      << ep;
+  // Each rank of an expert-parallel group holds as many experts (DistTrainingMoe.ExpertParallel* train with it).
+  const std::string ep = message(kBase + "ffn_config: {ffn_type: mb_dmoe, moe_num_experts: 4, moe_world_size: 3}");
+  EXPECT_NE(ep.find("model.ffn_config.moe_world_size"), std::string::npos) << ep;
+  EXPECT_NE(ep.find("must divide moe_num_experts (4)"), std::string::npos) << ep;
   EXPECT_NE(message(kBase + "ffn_config: {ffn_type: mb_dmoe, moe_num_expert: 4}").find("moe_num_expert"),
             std::string::npos)
       << "a misspelt key is an error";
