@@ -93,4 +93,40 @@ StateMemory state_memory_per_rank(int64_t n_params, ShardingStrategy strategy, i
   return m;
 }
 
+StateMemory state_memory_per_rank(int64_t n_params, ShardingStrategy strategy, int64_t world_size,
+                                  int64_t ranks_per_node, bool mixed_precision, int state_tensors,
+                                  int64_t largest_unit_params, const ExpertShare& experts) {
+  if (experts.degree <= 1 || experts.params == 0) {
+    return state_memory_per_rank(n_params, strategy, world_size, ranks_per_node, mixed_precision, state_tensors,
+                                 largest_unit_params);
+  }
+  const int64_t ep = experts.degree;
+  const StateMemory dense =
+      state_memory_per_rank(n_params - experts.params, strategy, world_size, ranks_per_node, mixed_precision,
+                            state_tensors, largest_unit_params - experts.largest_unit_params);
+  const StateMemory mine = state_memory_per_rank(experts.params / ep, strategy, std::max<int64_t>(world_size / ep, 1),
+                                                 std::max<int64_t>(ranks_per_node / ep, 1), mixed_precision,
+                                                 state_tensors, experts.largest_unit_params / ep);
+  StateMemory m;
+  m.params = dense.params + mine.params;
+  m.grads = dense.grads + mine.grads;
+  m.optimizer = dense.optimizer + mine.optimizer;
+  // The gathered units: the dense part of two units, and this rank's experts of them (gathered even when their group
+  // of holders is a single rank, as the engine does).
+  m.transient = strategy == ShardingStrategy::kFullShard || strategy == ShardingStrategy::kHybridShard
+                    ? dense.transient +
+                          2.0 * static_cast<double>(experts.largest_unit_params / ep) * (mixed_precision ? 2.0 : 4.0)
+                    : 0.0;
+  return m;
+}
+
+double expert_all_to_all_bytes(int64_t tokens, int64_t top_k, int64_t d_model, int64_t moe_layers, int64_t degree,
+                               int bytes_per_value, bool activation_checkpointing) {
+  if (degree <= 1) return 0;
+  const double rows = static_cast<double>(tokens) * static_cast<double>(top_k);
+  const double exchanges = activation_checkpointing ? 6.0 : 4.0;
+  return exchanges * static_cast<double>(moe_layers) * rows * static_cast<double>(d_model) * bytes_per_value *
+         static_cast<double>(degree - 1) / static_cast<double>(degree);
+}
+
 }  // namespace tessera::dist

@@ -59,6 +59,7 @@ ModelRegistry& model_registry() {
         [](config::Section& s) {
           s.get_choice("model_type", "dbrx", {"dbrx"});
           nlohmann::json c = {{"model_type", "dbrx"}};
+          int64_t expert_parallel = 1;
           for (const char* key : {"d_model", "n_heads", "n_layers", "max_seq_len", "vocab_size"}) {
             if (s.has(key)) c[key] = s.get_int(key, 0);
           }
@@ -89,6 +90,8 @@ ModelRegistry& model_registry() {
               if (f.has(key)) j[key] = f.get_int(key, 0);
             }
             if (f.has("moe_loss_weight")) j["moe_loss_weight"] = f.get_double("moe_loss_weight", 0.0);
+            // LLM Foundry's expert-parallel degree (DBRX was trained with it): not a DbrxConfig key, applied below.
+            expert_parallel = f.get_int("moe_world_size", 1);
             optional(f, "moe_jitter_eps", j);
             optional(f, "moe_normalize_expert_weights", j);
             if (auto act = f.section("ffn_act_fn"); act.present()) {
@@ -106,6 +109,14 @@ ModelRegistry& model_registry() {
             s.fail("d_model", e.message());
           }
           o.init_device = device;
+          if (expert_parallel != 1) {
+            const int64_t experts = o.ffn.moe->num_experts;
+            if (expert_parallel < 1 || experts % expert_parallel != 0) {
+              s.fail("ffn_config",
+                     fmt::format("moe_world_size {} must divide moe_num_experts ({})", expert_parallel, experts));
+            }
+            o.ffn.moe->world_size = expert_parallel;
+          }
           return ModelOptions{"dbrx", o, o.max_seq_len, o.init_device, {}};
         },
         [](const ModelOptions& m, const std::string& device, uint64_t seed) -> std::shared_ptr<CausalLM> {

@@ -112,6 +112,10 @@ JobProfile profile_config(const trainer::TrainConfig& cfg, const std::string& na
   p.name = name;
   p.n_params = plan.n_params;
   p.largest_unit_params = plan.largest_unit_params;
+  p.experts = plan.experts;
+  p.moe_layers = plan.moe_layers;
+  if (plan.tokens_per_step > 0)
+    p.all_to_all_bytes_per_token = plan.all_to_all_bytes / static_cast<double>(plan.tokens_per_step);
   p.flops_per_token = plan.flops_per_token;
   p.seq_len = plan.seq_len;
   p.global_batch = cfg.global_train_batch_size;

@@ -50,13 +50,18 @@ Candidate model_candidate(const JobProfile& job, const Cluster& cluster, int64_t
 
   // Memory: ZeRO's accounting of the model state plus one microbatch's activations.
   const int64_t ranks_per_node = std::min(devices, cluster.devices_per_node);
-  const dist::StateMemory state =
-      dist::state_memory_per_rank(job.n_params, strategy, devices, ranks_per_node, job.mixed_precision,
-                                  job.optimizer_state_tensors, job.largest_unit_params);
+  // Expert parallelism runs where the devices hold whole groups (and HYBRID_SHARD's nodes too), sharded: elsewhere the
+  // candidate is not run (fits false).
+  const int64_t ep = job.experts.degree;
+  const bool ep_runs = ep <= 1 || (devices % ep == 0 && strategy != ShardingStrategy::kNoShard &&
+                                   (strategy != ShardingStrategy::kHybridShard || ranks_per_node % ep == 0));
+  const dist::StateMemory state = dist::state_memory_per_rank(
+      job.n_params, strategy, devices, ranks_per_node, job.mixed_precision, job.optimizer_state_tensors,
+      job.largest_unit_params, ep > 1 && ep_runs ? job.experts : dist::ExpertShare{});
   const double act_per_sample =
       activation_checkpointing ? job.activation_bytes_per_sample_ckpt : job.activation_bytes_per_sample;
   c.memory_bytes = state.total() + act_per_sample * static_cast<double>(c.microbatch);
-  c.fits = c.memory_bytes <= cluster.memory_bytes * cluster.usable_memory;
+  c.fits = ep_runs && c.memory_bytes <= cluster.memory_bytes * cluster.usable_memory;
 
   // Compute.
   const double flops = job.flops_per_token * job.tokens_per_step() * (activation_checkpointing ? 4.0 / 3.0 : 1.0);
@@ -97,6 +102,15 @@ Candidate model_candidate(const JobProfile& job, const Cluster& cluster, int64_t
         break;
       }
     }
+  }
+  if (ep > 1 && ep_runs) {
+    // The token exchanges: all-to-alls within each expert-parallel group (on one node when the group fits in one),
+    // (ep - 1) latency hops each, 4 per MoE layer and microbatch (6 with activation checkpointing).
+    const double tokens = job.tokens_per_step() / static_cast<double>(devices);
+    const double bytes = job.all_to_all_bytes_per_token * tokens * (activation_checkpointing ? 1.5 : 1.0);
+    const Link& ep_link = ep <= cluster.devices_per_node ? cluster.intra_node : cluster.inter_node;
+    const int64_t exchanges = (activation_checkpointing ? 6 : 4) * job.moe_layers * c.microbatches;
+    comm += collective_s(bytes, (ep - 1) * exchanges, ep_link);
   }
   c.communication_s = comm;
   c.step_s = c.compute_s + std::max(0.0, comm - cluster.overlap * c.compute_s);

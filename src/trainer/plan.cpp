@@ -14,6 +14,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "tessera/models/moe.h"
 #include "tessera/storage/storage.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
@@ -146,15 +147,49 @@ Plan make_plan(const TrainConfig& cfg, int64_t world_size, int64_t ranks_per_nod
   const int act_bytes = mixed ? 2 : 4;
   const int64_t unit = model->largest_unit_params();
   plan.largest_unit_params = unit;
+  // Expert parallelism: the MoE layers' expert weights and degree (the sharding engine splits them the same way).
+  int64_t top_k = 0, d_model = 0;
+  for (const auto& m : model->named_modules()) {
+    const auto moe = std::dynamic_pointer_cast<models::MoEImpl>(m.value());
+    if (!moe || moe->options().world_size <= 1) continue;
+    const models::MoEOptions& o = moe->options();
+    const int64_t weights = (o.glu ? 3 : 2) * o.num_experts * o.ffn_hidden * o.hidden_size;
+    plan.experts.degree = o.world_size;
+    plan.experts.params += weights;
+    plan.experts.largest_unit_params = std::max(plan.experts.largest_unit_params, weights);
+    plan.moe_layers++;
+    plan.num_experts = o.num_experts;
+    top_k = o.top_k;
+    d_model = o.hidden_size;
+  }
+  const int64_t ep = plan.experts.degree;
+  if (ep > 1) {
+    if (world_size % ep != 0) {
+      plan.expert_parallel_problem =
+          fmt::format("{} rank(s) do not split into expert-parallel groups of {}", world_size, ep);
+    } else if (plan.ranks_per_node < world_size && plan.ranks_per_node % ep != 0) {
+      plan.expert_parallel_problem =
+          fmt::format("nodes of {} ranks do not hold whole groups of {} (HYBRID_SHARD)", plan.ranks_per_node, ep);
+    }
+    const int64_t tokens = plan.device_train_batch_size * plan.seq_len;
+    const int bytes = cfg.precision != Precision::kFp32 ? 2 : 4;
+    plan.all_to_all_bytes = dist::expert_all_to_all_bytes(tokens, top_k, d_model, plan.moe_layers, ep, bytes, false);
+    plan.all_to_all_bytes_ckpt =
+        dist::expert_all_to_all_bytes(tokens, top_k, d_model, plan.moe_layers, ep, bytes, true);
+  }
+  // The engine refuses NO_SHARD with expert parallelism; the split applies where the world holds whole groups.
+  const bool split = ep > 1 && plan.expert_parallel_problem.empty();
   // A model that does not estimate its activations counts none (the plan says so).
   const double act = model->activation_bytes(mb, plan.seq_len, act_bytes, false).value_or(0);
   const double act_ckpt = model->activation_bytes(mb, plan.seq_len, act_bytes, true).value_or(0);
   for (auto strategy :
        {dist::ShardingStrategy::kNoShard, dist::ShardingStrategy::kShardGradOp, dist::ShardingStrategy::kFullShard}) {
-    plan.memory.push_back({strategy,
-                           dist::state_memory_per_rank(plan.n_params, strategy, world_size, plan.ranks_per_node, mixed,
-                                                       cfg.optimizer.state_tensors, unit),
-                           act, act_ckpt});
+    if (split && strategy == dist::ShardingStrategy::kNoShard) continue;
+    plan.memory.push_back(
+        {strategy,
+         dist::state_memory_per_rank(plan.n_params, strategy, world_size, plan.ranks_per_node, mixed,
+                                     cfg.optimizer.state_tensors, unit, split ? plan.experts : dist::ExpertShare{}),
+         act, act_ckpt});
   }
   return plan;
 }
@@ -194,6 +229,21 @@ std::string render_plan(const TrainConfig& cfg, const Plan& plan, const std::str
                                      plan.microbatch_sizes.back() != plan.microbatch_size
                                          ? fmt::format(" (last {})", plan.microbatch_sizes.back())
                                          : ""));
+  }
+  if (plan.experts.degree > 1) {
+    const int64_t ep = plan.experts.degree;
+    if (!plan.expert_parallel_problem.empty()) {
+      line("expert parallelism",
+           fmt::format("moe_world_size {}: NOT runnable here, {}", ep, plan.expert_parallel_problem));
+    } else {
+      line("expert parallelism",
+           fmt::format("groups of {} ranks, {} of the {} experts of each of {} MoE layers per rank ({} expert "
+                       "parameters, {} per rank before sharding)",
+                       ep, plan.num_experts / ep, plan.num_experts, plan.moe_layers, with_commas(plan.experts.params),
+                       with_commas(plan.experts.params / ep)));
+      line("token exchange", fmt::format("all-to-all {} sent per rank and step ({} with activation checkpointing)",
+                                         gib(plan.all_to_all_bytes), gib(plan.all_to_all_bytes_ckpt)));
+    }
   }
   std::vector<std::string> names;
   for (const auto* list : {&cfg.algorithms, &cfg.callbacks, &cfg.loggers}) {

@@ -66,4 +66,24 @@ StateMemory state_memory_per_rank(int64_t n_params, ShardingStrategy strategy, i
                                   int64_t ranks_per_node, bool mixed_precision, int state_tensors,
                                   int64_t largest_unit_params);
 
+// Expert parallelism's share of the model (models/moe.h: moe_world_size).
+struct ExpertShare {
+  int64_t degree = 1;               // ranks per expert-parallel group (1: none)
+  int64_t params = 0;               // expert weights among the model's parameters
+  int64_t largest_unit_params = 0;  // expert weights in the largest unit (a block)
+};
+// The same with expert parallelism: each rank holds 1/degree of the experts, sharded with `strategy` over the
+// world_size / degree ranks that hold the same ones (ranks_per_node / degree per node under HYBRID_SHARD), and the
+// dense rest as above. `world_size` must be a multiple of the degree.
+StateMemory state_memory_per_rank(int64_t n_params, ShardingStrategy strategy, int64_t world_size,
+                                  int64_t ranks_per_node, bool mixed_precision, int state_tensors,
+                                  int64_t largest_unit_params, const ExpertShare& experts);
+
+// Bytes one rank sends in the expert-parallel token exchanges of one training step over `tokens` tokens (its
+// microbatches together): per MoE layer, forward sends each token's top_k rows of d_model values out and takes the
+// results back (two all-to-alls), backward does the same with their gradients, and activation checkpointing's
+// recomputation adds the forward's two again; (degree - 1) / degree of the rows leave the rank.
+double expert_all_to_all_bytes(int64_t tokens, int64_t top_k, int64_t d_model, int64_t moe_layers, int64_t degree,
+                               int bytes_per_value, bool activation_checkpointing);
+
 }  // namespace tessera::dist

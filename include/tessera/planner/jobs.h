@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "tessera/dist/sharding.h"
+
 namespace tessera::trainer {
 struct TrainConfig;
 }  // namespace tessera::trainer
@@ -49,6 +51,11 @@ struct JobProfile {
   double activation_bytes_per_sample_ckpt = 0;  // with it
   bool mixed_precision = true;                  // 2-byte parameters and gradients, a 4-byte master copy
   int optimizer_state_tensors = 2;              // Adam's two moments
+  // Expert parallelism: the experts' share of the parameters and degree, and the bytes a rank sends per token it
+  // trains in the token exchanges (without activation checkpointing; 1.5 times that with it). Degree 1: none.
+  dist::ExpertShare experts;
+  int64_t moe_layers = 0;
+  double all_to_all_bytes_per_token = 0;
   double weight = 1;
   int64_t max_nodes = 1;
   // Seconds from the start of the plan by which the job should end (infinity: none). Deadlines come before the

@@ -34,6 +34,14 @@ struct Plan {
   std::vector<int64_t> microbatch_sizes;  // one step's microbatches (the last may be smaller)
   std::vector<MemoryRow> memory;          // NO_SHARD, SHARD_GRAD_OP, FULL_SHARD
   int64_t largest_unit_params = 0;        // the biggest FSDP unit (a block), for the gathered-parameter memory
+  // Expert parallelism (MoE layers with moe_world_size > 1): the experts' share, and what the token exchanges send.
+  dist::ExpertShare experts;
+  int64_t moe_layers = 0;
+  int64_t num_experts = 0;
+  // Bytes one rank sends in the token exchanges of a step, without and with activation checkpointing (0: none).
+  double all_to_all_bytes = 0;
+  double all_to_all_bytes_ckpt = 0;
+  std::string expert_parallel_problem;  // why this world size cannot run the degree (empty: it can)
 };
 
 // What a checkpoint costs and how often the job fails: the inputs of the interval advice.

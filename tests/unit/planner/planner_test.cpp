@@ -108,6 +108,30 @@ TEST(PerfModel, StepTimeFollowsTheComputeAndZeroTrafficFormulas) {
   EXPECT_DOUBLE_EQ(hidden.duration_s, cluster.startup_s + 100 * hidden.step_s);
 }
 
+TEST(PerfModel, ExpertParallelismAddsItsTokenExchangesAndRunsOnlyWhereTheGroupsFit) {
+  Cluster cluster = small_cluster(2, 4);
+  cluster.overlap = 0;
+  JobProfile dense = job("a", 1e9, 100);
+  JobProfile moe = dense;
+  moe.experts = {4, dense.n_params / 2, dense.largest_unit_params / 2};
+  moe.moe_layers = 24;
+  moe.all_to_all_bytes_per_token = 1e5;
+  const Candidate d = model_candidate(dense, cluster, 4, ShardingStrategy::kFullShard, false, 4);
+  const Candidate m = model_candidate(moe, cluster, 4, ShardingStrategy::kFullShard, false, 4);
+  // 64 x 2048 tokens over 4 devices, 1e5 bytes each over the node's link, 3 hops per exchange, 4 exchanges per layer
+  // and microbatch.
+  EXPECT_NEAR(m.communication_s - d.communication_s, 1e5 * 64 * 2048 / 4 / 100e9 + 3 * 4 * 24 * 4 * 5e-6, 1e-9);
+  EXPECT_EQ(m.fits, m.memory_bytes <= cluster.memory_bytes * cluster.usable_memory) << "4 devices hold a group";
+  EXPECT_LT(m.memory_bytes, d.memory_bytes) << "each rank gathers only its experts";
+  // With activation checkpointing the forward's exchanges run again.
+  const Candidate mc = model_candidate(moe, cluster, 4, ShardingStrategy::kFullShard, true, 4);
+  const Candidate dc = model_candidate(dense, cluster, 4, ShardingStrategy::kFullShard, true, 4);
+  EXPECT_NEAR(mc.communication_s - dc.communication_s, 1.5e5 * 64 * 2048 / 4 / 100e9 + 3 * 6 * 24 * 4 * 5e-6, 1e-9);
+  // Two devices do not hold a group of 4, and NO_SHARD is not run with expert parallelism.
+  EXPECT_FALSE(model_candidate(moe, cluster, 2, ShardingStrategy::kFullShard, false, 4).fits);
+  EXPECT_FALSE(model_candidate(moe, cluster, 4, ShardingStrategy::kNoShard, false, 4).fits);
+}
+
 TEST(PerfModel, CandidatesFitAndTheBestAreFasterWithEachDeviceCountTheyKeep) {
   const Cluster cluster = small_cluster(2, 4);
   const JobProfile big = job("big", 3e9, 100);  // 48 GB of Adam state: only sharded over several devices

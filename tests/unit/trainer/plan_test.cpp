@@ -50,6 +50,59 @@ TEST(Plan, ZeroMemoryPerRank) {
   EXPECT_DOUBLE_EQ(lion.total(), 12.0 * psi);
 }
 
+TEST(Plan, ExpertParallelismSplitsTheExpertsOverTheirGroupAndSendsTheirTokens) {
+  // A dMoE MPT whose 8 experts go to groups of 4 ranks, on 8 ranks.
+  const std::string moe =
+      "model.ffn_config={ffn_type: mb_dmoe, moe_num_experts: 8, moe_top_k: 2, mlp_type: glu, "
+      "moe_world_size: 4}";
+  const TrainConfig cfg = load_train_config(kRecipe, {moe, "global_train_batch_size=16", "precision=amp_bf16"});
+  const Plan p = make_plan(cfg, 8, 8);
+  const int64_t d = 768, f = 4 * d, layers = 12;
+  EXPECT_EQ(p.experts.degree, 4);
+  EXPECT_EQ(p.moe_layers, layers);
+  EXPECT_EQ(p.experts.params, layers * 8 * 3 * f * d);
+  EXPECT_EQ(p.experts.largest_unit_params, 8 * 3 * f * d);
+  EXPECT_TRUE(p.expert_parallel_problem.empty()) << p.expert_parallel_problem;
+  // Each rank trains 2 x 2048 tokens a step: every token's 2 rows of 768 bf16 values, 3/4 of them to other ranks,
+  // out and back in forward and in backward, per layer.
+  EXPECT_DOUBLE_EQ(p.all_to_all_bytes, 4.0 * layers * (2 * 2048) * 2 * d * 2 * 3 / 4);
+  EXPECT_DOUBLE_EQ(p.all_to_all_bytes_ckpt, p.all_to_all_bytes * 1.5);
+  // NO_SHARD is refused with expert parallelism: no row. Under FULL_SHARD the experts' resident share per rank is
+  // the same as sharding them over all 8 (1/4 of them, over the 2 ranks that hold the same ones); what shrinks is
+  // the gathered unit (this rank's experts only). SHARD_GRAD_OP keeps a quarter of the experts' parameters.
+  ASSERT_EQ(p.memory.size(), 2u);
+  EXPECT_EQ(p.memory[0].strategy, dist::ShardingStrategy::kShardGradOp);
+  const auto plain = [&](dist::ShardingStrategy s) {
+    return dist::state_memory_per_rank(p.n_params, s, 8, 8, true, 2, p.largest_unit_params);
+  };
+  const dist::StateMemory fs = p.memory[1].state, fs_plain = plain(dist::ShardingStrategy::kFullShard);
+  EXPECT_NEAR(fs.params + fs.grads + fs.optimizer, fs_plain.params + fs_plain.grads + fs_plain.optimizer,
+              1e-9 * fs_plain.total());
+  EXPECT_DOUBLE_EQ(fs.transient, fs_plain.transient - 2.0 * 2 * (p.experts.largest_unit_params * 3 / 4));
+  const dist::StateMemory sgo = p.memory[0].state, sgo_plain = plain(dist::ShardingStrategy::kShardGradOp);
+  EXPECT_DOUBLE_EQ(sgo.params, sgo_plain.params - 2.0 * static_cast<double>(p.experts.params * 3 / 4));
+  const std::string text = render_plan(cfg, p, "8 x cpu");
+  EXPECT_NE(text.find("groups of 4 ranks, 2 of the 8 experts of each of 12 MoE layers per rank"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("token exchange"), std::string::npos) << text;
+  // 6 ranks do not hold whole groups: the plan says so (train refuses it).
+  const Plan six = make_plan(load_train_config(kRecipe, {moe, "global_train_batch_size=12"}), 6, 6);
+  EXPECT_EQ(six.expert_parallel_problem, "6 rank(s) do not split into expert-parallel groups of 4");
+  EXPECT_EQ(six.memory.size(), 3u);
+  // DBRX (trained with expert parallelism) takes LLM Foundry's key too: 16 experts in groups of 8 on 256 ranks.
+  const TrainConfig dbrx = load_train_config(std::string(::tessera::testing::source_dir()) + "/recipes/dbrx.yaml",
+                                             {"model.ffn_config.moe_world_size=8"});
+  const Plan pd = make_plan(dbrx, 256, 8);
+  EXPECT_EQ(pd.experts.degree, 8);
+  EXPECT_EQ(pd.experts.params, int64_t{40} * 16 * 3 * 10752 * 6144);
+  EXPECT_EQ(pd.n_params, int64_t{131596523520});
+  EXPECT_NE(render_plan(dbrx, pd, "256 x H100").find("2 of the 16 experts of each of 40 MoE layers"),
+            std::string::npos);
+  EXPECT_THROW(load_train_config(std::string(::tessera::testing::source_dir()) + "/recipes/dbrx.yaml",
+                                 {"model.ffn_config.moe_world_size=3"}),
+               ConfigError);
+}
+
 TEST(Plan, ActivationCheckpointingKeepsOnlyBlockInputs) {
   const TrainConfig cfg = load_train_config(kRecipe);
   const auto& m = std::any_cast<const models::MPTOptions&>(cfg.model.options);
