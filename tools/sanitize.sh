@@ -65,6 +65,7 @@ if [[ $MODE == asan ]]; then
   # repeats of the multi-rank training tests, the random-kill trials, the 3-rank ICL split (the evaluation code
   # runs in-process here), and two tests that read recipes in many `train` processes.
   asan_skip='Gpu*:SaveFaults.AKillAtEveryStep*:DistTrainingLlama.*:DistTraining.KillingARandomRank*'
+  asan_skip+=':DistTrainingMoe.ExpertParallelKill*'
   asan_skip+=':DistTraining.IclEvaluationSplitOverRanks*'
   # The dry run of every shipped recipe and the bad-recipe messages start ~40 instrumented `train` processes to read
   # recipes; the recipe reader runs under ASan in-process here (config tests) and in the fuzz_recipe_yaml target.

@@ -11,6 +11,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -92,15 +93,19 @@ void each_part(Unit& u, F&& f) {
   if (u.experts) f(*u.experts);
 }
 
-// The token exchange of an expert-parallel group over its communicator.
+// The token exchange of an expert-parallel group over its communicator. `sync` runs before each exchange: the engine's
+// sync point (agree_on_oom), so that a rank that ran out of memory between two exchanges is agreed on at the next one
+// instead of leaving the others waiting in it.
 class GroupExchange : public models::ExpertExchange {
  public:
-  explicit GroupExchange(std::shared_ptr<Communicator> comm) : comm_(std::move(comm)) {}
+  GroupExchange(std::shared_ptr<Communicator> comm, std::function<void()> sync)
+      : comm_(std::move(comm)), sync_(std::move(sync)) {}
   int rank() const override { return comm_->rank(); }
   int size() const override { return comm_->size(); }
   at::Tensor all_gather(const at::Tensor& counts) override {
     at::Tensor in = counts.to(at::kLong).contiguous();
     at::Tensor out = at::empty({comm_->size() * in.numel()}, in.options());
+    sync_();
     comm_->all_gather(out, in).wait();
     return out.view({comm_->size(), in.numel()}).cpu();
   }
@@ -111,12 +116,14 @@ class GroupExchange : public models::ExpertExchange {
     shape[0] = 0;
     for (int64_t r : recv) shape[0] += r;
     at::Tensor out = at::empty(shape, src.options());
+    sync_();
     comm_->all_to_all(out, src, recv, send).wait();
     return out;
   }
 
  private:
   std::shared_ptr<Communicator> comm_;
+  std::function<void()> sync_;
 };
 
 struct CallRecord {
@@ -268,7 +275,7 @@ std::set<std::string> ParallelModel::Impl::setup_expert_parallel(models::CausalL
       if (auto c = comm_->new_group(ranks)) expert_comm_ = c;
     }
   }
-  auto exchange = std::make_shared<GroupExchange>(ep_comm_);
+  auto exchange = std::make_shared<GroupExchange>(ep_comm_, [this] { sync_point(); });
   for (auto& [prefix, moe] : layers) {
     if (moe->options().num_experts % ep_ != 0) {
       throw ConfigError(

@@ -30,7 +30,8 @@
 // the whole group's tokens (the exchange's backward brings them back), so the reduction over the ranks holding the
 // same experts and the division by the world size give the same average as for dense parameters. Shard layouts and
 // full_state_dict name experts by their global rows, so checkpoints resume under any other degree or world size.
-// NO_SHARD with expert parallelism is refused, as is a HYBRID_SHARD node that does not hold whole groups.
+// NO_SHARD with expert parallelism is refused, as is a HYBRID_SHARD node that does not hold whole groups. Under
+// agree_on_oom each token exchange is preceded by a sync point too.
 //
 // A world of one is the same engine over the local communicator, whose collectives are no-ops; the trainer gives it
 // DDP's options there (sharding_for_world), so the flat vectors are the parameters themselves and nothing is copied.

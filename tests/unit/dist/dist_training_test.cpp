@@ -357,9 +357,15 @@ TEST(DistWorker, AutoMicrobatch) {
   const char* root_env = std::getenv("TESSERA_DIST_TRAINING_ROOT");
   ASSERT_NE(root_env, nullptr);
   const fs::path root = root_env;
-  trainer::TrainConfig cfg = trainer::load_train_config(
-      (root / "tiny.yaml").string(), {"run_name=auto_oom", "global_train_batch_size=16",
-                                      "device_train_microbatch_size=auto", "fsdp_config.sharding_strategy=FULL_SHARD"});
+  std::vector<std::string> overrides = {"run_name=auto_oom", "global_train_batch_size=16",
+                                        "device_train_microbatch_size=auto",
+                                        "fsdp_config.sharding_strategy=FULL_SHARD"};
+  // More overrides, space-separated (the MoE suite's expert-parallel run).
+  if (const char* more = std::getenv("TESSERA_DIST_TRAINING_OVERRIDES")) {
+    std::istringstream in(more);
+    for (std::string o; in >> o;) overrides.push_back(o);
+  }
+  trainer::TrainConfig cfg = trainer::load_train_config((root / "tiny.yaml").string(), overrides);
   auto oom = std::make_shared<OutOfMemoryOnRankOne>();
   trainer::Trainer t(cfg, {{}, {oom}});
   t.fit();
@@ -761,6 +767,25 @@ TEST_F(DistTrainingMoe, ExpertParallelLayoutsMatchOneProcessAndTheirCheckpointsR
   EXPECT_NEAR(resumed("ep4_to_ep2", 2, "ep4", ep2), want, 1e-5 * want) << "EP 4 -> EP 2 on 2 ranks";
   EXPECT_NEAR(resumed("ep2_to_1", 1, "ep2_fs2", ""), want, 1e-5 * want) << "EP 2 x FSDP 2 -> one process";
   EXPECT_NEAR(resumed("one_to_ep4", 4, "ep_single", ep4), want, 1e-5 * want) << "one process -> EP 4";
+}
+
+TEST_F(DistTrainingMoe, ExpertParallelAutoMicrobatchingHalvesOnEveryRankWhenOneRunsOutOfMemory) {
+  if (is_worker()) GTEST_SKIP();
+  // DistTraining.AutoMicrobatching* with the experts split over the 2 ranks: the token exchanges take part in the
+  // out-of-memory agreement (a sync point before each), and the retried run equals the one that used 1 sample from
+  // the start.
+  const std::string ep = "callbacks={} model.ffn_config.moe_world_size=2";
+  setenv("TESSERA_DIST_TRAINING_ROOT", root_.c_str(), 1);
+  setenv("TESSERA_DIST_TRAINING_OVERRIDES", ep.c_str(), 1);
+  ASSERT_EQ(launch_workers("AutoMicrobatch", 2), 0);
+  unsetenv("TESSERA_DIST_TRAINING_ROOT");
+  unsetenv("TESSERA_DIST_TRAINING_OVERRIDES");
+  const TrainRun retried = read_run("auto_oom");
+  const TrainRun fixed = run("ep_mb1_gb16", 2,
+                             {"callbacks={}", "model.ffn_config.moe_world_size=2", "global_train_batch_size=16",
+                              "device_train_microbatch_size=1", "fsdp_config.sharding_strategy=FULL_SHARD"});
+  ASSERT_EQ(retried.losses.size(), 20u);
+  EXPECT_EQ(retried.losses, fixed.losses);
 }
 
 TEST_F(DistTrainingMoe, ExpertParallelKillOfARankResumesBitwise) {
