@@ -255,8 +255,8 @@ std::set<std::string> ParallelModel::Impl::setup_expert_parallel(models::CausalL
   }
   const bool hybrid = strategy == ShardingStrategy::kHybridShard && o_.ranks_per_node < world;
   if (hybrid && o_.ranks_per_node % ep_ != 0) {
-    throw ConfigError("dist", fmt::format("{}: HYBRID_SHARD keeps an expert-parallel group on one node, and nodes of "
-                                          "{} ranks do not split into groups of {}",
+    throw ConfigError("dist", fmt::format("{}: HYBRID_SHARD keeps an expert-parallel group within a shard group, and "
+                                          "shard groups of {} ranks do not split into groups of {}",
                                           key, o_.ranks_per_node, ep_));
   }
   // Expert-parallel groups: ep_ consecutive ranks. The ranks that hold the same experts (the same position in their

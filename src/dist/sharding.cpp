@@ -1,7 +1,11 @@
 // fsdp_config parsing and ZeRO memory accounting.
 #include "tessera/dist/sharding.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+
+#include "tessera/util/error.h"
 
 namespace tessera::dist {
 
@@ -49,10 +53,38 @@ ShardingOptions parse_sharding_options(config::Section& s) {
   s.get_bool("auto_wrap", true);  // units are always the embedding, each block and the head
   if (s.get_bool("keep_low_precision_grads", false)) s.not_supported("keep_low_precision_grads", "true");
   if (s.get_bool("load_monolith_rank0_only", false)) s.not_supported("load_monolith_rank0_only", "true");
-  s.finish({"data_parallel_shard_degree", "data_parallel_replicate_degree", "ignored_modules", "process_group",
-            "sharded_ckpt_prefix_dir", "te_checkpoint_wrapper", "te_shard_fp8_weight", "load_planner", "save_planner",
-            "device_mesh", "reshard_after_forward"});
+  o.shard_degree = s.get_int("data_parallel_shard_degree", -1);
+  s.check(o.shard_degree == -1 || o.shard_degree >= 1, "data_parallel_shard_degree", "must be -1 (the rest) or >= 1");
+  if (const config::Value* r = s.raw("data_parallel_replicate_degree"); r && !r->is_null()) {
+    o.replicate_degree = s.get_int("data_parallel_replicate_degree", 1);
+    s.check(o.replicate_degree >= 1, "data_parallel_replicate_degree", "must be at least 1");
+  }
+  s.finish({"ignored_modules", "process_group", "sharded_ckpt_prefix_dir", "te_checkpoint_wrapper",
+            "te_shard_fp8_weight", "load_planner", "save_planner", "device_mesh", "reshard_after_forward"});
   return o;
+}
+
+int64_t shard_group_size(const ShardingOptions& o, int64_t world_size, int64_t ranks_per_node) {
+  if (o.shard_degree == -1 && o.replicate_degree == 0) return std::clamp<int64_t>(ranks_per_node, 1, world_size);
+  const int64_t r = o.replicate_degree > 0 ? o.replicate_degree : 1;
+  const int64_t shard = o.shard_degree == -1 ? world_size / r : o.shard_degree;
+  const int64_t replicate = o.replicate_degree > 0 ? o.replicate_degree : world_size / std::max<int64_t>(shard, 1);
+  if (shard < 1 || shard * replicate != world_size) {
+    throw ConfigError(
+        "recipe",
+        fmt::format("fsdp_config.data_parallel_shard_degree ({}) x data_parallel_replicate_degree "
+                    "({}) must equal the world size ({})",
+                    o.shard_degree, o.replicate_degree > 0 ? std::to_string(o.replicate_degree) : std::string("unset"),
+                    world_size));
+  }
+  if (replicate > 1 && o.strategy != ShardingStrategy::kHybridShard && o.strategy != ShardingStrategy::kNoShard) {
+    throw ConfigError("recipe", fmt::format("fsdp_config.data_parallel_replicate_degree {}: {} does not replicate "
+                                            "shards; use sharding_strategy HYBRID_SHARD (shard within groups of {}, "
+                                            "replicate across {})",
+                                            replicate, to_string(o.strategy), shard, replicate));
+  }
+  if (replicate == 1 && o.strategy == ShardingStrategy::kHybridShard) return world_size;
+  return shard;
 }
 
 bool applies_fsdp(int64_t world_size) {

@@ -118,6 +118,9 @@ Plan make_plan(const TrainConfig& cfg, int64_t world_size, int64_t ranks_per_nod
   Plan plan;
   plan.world_size = world_size;
   plan.ranks_per_node = std::clamp<int64_t>(ranks_per_node, 1, world_size);
+  // fsdp_config's data-parallel mesh (Composer's degrees), checked as the trainer checks it.
+  plan.shard_group =
+      dist::shard_group_size(dist::sharding_for_world(cfg.fsdp, world_size), world_size, plan.ranks_per_node);
   // The model on `meta`: shapes only, no memory, whatever its size.
   const std::shared_ptr<models::CausalLM> model = models::model_registry().build(cfg.model.name, cfg.model, "meta", 0);
   plan.model = model->describe();
@@ -167,9 +170,10 @@ Plan make_plan(const TrainConfig& cfg, int64_t world_size, int64_t ranks_per_nod
     if (world_size % ep != 0) {
       plan.expert_parallel_problem =
           fmt::format("{} rank(s) do not split into expert-parallel groups of {}", world_size, ep);
-    } else if (plan.ranks_per_node < world_size && plan.ranks_per_node % ep != 0) {
+    } else if (cfg.fsdp.strategy == dist::ShardingStrategy::kHybridShard && plan.shard_group < world_size &&
+               plan.shard_group % ep != 0) {
       plan.expert_parallel_problem =
-          fmt::format("nodes of {} ranks do not hold whole groups of {} (HYBRID_SHARD)", plan.ranks_per_node, ep);
+          fmt::format("HYBRID_SHARD's shard groups of {} ranks do not hold whole groups of {}", plan.shard_group, ep);
     }
     const int64_t tokens = plan.device_train_batch_size * plan.seq_len;
     const int bytes = cfg.precision != Precision::kFp32 ? 2 : 4;
@@ -202,6 +206,10 @@ std::string render_plan(const TrainConfig& cfg, const Plan& plan, const std::str
   out += fmt::format("Plan for {} (run {})\n", cfg.recipe_path, cfg.run_name);
   line("devices", device_line);
   line("world size", fmt::format("{} ({} per node)", plan.world_size, plan.ranks_per_node));
+  if (cfg.fsdp.shard_degree != -1 || cfg.fsdp.replicate_degree > 0) {
+    line("data-parallel mesh", fmt::format("replicate {} x shard {} (fsdp_config.data_parallel_*_degree)",
+                                           plan.world_size / plan.shard_group, plan.shard_group));
+  }
   line("model", plan.model);
   line("parameters",
        fmt::format("{} ({})", with_commas(plan.n_params), human_count(static_cast<double>(plan.n_params))));

@@ -370,7 +370,8 @@ void Trainer::shard_model() {
   po.sharding = dist::sharding_for_world(cfg_.fsdp, state_.world_size);
   std::tie(po.param_dtype, po.reduce_dtype) =
       dist::mixed_precision_dtypes(po.sharding.mixed_precision, core::autocast_dtype(state_.precision));
-  po.ranks_per_node = static_cast<int>(state_.local_world_size);
+  // HYBRID_SHARD's shard groups: the node, or fsdp_config's data_parallel_shard_degree (Composer's device mesh).
+  po.ranks_per_node = static_cast<int>(dist::shard_group_size(po.sharding, state_.world_size, state_.local_world_size));
   po.overlap = cfg_.fsdp.overlap_communication;
   po.device = state_.device;
   po.init_seed = static_cast<uint64_t>(cfg_.seed);

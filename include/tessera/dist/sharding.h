@@ -34,10 +34,21 @@ struct ShardingOptions {
   // Tessera's own key: prefetch the next unit's all-gather and reduce gradients asynchronously while computing
   // (default true); false issues one collective at a time and waits for it (for measuring what overlap buys).
   bool overlap_communication = true;
+  // Composer's device mesh for HYBRID_SHARD (FSDPConfig.data_parallel_shard_degree / data_parallel_replicate_degree):
+  // shard within groups of `shard_degree` consecutive ranks and replicate across `replicate_degree` of them. -1 / 0:
+  // not given (HYBRID_SHARD then shards within each node); resolve_mesh fills in the rest for a world size.
+  int64_t shard_degree = -1;
+  int64_t replicate_degree = 0;
 };
 
 // Reads an `fsdp_config` section (absent: Composer's defaults).
 ShardingOptions parse_sharding_options(config::Section& s);
+
+// The shard-group size HYBRID_SHARD uses on `world_size` ranks with `ranks_per_node` per node: the mesh's shard
+// degree when the recipe gives one (a -1 shard degree with a replicate degree R is world_size / R), else the node.
+// Throws ConfigError naming fsdp_config's keys when the degrees do not multiply to the world size, or when a
+// replicate degree above 1 comes with a strategy that does not replicate shards (HYBRID_SHARD does).
+int64_t shard_group_size(const ShardingOptions& o, int64_t world_size, int64_t ranks_per_node);
 
 // Whether `world_size` ranks shard at all. LLM Foundry's rule for one rank (llmfoundry/command_utils/train.py:
 // "FSDP is not applicable for single-GPU training. Reverting to DDP."; utils/config_utils.py: init_device meta

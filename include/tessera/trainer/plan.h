@@ -21,7 +21,8 @@ struct MemoryRow {
 struct Plan {
   int64_t world_size = 1;
   int64_t ranks_per_node = 1;
-  std::string model;  // the model's one-line description
+  int64_t shard_group = 1;  // the ranks HYBRID_SHARD shards over (the node, or fsdp_config's shard degree)
+  std::string model;        // the model's one-line description
   int64_t n_params = 0;
   int64_t n_active_params = 0;  // those one token uses (fewer than n_params for a mixture of experts)
   double flops_per_token = 0;

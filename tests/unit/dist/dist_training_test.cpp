@@ -461,6 +461,34 @@ TEST_F(DistTraining, HybridShardOverTwoNodesMatchesOneProcess) {
   expect_same(single(), read_run("hy4"), "HYBRID_SHARD 2 nodes x 2");
 }
 
+TEST_F(DistTraining, ComposersDataParallelMeshShardsWithinGroupsAndReplicatesAcrossThem) {
+  if (is_worker()) GTEST_SKIP();
+  // fsdp_config.data_parallel_shard_degree / data_parallel_replicate_degree on one 4-rank node: HYBRID_SHARD over
+  // groups of 2 replicated twice, and over groups of 1 (plain replication), each equal to one process.
+  expect_same(single(),
+              run("mesh_r2s2", 4,
+                  {"fsdp_config.sharding_strategy=HYBRID_SHARD", "fsdp_config.data_parallel_replicate_degree=2"}),
+              "HYBRID_SHARD replicate 2 x shard 2");
+  expect_same(
+      single(),
+      run("mesh_r4s1", 4, {"fsdp_config.sharding_strategy=HYBRID_SHARD", "fsdp_config.data_parallel_shard_degree=1"}),
+      "HYBRID_SHARD replicate 4 x shard 1");
+  auto refused = [&](const std::string& name, const std::vector<std::string>& o, const std::string& want) {
+    std::string cmd = fmt::format("{} --recipe {} run_name={} max_duration=1ba --nproc-per-node 2 --master-port 0",
+                                  ::tessera::testing::train_bin(), (root_ / "tiny.yaml").string(), name);
+    for (const std::string& x : o) cmd += " " + x;
+    const fs::path log = root_ / (name + ".log");
+    EXPECT_NE(std::system((cmd + " > " + log.string() + " 2>&1").c_str()), 0) << name;
+    EXPECT_NE(read_dist_log(log).find(want), std::string::npos) << name << ":\n" << read_dist_log(log);
+  };
+  refused("mesh_bad_product", {"fsdp_config.data_parallel_shard_degree=3"},
+          "fsdp_config.data_parallel_shard_degree (3) x data_parallel_replicate_degree (unset) must equal the world "
+          "size (2)");
+  refused("mesh_full_shard_replicated", {"fsdp_config.data_parallel_replicate_degree=2"},
+          "fsdp_config.data_parallel_replicate_degree 2: FULL_SHARD does not replicate shards; use sharding_strategy "
+          "HYBRID_SHARD");
+}
+
 // ---- ICL evaluation split over the ranks -------------------------------------------------------------------------
 
 TEST_F(DistTraining, IclEvaluationSplitOverRanksCountsWhatOneProcessCounts) {

@@ -103,6 +103,43 @@ TEST(Plan, ExpertParallelismSplitsTheExpertsOverTheirGroupAndSendsTheirTokens) {
                ConfigError);
 }
 
+TEST(Plan, ComposersDataParallelDegreesSetHybridShardsGroups) {
+  dist::ShardingOptions o;
+  o.strategy = dist::ShardingStrategy::kHybridShard;
+  EXPECT_EQ(dist::shard_group_size(o, 16, 8), 8) << "no degrees: the node";
+  o.replicate_degree = 4;
+  EXPECT_EQ(dist::shard_group_size(o, 16, 8), 4) << "shard degree -1: world / replicate";
+  o.replicate_degree = 0;
+  o.shard_degree = 2;
+  EXPECT_EQ(dist::shard_group_size(o, 16, 8), 2);
+  o.shard_degree = 3;
+  EXPECT_THROW(dist::shard_group_size(o, 16, 8), ConfigError);
+  o.shard_degree = -1;
+  o.replicate_degree = 1;
+  EXPECT_EQ(dist::shard_group_size(o, 16, 8), 16) << "replicate 1: sharded over the world";
+  o.strategy = dist::ShardingStrategy::kFullShard;
+  o.replicate_degree = 2;
+  EXPECT_THROW(dist::shard_group_size(o, 16, 8), ConfigError) << "FULL_SHARD does not replicate";
+  const TrainConfig cfg = load_train_config(
+      kRecipe, {"fsdp_config.sharding_strategy=HYBRID_SHARD", "fsdp_config.data_parallel_replicate_degree=2"});
+  const Plan p = make_plan(cfg, 8, 8);
+  EXPECT_EQ(p.shard_group, 4);
+  EXPECT_NE(render_plan(cfg, p, "8 x cpu").find("replicate 2 x shard 4"), std::string::npos);
+  // 6 ranks (a batch they divide) with shard degree 4 and replicate 2: named.
+  const TrainConfig six = load_train_config(
+      kRecipe, {"fsdp_config.sharding_strategy=HYBRID_SHARD", "fsdp_config.data_parallel_replicate_degree=2",
+                "fsdp_config.data_parallel_shard_degree=4", "global_train_batch_size=48"});
+  try {
+    make_plan(six, 6, 6);
+    ADD_FAILURE() << "6 ranks are not 2 x 4";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("data_parallel_shard_degree (4) x data_parallel_replicate_degree (2) must "
+                                         "equal the world size (6)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Plan, ActivationCheckpointingKeepsOnlyBlockInputs) {
   const TrainConfig cfg = load_train_config(kRecipe);
   const auto& m = std::any_cast<const models::MPTOptions&>(cfg.model.options);
