@@ -71,6 +71,10 @@ if [[ $MODE == asan ]]; then
   # ASan; the template engine's other tests run here); the scheduler's random instances repeat one algorithm.
   asan_skip+=':DistTrainingMoe.ExpertParallelLayouts*Reshard:ChatTemplate.HostileTemplatesHitLimitsNotTheMachine'
   asan_skip+=':Schedule.EveryPolicyMeetsTheConstraintsOnRandomInstances'
+  # A stopped rank's hang: the launcher gives the other rank a grace to exit, and an ASan rank's leak check at exit
+  # (LeakSanitizer scanning a LibTorch process's heap) outlasted even the scaled grace (18.9 s) on 2026-11-29; the
+  # normal build runs it, and the launcher's watchdog and signal paths run under TSan (Launcher.*, KilledRank*).
+  asan_skip+=':DistTraining.AStoppedRankIsCaughtNamedAndTheRestartedJobEndsBitwiseEqual'
   asan_skip+=':DistTraining.IclEvaluationSplitOverRanks*'
   # The dry run of every shipped recipe and the bad-recipe messages start ~40 instrumented `train` processes to read
   # recipes; the recipe reader runs under ASan in-process here (config tests) and in the fuzz_recipe_yaml target.

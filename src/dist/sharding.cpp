@@ -145,9 +145,9 @@ StateMemory state_memory_per_rank(int64_t n_params, ShardingStrategy strategy, i
   m.optimizer = dense.optimizer + mine.optimizer;
   // The gathered units: the dense part of two units, and this rank's experts of them (gathered even when their group
   // of holders is a single rank, as the engine does).
+  const int64_t unit_experts_per_rank = experts.largest_unit_params / ep;  // whole experts: ep divides them
   m.transient = strategy == ShardingStrategy::kFullShard || strategy == ShardingStrategy::kHybridShard
-                    ? dense.transient +
-                          2.0 * static_cast<double>(experts.largest_unit_params / ep) * (mixed_precision ? 2.0 : 4.0)
+                    ? dense.transient + 2.0 * static_cast<double>(unit_experts_per_rank) * (mixed_precision ? 2.0 : 4.0)
                     : 0.0;
   return m;
 }
