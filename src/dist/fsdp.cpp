@@ -15,7 +15,7 @@
 #include <map>
 #include <set>
 
-#include "tessera/models/moe.h"
+#include "tessera/dist/expert_parallel.h"
 
 namespace tessera::dist {
 namespace {
@@ -93,39 +93,6 @@ void each_part(Unit& u, F&& f) {
   if (u.experts) f(*u.experts);
 }
 
-// The token exchange of an expert-parallel group over its communicator. `sync` runs before each exchange: the engine's
-// sync point (agree_on_oom), so that a rank that ran out of memory between two exchanges is agreed on at the next one
-// instead of leaving the others waiting in it.
-class GroupExchange : public models::ExpertExchange {
- public:
-  GroupExchange(std::shared_ptr<Communicator> comm, std::function<void()> sync)
-      : comm_(std::move(comm)), sync_(std::move(sync)) {}
-  int rank() const override { return comm_->rank(); }
-  int size() const override { return comm_->size(); }
-  at::Tensor all_gather(const at::Tensor& counts) override {
-    at::Tensor in = counts.to(at::kLong).contiguous();
-    at::Tensor out = at::empty({comm_->size() * in.numel()}, in.options());
-    sync_();
-    comm_->all_gather(out, in).wait();
-    return out.view({comm_->size(), in.numel()}).cpu();
-  }
-  at::Tensor all_to_all(const at::Tensor& in, const std::vector<int64_t>& send,
-                        const std::vector<int64_t>& recv) override {
-    at::Tensor src = in.contiguous();
-    std::vector<int64_t> shape = src.sizes().vec();
-    shape[0] = 0;
-    for (int64_t r : recv) shape[0] += r;
-    at::Tensor out = at::empty(shape, src.options());
-    sync_();
-    comm_->all_to_all(out, src, recv, send).wait();
-    return out;
-  }
-
- private:
-  std::shared_ptr<Communicator> comm_;
-  std::function<void()> sync_;
-};
-
 struct CallRecord {
   class ParallelModel::Impl* engine = nullptr;
   Unit* unit = nullptr;
@@ -149,8 +116,6 @@ class ParallelModel::Impl : public models::UnitRunner {
   at::Tensor backward_call(CallRecord& rec, const at::Tensor& grad_out);
 
   void setup(models::CausalLM& model);
-  // Expert parallelism: the MoE layers' degree (1: none), its groups, and the names of the expert weights split.
-  std::set<std::string> setup_expert_parallel(models::CausalLM& model);
   // Fills u's flat vector from `sources` (u.params' values, or for experts this rank's rows of them).
   void build_flat(Unit& u, const std::vector<at::Tensor>& sources, bool experts);
   void gather(Unit& u);
@@ -226,73 +191,6 @@ std::set<std::string> modules_of_unit(models::CausalLM& model, int64_t unit) {
 
 }  // namespace
 
-std::set<std::string> ParallelModel::Impl::setup_expert_parallel(models::CausalLM& model) {
-  std::vector<std::pair<std::string, std::shared_ptr<models::MoEImpl>>> layers;
-  for (const auto& m : model.named_modules()) {
-    auto moe = std::dynamic_pointer_cast<models::MoEImpl>(m.value());
-    if (!moe || moe->options().world_size <= 1) continue;
-    const int64_t ep = moe->options().world_size;
-    if (ep_ > 1 && ep != ep_) {
-      throw ConfigError("dist",
-                        fmt::format("model.ffn_config.moe_world_size: MoE layers disagree ({} and {})", ep_, ep));
-    }
-    ep_ = static_cast<int>(ep);
-    layers.emplace_back(m.key(), moe);
-  }
-  std::set<std::string> names;
-  if (layers.empty()) return names;
-  const int world = comm_->size();
-  const ShardingStrategy strategy = o_.sharding.strategy;
-  const std::string key = fmt::format("model.ffn_config.moe_world_size {}", ep_);
-  if (world % ep_ != 0) {
-    throw ConfigError("dist", fmt::format("{}: the job's {} rank(s) do not split into expert-parallel groups of {}",
-                                          key, world, ep_));
-  }
-  if (strategy == ShardingStrategy::kNoShard) {
-    throw ConfigError("dist", fmt::format("{}: expert parallelism needs a sharded strategy (fsdp_config."
-                                          "sharding_strategy FULL_SHARD, SHARD_GRAD_OP or HYBRID_SHARD), not NO_SHARD",
-                                          key));
-  }
-  const bool hybrid = strategy == ShardingStrategy::kHybridShard && o_.ranks_per_node < world;
-  if (hybrid && o_.ranks_per_node % ep_ != 0) {
-    throw ConfigError("dist", fmt::format("{}: HYBRID_SHARD keeps an expert-parallel group within a shard group, and "
-                                          "shard groups of {} ranks do not split into groups of {}",
-                                          key, o_.ranks_per_node, ep_));
-  }
-  // Expert-parallel groups: ep_ consecutive ranks. The ranks that hold the same experts (the same position in their
-  // group) split those experts' flat vectors: all of them, or under HYBRID_SHARD those on this node (the node's
-  // copies then replicate across nodes, as the dense shards do).
-  for (int g = 0; g < world / ep_; ++g) {
-    std::vector<int> ranks;
-    for (int i = 0; i < ep_; ++i) ranks.push_back(g * ep_ + i);
-    if (auto c = comm_->new_group(ranks)) ep_comm_ = c;
-  }
-  const int span = hybrid ? o_.ranks_per_node : world;
-  for (int s = 0; s < world / span; ++s) {
-    for (int i = 0; i < ep_; ++i) {
-      std::vector<int> ranks;
-      for (int r = i; r < span; r += ep_) ranks.push_back(s * span + r);
-      if (auto c = comm_->new_group(ranks)) expert_comm_ = c;
-    }
-  }
-  auto exchange = std::make_shared<GroupExchange>(ep_comm_, [this] { sync_point(); });
-  for (auto& [prefix, moe] : layers) {
-    if (moe->options().num_experts % ep_ != 0) {
-      throw ConfigError(
-          "dist", fmt::format("{}: {} has {} experts, not a multiple of it", key, prefix, moe->options().num_experts));
-    }
-    const std::string base = prefix.empty() ? "experts.mlp." : prefix + ".experts.mlp.";
-    for (const char* w : {"w1", "v1", "w2"}) {
-      if (std::string(w) == "v1" && !moe->options().glu) continue;
-      names.insert(base + w);
-    }
-    moe->set_expert_exchange(exchange);
-  }
-  spdlog::info("dist: expert parallelism over groups of {} ranks ({} MoE layers, {} experts each per rank)", ep_,
-               layers.size(), layers[0].second->options().num_experts / ep_);
-  return names;
-}
-
 void ParallelModel::Impl::build_flat(Unit& u, const std::vector<at::Tensor>& sources, bool experts) {
   const int shards = sharded() ? u.comm->size() : 1;
   const int shard_rank = sharded() ? u.comm->rank() : 0;
@@ -354,7 +252,12 @@ void ParallelModel::Impl::setup(models::CausalLM& model) {
   } else {
     shard_comm_ = comm_;
   }
-  const std::set<std::string> expert_names = setup_expert_parallel(model);
+  ExpertGroups ep =
+      setup_expert_parallel(model, o_.sharding.strategy, o_.ranks_per_node, *comm_, [this] { sync_point(); });
+  ep_ = ep.degree;
+  ep_comm_ = std::move(ep.group);
+  expert_comm_ = std::move(ep.holders);
+  const std::set<std::string>& expert_names = ep.weight_names;
   const int ep_rank = ep_comm_ ? ep_comm_->rank() : 0;
 
   // Every parameter by unit; frozen ones (requires_grad false) stay whole, outside the flat vectors.

@@ -153,36 +153,19 @@ at::Tensor MoEImpl::expert_parallel(
     const std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>& run_experts) {
   const int64_t group = exchange_->size(), me = exchange_->rank();
   const int64_t local = o_.num_experts / group;  // experts per rank: rank r holds [r * local, (r + 1) * local)
-  // Every rank's rows per expert: a[r][e] rows go from rank r to expert e.
-  const at::Tensor all = exchange_->all_gather(counts).contiguous();
-  const auto a = all.accessor<int64_t, 2>();
-  std::vector<int64_t> send(static_cast<size_t>(group), 0), recv(static_cast<size_t>(group), 0);
-  for (int64_t r = 0; r < group; ++r) {
-    for (int64_t j = 0; j < local; ++j) {
-      send[static_cast<size_t>(r)] += a[me][r * local + j];
-      recv[static_cast<size_t>(r)] += a[r][me * local + j];
-    }
-  }
-  // The received rows come by source rank, each source's grouped by expert; the experts want them by expert (in
-  // source order within each): `perm` lists received rows in that order.
-  std::vector<int64_t> source_start(static_cast<size_t>(group), 0);
-  for (int64_t r = 1; r < group; ++r) {
-    source_start[static_cast<size_t>(r)] = source_start[static_cast<size_t>(r - 1)] + recv[static_cast<size_t>(r - 1)];
-  }
-  std::vector<int64_t> perm, local_counts(static_cast<size_t>(local), 0);
-  std::vector<int64_t> cursor = source_start;
-  for (int64_t j = 0; j < local; ++j) {
-    for (int64_t r = 0; r < group; ++r) {
-      const int64_t n = a[r][me * local + j];
-      int64_t& c = cursor[static_cast<size_t>(r)];
-      for (int64_t i = 0; i < n; ++i) perm.push_back(c + i);
-      c += n;
-      local_counts[static_cast<size_t>(j)] += n;
-    }
-  }
+  // Every rank's rows per expert: all[r][e] rows go from rank r to expert e (on the CPU).
+  const at::Tensor all = exchange_->all_gather(counts);
+  const at::Tensor mine = all.narrow(1, me * local, local);  // (group, local): rows coming to this rank's experts
+  const at::Tensor to_send = all[me].view({group, local}).sum(1), to_recv = mine.sum(1);
+  const std::vector<int64_t> send(to_send.data_ptr<int64_t>(), to_send.data_ptr<int64_t>() + group);
+  const std::vector<int64_t> recv(to_recv.data_ptr<int64_t>(), to_recv.data_ptr<int64_t>() + group);
+  // The received rows come by source rank, each source's grouped by expert; the experts want them by expert, in
+  // source order within each: a stable sort of the rows by local expert.
   const at::Device dev = xs.device();
-  const at::Tensor perm_t = at::tensor(perm, at::kLong).to(dev);
-  const at::Tensor n = at::tensor(local_counts, at::kLong).to(dev);
+  const at::Tensor expert_of_row =
+      at::arange(local, at::kLong).repeat({group}).repeat_interleave(mine.contiguous().view({-1})).to(dev);
+  const at::Tensor perm_t = at::argsort(expert_of_row, /*stable=*/true, /*dim=*/0);
+  const at::Tensor n = mine.sum(0).to(dev);
   const at::Tensor off = n.cumsum(0).to(at::kInt);
   const at::Tensor received = AllToAllFunction::apply(xs.contiguous(), exchange_.get(), send, recv);
   const at::Tensor out_local = run_experts(received.index_select(0, perm_t), n, off);

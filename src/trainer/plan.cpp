@@ -156,7 +156,8 @@ Plan make_plan(const TrainConfig& cfg, int64_t world_size, int64_t ranks_per_nod
     const auto moe = std::dynamic_pointer_cast<models::MoEImpl>(m.value());
     if (!moe || moe->options().world_size <= 1) continue;
     const models::MoEOptions& o = moe->options();
-    const int64_t weights = (o.glu ? 3 : 2) * o.num_experts * o.ffn_hidden * o.hidden_size;
+    int64_t weights = 0;  // the expert weights the engine splits (shapes only: the model is on `meta`)
+    for (const at::Tensor& w : moe->experts->mlp->parameters()) weights += w.numel();
     plan.experts.degree = o.world_size;
     plan.experts.params += weights;
     plan.experts.largest_unit_params = std::max(plan.experts.largest_unit_params, weights);
