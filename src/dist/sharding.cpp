@@ -64,6 +64,60 @@ ShardingOptions parse_sharding_options(config::Section& s) {
   return o;
 }
 
+int64_t parse_parallelism(config::Section& p, const config::Section& fsdp, ShardingOptions& o) {
+  const int64_t replicate = p.get_int("data_parallel_replicate_degree", 1);
+  p.check(replicate >= 1, "data_parallel_replicate_degree", "must be at least 1");
+  const int64_t shard = p.get_int("data_parallel_shard_degree", -1);
+  p.check(shard == -1 || shard >= 1, "data_parallel_shard_degree", "must be -1 (the rest) or >= 1");
+  const std::string reshard = p.get_choice("fsdp_reshard_after_forward", "default", {"default", "always", "never"});
+  for (const char* key : {"tensor_parallel_degree", "context_parallel_degree", "pipeline_parallel_degree",
+                          "expert_tensor_parallel_degree"}) {
+    const int64_t degree = p.get_int(key, 1);
+    p.check(degree >= 1, key, "must be at least 1");
+    if (degree > 1) p.not_supported(key, std::to_string(degree));
+  }
+  if (p.get_bool("enable_async_tensor_parallel", false)) p.not_supported("enable_async_tensor_parallel", "true");
+  if (p.get_bool("enable_compiled_autograd", false)) p.not_supported("enable_compiled_autograd", "true");
+  // Meaningful only with tensor, context or pipeline parallelism, which the checks above leave at 1.
+  p.get_bool("disable_loss_parallel", false);
+  p.get_choice("context_parallel_rotate_method", "allgather", {"allgather", "alltoall"});
+  for (const char* key :
+       {"pipeline_parallel_split_points", "pipeline_parallel_layers_per_stage", "pipeline_parallel_schedule",
+        "pipeline_parallel_schedule_csv", "pipeline_parallel_microbatch_size"}) {
+    p.raw(key);
+  }
+  const int64_t experts = p.get_int("expert_parallel_degree", 1);
+  p.check(experts >= 1, "expert_parallel_degree", "must be at least 1");
+  p.finish();
+
+  for (const char* key : {"data_parallel_shard_degree", "data_parallel_replicate_degree"}) {
+    if (fsdp.has(key)) {
+      p.fail(key,
+             fmt::format("the data-parallel degrees are given in fsdp_config.{} too; give them in one section", key));
+    }
+  }
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  if (replicate > 1) strategy = shard == 1 ? ShardingStrategy::kNoShard : ShardingStrategy::kHybridShard;
+  if (replicate == 1 && reshard == "never") strategy = ShardingStrategy::kShardGradOp;
+  if (replicate > 1 && reshard == "never" && shard != 1) {
+    p.fail("fsdp_reshard_after_forward",
+           "never with data_parallel_replicate_degree > 1: Tessera's HYBRID_SHARD "
+           "reshards after forward (use data_parallel_replicate_degree 1 for "
+           "SHARD_GRAD_OP)");
+  }
+  if (fsdp.has("sharding_strategy") && o.strategy != strategy) {
+    p.fail("data_parallel_replicate_degree",
+           fmt::format("replicate {} x shard {} is {} but fsdp_config.sharding_strategy is {}", replicate,
+                       shard == -1 ? std::string("the rest") : std::to_string(shard), to_string(strategy),
+                       to_string(o.strategy)));
+  }
+  o.strategy = strategy;
+  o.shard_degree = shard;
+  o.replicate_degree = replicate;
+  o.mesh_keys = "parallelism";
+  return experts;
+}
+
 int64_t shard_group_size(const ShardingOptions& o, int64_t world_size, int64_t ranks_per_node) {
   if (o.shard_degree == -1 && o.replicate_degree == 0) return std::clamp<int64_t>(ranks_per_node, 1, world_size);
   const int64_t r = o.replicate_degree > 0 ? o.replicate_degree : 1;
@@ -72,16 +126,16 @@ int64_t shard_group_size(const ShardingOptions& o, int64_t world_size, int64_t r
   if (shard < 1 || shard * replicate != world_size) {
     throw ConfigError(
         "recipe",
-        fmt::format("fsdp_config.data_parallel_shard_degree ({}) x data_parallel_replicate_degree "
+        fmt::format("{}.data_parallel_shard_degree ({}) x data_parallel_replicate_degree "
                     "({}) must equal the world size ({})",
-                    o.shard_degree, o.replicate_degree > 0 ? std::to_string(o.replicate_degree) : std::string("unset"),
-                    world_size));
+                    o.mesh_keys, o.shard_degree,
+                    o.replicate_degree > 0 ? std::to_string(o.replicate_degree) : std::string("unset"), world_size));
   }
   if (replicate > 1 && o.strategy != ShardingStrategy::kHybridShard && o.strategy != ShardingStrategy::kNoShard) {
-    throw ConfigError("recipe", fmt::format("fsdp_config.data_parallel_replicate_degree {}: {} does not replicate "
+    throw ConfigError("recipe", fmt::format("{}.data_parallel_replicate_degree {}: {} does not replicate "
                                             "shards; use sharding_strategy HYBRID_SHARD (shard within groups of {}, "
                                             "replicate across {})",
-                                            replicate, to_string(o.strategy), shard, replicate));
+                                            o.mesh_keys, replicate, to_string(o.strategy), shard, replicate));
   }
   if (replicate == 1 && o.strategy == ShardingStrategy::kHybridShard) return world_size;
   return shard;

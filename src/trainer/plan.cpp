@@ -208,8 +208,8 @@ std::string render_plan(const TrainConfig& cfg, const Plan& plan, const std::str
   line("devices", device_line);
   line("world size", fmt::format("{} ({} per node)", plan.world_size, plan.ranks_per_node));
   if (cfg.fsdp.shard_degree != -1 || cfg.fsdp.replicate_degree > 0) {
-    line("data-parallel mesh", fmt::format("replicate {} x shard {} (fsdp_config.data_parallel_*_degree)",
-                                           plan.world_size / plan.shard_group, plan.shard_group));
+    line("data-parallel mesh", fmt::format("replicate {} x shard {} ({}.data_parallel_*_degree)",
+                                           plan.world_size / plan.shard_group, plan.shard_group, cfg.fsdp.mesh_keys));
   }
   line("model", plan.model);
   line("parameters",
@@ -269,14 +269,17 @@ std::string render_plan(const TrainConfig& cfg, const Plan& plan, const std::str
   out += fmt::format("    {:<15}{:>12}{:>12}{:>12}{:>12}{:>14}{:>14}{:>13}{:>13}\n", "strategy", "params", "grads",
                      "optimizer", "gathered", "activations", "act. ckpt", "total", "total ckpt");
   for (const MemoryRow& r : plan.memory) {
-    const bool configured = cfg.fsdp_configured && cfg.fsdp.strategy == r.strategy;
+    const bool configured =
+        (cfg.fsdp_configured || cfg.fsdp.mesh_keys == "parallelism") && cfg.fsdp.strategy == r.strategy;
     out += fmt::format("  {} {:<15}{:>12}{:>12}{:>12}{:>12}{:>14}{:>14}{:>13}{:>13}\n", configured ? "*" : " ",
                        dist::to_string(r.strategy), gib(r.state.params), gib(r.state.grads), gib(r.state.optimizer),
                        gib(r.state.transient), gib(r.activations), gib(r.activations_ckpt),
                        gib(r.state.total() + r.activations), gib(r.state.total() + r.activations_ckpt));
   }
-  if (cfg.fsdp_configured) {
-    out += fmt::format("    * = fsdp_config.sharding_strategy; activation checkpointing is {}\n",
+  if (cfg.fsdp_configured || cfg.fsdp.mesh_keys == "parallelism") {
+    out += fmt::format("    * = {}; activation checkpointing is {}\n",
+                       cfg.fsdp.mesh_keys == "parallelism" ? "the strategy parallelism's degrees make"
+                                                           : "fsdp_config.sharding_strategy",
                        cfg.fsdp.activation_checkpointing ? "on (use the ckpt columns)" : "off");
   }
   return out;

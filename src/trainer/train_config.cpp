@@ -75,6 +75,7 @@ const std::vector<std::string_view> kTopLevelKeys = {"variables",
                                                      "callbacks",
                                                      "loggers",
                                                      "fsdp_config",
+                                                     "parallelism",
                                                      "max_duration",
                                                      "eval_interval",
                                                      "eval_first",
@@ -179,6 +180,25 @@ void parse_icl_tasks(Section& root, TrainConfig& cfg) {
   }
 }
 
+// parallelism.expert_parallel_degree is the model's ffn_config.moe_world_size (the MoE layers' own key, models/moe.h),
+// written into the recipe before the model reads it; a different moe_world_size there is a conflict.
+void set_moe_world_size(config::Value& recipe, Section& mesh, int64_t degree) {
+  config::Value* model = recipe.find("model");
+  config::Value* ffn = model != nullptr && model->is_map() ? model->find("ffn_config") : nullptr;
+  if (ffn == nullptr || !ffn->is_map()) {
+    mesh.fail("expert_parallel_degree", fmt::format("{}: the model has no ffn_config whose MoE layers could split "
+                                                    "their experts (model.ffn_config.moe_world_size)",
+                                                    degree));
+  }
+  const std::string text = std::to_string(degree);
+  if (const config::Value* given = ffn->find("moe_world_size"); given != nullptr && !given->is_null()) {
+    mesh.check(given->text() == text, "expert_parallel_degree",
+               fmt::format("{} but model.ffn_config.moe_world_size is {}", degree, given->text()));
+    return;
+  }
+  ffn->set("moe_world_size", config::Value::scalar(text, false, mesh.raw("expert_parallel_degree")->origin()));
+}
+
 }  // namespace
 
 TrainConfig parse_train_config(config::Value resolved, const std::string& path) {
@@ -195,6 +215,15 @@ TrainConfig parse_train_config(config::Value resolved, const std::string& path) 
   cfg.max_seq_len = root.require_int("max_seq_len");
   root.check(cfg.max_seq_len > 0, "max_seq_len", "must be positive");
 
+  {
+    Section fsdp = root.section("fsdp_config");
+    cfg.fsdp_configured = fsdp.present();
+    cfg.fsdp = dist::parse_sharding_options(fsdp);
+    if (Section mesh = root.section("parallelism"); mesh.present()) {
+      const int64_t experts = dist::parse_parallelism(mesh, fsdp, cfg.fsdp);
+      if (experts > 1) set_moe_world_size(cfg.resolved, mesh, experts);
+    }
+  }
   {
     Section model = root.section("model");
     if (!model.present()) root.fail("model", "missing required key");
@@ -229,11 +258,6 @@ TrainConfig parse_train_config(config::Value resolved, const std::string& path) 
   cfg.algorithms = config::parse_components(root, "algorithms", algorithms::algorithm_registry());
   cfg.callbacks = config::parse_components(root, "callbacks", callbacks::callback_registry());
   cfg.loggers = config::parse_components(root, "loggers", loggers::logger_registry());
-  {
-    Section fsdp = root.section("fsdp_config");
-    cfg.fsdp_configured = fsdp.present();
-    cfg.fsdp = dist::parse_sharding_options(fsdp);
-  }
   {
     const double seconds = root.get_double("dist_timeout", 600.0);
     root.check(seconds > 0, "dist_timeout", "must be a positive number of seconds");

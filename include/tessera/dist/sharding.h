@@ -39,10 +39,20 @@ struct ShardingOptions {
   // not given (HYBRID_SHARD then shards within each node); resolve_mesh fills in the rest for a world size.
   int64_t shard_degree = -1;
   int64_t replicate_degree = 0;
+  // The section whose keys gave the degrees (fsdp_config, or torchtitan's parallelism), for messages.
+  std::string mesh_keys = "fsdp_config";
 };
 
 // Reads an `fsdp_config` section (absent: Composer's defaults).
 ShardingOptions parse_sharding_options(config::Section& s);
+
+// torchtitan's `parallelism:` section (JobConfig.Parallelism, its names) applied to `o`: data_parallel_replicate_degree
+// R (default 1) and data_parallel_shard_degree S (default -1: the rest of the world) become the strategy and
+// HYBRID_SHARD's groups: R > 1 and S != 1 HYBRID_SHARD (torchtitan's HSDP), R > 1 and S == 1 NO_SHARD (DDP), else
+// FULL_SHARD, or SHARD_GRAD_OP under fsdp_reshard_after_forward: never. `fsdp` is the recipe's fsdp_config section:
+// a sharding_strategy there must agree, and its own degrees must not be given as well. Returns
+// expert_parallel_degree (1: none). Tensor, context and pipeline degrees above 1 are refused as not supported.
+int64_t parse_parallelism(config::Section& p, const config::Section& fsdp, ShardingOptions& o);
 
 // The shard-group size HYBRID_SHARD uses on `world_size` ranks with `ranks_per_node` per node: the mesh's shard
 // degree when the recipe gives one (a -1 shard degree with a replicate degree R is world_size / R), else the node.

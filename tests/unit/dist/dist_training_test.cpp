@@ -473,6 +473,9 @@ TEST_F(DistTraining, ComposersDataParallelMeshShardsWithinGroupsAndReplicatesAcr
       single(),
       run("mesh_r4s1", 4, {"fsdp_config.sharding_strategy=HYBRID_SHARD", "fsdp_config.data_parallel_shard_degree=1"}),
       "HYBRID_SHARD replicate 4 x shard 1");
+  // The same mesh under torchtitan's names (parallelism:), which set the strategy themselves.
+  expect_same(single(), run("mesh_tt_r2", 4, {"'parallelism={data_parallel_replicate_degree: 2}'"}),
+              "parallelism: replicate 2 x shard 2");
   auto refused = [&](const std::string& name, const std::vector<std::string>& o, const std::string& want) {
     std::string cmd = fmt::format("{} --recipe {} run_name={} max_duration=1ba --nproc-per-node 2 --master-port 0",
                                   ::tessera::testing::train_bin(), (root_ / "tiny.yaml").string(), name);

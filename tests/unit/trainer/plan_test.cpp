@@ -140,6 +140,71 @@ TEST(Plan, ComposersDataParallelDegreesSetHybridShardsGroups) {
   }
 }
 
+TEST(Plan, TorchtitansParallelismSectionSetsTheDataParallelMesh) {
+  // Without mpt-125m's fsdp_config (FULL_SHARD), whose strategy would have to agree.
+  auto load = [](std::vector<std::string> overrides) {
+    overrides.insert(overrides.begin(), "fsdp_config=null");
+    return load_train_config(kRecipe, overrides);
+  };
+  auto mesh = [&](const std::vector<std::string>& overrides) {
+    const TrainConfig cfg = load(overrides);
+    return std::make_pair(cfg.fsdp.strategy, make_plan(cfg, 8, 8).shard_group);
+  };
+  using S = dist::ShardingStrategy;
+  EXPECT_EQ(mesh({"parallelism={data_parallel_replicate_degree: 2}"}), std::make_pair(S::kHybridShard, int64_t{4}))
+      << "HSDP: replicate 2 x shard the rest";
+  EXPECT_EQ(mesh({"parallelism={data_parallel_replicate_degree: 2, data_parallel_shard_degree: 4}"}),
+            std::make_pair(S::kHybridShard, int64_t{4}));
+  EXPECT_EQ(mesh({"parallelism={data_parallel_replicate_degree: 8, data_parallel_shard_degree: 1}"}).first, S::kNoShard)
+      << "replicate only: DDP";
+  EXPECT_EQ(mesh({"parallelism={}"}), std::make_pair(S::kFullShard, int64_t{8})) << "torchtitan's defaults: FSDP";
+  EXPECT_EQ(mesh({"parallelism={fsdp_reshard_after_forward: never}"}).first, S::kShardGradOp);
+  EXPECT_EQ(
+      mesh({"parallelism={data_parallel_replicate_degree: 2}", "fsdp_config.sharding_strategy=HYBRID_SHARD"}).first,
+      S::kHybridShard)
+      << "an agreeing fsdp_config strategy";
+  {
+    const TrainConfig cfg = load({"parallelism={data_parallel_replicate_degree: 2}"});
+    EXPECT_NE(render_plan(cfg, make_plan(cfg, 8, 8), "8 x cpu")
+                  .find("replicate 2 x shard 4 (parallelism.data_parallel_*_degree)"),
+              std::string::npos);
+  }
+  auto refused = [&](const std::vector<std::string>& overrides, int64_t world, const std::string& want) {
+    try {
+      make_plan(load(overrides), world, world);
+      ADD_FAILURE() << "accepted: " << overrides.front();
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  refused({"parallelism={tensor_parallel_degree: 2}"}, 8, "tensor_parallel_degree");
+  refused({"parallelism={context_parallel_degree: 4}"}, 8, "context_parallel_degree");
+  refused({"parallelism={pipeline_parallel_degree: 2}"}, 8, "pipeline_parallel_degree");
+  refused({"parallelism={data_parallel_shard_degree: 3}"}, 8,
+          "parallelism.data_parallel_shard_degree (3) x data_parallel_replicate_degree (1) must equal the world size "
+          "(8)");
+  refused({"parallelism={data_parallel_replicate_degree: 2}", "fsdp_config.sharding_strategy=SHARD_GRAD_OP"}, 8,
+          "replicate 2 x shard the rest is HYBRID_SHARD but fsdp_config.sharding_strategy is SHARD_GRAD_OP");
+  refused({"parallelism={data_parallel_replicate_degree: 2}", "fsdp_config.data_parallel_shard_degree=4"}, 8,
+          "given in fsdp_config.data_parallel_shard_degree too");
+  refused({"parallelism={data_parallel_replicate_degree: 2, fsdp_reshard_after_forward: never}"}, 8,
+          "fsdp_reshard_after_forward");
+  refused({"parallelism={expert_parallel_degree: 2}"}, 8, "expert_parallel_degree");
+  refused({"parallelism={data_parallel_degree: 2}"}, 8, "data_parallel_degree");
+
+  // expert_parallel_degree is the MoE layers' moe_world_size.
+  const std::string dbrx_recipe = std::string(::tessera::testing::source_dir()) + "/recipes/dbrx.yaml";
+  const TrainConfig dbrx = load_train_config(dbrx_recipe, {"parallelism={expert_parallel_degree: 8}"});
+  EXPECT_EQ(make_plan(dbrx, 256, 8).experts.degree, 8);
+  EXPECT_EQ(
+      load_train_config(dbrx_recipe, {"parallelism={expert_parallel_degree: 8}", "model.ffn_config.moe_world_size=8"})
+          .fsdp.strategy,
+      dist::ShardingStrategy::kFullShard);
+  EXPECT_THROW(
+      load_train_config(dbrx_recipe, {"parallelism={expert_parallel_degree: 8}", "model.ffn_config.moe_world_size=4"}),
+      ConfigError);
+}
+
 TEST(Plan, ActivationCheckpointingKeepsOnlyBlockInputs) {
   const TrainConfig cfg = load_train_config(kRecipe);
   const auto& m = std::any_cast<const models::MPTOptions&>(cfg.model.options);
