@@ -47,9 +47,9 @@ void adaptive_clip(core::State& state, double threshold) {
   // Row offsets of every parameter in one vector, in the model's order (the same on every rank).
   std::map<std::string, int64_t> base;
   int64_t total_rows = 0;
-  for (const auto& item : state.model->named_parameters()) {
-    base[item.key()] = total_rows;
-    total_rows += agc_rows(item.value().sizes().vec());
+  for (const auto& [name, shape] : state.parallel->parameter_shapes()) {  // whole shapes, also of split parameters
+    base[name] = total_rows;
+    total_rows += agc_rows(shape);
   }
   struct Piece {
     at::Tensor grad, param;  // flat views of this range
@@ -67,7 +67,8 @@ void adaptive_clip(core::State& state, double threshold) {
       int64_t numel = 1;
       for (int64_t d : sp.shape) numel *= d;
       if (sp.numel == 0 || numel == 0) continue;
-      const int64_t row_len = numel / agc_rows(sp.shape);
+      // A column window (a tensor-parallel slice of a matrix's columns) holds part of each of its rows.
+      const int64_t row_len = sp.cols > 0 ? sp.cols : numel / agc_rows(sp.shape);
       const int64_t first = sp.start / row_len;
       pieces.push_back({g.narrow(0, sp.offset, sp.numel), w.narrow(0, sp.offset, sp.numel), base.at(sp.name) + first,
                         (sp.start + sp.numel - 1) / row_len - first + 1, sp.start - first * row_len, row_len});

@@ -88,7 +88,7 @@ std::vector<size_t> optimizer_to_held(const core::State& s, const std::vector<He
 void add_pieces(checkpoint::RankPayload& payload, const std::string& prefix, const Held& h, const at::Tensor& values,
                 bool copy) {
   for (const dist::ShardSpan& sp : h.spans) {
-    checkpoint::Piece piece{prefix + sp.name, sp.shape, sp.start, sp.numel};
+    checkpoint::Piece piece{prefix + sp.name, sp.shape, sp.start, sp.numel, sp.col_start, sp.cols};
     payload.pieces.emplace_back(std::move(piece), span_of(values, sp).to(at::kCPU, /*non_blocking=*/false, copy));
   }
 }
@@ -104,13 +104,13 @@ void read_pieces(checkpoint::CheckpointReader& r, const std::string& prefix, con
                                           fmt::join(r.shape(name), ", "), fmt::join(sp.shape, ", ")));
     }
     at::Tensor target = span_of(dst, sp);
-    if (target.device().is_cpu()) {
-      r.read(name, sp.start, target);
+    at::Tensor host = target.device().is_cpu() ? target : at::empty({sp.numel}, target.options().device(at::kCPU));
+    if (sp.cols > 0) {
+      r.read_window(name, sp.col_start, sp.cols, sp.start, host);
     } else {
-      at::Tensor host = at::empty({sp.numel}, target.options().device(at::kCPU));
       r.read(name, sp.start, host);
-      target.copy_(host);
     }
+    if (!target.device().is_cpu()) target.copy_(host);
   }
 }
 
@@ -171,7 +171,10 @@ LoadedCheckpoint load_hf_weights(core::State& s, const std::string& dir, bool st
         spdlog::warn("[checkpoint] {}: no weight {}; it keeps its initial value", dir, sp.name);
         continue;
       }
-      span_of(h.tensor, sp).copy_(stored->reshape({-1}).narrow(0, sp.start, sp.numel));
+      // A tensor-parallel column window: its columns of the stored matrix, then its range of them.
+      const at::Tensor source =
+          sp.cols > 0 ? stored->narrow(1, sp.col_start, sp.cols).reshape({-1}) : stored->reshape({-1});
+      span_of(h.tensor, sp).copy_(source.narrow(0, sp.start, sp.numel));
       weights.release(sp.name);
     }
   }

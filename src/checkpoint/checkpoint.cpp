@@ -45,7 +45,8 @@ std::string receipt_name(int rank) {
 }
 
 std::string piece_key(const Piece& p) {
-  return fmt::format("{}@{}", p.tensor, p.start);
+  return p.cols > 0 ? fmt::format("{}@c{}@{}", p.tensor, p.col_start, p.start)
+                    : fmt::format("{}@{}", p.tensor, p.start);
 }
 
 std::string xxh64_hex(uint64_t h) {
@@ -160,7 +161,14 @@ nlohmann::json merge_receipts(const std::string& where, nlohmann::json metadata,
       if (t.is_null()) t = {{"shape", pc.at("shape")}, {"dtype", pc.at("dtype")}, {"pieces", nlohmann::json::array()}};
       if (t.at("shape") != pc.at("shape"))
         fail_checkpoint(where, fmt::format("ranks disagree on the shape of {}", name));
-      t["pieces"].push_back({{"rank", r}, {"key", pc.at("key")}, {"start", pc.at("start")}, {"numel", pc.at("numel")}});
+      nlohmann::json entry = {{"rank", r}, {"key", pc.at("key")}, {"start", pc.at("start")}, {"numel", pc.at("numel")}};
+      if (pc.contains("cols")) {
+        if (pc.at("shape").size() != 2)
+          fail_checkpoint(where, fmt::format("{}: a column window on a tensor that is not 2-D", name));
+        entry["col_start"] = pc.at("col_start");
+        entry["cols"] = pc.at("cols");
+      }
+      t["pieces"].push_back(std::move(entry));
     }
   }
   metadata["format"] = "tessera-checkpoint";
@@ -315,6 +323,10 @@ uint64_t write_rank_file(const PendingCheckpoint& p, int rank, const RankPayload
                       {"start", piece.start},
                       {"numel", piece.numel},
                       {"key", key}});
+    if (piece.cols > 0) {
+      pieces.back()["col_start"] = piece.col_start;
+      pieces.back()["cols"] = piece.cols;
+    }
   }
   nlohmann::json locals = nlohmann::json::array();
   for (const auto& [key, t] : payload.local) {
@@ -657,6 +669,17 @@ SafetensorsFile& CheckpointReader::file(int rank) {
   return *f;
 }
 
+at::Tensor CheckpointReader::piece_values(const nlohmann::json& pc, int64_t numel) {
+  SafetensorsFile& f = file(pc.at("rank").get<int>());
+  const std::string key = pc.at("key").get<std::string>();
+  if (!f.contains(key)) fail_checkpoint(f.path(), fmt::format("has no piece {} (listed in metadata.json)", key));
+  const at::Tensor src = f.view(key).view({-1});
+  if (src.numel() != numel) {
+    fail_checkpoint(f.path(), fmt::format("piece {} has {} elements, metadata.json says {}", key, src.numel(), numel));
+  }
+  return src;
+}
+
 void CheckpointReader::read(const std::string& name, int64_t start, at::Tensor dst) {
   if (!has_tensor(name)) fail_checkpoint(dir_, fmt::format("has no tensor {}", name));
   const nlohmann::json& t = meta_.at("tensors").at(name);
@@ -671,23 +694,69 @@ void CheckpointReader::read(const std::string& name, int64_t start, at::Tensor d
   at::Tensor out = dst.view({-1});
   int64_t covered = 0;
   at::NoGradGuard no_grad;
+  const std::vector<int64_t> shape = t.at("shape").get<std::vector<int64_t>>();
   for (const nlohmann::json& pc : t.at("pieces")) {
     const int64_t ps = pc.at("start").get<int64_t>();
     const int64_t pn = pc.at("numel").get<int64_t>();
-    const int64_t lo = std::max(start, ps), hi = std::min(start + n, ps + pn);
-    if (lo >= hi) continue;
-    SafetensorsFile& f = file(pc.at("rank").get<int>());
-    const std::string key = pc.at("key").get<std::string>();
-    if (!f.contains(key)) fail_checkpoint(f.path(), fmt::format("has no piece {} (listed in metadata.json)", key));
-    const at::Tensor src = f.view(key).view({-1});
-    if (src.numel() != pn)
-      fail_checkpoint(f.path(), fmt::format("piece {} has {} elements, metadata.json says {}", key, src.numel(), pn));
-    out.narrow(0, lo - start, hi - lo).copy_(src.narrow(0, lo - ps, hi - lo));
-    covered += hi - lo;
+    const int64_t pcols = pc.value("cols", int64_t{0});
+    if (pcols == 0) {
+      const int64_t lo = std::max(start, ps), hi = std::min(start + n, ps + pn);
+      if (lo >= hi) continue;
+      const at::Tensor src = piece_values(pc, pn);
+      out.narrow(0, lo - start, hi - lo).copy_(src.narrow(0, lo - ps, hi - lo));
+      covered += hi - lo;
+      continue;
+    }
+    // A column window: row r of the sub-matrix holds global elements [r W + c0, r W + c0 + cols) of a (rows, W)
+    // tensor; the piece has its elements [ps, ps + pn) counted row-major.
+    if (shape.size() != 2) fail_checkpoint(dir_, fmt::format("{}: a column window on a tensor that is not 2-D", name));
+    const int64_t width = shape[1], c0 = pc.at("col_start").get<int64_t>();
+    if (pn == 0) continue;
+    const int64_t first = std::max(ps / pcols, start / width),
+                  last = std::min((ps + pn - 1) / pcols, (start + n - 1) / width);
+    at::Tensor src;
+    for (int64_t r = first; r <= last; ++r) {
+      const int64_t a = std::max(ps, r * pcols) - r * pcols, b = std::min(ps + pn, (r + 1) * pcols) - r * pcols;
+      const int64_t lo = std::max(start, r * width + c0 + a), hi = std::min(start + n, r * width + c0 + b);
+      if (lo >= hi) continue;
+      if (!src.defined()) src = piece_values(pc, pn);
+      out.narrow(0, lo - start, hi - lo).copy_(src.narrow(0, r * pcols + (lo - r * width - c0) - ps, hi - lo));
+      covered += hi - lo;
+    }
   }
   if (covered != n) {
     fail_checkpoint(dir_, fmt::format("{}: its pieces cover {} of the {} elements [{}, {}) asked for", name, covered, n,
                                       start, start + n));
+  }
+}
+
+void CheckpointReader::read_window(const std::string& name, int64_t col_start, int64_t cols, int64_t start,
+                                   at::Tensor dst) {
+  if (!has_tensor(name)) fail_checkpoint(dir_, fmt::format("has no tensor {}", name));
+  const std::vector<int64_t> shape = this->shape(name);
+  const int64_t n = dst.numel();
+  if (shape.size() != 2 || cols <= 0 || col_start < 0 || col_start + cols > shape[1] || start < 0 ||
+      start + n > shape[0] * cols) {
+    fail_checkpoint(dir_, fmt::format("{} (shape [{}]): elements [{}, {}) of columns [{}, {}) are outside it", name,
+                                      fmt::join(shape, ", "), start, start + n, col_start, col_start + cols));
+  }
+  TORCH_CHECK(dst.is_contiguous(), "CheckpointReader::read_window: dst must be contiguous");
+  at::Tensor out = dst.view({-1});
+  // The same window stored whole by one piece (a resume on the same mesh): one copy.
+  for (const nlohmann::json& pc : meta_.at("tensors").at(name).at("pieces")) {
+    if (pc.value("cols", int64_t{0}) != cols || pc.at("col_start").get<int64_t>() != col_start) continue;
+    const int64_t ps = pc.at("start").get<int64_t>(), pn = pc.at("numel").get<int64_t>();
+    if (ps <= start && start + n <= ps + pn) {
+      at::NoGradGuard no_grad;
+      out.copy_(piece_values(pc, pn).narrow(0, start - ps, n));
+      return;
+    }
+  }
+  // Otherwise row by row of the window, each a contiguous range of the whole tensor.
+  for (int64_t at = start; at < start + n;) {
+    const int64_t r = at / cols, c = at % cols, len = std::min(cols - c, start + n - at);
+    read(name, r * shape[1] + col_start + c, out.narrow(0, at - start, len));
+    at += len;
   }
 }
 

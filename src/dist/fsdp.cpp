@@ -16,6 +16,7 @@
 #include <set>
 
 #include "tessera/dist/expert_parallel.h"
+#include "tessera/dist/tensor_parallel.h"
 
 namespace tessera::dist {
 namespace {
@@ -61,9 +62,11 @@ struct Unit {
   std::vector<std::string> names;
   std::vector<at::Tensor> params;  // the module's parameter tensors (their TensorImpls are the module's)
   // Per parameter: the whole parameter's shape and where this rank's part of it starts (element offset): the part is
-  // the whole parameter except for expert-parallel experts (this rank's rows of them).
+  // the whole parameter except for expert-parallel experts (this rank's rows of them) and tensor-parallel slices
+  // (`tp`: how the parameter splits, laid out by tensor_parallel_spans).
   std::vector<std::vector<int64_t>> global_shapes;
   std::vector<int64_t> global_starts;
+  std::vector<const models::TensorParallelSplit*> tp;
   std::vector<int64_t> offsets;
   int64_t numel = 0, padded = 0, shard_numel = 0;
   at::Tensor shard;  // fp32 (shard_numel), requires grad: the optimizer's parameter
@@ -81,16 +84,21 @@ struct Unit {
   Work reduce_work;
   Communicator* comm = nullptr;     // the ranks that split this unit's flat vector (sharded strategies)
   Communicator* replica = nullptr;  // HYBRID_SHARD: the ranks that hold the same shard on the other nodes
-  // Expert parallelism: this unit's local experts, a flat vector of their own split over the ranks that hold the same
-  // experts (gathered, freed and reduced with the unit).
-  std::unique_ptr<Unit> experts;
+  // The unit's parameters that only some ranks hold: its local experts (expert parallelism) or its tensor-parallel
+  // slices, a flat vector of their own split over the ranks that hold the same ones (gathered, freed and reduced with
+  // the unit).
+  std::unique_ptr<Unit> split;
+  // Ranks whose data one rank's gradient of this part stands for, over those of a dense parameter's: the reduction's
+  // 1 / world size is multiplied by it. Tensor-parallel slices: the group's ranks all see one batch, so the sum over
+  // the holders covers world / degree batches (degree); expert parts and dense parameters: 1.
+  double grad_scale = 1.0;
 };
 
-// A unit and its experts' part, if any.
+// A unit and its split part, if any.
 template <class F>
 void each_part(Unit& u, F&& f) {
   f(u);
-  if (u.experts) f(*u.experts);
+  if (u.split) f(*u.split);
 }
 
 struct CallRecord {
@@ -116,8 +124,8 @@ class ParallelModel::Impl : public models::UnitRunner {
   at::Tensor backward_call(CallRecord& rec, const at::Tensor& grad_out);
 
   void setup(models::CausalLM& model);
-  // Fills u's flat vector from `sources` (u.params' values, or for experts this rank's rows of them).
-  void build_flat(Unit& u, const std::vector<at::Tensor>& sources, bool experts);
+  // Fills u's flat vector from `sources` (u.params' values, or for a split part this rank's rows or slices of them).
+  void build_flat(Unit& u, const std::vector<at::Tensor>& sources, bool split);
   void gather(Unit& u);
   void wait_gathered(Unit& u);
   void reshard(Unit& u);
@@ -134,9 +142,12 @@ class ParallelModel::Impl : public models::UnitRunner {
   std::shared_ptr<Communicator> replica_comm_;  // HYBRID: the same shard on every node
   int ep_ = 1;                                  // expert-parallel degree
   std::shared_ptr<Communicator> ep_comm_;       // the expert-parallel group (consecutive ranks)
-  std::shared_ptr<Communicator> expert_comm_;   // the ranks that hold the same experts (HYBRID: on this node)
+  std::shared_ptr<Communicator> holders_comm_;  // the ranks that hold the same experts or slices (HYBRID: this node)
+  int tp_ = 1;                                  // tensor-parallel degree
+  std::shared_ptr<Communicator> tp_comm_;       // the tensor-parallel group (consecutive ranks)
+  std::map<std::string, models::TensorParallelSplit> tp_splits_;
   std::vector<std::unique_ptr<Unit>> units_;
-  std::vector<Unit*> parts_;  // per parameters_[i]: the unit or experts' part whose shard it is
+  std::vector<Unit*> parts_;  // per parameters_[i]: the unit or split part whose shard it is
   std::vector<at::Tensor> parameters_;
   std::vector<std::pair<std::string, at::Tensor>> frozen_;  // whole on every rank, in the model's order
   std::vector<std::string> names_;                          // every parameter, in the model's order
@@ -191,7 +202,7 @@ std::set<std::string> modules_of_unit(models::CausalLM& model, int64_t unit) {
 
 }  // namespace
 
-void ParallelModel::Impl::build_flat(Unit& u, const std::vector<at::Tensor>& sources, bool experts) {
+void ParallelModel::Impl::build_flat(Unit& u, const std::vector<at::Tensor>& sources, bool split) {
   const int shards = sharded() ? u.comm->size() : 1;
   const int shard_rank = sharded() ? u.comm->rank() : 0;
   std::vector<at::Tensor> flat_parts;
@@ -205,11 +216,11 @@ void ParallelModel::Impl::build_flat(Unit& u, const std::vector<at::Tensor>& sou
   at::Tensor flat = at::zeros({u.padded}, flat_parts[0].options());
   flat.narrow(0, 0, u.numel).copy_(at::cat(flat_parts));
   if (o_.sharding.sync_module_states) {
-    // Rank 0's values; for experts, those of the first rank that holds the same ones.
-    if (!experts) {
+    // Rank 0's values; for a split part, those of the first rank that holds the same ones.
+    if (!split) {
       comm_->broadcast(flat, 0).wait();
     } else {
-      expert_comm_->broadcast(flat, 0).wait();
+      holders_comm_->broadcast(flat, 0).wait();
       if (replica_comm_) replica_comm_->broadcast(flat, 0).wait();
     }
   }
@@ -256,9 +267,22 @@ void ParallelModel::Impl::setup(models::CausalLM& model) {
       setup_expert_parallel(model, o_.sharding.strategy, o_.ranks_per_node, *comm_, [this] { sync_point(); });
   ep_ = ep.degree;
   ep_comm_ = std::move(ep.group);
-  expert_comm_ = std::move(ep.holders);
+  holders_comm_ = std::move(ep.holders);
   const std::set<std::string>& expert_names = ep.weight_names;
   const int ep_rank = ep_comm_ ? ep_comm_->rank() : 0;
+  const int tp_degree = static_cast<int>(o_.sharding.tensor_parallel_degree);
+  if (ep_ > 1 && tp_degree > 1) {
+    throw ConfigError("dist", fmt::format("parallelism.tensor_parallel_degree {} with moe_world_size {}: tensor and "
+                                          "expert parallelism together are not supported yet",
+                                          tp_degree, ep_));
+  }
+  TensorGroups tp = setup_tensor_parallel(model, tp_degree, o_.sharding.strategy, o_.ranks_per_node, *comm_,
+                                          [this] { sync_point(); });
+  tp_ = tp.degree;
+  tp_comm_ = std::move(tp.group);
+  if (tp.holders) holders_comm_ = std::move(tp.holders);
+  tp_splits_ = std::move(tp.splits);
+  const int tp_rank = tp_comm_ ? tp_comm_->rank() : 0;
 
   // Every parameter by unit; frozen ones (requires_grad false) stay whole, outside the flat vectors.
   std::map<int64_t, std::unique_ptr<Unit>> by_index;
@@ -274,33 +298,37 @@ void ParallelModel::Impl::setup(models::CausalLM& model) {
       u->replica = replica_comm_.get();
     }
     const bool expert = expert_names.count(item.key()) > 0;
+    auto split = tp_splits_.find(item.key());
+    const bool sliced = split != tp_splits_.end();
     if (!item.value().requires_grad()) {
-      if (expert) {
-        throw ConfigError("dist", fmt::format("expert parallelism: {} is frozen; frozen expert weights (the base of "
-                                              "LoRA on the experts) are not split over ranks",
-                                              item.key()));
+      if (expert || sliced) {
+        throw ConfigError("dist", fmt::format("{} parallelism: {} is frozen; frozen weights (the base of LoRA) are not "
+                                              "split over ranks",
+                                              expert ? "expert" : "tensor", item.key()));
       }
       frozen_.emplace_back(item.key(), item.value());
       unit_frozen[idx].push_back(item.value());
       continue;
     }
     Unit* target = u.get();
-    if (expert) {
-      if (!u->experts) {
-        u->experts = std::make_unique<Unit>();
-        u->experts->index = idx;
-        u->experts->comm = expert_comm_.get();
-        u->experts->replica = replica_comm_.get();
+    if (expert || sliced) {
+      if (!u->split) {
+        u->split = std::make_unique<Unit>();
+        u->split->index = idx;
+        u->split->comm = holders_comm_.get();
+        u->split->replica = replica_comm_.get();
+        u->split->grad_scale = sliced ? tp_ : 1;
       }
-      target = u->experts.get();
+      target = u->split.get();
     }
     target->names.push_back(item.key());
     target->params.push_back(item.value());
+    target->tp.push_back(sliced ? &split->second : nullptr);
   }
   at::NoGradGuard no_grad;
   for (auto& [idx, u] : by_index) {
     std::vector<at::Tensor> all = u->params;
-    if (u->experts) all.insert(all.end(), u->experts->params.begin(), u->experts->params.end());
+    if (u->split) all.insert(all.end(), u->split->params.begin(), u->split->params.end());
     for (const at::Tensor& p : unit_frozen[idx]) all.push_back(p);
     if (!all.empty() && all[0].is_meta()) {
       // Deferred initialisation: allocate this unit only, initialise its modules, shard it below.
@@ -322,30 +350,37 @@ void ParallelModel::Impl::setup(models::CausalLM& model) {
       u->global_shapes.push_back(p.sizes().vec());
       u->global_starts.push_back(0);
     }
-    if (u->experts) {
-      // This rank's experts: rows [ep_rank * rows, (ep_rank + 1) * rows) of each (E * F, d) weight.
-      Unit& x = *u->experts;
+    if (u->split) {
+      // This rank's experts: rows [ep_rank * rows, (ep_rank + 1) * rows) of each (E * F, d) weight; or its
+      // tensor-parallel slices.
+      Unit& x = *u->split;
       std::vector<at::Tensor> mine;
-      for (const at::Tensor& p : x.params) {
-        const int64_t rows = p.size(0) / ep_;
+      for (size_t i = 0; i < x.params.size(); ++i) {
+        const at::Tensor& p = x.params[i];
         x.global_shapes.push_back(p.sizes().vec());
+        if (x.tp[i] != nullptr) {
+          x.global_starts.push_back(0);
+          mine.push_back(tensor_parallel_slice(p.detach(), *x.tp[i], tp_rank, tp_));
+          continue;
+        }
+        const int64_t rows = p.size(0) / ep_;
         x.global_starts.push_back(ep_rank * rows * (p.numel() / p.size(0)));
         mine.push_back(p.detach().narrow(0, ep_rank * rows, rows));
       }
-      build_flat(x, mine, /*experts=*/true);
+      build_flat(x, mine, /*split=*/true);
     }
     if (u->params.empty()) {  // every parameter of the unit is frozen: an empty flat vector, no collectives
       u->shard = at::zeros({0}, at::TensorOptions().dtype(at::kFloat).device(o_.device)).requires_grad_(true);
       u->full = u->shard.detach();
       u->gathered = true;
     } else {
-      build_flat(*u, u->params, /*experts=*/false);
+      build_flat(*u, u->params, /*split=*/false);
     }
     parameters_.push_back(u->shard);
     parts_.push_back(u.get());
-    if (u->experts) {
-      parameters_.push_back(u->experts->shard);
-      parts_.push_back(u->experts.get());
+    if (u->split) {
+      parameters_.push_back(u->split->shard);
+      parts_.push_back(u->split.get());
     }
     units_.push_back(std::move(u));
   }
@@ -553,8 +588,8 @@ void ParallelModel::Impl::finish_backward() {
     for (Unit* u : done) works.push_back(u->replica->all_reduce(u->reduce_out));
     for (Work& w : works) w.wait();
   }
-  const double scale = 1.0 / comm_->size();
   for (Unit* u : done) {
+    const double scale = u->grad_scale / comm_->size();
     at::Tensor g = u->reduce_out.to(at::kFloat);
     if (scale != 1.0) g.mul_(scale);
     u->reduce_out = at::Tensor();
@@ -670,6 +705,16 @@ std::vector<std::pair<std::string, at::Tensor>> ParallelModel::full_state_dict()
     }
     for (size_t i = 0; i < u->params.size(); ++i) {
       at::Tensor part = full.narrow(0, u->offsets[i], u->params[i].numel()).contiguous();
+      if (u->tp[i] != nullptr) {
+        // A tensor-parallel slice: every rank of the group holds its own; joined they make the whole parameter.
+        at::Tensor all = at::empty({part.numel() * impl_->tp_}, part.options());
+        impl_->tp_comm_->all_gather(all, part).wait();
+        std::vector<at::Tensor> slices;
+        for (int r = 0; r < impl_->tp_; ++r)
+          slices.push_back(all.narrow(0, r * part.numel(), part.numel()).view(u->params[i].sizes()));
+        by_name[u->names[i]] = tensor_parallel_join(slices, *u->tp[i]).contiguous();
+        continue;
+      }
       if (u->global_shapes[i] != u->params[i].sizes().vec()) {
         // Experts: every rank of the expert-parallel group holds its rows; in rank order they make the whole weight.
         at::Tensor whole = at::empty({part.numel() * impl_->ep_comm_->size()}, part.options());
@@ -698,6 +743,14 @@ std::vector<std::vector<ShardSpan>> ParallelModel::shard_layout() const {
       const int64_t p_lo = u->offsets[i], p_hi = p_lo + u->params[i].numel();
       const int64_t a = std::max(lo, p_lo), b = std::min(hi, p_hi);
       if (a >= b) continue;
+      if (u->tp[i] != nullptr) {
+        for (ShardSpan sp : tensor_parallel_spans(u->names[i], u->global_shapes[i], *u->tp[i], impl_->tp_comm_->rank(),
+                                                  impl_->tp_, a - p_lo, b - p_lo)) {
+          sp.offset += a - lo;
+          spans.push_back(std::move(sp));
+        }
+        continue;
+      }
       spans.push_back({u->names[i], u->global_shapes[i], u->global_starts[i] + a - p_lo, b - a, a - lo});
     }
     out.push_back(std::move(spans));
@@ -727,9 +780,20 @@ const ParallelOptions& ParallelModel::options() const {
   return impl_->o_;
 }
 
+std::vector<std::pair<std::string, std::vector<int64_t>>> ParallelModel::parameter_shapes() const {
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const Unit* u : impl_->parts_) {
+    for (size_t i = 0; i < u->names.size(); ++i) shapes[u->names[i]] = u->global_shapes[i];
+  }
+  for (const auto& [name, t] : impl_->frozen_) shapes[name] = t.sizes().vec();
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (const std::string& name : impl_->names_) out.emplace_back(name, shapes.at(name));
+  return out;
+}
+
 std::vector<int64_t> ParallelModel::unit_sizes() const {
   std::vector<int64_t> out;
-  for (const auto& u : impl_->units_) out.push_back(u->numel + (u->experts ? u->experts->numel : 0));
+  for (const auto& u : impl_->units_) out.push_back(u->numel + (u->split ? u->split->numel : 0));
   return out;
 }
 

@@ -70,8 +70,9 @@ int64_t parse_parallelism(config::Section& p, const config::Section& fsdp, Shard
   const int64_t shard = p.get_int("data_parallel_shard_degree", -1);
   p.check(shard == -1 || shard >= 1, "data_parallel_shard_degree", "must be -1 (the rest) or >= 1");
   const std::string reshard = p.get_choice("fsdp_reshard_after_forward", "default", {"default", "always", "never"});
-  for (const char* key : {"tensor_parallel_degree", "context_parallel_degree", "pipeline_parallel_degree",
-                          "expert_tensor_parallel_degree"}) {
+  const int64_t tensor = p.get_int("tensor_parallel_degree", 1);
+  p.check(tensor >= 1, "tensor_parallel_degree", "must be at least 1");
+  for (const char* key : {"context_parallel_degree", "pipeline_parallel_degree", "expert_tensor_parallel_degree"}) {
     const int64_t degree = p.get_int(key, 1);
     p.check(degree >= 1, key, "must be at least 1");
     if (degree > 1) p.not_supported(key, std::to_string(degree));
@@ -115,21 +116,29 @@ int64_t parse_parallelism(config::Section& p, const config::Section& fsdp, Shard
   o.shard_degree = shard;
   o.replicate_degree = replicate;
   o.mesh_keys = "parallelism";
+  o.tensor_parallel_degree = tensor;
   return experts;
 }
 
 int64_t shard_group_size(const ShardingOptions& o, int64_t world_size, int64_t ranks_per_node) {
+  const int64_t tp = std::max<int64_t>(o.tensor_parallel_degree, 1);
+  if (world_size % tp != 0) {
+    throw ConfigError("recipe", fmt::format("{}.tensor_parallel_degree ({}) does not divide the world size ({})",
+                                            o.mesh_keys, tp, world_size));
+  }
   if (o.shard_degree == -1 && o.replicate_degree == 0) return std::clamp<int64_t>(ranks_per_node, 1, world_size);
+  const int64_t data = world_size / tp;  // data-parallel ranks: one per tensor-parallel group
   const int64_t r = o.replicate_degree > 0 ? o.replicate_degree : 1;
-  const int64_t shard = o.shard_degree == -1 ? world_size / r : o.shard_degree;
-  const int64_t replicate = o.replicate_degree > 0 ? o.replicate_degree : world_size / std::max<int64_t>(shard, 1);
-  if (shard < 1 || shard * replicate != world_size) {
+  const int64_t shard = o.shard_degree == -1 ? data / r : o.shard_degree;
+  const int64_t replicate = o.replicate_degree > 0 ? o.replicate_degree : data / std::max<int64_t>(shard, 1);
+  if (shard < 1 || shard * replicate != data) {
     throw ConfigError(
         "recipe",
-        fmt::format("{}.data_parallel_shard_degree ({}) x data_parallel_replicate_degree "
-                    "({}) must equal the world size ({})",
+        fmt::format("{}.data_parallel_shard_degree ({}) x data_parallel_replicate_degree ({}) must equal the world "
+                    "size ({}){}",
                     o.mesh_keys, o.shard_degree,
-                    o.replicate_degree > 0 ? std::to_string(o.replicate_degree) : std::string("unset"), world_size));
+                    o.replicate_degree > 0 ? std::to_string(o.replicate_degree) : std::string("unset"), world_size,
+                    tp > 1 ? fmt::format(" / tensor_parallel_degree ({})", tp) : std::string()));
   }
   if (replicate > 1 && o.strategy != ShardingStrategy::kHybridShard && o.strategy != ShardingStrategy::kNoShard) {
     throw ConfigError("recipe", fmt::format("{}.data_parallel_replicate_degree {}: {} does not replicate "
@@ -138,7 +147,7 @@ int64_t shard_group_size(const ShardingOptions& o, int64_t world_size, int64_t r
                                             o.mesh_keys, replicate, to_string(o.strategy), shard, replicate));
   }
   if (replicate == 1 && o.strategy == ShardingStrategy::kHybridShard) return world_size;
-  return shard;
+  return shard * tp;
 }
 
 bool applies_fsdp(int64_t world_size) {
@@ -213,6 +222,14 @@ double expert_all_to_all_bytes(int64_t tokens, int64_t top_k, int64_t d_model, i
   const double exchanges = activation_checkpointing ? 6.0 : 4.0;
   return exchanges * static_cast<double>(moe_layers) * rows * static_cast<double>(d_model) * bytes_per_value *
          static_cast<double>(degree - 1) / static_cast<double>(degree);
+}
+
+double tensor_parallel_all_reduce_bytes(int64_t tokens, int64_t d_model, int64_t layers, int64_t degree,
+                                        int bytes_per_value, bool activation_checkpointing) {
+  if (degree <= 1) return 0;
+  const double all_reduces = (activation_checkpointing ? 6.0 : 4.0) * static_cast<double>(layers);
+  const double bytes = static_cast<double>(tokens) * static_cast<double>(d_model) * bytes_per_value;
+  return all_reduces * bytes * 2.0 * static_cast<double>(degree - 1) / static_cast<double>(degree);
 }
 
 }  // namespace tessera::dist

@@ -368,21 +368,23 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaOptions& o, const at::TensorOp
 }
 
 at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
-  const int64_t b = x.size(0), s = x.size(1), hd = o_.head_dim, h = o_.num_attention_heads, kv = o_.num_key_value_heads;
-  at::Tensor q = q_proj(x).reshape({b, s, h, hd});
-  at::Tensor k = k_proj(x).reshape({b, s, kv, hd});
+  const int64_t ways = tp ? tp->size() : 1;  // this rank's heads: 1 / ways of them
+  const int64_t b = x.size(0), s = x.size(1), hd = o_.head_dim, h = o_.num_attention_heads / ways,
+                kv = o_.num_key_value_heads / ways;
+  at::Tensor q = column_parallel(*q_proj, x, tp).reshape({b, s, h, hd});
+  at::Tensor k = column_parallel(*k_proj, x, tp).reshape({b, s, kv, hd});
   if (q_norm) {  // Qwen3: per head, before rotary
     q = q_norm(q).to(q.scalar_type());
     k = k_norm(k).to(k.scalar_type());
   }
   q = apply_rotary(q, in.rope_cos, in.rope_sin).transpose(1, 2);
   k = apply_rotary(k, in.rope_cos, in.rope_sin).transpose(1, 2);
-  at::Tensor v = v_proj(x).reshape({b, s, kv, hd}).transpose(1, 2);
+  at::Tensor v = column_parallel(*v_proj, x, tp).reshape({b, s, kv, hd}).transpose(1, 2);
   append_to_cache(cache, k, v);
   const double dropout = is_training() ? o_.attention_dropout : 0.0;
   const at::Tensor context =
       attend(q, k, v, in, 1.0 / std::sqrt(static_cast<double>(hd)), dropout, is_training());  // (B, H, s, hd)
-  return o_proj(context.transpose(1, 2).reshape({b, s, h * hd}));
+  return row_parallel(*o_proj, context.transpose(1, 2).reshape({b, s, h * hd}), tp);
 }
 
 LlamaMLPImpl::LlamaMLPImpl(const LlamaOptions& o, const at::TensorOptions& t) {
@@ -392,7 +394,7 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaOptions& o, const at::TensorOptions& t) {
 }
 
 at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
-  return down_proj(at::silu(gate_proj(x)) * up_proj(x));
+  return row_parallel(*down_proj, at::silu(column_parallel(*gate_proj, x, tp)) * column_parallel(*up_proj, x, tp), tp);
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaOptions& o, const at::TensorOptions& t, int64_t index,
@@ -560,6 +562,45 @@ LlamaForCausalLM build_llama(const LlamaOptions& options, uint64_t seed) {
   LlamaForCausalLM model(options);
   if (options.init_device != "meta") model->init_weights(seed);
   return model;
+}
+
+std::vector<TensorParallelSplit> LlamaForCausalLMImpl::tensor_parallel_plan(int64_t degree) const {
+  const auto refuse = [degree](const std::string& why) {
+    throw ConfigError("models", fmt::format("tensor_parallel_degree {}: {}", degree, why));
+  };
+  if (o_.num_attention_heads % degree != 0 || o_.num_key_value_heads % degree != 0) {
+    refuse(fmt::format("{}'s {} attention and {} key/value heads do not split into {} equal shares", o_.model_type,
+                       o_.num_attention_heads, o_.num_key_value_heads, degree));
+  }
+  if (o_.intermediate_size % degree != 0) {
+    refuse(fmt::format("the MLP's {} hidden units (intermediate_size) do not split into {} equal shares",
+                       o_.intermediate_size, degree));
+  }
+  std::vector<TensorParallelSplit> plan;
+  int64_t i = 0;
+  for (const auto& l : *model->layers) {
+    const auto* layer = l->as<LlamaDecoderLayerImpl>();
+    const std::string p = fmt::format("model.layers.{}.", i++);
+    if (layer->moe) refuse("the MoE layers' experts do not split over a tensor-parallel group");
+    const auto& a = *layer->self_attn;
+    add_column_parallel(plan, p + "self_attn.q_proj", *a.q_proj);
+    add_column_parallel(plan, p + "self_attn.k_proj", *a.k_proj);
+    add_column_parallel(plan, p + "self_attn.v_proj", *a.v_proj);
+    add_row_parallel(plan, p + "self_attn.o_proj");
+    const auto& m = *layer->mlp;
+    add_column_parallel(plan, p + "mlp.gate_proj", *m.gate_proj);
+    add_column_parallel(plan, p + "mlp.up_proj", *m.up_proj);
+    add_row_parallel(plan, p + "mlp.down_proj");
+  }
+  return plan;
+}
+
+void LlamaForCausalLMImpl::set_tensor_parallel(std::shared_ptr<TensorParallelGroup> group) {
+  for (const auto& l : *model->layers) {
+    auto* layer = l->as<LlamaDecoderLayerImpl>();
+    layer->self_attn->tp = group;
+    layer->mlp->tp = group;
+  }
 }
 
 }  // namespace tessera::models

@@ -37,18 +37,19 @@ GroupedQueryAttentionImpl::GroupedQueryAttentionImpl(const MPTOptions& o, const 
 }
 
 at::Tensor GroupedQueryAttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
-  const int64_t b = x.size(0), s = x.size(1), hd = o_.head_dim(), h = o_.n_heads, kv = o_.attn.kv_n_heads;
+  const int64_t ways = tp ? tp->size() : 1;  // this rank's heads: 1 / ways of them
+  const int64_t b = x.size(0), s = x.size(1), hd = o_.head_dim(), h = o_.n_heads / ways, kv = o_.attn.kv_n_heads / ways;
   at::Tensor q, k, v;
   if (Wqkv) {
-    at::Tensor qkv = Wqkv(x);  // (B, S, (H + 2 KV) hd): [Q | K | V], head-major
+    at::Tensor qkv = column_parallel(*Wqkv, x, tp);  // (B, S, (H + 2 KV) hd): [Q | K | V], head-major
     if (o_.attn.clip_qkv) qkv = qkv.clamp(-*o_.attn.clip_qkv, *o_.attn.clip_qkv);
     q = qkv.narrow(2, 0, h * hd);
     k = qkv.narrow(2, h * hd, kv * hd);
     v = qkv.narrow(2, (h + kv) * hd, kv * hd);
   } else {
-    q = Wq(x);
-    k = Wk(x);
-    v = Wv(x);
+    q = column_parallel(*Wq, x, tp);
+    k = column_parallel(*Wk, x, tp);
+    v = column_parallel(*Wv, x, tp);
     if (o_.attn.clip_qkv) {
       q = q.clamp(-*o_.attn.clip_qkv, *o_.attn.clip_qkv);
       k = k.clamp(-*o_.attn.clip_qkv, *o_.attn.clip_qkv);
@@ -79,7 +80,7 @@ at::Tensor GroupedQueryAttentionImpl::forward(const at::Tensor& x, const Attenti
   const at::Tensor context = attend(q, k, v, in, scale_, is_training() ? o_.attn.attn_pdrop : 0.0, is_training())
                                  .transpose(1, 2)
                                  .reshape({b, s, h * hd});  // (B, S, H hd)
-  return out_proj(context);
+  return row_parallel(*out_proj, context, tp);
 }
 
 FFNImpl::FFNImpl(const MPTOptions& o, const at::TensorOptions& t) : act_(o.ffn.ffn_act_fn) {
@@ -91,8 +92,10 @@ FFNImpl::FFNImpl(const MPTOptions& o, const at::TensorOptions& t) : act_(o.ffn.f
 }
 
 at::Tensor FFNImpl::forward(const at::Tensor& x) {
-  if (gate_proj) return down_proj(hf_activation(act_, gate_proj(x)) * up_proj(x));
-  return down_proj(hf_activation(act_, up_proj(x)));
+  const at::Tensor up = column_parallel(*up_proj, x, tp);
+  const at::Tensor hidden =
+      gate_proj ? hf_activation(act_, column_parallel(*gate_proj, x, tp)) * up : hf_activation(act_, up);
+  return row_parallel(*down_proj, hidden, tp);
 }
 
 MPTBlockImpl::MPTBlockImpl(const MPTOptions& o, const at::TensorOptions& t, std::shared_ptr<AuxLossScale> aux_scale,
@@ -356,6 +359,53 @@ std::vector<std::pair<std::string, at::Tensor>> MPTForCausalLMImpl::expert_token
     ++i;
   }
   return out;
+}
+
+std::vector<TensorParallelSplit> MPTForCausalLMImpl::tensor_parallel_plan(int64_t degree) const {
+  const auto refuse = [degree](const std::string& why) {
+    throw ConfigError("models", fmt::format("tensor_parallel_degree {}: {}", degree, why));
+  };
+  const int64_t h = o_.n_heads, kv = o_.attn.kv_n_heads, hd = o_.head_dim();
+  if (h % degree != 0 || kv % degree != 0) {
+    refuse(
+        fmt::format("MPT's {} query and {} key/value heads (attn_config.kv_n_heads) do not split into {} equal "
+                    "shares",
+                    h, kv, degree));
+  }
+  if (o_.ffn.moe) refuse("the MoE layers' experts do not split over a tensor-parallel group (use moe_world_size)");
+  if (o_.attn.qk_ln) refuse("attn_config.qk_ln normalises over every head at once (qk_gn, per head, splits)");
+  if (o_.attn.alibi) refuse("attn_config.alibi is not split over heads yet");
+  if (o_.ffn_hidden() % degree != 0) {
+    refuse(fmt::format("the MLP's {} hidden units do not split into {} equal shares", o_.ffn_hidden(), degree));
+  }
+  std::vector<TensorParallelSplit> plan;
+  int64_t i = 0;
+  for (const auto& b : *transformer->blocks) {
+    const auto* block = b->as<MPTBlockImpl>();
+    const std::string p = fmt::format("transformer.blocks.{}.", i++);
+    const auto& a = *block->attn;
+    if (a.Wqkv) {
+      add_column_parallel(plan, p + "attn.Wqkv", *a.Wqkv, {h * hd, kv * hd, kv * hd});
+    } else {
+      add_column_parallel(plan, p + "attn.Wq", *a.Wq);
+      add_column_parallel(plan, p + "attn.Wk", *a.Wk);
+      add_column_parallel(plan, p + "attn.Wv", *a.Wv);
+    }
+    add_row_parallel(plan, p + "attn.out_proj");
+    const auto& f = *block->ffn;
+    add_column_parallel(plan, p + "ffn.up_proj", *f.up_proj);
+    if (f.gate_proj) add_column_parallel(plan, p + "ffn.gate_proj", *f.gate_proj);
+    add_row_parallel(plan, p + "ffn.down_proj");
+  }
+  return plan;
+}
+
+void MPTForCausalLMImpl::set_tensor_parallel(std::shared_ptr<TensorParallelGroup> group) {
+  for (const auto& b : *transformer->blocks) {
+    auto* block = b->as<MPTBlockImpl>();
+    block->attn->tp = group;
+    block->ffn->tp = group;
+  }
 }
 
 void MPTForCausalLMImpl::use_low_precision_norms() {

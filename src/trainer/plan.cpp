@@ -129,11 +129,17 @@ Plan make_plan(const TrainConfig& cfg, int64_t world_size, int64_t ranks_per_nod
   plan.seq_len = cfg.train_loader.tokens.max_seq_len;
   plan.flops_per_token = model->flops_per_token(plan.seq_len);
   plan.tokens_per_step = cfg.global_train_batch_size * plan.seq_len;
-  if (cfg.global_train_batch_size % world_size != 0) {
-    throw ConfigError("recipe", fmt::format("{}: global_train_batch_size ({}) is not divisible by the world size ({})",
-                                            cfg.recipe_path, cfg.global_train_batch_size, world_size));
+  // Tensor-parallel groups read one batch each: the batch divides over the data-parallel ranks.
+  const int64_t tp = cfg.fsdp.tensor_parallel_degree;
+  const int64_t data_ranks = world_size / tp;  // shard_group_size checked that tp divides the world
+  if (cfg.global_train_batch_size % data_ranks != 0) {
+    throw ConfigError(
+        "recipe",
+        fmt::format("{}: global_train_batch_size ({}) is not divisible by the {} ({})", cfg.recipe_path,
+                    cfg.global_train_batch_size,
+                    tp > 1 ? "data-parallel ranks (world size / tensor_parallel_degree)" : "world size", data_ranks));
   }
-  plan.device_train_batch_size = cfg.global_train_batch_size / world_size;
+  plan.device_train_batch_size = cfg.global_train_batch_size / data_ranks;
   plan.auto_microbatch = cfg.device_train_microbatch_size.automatic;
   // For memory estimates under `auto`, assume the whole device batch at once (auto starts there and halves on OOM).
   const int64_t mb = plan.auto_microbatch
@@ -182,19 +188,47 @@ Plan make_plan(const TrainConfig& cfg, int64_t world_size, int64_t ranks_per_nod
     plan.all_to_all_bytes_ckpt =
         dist::expert_all_to_all_bytes(tokens, top_k, d_model, plan.moe_layers, ep, bytes, true);
   }
-  // The engine refuses NO_SHARD with expert parallelism; the split applies where the world holds whole groups.
+  if (tp > 1) {
+    // The weights the model splits (its plan refuses what does not divide, as the engine would) and per layer the
+    // all-reduces of d_model-wide activations (a row-parallel weight's rows).
+    std::map<std::string, int64_t> numel;
+    for (const auto& item : model->named_parameters()) numel[item.key()] = item.value().numel();
+    std::map<int64_t, int64_t> per_unit;
+    int64_t d = 0;
+    for (const models::TensorParallelSplit& s : model->tensor_parallel_plan(tp)) {
+      plan.tensor_split.params += numel.at(s.param);
+      per_unit[model->unit_of_parameter(s.param)] += numel.at(s.param);
+      if (s.dim == 1) d = model->named_parameters()[s.param].size(0);
+    }
+    if (per_unit.empty()) {
+      throw ConfigError("recipe", fmt::format("{}: parallelism.tensor_parallel_degree {}: model family \"{}\" declares "
+                                              "no tensor-parallel layers",
+                                              cfg.recipe_path, tp, model->family()));
+    }
+    plan.tensor_split.degree = tp;
+    for (const auto& [u, n] : per_unit)
+      plan.tensor_split.largest_unit_params = std::max(plan.tensor_split.largest_unit_params, n);
+    plan.tensor_parallel_layers = static_cast<int64_t>(per_unit.size());
+    const int64_t tokens = plan.device_train_batch_size * plan.seq_len;
+    plan.tensor_all_reduce_bytes =
+        dist::tensor_parallel_all_reduce_bytes(tokens, d, plan.tensor_parallel_layers, tp, act_bytes, false);
+    plan.tensor_all_reduce_bytes_ckpt =
+        dist::tensor_parallel_all_reduce_bytes(tokens, d, plan.tensor_parallel_layers, tp, act_bytes, true);
+  }
+  // The engine refuses NO_SHARD with expert or tensor parallelism; the split applies where the world holds whole
+  // groups.
   const bool split = ep > 1 && plan.expert_parallel_problem.empty();
   // A model that does not estimate its activations counts none (the plan says so).
   const double act = model->activation_bytes(mb, plan.seq_len, act_bytes, false).value_or(0);
   const double act_ckpt = model->activation_bytes(mb, plan.seq_len, act_bytes, true).value_or(0);
   for (auto strategy :
        {dist::ShardingStrategy::kNoShard, dist::ShardingStrategy::kShardGradOp, dist::ShardingStrategy::kFullShard}) {
-    if (split && strategy == dist::ShardingStrategy::kNoShard) continue;
-    plan.memory.push_back(
-        {strategy,
-         dist::state_memory_per_rank(plan.n_params, strategy, world_size, plan.ranks_per_node, mixed,
-                                     cfg.optimizer.state_tensors, unit, split ? plan.experts : dist::ExpertShare{}),
-         act, act_ckpt});
+    if ((split || tp > 1) && strategy == dist::ShardingStrategy::kNoShard) continue;
+    const dist::ExpertShare share = split ? plan.experts : tp > 1 ? plan.tensor_split : dist::ExpertShare{};
+    plan.memory.push_back({strategy,
+                           dist::state_memory_per_rank(plan.n_params, strategy, world_size, plan.ranks_per_node, mixed,
+                                                       cfg.optimizer.state_tensors, unit, share),
+                           act, act_ckpt});
   }
   return plan;
 }
@@ -208,8 +242,10 @@ std::string render_plan(const TrainConfig& cfg, const Plan& plan, const std::str
   line("devices", device_line);
   line("world size", fmt::format("{} ({} per node)", plan.world_size, plan.ranks_per_node));
   if (cfg.fsdp.shard_degree != -1 || cfg.fsdp.replicate_degree > 0) {
-    line("data-parallel mesh", fmt::format("replicate {} x shard {} ({}.data_parallel_*_degree)",
-                                           plan.world_size / plan.shard_group, plan.shard_group, cfg.fsdp.mesh_keys));
+    const int64_t tp = cfg.fsdp.tensor_parallel_degree;
+    line("data-parallel mesh",
+         fmt::format("replicate {} x shard {}{} ({}.data_parallel_*_degree)", plan.world_size / plan.shard_group,
+                     plan.shard_group / tp, tp > 1 ? fmt::format(" (x tensor {})", tp) : "", cfg.fsdp.mesh_keys));
   }
   line("model", plan.model);
   line("parameters",
@@ -253,6 +289,17 @@ std::string render_plan(const TrainConfig& cfg, const Plan& plan, const std::str
       line("token exchange", fmt::format("all-to-all {} sent per rank and step ({} with activation checkpointing)",
                                          gib(plan.all_to_all_bytes), gib(plan.all_to_all_bytes_ckpt)));
     }
+  }
+  if (plan.tensor_split.degree > 1) {
+    const int64_t tp = plan.tensor_split.degree;
+    line("tensor parallelism",
+         fmt::format("groups of {} ranks ({} data-parallel), {} split parameters in {} layers, {} per rank before "
+                     "sharding",
+                     tp, plan.world_size / tp, with_commas(plan.tensor_split.params), plan.tensor_parallel_layers,
+                     with_commas(plan.tensor_split.params / tp)));
+    line("tensor all-reduce", fmt::format("{} sent per rank and step ({} with activation checkpointing); activations "
+                                          "below are not divided by it (an upper bound: no sequence parallelism)",
+                                          gib(plan.tensor_all_reduce_bytes), gib(plan.tensor_all_reduce_bytes_ckpt)));
   }
   std::vector<std::string> names;
   for (const auto* list : {&cfg.algorithms, &cfg.callbacks, &cfg.loggers}) {

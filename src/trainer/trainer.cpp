@@ -69,6 +69,16 @@ Precision auto_precision(const at::Device& device) {
   return Precision::kFp32;
 }
 
+// The ranks that read different batches: one per tensor-parallel group of `tp` consecutive ranks (its ranks read the
+// same batch and split the model's layers instead). Sums over every rank of values that each group's ranks share are
+// then `tp` times the data-parallel sums, which the means and ratios logged cancel.
+int64_t data_rank(const State& s, int64_t tp) {
+  return s.rank / tp;
+}
+int64_t data_world(const State& s, int64_t tp) {
+  return s.world_size / tp;
+}
+
 // `values` summed over every rank, in one all-reduce (doubles: exact for counts below 2^53).
 std::vector<double> sum_over_ranks(const State& s, const std::vector<double>& values) {
   at::Tensor t = at::tensor(values, at::kDouble).to(s.device);
@@ -142,7 +152,8 @@ Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config
   shard_model();  // after INIT's surgery, before the optimizer sees the parameters
   state_.optimizer = optim::make_optimizer(cfg_.optimizer, state_.trainable_parameters());
   // Reseed so that INIT-time randomness does not change what training draws; a resumed run then restores the RNG.
-  at::manual_seed(static_cast<uint64_t>(cfg_.seed + state_.rank));
+  // A tensor-parallel group's ranks draw the same numbers: they compute the same activations outside the split layers.
+  at::manual_seed(static_cast<uint64_t>(cfg_.seed + data_rank(state_, cfg_.fsdp.tensor_parallel_degree)));
   engine_->run_event(Event::kBeforeLoad);
   load_initial_checkpoint();
   engine_->run_event(Event::kAfterLoad);
@@ -195,9 +206,15 @@ void Trainer::setup_ranks() {
   if (cuda && rendezvous_.placement_known) {
     state_.device = cuda_device_of(rendezvous_, dev.cuda_devices, cfg_.recipe_path);
   }
-  if (cfg_.global_train_batch_size % state_.world_size != 0) {
-    throw ConfigError("recipe", fmt::format("{}: global_train_batch_size {} does not divide over {} ranks",
-                                            cfg_.recipe_path, cfg_.global_train_batch_size, state_.world_size));
+  const int64_t tp = cfg_.fsdp.tensor_parallel_degree;
+  if (state_.world_size % tp != 0) {
+    throw ConfigError("recipe", fmt::format("{}: parallelism.tensor_parallel_degree {} does not divide the {} ranks",
+                                            cfg_.recipe_path, tp, state_.world_size));
+  }
+  if (cfg_.global_train_batch_size % data_world(state_, tp) != 0) {
+    throw ConfigError("recipe",
+                      fmt::format("{}: global_train_batch_size {} does not divide over {} data-parallel ranks",
+                                  cfg_.recipe_path, cfg_.global_train_batch_size, data_world(state_, tp)));
   }
   state_.comm = dist::Communicator::connect(rendezvous_, state_.device, cfg_.dist_timeout);
   const bool found = !rendezvous_.placement_known;
@@ -210,7 +227,12 @@ void Trainer::setup_ranks() {
                  rendezvous_.node_rank(), rendezvous_.local_rank, found ? ", found by the rendezvous" : "",
                  state_.comm->backend_name());
   }
-  state_.device_train_batch_size = cfg_.global_train_batch_size / state_.world_size;
+  if (tp > 1 && state_.local_world_size % tp != 0) {
+    throw ConfigError("recipe", fmt::format("{}: parallelism.tensor_parallel_degree {}: a tensor-parallel group stays "
+                                            "within a node, and nodes of {} ranks do not hold whole groups",
+                                            cfg_.recipe_path, tp, state_.local_world_size));
+  }
+  state_.device_train_batch_size = cfg_.global_train_batch_size / data_world(state_, tp);
 }
 
 const data::Tokenizer& Trainer::tokenizer(const std::string& needed_by) {
@@ -241,12 +263,13 @@ void Trainer::build_data() {
   }
   const dist::Rendezvous& rv = rendezvous_;
   data::LoaderContext ctx;
-  ctx.world_size = state_.world_size;
-  ctx.rank = state_.rank;
+  const int64_t tp = cfg_.fsdp.tensor_parallel_degree;
+  ctx.world_size = data_world(state_, tp);
+  ctx.rank = data_rank(state_, tp);
   ctx.num_nodes = rv.num_nodes();
   ctx.node_rank = rv.node_rank();
-  ctx.local_world_size = rv.local_world_size;
-  ctx.local_rank = rv.local_rank;
+  ctx.local_world_size = rv.local_world_size / tp;
+  ctx.local_rank = rv.local_rank / tp;
   auto tokenizer_for = [this](const std::string& loader) {
     return [this, loader] { return tokenizer("the " + loader + " loader"); };
   };
@@ -575,8 +598,10 @@ void Trainer::fit() {
       const std::vector<double> sums =
           sum_over_ranks(state_, {static_cast<double>(samples), static_cast<double>(tokens),
                                   static_cast<double>(data::loss_token_count(state_.batch)), signal != 0 ? 1.0 : 0.0});
-      samples = static_cast<int64_t>(sums[0]);
-      tokens = static_cast<int64_t>(sums[1]);
+      // A tensor-parallel group's ranks read one batch: it counts once.
+      const double copies = static_cast<double>(cfg_.fsdp.tensor_parallel_degree);
+      samples = static_cast<int64_t>(sums[0] / copies);
+      tokens = static_cast<int64_t>(sums[1] / copies);
       loss_tokens_ = sums[2];
       if (sums[3] > 0 && !state_.preempted()) {
         state_.stop_training(State::StopReason::kPreempted);
@@ -782,7 +807,8 @@ void Trainer::run_icl_eval() {
   for (const eval::IclTaskConfig& task : icl_tasks_) {
     for (int64_t k : task.num_fewshot) {
       util::heartbeat(fmt::format("icl {} {}-shot", task.label, k));
-      eval::IclRanks ranks{state_.rank, state_.world_size,
+      const int64_t tp = cfg_.fsdp.tensor_parallel_degree;
+      eval::IclRanks ranks{data_rank(state_, tp), data_world(state_, tp),
                            [this](std::vector<double>& v) { v = sum_over_ranks(state_, v); }};
       for (const eval::IclResult& r : eval::evaluate_icl_task(*state_.model, *tokenizer_, task, k, ranks)) {
         state_.eval_metrics[r.label] = Metrics{{r.metric, r.accuracy()}};

@@ -42,12 +42,16 @@ class SafetensorsFile;
 
 inline constexpr int kFormatVersion = 1;
 
-// Elements [start, start + numel) of the row-major flattening of the logical tensor `tensor` (global `shape`).
+// Elements [start, start + numel) of the row-major flattening of the logical tensor `tensor` (global `shape`). With a
+// column window (cols > 0; a 2-D tensor split by columns, as tensor parallelism's row-parallel weights are), of the
+// sub-matrix tensor[:, col_start : col_start + cols] instead.
 struct Piece {
   std::string tensor;
   std::vector<int64_t> shape;
   int64_t start = 0;
   int64_t numel = 0;
+  int64_t col_start = 0;
+  int64_t cols = 0;
 };
 
 // What one rank stores: pieces of logical tensors (each with its values, `numel` elements, any dtype), and tensors
@@ -141,6 +145,9 @@ class CheckpointReader {
   // Copies elements [start, start + dst.numel()) of tensor `name` into `dst` (contiguous, any dtype: converted).
   // Throws naming the tensor when it is absent, the range is out of bounds or not fully covered by the pieces.
   void read(const std::string& name, int64_t start, at::Tensor dst);
+  // The same for elements [start, start + dst.numel()) of the sub-matrix name[:, col_start : col_start + cols] of a
+  // 2-D tensor, counted row-major in it.
+  void read_window(const std::string& name, int64_t col_start, int64_t cols, int64_t start, at::Tensor dst);
   // The whole tensor, in its stored dtype and shape.
   at::Tensor read_full(const std::string& name);
   // Rank `rank`'s own tensor `key` (RankPayload::local), or an undefined tensor when that rank stored none.
@@ -148,6 +155,8 @@ class CheckpointReader {
 
  private:
   SafetensorsFile& file(int rank);
+  // A piece's `numel` values (its metadata.json entry `piece`), checked against its file.
+  at::Tensor piece_values(const nlohmann::json& piece, int64_t numel);
   std::string dir_;
   bool verify_;
   nlohmann::json meta_;

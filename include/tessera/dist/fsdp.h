@@ -33,6 +33,14 @@
 // NO_SHARD with expert parallelism is refused, as is a HYBRID_SHARD node that does not hold whole groups. Under
 // agree_on_oom each token exchange is preceded by a sync point too.
 //
+// Tensor parallelism (options.sharding.tensor_parallel_degree T > 1; models/tensor_parallel.h): groups of T
+// consecutive ranks split the layers the model declares (CausalLM::tensor_parallel_plan); each rank keeps its slice
+// of those weights as its unit's second flat vector (as for experts), split over the world / T ranks that hold the same
+// slices, and the model runs on its slices over the group. The group's ranks see one batch, so a slice's gradient,
+// reduced over its holders, is averaged over world / T; the dense parameters, computed alike on the group's ranks,
+// over the world as before. Shard layouts name a column-parallel slice by its rows and a row-parallel one by a column
+// window of the whole weight (ShardSpan::cols), so checkpoints resume under any other mesh.
+//
 // A world of one is the same engine over the local communicator, whose collectives are no-ops; the trainer gives it
 // DDP's options there (sharding_for_world), so the flat vectors are the parameters themselves and nothing is copied.
 //
@@ -82,13 +90,17 @@ class PeerOutOfMemory : public Error {
 std::pair<at::ScalarType, at::ScalarType> mixed_precision_dtypes(MixedPrecision mp, at::ScalarType low);
 
 // Where one model parameter's elements sit in a rank's flat shard: elements [start, start + numel) of parameter
-// `name` (global `shape`, row-major) are shard elements [offset, offset + numel).
+// `name` (global `shape`, row-major) are shard elements [offset, offset + numel). With a column window (cols > 0, a
+// tensor-parallel row-parallel weight, 2-D), the elements are those of the sub-matrix name[:, col_start : col_start +
+// cols], counted row-major in it.
 struct ShardSpan {
   std::string name;
   std::vector<int64_t> shape;
   int64_t start = 0;
   int64_t numel = 0;
   int64_t offset = 0;
+  int64_t col_start = 0;
+  int64_t cols = 0;
 };
 
 // Bytes this rank holds between steps for parameters and gradients (optimizer state is the optimizer's).
@@ -133,6 +145,9 @@ class ParallelModel {
   ShardMemory memory() const;
   Communicator& comm();
   const ParallelOptions& options() const;
+  // Every parameter's name and whole shape, in the model's order (the model's own tensors may hold only this rank's
+  // part of one: expert-parallel experts, tensor-parallel slices).
+  std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes() const;
   // Units and their parameter counts (unpadded), for logs and benchmarks.
   std::vector<int64_t> unit_sizes() const;
 

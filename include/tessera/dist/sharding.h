@@ -41,6 +41,9 @@ struct ShardingOptions {
   int64_t replicate_degree = 0;
   // The section whose keys gave the degrees (fsdp_config, or torchtitan's parallelism), for messages.
   std::string mesh_keys = "fsdp_config";
+  // parallelism.tensor_parallel_degree: groups of this many consecutive ranks split the model's declared layers
+  // (models/tensor_parallel.h); the data-parallel degrees then multiply to world size / this.
+  int64_t tensor_parallel_degree = 1;
 };
 
 // Reads an `fsdp_config` section (absent: Composer's defaults).
@@ -49,13 +52,15 @@ ShardingOptions parse_sharding_options(config::Section& s);
 // torchtitan's `parallelism:` section (JobConfig.Parallelism, its names) applied to `o`: data_parallel_replicate_degree
 // R (default 1) and data_parallel_shard_degree S (default -1: the rest of the world) become the strategy and
 // HYBRID_SHARD's groups: R > 1 and S != 1 HYBRID_SHARD (torchtitan's HSDP), R > 1 and S == 1 NO_SHARD (DDP), else
-// FULL_SHARD, or SHARD_GRAD_OP under fsdp_reshard_after_forward: never. `fsdp` is the recipe's fsdp_config section:
-// a sharding_strategy there must agree, and its own degrees must not be given as well. Returns
-// expert_parallel_degree (1: none). Tensor, context and pipeline degrees above 1 are refused as not supported.
+// FULL_SHARD, or SHARD_GRAD_OP under fsdp_reshard_after_forward: never. tensor_parallel_degree T makes groups of T
+// consecutive ranks inside that mesh (R x S x T = world size). `fsdp` is the recipe's fsdp_config section: a
+// sharding_strategy there must agree, and its own degrees must not be given as well. Returns expert_parallel_degree
+// (1: none). Context and pipeline degrees above 1 are refused as not supported.
 int64_t parse_parallelism(config::Section& p, const config::Section& fsdp, ShardingOptions& o);
 
 // The shard-group size HYBRID_SHARD uses on `world_size` ranks with `ranks_per_node` per node: the mesh's shard
-// degree when the recipe gives one (a -1 shard degree with a replicate degree R is world_size / R), else the node.
+// degree when the recipe gives one (a -1 shard degree with a replicate degree R is world_size / (R T)) times the
+// tensor-parallel degree T, else the node.
 // Throws ConfigError naming fsdp_config's keys when the degrees do not multiply to the world size, or when a
 // replicate degree above 1 comes with a strategy that does not replicate shards (HYBRID_SHARD does).
 int64_t shard_group_size(const ShardingOptions& o, int64_t world_size, int64_t ranks_per_node);
@@ -106,5 +111,12 @@ StateMemory state_memory_per_rank(int64_t n_params, ShardingStrategy strategy, i
 // recomputation adds the forward's two again; (degree - 1) / degree of the rows leave the rank.
 double expert_all_to_all_bytes(int64_t tokens, int64_t top_k, int64_t d_model, int64_t moe_layers, int64_t degree,
                                int bytes_per_value, bool activation_checkpointing);
+
+// Bytes one rank sends in tensor parallelism's all-reduces of one training step over `tokens` tokens (its
+// microbatches together): per layer that splits, the attention's and the MLP's row-parallel outputs are summed over the
+// group in forward, and the column-parallel inputs' gradients in backward (four all-reduces of tokens x d_model values;
+// six with activation checkpointing's recomputation), each sending 2 (degree - 1) / degree of its bytes (a ring).
+double tensor_parallel_all_reduce_bytes(int64_t tokens, int64_t d_model, int64_t layers, int64_t degree,
+                                        int bytes_per_value, bool activation_checkpointing);
 
 }  // namespace tessera::dist

@@ -24,6 +24,7 @@
 #include "tessera/data/batch.h"
 #include "tessera/models/loss.h"
 #include "tessera/models/metric.h"
+#include "tessera/models/tensor_parallel.h"
 
 namespace tessera::models {
 
@@ -155,6 +156,12 @@ class CausalLM : public torch::nn::Module {
   // The parameters one token uses: num_params() for a dense model; a mixture of experts counts its routers and top-k
   // experts only (as LLM Foundry's n_active_params does).
   virtual int64_t num_active_params() const { return num_params(); }
+  // --- Tensor parallelism (models/tensor_parallel.h). The parameters that split over a tensor-parallel group of
+  // `degree` ranks and how; empty (the default) when the model does not support it. Throws ConfigError naming what
+  // does not divide (heads, hidden units) or which option forbids it.
+  virtual std::vector<TensorParallelSplit> tensor_parallel_plan(int64_t degree) const;
+  // After the engine replaced those parameters by this rank's slices: run on them over `group`.
+  virtual void set_tensor_parallel(std::shared_ptr<TensorParallelGroup> group);
   // --- Surgery. ALiBi attention (learned positions dropped) with `alibi_bias_max`, up to `max_seq_len` tokens: a
   // rebuilt model initialised from `seed` (the default throws ConfigError: the family does not support it).
   virtual std::shared_ptr<CausalLM> with_alibi(double alibi_bias_max, int64_t max_seq_len, uint64_t seed) const;

@@ -114,7 +114,8 @@ class LlamaAttentionImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache = nullptr);
 
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
-  Norm q_norm{nullptr}, k_norm{nullptr};  // qk_norm only
+  Norm q_norm{nullptr}, k_norm{nullptr};    // qk_norm only
+  std::shared_ptr<TensorParallelGroup> tp;  // tensor parallelism (tensor_parallel.h): this rank's heads only
 
  private:
   LlamaOptions o_;
@@ -128,6 +129,7 @@ class LlamaMLPImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);
 
   Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  std::shared_ptr<TensorParallelGroup> tp;  // tensor parallelism: this rank's hidden units only
 };
 TORCH_MODULE(LlamaMLP);
 
@@ -190,6 +192,8 @@ class LlamaForCausalLMImpl : public CausalLM {
   void set_auxiliary_loss_scale(double scale) override { aux_scale_->set(scale); }
   std::vector<std::pair<std::string, at::Tensor>> expert_token_counts() const override;
   int64_t num_active_params() const override;
+  std::vector<TensorParallelSplit> tensor_parallel_plan(int64_t degree) const override;
+  void set_tensor_parallel(std::shared_ptr<TensorParallelGroup> group) override;
 
   LlamaModel model{nullptr};
   Linear lm_head{nullptr};  // only when tie_word_embeddings is false

@@ -21,6 +21,7 @@
 #include "tessera/models/layers.h"
 #include "tessera/models/moe.h"
 #include "tessera/models/mpt_config.h"
+#include "tessera/models/tensor_parallel.h"
 
 namespace tessera::models {
 
@@ -39,6 +40,8 @@ class GroupedQueryAttentionImpl : public torch::nn::Module {
   Linear out_proj{nullptr};
   Norm q_ln{nullptr};
   Norm k_ln{nullptr};
+  // Tensor parallelism (tensor_parallel.h): this rank's heads only; the projections hold their slices.
+  std::shared_ptr<TensorParallelGroup> tp;
 
  private:
   MPTOptions o_;
@@ -55,6 +58,7 @@ class FFNImpl : public torch::nn::Module {
   Linear up_proj{nullptr};
   Linear gate_proj{nullptr};  // mptglu only
   Linear down_proj{nullptr};
+  std::shared_ptr<TensorParallelGroup> tp;  // tensor parallelism: this rank's hidden units only
 
  private:
   std::string act_;  // ffn_config.ffn_act_fn, by its ACT2FN name
@@ -147,6 +151,8 @@ class MPTForCausalLMImpl : public CausalLM {
   void set_auxiliary_loss_scale(double scale) override { aux_scale_->set(scale); }
   std::vector<std::pair<std::string, at::Tensor>> expert_token_counts() const override;
   int64_t num_active_params() const override { return mpt_active_param_count(o_); }
+  std::vector<TensorParallelSplit> tensor_parallel_plan(int64_t degree) const override;
+  void set_tensor_parallel(std::shared_ptr<TensorParallelGroup> group) override;
 
   MPTModel transformer{nullptr};
   Linear lm_head{nullptr};  // only when tie_word_embeddings is false

@@ -43,6 +43,13 @@ struct Plan {
   double all_to_all_bytes = 0;
   double all_to_all_bytes_ckpt = 0;
   std::string expert_parallel_problem;  // why this world size cannot run the degree (empty: it can)
+  // Tensor parallelism (parallelism.tensor_parallel_degree): the split weights' share (the experts' accounting holds
+  // for any part split over a group: degree, split parameters, those of the largest unit), the layers that all-reduce,
+  // and what they send per rank and step without and with activation checkpointing.
+  dist::ExpertShare tensor_split;
+  int64_t tensor_parallel_layers = 0;
+  double tensor_all_reduce_bytes = 0;
+  double tensor_all_reduce_bytes_ckpt = 0;
 };
 
 // What a checkpoint costs and how often the job fails: the inputs of the interval advice.

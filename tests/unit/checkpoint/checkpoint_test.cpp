@@ -96,6 +96,40 @@ TEST(CheckpointFormat, AGapInThePiecesIsAnErrorNotZeros) {
             std::string::npos);
 }
 
+TEST(CheckpointFormat, ColumnWindowsReadBackAsAnyRangeOrWindow) {
+  // A [10, 7] matrix stored as tensor parallelism's row-parallel slices: columns [0, 3) and [3, 7), each window split
+  // over two ranks at a boundary inside a row (elements [0, 13) and [13, 30) of the 10 x 3 window, row-major in it).
+  const fs::path folder = fresh_dir("windows");
+  const at::Tensor w = at::arange(70, at::kFloat).view({10, 7});
+  std::vector<RankPayload> ranks(4);
+  const std::vector<std::pair<int64_t, int64_t>> windows = {{0, 3}, {3, 4}};
+  for (size_t k = 0; k < 2; ++k) {
+    const auto [c0, cols] = windows[k];
+    const at::Tensor sub = w.narrow(1, c0, cols).contiguous().view({-1});
+    const int64_t cut = 13;
+    ranks[2 * k].pieces.emplace_back(Piece{"model/w", {10, 7}, 0, cut, c0, cols}, sub.narrow(0, 0, cut).clone());
+    ranks[2 * k + 1].pieces.emplace_back(Piece{"model/w", {10, 7}, cut, 10 * cols - cut, c0, cols},
+                                         sub.narrow(0, cut, 10 * cols - cut).clone());
+  }
+  write_checkpoint(folder, "ep0-ba1", 1, ranks);
+  CheckpointReader r((folder / "ep0-ba1").string());
+  EXPECT_TRUE(at::equal(r.read_full("model/w"), w));
+  at::Tensor part = at::empty({25}, at::kFloat);
+  r.read("model/w", 20, part);  // rows 2..6, through both windows of each
+  EXPECT_TRUE(at::equal(part, at::arange(20, 45, at::kFloat)));
+  // Another mesh's window, [2, 5) of every row, from elements 4 on: through all four pieces.
+  at::Tensor window = at::empty({20}, at::kFloat);
+  r.read_window("model/w", 2, 3, 4, window);
+  EXPECT_TRUE(at::equal(window, w.narrow(1, 2, 3).contiguous().view({-1}).narrow(0, 4, 20)));
+  // The same window as stored: one piece's values.
+  at::Tensor same = at::empty({17}, at::kFloat);
+  r.read_window("model/w", 3, 4, 13, same);
+  EXPECT_TRUE(at::equal(same, w.narrow(1, 3, 4).contiguous().view({-1}).narrow(0, 13, 17)));
+  at::Tensor wide = at::empty({4}, at::kFloat);
+  EXPECT_NE(testing::error_of([&] { r.read_window("model/w", 5, 3, 0, wide); }).find("are outside it"),
+            std::string::npos);
+}
+
 void flip_byte(const fs::path& file, std::streamoff at) {
   std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
   f.seekg(at);

@@ -23,6 +23,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -853,6 +854,122 @@ TEST_F(DistTrainingFalcon, FullShardFromMetaMatchesOneProcessAndItsCheckpointRes
   const double want = single().losses.at(10);
   const std::string fs2 = save_at_ten("ck_fs2", 2, "FULL_SHARD");
   EXPECT_NEAR(loss_after_resuming("ck_fs2_to_1", 1, "", fs2), want, 1e-5 * want) << "FULL_SHARD x2 -> 1 process";
+}
+
+// ---- Tensor parallelism --------------------------------------------------------------------------------------------
+
+namespace {
+// torchtitan's section as a shell-quoted override.
+std::string tensor_parallel(int degree, const std::string& more = "") {
+  return fmt::format("'parallelism={{tensor_parallel_degree: {}{}}}'", degree, more.empty() ? "" : ", " + more);
+}
+}  // namespace
+
+TEST_F(DistTraining, TensorParallelLayoutsMatchOneProcessAndTheirCheckpointsReshard) {
+  if (is_worker()) GTEST_SKIP();
+  // MPT's attention heads (fused Wqkv: query, key and value blocks) and MLP split over tensor-parallel groups,
+  // composed with FULL_SHARD over the data-parallel ranks: 20 steps equal one process's losses and its final (gathered)
+  // weights.
+  expect_same(single(), run("tp2_fs2", 4, {tensor_parallel(2)}), "TP 2 x FSDP 2");
+  expect_same(single(), run("tp2_fs1", 2, {tensor_parallel(2), "fsdp_config.activation_checkpointing=true"}),
+              "TP 2, activation checkpointing");
+  // Four heads for TP 4 (one per rank), against one process of the same model; SHARD_GRAD_OP
+  // (fsdp_reshard_after_forward: never), and the unfused Wq / Wk / Wv.
+  const std::string heads = "model.n_heads=4";
+  const fs::path ckpt = root_ / "ckpt";
+  auto saving = [&](const std::string& name, std::vector<std::string> o) {
+    fs::remove_all(ckpt / name);
+    for (const char* x : {"scheduler.t_max=20ba", "save_interval=10ba"}) o.emplace_back(x);
+    o.push_back("save_folder=" + (ckpt / name).string());
+    return o;
+  };
+  const TrainRun one = run("tp_single4", 1, saving("tp_single4", {heads}));
+  expect_same(one, run("tp4", 4, {heads, tensor_parallel(4, "fsdp_reshard_after_forward: never")}), "TP 4");
+  {  // (no HF export for the unfused layout: losses only)
+    const std::vector<std::string> unfused = {heads, "model.attn_config.fused_qkv=false", "callbacks={}"};
+    const TrainRun a = run("tp_single4_unfused", 1, unfused);
+    std::vector<std::string> o = unfused;
+    o.push_back(tensor_parallel(4));
+    const TrainRun b = run("tp4_unfused", 4, o);
+    ASSERT_EQ(a.losses.size(), 20u);
+    ASSERT_EQ(b.losses.size(), 20u);
+    for (size_t i = 0; i < a.losses.size(); ++i) {
+      EXPECT_NEAR(b.losses[i], a.losses[i], 1e-5 * std::abs(a.losses[i])) << "TP 4, separate Wq/Wk/Wv, step " << i;
+    }
+  }
+  // The checkpoints keep one logical layout: TP 2 x FSDP 2's (saved at 10 of 20 steps) holds the one process's
+  // weights, and resumes under FSDP 4, TP 4 and one process with the uninterrupted run's next loss; one process's
+  // resumes under TP 2 x FSDP 2.
+  run("tp2_fs2_save", 4, saving("tp2_fs2_save", {heads, tensor_parallel(2), "max_duration=10ba"}));
+  EXPECT_NE(read_dist_log(root_ / "tp2_fs2_save.log").find("tensor parallelism over groups of 2 ranks"),
+            std::string::npos);
+  {  // Row-parallel weights are stored as column windows of the whole matrix; column-parallel ones as row ranges.
+    checkpoint::CheckpointReader r((ckpt / "tp2_fs2_save" / "ep0-ba10").string());
+    const nlohmann::json& t = r.metadata().at("tensors");
+    std::set<int64_t> windows;
+    for (const auto& pc : t.at("model/transformer.blocks.0.attn.out_proj.weight").at("pieces")) {
+      windows.insert(pc.value("col_start", int64_t{-1}));
+    }
+    EXPECT_EQ(windows, (std::set<int64_t>{0, 16})) << "two ranks' halves of the 32 columns";
+    for (const auto& pc : t.at("model/transformer.blocks.0.attn.Wqkv.weight").at("pieces")) {
+      EXPECT_FALSE(pc.contains("cols"));
+    }
+  }
+  const auto saved = checkpoint_weights(ckpt / "tp2_fs2_save" / "ep0-ba10");
+  const auto reference = checkpoint_weights(ckpt / "tp_single4" / "ep0-ba10");
+  ASSERT_EQ(saved.size(), reference.size());
+  for (const auto& [name, w] : reference) {
+    ASSERT_EQ(saved.at(name).sizes(), w.sizes()) << name;
+    EXPECT_TRUE(at::allclose(saved.at(name), w, 1e-4, 1e-5)) << name;
+  }
+  const double want = one.losses.at(10);
+  auto resumed = [&](const std::string& name, int nproc, const std::string& from, const std::string& mesh) {
+    std::vector<std::string> o = {heads, "max_duration=11ba", "scheduler.t_max=20ba",
+                                  "load_path=" + (ckpt / from / "ep0-ba10").string()};
+    if (!mesh.empty()) o.push_back(mesh);
+    const TrainRun r = run(name, nproc, o);
+    EXPECT_EQ(r.losses.size(), 1u) << name;
+    return r.losses.empty() ? 0.0 : r.losses[0];
+  };
+  EXPECT_NEAR(resumed("tp2_to_fs4", 4, "tp2_fs2_save", ""), want, 1e-5 * want) << "TP 2 x FSDP 2 -> FSDP 4";
+  EXPECT_NEAR(resumed("tp2_to_tp4", 4, "tp2_fs2_save", tensor_parallel(4)), want, 1e-5 * want)
+      << "TP 2 x FSDP 2 -> TP 4";
+  EXPECT_NEAR(resumed("tp2_to_1", 1, "tp2_fs2_save", ""), want, 1e-5 * want) << "TP 2 x FSDP 2 -> one process";
+  EXPECT_NEAR(resumed("one_to_tp2", 4, "tp_single4", tensor_parallel(2)), want, 1e-5 * want)
+      << "one process -> TP 2 x FSDP 2";
+}
+
+TEST_F(DistTrainingLlama, TensorParallelLayoutsMatchOneProcess) {
+  if (is_worker()) GTEST_SKIP();
+  // Llama's q/k/v/o projections (grouped-query: 4 query heads over 2 key/value heads) and gated MLP.
+  expect_same(single(), run("tp2_fs2", 4, {tensor_parallel(2)}), "TP 2 x FSDP 2");
+  const std::string kv = "model.num_key_value_heads=4";
+  expect_same(run("tp_single_kv4", 1, {kv}), run("tp4", 4, {kv, tensor_parallel(4)}), "TP 4");
+}
+
+TEST_F(DistTraining, TensorParallelLayoutsTheEngineCannotBuildAreRefusedNamingTheKey) {
+  if (is_worker()) GTEST_SKIP();
+  auto refused = [&](const std::string& name, int nproc, const std::vector<std::string>& o, const std::string& want) {
+    std::string cmd = fmt::format("{} --recipe {} run_name={} max_duration=1ba", ::tessera::testing::train_bin(),
+                                  (root_ / "tiny.yaml").string(), name);
+    if (nproc > 1) cmd += fmt::format(" --nproc-per-node {} --master-port 0", nproc);
+    for (const std::string& x : o) cmd += " " + x;
+    const fs::path log = root_ / (name + ".log");
+    EXPECT_NE(std::system((cmd + " > " + log.string() + " 2>&1").c_str()), 0) << name;
+    EXPECT_NE(read_dist_log(log).find(want), std::string::npos) << name << ":\n" << read_dist_log(log);
+  };
+  refused("tp_heads", 4, {tensor_parallel(4)},
+          "tensor_parallel_degree 4: MPT's 2 query and 2 key/value heads (attn_config.kv_n_heads) do not split into 4 "
+          "equal shares");
+  refused("tp_world", 2, {tensor_parallel(4)}, "tensor_parallel_degree (4) does not divide the world size (2)");
+  refused("tp_ddp", 4,
+          {"'parallelism={tensor_parallel_degree: 2, data_parallel_replicate_degree: 2, data_parallel_shard_degree: "
+           "1}'"},
+          "tensor parallelism composes with a sharded strategy (FULL_SHARD, SHARD_GRAD_OP or HYBRID_SHARD), not "
+          "NO_SHARD");
+  refused("tp_qk_ln", 2, {tensor_parallel(2), "model.attn_config.qk_ln=true"}, "attn_config.qk_ln");
+  refused("tp_lora", 2, {tensor_parallel(2), "algorithms.lora.r=2", "algorithms.lora.target_modules=[Wqkv]"},
+          "tensor parallelism: transformer.blocks.0.attn.Wqkv.weight is frozen");
 }
 
 // ---- Failure: a killed rank ends the job ----------------------------------------------------------------------------

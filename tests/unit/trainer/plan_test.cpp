@@ -177,7 +177,8 @@ TEST(Plan, TorchtitansParallelismSectionSetsTheDataParallelMesh) {
       EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
     }
   };
-  refused({"parallelism={tensor_parallel_degree: 2}"}, 8, "tensor_parallel_degree");
+  refused({"parallelism={tensor_parallel_degree: 5}"}, 10, "MPT's 12 query and 12 key/value heads");
+  refused({"parallelism={tensor_parallel_degree: 3}"}, 8, "tensor_parallel_degree (3) does not divide the world size");
   refused({"parallelism={context_parallel_degree: 4}"}, 8, "context_parallel_degree");
   refused({"parallelism={pipeline_parallel_degree: 2}"}, 8, "pipeline_parallel_degree");
   refused({"parallelism={data_parallel_shard_degree: 3}"}, 8,
@@ -203,6 +204,38 @@ TEST(Plan, TorchtitansParallelismSectionSetsTheDataParallelMesh) {
   EXPECT_THROW(
       load_train_config(dbrx_recipe, {"parallelism={expert_parallel_degree: 8}", "model.ffn_config.moe_world_size=4"}),
       ConfigError);
+}
+
+TEST(Plan, TensorParallelismSplitsTheBlocksWeightsAndSumsTheirOutputs) {
+  EXPECT_DOUBLE_EQ(dist::tensor_parallel_all_reduce_bytes(1000, 10, 3, 4, 2, false), 12 * 20000 * 1.5);
+  EXPECT_DOUBLE_EQ(dist::tensor_parallel_all_reduce_bytes(1000, 10, 3, 4, 2, true), 18 * 20000 * 1.5);
+  EXPECT_EQ(dist::tensor_parallel_all_reduce_bytes(1000, 10, 3, 1, 2, true), 0);
+  // mpt-125m on 8 ranks in groups of 2: 4 data-parallel ranks read the batch; each block's Wqkv, out_proj, up_proj
+  // and down_proj split, with the column-parallel biases (12 x 7,083,264 parameters); the model state per rank
+  // equals plain FULL_SHARD's (every
+  // parameter still sharded over all 8 ranks), the gathered block shrinks.
+  const TrainConfig plain = load_train_config(kRecipe);
+  const TrainConfig tp2 = load_train_config(kRecipe, {"fsdp_config=null", "parallelism={tensor_parallel_degree: 2}"});
+  const Plan p = make_plan(plain, 8, 8), t = make_plan(tp2, 8, 8);
+  EXPECT_EQ(t.device_train_batch_size, 2 * p.device_train_batch_size);
+  EXPECT_EQ(t.tensor_split.degree, 2);
+  const int64_t block = int64_t{768} * 2304 + 2304 + 768 * 768 + 768 * 3072 + 3072 + 3072 * 768;
+  EXPECT_EQ(t.tensor_split.params, 12 * block);
+  EXPECT_EQ(t.tensor_split.largest_unit_params, block);
+  EXPECT_EQ(t.tensor_parallel_layers, 12);
+  EXPECT_DOUBLE_EQ(t.tensor_all_reduce_bytes,
+                   dist::tensor_parallel_all_reduce_bytes(t.device_train_batch_size * 2048, 768, 12, 2, 2, false));
+  ASSERT_EQ(t.memory.size(), 2u) << "no NO_SHARD row";
+  const MemoryRow& full = t.memory.back();
+  const MemoryRow& full_plain = p.memory.back();
+  ASSERT_EQ(full.strategy, dist::ShardingStrategy::kFullShard);
+  EXPECT_NEAR(full.state.params, full_plain.state.params, 64.0);
+  EXPECT_NEAR(full.state.optimizer, full_plain.state.optimizer, 256.0);
+  EXPECT_LT(full.state.transient, full_plain.state.transient);
+  const std::string text = render_plan(tp2, t, "8 x cpu");
+  EXPECT_NE(text.find("groups of 2 ranks (4 data-parallel), 84,999,168 split parameters in 12 layers"),
+            std::string::npos)
+      << text;
 }
 
 TEST(Plan, ActivationCheckpointingKeepsOnlyBlockInputs) {
