@@ -276,8 +276,8 @@ void ParallelModel::Impl::setup(models::CausalLM& model) {
                                           "expert parallelism together are not supported yet",
                                           tp_degree, ep_));
   }
-  TensorGroups tp = setup_tensor_parallel(model, tp_degree, o_.sharding.strategy, o_.ranks_per_node, *comm_,
-                                          [this] { sync_point(); });
+  TensorGroups tp = setup_tensor_parallel(model, tp_degree, o_.sharding.sequence_parallel, o_.sharding.strategy,
+                                          o_.ranks_per_node, *comm_, [this] { sync_point(); });
   tp_ = tp.degree;
   tp_comm_ = std::move(tp.group);
   if (tp.holders) holders_comm_ = std::move(tp.holders);

@@ -72,6 +72,7 @@ int64_t parse_parallelism(config::Section& p, const config::Section& fsdp, Shard
   const std::string reshard = p.get_choice("fsdp_reshard_after_forward", "default", {"default", "always", "never"});
   const int64_t tensor = p.get_int("tensor_parallel_degree", 1);
   p.check(tensor >= 1, "tensor_parallel_degree", "must be at least 1");
+  o.sequence_parallel = p.get_bool("sequence_parallel", true);
   for (const char* key : {"context_parallel_degree", "pipeline_parallel_degree", "expert_tensor_parallel_degree"}) {
     const int64_t degree = p.get_int(key, 1);
     p.check(degree >= 1, key, "must be at least 1");

@@ -16,18 +16,38 @@ namespace {
 // waiting in it.
 class GroupAllReduce : public models::TensorParallelGroup {
  public:
-  GroupAllReduce(std::shared_ptr<Communicator> comm, std::function<void()> sync)
-      : comm_(std::move(comm)), sync_(std::move(sync)) {}
+  GroupAllReduce(std::shared_ptr<Communicator> comm, std::function<void()> sync, bool sequence_parallel)
+      : comm_(std::move(comm)), sync_(std::move(sync)), sequence_parallel_(sequence_parallel) {}
   int rank() const override { return comm_->rank(); }
   int size() const override { return comm_->size(); }
   void all_reduce(at::Tensor& t) override {
     sync_();
     comm_->all_reduce(t).wait();
   }
+  at::Tensor all_gather(const at::Tensor& t) override {
+    std::vector<int64_t> shape = t.sizes().vec();
+    shape[0] *= comm_->size();
+    at::Tensor out = at::empty(shape, t.options());
+    at::Tensor in = t.contiguous();
+    sync_();
+    comm_->all_gather(out, in).wait();
+    return out;
+  }
+  at::Tensor reduce_scatter(const at::Tensor& t) override {
+    std::vector<int64_t> shape = t.sizes().vec();
+    shape[0] /= comm_->size();
+    at::Tensor out = at::empty(shape, t.options());
+    at::Tensor in = t.contiguous();
+    sync_();
+    comm_->reduce_scatter(out, in).wait();
+    return out;
+  }
+  bool sequence_parallel() const override { return sequence_parallel_; }
 
  private:
   std::shared_ptr<Communicator> comm_;
   std::function<void()> sync_;
+  bool sequence_parallel_;
 };
 
 std::vector<int64_t> blocks_of(const models::TensorParallelSplit& split, int64_t size) {
@@ -36,8 +56,9 @@ std::vector<int64_t> blocks_of(const models::TensorParallelSplit& split, int64_t
 
 }  // namespace
 
-TensorGroups setup_tensor_parallel(models::CausalLM& model, int degree, ShardingStrategy strategy, int ranks_per_node,
-                                   Communicator& world_comm, std::function<void()> sync) {
+TensorGroups setup_tensor_parallel(models::CausalLM& model, int degree, bool sequence_parallel,
+                                   ShardingStrategy strategy, int ranks_per_node, Communicator& world_comm,
+                                   std::function<void()> sync) {
   TensorGroups out;
   if (degree <= 1) return out;
   out.degree = degree;
@@ -110,8 +131,9 @@ TensorGroups setup_tensor_parallel(models::CausalLM& model, int degree, Sharding
       if (auto c = world_comm.new_group(ranks)) out.holders = c;
     }
   }
-  model.set_tensor_parallel(std::make_shared<GroupAllReduce>(out.group, std::move(sync)));
-  spdlog::info("dist: tensor parallelism over groups of {} ranks ({} weights split)", degree, out.splits.size());
+  model.set_tensor_parallel(std::make_shared<GroupAllReduce>(out.group, std::move(sync), sequence_parallel));
+  spdlog::info("dist: tensor parallelism over groups of {} ranks ({} weights split), sequence parallelism {}", degree,
+               out.splits.size(), sequence_parallel ? "on" : "off");
   return out;
 }
 

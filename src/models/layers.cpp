@@ -70,17 +70,21 @@ NormImpl::NormImpl(int64_t n, NormType t, double e, bool with_bias, const at::Te
 }
 
 at::Tensor NormImpl::forward(const at::Tensor& x) {
+  return forward_with(x, weight, bias);
+}
+
+at::Tensor NormImpl::forward_with(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   const bool low_precision = type == NormType::kLowPrecisionLayerNorm || type == NormType::kLowPrecisionRMSNorm;
   const at::DeviceType device = x.device().type();
   if (low_precision && at::autocast::is_autocast_enabled(device)) {
     const at::ScalarType dtype = at::autocast::get_autocast_dtype(device);
     AutocastOff off(device);
-    const at::Tensor xd = x.to(dtype), wd = weight.to(dtype);
+    const at::Tensor xd = x.to(dtype), wd = w.to(dtype);
     if (type == NormType::kLowPrecisionRMSNorm) return rms_norm(xd, wd, eps);
-    return at::layer_norm(xd, {size}, wd, bias.defined() ? bias.to(dtype) : at::Tensor(), eps);
+    return at::layer_norm(xd, {size}, wd, b.defined() ? b.to(dtype) : at::Tensor(), eps);
   }
-  if (type == NormType::kRMSNorm || type == NormType::kLowPrecisionRMSNorm) return rms_norm(x, weight, eps);
-  return at::layer_norm(x, {size}, weight, bias, eps);
+  if (type == NormType::kRMSNorm || type == NormType::kLowPrecisionRMSNorm) return rms_norm(x, w, eps);
+  return at::layer_norm(x, {size}, w, b, eps);
 }
 
 EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim, const at::TensorOptions& options) {

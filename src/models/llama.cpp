@@ -369,22 +369,23 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaOptions& o, const at::TensorOp
 
 at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
   const int64_t ways = tp ? tp->size() : 1;  // this rank's heads: 1 / ways of them
-  const int64_t b = x.size(0), s = x.size(1), hd = o_.head_dim, h = o_.num_attention_heads / ways,
-                kv = o_.num_key_value_heads / ways;
-  at::Tensor q = column_parallel(*q_proj, x, tp).reshape({b, s, h, hd});
-  at::Tensor k = column_parallel(*k_proj, x, tp).reshape({b, s, kv, hd});
+  const bool sp = in.sequence_sharded;       // x: this rank's share of the positions
+  const int64_t b = x.size(0), s = sp ? x.size(1) * ways : x.size(1), hd = o_.head_dim,
+                h = o_.num_attention_heads / ways, kv = o_.num_key_value_heads / ways;
+  at::Tensor q = column_parallel(*q_proj, x, tp, sp).reshape({b, s, h, hd});
+  at::Tensor k = column_parallel(*k_proj, x, tp, sp).reshape({b, s, kv, hd});
   if (q_norm) {  // Qwen3: per head, before rotary
     q = q_norm(q).to(q.scalar_type());
     k = k_norm(k).to(k.scalar_type());
   }
   q = apply_rotary(q, in.rope_cos, in.rope_sin).transpose(1, 2);
   k = apply_rotary(k, in.rope_cos, in.rope_sin).transpose(1, 2);
-  at::Tensor v = column_parallel(*v_proj, x, tp).reshape({b, s, kv, hd}).transpose(1, 2);
+  at::Tensor v = column_parallel(*v_proj, x, tp, sp).reshape({b, s, kv, hd}).transpose(1, 2);
   append_to_cache(cache, k, v);
   const double dropout = is_training() ? o_.attention_dropout : 0.0;
   const at::Tensor context =
       attend(q, k, v, in, 1.0 / std::sqrt(static_cast<double>(hd)), dropout, is_training());  // (B, H, s, hd)
-  return row_parallel(*o_proj, context.transpose(1, 2).reshape({b, s, h * hd}), tp);
+  return row_parallel(*o_proj, context.transpose(1, 2).reshape({b, s, h * hd}), tp, sp);
 }
 
 LlamaMLPImpl::LlamaMLPImpl(const LlamaOptions& o, const at::TensorOptions& t) {
@@ -393,8 +394,10 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaOptions& o, const at::TensorOptions& t) {
   down_proj = register_module("down_proj", Linear(o.intermediate_size, o.hidden_size, o.mlp_bias, t));
 }
 
-at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
-  return row_parallel(*down_proj, at::silu(column_parallel(*gate_proj, x, tp)) * column_parallel(*up_proj, x, tp), tp);
+at::Tensor LlamaMLPImpl::forward(const at::Tensor& x, bool sequence_sharded) {
+  const bool sp = sequence_sharded;
+  return row_parallel(*down_proj,
+                      at::silu(column_parallel(*gate_proj, x, tp, sp)) * column_parallel(*up_proj, x, tp, sp), tp, sp);
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaOptions& o, const at::TensorOptions& t, int64_t index,
@@ -415,9 +418,11 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaOptions& o, const at::Te
 }
 
 at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
-  const at::Tensor h = x + self_attn(input_layernorm(x), in, cache);
-  const at::Tensor normed = post_attention_layernorm(h);
-  return h + (moe ? moe(normed) : mlp(normed));
+  const auto& tp = self_attn->tp;
+  const bool sp = in.sequence_sharded;
+  const at::Tensor h = x + self_attn(sequence_parallel_norm(*input_layernorm, x, tp, sp), in, cache);
+  const at::Tensor normed = sequence_parallel_norm(*post_attention_layernorm, h, tp, sp);
+  return h + (moe ? moe(normed) : mlp->forward(normed, sp));
 }
 
 LlamaModelImpl::LlamaModelImpl(const LlamaOptions& o, const at::TensorOptions& t,
@@ -501,7 +506,7 @@ at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOpt
   auto embed = [this](const at::Tensor& input_ids) { return model->embed_tokens(input_ids); };
   at::Tensor x = run_unit(runner_, 0, embed, ids);
   const AttentionInputs in = attention_inputs(ids, fo, past, key_mask, positions);
-  x = run_decoder_layers<LlamaDecoderLayerImpl>(runner_, model->layers, in, cache, key_mask, s, x);
+  x = run_decoder_layers<LlamaDecoderLayerImpl>(runner_, model->layers, in, cache, key_mask, s, x, tp_);
   auto head = [this](const at::Tensor& h) {
     const at::Tensor normed = model->norm(h);
     return lm_head ? lm_head(normed) : at::linear(normed, model->embed_tokens->weight);
@@ -596,6 +601,7 @@ std::vector<TensorParallelSplit> LlamaForCausalLMImpl::tensor_parallel_plan(int6
 }
 
 void LlamaForCausalLMImpl::set_tensor_parallel(std::shared_ptr<TensorParallelGroup> group) {
+  tp_ = group;
   for (const auto& l : *model->layers) {
     auto* layer = l->as<LlamaDecoderLayerImpl>();
     layer->self_attn->tp = group;

@@ -38,18 +38,20 @@ GroupedQueryAttentionImpl::GroupedQueryAttentionImpl(const MPTOptions& o, const 
 
 at::Tensor GroupedQueryAttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
   const int64_t ways = tp ? tp->size() : 1;  // this rank's heads: 1 / ways of them
-  const int64_t b = x.size(0), s = x.size(1), hd = o_.head_dim(), h = o_.n_heads / ways, kv = o_.attn.kv_n_heads / ways;
+  const bool sp = in.sequence_sharded;       // x: this rank's share of the positions
+  const int64_t b = x.size(0), s = sp ? x.size(1) * ways : x.size(1), hd = o_.head_dim(), h = o_.n_heads / ways,
+                kv = o_.attn.kv_n_heads / ways;
   at::Tensor q, k, v;
   if (Wqkv) {
-    at::Tensor qkv = column_parallel(*Wqkv, x, tp);  // (B, S, (H + 2 KV) hd): [Q | K | V], head-major
+    at::Tensor qkv = column_parallel(*Wqkv, x, tp, sp);  // (B, S, (H + 2 KV) hd): [Q | K | V], head-major
     if (o_.attn.clip_qkv) qkv = qkv.clamp(-*o_.attn.clip_qkv, *o_.attn.clip_qkv);
     q = qkv.narrow(2, 0, h * hd);
     k = qkv.narrow(2, h * hd, kv * hd);
     v = qkv.narrow(2, (h + kv) * hd, kv * hd);
   } else {
-    q = column_parallel(*Wq, x, tp);
-    k = column_parallel(*Wk, x, tp);
-    v = column_parallel(*Wv, x, tp);
+    q = column_parallel(*Wq, x, tp, sp);
+    k = column_parallel(*Wk, x, tp, sp);
+    v = column_parallel(*Wv, x, tp, sp);
     if (o_.attn.clip_qkv) {
       q = q.clamp(-*o_.attn.clip_qkv, *o_.attn.clip_qkv);
       k = k.clamp(-*o_.attn.clip_qkv, *o_.attn.clip_qkv);
@@ -80,7 +82,7 @@ at::Tensor GroupedQueryAttentionImpl::forward(const at::Tensor& x, const Attenti
   const at::Tensor context = attend(q, k, v, in, scale_, is_training() ? o_.attn.attn_pdrop : 0.0, is_training())
                                  .transpose(1, 2)
                                  .reshape({b, s, h * hd});  // (B, S, H hd)
-  return row_parallel(*out_proj, context, tp);
+  return row_parallel(*out_proj, context, tp, sp);
 }
 
 FFNImpl::FFNImpl(const MPTOptions& o, const at::TensorOptions& t) : act_(o.ffn.ffn_act_fn) {
@@ -91,11 +93,11 @@ FFNImpl::FFNImpl(const MPTOptions& o, const at::TensorOptions& t) : act_(o.ffn.f
   down_proj->is_residual = true;
 }
 
-at::Tensor FFNImpl::forward(const at::Tensor& x) {
-  const at::Tensor up = column_parallel(*up_proj, x, tp);
-  const at::Tensor hidden =
-      gate_proj ? hf_activation(act_, column_parallel(*gate_proj, x, tp)) * up : hf_activation(act_, up);
-  return row_parallel(*down_proj, hidden, tp);
+at::Tensor FFNImpl::forward(const at::Tensor& x, bool sequence_sharded) {
+  const at::Tensor up = column_parallel(*up_proj, x, tp, sequence_sharded);
+  const at::Tensor hidden = gate_proj ? hf_activation(act_, column_parallel(*gate_proj, x, tp, sequence_sharded)) * up
+                                      : hf_activation(act_, up);
+  return row_parallel(*down_proj, hidden, tp, sequence_sharded);
 }
 
 MPTBlockImpl::MPTBlockImpl(const MPTOptions& o, const at::TensorOptions& t, std::shared_ptr<AuxLossScale> aux_scale,
@@ -113,9 +115,12 @@ MPTBlockImpl::MPTBlockImpl(const MPTOptions& o, const at::TensorOptions& t, std:
 }
 
 at::Tensor MPTBlockImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
-  at::Tensor h = x + at::dropout(attn(norm_1(x), in, cache), resid_pdrop_, is_training());
-  const at::Tensor normed = norm_2(h);
-  return h + at::dropout(moe ? moe(normed) : ffn(normed), resid_pdrop_, is_training());
+  const auto& tp = attn->tp;
+  const bool sp = in.sequence_sharded;
+  at::Tensor h =
+      x + at::dropout(attn(sequence_parallel_norm(*norm_1, x, tp, sp), in, cache), resid_pdrop_, is_training());
+  const at::Tensor normed = sequence_parallel_norm(*norm_2, h, tp, sp);
+  return h + at::dropout(moe ? moe(normed) : ffn->forward(normed, sp), resid_pdrop_, is_training());
 }
 
 MPTModelImpl::MPTModelImpl(const MPTOptions& o, const at::TensorOptions& t, std::shared_ptr<AuxLossScale> aux_scale,
@@ -219,7 +224,7 @@ at::Tensor MPTModelImpl::forward_blocks(const at::Tensor& ids, const ForwardOpti
   };
   at::Tensor x = run_unit(unit_runner, 0, embed, ids);
   const AttentionInputs in = attention_inputs(ids, fo, past, key_mask);
-  return run_decoder_layers<MPTBlockImpl>(unit_runner, blocks, in, cache, key_mask, s, x);
+  return run_decoder_layers<MPTBlockImpl>(unit_runner, blocks, in, cache, key_mask, s, x, tp);
 }
 
 at::Tensor MPTModelImpl::forward(const at::Tensor& ids, const ForwardOptions& fo) {
@@ -401,6 +406,7 @@ std::vector<TensorParallelSplit> MPTForCausalLMImpl::tensor_parallel_plan(int64_
 }
 
 void MPTForCausalLMImpl::set_tensor_parallel(std::shared_ptr<TensorParallelGroup> group) {
+  transformer->tp = group;
   for (const auto& b : *transformer->blocks) {
     auto* block = b->as<MPTBlockImpl>();
     block->attn->tp = group;

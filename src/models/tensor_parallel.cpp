@@ -39,7 +39,76 @@ struct ExitFunction : public torch::autograd::Function<ExitFunction> {
   }
 };
 
+// Dimension 1 of (B, S, ...) through a dimension-0 collective of the group.
+at::Tensor gather_dim1(const at::Tensor& x, TensorParallelGroup* group) {
+  return group->all_gather(x.transpose(0, 1).contiguous()).transpose(0, 1);
+}
+at::Tensor reduce_scatter_dim1(const at::Tensor& x, TensorParallelGroup* group) {
+  return group->reduce_scatter(x.transpose(0, 1).contiguous()).transpose(0, 1);
+}
+at::Tensor share_dim1(const at::Tensor& x, TensorParallelGroup* group) {
+  const int64_t share = x.size(1) / group->size();
+  return x.narrow(1, group->rank() * share, share).contiguous();
+}
+
+// Sequence parallelism's four boundaries: (forward, backward) = (share, all-gather), (all-gather, share),
+// (all-gather, reduce-scatter), (reduce-scatter, all-gather).
+enum class SeqOp { kScatter, kGather, kGatherToSplit, kReduceScatter };
+
+struct SequenceFunction : public torch::autograd::Function<SequenceFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, TensorParallelGroup* group,
+                            int64_t op) {
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
+    ctx->saved_data["op"] = op;
+    switch (static_cast<SeqOp>(op)) {
+      case SeqOp::kScatter:
+        return share_dim1(x, group);
+      case SeqOp::kGather:
+      case SeqOp::kGatherToSplit:
+        return gather_dim1(x, group);
+      case SeqOp::kReduceScatter:
+        return reduce_scatter_dim1(x, group);
+    }
+    return x;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* group = reinterpret_cast<TensorParallelGroup*>(ctx->saved_data["group"].toInt());
+    const at::Tensor& g = grads[0];
+    at::Tensor out;
+    if (g.defined()) {
+      switch (static_cast<SeqOp>(ctx->saved_data["op"].toInt())) {
+        case SeqOp::kScatter:
+        case SeqOp::kReduceScatter:
+          out = gather_dim1(g, group);
+          break;
+        case SeqOp::kGather:
+          out = share_dim1(g, group);
+          break;
+        case SeqOp::kGatherToSplit:
+          out = reduce_scatter_dim1(g, group);
+          break;
+      }
+    }
+    return {out, at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor sequence_op(const at::Tensor& x, const std::shared_ptr<TensorParallelGroup>& group, SeqOp op) {
+  return SequenceFunction::apply(x, group.get(), static_cast<int64_t>(op));
+}
+
 }  // namespace
+
+at::Tensor sequence_scatter(const at::Tensor& x, const std::shared_ptr<TensorParallelGroup>& group) {
+  if (!group || group->size() == 1) return x;
+  return sequence_op(x, group, SeqOp::kScatter);
+}
+
+at::Tensor sequence_gather(const at::Tensor& x, const std::shared_ptr<TensorParallelGroup>& group) {
+  if (!group || group->size() == 1) return x;
+  return sequence_op(x, group, SeqOp::kGather);
+}
 
 at::Tensor tensor_parallel_enter(const at::Tensor& x, const std::shared_ptr<TensorParallelGroup>& group) {
   if (!group || group->size() == 1) return x;
@@ -51,15 +120,32 @@ at::Tensor tensor_parallel_exit(const at::Tensor& x, const std::shared_ptr<Tenso
   return ExitFunction::apply(x, group.get());
 }
 
-at::Tensor column_parallel(LinearImpl& layer, const at::Tensor& x, const std::shared_ptr<TensorParallelGroup>& group) {
+at::Tensor column_parallel(LinearImpl& layer, const at::Tensor& x, const std::shared_ptr<TensorParallelGroup>& group,
+                           bool sequence_sharded) {
   if (!group) return layer.forward(x);
-  return at::linear(tensor_parallel_enter(x, group), layer.weight, layer.bias);
+  const at::Tensor in =
+      sequence_sharded ? sequence_op(x, group, SeqOp::kGatherToSplit) : tensor_parallel_enter(x, group);
+  return at::linear(in, layer.weight, layer.bias);
 }
 
-at::Tensor row_parallel(LinearImpl& layer, const at::Tensor& x, const std::shared_ptr<TensorParallelGroup>& group) {
+at::Tensor row_parallel(LinearImpl& layer, const at::Tensor& x, const std::shared_ptr<TensorParallelGroup>& group,
+                        bool sequence_sharded) {
   if (!group) return layer.forward(x);
-  at::Tensor y = tensor_parallel_exit(at::linear(x, layer.weight), group);
-  return layer.bias.defined() ? y + layer.bias : y;
+  const at::Tensor partial = at::linear(x, layer.weight);
+  if (!sequence_sharded) {
+    const at::Tensor y = tensor_parallel_exit(partial, group);
+    return layer.bias.defined() ? y + layer.bias : y;
+  }
+  const at::Tensor y = sequence_op(partial, group, SeqOp::kReduceScatter);
+  // The bias meets this rank's positions only: its gradient is summed over the group.
+  return layer.bias.defined() ? y + tensor_parallel_enter(layer.bias, group) : y;
+}
+
+at::Tensor sequence_parallel_norm(NormImpl& norm, const at::Tensor& x,
+                                  const std::shared_ptr<TensorParallelGroup>& group, bool sequence_sharded) {
+  if (!group || !sequence_sharded) return norm.forward(x);
+  const at::Tensor bias = norm.bias.defined() ? tensor_parallel_enter(norm.bias, group) : at::Tensor();
+  return norm.forward_with(x, tensor_parallel_enter(norm.weight, group), bias);
 }
 
 void add_column_parallel(std::vector<TensorParallelSplit>& plan, const std::string& prefix, const LinearImpl& layer,

@@ -298,7 +298,7 @@ std::string render_plan(const TrainConfig& cfg, const Plan& plan, const std::str
                      tp, plan.world_size / tp, with_commas(plan.tensor_split.params), plan.tensor_parallel_layers,
                      with_commas(plan.tensor_split.params / tp)));
     line("tensor all-reduce", fmt::format("{} sent per rank and step ({} with activation checkpointing); activations "
-                                          "below are not divided by it (an upper bound: no sequence parallelism)",
+                                          "below are not divided by the degree (an upper bound)",
                                           gib(plan.tensor_all_reduce_bytes), gib(plan.tensor_all_reduce_bytes_ckpt)));
   }
   std::vector<std::string> names;

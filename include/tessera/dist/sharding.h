@@ -44,6 +44,9 @@ struct ShardingOptions {
   // parallelism.tensor_parallel_degree: groups of this many consecutive ranks split the model's declared layers
   // (models/tensor_parallel.h); the data-parallel degrees then multiply to world size / this.
   int64_t tensor_parallel_degree = 1;
+  // parallelism.sequence_parallel (Tessera's own key; torchtitan always applies it with tensor parallelism): the
+  // decoder layers' norms and residuals on sequence shards.
+  bool sequence_parallel = true;
 };
 
 // Reads an `fsdp_config` section (absent: Composer's defaults).

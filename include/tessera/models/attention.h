@@ -8,6 +8,7 @@
 #include <torch/nn/modules/container/modulelist.h>
 
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #include "tessera/models/causal_lm.h"
@@ -44,6 +45,10 @@ struct AttentionInputs {
   bool reference = false;          // use the explicit softmax(QK^T * scale + mask) V path instead of SDPA
   double softcap = 0;              // > 0: scores capped as softcap * tanh(scores / softcap) before the mask (Gemma 2's
                                    // attn_logit_softcapping); takes the explicit path
+  // Sequence parallelism (tensor_parallel.h): the layer's input holds this rank's share of the positions; its
+  // column-parallel projections gather the whole sequence (and the mask and rotary tables above are the whole
+  // sequence's).
+  bool sequence_sharded = false;
 };
 
 // The attention inputs of families whose layers are of two kinds (GPT-Neo's global and local layers, Gemma's full
@@ -82,17 +87,29 @@ void append_to_cache(LayerCache* cache, at::Tensor& k, at::Tensor& v);
 // the call's shared attention inputs (AttentionInputs, or a family's own set of them) and its own slot of `cache`;
 // then advances the cache by `new_tokens` and keeps the key padding mask seen so far. The lambdas capture by value:
 // the sharding engine may run them again in backward (activation checkpointing).
+//
+// `tp`: the model's tensor-parallel group (tensor_parallel.h). With sequence parallelism, a sequence that divides over
+// it and no cache, the layers run on this rank's share of the positions (AttentionInputs::sequence_sharded), scattered
+// before the first and gathered after the last.
 template <class LayerImpl, class Inputs = AttentionInputs>
 at::Tensor run_decoder_layers(const std::shared_ptr<UnitRunner>& runner, const torch::nn::ModuleList& layers,
                               const Inputs& in, KVCache* cache, const at::Tensor& key_mask, int64_t new_tokens,
-                              at::Tensor x) {
+                              at::Tensor x, const std::shared_ptr<TensorParallelGroup>& tp = nullptr) {
   if (cache && cache->layers.empty()) cache->layers.resize(layers->size());
+  Inputs layer_in = in;
+  bool sharded = false;
+  if constexpr (std::is_same_v<Inputs, AttentionInputs>) {
+    sharded = tp && tp->size() > 1 && tp->sequence_parallel() && !cache && x.size(1) % tp->size() == 0;
+    layer_in.sequence_sharded = sharded;
+  }
+  if (sharded) x = sequence_scatter(x, tp);
   for (size_t i = 0; i < layers->size(); ++i) {
     auto* layer = layers->ptr(i)->as<LayerImpl>();
     LayerCache* layer_cache = cache ? &cache->layers[i] : nullptr;
-    auto fn = [layer, in, layer_cache](const at::Tensor& h) { return layer->forward(h, in, layer_cache); };
+    auto fn = [layer, layer_in, layer_cache](const at::Tensor& h) { return layer->forward(h, layer_in, layer_cache); };
     x = run_unit(runner, static_cast<int64_t>(i) + 1, fn, x);
   }
+  if (sharded) x = sequence_gather(x, tp);
   if (cache) {
     cache->length += new_tokens;
     if (key_mask.defined()) cache->attention_mask = key_mask;

@@ -48,6 +48,8 @@ class NormImpl : public torch::nn::Module {
  public:
   NormImpl(int64_t size, NormType type, double eps, bool bias, const at::TensorOptions& options);
   at::Tensor forward(const at::Tensor& x);
+  // The same norm with other tensors standing for weight and bias (tensor_parallel.h's sequence parallelism).
+  at::Tensor forward_with(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 
   int64_t size;
   NormType type;

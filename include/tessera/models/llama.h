@@ -126,7 +126,8 @@ TORCH_MODULE(LlamaAttention);
 class LlamaMLPImpl : public torch::nn::Module {
  public:
   LlamaMLPImpl(const LlamaOptions& o, const at::TensorOptions& t);
-  at::Tensor forward(const at::Tensor& x);
+  // `sequence_sharded`: x holds this rank's share of the positions (tensor_parallel.h's sequence parallelism).
+  at::Tensor forward(const at::Tensor& x, bool sequence_sharded = false);
 
   Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
   std::shared_ptr<TensorParallelGroup> tp;  // tensor parallelism: this rank's hidden units only
@@ -205,6 +206,7 @@ class LlamaForCausalLMImpl : public CausalLM {
   LlamaOptions o_;
   at::Tensor inv_freq_;  // (head_dim / 2,) float32, on the CPU
   std::shared_ptr<UnitRunner> runner_;
+  std::shared_ptr<TensorParallelGroup> tp_;  // tensor parallelism (set_tensor_parallel): the layers' sequence shards
   std::shared_ptr<HfRouterLoss> router_loss_ = std::make_shared<HfRouterLoss>();
   std::shared_ptr<AuxLossScale> aux_scale_ = std::make_shared<AuxLossScale>();
   at::Tensor aux_loss_;  // the last training forward's (undefined: none)

@@ -53,7 +53,8 @@ TORCH_MODULE(GroupedQueryAttention);
 class FFNImpl : public torch::nn::Module {
  public:
   FFNImpl(const MPTOptions& options, const at::TensorOptions& tensor_options);
-  at::Tensor forward(const at::Tensor& x);
+  // `sequence_sharded`: x holds this rank's share of the positions (tensor_parallel.h's sequence parallelism).
+  at::Tensor forward(const at::Tensor& x, bool sequence_sharded = false);
 
   Linear up_proj{nullptr};
   Linear gate_proj{nullptr};  // mptglu only
@@ -103,6 +104,7 @@ class MPTModelImpl : public torch::nn::Module {
   torch::nn::ModuleList blocks{nullptr};
   Norm norm_f{nullptr};
   std::shared_ptr<UnitRunner> unit_runner;  // set through MPTForCausalLM's set_unit_runner()
+  std::shared_ptr<TensorParallelGroup> tp;  // tensor parallelism (set_tensor_parallel): the blocks' sequence shards
 
  private:
   AttentionInputs attention_inputs(const at::Tensor& input_ids, const ForwardOptions& fo, int64_t past,

@@ -9,8 +9,15 @@
 //   - a row-parallel Linear (weight split along its input columns, dim 1) takes this rank's share of the inputs and
 //     yields a partial sum of the whole output, summed over the group by exit() (all-reduce forward, identity
 //     backward); its bias, whole on every rank, is added once after the sum.
-// Everything else (embeddings, norms, the head, row-parallel biases) stays whole on every rank and computes the same
-// values there. The group's ranks see the same batch; only the split layers' work and weights are divided.
+// Everything else (embeddings, norms, the head, row-parallel biases) stays whole on every rank. The group's ranks see
+// the same batch; only the split layers' work and weights are divided.
+//
+// With sequence parallelism (Megatron-LM's, on by default), the decoder layers' residual stream, norms and dropout run
+// on this rank's share of the positions (the sequence cut in T): sequence_scatter() after the embeddings,
+// sequence_gather() before the final norm and head. A column-parallel layer's input is then all-gathered along the
+// sequence (its gradient reduce-scattered), and a row-parallel layer's output reduce-scattered instead of all-reduced
+// (its gradient all-gathered); the norms' weights and row-parallel biases, used on shards, have their gradients summed
+// over the group. Activations between the split layers shrink by T; the communication volume is the same.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -23,6 +30,7 @@
 namespace tessera::models {
 
 class LinearImpl;
+class NormImpl;
 
 // How one parameter splits over a tensor-parallel group of T ranks: along `dim` (0: rows, a column-parallel weight or
 // its bias; 1: columns, a row-parallel weight), as consecutive `blocks` along that dimension (their sizes; empty: one
@@ -43,6 +51,12 @@ class TensorParallelGroup {
   virtual int size() const = 0;
   // Sums `t` over the group, in place.
   virtual void all_reduce(at::Tensor& t) = 0;
+  // Every rank's `t` (contiguous) stacked along dimension 0, in rank order.
+  virtual at::Tensor all_gather(const at::Tensor& t) = 0;
+  // `t` (contiguous, dimension 0 a multiple of size()) summed over the group; this rank's share of dimension 0.
+  virtual at::Tensor reduce_scatter(const at::Tensor& t) = 0;
+  // Whether the decoder layers run on sequence shards (sequence parallelism) where the sequence divides.
+  virtual bool sequence_parallel() const { return false; }
 };
 
 // Identity forward, gradient summed over the group in backward (the input of a column-parallel layer).
@@ -50,11 +64,24 @@ at::Tensor tensor_parallel_enter(const at::Tensor& x, const std::shared_ptr<Tens
 // Sum over the group forward, identity backward (the output of a row-parallel layer).
 at::Tensor tensor_parallel_exit(const at::Tensor& x, const std::shared_ptr<TensorParallelGroup>& group);
 
-// `layer` (holding this rank's rows) on the whole input `x`: enter(x) W^T + b. Without a group: layer(x).
-at::Tensor column_parallel(LinearImpl& layer, const at::Tensor& x, const std::shared_ptr<TensorParallelGroup>& group);
-// `layer` (holding this rank's columns) on this rank's share of the inputs: exit(x W^T) + b. Without a group:
-// layer(x).
-at::Tensor row_parallel(LinearImpl& layer, const at::Tensor& x, const std::shared_ptr<TensorParallelGroup>& group);
+// This rank's share of dimension 1 (the sequence) of x (B, S, ...); the gradient is all-gathered in backward.
+at::Tensor sequence_scatter(const at::Tensor& x, const std::shared_ptr<TensorParallelGroup>& group);
+// Every rank's share of the sequence, joined: (B, S / T, ...) -> (B, S, ...). What follows runs alike on every rank,
+// so backward keeps this rank's share of the gradient.
+at::Tensor sequence_gather(const at::Tensor& x, const std::shared_ptr<TensorParallelGroup>& group);
+
+// `layer` (holding this rank's rows) on the whole input `x`: enter(x) W^T + b; `sequence_sharded`: x holds this rank's
+// share of the sequence, all-gathered first. Without a group: layer(x).
+at::Tensor column_parallel(LinearImpl& layer, const at::Tensor& x, const std::shared_ptr<TensorParallelGroup>& group,
+                           bool sequence_sharded = false);
+// `layer` (holding this rank's columns) on this rank's share of the inputs: exit(x W^T) + b; `sequence_sharded`: the
+// sum is reduce-scattered along the sequence instead. Without a group: layer(x).
+at::Tensor row_parallel(LinearImpl& layer, const at::Tensor& x, const std::shared_ptr<TensorParallelGroup>& group,
+                        bool sequence_sharded = false);
+// `norm` on this rank's share of the sequence when `sequence_sharded` (its weights' gradients summed over the group),
+// else norm(x).
+at::Tensor sequence_parallel_norm(NormImpl& norm, const at::Tensor& x,
+                                  const std::shared_ptr<TensorParallelGroup>& group, bool sequence_sharded);
 
 // The splits of `prefix`.weight (and .bias when the layer has one) as a column-parallel layer with `blocks`.
 void add_column_parallel(std::vector<TensorParallelSplit>& plan, const std::string& prefix, const LinearImpl& layer,

@@ -865,12 +865,21 @@ std::string tensor_parallel(int degree, const std::string& more = "") {
 }
 }  // namespace
 
+TEST_F(DistTraining, TensorParallelTwoByFullShardTwoMatchesOneProcess) {
+  if (is_worker()) GTEST_SKIP();
+  // MPT's attention heads (fused Wqkv: query, key and value blocks) and MLP split over tensor-parallel groups, the
+  // blocks' norms and residuals on sequence shards (sequence parallelism, the default), composed with FULL_SHARD over
+  // the data-parallel ranks: 20 steps equal one process's losses and its final (gathered) weights.
+  expect_same(single(), run("tp2_fs2", 4, {tensor_parallel(2)}), "TP 2 x FSDP 2");
+  EXPECT_NE(read_dist_log(root_ / "tp2_fs2.log").find("sequence parallelism on"), std::string::npos);
+}
+
 TEST_F(DistTraining, TensorParallelLayoutsMatchOneProcessAndTheirCheckpointsReshard) {
   if (is_worker()) GTEST_SKIP();
-  // MPT's attention heads (fused Wqkv: query, key and value blocks) and MLP split over tensor-parallel groups,
-  // composed with FULL_SHARD over the data-parallel ranks: 20 steps equal one process's losses and its final (gathered)
-  // weights.
-  expect_same(single(), run("tp2_fs2", 4, {tensor_parallel(2)}), "TP 2 x FSDP 2");
+  // Without sequence parallelism (the layers' norms and residuals whole on every rank; all-reduces instead of
+  // reduce-scatter / all-gather), and with activation checkpointing on 2 ranks.
+  expect_same(single(), run("tp2_fs2_nosp", 4, {tensor_parallel(2, "sequence_parallel: false")}),
+              "TP 2 x FSDP 2 without sequence parallelism");
   expect_same(single(), run("tp2_fs1", 2, {tensor_parallel(2), "fsdp_config.activation_checkpointing=true"}),
               "TP 2, activation checkpointing");
   // Four heads for TP 4 (one per rank), against one process of the same model; SHARD_GRAD_OP

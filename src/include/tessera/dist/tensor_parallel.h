@@ -29,9 +29,10 @@ struct TensorGroups {
 // naming parallelism.tensor_parallel_degree: a world that is not a multiple of it, NO_SHARD, HYBRID_SHARD shard groups
 // of `ranks_per_node` that do not hold whole groups, a model that declares no split layers or splits that do not
 // divide), makes the groups (every rank of `world` calls this together) and tells the model its group, whose
-// all-reduces run `sync` first.
-TensorGroups setup_tensor_parallel(models::CausalLM& model, int degree, ShardingStrategy strategy, int ranks_per_node,
-                                   Communicator& world, std::function<void()> sync);
+// collectives run `sync` first, with `sequence_parallel` on or off.
+TensorGroups setup_tensor_parallel(models::CausalLM& model, int degree, bool sequence_parallel,
+                                   ShardingStrategy strategy, int ranks_per_node, Communicator& world,
+                                   std::function<void()> sync);
 
 // Rank `rank`'s slice of the whole parameter `full` under `split` (of `degree` ranks), contiguous.
 at::Tensor tensor_parallel_slice(const at::Tensor& full, const models::TensorParallelSplit& split, int rank,
