@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -14,6 +15,7 @@
 #include "tessera/config/reader.h"
 #include "tessera/config/time.h"
 #include "tessera/config/value.h"
+#include "tessera/models/causal_lm.h"
 #include "tessera/trainer/plan.h"
 #include "tessera/trainer/train_config.h"
 #include "tessera/util/error.h"
@@ -107,8 +109,25 @@ std::vector<JobSpec> load_jobs(const std::string& path) {
 }
 
 JobProfile profile_config(const trainer::TrainConfig& cfg, const std::string& name) {
-  const trainer::Plan plan = trainer::make_plan(cfg, 1, 1);
+  // The job as one device runs it; the tensor-parallel degrees the model allows are measured below.
+  trainer::TrainConfig one = cfg;
+  one.fsdp.tensor_parallel_degree = 1;
+  const trainer::Plan plan = trainer::make_plan(one, 1, 1);
   JobProfile p;
+  const std::shared_ptr<models::CausalLM> model = models::model_registry().build(cfg.model.name, cfg.model, "meta", 0);
+  for (int64_t t = 2; t <= 64; t *= 2) {
+    trainer::TensorSplit split;
+    try {
+      split = trainer::measure_tensor_split(*model, t);
+    } catch (const ConfigError&) {
+      continue;  // the model's heads or MLP do not divide into t
+    }
+    if (split.params == 0) break;  // no split layers declared
+    p.tensor_parallel_degrees.push_back(t);
+    p.tensor_split = {t, split.params, split.largest_unit_params};
+    p.tensor_parallel_layers = split.layers;
+    p.d_model = split.d_model;
+  }
   p.name = name;
   p.n_params = plan.n_params;
   p.largest_unit_params = plan.largest_unit_params;

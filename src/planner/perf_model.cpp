@@ -29,22 +29,26 @@ bool is_power_of_two(int64_t n) {
 }  // namespace
 
 std::string Candidate::describe() const {
-  return fmt::format("{}{}, microbatch {}", dist::to_string(strategy), activation_checkpointing ? ", act. ckpt" : "",
-                     microbatch);
+  return fmt::format("{}{}{}, microbatch {}", tensor_parallel > 1 ? fmt::format("TP {} x ", tensor_parallel) : "",
+                     dist::to_string(strategy), activation_checkpointing ? ", act. ckpt" : "", microbatch);
 }
 
 Candidate model_candidate(const JobProfile& job, const Cluster& cluster, int64_t devices, ShardingStrategy strategy,
-                          bool activation_checkpointing, int64_t microbatch) {
-  if (devices < 1 || job.global_batch % devices != 0) {
+                          bool activation_checkpointing, int64_t microbatch, int64_t tensor_parallel) {
+  const int64_t tp = std::max<int64_t>(tensor_parallel, 1);
+  if (devices < 1 || devices % tp != 0 || job.global_batch % (devices / tp) != 0) {
     throw std::invalid_argument(
-        fmt::format("{} devices do not divide job {}'s global batch of {}", devices, job.name, job.global_batch));
+        fmt::format("{} devices in tensor-parallel groups of {} do not divide job {}'s global "
+                    "batch of {}",
+                    devices, tp, job.name, job.global_batch));
   }
   Candidate c;
   c.devices = devices;
   c.nodes = devices > cluster.devices_per_node ? devices / cluster.devices_per_node : 1;
   c.strategy = strategy;
+  c.tensor_parallel = tp;
   c.activation_checkpointing = activation_checkpointing;
-  const int64_t device_batch = job.global_batch / devices;
+  const int64_t device_batch = job.global_batch / (devices / tp);  // per data-parallel rank
   c.microbatch = std::clamp<int64_t>(microbatch, 1, device_batch);
   c.microbatches = (device_batch + c.microbatch - 1) / c.microbatch;
 
@@ -55,20 +59,37 @@ Candidate model_candidate(const JobProfile& job, const Cluster& cluster, int64_t
   const int64_t ep = job.experts.degree;
   const bool ep_runs = ep <= 1 || (devices % ep == 0 && strategy != ShardingStrategy::kNoShard &&
                                    (strategy != ShardingStrategy::kHybridShard || ranks_per_node % ep == 0));
-  const dist::StateMemory state = dist::state_memory_per_rank(
-      job.n_params, strategy, devices, ranks_per_node, job.mixed_precision, job.optimizer_state_tensors,
-      job.largest_unit_params, ep > 1 && ep_runs ? job.experts : dist::ExpertShare{});
+  // Tensor parallelism runs within a node, on degrees the model divides into, sharded, and not beside expert
+  // parallelism (as the engine refuses it).
+  const bool tp_runs =
+      tp == 1 || (std::find(job.tensor_parallel_degrees.begin(), job.tensor_parallel_degrees.end(), tp) !=
+                      job.tensor_parallel_degrees.end() &&
+                  cluster.devices_per_node % tp == 0 && strategy != ShardingStrategy::kNoShard && ep <= 1);
+  dist::ExpertShare split;
+  if (ep > 1 && ep_runs) split = job.experts;
+  if (tp > 1 && tp_runs) {
+    split = job.tensor_split;
+    split.degree = tp;
+  }
+  const dist::StateMemory state =
+      dist::state_memory_per_rank(job.n_params, strategy, devices, ranks_per_node, job.mixed_precision,
+                                  job.optimizer_state_tensors, job.largest_unit_params, split);
   const double act_per_sample =
       activation_checkpointing ? job.activation_bytes_per_sample_ckpt : job.activation_bytes_per_sample;
-  c.memory_bytes = state.total() + act_per_sample * static_cast<double>(c.microbatch);
-  c.fits = ep_runs && c.memory_bytes <= cluster.memory_bytes * cluster.usable_memory;
+  // Sequence parallelism: every activation of the layers is 1 / T (an approximation: the head's logits stay whole).
+  c.memory_bytes = state.total() + act_per_sample * static_cast<double>(c.microbatch) / static_cast<double>(tp);
+  c.fits = ep_runs && tp_runs && c.memory_bytes <= cluster.memory_bytes * cluster.usable_memory;
 
   // Compute.
   const double flops = job.flops_per_token * job.tokens_per_step() * (activation_checkpointing ? 4.0 / 3.0 : 1.0);
   c.compute_s = flops / (static_cast<double>(devices) * cluster.peak_flops * cluster.mfu);
 
-  // Communication: bytes per rank and step, by strategy, over the link the collective runs on.
-  const double p = static_cast<double>(job.n_params) * (job.mixed_precision ? 2.0 : 4.0);
+  // Communication: bytes per rank and step, by strategy, over the link the collective runs on (with tensor
+  // parallelism, each rank's copy is the dense parameters and 1 / T of the split ones).
+  const double held =
+      static_cast<double>(job.n_params) -
+      (tp > 1 ? static_cast<double>(job.tensor_split.params) * (1.0 - 1.0 / static_cast<double>(tp)) : 0.0);
+  const double p = held * (job.mixed_precision ? 2.0 : 4.0);
   const double m = static_cast<double>(c.microbatches);
   const int64_t units =
       job.largest_unit_params > 0
@@ -112,8 +133,19 @@ Candidate model_candidate(const JobProfile& job, const Cluster& cluster, int64_t
     const int64_t exchanges = (activation_checkpointing ? 6 : 4) * job.moe_layers * c.microbatches;
     comm += collective_s(bytes, (ep - 1) * exchanges, ep_link);
   }
-  c.communication_s = comm;
-  c.step_s = c.compute_s + std::max(0.0, comm - cluster.overlap * c.compute_s);
+  double tensor_comm = 0;
+  if (tp > 1 && tp_runs) {
+    // The layers' all-reduces (or sequence parallelism's reduce-scatter + all-gather: the same bytes) within the node,
+    // on the critical path between the layers' computations.
+    const int64_t tokens = device_batch * job.seq_len;
+    const double bytes = dist::tensor_parallel_all_reduce_bytes(tokens, job.d_model, job.tensor_parallel_layers, tp,
+                                                                job.mixed_precision ? 2 : 4, activation_checkpointing);
+    const int64_t collectives = (activation_checkpointing ? 6 : 4) * job.tensor_parallel_layers * c.microbatches;
+    tensor_comm = collective_s(bytes, 2 * (tp - 1) * collectives, cluster.intra_node);
+  }
+  c.communication_s = comm + tensor_comm;
+  c.tensor_communication_s = tensor_comm;
+  c.step_s = c.compute_s + std::max(0.0, comm - cluster.overlap * c.compute_s) + tensor_comm;
   c.modelled_step_s = c.step_s;
   c.startup_s = cluster.startup_s;
   c.duration_s = c.startup_s + static_cast<double>(job.steps) * c.step_s;
@@ -145,15 +177,24 @@ std::vector<Candidate> enumerate_candidates(const JobProfile& job, const Cluster
       strategies.push_back(ShardingStrategy::kFullShard);
     }
     if (g > cluster.devices_per_node) strategies.push_back(ShardingStrategy::kHybridShard);
-    const int64_t device_batch = job.global_batch / g;
-    std::vector<int64_t> microbatches;
-    for (int64_t mb = 1; mb < device_batch; mb *= 2) microbatches.push_back(mb);
-    microbatches.push_back(device_batch);
-    for (ShardingStrategy s : strategies) {
-      for (bool ckpt : {false, true}) {
-        for (int64_t mb : microbatches) {
-          Candidate c = model_candidate(job, cluster, g, s, ckpt, mb);
-          if (c.fits) out.push_back(c);
+    std::vector<int64_t> degrees = {1};
+    for (int64_t t : job.tensor_parallel_degrees) {
+      if (t <= g && g % t == 0 && cluster.devices_per_node % t == 0 && job.global_batch % (g / t) == 0) {
+        degrees.push_back(t);
+      }
+    }
+    for (int64_t t : degrees) {
+      const int64_t device_batch = job.global_batch / (g / t);
+      std::vector<int64_t> microbatches;
+      for (int64_t mb = 1; mb < device_batch; mb *= 2) microbatches.push_back(mb);
+      microbatches.push_back(device_batch);
+      for (ShardingStrategy s : strategies) {
+        if (t > 1 && s == ShardingStrategy::kNoShard) continue;
+        for (bool ckpt : {false, true}) {
+          for (int64_t mb : microbatches) {
+            Candidate c = model_candidate(job, cluster, g, s, ckpt, mb, t);
+            if (c.fits) out.push_back(c);
+          }
         }
       }
     }
@@ -190,9 +231,10 @@ std::vector<Candidate> select_best(const std::vector<Candidate>& candidates) {
 }
 
 ScalingEstimate estimate_scaling(const JobProfile& job, const Cluster& cluster, int64_t devices,
-                                 ShardingStrategy strategy, bool activation_checkpointing, int64_t microbatch) {
+                                 ShardingStrategy strategy, bool activation_checkpointing, int64_t microbatch,
+                                 int64_t tensor_parallel) {
   ScalingEstimate e;
-  e.config = model_candidate(job, cluster, devices, strategy, activation_checkpointing, microbatch);
+  e.config = model_candidate(job, cluster, devices, strategy, activation_checkpointing, microbatch, tensor_parallel);
   e.tokens_per_s = job.tokens_per_step() / e.config.step_s;
   e.efficiency = e.config.compute_s / e.config.step_s;
   return e;
@@ -200,15 +242,18 @@ ScalingEstimate estimate_scaling(const JobProfile& job, const Cluster& cluster, 
 
 std::string render_estimate(const ScalingEstimate& e, const JobProfile& job, const Cluster& cluster) {
   const Candidate& c = e.config;
-  const double hidden = std::min(c.communication_s, cluster.overlap * c.compute_s);
+  const double hidden = std::min(c.communication_s - c.tensor_communication_s, cluster.overlap * c.compute_s);
   std::string out = fmt::format("Estimate on {} ({} devices; docs/planner.md#the-performance-model):\n",
                                 cluster.describe(), c.devices);
   out += fmt::format("  configuration       {}, {} microbatch{} per step{}\n", c.describe(), c.microbatches,
                      c.microbatches == 1 ? "" : "es", c.fits ? "" : "  (does NOT fit the device's usable memory)");
   out += fmt::format(
       "  step time           {:.3f} s: compute {:.3f} s at {:.0f}% MFU, communication {:.3f} s of which "
-      "{:.3f} s hidden\n",
-      c.step_s, c.compute_s, 100 * cluster.mfu, c.communication_s, hidden);
+      "{:.3f} s hidden{}\n",
+      c.step_s, c.compute_s, 100 * cluster.mfu, c.communication_s, hidden,
+      c.tensor_communication_s > 0
+          ? fmt::format(" (tensor-parallel all-reduces {:.3f} s, not hidden)", c.tensor_communication_s)
+          : "");
   out += fmt::format("  throughput          {:.0f} tokens/s ({:.0f} per device)\n", e.tokens_per_s,
                      e.tokens_per_s / static_cast<double>(c.devices));
   out += fmt::format("  scaling efficiency  {:.1f}% of {} x one device's throughput\n", 100 * e.efficiency, c.devices);
@@ -222,6 +267,27 @@ std::string render_estimate(const ScalingEstimate& e, const JobProfile& job, con
     out += "  time to train       unknown (max_duration is in epochs)\n";
   }
   return out;
+}
+
+std::string render_recommendation(const JobProfile& job, const Cluster& cluster, int64_t devices,
+                                  const Candidate& configured) {
+  const Candidate* best = nullptr;
+  JobProfile whole = job;  // the dry run plans for the devices it is given, across as many nodes as they span
+  whole.max_nodes = cluster.nodes;
+  const std::vector<Candidate> all = enumerate_candidates(whole, cluster);
+  for (const Candidate& c : all) {
+    if (c.devices == devices && (best == nullptr || c.step_s < best->step_s)) best = &c;
+  }
+  if (best == nullptr)
+    return fmt::format("  recommendation      nothing the model considers fits {} devices\n", devices);
+  const double tokens_per_s = job.tokens_per_step() / best->step_s;
+  std::string out =
+      fmt::format("  recommendation      {}: {:.3f} s per step, {:.0f} tokens/s, {:.1f} GiB per device",
+                  best->describe(), best->step_s, tokens_per_s, best->memory_bytes / (1024.0 * 1024 * 1024));
+  if (configured.fits && configured.step_s > 0) {
+    out += fmt::format(" ({:.2f}x the recipe's configuration)", configured.step_s / best->step_s);
+  }
+  return out + "\n";
 }
 
 }  // namespace tessera::planner

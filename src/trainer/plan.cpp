@@ -113,6 +113,22 @@ double checkpoint_bytes_per_rank(const TrainConfig& cfg, const Plan& plan, dist:
   }
 }
 
+TensorSplit measure_tensor_split(const models::CausalLM& model, int64_t degree) {
+  TensorSplit out;
+  std::map<std::string, at::Tensor> params;
+  for (const auto& item : model.named_parameters()) params[item.key()] = item.value();
+  std::map<int64_t, int64_t> per_unit;
+  for (const models::TensorParallelSplit& s : model.tensor_parallel_plan(degree)) {
+    const at::Tensor& w = params.at(s.param);
+    out.params += w.numel();
+    per_unit[model.unit_of_parameter(s.param)] += w.numel();
+    if (s.dim == 1) out.d_model = w.size(0);
+  }
+  for (const auto& [unit, n] : per_unit) out.largest_unit_params = std::max(out.largest_unit_params, n);
+  out.layers = static_cast<int64_t>(per_unit.size());
+  return out;
+}
+
 Plan make_plan(const TrainConfig& cfg, int64_t world_size, int64_t ranks_per_node) {
   if (world_size < 1) throw ConfigError("train", fmt::format("world size must be at least 1, got {}", world_size));
   Plan plan;
@@ -189,31 +205,19 @@ Plan make_plan(const TrainConfig& cfg, int64_t world_size, int64_t ranks_per_nod
         dist::expert_all_to_all_bytes(tokens, top_k, d_model, plan.moe_layers, ep, bytes, true);
   }
   if (tp > 1) {
-    // The weights the model splits (its plan refuses what does not divide, as the engine would) and per layer the
-    // all-reduces of d_model-wide activations (a row-parallel weight's rows).
-    std::map<std::string, int64_t> numel;
-    for (const auto& item : model->named_parameters()) numel[item.key()] = item.value().numel();
-    std::map<int64_t, int64_t> per_unit;
-    int64_t d = 0;
-    for (const models::TensorParallelSplit& s : model->tensor_parallel_plan(tp)) {
-      plan.tensor_split.params += numel.at(s.param);
-      per_unit[model->unit_of_parameter(s.param)] += numel.at(s.param);
-      if (s.dim == 1) d = model->named_parameters()[s.param].size(0);
-    }
-    if (per_unit.empty()) {
+    const TensorSplit t = measure_tensor_split(*model, tp);
+    if (t.params == 0) {
       throw ConfigError("recipe", fmt::format("{}: parallelism.tensor_parallel_degree {}: model family \"{}\" declares "
                                               "no tensor-parallel layers",
                                               cfg.recipe_path, tp, model->family()));
     }
-    plan.tensor_split.degree = tp;
-    for (const auto& [u, n] : per_unit)
-      plan.tensor_split.largest_unit_params = std::max(plan.tensor_split.largest_unit_params, n);
-    plan.tensor_parallel_layers = static_cast<int64_t>(per_unit.size());
+    plan.tensor_split = {tp, t.params, t.largest_unit_params};
+    plan.tensor_parallel_layers = t.layers;
     const int64_t tokens = plan.device_train_batch_size * plan.seq_len;
     plan.tensor_all_reduce_bytes =
-        dist::tensor_parallel_all_reduce_bytes(tokens, d, plan.tensor_parallel_layers, tp, act_bytes, false);
+        dist::tensor_parallel_all_reduce_bytes(tokens, t.d_model, t.layers, tp, act_bytes, false);
     plan.tensor_all_reduce_bytes_ckpt =
-        dist::tensor_parallel_all_reduce_bytes(tokens, d, plan.tensor_parallel_layers, tp, act_bytes, true);
+        dist::tensor_parallel_all_reduce_bytes(tokens, t.d_model, t.layers, tp, act_bytes, true);
   }
   // The engine refuses NO_SHARD with expert or tensor parallelism; the split applies where the world holds whole
   // groups.

@@ -56,6 +56,12 @@ struct JobProfile {
   dist::ExpertShare experts;
   int64_t moe_layers = 0;
   double all_to_all_bytes_per_token = 0;
+  // Tensor parallelism: the weights the model splits (degree unused: any of tensor_parallel_degrees), the layers whose
+  // outputs are all-reduced (or reduce-scattered) and their width. Empty degrees: the model declares no split layers.
+  dist::ExpertShare tensor_split;
+  std::vector<int64_t> tensor_parallel_degrees;  // the degrees above 1 the model's heads and MLP divide into
+  int64_t tensor_parallel_layers = 0;
+  int64_t d_model = 0;
   double weight = 1;
   int64_t max_nodes = 1;
   // Seconds from the start of the plan by which the job should end (infinity: none). Deadlines come before the

@@ -12,6 +12,12 @@
 //   links     alpha-beta: bytes over the link's bandwidth plus a latency per ring step; a collective that spans
 //             nodes runs at the inter-node link's rate
 //   step      compute + the communication that does not hide behind `overlap` of the compute
+//   tensor    with tensor (and sequence) parallelism of degree T, inside a node: the batch divides over devices / T
+//             data-parallel ranks, the split weights' state over all devices as the experts' is
+//             (dist::state_memory_per_rank), activations are 1 / T (sequence parallelism), the sharding traffic
+//             moves the dense parameters and 1 / T of the split ones, and the layers' all-reduces
+//             (dist::tensor_parallel_all_reduce_bytes, 2 (T - 1) latency hops each) are added whole: they sit between
+//             the layers' computations and do not overlap them
 //
 // Thread-safe (pure functions).
 #pragma once
@@ -30,35 +36,41 @@ struct Candidate {
   int64_t devices = 1;
   int64_t nodes = 1;  // devices / devices_per_node when the job spans nodes, else 1
   dist::ShardingStrategy strategy = dist::ShardingStrategy::kNoShard;
+  int64_t tensor_parallel = 1;  // tensor-parallel degree (groups within a node)
   bool activation_checkpointing = false;
-  int64_t microbatch = 1;      // samples per microbatch
-  int64_t microbatches = 1;    // per step
-  double memory_bytes = 0;     // per device: model state + one microbatch's activations
-  double compute_s = 0;        // per step
-  double communication_s = 0;  // per step, before overlap
-  double step_s = 0;           // per step: modelled, or measured when `profiled`
-  double startup_s = 0;        // from launch to the first step: the cluster's startup_s, or measured
-  double duration_s = 0;       // startup_s + steps * step_s
-  bool fits = true;            // memory_bytes within the device's usable memory
-  bool profiled = false;       // step_s and startup_s come from a trial run (planner/profiler.h)
-  double modelled_step_s = 0;  // what the performance model predicts, kept beside a measurement
+  int64_t microbatch = 1;             // samples per microbatch
+  int64_t microbatches = 1;           // per step
+  double memory_bytes = 0;            // per device: model state + one microbatch's activations
+  double compute_s = 0;               // per step
+  double communication_s = 0;         // per step, before overlap (tensor_communication_s included)
+  double tensor_communication_s = 0;  // per step: tensor parallelism's all-reduces, never hidden
+  double step_s = 0;                  // per step: modelled, or measured when `profiled`
+  double startup_s = 0;               // from launch to the first step: the cluster's startup_s, or measured
+  double duration_s = 0;              // startup_s + steps * step_s
+  bool fits = true;                   // memory_bytes within the device's usable memory
+  bool profiled = false;              // step_s and startup_s come from a trial run (planner/profiler.h)
+  double modelled_step_s = 0;         // what the performance model predicts, kept beside a measurement
 
-  // "FULL_SHARD, act. ckpt, microbatch 4".
+  // "FULL_SHARD, act. ckpt, microbatch 4"; "TP 8 x FULL_SHARD, ..." with tensor parallelism.
   std::string describe() const;
 };
 
-// One configuration's costs; fits = false when it needs more than the device's usable memory. `devices` must divide
-// the job's global batch (std::invalid_argument otherwise).
+// One configuration's costs; fits = false when it needs more than the device's usable memory, or when the model or
+// the cluster cannot run `tensor_parallel` (a degree the model does not divide into, one that does not divide a node's
+// devices or `devices`, NO_SHARD). The data-parallel ranks (devices / tensor_parallel) must divide the job's global
+// batch (std::invalid_argument otherwise).
 Candidate model_candidate(const JobProfile& job, const Cluster& cluster, int64_t devices,
-                          dist::ShardingStrategy strategy, bool activation_checkpointing, int64_t microbatch);
+                          dist::ShardingStrategy strategy, bool activation_checkpointing, int64_t microbatch,
+                          int64_t tensor_parallel = 1);
 
 // The device counts a job may run on: powers of two up to a node's devices, then whole nodes (2, 4, ... up to the
 // job's max_nodes and the cluster's), each dividing the job's global batch.
 std::vector<int64_t> device_counts(const JobProfile& job, const Cluster& cluster);
 
 // Every configuration that fits, for each device count: the strategies that apply (one device: NO_SHARD only;
-// HYBRID_SHARD only across nodes), activation checkpointing off and on, and the microbatch sizes (powers of two up
-// to the per-device batch, and the per-device batch itself).
+// HYBRID_SHARD only across nodes), the tensor-parallel degrees the model and a node allow (1 and each of
+// job.tensor_parallel_degrees), activation checkpointing off and on, and the microbatch sizes (powers of two up to the
+// per-rank batch, and the per-rank batch itself).
 std::vector<Candidate> enumerate_candidates(const JobProfile& job, const Cluster& cluster);
 
 // The fastest fitting configuration per device count, without the device counts that are no faster than a smaller
@@ -77,8 +89,14 @@ struct ScalingEstimate {
   double efficiency = 0;    // in (0, 1]
 };
 ScalingEstimate estimate_scaling(const JobProfile& job, const Cluster& cluster, int64_t devices,
-                                 dist::ShardingStrategy strategy, bool activation_checkpointing, int64_t microbatch);
+                                 dist::ShardingStrategy strategy, bool activation_checkpointing, int64_t microbatch,
+                                 int64_t tensor_parallel = 1);
 // The estimate as the dry run prints it (steps = 0: no time to train, e.g. a duration in epochs).
 std::string render_estimate(const ScalingEstimate& e, const JobProfile& job, const Cluster& cluster);
+// The fastest configuration the model finds on exactly `devices` devices (every strategy, tensor-parallel degree,
+// activation checkpointing and microbatch size enumerate_candidates considers), against `configured` (the recipe's):
+// the dry run's recommendation. Says so when nothing fits.
+std::string render_recommendation(const JobProfile& job, const Cluster& cluster, int64_t devices,
+                                  const Candidate& configured);
 
 }  // namespace tessera::planner

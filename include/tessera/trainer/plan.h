@@ -7,6 +7,10 @@
 #include <vector>
 
 #include "tessera/dist/sharding.h"
+
+namespace tessera::models {
+class CausalLM;
+}
 #include "tessera/trainer/train_config.h"
 
 namespace tessera::trainer {
@@ -51,6 +55,18 @@ struct Plan {
   double tensor_all_reduce_bytes = 0;
   double tensor_all_reduce_bytes_ckpt = 0;
 };
+
+// The weights `model` splits over `degree` tensor-parallel ranks (CausalLM::tensor_parallel_plan): their parameters,
+// those in its largest unit, the units (layers) holding them and the width of their all-reduced outputs (a row-parallel
+// weight's rows). All 0 when the model declares no split layers; ConfigError (the model's) when the degree does not
+// divide its heads or MLP.
+struct TensorSplit {
+  int64_t params = 0;
+  int64_t largest_unit_params = 0;
+  int64_t layers = 0;
+  int64_t d_model = 0;
+};
+TensorSplit measure_tensor_split(const models::CausalLM& model, int64_t degree);
 
 // What a checkpoint costs and how often the job fails: the inputs of the interval advice.
 struct CheckpointCosts {

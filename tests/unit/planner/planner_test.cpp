@@ -13,6 +13,7 @@
 #include <functional>
 #include <limits>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -130,6 +131,46 @@ TEST(PerfModel, ExpertParallelismAddsItsTokenExchangesAndRunsOnlyWhereTheGroupsF
   // Two devices do not hold a group of 4, and NO_SHARD is not run with expert parallelism.
   EXPECT_FALSE(model_candidate(moe, cluster, 2, ShardingStrategy::kFullShard, false, 4).fits);
   EXPECT_FALSE(model_candidate(moe, cluster, 4, ShardingStrategy::kNoShard, false, 4).fits);
+}
+
+TEST(PerfModel, TensorParallelismDividesTheBatchOverGroupsAndAddsItsAllReduces) {
+  Cluster cluster = small_cluster(2, 4);
+  cluster.overlap = 0;
+  JobProfile dense = job("a", 1e9, 100);
+  JobProfile split = dense;
+  split.tensor_split = {1, dense.n_params * 9 / 10, dense.largest_unit_params * 9 / 10};
+  split.tensor_parallel_degrees = {2, 4};
+  split.tensor_parallel_layers = 24;
+  split.d_model = 2048;
+  const Candidate d = model_candidate(split, cluster, 4, ShardingStrategy::kFullShard, false, 4);
+  const Candidate t = model_candidate(split, cluster, 4, ShardingStrategy::kFullShard, false, 4, 2);
+  EXPECT_EQ(t.describe(), "TP 2 x FULL_SHARD, microbatch 4");
+  // 2 data-parallel ranks read the 64 samples: 32 each, 8 microbatches of 4 (4 without TP: 16 each).
+  EXPECT_EQ(t.microbatches, 8);
+  EXPECT_EQ(d.microbatches, 4);
+  EXPECT_DOUBLE_EQ(t.compute_s, d.compute_s) << "the same work over the same devices";
+  // The all-reduces: 4 per layer and microbatch of 32 x 2048 tokens x 2048 values in bf16, 2 (T - 1) / T of them
+  // sent, 2 (T - 1) latency hops each, on the node's link, on top of the sharding traffic (the dense tenth and half
+  // of the split parameters: 0.55 of a copy).
+  const double all_reduce = dist::tensor_parallel_all_reduce_bytes(32 * 2048, 2048, 24, 2, 2, false);
+  EXPECT_DOUBLE_EQ(all_reduce, 4.0 * 24 * 32 * 2048 * 2048 * 2 * 1.0);
+  const double sharding = 3.0 * 0.75 * static_cast<double>(split.n_params) * 2 * 0.55 * 8;
+  EXPECT_NEAR(t.communication_s,
+              sharding / 100e9 + 6.0 * 24 * 8 * 3 / 2 * 5e-6 + all_reduce / 100e9 + 2.0 * 4 * 24 * 8 * 5e-6, 1e-6);
+  EXPECT_LT(t.memory_bytes, d.memory_bytes) << "activations halved by sequence parallelism";
+  // Degrees the model does not divide into, NO_SHARD, and a job whose model declares no split layers do not run.
+  EXPECT_FALSE(model_candidate(split, cluster, 8, ShardingStrategy::kFullShard, false, 4, 8).fits);
+  EXPECT_FALSE(model_candidate(split, cluster, 4, ShardingStrategy::kNoShard, false, 4, 2).fits);
+  EXPECT_FALSE(model_candidate(dense, cluster, 4, ShardingStrategy::kFullShard, false, 4, 2).fits);
+  // The enumeration offers the degrees the model and a node allow.
+  std::set<int64_t> offered;
+  for (const Candidate& c : enumerate_candidates(split, cluster)) offered.insert(c.tensor_parallel);
+  EXPECT_EQ(offered, (std::set<int64_t>{1, 2, 4}));
+  // The dry run's recommendation names the fastest on the given device count.
+  const std::string rec = render_recommendation(split, cluster, 8, t);
+  EXPECT_NE(rec.find("recommendation"), std::string::npos) << rec;
+  EXPECT_NE(render_recommendation(job("huge", 1e12, 10), cluster, 8, t).find("nothing the model considers fits 8"),
+            std::string::npos);
 }
 
 TEST(PerfModel, CandidatesFitAndTheBestAreFasterWithEachDeviceCountTheyKeep) {

@@ -100,6 +100,21 @@ TEST(TrainCli, DryRunOnAClusterEstimatesStepTimeThroughputAndScaling) {
   EXPECT_NE(r.output.find("throughput          694067 tokens/s (5422 per device)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("scaling efficiency  78.9% of 128"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("time to train       26.8 h (63900 steps, 120 s startup)"), std::string::npos) << r.output;
+  // Llama 3 70B on 64 H100 with tensor parallelism 8 and FSDP over the 8 data-parallel ranks (torchtitan's layout,
+  // docs/performance.md): the all-reduces add to the step, and the recommendation searches every configuration.
+  r = run("--recipe " + kSource + "/recipes/llama3-70b.yaml --dry-run --cluster " + kSource +
+          "/tests/data/planner/h100-64.yaml global_train_batch_size=128 device_train_microbatch_size=16 "
+          "fsdp_config.activation_checkpointing=true 'parallelism={tensor_parallel_degree: 8}'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tensor parallelism        groups of 8 ranks (8 data-parallel)"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("configuration       TP 8 x FULL_SHARD, act. ckpt, microbatch 16, 1 microbatch per step"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("throughput          34251 tokens/s (535 per device)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("recommendation      TP 8 x SHARD_GRAD_OP, microbatch 1: 22.827 s per step"),
+            std::string::npos)
+      << r.output;
   // The world must divide the batch.
   r = run("--recipe " + kSource + "/recipes/llama3-8b.yaml --dry-run --cluster " + cluster);
   EXPECT_EQ(r.exit_code, 2) << r.output;
