@@ -948,6 +948,43 @@ TEST_F(DistTraining, TensorParallelLayoutsMatchOneProcessAndTheirCheckpointsResh
       << "one process -> TP 2 x FSDP 2";
 }
 
+TEST_F(DistTraining, TensorParallelComposesWithHybridShardAndAutoMicrobatching) {
+  if (is_worker()) GTEST_SKIP();
+  // HYBRID_SHARD over two 2-rank nodes (two launchers), a tensor-parallel group per node: the dense shards within the
+  // node, every slice on one rank of each node, replicated across the nodes.
+  {
+    const int port = free_port();
+    auto node = [&](int k) {
+      const std::string cmd = fmt::format(
+          "{} --recipe {} run_name=tp_hy --nproc-per-node 2 --nnodes 2 --node-rank {} --master-port {} {} "
+          "train_loader.dataset.num_canonical_nodes=1 > {} 2>&1",
+          ::tessera::testing::train_bin(), (root_ / "tiny.yaml").string(), k, port,
+          tensor_parallel(2, "data_parallel_replicate_degree: 2"),
+          (root_ / fmt::format("tp_hy_node{}.log", k)).string());
+      return std::async(std::launch::async, [cmd] { return std::system(cmd.c_str()); });
+    };
+    auto n0 = node(0), n1 = node(1);
+    EXPECT_EQ(n0.get(), 0) << read_dist_log(root_ / "tp_hy_node0.log");
+    EXPECT_EQ(n1.get(), 0) << read_dist_log(root_ / "tp_hy_node1.log");
+    EXPECT_NE(read_dist_log(root_ / "tp_hy_node0.log").find("HYBRID_SHARD"), std::string::npos);
+    expect_same(single(), read_run("tp_hy"), "TP 2 x HYBRID_SHARD (2 nodes x 2)");
+  }
+  // Automatic microbatching: rank 1 of 4 (TP 2 x FSDP 2) runs out of memory three times in the first batch; the
+  // tensor-parallel collectives take part in the agreement (a sync point before each), every rank retries together,
+  // and the run equals the one that used 1 sample from the start.
+  setenv("TESSERA_DIST_TRAINING_ROOT", root_.c_str(), 1);
+  setenv("TESSERA_DIST_TRAINING_OVERRIDES", "parallelism.tensor_parallel_degree=2 max_duration=6ba", 1);
+  ASSERT_EQ(launch_workers("AutoMicrobatch", 4), 0);
+  unsetenv("TESSERA_DIST_TRAINING_ROOT");
+  unsetenv("TESSERA_DIST_TRAINING_OVERRIDES");
+  const TrainRun retried = read_run("auto_oom");
+  const TrainRun fixed = run("tp_mb1_gb16", 4,
+                             {"parallelism.tensor_parallel_degree=2", "max_duration=6ba", "global_train_batch_size=16",
+                              "device_train_microbatch_size=1", "fsdp_config.sharding_strategy=FULL_SHARD"});
+  ASSERT_EQ(retried.losses.size(), 6u);
+  EXPECT_EQ(retried.losses, fixed.losses);
+}
+
 TEST_F(DistTrainingLlama, TensorParallelLayoutsMatchOneProcess) {
   if (is_worker()) GTEST_SKIP();
   // Llama's q/k/v/o projections (grouped-query: 4 query heads over 2 key/value heads) and gated MLP.
