@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/dist/split_groups.h"
 #include "tessera/models/moe.h"
 #include "tessera/util/error.h"
 
@@ -66,39 +67,10 @@ ExpertGroups setup_expert_parallel(models::CausalLM& model, ShardingStrategy str
   }
   std::set<std::string>& names = out.weight_names;
   if (layers.empty()) return out;
-  const int world = world_comm.size();
   const std::string key = fmt::format("model.ffn_config.moe_world_size {}", degree);
-  if (world % degree != 0) {
-    throw ConfigError("dist", fmt::format("{}: the job's {} rank(s) do not split into expert-parallel groups of {}",
-                                          key, world, degree));
-  }
-  if (strategy == ShardingStrategy::kNoShard) {
-    throw ConfigError("dist", fmt::format("{}: expert parallelism needs a sharded strategy (fsdp_config."
-                                          "sharding_strategy FULL_SHARD, SHARD_GRAD_OP or HYBRID_SHARD), not NO_SHARD",
-                                          key));
-  }
-  const bool hybrid = strategy == ShardingStrategy::kHybridShard && ranks_per_node < world;
-  if (hybrid && ranks_per_node % degree != 0) {
-    throw ConfigError("dist", fmt::format("{}: HYBRID_SHARD keeps an expert-parallel group within a shard group, and "
-                                          "shard groups of {} ranks do not split into groups of {}",
-                                          key, ranks_per_node, degree));
-  }
-  // Expert-parallel groups: degree consecutive ranks. The ranks that hold the same experts (the same position in their
-  // group) split those experts' flat vectors: all of them, or under HYBRID_SHARD those on this node (the node's
-  // copies then replicate across nodes, as the dense shards do).
-  for (int g = 0; g < world / degree; ++g) {
-    std::vector<int> ranks;
-    for (int i = 0; i < degree; ++i) ranks.push_back(g * degree + i);
-    if (auto c = world_comm.new_group(ranks)) out.group = c;
-  }
-  const int span = hybrid ? ranks_per_node : world;
-  for (int s = 0; s < world / span; ++s) {
-    for (int i = 0; i < degree; ++i) {
-      std::vector<int> ranks;
-      for (int r = i; r < span; r += degree) ranks.push_back(s * span + r);
-      if (auto c = world_comm.new_group(ranks)) out.holders = c;
-    }
-  }
+  SplitGroups groups = make_split_groups(world_comm, degree, strategy, ranks_per_node, key, "expert");
+  out.group = std::move(groups.group);
+  out.holders = std::move(groups.holders);
   auto exchange = std::make_shared<GroupExchange>(out.group, std::move(sync));
   for (auto& [prefix, moe] : layers) {
     if (moe->options().num_experts % degree != 0) {

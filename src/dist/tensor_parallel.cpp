@@ -6,6 +6,7 @@
 
 #include <utility>
 
+#include "tessera/dist/split_groups.h"
 #include "tessera/util/error.h"
 
 namespace tessera::dist {
@@ -62,23 +63,8 @@ TensorGroups setup_tensor_parallel(models::CausalLM& model, int degree, bool seq
   TensorGroups out;
   if (degree <= 1) return out;
   out.degree = degree;
-  const int world = world_comm.size();
   const std::string key = fmt::format("parallelism.tensor_parallel_degree {}", degree);
-  if (world % degree != 0) {
-    throw ConfigError("dist", fmt::format("{}: the job's {} rank(s) do not split into tensor-parallel groups of {}",
-                                          key, world, degree));
-  }
-  if (strategy == ShardingStrategy::kNoShard) {
-    throw ConfigError("dist", fmt::format("{}: tensor parallelism composes with a sharded strategy (FULL_SHARD, "
-                                          "SHARD_GRAD_OP or HYBRID_SHARD), not NO_SHARD",
-                                          key));
-  }
-  const bool hybrid = strategy == ShardingStrategy::kHybridShard && ranks_per_node < world;
-  if (hybrid && ranks_per_node % degree != 0) {
-    throw ConfigError("dist", fmt::format("{}: HYBRID_SHARD keeps a tensor-parallel group within a shard group, and "
-                                          "shard groups of {} ranks do not split into groups of {}",
-                                          key, ranks_per_node, degree));
-  }
+  SplitGroups groups = make_split_groups(world_comm, degree, strategy, ranks_per_node, key, "tensor");
   const std::vector<models::TensorParallelSplit> plan = model.tensor_parallel_plan(degree);
   if (plan.empty()) {
     throw ConfigError("dist", fmt::format("{}: model family \"{}\" declares no tensor-parallel layers "
@@ -115,22 +101,8 @@ TensorGroups setup_tensor_parallel(models::CausalLM& model, int degree, bool seq
     }
     out.splits[s.param] = s;
   }
-  // Groups: `degree` consecutive ranks (the innermost mesh dimension, as torchtitan places it); the ranks at the same
-  // position in their groups hold the same slices and split those slices' flat vectors: all of them, or under
-  // HYBRID_SHARD those in this shard group (replicated across shard groups as the dense shards are).
-  for (int g = 0; g < world / degree; ++g) {
-    std::vector<int> ranks;
-    for (int i = 0; i < degree; ++i) ranks.push_back(g * degree + i);
-    if (auto c = world_comm.new_group(ranks)) out.group = c;
-  }
-  const int span = hybrid ? ranks_per_node : world;
-  for (int s = 0; s < world / span; ++s) {
-    for (int i = 0; i < degree; ++i) {
-      std::vector<int> ranks;
-      for (int r = i; r < span; r += degree) ranks.push_back(s * span + r);
-      if (auto c = world_comm.new_group(ranks)) out.holders = c;
-    }
-  }
+  out.group = std::move(groups.group);
+  out.holders = std::move(groups.holders);
   model.set_tensor_parallel(std::make_shared<GroupAllReduce>(out.group, std::move(sync), sequence_parallel));
   spdlog::info("dist: tensor parallelism over groups of {} ranks ({} weights split), sequence parallelism {}", degree,
                out.splits.size(), sequence_parallel ? "on" : "off");

@@ -140,6 +140,25 @@ callbacks: {{hf_checkpointer: {{save_folder: "{1}/runs/{{run_name}}", save_inter
     return read_run(name);
   }
 
+  // Runs `train` as two nodes of 2 ranks (two launchers on this machine) with one canonical node, which keeps
+  // Streaming's sample order equal to the single process's; returns the run as read_run does.
+  static TrainRun run_on_two_nodes(const std::string& name, const std::vector<std::string>& overrides) {
+    const int port = free_port();
+    auto node = [&](int k) {
+      std::string cmd = fmt::format(
+          "{} --recipe {} run_name={} --nproc-per-node 2 --nnodes 2 --node-rank {} --master-port {} "
+          "train_loader.dataset.num_canonical_nodes=1",
+          ::tessera::testing::train_bin(), (root_ / "tiny.yaml").string(), name, k, port);
+      for (const std::string& o : overrides) cmd += " " + o;
+      cmd += " > " + (root_ / fmt::format("{}_node{}.log", name, k)).string() + " 2>&1";
+      return std::async(std::launch::async, [cmd] { return std::system(cmd.c_str()); });
+    };
+    auto n0 = node(0), n1 = node(1);
+    EXPECT_EQ(n0.get(), 0) << read_dist_log(root_ / (name + "_node0.log"));
+    EXPECT_EQ(n1.get(), 0) << read_dist_log(root_ / (name + "_node1.log"));
+    return read_run(name);
+  }
+
   static TrainRun read_run(const std::string& name) {
     TrainRun r;
     std::ifstream f(root_ / "runs" / name / "metrics.jsonl");
@@ -443,23 +462,9 @@ TEST_F(DistTraining, OptimizerMonitorOnShardsLogsWhatOneProcessLogs) {
 
 TEST_F(DistTraining, HybridShardOverTwoNodesMatchesOneProcess) {
   if (is_worker()) GTEST_SKIP();
-  // Two launchers on this machine play two nodes of 2 ranks each: shard within a node, replicate across. One
-  // canonical node keeps Streaming's sample order equal to the single process's.
-  const int port = free_port();
-  auto node = [&](int k) {
-    return std::async(std::launch::async, [=] {
-      const std::string cmd = fmt::format(
-          "{} --recipe {} run_name=hy4 --nproc-per-node 2 --nnodes 2 --node-rank {} --master-port {} "
-          "fsdp_config.sharding_strategy=HYBRID_SHARD train_loader.dataset.num_canonical_nodes=1 > {} 2>&1",
-          ::tessera::testing::train_bin(), (root_ / "tiny.yaml").string(), k, port,
-          (root_ / fmt::format("hy4_node{}.log", k)).string());
-      return std::system(cmd.c_str());
-    });
-  };
-  auto n0 = node(0), n1 = node(1);
-  EXPECT_EQ(n0.get(), 0) << read_dist_log(root_ / "hy4_node0.log");
-  EXPECT_EQ(n1.get(), 0) << read_dist_log(root_ / "hy4_node1.log");
-  expect_same(single(), read_run("hy4"), "HYBRID_SHARD 2 nodes x 2");
+  // Two launchers on this machine play two nodes of 2 ranks each: shard within a node, replicate across.
+  expect_same(single(), run_on_two_nodes("hy4", {"fsdp_config.sharding_strategy=HYBRID_SHARD"}),
+              "HYBRID_SHARD 2 nodes x 2");
 }
 
 TEST_F(DistTraining, ComposersDataParallelMeshShardsWithinGroupsAndReplicatesAcrossThem) {
@@ -763,23 +768,8 @@ TEST_F(DistTrainingMoe, ExpertParallelLayoutsMatchOneProcessAndTheirCheckpointsR
   // HYBRID_SHARD over two nodes of 2 (two launchers): an expert-parallel group per node, its experts replicated
   // across the nodes.
   {
-    const int port = free_port();
-    std::vector<std::string> o =
-        with_save("ep2_hy", {ep2, "max_duration=10ba", "fsdp_config.sharding_strategy=HYBRID_SHARD",
-                             "train_loader.dataset.num_canonical_nodes=1"});
-    auto node = [&](int k) {
-      std::string cmd = fmt::format(
-          "{} --recipe {} run_name=ep2_hy --nproc-per-node 2 --nnodes 2 --node-rank {} "
-          "--master-port {}",
-          ::tessera::testing::train_bin(), (root_ / "tiny.yaml").string(), k, port);
-      for (const std::string& x : o) cmd += " " + x;
-      cmd += " > " + (root_ / fmt::format("ep2_hy_node{}.log", k)).string() + " 2>&1";
-      return std::async(std::launch::async, [cmd] { return std::system(cmd.c_str()); });
-    };
-    auto n0 = node(0), n1 = node(1);
-    EXPECT_EQ(n0.get(), 0) << read_dist_log(root_ / "ep2_hy_node0.log");
-    EXPECT_EQ(n1.get(), 0) << read_dist_log(root_ / "ep2_hy_node1.log");
-    TrainRun r = read_run("ep2_hy");
+    TrainRun r = run_on_two_nodes(
+        "ep2_hy", with_save("ep2_hy", {ep2, "max_duration=10ba", "fsdp_config.sharding_strategy=HYBRID_SHARD"}));
     r.weights = checkpoint_weights(ckpt / "ep2_hy" / "ep0-ba10");
     expect_first_ten(r, "EP 2 x HYBRID_SHARD (2 nodes x 2)");
   }
@@ -952,23 +942,9 @@ TEST_F(DistTraining, TensorParallelComposesWithHybridShardAndAutoMicrobatching) 
   if (is_worker()) GTEST_SKIP();
   // HYBRID_SHARD over two 2-rank nodes (two launchers), a tensor-parallel group per node: the dense shards within the
   // node, every slice on one rank of each node, replicated across the nodes.
-  {
-    const int port = free_port();
-    auto node = [&](int k) {
-      const std::string cmd = fmt::format(
-          "{} --recipe {} run_name=tp_hy --nproc-per-node 2 --nnodes 2 --node-rank {} --master-port {} {} "
-          "train_loader.dataset.num_canonical_nodes=1 > {} 2>&1",
-          ::tessera::testing::train_bin(), (root_ / "tiny.yaml").string(), k, port,
-          tensor_parallel(2, "data_parallel_replicate_degree: 2"),
-          (root_ / fmt::format("tp_hy_node{}.log", k)).string());
-      return std::async(std::launch::async, [cmd] { return std::system(cmd.c_str()); });
-    };
-    auto n0 = node(0), n1 = node(1);
-    EXPECT_EQ(n0.get(), 0) << read_dist_log(root_ / "tp_hy_node0.log");
-    EXPECT_EQ(n1.get(), 0) << read_dist_log(root_ / "tp_hy_node1.log");
-    EXPECT_NE(read_dist_log(root_ / "tp_hy_node0.log").find("HYBRID_SHARD"), std::string::npos);
-    expect_same(single(), read_run("tp_hy"), "TP 2 x HYBRID_SHARD (2 nodes x 2)");
-  }
+  expect_same(single(), run_on_two_nodes("tp_hy", {tensor_parallel(2, "data_parallel_replicate_degree: 2")}),
+              "TP 2 x HYBRID_SHARD (2 nodes x 2)");
+  EXPECT_NE(read_dist_log(root_ / "tp_hy_node0.log").find("HYBRID_SHARD"), std::string::npos);
   // Automatic microbatching: rank 1 of 4 (TP 2 x FSDP 2) runs out of memory three times in the first batch; the
   // tensor-parallel collectives take part in the agreement (a sync point before each), every rank retries together,
   // and the run equals the one that used 1 sample from the start.
@@ -1011,8 +987,7 @@ TEST_F(DistTraining, TensorParallelLayoutsTheEngineCannotBuildAreRefusedNamingTh
   refused("tp_ddp", 4,
           {"'parallelism={tensor_parallel_degree: 2, data_parallel_replicate_degree: 2, data_parallel_shard_degree: "
            "1}'"},
-          "tensor parallelism composes with a sharded strategy (FULL_SHARD, SHARD_GRAD_OP or HYBRID_SHARD), not "
-          "NO_SHARD");
+          "tensor parallelism needs a sharded strategy (FULL_SHARD, SHARD_GRAD_OP or HYBRID_SHARD), not NO_SHARD");
   refused("tp_qk_ln", 2, {tensor_parallel(2), "model.attn_config.qk_ln=true"}, "attn_config.qk_ln");
   refused("tp_lora", 2, {tensor_parallel(2), "algorithms.lora.r=2", "algorithms.lora.target_modules=[Wqkv]"},
           "tensor parallelism: transformer.blocks.0.attn.Wqkv.weight is frozen");
