@@ -23,6 +23,7 @@
 #include "tessera/loggers/loggers.h"
 #include "tessera/models/loss.h"
 #include "tessera/models/metric.h"
+#include "tessera/trainer/trainer_support.h"
 #include "tessera/util/device.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
@@ -32,6 +33,14 @@
 #include "tessera/util/preemption.h"
 
 namespace tessera::trainer {
+
+using detail::count_tokens;
+using detail::data_rank;
+using detail::data_world;
+using detail::forward_options;
+using detail::slice;
+using detail::sum_over_ranks;
+using detail::to_device;
 
 using callbacks::load_checkpoint;
 using callbacks::load_newest_checkpoint;
@@ -69,9 +78,10 @@ Precision auto_precision(const at::Device& device) {
   return Precision::kFp32;
 }
 
-// The ranks that read different batches: one per tensor-parallel group of `tp` consecutive ranks (its ranks read the
-// same batch and split the model's layers instead). Sums over every rank of values that each group's ranks share are
-// then `tp` times the data-parallel sums, which the means and ratios logged cancel.
+}  // namespace
+
+namespace detail {
+
 int64_t data_rank(const State& s, int64_t tp) {
   return s.rank / tp;
 }
@@ -79,7 +89,6 @@ int64_t data_world(const State& s, int64_t tp) {
   return s.world_size / tp;
 }
 
-// `values` summed over every rank, in one all-reduce (doubles: exact for counts below 2^53).
 std::vector<double> sum_over_ranks(const State& s, const std::vector<double>& values) {
   at::Tensor t = at::tensor(values, at::kDouble).to(s.device);
   s.comm->all_reduce(t).wait();
@@ -87,7 +96,6 @@ std::vector<double> sum_over_ranks(const State& s, const std::vector<double>& va
   return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
 }
 
-// The loader's dataset options with this run's per-device batch size.
 int64_t count_tokens(const data::TokenBatch& b) {
   return b.labels.ne(data::kIgnoreLabel).sum().item<int64_t>();
 }
@@ -116,6 +124,10 @@ data::TokenBatch to_device(data::TokenBatch b, const at::Device& device, bool no
   }
   return b;
 }
+
+}  // namespace detail
+
+namespace {
 
 // The GPU of a rank: its local rank's, or the only one it sees when the launcher gave each task a GPU of its own
 // (Slurm's --gpus-per-task=1: SLURM_GPUS_PER_TASK=1, CUDA_VISIBLE_DEVICES naming that GPU).
@@ -705,136 +717,6 @@ void Trainer::rollback() {
     spdlog::warn("batch {}: rolled the model and optimizer back to {}; training continues with the next batch",
                  state_.timestamp.batch, loaded->path);
   }
-}
-
-bool Trainer::eval_due_at_batch_end() const {
-  const Time& iv = cfg_.eval_interval;
-  if (!has_eval() || iv.is_zero() || iv.unit() == TimeUnit::kEpoch) return false;
-  double every = iv.value();
-  TimeUnit unit = iv.unit();
-  if (unit == TimeUnit::kDuration) {
-    // A fraction of max_duration, in its unit (epochs as batches).
-    unit = state_.max_duration.unit();
-    every = std::trunc(iv.value() * state_.max_duration.value());
-    if (unit == TimeUnit::kEpoch) {
-      unit = TimeUnit::kBatch;
-      every = std::trunc(iv.value() * state_.max_duration.value() * static_cast<double>(*state_.dataloader_len));
-    }
-    every = std::max(1.0, every);
-  }
-  const double prev = static_cast<double>(state_.previous_timestamp.get(unit));
-  const double now = static_cast<double>(state_.timestamp.get(unit));
-  return std::floor(prev / every) != std::floor(now / every);
-}
-
-bool Trainer::eval_due_at_epoch_end() const {
-  const Time& iv = cfg_.eval_interval;
-  if (!has_eval() || iv.is_zero() || iv.unit() != TimeUnit::kEpoch) return false;
-  return state_.timestamp.epoch % iv.count() == 0;
-}
-
-Metrics Trainer::run_eval() {
-  last_eval_batch_ = state_.timestamp.batch;
-  engine_->run_event(Event::kEvalBeforeAll);
-  engine_->run_event(Event::kEvalStart);
-  Metrics metrics;
-  if (has_eval_loader()) metrics = run_loader_eval();
-  run_icl_eval();
-  engine_->run_event(Event::kEvalEnd);
-  engine_->run_event(Event::kEvalAfterAll);
-  return metrics;
-}
-
-Metrics Trainer::run_loader_eval() {
-  const bool was_training = state_.model->is_training();
-  state_.model->eval();
-  const data::TokenBatch saved = state_.batch;
-  state_.eval_timestamp = {};
-  // The model's metrics, then TrainerParts' and the recipe's; sums[0..1] are LanguageCrossEntropy's (the summed loss
-  // and the token count), then each metric's own.
-  std::vector<std::shared_ptr<const models::EvalMetric>> metrics = state_.model->eval_metrics();
-  metrics.insert(metrics.end(), metrics_.begin(), metrics_.end());
-  std::vector<size_t> offsets;
-  size_t width = 2;
-  for (const auto& m : metrics) {
-    offsets.push_back(width);
-    width += m->num_sums();
-  }
-  std::vector<double> sums(width, 0.0);
-  {
-    at::NoGradGuard no_grad;
-    std::unique_ptr<data::BatchIterator> loader = open_eval();
-    while (cfg_.eval_subset_num_batches < 0 || state_.eval_timestamp.batch < cfg_.eval_subset_num_batches) {
-      std::optional<data::TokenBatch> next = loader->next();
-      if (!next) break;
-      state_.batch = to_device(std::move(*next), state_.device, /*non_blocking=*/false);
-      engine_->run_event(Event::kEvalBatchStart);
-      engine_->run_event(Event::kEvalBeforeForward);
-      {
-        AutocastGuard autocast(state_.precision, state_.device.type());
-        state_.outputs = state_.model->forward(state_.batch.input_ids, forward_options(state_.batch));
-      }
-      engine_->run_event(Event::kEvalAfterForward);
-      // LanguageCrossEntropy: summed over predicted tokens, divided by their count at the end.
-      sums[0] += models::causal_lm_loss(state_.outputs, state_.batch.labels, data::kIgnoreLabel, at::Reduction::Sum)
-                     .item<double>();
-      const int64_t tokens = data::loss_token_count(state_.batch);
-      sums[1] += static_cast<double>(tokens);
-      for (size_t i = 0; i < metrics.size(); ++i) metrics[i]->update(state_.outputs, state_.batch, &sums[offsets[i]]);
-      state_.eval_timestamp.to_next_batch(state_.batch.samples, tokens, 0);
-      engine_->run_event(Event::kEvalBatchEnd);
-      util::heartbeat(fmt::format("eval batch {}", state_.eval_timestamp.batch));  // progress for the watchdog
-    }
-  }
-  // Every rank evaluated its share of the eval set.
-  sums = sum_over_ranks(state_, sums);
-  if (sums[1] == 0) throw Error("eval", "the eval loader yielded no tokens (is the eval dataset empty?)");
-  const double ce = sums[0] / sums[1];
-  Metrics values{{"LanguageCrossEntropy", ce}, {"LanguagePerplexity", std::exp(ce)}};
-  for (size_t i = 0; i < metrics.size(); ++i) values[metrics[i]->name()] = metrics[i]->compute(&sums[offsets[i]]);
-  state_.eval_metrics["eval"] = values;
-  Metrics logged;
-  for (const auto& [name, value] : values) logged["metrics/eval/" + name] = value;
-  logger_.log_metrics(logged);
-  state_.batch = saved;
-  if (was_training) state_.model->train();
-  return values;
-}
-
-void Trainer::run_icl_eval() {
-  if (icl_tasks_.empty()) return;
-  std::vector<eval::IclResult> results;
-  for (const eval::IclTaskConfig& task : icl_tasks_) {
-    for (int64_t k : task.num_fewshot) {
-      util::heartbeat(fmt::format("icl {} {}-shot", task.label, k));
-      const int64_t tp = cfg_.fsdp.tensor_parallel_degree;
-      eval::IclRanks ranks{data_rank(state_, tp), data_world(state_, tp),
-                           [this](std::vector<double>& v) { v = sum_over_ranks(state_, v); }};
-      for (const eval::IclResult& r : eval::evaluate_icl_task(*state_.model, *tokenizer_, task, k, ranks)) {
-        state_.eval_metrics[r.label] = Metrics{{r.metric, r.accuracy()}};
-        logger_.log_metrics({{fmt::format("metrics/{}/{}", r.label, r.metric), r.accuracy()}});
-        results.push_back(r);
-      }
-    }
-  }
-  if (gauntlet_) {
-    Metrics scores;
-    for (const auto& [name, score] : eval::compute_gauntlet(*gauntlet_, results)) {
-      scores[fmt::format("icl/metrics/eval_gauntlet/{}", name)] = score;
-    }
-    state_.eval_metrics["eval_gauntlet"] = scores;
-    logger_.log_metrics(scores);
-  }
-}
-
-Metrics Trainer::eval() {
-  if (!has_eval()) {
-    throw ConfigError("recipe", fmt::format("{}: eval needs an eval_loader or icl_tasks", cfg_.recipe_path));
-  }
-  engine_->run_event(Event::kEvalStandaloneStart);
-  Metrics m = run_eval();
-  engine_->run_event(Event::kEvalStandaloneEnd);
-  return m;
 }
 
 }  // namespace tessera::trainer
