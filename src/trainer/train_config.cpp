@@ -215,14 +215,11 @@ TrainConfig parse_train_config(config::Value resolved, const std::string& path) 
   cfg.max_seq_len = root.require_int("max_seq_len");
   root.check(cfg.max_seq_len > 0, "max_seq_len", "must be positive");
 
-  {
-    Section fsdp = root.section("fsdp_config");
-    cfg.fsdp_configured = fsdp.present();
-    cfg.fsdp = dist::parse_sharding_options(fsdp);
-    if (Section mesh = root.section("parallelism"); mesh.present()) {
-      const int64_t experts = dist::parse_parallelism(mesh, fsdp, cfg.fsdp);
-      if (experts > 1) set_moe_world_size(cfg.resolved, mesh, experts);
-    }
+  if (Section mesh = root.section("parallelism"); mesh.present()) {
+    // Before the model reads its section: parallelism.expert_parallel_degree is its ffn_config.moe_world_size. (The
+    // rest of the section is read with fsdp_config below.)
+    const int64_t experts = mesh.get_int("expert_parallel_degree", 1);
+    if (experts > 1) set_moe_world_size(cfg.resolved, mesh, experts);
   }
   {
     Section model = root.section("model");
@@ -258,6 +255,12 @@ TrainConfig parse_train_config(config::Value resolved, const std::string& path) 
   cfg.algorithms = config::parse_components(root, "algorithms", algorithms::algorithm_registry());
   cfg.callbacks = config::parse_components(root, "callbacks", callbacks::callback_registry());
   cfg.loggers = config::parse_components(root, "loggers", loggers::logger_registry());
+  {
+    Section fsdp = root.section("fsdp_config");
+    cfg.fsdp_configured = fsdp.present();
+    cfg.fsdp = dist::parse_sharding_options(fsdp);
+    if (Section mesh = root.section("parallelism"); mesh.present()) dist::parse_parallelism(mesh, fsdp, cfg.fsdp);
+  }
   {
     const double seconds = root.get_double("dist_timeout", 600.0);
     root.check(seconds > 0, "dist_timeout", "must be a positive number of seconds");
