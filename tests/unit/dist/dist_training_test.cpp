@@ -862,6 +862,24 @@ TEST_F(DistTraining, TensorParallelTwoByFullShardTwoMatchesOneProcess) {
   // the data-parallel ranks: 20 steps equal one process's losses and its final (gathered) weights.
   expect_same(single(), run("tp2_fs2", 4, {tensor_parallel(2)}), "TP 2 x FSDP 2");
   EXPECT_NE(read_dist_log(root_ / "tp2_fs2.log").find("sequence parallelism on"), std::string::npos);
+  // Evaluation: a group's ranks evaluate the same batches (the eval loader sees the data-parallel ranks), the
+  // forward runs on sequence shards without autograd, and the metrics equal one process's.
+  auto eval_metrics = [&](const std::string& name, int nproc, std::vector<std::string> o) {
+    o.insert(o.end(), {"eval_interval=5ba", "max_duration=10ba"});
+    run(name, nproc, o);
+    std::vector<double> out;
+    std::ifstream f(root_ / "runs" / name / "metrics.jsonl");
+    for (std::string line; std::getline(f, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.contains("metrics/eval/LanguageCrossEntropy")) out.push_back(j["metrics/eval/LanguageCrossEntropy"]);
+    }
+    return out;
+  };
+  const std::vector<double> one = eval_metrics("tp_eval_single", 1, {});
+  const std::vector<double> tp = eval_metrics("tp_eval", 4, {tensor_parallel(2)});
+  ASSERT_EQ(one.size(), 2u);
+  ASSERT_EQ(tp.size(), one.size());
+  for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(tp[i], one[i], 1e-5 * one[i]) << "evaluation " << i;
 }
 
 TEST_F(DistTraining, TensorParallelLayoutsMatchOneProcessAndTheirCheckpointsReshard) {
