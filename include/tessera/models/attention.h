@@ -83,6 +83,17 @@ at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
 // With a cache: prepends its keys and values to k and v ((B, KV, S, hd)) and stores the result in it.
 void append_to_cache(LayerCache* cache, at::Tensor& k, at::Tensor& v);
 
+// The layers' inputs with AttentionInputs::sequence_sharded set (families with their own input sets have no shards).
+inline AttentionInputs with_sequence_sharded(const AttentionInputs& in, bool sharded) {
+  AttentionInputs out = in;
+  out.sequence_sharded = sharded;
+  return out;
+}
+template <class Inputs>
+Inputs with_sequence_sharded(const Inputs& in, bool /*sharded*/) {
+  return in;
+}
+
 // Runs the decoder layers (`LayerImpl`s with forward(x, in, LayerCache*)) as units 1..n through `runner`, each with
 // the call's shared attention inputs (AttentionInputs, or a family's own set of them) and its own slot of `cache`;
 // then advances the cache by `new_tokens` and keeps the key padding mask seen so far. The lambdas capture by value:
@@ -96,12 +107,9 @@ at::Tensor run_decoder_layers(const std::shared_ptr<UnitRunner>& runner, const t
                               const Inputs& in, KVCache* cache, const at::Tensor& key_mask, int64_t new_tokens,
                               at::Tensor x, const std::shared_ptr<TensorParallelGroup>& tp = nullptr) {
   if (cache && cache->layers.empty()) cache->layers.resize(layers->size());
-  Inputs layer_in = in;
-  bool sharded = false;
-  if constexpr (std::is_same_v<Inputs, AttentionInputs>) {
-    sharded = tp && tp->size() > 1 && tp->sequence_parallel() && !cache && x.size(1) % tp->size() == 0;
-    layer_in.sequence_sharded = sharded;
-  }
+  const bool sharded = std::is_same_v<Inputs, AttentionInputs> && tp && tp->size() > 1 && tp->sequence_parallel() &&
+                       !cache && x.size(1) % tp->size() == 0;
+  const Inputs layer_in = with_sequence_sharded(in, sharded);
   if (sharded) x = sequence_scatter(x, tp);
   for (size_t i = 0; i < layers->size(); ++i) {
     auto* layer = layers->ptr(i)->as<LayerImpl>();

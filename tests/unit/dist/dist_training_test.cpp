@@ -140,6 +140,18 @@ callbacks: {{hf_checkpointer: {{save_folder: "{1}/runs/{{run_name}}", save_inter
     return read_run(name);
   }
 
+  // Launches DistWorker.AutoMicrobatch on `nproc` ranks (rank 1 runs out of memory three times in the first batch)
+  // as run `name`, with more recipe overrides, space-separated; returns its run.
+  static TrainRun run_auto_microbatching(const std::string& name, int nproc, const std::string& overrides = "") {
+    setenv("TESSERA_DIST_TRAINING_ROOT", root_.c_str(), 1);
+    const std::string all = "run_name=" + name + " " + overrides;
+    setenv("TESSERA_DIST_TRAINING_OVERRIDES", all.c_str(), 1);
+    EXPECT_EQ(launch_workers("AutoMicrobatch", nproc), 0);
+    unsetenv("TESSERA_DIST_TRAINING_ROOT");
+    unsetenv("TESSERA_DIST_TRAINING_OVERRIDES");
+    return read_run(name);
+  }
+
   // Runs `train` as two nodes of 2 ranks (two launchers on this machine) with one canonical node, which keeps
   // Streaming's sample order equal to the single process's; returns the run as read_run does.
   static TrainRun run_on_two_nodes(const std::string& name, const std::vector<std::string>& overrides) {
@@ -397,10 +409,7 @@ TEST_F(DistTraining, AutoMicrobatchingHalvesOnEveryRankWhenOneRunsOutOfMemory) {
   if (is_worker()) GTEST_SKIP();
   // Rank 1 runs out of memory three times in the first batch (device batch 8: at 8, 4 and 2 samples); both ranks
   // retry it together until it fits, then train on. The result is the run that used 1 sample from the start.
-  setenv("TESSERA_DIST_TRAINING_ROOT", root_.c_str(), 1);
-  ASSERT_EQ(launch_workers("AutoMicrobatch", 2), 0);
-  unsetenv("TESSERA_DIST_TRAINING_ROOT");
-  const TrainRun retried = read_run("auto_oom");
+  const TrainRun retried = run_auto_microbatching("auto_oom", 2);
   const TrainRun fixed =
       run("mb1_gb16", 2,
           {"global_train_batch_size=16", "device_train_microbatch_size=1", "fsdp_config.sharding_strategy=FULL_SHARD"});
@@ -796,13 +805,7 @@ TEST_F(DistTrainingMoe, ExpertParallelAutoMicrobatchingHalvesOnEveryRankWhenOneR
   // DistTraining.AutoMicrobatching* with the experts split over the 2 ranks: the token exchanges take part in the
   // out-of-memory agreement (a sync point before each), and the retried run equals the one that used 1 sample from
   // the start.
-  const std::string ep = "callbacks={} model.ffn_config.moe_world_size=2";
-  setenv("TESSERA_DIST_TRAINING_ROOT", root_.c_str(), 1);
-  setenv("TESSERA_DIST_TRAINING_OVERRIDES", ep.c_str(), 1);
-  ASSERT_EQ(launch_workers("AutoMicrobatch", 2), 0);
-  unsetenv("TESSERA_DIST_TRAINING_ROOT");
-  unsetenv("TESSERA_DIST_TRAINING_OVERRIDES");
-  const TrainRun retried = read_run("auto_oom");
+  const TrainRun retried = run_auto_microbatching("ep_auto_oom", 2, "callbacks={} model.ffn_config.moe_world_size=2");
   const TrainRun fixed = run("ep_mb1_gb16", 2,
                              {"callbacks={}", "model.ffn_config.moe_world_size=2", "global_train_batch_size=16",
                               "device_train_microbatch_size=1", "fsdp_config.sharding_strategy=FULL_SHARD"});
@@ -966,12 +969,8 @@ TEST_F(DistTraining, TensorParallelComposesWithHybridShardAndAutoMicrobatching) 
   // Automatic microbatching: rank 1 of 4 (TP 2 x FSDP 2) runs out of memory three times in the first batch; the
   // tensor-parallel collectives take part in the agreement (a sync point before each), every rank retries together,
   // and the run equals the one that used 1 sample from the start.
-  setenv("TESSERA_DIST_TRAINING_ROOT", root_.c_str(), 1);
-  setenv("TESSERA_DIST_TRAINING_OVERRIDES", "parallelism.tensor_parallel_degree=2 max_duration=6ba", 1);
-  ASSERT_EQ(launch_workers("AutoMicrobatch", 4), 0);
-  unsetenv("TESSERA_DIST_TRAINING_ROOT");
-  unsetenv("TESSERA_DIST_TRAINING_OVERRIDES");
-  const TrainRun retried = read_run("auto_oom");
+  const TrainRun retried =
+      run_auto_microbatching("tp_auto_oom", 4, "parallelism.tensor_parallel_degree=2 max_duration=6ba");
   const TrainRun fixed = run("tp_mb1_gb16", 4,
                              {"parallelism.tensor_parallel_degree=2", "max_duration=6ba", "global_train_batch_size=16",
                               "device_train_microbatch_size=1", "fsdp_config.sharding_strategy=FULL_SHARD"});
