@@ -178,6 +178,8 @@ void ParallelModel::Impl::setup(models::CausalLM& model) {
   if (tp.holders) holders_comm_ = std::move(tp.holders);
   tp_splits_ = std::move(tp.splits);
   const int tp_rank = tp_comm_ ? tp_comm_->rank() : 0;
+  cp_group_ = setup_context_parallel(model, static_cast<int>(o_.sharding.context_parallel_degree), tp_degree, *comm_,
+                                     [this] { sync_point(); });
 
   // Every parameter by unit; frozen ones (requires_grad false) stay whole, outside the flat vectors.
   std::map<int64_t, std::unique_ptr<Unit>> by_index;

@@ -131,6 +131,10 @@ const ParallelOptions& ParallelModel::options() const {
   return impl_->o_;
 }
 
+std::shared_ptr<models::TensorParallelGroup> ParallelModel::context_parallel_group() const {
+  return impl_->cp_group_;
+}
+
 std::vector<std::pair<std::string, std::vector<int64_t>>> ParallelModel::parameter_shapes() const {
   std::map<std::string, std::vector<int64_t>> shapes;
   for (const Unit* u : impl_->parts_) {

@@ -73,16 +73,21 @@ int64_t parse_parallelism(config::Section& p, const config::Section& fsdp, Shard
   const int64_t tensor = p.get_int("tensor_parallel_degree", 1);
   p.check(tensor >= 1, "tensor_parallel_degree", "must be at least 1");
   o.sequence_parallel = p.get_bool("sequence_parallel", true);
-  for (const char* key : {"context_parallel_degree", "pipeline_parallel_degree", "expert_tensor_parallel_degree"}) {
+  const int64_t context = p.get_int("context_parallel_degree", 1);
+  p.check(context >= 1, "context_parallel_degree", "must be at least 1");
+  for (const char* key : {"pipeline_parallel_degree", "expert_tensor_parallel_degree"}) {
     const int64_t degree = p.get_int(key, 1);
     p.check(degree >= 1, key, "must be at least 1");
     if (degree > 1) p.not_supported(key, std::to_string(degree));
   }
   if (p.get_bool("enable_async_tensor_parallel", false)) p.not_supported("enable_async_tensor_parallel", "true");
   if (p.get_bool("enable_compiled_autograd", false)) p.not_supported("enable_compiled_autograd", "true");
-  // Meaningful only with tensor, context or pipeline parallelism, which the checks above leave at 1.
+  // Tessera's tensor parallelism computes the loss on whole logits (torchtitan's disable_loss_parallel: true); its
+  // context parallelism all-gathers the keys and values (torchtitan's "allgather" method).
   p.get_bool("disable_loss_parallel", false);
-  p.get_choice("context_parallel_rotate_method", "allgather", {"allgather", "alltoall"});
+  if (p.get_choice("context_parallel_rotate_method", "allgather", {"allgather", "alltoall"}) == "alltoall") {
+    p.not_supported("context_parallel_rotate_method", "alltoall");
+  }
   for (const char* key :
        {"pipeline_parallel_split_points", "pipeline_parallel_layers_per_stage", "pipeline_parallel_schedule",
         "pipeline_parallel_schedule_csv", "pipeline_parallel_microbatch_size"}) {
@@ -118,8 +123,17 @@ int64_t parse_parallelism(config::Section& p, const config::Section& fsdp, Shard
   o.replicate_degree = replicate;
   o.mesh_keys = "parallelism";
   o.tensor_parallel_degree = tensor;
+  o.context_parallel_degree = context;
   return experts;
 }
+
+namespace {
+// How a message names what the data-parallel degrees multiply to besides the world size.
+std::string mesh_divisor(int64_t tp, int64_t cp) {
+  if (cp > 1) return fmt::format(" / (tensor_parallel_degree x context_parallel_degree) ({} x {})", tp, cp);
+  return tp > 1 ? fmt::format(" / tensor_parallel_degree ({})", tp) : std::string();
+}
+}  // namespace
 
 int64_t shard_group_size(const ShardingOptions& o, int64_t world_size, int64_t ranks_per_node) {
   const int64_t tp = std::max<int64_t>(o.tensor_parallel_degree, 1);
@@ -127,8 +141,14 @@ int64_t shard_group_size(const ShardingOptions& o, int64_t world_size, int64_t r
     throw ConfigError("recipe", fmt::format("{}.tensor_parallel_degree ({}) does not divide the world size ({})",
                                             o.mesh_keys, tp, world_size));
   }
+  const int64_t cp = std::max<int64_t>(o.context_parallel_degree, 1);
+  if (world_size % (tp * cp) != 0) {
+    throw ConfigError(
+        "recipe", fmt::format("{}.context_parallel_degree ({}){} does not divide the world size ({})", o.mesh_keys, cp,
+                              tp > 1 ? fmt::format(" x tensor_parallel_degree ({})", tp) : std::string(), world_size));
+  }
   if (o.shard_degree == -1 && o.replicate_degree == 0) return std::clamp<int64_t>(ranks_per_node, 1, world_size);
-  const int64_t data = world_size / tp;  // data-parallel ranks: one per tensor-parallel group
+  const int64_t data = world_size / (tp * cp);  // data-parallel ranks: one per tensor x context-parallel group
   const int64_t r = o.replicate_degree > 0 ? o.replicate_degree : 1;
   const int64_t shard = o.shard_degree == -1 ? data / r : o.shard_degree;
   const int64_t replicate = o.replicate_degree > 0 ? o.replicate_degree : data / std::max<int64_t>(shard, 1);
@@ -139,7 +159,7 @@ int64_t shard_group_size(const ShardingOptions& o, int64_t world_size, int64_t r
                     "size ({}){}",
                     o.mesh_keys, o.shard_degree,
                     o.replicate_degree > 0 ? std::to_string(o.replicate_degree) : std::string("unset"), world_size,
-                    tp > 1 ? fmt::format(" / tensor_parallel_degree ({})", tp) : std::string()));
+                    mesh_divisor(tp, cp)));
   }
   if (replicate > 1 && o.strategy != ShardingStrategy::kHybridShard && o.strategy != ShardingStrategy::kNoShard) {
     throw ConfigError("recipe", fmt::format("{}.data_parallel_replicate_degree {}: {} does not replicate "
@@ -148,7 +168,7 @@ int64_t shard_group_size(const ShardingOptions& o, int64_t world_size, int64_t r
                                             o.mesh_keys, replicate, to_string(o.strategy), shard, replicate));
   }
   if (replicate == 1 && o.strategy == ShardingStrategy::kHybridShard) return world_size;
-  return shard * tp;
+  return shard * tp * cp;
 }
 
 bool applies_fsdp(int64_t world_size) {

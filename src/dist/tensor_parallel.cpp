@@ -57,6 +57,44 @@ std::vector<int64_t> blocks_of(const models::TensorParallelSplit& split, int64_t
 
 }  // namespace
 
+std::shared_ptr<models::TensorParallelGroup> group_collectives(std::shared_ptr<Communicator> comm) {
+  return std::make_shared<GroupAllReduce>(
+      std::move(comm), [] {}, false);
+}
+
+std::shared_ptr<models::TensorParallelGroup> setup_context_parallel(const models::CausalLM& model, int degree,
+                                                                    int tp_degree, Communicator& world,
+                                                                    std::function<void()> sync) {
+  if (degree <= 1) return nullptr;
+  const std::string key = fmt::format("parallelism.context_parallel_degree {}", degree);
+  const int n = world.size(), block = degree * tp_degree;
+  if (n % block != 0) {
+    throw ConfigError(
+        "dist",
+        fmt::format("{}: the job's {} rank(s) do not split into context-parallel groups of {}{}", key, n, degree,
+                    tp_degree > 1 ? fmt::format(" x tensor-parallel groups of {}", tp_degree) : std::string()));
+  }
+  if (!model.supports_context_parallel()) {
+    throw ConfigError("dist", fmt::format("{}: model family \"{}\" does not run on context shards "
+                                          "(CausalLM::supports_context_parallel: MPT and the Llama family without "
+                                          "mixture-of-experts layers do)",
+                                          key, model.family()));
+  }
+  std::shared_ptr<Communicator> mine;
+  for (int b = 0; b < n / block; ++b) {
+    for (int t = 0; t < tp_degree; ++t) {
+      std::vector<int> ranks;
+      for (int c = 0; c < degree; ++c) ranks.push_back(b * block + c * tp_degree + t);
+      if (auto g = world.new_group(ranks)) mine = g;
+    }
+  }
+  if (world.rank() == 0) {
+    spdlog::info("context parallelism over groups of {} ranks (keys and values all-gathered per attention layer)",
+                 degree);
+  }
+  return std::make_shared<GroupAllReduce>(std::move(mine), std::move(sync), false);
+}
+
 TensorGroups setup_tensor_parallel(models::CausalLM& model, int degree, bool sequence_parallel,
                                    ShardingStrategy strategy, int ranks_per_node, Communicator& world_comm,
                                    std::function<void()> sync) {

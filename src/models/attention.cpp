@@ -135,8 +135,10 @@ void append_to_cache(LayerCache* cache, at::Tensor& k, at::Tensor& v) {
   cache->value = v;
 }
 
-at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionInputs& in,
-                  double scale, double dropout, bool training) {
+namespace {
+
+at::Tensor attend_gathered(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionInputs& in,
+                           double scale, double dropout, bool training) {
   const int64_t s = q.size(2), h = q.size(1), kv = k.size(1);
   at::Tensor context;
   // Kernel choice: on CPU, ATen's fused SDPA is slower than the explicit softmax path in bf16 for short keys (about
@@ -169,6 +171,16 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                             dropout, in.is_causal, scale, /*enable_gqa=*/false);
   }
   return at::scaled_dot_product_attention(q, k, v, in.mask, dropout, in.is_causal, scale, /*enable_gqa=*/kv != h);
+}
+
+}  // namespace
+
+at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionInputs& in,
+                  double scale, double dropout, bool training) {
+  if (!in.context) return attend_gathered(q, k, v, in, scale, dropout, training);
+  // Context parallelism: this rank's queries over every rank's keys and values (the mask's columns follow their order).
+  return attend_gathered(q, context_gather(k, 2, in.context->group), context_gather(v, 2, in.context->group), in, scale,
+                         dropout, training);
 }
 
 }  // namespace tessera::models

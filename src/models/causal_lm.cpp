@@ -92,6 +92,10 @@ at::Tensor next_token_targets(const at::Tensor& labels, int64_t ignore_index) {
   return at::cat({labels.narrow(1, 1, s - 1), at::full({b, 1}, ignore_index, labels.options())}, 1).reshape({-1});
 }
 
+at::Tensor next_token_targets(const data::TokenBatch& batch) {
+  return batch.targets.defined() ? batch.targets.reshape({-1}) : next_token_targets(batch.labels);
+}
+
 at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, int64_t ignore_index,
                           at::Reduction::Reduction reduction) {
   const int64_t v = logits.size(2);
@@ -100,7 +104,9 @@ at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, in
 }
 
 at::Tensor CausalLM::loss(const at::Tensor& logits, const data::TokenBatch& batch) const {
-  return causal_lm_loss(logits, batch.labels, data::kIgnoreLabel, at::Reduction::Sum);
+  const int64_t v = logits.size(2);
+  return at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, v}), next_token_targets(batch), {},
+                                at::Reduction::Sum, data::kIgnoreLabel);
 }
 
 }  // namespace tessera::models

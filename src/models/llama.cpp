@@ -505,7 +505,8 @@ at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOpt
   }
   auto embed = [this](const at::Tensor& input_ids) { return model->embed_tokens(input_ids); };
   at::Tensor x = run_unit(runner_, 0, embed, ids);
-  const AttentionInputs in = attention_inputs(ids, fo, past, key_mask, positions);
+  AttentionInputs in = attention_inputs(ids, fo, past, key_mask, positions);
+  if (fo.context) in = context_parallel_inputs(in, fo.context, compute_dtype(model->embed_tokens->weight));
   x = run_decoder_layers<LlamaDecoderLayerImpl>(runner_, model->layers, in, cache, key_mask, s, x, tp_);
   auto head = [this](const at::Tensor& h) {
     const at::Tensor normed = model->norm(h);
@@ -607,6 +608,10 @@ void LlamaForCausalLMImpl::set_tensor_parallel(std::shared_ptr<TensorParallelGro
     layer->self_attn->tp = group;
     layer->mlp->tp = group;
   }
+}
+
+bool LlamaForCausalLMImpl::supports_context_parallel() const {
+  return o_.num_experts == 0;  // the router's losses count each rank's tokens as the whole batch
 }
 
 }  // namespace tessera::models

@@ -8,7 +8,7 @@ namespace tessera::models {
 
 at::Tensor CrossEntropyLoss::sum(const at::Tensor& logits, const data::TokenBatch& batch) const {
   const at::Tensor flat = logits.to(at::kFloat).reshape({-1, logits.size(2)});
-  const at::Tensor targets = next_token_targets(batch.labels);
+  const at::Tensor targets = next_token_targets(batch);
   at::Tensor loss =
       at::cross_entropy_loss(flat, targets, {}, at::Reduction::Sum, data::kIgnoreLabel, o_.label_smoothing);
   if (o_.z_loss != 0.0) {

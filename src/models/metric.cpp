@@ -5,7 +5,7 @@
 namespace tessera::models {
 
 void TokenAccuracy::update(const at::Tensor& logits, const data::TokenBatch& batch, double* sums) const {
-  const at::Tensor targets = next_token_targets(batch.labels);
+  const at::Tensor targets = next_token_targets(batch);
   const at::Tensor keep = targets.ne(data::kIgnoreLabel);
   const at::Tensor predicted = logits.reshape({-1, logits.size(2)}).argmax(-1);
   sums[0] += static_cast<double>(predicted.eq(targets).logical_and(keep).sum().item<int64_t>());

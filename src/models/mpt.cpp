@@ -223,7 +223,8 @@ at::Tensor MPTModelImpl::forward_blocks(const at::Tensor& ids, const ForwardOpti
     return at::dropout(x, o_.emb_pdrop, is_training());
   };
   at::Tensor x = run_unit(unit_runner, 0, embed, ids);
-  const AttentionInputs in = attention_inputs(ids, fo, past, key_mask);
+  AttentionInputs in = attention_inputs(ids, fo, past, key_mask);
+  if (fo.context) in = context_parallel_inputs(in, fo.context, compute_dtype(wte->weight));
   return run_decoder_layers<MPTBlockImpl>(unit_runner, blocks, in, cache, key_mask, s, x, tp);
 }
 
@@ -412,6 +413,10 @@ void MPTForCausalLMImpl::set_tensor_parallel(std::shared_ptr<TensorParallelGroup
     block->attn->tp = group;
     block->ffn->tp = group;
   }
+}
+
+bool MPTForCausalLMImpl::supports_context_parallel() const {
+  return !o_.ffn.moe;  // the router's losses count each rank's tokens as the whole batch
 }
 
 void MPTForCausalLMImpl::use_low_precision_norms() {

@@ -145,15 +145,16 @@ Plan make_plan(const TrainConfig& cfg, int64_t world_size, int64_t ranks_per_nod
   plan.seq_len = cfg.train_loader.tokens.max_seq_len;
   plan.flops_per_token = model->flops_per_token(plan.seq_len);
   plan.tokens_per_step = cfg.global_train_batch_size * plan.seq_len;
-  // Tensor-parallel groups read one batch each: the batch divides over the data-parallel ranks.
-  const int64_t tp = cfg.fsdp.tensor_parallel_degree;
-  const int64_t data_ranks = world_size / tp;  // shard_group_size checked that tp divides the world
+  // Tensor- and context-parallel groups read one batch each: the batch divides over the data-parallel ranks.
+  const int64_t tp = cfg.fsdp.tensor_parallel_degree, cp = cfg.fsdp.context_parallel_degree;
+  const int64_t data_ranks = world_size / (tp * cp);  // shard_group_size checked that T x C divides the world
   if (cfg.global_train_batch_size % data_ranks != 0) {
     throw ConfigError(
         "recipe",
         fmt::format("{}: global_train_batch_size ({}) is not divisible by the {} ({})", cfg.recipe_path,
                     cfg.global_train_batch_size,
-                    tp > 1 ? "data-parallel ranks (world size / tensor_parallel_degree)" : "world size", data_ranks));
+                    tp * cp > 1 ? "data-parallel ranks (world size / tensor x context-parallel degree)" : "world size",
+                    data_ranks));
   }
   plan.device_train_batch_size = cfg.global_train_batch_size / data_ranks;
   plan.auto_microbatch = cfg.device_train_microbatch_size.automatic;
@@ -219,12 +220,30 @@ Plan make_plan(const TrainConfig& cfg, int64_t world_size, int64_t ranks_per_nod
     plan.tensor_all_reduce_bytes_ckpt =
         dist::tensor_parallel_all_reduce_bytes(tokens, t.d_model, t.layers, tp, act_bytes, true);
   }
+  if (cp > 1) {
+    if (!model->supports_context_parallel()) {
+      throw ConfigError("recipe",
+                        fmt::format("{}: parallelism.context_parallel_degree {}: model family \"{}\" does not "
+                                    "run on context shards",
+                                    cfg.recipe_path, cp, model->family()));
+    }
+    if (plan.seq_len % (2 * cp) != 0) {
+      throw ConfigError("recipe",
+                        fmt::format("{}: parallelism.context_parallel_degree {}: a sequence of {} tokens does "
+                                    "not cut into {} equal chunks (2 per rank)",
+                                    cfg.recipe_path, cp, plan.seq_len, 2 * cp));
+    }
+    plan.context_parallel_degree = cp;
+  }
   // The engine refuses NO_SHARD with expert or tensor parallelism; the split applies where the world holds whole
   // groups.
   const bool split = ep > 1 && plan.expert_parallel_problem.empty();
   // A model that does not estimate its activations counts none (the plan says so).
-  const double act = model->activation_bytes(mb, plan.seq_len, act_bytes, false).value_or(0);
-  const double act_ckpt = model->activation_bytes(mb, plan.seq_len, act_bytes, true).value_or(0);
+  // Under context parallelism a rank holds its positions' activations and its rows of the (S / C x S) mask.
+  const int64_t rows = plan.seq_len / cp;  // a whole number: the checks above
+  const double mask = cp > 1 ? static_cast<double>(mb * rows * plan.seq_len) * act_bytes : 0.0;
+  const double act = model->activation_bytes(mb, plan.seq_len / cp, act_bytes, false).value_or(0) + mask;
+  const double act_ckpt = model->activation_bytes(mb, plan.seq_len / cp, act_bytes, true).value_or(0) + mask;
   for (auto strategy :
        {dist::ShardingStrategy::kNoShard, dist::ShardingStrategy::kShardGradOp, dist::ShardingStrategy::kFullShard}) {
     if ((split || tp > 1) && strategy == dist::ShardingStrategy::kNoShard) continue;
@@ -304,6 +323,15 @@ std::string render_plan(const TrainConfig& cfg, const Plan& plan, const std::str
     line("tensor all-reduce", fmt::format("{} sent per rank and step ({} with activation checkpointing); activations "
                                           "below are not divided by the degree (an upper bound)",
                                           gib(plan.tensor_all_reduce_bytes), gib(plan.tensor_all_reduce_bytes_ckpt)));
+  }
+  if (plan.context_parallel_degree > 1) {
+    const int64_t cp = plan.context_parallel_degree;
+    line(
+        "context parallelism",
+        fmt::format("groups of {} ranks ({} data-parallel), {} of each sequence's {} positions per rank (load-balanced "
+                    "chunks); keys and values all-gathered in every attention layer",
+                    cp, plan.world_size / (cp * std::max<int64_t>(plan.tensor_split.degree, 1)), plan.seq_len / cp,
+                    plan.seq_len));
   }
   std::vector<std::string> names;
   for (const auto* list : {&cfg.algorithms, &cfg.callbacks, &cfg.loggers}) {

@@ -21,6 +21,7 @@
 #include "tessera/dist/communicator.h"
 #include "tessera/dist/fsdp.h"
 #include "tessera/loggers/loggers.h"
+#include "tessera/models/context_parallel.h"
 #include "tessera/models/loss.h"
 #include "tessera/models/metric.h"
 #include "tessera/trainer/trainer_support.h"
@@ -165,7 +166,7 @@ Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config
   state_.optimizer = optim::make_optimizer(cfg_.optimizer, state_.trainable_parameters());
   // Reseed so that INIT-time randomness does not change what training draws; a resumed run then restores the RNG.
   // A tensor-parallel group's ranks draw the same numbers: they compute the same activations outside the split layers.
-  at::manual_seed(static_cast<uint64_t>(cfg_.seed + data_rank(state_, cfg_.fsdp.tensor_parallel_degree)));
+  at::manual_seed(static_cast<uint64_t>(cfg_.seed + data_rank(state_, cfg_.fsdp.batch_replicas())));
   engine_->run_event(Event::kBeforeLoad);
   load_initial_checkpoint();
   engine_->run_event(Event::kAfterLoad);
@@ -218,10 +219,13 @@ void Trainer::setup_ranks() {
   if (cuda && rendezvous_.placement_known) {
     state_.device = cuda_device_of(rendezvous_, dev.cuda_devices, cfg_.recipe_path);
   }
-  const int64_t tp = cfg_.fsdp.tensor_parallel_degree;
+  // Tensor- and context-parallel groups read one batch each: the data-parallel ranks are world / (T x C).
+  const int64_t tp = cfg_.fsdp.batch_replicas();
   if (state_.world_size % tp != 0) {
-    throw ConfigError("recipe", fmt::format("{}: parallelism.tensor_parallel_degree {} does not divide the {} ranks",
-                                            cfg_.recipe_path, tp, state_.world_size));
+    throw ConfigError("recipe", fmt::format("{}: parallelism.tensor_parallel_degree {} x context_parallel_degree {} "
+                                            "does not divide the {} ranks",
+                                            cfg_.recipe_path, cfg_.fsdp.tensor_parallel_degree,
+                                            cfg_.fsdp.context_parallel_degree, state_.world_size));
   }
   if (cfg_.global_train_batch_size % data_world(state_, tp) != 0) {
     throw ConfigError("recipe",
@@ -240,8 +244,9 @@ void Trainer::setup_ranks() {
                  state_.comm->backend_name());
   }
   if (tp > 1 && state_.local_world_size % tp != 0) {
-    throw ConfigError("recipe", fmt::format("{}: parallelism.tensor_parallel_degree {}: a tensor-parallel group stays "
-                                            "within a node, and nodes of {} ranks do not hold whole groups",
+    throw ConfigError("recipe", fmt::format("{}: parallelism.tensor_parallel_degree x context_parallel_degree {}: "
+                                            "tensor- and context-parallel groups stay within a node, and nodes of {} "
+                                            "ranks do not hold whole groups",
                                             cfg_.recipe_path, tp, state_.local_world_size));
   }
   state_.device_train_batch_size = cfg_.global_train_batch_size / data_world(state_, tp);
@@ -275,7 +280,7 @@ void Trainer::build_data() {
   }
   const dist::Rendezvous& rv = rendezvous_;
   data::LoaderContext ctx;
-  const int64_t tp = cfg_.fsdp.tensor_parallel_degree;
+  const int64_t tp = cfg_.fsdp.batch_replicas();  // ranks that read the same samples
   ctx.world_size = data_world(state_, tp);
   ctx.rank = data_rank(state_, tp);
   ctx.num_nodes = rv.num_nodes();
@@ -477,6 +482,10 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
   // is split; otherwise each microbatch's mean loss counts by its share of the samples.
   const double per_rank_tokens = std::max(1.0, loss_tokens_ / static_cast<double>(state_.world_size));
   const at::DeviceType dev = state_.device.type();
+  // Context parallelism: the model runs on this rank's share of each sequence and the loss covers those positions;
+  // scaled by the group's size, the engine's average over every rank sums the group's shares.
+  const std::shared_ptr<models::TensorParallelGroup> context = state_.parallel->context_parallel_group();
+  const double context_scale = context ? static_cast<double>(context->size()) : 1.0;
   double total = 0;
   aux_losses_.clear();
   expert_counts_.clear();
@@ -486,9 +495,15 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
       state_.parallel->prepare_backward(/*sync=*/end == n);
       state_.batch = slice(batch, start, end);
       engine_->run_event(Event::kBeforeForward);
+      const data::TokenBatch whole = state_.batch;
+      models::ForwardOptions fo = forward_options(whole);
+      if (context) {
+        fo.context = models::make_context_shard(context, whole.input_ids.size(1), whole.input_ids.device());
+        state_.batch = models::context_shard_batch(whole, *fo.context);  // what the loss and callbacks see
+      }
       {
         AutocastGuard autocast(state_.precision, dev);
-        state_.outputs = state_.model->forward(state_.batch.input_ids, forward_options(state_.batch));
+        state_.outputs = state_.model->forward(whole.input_ids, fo);
       }
       engine_->run_event(Event::kAfterForward);
       engine_->run_event(Event::kBeforeLoss);
@@ -496,13 +511,13 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
         AutocastGuard autocast(state_.precision, dev);
         const at::Tensor sum = loss_sum();
         if (cfg_.accumulate_train_batch_on_tokens) {
-          state_.loss = sum / per_rank_tokens;
+          state_.loss = sum * (context_scale / per_rank_tokens);
         } else {
-          // The microbatch's mean over its loss tokens, by its share of the samples. The count stays on the device:
-          // no host sync per microbatch.
+          // The microbatch's mean over its loss tokens (the whole sequences'), by its share of the samples. The count
+          // stays on the device: no host sync per microbatch.
           const at::Tensor tokens =
-              state_.batch.labels.slice(1, 1).ne(data::kIgnoreLabel).sum().clamp_min(1).to(sum.scalar_type());
-          state_.loss = sum / tokens * (static_cast<double>(end - start) / static_cast<double>(n));
+              whole.labels.slice(1, 1).ne(data::kIgnoreLabel).sum().clamp_min(1).to(sum.scalar_type());
+          state_.loss = sum / tokens * (context_scale * static_cast<double>(end - start) / static_cast<double>(n));
         }
       }
       // A mixture of experts' auxiliary losses (models/moe.h), each microbatch's by its share of the samples as
@@ -610,8 +625,8 @@ void Trainer::fit() {
       const std::vector<double> sums =
           sum_over_ranks(state_, {static_cast<double>(samples), static_cast<double>(tokens),
                                   static_cast<double>(data::loss_token_count(state_.batch)), signal != 0 ? 1.0 : 0.0});
-      // A tensor-parallel group's ranks read one batch: it counts once.
-      const double copies = static_cast<double>(cfg_.fsdp.tensor_parallel_degree);
+      // A tensor- or context-parallel group's ranks read one batch: it counts once.
+      const double copies = static_cast<double>(cfg_.fsdp.batch_replicas());
       samples = static_cast<int64_t>(sums[0] / copies);
       tokens = static_cast<int64_t>(sums[1] / copies);
       loss_tokens_ = sums[2];

@@ -16,16 +16,16 @@
 
 namespace tessera::testing {
 
-// Writes `n` samples of 33 tokens < 64 to the MDS directory `dir` (replacing it), following a learnable pattern:
-// token t+1 = (3 t + i % 5) % 64 within sample i, whose first token depends on i and `seed`.
-inline void write_token_split(const std::filesystem::path& dir, int64_t n, int64_t seed) {
+// Writes `n` samples of `length` tokens < 64 to the MDS directory `dir` (replacing it), following a learnable
+// pattern: token t+1 = (3 t + i % 5) % 64 within sample i, whose first token depends on i and `seed`.
+inline void write_token_split(const std::filesystem::path& dir, int64_t n, int64_t seed, int64_t length = 33) {
   std::filesystem::remove_all(dir);
   data::mds::WriterOptions o;
   o.out = dir.string();
   o.columns = {{"tokens", "ndarray:int32"}};
   data::mds::MDSWriter w(o);
   for (int64_t i = 0; i < n; ++i) {
-    std::vector<int32_t> t(33);
+    std::vector<int32_t> t(static_cast<size_t>(length));
     t[0] = static_cast<int32_t>((i * 7 + seed) % 64);
     for (size_t j = 1; j < t.size(); ++j) t[j] = (3 * t[j - 1] + static_cast<int32_t>(i % 5)) % 64;
     w.write({{"tokens", at::tensor(t, at::kInt)}});

@@ -19,10 +19,15 @@ struct TokenBatch {
   // packed examples (fine-tuning with packing), so attention and positions reset per example.
   at::Tensor attention_mask;  // (B, T) int64, 1 = token
   at::Tensor sequence_id;     // (B, T) int64, -1 on padding
+  // Defined only in a context-parallel shard (models/context_parallel.h), whose positions are not consecutive: each
+  // position's next-token target (kIgnoreLabel where none), which losses and metrics read instead of shifting labels.
+  at::Tensor targets;  // (B, T) int64
 };
 
-// Tokens that carry a next-token loss: labels[:, 1:] that are not kIgnoreLabel (position t predicts label t + 1).
+// Tokens that carry a next-token loss: labels[:, 1:] that are not kIgnoreLabel (position t predicts label t + 1), or
+// the targets that are not when the batch has them.
 inline int64_t loss_token_count(const TokenBatch& b) {
+  if (b.targets.defined()) return b.targets.ne(kIgnoreLabel).sum().item<int64_t>();
   return b.labels.slice(1, 1).ne(kIgnoreLabel).sum().item<int64_t>();
 }
 

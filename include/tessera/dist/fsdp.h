@@ -41,6 +41,10 @@
 // over the world as before. Shard layouts name a column-parallel slice by its rows and a row-parallel one by a column
 // window of the whole weight (ShardSpan::cols), so checkpoints resume under any other mesh.
 //
+// Context parallelism (options.sharding.context_parallel_degree C > 1; models/context_parallel.h): groups of C ranks,
+// T apart, read the same samples and run on shares of the positions. Parameters and their shards are as without it:
+// the trainer scales each rank's loss by C, so that the average over the world sums the group's shares.
+//
 // A world of one is the same engine over the local communicator, whose collectives are no-ops; the trainer gives it
 // DDP's options there (sharding_for_world), so the flat vectors are the parameters themselves and nothing is copied.
 //
@@ -148,6 +152,9 @@ class ParallelModel {
   // Every parameter's name and whole shape, in the model's order (the model's own tensors may hold only this rank's
   // part of one: expert-parallel experts, tensor-parallel slices).
   std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes() const;
+  // This rank's context-parallel group (options.sharding.context_parallel_degree C > 1; models/context_parallel.h):
+  // the collectives a forward on context shards gathers keys and values with. None for C = 1.
+  std::shared_ptr<models::TensorParallelGroup> context_parallel_group() const;
   // Units and their parameter counts (unpadded), for logs and benchmarks.
   std::vector<int64_t> unit_sizes() const;
 
@@ -161,6 +168,10 @@ class ParallelModel {
 // the same values as a whole-model init), sharded and freed, so no rank ever holds more than one unit's full
 // parameters. The model keeps working through its UnitRunner; its own parameter tensors become views of gathered
 // buffers, valid only while a unit runs.
+// `comm`'s collectives in the interface models use for tensor and context parallelism (models/tensor_parallel.h), for
+// research code that runs a model on context shards (models/context_parallel.h) outside the trainer.
+std::shared_ptr<models::TensorParallelGroup> group_collectives(std::shared_ptr<Communicator> comm);
+
 std::shared_ptr<ParallelModel> parallelize(models::CausalLM& model, const ParallelOptions& options,
                                            std::shared_ptr<Communicator> comm);
 

@@ -2,6 +2,7 @@
 // gradients and optimizer state (the ZeRO paper's accounting).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -47,6 +48,14 @@ struct ShardingOptions {
   // parallelism.sequence_parallel (Tessera's own key; torchtitan always applies it with tensor parallelism): the
   // decoder layers' norms and residuals on sequence shards.
   bool sequence_parallel = true;
+  // parallelism.context_parallel_degree: groups of this many ranks (the mesh dimension outside the tensor-parallel one)
+  // read the same samples and each runs on its share of the positions (models/context_parallel.h); the data-parallel
+  // degrees then multiply to world size / (tensor x context degree).
+  int64_t context_parallel_degree = 1;
+  // The ranks that read the same samples: tensor_parallel_degree x context_parallel_degree.
+  int64_t batch_replicas() const {
+    return std::max<int64_t>(tensor_parallel_degree, 1) * std::max<int64_t>(context_parallel_degree, 1);
+  }
 };
 
 // Reads an `fsdp_config` section (absent: Composer's defaults).
@@ -56,9 +65,10 @@ ShardingOptions parse_sharding_options(config::Section& s);
 // R (default 1) and data_parallel_shard_degree S (default -1: the rest of the world) become the strategy and
 // HYBRID_SHARD's groups: R > 1 and S != 1 HYBRID_SHARD (torchtitan's HSDP), R > 1 and S == 1 NO_SHARD (DDP), else
 // FULL_SHARD, or SHARD_GRAD_OP under fsdp_reshard_after_forward: never. tensor_parallel_degree T makes groups of T
-// consecutive ranks inside that mesh (R x S x T = world size). `fsdp` is the recipe's fsdp_config section: a
+// consecutive ranks inside that mesh and context_parallel_degree C groups of C ranks T apart (R x S x C x T = world
+// size, torchtitan's order). `fsdp` is the recipe's fsdp_config section: a
 // sharding_strategy there must agree, and its own degrees must not be given as well. Returns expert_parallel_degree
-// (1: none). Context and pipeline degrees above 1 are refused as not supported.
+// (1: none). Pipeline degrees above 1 and the all-to-all context-parallel method are refused as not supported.
 int64_t parse_parallelism(config::Section& p, const config::Section& fsdp, ShardingOptions& o);
 
 // The shard-group size HYBRID_SHARD uses on `world_size` ranks with `ranks_per_node` per node: the mesh's shard

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tessera/models/causal_lm.h"
+#include "tessera/models/context_parallel.h"
 
 namespace tessera::models {
 
@@ -49,6 +50,10 @@ struct AttentionInputs {
   // column-parallel projections gather the whole sequence (and the mask and rotary tables above are the whole
   // sequence's).
   bool sequence_sharded = false;
+  // Context parallelism (context_parallel.h): the layers run on this shard's positions, and attend() gathers the keys
+  // and values of the whole sequence over its group (the mask's rows are this shard's positions, its columns the
+  // gathered keys; the rotary tables are this shard's positions').
+  std::shared_ptr<const ContextShard> context;
 };
 
 // The attention inputs of families whose layers are of two kinds (GPT-Neo's global and local layers, Gemma's full
@@ -94,11 +99,28 @@ Inputs with_sequence_sharded(const Inputs& in, bool /*sharded*/) {
   return in;
 }
 
+// `in` (a whole sequence's inputs, no cache) for a forward on `shard`'s positions: the mask's rows at those positions
+// and its columns in the gathered keys' order, or, for plain causal attention, such a mask made from the positions (in
+// `dtype`, the compute dtype); rotary tables at those positions.
+AttentionInputs context_parallel_inputs(const AttentionInputs& in, std::shared_ptr<const ContextShard> shard,
+                                        at::ScalarType dtype);
+
+// x (B, S, ...) at the positions of the inputs' context shard, or x itself without one (and for families with their
+// own input sets, which do not run on context shards).
+inline at::Tensor context_positions_of(const AttentionInputs& in, const at::Tensor& x) {
+  return in.context ? x.index_select(1, in.context->positions) : x;
+}
+template <class Inputs>
+at::Tensor context_positions_of(const Inputs& /*in*/, const at::Tensor& x) {
+  return x;
+}
+
 // Runs the decoder layers (`LayerImpl`s with forward(x, in, LayerCache*)) as units 1..n through `runner`, each with
 // the call's shared attention inputs (AttentionInputs, or a family's own set of them) and its own slot of `cache`;
 // then advances the cache by `new_tokens` and keeps the key padding mask seen so far. The lambdas capture by value:
 // the sharding engine may run them again in backward (activation checkpointing).
 //
+// With a context shard in `in` (context_parallel_inputs()), the layers run on its positions of x and return those.
 // `tp`: the model's tensor-parallel group (tensor_parallel.h). With sequence parallelism, a sequence that divides over
 // it and no cache, the layers run on this rank's share of the positions (AttentionInputs::sequence_sharded), scattered
 // before the first and gathered after the last.
@@ -107,6 +129,7 @@ at::Tensor run_decoder_layers(const std::shared_ptr<UnitRunner>& runner, const t
                               const Inputs& in, KVCache* cache, const at::Tensor& key_mask, int64_t new_tokens,
                               at::Tensor x, const std::shared_ptr<TensorParallelGroup>& tp = nullptr) {
   if (cache && cache->layers.empty()) cache->layers.resize(layers->size());
+  x = context_positions_of(in, x);
   const bool sharded = std::is_same_v<Inputs, AttentionInputs> && tp && tp->size() > 1 && tp->sequence_parallel() &&
                        !cache && x.size(1) % tp->size() == 0;
   const Inputs layer_in = with_sequence_sharded(in, sharded);
@@ -126,7 +149,8 @@ at::Tensor run_decoder_layers(const std::shared_ptr<UnitRunner>& runner, const t
 }
 
 // Attention of q (B, H, s_q, hd) over k, v (B, KV, s_k, hd), H a multiple of KV (grouped-query), with `in`'s mask or
-// causal flag: SDPA, or the explicit softmax path (in.reference; and for short bf16 keys on CPU, where it is faster).
+// causal flag (with a context shard, k and v are this rank's and are gathered over its group first): SDPA, or the
+// explicit softmax path (in.reference; and for short bf16 keys on CPU, where it is faster).
 // Returns (B, H, s_q, hd).
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionInputs& in,
                   double scale, double dropout, bool training);

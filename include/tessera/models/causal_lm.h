@@ -22,6 +22,7 @@
 
 #include "tessera/config/registry.h"
 #include "tessera/data/batch.h"
+#include "tessera/models/context_parallel.h"
 #include "tessera/models/loss.h"
 #include "tessera/models/metric.h"
 #include "tessera/models/tensor_parallel.h"
@@ -46,6 +47,9 @@ struct ForwardOptions {
   std::optional<at::Tensor> sequence_id;     // (B, S) int64: packed-document ids (attention and positions reset)
   KVCache* cache = nullptr;                  // incremental decoding: reads and extends the cache
   bool reference_attention = false;          // explicit softmax path instead of SDPA (for tests)
+  // Context parallelism (context_parallel.h): the forward runs on this shard's positions of the whole sequence `ids`
+  // and returns their logits only (B, S / C, V). Training only: no cache.
+  std::shared_ptr<const ContextShard> context;
 };
 
 // Extension point for code that wraps parts of the forward pass: the sharding engine gathers a unit's parameters
@@ -162,6 +166,10 @@ class CausalLM : public torch::nn::Module {
   virtual std::vector<TensorParallelSplit> tensor_parallel_plan(int64_t degree) const;
   // After the engine replaced those parameters by this rank's slices: run on them over `group`.
   virtual void set_tensor_parallel(std::shared_ptr<TensorParallelGroup> group);
+  // --- Context parallelism (models/context_parallel.h): whether the forward honours ForwardOptions::context (the
+  // families whose decoder layers take AttentionInputs, apply context_parallel_inputs() and have no per-token
+  // auxiliary losses). False by default.
+  virtual bool supports_context_parallel() const { return false; }
   // --- Surgery. ALiBi attention (learned positions dropped) with `alibi_bias_max`, up to `max_seq_len` tokens: a
   // rebuilt model initialised from `seed` (the default throws ConfigError: the family does not support it).
   virtual std::shared_ptr<CausalLM> with_alibi(double alibi_bias_max, int64_t max_seq_len, uint64_t seed) const;
@@ -232,5 +240,8 @@ at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, in
 // The flattened (B * S) targets causal_lm_loss scores position t against: labels[:, t + 1], and ignore_index for the
 // last position.
 at::Tensor next_token_targets(const at::Tensor& labels, int64_t ignore_index = data::kIgnoreLabel);
+// The same for a batch: its targets, flattened, when it has them (a context-parallel shard), else its labels'. Losses
+// and metrics read targets through this, so that they score any shard of a sequence.
+at::Tensor next_token_targets(const data::TokenBatch& batch);
 
 }  // namespace tessera::models

@@ -195,6 +195,7 @@ class LlamaForCausalLMImpl : public CausalLM {
   int64_t num_active_params() const override;
   std::vector<TensorParallelSplit> tensor_parallel_plan(int64_t degree) const override;
   void set_tensor_parallel(std::shared_ptr<TensorParallelGroup> group) override;
+  bool supports_context_parallel() const override;
 
   LlamaModel model{nullptr};
   Linear lm_head{nullptr};  // only when tie_word_embeddings is false

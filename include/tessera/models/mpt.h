@@ -155,6 +155,7 @@ class MPTForCausalLMImpl : public CausalLM {
   int64_t num_active_params() const override { return mpt_active_param_count(o_); }
   std::vector<TensorParallelSplit> tensor_parallel_plan(int64_t degree) const override;
   void set_tensor_parallel(std::shared_ptr<TensorParallelGroup> group) override;
+  bool supports_context_parallel() const override;
 
   MPTModel transformer{nullptr};
   Linear lm_head{nullptr};  // only when tie_word_embeddings is false

@@ -54,6 +54,9 @@ struct Plan {
   int64_t tensor_parallel_layers = 0;
   double tensor_all_reduce_bytes = 0;
   double tensor_all_reduce_bytes_ckpt = 0;
+  // Context parallelism (parallelism.context_parallel_degree): the degree; the activations in `memory` are then one
+  // rank's positions' plus its rows of the attention mask.
+  int64_t context_parallel_degree = 1;
 };
 
 // The weights `model` splits over `degree` tensor-parallel ranks (CausalLM::tensor_parallel_plan): their parameters,

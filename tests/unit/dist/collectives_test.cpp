@@ -10,6 +10,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <atomic>
 #include <chrono>
@@ -36,6 +37,7 @@
 #include "tessera/dist/fsdp.h"
 #include "tessera/dist/launcher.h"
 #include "tessera/dist/sharding.h"
+#include "tessera/models/context_parallel.h"
 #include "tessera/models/llama.h"
 #include "tessera/models/mpt.h"
 #include "tessera/trainer/trainer.h"
@@ -132,6 +134,114 @@ TEST(DistWorker, Collectives) {
 TEST(DistCollectives, FourRanksOverGloo) {
   if (is_worker()) GTEST_SKIP() << "launcher side";
   EXPECT_EQ(launch_workers("Collectives", 4), 0);
+}
+
+// ---- Context parallelism: a model's forward and backward on shards of the sequence ---------------------------------
+
+namespace {
+
+// Next-token cross-entropy summed over `targets` (B * s) of `logits` (B, s, V).
+at::Tensor summed_loss(const at::Tensor& logits, const at::Tensor& targets) {
+  return at::cross_entropy_loss(logits.reshape({-1, logits.size(2)}), targets.reshape({-1}), {}, at::Reduction::Sum,
+                                data::kIgnoreLabel);
+}
+
+// `model`'s forward and backward on the whole sequence, then on this rank's shard over `group`: the shard's logits
+// are the whole sequence's at its positions, and the group's losses and gradients, summed, are the whole sequence's.
+// (The losses are sums over tokens, so the gradients are large: their tolerance is relative to their largest element.)
+void expect_shards_match(models::CausalLM& model, const data::TokenBatch& batch,
+                         const std::shared_ptr<models::TensorParallelGroup>& group, const std::string& what) {
+  SCOPED_TRACE(what + ", a group of " + std::to_string(group->size()));
+  model.train();
+  std::vector<at::Tensor> params;
+  for (const at::Tensor& p : model.parameters()) params.push_back(p);
+  models::ForwardOptions fo;
+  if (batch.attention_mask.defined()) fo.attention_mask = batch.attention_mask;
+  if (batch.sequence_id.defined()) fo.sequence_id = batch.sequence_id;
+  const at::Tensor whole = model.forward(batch.input_ids, fo);
+  const at::Tensor whole_loss = summed_loss(whole, models::next_token_targets(batch.labels));
+  const std::vector<at::Tensor> whole_grads = torch::autograd::grad({whole_loss}, params);
+
+  fo.context = models::make_context_shard(group, batch.input_ids.size(1), at::kCPU);
+  const data::TokenBatch shard = models::context_shard_batch(batch, *fo.context);
+  const at::Tensor local = model.forward(batch.input_ids, fo);
+  ASSERT_EQ(local.size(1), batch.input_ids.size(1) / group->size());
+  EXPECT_TRUE(at::allclose(local, whole.detach().index_select(1, fo.context->positions), 1e-5, 1e-5));
+  at::Tensor loss = summed_loss(local, models::next_token_targets(shard));
+  std::vector<at::Tensor> grads = torch::autograd::grad({loss}, params);
+  at::Tensor total = loss.detach().clone();
+  group->all_reduce(total);
+  EXPECT_NEAR(total.item<double>(), whole_loss.item<double>(), 1e-5 * whole_loss.item<double>());
+  for (size_t i = 0; i < grads.size(); ++i) {
+    at::Tensor g = grads[i].defined() ? grads[i].contiguous() : at::zeros_like(params[i]);
+    group->all_reduce(g);
+    // Within 1e-5 of the gradient's largest element (the summation order differs, and elements near 0 see the
+    // absolute rounding of the largest).
+    const double scale = whole_grads[i].abs().max().item<double>();
+    EXPECT_LE((g - whole_grads[i]).abs().max().item<double>(), 1e-5 * scale + 1e-7) << "gradient " << i;
+  }
+}
+
+}  // namespace
+
+// Runs in each of the 4 processes that DistContextParallel.ShardsMatchTheWholeSequence launches.
+TEST(DistWorker, ContextParallel) {
+  if (!is_worker()) GTEST_SKIP() << "a worker of DistContextParallel.ShardsMatchTheWholeSequence";
+  const dist::Rendezvous rv = dist::rendezvous_from_env();
+  std::shared_ptr<dist::Communicator> comm = dist::Communicator::connect(rv, at::kCPU, std::chrono::seconds(60));
+  ASSERT_EQ(comm->size(), 4);
+  std::shared_ptr<dist::Communicator> pair;
+  for (int g = 0; g < 2; ++g) {
+    if (auto c = comm->new_group({2 * g, 2 * g + 1})) pair = c;
+  }
+  const std::vector<std::shared_ptr<models::TensorParallelGroup>> groups = {dist::group_collectives(comm),
+                                                                            dist::group_collectives(pair)};
+  // Two rows of 32 tokens (the same on every rank): packed documents whose boundaries fall inside chunks, and a row
+  // with left padding.
+  const int64_t s = 32;
+  at::manual_seed(11);
+  data::TokenBatch packed;
+  packed.input_ids = at::randint(0, 50, {2, s}, at::kLong);
+  packed.labels = packed.input_ids.clone();
+  packed.sequence_id = at::cat(
+      {at::cat({at::zeros({1, 11}, at::kLong), at::ones({1, 13}, at::kLong), at::full({1, 8}, 2, at::kLong)}, 1),
+       at::cat({at::zeros({1, 19}, at::kLong), at::ones({1, 13}, at::kLong)}, 1)});
+  packed.labels.masked_fill_(packed.sequence_id.roll(-1, 1) != packed.sequence_id, data::kIgnoreLabel);
+  data::TokenBatch padded;
+  padded.input_ids = packed.input_ids.clone();
+  padded.attention_mask = at::ones({2, s}, at::kLong);
+  padded.attention_mask[1].narrow(0, 0, 5).zero_();
+  padded.labels = padded.input_ids.masked_fill(padded.attention_mask == 0, data::kIgnoreLabel);
+  data::TokenBatch plain;
+  plain.input_ids = packed.input_ids;
+  plain.labels = packed.input_ids.clone();
+
+  models::LlamaOptions lo;  // grouped-query attention with rotary positions
+  lo.vocab_size = 50, lo.hidden_size = 32, lo.intermediate_size = 48, lo.num_hidden_layers = 2;
+  lo.num_attention_heads = 4, lo.num_key_value_heads = 2, lo.head_dim = 8, lo.max_position_embeddings = s;
+  models::MPTOptions mo;  // ALiBi and packed-document attention in the additive mask
+  mo.d_model = 32, mo.n_heads = 4, mo.n_layers = 2, mo.vocab_size = 50, mo.max_seq_len = s;
+  mo.attn.kv_n_heads = 4, mo.attn.alibi = true, mo.attn.attn_uses_sequence_id = true, mo.learned_pos_emb = false;
+  models::MPTOptions learned = mo;  // learned positions, added before the cut
+  learned.attn.alibi = false, learned.attn.attn_uses_sequence_id = false, learned.learned_pos_emb = true;
+  for (const auto& group : groups) {
+    models::LlamaForCausalLM llama = models::build_llama(lo, 5);
+    expect_shards_match(*llama, plain, group, "Llama, causal");
+    expect_shards_match(*llama, packed, group, "Llama, packed documents");
+    expect_shards_match(*llama, padded, group, "Llama, left padding");
+    models::MPTForCausalLM alibi = models::build_mpt(mo, 5);
+    expect_shards_match(*alibi, packed, group, "MPT with ALiBi, packed documents");
+    models::MPTForCausalLM positions = models::build_mpt(learned, 5);
+    expect_shards_match(*positions, padded, group, "MPT with learned positions, left padding");
+  }
+}
+
+TEST(DistContextParallel, ShardsMatchTheWholeSequence) {
+  if (is_worker()) GTEST_SKIP() << "launcher side";
+  // Each rank holds chunks r and 2C - 1 - r of 2C: positions 0-3 and 28-31 on rank 0 of 4, 8-15 and 16-23 ... of 2.
+  EXPECT_EQ(models::context_parallel_positions(16, 2, 0), (std::vector<int64_t>{0, 1, 2, 3, 12, 13, 14, 15}));
+  EXPECT_EQ(models::context_parallel_positions(16, 2, 1), (std::vector<int64_t>{4, 5, 6, 7, 8, 9, 10, 11}));
+  EXPECT_EQ(launch_workers("ContextParallel", 4), 0);
 }
 
 TEST(DistCollectives, AWorldOfOneIsLocalUnlessAProcessGroupIsAskedFor) {

@@ -12,6 +12,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -984,6 +985,120 @@ TEST_F(DistTrainingLlama, TensorParallelLayoutsMatchOneProcess) {
   expect_same(single(), run("tp2_fs2", 4, {tensor_parallel(2)}), "TP 2 x FSDP 2");
   const std::string kv = "model.num_key_value_heads=4";
   expect_same(run("tp_single_kv4", 1, {kv}), run("tp4", 4, {kv, tensor_parallel(4)}), "TP 4");
+}
+
+// ---- Context parallelism -------------------------------------------------------------------------------------------
+
+namespace {
+std::string context_parallel(int degree, const std::string& more = "") {
+  return fmt::format("'parallelism={{context_parallel_degree: {}{}}}'", degree, more.empty() ? "" : ", " + more);
+}
+}  // namespace
+
+TEST_F(DistTraining, ContextParallelMatchesOneProcessAndComposesWithTensorParallelism) {
+  if (is_worker()) GTEST_SKIP();
+  // Each sequence cut over a group of ranks (chunks r and 2C - 1 - r), keys and values all-gathered in every attention
+  // layer, each rank's loss on its positions: CP 2 x FSDP 2, CP 4 with activation checkpointing, and TP 2 x CP 2
+  // (sequence parallelism inside each context shard) equal one process's 20 losses and final weights.
+  expect_same(single(), run("cp2_fs2", 4, {context_parallel(2)}), "CP 2 x FSDP 2");
+  EXPECT_NE(read_dist_log(root_ / "cp2_fs2.log").find("context parallelism over groups of 2 ranks"), std::string::npos);
+  expect_same(single(), run("cp4", 4, {context_parallel(4), "fsdp_config.activation_checkpointing=true"}),
+              "CP 4, activation checkpointing");
+  expect_same(single(), run("tp2_cp2", 4, {context_parallel(2, "tensor_parallel_degree: 2")}), "TP 2 x CP 2");
+  // Each microbatch's mean loss by its share of the samples (accumulate_train_batch_on_tokens: false) counts the whole
+  // sequences' tokens on every rank of a group.
+  expect_same(run("single_by_samples", 1, {"accumulate_train_batch_on_tokens=false"}),
+              run("cp2_by_samples", 2, {context_parallel(2), "accumulate_train_batch_on_tokens=false"}),
+              "CP 2, loss by samples");
+  // A sequence that does not cut into 2 chunks per rank, and a family whose forward does not run on shards.
+  const fs::path log = root_ / "cp_seq.log";
+  const std::string cmd = fmt::format(
+      "{} --recipe {} run_name=cp_seq max_duration=1ba --nproc-per-node 2 --master-port 0 {} max_seq_len=30 "
+      "train_loader.dataset.max_seq_len=30 eval_loader.dataset.max_seq_len=30 model.max_seq_len=30 > {} 2>&1",
+      ::tessera::testing::train_bin(), (root_ / "tiny.yaml").string(), context_parallel(2), log.string());
+  EXPECT_NE(std::system(cmd.c_str()), 0);
+  EXPECT_NE(read_dist_log(log).find("a sequence of 30 tokens does not cut into 4 equal chunks"), std::string::npos)
+      << read_dist_log(log);
+}
+
+TEST_F(DistTrainingLlama, ContextParallelMatchesOneProcess) {
+  if (is_worker()) GTEST_SKIP();
+  // Rotary positions read at each token's own position, grouped-query keys and values gathered.
+  expect_same(single(), run("cp2_fs2", 4, {context_parallel(2)}), "CP 2 x FSDP 2");
+  expect_same(single(), run("cp4", 4, {context_parallel(4)}), "CP 4");
+}
+
+TEST_F(DistTrainingLlama, ContextParallelTrainsASequenceOneRankCannotHoldWithinItsBudget) {
+  if (is_worker()) GTEST_SKIP();
+  // One sequence of 8192 tokens through a Llama with a 16k vocabulary: the logits alone are 8192 x 16384 floats
+  // (0.54 GB), and the loss's log-softmax and the gradients add more of that size. The budget is 2 GB of peak
+  // resident memory per rank (memory_monitor's memory/peak_rss_gb, the process's VmHWM, rank 0): one process exceeds
+  // it; under CP 4 each rank holds 2048 positions and stays within it, with the same two losses.
+  const double budget_gb = 2.0;
+  tessera::testing::write_token_split(root_ / "long" / "train", 4, 1, 8193);
+  std::ofstream(root_ / "long.yaml") << fmt::format(R"(
+max_seq_len: 8192
+seed: 3
+model: {{name: llama, hidden_size: 64, num_attention_heads: 4, num_key_value_heads: 2, num_hidden_layers: 2,
+        intermediate_size: 128, vocab_size: 16384, max_position_embeddings: 8192}}
+tokenizer: {{name: unused}}
+train_loader: {{name: text, dataset: {{local: {0}/long, split: train, shuffle: false, max_seq_len: 8192}},
+               drop_last: true}}
+optimizer: {{name: decoupled_adamw, lr: 0.01}}
+scheduler: {{name: constant_with_warmup, t_warmup: 0ba}}
+max_duration: 2ba
+global_train_batch_size: 1
+device_train_microbatch_size: 1
+precision: fp32
+device: cpu
+log_to_console: false
+loggers: {{jsonl: {{filename: "{0}/runs/{{run_name}}/metrics.jsonl"}}}}
+callbacks: {{memory_monitor: {{}}}}
+)",
+                                                    root_.string());
+  struct Long {
+    std::vector<double> losses;
+    double peak_gb = 0;
+  };
+  auto long_run = [&](const std::string& name, int nproc, const std::string& mesh) {
+    std::string cmd = fmt::format("{} --recipe {} run_name={}", ::tessera::testing::train_bin(),
+                                  (root_ / "long.yaml").string(), name);
+    if (nproc > 1) cmd += fmt::format(" --nproc-per-node {} --master-port 0 {}", nproc, mesh);
+    const fs::path log = root_ / (name + ".log");
+    EXPECT_EQ(std::system((cmd + " > " + log.string() + " 2>&1").c_str()), 0) << cmd << "\n" << read_dist_log(log);
+    Long out;
+    std::ifstream f(root_ / "runs" / name / "metrics.jsonl");
+    for (std::string line; std::getline(f, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.contains("loss/train/total")) out.losses.push_back(j["loss/train/total"]);
+      if (j.contains("memory/peak_rss_gb")) out.peak_gb = std::max(out.peak_gb, j["memory/peak_rss_gb"].get<double>());
+    }
+    return out;
+  };
+  const Long one = long_run("long_single", 1, "");
+  const Long cp = long_run("long_cp4", 4, context_parallel(4));
+  std::printf(
+      "[context parallelism] 8192 tokens, vocabulary 16384: peak RSS one process %.2f GB, CP 4 rank 0 %.2f "
+      "GB (budget %.2f GB)\n",
+      one.peak_gb, cp.peak_gb, budget_gb);
+  ASSERT_EQ(one.losses.size(), 2u);
+  ASSERT_EQ(cp.losses.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(cp.losses[i], one.losses[i], 1e-5 * one.losses[i]) << "step " << i;
+  EXPECT_GT(one.peak_gb, budget_gb) << "one process holds the whole sequence";
+  EXPECT_LE(cp.peak_gb, budget_gb) << "a CP 4 rank holds a quarter of it";
+}
+
+TEST_F(DistTrainingFalcon, ContextParallelIsRefusedForAFamilyThatDoesNotRunOnShards) {
+  if (is_worker()) GTEST_SKIP();
+  const fs::path log = root_ / "cp_falcon.log";
+  const std::string cmd =
+      fmt::format("{} --recipe {} run_name=cp_falcon max_duration=1ba --nproc-per-node 2 --master-port 0 {} > {} 2>&1",
+                  ::tessera::testing::train_bin(), (root_ / "tiny.yaml").string(), context_parallel(2), log.string());
+  EXPECT_NE(std::system(cmd.c_str()), 0);
+  EXPECT_NE(read_dist_log(log).find("parallelism.context_parallel_degree 2: model family \"falcon\" does not run on "
+                                    "context shards"),
+            std::string::npos)
+      << read_dist_log(log);
 }
 
 TEST_F(DistTraining, TensorParallelLayoutsTheEngineCannotBuildAreRefusedNamingTheKey) {

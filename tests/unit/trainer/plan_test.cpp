@@ -158,6 +158,19 @@ TEST(Plan, TorchtitansParallelismSectionSetsTheDataParallelMesh) {
   EXPECT_EQ(mesh({"parallelism={data_parallel_replicate_degree: 8, data_parallel_shard_degree: 1}"}).first, S::kNoShard)
       << "replicate only: DDP";
   EXPECT_EQ(mesh({"parallelism={}"}), std::make_pair(S::kFullShard, int64_t{8})) << "torchtitan's defaults: FSDP";
+  // Context parallelism: groups of C ranks read one batch and FSDP shards over them too (torchtitan's dp_shard x cp).
+  EXPECT_EQ(mesh({"parallelism={data_parallel_replicate_degree: 2, context_parallel_degree: 2}"}),
+            std::make_pair(S::kHybridShard, int64_t{4}));
+  {
+    const Plan whole = make_plan(load({"device_train_microbatch_size=1"}), 8, 8);
+    const TrainConfig c = load({"parallelism={context_parallel_degree: 2}", "device_train_microbatch_size=1"});
+    const Plan cp = make_plan(c, 8, 8);
+    EXPECT_EQ(cp.device_train_batch_size, 2 * whole.device_train_batch_size) << "4 data-parallel ranks, not 8";
+    EXPECT_EQ(cp.context_parallel_degree, 2);
+    ASSERT_FALSE(cp.memory.empty());
+    EXPECT_LT(cp.memory.back().activations, whole.memory.back().activations) << "half the positions per rank";
+    EXPECT_NE(render_plan(c, cp, "8 x cpu").find("context parallelism"), std::string::npos);
+  }
   EXPECT_EQ(mesh({"parallelism={fsdp_reshard_after_forward: never}"}).first, S::kShardGradOp);
   EXPECT_EQ(
       mesh({"parallelism={data_parallel_replicate_degree: 2}", "fsdp_config.sharding_strategy=HYBRID_SHARD"}).first,
@@ -179,7 +192,13 @@ TEST(Plan, TorchtitansParallelismSectionSetsTheDataParallelMesh) {
   };
   refused({"parallelism={tensor_parallel_degree: 5}"}, 10, "MPT's 12 query and 12 key/value heads");
   refused({"parallelism={tensor_parallel_degree: 3}"}, 8, "tensor_parallel_degree (3) does not divide the world size");
-  refused({"parallelism={context_parallel_degree: 4}"}, 8, "context_parallel_degree");
+  refused({"parallelism={context_parallel_degree: 3}"}, 8,
+          "parallelism.context_parallel_degree (3) does not divide the world size (8)");
+  refused({"parallelism={context_parallel_degree: 2, context_parallel_rotate_method: alltoall}"}, 8,
+          "context_parallel_rotate_method");
+  refused({"parallelism={context_parallel_degree: 2}", "max_seq_len=2046", "train_loader.dataset.max_seq_len=2046",
+           "eval_loader.dataset.max_seq_len=2046", "model.max_seq_len=2046"},
+          8, "a sequence of 2046 tokens does not cut into 4 equal chunks");
   refused({"parallelism={pipeline_parallel_degree: 2}"}, 8, "pipeline_parallel_degree");
   refused({"parallelism={data_parallel_shard_degree: 3}"}, 8,
           "parallelism.data_parallel_shard_degree (3) x data_parallel_replicate_degree (1) must equal the world size "

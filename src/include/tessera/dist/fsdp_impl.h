@@ -113,6 +113,7 @@ class ParallelModel::Impl : public models::UnitRunner {
   int tp_ = 1;                                  // tensor-parallel degree
   std::shared_ptr<Communicator> tp_comm_;       // the tensor-parallel group (consecutive ranks)
   std::map<std::string, models::TensorParallelSplit> tp_splits_;
+  std::shared_ptr<models::TensorParallelGroup> cp_group_;  // the context-parallel group's collectives (none: C = 1)
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<Unit*> parts_;  // per parameters_[i]: the unit or split part whose shard it is
   std::vector<at::Tensor> parameters_;

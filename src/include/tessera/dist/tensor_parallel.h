@@ -34,6 +34,15 @@ TensorGroups setup_tensor_parallel(models::CausalLM& model, int degree, bool seq
                                    ShardingStrategy strategy, int ranks_per_node, Communicator& world,
                                    std::function<void()> sync);
 
+// Checks parallelism.context_parallel_degree `degree` against the job and the model (ConfigError naming it: a world
+// that is not a multiple of degree x `tp_degree`, a model whose forward does not run on context shards) and makes the
+// groups: in each block of degree x tp_degree consecutive ranks, the `degree` ranks tp_degree apart (torchtitan's mesh
+// order: the context dimension outside the tensor one). Returns this rank's group's collectives (running `sync`
+// first), or none for degree 1. Every rank of `world` calls it together.
+std::shared_ptr<models::TensorParallelGroup> setup_context_parallel(const models::CausalLM& model, int degree,
+                                                                    int tp_degree, Communicator& world,
+                                                                    std::function<void()> sync);
+
 // Rank `rank`'s slice of the whole parameter `full` under `split` (of `degree` ranks), contiguous.
 at::Tensor tensor_parallel_slice(const at::Tensor& full, const models::TensorParallelSplit& split, int rank,
                                  int degree);
