@@ -218,15 +218,15 @@ int run(int argc, char** argv) {
     std::cout << tessera::trainer::render_plan(cfg, plan, tessera::util::describe(tessera::util::device_info()));
     if (cluster) {
       const tessera::planner::JobProfile job = tessera::planner::profile_config(cfg, cfg.run_name);
-      const int64_t tp = cfg.fsdp.tensor_parallel_degree;
-      if (job.global_batch % (world_size / tp) != 0) {
+      const int64_t tp = cfg.fsdp.tensor_parallel_degree, cp = cfg.fsdp.context_parallel_degree;
+      if (job.global_batch % (world_size / (tp * cp)) != 0) {
         throw tessera::ConfigError("train", fmt::format("--cluster: {} data-parallel ranks do not divide "
                                                         "global_train_batch_size {}",
-                                                        world_size / tp, job.global_batch));
+                                                        world_size / (tp * cp), job.global_batch));
       }
       const int64_t microbatch = plan.auto_microbatch ? plan.device_train_batch_size : plan.microbatch_size;
       const tessera::planner::ScalingEstimate e = tessera::planner::estimate_scaling(
-          job, *cluster, world_size, cfg.fsdp.strategy, cfg.fsdp.activation_checkpointing, microbatch, tp);
+          job, *cluster, world_size, cfg.fsdp.strategy, cfg.fsdp.activation_checkpointing, microbatch, tp, cp);
       std::cout << "\n" << tessera::planner::render_estimate(e, job, *cluster);
       std::cout << tessera::planner::render_recommendation(job, *cluster, world_size, e.config);
     }

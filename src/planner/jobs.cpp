@@ -109,9 +109,10 @@ std::vector<JobSpec> load_jobs(const std::string& path) {
 }
 
 JobProfile profile_config(const trainer::TrainConfig& cfg, const std::string& name) {
-  // The job as one device runs it; the tensor-parallel degrees the model allows are measured below.
+  // The job as one device runs it; the tensor- and context-parallel degrees the model allows are measured below.
   trainer::TrainConfig one = cfg;
   one.fsdp.tensor_parallel_degree = 1;
+  one.fsdp.context_parallel_degree = 1;
   const trainer::Plan plan = trainer::make_plan(one, 1, 1);
   JobProfile p;
   const std::shared_ptr<models::CausalLM> model = models::model_registry().build(cfg.model.name, cfg.model, "meta", 0);
@@ -127,6 +128,9 @@ JobProfile profile_config(const trainer::TrainConfig& cfg, const std::string& na
     p.tensor_split = {t, split.params, split.largest_unit_params};
     p.tensor_parallel_layers = split.layers;
     p.d_model = split.d_model;
+  }
+  if (model->supports_context_parallel()) {
+    for (int64_t c = 2; c <= 64 && plan.seq_len % (2 * c) == 0; c *= 2) p.context_parallel_degrees.push_back(c);
   }
   p.name = name;
   p.n_params = plan.n_params;

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -29,26 +30,29 @@ bool is_power_of_two(int64_t n) {
 }  // namespace
 
 std::string Candidate::describe() const {
-  return fmt::format("{}{}{}, microbatch {}", tensor_parallel > 1 ? fmt::format("TP {} x ", tensor_parallel) : "",
-                     dist::to_string(strategy), activation_checkpointing ? ", act. ckpt" : "", microbatch);
+  return fmt::format("{}{}{}{}, microbatch {}", tensor_parallel > 1 ? fmt::format("TP {} x ", tensor_parallel) : "",
+                     context_parallel > 1 ? fmt::format("CP {} x ", context_parallel) : "", dist::to_string(strategy),
+                     activation_checkpointing ? ", act. ckpt" : "", microbatch);
 }
 
 Candidate model_candidate(const JobProfile& job, const Cluster& cluster, int64_t devices, ShardingStrategy strategy,
-                          bool activation_checkpointing, int64_t microbatch, int64_t tensor_parallel) {
-  const int64_t tp = std::max<int64_t>(tensor_parallel, 1);
-  if (devices < 1 || devices % tp != 0 || job.global_batch % (devices / tp) != 0) {
+                          bool activation_checkpointing, int64_t microbatch, int64_t tensor_parallel,
+                          int64_t context_parallel) {
+  const int64_t tp = std::max<int64_t>(tensor_parallel, 1), cp = std::max<int64_t>(context_parallel, 1);
+  if (devices < 1 || devices % (tp * cp) != 0 || job.global_batch % (devices / (tp * cp)) != 0) {
     throw std::invalid_argument(
-        fmt::format("{} devices in tensor-parallel groups of {} do not divide job {}'s global "
+        fmt::format("{} devices in tensor x context-parallel groups of {} x {} do not divide job {}'s global "
                     "batch of {}",
-                    devices, tp, job.name, job.global_batch));
+                    devices, tp, cp, job.name, job.global_batch));
   }
   Candidate c;
   c.devices = devices;
   c.nodes = devices > cluster.devices_per_node ? devices / cluster.devices_per_node : 1;
   c.strategy = strategy;
   c.tensor_parallel = tp;
+  c.context_parallel = cp;
   c.activation_checkpointing = activation_checkpointing;
-  const int64_t device_batch = job.global_batch / (devices / tp);  // per data-parallel rank
+  const int64_t device_batch = job.global_batch / (devices / (tp * cp));  // per data-parallel rank
   c.microbatch = std::clamp<int64_t>(microbatch, 1, device_batch);
   c.microbatches = (device_batch + c.microbatch - 1) / c.microbatch;
 
@@ -65,6 +69,11 @@ Candidate model_candidate(const JobProfile& job, const Cluster& cluster, int64_t
       tp == 1 || (std::find(job.tensor_parallel_degrees.begin(), job.tensor_parallel_degrees.end(), tp) !=
                       job.tensor_parallel_degrees.end() &&
                   cluster.devices_per_node % tp == 0 && strategy != ShardingStrategy::kNoShard && ep <= 1);
+  // Context parallelism runs on degrees the model supports, with the groups of T x C within a node, and not beside
+  // expert parallelism (the engine refuses MoE models).
+  const bool cp_runs = cp == 1 || (std::find(job.context_parallel_degrees.begin(), job.context_parallel_degrees.end(),
+                                             cp) != job.context_parallel_degrees.end() &&
+                                   cluster.devices_per_node % (tp * cp) == 0 && ep <= 1);
   dist::ExpertShare split;
   if (ep > 1 && ep_runs) split = job.experts;
   if (tp > 1 && tp_runs) {
@@ -76,9 +85,14 @@ Candidate model_candidate(const JobProfile& job, const Cluster& cluster, int64_t
                                   job.optimizer_state_tensors, job.largest_unit_params, split);
   const double act_per_sample =
       activation_checkpointing ? job.activation_bytes_per_sample_ckpt : job.activation_bytes_per_sample;
-  // Sequence parallelism: every activation of the layers is 1 / T (an approximation: the head's logits stay whole).
-  c.memory_bytes = state.total() + act_per_sample * static_cast<double>(c.microbatch) / static_cast<double>(tp);
-  c.fits = ep_runs && tp_runs && c.memory_bytes <= cluster.memory_bytes * cluster.usable_memory;
+  // Sequence parallelism: every activation of the layers is 1 / T (an approximation: the head's logits stay whole);
+  // context parallelism: 1 / C, plus the rank's rows of the attention mask.
+  const double act_bytes = job.mixed_precision ? 2.0 : 4.0;
+  const int64_t rows = job.seq_len / cp;  // the positions a rank holds (the sequence cuts into 2 C chunks)
+  const double mask = cp > 1 ? static_cast<double>(rows * job.seq_len) * act_bytes : 0;
+  c.memory_bytes =
+      state.total() + (act_per_sample / static_cast<double>(tp * cp) + mask) * static_cast<double>(c.microbatch);
+  c.fits = ep_runs && tp_runs && cp_runs && c.memory_bytes <= cluster.memory_bytes * cluster.usable_memory;
 
   // Compute.
   const double flops = job.flops_per_token * job.tokens_per_step() * (activation_checkpointing ? 4.0 / 3.0 : 1.0);
@@ -143,6 +157,18 @@ Candidate model_candidate(const JobProfile& job, const Cluster& cluster, int64_t
     const int64_t collectives = (activation_checkpointing ? 6 : 4) * job.tensor_parallel_layers * c.microbatches;
     tensor_comm = collective_s(bytes, 2 * (tp - 1) * collectives, cluster.intra_node);
   }
+  if (cp > 1 && cp_runs) {
+    // Each attention layer all-gathers the keys and values of the microbatch's whole sequences within the group
+    // (d_model wide each: an upper bound under grouped-query attention), reduce-scatters their gradients in
+    // backward, and gathers again when the layer is recomputed.
+    const double rounds = activation_checkpointing ? 3 : 2;
+    const double kv = static_cast<double>(c.microbatch * job.seq_len * 2 * job.d_model) * act_bytes;
+    const double k_cp = static_cast<double>(cp - 1) / static_cast<double>(cp);
+    const double layers = static_cast<double>(job.tensor_parallel_layers * c.microbatches);
+    tensor_comm +=
+        collective_s(k_cp * kv * rounds * layers / static_cast<double>(tp),
+                     static_cast<int64_t>(static_cast<double>(cp - 1) * 2 * rounds * layers), cluster.intra_node);
+  }
   c.communication_s = comm + tensor_comm;
   c.tensor_communication_s = tensor_comm;
   c.step_s = c.compute_s + std::max(0.0, comm - cluster.overlap * c.compute_s) + tensor_comm;
@@ -152,18 +178,42 @@ Candidate model_candidate(const JobProfile& job, const Cluster& cluster, int64_t
   return c;
 }
 
+namespace {
+
+// The (tensor, context) degrees `g` devices can run the job with: groups within a node that divide g, with the
+// data-parallel ranks g / (T C) dividing the global batch.
+std::vector<std::pair<int64_t, int64_t>> mesh_degrees(const JobProfile& job, const Cluster& cluster, int64_t g) {
+  std::vector<int64_t> tensor = {1}, context = {1};
+  tensor.insert(tensor.end(), job.tensor_parallel_degrees.begin(), job.tensor_parallel_degrees.end());
+  context.insert(context.end(), job.context_parallel_degrees.begin(), job.context_parallel_degrees.end());
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (int64_t t : tensor) {
+    for (int64_t cp : context) {
+      const int64_t group = t * cp;
+      if (group <= g && g % group == 0 && cluster.devices_per_node % group == 0 &&
+          job.global_batch % (g / group) == 0) {
+        out.emplace_back(t, cp);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<int64_t> device_counts(const JobProfile& job, const Cluster& cluster) {
   std::vector<int64_t> out;
+  auto runs = [&](int64_t g) { return !mesh_degrees(job, cluster, g).empty(); };
   for (int64_t g = 1; g <= cluster.devices_per_node; g *= 2) {
-    if (job.global_batch % g == 0) out.push_back(g);
+    if (runs(g)) out.push_back(g);
   }
-  if (!is_power_of_two(cluster.devices_per_node) && job.global_batch % cluster.devices_per_node == 0) {
+  if (!is_power_of_two(cluster.devices_per_node) && runs(cluster.devices_per_node)) {
     out.push_back(cluster.devices_per_node);  // a whole node of, say, 6 devices
   }
   const int64_t max_nodes = std::min(job.max_nodes, cluster.nodes);
   for (int64_t nodes = 2; nodes <= max_nodes; nodes *= 2) {
     const int64_t g = nodes * cluster.devices_per_node;
-    if (job.global_batch % g == 0) out.push_back(g);
+    if (runs(g)) out.push_back(g);
   }
   return out;
 }
@@ -177,14 +227,8 @@ std::vector<Candidate> enumerate_candidates(const JobProfile& job, const Cluster
       strategies.push_back(ShardingStrategy::kFullShard);
     }
     if (g > cluster.devices_per_node) strategies.push_back(ShardingStrategy::kHybridShard);
-    std::vector<int64_t> degrees = {1};
-    for (int64_t t : job.tensor_parallel_degrees) {
-      if (t <= g && g % t == 0 && cluster.devices_per_node % t == 0 && job.global_batch % (g / t) == 0) {
-        degrees.push_back(t);
-      }
-    }
-    for (int64_t t : degrees) {
-      const int64_t device_batch = job.global_batch / (g / t);
+    for (const auto& [t, cp] : mesh_degrees(job, cluster, g)) {
+      const int64_t device_batch = job.global_batch / (g / (t * cp));
       std::vector<int64_t> microbatches;
       for (int64_t mb = 1; mb < device_batch; mb *= 2) microbatches.push_back(mb);
       microbatches.push_back(device_batch);
@@ -192,7 +236,7 @@ std::vector<Candidate> enumerate_candidates(const JobProfile& job, const Cluster
         if (t > 1 && s == ShardingStrategy::kNoShard) continue;
         for (bool ckpt : {false, true}) {
           for (int64_t mb : microbatches) {
-            Candidate c = model_candidate(job, cluster, g, s, ckpt, mb, t);
+            Candidate c = model_candidate(job, cluster, g, s, ckpt, mb, t, cp);
             if (c.fits) out.push_back(c);
           }
         }
@@ -232,9 +276,10 @@ std::vector<Candidate> select_best(const std::vector<Candidate>& candidates) {
 
 ScalingEstimate estimate_scaling(const JobProfile& job, const Cluster& cluster, int64_t devices,
                                  ShardingStrategy strategy, bool activation_checkpointing, int64_t microbatch,
-                                 int64_t tensor_parallel) {
+                                 int64_t tensor_parallel, int64_t context_parallel) {
   ScalingEstimate e;
-  e.config = model_candidate(job, cluster, devices, strategy, activation_checkpointing, microbatch, tensor_parallel);
+  e.config = model_candidate(job, cluster, devices, strategy, activation_checkpointing, microbatch, tensor_parallel,
+                             context_parallel);
   e.tokens_per_s = job.tokens_per_step() / e.config.step_s;
   e.efficiency = e.config.compute_s / e.config.step_s;
   return e;
@@ -252,7 +297,9 @@ std::string render_estimate(const ScalingEstimate& e, const JobProfile& job, con
       "{:.3f} s hidden{}\n",
       c.step_s, c.compute_s, 100 * cluster.mfu, c.communication_s, hidden,
       c.tensor_communication_s > 0
-          ? fmt::format(" (tensor-parallel all-reduces {:.3f} s, not hidden)", c.tensor_communication_s)
+          ? fmt::format(" ({}-parallel collectives {:.3f} s, not hidden)",
+                        c.context_parallel > 1 ? (c.tensor_parallel > 1 ? "tensor- and context" : "context") : "tensor",
+                        c.tensor_communication_s)
           : "");
   out += fmt::format("  throughput          {:.0f} tokens/s ({:.0f} per device)\n", e.tokens_per_s,
                      e.tokens_per_s / static_cast<double>(c.devices));

@@ -322,7 +322,8 @@ std::vector<Candidate> calibrate(const JobProfile& job, const Cluster& cluster, 
   }
   std::vector<Candidate> out;
   for (const Candidate& c : all) {
-    Candidate x = model_candidate(job, calibrated, c.devices, c.strategy, c.activation_checkpointing, c.microbatch);
+    Candidate x = model_candidate(job, calibrated, c.devices, c.strategy, c.activation_checkpointing, c.microbatch,
+                                  c.tensor_parallel, c.context_parallel);
     for (const Trial& t : trials) {
       if (!same_configuration(t.config, c)) continue;
       if (!t.ok) {

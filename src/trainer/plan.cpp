@@ -318,8 +318,8 @@ std::string render_plan(const TrainConfig& cfg, const Plan& plan, const std::str
     line("tensor parallelism",
          fmt::format("groups of {} ranks ({} data-parallel), {} split parameters in {} layers, {} per rank before "
                      "sharding",
-                     tp, plan.world_size / tp, with_commas(plan.tensor_split.params), plan.tensor_parallel_layers,
-                     with_commas(plan.tensor_split.params / tp)));
+                     tp, plan.world_size / (tp * plan.context_parallel_degree), with_commas(plan.tensor_split.params),
+                     plan.tensor_parallel_layers, with_commas(plan.tensor_split.params / tp)));
     line("tensor all-reduce", fmt::format("{} sent per rank and step ({} with activation checkpointing); activations "
                                           "below are not divided by the degree (an upper bound)",
                                           gib(plan.tensor_all_reduce_bytes), gib(plan.tensor_all_reduce_bytes_ckpt)));

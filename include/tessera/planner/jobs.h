@@ -62,6 +62,9 @@ struct JobProfile {
   std::vector<int64_t> tensor_parallel_degrees;  // the degrees above 1 the model's heads and MLP divide into
   int64_t tensor_parallel_layers = 0;
   int64_t d_model = 0;
+  // Context parallelism: the degrees above 1 the model runs on context shards with (it supports them and the
+  // sequence cuts into 2 C chunks). Empty: none.
+  std::vector<int64_t> context_parallel_degrees;
   double weight = 1;
   int64_t max_nodes = 1;
   // Seconds from the start of the plan by which the job should end (infinity: none). Deadlines come before the

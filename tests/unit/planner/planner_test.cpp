@@ -173,6 +173,55 @@ TEST(PerfModel, TensorParallelismDividesTheBatchOverGroupsAndAddsItsAllReduces) 
             std::string::npos);
 }
 
+TEST(PerfModel, ContextParallelismDividesTheSequenceAndAddsItsKeyValueGathers) {
+  Cluster cluster = small_cluster(2, 4);
+  cluster.overlap = 0;
+  JobProfile j = job("a", 1e9, 100);
+  j.tensor_split = {1, j.n_params * 9 / 10, j.largest_unit_params * 9 / 10};
+  j.tensor_parallel_degrees = {2, 4};
+  j.tensor_parallel_layers = 24;
+  j.d_model = 2048;
+  j.context_parallel_degrees = {2, 4};
+  const Candidate d = model_candidate(j, cluster, 4, ShardingStrategy::kFullShard, false, 4);
+  const Candidate c = model_candidate(j, cluster, 4, ShardingStrategy::kFullShard, false, 4, 1, 2);
+  EXPECT_EQ(c.describe(), "CP 2 x FULL_SHARD, microbatch 4");
+  // 2 data-parallel ranks read the 64 samples (32 each: 8 microbatches of 4), the same work over the same devices.
+  EXPECT_EQ(c.microbatches, 8);
+  EXPECT_EQ(d.microbatches, 4);
+  EXPECT_DOUBLE_EQ(c.compute_s, d.compute_s);
+  // Memory: the same state; per sample of a microbatch, half the activations plus 1024 x 2048 mask rows in bf16.
+  EXPECT_NEAR(c.memory_bytes - d.memory_bytes, 4 * (1024.0 * 2048 * 2 - j.activation_bytes_per_sample / 2), 1.0);
+  // The gathers: K and V of 4 x 2048 tokens x 2048 values in bf16 per layer and microbatch, half of them received,
+  // in forward and again (the gradients' reduce-scatter) in backward: 24 layers x 8 microbatches, 1 hop each.
+  const double kv = 4.0 * 2048 * 2 * 2048 * 2;
+  EXPECT_NEAR(c.tensor_communication_s, 0.5 * kv * 2 * 24 * 8 / 100e9 + 2.0 * 2 * 24 * 8 * 5e-6, 1e-9);
+  EXPECT_GT(model_candidate(j, cluster, 4, ShardingStrategy::kFullShard, true, 4, 1, 2).tensor_communication_s,
+            c.tensor_communication_s)
+      << "recomputed layers gather again";
+  // Degrees the model does not run, groups of T x C larger than a node, and models without context shards do not run.
+  EXPECT_FALSE(model_candidate(j, cluster, 8, ShardingStrategy::kFullShard, false, 4, 1, 8).fits);
+  EXPECT_FALSE(model_candidate(j, cluster, 8, ShardingStrategy::kFullShard, false, 4, 2, 4).fits);
+  JobProfile none = j;
+  none.context_parallel_degrees.clear();
+  EXPECT_FALSE(model_candidate(none, cluster, 4, ShardingStrategy::kFullShard, false, 4, 1, 2).fits);
+  std::set<std::pair<int64_t, int64_t>> offered;
+  for (const Candidate& x : enumerate_candidates(j, cluster)) offered.insert({x.tensor_parallel, x.context_parallel});
+  EXPECT_TRUE(offered.count({1, 2}) && offered.count({1, 4}) && offered.count({2, 2}));
+  EXPECT_FALSE(offered.count({2, 4}) || offered.count({4, 2})) << "groups of 8 span two nodes of 4";
+  // A sequence of 32768 tokens whose activations (12 GiB a sample, 11.5 with checkpointing) no device holds: only
+  // context parallelism fits it on 4 devices, and the recommendation says so.
+  JobProfile long_seq = j;
+  long_seq.tensor_parallel_degrees.clear();
+  long_seq.seq_len = 32768;
+  long_seq.activation_bytes_per_sample = 12.0 * 1024 * 1024 * 1024;
+  long_seq.activation_bytes_per_sample_ckpt = 11.5 * 1024 * 1024 * 1024;
+  const std::string rec = render_recommendation(long_seq, cluster, 4, d);
+  EXPECT_NE(rec.find("recommendation      CP "), std::string::npos) << rec;
+  long_seq.context_parallel_degrees.clear();
+  EXPECT_NE(render_recommendation(long_seq, cluster, 4, d).find("nothing the model considers fits 4"),
+            std::string::npos);
+}
+
 TEST(PerfModel, CandidatesFitAndTheBestAreFasterWithEachDeviceCountTheyKeep) {
   const Cluster cluster = small_cluster(2, 4);
   const JobProfile big = job("big", 3e9, 100);  // 48 GB of Adam state: only sharded over several devices
