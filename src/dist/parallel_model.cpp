@@ -135,13 +135,14 @@ std::shared_ptr<models::TensorParallelGroup> ParallelModel::context_parallel_gro
   return impl_->cp_group_;
 }
 
-std::vector<std::pair<std::string, std::vector<int64_t>>> ParallelModel::parameter_shapes() const {
+const std::vector<std::pair<std::string, std::vector<int64_t>>>& ParallelModel::parameter_shapes() const {
+  auto& out = impl_->parameter_shapes_;
+  if (!out.empty()) return out;  // fixed since setup: listed once (adaptive clipping asks every step)
   std::map<std::string, std::vector<int64_t>> shapes;
   for (const Unit* u : impl_->parts_) {
     for (size_t i = 0; i < u->names.size(); ++i) shapes[u->names[i]] = u->global_shapes[i];
   }
   for (const auto& [name, t] : impl_->frozen_) shapes[name] = t.sizes().vec();
-  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
   for (const std::string& name : impl_->names_) out.emplace_back(name, shapes.at(name));
   return out;
 }

@@ -64,7 +64,7 @@ ShardingOptions parse_sharding_options(config::Section& s) {
   return o;
 }
 
-int64_t parse_parallelism(config::Section& p, const config::Section& fsdp, ShardingOptions& o) {
+void parse_parallelism(config::Section& p, const config::Section& fsdp, ShardingOptions& o) {
   const int64_t replicate = p.get_int("data_parallel_replicate_degree", 1);
   p.check(replicate >= 1, "data_parallel_replicate_degree", "must be at least 1");
   const int64_t shard = p.get_int("data_parallel_shard_degree", -1);
@@ -124,7 +124,6 @@ int64_t parse_parallelism(config::Section& p, const config::Section& fsdp, Shard
   o.mesh_keys = "parallelism";
   o.tensor_parallel_degree = tensor;
   o.context_parallel_degree = context;
-  return experts;
 }
 
 namespace {

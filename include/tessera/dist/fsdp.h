@@ -151,7 +151,7 @@ class ParallelModel {
   const ParallelOptions& options() const;
   // Every parameter's name and whole shape, in the model's order (the model's own tensors may hold only this rank's
   // part of one: expert-parallel experts, tensor-parallel slices).
-  std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes() const;
+  const std::vector<std::pair<std::string, std::vector<int64_t>>>& parameter_shapes() const;
   // This rank's context-parallel group (options.sharding.context_parallel_degree C > 1; models/context_parallel.h):
   // the collectives a forward on context shards gathers keys and values with. None for C = 1.
   std::shared_ptr<models::TensorParallelGroup> context_parallel_group() const;

@@ -67,13 +67,14 @@ ShardingOptions parse_sharding_options(config::Section& s);
 // FULL_SHARD, or SHARD_GRAD_OP under fsdp_reshard_after_forward: never. tensor_parallel_degree T makes groups of T
 // consecutive ranks inside that mesh and context_parallel_degree C groups of C ranks T apart (R x S x C x T = world
 // size, torchtitan's order). `fsdp` is the recipe's fsdp_config section: a
-// sharding_strategy there must agree, and its own degrees must not be given as well. Returns expert_parallel_degree
-// (1: none). Pipeline degrees above 1 and the all-to-all context-parallel method are refused as not supported.
-int64_t parse_parallelism(config::Section& p, const config::Section& fsdp, ShardingOptions& o);
+// sharding_strategy there must agree, and its own degrees must not be given as well. expert_parallel_degree is checked
+// here; the recipe reader writes it into the model's moe_world_size before it reads the model. Pipeline degrees above
+// 1 and the all-to-all context-parallel method are refused as not supported.
+void parse_parallelism(config::Section& p, const config::Section& fsdp, ShardingOptions& o);
 
 // The shard-group size HYBRID_SHARD uses on `world_size` ranks with `ranks_per_node` per node: the mesh's shard
-// degree when the recipe gives one (a -1 shard degree with a replicate degree R is world_size / (R T)) times the
-// tensor-parallel degree T, else the node.
+// degree when the recipe gives one (a -1 shard degree with a replicate degree R is world_size / (R T C)) times the
+// tensor- and context-parallel degrees T x C, else the node.
 // Throws ConfigError naming fsdp_config's keys when the degrees do not multiply to the world size, or when a
 // replicate degree above 1 comes with a strategy that does not replicate shards (HYBRID_SHARD does).
 int64_t shard_group_size(const ShardingOptions& o, int64_t world_size, int64_t ranks_per_node);

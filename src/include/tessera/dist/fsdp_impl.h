@@ -114,6 +114,8 @@ class ParallelModel::Impl : public models::UnitRunner {
   std::shared_ptr<Communicator> tp_comm_;       // the tensor-parallel group (consecutive ranks)
   std::map<std::string, models::TensorParallelSplit> tp_splits_;
   std::shared_ptr<models::TensorParallelGroup> cp_group_;  // the context-parallel group's collectives (none: C = 1)
+  // ParallelModel::parameter_shapes(), listed on first use (the parameters are fixed after setup).
+  std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes_;
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<Unit*> parts_;  // per parameters_[i]: the unit or split part whose shard it is
   std::vector<at::Tensor> parameters_;
