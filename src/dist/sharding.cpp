@@ -82,9 +82,8 @@ void parse_parallelism(config::Section& p, const config::Section& fsdp, Sharding
   }
   if (p.get_bool("enable_async_tensor_parallel", false)) p.not_supported("enable_async_tensor_parallel", "true");
   if (p.get_bool("enable_compiled_autograd", false)) p.not_supported("enable_compiled_autograd", "true");
-  // Tessera's tensor parallelism computes the loss on whole logits (torchtitan's disable_loss_parallel: true); its
-  // context parallelism all-gathers the keys and values (torchtitan's "allgather" method).
-  p.get_bool("disable_loss_parallel", false);
+  // Context parallelism all-gathers the keys and values (torchtitan's "allgather" method).
+  o.loss_parallel = !p.get_bool("disable_loss_parallel", false);
   if (p.get_choice("context_parallel_rotate_method", "allgather", {"allgather", "alltoall"}) == "alltoall") {
     p.not_supported("context_parallel_rotate_method", "alltoall");
   }

@@ -503,14 +503,25 @@ at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOpt
                           ids.device());
     }
   }
-  auto embed = [this](const at::Tensor& input_ids) { return model->embed_tokens(input_ids); };
+  auto embed = [this](const at::Tensor& input_ids) {
+    Embedding& e = model->embed_tokens;
+    if (vocab_tp_ && !lm_head) {  // tied: the table holds this rank's rows of the vocabulary
+      return vocab_parallel_embedding(e->weight, input_ids, o_.vocab_size, e->padding_idx, vocab_tp_);
+    }
+    return e(input_ids);
+  };
   at::Tensor x = run_unit(runner_, 0, embed, ids);
   AttentionInputs in = attention_inputs(ids, fo, past, key_mask, positions);
   if (fo.context) in = context_parallel_inputs(in, fo.context, compute_dtype(model->embed_tokens->weight));
   x = run_decoder_layers<LlamaDecoderLayerImpl>(runner_, model->layers, in, cache, key_mask, s, x, tp_);
-  auto head = [this](const at::Tensor& h) {
+  const bool local_vocab = fo.vocab_parallel;
+  auto head = [this, local_vocab](const at::Tensor& h) {
     const at::Tensor normed = model->norm(h);
-    return lm_head ? lm_head(normed) : at::linear(normed, model->embed_tokens->weight);
+    const at::Tensor& w = lm_head ? lm_head->weight : model->embed_tokens->weight;
+    if (!vocab_tp_) return at::linear(normed, w);
+    // Vocabulary parallelism: this rank's rows of the head (column-parallel over the vocabulary).
+    const at::Tensor logits = at::linear(tensor_parallel_enter(normed, vocab_tp_), w);
+    return local_vocab ? logits : vocab_gather(logits, vocab_tp_);
   };
   at::Tensor logits = run_unit(runner_, 0, head, x);
   if (moe_training) aux_loss_ = router_loss_->finish();
@@ -583,6 +594,8 @@ std::vector<TensorParallelSplit> LlamaForCausalLMImpl::tensor_parallel_plan(int6
                        o_.intermediate_size, degree));
   }
   std::vector<TensorParallelSplit> plan;
+  // The head along the vocabulary, where it divides (else the head stays whole): the embedding table with it when tied.
+  if (o_.vocab_size % degree == 0) add_vocab_parallel(plan, lm_head ? "lm_head.weight" : "model.embed_tokens.weight");
   int64_t i = 0;
   for (const auto& l : *model->layers) {
     const auto* layer = l->as<LlamaDecoderLayerImpl>();
@@ -603,6 +616,8 @@ std::vector<TensorParallelSplit> LlamaForCausalLMImpl::tensor_parallel_plan(int6
 
 void LlamaForCausalLMImpl::set_tensor_parallel(std::shared_ptr<TensorParallelGroup> group) {
   tp_ = group;
+  const bool vocab = group && group->size() > 1 && o_.vocab_size % group->size() == 0;  // as tensor_parallel_plan
+  vocab_tp_ = vocab ? group : nullptr;
   for (const auto& l : *model->layers) {
     auto* layer = l->as<LlamaDecoderLayerImpl>();
     layer->self_attn->tp = group;

@@ -214,7 +214,8 @@ at::Tensor MPTModelImpl::forward_blocks(const at::Tensor& ids, const ForwardOpti
   const at::Tensor key_mask = key_padding_mask(ids, fo);  // over cached + new positions
   // The lambdas capture by value: the sharding engine may run them again in backward (activation checkpointing).
   auto embed = [this, key_mask, past, s](const at::Tensor& input_ids) {
-    at::Tensor x = wte(input_ids);
+    at::Tensor x =
+        vocab_parallel ? vocab_parallel_embedding(wte->weight, input_ids, o_.vocab_size, -1, tp) : wte(input_ids);
     // Left padding: positions count real tokens only (LLM Foundry's fix).
     if (wpe) x = x + wpe(positions_after_padding(key_mask, past, s, input_ids.options()));
     if (o_.embedding_fraction < 1.0) {
@@ -256,11 +257,14 @@ at::Tensor MPTForCausalLMImpl::forward(const at::Tensor& input_ids, const Forwar
     }
   }
   const at::Tensor x = transformer->forward_blocks(input_ids, fo);
-  auto head = [this](const at::Tensor& h) {
+  const bool local_vocab = fo.vocab_parallel;
+  auto head = [this, local_vocab](const at::Tensor& h) {
     const at::Tensor normed = transformer->norm_f(h);
-    at::Tensor logits = lm_head ? lm_head(normed) : at::linear(normed, transformer->wte->weight);
+    const at::Tensor& w = lm_head ? lm_head->weight : transformer->wte->weight;
+    // Vocabulary parallelism: this rank's rows of the head (column-parallel over the vocabulary).
+    at::Tensor logits = vocab_tp_ ? at::linear(tensor_parallel_enter(normed, vocab_tp_), w) : at::linear(normed, w);
     if (o_.logit_scale) logits = logits * *o_.logit_scale;
-    return logits;
+    return vocab_tp_ && !local_vocab ? vocab_gather(logits, vocab_tp_) : logits;
   };
   at::Tensor logits = run_unit(transformer->unit_runner, 0, head, x);
   if (transformers_loss) hf_aux_ = hf_loss_->finish();
@@ -385,6 +389,8 @@ std::vector<TensorParallelSplit> MPTForCausalLMImpl::tensor_parallel_plan(int64_
     refuse(fmt::format("the MLP's {} hidden units do not split into {} equal shares", o_.ffn_hidden(), degree));
   }
   std::vector<TensorParallelSplit> plan;
+  // The head along the vocabulary, where it divides (else the head stays whole): the embedding table with it when tied.
+  if (o_.vocab_size % degree == 0) add_vocab_parallel(plan, lm_head ? "lm_head.weight" : "transformer.wte.weight");
   int64_t i = 0;
   for (const auto& b : *transformer->blocks) {
     const auto* block = b->as<MPTBlockImpl>();
@@ -408,6 +414,9 @@ std::vector<TensorParallelSplit> MPTForCausalLMImpl::tensor_parallel_plan(int64_
 
 void MPTForCausalLMImpl::set_tensor_parallel(std::shared_ptr<TensorParallelGroup> group) {
   transformer->tp = group;
+  const bool vocab = group && group->size() > 1 && o_.vocab_size % group->size() == 0;  // as tensor_parallel_plan
+  vocab_tp_ = vocab ? group : nullptr;
+  transformer->vocab_parallel = vocab && !lm_head;
   for (const auto& b : *transformer->blocks) {
     auto* block = b->as<MPTBlockImpl>();
     block->attn->tp = group;

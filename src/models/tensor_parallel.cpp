@@ -3,6 +3,7 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "tessera/data/batch.h"
 #include "tessera/models/layers.h"
 
 namespace tessera::models {
@@ -98,7 +99,73 @@ at::Tensor sequence_op(const at::Tensor& x, const std::shared_ptr<TensorParallel
   return SequenceFunction::apply(x, group.get(), static_cast<int64_t>(op));
 }
 
+// The last dimension of every rank's x joined (forward); this rank's share of the gradient (backward).
+struct VocabGatherFunction : public torch::autograd::Function<VocabGatherFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, TensorParallelGroup* group) {
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
+    const int64_t last = x.dim() - 1;
+    return group->all_gather(x.movedim(last, 0).contiguous()).movedim(0, last);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* group = reinterpret_cast<TensorParallelGroup*>(ctx->saved_data["group"].toInt());
+    const at::Tensor& g = grads[0];
+    at::Tensor out;
+    if (g.defined()) {
+      const int64_t share = g.size(-1) / group->size();
+      out = g.narrow(-1, group->rank() * share, share).contiguous();
+    }
+    return {out, at::Tensor()};
+  }
+};
+
 }  // namespace
+
+VocabShard vocab_shard(int64_t vocab, const TensorParallelGroup& group) {
+  const int64_t rows = vocab / group.size();
+  return {group.rank() * rows, rows};
+}
+
+at::Tensor vocab_parallel_embedding(const at::Tensor& weight, const at::Tensor& ids, int64_t vocab, int64_t padding_idx,
+                                    const std::shared_ptr<TensorParallelGroup>& group) {
+  const VocabShard v = vocab_shard(vocab, *group);
+  const at::Tensor mine = ids.ge(v.start).logical_and(ids.lt(v.start + v.rows));
+  const at::Tensor local = (ids - v.start).clamp(0, v.rows - 1);
+  const int64_t pad = padding_idx >= v.start && padding_idx < v.start + v.rows ? padding_idx - v.start : -1;
+  const at::Tensor rows = at::embedding(weight, local, pad) * mine.unsqueeze(-1).to(weight.scalar_type());
+  return tensor_parallel_exit(rows, group);
+}
+
+at::Tensor vocab_gather(const at::Tensor& local_logits, const std::shared_ptr<TensorParallelGroup>& group) {
+  if (!group || group->size() == 1) return local_logits;
+  return VocabGatherFunction::apply(local_logits, group.get());
+}
+
+at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local_logits, const at::Tensor& targets, int64_t vocab,
+                                        double label_smoothing, double z_loss,
+                                        const std::shared_ptr<TensorParallelGroup>& group) {
+  const VocabShard v = vocab_shard(vocab, *group);
+  const at::Tensor l = local_logits.to(at::kFloat).reshape({-1, local_logits.size(-1)});  // (N, V / T)
+  const int64_t n = l.size(0);
+  // The max over the whole vocabulary (a shift for stability; no gradient flows through it).
+  const at::Tensor maxes = group->all_gather(std::get<0>(l.detach().max(1)).view({1, n}).contiguous());  // (T, N)
+  const at::Tensor m = std::get<0>(maxes.max(0));                                                        // (N)
+  const at::Tensor sum_exp = tensor_parallel_exit((l - m.unsqueeze(1)).exp().sum(1), group);
+  const at::Tensor lse = sum_exp.log() + m;  // log Z per position
+  const at::Tensor keep = targets.ne(data::kIgnoreLabel);
+  const at::Tensor mine = keep.logical_and(targets.ge(v.start)).logical_and(targets.lt(v.start + v.rows));
+  const at::Tensor local = (targets - v.start).clamp(0, v.rows - 1).unsqueeze(1);
+  const at::Tensor target_logit =
+      tensor_parallel_exit(l.gather(1, local).squeeze(1) * mine.to(at::kFloat), group);  // the owner's value
+  const at::Tensor kept = keep.to(at::kFloat);
+  at::Tensor loss = ((lse - target_logit) * kept).sum() * (1.0 - label_smoothing);
+  if (label_smoothing > 0) {  // torch's: + eps * (log Z - mean over the vocabulary of the logits)
+    const at::Tensor mean_logit = tensor_parallel_exit(l.sum(1), group) / static_cast<double>(vocab);
+    loss = loss + label_smoothing * ((lse - mean_logit) * kept).sum();
+  }
+  if (z_loss != 0) loss = loss + z_loss * (lse.pow(2) * kept).sum();
+  return loss;
+}
 
 at::Tensor sequence_scatter(const at::Tensor& x, const std::shared_ptr<TensorParallelGroup>& group) {
   if (!group || group->size() == 1) return x;
@@ -156,6 +223,10 @@ void add_column_parallel(std::vector<TensorParallelSplit>& plan, const std::stri
 
 void add_row_parallel(std::vector<TensorParallelSplit>& plan, const std::string& prefix) {
   plan.push_back({prefix + ".weight", 1, {}});
+}
+
+void add_vocab_parallel(std::vector<TensorParallelSplit>& plan, const std::string& param) {
+  plan.push_back({param, 0, {}});
 }
 
 }  // namespace tessera::models

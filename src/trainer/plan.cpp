@@ -125,7 +125,8 @@ TensorSplit measure_tensor_split(const models::CausalLM& model, int64_t degree) 
     if (s.dim == 1) out.d_model = w.size(0);
   }
   for (const auto& [unit, n] : per_unit) out.largest_unit_params = std::max(out.largest_unit_params, n);
-  out.layers = static_cast<int64_t>(per_unit.size());
+  // The layers whose outputs are all-reduced: the decoder layers (unit 0's split head and embedding are not).
+  out.layers = static_cast<int64_t>(per_unit.size()) - (per_unit.count(0) > 0 ? 1 : 0);
   return out;
 }
 

@@ -486,6 +486,12 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
   // scaled by the group's size, the engine's average over every rank sums the group's shares.
   const std::shared_ptr<models::TensorParallelGroup> context = state_.parallel->context_parallel_group();
   const double context_scale = context ? static_cast<double>(context->size()) : 1.0;
+  // Vocabulary parallelism: the model's head returns this rank's share of the vocabulary's logits and the built-in
+  // cross-entropy reduces over the group instead of gathering them (a registered loss gets whole logits).
+  const std::shared_ptr<models::TensorParallelGroup> vocab = state_.model->vocab_parallel_group();
+  const auto* cross_entropy = dynamic_cast<const models::CrossEntropyLoss*>(loss_.get());
+  const bool vocab_parallel = vocab && cfg_.fsdp.loss_parallel && (!loss_ || cross_entropy);
+  const models::CrossEntropyOptions ce = cross_entropy ? cross_entropy->options() : models::CrossEntropyOptions{};
   double total = 0;
   aux_losses_.clear();
   expert_counts_.clear();
@@ -497,6 +503,7 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
       engine_->run_event(Event::kBeforeForward);
       const data::TokenBatch whole = state_.batch;
       models::ForwardOptions fo = forward_options(whole);
+      fo.vocab_parallel = vocab_parallel;
       if (context) {
         fo.context = models::make_context_shard(context, whole.input_ids.size(1), whole.input_ids.device());
         state_.batch = models::context_shard_batch(whole, *fo.context);  // what the loss and callbacks see
@@ -509,7 +516,11 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
       engine_->run_event(Event::kBeforeLoss);
       {
         AutocastGuard autocast(state_.precision, dev);
-        const at::Tensor sum = loss_sum();
+        const at::Tensor sum = vocab_parallel
+                                   ? models::vocab_parallel_cross_entropy(
+                                         state_.outputs, models::next_token_targets(state_.batch),
+                                         state_.outputs.size(-1) * vocab->size(), ce.label_smoothing, ce.z_loss, vocab)
+                                   : loss_sum();
         if (cfg_.accumulate_train_batch_on_tokens) {
           state_.loss = sum * (context_scale / per_rank_tokens);
         } else {

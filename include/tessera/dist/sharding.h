@@ -52,6 +52,9 @@ struct ShardingOptions {
   // read the same samples and each runs on its share of the positions (models/context_parallel.h); the data-parallel
   // degrees then multiply to world size / (tensor x context degree).
   int64_t context_parallel_degree = 1;
+  // torchtitan's loss parallel (parallelism.disable_loss_parallel: false, the default): under tensor parallelism a head
+  // split along the vocabulary feeds the built-in cross-entropy its share of the logits, not gathered ones.
+  bool loss_parallel = true;
   // The ranks that read the same samples: tensor_parallel_degree x context_parallel_degree.
   int64_t batch_replicas() const {
     return std::max<int64_t>(tensor_parallel_degree, 1) * std::max<int64_t>(context_parallel_degree, 1);

@@ -50,6 +50,10 @@ struct ForwardOptions {
   // Context parallelism (context_parallel.h): the forward runs on this shard's positions of the whole sequence `ids`
   // and returns their logits only (B, S / C, V). Training only: no cache.
   std::shared_ptr<const ContextShard> context;
+  // Vocabulary parallelism (tensor_parallel.h): a model whose head splits the vocabulary over its tensor-parallel group
+  // (vocab_parallel_group()) returns this rank's share of the logits (B, S, V / T) instead of gathering them, for
+  // vocab_parallel_cross_entropy(). Ignored by other models.
+  bool vocab_parallel = false;
 };
 
 // Extension point for code that wraps parts of the forward pass: the sharding engine gathers a unit's parameters
@@ -166,6 +170,11 @@ class CausalLM : public torch::nn::Module {
   virtual std::vector<TensorParallelSplit> tensor_parallel_plan(int64_t degree) const;
   // After the engine replaced those parameters by this rank's slices: run on them over `group`.
   virtual void set_tensor_parallel(std::shared_ptr<TensorParallelGroup> group);
+  // The group the head's weight splits the vocabulary over (its plan split the head, and the embedding table when
+  // tied, along the vocabulary): the forward then honours ForwardOptions::vocab_parallel, and the trainer computes the
+  // built-in cross-entropy on the shares (a model that declares it is trained with that, not its own loss()). None
+  // (the default): whole.
+  virtual std::shared_ptr<TensorParallelGroup> vocab_parallel_group() const { return nullptr; }
   // --- Context parallelism (models/context_parallel.h): whether the forward honours ForwardOptions::context (the
   // families whose decoder layers take AttentionInputs, apply context_parallel_inputs() and have no per-token
   // auxiliary losses). False by default.

@@ -196,6 +196,7 @@ class LlamaForCausalLMImpl : public CausalLM {
   std::vector<TensorParallelSplit> tensor_parallel_plan(int64_t degree) const override;
   void set_tensor_parallel(std::shared_ptr<TensorParallelGroup> group) override;
   bool supports_context_parallel() const override;
+  std::shared_ptr<TensorParallelGroup> vocab_parallel_group() const override { return vocab_tp_; }
 
   LlamaModel model{nullptr};
   Linear lm_head{nullptr};  // only when tie_word_embeddings is false
@@ -208,6 +209,7 @@ class LlamaForCausalLMImpl : public CausalLM {
   at::Tensor inv_freq_;  // (head_dim / 2,) float32, on the CPU
   std::shared_ptr<UnitRunner> runner_;
   std::shared_ptr<TensorParallelGroup> tp_;  // tensor parallelism (set_tensor_parallel): the layers' sequence shards
+  std::shared_ptr<TensorParallelGroup> vocab_tp_;  // the head splits the vocabulary over it (vocabulary parallelism)
   std::shared_ptr<HfRouterLoss> router_loss_ = std::make_shared<HfRouterLoss>();
   std::shared_ptr<AuxLossScale> aux_scale_ = std::make_shared<AuxLossScale>();
   at::Tensor aux_loss_;  // the last training forward's (undefined: none)

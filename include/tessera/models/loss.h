@@ -42,6 +42,7 @@ class CrossEntropyLoss : public Loss {
  public:
   explicit CrossEntropyLoss(CrossEntropyOptions o = {}) : o_(o) {}
   at::Tensor sum(const at::Tensor& logits, const data::TokenBatch& batch) const override;
+  const CrossEntropyOptions& options() const { return o_; }
 
  private:
   CrossEntropyOptions o_;

@@ -105,6 +105,7 @@ class MPTModelImpl : public torch::nn::Module {
   Norm norm_f{nullptr};
   std::shared_ptr<UnitRunner> unit_runner;  // set through MPTForCausalLM's set_unit_runner()
   std::shared_ptr<TensorParallelGroup> tp;  // tensor parallelism (set_tensor_parallel): the blocks' sequence shards
+  bool vocab_parallel = false;  // wte holds this rank's rows of the vocabulary (tied head under tensor parallelism)
 
  private:
   AttentionInputs attention_inputs(const at::Tensor& input_ids, const ForwardOptions& fo, int64_t past,
@@ -156,6 +157,7 @@ class MPTForCausalLMImpl : public CausalLM {
   std::vector<TensorParallelSplit> tensor_parallel_plan(int64_t degree) const override;
   void set_tensor_parallel(std::shared_ptr<TensorParallelGroup> group) override;
   bool supports_context_parallel() const override;
+  std::shared_ptr<TensorParallelGroup> vocab_parallel_group() const override { return vocab_tp_; }
 
   MPTModel transformer{nullptr};
   Linear lm_head{nullptr};  // only when tie_word_embeddings is false
@@ -163,6 +165,7 @@ class MPTForCausalLMImpl : public CausalLM {
  private:
   MPTOptions o_;
   std::shared_ptr<AuxLossScale> aux_scale_ = std::make_shared<AuxLossScale>();
+  std::shared_ptr<TensorParallelGroup> vocab_tp_;  // the head splits the vocabulary over it (vocabulary parallelism)
   std::shared_ptr<HfRouterLoss> hf_loss_ = std::make_shared<HfRouterLoss>();  // DBRX's transformers-style loss
   at::Tensor hf_aux_;                                                         // its last training value
 };

@@ -9,8 +9,15 @@
 //   - a row-parallel Linear (weight split along its input columns, dim 1) takes this rank's share of the inputs and
 //     yields a partial sum of the whole output, summed over the group by exit() (all-reduce forward, identity
 //     backward); its bias, whole on every rank, is added once after the sum.
-// Everything else (embeddings, norms, the head, row-parallel biases) stays whole on every rank. The group's ranks see
-// the same batch; only the split layers' work and weights are divided.
+// Norms, learned positions and row-parallel biases stay whole on every rank. The group's ranks see the same batch; only
+// the split layers' work and weights are divided.
+//
+// Vocabulary parallelism (Megatron-LM's; torchtitan's loss parallel): where the vocabulary divides by T, the head's
+// weight splits along the vocabulary (rank r holds rows r V/T .. (r+1) V/T), and with it the embedding table when the
+// two are tied (vocab_parallel_embedding: each rank looks up its rows, the sum over the group gives every token's).
+// A training forward asked for it (ForwardOptions::vocab_parallel) returns this rank's share of the logits, which
+// vocab_parallel_cross_entropy() turns into the loss without gathering them (the max, the sum of exponentials and each
+// target's logit reduced over the group); otherwise the logits are gathered (vocab_gather).
 //
 // With sequence parallelism (Megatron-LM's, on by default), the decoder layers' residual stream, norms and dropout run
 // on this rank's share of the positions (the sequence cut in T): sequence_scatter() after the embeddings,
@@ -83,10 +90,39 @@ at::Tensor row_parallel(LinearImpl& layer, const at::Tensor& x, const std::share
 at::Tensor sequence_parallel_norm(NormImpl& norm, const at::Tensor& x,
                                   const std::shared_ptr<TensorParallelGroup>& group, bool sequence_sharded);
 
+// ---- Vocabulary parallelism.
+
+// The rows of a vocabulary of `vocab` this rank of `group` holds: [start, start + rows).
+struct VocabShard {
+  int64_t start = 0;
+  int64_t rows = 0;
+};
+VocabShard vocab_shard(int64_t vocab, const TensorParallelGroup& group);
+
+// The embedding of `ids` from this rank's rows `weight` (V / T, d) of a table of `vocab` rows: ids outside them
+// contribute zeros, and the sum over the group (backward: identity) gives every id's row. `padding_idx`: the whole
+// table's row that gets no gradient (-1: none).
+at::Tensor vocab_parallel_embedding(const at::Tensor& weight, const at::Tensor& ids, int64_t vocab, int64_t padding_idx,
+                                    const std::shared_ptr<TensorParallelGroup>& group);
+
+// This rank's share of the vocabulary's logits (B, S, V / T) joined over the group: (B, S, V). What follows runs
+// alike on every rank, so backward keeps this rank's share of the gradient.
+at::Tensor vocab_gather(const at::Tensor& local_logits, const std::shared_ptr<TensorParallelGroup>& group);
+
+// Next-token cross-entropy summed over `targets` ((B * S), data::kIgnoreLabel ignored) from this rank's share of the
+// vocabulary's logits (B, S, V / T) of a vocabulary of `vocab`, without gathering them; with torch's label smoothing
+// and PaLM's z-loss as CrossEntropyLoss computes them. Every rank of the group returns the same value, and backward
+// gives each its share of the logits' gradient.
+at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local_logits, const at::Tensor& targets, int64_t vocab,
+                                        double label_smoothing, double z_loss,
+                                        const std::shared_ptr<TensorParallelGroup>& group);
+
 // The splits of `prefix`.weight (and .bias when the layer has one) as a column-parallel layer with `blocks`.
 void add_column_parallel(std::vector<TensorParallelSplit>& plan, const std::string& prefix, const LinearImpl& layer,
                          std::vector<int64_t> blocks = {});
 // The split of `prefix`.weight as a row-parallel layer (its bias stays whole).
 void add_row_parallel(std::vector<TensorParallelSplit>& plan, const std::string& prefix);
+// The split of `param` (a head's or an embedding table's weight, (vocab, d)) along the vocabulary.
+void add_vocab_parallel(std::vector<TensorParallelSplit>& plan, const std::string& param);
 
 }  // namespace tessera::models

@@ -39,7 +39,9 @@
 #include "tessera/dist/sharding.h"
 #include "tessera/models/context_parallel.h"
 #include "tessera/models/llama.h"
+#include "tessera/models/loss.h"
 #include "tessera/models/mpt.h"
+#include "tessera/models/tensor_parallel.h"
 #include "tessera/trainer/trainer.h"
 #include "tessera/util/preemption.h"
 #include "test_util.h"
@@ -234,6 +236,68 @@ TEST(DistWorker, ContextParallel) {
     models::MPTForCausalLM positions = models::build_mpt(learned, 5);
     expect_shards_match(*positions, padded, group, "MPT with learned positions, left padding");
   }
+}
+
+// Runs in each of the 4 processes that DistTensorParallel.VocabularyParallelLossAndEmbeddingMatchTheWholeVocabulary
+// launches.
+TEST(DistWorker, VocabParallel) {
+  if (!is_worker()) GTEST_SKIP() << "a worker of DistTensorParallel.VocabularyParallel*";
+  const dist::Rendezvous rv = dist::rendezvous_from_env();
+  std::shared_ptr<dist::Communicator> comm = dist::Communicator::connect(rv, at::kCPU, std::chrono::seconds(60));
+  ASSERT_EQ(comm->size(), 4);
+  std::shared_ptr<dist::Communicator> pair;
+  for (int g = 0; g < 2; ++g) {
+    if (auto c = comm->new_group({2 * g, 2 * g + 1})) pair = c;
+  }
+  const int64_t vocab = 12;
+  at::manual_seed(3);  // the same on every rank
+  const at::Tensor logits = at::randn({2, 8, vocab}, at::kFloat) * 3;
+  data::TokenBatch batch;
+  batch.input_ids = at::randint(0, vocab, {2, 8}, at::kLong);
+  batch.labels = batch.input_ids.clone();
+  batch.labels.index_put_({0, 3}, data::kIgnoreLabel);
+  const at::Tensor table = at::randn({vocab, 5}, at::kFloat);
+  const at::Tensor ids = at::randint(0, vocab, {3, 7}, at::kLong);
+  for (const auto& group : {dist::group_collectives(comm), dist::group_collectives(pair)}) {
+    const models::VocabShard v = models::vocab_shard(vocab, *group);
+    ASSERT_EQ(v.rows, vocab / group->size());
+    for (const models::CrossEntropyOptions o :
+         {models::CrossEntropyOptions{}, models::CrossEntropyOptions{0.1, 1e-3}}) {
+      SCOPED_TRACE(
+          fmt::format("group of {}, label smoothing {}, z-loss {}", group->size(), o.label_smoothing, o.z_loss));
+      // The whole vocabulary's loss and gradient (torch's cross-entropy, through CrossEntropyLoss).
+      const at::Tensor whole = logits.clone().requires_grad_(true);
+      const at::Tensor want = models::CrossEntropyLoss(o).sum(whole, batch);
+      want.backward();
+      // This rank's columns only.
+      const at::Tensor mine = logits.narrow(2, v.start, v.rows).clone().requires_grad_(true);
+      const at::Tensor got = models::vocab_parallel_cross_entropy(mine, models::next_token_targets(batch), vocab,
+                                                                  o.label_smoothing, o.z_loss, group);
+      got.backward();
+      EXPECT_NEAR(got.item<double>(), want.item<double>(), 1e-5 * want.item<double>());
+      EXPECT_TRUE(at::allclose(mine.grad(), whole.grad().narrow(2, v.start, v.rows), 1e-5, 1e-6));
+    }
+    // The gathered logits are the whole vocabulary's; backward keeps this rank's columns.
+    const at::Tensor part = logits.narrow(2, v.start, v.rows).clone().requires_grad_(true);
+    const at::Tensor joined = models::vocab_gather(part, group);
+    EXPECT_TRUE(at::equal(joined, logits));
+    (joined * at::arange(vocab, at::kFloat)).sum().backward();
+    EXPECT_TRUE(
+        at::equal(part.grad(), at::arange(vocab, at::kFloat).narrow(0, v.start, v.rows).expand({2, 8, v.rows})));
+    // The embedding from this rank's rows: every id's row after the sum, with the padding row's gradient zero.
+    const at::Tensor rows = table.narrow(0, v.start, v.rows).clone().requires_grad_(true);
+    const at::Tensor looked_up = models::vocab_parallel_embedding(rows, ids, vocab, /*padding_idx=*/5, group);
+    EXPECT_TRUE(at::allclose(looked_up, at::embedding(table, ids)));
+    looked_up.sum().backward();
+    const at::Tensor whole_table = table.clone().requires_grad_(true);
+    at::embedding(whole_table, ids, 5).sum().backward();
+    EXPECT_TRUE(at::equal(rows.grad(), whole_table.grad().narrow(0, v.start, v.rows)));
+  }
+}
+
+TEST(DistTensorParallel, VocabularyParallelLossAndEmbeddingMatchTheWholeVocabulary) {
+  if (is_worker()) GTEST_SKIP() << "launcher side";
+  EXPECT_EQ(launch_workers("VocabParallel", 4), 0);
 }
 
 TEST(DistContextParallel, ShardsMatchTheWholeSequence) {

@@ -861,11 +861,15 @@ std::string tensor_parallel(int degree, const std::string& more = "") {
 
 TEST_F(DistTraining, TensorParallelTwoByFullShardTwoMatchesOneProcess) {
   if (is_worker()) GTEST_SKIP();
-  // MPT's attention heads (fused Wqkv: query, key and value blocks) and MLP split over tensor-parallel groups, the
-  // blocks' norms and residuals on sequence shards (sequence parallelism, the default), composed with FULL_SHARD over
-  // the data-parallel ranks: 20 steps equal one process's losses and its final (gathered) weights.
+  // MPT's attention heads (fused Wqkv: query, key and value blocks), MLP and tied embedding table / head (along the
+  // vocabulary) split over tensor-parallel groups, the blocks' norms and residuals on sequence shards (sequence
+  // parallelism, the default), composed with FULL_SHARD over the data-parallel ranks: 20 steps equal one process's
+  // losses and its final (gathered) weights, with the loss from each rank's share of the logits (loss parallel, the
+  // default) and from gathered logits (disable_loss_parallel).
   expect_same(single(), run("tp2_fs2", 4, {tensor_parallel(2)}), "TP 2 x FSDP 2");
   EXPECT_NE(read_dist_log(root_ / "tp2_fs2.log").find("sequence parallelism on"), std::string::npos);
+  expect_same(single(), run("tp2_fs2_gathered", 4, {tensor_parallel(2, "disable_loss_parallel: true")}),
+              "TP 2 x FSDP 2, gathered logits");
   // Evaluation: a group's ranks evaluate the same batches (the eval loader sees the data-parallel ranks), the
   // forward runs on sequence shards without autograd, and the metrics equal one process's.
   auto eval_metrics = [&](const std::string& name, int nproc, std::vector<std::string> o) {
@@ -1122,7 +1126,7 @@ TEST_F(DistTraining, TensorParallelLayoutsTheEngineCannotBuildAreRefusedNamingTh
           "tensor parallelism needs a sharded strategy (FULL_SHARD, SHARD_GRAD_OP or HYBRID_SHARD), not NO_SHARD");
   refused("tp_qk_ln", 2, {tensor_parallel(2), "model.attn_config.qk_ln=true"}, "attn_config.qk_ln");
   refused("tp_lora", 2, {tensor_parallel(2), "algorithms.lora.r=2", "algorithms.lora.target_modules=[Wqkv]"},
-          "tensor parallelism: transformer.blocks.0.attn.Wqkv.weight is frozen");
+          "tensor parallelism: transformer.wte.weight is frozen; frozen weights (the base of LoRA) are not split");
 }
 
 // ---- Failure: a killed rank ends the job ----------------------------------------------------------------------------

@@ -239,8 +239,9 @@ TEST(Plan, TensorParallelismSplitsTheBlocksWeightsAndSumsTheirOutputs) {
   EXPECT_EQ(t.device_train_batch_size, 2 * p.device_train_batch_size);
   EXPECT_EQ(t.tensor_split.degree, 2);
   const int64_t block = int64_t{768} * 2304 + 2304 + 768 * 768 + 768 * 3072 + 3072 + 3072 * 768;
-  EXPECT_EQ(t.tensor_split.params, 12 * block);
-  EXPECT_EQ(t.tensor_split.largest_unit_params, block);
+  const int64_t table = int64_t{50368} * 768;  // the tied embedding table and head, split along the vocabulary
+  EXPECT_EQ(t.tensor_split.params, 12 * block + table);
+  EXPECT_EQ(t.tensor_split.largest_unit_params, table);
   EXPECT_EQ(t.tensor_parallel_layers, 12);
   EXPECT_DOUBLE_EQ(t.tensor_all_reduce_bytes,
                    dist::tensor_parallel_all_reduce_bytes(t.device_train_batch_size * 2048, 768, 12, 2, 2, false));
@@ -252,7 +253,7 @@ TEST(Plan, TensorParallelismSplitsTheBlocksWeightsAndSumsTheirOutputs) {
   EXPECT_NEAR(full.state.optimizer, full_plain.state.optimizer, 256.0);
   EXPECT_LT(full.state.transient, full_plain.state.transient);
   const std::string text = render_plan(tp2, t, "8 x cpu");
-  EXPECT_NE(text.find("groups of 2 ranks (4 data-parallel), 84,999,168 split parameters in 12 layers"),
+  EXPECT_NE(text.find("groups of 2 ranks (4 data-parallel), 123,681,792 split parameters in 12 layers"),
             std::string::npos)
       << text;
 }
