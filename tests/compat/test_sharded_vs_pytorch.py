@@ -17,15 +17,16 @@
   final weights within 1e-5 absolute (WEIGHT_ATOL), for both pairs and both optimizers.
 """
 import contextlib
-import json
 import math
 import os
 import socket
-import subprocess
 
 import numpy as np
 import pytest
 import torch
+
+import driver_ranks
+from driver_ranks import run_driver_ranks
 
 STEPS = 10
 WORLD = 2
@@ -111,8 +112,7 @@ def free_port():
 
 def rank_env(rank, port):
     """torchrun's variables for rank `rank` of a one-node job of WORLD ranks."""
-    return {"RANK": str(rank), "WORLD_SIZE": str(WORLD), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(WORLD),
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    return driver_ranks.rank_env(rank, WORLD, port)
 
 
 def composer_cosine_with_warmup(batch):
@@ -143,37 +143,7 @@ def run_tessera_ranks(driver_path, tmp_path, dataset, strategy, optimizer):
     recipe.write_text(RECIPE.format(data=dataset, shuffle_seed=SHUFFLE_SEED, optimizer=OPTIMIZERS[optimizer][0],
                                     algorithms=OPTIMIZERS[optimizer][1], warmup=WARMUP, alpha_f=ALPHA_F,
                                     strategy=strategy, steps=STEPS, batch=BATCH, micro=MICRO))
-    # The rendezvous port is bound here and its listening socket handed to rank 0's store, as `train --master-port 0`
-    # does (TESSERA_MASTER_LISTEN_FD), so no other process can take it in between.
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    port = listener.getsockname()[1]
-    procs, outs = [], []
-    for rank in range(WORLD):
-        out = tmp_path / f"rank{rank}"
-        out.mkdir(exist_ok=True)
-        outs.append(out)
-        env = {**os.environ, **rank_env(rank, port), "OMP_NUM_THREADS": "1"}
-        fds = ()
-        if rank == 0:
-            env["TESSERA_MASTER_LISTEN_FD"] = str(listener.fileno())
-            fds = (listener.fileno(),)
-        procs.append(subprocess.Popen([driver_path, "train-trace", str(recipe), str(out)], env=env, pass_fds=fds,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    listener.close()
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=120)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for rank, p in enumerate(procs):
-        assert p.returncode == 0, f"{strategy} rank {rank} failed ({p.returncode}):\n" + "\n".join(logs)
-    traces = [json.loads((out / "trace.json").read_text()) for out in outs]
+    outs, traces, _ = run_driver_ranks(driver_path, recipe, tmp_path, WORLD, strategy)
     return outs[0], traces
 
 

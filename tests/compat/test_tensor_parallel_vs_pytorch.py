@@ -14,15 +14,16 @@ RowwiseParallel, as torchtitan applies it) on 2 processes over gloo:
 - 10 fp32 steps: the per-step losses agree within 1e-5 relative and the final weights (DTensor's full_tensor against
   Tessera's joined export) within 1e-5 absolute.
 """
-import json
 import math
 import os
 import socket
-import subprocess
 
 import numpy as np
 import pytest
 import torch
+
+import driver_ranks
+from driver_ranks import run_driver_ranks
 
 STEPS = 10
 TP = 2
@@ -93,8 +94,7 @@ def composer_cosine_with_warmup(batch):
 
 
 def rank_env(rank, port):
-    return {"RANK": str(rank), "WORLD_SIZE": str(TP), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(TP),
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    return driver_ranks.rank_env(rank, TP, port)
 
 
 @pytest.fixture(scope="module")
@@ -127,36 +127,9 @@ def run_tessera(driver_path, out_root, dataset, optimizer):
     recipe.write_text(RECIPE.format(data=dataset, shuffle_seed=SHUFFLE_SEED, optimizer=OPTIMIZERS[optimizer][0],
                                     algorithms=OPTIMIZERS[optimizer][1], warmup=WARMUP, alpha_f=ALPHA_F, steps=STEPS,
                                     batch=BATCH, micro=MICRO))
-    listener = socket.socket()  # handed to rank 0's store (TESSERA_MASTER_LISTEN_FD): no other process can take it
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    port = listener.getsockname()[1]
-    procs, outs = [], []
-    for rank in range(TP):
-        out = out_root / f"rank{rank}"
-        out.mkdir(exist_ok=True)
-        outs.append(out)
-        env = {**os.environ, **rank_env(rank, port), "OMP_NUM_THREADS": "1"}
-        fds = ()
-        if rank == 0:
-            env["TESSERA_MASTER_LISTEN_FD"] = str(listener.fileno())
-            fds = (listener.fileno(),)
-        procs.append(subprocess.Popen([driver_path, "train-trace", str(recipe), str(out)], env=env, pass_fds=fds,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    listener.close()
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=120)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for rank, p in enumerate(procs):
-        assert p.returncode == 0, f"TP rank {rank} failed ({p.returncode}):\n" + "\n".join(logs)
-    assert "tensor parallelism over groups of 2 ranks" in "\n".join(logs)
-    return outs[0], [json.loads((out / "trace.json").read_text()) for out in outs]
+    outs, traces, log = run_driver_ranks(driver_path, recipe, out_root, TP, "TP")
+    assert "tensor parallelism over groups of 2 ranks" in log
+    return outs[0], traces
 
 
 # ---- The PyTorch side: one process per rank (torch.multiprocessing.spawn). ----------------------------------------

@@ -184,20 +184,24 @@ void expect_shards_match(models::CausalLM& model, const data::TokenBatch& batch,
   }
 }
 
+// A worker's collectives over the whole world (4 ranks) and over its pair (ranks 0-1 or 2-3), as models use them.
+std::vector<std::shared_ptr<models::TensorParallelGroup>> whole_world_and_pairs() {
+  std::shared_ptr<dist::Communicator> comm =
+      dist::Communicator::connect(dist::rendezvous_from_env(), at::kCPU, std::chrono::seconds(60));
+  std::shared_ptr<dist::Communicator> pair;
+  for (int g = 0; g < comm->size() / 2; ++g) {
+    if (auto c = comm->new_group({2 * g, 2 * g + 1})) pair = c;
+  }
+  return {dist::group_collectives(comm), dist::group_collectives(pair)};
+}
+
 }  // namespace
 
 // Runs in each of the 4 processes that DistContextParallel.ShardsMatchTheWholeSequence launches.
 TEST(DistWorker, ContextParallel) {
   if (!is_worker()) GTEST_SKIP() << "a worker of DistContextParallel.ShardsMatchTheWholeSequence";
-  const dist::Rendezvous rv = dist::rendezvous_from_env();
-  std::shared_ptr<dist::Communicator> comm = dist::Communicator::connect(rv, at::kCPU, std::chrono::seconds(60));
-  ASSERT_EQ(comm->size(), 4);
-  std::shared_ptr<dist::Communicator> pair;
-  for (int g = 0; g < 2; ++g) {
-    if (auto c = comm->new_group({2 * g, 2 * g + 1})) pair = c;
-  }
-  const std::vector<std::shared_ptr<models::TensorParallelGroup>> groups = {dist::group_collectives(comm),
-                                                                            dist::group_collectives(pair)};
+  const std::vector<std::shared_ptr<models::TensorParallelGroup>> groups = whole_world_and_pairs();
+  ASSERT_EQ(groups[0]->size(), 4);
   // Two rows of 32 tokens (the same on every rank): packed documents whose boundaries fall inside chunks, and a row
   // with left padding.
   const int64_t s = 32;
@@ -242,13 +246,8 @@ TEST(DistWorker, ContextParallel) {
 // launches.
 TEST(DistWorker, VocabParallel) {
   if (!is_worker()) GTEST_SKIP() << "a worker of DistTensorParallel.VocabularyParallel*";
-  const dist::Rendezvous rv = dist::rendezvous_from_env();
-  std::shared_ptr<dist::Communicator> comm = dist::Communicator::connect(rv, at::kCPU, std::chrono::seconds(60));
-  ASSERT_EQ(comm->size(), 4);
-  std::shared_ptr<dist::Communicator> pair;
-  for (int g = 0; g < 2; ++g) {
-    if (auto c = comm->new_group({2 * g, 2 * g + 1})) pair = c;
-  }
+  const std::vector<std::shared_ptr<models::TensorParallelGroup>> groups = whole_world_and_pairs();
+  ASSERT_EQ(groups[0]->size(), 4);
   const int64_t vocab = 12;
   at::manual_seed(3);  // the same on every rank
   const at::Tensor logits = at::randn({2, 8, vocab}, at::kFloat) * 3;
@@ -258,7 +257,7 @@ TEST(DistWorker, VocabParallel) {
   batch.labels.index_put_({0, 3}, data::kIgnoreLabel);
   const at::Tensor table = at::randn({vocab, 5}, at::kFloat);
   const at::Tensor ids = at::randint(0, vocab, {3, 7}, at::kLong);
-  for (const auto& group : {dist::group_collectives(comm), dist::group_collectives(pair)}) {
+  for (const auto& group : groups) {
     const models::VocabShard v = models::vocab_shard(vocab, *group);
     ASSERT_EQ(v.rows, vocab / group->size());
     for (const models::CrossEntropyOptions o :
