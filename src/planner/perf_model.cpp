@@ -199,50 +199,52 @@ std::vector<std::pair<int64_t, int64_t>> mesh_degrees(const JobProfile& job, con
   return out;
 }
 
+// Every fitting configuration on exactly `g` devices (see enumerate_candidates), appended to `out`.
+void enumerate_on(const JobProfile& job, const Cluster& cluster, int64_t g, std::vector<Candidate>& out) {
+  std::vector<ShardingStrategy> strategies = {ShardingStrategy::kNoShard};
+  if (g > 1) {
+    strategies.push_back(ShardingStrategy::kShardGradOp);
+    strategies.push_back(ShardingStrategy::kFullShard);
+  }
+  if (g > cluster.devices_per_node) strategies.push_back(ShardingStrategy::kHybridShard);
+  for (const auto& [t, cp] : mesh_degrees(job, cluster, g)) {
+    const int64_t device_batch = job.global_batch / (g / (t * cp));
+    std::vector<int64_t> microbatches;
+    for (int64_t mb = 1; mb < device_batch; mb *= 2) microbatches.push_back(mb);
+    microbatches.push_back(device_batch);
+    for (ShardingStrategy s : strategies) {
+      if (t > 1 && s == ShardingStrategy::kNoShard) continue;
+      for (bool ckpt : {false, true}) {
+        for (int64_t mb : microbatches) {
+          Candidate c = model_candidate(job, cluster, g, s, ckpt, mb, t, cp);
+          if (c.fits) out.push_back(c);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<int64_t> device_counts(const JobProfile& job, const Cluster& cluster) {
   std::vector<int64_t> out;
-  auto runs = [&](int64_t g) { return !mesh_degrees(job, cluster, g).empty(); };
   for (int64_t g = 1; g <= cluster.devices_per_node; g *= 2) {
-    if (runs(g)) out.push_back(g);
+    if (job.global_batch % g == 0) out.push_back(g);
   }
-  if (!is_power_of_two(cluster.devices_per_node) && runs(cluster.devices_per_node)) {
+  if (!is_power_of_two(cluster.devices_per_node) && job.global_batch % cluster.devices_per_node == 0) {
     out.push_back(cluster.devices_per_node);  // a whole node of, say, 6 devices
   }
   const int64_t max_nodes = std::min(job.max_nodes, cluster.nodes);
   for (int64_t nodes = 2; nodes <= max_nodes; nodes *= 2) {
     const int64_t g = nodes * cluster.devices_per_node;
-    if (runs(g)) out.push_back(g);
+    if (job.global_batch % g == 0) out.push_back(g);
   }
   return out;
 }
 
 std::vector<Candidate> enumerate_candidates(const JobProfile& job, const Cluster& cluster) {
   std::vector<Candidate> out;
-  for (int64_t g : device_counts(job, cluster)) {
-    std::vector<ShardingStrategy> strategies = {ShardingStrategy::kNoShard};
-    if (g > 1) {
-      strategies.push_back(ShardingStrategy::kShardGradOp);
-      strategies.push_back(ShardingStrategy::kFullShard);
-    }
-    if (g > cluster.devices_per_node) strategies.push_back(ShardingStrategy::kHybridShard);
-    for (const auto& [t, cp] : mesh_degrees(job, cluster, g)) {
-      const int64_t device_batch = job.global_batch / (g / (t * cp));
-      std::vector<int64_t> microbatches;
-      for (int64_t mb = 1; mb < device_batch; mb *= 2) microbatches.push_back(mb);
-      microbatches.push_back(device_batch);
-      for (ShardingStrategy s : strategies) {
-        if (t > 1 && s == ShardingStrategy::kNoShard) continue;
-        for (bool ckpt : {false, true}) {
-          for (int64_t mb : microbatches) {
-            Candidate c = model_candidate(job, cluster, g, s, ckpt, mb, t, cp);
-            if (c.fits) out.push_back(c);
-          }
-        }
-      }
-    }
-  }
+  for (int64_t g : device_counts(job, cluster)) enumerate_on(job, cluster, g, out);
   return out;
 }
 
@@ -319,11 +321,12 @@ std::string render_estimate(const ScalingEstimate& e, const JobProfile& job, con
 std::string render_recommendation(const JobProfile& job, const Cluster& cluster, int64_t devices,
                                   const Candidate& configured) {
   const Candidate* best = nullptr;
-  JobProfile whole = job;  // the dry run plans for the devices it is given, across as many nodes as they span
-  whole.max_nodes = cluster.nodes;
-  const std::vector<Candidate> all = enumerate_candidates(whole, cluster);
+  // The devices the dry run is given, with any mesh whose data-parallel ranks divide the batch (also more devices than
+  // samples, through tensor or context parallelism).
+  std::vector<Candidate> all;
+  enumerate_on(job, cluster, devices, all);
   for (const Candidate& c : all) {
-    if (c.devices == devices && (best == nullptr || c.step_s < best->step_s)) best = &c;
+    if (best == nullptr || c.step_s < best->step_s) best = &c;
   }
   if (best == nullptr)
     return fmt::format("  recommendation      nothing the model considers fits {} devices\n", devices);

@@ -73,8 +73,8 @@ Candidate model_candidate(const JobProfile& job, const Cluster& cluster, int64_t
                           int64_t tensor_parallel = 1, int64_t context_parallel = 1);
 
 // The device counts a job may run on: powers of two up to a node's devices, then whole nodes (2, 4, ... up to the
-// job's max_nodes and the cluster's), each with data-parallel ranks (the count, or the count / (T x C) for tensor- and
-// context-parallel degrees the job and a node allow) that divide the job's global batch.
+// job's max_nodes and the cluster's), each dividing the job's global batch (one sample or more per device group of the
+// plain data-parallel layout; the dry run's recommendation also considers more devices than that).
 std::vector<int64_t> device_counts(const JobProfile& job, const Cluster& cluster);
 
 // Every configuration that fits, for each device count: the strategies that apply (one device: NO_SHARD only;
@@ -104,9 +104,8 @@ ScalingEstimate estimate_scaling(const JobProfile& job, const Cluster& cluster, 
 // The estimate as the dry run prints it (steps = 0: no time to train, e.g. a duration in epochs).
 std::string render_estimate(const ScalingEstimate& e, const JobProfile& job, const Cluster& cluster);
 // The fastest configuration the model finds on exactly `devices` devices (every strategy, tensor- and context-parallel
-// degree,
-// activation checkpointing and microbatch size enumerate_candidates considers), against `configured` (the recipe's):
-// the dry run's recommendation. Says so when nothing fits.
+// degree whose data-parallel ranks divide the batch, activation checkpointing and microbatch size), against
+// `configured` (the recipe's): the dry run's recommendation. Says so when nothing fits.
 std::string render_recommendation(const JobProfile& job, const Cluster& cluster, int64_t devices,
                                   const Candidate& configured);
 
