@@ -179,8 +179,9 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   double scale, double dropout, bool training) {
   if (!in.context) return attend_gathered(q, k, v, in, scale, dropout, training);
   // Context parallelism: this rank's queries over every rank's keys and values (the mask's columns follow their order).
-  return attend_gathered(q, context_gather(k, 2, in.context->group), context_gather(v, 2, in.context->group), in, scale,
-                         dropout, training);
+  const std::shared_ptr<TensorParallelGroup>& group = in.context->group;
+  return attend_gathered(q, gather_along(k, 2, group, /*sum_gradient=*/true),
+                         gather_along(v, 2, group, /*sum_gradient=*/true), in, scale, dropout, training);
 }
 
 }  // namespace tessera::models

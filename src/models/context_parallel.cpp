@@ -1,9 +1,7 @@
-// Context parallelism's cut of the sequence, its key/value gather and the attention inputs of a shard (see
-// context_parallel.h).
+// Context parallelism's cut of the sequence and the attention inputs of a shard (see context_parallel.h).
 #include "tessera/models/context_parallel.h"
 
 #include <fmt/format.h>
-#include <torch/csrc/autograd/custom_function.h>
 
 #include <limits>
 #include <utility>
@@ -14,31 +12,6 @@
 
 namespace tessera::models {
 namespace {
-
-// Dimension `dim` of x through the group's dimension-0 collectives.
-at::Tensor gather_along(const at::Tensor& x, int64_t dim, TensorParallelGroup* group) {
-  return group->all_gather(x.movedim(dim, 0).contiguous()).movedim(0, dim);
-}
-at::Tensor reduce_scatter_along(const at::Tensor& x, int64_t dim, TensorParallelGroup* group) {
-  return group->reduce_scatter(x.movedim(dim, 0).contiguous()).movedim(0, dim);
-}
-
-struct GatherFunction : public torch::autograd::Function<GatherFunction> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t dim,
-                            TensorParallelGroup* group) {
-    ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
-    ctx->saved_data["dim"] = dim;
-    return gather_along(x, dim, group);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    auto* group = reinterpret_cast<TensorParallelGroup*>(ctx->saved_data["group"].toInt());
-    // Every rank's queries read this rank's keys: their gradients are summed over the group.
-    at::Tensor g =
-        grads[0].defined() ? reduce_scatter_along(grads[0], ctx->saved_data["dim"].toInt(), group) : at::Tensor();
-    return {g, at::Tensor(), at::Tensor()};
-  }
-};
 
 at::Tensor take_positions(const at::Tensor& t, const at::Tensor& positions) {
   return t.defined() ? t.index_select(1, positions.to(t.device())) : t;
@@ -67,7 +40,6 @@ std::shared_ptr<const ContextShard> make_context_shard(std::shared_ptr<TensorPar
                             degree, seq_len, 2 * degree, 2 * degree));
   }
   auto shard = std::make_shared<ContextShard>();
-  shard->seq_len = seq_len;
   std::vector<int64_t> order;
   order.reserve(static_cast<size_t>(seq_len));
   for (int64_t r = 0; r < degree; ++r) {
@@ -89,11 +61,6 @@ data::TokenBatch context_shard_batch(const data::TokenBatch& batch, const Contex
   out.attention_mask = take_positions(batch.attention_mask, shard.positions);
   out.sequence_id = take_positions(batch.sequence_id, shard.positions);
   return out;
-}
-
-at::Tensor context_gather(const at::Tensor& x, int64_t dim, const std::shared_ptr<TensorParallelGroup>& group) {
-  if (!group || group->size() == 1) return x;
-  return GatherFunction::apply(x, dim, group.get());
 }
 
 AttentionInputs context_parallel_inputs(const AttentionInputs& in, std::shared_ptr<const ContextShard> shard,

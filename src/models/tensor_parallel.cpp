@@ -40,84 +40,68 @@ struct ExitFunction : public torch::autograd::Function<ExitFunction> {
   }
 };
 
-// Dimension 1 of (B, S, ...) through a dimension-0 collective of the group.
-at::Tensor gather_dim1(const at::Tensor& x, TensorParallelGroup* group) {
-  return group->all_gather(x.transpose(0, 1).contiguous()).transpose(0, 1);
+// Dimension `dim` of x through a dimension-0 collective of the group.
+at::Tensor gather_dim(const at::Tensor& x, int64_t dim, TensorParallelGroup* group) {
+  return group->all_gather(x.movedim(dim, 0).contiguous()).movedim(0, dim);
 }
-at::Tensor reduce_scatter_dim1(const at::Tensor& x, TensorParallelGroup* group) {
-  return group->reduce_scatter(x.transpose(0, 1).contiguous()).transpose(0, 1);
+at::Tensor reduce_scatter_dim(const at::Tensor& x, int64_t dim, TensorParallelGroup* group) {
+  return group->reduce_scatter(x.movedim(dim, 0).contiguous()).movedim(0, dim);
 }
-at::Tensor share_dim1(const at::Tensor& x, TensorParallelGroup* group) {
-  const int64_t share = x.size(1) / group->size();
-  return x.narrow(1, group->rank() * share, share).contiguous();
+at::Tensor share_dim(const at::Tensor& x, int64_t dim, TensorParallelGroup* group) {
+  const int64_t share = x.size(dim) / group->size();
+  return x.narrow(dim, group->rank() * share, share).contiguous();
 }
 
-// Sequence parallelism's four boundaries: (forward, backward) = (share, all-gather), (all-gather, share),
+// The four boundaries along one dimension (the sequence for sequence parallelism, the keys' positions for context
+// parallelism, the vocabulary for the head): (forward, backward) = (share, all-gather), (all-gather, share),
 // (all-gather, reduce-scatter), (reduce-scatter, all-gather).
 enum class SeqOp { kScatter, kGather, kGatherToSplit, kReduceScatter };
 
 struct SequenceFunction : public torch::autograd::Function<SequenceFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, TensorParallelGroup* group,
-                            int64_t op) {
+                            int64_t op, int64_t dim) {
     ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
     ctx->saved_data["op"] = op;
+    ctx->saved_data["dim"] = dim;
     switch (static_cast<SeqOp>(op)) {
       case SeqOp::kScatter:
-        return share_dim1(x, group);
+        return share_dim(x, dim, group);
       case SeqOp::kGather:
       case SeqOp::kGatherToSplit:
-        return gather_dim1(x, group);
+        return gather_dim(x, dim, group);
       case SeqOp::kReduceScatter:
-        return reduce_scatter_dim1(x, group);
+        return reduce_scatter_dim(x, dim, group);
     }
     return x;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto* group = reinterpret_cast<TensorParallelGroup*>(ctx->saved_data["group"].toInt());
+    const int64_t dim = ctx->saved_data["dim"].toInt();
     const at::Tensor& g = grads[0];
     at::Tensor out;
     if (g.defined()) {
       switch (static_cast<SeqOp>(ctx->saved_data["op"].toInt())) {
         case SeqOp::kScatter:
         case SeqOp::kReduceScatter:
-          out = gather_dim1(g, group);
+          out = gather_dim(g, dim, group);
           break;
         case SeqOp::kGather:
-          out = share_dim1(g, group);
+          out = share_dim(g, dim, group);
           break;
         case SeqOp::kGatherToSplit:
-          out = reduce_scatter_dim1(g, group);
+          out = reduce_scatter_dim(g, dim, group);
           break;
       }
     }
-    return {out, at::Tensor(), at::Tensor()};
+    return {out, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
-at::Tensor sequence_op(const at::Tensor& x, const std::shared_ptr<TensorParallelGroup>& group, SeqOp op) {
-  return SequenceFunction::apply(x, group.get(), static_cast<int64_t>(op));
+at::Tensor sequence_op(const at::Tensor& x, const std::shared_ptr<TensorParallelGroup>& group, SeqOp op,
+                       int64_t dim = 1) {
+  return SequenceFunction::apply(x, group.get(), static_cast<int64_t>(op), dim);
 }
-
-// The last dimension of every rank's x joined (forward); this rank's share of the gradient (backward).
-struct VocabGatherFunction : public torch::autograd::Function<VocabGatherFunction> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, TensorParallelGroup* group) {
-    ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
-    const int64_t last = x.dim() - 1;
-    return group->all_gather(x.movedim(last, 0).contiguous()).movedim(0, last);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    auto* group = reinterpret_cast<TensorParallelGroup*>(ctx->saved_data["group"].toInt());
-    const at::Tensor& g = grads[0];
-    at::Tensor out;
-    if (g.defined()) {
-      const int64_t share = g.size(-1) / group->size();
-      out = g.narrow(-1, group->rank() * share, share).contiguous();
-    }
-    return {out, at::Tensor()};
-  }
-};
 
 }  // namespace
 
@@ -136,9 +120,14 @@ at::Tensor vocab_parallel_embedding(const at::Tensor& weight, const at::Tensor& 
   return tensor_parallel_exit(rows, group);
 }
 
+at::Tensor gather_along(const at::Tensor& x, int64_t dim, const std::shared_ptr<TensorParallelGroup>& group,
+                        bool sum_gradient) {
+  if (!group || group->size() == 1) return x;
+  return sequence_op(x, group, sum_gradient ? SeqOp::kGatherToSplit : SeqOp::kGather, dim);
+}
+
 at::Tensor vocab_gather(const at::Tensor& local_logits, const std::shared_ptr<TensorParallelGroup>& group) {
-  if (!group || group->size() == 1) return local_logits;
-  return VocabGatherFunction::apply(local_logits, group.get());
+  return gather_along(local_logits, local_logits.dim() - 1, group, /*sum_gradient=*/false);
 }
 
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local_logits, const at::Tensor& targets, int64_t vocab,

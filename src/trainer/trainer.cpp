@@ -486,6 +486,7 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
   // scaled by the group's size, the engine's average over every rank sums the group's shares.
   const std::shared_ptr<models::TensorParallelGroup> context = state_.parallel->context_parallel_group();
   const double context_scale = context ? static_cast<double>(context->size()) : 1.0;
+  std::shared_ptr<const models::ContextShard> shard;  // the microbatches' cut, made once per sequence length
   // Vocabulary parallelism: the model's head returns this rank's share of the vocabulary's logits and the built-in
   // cross-entropy reduces over the group instead of gathering them (a registered loss gets whole logits).
   const std::shared_ptr<models::TensorParallelGroup> vocab = state_.model->vocab_parallel_group();
@@ -505,7 +506,11 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
       models::ForwardOptions fo = forward_options(whole);
       fo.vocab_parallel = vocab_parallel;
       if (context) {
-        fo.context = models::make_context_shard(context, whole.input_ids.size(1), whole.input_ids.device());
+        const int64_t seq = whole.input_ids.size(1);
+        if (!shard || shard->key_order.size(0) != seq) {
+          shard = models::make_context_shard(context, seq, whole.input_ids.device());
+        }
+        fo.context = shard;
         state_.batch = models::context_shard_batch(whole, *fo.context);  // what the loss and callbacks see
       }
       {

@@ -3,9 +3,10 @@
 // runs the decoder layers, the head and the loss on its share of the positions:
 //   - load balancing: the sequence is cut into 2C equal chunks and rank r holds chunks r and 2C - 1 - r, so that under
 //     causal masking every rank has the same attention work;
-//   - each attention layer all-gathers the keys and values of the whole sequence over the group (context_gather: their
-//     gradients reduce-scattered back in backward) and attends from this rank's queries, with the mask's rows at this
-//     rank's positions and its columns in the gathered keys' order (context_parallel_inputs, attention.h);
+//   - each attention layer all-gathers the keys and values of the whole sequence over the group (gather_along in
+//     tensor_parallel.h: their gradients reduce-scattered back in backward) and attends from this rank's queries, with
+//     the mask's rows at this rank's positions and its columns in the gathered keys' order (context_parallel_inputs,
+//     attention.h);
 //   - rotary tables, learned positions and packed-document masks are computed for the whole sequence before the cut,
 //     so every token keeps its own position and document;
 //   - the logits and the loss are this rank's positions only (a long sequence's logits are never whole on one rank);
@@ -28,10 +29,8 @@ namespace tessera::models {
 // One forward's cut of a sequence over a context-parallel group.
 struct ContextShard {
   std::shared_ptr<TensorParallelGroup> group;  // the group's collectives (the engine's, as for tensor parallelism)
-  int64_t seq_len = 0;                         // the whole sequence
-  at::Tensor positions;                        // (seq_len / C,) int64: this rank's positions, its two chunks in order
-  at::Tensor key_order;                        // (seq_len,) int64: every rank's positions in rank order (the order of
-                                               // the gathered keys)
+  at::Tensor positions;                        // (S / C,) int64: this rank's positions, its two chunks in order
+  at::Tensor key_order;  // (S,) int64: every rank's positions in rank order (the order of the gathered keys)
 };
 
 // The positions rank `rank` of `degree` holds of a sequence of `seq_len` tokens (a multiple of 2 * degree): chunks
@@ -47,9 +46,5 @@ std::shared_ptr<const ContextShard> make_context_shard(std::shared_ptr<TensorPar
 // positions, and `targets` set to each one's next-token target (the loss's and metrics' view of the logits the model
 // returns under the shard).
 data::TokenBatch context_shard_batch(const data::TokenBatch& batch, const ContextShard& shard);
-
-// Every rank's `x` joined along `dim` in rank order (forward); in backward, this rank's part of the gradient summed
-// over the group (a reduce-scatter): keys and values gathered for attention.
-at::Tensor context_gather(const at::Tensor& x, int64_t dim, const std::shared_ptr<TensorParallelGroup>& group);
 
 }  // namespace tessera::models

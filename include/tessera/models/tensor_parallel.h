@@ -105,6 +105,12 @@ VocabShard vocab_shard(int64_t vocab, const TensorParallelGroup& group);
 at::Tensor vocab_parallel_embedding(const at::Tensor& weight, const at::Tensor& ids, int64_t vocab, int64_t padding_idx,
                                     const std::shared_ptr<TensorParallelGroup>& group);
 
+// Every rank's x joined along `dim` in rank order. Backward: with `sum_gradient`, this rank's part of the gradient
+// summed over the group (reduce-scatter: every rank's result depends on this rank's part, as keys gathered for
+// context parallelism); without, this rank's part of its own gradient (what follows runs alike on every rank).
+at::Tensor gather_along(const at::Tensor& x, int64_t dim, const std::shared_ptr<TensorParallelGroup>& group,
+                        bool sum_gradient);
+
 // This rank's share of the vocabulary's logits (B, S, V / T) joined over the group: (B, S, V). What follows runs
 // alike on every rank, so backward keeps this rank's share of the gradient.
 at::Tensor vocab_gather(const at::Tensor& local_logits, const std::shared_ptr<TensorParallelGroup>& group);
