@@ -256,6 +256,10 @@ TEST(Plan, TensorParallelismSplitsTheBlocksWeightsAndSumsTheirOutputs) {
   EXPECT_NE(text.find("groups of 2 ranks (4 data-parallel), 123,681,792 split parameters in 12 layers"),
             std::string::npos)
       << text;
+  // A vocabulary that does not divide by the degree keeps the table and head whole: the blocks alone split.
+  const TrainConfig odd = load_train_config(
+      kRecipe, {"fsdp_config=null", "parallelism={tensor_parallel_degree: 2}", "model.vocab_size=50369"});
+  EXPECT_EQ(make_plan(odd, 8, 8).tensor_split.params, 12 * block);
 }
 
 TEST(Plan, ActivationCheckpointingKeepsOnlyBlockInputs) {
