@@ -98,15 +98,15 @@ at::Tensor next_token_targets(const data::TokenBatch& batch) {
 
 at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, int64_t ignore_index,
                           at::Reduction::Reduction reduction) {
-  const int64_t v = logits.size(2);
-  return at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, v}), next_token_targets(labels, ignore_index), {},
-                                reduction, ignore_index);
+  const at::Tensor targets = next_token_targets(labels, ignore_index);
+  const at::Tensor sum = chunked_cross_entropy(logits.reshape({-1, logits.size(2)}), targets, {}, ignore_index);
+  if (reduction == at::Reduction::Sum) return sum;
+  TORCH_CHECK(reduction == at::Reduction::Mean, "causal_lm_loss: reduction must be Mean or Sum");
+  return sum / targets.ne(ignore_index).sum();  // 0 / 0 = nan without loss tokens, as torch's mean
 }
 
 at::Tensor CausalLM::loss(const at::Tensor& logits, const data::TokenBatch& batch) const {
-  const int64_t v = logits.size(2);
-  return at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, v}), next_token_targets(batch), {},
-                                at::Reduction::Sum, data::kIgnoreLabel);
+  return chunked_cross_entropy(logits.reshape({-1, logits.size(2)}), next_token_targets(batch));
 }
 
 }  // namespace tessera::models

@@ -38,6 +38,15 @@ struct CrossEntropyOptions {
   double z_loss = 0.0;
 };
 
+// Cross-entropy of `logits` (N, V), any floating dtype, against `targets` (N) int64, SUMMED over the rows whose target
+// is not `ignore_index`: torch's cross_entropy (label smoothing as torch defines it) plus z_loss * logsumexp^2 per
+// counted row. Computed in fp32 a chunk of rows at a time, forward and backward: the whole (N, V) fp32 log-softmax and
+// gradient that `cross_entropy(logits.float())` keeps are never made; backward writes the gradient straight in the
+// logits' dtype, recomputing each chunk's softmax (torch's own kernels: it equals the unchunked loss to rounding).
+// `chunk_elements`: logits per chunk (0: 4 Mi on a CPU, 32 Mi on a GPU). No host synchronisation.
+at::Tensor chunked_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, const CrossEntropyOptions& o = {},
+                                 int64_t ignore_index = data::kIgnoreLabel, int64_t chunk_elements = 0);
+
 class CrossEntropyLoss : public Loss {
  public:
   explicit CrossEntropyLoss(CrossEntropyOptions o = {}) : o_(o) {}
