@@ -108,15 +108,20 @@ void GradientClipping::apply(core::Event /*event*/, core::State& state, core::Lo
   if (params.empty()) return;
   const double thr = o_.clipping_threshold;
   if (o_.clipping_type == "norm") {
+    // Multi-tensor kernels (torch's clip_grad_norm_ with foreach): one launch for every gradient of a dtype, and
+    // no host synchronisation (the coefficient stays on the device).
+    std::map<at::ScalarType, std::vector<at::Tensor>> grads;
+    for (const at::Tensor& p : params) grads[p.grad().scalar_type()].push_back(p.grad());
     std::vector<at::Tensor> norms;
-    norms.reserve(params.size());
-    for (const at::Tensor& p : params) norms.push_back(at::linalg_vector_norm(p.grad().to(at::kFloat), 2));
+    for (const auto& [dtype, g] : grads) {
+      for (const at::Tensor& n : at::_foreach_norm(g, 2)) norms.push_back(n.to(at::kFloat));
+    }
     // With sharded gradients each rank holds a part: the global norm sums the squares over the shard group.
     const at::Tensor local_sq = at::stack(norms).square().sum().reshape({1});
     const at::Tensor total = state.sum_over_shards(local_sq).sqrt().squeeze();
-    last_norm_ = total.item<double>();
+    last_norm_ = total;
     const at::Tensor coef = at::clamp_max(thr / (total + 1e-6), 1.0);
-    for (at::Tensor& p : params) p.mutable_grad().mul_(coef.to(p.grad().scalar_type()));
+    for (auto& [dtype, g] : grads) at::_foreach_mul_(g, coef.to(dtype));
   } else if (o_.clipping_type == "value") {
     for (at::Tensor& p : params) p.mutable_grad().clamp_(-thr, thr);
   } else {  // adaptive

@@ -4,18 +4,37 @@
 #include "tessera/optim/optimizer.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/_foreach_add.h>
+#include <ATen/ops/_foreach_copy.h>
+#include <ATen/ops/_foreach_lerp.h>
 #include <ATen/ops/_foreach_mul.h>
+#include <ATen/ops/_foreach_sign.h>
 #include <ATen/ops/_fused_adamw.h>
 #include <ATen/ops/full.h>
 #include <fmt/format.h>
 
 #include <cmath>
 #include <map>
+#include <optional>
+#include <unordered_map>
 
 #include "tessera/util/error.h"
 
 namespace tessera::optim {
 namespace {
+
+// The indices of the parameters with a gradient, when all of them are dense fp32 (what the multi-tensor kernels
+// update in place); nullopt otherwise (then update() runs per parameter).
+std::optional<std::vector<size_t>> dense_fp32_with_grads(const std::vector<at::Tensor>& params) {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i];
+    if (!p.grad().defined()) continue;
+    if (p.scalar_type() != at::kFloat || p.grad().scalar_type() != at::kFloat || p.is_sparse()) return std::nullopt;
+    out.push_back(i);
+  }
+  return out;
+}
 
 class Adam : public Optimizer {
  public:
@@ -28,18 +47,22 @@ class Adam : public Optimizer {
   // All fp32 parameters in one call of ATen's fused AdamW kernel (PyTorch's `fused=True` path): one pass over each
   // tensor instead of five allocating ops. The math is update()'s; decoupled decay is applied first, as there.
   bool update_all(double lr) override {
+    const auto index = dense_fp32_with_grads(params_);
+    if (!index) return false;
+    if (index->empty()) return true;
     std::vector<at::Tensor> params, grads, ms, vs, steps;
-    for (size_t i = 0; i < params_.size(); ++i) {
+    // The kernel only reads the step count: one tensor per device serves every parameter (one fill, not one each).
+    std::unordered_map<at::Device, at::Tensor> step_on;
+    for (const size_t i : *index) {
       const at::Tensor& p = params_[i];
-      if (!p.grad().defined()) continue;
-      if (p.scalar_type() != at::kFloat || p.grad().scalar_type() != at::kFloat || p.is_sparse()) return false;
       params.push_back(p);
       grads.push_back(p.grad());
       ms.push_back(slot(i, 0));
       vs.push_back(slot(i, 1));
-      steps.push_back(at::full({}, static_cast<double>(step_), p.options().dtype(at::kFloat)));
+      at::Tensor& step = step_on[p.device()];
+      if (!step.defined()) step = at::full({}, static_cast<double>(step_), p.options().dtype(at::kFloat));
+      steps.push_back(step);
     }
-    if (params.empty()) return true;
     double weight_decay = 0;
     if (o_.weight_decay != 0) {
       if (decoupled_) {
@@ -80,6 +103,24 @@ class Lion : public Optimizer {
 
  protected:
   std::vector<std::string> state_names() const override { return {"exp_avg"}; }
+  // update()'s four steps, each one multi-tensor call over every parameter.
+  bool update_all(double lr) override {
+    const auto index = dense_fp32_with_grads(params_);
+    if (!index) return false;
+    if (index->empty()) return true;
+    std::vector<at::Tensor> params, grads, ms;
+    for (const size_t i : *index) {
+      params.push_back(params_[i]);
+      grads.push_back(params_[i].grad());
+      ms.push_back(slot(i, 0));
+    }
+    if (o_.weight_decay != 0) at::_foreach_mul_(params, 1.0 - (o_.lr != 0 ? lr / o_.lr : 1.0) * o_.weight_decay);
+    std::vector<at::Tensor> direction = at::_foreach_lerp(ms, grads, 1.0 - o_.betas.at(0));
+    at::_foreach_sign_(direction);
+    at::_foreach_add_(params, direction, -lr);
+    at::_foreach_lerp_(ms, grads, 1.0 - o_.betas.at(1));
+    return true;
+  }
   void update(size_t i, at::Tensor& param, const at::Tensor& grad, double lr) override {
     if (o_.weight_decay != 0) param.mul_(1.0 - (o_.lr != 0 ? lr / o_.lr : 1.0) * o_.weight_decay);
     at::Tensor& m = slot(i, 0);
@@ -95,6 +136,34 @@ class SGDW : public Optimizer {
  protected:
   std::vector<std::string> state_names() const override {
     return o_.momentum != 0 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
+  }
+  // update() as multi-tensor calls: buffers that start copy their first gradient, the others decay and accumulate.
+  bool update_all(double lr) override {
+    const auto index = dense_fp32_with_grads(params_);
+    if (!index) return false;
+    if (index->empty()) return true;
+    std::vector<at::Tensor> params, grads, bufs, new_bufs, new_grads, old_bufs, old_grads;
+    for (const size_t i : *index) {
+      params.push_back(params_[i]);
+      grads.push_back(params_[i].grad());
+      if (o_.momentum == 0) continue;
+      const bool first = slots_[i].empty();
+      bufs.push_back(slot(i, 0));
+      (first ? new_bufs : old_bufs).push_back(bufs.back());
+      (first ? new_grads : old_grads).push_back(grads.back());
+    }
+    std::vector<at::Tensor> direction = grads;
+    if (o_.momentum != 0) {
+      if (!new_bufs.empty()) at::_foreach_copy_(new_bufs, new_grads);
+      if (!old_bufs.empty()) {
+        at::_foreach_mul_(old_bufs, o_.momentum);
+        at::_foreach_add_(old_bufs, old_grads, 1.0 - o_.dampening);
+      }
+      direction = o_.nesterov ? at::_foreach_add(grads, bufs, o_.momentum) : bufs;
+    }
+    if (o_.weight_decay != 0) at::_foreach_mul_(params, 1.0 - (o_.lr != 0 ? lr / o_.lr : 1.0) * o_.weight_decay);
+    at::_foreach_add_(params, direction, -lr);
+    return true;
   }
   void update(size_t i, at::Tensor& param, const at::Tensor& grad, double lr) override {
     at::Tensor d = grad;

@@ -28,12 +28,13 @@ class GradientClipping : public core::Algorithm {
   std::string name() const override { return "GradientClipping"; }
   bool match(core::Event event, const core::State& state) const override;
   void apply(core::Event event, core::State& state, core::Logger& logger) override;
-  // The global L2 norm of the gradients before clipping, as of the last apply().
-  double last_norm() const { return last_norm_; }
+  // The global L2 norm of the gradients before clipping, as of the last apply() (read from the device only when
+  // asked: apply() itself does not wait for the GPU).
+  double last_norm() const { return last_norm_.defined() ? last_norm_.item<double>() : 0.0; }
 
  private:
   GradientClippingOptions o_;
-  double last_norm_ = 0;
+  at::Tensor last_norm_;
 };
 
 // alibi: at INIT, rebuilds the model with ALiBi attention (learned positions dropped, alibi_bias_max, max_seq_len =
