@@ -121,7 +121,10 @@ models::ForwardOptions forward_options(const data::TokenBatch& b) {
 data::TokenBatch to_device(data::TokenBatch b, const at::Device& device, bool non_blocking) {
   if (!device.is_cuda()) return b;
   for (at::Tensor* t : {&b.input_ids, &b.labels, &b.attention_mask, &b.sequence_id}) {
-    if (t->defined()) *t = t->to(device, non_blocking);
+    if (!t->defined()) continue;
+    // A non-blocking copy is asynchronous only from page-locked memory (from pageable memory the host waits for it):
+    // through the caching host allocator, whose block is reused only once the copy has run.
+    *t = non_blocking && t->is_cpu() ? t->pin_memory().to(device, /*non_blocking=*/true) : t->to(device, non_blocking);
   }
   return b;
 }
@@ -493,7 +496,9 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
   const auto* cross_entropy = dynamic_cast<const models::CrossEntropyLoss*>(loss_.get());
   const bool vocab_parallel = vocab && cfg_.fsdp.loss_parallel && (!loss_ || cross_entropy);
   const models::CrossEntropyOptions ce = cross_entropy ? cross_entropy->options() : models::CrossEntropyOptions{};
-  double total = 0;
+  // The step's loss, accumulated on the device: read once per step, after the last microbatch (no host sync per
+  // microbatch).
+  at::Tensor total = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(state_.device));
   aux_losses_.clear();
   expert_counts_.clear();
   try {
@@ -545,14 +550,16 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
         state_.model->set_auxiliary_loss_scale(share * (loss_scaler_.enabled() ? loss_scaler_.loss_scale() : 1.0));
         for (const auto& [name, value] : aux) {
           state_.loss = state_.loss + value.to(state_.loss.scalar_type()) * share;
-          aux_losses_[name] += value.item<double>() * share;
+          at::Tensor& sum = aux_losses_[name];
+          const at::Tensor part = value.detach().to(at::kDouble).reshape({1}) * share;
+          sum = sum.defined() ? sum + part : part;
         }
       }
       for (const auto& routed : state_.model->expert_token_counts()) {
         const std::string& router = routed.first;
         auto it = std::find_if(expert_counts_.begin(), expert_counts_.end(),
                                [&router](const auto& entry) { return entry.first == router; });
-        const at::Tensor counts = routed.second.to(at::kCPU, at::kDouble);
+        const at::Tensor counts = routed.second.to(at::kDouble);  // on the device until logged
         if (it == expert_counts_.end()) {
           expert_counts_.emplace_back(router, counts);
         } else {
@@ -564,7 +571,7 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
       loss_scaler_.scale(state_.loss).backward();
       state_.parallel->finish_backward();
       engine_->run_event(Event::kAfterBackward);
-      total += state_.loss.item<double>();
+      total.add_(state_.loss.detach().reshape({1}));
     }
   } catch (const std::exception& e) {
     if (oom_retry_.absorb(e, *state_.parallel)) return false;
@@ -573,7 +580,8 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
   // A rank that ran out of memory after its last collective tells the others here.
   if (oom_retry_.peer_failed(*state_.parallel)) return false;
   // The logged loss is the mean over every rank's device batch (Composer all-reduces it too).
-  state_.train_loss = sum_over_ranks(state_, {total})[0] / static_cast<double>(state_.world_size);
+  state_.comm->all_reduce(total).wait();
+  state_.train_loss = total.item<double>() / static_cast<double>(state_.world_size);
   return true;
 }
 
@@ -630,17 +638,24 @@ void Trainer::fit() {
         epoch_done = true;
         break;
       }
+      // Tokens counted on the host before the copy (on the device a count would wait for the GPU), and again only if
+      // an algorithm replaced the batch (sequence-length warmup truncates it at AFTER_DATALOADER).
+      const int64_t host_tokens = count_tokens(*next), host_loss_tokens = data::loss_token_count(*next);
       state_.batch = to_device(std::move(*next), state_.device, /*non_blocking=*/true);
+      const data::TokenBatch sent = state_.batch;
       engine_->run_event(Event::kAfterDataloader);
       engine_->run_event(Event::kBatchStart);
-      int64_t samples = state_.batch.samples, tokens = count_tokens(state_.batch);
+      const bool unchanged = state_.batch.input_ids.is_same(sent.input_ids) &&
+                             state_.batch.labels.is_same(sent.labels) && !state_.batch.targets.defined();
+      int64_t samples = state_.batch.samples, tokens = unchanged ? host_tokens : count_tokens(state_.batch);
+      const int64_t batch_loss_tokens = unchanged ? host_loss_tokens : data::loss_token_count(state_.batch);
       // The timestamp counts every rank's samples and tokens; the loss is normalised by every rank's loss tokens.
       // The same all-reduce tells every rank whether any rank received a preemption signal, so that all stop after
       // the same batch.
       const int signal = preemption_ ? util::PreemptionHandler::received() : 0;
       const std::vector<double> sums =
           sum_over_ranks(state_, {static_cast<double>(samples), static_cast<double>(tokens),
-                                  static_cast<double>(data::loss_token_count(state_.batch)), signal != 0 ? 1.0 : 0.0});
+                                  static_cast<double>(batch_loss_tokens), signal != 0 ? 1.0 : 0.0});
       // A tensor- or context-parallel group's ranks read one batch: it counts once.
       const double copies = static_cast<double>(cfg_.fsdp.batch_replicas());
       samples = static_cast<int64_t>(sums[0] / copies);
@@ -698,9 +713,9 @@ void Trainer::log_mixture_of_experts(Metrics& m) {
   if (aux_losses_.empty() && expert_counts_.empty()) return;
   // One all-reduce for the losses and every router's counts.
   std::vector<double> values;
-  for (const auto& [name, v] : aux_losses_) values.push_back(v);
+  for (const auto& [name, v] : aux_losses_) values.push_back(v.item<double>());
   for (const auto& [router, counts] : expert_counts_) {
-    const at::Tensor c = counts.contiguous();
+    const at::Tensor c = counts.to(at::kCPU).contiguous();
     values.insert(values.end(), c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
   }
   values = sum_over_ranks(state_, values);

@@ -126,7 +126,7 @@ class Trainer {
   // Mixtures of experts: the batch's auxiliary losses (each microbatch's by its share) and the tokens each router
   // sent to each expert (summed over microbatches), logged after the batch; the routers and experts already warned
   // about as starved.
-  std::map<std::string, double> aux_losses_;
+  std::map<std::string, at::Tensor> aux_losses_;  // (1) double, on the device until logged
   std::vector<std::pair<std::string, at::Tensor>> expert_counts_;
   std::set<std::string> starved_warned_;
   void log_mixture_of_experts(core::Metrics& metrics);
