@@ -79,9 +79,8 @@ void SpeedMonitor::run_event(Event event, core::State& s, core::Logger& logger) 
     if (o_.gpu_flops_available) {
       peak_ = *o_.gpu_flops_available;
     } else {
-      const at::ScalarType dtype = s.precision == core::Precision::kFp32
-                                       ? at::kFloat
-                                       : (s.precision == core::Precision::kAmpBf16 ? at::kBFloat16 : at::kHalf);
+      // amp_fp8 counts against the bf16 peak, as MFU is quoted (its float8 GEMMs could reach twice that).
+      const at::ScalarType dtype = core::autocast_dtype(s.precision);
       peak_ = util::measure_matmul_flops(dtype, s.device, 1024, 0.5);
       spdlog::info("speed_monitor: measured peak {:.1f} GFLOP/s ({} GEMM on {}) for MFU", peak_ / 1e9,
                    at::toString(dtype), s.device.str());

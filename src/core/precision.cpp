@@ -11,6 +11,8 @@ std::string to_string(Precision p) {
       return "amp_bf16";
     case Precision::kAmpFp16:
       return "amp_fp16";
+    case Precision::kAmpFp8:
+      return "amp_fp8";
   }
   return "?";
 }
@@ -18,6 +20,7 @@ std::string to_string(Precision p) {
 c10::ScalarType autocast_dtype(Precision p) {
   switch (p) {
     case Precision::kAmpBf16:
+    case Precision::kAmpFp8:
       return c10::kBFloat16;
     case Precision::kAmpFp16:
       return c10::kHalf;

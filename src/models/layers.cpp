@@ -9,6 +9,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "tessera/models/float8.h"
+
 namespace tessera::models {
 namespace {
 
@@ -56,7 +58,7 @@ void LinearImpl::detach_lora() {
 }
 
 at::Tensor LinearImpl::forward(const at::Tensor& x) {
-  at::Tensor y = at::linear(x, weight, bias);
+  at::Tensor y = float8 ? float8_linear(x, weight, bias) : at::linear(x, weight, bias);
   if (!lora_A.defined()) return y;
   const at::Tensor h = lora_dropout > 0 && is_training() ? at::dropout(x, lora_dropout, true) : x;
   return y + at::linear(at::linear(h, lora_A), lora_B) * lora_scale;

@@ -308,7 +308,7 @@ TrainConfig parse_train_config(config::Value resolved, const std::string& path) 
   cfg.precision_auto = precision == "auto";
   if (precision == "fp32") cfg.precision = Precision::kFp32;
   if (precision == "amp_fp16") cfg.precision = Precision::kAmpFp16;
-  if (precision == "amp_fp8") root.not_supported("precision", "amp_fp8");
+  if (precision == "amp_fp8") cfg.precision = Precision::kAmpFp8;
   cfg.device = root.get_choice("device", cfg.device, {"auto", "cpu", "gpu"});
   cfg.seed = root.get_int("seed", 17);
   root.check(cfg.seed >= 0, "seed", "must be non-negative");

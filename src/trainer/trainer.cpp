@@ -22,6 +22,7 @@
 #include "tessera/dist/fsdp.h"
 #include "tessera/loggers/loggers.h"
 #include "tessera/models/context_parallel.h"
+#include "tessera/models/float8.h"
 #include "tessera/models/loss.h"
 #include "tessera/models/metric.h"
 #include "tessera/trainer/trainer_support.h"
@@ -164,6 +165,10 @@ Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config
   build_components(std::move(parts));
   engine_ = std::make_unique<core::Engine>(state_, logger_);
   engine_->run_event(Event::kInit);  // model surgery (alibi, lora, ...) happens here
+  if (state_.precision == Precision::kAmpFp8) {
+    const int64_t layers = models::apply_float8(*state_.model);
+    if (state_.rank == 0) spdlog::info("precision: amp_fp8: {} Linear layers compute their GEMMs in float8", layers);
+  }
   setup_microbatching();
   shard_model();  // after INIT's surgery, before the optimizer sees the parameters
   state_.optimizer = optim::make_optimizer(cfg_.optimizer, state_.trainable_parameters());
@@ -198,6 +203,17 @@ void Trainer::setup_ranks() {
     throw ConfigError("recipe", fmt::format("{}: precision: amp_fp16 needs a GPU (loss scaling is for CUDA); use "
                                             "amp_bf16 or fp32 on CPU",
                                             cfg_.recipe_path));
+  }
+  if (state_.precision == Precision::kAmpFp8) {
+    if (const std::string why = models::float8_unsupported_reason(state_.device); !why.empty()) {
+      throw ConfigError("recipe", fmt::format("{}: precision: amp_fp8: {}; use amp_bf16", cfg_.recipe_path, why));
+    }
+    if (cfg_.fsdp.tensor_parallel_degree > 1) {
+      throw ConfigError("recipe",
+                        fmt::format("{}: precision: amp_fp8 with parallelism.tensor_parallel_degree {}: "
+                                    "not supported yet (the split layers' GEMMs are not float8); use amp_bf16",
+                                    cfg_.recipe_path, cfg_.fsdp.tensor_parallel_degree));
+    }
   }
   if (cfg_.deterministic_mode) {
     setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);

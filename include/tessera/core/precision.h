@@ -8,13 +8,14 @@
 namespace tessera::core {
 
 // fp32: everything in fp32; amp_bf16 / amp_fp16: autocast of forward and loss to bf16 / fp16 with fp32 weights,
-// gradients and optimizer state (amp_fp16 adds dynamic loss scaling and needs a GPU).
-enum class Precision { kFp32, kAmpBf16, kAmpFp16 };
+// gradients and optimizer state (amp_fp16 adds dynamic loss scaling and needs a GPU); amp_fp8: amp_bf16 with the
+// Linear layers' GEMMs in float8 (models/float8.h; a GPU of compute capability 8.9 or newer).
+enum class Precision { kFp32, kAmpBf16, kAmpFp16, kAmpFp8 };
 
-// "fp32", "amp_bf16", "amp_fp16".
+// "fp32", "amp_bf16", "amp_fp16", "amp_fp8".
 std::string to_string(Precision p);
 
-// The dtype autocast computes in: kFloat for fp32, kBFloat16, kHalf.
+// The dtype autocast computes in: kFloat for fp32, kBFloat16 (amp_bf16 and amp_fp8), kHalf.
 c10::ScalarType autocast_dtype(Precision p);
 
 }  // namespace tessera::core

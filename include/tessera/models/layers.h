@@ -30,6 +30,8 @@ class LinearImpl : public torch::nn::Module {
   at::Tensor bias;  // undefined when absent
   // Set on attention out_proj and ffn down_proj: LLM Foundry divides their init by init_div_is_residual.
   bool is_residual = false;
+  // The GEMMs in float8 (models/float8.h; precision: amp_fp8), set by apply_float8(). Weights stay as they are.
+  bool float8 = false;
   // A LoRA adapter (algorithms::Lora), when attached: forward adds lora_scale * dropout(x) A^T B^T, with the
   // parameters "lora_A" (r, in_features) and "lora_B" (out_features, r). Undefined otherwise.
   void attach_lora(const at::Tensor& a, const at::Tensor& b, double scale, double dropout);

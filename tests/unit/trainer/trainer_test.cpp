@@ -211,6 +211,11 @@ TEST(Trainer, BadSetupsNameTheProblem) {
               Trainer t(tiny_config({"precision=amp_fp16", "device=cpu"}));
             }).find("amp_fp16 needs a GPU"),
             std::string::npos);
+  // amp_fp8 is a GPU precision (compute capability 8.9+): on the CPU, a ConfigError before anything trains.
+  const std::string fp8 = testing::error_of([] { Trainer t(tiny_config({"precision=amp_fp8", "device=cpu"})); });
+  EXPECT_NE(fp8.find("precision: amp_fp8: float8 GEMMs need an NVIDIA GPU of compute capability 8.9"),
+            std::string::npos)
+      << fp8;
   // `device`: auto, cpu or gpu; gpu needs one.
   EXPECT_NE(testing::error_of([] { tiny_config({"device=tpu"}); }).find("device"), std::string::npos);
   if (util::device_info().cuda_devices == 0) {
