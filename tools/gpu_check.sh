@@ -3,7 +3,7 @@
 # with a GPU too), then the GPU benchmarks, and writes a report (JSON + Markdown) to REPORT_DIR. docs/gpu.md.
 #
 #   tar xJf gpu-kit.tar.xz && tessera-gpu-kit/src/tools/gpu_check.sh REPORT_DIR [--quick] [--tests-only]
-#                                                                    [--benchmarks-only] [--shapes 125m,350m,1b]
+#                                                                    [--benchmarks-only] [--shapes 125m,1b,llama1b]
 #
 # LibTorch comes from the machine's PyTorch (`python3 -c 'import torch'`; override with TESSERA_TORCH_LIB), which must
 # be the CUDA build of the version the kit was built against. --quick: the GPU tests only and the 125m benchmark.
@@ -15,7 +15,7 @@ shift
 quick=0
 tests_only=0
 benchmarks_only=0
-shapes=125m,350m,1b
+shapes=125m,1b,llama1b
 while (($#)); do
   case "$1" in
     --quick) quick=1; shapes=125m; shift ;;
@@ -73,9 +73,14 @@ fi
 
 # ---- Benchmarks ----------------------------------------------------------------------------------------------------
 if ((!tests_only)); then
-  log "GPU benchmarks: $shapes"
+  # torchtitan's trainer and its dependencies: pure-Python wheels, unzipped onto a path of their own (no pip needed).
+  site="$report/titan-site"
+  mkdir -p "$site"
+  for w in "$kit"/wheels/*.whl; do [ -f "$w" ] && "$python" -m zipfile -e "$w" "$site"; done
+  log "GPU benchmarks: $shapes (with amp_fp8, torchtitan and a profile of each shape's Tessera step)"
   PYTHONUNBUFFERED=1 "$python" "$kit/src/benchmarks/gpu_train_vs_pytorch.py" --bench "$kit/bin/bench_gpu_train_step" \
-    --shapes "$shapes" --out "$report" 2>&1 | tee "$report/gpu_benchmarks.log" || status=1
+    --shapes "$shapes" --fp8 --titan-site "$site" --profile "$report/profiles" --out "$report" 2>&1 |
+    tee "$report/gpu_benchmarks.log" || status=1
 fi
 
 # ---- Report --------------------------------------------------------------------------------------------------------

@@ -9,6 +9,8 @@
 #   3. The C sources of zstd 1.5.7, from the pinned PyPI `zstd` source distribution (which bundles them), at
 #      $TESSERA_HOME/src/zstd-<version>: CMake builds them into Tessera, because MDS shards must be compressed by the
 #      zstd version Streaming uses to be byte-identical to its (Debian 12 has 1.5.4; docs/data.md#reading-dataset-files).
+#   4. The pure-Python wheels of torchtitan's trainer (benchmarks/gpu_peer_wheels.txt) at $TESSERA_HOME/wheels, which
+#      the GPU kit carries (tools/gpu_bundle.sh).
 #
 # Environment: TESSERA_HOME (install prefix), TESSERA_PYTHON (interpreter that creates the venv; default python3).
 set -euo pipefail
@@ -88,5 +90,19 @@ else
   rm -rf "$zstd_dir" && mv "$tmp/zstd-$zstd_version" "$zstd_dir"
   rm -rf "$tmp"
   log "zstd sources: $zstd_dir"
+fi
+# ---- 4. The GPU kit's peer wheels ----------------------------------------------------------------------------------
+# torchtitan and its pure-Python dependencies, which tools/gpu_bundle.sh packs into the kit (the GPU machine is offline).
+peer_wheels="$here/../benchmarks/gpu_peer_wheels.txt"
+wheels="$TESSERA_HOME/wheels"
+want=$(sha256sum "$peer_wheels" | cut -d' ' -f1)
+if [ -f "$wheels/.tessera-wheels.sha256" ] && [ "$(cat "$wheels/.tessera-wheels.sha256")" = "$want" ]; then
+  log "GPU kit wheels $wheels: present"
+else
+  rm -rf "$wheels" && mkdir -p "$wheels"
+  "$venv/bin/python" -m pip download -q --disable-pip-version-check --no-deps --only-binary :all: \
+    -r "$peer_wheels" -d "$wheels"
+  echo "$want" > "$wheels/.tessera-wheels.sha256"
+  log "GPU kit wheels: $wheels ($(ls "$wheels"/*.whl | wc -l) wheels)"
 fi
 log "ready"

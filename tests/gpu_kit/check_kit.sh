@@ -4,12 +4,13 @@
 # machine. Fails when a library would resolve from this machine's /usr/lib (a -dev package the GPU machine lacks),
 # when the archive is over 40 MB, or when a program fails.
 #
-#   tests/gpu_kit/check_kit.sh BUILD_DIR TORCH_LIB
+#   tests/gpu_kit/check_kit.sh BUILD_DIR TORCH_LIB PYTHON
 set -euo pipefail
 
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=$(cd "${1:?usage: check_kit.sh BUILD_DIR TORCH_LIB}" && pwd)
-torch_lib=$(cd "${2:?usage: check_kit.sh BUILD_DIR TORCH_LIB}" && pwd)
+torch_lib=$(cd "${2:?usage: check_kit.sh BUILD_DIR TORCH_LIB PYTHON}" && pwd)
+python=${3:?usage: check_kit.sh BUILD_DIR TORCH_LIB PYTHON}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -51,4 +52,12 @@ grep -q 'parameters' dry_run.txt || { cat dry_run.txt; echo "check_kit: the dry 
 TESSERA_SOURCE_DIR="$kit/src" TESSERA_TRAIN_BIN="$kit/bin/train" "$kit/bin/tessera_tests" \
   --gtest_filter='Trainer.EventOrder*:Trainer.TwoRunsAreBitwiseIdentical:Checkpointing.AResumed*:TrainCli.DryRunOfEveryShippedRecipeSucceeds:TrainCli.UsageAndRuntimeExitCodes:IclTasks*:Gauntlet*:MDS*:Tokenizer*:Gpu*' \
   --gtest_brief=1
+# The torchtitan peer: the kit's wheels, unzipped as gpu_check.sh does, import torchtitan's trainer and our driver's
+# registrations from nothing but this Python's torch (its trainer itself then needs a GPU).
+site="$work/titan-site"
+mkdir "$site"
+for w in "$kit"/wheels/*.whl; do "$python" -m zipfile -e "$w" "$site"; done
+PYTHONPATH="$site" "$python" -s "$kit/src/benchmarks/torchtitan_llama.py" --help > titan_help.txt 2>&1 ||
+  { tail -20 titan_help.txt; echo "check_kit: torchtitan's trainer does not import from the kit's wheels" >&2; exit 1; }
+grep -q -- '--compile.enable' titan_help.txt || { echo "check_kit: no torchtitan usage" >&2; exit 1; }
 echo "check_kit: $(stat -c %s "$work/gpu-kit.tar.xz") bytes; self-contained"
