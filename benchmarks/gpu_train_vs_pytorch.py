@@ -226,13 +226,14 @@ def cases_for(args, shape):
                                                                           ["model.tie_word_embeddings=false"])
     if args.fp8 and shape in FP8_SHAPES:
         cases["tessera amp_fp8"] = lambda: run_tessera(args, recipe, batch, [], precision="amp_fp8")
+    # The eager peers before the compiled ones: under --budget-s the slowest cases are the ones left out.
     hf = "HF MptForCausalLM" if family == "mpt" else "HF LlamaForCausalLM"
     cases[f"pytorch eager ({hf})"] = lambda: run_peer(args, "hf", shape, False)
-    if compile_here:
-        cases[f"pytorch torch.compile ({hf})"] = lambda: run_peer(args, "hf", shape, True)
     if family == "llama":
         cases["torchtitan eager"] = lambda: run_peer(args, "titan", shape, False)
-        if compile_here:
+    if compile_here:
+        cases[f"pytorch torch.compile ({hf})"] = lambda: run_peer(args, "hf", shape, True)
+        if family == "llama":
             cases["torchtitan compile"] = lambda: run_peer(args, "titan", shape, True)
     return cases, batch, profile
 
@@ -250,6 +251,8 @@ def main():
     ap.add_argument("--titan-site", default=None, help="a folder holding torchtitan and its pure-Python dependencies")
     ap.add_argument("--profile", default=None, help="write Kineto traces of Tessera's steps here and split them")
     ap.add_argument("--case-timeout", type=int, default=240)
+    ap.add_argument("--budget-s", type=int, default=0,
+                    help="start no case after this many seconds of the run (0: no limit); the rest are reported")
     ap.add_argument("--out", type=pathlib.Path, default=None)
     ap.add_argument("--peer", choices=["hf", "titan"], help=argparse.SUPPRESS)
     ap.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
@@ -267,14 +270,18 @@ def main():
     device = torch.cuda.get_device_name(0)
     peak = peak_for(device)
     rows, profiles = [], {}
+    run_started = time.time()
     for shape in args.shapes.split(","):
         cases, batch, profile = cases_for(args, shape)
         for name, fn in cases.items():
             started = time.time()
-            try:
-                r = fn()
-            except Exception as e:  # a case that cannot run here is reported, not fatal
-                r = {"error": f"{type(e).__name__}: {e}"[:400]}
+            if args.budget_s and started - run_started > args.budget_s:
+                r = {"error": f"not run: past the run's time budget (--budget-s {args.budget_s})"}
+            else:
+                try:
+                    r = fn()
+                except Exception as e:  # a case that cannot run here is reported, not fatal
+                    r = {"error": f"{type(e).__name__}: {e}"[:400]}
             r.update({"shape": shape, "case": name, "batch": batch, "seq": args.seq,
                       "wall_s": round(time.time() - started, 1)})
             rows.append(r)
