@@ -114,7 +114,7 @@ void GradientClipping::apply(core::Event /*event*/, core::State& state, core::Lo
     for (const at::Tensor& p : params) grads[p.grad().scalar_type()].push_back(p.grad());
     std::vector<at::Tensor> norms;
     for (const auto& [dtype, g] : grads) {
-      for (const at::Tensor& n : at::_foreach_norm(g, 2)) norms.push_back(n.to(at::kFloat));
+      for (const at::Tensor& n : at::_foreach_norm(g, 2, at::kFloat)) norms.push_back(n);
     }
     // With sharded gradients each rank holds a part: the global norm sums the squares over the shard group.
     const at::Tensor local_sq = at::stack(norms).square().sum().reshape({1});

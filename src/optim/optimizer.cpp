@@ -16,7 +16,6 @@
 #include <cmath>
 #include <map>
 #include <optional>
-#include <unordered_map>
 
 #include "tessera/util/error.h"
 
@@ -50,19 +49,17 @@ class Adam : public Optimizer {
     const auto index = dense_fp32_with_grads(params_);
     if (!index) return false;
     if (index->empty()) return true;
-    std::vector<at::Tensor> params, grads, ms, vs, steps;
-    // The kernel only reads the step count: one tensor per device serves every parameter (one fill, not one each).
-    std::unordered_map<at::Device, at::Tensor> step_on;
+    std::vector<at::Tensor> params, grads, ms, vs;
     for (const size_t i : *index) {
       const at::Tensor& p = params_[i];
       params.push_back(p);
       grads.push_back(p.grad());
       ms.push_back(slot(i, 0));
       vs.push_back(slot(i, 1));
-      at::Tensor& step = step_on[p.device()];
-      if (!step.defined()) step = at::full({}, static_cast<double>(step_), p.options().dtype(at::kFloat));
-      steps.push_back(step);
     }
+    // The kernel only reads the step count: one tensor serves every parameter (one fill, not one each).
+    const at::Tensor step = at::full({}, static_cast<double>(step_), params.front().options().dtype(at::kFloat));
+    const std::vector<at::Tensor> steps(params.size(), step);
     double weight_decay = 0;
     if (o_.weight_decay != 0) {
       if (decoupled_) {
