@@ -18,15 +18,21 @@
 
 namespace tessera::testing {
 
+// Where the build put the source tree and the `train` binary (test_paths.cpp: the one translation unit that holds
+// these paths, so that the other test files compile to the same objects in any checkout and a fresh clone's build
+// takes them from ccache).
+const char* built_source_dir();
+const char* built_train_bin();
+
 // The source tree and the `train` binary the tests use: where the build put them, unless the environment names
 // others (TESSERA_SOURCE_DIR, TESSERA_TRAIN_BIN), as tools/gpu_check.sh does for the unpacked GPU kit.
 inline const char* source_dir() {
   const char* env = std::getenv("TESSERA_SOURCE_DIR");
-  return env != nullptr && *env != 0 ? env : TESSERA_BUILT_SOURCE_DIR;
+  return env != nullptr && *env != 0 ? env : built_source_dir();
 }
 inline const char* train_bin() {
   const char* env = std::getenv("TESSERA_TRAIN_BIN");
-  return env != nullptr && *env != 0 ? env : TESSERA_BUILT_TRAIN_BIN;
+  return env != nullptr && *env != 0 ? env : built_train_bin();
 }
 
 // How many times longer than on an idle machine with an uninstrumented build a test allows real processes to take:
