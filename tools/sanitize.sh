@@ -7,8 +7,13 @@
 #   tsan  ThreadSanitizer: the tests that run threads of our own: the loader's workers, the asynchronous checkpoint
 #         writer, the launcher (output forwarding, watchdog, signals) and heartbeats, plus the collectives.
 # LibTorch and the Debian libraries are the prebuilt, uninstrumented ones; tools/sanitizers/ holds the suppressions
-# for reports inside them (each says why). Any report fails the run; the logs stay in BUILD_DIR/logs/.
-# Usage: tools/sanitize.sh asan|tsan [BUILD_DIR (default build/asan or build/tsan)]
+# for reports inside them (each says why). Any report fails the run; the logs stay in LOG_DIR/logs/.
+# The instrumented tree is built at one path whatever the checkout: TESSERA_SANITIZE_TREES/MODE (default
+# ~/.cache/tessera/sanitize/MODE), whose build/ compiles the checkout through the link src -> it. Its unity sources
+# name every file by that path, so a fresh clone anywhere (CI's) compiles them to the same objects and ccache serves
+# them; from another checkout's tree they would all be compiled again (~17 min for ASan). A lock keeps two checkouts
+# from sharing the tree at once.
+# Usage: tools/sanitize.sh asan|tsan [LOG_DIR (default build/asan or build/tsan)]
 set -euo pipefail
 SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MODE=${1:?usage: tools/sanitize.sh asan|tsan [BUILD_DIR]}
@@ -17,24 +22,37 @@ case "$MODE" in
   tsan) SANITIZE=thread ;;
   *) echo "tools/sanitize.sh: unknown mode '$MODE' (asan or tsan)" >&2; exit 2 ;;
 esac
-BUILD=${2:-$SRC/build/$MODE}
+OUT=${2:-$SRC/build/$MODE}
 SUPP=$SRC/tools/sanitizers
+TREES=${TESSERA_SANITIZE_TREES:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera/sanitize}
+ROOT=$TREES/$MODE
+BUILD=$ROOT/build
+mkdir -p "$ROOT" "$OUT"
+exec 9> "$ROOT.lock"
+if ! flock -n 9; then
+  echo "sanitize $MODE: waiting for another checkout's run to finish with $ROOT" >&2
+  flock 9
+fi
+ln -sfn "$SRC" "$ROOT/src"
 
-if [[ ! -f "$BUILD/build.ninja" ]]; then
-  # -O1: the sanitizers' usual level (readable reports, tolerable speed); -g1: line tables for the reports without the
-  # full debug info of LibTorch's headers, which would double the compile time. A unity build (batches of 8 sources
-  # as one translation unit) compiles this tree, built once and cold in CI, in about half the time.
-  cmake -S "$SRC" -B "$BUILD" -G Ninja -DTESSERA_SANITIZE=$SANITIZE -DCMAKE_BUILD_TYPE=Debug \
-    "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1" -DTESSERA_BUILD_BENCHMARKS=OFF -DTESSERA_WERROR=OFF \
-    -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=8 \
-    > "$BUILD.configure.log" 2>&1 || { cat "$BUILD.configure.log"; exit 1; }
+# -O1: the sanitizers' usual level (readable reports, tolerable speed); -g1: line tables for the reports without the
+# full debug info of LibTorch's headers, which would double the compile time. A unity build (batches of 8 sources
+# as one translation unit) compiles this tree in about half the time when ccache has none of it.
+CONFIGURE=(-G Ninja -DTESSERA_SANITIZE=$SANITIZE -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1"
+  -DTESSERA_BUILD_BENCHMARKS=OFF -DTESSERA_WERROR=OFF -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=8)
+# Configured anew when these options change (a checkout with another version of this script).
+if [[ ! -f "$BUILD/build.ninja" || "$(cat "$BUILD/.tessera-configure" 2>/dev/null)" != "${CONFIGURE[*]}" ]]; then
+  rm -rf "$BUILD"
+  cmake -S "$ROOT/src" -B "$BUILD" "${CONFIGURE[@]}" > "$OUT/configure.log" 2>&1 ||
+    { cat "$OUT/configure.log"; exit 1; }
+  echo "${CONFIGURE[*]}" > "$BUILD/.tessera-configure"
 fi
 # TSan runs the threaded tests only, from a binary of just their files (tests/CMakeLists.txt).
 TARGET=tessera_tests
 [[ $MODE == tsan ]] && TARGET=tessera_thread_tests
 cmake --build "$BUILD" --target "$TARGET"
 
-LOGS=$BUILD/logs
+LOGS=$OUT/logs
 rm -rf "$LOGS"
 mkdir -p "$LOGS"
 export TESSERA_SOURCE_DIR=$SRC
