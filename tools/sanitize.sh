@@ -34,6 +34,12 @@ if ! flock -n 9; then
   flock 9
 fi
 ln -sfn "$SRC" "$ROOT/src"
+# ninja decides by timestamps alone, and another checkout's files may be older than this tree's objects yet differ:
+# after a change of checkout every object is compiled again (from ccache, for the files that did not change).
+if [[ "$(cat "$ROOT/checkout" 2>/dev/null)" != "$SRC" ]]; then
+  [[ -f "$BUILD/build.ninja" ]] && ninja -C "$BUILD" -t clean > /dev/null
+  echo "$SRC" > "$ROOT/checkout"
+fi
 
 # -O1: the sanitizers' usual level (readable reports, tolerable speed); -g1: line tables for the reports without the
 # full debug info of LibTorch's headers, which would double the compile time. A unity build (batches of 8 sources
