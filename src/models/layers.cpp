@@ -30,7 +30,14 @@ class AutocastOff {
 };
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  // LLM Foundry's rms_norm: x * rsqrt(mean(x^2) + eps) * weight, in the input dtype.
+  // In fp32 (the residual stream under amp_bf16/amp_fp8), ATen's rms_norm: the same formula in the same dtype (on the
+  // CPU the same operations, bitwise), which on a GPU is one fused kernel forward and one backward, saving each row's
+  // rstd for backward where the formula's five operations keep (B, S, D) fp32 intermediates.
+  if (x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat) {
+    return at::rms_norm(x, {x.size(-1)}, weight, eps);
+  }
+  // LLM Foundry's rms_norm: x * rsqrt(mean(x^2) + eps) * weight, in the input dtype (ATen's would compute a bf16
+  // input in fp32, which LLM Foundry's low-precision RMSNorm does not).
   at::Tensor out = x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps);
   return (out * weight).to(x.scalar_type());
 }

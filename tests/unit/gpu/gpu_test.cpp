@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -20,6 +21,7 @@
 #include "tessera/dist/communicator.h"
 #include "tessera/models/attention.h"
 #include "tessera/models/float8.h"
+#include "tessera/models/layers.h"
 #include "tessera/models/loss.h"
 #include "tessera/models/mpt.h"
 #include "tessera/trainer/trainer.h"
@@ -486,6 +488,43 @@ TEST(Gpu, ChunkedCrossEntropyHoldsLessThanTheWholeBatchsFp32Logits) {
   EXPECT_NEAR(got, want, 1e-5 * want);
   EXPECT_GT(unchunked, 2 * fp32_bytes);
   EXPECT_LT(chunked, fp32_bytes) << "chunked peak " << chunked / 1e9 << " GB, unchunked " << unchunked / 1e9 << " GB";
+}
+
+// RMSNorm in fp32 (the residual stream under amp) runs ATen's fused kernel on a GPU: the formula's values and
+// gradients, and, kept for backward, each row's rstd instead of the formula's (B, S, D) fp32 intermediates.
+TEST(Gpu, RmsNormInFp32IsTheFusedKernelAndKeepsLessForBackward) {
+  TESSERA_REQUIRE_GPU();
+  const auto cuda = at::TensorOptions().device(at::kCUDA, 0);
+  models::Norm norm(2048, models::NormType::kRMSNorm, 1e-5, false, cuda);
+  {
+    at::NoGradGuard no_grad;
+    norm->weight.copy_(at::randn({2048}, cuda) * 0.5 + 1);
+  }
+  const at::Tensor x = at::randn({8, 1024, 2048}, cuda).mul_(2).requires_grad_(true);  // 64 MiB
+  const at::Tensor grad_out = at::randn_like(x);
+  const double x_bytes = static_cast<double>(x.numel()) * 4;
+  const auto agg = static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE);
+  auto held_by = [&](const std::function<at::Tensor()>& forward, std::vector<at::Tensor>& grads) {
+    at::cuda::device_synchronize();
+    const auto before = c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[agg].current;
+    at::Tensor y = forward();
+    at::cuda::device_synchronize();
+    const auto held = c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[agg].current - before;
+    grads = torch::autograd::grad({y}, {x, norm->weight}, {grad_out});
+    grads.insert(grads.begin(), y.detach());
+    return static_cast<double>(held);
+  };
+  std::vector<at::Tensor> fused, formula;
+  const double fused_held = held_by([&] { return norm(x); }, fused);
+  const double formula_held = held_by(
+      [&] { return x * at::rsqrt(x.pow(2).mean(-1, true) + 1e-5) * norm->weight; }, formula);
+  for (size_t i = 0; i < fused.size(); ++i) {
+    const double err = (fused[i] - formula[i]).abs().max().item<double>() / formula[i].abs().max().item<double>();
+    EXPECT_LT(err, 1e-5) << "output, input gradient, weight gradient: #" << i;
+  }
+  // The output itself is one x; the formula keeps at least one more (x * rstd) for its last multiply.
+  EXPECT_LT(fused_held, formula_held - 0.9 * x_bytes)
+      << "fused " << fused_held / 1e6 << " MB, formula " << formula_held / 1e6 << " MB held after forward";
 }
 
 }  // namespace

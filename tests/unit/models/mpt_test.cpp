@@ -2,9 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "tessera/models/generate.h"
 #include "tessera/models/mpt.h"
@@ -211,6 +213,38 @@ TEST(MPT, LowPrecisionLayerNormRunsInTheAutocastDtype) {
   at::autocast::clear_cache();
   EXPECT_EQ(h.scalar_type(), at::kBFloat16);
   EXPECT_EQ(logits.scalar_type(), at::kBFloat16);
+}
+
+// RMSNorm in fp32 goes through ATen's rms_norm (one fused kernel on a GPU); its value and gradients are the formula's.
+// A bf16 input keeps LLM Foundry's formula computed in bf16 (ATen's would compute it in fp32).
+TEST(Norms, RmsNormIsTheFormulaInFp32AndLlmFoundrysInBf16) {
+  at::manual_seed(3);
+  Norm norm(64, NormType::kRMSNorm, 1e-5, false, at::TensorOptions());
+  {
+    at::NoGradGuard no_grad;
+    norm->weight.copy_(at::randn({64}) * 0.5 + 1);
+  }
+  const at::Tensor x = (at::randn({3, 5, 64}) * 2).requires_grad_(true);
+  const at::Tensor grad_out = at::randn({3, 5, 64});
+  const at::Tensor y = norm(x);
+  const std::vector<at::Tensor> g = torch::autograd::grad({y}, {x, norm->weight}, {grad_out});
+  const at::Tensor xd = x.detach().to(at::kDouble).requires_grad_(true);
+  const at::Tensor wd = norm->weight.detach().to(at::kDouble).requires_grad_(true);
+  const at::Tensor yd = xd * at::rsqrt(xd.pow(2).mean(-1, true) + 1e-5) * wd;
+  const std::vector<at::Tensor> gd = torch::autograd::grad({yd}, {xd, wd}, {grad_out.to(at::kDouble)});
+  auto rel = [](const at::Tensor& a, const at::Tensor& ref) {
+    return (a.to(at::kDouble) - ref).abs().max().item<double>() / ref.abs().max().item<double>();
+  };
+  EXPECT_EQ(y.scalar_type(), at::kFloat);
+  EXPECT_LT(rel(y, yd.detach()), 1e-6);
+  EXPECT_LT(rel(g[0], gd[0]), 1e-5);
+  EXPECT_LT(rel(g[1], gd[1]), 1e-5);
+
+  at::NoGradGuard no_grad;
+  const at::Tensor xb = x.detach().to(at::kBFloat16), wb = norm->weight.detach().to(at::kBFloat16);
+  const at::Tensor yb = norm->forward_with(xb, wb, at::Tensor());
+  EXPECT_EQ(yb.scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(at::equal(yb, xb * at::rsqrt(xb.pow(2).mean(-1, true) + 1e-5) * wb));
 }
 
 TEST(MPT, CausalLmLossIgnoresMaskedLabels) {
