@@ -4,7 +4,11 @@
 
 namespace tessera::testing {
 
-const char* built_source_dir() { return TESSERA_BUILT_SOURCE_DIR; }
-const char* built_train_bin() { return TESSERA_BUILT_TRAIN_BIN; }
+const char* built_source_dir() {
+  return TESSERA_BUILT_SOURCE_DIR;
+}
+const char* built_train_bin() {
+  return TESSERA_BUILT_TRAIN_BIN;
+}
 
 }  // namespace tessera::testing

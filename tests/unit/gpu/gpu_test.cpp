@@ -516,8 +516,8 @@ TEST(Gpu, RmsNormInFp32IsTheFusedKernelAndKeepsLessForBackward) {
   };
   std::vector<at::Tensor> fused, formula;
   const double fused_held = held_by([&] { return norm(x); }, fused);
-  const double formula_held = held_by(
-      [&] { return x * at::rsqrt(x.pow(2).mean(-1, true) + 1e-5) * norm->weight; }, formula);
+  const double formula_held =
+      held_by([&] { return x * at::rsqrt(x.pow(2).mean(-1, true) + 1e-5) * norm->weight; }, formula);
   for (size_t i = 0; i < fused.size(); ++i) {
     const double err = (fused[i] - formula[i]).abs().max().item<double>() / formula[i].abs().max().item<double>();
     EXPECT_LT(err, 1e-5) << "output, input gradient, weight gradient: #" << i;
