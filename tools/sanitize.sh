@@ -16,7 +16,7 @@
 # Usage: tools/sanitize.sh asan|tsan [LOG_DIR (default build/asan or build/tsan)]
 set -euo pipefail
 SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-MODE=${1:?usage: tools/sanitize.sh asan|tsan [BUILD_DIR]}
+MODE=${1:?usage: tools/sanitize.sh asan|tsan [LOG_DIR]}
 case "$MODE" in
   asan) SANITIZE=address,undefined ;;
   tsan) SANITIZE=thread ;;
