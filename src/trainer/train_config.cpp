@@ -83,6 +83,7 @@ const std::vector<std::string_view> kTopLevelKeys = {"variables",
                                                      "max_split_size_mb",
                                                      "expandable_segments",
                                                      "cuda_load_lazy",
+                                                     "cuda_graphs",
                                                      "eval_subset_num_batches",
                                                      "global_train_batch_size",
                                                      "device_train_microbatch_size",
@@ -289,6 +290,7 @@ TrainConfig parse_train_config(config::Value resolved, const std::string& path) 
   root.check(!cfg.max_split_size_mb || *cfg.max_split_size_mb > 0, "max_split_size_mb", "must be positive");
   cfg.expandable_segments = root.get_bool("expandable_segments", false);
   cfg.cuda_load_lazy = root.get_bool("cuda_load_lazy", false);
+  cfg.cuda_graphs = root.get_bool("cuda_graphs", false);
   cfg.eval_subset_num_batches = root.get_int("eval_subset_num_batches", -1);
   root.check(cfg.eval_subset_num_batches == -1 || cfg.eval_subset_num_batches > 0, "eval_subset_num_batches",
              "must be -1 (all batches) or positive");

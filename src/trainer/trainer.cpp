@@ -25,6 +25,7 @@
 #include "tessera/models/float8.h"
 #include "tessera/models/loss.h"
 #include "tessera/models/metric.h"
+#include "tessera/trainer/step_graph.h"
 #include "tessera/trainer/trainer_support.h"
 #include "tessera/util/device.h"
 #include "tessera/util/error.h"
@@ -178,7 +179,45 @@ Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config
   engine_->run_event(Event::kBeforeLoad);
   load_initial_checkpoint();
   engine_->run_event(Event::kAfterLoad);
+  setup_cuda_graphs();
   logger_.log_hyperparameters(cfg_.resolved.to_json());
+}
+
+void Trainer::setup_cuda_graphs() {
+  if (!cfg_.cuda_graphs) return;
+  std::vector<std::string> why;
+  if (const std::string device = detail::cuda_graphs_unsupported(state_.device); !device.empty()) why.push_back(device);
+  if (state_.world_size > 1) {
+    why.push_back(fmt::format("{} ranks: collectives are not captured yet (one rank only)", state_.world_size));
+  }
+  if (state_.precision == Precision::kAmpFp16) {
+    why.push_back("precision: amp_fp16 (its loss scale is decided on the host every step)");
+  }
+  if (oom_retry_.enabled()) {
+    why.push_back("device_train_microbatch_size: auto (a replay cannot stop at an out-of-memory error and retry)");
+  }
+  // Events inside the microbatches run while the step is captured, not on its replays.
+  for (const auto& a : state_.algorithms) {
+    for (const Event e : {Event::kBeforeForward, Event::kAfterForward, Event::kBeforeLoss, Event::kAfterLoss,
+                          Event::kBeforeBackward, Event::kAfterBackward}) {
+      if (a->match(e, state_)) {
+        why.push_back(fmt::format("algorithm {} acts at {}, inside the step, which a replay does not run", a->name(),
+                                  core::to_string(e)));
+        break;
+      }
+    }
+  }
+  if (!why.empty()) {
+    throw ConfigError("recipe", fmt::format("{}: cuda_graphs: true: {}; set cuda_graphs: false", cfg_.recipe_path,
+                                            fmt::join(why, "; ")));
+  }
+  // Two steps of one shape before its capture: cuBLAS and the autograd engine set up outside any capture.
+  graph_ = std::make_unique<detail::StepGraph>(state_.device, /*warmup_steps=*/2);
+  if (state_.rank == 0) spdlog::info("cuda_graphs: the training step is captured after 2 steps of one shape");
+}
+
+int64_t Trainer::cuda_graph_replays() const {
+  return graph_ ? graph_->replays() : 0;
 }
 
 void Trainer::setup_ranks() {
@@ -491,18 +530,25 @@ void Trainer::load_initial_checkpoint() {
 }
 
 Trainer::~Trainer() {
+  graph_.reset();  // its memory before the allocator's users go
   if (engine_) engine_->close();
 }
 
-bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch_size) {
-  const int64_t n = batch.input_ids.size(0);
+double Trainer::token_scale() const {
   // accumulate_train_batch_on_tokens (LLM Foundry's default): each microbatch's summed loss over the mean number of
   // loss tokens per rank, so the step's gradient is the mean over every loss token of every rank however the batch
-  // is split; otherwise each microbatch's mean loss counts by its share of the samples.
+  // is split. Context parallelism: the model runs on this rank's share of each sequence and the loss covers those
+  // positions; scaled by the group's size, the engine's average over every rank sums the group's shares.
   const double per_rank_tokens = std::max(1.0, loss_tokens_ / static_cast<double>(state_.world_size));
+  const std::shared_ptr<models::TensorParallelGroup> context = state_.parallel->context_parallel_group();
+  return (context ? static_cast<double>(context->size()) : 1.0) / per_rank_tokens;
+}
+
+bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch_size, const at::Tensor* token_scale) {
+  const int64_t n = batch.input_ids.size(0);
+  // Without accumulate_train_batch_on_tokens, each microbatch's mean loss counts by its share of the samples.
+  const double scale = this->token_scale();
   const at::DeviceType dev = state_.device.type();
-  // Context parallelism: the model runs on this rank's share of each sequence and the loss covers those positions;
-  // scaled by the group's size, the engine's average over every rank sums the group's shares.
   const std::shared_ptr<models::TensorParallelGroup> context = state_.parallel->context_parallel_group();
   const double context_scale = context ? static_cast<double>(context->size()) : 1.0;
   std::shared_ptr<const models::ContextShard> shard;  // the microbatches' cut, made once per sequence length
@@ -548,7 +594,7 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
                                          state_.outputs.size(-1) * vocab->size(), ce.label_smoothing, ce.z_loss, vocab)
                                    : loss_sum();
         if (cfg_.accumulate_train_batch_on_tokens) {
-          state_.loss = sum * (context_scale / per_rank_tokens);
+          state_.loss = token_scale != nullptr ? sum * *token_scale : sum * scale;
         } else {
           // The microbatch's mean over its loss tokens (the whole sequences'), by its share of the samples. The count
           // stays on the device: no host sync per microbatch.
@@ -595,9 +641,51 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
   }
   // A rank that ran out of memory after its last collective tells the others here.
   if (oom_retry_.peer_failed(*state_.parallel)) return false;
-  // The logged loss is the mean over every rank's device batch (Composer all-reduces it too).
-  state_.comm->all_reduce(total).wait();
-  state_.train_loss = total.item<double>() / static_cast<double>(state_.world_size);
+  step_total_ = total;
+  return true;
+}
+
+bool Trainer::run_graphed_microbatches(const data::TokenBatch& batch, bool capture) {
+  const data::TokenBatch& inputs = graph_->load(batch, token_scale());
+  if (capture) {
+    // No gradients yet: the captured backward makes them in the graph's memory, where every replay writes them. The
+    // warmup's outputs go first, so that they are not held beside the capture's.
+    state_.optimizer->zero_grad();
+    state_.outputs = at::Tensor();
+    state_.loss = at::Tensor();
+    const std::string failed = graph_->capture(
+        [&] { (void)run_microbatches(inputs, state_.device_train_microbatch_size, &graph_->token_scale()); });
+    if (!failed.empty()) {
+      if (state_.rank == 0) {
+        spdlog::warn(
+            "cuda_graphs: batch {}: the training step could not be captured ({}); the run goes on without "
+            "CUDA graphs",
+            state_.timestamp.batch + 1, failed);
+      }
+      state_.parallel->discard_microbatches();
+      state_.outputs = at::Tensor();
+      state_.loss = at::Tensor();
+      step_total_ = at::Tensor();
+      aux_losses_.clear();
+      expert_counts_.clear();
+      state_.optimizer->zero_grad();
+      return false;
+    }
+    detail::StepGraph::Outputs kept{step_total_, state_.loss, state_.outputs, {}, aux_losses_, expert_counts_};
+    for (const at::Tensor& p : state_.trainable_parameters()) kept.grads.push_back(p.grad());
+    graph_->keep(std::move(kept));
+  }
+  graph_->replay();
+  // The replay's results, where the trainer and the components after the microbatches look for them (an eager step
+  // in between, e.g. the epoch's last partial batch, made gradients of its own).
+  const detail::StepGraph::Outputs& out = graph_->outputs();
+  const std::vector<at::Tensor> params = state_.trainable_parameters();
+  for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = out.grads[i];
+  step_total_ = out.total;
+  state_.loss = out.loss;
+  state_.outputs = out.outputs;
+  aux_losses_ = out.aux_losses;
+  expert_counts_ = out.expert_counts;
   return true;
 }
 
@@ -608,10 +696,23 @@ at::Tensor Trainer::loss_sum() const {
 void Trainer::train_batch() {
   const data::TokenBatch full = state_.batch;
   state_.skip_optimizer_step = false;
-  while (true) {
+  using Mode = detail::StepGraph::Mode;
+  const Mode mode = graph_ ? graph_->mode_for(full, state_.device_train_microbatch_size) : Mode::kEager;
+  bool graphed = false;
+  if (mode == Mode::kCapture || mode == Mode::kReplay) {
     engine_->run_event(Event::kBeforeTrainBatch);
+    graphed = run_graphed_microbatches(full, mode == Mode::kCapture);
+  }
+  while (!graphed) {
+    if (mode != Mode::kCapture) engine_->run_event(Event::kBeforeTrainBatch);  // a failed capture already ran it
     state_.optimizer->zero_grad();
-    if (run_microbatches(full, state_.device_train_microbatch_size)) break;
+    bool ran = false;
+    if (mode == Mode::kWarmup) {
+      graph_->on_side_stream([&] { ran = run_microbatches(full, state_.device_train_microbatch_size); });
+    } else {
+      ran = run_microbatches(full, state_.device_train_microbatch_size);
+    }
+    if (ran) break;
     // Out of memory with `auto` (on this rank or another): halve the microbatch and retry the same batch.
     state_.device_train_microbatch_size = OutOfMemoryRetry::halve(state_.device_train_microbatch_size, state_.rank);
     spdlog::warn(
@@ -623,6 +724,9 @@ void Trainer::train_batch() {
     state_.optimizer->zero_grad();
   }
   state_.batch = full;
+  // The logged loss is the mean over every rank's device batch (Composer all-reduces it too): one read per step.
+  state_.comm->all_reduce(step_total_).wait();
+  state_.train_loss = step_total_.item<double>() / static_cast<double>(state_.world_size);
   // Unscale before AFTER_TRAIN_BATCH (clipping sees true gradients); an overflow skips the step.
   const bool overflow = loss_scaler_.unscale(state_.trainable_parameters(), *state_.comm, state_.device);
   engine_->run_event(Event::kAfterTrainBatch);
@@ -762,6 +866,7 @@ void Trainer::log_mixture_of_experts(Metrics& m) {
 
 void Trainer::rollback() {
   state_.rollback_requested = false;
+  if (graph_) graph_->reset();  // captured again after its warmup, over the restored weights
   LoadOptions lo;
   lo.restore_progress = false;  // time, RNG and data go on: the batches since the checkpoint are not replayed
   lo.strict_model_weights = true;

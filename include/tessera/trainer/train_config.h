@@ -77,6 +77,9 @@ struct TrainConfig {
   std::optional<int64_t> max_split_size_mb;
   bool expandable_segments = false;
   bool cuda_load_lazy = false;
+  // Tessera's `cuda_graphs` (bool, default false): each training step's microbatches run as one captured CUDA graph
+  // (docs/gpu.md#cuda-graphs).
+  bool cuda_graphs = false;
   int64_t eval_subset_num_batches = -1;  // -1: the whole eval set
   int64_t global_train_batch_size = 0;
   MicrobatchSize device_train_microbatch_size;

@@ -47,6 +47,10 @@ namespace tessera::util {
 class PreemptionHandler;
 }
 
+namespace tessera::trainer::detail {
+class StepGraph;
+}
+
 namespace tessera::trainer {
 
 // Components added by code, after the recipe's own (research code's custom algorithms and callbacks).
@@ -81,6 +85,8 @@ class Trainer {
   // amp_fp16's current loss scale (65536 at first; halved by each overflow); 1 for every other precision.
   double loss_scale() const { return loss_scaler_.enabled() ? loss_scaler_.loss_scale() : 1.0; }
   const TrainConfig& config() const { return cfg_; }
+  // Training steps that ran as a replay of the captured CUDA graph (`cuda_graphs: true`, docs/gpu.md#cuda-graphs).
+  int64_t cuda_graph_replays() const;
 
  private:
   // The constructor's build steps, in order.
@@ -94,8 +100,18 @@ class Trainer {
   void load_initial_checkpoint();
   nlohmann::json resumption_state() const;  // saved with checkpoints: recipe, data position, loss scale, ...
   void rollback();                          // restores model and optimizer from the newest checkpoint
+  void setup_cuda_graphs();  // `cuda_graphs: true`: refuses what a replayed step cannot do, before training starts
   void train_batch();
-  bool run_microbatches(const data::TokenBatch& batch, int64_t microbatch_size);
+  // The batch's forward, loss and backward, a microbatch at a time, with the step's summed loss left on the device in
+  // step_total_. `token_scale`: the device scalar each microbatch's summed loss is multiplied by (a CUDA graph's
+  // static input); null: token_scale() as a number. False when out of memory with `auto` (the batch is retried).
+  bool run_microbatches(const data::TokenBatch& batch, int64_t microbatch_size,
+                        const at::Tensor* token_scale = nullptr);
+  // A batch through the captured step: captured first when `capture`. False when the capture failed (the batch then
+  // runs eagerly, as every later one).
+  bool run_graphed_microbatches(const data::TokenBatch& batch, bool capture);
+  // accumulate_train_batch_on_tokens' factor: the context-parallel group's size over this rank's mean loss tokens.
+  double token_scale() const;
   // The training loss of state_.outputs on state_.batch, summed over its loss tokens (models/loss.h).
   at::Tensor loss_sum() const;
   core::Metrics run_eval();
@@ -138,6 +154,8 @@ class Trainer {
   std::unique_ptr<util::PreemptionHandler> preemption_;  // with save_folder and preemption_signals
   std::shared_ptr<const models::Loss> loss_;             // TrainerParts::loss or `loss:`; null: the model's own
   std::vector<std::shared_ptr<const models::EvalMetric>> metrics_;  // TrainerParts::metrics and `metrics:`
+  at::Tensor step_total_;                     // (1) double: the step's loss summed over microbatches, on the device
+  std::unique_ptr<detail::StepGraph> graph_;  // `cuda_graphs: true`
 };
 
 }  // namespace tessera::trainer

@@ -527,5 +527,66 @@ TEST(Gpu, RmsNormInFp32IsTheFusedKernelAndKeepsLessForBackward) {
       << "fused " << fused_held / 1e6 << " MB, formula " << formula_held / 1e6 << " MB held after forward";
 }
 
+// cuda_graphs: after two warmup batches the step's microbatches are captured once and replayed; a batch of another
+// shape (the epoch's short last batch) runs eagerly between replays. With deterministic kernels the replays compute
+// what the eager steps compute, bit for bit: every batch's loss and the weights after 20 batches (docs/gpu.md).
+class StepRecord : public core::Callback {
+ public:
+  std::string name() const override { return "StepRecord"; }
+  void run_event(core::Event e, core::State& s, core::Logger& /*l*/) override {
+    if (e != core::Event::kBatchEnd) return;
+    train_losses.push_back(s.train_loss);
+    last_microbatch.push_back(s.loss.item<double>());
+    rows.push_back(s.batch.input_ids.size(0));
+  }
+  std::vector<double> train_losses, last_microbatch;
+  std::vector<int64_t> rows;
+};
+
+void expect_graphed_run_equals_eager(const std::vector<std::string>& extra) {
+  std::vector<std::string> o = {"max_duration=20ba", "precision=amp_bf16", "deterministic_mode=true"};
+  o.insert(o.end(), extra.begin(), extra.end());
+  auto eager = std::make_shared<StepRecord>(), graphed = std::make_shared<StepRecord>();
+  trainer::Trainer a(gpu_config(o), {{}, {eager}});
+  a.fit();
+  o.emplace_back("cuda_graphs=true");
+  trainer::Trainer b(gpu_config(o), {{}, {graphed}});
+  b.fit();
+  ASSERT_EQ(eager->train_losses.size(), 20u);
+  ASSERT_EQ(graphed->train_losses.size(), 20u);
+  int64_t short_batches = 0;
+  for (size_t i = 0; i < 20; ++i) {
+    EXPECT_EQ(graphed->train_losses[i], eager->train_losses[i]) << "batch " << i + 1;
+    EXPECT_EQ(graphed->last_microbatch[i], eager->last_microbatch[i]) << "batch " << i + 1;
+    if (i >= 2 && eager->rows[i] != eager->rows[2]) ++short_batches;
+  }
+  EXPECT_EQ(a.cuda_graph_replays(), 0);
+  EXPECT_EQ(b.cuda_graph_replays(), 18 - short_batches);  // all but the two warmup batches and the short ones
+  EXPECT_LT(graphed->train_losses.back(), graphed->train_losses.front() - 0.3);
+  const auto want = weights_of(a), got = weights_of(b);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(at::equal(got[i], want[i])) << "tensor " << i;
+}
+
+TEST(Gpu, CudaGraphReplaysEqualTheEagerStepsBitwise) {
+  TESSERA_REQUIRE_GPU();
+  expect_graphed_run_equals_eager({});
+}
+
+// Dropout inside the graph: each replay draws fresh numbers from the generator, the ones the eager step draws.
+TEST(Gpu, CudaGraphReplaysDrawDropoutAsTheEagerStepsDo) {
+  TESSERA_REQUIRE_GPU();
+  expect_graphed_run_equals_eager({"model.resid_pdrop=0.1", "model.emb_pdrop=0.1"});
+}
+
+// 64 samples in batches of 12: every epoch's sixth batch has 4 rows, runs eagerly, and the replays after it step the
+// graph's gradients again (gradient clipping, eager after the replay, included).
+TEST(Gpu, CudaGraphRunsShortBatchesEagerlyBetweenReplays) {
+  TESSERA_REQUIRE_GPU();
+  expect_graphed_run_equals_eager({"global_train_batch_size=12", "train_loader.drop_last=false",
+                                   "algorithms.gradient_clipping.clipping_type=norm",
+                                   "algorithms.gradient_clipping.clipping_threshold=0.5"});
+}
+
 }  // namespace
 }  // namespace tessera

@@ -17,6 +17,7 @@
 #include "tessera/data/tokenizer.h"
 #include "tessera/eval/icl.h"
 #include "tessera/models/mpt.h"
+#include "tessera/trainer/step_graph.h"
 #include "tessera/trainer/trainer.h"
 #include "tessera/util/device.h"
 #include "tessera/util/peak_flops.h"
@@ -216,6 +217,16 @@ TEST(Trainer, BadSetupsNameTheProblem) {
   EXPECT_NE(fp8.find("precision: amp_fp8: float8 GEMMs need an NVIDIA GPU of compute capability 8.9"),
             std::string::npos)
       << fp8;
+  // cuda_graphs: every reason a replayed step cannot serve this run, named at once, before anything trains.
+  std::vector<std::string> log;
+  const std::string graphs = testing::error_of([&log] {
+    Trainer t(tiny_config({"cuda_graphs=true", "device=cpu", "device_train_microbatch_size=auto"}),
+              {{std::make_shared<Tagger>("tagger", &log)}, {}});
+  });
+  for (const char* why : {"cuda_graphs: true: CUDA graphs need a GPU", "device_train_microbatch_size: auto",
+                          "algorithm tagger acts at before_loss, inside the step", "set cuda_graphs: false"}) {
+    EXPECT_NE(graphs.find(why), std::string::npos) << graphs;
+  }
   // `device`: auto, cpu or gpu; gpu needs one.
   EXPECT_NE(testing::error_of([] { tiny_config({"device=tpu"}); }).find("device"), std::string::npos);
   if (util::device_info().cuda_devices == 0) {
@@ -619,6 +630,48 @@ TEST(Trainer, AmpFp16WithLossScalingOnGpu) {
   const double after = t.eval().at("LanguageCrossEntropy");
   EXPECT_LT(after, before - 0.5);
   EXPECT_LT(after, std::log(64.0));
+}
+
+// cuda_graphs' bookkeeping (trainer/step_graph.h), which needs no GPU: which batches warm up before a capture, and
+// the static inputs a captured step reads, which every later batch is copied into (their memory never moves).
+TEST(StepGraph, WarmsUpOnOneShapeThenCapturesItAndKeepsItsInputsInPlace) {
+  using Mode = detail::StepGraph::Mode;
+  auto batch = [](int64_t rows, int64_t first) {
+    data::TokenBatch b;
+    b.input_ids = at::arange(first, first + rows * 8, at::kLong).view({rows, 8});
+    b.labels = b.input_ids.clone();
+    b.samples = rows;
+    return b;
+  };
+  detail::StepGraph g(at::kCPU, /*warmup_steps=*/2);
+  EXPECT_EQ(g.mode_for(batch(4, 0), 2), Mode::kWarmup);
+  EXPECT_EQ(g.mode_for(batch(4, 100), 2), Mode::kWarmup);
+  // Another shape, or another microbatch size, starts the warmup over; so does the first shape coming back.
+  EXPECT_EQ(g.mode_for(batch(3, 0), 2), Mode::kWarmup);
+  EXPECT_EQ(g.mode_for(batch(4, 0), 1), Mode::kWarmup);
+  EXPECT_EQ(g.mode_for(batch(4, 0), 2), Mode::kWarmup);
+  EXPECT_EQ(g.mode_for(batch(4, 0), 2), Mode::kWarmup);
+  EXPECT_EQ(g.mode_for(batch(4, 0), 2), Mode::kCapture);
+  data::TokenBatch with_mask = batch(4, 0);
+  with_mask.attention_mask = at::ones({4, 8}, at::kLong);
+  EXPECT_EQ(g.mode_for(with_mask, 2), Mode::kWarmup);  // a mask is part of the shape
+  data::TokenBatch shard = batch(4, 0);
+  shard.targets = shard.labels;
+  EXPECT_EQ(g.mode_for(shard, 2), Mode::kEager);  // a context-parallel shard is never captured
+
+  const data::TokenBatch& first = g.load(batch(4, 0), 0.25);
+  const void* ids = first.input_ids.data_ptr();
+  const void* labels = first.labels.data_ptr();
+  const data::TokenBatch& second = g.load(batch(4, 500), 1.0 / 3.0);
+  EXPECT_EQ(second.input_ids.data_ptr(), ids);
+  EXPECT_EQ(second.labels.data_ptr(), labels);
+  EXPECT_TRUE(at::equal(second.input_ids, batch(4, 500).input_ids));
+  EXPECT_TRUE(at::equal(second.labels, batch(4, 500).labels));
+  EXPECT_FALSE(second.attention_mask.defined());
+  // The scale the captured loss is multiplied by: the float an eager `loss * (1.0 / 3.0)` multiplies by.
+  EXPECT_EQ(g.token_scale().scalar_type(), at::kFloat);
+  EXPECT_EQ(g.token_scale().item<float>(), static_cast<float>(1.0 / 3.0));
+  EXPECT_EQ(g.replays(), 0);
 }
 
 }  // namespace
