@@ -3,7 +3,8 @@
 //
 //   bench_gpu_train_step --recipe recipes/mpt-1b.yaml [--seq 2048] [--batch 4] [--steps 10] [--warmup 3]
 //                        [--precision amp_bf16|amp_fp8|...] [--profile trace.json --profile-steps 2]
-//                        [--device gpu|cpu] [overrides of the model, e.g. model.attn_config.alibi=true ...]
+//                        [--device gpu|cpu] [--cuda-graphs] [overrides of the model, e.g. model.attn_config.alibi=true
+//                        ...]
 //
 // Writes random tokens to a temporary MDS folder, trains `warmup + steps` batches with the recipe's model (its data,
 // logging and checkpoint settings are not used), and prints one JSON object: tokens/s over the timed steps, FLOPs
@@ -104,6 +105,8 @@ int main(int argc, char** argv) {
   app.add_option("--device", device)->check(CLI::IsMember({"gpu", "cpu"}));
   app.add_option("--profile", profile, "write a Kineto (Chrome) trace of --profile-steps more batches here");
   app.add_option("--profile-steps", profile_steps);
+  bool cuda_graphs = false;
+  app.add_flag("--cuda-graphs", cuda_graphs, "the step's microbatches as one captured CUDA graph (cuda_graphs: true)");
   app.add_option("overrides", overrides, "applied to the recipe, e.g. model.attn_config.alibi=true");
   CLI11_PARSE(app, argc, argv);
   using tessera::trainer::Trainer;
@@ -139,6 +142,7 @@ int main(int argc, char** argv) {
     r["precision"] = precision;
     r["device"] = device;
     r["log_to_console"] = false;
+    r["cuda_graphs"] = cuda_graphs;
     r["progress_bar"] = false;
     const fs::path recipe_out = data / "recipe.yaml";
     {
@@ -176,6 +180,7 @@ int main(int argc, char** argv) {
     out["flops_per_token"] = t.state().model->flops_per_token(seq);
     out["tokens_per_sec"] = static_cast<double>(steps * batch * seq) / seconds;
     out["step_ms"] = seconds * 1e3 / static_cast<double>(steps);
+    out["cuda_graph_replays"] = t.cuda_graph_replays();
     out["peak_allocated_gb"] = static_cast<double>(stats.allocated_bytes[agg].peak) / 1e9;
     out["peak_reserved_gb"] = static_cast<double>(stats.reserved_bytes[agg].peak) / 1e9;
     if (!profile.empty()) out["profile"] = profile;

@@ -13,6 +13,8 @@ at norm 1.0, the same samples per optimizer step in every case):
   model, FSDP2 wrapping on one GPU, fused AdamW), eager and with its `--compile.enable` (per block), on random tokens
   (benchmarks/torchtitan_llama.py).
 - `--fp8`: Tessera's amp_fp8 (float8 Linear GEMMs) on the 1b and llama1b shapes beside its amp_bf16.
+- `--graph-shapes` (default 125m): Tessera with `cuda_graphs: true`, each step's forward and backward replayed as one
+  captured CUDA graph (the optimizer and clipping eager after it).
 
 Tessera runs `bench_gpu_train_step` (the whole step as `train` runs it: MDS data loading, forward, backward,
 clipping, AdamW). The peers are fed random tokens already on the GPU (no data loading: a lower bound on their step).
@@ -26,7 +28,7 @@ allocator's peak allocation (torchtitan: its peak active memory). With --profile
 also writes a Kineto trace of two more steps, split by benchmarks/gpu_profile.py into the report.
 
     python3 benchmarks/gpu_train_vs_pytorch.py --bench DIR/bench_gpu_train_step [--shapes 125m,1b,llama1b]
-        [--compile-shapes 125m,llama1b] [--fp8] [--titan-site DIR] [--profile DIR] [--out DIR]
+        [--compile-shapes 125m,llama1b] [--fp8] [--graph-shapes 125m] [--titan-site DIR] [--profile DIR] [--out DIR]
 """
 import argparse
 import json
@@ -226,6 +228,8 @@ def cases_for(args, shape):
                                                                           ["model.tie_word_embeddings=false"])
     if args.fp8 and shape in FP8_SHAPES:
         cases["tessera amp_fp8"] = lambda: run_tessera(args, recipe, batch, [], precision="amp_fp8")
+    if shape in args.graph_shapes.split(","):
+        cases["tessera cuda_graphs"] = lambda: run_tessera(args, recipe, batch, ["--cuda-graphs"])
     # The eager peers before the compiled ones: under --budget-s the slowest cases are the ones left out.
     hf = "HF MptForCausalLM" if family == "mpt" else "HF LlamaForCausalLM"
     cases[f"pytorch eager ({hf})"] = lambda: run_peer(args, "hf", shape, False)
@@ -248,6 +252,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--fp8", action="store_true", help="Tessera's amp_fp8 on the 1b and llama1b shapes")
+    ap.add_argument("--graph-shapes", default="125m",
+                    help="shapes with a case of Tessera's step as one CUDA graph (cuda_graphs: true)")
     ap.add_argument("--titan-site", default=None, help="a folder holding torchtitan and its pure-Python dependencies")
     ap.add_argument("--profile", default=None, help="write Kineto traces of Tessera's steps here and split them")
     ap.add_argument("--case-timeout", type=int, default=240)
