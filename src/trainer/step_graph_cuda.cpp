@@ -21,8 +21,28 @@ std::string cuda_graphs_unsupported(const at::Device& device) {
   return "";
 }
 
+namespace {
+
+// A stream of the graph's own: one from LibTorch's pool may also be handed to other code, whose work would then be
+// captured too.
+cudaStream_t new_stream(c10::DeviceIndex device) {
+  const c10::cuda::CUDAGuard on(device);
+  cudaStream_t s = nullptr;
+  C10_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+
+}  // namespace
+
 struct StepGraph::Impl {
-  explicit Impl(const at::Device& d) : device(d.index()), side(at::cuda::getStreamFromPool(false, d.index())) {}
+  explicit Impl(const at::Device& d)
+      : device(d.index()), raw(new_stream(device)), side(c10::cuda::getStreamFromExternal(raw, device)) {}
+  ~Impl() {
+    graph.reset();
+    (void)cudaStreamDestroy(raw);  // after its last work, which the device finishes first
+  }
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
 
   // Ends a capture that `fn` or capture_end() abandoned, and hands the pool's memory back: the allocator stops
   // routing the side stream's allocations into the pool, and frees it once its last tensor dies.
@@ -45,6 +65,7 @@ struct StepGraph::Impl {
   }
 
   c10::DeviceIndex device;
+  cudaStream_t raw;
   at::cuda::CUDAStream side;
   c10::MempoolId_t pool{0, 0};
   std::unique_ptr<at::cuda::CUDAGraph> graph;
