@@ -44,8 +44,10 @@ struct StepGraph::Impl {
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
 
-  // Ends a capture that `fn` or capture_end() abandoned, and hands the pool's memory back: the allocator stops
-  // routing the side stream's allocations into the pool, and frees it once its last tensor dies.
+  // Ends a capture that `fn` or capture_end() abandoned, and hands the pool's memory back: the allocators stop
+  // routing the side stream's allocations into the pool, and free it once its last tensor dies. Each step is
+  // attempted whatever the others did: capture_end() may have failed before or after ending the allocators' routing,
+  // and a step that finds nothing to undo throws.
   void abandon() {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(side.stream(), &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
@@ -55,12 +57,16 @@ struct StepGraph::Impl {
       }
     }
     (void)cudaGetLastError();  // the capture's error is reported by the caller, and must not fail a later call
-    if (graph) {
-      c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool);
-      at::getHostAllocator(at::kCUDA)->end_allocate_to_pool(pool);
-      c10::cuda::CUDACachingAllocator::releasePool(device, pool);
-      at::getHostAllocator(at::kCUDA)->release_pool(pool);
-    }
+    auto quietly = [](const std::function<void()>& undo) {
+      try {
+        undo();
+      } catch (const std::exception&) {  // nothing of this kind was left to undo
+      }
+    };
+    quietly([this] { c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool); });
+    quietly([this] { at::getHostAllocator(at::kCUDA)->end_allocate_to_pool(pool); });
+    quietly([this] { c10::cuda::CUDACachingAllocator::releasePool(device, pool); });
+    quietly([this] { at::getHostAllocator(at::kCUDA)->release_pool(pool); });
     graph.reset();
   }
 
