@@ -588,5 +588,35 @@ TEST(Gpu, CudaGraphRunsShortBatchesEagerlyBetweenReplays) {
                                    "algorithms.gradient_clipping.clipping_threshold=0.5"});
 }
 
+// A research loss that reads a value on the host inside the step (a synchronisation, which a capture cannot hold):
+// the capture fails, the run goes on eagerly from that batch with the graph's memory handed back, and its results are
+// the run's without graphs, bit for bit.
+class HostReadingLoss : public models::Loss {
+ public:
+  at::Tensor sum(const at::Tensor& logits, const data::TokenBatch& batch) const override {
+    const double largest = logits.detach().abs().max().item<double>();
+    const at::Tensor loss = models::CrossEntropyLoss(models::CrossEntropyOptions{}).sum(logits, batch);
+    return std::isfinite(largest) ? loss : loss * 0;
+  }
+};
+
+TEST(Gpu, CudaGraphCaptureThatFailsFallsBackToTheEagerStep) {
+  TESSERA_REQUIRE_GPU();
+  const std::vector<std::string> o = {"max_duration=10ba", "precision=amp_bf16", "deterministic_mode=true"};
+  auto eager = std::make_shared<StepRecord>(), graphed = std::make_shared<StepRecord>();
+  const auto loss = std::make_shared<HostReadingLoss>();
+  trainer::Trainer a(gpu_config(o), {{}, {eager}, loss});
+  a.fit();
+  std::vector<std::string> with = o;
+  with.emplace_back("cuda_graphs=true");
+  trainer::Trainer b(gpu_config(with), {{}, {graphed}, loss});
+  b.fit();
+  EXPECT_EQ(b.cuda_graph_replays(), 0);
+  ASSERT_EQ(graphed->train_losses.size(), 10u);
+  for (size_t i = 0; i < 10; ++i) EXPECT_EQ(graphed->train_losses[i], eager->train_losses[i]) << "batch " << i + 1;
+  const auto want = weights_of(a), got = weights_of(b);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(at::equal(got[i], want[i])) << "tensor " << i;
+}
+
 }  // namespace
 }  // namespace tessera
