@@ -13,11 +13,6 @@ struct StepGraph::Impl {};
 
 StepGraph::StepGraph(const at::Device& device, int64_t warmup_steps) : device_(device), warmup_steps_(warmup_steps) {}
 
-StepGraph::Impl& StepGraph::impl() {
-  if (!impl_) impl_ = std::make_unique<Impl>();
-  return *impl_;
-}
-
 StepGraph::~StepGraph() = default;
 
 void StepGraph::on_side_stream(const std::function<void()>& fn) {
@@ -33,11 +28,6 @@ void StepGraph::replay() {
   throw Error("train", "StepGraph::replay: " + cuda_graphs_unsupported(at::kCPU));
 }
 
-void StepGraph::reset() {
-  outputs_ = Outputs{};
-  captured_ = false;
-  warm_ = 0;
-  key_.clear();
-}
+void StepGraph::release_graph() {}
 
 }  // namespace tessera::trainer::detail

@@ -38,12 +38,19 @@ StepGraph::Mode StepGraph::mode_for(const data::TokenBatch& batch, int64_t micro
   return Mode::kCapture;
 }
 
+void StepGraph::reset() {
+  outputs_ = Outputs{};
+  release_graph();  // the pool is freed once the outputs above are gone
+  captured_ = false;
+  warm_ = 0;
+  key_.clear();
+}
+
 const data::TokenBatch& StepGraph::load(const data::TokenBatch& batch, double token_scale) {
-  const bool first = !inputs_.input_ids.defined();
-  auto copy = [first](at::Tensor& into, const at::Tensor& from) {
+  auto copy = [](at::Tensor& into, const at::Tensor& from) {
     if (!from.defined()) {
       into = at::Tensor();
-    } else if (first || !into.defined()) {
+    } else if (!into.defined()) {
       into = from.clone(at::MemoryFormat::Contiguous);
     } else {
       into.copy_(from, /*non_blocking=*/true);

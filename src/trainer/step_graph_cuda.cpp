@@ -7,12 +7,8 @@
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <fmt/format.h>
-
-#include <optional>
 
 #include "tessera/trainer/step_graph.h"
-#include "tessera/util/error.h"
 
 namespace tessera::trainer::detail {
 
@@ -146,12 +142,8 @@ void StepGraph::replay() {
   ++replays_;
 }
 
-void StepGraph::reset() {
-  outputs_ = Outputs{};
-  if (impl_) impl_->graph.reset();  // releases the pool once the outputs above are gone
-  captured_ = false;
-  warm_ = 0;
-  key_.clear();
+void StepGraph::release_graph() {
+  if (impl_) impl_->graph.reset();
 }
 
 }  // namespace tessera::trainer::detail

@@ -650,9 +650,7 @@ bool Trainer::run_graphed_microbatches(const data::TokenBatch& batch, bool captu
   if (capture) {
     // No gradients yet: the captured backward makes them in the graph's memory, where every replay writes them. The
     // warmup's outputs go first, so that they are not held beside the capture's.
-    state_.optimizer->zero_grad();
-    state_.outputs = at::Tensor();
-    state_.loss = at::Tensor();
+    clear_step_results();
     const std::string failed = graph_->capture(
         [&] { (void)run_microbatches(inputs, state_.device_train_microbatch_size, &graph_->token_scale()); });
     if (!failed.empty()) {
@@ -663,12 +661,7 @@ bool Trainer::run_graphed_microbatches(const data::TokenBatch& batch, bool captu
             state_.timestamp.batch + 1, failed);
       }
       state_.parallel->discard_microbatches();
-      state_.outputs = at::Tensor();
-      state_.loss = at::Tensor();
-      step_total_ = at::Tensor();
-      aux_losses_.clear();
-      expert_counts_.clear();
-      state_.optimizer->zero_grad();
+      clear_step_results();
       return false;
     }
     detail::StepGraph::Outputs kept{step_total_, state_.loss, state_.outputs, {}, aux_losses_, expert_counts_};
@@ -687,6 +680,15 @@ bool Trainer::run_graphed_microbatches(const data::TokenBatch& batch, bool captu
   aux_losses_ = out.aux_losses;
   expert_counts_ = out.expert_counts;
   return true;
+}
+
+void Trainer::clear_step_results() {
+  state_.outputs = at::Tensor();
+  state_.loss = at::Tensor();
+  step_total_ = at::Tensor();
+  aux_losses_.clear();
+  expert_counts_.clear();
+  state_.optimizer->zero_grad();
 }
 
 at::Tensor Trainer::loss_sum() const {
@@ -719,9 +721,7 @@ void Trainer::train_batch() {
         "rank {}: out of memory (on this rank or another): retrying batch {} with "
         "device_train_microbatch_size={}",
         state_.rank, state_.timestamp.batch + 1, state_.device_train_microbatch_size);
-    state_.outputs = at::Tensor();
-    state_.loss = at::Tensor();
-    state_.optimizer->zero_grad();
+    clear_step_results();
   }
   state_.batch = full;
   // The logged loss is the mean over every rank's device batch (Composer all-reduces it too): one read per step.

@@ -110,6 +110,9 @@ class Trainer {
   // A batch through the captured step: captured first when `capture`. False when the capture failed (the batch then
   // runs eagerly, as every later one).
   bool run_graphed_microbatches(const data::TokenBatch& batch, bool capture);
+  // Drops what a step that did not finish left behind (outputs, losses, MoE statistics, gradients), before it runs
+  // again: an out-of-memory retry, a capture or a failed capture.
+  void clear_step_results();
   // accumulate_train_batch_on_tokens' factor: the context-parallel group's size over this rank's mean loss tokens.
   double token_scale() const;
   // The training loss of state_.outputs on state_.batch, summed over its loss tokens (models/loss.h).

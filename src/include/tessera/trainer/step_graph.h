@@ -76,7 +76,8 @@ class StepGraph {
 
  private:
   struct Impl;
-  Impl& impl();  // made on first use: the bookkeeping above needs no GPU
+  Impl& impl();          // made on first use: the bookkeeping above needs no GPU
+  void release_graph();  // the backend's part of reset()
   at::Device device_;
   std::unique_ptr<Impl> impl_;
   int64_t warmup_steps_;
