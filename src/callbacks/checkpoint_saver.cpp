@@ -305,6 +305,7 @@ void CheckpointSaver::run_event(core::Event event, core::State& s, core::Logger&
 }
 
 void CheckpointSaver::close(core::State& /*state*/, core::Logger& /*logger*/) {
+  closing_ = true;  // FIT_END already waited for the last save, so a save still in flight here ends on an error
   try {
     wait();
   } catch (const std::exception& e) {
@@ -397,7 +398,7 @@ void CheckpointSaver::save(core::State& s, core::Logger& logger) {
       payload.reset();
       last_save_.bytes = bytes;
       if (rank == 0) {
-        checkpoint::publish_checkpoint(pending, std::move(meta), world, o_.timeout, o_.latest_filename);
+        checkpoint::publish_checkpoint(pending, std::move(meta), world, o_.timeout, o_.latest_filename, &closing_);
         const double secs = std::chrono::duration<double>(Clock::now() - started).count();
         spdlog::info("[checkpoint] saved {} ({:.1f} MB from rank 0, {:.2f} s)", pending.final_dir, bytes / 1e6, secs);
         if (o_.num_checkpoints_to_keep >= 0) {

@@ -180,12 +180,14 @@ nlohmann::json merge_receipts(const std::string& where, nlohmann::json metadata,
   return metadata;
 }
 
-// Polls until `ready` (up to `deadline`), sleeping 5 ms at first and up to 100 ms (remote polls cost a request).
+// Polls until `ready` (up to `deadline`, or until `*stop`), sleeping 5 ms at first and up to 100 ms (remote polls
+// cost a request).
 template <class Ready>
-bool poll_until(const Ready& ready, std::chrono::steady_clock::time_point deadline) {
+bool poll_until(const Ready& ready, std::chrono::steady_clock::time_point deadline,
+                const std::atomic<bool>* stop = nullptr) {
   auto pause = std::chrono::milliseconds(5);
   while (!ready()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
+    if (std::chrono::steady_clock::now() > deadline || (stop != nullptr && stop->load())) return false;
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(100));
   }
@@ -198,8 +200,18 @@ bool poll_until(const Ready& ready, std::chrono::steady_clock::time_point deadli
 // checkpoint count), removes the receipts and anything else under the prefix, and writes the `latest` object (the
 // checkpoint's name) last.
 
+// Why rank `r`'s receipt is missing: the wait ended at the timeout, or the run is ending (`*stop`).
+std::string missing_receipt(int r, const std::string& what, std::chrono::milliseconds timeout,
+                            const std::atomic<bool>* stop) {
+  if (stop != nullptr && stop->load()) {
+    return fmt::format("rank {} had not finished {} {} when this run ended on an error; the save is abandoned", r, what,
+                       rank_file_name(r));
+  }
+  return fmt::format("rank {} did not finish {} {} within {} s", r, what, rank_file_name(r), timeout.count() / 1000);
+}
+
 void publish_remote(const PendingCheckpoint& p, nlohmann::json metadata, int world_size,
-                    std::chrono::milliseconds timeout, const std::string& latest_name) {
+                    std::chrono::milliseconds timeout, const std::string& latest_name, const std::atomic<bool>* stop) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::vector<nlohmann::json> receipts(static_cast<size_t>(world_size));
   for (int r = 0; r < world_size; ++r) {
@@ -212,11 +224,8 @@ void publish_remote(const PendingCheckpoint& p, nlohmann::json metadata, int wor
           // A receipt of an earlier, interrupted attempt at this checkpoint does not count.
           return receipt.is_object() && receipt.value("attempt", "") == p.attempt;
         },
-        deadline);
-    if (!came) {
-      fail_checkpoint(p.final_dir, fmt::format("rank {} did not finish uploading {} within {} s", r, rank_file_name(r),
-                                               timeout.count() / 1000));
-    }
+        deadline, stop);
+    if (!came) fail_checkpoint(p.final_dir, missing_receipt(r, "uploading", timeout, stop));
   }
   metadata = merge_receipts(p.final_dir, std::move(metadata), receipts);
   storage::write(storage::join(p.final_dir, kMetadata), metadata.dump(1) + "\n");
@@ -379,10 +388,11 @@ uint64_t write_rank_file(const PendingCheckpoint& p, int rank, const RankPayload
 }
 
 void publish_checkpoint(const PendingCheckpoint& p, nlohmann::json metadata, int world_size,
-                        std::chrono::milliseconds timeout, const std::string& latest_name) {
+                        std::chrono::milliseconds timeout, const std::string& latest_name,
+                        const std::atomic<bool>* stop) {
   try {
     if (remote(p.folder)) {
-      publish_remote(p, std::move(metadata), world_size, timeout, latest_name);
+      publish_remote(p, std::move(metadata), world_size, timeout, latest_name, stop);
       return;
     }
     // Every rank's receipt: its file is complete and fsynced.
@@ -390,9 +400,8 @@ void publish_checkpoint(const PendingCheckpoint& p, nlohmann::json metadata, int
     std::vector<nlohmann::json> receipts(static_cast<size_t>(world_size));
     for (int r = 0; r < world_size; ++r) {
       const fs::path rp = fs::path(p.temp_dir) / receipt_name(r);
-      if (!poll_until([&] { return fs::exists(rp); }, deadline)) {
-        fail_checkpoint(p.temp_dir, fmt::format("rank {} did not finish writing {} within {} s", r, rank_file_name(r),
-                                                timeout.count() / 1000));
+      if (!poll_until([&] { return fs::exists(rp); }, deadline, stop)) {
+        fail_checkpoint(p.temp_dir, missing_receipt(r, "writing", timeout, stop));
       }
       receipts[static_cast<size_t>(r)] = read_json(rp.string());
     }

@@ -9,6 +9,7 @@
 // and autoresume; see docs/checkpointing.md.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <exception>
@@ -47,7 +48,9 @@ using ExtraState = std::function<nlohmann::json()>;
 // the blocking part is copying the tensors to host memory ("checkpoint/blocking_seconds" is logged); the files are
 // written by a background thread while training goes on, and the next save, FIT_END or close() waits for it. A failed
 // write (e.g. a full disk) raises tessera::Error naming the file and the OS error at the next of those points; the
-// previous checkpoint and `latest` stay as they were.
+// previous checkpoint and `latest` stay as they were. FIT_END waits for a save to be published; close() without it
+// (the run is ending on an error, e.g. a collective failed because a rank died) lets this rank's own write finish but
+// does not wait for other ranks' files: rank 0 abandons that save at once rather than after `timeout`.
 class CheckpointSaver : public core::Callback {
  public:
   CheckpointSaver(SaveOptions options, ExtraState extra);
@@ -77,6 +80,7 @@ class CheckpointSaver : public core::Callback {
   SaveOptions o_;
   ExtraState extra_;
   std::thread writer_;
+  std::atomic<bool> closing_{false};  // close() before FIT_END: rank 0 stops waiting for other ranks' files
   std::exception_ptr error_;
   std::optional<int64_t> last_saved_batch_;
   std::vector<std::string> saved_;

@@ -27,6 +27,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -87,9 +88,12 @@ uint64_t write_rank_file(const PendingCheckpoint& p, int rank, const RankPayload
 // (the caller's fields: timestamp, config, ...) plus "format", "format_version", "world_size", "tensors" and
 // "files", renames the temporary directory to its final name, and points `latest_name` (a relative symlink in the
 // folder; empty: none) at it. Throws naming the rank whose receipt never came or the file that failed; the temporary
-// directory is then removed and `latest` is unchanged.
+// directory is then removed and `latest` is unchanged. Once `*stop` (if given) is true, a receipt still missing is
+// not waited for: the save fails at once as it would at the timeout (a run ending on an error does not wait for a
+// rank that may be dead; the previous checkpoint stays the latest).
 void publish_checkpoint(const PendingCheckpoint& p, nlohmann::json metadata, int world_size,
-                        std::chrono::milliseconds timeout, const std::string& latest_name);
+                        std::chrono::milliseconds timeout, const std::string& latest_name,
+                        const std::atomic<bool>* stop = nullptr);
 
 // Removes a failed checkpoint's temporary directory (remote: its objects, unless metadata.json was written) (best
 // effort).

@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tessera/algorithms/algorithms.h"
@@ -175,6 +178,44 @@ TEST(CheckpointFormat, PublishingWithoutEveryRanksFileFailsAndKeepsLatest) {
   EXPECT_FALSE(fs::exists(folder / ".tmp-ep0-ba2"));
   EXPECT_FALSE(fs::exists(folder / "ep0-ba2"));
   EXPECT_EQ(fs::read_symlink(folder / "latest"), fs::path("ep0-ba1"));
+}
+
+// A run ending on an error (CheckpointSaver::close before FIT_END) stops rank 0's wait for a rank whose file is missing
+// (that rank may be dead): the save is abandoned at once, not after the timeout, and `latest` stays. A save whose files
+// are all there is still published.
+TEST(CheckpointFormat, PublishingStopsWaitingForAMissingRankOnceTheRunEnds) {
+  const fs::path folder = fresh_dir("stopped_publish");
+  write_checkpoint(folder, "ep0-ba1", 1, four_rank_payload());
+  const auto p = checkpoint::begin_checkpoint(folder.string(), "ep0-ba2", 0, std::chrono::seconds(1));
+  checkpoint::write_rank_file(p, 0, four_rank_payload()[0]);
+  const nlohmann::json meta = {{"timestamp", callbacks::timestamp_to_json({})}};
+  const auto timeout = std::chrono::seconds(300);
+  std::atomic<bool> stop{false};
+  std::string err;
+  std::thread publisher(
+      [&] { err = testing::error_of([&] { checkpoint::publish_checkpoint(p, meta, 2, timeout, "latest", &stop); }); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(fs::exists(folder / "ep0-ba2"));
+  const auto stopped = std::chrono::steady_clock::now();
+  stop = true;
+  publisher.join();
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
+  EXPECT_LT(waited, 10 * testing::time_scale()) << "the publisher kept waiting for the missing rank";
+  EXPECT_NE(err.find("rank 1 had not finished writing rank1.safetensors when this run ended on an error; the save is "
+                     "abandoned"),
+            std::string::npos)
+      << err;
+  EXPECT_FALSE(fs::exists(folder / ".tmp-ep0-ba2"));
+  EXPECT_FALSE(fs::exists(folder / "ep0-ba2"));
+  EXPECT_EQ(fs::read_symlink(folder / "latest"), fs::path("ep0-ba1"));
+
+  RankPayload whole;
+  whole.pieces.emplace_back(Piece{"model/w", {10, 7}, 0, 70}, at::arange(70, at::kFloat));
+  const auto q = checkpoint::begin_checkpoint(folder.string(), "ep0-ba3", 0, std::chrono::seconds(1));
+  checkpoint::write_rank_file(q, 0, whole);
+  checkpoint::publish_checkpoint(q, meta, 1, timeout, "latest", &stop);  // stop is set: every file is there already
+  EXPECT_EQ(fs::read_symlink(folder / "latest"), fs::path("ep0-ba3"));
+  EXPECT_TRUE(fs::exists(folder / "ep0-ba3" / "metadata.json"));
 }
 
 // ---- Checkpointing a training run ---------------------------------------------------------------------------------
