@@ -26,6 +26,7 @@ import pytest
 import torch
 
 import driver_ranks
+import streaming_shm
 from driver_ranks import run_driver_ranks
 
 STEPS = 10
@@ -243,6 +244,7 @@ def peer(tessera, tmp_path_factory, dataset):
 
     out = tmp_path_factory.mktemp("peer")
     init_dir = tessera["FULL_SHARD", "decoupled_adamw"][0] / "init"  # all the same (test_every_run_starts_...)
+    streaming_shm.hold()  # the ranks build StreamingDatasets: no other test's Streaming use meanwhile
     mp.spawn(peer_rank, args=(free_port(), str(init_dir), str(dataset), str(out)), nprocs=WORLD, join=True)
     return [torch.load(out / f"peer{rank}.pt", weights_only=False) for rank in range(WORLD)]
 
