@@ -494,28 +494,51 @@ TEST_F(DistTrainingMoe, ShardedOnTwoAndFourRanksMatchesOneProcessWithTheRouterZL
   if (is_worker()) GTEST_SKIP();
   // hf_checkpointer refuses a model transformers has no class for: the losses are compared (20 steps, each after an
   // update that the experts', routers' and z-loss's gradients made).
-  auto z_losses = [](const std::string& name) {
-    std::vector<double> out;
+  //
+  // Top-k routing is discontinuous: the sharded runs sum in other orders than one process (losses ~1e-7 apart), and
+  // a token whose two best experts are nearly tied can go to another expert in one run than in the other. From that
+  // step on the runs train different models. So each step's routing (the per-expert token fractions logged as
+  // moe/layer_L/expert_E) is compared too: while it is the same, the losses and z-losses must agree within 1e-5;
+  // the step where it first differs must differ by no more than a token's worth of loss, and it must come after at
+  // least 10 matching steps. (On the 2-core AMD EPYC of 2026-12-02 one token of 512 changed experts at step 15.)
+  struct Step {
+    double loss = 0, z = 0;
+    std::map<std::string, double> routing;
+  };
+  auto steps = [](const std::string& name) {
+    std::vector<Step> out;
     std::ifstream f(root_ / "runs" / name / "metrics.jsonl");
     for (std::string line; std::getline(f, line);) {
       const auto j = nlohmann::json::parse(line);
-      if (j.contains("loss/train/z_loss")) out.push_back(j["loss/train/z_loss"].get<double>());
+      if (!j.contains("loss/train/total")) continue;
+      Step s{j["loss/train/total"].get<double>(), j.value("loss/train/z_loss", -1.0), {}};
+      for (const auto& [key, value] : j.items()) {
+        if (key.rfind("moe/layer_", 0) == 0) s.routing[key] = value.get<double>();
+      }
+      out.push_back(std::move(s));
     }
     return out;
   };
-  const TrainRun one = run("single", 1, {"callbacks={}"});
-  ASSERT_EQ(one.losses.size(), 20u);
-  const std::vector<double> one_z = z_losses("single");
-  ASSERT_EQ(one_z.size(), 20u);
+  run("single", 1, {"callbacks={}"});
+  const std::vector<Step> one = steps("single");
+  ASSERT_EQ(one.size(), 20u);
+  ASSERT_EQ(one[0].routing.size(), 12u) << "3 layers x 4 experts";
   for (const auto& [name, nproc, extra] :
        {std::tuple<std::string, int, std::string>{"fs2", 2, "fsdp_config.activation_checkpointing=true"},
         {"sgo4", 4, "fsdp_config.sharding_strategy=SHARD_GRAD_OP"}}) {
-    const TrainRun r = run(name, nproc, {"callbacks={}", extra});
-    ASSERT_EQ(r.losses.size(), 20u) << name;
-    const std::vector<double> z = z_losses(name);
-    for (size_t i = 0; i < 20; ++i) {
-      EXPECT_NEAR(r.losses[i], one.losses[i], 1e-5 * std::abs(one.losses[i])) << name << " step " << i;
-      EXPECT_NEAR(z.at(i), one_z[i], 1e-5 * std::abs(one_z[i])) << name << " step " << i;
+    run(name, nproc, {"callbacks={}", extra});
+    const std::vector<Step> r = steps(name);
+    ASSERT_EQ(r.size(), 20u) << name;
+    size_t i = 0;
+    for (; i < 20 && r[i].routing == one[i].routing; ++i) {
+      EXPECT_NEAR(r[i].loss, one[i].loss, 1e-5 * std::abs(one[i].loss)) << name << " step " << i;
+      EXPECT_GE(r[i].z, 0) << name << " step " << i << ": no loss/train/z_loss logged";
+      EXPECT_NEAR(r[i].z, one[i].z, 1e-5 * std::abs(one[i].z)) << name << " step " << i;
+    }
+    if (i < 20) {
+      std::printf("%s: the routing first differs from one process's at step %zu\n", name.c_str(), i);
+      EXPECT_GE(i, 10u) << name << ": the routing differs from one process's after only " << i << " steps";
+      EXPECT_NEAR(r[i].loss, one[i].loss, 1e-3 * std::abs(one[i].loss)) << name << " step " << i;
     }
   }
 }
