@@ -11,8 +11,7 @@ This plugin (tests/CMakeLists.txt loads it with -p streaming_shm) makes a test's
 clean_stale_shared_memory() call take a machine-wide lock, an flock on $TMPDIR/tessera-streaming-shm.lock, and
 holds it until the test has ended and its datasets are collected (their destructors unlink their names). Tests that
 do not touch Streaming's datasets never wait. A test whose datasets are built in processes it starts calls hold()
-first. It changes nothing Streaming computes: it only orders the tests that
-use it. docs/testing.md#flakes.
+first. It changes nothing Streaming computes: it only orders the tests that use it. docs/testing.md#flakes.
 """
 import fcntl
 import functools
@@ -57,15 +56,12 @@ def _locked(fn):
 
 def pytest_configure(config):
     try:
-        import streaming
         import streaming.base.util as util
         from streaming.base.dataset import StreamingDataset
     except ImportError:  # a venv without Streaming has nothing to order
         return
     StreamingDataset.__init__ = _locked(StreamingDataset.__init__)
-    util.clean_stale_shared_memory = _locked(util.clean_stale_shared_memory)
-    if hasattr(streaming, "clean_stale_shared_memory"):
-        streaming.clean_stale_shared_memory = util.clean_stale_shared_memory
+    util.clean_stale_shared_memory = _locked(util.clean_stale_shared_memory)  # whoever imports it from there later
 
 
 @pytest.hookimpl(hookwrapper=True)
