@@ -11,14 +11,14 @@ set -euo pipefail
 SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${1:-$SRC/build/fuzz}
 SECONDS_EACH=${2:-}
-TARGETS=(fuzz_tokenizer_json fuzz_mds_reader fuzz_safetensors fuzz_recipe_yaml fuzz_chat_template)
+TARGETS=(fuzz_tokenizer_json fuzz_mds_reader fuzz_safetensors fuzz_recipe_yaml fuzz_chat_template fuzz_safe_path)
 # The largest input each target is given: tokenizer.json seeds are ~10 KB, recipes ~5 KB, chat templates < 6 KB, MDS
 # and safetensors < 2 KB.
 declare -A MAX_LEN=([fuzz_tokenizer_json]=65536 [fuzz_mds_reader]=8192 [fuzz_safetensors]=8192
-                    [fuzz_recipe_yaml]=16384 [fuzz_chat_template]=16384)
+                    [fuzz_recipe_yaml]=16384 [fuzz_chat_template]=16384 [fuzz_safe_path]=512)
 # Inputs per target in the fixed mode (each target's speed differs by 10x).
 declare -A RUNS=([fuzz_tokenizer_json]=300000 [fuzz_mds_reader]=60000 [fuzz_safetensors]=80000
-                 [fuzz_recipe_yaml]=50000 [fuzz_chat_template]=100000)
+                 [fuzz_recipe_yaml]=50000 [fuzz_chat_template]=100000 [fuzz_safe_path]=100000)
 
 if [[ ! -f "$BUILD/build.ninja" ]]; then
   cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DTESSERA_FUZZ=ON -DTESSERA_BUILD_TESTS=OFF \

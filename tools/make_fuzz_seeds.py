@@ -168,6 +168,46 @@ def mds_seeds():
             (out / f"{name}.bin").write_bytes(index + b"\xff" + shard)
 
 
+def mds_untrusted_seeds():
+    """Indexes whose shard names are paths (issue 61) and compressed shards that claim more than raw_data.bytes: the
+    reader must refuse them, and fuzz_mds_reader fails on any file created outside the dataset's folder. Added beside
+    mds_seeds()' files (not replacing them)."""
+    out = SEEDS / "fuzz_mds_reader"
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(1)
+    with tempfile.TemporaryDirectory() as d:
+        with MDSWriter(out=d, columns={"tokens": "ndarray:int32"}, size_limit=1 << 20) as w:
+            for _ in range(4):
+                w.write({"tokens": rng.integers(0, 1000, 8, dtype=np.int32)})
+        index = json.loads(pathlib.Path(d, "index.json").read_text())
+        shard = pathlib.Path(d, "shard.00000.mds").read_bytes()
+    names = {"dotdot": "../escape.mds", "absolute": "/tmp/tessera_fuzz_escape.mds", "nested": "sub/../../escape.mds",
+             "subfolder": "sub/shard.00000.mds", "control": "shard\n.mds", "own_index": "index.json"}
+    for label, name in names.items():
+        bad = json.loads(json.dumps(index))
+        bad["shards"][0]["raw_data"]["basename"] = name
+        (out / f"name_{label}.bin").write_bytes(json.dumps(bad).encode() + b"\xff" + shard)
+    # shard.00000.mds read as the compressed copy of a raw shard named elsewhere.
+    for label, frame in {
+        # 17 bytes that declare 8 GiB of content (one RLE block follows).
+        "zstd_declares_8gib": b"\x28\xb5\x2f\xfd\xe0" + (8 << 30).to_bytes(8, "little") + b"\x0b\x00\x00x",
+        # No declared size: 64 RLE blocks of 128 KiB each, 8 MiB in all.
+        "zstd_streams_8mib": b"\x28\xb5\x2f\xfd\x00\x38" + b"\x02\x00\x10x" * 63 + b"\x03\x00\x10x",
+    }.items():
+        bad = json.loads(json.dumps(index))
+        bad["shards"][0]["compression"] = "zstd"
+        bad["shards"][0]["raw_data"]["basename"] = "raw.mds"
+        bad["shards"][0]["zip_data"] = {"basename": "shard.00000.mds", "bytes": len(frame), "hashes": {}}
+        (out / f"bomb_{label}.bin").write_bytes(json.dumps(bad).encode() + b"\xff" + frame)
+
+
+def safe_path_seeds():
+    out = fresh("fuzz_safe_path")
+    for i, name in enumerate(["shard.00000.mds", "sub/shard.00000.mds", "../x", "/etc/passwd", "a//b", "./a", "a/.",
+                              "out/x", "in/x", "in/../out/x", "..a/b..", "a\x00b", "\x01", "", "a" * 300]):
+        (out / f"seed{i:02d}").write_bytes(name.encode())
+
+
 def safetensors_seeds():
     out = fresh("fuzz_safetensors")
     g = torch.Generator().manual_seed(0)
@@ -184,10 +224,41 @@ def safetensors_seeds():
     (out / "metadata_only.safetensors").write_bytes(st_save({}, metadata={"step": "12", "note": "no tensors"}))
 
 
+# Inputs fuzz_chat_template found, committed as it found them (no producer makes them): kept across regenerations.
+CHAT_TEMPLATE_FINDINGS = ("replace_without_arguments.jinja", "split_non_string_separator.jinja")
+
+# Huge and empty operands for the size arithmetic of the renderer (issue 61): repetition counts near 2**62 and 2**64,
+# empty strings and lists repeated, ranges with far-apart bounds, filters whose output is a product of two sizes.
+CHAT_TEMPLATE_HOSTILE = {
+    "repeat_huge_and_empty.jinja":
+        "{{ '' * 4611686018427387904 }}{{ 4611686018427387904 * '' }}{{ 'ab' * -1 }}{{ 'ab' * 3 }}\n"
+        "{{ [] * 4611686018427387904 }}{{ [1, 2] * 2 }}{{ 2 * messages|map(attribute='role')|list }}\n"
+        "{{ [1, 2, 3] * 6148914691236517206 }}\n",
+    "range_huge_bounds.jinja":
+        "{{ range(9223372036854775800, 9223372036854775807, 5)|list }}\n"
+        "{{ range(-9223372036854775807 - 1, 9223372036854775807, 9223372036854775807)|list }}\n"
+        "{{ range(-9223372036854775807 - 1, 9223372036854775807)|length }}\n",
+    "filters_huge_output.jinja":
+        "{{ 'abc'.replace('', '-') }}{{ range(100)|join('s' * 1000) }}{{ ('\\n' * 1000)|indent(1000, blank=true) }}\n"
+        "{{ [1, 2]|tojson(indent=-1) }}{{ range(10)|tojson(separators=[',' * 1000, ':']) }}\n"
+        "{{ 'abc'[1::9223372036854775807] }}{{ 'abc'[::-9223372036854775807 - 1] }}\n"
+        "{{ ('a' * 1000)|replace('a', 'b' * 100000) }}\n",
+    "repeated_work.jinja":
+        "{% for m in messages %}{% for i in range(1000) %}{% set x = (m.content ~ '') * 1000 %}"
+        "{{ x|length }}{% endfor %}{% endfor %}\n",
+}
+
+
 def chat_template_seeds():
+    old = SEEDS / "fuzz_chat_template"
+    kept = {name: (old / name).read_bytes() for name in CHAT_TEMPLATE_FINDINGS if (old / name).exists()}
     out = fresh("fuzz_chat_template")
     for p in sorted((ROOT / "tests" / "data" / "chat_templates").glob("*.jinja")):
         shutil.copy(p, out / p.name)
+    for name, data in kept.items():
+        (out / name).write_bytes(data)
+    for name, text in CHAT_TEMPLATE_HOSTILE.items():
+        (out / name).write_text(text)
 
 
 def recipe_seeds():
@@ -204,6 +275,8 @@ if __name__ == "__main__":
     os.chdir(ROOT)
     tokenizers_seeds()
     mds_seeds()
+    mds_untrusted_seeds()
+    safe_path_seeds()
     safetensors_seeds()
     recipe_seeds()
     chat_template_seeds()

@@ -161,6 +161,9 @@ class MDSDataset {
   void fetch_index();            // remote.cpp
   void touch(size_t shard);      // remote.cpp: marks a shard used now (LRU order across the node)
   std::string remote_file(const std::string& basename) const;
+  // dir_/basename for a file this reader creates, replaces or deletes: refused (naming index.json) if it would leave
+  // dir_ through a symbolic link (index.json's names are checked lexically when it is read).
+  std::string writable_path(const std::string& basename) const;
 
   std::string dir_;
   ReaderOptions options_;

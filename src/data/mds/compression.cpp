@@ -5,6 +5,7 @@
 #include <zlib.h>
 #include <zstd.h>
 
+#include <limits>
 #include <memory>
 
 #include "tessera/util/error.h"
@@ -81,13 +82,30 @@ std::string compress(const std::string& spec, std::string_view raw) {
   return out;
 }
 
-std::string decompress(const std::string& spec, std::string_view data, const std::string& what) {
+std::string decompress(const std::string& spec, std::string_view data, uint64_t expected_bytes,
+                       const std::string& what) {
   const Spec s = parse(spec);
+  const auto too_long = [&] {
+    return Error("mds", fmt::format("{}: decompresses to more than the {} bytes index.json gives for the shard "
+                                    "(raw_data.bytes): corrupt or crafted",
+                                    what, expected_bytes));
+  };
+  const auto too_short = [&](uint64_t got) {
+    return Error("mds", fmt::format("{}: decompresses to {} bytes, index.json says {} (raw_data.bytes)", what, got,
+                                    expected_bytes));
+  };
+  if (expected_bytes > kMaxRawShardBytes) {
+    throw Error("mds", fmt::format("{}: index.json gives the shard {} bytes, more than an MDS shard can hold ({})",
+                                   what, expected_bytes, kMaxRawShardBytes));
+  }
+  std::string out;
   if (s.family == "zstd") {
     const unsigned long long size = ZSTD_getFrameContentSize(data.data(), data.size());
     if (size == ZSTD_CONTENTSIZE_ERROR) throw Error("mds", fmt::format("{}: not a zstd frame", what));
-    std::string out;
     if (size != ZSTD_CONTENTSIZE_UNKNOWN) {
+      // The frame's own size is a claim: checked against the index before it becomes an allocation.
+      if (size > expected_bytes) throw too_long();
+      if (size < expected_bytes) throw too_short(size);
       out.resize(size);
       const size_t n = ZSTD_decompress(out.data(), out.size(), data.data(), data.size());
       if (ZSTD_isError(n) || n != size) {
@@ -96,39 +114,41 @@ std::string decompress(const std::string& spec, std::string_view data, const std
       }
       return out;
     }
-    ZSTD_DStream* ds = ZSTD_createDStream();
+    std::unique_ptr<ZSTD_DStream, size_t (*)(ZSTD_DStream*)> ds(ZSTD_createDStream(), ZSTD_freeDStream);
+    if (!ds) throw Error("mds", "zstd: out of memory");
     ZSTD_inBuffer in{data.data(), data.size(), 0};
     std::string buf(ZSTD_DStreamOutSize(), '\0');
     size_t rc = 1;
     while (in.pos < in.size && rc != 0) {
       ZSTD_outBuffer o{buf.data(), buf.size(), 0};
-      rc = ZSTD_decompressStream(ds, &o, &in);
-      if (ZSTD_isError(rc)) {
-        ZSTD_freeDStream(ds);
+      rc = ZSTD_decompressStream(ds.get(), &o, &in);
+      if (ZSTD_isError(rc))
         throw Error("mds", fmt::format("{}: zstd data is corrupt ({})", what, ZSTD_getErrorName(rc)));
-      }
+      if (out.size() + o.pos > expected_bytes) throw too_long();
       out.append(buf.data(), o.pos);
     }
-    ZSTD_freeDStream(ds);
     if (rc != 0) throw Error("mds", fmt::format("{}: zstd data is truncated", what));
-    return out;
+  } else {
+    z_stream z{};
+    if (inflateInit2(&z, 15 + 32) != Z_OK) throw Error("mds", "gzip initialisation failed");
+    std::unique_ptr<z_stream, int (*)(z_stream*)> guard(&z, inflateEnd);
+    if (data.size() > std::numeric_limits<uInt>::max()) throw Error("mds", fmt::format("{}: too large for gzip", what));
+    z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+    z.avail_in = static_cast<uInt>(data.size());
+    char buf[1 << 16];
+    int rc = Z_OK;
+    while (rc == Z_OK) {
+      z.next_out = reinterpret_cast<Bytef*>(buf);
+      z.avail_out = sizeof(buf);
+      rc = inflate(&z, Z_NO_FLUSH);
+      const size_t n = sizeof(buf) - z.avail_out;
+      if (out.size() + n > expected_bytes) throw too_long();
+      out.append(buf, n);
+      if (rc == Z_BUF_ERROR && z.avail_in == 0) break;
+    }
+    if (rc != Z_STREAM_END) throw Error("mds", fmt::format("{}: gzip data is corrupt or truncated", what));
   }
-  z_stream z{};
-  if (inflateInit2(&z, 15 + 32) != Z_OK) throw Error("mds", "gzip initialisation failed");
-  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
-  z.avail_in = static_cast<uInt>(data.size());
-  std::string out;
-  char buf[1 << 16];
-  int rc = Z_OK;
-  while (rc == Z_OK) {
-    z.next_out = reinterpret_cast<Bytef*>(buf);
-    z.avail_out = sizeof(buf);
-    rc = inflate(&z, Z_NO_FLUSH);
-    out.append(buf, sizeof(buf) - z.avail_out);
-    if (rc == Z_BUF_ERROR && z.avail_in == 0) break;
-  }
-  inflateEnd(&z);
-  if (rc != Z_STREAM_END) throw Error("mds", fmt::format("{}: gzip data is corrupt or truncated", what));
+  if (out.size() != expected_bytes) throw too_short(out.size());
   return out;
 }
 

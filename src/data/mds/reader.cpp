@@ -17,6 +17,7 @@
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
 #include "tessera/util/hashing.h"
+#include "tessera/util/safe_path.h"
 
 namespace tessera::data::mds {
 namespace {
@@ -71,7 +72,26 @@ std::vector<std::pair<std::string, std::string>> hashes_of(const nlohmann::json&
   return out;
 }
 
+// A shard's file name from index.json becomes a path under the dataset's folder: it must be a relative name that
+// stays there (Streaming's merged indexes name shards "<subfolder>/shard.00000.mds"), and not one of the reader's own
+// files.
+void check_basename(const std::string& name, const std::string& where, size_t k, const char* key) {
+  const auto first_segment = name.substr(0, name.find('/'));
+  std::optional<std::string> why = util::unsafe_name_reason(name);
+  if (!why && (name == "index.json" || first_segment == ".tessera-locks")) why = "is one of the reader's own files";
+  if (why) {
+    throw Error(kReaderComponent, fmt::format("{}: shard {}: {} \"{}\" {}: refusing to use it as a path under the "
+                                              "dataset's folder",
+                                              where, k, key, name.substr(0, 200), *why));
+  }
+}
+
 }  // namespace
+
+std::string MDSDataset::writable_path(const std::string& basename) const {
+  return util::confined_path(dir_, basename, (fs::path(dir_) / "index.json").string(), kReaderComponent, "shard file")
+      .string();
+}
 
 MDSDataset::MDSDataset(std::string dir, ReaderOptions options) : dir_(std::move(dir)), options_(std::move(options)) {
   const fs::path index_path = fs::path(dir_) / "index.json";
@@ -116,11 +136,18 @@ MDSDataset::MDSDataset(std::string dir, ReaderOptions options) : dir_(std::move(
       if (!s.at("compression").is_null()) info.compression = s.at("compression").get<std::string>();
       const auto& raw = s.at("raw_data");
       info.raw_basename = raw.at("basename").get<std::string>();
+      check_basename(info.raw_basename, where, k, "raw_data.basename");
       info.raw_bytes = raw.at("bytes").get<uint64_t>();
+      if (info.raw_bytes > detail::kMaxRawShardBytes) {
+        throw Error(kReaderComponent, fmt::format("{}: shard {}: raw_data.bytes {} is more than an MDS shard can hold "
+                                                  "({}: its offsets are 32-bit)",
+                                                  where, k, info.raw_bytes, detail::kMaxRawShardBytes));
+      }
       info.raw_hashes = hashes_of(raw);
       if (!s.at("zip_data").is_null()) {
         const auto& zip = s.at("zip_data");
         info.zip_basename = zip.at("basename").get<std::string>();
+        check_basename(*info.zip_basename, where, k, "zip_data.basename");
         info.zip_bytes = zip.at("bytes").get<uint64_t>();
         info.zip_hashes = hashes_of(zip);
         if (!info.compression)
@@ -244,9 +271,9 @@ std::shared_ptr<MDSDataset::OpenShard> MDSDataset::open(size_t k) {
                                                 zip_path.string(), zip.size(), info.zip_bytes));
     }
     if (options_.verify_hashes) verify(info.zip_hashes, zip, zip_path.string());
-    const std::string raw = detail::decompress(*info.compression, zip, zip_path.string());
+    const std::string raw = detail::decompress(*info.compression, zip, info.raw_bytes, zip_path.string());
     // As Streaming: decompress to <raw>.tmp and rename, so a crash never leaves a partial raw shard; keep the zip.
-    util::write_file_atomically(raw_path.string(), raw, kReaderComponent);
+    util::write_file_atomically(writable_path(info.raw_basename), raw, kReaderComponent);
   }
   if (fd < 0) fd = ::open(raw_path.c_str(), O_RDONLY | O_CLOEXEC);
   auto shard = std::make_shared<OpenShard>();
@@ -263,7 +290,7 @@ std::shared_ptr<MDSDataset::OpenShard> MDSDataset::open(size_t k) {
   const std::string file = raw_path.string();
   const std::string_view b = shard->bytes();
   if (b.size() != info.raw_bytes) {
-    if (options_.remote) fs::remove(raw_path);  // fetched: fetch it again next time
+    if (options_.remote) fs::remove(writable_path(info.raw_basename));  // fetched: fetch it again next time
     throw Error(kReaderComponent,
                 fmt::format("{}: {} bytes, index.json says {}: truncated or replaced", file, b.size(), info.raw_bytes));
   }
@@ -271,7 +298,7 @@ std::shared_ptr<MDSDataset::OpenShard> MDSDataset::open(size_t k) {
     try {
       verify(info.raw_hashes, b, file);
     } catch (const Error&) {
-      if (options_.remote) fs::remove(raw_path);  // fetched: fetch it again next time
+      if (options_.remote) fs::remove(writable_path(info.raw_basename));  // fetched: fetch it again next time
       throw;
     }
   }

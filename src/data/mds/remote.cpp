@@ -136,7 +136,7 @@ void MDSDataset::touch(size_t k) {
   if (touched_[k] == now) return;
   touched_[k] = now;
   const fs::path raw = fs::path(dir_) / shards_[k].raw_basename;
-  ::utimensat(AT_FDCWD, raw.c_str(), nullptr, 0);  // a missing file is fine: it was evicted
+  ::utimensat(AT_FDCWD, raw.c_str(), nullptr, AT_SYMLINK_NOFOLLOW);  // a missing file is fine: it was evicted
 }
 
 uint64_t MDSDataset::cache_usage() const {
@@ -178,17 +178,17 @@ void MDSDataset::make_room(size_t k) {
     }
     const ShardInfo& v = shards_[*victim];
     std::error_code ec;
-    if (fs::remove(fs::path(dir_) / v.raw_basename, ec)) usage -= v.raw_bytes;
-    if (v.zip_basename && fs::remove(fs::path(dir_) / *v.zip_basename, ec)) usage -= v.zip_bytes;
+    if (fs::remove(writable_path(v.raw_basename), ec)) usage -= v.raw_bytes;
+    if (v.zip_basename && fs::remove(writable_path(*v.zip_basename), ec)) usage -= v.zip_bytes;
     spdlog::debug("[mds] {}: evicted shard {} to make room for shard {}", dir_, *victim, k);
   }
 }
 
 void MDSDataset::fetch(size_t k) {
   const ShardInfo& info = shards_[k];
-  const fs::path raw = fs::path(dir_) / info.raw_basename;
+  const fs::path raw = writable_path(info.raw_basename);
   if (present(raw)) return;
-  NodeLock lock(fs::path(dir_) / ".tessera-locks" / (info.raw_basename + ".lock"), options_.download_timeout,
+  NodeLock lock(writable_path(".tessera-locks/" + info.raw_basename + ".lock"), options_.download_timeout,
                 remote_file(info.raw_basename));
   if (present(raw)) return;  // another process of the node fetched it meanwhile
   if (options_.cache_limit) make_room(k);
@@ -196,7 +196,7 @@ void MDSDataset::fetch(size_t k) {
     download_with_retry(remote_file(info.raw_basename), raw, options_.download_retry);
     return;  // verified when opened
   }
-  const fs::path zip_path = fs::path(dir_) / *info.zip_basename;
+  const fs::path zip_path = writable_path(*info.zip_basename);
   if (!present(zip_path)) download_with_retry(remote_file(*info.zip_basename), zip_path, options_.download_retry);
   const std::string zip = util::read_file(zip_path.string(), kRemoteComponent);
   const auto corrupt = [&](const std::string& why) {
@@ -214,8 +214,8 @@ void MDSDataset::fetch(size_t k) {
       }
     }
   }
-  util::write_file_atomically(raw.string(), detail::decompress(*info.compression, zip, zip_path.string()),
-                              kRemoteComponent);
+  util::write_file_atomically(
+      raw.string(), detail::decompress(*info.compression, zip, info.raw_bytes, zip_path.string()), kRemoteComponent);
   if (!options_.keep_zip) fs::remove(zip_path);
 }
 
