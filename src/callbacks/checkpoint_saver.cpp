@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <map>
 #include <random>
+#include <regex>
 #include <set>
 #include <string_view>
 #include <variant>
@@ -25,6 +26,7 @@
 #include "tessera/storage/storage.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
+#include "tessera/util/safe_path.h"
 
 namespace tessera::callbacks {
 
@@ -132,6 +134,64 @@ std::string fill_name(std::string pattern, const core::State& s) {
     }
   }
   return pattern;
+}
+
+// The names fill_name gives `pattern` in run `run_name`: each count as any number, {run_name} as this run's name.
+// Only folders so named are this saver's to rotate or clean up.
+std::regex filename_regex(const std::string& pattern, const std::string& run_name) {
+  static const std::vector<std::string> counts = {"{epoch}",           "{batch}", "{batch_in_epoch}", "{sample}",
+                                                  "{sample_in_epoch}", "{token}", "{token_in_epoch}", "{world_size}"};
+  std::string re;
+  const auto literal = [&](std::string_view text) {
+    for (const char c : text) {
+      if (std::string_view("\\^$.|?*+()[]{}").find(c) != std::string_view::npos) re += '\\';
+      re += c;
+    }
+  };
+  for (size_t i = 0; i < pattern.size();) {
+    if (pattern.compare(i, 10, "{run_name}") == 0) {
+      literal(run_name);
+      i += 10;
+      continue;
+    }
+    const auto count = std::find_if(counts.begin(), counts.end(),
+                                    [&](const std::string& k) { return pattern.compare(i, k.size(), k) == 0; });
+    if (count != counts.end()) {
+      re += "[0-9]+";
+      i += count->size();
+    } else {
+      literal(std::string_view(pattern).substr(i, 1));
+      ++i;
+    }
+  }
+  return std::regex(re);
+}
+
+bool named_by(const std::regex& names, const std::string& dir) {
+  return std::regex_match(fs::path(dir).filename().string(), names);
+}
+
+// Whether `dir` (a .tmp-NAME directory) holds only what a save writes there: rank files, receipts, metadata.json and
+// their temporary files (FILE.tmp.<pid>.<n>).
+bool holds_only_save_files(const fs::path& dir) {
+  static const std::regex file(R"((rank[0-9]+\.(safetensors|receipt\.json)|metadata\.json)(\.tmp\.[0-9]+\.[0-9]+)?)");
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    if (e.is_symlink() || !e.is_regular_file() || !std::regex_match(e.path().filename().string(), file)) return false;
+  }
+  return !ec;
+}
+
+// Whether `e` (.tmp-REST or .old-REST in the save folder) is what an interrupted or finished save of this saver left:
+// the temporary `latest` link; a temporary directory of a checkpoint named by `names` holding only a save's files; a
+// checkpoint moved aside whose re-save completed (REST is a checkpoint again).
+bool left_by_a_save(const fs::directory_entry& e, const std::string& rest, bool tmp, const std::regex& names,
+                    const SaveOptions& o) {
+  if (e.is_symlink()) return tmp && rest == o.latest_filename;
+  if (!e.is_directory() || !std::regex_match(rest, names)) return false;
+  if (tmp) return holds_only_save_files(e.path());
+  return checkpoint::is_checkpoint(e.path().string()) &&
+         checkpoint::is_checkpoint((fs::path(o.folder) / rest).string());
 }
 
 std::string now_iso8601() {
@@ -270,18 +330,34 @@ bool CheckpointSaver::due(core::Event event, const core::State& s) const {
 void CheckpointSaver::run_event(core::Event event, core::State& s, core::Logger& logger) {
   if (event == core::Event::kFitStart) {
     if (s.rank == 0) {
+      const std::regex names = filename_regex(o_.filename, s.run_name);
+      std::vector<std::string> others;
+      // A re-save that a crash interrupted between its two renames: the checkpoint it had moved aside goes back
+      // before anything else (autoresume did so already, if it ran).
+      checkpoint::restore_moved_aside(o_.folder);
       std::error_code ec;
-      if (fs::is_directory(o_.folder, ec)) {  // temporary directories of saves that a crash interrupted
+      if (fs::is_directory(o_.folder, ec)) {  // what saves that a crash interrupted left (local folders)
         for (const fs::directory_entry& e : fs::directory_iterator(o_.folder, ec)) {
           const std::string n = e.path().filename().string();
-          if (n.rfind(".tmp-", 0) == 0 || n.rfind(".old-", 0) == 0) fs::remove_all(e.path(), ec);
+          const bool tmp = n.rfind(".tmp-", 0) == 0;
+          if (!tmp && n.rfind(".old-", 0) != 0) continue;
+          if (left_by_a_save(e, n.substr(5), tmp, names, o_)) {
+            fs::remove_all(e.path(), ec);
+          } else {
+            others.push_back(e.path().string());
+          }
         }
       }
       // Remote folders: the objects of saves that a crash interrupted (no metadata.json).
       for (const std::string& dir : checkpoint::incomplete_checkpoints(o_.folder)) {
+        if (!named_by(names, dir)) {
+          others.push_back(dir);
+          continue;
+        }
         spdlog::info("[checkpoint] removing {}: an interrupted save (no metadata.json)", dir);
         checkpoint::remove_checkpoint(dir);
       }
+      mention_left_alone(others);
       if (!o_.overwrite) {
         for (const std::string& dir : checkpoint::list_checkpoints(o_.folder)) {
           const int64_t batch =
@@ -302,6 +378,18 @@ void CheckpointSaver::run_event(core::Event event, core::State& s, core::Logger&
     return;
   }
   if (due(event, s)) save(s, logger);
+}
+
+void CheckpointSaver::mention_left_alone(const std::vector<std::string>& others) {
+  std::vector<std::string> fresh;
+  for (const std::string& o : others) {
+    if (mentioned_.insert(o).second) fresh.push_back(o);
+  }
+  if (fresh.empty()) return;
+  spdlog::info(
+      "[checkpoint] leaving {} alone: not checkpoints this run names by save_filename \"{}\" (only those "
+      "are rotated or cleaned up)",
+      fmt::join(fresh, ", "), o_.filename);
 }
 
 void CheckpointSaver::close(core::State& /*state*/, core::Logger& /*logger*/) {
@@ -357,6 +445,7 @@ void CheckpointSaver::save(core::State& s, core::Logger& logger) {
     if (s.device.is_cuda()) payload->local["rng/cuda"] = at::globalContext().defaultGenerator(s.device).get_state();
   }
   const std::string name = fill_name(o_.filename, s);
+  const std::regex names = filename_regex(o_.filename, s.run_name);
   nlohmann::json meta;
   if (s.rank == 0) {
     meta["run_name"] = s.run_name;
@@ -392,7 +481,7 @@ void CheckpointSaver::save(core::State& s, core::Logger& logger) {
       checkpoint::begin_checkpoint(o_.folder, name, s.rank, o_.timeout, attempt);
   const int rank = static_cast<int>(s.rank), world = static_cast<int>(s.world_size);
   last_save_ = {0, 0, blocking};
-  auto write = [this, pending, payload, meta, rank, world, started]() mutable {
+  auto write = [this, pending, payload, meta, rank, world, started, names]() mutable {
     try {
       const uint64_t bytes = checkpoint::write_rank_file(pending, rank, *payload);
       payload.reset();
@@ -402,7 +491,11 @@ void CheckpointSaver::save(core::State& s, core::Logger& logger) {
         const double secs = std::chrono::duration<double>(Clock::now() - started).count();
         spdlog::info("[checkpoint] saved {} ({:.1f} MB from rank 0, {:.2f} s)", pending.final_dir, bytes / 1e6, secs);
         if (o_.num_checkpoints_to_keep >= 0) {
-          std::vector<std::string> all = checkpoint::list_checkpoints(o_.folder);
+          // Only Tessera checkpoints named by save_filename count and go; anything else in the folder stays.
+          std::vector<std::string> all, others;
+          for (std::string& d : checkpoint::list_checkpoints(o_.folder, &others))
+            (named_by(names, d) ? all : others).push_back(std::move(d));
+          mention_left_alone(others);
           const size_t keep = static_cast<size_t>(std::max<int64_t>(1, o_.num_checkpoints_to_keep));
           for (size_t i = 0; i + keep < all.size(); ++i) {
             if (fs::path(all[i]).lexically_normal() == fs::path(pending.final_dir).lexically_normal()) continue;
@@ -555,9 +648,18 @@ LoadedCheckpoint load_checkpoint(core::State& s, const std::string& path, const 
       // A Hugging Face folder in object storage: downloaded whole, then read as a local one.
       const util::TempFolder local("tessera-hf");
       const std::string prefix = storage::join(path, "");
+      // A listing is not trusted: every key must name a file under the temporary folder ("a/../../x" or a key
+      // outside the prefix is refused), checked for all of them before anything is fetched.
+      std::vector<std::pair<std::string, std::string>> files;
       for (const storage::ObjectInfo& obj : storage::list(prefix)) {
-        storage::download(obj.uri, (fs::path(local.path) / obj.uri.substr(prefix.size())).string());
+        if (!obj.uri.empty() && obj.uri.back() == '/') continue;  // a "folder" marker holds no file
+        if (obj.uri.rfind(prefix, 0) != 0) {
+          throw Error(kComponent, fmt::format("{}: the listing returned {}, which is not under it", prefix, obj.uri));
+        }
+        const std::string rel = obj.uri.substr(prefix.size());
+        files.emplace_back(obj.uri, util::confined_path(local.path, rel, obj.uri, kComponent, "object key").string());
       }
+      for (const auto& [uri, file] : files) storage::download(uri, file);
       LoadedCheckpoint loaded = load_hf_weights(s, local.path, o.strict_model_weights);
       loaded.path = path;
       return loaded;
@@ -582,6 +684,10 @@ LoadedCheckpoint load_checkpoint(core::State& s, const std::string& path, const 
 
 std::optional<LoadedCheckpoint> load_newest_checkpoint(core::State& s, const std::string& folder,
                                                        const std::string& latest_filename, const LoadOptions& o) {
+  // A re-save that a crash interrupted between its two renames: rank 0 renames the checkpoint it had moved aside back
+  // first; the broadcast holds the other ranks until then.
+  if (s.rank == 0) checkpoint::restore_moved_aside(folder);
+  agree_on_index(s, [] { return int64_t{0}; });
   // Every rank lists the folder; rank 0's count is the reference (a rank seeing another listing has no shared
   // folder).
   const std::vector<std::string> candidates = checkpoint::checkpoint_candidates(folder, latest_filename);

@@ -24,6 +24,7 @@
 #include "tessera/util/error.h"
 #include "tessera/util/file_env.h"
 #include "tessera/util/file_io.h"
+#include "tessera/util/safe_path.h"
 
 namespace tessera::checkpoint {
 namespace {
@@ -104,24 +105,58 @@ bool remote(const std::string& location) {
   return storage::is_remote(location);
 }
 
-// A checkpoint's metadata.json, local or remote.
-nlohmann::json read_metadata(const std::string& dir) {
-  const std::string path = storage::join(dir, kMetadata);
-  if (!remote(dir)) return read_json(path);
-  const std::string text = storage::read(path);
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail_checkpoint(path, fmt::format("not valid JSON ({})", e.what()));
+// metadata.json's file names are joined onto the checkpoint's folder (a remote one's also onto the reader's download
+// folder): each must be a safe relative name, checked as the file is read, before anything is fetched or written.
+void check_file_names(const nlohmann::json& m, const std::string& dir, const std::string& path) {
+  if (!m.is_object() || !m.contains("files")) return;
+  const nlohmann::json& files = m.at("files");
+  if (!files.is_array()) fail_checkpoint(path, "\"files\" is not a list");
+  for (const nlohmann::json& f : files) {
+    if (!f.is_object() || !f.contains("name") || !f.at("name").is_string())
+      fail_checkpoint(path, fmt::format("an entry of \"files\" has no \"name\" string: {}", f.dump()));
+    util::confined_path(dir, f.at("name").get_ref<const std::string&>(), path, kCheckpointComponent, "file name",
+                        util::Confine::kLexical);
   }
 }
 
-// Batch of a checkpoint for ordering: its metadata's timestamp, or -1 when unreadable.
-int64_t checkpoint_batch(const std::string& dir) {
+// A checkpoint's metadata.json, local or remote, its file names checked.
+nlohmann::json read_metadata(const std::string& dir) {
+  const std::string path = storage::join(dir, kMetadata);
+  nlohmann::json m;
+  if (!remote(dir)) {
+    m = read_json(path);
+  } else {
+    const std::string text = storage::read(path);
+    try {
+      m = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      fail_checkpoint(path, fmt::format("not valid JSON ({})", e.what()));
+    }
+  }
+  check_file_names(m, dir, path);
+  return m;
+}
+
+// The path of a file metadata.json lists (its name checked by read_metadata): folder/name, URIs as they are.
+std::string listed_file(const std::string& dir, const std::string& name) {
+  if (remote(dir)) return storage::join(dir, name);
+  return util::confined_path(dir, name, storage::join(dir, kMetadata), kCheckpointComponent, "file name",
+                             util::Confine::kLexical)
+      .string();
+}
+
+// A checkpoint's batch for ordering (its metadata's timestamp, -1 without one), or nullopt when `dir` is not a
+// Tessera checkpoint: no metadata.json, one that does not parse, or one without the format marker (a folder of the
+// user's that happens to hold a metadata.json).
+std::optional<int64_t> checkpoint_batch(const std::string& dir) {
   try {
-    return read_metadata(dir).at("timestamp").at("batch").get<int64_t>();
+    const nlohmann::json m = read_metadata(dir);
+    if (!m.is_object() || m.value("format", "") != "tessera-checkpoint") return std::nullopt;
+    const nlohmann::json& t = m.value("timestamp", nlohmann::json::object());
+    return t.is_object() && t.contains("batch") && t.at("batch").is_number_integer() ? t.at("batch").get<int64_t>()
+                                                                                     : -1;
   } catch (const std::exception&) {
-    return -1;
+    return std::nullopt;
   }
 }
 
@@ -153,6 +188,10 @@ nlohmann::json merge_receipts(const std::string& where, nlohmann::json metadata,
   nlohmann::json locals = nlohmann::json::object();
   for (int r = 0; r < world_size; ++r) {
     const nlohmann::json& rc = receipts[static_cast<size_t>(r)];
+    if (rc.value("file", "") != rank_file_name(r)) {
+      fail_checkpoint(where, fmt::format("rank {}'s receipt names the file {}, not {}", r,
+                                         rc.value("file", nlohmann::json()).dump(), rank_file_name(r)));
+    }
     files.push_back({{"rank", r}, {"name", rc.at("file")}, {"bytes", rc.at("bytes")}, {"xxh64", rc.at("xxh64")}});
     if (!rc.at("local").empty()) locals[std::to_string(r)] = rc.at("local");
     for (const nlohmann::json& pc : rc.at("pieces")) {
@@ -247,28 +286,39 @@ std::vector<std::pair<std::string, std::string>> remote_children(const std::stri
     const std::string rest = o.uri.substr(prefix.size());
     const size_t slash = rest.find('/');
     if (slash == std::string::npos || slash == 0) continue;
+    // A listing is not trusted: a "." or ".." segment names no prefix of this folder.
+    if (util::unsafe_name_reason(rest.substr(0, slash))) continue;
     out.emplace_back(storage::join(folder, rest.substr(0, slash)), rest.substr(slash + 1));
   }
   return out;
 }
 
-// The checkpoint `latest_name` points at (a symlink locally; remotely an object holding the name), if any.
+// The checkpoint `latest_name` points at (a symlink locally; remotely an object holding the name), if any. What it
+// holds must be one safe name, of a folder beside it: a pointer that leads elsewhere is an error naming it.
 std::optional<std::string> latest_target(const std::string& folder, const std::string& latest_name) {
   if (latest_name.empty()) return std::nullopt;
+  const std::string latest = storage::join(folder, latest_name);
+  std::string target;
   if (remote(folder)) {
-    const std::string latest = storage::join(folder, latest_name);
     if (!storage::stat(latest)) return std::nullopt;
-    std::string target = storage::read(latest);
+    target = storage::read(latest);
     while (!target.empty() && std::isspace(static_cast<unsigned char>(target.back()))) target.pop_back();
-    if (target.empty() || target.find('/') != std::string::npos) return std::nullopt;
-    return storage::join(folder, target);
+    if (target.empty()) return std::nullopt;
+  } else {
+    std::error_code ec;
+    const fs::path link = fs::path(folder) / latest_name;
+    if (!fs::is_symlink(link, ec)) return std::nullopt;
+    target = fs::read_symlink(link, ec).string();
+    if (ec) return std::nullopt;
   }
-  std::error_code ec;
-  const fs::path link = fs::path(folder) / latest_name;
-  if (!fs::is_symlink(link, ec)) return std::nullopt;
-  const fs::path target = fs::path(folder) / fs::read_symlink(link, ec);
-  if (ec) return std::nullopt;
-  return target.string();
+  const std::optional<std::string> why = target.find('/') != std::string::npos ? std::optional<std::string>("has a '/'")
+                                                                               : util::unsafe_name_reason(target);
+  if (why) {
+    fail_checkpoint(latest, fmt::format("points at \"{}\", which {}: refusing to follow it (Tessera's latest pointer "
+                                        "holds the name of one checkpoint in the folder)",
+                                        target, *why));
+  }
+  return storage::join(folder, target);
 }
 
 // How candidates are compared: lexically normal local paths, URIs as they are.
@@ -473,7 +523,10 @@ void remove_checkpoint(const std::string& dir) {
   // metadata.json first: from then on the checkpoint no longer counts, whatever remains.
   const std::string meta = storage::join(dir, kMetadata);
   storage::remove(meta);
-  for (const storage::ObjectInfo& o : storage::list(dir + "/")) storage::remove(o.uri);
+  const std::string prefix = dir + "/";
+  for (const storage::ObjectInfo& o : storage::list(prefix)) {
+    if (o.uri.rfind(prefix, 0) == 0) storage::remove(o.uri);  // a listing is not trusted to stay under the prefix
+  }
 }
 
 std::vector<std::string> incomplete_checkpoints(const std::string& folder) {
@@ -496,11 +549,19 @@ std::vector<std::string> incomplete_checkpoints(const std::string& folder) {
   return out;
 }
 
-std::vector<std::string> list_checkpoints(const std::string& folder) {
-  std::vector<std::string> dirs;
+std::vector<std::string> list_checkpoints(const std::string& folder, std::vector<std::string>* others) {
+  std::set<std::string> dirs;
   if (remote(folder)) {
+    // Only prefixes with a metadata.json are read (a request each); the rest are not checkpoints.
+    std::set<std::string> all;
     for (const auto& [dir, file] : remote_children(folder)) {
-      if (file == kMetadata && fs::path(dir).filename().string()[0] != '.') dirs.push_back(dir);
+      if (fs::path(dir).filename().string()[0] == '.') continue;  // hidden, as locally
+      (file == kMetadata ? dirs : all).insert(dir);
+    }
+    if (others != nullptr) {
+      for (const std::string& d : all) {
+        if (!dirs.count(d)) others->push_back(d);
+      }
     }
   } else {
     std::error_code ec;
@@ -508,15 +569,66 @@ std::vector<std::string> list_checkpoints(const std::string& folder) {
     for (const fs::directory_entry& e : fs::directory_iterator(folder, ec)) {
       const std::string name = e.path().filename().string();
       if (name.empty() || name[0] == '.' || e.is_symlink() || !e.is_directory()) continue;
-      if (fs::exists(e.path() / kMetadata)) dirs.push_back(e.path().string());
+      dirs.insert(e.path().string());
     }
   }
   std::vector<std::pair<int64_t, std::string>> found;
-  for (std::string& d : dirs) found.emplace_back(checkpoint_batch(d), std::move(d));
+  for (const std::string& d : dirs) {
+    if (const std::optional<int64_t> batch = checkpoint_batch(d)) {
+      found.emplace_back(*batch, d);
+    } else if (others != nullptr) {
+      others->push_back(d);
+    }
+  }
   std::sort(found.begin(), found.end());
   std::vector<std::string> out;
   for (auto& f : found) out.push_back(std::move(f.second));
   return out;
+}
+
+bool is_checkpoint(const std::string& dir) {
+  return checkpoint_batch(dir).has_value();
+}
+
+std::vector<std::string> restore_moved_aside(const std::string& folder) {
+  std::vector<std::string> restored;
+  if (remote(folder)) return restored;
+  try {
+    std::error_code ec;
+    if (!fs::is_directory(folder, ec)) return restored;
+    std::vector<fs::path> old;
+    for (const fs::directory_entry& e : fs::directory_iterator(folder)) {
+      if (e.path().filename().string().rfind(".old-", 0) == 0 && !e.is_symlink() && e.is_directory()) {
+        old.push_back(e.path());
+      }
+    }
+    for (const fs::path& o : old) {
+      const std::string base = o.filename().string().substr(5);
+      const fs::path name = fs::path(folder) / base;
+      // Only when NAME is missing: otherwise the re-save finished, and .old-NAME is the stale copy.
+      if (base.empty() || fs::symlink_status(name, ec).type() != fs::file_type::not_found) continue;
+      const std::string why = validate_checkpoint(o.string(), /*verify_checksums=*/false);
+      if (!why.empty()) {
+        spdlog::warn(
+            "[checkpoint] {} is missing, and {} is not a complete checkpoint to restore it from ({}); leaving "
+            "both as they are",
+            name.string(), o.string(), why);
+        continue;
+      }
+      if (util::file_env().rename(o.string(), name.string()) != 0)
+        fail_checkpoint(name.string(), fmt::format("cannot restore it from {}: {}", o.string(), std::strerror(errno)));
+      sync_dir(folder);
+      spdlog::warn(
+          "[checkpoint] restored {} from {}: a crash interrupted its re-save between moving it aside and "
+          "renaming the new one into place",
+          name.string(), o.string());
+      restored.push_back(name.string());
+    }
+  } catch (const std::exception& e) {
+    spdlog::warn("[checkpoint] {}: checking for checkpoints moved aside by an interrupted re-save failed: {}", folder,
+                 e.what());
+  }
+  return restored;
 }
 
 std::string validate_checkpoint(const std::string& dir, bool verify_checksums) {
@@ -530,7 +642,7 @@ std::string validate_checkpoint(const std::string& dir, bool verify_checksums) {
     }
     for (const nlohmann::json& f : m.at("files")) {
       if (remote(dir)) {
-        const std::string uri = storage::join(dir, f.at("name").get<std::string>());
+        const std::string uri = listed_file(dir, f.at("name").get<std::string>());
         const auto info = storage::stat(uri);
         const uint64_t want = f.at("bytes").get<uint64_t>();
         if (!info) return fmt::format("{}: missing", uri);
@@ -545,7 +657,7 @@ std::string validate_checkpoint(const std::string& dir, bool verify_checksums) {
         }
         continue;
       }
-      const fs::path path = fs::path(dir) / f.at("name").get<std::string>();
+      const fs::path path = listed_file(dir, f.at("name").get<std::string>());
       std::error_code ec;
       const uint64_t size = fs::file_size(path, ec);
       if (ec) return fmt::format("{}: missing ({})", path.string(), ec.message());
@@ -650,11 +762,13 @@ SafetensorsFile& CheckpointReader::file(int rank) {
     if (f.at("rank").get<int>() == rank) entry = &f;
   }
   if (entry == nullptr) fail_checkpoint(dir_, fmt::format("metadata.json lists no file for rank {}", rank));
-  const std::string shown = storage::join(dir_, entry->at("name").get<std::string>());  // for messages
+  const std::string& name = entry->at("name").get_ref<const std::string&>();  // checked as metadata.json was read
+  const std::string shown = listed_file(dir_, name);                          // for messages
   std::string path = shown;
   if (remote(path)) {
     if (cache_.empty()) cache_ = util::make_temp_dir("tessera-checkpoint", kCheckpointComponent);
-    const std::string local = (fs::path(cache_) / entry->at("name").get<std::string>()).string();
+    const std::string local =
+        util::confined_path(cache_, name, storage::join(dir_, kMetadata), kCheckpointComponent, "file name").string();
     storage::download(shown, local);
     path = local;
   }

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <fstream>
@@ -54,6 +55,15 @@ fs::path resolve_hf_folder(const std::string& name_or_path) {
   std::string commit;
   if (std::ifstream f(ref); f) std::getline(f, commit);
   while (!commit.empty() && std::isspace(static_cast<unsigned char>(commit.back()))) commit.pop_back();
+  // The ref names a snapshot folder: a plain commit name, never a path ("../../x", "/abs").
+  const bool plain = commit != "." && commit != ".." && std::all_of(commit.begin(), commit.end(), [](char c) {
+                       return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+                     });
+  if (!plain) {
+    throw Error("hf_hub", fmt::format("{}: holds \"{}\", not a commit name (letters, digits, '.', '_', '-'): refusing "
+                                      "to use it as a snapshot folder of {}",
+                                      ref.string(), commit.substr(0, 200), name_or_path));
+  }
   const fs::path snapshot = repo / "snapshots" / commit;
   if (!commit.empty() && fs::is_directory(snapshot)) return snapshot;
   throw Error("hf_hub",

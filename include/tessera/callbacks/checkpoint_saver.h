@@ -15,6 +15,7 @@
 #include <exception>
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,7 +34,9 @@ struct SaveOptions {
   std::string filename = "ep{epoch}-ba{batch}";         // save_filename: names each checkpoint directory
   std::string latest_filename = "latest";               // save_latest_filename: symlink to the newest checkpoint
   config::Time interval = config::Time::batches(1000);  // save_interval; the end of training always saves
-  int64_t num_checkpoints_to_keep = -1;                 // -1: all; otherwise the newest max(1, K) in the folder
+  // -1: all; otherwise the newest max(1, K) in the folder of the Tessera checkpoints named by `filename` (anything
+  // else there is left alone, and logged once)
+  int64_t num_checkpoints_to_keep = -1;
   bool overwrite = false;     // false: a folder holding checkpoints later than the run's start is an error
   bool weights_only = false;  // save_weights_only: the model only (no optimizer, RNG or data position)
   bool async = true;          // save_async: write in a background thread after copying the state to host memory
@@ -77,6 +80,8 @@ class CheckpointSaver : public core::Callback {
 
  private:
   bool due(core::Event event, const core::State& state) const;
+  // Logs, once per path, what in the save folder this saver leaves alone (not a checkpoint it names).
+  void mention_left_alone(const std::vector<std::string>& others);
   SaveOptions o_;
   ExtraState extra_;
   std::thread writer_;
@@ -85,6 +90,7 @@ class CheckpointSaver : public core::Callback {
   std::optional<int64_t> last_saved_batch_;
   std::vector<std::string> saved_;
   SaveReport last_save_;
+  std::set<std::string> mentioned_;  // rank 0: paths mention_left_alone logged
 };
 
 struct LoadOptions {

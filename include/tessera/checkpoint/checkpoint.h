@@ -107,11 +107,26 @@ void remove_checkpoint(const std::string& dir);
 // directories).
 std::vector<std::string> incomplete_checkpoints(const std::string& folder);
 
-// Published checkpoints in `folder` (directories with a metadata.json), oldest first by (batch, name).
-std::vector<std::string> list_checkpoints(const std::string& folder);
+// Published checkpoints in `folder`, oldest first by (batch, name): its subfolders (remote: prefixes) whose
+// metadata.json parses and carries Tessera's format marker ("format": "tessera-checkpoint"). Hidden entries (.tmp-,
+// .old-) and symlinks are never listed. Anything else there is not a checkpoint (a user's notes holding a
+// metadata.json of their own, an export): when `others` is given, those subfolders are appended to it, so that a
+// caller about to delete checkpoints can say what it leaves alone.
+std::vector<std::string> list_checkpoints(const std::string& folder, std::vector<std::string>* others = nullptr);
+
+// Whether `dir` holds a metadata.json with Tessera's format marker (that parses, and whose file names are safe).
+bool is_checkpoint(const std::string& dir);
+
+// Local folders: publish_checkpoint moves a checkpoint re-saved under its own name aside to .old-NAME before renaming
+// the new one into place, so a crash between the two renames leaves NAME missing (and `latest` pointing at nothing).
+// Renames back each .old-NAME whose NAME is missing and which is a complete checkpoint (sizes checked), with a
+// warning, and returns the restored paths; an .old-NAME that is not complete is left as it is, with a warning. Never
+// throws for a folder it cannot read or a rename that fails (warnings). Nothing for remote folders (no rename there).
+std::vector<std::string> restore_moved_aside(const std::string& folder);
 
 // The published checkpoints in `folder` in the order to try them when resuming: `latest_name`'s target first, then
-// the others from newest to oldest (paths lexically normal, no duplicates).
+// the others from newest to oldest (paths lexically normal, no duplicates). `latest_name` must hold (point at) one
+// safe name, of an entry of `folder`: anything else ("../x", "/abs", "a/b") throws tessera::Error naming it.
 std::vector<std::string> checkpoint_candidates(const std::string& folder, const std::string& latest_name);
 
 // The newest checkpoint in `folder` that validates (metadata parses, every file exists with its size and checksum):
@@ -121,15 +136,16 @@ std::vector<std::string> checkpoint_candidates(const std::string& folder, const 
 std::optional<std::string> find_latest_valid_checkpoint(const std::string& folder, const std::string& latest_name,
                                                         bool verify_checksums = true);
 
-// Empty when `dir` is a complete, uncorrupted checkpoint; otherwise what is wrong, naming the file.
+// Empty when `dir` is a complete, uncorrupted checkpoint; otherwise what is wrong, naming the file. metadata.json's
+// file names must be safe relative names ("rank0.safetensors"; never "../x" or "/abs"), wherever it is read.
 std::string validate_checkpoint(const std::string& dir, bool verify_checksums = true);
 
 // Reads element ranges of a checkpoint's logical tensors, whatever the world size and sharding that wrote it.
-// Opening checks the metadata (format and version); files are memory-mapped on first use and their size and checksum
-// verified then, before any of their bytes are returned (set verify_checksums false to skip the checksum). The
-// checksum is computed through the same mapping the reads copy from, so verifying and reading cost one pass over the
-// disk. A remote checkpoint's files are downloaded (parallel byte ranges) into a temporary folder the reader owns and
-// removes, then read the same way. Not thread-safe.
+// Opening checks the metadata (format, version and file names); files are memory-mapped on first use and their size
+// and checksum verified then, before any of their bytes are returned (set verify_checksums false to skip the
+// checksum). The checksum is computed through the same mapping the reads copy from, so verifying and reading cost one
+// pass over the disk. A remote checkpoint's files are downloaded (parallel byte ranges) into a temporary folder the
+// reader owns and removes, then read the same way. Not thread-safe.
 class CheckpointReader {
  public:
   explicit CheckpointReader(std::string dir, bool verify_checksums = true);

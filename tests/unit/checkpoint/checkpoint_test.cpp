@@ -1,13 +1,28 @@
 // The sharded checkpoint format (pieces written by several ranks read back as any range, atomic publication,
 // corruption detection and fallback) and checkpointing a training run (a resumed run ends bitwise identical to an
-// uninterrupted one, rotation after a resume, overwrite protection, HF export and import, a failing disk).
+// uninterrupted one, rotation after a resume, overwrite protection, HF export and import, a failing disk). Untrusted
+// inputs (issue 61): what a save folder, a metadata.json, a `latest` pointer or an object-store listing holds never
+// makes Tessera delete, read or write anything outside the folder it belongs to.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -151,7 +166,8 @@ TEST(CheckpointFormat, ACorruptOrTruncatedNewestCheckpointFallsBackToThePrevious
   flip_byte(bad, static_cast<std::streamoff>(fs::file_size(bad)) - 5);
   EXPECT_NE(checkpoint::validate_checkpoint((folder / "ep0-ba3").string()).find(bad.string() + ": xxh64 checksum"),
             std::string::npos);
-  EXPECT_EQ(checkpoint::find_latest_valid_checkpoint(folder.string(), "latest"), (folder / "ep0-ba2").string());
+  EXPECT_EQ(checkpoint::find_latest_valid_checkpoint(folder.string(), "latest").value_or(""),
+            (folder / "ep0-ba2").string());
   // Truncation of the next one.
   const fs::path cut = folder / "ep0-ba2" / "rank0.safetensors";
   fs::resize_file(cut, fs::file_size(cut) - 100);
@@ -556,6 +572,368 @@ TEST(LossSpikes, StopEndsTrainingWithoutTheSpikingStep) {
   EXPECT_EQ(t.state().timestamp.batch, 5);
   ASSERT_EQ(log2->at.size(), 6u);
   EXPECT_TRUE(log2->same(5, 4));
+}
+
+// ---- Untrusted inputs (issue 61) ----------------------------------------------------------------------------------
+
+// Every entry under `root`: relative path -> a file's bytes, "<dir>", or "-> target" for a symlink. A test compares
+// it before and after to show that nothing there was created, changed or deleted.
+std::map<std::string, std::string> snapshot(const fs::path& root) {
+  std::map<std::string, std::string> out;
+  for (const fs::directory_entry& e : fs::recursive_directory_iterator(root)) {
+    const std::string rel = fs::relative(e.path(), root).string();
+    if (e.is_symlink()) {
+      out[rel] = "-> " + fs::read_symlink(e.path()).string();
+    } else if (e.is_directory()) {
+      out[rel] = "<dir>";
+    } else {
+      std::ifstream in(e.path(), std::ios::binary);
+      out[rel] = std::string(std::istreambuf_iterator<char>(in), {});
+    }
+  }
+  return out;
+}
+
+// A folder beside a test's save folder, which nothing may touch.
+fs::path make_decoy(const fs::path& at) {
+  fs::create_directories(at / "sub");
+  std::ofstream(at / "keep.txt") << "the decoy's own file";
+  std::ofstream(at / "sub" / "notes.txt") << "more";
+  return at;
+}
+
+void write_text(const fs::path& p, const std::string& text) {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p, std::ios::binary) << text;
+}
+
+nlohmann::json read_metadata_file(const fs::path& dir) {
+  std::ifstream in(dir / "metadata.json");
+  return nlohmann::json::parse(in);
+}
+
+// Sends spdlog's default logger to a string for the scope.
+class LogCapture {
+ public:
+  LogCapture() : old_(spdlog::default_logger()) {
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(text_);
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("checkpoint_test", std::move(sink)));
+  }
+  ~LogCapture() { spdlog::set_default_logger(old_); }
+  LogCapture(const LogCapture&) = delete;
+  LogCapture& operator=(const LogCapture&) = delete;
+  std::string text() {
+    spdlog::default_logger()->flush();
+    return text_.str();
+  }
+
+ private:
+  std::shared_ptr<spdlog::logger> old_;
+  std::ostringstream text_;
+};
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
+  return n;
+}
+
+// One rank's whole [4] tensor, filled with `value`.
+std::vector<RankPayload> one_rank_payload(float value) {
+  std::vector<RankPayload> ranks(1);
+  ranks[0].pieces.emplace_back(Piece{"model/w", {4}, 0, 4}, at::full({4}, value, at::kFloat));
+  return ranks;
+}
+
+std::vector<std::string> names_of(const std::vector<std::string>& dirs) {
+  std::vector<std::string> out;
+  for (const std::string& d : dirs) out.push_back(fs::path(d).filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST(CheckpointFormat, OnlyFoldersWhoseMetadataCarriesTheFormatMarkerAreCheckpoints) {
+  const fs::path root = fresh_dir("listing");
+  const fs::path folder = root / "run";
+  write_checkpoint(folder, "ep0-ba1", 1, one_rank_payload(1));
+  // A user's folder holding a metadata.json of their own, one that does not parse, and a plain folder.
+  write_text(folder / "my_notes" / "metadata.json", R"({"timestamp": {"batch": 0}, "files": []})");
+  write_text(folder / "my_notes" / "results.csv", "step,loss\n1,2.5\n");
+  write_text(folder / "broken" / "metadata.json", "{");
+  fs::create_directories(folder / "plots");
+  std::vector<std::string> others;
+  EXPECT_EQ(names_of(checkpoint::list_checkpoints(folder.string(), &others)), std::vector<std::string>{"ep0-ba1"});
+  EXPECT_EQ(names_of(others), (std::vector<std::string>{"broken", "my_notes", "plots"}));
+  EXPECT_FALSE(checkpoint::is_checkpoint((folder / "my_notes").string()));
+  EXPECT_TRUE(checkpoint::is_checkpoint((folder / "ep0-ba1").string()));
+}
+
+TEST(Checkpointing, RotationDeletesOnlyThisRunsCheckpointsNeverAUsersFolder) {
+  // save_num_checkpoints_to_keep: 1 with save_overwrite: true once removed save_folder/my_notes (it held a
+  // metadata.json). Now only Tessera checkpoints named by save_filename rotate; the rest is left alone, logged once.
+  const fs::path folder = run_folder("keep_user");
+  fs::remove_all(folder);
+  const fs::path decoy = folder.parent_path() / "keep_user-decoy";
+  fs::remove_all(decoy);
+  make_decoy(decoy);
+  {
+    trainer::Trainer t(run_config("keep_user", {"max_duration=1ba", "save_interval=1ba"}));
+    t.fit();
+  }
+  // A copy of a checkpoint the user keeps under another name, and their notes.
+  fs::copy(folder / "ep0-ba1", folder / "best", fs::copy_options::recursive);
+  write_text(folder / "my_notes" / "metadata.json", R"({"timestamp": {"batch": 0}, "files": []})");
+  write_text(folder / "my_notes" / "results.csv", "step,loss\n1,2.5\n");
+  const auto notes = snapshot(folder / "my_notes"), best = snapshot(folder / "best"), outside = snapshot(decoy);
+  LogCapture log;
+  {
+    trainer::Trainer t(run_config("keep_user", {"max_duration=3ba", "save_interval=1ba",
+                                                "save_num_checkpoints_to_keep=1", "save_overwrite=true"}));
+    t.fit();
+  }
+  EXPECT_EQ(names_of(checkpoint::list_checkpoints(folder.string())), (std::vector<std::string>{"best", "ep0-ba3"}));
+  EXPECT_EQ(snapshot(folder / "my_notes"), notes);
+  EXPECT_EQ(snapshot(folder / "best"), best);
+  EXPECT_EQ(snapshot(decoy), outside);
+  const std::string text = log.text();
+  EXPECT_EQ(count_of(text, (folder / "my_notes").string()), 1u) << text;
+  EXPECT_EQ(count_of(text, (folder / "best").string()), 1u) << text;
+  EXPECT_NE(text.find("save_filename \"ep{epoch}-ba{batch}\""), std::string::npos) << text;
+}
+
+TEST(Checkpointing, ACheckpointMovedAsideByACrashedReSaveIsRestoredNotDeleted) {
+  // A re-save of ep0-ba2 (save_overwrite, or a resumed run reaching the same batch) moves the old copy to
+  // .old-ep0-ba2, then renames .tmp-ep0-ba2 into place. Killed in between, `latest` points at nothing; the next start
+  // used to delete .old-ep0-ba2 and resume from ep0-ba1.
+  const fs::path folder = run_folder("moved_aside");
+  fs::remove_all(folder);
+  const fs::path decoy = folder.parent_path() / "moved_aside-decoy";
+  fs::remove_all(decoy);
+  make_decoy(decoy);
+  {
+    trainer::Trainer t(run_config("moved_aside", {"max_duration=2ba", "save_interval=1ba"}));
+    t.fit();
+  }
+  ASSERT_EQ(fs::read_symlink(folder / "latest"), fs::path("ep0-ba2"));
+  const auto saved = snapshot(folder / "ep0-ba2");
+  fs::rename(folder / "ep0-ba2", folder / ".old-ep0-ba2");
+  fs::copy(folder / ".old-ep0-ba2", folder / ".tmp-ep0-ba2", fs::copy_options::recursive);
+  // The user's own folders named like Tessera's hidden ones.
+  write_text(folder / ".tmp-mine" / "notes.txt", "mine");
+  write_text(folder / ".old-notes" / "metadata.json", R"({"files": []})");
+  const auto mine = snapshot(folder / ".tmp-mine"), notes = snapshot(folder / ".old-notes"), outside = snapshot(decoy);
+  LogCapture log;
+  // autoresume (which runs before FIT_START) restores it and resumes from it.
+  trainer::Trainer resumed(run_config("moved_aside", {"max_duration=2ba", "save_interval=1ba", "autoresume=true"}));
+  EXPECT_EQ(resumed.state().timestamp.batch, 2);
+  EXPECT_EQ(snapshot(folder / "ep0-ba2"), saved);
+  EXPECT_FALSE(fs::exists(folder / ".old-ep0-ba2"));
+  EXPECT_NE(log.text().find("restored " + (folder / "ep0-ba2").string()), std::string::npos) << log.text();
+  // FIT_START's cleanup: the interrupted save's .tmp- goes; the user's folders stay, mentioned once.
+  core::State s;
+  s.run_name = "moved_aside";
+  core::Logger logger(s);
+  callbacks::CheckpointSaver saver({.folder = folder.string(), .overwrite = true}, nullptr);
+  saver.run_event(core::Event::kFitStart, s, logger);
+  EXPECT_FALSE(fs::exists(folder / ".tmp-ep0-ba2"));
+  EXPECT_EQ(snapshot(folder / ".tmp-mine"), mine);
+  EXPECT_EQ(snapshot(folder / ".old-notes"), notes);
+  EXPECT_EQ(count_of(log.text(), (folder / ".tmp-mine").string()), 1u) << log.text();
+  // FIT_START alone (no autoresume) restores too; and once the re-save completed, the stale copy goes.
+  fs::rename(folder / "ep0-ba2", folder / ".old-ep0-ba2");
+  saver.run_event(core::Event::kFitStart, s, logger);
+  EXPECT_EQ(snapshot(folder / "ep0-ba2"), saved);
+  fs::copy(folder / "ep0-ba2", folder / ".old-ep0-ba2", fs::copy_options::recursive);
+  saver.run_event(core::Event::kFitStart, s, logger);
+  EXPECT_FALSE(fs::exists(folder / ".old-ep0-ba2"));
+  EXPECT_EQ(snapshot(folder / "ep0-ba2"), saved);
+  EXPECT_EQ(checkpoint::find_latest_valid_checkpoint(folder.string(), "latest").value_or(""),
+            (folder / "ep0-ba2").string());
+  EXPECT_EQ(snapshot(folder / ".tmp-mine"), mine);
+  EXPECT_EQ(snapshot(decoy), outside);
+}
+
+TEST(CheckpointFormat, FileNamesInMetadataAreNamesNotPaths) {
+  const fs::path root = fresh_dir("manifest_names");
+  const fs::path folder = root / "run", dir = folder / "ep0-ba1";
+  const fs::path decoy = make_decoy(root / "decoy");
+  write_checkpoint(folder, "ep0-ba1", 1, one_rank_payload(1));
+  // The same file in the decoy: a reader that followed the name would read it from there.
+  fs::copy_file(dir / "rank0.safetensors", decoy / "rank0.safetensors");
+  const auto outside = snapshot(decoy);
+  const nlohmann::json good = read_metadata_file(dir);
+  for (const std::string& bad : {std::string("../../decoy/rank0.safetensors"), (decoy / "rank0.safetensors").string(),
+                                 std::string("sub/../../../decoy/rank0.safetensors"), std::string("")}) {
+    nlohmann::json m = good;
+    m["files"][0]["name"] = bad;
+    write_text(dir / "metadata.json", m.dump());
+    const std::string err = testing::error_of([&] { CheckpointReader r(dir.string()); });
+    EXPECT_NE(err.find((dir / "metadata.json").string() + ": file name \"" + bad + "\""), std::string::npos) << err;
+    EXPECT_NE(err.find("refusing to use it as a path"), std::string::npos) << err;
+    EXPECT_NE(checkpoint::validate_checkpoint(dir.string()).find("file name \"" + bad + "\""), std::string::npos);
+    // Not a checkpoint for rotation or autoresume: `latest` names it, and it is skipped.
+    EXPECT_TRUE(checkpoint::list_checkpoints(folder.string()).empty());
+    EXPECT_FALSE(checkpoint::find_latest_valid_checkpoint(folder.string(), "latest").has_value());
+  }
+  EXPECT_EQ(snapshot(decoy), outside);
+  write_text(dir / "metadata.json", good.dump());
+  EXPECT_TRUE(at::equal(CheckpointReader(dir.string()).read_full("model/w"), at::ones({4})));
+}
+
+TEST(CheckpointFormat, ALatestPointerNamesOneCheckpointBesideIt) {
+  const fs::path root = fresh_dir("latest_pointer");
+  const fs::path folder = root / "run", decoy = root / "decoy";
+  write_checkpoint(decoy, "ep0-ba9", 9, one_rank_payload(9));  // another run's, outside this folder
+  write_checkpoint(folder, "ep0-ba1", 1, one_rank_payload(1));
+  const auto outside = snapshot(decoy);
+  for (const std::string& target : {std::string("../decoy/ep0-ba9"), (decoy / "ep0-ba9").string(), std::string("..")}) {
+    fs::remove(folder / "latest");
+    fs::create_symlink(target, folder / "latest");
+    const std::string err = testing::error_of([&] { checkpoint::checkpoint_candidates(folder.string(), "latest"); });
+    EXPECT_NE(err.find((folder / "latest").string() + ": points at \"" + target + "\""), std::string::npos) << err;
+    EXPECT_NE(err.find("refusing to follow it"), std::string::npos) << err;
+    EXPECT_NE(testing::error_of([&] {
+                checkpoint::find_latest_valid_checkpoint(folder.string(), "latest");
+              }).find("refusing to follow it"),
+              std::string::npos);
+  }
+  EXPECT_EQ(snapshot(decoy), outside);
+}
+
+// A loopback S3 endpoint that answers with a listing of its choice: HEAD is 200 for a listed key (404 otherwise),
+// GET ?list-type=2 lists the keys, and any other GET returns "{}" (as a hostile or broken endpoint may).
+class ListingServer {
+ public:
+  explicit ListingServer(std::vector<std::string> keys) : keys_(std::move(keys)) {
+    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (::bind(listener_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(listener_, 16) != 0 ||
+        ::getsockname(listener_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      throw std::runtime_error("ListingServer: cannot listen on the loopback interface");
+    }
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~ListingServer() {
+    stop_ = true;
+    thread_.join();
+    ::close(listener_);
+  }
+  ListingServer(const ListingServer&) = delete;
+  ListingServer& operator=(const ListingServer&) = delete;
+  std::string endpoint() const { return fmt::format("http://127.0.0.1:{}", port_); }
+  std::vector<std::string> requests() const {
+    const std::lock_guard lock(mu_);
+    return requests_;
+  }
+
+ private:
+  void serve() {
+    while (!stop_) {
+      pollfd p{listener_, POLLIN, 0};
+      if (::poll(&p, 1, 20) <= 0) continue;
+      const int c = ::accept(listener_, nullptr, nullptr);
+      if (c < 0) continue;
+      std::string req;
+      char buf[4096];
+      while (req.find("\r\n\r\n") == std::string::npos) {
+        const ssize_t n = ::read(c, buf, sizeof(buf));
+        if (n <= 0) break;
+        req.append(buf, static_cast<size_t>(n));
+      }
+      const std::string line = req.substr(0, req.find("\r\n"));
+      {
+        const std::lock_guard lock(mu_);
+        requests_.push_back(line);
+      }
+      const std::string reply = answer(line);
+      for (size_t sent = 0; sent < reply.size();) {
+        const ssize_t n = ::write(c, reply.data() + sent, reply.size() - sent);
+        if (n <= 0) break;
+        sent += static_cast<size_t>(n);
+      }
+      ::close(c);
+    }
+  }
+  std::string answer(const std::string& line) const {
+    const std::string method = line.substr(0, line.find(' '));
+    const size_t start = line.find(' ') + 1;
+    const std::string target = line.substr(start, line.rfind(' ') - start);
+    const auto reply = [](const std::string& status, const std::string& headers, const std::string& body,
+                          bool head = false) {
+      return fmt::format("HTTP/1.1 {}\r\nContent-Length: {}\r\n{}Connection: close\r\n\r\n{}", status, body.size(),
+                         headers, head ? "" : body);
+    };
+    if (target.find("list-type=2") != std::string::npos) {
+      std::string xml = "<?xml version=\"1.0\" encoding=\"UTF-8\"?><ListBucketResult><IsTruncated>false</IsTruncated>";
+      for (const std::string& k : keys_) xml += fmt::format("<Contents><Key>{}</Key><Size>2</Size></Contents>", k);
+      return reply("200 OK", "", xml + "</ListBucketResult>");
+    }
+    const std::string key = target.substr(target.find('/', 1) + 1);  // /bucket/key
+    if (method == "HEAD") {
+      const bool listed = std::find(keys_.begin(), keys_.end(), key) != keys_.end();
+      return listed ? reply("200 OK", "ETag: \"e\"\r\n", "{}", true) : reply("404 Not Found", "", "", true);
+    }
+    return reply("206 Partial Content", "Content-Range: bytes 0-1/2\r\nETag: \"e\"\r\n", "{}");
+  }
+
+  std::vector<std::string> keys_;
+  int listener_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  mutable std::mutex mu_;
+  std::vector<std::string> requests_;
+};
+
+// Sets an environment variable for the scope, restoring the old value after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      setenv(name_, old_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+TEST(Checkpointing, AnHfFolderInObjectStorageIsFetchedOnlyIntoItsTemporaryFolder) {
+  // load_path: s3://.../hf (config.json, no metadata.json) downloads the listing into a temporary folder. A key with
+  // dot-segments, from an endpoint that lists what it likes, once wrote beside that folder ($TMPDIR/../decoy/...).
+  const fs::path root = fresh_dir("s3_listing");
+  const fs::path decoy = make_decoy(root / "decoy");
+  fs::create_directories(root / "tmp");
+  const auto outside = snapshot(decoy);
+  ListingServer server({"hf/../../decoy/pwned.txt", "hf/config.json"});
+  // The process's S3 client is made from the environment at its first use, which is this test's (no other unit
+  // test reaches S3 in-process).
+  const ScopedEnv endpoint("S3_ENDPOINT_URL", server.endpoint()), key("AWS_ACCESS_KEY_ID", "test"),
+      secret("AWS_SECRET_ACCESS_KEY", "test"), attempts("TESSERA_S3_MAX_ATTEMPTS", "1"),
+      tmp("TMPDIR", (root / "tmp").string()), no_proxy("NO_PROXY", "127.0.0.1"),
+      no_proxy_lower("no_proxy", "127.0.0.1");
+  core::State s;
+  const std::string err = testing::error_of([&] { callbacks::load_checkpoint(s, "s3://bucket/hf", {}); });
+  ASSERT_FALSE(server.requests().empty()) << "the S3 client was made before this test set S3_ENDPOINT_URL";
+  EXPECT_NE(err.find("s3://bucket/hf/../../decoy/pwned.txt: object key \"../../decoy/pwned.txt\" has a \"..\" segment"),
+            std::string::npos)
+      << err;
+  for (const std::string& r : server.requests()) EXPECT_EQ(r.find("pwned"), std::string::npos) << r;  // never fetched
+  EXPECT_EQ(snapshot(decoy), outside);
+  EXPECT_TRUE(fs::is_empty(root / "tmp"));  // the temporary folder is gone too
 }
 
 }  // namespace

@@ -216,6 +216,35 @@ TEST(HfHub, HubIdsResolveToTheMainSnapshotOfTheCacheTheEnvironmentNames) {
   fs::remove_all(root);
 }
 
+TEST(HfHub, ARefThatIsNotACommitNameIsRefused) {
+  // refs/main names the snapshot folder; "../../../decoy" once resolved the hub id to a folder outside the cache.
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / "tessera_hf_hub_ref_test";
+  fs::remove_all(root);
+  const fs::path repo = root / "hub" / "models--org--model", decoy = root / "decoy";
+  fs::create_directories(repo / "snapshots" / "c0ffee");
+  fs::create_directories(repo / "refs");
+  fs::create_directories(decoy);
+  std::ofstream(decoy / "config.json") << "{}";
+  const ScopedEnv hub("HF_HUB_CACHE", (root / "hub").string());
+  ASSERT_TRUE(fs::is_directory(repo / "snapshots" / "../../../decoy"));  // where the ref below would lead
+  for (const std::string& bad :
+       {std::string("../../../decoy"), decoy.string(), std::string("c0ffee/../../../../decoy"), std::string("..")}) {
+    std::ofstream(repo / "refs" / "main") << bad;
+    try {
+      resolve_hf_folder("org/model");
+      ADD_FAILURE() << "expected an error for " << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(e.message().find((repo / "refs" / "main").string() + ": holds \"" + bad + "\", not a commit name"),
+                std::string::npos)
+          << e.message();
+    }
+  }
+  std::ofstream(repo / "refs" / "main") << "c0ffee";
+  EXPECT_EQ(resolve_hf_folder("org/model"), repo / "snapshots" / "c0ffee");
+  fs::remove_all(root);
+}
+
 // ---- NVML: the hang report's GPU clause, and a machine without the driver ----
 
 TEST(Nvml, DescribesAHungNodesGpus) {
