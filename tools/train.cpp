@@ -86,7 +86,7 @@ int run(int argc, char** argv) {
   app.add_option("--recipe", recipe, "Recipe YAML (LLM Foundry schema)")->required();
   app.add_option("overrides", overrides, "Overrides key.sub=value, applied over the recipe (lists: key=[1,2])");
   app.add_flag("--dry-run", dry_run, "Validate the recipe and print the plan; build and train nothing");
-  app.add_flag("--print-config", print_config, "Print the resolved recipe as JSON and exit");
+  app.add_flag("--print-config", print_config, "Print the resolved recipe as JSON (secrets hidden) and exit");
   app.add_option("--world-size", world_size, "World size to plan for (default: $WORLD_SIZE, else 1)")
       ->check(CLI::PositiveNumber);
   app.add_option("--ranks-per-node", ranks_per_node,
@@ -169,7 +169,7 @@ int run(int argc, char** argv) {
   const tessera::trainer::TrainConfig cfg = tessera::trainer::load_train_config(recipe, overrides);
   if (log_level_flag->count() == 0 && !cfg.log_level.empty()) tessera::util::init_logging(cfg.log_level);
   if (print_config) {
-    std::cout << cfg.resolved.to_json().dump(2) << "\n";
+    std::cout << tessera::trainer::recorded_config(cfg).dump(2) << "\n";
     return tessera::kExitOk;
   }
   // The supervisor's flags need the launcher: one local rank unless told otherwise.

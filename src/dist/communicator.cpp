@@ -22,6 +22,7 @@
 #include <set>
 
 #include "backend.h"
+#include "rendezvous.h"
 #include "tessera/dist/launcher.h"
 #include "tessera/util/device.h"
 #include "tessera/util/heartbeat.h"
@@ -261,6 +262,13 @@ std::shared_ptr<Communicator> Communicator::connect(const Rendezvous& rv, const 
   const util::HeartbeatScope waiting(
       fmt::format("rendezvous with {} ranks at {}:{}", rv.world_size, rv.master_addr, rv.master_port));
   try {
+    // Rank 0's store listens where the ranks are told to connect, not on every interface (c10d's own choice): loopback
+    // for a job on one machine (MASTER_ADDR 127.0.0.1), else the interface of MASTER_ADDR.
+    if (so.isServer && !so.masterListenFd) {
+      so.masterListenFd = detail::listen_at(rv.master_addr, rv.master_port, "the rendezvous store (MASTER_ADDR)",
+                                            rv.num_nodes() > 1 || !rv.placement_known, "dist")
+                              .fd;
+    }
     backend->store = c10::make_intrusive<c10d::TCPStore>(rv.master_addr, so);
     // Under torchrun the agent's store outlives a restart: each attempt gets keys of its own (as torch's
     // init_process_group does with "/worker/attempt_N").

@@ -69,7 +69,7 @@ class RendezvousHost {
  public:
   RendezvousHost(const LaunchOptions& o, const SignalGuard& signals, Watchdog* watchdog)
       : o_(o), signals_(signals), watchdog_(watchdog), endpoint_(detail::parse_endpoint(o.rdzv_endpoint)) {
-    listener_ = detail::listen_on(endpoint_);
+    listener_ = detail::listen_on(endpoint_, o.max_nodes > 1);
   }
   ~RendezvousHost() {
     for (Node& n : nodes_) n.conn.close();

@@ -616,11 +616,12 @@ Ending run_attempt(const LaunchOptions& o, int restarts, const SignalGuard& sign
 namespace {
 
 // A listening TCP socket (close-on-exec) on `address`, bound to a port the kernel chose; closed with the object. The
-// rendezvous port of `--master-port 0` (every interface; rank 0 inherits it through exec_rank) and free_local_port's
-// probe (loopback).
+// rendezvous port of `--master-port 0` (MASTER_ADDR's interface, detail::listen_at; rank 0 inherits it through
+// exec_rank) and free_local_port's probe (loopback).
 struct ListeningSocket {
   int fd = -1;
   int port = 0;
+  explicit ListeningSocket(detail::Listener bound) : fd(bound.fd), port(bound.port) {}
   ListeningSocket(uint32_t address, const char* what) {
     fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) throw Error("launch", fmt::format("{}: socket: {}", what, std::strerror(errno)));
@@ -698,7 +699,7 @@ int launch(const LaunchOptions& o) {
   }
   if (o.master_port != 0) return launch_one_node(o, signals, watchdog);
   // --master-port 0: bind the port here and keep it bound for every attempt; rank 0's store takes the socket over.
-  const ListeningSocket bound(INADDR_ANY, "--master-port 0");
+  const ListeningSocket bound(detail::listen_at(o.master_addr, 0, "--master-port 0", o.nnodes > 1, "launch"));
   LaunchOptions with_port = o;
   with_port.master_port = bound.port;
   with_port.master_listen_fd = bound.fd;

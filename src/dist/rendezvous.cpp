@@ -1,6 +1,8 @@
-// The elastic rendezvous's wire: endpoint parsing and a line-oriented TCP connection.
+// The elastic rendezvous's wire: endpoint parsing, a line-oriented TCP connection with a bounded line, and the
+// listening sockets of the rendezvous (the elastic host's and the rank-0 store's), bound where their peers connect.
 #include "rendezvous.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -14,10 +16,69 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "tessera/util/error.h"
 
 namespace tessera::dist::detail {
+namespace {
+
+// "ADDRESS:PORT" of a socket address, for messages.
+std::string address_text(const sockaddr* a, socklen_t len) {
+  char host[NI_MAXHOST] = "?";
+  char port[NI_MAXSERV] = "?";
+  ::getnameinfo(a, len, host, sizeof(host), port, sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV);
+  return a->sa_family == AF_INET6 ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+}
+
+std::string peer_of(int fd) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof(a);
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return "an unknown peer";
+  return address_text(reinterpret_cast<sockaddr*>(&a), len);
+}
+
+bool is_loopback(const sockaddr* a) {
+  if (a->sa_family == AF_INET) {
+    return (ntohl(reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (a->sa_family == AF_INET6) {
+    const in6_addr& v6 = reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr;
+    if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
+  }
+  return false;
+}
+
+// Binds and listens on `a`; the socket, or -1 with errno set.
+int bind_listen(const sockaddr* a, socklen_t len) {
+  const int fd = ::socket(a->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (a->sa_family == AF_INET6) {
+    // Every interface (::) takes IPv4 peers too; a specific address is the one family anyway.
+    const int zero = 0;
+    ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+  }
+  if (::bind(fd, a, len) != 0 || ::listen(fd, SOMAXCONN) != 0) {
+    const int e = errno;
+    ::close(fd);
+    errno = e;
+    return -1;
+  }
+  return fd;
+}
+
+int bound_port(int fd) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  return a.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&a)->sin6_port)
+                                 : ntohs(reinterpret_cast<sockaddr_in*>(&a)->sin_port);
+}
+
+}  // namespace
 
 Endpoint parse_endpoint(const std::string& text) {
   const size_t colon = text.rfind(':');
@@ -90,10 +151,12 @@ bool LineConn::receive(std::vector<std::string>& lines, int timeout_ms) {
   if (::poll(&p, 1, timeout_ms) <= 0) return true;
   bool eof = false;
   char buf[4096];
-  while (true) {
+  // At most about kMaxLineBytes a call: what a fast peer sends beyond waits in the kernel for the next call.
+  for (size_t got = 0; got <= kMaxLineBytes;) {
     const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
     if (n > 0) {
       pending_.append(buf, static_cast<size_t>(n));
+      got += static_cast<size_t>(n);
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -101,34 +164,89 @@ bool LineConn::receive(std::vector<std::string>& lines, int timeout_ms) {
     break;
   }
   size_t start = 0;
-  for (size_t nl = pending_.find('\n'); nl != std::string::npos; nl = pending_.find('\n', start)) {
-    lines.push_back(pending_.substr(start, nl - start));
+  bool too_long = false;
+  for (size_t nl = pending_.find('\n'); nl != std::string::npos && !too_long; nl = pending_.find('\n', start)) {
+    too_long = nl - start > kMaxLineBytes;
+    if (!too_long) lines.push_back(pending_.substr(start, nl - start));
     start = nl + 1;
   }
   pending_.erase(0, start);
+  if (too_long || pending_.size() > kMaxLineBytes) {
+    spdlog::error("[launch] rendezvous: {} sent a line longer than {} bytes; closing its connection", peer_of(fd_),
+                  kMaxLineBytes);
+    pending_.clear();
+    eof = true;
+  }
   if (eof) close();
   return !eof;
 }
 
-int listen_on(const Endpoint& endpoint) {
-  const int fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0)
-    throw Error("launch", fmt::format("rendezvous on port {}: socket: {}", endpoint.port, std::strerror(errno)));
-  const int one = 1, zero = 0;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));  // IPv4 peers too
-  sockaddr_in6 a{};
-  a.sin6_family = AF_INET6;
-  a.sin6_addr = in6addr_any;
-  a.sin6_port = htons(static_cast<uint16_t>(endpoint.port));
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(fd, 64) != 0) {
-    const int e = errno;
-    ::close(fd);
-    throw Error("launch", fmt::format("cannot run the rendezvous on port {} (--rdzv-endpoint {}:{}): {}", endpoint.port,
-                                      endpoint.host, endpoint.port, std::strerror(e)));
+Listener listen_at(const std::string& host, int port, const std::string& what, bool other_nodes,
+                   const std::string& component) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string port_text = std::to_string(port);
+  if (const int rc = ::getaddrinfo(host.c_str(), port_text.c_str(), &hints, &found); rc != 0) {
+    throw Error(component,
+                fmt::format("{} at {}:{}: cannot resolve '{}': {}", what, host, port, host, ::gai_strerror(rc)));
   }
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-  return fd;
+  // A host name that this machine resolves to loopback while other machines resolve it to this one's address (Debian's
+  // 127.0.1.1 for the host's own name): loopback would shut the other nodes out. A literal 127.0.0.1, ::1 or
+  // localhost means loopback.
+  in6_addr numeric{};
+  const bool literal = host == "localhost" || ::inet_pton(AF_INET, host.c_str(), &numeric) == 1 ||
+                       ::inet_pton(AF_INET6, host.c_str(), &numeric) == 1;
+  int fd = -1;
+  int error = EADDRNOTAVAIL;  // the first failure that is not "no such address here"
+  std::string loopback;       // a loopback address that the name `host` resolved to, when other nodes connect to it
+  for (addrinfo* ai = found; ai != nullptr && fd < 0; ai = ai->ai_next) {
+    if (other_nodes && !literal && is_loopback(ai->ai_addr)) {
+      loopback = address_text(ai->ai_addr, ai->ai_addrlen);
+      continue;
+    }
+    fd = bind_listen(ai->ai_addr, ai->ai_addrlen);
+    if (fd < 0 && errno != EADDRNOTAVAIL && error == EADDRNOTAVAIL) error = errno;
+  }
+  ::freeaddrinfo(found);
+  if (fd < 0 && error != EADDRNOTAVAIL) {
+    throw Error(component, fmt::format("{}: cannot listen at {}:{}: {}", what, host, port, std::strerror(error)));
+  }
+  if (fd < 0) {
+    // Peers are told `host` but it is not an address here: listen where any of this machine's addresses is reached.
+    sockaddr_in6 any6{};
+    any6.sin6_family = AF_INET6;
+    any6.sin6_addr = in6addr_any;
+    any6.sin6_port = htons(static_cast<uint16_t>(port));
+    fd = bind_listen(reinterpret_cast<sockaddr*>(&any6), sizeof(any6));
+    if (fd < 0 && (errno == EAFNOSUPPORT || errno == EADDRNOTAVAIL)) {  // a machine without IPv6
+      sockaddr_in any4{};
+      any4.sin_family = AF_INET;
+      any4.sin_addr.s_addr = htonl(INADDR_ANY);
+      any4.sin_port = htons(static_cast<uint16_t>(port));
+      fd = bind_listen(reinterpret_cast<sockaddr*>(&any4), sizeof(any4));
+    }
+    if (fd < 0) {
+      throw Error(component, fmt::format("{}: cannot listen on port {}: {}", what, port, std::strerror(errno)));
+    }
+    spdlog::warn("[{}] {}: {} {}; listening on every interface of this machine (port {})", component, what, host,
+                 loopback.empty() ? "is not an address of this machine"
+                                  : fmt::format("resolves to the loopback address {} here, but other nodes connect "
+                                                "to it",
+                                                loopback),
+                 bound_port(fd));
+  }
+  return Listener{fd, bound_port(fd)};
+}
+
+int listen_on(const Endpoint& endpoint, bool other_nodes) {
+  const Listener l = listen_at(endpoint.host, endpoint.port,
+                               fmt::format("the rendezvous (--rdzv-endpoint {}:{})", endpoint.host, endpoint.port),
+                               other_nodes, "launch");
+  ::fcntl(l.fd, F_SETFL, ::fcntl(l.fd, F_GETFL) | O_NONBLOCK);
+  return l.fd;
 }
 
 LineConn accept_connection(int listener) {

@@ -9,9 +9,11 @@
 //                   DONE <exit code>                        (the job is over: exit with this code)
 //                   EXCLUDED <reason>                       (this node is out of the job)
 //                   REJECT <reason>                         (the JOIN was refused)
-// A closed connection means the other side is gone: an agent's node is lost, or the job is (the host's).
+// A closed connection means the other side is gone: an agent's node is lost, or the job is (the host's). A line longer
+// than kMaxLineBytes closes the connection that sent it.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,10 @@ struct Endpoint {
   int port = 0;
 };
 Endpoint parse_endpoint(const std::string& text);
+
+// The longest line a rendezvous connection takes (the messages are a few words): a peer that sends more without a
+// newline is cut off, so that no peer makes the host buffer without limit.
+inline constexpr size_t kMaxLineBytes = size_t{1} << 20;
 
 // One end of a rendezvous connection. Owns the socket. Movable, not copyable.
 class LineConn {
@@ -38,8 +44,9 @@ class LineConn {
   bool is_open() const { return fd_ >= 0; }
   // Sends one line (a newline is added). Returns false, and closes, when the peer is gone.
   bool send(const std::string& line);
-  // Waits up to timeout_ms for data, then appends the complete lines received to `lines`. Returns false, and closes,
-  // once the peer has closed the connection (after the lines it sent before).
+  // Waits up to timeout_ms for data, then appends the complete lines received to `lines` (reading at most about
+  // kMaxLineBytes per call). Returns false, and closes, once the peer has closed the connection (after the lines it
+  // sent before), or when it sent a line longer than kMaxLineBytes (an error naming the peer's address is logged).
   bool receive(std::vector<std::string>& lines, int timeout_ms);
   void close();
 
@@ -48,8 +55,24 @@ class LineConn {
   std::string pending_;
 };
 
-// Listens on the endpoint's port (every address; SO_REUSEADDR). Throws Error naming the endpoint.
-int listen_on(const Endpoint& endpoint);
+// A listening TCP socket (close-on-exec, SO_REUSEADDR, blocking) and its port. The caller owns fd.
+struct Listener {
+  int fd = -1;
+  int port = 0;
+};
+
+// Listens on `port` (0: a port the kernel picks) at the address of this machine that `host` names, so that a
+// rendezvous is reachable only where its peers are told to connect: 127.0.0.1 or localhost binds loopback, the name or
+// address of one of this machine's interfaces binds that interface. Every interface only, with a warning naming
+// `what`: when `host` is no address of this machine (a name behind NAT, a floating address), or when the name `host`
+// resolves to a loopback address here while `other_nodes` will connect (a host name that /etc/hosts maps to
+// 127.0.1.1; a literal 127.0.0.1, ::1 or localhost stays on loopback).
+// Throws Error(component) naming `what`, host and port (a name that does not resolve, a port in use).
+Listener listen_at(const std::string& host, int port, const std::string& what, bool other_nodes,
+                   const std::string& component);
+
+// The elastic rendezvous host's socket: listen_at the endpoint (non-blocking). Throws Error naming the endpoint.
+int listen_on(const Endpoint& endpoint, bool other_nodes);
 // A connection waiting on the listening socket, or a closed LineConn when none is (does not block).
 LineConn accept_connection(int listener);
 // One attempt to connect; a closed LineConn when the host does not answer (yet). Throws ConfigError when the host

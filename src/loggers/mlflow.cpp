@@ -19,6 +19,8 @@
 #include "tessera/util/file_io.h"
 #include "tessera/util/http.h"
 #include "tessera/util/python_json.h"
+#include "tessera/util/redact.h"
+#include "tessera/util/safe_path.h"
 
 namespace tessera::loggers {
 namespace {
@@ -116,11 +118,12 @@ nlohmann::json tag_list(const std::map<std::string, std::string>& tags) {
 MlflowClient::MlflowClient(std::string tracking_uri, int attempts)
     : uri_(std::move(tracking_uri)), attempts_(attempts) {
   while (!uri_.empty() && uri_.back() == '/') uri_.pop_back();
+  shown_uri_ = util::redact_uri(uri_);
   if (uri_.rfind("http://", 0) != 0 && uri_.rfind("https://", 0) != 0) {
     throw ConfigError(kMlflow, fmt::format("tracking_uri '{}': Tessera talks to an MLflow tracking server over HTTP "
                                            "(http://host:port or https://...); file stores and 'databricks' are not "
                                            "supported (set MLFLOW_TRACKING_URI or loggers.mlflow.tracking_uri)",
-                                           uri_));
+                                           shown_uri_));
   }
 }
 
@@ -133,16 +136,18 @@ nlohmann::json MlflowClient::call(const std::string& method, const std::string& 
   if (method != "GET") req.body = body.dump();
   req.headers.emplace_back("Content-Type", "application/json");
   const Response r = exchange(std::move(req), attempts_);
+  // Messages show the URL without the tracking URI's user-info (a password written into it).
   if (!r.transport_error.empty()) {
-    throw Error(kMlflow, fmt::format("{} {}: {} (after {} attempts)", method, url, r.transport_error, attempts_));
+    throw Error(kMlflow, util::redact_uri(
+                             fmt::format("{} {}: {} (after {} attempts)", method, url, r.transport_error, attempts_)));
   }
   nlohmann::json parsed = nlohmann::json::parse(r.body, nullptr, false);
   if (r.status / 100 == 2) return parsed.is_discarded() ? nlohmann::json::object() : parsed;
   const std::string code = parsed.is_object() ? parsed.value("error_code", "") : "";
   if (missing_ok && r.status == 404 && code == "RESOURCE_DOES_NOT_EXIST") return nullptr;
   const std::string message = parsed.is_object() ? parsed.value("message", r.body) : r.body;
-  throw Error(kMlflow, fmt::format("{} {}: HTTP {}{}: {}", method, url, r.status, code.empty() ? "" : " " + code,
-                                   message.substr(0, 2000)));
+  throw Error(kMlflow, util::redact_uri(fmt::format("{} {}: HTTP {}{}: {}", method, url, r.status,
+                                                    code.empty() ? "" : " " + code, message.substr(0, 2000))));
 }
 
 void MlflowClient::put_artifact(const std::string& path, const std::string& bytes) {
@@ -155,10 +160,10 @@ void MlflowClient::put_artifact(const std::string& path, const std::string& byte
   req.headers.emplace_back("Content-Type", "application/octet-stream");
   const Response r = exchange(std::move(req), attempts_);
   if (!r.transport_error.empty() || r.status / 100 != 2) {
-    throw Error(kMlflow,
-                fmt::format("PUT {}: {}", url,
-                            r.transport_error.empty() ? fmt::format("HTTP {}: {}", r.status, r.body.substr(0, 2000))
-                                                      : r.transport_error));
+    throw Error(kMlflow, util::redact_uri(fmt::format("PUT {}: {}", url,
+                                                      r.transport_error.empty()
+                                                          ? fmt::format("HTTP {}: {}", r.status, r.body.substr(0, 2000))
+                                                          : r.transport_error)));
   }
 }
 
@@ -232,7 +237,7 @@ void MlflowLogger::start_run() {
                   .at("info")
                   .at("run_id")
                   .get<std::string>();
-    spdlog::info("mlflow: run {} ({}) in experiment {} at {}", run_id_, name, experiment_id_, client_.uri());
+    spdlog::info("mlflow: run {} ({}) in experiment {} at {}", run_id_, name, experiment_id_, client_.shown_uri());
   } else {
     client_.call("POST", "runs/log-batch", {{"run_id", run_id_}, {"tags", tag_list(tags)}});
   }
@@ -339,6 +344,32 @@ std::string yaml_quoted(const std::string& s) {
 
 }  // namespace
 
+std::filesystem::path local_artifact_folder(const std::string& artifact_uri, const std::string& local_artifact_root,
+                                            const std::string& run_id, const std::string& server) {
+  namespace fs = std::filesystem;
+  auto normal = [](std::string p) {
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+    return fs::path(p).lexically_normal();
+  };
+  const fs::path folder = normal(artifact_uri.rfind("file://", 0) == 0 ? artifact_uri.substr(7) : artifact_uri);
+  if (local_artifact_root.empty()) {
+    throw Error(kMlflow, fmt::format("run {}'s artifact location {} is a local folder that the tracking server at {} "
+                                     "chose; Tessera writes into a local folder only under "
+                                     "loggers.mlflow.local_artifact_root (set it to the server's artifact root, on a "
+                                     "file system this machine shares), or use a server that proxies artifacts "
+                                     "(mlflow-artifacts:, `mlflow server`'s default)",
+                                     run_id, util::redact_uri(artifact_uri), server));
+  }
+  const fs::path root = normal(local_artifact_root);
+  const fs::path rel = folder.lexically_relative(root);
+  if (!folder.is_absolute() || !root.is_absolute() || rel.empty() || *rel.begin() == "..") {
+    throw Error(kMlflow, fmt::format("run {}'s artifact location {}, which the tracking server at {} chose, is not "
+                                     "inside loggers.mlflow.local_artifact_root {}: refusing to write there",
+                                     run_id, util::redact_uri(artifact_uri), server, local_artifact_root));
+  }
+  return rel;
+}
+
 std::string MlflowLogger::log_model(const std::string& folder, const std::string& artifact_path,
                                     const std::string& registered_model_name, const std::string& logging_config_json) {
   namespace fs = std::filesystem;
@@ -358,15 +389,20 @@ std::string MlflowLogger::log_model(const std::string& folder, const std::string
       client_.put_artifact(base + "/" + rel, bytes);
     };
   } else if (artifact_uri.rfind("file://", 0) == 0 || artifact_uri.rfind('/', 0) == 0) {
-    const fs::path base = artifact_uri.rfind("file://", 0) == 0 ? artifact_uri.substr(7) : artifact_uri;
-    put = [base](const std::string& rel, const std::string& bytes) {
-      util::write_file_atomically((base / rel).string(), bytes, kMlflow);
+    // A local folder: the server chose it, so it is written only inside the folder the user named for it.
+    const fs::path base = local_artifact_folder(artifact_uri, o_.local_artifact_root, run_id_, client_.shown_uri());
+    const fs::path root = o_.local_artifact_root;
+    put = [root, base, artifact_uri](const std::string& rel, const std::string& bytes) {
+      const std::string name = base == "." ? rel : base.generic_string() + "/" + rel;
+      const fs::path path = util::confined_path(root, name, artifact_uri, kMlflow, "artifact path");
+      fs::create_directories(path.parent_path());
+      util::write_file_atomically(path.string(), bytes, kMlflow);
     };
   } else {
     throw Error(kMlflow, fmt::format("run {}'s artifact URI {} is neither the tracking server's artifact proxy "
                                      "(mlflow-artifacts:, `mlflow server`'s default) nor a local folder: Tessera "
                                      "cannot upload the model there",
-                                     run_id_, artifact_uri));
+                                     run_id_, util::redact_uri(artifact_uri)));
   }
   const nlohmann::json config =
       nlohmann::json::parse(util::read_file((fs::path(folder) / "config.json").string(), kMlflow));
@@ -422,8 +458,8 @@ std::string MlflowLogger::log_model(const std::string& folder, const std::string
   std::string source = artifact_uri;
   while (!source.empty() && source.back() == '/') source.pop_back();
   source += "/" + artifact_path;
-  std::string what =
-      fmt::format("uploaded {} files ({} bytes) to run {} as {}", files.size() + 1, bytes_sent, run_id_, source);
+  std::string what = fmt::format("uploaded {} files ({} bytes) to run {} as {}", files.size() + 1, bytes_sent, run_id_,
+                                 util::redact_uri(source));
   if (!registered_model_name.empty()) {
     const nlohmann::json existing =
         client_.call("GET", "registered-models/get", {{"name", registered_model_name}}, true);
@@ -449,7 +485,7 @@ void MlflowLogger::close(core::State& state, core::Logger& /*logger*/) {
   } catch (const Error& e) {
     spdlog::warn("mlflow: could not mark run {} {}: {}", run_id_, status, e.what());
   }
-  if (dropped_ > 0) spdlog::warn("mlflow: {} metric values could not be sent to {}", dropped_, client_.uri());
+  if (dropped_ > 0) spdlog::warn("mlflow: {} metric values could not be sent to {}", dropped_, client_.shown_uri());
 }
 
 }  // namespace tessera::loggers

@@ -3,6 +3,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <filesystem>
+
 #include "tessera/config/value.h"
 #include "tessera/loggers/loggers.h"
 #include "tessera/loggers/mlflow.h"
@@ -69,6 +71,9 @@ core::CallbackRegistry& logger_registry() {
           o.ignore_metrics = s.get_strings("ignore_metrics", o.ignore_metrics);
           o.ignore_hyperparameters = s.get_strings("ignore_hyperparameters", o.ignore_hyperparameters);
           o.run_group = s.get_string("run_group", o.run_group);
+          o.local_artifact_root = s.get_string("local_artifact_root", o.local_artifact_root);
+          s.check(o.local_artifact_root.empty() || std::filesystem::path(o.local_artifact_root).is_absolute(),
+                  "local_artifact_root", "must be an absolute path");
           o.log_duplicated_metric_every_n_steps =
               s.get_int("log_duplicated_metric_every_n_steps", o.log_duplicated_metric_every_n_steps);
           // Keys of Composer's logger that tune its Python side: accepted, said once.

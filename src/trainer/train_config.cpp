@@ -2,6 +2,7 @@
 #include "tessera/trainer/train_config.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <cctype>
 #include <cstdlib>
@@ -21,6 +22,7 @@
 #include "tessera/optim/scheduler.h"
 #include "tessera/util/error.h"
 #include "tessera/util/preemption.h"
+#include "tessera/util/redact.h"
 
 namespace tessera::trainer {
 
@@ -385,6 +387,10 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   for (const std::string& o : overrides) config::apply_override(root, o);
   config::resolve_interpolations(root);
   return parse_train_config(std::move(root), path);
+}
+
+nlohmann::ordered_json recorded_config(const TrainConfig& cfg) {
+  return util::redact_secrets(cfg.resolved.to_json());
 }
 
 }  // namespace tessera::trainer

@@ -178,7 +178,7 @@ Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config
   load_initial_checkpoint();
   engine_->run_event(Event::kAfterLoad);
   setup_cuda_graphs();
-  logger_.log_hyperparameters(cfg_.resolved.to_json());
+  logger_.log_hyperparameters(recorded_config(cfg_));
 }
 
 void Trainer::setup_ranks() {
@@ -440,7 +440,7 @@ void Trainer::shard_model() {
 
 nlohmann::json Trainer::resumption_state() const {
   const config::Timestamp& t = state_.timestamp;
-  return {{"config", cfg_.resolved.to_json()},
+  return {{"config", recorded_config(cfg_)},
           {"dataset", {{"train", train_loader_->state(t)}}},
           {"trainer",
            {{"loss_scale", loss_scaler_.loss_scale()},

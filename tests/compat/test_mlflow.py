@@ -5,7 +5,9 @@ store), read back with MLflow's own client:
   (dotted keys), every step's loss at its step with the value the jsonl logger wrote, and status FINISHED;
 - `resume: true` after autoresume: the requeued job finds its run by the `run_name` tag and continues it (one run,
   every step's loss), as Composer's MLFlowLogger does;
-- a server that is not there fails the run before training, naming the URI; a file store URI is refused.
+- a server that is not there fails the run before training, naming the URI; a file store URI is refused;
+- a password in the tracking URI's user-info (`http://alice:hunter2@host`, which the server, without authentication,
+  ignores) shows in no param, metrics.jsonl line, checkpoint or message: `http://***@host` instead (issue 61).
 """
 import json
 import os
@@ -95,9 +97,11 @@ def test_a_run_its_params_tags_and_every_step_reach_the_server(server, recipe):
     from mlflow import MlflowClient
 
     path, root = recipe
-    train(path, "run_name=first", f"loggers.mlflow.tracking_uri={server}", "loggers.mlflow.experiment_name=tessera",
-          "loggers.mlflow.tags.team=pretraining", "loggers.mlflow.run_group=sweep-1",
-          "loggers.mlflow.synchronous=true")
+    with_password = server.replace("http://", "http://alice:hunter2@")
+    proc = train(path, "run_name=first", f"loggers.mlflow.tracking_uri={with_password}",
+                 "loggers.mlflow.experiment_name=tessera", "loggers.mlflow.tags.team=pretraining",
+                 "loggers.mlflow.run_group=sweep-1", "loggers.mlflow.synchronous=true")
+    assert "hunter2" not in proc.stdout + proc.stderr
     client = MlflowClient(server)
     exp = client.get_experiment_by_name("tessera")
     assert exp is not None
@@ -110,6 +114,10 @@ def test_a_run_its_params_tags_and_every_step_reach_the_server(server, recipe):
     assert params["max_seq_len"] == "32" and params["model.d_model"] == "32"
     assert params["optimizer.name"] == "decoupled_adamw" and params["optimizer.lr"] == "0.003"
     assert params["loggers.mlflow.synchronous"] == "True"
+    assert params["loggers.mlflow.tracking_uri"] == server.replace("http://", "http://***@")
+    assert not any("hunter2" in v for v in params.values())
+    for f in (root / "first").rglob("*"):
+        assert not f.is_file() or b"hunter2" not in f.read_bytes(), f
     history = client.get_metric_history(run.info.run_id, "loss/train/total")
     want = jsonl_losses(root, "first")
     assert sorted(m.step for m in history) == list(range(6))
@@ -144,9 +152,11 @@ def test_a_server_that_is_not_there_fails_the_run_naming_it(recipe):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = train(path, "run_name=nowhere", f"loggers.mlflow.tracking_uri=http://127.0.0.1:{port}", check=False)
+    proc = train(path, "run_name=nowhere", f"loggers.mlflow.tracking_uri=http://alice:hunter2@127.0.0.1:{port}",
+                 check=False)
     assert proc.returncode != 0
-    assert f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name" in proc.stderr, proc.stderr[-2000:]
+    assert f"http://***@127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name" in proc.stderr, proc.stderr[-2000:]
+    assert "hunter2" not in proc.stdout + proc.stderr
     assert "[mlflow]" in proc.stderr
     proc = train(path, "run_name=file", "loggers.mlflow.tracking_uri=./mlruns", check=False)
     assert proc.returncode != 0 and "tracking_uri './mlruns'" in proc.stderr, proc.stderr[-2000:]

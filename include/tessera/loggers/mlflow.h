@@ -6,14 +6,15 @@
 //   MlflowClient c("http://127.0.0.1:5000");
 //   nlohmann::json r = c.call("GET", "experiments/get-by-name", {{"experiment_name", "x"}});
 //
-// Not thread-safe. Errors (tessera::Error, component "mlflow") name the tracking URI, the endpoint and MLflow's own
-// error_code and message.
+// Not thread-safe. Errors (tessera::Error, component "mlflow") name the tracking URI (its user-info hidden), the
+// endpoint and MLflow's own error_code and message.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -35,19 +36,28 @@ class MlflowClient {
   // A 404 with RESOURCE_DOES_NOT_EXIST returns null when `missing_ok`.
   nlohmann::json call(const std::string& method, const std::string& endpoint, const nlohmann::json& body,
                       bool missing_ok = false);
-  const std::string& uri() const { return uri_; }
+  // The tracking URI as messages show it: user-info ("http://user:password@host") hidden.
+  const std::string& shown_uri() const { return shown_uri_; }
   // PUT `bytes` to the tracking server's artifact proxy (/api/2.0/mlflow-artifacts/artifacts/<path>), as MLflow's
   // clients upload to a `mlflow-artifacts:` artifact URI.
   void put_artifact(const std::string& path, const std::string& bytes);
 
  private:
   std::string uri_;
+  std::string shown_uri_;
   int attempts_;
 };
 
 // Hyperparameters as MLflow params: nested keys joined with '.', lists as JSON, scalars as Python prints them
 // (True, None, 0.001). Values longer than MLflow's 6000 characters are cut there (with a warning naming the key).
 std::vector<std::pair<std::string, std::string>> mlflow_params(const nlohmann::json& hparams);
+
+// Where log_model writes a run whose artifact URI (from the tracking server `server`, for messages) is a local folder
+// (file:///path or /path): that folder relative to `local_artifact_root` (loggers.mlflow.local_artifact_root; "."
+// for the root itself). The server chooses the folder, so it is written only inside the root the user named: throws
+// tessera::Error naming the run and the URI when the root is unset or the folder is outside it.
+std::filesystem::path local_artifact_folder(const std::string& artifact_uri, const std::string& local_artifact_root,
+                                            const std::string& run_id, const std::string& server);
 
 class MlflowLogger : public core::LoggerDestination, public core::ModelRegistry {
  public:
@@ -62,7 +72,8 @@ class MlflowLogger : public core::LoggerDestination, public core::ModelRegistry 
   // As mlflow.transformers.log_model + registration do for LLM Foundry: the folder as a `transformers` flavor model
   // under the run's `artifact_path` (MLmodel, model/, components/tokenizer/), then a new version of the registered
   // model whose source is that artifact path. The run's artifact URI must be `mlflow-artifacts:` (a tracking server
-  // that serves artifacts, `mlflow server`'s default) or a local path.
+  // that serves artifacts, `mlflow server`'s default) or a local folder inside `local_artifact_root`
+  // (local_artifact_folder).
   std::string log_model(const std::string& folder, const std::string& artifact_path,
                         const std::string& registered_model_name, const std::string& logging_config_json) override;
 

@@ -38,6 +38,10 @@ struct MlflowLoggerOptions {
   std::vector<std::string> ignore_hyperparameters;    // glob patterns of top-level recipe keys not logged as params
   std::string run_group;                              // tagged run_group when set
   int64_t log_duplicated_metric_every_n_steps = 100;  // an unchanged value is sent again only this many steps later
+  // An absolute folder under which a local (file:) artifact location that the tracking server gives a run may be
+  // written (a server run with --no-serve-artifacts and its artifact root on a shared file system). Empty (default):
+  // a local artifact location is refused; the server's artifact proxy (mlflow-artifacts:) needs nothing.
+  std::string local_artifact_root;
 };
 
 // Registered: jsonl, tensorboard, mlflow. LLM Foundry's names (wandb, mlflow, file, ...) are reported as not supported

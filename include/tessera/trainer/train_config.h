@@ -7,6 +7,8 @@
 // of range; keys of LLM Foundry's schema that Tessera does not implement yet are reported together in one message.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <chrono>
 #include <csignal>
 #include <cstdint>
@@ -121,5 +123,10 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
 
 // Parses an already loaded and resolved recipe tree; `path` is used in messages.
 TrainConfig parse_train_config(config::Value resolved, const std::string& path);
+
+// The resolved recipe as it leaves the process: what the loggers record, what each checkpoint stores and what
+// --print-config shows. Secrets are hidden (util::redact_secrets: "***" for a token or password, URIs' user-info);
+// `cfg.resolved`, which the components were built from, keeps the real values.
+nlohmann::ordered_json recorded_config(const TrainConfig& cfg);
 
 }  // namespace tessera::trainer

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "launcher_test_util.h"
+#include "net_test_util.h"
 
 namespace tessera::testing::launcher_test {
 
@@ -283,6 +284,51 @@ TEST(Elastic, TheHostRefusesANodeThatDoesNotFitNamingIt) {
       << a2.text();
   EXPECT_EQ(exit_code(a, 30 + setup.rdzv_timeout), 1) << a.text();
   EXPECT_NE(a.text().find("only 1 of the 2 nodes the job needs"), std::string::npos) << a.text();
+}
+
+// Issue 61: the host listens only where the nodes are told to connect (here 127.0.0.1), and a peer that sends a line
+// longer than the rendezvous takes (1 MiB) is cut off, named in an error, while the host goes on with the job.
+TEST(Elastic, TheHostListensOnTheEndpointsAddressAndCutsOffAPeerWithAnOverLongLine) {
+  const TempDir dir;
+  ElasticSetup setup;
+  setup.port = tessera::dist::free_local_port();
+  setup.nnodes = "2:2";
+  setup.script = "true";
+  ElasticNode a = start_node(dir, "a", true, setup);
+  NodeReaper reaper{{&a}};
+  int fd = -1;
+  ASSERT_TRUE(wait_until([&] { return (fd = connect_to("127.0.0.1", setup.port)) >= 0; }, 30 * kScale)) << a.text();
+  for (const std::string& address : non_loopback_addresses()) {
+    EXPECT_FALSE(connects(address, setup.port)) << address << " reaches the rendezvous";
+  }
+  sockaddr_in me{};
+  socklen_t len = sizeof(me);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len);
+  // A JOIN that never ends: 1 MiB and a bit, no newline. The host closes the connection once it has read past 1 MiB.
+  const std::string flood((size_t{1} << 20) + 8192, 'x');
+  const std::string line = "JOIN evil 1 " + flood;
+  for (size_t sent = 0; sent < line.size();) {
+    const ssize_t n = ::send(fd, line.data() + sent, line.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;  // cut off before the end
+    sent += static_cast<size_t>(n);
+  }
+  char buf[256];
+  pollfd p{fd, POLLIN, 0};
+  EXPECT_EQ(::poll(&p, 1, static_cast<int>(30000 * kScale)), 1);
+  EXPECT_LE(::recv(fd, buf, sizeof(buf), 0), 0);  // closed (or reset): no answer
+  ::close(fd);
+  const std::string cut = fmt::format(
+      "rendezvous: 127.0.0.1:{} sent a line longer than 1048576 bytes; closing its "
+      "connection",
+      ntohs(me.sin_port));
+  EXPECT_TRUE(wait_until([&] { return a.text().find(cut) != std::string::npos; }, 10 * kScale)) << a.text();
+  // The host goes on: a node joins and the job runs.
+  ElasticNode b = start_node(dir, "b", false, setup);
+  reaper.nodes = {&a, &b};
+  EXPECT_EQ(exit_code(a, 60), 0) << a.text();
+  EXPECT_EQ(exit_code(b, 10), 0) << b.text();
+  EXPECT_NE(a.text().find("attempt 0: 2 nodes (a, b), world size 2"), std::string::npos) << a.text();
+  EXPECT_EQ(a.text().find("node evil"), std::string::npos) << a.text();
 }
 
 }  // namespace tessera::testing::launcher_test
