@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
+#include "tessera/util/safe_path.h"
 
 namespace tessera::checkpoint {
 namespace {
@@ -126,12 +128,23 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), mapping
       if (offsets.size() != 2) fail(path, fmt::format("tensor {}: data_offsets must have 2 entries", name));
       info.begin = offsets[0];
       info.end = offsets[1];
+      // The element count and byte size in checked arithmetic: a header's shape can claim 2^62 elements, whose
+      // byte size wraps around to a small number (or 0) and would pass the offsets check below. The element count
+      // must also fit the int64 a tensor's sizes are.
       uint64_t numel = 1;
       for (int64_t d : info.shape) {
         if (d < 0) fail(path, fmt::format("tensor {}: negative dimension", name));
-        numel *= static_cast<uint64_t>(d);
+        if (__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel) ||
+            numel > static_cast<uint64_t>(INT64_MAX)) {
+          fail(path, fmt::format("tensor {}: shape {} has more elements than a tensor can hold", name,
+                                 fmt::join(info.shape, "x")));
+        }
       }
-      const uint64_t expected = numel * c10::elementSize(info.dtype);
+      uint64_t expected = 0;
+      if (__builtin_mul_overflow(numel, static_cast<uint64_t>(c10::elementSize(info.dtype)), &expected)) {
+        fail(path, fmt::format("tensor {}: shape {} of {} needs more than 2^64 bytes", name, fmt::join(info.shape, "x"),
+                               dtype_name(info.dtype)));
+      }
       if (info.end < info.begin || info.end - info.begin != expected) {
         fail(path, fmt::format("tensor {}: data_offsets [{}, {}] hold {} bytes, but shape and dtype need {}", name,
                                info.begin, info.end, info.end - info.begin, expected));
@@ -360,9 +373,12 @@ std::map<std::string, std::shared_ptr<SafetensorsFile>> open_safetensors_dir(con
     }
     std::map<std::string, std::shared_ptr<SafetensorsFile>> files;
     for (const auto& [name, file] : index["weight_map"].items()) {
+      if (!file.is_string()) fail(index_path.string(), fmt::format("weight_map: {} is not a file name", name));
       const std::string f = file.get<std::string>();
       if (!files.count(f)) {
-        const fs::path p = fs::path(dir) / f;
+        // A safe relative name; lexical only: a hub snapshot's files are symlinks into ../../blobs.
+        const fs::path p =
+            util::confined_path(dir, f, index_path.string(), kComponent, "shard file name", util::Confine::kLexical);
         if (!fs::exists(p)) fail(index_path.string(), fmt::format("shard {} (holding {}) does not exist", f, name));
         files[f] = std::make_shared<SafetensorsFile>(p.string());
       }

@@ -2,9 +2,13 @@
 // or the shared files; temporary ones from STS (AssumeRole for a profile's role_arn, AssumeRoleWithWebIdentity for
 // EKS's IRSA), a profile's credential_process, the container endpoint (ECS, SageMaker, EKS Pod Identity) and the EC2
 // instance metadata service (IMDSv2). Temporary credentials are fetched again before they expire.
+#include <arpa/inet.h>
+#include <curl/curl.h>
 #include <fmt/format.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <spdlog/spdlog.h>
-
+#include <sys/socket.h>
 #include <sys/wait.h>
 
 #include <atomic>
@@ -12,6 +16,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <functional>
@@ -79,6 +84,11 @@ S3Credentials from_json(const std::string& body, const std::string& where, const
   if (!j.is_object() || !j.contains("AccessKeyId") || !j.contains("SecretAccessKey")) {
     throw Error(kCredentialsComponent, fmt::format("{}: the answer has no AccessKeyId and SecretAccessKey", where));
   }
+  for (const char* key : {"AccessKeyId", "SecretAccessKey"}) {
+    if (!j.at(key).is_string()) {
+      throw Error(kCredentialsComponent, fmt::format("{}: {} in the answer is not a string", where, key));
+    }
+  }
   c.access_key_id = j.at("AccessKeyId").get<std::string>();
   c.secret_access_key = j.at("SecretAccessKey").get<std::string>();
   if (j.contains(token_key) && j.at(token_key).is_string()) c.session_token = j.at(token_key).get<std::string>();
@@ -145,6 +155,9 @@ class RefreshingProvider final : public CredentialProvider {
       cv_.wait(lock);
     }
     refreshing_ = true;
+    // However this refresh ends (credentials, an error, any exception from here on), refreshing_ goes down and the
+    // waiters wake; left up, it made every later get() wait forever.
+    const Lowered lowered(*this, lock);
     lock.unlock();
     std::optional<S3Credentials> fresh;
     std::string failure;
@@ -152,10 +165,12 @@ class RefreshingProvider final : public CredentialProvider {
       fresh = fetch_();
     } catch (const Error& e) {
       failure = e.message();
+    } catch (const std::exception& e) {  // a source's answer that a parser choked on, bad_alloc, ...
+      failure = fmt::format("{}: {}", source_, e.what());
+    } catch (...) {
+      failure = fmt::format("{}: the refresh failed with an unknown exception", source_);
     }
     lock.lock();
-    refreshing_ = false;
-    cv_.notify_all();
     if (fresh) {
       obtained_ = Clock::now();
       current_ = std::move(fresh);
@@ -178,6 +193,23 @@ class RefreshingProvider final : public CredentialProvider {
   std::string source() const override { return source_; }
 
  private:
+  // Lowers refreshing_ and wakes the waiters when it goes out of scope, taking `lock` back if it is not held.
+  class Lowered {
+   public:
+    Lowered(RefreshingProvider& p, std::unique_lock<std::mutex>& lock) : p_(p), lock_(lock) {}
+    Lowered(const Lowered&) = delete;
+    Lowered& operator=(const Lowered&) = delete;
+    ~Lowered() {
+      if (!lock_.owns_lock()) lock_.lock();
+      p_.refreshing_ = false;
+      p_.cv_.notify_all();
+    }
+
+   private:
+    RefreshingProvider& p_;
+    std::unique_lock<std::mutex>& lock_;
+  };
+
   bool due(Clock::time_point now) const {
     if (!current_->expiration) return false;
     const auto lifetime = *current_->expiration - obtained_;
@@ -276,17 +308,73 @@ std::shared_ptr<CredentialProvider> web_identity(const std::string& token_file, 
 
 // ---- the container endpoint and EC2 instance metadata
 
-bool loopback_or_container_host(const std::string& url) {
-  const size_t scheme = url.find("://");
-  std::string host = url.substr(scheme == std::string::npos ? 0 : scheme + 3);
-  host = host.substr(0, host.find('/'));
-  if (!host.empty() && host.front() == '[') {
-    host = host.substr(1, host.find(']') - 1);
-  } else {
-    host = host.substr(0, host.find(':'));
+// An address the container endpoint may have over plain http, as the AWS SDKs allow: loopback (127.0.0.0/8, ::1,
+// and 127/8 mapped into IPv6) or the ECS and EKS Pod Identity endpoints (169.254.170.2, 169.254.170.23,
+// fd00:ec2::23).
+bool container_address(const sockaddr* a) {
+  const auto v4 = [](uint32_t ip) { return (ip >> 24) == 127 || ip == 0xa9feaa02 || ip == 0xa9feaa17; };
+  if (a->sa_family == AF_INET) return v4(ntohl(reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr));
+  if (a->sa_family != AF_INET6) return false;
+  const in6_addr& ip = reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr;
+  in6_addr eks{};
+  ::inet_pton(AF_INET6, "fd00:ec2::23", &eks);
+  if (IN6_IS_ADDR_LOOPBACK(&ip) || std::memcmp(&ip, &eks, sizeof ip) == 0) return true;
+  if (!IN6_IS_ADDR_V4MAPPED(&ip)) return false;
+  uint32_t mapped = 0;
+  std::memcpy(&mapped, ip.s6_addr + 12, 4);
+  return v4(ntohl(mapped));
+}
+
+std::string address_text(const sockaddr* a) {
+  char buf[INET6_ADDRSTRLEN] = {};
+  const void* raw = a->sa_family == AF_INET
+                        ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(a)->sin_addr)
+                        : static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr);
+  return ::inet_ntop(a->sa_family, raw, buf, sizeof buf) != nullptr ? buf : "?";
+}
+
+// The AWS SDKs' rule for the container endpoint: https to any host, plain http only to a host all of whose addresses
+// container_address() allows. The host is the one libcurl (which makes the request) reads from the URI, after any
+// user name and without brackets: a text prefix let http://127.evil.example/ and http://127.0.0.1@evil.example/
+// through. Throws ConfigError starting with `setting` (the variable and its value) and naming the host. (The host is
+// resolved again when the request is made; like the SDKs' check, this one trusts the resolver not to answer
+// differently a moment later.)
+void check_container_uri(const std::string& url, const std::string& setting) {
+  const auto refuse = [&](const std::string& why) {
+    throw ConfigError(kCredentialsComponent, fmt::format("{}: {}", setting, why));
+  };
+  std::unique_ptr<CURLU, decltype(&curl_url_cleanup)> u(curl_url(), curl_url_cleanup);
+  char* scheme_raw = nullptr;
+  char* host_raw = nullptr;
+  if (!u || curl_url_set(u.get(), CURLUPART_URL, url.c_str(), 0) != CURLUE_OK ||
+      curl_url_get(u.get(), CURLUPART_SCHEME, &scheme_raw, 0) != CURLUE_OK ||
+      curl_url_get(u.get(), CURLUPART_HOST, &host_raw, 0) != CURLUE_OK) {
+    curl_free(scheme_raw);
+    refuse("not a URL with a host");
   }
-  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1" || host == "169.254.170.2" ||
-         host == "169.254.170.23" || host == "fd00:ec2::23";
+  const std::string scheme = scheme_raw;
+  std::string host = host_raw;
+  curl_free(scheme_raw);
+  curl_free(host_raw);
+  if (scheme == "https") return;
+  if (scheme != "http") refuse(fmt::format("the scheme must be http or https, not {}", scheme));
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  const std::string rule =
+      "over http the host must resolve only to loopback addresses (127.0.0.0/8, ::1) or the ECS/EKS endpoints "
+      "(169.254.170.2, 169.254.170.23, fd00:ec2::23)";
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found); rc != 0) {
+    refuse(fmt::format("{}, and host {} does not resolve ({})", rule, host, ::gai_strerror(rc)));
+  }
+  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> keep(found, ::freeaddrinfo);
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    if (!container_address(a->ai_addr)) {
+      refuse(fmt::format("{}; host {} resolves to {}", rule, host, address_text(a->ai_addr)));
+    }
+  }
 }
 
 std::shared_ptr<CredentialProvider> container_provider() {
@@ -294,12 +382,10 @@ std::shared_ptr<CredentialProvider> container_provider() {
   const std::string full = env("AWS_CONTAINER_CREDENTIALS_FULL_URI");
   const std::string url = !relative.empty() ? "http://169.254.170.2" + relative : full;
   const std::string what = fmt::format("the container credentials endpoint {}", url);
-  if (relative.empty() && url.rfind("https://", 0) != 0 && !loopback_or_container_host(url)) {
-    throw ConfigError(kCredentialsComponent,
-                      fmt::format("AWS_CONTAINER_CREDENTIALS_FULL_URI={}: over http only a loopback address or the "
-                                  "ECS/EKS link-local endpoint is allowed",
-                                  url));
-  }
+  // The relative URI too: appended to the ECS address, "@evil.example/" would make it another host.
+  check_container_uri(url, relative.empty()
+                               ? "AWS_CONTAINER_CREDENTIALS_FULL_URI=" + full
+                               : fmt::format("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI={} ({})", relative, url));
   return std::make_shared<RefreshingProvider>(what, [url, what] {
     util::HttpRequest req;
     req.url = url;
@@ -382,7 +468,7 @@ S3Credentials run_credential_process(const std::string& command, const std::stri
   } catch (const nlohmann::json::exception&) {
     throw Error(kCredentialsComponent, fmt::format("{}: its output is not JSON", what));
   }
-  if (!j.is_object() || j.value("Version", 0) != 1) {
+  if (!j.is_object() || !j.contains("Version") || j.at("Version") != 1) {
     throw Error(kCredentialsComponent, fmt::format("{}: its output must be a JSON object with \"Version\": 1", what));
   }
   return from_json(out, what, "SessionToken");
@@ -518,6 +604,10 @@ using namespace credential_chain;  // NOLINT(google-build-using-namespace): this
 
 std::shared_ptr<CredentialProvider> fixed_credentials(S3Credentials credentials) {
   return std::make_shared<FixedProvider>(std::move(credentials));
+}
+
+std::shared_ptr<CredentialProvider> refreshing_credentials(std::string source, std::function<S3Credentials()> fetch) {
+  return std::make_shared<RefreshingProvider>(std::move(source), std::move(fetch));
 }
 
 std::shared_ptr<CredentialProvider> default_credential_provider() {

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -33,6 +34,18 @@ constexpr const char* kEmptyHash = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b
 
 std::string uri_of(const std::string& bucket, const std::string& key) {
   return fmt::format("s3://{}/{}", bucket, key);
+}
+
+// A byte count a server sent (a listing's Size, Content-Length, Content-Range's total); empty is 0. Anything else is
+// an error naming the object, not std::stoull's std::invalid_argument or std::out_of_range.
+uint64_t byte_count(std::string_view text, const std::string& where, const char* what) {
+  uint64_t n = 0;
+  if (text.empty()) return n;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc() || end != text.data() + text.size()) {
+    throw Error(kS3ClientComponent, fmt::format("{}: the server sent {} '{}', not a byte count", where, what, text));
+  }
+  return n;
 }
 
 }  // namespace
@@ -74,10 +87,18 @@ std::string xml_unescape(std::string_view s) {
     else if (ent == "apos")
       out += '\'';
     else if (!ent.empty() && ent[0] == '#') {
-      const unsigned long cp = ent.size() > 1 && (ent[1] == 'x' || ent[1] == 'X')
-                                   ? std::stoul(std::string(ent.substr(2)), nullptr, 16)
-                                   : std::stoul(std::string(ent.substr(1)));
-      util::append_utf8(out, static_cast<char32_t>(cp));
+      // &#NNN; or &#xHH;. A server's body is untrusted: a reference that is not a code point (no digits, too large,
+      // a surrogate) stays as it is, never an exception (std::stoul's escaped the S3 client's retries).
+      const bool hex = ent.size() > 1 && (ent[1] == 'x' || ent[1] == 'X');
+      const std::string_view digits = ent.substr(hex ? 2 : 1);
+      uint32_t cp = 0;
+      const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), cp, hex ? 16 : 10);
+      if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size() || cp == 0 || cp > 0x10ffff ||
+          (cp >= 0xd800 && cp <= 0xdfff)) {
+        out.append(s.substr(i, semi - i + 1));
+      } else {
+        util::append_utf8(out, static_cast<char32_t>(cp));
+      }
     } else {
       out.append(s.substr(i, semi - i + 1));
     }
@@ -119,9 +140,11 @@ std::string strip_quotes(std::string s) {
   return s;
 }
 
+// Every 5xx but 501 Not Implemented (a feature the server lacks, as permanent as a 4xx) is retried by its status
+// alone, whatever its body holds: an overloaded server or a proxy in front of it answers with any body, or none.
 bool retryable_status(long status, const std::string& code) {  // NOLINT(google-runtime-int)
-  return status == 429 || status == 500 || status == 502 || status == 503 || status == 504 ||
-         code == "RequestTimeout" || code == "SlowDown" || code == "InternalError";
+  return status == 429 || (status >= 500 && status <= 599 && status != 501) || code == "RequestTimeout" ||
+         code == "SlowDown" || code == "InternalError";
 }
 
 bool retryable_curl(CURLcode c) {
@@ -419,6 +442,7 @@ S3Response S3Client::send(const std::string& method, const std::string& bucket, 
     }
     pool_->release(h);
     if (response.status >= 200 && response.status < 300) return response;
+    // The body is only read for the error's code and message (xml_first does not throw on a malformed one).
     const std::string code = xml_first(response.body, "Code");
     const std::string message = xml_first(response.body, "Message");
     last_error = fmt::format("{} HTTP {}{}{}", method, response.status, code.empty() ? "" : " " + code,
@@ -492,8 +516,9 @@ void S3Client::download(const std::string& bucket, const std::string& key, const
     if (first.status != 416) {
       const std::string range = first.header("content-range");
       const size_t slash = range.rfind('/');
-      size = slash == std::string::npos ? std::stoull(first.body) : std::stoull(range.substr(slash + 1));
-      if (std::stoull(first.body) != std::min(size, part)) {
+      const uint64_t got = byte_count(first.body, where, "a length");
+      size = slash == std::string::npos ? got : byte_count(range.substr(slash + 1), where, "a Content-Range total");
+      if (got != std::min(size, part)) {
         throw Error(kS3ClientComponent,
                     fmt::format("{}: the first range returned {} bytes of {}", where, first.body, size));
       }
@@ -653,7 +678,7 @@ std::vector<S3Client::Listed> S3Client::list(const std::string& bucket, const st
     for (const std::string_view item : xml_all(r.body, "Contents")) {
       Listed l;
       l.key = xml_first(item, "Key");
-      l.size = std::stoull("0" + xml_first(item, "Size"));
+      l.size = byte_count(xml_first(item, "Size"), uri_of(bucket, l.key), "a listing Size");
       l.etag = strip_quotes(xml_first(item, "ETag"));
       out.push_back(std::move(l));
     }
@@ -674,7 +699,7 @@ std::optional<S3Client::Listed> S3Client::head(const std::string& bucket, const 
   if (r.status == 404) return std::nullopt;
   Listed l;
   l.key = key;
-  l.size = std::stoull("0" + r.header("content-length"));
+  l.size = byte_count(r.header("content-length"), uri_of(bucket, key), "a Content-Length");
   l.etag = strip_quotes(r.header("etag"));
   return l;
 }

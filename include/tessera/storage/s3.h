@@ -45,6 +45,11 @@ class CredentialProvider {
 // Long-term keys, as given.
 std::shared_ptr<CredentialProvider> fixed_credentials(S3Credentials credentials);
 
+// Temporary credentials from `fetch`, called again as their expiration nears (the refresh rules of get() above), for
+// a source the default chain does not know. A refresh that throws, whatever it throws, keeps unexpired credentials
+// (with a warning) and otherwise makes get() throw Error naming `source`; it never leaves other callers waiting.
+std::shared_ptr<CredentialProvider> refreshing_credentials(std::string source, std::function<S3Credentials()> fetch);
+
 // The AWS SDKs' default chain (botocore's order), resolved once per call:
 //   1. AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY (+ AWS_SESSION_TOKEN);
 //   2. the profile's role_arn (AWS_PROFILE, default "default", in AWS_CONFIG_FILE / AWS_SHARED_CREDENTIALS_FILE)

@@ -15,7 +15,7 @@ namespace tessera::data::chat_template::detail {
 Renderer::Renderer(const std::string& name, const Json& context) : name_(name) {
   frames_.emplace_back();
   if (context.is_object()) {
-    for (const auto& [k, v] : context.items()) frames_.back()[k] = Value::of(v);
+    for (auto it = context.begin(); it != context.end(); ++it) frames_.back()[it.key()] = Value::borrowed(*it);
   }
 }
 
@@ -36,14 +36,59 @@ void Renderer::tick(int line) {
   if (++steps_ > kMaxSteps) fail(line, fmt::format("the template ran more than {} statements", kMaxSteps));
 }
 
-std::string Renderer::bounded(std::string s, int line) const {
-  if (s.size() > kMaxString) fail(line, "string too long");
-  return s;
+void Renderer::charge(size_t bytes, int line) {
+  if (__builtin_add_overflow(built_, bytes, &built_) || built_ > kMaxBuilt) {
+    built_ = kMaxBuilt + 1;
+    fail(line, fmt::format("the template built, copied or scanned more than {} bytes of text and values", kMaxBuilt));
+  }
+}
+
+size_t Renderer::sum_size(size_t a, size_t b, int line) const {
+  size_t n = 0;
+  if (__builtin_add_overflow(a, b, &n) || n > kMaxString)
+    fail(line, fmt::format("string too long: the result would be longer than the limit of {} bytes", kMaxString));
+  return n;
+}
+
+size_t Renderer::product_size(size_t a, size_t b, int line) const {
+  size_t n = 0;
+  if (__builtin_mul_overflow(a, b, &n) || n > kMaxString)
+    fail(line, fmt::format("string too long: the result would be longer than the limit of {} bytes", kMaxString));
+  return n;
+}
+
+void Renderer::append(std::string& out, std::string_view piece, int line) {
+  sum_size(out.size(), piece.size(), line);
+  charge(piece.size(), line);
+  out += piece;
+}
+
+size_t Renderer::json_cost(const Json& j, int line) const {
+  if (!j.is_structured()) return kNodeBytes + (j.is_string() ? j.get_ref<const std::string&>().size() : 0);
+  size_t cost = 0;
+  std::vector<std::pair<const Json*, size_t>> todo = {{&j, 1}};
+  while (!todo.empty() && cost <= kMaxBuilt) {  // past kMaxBuilt, charge() refuses it whatever the rest holds
+    const auto [node, depth] = todo.back();
+    todo.pop_back();
+    if (depth > kMaxValueDepth) fail(line, fmt::format("a value nested more than {} levels deep", kMaxValueDepth));
+    cost += kNodeBytes;
+    if (node->is_string()) {
+      cost += node->get_ref<const std::string&>().size();
+    } else if (node->is_object()) {
+      for (const auto& [k, v] : node->items()) {
+        cost += k.size();
+        todo.emplace_back(&v, depth + 1);
+      }
+    } else if (node->is_array()) {
+      for (const Json& v : *node) todo.emplace_back(&v, depth + 1);
+    }
+  }
+  return cost;
 }
 
 int64_t Renderer::indent_width(int64_t width, int line) const {
   if (width > kMaxIndent) fail(line, fmt::format("indent width {} is larger than the limit of {}", width, kMaxIndent));
-  return width;
+  return std::max<int64_t>(width, 0);  // Python: " " * -1 is ""
 }
 
 Value Renderer::lookup(const std::string& n) const {
@@ -65,11 +110,17 @@ Flow Renderer::exec(const Stmt& s, std::string& out) {
   if (out.size() > kMaxString) fail(s.line, "the rendered text is too long");
   switch (s.kind) {
     case Stmt::Kind::kText:
-      out += s.text;
+      append(out, s.text, s.line);
       return Flow::kNormal;
-    case Stmt::Kind::kOutput:
-      out += to_str(eval(*s.expr));
+    case Stmt::Kind::kOutput: {
+      const Value v = eval(*s.expr);
+      if (v.is_string()) {
+        append(out, v.data().get_ref<const std::string&>(), s.line);
+      } else {
+        append(out, str(v, s.line), s.line);
+      }
       return Flow::kNormal;
+    }
     case Stmt::Kind::kIf:
       for (const auto& [cond, body] : s.branches) {
         if (!cond || truthy(eval(*cond))) return run(body, out);
@@ -80,12 +131,12 @@ Flow Renderer::exec(const Stmt& s, std::string& out) {
       if (!s.attr.empty()) {
         Value ns = lookup(s.targets[0]);
         if (ns.kind != Value::Kind::kNamespace) fail(s.line, fmt::format("'{}' is not a namespace", s.targets[0]));
-        (*ns.ns)[s.attr] = data_of(v, s.line);
+        (*ns.ns)[s.attr] = copy_of(v, s.line);
       } else if (s.targets.size() == 1) {
         frames_.back()[s.targets[0]] = v;
       } else {
-        if (!v.is_list() || v.data.size() != s.targets.size()) fail(s.line, "cannot unpack the value");
-        for (size_t k = 0; k < s.targets.size(); ++k) frames_.back()[s.targets[k]] = Value::of(v.data[k]);
+        if (!v.is_list() || v.data().size() != s.targets.size()) fail(s.line, "cannot unpack the value");
+        for (size_t k = 0; k < s.targets.size(); ++k) frames_.back()[s.targets[k]] = Value::part(v, v.data()[k]);
       }
       return Flow::kNormal;
     }
@@ -102,27 +153,36 @@ Flow Renderer::exec(const Stmt& s, std::string& out) {
 }
 
 Flow Renderer::exec_for(const Stmt& s, std::string& out) {
-  const Value seq = eval(*s.expr);
-  std::vector<Json> items = iterate(seq, s.line);
+  // The items are the list's own (shared, not copied); a filter keeps the indices of those it lets through.
+  const Value seq = items_of(eval(*s.expr), s.line);
+  const Json& all = seq.data();
   frames_.emplace_back();
+  std::vector<size_t> kept;
   if (s.filter) {
-    std::vector<Json> kept;
-    for (Json& item : items) {
+    for (size_t k = 0; k < all.size(); ++k) {
       tick(s.line);
-      bind(s, item);
-      if (truthy(eval(*s.filter))) kept.push_back(std::move(item));
+      bind(s, Value::part(seq, all[k]));
+      if (truthy(eval(*s.filter))) kept.push_back(k);
     }
-    items = std::move(kept);
   }
-  const auto n = static_cast<int64_t>(items.size());
+  const auto n = static_cast<int64_t>(s.filter ? kept.size() : all.size());
+  const auto at = [&](int64_t k) -> const Json& {
+    return all[s.filter ? kept[static_cast<size_t>(k)] : static_cast<size_t>(k)];
+  };
   for (int64_t k = 0; k < n; ++k) {
     tick(s.line);
-    bind(s, items[static_cast<size_t>(k)]);
+    bind(s, Value::part(seq, at(k)));
     Json loop = {{"index", k + 1},  {"index0", k},        {"revindex", n - k}, {"revindex0", n - k - 1},
                  {"first", k == 0}, {"last", k == n - 1}, {"length", n},       {"depth", 1},
                  {"depth0", 0}};
-    if (k > 0) loop["previtem"] = items[static_cast<size_t>(k - 1)];
-    if (k + 1 < n) loop["nextitem"] = items[static_cast<size_t>(k + 1)];
+    if (k > 0) {
+      charge(json_cost(at(k - 1), s.line), s.line);
+      loop["previtem"] = at(k - 1);
+    }
+    if (k + 1 < n) {
+      charge(json_cost(at(k + 1), s.line), s.line);
+      loop["nextitem"] = at(k + 1);
+    }
     frames_.back()["loop"] = Value::of(std::move(loop));
     const Flow f = run(s.body, out);
     if (f == Flow::kBreak) break;
@@ -132,30 +192,33 @@ Flow Renderer::exec_for(const Stmt& s, std::string& out) {
   return Flow::kNormal;
 }
 
-void Renderer::bind(const Stmt& s, const Json& item) {
+void Renderer::bind(const Stmt& s, const Value& item) {
   if (s.targets.size() == 1) {
-    frames_.back()[s.targets[0]] = Value::of(item);
+    frames_.back()[s.targets[0]] = item;
     return;
   }
-  if (!item.is_array() || item.size() != s.targets.size()) fail(s.line, "cannot unpack a loop item");
-  for (size_t k = 0; k < s.targets.size(); ++k) frames_.back()[s.targets[k]] = Value::of(item[k]);
+  if (!item.is_list() || item.data().size() != s.targets.size()) fail(s.line, "cannot unpack a loop item");
+  for (size_t k = 0; k < s.targets.size(); ++k) frames_.back()[s.targets[k]] = Value::part(item, item.data()[k]);
 }
 
-std::vector<Json> Renderer::iterate(const Value& v, int line) const {
-  std::vector<Json> out;
-  if (!v.defined()) return out;  // jinja2's Undefined iterates as empty
-  if (v.kind == Value::Kind::kData) {
-    if (v.data.is_array()) return std::vector<Json>(v.data.begin(), v.data.end());
-    if (v.data.is_object()) {
-      for (const auto& [k, val] : v.data.items()) out.emplace_back(k);
-      return out;
-    }
-    if (v.data.is_string()) {
-      const std::string& s = v.data.get_ref<const std::string&>();
-      const std::vector<size_t> at = code_point_offsets(s);
-      for (size_t k = 0; k + 1 < at.size(); ++k) out.emplace_back(s.substr(at[k], at[k + 1] - at[k]));
-      return out;
-    }
+Value Renderer::items_of(const Value& v, int line) {
+  if (!v.defined()) return Value::of(Json::array());  // jinja2's Undefined iterates as empty
+  if (v.is_list()) return v;
+  Json out = Json::array();
+  if (v.is_dict()) {
+    charge(json_cost(v.data(), line), line);
+    for (const auto& [k, val] : v.data().items()) out.emplace_back(k);
+    return Value::of(std::move(out));
+  }
+  if (v.is_string()) {
+    const std::string& s = v.data().get_ref<const std::string&>();
+    size_t cost = 0;
+    if (__builtin_mul_overflow(code_point_count(s), kNodeBytes, &cost)) cost = SIZE_MAX;
+    charge(cost, line);  // before anything is allocated
+    charge(s.size(), line);
+    const std::vector<size_t> at = code_point_offsets(s);
+    for (size_t k = 0; k + 1 < at.size(); ++k) out.emplace_back(s.substr(at[k], at[k + 1] - at[k]));
+    return Value::of(std::move(out));
   }
   fail(line, fmt::format("'{}' is not iterable", type_name(v)));
 }
@@ -171,7 +234,7 @@ std::string Renderer::type_name(const Value& v) {
     case Value::Kind::kData:
       break;
   }
-  switch (v.data.type()) {
+  switch (v.data().type()) {
     case Json::value_t::null:
       return "NoneType";
     case Json::value_t::boolean:
@@ -189,11 +252,33 @@ std::string Renderer::type_name(const Value& v) {
   }
 }
 
-Json Renderer::data_of(const Value& v, int line) const {
-  if (v.kind == Value::Kind::kData) return v.data;
+const Json& Renderer::json_of(const Value& v, int line) const {
   if (v.kind == Value::Kind::kNamespace) return *v.ns;
-  if (v.kind == Value::Kind::kUndefined) return nullptr;
-  fail(line, "a function is not a value here");
+  if (v.kind == Value::Kind::kFunction) fail(line, "a function is not a value here");
+  return v.data();  // null for undefined
+}
+
+Json Renderer::copy_of(const Value& v, int line) {
+  const Json& j = json_of(v, line);
+  charge(json_cost(j, line), line);
+  return j;
+}
+
+std::string Renderer::str(const Value& v, int line) {
+  if (v.is_string()) {
+    charge(v.data().get_ref<const std::string&>().size(), line);
+    return v.data().get<std::string>();
+  }
+  if (v.kind != Value::Kind::kNamespace && !v.is_list() && !v.is_dict()) return to_str(v);
+  // A list, dict or namespace: printed into one buffer that stops at kMaxString.
+  const Json& j = json_of(v, line);
+  charge(json_cost(j, line), line);
+  std::string out = v.kind == Value::Kind::kNamespace ? "<Namespace " : "";
+  if (!py_repr_append(out, j, kMaxString))
+    fail(line, fmt::format("string too long: the printed value is longer than the limit of {} bytes", kMaxString));
+  if (v.kind == Value::Kind::kNamespace) out += ">";
+  charge(out.size(), line);
+  return out;
 }
 
 Value Renderer::require_defined(Value v, int line) const {
@@ -204,26 +289,28 @@ Value Renderer::require_defined(Value v, int line) const {
 Value Renderer::eval(const Expr& e) {
   switch (e.kind) {
     case Expr::Kind::kLiteral:
-      return Value::of(e.literal);
+      return Value::borrowed(e.literal);  // the parsed template outlives the render
     case Expr::Kind::kName:
       return lookup(e.name);
     case Expr::Kind::kList: {
       Json list = Json::array();
-      for (const auto& k : e.kids) list.push_back(data_of(eval(*k), e.line));
+      for (const auto& k : e.kids) list.push_back(copy_of(eval(*k), e.line));
       return Value::of(std::move(list));
     }
     case Expr::Kind::kDict: {
       Json dict = Json::object();
       for (size_t k = 0; k + 1 < e.kids.size(); k += 2) {
-        const Value key = eval(*e.kids[k]);
-        dict[to_str(key)] = data_of(eval(*e.kids[k + 1]), e.line);
+        const std::string key = str(eval(*e.kids[k]), e.line);
+        dict[key] = copy_of(eval(*e.kids[k + 1]), e.line);
       }
       return Value::of(std::move(dict));
     }
     case Expr::Kind::kAttr:
-      return attribute(require_defined(eval(*e.kids[0]), e.line), e.name);
-    case Expr::Kind::kItem:
-      return item(require_defined(eval(*e.kids[0]), e.line), eval(*e.kids[1]), e.line);
+      return attribute(require_defined(eval(*e.kids[0]), e.line), e.name, e.line);
+    case Expr::Kind::kItem: {
+      const Value obj = require_defined(eval(*e.kids[0]), e.line);
+      return item(obj, eval(*e.kids[1]), e.line);
+    }
     case Expr::Kind::kSlice:
       return slice(e);
     case Expr::Kind::kCall:
@@ -237,10 +324,10 @@ Value Renderer::eval(const Expr& e) {
     case Expr::Kind::kNeg: {
       const Value v = eval(*e.kids[0]);
       if (v.is_integer()) {
-        if (v.data.get<int64_t>() == INT64_MIN) fail(e.line, "integer overflow");
-        return Value::of(-v.data.get<int64_t>());
+        if (v.data().get<int64_t>() == INT64_MIN) fail(e.line, "integer overflow");
+        return Value::of(-v.data().get<int64_t>());
       }
-      if (v.is_number()) return Value::of(-v.data.get<double>());
+      if (v.is_number()) return Value::of(-v.data().get<double>());
       fail(e.line, fmt::format("bad operand type for unary -: '{}'", type_name(v)));
     }
     case Expr::Kind::kNot:
@@ -262,39 +349,45 @@ Value Renderer::eval(const Expr& e) {
   fail(e.line, "unknown expression");
 }
 
-Value Renderer::attribute(const Value& obj, const std::string& attr) const {
+Value Renderer::attribute(const Value& obj, const std::string& attr, int line) {
   if (obj.kind == Value::Kind::kNamespace) {
+    // A namespace changes under `set`: its attributes are copied out, not shared.
     auto it = obj.ns->find(attr);
-    return it == obj.ns->end() ? Value::undefined(attr) : Value::of(*it);
+    if (it == obj.ns->end()) return Value::undefined(attr);
+    charge(json_cost(*it, line), line);
+    return Value::of(*it);
   }
   if (obj.is_dict()) {
-    auto it = obj.data.find(attr);
-    return it == obj.data.end() ? Value::undefined(attr) : Value::of(*it);
+    auto it = obj.data().find(attr);
+    return it == obj.data().end() ? Value::undefined(attr) : Value::part(obj, *it);
   }
   return Value::undefined(attr);
 }
 
-Value Renderer::item(const Value& obj, const Value& key, int line) const {
+Value Renderer::item(const Value& obj, const Value& key, int line) {
   if (obj.is_dict()) {
-    if (!key.is_string()) return Value::undefined(to_str(key));
-    auto it = obj.data.find(key.data.get<std::string>());
-    return it == obj.data.end() ? Value::undefined(key.data.get<std::string>()) : Value::of(*it);
+    if (!key.is_string()) return Value::undefined(str(key, line));
+    auto it = obj.data().find(key.data().get_ref<const std::string&>());
+    return it == obj.data().end() ? Value::undefined(key.data().get<std::string>()) : Value::part(obj, *it);
   }
-  if (obj.kind == Value::Kind::kNamespace && key.is_string()) return attribute(obj, key.data.get<std::string>());
+  if (obj.kind == Value::Kind::kNamespace && key.is_string())
+    return attribute(obj, key.data().get<std::string>(), line);
   if ((obj.is_list() || obj.is_string()) && key.is_integer()) {
     if (obj.is_list()) {
-      const int64_t i = normalize_index(key.data.get<int64_t>(), static_cast<int64_t>(obj.data.size()));
-      if (i < 0 || i >= static_cast<int64_t>(obj.data.size())) return Value::undefined("index");
-      return Value::of(obj.data[static_cast<size_t>(i)]);
+      const int64_t i = normalize_index(key.data().get<int64_t>(), static_cast<int64_t>(obj.data().size()));
+      if (i < 0 || i >= static_cast<int64_t>(obj.data().size())) return Value::undefined("index");
+      return Value::part(obj, obj.data()[static_cast<size_t>(i)]);
     }
-    const std::string& s = obj.data.get_ref<const std::string&>();
-    const std::vector<size_t> at = code_point_offsets(s);
-    const auto n = static_cast<int64_t>(at.size()) - 1;
-    const int64_t i = normalize_index(key.data.get<int64_t>(), n);
+    const std::string& s = obj.data().get_ref<const std::string&>();
+    charge(s.size(), line);
+    const auto n = static_cast<int64_t>(code_point_count(s));
+    const int64_t i = normalize_index(key.data().get<int64_t>(), n);
     if (i < 0 || i >= n) return Value::undefined("index");
-    return Value::of(s.substr(at[static_cast<size_t>(i)], at[static_cast<size_t>(i) + 1] - at[static_cast<size_t>(i)]));
+    size_t b = 0;  // the byte offset of code point i
+    for (int64_t k = 0; k < i; ++k) b = next_code_point(s, b);
+    return Value::of(s.substr(b, next_code_point(s, b) - b));
   }
-  if (key.is_string()) return attribute(obj, key.data.get<std::string>());
+  if (key.is_string()) return attribute(obj, key.data().get<std::string>(), line);
   fail(line, fmt::format("'{}' object is not subscriptable with {}", type_name(obj), type_name(key)));
 }
 
@@ -306,35 +399,45 @@ Value Renderer::slice(const Expr& e) {
     const Value v = eval(*e.kids[static_cast<size_t>(k) + 1]);
     if (v.is_none()) continue;
     if (!v.is_integer()) fail(e.line, "slice indices must be integers");
-    part[k] = v.data.get<int64_t>();
+    part[k] = v.data().get<int64_t>();
   }
-  std::vector<Json> items;
   const bool is_str = obj.is_string();
+  if (!is_str && !obj.is_list()) fail(e.line, fmt::format("'{}' object cannot be sliced", type_name(obj)));
+  std::vector<size_t> at;  // a string's code point offsets
   if (is_str) {
-    items = iterate(obj, e.line);
-  } else if (obj.is_list()) {
-    items.assign(obj.data.begin(), obj.data.end());
-  } else {
-    fail(e.line, fmt::format("'{}' object cannot be sliced", type_name(obj)));
+    charge(obj.data().get_ref<const std::string&>().size(), e.line);
+    at = code_point_offsets(obj.data().get_ref<const std::string&>());
   }
-  const auto n = static_cast<int64_t>(items.size());
+  const auto n = static_cast<int64_t>(is_str ? at.size() - 1 : obj.data().size());
   const int64_t step = part[2].value_or(1);
   if (step == 0) fail(e.line, "slice step cannot be zero");
   // Python's slice.indices().
   const auto clamp = [&](std::optional<int64_t> v, int64_t dflt, int64_t lo, int64_t hi) {
     if (!v) return dflt;
-    int64_t x = *v < 0 ? *v + n : *v;
+    int64_t x = *v < 0 ? (*v < -n ? -n - 1 : *v + n) : *v;  // no overflow for INT64_MIN
     return std::clamp(x, lo, hi);
   };
   const int64_t start = step > 0 ? clamp(part[0], 0, 0, n) : clamp(part[0], n - 1, -1, n - 1);
   const int64_t stop = step > 0 ? clamp(part[1], n, 0, n) : clamp(part[1], -1, -1, n - 1);
-  Json out = is_str ? Json("") : Json::array();
-  for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-    if (is_str) {
-      out.get_ref<std::string&>() += items[static_cast<size_t>(i)].get<std::string>();
-    } else {
-      out.push_back(items[static_cast<size_t>(i)]);
+  // Indices stay within [-1, n] and move by |step| <= 2^63: stop once past the end rather than overflow.
+  const auto next = [&](int64_t i) {
+    int64_t r = 0;
+    return __builtin_add_overflow(i, step, &r) ? (step > 0 ? n : -1) : r;
+  };
+  if (is_str) {
+    const std::string& s = obj.data().get_ref<const std::string&>();
+    std::string out;
+    for (int64_t i = start; step > 0 ? i < stop : i > stop; i = next(i)) {
+      const auto k = static_cast<size_t>(i);
+      append(out, std::string_view(s).substr(at[k], at[k + 1] - at[k]), e.line);
     }
+    return Value::of(std::move(out));
+  }
+  Json out = Json::array();
+  for (int64_t i = start; step > 0 ? i < stop : i > stop; i = next(i)) {
+    const Json& x = obj.data()[static_cast<size_t>(i)];
+    charge(json_cost(x, e.line), e.line);
+    out.push_back(x);
   }
   return Value::of(std::move(out));
 }
@@ -346,49 +449,98 @@ Renderer::Args Renderer::args_of(const Expr& e, size_t first) {
   return a;
 }
 
-std::string Renderer::string_arg(const Args& a, size_t i, const std::string& key, int line, const char* what) const {
+const std::string& Renderer::string_arg(const Args& a, size_t i, const std::string& key, int line,
+                                        const char* what) const {
   const Value* v = a.get(i, key);
   if (!v || !v->is_string()) fail(line, fmt::format("{} expects a string argument", what));
-  return v->data.get<std::string>();
+  return v->data().get_ref<const std::string&>();
 }
 
-int Renderer::compare(const Value& a, const Value& b, int line) const {
+int Renderer::compare(const Value& a, const Value& b, int line) {
   if (a.is_number() && b.is_number()) {
-    const double x = a.data.get<double>(), y = b.data.get<double>();
+    const double x = a.data().get<double>(), y = b.data().get<double>();
     return x < y ? -1 : x > y ? 1 : 0;
   }
   if (a.is_string() && b.is_string()) {
-    const int c = a.data.get<std::string>().compare(b.data.get<std::string>());
+    const std::string& x = a.data().get_ref<const std::string&>();
+    const std::string& y = b.data().get_ref<const std::string&>();
+    charge(std::min(x.size(), y.size()), line);
+    const int c = x.compare(y);
     return c < 0 ? -1 : c > 0 ? 1 : 0;
   }
   fail(line, fmt::format("'<' not supported between '{}' and '{}'", type_name(a), type_name(b)));
 }
 
-bool Renderer::contains(const Value& container, const Value& x, int line) const {
+bool Renderer::same(const Value& a, const Value& b, int line) {
+  if (a.is_string() && b.is_string()) {
+    charge(std::min(a.data().get_ref<const std::string&>().size(), b.data().get_ref<const std::string&>().size()),
+           line);
+  } else if ((a.is_list() && b.is_list()) || (a.is_dict() && b.is_dict())) {
+    charge(std::min(json_cost(a.data(), line), json_cost(b.data(), line)), line);
+  }
+  return equal(a, b);
+}
+
+bool Renderer::contains(const Value& container, const Value& x, int line) {
   if (container.is_string()) {
     if (!x.is_string()) fail(line, "'in <string>' requires a string");
-    return container.data.get<std::string>().find(x.data.get<std::string>()) != std::string::npos;
+    const std::string& s = container.data().get_ref<const std::string&>();
+    charge(s.size(), line);
+    return find_text(s, x.data().get_ref<const std::string&>()) != std::string::npos;
   }
   if (container.is_list()) {
-    for (const Json& item : container.data) {
-      if (equal(Value::of(item), x)) return true;
+    for (const Json& item : container.data()) {
+      charge(kNodeBytes, line);
+      if (same(Value::part(container, item), x, line)) return true;
     }
     return false;
   }
-  if (container.is_dict()) return x.is_string() && container.data.contains(x.data.get<std::string>());
+  if (container.is_dict()) return x.is_string() && container.data().contains(x.data().get<std::string>());
   if (container.kind == Value::Kind::kNamespace)
-    return x.is_string() && container.ns->contains(x.data.get<std::string>());
+    return x.is_string() && container.ns->contains(x.data().get<std::string>());
   if (!container.defined()) fail(line, fmt::format("'{}' is undefined", container.name));
   fail(line, fmt::format("argument of type '{}' is not iterable", type_name(container)));
+}
+
+// Python's sequence * int: n copies of a string or list, empty for n <= 0 or an empty sequence (without a loop of n
+// steps); sizes are checked before anything is built.
+Value Renderer::repeat(const Value& seq, int64_t n, int line) {
+  if (seq.is_string()) {
+    const std::string& s = seq.data().get_ref<const std::string&>();
+    if (n <= 0 || s.empty()) return Value::of("");
+    const size_t size = product_size(s.size(), static_cast<uint64_t>(n), line);
+    charge(size, line);
+    std::string out;
+    out.reserve(size);
+    for (int64_t k = 0; k < n; ++k) out += s;
+    return Value::of(std::move(out));
+  }
+  const Json& list = seq.data();
+  if (n <= 0 || list.empty()) return Value::of(Json::array());
+  size_t items = 0;
+  if (__builtin_mul_overflow(list.size(), static_cast<uint64_t>(n), &items) || items > static_cast<size_t>(kMaxRange))
+    fail(line, fmt::format("list too long: the result would have more than {} items", kMaxRange));
+  size_t cost = 0;
+  if (__builtin_mul_overflow(json_cost(list, line), static_cast<uint64_t>(n), &cost)) cost = SIZE_MAX;
+  charge(cost, line);
+  Json out = Json::array();
+  for (int64_t k = 0; k < n; ++k) {
+    for (const Json& x : list) out.push_back(x);
+  }
+  return Value::of(std::move(out));
 }
 
 Value Renderer::binary(const Expr& e) {
   const std::string& op = e.name;
   const Value a = eval(*e.kids[0]);
   const Value b = eval(*e.kids[1]);
-  if (op == "~") return Value::of(bounded(to_str(a) + to_str(b), e.line));
-  if (op == "==") return Value::of(equal(a, b));
-  if (op == "!=") return Value::of(!equal(a, b));
+  if (op == "~") {
+    std::string out = str(a, e.line);
+    append(out, str(b, e.line), e.line);
+    return Value::of(std::move(out));
+  }
+  if (op == "==") return Value::of(same(a, b, e.line));
+  if (op == "!=") return Value::of(!same(a, b, e.line));
   if (op == "<" || op == "<=" || op == ">" || op == ">=") {
     const int c = compare(a, b, e.line);
     return Value::of(op == "<" ? c < 0 : op == "<=" ? c <= 0 : op == ">" ? c > 0 : c >= 0);
@@ -398,32 +550,38 @@ Value Renderer::binary(const Expr& e) {
   if (!a.defined() || !b.defined()) fail(e.line, fmt::format("'{}' is undefined", a.defined() ? b.name : a.name));
   if (op == "+") {
     if (a.is_string() && b.is_string()) {
-      return Value::of(bounded(a.data.get<std::string>() + b.data.get<std::string>(), e.line));
+      const std::string& x = a.data().get_ref<const std::string&>();
+      const std::string& y = b.data().get_ref<const std::string&>();
+      std::string out;
+      out.reserve(sum_size(x.size(), y.size(), e.line));
+      append(out, x, e.line);
+      append(out, y, e.line);
+      return Value::of(std::move(out));
     }
     if (a.is_list() && b.is_list()) {
-      if (a.data.size() + b.data.size() > static_cast<size_t>(kMaxRange)) fail(e.line, "list too long");
-      Json out = a.data;
-      for (const Json& x : b.data) out.push_back(x);
+      if (a.data().size() + b.data().size() > static_cast<size_t>(kMaxRange))
+        fail(e.line, fmt::format("list too long: the result would have more than {} items", kMaxRange));
+      Json out = copy_of(a, e.line);
+      for (const Json& x : b.data()) {
+        charge(json_cost(x, e.line), e.line);
+        out.push_back(x);
+      }
       return Value::of(std::move(out));
     }
   }
-  if (op == "*" && ((a.is_string() && b.is_integer()) || (a.is_integer() && b.is_string()))) {
-    const std::string& s = a.is_string() ? a.data.get_ref<const std::string&>() : b.data.get_ref<const std::string&>();
-    const int64_t n = a.is_integer() ? a.data.get<int64_t>() : b.data.get<int64_t>();
-    if (n > 0 && s.size() * static_cast<uint64_t>(n) > kMaxString) fail(e.line, "repeated string too long");
-    std::string out;
-    for (int64_t k = 0; k < n; ++k) out += s;
-    return Value::of(out);
-  }
+  if (op == "*" && ((a.is_string() || a.is_list()) && b.is_integer()))
+    return repeat(a, b.data().get<int64_t>(), e.line);
+  if (op == "*" && (a.is_integer() && (b.is_string() || b.is_list())))
+    return repeat(b, a.data().get<int64_t>(), e.line);
   const auto numeric = [](const Value& v) { return v.is_number() || v.is(Json::value_t::boolean); };
   if (!numeric(a) || !numeric(b)) {
     fail(e.line, fmt::format("unsupported operand types for {}: '{}' and '{}'", op, type_name(a), type_name(b)));
   }
   const auto as_int = [](const Value& v) {
-    return v.is(Json::value_t::boolean) ? (v.data.get<bool>() ? 1 : 0) : v.data.get<int64_t>();
+    return v.is(Json::value_t::boolean) ? (v.data().get<bool>() ? 1 : 0) : v.data().get<int64_t>();
   };
   const auto as_double = [](const Value& v) {
-    return v.is(Json::value_t::boolean) ? (v.data.get<bool>() ? 1.0 : 0.0) : v.data.get<double>();
+    return v.is(Json::value_t::boolean) ? (v.data().get<bool>() ? 1.0 : 0.0) : v.data().get<double>();
   };
   const bool ints = !a.is(Json::value_t::number_float) && !b.is(Json::value_t::number_float);
   if (op == "/") {

@@ -62,6 +62,12 @@ inline constexpr int64_t kMaxRange = 100000;  // jinja2's sandbox limit (MAX_RAN
 inline constexpr size_t kMaxString = size_t{1} << 26;
 inline constexpr int64_t kMaxSteps = 1000000;  // statements and loop iterations one render may execute
 inline constexpr int64_t kMaxIndent = 1000;    // widths of `indent` and `tojson(indent=...)`
+// Bytes of text and JSON one render may build or copy, all operations together (a string repeated, joined or
+// concatenated, a list made, a value copied, a string scanned), so that a loop cannot repeat a costly operation for
+// hours within kMaxSteps. A JSON item counts kNodeBytes, about what it costs in memory.
+inline constexpr size_t kMaxBuilt = size_t{1} << 28;  // 256 MiB: four times kMaxString
+inline constexpr size_t kNodeBytes = 64;
+inline constexpr size_t kMaxValueDepth = 512;  // nesting of the lists and dicts a render copies, prints or compares
 
 inline ExprPtr make(Expr::Kind k, int line) {
   auto e = std::make_unique<Expr>();

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <string.h>
+
 #include <algorithm>
 #include <cmath>
 #include <set>
@@ -29,6 +31,24 @@ std::vector<size_t> code_point_offsets(const std::string& s) {
   }
   out.push_back(s.size());
   return out;
+}
+
+size_t next_code_point(std::string_view s, size_t i) {
+  const auto c = static_cast<uint8_t>(s[i]);
+  return std::min(i + (c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1), s.size());
+}
+
+size_t code_point_count(std::string_view s) {
+  size_t n = 0;
+  for (size_t i = 0; i < s.size(); i = next_code_point(s, i)) ++n;
+  return n;
+}
+
+size_t find_text(std::string_view hay, std::string_view needle, size_t from) {
+  if (from > hay.size()) return std::string_view::npos;
+  if (needle.empty()) return from;
+  const void* at = ::memmem(hay.data() + from, hay.size() - from, needle.data(), needle.size());
+  return at == nullptr ? std::string_view::npos : static_cast<size_t>(static_cast<const char*>(at) - hay.data());
 }
 
 uint32_t decode_at(const std::string& s, size_t i) {
@@ -91,10 +111,12 @@ std::string py_capitalize(const std::string& s) {
   return out;
 }
 
-std::string py_repr_string(const std::string& s) {
+namespace {
+
+void repr_string_append(std::string& out, const std::string& s) {
   const bool dq = s.find('\'') != std::string::npos && s.find('"') == std::string::npos;
   const char q = dq ? '"' : '\'';
-  std::string out(1, q);
+  out += q;
   for (char c : s) {
     const auto u = static_cast<unsigned char>(c);
     if (c == q || c == '\\') {
@@ -113,41 +135,69 @@ std::string py_repr_string(const std::string& s) {
     }
   }
   out += q;
+}
+
+}  // namespace
+
+std::string py_repr_string(const std::string& s) {
+  std::string out;
+  repr_string_append(out, s);
   return out;
 }
 
 // Python's repr() of a JSON value (lists and dicts print their items this way).
 std::string py_repr(const Json& j) {
+  std::string out;
+  py_repr_append(out, j, std::string::npos);
+  return out;
+}
+
+bool py_repr_append(std::string& out, const Json& j, size_t limit) {
+  if (out.size() > limit) return false;
   switch (j.type()) {
     case Json::value_t::null:
-      return "None";
+      out += "None";
+      break;
     case Json::value_t::boolean:
-      return j.get<bool>() ? "True" : "False";
+      out += j.get<bool>() ? "True" : "False";
+      break;
     case Json::value_t::number_integer:
-      return std::to_string(j.get<int64_t>());
+      out += std::to_string(j.get<int64_t>());
+      break;
     case Json::value_t::number_unsigned:
-      return std::to_string(j.get<uint64_t>());
+      out += std::to_string(j.get<uint64_t>());
+      break;
     case Json::value_t::number_float:
-      return util::python_float_repr(j.get<double>());
+      out += util::python_float_repr(j.get<double>());
+      break;
     case Json::value_t::string:
-      return py_repr_string(j.get_ref<const std::string&>());
-    case Json::value_t::array: {
-      std::string out = "[";
-      for (size_t i = 0; i < j.size(); ++i) out += (i ? ", " : "") + py_repr(j[i]);
-      return out + "]";
-    }
+      repr_string_append(out, j.get_ref<const std::string&>());
+      break;
+    case Json::value_t::array:
+      out += '[';
+      for (size_t i = 0; i < j.size(); ++i) {
+        if (i) out += ", ";
+        if (!py_repr_append(out, j[i], limit)) return false;
+      }
+      out += ']';
+      break;
     case Json::value_t::object: {
-      std::string out = "{";
+      out += '{';
       bool first = true;
       for (const auto& [k, v] : j.items()) {
-        out += (first ? "" : ", ") + py_repr_string(k) + ": " + py_repr(v);
+        if (!first) out += ", ";
+        repr_string_append(out, k);
+        out += ": ";
+        if (!py_repr_append(out, v, limit)) return false;
         first = false;
       }
-      return out + "}";
+      out += '}';
+      break;
     }
     default:
-      return "None";
+      out += "None";
   }
+  return out.size() <= limit;
 }
 
 // Python's str() of a value, as `{{ }}` prints it.
@@ -162,13 +212,13 @@ std::string to_str(const Value& v) {
     case Value::Kind::kData:
       break;
   }
-  return v.data.is_string() ? v.data.get<std::string>() : py_repr(v.data);
+  return v.data().is_string() ? v.data().get<std::string>() : py_repr(v.data());
 }
 
 bool truthy(const Value& v) {
   if (v.kind == Value::Kind::kUndefined) return false;
   if (v.kind != Value::Kind::kData) return true;
-  const Json& j = v.data;
+  const Json& j = v.data();
   switch (j.type()) {
     case Json::value_t::null:
       return false;
@@ -196,12 +246,13 @@ bool equal(const Value& a, const Value& b) {
     return a.kind == b.kind && a.kind == Value::Kind::kUndefined;
   }
   const auto numeric = [](const Json& j) { return j.is_number() || j.is_boolean(); };
-  if (numeric(a.data) && numeric(b.data)) {
+  if (numeric(a.data()) && numeric(b.data())) {
     const auto num = [](const Json& j) { return j.is_boolean() ? (j.get<bool>() ? 1.0 : 0.0) : j.get<double>(); };
-    if (a.data.is_number_integer() && b.data.is_number_integer()) return a.data.get<int64_t>() == b.data.get<int64_t>();
-    return num(a.data) == num(b.data);
+    if (a.data().is_number_integer() && b.data().is_number_integer())
+      return a.data().get<int64_t>() == b.data().get<int64_t>();
+    return num(a.data()) == num(b.data());
   }
-  return a.data == b.data;
+  return a.data() == b.data();
 }
 
 std::vector<std::string> py_split(const std::string& s, const std::optional<std::string>& sep, int64_t maxsplit) {
@@ -209,7 +260,7 @@ std::vector<std::string> py_split(const std::string& s, const std::optional<std:
   if (sep) {
     size_t pos = 0;
     while (maxsplit < 0 || static_cast<int64_t>(out.size()) < maxsplit) {
-      const size_t at = s.find(*sep, pos);
+      const size_t at = find_text(s, *sep, pos);
       if (at == std::string::npos) break;
       out.push_back(s.substr(pos, at - pos));
       pos = at + sep->size();

@@ -3,6 +3,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "tessera/checkpoint/hf.h"
 #include "tessera/checkpoint/safetensors.h"
@@ -91,6 +95,43 @@ TEST(Safetensors, DamagedFilesAreNamedErrors) {
             std::string::npos);
 }
 
+// A safetensors file with `header` as its JSON header and `data` as its data section.
+std::string crafted_safetensors(const std::string& header, const std::string& data) {
+  std::string out(8, '\0');
+  uint64_t n = header.size();
+  for (char& b : out) b = static_cast<char>(n & 0xff), n >>= 8;
+  return out + header + data;
+}
+
+TEST(Safetensors, HeaderSizesAreCheckedNotWrappedAround) {
+  const fs::path file = temp_dir("sizes") / "crafted.safetensors";
+  const auto error_for = [&](const std::string& header, const std::string& data) {
+    write_bytes(file, crafted_safetensors(header, data));
+    return error_of([&] { SafetensorsFile f(file.string()); });
+  };
+  const std::string where = file.string() + ": tensor w: ";
+  // 2^62 float32 elements are 2^64 bytes, which wrapped around to 0 and matched data_offsets [0, 0]: a view of 2^62
+  // elements over an empty data section.
+  std::string err = error_for(R"({"w":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,0]}})", "");
+  EXPECT_NE(err.find(where + "shape 4611686018427387904 of F32 needs more than 2^64 bytes"), std::string::npos) << err;
+  // Element counts past 2^64 (2^32 x 2^32 wrapped to 0) or past int64 (a tensor's sizes) are refused as well.
+  for (const char* shape : {"[4294967296,4294967296]", "[9223372036854775807,2]"}) {
+    err = error_for(std::string(R"({"w":{"dtype":"U8","shape":)") + shape + R"(,"data_offsets":[0,0]}})", "");
+    EXPECT_NE(err.find(where + "shape "), std::string::npos) << err;
+    EXPECT_NE(err.find("has more elements than a tensor can hold"), std::string::npos) << err;
+  }
+  // Offsets whose difference is right but which lie far beyond the file.
+  err = error_for(R"({"w":{"dtype":"U8","shape":[3],"data_offsets":[18446744073709551612,18446744073709551615]}})",
+                  "abcd");
+  EXPECT_NE(err.find(file.string() + ": truncated: tensor w ends at byte 18446744073709551615 of a 4-byte data"),
+            std::string::npos)
+      << err;
+  // The same construction with honest sizes reads back.
+  write_bytes(file, crafted_safetensors(R"({"w":{"dtype":"U8","shape":[2,2],"data_offsets":[0,4]}})", "abcd"));
+  EXPECT_TRUE(
+      at::equal(SafetensorsFile(file.string()).load("w"), at::tensor({97, 98, 99, 100}, at::kByte).view({2, 2})));
+}
+
 TEST(Safetensors, ShardedDirectoriesWithIndex) {
   const fs::path dir = temp_dir("sharded");
   std::map<std::string, at::Tensor> tensors;
@@ -107,6 +148,45 @@ TEST(Safetensors, ShardedDirectoriesWithIndex) {
   save_sharded_safetensors(dir.string(), {{"x", at::ones({2})}}, 1 << 20);
   EXPECT_FALSE(fs::exists(dir / "model.safetensors.index.json"));
   EXPECT_EQ(open_safetensors_dir(dir.string()).size(), 1u);
+}
+
+TEST(Safetensors, IndexShardNamesAreNamesNotPaths) {
+  // model.safetensors.index.json's weight_map names the shard of each tensor; "../decoy/x" or "/abs" once opened a
+  // file outside the folder. A hub snapshot's shards, symlinks into ../../blobs, still open.
+  const fs::path root = temp_dir("index_names");
+  const fs::path dir = root / "model", decoy = root / "decoy";
+  std::map<std::string, at::Tensor> tensors;
+  for (int i = 0; i < 3; ++i) tensors["layer" + std::to_string(i)] = at::randn({64, 64});  // 16 KiB each
+  const auto files = save_sharded_safetensors(dir.string(), tensors, 20 * 1024);
+  ASSERT_EQ(files.size(), 3u);
+  fs::create_directories(decoy);
+  fs::copy_file(dir / files[0], decoy / "shard.safetensors");  // what a followed name would open
+  const std::string decoy_bytes = read_bytes(decoy / "shard.safetensors");
+  const fs::path index_path = dir / "model.safetensors.index.json";
+  const nlohmann::json good = nlohmann::json::parse(read_bytes(index_path));
+  for (const std::string& bad : {std::string("../decoy/shard.safetensors"), (decoy / "shard.safetensors").string(),
+                                 std::string("./") + files[0]}) {
+    nlohmann::json index = good;
+    index["weight_map"]["layer0"] = bad;
+    write_bytes(index_path, index.dump());
+    const std::string err = error_of([&] { open_safetensors_dir(dir.string()); });
+    EXPECT_NE(err.find(index_path.string() + ": shard file name \"" + bad + "\""), std::string::npos) << err;
+    EXPECT_NE(err.find("refusing to use it as a path"), std::string::npos) << err;
+  }
+  EXPECT_EQ(read_bytes(decoy / "shard.safetensors"), decoy_bytes);
+  EXPECT_EQ(fs::directory_iterator(decoy)->path().filename(), "shard.safetensors");
+  // huggingface_hub's cache layout: snapshots/<rev>/<file> -> ../../blobs/<hash>.
+  const fs::path blobs = root / "hub" / "blobs", snap = root / "hub" / "snapshots" / "c0ffee";
+  fs::create_directories(blobs);
+  fs::create_directories(snap);
+  write_bytes(index_path, good.dump());
+  for (const std::string& f : std::vector<std::string>{files[0], files[1], files[2], "model.safetensors.index.json"}) {
+    fs::copy_file(dir / f, blobs / ("blob-" + f));
+    fs::create_symlink(fs::path("..") / ".." / "blobs" / ("blob-" + f), snap / f);
+  }
+  const auto opened = open_safetensors_dir(snap.string());
+  ASSERT_EQ(opened.size(), 3u);
+  for (const auto& [name, t] : tensors) EXPECT_TRUE(at::equal(opened.at(name)->load(name), t)) << name;
 }
 
 TEST(HfFolder, ExportLoadRoundTripAndWeightErrors) {

@@ -74,13 +74,98 @@ TEST(ChatTemplate, HostileTemplatesHitLimitsNotTheMachine) {
             std::string::npos);
   EXPECT_NE(error_of("{% set ns = namespace(s='xxxxxxxx') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}"
                      "{% endfor %}")
-                .find("string too long"),
+                .find("the template built, copied or scanned more than"),  // before the 64 MiB string
             std::string::npos);
   EXPECT_NE(error_of("{{ 'a\nb' | indent(100000) }}").find("indent width 100000 is larger than the limit"),
             std::string::npos);
   EXPECT_NE(error_of("{{ [1] | tojson(indent=5000) }}").find("indent width 5000"), std::string::npos);
   EXPECT_NE(error_of("{{ 'a' | replace }}").find("replace takes the old and the new string"), std::string::npos);
   EXPECT_NE(error_of("{{ [1] | tojson(separators=[1, 2]) }}").find("a pair of strings"), std::string::npos);
+}
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(ChatTemplate, RepetitionWithHugeOrEmptyOperandsIsSizedBeforeItRuns) {
+  // Python's semantics where they are cheap: an empty string or list, or a count <= 0, repeats to empty at once
+  // (`"" * 2**62` used to loop 2**62 times); a size past the limits (or past 2**64, where it used to wrap around to
+  // a small number) is refused before anything is built.
+  EXPECT_EQ(render("{{ '' * 4611686018427387904 }}|{{ 4611686018427387904 * '' }}|{{ 'ab' * -3 }}|{{ 'ab' * 3 }}"),
+            "|||ababab");
+  EXPECT_EQ(render("{{ [] * 4611686018427387904 }} {{ [1, 2] * 2 }} {{ 2 * ['x'] }} {{ [1] * 0 }}"),
+            "[] [1, 2, 1, 2] ['x', 'x'] []");
+  for (const char* src : {"{{ 'ab' * 4611686018427387904 }}", "{{ 4611686018427387904 * 'abcd' }}",
+                          "{{ 'ab' * 9223372036854775807 }}", "{{ 'x' * 67108865 }}"}) {
+    const std::string err = error_of(src);
+    EXPECT_TRUE(has(err, "[jinja] t.jinja:1: string too long: the result would be longer than the limit of 67108864"))
+        << src << ": " << err;
+  }
+  for (const char* src :
+       {"{{ [1] * 4611686018427387904 }}", "{{ [1, 2, 3] * 6148914691236517206 }}", "{{ range(1000) * 101 }}"}) {
+    EXPECT_TRUE(has(error_of(src), "t.jinja:1: list too long: the result would have more than 100000 items")) << src;
+  }
+}
+
+TEST(ChatTemplate, RangeCountsItemsWithoutOverflow) {
+  EXPECT_EQ(render("{{ range(0, -5, -2)|list }} {{ range(5, 0)|list }} {{ range(3)|list }}"),
+            "[0, -2, -4] [] [0, 1, 2]");
+  // The last index is near INT64_MAX: stepping past it must end the range, not wrap around.
+  EXPECT_EQ(render("{{ range(9223372036854775800, 9223372036854775807, 5)|list }}"),
+            "[9223372036854775800, 9223372036854775805]");
+  EXPECT_EQ(render("{{ range(-9223372036854775807 - 1, 9223372036854775807, 9223372036854775807)|list }}"),
+            "[-9223372036854775808, -1, 9223372036854775806]");
+  for (const char* src :
+       {"{{ range(-9223372036854775807 - 1, 9223372036854775807)|length }}",
+        "{{ range(9223372036854775807, -9223372036854775807 - 1, -1)|length }}", "{{ range(100001) }}"}) {
+    EXPECT_TRUE(has(error_of(src), "has more items than the limit of 100000")) << src;
+  }
+}
+
+TEST(ChatTemplate, FiltersThatBuildTextCheckTheSizeFirst) {
+  // Each would build gigabytes (or wrap a size around): refused at the limit, naming the template and line. `x` (in
+  // the context, looked up without a copy) is just over half the 64 MiB limit.
+  const Json ctx = {{"x", std::string(33600000, 'a')}};
+  for (const char* src :
+       {"{{ ('a' * 1000000).replace('', 'b' * 1000) }}", "{{ ('a' * 1000)|replace('a', 'b' * 100000) }}",
+        "{{ range(100000)|join('s' * 1000) }}", "{{ ('\n' * 100000)|indent(1000, blank=true) }}",
+        "{{ '{}{}'.format(x, x) }}", "{{ x ~ x }}", "{{ x + x }}", "{{ [x, x] }}", "{{ ''.join([x, x]) }}",
+        "{{ range(1000)|tojson(separators=[',' * 100000, ':']) }}"}) {
+    const std::string err = error_of(src, ctx);
+    EXPECT_TRUE(has(err, "[jinja] t.jinja:1: string too long")) << src << ": " << err;
+  }
+  EXPECT_EQ(render("{{ 'abc'.replace('', '-') }} {{ 'aXbX'|replace('X', '--') }} {{ 'a\n\nb'|indent(2) }}"),
+            "-a-b-c- a--b-- a\n\n  b");
+  EXPECT_EQ(render("{{ [1, 2]|tojson(indent=-1) }}"), "[\n1,\n2\n]");  // Python: " " * -1 is ""
+}
+
+TEST(ChatTemplate, RepeatedWorkCountsAgainstTheRenderNotJustTheStatements) {
+  // Under the statement limit, each iteration builds 32 MB: the render stops at its budget, not after 32 GB.
+  EXPECT_TRUE(has(error_of("{% for i in range(1000) %}{% set x = 'ab' * 16000000 %}{% endfor %}"),
+                  "t.jinja:1: the template built, copied or scanned more than 268435456 bytes"));
+  // Comparing two 33 MB strings costs little memory but the time of a scan: counted the same way.
+  EXPECT_TRUE(has(error_of("{% for i in range(100000) %}{% if x == x %}{% endif %}{% endfor %}",
+                           {{"x", std::string(33600000, 'a')}}),
+                  "t.jinja:1: the template built, copied or scanned more than 268435456 bytes"));
+  // An empty string repeated 2**62 times, a thousand times over: no loop of 2**62 steps.
+  EXPECT_EQ(render("{% for i in range(1000) %}{{ '' * 4611686018427387904 }}{% endfor %}done"), "done");
+  // Looking a large value up copies nothing (each of these 60000 lookups used to copy 30 MB).
+  EXPECT_EQ(render("{% set x = 'a' * 30000000 %}{% set l = [x] %}{% for i in range(30) %}{% for j in range(1000) %}"
+                   "{% if x and l %}{% endif %}{% endfor %}{% endfor %}done"),
+            "done");
+  // A list nested by a loop, one level an iteration: refused at the depth printing and copying can take.
+  EXPECT_TRUE(has(error_of("{% set ns = namespace(x=[]) %}{% for i in range(2000) %}{% set ns.x = [ns.x] %}"
+                           "{% endfor %}"),
+                  "a value nested more than 512 levels deep"));
+}
+
+TEST(ChatTemplate, IntegerEdgesAreErrorsOrPythonsAnswers) {
+  EXPECT_TRUE(has(error_of("{{ (-9223372036854775807 - 1)|abs }}"), "t.jinja:1: integer overflow"));
+  EXPECT_EQ(render("{{ (-9223372036854775807 - 1) is divisibleby(-1) }}"), "True");
+  // Slice steps that would carry an index past INT64_MAX.
+  EXPECT_EQ(render("{{ 'abc'[1::9223372036854775807] }} {{ [1, 2, 3][2::9223372036854775807] }} "
+                   "{{ 'abc'[::-9223372036854775807 - 1] }} {{ 'abc'[-9223372036854775807 - 1:] }}"),
+            "b [3] c abc");
 }
 
 }  // namespace

@@ -22,6 +22,11 @@
 // Tuples are lists here: a printed tuple (rare in templates) shows as [1, 2] where Python shows (1, 2).
 // Anything outside the subset (macros, call blocks, includes, ...) is an error naming the template, line and
 // construct, at parse time where possible.
+// A template is untrusted data (it comes in a downloaded tokenizer_config.json), so a render is bounded and past a
+// bound it is an error naming the template and line, never a hang or an exhausted machine: 1,000,000 statements and
+// loop iterations, strings of 64 MiB (sizes are computed before anything is built, without wrapping around), lists of
+// 100,000 items from range, + and *, values nested 512 deep, and 256 MiB of text and values built, copied or scanned
+// by the whole render. Values are shared, not copied, when a name is looked up or a list item or dict value taken.
 //
 // The interpreter lives in src/data/chat_template/: value (Python semantics), lexer, parser, renderer, filters.
 #pragma once
