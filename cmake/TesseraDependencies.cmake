@@ -37,6 +37,11 @@ if(NOT TESSERA_COMPOSER_PYTHON)
   set(TESSERA_COMPOSER_PYTHON "${_home}/venv-composer/bin/python" CACHE FILEPATH
       "Python with Composer and LLM Foundry (tools/setup_composer.sh)")
 endif()
+# transformers 5 lives in a venv of its own beside it (tools/setup_tf5.sh): the main venv's transformers is 4.x.
+if(NOT TESSERA_TF5_PYTHON)
+  get_filename_component(_home "${TESSERA_PYTHON}/../../.." ABSOLUTE)
+  set(TESSERA_TF5_PYTHON "${_home}/venv-tf5/bin/python" CACHE FILEPATH "Python with transformers 5 (tools/setup_tf5.sh)")
+endif()
 message(STATUS "LibTorch ${Torch_VERSION} from ${Torch_DIR}")
 
 # Torch's include directory carries its own fmt (12.x) headers, which would shadow Debian's fmt 9 that spdlog and

@@ -9,7 +9,9 @@
 #   3. The C sources of zstd 1.5.7, from the pinned PyPI `zstd` source distribution (which bundles them), at
 #      $TESSERA_HOME/src/zstd-<version>: CMake builds them into Tessera, because MDS shards must be compressed by the
 #      zstd version Streaming uses to be byte-identical to its (Debian 12 has 1.5.4; docs/data.md#reading-dataset-files).
-#   4. The pure-Python wheels of torchtitan's trainer (benchmarks/gpu_peer_wheels.txt) at $TESSERA_HOME/wheels, which
+#   4. transformers 5 in a venv of its own beside the main one (tools/setup_tf5.sh), for tests/compat's
+#      test_transformers5_*.py (ctest's compat_tf5 entry).
+#   5. The pure-Python wheels of torchtitan's trainer (benchmarks/gpu_peer_wheels.txt) at $TESSERA_HOME/wheels, which
 #      the GPU kit carries (tools/gpu_bundle.sh).
 #
 # Environment: TESSERA_HOME (install prefix), TESSERA_PYTHON (interpreter that creates the venv; default python3).
@@ -91,7 +93,10 @@ else
   rm -rf "$tmp"
   log "zstd sources: $zstd_dir"
 fi
-# ---- 4. The GPU kit's peer wheels ----------------------------------------------------------------------------------
+# ---- 4. transformers 5 -----------------------------------------------------------------------------------------------
+TESSERA_HOME="$TESSERA_HOME" "$here/setup_tf5.sh"
+
+# ---- 5. The GPU kit's peer wheels ----------------------------------------------------------------------------------
 # torchtitan and its pure-Python dependencies, which tools/gpu_bundle.sh packs into the kit (the GPU machine is offline).
 peer_wheels="$here/../benchmarks/gpu_peer_wheels.txt"
 wheels="$TESSERA_HOME/wheels"

@@ -92,8 +92,9 @@ FalconOptions parse_falcon_options(config::Section& s) {
 }
 
 FalconOptions falcon_options_from_hf_config(const nlohmann::json& raw, const std::string& where) {
-  // The keys FalconConfig reads (n_embed is its alias of hidden_size); the others are PretrainedConfig's generic
-  // fields or, like the RW models' apply_residual_connection_post_layernorm, keys transformers does not read.
+  // The keys FalconConfig reads (n_embed is its alias of hidden_size). The RW models' configs also carry
+  // apply_residual_connection_post_layernorm, which transformers does not read, and transformers 5 writes
+  // num_key_value_heads, which it derives from num_kv_heads and multi_query.
   static const std::set<std::string> kKeys = {"model_type",
                                               "vocab_size",
                                               "hidden_size",
@@ -121,7 +122,8 @@ FalconOptions falcon_options_from_hf_config(const nlohmann::json& raw, const std
                                               "pad_token_id"};
   const std::string type = raw.value("model_type", "");
   if (type != "falcon") throw Error("hf", fmt::format("{}: model_type is \"{}\", expected falcon", where, type));
-  nlohmann::json cfg = hf_config_keys(raw, kKeys);
+  nlohmann::json cfg =
+      hf_config_keys(raw, kKeys, where, {"n_embed", "apply_residual_connection_post_layernorm", "num_key_value_heads"});
   if (raw.contains("n_embed") && !raw["n_embed"].is_null()) cfg["hidden_size"] = raw["n_embed"];
   FalconOptions o;
   read_hf_config(cfg, where, [&](config::Section& s) { o = parse_falcon_options(s); });

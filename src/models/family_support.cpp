@@ -1,17 +1,261 @@
 // Shared option reading and unit numbering for the model families (family_support.h).
 #include "tessera/models/family_support.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+
 #include "tessera/config/value.h"
 #include "tessera/util/error.h"
 
 namespace tessera::models {
+namespace {
 
-nlohmann::json hf_config_keys(const nlohmann::json& raw, const std::set<std::string>& keys) {
+// Keys no causal LM's logits depend on, whatever their value: what wrote the file, output switches, token ids, the
+// settings of other heads (classification, summaries) and of generate(), initialisation, memory savers; transformers
+// ignores the rest of its history (torchscript, use_bfloat16, ...). Nested transformers 5 sub-configs (DBRX's, MPT's
+// attn_config) carry PretrainedConfig's fields too, model_type among them.
+const std::set<std::string> kInertKeys = {"_name_or_path",
+                                          "_commit_hash",
+                                          "_attn_implementation",
+                                          "_attn_implementation_autoset",
+                                          "attn_implementation",
+                                          "architectures",
+                                          "auto_map",
+                                          "custom_pipelines",
+                                          "model_type",
+                                          "transformers_version",
+                                          "torch_dtype",
+                                          "dtype",
+                                          "use_bfloat16",
+                                          "torchscript",
+                                          "tf_legacy_loss",
+                                          "tokenizer_class",
+                                          "prefix",
+                                          "task_specific_params",
+                                          "use_cache",
+                                          "output_attentions",
+                                          "output_hidden_states",
+                                          "return_dict",
+                                          "output_scores",
+                                          "return_dict_in_generate",
+                                          "bos_token_id",
+                                          "eos_token_id",
+                                          "pad_token_id",
+                                          "sep_token_id",
+                                          "decoder_start_token_id",
+                                          "id2label",
+                                          "label2id",
+                                          "num_labels",
+                                          "problem_type",
+                                          "finetuning_task",
+                                          "classifier_dropout",
+                                          "summary_type",
+                                          "summary_use_proj",
+                                          "summary_activation",
+                                          "summary_proj_to_labels",
+                                          "summary_first_dropout",
+                                          "max_length",
+                                          "min_length",
+                                          "do_sample",
+                                          "early_stopping",
+                                          "num_beams",
+                                          "num_beam_groups",
+                                          "diversity_penalty",
+                                          "temperature",
+                                          "top_k",
+                                          "top_p",
+                                          "typical_p",
+                                          "repetition_penalty",
+                                          "length_penalty",
+                                          "no_repeat_ngram_size",
+                                          "encoder_no_repeat_ngram_size",
+                                          "bad_words_ids",
+                                          "num_return_sequences",
+                                          "forced_bos_token_id",
+                                          "forced_eos_token_id",
+                                          "remove_invalid_values",
+                                          "exponential_decay_length_penalty",
+                                          "suppress_tokens",
+                                          "begin_suppress_tokens",
+                                          "cache_implementation",
+                                          "initializer_range",
+                                          "chunk_size_feed_forward",
+                                          "gradient_checkpointing",
+                                          "is_decoder"};
+
+// Keys that change nothing at the value given here (the value every decoder-only config of the families has), and the
+// model at any other.
+bool inert_at_default(const std::string& key, const nlohmann::json& v) {
+  static const std::map<std::string, nlohmann::json> kDefault = {
+      {"is_encoder_decoder", false},  {"add_cross_attention", false},
+      {"tie_encoder_decoder", false}, {"use_sliding_window", false},
+      {"partial_rotary_factor", 1.0}, {"use_bidirectional_attention", false},
+      {"prefix_lm", false},           {"pruned_heads", nlohmann::json::object()}};
+  if (key == "layer_types" && v.is_array()) {  // every layer full attention: what the families without it compute
+    return std::all_of(v.begin(), v.end(), [](const nlohmann::json& t) { return t == "full_attention"; });
+  }
+  const auto it = kDefault.find(key);
+  return it != kDefault.end() && v == it->second;
+}
+
+std::string brief(const nlohmann::json& v) {
+  std::string s = v.dump();
+  return s.size() > 80 ? s.substr(0, 77) + "..." : s;
+}
+
+// transformers 5's rope_parameters (one flat object) written into transformers 4's keys of `type`'s class.
+class RopeRewriter {
+ public:
+  RopeRewriter(nlohmann::json& cfg, std::string type, std::string where)
+      : cfg_(cfg), type_(std::move(type)), where_(std::move(where)) {}
+
+  // `params` (at `name` in config.json): rope_theta -> `theta_key` (in `section` when set), partial_rotary_factor ->
+  // `partial_key` (none: it must be 1), the rest -> rope_scaling unless it says only rope_type default (`scaling`
+  // false: it must).
+  void flat(const nlohmann::json& params, const std::string& name, const std::string& theta_key,
+            const std::string& partial_key, bool scaling, const std::string& section = "") {
+    if (!params.is_object()) fail(name, "expected an object, got " + brief(params));
+    nlohmann::json rest = params;
+    if (rest.contains("rope_theta")) {
+      put(section, theta_key, rest["rope_theta"], name + ".rope_theta");
+      rest.erase("rope_theta");
+    }
+    if (rest.contains("partial_rotary_factor")) {
+      const nlohmann::json& f = rest["partial_rotary_factor"];
+      if (!partial_key.empty()) {
+        put("", partial_key, f, name + ".partial_rotary_factor");
+      } else if (!f.is_null() && f != 1.0) {
+        fail(name + ".partial_rotary_factor", brief(f) + " is not read by Tessera's " + type_ +
+                                                  ", which rotates every dimension of a head; it changes "
+                                                  "the model");
+      }
+      rest.erase("partial_rotary_factor");
+    }
+    // Phi-3: transformers 5 overwrites this copy with the top-level original_max_position_embeddings (or its default).
+    if (type_ == "phi3") rest.erase("original_max_position_embeddings");
+    // Only {rope_type: default} (or its older name, type) left: no scaling. Anything else goes to the family's reader
+    // of rope_scaling, which refuses what it does not compute by name.
+    bool plain = true;
+    for (const auto& [k, v] : rest.items()) plain = plain && (k == "rope_type" || k == "type") && v == "default";
+    if (plain) return;
+    if (!scaling) {
+      fail(name, brief(params) + ": Tessera's " + type_ +
+                     " computes rope_type default only (rope_theta and no scaling); it changes the model");
+    }
+    put("", "rope_scaling", rest, name);
+  }
+
+  [[noreturn]] void fail(const std::string& key, const std::string& message) const {
+    throw Error("hf", fmt::format("{}: {}: {}", where_, key, message));
+  }
+
+ private:
+  // cfg[section][key] = v, refused when transformers 4's own key already holds another value.
+  void put(const std::string& section, const std::string& key, const nlohmann::json& v, const std::string& from) {
+    nlohmann::json& into = section.empty() ? cfg_ : cfg_[section];
+    if (!into.is_object()) fail(section, "expected an object, got " + brief(into));
+    const std::string name = section.empty() ? key : section + "." + key;
+    if (into.contains(key) && !into[key].is_null() && into[key] != v) {
+      fail(from, fmt::format("{} disagrees with {} ({}): transformers 5 reads the first, transformers 4 the second",
+                             brief(v), name, brief(into[key])));
+    }
+    into[key] = v;
+  }
+
+  nlohmann::json& cfg_;
+  std::string type_;
+  std::string where_;
+};
+
+}  // namespace
+
+nlohmann::json hf_config_v4(const nlohmann::json& raw, const std::string& where) {
+  if (!raw.is_object()) return raw;
+  nlohmann::json cfg = raw;
+  const std::string type = raw.value("model_type", "");
+  if (cfg.contains("dtype")) {  // transformers 5 keeps dtype when both are given
+    if (!cfg["dtype"].is_null()) cfg["torch_dtype"] = cfg["dtype"];
+    cfg.erase("dtype");
+  }
+  RopeRewriter rope(cfg, type, where);
+  if (type == "qwen3_moe" && cfg.contains("num_local_experts")) {  // transformers 5 writes the attribute map's name
+    const nlohmann::json n = cfg["num_local_experts"];
+    cfg.erase("num_local_experts");
+    if (cfg.contains("num_experts") && !cfg["num_experts"].is_null() && cfg["num_experts"] != n) {
+      rope.fail("num_local_experts",
+                fmt::format("{} disagrees with num_experts ({}), its other name", brief(n), brief(cfg["num_experts"])));
+    }
+    cfg["num_experts"] = n;
+  }
+  if (!cfg.contains("rope_parameters")) return cfg;
+  // The families with rotary embeddings; the others keep the key, which refuse_unread_hf_keys() then names.
+  static const std::set<std::string> kRotary = {"llama",  "mistral", "qwen2",       "mixtral", "qwen2_moe", "qwen3_moe",
+                                                "falcon", "gemma2",  "gemma3_text", "phi3",    "gpt_neox",  "dbrx"};
+  const nlohmann::json params = cfg["rope_parameters"];
+  if (params.is_null()) {
+    cfg.erase("rope_parameters");
+    return cfg;
+  }
+  if (!kRotary.count(type)) return cfg;
+  cfg.erase("rope_parameters");
+  const bool nested = params.is_object() && (params.contains("full_attention") || params.contains("sliding_attention"));
+  if (type == "gemma3_text") {
+    // Gemma 3: the full-attention layers' parameters (which may scale) and the sliding layers' (default, their own
+    // base); transformers fills in a missing one with its defaults.
+    if (!nested) {
+      rope.fail("rope_parameters",
+                "expected {\"full_attention\": {...}, \"sliding_attention\": {...}}, got " + brief(params));
+    }
+    for (const auto& [layer, p] : params.items()) {
+      if (layer == "full_attention") {
+        if (!p.is_null()) rope.flat(p, "rope_parameters.full_attention", "rope_theta", "", true);
+      } else if (layer == "sliding_attention") {
+        if (!p.is_null()) rope.flat(p, "rope_parameters.sliding_attention", "rope_local_base_freq", "", false);
+      } else {
+        rope.fail("rope_parameters." + layer, "not a layer type of Gemma 3 (full_attention, sliding_attention)");
+      }
+    }
+  } else if (nested) {
+    rope.fail("rope_parameters", brief(params) + ": rotary parameters per layer type are not read by Tessera's " +
+                                     type + ", which has one rotary table; they change the model");
+  } else if (type == "gpt_neox") {
+    rope.flat(params, "rope_parameters", "rotary_emb_base", "rotary_pct", true);
+  } else if (type == "phi3") {
+    rope.flat(params, "rope_parameters", "rope_theta", "partial_rotary_factor", true);
+  } else if (type == "dbrx") {
+    if (!cfg.contains("attn_config") || cfg["attn_config"].is_null()) cfg["attn_config"] = nlohmann::json::object();
+    rope.flat(params, "rope_parameters", "rope_theta", "", false, "attn_config");
+  } else {
+    rope.flat(params, "rope_parameters", "rope_theta", "", true);
+  }
+  return cfg;
+}
+
+void refuse_unread_hf_keys(const nlohmann::json& config, const std::set<std::string>& read,
+                           const std::set<std::string>& accepted, const std::string& where, const std::string& family,
+                           const std::string& prefix) {
+  if (!config.is_object()) return;
+  for (const auto& [k, v] : config.items()) {
+    if (read.count(k) || accepted.count(k) || kInertKeys.count(k) || v.is_null()) continue;
+    if (inert_at_default(k, v)) continue;
+    throw Error("hf", fmt::format("{}: {}{}: {} is not read by Tessera's {}, and it can change the model: Tessera "
+                                  "refuses it rather than compute another model (if transformers ignores the key "
+                                  "too, remove it from config.json)",
+                                  where, prefix, k, brief(v), family));
+  }
+}
+
+nlohmann::json hf_config_keys(const nlohmann::json& raw, const std::set<std::string>& keys, const std::string& where,
+                              const std::set<std::string>& accepted) {
   // A null means "none" only for these; elsewhere it is the key left out (transformers' default).
   static const std::set<std::string> kNullable = {"bos_token_id", "eos_token_id", "pad_token_id",
                                                   "final_logit_softcapping", "attn_logit_softcapping"};
+  const nlohmann::json v4 = hf_config_v4(raw, where);
+  refuse_unread_hf_keys(v4, keys, accepted, where, raw.value("model_type", ""));
   nlohmann::json cfg = nlohmann::json::object();
-  for (const auto& [k, v] : raw.items()) {
+  for (const auto& [k, v] : v4.items()) {
     if (keys.count(k) && (!v.is_null() || kNullable.count(k))) cfg[k] = v;
   }
   for (const char* id : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
@@ -32,7 +276,9 @@ void read_hf_config(const nlohmann::json& cfg, const std::string& where,
     s.finish();
     ctx.throw_if_unsupported();
   } catch (const ConfigError& e) {
-    throw Error("hf", e.message());
+    // A config.json of transformers 5 gave rope_scaling's keys in rope_parameters (hf_config_v4()).
+    const bool rope = e.message().find("rope_scaling") != std::string::npos;
+    throw Error("hf", e.message() + (rope ? " (transformers 5 writes rope_scaling's keys in rope_parameters)" : ""));
   }
 }
 

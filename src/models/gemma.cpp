@@ -66,10 +66,8 @@ GemmaOptions parse_gemma_options(config::Section& s, const std::string& model_ty
   }
   o.final_logit_softcapping = s.get_nullable_double("final_logit_softcapping", o.final_logit_softcapping);
   o.attn_logit_softcapping = s.get_nullable_double("attn_logit_softcapping", o.attn_logit_softcapping);
-  if (o.gemma3()) {
-    s.check(!s.get_bool("use_bidirectional_attention", false), "use_bidirectional_attention",
-            "true (EmbeddingGemma's bidirectional attention) is not a causal language model");
-  }
+  s.check(!s.get_bool("use_bidirectional_attention", false), "use_bidirectional_attention",
+          "true (EmbeddingGemma's bidirectional attention) is not a causal language model");
   o.rope_linear_factor = read_linear_rope_scaling(s, "Gemma");
   o.bos_token_id = s.get_nullable_int("bos_token_id", o.bos_token_id);
   o.eos_token_id = s.get_nullable_int("eos_token_id", o.eos_token_id);
@@ -97,7 +95,8 @@ GemmaOptions parse_gemma_options(config::Section& s, const std::string& model_ty
 
 GemmaOptions gemma_options_from_hf_config(const nlohmann::json& raw, const std::string& where) {
   // The keys Gemma2Config / Gemma3TextConfig read. Published Gemma 2 configs also carry Gemma 1's hidden_act (which
-  // Gemma 2 does not read: hidden_activation decides) and cache_implementation.
+  // Gemma 2 does not read: hidden_activation decides); Gemma 3's carry _sliding_window_pattern, which transformers
+  // overwrites (layer_types decides).
   static const std::set<std::string> kKeys = {"vocab_size",
                                               "hidden_size",
                                               "intermediate_size",
@@ -121,16 +120,16 @@ GemmaOptions gemma_options_from_hf_config(const nlohmann::json& raw, const std::
                                               "rope_scaling",
                                               "bos_token_id",
                                               "eos_token_id",
-                                              "pad_token_id"};
-  static const std::set<std::string> kGemma3Keys = {"rope_local_base_freq", "sliding_window_pattern",
-                                                    "use_bidirectional_attention"};
+                                              "pad_token_id",
+                                              "use_bidirectional_attention"};
+  static const std::set<std::string> kGemma3Keys = {"rope_local_base_freq", "sliding_window_pattern"};
   const std::string type = raw.value("model_type", "");
   if (type != "gemma2" && type != "gemma3_text") {
     throw Error("hf", fmt::format("{}: model_type is \"{}\", expected gemma2 or gemma3_text", where, type));
   }
   std::set<std::string> keys = kKeys;
   if (type == "gemma3_text") keys.insert(kGemma3Keys.begin(), kGemma3Keys.end());
-  const nlohmann::json cfg = hf_config_keys(raw, keys);
+  const nlohmann::json cfg = hf_config_keys(raw, keys, where, {"hidden_act", "_sliding_window_pattern"});
   GemmaOptions o;
   read_hf_config(cfg, where, [&](config::Section& s) { o = parse_gemma_options(s, type); });
   o.init_device = "cpu";

@@ -119,7 +119,7 @@ GPTNeoOptions gpt_neo_options_from_hf_config(const nlohmann::json& raw, const st
                                               "eos_token_id",      "pad_token_id"};
   const std::string type = raw.value("model_type", "");
   if (type != "gpt_neo") throw Error("hf", fmt::format("{}: model_type is \"{}\", expected gpt_neo", where, type));
-  nlohmann::json cfg = hf_config_keys(raw, kKeys);
+  nlohmann::json cfg = hf_config_keys(raw, kKeys, where);
   GPTNeoOptions o;
   read_hf_config(cfg, where, [&](config::Section& s) { o = parse_gpt_neo_options(s); });
   o.init_device = "cpu";

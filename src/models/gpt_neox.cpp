@@ -63,8 +63,8 @@ GPTNeoXOptions parse_gpt_neox_options(config::Section& s) {
 }
 
 GPTNeoXOptions gpt_neox_options_from_hf_config(const nlohmann::json& raw, const std::string& where) {
-  // The keys GPTNeoXConfig reads. It also stores rope_theta and partial_rotary_factor, but sets them from
-  // rotary_emb_base and rotary_pct, which decide the function; classifier_dropout only serves other heads.
+  // The keys GPTNeoXConfig reads. transformers 4 also stores rope_theta and partial_rotary_factor, but sets them from
+  // rotary_emb_base and rotary_pct, which decide the function (transformers 5's rope_parameters becomes those two).
   static const std::set<std::string> kKeys = {
       "model_type",          "vocab_size",        "hidden_size",         "num_hidden_layers",
       "num_attention_heads", "intermediate_size", "hidden_act",          "rotary_pct",
@@ -74,7 +74,7 @@ GPTNeoXOptions gpt_neox_options_from_hf_config(const nlohmann::json& raw, const 
       "pad_token_id"};
   const std::string type = raw.value("model_type", "");
   if (type != "gpt_neox") throw Error("hf", fmt::format("{}: model_type is \"{}\", expected gpt_neox", where, type));
-  nlohmann::json cfg = hf_config_keys(raw, kKeys);
+  nlohmann::json cfg = hf_config_keys(raw, kKeys, where, {"rope_theta", "partial_rotary_factor"});
   GPTNeoXOptions o;
   read_hf_config(cfg, where, [&](config::Section& s) { o = parse_gpt_neox_options(s); });
   o.init_device = "cpu";

@@ -149,7 +149,12 @@ LlamaOptions llama_options_from_hf_config(const nlohmann::json& raw, const std::
                                   "qwen3_moe",
                                   where, type));
   }
-  nlohmann::json cfg = hf_config_keys(raw, kKeys);  // Llama 3.1's list of eos ids reads as none
+  // The Qwen2 types' window keys are read below; pretraining_tp is one transformers no longer reads.
+  std::set<std::string> accepted = {"pretraining_tp"};
+  if (type == "qwen2" || type == "qwen2_moe")
+    accepted.insert({"layer_types", "max_window_layers", "use_sliding_window"});
+  if (type == "qwen3_moe") accepted.insert("use_sliding_window");
+  nlohmann::json cfg = hf_config_keys(raw, kKeys, where, accepted);  // Llama 3.1's list of eos ids reads as none
   // Mistral and Qwen2 write sliding_window even when it is off (use_sliding_window: false in Qwen2). Qwen2 slides in
   // the layers its layer_types names (by default those >= max_window_layers); Tessera's window covers every layer or
   // none.

@@ -11,6 +11,7 @@
 
 #include "tessera/config/reader.h"
 #include "tessera/config/value.h"
+#include "tessera/models/family_support.h"
 #include "tessera/models/mpt.h"
 #include "tessera/util/error.h"
 
@@ -81,6 +82,24 @@ MPTOptions mpt_options_from_hf_config(const nlohmann::json& raw, const std::stri
   if (raw.value("model_type", "") != "mpt") {
     throw Error(kComponent,
                 fmt::format("{}: model_type is \"{}\", expected \"mpt\"", where, raw.value("model_type", "")));
+  }
+  // LLM Foundry's MPTConfig also writes init_device (Tessera's own choice decides) and verbose, its hub configs
+  // tokenizer_name; transformers' MptConfig writes layer_norm_epsilon (read as norm_eps) and attn_config.prefix_lm.
+  std::set<std::string> read = kModelKeys;
+  read.insert({"layer_norm_epsilon", "model_type"});
+  refuse_unread_hf_keys(raw, read, {"init_device", "verbose", "tokenizer_name"}, where, "mpt");
+  // (A transformers sub-config also carries PretrainedConfig's fields, tie_word_embeddings among them.) LLM Foundry
+  // writes attn_temperature_tuning {floor_scale, attn_scale}, which scales queries by position only when attn_scale
+  // is not 0: read as off at 0, refused otherwise.
+  if (raw.contains("attn_config") && raw["attn_config"].is_object()) {
+    nlohmann::json attn = raw["attn_config"];
+    if (attn.contains("attn_temperature_tuning")) {
+      const nlohmann::json& t = attn["attn_temperature_tuning"];
+      if (t.is_null() || (t.is_object() && t.value("attn_scale", nlohmann::json(0)) == 0)) {
+        attn.erase("attn_temperature_tuning");
+      }
+    }
+    refuse_unread_hf_keys(attn, kAttnKeys, {"tie_word_embeddings"}, where, "mpt", "attn_config.");
   }
   nlohmann::json cfg = filtered(raw, kModelKeys);
   if (!cfg.contains("norm_eps") && raw.contains("layer_norm_epsilon")) cfg["norm_eps"] = raw["layer_norm_epsilon"];
@@ -337,10 +356,28 @@ HfFormat mpt_hf_format(const MPTOptions& o, at::ScalarType dtype, const CausalLM
   return mpt_as_gpt2(o, dtype);
 }
 
-MPTOptions mpt_options_from_dbrx_config(const nlohmann::json& c, const std::string& where) {
+MPTOptions mpt_options_from_dbrx_config(const nlohmann::json& raw, const std::string& where) {
   auto fail = [&](const std::string& why) {
     throw Error("hf", fmt::format("{}: a DBRX config Tessera cannot read exactly: {}", where, why));
   };
+  // DbrxConfig's keys; transformers derives num_key_value_heads (kv_n_heads) and ffn_config.hidden_size (d_model)
+  // itself, and its DBRX weighs the router loss by moe_loss_weight, not router_aux_loss_coef.
+  const nlohmann::json c = hf_config_v4(raw, where);
+  refuse_unread_hf_keys(
+      c,
+      {"model_type", "d_model", "n_heads", "n_layers", "max_seq_len", "vocab_size", "resid_pdrop", "emb_pdrop",
+       "initializer_range", "attn_config", "ffn_config", "output_router_logits", "tie_word_embeddings"},
+      {"num_key_value_heads", "router_aux_loss_coef"}, where, "dbrx");
+  if (c.contains("attn_config")) {
+    refuse_unread_hf_keys(c["attn_config"], {"attn_pdrop", "clip_qkv", "kv_n_heads", "rope_theta"},
+                          {"tie_word_embeddings"}, where, "dbrx", "attn_config.");
+  }
+  if (c.contains("ffn_config")) {
+    refuse_unread_hf_keys(c["ffn_config"],
+                          {"ffn_act_fn", "ffn_hidden_size", "moe_jitter_eps", "moe_loss_weight",
+                           "moe_normalize_expert_weights", "moe_num_experts", "moe_top_k"},
+                          {"hidden_size", "tie_word_embeddings"}, where, "dbrx", "ffn_config.");
+  }
   const nlohmann::json attn = c.value("attn_config", nlohmann::json::object());
   const nlohmann::json ffn = c.value("ffn_config", nlohmann::json::object());
   auto number = [](const nlohmann::json& j, const char* key, double fallback) {
@@ -436,10 +473,19 @@ nlohmann::ordered_json dbrx_hf_config(const MPTOptions& o, at::ScalarType dtype)
           {"torch_dtype", hf_torch_dtype(dtype)}};
 }
 
-MPTOptions mpt_options_from_gpt2_config(const nlohmann::json& c, const std::string& where) {
+MPTOptions mpt_options_from_gpt2_config(const nlohmann::json& raw, const std::string& where) {
   auto fail = [&](const std::string& why) {
     throw Error("hf", fmt::format("{}: a GPT-2 config Tessera cannot read exactly: {}", where, why));
   };
+  // GPT2Config's keys (n_ctx is an old copy of n_positions that transformers no longer reads). Its aliases
+  // (hidden_size for n_embd, ...) are refused: Tessera reads the fields' own names.
+  const nlohmann::json c = hf_config_v4(raw, where);
+  refuse_unread_hf_keys(
+      c,
+      {"model_type", "n_embd", "n_head", "n_layer", "vocab_size", "n_positions", "n_inner", "resid_pdrop", "embd_pdrop",
+       "attn_pdrop", "layer_norm_epsilon", "activation_function", "tie_word_embeddings",
+       "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "scale_attn_weights", "add_cross_attention"},
+      {"n_ctx"}, where, "gpt2");
   auto get_int = [&](const char* key, std::optional<int64_t> fallback = std::nullopt) -> int64_t {
     if (c.contains(key) && c[key].is_number_integer()) return c[key].get<int64_t>();
     if (!fallback) fail(fmt::format("{} is missing or not an integer", key));

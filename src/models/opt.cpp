@@ -69,8 +69,8 @@ OPTOptions parse_opt_options(config::Section& s) {
 }
 
 OPTOptions opt_options_from_hf_config(const nlohmann::json& raw, const std::string& where) {
-  // The keys OPTConfig reads. The published configs also carry activation_dropout and prefix, which transformers'
-  // OPT classes do not read.
+  // The keys OPTConfig reads. The published configs also carry activation_dropout, which transformers' OPT classes
+  // do not read.
   static const std::set<std::string> kKeys = {"model_type",
                                               "vocab_size",
                                               "hidden_size",
@@ -94,7 +94,7 @@ OPTOptions opt_options_from_hf_config(const nlohmann::json& raw, const std::stri
                                               "pad_token_id"};
   const std::string type = raw.value("model_type", "");
   if (type != "opt") throw Error("hf", fmt::format("{}: model_type is \"{}\", expected opt", where, type));
-  nlohmann::json cfg = hf_config_keys(raw, kKeys);
+  nlohmann::json cfg = hf_config_keys(raw, kKeys, where, {"activation_dropout"});
   OPTOptions o;
   read_hf_config(cfg, where, [&](config::Section& s) { o = parse_opt_options(s); });
   o.init_device = "cpu";

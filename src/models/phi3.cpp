@@ -101,7 +101,7 @@ Phi3Options parse_phi3_options(config::Section& s) {
 }
 
 Phi3Options phi3_options_from_hf_config(const nlohmann::json& raw, const std::string& where) {
-  // The keys Phi3Config reads.
+  // The keys Phi3Config reads. Published configs also carry attention_bias, which transformers' Phi-3 does not read.
   static const std::set<std::string> kKeys = {"vocab_size",
                                               "hidden_size",
                                               "intermediate_size",
@@ -126,7 +126,10 @@ Phi3Options phi3_options_from_hf_config(const nlohmann::json& raw, const std::st
                                               "pad_token_id"};
   const std::string type = raw.value("model_type", "");
   if (type != "phi3") throw Error("hf", fmt::format("{}: model_type is \"{}\", expected phi3", where, type));
-  nlohmann::json cfg = hf_config_keys(raw, kKeys);
+  nlohmann::json cfg = hf_config_keys(raw, kKeys, where, {"attention_bias"});
+  // Phi3Config's default, which longrope's attention factor and its choice of factors depend on (a recipe's default is
+  // max_position_embeddings).
+  if (!cfg.contains("original_max_position_embeddings")) cfg["original_max_position_embeddings"] = 4096;
   Phi3Options o;
   read_hf_config(cfg, where, [&](config::Section& s) { o = parse_phi3_options(s); });
   o.init_device = "cpu";

@@ -1,5 +1,6 @@
-// What the model families share when they read their options and number their units: the config.json keys a
-// transformers config class reads, parsed through the family's own recipe reader (so config.json and recipes are
+// What the model families share when they read their options and number their units: config.json in transformers
+// 4's form (transformers 5's rewritten into it), the keys a transformers config class reads, the refusal of any other
+// key that can change the model, parsed through the family's own recipe reader (so config.json and recipes are
 // validated by the same code), rope_scaling of the default or linear kind, and the unit of a layer's parameter.
 // Included by the families' sources only.
 #pragma once
@@ -15,10 +16,36 @@
 
 namespace tessera::models {
 
-// The keys of config.json `raw` that the family's transformers config class reads (`keys`). A null is left out (the
-// key takes transformers' default), except for token ids and soft-caps, where it means "none". A list of token ids
-// (Llama 3.1's eos_token_id) becomes null: the families hold one id.
-nlohmann::json hf_config_keys(const nlohmann::json& raw, const std::set<std::string>& keys);
+// config.json `raw` in transformers 4's form, which the families read. transformers 5 writes the rotary settings as
+// one `rope_parameters` object ({rope_theta, rope_type, partial_rotary_factor, factor, ...}; Gemma 3 one per layer
+// type, {full_attention: {...}, sliding_attention: {...}}) and `dtype` for `torch_dtype`, and Qwen3-MoE's expert
+// count as num_local_experts. They become the keys each family's transformers 4 class reads: rope_theta (GPT-NeoX:
+// rotary_emb_base; DBRX: attn_config.rope_theta; Gemma 3's sliding layers: rope_local_base_freq),
+// partial_rotary_factor (GPT-NeoX: rotary_pct) and the rest as rope_scaling, left out for rope_type default. A
+// config that gives a setting in both forms with different values, a partial rotary factor other than 1 for a family
+// that rotates whole heads, and per-layer-type parameters for a family with one rotary table are refused
+// (Error("hf") naming `where`, the config.json's path, and the key). A config in transformers 4's form comes back
+// unchanged but for `dtype`.
+nlohmann::json hf_config_v4(const nlohmann::json& raw, const std::string& where);
+
+// Refuses (Error("hf") naming `where` and the key, `prefix` before it for a nested object) every key of `config`
+// that is neither in `read` (what the family reads) nor in `accepted` (keys its transformers class does not read, or
+// that Tessera reads otherwise) nor one that changes no causal LM's function: PretrainedConfig's bookkeeping, output
+// switches, token ids, other heads' and generate()'s settings, initialisation; keys such as pruned_heads,
+// add_cross_attention or use_sliding_window only at their default value; any key whose value is null. Whatever else
+// a config.json carries may change the model (quantization_config, a rotary setting the family does not read, an
+// alias transformers maps onto a field), so Tessera refuses it rather than compute another model. `family` names the
+// family in the message (the model_type).
+void refuse_unread_hf_keys(const nlohmann::json& config, const std::set<std::string>& read,
+                           const std::set<std::string>& accepted, const std::string& where, const std::string& family,
+                           const std::string& prefix = "");
+
+// The keys of config.json `raw` (hf_config_v4() of it) that the family's transformers config class reads (`keys`),
+// after refuse_unread_hf_keys() with `accepted`. A null is left out (the key takes transformers' default), except for
+// token ids and soft-caps, where it means "none". A list of token ids (Llama 3.1's eos_token_id) becomes null: the
+// families hold one id.
+nlohmann::json hf_config_keys(const nlohmann::json& raw, const std::set<std::string>& keys, const std::string& where,
+                              const std::set<std::string>& accepted = {});
 
 // Parses `cfg` (hf_config_keys()) as a recipe section through `parse`, which reads the family's options from it;
 // then every key must have been read. A ConfigError, an unread key or an unsupported value becomes Error("hf")
