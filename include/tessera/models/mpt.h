@@ -192,8 +192,9 @@ inline void init_mpt_weights(MPTForCausalLM& model, uint64_t seed,
 MPTForCausalLM materialize(const MPTForCausalLM& meta_model, const at::Device& device, uint64_t seed);
 
 // config.json <-> MPTOptions (LLM Foundry's MPTConfig fields plus HF's aliases). Reading accepts HF's
-// layer_norm_epsilon and ignores HF's generic PretrainedConfig fields; it throws tessera::Error("hf") naming `where`
-// for a model_type other than "mpt" or an invalid or unsupported architecture value.
+// layer_norm_epsilon and the PretrainedConfig fields that change no model (refuse_unread_hf_keys(), family_support.h);
+// it throws tessera::Error("hf") naming `where` for a model_type other than "mpt", any other key it does not read
+// (attn_config's too), or an invalid or unsupported architecture value.
 MPTOptions mpt_options_from_hf_config(const nlohmann::json& config, const std::string& where);
 nlohmann::ordered_json mpt_hf_config(const MPTOptions& options, at::ScalarType dtype);
 
@@ -205,12 +206,14 @@ nlohmann::ordered_json mpt_hf_config(const MPTOptions& options, at::ScalarType d
 HfFormat mpt_hf_format(const MPTOptions& options, at::ScalarType dtype, const CausalLM& model);
 // config.json of transformers' GPT-2 (model_type gpt2, activation_function "gelu") -> the MPT computing the same
 // function: learned positions, biases, LayerNorm. Throws Error("hf") naming `where` for what MPT cannot compute
-// (gelu_new, per-layer scaling, cross-attention).
+// (gelu_new, per-layer scaling, cross-attention) and for a key GPT2Config does not read that can change the model.
 MPTOptions mpt_options_from_gpt2_config(const nlohmann::json& config, const std::string& where);
 // config.json of transformers' DBRX (model_type dbrx: GQA with clip_qkv and rotary positions, LayerNorms without
 // biases, GLU experts with DbrxRouter's routing and transformers' load-balancing loss) -> the MPT computing the same
 // function, with hf_layout "dbrx", which exports as DbrxForCausalLM again (module names mapped: blocks.{i}.norm_1 ->
-// blocks.{i}.norm_attn_norm.norm_1, ...). Throws Error("hf") naming `where` for what Tessera does not compute.
+// blocks.{i}.norm_attn_norm.norm_1, ...). Reads transformers 5's form too (rope_parameters: hf_config_v4()). Throws
+// Error("hf") naming `where` for what Tessera does not compute and for a key it does not read that can change the
+// model (attn_config's and ffn_config's too).
 MPTOptions mpt_options_from_dbrx_config(const nlohmann::json& config, const std::string& where);
 nlohmann::ordered_json dbrx_hf_config(const MPTOptions& options, at::ScalarType dtype);
 
