@@ -11,7 +11,7 @@
 #include "tessera/data/mds.h"
 #include "test_util.h"
 
-namespace tessera::data::mds {
+namespace tessera::data::mds::untrusted_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -206,4 +206,4 @@ TEST(MDSUntrusted, ACompressedShardCannotDecompressToMoreThanTheIndexSays) {
 }
 
 }  // namespace
-}  // namespace tessera::data::mds
+}  // namespace tessera::data::mds::untrusted_test

@@ -21,7 +21,7 @@
 #include "tessera/util/file_io.h"
 #include "test_util.h"
 
-namespace tessera::loggers {
+namespace tessera::loggers::mlflow_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -172,4 +172,4 @@ TEST(Mlflow, LogModelWritesALocalArtifactLocationOnlyInsideTheRoot) {
 }
 
 }  // namespace
-}  // namespace tessera::loggers
+}  // namespace tessera::loggers::mlflow_test

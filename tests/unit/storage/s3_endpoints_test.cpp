@@ -27,7 +27,7 @@
 #include "tessera/storage/s3.h"
 #include "test_util.h"
 
-namespace tessera::storage {
+namespace tessera::storage::s3_endpoints_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -349,4 +349,4 @@ TEST(S3Endpoints, TheContainerEndpointOverHttpMustResolveToLoopback) {
 }
 
 }  // namespace
-}  // namespace tessera::storage
+}  // namespace tessera::storage::s3_endpoints_test

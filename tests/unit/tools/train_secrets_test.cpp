@@ -19,6 +19,7 @@
 #include "test_util.h"
 #include "tiny_data.h"
 
+namespace train_secrets_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -133,3 +134,4 @@ loggers:
 }
 
 }  // namespace
+}  // namespace train_secrets_test

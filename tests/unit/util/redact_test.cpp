@@ -5,6 +5,7 @@
 
 #include "tessera/util/redact.h"
 
+namespace redact_test {
 namespace {
 
 using tessera::util::is_secret;
@@ -116,3 +117,4 @@ TEST(Redact, ARedactedConfigKeepsItsKeysShapeAndOrder) {
 }
 
 }  // namespace
+}  // namespace redact_test

@@ -6,7 +6,7 @@
 #include "tessera/util/safe_path.h"
 #include "test_util.h"
 
-namespace tessera::util {
+namespace tessera::util::safe_path_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -69,4 +69,4 @@ TEST(SafePath, ResolvedNamesDoNotLeaveThroughALinkButLexicalOnesMay) {
 }
 
 }  // namespace
-}  // namespace tessera::util
+}  // namespace tessera::util::safe_path_test
