@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Checks the model tree's two boundaries (docs/architecture.md, "Key contracts"; issue 62), rules as data:
+
+1. Family facts stay in models/: no other layer names a model family, as a string literal (a recipe `model.name` or
+   an HF `model_type`) or through a family's own types (MPTOptions, LlamaOptions, MoEImpl, ...).
+2. Model code knows nothing about distribution: no file of models/ calls a collective or a tensor/context-parallel
+   primitive, or names a communicator or process group.
+
+    tools/check_model_tree.py [--root DIR]
+
+Today's tree does not meet either rule yet: ALLOWED records, per file, how many of each kind it has now (a ratchet).
+A file with more than its allowance, or a file not listed that has any, fails with one line per finding
+("src/trainer/train_config.cpp:88: family name \"mixtral\" outside models/"); a file with fewer than its allowance
+fails too, naming the allowance to lower, so the list only ever shrinks. Exit 0 with a summary otherwise.
+"""
+import argparse
+import json
+import pathlib
+import re
+import sys
+
+# The HF model_types the families read come from transformers' own default configs (checked in beside the tests);
+# the recipe names that are not model_types are listed here.
+MODEL_TYPES_FILE = "tests/data/hf_default_configs/transformers-4.57.6.json"
+RECIPE_NAMES = ["mpt_causal_lm", "gemma"]
+# Keys of one family's configuration (MPT's and DBRX's sub-configs, MPT's expert-parallel degree): code outside
+# models/ that reads or writes them knows that family.
+FAMILY_KEYS = ["attn_config", "ffn_config", "moe_world_size"]
+# A family's own types: an options struct, a module, or a MoE implementation named outside models/.
+FAMILY_TYPE = re.compile(r"\b(?:MPT|Llama|Falcon|Gemma|GPTNeoX|GPTNeo|OPT|Phi3|Dbrx|DBRX)\w*(?:Options|Impl|ForCausalLM)"
+                         r"\b|\bMoEImpl\b")
+# What model code must not call or name (rule 2).
+PARALLEL = re.compile(r"\b(?:all_reduce|all_gather\w*|reduce_scatter\w*|all_to_all\w*|broadcast|barrier|"
+                      r"column_parallel|row_parallel|sequence_parallel\w*|TensorParallelGroup|Communicator|"
+                      r"ProcessGroup\w*|c10d)\b")
+STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
+SOURCES = (".h", ".hpp", ".cpp", ".cc")
+
+# Today's findings per file: {"family": n, "parallel": n}. Lower a number when a change removes findings; never raise
+# one (issue 62 moves the family facts into models/<family>/ and the parallel plans into dist/).
+ALLOWED = {
+    "include/tessera/checkpoint/hf.h": {"family": 1},
+    "include/tessera/models/attention.h": {"parallel": 2},
+    "include/tessera/models/causal_lm.h": {"parallel": 2},
+    "include/tessera/models/context_parallel.h": {"parallel": 2},
+    "include/tessera/models/llama.h": {"parallel": 6},
+    "include/tessera/models/moe.h": {"parallel": 2},
+    "include/tessera/models/mpt.h": {"parallel": 6},
+    "include/tessera/models/tensor_parallel.h": {"parallel": 21},
+    "src/checkpoint/hf.cpp": {"family": 5},
+    "src/dist/expert_parallel.cpp": {"family": 2},
+    "src/models/attention.cpp": {"parallel": 1},
+    "src/models/causal_lm.cpp": {"parallel": 1},
+    "src/models/context_parallel.cpp": {"parallel": 1},
+    "src/models/llama.cpp": {"parallel": 10},
+    "src/models/moe.cpp": {"parallel": 3},
+    "src/models/mpt.cpp": {"parallel": 11},
+    "src/models/tensor_parallel.cpp": {"parallel": 32},
+    "src/trainer/plan.cpp": {"family": 1},
+    "src/trainer/train_config.cpp": {"family": 3},
+}
+
+
+def family_names(root: pathlib.Path):
+    types = json.loads((root / MODEL_TYPES_FILE).read_text())
+    return sorted(set(types) | set(RECIPE_NAMES) | set(FAMILY_KEYS))
+
+
+def sources(root: pathlib.Path):
+    for base in ("include/tessera", "src"):  # src/ holds src/include/tessera/ (internal headers) too
+        for path in sorted((root / base).rglob("*")):
+            if path.suffix in SOURCES and path.is_file():
+                yield path
+
+
+def in_models(rel: str):
+    return rel.startswith(("src/models/", "include/tessera/models/", "src/include/tessera/models/"))
+
+
+def strip_comment(line: str):
+    # Good enough for this code base: no "//" inside the string literals these rules look at.
+    i = line.find("//")
+    return line if i < 0 else line[:i]
+
+
+def findings(root: pathlib.Path):
+    """(rel, line, kind, text) for every finding in the tree."""
+    names = set(family_names(root))
+    out = []
+    for path in sources(root):
+        rel = path.relative_to(root).as_posix()
+        for number, raw in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            line = strip_comment(raw)
+            if raw.lstrip().startswith("#include"):
+                continue
+            if in_models(rel):
+                for m in PARALLEL.finditer(line):
+                    out.append((rel, number, "parallel", f"{m.group(0)} in model code"))
+            else:
+                for m in STRING.finditer(line):
+                    if m.group(1) in names:
+                        what = "family key" if m.group(1) in FAMILY_KEYS else "family name"
+                        out.append((rel, number, "family", f'{what} "{m.group(1)}" outside models/'))
+                for m in FAMILY_TYPE.finditer(line):
+                    out.append((rel, number, "family", f"family type {m.group(0)} outside models/"))
+    return out
+
+
+def check(root: pathlib.Path, allowed=None):
+    allowed = ALLOWED if allowed is None else allowed
+    found = findings(root)
+    counts = {}
+    for rel, _, kind, _ in found:
+        counts.setdefault(rel, {}).setdefault(kind, 0)
+        counts[rel][kind] += 1
+    problems = []
+    for rel, number, kind, text in found:
+        if counts[rel][kind] > allowed.get(rel, {}).get(kind, 0):
+            problems.append(f"{rel}:{number}: {text} (allowed here: {allowed.get(rel, {}).get(kind, 0)} {kind}, "
+                            f"found {counts[rel][kind]})")
+    for rel, kinds in sorted(allowed.items()):
+        for kind, n in sorted(kinds.items()):
+            have = counts.get(rel, {}).get(kind, 0)
+            if have < n:
+                problems.append(f"{rel}: {have} {kind} finding(s), fewer than its allowance of {n}: lower ALLOWED in "
+                                "tools/check_model_tree.py to match")
+    return problems, counts
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", type=pathlib.Path, default=pathlib.Path(__file__).resolve().parent.parent)
+    ap.add_argument("--dump", action="store_true", help="print today's findings as an ALLOWED table and exit")
+    args = ap.parse_args()
+    if args.dump:
+        _, counts = check(args.root, allowed={})
+        for rel in sorted(counts):
+            print(f'    "{rel}": {json.dumps(counts[rel])},')
+        return 0
+    problems, counts = check(args.root)
+    for p in problems:
+        print(p)
+    if problems:
+        return 1
+    total = {k: sum(c.get(k, 0) for c in counts.values()) for k in ("family", "parallel")}
+    print(f"model tree: within its allowances ({total['family']} family facts outside models/ in "
+          f"{sum(1 for c in counts.values() if c.get('family'))} files, {total['parallel']} parallel calls in models/ "
+          f"in {sum(1 for c in counts.values() if c.get('parallel'))} files, to bring to 0)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
