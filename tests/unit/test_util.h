@@ -11,7 +11,9 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/util/error.h"
@@ -61,6 +63,40 @@ inline double time_scale() {
   }();
   return scale;
 }
+
+// Sets or unsets environment variables and puts back what they were when it goes, the last change undone first.
+// `const ScopedEnv home("HOME", dir)` for one variable (std::nullopt unsets it), or `ScopedEnv env;` then
+// env.set()/env.unset() for several, as a test goes. Not thread-safe (setenv is not).
+class ScopedEnv {
+ public:
+  ScopedEnv() = default;
+  ScopedEnv(const std::string& name, const std::optional<std::string>& value) { set(name, value); }
+  ~ScopedEnv() {
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
+      if (it->second) {
+        ::setenv(it->first.c_str(), it->second->c_str(), 1);
+      } else {
+        ::unsetenv(it->first.c_str());
+      }
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+  void set(const std::string& name, const std::optional<std::string>& value) {
+    const char* old = std::getenv(name.c_str());
+    saved_.emplace_back(name, old != nullptr ? std::optional<std::string>(old) : std::nullopt);
+    if (value) {
+      ::setenv(name.c_str(), value->c_str(), 1);
+    } else {
+      ::unsetenv(name.c_str());
+    }
+  }
+  void unset(const std::string& name) { set(name, std::nullopt); }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;  // name, value before
+};
 
 // A shell command's exit code (-1 when a signal ended it) and its output, stdout and stderr together.
 struct CommandResult {

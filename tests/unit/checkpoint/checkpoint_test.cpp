@@ -3,30 +3,24 @@
 // uninterrupted one, rotation after a resume, overwrite protection, HF export and import, a failing disk). Untrusted
 // inputs (issue 61): what a save folder, a metadata.json, a `latest` pointer or an object-store listing holds never
 // makes Tessera delete, read or write anything outside the folder it belongs to.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <poll.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <mutex>
-#include <optional>
 #include <sstream>
-#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "log_capture.h"
+#include "loopback_http.h"
 #include "tessera/algorithms/algorithms.h"
 #include "tessera/callbacks/checkpoint_saver.h"
 #include "tessera/checkpoint/checkpoint.h"
@@ -44,6 +38,7 @@ namespace fs = std::filesystem;
 using checkpoint::CheckpointReader;
 using checkpoint::Piece;
 using checkpoint::RankPayload;
+using testing::LogCapture;
 
 fs::path fresh_dir(const std::string& name) {
   const fs::path d = fs::temp_directory_path() / "tessera_checkpoint_test" / name;
@@ -612,26 +607,6 @@ nlohmann::json read_metadata_file(const fs::path& dir) {
   return nlohmann::json::parse(in);
 }
 
-// Sends spdlog's default logger to a string for the scope.
-class LogCapture {
- public:
-  LogCapture() : old_(spdlog::default_logger()) {
-    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(text_);
-    spdlog::set_default_logger(std::make_shared<spdlog::logger>("checkpoint_test", std::move(sink)));
-  }
-  ~LogCapture() { spdlog::set_default_logger(old_); }
-  LogCapture(const LogCapture&) = delete;
-  LogCapture& operator=(const LogCapture&) = delete;
-  std::string text() {
-    spdlog::default_logger()->flush();
-    return text_.str();
-  }
-
- private:
-  std::shared_ptr<spdlog::logger> old_;
-  std::ostringstream text_;
-};
-
 size_t count_of(const std::string& text, const std::string& what) {
   size_t n = 0;
   for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
@@ -800,115 +775,27 @@ TEST(CheckpointFormat, ALatestPointerNamesOneCheckpointBesideIt) {
   EXPECT_EQ(snapshot(decoy), outside);
 }
 
-// A loopback S3 endpoint that answers with a listing of its choice: HEAD is 200 for a listed key (404 otherwise),
-// GET ?list-type=2 lists the keys, and any other GET returns "{}" (as a hostile or broken endpoint may).
-class ListingServer {
+// A loopback S3 endpoint (loopback_http.h) that answers with a listing of its choice: HEAD is 200 for a listed key (404
+// otherwise), GET ?list-type=2 lists the keys, and any other GET returns "{}" (as a hostile or broken endpoint may).
+class ListingServer : public testing::LoopbackHttpServer {
  public:
-  explicit ListingServer(std::vector<std::string> keys) : keys_(std::move(keys)) {
-    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(a);
-    if (::bind(listener_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(listener_, 16) != 0 ||
-        ::getsockname(listener_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-      throw std::runtime_error("ListingServer: cannot listen on the loopback interface");
-    }
-    port_ = ntohs(a.sin_port);
-    thread_ = std::thread([this] { serve(); });
-  }
-  ~ListingServer() {
-    stop_ = true;
-    thread_.join();
-    ::close(listener_);
-  }
-  ListingServer(const ListingServer&) = delete;
-  ListingServer& operator=(const ListingServer&) = delete;
-  std::string endpoint() const { return fmt::format("http://127.0.0.1:{}", port_); }
-  std::vector<std::string> requests() const {
-    const std::lock_guard lock(mu_);
-    return requests_;
-  }
+  explicit ListingServer(std::vector<std::string> keys)
+      : LoopbackHttpServer([keys = std::move(keys)](const Request& r) { return answer(keys, r); }) {}
 
  private:
-  void serve() {
-    while (!stop_) {
-      pollfd p{listener_, POLLIN, 0};
-      if (::poll(&p, 1, 20) <= 0) continue;
-      const int c = ::accept(listener_, nullptr, nullptr);
-      if (c < 0) continue;
-      std::string req;
-      char buf[4096];
-      while (req.find("\r\n\r\n") == std::string::npos) {
-        const ssize_t n = ::read(c, buf, sizeof(buf));
-        if (n <= 0) break;
-        req.append(buf, static_cast<size_t>(n));
-      }
-      const std::string line = req.substr(0, req.find("\r\n"));
-      {
-        const std::lock_guard lock(mu_);
-        requests_.push_back(line);
-      }
-      const std::string reply = answer(line);
-      for (size_t sent = 0; sent < reply.size();) {
-        const ssize_t n = ::write(c, reply.data() + sent, reply.size() - sent);
-        if (n <= 0) break;
-        sent += static_cast<size_t>(n);
-      }
-      ::close(c);
-    }
-  }
-  std::string answer(const std::string& line) const {
-    const std::string method = line.substr(0, line.find(' '));
-    const size_t start = line.find(' ') + 1;
-    const std::string target = line.substr(start, line.rfind(' ') - start);
-    const auto reply = [](const std::string& status, const std::string& headers, const std::string& body,
-                          bool head = false) {
-      return fmt::format("HTTP/1.1 {}\r\nContent-Length: {}\r\n{}Connection: close\r\n\r\n{}", status, body.size(),
-                         headers, head ? "" : body);
-    };
-    if (target.find("list-type=2") != std::string::npos) {
+  static Response answer(const std::vector<std::string>& keys, const Request& r) {
+    if (r.target.find("list-type=2") != std::string::npos) {
       std::string xml = "<?xml version=\"1.0\" encoding=\"UTF-8\"?><ListBucketResult><IsTruncated>false</IsTruncated>";
-      for (const std::string& k : keys_) xml += fmt::format("<Contents><Key>{}</Key><Size>2</Size></Contents>", k);
-      return reply("200 OK", "", xml + "</ListBucketResult>");
+      for (const std::string& k : keys) xml += fmt::format("<Contents><Key>{}</Key><Size>2</Size></Contents>", k);
+      return {200, "", xml + "</ListBucketResult>", {}};
     }
-    const std::string key = target.substr(target.find('/', 1) + 1);  // /bucket/key
-    if (method == "HEAD") {
-      const bool listed = std::find(keys_.begin(), keys_.end(), key) != keys_.end();
-      return listed ? reply("200 OK", "ETag: \"e\"\r\n", "{}", true) : reply("404 Not Found", "", "", true);
+    const std::string key = r.target.substr(r.target.find('/', 1) + 1);  // /bucket/key
+    if (r.method == "HEAD") {
+      const bool listed = std::find(keys.begin(), keys.end(), key) != keys.end();
+      return listed ? Response{200, "", "{}", {{"ETag", "\"e\""}}} : Response{404, "", "", {}};
     }
-    return reply("206 Partial Content", "Content-Range: bytes 0-1/2\r\nETag: \"e\"\r\n", "{}");
+    return {206, "", "{}", {{"Content-Range", "bytes 0-1/2"}, {"ETag", "\"e\""}}};
   }
-
-  std::vector<std::string> keys_;
-  int listener_ = -1;
-  int port_ = 0;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
-  mutable std::mutex mu_;
-  std::vector<std::string> requests_;
-};
-
-// Sets an environment variable for the scope, restoring the old value after.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      setenv(name_, old_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
 };
 
 TEST(Checkpointing, AnHfFolderInObjectStorageIsFetchedOnlyIntoItsTemporaryFolder) {
@@ -921,7 +808,7 @@ TEST(Checkpointing, AnHfFolderInObjectStorageIsFetchedOnlyIntoItsTemporaryFolder
   ListingServer server({"hf/../../decoy/pwned.txt", "hf/config.json"});
   // The process's S3 client is made from the environment at its first use, which is this test's (no other unit
   // test reaches S3 in-process).
-  const ScopedEnv endpoint("S3_ENDPOINT_URL", server.endpoint()), key("AWS_ACCESS_KEY_ID", "test"),
+  const testing::ScopedEnv endpoint("S3_ENDPOINT_URL", server.url()), key("AWS_ACCESS_KEY_ID", "test"),
       secret("AWS_SECRET_ACCESS_KEY", "test"), attempts("TESSERA_S3_MAX_ATTEMPTS", "1"),
       tmp("TMPDIR", (root / "tmp").string()), no_proxy("NO_PROXY", "127.0.0.1"),
       no_proxy_lower("no_proxy", "127.0.0.1");
@@ -931,7 +818,8 @@ TEST(Checkpointing, AnHfFolderInObjectStorageIsFetchedOnlyIntoItsTemporaryFolder
   EXPECT_NE(err.find("s3://bucket/hf/../../decoy/pwned.txt: object key \"../../decoy/pwned.txt\" has a \"..\" segment"),
             std::string::npos)
       << err;
-  for (const std::string& r : server.requests()) EXPECT_EQ(r.find("pwned"), std::string::npos) << r;  // never fetched
+  for (const std::string& r : server.request_lines())
+    EXPECT_EQ(r.find("pwned"), std::string::npos) << r;  // never fetched
   EXPECT_EQ(snapshot(decoy), outside);
   EXPECT_TRUE(fs::is_empty(root / "tmp"));  // the temporary folder is gone too
 }

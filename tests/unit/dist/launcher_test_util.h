@@ -1,5 +1,6 @@
-// Helpers of the launcher's tests (launcher_test.cpp: one node; elastic_test.cpp: several): temporary directories and
-// environment variables, launching /bin/sh ranks and capturing the launcher's log, and checks on processes.
+// Helpers of the launcher's tests (launcher_test.cpp: one node; elastic_test.cpp: several): temporary directories,
+// launching /bin/sh ranks and capturing the launcher's log, and checks on processes. (Environment variables for a
+// test: ScopedEnv in test_util.h.)
 #pragma once
 
 #include <gtest/gtest.h>
@@ -17,7 +18,6 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -27,6 +27,7 @@
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
+#include "log_capture.h"
 #include "tessera/dist/launcher.h"
 #include "tessera/util/error.h"
 #include "tessera/util/preemption.h"
@@ -62,45 +63,6 @@ class TempDir {
 
  private:
   fs::path path_;
-};
-
-// Sets an environment variable for the scope of the test.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-
-// Sends spdlog's default logger to a string for the scope of the test.
-class LogCapture {
- public:
-  LogCapture() : old_(spdlog::default_logger()) {
-    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(text_);
-    spdlog::set_default_logger(std::make_shared<spdlog::logger>("launcher_test", std::move(sink)));
-  }
-  ~LogCapture() { spdlog::set_default_logger(old_); }
-  LogCapture(const LogCapture&) = delete;
-  LogCapture& operator=(const LogCapture&) = delete;
-  std::string text() const { return text_.str(); }
-
- private:
-  std::shared_ptr<spdlog::logger> old_;
-  std::ostringstream text_;
 };
 
 inline std::string read_launcher_log(const fs::path& p) {

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "fake_mlflow_server.h"
+#include "log_capture.h"
 #include "tessera/dist/launcher.h"
 #include "tessera/loggers/mlflow.h"
 #include "tessera/util/file_io.h"
@@ -27,21 +28,7 @@ namespace {
 namespace fs = std::filesystem;
 using tessera::testing::error_of;
 using tessera::testing::FakeMlflowServer;
-
-// Sends spdlog's default logger to a string for the scope of the test.
-class LogCapture {
- public:
-  LogCapture() : old_(spdlog::default_logger()) {
-    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(text_);
-    spdlog::set_default_logger(std::make_shared<spdlog::logger>("mlflow_test", std::move(sink)));
-  }
-  ~LogCapture() { spdlog::set_default_logger(old_); }
-  std::string text() const { return text_.str(); }
-
- private:
-  std::ostringstream text_;
-  std::shared_ptr<spdlog::logger> old_;
-};
+using tessera::testing::LogCapture;
 
 // The MLFLOW_* variables that would change what the logger does, unset for the test.
 void clear_mlflow_environment() {
@@ -88,7 +75,7 @@ TEST(Mlflow, APasswordInTheTrackingUriAuthenticatesButNoMessageShowsIt) {
   EXPECT_NE(e.find("HTTP 404 RESOURCE_DOES_NOT_EXIST"), std::string::npos) << e;
   EXPECT_EQ(e.find("hunter2"), std::string::npos) << e;
   ASSERT_EQ(server.requests().size(), 1U);
-  EXPECT_EQ(server.requests()[0].authorization, "Basic YWxpY2U6aHVudGVyMg==");  // base64("alice:hunter2")
+  EXPECT_EQ(server.requests()[0].header("Authorization"), "Basic YWxpY2U6aHVudGVyMg==");  // base64("alice:hunter2")
 
   // The logger's own lines show the redacted URI.
   LogCapture log;

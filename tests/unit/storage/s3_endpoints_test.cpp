@@ -2,13 +2,7 @@
 // 127.0.0.1 in the test: a credentials document the parser chokes on, 5xx answers whose bodies are garbage, a
 // container endpoint URI that only looks like loopback. (tests/compat/test_s3_*.py test the well-behaved protocols
 // against moto.)
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <stdlib.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -16,14 +10,13 @@
 #include <fstream>
 #include <functional>
 #include <future>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "loopback_http.h"
 #include "tessera/storage/s3.h"
 #include "test_util.h"
 
@@ -32,119 +25,25 @@ namespace {
 
 namespace fs = std::filesystem;
 using tessera::testing::error_of;
+using tessera::testing::ScopedEnv;
 
-// An HTTP/1.1 server on 127.0.0.1 (a free port) answering each request with what `answer` returns for its request
-// line ("GET /path HTTP/1.1"), one request a connection. Records the request lines.
-class LoopbackServer {
+// The endpoints of these tests (loopback_http.h): each request is answered as application/xml with what `answer`
+// returns for its request line ("GET /path HTTP/1.1").
+class LoopbackServer : public tessera::testing::LoopbackHttpServer {
  public:
   struct Answer {
     int status = 200;
     std::string body;
   };
-
-  explicit LoopbackServer(std::function<Answer(const std::string&)> answer) : answer_(std::move(answer)) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof addr;
-    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(fd_, 16) != 0 ||
-        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      throw std::runtime_error("cannot listen on 127.0.0.1");
-    }
-    port_ = ntohs(addr.sin_port);
-    thread_ = std::thread([this] { serve(); });
-  }
-  ~LoopbackServer() {
-    stop_ = true;
-    thread_.join();
-    ::close(fd_);
-  }
-  LoopbackServer(const LoopbackServer&) = delete;
-  LoopbackServer& operator=(const LoopbackServer&) = delete;
-
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
-  std::vector<std::string> requests() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return requests_;
-  }
-
- private:
-  void serve() {
-    while (!stop_) {
-      pollfd p{fd_, POLLIN, 0};
-      if (::poll(&p, 1, 20) <= 0) continue;
-      const int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (c < 0) continue;
-      std::string in;
-      char buf[4096];
-      size_t head_end = std::string::npos;
-      while (head_end == std::string::npos) {
-        const ssize_t n = ::recv(c, buf, sizeof buf, 0);
-        if (n <= 0) break;
-        in.append(buf, static_cast<size_t>(n));
-        head_end = in.find("\r\n\r\n");
-      }
-      if (head_end != std::string::npos) {
-        const std::string line = in.substr(0, in.find("\r\n"));
-        {
-          std::lock_guard<std::mutex> lock(mutex_);
-          requests_.push_back(line);
-        }
-        const Answer a = answer_(line);
-        const std::string out =
-            "HTTP/1.1 " + std::to_string(a.status) +
-            " Test\r\nContent-Type: application/xml\r\nContent-Length: " + std::to_string(a.body.size()) +
-            "\r\nConnection: close\r\n\r\n" + a.body;
-        for (size_t sent = 0; sent < out.size();) {
-          const ssize_t n = ::send(c, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
-          if (n <= 0) break;
-          sent += static_cast<size_t>(n);
-        }
-      }
-      ::close(c);
-    }
-  }
-
-  std::function<Answer(const std::string&)> answer_;
-  int fd_ = -1;
-  int port_ = 0;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
-  mutable std::mutex mutex_;
-  std::vector<std::string> requests_;
-};
-
-// Sets environment variables for one test and restores them after.
-class EnvGuard {
- public:
-  void set(const char* name, const std::string& value) {
-    save(name);
-    ::setenv(name, value.c_str(), 1);
-  }
-  void unset(const char* name) {
-    save(name);
-    ::unsetenv(name);
-  }
-  ~EnvGuard() {
-    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
-      if (it->second)
-        ::setenv(it->first.c_str(), it->second->c_str(), 1);
-      else
-        ::unsetenv(it->first.c_str());
-    }
-  }
-
- private:
-  void save(const char* name) {
-    const char* v = std::getenv(name);
-    saved_.emplace_back(name, v ? std::optional<std::string>(v) : std::nullopt);
-  }
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+  explicit LoopbackServer(std::function<Answer(const std::string&)> answer)
+      : LoopbackHttpServer([answer = std::move(answer)](const Request& r) {
+          Answer a = answer(r.line);
+          return Response{a.status, "application/xml", std::move(a.body), {}};
+        }) {}
 };
 
 // No credentials anywhere but what a test sets: no keys, no profiles, no web identity, no instance metadata.
-void isolate_credentials(EnvGuard& env, const fs::path& dir) {
+void isolate_credentials(ScopedEnv& env, const fs::path& dir) {
   for (const char* v : {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
                         "AWS_DEFAULT_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN",
                         "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
@@ -208,7 +107,7 @@ TEST(S3Endpoints, ARefreshThatThrowsAnythingLeavesNoCallerWaiting) {
 
 TEST(S3Endpoints, BadCredentialDocumentsAreErrorsAndTheNextRefreshWorks) {
   const fs::path dir = temp_dir("documents");
-  EnvGuard env;
+  ScopedEnv env;
   isolate_credentials(env, dir);
   // The container endpoint answers with a non-string AccessKeyId first (nlohmann's type_error escaped the
   // refresher), then with good credentials.
@@ -227,7 +126,7 @@ TEST(S3Endpoints, BadCredentialDocumentsAreErrorsAndTheNextRefreshWorks) {
   const auto key = within<std::string>(5, [provider] { return provider->get().access_key_id; });
   ASSERT_TRUE(key.has_value());
   EXPECT_EQ(*key, "AKIDGOOD");
-  EXPECT_EQ(creds.requests(), (std::vector<std::string>{"GET /creds HTTP/1.1", "GET /creds HTTP/1.1"}));
+  EXPECT_EQ(creds.request_lines(), (std::vector<std::string>{"GET /creds HTTP/1.1", "GET /creds HTTP/1.1"}));
 
   // A credential_process printing a Version that is not 1 (a string made nlohmann's value() throw) or keys that are
   // not strings.
@@ -307,7 +206,7 @@ TEST(S3Endpoints, MalformedAnswersAreErrorsNamingTheObject) {
 
 TEST(S3Endpoints, TheContainerEndpointOverHttpMustResolveToLoopback) {
   const fs::path dir = temp_dir("container");
-  EnvGuard env;
+  ScopedEnv env;
   isolate_credentials(env, dir);
   // Hosts the old text-prefix check let through, or that are not loopback: refused before any request, naming the
   // variable and the host.

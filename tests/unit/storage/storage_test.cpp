@@ -2,7 +2,6 @@
 // published example, and where credentials and settings come from. The S3 backend itself is tested against a real
 // S3-API server in tests/compat/test_s3_storage.py.
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <filesystem>
 #include <fstream>
@@ -16,6 +15,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using tessera::testing::error_of;
+using tessera::testing::ScopedEnv;
 
 TEST(Storage, ParsesUris) {
   const Uri s3 = parse_uri("s3://my-bucket/a/b/c.mds");
@@ -84,34 +84,6 @@ TEST(Storage, SigV4MatchesAwsPublishedExample) {
   EXPECT_EQ(sigv4::uri_encode("a/b", false), "a%2Fb");
 }
 
-// Sets environment variables for one test and restores them after.
-class EnvGuard {
- public:
-  void set(const char* name, const std::string& value) {
-    save(name);
-    ::setenv(name, value.c_str(), 1);
-  }
-  void unset(const char* name) {
-    save(name);
-    ::unsetenv(name);
-  }
-  ~EnvGuard() {
-    for (const auto& [name, value] : saved_) {
-      if (value)
-        ::setenv(name.c_str(), value->c_str(), 1);
-      else
-        ::unsetenv(name.c_str());
-    }
-  }
-
- private:
-  void save(const char* name) {
-    const char* v = std::getenv(name);
-    saved_.emplace_back(name, v ? std::optional<std::string>(v) : std::nullopt);
-  }
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
-};
-
 TEST(Storage, CredentialsAndSettingsFollowTheAwsPrecedence) {
   const fs::path dir = fs::temp_directory_path() / "tessera_storage_aws";
   fs::create_directories(dir);
@@ -121,7 +93,7 @@ TEST(Storage, CredentialsAndSettingsFollowTheAwsPrecedence) {
   std::ofstream(dir / "config") << "[default]\nregion = eu-west-1\n[profile work]\nregion = ap-south-1\n"
                                 << "s3 =\n  addressing_style = path\n"
                                 << "[profile cfgonly]\naws_access_key_id = CFGKEY\naws_secret_access_key = c\n";
-  EnvGuard env;
+  ScopedEnv env;
   for (const char* v :
        {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE",
         "AWS_REGION", "AWS_DEFAULT_REGION", "S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL",

@@ -105,7 +105,7 @@ loggers:
   bool params = false;
   for (const auto& r : server.requests()) {
     expect_none(r.method + " " + r.target, r.target + "\n" + r.body);
-    EXPECT_EQ(r.authorization, "Basic YWxpY2U6UFdTRUNSRVQtaHVudGVyMg==");  // base64("alice:PWSECRET-hunter2")
+    EXPECT_EQ(r.header("Authorization"), "Basic YWxpY2U6UFdTRUNSRVQtaHVudGVyMg==");  // base64("alice:PWSECRET-hunter2")
     if (r.body.find("\"model.use_auth_token\"") != std::string::npos) {
       params = true;
       const auto batch = nlohmann::json::parse(r.body);

@@ -150,35 +150,12 @@ TEST(FileIo, ConcurrentAtomicWritesOfOnePathAllSucceed) {
 
 #include "tessera/util/hf_hub.h"
 #include "tessera/util/nvml.h"
+#include "test_util.h"
 
 namespace tessera::util {
 namespace {
 
-// Sets an environment variable for the scope, restoring the old value after.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value.empty()) {
-      unsetenv(name);
-    } else {
-      setenv(name, value.c_str(), 1);
-    }
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      setenv(name_, old_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using tessera::testing::ScopedEnv;
 
 TEST(HfHub, HubIdsResolveToTheMainSnapshotOfTheCacheTheEnvironmentNames) {
   namespace fs = std::filesystem;
@@ -191,7 +168,8 @@ TEST(HfHub, HubIdsResolveToTheMainSnapshotOfTheCacheTheEnvironmentNames) {
   std::ofstream(repo / "refs" / "main") << "c0ffee\n";  // huggingface_hub writes no newline; tolerate one
   std::ofstream(repo / "snapshots" / "c0ffee" / "tokenizer.json") << "{}";
 
-  const ScopedEnv hub("HF_HUB_CACHE", ""), legacy("HUGGINGFACE_HUB_CACHE", ""), xdg("XDG_CACHE_HOME", "");
+  const ScopedEnv hub("HF_HUB_CACHE", std::nullopt), legacy("HUGGINGFACE_HUB_CACHE", std::nullopt),
+      xdg("XDG_CACHE_HOME", std::nullopt);
   const ScopedEnv home("HF_HOME", (root / "home").string());
   EXPECT_EQ(hf_hub_cache(), root / "home" / "hub");
   EXPECT_EQ(resolve_hf_folder("org/model"), repo / "snapshots" / "c0ffee");
