@@ -7,6 +7,7 @@
 #include <set>
 
 #include "tessera/config/value.h"
+#include "tessera/models/family_support.h"
 #include "tessera/util/error.h"
 #include "tessera/util/hf_hub.h"
 
@@ -60,6 +61,14 @@ HfCausalLMOptions parse_hf_causal_lm_options(config::Section& s) {
     s.fail("pretrained_model_name_or_path", fmt::format("{}: not valid JSON: {}", config_path, e.what()));
   }
   if (const config::Value* overrides = s.raw("config_overrides"); overrides != nullptr && !overrides->is_null()) {
+    // Overrides name transformers 4's keys (as LLM Foundry's recipes do: rope_theta, rope_scaling, ...), whichever
+    // form the folder's config.json is in: a transformers 5 config (rope_parameters, dtype) is read into that form
+    // first.
+    try {
+      o.config = hf_config_v4(o.config, config_path);
+    } catch (const Error& e) {
+      s.fail("pretrained_model_name_or_path", e.message());
+    }
     const std::string problem = apply_config_overrides(o.config, overrides->to_json());
     s.check(problem.empty(), "config_overrides", problem);
   }

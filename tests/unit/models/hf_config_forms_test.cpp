@@ -10,10 +10,12 @@
 #include <fstream>
 #include <string>
 
+#include "tessera/config/value.h"
 #include "tessera/models/causal_lm.h"
 #include "tessera/models/falcon.h"
 #include "tessera/models/gemma.h"
 #include "tessera/models/gpt_neox.h"
+#include "tessera/models/hf_causal_lm.h"
 #include "tessera/models/llama.h"
 #include "tessera/models/mpt.h"
 #include "tessera/models/phi3.h"
@@ -71,6 +73,28 @@ TEST(HfConfigForms, ALlama3FolderOfTransformers5ReadsItsRopeParameters) {
       with(kLlama, {{"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1234.0}}}}), "m/config.json");
   EXPECT_EQ(plain.rope_theta, 1234.0);
   EXPECT_EQ(plain.rope_scaling.type, "default");
+}
+
+TEST(HfConfigForms, ConfigOverridesNameTransformers4KeysWhicheverFormTheFolderIsIn) {
+  // hf_causal_lm's config_overrides, as LLM Foundry's recipes write them (rope_theta), on a folder saved by
+  // transformers 5 (rope_parameters): the override applies instead of being refused as "not in config.json".
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "tessera_hf_config_forms_overrides";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json") << with(kLlama,
+                                             {{"dtype", "float32"},
+                                              {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 5e5}}}})
+                                            .dump();
+  config::Origin origin;
+  origin.file = "recipe.yaml";
+  config::Value v = config::parse_yaml(
+      "pretrained_model_name_or_path: " + dir.string() + "\nconfig_overrides:\n  rope_theta: 1234.0\n", origin);
+  config::ParseContext ctx("recipe.yaml");
+  config::Section s(&v, "model", ctx);
+  const HfCausalLMOptions o = parse_hf_causal_lm_options(s);
+  EXPECT_EQ(llama_options_from_hf_config(o.config, "m/config.json").rope_theta, 1234.0);
+  EXPECT_FALSE(o.config.contains("rope_parameters"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(HfConfigForms, EachRotaryFamilyTakesRopeParametersIntoItsOwnKeys) {
