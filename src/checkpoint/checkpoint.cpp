@@ -1,5 +1,5 @@
-// The sharded checkpoint format (see checkpoint.h): rank files, receipts, atomic publication, validation and
-// resharding reads.
+// The sharded checkpoint format (see checkpoint.h): rank files, receipts, atomic publication, the save folder's
+// listing, cleanup and validation. The resharding reads are in checkpoint_reader.cpp.
 #include "tessera/checkpoint/checkpoint.h"
 
 #include <fcntl.h>
@@ -19,6 +19,7 @@
 #include <set>
 #include <thread>
 
+#include "checkpoint_detail.h"
 #include "tessera/checkpoint/safetensors.h"
 #include "tessera/storage/storage.h"
 #include "tessera/util/error.h"
@@ -27,15 +28,19 @@
 #include "tessera/util/safe_path.h"
 
 namespace tessera::checkpoint {
-namespace {
-
-namespace fs = std::filesystem;
-constexpr const char* kCheckpointComponent = "checkpoint";
-constexpr const char* kMetadata = "metadata.json";
+namespace detail {
 
 [[noreturn]] void fail_checkpoint(const std::string& path, const std::string& message) {
   throw Error(kCheckpointComponent, fmt::format("{}: {}", path, message));
 }
+
+}  // namespace detail
+
+using namespace detail;  // NOLINT(google-build-using-namespace): the format's own helpers (checkpoint_detail.h)
+
+namespace {
+
+namespace fs = std::filesystem;
 
 std::string rank_file_name(int rank) {
   return fmt::format("rank{}.safetensors", rank);
@@ -75,36 +80,6 @@ nlohmann::json read_json(const std::string& path) {
   }
 }
 
-// xxh64 of a mapped file, faulting its pages in 8 MiB at a time (MADV_POPULATE_READ, Linux 5.14+; read-ahead hints
-// elsewhere) just before hashing them. The pages stay mapped, so the tensor copies that follow read memory instead of
-// faulting again: verifying and loading cost about one pass over the disk, not two.
-std::string mapped_xxh64(std::string_view bytes) {
-#ifndef MADV_POPULATE_READ
-  constexpr int MADV_POPULATE_READ = 22;
-#endif
-  constexpr size_t kChunk = size_t{8} << 20;
-  auto* base = const_cast<char*>(bytes.data());
-  ::madvise(base, bytes.size(), MADV_SEQUENTIAL);
-  bool populate = true;
-  XXH64_state_t* st = XXH64_createState();
-  XXH64_reset(st, 0);
-  for (size_t off = 0; off < bytes.size(); off += kChunk) {
-    const size_t n = std::min(kChunk, bytes.size() - off);
-    if (populate && ::madvise(base + off, n, MADV_POPULATE_READ) != 0) {
-      populate = false;  // an older kernel: fall back to read-ahead
-      ::madvise(base + off, bytes.size() - off, MADV_WILLNEED);
-    }
-    XXH64_update(st, base + off, n);
-  }
-  const uint64_t h = XXH64_digest(st);
-  XXH64_freeState(st);
-  return xxh64_hex(h);
-}
-
-bool remote(const std::string& location) {
-  return storage::is_remote(location);
-}
-
 // metadata.json's file names are joined onto the checkpoint's folder (a remote one's also onto the reader's download
 // folder): each must be a safe relative name, checked as the file is read, before anything is fetched or written.
 void check_file_names(const nlohmann::json& m, const std::string& dir, const std::string& path) {
@@ -117,32 +92,6 @@ void check_file_names(const nlohmann::json& m, const std::string& dir, const std
     util::confined_path(dir, f.at("name").get_ref<const std::string&>(), path, kCheckpointComponent, "file name",
                         util::Confine::kLexical);
   }
-}
-
-// A checkpoint's metadata.json, local or remote, its file names checked.
-nlohmann::json read_metadata(const std::string& dir) {
-  const std::string path = storage::join(dir, kMetadata);
-  nlohmann::json m;
-  if (!remote(dir)) {
-    m = read_json(path);
-  } else {
-    const std::string text = storage::read(path);
-    try {
-      m = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception& e) {
-      fail_checkpoint(path, fmt::format("not valid JSON ({})", e.what()));
-    }
-  }
-  check_file_names(m, dir, path);
-  return m;
-}
-
-// The path of a file metadata.json lists (its name checked by read_metadata): folder/name, URIs as they are.
-std::string listed_file(const std::string& dir, const std::string& name) {
-  if (remote(dir)) return storage::join(dir, name);
-  return util::confined_path(dir, name, storage::join(dir, kMetadata), kCheckpointComponent, "file name",
-                             util::Confine::kLexical)
-      .string();
 }
 
 // A checkpoint's batch for ordering (its metadata's timestamp, -1 without one), or nullopt when `dir` is not a
@@ -327,6 +276,66 @@ std::string normal(const std::string& dir) {
 }
 
 }  // namespace
+
+namespace detail {
+
+bool remote(const std::string& location) {
+  return storage::is_remote(location);
+}
+
+// xxh64 of a mapped file, faulting its pages in 8 MiB at a time (MADV_POPULATE_READ, Linux 5.14+; read-ahead hints
+// elsewhere) just before hashing them. The pages stay mapped, so the tensor copies that follow read memory instead of
+// faulting again: verifying and loading cost about one pass over the disk, not two.
+std::string mapped_xxh64(std::string_view bytes) {
+#ifndef MADV_POPULATE_READ
+  constexpr int MADV_POPULATE_READ = 22;
+#endif
+  constexpr size_t kChunk = size_t{8} << 20;
+  auto* base = const_cast<char*>(bytes.data());
+  ::madvise(base, bytes.size(), MADV_SEQUENTIAL);
+  bool populate = true;
+  XXH64_state_t* st = XXH64_createState();
+  XXH64_reset(st, 0);
+  for (size_t off = 0; off < bytes.size(); off += kChunk) {
+    const size_t n = std::min(kChunk, bytes.size() - off);
+    if (populate && ::madvise(base + off, n, MADV_POPULATE_READ) != 0) {
+      populate = false;  // an older kernel: fall back to read-ahead
+      ::madvise(base + off, bytes.size() - off, MADV_WILLNEED);
+    }
+    XXH64_update(st, base + off, n);
+  }
+  const uint64_t h = XXH64_digest(st);
+  XXH64_freeState(st);
+  return xxh64_hex(h);
+}
+
+// A checkpoint's metadata.json, local or remote, its file names checked.
+nlohmann::json read_metadata(const std::string& dir) {
+  const std::string path = storage::join(dir, kMetadata);
+  nlohmann::json m;
+  if (!remote(dir)) {
+    m = read_json(path);
+  } else {
+    const std::string text = storage::read(path);
+    try {
+      m = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      fail_checkpoint(path, fmt::format("not valid JSON ({})", e.what()));
+    }
+  }
+  check_file_names(m, dir, path);
+  return m;
+}
+
+// The path of a file metadata.json lists (its name checked by read_metadata): folder/name, URIs as they are.
+std::string listed_file(const std::string& dir, const std::string& name) {
+  if (remote(dir)) return storage::join(dir, name);
+  return util::confined_path(dir, name, storage::join(dir, kMetadata), kCheckpointComponent, "file name",
+                             util::Confine::kLexical)
+      .string();
+}
+
+}  // namespace detail
 
 PendingCheckpoint begin_checkpoint(const std::string& folder, const std::string& name, int rank,
                                    std::chrono::milliseconds timeout, const std::string& attempt) {
@@ -698,205 +707,6 @@ std::optional<std::string> find_latest_valid_checkpoint(const std::string& folde
     spdlog::warn("[checkpoint] skipping {}: {}", c, why);
   }
   return std::nullopt;
-}
-
-// ---- CheckpointReader -------------------------------------------------------------------------------------------
-
-CheckpointReader::CheckpointReader(std::string dir, bool verify_checksums)
-    : dir_(std::move(dir)), verify_(verify_checksums) {
-  const std::string path = storage::join(dir_, kMetadata);
-  if (remote(dir_)) {
-    if (!storage::stat(path)) {
-      fail_checkpoint(dir_, storage::list(dir_ + "/").empty()
-                                ? "does not exist"
-                                : "no metadata.json: not a (complete) Tessera checkpoint");
-    }
-  } else if (!fs::exists(path)) {
-    fail_checkpoint(dir_,
-                    fs::exists(dir_) ? "no metadata.json: not a (complete) Tessera checkpoint" : "does not exist");
-  }
-  meta_ = read_metadata(dir_);
-  if (meta_.value("format", "") != "tessera-checkpoint") fail_checkpoint(path, "not a Tessera checkpoint (\"format\")");
-  const int version = meta_.value("format_version", 0);
-  if (version < 1 || version > kFormatVersion) {
-    fail_checkpoint(path,
-                    fmt::format("format version {} is not one this build reads (1..{})", version, kFormatVersion));
-  }
-  for (const char* key : {"world_size", "tensors", "files"}) {
-    if (!meta_.contains(key)) fail_checkpoint(path, fmt::format("missing \"{}\"", key));
-  }
-}
-
-CheckpointReader::~CheckpointReader() {
-  files_.clear();  // unmapped before their folder goes
-  if (!cache_.empty()) {
-    std::error_code ec;
-    fs::remove_all(cache_, ec);
-  }
-}
-
-std::vector<std::string> CheckpointReader::tensor_names(const std::string& prefix) const {
-  std::vector<std::string> out;
-  for (const auto& [name, t] : meta_.at("tensors").items()) {
-    if (name.rfind(prefix, 0) == 0) out.push_back(name);
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-std::vector<int64_t> CheckpointReader::shape(const std::string& name) const {
-  if (!has_tensor(name)) fail_checkpoint(dir_, fmt::format("has no tensor {}", name));
-  return meta_.at("tensors").at(name).at("shape").get<std::vector<int64_t>>();
-}
-
-at::ScalarType CheckpointReader::dtype(const std::string& name) const {
-  if (!has_tensor(name)) fail_checkpoint(dir_, fmt::format("has no tensor {}", name));
-  return dtype_from_name(meta_.at("tensors").at(name).at("dtype").get<std::string>());
-}
-
-SafetensorsFile& CheckpointReader::file(int rank) {
-  auto it = files_.find(rank);
-  if (it != files_.end()) return *it->second;
-  const nlohmann::json* entry = nullptr;
-  for (const nlohmann::json& f : meta_.at("files")) {
-    if (f.at("rank").get<int>() == rank) entry = &f;
-  }
-  if (entry == nullptr) fail_checkpoint(dir_, fmt::format("metadata.json lists no file for rank {}", rank));
-  const std::string& name = entry->at("name").get_ref<const std::string&>();  // checked as metadata.json was read
-  const std::string shown = listed_file(dir_, name);                          // for messages
-  std::string path = shown;
-  if (remote(path)) {
-    if (cache_.empty()) cache_ = util::make_temp_dir("tessera-checkpoint", kCheckpointComponent);
-    const std::string local =
-        util::confined_path(cache_, name, storage::join(dir_, kMetadata), kCheckpointComponent, "file name").string();
-    storage::download(shown, local);
-    path = local;
-  }
-  std::error_code ec;
-  const uint64_t size = fs::file_size(path, ec);
-  if (ec) fail_checkpoint(shown, fmt::format("missing ({})", ec.message()));
-  if (size != entry->at("bytes").get<uint64_t>()) {
-    fail_checkpoint(
-        shown, fmt::format("{} bytes, metadata.json says {} (truncated?)", size, entry->at("bytes").get<uint64_t>()));
-  }
-  auto f = std::make_shared<SafetensorsFile>(path);
-  if (verify_) {
-    // Before any of its bytes are used.
-    const std::string h = mapped_xxh64(f->bytes());
-    if (h != entry->at("xxh64").get<std::string>()) {
-      fail_checkpoint(shown, fmt::format("xxh64 checksum {} does not match metadata.json's {} (corrupted)", h,
-                                         entry->at("xxh64").get<std::string>()));
-    }
-  }
-  files_[rank] = f;
-  return *f;
-}
-
-at::Tensor CheckpointReader::piece_values(const nlohmann::json& pc, int64_t numel) {
-  SafetensorsFile& f = file(pc.at("rank").get<int>());
-  const std::string key = pc.at("key").get<std::string>();
-  if (!f.contains(key)) fail_checkpoint(f.path(), fmt::format("has no piece {} (listed in metadata.json)", key));
-  const at::Tensor src = f.view(key).view({-1});
-  if (src.numel() != numel) {
-    fail_checkpoint(f.path(), fmt::format("piece {} has {} elements, metadata.json says {}", key, src.numel(), numel));
-  }
-  return src;
-}
-
-void CheckpointReader::read(const std::string& name, int64_t start, at::Tensor dst) {
-  if (!has_tensor(name)) fail_checkpoint(dir_, fmt::format("has no tensor {}", name));
-  const nlohmann::json& t = meta_.at("tensors").at(name);
-  int64_t total = 1;
-  for (int64_t d : t.at("shape").get<std::vector<int64_t>>()) total *= d;
-  const int64_t n = dst.numel();
-  if (start < 0 || start + n > total) {
-    fail_checkpoint(dir_,
-                    fmt::format("{}: elements [{}, {}) are outside its {} elements", name, start, start + n, total));
-  }
-  TORCH_CHECK(dst.is_contiguous(), "CheckpointReader::read: dst must be contiguous");
-  at::Tensor out = dst.view({-1});
-  int64_t covered = 0;
-  at::NoGradGuard no_grad;
-  const std::vector<int64_t> shape = t.at("shape").get<std::vector<int64_t>>();
-  for (const nlohmann::json& pc : t.at("pieces")) {
-    const int64_t ps = pc.at("start").get<int64_t>();
-    const int64_t pn = pc.at("numel").get<int64_t>();
-    const int64_t pcols = pc.value("cols", int64_t{0});
-    if (pcols == 0) {
-      const int64_t lo = std::max(start, ps), hi = std::min(start + n, ps + pn);
-      if (lo >= hi) continue;
-      const at::Tensor src = piece_values(pc, pn);
-      out.narrow(0, lo - start, hi - lo).copy_(src.narrow(0, lo - ps, hi - lo));
-      covered += hi - lo;
-      continue;
-    }
-    // A column window: row r of the sub-matrix holds global elements [r W + c0, r W + c0 + cols) of a (rows, W)
-    // tensor; the piece has its elements [ps, ps + pn) counted row-major.
-    if (shape.size() != 2) fail_checkpoint(dir_, fmt::format("{}: a column window on a tensor that is not 2-D", name));
-    const int64_t width = shape[1], c0 = pc.at("col_start").get<int64_t>();
-    if (pn == 0) continue;
-    const int64_t first = std::max(ps / pcols, start / width),
-                  last = std::min((ps + pn - 1) / pcols, (start + n - 1) / width);
-    at::Tensor src;
-    for (int64_t r = first; r <= last; ++r) {
-      const int64_t a = std::max(ps, r * pcols) - r * pcols, b = std::min(ps + pn, (r + 1) * pcols) - r * pcols;
-      const int64_t lo = std::max(start, r * width + c0 + a), hi = std::min(start + n, r * width + c0 + b);
-      if (lo >= hi) continue;
-      if (!src.defined()) src = piece_values(pc, pn);
-      out.narrow(0, lo - start, hi - lo).copy_(src.narrow(0, r * pcols + (lo - r * width - c0) - ps, hi - lo));
-      covered += hi - lo;
-    }
-  }
-  if (covered != n) {
-    fail_checkpoint(dir_, fmt::format("{}: its pieces cover {} of the {} elements [{}, {}) asked for", name, covered, n,
-                                      start, start + n));
-  }
-}
-
-void CheckpointReader::read_window(const std::string& name, int64_t col_start, int64_t cols, int64_t start,
-                                   at::Tensor dst) {
-  if (!has_tensor(name)) fail_checkpoint(dir_, fmt::format("has no tensor {}", name));
-  const std::vector<int64_t> shape = this->shape(name);
-  const int64_t n = dst.numel();
-  if (shape.size() != 2 || cols <= 0 || col_start < 0 || col_start + cols > shape[1] || start < 0 ||
-      start + n > shape[0] * cols) {
-    fail_checkpoint(dir_, fmt::format("{} (shape [{}]): elements [{}, {}) of columns [{}, {}) are outside it", name,
-                                      fmt::join(shape, ", "), start, start + n, col_start, col_start + cols));
-  }
-  TORCH_CHECK(dst.is_contiguous(), "CheckpointReader::read_window: dst must be contiguous");
-  at::Tensor out = dst.view({-1});
-  // The same window stored whole by one piece (a resume on the same mesh): one copy.
-  for (const nlohmann::json& pc : meta_.at("tensors").at(name).at("pieces")) {
-    if (pc.value("cols", int64_t{0}) != cols || pc.at("col_start").get<int64_t>() != col_start) continue;
-    const int64_t ps = pc.at("start").get<int64_t>(), pn = pc.at("numel").get<int64_t>();
-    if (ps <= start && start + n <= ps + pn) {
-      at::NoGradGuard no_grad;
-      out.copy_(piece_values(pc, pn).narrow(0, start - ps, n));
-      return;
-    }
-  }
-  // Otherwise row by row of the window, each a contiguous range of the whole tensor.
-  for (int64_t at = start; at < start + n;) {
-    const int64_t r = at / cols, c = at % cols, len = std::min(cols - c, start + n - at);
-    read(name, r * shape[1] + col_start + c, out.narrow(0, at - start, len));
-    at += len;
-  }
-}
-
-at::Tensor CheckpointReader::read_full(const std::string& name) {
-  at::Tensor out = at::empty(shape(name), at::TensorOptions().dtype(dtype(name)));
-  read(name, 0, out);
-  return out;
-}
-
-at::Tensor CheckpointReader::read_local(int rank, const std::string& key) {
-  const nlohmann::json& locals = meta_.value("local_tensors", nlohmann::json::object());
-  const std::string r = std::to_string(rank);
-  if (!locals.contains(r)) return {};
-  const auto& keys = locals.at(r);
-  if (std::find(keys.begin(), keys.end(), key) == keys.end()) return {};
-  SafetensorsFile& f = file(rank);
-  return f.load("local/" + key);
 }
 
 }  // namespace tessera::checkpoint
