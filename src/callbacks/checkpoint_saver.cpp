@@ -116,31 +116,36 @@ void read_pieces(checkpoint::CheckpointReader& r, const std::string& prefix, con
   }
 }
 
+// The counts a save_filename may name, and where each comes from: fill_name writes them, filename_regex matches them.
+struct NameCount {
+  const char* key;
+  int64_t (*value)(const core::State&);
+};
+constexpr NameCount kNameCounts[] = {
+    {"{epoch}", [](const core::State& s) { return s.timestamp.epoch; }},
+    {"{batch}", [](const core::State& s) { return s.timestamp.batch; }},
+    {"{batch_in_epoch}", [](const core::State& s) { return s.timestamp.batch_in_epoch; }},
+    {"{sample}", [](const core::State& s) { return s.timestamp.sample; }},
+    {"{sample_in_epoch}", [](const core::State& s) { return s.timestamp.sample_in_epoch; }},
+    {"{token}", [](const core::State& s) { return s.timestamp.token; }},
+    {"{token_in_epoch}", [](const core::State& s) { return s.timestamp.token_in_epoch; }},
+    {"{world_size}", [](const core::State& s) { return static_cast<int64_t>(s.world_size); }}};
+constexpr std::string_view kRunName = "{run_name}";
+
 std::string fill_name(std::string pattern, const core::State& s) {
-  const config::Timestamp& t = s.timestamp;
-  const std::vector<std::pair<std::string, std::string>> vars = {
-      {"{run_name}", s.run_name},
-      {"{epoch}", std::to_string(t.epoch)},
-      {"{batch}", std::to_string(t.batch)},
-      {"{batch_in_epoch}", std::to_string(t.batch_in_epoch)},
-      {"{sample}", std::to_string(t.sample)},
-      {"{sample_in_epoch}", std::to_string(t.sample_in_epoch)},
-      {"{token}", std::to_string(t.token)},
-      {"{token_in_epoch}", std::to_string(t.token_in_epoch)},
-      {"{world_size}", std::to_string(s.world_size)}};
-  for (const auto& [k, v] : vars) {
+  const auto fill = [&](std::string_view k, const std::string& v) {
     for (size_t pos = pattern.find(k); pos != std::string::npos; pos = pattern.find(k, pos + v.size())) {
       pattern.replace(pos, k.size(), v);
     }
-  }
+  };
+  fill(kRunName, s.run_name);
+  for (const NameCount& c : kNameCounts) fill(c.key, std::to_string(c.value(s)));
   return pattern;
 }
 
 // The names fill_name gives `pattern` in run `run_name`: each count as any number, {run_name} as this run's name.
 // Only folders so named are this saver's to rotate or clean up.
 std::regex filename_regex(const std::string& pattern, const std::string& run_name) {
-  static const std::vector<std::string> counts = {"{epoch}",           "{batch}", "{batch_in_epoch}", "{sample}",
-                                                  "{sample_in_epoch}", "{token}", "{token_in_epoch}", "{world_size}"};
   std::string re;
   const auto literal = [&](std::string_view text) {
     for (const char c : text) {
@@ -149,16 +154,17 @@ std::regex filename_regex(const std::string& pattern, const std::string& run_nam
     }
   };
   for (size_t i = 0; i < pattern.size();) {
-    if (pattern.compare(i, 10, "{run_name}") == 0) {
+    if (std::string_view(pattern).substr(i).rfind(kRunName, 0) == 0) {
       literal(run_name);
-      i += 10;
+      i += kRunName.size();
       continue;
     }
-    const auto count = std::find_if(counts.begin(), counts.end(),
-                                    [&](const std::string& k) { return pattern.compare(i, k.size(), k) == 0; });
-    if (count != counts.end()) {
+    const auto count = std::find_if(std::begin(kNameCounts), std::end(kNameCounts), [&](const NameCount& c) {
+      return std::string_view(pattern).substr(i).rfind(c.key, 0) == 0;
+    });
+    if (count != std::end(kNameCounts)) {
       re += "[0-9]+";
-      i += count->size();
+      i += std::string_view(count->key).size();
     } else {
       literal(std::string_view(pattern).substr(i, 1));
       ++i;
