@@ -615,28 +615,12 @@ Ending run_attempt(const LaunchOptions& o, int restarts, const SignalGuard& sign
 
 namespace {
 
-// A listening TCP socket (close-on-exec) on `address`, bound to a port the kernel chose; closed with the object. The
-// rendezvous port of `--master-port 0` (MASTER_ADDR's interface, detail::listen_at; rank 0 inherits it through
-// exec_rank) and free_local_port's probe (loopback).
+// A listening TCP socket (detail::listen_at) that closes with the object: the rendezvous port of `--master-port 0`
+// (MASTER_ADDR's interface; rank 0 inherits it through exec_rank) and free_local_port's probe (loopback).
 struct ListeningSocket {
   int fd = -1;
   int port = 0;
   explicit ListeningSocket(detail::Listener bound) : fd(bound.fd), port(bound.port) {}
-  ListeningSocket(uint32_t address, const char* what) {
-    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) throw Error("launch", fmt::format("{}: socket: {}", what, std::strerror(errno)));
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(address);
-    socklen_t len = sizeof(a);
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(fd, SOMAXCONN) != 0 ||
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-      const int e = errno;
-      ::close(fd);
-      throw Error("launch", fmt::format("{}: could not bind a port: {}", what, std::strerror(e)));
-    }
-    port = ntohs(a.sin_port);
-  }
   ListeningSocket(const ListeningSocket&) = delete;
   ListeningSocket& operator=(const ListeningSocket&) = delete;
   ~ListeningSocket() { ::close(fd); }
@@ -707,7 +691,7 @@ int launch(const LaunchOptions& o) {
 }
 
 int free_local_port() {
-  return ListeningSocket(INADDR_LOOPBACK, "free_local_port").port;
+  return ListeningSocket(detail::listen_at("127.0.0.1", 0, "free_local_port", false, "launch")).port;
 }
 
 }  // namespace tessera::dist
