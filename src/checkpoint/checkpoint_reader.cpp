@@ -18,7 +18,9 @@
 namespace tessera::checkpoint {
 
 using namespace detail;  // NOLINT(google-build-using-namespace): the format's own helpers (checkpoint_detail.h)
+namespace {
 namespace fs = std::filesystem;
+}  // namespace
 
 CheckpointReader::CheckpointReader(std::string dir, bool verify_checksums)
     : dir_(std::move(dir)), verify_(verify_checksums) {
