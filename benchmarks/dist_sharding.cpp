@@ -24,10 +24,10 @@
 #include <string>
 #include <vector>
 
-#include "tessera/dist/communicator.h"
-#include "tessera/dist/fsdp.h"
-#include "tessera/dist/launcher.h"
-#include "tessera/models/mpt.h"
+#include "models/mpt/mpt.h"
+#include "tessera/distributed/communicator.h"
+#include "tessera/distributed/fsdp.h"
+#include "tessera/distributed/launcher.h"
 #include "tessera/optim/optimizer.h"
 #include "tessera/util/allocator.h"
 

@@ -22,7 +22,7 @@ LAYERS = [
     ["data"],
     ["models"],
     ["optim"],
-    ["dist"],
+    ["distributed"],
     ["checkpoint"],
     ["eval"],
     ["core"],

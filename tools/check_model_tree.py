@@ -1,17 +1,19 @@
 #!/usr/bin/env python3
-"""Checks the model tree's two boundaries (docs/architecture.md, "Key contracts"; issue 62), rules as data:
+"""Checks the model tree's two boundaries (docs/architecture.md, "Key contracts"; docs/models.md), rules as data:
 
-1. Family facts stay in models/: no other layer names a model family, as a string literal (a recipe `model.name` or
-   an HF `model_type`) or through a family's own types (MPTOptions, LlamaOptions, MoEImpl, ...).
-2. Model code knows nothing about distribution: no file of models/ calls a collective or a tensor/context-parallel
-   primitive, or names a communicator or process group.
+1. Family facts stay in their family's folder: a family is a folder src/models/<family>/ with a family.cpp, and its
+   names are the recipe names and HF model_types that family.cpp registers. No file outside that folder names one of
+   them, as a string literal or through a family's own types (MPTOptions, LlamaForCausalLMImpl, ...): not the rest
+   of Tessera, not the shared blocks, not another family's folder.
+2. Model code knows nothing about distribution: no file of the model tree calls a collective or a tensor/context-
+   parallel primitive, or names a communicator or process group.
 
-    tools/check_model_tree.py [--root DIR]
+    tools/check_model_tree.py [--root DIR] [--dump]
 
 Today's tree does not meet either rule yet: ALLOWED records, per file, how many of each kind it has now (a ratchet).
 A file with more than its allowance, or a file not listed that has any, fails with one line per finding
-("src/trainer/train_config.cpp:88: family name \"mixtral\" outside models/"); a file with fewer than its allowance
-fails too, naming the allowance to lower, so the list only ever shrinks. Exit 0 with a summary otherwise.
+("src/trainer/train_config.cpp:88: family name \"mixtral\" outside its family folder"); a file with fewer than its
+allowance fails too, naming the allowance to lower, so the list only ever shrinks. Exit 0 with a summary otherwise.
 """
 import argparse
 import json
@@ -19,16 +21,17 @@ import pathlib
 import re
 import sys
 
-# The HF model_types the families read come from transformers' own default configs (checked in beside the tests);
-# the recipe names that are not model_types are listed here.
+# Every name a family could be known by: the HF model_types of transformers' default configs (checked in beside the
+# tests) and the recipe names that are not model_types. Each belongs to the family folder whose family.cpp registers
+# it; one no folder registers may appear nowhere in the tree.
 MODEL_TYPES_FILE = "tests/data/hf_default_configs/transformers-4.57.6.json"
 RECIPE_NAMES = ["mpt_causal_lm", "gemma"]
-# Keys of one family's configuration (MPT's and DBRX's sub-configs, MPT's expert-parallel degree): code outside
-# models/ that reads or writes them knows that family.
-FAMILY_KEYS = ["attn_config", "ffn_config", "moe_world_size"]
-# A family's own types: an options struct, a module, or a MoE implementation named outside models/.
+# Keys of one family's configuration, by family (MPT's and DBRX's sub-configs, its expert-parallel degree): code
+# outside its folder that reads or writes them knows that family.
+FAMILY_KEYS = {"mpt": ["attn_config", "ffn_config", "moe_world_size"]}
+# A family's own types: an options struct, a module or its causal LM, named outside the family's folder.
 FAMILY_TYPE = re.compile(r"\b(?:MPT|Llama|Falcon|Gemma|GPTNeoX|GPTNeo|OPT|Phi3|Dbrx|DBRX)\w*(?:Options|Impl|ForCausalLM)"
-                         r"\b|\bMoEImpl\b")
+                         r"\b")
 # What model code must not call or name (rule 2).
 PARALLEL = re.compile(r"\b(?:all_reduce|all_gather\w*|reduce_scatter\w*|all_to_all\w*|broadcast|barrier|"
                       r"column_parallel|row_parallel|sequence_parallel\w*|TensorParallelGroup|Communicator|"
@@ -37,33 +40,41 @@ STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
 SOURCES = (".h", ".hpp", ".cpp", ".cc")
 
 # Today's findings per file: {"family": n, "parallel": n}. Lower a number when a change removes findings; never raise
-# one (issue 62 moves the family facts into models/<family>/ and the parallel plans into dist/).
+# one (issue 62 moves the family facts into src/models/<family>/ and the parallel plans into distributed/).
 ALLOWED = {
-    "include/tessera/checkpoint/hf.h": {"family": 1},
-    "include/tessera/models/attention.h": {"parallel": 2},
+    "include/tessera/models/blocks/attention.h": {"parallel": 2},
+    "include/tessera/models/blocks/moe.h": {"parallel": 2},
     "include/tessera/models/causal_lm.h": {"parallel": 2},
     "include/tessera/models/context_parallel.h": {"parallel": 2},
-    "include/tessera/models/llama.h": {"parallel": 6},
-    "include/tessera/models/moe.h": {"parallel": 2},
-    "include/tessera/models/mpt.h": {"parallel": 6},
     "include/tessera/models/tensor_parallel.h": {"parallel": 21},
-    "src/checkpoint/hf.cpp": {"family": 5},
-    "src/dist/expert_parallel.cpp": {"family": 2},
-    "src/models/attention.cpp": {"parallel": 1},
+    "src/models/blocks/attention.cpp": {"parallel": 1},
+    "src/models/blocks/moe.cpp": {"parallel": 3},
     "src/models/causal_lm.cpp": {"parallel": 1},
     "src/models/context_parallel.cpp": {"parallel": 1},
-    "src/models/llama.cpp": {"parallel": 10},
-    "src/models/moe.cpp": {"parallel": 3},
-    "src/models/mpt.cpp": {"parallel": 11},
+    "src/models/family_support.cpp": {"family": 22},
+    "src/models/llama/llama.cpp": {"parallel": 10},
+    "src/models/llama/llama.h": {"parallel": 6},
+    "src/models/mpt/mpt.cpp": {"parallel": 11},
+    "src/models/mpt/mpt.h": {"parallel": 6},
     "src/models/tensor_parallel.cpp": {"parallel": 32},
-    "src/trainer/plan.cpp": {"family": 1},
-    "src/trainer/train_config.cpp": {"family": 3},
 }
 
 
-def family_names(root: pathlib.Path):
+def all_names(root: pathlib.Path):
     types = json.loads((root / MODEL_TYPES_FILE).read_text())
-    return sorted(set(types) | set(RECIPE_NAMES) | set(FAMILY_KEYS))
+    return set(types) | set(RECIPE_NAMES) | {k for keys in FAMILY_KEYS.values() for k in keys}
+
+
+def family_folders(root: pathlib.Path):
+    """{folder name: the names its family.cpp registers (and its FAMILY_KEYS)}."""
+    names = all_names(root)
+    out = {}
+    for spec in sorted((root / "src" / "models").glob("*/family.cpp")):
+        text = "\n".join(strip_comment(line) for line in spec.read_text(encoding="utf-8").splitlines())
+        family = spec.parent.name
+        out[family] = {m.group(1) for m in STRING.finditer(text) if m.group(1) in names}
+        out[family] |= set(FAMILY_KEYS.get(family, []))
+    return out
 
 
 def sources(root: pathlib.Path):
@@ -77,6 +88,13 @@ def in_models(rel: str):
     return rel.startswith(("src/models/", "include/tessera/models/", "src/include/tessera/models/"))
 
 
+def family_of(rel: str, folders):
+    parts = rel.split("/")
+    if len(parts) > 3 and parts[0] == "src" and parts[1] == "models" and parts[2] in folders:
+        return parts[2]
+    return None
+
+
 def strip_comment(line: str):
     # Good enough for this code base: no "//" inside the string literals these rules look at.
     i = line.find("//")
@@ -85,10 +103,13 @@ def strip_comment(line: str):
 
 def findings(root: pathlib.Path):
     """(rel, line, kind, text) for every finding in the tree."""
-    names = set(family_names(root))
+    names = all_names(root)
+    folders = family_folders(root)
+    owner = {name: family for family, own in folders.items() for name in own}
     out = []
     for path in sources(root):
         rel = path.relative_to(root).as_posix()
+        family = family_of(rel, folders)
         for number, raw in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
             line = strip_comment(raw)
             if raw.lstrip().startswith("#include"):
@@ -96,13 +117,16 @@ def findings(root: pathlib.Path):
             if in_models(rel):
                 for m in PARALLEL.finditer(line):
                     out.append((rel, number, "parallel", f"{m.group(0)} in model code"))
-            else:
-                for m in STRING.finditer(line):
-                    if m.group(1) in names:
-                        what = "family key" if m.group(1) in FAMILY_KEYS else "family name"
-                        out.append((rel, number, "family", f'{what} "{m.group(1)}" outside models/'))
+            for m in STRING.finditer(line):
+                name = m.group(1)
+                if name not in names or (family is not None and owner.get(name) == family):
+                    continue
+                what = "family key" if any(name in keys for keys in FAMILY_KEYS.values()) else "family name"
+                whose = f" (family {owner[name]})" if name in owner else " (no family folder registers it)"
+                out.append((rel, number, "family", f'{what} "{name}"{whose} outside its family folder'))
+            if family is None:
                 for m in FAMILY_TYPE.finditer(line):
-                    out.append((rel, number, "family", f"family type {m.group(0)} outside models/"))
+                    out.append((rel, number, "family", f"family type {m.group(0)} outside its family folder"))
     return out
 
 
@@ -143,7 +167,7 @@ def main():
     if problems:
         return 1
     total = {k: sum(c.get(k, 0) for c in counts.values()) for k in ("family", "parallel")}
-    print(f"model tree: within its allowances ({total['family']} family facts outside models/ in "
+    print(f"model tree: within its allowances ({total['family']} family facts outside their folders in "
           f"{sum(1 for c in counts.values() if c.get('family'))} files, {total['parallel']} parallel calls in models/ "
           f"in {sum(1 for c in counts.values() if c.get('parallel'))} files, to bring to 0)")
     return 0

@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "tessera/dist/launcher.h"
+#include "tessera/distributed/launcher.h"
 #include "tessera/planner/cluster.h"
 #include "tessera/planner/jobs.h"
 #include "tessera/planner/perf_model.h"

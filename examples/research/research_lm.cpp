@@ -30,7 +30,7 @@
 #include "tessera/checkpoint/hf.h"
 #include "tessera/data/mds.h"
 #include "tessera/data/tokenizer.h"
-#include "tessera/dist/launcher.h"
+#include "tessera/distributed/launcher.h"
 #include "tessera/models/causal_lm.h"
 #include "tessera/trainer/trainer.h"
 #include "tessera/util/logging.h"

@@ -1,7 +1,7 @@
 // Built-in algorithms.
 #include "tessera/algorithms/algorithms.h"
 
-#include "tessera/dist/fsdp.h"
+#include "tessera/distributed/fsdp.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
@@ -18,7 +18,7 @@
 
 #include "tessera/checkpoint/safetensors.h"
 #include "tessera/core/state.h"
-#include "tessera/models/layers.h"
+#include "tessera/models/blocks/layers.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
 

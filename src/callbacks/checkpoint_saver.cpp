@@ -21,8 +21,8 @@
 
 #include "tessera/checkpoint/hf.h"
 #include "tessera/checkpoint/safetensors.h"
-#include "tessera/dist/communicator.h"
-#include "tessera/dist/fsdp.h"
+#include "tessera/distributed/communicator.h"
+#include "tessera/distributed/fsdp.h"
 #include "tessera/storage/storage.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"

@@ -15,7 +15,7 @@
 #include <sstream>
 
 #include "tessera/core/state.h"
-#include "tessera/dist/communicator.h"
+#include "tessera/distributed/communicator.h"
 #include "tessera/util/error.h"
 
 namespace tessera::callbacks {

@@ -14,7 +14,6 @@
 #include "tessera/config/reader.h"
 #include "tessera/config/value.h"
 #include "tessera/data/tokenizer.h"
-#include "tessera/models/mpt.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
 #include "tessera/util/hf_hub.h"
@@ -37,37 +36,9 @@ nlohmann::json read_json(const fs::path& path) {
 
 }  // namespace
 
-models::MPTOptions read_hf_config(const std::string& dir) {
-  const fs::path path = fs::path(dir) / "config.json";
-  return models::mpt_options_from_hf_config(read_json(path), path.string());
-}
-
 std::string hf_config_json(const models::CausalLM& model, at::ScalarType dtype) {
   return model.hf_config(dtype).dump(2) + "\n";
 }
-
-namespace {
-
-// The name under which a folder of `model_type` may store a head tied to the input embedding.
-std::string tied_head_name(const std::string& model_type) {
-  return model_type == "gpt_neox" ? "embed_out.weight" : "lm_head.weight";
-}
-
-// Buffers that older transformers versions saved beside the weights (causal masks, rotary tables) and no current
-// class reads.
-bool unused_buffer(const std::string& model_type, const std::string& name) {
-  if (model_type == "gpt2") return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias");
-  if (model_type == "gpt_neo") {
-    return name.ends_with(".attn.attention.bias") || name.ends_with(".attn.attention.masked_bias");
-  }
-  if (model_type == "gpt_neox") {
-    return name.ends_with(".attention.bias") || name.ends_with(".attention.masked_bias") ||
-           name.ends_with(".rotary_emb.inv_freq");
-  }
-  return false;
-}
-
-}  // namespace
 
 HfWeights::HfWeights(const models::CausalLM& model, const std::string& dir)
     : dir_(dir), tied_(model.tied_embedding_name()) {
@@ -113,7 +84,7 @@ std::optional<HfWeights::Stored> HfWeights::locate(const std::string& name) cons
   auto m = by_param_.find(name);
   if (m == by_param_.end()) return std::nullopt;
   std::string source = m->second.name;
-  const std::string head = tied_head_name(model_type_);
+  const std::string& head = models::hf_model_type_registry().adapter(model_type_).tied_head;
   if (!files_.count(source) && tied_ && name == *tied_ && files_.count(head)) source = head;
   auto it = files_.find(source);
   if (it == files_.end()) return std::nullopt;
@@ -153,10 +124,11 @@ std::vector<std::string> HfWeights::unexpected() const {
                                             it->second->path(), z.name));
     }
   }
+  const models::HfAdapter& adapter = models::hf_model_type_registry().adapter(model_type_);
   std::vector<std::string> out;
   for (const auto& [name, file] : files_) {
-    if (taken.count(name) || (tied_ && name == tied_head_name(model_type_))) continue;
-    if (!unused_buffer(model_type_, name)) out.push_back(name);
+    if (taken.count(name) || (tied_ && name == adapter.tied_head)) continue;
+    if (!adapter.drops(name)) out.push_back(name);
   }
   return out;
 }

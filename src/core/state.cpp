@@ -1,7 +1,7 @@
 // The Logger facade and State helpers.
 #include "tessera/core/state.h"
 
-#include "tessera/dist/fsdp.h"
+#include "tessera/distributed/fsdp.h"
 #include "tessera/util/error.h"
 
 namespace tessera::core {

@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <map>
 
-#include "tessera/models/layers.h"
+#include "tessera/models/blocks/layers.h"
 #include "tessera/util/error.h"
 
 namespace tessera::models {

@@ -6,7 +6,7 @@
 #include <limits>
 #include <utility>
 
-#include "tessera/models/attention.h"
+#include "tessera/models/blocks/attention.h"
 #include "tessera/models/causal_lm.h"
 #include "tessera/util/error.h"
 

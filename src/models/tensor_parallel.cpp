@@ -4,7 +4,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "tessera/data/batch.h"
-#include "tessera/models/layers.h"
+#include "tessera/models/blocks/layers.h"
 
 namespace tessera::models {
 namespace {

@@ -14,7 +14,7 @@
 #include <cmath>
 #include <filesystem>
 
-#include "tessera/models/moe.h"
+#include "tessera/distributed/expert_parallel.h"
 #include "tessera/storage/storage.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
@@ -176,19 +176,18 @@ Plan make_plan(const TrainConfig& cfg, int64_t world_size, int64_t ranks_per_nod
   plan.largest_unit_params = unit;
   // Expert parallelism: the MoE layers' expert weights and degree (the sharding engine splits them the same way).
   int64_t top_k = 0, d_model = 0;
-  for (const auto& m : model->named_modules()) {
-    const auto moe = std::dynamic_pointer_cast<models::MoEImpl>(m.value());
-    if (!moe || moe->options().world_size <= 1) continue;
-    const models::MoEOptions& o = moe->options();
+  const dist::ExpertLayers expert_layers = dist::find_expert_layers(*model, cfg.fsdp.expert_parallel_degree);
+  for (const dist::ExpertLayer& l : expert_layers.layers) {
+    const auto params = l.module->named_parameters();
     int64_t weights = 0;  // the expert weights the engine splits (shapes only: the model is on `meta`)
-    for (const at::Tensor& w : moe->experts->mlp->parameters()) weights += w.numel();
-    plan.experts.degree = o.world_size;
+    for (const std::string& name : l.capability->expert_weight_names()) weights += params[name].numel();
+    plan.experts.degree = expert_layers.degree;
     plan.experts.params += weights;
     plan.experts.largest_unit_params = std::max(plan.experts.largest_unit_params, weights);
     plan.moe_layers++;
-    plan.num_experts = o.num_experts;
-    top_k = o.top_k;
-    d_model = o.hidden_size;
+    plan.num_experts = l.capability->num_experts();
+    top_k = l.capability->experts_per_token();
+    d_model = l.capability->token_width();
   }
   const int64_t ep = plan.experts.degree;
   if (ep > 1) {
@@ -302,8 +301,7 @@ std::string render_plan(const TrainConfig& cfg, const Plan& plan, const std::str
   if (plan.experts.degree > 1) {
     const int64_t ep = plan.experts.degree;
     if (!plan.expert_parallel_problem.empty()) {
-      line("expert parallelism",
-           fmt::format("moe_world_size {}: NOT runnable here, {}", ep, plan.expert_parallel_problem));
+      line("expert parallelism", fmt::format("degree {}: NOT runnable here, {}", ep, plan.expert_parallel_problem));
     } else {
       line("expert parallelism",
            fmt::format("groups of {} ranks, {} of the {} experts of each of {} MoE layers per rank ({} expert "

@@ -183,25 +183,6 @@ void parse_icl_tasks(Section& root, TrainConfig& cfg) {
   }
 }
 
-// parallelism.expert_parallel_degree is the model's ffn_config.moe_world_size (the MoE layers' own key, models/moe.h),
-// written into the recipe before the model reads it; a different moe_world_size there is a conflict.
-void set_moe_world_size(config::Value& recipe, Section& mesh, int64_t degree) {
-  config::Value* model = recipe.find("model");
-  config::Value* ffn = model != nullptr && model->is_map() ? model->find("ffn_config") : nullptr;
-  if (ffn == nullptr || !ffn->is_map()) {
-    mesh.fail("expert_parallel_degree", fmt::format("{}: the model has no ffn_config whose MoE layers could split "
-                                                    "their experts (model.ffn_config.moe_world_size)",
-                                                    degree));
-  }
-  const std::string text = std::to_string(degree);
-  if (const config::Value* given = ffn->find("moe_world_size"); given != nullptr && !given->is_null()) {
-    mesh.check(given->text() == text, "expert_parallel_degree",
-               fmt::format("{} but model.ffn_config.moe_world_size is {}", degree, given->text()));
-    return;
-  }
-  ffn->set("moe_world_size", config::Value::scalar(text, false, mesh.raw("expert_parallel_degree")->origin()));
-}
-
 }  // namespace
 
 TrainConfig parse_train_config(config::Value resolved, const std::string& path) {
@@ -218,12 +199,6 @@ TrainConfig parse_train_config(config::Value resolved, const std::string& path) 
   cfg.max_seq_len = root.require_int("max_seq_len");
   root.check(cfg.max_seq_len > 0, "max_seq_len", "must be positive");
 
-  if (Section mesh = root.section("parallelism"); mesh.present()) {
-    // Before the model reads its section: parallelism.expert_parallel_degree is its ffn_config.moe_world_size. (The
-    // rest of the section is read with fsdp_config below.)
-    const int64_t experts = mesh.get_int("expert_parallel_degree", 1);
-    if (experts > 1) set_moe_world_size(cfg.resolved, mesh, experts);
-  }
   {
     Section model = root.section("model");
     if (!model.present()) root.fail("model", "missing required key");

@@ -52,6 +52,7 @@
 #include <string>
 #include <thread>
 
+#include "models/mpt/mpt.h"
 #include "tessera/checkpoint/hf.h"
 #include "tessera/checkpoint/safetensors.h"
 #include "tessera/config/reader.h"
@@ -62,9 +63,8 @@
 #include "tessera/data/streaming.h"
 #include "tessera/data/streaming_dataset.h"
 #include "tessera/data/tokenizer.h"
-#include "tessera/dist/fsdp.h"
+#include "tessera/distributed/fsdp.h"
 #include "tessera/models/generate.h"
-#include "tessera/models/mpt.h"
 #include "tessera/storage/s3.h"
 #include "tessera/storage/storage.h"
 #include "tessera/trainer/trainer.h"

@@ -1,6 +1,8 @@
 """tools/check_model_tree.py passes on the checkout within its recorded allowances, and fails, naming file and line,
-on a family fact planted outside models/, a collective planted in model code, and an allowance left above what a
-file has (so the allowances only shrink)."""
+on a family fact planted outside its family's folder (elsewhere in Tessera, in the shared blocks, in another family's
+folder), a collective planted in model code, and an allowance left above what a file has (so the allowances only
+shrink)."""
+import json
 import pathlib
 import shutil
 import subprocess
@@ -34,32 +36,63 @@ def test_checkout_is_within_its_allowances():
     assert "within its allowances" in r.stdout
 
 
-def test_a_family_name_or_type_outside_models_fails_naming_file_and_line(tmp_path):
+def test_a_family_name_or_type_outside_its_folder_fails_naming_file_and_line(tmp_path):
     root = copy_tree(tmp_path)
     f = root / "src" / "trainer" / "microbatching.cpp"
     plant(f, 3, 'static const char* kPlanted = "mixtral";')
     plant(f, 4, "struct PlantedUse { tessera::models::LlamaOptions o; };")
+    blocks = root / "src" / "models" / "blocks" / "layers.cpp"
+    plant(blocks, 3, 'static const char* kPlanted = "gpt_neox";')
+    other = root / "src" / "models" / "opt" / "opt.cpp"
+    plant(other, 3, 'static const char* kPlanted = "phi3";')
+    own = root / "src" / "models" / "phi3" / "phi3.cpp"
+    plant(own, 3, 'static const char* kOwn = "phi3";')
     r = run(root)
     assert r.returncode == 1
-    assert 'src/trainer/microbatching.cpp:3: family name "mixtral" outside models/' in r.stdout, r.stdout
-    assert "src/trainer/microbatching.cpp:4: family type LlamaOptions outside models/" in r.stdout, r.stdout
+    assert ('src/trainer/microbatching.cpp:3: family name "mixtral" (family llama) outside its family folder'
+            in r.stdout), r.stdout
+    assert "src/trainer/microbatching.cpp:4: family type LlamaOptions outside its family folder" in r.stdout, r.stdout
+    assert 'src/models/blocks/layers.cpp:3: family name "gpt_neox" (family gpt_neox) outside its family folder' \
+        in r.stdout, r.stdout
+    assert 'src/models/opt/opt.cpp:3: family name "phi3" (family phi3) outside its family folder' in r.stdout, \
+        r.stdout
+    assert "src/models/phi3/phi3.cpp" not in r.stdout, r.stdout
+
+
+def test_a_new_family_folder_owns_the_names_its_family_cpp_registers(tmp_path):
+    root = copy_tree(tmp_path)
+    folder = root / "src" / "models" / "olmo2"
+    folder.mkdir()
+    (folder / "family.cpp").write_text('void register_family_olmo2(R& r) { r.add("olmo2"); }\n')
+    (folder / "olmo2.cpp").write_text('static const char* kType = "olmo2";\n')
+    data = root / "tests" / "data" / "hf_default_configs" / "transformers-4.57.6.json"
+    types = json.loads(data.read_text())
+    types["olmo2"] = {}
+    data.write_text(json.dumps(types))
+    r = run(root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (root / "src" / "models" / "llama" / "llama.cpp").write_text(
+        (root / "src" / "models" / "llama" / "llama.cpp").read_text() + 'static const char* kX = "olmo2";\n')
+    r = run(root)
+    assert r.returncode == 1
+    assert 'family name "olmo2" (family olmo2) outside its family folder' in r.stdout, r.stdout
 
 
 def test_a_collective_in_model_code_fails(tmp_path):
     root = copy_tree(tmp_path)
-    f = root / "src" / "models" / "opt.cpp"
+    f = root / "src" / "models" / "opt" / "opt.cpp"
     plant(f, 3, "void planted(tessera::dist::Communicator& c, at::Tensor t) { c.all_reduce(t); }")
     r = run(root)
     assert r.returncode == 1
-    assert "src/models/opt.cpp:3: Communicator in model code" in r.stdout, r.stdout
-    assert "src/models/opt.cpp:3: all_reduce in model code" in r.stdout, r.stdout
+    assert "src/models/opt/opt.cpp:3: Communicator in model code" in r.stdout, r.stdout
+    assert "src/models/opt/opt.cpp:3: all_reduce in model code" in r.stdout, r.stdout
 
 
 def test_an_allowance_above_what_a_file_has_must_be_lowered(tmp_path):
     root = copy_tree(tmp_path)
-    f = root / "src" / "checkpoint" / "hf.cpp"
-    f.write_text(f.read_text().replace('"gpt_neo"', '"renamed"'))
+    f = root / "src" / "models" / "mpt" / "mpt.cpp"
+    f.write_text(f.read_text().replace("column_parallel(", "renamed_call(", 1))
     r = run(root)
     assert r.returncode == 1
-    assert "src/checkpoint/hf.cpp: 4 family finding(s), fewer than its allowance of 5: lower ALLOWED" in r.stdout, \
+    assert "src/models/mpt/mpt.cpp: 10 parallel finding(s), fewer than its allowance of 11: lower ALLOWED" in r.stdout, \
         r.stdout

@@ -1,6 +1,6 @@
 // Hugging Face folders: config.json + model.safetensors (or a sharded index), for any model family through the model
-// protocol (models/causal_lm.h): config.json's model_type picks the family (mpt). Tessera loads folders written by HF
-// transformers or LLM Foundry and writes folders that their from_pretrained loads.
+// protocol (models/causal_lm.h): config.json's model_type picks the family (models::hf_model_type_registry()). Tessera
+// loads folders written by HF transformers or LLM Foundry and writes folders that their from_pretrained loads.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -14,14 +14,8 @@
 
 #include "tessera/checkpoint/safetensors.h"
 #include "tessera/models/causal_lm.h"
-#include "tessera/models/mpt_config.h"
 
 namespace tessera::checkpoint {
-
-// Reads an MPT folder's <dir>/config.json into MPTOptions (LLM Foundry's field names; HF's layer_norm_epsilon is
-// accepted, and HF's generic PretrainedConfig fields are ignored). Throws naming the file for a missing file, bad JSON,
-// a model_type other than "mpt", or an invalid or unsupported architecture value.
-models::MPTOptions read_hf_config(const std::string& dir);
 
 // The config.json Tessera writes for `model` (the family's hf_config()); throws for a model without an HF format.
 std::string hf_config_json(const models::CausalLM& model, at::ScalarType dtype);

@@ -16,7 +16,7 @@
 #include "tessera/core/callback.h"
 #include "tessera/core/precision.h"
 #include "tessera/data/loader.h"
-#include "tessera/dist/fsdp.h"
+#include "tessera/distributed/fsdp.h"
 #include "tessera/models/causal_lm.h"
 #include "tessera/optim/optimizer.h"
 #include "tessera/optim/scheduler.h"

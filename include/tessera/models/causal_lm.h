@@ -1,7 +1,8 @@
 // The model protocol: what everything outside models/ -- the trainer, the sharding engine, activation checkpointing,
 // ICL evaluation, generation, checkpoints and HF export, the surgery algorithms and the monitors -- sees of a causal
-// language model. MPT implements it (mpt.h); research code implements it for its own model and registers a builder
-// under a `model.name` (model_registry() below), and then trains it from a recipe like any built-in family.
+// language model. Every family under src/models/ implements it; research code implements it for its own model and
+// registers a builder under a `model.name` (model_registry() below), and then trains it from a recipe like any built-in
+// family.
 //
 // A CausalLM is a torch::nn::Module whose parameter names are its checkpoint keys. It knows nothing about ranks or
 // shards: the sharding engine wraps its units from outside through a UnitRunner. Not thread-safe.
@@ -205,9 +206,9 @@ struct ModelOptions {
   std::optional<std::string> pretrained_weights;
 };
 
-// `model.name` -> parse the section, build on a device ("cpu", "cuda:0", "meta") from a seed. Built in:
-// mpt_causal_lm, llama, falcon, and hf_causal_lm (a Hugging Face folder or cached hub id of any family that reads HF
-// configs). Research code adds its own entries before building a Trainer.
+// `model.name` -> parse the section, build on a device ("cpu", "cuda:0", "meta") from a seed. Built in: each family's
+// recipe names (src/models/<family>/family.cpp; docs/models.md lists them), and hf_causal_lm (a Hugging Face folder or
+// cached hub id of any registered model_type). Research code adds its own entries before building a Trainer.
 using ModelRegistry = config::Registry<ModelOptions, std::shared_ptr<CausalLM>, const std::string&, uint64_t>;
 ModelRegistry& model_registry();
 
@@ -219,22 +220,38 @@ ModelRegistry& model_registry();
 using HfConfigBuilder = std::function<std::shared_ptr<CausalLM>(
     const nlohmann::json& config, const std::string& where, const std::string& device, std::optional<uint64_t> seed)>;
 
+// What a Hugging Face folder of one model_type stores besides its parameters under their own names: the facts that
+// reading such a folder needs (checkpoint/hf.h), declared by the family that registers the model_type.
+struct HfAdapter {
+  // The name under which a folder may store a head tied to the input embedding.
+  std::string tied_head = "lm_head.weight";
+  // Name suffixes of buffers that older transformers versions saved beside the weights (causal masks, rotary tables)
+  // and no current class reads: neither parameters nor unexpected.
+  std::vector<std::string> dropped_buffers;
+  bool drops(const std::string& name) const;
+};
+
 class HfModelTypeRegistry {
  public:
-  // Registers (or replaces) the builder of `model_type`.
-  void add(const std::string& model_type, HfConfigBuilder build);
+  // Registers (or replaces) the builder of `model_type`, and its folders' layout.
+  void add(const std::string& model_type, HfConfigBuilder build, HfAdapter adapter = {});
   bool contains(const std::string& model_type) const;
   std::vector<std::string> model_types() const;  // sorted
   // Throws tessera::Error naming `where` and the registered model_types for one no family reads.
   std::shared_ptr<CausalLM> build(const nlohmann::json& config, const std::string& where, const std::string& device,
                                   std::optional<uint64_t> seed) const;
+  // The layout of `model_type`'s folders (the default one for a model_type no family registered).
+  const HfAdapter& adapter(const std::string& model_type) const;
 
  private:
-  std::map<std::string, HfConfigBuilder> builders_;
+  struct Entry {
+    HfConfigBuilder build;
+    HfAdapter adapter;
+  };
+  std::map<std::string, Entry> entries_;
 };
 
-// Built in: mpt, gpt2 (what an MPT with learned positions exports as), dbrx (an MPT too), llama, mistral, qwen2,
-// mixtral, qwen2_moe, qwen3_moe, falcon, and the other families' model_types.
+// Every model_type a built-in family registers (src/models/<family>/family.cpp), and research code's.
 HfModelTypeRegistry& hf_model_type_registry();
 
 // hf_model_type_registry().build(...).

@@ -1,7 +1,7 @@
 // Tensor parallelism inside a model (Megatron-LM's scheme): a model declares which of its Linear layers split over a
-// tensor-parallel group and how (CausalLM::tensor_parallel_plan), the sharding engine (dist/fsdp.h) keeps only this
-// rank's slice of each of those weights, and the model, told the group (CausalLM::set_tensor_parallel), runs on its
-// slices:
+// tensor-parallel group and how (CausalLM::tensor_parallel_plan), the sharding engine (distributed/fsdp.h) keeps only
+// this rank's slice of each of those weights, and the model, told the group (CausalLM::set_tensor_parallel), runs on
+// its slices:
 //   - a column-parallel Linear (weight split along its output rows, dim 0) takes the whole input and yields this
 //     rank's share of the outputs -- attention's query/key/value projections hold whole heads, an MLP's up/gate
 //     projections a share of the hidden units. Its input passes through enter() (identity forward, gradient summed

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "tessera/dist/sharding.h"
+#include "tessera/distributed/sharding.h"
 
 namespace tessera::trainer {
 struct TrainConfig;

@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "tessera/dist/sharding.h"
+#include "tessera/distributed/sharding.h"
 #include "tessera/planner/cluster.h"
 #include "tessera/planner/jobs.h"
 

@@ -1,13 +1,13 @@
 // `device_train_microbatch_size: auto`: the out-of-memory retry protocol the training loop calls around a batch's
 // microbatches. When a rank runs out of memory (util::is_out_of_memory) or learns at one of the sharding engine's sync
 // points that another did (dist::PeerOutOfMemory), every rank discards the batch's partial work, halves the
-// microbatch and runs the batch again (see dist/fsdp.h for how the ranks agree). Not thread-safe.
+// microbatch and runs the batch again (see distributed/fsdp.h for how the ranks agree). Not thread-safe.
 #pragma once
 
 #include <cstdint>
 #include <exception>
 
-#include "tessera/dist/fsdp.h"
+#include "tessera/distributed/fsdp.h"
 
 namespace tessera::trainer {
 

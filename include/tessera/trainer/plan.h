@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "tessera/dist/sharding.h"
+#include "tessera/distributed/sharding.h"
 
 namespace tessera::models {
 class CausalLM;

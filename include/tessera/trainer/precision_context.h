@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "tessera/core/precision.h"
-#include "tessera/dist/communicator.h"
+#include "tessera/distributed/communicator.h"
 
 namespace tessera::trainer {
 

@@ -22,7 +22,7 @@
 #include "tessera/config/value.h"
 #include "tessera/core/precision.h"
 #include "tessera/data/options.h"
-#include "tessera/dist/sharding.h"
+#include "tessera/distributed/sharding.h"
 #include "tessera/models/causal_lm.h"
 #include "tessera/optim/options.h"
 

@@ -34,7 +34,7 @@
 #include "tessera/core/state.h"
 #include "tessera/data/data_loader.h"
 #include "tessera/data/tokenizer.h"
-#include "tessera/dist/communicator.h"
+#include "tessera/distributed/communicator.h"
 #include "tessera/eval/gauntlet.h"
 #include "tessera/eval/icl.h"
 #include "tessera/models/loss.h"

@@ -1,5 +1,5 @@
-// Progress heartbeats for the launcher's watchdog (dist/launcher.h, `train --watchdog-timeout`): each rank records
-// what it is doing now (e.g. "batch 12", or "waiting in all_reduce of 4096 Float elements" while it blocks in a
+// Progress heartbeats for the launcher's watchdog (distributed/launcher.h, `train --watchdog-timeout`): each rank
+// records what it is doing now (e.g. "batch 12", or "waiting in all_reduce of 4096 Float elements" while it blocks in a
 // collective), so that when the job stops making progress the launcher can say which rank is stuck, and where.
 //
 // The record of rank R (the RANK environment variable, default 0) is the file $TESSERA_HEARTBEAT_DIR/rank{R}, one

@@ -17,7 +17,7 @@ inline constexpr int kExitPreempted = 75;
 // saved a checkpoint: a failure to the supervisor, which restarts the job.
 inline constexpr int kExitUnhealthy = 76;
 // A rank's exit code that marks its node bad (the health monitor's `response: exclude_node`): an elastic job's
-// launcher excludes the node and the job restarts without it (dist/launcher.h).
+// launcher excludes the node and the job restarts without it (distributed/launcher.h).
 inline constexpr int kExitNodeBad = 77;
 
 // The signal number for a name: "SIGTERM", "TERM", "sigusr1" (TERM, INT, HUP, USR1, USR2 and QUIT are accepted).

@@ -21,11 +21,11 @@
 
 #include "log_capture.h"
 #include "loopback_http.h"
+#include "models/mpt/mpt.h"
 #include "tessera/algorithms/algorithms.h"
 #include "tessera/callbacks/checkpoint_saver.h"
 #include "tessera/checkpoint/checkpoint.h"
 #include "tessera/checkpoint/hf.h"
-#include "tessera/models/mpt.h"
 #include "tessera/trainer/trainer.h"
 #include "tessera/util/error.h"
 #include "test_util.h"

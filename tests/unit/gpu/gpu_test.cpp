@@ -17,13 +17,13 @@
 #include <utility>
 #include <vector>
 
+#include "models/mpt/mpt.h"
 #include "tessera/callbacks/checkpoint_saver.h"
-#include "tessera/dist/communicator.h"
-#include "tessera/models/attention.h"
-#include "tessera/models/float8.h"
-#include "tessera/models/layers.h"
+#include "tessera/distributed/communicator.h"
+#include "tessera/models/blocks/attention.h"
+#include "tessera/models/blocks/float8.h"
+#include "tessera/models/blocks/layers.h"
 #include "tessera/models/loss.h"
-#include "tessera/models/mpt.h"
 #include "tessera/trainer/trainer.h"
 #include "tessera/util/device.h"
 #include "tessera/util/error.h"

@@ -17,7 +17,7 @@
 
 #include "fake_mlflow_server.h"
 #include "log_capture.h"
-#include "tessera/dist/launcher.h"
+#include "tessera/distributed/launcher.h"
 #include "tessera/loggers/mlflow.h"
 #include "tessera/util/file_io.h"
 #include "test_util.h"

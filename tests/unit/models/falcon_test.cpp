@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "models/falcon/falcon.h"
 #include "tessera/config/value.h"
-#include "tessera/models/falcon.h"
 #include "tessera/models/generate.h"
 #include "tessera/util/error.h"
 

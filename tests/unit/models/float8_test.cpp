@@ -10,10 +10,10 @@
 
 #include <cmath>
 
+#include "models/mpt/mpt.h"
+#include "tessera/models/blocks/float8.h"
+#include "tessera/models/blocks/layers.h"
 #include "tessera/models/causal_lm.h"
-#include "tessera/models/float8.h"
-#include "tessera/models/layers.h"
-#include "tessera/models/mpt.h"
 
 namespace float8_test {
 

@@ -10,15 +10,15 @@
 #include <fstream>
 #include <string>
 
+#include "models/falcon/falcon.h"
+#include "models/gemma/gemma.h"
+#include "models/gpt_neox/gpt_neox.h"
+#include "models/llama/llama.h"
+#include "models/mpt/mpt.h"
+#include "models/phi3/phi3.h"
 #include "tessera/config/value.h"
 #include "tessera/models/causal_lm.h"
-#include "tessera/models/falcon.h"
-#include "tessera/models/gemma.h"
-#include "tessera/models/gpt_neox.h"
 #include "tessera/models/hf_causal_lm.h"
-#include "tessera/models/llama.h"
-#include "tessera/models/mpt.h"
-#include "tessera/models/phi3.h"
 #include "tessera/util/error.h"
 #include "test_util.h"
 

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "models/mpt/mpt.h"
 #include "tessera/config/value.h"
-#include "tessera/models/mpt.h"
 #include "tessera/util/error.h"
 #include "test_util.h"
 #include "tiny_data.h"

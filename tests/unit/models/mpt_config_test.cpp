@@ -1,8 +1,8 @@
 // MPT options: parameter counts for architecture variants and validation of the model block.
 #include <gtest/gtest.h>
 
+#include "models/mpt/mpt_config.h"
 #include "tessera/config/value.h"
-#include "tessera/models/mpt_config.h"
 #include "tessera/util/error.h"
 
 namespace tessera::models {

@@ -8,8 +8,8 @@
 #include <cmath>
 #include <vector>
 
+#include "models/mpt/mpt.h"
 #include "tessera/models/generate.h"
-#include "tessera/models/mpt.h"
 #include "tessera/util/error.h"
 
 namespace tessera::models {

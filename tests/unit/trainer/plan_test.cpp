@@ -3,8 +3,8 @@
 
 #include <cmath>
 
-#include "tessera/models/llama.h"
-#include "tessera/models/mpt_config.h"
+#include "models/llama/llama.h"
+#include "models/mpt/mpt_config.h"
 #include "tessera/optim/optimizer.h"
 #include "tessera/trainer/plan.h"
 #include "tessera/util/error.h"
@@ -220,9 +220,16 @@ TEST(Plan, TorchtitansParallelismSectionSetsTheDataParallelMesh) {
       load_train_config(dbrx_recipe, {"parallelism={expert_parallel_degree: 8}", "model.ffn_config.moe_world_size=8"})
           .fsdp.strategy,
       dist::ShardingStrategy::kFullShard);
-  EXPECT_THROW(
-      load_train_config(dbrx_recipe, {"parallelism={expert_parallel_degree: 8}", "model.ffn_config.moe_world_size=4"}),
-      ConfigError);
+  try {
+    make_plan(load_train_config(dbrx_recipe,
+                                {"parallelism={expert_parallel_degree: 8}", "model.ffn_config.moe_world_size=4"}),
+              256, 8);
+    ADD_FAILURE() << "a degree the MoE layers' own option contradicts was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallelism.expert_parallel_degree 8 but the model's MoE layers ask for 4"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Plan, TensorParallelismSplitsTheBlocksWeightsAndSumsTheirOutputs) {

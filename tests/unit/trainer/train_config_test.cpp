@@ -8,9 +8,9 @@
 #include <fstream>
 #include <map>
 
+#include "models/mpt/mpt_config.h"
 #include "tessera/algorithms/options.h"
 #include "tessera/callbacks/options.h"
-#include "tessera/models/mpt_config.h"
 #include "tessera/trainer/train_config.h"
 #include "tessera/util/error.h"
 #include "test_util.h"

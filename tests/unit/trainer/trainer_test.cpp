@@ -10,13 +10,13 @@
 #include <string>
 #include <vector>
 
+#include "models/mpt/mpt.h"
 #include "tessera/algorithms/algorithms.h"
 #include "tessera/config/reader.h"
 #include "tessera/config/value.h"
 #include "tessera/data/mds.h"
 #include "tessera/data/tokenizer.h"
 #include "tessera/eval/icl.h"
-#include "tessera/models/mpt.h"
 #include "tessera/trainer/step_graph.h"
 #include "tessera/trainer/trainer.h"
 #include "tessera/util/device.h"

@@ -1,0 +1,60 @@
+// How a model family joins Tessera: its folder src/models/<family>/ defines register_family_<family>() in its
+// family.cpp, which adds the family's recipe names (`model.name`) to the model registry and its config.json
+// model_types, with their folders' layouts, to the HF model_type registry (causal_lm.h). The build finds the folder
+// and calls it (src/CMakeLists.txt generates the list), so no code outside the folder names the family.
+// docs/models.md walks through adding one.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "tessera/config/reader.h"
+#include "tessera/models/causal_lm.h"
+
+namespace tessera::models {
+
+// The registries a family adds itself to. Registration runs once, when either registry is first used.
+struct FamilyRegistrar {
+  ModelRegistry& recipes;
+  HfModelTypeRegistry& model_types;
+};
+
+// Calls every built-in family's register_family_<family>() (generated from the family folders).
+void register_builtin_families(FamilyRegistrar& r);
+
+// Adds recipe name `name`: `parse` reads the section into the family's Options (which have max_position_embeddings
+// and init_device), and `build` makes the model from them and a seed.
+template <class Options, class Model>
+void add_recipe_family(ModelRegistry& r, const std::string& name, std::function<Options(config::Section&)> parse,
+                       Model (*build)(const Options&, uint64_t)) {
+  r.add(
+      name,
+      [name, parse](config::Section& s) {
+        const Options o = parse(s);
+        s.finish();
+        return ModelOptions{name, o, o.max_position_embeddings, o.init_device, {}};
+      },
+      [build](const ModelOptions& m, const std::string& device, uint64_t seed) -> std::shared_ptr<CausalLM> {
+        Options o = std::any_cast<const Options&>(m.options);
+        o.init_device = device;
+        return build(o, seed).ptr();
+      });
+}
+
+// The builder of a model_type whose config.json `read` turns into the family's Options: the model allocated only
+// (no seed), or `build` from a seed.
+template <class Options, class Model>
+HfConfigBuilder hf_builder(Options (*read)(const nlohmann::json&, const std::string&),
+                           Model (*build)(const Options&, uint64_t)) {
+  return [read, build](const nlohmann::json& config, const std::string& where, const std::string& device,
+                       std::optional<uint64_t> seed) -> std::shared_ptr<CausalLM> {
+    Options o = read(config, where);
+    o.init_device = device;
+    return seed ? build(o, *seed).ptr() : Model(o).ptr();
+  };
+}
+
+}  // namespace tessera::models

@@ -1,0 +1,187 @@
+// The attention primitives the families share: masks, positions, ALiBi slopes, rotary embeddings, the KV cache and
+// grouped-query scaled_dot_product_attention, with a reference path for testing.
+#include "tessera/models/blocks/attention.h"
+
+#include <ATen/autocast_mode.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cmath>
+#include <limits>
+
+namespace tessera::models {
+namespace {
+
+// The most negative finite value of a floating dtype (torch.finfo(dtype).min), for masking scores in that dtype.
+double lowest_value(at::ScalarType t) {
+  switch (t) {
+    case at::kBFloat16:
+      return static_cast<double>(std::numeric_limits<c10::BFloat16>::lowest());
+    case at::kHalf:
+      return static_cast<double>(std::numeric_limits<c10::Half>::lowest());
+    case at::kDouble:
+      return std::numeric_limits<double>::lowest();
+    default:
+      return static_cast<double>(std::numeric_limits<float>::lowest());
+  }
+}
+
+}  // namespace
+
+at::ScalarType compute_dtype(const at::Tensor& param) {
+  const at::DeviceType device = param.device().type();
+  if (at::autocast::is_autocast_enabled(device)) return at::autocast::get_autocast_dtype(device);
+  return param.scalar_type();
+}
+
+at::Tensor key_padding_mask(const at::Tensor& ids, const ForwardOptions& fo) {
+  const KVCache* cache = fo.cache;
+  const bool cached = cache != nullptr && cache->attention_mask.defined();
+  if (!fo.attention_mask && !cached) return {};
+  const at::Tensor now = fo.attention_mask ? fo.attention_mask->to(at::kBool)
+                                           : at::ones({ids.size(0), ids.size(1)}, ids.options().dtype(at::kBool));
+  return cached ? at::cat({cache->attention_mask, now}, 1) : now;
+}
+
+at::Tensor positions_after_padding(const at::Tensor& key_mask, int64_t past, int64_t s,
+                                   const at::TensorOptions& options) {
+  const at::Tensor pos = at::arange(past, past + s, options.dtype(at::kLong)).unsqueeze(0);
+  if (!key_mask.defined()) return pos;
+  const at::Tensor pads = at::cumsum(key_mask.logical_not().to(at::kLong), 1).narrow(1, past, s);
+  return at::clamp_min(pos - pads, 0);
+}
+
+at::Tensor document_positions(const at::Tensor& sid) {
+  const int64_t s = sid.size(1);
+  const at::Tensor index = at::arange(s, sid.options().dtype(at::kLong)).unsqueeze(0).expand_as(sid);
+  at::Tensor starts = at::ones_like(sid, at::kBool);
+  starts.narrow(1, 1, s - 1).copy_(sid.narrow(1, 1, s - 1) != sid.narrow(1, 0, s - 1));
+  const at::Tensor doc_start = std::get<0>(at::cummax(at::where(starts, index, at::zeros_like(index)), 1));
+  return index - doc_start;
+}
+
+AttentionInputs causal_attention_inputs(const at::Tensor& ids, const ForwardOptions& fo, int64_t past,
+                                        const at::Tensor& key_mask, at::ScalarType dtype, int64_t sliding_window) {
+  AttentionInputs in;
+  in.past = past;
+  in.reference = fo.reference_attention;
+  const int64_t s_q = ids.size(1), s_k = past + s_q;
+  const bool padding = key_mask.defined() && !key_mask.all().item<bool>();
+  const bool seq_ids = fo.sequence_id.has_value();
+  const bool windowed = sliding_window > 0 && s_k > sliding_window;
+  if (!padding && !seq_ids && !windowed && !(past > 0 && s_q > 1)) {
+    in.is_causal = past == 0;
+    return in;
+  }
+  const auto lopts = ids.options().dtype(at::kLong);
+  const at::Tensor qpos = at::arange(past, s_k, lopts).unsqueeze(1), kpos = at::arange(0, s_k, lopts).unsqueeze(0);
+  at::Tensor blocked = (kpos > qpos).view({1, 1, s_q, s_k});
+  if (windowed) blocked = blocked | (kpos <= qpos - sliding_window).view({1, 1, s_q, s_k});
+  if (padding) blocked = blocked | key_mask.logical_not().view({ids.size(0), 1, 1, s_k});
+  if (seq_ids) {
+    TORCH_CHECK(past == 0, "sequence_id cannot be combined with a KV cache");
+    const at::Tensor& sid = *fo.sequence_id;
+    blocked = blocked | (sid.unsqueeze(2) != sid.unsqueeze(1)).unsqueeze(1);
+  }
+  in.mask = at::zeros(blocked.sizes(), ids.options().dtype(at::kFloat))
+                .masked_fill(blocked, std::numeric_limits<float>::lowest())
+                .to(dtype);
+  return in;
+}
+
+at::Tensor token_positions(const at::Tensor& ids, const ForwardOptions& fo, int64_t past, const at::Tensor& key_mask) {
+  if (fo.sequence_id) return document_positions(*fo.sequence_id);
+  return positions_after_padding(key_mask, past, ids.size(1), ids.options());
+}
+
+void set_rope_tables(AttentionInputs& in, const at::Tensor& positions, const at::Tensor& inv_freq) {
+  const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq.to(positions.device()).view({1, 1, -1});
+  in.rope_cos = freqs.cos();
+  in.rope_sin = freqs.sin();
+}
+
+at::Tensor alibi_slopes(int64_t n_heads, double alibi_bias_max) {
+  const int64_t n = int64_t{1} << static_cast<int64_t>(std::ceil(std::log2(static_cast<double>(n_heads))));
+  at::Tensor m = at::arange(1, n + 1, at::kFloat) * static_cast<float>(alibi_bias_max / static_cast<double>(n));
+  at::Tensor slopes = 1.0 / at::pow(2, m);
+  if (n != n_heads) {
+    using at::indexing::None;
+    using at::indexing::Slice;
+    slopes = at::cat({slopes.index({Slice(1, None, 2)}), slopes.index({Slice(None, None, 2)})}).slice(0, 0, n_heads);
+  }
+  return slopes;
+}
+
+at::Tensor rotary_inv_freq(int64_t head_dim, double theta) {
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  return 1.0 / at::pow(theta, at::arange(0, head_dim, 2, f32) / static_cast<double>(head_dim));
+}
+
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  // x: (B, S, H, hd); cos/sin: (S, hd/2) or (B, S, hd/2) -> broadcast over heads (and batch).
+  const int64_t half = x.size(-1) / 2;
+  const at::Tensor x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
+  const at::Tensor c = cos.unsqueeze(-2).to(x.scalar_type()), s = sin.unsqueeze(-2).to(x.scalar_type());
+  return at::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
+}
+
+void append_to_cache(LayerCache* cache, at::Tensor& k, at::Tensor& v) {
+  if (cache == nullptr) return;
+  if (cache->key.defined()) {
+    k = at::cat({cache->key, k}, 2);
+    v = at::cat({cache->value, v}, 2);
+  }
+  cache->key = k;
+  cache->value = v;
+}
+
+namespace {
+
+at::Tensor attend_gathered(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionInputs& in,
+                           double scale, double dropout, bool training) {
+  const int64_t s = q.size(2), h = q.size(1), kv = k.size(1);
+  at::Tensor context;
+  // Kernel choice: on CPU, ATen's fused SDPA is slower than the explicit softmax path in bf16 for short keys (about
+  // 2x at 128 and 1.6x at 256 keys, forward + backward; bench_attention_variants, docs/performance.md) and faster
+  // everywhere else. Both compute the same attention.
+  const bool short_bf16_on_cpu =
+      q.device().is_cpu() && q.scalar_type() == at::kBFloat16 && k.size(2) <= 256 && dropout == 0.0;
+  if (in.reference || short_bf16_on_cpu || in.softcap > 0) {
+    // Plain path: kv head g serves query heads g * n_rep .. g * n_rep + n_rep - 1, as LLM Foundry's repeat_kv_for_gqa.
+    const int64_t rep = h / kv;
+    const at::Tensor kf = rep > 1 ? k.repeat_interleave(rep, 1) : k, vf = rep > 1 ? v.repeat_interleave(rep, 1) : v;
+    at::Tensor scores = at::matmul(q, kf.transpose(-1, -2)) * scale;  // (B, H, s_q, s_k)
+    if (in.softcap > 0) scores = at::tanh(scores / in.softcap) * in.softcap;
+    if (in.mask) scores = scores + *in.mask;
+    if (in.is_causal) {
+      const int64_t sk = kf.size(2);
+      const at::Tensor future = at::ones({s, sk}, q.options().dtype(at::kBool)).triu(sk - s + 1);
+      scores = scores.masked_fill(future, lowest_value(scores.scalar_type()));
+    }
+    at::Tensor weights = at::softmax(scores, -1);
+    weights = at::dropout(weights, dropout, training);
+    return at::matmul(weights, vf);
+  }
+  // An additive mask (ALiBi, padding) rules out the flash kernel, and CUDA's memory-efficient kernel, the one that
+  // takes a mask, does not take grouped K/V (torch 2.11 would fall back to the math kernel, which materialises the
+  // scores): on a GPU, grouped K/V with a mask are expanded to one head per query head first.
+  if (in.mask && kv != h && q.is_cuda()) {
+    const int64_t rep = h / kv;
+    return at::scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), in.mask,
+                                            dropout, in.is_causal, scale, /*enable_gqa=*/false);
+  }
+  return at::scaled_dot_product_attention(q, k, v, in.mask, dropout, in.is_causal, scale, /*enable_gqa=*/kv != h);
+}
+
+}  // namespace
+
+at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionInputs& in,
+                  double scale, double dropout, bool training) {
+  if (!in.context) return attend_gathered(q, k, v, in, scale, dropout, training);
+  // Context parallelism: this rank's queries over every rank's keys and values (the mask's columns follow their order).
+  const std::shared_ptr<TensorParallelGroup>& group = in.context->group;
+  return attend_gathered(q, gather_along(k, 2, group, /*sum_gradient=*/true),
+                         gather_along(v, 2, group, /*sum_gradient=*/true), in, scale, dropout, training);
+}
+
+}  // namespace tessera::models

@@ -1,0 +1,395 @@
+// Mixture-of-experts layers: router, grouped expert GEMMs, MegaBlocks' load-balancing loss and router z-loss.
+#include "tessera/models/blocks/moe.h"
+
+#include <ATen/autocast_mode.h>
+#include <torch/autograd.h>
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+#include <utility>
+
+#include "tessera/models/blocks/layers.h"
+
+namespace tessera::models {
+namespace {
+
+// y unchanged; in backward, `aux` receives factor * scale, so that aux's gradient joins the main loss's through y's
+// graph.
+struct AuxLossFunction : public torch::autograd::Function<AuxLossFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& y, const at::Tensor& aux,
+                            const at::Tensor& factor, const at::Tensor& scale) {
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["factor"] = factor;
+    ctx->saved_data["aux"] = aux.detach();
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const at::Tensor aux = ctx->saved_data["aux"].toTensor();
+    const double scale = ctx->saved_data["scale"].toTensor().item<double>();
+    const at::Tensor factor = ctx->saved_data["factor"].toTensor();
+    return {grads[0], (factor * scale).to(aux.scalar_type()).expand_as(aux).contiguous(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// The expert-parallel token exchange as one autograd node: backward sends the rows' gradients back the way they came.
+struct AllToAllFunction : public torch::autograd::Function<AllToAllFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, ExpertExchange* exchange,
+                            const std::vector<int64_t>& send, const std::vector<int64_t>& recv) {
+    ctx->saved_data["exchange"] = reinterpret_cast<int64_t>(exchange);
+    ctx->saved_data["send"] = send;
+    ctx->saved_data["recv"] = recv;
+    at::Tensor out = exchange->all_to_all(x, send, recv);
+    ctx->saved_data["shape"] = out.sizes().vec();
+    ctx->saved_data["like"] = at::empty({0}, out.options());
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* exchange = reinterpret_cast<ExpertExchange*>(ctx->saved_data["exchange"].toInt());
+    const std::vector<int64_t> send = ctx->saved_data["send"].toIntVector();
+    const std::vector<int64_t> recv = ctx->saved_data["recv"].toIntVector();
+    const at::Tensor g = grads[0].defined() ? grads[0]
+                                            : at::zeros(ctx->saved_data["shape"].toIntVector(),
+                                                        ctx->saved_data["like"].toTensor().options());
+    // Every rank of the group runs this backward (the exchanged rows always reach the layer's output).
+    return {exchange->all_to_all(g.contiguous(), recv, send), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// Whether at::_grouped_mm runs for these operands here (it needs 16-byte aligned strides and, on CUDA, a dtype and
+// GPU it supports); learnt once per device type and dtype by trying it.
+std::map<std::pair<int, int>, bool>& grouped_mm_support() {
+  static thread_local std::map<std::pair<int, int>, bool> support;
+  return support;
+}
+
+bool aligned_for_grouped_mm(const at::Tensor& x, const at::Tensor& w) {
+  const int64_t elt = static_cast<int64_t>(x.element_size());
+  return (x.size(1) * elt) % 16 == 0 && (w.size(2) * elt) % 16 == 0 && (w.size(1) * elt) % 16 == 0;
+}
+
+// x: (N, in) rows grouped by expert, `counts[e]` rows for expert e; w: (E, in, out) -> (N, out).
+at::Tensor expert_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts, const at::Tensor& offsets) {
+  const auto key = std::make_pair(static_cast<int>(x.device().type()), static_cast<int>(x.scalar_type()));
+  auto& support = grouped_mm_support();
+  const auto known = support.find(key);
+  if (x.size(0) > 0 && aligned_for_grouped_mm(x, w) && (known == support.end() || known->second)) {
+    try {
+      at::Tensor y = at::_grouped_mm(x, w, offsets);
+      support[key] = true;
+      return y;
+    } catch (const c10::Error&) {
+      support[key] = false;
+    }
+  }
+  // One GEMM per expert over its contiguous rows (the counts come to the host once per call).
+  const at::Tensor host = counts.to(at::kCPU);
+  const int64_t* n = host.data_ptr<int64_t>();
+  std::vector<at::Tensor> parts;
+  int64_t start = 0;
+  for (int64_t e = 0; e < w.size(0); ++e) {
+    if (n[e] == 0) continue;
+    parts.push_back(at::mm(x.narrow(0, start, n[e]), w[e]));
+    start += n[e];
+  }
+  // No rows (a rank of an expert-parallel group that received none): an empty product, still in the graph.
+  if (parts.empty()) return at::mm(x, w[0]);
+  return parts.size() == 1 ? parts[0] : at::cat(parts);
+}
+
+at::ScalarType compute_type(const at::Tensor& x) {
+  const at::DeviceType dev = x.device().type();
+  if ((dev == at::kCPU || dev == at::kCUDA) && at::autocast::is_autocast_enabled(dev)) {
+    return at::autocast::get_autocast_dtype(dev);
+  }
+  return x.scalar_type();
+}
+
+}  // namespace
+
+at::Tensor attach_aux_loss(const at::Tensor& y, const at::Tensor& aux, const std::shared_ptr<AuxLossScale>& scale) {
+  if (!at::GradMode::is_enabled() || !aux.requires_grad()) return y;
+  return AuxLossFunction::apply(y, aux, at::ones({}, aux.options().dtype(at::kFloat)), scale->value);
+}
+
+int64_t moe_params(const MoEOptions& o) {
+  const int64_t per_expert = (o.glu ? 3 : 2) * o.ffn_hidden * o.hidden_size;
+  return o.hidden_size * o.num_experts + o.num_experts * per_expert + (o.output_bias ? o.hidden_size : 0);
+}
+
+int64_t moe_active_params(const MoEOptions& o) {
+  const int64_t per_expert = (o.glu ? 3 : 2) * o.ffn_hidden * o.hidden_size;
+  return o.hidden_size * o.num_experts + o.top_k * per_expert + (o.output_bias ? o.hidden_size : 0);
+}
+
+MoERouterImpl::MoERouterImpl(const MoEOptions& o, const at::TensorOptions& t) {
+  layer = register_module("layer", Linear(o.hidden_size, o.num_experts, /*bias=*/false, t));
+}
+
+MoEExpertWeightsImpl::MoEExpertWeightsImpl(const MoEOptions& o, const at::TensorOptions& t) {
+  const std::vector<int64_t> shape = {o.num_experts * o.ffn_hidden, o.hidden_size};
+  w1 = register_parameter("w1", at::empty(shape, t));
+  if (o.glu) v1 = register_parameter("v1", at::empty(shape, t));
+  w2 = register_parameter("w2", at::empty(shape, t));
+}
+
+MoEExpertsImpl::MoEExpertsImpl(const MoEOptions& o, const at::TensorOptions& t) {
+  mlp = register_module("mlp", MoEExpertWeights(o, t));
+  if (o.output_bias) bias = register_parameter("bias", at::zeros({o.hidden_size}, t));
+}
+
+MoEImpl::MoEImpl(const MoEOptions& o, const at::TensorOptions& t, std::shared_ptr<AuxLossScale> scale,
+                 std::shared_ptr<HfRouterLoss> hf_loss)
+    : o_(o), scale_(std::move(scale)), hf_loss_(std::move(hf_loss)) {
+  TORCH_CHECK(o.num_experts >= 1 && o.top_k >= 1 && o.top_k <= o.num_experts, "moe: need 1 <= top_k <= num_experts");
+  router = register_module("router", MoERouter(o, t));
+  experts = register_module("experts", MoEExperts(o, t));
+}
+
+at::Tensor MoEImpl::expert_parallel(
+    const at::Tensor& xs, const at::Tensor& counts,
+    const std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>& run_experts) {
+  const int64_t group = exchange_->size(), me = exchange_->rank();
+  const int64_t local = o_.num_experts / group;  // experts per rank: rank r holds [r * local, (r + 1) * local)
+  // Every rank's rows per expert: all[r][e] rows go from rank r to expert e (on the CPU).
+  const at::Tensor all = exchange_->all_gather(counts);
+  const at::Tensor mine = all.narrow(1, me * local, local);  // (group, local): rows coming to this rank's experts
+  const at::Tensor to_send = all[me].view({group, local}).sum(1), to_recv = mine.sum(1);
+  const std::vector<int64_t> send(to_send.data_ptr<int64_t>(), to_send.data_ptr<int64_t>() + group);
+  const std::vector<int64_t> recv(to_recv.data_ptr<int64_t>(), to_recv.data_ptr<int64_t>() + group);
+  // The received rows come by source rank, each source's grouped by expert; the experts want them by expert, in
+  // source order within each: a stable sort of the rows by local expert.
+  const at::Device dev = xs.device();
+  const at::Tensor expert_of_row =
+      at::arange(local, at::kLong).repeat({group}).repeat_interleave(mine.contiguous().view({-1})).to(dev);
+  const at::Tensor perm_t = at::argsort(expert_of_row, /*stable=*/true, /*dim=*/0);
+  const at::Tensor n = mine.sum(0).to(dev);
+  const at::Tensor off = n.cumsum(0).to(at::kInt);
+  const at::Tensor received = AllToAllFunction::apply(xs.contiguous(), exchange_.get(), send, recv);
+  const at::Tensor out_local = run_experts(received.index_select(0, perm_t), n, off);
+  // Back to the received order (the inverse permutation), then to the ranks the rows came from.
+  const at::Tensor back = out_local.index_select(0, at::argsort(perm_t));
+  return AllToAllFunction::apply(back.contiguous(), exchange_.get(), recv, send);
+}
+
+std::vector<std::string> MoEImpl::expert_weight_names() const {
+  if (o_.glu) return {"experts.mlp.w1", "experts.mlp.v1", "experts.mlp.w2"};
+  return {"experts.mlp.w1", "experts.mlp.w2"};
+}
+
+at::Tensor MoEImpl::forward(const at::Tensor& x) {
+  const int64_t d = o_.hidden_size, e_count = o_.num_experts, k = o_.top_k, f = o_.ffn_hidden;
+  at::Tensor flat = x.reshape({-1, d});
+  const int64_t tokens = flat.size(0);
+
+  // Router (MegaBlocks' LearnedRouter): softmax scores, the top k, optionally p-normalised.
+  at::Tensor router_in = flat;
+  if (is_training() && o_.jitter_eps) {
+    const double eps = *o_.jitter_eps;
+    router_in = flat * ((1.0 - eps) + at::rand(flat.sizes(), flat.options()) * (2.0 * eps));
+    if (o_.jitter_experts) flat = router_in;  // DBRX scales its input in place: the experts see it too
+  }
+  const at::Tensor logits = router->layer(router_in);  // (T, E)
+  const at::Tensor scores = o_.router_fp32 ? at::softmax(logits, -1, at::kFloat) : logits.softmax(-1);
+  at::Tensor weights, chosen;
+  if (k == 1) {
+    std::tie(weights, chosen) = scores.max(-1, /*keepdim=*/true);
+  } else {
+    std::tie(weights, chosen) = scores.topk(k, -1);
+  }
+  if (o_.normalize_expert_weights) {
+    weights = weights / at::norm(weights, at::Scalar(*o_.normalize_expert_weights), {-1}, /*keepdim=*/true);
+  }
+  if (o_.uniform_expert_assignment) {
+    chosen = at::arange(tokens * k, chosen.options()).remainder(e_count).view({tokens, k});
+  }
+  weights = weights.to(x.scalar_type());
+  const at::Tensor routed = chosen;  // before any capacity drop
+
+  // Capacity-factor routing: the slots past an expert's capacity (in token order, per top-k slot) are dropped.
+  if (o_.capacity_factor) {
+    const auto capacity =
+        static_cast<int64_t>(*o_.capacity_factor * static_cast<double>(tokens) / static_cast<double>(e_count));
+    if (capacity > 0) {  // 0: as many as the busiest expert got (MegaBlocks), so none are dropped
+      const at::Tensor rank = at::one_hot(chosen, e_count).cumsum(0).gather(2, chosen.unsqueeze(2)).squeeze(2) - 1;
+      weights = weights * rank.lt(capacity).to(weights.scalar_type());
+    }
+  }
+
+  // Group the (token, slot) pairs by expert, in token order within each expert.
+  const at::Tensor flat_choice = chosen.reshape({-1});
+  const at::Tensor order = at::argsort(flat_choice, /*stable=*/true, /*dim=*/0);
+  const at::Tensor token = at::floor_divide(order, k);
+  const at::Tensor counts = at::bincount(flat_choice, {}, e_count);
+  const at::Tensor offsets = counts.cumsum(0).to(at::kInt);
+
+  const at::ScalarType ct = compute_type(flat);
+  const at::Tensor xs = flat.index_select(0, token).to(ct);
+  // The experts this rank holds (all of them without expert parallelism) over rows grouped by expert.
+  const auto& mlp = experts->mlp;
+  auto run_experts = [&](const at::Tensor& rows, const at::Tensor& n, const at::Tensor& off) {
+    const int64_t local = mlp->w1.size(0) / f;
+    const at::Tensor w1 = mlp->w1.to(ct).view({local, f, d}).transpose(1, 2);  // (E, d, F)
+    at::Tensor h = hf_activation(o_.activation, expert_mm(rows, w1, n, off));
+    if (o_.glu) h = h * expert_mm(rows, mlp->v1.to(ct).view({local, f, d}).transpose(1, 2), n, off);
+    return expert_mm(h, mlp->w2.to(ct).view({local, f, d}), n, off);  // (rows, d)
+  };
+  at::Tensor y = exchange_ ? expert_parallel(xs, counts, run_experts) : run_experts(xs, counts, offsets);  // (T k, d)
+  y = y * weights.reshape({-1}).index_select(0, order).unsqueeze(1).to(y.scalar_type());
+  at::Tensor out = at::zeros({tokens, d}, y.options()).index_add(0, token, y);
+  if (experts->bias.defined()) out = out + experts->bias.to(out.scalar_type());
+  out = out.view(x.sizes());
+
+  if (!is_training()) return out;
+  if (o_.transformers_loss) {
+    records.push_back({counts.detach(), at::Tensor(), at::Tensor()});
+    if (!hf_loss_ || hf_loss_->coef == 0) return out;
+    // transformers' load_balancing_loss_func of DBRX over the routers' softmax probabilities.
+    return hf_loss_->attach(out, routed, scores.to(at::kFloat), scale_);
+  }
+  // MegaBlocks' load-balancing loss, this layer's share of its sum over layers: loss_weight * E / (layers * T * k) *
+  // dot(tokens per expert, mean score per expert); and its router z-loss: weight * mean over tokens of logsumexp^2.
+  MoERecord record;
+  record.tokens_per_expert = counts.detach();
+  at::Tensor aux;
+  if (o_.loss_weight != 0) {
+    const at::Tensor s = o_.lbl_in_fp32 ? scores.to(at::kFloat) : scores;
+    const double scale = o_.loss_weight * static_cast<double>(e_count) /
+                         (static_cast<double>(o_.num_layers) * static_cast<double>(tokens) * static_cast<double>(k));
+    aux = at::dot(counts.to(s.scalar_type()), s.mean(0)) * scale;
+    record.lbl = aux.detach();
+  }
+  if (o_.zloss_weight != 0) {
+    const at::Tensor l = o_.zloss_in_fp32 ? logits.to(at::kFloat) : logits;
+    const at::Tensor z = at::logsumexp(l, {1}).square().mean() * o_.zloss_weight;
+    record.zloss = z.detach();
+    aux = aux.defined() ? aux + z.to(aux.scalar_type()) : z;
+  }
+  records.push_back(std::move(record));
+  return aux.defined() ? attach_aux_loss(out, aux, scale_) : out;
+}
+
+// ---- Hugging Face's sparse MoE blocks -----------------------------------------------------------------------------
+
+void HfRouterLoss::start(int64_t experts, const at::Tensor& mask, int64_t tokens, const at::Device& device) {
+  token_mask = mask;
+  real_tokens = mask.defined() ? mask.sum().item<double>() : static_cast<double>(tokens);
+  grad_factor = at::zeros({experts}, at::TensorOptions().dtype(at::kFloat).device(device));
+  counts.clear();
+  prob_sums.clear();
+}
+
+at::Tensor HfRouterLoss::finish() {
+  if (counts.empty() || coef == 0) return {};
+  // The first `sparse_layers` entries: activation checkpointing's recomputation appends more.
+  const size_t layers = std::min(counts.size(), static_cast<size_t>(sparse_layers));
+  at::Tensor count = counts[0], probs = prob_sums[0];
+  for (size_t l = 1; l < layers; ++l) {
+    count = count + counts[l];
+    probs = probs + prob_sums[l];
+  }
+  const double denom = static_cast<double>(layers) * real_tokens;
+  if (denom <= 0) return {};
+  const double experts = static_cast<double>(count.numel());
+  const at::Tensor share = count / denom;  // each expert's share of the routed slots
+  grad_factor.copy_(share * (coef * experts / denom));
+  return (share * probs).sum() * (coef * experts / denom);
+}
+
+at::Tensor HfRouterLoss::attach(const at::Tensor& out, const at::Tensor& chosen, const at::Tensor& probs,
+                                const std::shared_ptr<AuxLossScale>& scale) {
+  // This layer's routed slots and summed probabilities over real tokens.
+  const int64_t tokens = probs.size(0), experts = probs.size(1);
+  const at::Tensor valid =
+      token_mask.defined() ? token_mask.reshape({-1}).to(probs.options()) : at::ones({tokens}, probs.options());
+  const at::Tensor slots =
+      (at::one_hot(chosen, experts).to(at::kFloat) * valid.view({-1, 1, 1})).sum(at::IntArrayRef{0, 1});
+  const at::Tensor prob_sum = (probs * valid.view({-1, 1})).sum(0);
+  counts.push_back(slots.detach());
+  prob_sums.push_back(prob_sum.detach());
+  if (!at::GradMode::is_enabled()) return out;
+  return AuxLossFunction::apply(out, prob_sum, grad_factor, scale->value);
+}
+
+SparseExpertImpl::SparseExpertImpl(int64_t hidden, int64_t ffn, bool qwen_names, const at::TensorOptions& t) {
+  gate = register_module(qwen_names ? "gate_proj" : "w1", Linear(hidden, ffn, false, t));
+  up = register_module(qwen_names ? "up_proj" : "w3", Linear(hidden, ffn, false, t));
+  down = register_module(qwen_names ? "down_proj" : "w2", Linear(ffn, hidden, false, t));
+}
+
+SparseMoeBlockImpl::SparseMoeBlockImpl(const SparseMoeOptions& o, const at::TensorOptions& t,
+                                       std::shared_ptr<HfRouterLoss> loss, std::shared_ptr<AuxLossScale> scale)
+    : o_(o), loss_(std::move(loss)), scale_(std::move(scale)) {
+  TORCH_CHECK(o.num_experts >= 1 && o.top_k >= 1 && o.top_k <= o.num_experts, "moe: need 1 <= top_k <= num_experts");
+  gate = register_module("gate", Linear(o.hidden_size, o.num_experts, false, t));
+  experts = register_module("experts", torch::nn::ModuleList());
+  for (int64_t e = 0; e < o.num_experts; ++e) {
+    experts->push_back(SparseExpert(o.hidden_size, o.ffn_hidden, o.qwen_names, t));
+  }
+  if (o.shared_ffn_hidden > 0) {
+    shared_expert = register_module("shared_expert", SparseExpert(o.hidden_size, o.shared_ffn_hidden, true, t));
+    shared_expert_gate = register_module("shared_expert_gate", Linear(o.hidden_size, 1, false, t));
+  }
+}
+
+at::Tensor SparseMoeBlockImpl::forward(const at::Tensor& x) {
+  const int64_t d = o_.hidden_size, k = o_.top_k, e_count = o_.num_experts;
+  at::Tensor h = x;
+  if (is_training() && o_.jitter_noise > 0) {
+    const double j = o_.jitter_noise;
+    h = h * ((1.0 - j) + at::rand(h.sizes(), h.options()) * (2.0 * j));
+  }
+  const at::Tensor flat = h.reshape({-1, d});
+  const int64_t tokens = flat.size(0);
+  const at::Tensor logits = gate(flat);
+  const at::Tensor probs = at::softmax(logits, 1, at::kFloat);  // transformers: softmax(dtype=torch.float)
+  auto [weights, chosen] = probs.topk(k, -1);
+  if (o_.norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  weights = weights.to(flat.scalar_type());
+
+  // Sorted by expert (in token order within each), one GEMM per projection and expert over its rows, summed back per
+  // token in expert order as transformers' loop over experts does.
+  const at::Tensor flat_choice = chosen.reshape({-1});
+  const at::Tensor order = at::argsort(flat_choice, /*stable=*/true, /*dim=*/0);
+  const at::Tensor token = at::floor_divide(order, k);
+  const at::Tensor counts = at::bincount(flat_choice, {}, e_count);
+  const at::Tensor host = counts.to(at::kCPU);
+  const int64_t* n = host.data_ptr<int64_t>();
+  const at::Tensor xs = flat.index_select(0, token);
+  std::vector<at::Tensor> parts;
+  int64_t start = 0;
+  for (int64_t e = 0; e < e_count; ++e) {
+    if (n[e] == 0) continue;
+    auto* expert = experts[static_cast<size_t>(e)]->as<SparseExpertImpl>();
+    const at::Tensor rows = xs.narrow(0, start, n[e]);
+    parts.push_back(expert->down(at::silu(expert->gate(rows)) * expert->up(rows)));
+    start += n[e];
+  }
+  at::Tensor y = parts.size() == 1 ? parts[0] : at::cat(parts);
+  y = y * weights.reshape({-1}).index_select(0, order).unsqueeze(1).to(y.scalar_type());
+  at::Tensor out = at::zeros({tokens, d}, y.options()).index_add(0, token, y);
+  if (shared_expert) {
+    const at::Tensor shared = shared_expert->down(at::silu(shared_expert->gate(flat)) * shared_expert->up(flat));
+    out = out + at::sigmoid(shared_expert_gate(flat)) * shared;
+  }
+  out = out.view(x.sizes());
+  if (!is_training()) return out;
+  records.push_back(counts.detach());
+  if (!loss_ || loss_->coef == 0) return out;
+  return loss_->attach(out, chosen, probs, scale_);
+}
+
+int64_t sparse_moe_params(const SparseMoeOptions& o) {
+  const int64_t d = o.hidden_size;
+  int64_t n = d * o.num_experts + o.num_experts * 3 * d * o.ffn_hidden;
+  if (o.shared_ffn_hidden > 0) n += 3 * d * o.shared_ffn_hidden + d;
+  return n;
+}
+
+int64_t sparse_moe_active_params(const SparseMoeOptions& o) {
+  return sparse_moe_params(o) - (o.num_experts - o.top_k) * 3 * o.hidden_size * o.ffn_hidden;
+}
+
+}  // namespace tessera::models

@@ -1,0 +1,442 @@
+// The Falcon family: options (recipe and config.json), modules, masks, rotary tables and ALiBi biases,
+// initialisation.
+#include "models/falcon/falcon.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <set>
+
+#include "tessera/config/value.h"
+#include "tessera/models/family_support.h"
+#include "tessera/util/error.h"
+
+namespace tessera::models {
+namespace {
+
+constexpr float kFalconMasked = std::numeric_limits<float>::lowest();  // transformers' finfo(dtype).min
+
+}  // namespace
+
+// ---- Options --------------------------------------------------------------------------------------------------------
+
+int64_t FalconOptions::kv_heads() const {
+  if (new_decoder_architecture) return num_kv_heads;
+  return multi_query ? 1 : num_attention_heads;
+}
+
+int64_t FalconOptions::ln_count() const {
+  if (!parallel_attn) return 2;
+  return num_ln_in_parallel_attn.value_or(new_decoder_architecture ? 2 : 1);
+}
+
+FalconOptions parse_falcon_options(config::Section& s) {
+  FalconOptions o;
+  (void)s.get_choice("model_type", "falcon", {"falcon"});
+  o.vocab_size = s.get_int("vocab_size", o.vocab_size);
+  o.hidden_size = s.get_int("hidden_size", o.hidden_size);
+  o.num_hidden_layers = s.get_int("num_hidden_layers", o.num_hidden_layers);
+  o.num_attention_heads = s.get_int("num_attention_heads", o.num_attention_heads);
+  o.num_kv_heads = s.get_optional_int("num_kv_heads").value_or(o.num_attention_heads);
+  o.new_decoder_architecture = s.get_bool("new_decoder_architecture", o.new_decoder_architecture);
+  o.multi_query = s.get_bool("multi_query", o.multi_query);
+  o.parallel_attn = s.get_bool("parallel_attn", o.parallel_attn);
+  o.num_ln_in_parallel_attn = s.get_optional_int("num_ln_in_parallel_attn");
+  o.bias = s.get_bool("bias", o.bias);
+  o.alibi = s.get_bool("alibi", o.alibi);
+  o.layer_norm_epsilon = s.get_double("layer_norm_epsilon", o.layer_norm_epsilon);
+  o.rope_theta = s.get_double("rope_theta", o.rope_theta);
+  o.max_position_embeddings = s.get_int("max_position_embeddings", o.max_position_embeddings);
+  o.ffn_hidden_size = s.get_optional_int("ffn_hidden_size").value_or(4 * o.hidden_size);
+  o.activation = s.get_choice("activation", o.activation, {"gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu"});
+  o.hidden_dropout = s.get_double("hidden_dropout", o.hidden_dropout);
+  o.attention_dropout = s.get_double("attention_dropout", o.attention_dropout);
+  o.initializer_range = s.get_double("initializer_range", o.initializer_range);
+  o.tie_word_embeddings = s.get_bool("tie_word_embeddings", o.tie_word_embeddings);
+  o.bos_token_id = s.get_nullable_int("bos_token_id", o.bos_token_id);
+  o.eos_token_id = s.get_nullable_int("eos_token_id", o.eos_token_id);
+  o.pad_token_id = s.get_nullable_int("pad_token_id", o.pad_token_id);
+  o.init_device = s.get_choice("init_device", o.init_device, {"cpu", "meta", "cuda"});
+  o.rope_linear_factor = read_linear_rope_scaling(s, "Falcon");
+
+  s.check(o.hidden_size > 0 && o.vocab_size > 0 && o.num_hidden_layers > 0 && o.ffn_hidden_size > 0, "hidden_size",
+          "hidden_size, vocab_size, num_hidden_layers and ffn_hidden_size must be positive");
+  s.check(o.num_attention_heads > 0 && o.hidden_size % o.num_attention_heads == 0, "num_attention_heads",
+          fmt::format("must divide hidden_size ({})", o.hidden_size));
+  s.check(o.alibi || o.head_dim() % 2 == 0, "num_attention_heads",
+          fmt::format("gives an odd head_dim ({}), which rotary embeddings cannot rotate", o.head_dim()));
+  s.check(o.max_position_embeddings > 0, "max_position_embeddings", "must be positive");
+  s.check(o.hidden_dropout >= 0 && o.hidden_dropout < 1, "hidden_dropout", "must be in [0, 1)");
+  s.check(o.attention_dropout >= 0 && o.attention_dropout < 1, "attention_dropout", "must be in [0, 1)");
+  if (o.num_ln_in_parallel_attn) {
+    s.check(*o.num_ln_in_parallel_attn == 1 || *o.num_ln_in_parallel_attn == 2, "num_ln_in_parallel_attn",
+            "must be 1 or 2");
+  }
+  if (o.new_decoder_architecture) {
+    s.check(o.num_kv_heads > 0 && o.num_attention_heads % o.num_kv_heads == 0, "num_kv_heads",
+            fmt::format("must divide num_attention_heads ({})", o.num_attention_heads));
+    s.check(o.parallel_attn, "parallel_attn",
+            "the new decoder architecture runs attention and MLP in parallel: transformers' FalconDecoderLayer has no "
+            "sequential form of it");
+  } else {
+    s.check(!(o.parallel_attn && o.num_ln_in_parallel_attn == 2), "num_ln_in_parallel_attn",
+            "2 needs new_decoder_architecture: true (transformers' other parallel block has one input_layernorm)");
+    s.check(o.multi_query || o.num_kv_heads == o.num_attention_heads, "num_kv_heads",
+            fmt::format("without multi_query or the new decoder architecture every query head has its own K/V head: "
+                        "num_kv_heads must be num_attention_heads ({}), got {}",
+                        o.num_attention_heads, o.num_kv_heads));
+  }
+  return o;
+}
+
+FalconOptions falcon_options_from_hf_config(const nlohmann::json& raw, const std::string& where) {
+  // The keys FalconConfig reads (n_embed is its alias of hidden_size). The RW models' configs also carry
+  // apply_residual_connection_post_layernorm, which transformers does not read, and transformers 5 writes
+  // num_key_value_heads, which it derives from num_kv_heads and multi_query.
+  static const std::set<std::string> kKeys = {"model_type",
+                                              "vocab_size",
+                                              "hidden_size",
+                                              "num_hidden_layers",
+                                              "num_attention_heads",
+                                              "num_kv_heads",
+                                              "new_decoder_architecture",
+                                              "multi_query",
+                                              "parallel_attn",
+                                              "num_ln_in_parallel_attn",
+                                              "bias",
+                                              "alibi",
+                                              "layer_norm_epsilon",
+                                              "rope_theta",
+                                              "rope_scaling",
+                                              "max_position_embeddings",
+                                              "ffn_hidden_size",
+                                              "activation",
+                                              "hidden_dropout",
+                                              "attention_dropout",
+                                              "initializer_range",
+                                              "tie_word_embeddings",
+                                              "bos_token_id",
+                                              "eos_token_id",
+                                              "pad_token_id"};
+  const std::string type = raw.value("model_type", "");
+  if (type != "falcon") throw Error("hf", fmt::format("{}: model_type is \"{}\", expected falcon", where, type));
+  nlohmann::json cfg =
+      hf_config_keys(raw, kKeys, where, {"n_embed", "apply_residual_connection_post_layernorm", "num_key_value_heads"});
+  if (raw.contains("n_embed") && !raw["n_embed"].is_null()) cfg["hidden_size"] = raw["n_embed"];
+  FalconOptions o;
+  read_hf_config(cfg, where, [&](config::Section& s) { o = parse_falcon_options(s); });
+  o.init_device = "cpu";
+  return o;
+}
+
+nlohmann::ordered_json falcon_hf_config(const FalconOptions& o, at::ScalarType dtype) {
+  auto optional = [](const std::optional<int64_t>& v) { return v ? nlohmann::ordered_json(*v) : nullptr; };
+  nlohmann::ordered_json j = {{"architectures", {"FalconForCausalLM"}},
+                              {"model_type", "falcon"},
+                              {"vocab_size", o.vocab_size},
+                              {"hidden_size", o.hidden_size},
+                              {"num_hidden_layers", o.num_hidden_layers},
+                              {"num_attention_heads", o.num_attention_heads},
+                              {"num_kv_heads", o.num_kv_heads},
+                              {"new_decoder_architecture", o.new_decoder_architecture},
+                              {"multi_query", o.multi_query},
+                              {"parallel_attn", o.parallel_attn},
+                              {"num_ln_in_parallel_attn", optional(o.num_ln_in_parallel_attn)},
+                              {"bias", o.bias},
+                              {"alibi", o.alibi},
+                              {"layer_norm_epsilon", o.layer_norm_epsilon},
+                              {"rope_theta", o.rope_theta},
+                              {"rope_scaling", nullptr},
+                              {"max_position_embeddings", o.max_position_embeddings},
+                              {"ffn_hidden_size", o.ffn_hidden_size},
+                              {"activation", o.activation},
+                              {"hidden_dropout", o.hidden_dropout},
+                              {"attention_dropout", o.attention_dropout},
+                              {"initializer_range", o.initializer_range},
+                              {"tie_word_embeddings", o.tie_word_embeddings},
+                              {"bos_token_id", optional(o.bos_token_id)},
+                              {"eos_token_id", optional(o.eos_token_id)},
+                              {"pad_token_id", optional(o.pad_token_id)},
+                              {"use_cache", true},
+                              {"torch_dtype", hf_torch_dtype(dtype)}};
+  if (o.rope_linear_factor != 1.0) j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", o.rope_linear_factor}};
+  return j;
+}
+
+namespace {
+
+int64_t falcon_layer_params(const FalconOptions& o) {
+  const int64_t d = o.hidden_size, hd = o.head_dim(), h = o.num_attention_heads, kv = o.kv_heads();
+  const int64_t f = o.ffn_hidden_size, b = o.bias ? 1 : 0;
+  const int64_t qkv = d * (h + 2 * kv) * hd + b * (h + 2 * kv) * hd;
+  const int64_t out = d * d + b * d;
+  const int64_t mlp = 2 * d * f + b * (f + d);
+  return qkv + out + mlp + o.ln_count() * 2 * d;
+}
+
+int64_t falcon_root_params(const FalconOptions& o) {
+  return o.vocab_size * o.hidden_size * (o.tie_word_embeddings ? 1 : 2) + 2 * o.hidden_size;
+}
+
+}  // namespace
+
+int64_t falcon_param_count(const FalconOptions& o) {
+  return o.num_hidden_layers * falcon_layer_params(o) + falcon_root_params(o);
+}
+
+double falcon_flops_per_token(const FalconOptions& o, int64_t seq_len) {
+  int64_t n = falcon_param_count(o);
+  if (!o.tie_word_embeddings) n -= o.vocab_size * o.hidden_size;
+  return 6.0 * static_cast<double>(n) + 12.0 * static_cast<double>(o.num_hidden_layers) *
+                                            static_cast<double>(o.hidden_size) * static_cast<double>(seq_len);
+}
+
+int64_t falcon_largest_unit_params(const FalconOptions& o) {
+  return std::max(falcon_root_params(o), falcon_layer_params(o));
+}
+
+double falcon_activation_bytes(const FalconOptions& o, int64_t batch, int64_t seq_len, int bytes_per_value,
+                               bool activation_checkpointing) {
+  // Per layer: the input, each norm's output, the fused q/k/v projection, the attention output, the residual sum of
+  // a sequential block, and the MLP's pre- and post-activation values.
+  const double tokens = static_cast<double>(batch) * static_cast<double>(seq_len);
+  const double d = static_cast<double>(o.hidden_size), f = static_cast<double>(o.ffn_hidden_size);
+  const double qkv = static_cast<double>((o.num_attention_heads + 2 * o.kv_heads()) * o.head_dim());
+  const double p = bytes_per_value;
+  const double norms = static_cast<double>(o.ln_count()) * d;
+  const double block = tokens * (d + norms + qkv + d + (o.parallel_attn ? 0 : d) + 2 * f) * p;
+  const double layers = static_cast<double>(o.num_hidden_layers);
+  const double stored = activation_checkpointing ? layers * tokens * d * p + block : layers * block;
+  return stored + tokens * static_cast<double>(o.vocab_size) * (p + 4);
+}
+
+at::Tensor falcon_alibi_slopes(int64_t n_heads) {
+  // As transformers' build_alibi_tensor computes them: a float32 base raised to int32 powers.
+  const int64_t closest = int64_t{1} << static_cast<int64_t>(std::floor(std::log2(static_cast<double>(n_heads))));
+  const double log_closest = std::log2(static_cast<double>(closest));
+  const at::Tensor base = at::scalar_tensor(std::pow(2.0, -std::pow(2.0, -(log_closest - 3))), at::kFloat);
+  at::Tensor slopes = at::pow(base, at::arange(1, 1 + closest, at::TensorOptions().dtype(at::kInt)));
+  if (closest != n_heads) {
+    const at::Tensor extra_base = at::scalar_tensor(std::pow(2.0, -std::pow(2.0, -(log_closest + 1 - 3))), at::kFloat);
+    const int64_t remaining = std::min(closest, n_heads - closest);
+    const at::Tensor powers = at::arange(1, 1 + 2 * remaining, 2, at::TensorOptions().dtype(at::kInt));
+    slopes = at::cat({slopes, at::pow(extra_base, powers)});
+  }
+  return slopes;
+}
+
+// ---- Modules --------------------------------------------------------------------------------------------------------
+
+FalconAttentionImpl::FalconAttentionImpl(const FalconOptions& o, const at::TensorOptions& t) : o_(o) {
+  const int64_t d = o.hidden_size, hd = o.head_dim();
+  const int64_t out = (o.num_attention_heads + 2 * o.kv_heads()) * hd;
+  query_key_value = register_module("query_key_value", Linear(d, out, o.bias, t));
+  dense = register_module("dense", Linear(d, d, o.bias, t));
+}
+
+at::Tensor FalconAttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
+  const int64_t b = x.size(0), s = x.size(1), hd = o_.head_dim(), h = o_.num_attention_heads, kv = o_.kv_heads();
+  const at::Tensor qkv = query_key_value(x);
+  at::Tensor q, k, v;  // (B, S, heads, hd)
+  if (o_.new_decoder_architecture) {
+    // Per K/V group: its h / kv query heads, then its key, then its value.
+    const int64_t rep = h / kv;
+    const at::Tensor g = qkv.view({b, s, kv, rep + 2, hd});
+    q = g.narrow(3, 0, rep).reshape({b, s, h, hd});
+    k = g.select(3, rep);
+    v = g.select(3, rep + 1);
+  } else if (o_.multi_query) {
+    const at::Tensor g = qkv.view({b, s, h + 2, hd});  // [Q heads | K | V]
+    q = g.narrow(2, 0, h);
+    k = g.narrow(2, h, 1);
+    v = g.narrow(2, h + 1, 1);
+  } else {
+    const at::Tensor g = qkv.view({b, s, h, 3, hd});  // per head: q, k, v
+    q = g.select(3, 0);
+    k = g.select(3, 1);
+    v = g.select(3, 2);
+  }
+  if (in.rope_cos.defined()) {
+    q = apply_rotary(q, in.rope_cos, in.rope_sin);
+    k = apply_rotary(k, in.rope_cos, in.rope_sin);
+  }
+  q = q.transpose(1, 2);
+  k = k.transpose(1, 2);
+  v = v.transpose(1, 2);
+  append_to_cache(cache, k, v);
+  // transformers drops attention probabilities only on the ALiBi path.
+  const double dropout = is_training() && o_.alibi ? o_.attention_dropout : 0.0;
+  const at::Tensor context = attend(q, k, v, in, 1.0 / std::sqrt(static_cast<double>(hd)), dropout, is_training());
+  return dense(context.transpose(1, 2).reshape({b, s, h * hd}));
+}
+
+FalconMLPImpl::FalconMLPImpl(const FalconOptions& o, const at::TensorOptions& t) : activation_(o.activation) {
+  dense_h_to_4h = register_module("dense_h_to_4h", Linear(o.hidden_size, o.ffn_hidden_size, o.bias, t));
+  dense_4h_to_h = register_module("dense_4h_to_h", Linear(o.ffn_hidden_size, o.hidden_size, o.bias, t));
+}
+
+at::Tensor FalconMLPImpl::forward(const at::Tensor& x) {
+  return dense_4h_to_h(hf_activation(activation_, dense_h_to_4h(x)));
+}
+
+FalconDecoderLayerImpl::FalconDecoderLayerImpl(const FalconOptions& o, const at::TensorOptions& t) : o_(o) {
+  self_attention = register_module("self_attention", FalconAttention(o, t));
+  mlp = register_module("mlp", FalconMLP(o, t));
+  auto norm = [&](const char* name) {
+    return register_module(name, Norm(o.hidden_size, NormType::kLayerNorm, o.layer_norm_epsilon, true, t));
+  };
+  if (!o.parallel_attn) {
+    post_attention_layernorm = norm("post_attention_layernorm");
+    input_layernorm = norm("input_layernorm");
+  } else if (o.two_parallel_norms()) {
+    ln_attn = norm("ln_attn");
+    ln_mlp = norm("ln_mlp");
+  } else {
+    input_layernorm = norm("input_layernorm");
+  }
+}
+
+at::Tensor FalconDecoderLayerImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
+  const bool training = is_training();
+  if (!o_.parallel_attn) {
+    const at::Tensor attn = self_attention(input_layernorm(x), in, cache);
+    // transformers' dropout_add(attention_output, residual, config.attention_dropout).
+    const at::Tensor residual = at::dropout(attn, o_.attention_dropout, training) + x;
+    return at::dropout(mlp(post_attention_layernorm(residual)), o_.hidden_dropout, training) + residual;
+  }
+  at::Tensor attn, mlp_out;
+  if (ln_attn) {
+    attn = self_attention(ln_attn(x), in, cache);
+    mlp_out = mlp(ln_mlp(x));
+  } else {
+    const at::Tensor normed = input_layernorm(x);
+    attn = self_attention(normed, in, cache);
+    mlp_out = mlp(normed);
+  }
+  return at::dropout(mlp_out + attn, o_.hidden_dropout, training) + x;
+}
+
+FalconModelImpl::FalconModelImpl(const FalconOptions& o, const at::TensorOptions& t) {
+  word_embeddings = register_module("word_embeddings", Embedding(o.vocab_size, o.hidden_size, t));
+  h = register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < o.num_hidden_layers; ++i) h->push_back(FalconDecoderLayer(o, t));
+  ln_f = register_module("ln_f", Norm(o.hidden_size, NormType::kLayerNorm, o.layer_norm_epsilon, true, t));
+}
+
+FalconForCausalLMImpl::FalconForCausalLMImpl(const FalconOptions& o) : o_(o) {
+  if (o.alibi) {
+    slopes_ = falcon_alibi_slopes(o.num_attention_heads);
+  } else {
+    inv_freq_ = rotary_inv_freq(o.head_dim(), o.rope_theta) / o.rope_linear_factor;
+  }
+  const at::TensorOptions t = at::TensorOptions().dtype(at::kFloat).device(at::Device(o.init_device));
+  transformer = register_module("transformer", FalconModel(o, t));
+  if (!o.tie_word_embeddings) lm_head = register_module("lm_head", Linear(o.hidden_size, o.vocab_size, false, t));
+}
+
+int64_t FalconForCausalLMImpl::unit_of_parameter(const std::string& name) const {
+  return layer_unit(name, "transformer.h.");
+}
+
+AttentionInputs FalconForCausalLMImpl::attention_inputs(const at::Tensor& ids, const ForwardOptions& fo, int64_t past,
+                                                        const at::Tensor& key_mask, const at::Tensor& positions) {
+  AttentionInputs in;
+  in.past = past;
+  in.reference = fo.reference_attention;
+  const int64_t b = ids.size(0), s_q = ids.size(1), s_k = past + s_q;
+  const bool padding = key_mask.defined() && !key_mask.all().item<bool>();
+  const bool seq_ids = fo.sequence_id.has_value();
+  const auto lopts = ids.options().dtype(at::kLong);
+  if (!o_.alibi && !padding && !seq_ids && !(past > 0 && s_q > 1)) {
+    in.is_causal = past == 0;
+  } else {
+    const at::Tensor qpos = at::arange(past, s_k, lopts).unsqueeze(1), kpos = at::arange(0, s_k, lopts).unsqueeze(0);
+    at::Tensor blocked = (kpos > qpos).view({1, 1, s_q, s_k});
+    if (padding) blocked = blocked | key_mask.logical_not().view({b, 1, 1, s_k});
+    if (seq_ids) {
+      TORCH_CHECK(past == 0, "sequence_id cannot be combined with a KV cache");
+      const at::Tensor& sid = *fo.sequence_id;
+      blocked = blocked | (sid.unsqueeze(2) != sid.unsqueeze(1)).unsqueeze(1);
+    }
+    at::Tensor mask;
+    if (o_.alibi) {
+      // transformers: slope (in bf16) x the key's position among the row's real tokens, in bf16, then in the
+      // model's dtype divided by sqrt(head_dim). Packed documents count positions from their own start.
+      at::Tensor key_positions;
+      if (seq_ids) {
+        key_positions = document_positions(*fo.sequence_id);
+      } else if (key_mask.defined()) {
+        const at::Tensor real = key_mask.to(at::kLong);
+        key_positions = (at::cumsum(real, 1) - 1) * real;
+      } else {
+        key_positions = at::arange(0, s_k, lopts).unsqueeze(0);
+      }
+      const at::Tensor slopes = slopes_.to(ids.device()).to(at::kBFloat16).unsqueeze(-1);  // (H, 1)
+      const at::Tensor alibi = (slopes * key_positions.unsqueeze(1)).to(at::kFloat);       // (B or 1, H, s_k)
+      mask = (alibi / std::sqrt(static_cast<double>(o_.head_dim()))).unsqueeze(2).masked_fill(blocked, kFalconMasked);
+    } else {
+      mask = at::zeros(blocked.sizes(), ids.options().dtype(at::kFloat)).masked_fill(blocked, kFalconMasked);
+    }
+    in.mask = mask.to(compute_dtype(transformer->word_embeddings->weight));
+  }
+  if (!o_.alibi) {  // rotary tables for each row's positions, in float32 as transformers computes them
+    const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq_.to(ids.device()).view({1, 1, -1});
+    in.rope_cos = freqs.cos();  // (B, s_q, head_dim / 2)
+    in.rope_sin = freqs.sin();
+  }
+  return in;
+}
+
+at::Tensor FalconForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOptions& fo) {
+  TORCH_CHECK(ids.dim() == 2, "input_ids must be (batch, seq), got ", ids.sizes());
+  KVCache* cache = fo.cache;
+  const int64_t past = cache ? cache->length : 0, s = ids.size(1);
+  const at::Tensor key_mask = key_padding_mask(ids, fo);
+  // Positions: past .. past + s, less the padding before each token (left padding, as HF's generate sets
+  // position_ids), restarting at each packed document.
+  at::Tensor positions = positions_after_padding(key_mask, past, s, ids.options());
+  if (fo.sequence_id) positions = document_positions(*fo.sequence_id);
+  auto embed = [this](const at::Tensor& input_ids) { return transformer->word_embeddings(input_ids); };
+  at::Tensor x = run_unit(runner_, 0, embed, ids);
+  const AttentionInputs in = attention_inputs(ids, fo, past, key_mask, positions);
+  x = run_decoder_layers<FalconDecoderLayerImpl>(runner_, transformer->h, in, cache, key_mask, s, x);
+  auto head = [this](const at::Tensor& h) {
+    const at::Tensor normed = transformer->ln_f(h);
+    return lm_head ? lm_head(normed) : at::linear(normed, transformer->word_embeddings->weight);
+  };
+  return run_unit(runner_, 0, head, x);
+}
+
+void FalconForCausalLMImpl::init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select) {
+  init_like_transformers(*this, seed, o_.initializer_range, select, std::nullopt);
+}
+
+std::shared_ptr<CausalLM> FalconForCausalLMImpl::rebuild(const std::string& device,
+                                                         std::optional<uint64_t> seed) const {
+  FalconOptions o = o_;
+  o.init_device = device;
+  return seed ? build_falcon(o, *seed).ptr() : FalconForCausalLM(o).ptr();
+}
+
+std::string FalconForCausalLMImpl::describe() const {
+  const std::string arch = o_.new_decoder_architecture ? "new decoder architecture"
+                           : o_.parallel_attn          ? "parallel attention/MLP"
+                                                       : "sequential attention/MLP";
+  return fmt::format("falcon: hidden {}, heads {} (kv {}, head_dim {}), layers {}, ffn {}, vocab {}, {}, {}{}",
+                     o_.hidden_size, o_.num_attention_heads, o_.kv_heads(), o_.head_dim(), o_.num_hidden_layers,
+                     o_.ffn_hidden_size, o_.vocab_size, arch,
+                     o_.alibi ? "ALiBi" : fmt::format("rope theta {}", o_.rope_theta), o_.bias ? ", biases" : "");
+}
+
+std::optional<std::string> FalconForCausalLMImpl::tied_embedding_name() const {
+  if (!o_.tie_word_embeddings) return std::nullopt;
+  return "transformer.word_embeddings.weight";
+}
+
+FalconForCausalLM build_falcon(const FalconOptions& options, uint64_t seed) {
+  return build_initialised<FalconForCausalLM>(options, seed);
+}
+
+}  // namespace tessera::models

@@ -1,0 +1,180 @@
+// The Falcon family (Falcon 7B's multi-query attention, Falcon 40B/180B's "new decoder architecture" with grouped
+// K/V, the RW models' ALiBi and biases) as LibTorch modules with Hugging Face's module names, so named_parameters()
+// gives the keys of FalconForCausalLM folders: transformer.word_embeddings.weight,
+// transformer.h.{i}.self_attention.{query_key_value,dense}.weight, ....mlp.{dense_h_to_4h,dense_4h_to_h}.weight,
+// ....{input_layernorm | ln_attn, ln_mlp | input_layernorm, post_attention_layernorm}.{weight,bias},
+// transformer.ln_f.{weight,bias}, lm_head.weight (untied only). The function is transformers' FalconForCausalLM
+// (4.57): parallel or sequential attention and MLP, one or two LayerNorms in parallel blocks, rotary (HF's
+// rotate-half layout) or ALiBi positions (BLOOM's slopes, added in bf16 as transformers does), biases on or off.
+// FalconForCausalLM implements the model protocol (causal_lm.h); `model.name: falcon`. Modules are not thread-safe.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "tessera/config/reader.h"
+#include "tessera/models/blocks/attention.h"
+#include "tessera/models/blocks/layers.h"
+#include "tessera/models/causal_lm.h"
+
+namespace tessera::models {
+
+// HF's FalconConfig keys and defaults (those of Falcon 7B).
+struct FalconOptions {
+  int64_t vocab_size = 65024;
+  int64_t hidden_size = 4544;
+  int64_t num_hidden_layers = 32;
+  int64_t num_attention_heads = 71;
+  int64_t num_kv_heads = 0;  // resolved: num_attention_heads when not given (the config's value; see kv_heads())
+  bool new_decoder_architecture = false;
+  bool multi_query = true;  // ignored by the new decoder architecture
+  bool parallel_attn = true;
+  std::optional<int64_t> num_ln_in_parallel_attn;  // as given; see ln_count()
+  bool bias = false;                               // biases on the four Linear layers (LayerNorms always have one)
+  bool alibi = false;                              // ALiBi instead of rotary positions
+  double layer_norm_epsilon = 1e-5;
+  double rope_theta = 10000.0;
+  double rope_linear_factor = 1.0;  // rope_scaling {rope_type: linear, factor}; 1 = none
+  int64_t max_position_embeddings = 2048;
+  int64_t ffn_hidden_size = 0;  // resolved: 4 * hidden_size when not given
+  std::string activation = "gelu";
+  double hidden_dropout = 0.0;
+  double attention_dropout = 0.0;
+  double initializer_range = 0.02;
+  bool tie_word_embeddings = true;
+  std::optional<int64_t> bos_token_id = 11, eos_token_id = 11, pad_token_id;
+  std::string init_device = "cpu";  // cpu | cuda | meta
+
+  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  // The K/V heads the attention computes: num_kv_heads in the new architecture, 1 with multi_query, else one per
+  // query head.
+  int64_t kv_heads() const;
+  // LayerNorms per block: 2 (ln_attn, ln_mlp) for the new architecture unless num_ln_in_parallel_attn is 1; 2
+  // (input_layernorm, post_attention_layernorm) for sequential blocks; else 1 (input_layernorm).
+  int64_t ln_count() const;
+  bool two_parallel_norms() const { return parallel_attn && ln_count() == 2; }
+};
+
+// Reads a `model:` section with name falcon (HF's FalconConfig keys); errors name the key path and line, including
+// every combination transformers' FalconForCausalLM does not compute (e.g. a sequential new-architecture block).
+FalconOptions parse_falcon_options(config::Section& s);
+// config.json (model_type falcon; the RW aliases n_embed, n_layer, n_head, n_head_kv accepted) -> options; throws
+// Error("hf") naming `where` for what the family does not compute.
+FalconOptions falcon_options_from_hf_config(const nlohmann::json& config, const std::string& where);
+nlohmann::ordered_json falcon_hf_config(const FalconOptions& o, at::ScalarType dtype);
+
+// Exact parameter count (the embedding once when tied); training FLOPs per token, 6 N (less an untied input
+// embedding) + 12 L d S; the largest sharding unit (root or one block); activation bytes of one forward+backward.
+int64_t falcon_param_count(const FalconOptions& o);
+double falcon_flops_per_token(const FalconOptions& o, int64_t seq_len);
+int64_t falcon_largest_unit_params(const FalconOptions& o);
+double falcon_activation_bytes(const FalconOptions& o, int64_t batch, int64_t seq_len, int bytes_per_value,
+                               bool activation_checkpointing);
+
+// transformers' build_alibi_tensor slopes (BLOOM's): 2^(-8k/n) for k = 1..n, n the largest power of two <= heads,
+// then 2^(-4(2j+1)/n) for the remaining heads; float32 (heads,).
+at::Tensor falcon_alibi_slopes(int64_t n_heads);
+
+class FalconAttentionImpl : public torch::nn::Module {
+ public:
+  FalconAttentionImpl(const FalconOptions& o, const at::TensorOptions& t);
+  at::Tensor forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache = nullptr);
+
+  Linear query_key_value{nullptr}, dense{nullptr};
+
+ private:
+  FalconOptions o_;
+};
+TORCH_MODULE(FalconAttention);
+
+// dense_4h_to_h(act(dense_h_to_4h(x))).
+class FalconMLPImpl : public torch::nn::Module {
+ public:
+  FalconMLPImpl(const FalconOptions& o, const at::TensorOptions& t);
+  at::Tensor forward(const at::Tensor& x);
+
+  Linear dense_h_to_4h{nullptr}, dense_4h_to_h{nullptr};
+
+ private:
+  std::string activation_;
+};
+TORCH_MODULE(FalconMLP);
+
+class FalconDecoderLayerImpl : public torch::nn::Module {
+ public:
+  FalconDecoderLayerImpl(const FalconOptions& o, const at::TensorOptions& t);
+  at::Tensor forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache = nullptr);
+
+  Norm input_layernorm{nullptr};           // one-norm parallel blocks and sequential blocks
+  Norm post_attention_layernorm{nullptr};  // sequential blocks
+  Norm ln_attn{nullptr}, ln_mlp{nullptr};  // two-norm parallel blocks
+  FalconAttention self_attention{nullptr};
+  FalconMLP mlp{nullptr};
+
+ private:
+  FalconOptions o_;
+};
+TORCH_MODULE(FalconDecoderLayer);
+
+class FalconModelImpl : public torch::nn::Module {
+ public:
+  FalconModelImpl(const FalconOptions& o, const at::TensorOptions& t);
+
+  Embedding word_embeddings{nullptr};
+  torch::nn::ModuleList h{nullptr};
+  Norm ln_f{nullptr};
+};
+TORCH_MODULE(FalconModel);
+
+// Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers.
+class FalconForCausalLMImpl : public CausalLM {
+ public:
+  explicit FalconForCausalLMImpl(const FalconOptions& o);
+  at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& fo = {}) override;
+  const FalconOptions& options() const { return o_; }
+
+  int64_t num_units() const override { return o_.num_hidden_layers + 1; }
+  int64_t unit_of_parameter(const std::string& name) const override;
+  void set_unit_runner(std::shared_ptr<UnitRunner> runner) override { runner_ = std::move(runner); }
+  void init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select = nullptr) override;
+  std::shared_ptr<CausalLM> rebuild(const std::string& device, std::optional<uint64_t> seed) const override;
+  double flops_per_token(int64_t seq_len) const override { return falcon_flops_per_token(o_, seq_len); }
+  std::optional<double> activation_bytes(int64_t batch, int64_t seq_len, int bytes_per_value,
+                                         bool activation_checkpointing) const override {
+    return falcon_activation_bytes(o_, batch, seq_len, bytes_per_value, activation_checkpointing);
+  }
+  int64_t largest_unit_params() const override { return falcon_largest_unit_params(o_); }
+  int64_t vocab_size() const override { return o_.vocab_size; }
+  int64_t max_seq_len() const override { return o_.max_position_embeddings; }
+  std::string describe() const override;
+  std::string family() const override { return "falcon"; }
+  bool has_hf_format() const override { return true; }
+  nlohmann::ordered_json hf_config(at::ScalarType dtype) const override { return falcon_hf_config(o_, dtype); }
+  std::optional<std::string> tied_embedding_name() const override;
+
+  FalconModel transformer{nullptr};
+  Linear lm_head{nullptr};  // only when tie_word_embeddings is false
+
+ private:
+  AttentionInputs attention_inputs(const at::Tensor& ids, const ForwardOptions& fo, int64_t past,
+                                   const at::Tensor& key_mask, const at::Tensor& positions);
+
+  FalconOptions o_;
+  at::Tensor inv_freq_;  // (head_dim / 2,) float32 on the CPU; undefined with ALiBi
+  at::Tensor slopes_;    // (heads,) float32 on the CPU; ALiBi only
+  std::shared_ptr<UnitRunner> runner_;
+};
+TORCH_MODULE(FalconForCausalLM);
+
+// Builds the model on options.init_device; on a real device initialised as HF's FalconPreTrainedModel does (normal
+// with std initializer_range for Linear and Embedding weights, zero biases, LayerNorms weight 1 and bias 0), each
+// module from its own generator seeded from `seed` and the module's name.
+FalconForCausalLM build_falcon(const FalconOptions& options, uint64_t seed = 17);
+
+}  // namespace tessera::models

@@ -1,0 +1,18 @@
+// Gemma 2 and 3's entries: a recipe name per version, which is its model_type too.
+#include "tessera/models/family.h"
+#include "models/gemma/gemma.h"
+
+#include <string>
+
+namespace tessera::models {
+
+void register_family_gemma(FamilyRegistrar& r) {
+  for (const char* type : {"gemma2", "gemma3_text"}) {
+    add_recipe_family<GemmaOptions>(
+        r.recipes, type, [t = std::string(type)](config::Section& s) { return parse_gemma_options(s, t); },
+        &build_gemma);
+    r.model_types.add(type, hf_builder(&gemma_options_from_hf_config, &build_gemma));
+  }
+}
+
+}  // namespace tessera::models

@@ -1,0 +1,257 @@
+// The GPT-NeoX family: options (recipe and config.json), modules, partial rotary embeddings, initialisation.
+#include "models/gpt_neox/gpt_neox.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+#include <set>
+
+#include "tessera/config/value.h"
+#include "tessera/models/family_support.h"
+#include "tessera/util/error.h"
+
+namespace tessera::models {
+
+// ---- Options --------------------------------------------------------------------------------------------------------
+
+int64_t GPTNeoXOptions::rotary_ndims() const {
+  return static_cast<int64_t>(static_cast<double>(head_dim()) * rotary_pct);
+}
+
+GPTNeoXOptions parse_gpt_neox_options(config::Section& s) {
+  GPTNeoXOptions o;
+  (void)s.get_choice("model_type", "gpt_neox", {"gpt_neox"});
+  o.vocab_size = s.get_int("vocab_size", o.vocab_size);
+  o.hidden_size = s.get_int("hidden_size", o.hidden_size);
+  o.num_hidden_layers = s.get_int("num_hidden_layers", o.num_hidden_layers);
+  o.num_attention_heads = s.get_int("num_attention_heads", o.num_attention_heads);
+  o.intermediate_size = s.get_int("intermediate_size", o.intermediate_size);
+  o.hidden_act = s.get_string("hidden_act", o.hidden_act);
+  s.check(is_hf_activation(o.hidden_act), "hidden_act",
+          fmt::format("\"{}\" is not an activation Tessera computes ({})", o.hidden_act,
+                      fmt::join(hf_activation_names(), ", ")));
+  o.rotary_pct = s.get_double("rotary_pct", o.rotary_pct);
+  o.rotary_emb_base = s.get_double("rotary_emb_base", o.rotary_emb_base);
+  o.attention_dropout = s.get_double("attention_dropout", o.attention_dropout);
+  o.hidden_dropout = s.get_double("hidden_dropout", o.hidden_dropout);
+  o.max_position_embeddings = s.get_int("max_position_embeddings", o.max_position_embeddings);
+  o.initializer_range = s.get_double("initializer_range", o.initializer_range);
+  o.layer_norm_eps = s.get_double("layer_norm_eps", o.layer_norm_eps);
+  o.tie_word_embeddings = s.get_bool("tie_word_embeddings", o.tie_word_embeddings);
+  o.use_parallel_residual = s.get_bool("use_parallel_residual", o.use_parallel_residual);
+  o.attention_bias = s.get_bool("attention_bias", o.attention_bias);
+  o.bos_token_id = s.get_nullable_int("bos_token_id", o.bos_token_id);
+  o.eos_token_id = s.get_nullable_int("eos_token_id", o.eos_token_id);
+  o.pad_token_id = s.get_nullable_int("pad_token_id", o.pad_token_id);
+  o.init_device = s.get_choice("init_device", o.init_device, {"cpu", "meta", "cuda"});
+  o.rope_linear_factor = read_linear_rope_scaling(s, "GPT-NeoX");
+
+  s.check(o.hidden_size > 0 && o.vocab_size > 0 && o.num_hidden_layers > 0 && o.intermediate_size > 0, "hidden_size",
+          "hidden_size, vocab_size, num_hidden_layers and intermediate_size must be positive");
+  s.check(o.num_attention_heads > 0 && o.hidden_size % o.num_attention_heads == 0, "num_attention_heads",
+          fmt::format("must divide hidden_size ({})", o.hidden_size));
+  s.check(o.rotary_pct > 0 && o.rotary_pct <= 1, "rotary_pct", "must be in (0, 1]");
+  s.check(o.rotary_ndims() % 2 == 0 && o.rotary_ndims() > 0, "rotary_pct",
+          fmt::format("gives {} rotary dimensions of each head (int(head_dim {} x {})): rotary embeddings rotate an "
+                      "even, positive number",
+                      o.rotary_ndims(), o.head_dim(), o.rotary_pct));
+  s.check(o.max_position_embeddings > 0, "max_position_embeddings", "must be positive");
+  s.check(o.hidden_dropout >= 0 && o.hidden_dropout < 1, "hidden_dropout", "must be in [0, 1)");
+  s.check(o.attention_dropout >= 0 && o.attention_dropout < 1, "attention_dropout", "must be in [0, 1)");
+  return o;
+}
+
+GPTNeoXOptions gpt_neox_options_from_hf_config(const nlohmann::json& raw, const std::string& where) {
+  // The keys GPTNeoXConfig reads. transformers 4 also stores rope_theta and partial_rotary_factor, but sets them from
+  // rotary_emb_base and rotary_pct, which decide the function (transformers 5's rope_parameters becomes those two).
+  static const std::set<std::string> kKeys = {
+      "model_type",          "vocab_size",        "hidden_size",         "num_hidden_layers",
+      "num_attention_heads", "intermediate_size", "hidden_act",          "rotary_pct",
+      "rotary_emb_base",     "attention_dropout", "hidden_dropout",      "max_position_embeddings",
+      "initializer_range",   "layer_norm_eps",    "tie_word_embeddings", "use_parallel_residual",
+      "rope_scaling",        "attention_bias",    "bos_token_id",        "eos_token_id",
+      "pad_token_id"};
+  const std::string type = raw.value("model_type", "");
+  if (type != "gpt_neox") throw Error("hf", fmt::format("{}: model_type is \"{}\", expected gpt_neox", where, type));
+  nlohmann::json cfg = hf_config_keys(raw, kKeys, where, {"rope_theta", "partial_rotary_factor"});
+  GPTNeoXOptions o;
+  read_hf_config(cfg, where, [&](config::Section& s) { o = parse_gpt_neox_options(s); });
+  o.init_device = "cpu";
+  return o;
+}
+
+nlohmann::ordered_json gpt_neox_hf_config(const GPTNeoXOptions& o, at::ScalarType dtype) {
+  auto optional = [](const std::optional<int64_t>& v) { return v ? nlohmann::ordered_json(*v) : nullptr; };
+  nlohmann::ordered_json j = {{"architectures", {"GPTNeoXForCausalLM"}},
+                              {"model_type", "gpt_neox"},
+                              {"vocab_size", o.vocab_size},
+                              {"hidden_size", o.hidden_size},
+                              {"num_hidden_layers", o.num_hidden_layers},
+                              {"num_attention_heads", o.num_attention_heads},
+                              {"intermediate_size", o.intermediate_size},
+                              {"hidden_act", o.hidden_act},
+                              {"rotary_pct", o.rotary_pct},
+                              {"rotary_emb_base", o.rotary_emb_base},
+                              {"rope_scaling", nullptr},
+                              {"attention_dropout", o.attention_dropout},
+                              {"hidden_dropout", o.hidden_dropout},
+                              {"max_position_embeddings", o.max_position_embeddings},
+                              {"initializer_range", o.initializer_range},
+                              {"layer_norm_eps", o.layer_norm_eps},
+                              {"tie_word_embeddings", o.tie_word_embeddings},
+                              {"use_parallel_residual", o.use_parallel_residual},
+                              {"attention_bias", o.attention_bias},
+                              {"bos_token_id", optional(o.bos_token_id)},
+                              {"eos_token_id", optional(o.eos_token_id)},
+                              {"pad_token_id", optional(o.pad_token_id)},
+                              {"use_cache", true},
+                              {"torch_dtype", hf_torch_dtype(dtype)}};
+  if (o.rope_linear_factor != 1.0) j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", o.rope_linear_factor}};
+  return j;
+}
+
+// ---- Modules --------------------------------------------------------------------------------------------------------
+
+GPTNeoXAttentionImpl::GPTNeoXAttentionImpl(const GPTNeoXOptions& o, const at::TensorOptions& t) : o_(o) {
+  const int64_t d = o.hidden_size;
+  query_key_value = register_module("query_key_value", Linear(d, 3 * d, o.attention_bias, t));
+  dense = register_module("dense", Linear(d, d, o.attention_bias, t));
+}
+
+at::Tensor GPTNeoXAttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
+  const int64_t b = x.size(0), s = x.size(1), hd = o_.head_dim(), h = o_.num_attention_heads, r = o_.rotary_ndims();
+  const at::Tensor qkv = query_key_value(x).view({b, s, h, 3 * hd});  // per head: q, k, v
+  at::Tensor q = qkv.narrow(3, 0, hd), k = qkv.narrow(3, hd, hd), v = qkv.narrow(3, 2 * hd, hd);
+  // Rotary on the first r dimensions of each head; the rest pass through.
+  auto rotate = [&](const at::Tensor& t) {
+    const at::Tensor rotated = apply_rotary(t.narrow(3, 0, r), in.rope_cos, in.rope_sin);
+    return r == hd ? rotated : at::cat({rotated, t.narrow(3, r, hd - r)}, 3);
+  };
+  q = rotate(q).transpose(1, 2);
+  k = rotate(k).transpose(1, 2);
+  v = v.transpose(1, 2);
+  append_to_cache(cache, k, v);
+  const double dropout = is_training() ? o_.attention_dropout : 0.0;
+  const at::Tensor context = attend(q, k, v, in, 1.0 / std::sqrt(static_cast<double>(hd)), dropout, is_training());
+  return dense(context.transpose(1, 2).reshape({b, s, h * hd}));
+}
+
+GPTNeoXMLPImpl::GPTNeoXMLPImpl(const GPTNeoXOptions& o, const at::TensorOptions& t) : act_(o.hidden_act) {
+  dense_h_to_4h = register_module("dense_h_to_4h", Linear(o.hidden_size, o.intermediate_size, true, t));
+  dense_4h_to_h = register_module("dense_4h_to_h", Linear(o.intermediate_size, o.hidden_size, true, t));
+}
+
+at::Tensor GPTNeoXMLPImpl::forward(const at::Tensor& x) {
+  return dense_4h_to_h(hf_activation(act_, dense_h_to_4h(x)));
+}
+
+GPTNeoXLayerImpl::GPTNeoXLayerImpl(const GPTNeoXOptions& o, const at::TensorOptions& t) : o_(o) {
+  input_layernorm =
+      register_module("input_layernorm", Norm(o.hidden_size, NormType::kLayerNorm, o.layer_norm_eps, true, t));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm", Norm(o.hidden_size, NormType::kLayerNorm, o.layer_norm_eps, true, t));
+  attention = register_module("attention", GPTNeoXAttention(o, t));
+  mlp = register_module("mlp", GPTNeoXMLP(o, t));
+}
+
+at::Tensor GPTNeoXLayerImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
+  const bool training = is_training();
+  const at::Tensor attn = at::dropout(attention(input_layernorm(x), in, cache), o_.hidden_dropout, training);
+  if (o_.use_parallel_residual) {
+    return at::dropout(mlp(post_attention_layernorm(x)), o_.hidden_dropout, training) + attn + x;
+  }
+  const at::Tensor h = attn + x;
+  return at::dropout(mlp(post_attention_layernorm(h)), o_.hidden_dropout, training) + h;
+}
+
+GPTNeoXModelImpl::GPTNeoXModelImpl(const GPTNeoXOptions& o, const at::TensorOptions& t) {
+  embed_in = register_module("embed_in", Embedding(o.vocab_size, o.hidden_size, t));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < o.num_hidden_layers; ++i) layers->push_back(GPTNeoXLayer(o, t));
+  final_layer_norm =
+      register_module("final_layer_norm", Norm(o.hidden_size, NormType::kLayerNorm, o.layer_norm_eps, true, t));
+}
+
+GPTNeoXForCausalLMImpl::GPTNeoXForCausalLMImpl(const GPTNeoXOptions& o) : o_(o) {
+  inv_freq_ = rotary_inv_freq(o.rotary_ndims(), o.rotary_emb_base) / o.rope_linear_factor;
+  const at::TensorOptions t = at::TensorOptions().dtype(at::kFloat).device(at::Device(o.init_device));
+  gpt_neox = register_module("gpt_neox", GPTNeoXModel(o, t));
+  if (!o.tie_word_embeddings) {
+    embed_out = register_module("embed_out", Linear(o.hidden_size, o.vocab_size, false, t));
+  }
+}
+
+int64_t GPTNeoXForCausalLMImpl::unit_of_parameter(const std::string& name) const {
+  return layer_unit(name, "gpt_neox.layers.");
+}
+
+at::Tensor GPTNeoXForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOptions& fo) {
+  TORCH_CHECK(ids.dim() == 2, "input_ids must be (batch, seq), got ", ids.sizes());
+  KVCache* cache = fo.cache;
+  const int64_t past = cache ? cache->length : 0, s = ids.size(1);
+  const at::Tensor key_mask = key_padding_mask(ids, fo);
+  auto embed = [this](const at::Tensor& input_ids) {
+    return at::dropout(gpt_neox->embed_in(input_ids), o_.hidden_dropout, is_training());
+  };
+  at::Tensor x = run_unit(runner_, 0, embed, ids);
+  AttentionInputs in = causal_attention_inputs(ids, fo, past, key_mask, compute_dtype(gpt_neox->embed_in->weight));
+  set_rope_tables(in, token_positions(ids, fo, past, key_mask), inv_freq_);
+  x = run_decoder_layers<GPTNeoXLayerImpl>(runner_, gpt_neox->layers, in, cache, key_mask, s, x);
+  auto head = [this](const at::Tensor& h) {
+    const at::Tensor normed = gpt_neox->final_layer_norm(h);
+    return embed_out ? embed_out(normed) : at::linear(normed, gpt_neox->embed_in->weight);
+  };
+  return run_unit(runner_, 0, head, x);
+}
+
+double GPTNeoXForCausalLMImpl::flops_per_token(int64_t seq_len) const {
+  int64_t n = num_params();
+  if (!o_.tie_word_embeddings) n -= o_.vocab_size * o_.hidden_size;
+  return 6.0 * static_cast<double>(n) + 12.0 * static_cast<double>(o_.num_hidden_layers) *
+                                            static_cast<double>(o_.hidden_size) * static_cast<double>(seq_len);
+}
+
+std::optional<double> GPTNeoXForCausalLMImpl::activation_bytes(int64_t batch, int64_t seq_len, int bytes_per_value,
+                                                               bool activation_checkpointing) const {
+  // Per layer: the input, both norms' outputs, q/k/v, the rotated q and k, the attention output, the residual sum of
+  // a sequential layer, and the MLP's pre- and post-activation values.
+  const double tokens = static_cast<double>(batch) * static_cast<double>(seq_len);
+  const double d = static_cast<double>(o_.hidden_size), f = static_cast<double>(o_.intermediate_size);
+  const double p = bytes_per_value;
+  const double block = tokens * (d + 2 * d + 3 * d + 2 * d + d + (o_.use_parallel_residual ? 0 : d) + 2 * f) * p;
+  const double layers = static_cast<double>(o_.num_hidden_layers);
+  const double stored = activation_checkpointing ? layers * tokens * d * p + block : layers * block;
+  return stored + tokens * static_cast<double>(o_.vocab_size) * (p + 4);
+}
+
+void GPTNeoXForCausalLMImpl::init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select) {
+  init_like_transformers(*this, seed, o_.initializer_range, select, std::nullopt);
+}
+
+std::shared_ptr<CausalLM> GPTNeoXForCausalLMImpl::rebuild(const std::string& device,
+                                                          std::optional<uint64_t> seed) const {
+  GPTNeoXOptions o = o_;
+  o.init_device = device;
+  return seed ? build_gpt_neox(o, *seed).ptr() : GPTNeoXForCausalLM(o).ptr();
+}
+
+std::string GPTNeoXForCausalLMImpl::describe() const {
+  return fmt::format(
+      "gpt_neox: hidden {}, heads {} (head_dim {}, rotary {} dims, base {}), layers {}, intermediate {}, vocab {}, "
+      "{} residual, {}",
+      o_.hidden_size, o_.num_attention_heads, o_.head_dim(), o_.rotary_ndims(), o_.rotary_emb_base,
+      o_.num_hidden_layers, o_.intermediate_size, o_.vocab_size, o_.use_parallel_residual ? "parallel" : "sequential",
+      o_.hidden_act);
+}
+
+std::optional<std::string> GPTNeoXForCausalLMImpl::tied_embedding_name() const {
+  if (!o_.tie_word_embeddings) return std::nullopt;
+  return "gpt_neox.embed_in.weight";
+}
+
+GPTNeoXForCausalLM build_gpt_neox(const GPTNeoXOptions& options, uint64_t seed) {
+  return build_initialised<GPTNeoXForCausalLM>(options, seed);
+}
+
+}  // namespace tessera::models

@@ -1,0 +1,14 @@
+// The Llama family's entries: the `llama` recipe (its model_type key picks the variant) and the model_types it reads.
+#include "tessera/models/family.h"
+#include "models/llama/llama.h"
+
+namespace tessera::models {
+
+void register_family_llama(FamilyRegistrar& r) {
+  add_recipe_family<LlamaOptions>(r.recipes, "llama", &parse_llama_options, &build_llama);
+  for (const char* type : {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe"}) {
+    r.model_types.add(type, hf_builder(&llama_options_from_hf_config, &build_llama));
+  }
+}
+
+}  // namespace tessera::models

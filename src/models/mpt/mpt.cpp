@@ -1,0 +1,437 @@
+// MPT modules: attention, FFN, block, transformer body and the causal-LM head; mask and rotary tables built per call.
+#include "models/mpt/mpt.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+
+#include "tessera/util/error.h"
+
+namespace tessera::models {
+namespace {
+
+constexpr float kMasked = std::numeric_limits<float>::lowest();  // LLM Foundry fills with finfo.min, not -inf
+
+}  // namespace
+
+GroupedQueryAttentionImpl::GroupedQueryAttentionImpl(const MPTOptions& o, const at::TensorOptions& t) : o_(o) {
+  const int64_t hd = o.head_dim(), h = o.n_heads, kv = o.attn.kv_n_heads;
+  if (o.attn.fused_qkv) {
+    Wqkv = register_module("Wqkv", Linear(o.d_model, (h + 2 * kv) * hd, o.wqkv_bias(), t));
+  } else {
+    Wq = register_module("Wq", Linear(o.d_model, h * hd, o.wqkv_bias(), t));
+    Wk = register_module("Wk", Linear(o.d_model, kv * hd, o.wqkv_bias(), t));
+    Wv = register_module("Wv", Linear(o.d_model, kv * hd, o.wqkv_bias(), t));
+  }
+  if (o.attn.qk_ln || o.attn.qk_gn) {
+    // As LLM Foundry builds them: its default norm (LPLayerNorm, eps 1e-5, a bias unless no_bias), whatever the
+    // model's norm_type and norm_eps (its attention class is not given them).
+    constexpr NormType kQk = NormType::kLowPrecisionLayerNorm;
+    q_ln = register_module("q_ln", Norm(o.attn.qk_gn ? hd : h * hd, kQk, 1e-5, !o.no_bias, t));
+    k_ln = register_module("k_ln", Norm(o.attn.qk_gn ? hd : kv * hd, kQk, 1e-5, !o.no_bias, t));
+  }
+  out_proj = register_module("out_proj", Linear(h * hd, o.d_model, !o.no_bias, t));
+  out_proj->is_residual = true;
+  scale_ = o.attn.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(hd)));
+}
+
+at::Tensor GroupedQueryAttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
+  const int64_t ways = tp ? tp->size() : 1;  // this rank's heads: 1 / ways of them
+  const bool sp = in.sequence_sharded;       // x: this rank's share of the positions
+  const int64_t b = x.size(0), s = sp ? x.size(1) * ways : x.size(1), hd = o_.head_dim(), h = o_.n_heads / ways,
+                kv = o_.attn.kv_n_heads / ways;
+  at::Tensor q, k, v;
+  if (Wqkv) {
+    at::Tensor qkv = column_parallel(*Wqkv, x, tp, sp);  // (B, S, (H + 2 KV) hd): [Q | K | V], head-major
+    if (o_.attn.clip_qkv) qkv = qkv.clamp(-*o_.attn.clip_qkv, *o_.attn.clip_qkv);
+    q = qkv.narrow(2, 0, h * hd);
+    k = qkv.narrow(2, h * hd, kv * hd);
+    v = qkv.narrow(2, (h + kv) * hd, kv * hd);
+  } else {
+    q = column_parallel(*Wq, x, tp, sp);
+    k = column_parallel(*Wk, x, tp, sp);
+    v = column_parallel(*Wv, x, tp, sp);
+    if (o_.attn.clip_qkv) {
+      q = q.clamp(-*o_.attn.clip_qkv, *o_.attn.clip_qkv);
+      k = k.clamp(-*o_.attn.clip_qkv, *o_.attn.clip_qkv);
+      v = v.clamp(-*o_.attn.clip_qkv, *o_.attn.clip_qkv);
+    }
+  }
+  if (q_ln) {
+    const auto dtype = q.scalar_type();
+    if (o_.attn.qk_gn) {
+      q = q_ln(q.reshape({b, s, h, hd})).to(dtype).reshape({b, s, h * hd});
+      k = k_ln(k.reshape({b, s, kv, hd})).to(dtype).reshape({b, s, kv * hd});
+    } else {
+      q = q_ln(q).to(dtype);
+      k = k_ln(k).to(dtype);
+    }
+  }
+  q = q.reshape({b, s, h, hd});
+  k = k.reshape({b, s, kv, hd});
+  v = v.reshape({b, s, kv, hd});
+  if (in.rope_cos.defined()) {
+    q = apply_rotary(q, in.rope_cos, in.rope_sin);
+    k = apply_rotary(k, in.rope_cos, in.rope_sin);
+  }
+  q = q.transpose(1, 2);  // (B, H, S, hd)
+  k = k.transpose(1, 2);  // (B, KV, S, hd)
+  v = v.transpose(1, 2);
+  append_to_cache(cache, k, v);
+  const at::Tensor context = attend(q, k, v, in, scale_, is_training() ? o_.attn.attn_pdrop : 0.0, is_training())
+                                 .transpose(1, 2)
+                                 .reshape({b, s, h * hd});  // (B, S, H hd)
+  return row_parallel(*out_proj, context, tp, sp);
+}
+
+FFNImpl::FFNImpl(const MPTOptions& o, const at::TensorOptions& t) : act_(o.ffn.ffn_act_fn) {
+  const int64_t f = o.ffn_hidden();
+  up_proj = register_module("up_proj", Linear(o.d_model, f, !o.no_bias, t));
+  if (o.ffn.type == FfnType::kGLU) gate_proj = register_module("gate_proj", Linear(o.d_model, f, !o.no_bias, t));
+  down_proj = register_module("down_proj", Linear(f, o.d_model, !o.no_bias, t));
+  down_proj->is_residual = true;
+}
+
+at::Tensor FFNImpl::forward(const at::Tensor& x, bool sequence_sharded) {
+  const at::Tensor up = column_parallel(*up_proj, x, tp, sequence_sharded);
+  const at::Tensor hidden = gate_proj ? hf_activation(act_, column_parallel(*gate_proj, x, tp, sequence_sharded)) * up
+                                      : hf_activation(act_, up);
+  return row_parallel(*down_proj, hidden, tp, sequence_sharded);
+}
+
+MPTBlockImpl::MPTBlockImpl(const MPTOptions& o, const at::TensorOptions& t, std::shared_ptr<AuxLossScale> aux_scale,
+                           std::shared_ptr<HfRouterLoss> hf_loss)
+    : resid_pdrop_(o.resid_pdrop) {
+  norm_1 = register_module("norm_1", Norm(o.d_model, o.norm_type, o.norm_eps, !o.no_bias, t));
+  attn = register_module("attn", GroupedQueryAttention(o, t));
+  norm_2 = register_module("norm_2", Norm(o.d_model, o.norm_type, o.norm_eps, !o.no_bias, t));
+  if (o.ffn.moe) {
+    moe = register_module(
+        "ffn", MoE(o.moe_layer(), t, aux_scale ? aux_scale : std::make_shared<AuxLossScale>(), std::move(hf_loss)));
+  } else {
+    ffn = register_module("ffn", FFN(o, t));
+  }
+}
+
+at::Tensor MPTBlockImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
+  const auto& tp = attn->tp;
+  const bool sp = in.sequence_sharded;
+  at::Tensor h =
+      x + at::dropout(attn(sequence_parallel_norm(*norm_1, x, tp, sp), in, cache), resid_pdrop_, is_training());
+  const at::Tensor normed = sequence_parallel_norm(*norm_2, h, tp, sp);
+  return h + at::dropout(moe ? moe(normed) : ffn->forward(normed, sp), resid_pdrop_, is_training());
+}
+
+MPTModelImpl::MPTModelImpl(const MPTOptions& o, const at::TensorOptions& t, std::shared_ptr<AuxLossScale> aux_scale,
+                           std::shared_ptr<HfRouterLoss> hf_loss)
+    : o_(o) {
+  wte = register_module("wte", Embedding(o.vocab_size, o.d_model, t));
+  if (o.learned_pos_emb) wpe = register_module("wpe", Embedding(o.max_seq_len, o.d_model, t));
+  blocks = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < o.n_layers; ++i) blocks->push_back(MPTBlock(o, t, aux_scale, hf_loss));
+  norm_f = register_module("norm_f", Norm(o.d_model, o.norm_type, o.norm_eps, !o.no_bias, t));
+  if (o.attn.alibi) slopes_ = alibi_slopes(o.n_heads, o.attn.alibi_bias_max);
+}
+
+const at::Tensor& MPTModelImpl::structural_mask(int64_t past, int64_t s_q, const at::Device& device) {
+  if (mask_cache_.defined() && mask_key_.past == past && mask_key_.s_q == s_q && mask_key_.device == device) {
+    return mask_cache_;
+  }
+  const int64_t s_k = past + s_q;
+  const auto opts = at::TensorOptions().device(device);
+  const at::Tensor qpos = at::arange(past, s_k, opts.dtype(at::kLong)).unsqueeze(1);  // (s_q, 1)
+  const at::Tensor kpos = at::arange(0, s_k, opts.dtype(at::kLong)).unsqueeze(0);     // (1, s_k)
+  at::Tensor blocked = kpos > qpos;                                                   // causal
+  if (o_.attn.sliding_window_size > 0) blocked = blocked | (kpos < qpos - o_.attn.sliding_window_size);
+  at::Tensor mask = at::zeros({1, 1, s_q, s_k}, opts.dtype(at::kFloat));
+  if (o_.attn.alibi) {
+    // LLM Foundry's causal form: slope_h * (j - (s_k - 1)), the same for every query row.
+    const at::Tensor rel = (at::arange(0, s_k, opts.dtype(at::kFloat)) - static_cast<double>(s_k - 1));
+    mask = mask + slopes_.to(device).view({1, -1, 1, 1}) * rel.view({1, 1, 1, s_k});
+  }
+  mask = mask.masked_fill(blocked.view({1, 1, s_q, s_k}), kMasked);
+  mask_key_ = {past, s_q, device};
+  mask_cache_ = mask;
+  return mask_cache_;
+}
+
+AttentionInputs MPTModelImpl::attention_inputs(const at::Tensor& ids, const ForwardOptions& fo, int64_t past,
+                                               const at::Tensor& key_mask) {
+  AttentionInputs in;
+  in.past = past;
+  in.reference = fo.reference_attention;
+  const int64_t s_q = ids.size(1), s_k = past + s_q;
+  const bool padding = key_mask.defined() && !key_mask.all().item<bool>();
+  const bool seq_ids = o_.attn.attn_uses_sequence_id && fo.sequence_id.has_value();
+  const bool structural = o_.attn.alibi || o_.attn.sliding_window_size > 0 || (past > 0 && s_q > 1);
+  if (!structural && !padding && !seq_ids) {
+    in.is_causal = past == 0;  // a single new token after the cache attends to everything
+  } else {
+    at::Tensor mask = structural_mask(past, s_q, ids.device());
+    if (padding) {
+      mask = mask.masked_fill(key_mask.logical_not().view({ids.size(0), 1, 1, s_k}), kMasked);
+    }
+    if (seq_ids) {
+      TORCH_CHECK(past == 0, "sequence_id cannot be combined with a KV cache");
+      const at::Tensor& sid = *fo.sequence_id;
+      const at::Tensor other = sid.unsqueeze(2) != sid.unsqueeze(1);  // (B, S, S)
+      mask = mask.masked_fill(other.unsqueeze(1), kMasked);
+    }
+    in.mask = mask.to(compute_dtype(wte->weight));
+  }
+  if (o_.attn.rope) {
+    const int64_t half = o_.head_dim() / 2;
+    const auto fopts = at::TensorOptions().device(ids.device()).dtype(at::kFloat);
+    const at::Tensor inv_freq =
+        1.0 / at::pow(o_.attn.rope_theta, at::arange(0, 2 * half, 2, fopts) / static_cast<double>(2 * half));
+    at::Tensor freqs = at::outer(at::arange(past, s_k, fopts), inv_freq);  // (s_q, half), positions in fp32
+    if (o_.hf_layout == "dbrx" && padding) {
+      // transformers' DBRX takes the positions generate() derives from the mask (real tokens only); LLM Foundry's
+      // `dail` rotary counts every position from the cache's length.
+      const at::Tensor pos = positions_after_padding(key_mask, past, s_q, ids.options());
+      freqs = pos.to(at::kFloat).unsqueeze(-1) * inv_freq.view({1, 1, -1});  // (B, s_q, half)
+    }
+    in.rope_cos = freqs.cos();
+    in.rope_sin = freqs.sin();
+  }
+  return in;
+}
+
+int64_t unit_of_parameter(const std::string& name) {
+  static const std::string kBlocks = "transformer.blocks.";
+  if (name.rfind(kBlocks, 0) != 0) return 0;
+  return std::stoll(name.substr(kBlocks.size(), name.find('.', kBlocks.size()) - kBlocks.size())) + 1;
+}
+
+at::Tensor MPTModelImpl::forward_blocks(const at::Tensor& ids, const ForwardOptions& fo) {
+  TORCH_CHECK(ids.dim() == 2, "input_ids must be (batch, seq), got ", ids.sizes());
+  KVCache* cache = fo.cache;
+  const int64_t past = cache ? cache->length : 0, s = ids.size(1);
+  if (past + s > o_.max_seq_len && (o_.learned_pos_emb)) {
+    throw Error("model", fmt::format("sequence of {} tokens exceeds max_seq_len {}", past + s, o_.max_seq_len));
+  }
+  const at::Tensor key_mask = key_padding_mask(ids, fo);  // over cached + new positions
+  // The lambdas capture by value: the sharding engine may run them again in backward (activation checkpointing).
+  auto embed = [this, key_mask, past, s](const at::Tensor& input_ids) {
+    at::Tensor x =
+        vocab_parallel ? vocab_parallel_embedding(wte->weight, input_ids, o_.vocab_size, -1, tp) : wte(input_ids);
+    // Left padding: positions count real tokens only (LLM Foundry's fix).
+    if (wpe) x = x + wpe(positions_after_padding(key_mask, past, s, input_ids.options()));
+    if (o_.embedding_fraction < 1.0) {
+      x = x * o_.embedding_fraction + x.detach() * (1.0 - o_.embedding_fraction);
+    }
+    return at::dropout(x, o_.emb_pdrop, is_training());
+  };
+  at::Tensor x = run_unit(unit_runner, 0, embed, ids);
+  AttentionInputs in = attention_inputs(ids, fo, past, key_mask);
+  if (fo.context) in = context_parallel_inputs(in, fo.context, compute_dtype(wte->weight));
+  return run_decoder_layers<MPTBlockImpl>(unit_runner, blocks, in, cache, key_mask, s, x, tp);
+}
+
+at::Tensor MPTModelImpl::forward(const at::Tensor& ids, const ForwardOptions& fo) {
+  at::Tensor x = forward_blocks(ids, fo);
+  return run_unit(
+      unit_runner, 0, [this](const at::Tensor& h) { return norm_f(h); }, x);
+}
+
+MPTForCausalLMImpl::MPTForCausalLMImpl(const MPTOptions& o) : o_(o) {
+  const at::TensorOptions t = at::TensorOptions().dtype(at::kFloat).device(at::Device(o.init_device));
+  if (o.ffn.moe) {
+    hf_loss_->coef = o.ffn.moe->output_router_logits ? o.ffn.moe->loss_weight : 0.0;
+    hf_loss_->sparse_layers = o.n_layers;
+  }
+  transformer = register_module("transformer", MPTModel(o, t, aux_scale_, hf_loss_));
+  if (!o.tie_word_embeddings) lm_head = register_module("lm_head", Linear(o.d_model, o.vocab_size, false, t));
+}
+
+at::Tensor MPTForCausalLMImpl::forward(const at::Tensor& input_ids, const ForwardOptions& fo) {
+  const bool transformers_loss = o_.ffn.moe && o_.hf_layout == "dbrx" && is_training();
+  if (o_.ffn.moe) {
+    for (const auto& b : *transformer->blocks) b->as<MPTBlockImpl>()->moe->records.clear();
+    hf_aux_ = at::Tensor();
+    if (transformers_loss) {
+      const at::Tensor key_mask = key_padding_mask(input_ids, fo);
+      hf_loss_->start(o_.ffn.moe->num_experts, key_mask.defined() ? key_mask.reshape({-1}) : at::Tensor(),
+                      input_ids.numel(), input_ids.device());
+    }
+  }
+  const at::Tensor x = transformer->forward_blocks(input_ids, fo);
+  const bool local_vocab = fo.vocab_parallel;
+  auto head = [this, local_vocab](const at::Tensor& h) {
+    const at::Tensor normed = transformer->norm_f(h);
+    const at::Tensor& w = lm_head ? lm_head->weight : transformer->wte->weight;
+    // Vocabulary parallelism: this rank's rows of the head (column-parallel over the vocabulary).
+    at::Tensor logits = vocab_tp_ ? at::linear(tensor_parallel_enter(normed, vocab_tp_), w) : at::linear(normed, w);
+    if (o_.logit_scale) logits = logits * *o_.logit_scale;
+    return vocab_tp_ && !local_vocab ? vocab_gather(logits, vocab_tp_) : logits;
+  };
+  at::Tensor logits = run_unit(transformer->unit_runner, 0, head, x);
+  if (transformers_loss) hf_aux_ = hf_loss_->finish();
+  return logits;
+}
+
+MPTForCausalLM build_mpt(const MPTOptions& options, uint64_t seed) {
+  MPTForCausalLM model(options);
+  if (options.init_device != "meta") {
+    init_mpt_weights(model, seed);
+  }
+  return model;
+}
+
+MPTForCausalLM materialize(const MPTForCausalLM& meta_model, const at::Device& device, uint64_t seed) {
+  MPTOptions o = meta_model->options();
+  o.init_device = device.str();
+  return build_mpt(o, seed);
+}
+
+void MPTForCausalLMImpl::init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select) {
+  init_mpt_weights(*this, seed, select);
+}
+
+std::shared_ptr<CausalLM> MPTForCausalLMImpl::rebuild(const std::string& device, std::optional<uint64_t> seed) const {
+  MPTOptions o = o_;
+  o.init_device = device;
+  return seed ? build_mpt(o, *seed).ptr() : MPTForCausalLM(o).ptr();
+}
+
+double MPTForCausalLMImpl::flops_per_token(int64_t seq_len) const {
+  return mpt_flops_per_token(o_, seq_len);
+}
+
+std::optional<double> MPTForCausalLMImpl::activation_bytes(int64_t batch, int64_t seq_len, int bytes_per_value,
+                                                           bool activation_checkpointing) const {
+  return mpt_activation_bytes(o_, batch, seq_len, bytes_per_value, activation_checkpointing);
+}
+
+std::string MPTForCausalLMImpl::describe() const {
+  const std::string ffn = o_.ffn.moe ? fmt::format("{} x {} experts (top {}, {})", o_.ffn_hidden(),
+                                                   o_.ffn.moe->num_experts, o_.ffn.moe->top_k, o_.ffn.moe->ffn_type)
+                                     : std::to_string(o_.ffn_hidden());
+  return fmt::format("{}: d_model {}, n_heads {} (kv {}), n_layers {}, ffn {}, vocab {}, {}",
+                     o_.hf_layout == "dbrx" ? "dbrx (as mpt_causal_lm)" : "mpt_causal_lm", o_.d_model, o_.n_heads,
+                     o_.attn.kv_n_heads, o_.n_layers, ffn, o_.vocab_size,
+                     o_.attn.alibi ? "alibi" : (o_.attn.rope ? "rope" : "learned positions"));
+}
+
+nlohmann::ordered_json MPTForCausalLMImpl::hf_config(at::ScalarType dtype) const {
+  return o_.hf_layout == "dbrx" ? dbrx_hf_config(o_, dtype) : mpt_hf_config(o_, dtype);
+}
+
+HfFormat MPTForCausalLMImpl::hf_format(at::ScalarType dtype) const {
+  return mpt_hf_format(o_, dtype, *this);
+}
+
+std::optional<std::string> MPTForCausalLMImpl::tied_embedding_name() const {
+  if (!o_.tie_word_embeddings) return std::nullopt;
+  return "transformer.wte.weight";
+}
+
+std::shared_ptr<CausalLM> MPTForCausalLMImpl::with_alibi(double alibi_bias_max, int64_t max_seq_len,
+                                                         uint64_t seed) const {
+  if (o_.attn.rope) throw ConfigError("algorithms", "alibi: the model uses rotary embeddings (attn_config.rope)");
+  MPTOptions o = o_;
+  o.attn.alibi = true;
+  o.attn.alibi_bias_max = alibi_bias_max;
+  o.learned_pos_emb = false;
+  o.max_seq_len = max_seq_len;
+  o.init_device = transformer->wte->weight.device().str();
+  return build_mpt(o, seed).ptr();
+}
+
+std::map<std::string, at::Tensor> MPTForCausalLMImpl::auxiliary_losses() const {
+  std::map<std::string, at::Tensor> out;
+  if (!o_.ffn.moe) return out;
+  if (hf_aux_.defined()) out.emplace("aux_loss", hf_aux_);
+  for (const auto& b : *transformer->blocks) {
+    const auto& records = b->as<MPTBlockImpl>()->moe->records;
+    if (records.empty()) continue;
+    for (const auto& [name, t] : {std::pair{"lbl", records.front().lbl}, std::pair{"z_loss", records.front().zloss}}) {
+      if (!t.defined()) continue;
+      auto it = out.find(name);
+      if (it == out.end()) {
+        out.emplace(name, t.to(at::kFloat));
+      } else {
+        it->second = it->second + t.to(at::kFloat);
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> MPTForCausalLMImpl::expert_token_counts() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  if (!o_.ffn.moe) return out;
+  int64_t i = 0;
+  for (const auto& b : *transformer->blocks) {
+    const auto& records = b->as<MPTBlockImpl>()->moe->records;
+    if (!records.empty()) out.emplace_back(fmt::format("layer_{}", i), records.front().tokens_per_expert);
+    ++i;
+  }
+  return out;
+}
+
+std::vector<TensorParallelSplit> MPTForCausalLMImpl::tensor_parallel_plan(int64_t degree) const {
+  const auto refuse = [degree](const std::string& why) {
+    throw ConfigError("models", fmt::format("tensor_parallel_degree {}: {}", degree, why));
+  };
+  const int64_t h = o_.n_heads, kv = o_.attn.kv_n_heads, hd = o_.head_dim();
+  if (h % degree != 0 || kv % degree != 0) {
+    refuse(
+        fmt::format("MPT's {} query and {} key/value heads (attn_config.kv_n_heads) do not split into {} equal "
+                    "shares",
+                    h, kv, degree));
+  }
+  if (o_.ffn.moe) refuse("the MoE layers' experts do not split over a tensor-parallel group (use moe_world_size)");
+  if (o_.attn.qk_ln) refuse("attn_config.qk_ln normalises over every head at once (qk_gn, per head, splits)");
+  if (o_.attn.alibi) refuse("attn_config.alibi is not split over heads yet");
+  if (o_.ffn_hidden() % degree != 0) {
+    refuse(fmt::format("the MLP's {} hidden units do not split into {} equal shares", o_.ffn_hidden(), degree));
+  }
+  std::vector<TensorParallelSplit> plan;
+  // The head along the vocabulary, where it divides (else the head stays whole): the embedding table with it when tied.
+  if (o_.vocab_size % degree == 0) add_vocab_parallel(plan, lm_head ? "lm_head.weight" : "transformer.wte.weight");
+  int64_t i = 0;
+  for (const auto& b : *transformer->blocks) {
+    const auto* block = b->as<MPTBlockImpl>();
+    const std::string p = fmt::format("transformer.blocks.{}.", i++);
+    const auto& a = *block->attn;
+    if (a.Wqkv) {
+      add_column_parallel(plan, p + "attn.Wqkv", *a.Wqkv, {h * hd, kv * hd, kv * hd});
+    } else {
+      add_column_parallel(plan, p + "attn.Wq", *a.Wq);
+      add_column_parallel(plan, p + "attn.Wk", *a.Wk);
+      add_column_parallel(plan, p + "attn.Wv", *a.Wv);
+    }
+    add_row_parallel(plan, p + "attn.out_proj");
+    const auto& f = *block->ffn;
+    add_column_parallel(plan, p + "ffn.up_proj", *f.up_proj);
+    if (f.gate_proj) add_column_parallel(plan, p + "ffn.gate_proj", *f.gate_proj);
+    add_row_parallel(plan, p + "ffn.down_proj");
+  }
+  return plan;
+}
+
+void MPTForCausalLMImpl::set_tensor_parallel(std::shared_ptr<TensorParallelGroup> group) {
+  transformer->tp = group;
+  const bool vocab = group && group->size() > 1 && o_.vocab_size % group->size() == 0;  // as tensor_parallel_plan
+  vocab_tp_ = vocab ? group : nullptr;
+  transformer->vocab_parallel = vocab && !lm_head;
+  for (const auto& b : *transformer->blocks) {
+    auto* block = b->as<MPTBlockImpl>();
+    block->attn->tp = group;
+    block->ffn->tp = group;
+  }
+}
+
+bool MPTForCausalLMImpl::supports_context_parallel() const {
+  return !o_.ffn.moe;  // the router's losses count each rank's tokens as the whole batch
+}
+
+void MPTForCausalLMImpl::use_low_precision_norms() {
+  CausalLM::use_low_precision_norms();
+  if (o_.norm_type == NormType::kLayerNorm) o_.norm_type = NormType::kLowPrecisionLayerNorm;
+  if (o_.norm_type == NormType::kRMSNorm) o_.norm_type = NormType::kLowPrecisionRMSNorm;
+}
+
+}  // namespace tessera::models

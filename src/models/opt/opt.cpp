@@ -1,0 +1,266 @@
+// The OPT family: options (recipe and config.json), modules, learned positions with transformers' offset of 2,
+// initialisation.
+#include "models/opt/opt.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+#include <set>
+
+#include "tessera/config/value.h"
+#include "tessera/models/family_support.h"
+#include "tessera/util/error.h"
+
+namespace tessera::models {
+namespace {
+
+constexpr int64_t kOptPositionOffset = 2;  // OPTLearnedPositionalEmbedding.offset
+constexpr double kOptNormEps = 1e-5;       // nn.LayerNorm's default: OPT has no eps key
+
+}  // namespace
+
+// ---- Options --------------------------------------------------------------------------------------------------------
+
+OPTOptions parse_opt_options(config::Section& s) {
+  OPTOptions o;
+  (void)s.get_choice("model_type", "opt", {"opt"});
+  o.vocab_size = s.get_int("vocab_size", o.vocab_size);
+  o.hidden_size = s.get_int("hidden_size", o.hidden_size);
+  o.num_hidden_layers = s.get_int("num_hidden_layers", o.num_hidden_layers);
+  o.ffn_dim = s.get_int("ffn_dim", o.ffn_dim);
+  o.max_position_embeddings = s.get_int("max_position_embeddings", o.max_position_embeddings);
+  o.do_layer_norm_before = s.get_bool("do_layer_norm_before", o.do_layer_norm_before);
+  o.remove_final_layer_norm = s.get_bool("_remove_final_layer_norm", o.remove_final_layer_norm);
+  o.word_embed_proj_dim = s.get_optional_int("word_embed_proj_dim").value_or(o.hidden_size);
+  o.dropout = s.get_double("dropout", o.dropout);
+  o.attention_dropout = s.get_double("attention_dropout", o.attention_dropout);
+  o.num_attention_heads = s.get_int("num_attention_heads", o.num_attention_heads);
+  o.activation_function = s.get_string("activation_function", o.activation_function);
+  s.check(is_hf_activation(o.activation_function), "activation_function",
+          fmt::format("\"{}\" is not an activation Tessera computes ({})", o.activation_function,
+                      fmt::join(hf_activation_names(), ", ")));
+  const double layerdrop = s.get_double("layerdrop", 0.0);
+  s.check(layerdrop == 0.0, "layerdrop",
+          fmt::format("{}: Tessera's OPT does not drop layers at random (LayerDrop); set 0", layerdrop));
+  o.init_std = s.get_double("init_std", o.init_std);
+  o.enable_bias = s.get_bool("enable_bias", o.enable_bias);
+  s.check(s.get_bool("layer_norm_elementwise_affine", true), "layer_norm_elementwise_affine",
+          "false (LayerNorms without weight and bias) is not computed by Tessera's OPT");
+  o.tie_word_embeddings = s.get_bool("tie_word_embeddings", o.tie_word_embeddings);
+  o.bos_token_id = s.get_nullable_int("bos_token_id", o.bos_token_id);
+  o.eos_token_id = s.get_nullable_int("eos_token_id", o.eos_token_id);
+  o.pad_token_id = s.get_nullable_int("pad_token_id", o.pad_token_id);
+  o.init_device = s.get_choice("init_device", o.init_device, {"cpu", "meta", "cuda"});
+
+  s.check(o.hidden_size > 0 && o.vocab_size > 0 && o.num_hidden_layers > 0 && o.ffn_dim > 0, "hidden_size",
+          "hidden_size, vocab_size, num_hidden_layers and ffn_dim must be positive");
+  s.check(o.word_embed_proj_dim > 0, "word_embed_proj_dim", "must be positive");
+  s.check(o.num_attention_heads > 0 && o.hidden_size % o.num_attention_heads == 0, "num_attention_heads",
+          fmt::format("must divide hidden_size ({})", o.hidden_size));
+  s.check(o.max_position_embeddings > 0, "max_position_embeddings", "must be positive");
+  s.check(o.dropout >= 0 && o.dropout < 1, "dropout", "must be in [0, 1)");
+  s.check(o.attention_dropout >= 0 && o.attention_dropout < 1, "attention_dropout", "must be in [0, 1)");
+  if (o.pad_token_id) {
+    s.check(*o.pad_token_id >= 0 && *o.pad_token_id < o.vocab_size, "pad_token_id",
+            fmt::format("must be a token id below vocab_size ({})", o.vocab_size));
+  }
+  return o;
+}
+
+OPTOptions opt_options_from_hf_config(const nlohmann::json& raw, const std::string& where) {
+  // The keys OPTConfig reads. The published configs also carry activation_dropout, which transformers' OPT classes
+  // do not read.
+  static const std::set<std::string> kKeys = {"model_type",
+                                              "vocab_size",
+                                              "hidden_size",
+                                              "num_hidden_layers",
+                                              "ffn_dim",
+                                              "max_position_embeddings",
+                                              "do_layer_norm_before",
+                                              "_remove_final_layer_norm",
+                                              "word_embed_proj_dim",
+                                              "dropout",
+                                              "attention_dropout",
+                                              "num_attention_heads",
+                                              "activation_function",
+                                              "layerdrop",
+                                              "init_std",
+                                              "enable_bias",
+                                              "layer_norm_elementwise_affine",
+                                              "tie_word_embeddings",
+                                              "bos_token_id",
+                                              "eos_token_id",
+                                              "pad_token_id"};
+  const std::string type = raw.value("model_type", "");
+  if (type != "opt") throw Error("hf", fmt::format("{}: model_type is \"{}\", expected opt", where, type));
+  nlohmann::json cfg = hf_config_keys(raw, kKeys, where, {"activation_dropout"});
+  OPTOptions o;
+  read_hf_config(cfg, where, [&](config::Section& s) { o = parse_opt_options(s); });
+  o.init_device = "cpu";
+  return o;
+}
+
+nlohmann::ordered_json opt_hf_config(const OPTOptions& o, at::ScalarType dtype) {
+  auto optional = [](const std::optional<int64_t>& v) { return v ? nlohmann::ordered_json(*v) : nullptr; };
+  return {{"architectures", {"OPTForCausalLM"}},
+          {"model_type", "opt"},
+          {"vocab_size", o.vocab_size},
+          {"hidden_size", o.hidden_size},
+          {"num_hidden_layers", o.num_hidden_layers},
+          {"ffn_dim", o.ffn_dim},
+          {"max_position_embeddings", o.max_position_embeddings},
+          {"do_layer_norm_before", o.do_layer_norm_before},
+          {"_remove_final_layer_norm", o.remove_final_layer_norm},
+          {"word_embed_proj_dim", o.word_embed_proj_dim},
+          {"dropout", o.dropout},
+          {"attention_dropout", o.attention_dropout},
+          {"num_attention_heads", o.num_attention_heads},
+          {"activation_function", o.activation_function},
+          {"layerdrop", 0.0},
+          {"init_std", o.init_std},
+          {"enable_bias", o.enable_bias},
+          {"layer_norm_elementwise_affine", true},
+          {"tie_word_embeddings", o.tie_word_embeddings},
+          {"bos_token_id", optional(o.bos_token_id)},
+          {"eos_token_id", optional(o.eos_token_id)},
+          {"pad_token_id", optional(o.pad_token_id)},
+          {"use_cache", true},
+          {"torch_dtype", hf_torch_dtype(dtype)}};
+}
+
+// ---- Modules --------------------------------------------------------------------------------------------------------
+
+OPTAttentionImpl::OPTAttentionImpl(const OPTOptions& o, const at::TensorOptions& t) : o_(o) {
+  const int64_t d = o.hidden_size;
+  k_proj = register_module("k_proj", Linear(d, d, o.enable_bias, t));
+  v_proj = register_module("v_proj", Linear(d, d, o.enable_bias, t));
+  q_proj = register_module("q_proj", Linear(d, d, o.enable_bias, t));
+  out_proj = register_module("out_proj", Linear(d, d, o.enable_bias, t));
+}
+
+at::Tensor OPTAttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
+  const int64_t b = x.size(0), s = x.size(1), hd = o_.head_dim(), h = o_.num_attention_heads;
+  auto heads = [&](const at::Tensor& t) { return t.view({b, s, h, hd}).transpose(1, 2); };
+  // transformers scales the queries by 1/sqrt(head_dim) before the product; the same scores up to rounding.
+  const at::Tensor q = heads(q_proj(x));
+  at::Tensor k = heads(k_proj(x)), v = heads(v_proj(x));
+  append_to_cache(cache, k, v);
+  const double dropout = is_training() ? o_.attention_dropout : 0.0;
+  const at::Tensor context = attend(q, k, v, in, 1.0 / std::sqrt(static_cast<double>(hd)), dropout, is_training());
+  return out_proj(context.transpose(1, 2).reshape({b, s, h * hd}));
+}
+
+OPTDecoderLayerImpl::OPTDecoderLayerImpl(const OPTOptions& o, const at::TensorOptions& t) : o_(o) {
+  self_attn = register_module("self_attn", OPTAttention(o, t));
+  self_attn_layer_norm =
+      register_module("self_attn_layer_norm", Norm(o.hidden_size, NormType::kLayerNorm, kOptNormEps, true, t));
+  fc1 = register_module("fc1", Linear(o.hidden_size, o.ffn_dim, o.enable_bias, t));
+  fc2 = register_module("fc2", Linear(o.ffn_dim, o.hidden_size, o.enable_bias, t));
+  final_layer_norm =
+      register_module("final_layer_norm", Norm(o.hidden_size, NormType::kLayerNorm, kOptNormEps, true, t));
+}
+
+at::Tensor OPTDecoderLayerImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
+  const bool training = is_training(), pre = o_.do_layer_norm_before;
+  at::Tensor h = x + at::dropout(self_attn(pre ? self_attn_layer_norm(x) : x, in, cache), o_.dropout, training);
+  if (!pre) h = self_attn_layer_norm(h);
+  const at::Tensor mlp = fc2(hf_activation(o_.activation_function, fc1(pre ? final_layer_norm(h) : h)));
+  h = h + at::dropout(mlp, o_.dropout, training);
+  return pre ? h : final_layer_norm(h);
+}
+
+OPTDecoderImpl::OPTDecoderImpl(const OPTOptions& o, const at::TensorOptions& t) {
+  embed_tokens = register_module("embed_tokens", Embedding(o.vocab_size, o.word_embed_proj_dim, t));
+  if (o.pad_token_id) embed_tokens->padding_idx = *o.pad_token_id;  // nn.Embedding(..., padding_idx)
+  embed_positions =
+      register_module("embed_positions", Embedding(o.max_position_embeddings + kOptPositionOffset, o.hidden_size, t));
+  if (o.projects()) {
+    project_out = register_module("project_out", Linear(o.hidden_size, o.word_embed_proj_dim, false, t));
+    project_in = register_module("project_in", Linear(o.word_embed_proj_dim, o.hidden_size, false, t));
+  }
+  if (o.final_norm()) {
+    final_layer_norm =
+        register_module("final_layer_norm", Norm(o.hidden_size, NormType::kLayerNorm, kOptNormEps, true, t));
+  }
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < o.num_hidden_layers; ++i) layers->push_back(OPTDecoderLayer(o, t));
+}
+
+OPTModelImpl::OPTModelImpl(const OPTOptions& o, const at::TensorOptions& t) {
+  decoder = register_module("decoder", OPTDecoder(o, t));
+}
+
+OPTForCausalLMImpl::OPTForCausalLMImpl(const OPTOptions& o) : o_(o) {
+  const at::TensorOptions t = at::TensorOptions().dtype(at::kFloat).device(at::Device(o.init_device));
+  model = register_module("model", OPTModel(o, t));
+  if (!o.tie_word_embeddings)
+    lm_head = register_module("lm_head", Linear(o.word_embed_proj_dim, o.vocab_size, false, t));
+}
+
+int64_t OPTForCausalLMImpl::unit_of_parameter(const std::string& name) const {
+  return layer_unit(name, "model.decoder.layers.");
+}
+
+at::Tensor OPTForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOptions& fo) {
+  TORCH_CHECK(ids.dim() == 2, "input_ids must be (batch, seq), got ", ids.sizes());
+  KVCache* cache = fo.cache;
+  const int64_t past = cache ? cache->length : 0, s = ids.size(1);
+  const at::Tensor key_mask = key_padding_mask(ids, fo);
+  // transformers counts each row's real tokens (cumsum of the mask) and offsets by 2; padding positions, whose
+  // outputs nothing reads, differ.
+  const at::Tensor positions = token_positions(ids, fo, past, key_mask) + kOptPositionOffset;
+  const OPTDecoderImpl& dec = *model->decoder;
+  auto embed = [this, positions](const at::Tensor& input_ids) {
+    OPTDecoderImpl& d = *model->decoder;
+    at::Tensor x = d.embed_tokens(input_ids);
+    if (d.project_in) x = d.project_in(x);
+    return x + d.embed_positions(positions);
+  };
+  at::Tensor x = run_unit(runner_, 0, embed, ids);
+  const AttentionInputs in = causal_attention_inputs(ids, fo, past, key_mask, compute_dtype(dec.embed_tokens->weight));
+  x = run_decoder_layers<OPTDecoderLayerImpl>(runner_, dec.layers, in, cache, key_mask, s, x);
+  auto head = [this](const at::Tensor& h) {
+    OPTDecoderImpl& d = *model->decoder;
+    at::Tensor y = d.final_layer_norm ? d.final_layer_norm(h) : h;
+    if (d.project_out) y = d.project_out(y);
+    return lm_head ? lm_head(y) : at::linear(y, d.embed_tokens->weight);
+  };
+  return run_unit(runner_, 0, head, x);
+}
+
+double OPTForCausalLMImpl::flops_per_token(int64_t seq_len) const {
+  // Embedding lookups (tokens and positions) cost no matmul FLOPs; a tied head's matmul is counted once.
+  int64_t n = num_params() - (o_.max_position_embeddings + kOptPositionOffset) * o_.hidden_size;
+  if (!o_.tie_word_embeddings) n -= o_.vocab_size * o_.word_embed_proj_dim;
+  return 6.0 * static_cast<double>(n) + 12.0 * static_cast<double>(o_.num_hidden_layers) *
+                                            static_cast<double>(o_.hidden_size) * static_cast<double>(seq_len);
+}
+
+void OPTForCausalLMImpl::init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select) {
+  init_like_transformers(*this, seed, o_.init_std, select, std::nullopt);  // embed_tokens zeroes its padding_idx row
+}
+
+std::shared_ptr<CausalLM> OPTForCausalLMImpl::rebuild(const std::string& device, std::optional<uint64_t> seed) const {
+  OPTOptions o = o_;
+  o.init_device = device;
+  return seed ? build_opt(o, *seed).ptr() : OPTForCausalLM(o).ptr();
+}
+
+std::string OPTForCausalLMImpl::describe() const {
+  return fmt::format("opt: hidden {}, heads {} (head_dim {}), layers {}, ffn {}, vocab {}{}, {}, {}", o_.hidden_size,
+                     o_.num_attention_heads, o_.head_dim(), o_.num_hidden_layers, o_.ffn_dim, o_.vocab_size,
+                     o_.projects() ? fmt::format(" (embeddings of {})", o_.word_embed_proj_dim) : "",
+                     o_.do_layer_norm_before ? "pre-LN" : "post-LN", o_.activation_function);
+}
+
+std::optional<std::string> OPTForCausalLMImpl::tied_embedding_name() const {
+  if (!o_.tie_word_embeddings) return std::nullopt;
+  return "model.decoder.embed_tokens.weight";
+}
+
+OPTForCausalLM build_opt(const OPTOptions& options, uint64_t seed) {
+  return build_initialised<OPTForCausalLM>(options, seed);
+}
+
+}  // namespace tessera::models

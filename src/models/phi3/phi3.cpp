@@ -1,0 +1,313 @@
+// The Phi-3 family: options (recipe and config.json), modules with fused q/k/v and gate/up projections, partial
+// rotary with longrope scaling, initialisation.
+#include "models/phi3/phi3.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+#include <set>
+
+#include "tessera/config/value.h"
+#include "tessera/models/family_support.h"
+#include "tessera/util/error.h"
+
+namespace tessera::models {
+namespace {
+
+// transformers' _compute_longrope_parameters: 1 / (factor_i * theta^(2i / dim)), float32.
+at::Tensor longrope_inv_freq(const std::vector<double>& factors, int64_t dim, double theta) {
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  const at::Tensor ext = at::tensor(std::vector<float>(factors.begin(), factors.end()), f32);
+  return 1.0 / (ext * at::pow(theta, at::arange(0, dim, 2, f32) / static_cast<double>(dim)));
+}
+
+}  // namespace
+
+// ---- Options --------------------------------------------------------------------------------------------------------
+
+double Phi3Options::rope_attention_factor() const {
+  if (!longrope()) return 1.0;
+  const double factor =
+      static_cast<double>(max_position_embeddings) / static_cast<double>(original_max_position_embeddings);
+  if (factor <= 1.0) return 1.0;
+  return std::sqrt(1 + std::log(factor) / std::log(static_cast<double>(original_max_position_embeddings)));
+}
+
+Phi3Options parse_phi3_options(config::Section& s) {
+  Phi3Options o;
+  (void)s.get_choice("model_type", "phi3", {"phi3"});
+  o.vocab_size = s.get_int("vocab_size", o.vocab_size);
+  o.hidden_size = s.get_int("hidden_size", o.hidden_size);
+  o.intermediate_size = s.get_int("intermediate_size", o.intermediate_size);
+  o.num_hidden_layers = s.get_int("num_hidden_layers", o.num_hidden_layers);
+  o.num_attention_heads = s.get_int("num_attention_heads", o.num_attention_heads);
+  o.num_key_value_heads = s.get_optional_int("num_key_value_heads").value_or(o.num_attention_heads);
+  o.resid_pdrop = s.get_double("resid_pdrop", o.resid_pdrop);
+  o.embd_pdrop = s.get_double("embd_pdrop", o.embd_pdrop);
+  o.attention_dropout = s.get_double("attention_dropout", o.attention_dropout);
+  o.hidden_act = s.get_string("hidden_act", o.hidden_act);
+  s.check(is_hf_activation(o.hidden_act), "hidden_act",
+          fmt::format("\"{}\" is not an activation Tessera computes ({})", o.hidden_act,
+                      fmt::join(hf_activation_names(), ", ")));
+  o.max_position_embeddings = s.get_int("max_position_embeddings", o.max_position_embeddings);
+  o.original_max_position_embeddings = s.get_int("original_max_position_embeddings", o.max_position_embeddings);
+  o.initializer_range = s.get_double("initializer_range", o.initializer_range);
+  o.rms_norm_eps = s.get_double("rms_norm_eps", o.rms_norm_eps);
+  o.tie_word_embeddings = s.get_bool("tie_word_embeddings", o.tie_word_embeddings);
+  o.rope_theta = s.get_double("rope_theta", o.rope_theta);
+  o.partial_rotary_factor = s.get_double("partial_rotary_factor", o.partial_rotary_factor);
+  o.sliding_window = s.get_optional_int("sliding_window");
+  o.bos_token_id = s.get_nullable_int("bos_token_id", o.bos_token_id);
+  o.eos_token_id = s.get_nullable_int("eos_token_id", o.eos_token_id);
+  o.pad_token_id = s.get_nullable_int("pad_token_id", o.pad_token_id);
+  o.init_device = s.get_choice("init_device", o.init_device, {"cpu", "meta", "cuda"});
+
+  s.check(o.hidden_size > 0 && o.vocab_size > 0 && o.num_hidden_layers > 0 && o.intermediate_size > 0, "hidden_size",
+          "hidden_size, vocab_size, num_hidden_layers and intermediate_size must be positive");
+  s.check(o.num_attention_heads > 0 && o.hidden_size % o.num_attention_heads == 0, "num_attention_heads",
+          fmt::format("must divide hidden_size ({})", o.hidden_size));
+  s.check(o.num_key_value_heads > 0 && o.num_attention_heads % o.num_key_value_heads == 0, "num_key_value_heads",
+          fmt::format("must divide num_attention_heads ({})", o.num_attention_heads));
+  s.check(
+      o.partial_rotary_factor > 0 && o.partial_rotary_factor <= 1 && o.rotary_ndims() % 2 == 0 && o.rotary_ndims() > 0,
+      "partial_rotary_factor",
+      fmt::format("must be in (0, 1] and give an even number of rotary dimensions (int(head_dim {} x {}) = {})",
+                  o.head_dim(), o.partial_rotary_factor, o.rotary_ndims()));
+  s.check(o.original_max_position_embeddings > 0 && o.max_position_embeddings > 0, "max_position_embeddings",
+          "max_position_embeddings and original_max_position_embeddings must be positive");
+  s.check(!o.sliding_window || *o.sliding_window > 0, "sliding_window", "must be positive (or null for none)");
+  s.check(o.resid_pdrop >= 0 && o.resid_pdrop < 1, "resid_pdrop", "must be in [0, 1)");
+  s.check(o.attention_dropout >= 0 && o.attention_dropout < 1, "attention_dropout", "must be in [0, 1)");
+  if (o.pad_token_id) {
+    s.check(*o.pad_token_id >= 0 && *o.pad_token_id < o.vocab_size, "pad_token_id",
+            fmt::format("must be a token id below vocab_size ({})", o.vocab_size));
+  }
+  if (s.has("rope_scaling")) {
+    // Phi3Config's own validation: exactly type (longrope; su and yarn are its older names), short_factor and
+    // long_factor, each of rotary_ndims / 2 numbers.
+    config::Section r = s.section("rope_scaling");
+    const std::string type = r.get_optional_string("type").value_or(r.get_string("rope_type", ""));
+    r.check(type == "longrope" || type == "su" || type == "yarn", "type",
+            "expected longrope (or its older names su and yarn), the only scaling Phi-3 defines, got \"" + type + "\"");
+    const size_t n = static_cast<size_t>(o.rotary_ndims() / 2);
+    o.short_factor = r.get_doubles("short_factor", {}, n);
+    o.long_factor = r.get_doubles("long_factor", {}, n);
+    r.check(o.short_factor.size() == n, "short_factor", fmt::format("needs {} numbers", n));
+    r.check(o.long_factor.size() == n, "long_factor", fmt::format("needs {} numbers", n));
+    r.finish();
+  }
+  return o;
+}
+
+Phi3Options phi3_options_from_hf_config(const nlohmann::json& raw, const std::string& where) {
+  // The keys Phi3Config reads. Published configs also carry attention_bias, which transformers' Phi-3 does not read.
+  static const std::set<std::string> kKeys = {"vocab_size",
+                                              "hidden_size",
+                                              "intermediate_size",
+                                              "num_hidden_layers",
+                                              "num_attention_heads",
+                                              "num_key_value_heads",
+                                              "resid_pdrop",
+                                              "embd_pdrop",
+                                              "attention_dropout",
+                                              "hidden_act",
+                                              "max_position_embeddings",
+                                              "original_max_position_embeddings",
+                                              "initializer_range",
+                                              "rms_norm_eps",
+                                              "tie_word_embeddings",
+                                              "rope_theta",
+                                              "rope_scaling",
+                                              "partial_rotary_factor",
+                                              "sliding_window",
+                                              "bos_token_id",
+                                              "eos_token_id",
+                                              "pad_token_id"};
+  const std::string type = raw.value("model_type", "");
+  if (type != "phi3") throw Error("hf", fmt::format("{}: model_type is \"{}\", expected phi3", where, type));
+  nlohmann::json cfg = hf_config_keys(raw, kKeys, where, {"attention_bias"});
+  // Phi3Config's default, which longrope's attention factor and its choice of factors depend on (a recipe's default is
+  // max_position_embeddings).
+  if (!cfg.contains("original_max_position_embeddings")) cfg["original_max_position_embeddings"] = 4096;
+  Phi3Options o;
+  read_hf_config(cfg, where, [&](config::Section& s) { o = parse_phi3_options(s); });
+  o.init_device = "cpu";
+  return o;
+}
+
+nlohmann::ordered_json phi3_hf_config(const Phi3Options& o, at::ScalarType dtype) {
+  auto optional = [](const std::optional<int64_t>& v) { return v ? nlohmann::ordered_json(*v) : nullptr; };
+  nlohmann::ordered_json j = {{"architectures", {"Phi3ForCausalLM"}},
+                              {"model_type", "phi3"},
+                              {"vocab_size", o.vocab_size},
+                              {"hidden_size", o.hidden_size},
+                              {"intermediate_size", o.intermediate_size},
+                              {"num_hidden_layers", o.num_hidden_layers},
+                              {"num_attention_heads", o.num_attention_heads},
+                              {"num_key_value_heads", o.num_key_value_heads},
+                              {"resid_pdrop", o.resid_pdrop},
+                              {"embd_pdrop", o.embd_pdrop},
+                              {"attention_dropout", o.attention_dropout},
+                              {"hidden_act", o.hidden_act},
+                              {"max_position_embeddings", o.max_position_embeddings},
+                              {"original_max_position_embeddings", o.original_max_position_embeddings},
+                              {"initializer_range", o.initializer_range},
+                              {"rms_norm_eps", o.rms_norm_eps},
+                              {"tie_word_embeddings", o.tie_word_embeddings},
+                              {"rope_theta", o.rope_theta},
+                              {"rope_scaling", nullptr},
+                              {"partial_rotary_factor", o.partial_rotary_factor},
+                              {"sliding_window", optional(o.sliding_window)},
+                              {"bos_token_id", optional(o.bos_token_id)},
+                              {"eos_token_id", optional(o.eos_token_id)},
+                              {"pad_token_id", optional(o.pad_token_id)},
+                              {"use_cache", true},
+                              {"torch_dtype", hf_torch_dtype(dtype)}};
+  if (o.longrope()) {
+    j["rope_scaling"] = {{"type", "longrope"}, {"short_factor", o.short_factor}, {"long_factor", o.long_factor}};
+  }
+  return j;
+}
+
+// ---- Modules --------------------------------------------------------------------------------------------------------
+
+Phi3AttentionImpl::Phi3AttentionImpl(const Phi3Options& o, const at::TensorOptions& t) : o_(o) {
+  const int64_t d = o.hidden_size, hd = o.head_dim(), h = o.num_attention_heads, kv = o.num_key_value_heads;
+  o_proj = register_module("o_proj", Linear(h * hd, d, false, t));
+  qkv_proj = register_module("qkv_proj", Linear(d, (h + 2 * kv) * hd, false, t));
+}
+
+at::Tensor Phi3AttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
+  const int64_t b = x.size(0), s = x.size(1), hd = o_.head_dim(), h = o_.num_attention_heads;
+  const int64_t kv = o_.num_key_value_heads, r = o_.rotary_ndims();
+  const at::Tensor qkv = qkv_proj(x);  // [q heads | k heads | v heads]
+  at::Tensor q = qkv.narrow(-1, 0, h * hd).view({b, s, h, hd});
+  at::Tensor k = qkv.narrow(-1, h * hd, kv * hd).view({b, s, kv, hd});
+  at::Tensor v = qkv.narrow(-1, (h + kv) * hd, kv * hd).view({b, s, kv, hd}).transpose(1, 2);
+  auto rotate = [&](const at::Tensor& t) {
+    const at::Tensor rotated = apply_rotary(t.narrow(3, 0, r), in.rope_cos, in.rope_sin);
+    return r == hd ? rotated : at::cat({rotated, t.narrow(3, r, hd - r)}, 3);
+  };
+  q = rotate(q).transpose(1, 2);
+  k = rotate(k).transpose(1, 2);
+  append_to_cache(cache, k, v);
+  const double dropout = is_training() ? o_.attention_dropout : 0.0;
+  const at::Tensor context = attend(q, k, v, in, 1.0 / std::sqrt(static_cast<double>(hd)), dropout, is_training());
+  return o_proj(context.transpose(1, 2).reshape({b, s, h * hd}));
+}
+
+Phi3MLPImpl::Phi3MLPImpl(const Phi3Options& o, const at::TensorOptions& t) : act_(o.hidden_act) {
+  gate_up_proj = register_module("gate_up_proj", Linear(o.hidden_size, 2 * o.intermediate_size, false, t));
+  down_proj = register_module("down_proj", Linear(o.intermediate_size, o.hidden_size, false, t));
+}
+
+at::Tensor Phi3MLPImpl::forward(const at::Tensor& x) {
+  const auto parts = gate_up_proj(x).chunk(2, -1);  // [gate | up]
+  return down_proj(parts[1] * hf_activation(act_, parts[0]));
+}
+
+Phi3DecoderLayerImpl::Phi3DecoderLayerImpl(const Phi3Options& o, const at::TensorOptions& t)
+    : resid_pdrop_(o.resid_pdrop) {
+  self_attn = register_module("self_attn", Phi3Attention(o, t));
+  mlp = register_module("mlp", Phi3MLP(o, t));
+  input_layernorm =
+      register_module("input_layernorm", Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm", Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));
+}
+
+at::Tensor Phi3DecoderLayerImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
+  const bool training = is_training();
+  const at::Tensor h = x + at::dropout(self_attn(input_layernorm(x), in, cache), resid_pdrop_, training);
+  return h + at::dropout(mlp(post_attention_layernorm(h)), resid_pdrop_, training);
+}
+
+Phi3ModelImpl::Phi3ModelImpl(const Phi3Options& o, const at::TensorOptions& t) {
+  embed_tokens = register_module("embed_tokens", Embedding(o.vocab_size, o.hidden_size, t));
+  if (o.pad_token_id) embed_tokens->padding_idx = *o.pad_token_id;  // nn.Embedding(..., padding_idx)
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < o.num_hidden_layers; ++i) layers->push_back(Phi3DecoderLayer(o, t));
+  norm = register_module("norm", Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));
+}
+
+Phi3ForCausalLMImpl::Phi3ForCausalLMImpl(const Phi3Options& o) : o_(o) {
+  if (o.longrope()) {
+    inv_freq_short_ = longrope_inv_freq(o.short_factor, o.rotary_ndims(), o.rope_theta);
+    inv_freq_long_ = longrope_inv_freq(o.long_factor, o.rotary_ndims(), o.rope_theta);
+  } else {
+    inv_freq_short_ = rotary_inv_freq(o.rotary_ndims(), o.rope_theta);
+  }
+  const at::TensorOptions t = at::TensorOptions().dtype(at::kFloat).device(at::Device(o.init_device));
+  model = register_module("model", Phi3Model(o, t));
+  if (!o.tie_word_embeddings) lm_head = register_module("lm_head", Linear(o.hidden_size, o.vocab_size, false, t));
+}
+
+int64_t Phi3ForCausalLMImpl::unit_of_parameter(const std::string& name) const {
+  return layer_unit(name, "model.layers.");
+}
+
+at::Tensor Phi3ForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOptions& fo) {
+  TORCH_CHECK(ids.dim() == 2, "input_ids must be (batch, seq), got ", ids.sizes());
+  KVCache* cache = fo.cache;
+  const int64_t past = cache ? cache->length : 0, s = ids.size(1);
+  const at::Tensor key_mask = key_padding_mask(ids, fo);
+  auto embed = [this](const at::Tensor& input_ids) { return model->embed_tokens(input_ids); };
+  at::Tensor x = run_unit(runner_, 0, embed, ids);
+  AttentionInputs in = causal_attention_inputs(ids, fo, past, key_mask, compute_dtype(model->embed_tokens->weight),
+                                               o_.sliding_window.value_or(0));
+  const at::Tensor positions = token_positions(ids, fo, past, key_mask);
+  // longrope: the long factors once this call's positions go past the original context (transformers decides per
+  // forward call from max(position_ids) + 1), the short ones otherwise; cos and sin scaled by the attention factor.
+  const bool long_context = o_.longrope() && positions.max().item<int64_t>() + 1 > o_.original_max_position_embeddings;
+  set_rope_tables(in, positions, long_context ? inv_freq_long_ : inv_freq_short_);
+  if (const double scale = o_.rope_attention_factor(); scale != 1.0) {
+    in.rope_cos = in.rope_cos * scale;
+    in.rope_sin = in.rope_sin * scale;
+  }
+  x = run_decoder_layers<Phi3DecoderLayerImpl>(runner_, model->layers, in, cache, key_mask, s, x);
+  auto head = [this](const at::Tensor& h) {
+    const at::Tensor normed = model->norm(h);
+    return lm_head ? lm_head(normed) : at::linear(normed, model->embed_tokens->weight);
+  };
+  return run_unit(runner_, 0, head, x);
+}
+
+double Phi3ForCausalLMImpl::flops_per_token(int64_t seq_len) const {
+  int64_t n = num_params();
+  if (!o_.tie_word_embeddings) n -= o_.vocab_size * o_.hidden_size;
+  const int64_t keys = o_.sliding_window ? std::min(seq_len, *o_.sliding_window) : seq_len;
+  return 6.0 * static_cast<double>(n) + 12.0 * static_cast<double>(o_.num_hidden_layers) *
+                                            static_cast<double>(o_.hidden_size) * static_cast<double>(keys);
+}
+
+void Phi3ForCausalLMImpl::init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select) {
+  init_like_transformers(*this, seed, o_.initializer_range, select, std::nullopt);  // padding_idx row zeroed
+}
+
+std::shared_ptr<CausalLM> Phi3ForCausalLMImpl::rebuild(const std::string& device, std::optional<uint64_t> seed) const {
+  Phi3Options o = o_;
+  o.init_device = device;
+  return seed ? build_phi3(o, *seed).ptr() : Phi3ForCausalLM(o).ptr();
+}
+
+std::string Phi3ForCausalLMImpl::describe() const {
+  return fmt::format(
+      "phi3: hidden {}, heads {} (kv {}, head_dim {}, rotary {} dims{}), layers {}, intermediate {}, "
+      "vocab {}{}",
+      o_.hidden_size, o_.num_attention_heads, o_.num_key_value_heads, o_.head_dim(), o_.rotary_ndims(),
+      o_.longrope() ? fmt::format(", longrope from {}", o_.original_max_position_embeddings) : "", o_.num_hidden_layers,
+      o_.intermediate_size, o_.vocab_size,
+      o_.sliding_window ? fmt::format(", sliding window {}", *o_.sliding_window) : "");
+}
+
+std::optional<std::string> Phi3ForCausalLMImpl::tied_embedding_name() const {
+  if (!o_.tie_word_embeddings) return std::nullopt;
+  return "model.embed_tokens.weight";
+}
+
+Phi3ForCausalLM build_phi3(const Phi3Options& options, uint64_t seed) {
+  return build_initialised<Phi3ForCausalLM>(options, seed);
+}
+
+}  // namespace tessera::models
