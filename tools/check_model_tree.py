@@ -51,7 +51,6 @@ ALLOWED = {
     "src/models/blocks/moe.cpp": {"parallel": 3},
     "src/models/causal_lm.cpp": {"parallel": 1},
     "src/models/context_parallel.cpp": {"parallel": 1},
-    "src/models/family_support.cpp": {"family": 22},
     "src/models/llama/llama.cpp": {"parallel": 10},
     "src/models/llama/llama.h": {"parallel": 6},
     "src/models/mpt/mpt.cpp": {"parallel": 11},

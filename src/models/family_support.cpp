@@ -108,14 +108,17 @@ std::string brief(const nlohmann::json& v) {
 // transformers 5's rope_parameters (one flat object) written into transformers 4's keys of `type`'s class.
 class RopeRewriter {
  public:
-  RopeRewriter(nlohmann::json& cfg, std::string type, std::string where)
-      : cfg_(cfg), type_(std::move(type)), where_(std::move(where)) {}
+  RopeRewriter(nlohmann::json& cfg, std::string type, std::string where, std::vector<std::string> ignored)
+      : cfg_(cfg), type_(std::move(type)), where_(std::move(where)), ignored_(std::move(ignored)) {}
 
-  // `params` (at `name` in config.json): rope_theta -> `theta_key` (in `section` when set), partial_rotary_factor ->
-  // `partial_key` (none: it must be 1), the rest -> rope_scaling unless it says only rope_type default (`scaling`
-  // false: it must).
-  void flat(const nlohmann::json& params, const std::string& name, const std::string& theta_key,
-            const std::string& partial_key, bool scaling, const std::string& section = "") {
+  // `params` (at `name` in config.json) as `rope` says: rope_theta -> theta_key (in theta_section when set),
+  // partial_rotary_factor -> partial_key (none: it must be 1), the rest -> rope_scaling unless it says only rope_type
+  // default (scaling false: it must).
+  void flat(const nlohmann::json& params, const std::string& name, const HfConfigForm::Rope& rope) {
+    const std::string& theta_key = rope.theta_key;
+    const std::string& partial_key = rope.partial_key;
+    const std::string& section = rope.theta_section;
+    const bool scaling = rope.scaling;
     if (!params.is_object()) fail(name, "expected an object, got " + brief(params));
     nlohmann::json rest = params;
     if (rest.contains("rope_theta")) {
@@ -133,8 +136,7 @@ class RopeRewriter {
       }
       rest.erase("partial_rotary_factor");
     }
-    // Phi-3: transformers 5 overwrites this copy with the top-level original_max_position_embeddings (or its default).
-    if (type_ == "phi3") rest.erase("original_max_position_embeddings");
+    for (const std::string& key : ignored_) rest.erase(key);
     // Only {rope_type: default} (or its older name, type) left: no scaling. Anything else goes to the family's reader
     // of rope_scaling, which refuses what it does not compute by name.
     bool plain = true;
@@ -154,6 +156,9 @@ class RopeRewriter {
  private:
   // cfg[section][key] = v, refused when transformers 4's own key already holds another value.
   void put(const std::string& section, const std::string& key, const nlohmann::json& v, const std::string& from) {
+    if (!section.empty() && (!cfg_.contains(section) || cfg_[section].is_null())) {
+      cfg_[section] = nlohmann::json::object();
+    }
     nlohmann::json& into = section.empty() ? cfg_ : cfg_[section];
     if (!into.is_object()) fail(section, "expected an object, got " + brief(into));
     const std::string name = section.empty() ? key : section + "." + key;
@@ -167,6 +172,7 @@ class RopeRewriter {
   nlohmann::json& cfg_;
   std::string type_;
   std::string where_;
+  std::vector<std::string> ignored_;
 };
 
 }  // namespace
@@ -179,56 +185,56 @@ nlohmann::json hf_config_v4(const nlohmann::json& raw, const std::string& where)
     if (!cfg["dtype"].is_null()) cfg["torch_dtype"] = cfg["dtype"];
     cfg.erase("dtype");
   }
-  RopeRewriter rope(cfg, type, where);
-  if (type == "qwen3_moe" && cfg.contains("num_local_experts")) {  // transformers 5 writes the attribute map's name
-    const nlohmann::json n = cfg["num_local_experts"];
-    cfg.erase("num_local_experts");
-    if (cfg.contains("num_experts") && !cfg["num_experts"].is_null() && cfg["num_experts"] != n) {
-      rope.fail("num_local_experts",
-                fmt::format("{} disagrees with num_experts ({}), its other name", brief(n), brief(cfg["num_experts"])));
+  static const HfConfigForm kNone;
+  const auto& forms = hf_config_forms();
+  const auto found = forms.find(type);
+  const HfConfigForm& form = found == forms.end() ? kNone : found->second;
+  RopeRewriter rope(cfg, type, where, form.rope_ignored);
+  for (const auto& [from, to] : form.renamed) {
+    if (!cfg.contains(from)) continue;
+    const nlohmann::json n = cfg[from];
+    cfg.erase(from);
+    if (cfg.contains(to) && !cfg[to].is_null() && cfg[to] != n) {
+      rope.fail(from, fmt::format("{} disagrees with {} ({}), its other name", brief(n), to, brief(cfg[to])));
     }
-    cfg["num_experts"] = n;
+    cfg[to] = n;
   }
   if (!cfg.contains("rope_parameters")) return cfg;
-  // The families with rotary embeddings; the others keep the key, which refuse_unread_hf_keys() then names.
-  static const std::set<std::string> kRotary = {"llama",  "mistral", "qwen2",       "mixtral", "qwen2_moe", "qwen3_moe",
-                                                "falcon", "gemma2",  "gemma3_text", "phi3",    "gpt_neox",  "dbrx"};
   const nlohmann::json params = cfg["rope_parameters"];
   if (params.is_null()) {
     cfg.erase("rope_parameters");
     return cfg;
   }
-  if (!kRotary.count(type)) return cfg;
+  // A family without rotary embeddings keeps the key, which refuse_unread_hf_keys() then names.
+  if (!form.rope && form.rope_per_layer_type.empty()) return cfg;
   cfg.erase("rope_parameters");
-  const bool nested = params.is_object() && (params.contains("full_attention") || params.contains("sliding_attention"));
-  if (type == "gemma3_text") {
-    // Gemma 3: the full-attention layers' parameters (which may scale) and the sliding layers' (default, their own
-    // base); transformers fills in a missing one with its defaults.
-    if (!nested) {
-      rope.fail("rope_parameters",
-                "expected {\"full_attention\": {...}, \"sliding_attention\": {...}}, got " + brief(params));
+  // Parameters per layer type are keyed by transformers' layer types (full_attention, sliding_attention, ...).
+  bool nested = false;
+  if (params.is_object()) {
+    for (const auto& [key, p] : params.items()) nested = nested || key.ends_with("_attention");
+  }
+  if (!form.rope_per_layer_type.empty()) {
+    // One parameter set per layer type (Gemma 3: the full-attention layers', which may scale, and the sliding
+    // layers', default with their own base); transformers fills in a missing one with its defaults.
+    std::string expected;
+    for (const auto& [layer, r] : form.rope_per_layer_type) {
+      expected += fmt::format("{}\"{}\": {{...}}", expected.empty() ? "" : ", ", layer);
     }
+    if (!nested) rope.fail("rope_parameters", "expected {" + expected + "}, got " + brief(params));
     for (const auto& [layer, p] : params.items()) {
-      if (layer == "full_attention") {
-        if (!p.is_null()) rope.flat(p, "rope_parameters.full_attention", "rope_theta", "", true);
-      } else if (layer == "sliding_attention") {
-        if (!p.is_null()) rope.flat(p, "rope_parameters.sliding_attention", "rope_local_base_freq", "", false);
-      } else {
-        rope.fail("rope_parameters." + layer, "not a layer type of Gemma 3 (full_attention, sliding_attention)");
+      const auto r = form.rope_per_layer_type.find(layer);
+      if (r == form.rope_per_layer_type.end()) {
+        std::string types;
+        for (const auto& [known, unused] : form.rope_per_layer_type) types += (types.empty() ? "" : ", ") + known;
+        rope.fail("rope_parameters." + layer, fmt::format("not a layer type of {} ({})", type, types));
       }
+      if (!p.is_null()) rope.flat(p, "rope_parameters." + layer, r->second);
     }
   } else if (nested) {
     rope.fail("rope_parameters", brief(params) + ": rotary parameters per layer type are not read by Tessera's " +
                                      type + ", which has one rotary table; they change the model");
-  } else if (type == "gpt_neox") {
-    rope.flat(params, "rope_parameters", "rotary_emb_base", "rotary_pct", true);
-  } else if (type == "phi3") {
-    rope.flat(params, "rope_parameters", "rope_theta", "partial_rotary_factor", true);
-  } else if (type == "dbrx") {
-    if (!cfg.contains("attn_config") || cfg["attn_config"].is_null()) cfg["attn_config"] = nlohmann::json::object();
-    rope.flat(params, "rope_parameters", "rope_theta", "", false, "attn_config");
   } else {
-    rope.flat(params, "rope_parameters", "rope_theta", "", true);
+    rope.flat(params, "rope_parameters", *form.rope);
   }
   return cfg;
 }

@@ -5,6 +5,7 @@
 
 #include "tessera/models/causal_lm.h"
 #include "tessera/models/family.h"
+#include "tessera/models/family_support.h"
 #include "tessera/models/hf_causal_lm.h"
 #include "tessera/util/error.h"
 
@@ -14,13 +15,14 @@ namespace {
 struct Registries {
   ModelRegistry recipes{"model"};
   HfModelTypeRegistry model_types;
+  std::map<std::string, HfConfigForm> config_forms;
 };
 
 // Both registries, filled once: every built-in family's entries, and hf_causal_lm.
 Registries& registries() {
   static Registries* registries = [] {
     auto* out = new Registries;
-    FamilyRegistrar families{out->recipes, out->model_types};
+    FamilyRegistrar families{out->recipes, out->model_types, out->config_forms};
     register_builtin_families(families);
     out->recipes.add(
         "hf_causal_lm",
@@ -93,6 +95,10 @@ const HfAdapter& HfModelTypeRegistry::adapter(const std::string& model_type) con
 
 HfModelTypeRegistry& hf_model_type_registry() {
   return registries().model_types;
+}
+
+const std::map<std::string, HfConfigForm>& hf_config_forms() {
+  return registries().config_forms;
 }
 
 std::shared_ptr<CausalLM> build_from_hf_config(const nlohmann::json& config, const std::string& where,

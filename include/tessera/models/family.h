@@ -7,12 +7,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "tessera/config/reader.h"
 #include "tessera/models/causal_lm.h"
+#include "tessera/models/family_support.h"
 
 namespace tessera::models {
 
@@ -20,6 +22,9 @@ namespace tessera::models {
 struct FamilyRegistrar {
   ModelRegistry& recipes;
   HfModelTypeRegistry& model_types;
+  // How transformers 5 writes each model_type's config.json, where it differs from transformers 4's form
+  // (family_support.h).
+  std::map<std::string, HfConfigForm>& config_forms;
 };
 
 // Calls every built-in family's register_family_<family>() (generated from the family folders).

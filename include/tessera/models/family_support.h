@@ -9,19 +9,45 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "tessera/config/reader.h"
 
 namespace tessera::models {
 
-// config.json `raw` in transformers 4's form, which the families read. transformers 5 writes the rotary settings as
-// one `rope_parameters` object ({rope_theta, rope_type, partial_rotary_factor, factor, ...}; Gemma 3 one per layer
-// type, {full_attention: {...}, sliding_attention: {...}}) and `dtype` for `torch_dtype`, and Qwen3-MoE's expert
-// count as num_local_experts. They become the keys each family's transformers 4 class reads: rope_theta (GPT-NeoX:
-// rotary_emb_base; DBRX: attn_config.rope_theta; Gemma 3's sliding layers: rope_local_base_freq),
-// partial_rotary_factor (GPT-NeoX: rotary_pct) and the rest as rope_scaling, left out for rope_type default. A
+// How transformers 5 writes one model_type's config.json where it differs from transformers 4's form, which the
+// families read: declared by the family that registers the model_type (FamilyRegistrar::config_forms, family.h) and
+// applied by hf_config_v4().
+struct HfConfigForm {
+  // Where the keys of transformers 5's rope_parameters go.
+  struct Rope {
+    std::string theta_key = "rope_theta";  // rope_theta (GPT-NeoX: rotary_emb_base)
+    std::string theta_section;             // ... inside this sub-object (DBRX: attn_config); empty: top level
+    std::string partial_key;               // partial_rotary_factor; empty: the family rotates whole heads (1 only)
+    bool scaling = true;                   // the rest becomes rope_scaling; false: only rope_type default is read
+  };
+  // A family with rotary embeddings reads rope_parameters (one object); nullopt: it keeps the key, which
+  // refuse_unread_hf_keys() then names.
+  std::optional<Rope> rope;
+  // One parameter set per layer type instead (Gemma 3: full_attention, sliding_attention).
+  std::map<std::string, Rope> rope_per_layer_type;
+  // Keys of rope_parameters that transformers 5 fills in from elsewhere and no class reads there (Phi-3's copy of
+  // original_max_position_embeddings).
+  std::vector<std::string> rope_ignored;
+  // transformers 5's name of a key -> transformers 4's (Qwen3-MoE: num_local_experts -> num_experts).
+  std::map<std::string, std::string> renamed;
+};
+
+// The forms the families registered, by model_type (filled when the model registries are first used).
+const std::map<std::string, HfConfigForm>& hf_config_forms();
+
+// config.json `raw` in transformers 4's form, which the families read: transformers 5 writes the rotary settings as
+// one `rope_parameters` object ({rope_theta, rope_type, partial_rotary_factor, factor, ...}, or one per layer type),
+// `dtype` for `torch_dtype`, and some keys under new names; the model_type's HfConfigForm says where each goes. A
 // config that gives a setting in both forms with different values, a partial rotary factor other than 1 for a family
 // that rotates whole heads, and per-layer-type parameters for a family with one rotary table are refused
 // (Error("hf") naming `where`, the config.json's path, and the key). A config in transformers 4's form comes back

@@ -13,6 +13,12 @@ void register_family_gemma(FamilyRegistrar& r) {
         &build_gemma);
     r.model_types.add(type, hf_builder(&gemma_options_from_hf_config, &build_gemma));
   }
+  // transformers 5: Gemma 3's rotary parameters per layer type, the sliding layers' base under its own key.
+  r.config_forms["gemma2"] = {.rope = HfConfigForm::Rope{}};
+  r.config_forms["gemma3_text"] = {
+      .rope_per_layer_type = {
+          {"full_attention", HfConfigForm::Rope{}},
+          {"sliding_attention", HfConfigForm::Rope{.theta_key = "rope_local_base_freq", .scaling = false}}}};
 }
 
 }  // namespace tessera::models

@@ -11,6 +11,8 @@ void register_family_gpt_neox(FamilyRegistrar& r) {
       "gpt_neox", hf_builder(&gpt_neox_options_from_hf_config, &build_gpt_neox),
       HfAdapter{.tied_head = "embed_out.weight",
                 .dropped_buffers = {".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_freq"}});
+  r.config_forms["gpt_neox"] = {.rope =
+                                    HfConfigForm::Rope{.theta_key = "rotary_emb_base", .partial_key = "rotary_pct"}};
 }
 
 }  // namespace tessera::models

@@ -9,6 +9,11 @@ void register_family_llama(FamilyRegistrar& r) {
   for (const char* type : {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe"}) {
     r.model_types.add(type, hf_builder(&llama_options_from_hf_config, &build_llama));
   }
+  // transformers 5: rope_parameters as rope_theta and rope_scaling; Qwen3-MoE's expert count under Mixtral's name.
+  for (const char* type : {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe"}) {
+    r.config_forms[type] = {.rope = HfConfigForm::Rope{}};
+  }
+  r.config_forms["qwen3_moe"].renamed = {{"num_local_experts", "num_experts"}};
 }
 
 }  // namespace tessera::models

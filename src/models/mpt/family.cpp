@@ -97,6 +97,8 @@ void register_family_mpt(FamilyRegistrar& r) {
   r.model_types.add("gpt2", hf_builder(&mpt_options_from_gpt2_config, &build_mpt),
                     HfAdapter{.dropped_buffers = {".attn.bias", ".attn.masked_bias"}});
   r.model_types.add("dbrx", hf_builder(&mpt_options_from_dbrx_config, &build_mpt));  // an MPT with DBRX's names
+  // transformers 5: DBRX's rope_theta inside attn_config, and no scaling.
+  r.config_forms["dbrx"] = {.rope = HfConfigForm::Rope{.theta_section = "attn_config", .scaling = false}};
 }
 
 }  // namespace tessera::models
