@@ -652,7 +652,7 @@ TEST_F(DistTrainingMoe, ExpertParallelLayoutsTheEngineCannotBuildAreRefusedNamin
   refused("ep_one_rank", 1, {"model.ffn_config.moe_world_size=2"},
           "expert-parallel degree 2 (the MoE layers' own option): the job's 1 rank(s) do not split into "
           "expert-parallel groups of 2");
-  refused("ep_dense", 2, {"parallelism={expert_parallel_degree: 2}", "model.ffn_config={}"},
+  refused("ep_dense", 2, {"'parallelism={expert_parallel_degree: 2}'", "model.ffn_config={}"},
           "parallelism.expert_parallel_degree 2: the model has no mixture-of-experts layers whose experts split");
   refused("ep_no_shard", 2, {"model.ffn_config.moe_world_size=2", "fsdp_config.sharding_strategy=NO_SHARD"},
           "expert parallelism needs a sharded strategy");
