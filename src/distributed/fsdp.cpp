@@ -178,6 +178,7 @@ void ParallelModel::Impl::setup(models::CausalLM& model) {
   tp_comm_ = std::move(tp.group);
   if (tp.holders) holders_comm_ = std::move(tp.holders);
   tp_splits_ = std::move(tp.splits);
+  tp_state_ = std::move(tp.state);
   const int tp_rank = tp_comm_ ? tp_comm_->rank() : 0;
   cp_group_ = setup_context_parallel(model, static_cast<int>(o_.sharding.context_parallel_degree), tp_degree, *comm_,
                                      [this] { sync_point(); });
@@ -312,6 +313,46 @@ void ParallelModel::Impl::reshard(Unit& u) {
 }
 
 at::Tensor ParallelModel::Impl::run(int64_t unit_index, const UnitFn& fn, const at::Tensor& x) {
+  const int64_t n_blocks = static_cast<int64_t>(units_.size()) - 1;
+  if (tp_state_ && unit_index >= 1) return run_sequence_parallel(unit_index, n_blocks, fn, x);
+  return run_unit_call(unit_index, fn, x);
+}
+
+// Sequence parallelism applied from outside the model: the decoder layers (units 1..n) run on this rank's share of
+// the positions where the sequence divides by the tensor-parallel degree. The sequence is cut before the first layer
+// and joined after the last; each layer call (and its recomputation under activation checkpointing) runs with the
+// styles told that its activations are shards.
+at::Tensor ParallelModel::Impl::run_sequence_parallel(int64_t unit_index, int64_t n_blocks, const UnitFn& fn,
+                                                      const at::Tensor& x) {
+  at::Tensor in = x;
+  if (unit_index == 1) {
+    const int64_t t = tp_state_->group->size();
+    sequence_sharded_ = tp_state_->sequence_parallel && t > 1 && x.dim() >= 2 && x.size(1) % t == 0;
+    if (sequence_sharded_) in = models::sequence_scatter(x, tp_state_->group);
+  }
+  const std::shared_ptr<TensorParallelState> state = tp_state_;
+  const bool sharded = sequence_sharded_;
+  const UnitFn layer = [fn, state, sharded](const at::Tensor& h) {
+    const bool before = state->sharded;
+    state->sharded = sharded;
+    try {
+      at::Tensor out = fn(h);
+      state->sharded = before;
+      return out;
+    } catch (...) {
+      state->sharded = before;
+      throw;
+    }
+  };
+  at::Tensor out = run_unit_call(unit_index, layer, in);
+  if (unit_index == n_blocks && sequence_sharded_) {
+    out = models::sequence_gather(out, tp_state_->group);
+    sequence_sharded_ = false;
+  }
+  return out;
+}
+
+at::Tensor ParallelModel::Impl::run_unit_call(int64_t unit_index, const UnitFn& fn, const at::Tensor& x) {
   Unit& u = *units_.at(static_cast<size_t>(unit_index));
   const int64_t n_blocks = static_cast<int64_t>(units_.size()) - 1;
   // Which call this is: the root runs first (embedding) and last (head) in every forward.

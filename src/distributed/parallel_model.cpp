@@ -135,6 +135,22 @@ std::shared_ptr<models::TensorParallelGroup> ParallelModel::context_parallel_gro
   return impl_->cp_group_;
 }
 
+std::shared_ptr<models::TensorParallelGroup> ParallelModel::vocab_parallel_group() const {
+  const auto& state = impl_->tp_state_;
+  return state && state->vocab > 0 ? state->group : nullptr;
+}
+
+ParallelModel::LocalLogits::LocalLogits(const ParallelModel& model, bool on) : model_(model) {
+  if (const auto& state = model_.impl_->tp_state_) {
+    before_ = state->local_logits;
+    state->local_logits = on && state->vocab > 0;
+  }
+}
+
+ParallelModel::LocalLogits::~LocalLogits() {
+  if (const auto& state = model_.impl_->tp_state_) state->local_logits = before_;
+}
+
 const std::vector<std::pair<std::string, std::vector<int64_t>>>& ParallelModel::parameter_shapes() const {
   auto& out = impl_->parameter_shapes_;
   if (!out.empty()) return out;  // fixed since setup: listed once (adaptive clipping asks every step)

@@ -6,6 +6,7 @@
 
 #include <utility>
 
+#include "tessera/distributed/parallel_styles.h"
 #include "tessera/distributed/split_groups.h"
 #include "tessera/util/error.h"
 
@@ -17,8 +18,8 @@ namespace {
 // waiting in it.
 class GroupAllReduce : public models::TensorParallelGroup {
  public:
-  GroupAllReduce(std::shared_ptr<Communicator> comm, std::function<void()> sync, bool sequence_parallel)
-      : comm_(std::move(comm)), sync_(std::move(sync)), sequence_parallel_(sequence_parallel) {}
+  GroupAllReduce(std::shared_ptr<Communicator> comm, std::function<void()> sync)
+      : comm_(std::move(comm)), sync_(std::move(sync)) {}
   int rank() const override { return comm_->rank(); }
   int size() const override { return comm_->size(); }
   void all_reduce(at::Tensor& t) override {
@@ -43,12 +44,10 @@ class GroupAllReduce : public models::TensorParallelGroup {
     comm_->reduce_scatter(out, in).wait();
     return out;
   }
-  bool sequence_parallel() const override { return sequence_parallel_; }
 
  private:
   std::shared_ptr<Communicator> comm_;
   std::function<void()> sync_;
-  bool sequence_parallel_;
 };
 
 std::vector<int64_t> blocks_of(const models::TensorParallelSplit& split, int64_t size) {
@@ -58,8 +57,7 @@ std::vector<int64_t> blocks_of(const models::TensorParallelSplit& split, int64_t
 }  // namespace
 
 std::shared_ptr<models::TensorParallelGroup> group_collectives(std::shared_ptr<Communicator> comm) {
-  return std::make_shared<GroupAllReduce>(
-      std::move(comm), [] {}, false);
+  return std::make_shared<GroupAllReduce>(std::move(comm), [] {});
 }
 
 std::shared_ptr<models::TensorParallelGroup> setup_context_parallel(const models::CausalLM& model, int degree,
@@ -76,8 +74,8 @@ std::shared_ptr<models::TensorParallelGroup> setup_context_parallel(const models
   }
   if (!model.supports_context_parallel()) {
     throw ConfigError("dist", fmt::format("{}: model family \"{}\" does not run on context shards "
-                                          "(CausalLM::supports_context_parallel: MPT and the Llama family without "
-                                          "mixture-of-experts layers do)",
+                                          "(CausalLM::supports_context_parallel: every built-in family does but "
+                                          "with mixture-of-experts layers)",
                                           key, model.family()));
   }
   std::shared_ptr<Communicator> mine;
@@ -92,7 +90,7 @@ std::shared_ptr<models::TensorParallelGroup> setup_context_parallel(const models
     spdlog::info("context parallelism over groups of {} ranks (keys and values all-gathered per attention layer)",
                  degree);
   }
-  return std::make_shared<GroupAllReduce>(std::move(mine), std::move(sync), false);
+  return std::make_shared<GroupAllReduce>(std::move(mine), std::move(sync));
 }
 
 TensorGroups setup_tensor_parallel(models::CausalLM& model, int degree, bool sequence_parallel,
@@ -103,45 +101,14 @@ TensorGroups setup_tensor_parallel(models::CausalLM& model, int degree, bool seq
   out.degree = degree;
   const std::string key = fmt::format("parallelism.tensor_parallel_degree {}", degree);
   SplitGroups groups = make_split_groups(world_comm, degree, strategy, ranks_per_node, key, "tensor");
-  const std::vector<models::TensorParallelSplit> plan = model.tensor_parallel_plan(degree);
-  if (plan.empty()) {
-    throw ConfigError("dist", fmt::format("{}: model family \"{}\" declares no tensor-parallel layers "
-                                          "(CausalLM::tensor_parallel_plan)",
-                                          key, model.family()));
-  }
-  std::map<std::string, std::vector<int64_t>> shapes;
-  for (const auto& item : model.named_parameters()) shapes[item.key()] = item.value().sizes().vec();
-  for (const models::TensorParallelSplit& s : plan) {
-    auto it = shapes.find(s.param);
-    if (it == shapes.end()) {
-      throw Error("dist",
-                  fmt::format("{}: the model's plan splits {}, which is not one of its parameters", key, s.param));
-    }
-    const std::vector<int64_t>& shape = it->second;
-    if (s.dim < 0 || s.dim >= static_cast<int64_t>(shape.size()) || s.dim > 1 ||
-        (s.dim == 1 && (shape.size() != 2 || !s.blocks.empty()))) {
-      throw Error("dist", fmt::format("{}: the model's plan splits {} along dimension {}: only rows (dim 0, in blocks) "
-                                      "and the columns of a matrix (dim 1) split",
-                                      key, s.param, s.dim));
-    }
-    int64_t total = 0;
-    for (int64_t b : blocks_of(s, shape[static_cast<size_t>(s.dim)])) {
-      if (b % degree != 0) {
-        throw ConfigError("dist", fmt::format("{}: {} has a block of {} along dimension {}, not a multiple of it", key,
-                                              s.param, b, s.dim));
-      }
-      total += b;
-    }
-    if (total != shape[static_cast<size_t>(s.dim)]) {
-      throw Error("dist", fmt::format("{}: the model's plan cuts {} into blocks of {} elements in all, but its "
-                                      "dimension {} has {}",
-                                      key, s.param, total, s.dim, shape[static_cast<size_t>(s.dim)]));
-    }
-    out.splits[s.param] = s;
-  }
+  const models::TensorParallelPlan plan = tensor_parallel_plan_of(model, degree, key);
+  out.splits = tensor_parallel_splits(model, plan, degree, key);
   out.group = std::move(groups.group);
   out.holders = std::move(groups.holders);
-  model.set_tensor_parallel(std::make_shared<GroupAllReduce>(out.group, std::move(sync), sequence_parallel));
+  out.state = std::make_shared<TensorParallelState>();
+  out.state->group = std::make_shared<GroupAllReduce>(out.group, std::move(sync));
+  out.state->sequence_parallel = sequence_parallel;
+  install_tensor_parallel_styles(model, plan, out.state);
   spdlog::info("dist: tensor parallelism over groups of {} ranks ({} weights split), sequence parallelism {}", degree,
                out.splits.size(), sequence_parallel ? "on" : "off");
   return out;

@@ -63,14 +63,6 @@ std::shared_ptr<CausalLM> CausalLM::with_alibi(double /*alibi_bias_max*/, int64_
   throw ConfigError("algorithms", fmt::format("alibi: model family \"{}\" does not support ALiBi surgery", family()));
 }
 
-std::vector<TensorParallelSplit> CausalLM::tensor_parallel_plan(int64_t /*degree*/) const {
-  return {};
-}
-
-void CausalLM::set_tensor_parallel(std::shared_ptr<TensorParallelGroup> /*group*/) {
-  throw Error("models", fmt::format("model family \"{}\" does not support tensor parallelism", family()));
-}
-
 void CausalLM::use_low_precision_norms() {
   int n = 0;
   for (const auto& item : named_modules()) {

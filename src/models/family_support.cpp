@@ -305,4 +305,21 @@ int64_t layer_unit(const std::string& name, const std::string& prefix) {
   return std::stoll(name.substr(prefix.size(), name.find('.', prefix.size()) - prefix.size())) + 1;
 }
 
+void refuse_tensor_parallel(int64_t degree, const std::string& why) {
+  throw ConfigError("models", fmt::format("tensor_parallel_degree {}: {}", degree, why));
+}
+
+void check_tensor_parallel_split(int64_t degree, const std::string& family, int64_t heads, int64_t kv_heads,
+                                 int64_t hidden) {
+  if (heads % degree != 0 || kv_heads % degree != 0) {
+    refuse_tensor_parallel(degree, fmt::format("{}'s {} attention and {} key/value heads do not split into {} equal "
+                                               "shares",
+                                               family, heads, kv_heads, degree));
+  }
+  if (hidden % degree != 0) {
+    refuse_tensor_parallel(degree,
+                           fmt::format("the MLP's {} hidden units do not split into {} equal shares", hidden, degree));
+  }
+}
+
 }  // namespace tessera::models

@@ -4,7 +4,6 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "tessera/data/batch.h"
-#include "tessera/models/blocks/layers.h"
 
 namespace tessera::models {
 namespace {
@@ -176,46 +175,9 @@ at::Tensor tensor_parallel_exit(const at::Tensor& x, const std::shared_ptr<Tenso
   return ExitFunction::apply(x, group.get());
 }
 
-at::Tensor column_parallel(LinearImpl& layer, const at::Tensor& x, const std::shared_ptr<TensorParallelGroup>& group,
-                           bool sequence_sharded) {
-  if (!group) return layer.forward(x);
-  const at::Tensor in =
-      sequence_sharded ? sequence_op(x, group, SeqOp::kGatherToSplit) : tensor_parallel_enter(x, group);
-  return at::linear(in, layer.weight, layer.bias);
-}
-
-at::Tensor row_parallel(LinearImpl& layer, const at::Tensor& x, const std::shared_ptr<TensorParallelGroup>& group,
-                        bool sequence_sharded) {
-  if (!group) return layer.forward(x);
-  const at::Tensor partial = at::linear(x, layer.weight);
-  if (!sequence_sharded) {
-    const at::Tensor y = tensor_parallel_exit(partial, group);
-    return layer.bias.defined() ? y + layer.bias : y;
-  }
-  const at::Tensor y = sequence_op(partial, group, SeqOp::kReduceScatter);
-  // The bias meets this rank's positions only: its gradient is summed over the group.
-  return layer.bias.defined() ? y + tensor_parallel_enter(layer.bias, group) : y;
-}
-
-at::Tensor sequence_parallel_norm(NormImpl& norm, const at::Tensor& x,
-                                  const std::shared_ptr<TensorParallelGroup>& group, bool sequence_sharded) {
-  if (!group || !sequence_sharded) return norm.forward(x);
-  const at::Tensor bias = norm.bias.defined() ? tensor_parallel_enter(norm.bias, group) : at::Tensor();
-  return norm.forward_with(x, tensor_parallel_enter(norm.weight, group), bias);
-}
-
-void add_column_parallel(std::vector<TensorParallelSplit>& plan, const std::string& prefix, const LinearImpl& layer,
-                         std::vector<int64_t> blocks) {
-  plan.push_back({prefix + ".weight", 0, blocks});
-  if (layer.bias.defined()) plan.push_back({prefix + ".bias", 0, std::move(blocks)});
-}
-
-void add_row_parallel(std::vector<TensorParallelSplit>& plan, const std::string& prefix) {
-  plan.push_back({prefix + ".weight", 1, {}});
-}
-
-void add_vocab_parallel(std::vector<TensorParallelSplit>& plan, const std::string& param) {
-  plan.push_back({param, 0, {}});
+at::Tensor sequence_reduce_scatter(const at::Tensor& x, const std::shared_ptr<TensorParallelGroup>& group) {
+  if (!group || group->size() == 1) return x;
+  return sequence_op(x, group, SeqOp::kReduceScatter);
 }
 
 }  // namespace tessera::models

@@ -15,6 +15,7 @@
 #include <filesystem>
 
 #include "tessera/distributed/expert_parallel.h"
+#include "tessera/distributed/parallel_styles.h"
 #include "tessera/storage/storage.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
@@ -118,7 +119,10 @@ TensorSplit measure_tensor_split(const models::CausalLM& model, int64_t degree) 
   std::map<std::string, at::Tensor> params;
   for (const auto& item : model.named_parameters()) params[item.key()] = item.value();
   std::map<int64_t, int64_t> per_unit;
-  for (const models::TensorParallelSplit& s : model.tensor_parallel_plan(degree)) {
+  const std::string key = fmt::format("parallelism.tensor_parallel_degree {}", degree);
+  const auto splits =
+      dist::tensor_parallel_splits(model, dist::tensor_parallel_plan_of(model, degree, key), degree, key);
+  for (const auto& [name, s] : splits) {
     const at::Tensor& w = params.at(s.param);
     out.params += w.numel();
     per_unit[model.unit_of_parameter(s.param)] += w.numel();

@@ -83,7 +83,7 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
   std::shared_ptr<const models::ContextShard> shard;  // the microbatches' cut, made once per sequence length
   // Vocabulary parallelism: the model's head returns this rank's share of the vocabulary's logits and the built-in
   // cross-entropy reduces over the group instead of gathering them (a registered loss gets whole logits).
-  const std::shared_ptr<models::TensorParallelGroup> vocab = state_.model->vocab_parallel_group();
+  const std::shared_ptr<models::TensorParallelGroup> vocab = state_.parallel->vocab_parallel_group();
   const auto* cross_entropy = dynamic_cast<const models::CrossEntropyLoss*>(loss_.get());
   const bool vocab_parallel = vocab && cfg_.fsdp.loss_parallel && (!loss_ || cross_entropy);
   const models::CrossEntropyOptions ce = cross_entropy ? cross_entropy->options() : models::CrossEntropyOptions{};
@@ -100,7 +100,6 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
       engine_->run_event(Event::kBeforeForward);
       const data::TokenBatch whole = state_.batch;
       models::ForwardOptions fo = forward_options(whole);
-      fo.vocab_parallel = vocab_parallel;
       if (context) {
         const int64_t seq = whole.input_ids.size(1);
         if (!shard || shard->key_order.size(0) != seq) {
@@ -111,6 +110,7 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
       }
       {
         AutocastGuard autocast(state_.precision, dev);
+        const dist::ParallelModel::LocalLogits local_logits(*state_.parallel, vocab_parallel);
         state_.outputs = state_.model->forward(whole.input_ids, fo);
       }
       engine_->run_event(Event::kAfterForward);

@@ -33,8 +33,9 @@
 // NO_SHARD with expert parallelism is refused, as is a HYBRID_SHARD node that does not hold whole groups. Under
 // agree_on_oom each token exchange is preceded by a sync point too.
 //
-// Tensor parallelism (options.sharding.tensor_parallel_degree T > 1; models/tensor_parallel.h): groups of T
-// consecutive ranks split the layers the model declares (CausalLM::tensor_parallel_plan); each rank keeps its slice
+// Tensor parallelism (options.sharding.tensor_parallel_degree T > 1; models/parallel_plan.h): groups of T
+// consecutive ranks split the layers the model's plan declares (models::TensorParallelModel), run by the styles the
+// engine installs on them (distributed/parallel_styles.h); each rank keeps its slice
 // of those weights as its unit's second flat vector (as for experts), split over the world / T ranks that hold the same
 // slices, and the model runs on its slices over the group. The group's ranks see one batch, so a slice's gradient,
 // reduced over its holders, is averaged over world / T; the dense parameters, computed alike on the group's ranks,
@@ -155,6 +156,21 @@ class ParallelModel {
   // This rank's context-parallel group (options.sharding.context_parallel_degree C > 1; models/context_parallel.h):
   // the collectives a forward on context shards gathers keys and values with. None for C = 1.
   std::shared_ptr<models::TensorParallelGroup> context_parallel_group() const;
+  // The tensor-parallel group the model's head splits the vocabulary over (its plan splits the head), or none. A
+  // training forward run inside a LocalLogits scope then returns this rank's share of the logits (B, S, V / T), for
+  // models::vocab_parallel_cross_entropy(); any other forward gathers them.
+  std::shared_ptr<models::TensorParallelGroup> vocab_parallel_group() const;
+  class LocalLogits {
+   public:
+    LocalLogits(const ParallelModel& model, bool on);
+    ~LocalLogits();
+    LocalLogits(const LocalLogits&) = delete;
+    LocalLogits& operator=(const LocalLogits&) = delete;
+
+   private:
+    const ParallelModel& model_;
+    bool before_ = false;
+  };
   // Units and their parameter counts (unpadded), for logs and benchmarks.
   std::vector<int64_t> unit_sizes() const;
 

@@ -51,10 +51,6 @@ struct ForwardOptions {
   // Context parallelism (context_parallel.h): the forward runs on this shard's positions of the whole sequence `ids`
   // and returns their logits only (B, S / C, V). Training only: no cache.
   std::shared_ptr<const ContextShard> context;
-  // Vocabulary parallelism (tensor_parallel.h): a model whose head splits the vocabulary over its tensor-parallel group
-  // (vocab_parallel_group()) returns this rank's share of the logits (B, S, V / T) instead of gathering them, for
-  // vocab_parallel_cross_entropy(). Ignored by other models.
-  bool vocab_parallel = false;
 };
 
 // Extension point for code that wraps parts of the forward pass: the sharding engine gathers a unit's parameters
@@ -165,17 +161,8 @@ class CausalLM : public torch::nn::Module {
   // The parameters one token uses: num_params() for a dense model; a mixture of experts counts its routers and top-k
   // experts only (as LLM Foundry's n_active_params does).
   virtual int64_t num_active_params() const { return num_params(); }
-  // --- Tensor parallelism (models/tensor_parallel.h). The parameters that split over a tensor-parallel group of
-  // `degree` ranks and how; empty (the default) when the model does not support it. Throws ConfigError naming what
-  // does not divide (heads, hidden units) or which option forbids it.
-  virtual std::vector<TensorParallelSplit> tensor_parallel_plan(int64_t degree) const;
-  // After the engine replaced those parameters by this rank's slices: run on them over `group`.
-  virtual void set_tensor_parallel(std::shared_ptr<TensorParallelGroup> group);
-  // The group the head's weight splits the vocabulary over (its plan split the head, and the embedding table when
-  // tied, along the vocabulary): the forward then honours ForwardOptions::vocab_parallel, and the trainer computes the
-  // built-in cross-entropy on the shares (a model that declares it is trained with that, not its own loss()). None
-  // (the default): whole.
-  virtual std::shared_ptr<TensorParallelGroup> vocab_parallel_group() const { return nullptr; }
+  // --- Tensor parallelism: a family that supports it implements models::TensorParallelModel (models/parallel_plan.h)
+  // beside this protocol, and the sharding engine applies its plan from outside.
   // --- Context parallelism (models/context_parallel.h): whether the forward honours ForwardOptions::context (the
   // families whose decoder layers take AttentionInputs, apply context_parallel_inputs() and have no per-token
   // auxiliary losses). False by default.
@@ -227,7 +214,7 @@ struct HfAdapter {
   std::string tied_head = "lm_head.weight";
   // Name suffixes of buffers that older transformers versions saved beside the weights (causal masks, rotary tables)
   // and no current class reads: neither parameters nor unexpected.
-  std::vector<std::string> dropped_buffers;
+  std::vector<std::string> dropped_buffers{};
   bool drops(const std::string& name) const;
 };
 

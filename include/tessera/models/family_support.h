@@ -26,20 +26,20 @@ struct HfConfigForm {
   // Where the keys of transformers 5's rope_parameters go.
   struct Rope {
     std::string theta_key = "rope_theta";  // rope_theta (GPT-NeoX: rotary_emb_base)
-    std::string theta_section;             // ... inside this sub-object (DBRX: attn_config); empty: top level
-    std::string partial_key;               // partial_rotary_factor; empty: the family rotates whole heads (1 only)
+    std::string theta_section{};           // ... inside this sub-object (DBRX: attn_config); empty: top level
+    std::string partial_key{};             // partial_rotary_factor; empty: the family rotates whole heads (1 only)
     bool scaling = true;                   // the rest becomes rope_scaling; false: only rope_type default is read
   };
   // A family with rotary embeddings reads rope_parameters (one object); nullopt: it keeps the key, which
   // refuse_unread_hf_keys() then names.
-  std::optional<Rope> rope;
+  std::optional<Rope> rope{};
   // One parameter set per layer type instead (Gemma 3: full_attention, sliding_attention).
-  std::map<std::string, Rope> rope_per_layer_type;
+  std::map<std::string, Rope> rope_per_layer_type{};
   // Keys of rope_parameters that transformers 5 fills in from elsewhere and no class reads there (Phi-3's copy of
   // original_max_position_embeddings).
-  std::vector<std::string> rope_ignored;
+  std::vector<std::string> rope_ignored{};
   // transformers 5's name of a key -> transformers 4's (Qwen3-MoE: num_local_experts -> num_experts).
-  std::map<std::string, std::string> renamed;
+  std::map<std::string, std::string> renamed{};
 };
 
 // The forms the families registered, by model_type (filled when the model registries are first used).
@@ -82,6 +82,14 @@ void read_hf_config(const nlohmann::json& cfg, const std::string& where,
 // rope_scaling of the default or linear kind ({rope_type or type, factor}): the linear factor, 1 when the section is
 // absent or default. Other kinds are refused naming `family`.
 double read_linear_rope_scaling(config::Section& s, const std::string& family);
+
+// Refuses tensor parallelism over `degree` ranks for the family's reason `why`: ConfigError("models",
+// "tensor_parallel_degree <degree>: <why>"), which the engine and the planner report naming the key.
+[[noreturn]] void refuse_tensor_parallel(int64_t degree, const std::string& why);
+// Refuses `degree` unless `heads` query and `kv_heads` key/value heads and `hidden` MLP units split into equal shares
+// (`family` names the model in the message).
+void check_tensor_parallel_split(int64_t degree, const std::string& family, int64_t heads, int64_t kv_heads,
+                                 int64_t hidden);
 
 // The unit of parameter `name` in a family whose decoder layers are named `prefix`{i}.…: i + 1; 0 (the root) for
 // every other parameter.

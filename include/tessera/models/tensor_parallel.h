@@ -1,7 +1,7 @@
-// Tensor parallelism inside a model (Megatron-LM's scheme): a model declares which of its Linear layers split over a
-// tensor-parallel group and how (CausalLM::tensor_parallel_plan), the sharding engine (distributed/fsdp.h) keeps only
-// this rank's slice of each of those weights, and the model, told the group (CausalLM::set_tensor_parallel), runs on
-// its slices:
+// Tensor parallelism's primitives (Megatron-LM's scheme), which the sharding engine's styles (models/parallel_plan.h,
+// distributed/parallel_styles.h) and context parallelism run a model's modules with. A family declares which of its
+// modules split over a tensor-parallel group of T ranks and how (its plan); the engine keeps only this rank's slice of
+// each split weight (TensorParallelSplit) and installs on each planned module a style built from these functions:
 //   - a column-parallel Linear (weight split along its output rows, dim 0) takes the whole input and yields this
 //     rank's share of the outputs -- attention's query/key/value projections hold whole heads, an MLP's up/gate
 //     projections a share of the hidden units. Its input passes through enter() (identity forward, gradient summed
@@ -15,16 +15,16 @@
 // Vocabulary parallelism (Megatron-LM's; torchtitan's loss parallel): where the vocabulary divides by T, the head's
 // weight splits along the vocabulary (rank r holds rows r V/T .. (r+1) V/T), and with it the embedding table when the
 // two are tied (vocab_parallel_embedding: each rank looks up its rows, the sum over the group gives every token's).
-// A training forward asked for it (ForwardOptions::vocab_parallel) returns this rank's share of the logits, which
+// A training forward whose loss takes shares returns this rank's share of the logits, which
 // vocab_parallel_cross_entropy() turns into the loss without gathering them (the max, the sum of exponentials and each
 // target's logit reduced over the group); otherwise the logits are gathered (vocab_gather).
 //
 // With sequence parallelism (Megatron-LM's, on by default), the decoder layers' residual stream, norms and dropout run
-// on this rank's share of the positions (the sequence cut in T): sequence_scatter() after the embeddings,
-// sequence_gather() before the final norm and head. A column-parallel layer's input is then all-gathered along the
-// sequence (its gradient reduce-scattered), and a row-parallel layer's output reduce-scattered instead of all-reduced
-// (its gradient all-gathered); the norms' weights and row-parallel biases, used on shards, have their gradients summed
-// over the group. Activations between the split layers shrink by T; the communication volume is the same.
+// on this rank's share of the positions (the sequence cut in T): the engine scatters the sequence before the first
+// layer and gathers it after the last. A column-parallel layer's input is then all-gathered along the sequence (its
+// gradient reduce-scattered), and a row-parallel layer's output reduce-scattered instead of all-reduced (its gradient
+// all-gathered); the norms' weights and row-parallel biases, used on shards, have their gradients summed over the
+// group. Activations between the split layers shrink by T; the communication volume is the same.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -35,9 +35,6 @@
 #include <vector>
 
 namespace tessera::models {
-
-class LinearImpl;
-class NormImpl;
 
 // How one parameter splits over a tensor-parallel group of T ranks: along `dim` (0: rows, a column-parallel weight or
 // its bias; 1: columns, a row-parallel weight), as consecutive `blocks` along that dimension (their sizes; empty: one
@@ -62,8 +59,6 @@ class TensorParallelGroup {
   virtual at::Tensor all_gather(const at::Tensor& t) = 0;
   // `t` (contiguous, dimension 0 a multiple of size()) summed over the group; this rank's share of dimension 0.
   virtual at::Tensor reduce_scatter(const at::Tensor& t) = 0;
-  // Whether the decoder layers run on sequence shards (sequence parallelism) where the sequence divides.
-  virtual bool sequence_parallel() const { return false; }
 };
 
 // Identity forward, gradient summed over the group in backward (the input of a column-parallel layer).
@@ -77,18 +72,9 @@ at::Tensor sequence_scatter(const at::Tensor& x, const std::shared_ptr<TensorPar
 // so backward keeps this rank's share of the gradient.
 at::Tensor sequence_gather(const at::Tensor& x, const std::shared_ptr<TensorParallelGroup>& group);
 
-// `layer` (holding this rank's rows) on the whole input `x`: enter(x) W^T + b; `sequence_sharded`: x holds this rank's
-// share of the sequence, all-gathered first. Without a group: layer(x).
-at::Tensor column_parallel(LinearImpl& layer, const at::Tensor& x, const std::shared_ptr<TensorParallelGroup>& group,
-                           bool sequence_sharded = false);
-// `layer` (holding this rank's columns) on this rank's share of the inputs: exit(x W^T) + b; `sequence_sharded`: the
-// sum is reduce-scattered along the sequence instead. Without a group: layer(x).
-at::Tensor row_parallel(LinearImpl& layer, const at::Tensor& x, const std::shared_ptr<TensorParallelGroup>& group,
-                        bool sequence_sharded = false);
-// `norm` on this rank's share of the sequence when `sequence_sharded` (its weights' gradients summed over the group),
-// else norm(x).
-at::Tensor sequence_parallel_norm(NormImpl& norm, const at::Tensor& x,
-                                  const std::shared_ptr<TensorParallelGroup>& group, bool sequence_sharded);
+// x's sum over the group, this rank's share of dimension 1 (the sequence) of it: a row-parallel layer's output under
+// sequence parallelism. Backward all-gathers the gradient.
+at::Tensor sequence_reduce_scatter(const at::Tensor& x, const std::shared_ptr<TensorParallelGroup>& group);
 
 // ---- Vocabulary parallelism.
 
@@ -122,13 +108,5 @@ at::Tensor vocab_gather(const at::Tensor& local_logits, const std::shared_ptr<Te
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local_logits, const at::Tensor& targets, int64_t vocab,
                                         double label_smoothing, double z_loss,
                                         const std::shared_ptr<TensorParallelGroup>& group);
-
-// The splits of `prefix`.weight (and .bias when the layer has one) as a column-parallel layer with `blocks`.
-void add_column_parallel(std::vector<TensorParallelSplit>& plan, const std::string& prefix, const LinearImpl& layer,
-                         std::vector<int64_t> blocks = {});
-// The split of `prefix`.weight as a row-parallel layer (its bias stays whole).
-void add_row_parallel(std::vector<TensorParallelSplit>& plan, const std::string& prefix);
-// The split of `param` (a head's or an embedding table's weight, (vocab, d)) along the vocabulary.
-void add_vocab_parallel(std::vector<TensorParallelSplit>& plan, const std::string& param);
 
 }  // namespace tessera::models

@@ -65,6 +65,10 @@ void LinearImpl::detach_lora() {
 }
 
 at::Tensor LinearImpl::forward(const at::Tensor& x) {
+  return style ? style->forward(*this, x) : local_forward(x);
+}
+
+at::Tensor LinearImpl::local_forward(const at::Tensor& x) {
   at::Tensor y = float8 ? float8_linear(x, weight, bias) : at::linear(x, weight, bias);
   if (!lora_A.defined()) return y;
   const at::Tensor h = lora_dropout > 0 && is_training() ? at::dropout(x, lora_dropout, true) : x;
@@ -73,16 +77,22 @@ at::Tensor LinearImpl::forward(const at::Tensor& x) {
 
 NormImpl::NormImpl(int64_t n, NormType t, double e, bool with_bias, const at::TensorOptions& options)
     : size(n), type(t), eps(e) {
-  weight = register_parameter("weight", at::ones({n}, options));
+  weight =
+      register_parameter("weight", type == NormType::kOffsetRMSNorm ? at::zeros({n}, options) : at::ones({n}, options));
   const bool layer_norm = type == NormType::kLayerNorm || type == NormType::kLowPrecisionLayerNorm;
   if (layer_norm && with_bias) bias = register_parameter("bias", at::zeros({n}, options));
 }
 
 at::Tensor NormImpl::forward(const at::Tensor& x) {
-  return forward_with(x, weight, bias);
+  return style ? style->forward(*this, x) : forward_with(x, weight, bias);
 }
 
 at::Tensor NormImpl::forward_with(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  if (type == NormType::kOffsetRMSNorm) {  // Gemma's: in float32, scaled by (1 + weight)
+    const at::Tensor f = x.to(at::kFloat);
+    const at::Tensor normed = f * at::rsqrt(f.pow(2).mean(-1, /*keepdim=*/true) + eps);
+    return (normed * (1.0 + w.to(at::kFloat))).to(x.scalar_type());
+  }
   const bool low_precision = type == NormType::kLowPrecisionLayerNorm || type == NormType::kLowPrecisionRMSNorm;
   const at::DeviceType device = x.device().type();
   if (low_precision && at::autocast::is_autocast_enabled(device)) {
@@ -101,7 +111,11 @@ EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim, const at::Tens
 }
 
 at::Tensor EmbeddingImpl::forward(const at::Tensor& ids) {
-  return at::embedding(weight, ids, padding_idx);
+  return style ? style->forward(*this, ids) : at::embedding(weight, ids, padding_idx);
+}
+
+at::Tensor EmbeddingImpl::attend(const at::Tensor& x) {
+  return style ? style->attend(*this, x) : at::linear(x, weight);
 }
 
 const std::vector<std::string>& hf_activation_names() {
@@ -183,7 +197,7 @@ void init_like_transformers(torch::nn::Module& model, uint64_t seed, double std,
       const int64_t row = emb->padding_idx >= 0 ? emb->padding_idx : padding_row.value_or(-1);
       if (row >= 0 && row < emb->weight.size(0)) emb->weight[row].zero_();
     } else if (auto* norm = m.as<NormImpl>()) {
-      norm->weight.fill_(1.0);
+      norm->weight.fill_(norm->type == NormType::kOffsetRMSNorm ? 0.0 : 1.0);
       if (norm->bias.defined()) norm->bias.zero_();
     }
   }

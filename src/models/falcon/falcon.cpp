@@ -237,14 +237,17 @@ FalconAttentionImpl::FalconAttentionImpl(const FalconOptions& o, const at::Tenso
 }
 
 at::Tensor FalconAttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
-  const int64_t b = x.size(0), s = x.size(1), hd = o_.head_dim(), h = o_.num_attention_heads, kv = o_.kv_heads();
+  // Head counts and the sequence length come from the fused projection's output (under tensor parallelism this
+  // rank's whole K/V groups or heads).
+  const int64_t hd = o_.head_dim(), h = o_.num_attention_heads, kv = o_.kv_heads();
   const at::Tensor qkv = query_key_value(x);
+  const int64_t b = qkv.size(0), s = qkv.size(1);
   at::Tensor q, k, v;  // (B, S, heads, hd)
   if (o_.new_decoder_architecture) {
     // Per K/V group: its h / kv query heads, then its key, then its value.
     const int64_t rep = h / kv;
-    const at::Tensor g = qkv.view({b, s, kv, rep + 2, hd});
-    q = g.narrow(3, 0, rep).reshape({b, s, h, hd});
+    const at::Tensor g = qkv.view({b, s, -1, rep + 2, hd});
+    q = g.narrow(3, 0, rep).reshape({b, s, -1, hd});
     k = g.select(3, rep);
     v = g.select(3, rep + 1);
   } else if (o_.multi_query) {
@@ -253,7 +256,7 @@ at::Tensor FalconAttentionImpl::forward(const at::Tensor& x, const AttentionInpu
     k = g.narrow(2, h, 1);
     v = g.narrow(2, h + 1, 1);
   } else {
-    const at::Tensor g = qkv.view({b, s, h, 3, hd});  // per head: q, k, v
+    const at::Tensor g = qkv.view({b, s, -1, 3, hd});  // per head: q, k, v
     q = g.select(3, 0);
     k = g.select(3, 1);
     v = g.select(3, 2);
@@ -269,7 +272,7 @@ at::Tensor FalconAttentionImpl::forward(const at::Tensor& x, const AttentionInpu
   // transformers drops attention probabilities only on the ALiBi path.
   const double dropout = is_training() && o_.alibi ? o_.attention_dropout : 0.0;
   const at::Tensor context = attend(q, k, v, in, 1.0 / std::sqrt(static_cast<double>(hd)), dropout, is_training());
-  return dense(context.transpose(1, 2).reshape({b, s, h * hd}));
+  return dense(context.transpose(1, 2).reshape({b, s, -1}));
 }
 
 FalconMLPImpl::FalconMLPImpl(const FalconOptions& o, const at::TensorOptions& t) : activation_(o.activation) {
@@ -400,11 +403,12 @@ at::Tensor FalconForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOp
   if (fo.sequence_id) positions = document_positions(*fo.sequence_id);
   auto embed = [this](const at::Tensor& input_ids) { return transformer->word_embeddings(input_ids); };
   at::Tensor x = run_unit(runner_, 0, embed, ids);
-  const AttentionInputs in = attention_inputs(ids, fo, past, key_mask, positions);
+  AttentionInputs in = attention_inputs(ids, fo, past, key_mask, positions);
+  if (fo.context) in = context_parallel_inputs(in, fo.context, compute_dtype(transformer->word_embeddings->weight));
   x = run_decoder_layers<FalconDecoderLayerImpl>(runner_, transformer->h, in, cache, key_mask, s, x);
   auto head = [this](const at::Tensor& h) {
     const at::Tensor normed = transformer->ln_f(h);
-    return lm_head ? lm_head(normed) : at::linear(normed, transformer->word_embeddings->weight);
+    return lm_head ? lm_head(normed) : transformer->word_embeddings->attend(normed);
   };
   return run_unit(runner_, 0, head, x);
 }
@@ -437,6 +441,31 @@ std::optional<std::string> FalconForCausalLMImpl::tied_embedding_name() const {
 
 FalconForCausalLM build_falcon(const FalconOptions& options, uint64_t seed) {
   return build_initialised<FalconForCausalLM>(options, seed);
+}
+
+TensorParallelPlan FalconForCausalLMImpl::tensor_parallel_plan(int64_t degree) const {
+  if (o_.alibi) refuse_tensor_parallel(degree, "Falcon's ALiBi slopes are per head and are not split yet");
+  if (o_.multi_query && !o_.new_decoder_architecture) {
+    refuse_tensor_parallel(degree, "multi-query attention's one key/value head does not split");
+  }
+  // The fused query_key_value splits whole K/V groups (new_decoder_architecture) or whole heads.
+  check_tensor_parallel_split(degree, "Falcon", o_.num_attention_heads,
+                              o_.new_decoder_architecture ? o_.kv_heads() : o_.num_attention_heads, o_.ffn_hidden_size);
+  TensorParallelPlan plan;
+  plan.vocabulary(o_.vocab_size, degree, lm_head ? "lm_head" : "", "transformer.word_embeddings");
+  for (int64_t i = 0; i < o_.num_hidden_layers; ++i) {
+    const std::string p = fmt::format("transformer.h.{}.", i);
+    const auto* layer = transformer->h->ptr(i)->as<FalconDecoderLayerImpl>();
+    if (layer->input_layernorm) plan.sequence_norm(p + "input_layernorm");
+    if (layer->post_attention_layernorm) plan.sequence_norm(p + "post_attention_layernorm");
+    if (layer->ln_attn) plan.sequence_norm(p + "ln_attn");
+    if (layer->ln_mlp) plan.sequence_norm(p + "ln_mlp");
+    plan.column(p + "self_attention.query_key_value");
+    plan.row(p + "self_attention.dense");
+    plan.column(p + "mlp.dense_h_to_4h");
+    plan.row(p + "mlp.dense_4h_to_h");
+  }
+  return plan;
 }
 
 }  // namespace tessera::models

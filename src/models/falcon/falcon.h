@@ -22,6 +22,7 @@
 #include "tessera/models/blocks/attention.h"
 #include "tessera/models/blocks/layers.h"
 #include "tessera/models/causal_lm.h"
+#include "tessera/models/parallel_plan.h"
 
 namespace tessera::models {
 
@@ -133,7 +134,7 @@ class FalconModelImpl : public torch::nn::Module {
 TORCH_MODULE(FalconModel);
 
 // Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers.
-class FalconForCausalLMImpl : public CausalLM {
+class FalconForCausalLMImpl : public CausalLM, public TensorParallelModel {
  public:
   explicit FalconForCausalLMImpl(const FalconOptions& o);
   at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& fo = {}) override;
@@ -157,6 +158,9 @@ class FalconForCausalLMImpl : public CausalLM {
   bool has_hf_format() const override { return true; }
   nlohmann::ordered_json hf_config(at::ScalarType dtype) const override { return falcon_hf_config(o_, dtype); }
   std::optional<std::string> tied_embedding_name() const override;
+  // Whole K/V groups (or heads), the MLP's hidden units and the vocabulary split; refused for ALiBi and multi-query.
+  TensorParallelPlan tensor_parallel_plan(int64_t degree) const override;
+  bool supports_context_parallel() const override { return true; }  // keys and values gathered per layer
 
   FalconModel transformer{nullptr};
   Linear lm_head{nullptr};  // only when tie_word_embeddings is false

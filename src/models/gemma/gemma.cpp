@@ -174,16 +174,6 @@ nlohmann::ordered_json gemma_hf_config(const GemmaOptions& o, at::ScalarType dty
 
 // ---- Modules --------------------------------------------------------------------------------------------------------
 
-GemmaRMSNormImpl::GemmaRMSNormImpl(int64_t size, double eps, const at::TensorOptions& t) : eps_(eps) {
-  weight = register_parameter("weight", at::zeros({size}, t));
-}
-
-at::Tensor GemmaRMSNormImpl::forward(const at::Tensor& x) {
-  const at::Tensor f = x.to(at::kFloat);
-  const at::Tensor normed = f * at::rsqrt(f.pow(2).mean(-1, /*keepdim=*/true) + eps_);
-  return (normed * (1.0 + weight.to(at::kFloat))).to(x.scalar_type());
-}
-
 GemmaAttentionImpl::GemmaAttentionImpl(const GemmaOptions& o, const at::TensorOptions& t) : o_(o) {
   const int64_t d = o.hidden_size, hd = o.head_dim, h = o.num_attention_heads, kv = o.num_key_value_heads;
   q_proj = register_module("q_proj", Linear(d, h * hd, o.attention_bias, t));
@@ -191,14 +181,18 @@ GemmaAttentionImpl::GemmaAttentionImpl(const GemmaOptions& o, const at::TensorOp
   v_proj = register_module("v_proj", Linear(d, kv * hd, o.attention_bias, t));
   o_proj = register_module("o_proj", Linear(h * hd, d, o.attention_bias, t));
   if (o.gemma3()) {
-    q_norm = register_module("q_norm", GemmaRMSNorm(hd, o.rms_norm_eps, t));
-    k_norm = register_module("k_norm", GemmaRMSNorm(hd, o.rms_norm_eps, t));
+    q_norm = register_module("q_norm", Norm(hd, NormType::kOffsetRMSNorm, o.rms_norm_eps, false, t));
+    k_norm = register_module("k_norm", Norm(hd, NormType::kOffsetRMSNorm, o.rms_norm_eps, false, t));
   }
 }
 
 at::Tensor GemmaAttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
-  const int64_t b = x.size(0), s = x.size(1), hd = o_.head_dim;
-  at::Tensor q = q_proj(x).view({b, s, -1, hd}), k = k_proj(x).view({b, s, -1, hd});
+  // The heads and the sequence length come from the projections' outputs (this rank's heads under tensor parallelism).
+  const int64_t hd = o_.head_dim;
+  at::Tensor q = q_proj(x);
+  const int64_t b = q.size(0), s = q.size(1);
+  q = q.view({b, s, -1, hd});
+  at::Tensor k = k_proj(x).view({b, s, -1, hd});
   at::Tensor v = v_proj(x).view({b, s, -1, hd}).transpose(1, 2);
   if (q_norm) {
     q = q_norm(q);
@@ -226,13 +220,14 @@ GemmaDecoderLayerImpl::GemmaDecoderLayerImpl(const GemmaOptions& o, int64_t laye
     : sliding_(o.sliding(layer)) {
   self_attn = register_module("self_attn", GemmaAttention(o, t));
   mlp = register_module("mlp", GemmaMLP(o, t));
-  input_layernorm = register_module("input_layernorm", GemmaRMSNorm(o.hidden_size, o.rms_norm_eps, t));
-  post_attention_layernorm =
-      register_module("post_attention_layernorm", GemmaRMSNorm(o.hidden_size, o.rms_norm_eps, t));
-  pre_feedforward_layernorm =
-      register_module("pre_feedforward_layernorm", GemmaRMSNorm(o.hidden_size, o.rms_norm_eps, t));
-  post_feedforward_layernorm =
-      register_module("post_feedforward_layernorm", GemmaRMSNorm(o.hidden_size, o.rms_norm_eps, t));
+  input_layernorm =
+      register_module("input_layernorm", Norm(o.hidden_size, NormType::kOffsetRMSNorm, o.rms_norm_eps, false, t));
+  post_attention_layernorm = register_module("post_attention_layernorm",
+                                             Norm(o.hidden_size, NormType::kOffsetRMSNorm, o.rms_norm_eps, false, t));
+  pre_feedforward_layernorm = register_module("pre_feedforward_layernorm",
+                                              Norm(o.hidden_size, NormType::kOffsetRMSNorm, o.rms_norm_eps, false, t));
+  post_feedforward_layernorm = register_module("post_feedforward_layernorm",
+                                               Norm(o.hidden_size, NormType::kOffsetRMSNorm, o.rms_norm_eps, false, t));
 }
 
 at::Tensor GemmaDecoderLayerImpl::forward(const at::Tensor& x, const GlobalLocalInputs& in, LayerCache* cache) {
@@ -246,7 +241,7 @@ GemmaModelImpl::GemmaModelImpl(const GemmaOptions& o, const at::TensorOptions& t
   if (o.pad_token_id) embed_tokens->padding_idx = *o.pad_token_id;  // nn.Embedding(..., padding_idx)
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < o.num_hidden_layers; ++i) layers->push_back(GemmaDecoderLayer(o, i, t));
-  norm = register_module("norm", GemmaRMSNorm(o.hidden_size, o.rms_norm_eps, t));
+  norm = register_module("norm", Norm(o.hidden_size, NormType::kOffsetRMSNorm, o.rms_norm_eps, false, t));
 }
 
 GemmaForCausalLMImpl::GemmaForCausalLMImpl(const GemmaOptions& o) : o_(o) {
@@ -279,10 +274,11 @@ at::Tensor GemmaForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOpt
   set_rope_tables(in.global, positions, inv_freq_global_);
   set_rope_tables(in.local, positions, inv_freq_local_);
   in.global.softcap = in.local.softcap = o_.attn_logit_softcapping.value_or(0.0);
+  if (fo.context) in = context_parallel_inputs(in, fo.context, dtype);
   x = run_decoder_layers<GemmaDecoderLayerImpl>(runner_, model->layers, in, cache, key_mask, s, x);
   auto head = [this](const at::Tensor& h) {
     const at::Tensor normed = model->norm(h);
-    at::Tensor logits = lm_head ? lm_head(normed) : at::linear(normed, model->embed_tokens->weight);
+    at::Tensor logits = lm_head ? lm_head(normed) : model->embed_tokens->attend(normed);
     if (o_.final_logit_softcapping) {
       logits = at::tanh(logits / *o_.final_logit_softcapping) * *o_.final_logit_softcapping;
     }
@@ -303,12 +299,7 @@ double GemmaForCausalLMImpl::flops_per_token(int64_t seq_len) const {
 }
 
 void GemmaForCausalLMImpl::init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select) {
-  init_like_transformers(*this, seed, o_.initializer_range, select, std::nullopt);
-  at::NoGradGuard no_grad;
-  for (const auto& item : named_modules()) {  // RMSNorm weights 0: the norm scales by (1 + weight)
-    if (select && !select(item.key())) continue;
-    if (auto* norm = item.value()->as<GemmaRMSNormImpl>()) norm->weight.zero_();
-  }
+  init_like_transformers(*this, seed, o_.initializer_range, select, std::nullopt);  // norms' weights 0
 }
 
 std::shared_ptr<CausalLM> GemmaForCausalLMImpl::rebuild(const std::string& device, std::optional<uint64_t> seed) const {
@@ -334,6 +325,29 @@ std::optional<std::string> GemmaForCausalLMImpl::tied_embedding_name() const {
 
 GemmaForCausalLM build_gemma(const GemmaOptions& options, uint64_t seed) {
   return build_initialised<GemmaForCausalLM>(options, seed);
+}
+
+TensorParallelPlan GemmaForCausalLMImpl::tensor_parallel_plan(int64_t degree) const {
+  check_tensor_parallel_split(degree, "Gemma", o_.num_attention_heads, o_.num_key_value_heads, o_.intermediate_size);
+  TensorParallelPlan plan;
+  plan.vocabulary(o_.vocab_size, degree, lm_head ? "lm_head" : "", "model.embed_tokens");
+  for (int64_t i = 0; i < o_.num_hidden_layers; ++i) {
+    const std::string p = fmt::format("model.layers.{}.", i);
+    for (const char* norm :
+         {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"}) {
+      plan.sequence_norm(p + norm);
+    }
+    for (const char* proj : {"q_proj", "k_proj", "v_proj"}) plan.column(p + "self_attn." + proj);
+    if (model->layers->ptr(i)->as<GemmaDecoderLayerImpl>()->self_attn->q_norm) {
+      plan.head_norm(p + "self_attn.q_norm");
+      plan.head_norm(p + "self_attn.k_norm");
+    }
+    plan.row(p + "self_attn.o_proj");
+    plan.column(p + "mlp.gate_proj");
+    plan.column(p + "mlp.up_proj");
+    plan.row(p + "mlp.down_proj");
+  }
+  return plan;
 }
 
 }  // namespace tessera::models

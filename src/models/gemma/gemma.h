@@ -24,6 +24,7 @@
 #include "tessera/models/blocks/attention.h"
 #include "tessera/models/blocks/layers.h"
 #include "tessera/models/causal_lm.h"
+#include "tessera/models/parallel_plan.h"
 
 namespace tessera::models {
 
@@ -68,26 +69,13 @@ GemmaOptions parse_gemma_options(config::Section& s, const std::string& model_ty
 GemmaOptions gemma_options_from_hf_config(const nlohmann::json& config, const std::string& where);
 nlohmann::ordered_json gemma_hf_config(const GemmaOptions& o, at::ScalarType dtype);
 
-// Gemma's RMSNorm: x / rms(x) * (1 + weight), computed in float32 and cast back; weight initialised to 0.
-class GemmaRMSNormImpl : public torch::nn::Module {
- public:
-  GemmaRMSNormImpl(int64_t size, double eps, const at::TensorOptions& t);
-  at::Tensor forward(const at::Tensor& x);
-
-  at::Tensor weight;
-
- private:
-  double eps_;
-};
-TORCH_MODULE(GemmaRMSNorm);
-
 class GemmaAttentionImpl : public torch::nn::Module {
  public:
   GemmaAttentionImpl(const GemmaOptions& o, const at::TensorOptions& t);
   at::Tensor forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache = nullptr);
 
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
-  GemmaRMSNorm q_norm{nullptr}, k_norm{nullptr};  // Gemma 3 only
+  Norm q_norm{nullptr}, k_norm{nullptr};  // Gemma 3 only
 
  private:
   GemmaOptions o_;
@@ -114,8 +102,8 @@ class GemmaDecoderLayerImpl : public torch::nn::Module {
 
   GemmaAttention self_attn{nullptr};
   GemmaMLP mlp{nullptr};
-  GemmaRMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
-  GemmaRMSNorm pre_feedforward_layernorm{nullptr}, post_feedforward_layernorm{nullptr};
+  Norm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  Norm pre_feedforward_layernorm{nullptr}, post_feedforward_layernorm{nullptr};
 
  private:
   bool sliding_;
@@ -128,12 +116,12 @@ class GemmaModelImpl : public torch::nn::Module {
 
   Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
-  GemmaRMSNorm norm{nullptr};
+  Norm norm{nullptr};
 };
 TORCH_MODULE(GemmaModel);
 
 // Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers.
-class GemmaForCausalLMImpl : public CausalLM {
+class GemmaForCausalLMImpl : public CausalLM, public TensorParallelModel {
  public:
   explicit GemmaForCausalLMImpl(const GemmaOptions& o);
   at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& fo = {}) override;
@@ -154,6 +142,9 @@ class GemmaForCausalLMImpl : public CausalLM {
   bool has_hf_format() const override { return true; }
   nlohmann::ordered_json hf_config(at::ScalarType dtype) const override { return gemma_hf_config(o_, dtype); }
   std::optional<std::string> tied_embedding_name() const override;
+  // Heads (Gemma 3's q/k norms over this rank's heads), the MLP's hidden units and the vocabulary split.
+  TensorParallelPlan tensor_parallel_plan(int64_t degree) const override;
+  bool supports_context_parallel() const override { return true; }  // keys and values gathered per layer
 
   GemmaModel model{nullptr};
   Linear lm_head{nullptr};  // only when tie_word_embeddings is false

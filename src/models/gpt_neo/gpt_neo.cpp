@@ -164,15 +164,17 @@ GPTNeoSelfAttentionImpl::GPTNeoSelfAttentionImpl(const GPTNeoOptions& o, const a
 }
 
 at::Tensor GPTNeoSelfAttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
-  const int64_t b = x.size(0), s = x.size(1), hd = o_.head_dim(), h = o_.num_heads;
-  auto heads = [&](const at::Tensor& t) { return t.view({b, s, h, hd}).transpose(1, 2); };
+  // The heads and the sequence length come from the projections' outputs (this rank's heads under tensor parallelism).
+  const int64_t hd = o_.head_dim();
+  auto heads = [&](const at::Tensor& t) { return t.view({t.size(0), t.size(1), -1, hd}).transpose(1, 2); };
   const at::Tensor q = heads(q_proj(x));
   at::Tensor k = heads(k_proj(x)), v = heads(v_proj(x));
   append_to_cache(cache, k, v);
   // GPT-Neo does not scale its scores (scale 1).
   const double dropout = is_training() ? o_.attention_dropout : 0.0;
   const at::Tensor context = attend(q, k, v, in, 1.0, dropout, is_training());
-  return at::dropout(out_proj(context.transpose(1, 2).reshape({b, s, h * hd})), o_.resid_dropout, is_training());
+  return at::dropout(out_proj(context.transpose(1, 2).reshape({q.size(0), q.size(2), -1})), o_.resid_dropout,
+                     is_training());
 }
 
 GPTNeoAttentionImpl::GPTNeoAttentionImpl(const GPTNeoOptions& o, const at::TensorOptions& t) {
@@ -231,10 +233,11 @@ at::Tensor GPTNeoForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOp
   at::Tensor x = run_unit(runner_, 0, embed, ids);
   const at::ScalarType dtype = compute_dtype(transformer->wte->weight);
   // The local layers' window counts absolute positions in the row (padding included), as transformers' banded mask.
-  const GlobalLocalInputs in{causal_attention_inputs(ids, fo, past, key_mask, dtype),
-                             causal_attention_inputs(ids, fo, past, key_mask, dtype, o_.window_size)};
+  GlobalLocalInputs in{causal_attention_inputs(ids, fo, past, key_mask, dtype),
+                       causal_attention_inputs(ids, fo, past, key_mask, dtype, o_.window_size)};
+  if (fo.context) in = context_parallel_inputs(in, fo.context, dtype);
   x = run_decoder_layers<GPTNeoBlockImpl>(runner_, transformer->h, in, cache, key_mask, s, x);
-  auto head = [this](const at::Tensor& h) { return at::linear(transformer->ln_f(h), transformer->wte->weight); };
+  auto head = [this](const at::Tensor& h) { return transformer->wte->attend(transformer->ln_f(h)); };
   return run_unit(runner_, 0, head, x);
 }
 
@@ -270,6 +273,22 @@ std::string GPTNeoForCausalLMImpl::describe() const {
 
 GPTNeoForCausalLM build_gpt_neo(const GPTNeoOptions& options, uint64_t seed) {
   return build_initialised<GPTNeoForCausalLM>(options, seed);
+}
+
+TensorParallelPlan GPTNeoForCausalLMImpl::tensor_parallel_plan(int64_t degree) const {
+  check_tensor_parallel_split(degree, "GPT-Neo", o_.num_heads, o_.num_heads, o_.intermediate_size);
+  TensorParallelPlan plan;
+  plan.vocabulary(o_.vocab_size, degree, "", "transformer.wte");  // the head is tied
+  for (int64_t i = 0; i < o_.num_layers; ++i) {
+    const std::string p = fmt::format("transformer.h.{}.", i);
+    plan.sequence_norm(p + "ln_1");
+    plan.sequence_norm(p + "ln_2");
+    for (const char* proj : {"q_proj", "k_proj", "v_proj"}) plan.column(p + "attn.attention." + proj);
+    plan.row(p + "attn.attention.out_proj");
+    plan.column(p + "mlp.c_fc");
+    plan.row(p + "mlp.c_proj");
+  }
+  return plan;
 }
 
 }  // namespace tessera::models

@@ -22,6 +22,7 @@
 #include "tessera/models/blocks/attention.h"
 #include "tessera/models/blocks/layers.h"
 #include "tessera/models/causal_lm.h"
+#include "tessera/models/parallel_plan.h"
 
 namespace tessera::models {
 
@@ -118,7 +119,7 @@ class GPTNeoModelImpl : public torch::nn::Module {
 TORCH_MODULE(GPTNeoModel);
 
 // Units: 0 = the root (embeddings, final norm and tied head), 1..num_layers = the blocks.
-class GPTNeoForCausalLMImpl : public CausalLM {
+class GPTNeoForCausalLMImpl : public CausalLM, public TensorParallelModel {
  public:
   explicit GPTNeoForCausalLMImpl(const GPTNeoOptions& o);
   at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& fo = {}) override;
@@ -138,6 +139,9 @@ class GPTNeoForCausalLMImpl : public CausalLM {
   bool has_hf_format() const override { return true; }
   nlohmann::ordered_json hf_config(at::ScalarType dtype) const override { return gpt_neo_hf_config(o_, dtype); }
   std::optional<std::string> tied_embedding_name() const override { return "transformer.wte.weight"; }
+  // Heads, the MLP's hidden units and the vocabulary split.
+  TensorParallelPlan tensor_parallel_plan(int64_t degree) const override;
+  bool supports_context_parallel() const override { return true; }  // keys and values gathered per layer
 
   GPTNeoModel transformer{nullptr};
 

@@ -120,8 +120,12 @@ GPTNeoXAttentionImpl::GPTNeoXAttentionImpl(const GPTNeoXOptions& o, const at::Te
 }
 
 at::Tensor GPTNeoXAttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
-  const int64_t b = x.size(0), s = x.size(1), hd = o_.head_dim(), h = o_.num_attention_heads, r = o_.rotary_ndims();
-  const at::Tensor qkv = query_key_value(x).view({b, s, h, 3 * hd});  // per head: q, k, v
+  // The heads and the sequence length come from the fused projection's output (this rank's heads under tensor
+  // parallelism).
+  const int64_t hd = o_.head_dim(), r = o_.rotary_ndims();
+  const at::Tensor fused = query_key_value(x);
+  const int64_t b = fused.size(0), s = fused.size(1);
+  const at::Tensor qkv = fused.view({b, s, -1, 3 * hd});  // per head: q, k, v
   at::Tensor q = qkv.narrow(3, 0, hd), k = qkv.narrow(3, hd, hd), v = qkv.narrow(3, 2 * hd, hd);
   // Rotary on the first r dimensions of each head; the rest pass through.
   auto rotate = [&](const at::Tensor& t) {
@@ -134,7 +138,7 @@ at::Tensor GPTNeoXAttentionImpl::forward(const at::Tensor& x, const AttentionInp
   append_to_cache(cache, k, v);
   const double dropout = is_training() ? o_.attention_dropout : 0.0;
   const at::Tensor context = attend(q, k, v, in, 1.0 / std::sqrt(static_cast<double>(hd)), dropout, is_training());
-  return dense(context.transpose(1, 2).reshape({b, s, h * hd}));
+  return dense(context.transpose(1, 2).reshape({b, s, -1}));
 }
 
 GPTNeoXMLPImpl::GPTNeoXMLPImpl(const GPTNeoXOptions& o, const at::TensorOptions& t) : act_(o.hidden_act) {
@@ -197,10 +201,11 @@ at::Tensor GPTNeoXForCausalLMImpl::forward(const at::Tensor& ids, const ForwardO
   at::Tensor x = run_unit(runner_, 0, embed, ids);
   AttentionInputs in = causal_attention_inputs(ids, fo, past, key_mask, compute_dtype(gpt_neox->embed_in->weight));
   set_rope_tables(in, token_positions(ids, fo, past, key_mask), inv_freq_);
+  if (fo.context) in = context_parallel_inputs(in, fo.context, compute_dtype(gpt_neox->embed_in->weight));
   x = run_decoder_layers<GPTNeoXLayerImpl>(runner_, gpt_neox->layers, in, cache, key_mask, s, x);
   auto head = [this](const at::Tensor& h) {
     const at::Tensor normed = gpt_neox->final_layer_norm(h);
-    return embed_out ? embed_out(normed) : at::linear(normed, gpt_neox->embed_in->weight);
+    return embed_out ? embed_out(normed) : gpt_neox->embed_in->attend(normed);
   };
   return run_unit(runner_, 0, head, x);
 }
@@ -252,6 +257,23 @@ std::optional<std::string> GPTNeoXForCausalLMImpl::tied_embedding_name() const {
 
 GPTNeoXForCausalLM build_gpt_neox(const GPTNeoXOptions& options, uint64_t seed) {
   return build_initialised<GPTNeoXForCausalLM>(options, seed);
+}
+
+TensorParallelPlan GPTNeoXForCausalLMImpl::tensor_parallel_plan(int64_t degree) const {
+  // query_key_value is head-major (each head's q, k, v together): one block, split by heads.
+  check_tensor_parallel_split(degree, "GPT-NeoX", o_.num_attention_heads, o_.num_attention_heads, o_.intermediate_size);
+  TensorParallelPlan plan;
+  plan.vocabulary(o_.vocab_size, degree, embed_out ? "embed_out" : "", "gpt_neox.embed_in");
+  for (int64_t i = 0; i < o_.num_hidden_layers; ++i) {
+    const std::string p = fmt::format("gpt_neox.layers.{}.", i);
+    plan.sequence_norm(p + "input_layernorm");
+    plan.sequence_norm(p + "post_attention_layernorm");
+    plan.column(p + "attention.query_key_value");
+    plan.row(p + "attention.dense");
+    plan.column(p + "mlp.dense_h_to_4h");
+    plan.row(p + "mlp.dense_4h_to_h");
+  }
+  return plan;
 }
 
 }  // namespace tessera::models

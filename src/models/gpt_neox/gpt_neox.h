@@ -21,6 +21,7 @@
 #include "tessera/models/blocks/attention.h"
 #include "tessera/models/blocks/layers.h"
 #include "tessera/models/causal_lm.h"
+#include "tessera/models/parallel_plan.h"
 
 namespace tessera::models {
 
@@ -108,7 +109,7 @@ class GPTNeoXModelImpl : public torch::nn::Module {
 TORCH_MODULE(GPTNeoXModel);
 
 // Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the layers.
-class GPTNeoXForCausalLMImpl : public CausalLM {
+class GPTNeoXForCausalLMImpl : public CausalLM, public TensorParallelModel {
  public:
   explicit GPTNeoXForCausalLMImpl(const GPTNeoXOptions& o);
   at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& fo = {}) override;
@@ -130,6 +131,9 @@ class GPTNeoXForCausalLMImpl : public CausalLM {
   bool has_hf_format() const override { return true; }
   nlohmann::ordered_json hf_config(at::ScalarType dtype) const override { return gpt_neox_hf_config(o_, dtype); }
   std::optional<std::string> tied_embedding_name() const override;
+  // Heads, the MLP's hidden units and the vocabulary split.
+  TensorParallelPlan tensor_parallel_plan(int64_t degree) const override;
+  bool supports_context_parallel() const override { return true; }  // keys and values gathered per layer
 
   GPTNeoXModel gpt_neox{nullptr};
   Linear embed_out{nullptr};  // only when tie_word_embeddings is false

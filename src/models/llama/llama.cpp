@@ -373,24 +373,25 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaOptions& o, const at::TensorOp
 }
 
 at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
-  const int64_t ways = tp ? tp->size() : 1;  // this rank's heads: 1 / ways of them
-  const bool sp = in.sequence_sharded;       // x: this rank's share of the positions
-  const int64_t b = x.size(0), s = sp ? x.size(1) * ways : x.size(1), hd = o_.head_dim,
-                h = o_.num_attention_heads / ways, kv = o_.num_key_value_heads / ways;
-  at::Tensor q = column_parallel(*q_proj, x, tp, sp).reshape({b, s, h, hd});
-  at::Tensor k = column_parallel(*k_proj, x, tp, sp).reshape({b, s, kv, hd});
+  // Head counts and the sequence length come from the projections' outputs (this rank's heads under tensor
+  // parallelism, the whole sequence of a sharded x under sequence parallelism).
+  const int64_t hd = o_.head_dim;
+  at::Tensor q = q_proj(x);
+  const int64_t b = q.size(0), s = q.size(1);
+  q = q.reshape({b, s, -1, hd});
+  at::Tensor k = k_proj(x).reshape({b, s, -1, hd});
   if (q_norm) {  // Qwen3: per head, before rotary
     q = q_norm(q).to(q.scalar_type());
     k = k_norm(k).to(k.scalar_type());
   }
   q = apply_rotary(q, in.rope_cos, in.rope_sin).transpose(1, 2);
   k = apply_rotary(k, in.rope_cos, in.rope_sin).transpose(1, 2);
-  at::Tensor v = column_parallel(*v_proj, x, tp, sp).reshape({b, s, kv, hd}).transpose(1, 2);
+  at::Tensor v = v_proj(x).reshape({b, s, -1, hd}).transpose(1, 2);
   append_to_cache(cache, k, v);
   const double dropout = is_training() ? o_.attention_dropout : 0.0;
   const at::Tensor context =
       attend(q, k, v, in, 1.0 / std::sqrt(static_cast<double>(hd)), dropout, is_training());  // (B, H, s, hd)
-  return row_parallel(*o_proj, context.transpose(1, 2).reshape({b, s, h * hd}), tp, sp);
+  return o_proj(context.transpose(1, 2).reshape({b, s, -1}));
 }
 
 LlamaMLPImpl::LlamaMLPImpl(const LlamaOptions& o, const at::TensorOptions& t) {
@@ -399,10 +400,8 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaOptions& o, const at::TensorOptions& t) {
   down_proj = register_module("down_proj", Linear(o.intermediate_size, o.hidden_size, o.mlp_bias, t));
 }
 
-at::Tensor LlamaMLPImpl::forward(const at::Tensor& x, bool sequence_sharded) {
-  const bool sp = sequence_sharded;
-  return row_parallel(*down_proj,
-                      at::silu(column_parallel(*gate_proj, x, tp, sp)) * column_parallel(*up_proj, x, tp, sp), tp, sp);
+at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
+  return down_proj(at::silu(gate_proj(x)) * up_proj(x));
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaOptions& o, const at::TensorOptions& t, int64_t index,
@@ -423,11 +422,9 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaOptions& o, const at::Te
 }
 
 at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
-  const auto& tp = self_attn->tp;
-  const bool sp = in.sequence_sharded;
-  const at::Tensor h = x + self_attn(sequence_parallel_norm(*input_layernorm, x, tp, sp), in, cache);
-  const at::Tensor normed = sequence_parallel_norm(*post_attention_layernorm, h, tp, sp);
-  return h + (moe ? moe(normed) : mlp->forward(normed, sp));
+  const at::Tensor h = x + self_attn(input_layernorm(x), in, cache);
+  const at::Tensor normed = post_attention_layernorm(h);
+  return h + (moe ? moe(normed) : mlp(normed));
 }
 
 LlamaModelImpl::LlamaModelImpl(const LlamaOptions& o, const at::TensorOptions& t,
@@ -508,25 +505,14 @@ at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOpt
                           ids.device());
     }
   }
-  auto embed = [this](const at::Tensor& input_ids) {
-    Embedding& e = model->embed_tokens;
-    if (vocab_tp_ && !lm_head) {  // tied: the table holds this rank's rows of the vocabulary
-      return vocab_parallel_embedding(e->weight, input_ids, o_.vocab_size, e->padding_idx, vocab_tp_);
-    }
-    return e(input_ids);
-  };
+  auto embed = [this](const at::Tensor& input_ids) { return model->embed_tokens(input_ids); };
   at::Tensor x = run_unit(runner_, 0, embed, ids);
   AttentionInputs in = attention_inputs(ids, fo, past, key_mask, positions);
   if (fo.context) in = context_parallel_inputs(in, fo.context, compute_dtype(model->embed_tokens->weight));
-  x = run_decoder_layers<LlamaDecoderLayerImpl>(runner_, model->layers, in, cache, key_mask, s, x, tp_);
-  const bool local_vocab = fo.vocab_parallel;
-  auto head = [this, local_vocab](const at::Tensor& h) {
+  x = run_decoder_layers<LlamaDecoderLayerImpl>(runner_, model->layers, in, cache, key_mask, s, x);
+  auto head = [this](const at::Tensor& h) {
     const at::Tensor normed = model->norm(h);
-    const at::Tensor& w = lm_head ? lm_head->weight : model->embed_tokens->weight;
-    if (!vocab_tp_) return at::linear(normed, w);
-    // Vocabulary parallelism: this rank's rows of the head (column-parallel over the vocabulary).
-    const at::Tensor logits = at::linear(tensor_parallel_enter(normed, vocab_tp_), w);
-    return local_vocab ? logits : vocab_gather(logits, vocab_tp_);
+    return lm_head ? lm_head(normed) : model->embed_tokens->attend(normed);
   };
   at::Tensor logits = run_unit(runner_, 0, head, x);
   if (moe_training) aux_loss_ = router_loss_->finish();
@@ -586,7 +572,7 @@ LlamaForCausalLM build_llama(const LlamaOptions& options, uint64_t seed) {
   return model;
 }
 
-std::vector<TensorParallelSplit> LlamaForCausalLMImpl::tensor_parallel_plan(int64_t degree) const {
+TensorParallelPlan LlamaForCausalLMImpl::tensor_parallel_plan(int64_t degree) const {
   const auto refuse = [degree](const std::string& why) {
     throw ConfigError("models", fmt::format("tensor_parallel_degree {}: {}", degree, why));
   };
@@ -598,36 +584,33 @@ std::vector<TensorParallelSplit> LlamaForCausalLMImpl::tensor_parallel_plan(int6
     refuse(fmt::format("the MLP's {} hidden units (intermediate_size) do not split into {} equal shares",
                        o_.intermediate_size, degree));
   }
-  std::vector<TensorParallelSplit> plan;
+  TensorParallelPlan plan;
   // The head along the vocabulary, where it divides (else the head stays whole): the embedding table with it when tied.
-  if (o_.vocab_size % degree == 0) add_vocab_parallel(plan, lm_head ? "lm_head.weight" : "model.embed_tokens.weight");
+  if (o_.vocab_size % degree == 0) {
+    if (lm_head) {
+      plan.vocab_head("lm_head");
+    } else {
+      plan.vocab_embedding("model.embed_tokens");
+    }
+  }
   int64_t i = 0;
   for (const auto& l : *model->layers) {
     const auto* layer = l->as<LlamaDecoderLayerImpl>();
     const std::string p = fmt::format("model.layers.{}.", i++);
     if (layer->moe) refuse("the MoE layers' experts do not split over a tensor-parallel group");
-    const auto& a = *layer->self_attn;
-    add_column_parallel(plan, p + "self_attn.q_proj", *a.q_proj);
-    add_column_parallel(plan, p + "self_attn.k_proj", *a.k_proj);
-    add_column_parallel(plan, p + "self_attn.v_proj", *a.v_proj);
-    add_row_parallel(plan, p + "self_attn.o_proj");
-    const auto& m = *layer->mlp;
-    add_column_parallel(plan, p + "mlp.gate_proj", *m.gate_proj);
-    add_column_parallel(plan, p + "mlp.up_proj", *m.up_proj);
-    add_row_parallel(plan, p + "mlp.down_proj");
+    plan.sequence_norm(p + "input_layernorm");
+    plan.sequence_norm(p + "post_attention_layernorm");
+    for (const char* proj : {"q_proj", "k_proj", "v_proj"}) plan.column(p + "self_attn." + proj);
+    if (layer->self_attn->q_norm) {
+      plan.head_norm(p + "self_attn.q_norm");
+      plan.head_norm(p + "self_attn.k_norm");
+    }
+    plan.row(p + "self_attn.o_proj");
+    plan.column(p + "mlp.gate_proj");
+    plan.column(p + "mlp.up_proj");
+    plan.row(p + "mlp.down_proj");
   }
   return plan;
-}
-
-void LlamaForCausalLMImpl::set_tensor_parallel(std::shared_ptr<TensorParallelGroup> group) {
-  tp_ = group;
-  const bool vocab = group && group->size() > 1 && o_.vocab_size % group->size() == 0;  // as tensor_parallel_plan
-  vocab_tp_ = vocab ? group : nullptr;
-  for (const auto& l : *model->layers) {
-    auto* layer = l->as<LlamaDecoderLayerImpl>();
-    layer->self_attn->tp = group;
-    layer->mlp->tp = group;
-  }
 }
 
 bool LlamaForCausalLMImpl::supports_context_parallel() const {

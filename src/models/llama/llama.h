@@ -24,6 +24,7 @@
 #include "tessera/models/blocks/layers.h"
 #include "tessera/models/blocks/moe.h"
 #include "tessera/models/causal_lm.h"
+#include "tessera/models/parallel_plan.h"
 
 namespace tessera::models {
 
@@ -114,8 +115,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache = nullptr);
 
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
-  Norm q_norm{nullptr}, k_norm{nullptr};    // qk_norm only
-  std::shared_ptr<TensorParallelGroup> tp;  // tensor parallelism (tensor_parallel.h): this rank's heads only
+  Norm q_norm{nullptr}, k_norm{nullptr};  // qk_norm only
 
  private:
   LlamaOptions o_;
@@ -126,11 +126,9 @@ TORCH_MODULE(LlamaAttention);
 class LlamaMLPImpl : public torch::nn::Module {
  public:
   LlamaMLPImpl(const LlamaOptions& o, const at::TensorOptions& t);
-  // `sequence_sharded`: x holds this rank's share of the positions (tensor_parallel.h's sequence parallelism).
-  at::Tensor forward(const at::Tensor& x, bool sequence_sharded = false);
+  at::Tensor forward(const at::Tensor& x);
 
   Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
-  std::shared_ptr<TensorParallelGroup> tp;  // tensor parallelism: this rank's hidden units only
 };
 TORCH_MODULE(LlamaMLP);
 
@@ -163,7 +161,7 @@ class LlamaModelImpl : public torch::nn::Module {
 TORCH_MODULE(LlamaModel);
 
 // Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers.
-class LlamaForCausalLMImpl : public CausalLM {
+class LlamaForCausalLMImpl : public CausalLM, public TensorParallelModel {
  public:
   explicit LlamaForCausalLMImpl(const LlamaOptions& o);
   at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& fo = {}) override;
@@ -193,10 +191,10 @@ class LlamaForCausalLMImpl : public CausalLM {
   void set_auxiliary_loss_scale(double scale) override { aux_scale_->set(scale); }
   std::vector<std::pair<std::string, at::Tensor>> expert_token_counts() const override;
   int64_t num_active_params() const override;
-  std::vector<TensorParallelSplit> tensor_parallel_plan(int64_t degree) const override;
-  void set_tensor_parallel(std::shared_ptr<TensorParallelGroup> group) override;
+  // Heads, the MLP's hidden units and (where the vocabulary divides) the head split; the layers' norms on sequence
+  // shards, Qwen3's q/k norms over this rank's heads. Refused for MoE layers.
+  TensorParallelPlan tensor_parallel_plan(int64_t degree) const override;
   bool supports_context_parallel() const override;
-  std::shared_ptr<TensorParallelGroup> vocab_parallel_group() const override { return vocab_tp_; }
 
   LlamaModel model{nullptr};
   Linear lm_head{nullptr};  // only when tie_word_embeddings is false
@@ -208,8 +206,6 @@ class LlamaForCausalLMImpl : public CausalLM {
   LlamaOptions o_;
   at::Tensor inv_freq_;  // (head_dim / 2,) float32, on the CPU
   std::shared_ptr<UnitRunner> runner_;
-  std::shared_ptr<TensorParallelGroup> tp_;  // tensor parallelism (set_tensor_parallel): the layers' sequence shards
-  std::shared_ptr<TensorParallelGroup> vocab_tp_;  // the head splits the vocabulary over it (vocabulary parallelism)
   std::shared_ptr<HfRouterLoss> router_loss_ = std::make_shared<HfRouterLoss>();
   std::shared_ptr<AuxLossScale> aux_scale_ = std::make_shared<AuxLossScale>();
   at::Tensor aux_loss_;  // the last training forward's (undefined: none)

@@ -37,40 +37,41 @@ GroupedQueryAttentionImpl::GroupedQueryAttentionImpl(const MPTOptions& o, const 
 }
 
 at::Tensor GroupedQueryAttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
-  const int64_t ways = tp ? tp->size() : 1;  // this rank's heads: 1 / ways of them
-  const bool sp = in.sequence_sharded;       // x: this rank's share of the positions
-  const int64_t b = x.size(0), s = sp ? x.size(1) * ways : x.size(1), hd = o_.head_dim(), h = o_.n_heads / ways,
-                kv = o_.attn.kv_n_heads / ways;
+  // Head counts and the sequence length are read from the projections' outputs: under tensor parallelism they hold
+  // this rank's heads (and, under sequence parallelism, the whole sequence of a sharded x).
+  const int64_t hd = o_.head_dim(), whole = (o_.n_heads + 2 * o_.attn.kv_n_heads) * hd;
   at::Tensor q, k, v;
   if (Wqkv) {
-    at::Tensor qkv = column_parallel(*Wqkv, x, tp, sp);  // (B, S, (H + 2 KV) hd): [Q | K | V], head-major
+    at::Tensor qkv = Wqkv(x);  // (B, S, (H + 2 KV) hd): [Q | K | V], head-major
     if (o_.attn.clip_qkv) qkv = qkv.clamp(-*o_.attn.clip_qkv, *o_.attn.clip_qkv);
+    const int64_t h = heads_in(o_.n_heads, qkv.size(2), whole), kv = heads_in(o_.attn.kv_n_heads, qkv.size(2), whole);
     q = qkv.narrow(2, 0, h * hd);
     k = qkv.narrow(2, h * hd, kv * hd);
     v = qkv.narrow(2, (h + kv) * hd, kv * hd);
   } else {
-    q = column_parallel(*Wq, x, tp, sp);
-    k = column_parallel(*Wk, x, tp, sp);
-    v = column_parallel(*Wv, x, tp, sp);
+    q = Wq(x);
+    k = Wk(x);
+    v = Wv(x);
     if (o_.attn.clip_qkv) {
       q = q.clamp(-*o_.attn.clip_qkv, *o_.attn.clip_qkv);
       k = k.clamp(-*o_.attn.clip_qkv, *o_.attn.clip_qkv);
       v = v.clamp(-*o_.attn.clip_qkv, *o_.attn.clip_qkv);
     }
   }
+  const int64_t b = q.size(0), s = q.size(1);
   if (q_ln) {
     const auto dtype = q.scalar_type();
     if (o_.attn.qk_gn) {
-      q = q_ln(q.reshape({b, s, h, hd})).to(dtype).reshape({b, s, h * hd});
-      k = k_ln(k.reshape({b, s, kv, hd})).to(dtype).reshape({b, s, kv * hd});
+      q = q_ln(q.reshape({b, s, -1, hd})).to(dtype).reshape({b, s, -1});
+      k = k_ln(k.reshape({b, s, -1, hd})).to(dtype).reshape({b, s, -1});
     } else {
       q = q_ln(q).to(dtype);
       k = k_ln(k).to(dtype);
     }
   }
-  q = q.reshape({b, s, h, hd});
-  k = k.reshape({b, s, kv, hd});
-  v = v.reshape({b, s, kv, hd});
+  q = q.reshape({b, s, -1, hd});
+  k = k.reshape({b, s, -1, hd});
+  v = v.reshape({b, s, -1, hd});
   if (in.rope_cos.defined()) {
     q = apply_rotary(q, in.rope_cos, in.rope_sin);
     k = apply_rotary(k, in.rope_cos, in.rope_sin);
@@ -81,8 +82,8 @@ at::Tensor GroupedQueryAttentionImpl::forward(const at::Tensor& x, const Attenti
   append_to_cache(cache, k, v);
   const at::Tensor context = attend(q, k, v, in, scale_, is_training() ? o_.attn.attn_pdrop : 0.0, is_training())
                                  .transpose(1, 2)
-                                 .reshape({b, s, h * hd});  // (B, S, H hd)
-  return row_parallel(*out_proj, context, tp, sp);
+                                 .reshape({b, s, -1});  // (B, S, H hd)
+  return out_proj(context);
 }
 
 FFNImpl::FFNImpl(const MPTOptions& o, const at::TensorOptions& t) : act_(o.ffn.ffn_act_fn) {
@@ -93,11 +94,10 @@ FFNImpl::FFNImpl(const MPTOptions& o, const at::TensorOptions& t) : act_(o.ffn.f
   down_proj->is_residual = true;
 }
 
-at::Tensor FFNImpl::forward(const at::Tensor& x, bool sequence_sharded) {
-  const at::Tensor up = column_parallel(*up_proj, x, tp, sequence_sharded);
-  const at::Tensor hidden = gate_proj ? hf_activation(act_, column_parallel(*gate_proj, x, tp, sequence_sharded)) * up
-                                      : hf_activation(act_, up);
-  return row_parallel(*down_proj, hidden, tp, sequence_sharded);
+at::Tensor FFNImpl::forward(const at::Tensor& x) {
+  const at::Tensor up = up_proj(x);
+  const at::Tensor hidden = gate_proj ? hf_activation(act_, gate_proj(x)) * up : hf_activation(act_, up);
+  return down_proj(hidden);
 }
 
 MPTBlockImpl::MPTBlockImpl(const MPTOptions& o, const at::TensorOptions& t, std::shared_ptr<AuxLossScale> aux_scale,
@@ -115,12 +115,9 @@ MPTBlockImpl::MPTBlockImpl(const MPTOptions& o, const at::TensorOptions& t, std:
 }
 
 at::Tensor MPTBlockImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
-  const auto& tp = attn->tp;
-  const bool sp = in.sequence_sharded;
-  at::Tensor h =
-      x + at::dropout(attn(sequence_parallel_norm(*norm_1, x, tp, sp), in, cache), resid_pdrop_, is_training());
-  const at::Tensor normed = sequence_parallel_norm(*norm_2, h, tp, sp);
-  return h + at::dropout(moe ? moe(normed) : ffn->forward(normed, sp), resid_pdrop_, is_training());
+  at::Tensor h = x + at::dropout(attn(norm_1(x), in, cache), resid_pdrop_, is_training());
+  const at::Tensor normed = norm_2(h);
+  return h + at::dropout(moe ? moe(normed) : ffn(normed), resid_pdrop_, is_training());
 }
 
 MPTModelImpl::MPTModelImpl(const MPTOptions& o, const at::TensorOptions& t, std::shared_ptr<AuxLossScale> aux_scale,
@@ -214,8 +211,7 @@ at::Tensor MPTModelImpl::forward_blocks(const at::Tensor& ids, const ForwardOpti
   const at::Tensor key_mask = key_padding_mask(ids, fo);  // over cached + new positions
   // The lambdas capture by value: the sharding engine may run them again in backward (activation checkpointing).
   auto embed = [this, key_mask, past, s](const at::Tensor& input_ids) {
-    at::Tensor x =
-        vocab_parallel ? vocab_parallel_embedding(wte->weight, input_ids, o_.vocab_size, -1, tp) : wte(input_ids);
+    at::Tensor x = wte(input_ids);
     // Left padding: positions count real tokens only (LLM Foundry's fix).
     if (wpe) x = x + wpe(positions_after_padding(key_mask, past, s, input_ids.options()));
     if (o_.embedding_fraction < 1.0) {
@@ -226,7 +222,7 @@ at::Tensor MPTModelImpl::forward_blocks(const at::Tensor& ids, const ForwardOpti
   at::Tensor x = run_unit(unit_runner, 0, embed, ids);
   AttentionInputs in = attention_inputs(ids, fo, past, key_mask);
   if (fo.context) in = context_parallel_inputs(in, fo.context, compute_dtype(wte->weight));
-  return run_decoder_layers<MPTBlockImpl>(unit_runner, blocks, in, cache, key_mask, s, x, tp);
+  return run_decoder_layers<MPTBlockImpl>(unit_runner, blocks, in, cache, key_mask, s, x);
 }
 
 at::Tensor MPTModelImpl::forward(const at::Tensor& ids, const ForwardOptions& fo) {
@@ -257,14 +253,11 @@ at::Tensor MPTForCausalLMImpl::forward(const at::Tensor& input_ids, const Forwar
     }
   }
   const at::Tensor x = transformer->forward_blocks(input_ids, fo);
-  const bool local_vocab = fo.vocab_parallel;
-  auto head = [this, local_vocab](const at::Tensor& h) {
+  auto head = [this](const at::Tensor& h) {
     const at::Tensor normed = transformer->norm_f(h);
-    const at::Tensor& w = lm_head ? lm_head->weight : transformer->wte->weight;
-    // Vocabulary parallelism: this rank's rows of the head (column-parallel over the vocabulary).
-    at::Tensor logits = vocab_tp_ ? at::linear(tensor_parallel_enter(normed, vocab_tp_), w) : at::linear(normed, w);
+    at::Tensor logits = lm_head ? lm_head(normed) : transformer->wte->attend(normed);
     if (o_.logit_scale) logits = logits * *o_.logit_scale;
-    return vocab_tp_ && !local_vocab ? vocab_gather(logits, vocab_tp_) : logits;
+    return logits;
   };
   at::Tensor logits = run_unit(transformer->unit_runner, 0, head, x);
   if (transformers_loss) hf_aux_ = hf_loss_->finish();
@@ -371,7 +364,7 @@ std::vector<std::pair<std::string, at::Tensor>> MPTForCausalLMImpl::expert_token
   return out;
 }
 
-std::vector<TensorParallelSplit> MPTForCausalLMImpl::tensor_parallel_plan(int64_t degree) const {
+TensorParallelPlan MPTForCausalLMImpl::tensor_parallel_plan(int64_t degree) const {
   const auto refuse = [degree](const std::string& why) {
     throw ConfigError("models", fmt::format("tensor_parallel_degree {}: {}", degree, why));
   };
@@ -388,40 +381,40 @@ std::vector<TensorParallelSplit> MPTForCausalLMImpl::tensor_parallel_plan(int64_
   if (o_.ffn_hidden() % degree != 0) {
     refuse(fmt::format("the MLP's {} hidden units do not split into {} equal shares", o_.ffn_hidden(), degree));
   }
-  std::vector<TensorParallelSplit> plan;
+  TensorParallelPlan plan;
   // The head along the vocabulary, where it divides (else the head stays whole): the embedding table with it when tied.
-  if (o_.vocab_size % degree == 0) add_vocab_parallel(plan, lm_head ? "lm_head.weight" : "transformer.wte.weight");
+  if (o_.vocab_size % degree == 0) {
+    if (lm_head) {
+      plan.vocab_head("lm_head");
+    } else {
+      plan.vocab_embedding("transformer.wte");
+    }
+  }
   int64_t i = 0;
   for (const auto& b : *transformer->blocks) {
     const auto* block = b->as<MPTBlockImpl>();
     const std::string p = fmt::format("transformer.blocks.{}.", i++);
+    plan.sequence_norm(p + "norm_1");
+    plan.sequence_norm(p + "norm_2");
     const auto& a = *block->attn;
     if (a.Wqkv) {
-      add_column_parallel(plan, p + "attn.Wqkv", *a.Wqkv, {h * hd, kv * hd, kv * hd});
+      plan.column(p + "attn.Wqkv", {h * hd, kv * hd, kv * hd});
     } else {
-      add_column_parallel(plan, p + "attn.Wq", *a.Wq);
-      add_column_parallel(plan, p + "attn.Wk", *a.Wk);
-      add_column_parallel(plan, p + "attn.Wv", *a.Wv);
+      plan.column(p + "attn.Wq");
+      plan.column(p + "attn.Wk");
+      plan.column(p + "attn.Wv");
     }
-    add_row_parallel(plan, p + "attn.out_proj");
+    if (a.q_ln) {  // qk_gn: over each head's features
+      plan.head_norm(p + "attn.q_ln");
+      plan.head_norm(p + "attn.k_ln");
+    }
+    plan.row(p + "attn.out_proj");
     const auto& f = *block->ffn;
-    add_column_parallel(plan, p + "ffn.up_proj", *f.up_proj);
-    if (f.gate_proj) add_column_parallel(plan, p + "ffn.gate_proj", *f.gate_proj);
-    add_row_parallel(plan, p + "ffn.down_proj");
+    plan.column(p + "ffn.up_proj");
+    if (f.gate_proj) plan.column(p + "ffn.gate_proj");
+    plan.row(p + "ffn.down_proj");
   }
   return plan;
-}
-
-void MPTForCausalLMImpl::set_tensor_parallel(std::shared_ptr<TensorParallelGroup> group) {
-  transformer->tp = group;
-  const bool vocab = group && group->size() > 1 && o_.vocab_size % group->size() == 0;  // as tensor_parallel_plan
-  vocab_tp_ = vocab ? group : nullptr;
-  transformer->vocab_parallel = vocab && !lm_head;
-  for (const auto& b : *transformer->blocks) {
-    auto* block = b->as<MPTBlockImpl>();
-    block->attn->tp = group;
-    block->ffn->tp = group;
-  }
 }
 
 bool MPTForCausalLMImpl::supports_context_parallel() const {

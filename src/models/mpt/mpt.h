@@ -21,6 +21,7 @@
 #include "tessera/models/blocks/layers.h"
 #include "tessera/models/blocks/moe.h"
 #include "tessera/models/causal_lm.h"
+#include "tessera/models/parallel_plan.h"
 #include "tessera/models/tensor_parallel.h"
 
 namespace tessera::models {
@@ -40,8 +41,6 @@ class GroupedQueryAttentionImpl : public torch::nn::Module {
   Linear out_proj{nullptr};
   Norm q_ln{nullptr};
   Norm k_ln{nullptr};
-  // Tensor parallelism (tensor_parallel.h): this rank's heads only; the projections hold their slices.
-  std::shared_ptr<TensorParallelGroup> tp;
 
  private:
   MPTOptions o_;
@@ -53,13 +52,11 @@ TORCH_MODULE(GroupedQueryAttention);
 class FFNImpl : public torch::nn::Module {
  public:
   FFNImpl(const MPTOptions& options, const at::TensorOptions& tensor_options);
-  // `sequence_sharded`: x holds this rank's share of the positions (tensor_parallel.h's sequence parallelism).
-  at::Tensor forward(const at::Tensor& x, bool sequence_sharded = false);
+  at::Tensor forward(const at::Tensor& x);
 
   Linear up_proj{nullptr};
   Linear gate_proj{nullptr};  // mptglu only
   Linear down_proj{nullptr};
-  std::shared_ptr<TensorParallelGroup> tp;  // tensor parallelism: this rank's hidden units only
 
  private:
   std::string act_;  // ffn_config.ffn_act_fn, by its ACT2FN name
@@ -104,8 +101,6 @@ class MPTModelImpl : public torch::nn::Module {
   torch::nn::ModuleList blocks{nullptr};
   Norm norm_f{nullptr};
   std::shared_ptr<UnitRunner> unit_runner;  // set through MPTForCausalLM's set_unit_runner()
-  std::shared_ptr<TensorParallelGroup> tp;  // tensor parallelism (set_tensor_parallel): the blocks' sequence shards
-  bool vocab_parallel = false;  // wte holds this rank's rows of the vocabulary (tied head under tensor parallelism)
 
  private:
   AttentionInputs attention_inputs(const at::Tensor& input_ids, const ForwardOptions& fo, int64_t past,
@@ -124,7 +119,7 @@ class MPTModelImpl : public torch::nn::Module {
 TORCH_MODULE(MPTModel);
 
 // MPT as a CausalLM (the model protocol, causal_lm.h); `model.name: mpt_causal_lm`.
-class MPTForCausalLMImpl : public CausalLM {
+class MPTForCausalLMImpl : public CausalLM, public TensorParallelModel {
  public:
   explicit MPTForCausalLMImpl(const MPTOptions& options);
   // input_ids: (B, S) int64 -> logits (B, S, vocab_size).
@@ -154,10 +149,10 @@ class MPTForCausalLMImpl : public CausalLM {
   void set_auxiliary_loss_scale(double scale) override { aux_scale_->set(scale); }
   std::vector<std::pair<std::string, at::Tensor>> expert_token_counts() const override;
   int64_t num_active_params() const override { return mpt_active_param_count(o_); }
-  std::vector<TensorParallelSplit> tensor_parallel_plan(int64_t degree) const override;
-  void set_tensor_parallel(std::shared_ptr<TensorParallelGroup> group) override;
+  // Heads, the MLP's hidden units and (where the vocabulary divides) the head split; the blocks' norms on sequence
+  // shards. Refused for MoE layers, qk_ln (a norm over every head at once) and ALiBi (slopes per head).
+  TensorParallelPlan tensor_parallel_plan(int64_t degree) const override;
   bool supports_context_parallel() const override;
-  std::shared_ptr<TensorParallelGroup> vocab_parallel_group() const override { return vocab_tp_; }
 
   MPTModel transformer{nullptr};
   Linear lm_head{nullptr};  // only when tie_word_embeddings is false
@@ -165,7 +160,6 @@ class MPTForCausalLMImpl : public CausalLM {
  private:
   MPTOptions o_;
   std::shared_ptr<AuxLossScale> aux_scale_ = std::make_shared<AuxLossScale>();
-  std::shared_ptr<TensorParallelGroup> vocab_tp_;  // the head splits the vocabulary over it (vocabulary parallelism)
   std::shared_ptr<HfRouterLoss> hf_loss_ = std::make_shared<HfRouterLoss>();  // DBRX's transformers-style loss
   at::Tensor hf_aux_;                                                         // its last training value
 };

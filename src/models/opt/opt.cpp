@@ -140,15 +140,16 @@ OPTAttentionImpl::OPTAttentionImpl(const OPTOptions& o, const at::TensorOptions&
 }
 
 at::Tensor OPTAttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
-  const int64_t b = x.size(0), s = x.size(1), hd = o_.head_dim(), h = o_.num_attention_heads;
-  auto heads = [&](const at::Tensor& t) { return t.view({b, s, h, hd}).transpose(1, 2); };
+  // The heads and the sequence length come from the projections' outputs (this rank's heads under tensor parallelism).
+  const int64_t hd = o_.head_dim();
+  auto heads = [&](const at::Tensor& t) { return t.view({t.size(0), t.size(1), -1, hd}).transpose(1, 2); };
   // transformers scales the queries by 1/sqrt(head_dim) before the product; the same scores up to rounding.
   const at::Tensor q = heads(q_proj(x));
   at::Tensor k = heads(k_proj(x)), v = heads(v_proj(x));
   append_to_cache(cache, k, v);
   const double dropout = is_training() ? o_.attention_dropout : 0.0;
   const at::Tensor context = attend(q, k, v, in, 1.0 / std::sqrt(static_cast<double>(hd)), dropout, is_training());
-  return out_proj(context.transpose(1, 2).reshape({b, s, h * hd}));
+  return out_proj(context.transpose(1, 2).reshape({q.size(0), q.size(2), -1}));
 }
 
 OPTDecoderLayerImpl::OPTDecoderLayerImpl(const OPTOptions& o, const at::TensorOptions& t) : o_(o) {
@@ -218,13 +219,14 @@ at::Tensor OPTForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOptio
     return x + d.embed_positions(positions);
   };
   at::Tensor x = run_unit(runner_, 0, embed, ids);
-  const AttentionInputs in = causal_attention_inputs(ids, fo, past, key_mask, compute_dtype(dec.embed_tokens->weight));
+  AttentionInputs in = causal_attention_inputs(ids, fo, past, key_mask, compute_dtype(dec.embed_tokens->weight));
+  if (fo.context) in = context_parallel_inputs(in, fo.context, compute_dtype(dec.embed_tokens->weight));
   x = run_decoder_layers<OPTDecoderLayerImpl>(runner_, dec.layers, in, cache, key_mask, s, x);
   auto head = [this](const at::Tensor& h) {
     OPTDecoderImpl& d = *model->decoder;
     at::Tensor y = d.final_layer_norm ? d.final_layer_norm(h) : h;
     if (d.project_out) y = d.project_out(y);
-    return lm_head ? lm_head(y) : at::linear(y, d.embed_tokens->weight);
+    return lm_head ? lm_head(y) : d.embed_tokens->attend(y);
   };
   return run_unit(runner_, 0, head, x);
 }
@@ -261,6 +263,22 @@ std::optional<std::string> OPTForCausalLMImpl::tied_embedding_name() const {
 
 OPTForCausalLM build_opt(const OPTOptions& options, uint64_t seed) {
   return build_initialised<OPTForCausalLM>(options, seed);
+}
+
+TensorParallelPlan OPTForCausalLMImpl::tensor_parallel_plan(int64_t degree) const {
+  check_tensor_parallel_split(degree, "OPT", o_.num_attention_heads, o_.num_attention_heads, o_.ffn_dim);
+  TensorParallelPlan plan;
+  plan.vocabulary(o_.vocab_size, degree, lm_head ? "lm_head" : "", "model.decoder.embed_tokens");
+  for (int64_t i = 0; i < o_.num_hidden_layers; ++i) {
+    const std::string p = fmt::format("model.decoder.layers.{}.", i);
+    plan.sequence_norm(p + "self_attn_layer_norm");
+    plan.sequence_norm(p + "final_layer_norm");
+    for (const char* proj : {"q_proj", "k_proj", "v_proj"}) plan.column(p + "self_attn." + proj);
+    plan.row(p + "self_attn.out_proj");
+    plan.column(p + "fc1");
+    plan.row(p + "fc2");
+  }
+  return plan;
 }
 
 }  // namespace tessera::models

@@ -22,6 +22,7 @@
 #include "tessera/models/blocks/attention.h"
 #include "tessera/models/blocks/layers.h"
 #include "tessera/models/causal_lm.h"
+#include "tessera/models/parallel_plan.h"
 
 namespace tessera::models {
 
@@ -105,7 +106,7 @@ class OPTModelImpl : public torch::nn::Module {
 TORCH_MODULE(OPTModel);
 
 // Units: 0 = the root (embeddings, projections, final norm and head), 1..num_hidden_layers = the decoder layers.
-class OPTForCausalLMImpl : public CausalLM {
+class OPTForCausalLMImpl : public CausalLM, public TensorParallelModel {
  public:
   explicit OPTForCausalLMImpl(const OPTOptions& o);
   at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& fo = {}) override;
@@ -125,6 +126,9 @@ class OPTForCausalLMImpl : public CausalLM {
   bool has_hf_format() const override { return true; }
   nlohmann::ordered_json hf_config(at::ScalarType dtype) const override { return opt_hf_config(o_, dtype); }
   std::optional<std::string> tied_embedding_name() const override;
+  // Heads, the MLP's hidden units and the vocabulary split.
+  TensorParallelPlan tensor_parallel_plan(int64_t degree) const override;
+  bool supports_context_parallel() const override { return true; }  // keys and values gathered per layer
 
   OPTModel model{nullptr};
   Linear lm_head{nullptr};  // only when tie_word_embeddings is false

@@ -179,9 +179,13 @@ Phi3AttentionImpl::Phi3AttentionImpl(const Phi3Options& o, const at::TensorOptio
 }
 
 at::Tensor Phi3AttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
-  const int64_t b = x.size(0), s = x.size(1), hd = o_.head_dim(), h = o_.num_attention_heads;
-  const int64_t kv = o_.num_key_value_heads, r = o_.rotary_ndims();
+  const int64_t hd = o_.head_dim(), r = o_.rotary_ndims();
   const at::Tensor qkv = qkv_proj(x);  // [q heads | k heads | v heads]
+  // The heads and the sequence length come from the fused projection's output (this rank's heads under tensor
+  // parallelism).
+  const int64_t b = qkv.size(0), s = qkv.size(1), whole = (o_.num_attention_heads + 2 * o_.num_key_value_heads) * hd;
+  const int64_t h = heads_in(o_.num_attention_heads, qkv.size(-1), whole);
+  const int64_t kv = heads_in(o_.num_key_value_heads, qkv.size(-1), whole);
   at::Tensor q = qkv.narrow(-1, 0, h * hd).view({b, s, h, hd});
   at::Tensor k = qkv.narrow(-1, h * hd, kv * hd).view({b, s, kv, hd});
   at::Tensor v = qkv.narrow(-1, (h + kv) * hd, kv * hd).view({b, s, kv, hd}).transpose(1, 2);
@@ -265,10 +269,11 @@ at::Tensor Phi3ForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOpti
     in.rope_cos = in.rope_cos * scale;
     in.rope_sin = in.rope_sin * scale;
   }
+  if (fo.context) in = context_parallel_inputs(in, fo.context, compute_dtype(model->embed_tokens->weight));
   x = run_decoder_layers<Phi3DecoderLayerImpl>(runner_, model->layers, in, cache, key_mask, s, x);
   auto head = [this](const at::Tensor& h) {
     const at::Tensor normed = model->norm(h);
-    return lm_head ? lm_head(normed) : at::linear(normed, model->embed_tokens->weight);
+    return lm_head ? lm_head(normed) : model->embed_tokens->attend(normed);
   };
   return run_unit(runner_, 0, head, x);
 }
@@ -308,6 +313,23 @@ std::optional<std::string> Phi3ForCausalLMImpl::tied_embedding_name() const {
 
 Phi3ForCausalLM build_phi3(const Phi3Options& options, uint64_t seed) {
   return build_initialised<Phi3ForCausalLM>(options, seed);
+}
+
+TensorParallelPlan Phi3ForCausalLMImpl::tensor_parallel_plan(int64_t degree) const {
+  const int64_t h = o_.num_attention_heads, kv = o_.num_key_value_heads, hd = o_.head_dim(), f = o_.intermediate_size;
+  check_tensor_parallel_split(degree, "Phi-3", h, kv, f);
+  TensorParallelPlan plan;
+  plan.vocabulary(o_.vocab_size, degree, lm_head ? "lm_head" : "", "model.embed_tokens");
+  for (int64_t i = 0; i < o_.num_hidden_layers; ++i) {
+    const std::string p = fmt::format("model.layers.{}.", i);
+    plan.sequence_norm(p + "input_layernorm");
+    plan.sequence_norm(p + "post_attention_layernorm");
+    plan.column(p + "self_attn.qkv_proj", {h * hd, kv * hd, kv * hd});
+    plan.row(p + "self_attn.o_proj");
+    plan.column(p + "mlp.gate_up_proj", {f, f});
+    plan.row(p + "mlp.down_proj");
+  }
+  return plan;
 }
 
 }  // namespace tessera::models

@@ -23,6 +23,7 @@
 #include "tessera/models/blocks/attention.h"
 #include "tessera/models/blocks/layers.h"
 #include "tessera/models/causal_lm.h"
+#include "tessera/models/parallel_plan.h"
 
 namespace tessera::models {
 
@@ -115,7 +116,7 @@ class Phi3ModelImpl : public torch::nn::Module {
 TORCH_MODULE(Phi3Model);
 
 // Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers.
-class Phi3ForCausalLMImpl : public CausalLM {
+class Phi3ForCausalLMImpl : public CausalLM, public TensorParallelModel {
  public:
   explicit Phi3ForCausalLMImpl(const Phi3Options& o);
   at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& fo = {}) override;
@@ -135,6 +136,9 @@ class Phi3ForCausalLMImpl : public CausalLM {
   bool has_hf_format() const override { return true; }
   nlohmann::ordered_json hf_config(at::ScalarType dtype) const override { return phi3_hf_config(o_, dtype); }
   std::optional<std::string> tied_embedding_name() const override;
+  // Heads (of the fused qkv_proj), the MLP's hidden units (of the fused gate_up_proj) and the vocabulary split.
+  TensorParallelPlan tensor_parallel_plan(int64_t degree) const override;
+  bool supports_context_parallel() const override { return true; }  // keys and values gathered per layer
   // longrope: keys cached with the short factors are stale once a row passes original_max_position_embeddings
   // (transformers' Phi3ForCausalLM.prepare_inputs_for_generation recomputes the cache there).
   bool kv_cache_stale(int64_t past, int64_t total) const override {

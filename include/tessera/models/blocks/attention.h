@@ -8,7 +8,6 @@
 #include <torch/nn/modules/container/modulelist.h>
 
 #include <optional>
-#include <type_traits>
 #include <vector>
 
 #include "tessera/models/causal_lm.h"
@@ -46,10 +45,6 @@ struct AttentionInputs {
   bool reference = false;          // use the explicit softmax(QK^T * scale + mask) V path instead of SDPA
   double softcap = 0;              // > 0: scores capped as softcap * tanh(scores / softcap) before the mask (Gemma 2's
                                    // attn_logit_softcapping); takes the explicit path
-  // Sequence parallelism (tensor_parallel.h): the layer's input holds this rank's share of the positions; its
-  // column-parallel projections gather the whole sequence (and the mask and rotary tables above are the whole
-  // sequence's).
-  bool sequence_sharded = false;
   // Context parallelism (context_parallel.h): the layers run on this shard's positions, and attend() gathers the keys
   // and values of the whole sequence over its group (the mask's rows are this shard's positions, its columns the
   // gathered keys; the rotary tables are this shard's positions').
@@ -88,31 +83,23 @@ at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
 // With a cache: prepends its keys and values to k and v ((B, KV, S, hd)) and stores the result in it.
 void append_to_cache(LayerCache* cache, at::Tensor& k, at::Tensor& v);
 
-// The layers' inputs with AttentionInputs::sequence_sharded set (families with their own input sets have no shards).
-inline AttentionInputs with_sequence_sharded(const AttentionInputs& in, bool sharded) {
-  AttentionInputs out = in;
-  out.sequence_sharded = sharded;
-  return out;
-}
-template <class Inputs>
-Inputs with_sequence_sharded(const Inputs& in, bool /*sharded*/) {
-  return in;
-}
-
 // `in` (a whole sequence's inputs, no cache) for a forward on `shard`'s positions: the mask's rows at those positions
 // and its columns in the gathered keys' order, or, for plain causal attention, such a mask made from the positions (in
 // `dtype`, the compute dtype); rotary tables at those positions.
 AttentionInputs context_parallel_inputs(const AttentionInputs& in, std::shared_ptr<const ContextShard> shard,
                                         at::ScalarType dtype);
 
-// x (B, S, ...) at the positions of the inputs' context shard, or x itself without one (and for families with their
-// own input sets, which do not run on context shards).
+// x (B, S, ...) at the positions of the inputs' context shard, or x itself without one.
 inline at::Tensor context_positions_of(const AttentionInputs& in, const at::Tensor& x) {
   return in.context ? x.index_select(1, in.context->positions) : x;
 }
-template <class Inputs>
-at::Tensor context_positions_of(const Inputs& /*in*/, const at::Tensor& x) {
-  return x;
+// Families whose layers are of two kinds run both sets on the same shard.
+inline GlobalLocalInputs context_parallel_inputs(const GlobalLocalInputs& in, std::shared_ptr<const ContextShard> shard,
+                                                 at::ScalarType dtype) {
+  return {context_parallel_inputs(in.global, shard, dtype), context_parallel_inputs(in.local, shard, dtype)};
+}
+inline at::Tensor context_positions_of(const GlobalLocalInputs& in, const at::Tensor& x) {
+  return context_positions_of(in.global, x);
 }
 
 // Runs the decoder layers (`LayerImpl`s with forward(x, in, LayerCache*)) as units 1..n through `runner`, each with
@@ -121,26 +108,20 @@ at::Tensor context_positions_of(const Inputs& /*in*/, const at::Tensor& x) {
 // the sharding engine may run them again in backward (activation checkpointing).
 //
 // With a context shard in `in` (context_parallel_inputs()), the layers run on its positions of x and return those.
-// `tp`: the model's tensor-parallel group (tensor_parallel.h). With sequence parallelism, a sequence that divides over
-// it and no cache, the layers run on this rank's share of the positions (AttentionInputs::sequence_sharded), scattered
-// before the first and gathered after the last.
+// (Under sequence parallelism the engine's runner cuts the sequence before the first layer and joins it after the
+// last; layers read sequence lengths from their projections' outputs, never from x.)
 template <class LayerImpl, class Inputs = AttentionInputs>
 at::Tensor run_decoder_layers(const std::shared_ptr<UnitRunner>& runner, const torch::nn::ModuleList& layers,
                               const Inputs& in, KVCache* cache, const at::Tensor& key_mask, int64_t new_tokens,
-                              at::Tensor x, const std::shared_ptr<TensorParallelGroup>& tp = nullptr) {
+                              at::Tensor x) {
   if (cache && cache->layers.empty()) cache->layers.resize(layers->size());
   x = context_positions_of(in, x);
-  const bool sharded = std::is_same_v<Inputs, AttentionInputs> && tp && tp->size() > 1 && tp->sequence_parallel() &&
-                       !cache && x.size(1) % tp->size() == 0;
-  const Inputs layer_in = with_sequence_sharded(in, sharded);
-  if (sharded) x = sequence_scatter(x, tp);
   for (size_t i = 0; i < layers->size(); ++i) {
     auto* layer = layers->ptr(i)->as<LayerImpl>();
     LayerCache* layer_cache = cache ? &cache->layers[i] : nullptr;
-    auto fn = [layer, layer_in, layer_cache](const at::Tensor& h) { return layer->forward(h, layer_in, layer_cache); };
+    auto fn = [layer, in, layer_cache](const at::Tensor& h) { return layer->forward(h, in, layer_cache); };
     x = run_unit(runner, static_cast<int64_t>(i) + 1, fn, x);
   }
-  if (sharded) x = sequence_gather(x, tp);
   if (cache) {
     cache->length += new_tokens;
     if (key_mask.defined()) cache->attention_mask = key_mask;

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -18,11 +19,39 @@
 
 namespace tessera::models {
 
+class LinearImpl;
+class NormImpl;
+class EmbeddingImpl;
+
+// How a module runs once parallelism applied from outside the model changed it (models/parallel_plan.h: the sharding
+// engine installs the styles of a family's plan, distributed/parallel_styles.h): the module's forward hands the call
+// to its style. Model code neither sets nor names one.
+class LinearStyle {
+ public:
+  virtual ~LinearStyle() = default;
+  virtual at::Tensor forward(LinearImpl& layer, const at::Tensor& x) = 0;
+};
+class NormStyle {
+ public:
+  virtual ~NormStyle() = default;
+  virtual at::Tensor forward(NormImpl& norm, const at::Tensor& x) = 0;
+};
+class EmbeddingStyle {
+ public:
+  virtual ~EmbeddingStyle() = default;
+  virtual at::Tensor forward(EmbeddingImpl& embedding, const at::Tensor& ids) = 0;
+  virtual at::Tensor attend(EmbeddingImpl& embedding, const at::Tensor& x) = 0;
+};
+
 // y = x W^T + b, W: (out_features, in_features).
 class LinearImpl : public torch::nn::Module {
  public:
   LinearImpl(int64_t in_features, int64_t out_features, bool bias, const at::TensorOptions& options);
+  // local_forward(x), or through the style when one is installed.
   at::Tensor forward(const at::Tensor& x);
+  // The layer on its own weights: x W^T + b (float8 GEMMs, the LoRA adapter's term).
+  at::Tensor local_forward(const at::Tensor& x);
+  std::shared_ptr<LinearStyle> style;
 
   int64_t in_features;
   int64_t out_features;
@@ -49,9 +78,11 @@ TORCH_MODULE(Linear);
 class NormImpl : public torch::nn::Module {
  public:
   NormImpl(int64_t size, NormType type, double eps, bool bias, const at::TensorOptions& options);
+  // forward_with(x, weight, bias), or through the style when one is installed.
   at::Tensor forward(const at::Tensor& x);
-  // The same norm with other tensors standing for weight and bias (tensor_parallel.h's sequence parallelism).
+  // The same norm with other tensors standing for weight and bias (what a style passes).
   at::Tensor forward_with(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
+  std::shared_ptr<NormStyle> style;
 
   int64_t size;
   NormType type;
@@ -65,6 +96,9 @@ class EmbeddingImpl : public torch::nn::Module {
  public:
   EmbeddingImpl(int64_t num_embeddings, int64_t dim, const at::TensorOptions& options);
   at::Tensor forward(const at::Tensor& ids);  // ids: (B, T) int64 -> (B, T, dim)
+  // A head tied to this table: x (..., dim) -> x W^T (..., num_embeddings).
+  at::Tensor attend(const at::Tensor& x);
+  std::shared_ptr<EmbeddingStyle> style;
 
   at::Tensor weight;  // (num_embeddings, dim)
   // torch.nn.Embedding's padding_idx: that row gets no gradient (the row's value is used as stored); -1 = none.

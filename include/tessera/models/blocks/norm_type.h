@@ -5,7 +5,8 @@
 namespace tessera::models {
 
 // LayerNorm or RMSNorm, each also in the low-precision variant that runs in the autocast dtype (LLM Foundry's
-// LPLayerNorm / LPRMSNorm).
-enum class NormType { kLayerNorm, kLowPrecisionLayerNorm, kRMSNorm, kLowPrecisionRMSNorm };
+// LPLayerNorm / LPRMSNorm); and Gemma's RMSNorm, computed in float32 and scaled by (1 + weight), its weight 0 at
+// initialisation.
+enum class NormType { kLayerNorm, kLowPrecisionLayerNorm, kRMSNorm, kLowPrecisionRMSNorm, kOffsetRMSNorm };
 
 }  // namespace tessera::models

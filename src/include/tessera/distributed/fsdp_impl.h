@@ -14,6 +14,7 @@
 
 #include "tessera/distributed/communicator.h"
 #include "tessera/distributed/fsdp.h"
+#include "tessera/distributed/parallel_styles.h"
 #include "tessera/models/causal_lm.h"
 
 namespace tessera::dist {
@@ -88,6 +89,8 @@ class ParallelModel::Impl : public models::UnitRunner {
   Impl(const ParallelOptions& o, std::shared_ptr<Communicator> comm) : o_(o), comm_(std::move(comm)) {}
 
   at::Tensor run(int64_t unit_index, const UnitFn& fn, const at::Tensor& x) override;
+  at::Tensor run_sequence_parallel(int64_t unit_index, int64_t n_blocks, const UnitFn& fn, const at::Tensor& x);
+  at::Tensor run_unit_call(int64_t unit_index, const UnitFn& fn, const at::Tensor& x);
   at::Tensor backward_call(CallRecord& rec, const at::Tensor& grad_out);
 
   void setup(models::CausalLM& model);
@@ -113,6 +116,8 @@ class ParallelModel::Impl : public models::UnitRunner {
   int tp_ = 1;                                  // tensor-parallel degree
   std::shared_ptr<Communicator> tp_comm_;       // the tensor-parallel group (consecutive ranks)
   std::map<std::string, models::TensorParallelSplit> tp_splits_;
+  std::shared_ptr<TensorParallelState> tp_state_;  // what the model's tensor-parallel styles share (none: T = 1)
+  bool sequence_sharded_ = false;                  // this forward's decoder layers run on sequence shards
   std::shared_ptr<models::TensorParallelGroup> cp_group_;  // the context-parallel group's collectives (none: C = 1)
   // ParallelModel::parameter_shapes(), listed on first use (the parameters are fixed after setup).
   std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes_;

@@ -13,6 +13,7 @@
 
 #include "tessera/distributed/communicator.h"
 #include "tessera/distributed/fsdp.h"
+#include "tessera/distributed/parallel_styles.h"
 #include "tessera/distributed/sharding.h"
 #include "tessera/models/causal_lm.h"
 
@@ -23,13 +24,15 @@ struct TensorGroups {
   std::shared_ptr<Communicator> group;    // this rank's tensor-parallel group: `degree` consecutive ranks
   std::shared_ptr<Communicator> holders;  // the ranks that hold the same slices (HYBRID_SHARD: in the shard group)
   std::map<std::string, models::TensorParallelSplit> splits;  // by parameter name
+  std::shared_ptr<TensorParallelState> state;                 // what the styles share with the engine's runner
 };
 
-// Asks the model for its plan (CausalLM::tensor_parallel_plan), checks it and the degree against the job (ConfigError
+// Asks the model for its plan (models::TensorParallelModel), checks it and the degree against the job (ConfigError
 // naming parallelism.tensor_parallel_degree: a world that is not a multiple of it, NO_SHARD, HYBRID_SHARD shard groups
-// of `ranks_per_node` that do not hold whole groups, a model that declares no split layers or splits that do not
-// divide), makes the groups (every rank of `world` calls this together) and tells the model its group, whose
-// collectives run `sync` first, with `sequence_parallel` on or off.
+// of `ranks_per_node` that do not hold whole groups, a model that declares no plan, splits that do not divide, a
+// layer's Linear or Norm the plan leaves out), makes the groups (every rank of `world` calls this together) and
+// installs the plan's styles (distributed/parallel_styles.h) over the group, whose collectives run `sync` first,
+// with `sequence_parallel` on or off.
 TensorGroups setup_tensor_parallel(models::CausalLM& model, int degree, bool sequence_parallel,
                                    ShardingStrategy strategy, int ranks_per_node, Communicator& world,
                                    std::function<void()> sync);

@@ -1,0 +1,148 @@
+// Tensor, sequence and context parallelism reach every dense family from outside its code (models/parallel_plan.h,
+// distributed/parallel_styles.h): on 4 Gloo ranks, TP 2 x FSDP 2 and CP 2 x FSDP 2 train 8 fp32 steps with the
+// losses and final weights of one process, for each family whose tests do not already pin it (MPT's and Llama's are in
+// mesh_training_test.cpp). Ranks are the `train` tool, spawned through dist::launch (dist_training_fixture.h).
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dist_training_fixture.h"
+#include "tessera/checkpoint/safetensors.h"
+
+namespace tessera::testing::family_parallel {
+namespace {
+
+using namespace tessera::testing::dist_training;
+
+// Each family's tiny configuration: 4 heads (2 per rank under TP 2), the features that meet a split or a shard.
+// Without attention biases where a family has the option: a key bias's gradient is exactly zero (softmax ignores a
+// constant added to every key's score), so it is rounding noise that Adam amplifies to full-size steps, and no two
+// summation orders agree on it (as for TinyMpt's no_bias).
+struct TinyNeoX {  // head-major fused q/k/v, partial rotary, parallel residual, untied head
+  static constexpr const char* kDir = "family_parallel_neox";
+  static constexpr const char* kModel =
+      "{name: gpt_neox, hidden_size: 32, num_attention_heads: 4, num_hidden_layers: 2, intermediate_size: 64,\n"
+      "        vocab_size: 64, max_position_embeddings: 32, rotary_pct: 0.5, use_parallel_residual: true,\n"
+      "        tie_word_embeddings: false, attention_bias: false}";
+};
+struct TinyOpt {  // learned positions, tied head, biases on every projection
+  static constexpr const char* kDir = "family_parallel_opt";
+  static constexpr const char* kModel =
+      "{name: opt, hidden_size: 32, num_attention_heads: 4, num_hidden_layers: 2, ffn_dim: 64, vocab_size: 64,\n"
+      "        max_position_embeddings: 32, word_embed_proj_dim: 32, dropout: 0.0, pad_token_id: null}";
+};
+struct TinyNeo {  // global and local (windowed) layers, learned positions, tied head
+  static constexpr const char* kDir = "family_parallel_neo";
+  static constexpr const char* kModel =
+      "{name: gpt_neo, hidden_size: 32, num_heads: 4, num_layers: 2, attention_types: [[[global, local], 1]],\n"
+      "        window_size: 8, intermediate_size: 64, vocab_size: 64, max_position_embeddings: 32}";
+};
+struct TinyGemma3 {  // q/k norms over each head, sliding and full layers, offset RMSNorms, tied head
+  static constexpr const char* kDir = "family_parallel_gemma3";
+  static constexpr const char* kModel =
+      "{name: gemma3_text, hidden_size: 32, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 8,\n"
+      "        query_pre_attn_scalar: 8, num_hidden_layers: 2, sliding_window_pattern: 2, sliding_window: 8,\n"
+      "        intermediate_size: 64, vocab_size: 64, max_position_embeddings: 32, pad_token_id: null}";
+};
+struct TinyPhi3 {  // fused qkv_proj in three blocks (grouped K/V), fused gate_up_proj, untied head
+  static constexpr const char* kDir = "family_parallel_phi3";
+  static constexpr const char* kModel =
+      "{name: phi3, hidden_size: 32, num_attention_heads: 4, num_key_value_heads: 2, num_hidden_layers: 2,\n"
+      "        intermediate_size: 64, vocab_size: 64, max_position_embeddings: 32, tie_word_embeddings: false,\n"
+      "        pad_token_id: null}";
+};
+
+constexpr int kSteps = 8;
+// SGD with momentum rather than the fixture's AdamW: Adam's steps do not change when a gradient is scaled, so a
+// parameter whose gradient a layout failed to sum over the tensor-parallel group (a norm on sequence shards, a norm
+// over this rank's heads) would still train alike; SGD's steps scale with it.
+const char* const kSgd = "'optimizer={name: decoupled_sgdw, lr: 0.05, momentum: 0.9}'";
+
+template <class Model>
+class FamilyParallel : public DistTrainingOf<Model> {
+ protected:
+  using Base = DistTrainingOf<Model>;
+
+  // Run `name` for kSteps batches on `nproc` ranks: its losses, and its final weights (hf_checkpointer's).
+  static TrainRun steps(const std::string& name, int nproc, std::vector<std::string> o) {
+    o.push_back(fmt::format("max_duration={}ba", kSteps));
+    o.push_back(kSgd);
+    TrainRun r = Base::run(name, nproc, o);
+    const fs::path w = Base::root_ / "runs" / name / "huggingface" / fmt::format("ba{}", kSteps) / "model.safetensors";
+    EXPECT_TRUE(fs::exists(w)) << w;
+    if (fs::exists(w)) {
+      checkpoint::SafetensorsFile file(w.string());
+      for (const auto& n : file.names()) r.weights[n] = file.load(n);
+    }
+    return r;
+  }
+
+  static const TrainRun& one() {
+    static const TrainRun r = steps("single", 1, {});
+    return r;
+  }
+
+  static void expect_matches(const TrainRun& mesh, const std::string& what) {
+    const TrainRun& single = one();
+    ASSERT_EQ(single.losses.size(), static_cast<size_t>(kSteps)) << what;
+    ASSERT_EQ(mesh.losses.size(), single.losses.size()) << what;
+    for (size_t i = 0; i < single.losses.size(); ++i) {
+      EXPECT_NEAR(mesh.losses[i], single.losses[i], 1e-5 * std::abs(single.losses[i])) << what << " step " << i;
+    }
+    ASSERT_FALSE(single.weights.empty()) << what;
+    ASSERT_EQ(mesh.weights.size(), single.weights.size()) << what;
+    for (const auto& [name, w] : single.weights) {
+      const at::Tensor& v = mesh.weights.at(name);
+      EXPECT_TRUE(at::allclose(v, w, 1e-4, 1e-5))
+          << what << " " << name << ": max diff " << (v - w).abs().max().template item<double>();
+    }
+  }
+};
+
+using Families = ::testing::Types<TinyNeoX, TinyOpt, TinyNeo, TinyGemma3, TinyPhi3, TinyFalcon>;
+TYPED_TEST_SUITE(FamilyParallel, Families);
+
+TYPED_TEST(FamilyParallel, TensorAndContextParallelTimesFullShardMatchOneProcess) {
+  if (is_worker()) GTEST_SKIP();
+  // TP 2 x FSDP 2: the family's plan splits its heads, MLP and vocabulary; its layers' norms run on sequence shards.
+  const TrainRun tp = this->steps("tp2_fs2", 4, {"'parallelism={tensor_parallel_degree: 2}'"});
+  this->expect_matches(tp, "TP 2 x FSDP 2");
+  const std::string tp_log = read_dist_log(this->root_ / "tp2_fs2.log");
+  EXPECT_NE(tp_log.find("tensor parallelism over groups of 2 ranks"), std::string::npos) << tp_log;
+  EXPECT_NE(tp_log.find("sequence parallelism on"), std::string::npos) << tp_log;
+  // CP 2 x FSDP 2: each rank runs half the positions, the keys and values gathered in every layer.
+  this->expect_matches(this->steps("cp2_fs2", 4, {"'parallelism={context_parallel_degree: 2}'"}), "CP 2 x FSDP 2");
+  const std::string cp_log = read_dist_log(this->root_ / "cp2_fs2.log");
+  EXPECT_NE(cp_log.find("context parallelism over groups of 2 ranks"), std::string::npos) << cp_log;
+}
+
+using Phi3Parallel = FamilyParallel<TinyPhi3>;
+
+TEST_F(Phi3Parallel, ATensorParallelCheckpointResumesUnderFullShardWithTheUninterruptedLoss) {
+  if (is_worker()) GTEST_SKIP();
+  // A family whose tensor parallelism comes from its plan alone: TP 2 x FSDP 2 saves at 4 of the 8 steps (the
+  // schedule pinned to 8), FSDP 4 resumes from it, and its next loss is the uninterrupted one process's.
+  const fs::path ckpt = root_ / "ckpt";
+  fs::remove_all(ckpt);
+  run("tp2_save", 4,
+      {"'parallelism={tensor_parallel_degree: 2}'", "max_duration=4ba", "scheduler.t_max=8ba", "save_interval=4ba",
+       "save_folder=" + (ckpt / "tp2").string(), kSgd});
+  ASSERT_TRUE(fs::exists(ckpt / "tp2" / "ep0-ba4" / "metadata.json"));
+  const TrainRun resumed =
+      run("fs4_resumed", 4,
+          {"max_duration=5ba", "scheduler.t_max=8ba", "load_path=" + (ckpt / "tp2" / "ep0-ba4").string(), kSgd});
+  ASSERT_EQ(resumed.losses.size(), 1u) << "resumed at batch 4, so one step";
+  const double want = one().losses.at(4);
+  EXPECT_NEAR(resumed.losses[0], want, 1e-5 * std::abs(want));
+}
+
+}  // namespace
+}  // namespace tessera::testing::family_parallel
