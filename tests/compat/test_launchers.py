@@ -74,8 +74,8 @@ def losses(runs, name):
     return [by_step[s] for s in sorted(by_step)]
 
 
-def weights(runs, name):
-    return (runs / name / "huggingface" / f"ba{STEPS}" / "model.safetensors").read_bytes()
+def weights(runs, name, steps=STEPS):
+    return (runs / name / "huggingface" / f"ba{steps}" / "model.safetensors").read_bytes()
 
 
 def run(cmd, env=None, timeout=600):
@@ -110,6 +110,22 @@ def reference(recipe):
          "run_name=launcher"], env=clean_env())
     assert len(losses(runs, "launcher")) == STEPS
     return "launcher"
+
+
+# Runs that a test interrupts once their metrics show a few steps (polling the file): the STEPS of the other tests take
+# about 0.1 s on a fast host, less than a launcher's start, the poll and a signal together, so these run long enough to
+# be caught mid-run on any machine, against an uninterrupted launcher run of the same length.
+LONG_STEPS = 200
+LONG = [f"max_duration={LONG_STEPS}ba", "save_interval=10ba", f"callbacks.hf_checkpointer.save_interval={LONG_STEPS}ba"]
+
+
+@pytest.fixture(scope="module")
+def long_reference(recipe):
+    path, runs = recipe
+    run([_binary("TESSERA_TRAIN_BIN", "train"), "--recipe", path, "--nproc-per-node", 2, "--master-port", 0,
+         "run_name=launcher_long", *LONG], env=clean_env())
+    assert len(losses(runs, "launcher_long")) == LONG_STEPS
+    return "launcher_long"
 
 
 def test_torchrun_trains_as_the_launcher_does(recipe, reference):
@@ -148,10 +164,11 @@ def rank_pid(root, rank):
     return None
 
 
-def test_torchrun_restarts_a_killed_rank_and_the_job_resumes_bitwise(recipe, reference):
+def test_torchrun_restarts_a_killed_rank_and_the_job_resumes_bitwise(recipe, long_reference):
     path, runs = recipe
+    reference = long_reference
     cmd = [TORCHRUN, "--standalone", "--nproc-per-node", 2, "--max-restarts", 1, "--monitor-interval", "0.2",
-           "--no-python", _binary("TESSERA_TRAIN_BIN", "train"), "--recipe", path, "run_name=torchrun_kill"]
+           "--no-python", _binary("TESSERA_TRAIN_BIN", "train"), "--recipe", path, "run_name=torchrun_kill", *LONG]
     proc = subprocess.Popen([str(c) for c in cmd], env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     killed = None
@@ -159,7 +176,7 @@ def test_torchrun_restarts_a_killed_rank_and_the_job_resumes_bitwise(recipe, ref
     metrics = runs / "torchrun_kill" / "metrics.jsonl"
     while proc.poll() is None and time.monotonic() < deadline and killed is None:
         done = metrics.read_text().count('"loss/train/total"') if metrics.exists() else 0
-        pid = rank_pid(proc.pid, 1) if done >= 5 else None
+        pid = rank_pid(proc.pid, 1) if done >= 15 else None  # past the checkpoint at batch 10
         if pid is not None:
             os.kill(pid, signal.SIGKILL)
             killed = (pid, done)
@@ -172,7 +189,7 @@ def test_torchrun_restarts_a_killed_rank_and_the_job_resumes_bitwise(recipe, ref
     assert "failed (exitcode: " in err, err[-3000:]  # torchrun names the first rank it saw fail (either one)
     assert "] resumed from " in err, err[-3000:]
     assert losses(runs, "torchrun_kill") == losses(runs, reference)
-    assert weights(runs, "torchrun_kill") == weights(runs, reference)
+    assert weights(runs, "torchrun_kill", LONG_STEPS) == weights(runs, reference, LONG_STEPS)
 
 
 def pytorchjob_env(rank, addr, port):
@@ -347,15 +364,17 @@ def slurm(tmp_path_factory):
     cluster.stop()
 
 
-def test_slurm_job_preempted_with_usr1_requeues_and_ends_bitwise(recipe, reference, slurm):
+def test_slurm_job_preempted_with_usr1_requeues_and_ends_bitwise(recipe, long_reference, slurm):
     """The shipped sbatch script (tools/slurm_train.sbatch) runs 2 ranks through srun. `scancel --signal=USR1` after
     a few steps: every rank saves and exits 75, the script requeues the job, the requeued job (same id, restart 1)
     resumes from that checkpoint, and its losses and final weights equal the uninterrupted launcher run's."""
     path, runs = recipe
+    reference = long_reference
     out = runs / "slurm.out"
     job = slurm.cmd("sbatch", "--parsable", "--ntasks=2", f"--output={out}",
                     f"--export=ALL,TESSERA_TRAIN={_binary('TESSERA_TRAIN_BIN', 'train')}",
-                    ROOT / "tools" / "slurm_train.sbatch", "--recipe", path, "run_name=slurm").strip().split(";")[0]
+                    ROOT / "tools" / "slurm_train.sbatch", "--recipe", path, "run_name=slurm",
+                    *LONG).strip().split(";")[0]
     metrics = runs / "slurm" / "metrics.jsonl"
     deadline = time.time() + 300
     while (metrics.read_text().count('"loss/train/total"') if metrics.exists() else 0) < 3:
@@ -382,4 +401,4 @@ def test_slurm_job_preempted_with_usr1_requeues_and_ends_bitwise(recipe, referen
     assert "received SIGUSR1" in log and "the ranks exited 75" in log and "requeueing job" in log, log[-4000:]
     assert f"job {job}, restart 1: 2 ranks" in log and "resumed from" in log, log[-4000:]
     assert losses(runs, "slurm") == losses(runs, reference)
-    assert weights(runs, "slurm") == weights(runs, reference)
+    assert weights(runs, "slurm", LONG_STEPS) == weights(runs, reference, LONG_STEPS)
