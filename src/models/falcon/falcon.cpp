@@ -328,7 +328,7 @@ FalconModelImpl::FalconModelImpl(const FalconOptions& o, const at::TensorOptions
   ln_f = register_module("ln_f", Norm(o.hidden_size, NormType::kLayerNorm, o.layer_norm_epsilon, true, t));
 }
 
-FalconForCausalLMImpl::FalconForCausalLMImpl(const FalconOptions& o) : o_(o) {
+FalconForCausalLMImpl::FalconForCausalLMImpl(const FalconOptions& o) : DecoderLM("transformer.h."), o_(o) {
   if (o.alibi) {
     slopes_ = falcon_alibi_slopes(o.num_attention_heads);
   } else {
@@ -339,78 +339,46 @@ FalconForCausalLMImpl::FalconForCausalLMImpl(const FalconOptions& o) : o_(o) {
   if (!o.tie_word_embeddings) lm_head = register_module("lm_head", Linear(o.hidden_size, o.vocab_size, false, t));
 }
 
-int64_t FalconForCausalLMImpl::unit_of_parameter(const std::string& name) const {
-  return layer_unit(name, "transformer.h.");
-}
-
-AttentionInputs FalconForCausalLMImpl::attention_inputs(const at::Tensor& ids, const ForwardOptions& fo, int64_t past,
-                                                        const at::Tensor& key_mask, const at::Tensor& positions) {
+AttentionInputs FalconForCausalLMImpl::attention_inputs(const DecoderCall& call) {
+  if (!o_.alibi) {  // rotary tables for each row's positions, in float32 as transformers computes them
+    AttentionInputs in = causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype);
+    set_rope_tables(in, call.positions, inv_freq_);
+    return in;
+  }
+  const at::Tensor& ids = call.ids;
+  const ForwardOptions& fo = call.fo;
   AttentionInputs in;
-  in.past = past;
+  in.past = call.past;
   in.reference = fo.reference_attention;
-  const int64_t b = ids.size(0), s_q = ids.size(1), s_k = past + s_q;
-  const bool padding = key_mask.defined() && !key_mask.all().item<bool>();
+  const int64_t b = ids.size(0), s_q = ids.size(1), s_k = call.past + s_q;
   const bool seq_ids = fo.sequence_id.has_value();
   const auto lopts = ids.options().dtype(at::kLong);
-  if (!o_.alibi && !padding && !seq_ids && !(past > 0 && s_q > 1)) {
-    in.is_causal = past == 0;
+  const at::Tensor qpos = at::arange(call.past, s_k, lopts).unsqueeze(1), kpos = at::arange(0, s_k, lopts).unsqueeze(0);
+  at::Tensor blocked = (kpos > qpos).view({1, 1, s_q, s_k});
+  if (call.key_mask.defined()) blocked = blocked | call.key_mask.logical_not().view({b, 1, 1, s_k});
+  if (seq_ids) {
+    TORCH_CHECK(call.past == 0, "sequence_id cannot be combined with a KV cache");
+    const at::Tensor& sid = *fo.sequence_id;
+    blocked = blocked | (sid.unsqueeze(2) != sid.unsqueeze(1)).unsqueeze(1);
+  }
+  // ALiBi, as transformers: slope (in bf16) x the key's position among the row's real tokens, in bf16, then in the
+  // model's dtype divided by sqrt(head_dim). Packed documents count positions from their own start.
+  at::Tensor key_positions;
+  if (seq_ids) {
+    key_positions = document_positions(*fo.sequence_id);
+  } else if (call.key_mask.defined()) {
+    const at::Tensor real = call.key_mask.to(at::kLong);
+    key_positions = (at::cumsum(real, 1) - 1) * real;
   } else {
-    const at::Tensor qpos = at::arange(past, s_k, lopts).unsqueeze(1), kpos = at::arange(0, s_k, lopts).unsqueeze(0);
-    at::Tensor blocked = (kpos > qpos).view({1, 1, s_q, s_k});
-    if (padding) blocked = blocked | key_mask.logical_not().view({b, 1, 1, s_k});
-    if (seq_ids) {
-      TORCH_CHECK(past == 0, "sequence_id cannot be combined with a KV cache");
-      const at::Tensor& sid = *fo.sequence_id;
-      blocked = blocked | (sid.unsqueeze(2) != sid.unsqueeze(1)).unsqueeze(1);
-    }
-    at::Tensor mask;
-    if (o_.alibi) {
-      // transformers: slope (in bf16) x the key's position among the row's real tokens, in bf16, then in the
-      // model's dtype divided by sqrt(head_dim). Packed documents count positions from their own start.
-      at::Tensor key_positions;
-      if (seq_ids) {
-        key_positions = document_positions(*fo.sequence_id);
-      } else if (key_mask.defined()) {
-        const at::Tensor real = key_mask.to(at::kLong);
-        key_positions = (at::cumsum(real, 1) - 1) * real;
-      } else {
-        key_positions = at::arange(0, s_k, lopts).unsqueeze(0);
-      }
-      const at::Tensor slopes = slopes_.to(ids.device()).to(at::kBFloat16).unsqueeze(-1);  // (H, 1)
-      const at::Tensor alibi = (slopes * key_positions.unsqueeze(1)).to(at::kFloat);       // (B or 1, H, s_k)
-      mask = (alibi / std::sqrt(static_cast<double>(o_.head_dim()))).unsqueeze(2).masked_fill(blocked, kFalconMasked);
-    } else {
-      mask = at::zeros(blocked.sizes(), ids.options().dtype(at::kFloat)).masked_fill(blocked, kFalconMasked);
-    }
-    in.mask = mask.to(compute_dtype(transformer->word_embeddings->weight));
+    key_positions = at::arange(0, s_k, lopts).unsqueeze(0);
   }
-  if (!o_.alibi) {  // rotary tables for each row's positions, in float32 as transformers computes them
-    const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq_.to(ids.device()).view({1, 1, -1});
-    in.rope_cos = freqs.cos();  // (B, s_q, head_dim / 2)
-    in.rope_sin = freqs.sin();
-  }
+  const at::Tensor slopes = slopes_.to(ids.device()).to(at::kBFloat16).unsqueeze(-1);  // (H, 1)
+  const at::Tensor alibi = (slopes * key_positions.unsqueeze(1)).to(at::kFloat);       // (B or 1, H, s_k)
+  in.mask = (alibi / std::sqrt(static_cast<double>(o_.head_dim())))
+                .unsqueeze(2)
+                .masked_fill(blocked, kFalconMasked)
+                .to(call.dtype);
   return in;
-}
-
-at::Tensor FalconForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOptions& fo) {
-  TORCH_CHECK(ids.dim() == 2, "input_ids must be (batch, seq), got ", ids.sizes());
-  KVCache* cache = fo.cache;
-  const int64_t past = cache ? cache->length : 0, s = ids.size(1);
-  const at::Tensor key_mask = key_padding_mask(ids, fo);
-  // Positions: past .. past + s, less the padding before each token (left padding, as HF's generate sets
-  // position_ids), restarting at each packed document.
-  at::Tensor positions = positions_after_padding(key_mask, past, s, ids.options());
-  if (fo.sequence_id) positions = document_positions(*fo.sequence_id);
-  auto embed = [this](const at::Tensor& input_ids) { return transformer->word_embeddings(input_ids); };
-  at::Tensor x = run_unit(runner_, 0, embed, ids);
-  AttentionInputs in = attention_inputs(ids, fo, past, key_mask, positions);
-  if (fo.context) in = context_parallel_inputs(in, fo.context, compute_dtype(transformer->word_embeddings->weight));
-  x = run_decoder_layers<FalconDecoderLayerImpl>(runner_, transformer->h, in, cache, key_mask, s, x);
-  auto head = [this](const at::Tensor& h) {
-    const at::Tensor normed = transformer->ln_f(h);
-    return lm_head ? lm_head(normed) : transformer->word_embeddings->attend(normed);
-  };
-  return run_unit(runner_, 0, head, x);
 }
 
 void FalconForCausalLMImpl::init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select) {

@@ -20,6 +20,7 @@
 
 #include "tessera/config/reader.h"
 #include "tessera/models/blocks/attention.h"
+#include "tessera/models/blocks/decoder.h"
 #include "tessera/models/blocks/layers.h"
 #include "tessera/models/causal_lm.h"
 #include "tessera/models/parallel_plan.h"
@@ -134,15 +135,11 @@ class FalconModelImpl : public torch::nn::Module {
 TORCH_MODULE(FalconModel);
 
 // Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers.
-class FalconForCausalLMImpl : public CausalLM, public TensorParallelModel {
+class FalconForCausalLMImpl : public DecoderLM<FalconDecoderLayerImpl>, public TensorParallelModel {
  public:
   explicit FalconForCausalLMImpl(const FalconOptions& o);
-  at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& fo = {}) override;
   const FalconOptions& options() const { return o_; }
 
-  int64_t num_units() const override { return o_.num_hidden_layers + 1; }
-  int64_t unit_of_parameter(const std::string& name) const override;
-  void set_unit_runner(std::shared_ptr<UnitRunner> runner) override { runner_ = std::move(runner); }
   void init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select = nullptr) override;
   std::shared_ptr<CausalLM> rebuild(const std::string& device, std::optional<uint64_t> seed) const override;
   double flops_per_token(int64_t seq_len) const override { return falcon_flops_per_token(o_, seq_len); }
@@ -160,19 +157,21 @@ class FalconForCausalLMImpl : public CausalLM, public TensorParallelModel {
   std::optional<std::string> tied_embedding_name() const override;
   // Whole K/V groups (or heads), the MLP's hidden units and the vocabulary split; refused for ALiBi and multi-query.
   TensorParallelPlan tensor_parallel_plan(int64_t degree) const override;
-  bool supports_context_parallel() const override { return true; }  // keys and values gathered per layer
 
   FalconModel transformer{nullptr};
   Linear lm_head{nullptr};  // only when tie_word_embeddings is false
 
- private:
-  AttentionInputs attention_inputs(const at::Tensor& ids, const ForwardOptions& fo, int64_t past,
-                                   const at::Tensor& key_mask, const at::Tensor& positions);
+ protected:
+  const torch::nn::ModuleList& decoder_layers() const override { return transformer->h; }
+  EmbeddingImpl& token_embedding() override { return *transformer->word_embeddings; }
+  // Causal masks and rotary tables, or ALiBi biases (transformers' Falcon-RW arithmetic).
+  AttentionInputs attention_inputs(const DecoderCall& call) override;
+  at::Tensor head(const at::Tensor& h) override { return head_logits(transformer->ln_f(h), lm_head); }
 
+ private:
   FalconOptions o_;
   at::Tensor inv_freq_;  // (head_dim / 2,) float32 on the CPU; undefined with ALiBi
   at::Tensor slopes_;    // (heads,) float32 on the CPU; ALiBi only
-  std::shared_ptr<UnitRunner> runner_;
 };
 TORCH_MODULE(FalconForCausalLM);
 

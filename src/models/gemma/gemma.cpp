@@ -244,7 +244,7 @@ GemmaModelImpl::GemmaModelImpl(const GemmaOptions& o, const at::TensorOptions& t
   norm = register_module("norm", Norm(o.hidden_size, NormType::kOffsetRMSNorm, o.rms_norm_eps, false, t));
 }
 
-GemmaForCausalLMImpl::GemmaForCausalLMImpl(const GemmaOptions& o) : o_(o) {
+GemmaForCausalLMImpl::GemmaForCausalLMImpl(const GemmaOptions& o) : DecoderLM("model.layers."), o_(o) {
   inv_freq_global_ = rotary_inv_freq(o.head_dim, o.rope_theta) / o.rope_linear_factor;
   inv_freq_local_ = rotary_inv_freq(o.head_dim, o.rope_local_base_freq);
   const at::TensorOptions t = at::TensorOptions().dtype(at::kFloat).device(at::Device(o.init_device));
@@ -252,39 +252,28 @@ GemmaForCausalLMImpl::GemmaForCausalLMImpl(const GemmaOptions& o) : o_(o) {
   if (!o.tie_word_embeddings) lm_head = register_module("lm_head", Linear(o.hidden_size, o.vocab_size, false, t));
 }
 
-int64_t GemmaForCausalLMImpl::unit_of_parameter(const std::string& name) const {
-  return layer_unit(name, "model.layers.");
+at::Tensor GemmaForCausalLMImpl::embed(const at::Tensor& ids, const DecoderCall& /*call*/) {
+  // transformers multiplies by sqrt(hidden_size) as a tensor of the hidden states' dtype.
+  const at::Tensor x = model->embed_tokens(ids);
+  return x * at::scalar_tensor(std::sqrt(static_cast<double>(o_.hidden_size)), x.options());
 }
 
-at::Tensor GemmaForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOptions& fo) {
-  TORCH_CHECK(ids.dim() == 2, "input_ids must be (batch, seq), got ", ids.sizes());
-  KVCache* cache = fo.cache;
-  const int64_t past = cache ? cache->length : 0, s = ids.size(1);
-  const at::Tensor key_mask = key_padding_mask(ids, fo);
-  auto embed = [this](const at::Tensor& input_ids) {
-    // transformers multiplies by sqrt(hidden_size) as a tensor of the hidden states' dtype.
-    const at::Tensor x = model->embed_tokens(input_ids);
-    return x * at::scalar_tensor(std::sqrt(static_cast<double>(o_.hidden_size)), x.options());
-  };
-  at::Tensor x = run_unit(runner_, 0, embed, ids);
-  const at::ScalarType dtype = compute_dtype(model->embed_tokens->weight);
-  GlobalLocalInputs in{causal_attention_inputs(ids, fo, past, key_mask, dtype),
-                       causal_attention_inputs(ids, fo, past, key_mask, dtype, o_.sliding_window)};
-  const at::Tensor positions = token_positions(ids, fo, past, key_mask);
-  set_rope_tables(in.global, positions, inv_freq_global_);
-  set_rope_tables(in.local, positions, inv_freq_local_);
+GlobalLocalInputs GemmaForCausalLMImpl::attention_inputs(const DecoderCall& call) {
+  GlobalLocalInputs in{
+      causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype),
+      causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype, o_.sliding_window)};
+  set_rope_tables(in.global, call.positions, inv_freq_global_);
+  set_rope_tables(in.local, call.positions, inv_freq_local_);
   in.global.softcap = in.local.softcap = o_.attn_logit_softcapping.value_or(0.0);
-  if (fo.context) in = context_parallel_inputs(in, fo.context, dtype);
-  x = run_decoder_layers<GemmaDecoderLayerImpl>(runner_, model->layers, in, cache, key_mask, s, x);
-  auto head = [this](const at::Tensor& h) {
-    const at::Tensor normed = model->norm(h);
-    at::Tensor logits = lm_head ? lm_head(normed) : model->embed_tokens->attend(normed);
-    if (o_.final_logit_softcapping) {
-      logits = at::tanh(logits / *o_.final_logit_softcapping) * *o_.final_logit_softcapping;
-    }
-    return logits;
-  };
-  return run_unit(runner_, 0, head, x);
+  return in;
+}
+
+at::Tensor GemmaForCausalLMImpl::head(const at::Tensor& h) {
+  at::Tensor logits = head_logits(model->norm(h), lm_head);
+  if (o_.final_logit_softcapping) {
+    logits = at::tanh(logits / *o_.final_logit_softcapping) * *o_.final_logit_softcapping;
+  }
+  return logits;
 }
 
 double GemmaForCausalLMImpl::flops_per_token(int64_t seq_len) const {

@@ -22,6 +22,7 @@
 
 #include "tessera/config/reader.h"
 #include "tessera/models/blocks/attention.h"
+#include "tessera/models/blocks/decoder.h"
 #include "tessera/models/blocks/layers.h"
 #include "tessera/models/causal_lm.h"
 #include "tessera/models/parallel_plan.h"
@@ -121,15 +122,11 @@ class GemmaModelImpl : public torch::nn::Module {
 TORCH_MODULE(GemmaModel);
 
 // Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers.
-class GemmaForCausalLMImpl : public CausalLM, public TensorParallelModel {
+class GemmaForCausalLMImpl : public DecoderLM<GemmaDecoderLayerImpl, GlobalLocalInputs>, public TensorParallelModel {
  public:
   explicit GemmaForCausalLMImpl(const GemmaOptions& o);
-  at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& fo = {}) override;
   const GemmaOptions& options() const { return o_; }
 
-  int64_t num_units() const override { return o_.num_hidden_layers + 1; }
-  int64_t unit_of_parameter(const std::string& name) const override;
-  void set_unit_runner(std::shared_ptr<UnitRunner> runner) override { runner_ = std::move(runner); }
   void init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select = nullptr) override;
   std::shared_ptr<CausalLM> rebuild(const std::string& device, std::optional<uint64_t> seed) const override;
   // 6 N (less an untied input embedding) + 12 (heads x head_dim) x keys per layer (sliding layers: at most the
@@ -144,15 +141,21 @@ class GemmaForCausalLMImpl : public CausalLM, public TensorParallelModel {
   std::optional<std::string> tied_embedding_name() const override;
   // Heads (Gemma 3's q/k norms over this rank's heads), the MLP's hidden units and the vocabulary split.
   TensorParallelPlan tensor_parallel_plan(int64_t degree) const override;
-  bool supports_context_parallel() const override { return true; }  // keys and values gathered per layer
 
   GemmaModel model{nullptr};
   Linear lm_head{nullptr};  // only when tie_word_embeddings is false
 
+ protected:
+  const torch::nn::ModuleList& decoder_layers() const override { return model->layers; }
+  EmbeddingImpl& token_embedding() override { return *model->embed_tokens; }
+  at::Tensor embed(const at::Tensor& ids, const DecoderCall& call) override;  // scaled by sqrt(hidden_size)
+  // Full and sliding layers' inputs, each with its rotary base; the attention logits' soft-cap.
+  GlobalLocalInputs attention_inputs(const DecoderCall& call) override;
+  at::Tensor head(const at::Tensor& h) override;  // the final logits' soft-cap
+
  private:
   GemmaOptions o_;
   at::Tensor inv_freq_global_, inv_freq_local_;  // (head_dim / 2,) float32 on the CPU
-  std::shared_ptr<UnitRunner> runner_;
 };
 TORCH_MODULE(GemmaForCausalLM);
 

@@ -211,34 +211,14 @@ GPTNeoModelImpl::GPTNeoModelImpl(const GPTNeoOptions& o, const at::TensorOptions
   ln_f = register_module("ln_f", Norm(o.hidden_size, NormType::kLayerNorm, o.layer_norm_epsilon, true, t));
 }
 
-GPTNeoForCausalLMImpl::GPTNeoForCausalLMImpl(const GPTNeoOptions& o) : o_(o) {
+GPTNeoForCausalLMImpl::GPTNeoForCausalLMImpl(const GPTNeoOptions& o) : DecoderLM("transformer.h."), o_(o) {
   const at::TensorOptions t = at::TensorOptions().dtype(at::kFloat).device(at::Device(o.init_device));
   transformer = register_module("transformer", GPTNeoModel(o, t));
 }
 
-int64_t GPTNeoForCausalLMImpl::unit_of_parameter(const std::string& name) const {
-  return layer_unit(name, "transformer.h.");
-}
-
-at::Tensor GPTNeoForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOptions& fo) {
-  TORCH_CHECK(ids.dim() == 2, "input_ids must be (batch, seq), got ", ids.sizes());
-  KVCache* cache = fo.cache;
-  const int64_t past = cache ? cache->length : 0, s = ids.size(1);
-  const at::Tensor key_mask = key_padding_mask(ids, fo);
-  const at::Tensor positions = token_positions(ids, fo, past, key_mask);
-  auto embed = [this, positions](const at::Tensor& input_ids) {
-    const at::Tensor x = transformer->wte(input_ids) + transformer->wpe(positions);
-    return at::dropout(x, o_.embed_dropout, is_training());
-  };
-  at::Tensor x = run_unit(runner_, 0, embed, ids);
-  const at::ScalarType dtype = compute_dtype(transformer->wte->weight);
-  // The local layers' window counts absolute positions in the row (padding included), as transformers' banded mask.
-  GlobalLocalInputs in{causal_attention_inputs(ids, fo, past, key_mask, dtype),
-                       causal_attention_inputs(ids, fo, past, key_mask, dtype, o_.window_size)};
-  if (fo.context) in = context_parallel_inputs(in, fo.context, dtype);
-  x = run_decoder_layers<GPTNeoBlockImpl>(runner_, transformer->h, in, cache, key_mask, s, x);
-  auto head = [this](const at::Tensor& h) { return transformer->wte->attend(transformer->ln_f(h)); };
-  return run_unit(runner_, 0, head, x);
+at::Tensor GPTNeoForCausalLMImpl::embed(const at::Tensor& ids, const DecoderCall& call) {
+  const at::Tensor x = transformer->wte(ids) + transformer->wpe(call.positions);
+  return at::dropout(x, o_.embed_dropout, is_training());
 }
 
 double GPTNeoForCausalLMImpl::flops_per_token(int64_t seq_len) const {

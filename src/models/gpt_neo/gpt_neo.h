@@ -20,6 +20,7 @@
 
 #include "tessera/config/reader.h"
 #include "tessera/models/blocks/attention.h"
+#include "tessera/models/blocks/decoder.h"
 #include "tessera/models/blocks/layers.h"
 #include "tessera/models/causal_lm.h"
 #include "tessera/models/parallel_plan.h"
@@ -119,15 +120,11 @@ class GPTNeoModelImpl : public torch::nn::Module {
 TORCH_MODULE(GPTNeoModel);
 
 // Units: 0 = the root (embeddings, final norm and tied head), 1..num_layers = the blocks.
-class GPTNeoForCausalLMImpl : public CausalLM, public TensorParallelModel {
+class GPTNeoForCausalLMImpl : public DecoderLM<GPTNeoBlockImpl, GlobalLocalInputs>, public TensorParallelModel {
  public:
   explicit GPTNeoForCausalLMImpl(const GPTNeoOptions& o);
-  at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& fo = {}) override;
   const GPTNeoOptions& options() const { return o_; }
 
-  int64_t num_units() const override { return o_.num_layers + 1; }
-  int64_t unit_of_parameter(const std::string& name) const override;
-  void set_unit_runner(std::shared_ptr<UnitRunner> runner) override { runner_ = std::move(runner); }
   void init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select = nullptr) override;
   std::shared_ptr<CausalLM> rebuild(const std::string& device, std::optional<uint64_t> seed) const override;
   // 6 N (less the position table) + 12 L d S (local layers attend over at most window_size keys).
@@ -141,13 +138,23 @@ class GPTNeoForCausalLMImpl : public CausalLM, public TensorParallelModel {
   std::optional<std::string> tied_embedding_name() const override { return "transformer.wte.weight"; }
   // Heads, the MLP's hidden units and the vocabulary split.
   TensorParallelPlan tensor_parallel_plan(int64_t degree) const override;
-  bool supports_context_parallel() const override { return true; }  // keys and values gathered per layer
 
   GPTNeoModel transformer{nullptr};
 
+ protected:
+  const torch::nn::ModuleList& decoder_layers() const override { return transformer->h; }
+  EmbeddingImpl& token_embedding() override { return *transformer->wte; }
+  at::Tensor embed(const at::Tensor& ids, const DecoderCall& call) override;  // tokens + learned positions
+  // The global layers' causal inputs and the local layers' windowed ones (the window counts absolute positions in the
+  // row, padding included, as transformers' banded mask).
+  GlobalLocalInputs attention_inputs(const DecoderCall& call) override {
+    return {causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype),
+            causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype, o_.window_size)};
+  }
+  at::Tensor head(const at::Tensor& h) override { return transformer->wte->attend(transformer->ln_f(h)); }
+
  private:
   GPTNeoOptions o_;
-  std::shared_ptr<UnitRunner> runner_;
 };
 TORCH_MODULE(GPTNeoForCausalLM);
 

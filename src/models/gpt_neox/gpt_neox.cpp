@@ -177,7 +177,7 @@ GPTNeoXModelImpl::GPTNeoXModelImpl(const GPTNeoXOptions& o, const at::TensorOpti
       register_module("final_layer_norm", Norm(o.hidden_size, NormType::kLayerNorm, o.layer_norm_eps, true, t));
 }
 
-GPTNeoXForCausalLMImpl::GPTNeoXForCausalLMImpl(const GPTNeoXOptions& o) : o_(o) {
+GPTNeoXForCausalLMImpl::GPTNeoXForCausalLMImpl(const GPTNeoXOptions& o) : DecoderLM("gpt_neox.layers."), o_(o) {
   inv_freq_ = rotary_inv_freq(o.rotary_ndims(), o.rotary_emb_base) / o.rope_linear_factor;
   const at::TensorOptions t = at::TensorOptions().dtype(at::kFloat).device(at::Device(o.init_device));
   gpt_neox = register_module("gpt_neox", GPTNeoXModel(o, t));
@@ -186,28 +186,14 @@ GPTNeoXForCausalLMImpl::GPTNeoXForCausalLMImpl(const GPTNeoXOptions& o) : o_(o) 
   }
 }
 
-int64_t GPTNeoXForCausalLMImpl::unit_of_parameter(const std::string& name) const {
-  return layer_unit(name, "gpt_neox.layers.");
+at::Tensor GPTNeoXForCausalLMImpl::embed(const at::Tensor& ids, const DecoderCall& /*call*/) {
+  return at::dropout(gpt_neox->embed_in(ids), o_.hidden_dropout, is_training());
 }
 
-at::Tensor GPTNeoXForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOptions& fo) {
-  TORCH_CHECK(ids.dim() == 2, "input_ids must be (batch, seq), got ", ids.sizes());
-  KVCache* cache = fo.cache;
-  const int64_t past = cache ? cache->length : 0, s = ids.size(1);
-  const at::Tensor key_mask = key_padding_mask(ids, fo);
-  auto embed = [this](const at::Tensor& input_ids) {
-    return at::dropout(gpt_neox->embed_in(input_ids), o_.hidden_dropout, is_training());
-  };
-  at::Tensor x = run_unit(runner_, 0, embed, ids);
-  AttentionInputs in = causal_attention_inputs(ids, fo, past, key_mask, compute_dtype(gpt_neox->embed_in->weight));
-  set_rope_tables(in, token_positions(ids, fo, past, key_mask), inv_freq_);
-  if (fo.context) in = context_parallel_inputs(in, fo.context, compute_dtype(gpt_neox->embed_in->weight));
-  x = run_decoder_layers<GPTNeoXLayerImpl>(runner_, gpt_neox->layers, in, cache, key_mask, s, x);
-  auto head = [this](const at::Tensor& h) {
-    const at::Tensor normed = gpt_neox->final_layer_norm(h);
-    return embed_out ? embed_out(normed) : gpt_neox->embed_in->attend(normed);
-  };
-  return run_unit(runner_, 0, head, x);
+AttentionInputs GPTNeoXForCausalLMImpl::attention_inputs(const DecoderCall& call) {
+  AttentionInputs in = causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype);
+  set_rope_tables(in, call.positions, inv_freq_);
+  return in;
 }
 
 double GPTNeoXForCausalLMImpl::flops_per_token(int64_t seq_len) const {

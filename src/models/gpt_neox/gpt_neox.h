@@ -19,6 +19,7 @@
 
 #include "tessera/config/reader.h"
 #include "tessera/models/blocks/attention.h"
+#include "tessera/models/blocks/decoder.h"
 #include "tessera/models/blocks/layers.h"
 #include "tessera/models/causal_lm.h"
 #include "tessera/models/parallel_plan.h"
@@ -109,15 +110,11 @@ class GPTNeoXModelImpl : public torch::nn::Module {
 TORCH_MODULE(GPTNeoXModel);
 
 // Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the layers.
-class GPTNeoXForCausalLMImpl : public CausalLM, public TensorParallelModel {
+class GPTNeoXForCausalLMImpl : public DecoderLM<GPTNeoXLayerImpl>, public TensorParallelModel {
  public:
   explicit GPTNeoXForCausalLMImpl(const GPTNeoXOptions& o);
-  at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& fo = {}) override;
   const GPTNeoXOptions& options() const { return o_; }
 
-  int64_t num_units() const override { return o_.num_hidden_layers + 1; }
-  int64_t unit_of_parameter(const std::string& name) const override;
-  void set_unit_runner(std::shared_ptr<UnitRunner> runner) override { runner_ = std::move(runner); }
   void init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select = nullptr) override;
   std::shared_ptr<CausalLM> rebuild(const std::string& device, std::optional<uint64_t> seed) const override;
   // 6 N (less an untied input embedding) + 12 L d S.
@@ -133,15 +130,20 @@ class GPTNeoXForCausalLMImpl : public CausalLM, public TensorParallelModel {
   std::optional<std::string> tied_embedding_name() const override;
   // Heads, the MLP's hidden units and the vocabulary split.
   TensorParallelPlan tensor_parallel_plan(int64_t degree) const override;
-  bool supports_context_parallel() const override { return true; }  // keys and values gathered per layer
 
   GPTNeoXModel gpt_neox{nullptr};
   Linear embed_out{nullptr};  // only when tie_word_embeddings is false
 
+ protected:
+  const torch::nn::ModuleList& decoder_layers() const override { return gpt_neox->layers; }
+  EmbeddingImpl& token_embedding() override { return *gpt_neox->embed_in; }
+  at::Tensor embed(const at::Tensor& ids, const DecoderCall& call) override;
+  AttentionInputs attention_inputs(const DecoderCall& call) override;
+  at::Tensor head(const at::Tensor& h) override { return head_logits(gpt_neox->final_layer_norm(h), embed_out); }
+
  private:
   GPTNeoXOptions o_;
   at::Tensor inv_freq_;  // (rotary_ndims / 2,) float32 on the CPU
-  std::shared_ptr<UnitRunner> runner_;
 };
 TORCH_MODULE(GPTNeoXForCausalLM);
 

@@ -14,12 +14,6 @@
 #include "tessera/util/error.h"
 
 namespace tessera::models {
-namespace {
-
-constexpr float kLlamaMasked = std::numeric_limits<float>::lowest();
-
-}  // namespace
-
 // ---- Options --------------------------------------------------------------------------------------------------------
 
 LlamaOptions parse_llama_options(config::Section& s) {
@@ -440,7 +434,8 @@ LlamaModelImpl::LlamaModelImpl(const LlamaOptions& o, const at::TensorOptions& t
   norm = register_module("norm", Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));
 }
 
-LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaOptions& o) : o_(o), inv_freq_(llama_inv_freq(o)) {
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaOptions& o)
+    : DecoderLM("model.layers."), o_(o), inv_freq_(llama_inv_freq(o)) {
   const at::TensorOptions t = at::TensorOptions().dtype(at::kFloat).device(at::Device(o.init_device));
   router_loss_->coef = o.output_router_logits ? o.router_aux_loss_coef : 0.0;
   router_loss_->sparse_layers = o.sparse_layers();
@@ -448,75 +443,28 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaOptions& o) : o_(o), inv_f
   if (!o.tie_word_embeddings) lm_head = register_module("lm_head", Linear(o.hidden_size, o.vocab_size, false, t));
 }
 
-int64_t LlamaForCausalLMImpl::unit_of_parameter(const std::string& name) const {
-  return layer_unit(name, "model.layers.");
-}
-
-AttentionInputs LlamaForCausalLMImpl::attention_inputs(const at::Tensor& ids, const ForwardOptions& fo, int64_t past,
-                                                       const at::Tensor& key_mask, const at::Tensor& positions) {
-  AttentionInputs in;
-  in.past = past;
-  in.reference = fo.reference_attention;
-  const int64_t s_q = ids.size(1), s_k = past + s_q;
-  const bool padding = key_mask.defined() && !key_mask.all().item<bool>();
-  const bool seq_ids = fo.sequence_id.has_value();
-  if (!padding && !seq_ids && o_.sliding_window <= 0 && !(past > 0 && s_q > 1)) {
-    in.is_causal = past == 0;
-  } else {
-    const auto lopts = ids.options().dtype(at::kLong);
-    const at::Tensor qpos = at::arange(past, s_k, lopts).unsqueeze(1), kpos = at::arange(0, s_k, lopts).unsqueeze(0);
-    at::Tensor blocked = (kpos > qpos).view({1, 1, s_q, s_k});
-    // HF's sliding window: query q sees keys k with q - k < sliding_window.
-    if (o_.sliding_window > 0) blocked = blocked | (kpos <= qpos - o_.sliding_window).view({1, 1, s_q, s_k});
-    if (padding) blocked = blocked | key_mask.logical_not().view({ids.size(0), 1, 1, s_k});
-    if (seq_ids) {
-      TORCH_CHECK(past == 0, "sequence_id cannot be combined with a KV cache");
-      const at::Tensor& sid = *fo.sequence_id;
-      blocked = blocked | (sid.unsqueeze(2) != sid.unsqueeze(1)).unsqueeze(1);
-    }
-    in.mask = at::zeros(blocked.sizes(), ids.options().dtype(at::kFloat))
-                  .masked_fill(blocked, kLlamaMasked)
-                  .to(compute_dtype(model->embed_tokens->weight));
-  }
-  // Rotary tables for each row's positions, in float32 as HF computes them.
-  const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq_.to(ids.device()).view({1, 1, -1});
-  in.rope_cos = freqs.cos();  // (B, s_q, head_dim / 2)
-  in.rope_sin = freqs.sin();
+AttentionInputs LlamaForCausalLMImpl::attention_inputs(const DecoderCall& call) {
+  AttentionInputs in =
+      causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype, o_.sliding_window);
+  set_rope_tables(in, call.positions, inv_freq_);  // in float32, as transformers computes them
   return in;
 }
 
-at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOptions& fo) {
-  TORCH_CHECK(ids.dim() == 2, "input_ids must be (batch, seq), got ", ids.sizes());
-  KVCache* cache = fo.cache;
-  const int64_t past = cache ? cache->length : 0, s = ids.size(1);
-  const at::Tensor key_mask = key_padding_mask(ids, fo);
-  // Positions: past .. past + s, less the padding before each token (left padding, as HF's generate sets
-  // position_ids), restarting at each packed document.
-  at::Tensor positions = positions_after_padding(key_mask, past, s, ids.options());
-  if (fo.sequence_id) positions = document_positions(*fo.sequence_id);
-  const bool moe_training = o_.num_experts > 0 && is_training();
-  if (o_.num_experts > 0) {
-    for (const auto& layer : *model->layers) {
-      if (auto& moe = layer->as<LlamaDecoderLayerImpl>()->moe) moe->records.clear();
-    }
-    aux_loss_ = at::Tensor();
-    if (moe_training) {
-      router_loss_->start(o_.num_experts, key_mask.defined() ? key_mask.reshape({-1}) : at::Tensor(), ids.numel(),
-                          ids.device());
-    }
+void LlamaForCausalLMImpl::begin_forward(const DecoderCall& call) {
+  moe_training_ = o_.num_experts > 0 && is_training();
+  if (o_.num_experts == 0) return;
+  for (const auto& layer : *model->layers) {
+    if (auto& moe = layer->as<LlamaDecoderLayerImpl>()->moe) moe->records.clear();
   }
-  auto embed = [this](const at::Tensor& input_ids) { return model->embed_tokens(input_ids); };
-  at::Tensor x = run_unit(runner_, 0, embed, ids);
-  AttentionInputs in = attention_inputs(ids, fo, past, key_mask, positions);
-  if (fo.context) in = context_parallel_inputs(in, fo.context, compute_dtype(model->embed_tokens->weight));
-  x = run_decoder_layers<LlamaDecoderLayerImpl>(runner_, model->layers, in, cache, key_mask, s, x);
-  auto head = [this](const at::Tensor& h) {
-    const at::Tensor normed = model->norm(h);
-    return lm_head ? lm_head(normed) : model->embed_tokens->attend(normed);
-  };
-  at::Tensor logits = run_unit(runner_, 0, head, x);
-  if (moe_training) aux_loss_ = router_loss_->finish();
-  return logits;
+  aux_loss_ = at::Tensor();
+  if (moe_training_) {
+    router_loss_->start(o_.num_experts, call.key_mask.defined() ? call.key_mask.reshape({-1}) : at::Tensor(),
+                        call.ids.numel(), call.ids.device());
+  }
+}
+
+void LlamaForCausalLMImpl::end_forward() {
+  if (moe_training_) aux_loss_ = router_loss_->finish();
 }
 
 std::map<std::string, at::Tensor> LlamaForCausalLMImpl::auxiliary_losses() const {
@@ -611,10 +559,6 @@ TensorParallelPlan LlamaForCausalLMImpl::tensor_parallel_plan(int64_t degree) co
     plan.row(p + "mlp.down_proj");
   }
   return plan;
-}
-
-bool LlamaForCausalLMImpl::supports_context_parallel() const {
-  return o_.num_experts == 0;  // the router's losses count each rank's tokens as the whole batch
 }
 
 }  // namespace tessera::models

@@ -21,6 +21,7 @@
 
 #include "tessera/config/reader.h"
 #include "tessera/models/blocks/attention.h"
+#include "tessera/models/blocks/decoder.h"
 #include "tessera/models/blocks/layers.h"
 #include "tessera/models/blocks/moe.h"
 #include "tessera/models/causal_lm.h"
@@ -161,15 +162,11 @@ class LlamaModelImpl : public torch::nn::Module {
 TORCH_MODULE(LlamaModel);
 
 // Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers.
-class LlamaForCausalLMImpl : public CausalLM, public TensorParallelModel {
+class LlamaForCausalLMImpl : public DecoderLM<LlamaDecoderLayerImpl>, public TensorParallelModel {
  public:
   explicit LlamaForCausalLMImpl(const LlamaOptions& o);
-  at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& fo = {}) override;
   const LlamaOptions& options() const { return o_; }
 
-  int64_t num_units() const override { return o_.num_hidden_layers + 1; }
-  int64_t unit_of_parameter(const std::string& name) const override;
-  void set_unit_runner(std::shared_ptr<UnitRunner> runner) override { runner_ = std::move(runner); }
   void init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select = nullptr) override;
   std::shared_ptr<CausalLM> rebuild(const std::string& device, std::optional<uint64_t> seed) const override;
   double flops_per_token(int64_t seq_len) const override { return llama_flops_per_token(o_, seq_len); }
@@ -194,21 +191,31 @@ class LlamaForCausalLMImpl : public CausalLM, public TensorParallelModel {
   // Heads, the MLP's hidden units and (where the vocabulary divides) the head split; the layers' norms on sequence
   // shards, Qwen3's q/k norms over this rank's heads. Refused for MoE layers.
   TensorParallelPlan tensor_parallel_plan(int64_t degree) const override;
-  bool supports_context_parallel() const override;
+  bool supports_context_parallel() const override {
+    return o_.num_experts == 0;
+  }  // the router's losses count
+     // each rank's tokens as the batch
 
   LlamaModel model{nullptr};
   Linear lm_head{nullptr};  // only when tie_word_embeddings is false
 
- private:
-  AttentionInputs attention_inputs(const at::Tensor& ids, const ForwardOptions& fo, int64_t past,
-                                   const at::Tensor& key_mask, const at::Tensor& positions);
+ protected:
+  const torch::nn::ModuleList& decoder_layers() const override { return model->layers; }
+  EmbeddingImpl& token_embedding() override { return *model->embed_tokens; }
+  // Causal (or sliding-window) masks and rotary tables for each row's positions.
+  AttentionInputs attention_inputs(const DecoderCall& call) override;
+  at::Tensor head(const at::Tensor& h) override { return head_logits(model->norm(h), lm_head); }
+  // The mixture of experts' records and transformers' load-balancing loss over the whole forward.
+  void begin_forward(const DecoderCall& call) override;
+  void end_forward() override;
 
+ private:
   LlamaOptions o_;
   at::Tensor inv_freq_;  // (head_dim / 2,) float32, on the CPU
-  std::shared_ptr<UnitRunner> runner_;
   std::shared_ptr<HfRouterLoss> router_loss_ = std::make_shared<HfRouterLoss>();
   std::shared_ptr<AuxLossScale> aux_scale_ = std::make_shared<AuxLossScale>();
-  at::Tensor aux_loss_;  // the last training forward's (undefined: none)
+  at::Tensor aux_loss_;        // the last training forward's (undefined: none)
+  bool moe_training_ = false;  // this forward trains a mixture of experts
 };
 TORCH_MODULE(LlamaForCausalLM);
 

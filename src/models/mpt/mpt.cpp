@@ -195,43 +195,21 @@ AttentionInputs MPTModelImpl::attention_inputs(const at::Tensor& ids, const Forw
   return in;
 }
 
-int64_t unit_of_parameter(const std::string& name) {
-  static const std::string kBlocks = "transformer.blocks.";
-  if (name.rfind(kBlocks, 0) != 0) return 0;
-  return std::stoll(name.substr(kBlocks.size(), name.find('.', kBlocks.size()) - kBlocks.size())) + 1;
-}
-
-at::Tensor MPTModelImpl::forward_blocks(const at::Tensor& ids, const ForwardOptions& fo) {
-  TORCH_CHECK(ids.dim() == 2, "input_ids must be (batch, seq), got ", ids.sizes());
-  KVCache* cache = fo.cache;
-  const int64_t past = cache ? cache->length : 0, s = ids.size(1);
-  if (past + s > o_.max_seq_len && (o_.learned_pos_emb)) {
+at::Tensor MPTModelImpl::embed(const at::Tensor& input_ids, const at::Tensor& key_mask, int64_t past) {
+  const int64_t s = input_ids.size(1);
+  if (past + s > o_.max_seq_len && o_.learned_pos_emb) {
     throw Error("model", fmt::format("sequence of {} tokens exceeds max_seq_len {}", past + s, o_.max_seq_len));
   }
-  const at::Tensor key_mask = key_padding_mask(ids, fo);  // over cached + new positions
-  // The lambdas capture by value: the sharding engine may run them again in backward (activation checkpointing).
-  auto embed = [this, key_mask, past, s](const at::Tensor& input_ids) {
-    at::Tensor x = wte(input_ids);
-    // Left padding: positions count real tokens only (LLM Foundry's fix).
-    if (wpe) x = x + wpe(positions_after_padding(key_mask, past, s, input_ids.options()));
-    if (o_.embedding_fraction < 1.0) {
-      x = x * o_.embedding_fraction + x.detach() * (1.0 - o_.embedding_fraction);
-    }
-    return at::dropout(x, o_.emb_pdrop, is_training());
-  };
-  at::Tensor x = run_unit(unit_runner, 0, embed, ids);
-  AttentionInputs in = attention_inputs(ids, fo, past, key_mask);
-  if (fo.context) in = context_parallel_inputs(in, fo.context, compute_dtype(wte->weight));
-  return run_decoder_layers<MPTBlockImpl>(unit_runner, blocks, in, cache, key_mask, s, x);
+  at::Tensor x = wte(input_ids);
+  // Left padding: positions count real tokens only (LLM Foundry's fix).
+  if (wpe) x = x + wpe(positions_after_padding(key_mask, past, s, input_ids.options()));
+  if (o_.embedding_fraction < 1.0) {
+    x = x * o_.embedding_fraction + x.detach() * (1.0 - o_.embedding_fraction);
+  }
+  return at::dropout(x, o_.emb_pdrop, is_training());
 }
 
-at::Tensor MPTModelImpl::forward(const at::Tensor& ids, const ForwardOptions& fo) {
-  at::Tensor x = forward_blocks(ids, fo);
-  return run_unit(
-      unit_runner, 0, [this](const at::Tensor& h) { return norm_f(h); }, x);
-}
-
-MPTForCausalLMImpl::MPTForCausalLMImpl(const MPTOptions& o) : o_(o) {
+MPTForCausalLMImpl::MPTForCausalLMImpl(const MPTOptions& o) : DecoderLM("transformer.blocks."), o_(o) {
   const at::TensorOptions t = at::TensorOptions().dtype(at::kFloat).device(at::Device(o.init_device));
   if (o.ffn.moe) {
     hf_loss_->coef = o.ffn.moe->output_router_logits ? o.ffn.moe->loss_weight : 0.0;
@@ -241,27 +219,29 @@ MPTForCausalLMImpl::MPTForCausalLMImpl(const MPTOptions& o) : o_(o) {
   if (!o.tie_word_embeddings) lm_head = register_module("lm_head", Linear(o.d_model, o.vocab_size, false, t));
 }
 
-at::Tensor MPTForCausalLMImpl::forward(const at::Tensor& input_ids, const ForwardOptions& fo) {
-  const bool transformers_loss = o_.ffn.moe && o_.hf_layout == "dbrx" && is_training();
-  if (o_.ffn.moe) {
-    for (const auto& b : *transformer->blocks) b->as<MPTBlockImpl>()->moe->records.clear();
-    hf_aux_ = at::Tensor();
-    if (transformers_loss) {
-      const at::Tensor key_mask = key_padding_mask(input_ids, fo);
-      hf_loss_->start(o_.ffn.moe->num_experts, key_mask.defined() ? key_mask.reshape({-1}) : at::Tensor(),
-                      input_ids.numel(), input_ids.device());
-    }
-  }
-  const at::Tensor x = transformer->forward_blocks(input_ids, fo);
-  auto head = [this](const at::Tensor& h) {
-    const at::Tensor normed = transformer->norm_f(h);
-    at::Tensor logits = lm_head ? lm_head(normed) : transformer->wte->attend(normed);
-    if (o_.logit_scale) logits = logits * *o_.logit_scale;
-    return logits;
-  };
-  at::Tensor logits = run_unit(transformer->unit_runner, 0, head, x);
-  if (transformers_loss) hf_aux_ = hf_loss_->finish();
+at::Tensor MPTForCausalLMImpl::embed(const at::Tensor& ids, const DecoderCall& call) {
+  return transformer->embed(ids, call.key_mask, call.past);
+}
+
+at::Tensor MPTForCausalLMImpl::head(const at::Tensor& h) {
+  at::Tensor logits = head_logits(transformer->norm_f(h), lm_head);
+  if (o_.logit_scale) logits = logits * *o_.logit_scale;
   return logits;
+}
+
+void MPTForCausalLMImpl::begin_forward(const DecoderCall& call) {
+  transformers_loss_ = o_.ffn.moe && o_.hf_layout == "dbrx" && is_training();
+  if (!o_.ffn.moe) return;
+  for (const auto& b : *transformer->blocks) b->as<MPTBlockImpl>()->moe->records.clear();
+  hf_aux_ = at::Tensor();
+  if (transformers_loss_) {
+    hf_loss_->start(o_.ffn.moe->num_experts, call.key_mask.defined() ? call.key_mask.reshape({-1}) : at::Tensor(),
+                    call.ids.numel(), call.ids.device());
+  }
+}
+
+void MPTForCausalLMImpl::end_forward() {
+  if (transformers_loss_) hf_aux_ = hf_loss_->finish();
 }
 
 MPTForCausalLM build_mpt(const MPTOptions& options, uint64_t seed) {
@@ -415,10 +395,6 @@ TensorParallelPlan MPTForCausalLMImpl::tensor_parallel_plan(int64_t degree) cons
     plan.row(p + "ffn.down_proj");
   }
   return plan;
-}
-
-bool MPTForCausalLMImpl::supports_context_parallel() const {
-  return !o_.ffn.moe;  // the router's losses count each rank's tokens as the whole batch
 }
 
 void MPTForCausalLMImpl::use_low_precision_norms() {

@@ -18,6 +18,7 @@
 
 #include "models/mpt/mpt_config.h"
 #include "tessera/models/blocks/attention.h"
+#include "tessera/models/blocks/decoder.h"
 #include "tessera/models/blocks/layers.h"
 #include "tessera/models/blocks/moe.h"
 #include "tessera/models/causal_lm.h"
@@ -82,29 +83,24 @@ class MPTBlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(MPTBlock);
 
-// MPT's units (see CausalLM): 0 = the root (embeddings, final norm and head: one unit because the head may be tied
-// to the embedding; it runs twice per forward), 1..n_layers = the blocks. Unit u's parameters are those named
-// "transformer.blocks.{u-1}." for blocks and all others for the root.
-int64_t unit_of_parameter(const std::string& name);
-
 class MPTModelImpl : public torch::nn::Module {
  public:
   MPTModelImpl(const MPTOptions& options, const at::TensorOptions& tensor_options,
                std::shared_ptr<AuxLossScale> aux_scale = nullptr, std::shared_ptr<HfRouterLoss> hf_loss = nullptr);
-  // input_ids: (B, S) int64 -> hidden states before norm_f: (B, S, d_model), the blocks run through unit_runner.
-  at::Tensor forward_blocks(const at::Tensor& input_ids, const ForwardOptions& fo = {});
-  // input_ids: (B, S) int64 -> hidden states after norm_f: (B, S, d_model).
-  at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& fo = {});
+  // The root's first call: wte (plus learned positions counting real tokens only, LLM Foundry's left-padding fix),
+  // embedding_fraction and emb_pdrop. `key_mask` is key_padding_mask() over `past` cached and the new positions.
+  at::Tensor embed(const at::Tensor& input_ids, const at::Tensor& key_mask, int64_t past);
+  // The blocks' attention inputs: causal, sliding-window and ALiBi masks (cached per shape), packed documents,
+  // padding, rotary tables.
+  AttentionInputs attention_inputs(const at::Tensor& input_ids, const ForwardOptions& fo, int64_t past,
+                                   const at::Tensor& key_mask);
 
   Embedding wte{nullptr};
   Embedding wpe{nullptr};  // learned positions only
   torch::nn::ModuleList blocks{nullptr};
   Norm norm_f{nullptr};
-  std::shared_ptr<UnitRunner> unit_runner;  // set through MPTForCausalLM's set_unit_runner()
 
  private:
-  AttentionInputs attention_inputs(const at::Tensor& input_ids, const ForwardOptions& fo, int64_t past,
-                                   const at::Tensor& key_mask);
   // (1, H, s_q, s_k) float32: causal, sliding window and ALiBi for queries at past .. past + s_q; cached per shape.
   const at::Tensor& structural_mask(int64_t past, int64_t s_q, const at::Device& device);
 
@@ -119,16 +115,11 @@ class MPTModelImpl : public torch::nn::Module {
 TORCH_MODULE(MPTModel);
 
 // MPT as a CausalLM (the model protocol, causal_lm.h); `model.name: mpt_causal_lm`.
-class MPTForCausalLMImpl : public CausalLM, public TensorParallelModel {
+class MPTForCausalLMImpl : public DecoderLM<MPTBlockImpl>, public TensorParallelModel {
  public:
   explicit MPTForCausalLMImpl(const MPTOptions& options);
-  // input_ids: (B, S) int64 -> logits (B, S, vocab_size).
-  at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& fo = {}) override;
   const MPTOptions& options() const { return o_; }
 
-  int64_t num_units() const override { return o_.n_layers + 1; }
-  int64_t unit_of_parameter(const std::string& name) const override { return models::unit_of_parameter(name); }
-  void set_unit_runner(std::shared_ptr<UnitRunner> runner) override { transformer->unit_runner = std::move(runner); }
   void init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select = nullptr) override;
   std::shared_ptr<CausalLM> rebuild(const std::string& device, std::optional<uint64_t> seed) const override;
   double flops_per_token(int64_t seq_len) const override;
@@ -152,16 +143,32 @@ class MPTForCausalLMImpl : public CausalLM, public TensorParallelModel {
   // Heads, the MLP's hidden units and (where the vocabulary divides) the head split; the blocks' norms on sequence
   // shards. Refused for MoE layers, qk_ln (a norm over every head at once) and ALiBi (slopes per head).
   TensorParallelPlan tensor_parallel_plan(int64_t degree) const override;
-  bool supports_context_parallel() const override;
+  bool supports_context_parallel() const override {
+    return !o_.ffn.moe;
+  }  // the router's losses count each
+     // rank's tokens as the whole batch
 
   MPTModel transformer{nullptr};
   Linear lm_head{nullptr};  // only when tie_word_embeddings is false
+
+ protected:
+  const torch::nn::ModuleList& decoder_layers() const override { return transformer->blocks; }
+  EmbeddingImpl& token_embedding() override { return *transformer->wte; }
+  at::Tensor embed(const at::Tensor& ids, const DecoderCall& call) override;
+  AttentionInputs attention_inputs(const DecoderCall& call) override {
+    return transformer->attention_inputs(call.ids, call.fo, call.past, call.key_mask);
+  }
+  at::Tensor head(const at::Tensor& h) override;  // norm_f, the head, logit_scale
+  // The MoE layers' records; DBRX's transformers-style load-balancing loss over the whole forward.
+  void begin_forward(const DecoderCall& call) override;
+  void end_forward() override;
 
  private:
   MPTOptions o_;
   std::shared_ptr<AuxLossScale> aux_scale_ = std::make_shared<AuxLossScale>();
   std::shared_ptr<HfRouterLoss> hf_loss_ = std::make_shared<HfRouterLoss>();  // DBRX's transformers-style loss
   at::Tensor hf_aux_;                                                         // its last training value
+  bool transformers_loss_ = false;  // this forward trains DBRX's experts with transformers' loss
 };
 TORCH_MODULE(MPTForCausalLM);
 

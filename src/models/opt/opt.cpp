@@ -192,43 +192,27 @@ OPTModelImpl::OPTModelImpl(const OPTOptions& o, const at::TensorOptions& t) {
   decoder = register_module("decoder", OPTDecoder(o, t));
 }
 
-OPTForCausalLMImpl::OPTForCausalLMImpl(const OPTOptions& o) : o_(o) {
+OPTForCausalLMImpl::OPTForCausalLMImpl(const OPTOptions& o) : DecoderLM("model.decoder.layers."), o_(o) {
   const at::TensorOptions t = at::TensorOptions().dtype(at::kFloat).device(at::Device(o.init_device));
   model = register_module("model", OPTModel(o, t));
   if (!o.tie_word_embeddings)
     lm_head = register_module("lm_head", Linear(o.word_embed_proj_dim, o.vocab_size, false, t));
 }
 
-int64_t OPTForCausalLMImpl::unit_of_parameter(const std::string& name) const {
-  return layer_unit(name, "model.decoder.layers.");
-}
-
-at::Tensor OPTForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOptions& fo) {
-  TORCH_CHECK(ids.dim() == 2, "input_ids must be (batch, seq), got ", ids.sizes());
-  KVCache* cache = fo.cache;
-  const int64_t past = cache ? cache->length : 0, s = ids.size(1);
-  const at::Tensor key_mask = key_padding_mask(ids, fo);
+at::Tensor OPTForCausalLMImpl::embed(const at::Tensor& ids, const DecoderCall& call) {
   // transformers counts each row's real tokens (cumsum of the mask) and offsets by 2; padding positions, whose
   // outputs nothing reads, differ.
-  const at::Tensor positions = token_positions(ids, fo, past, key_mask) + kOptPositionOffset;
-  const OPTDecoderImpl& dec = *model->decoder;
-  auto embed = [this, positions](const at::Tensor& input_ids) {
-    OPTDecoderImpl& d = *model->decoder;
-    at::Tensor x = d.embed_tokens(input_ids);
-    if (d.project_in) x = d.project_in(x);
-    return x + d.embed_positions(positions);
-  };
-  at::Tensor x = run_unit(runner_, 0, embed, ids);
-  AttentionInputs in = causal_attention_inputs(ids, fo, past, key_mask, compute_dtype(dec.embed_tokens->weight));
-  if (fo.context) in = context_parallel_inputs(in, fo.context, compute_dtype(dec.embed_tokens->weight));
-  x = run_decoder_layers<OPTDecoderLayerImpl>(runner_, dec.layers, in, cache, key_mask, s, x);
-  auto head = [this](const at::Tensor& h) {
-    OPTDecoderImpl& d = *model->decoder;
-    at::Tensor y = d.final_layer_norm ? d.final_layer_norm(h) : h;
-    if (d.project_out) y = d.project_out(y);
-    return lm_head ? lm_head(y) : d.embed_tokens->attend(y);
-  };
-  return run_unit(runner_, 0, head, x);
+  OPTDecoderImpl& d = *model->decoder;
+  at::Tensor x = d.embed_tokens(ids);
+  if (d.project_in) x = d.project_in(x);
+  return x + d.embed_positions(call.positions + kOptPositionOffset);
+}
+
+at::Tensor OPTForCausalLMImpl::head(const at::Tensor& h) {
+  OPTDecoderImpl& d = *model->decoder;
+  at::Tensor y = d.final_layer_norm ? d.final_layer_norm(h) : h;
+  if (d.project_out) y = d.project_out(y);
+  return head_logits(y, lm_head);
 }
 
 double OPTForCausalLMImpl::flops_per_token(int64_t seq_len) const {

@@ -20,6 +20,7 @@
 
 #include "tessera/config/reader.h"
 #include "tessera/models/blocks/attention.h"
+#include "tessera/models/blocks/decoder.h"
 #include "tessera/models/blocks/layers.h"
 #include "tessera/models/causal_lm.h"
 #include "tessera/models/parallel_plan.h"
@@ -106,15 +107,11 @@ class OPTModelImpl : public torch::nn::Module {
 TORCH_MODULE(OPTModel);
 
 // Units: 0 = the root (embeddings, projections, final norm and head), 1..num_hidden_layers = the decoder layers.
-class OPTForCausalLMImpl : public CausalLM, public TensorParallelModel {
+class OPTForCausalLMImpl : public DecoderLM<OPTDecoderLayerImpl>, public TensorParallelModel {
  public:
   explicit OPTForCausalLMImpl(const OPTOptions& o);
-  at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& fo = {}) override;
   const OPTOptions& options() const { return o_; }
 
-  int64_t num_units() const override { return o_.num_hidden_layers + 1; }
-  int64_t unit_of_parameter(const std::string& name) const override;
-  void set_unit_runner(std::shared_ptr<UnitRunner> runner) override { runner_ = std::move(runner); }
   void init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select = nullptr) override;
   std::shared_ptr<CausalLM> rebuild(const std::string& device, std::optional<uint64_t> seed) const override;
   // 6 N (less the embeddings) + 12 L d S.
@@ -128,14 +125,22 @@ class OPTForCausalLMImpl : public CausalLM, public TensorParallelModel {
   std::optional<std::string> tied_embedding_name() const override;
   // Heads, the MLP's hidden units and the vocabulary split.
   TensorParallelPlan tensor_parallel_plan(int64_t degree) const override;
-  bool supports_context_parallel() const override { return true; }  // keys and values gathered per layer
 
   OPTModel model{nullptr};
   Linear lm_head{nullptr};  // only when tie_word_embeddings is false
 
+ protected:
+  const torch::nn::ModuleList& decoder_layers() const override { return model->decoder->layers; }
+  EmbeddingImpl& token_embedding() override { return *model->decoder->embed_tokens; }
+  // Tokens (projected in when word_embed_proj_dim differs) plus learned positions, offset by 2 as transformers'.
+  at::Tensor embed(const at::Tensor& ids, const DecoderCall& call) override;
+  AttentionInputs attention_inputs(const DecoderCall& call) override {
+    return causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype);
+  }
+  at::Tensor head(const at::Tensor& h) override;
+
  private:
   OPTOptions o_;
-  std::shared_ptr<UnitRunner> runner_;
 };
 TORCH_MODULE(OPTForCausalLM);
 

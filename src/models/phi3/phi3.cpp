@@ -235,7 +235,7 @@ Phi3ModelImpl::Phi3ModelImpl(const Phi3Options& o, const at::TensorOptions& t) {
   norm = register_module("norm", Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));
 }
 
-Phi3ForCausalLMImpl::Phi3ForCausalLMImpl(const Phi3Options& o) : o_(o) {
+Phi3ForCausalLMImpl::Phi3ForCausalLMImpl(const Phi3Options& o) : DecoderLM("model.layers."), o_(o) {
   if (o.longrope()) {
     inv_freq_short_ = longrope_inv_freq(o.short_factor, o.rotary_ndims(), o.rope_theta);
     inv_freq_long_ = longrope_inv_freq(o.long_factor, o.rotary_ndims(), o.rope_theta);
@@ -247,35 +247,19 @@ Phi3ForCausalLMImpl::Phi3ForCausalLMImpl(const Phi3Options& o) : o_(o) {
   if (!o.tie_word_embeddings) lm_head = register_module("lm_head", Linear(o.hidden_size, o.vocab_size, false, t));
 }
 
-int64_t Phi3ForCausalLMImpl::unit_of_parameter(const std::string& name) const {
-  return layer_unit(name, "model.layers.");
-}
-
-at::Tensor Phi3ForCausalLMImpl::forward(const at::Tensor& ids, const ForwardOptions& fo) {
-  TORCH_CHECK(ids.dim() == 2, "input_ids must be (batch, seq), got ", ids.sizes());
-  KVCache* cache = fo.cache;
-  const int64_t past = cache ? cache->length : 0, s = ids.size(1);
-  const at::Tensor key_mask = key_padding_mask(ids, fo);
-  auto embed = [this](const at::Tensor& input_ids) { return model->embed_tokens(input_ids); };
-  at::Tensor x = run_unit(runner_, 0, embed, ids);
-  AttentionInputs in = causal_attention_inputs(ids, fo, past, key_mask, compute_dtype(model->embed_tokens->weight),
-                                               o_.sliding_window.value_or(0));
-  const at::Tensor positions = token_positions(ids, fo, past, key_mask);
+AttentionInputs Phi3ForCausalLMImpl::attention_inputs(const DecoderCall& call) {
+  AttentionInputs in =
+      causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype, o_.sliding_window.value_or(0));
   // longrope: the long factors once this call's positions go past the original context (transformers decides per
   // forward call from max(position_ids) + 1), the short ones otherwise; cos and sin scaled by the attention factor.
-  const bool long_context = o_.longrope() && positions.max().item<int64_t>() + 1 > o_.original_max_position_embeddings;
-  set_rope_tables(in, positions, long_context ? inv_freq_long_ : inv_freq_short_);
+  const bool long_context =
+      o_.longrope() && call.positions.max().item<int64_t>() + 1 > o_.original_max_position_embeddings;
+  set_rope_tables(in, call.positions, long_context ? inv_freq_long_ : inv_freq_short_);
   if (const double scale = o_.rope_attention_factor(); scale != 1.0) {
     in.rope_cos = in.rope_cos * scale;
     in.rope_sin = in.rope_sin * scale;
   }
-  if (fo.context) in = context_parallel_inputs(in, fo.context, compute_dtype(model->embed_tokens->weight));
-  x = run_decoder_layers<Phi3DecoderLayerImpl>(runner_, model->layers, in, cache, key_mask, s, x);
-  auto head = [this](const at::Tensor& h) {
-    const at::Tensor normed = model->norm(h);
-    return lm_head ? lm_head(normed) : model->embed_tokens->attend(normed);
-  };
-  return run_unit(runner_, 0, head, x);
+  return in;
 }
 
 double Phi3ForCausalLMImpl::flops_per_token(int64_t seq_len) const {

@@ -21,6 +21,7 @@
 
 #include "tessera/config/reader.h"
 #include "tessera/models/blocks/attention.h"
+#include "tessera/models/blocks/decoder.h"
 #include "tessera/models/blocks/layers.h"
 #include "tessera/models/causal_lm.h"
 #include "tessera/models/parallel_plan.h"
@@ -116,15 +117,11 @@ class Phi3ModelImpl : public torch::nn::Module {
 TORCH_MODULE(Phi3Model);
 
 // Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers.
-class Phi3ForCausalLMImpl : public CausalLM, public TensorParallelModel {
+class Phi3ForCausalLMImpl : public DecoderLM<Phi3DecoderLayerImpl>, public TensorParallelModel {
  public:
   explicit Phi3ForCausalLMImpl(const Phi3Options& o);
-  at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& fo = {}) override;
   const Phi3Options& options() const { return o_; }
 
-  int64_t num_units() const override { return o_.num_hidden_layers + 1; }
-  int64_t unit_of_parameter(const std::string& name) const override;
-  void set_unit_runner(std::shared_ptr<UnitRunner> runner) override { runner_ = std::move(runner); }
   void init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select = nullptr) override;
   std::shared_ptr<CausalLM> rebuild(const std::string& device, std::optional<uint64_t> seed) const override;
   // 6 N (less an untied input embedding) + 12 L (heads x head_dim) S.
@@ -138,7 +135,6 @@ class Phi3ForCausalLMImpl : public CausalLM, public TensorParallelModel {
   std::optional<std::string> tied_embedding_name() const override;
   // Heads (of the fused qkv_proj), the MLP's hidden units (of the fused gate_up_proj) and the vocabulary split.
   TensorParallelPlan tensor_parallel_plan(int64_t degree) const override;
-  bool supports_context_parallel() const override { return true; }  // keys and values gathered per layer
   // longrope: keys cached with the short factors are stale once a row passes original_max_position_embeddings
   // (transformers' Phi3ForCausalLM.prepare_inputs_for_generation recomputes the cache there).
   bool kv_cache_stale(int64_t past, int64_t total) const override {
@@ -149,10 +145,16 @@ class Phi3ForCausalLMImpl : public CausalLM, public TensorParallelModel {
   Phi3Model model{nullptr};
   Linear lm_head{nullptr};  // only when tie_word_embeddings is false
 
+ protected:
+  const torch::nn::ModuleList& decoder_layers() const override { return model->layers; }
+  EmbeddingImpl& token_embedding() override { return *model->embed_tokens; }
+  // Causal (or sliding-window) masks; rotary tables with longrope's short or long factors.
+  AttentionInputs attention_inputs(const DecoderCall& call) override;
+  at::Tensor head(const at::Tensor& h) override { return head_logits(model->norm(h), lm_head); }
+
  private:
   Phi3Options o_;
   at::Tensor inv_freq_short_, inv_freq_long_;  // (rotary_ndims / 2,) float32 on the CPU; long: longrope only
-  std::shared_ptr<UnitRunner> runner_;
 };
 TORCH_MODULE(Phi3ForCausalLM);
 
