@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,14 @@ struct TensorParallelPlan {
   void head_norm(const std::string& module) { entries.push_back({module, ParallelStyle::kHeadNorm, {}}); }
   void vocab_embedding(const std::string& module) { entries.push_back({module, ParallelStyle::kVocabEmbedding, {}}); }
   void vocab_head(const std::string& module) { entries.push_back({module, ParallelStyle::kVocabHead, {}}); }
+  // The usual entries of one decoder layer whose modules are named `prefix`…: `norms` on sequence shards, `columns`
+  // column-parallel (projections that hold whole heads or hidden units, one block each), `rows` row-parallel.
+  void layer(const std::string& prefix, std::initializer_list<const char*> norms,
+             std::initializer_list<const char*> columns, std::initializer_list<const char*> rows) {
+    for (const char* n : norms) sequence_norm(prefix + n);
+    for (const char* c : columns) column(prefix + c);
+    for (const char* r : rows) row(prefix + r);
+  }
   // The head along a vocabulary of `vocab` rows where it divides by `degree` (else it stays whole): the untied `head`
   // Linear, or, when `head` is empty, the `embedding` table it is tied to.
   void vocabulary(int64_t vocab, int64_t degree, const std::string& head, const std::string& embedding) {

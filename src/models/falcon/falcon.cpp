@@ -428,10 +428,8 @@ TensorParallelPlan FalconForCausalLMImpl::tensor_parallel_plan(int64_t degree) c
     if (layer->post_attention_layernorm) plan.sequence_norm(p + "post_attention_layernorm");
     if (layer->ln_attn) plan.sequence_norm(p + "ln_attn");
     if (layer->ln_mlp) plan.sequence_norm(p + "ln_mlp");
-    plan.column(p + "self_attention.query_key_value");
-    plan.row(p + "self_attention.dense");
-    plan.column(p + "mlp.dense_h_to_4h");
-    plan.row(p + "mlp.dense_4h_to_h");
+    plan.layer(p, {}, {"self_attention.query_key_value", "mlp.dense_h_to_4h"},
+               {"self_attention.dense", "mlp.dense_4h_to_h"});
   }
   return plan;
 }

@@ -322,19 +322,14 @@ TensorParallelPlan GemmaForCausalLMImpl::tensor_parallel_plan(int64_t degree) co
   plan.vocabulary(o_.vocab_size, degree, lm_head ? "lm_head" : "", "model.embed_tokens");
   for (int64_t i = 0; i < o_.num_hidden_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
-    for (const char* norm :
-         {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"}) {
-      plan.sequence_norm(p + norm);
-    }
-    for (const char* proj : {"q_proj", "k_proj", "v_proj"}) plan.column(p + "self_attn." + proj);
+    plan.layer(
+        p, {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"},
+        {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"},
+        {"self_attn.o_proj", "mlp.down_proj"});
     if (model->layers->ptr(i)->as<GemmaDecoderLayerImpl>()->self_attn->q_norm) {
       plan.head_norm(p + "self_attn.q_norm");
       plan.head_norm(p + "self_attn.k_norm");
     }
-    plan.row(p + "self_attn.o_proj");
-    plan.column(p + "mlp.gate_proj");
-    plan.column(p + "mlp.up_proj");
-    plan.row(p + "mlp.down_proj");
   }
   return plan;
 }

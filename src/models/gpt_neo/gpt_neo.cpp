@@ -261,12 +261,9 @@ TensorParallelPlan GPTNeoForCausalLMImpl::tensor_parallel_plan(int64_t degree) c
   plan.vocabulary(o_.vocab_size, degree, "", "transformer.wte");  // the head is tied
   for (int64_t i = 0; i < o_.num_layers; ++i) {
     const std::string p = fmt::format("transformer.h.{}.", i);
-    plan.sequence_norm(p + "ln_1");
-    plan.sequence_norm(p + "ln_2");
-    for (const char* proj : {"q_proj", "k_proj", "v_proj"}) plan.column(p + "attn.attention." + proj);
-    plan.row(p + "attn.attention.out_proj");
-    plan.column(p + "mlp.c_fc");
-    plan.row(p + "mlp.c_proj");
+    plan.layer(p, {"ln_1", "ln_2"},
+               {"attn.attention.q_proj", "attn.attention.k_proj", "attn.attention.v_proj", "mlp.c_fc"},
+               {"attn.attention.out_proj", "mlp.c_proj"});
   }
   return plan;
 }

@@ -252,12 +252,8 @@ TensorParallelPlan GPTNeoXForCausalLMImpl::tensor_parallel_plan(int64_t degree) 
   plan.vocabulary(o_.vocab_size, degree, embed_out ? "embed_out" : "", "gpt_neox.embed_in");
   for (int64_t i = 0; i < o_.num_hidden_layers; ++i) {
     const std::string p = fmt::format("gpt_neox.layers.{}.", i);
-    plan.sequence_norm(p + "input_layernorm");
-    plan.sequence_norm(p + "post_attention_layernorm");
-    plan.column(p + "attention.query_key_value");
-    plan.row(p + "attention.dense");
-    plan.column(p + "mlp.dense_h_to_4h");
-    plan.row(p + "mlp.dense_4h_to_h");
+    plan.layer(p, {"input_layernorm", "post_attention_layernorm"}, {"attention.query_key_value", "mlp.dense_h_to_4h"},
+               {"attention.dense", "mlp.dense_4h_to_h"});
   }
   return plan;
 }

@@ -546,17 +546,13 @@ TensorParallelPlan LlamaForCausalLMImpl::tensor_parallel_plan(int64_t degree) co
     const auto* layer = l->as<LlamaDecoderLayerImpl>();
     const std::string p = fmt::format("model.layers.{}.", i++);
     if (layer->moe) refuse("the MoE layers' experts do not split over a tensor-parallel group");
-    plan.sequence_norm(p + "input_layernorm");
-    plan.sequence_norm(p + "post_attention_layernorm");
-    for (const char* proj : {"q_proj", "k_proj", "v_proj"}) plan.column(p + "self_attn." + proj);
+    plan.layer(p, {"input_layernorm", "post_attention_layernorm"},
+               {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"},
+               {"self_attn.o_proj", "mlp.down_proj"});
     if (layer->self_attn->q_norm) {
       plan.head_norm(p + "self_attn.q_norm");
       plan.head_norm(p + "self_attn.k_norm");
     }
-    plan.row(p + "self_attn.o_proj");
-    plan.column(p + "mlp.gate_proj");
-    plan.column(p + "mlp.up_proj");
-    plan.row(p + "mlp.down_proj");
   }
   return plan;
 }

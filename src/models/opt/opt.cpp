@@ -255,12 +255,8 @@ TensorParallelPlan OPTForCausalLMImpl::tensor_parallel_plan(int64_t degree) cons
   plan.vocabulary(o_.vocab_size, degree, lm_head ? "lm_head" : "", "model.decoder.embed_tokens");
   for (int64_t i = 0; i < o_.num_hidden_layers; ++i) {
     const std::string p = fmt::format("model.decoder.layers.{}.", i);
-    plan.sequence_norm(p + "self_attn_layer_norm");
-    plan.sequence_norm(p + "final_layer_norm");
-    for (const char* proj : {"q_proj", "k_proj", "v_proj"}) plan.column(p + "self_attn." + proj);
-    plan.row(p + "self_attn.out_proj");
-    plan.column(p + "fc1");
-    plan.row(p + "fc2");
+    plan.layer(p, {"self_attn_layer_norm", "final_layer_norm"},
+               {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "fc1"}, {"self_attn.out_proj", "fc2"});
   }
   return plan;
 }
