@@ -59,10 +59,10 @@ struct Plan {
   int64_t context_parallel_degree = 1;
 };
 
-// The weights `model` splits over `degree` tensor-parallel ranks (CausalLM::tensor_parallel_plan): their parameters,
-// those in its largest unit, the units (layers) holding them and the width of their all-reduced outputs (a row-parallel
-// weight's rows). All 0 when the model declares no split layers; ConfigError (the model's) when the degree does not
-// divide its heads or MLP.
+// The weights `model` splits over `degree` tensor-parallel ranks (its models::TensorParallelModel plan): their
+// parameters, those in its largest unit, the units (layers) holding them and the width of their all-reduced outputs (a
+// row-parallel weight's rows). All 0 when the model declares no split layers; ConfigError (the model's) when the degree
+// does not divide its heads or MLP.
 struct TensorSplit {
   int64_t params = 0;
   int64_t largest_unit_params = 0;
