@@ -22,6 +22,21 @@
 namespace tessera::dist {
 namespace {
 
+// Sets the styles' per-call sequence-shard flag for one layer call and restores it after, on errors too.
+class ShardedFlag {
+ public:
+  ShardedFlag(TensorParallelState& state, bool sharded) : state_(state), before_(state.sharded) {
+    state_.sharded = sharded;
+  }
+  ~ShardedFlag() { state_.sharded = before_; }
+  ShardedFlag(const ShardedFlag&) = delete;
+  ShardedFlag& operator=(const ShardedFlag&) = delete;
+
+ private:
+  TensorParallelState& state_;
+  bool before_;
+};
+
 // Frees a buffer's memory while keeping its StorageImpl, which the parameter views and autograd's saved tensors
 // share; realloc_storage gives it memory again before the next gather writes into it.
 void free_storage(const at::Tensor& t) {
@@ -333,16 +348,8 @@ at::Tensor ParallelModel::Impl::run_sequence_parallel(int64_t unit_index, int64_
   const std::shared_ptr<TensorParallelState> state = tp_state_;
   const bool sharded = sequence_sharded_;
   const UnitFn layer = [fn, state, sharded](const at::Tensor& h) {
-    const bool before = state->sharded;
-    state->sharded = sharded;
-    try {
-      at::Tensor out = fn(h);
-      state->sharded = before;
-      return out;
-    } catch (...) {
-      state->sharded = before;
-      throw;
-    }
+    const ShardedFlag shards(*state, sharded);
+    return fn(h);
   };
   at::Tensor out = run_unit_call(unit_index, layer, in);
   if (unit_index == n_blocks && sequence_sharded_) {

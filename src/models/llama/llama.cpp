@@ -521,16 +521,15 @@ LlamaForCausalLM build_llama(const LlamaOptions& options, uint64_t seed) {
 }
 
 TensorParallelPlan LlamaForCausalLMImpl::tensor_parallel_plan(int64_t degree) const {
-  const auto refuse = [degree](const std::string& why) {
-    throw ConfigError("models", fmt::format("tensor_parallel_degree {}: {}", degree, why));
-  };
   if (o_.num_attention_heads % degree != 0 || o_.num_key_value_heads % degree != 0) {
-    refuse(fmt::format("{}'s {} attention and {} key/value heads do not split into {} equal shares", o_.model_type,
-                       o_.num_attention_heads, o_.num_key_value_heads, degree));
+    refuse_tensor_parallel(
+        degree, fmt::format("{}'s {} attention and {} key/value heads do not split into {} equal shares", o_.model_type,
+                            o_.num_attention_heads, o_.num_key_value_heads, degree));
   }
   if (o_.intermediate_size % degree != 0) {
-    refuse(fmt::format("the MLP's {} hidden units (intermediate_size) do not split into {} equal shares",
-                       o_.intermediate_size, degree));
+    refuse_tensor_parallel(
+        degree, fmt::format("the MLP's {} hidden units (intermediate_size) do not split into {} equal shares",
+                            o_.intermediate_size, degree));
   }
   TensorParallelPlan plan;
   // The head along the vocabulary, where it divides (else the head stays whole): the embedding table with it when tied.
@@ -545,7 +544,7 @@ TensorParallelPlan LlamaForCausalLMImpl::tensor_parallel_plan(int64_t degree) co
   for (const auto& l : *model->layers) {
     const auto* layer = l->as<LlamaDecoderLayerImpl>();
     const std::string p = fmt::format("model.layers.{}.", i++);
-    if (layer->moe) refuse("the MoE layers' experts do not split over a tensor-parallel group");
+    if (layer->moe) refuse_tensor_parallel(degree, "the MoE layers' experts do not split over a tensor-parallel group");
     plan.layer(p, {"input_layernorm", "post_attention_layernorm"},
                {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"},
                {"self_attn.o_proj", "mlp.down_proj"});

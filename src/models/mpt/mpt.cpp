@@ -345,21 +345,22 @@ std::vector<std::pair<std::string, at::Tensor>> MPTForCausalLMImpl::expert_token
 }
 
 TensorParallelPlan MPTForCausalLMImpl::tensor_parallel_plan(int64_t degree) const {
-  const auto refuse = [degree](const std::string& why) {
-    throw ConfigError("models", fmt::format("tensor_parallel_degree {}: {}", degree, why));
-  };
   const int64_t h = o_.n_heads, kv = o_.attn.kv_n_heads, hd = o_.head_dim();
   if (h % degree != 0 || kv % degree != 0) {
-    refuse(
-        fmt::format("MPT's {} query and {} key/value heads (attn_config.kv_n_heads) do not split into {} equal "
-                    "shares",
-                    h, kv, degree));
+    refuse_tensor_parallel(
+        degree, fmt::format("MPT's {} query and {} key/value heads (attn_config.kv_n_heads) do not split into {} equal "
+                            "shares",
+                            h, kv, degree));
   }
-  if (o_.ffn.moe) refuse("the MoE layers' experts do not split over a tensor-parallel group (use moe_world_size)");
-  if (o_.attn.qk_ln) refuse("attn_config.qk_ln normalises over every head at once (qk_gn, per head, splits)");
-  if (o_.attn.alibi) refuse("attn_config.alibi is not split over heads yet");
+  if (o_.ffn.moe)
+    refuse_tensor_parallel(degree,
+                           "the MoE layers' experts do not split over a tensor-parallel group (use moe_world_size)");
+  if (o_.attn.qk_ln)
+    refuse_tensor_parallel(degree, "attn_config.qk_ln normalises over every head at once (qk_gn, per head, splits)");
+  if (o_.attn.alibi) refuse_tensor_parallel(degree, "attn_config.alibi is not split over heads yet");
   if (o_.ffn_hidden() % degree != 0) {
-    refuse(fmt::format("the MLP's {} hidden units do not split into {} equal shares", o_.ffn_hidden(), degree));
+    refuse_tensor_parallel(
+        degree, fmt::format("the MLP's {} hidden units do not split into {} equal shares", o_.ffn_hidden(), degree));
   }
   TensorParallelPlan plan;
   // The head along the vocabulary, where it divides (else the head stays whole): the embedding table with it when tied.
