@@ -581,6 +581,8 @@ TEST_F(DistTrainingMoe, ExpertParallelLayoutsMatchOneProcessAndTheirCheckpointsR
       {"ep2_fs2", {ep2, "fsdp_config.sharding_strategy=FULL_SHARD", "fsdp_config.activation_checkpointing=true"}},
       {"ep4", {ep4, "fsdp_config.sharding_strategy=SHARD_GRAD_OP"}},  // one expert per rank
       {"ep1_fs4", {"fsdp_config.sharding_strategy=FULL_SHARD"}},
+      // The same split from torchtitan's key instead of LLM Foundry's (the engine reads the degree, not the model).
+      {"ep2_fs2_parallelism", {"'parallelism={expert_parallel_degree: 2}'"}},
   };
   for (const Layout& l : layouts) {
     TrainRun r = run(l.name, 4, with_save(l.name, [&] {
@@ -591,6 +593,9 @@ TEST_F(DistTrainingMoe, ExpertParallelLayoutsMatchOneProcessAndTheirCheckpointsR
     r.weights = checkpoint_weights(ckpt / l.name / "ep0-ba10");
     expect_first_ten(r, l.name);
   }
+  EXPECT_NE(read_dist_log(root_ / "ep2_fs2_parallelism.log").find("expert parallelism over groups of 2 ranks"),
+            std::string::npos)
+      << read_dist_log(root_ / "ep2_fs2_parallelism.log");
   // HYBRID_SHARD over two nodes of 2 (two launchers): an expert-parallel group per node, its experts replicated
   // across the nodes.
   {
