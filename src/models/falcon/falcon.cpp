@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <set>
 
 #include "tessera/config/value.h"
+#include "tessera/models/family_keys.h"
 #include "tessera/models/family_support.h"
 #include "tessera/util/error.h"
 
@@ -32,48 +32,53 @@ int64_t FalconOptions::ln_count() const {
   return num_ln_in_parallel_attn.value_or(new_decoder_architecture ? 2 : 1);
 }
 
+// FalconConfig's keys (n_embed, its alias of hidden_size, is read by from_hf()). The RW models' configs also carry
+// apply_residual_connection_post_layernorm, which transformers does not read, and transformers 5 writes
+// num_key_value_heads, which it derives from num_kv_heads and multi_query.
+const FamilyKeys<FalconOptions>& falcon_keys() {
+  using O = FalconOptions;
+  static const FamilyKeys<O> keys =
+      FamilyKeys<O>({"falcon"}, [](const std::string&) { return "FalconForCausalLM"; })
+          .field("vocab_size", &O::vocab_size, positive())
+          .field("hidden_size", &O::hidden_size, positive())
+          .field("num_hidden_layers", &O::num_hidden_layers, positive())
+          .field("num_attention_heads", &O::num_attention_heads, positive())
+          .resolved("num_kv_heads", &O::num_kv_heads, [](const O& o) { return o.num_attention_heads; })
+          .field("new_decoder_architecture", &O::new_decoder_architecture)
+          .field("multi_query", &O::multi_query)
+          .field("parallel_attn", &O::parallel_attn)
+          .field("num_ln_in_parallel_attn", &O::num_ln_in_parallel_attn,
+                 KeyCheck<std::optional<int64_t>>([](const std::optional<int64_t>& n) {
+                   return !n || *n == 1 || *n == 2 ? "" : std::string("must be 1 or 2");
+                 }))
+          .field("bias", &O::bias)
+          .field("alibi", &O::alibi)
+          .field("layer_norm_epsilon", &O::layer_norm_epsilon)
+          .field("rope_theta", &O::rope_theta)
+          .linear_rope_scaling(&O::rope_linear_factor, "Falcon")
+          .field("max_position_embeddings", &O::max_position_embeddings, positive())
+          .resolved(
+              "ffn_hidden_size", &O::ffn_hidden_size, [](const O& o) { return 4 * o.hidden_size; }, positive())
+          .field("activation", &O::activation, KeyCheck<std::string>([](const std::string& a) {
+                   return a == "gelu" || a == "gelu_new" || a == "gelu_pytorch_tanh" || a == "relu" || a == "silu"
+                              ? ""
+                              : fmt::format("expected gelu, gelu_new, gelu_pytorch_tanh, relu or silu, got \"{}\"", a);
+                 }))
+          .field("hidden_dropout", &O::hidden_dropout, probability())
+          .field("attention_dropout", &O::attention_dropout, probability())
+          .field("initializer_range", &O::initializer_range)
+          .field("tie_word_embeddings", &O::tie_word_embeddings)
+          .token_ids();
+  return keys;
+}
+
 FalconOptions parse_falcon_options(config::Section& s) {
   FalconOptions o;
-  (void)s.get_choice("model_type", "falcon", {"falcon"});
-  o.vocab_size = s.get_int("vocab_size", o.vocab_size);
-  o.hidden_size = s.get_int("hidden_size", o.hidden_size);
-  o.num_hidden_layers = s.get_int("num_hidden_layers", o.num_hidden_layers);
-  o.num_attention_heads = s.get_int("num_attention_heads", o.num_attention_heads);
-  o.num_kv_heads = s.get_optional_int("num_kv_heads").value_or(o.num_attention_heads);
-  o.new_decoder_architecture = s.get_bool("new_decoder_architecture", o.new_decoder_architecture);
-  o.multi_query = s.get_bool("multi_query", o.multi_query);
-  o.parallel_attn = s.get_bool("parallel_attn", o.parallel_attn);
-  o.num_ln_in_parallel_attn = s.get_optional_int("num_ln_in_parallel_attn");
-  o.bias = s.get_bool("bias", o.bias);
-  o.alibi = s.get_bool("alibi", o.alibi);
-  o.layer_norm_epsilon = s.get_double("layer_norm_epsilon", o.layer_norm_epsilon);
-  o.rope_theta = s.get_double("rope_theta", o.rope_theta);
-  o.max_position_embeddings = s.get_int("max_position_embeddings", o.max_position_embeddings);
-  o.ffn_hidden_size = s.get_optional_int("ffn_hidden_size").value_or(4 * o.hidden_size);
-  o.activation = s.get_choice("activation", o.activation, {"gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu"});
-  o.hidden_dropout = s.get_double("hidden_dropout", o.hidden_dropout);
-  o.attention_dropout = s.get_double("attention_dropout", o.attention_dropout);
-  o.initializer_range = s.get_double("initializer_range", o.initializer_range);
-  o.tie_word_embeddings = s.get_bool("tie_word_embeddings", o.tie_word_embeddings);
-  o.bos_token_id = s.get_nullable_int("bos_token_id", o.bos_token_id);
-  o.eos_token_id = s.get_nullable_int("eos_token_id", o.eos_token_id);
-  o.pad_token_id = s.get_nullable_int("pad_token_id", o.pad_token_id);
-  o.init_device = s.get_choice("init_device", o.init_device, {"cpu", "meta", "cuda"});
-  o.rope_linear_factor = read_linear_rope_scaling(s, "Falcon");
-
-  s.check(o.hidden_size > 0 && o.vocab_size > 0 && o.num_hidden_layers > 0 && o.ffn_hidden_size > 0, "hidden_size",
-          "hidden_size, vocab_size, num_hidden_layers and ffn_hidden_size must be positive");
-  s.check(o.num_attention_heads > 0 && o.hidden_size % o.num_attention_heads == 0, "num_attention_heads",
+  falcon_keys().read(s, o);
+  s.check(o.hidden_size % o.num_attention_heads == 0, "num_attention_heads",
           fmt::format("must divide hidden_size ({})", o.hidden_size));
   s.check(o.alibi || o.head_dim() % 2 == 0, "num_attention_heads",
           fmt::format("gives an odd head_dim ({}), which rotary embeddings cannot rotate", o.head_dim()));
-  s.check(o.max_position_embeddings > 0, "max_position_embeddings", "must be positive");
-  s.check(o.hidden_dropout >= 0 && o.hidden_dropout < 1, "hidden_dropout", "must be in [0, 1)");
-  s.check(o.attention_dropout >= 0 && o.attention_dropout < 1, "attention_dropout", "must be in [0, 1)");
-  if (o.num_ln_in_parallel_attn) {
-    s.check(*o.num_ln_in_parallel_attn == 1 || *o.num_ln_in_parallel_attn == 2, "num_ln_in_parallel_attn",
-            "must be 1 or 2");
-  }
   if (o.new_decoder_architecture) {
     s.check(o.num_kv_heads > 0 && o.num_attention_heads % o.num_kv_heads == 0, "num_kv_heads",
             fmt::format("must divide num_attention_heads ({})", o.num_attention_heads));
@@ -92,77 +97,16 @@ FalconOptions parse_falcon_options(config::Section& s) {
 }
 
 FalconOptions falcon_options_from_hf_config(const nlohmann::json& raw, const std::string& where) {
-  // The keys FalconConfig reads (n_embed is its alias of hidden_size). The RW models' configs also carry
-  // apply_residual_connection_post_layernorm, which transformers does not read, and transformers 5 writes
-  // num_key_value_heads, which it derives from num_kv_heads and multi_query.
-  static const std::set<std::string> kKeys = {"model_type",
-                                              "vocab_size",
-                                              "hidden_size",
-                                              "num_hidden_layers",
-                                              "num_attention_heads",
-                                              "num_kv_heads",
-                                              "new_decoder_architecture",
-                                              "multi_query",
-                                              "parallel_attn",
-                                              "num_ln_in_parallel_attn",
-                                              "bias",
-                                              "alibi",
-                                              "layer_norm_epsilon",
-                                              "rope_theta",
-                                              "rope_scaling",
-                                              "max_position_embeddings",
-                                              "ffn_hidden_size",
-                                              "activation",
-                                              "hidden_dropout",
-                                              "attention_dropout",
-                                              "initializer_range",
-                                              "tie_word_embeddings",
-                                              "bos_token_id",
-                                              "eos_token_id",
-                                              "pad_token_id"};
-  const std::string type = raw.value("model_type", "");
-  if (type != "falcon") throw Error("hf", fmt::format("{}: model_type is \"{}\", expected falcon", where, type));
-  nlohmann::json cfg =
-      hf_config_keys(raw, kKeys, where, {"n_embed", "apply_residual_connection_post_layernorm", "num_key_value_heads"});
-  if (raw.contains("n_embed") && !raw["n_embed"].is_null()) cfg["hidden_size"] = raw["n_embed"];
-  FalconOptions o;
-  read_hf_config(cfg, where, [&](config::Section& s) { o = parse_falcon_options(s); });
-  o.init_device = "cpu";
-  return o;
+  return falcon_keys().from_hf(raw, where, &parse_falcon_options,
+                               {"n_embed", "apply_residual_connection_post_layernorm", "num_key_value_heads"},
+                               [](const nlohmann::json& config, nlohmann::json& cfg) {
+                                 if (config.contains("n_embed") && !config["n_embed"].is_null())
+                                   cfg["hidden_size"] = config["n_embed"];
+                               });
 }
 
 nlohmann::ordered_json falcon_hf_config(const FalconOptions& o, at::ScalarType dtype) {
-  auto optional = [](const std::optional<int64_t>& v) { return v ? nlohmann::ordered_json(*v) : nullptr; };
-  nlohmann::ordered_json j = {{"architectures", {"FalconForCausalLM"}},
-                              {"model_type", "falcon"},
-                              {"vocab_size", o.vocab_size},
-                              {"hidden_size", o.hidden_size},
-                              {"num_hidden_layers", o.num_hidden_layers},
-                              {"num_attention_heads", o.num_attention_heads},
-                              {"num_kv_heads", o.num_kv_heads},
-                              {"new_decoder_architecture", o.new_decoder_architecture},
-                              {"multi_query", o.multi_query},
-                              {"parallel_attn", o.parallel_attn},
-                              {"num_ln_in_parallel_attn", optional(o.num_ln_in_parallel_attn)},
-                              {"bias", o.bias},
-                              {"alibi", o.alibi},
-                              {"layer_norm_epsilon", o.layer_norm_epsilon},
-                              {"rope_theta", o.rope_theta},
-                              {"rope_scaling", nullptr},
-                              {"max_position_embeddings", o.max_position_embeddings},
-                              {"ffn_hidden_size", o.ffn_hidden_size},
-                              {"activation", o.activation},
-                              {"hidden_dropout", o.hidden_dropout},
-                              {"attention_dropout", o.attention_dropout},
-                              {"initializer_range", o.initializer_range},
-                              {"tie_word_embeddings", o.tie_word_embeddings},
-                              {"bos_token_id", optional(o.bos_token_id)},
-                              {"eos_token_id", optional(o.eos_token_id)},
-                              {"pad_token_id", optional(o.pad_token_id)},
-                              {"use_cache", true},
-                              {"torch_dtype", hf_torch_dtype(dtype)}};
-  if (o.rope_linear_factor != 1.0) j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", o.rope_linear_factor}};
-  return j;
+  return falcon_keys().hf_config(o, "falcon", dtype);
 }
 
 namespace {

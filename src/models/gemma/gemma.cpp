@@ -7,9 +7,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <set>
 
 #include "tessera/config/value.h"
+#include "tessera/models/family_keys.h"
 #include "tessera/models/family_support.h"
 #include "tessera/util/error.h"
 
@@ -17,75 +17,94 @@ namespace tessera::models {
 
 // ---- Options --------------------------------------------------------------------------------------------------------
 
+namespace {
+
+// transformers' default layer types: every pattern-th layer full, the others sliding (Gemma 2: 2, sliding first).
+std::vector<std::string> layer_types_of(int64_t layers, int64_t pattern) {
+  std::vector<std::string> types;
+  for (int64_t i = 0; i < layers; ++i)
+    types.emplace_back((i + 1) % pattern != 0 ? "sliding_attention" : "full_attention");
+  return types;
+}
+
+}  // namespace
+
+// Gemma2Config's and Gemma3TextConfig's keys. transformers' Gemma reads hidden_activation (hidden_act is its older
+// key, which it ignores) and Gemma 3 configs may store _sliding_window_pattern, which it derives layer_types from
+// only when layer_types is absent.
+const FamilyKeys<GemmaOptions>& gemma_keys() {
+  using O = GemmaOptions;
+  const FamilyKeys<O>::Types gemma3 = {"gemma3_text"};
+  static const FamilyKeys<O> keys =
+      FamilyKeys<O>(
+          {"gemma2", "gemma3_text"},
+          [](const std::string& type) { return type == "gemma3_text" ? "Gemma3ForCausalLM" : "Gemma2ForCausalLM"; })
+          .defaults([](const std::string& type, O& o) {
+            o.model_type = type;
+            if (o.gemma3()) {  // Gemma3TextConfig's defaults where they differ from Gemma2Config's
+              o.vocab_size = 262208;
+              o.max_position_embeddings = 131072;
+              o.rope_theta = 1e6;
+              o.final_logit_softcapping.reset();
+              o.attn_logit_softcapping.reset();
+            }
+          })
+          .field("vocab_size", &O::vocab_size, positive())
+          .field("hidden_size", &O::hidden_size, positive())
+          .field("intermediate_size", &O::intermediate_size, positive())
+          .field("num_hidden_layers", &O::num_hidden_layers, positive())
+          .field("num_attention_heads", &O::num_attention_heads, positive())
+          .field("num_key_value_heads", &O::num_key_value_heads, positive())
+          .field("head_dim", &O::head_dim, KeyCheck<int64_t>([](const int64_t& d) {
+                   return d > 0 && d % 2 == 0 ? "" : std::string("must be positive and even (rotary embeddings)");
+                 }))
+          .field("hidden_activation", &O::hidden_activation, hf_activation_check())
+          .field("max_position_embeddings", &O::max_position_embeddings, positive())
+          .field("initializer_range", &O::initializer_range)
+          .field("rms_norm_eps", &O::rms_norm_eps)
+          .field("tie_word_embeddings", &O::tie_word_embeddings)
+          .field("rope_theta", &O::rope_theta)
+          .linear_rope_scaling(&O::rope_linear_factor, "Gemma")
+          .field("rope_local_base_freq", &O::rope_local_base_freq, {}, gemma3)
+          .field("attention_bias", &O::attention_bias)
+          .field("attention_dropout", &O::attention_dropout, probability())
+          .field("query_pre_attn_scalar", &O::query_pre_attn_scalar, positive_real())
+          .field("sliding_window", &O::sliding_window, positive())
+          .custom(
+              "sliding_window_pattern",
+              [](config::Section& s, O& o) {
+                const int64_t pattern = s.get_int("sliding_window_pattern", 6);
+                s.check(pattern > 0, "sliding_window_pattern", "must be positive");
+                o.layer_types = layer_types_of(o.num_hidden_layers, pattern);
+              },
+              nullptr, gemma3)
+          .custom(
+              "layer_types",
+              [](config::Section& s, O& o) {
+                if (o.layer_types.empty()) o.layer_types = layer_types_of(o.num_hidden_layers, 2);
+                o.layer_types = s.get_strings("layer_types", o.layer_types);
+                s.check(static_cast<int64_t>(o.layer_types.size()) == o.num_hidden_layers, "layer_types",
+                        fmt::format("has {} entries for {} layers", o.layer_types.size(), o.num_hidden_layers));
+                for (const std::string& t : o.layer_types) {
+                  s.check(t == "sliding_attention" || t == "full_attention", "layer_types",
+                          fmt::format("each entry is sliding_attention or full_attention, got \"{}\"", t));
+                }
+              },
+              [](const O& o) { return nlohmann::ordered_json(o.layer_types); })
+          .field("final_logit_softcapping", &O::final_logit_softcapping, positive_or_none<double>())
+          .field("attn_logit_softcapping", &O::attn_logit_softcapping, positive_or_none<double>())
+          .fixed("use_bidirectional_attention", false,
+                 "EmbeddingGemma's bidirectional attention is not a causal language model", gemma3)
+          .token_ids();
+  return keys;
+}
+
 GemmaOptions parse_gemma_options(config::Section& s, const std::string& model_type) {
   GemmaOptions o;
-  o.model_type = model_type;
-  if (o.gemma3()) {  // Gemma3TextConfig's defaults where they differ from Gemma2Config's
-    o.vocab_size = 262208;
-    o.max_position_embeddings = 131072;
-    o.rope_theta = 1e6;
-    o.final_logit_softcapping.reset();
-    o.attn_logit_softcapping.reset();
-  }
-  (void)s.get_choice("model_type", model_type, {"gemma2", "gemma3_text"});
-  o.vocab_size = s.get_int("vocab_size", o.vocab_size);
-  o.hidden_size = s.get_int("hidden_size", o.hidden_size);
-  o.intermediate_size = s.get_int("intermediate_size", o.intermediate_size);
-  o.num_hidden_layers = s.get_int("num_hidden_layers", o.num_hidden_layers);
-  o.num_attention_heads = s.get_int("num_attention_heads", o.num_attention_heads);
-  o.num_key_value_heads = s.get_int("num_key_value_heads", o.num_key_value_heads);
-  o.head_dim = s.get_int("head_dim", o.head_dim);
-  o.hidden_activation = s.get_string("hidden_activation", o.hidden_activation);
-  s.check(is_hf_activation(o.hidden_activation), "hidden_activation",
-          fmt::format("\"{}\" is not an activation Tessera computes ({})", o.hidden_activation,
-                      fmt::join(hf_activation_names(), ", ")));
-  o.max_position_embeddings = s.get_int("max_position_embeddings", o.max_position_embeddings);
-  o.initializer_range = s.get_double("initializer_range", o.initializer_range);
-  o.rms_norm_eps = s.get_double("rms_norm_eps", o.rms_norm_eps);
-  o.tie_word_embeddings = s.get_bool("tie_word_embeddings", o.tie_word_embeddings);
-  o.rope_theta = s.get_double("rope_theta", o.rope_theta);
-  o.rope_local_base_freq = o.gemma3() ? s.get_double("rope_local_base_freq", o.rope_local_base_freq) : o.rope_theta;
-  o.attention_bias = s.get_bool("attention_bias", o.attention_bias);
-  o.attention_dropout = s.get_double("attention_dropout", o.attention_dropout);
-  o.query_pre_attn_scalar = s.get_double("query_pre_attn_scalar", o.query_pre_attn_scalar);
-  o.sliding_window = s.get_int("sliding_window", o.sliding_window);
-  // transformers' default layer types: Gemma 2 alternates sliding and full layers, sliding first; Gemma 3 makes every
-  // sliding_window_pattern-th layer full (6).
-  const int64_t pattern = o.gemma3() ? s.get_int("sliding_window_pattern", 6) : 2;
-  s.check(pattern > 0, "sliding_window_pattern", "must be positive");
-  std::vector<std::string> types;
-  for (int64_t i = 0; i < o.num_hidden_layers; ++i) {
-    types.emplace_back((i + 1) % pattern != 0 ? "sliding_attention" : "full_attention");
-  }
-  o.layer_types = s.get_strings("layer_types", types);
-  s.check(static_cast<int64_t>(o.layer_types.size()) == o.num_hidden_layers, "layer_types",
-          fmt::format("has {} entries for {} layers", o.layer_types.size(), o.num_hidden_layers));
-  for (const std::string& t : o.layer_types) {
-    s.check(t == "sliding_attention" || t == "full_attention", "layer_types",
-            fmt::format("each entry is sliding_attention or full_attention, got \"{}\"", t));
-  }
-  o.final_logit_softcapping = s.get_nullable_double("final_logit_softcapping", o.final_logit_softcapping);
-  o.attn_logit_softcapping = s.get_nullable_double("attn_logit_softcapping", o.attn_logit_softcapping);
-  s.check(!s.get_bool("use_bidirectional_attention", false), "use_bidirectional_attention",
-          "true (EmbeddingGemma's bidirectional attention) is not a causal language model");
-  o.rope_linear_factor = read_linear_rope_scaling(s, "Gemma");
-  o.bos_token_id = s.get_nullable_int("bos_token_id", o.bos_token_id);
-  o.eos_token_id = s.get_nullable_int("eos_token_id", o.eos_token_id);
-  o.pad_token_id = s.get_nullable_int("pad_token_id", o.pad_token_id);
-  o.init_device = s.get_choice("init_device", o.init_device, {"cpu", "meta", "cuda"});
-
-  s.check(o.hidden_size > 0 && o.vocab_size > 0 && o.num_hidden_layers > 0 && o.intermediate_size > 0, "hidden_size",
-          "hidden_size, vocab_size, num_hidden_layers and intermediate_size must be positive");
-  s.check(o.head_dim > 0 && o.head_dim % 2 == 0, "head_dim", "must be positive and even (rotary embeddings)");
-  s.check(o.num_key_value_heads > 0 && o.num_attention_heads % o.num_key_value_heads == 0, "num_key_value_heads",
+  gemma_keys().read(s, o, model_type);
+  if (!o.gemma3()) o.rope_local_base_freq = o.rope_theta;  // Gemma 2's sliding layers rotate as the full ones
+  s.check(o.num_attention_heads % o.num_key_value_heads == 0, "num_key_value_heads",
           fmt::format("must divide num_attention_heads ({})", o.num_attention_heads));
-  s.check(o.sliding_window > 0, "sliding_window", "must be positive");
-  s.check(o.query_pre_attn_scalar > 0, "query_pre_attn_scalar", "must be positive");
-  s.check(!o.final_logit_softcapping || *o.final_logit_softcapping > 0, "final_logit_softcapping",
-          "must be positive (or null for none)");
-  s.check(!o.attn_logit_softcapping || *o.attn_logit_softcapping > 0, "attn_logit_softcapping",
-          "must be positive (or null for none)");
-  s.check(o.attention_dropout >= 0 && o.attention_dropout < 1, "attention_dropout", "must be in [0, 1)");
   if (o.pad_token_id) {
     s.check(*o.pad_token_id >= 0 && *o.pad_token_id < o.vocab_size, "pad_token_id",
             fmt::format("must be a token id below vocab_size ({})", o.vocab_size));
@@ -94,82 +113,12 @@ GemmaOptions parse_gemma_options(config::Section& s, const std::string& model_ty
 }
 
 GemmaOptions gemma_options_from_hf_config(const nlohmann::json& raw, const std::string& where) {
-  // The keys Gemma2Config / Gemma3TextConfig read. Published Gemma 2 configs also carry Gemma 1's hidden_act (which
-  // Gemma 2 does not read: hidden_activation decides); Gemma 3's carry _sliding_window_pattern, which transformers
-  // overwrites (layer_types decides).
-  static const std::set<std::string> kKeys = {"vocab_size",
-                                              "hidden_size",
-                                              "intermediate_size",
-                                              "num_hidden_layers",
-                                              "num_attention_heads",
-                                              "num_key_value_heads",
-                                              "head_dim",
-                                              "hidden_activation",
-                                              "max_position_embeddings",
-                                              "initializer_range",
-                                              "rms_norm_eps",
-                                              "tie_word_embeddings",
-                                              "rope_theta",
-                                              "attention_bias",
-                                              "attention_dropout",
-                                              "query_pre_attn_scalar",
-                                              "sliding_window",
-                                              "layer_types",
-                                              "final_logit_softcapping",
-                                              "attn_logit_softcapping",
-                                              "rope_scaling",
-                                              "bos_token_id",
-                                              "eos_token_id",
-                                              "pad_token_id",
-                                              "use_bidirectional_attention"};
-  static const std::set<std::string> kGemma3Keys = {"rope_local_base_freq", "sliding_window_pattern"};
-  const std::string type = raw.value("model_type", "");
-  if (type != "gemma2" && type != "gemma3_text") {
-    throw Error("hf", fmt::format("{}: model_type is \"{}\", expected gemma2 or gemma3_text", where, type));
-  }
-  std::set<std::string> keys = kKeys;
-  if (type == "gemma3_text") keys.insert(kGemma3Keys.begin(), kGemma3Keys.end());
-  const nlohmann::json cfg = hf_config_keys(raw, keys, where, {"hidden_act", "_sliding_window_pattern"});
-  GemmaOptions o;
-  read_hf_config(cfg, where, [&](config::Section& s) { o = parse_gemma_options(s, type); });
-  o.init_device = "cpu";
-  return o;
+  return gemma_keys().from_hf(raw, where, [](config::Section& s) { return parse_gemma_options(s, ""); },
+                              {"hidden_act", "_sliding_window_pattern"});
 }
 
 nlohmann::ordered_json gemma_hf_config(const GemmaOptions& o, at::ScalarType dtype) {
-  auto optional = [](const std::optional<int64_t>& v) { return v ? nlohmann::ordered_json(*v) : nullptr; };
-  auto optional_double = [](const std::optional<double>& v) { return v ? nlohmann::ordered_json(*v) : nullptr; };
-  nlohmann::ordered_json j = {{"architectures", {o.gemma3() ? "Gemma3ForCausalLM" : "Gemma2ForCausalLM"}},
-                              {"model_type", o.model_type},
-                              {"vocab_size", o.vocab_size},
-                              {"hidden_size", o.hidden_size},
-                              {"intermediate_size", o.intermediate_size},
-                              {"num_hidden_layers", o.num_hidden_layers},
-                              {"num_attention_heads", o.num_attention_heads},
-                              {"num_key_value_heads", o.num_key_value_heads},
-                              {"head_dim", o.head_dim},
-                              {"hidden_activation", o.hidden_activation},
-                              {"max_position_embeddings", o.max_position_embeddings},
-                              {"initializer_range", o.initializer_range},
-                              {"rms_norm_eps", o.rms_norm_eps},
-                              {"tie_word_embeddings", o.tie_word_embeddings},
-                              {"rope_theta", o.rope_theta},
-                              {"rope_scaling", nullptr},
-                              {"attention_bias", o.attention_bias},
-                              {"attention_dropout", o.attention_dropout},
-                              {"query_pre_attn_scalar", o.query_pre_attn_scalar},
-                              {"sliding_window", o.sliding_window},
-                              {"layer_types", o.layer_types},
-                              {"final_logit_softcapping", optional_double(o.final_logit_softcapping)},
-                              {"attn_logit_softcapping", optional_double(o.attn_logit_softcapping)},
-                              {"bos_token_id", optional(o.bos_token_id)},
-                              {"eos_token_id", optional(o.eos_token_id)},
-                              {"pad_token_id", optional(o.pad_token_id)},
-                              {"use_cache", true},
-                              {"torch_dtype", hf_torch_dtype(dtype)}};
-  if (o.gemma3()) j["rope_local_base_freq"] = o.rope_local_base_freq;
-  if (o.rope_linear_factor != 1.0) j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", o.rope_linear_factor}};
-  return j;
+  return gemma_keys().hf_config(o, o.model_type, dtype);
 }
 
 // ---- Modules --------------------------------------------------------------------------------------------------------

@@ -6,9 +6,9 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <set>
 
 #include "tessera/config/value.h"
+#include "tessera/models/family_keys.h"
 #include "tessera/models/family_support.h"
 #include "tessera/util/error.h"
 
@@ -58,99 +58,63 @@ nlohmann::ordered_json GPTNeoOptions::attention_types() const {
   return out;
 }
 
+// GPTNeoConfig's keys (classifier_dropout only serves other heads).
+const FamilyKeys<GPTNeoOptions>& gpt_neo_keys() {
+  using O = GPTNeoOptions;
+  static const FamilyKeys<O> keys =
+      FamilyKeys<O>({"gpt_neo"}, [](const std::string&) { return "GPTNeoForCausalLM"; })
+          .field("vocab_size", &O::vocab_size, positive())
+          .field("max_position_embeddings", &O::max_position_embeddings, positive())
+          .field("hidden_size", &O::hidden_size, positive())
+          .field("num_layers", &O::num_layers, positive())
+          .custom(
+              "attention_types",
+              [](config::Section& s, O& o) {
+                o.attention_layers = expand_attention_types(s);
+                s.check(static_cast<int64_t>(o.attention_layers.size()) == o.num_layers, "attention_types",
+                        fmt::format("expands to {} layers, but num_layers is {} (transformers refuses this too)",
+                                    o.attention_layers.size(), o.num_layers));
+              },
+              [](const O& o) { return o.attention_types(); })
+          // A config.json also stores the expansion; transformers' PretrainedConfig then sets it over its own.
+          .field("attention_layers", &O::attention_layers,
+                 KeyCheck<std::vector<std::string>>([](const std::vector<std::string>& layers) {
+                   for (const std::string& kind : layers) {
+                     if (kind != "global" && kind != "local")
+                       return fmt::format("each entry is \"global\" or \"local\", got \"{}\"", kind);
+                   }
+                   return std::string();
+                 }))
+          .field("num_heads", &O::num_heads, positive())
+          .resolved(
+              "intermediate_size", &O::intermediate_size, [](const O& o) { return 4 * o.hidden_size; }, positive())
+          .field("window_size", &O::window_size, positive())
+          .field("activation_function", &O::activation_function, hf_activation_check())
+          .field("resid_dropout", &O::resid_dropout, probability())
+          .field("embed_dropout", &O::embed_dropout, probability())
+          .field("attention_dropout", &O::attention_dropout, probability())
+          .field("layer_norm_epsilon", &O::layer_norm_epsilon)
+          .field("initializer_range", &O::initializer_range)
+          .fixed("tie_word_embeddings", true, "Tessera's GPT-Neo ties its head to wte, as every published GPT-Neo does")
+          .token_ids();
+  return keys;
+}
+
 GPTNeoOptions parse_gpt_neo_options(config::Section& s) {
   GPTNeoOptions o;
-  (void)s.get_choice("model_type", "gpt_neo", {"gpt_neo"});
-  o.vocab_size = s.get_int("vocab_size", o.vocab_size);
-  o.max_position_embeddings = s.get_int("max_position_embeddings", o.max_position_embeddings);
-  o.hidden_size = s.get_int("hidden_size", o.hidden_size);
-  o.num_layers = s.get_int("num_layers", o.num_layers);
-  o.attention_layers = expand_attention_types(s);
-  s.check(static_cast<int64_t>(o.attention_layers.size()) == o.num_layers, "attention_types",
-          fmt::format("expands to {} layers, but num_layers is {} (transformers refuses this too)",
-                      o.attention_layers.size(), o.num_layers));
-  // A config.json also stores the expansion; transformers' PretrainedConfig then sets it over its own.
-  o.attention_layers = s.get_strings("attention_layers", o.attention_layers);
+  gpt_neo_keys().read(s, o);
   s.check(static_cast<int64_t>(o.attention_layers.size()) == o.num_layers, "attention_layers",
           fmt::format("has {} entries for {} layers", o.attention_layers.size(), o.num_layers));
-  for (const std::string& kind : o.attention_layers) {
-    s.check(kind == "global" || kind == "local", "attention_layers",
-            fmt::format("each entry is \"global\" or \"local\", got \"{}\"", kind));
-  }
-  o.num_heads = s.get_int("num_heads", o.num_heads);
-  o.intermediate_size = s.get_optional_int("intermediate_size").value_or(4 * o.hidden_size);
-  o.window_size = s.get_int("window_size", o.window_size);
-  o.activation_function = s.get_string("activation_function", o.activation_function);
-  s.check(is_hf_activation(o.activation_function), "activation_function",
-          fmt::format("\"{}\" is not an activation Tessera computes ({})", o.activation_function,
-                      fmt::join(hf_activation_names(), ", ")));
-  o.resid_dropout = s.get_double("resid_dropout", o.resid_dropout);
-  o.embed_dropout = s.get_double("embed_dropout", o.embed_dropout);
-  o.attention_dropout = s.get_double("attention_dropout", o.attention_dropout);
-  o.layer_norm_epsilon = s.get_double("layer_norm_epsilon", o.layer_norm_epsilon);
-  o.initializer_range = s.get_double("initializer_range", o.initializer_range);
-  s.check(s.get_bool("tie_word_embeddings", true), "tie_word_embeddings",
-          "false: Tessera's GPT-Neo ties its head to wte, as every published GPT-Neo does");
-  o.bos_token_id = s.get_nullable_int("bos_token_id", o.bos_token_id);
-  o.eos_token_id = s.get_nullable_int("eos_token_id", o.eos_token_id);
-  o.pad_token_id = s.get_nullable_int("pad_token_id", o.pad_token_id);
-  o.init_device = s.get_choice("init_device", o.init_device, {"cpu", "meta", "cuda"});
-
-  s.check(o.hidden_size > 0 && o.vocab_size > 0 && o.num_layers > 0 && o.intermediate_size > 0, "hidden_size",
-          "hidden_size, vocab_size, num_layers and intermediate_size must be positive");
-  s.check(o.num_heads > 0 && o.hidden_size % o.num_heads == 0, "num_heads",
-          fmt::format("must divide hidden_size ({})", o.hidden_size));
-  s.check(o.window_size > 0, "window_size", "must be positive");
-  s.check(o.max_position_embeddings > 0, "max_position_embeddings", "must be positive");
-  s.check(o.resid_dropout >= 0 && o.resid_dropout < 1, "resid_dropout", "must be in [0, 1)");
-  s.check(o.embed_dropout >= 0 && o.embed_dropout < 1, "embed_dropout", "must be in [0, 1)");
-  s.check(o.attention_dropout >= 0 && o.attention_dropout < 1, "attention_dropout", "must be in [0, 1)");
+  s.check(o.hidden_size % o.num_heads == 0, "num_heads", fmt::format("must divide hidden_size ({})", o.hidden_size));
   return o;
 }
 
 GPTNeoOptions gpt_neo_options_from_hf_config(const nlohmann::json& raw, const std::string& where) {
-  // The keys GPTNeoConfig reads (classifier_dropout only serves other heads).
-  static const std::set<std::string> kKeys = {"model_type",        "vocab_size",          "max_position_embeddings",
-                                              "hidden_size",       "num_layers",          "attention_types",
-                                              "attention_layers",  "num_heads",           "intermediate_size",
-                                              "window_size",       "activation_function", "resid_dropout",
-                                              "embed_dropout",     "attention_dropout",   "layer_norm_epsilon",
-                                              "initializer_range", "tie_word_embeddings", "bos_token_id",
-                                              "eos_token_id",      "pad_token_id"};
-  const std::string type = raw.value("model_type", "");
-  if (type != "gpt_neo") throw Error("hf", fmt::format("{}: model_type is \"{}\", expected gpt_neo", where, type));
-  nlohmann::json cfg = hf_config_keys(raw, kKeys, where);
-  GPTNeoOptions o;
-  read_hf_config(cfg, where, [&](config::Section& s) { o = parse_gpt_neo_options(s); });
-  o.init_device = "cpu";
-  return o;
+  return gpt_neo_keys().from_hf(raw, where, &parse_gpt_neo_options);
 }
 
 nlohmann::ordered_json gpt_neo_hf_config(const GPTNeoOptions& o, at::ScalarType dtype) {
-  auto optional = [](const std::optional<int64_t>& v) { return v ? nlohmann::ordered_json(*v) : nullptr; };
-  return {{"architectures", {"GPTNeoForCausalLM"}},
-          {"model_type", "gpt_neo"},
-          {"vocab_size", o.vocab_size},
-          {"max_position_embeddings", o.max_position_embeddings},
-          {"hidden_size", o.hidden_size},
-          {"num_layers", o.num_layers},
-          {"attention_types", o.attention_types()},
-          {"attention_layers", o.attention_layers},
-          {"num_heads", o.num_heads},
-          {"intermediate_size", o.intermediate_size},
-          {"window_size", o.window_size},
-          {"activation_function", o.activation_function},
-          {"resid_dropout", o.resid_dropout},
-          {"embed_dropout", o.embed_dropout},
-          {"attention_dropout", o.attention_dropout},
-          {"layer_norm_epsilon", o.layer_norm_epsilon},
-          {"initializer_range", o.initializer_range},
-          {"tie_word_embeddings", true},
-          {"bos_token_id", optional(o.bos_token_id)},
-          {"eos_token_id", optional(o.eos_token_id)},
-          {"pad_token_id", optional(o.pad_token_id)},
-          {"use_cache", true},
-          {"torch_dtype", hf_torch_dtype(dtype)}};
+  return gpt_neo_keys().hf_config(o, "gpt_neo", dtype);
 }
 
 // ---- Modules --------------------------------------------------------------------------------------------------------

@@ -5,9 +5,9 @@
 #include <fmt/ranges.h>
 
 #include <cmath>
-#include <set>
 
 #include "tessera/config/value.h"
+#include "tessera/models/family_keys.h"
 #include "tessera/models/family_support.h"
 #include "tessera/util/error.h"
 
@@ -19,96 +19,52 @@ int64_t GPTNeoXOptions::rotary_ndims() const {
   return static_cast<int64_t>(static_cast<double>(head_dim()) * rotary_pct);
 }
 
+// GPTNeoXConfig's keys. transformers 4 also stores rope_theta and partial_rotary_factor, but sets them from
+// rotary_emb_base and rotary_pct, which decide the function (transformers 5's rope_parameters becomes those two).
+const FamilyKeys<GPTNeoXOptions>& gpt_neox_keys() {
+  using O = GPTNeoXOptions;
+  static const FamilyKeys<O> keys = FamilyKeys<O>({"gpt_neox"}, [](const std::string&) { return "GPTNeoXForCausalLM"; })
+                                        .field("vocab_size", &O::vocab_size, positive())
+                                        .field("hidden_size", &O::hidden_size, positive())
+                                        .field("num_hidden_layers", &O::num_hidden_layers, positive())
+                                        .field("num_attention_heads", &O::num_attention_heads, positive())
+                                        .field("intermediate_size", &O::intermediate_size, positive())
+                                        .field("hidden_act", &O::hidden_act, hf_activation_check())
+                                        .field("rotary_pct", &O::rotary_pct, KeyCheck<double>([](const double& v) {
+                                                 return v > 0 && v <= 1 ? "" : std::string("must be in (0, 1]");
+                                               }))
+                                        .field("rotary_emb_base", &O::rotary_emb_base)
+                                        .linear_rope_scaling(&O::rope_linear_factor, "GPT-NeoX")
+                                        .field("attention_dropout", &O::attention_dropout, probability())
+                                        .field("hidden_dropout", &O::hidden_dropout, probability())
+                                        .field("max_position_embeddings", &O::max_position_embeddings, positive())
+                                        .field("initializer_range", &O::initializer_range)
+                                        .field("layer_norm_eps", &O::layer_norm_eps)
+                                        .field("tie_word_embeddings", &O::tie_word_embeddings)
+                                        .field("use_parallel_residual", &O::use_parallel_residual)
+                                        .field("attention_bias", &O::attention_bias)
+                                        .token_ids();
+  return keys;
+}
+
 GPTNeoXOptions parse_gpt_neox_options(config::Section& s) {
   GPTNeoXOptions o;
-  (void)s.get_choice("model_type", "gpt_neox", {"gpt_neox"});
-  o.vocab_size = s.get_int("vocab_size", o.vocab_size);
-  o.hidden_size = s.get_int("hidden_size", o.hidden_size);
-  o.num_hidden_layers = s.get_int("num_hidden_layers", o.num_hidden_layers);
-  o.num_attention_heads = s.get_int("num_attention_heads", o.num_attention_heads);
-  o.intermediate_size = s.get_int("intermediate_size", o.intermediate_size);
-  o.hidden_act = s.get_string("hidden_act", o.hidden_act);
-  s.check(is_hf_activation(o.hidden_act), "hidden_act",
-          fmt::format("\"{}\" is not an activation Tessera computes ({})", o.hidden_act,
-                      fmt::join(hf_activation_names(), ", ")));
-  o.rotary_pct = s.get_double("rotary_pct", o.rotary_pct);
-  o.rotary_emb_base = s.get_double("rotary_emb_base", o.rotary_emb_base);
-  o.attention_dropout = s.get_double("attention_dropout", o.attention_dropout);
-  o.hidden_dropout = s.get_double("hidden_dropout", o.hidden_dropout);
-  o.max_position_embeddings = s.get_int("max_position_embeddings", o.max_position_embeddings);
-  o.initializer_range = s.get_double("initializer_range", o.initializer_range);
-  o.layer_norm_eps = s.get_double("layer_norm_eps", o.layer_norm_eps);
-  o.tie_word_embeddings = s.get_bool("tie_word_embeddings", o.tie_word_embeddings);
-  o.use_parallel_residual = s.get_bool("use_parallel_residual", o.use_parallel_residual);
-  o.attention_bias = s.get_bool("attention_bias", o.attention_bias);
-  o.bos_token_id = s.get_nullable_int("bos_token_id", o.bos_token_id);
-  o.eos_token_id = s.get_nullable_int("eos_token_id", o.eos_token_id);
-  o.pad_token_id = s.get_nullable_int("pad_token_id", o.pad_token_id);
-  o.init_device = s.get_choice("init_device", o.init_device, {"cpu", "meta", "cuda"});
-  o.rope_linear_factor = read_linear_rope_scaling(s, "GPT-NeoX");
-
-  s.check(o.hidden_size > 0 && o.vocab_size > 0 && o.num_hidden_layers > 0 && o.intermediate_size > 0, "hidden_size",
-          "hidden_size, vocab_size, num_hidden_layers and intermediate_size must be positive");
-  s.check(o.num_attention_heads > 0 && o.hidden_size % o.num_attention_heads == 0, "num_attention_heads",
+  gpt_neox_keys().read(s, o);
+  s.check(o.hidden_size % o.num_attention_heads == 0, "num_attention_heads",
           fmt::format("must divide hidden_size ({})", o.hidden_size));
-  s.check(o.rotary_pct > 0 && o.rotary_pct <= 1, "rotary_pct", "must be in (0, 1]");
   s.check(o.rotary_ndims() % 2 == 0 && o.rotary_ndims() > 0, "rotary_pct",
           fmt::format("gives {} rotary dimensions of each head (int(head_dim {} x {})): rotary embeddings rotate an "
                       "even, positive number",
                       o.rotary_ndims(), o.head_dim(), o.rotary_pct));
-  s.check(o.max_position_embeddings > 0, "max_position_embeddings", "must be positive");
-  s.check(o.hidden_dropout >= 0 && o.hidden_dropout < 1, "hidden_dropout", "must be in [0, 1)");
-  s.check(o.attention_dropout >= 0 && o.attention_dropout < 1, "attention_dropout", "must be in [0, 1)");
   return o;
 }
 
 GPTNeoXOptions gpt_neox_options_from_hf_config(const nlohmann::json& raw, const std::string& where) {
-  // The keys GPTNeoXConfig reads. transformers 4 also stores rope_theta and partial_rotary_factor, but sets them from
-  // rotary_emb_base and rotary_pct, which decide the function (transformers 5's rope_parameters becomes those two).
-  static const std::set<std::string> kKeys = {
-      "model_type",          "vocab_size",        "hidden_size",         "num_hidden_layers",
-      "num_attention_heads", "intermediate_size", "hidden_act",          "rotary_pct",
-      "rotary_emb_base",     "attention_dropout", "hidden_dropout",      "max_position_embeddings",
-      "initializer_range",   "layer_norm_eps",    "tie_word_embeddings", "use_parallel_residual",
-      "rope_scaling",        "attention_bias",    "bos_token_id",        "eos_token_id",
-      "pad_token_id"};
-  const std::string type = raw.value("model_type", "");
-  if (type != "gpt_neox") throw Error("hf", fmt::format("{}: model_type is \"{}\", expected gpt_neox", where, type));
-  nlohmann::json cfg = hf_config_keys(raw, kKeys, where, {"rope_theta", "partial_rotary_factor"});
-  GPTNeoXOptions o;
-  read_hf_config(cfg, where, [&](config::Section& s) { o = parse_gpt_neox_options(s); });
-  o.init_device = "cpu";
-  return o;
+  return gpt_neox_keys().from_hf(raw, where, &parse_gpt_neox_options, {"rope_theta", "partial_rotary_factor"});
 }
 
 nlohmann::ordered_json gpt_neox_hf_config(const GPTNeoXOptions& o, at::ScalarType dtype) {
-  auto optional = [](const std::optional<int64_t>& v) { return v ? nlohmann::ordered_json(*v) : nullptr; };
-  nlohmann::ordered_json j = {{"architectures", {"GPTNeoXForCausalLM"}},
-                              {"model_type", "gpt_neox"},
-                              {"vocab_size", o.vocab_size},
-                              {"hidden_size", o.hidden_size},
-                              {"num_hidden_layers", o.num_hidden_layers},
-                              {"num_attention_heads", o.num_attention_heads},
-                              {"intermediate_size", o.intermediate_size},
-                              {"hidden_act", o.hidden_act},
-                              {"rotary_pct", o.rotary_pct},
-                              {"rotary_emb_base", o.rotary_emb_base},
-                              {"rope_scaling", nullptr},
-                              {"attention_dropout", o.attention_dropout},
-                              {"hidden_dropout", o.hidden_dropout},
-                              {"max_position_embeddings", o.max_position_embeddings},
-                              {"initializer_range", o.initializer_range},
-                              {"layer_norm_eps", o.layer_norm_eps},
-                              {"tie_word_embeddings", o.tie_word_embeddings},
-                              {"use_parallel_residual", o.use_parallel_residual},
-                              {"attention_bias", o.attention_bias},
-                              {"bos_token_id", optional(o.bos_token_id)},
-                              {"eos_token_id", optional(o.eos_token_id)},
-                              {"pad_token_id", optional(o.pad_token_id)},
-                              {"use_cache", true},
-                              {"torch_dtype", hf_torch_dtype(dtype)}};
-  if (o.rope_linear_factor != 1.0) j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", o.rope_linear_factor}};
-  return j;
+  return gpt_neox_keys().hf_config(o, "gpt_neox", dtype);
 }
 
 // ---- Modules --------------------------------------------------------------------------------------------------------

@@ -10,241 +10,180 @@
 
 #include "tessera/config/value.h"
 #include "tessera/models/blocks/layers.h"
+#include "tessera/models/family_keys.h"
 #include "tessera/models/family_support.h"
 #include "tessera/util/error.h"
 
 namespace tessera::models {
 // ---- Options --------------------------------------------------------------------------------------------------------
 
-LlamaOptions parse_llama_options(config::Section& s) {
-  LlamaOptions o;
-  o.model_type =
-      s.get_choice("model_type", o.model_type, {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe"});
-  o.qk_norm = o.model_type == "qwen3_moe";
-  if (o.model_type == "mixtral") {  // MixtralConfig's defaults where they differ from LlamaConfig's
+namespace {
+
+// The transformers class of each model_type.
+std::string llama_architecture(const std::string& type) {
+  static const std::map<std::string, std::string> kArch = {
+      {"llama", "LlamaForCausalLM"},     {"mistral", "MistralForCausalLM"},    {"qwen2", "Qwen2ForCausalLM"},
+      {"mixtral", "MixtralForCausalLM"}, {"qwen2_moe", "Qwen2MoeForCausalLM"}, {"qwen3_moe", "Qwen3MoeForCausalLM"}};
+  return kArch.at(type);
+}
+
+// The model_types' own defaults, where they differ from LlamaConfig's.
+void llama_type_defaults(const std::string& type, LlamaOptions& o) {
+  o.model_type = type;
+  o.qk_norm = type == "qwen3_moe";
+  o.qkv_bias = type == "qwen2";  // Qwen2's q, k and v always have biases
+  if (type == "mixtral") {
     o.rms_norm_eps = 1e-5;
     o.rope_theta = 1e6;
+    o.num_experts = 8;
+    o.num_experts_per_tok = 2;
+  } else if (type == "qwen2_moe" || type == "qwen3_moe") {
+    const bool qwen3 = type == "qwen3_moe";
+    o.num_experts = qwen3 ? 128 : 60;
+    o.num_experts_per_tok = qwen3 ? 8 : 4;
+    o.moe_intermediate_size = qwen3 ? 768 : 1408;
+    o.shared_expert_intermediate_size = qwen3 ? 0 : 5632;
+    o.qkv_bias = !qwen3;
+    o.norm_topk_prob = false;
   }
-  o.vocab_size = s.get_int("vocab_size", o.vocab_size);
-  o.hidden_size = s.get_int("hidden_size", o.hidden_size);
-  o.intermediate_size = s.get_int("intermediate_size", o.intermediate_size);
-  o.num_hidden_layers = s.get_int("num_hidden_layers", o.num_hidden_layers);
-  o.num_attention_heads = s.get_int("num_attention_heads", o.num_attention_heads);
-  o.num_key_value_heads = s.get_optional_int("num_key_value_heads").value_or(o.num_attention_heads);
-  s.check(o.num_attention_heads > 0, "num_attention_heads", "must be positive");
-  o.head_dim = s.get_optional_int("head_dim").value_or(o.hidden_size / o.num_attention_heads);
-  o.max_position_embeddings = s.get_int("max_position_embeddings", o.max_position_embeddings);
-  o.rms_norm_eps = s.get_double("rms_norm_eps", o.rms_norm_eps);
-  o.rope_theta = s.get_double("rope_theta", o.rope_theta);
-  o.tie_word_embeddings = s.get_bool("tie_word_embeddings", o.tie_word_embeddings);
-  o.attention_bias = s.get_bool("attention_bias", o.attention_bias);
-  o.qkv_bias = s.get_bool("qkv_bias", o.model_type == "qwen2" || o.model_type == "qwen2_moe");
-  o.mlp_bias = s.get_bool("mlp_bias", o.mlp_bias);
-  o.sliding_window = s.get_optional_int("sliding_window").value_or(0);
-  o.attention_dropout = s.get_double("attention_dropout", o.attention_dropout);
-  o.initializer_range = s.get_double("initializer_range", o.initializer_range);
-  o.bos_token_id = s.get_optional_int("bos_token_id");
-  o.eos_token_id = s.get_optional_int("eos_token_id");
-  o.pad_token_id = s.get_optional_int("pad_token_id");
-  o.init_device = s.get_choice("init_device", o.init_device, {"cpu", "meta", "cuda"});
-  if (o.model_type == "mixtral") {
-    o.num_experts = s.get_int("num_local_experts", 8);
-    o.num_experts_per_tok = s.get_int("num_experts_per_tok", 2);
-    o.router_jitter_noise = s.get_double("router_jitter_noise", 0.0);
-    s.check(o.router_jitter_noise >= 0 && o.router_jitter_noise < 1, "router_jitter_noise", "must lie in [0, 1)");
-  } else if (o.model_type == "qwen2_moe" || o.model_type == "qwen3_moe") {
-    const bool qwen3 = o.model_type == "qwen3_moe";  // Qwen3MoeConfig's defaults, and no shared expert
-    o.num_experts = s.get_int("num_experts", qwen3 ? 128 : 60);
-    o.num_experts_per_tok = s.get_int("num_experts_per_tok", qwen3 ? 8 : 4);
-    o.moe_intermediate_size = s.get_int("moe_intermediate_size", qwen3 ? 768 : 1408);
-    o.shared_expert_intermediate_size = qwen3 ? 0 : s.get_int("shared_expert_intermediate_size", 5632);
-    o.norm_topk_prob = s.get_bool("norm_topk_prob", false);
-    o.decoder_sparse_step = s.get_int("decoder_sparse_step", 1);
-    s.check(o.decoder_sparse_step >= 1, "decoder_sparse_step", "must be at least 1");
-    if (const config::Value* dense = s.raw("mlp_only_layers"); dense && !dense->is_null()) {
-      for (const config::Value& v : dense->items()) {
-        const auto i = v.as_int();
-        if (!i) s.fail("mlp_only_layers", "expected a list of layer indices, got " + dense->brief());
-        o.mlp_only_layers.push_back(*i);
-      }
-    }
-    s.check(o.moe_intermediate_size > 0 && o.shared_expert_intermediate_size >= 0, "moe_intermediate_size",
-            "must be positive");
+}
+
+void read_rope_scaling(config::Section& s, LlamaOptions& o) {
+  if (!s.has("rope_scaling")) return;
+  config::Section r = s.section("rope_scaling");
+  const std::string type = r.get_optional_string("rope_type").value_or(r.get_string("type", "default"));
+  r.check(type == "default" || type == "linear" || type == "llama3", "rope_type",
+          "expected default, linear or llama3, got " + type);
+  o.rope_scaling.type = type;
+  o.rope_scaling.factor = r.get_double("factor", 1.0);
+  o.rope_scaling.low_freq_factor = r.get_double("low_freq_factor", 1.0);
+  o.rope_scaling.high_freq_factor = r.get_double("high_freq_factor", 4.0);
+  o.rope_scaling.original_max_position_embeddings =
+      r.get_int("original_max_position_embeddings", o.max_position_embeddings);
+  r.check(o.rope_scaling.factor > 0, "factor", "must be positive");
+  r.finish();
+}
+
+nlohmann::ordered_json rope_scaling_json(const LlamaOptions& o) {
+  if (o.rope_scaling.type == "default") return nullptr;
+  nlohmann::ordered_json r = {{"rope_type", o.rope_scaling.type}, {"factor", o.rope_scaling.factor}};
+  if (o.rope_scaling.type == "llama3") {
+    r["low_freq_factor"] = o.rope_scaling.low_freq_factor;
+    r["high_freq_factor"] = o.rope_scaling.high_freq_factor;
+    r["original_max_position_embeddings"] = o.rope_scaling.original_max_position_embeddings;
   }
+  return r;
+}
+
+}  // namespace
+
+// The keys of LlamaConfig, MistralConfig, Qwen2Config, MixtralConfig, Qwen2MoeConfig and Qwen3MoeConfig, each row
+// for the model_types whose class reads it. pretraining_tp is one transformers no longer reads.
+const FamilyKeys<LlamaOptions>& llama_keys() {
+  using O = LlamaOptions;
+  const FamilyKeys<O>::Types windowed = {"mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe"};
+  const FamilyKeys<O>::Types moe = {"mixtral", "qwen2_moe", "qwen3_moe"}, qwen_moe = {"qwen2_moe", "qwen3_moe"};
+  static const FamilyKeys<O> keys =
+      FamilyKeys<O>({"llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe"}, &llama_architecture)
+          .defaults(&llama_type_defaults)
+          .field("vocab_size", &O::vocab_size, positive())
+          .field("hidden_size", &O::hidden_size, positive())
+          .field("intermediate_size", &O::intermediate_size, positive())
+          .field("num_hidden_layers", &O::num_hidden_layers, positive())
+          .field("num_attention_heads", &O::num_attention_heads, positive())
+          .resolved(
+              "num_key_value_heads", &O::num_key_value_heads, [](const O& o) { return o.num_attention_heads; },
+              positive())
+          .resolved(
+              "head_dim", &O::head_dim, [](const O& o) { return o.hidden_size / o.num_attention_heads; },
+              KeyCheck<int64_t>([](const int64_t& d) {
+                return d > 0 && d % 2 == 0 ? "" : std::string("must be positive and even (rotary embeddings)");
+              }))
+          .fixed("hidden_act", std::string("silu"), "only silu (SwiGLU) is implemented")
+          .field("max_position_embeddings", &O::max_position_embeddings, positive())
+          .field("rms_norm_eps", &O::rms_norm_eps)
+          .field("rope_theta", &O::rope_theta)
+          .custom("rope_scaling", &read_rope_scaling, &rope_scaling_json)
+          .field("tie_word_embeddings", &O::tie_word_embeddings)
+          .field("attention_bias", &O::attention_bias, {}, {"llama", "qwen3_moe"})
+          .field("qkv_bias", &O::qkv_bias, {}, {"qwen2_moe"})
+          .field("mlp_bias", &O::mlp_bias, {}, {"llama"})
+          .custom(
+              "sliding_window",
+              [](config::Section& s, O& o) {
+                o.sliding_window = s.get_optional_int("sliding_window").value_or(0);
+                s.check(o.sliding_window >= 0, "sliding_window", "must be positive (or null for none)");
+              },
+              [](const O& o) { return o.sliding_window > 0 ? nlohmann::ordered_json(o.sliding_window) : nullptr; },
+              windowed)
+          // Written for transformers: Qwen2 slides only where use_sliding_window and max_window_layers say so.
+          .written("use_sliding_window", [](const O& o) { return nlohmann::ordered_json(o.sliding_window > 0); },
+                   {"qwen2", "qwen2_moe", "qwen3_moe"})
+          .written("max_window_layers", [](const O&) { return nlohmann::ordered_json(0); }, {"qwen2", "qwen2_moe"})
+          .field("attention_dropout", &O::attention_dropout, probability())
+          .field("initializer_range", &O::initializer_range)
+          .field("num_local_experts", &O::num_experts, positive(), {"mixtral"})
+          .field("num_experts", &O::num_experts, positive(), qwen_moe)
+          .field("num_experts_per_tok", &O::num_experts_per_tok, positive(), moe)
+          .field("router_jitter_noise", &O::router_jitter_noise, probability(), {"mixtral"})
+          .field("moe_intermediate_size", &O::moe_intermediate_size, positive(), qwen_moe)
+          .field("shared_expert_intermediate_size", &O::shared_expert_intermediate_size,
+                 KeyCheck<int64_t>([](const int64_t& v) { return v >= 0 ? "" : std::string("must not be negative"); }),
+                 {"qwen2_moe"})
+          .field("norm_topk_prob", &O::norm_topk_prob, {}, qwen_moe)
+          .field("decoder_sparse_step", &O::decoder_sparse_step, positive(), qwen_moe)
+          .field("mlp_only_layers", &O::mlp_only_layers, {}, qwen_moe)
+          .field("router_aux_loss_coef", &O::router_aux_loss_coef, {}, moe)
+          .field("output_router_logits", &O::output_router_logits, {}, moe)
+          .token_ids();
+  return keys;
+}
+
+LlamaOptions parse_llama_options(config::Section& s) {
+  LlamaOptions o;
+  llama_keys().read(s, o);
+  s.check(o.num_attention_heads % o.num_key_value_heads == 0, "num_key_value_heads",
+          fmt::format("must divide num_attention_heads ({})", o.num_attention_heads));
   if (o.num_experts > 0) {
-    o.router_aux_loss_coef = s.get_double("router_aux_loss_coef", 0.001);
-    o.output_router_logits = s.get_bool("output_router_logits", false);
-    s.check(o.num_experts_per_tok >= 1 && o.num_experts_per_tok <= o.num_experts, "num_experts_per_tok",
+    s.check(o.num_experts_per_tok <= o.num_experts, "num_experts_per_tok",
             fmt::format("must lie in [1, {}] (the number of experts)", o.num_experts));
   }
-  const std::string act = s.get_string("hidden_act", "silu");
-  s.check(act == "silu", "hidden_act", "only silu (SwiGLU) is implemented");
-  if (s.has("rope_scaling")) {
-    config::Section r = s.section("rope_scaling");
-    std::string type = r.get_optional_string("rope_type").value_or(r.get_string("type", "default"));
-    r.check(type == "default" || type == "linear" || type == "llama3", "rope_type",
-            "expected default, linear or llama3, got " + type);
-    o.rope_scaling.type = type;
-    o.rope_scaling.factor = r.get_double("factor", 1.0);
-    o.rope_scaling.low_freq_factor = r.get_double("low_freq_factor", 1.0);
-    o.rope_scaling.high_freq_factor = r.get_double("high_freq_factor", 4.0);
-    o.rope_scaling.original_max_position_embeddings =
-        r.get_int("original_max_position_embeddings", o.max_position_embeddings);
-    r.check(o.rope_scaling.factor > 0, "factor", "must be positive");
-    r.finish();
-  }
-  s.check(o.hidden_size > 0 && o.vocab_size > 0 && o.intermediate_size > 0 && o.num_hidden_layers > 0, "hidden_size",
-          "hidden_size, vocab_size, intermediate_size and num_hidden_layers must be positive");
-  s.check(o.num_key_value_heads > 0 && o.num_attention_heads % o.num_key_value_heads == 0, "num_key_value_heads",
-          fmt::format("must divide num_attention_heads ({})", o.num_attention_heads));
-  s.check(o.head_dim > 0 && o.head_dim % 2 == 0, "head_dim", "must be positive and even (rotary embeddings)");
   return o;
 }
 
 LlamaOptions llama_options_from_hf_config(const nlohmann::json& raw, const std::string& where) {
-  static const std::set<std::string> kKeys = {"model_type",
-                                              "vocab_size",
-                                              "hidden_size",
-                                              "intermediate_size",
-                                              "num_hidden_layers",
-                                              "num_attention_heads",
-                                              "num_key_value_heads",
-                                              "head_dim",
-                                              "max_position_embeddings",
-                                              "rms_norm_eps",
-                                              "rope_theta",
-                                              "rope_scaling",
-                                              "tie_word_embeddings",
-                                              "attention_bias",
-                                              "mlp_bias",
-                                              "sliding_window",
-                                              "attention_dropout",
-                                              "initializer_range",
-                                              "bos_token_id",
-                                              "eos_token_id",
-                                              "pad_token_id",
-                                              "hidden_act",
-                                              "num_local_experts",
-                                              "num_experts",
-                                              "num_experts_per_tok",
-                                              "router_jitter_noise",
-                                              "moe_intermediate_size",
-                                              "shared_expert_intermediate_size",
-                                              "norm_topk_prob",
-                                              "decoder_sparse_step",
-                                              "mlp_only_layers",
-                                              "router_aux_loss_coef",
-                                              "output_router_logits",
-                                              "qkv_bias"};
   const std::string type = raw.value("model_type", "");
-  if (type != "llama" && type != "mistral" && type != "qwen2" && type != "mixtral" && type != "qwen2_moe" &&
-      type != "qwen3_moe") {
-    throw Error("hf", fmt::format("{}: model_type is \"{}\", expected llama, mistral, qwen2, mixtral, qwen2_moe or "
-                                  "qwen3_moe",
-                                  where, type));
-  }
-  // The Qwen2 types' window keys are read below; pretraining_tp is one transformers no longer reads.
   std::set<std::string> accepted = {"pretraining_tp"};
-  if (type == "qwen2" || type == "qwen2_moe")
-    accepted.insert({"layer_types", "max_window_layers", "use_sliding_window"});
-  if (type == "qwen3_moe") accepted.insert("use_sliding_window");
-  nlohmann::json cfg = hf_config_keys(raw, kKeys, where, accepted);  // Llama 3.1's list of eos ids reads as none
+  if (type == "qwen2" || type == "qwen2_moe") accepted.insert("layer_types");
   // Mistral and Qwen2 write sliding_window even when it is off (use_sliding_window: false in Qwen2). Qwen2 slides in
   // the layers its layer_types names (by default those >= max_window_layers); Tessera's window covers every layer or
-  // none.
-  if (type == "qwen2" || type == "qwen2_moe") {
-    const int64_t layers = raw.value("num_hidden_layers", int64_t{0});
-    int64_t sliding = 0;
-    if (raw.contains("layer_types") && raw["layer_types"].is_array()) {
-      for (const auto& t : raw["layer_types"]) sliding += t == "sliding_attention" ? 1 : 0;
-    } else if (raw.value("use_sliding_window", false)) {
-      sliding = std::max<int64_t>(0, layers - raw.value("max_window_layers", int64_t{28}));
-    }
-    if (raw.value("sliding_window", nlohmann::json()).is_null()) sliding = 0;
-    if (sliding == 0) {
-      cfg.erase("sliding_window");
-    } else if (sliding != layers) {
-      throw Error("hf", fmt::format("{}: a sliding window in {} of {} layers (layer_types, max_window_layers); "
-                                    "Tessera's sliding window covers every layer or none",
-                                    where, sliding, layers));
-    }
-  }
-  if (type == "qwen3_moe" && !raw.value("use_sliding_window", false)) cfg.erase("sliding_window");
-  LlamaOptions o;
-  read_hf_config(cfg, where, [&](config::Section& s) { o = parse_llama_options(s); });
-  o.init_device = "cpu";
-  return o;
+  // none. Llama 3.1's list of eos ids reads as none.
+  return llama_keys().from_hf(
+      raw, where, &parse_llama_options, accepted, [&](const nlohmann::json& config, nlohmann::json& cfg) {
+        if (type == "qwen2" || type == "qwen2_moe") {
+          const int64_t layers = config.value("num_hidden_layers", int64_t{0});
+          int64_t sliding = 0;
+          if (config.contains("layer_types") && config["layer_types"].is_array()) {
+            for (const auto& t : config["layer_types"]) sliding += t == "sliding_attention";
+          } else if (config.value("use_sliding_window", false)) {
+            sliding = std::max<int64_t>(0, layers - config.value("max_window_layers", int64_t{28}));
+          }
+          if (config.value("sliding_window", nlohmann::json()).is_null()) sliding = 0;
+          if (sliding == 0) {
+            cfg.erase("sliding_window");
+          } else if (sliding != layers) {
+            throw Error("hf", fmt::format("{}: a sliding window in {} of {} layers "
+                                          "(layer_types, max_window_layers); Tessera's "
+                                          "sliding window covers every layer or none",
+                                          where, sliding, layers));
+          }
+        }
+        if (type == "qwen3_moe" && !config.value("use_sliding_window", false)) cfg.erase("sliding_window");
+      });
 }
 
 nlohmann::ordered_json llama_hf_config(const LlamaOptions& o, at::ScalarType dtype) {
-  static const std::map<std::string, std::string> kArch = {
-      {"llama", "LlamaForCausalLM"},     {"mistral", "MistralForCausalLM"},    {"qwen2", "Qwen2ForCausalLM"},
-      {"mixtral", "MixtralForCausalLM"}, {"qwen2_moe", "Qwen2MoeForCausalLM"}, {"qwen3_moe", "Qwen3MoeForCausalLM"}};
-  auto optional = [](const std::optional<int64_t>& v) { return v ? nlohmann::ordered_json(*v) : nullptr; };
-  nlohmann::ordered_json j = {{"architectures", {kArch.at(o.model_type)}},
-                              {"model_type", o.model_type},
-                              {"vocab_size", o.vocab_size},
-                              {"hidden_size", o.hidden_size},
-                              {"intermediate_size", o.intermediate_size},
-                              {"num_hidden_layers", o.num_hidden_layers},
-                              {"num_attention_heads", o.num_attention_heads},
-                              {"num_key_value_heads", o.num_key_value_heads},
-                              {"head_dim", o.head_dim},
-                              {"hidden_act", "silu"},
-                              {"max_position_embeddings", o.max_position_embeddings},
-                              {"rms_norm_eps", o.rms_norm_eps},
-                              {"rope_theta", o.rope_theta},
-                              {"tie_word_embeddings", o.tie_word_embeddings},
-                              {"attention_dropout", o.attention_dropout},
-                              {"initializer_range", o.initializer_range},
-                              {"bos_token_id", optional(o.bos_token_id)},
-                              {"eos_token_id", optional(o.eos_token_id)},
-                              {"pad_token_id", optional(o.pad_token_id)},
-                              {"use_cache", true},
-                              {"torch_dtype", hf_torch_dtype(dtype)}};
-  if (o.rope_scaling.type == "default") {
-    j["rope_scaling"] = nullptr;
-  } else {
-    nlohmann::ordered_json r = {{"rope_type", o.rope_scaling.type}, {"factor", o.rope_scaling.factor}};
-    if (o.rope_scaling.type == "llama3") {
-      r["low_freq_factor"] = o.rope_scaling.low_freq_factor;
-      r["high_freq_factor"] = o.rope_scaling.high_freq_factor;
-      r["original_max_position_embeddings"] = o.rope_scaling.original_max_position_embeddings;
-    }
-    j["rope_scaling"] = r;
-  }
-  if (o.model_type == "llama") {
-    j["attention_bias"] = o.attention_bias;
-    j["mlp_bias"] = o.mlp_bias;
-  } else if (o.model_type == "qwen3_moe") {
-    j["attention_bias"] = o.attention_bias;
-    j["use_sliding_window"] = o.sliding_window > 0;
-    j["sliding_window"] = o.sliding_window > 0 ? nlohmann::ordered_json(o.sliding_window) : nullptr;
-  } else {
-    j["sliding_window"] = o.sliding_window > 0 ? nlohmann::ordered_json(o.sliding_window) : nullptr;
-    if (o.model_type == "qwen2" || o.model_type == "qwen2_moe") {
-      j["use_sliding_window"] = o.sliding_window > 0;
-      j["max_window_layers"] = 0;  // every layer slides when the window is on
-    }
-  }
-  if (o.model_type == "mixtral") {
-    j["num_local_experts"] = o.num_experts;
-    j["router_jitter_noise"] = o.router_jitter_noise;
-  } else if (o.model_type == "qwen2_moe" || o.model_type == "qwen3_moe") {
-    j["num_experts"] = o.num_experts;
-    j["moe_intermediate_size"] = o.moe_intermediate_size;
-    if (o.model_type == "qwen2_moe") j["shared_expert_intermediate_size"] = o.shared_expert_intermediate_size;
-    j["norm_topk_prob"] = o.norm_topk_prob;
-    j["decoder_sparse_step"] = o.decoder_sparse_step;
-    j["mlp_only_layers"] = o.mlp_only_layers;
-    if (o.model_type == "qwen2_moe") j["qkv_bias"] = o.qkv_bias;
-  }
-  if (o.num_experts > 0) {
-    j["num_experts_per_tok"] = o.num_experts_per_tok;
-    j["router_aux_loss_coef"] = o.router_aux_loss_coef;
-    j["output_router_logits"] = o.output_router_logits;
-  }
-  return j;
+  return llama_keys().hf_config(o, o.model_type, dtype);
 }
 
 bool LlamaOptions::is_sparse_layer(int64_t i) const {

@@ -6,9 +6,9 @@
 #include <fmt/ranges.h>
 
 #include <cmath>
-#include <set>
 
 #include "tessera/config/value.h"
+#include "tessera/models/family_keys.h"
 #include "tessera/models/family_support.h"
 #include "tessera/util/error.h"
 
@@ -22,45 +22,39 @@ constexpr double kOptNormEps = 1e-5;       // nn.LayerNorm's default: OPT has no
 
 // ---- Options --------------------------------------------------------------------------------------------------------
 
+// OPTConfig's keys. The published configs also carry activation_dropout, which transformers' OPT classes do not read.
+const FamilyKeys<OPTOptions>& opt_keys() {
+  using O = OPTOptions;
+  static const FamilyKeys<O> keys =
+      FamilyKeys<O>({"opt"}, [](const std::string&) { return "OPTForCausalLM"; })
+          .field("vocab_size", &O::vocab_size, positive())
+          .field("hidden_size", &O::hidden_size, positive())
+          .field("num_hidden_layers", &O::num_hidden_layers, positive())
+          .field("ffn_dim", &O::ffn_dim, positive())
+          .field("max_position_embeddings", &O::max_position_embeddings, positive())
+          .field("do_layer_norm_before", &O::do_layer_norm_before)
+          .field("_remove_final_layer_norm", &O::remove_final_layer_norm)
+          .resolved(
+              "word_embed_proj_dim", &O::word_embed_proj_dim, [](const O& o) { return o.hidden_size; }, positive())
+          .field("dropout", &O::dropout, probability())
+          .field("attention_dropout", &O::attention_dropout, probability())
+          .field("num_attention_heads", &O::num_attention_heads, positive())
+          .field("activation_function", &O::activation_function, hf_activation_check())
+          .fixed("layerdrop", 0.0, "Tessera's OPT does not drop layers at random (LayerDrop); set 0")
+          .field("init_std", &O::init_std)
+          .field("enable_bias", &O::enable_bias)
+          .fixed("layer_norm_elementwise_affine", true,
+                 "LayerNorms without weight and bias are not computed by Tessera's OPT")
+          .field("tie_word_embeddings", &O::tie_word_embeddings)
+          .token_ids();
+  return keys;
+}
+
 OPTOptions parse_opt_options(config::Section& s) {
   OPTOptions o;
-  (void)s.get_choice("model_type", "opt", {"opt"});
-  o.vocab_size = s.get_int("vocab_size", o.vocab_size);
-  o.hidden_size = s.get_int("hidden_size", o.hidden_size);
-  o.num_hidden_layers = s.get_int("num_hidden_layers", o.num_hidden_layers);
-  o.ffn_dim = s.get_int("ffn_dim", o.ffn_dim);
-  o.max_position_embeddings = s.get_int("max_position_embeddings", o.max_position_embeddings);
-  o.do_layer_norm_before = s.get_bool("do_layer_norm_before", o.do_layer_norm_before);
-  o.remove_final_layer_norm = s.get_bool("_remove_final_layer_norm", o.remove_final_layer_norm);
-  o.word_embed_proj_dim = s.get_optional_int("word_embed_proj_dim").value_or(o.hidden_size);
-  o.dropout = s.get_double("dropout", o.dropout);
-  o.attention_dropout = s.get_double("attention_dropout", o.attention_dropout);
-  o.num_attention_heads = s.get_int("num_attention_heads", o.num_attention_heads);
-  o.activation_function = s.get_string("activation_function", o.activation_function);
-  s.check(is_hf_activation(o.activation_function), "activation_function",
-          fmt::format("\"{}\" is not an activation Tessera computes ({})", o.activation_function,
-                      fmt::join(hf_activation_names(), ", ")));
-  const double layerdrop = s.get_double("layerdrop", 0.0);
-  s.check(layerdrop == 0.0, "layerdrop",
-          fmt::format("{}: Tessera's OPT does not drop layers at random (LayerDrop); set 0", layerdrop));
-  o.init_std = s.get_double("init_std", o.init_std);
-  o.enable_bias = s.get_bool("enable_bias", o.enable_bias);
-  s.check(s.get_bool("layer_norm_elementwise_affine", true), "layer_norm_elementwise_affine",
-          "false (LayerNorms without weight and bias) is not computed by Tessera's OPT");
-  o.tie_word_embeddings = s.get_bool("tie_word_embeddings", o.tie_word_embeddings);
-  o.bos_token_id = s.get_nullable_int("bos_token_id", o.bos_token_id);
-  o.eos_token_id = s.get_nullable_int("eos_token_id", o.eos_token_id);
-  o.pad_token_id = s.get_nullable_int("pad_token_id", o.pad_token_id);
-  o.init_device = s.get_choice("init_device", o.init_device, {"cpu", "meta", "cuda"});
-
-  s.check(o.hidden_size > 0 && o.vocab_size > 0 && o.num_hidden_layers > 0 && o.ffn_dim > 0, "hidden_size",
-          "hidden_size, vocab_size, num_hidden_layers and ffn_dim must be positive");
-  s.check(o.word_embed_proj_dim > 0, "word_embed_proj_dim", "must be positive");
-  s.check(o.num_attention_heads > 0 && o.hidden_size % o.num_attention_heads == 0, "num_attention_heads",
+  opt_keys().read(s, o);
+  s.check(o.hidden_size % o.num_attention_heads == 0, "num_attention_heads",
           fmt::format("must divide hidden_size ({})", o.hidden_size));
-  s.check(o.max_position_embeddings > 0, "max_position_embeddings", "must be positive");
-  s.check(o.dropout >= 0 && o.dropout < 1, "dropout", "must be in [0, 1)");
-  s.check(o.attention_dropout >= 0 && o.attention_dropout < 1, "attention_dropout", "must be in [0, 1)");
   if (o.pad_token_id) {
     s.check(*o.pad_token_id >= 0 && *o.pad_token_id < o.vocab_size, "pad_token_id",
             fmt::format("must be a token id below vocab_size ({})", o.vocab_size));
@@ -69,64 +63,11 @@ OPTOptions parse_opt_options(config::Section& s) {
 }
 
 OPTOptions opt_options_from_hf_config(const nlohmann::json& raw, const std::string& where) {
-  // The keys OPTConfig reads. The published configs also carry activation_dropout, which transformers' OPT classes
-  // do not read.
-  static const std::set<std::string> kKeys = {"model_type",
-                                              "vocab_size",
-                                              "hidden_size",
-                                              "num_hidden_layers",
-                                              "ffn_dim",
-                                              "max_position_embeddings",
-                                              "do_layer_norm_before",
-                                              "_remove_final_layer_norm",
-                                              "word_embed_proj_dim",
-                                              "dropout",
-                                              "attention_dropout",
-                                              "num_attention_heads",
-                                              "activation_function",
-                                              "layerdrop",
-                                              "init_std",
-                                              "enable_bias",
-                                              "layer_norm_elementwise_affine",
-                                              "tie_word_embeddings",
-                                              "bos_token_id",
-                                              "eos_token_id",
-                                              "pad_token_id"};
-  const std::string type = raw.value("model_type", "");
-  if (type != "opt") throw Error("hf", fmt::format("{}: model_type is \"{}\", expected opt", where, type));
-  nlohmann::json cfg = hf_config_keys(raw, kKeys, where, {"activation_dropout"});
-  OPTOptions o;
-  read_hf_config(cfg, where, [&](config::Section& s) { o = parse_opt_options(s); });
-  o.init_device = "cpu";
-  return o;
+  return opt_keys().from_hf(raw, where, &parse_opt_options, {"activation_dropout"});
 }
 
 nlohmann::ordered_json opt_hf_config(const OPTOptions& o, at::ScalarType dtype) {
-  auto optional = [](const std::optional<int64_t>& v) { return v ? nlohmann::ordered_json(*v) : nullptr; };
-  return {{"architectures", {"OPTForCausalLM"}},
-          {"model_type", "opt"},
-          {"vocab_size", o.vocab_size},
-          {"hidden_size", o.hidden_size},
-          {"num_hidden_layers", o.num_hidden_layers},
-          {"ffn_dim", o.ffn_dim},
-          {"max_position_embeddings", o.max_position_embeddings},
-          {"do_layer_norm_before", o.do_layer_norm_before},
-          {"_remove_final_layer_norm", o.remove_final_layer_norm},
-          {"word_embed_proj_dim", o.word_embed_proj_dim},
-          {"dropout", o.dropout},
-          {"attention_dropout", o.attention_dropout},
-          {"num_attention_heads", o.num_attention_heads},
-          {"activation_function", o.activation_function},
-          {"layerdrop", 0.0},
-          {"init_std", o.init_std},
-          {"enable_bias", o.enable_bias},
-          {"layer_norm_elementwise_affine", true},
-          {"tie_word_embeddings", o.tie_word_embeddings},
-          {"bos_token_id", optional(o.bos_token_id)},
-          {"eos_token_id", optional(o.eos_token_id)},
-          {"pad_token_id", optional(o.pad_token_id)},
-          {"use_cache", true},
-          {"torch_dtype", hf_torch_dtype(dtype)}};
+  return opt_keys().hf_config(o, "opt", dtype);
 }
 
 // ---- Modules --------------------------------------------------------------------------------------------------------

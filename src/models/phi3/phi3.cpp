@@ -6,9 +6,9 @@
 #include <fmt/ranges.h>
 
 #include <cmath>
-#include <set>
 
 #include "tessera/config/value.h"
+#include "tessera/models/family_keys.h"
 #include "tessera/models/family_support.h"
 #include "tessera/util/error.h"
 
@@ -34,140 +34,98 @@ double Phi3Options::rope_attention_factor() const {
   return std::sqrt(1 + std::log(factor) / std::log(static_cast<double>(original_max_position_embeddings)));
 }
 
+// Phi3Config's keys. Published configs also carry attention_bias, which transformers' Phi-3 does not read.
+const FamilyKeys<Phi3Options>& phi3_keys() {
+  using O = Phi3Options;
+  static const FamilyKeys<O> keys =
+      FamilyKeys<O>({"phi3"}, [](const std::string&) { return "Phi3ForCausalLM"; })
+          .field("vocab_size", &O::vocab_size, positive())
+          .field("hidden_size", &O::hidden_size, positive())
+          .field("intermediate_size", &O::intermediate_size, positive())
+          .field("num_hidden_layers", &O::num_hidden_layers, positive())
+          .field("num_attention_heads", &O::num_attention_heads, positive())
+          .resolved(
+              "num_key_value_heads", &O::num_key_value_heads, [](const O& o) { return o.num_attention_heads; },
+              positive())
+          .field("resid_pdrop", &O::resid_pdrop, probability())
+          .field("embd_pdrop", &O::embd_pdrop)
+          .field("attention_dropout", &O::attention_dropout, probability())
+          .field("hidden_act", &O::hidden_act, hf_activation_check())
+          .field("max_position_embeddings", &O::max_position_embeddings, positive())
+          // Phi3Config's default is 4096 (from_hf() sets it); a recipe's is max_position_embeddings.
+          .resolved(
+              "original_max_position_embeddings", &O::original_max_position_embeddings,
+              [](const O& o) { return o.max_position_embeddings; }, positive())
+          .field("initializer_range", &O::initializer_range)
+          .field("rms_norm_eps", &O::rms_norm_eps)
+          .field("tie_word_embeddings", &O::tie_word_embeddings)
+          .field("rope_theta", &O::rope_theta)
+          .custom(
+              "partial_rotary_factor",
+              [](config::Section& s, O& o) {
+                o.partial_rotary_factor = s.get_double("partial_rotary_factor", o.partial_rotary_factor);
+                s.check(o.hidden_size % o.num_attention_heads == 0, "num_attention_heads",
+                        fmt::format("must divide hidden_size ({})", o.hidden_size));
+                s.check(o.partial_rotary_factor > 0 && o.partial_rotary_factor <= 1 && o.rotary_ndims() % 2 == 0 &&
+                            o.rotary_ndims() > 0,
+                        "partial_rotary_factor",
+                        fmt::format("must be in (0, 1] and give an even number of rotary dimensions (int(head_dim {} "
+                                    "x {}) = {})",
+                                    o.head_dim(), o.partial_rotary_factor, o.rotary_ndims()));
+              },
+              [](const O& o) { return nlohmann::ordered_json(o.partial_rotary_factor); })
+          .custom(
+              "rope_scaling",
+              [](config::Section& s, O& o) {
+                if (!s.has("rope_scaling")) return;
+                // Phi3Config's own validation: exactly type (longrope; su and yarn are its older names),
+                // short_factor and long_factor, each of rotary_ndims / 2 numbers.
+                config::Section r = s.section("rope_scaling");
+                const std::string type = r.get_optional_string("type").value_or(r.get_string("rope_type", ""));
+                r.check(type == "longrope" || type == "su" || type == "yarn", "type",
+                        "expected longrope (or its older names su and yarn), the only scaling Phi-3 defines, got \"" +
+                            type + "\"");
+                const size_t n = static_cast<size_t>(o.rotary_ndims() / 2);
+                o.short_factor = r.get_doubles("short_factor", {}, n);
+                o.long_factor = r.get_doubles("long_factor", {}, n);
+                r.check(o.short_factor.size() == n, "short_factor", fmt::format("needs {} numbers", n));
+                r.check(o.long_factor.size() == n, "long_factor", fmt::format("needs {} numbers", n));
+                r.finish();
+              },
+              [](const O& o) {
+                if (!o.longrope()) return nlohmann::ordered_json(nullptr);
+                return nlohmann::ordered_json{
+                    {"type", "longrope"}, {"short_factor", o.short_factor}, {"long_factor", o.long_factor}};
+              })
+          .field("sliding_window", &O::sliding_window, positive_or_none<int64_t>())
+          .token_ids();
+  return keys;
+}
+
 Phi3Options parse_phi3_options(config::Section& s) {
   Phi3Options o;
-  (void)s.get_choice("model_type", "phi3", {"phi3"});
-  o.vocab_size = s.get_int("vocab_size", o.vocab_size);
-  o.hidden_size = s.get_int("hidden_size", o.hidden_size);
-  o.intermediate_size = s.get_int("intermediate_size", o.intermediate_size);
-  o.num_hidden_layers = s.get_int("num_hidden_layers", o.num_hidden_layers);
-  o.num_attention_heads = s.get_int("num_attention_heads", o.num_attention_heads);
-  o.num_key_value_heads = s.get_optional_int("num_key_value_heads").value_or(o.num_attention_heads);
-  o.resid_pdrop = s.get_double("resid_pdrop", o.resid_pdrop);
-  o.embd_pdrop = s.get_double("embd_pdrop", o.embd_pdrop);
-  o.attention_dropout = s.get_double("attention_dropout", o.attention_dropout);
-  o.hidden_act = s.get_string("hidden_act", o.hidden_act);
-  s.check(is_hf_activation(o.hidden_act), "hidden_act",
-          fmt::format("\"{}\" is not an activation Tessera computes ({})", o.hidden_act,
-                      fmt::join(hf_activation_names(), ", ")));
-  o.max_position_embeddings = s.get_int("max_position_embeddings", o.max_position_embeddings);
-  o.original_max_position_embeddings = s.get_int("original_max_position_embeddings", o.max_position_embeddings);
-  o.initializer_range = s.get_double("initializer_range", o.initializer_range);
-  o.rms_norm_eps = s.get_double("rms_norm_eps", o.rms_norm_eps);
-  o.tie_word_embeddings = s.get_bool("tie_word_embeddings", o.tie_word_embeddings);
-  o.rope_theta = s.get_double("rope_theta", o.rope_theta);
-  o.partial_rotary_factor = s.get_double("partial_rotary_factor", o.partial_rotary_factor);
-  o.sliding_window = s.get_optional_int("sliding_window");
-  o.bos_token_id = s.get_nullable_int("bos_token_id", o.bos_token_id);
-  o.eos_token_id = s.get_nullable_int("eos_token_id", o.eos_token_id);
-  o.pad_token_id = s.get_nullable_int("pad_token_id", o.pad_token_id);
-  o.init_device = s.get_choice("init_device", o.init_device, {"cpu", "meta", "cuda"});
-
-  s.check(o.hidden_size > 0 && o.vocab_size > 0 && o.num_hidden_layers > 0 && o.intermediate_size > 0, "hidden_size",
-          "hidden_size, vocab_size, num_hidden_layers and intermediate_size must be positive");
-  s.check(o.num_attention_heads > 0 && o.hidden_size % o.num_attention_heads == 0, "num_attention_heads",
-          fmt::format("must divide hidden_size ({})", o.hidden_size));
-  s.check(o.num_key_value_heads > 0 && o.num_attention_heads % o.num_key_value_heads == 0, "num_key_value_heads",
+  phi3_keys().read(s, o);
+  s.check(o.num_attention_heads % o.num_key_value_heads == 0, "num_key_value_heads",
           fmt::format("must divide num_attention_heads ({})", o.num_attention_heads));
-  s.check(
-      o.partial_rotary_factor > 0 && o.partial_rotary_factor <= 1 && o.rotary_ndims() % 2 == 0 && o.rotary_ndims() > 0,
-      "partial_rotary_factor",
-      fmt::format("must be in (0, 1] and give an even number of rotary dimensions (int(head_dim {} x {}) = {})",
-                  o.head_dim(), o.partial_rotary_factor, o.rotary_ndims()));
-  s.check(o.original_max_position_embeddings > 0 && o.max_position_embeddings > 0, "max_position_embeddings",
-          "max_position_embeddings and original_max_position_embeddings must be positive");
-  s.check(!o.sliding_window || *o.sliding_window > 0, "sliding_window", "must be positive (or null for none)");
-  s.check(o.resid_pdrop >= 0 && o.resid_pdrop < 1, "resid_pdrop", "must be in [0, 1)");
-  s.check(o.attention_dropout >= 0 && o.attention_dropout < 1, "attention_dropout", "must be in [0, 1)");
   if (o.pad_token_id) {
     s.check(*o.pad_token_id >= 0 && *o.pad_token_id < o.vocab_size, "pad_token_id",
             fmt::format("must be a token id below vocab_size ({})", o.vocab_size));
-  }
-  if (s.has("rope_scaling")) {
-    // Phi3Config's own validation: exactly type (longrope; su and yarn are its older names), short_factor and
-    // long_factor, each of rotary_ndims / 2 numbers.
-    config::Section r = s.section("rope_scaling");
-    const std::string type = r.get_optional_string("type").value_or(r.get_string("rope_type", ""));
-    r.check(type == "longrope" || type == "su" || type == "yarn", "type",
-            "expected longrope (or its older names su and yarn), the only scaling Phi-3 defines, got \"" + type + "\"");
-    const size_t n = static_cast<size_t>(o.rotary_ndims() / 2);
-    o.short_factor = r.get_doubles("short_factor", {}, n);
-    o.long_factor = r.get_doubles("long_factor", {}, n);
-    r.check(o.short_factor.size() == n, "short_factor", fmt::format("needs {} numbers", n));
-    r.check(o.long_factor.size() == n, "long_factor", fmt::format("needs {} numbers", n));
-    r.finish();
   }
   return o;
 }
 
 Phi3Options phi3_options_from_hf_config(const nlohmann::json& raw, const std::string& where) {
-  // The keys Phi3Config reads. Published configs also carry attention_bias, which transformers' Phi-3 does not read.
-  static const std::set<std::string> kKeys = {"vocab_size",
-                                              "hidden_size",
-                                              "intermediate_size",
-                                              "num_hidden_layers",
-                                              "num_attention_heads",
-                                              "num_key_value_heads",
-                                              "resid_pdrop",
-                                              "embd_pdrop",
-                                              "attention_dropout",
-                                              "hidden_act",
-                                              "max_position_embeddings",
-                                              "original_max_position_embeddings",
-                                              "initializer_range",
-                                              "rms_norm_eps",
-                                              "tie_word_embeddings",
-                                              "rope_theta",
-                                              "rope_scaling",
-                                              "partial_rotary_factor",
-                                              "sliding_window",
-                                              "bos_token_id",
-                                              "eos_token_id",
-                                              "pad_token_id"};
-  const std::string type = raw.value("model_type", "");
-  if (type != "phi3") throw Error("hf", fmt::format("{}: model_type is \"{}\", expected phi3", where, type));
-  nlohmann::json cfg = hf_config_keys(raw, kKeys, where, {"attention_bias"});
-  // Phi3Config's default, which longrope's attention factor and its choice of factors depend on (a recipe's default is
-  // max_position_embeddings).
-  if (!cfg.contains("original_max_position_embeddings")) cfg["original_max_position_embeddings"] = 4096;
-  Phi3Options o;
-  read_hf_config(cfg, where, [&](config::Section& s) { o = parse_phi3_options(s); });
-  o.init_device = "cpu";
-  return o;
+  return phi3_keys().from_hf(raw, where, &parse_phi3_options, {"attention_bias"},
+                             [](const nlohmann::json&, nlohmann::json& cfg) {
+                               // Phi3Config's default, which longrope's attention factor and its choice of factors
+                               // depend on (a recipe's default is max_position_embeddings).
+                               if (!cfg.contains("original_max_position_embeddings"))
+                                 cfg["original_max_position_embeddings"] = 4096;
+                             });
 }
 
 nlohmann::ordered_json phi3_hf_config(const Phi3Options& o, at::ScalarType dtype) {
-  auto optional = [](const std::optional<int64_t>& v) { return v ? nlohmann::ordered_json(*v) : nullptr; };
-  nlohmann::ordered_json j = {{"architectures", {"Phi3ForCausalLM"}},
-                              {"model_type", "phi3"},
-                              {"vocab_size", o.vocab_size},
-                              {"hidden_size", o.hidden_size},
-                              {"intermediate_size", o.intermediate_size},
-                              {"num_hidden_layers", o.num_hidden_layers},
-                              {"num_attention_heads", o.num_attention_heads},
-                              {"num_key_value_heads", o.num_key_value_heads},
-                              {"resid_pdrop", o.resid_pdrop},
-                              {"embd_pdrop", o.embd_pdrop},
-                              {"attention_dropout", o.attention_dropout},
-                              {"hidden_act", o.hidden_act},
-                              {"max_position_embeddings", o.max_position_embeddings},
-                              {"original_max_position_embeddings", o.original_max_position_embeddings},
-                              {"initializer_range", o.initializer_range},
-                              {"rms_norm_eps", o.rms_norm_eps},
-                              {"tie_word_embeddings", o.tie_word_embeddings},
-                              {"rope_theta", o.rope_theta},
-                              {"rope_scaling", nullptr},
-                              {"partial_rotary_factor", o.partial_rotary_factor},
-                              {"sliding_window", optional(o.sliding_window)},
-                              {"bos_token_id", optional(o.bos_token_id)},
-                              {"eos_token_id", optional(o.eos_token_id)},
-                              {"pad_token_id", optional(o.pad_token_id)},
-                              {"use_cache", true},
-                              {"torch_dtype", hf_torch_dtype(dtype)}};
-  if (o.longrope()) {
-    j["rope_scaling"] = {{"type", "longrope"}, {"short_factor", o.short_factor}, {"long_factor", o.long_factor}};
-  }
-  return j;
+  return phi3_keys().hf_config(o, "phi3", dtype);
 }
 
 // ---- Modules --------------------------------------------------------------------------------------------------------

@@ -322,5 +322,23 @@ TEST(HfConfigForms, TheDefaultConfigsTransformers4And5WriteAreReadAsTheSameModel
   }
 }
 
+// Each family's config.json is written from the same key table its reader takes (family_keys.h): what Tessera
+// writes for every model_type (in its own form: MPT writes a GPT-2 or DBRX folder as mpt) reads back, unrefused, as
+// options that write the same config.json again.
+TEST(HfConfigForms, TheConfigTesseraWritesReadsBackAsTheSameOptions) {
+  const json v4 = read_fixture("transformers-4.57.6.json");
+  for (const auto& [type, config] : v4.items()) {
+    SCOPED_TRACE(type);
+    const std::shared_ptr<CausalLM> a = build_from_hf_config(config, type + "/config.json", "meta");
+    nlohmann::ordered_json written;
+    if (error_of([&] { written = a->hf_config(at::kBFloat16); }) != "(no error)") continue;  // no transformers form
+    std::shared_ptr<CausalLM> b;
+    ASSERT_EQ(error_of([&] { b = build_from_hf_config(json::parse(written.dump()), "written/config.json", "meta"); }),
+              "(no error)");
+    EXPECT_EQ(b->describe(), a->describe());
+    EXPECT_EQ(b->hf_config(at::kBFloat16).dump(2), written.dump(2));
+  }
+}
+
 }  // namespace hf_config_forms_test
 }  // namespace tessera::models
