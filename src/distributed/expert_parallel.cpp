@@ -108,8 +108,12 @@ ExpertGroups setup_expert_parallel(models::CausalLM& model, int64_t configured, 
   out.holders = std::move(groups.holders);
   auto exchange = std::make_shared<GroupExchange>(out.group, std::move(sync));
   for (const ExpertLayer& l : found.layers) {
-    for (const std::string& w : l.capability->expert_weight_names()) {
-      out.weight_names.insert(l.name.empty() ? w : l.name + "." + w);
+    const std::string prefix = l.name.empty() ? "" : l.name + ".";
+    for (const std::string& w : l.capability->expert_weight_names()) out.weight_names.insert(prefix + w);
+    const auto experts = l.capability->expert_module_weights();
+    const size_t per_rank = experts.size() / static_cast<size_t>(out.degree);
+    for (size_t e = 0; e < experts.size(); ++e) {
+      for (const std::string& w : experts[e]) out.expert_owner[prefix + w] = static_cast<int>(e / per_rank);
     }
     l.capability->set_expert_exchange(exchange);
   }

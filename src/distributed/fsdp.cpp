@@ -179,6 +179,7 @@ void ParallelModel::Impl::setup(models::CausalLM& model) {
   ep_comm_ = std::move(ep.group);
   holders_comm_ = std::move(ep.holders);
   const std::set<std::string>& expert_names = ep.weight_names;
+  expert_owner_ = std::move(ep.expert_owner);
   const int ep_rank = ep_comm_ ? ep_comm_->rank() : 0;
   const int tp_degree = static_cast<int>(o_.sharding.tensor_parallel_degree);
   if (ep_ > 1 && tp_degree > 1) {
@@ -211,7 +212,8 @@ void ParallelModel::Impl::setup(models::CausalLM& model) {
       u->comm = shard_comm_.get();
       u->replica = replica_comm_.get();
     }
-    const bool expert = expert_names.count(item.key()) > 0;
+    const auto owner = expert_owner_.find(item.key());
+    const bool expert = expert_names.count(item.key()) > 0 || owner != expert_owner_.end();
     auto split = tp_splits_.find(item.key());
     const bool sliced = split != tp_splits_.end();
     if (!item.value().requires_grad()) {
@@ -222,6 +224,10 @@ void ParallelModel::Impl::setup(models::CausalLM& model) {
       }
       frozen_.emplace_back(item.key(), item.value());
       unit_frozen[idx].push_back(item.value());
+      continue;
+    }
+    if (owner != expert_owner_.end() && owner->second != ep_rank) {  // another rank's expert, whole
+      remote_expert_shapes_[item.key()] = item.value().sizes().vec();
       continue;
     }
     Unit* target = u.get();
@@ -275,6 +281,11 @@ void ParallelModel::Impl::setup(models::CausalLM& model) {
         if (x.tp[i] != nullptr) {
           x.global_starts.push_back(0);
           mine.push_back(tensor_parallel_slice(p.detach(), *x.tp[i], tp_rank, tp_));
+          continue;
+        }
+        if (expert_owner_.count(x.names[i]) > 0) {  // one of this rank's experts, whole
+          x.global_starts.push_back(0);
+          mine.push_back(p.detach());
           continue;
         }
         const int64_t rows = p.size(0) / ep_;

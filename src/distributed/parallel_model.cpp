@@ -77,6 +77,21 @@ std::vector<std::pair<std::string, at::Tensor>> ParallelModel::full_state_dict()
   }
   for (const auto& [name, t] : impl_->frozen_)
     by_name[name] = t.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+  // Experts held as modules of their own: each whole on one rank of the expert-parallel group, sent to the others (in
+  // the model's order, the same on every rank).
+  for (const std::string& name : impl_->names_) {
+    const auto owner = impl_->expert_owner_.find(name);
+    if (owner == impl_->expert_owner_.end()) continue;
+    at::Tensor t;
+    if (owner->second == impl_->ep_comm_->rank()) {
+      t = by_name.at(name).contiguous();
+    } else {
+      t = at::empty(impl_->remote_expert_shapes_.at(name),
+                    at::TensorOptions().dtype(at::kFloat).device(impl_->o_.device));
+    }
+    impl_->ep_comm_->broadcast(t, owner->second).wait();
+    by_name[name] = t;
+  }
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const std::string& name : impl_->names_) out.emplace_back(name, by_name.at(name));
   return out;
@@ -159,6 +174,7 @@ const std::vector<std::pair<std::string, std::vector<int64_t>>>& ParallelModel::
     for (size_t i = 0; i < u->names.size(); ++i) shapes[u->names[i]] = u->global_shapes[i];
   }
   for (const auto& [name, t] : impl_->frozen_) shapes[name] = t.sizes().vec();
+  for (const auto& [name, shape] : impl_->remote_expert_shapes_) shapes[name] = shape;
   for (const std::string& name : impl_->names_) out.emplace_back(name, shapes.at(name));
   return out;
 }

@@ -185,6 +185,9 @@ Plan make_plan(const TrainConfig& cfg, int64_t world_size, int64_t ranks_per_nod
     const auto params = l.module->named_parameters();
     int64_t weights = 0;  // the expert weights the engine splits (shapes only: the model is on `meta`)
     for (const std::string& name : l.capability->expert_weight_names()) weights += params[name].numel();
+    for (const auto& expert : l.capability->expert_module_weights()) {
+      for (const std::string& name : expert) weights += params[name].numel();
+    }
     plan.experts.degree = expert_layers.degree;
     plan.experts.params += weights;
     plan.experts.largest_unit_params = std::max(plan.experts.largest_unit_params, weights);

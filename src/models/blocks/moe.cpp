@@ -2,6 +2,7 @@
 #include "tessera/models/blocks/moe.h"
 
 #include <ATen/autocast_mode.h>
+#include <fmt/format.h>
 #include <torch/autograd.h>
 
 #include <algorithm>
@@ -148,13 +149,12 @@ MoEImpl::MoEImpl(const MoEOptions& o, const at::TensorOptions& t, std::shared_pt
   experts = register_module("experts", MoEExperts(o, t));
 }
 
-at::Tensor MoEImpl::expert_parallel(
-    const at::Tensor& xs, const at::Tensor& counts,
-    const std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>& run_experts) {
-  const int64_t group = exchange_->size(), me = exchange_->rank();
-  const int64_t local = o_.num_experts / group;  // experts per rank: rank r holds [r * local, (r + 1) * local)
+at::Tensor exchange_with_expert_ranks(ExpertExchange& exchange, int64_t num_experts, const at::Tensor& xs,
+                                      const at::Tensor& counts, const RunExperts& run_experts) {
+  const int64_t group = exchange.size(), me = exchange.rank();
+  const int64_t local = num_experts / group;  // experts per rank: rank r holds [r * local, (r + 1) * local)
   // Every rank's rows per expert: all[r][e] rows go from rank r to expert e (on the CPU).
-  const at::Tensor all = exchange_->all_gather(counts);
+  const at::Tensor all = exchange.all_gather(counts);
   const at::Tensor mine = all.narrow(1, me * local, local);  // (group, local): rows coming to this rank's experts
   const at::Tensor to_send = all[me].view({group, local}).sum(1), to_recv = mine.sum(1);
   const std::vector<int64_t> send(to_send.data_ptr<int64_t>(), to_send.data_ptr<int64_t>() + group);
@@ -167,11 +167,11 @@ at::Tensor MoEImpl::expert_parallel(
   const at::Tensor perm_t = at::argsort(expert_of_row, /*stable=*/true, /*dim=*/0);
   const at::Tensor n = mine.sum(0).to(dev);
   const at::Tensor off = n.cumsum(0).to(at::kInt);
-  const at::Tensor received = AllToAllFunction::apply(xs.contiguous(), exchange_.get(), send, recv);
+  const at::Tensor received = AllToAllFunction::apply(xs.contiguous(), &exchange, send, recv);
   const at::Tensor out_local = run_experts(received.index_select(0, perm_t), n, off);
   // Back to the received order (the inverse permutation), then to the ranks the rows came from.
   const at::Tensor back = out_local.index_select(0, at::argsort(perm_t));
-  return AllToAllFunction::apply(back.contiguous(), exchange_.get(), recv, send);
+  return AllToAllFunction::apply(back.contiguous(), &exchange, recv, send);
 }
 
 std::vector<std::string> MoEImpl::expert_weight_names() const {
@@ -236,7 +236,8 @@ at::Tensor MoEImpl::forward(const at::Tensor& x) {
     if (o_.glu) h = h * expert_mm(rows, mlp->v1.to(ct).view({local, f, d}).transpose(1, 2), n, off);
     return expert_mm(h, mlp->w2.to(ct).view({local, f, d}), n, off);  // (rows, d)
   };
-  at::Tensor y = exchange_ ? expert_parallel(xs, counts, run_experts) : run_experts(xs, counts, offsets);  // (T k, d)
+  at::Tensor y = exchange_ ? exchange_with_expert_ranks(*exchange_, e_count, xs, counts, run_experts)
+                           : run_experts(xs, counts, offsets);  // (T k, d)
   y = y * weights.reshape({-1}).index_select(0, order).unsqueeze(1).to(y.scalar_type());
   at::Tensor out = at::zeros({tokens, d}, y.options()).index_add(0, token, y);
   if (experts->bias.defined()) out = out + experts->bias.to(out.scalar_type());
@@ -355,19 +356,35 @@ at::Tensor SparseMoeBlockImpl::forward(const at::Tensor& x) {
   const at::Tensor order = at::argsort(flat_choice, /*stable=*/true, /*dim=*/0);
   const at::Tensor token = at::floor_divide(order, k);
   const at::Tensor counts = at::bincount(flat_choice, {}, e_count);
-  const at::Tensor host = counts.to(at::kCPU);
-  const int64_t* n = host.data_ptr<int64_t>();
   const at::Tensor xs = flat.index_select(0, token);
-  std::vector<at::Tensor> parts;
-  int64_t start = 0;
-  for (int64_t e = 0; e < e_count; ++e) {
-    if (n[e] == 0) continue;
-    auto* expert = experts[static_cast<size_t>(e)]->as<SparseExpertImpl>();
-    const at::Tensor rows = xs.narrow(0, start, n[e]);
-    parts.push_back(expert->down(at::silu(expert->gate(rows)) * expert->up(rows)));
-    start += n[e];
+  // The experts from `first` on (all of them, or this rank's under expert parallelism) over rows grouped by expert,
+  // `per_expert` rows each.
+  auto run_experts = [&](const at::Tensor& rows, int64_t first, const at::Tensor& per_expert) {
+    const at::Tensor host = per_expert.to(at::kCPU);
+    const int64_t* n = host.data_ptr<int64_t>();
+    std::vector<at::Tensor> parts;
+    int64_t start = 0;
+    for (int64_t e = 0; e < host.numel(); ++e) {
+      if (n[e] == 0) continue;
+      auto* expert = experts[static_cast<size_t>(first + e)]->as<SparseExpertImpl>();
+      const at::Tensor in = rows.narrow(0, start, n[e]);
+      parts.push_back(expert->down(at::silu(expert->gate(in)) * expert->up(in)));
+      start += n[e];
+    }
+    // No row came to these experts: an empty result still on the rows' graph, so that backward runs the exchange's
+    // reverse on this rank as on the others.
+    if (parts.empty()) return rows * 0;
+    return parts.size() == 1 ? parts[0] : at::cat(parts);
+  };
+  at::Tensor y;
+  if (exchange_) {
+    const int64_t first = exchange_->rank() * (e_count / exchange_->size());
+    y = exchange_with_expert_ranks(
+        *exchange_, e_count, xs, counts,
+        [&](const at::Tensor& rows, const at::Tensor& n, const at::Tensor&) { return run_experts(rows, first, n); });
+  } else {
+    y = run_experts(xs, 0, counts);
   }
-  at::Tensor y = parts.size() == 1 ? parts[0] : at::cat(parts);
   y = y * weights.reshape({-1}).index_select(0, order).unsqueeze(1).to(y.scalar_type());
   at::Tensor out = at::zeros({tokens, d}, y.options()).index_add(0, token, y);
   if (shared_expert) {
@@ -379,6 +396,16 @@ at::Tensor SparseMoeBlockImpl::forward(const at::Tensor& x) {
   records.push_back(counts.detach());
   if (!loss_ || loss_->coef == 0) return out;
   return loss_->attach(out, chosen, probs, scale_);
+}
+
+std::vector<std::vector<std::string>> SparseMoeBlockImpl::expert_module_weights() const {
+  std::vector<std::vector<std::string>> out;
+  for (size_t e = 0; e < experts->size(); ++e) {
+    std::vector<std::string> names;
+    for (const auto& p : experts->ptr(e)->named_parameters()) names.push_back(fmt::format("experts.{}.{}", e, p.key()));
+    out.push_back(std::move(names));
+  }
+  return out;
 }
 
 int64_t sparse_moe_params(const SparseMoeOptions& o) {

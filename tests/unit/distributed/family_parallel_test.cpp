@@ -1,7 +1,9 @@
 // Tensor, sequence and context parallelism reach every dense family from outside its code (models/parallel_plan.h,
 // distributed/parallel_styles.h): on 4 Gloo ranks, TP 2 x FSDP 2 and CP 2 x FSDP 2 train 8 fp32 steps with the
 // losses and final weights of one process, for each family whose tests do not already pin it (MPT's and Llama's are in
-// mesh_training_test.cpp). Ranks are the `train` tool, spawned through dist::launch (dist_training_fixture.h).
+// mesh_training_test.cpp); so do EP 2 x FSDP 2 for the MoE families whose experts are modules of their own (Mixtral,
+// Qwen2-MoE; MPT's dMoE is in dist_training_test.cpp). Ranks are the `train` tool, spawned through dist::launch
+// (dist_training_fixture.h).
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -58,6 +60,23 @@ struct TinyPhi3 {  // fused qkv_proj in three blocks (grouped K/V), fused gate_u
       "{name: phi3, hidden_size: 32, num_attention_heads: 4, num_key_value_heads: 2, num_hidden_layers: 2,\n"
       "        intermediate_size: 64, vocab_size: 64, max_position_embeddings: 32, tie_word_embeddings: false,\n"
       "        pad_token_id: null}";
+};
+
+// Transformers' sparse MoE blocks, each expert a module of its own (experts.{e}.…): 4 experts, top 2.
+struct TinyMixtral {
+  static constexpr const char* kDir = "family_parallel_mixtral";
+  static constexpr const char* kModel =
+      "{name: llama, model_type: mixtral, hidden_size: 32, num_attention_heads: 4, num_key_value_heads: 2,\n"
+      "        num_hidden_layers: 2, intermediate_size: 48, num_local_experts: 4, num_experts_per_tok: 2,\n"
+      "        vocab_size: 64, max_position_embeddings: 32}";
+};
+struct TinyQwen2Moe {  // a shared expert beside the routed ones, q/k/v biases, top-k probabilities not normalised
+  static constexpr const char* kDir = "family_parallel_qwen2_moe";
+  static constexpr const char* kModel =
+      "{name: llama, model_type: qwen2_moe, hidden_size: 32, num_attention_heads: 4, num_key_value_heads: 2,\n"
+      "        num_hidden_layers: 2, intermediate_size: 48, num_experts: 4, num_experts_per_tok: 2,\n"
+      "        moe_intermediate_size: 24, shared_expert_intermediate_size: 32, vocab_size: 64,\n"
+      "        max_position_embeddings: 32}";
 };
 
 constexpr int kSteps = 8;
@@ -122,6 +141,35 @@ TYPED_TEST(FamilyParallel, TensorAndContextParallelTimesFullShardMatchOneProcess
   this->expect_matches(this->steps("cp2_fs2", 4, {"'parallelism={context_parallel_degree: 2}'"}), "CP 2 x FSDP 2");
   const std::string cp_log = read_dist_log(this->root_ / "cp2_fs2.log");
   EXPECT_NE(cp_log.find("context parallelism over groups of 2 ranks"), std::string::npos) << cp_log;
+}
+
+template <class Model>
+class FamilyExpertParallel : public FamilyParallel<Model> {};
+using MoeFamilies = ::testing::Types<TinyMixtral, TinyQwen2Moe>;
+TYPED_TEST_SUITE(FamilyExpertParallel, MoeFamilies);
+
+TYPED_TEST(FamilyExpertParallel, ExpertParallelTimesFullShardMatchesOneProcess) {
+  if (is_worker()) GTEST_SKIP();
+  // EP 2 x FSDP 2: each rank keeps 2 of each layer's 4 experts whole, sends every token row to the rank of its expert
+  // and back; the final weights (every expert, gathered from the rank that holds it) are one process's.
+  this->expect_matches(this->steps("ep2_fs2", 4, {"'parallelism={expert_parallel_degree: 2}'"}), "EP 2 x FSDP 2");
+  const std::string log = read_dist_log(this->root_ / "ep2_fs2.log");
+  EXPECT_NE(log.find("expert parallelism over groups of 2 ranks (2 MoE layers, 2 experts each per rank)"),
+            std::string::npos)
+      << log;
+  // Its sharded checkpoint (each expert stored by the ranks that hold it) resumes under FSDP 4 with the uninterrupted
+  // run's next loss.
+  const fs::path ckpt = this->root_ / "ckpt";
+  fs::remove_all(ckpt);
+  this->run("ep2_save", 4,
+            {"'parallelism={expert_parallel_degree: 2}'", "max_duration=4ba", "scheduler.t_max=8ba",
+             "save_interval=4ba", "save_folder=" + (ckpt / "ep2").string(), kSgd});
+  const TrainRun resumed =
+      this->run("fs4_resumed", 4,
+                {"max_duration=5ba", "scheduler.t_max=8ba", "load_path=" + (ckpt / "ep2" / "ep0-ba4").string(), kSgd});
+  ASSERT_EQ(resumed.losses.size(), 1u) << "resumed at batch 4, so one step";
+  const double want = this->one().losses.at(4);
+  EXPECT_NEAR(resumed.losses[0], want, 1e-5 * std::abs(want));
 }
 
 using Phi3Parallel = FamilyParallel<TinyPhi3>;

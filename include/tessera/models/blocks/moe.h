@@ -99,8 +99,12 @@ class ExpertParallelLayer {
   // The degree the layer's own options ask for (LLM Foundry's moe_world_size); 1: none.
   virtual int64_t requested_expert_parallel_degree() const { return 1; }
   // The weights (names relative to the layer) that hold every expert's rows in expert order, E equal blocks: a rank
-  // keeps the blocks of its experts.
+  // keeps the blocks of its experts. Empty for a layer that holds each expert as a module of its own.
   virtual std::vector<std::string> expert_weight_names() const = 0;
+  // Per expert in order, the names (relative to the layer) of the weights of an expert held as a module of its own
+  // (transformers' Mixtral and Qwen-MoE blocks: experts.{e}.…): a rank keeps the whole weights of its experts and none
+  // of the others'. Empty for stacked experts (expert_weight_names()).
+  virtual std::vector<std::vector<std::string>> expert_module_weights() const { return {}; }
   // After the engine left this rank's experts in those weights: route through `exchange`.
   virtual void set_expert_exchange(std::shared_ptr<ExpertExchange> exchange) = 0;
 };
@@ -152,12 +156,6 @@ class MoEImpl : public torch::nn::Module, public ExpertParallelLayer {
   std::vector<MoERecord> records;
 
  private:
-  // Expert parallelism: `xs` (rows grouped by expert, `counts` per expert) sent to the ranks that hold their experts,
-  // computed there with `run_experts` (rows, rows per local expert, their offsets) and sent back, in xs's order.
-  at::Tensor expert_parallel(
-      const at::Tensor& xs, const at::Tensor& counts,
-      const std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>& run_experts);
-
   MoEOptions o_;
   std::shared_ptr<AuxLossScale> scale_;
   std::shared_ptr<HfRouterLoss> hf_loss_;
@@ -178,6 +176,14 @@ struct SparseMoeOptions {
   double jitter_noise = 0;        // Mixtral's router_jitter_noise: the block's input times U(1 - j, 1 + j) in training
 };
 
+// Expert parallelism's exchange, for any layer whose rank holds experts [rank * E / P, (rank + 1) * E / P) of its group
+// of P: `xs` (rows grouped by expert, `counts` (E,) per expert) sent to the ranks that hold their experts, computed
+// there by `run_experts` (rows grouped by local expert, rows per local expert (E / P,), their cumulative offsets, int)
+// and sent back, in xs's order.
+using RunExperts = std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>;
+at::Tensor exchange_with_expert_ranks(ExpertExchange& exchange, int64_t num_experts, const at::Tensor& xs,
+                                      const at::Tensor& counts, const RunExperts& run_experts);
+
 // One expert (or Qwen2-MoE's shared expert): down(silu(gate(x)) * up(x)) under either family's names.
 class SparseExpertImpl : public torch::nn::Module {
  public:
@@ -186,13 +192,21 @@ class SparseExpertImpl : public torch::nn::Module {
 };
 TORCH_MODULE(SparseExpert);
 
-class SparseMoeBlockImpl : public torch::nn::Module {
+// Expert parallelism through the capability: a rank keeps its experts' modules whole (the sharding engine leaves the
+// others out) and routes through the exchange.
+class SparseMoeBlockImpl : public torch::nn::Module, public ExpertParallelLayer {
  public:
   SparseMoeBlockImpl(const SparseMoeOptions& o, const at::TensorOptions& t, std::shared_ptr<HfRouterLoss> loss,
                      std::shared_ptr<AuxLossScale> scale);
   // x: (B, S, d) -> (B, S, d). In training, adds this layer's routing to the model's HfRouterLoss and attaches its
   // share of the loss's gradient to the output; records the tokens per expert.
   at::Tensor forward(const at::Tensor& x);
+  int64_t num_experts() const override { return o_.num_experts; }
+  int64_t experts_per_token() const override { return o_.top_k; }
+  int64_t token_width() const override { return o_.hidden_size; }
+  std::vector<std::string> expert_weight_names() const override { return {}; }
+  std::vector<std::vector<std::string>> expert_module_weights() const override;  // experts.{e}.{gate,up,down}
+  void set_expert_exchange(std::shared_ptr<ExpertExchange> exchange) override { exchange_ = std::move(exchange); }
 
   Linear gate{nullptr};
   torch::nn::ModuleList experts{nullptr};
@@ -204,6 +218,7 @@ class SparseMoeBlockImpl : public torch::nn::Module {
   SparseMoeOptions o_;
   std::shared_ptr<HfRouterLoss> loss_;
   std::shared_ptr<AuxLossScale> scale_;
+  std::shared_ptr<ExpertExchange> exchange_;
 };
 TORCH_MODULE(SparseMoeBlock);
 

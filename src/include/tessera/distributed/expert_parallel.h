@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -37,6 +38,9 @@ struct ExpertGroups {
   std::shared_ptr<Communicator> group;    // this rank's expert-parallel group: `degree` consecutive ranks
   std::shared_ptr<Communicator> holders;  // the ranks that hold the same experts (HYBRID_SHARD: in the shard group)
   std::set<std::string> weight_names;     // the expert weights split (each layer's expert_weight_names())
+  // The weights of experts held as modules of their own (expert_module_weights()) -> the rank of the group that holds
+  // each whole.
+  std::map<std::string, int> expert_owner;
 };
 
 // find_expert_layers(model, configured), then checks the degree against the job (ConfigError naming the key: a world

@@ -112,6 +112,10 @@ class ParallelModel::Impl : public models::UnitRunner {
   std::shared_ptr<Communicator> replica_comm_;  // HYBRID: the same shard on every node
   int ep_ = 1;                                  // expert-parallel degree
   std::shared_ptr<Communicator> ep_comm_;       // the expert-parallel group (consecutive ranks)
+  // Experts held as modules of their own: each of their weights' names -> the rank of the expert-parallel group that
+  // holds it whole; this rank leaves the others' out of its units (their model tensors stay as built, never used).
+  std::map<std::string, int> expert_owner_;
+  std::map<std::string, std::vector<int64_t>> remote_expert_shapes_;
   std::shared_ptr<Communicator> holders_comm_;  // the ranks that hold the same experts or slices (HYBRID: this node)
   int tp_ = 1;                                  // tensor-parallel degree
   std::shared_ptr<Communicator> tp_comm_;       // the tensor-parallel group (consecutive ranks)
