@@ -19,6 +19,7 @@
 #include "tessera/checkpoint/safetensors.h"
 #include "tessera/core/state.h"
 #include "tessera/models/blocks/layers.h"
+#include "tessera/models/capabilities.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
 
@@ -157,7 +158,12 @@ void Alibi::apply(core::Event e, core::State& s, core::Logger& /*logger*/) {
         s, static_cast<int64_t>(static_cast<double>(s.batch.input_ids.size(1)) * o_.train_sequence_length_scaling));
     return;
   }
-  s.model = s.model->with_alibi(o_.alibi_bias_max, o_.max_sequence_length.value_or(s.model->max_seq_len()),
+  const auto* surgery = models::capability<models::AlibiSurgery>(*s.model);
+  if (surgery == nullptr) {
+    throw ConfigError("algorithms",
+                      fmt::format("alibi: model family \"{}\" does not support ALiBi surgery", s.model->family()));
+  }
+  s.model = surgery->with_alibi(o_.alibi_bias_max, o_.max_sequence_length.value_or(s.model->max_seq_len()),
                                 static_cast<uint64_t>(s.seed));
 }
 
@@ -324,7 +330,7 @@ bool LowPrecisionLayerNorm::match(core::Event e, const core::State& /*s*/) const
 }
 
 void LowPrecisionLayerNorm::apply(core::Event /*e*/, core::State& s, core::Logger& /*logger*/) {
-  s.model->use_low_precision_norms();
+  models::use_low_precision_norms(*s.model);
 }
 
 // ---- seq_length_warmup ----

@@ -9,6 +9,7 @@
 #include <map>
 
 #include "tessera/models/blocks/layers.h"
+#include "tessera/models/capabilities.h"
 #include "tessera/util/error.h"
 
 namespace tessera::models {
@@ -58,20 +59,21 @@ HfFormat family_hf_format(const CausalLM& model, at::ScalarType dtype) {
   return f;
 }
 
-std::shared_ptr<CausalLM> CausalLM::with_alibi(double /*alibi_bias_max*/, int64_t /*max_seq_len*/,
-                                               uint64_t /*seed*/) const {
-  throw ConfigError("algorithms", fmt::format("alibi: model family \"{}\" does not support ALiBi surgery", family()));
+int64_t active_params(const CausalLM& model) {
+  const auto* moe = capability<MixtureOfExpertsModel>(model);
+  return moe ? moe->num_active_params() : model.num_params();
 }
 
-void CausalLM::use_low_precision_norms() {
+void use_low_precision_norms(CausalLM& model) {
   int n = 0;
-  for (const auto& item : named_modules()) {
+  for (const auto& item : model.named_modules()) {
     auto norm = std::dynamic_pointer_cast<NormImpl>(item.value());
     if (!norm) continue;
     if (norm->type == NormType::kLayerNorm) norm->type = NormType::kLowPrecisionLayerNorm;
     if (norm->type == NormType::kRMSNorm) norm->type = NormType::kLowPrecisionRMSNorm;
     ++n;
   }
+  if (auto* keeps = capability<LowPrecisionNormsModel>(model)) keeps->record_low_precision_norms();
   spdlog::debug("low_precision_layernorm: {} norms in low precision", n);
 }
 

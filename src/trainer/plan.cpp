@@ -16,6 +16,7 @@
 
 #include "tessera/distributed/expert_parallel.h"
 #include "tessera/distributed/parallel_styles.h"
+#include "tessera/models/capabilities.h"
 #include "tessera/storage/storage.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
@@ -146,7 +147,7 @@ Plan make_plan(const TrainConfig& cfg, int64_t world_size, int64_t ranks_per_nod
   const std::shared_ptr<models::CausalLM> model = models::model_registry().build(cfg.model.name, cfg.model, "meta", 0);
   plan.model = model->describe();
   plan.n_params = model->num_params();
-  plan.n_active_params = model->num_active_params();
+  plan.n_active_params = models::active_params(*model);
   plan.seq_len = cfg.train_loader.tokens.max_seq_len;
   plan.flops_per_token = model->flops_per_token(plan.seq_len);
   plan.tokens_per_step = cfg.global_train_batch_size * plan.seq_len;

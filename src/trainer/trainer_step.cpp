@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/models/capabilities.h"
 #include "tessera/models/context_parallel.h"
 #include "tessera/models/loss.h"
 #include "tessera/trainer/precision_context.h"
@@ -135,10 +136,11 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
       // A mixture of experts' auxiliary losses (models/moe.h), each microbatch's by its share of the samples as
       // Composer weighs its loss dicts: in the reported loss here, and in the gradient through the model's own graph
       // at the factor set for this backward.
-      const std::map<std::string, at::Tensor> aux = state_.model->auxiliary_losses();
+      auto* moe = models::capability<models::MixtureOfExpertsModel>(*state_.model);
+      const std::map<std::string, at::Tensor> aux = moe ? moe->auxiliary_losses() : std::map<std::string, at::Tensor>{};
       if (!aux.empty()) {
         const double share = static_cast<double>(end - start) / static_cast<double>(n);
-        state_.model->set_auxiliary_loss_scale(share * (loss_scaler_.enabled() ? loss_scaler_.loss_scale() : 1.0));
+        moe->set_auxiliary_loss_scale(share * (loss_scaler_.enabled() ? loss_scaler_.loss_scale() : 1.0));
         for (const auto& [name, value] : aux) {
           state_.loss = state_.loss + value.to(state_.loss.scalar_type()) * share;
           at::Tensor& sum = aux_losses_[name];
@@ -146,7 +148,7 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
           sum = sum.defined() ? sum + part : part;
         }
       }
-      for (const auto& routed : state_.model->expert_token_counts()) {
+      for (const auto& routed : moe ? moe->expert_token_counts() : std::vector<std::pair<std::string, at::Tensor>>{}) {
         const std::string& router = routed.first;
         auto it = std::find_if(expert_counts_.begin(), expert_counts_.end(),
                                [&router](const auto& entry) { return entry.first == router; });

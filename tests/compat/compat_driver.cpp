@@ -64,6 +64,7 @@
 #include "tessera/data/streaming_dataset.h"
 #include "tessera/data/tokenizer.h"
 #include "tessera/distributed/fsdp.h"
+#include "tessera/models/capabilities.h"
 #include "tessera/models/generate.h"
 #include "tessera/storage/s3.h"
 #include "tessera/storage/storage.h"
@@ -95,14 +96,17 @@ int forward(const std::string& dir, const std::string& inputs_path, const std::s
   const at::Tensor labels = inputs.contains("labels") ? inputs.load("labels", at::kLong) : ids;
   at::Tensor loss = tessera::models::causal_lm_loss(logits, labels);
   std::map<std::string, at::Tensor> out;
-  for (const auto& [name, value] : model->auxiliary_losses()) {
+  const auto* moe = tessera::models::capability<tessera::models::MixtureOfExpertsModel>(*model);
+  for (const auto& [name, value] : moe ? moe->auxiliary_losses() : std::map<std::string, at::Tensor>{}) {
     out["aux." + name] = value.reshape({1});
     loss = loss + value;  // its gradient comes through the model's graph (factor 1)
   }
   loss.backward();
   out["logits"] = logits.detach();
   out["loss"] = loss.detach().reshape({1});
-  for (const auto& [router, counts] : model->expert_token_counts()) out["tokens_per_expert." + router] = counts;
+  if (moe) {
+    for (const auto& [router, counts] : moe->expert_token_counts()) out["tokens_per_expert." + router] = counts;
+  }
   // A parameter outside the graph (an expert no token was routed to) has no gradient: written as zeros.
   for (const auto& p : model->named_parameters()) {
     out["grad." + p.key()] = p.value().grad().defined() ? p.value().grad() : at::zeros_like(p.value());

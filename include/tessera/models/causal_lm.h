@@ -148,30 +148,14 @@ class CausalLM : public torch::nn::Module {
   virtual at::Tensor loss(const at::Tensor& logits, const data::TokenBatch& batch) const;
   virtual std::vector<std::shared_ptr<const EvalMetric>> eval_metrics() const { return {}; }
 
-  // --- Auxiliary losses and routing (mixtures of experts; a dense model has none). After a training forward: each
-  // auxiliary loss that forward added to the objective, by name ("lbl": the load-balancing loss, "z_loss": the router
-  // z-loss), weighted, summed over the layers and detached. Their gradients are not taken from these values: they join
-  // the main loss's through the forward's own graph, scaled by the factor last set with set_auxiliary_loss_scale()
-  // (d objective / d auxiliary loss; 1 until set), so that they pass through the sharding engine's units and
-  // activation checkpointing as the main loss does.
-  virtual std::map<std::string, at::Tensor> auxiliary_losses() const { return {}; }
-  virtual void set_auxiliary_loss_scale(double scale) { (void)scale; }
-  // After a training forward: per router ("layer_3"), the top-k slots it routed to each expert (int64, experts).
-  virtual std::vector<std::pair<std::string, at::Tensor>> expert_token_counts() const { return {}; }
-  // The parameters one token uses: num_params() for a dense model; a mixture of experts counts its routers and top-k
-  // experts only (as LLM Foundry's n_active_params does).
-  virtual int64_t num_active_params() const { return num_params(); }
+  // --- Optional parts (capabilities.h): a mixture of experts' auxiliary losses and routing (MixtureOfExpertsModel),
+  // surgery (AlibiSurgery, LowPrecisionNormsModel).
   // --- Tensor parallelism: a family that supports it implements models::TensorParallelModel (models/parallel_plan.h)
   // beside this protocol, and the sharding engine applies its plan from outside.
   // --- Context parallelism (models/context_parallel.h): whether the forward honours ForwardOptions::context (the
   // families whose decoder layers take AttentionInputs, apply context_parallel_inputs() and have no per-token
   // auxiliary losses). False by default.
   virtual bool supports_context_parallel() const { return false; }
-  // --- Surgery. ALiBi attention (learned positions dropped) with `alibi_bias_max`, up to `max_seq_len` tokens: a
-  // rebuilt model initialised from `seed` (the default throws ConfigError: the family does not support it).
-  virtual std::shared_ptr<CausalLM> with_alibi(double alibi_bias_max, int64_t max_seq_len, uint64_t seed) const;
-  // Every LayerNorm / RMSNorm runs in the autocast dtype (LLM Foundry's low-precision norms).
-  virtual void use_low_precision_norms();
 };
 
 // config.json's torch_dtype for `dtype`: "bfloat16", "float16" or "float32".

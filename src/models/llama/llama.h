@@ -24,6 +24,7 @@
 #include "tessera/models/blocks/decoder.h"
 #include "tessera/models/blocks/layers.h"
 #include "tessera/models/blocks/moe.h"
+#include "tessera/models/capabilities.h"
 #include "tessera/models/causal_lm.h"
 #include "tessera/models/parallel_plan.h"
 
@@ -162,7 +163,9 @@ class LlamaModelImpl : public torch::nn::Module {
 TORCH_MODULE(LlamaModel);
 
 // Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers.
-class LlamaForCausalLMImpl : public DecoderLM<LlamaDecoderLayerImpl>, public TensorParallelModel {
+class LlamaForCausalLMImpl : public DecoderLM<LlamaDecoderLayerImpl>,
+                             public TensorParallelModel,
+                             public MixtureOfExpertsModel {
  public:
   explicit LlamaForCausalLMImpl(const LlamaOptions& o);
   const LlamaOptions& options() const { return o_; }

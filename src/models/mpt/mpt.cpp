@@ -398,8 +398,7 @@ TensorParallelPlan MPTForCausalLMImpl::tensor_parallel_plan(int64_t degree) cons
   return plan;
 }
 
-void MPTForCausalLMImpl::use_low_precision_norms() {
-  CausalLM::use_low_precision_norms();
+void MPTForCausalLMImpl::record_low_precision_norms() {
   if (o_.norm_type == NormType::kLayerNorm) o_.norm_type = NormType::kLowPrecisionLayerNorm;
   if (o_.norm_type == NormType::kRMSNorm) o_.norm_type = NormType::kLowPrecisionRMSNorm;
 }

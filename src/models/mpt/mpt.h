@@ -21,6 +21,7 @@
 #include "tessera/models/blocks/decoder.h"
 #include "tessera/models/blocks/layers.h"
 #include "tessera/models/blocks/moe.h"
+#include "tessera/models/capabilities.h"
 #include "tessera/models/causal_lm.h"
 #include "tessera/models/parallel_plan.h"
 #include "tessera/models/tensor_parallel.h"
@@ -115,7 +116,11 @@ class MPTModelImpl : public torch::nn::Module {
 TORCH_MODULE(MPTModel);
 
 // MPT as a CausalLM (the model protocol, causal_lm.h); `model.name: mpt_causal_lm`.
-class MPTForCausalLMImpl : public DecoderLM<MPTBlockImpl>, public TensorParallelModel {
+class MPTForCausalLMImpl : public DecoderLM<MPTBlockImpl>,
+                           public TensorParallelModel,
+                           public MixtureOfExpertsModel,
+                           public AlibiSurgery,
+                           public LowPrecisionNormsModel {
  public:
   explicit MPTForCausalLMImpl(const MPTOptions& options);
   const MPTOptions& options() const { return o_; }
@@ -135,7 +140,7 @@ class MPTForCausalLMImpl : public DecoderLM<MPTBlockImpl>, public TensorParallel
   HfFormat hf_format(at::ScalarType dtype) const override;
   std::optional<std::string> tied_embedding_name() const override;
   std::shared_ptr<CausalLM> with_alibi(double alibi_bias_max, int64_t max_seq_len, uint64_t seed) const override;
-  void use_low_precision_norms() override;
+  void record_low_precision_norms() override;  // norm_type, so that rebuild() keeps them
   std::map<std::string, at::Tensor> auxiliary_losses() const override;
   void set_auxiliary_loss_scale(double scale) override { aux_scale_->set(scale); }
   std::vector<std::pair<std::string, at::Tensor>> expert_token_counts() const override;
