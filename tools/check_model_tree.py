@@ -10,10 +10,9 @@
 
     tools/check_model_tree.py [--root DIR] [--dump]
 
-Today's tree does not meet either rule yet: ALLOWED records, per file, how many of each kind it has now (a ratchet).
-A file with more than its allowance, or a file not listed that has any, fails with one line per finding
-("src/trainer/train_config.cpp:88: family name \"mixtral\" outside its family folder"); a file with fewer than its
-allowance fails too, naming the allowance to lower, so the list only ever shrinks. Exit 0 with a summary otherwise.
+The tree meets both rules, so ALLOWED (a per-file allowance, the ratchet that got it there) is empty: any finding
+fails with one line ("src/trainer/train_config.cpp:88: family name \"mixtral\" outside its family folder"); a file
+with fewer findings than an allowance fails too, naming the allowance to lower. Exit 0 with a summary otherwise.
 """
 import argparse
 import json
@@ -39,17 +38,9 @@ PARALLEL = re.compile(r"\b(?:all_reduce|all_gather\w*|reduce_scatter\w*|all_to_a
 STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
 SOURCES = (".h", ".hpp", ".cpp", ".cc")
 
-# Today's findings per file: {"family": n, "parallel": n}. Lower a number when a change removes findings; never raise
-# one (issue 62 moves the family facts into src/models/<family>/ and the parallel plans into distributed/).
-ALLOWED = {
-    "include/tessera/models/blocks/moe.h": {"parallel": 2},
-    "include/tessera/models/context_parallel.h": {"parallel": 2},
-    "include/tessera/models/tensor_parallel.h": {"parallel": 15},
-    "src/models/blocks/attention.cpp": {"parallel": 1},
-    "src/models/blocks/moe.cpp": {"parallel": 3},
-    "src/models/context_parallel.cpp": {"parallel": 1},
-    "src/models/tensor_parallel.cpp": {"parallel": 27},
-}
+# Findings a file may have, per file: {"family": n, "parallel": n}. Empty: the tree meets both rules, and any finding
+# fails (the ratchet that brought the family facts into src/models/<family>/ and the collectives into distributed/).
+ALLOWED = {}
 
 
 def all_names(root: pathlib.Path):
@@ -159,9 +150,8 @@ def main():
     if problems:
         return 1
     total = {k: sum(c.get(k, 0) for c in counts.values()) for k in ("family", "parallel")}
-    print(f"model tree: within its allowances ({total['family']} family facts outside their folders in "
-          f"{sum(1 for c in counts.values() if c.get('family'))} files, {total['parallel']} parallel calls in models/ "
-          f"in {sum(1 for c in counts.values() if c.get('parallel'))} files, to bring to 0)")
+    print(f"model tree: within its allowances ({total['family']} family facts outside their folders, "
+          f"{total['parallel']} parallel calls in models/)")
     return 0
 
 

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <torch/autograd.h>
 
 #include <utility>
 #include <vector>
@@ -13,24 +14,28 @@
 namespace tessera::dist {
 namespace {
 
-// The token exchange of an expert-parallel group over its communicator. `sync` runs before each exchange: the engine's
-// sync point (agree_on_oom), so that a rank that ran out of memory between two exchanges is agreed on at the next one
-// instead of leaving the others waiting in it.
+// The token routing of an expert-parallel group over its communicator. `sync` runs before each exchange: the
+// engine's sync point (agree_on_oom), so that a rank that ran out of memory between two exchanges is agreed on at the
+// next one instead of leaving the others waiting in it.
 class GroupExchange : public models::ExpertExchange {
  public:
   GroupExchange(std::shared_ptr<Communicator> comm, std::function<void()> sync)
       : comm_(std::move(comm)), sync_(std::move(sync)) {}
   int rank() const override { return comm_->rank(); }
   int size() const override { return comm_->size(); }
-  at::Tensor all_gather(const at::Tensor& counts) override {
+  at::Tensor route(const at::Tensor& xs, const at::Tensor& counts, int64_t num_experts,
+                   const RunExperts& run_experts) override;
+
+  // Every rank's `counts` ((n,) int64): (size(), n) int64 on the CPU, row r from rank r.
+  at::Tensor all_gather(const at::Tensor& counts) {
     at::Tensor in = counts.to(at::kLong).contiguous();
     at::Tensor out = at::empty({comm_->size() * in.numel()}, in.options());
     sync_();
     comm_->all_gather(out, in).wait();
     return out.view({comm_->size(), in.numel()}).cpu();
   }
-  at::Tensor all_to_all(const at::Tensor& in, const std::vector<int64_t>& send,
-                        const std::vector<int64_t>& recv) override {
+  // Rows of `in` in rank order, send[r] of them to rank r; returns recv[r] rows from each rank r, in rank order.
+  at::Tensor all_to_all(const at::Tensor& in, const std::vector<int64_t>& send, const std::vector<int64_t>& recv) {
     at::Tensor src = in.contiguous();
     std::vector<int64_t> shape = src.sizes().vec();
     shape[0] = 0;
@@ -45,6 +50,56 @@ class GroupExchange : public models::ExpertExchange {
   std::shared_ptr<Communicator> comm_;
   std::function<void()> sync_;
 };
+
+// The expert-parallel token exchange as one autograd node: backward sends the rows' gradients back the way they came.
+struct AllToAllFunction : public torch::autograd::Function<AllToAllFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, GroupExchange* exchange,
+                            const std::vector<int64_t>& send, const std::vector<int64_t>& recv) {
+    ctx->saved_data["exchange"] = reinterpret_cast<int64_t>(exchange);
+    ctx->saved_data["send"] = send;
+    ctx->saved_data["recv"] = recv;
+    at::Tensor out = exchange->all_to_all(x, send, recv);
+    ctx->saved_data["shape"] = out.sizes().vec();
+    ctx->saved_data["like"] = at::empty({0}, out.options());
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* exchange = reinterpret_cast<GroupExchange*>(ctx->saved_data["exchange"].toInt());
+    const std::vector<int64_t> send = ctx->saved_data["send"].toIntVector();
+    const std::vector<int64_t> recv = ctx->saved_data["recv"].toIntVector();
+    const at::Tensor g = grads[0].defined() ? grads[0]
+                                            : at::zeros(ctx->saved_data["shape"].toIntVector(),
+                                                        ctx->saved_data["like"].toTensor().options());
+    // Every rank of the group runs this backward (the exchanged rows always reach the layer's output).
+    return {exchange->all_to_all(g.contiguous(), recv, send), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor GroupExchange::route(const at::Tensor& xs, const at::Tensor& counts, int64_t num_experts,
+                                const RunExperts& run_experts) {
+  const int64_t group = size(), me = rank();
+  const int64_t local = num_experts / group;  // experts per rank: rank r holds [r * local, (r + 1) * local)
+  // Every rank's rows per expert: all[r][e] rows go from rank r to expert e (on the CPU).
+  const at::Tensor all = all_gather(counts);
+  const at::Tensor mine = all.narrow(1, me * local, local);  // (group, local): rows coming to this rank's experts
+  const at::Tensor to_send = all[me].view({group, local}).sum(1), to_recv = mine.sum(1);
+  const std::vector<int64_t> send(to_send.data_ptr<int64_t>(), to_send.data_ptr<int64_t>() + group);
+  const std::vector<int64_t> recv(to_recv.data_ptr<int64_t>(), to_recv.data_ptr<int64_t>() + group);
+  // The received rows come by source rank, each source's grouped by expert; the experts want them by expert, in
+  // source order within each: a stable sort of the rows by local expert.
+  const at::Device dev = xs.device();
+  const at::Tensor expert_of_row =
+      at::arange(local, at::kLong).repeat({group}).repeat_interleave(mine.contiguous().view({-1})).to(dev);
+  const at::Tensor perm_t = at::argsort(expert_of_row, /*stable=*/true, /*dim=*/0);
+  const at::Tensor n = mine.sum(0).to(dev);
+  const at::Tensor off = n.cumsum(0).to(at::kInt);
+  const at::Tensor received = AllToAllFunction::apply(xs.contiguous(), this, send, recv);
+  const at::Tensor out_local = run_experts(received.index_select(0, perm_t), n, off);
+  // Back to the received order (the inverse permutation), then to the ranks the rows came from.
+  const at::Tensor back = out_local.index_select(0, at::argsort(perm_t));
+  return AllToAllFunction::apply(back.contiguous(), this, recv, send);
+}
 
 }  // namespace
 

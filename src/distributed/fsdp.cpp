@@ -354,7 +354,7 @@ at::Tensor ParallelModel::Impl::run_sequence_parallel(int64_t unit_index, int64_
   if (unit_index == 1) {
     const int64_t t = tp_state_->group->size();
     sequence_sharded_ = tp_state_->sequence_parallel && t > 1 && x.dim() >= 2 && x.size(1) % t == 0;
-    if (sequence_sharded_) in = models::sequence_scatter(x, tp_state_->group);
+    if (sequence_sharded_) in = dist::sequence_scatter(x, tp_state_->group);
   }
   const std::shared_ptr<TensorParallelState> state = tp_state_;
   const bool sharded = sequence_sharded_;
@@ -364,7 +364,7 @@ at::Tensor ParallelModel::Impl::run_sequence_parallel(int64_t unit_index, int64_
   };
   at::Tensor out = run_unit_call(unit_index, layer, in);
   if (unit_index == n_blocks && sequence_sharded_) {
-    out = models::sequence_gather(out, tp_state_->group);
+    out = dist::sequence_gather(out, tp_state_->group);
     sequence_sharded_ = false;
   }
   return out;

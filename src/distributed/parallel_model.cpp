@@ -146,11 +146,11 @@ const ParallelOptions& ParallelModel::options() const {
   return impl_->o_;
 }
 
-std::shared_ptr<models::TensorParallelGroup> ParallelModel::context_parallel_group() const {
+std::shared_ptr<models::ContextExchange> ParallelModel::context_exchange() const {
   return impl_->cp_group_;
 }
 
-std::shared_ptr<models::TensorParallelGroup> ParallelModel::vocab_parallel_group() const {
+std::shared_ptr<dist::TensorParallelGroup> ParallelModel::vocab_parallel_group() const {
   const auto& state = impl_->tp_state_;
   return state && state->vocab > 0 ? state->group : nullptr;
 }

@@ -20,8 +20,8 @@ class ColumnStyle : public models::LinearStyle {
  public:
   explicit ColumnStyle(std::shared_ptr<TensorParallelState> state) : state_(std::move(state)) {}
   at::Tensor forward(models::LinearImpl& layer, const at::Tensor& x) override {
-    const at::Tensor in = state_->sharded ? models::gather_along(x, 1, state_->group, /*sum_gradient=*/true)
-                                          : models::tensor_parallel_enter(x, state_->group);
+    const at::Tensor in = state_->sharded ? dist::gather_along(x, 1, state_->group, /*sum_gradient=*/true)
+                                          : dist::tensor_parallel_enter(x, state_->group);
     return at::linear(in, layer.weight, layer.bias);
   }
 
@@ -38,11 +38,11 @@ class RowStyle : public models::LinearStyle {
   at::Tensor forward(models::LinearImpl& layer, const at::Tensor& x) override {
     const at::Tensor partial = at::linear(x, layer.weight);
     if (!state_->sharded) {
-      const at::Tensor y = models::tensor_parallel_exit(partial, state_->group);
+      const at::Tensor y = dist::tensor_parallel_exit(partial, state_->group);
       return layer.bias.defined() ? y + layer.bias : y;
     }
-    const at::Tensor y = models::sequence_reduce_scatter(partial, state_->group);
-    return layer.bias.defined() ? y + models::tensor_parallel_enter(layer.bias, state_->group) : y;
+    const at::Tensor y = dist::sequence_reduce_scatter(partial, state_->group);
+    return layer.bias.defined() ? y + dist::tensor_parallel_enter(layer.bias, state_->group) : y;
   }
 
  private:
@@ -58,8 +58,8 @@ class SummedNormStyle : public models::NormStyle {
   at::Tensor forward(models::NormImpl& norm, const at::Tensor& x) override {
     if (!always_ && !state_->sharded) return norm.forward_with(x, norm.weight, norm.bias);
     const auto& g = state_->group;
-    const at::Tensor bias = norm.bias.defined() ? models::tensor_parallel_enter(norm.bias, g) : at::Tensor();
-    return norm.forward_with(x, models::tensor_parallel_enter(norm.weight, g), bias);
+    const at::Tensor bias = norm.bias.defined() ? dist::tensor_parallel_enter(norm.bias, g) : at::Tensor();
+    return norm.forward_with(x, dist::tensor_parallel_enter(norm.weight, g), bias);
   }
 
  private:
@@ -69,8 +69,8 @@ class SummedNormStyle : public models::NormStyle {
 
 // A head holding this rank's rows of the vocabulary: its share of the logits, gathered unless the loss takes shares.
 at::Tensor vocab_head(const TensorParallelState& state, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  const at::Tensor logits = at::linear(models::tensor_parallel_enter(x, state.group), w, b);
-  return state.local_logits ? logits : models::vocab_gather(logits, state.group);
+  const at::Tensor logits = at::linear(dist::tensor_parallel_enter(x, state.group), w, b);
+  return state.local_logits ? logits : dist::vocab_gather(logits, state.group);
 }
 
 class VocabHeadStyle : public models::LinearStyle {
@@ -89,7 +89,7 @@ class VocabEmbeddingStyle : public models::EmbeddingStyle {
  public:
   explicit VocabEmbeddingStyle(std::shared_ptr<TensorParallelState> state) : state_(std::move(state)) {}
   at::Tensor forward(models::EmbeddingImpl& e, const at::Tensor& ids) override {
-    return models::vocab_parallel_embedding(e.weight, ids, state_->vocab, e.padding_idx, state_->group);
+    return dist::vocab_parallel_embedding(e.weight, ids, state_->vocab, e.padding_idx, state_->group);
   }
   at::Tensor attend(models::EmbeddingImpl& e, const at::Tensor& x) override {
     return vocab_head(*state_, x, e.weight, at::Tensor());
@@ -167,14 +167,14 @@ models::TensorParallelPlan tensor_parallel_plan_of(const models::CausalLM& model
   return planner->tensor_parallel_plan(degree);
 }
 
-std::map<std::string, models::TensorParallelSplit> tensor_parallel_splits(const models::CausalLM& model,
-                                                                          const models::TensorParallelPlan& plan,
-                                                                          int64_t degree, const std::string& key) {
+std::map<std::string, dist::TensorParallelSplit> tensor_parallel_splits(const models::CausalLM& model,
+                                                                        const models::TensorParallelPlan& plan,
+                                                                        int64_t degree, const std::string& key) {
   const auto modules = modules_of(model);
-  std::map<std::string, models::TensorParallelSplit> out;
+  std::map<std::string, dist::TensorParallelSplit> out;
   std::set<std::string> planned;
   auto add = [&](const std::string& param, int64_t dim, std::vector<int64_t> blocks) {
-    out[param] = models::TensorParallelSplit{param, dim, std::move(blocks)};
+    out[param] = dist::TensorParallelSplit{param, dim, std::move(blocks)};
   };
   for (const models::ParallelPlanEntry& e : plan.entries) {
     const auto m = planned_module(modules, e, key);

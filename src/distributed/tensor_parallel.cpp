@@ -16,7 +16,7 @@ namespace {
 // The group's all-reduce over its communicator. `sync` runs first: the engine's sync point (agree_on_oom), so that a
 // rank that ran out of memory between two collectives is agreed on at the next one instead of leaving the others
 // waiting in it.
-class GroupAllReduce : public models::TensorParallelGroup {
+class GroupAllReduce : public dist::TensorParallelGroup {
  public:
   GroupAllReduce(std::shared_ptr<Communicator> comm, std::function<void()> sync)
       : comm_(std::move(comm)), sync_(std::move(sync)) {}
@@ -50,19 +50,37 @@ class GroupAllReduce : public models::TensorParallelGroup {
   std::function<void()> sync_;
 };
 
-std::vector<int64_t> blocks_of(const models::TensorParallelSplit& split, int64_t size) {
+// Context parallelism's exchange over a group: a layer's keys and values gathered along the sequence.
+class GroupContextExchange : public models::ContextExchange {
+ public:
+  explicit GroupContextExchange(std::shared_ptr<dist::TensorParallelGroup> group) : group_(std::move(group)) {}
+  int rank() const override { return group_->rank(); }
+  int size() const override { return group_->size(); }
+  at::Tensor whole_sequence(const at::Tensor& t, int64_t dim) override {
+    return dist::gather_along(t, dim, group_, /*sum_gradient=*/true);
+  }
+
+ private:
+  std::shared_ptr<dist::TensorParallelGroup> group_;
+};
+
+std::vector<int64_t> blocks_of(const dist::TensorParallelSplit& split, int64_t size) {
   return split.blocks.empty() ? std::vector<int64_t>{size} : split.blocks;
 }
 
 }  // namespace
 
-std::shared_ptr<models::TensorParallelGroup> group_collectives(std::shared_ptr<Communicator> comm) {
+std::shared_ptr<dist::TensorParallelGroup> group_collectives(std::shared_ptr<Communicator> comm) {
   return std::make_shared<GroupAllReduce>(std::move(comm), [] {});
 }
 
-std::shared_ptr<models::TensorParallelGroup> setup_context_parallel(const models::CausalLM& model, int degree,
-                                                                    int tp_degree, Communicator& world,
-                                                                    std::function<void()> sync) {
+std::shared_ptr<models::ContextExchange> context_exchange(std::shared_ptr<Communicator> comm) {
+  return std::make_shared<GroupContextExchange>(group_collectives(std::move(comm)));
+}
+
+std::shared_ptr<models::ContextExchange> setup_context_parallel(const models::CausalLM& model, int degree,
+                                                                int tp_degree, Communicator& world,
+                                                                std::function<void()> sync) {
   if (degree <= 1) return nullptr;
   const std::string key = fmt::format("parallelism.context_parallel_degree {}", degree);
   const int n = world.size(), block = degree * tp_degree;
@@ -90,7 +108,7 @@ std::shared_ptr<models::TensorParallelGroup> setup_context_parallel(const models
     spdlog::info("context parallelism over groups of {} ranks (keys and values all-gathered per attention layer)",
                  degree);
   }
-  return std::make_shared<GroupAllReduce>(std::move(mine), std::move(sync));
+  return std::make_shared<GroupContextExchange>(std::make_shared<GroupAllReduce>(std::move(mine), std::move(sync)));
 }
 
 TensorGroups setup_tensor_parallel(models::CausalLM& model, int degree, bool sequence_parallel,
@@ -114,8 +132,7 @@ TensorGroups setup_tensor_parallel(models::CausalLM& model, int degree, bool seq
   return out;
 }
 
-at::Tensor tensor_parallel_slice(const at::Tensor& full, const models::TensorParallelSplit& split, int rank,
-                                 int degree) {
+at::Tensor tensor_parallel_slice(const at::Tensor& full, const dist::TensorParallelSplit& split, int rank, int degree) {
   std::vector<at::Tensor> parts;
   int64_t at = 0;
   for (int64_t b : blocks_of(split, full.size(split.dim))) {
@@ -126,7 +143,7 @@ at::Tensor tensor_parallel_slice(const at::Tensor& full, const models::TensorPar
   return at::cat(parts, split.dim).contiguous();
 }
 
-at::Tensor tensor_parallel_join(const std::vector<at::Tensor>& slices, const models::TensorParallelSplit& split) {
+at::Tensor tensor_parallel_join(const std::vector<at::Tensor>& slices, const dist::TensorParallelSplit& split) {
   const auto degree = static_cast<int64_t>(slices.size());
   const int64_t local = slices.at(0).size(split.dim);
   std::vector<at::Tensor> parts;
@@ -140,7 +157,7 @@ at::Tensor tensor_parallel_join(const std::vector<at::Tensor>& slices, const mod
 }
 
 std::vector<ShardSpan> tensor_parallel_spans(const std::string& name, const std::vector<int64_t>& shape,
-                                             const models::TensorParallelSplit& split, int rank, int degree, int64_t a,
+                                             const dist::TensorParallelSplit& split, int rank, int degree, int64_t a,
                                              int64_t b) {
   std::vector<ShardSpan> out;
   if (a >= b) return out;

@@ -29,9 +29,9 @@ std::vector<int64_t> context_parallel_positions(int64_t seq_len, int64_t degree,
   return out;
 }
 
-std::shared_ptr<const ContextShard> make_context_shard(std::shared_ptr<TensorParallelGroup> group, int64_t seq_len,
+std::shared_ptr<const ContextShard> make_context_shard(std::shared_ptr<ContextExchange> exchange, int64_t seq_len,
                                                        const at::Device& device) {
-  const int64_t degree = group->size();
+  const int64_t degree = exchange->size();
   if (seq_len % (2 * degree) != 0) {
     throw Error("model",
                 fmt::format("parallelism.context_parallel_degree {}: a sequence of {} tokens does not cut into "
@@ -44,11 +44,11 @@ std::shared_ptr<const ContextShard> make_context_shard(std::shared_ptr<TensorPar
   order.reserve(static_cast<size_t>(seq_len));
   for (int64_t r = 0; r < degree; ++r) {
     const std::vector<int64_t> p = context_parallel_positions(seq_len, degree, r);
-    if (r == group->rank()) shard->positions = at::tensor(p, at::kLong).to(device);
+    if (r == exchange->rank()) shard->positions = at::tensor(p, at::kLong).to(device);
     order.insert(order.end(), p.begin(), p.end());
   }
   shard->key_order = at::tensor(order, at::kLong).to(device);
-  shard->group = std::move(group);
+  shard->exchange = std::move(exchange);
   return shard;
 }
 

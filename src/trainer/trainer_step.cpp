@@ -70,7 +70,7 @@ double Trainer::token_scale() const {
   // is split. Context parallelism: the model runs on this rank's share of each sequence and the loss covers those
   // positions; scaled by the group's size, the engine's average over every rank sums the group's shares.
   const double per_rank_tokens = std::max(1.0, loss_tokens_ / static_cast<double>(state_.world_size));
-  const std::shared_ptr<models::TensorParallelGroup> context = state_.parallel->context_parallel_group();
+  const std::shared_ptr<models::ContextExchange> context = state_.parallel->context_exchange();
   return (context ? static_cast<double>(context->size()) : 1.0) / per_rank_tokens;
 }
 
@@ -79,12 +79,12 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
   // Without accumulate_train_batch_on_tokens, each microbatch's mean loss counts by its share of the samples.
   const double scale = this->token_scale();
   const at::DeviceType dev = state_.device.type();
-  const std::shared_ptr<models::TensorParallelGroup> context = state_.parallel->context_parallel_group();
+  const std::shared_ptr<models::ContextExchange> context = state_.parallel->context_exchange();
   const double context_scale = context ? static_cast<double>(context->size()) : 1.0;
   std::shared_ptr<const models::ContextShard> shard;  // the microbatches' cut, made once per sequence length
   // Vocabulary parallelism: the model's head returns this rank's share of the vocabulary's logits and the built-in
   // cross-entropy reduces over the group instead of gathering them (a registered loss gets whole logits).
-  const std::shared_ptr<models::TensorParallelGroup> vocab = state_.parallel->vocab_parallel_group();
+  const std::shared_ptr<dist::TensorParallelGroup> vocab = state_.parallel->vocab_parallel_group();
   const auto* cross_entropy = dynamic_cast<const models::CrossEntropyLoss*>(loss_.get());
   const bool vocab_parallel = vocab && cfg_.fsdp.loss_parallel && (!loss_ || cross_entropy);
   const models::CrossEntropyOptions ce = cross_entropy ? cross_entropy->options() : models::CrossEntropyOptions{};
@@ -119,7 +119,7 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
       {
         AutocastGuard autocast(state_.precision, dev);
         const at::Tensor sum = vocab_parallel
-                                   ? models::vocab_parallel_cross_entropy(
+                                   ? dist::vocab_parallel_cross_entropy(
                                          state_.outputs, models::next_token_targets(state_.batch),
                                          state_.outputs.size(-1) * vocab->size(), ce.label_smoothing, ce.z_loss, vocab)
                                    : loss_sum();

@@ -67,6 +67,7 @@
 #include <vector>
 
 #include "tessera/distributed/communicator.h"
+#include "tessera/distributed/parallel_ops.h"
 #include "tessera/distributed/sharding.h"
 #include "tessera/models/causal_lm.h"
 #include "tessera/util/error.h"
@@ -154,12 +155,12 @@ class ParallelModel {
   // part of one: expert-parallel experts, tensor-parallel slices).
   const std::vector<std::pair<std::string, std::vector<int64_t>>>& parameter_shapes() const;
   // This rank's context-parallel group (options.sharding.context_parallel_degree C > 1; models/context_parallel.h):
-  // the collectives a forward on context shards gathers keys and values with. None for C = 1.
-  std::shared_ptr<models::TensorParallelGroup> context_parallel_group() const;
+  // the exchange a forward on context shards takes the whole sequence's keys and values from. None for C = 1.
+  std::shared_ptr<models::ContextExchange> context_exchange() const;
   // The tensor-parallel group the model's head splits the vocabulary over (its plan splits the head), or none. A
   // training forward run inside a LocalLogits scope then returns this rank's share of the logits (B, S, V / T), for
-  // models::vocab_parallel_cross_entropy(); any other forward gathers them.
-  std::shared_ptr<models::TensorParallelGroup> vocab_parallel_group() const;
+  // dist::vocab_parallel_cross_entropy(); any other forward gathers them.
+  std::shared_ptr<dist::TensorParallelGroup> vocab_parallel_group() const;
   class LocalLogits {
    public:
     LocalLogits(const ParallelModel& model, bool on);
@@ -184,9 +185,12 @@ class ParallelModel {
 // the same values as a whole-model init), sharded and freed, so no rank ever holds more than one unit's full
 // parameters. The model keeps working through its UnitRunner; its own parameter tensors become views of gathered
 // buffers, valid only while a unit runs.
-// `comm`'s collectives in the interface models use for tensor and context parallelism (models/tensor_parallel.h), for
-// research code that runs a model on context shards (models/context_parallel.h) outside the trainer.
-std::shared_ptr<models::TensorParallelGroup> group_collectives(std::shared_ptr<Communicator> comm);
+// `comm`'s collectives as the engine's styles and losses use them (parallel_ops.h), for research code that runs them
+// outside the trainer.
+std::shared_ptr<dist::TensorParallelGroup> group_collectives(std::shared_ptr<Communicator> comm);
+// `comm`'s context-parallel exchange (models::ContextExchange), for research code that runs a model on context shards
+// (models::make_context_shard) outside the trainer.
+std::shared_ptr<models::ContextExchange> context_exchange(std::shared_ptr<Communicator> comm);
 
 std::shared_ptr<ParallelModel> parallelize(models::CausalLM& model, const ParallelOptions& options,
                                            std::shared_ptr<Communicator> comm);

@@ -43,7 +43,7 @@ struct ShardingOptions {
   // The section whose keys gave the degrees (fsdp_config, or torchtitan's parallelism), for messages.
   std::string mesh_keys = "fsdp_config";
   // parallelism.tensor_parallel_degree: groups of this many consecutive ranks split the model's declared layers
-  // (models/tensor_parallel.h); the data-parallel degrees then multiply to world size / this.
+  // (distributed/parallel_ops.h); the data-parallel degrees then multiply to world size / this.
   int64_t tensor_parallel_degree = 1;
   // parallelism.sequence_parallel (Tessera's own key; torchtitan always applies it with tensor parallelism): the
   // decoder layers' norms and residuals on sequence shards.

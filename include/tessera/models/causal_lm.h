@@ -26,7 +26,6 @@
 #include "tessera/models/context_parallel.h"
 #include "tessera/models/loss.h"
 #include "tessera/models/metric.h"
-#include "tessera/models/tensor_parallel.h"
 
 namespace tessera::models {
 

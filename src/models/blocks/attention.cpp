@@ -179,9 +179,8 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   double scale, double dropout, bool training) {
   if (!in.context) return attend_gathered(q, k, v, in, scale, dropout, training);
   // Context parallelism: this rank's queries over every rank's keys and values (the mask's columns follow their order).
-  const std::shared_ptr<TensorParallelGroup>& group = in.context->group;
-  return attend_gathered(q, gather_along(k, 2, group, /*sum_gradient=*/true),
-                         gather_along(v, 2, group, /*sum_gradient=*/true), in, scale, dropout, training);
+  ContextExchange& exchange = *in.context->exchange;
+  return attend_gathered(q, exchange.whole_sequence(k, 2), exchange.whole_sequence(v, 2), in, scale, dropout, training);
 }
 
 }  // namespace tessera::models

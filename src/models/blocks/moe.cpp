@@ -34,31 +34,6 @@ struct AuxLossFunction : public torch::autograd::Function<AuxLossFunction> {
   }
 };
 
-// The expert-parallel token exchange as one autograd node: backward sends the rows' gradients back the way they came.
-struct AllToAllFunction : public torch::autograd::Function<AllToAllFunction> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, ExpertExchange* exchange,
-                            const std::vector<int64_t>& send, const std::vector<int64_t>& recv) {
-    ctx->saved_data["exchange"] = reinterpret_cast<int64_t>(exchange);
-    ctx->saved_data["send"] = send;
-    ctx->saved_data["recv"] = recv;
-    at::Tensor out = exchange->all_to_all(x, send, recv);
-    ctx->saved_data["shape"] = out.sizes().vec();
-    ctx->saved_data["like"] = at::empty({0}, out.options());
-    return out;
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    auto* exchange = reinterpret_cast<ExpertExchange*>(ctx->saved_data["exchange"].toInt());
-    const std::vector<int64_t> send = ctx->saved_data["send"].toIntVector();
-    const std::vector<int64_t> recv = ctx->saved_data["recv"].toIntVector();
-    const at::Tensor g = grads[0].defined() ? grads[0]
-                                            : at::zeros(ctx->saved_data["shape"].toIntVector(),
-                                                        ctx->saved_data["like"].toTensor().options());
-    // Every rank of the group runs this backward (the exchanged rows always reach the layer's output).
-    return {exchange->all_to_all(g.contiguous(), recv, send), at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
-
 // Whether at::_grouped_mm runs for these operands here (it needs 16-byte aligned strides and, on CUDA, a dtype and
 // GPU it supports); learnt once per device type and dtype by trying it.
 std::map<std::pair<int, int>, bool>& grouped_mm_support() {
@@ -149,31 +124,6 @@ MoEImpl::MoEImpl(const MoEOptions& o, const at::TensorOptions& t, std::shared_pt
   experts = register_module("experts", MoEExperts(o, t));
 }
 
-at::Tensor exchange_with_expert_ranks(ExpertExchange& exchange, int64_t num_experts, const at::Tensor& xs,
-                                      const at::Tensor& counts, const RunExperts& run_experts) {
-  const int64_t group = exchange.size(), me = exchange.rank();
-  const int64_t local = num_experts / group;  // experts per rank: rank r holds [r * local, (r + 1) * local)
-  // Every rank's rows per expert: all[r][e] rows go from rank r to expert e (on the CPU).
-  const at::Tensor all = exchange.all_gather(counts);
-  const at::Tensor mine = all.narrow(1, me * local, local);  // (group, local): rows coming to this rank's experts
-  const at::Tensor to_send = all[me].view({group, local}).sum(1), to_recv = mine.sum(1);
-  const std::vector<int64_t> send(to_send.data_ptr<int64_t>(), to_send.data_ptr<int64_t>() + group);
-  const std::vector<int64_t> recv(to_recv.data_ptr<int64_t>(), to_recv.data_ptr<int64_t>() + group);
-  // The received rows come by source rank, each source's grouped by expert; the experts want them by expert, in
-  // source order within each: a stable sort of the rows by local expert.
-  const at::Device dev = xs.device();
-  const at::Tensor expert_of_row =
-      at::arange(local, at::kLong).repeat({group}).repeat_interleave(mine.contiguous().view({-1})).to(dev);
-  const at::Tensor perm_t = at::argsort(expert_of_row, /*stable=*/true, /*dim=*/0);
-  const at::Tensor n = mine.sum(0).to(dev);
-  const at::Tensor off = n.cumsum(0).to(at::kInt);
-  const at::Tensor received = AllToAllFunction::apply(xs.contiguous(), &exchange, send, recv);
-  const at::Tensor out_local = run_experts(received.index_select(0, perm_t), n, off);
-  // Back to the received order (the inverse permutation), then to the ranks the rows came from.
-  const at::Tensor back = out_local.index_select(0, at::argsort(perm_t));
-  return AllToAllFunction::apply(back.contiguous(), &exchange, recv, send);
-}
-
 std::vector<std::string> MoEImpl::expert_weight_names() const {
   if (o_.glu) return {"experts.mlp.w1", "experts.mlp.v1", "experts.mlp.w2"};
   return {"experts.mlp.w1", "experts.mlp.w2"};
@@ -236,8 +186,8 @@ at::Tensor MoEImpl::forward(const at::Tensor& x) {
     if (o_.glu) h = h * expert_mm(rows, mlp->v1.to(ct).view({local, f, d}).transpose(1, 2), n, off);
     return expert_mm(h, mlp->w2.to(ct).view({local, f, d}), n, off);  // (rows, d)
   };
-  at::Tensor y = exchange_ ? exchange_with_expert_ranks(*exchange_, e_count, xs, counts, run_experts)
-                           : run_experts(xs, counts, offsets);  // (T k, d)
+  at::Tensor y =
+      exchange_ ? exchange_->route(xs, counts, e_count, run_experts) : run_experts(xs, counts, offsets);  // (T k, d)
   y = y * weights.reshape({-1}).index_select(0, order).unsqueeze(1).to(y.scalar_type());
   at::Tensor out = at::zeros({tokens, d}, y.options()).index_add(0, token, y);
   if (experts->bias.defined()) out = out + experts->bias.to(out.scalar_type());
@@ -379,9 +329,9 @@ at::Tensor SparseMoeBlockImpl::forward(const at::Tensor& x) {
   at::Tensor y;
   if (exchange_) {
     const int64_t first = exchange_->rank() * (e_count / exchange_->size());
-    y = exchange_with_expert_ranks(
-        *exchange_, e_count, xs, counts,
-        [&](const at::Tensor& rows, const at::Tensor& n, const at::Tensor&) { return run_experts(rows, first, n); });
+    y = exchange_->route(xs, counts, e_count, [&](const at::Tensor& rows, const at::Tensor& n, const at::Tensor&) {
+      return run_experts(rows, first, n);
+    });
   } else {
     y = run_experts(xs, 0, counts);
   }

@@ -24,7 +24,6 @@
 #include "tessera/models/capabilities.h"
 #include "tessera/models/causal_lm.h"
 #include "tessera/models/parallel_plan.h"
-#include "tessera/models/tensor_parallel.h"
 
 namespace tessera::models {
 

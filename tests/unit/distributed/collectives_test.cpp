@@ -38,10 +38,10 @@
 #include "tessera/distributed/communicator.h"
 #include "tessera/distributed/fsdp.h"
 #include "tessera/distributed/launcher.h"
+#include "tessera/distributed/parallel_ops.h"
 #include "tessera/distributed/sharding.h"
 #include "tessera/models/context_parallel.h"
 #include "tessera/models/loss.h"
-#include "tessera/models/tensor_parallel.h"
 #include "tessera/trainer/trainer.h"
 #include "tessera/util/preemption.h"
 #include "test_util.h"
@@ -152,7 +152,8 @@ at::Tensor summed_loss(const at::Tensor& logits, const at::Tensor& targets) {
 // are the whole sequence's at its positions, and the group's losses and gradients, summed, are the whole sequence's.
 // (The losses are sums over tokens, so the gradients are large: their tolerance is relative to their largest element.)
 void expect_shards_match(models::CausalLM& model, const data::TokenBatch& batch,
-                         const std::shared_ptr<models::TensorParallelGroup>& group, const std::string& what) {
+                         const std::shared_ptr<dist::Communicator>& comm, const std::string& what) {
+  const std::shared_ptr<dist::TensorParallelGroup> group = dist::group_collectives(comm);
   SCOPED_TRACE(what + ", a group of " + std::to_string(group->size()));
   model.train();
   std::vector<at::Tensor> params;
@@ -164,7 +165,7 @@ void expect_shards_match(models::CausalLM& model, const data::TokenBatch& batch,
   const at::Tensor whole_loss = summed_loss(whole, models::next_token_targets(batch.labels));
   const std::vector<at::Tensor> whole_grads = torch::autograd::grad({whole_loss}, params);
 
-  fo.context = models::make_context_shard(group, batch.input_ids.size(1), at::kCPU);
+  fo.context = models::make_context_shard(dist::context_exchange(comm), batch.input_ids.size(1), at::kCPU);
   const data::TokenBatch shard = models::context_shard_batch(batch, *fo.context);
   const at::Tensor local = model.forward(batch.input_ids, fo);
   ASSERT_EQ(local.size(1), batch.input_ids.size(1) / group->size());
@@ -184,15 +185,22 @@ void expect_shards_match(models::CausalLM& model, const data::TokenBatch& batch,
   }
 }
 
-// A worker's collectives over the whole world (4 ranks) and over its pair (ranks 0-1 or 2-3), as models use them.
-std::vector<std::shared_ptr<models::TensorParallelGroup>> whole_world_and_pairs() {
+// A worker's communicators over the whole world (4 ranks) and over its pair (ranks 0-1 or 2-3).
+std::vector<std::shared_ptr<dist::Communicator>> world_and_pair() {
   std::shared_ptr<dist::Communicator> comm =
       dist::Communicator::connect(dist::rendezvous_from_env(), at::kCPU, std::chrono::seconds(60));
   std::shared_ptr<dist::Communicator> pair;
   for (int g = 0; g < comm->size() / 2; ++g) {
     if (auto c = comm->new_group({2 * g, 2 * g + 1})) pair = c;
   }
-  return {dist::group_collectives(comm), dist::group_collectives(pair)};
+  return {comm, pair};
+}
+
+// Their collectives, as the engine's styles use them.
+std::vector<std::shared_ptr<dist::TensorParallelGroup>> whole_world_and_pairs() {
+  std::vector<std::shared_ptr<dist::TensorParallelGroup>> out;
+  for (const auto& comm : world_and_pair()) out.push_back(dist::group_collectives(comm));
+  return out;
 }
 
 }  // namespace
@@ -200,7 +208,7 @@ std::vector<std::shared_ptr<models::TensorParallelGroup>> whole_world_and_pairs(
 // Runs in each of the 4 processes that DistContextParallel.ShardsMatchTheWholeSequence launches.
 TEST(DistWorker, ContextParallel) {
   if (!is_worker()) GTEST_SKIP() << "a worker of DistContextParallel.ShardsMatchTheWholeSequence";
-  const std::vector<std::shared_ptr<models::TensorParallelGroup>> groups = whole_world_and_pairs();
+  const std::vector<std::shared_ptr<dist::Communicator>> groups = world_and_pair();
   ASSERT_EQ(groups[0]->size(), 4);
   // Two rows of 32 tokens (the same on every rank): packed documents whose boundaries fall inside chunks, and a row
   // with left padding.
@@ -246,7 +254,7 @@ TEST(DistWorker, ContextParallel) {
 // launches.
 TEST(DistWorker, VocabParallel) {
   if (!is_worker()) GTEST_SKIP() << "a worker of DistTensorParallel.VocabularyParallel*";
-  const std::vector<std::shared_ptr<models::TensorParallelGroup>> groups = whole_world_and_pairs();
+  const std::vector<std::shared_ptr<dist::TensorParallelGroup>> groups = whole_world_and_pairs();
   ASSERT_EQ(groups[0]->size(), 4);
   const int64_t vocab = 12;
   at::manual_seed(3);  // the same on every rank
@@ -258,7 +266,7 @@ TEST(DistWorker, VocabParallel) {
   const at::Tensor table = at::randn({vocab, 5}, at::kFloat);
   const at::Tensor ids = at::randint(0, vocab, {3, 7}, at::kLong);
   for (const auto& group : groups) {
-    const models::VocabShard v = models::vocab_shard(vocab, *group);
+    const dist::VocabShard v = dist::vocab_shard(vocab, *group);
     ASSERT_EQ(v.rows, vocab / group->size());
     for (const models::CrossEntropyOptions o :
          {models::CrossEntropyOptions{}, models::CrossEntropyOptions{0.1, 1e-3}}) {
@@ -270,22 +278,22 @@ TEST(DistWorker, VocabParallel) {
       want.backward();
       // This rank's columns only.
       const at::Tensor mine = logits.narrow(2, v.start, v.rows).clone().requires_grad_(true);
-      const at::Tensor got = models::vocab_parallel_cross_entropy(mine, models::next_token_targets(batch), vocab,
-                                                                  o.label_smoothing, o.z_loss, group);
+      const at::Tensor got = dist::vocab_parallel_cross_entropy(mine, models::next_token_targets(batch), vocab,
+                                                                o.label_smoothing, o.z_loss, group);
       got.backward();
       EXPECT_NEAR(got.item<double>(), want.item<double>(), 1e-5 * want.item<double>());
       EXPECT_TRUE(at::allclose(mine.grad(), whole.grad().narrow(2, v.start, v.rows), 1e-5, 1e-6));
     }
     // The gathered logits are the whole vocabulary's; backward keeps this rank's columns.
     const at::Tensor part = logits.narrow(2, v.start, v.rows).clone().requires_grad_(true);
-    const at::Tensor joined = models::vocab_gather(part, group);
+    const at::Tensor joined = dist::vocab_gather(part, group);
     EXPECT_TRUE(at::equal(joined, logits));
     (joined * at::arange(vocab, at::kFloat)).sum().backward();
     EXPECT_TRUE(
         at::equal(part.grad(), at::arange(vocab, at::kFloat).narrow(0, v.start, v.rows).expand({2, 8, v.rows})));
     // The embedding from this rank's rows: every id's row after the sum, with the padding row's gradient zero.
     const at::Tensor rows = table.narrow(0, v.start, v.rows).clone().requires_grad_(true);
-    const at::Tensor looked_up = models::vocab_parallel_embedding(rows, ids, vocab, /*padding_idx=*/5, group);
+    const at::Tensor looked_up = dist::vocab_parallel_embedding(rows, ids, vocab, /*padding_idx=*/5, group);
     EXPECT_TRUE(at::allclose(looked_up, at::embedding(table, ids)));
     looked_up.sum().backward();
     const at::Tensor whole_table = table.clone().requires_grad_(true);

@@ -73,18 +73,22 @@ struct HfRouterLoss {
   at::Tensor finish();
 };
 
-// The token exchange of an expert-parallel group (dist's sharding engine implements it). Every rank of the group
-// makes the same calls in the same order.
+// Expert parallelism's token routing, which the sharding engine installs on a layer (distributed/expert_parallel.cpp):
+// the layer's rank holds experts [rank * E / P, (rank + 1) * E / P) of the E, P = size() ranks in its group. Every rank
+// of the group makes the same calls in the same order.
 class ExpertExchange {
  public:
   virtual ~ExpertExchange() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // Every rank's `counts` ((n,) int64): (size(), n) int64 on the CPU, row r from rank r.
-  virtual at::Tensor all_gather(const at::Tensor& counts) = 0;
-  // Rows of `in` in rank order, send[r] of them to rank r; returns recv[r] rows from each rank r, in rank order.
-  virtual at::Tensor all_to_all(const at::Tensor& in, const std::vector<int64_t>& send,
-                                const std::vector<int64_t>& recv) = 0;
+  // This rank's experts over rows grouped by local expert: (rows, rows per local expert (E / P,) int64, their
+  // cumulative offsets int) -> each row's output, in the same order.
+  using RunExperts = std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>;
+  // `xs` (this rank's rows grouped by expert, `counts` (E,) per expert) sent to the ranks that hold their experts,
+  // computed there by `run_experts` and sent back: each row's output in xs's order. Differentiable: backward sends
+  // the gradients back the way the rows came.
+  virtual at::Tensor route(const at::Tensor& xs, const at::Tensor& counts, int64_t num_experts,
+                           const RunExperts& run_experts) = 0;
 };
 
 // The capability expert parallelism needs of a mixture-of-experts layer (the sharding engine's
@@ -175,14 +179,6 @@ struct SparseMoeOptions {
   bool norm_topk_prob = true;     // the top-k probabilities divided by their sum
   double jitter_noise = 0;        // Mixtral's router_jitter_noise: the block's input times U(1 - j, 1 + j) in training
 };
-
-// Expert parallelism's exchange, for any layer whose rank holds experts [rank * E / P, (rank + 1) * E / P) of its group
-// of P: `xs` (rows grouped by expert, `counts` (E,) per expert) sent to the ranks that hold their experts, computed
-// there by `run_experts` (rows grouped by local expert, rows per local expert (E / P,), their cumulative offsets, int)
-// and sent back, in xs's order.
-using RunExperts = std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>;
-at::Tensor exchange_with_expert_ranks(ExpertExchange& exchange, int64_t num_experts, const at::Tensor& xs,
-                                      const at::Tensor& counts, const RunExperts& run_experts);
 
 // One expert (or Qwen2-MoE's shared expert): down(silu(gate(x)) * up(x)) under either family's names.
 class SparseExpertImpl : public torch::nn::Module {

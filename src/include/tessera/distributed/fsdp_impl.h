@@ -34,7 +34,7 @@ struct Unit {
   // (`tp`: how the parameter splits, laid out by tensor_parallel_spans).
   std::vector<std::vector<int64_t>> global_shapes;
   std::vector<int64_t> global_starts;
-  std::vector<const models::TensorParallelSplit*> tp;
+  std::vector<const dist::TensorParallelSplit*> tp;
   std::vector<int64_t> offsets;
   int64_t numel = 0, padded = 0, shard_numel = 0;
   at::Tensor shard;  // fp32 (shard_numel), requires grad: the optimizer's parameter
@@ -119,10 +119,10 @@ class ParallelModel::Impl : public models::UnitRunner {
   std::shared_ptr<Communicator> holders_comm_;  // the ranks that hold the same experts or slices (HYBRID: this node)
   int tp_ = 1;                                  // tensor-parallel degree
   std::shared_ptr<Communicator> tp_comm_;       // the tensor-parallel group (consecutive ranks)
-  std::map<std::string, models::TensorParallelSplit> tp_splits_;
-  std::shared_ptr<TensorParallelState> tp_state_;  // what the model's tensor-parallel styles share (none: T = 1)
-  bool sequence_sharded_ = false;                  // this forward's decoder layers run on sequence shards
-  std::shared_ptr<models::TensorParallelGroup> cp_group_;  // the context-parallel group's collectives (none: C = 1)
+  std::map<std::string, dist::TensorParallelSplit> tp_splits_;
+  std::shared_ptr<TensorParallelState> tp_state_;      // what the model's tensor-parallel styles share (none: T = 1)
+  bool sequence_sharded_ = false;                      // this forward's decoder layers run on sequence shards
+  std::shared_ptr<models::ContextExchange> cp_group_;  // the context-parallel group's exchange (none: C = 1)
   // ParallelModel::parameter_shapes(), listed on first use (the parameters are fixed after setup).
   std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes_;
   std::vector<std::unique_ptr<Unit>> units_;

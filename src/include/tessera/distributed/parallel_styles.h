@@ -9,15 +9,15 @@
 #include <memory>
 #include <string>
 
+#include "tessera/distributed/parallel_ops.h"
 #include "tessera/models/causal_lm.h"
 #include "tessera/models/parallel_plan.h"
-#include "tessera/models/tensor_parallel.h"
 
 namespace tessera::dist {
 
 // What a model's styles share with the sharding engine, which sets the per-call flags.
 struct TensorParallelState {
-  std::shared_ptr<models::TensorParallelGroup> group;
+  std::shared_ptr<dist::TensorParallelGroup> group;
   bool sequence_parallel = false;  // parallelism.sequence_parallel
   // The decoder layer running now holds this rank's share of the positions (the engine scatters the sequence before
   // the first layer and gathers it after the last, where it divides by the group's size).
@@ -37,9 +37,9 @@ models::TensorParallelPlan tensor_parallel_plan_of(const models::CausalLM& model
 // names no module or one of another kind than its style takes (Error), a split that does not divide by `degree`
 // (ConfigError), and a Linear or Norm inside a decoder layer (a unit other than the root) that the plan leaves out
 // (ConfigError: it would run whole on split or sharded activations and get a partial gradient).
-std::map<std::string, models::TensorParallelSplit> tensor_parallel_splits(const models::CausalLM& model,
-                                                                          const models::TensorParallelPlan& plan,
-                                                                          int64_t degree, const std::string& key);
+std::map<std::string, dist::TensorParallelSplit> tensor_parallel_splits(const models::CausalLM& model,
+                                                                        const models::TensorParallelPlan& plan,
+                                                                        int64_t degree, const std::string& key);
 
 // Installs on each module of `plan` the style that runs it over `state` (after the engine left this rank's slices in
 // the split weights). Sets state->vocab when the plan splits the vocabulary.

@@ -1,11 +1,11 @@
-// Tensor parallelism's two boundary functions and the split Linear layers (see tensor_parallel.h).
-#include "tessera/models/tensor_parallel.h"
+// The differentiable collectives of tensor, sequence, context and vocabulary parallelism (see parallel_ops.h).
+#include "tessera/distributed/parallel_ops.h"
 
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "tessera/data/batch.h"
 
-namespace tessera::models {
+namespace tessera::dist {
 namespace {
 
 at::Tensor summed(const at::Tensor& x, TensorParallelGroup* group) {
@@ -180,4 +180,4 @@ at::Tensor sequence_reduce_scatter(const at::Tensor& x, const std::shared_ptr<Te
   return sequence_op(x, group, SeqOp::kReduceScatter);
 }
 
-}  // namespace tessera::models
+}  // namespace tessera::dist

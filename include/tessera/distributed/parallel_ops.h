@@ -34,7 +34,7 @@
 #include <string>
 #include <vector>
 
-namespace tessera::models {
+namespace tessera::dist {
 
 // How one parameter splits over a tensor-parallel group of T ranks: along `dim` (0: rows, a column-parallel weight or
 // its bias; 1: columns, a row-parallel weight), as consecutive `blocks` along that dimension (their sizes; empty: one
@@ -109,4 +109,4 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local_logits, const at
                                         double label_smoothing, double z_loss,
                                         const std::shared_ptr<TensorParallelGroup>& group);
 
-}  // namespace tessera::models
+}  // namespace tessera::dist
