@@ -72,6 +72,9 @@ class FamilyKeys {
   FamilyKeys(Types model_types, std::function<std::string(const std::string&)> architecture)
       : types_(std::move(model_types)), architecture_(std::move(architecture)) {}
 
+  // The table's model_types, the first the default (what the family registers).
+  const Types& model_types() const { return types_; }
+
   // The model_type's defaults where they differ from the Options' member initialisers (MixtralConfig's rope_theta),
   // applied before any row is read.
   FamilyKeys& defaults(std::function<void(const std::string&, O&)> set) {

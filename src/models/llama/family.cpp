@@ -6,11 +6,9 @@ namespace tessera::models {
 
 void register_family_llama(FamilyRegistrar& r) {
   add_recipe_family<LlamaOptions>(r.recipes, "llama", &parse_llama_options, &build_llama);
-  for (const char* type : {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe"}) {
-    r.model_types.add(type, hf_builder(&llama_options_from_hf_config, &build_llama));
-  }
   // transformers 5: rope_parameters as rope_theta and rope_scaling; Qwen3-MoE's expert count under Mixtral's name.
-  for (const char* type : {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe"}) {
+  for (const std::string& type : llama_model_types()) {
+    r.model_types.add(type, hf_builder(&llama_options_from_hf_config, &build_llama));
     r.config_forms[type] = {.rope = HfConfigForm::Rope{}};
   }
   r.config_forms["qwen3_moe"].renamed = {{"num_local_experts", "num_experts"}};

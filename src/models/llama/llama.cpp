@@ -182,6 +182,10 @@ LlamaOptions llama_options_from_hf_config(const nlohmann::json& raw, const std::
       });
 }
 
+std::vector<std::string> llama_model_types() {
+  return llama_keys().model_types();
+}
+
 nlohmann::ordered_json llama_hf_config(const LlamaOptions& o, at::ScalarType dtype) {
   return llama_keys().hf_config(o, o.model_type, dtype);
 }
