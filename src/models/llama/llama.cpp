@@ -23,16 +23,23 @@ namespace {
 std::string llama_architecture(const std::string& type) {
   static const std::map<std::string, std::string> kArch = {
       {"llama", "LlamaForCausalLM"},     {"mistral", "MistralForCausalLM"},    {"qwen2", "Qwen2ForCausalLM"},
-      {"mixtral", "MixtralForCausalLM"}, {"qwen2_moe", "Qwen2MoeForCausalLM"}, {"qwen3_moe", "Qwen3MoeForCausalLM"}};
+      {"mixtral", "MixtralForCausalLM"}, {"qwen2_moe", "Qwen2MoeForCausalLM"}, {"qwen3_moe", "Qwen3MoeForCausalLM"},
+      {"qwen3", "Qwen3ForCausalLM"}};
   return kArch.at(type);
 }
 
 // The model_types' own defaults, where they differ from LlamaConfig's.
 void llama_type_defaults(const std::string& type, LlamaOptions& o) {
   o.model_type = type;
-  o.qk_norm = type == "qwen3_moe";
+  o.qk_norm = type == "qwen3_moe" || type == "qwen3";
   o.qkv_bias = type == "qwen2";  // Qwen2's q, k and v always have biases
-  if (type == "mixtral") {
+  if (type == "qwen3") {         // Qwen3Config's
+    o.vocab_size = 151936;
+    o.hidden_size = 4096;
+    o.intermediate_size = 22016;
+    o.head_dim = 128;
+    o.max_position_embeddings = 32768;
+  } else if (type == "mixtral") {
     o.rms_norm_eps = 1e-5;
     o.rope_theta = 1e6;
     o.num_experts = 8;
@@ -81,10 +88,10 @@ nlohmann::ordered_json rope_scaling_json(const LlamaOptions& o) {
 // for the model_types whose class reads it. pretraining_tp is one transformers no longer reads.
 const FamilyKeys<LlamaOptions>& llama_keys() {
   using O = LlamaOptions;
-  const FamilyKeys<O>::Types windowed = {"mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe"};
+  const FamilyKeys<O>::Types windowed = {"mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe", "qwen3"};
   const FamilyKeys<O>::Types moe = {"mixtral", "qwen2_moe", "qwen3_moe"}, qwen_moe = {"qwen2_moe", "qwen3_moe"};
   static const FamilyKeys<O> keys =
-      FamilyKeys<O>({"llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe"}, &llama_architecture)
+      FamilyKeys<O>({"llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe", "qwen3"}, &llama_architecture)
           .defaults(&llama_type_defaults)
           .field("vocab_size", &O::vocab_size, positive())
           .field("hidden_size", &O::hidden_size, positive())
@@ -95,7 +102,8 @@ const FamilyKeys<LlamaOptions>& llama_keys() {
               "num_key_value_heads", &O::num_key_value_heads, [](const O& o) { return o.num_attention_heads; },
               positive())
           .resolved(
-              "head_dim", &O::head_dim, [](const O& o) { return o.hidden_size / o.num_attention_heads; },
+              "head_dim", &O::head_dim,
+              [](const O& o) { return o.head_dim > 0 ? o.head_dim : o.hidden_size / o.num_attention_heads; },
               KeyCheck<int64_t>([](const int64_t& d) {
                 return d > 0 && d % 2 == 0 ? "" : std::string("must be positive and even (rotary embeddings)");
               }))
@@ -105,7 +113,7 @@ const FamilyKeys<LlamaOptions>& llama_keys() {
           .field("rope_theta", &O::rope_theta)
           .custom("rope_scaling", &read_rope_scaling, &rope_scaling_json)
           .field("tie_word_embeddings", &O::tie_word_embeddings)
-          .field("attention_bias", &O::attention_bias, {}, {"llama", "qwen3_moe"})
+          .field("attention_bias", &O::attention_bias, {}, {"llama", "qwen3_moe", "qwen3"})
           .field("qkv_bias", &O::qkv_bias, {}, {"qwen2_moe"})
           .field("mlp_bias", &O::mlp_bias, {}, {"llama"})
           .custom(
@@ -116,10 +124,11 @@ const FamilyKeys<LlamaOptions>& llama_keys() {
               },
               [](const O& o) { return o.sliding_window > 0 ? nlohmann::ordered_json(o.sliding_window) : nullptr; },
               windowed)
-          // Written for transformers: Qwen2 slides only where use_sliding_window and max_window_layers say so.
+          // Written for transformers: Qwen2 and Qwen3 slide only where use_sliding_window and max_window_layers say so.
           .written("use_sliding_window", [](const O& o) { return nlohmann::ordered_json(o.sliding_window > 0); },
-                   {"qwen2", "qwen2_moe", "qwen3_moe"})
-          .written("max_window_layers", [](const O&) { return nlohmann::ordered_json(0); }, {"qwen2", "qwen2_moe"})
+                   {"qwen2", "qwen2_moe", "qwen3_moe", "qwen3"})
+          .written("max_window_layers", [](const O&) { return nlohmann::ordered_json(0); },
+                   {"qwen2", "qwen2_moe", "qwen3"})
           .field("attention_dropout", &O::attention_dropout, probability())
           .field("initializer_range", &O::initializer_range)
           .field("num_local_experts", &O::num_experts, positive(), {"mixtral"})
@@ -154,13 +163,14 @@ LlamaOptions parse_llama_options(config::Section& s) {
 LlamaOptions llama_options_from_hf_config(const nlohmann::json& raw, const std::string& where) {
   const std::string type = raw.value("model_type", "");
   std::set<std::string> accepted = {"pretraining_tp"};
-  if (type == "qwen2" || type == "qwen2_moe") accepted.insert("layer_types");
-  // Mistral and Qwen2 write sliding_window even when it is off (use_sliding_window: false in Qwen2). Qwen2 slides in
-  // the layers its layer_types names (by default those >= max_window_layers); Tessera's window covers every layer or
-  // none. Llama 3.1's list of eos ids reads as none.
+  const bool per_layer_windows = type == "qwen2" || type == "qwen2_moe" || type == "qwen3";
+  if (per_layer_windows) accepted.insert("layer_types");
+  // Mistral and Qwen2 write sliding_window even when it is off (use_sliding_window: false in Qwen2). Qwen2 and Qwen3
+  // slide in the layers their layer_types names (by default those >= max_window_layers); Tessera's window covers every
+  // layer or none. Llama 3.1's list of eos ids reads as none.
   return llama_keys().from_hf(
       raw, where, &parse_llama_options, accepted, [&](const nlohmann::json& config, nlohmann::json& cfg) {
-        if (type == "qwen2" || type == "qwen2_moe") {
+        if (per_layer_windows) {
           const int64_t layers = config.value("num_hidden_layers", int64_t{0});
           int64_t sliding = 0;
           if (config.contains("layer_types") && config["layer_types"].is_array()) {

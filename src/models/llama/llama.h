@@ -1,4 +1,5 @@
-// The Llama family (Llama 2/3/3.1/3.2, and Mistral's sliding window and Qwen2's q/k/v biases from the same code) as
+// The Llama family (Llama 2/3/3.1/3.2, and Mistral's sliding window, Qwen2's q/k/v biases and Qwen3's per-head q/k
+// norms from the same code) as
 // LibTorch modules with Hugging Face's module names, so named_parameters() gives the keys of HF folders:
 // model.embed_tokens.weight, model.layers.{i}.input_layernorm.weight, ....self_attn.{q,k,v,o}_proj.weight,
 // ....post_attention_layernorm.weight, ....mlp.{gate,up,down}_proj.weight, model.norm.weight, lm_head.weight (untied
@@ -40,10 +41,11 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 8192;
 };
 
-// HF's LlamaConfig keys and defaults (MistralConfig and Qwen2Config add sliding windows and q/k/v biases;
-// MixtralConfig and Qwen2MoeConfig a sparse mixture of experts in place of the MLP).
+// HF's LlamaConfig keys and defaults (MistralConfig and Qwen2Config add sliding windows and q/k/v biases, Qwen3Config
+// per-head q/k norms; MixtralConfig, Qwen2MoeConfig and Qwen3MoeConfig a sparse mixture of experts in place of the
+// MLP).
 struct LlamaOptions {
-  // llama | mistral | qwen2 | mixtral | qwen2_moe | qwen3_moe: the config.json written back
+  // llama | mistral | qwen2 | qwen3 | mixtral | qwen2_moe | qwen3_moe: the config.json written back
   std::string model_type = "llama";
   int64_t vocab_size = 32000;
   int64_t hidden_size = 4096;
@@ -65,7 +67,7 @@ struct LlamaOptions {
   double initializer_range = 0.02;
   std::optional<int64_t> bos_token_id, eos_token_id, pad_token_id;
   std::string init_device = "cpu";  // cpu | cuda | meta
-  bool qk_norm = false;  // Qwen3-MoE: RMSNorms q_norm / k_norm over each head's queries and keys, before rotary
+  bool qk_norm = false;  // Qwen3, Qwen3-MoE: RMSNorms q_norm / k_norm over each head's queries and keys, before rotary
   // Mixtral (num_local_experts), Qwen2-MoE and Qwen3-MoE (num_experts): 0 = a dense model.
   int64_t num_experts = 0;
   int64_t num_experts_per_tok = 2;
@@ -88,7 +90,7 @@ struct LlamaOptions {
 // Reads a `model:` section with name llama (HF's LlamaConfig keys; `sliding_window`, `qkv_bias` for the Mistral and
 // Qwen2 variants); errors name the key path and line.
 LlamaOptions parse_llama_options(config::Section& s);
-// config.json (model_type llama, mistral or qwen2) -> options; throws Error("hf") naming `where` for what the family
+// config.json (one of llama_model_types()) -> options; throws Error("hf") naming `where` for what the family
 // does not compute (another hidden_act, rope_scaling types other than linear and llama3, ...).
 LlamaOptions llama_options_from_hf_config(const nlohmann::json& config, const std::string& where);
 nlohmann::ordered_json llama_hf_config(const LlamaOptions& o, at::ScalarType dtype);
