@@ -72,9 +72,6 @@ class FamilyKeys {
   FamilyKeys(Types model_types, std::function<std::string(const std::string&)> architecture)
       : types_(std::move(model_types)), architecture_(std::move(architecture)) {}
 
-  // The table's model_types, the first the default (what the family registers).
-  const Types& model_types() const { return types_; }
-
   // The model_type's defaults where they differ from the Options' member initialisers (MixtralConfig's rope_theta),
   // applied before any row is read.
   FamilyKeys& defaults(std::function<void(const std::string&, O&)> set) {
@@ -87,7 +84,7 @@ class FamilyKeys {
   template <class T>
   FamilyKeys& field(std::string key, T O::*f, KeyCheck<T> check = {}, Types only = {}) {
     return row(
-        std::move(key), std::move(only),
+        key, std::move(only),
         [key, f, check](config::Section& s, O& o) {
           o.*f = get(s, key, o.*f);
           if (check) {
@@ -117,7 +114,7 @@ class FamilyKeys {
   FamilyKeys& resolved(std::string key, int64_t O::*f, std::function<int64_t(const O&)> fallback,
                        KeyCheck<int64_t> check = {}, Types only = {}) {
     return row(
-        std::move(key), std::move(only),
+        key, std::move(only),
         [key, f, fallback, check](config::Section& s, O& o) {
           o.*f = s.get_optional_int(key).value_or(fallback(o));
           if (check) {
@@ -131,7 +128,7 @@ class FamilyKeys {
   template <class T>
   FamilyKeys& fixed(std::string key, T value, std::string why, Types only = {}) {
     return row(
-        std::move(key), std::move(only),
+        key, std::move(only),
         [key, value, why](config::Section& s, O&) {
           const T got = get(s, key, value);
           if (got != value) s.fail(key, fmt::format("{}: {}", json(got).dump(), why));
@@ -141,6 +138,28 @@ class FamilyKeys {
   // A key with its own reader and writer (a nested section, a derived field).
   FamilyKeys& custom(std::string key, Reader read, Writer write, Types only = {}) {
     return row(std::move(key), std::move(only), std::move(read), std::move(write));
+  }
+  // Checks of keys read by the rows before them, run in table order. `key` (an int64 field) must divide `of`'s value:
+  // "must divide <of> (<value>)", named at `key`.
+  FamilyKeys& divides(std::string key, int64_t O::*f, std::string of, int64_t O::*g, Types only = {}) {
+    return row(
+        key, std::move(only),
+        [f, of, g, k = key](config::Section& s, O& o) {
+          s.check(o.*f > 0 && o.*g % o.*f == 0, k, fmt::format("must divide {} ({})", of, o.*g));
+        },
+        nullptr);
+  }
+  // pad_token_id, when set, is a token id below vocab_size (the embedding's padding row).
+  FamilyKeys& pad_token_below_vocab() {
+    return row(
+        "pad_token_id", {},
+        [](config::Section& s, O& o) {
+          if (o.pad_token_id) {
+            s.check(*o.pad_token_id >= 0 && *o.pad_token_id < o.vocab_size, "pad_token_id",
+                    fmt::format("must be a token id below vocab_size ({})", o.vocab_size));
+          }
+        },
+        nullptr);
   }
   // A key the family writes into config.json for transformers' sake and reads itself from config.json only
   // (from_hf()'s `prepare`), not a recipe key (Qwen2's use_sliding_window).

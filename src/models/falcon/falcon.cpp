@@ -43,6 +43,7 @@ const FamilyKeys<FalconOptions>& falcon_keys() {
           .field("hidden_size", &O::hidden_size, positive())
           .field("num_hidden_layers", &O::num_hidden_layers, positive())
           .field("num_attention_heads", &O::num_attention_heads, positive())
+          .divides("num_attention_heads", &O::num_attention_heads, "hidden_size", &O::hidden_size)
           .resolved("num_kv_heads", &O::num_kv_heads, [](const O& o) { return o.num_attention_heads; })
           .field("new_decoder_architecture", &O::new_decoder_architecture)
           .field("multi_query", &O::multi_query)
@@ -75,8 +76,6 @@ const FamilyKeys<FalconOptions>& falcon_keys() {
 FalconOptions parse_falcon_options(config::Section& s) {
   FalconOptions o;
   falcon_keys().read(s, o);
-  s.check(o.hidden_size % o.num_attention_heads == 0, "num_attention_heads",
-          fmt::format("must divide hidden_size ({})", o.hidden_size));
   s.check(o.alibi || o.head_dim() % 2 == 0, "num_attention_heads",
           fmt::format("gives an odd head_dim ({}), which rotary embeddings cannot rotate", o.head_dim()));
   if (o.new_decoder_architecture) {

@@ -55,6 +55,7 @@ const FamilyKeys<GemmaOptions>& gemma_keys() {
           .field("num_hidden_layers", &O::num_hidden_layers, positive())
           .field("num_attention_heads", &O::num_attention_heads, positive())
           .field("num_key_value_heads", &O::num_key_value_heads, positive())
+          .divides("num_key_value_heads", &O::num_key_value_heads, "num_attention_heads", &O::num_attention_heads)
           .field("head_dim", &O::head_dim, KeyCheck<int64_t>([](const int64_t& d) {
                    return d > 0 && d % 2 == 0 ? "" : std::string("must be positive and even (rotary embeddings)");
                  }))
@@ -95,7 +96,8 @@ const FamilyKeys<GemmaOptions>& gemma_keys() {
           .field("attn_logit_softcapping", &O::attn_logit_softcapping, positive_or_none<double>())
           .fixed("use_bidirectional_attention", false,
                  "EmbeddingGemma's bidirectional attention is not a causal language model", gemma3)
-          .token_ids();
+          .token_ids()
+          .pad_token_below_vocab();
   return keys;
 }
 
@@ -103,12 +105,6 @@ GemmaOptions parse_gemma_options(config::Section& s, const std::string& model_ty
   GemmaOptions o;
   gemma_keys().read(s, o, model_type);
   if (!o.gemma3()) o.rope_local_base_freq = o.rope_theta;  // Gemma 2's sliding layers rotate as the full ones
-  s.check(o.num_attention_heads % o.num_key_value_heads == 0, "num_key_value_heads",
-          fmt::format("must divide num_attention_heads ({})", o.num_attention_heads));
-  if (o.pad_token_id) {
-    s.check(*o.pad_token_id >= 0 && *o.pad_token_id < o.vocab_size, "pad_token_id",
-            fmt::format("must be a token id below vocab_size ({})", o.vocab_size));
-  }
   return o;
 }
 

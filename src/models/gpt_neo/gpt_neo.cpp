@@ -86,6 +86,7 @@ const FamilyKeys<GPTNeoOptions>& gpt_neo_keys() {
                    return std::string();
                  }))
           .field("num_heads", &O::num_heads, positive())
+          .divides("num_heads", &O::num_heads, "hidden_size", &O::hidden_size)
           .resolved(
               "intermediate_size", &O::intermediate_size, [](const O& o) { return 4 * o.hidden_size; }, positive())
           .field("window_size", &O::window_size, positive())
@@ -105,7 +106,6 @@ GPTNeoOptions parse_gpt_neo_options(config::Section& s) {
   gpt_neo_keys().read(s, o);
   s.check(static_cast<int64_t>(o.attention_layers.size()) == o.num_layers, "attention_layers",
           fmt::format("has {} entries for {} layers", o.attention_layers.size(), o.num_layers));
-  s.check(o.hidden_size % o.num_heads == 0, "num_heads", fmt::format("must divide hidden_size ({})", o.hidden_size));
   return o;
 }
 

@@ -23,35 +23,35 @@ int64_t GPTNeoXOptions::rotary_ndims() const {
 // rotary_emb_base and rotary_pct, which decide the function (transformers 5's rope_parameters becomes those two).
 const FamilyKeys<GPTNeoXOptions>& gpt_neox_keys() {
   using O = GPTNeoXOptions;
-  static const FamilyKeys<O> keys = FamilyKeys<O>({"gpt_neox"}, [](const std::string&) { return "GPTNeoXForCausalLM"; })
-                                        .field("vocab_size", &O::vocab_size, positive())
-                                        .field("hidden_size", &O::hidden_size, positive())
-                                        .field("num_hidden_layers", &O::num_hidden_layers, positive())
-                                        .field("num_attention_heads", &O::num_attention_heads, positive())
-                                        .field("intermediate_size", &O::intermediate_size, positive())
-                                        .field("hidden_act", &O::hidden_act, hf_activation_check())
-                                        .field("rotary_pct", &O::rotary_pct, KeyCheck<double>([](const double& v) {
-                                                 return v > 0 && v <= 1 ? "" : std::string("must be in (0, 1]");
-                                               }))
-                                        .field("rotary_emb_base", &O::rotary_emb_base)
-                                        .linear_rope_scaling(&O::rope_linear_factor, "GPT-NeoX")
-                                        .field("attention_dropout", &O::attention_dropout, probability())
-                                        .field("hidden_dropout", &O::hidden_dropout, probability())
-                                        .field("max_position_embeddings", &O::max_position_embeddings, positive())
-                                        .field("initializer_range", &O::initializer_range)
-                                        .field("layer_norm_eps", &O::layer_norm_eps)
-                                        .field("tie_word_embeddings", &O::tie_word_embeddings)
-                                        .field("use_parallel_residual", &O::use_parallel_residual)
-                                        .field("attention_bias", &O::attention_bias)
-                                        .token_ids();
+  static const FamilyKeys<O> keys =
+      FamilyKeys<O>({"gpt_neox"}, [](const std::string&) { return "GPTNeoXForCausalLM"; })
+          .field("vocab_size", &O::vocab_size, positive())
+          .field("hidden_size", &O::hidden_size, positive())
+          .field("num_hidden_layers", &O::num_hidden_layers, positive())
+          .field("num_attention_heads", &O::num_attention_heads, positive())
+          .divides("num_attention_heads", &O::num_attention_heads, "hidden_size", &O::hidden_size)
+          .field("intermediate_size", &O::intermediate_size, positive())
+          .field("hidden_act", &O::hidden_act, hf_activation_check())
+          .field("rotary_pct", &O::rotary_pct, KeyCheck<double>([](const double& v) {
+                   return v > 0 && v <= 1 ? "" : std::string("must be in (0, 1]");
+                 }))
+          .field("rotary_emb_base", &O::rotary_emb_base)
+          .linear_rope_scaling(&O::rope_linear_factor, "GPT-NeoX")
+          .field("attention_dropout", &O::attention_dropout, probability())
+          .field("hidden_dropout", &O::hidden_dropout, probability())
+          .field("max_position_embeddings", &O::max_position_embeddings, positive())
+          .field("initializer_range", &O::initializer_range)
+          .field("layer_norm_eps", &O::layer_norm_eps)
+          .field("tie_word_embeddings", &O::tie_word_embeddings)
+          .field("use_parallel_residual", &O::use_parallel_residual)
+          .field("attention_bias", &O::attention_bias)
+          .token_ids();
   return keys;
 }
 
 GPTNeoXOptions parse_gpt_neox_options(config::Section& s) {
   GPTNeoXOptions o;
   gpt_neox_keys().read(s, o);
-  s.check(o.hidden_size % o.num_attention_heads == 0, "num_attention_heads",
-          fmt::format("must divide hidden_size ({})", o.hidden_size));
   s.check(o.rotary_ndims() % 2 == 0 && o.rotary_ndims() > 0, "rotary_pct",
           fmt::format("gives {} rotary dimensions of each head (int(head_dim {} x {})): rotary embeddings rotate an "
                       "even, positive number",

@@ -4,6 +4,12 @@
 
 namespace tessera::models {
 
+const std::vector<std::string>& llama_model_types() {
+  static const std::vector<std::string> kTypes = {"llama",   "mistral",   "qwen2",    "qwen3",
+                                                  "mixtral", "qwen2_moe", "qwen3_moe"};
+  return kTypes;
+}
+
 void register_family_llama(FamilyRegistrar& r) {
   add_recipe_family<LlamaOptions>(r.recipes, "llama", &parse_llama_options, &build_llama);
   // transformers 5: rope_parameters as rope_theta and rope_scaling; Qwen3-MoE's expert count under Mixtral's name.

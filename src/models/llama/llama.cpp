@@ -91,7 +91,7 @@ const FamilyKeys<LlamaOptions>& llama_keys() {
   const FamilyKeys<O>::Types windowed = {"mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe", "qwen3"};
   const FamilyKeys<O>::Types moe = {"mixtral", "qwen2_moe", "qwen3_moe"}, qwen_moe = {"qwen2_moe", "qwen3_moe"};
   static const FamilyKeys<O> keys =
-      FamilyKeys<O>({"llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe", "qwen3"}, &llama_architecture)
+      FamilyKeys<O>(llama_model_types(), &llama_architecture)
           .defaults(&llama_type_defaults)
           .field("vocab_size", &O::vocab_size, positive())
           .field("hidden_size", &O::hidden_size, positive())
@@ -101,6 +101,7 @@ const FamilyKeys<LlamaOptions>& llama_keys() {
           .resolved(
               "num_key_value_heads", &O::num_key_value_heads, [](const O& o) { return o.num_attention_heads; },
               positive())
+          .divides("num_key_value_heads", &O::num_key_value_heads, "num_attention_heads", &O::num_attention_heads)
           .resolved(
               "head_dim", &O::head_dim,
               [](const O& o) { return o.head_dim > 0 ? o.head_dim : o.hidden_size / o.num_attention_heads; },
@@ -151,8 +152,6 @@ const FamilyKeys<LlamaOptions>& llama_keys() {
 LlamaOptions parse_llama_options(config::Section& s) {
   LlamaOptions o;
   llama_keys().read(s, o);
-  s.check(o.num_attention_heads % o.num_key_value_heads == 0, "num_key_value_heads",
-          fmt::format("must divide num_attention_heads ({})", o.num_attention_heads));
   if (o.num_experts > 0) {
     s.check(o.num_experts_per_tok <= o.num_experts, "num_experts_per_tok",
             fmt::format("must lie in [1, {}] (the number of experts)", o.num_experts));
@@ -190,10 +189,6 @@ LlamaOptions llama_options_from_hf_config(const nlohmann::json& raw, const std::
         }
         if (type == "qwen3_moe" && !config.value("use_sliding_window", false)) cfg.erase("sliding_window");
       });
-}
-
-std::vector<std::string> llama_model_types() {
-  return llama_keys().model_types();
 }
 
 nlohmann::ordered_json llama_hf_config(const LlamaOptions& o, at::ScalarType dtype) {

@@ -94,8 +94,8 @@ LlamaOptions parse_llama_options(config::Section& s);
 // does not compute (another hidden_act, rope_scaling types other than linear and llama3, ...).
 LlamaOptions llama_options_from_hf_config(const nlohmann::json& config, const std::string& where);
 nlohmann::ordered_json llama_hf_config(const LlamaOptions& o, at::ScalarType dtype);
-// The config.json model_types the family reads and writes (its key table's).
-std::vector<std::string> llama_model_types();
+// The config.json model_types the family registers (family.cpp), reads and writes (its key table's), llama first.
+const std::vector<std::string>& llama_model_types();
 
 // Exact parameter count (the embedding once when tied), and training FLOPs per token: 6 N (less an untied input
 // embedding, a lookup) + 12 L (heads x head_dim) S, N counting each sparse layer's router, top-k experts and shared

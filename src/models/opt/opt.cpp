@@ -39,6 +39,7 @@ const FamilyKeys<OPTOptions>& opt_keys() {
           .field("dropout", &O::dropout, probability())
           .field("attention_dropout", &O::attention_dropout, probability())
           .field("num_attention_heads", &O::num_attention_heads, positive())
+          .divides("num_attention_heads", &O::num_attention_heads, "hidden_size", &O::hidden_size)
           .field("activation_function", &O::activation_function, hf_activation_check())
           .fixed("layerdrop", 0.0, "Tessera's OPT does not drop layers at random (LayerDrop); set 0")
           .field("init_std", &O::init_std)
@@ -46,19 +47,14 @@ const FamilyKeys<OPTOptions>& opt_keys() {
           .fixed("layer_norm_elementwise_affine", true,
                  "LayerNorms without weight and bias are not computed by Tessera's OPT")
           .field("tie_word_embeddings", &O::tie_word_embeddings)
-          .token_ids();
+          .token_ids()
+          .pad_token_below_vocab();
   return keys;
 }
 
 OPTOptions parse_opt_options(config::Section& s) {
   OPTOptions o;
   opt_keys().read(s, o);
-  s.check(o.hidden_size % o.num_attention_heads == 0, "num_attention_heads",
-          fmt::format("must divide hidden_size ({})", o.hidden_size));
-  if (o.pad_token_id) {
-    s.check(*o.pad_token_id >= 0 && *o.pad_token_id < o.vocab_size, "pad_token_id",
-            fmt::format("must be a token id below vocab_size ({})", o.vocab_size));
-  }
   return o;
 }
 

@@ -47,6 +47,8 @@ const FamilyKeys<Phi3Options>& phi3_keys() {
           .resolved(
               "num_key_value_heads", &O::num_key_value_heads, [](const O& o) { return o.num_attention_heads; },
               positive())
+          .divides("num_key_value_heads", &O::num_key_value_heads, "num_attention_heads", &O::num_attention_heads)
+          .divides("num_attention_heads", &O::num_attention_heads, "hidden_size", &O::hidden_size)
           .field("resid_pdrop", &O::resid_pdrop, probability())
           .field("embd_pdrop", &O::embd_pdrop)
           .field("attention_dropout", &O::attention_dropout, probability())
@@ -64,8 +66,6 @@ const FamilyKeys<Phi3Options>& phi3_keys() {
               "partial_rotary_factor",
               [](config::Section& s, O& o) {
                 o.partial_rotary_factor = s.get_double("partial_rotary_factor", o.partial_rotary_factor);
-                s.check(o.hidden_size % o.num_attention_heads == 0, "num_attention_heads",
-                        fmt::format("must divide hidden_size ({})", o.hidden_size));
                 s.check(o.partial_rotary_factor > 0 && o.partial_rotary_factor <= 1 && o.rotary_ndims() % 2 == 0 &&
                             o.rotary_ndims() > 0,
                         "partial_rotary_factor",
@@ -98,19 +98,14 @@ const FamilyKeys<Phi3Options>& phi3_keys() {
                     {"type", "longrope"}, {"short_factor", o.short_factor}, {"long_factor", o.long_factor}};
               })
           .field("sliding_window", &O::sliding_window, positive_or_none<int64_t>())
-          .token_ids();
+          .token_ids()
+          .pad_token_below_vocab();
   return keys;
 }
 
 Phi3Options parse_phi3_options(config::Section& s) {
   Phi3Options o;
   phi3_keys().read(s, o);
-  s.check(o.num_attention_heads % o.num_key_value_heads == 0, "num_key_value_heads",
-          fmt::format("must divide num_attention_heads ({})", o.num_attention_heads));
-  if (o.pad_token_id) {
-    s.check(*o.pad_token_id >= 0 && *o.pad_token_id < o.vocab_size, "pad_token_id",
-            fmt::format("must be a token id below vocab_size ({})", o.vocab_size));
-  }
   return o;
 }
 
