@@ -164,9 +164,7 @@ class FamilyKeys {
   // A key the family writes into config.json for transformers' sake and reads itself from config.json only
   // (from_hf()'s `prepare`), not a recipe key (Qwen2's use_sliding_window).
   FamilyKeys& written(std::string key, Writer write, Types only = {}) {
-    Row r{std::move(key), std::move(only), nullptr, std::move(write)};
-    rows_.push_back(std::move(r));
-    return *this;
+    return row(std::move(key), std::move(only), nullptr, std::move(write));
   }
 
   // Reads `model_type` (one of the table's; `type`, when a recipe name chose it, or the first by default), the
