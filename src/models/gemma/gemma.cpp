@@ -119,52 +119,22 @@ nlohmann::ordered_json gemma_hf_config(const GemmaOptions& o, at::ScalarType dty
 
 // ---- Modules --------------------------------------------------------------------------------------------------------
 
-GemmaAttentionImpl::GemmaAttentionImpl(const GemmaOptions& o, const at::TensorOptions& t) : o_(o) {
-  const int64_t d = o.hidden_size, hd = o.head_dim, h = o.num_attention_heads, kv = o.num_key_value_heads;
-  q_proj = register_module("q_proj", Linear(d, h * hd, o.attention_bias, t));
-  k_proj = register_module("k_proj", Linear(d, kv * hd, o.attention_bias, t));
-  v_proj = register_module("v_proj", Linear(d, kv * hd, o.attention_bias, t));
-  o_proj = register_module("o_proj", Linear(h * hd, d, o.attention_bias, t));
-  if (o.gemma3()) {
-    q_norm = register_module("q_norm", Norm(hd, NormType::kOffsetRMSNorm, o.rms_norm_eps, false, t));
-    k_norm = register_module("k_norm", Norm(hd, NormType::kOffsetRMSNorm, o.rms_norm_eps, false, t));
-  }
-}
-
-at::Tensor GemmaAttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
-  // The heads and the sequence length come from the projections' outputs (this rank's heads under tensor parallelism).
-  const int64_t hd = o_.head_dim;
-  at::Tensor q = q_proj(x);
-  const int64_t b = q.size(0), s = q.size(1);
-  q = q.view({b, s, -1, hd});
-  at::Tensor k = k_proj(x).view({b, s, -1, hd});
-  at::Tensor v = v_proj(x).view({b, s, -1, hd}).transpose(1, 2);
-  if (q_norm) {
-    q = q_norm(q);
-    k = k_norm(k);
-  }
-  q = apply_rotary(q, in.rope_cos, in.rope_sin).transpose(1, 2);
-  k = apply_rotary(k, in.rope_cos, in.rope_sin).transpose(1, 2);
-  append_to_cache(cache, k, v);
-  const double dropout = is_training() ? o_.attention_dropout : 0.0;
-  const at::Tensor context = attend(q, k, v, in, 1.0 / std::sqrt(o_.query_pre_attn_scalar), dropout, is_training());
-  return o_proj(context.transpose(1, 2).reshape({b, s, -1}));
-}
-
-GemmaMLPImpl::GemmaMLPImpl(const GemmaOptions& o, const at::TensorOptions& t) : act_(o.hidden_activation) {
-  gate_proj = register_module("gate_proj", Linear(o.hidden_size, o.intermediate_size, false, t));
-  up_proj = register_module("up_proj", Linear(o.hidden_size, o.intermediate_size, false, t));
-  down_proj = register_module("down_proj", Linear(o.intermediate_size, o.hidden_size, false, t));
-}
-
-at::Tensor GemmaMLPImpl::forward(const at::Tensor& x) {
-  return down_proj(hf_activation(act_, gate_proj(x)) * up_proj(x));
-}
-
 GemmaDecoderLayerImpl::GemmaDecoderLayerImpl(const GemmaOptions& o, int64_t layer, const at::TensorOptions& t)
     : sliding_(o.sliding(layer)) {
-  self_attn = register_module("self_attn", GemmaAttention(o, t));
-  mlp = register_module("mlp", GemmaMLP(o, t));
+  self_attn = register_module(
+      "self_attn", SelfAttention(SelfAttentionOptions{.hidden_size = o.hidden_size,
+                                                      .heads = o.num_attention_heads,
+                                                      .kv_heads = o.num_key_value_heads,
+                                                      .head_dim = o.head_dim,
+                                                      .qkv_bias = o.attention_bias,
+                                                      .out_bias = o.attention_bias,
+                                                      .qk_norm = o.gemma3() ? QKNorm::kPerHead : QKNorm::kNone,
+                                                      .qk_norm_type = NormType::kOffsetRMSNorm,
+                                                      .qk_norm_eps = o.rms_norm_eps,
+                                                      .scale = 1.0 / std::sqrt(o.query_pre_attn_scalar),
+                                                      .dropout = o.attention_dropout},
+                                 t));
+  mlp = register_module("mlp", GatedMLP(o.hidden_size, o.intermediate_size, o.hidden_activation, false, t));
   input_layernorm =
       register_module("input_layernorm", Norm(o.hidden_size, NormType::kOffsetRMSNorm, o.rms_norm_eps, false, t));
   post_attention_layernorm = register_module("post_attention_layernorm",

@@ -24,6 +24,7 @@
 #include "tessera/models/blocks/attention.h"
 #include "tessera/models/blocks/decoder.h"
 #include "tessera/models/blocks/layers.h"
+#include "tessera/models/blocks/self_attention.h"
 #include "tessera/models/causal_lm.h"
 #include "tessera/models/parallel_plan.h"
 
@@ -70,39 +71,13 @@ GemmaOptions parse_gemma_options(config::Section& s, const std::string& model_ty
 GemmaOptions gemma_options_from_hf_config(const nlohmann::json& config, const std::string& where);
 nlohmann::ordered_json gemma_hf_config(const GemmaOptions& o, at::ScalarType dtype);
 
-class GemmaAttentionImpl : public torch::nn::Module {
- public:
-  GemmaAttentionImpl(const GemmaOptions& o, const at::TensorOptions& t);
-  at::Tensor forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache = nullptr);
-
-  Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
-  Norm q_norm{nullptr}, k_norm{nullptr};  // Gemma 3 only
-
- private:
-  GemmaOptions o_;
-};
-TORCH_MODULE(GemmaAttention);
-
-// down_proj(act(gate_proj(x)) * up_proj(x)).
-class GemmaMLPImpl : public torch::nn::Module {
- public:
-  GemmaMLPImpl(const GemmaOptions& o, const at::TensorOptions& t);
-  at::Tensor forward(const at::Tensor& x);
-
-  Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
-
- private:
-  std::string act_;
-};
-TORCH_MODULE(GemmaMLP);
-
 class GemmaDecoderLayerImpl : public torch::nn::Module {
  public:
   GemmaDecoderLayerImpl(const GemmaOptions& o, int64_t layer, const at::TensorOptions& t);
   at::Tensor forward(const at::Tensor& x, const GlobalLocalInputs& in, LayerCache* cache = nullptr);
 
-  GemmaAttention self_attn{nullptr};
-  GemmaMLP mlp{nullptr};
+  SelfAttention self_attn{nullptr};
+  GatedMLP mlp{nullptr};
   Norm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   Norm pre_feedforward_layernorm{nullptr}, post_feedforward_layernorm{nullptr};
 

@@ -119,30 +119,16 @@ nlohmann::ordered_json gpt_neo_hf_config(const GPTNeoOptions& o, at::ScalarType 
 
 // ---- Modules --------------------------------------------------------------------------------------------------------
 
-GPTNeoSelfAttentionImpl::GPTNeoSelfAttentionImpl(const GPTNeoOptions& o, const at::TensorOptions& t) : o_(o) {
-  const int64_t d = o.hidden_size;
-  k_proj = register_module("k_proj", Linear(d, d, false, t));
-  v_proj = register_module("v_proj", Linear(d, d, false, t));
-  q_proj = register_module("q_proj", Linear(d, d, false, t));
-  out_proj = register_module("out_proj", Linear(d, d, true, t));
-}
-
-at::Tensor GPTNeoSelfAttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
-  // The heads and the sequence length come from the projections' outputs (this rank's heads under tensor parallelism).
-  const int64_t hd = o_.head_dim();
-  auto heads = [&](const at::Tensor& t) { return t.view({t.size(0), t.size(1), -1, hd}).transpose(1, 2); };
-  const at::Tensor q = heads(q_proj(x));
-  at::Tensor k = heads(k_proj(x)), v = heads(v_proj(x));
-  append_to_cache(cache, k, v);
-  // GPT-Neo does not scale its scores (scale 1).
-  const double dropout = is_training() ? o_.attention_dropout : 0.0;
-  const at::Tensor context = attend(q, k, v, in, 1.0, dropout, is_training());
-  return at::dropout(out_proj(context.transpose(1, 2).reshape({q.size(0), q.size(2), -1})), o_.resid_dropout,
-                     is_training());
-}
-
 GPTNeoAttentionImpl::GPTNeoAttentionImpl(const GPTNeoOptions& o, const at::TensorOptions& t) {
-  attention = register_module("attention", GPTNeoSelfAttention(o, t));
+  // GPT-Neo does not scale its scores (scale 1).
+  attention = register_module("attention", SelfAttention(SelfAttentionOptions{.hidden_size = o.hidden_size,
+                                                                              .heads = o.num_heads,
+                                                                              .out_bias = true,
+                                                                              .out_name = "out_proj",
+                                                                              .kv_first = true,
+                                                                              .scale = 1.0,
+                                                                              .dropout = o.attention_dropout},
+                                                         t));
 }
 
 GPTNeoMLPImpl::GPTNeoMLPImpl(const GPTNeoOptions& o, const at::TensorOptions& t)
@@ -155,7 +141,8 @@ at::Tensor GPTNeoMLPImpl::forward(const at::Tensor& x) {
   return at::dropout(c_proj(hf_activation(act_, c_fc(x))), dropout_, is_training());
 }
 
-GPTNeoBlockImpl::GPTNeoBlockImpl(const GPTNeoOptions& o, bool local, const at::TensorOptions& t) : local_(local) {
+GPTNeoBlockImpl::GPTNeoBlockImpl(const GPTNeoOptions& o, bool local, const at::TensorOptions& t)
+    : local_(local), resid_dropout_(o.resid_dropout) {
   ln_1 = register_module("ln_1", Norm(o.hidden_size, NormType::kLayerNorm, o.layer_norm_epsilon, true, t));
   attn = register_module("attn", GPTNeoAttention(o, t));
   ln_2 = register_module("ln_2", Norm(o.hidden_size, NormType::kLayerNorm, o.layer_norm_epsilon, true, t));
@@ -163,7 +150,8 @@ GPTNeoBlockImpl::GPTNeoBlockImpl(const GPTNeoOptions& o, bool local, const at::T
 }
 
 at::Tensor GPTNeoBlockImpl::forward(const at::Tensor& x, const GlobalLocalInputs& in, LayerCache* cache) {
-  const at::Tensor h = x + attn->attention(ln_1(x), local_ ? in.local : in.global, cache);
+  const at::Tensor a = attn->attention(ln_1(x), local_ ? in.local : in.global, cache);
+  const at::Tensor h = x + at::dropout(a, resid_dropout_, is_training());
   return h + mlp(ln_2(h));
 }
 

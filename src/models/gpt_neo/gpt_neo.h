@@ -22,6 +22,7 @@
 #include "tessera/models/blocks/attention.h"
 #include "tessera/models/blocks/decoder.h"
 #include "tessera/models/blocks/layers.h"
+#include "tessera/models/blocks/self_attention.h"
 #include "tessera/models/causal_lm.h"
 #include "tessera/models/parallel_plan.h"
 
@@ -60,24 +61,12 @@ GPTNeoOptions parse_gpt_neo_options(config::Section& s);
 GPTNeoOptions gpt_neo_options_from_hf_config(const nlohmann::json& config, const std::string& where);
 nlohmann::ordered_json gpt_neo_hf_config(const GPTNeoOptions& o, at::ScalarType dtype);
 
-class GPTNeoSelfAttentionImpl : public torch::nn::Module {
- public:
-  GPTNeoSelfAttentionImpl(const GPTNeoOptions& o, const at::TensorOptions& t);
-  at::Tensor forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache = nullptr);
-
-  Linear k_proj{nullptr}, v_proj{nullptr}, q_proj{nullptr}, out_proj{nullptr};
-
- private:
-  GPTNeoOptions o_;
-};
-TORCH_MODULE(GPTNeoSelfAttention);
-
 // transformers' GPTNeoAttention: a wrapper whose one child is `attention` (hence attn.attention.* names).
 class GPTNeoAttentionImpl : public torch::nn::Module {
  public:
   GPTNeoAttentionImpl(const GPTNeoOptions& o, const at::TensorOptions& t);
 
-  GPTNeoSelfAttention attention{nullptr};
+  SelfAttention attention{nullptr};  // unscaled scores
 };
 TORCH_MODULE(GPTNeoAttention);
 
@@ -106,6 +95,7 @@ class GPTNeoBlockImpl : public torch::nn::Module {
 
  private:
   bool local_;
+  double resid_dropout_;
 };
 TORCH_MODULE(GPTNeoBlock);
 

@@ -302,56 +302,29 @@ at::Tensor llama_inv_freq(const LlamaOptions& o) {
 
 // ---- Modules --------------------------------------------------------------------------------------------------------
 
-LlamaAttentionImpl::LlamaAttentionImpl(const LlamaOptions& o, const at::TensorOptions& t) : o_(o) {
-  const int64_t d = o.hidden_size, hd = o.head_dim;
-  q_proj = register_module("q_proj", Linear(d, o.num_attention_heads * hd, o.q_bias(), t));
-  k_proj = register_module("k_proj", Linear(d, o.num_key_value_heads * hd, o.q_bias(), t));
-  v_proj = register_module("v_proj", Linear(d, o.num_key_value_heads * hd, o.q_bias(), t));
-  o_proj = register_module("o_proj", Linear(o.num_attention_heads * hd, d, o.o_bias(), t));
-  if (o.qk_norm) {
-    q_norm = register_module("q_norm", Norm(hd, NormType::kRMSNorm, o.rms_norm_eps, false, t));
-    k_norm = register_module("k_norm", Norm(hd, NormType::kRMSNorm, o.rms_norm_eps, false, t));
-  }
+namespace {
+
+// q/k/v/o projections (Qwen2's biases on q/k/v only), Qwen3's q/k norms per head before rotary.
+SelfAttentionOptions llama_attention(const LlamaOptions& o) {
+  return {.hidden_size = o.hidden_size,
+          .heads = o.num_attention_heads,
+          .kv_heads = o.num_key_value_heads,
+          .head_dim = o.head_dim,
+          .qkv_bias = o.q_bias(),
+          .out_bias = o.o_bias(),
+          .qk_norm = o.qk_norm ? QKNorm::kPerHead : QKNorm::kNone,
+          .qk_norm_eps = o.rms_norm_eps,
+          .dropout = o.attention_dropout};
 }
 
-at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
-  // Head counts and the sequence length come from the projections' outputs (this rank's heads under tensor
-  // parallelism, the whole sequence of a sharded x under sequence parallelism).
-  const int64_t hd = o_.head_dim;
-  at::Tensor q = q_proj(x);
-  const int64_t b = q.size(0), s = q.size(1);
-  q = q.reshape({b, s, -1, hd});
-  at::Tensor k = k_proj(x).reshape({b, s, -1, hd});
-  if (q_norm) {  // Qwen3: per head, before rotary
-    q = q_norm(q).to(q.scalar_type());
-    k = k_norm(k).to(k.scalar_type());
-  }
-  q = apply_rotary(q, in.rope_cos, in.rope_sin).transpose(1, 2);
-  k = apply_rotary(k, in.rope_cos, in.rope_sin).transpose(1, 2);
-  at::Tensor v = v_proj(x).reshape({b, s, -1, hd}).transpose(1, 2);
-  append_to_cache(cache, k, v);
-  const double dropout = is_training() ? o_.attention_dropout : 0.0;
-  const at::Tensor context =
-      attend(q, k, v, in, 1.0 / std::sqrt(static_cast<double>(hd)), dropout, is_training());  // (B, H, s, hd)
-  return o_proj(context.transpose(1, 2).reshape({b, s, -1}));
-}
-
-LlamaMLPImpl::LlamaMLPImpl(const LlamaOptions& o, const at::TensorOptions& t) {
-  gate_proj = register_module("gate_proj", Linear(o.hidden_size, o.intermediate_size, o.mlp_bias, t));
-  up_proj = register_module("up_proj", Linear(o.hidden_size, o.intermediate_size, o.mlp_bias, t));
-  down_proj = register_module("down_proj", Linear(o.intermediate_size, o.hidden_size, o.mlp_bias, t));
-}
-
-at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
-  return down_proj(at::silu(gate_proj(x)) * up_proj(x));
-}
+}  // namespace
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaOptions& o, const at::TensorOptions& t, int64_t index,
                                              std::shared_ptr<HfRouterLoss> router_loss,
                                              std::shared_ptr<AuxLossScale> aux_scale) {
   input_layernorm =
       register_module("input_layernorm", Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));
-  self_attn = register_module("self_attn", LlamaAttention(o, t));
+  self_attn = register_module("self_attn", SelfAttention(llama_attention(o), t));
   post_attention_layernorm =
       register_module("post_attention_layernorm", Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));
   if (o.is_sparse_layer(index)) {
@@ -359,7 +332,7 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaOptions& o, const at::Te
                           SparseMoeBlock(o.sparse_moe(), t, std::move(router_loss),
                                          aux_scale ? std::move(aux_scale) : std::make_shared<AuxLossScale>()));
   } else {
-    mlp = register_module("mlp", LlamaMLP(o, t));
+    mlp = register_module("mlp", GatedMLP(o.hidden_size, o.intermediate_size, "silu", o.mlp_bias, t));
   }
 }
 

@@ -25,6 +25,7 @@
 #include "tessera/models/blocks/decoder.h"
 #include "tessera/models/blocks/layers.h"
 #include "tessera/models/blocks/moe.h"
+#include "tessera/models/blocks/self_attention.h"
 #include "tessera/models/capabilities.h"
 #include "tessera/models/causal_lm.h"
 #include "tessera/models/parallel_plan.h"
@@ -115,29 +116,6 @@ double llama_activation_bytes(const LlamaOptions& o, int64_t batch, int64_t seq_
 // The inverse frequencies of the rotary embedding (head_dim / 2,), float32, with `rope_scaling` applied as HF does.
 at::Tensor llama_inv_freq(const LlamaOptions& o);
 
-class LlamaAttentionImpl : public torch::nn::Module {
- public:
-  LlamaAttentionImpl(const LlamaOptions& o, const at::TensorOptions& t);
-  at::Tensor forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache = nullptr);
-
-  Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
-  Norm q_norm{nullptr}, k_norm{nullptr};  // qk_norm only
-
- private:
-  LlamaOptions o_;
-};
-TORCH_MODULE(LlamaAttention);
-
-// down_proj(silu(gate_proj(x)) * up_proj(x)).
-class LlamaMLPImpl : public torch::nn::Module {
- public:
-  LlamaMLPImpl(const LlamaOptions& o, const at::TensorOptions& t);
-  at::Tensor forward(const at::Tensor& x);
-
-  Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
-};
-TORCH_MODULE(LlamaMLP);
-
 // The MLP is dense, or in sparse layers a SparseMoeBlock registered as "block_sparse_moe" (Mixtral) or "mlp"
 // (Qwen2-MoE).
 class LlamaDecoderLayerImpl : public torch::nn::Module {
@@ -148,9 +126,9 @@ class LlamaDecoderLayerImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache = nullptr);
 
   Norm input_layernorm{nullptr};
-  LlamaAttention self_attn{nullptr};
+  SelfAttention self_attn{nullptr};
   Norm post_attention_layernorm{nullptr};
-  LlamaMLP mlp{nullptr};
+  GatedMLP mlp{nullptr};
   SparseMoeBlock moe{nullptr};
 };
 TORCH_MODULE(LlamaDecoderLayer);

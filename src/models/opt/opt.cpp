@@ -68,29 +68,15 @@ nlohmann::ordered_json opt_hf_config(const OPTOptions& o, at::ScalarType dtype) 
 
 // ---- Modules --------------------------------------------------------------------------------------------------------
 
-OPTAttentionImpl::OPTAttentionImpl(const OPTOptions& o, const at::TensorOptions& t) : o_(o) {
-  const int64_t d = o.hidden_size;
-  k_proj = register_module("k_proj", Linear(d, d, o.enable_bias, t));
-  v_proj = register_module("v_proj", Linear(d, d, o.enable_bias, t));
-  q_proj = register_module("q_proj", Linear(d, d, o.enable_bias, t));
-  out_proj = register_module("out_proj", Linear(d, d, o.enable_bias, t));
-}
-
-at::Tensor OPTAttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
-  // The heads and the sequence length come from the projections' outputs (this rank's heads under tensor parallelism).
-  const int64_t hd = o_.head_dim();
-  auto heads = [&](const at::Tensor& t) { return t.view({t.size(0), t.size(1), -1, hd}).transpose(1, 2); };
-  // transformers scales the queries by 1/sqrt(head_dim) before the product; the same scores up to rounding.
-  const at::Tensor q = heads(q_proj(x));
-  at::Tensor k = heads(k_proj(x)), v = heads(v_proj(x));
-  append_to_cache(cache, k, v);
-  const double dropout = is_training() ? o_.attention_dropout : 0.0;
-  const at::Tensor context = attend(q, k, v, in, 1.0 / std::sqrt(static_cast<double>(hd)), dropout, is_training());
-  return out_proj(context.transpose(1, 2).reshape({q.size(0), q.size(2), -1}));
-}
-
 OPTDecoderLayerImpl::OPTDecoderLayerImpl(const OPTOptions& o, const at::TensorOptions& t) : o_(o) {
-  self_attn = register_module("self_attn", OPTAttention(o, t));
+  self_attn = register_module("self_attn", SelfAttention(SelfAttentionOptions{.hidden_size = o.hidden_size,
+                                                                              .heads = o.num_attention_heads,
+                                                                              .qkv_bias = o.enable_bias,
+                                                                              .out_bias = o.enable_bias,
+                                                                              .out_name = "out_proj",
+                                                                              .kv_first = true,
+                                                                              .dropout = o.attention_dropout},
+                                                         t));
   self_attn_layer_norm =
       register_module("self_attn_layer_norm", Norm(o.hidden_size, NormType::kLayerNorm, kOptNormEps, true, t));
   fc1 = register_module("fc1", Linear(o.hidden_size, o.ffn_dim, o.enable_bias, t));

@@ -22,6 +22,7 @@
 #include "tessera/models/blocks/attention.h"
 #include "tessera/models/blocks/decoder.h"
 #include "tessera/models/blocks/layers.h"
+#include "tessera/models/blocks/self_attention.h"
 #include "tessera/models/causal_lm.h"
 #include "tessera/models/parallel_plan.h"
 
@@ -59,24 +60,12 @@ OPTOptions parse_opt_options(config::Section& s);
 OPTOptions opt_options_from_hf_config(const nlohmann::json& config, const std::string& where);
 nlohmann::ordered_json opt_hf_config(const OPTOptions& o, at::ScalarType dtype);
 
-class OPTAttentionImpl : public torch::nn::Module {
- public:
-  OPTAttentionImpl(const OPTOptions& o, const at::TensorOptions& t);
-  at::Tensor forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache = nullptr);
-
-  Linear k_proj{nullptr}, v_proj{nullptr}, q_proj{nullptr}, out_proj{nullptr};
-
- private:
-  OPTOptions o_;
-};
-TORCH_MODULE(OPTAttention);
-
 class OPTDecoderLayerImpl : public torch::nn::Module {
  public:
   OPTDecoderLayerImpl(const OPTOptions& o, const at::TensorOptions& t);
   at::Tensor forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache = nullptr);
 
-  OPTAttention self_attn{nullptr};
+  SelfAttention self_attn{nullptr};
   Norm self_attn_layer_norm{nullptr};
   Linear fc1{nullptr}, fc2{nullptr};
   Norm final_layer_norm{nullptr};

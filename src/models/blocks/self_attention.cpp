@@ -1,0 +1,71 @@
+// The shared q/k/v/o attention module and gated MLP.
+#include "tessera/models/blocks/self_attention.h"
+
+#include <cmath>
+
+namespace tessera::models {
+
+SelfAttentionImpl::SelfAttentionImpl(const SelfAttentionOptions& o, const at::TensorOptions& t) : o_(o) {
+  const int64_t d = o.hidden_size, hd = o.hd(), q_width = o.heads * hd, kv_width = o.kv() * hd;
+  auto projection = [&](const char* name, int64_t width) {
+    return register_module(name, Linear(d, width, o.qkv_bias, t));
+  };
+  if (o.kv_first) {
+    k_proj = projection("k_proj", kv_width);
+    v_proj = projection("v_proj", kv_width);
+    q_proj = projection("q_proj", q_width);
+  } else {
+    q_proj = projection("q_proj", q_width);
+    k_proj = projection("k_proj", kv_width);
+    v_proj = projection("v_proj", kv_width);
+  }
+  o_proj = register_module(o.out_name, Linear(q_width, d, o.out_bias, t));
+  if (o.qk_norm != QKNorm::kNone) {
+    const bool whole = o.qk_norm == QKNorm::kWhole;
+    q_norm = register_module("q_norm", Norm(whole ? q_width : hd, o.qk_norm_type, o.qk_norm_eps, false, t));
+    k_norm = register_module("k_norm", Norm(whole ? kv_width : hd, o.qk_norm_type, o.qk_norm_eps, false, t));
+  }
+}
+
+at::Tensor SelfAttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
+  const int64_t hd = o_.hd();
+  at::Tensor q = q_proj(x), k = k_proj(x);
+  const int64_t b = q.size(0), s = q.size(1);
+  // The norms keep the projection's dtype (an fp32 weight would promote a bf16 projection).
+  auto norm = [](Norm& n, const at::Tensor& t) { return n(t).to(t.scalar_type()); };
+  if (o_.qk_norm == QKNorm::kWhole) {
+    q = norm(q_norm, q);
+    k = norm(k_norm, k);
+  }
+  q = q.reshape({b, s, -1, hd});
+  k = k.reshape({b, s, -1, hd});
+  if (o_.qk_norm == QKNorm::kPerHead) {
+    q = norm(q_norm, q);
+    k = norm(k_norm, k);
+  }
+  if (in.rope_cos.defined()) {
+    q = apply_rotary(q, in.rope_cos, in.rope_sin);
+    k = apply_rotary(k, in.rope_cos, in.rope_sin);
+  }
+  q = q.transpose(1, 2);
+  k = k.transpose(1, 2);
+  at::Tensor v = v_proj(x).reshape({b, s, -1, hd}).transpose(1, 2);
+  append_to_cache(cache, k, v);
+  const double scale = o_.scale > 0 ? o_.scale : 1.0 / std::sqrt(static_cast<double>(hd));
+  const at::Tensor context = attend(q, k, v, in, scale, is_training() ? o_.dropout : 0.0, is_training());
+  return o_proj(context.transpose(1, 2).reshape({b, s, -1}));
+}
+
+GatedMLPImpl::GatedMLPImpl(int64_t hidden_size, int64_t intermediate_size, const std::string& act, bool bias,
+                           const at::TensorOptions& t)
+    : act_(act) {
+  gate_proj = register_module("gate_proj", Linear(hidden_size, intermediate_size, bias, t));
+  up_proj = register_module("up_proj", Linear(hidden_size, intermediate_size, bias, t));
+  down_proj = register_module("down_proj", Linear(intermediate_size, hidden_size, bias, t));
+}
+
+at::Tensor GatedMLPImpl::forward(const at::Tensor& x) {
+  return down_proj(hf_activation(act_, gate_proj(x)) * up_proj(x));
+}
+
+}  // namespace tessera::models
