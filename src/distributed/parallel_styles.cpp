@@ -67,6 +67,26 @@ class SummedNormStyle : public models::NormStyle {
   bool always_;
 };
 
+// An RMSNorm over features split across the group (kFeatureNorm): this rank's features and its slice of the weight,
+// normalised by the mean of squares over every rank's features. Each rank's sum of squares is gathered and summed;
+// the gather's backward sums each rank's gradient of the total, since every rank's output depends on it.
+class FeatureNormStyle : public models::NormStyle {
+ public:
+  explicit FeatureNormStyle(std::shared_ptr<TensorParallelState> state) : state_(std::move(state)) {}
+  at::Tensor forward(models::NormImpl& norm, const at::Tensor& x) override {
+    const at::Tensor f = x.to(at::kFloat);
+    const int64_t last = f.dim() - 1;
+    const at::Tensor squares = dist::gather_along(f.pow(2).sum(last, /*keepdim=*/true), last, state_->group,
+                                                  /*sum_gradient=*/true)
+                                   .sum(last, /*keepdim=*/true);
+    const double width = static_cast<double>(x.size(last) * state_->group->size());
+    return (f * at::rsqrt(squares / width + norm.eps)).to(x.scalar_type()) * norm.weight;
+  }
+
+ private:
+  std::shared_ptr<TensorParallelState> state_;
+};
+
 // A head holding this rank's rows of the vocabulary: its share of the logits, gathered unless the loss takes shares.
 at::Tensor vocab_head(const TensorParallelState& state, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   const at::Tensor logits = at::linear(dist::tensor_parallel_enter(x, state.group), w, b);
@@ -109,6 +129,8 @@ const char* style_name(ParallelStyle s) {
       return "sequence-parallel norm";
     case ParallelStyle::kHeadNorm:
       return "head norm";
+    case ParallelStyle::kFeatureNorm:
+      return "feature-split RMSNorm";
     case ParallelStyle::kVocabEmbedding:
       return "vocabulary-parallel embedding";
     case ParallelStyle::kVocabHead:
@@ -136,6 +158,11 @@ std::shared_ptr<torch::nn::Module> planned_module(const std::map<std::string, st
     case ParallelStyle::kHeadNorm:
       fits = it->second->as<models::NormImpl>() != nullptr;
       break;
+    case ParallelStyle::kFeatureNorm: {
+      const auto* n = it->second->as<models::NormImpl>();
+      fits = n != nullptr && n->type == models::NormType::kRMSNorm;
+      break;
+    }
     case ParallelStyle::kVocabEmbedding:
       fits = it->second->as<models::EmbeddingImpl>() != nullptr;
       break;
@@ -192,6 +219,7 @@ std::map<std::string, dist::TensorParallelSplit> tensor_parallel_splits(const mo
         add(p + "weight", 1, {});
         break;
       case ParallelStyle::kVocabEmbedding:
+      case ParallelStyle::kFeatureNorm:
         add(p + "weight", 0, {});
         break;
       case ParallelStyle::kSequenceNorm:
@@ -250,6 +278,9 @@ void install_tensor_parallel_styles(models::CausalLM& model, const models::Tenso
       case ParallelStyle::kHeadNorm:
         m->as<models::NormImpl>()->style =
             std::make_shared<SummedNormStyle>(state, e.style == ParallelStyle::kHeadNorm);
+        break;
+      case ParallelStyle::kFeatureNorm:
+        m->as<models::NormImpl>()->style = std::make_shared<FeatureNormStyle>(state);
         break;
       case ParallelStyle::kVocabEmbedding:
         m->as<models::EmbeddingImpl>()->style = std::make_shared<VocabEmbeddingStyle>(state);

@@ -13,6 +13,9 @@
 //     positions, and its weights' gradients are summed over the group.
 //   - kHeadNorm (a Norm over each head's features, after a column-parallel projection: Qwen3's and Gemma 3's q/k
 //     norms): it sees this rank's heads only, so its weights' gradients are summed over the group.
+//   - kFeatureNorm (an RMSNorm over all the heads' features of a column-parallel projection: OLMo 2's q/k norms): its
+//     weight split with the projection's rows; the mean of squares taken over the whole width (each rank's sum of
+//     squares gathered over the group).
 //   - kVocabEmbedding (an Embedding tied to the head): the table's rows split along the vocabulary; its lookup sums
 //     the ranks' rows, and its attend() (the tied head) yields this rank's share of the logits.
 //   - kVocabHead (an untied head's Linear): the rows split along the vocabulary.
@@ -26,7 +29,7 @@
 
 namespace tessera::models {
 
-enum class ParallelStyle { kColumn, kRow, kSequenceNorm, kHeadNorm, kVocabEmbedding, kVocabHead };
+enum class ParallelStyle { kColumn, kRow, kSequenceNorm, kHeadNorm, kFeatureNorm, kVocabEmbedding, kVocabHead };
 
 struct ParallelPlanEntry {
   std::string module;  // a named_modules() key ("model.layers.0.self_attn.q_proj")
@@ -42,6 +45,7 @@ struct TensorParallelPlan {
   void row(const std::string& module) { entries.push_back({module, ParallelStyle::kRow, {}}); }
   void sequence_norm(const std::string& module) { entries.push_back({module, ParallelStyle::kSequenceNorm, {}}); }
   void head_norm(const std::string& module) { entries.push_back({module, ParallelStyle::kHeadNorm, {}}); }
+  void feature_norm(const std::string& module) { entries.push_back({module, ParallelStyle::kFeatureNorm, {}}); }
   void vocab_embedding(const std::string& module) { entries.push_back({module, ParallelStyle::kVocabEmbedding, {}}); }
   void vocab_head(const std::string& module) { entries.push_back({module, ParallelStyle::kVocabHead, {}}); }
   // The usual entries of one decoder layer whose modules are named `prefix`…: `norms` on sequence shards, `columns`
