@@ -63,21 +63,21 @@ def test_a_family_name_or_type_outside_its_folder_fails_naming_file_and_line(tmp
 
 def test_a_new_family_folder_owns_the_names_its_family_cpp_registers(tmp_path):
     root = copy_tree(tmp_path)
-    folder = root / "src" / "models" / "olmo2"
+    folder = root / "src" / "models" / "my_family"
     folder.mkdir()
-    (folder / "family.cpp").write_text('void register_family_olmo2(R& r) { r.add("olmo2"); }\n')
-    (folder / "olmo2.cpp").write_text('static const char* kType = "olmo2";\n')
+    (folder / "family.cpp").write_text('void register_family_my_family(R& r) { r.add("my_family"); }\n')
+    (folder / "my_family.cpp").write_text('static const char* kType = "my_family";\n')
     data = root / "tests" / "data" / "hf_default_configs" / "transformers-4.57.6.json"
     types = json.loads(data.read_text())
-    types["olmo2"] = {}
+    types["my_family"] = {}
     data.write_text(json.dumps(types))
     r = run(root)
     assert r.returncode == 0, r.stdout + r.stderr
     (root / "src" / "models" / "llama" / "llama.cpp").write_text(
-        (root / "src" / "models" / "llama" / "llama.cpp").read_text() + 'static const char* kX = "olmo2";\n')
+        (root / "src" / "models" / "llama" / "llama.cpp").read_text() + 'static const char* kX = "my_family";\n')
     r = run(root)
     assert r.returncode == 1
-    assert 'family name "olmo2" (family olmo2) outside its family folder' in r.stdout, r.stdout
+    assert 'family name "my_family" (family my_family) outside its family folder' in r.stdout, r.stdout
 
 
 def test_a_collective_in_model_code_fails(tmp_path):

@@ -61,6 +61,13 @@ struct TinyPhi3 {  // fused qkv_proj in three blocks (grouped K/V), fused gate_u
       "        intermediate_size: 64, vocab_size: 64, max_position_embeddings: 32, tie_word_embeddings: false,\n"
       "        pad_token_id: null}";
 };
+struct TinyOlmo2 {  // norms after attention and MLP, q/k norms over the whole projection (split with its features)
+  static constexpr const char* kDir = "family_parallel_olmo2";
+  static constexpr const char* kModel =
+      "{name: olmo2, hidden_size: 32, num_attention_heads: 4, num_key_value_heads: 2, num_hidden_layers: 2,\n"
+      "        intermediate_size: 64, vocab_size: 64, max_position_embeddings: 32, pad_token_id: null,\n"
+      "        eos_token_id: null}";
+};
 
 // Transformers' sparse MoE blocks, each expert a module of its own (experts.{e}.…): 4 experts, top 2.
 struct TinyMixtral {
@@ -126,7 +133,7 @@ class FamilyParallel : public DistTrainingOf<Model> {
   }
 };
 
-using Families = ::testing::Types<TinyNeoX, TinyOpt, TinyNeo, TinyGemma3, TinyPhi3, TinyFalcon>;
+using Families = ::testing::Types<TinyNeoX, TinyOpt, TinyNeo, TinyGemma3, TinyPhi3, TinyFalcon, TinyOlmo2>;
 TYPED_TEST_SUITE(FamilyParallel, Families);
 
 TYPED_TEST(FamilyParallel, TensorAndContextParallelTimesFullShardMatchOneProcess) {
