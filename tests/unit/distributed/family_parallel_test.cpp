@@ -68,6 +68,13 @@ struct TinyOlmo2 {  // norms after attention and MLP, q/k norms over the whole p
       "        intermediate_size: 64, vocab_size: 64, max_position_embeddings: 32, pad_token_id: null,\n"
       "        eos_token_id: null}";
 };
+struct TinyGranite {  // embedding, attention, residual and logits multipliers; grouped K/V; tied head
+  static constexpr const char* kDir = "family_parallel_granite";
+  static constexpr const char* kModel =
+      "{name: granite, hidden_size: 32, num_attention_heads: 4, num_key_value_heads: 2, num_hidden_layers: 2,\n"
+      "        intermediate_size: 64, vocab_size: 64, max_position_embeddings: 32, tie_word_embeddings: true,\n"
+      "        embedding_multiplier: 3.0, attention_multiplier: 0.2, residual_multiplier: 0.5, logits_scaling: 4.0}";
+};
 
 // Transformers' sparse MoE blocks, each expert a module of its own (experts.{e}.…): 4 experts, top 2.
 struct TinyMixtral {
@@ -133,7 +140,7 @@ class FamilyParallel : public DistTrainingOf<Model> {
   }
 };
 
-using Families = ::testing::Types<TinyNeoX, TinyOpt, TinyNeo, TinyGemma3, TinyPhi3, TinyFalcon, TinyOlmo2>;
+using Families = ::testing::Types<TinyNeoX, TinyOpt, TinyNeo, TinyGemma3, TinyPhi3, TinyFalcon, TinyOlmo2, TinyGranite>;
 TYPED_TEST_SUITE(FamilyParallel, Families);
 
 TYPED_TEST(FamilyParallel, TensorAndContextParallelTimesFullShardMatchOneProcess) {
