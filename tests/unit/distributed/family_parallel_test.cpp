@@ -75,6 +75,12 @@ struct TinyGranite {  // embedding, attention, residual and logits multipliers; 
       "        intermediate_size: 64, vocab_size: 64, max_position_embeddings: 32, tie_word_embeddings: true,\n"
       "        embedding_multiplier: 3.0, attention_multiplier: 0.2, residual_multiplier: 0.5, logits_scaling: 4.0}";
 };
+struct TinyStarcoder2 {  // LayerNorms and projections with biases, a GELU MLP, a sliding window, tied head
+  static constexpr const char* kDir = "family_parallel_starcoder2";
+  static constexpr const char* kModel =
+      "{name: starcoder2, hidden_size: 32, num_attention_heads: 4, num_key_value_heads: 2, num_hidden_layers: 2,\n"
+      "        intermediate_size: 64, vocab_size: 64, max_position_embeddings: 32, sliding_window: 8}";
+};
 
 // Transformers' sparse MoE blocks, each expert a module of its own (experts.{e}.…): 4 experts, top 2.
 struct TinyMixtral {
@@ -140,7 +146,8 @@ class FamilyParallel : public DistTrainingOf<Model> {
   }
 };
 
-using Families = ::testing::Types<TinyNeoX, TinyOpt, TinyNeo, TinyGemma3, TinyPhi3, TinyFalcon, TinyOlmo2, TinyGranite>;
+using Families = ::testing::Types<TinyNeoX, TinyOpt, TinyNeo, TinyGemma3, TinyPhi3, TinyFalcon, TinyOlmo2, TinyGranite,
+                                  TinyStarcoder2>;
 TYPED_TEST_SUITE(FamilyParallel, Families);
 
 TYPED_TEST(FamilyParallel, TensorAndContextParallelTimesFullShardMatchOneProcess) {
