@@ -118,8 +118,13 @@ at::Tensor rotary_inv_freq(int64_t head_dim, double theta) {
 }
 
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  // x: (B, S, H, hd); cos/sin: (S, hd/2) or (B, S, hd/2) -> broadcast over heads (and batch).
-  const int64_t half = x.size(-1) / 2;
+  // x: (B, S, H, hd); cos/sin: (S, r/2) or (B, S, r/2) -> broadcast over heads (and batch). With r < hd (partial
+  // rotary) the first r features of each head rotate and the rest pass through.
+  const int64_t rotary = 2 * cos.size(-1), hd = x.size(-1);
+  if (rotary < hd) {
+    return at::cat({apply_rotary(x.narrow(-1, 0, rotary), cos, sin), x.narrow(-1, rotary, hd - rotary)}, -1);
+  }
+  const int64_t half = hd / 2;
   const at::Tensor x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
   const at::Tensor c = cos.unsqueeze(-2).to(x.scalar_type()), s = sin.unsqueeze(-2).to(x.scalar_type());
   return at::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);

@@ -79,7 +79,8 @@ NormImpl::NormImpl(int64_t n, NormType t, double e, bool with_bias, const at::Te
     : size(n), type(t), eps(e) {
   weight =
       register_parameter("weight", type == NormType::kOffsetRMSNorm ? at::zeros({n}, options) : at::ones({n}, options));
-  const bool layer_norm = type == NormType::kLayerNorm || type == NormType::kLowPrecisionLayerNorm;
+  const bool layer_norm =
+      type == NormType::kLayerNorm || type == NormType::kLowPrecisionLayerNorm || type == NormType::kLayerNorm1P;
   if (layer_norm && with_bias) bias = register_parameter("bias", at::zeros({n}, options));
 }
 
@@ -93,17 +94,20 @@ at::Tensor NormImpl::forward_with(const at::Tensor& x, const at::Tensor& w, cons
     const at::Tensor normed = f * at::rsqrt(f.pow(2).mean(-1, /*keepdim=*/true) + eps);
     return (normed * (1.0 + w.to(at::kFloat))).to(x.scalar_type());
   }
-  const bool low_precision = type == NormType::kLowPrecisionLayerNorm || type == NormType::kLowPrecisionRMSNorm;
+  // Nemotron's LayerNorm1P scales by (1 + weight) and runs as the low-precision LayerNorm does.
+  const at::Tensor scale = type == NormType::kLayerNorm1P ? w + 1.0 : w;
+  const bool low_precision = type == NormType::kLowPrecisionLayerNorm || type == NormType::kLowPrecisionRMSNorm ||
+                             type == NormType::kLayerNorm1P;
   const at::DeviceType device = x.device().type();
   if (low_precision && at::autocast::is_autocast_enabled(device)) {
     const at::ScalarType dtype = at::autocast::get_autocast_dtype(device);
     AutocastOff off(device);
-    const at::Tensor xd = x.to(dtype), wd = w.to(dtype);
+    const at::Tensor xd = x.to(dtype), wd = scale.to(dtype);
     if (type == NormType::kLowPrecisionRMSNorm) return rms_norm(xd, wd, eps);
     return at::layer_norm(xd, {size}, wd, b.defined() ? b.to(dtype) : at::Tensor(), eps);
   }
-  if (type == NormType::kRMSNorm || type == NormType::kLowPrecisionRMSNorm) return rms_norm(x, w, eps);
-  return at::layer_norm(x, {size}, w, b, eps);
+  if (type == NormType::kRMSNorm || type == NormType::kLowPrecisionRMSNorm) return rms_norm(x, scale, eps);
+  return at::layer_norm(x, {size}, scale, b, eps);
 }
 
 EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim, const at::TensorOptions& options) {

@@ -77,7 +77,8 @@ void set_rope_tables(AttentionInputs& in, const at::Tensor& positions, const at:
 at::Tensor rotary_inv_freq(int64_t head_dim, double theta);
 
 // Applies GPT-NeoX-style (flash-attn "dail", non-interleaved; HF's rotate_half) rotary embeddings to
-// x: (B, S, heads, head_dim), with cos/sin (S, head_dim / 2) or, for per-row positions, (B, S, head_dim / 2).
+// x: (B, S, heads, head_dim), with cos/sin (S, r / 2) or, for per-row positions, (B, S, r / 2): r = head_dim rotates
+// whole heads, a smaller r (partial rotary) the first r features of each head, the rest passing through.
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 // With a cache: prepends its keys and values to k and v ((B, KV, S, hd)) and stores the result in it.
