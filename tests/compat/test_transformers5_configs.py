@@ -62,6 +62,9 @@ CASES = {
     "starcoder2": (T.Starcoder2Config, T.Starcoder2ForCausalLM,
                    dict(BASE, sliding_window=7, rope_parameters={"rope_type": "default", "rope_theta": 9900.0}),
                    "sdpa"),
+    "nemotron": (T.NemotronConfig, T.NemotronForCausalLM,
+                 dict(BASE, rope_parameters={"rope_type": "default", "rope_theta": 9800.0,
+                                             "partial_rotary_factor": 0.25}), "sdpa"),
     "falcon": (T.FalconConfig, T.FalconForCausalLM,
                dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_kv_heads=2, vocab_size=101,
                     max_position_embeddings=64, new_decoder_architecture=True, bias=True,
@@ -112,7 +115,7 @@ CASES = {
 }
 ROTARY = {"llama", "llama3-rope", "llama-linear", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe", "falcon",
           "gemma2", "gemma3_text", "gpt_neox", "phi3", "dbrx", "olmo2",
-          "granite", "starcoder2"}
+          "granite", "starcoder2", "nemotron"}
 SEQ = 29
 
 

@@ -81,6 +81,12 @@ struct TinyStarcoder2 {  // LayerNorms and projections with biases, a GELU MLP, 
       "{name: starcoder2, hidden_size: 32, num_attention_heads: 4, num_key_value_heads: 2, num_hidden_layers: 2,\n"
       "        intermediate_size: 64, vocab_size: 64, max_position_embeddings: 32, sliding_window: 8}";
 };
+struct TinyNemotron {  // LayerNorm1P, rotary on half of each head, explicit head_dim, squared-ReLU MLP, untied head
+  static constexpr const char* kDir = "family_parallel_nemotron";
+  static constexpr const char* kModel =
+      "{name: nemotron, hidden_size: 32, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 12,\n"
+      "        num_hidden_layers: 2, intermediate_size: 64, vocab_size: 64, max_position_embeddings: 32}";
+};
 
 // Transformers' sparse MoE blocks, each expert a module of its own (experts.{e}.…): 4 experts, top 2.
 struct TinyMixtral {
@@ -147,7 +153,7 @@ class FamilyParallel : public DistTrainingOf<Model> {
 };
 
 using Families = ::testing::Types<TinyNeoX, TinyOpt, TinyNeo, TinyGemma3, TinyPhi3, TinyFalcon, TinyOlmo2, TinyGranite,
-                                  TinyStarcoder2>;
+                                  TinyStarcoder2, TinyNemotron>;
 TYPED_TEST_SUITE(FamilyParallel, Families);
 
 TYPED_TEST(FamilyParallel, TensorAndContextParallelTimesFullShardMatchOneProcess) {
