@@ -87,6 +87,13 @@ struct TinyNemotron {  // LayerNorm1P, rotary on half of each head, explicit hea
       "{name: nemotron, hidden_size: 32, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 12,\n"
       "        num_hidden_layers: 2, intermediate_size: 64, vocab_size: 64, max_position_embeddings: 32}";
 };
+struct TinySmolLM3 {  // layers without rotary (NoPE), windowed NoPE layers, tied head
+  static constexpr const char* kDir = "family_parallel_smollm3";
+  static constexpr const char* kModel =
+      "{name: smollm3, hidden_size: 32, num_attention_heads: 4, num_key_value_heads: 2, num_hidden_layers: 2,\n"
+      "        no_rope_layer_interval: 2, use_sliding_window: true, sliding_window: 8, intermediate_size: 64,\n"
+      "        vocab_size: 64, max_position_embeddings: 32, pad_token_id: null}";
+};
 
 // Transformers' sparse MoE blocks, each expert a module of its own (experts.{e}.…): 4 experts, top 2.
 struct TinyMixtral {
@@ -153,7 +160,7 @@ class FamilyParallel : public DistTrainingOf<Model> {
 };
 
 using Families = ::testing::Types<TinyNeoX, TinyOpt, TinyNeo, TinyGemma3, TinyPhi3, TinyFalcon, TinyOlmo2, TinyGranite,
-                                  TinyStarcoder2, TinyNemotron>;
+                                  TinyStarcoder2, TinyNemotron, TinySmolLM3>;
 TYPED_TEST_SUITE(FamilyParallel, Families);
 
 TYPED_TEST(FamilyParallel, TensorAndContextParallelTimesFullShardMatchOneProcess) {
