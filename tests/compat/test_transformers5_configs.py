@@ -115,6 +115,9 @@ CASES = {
                   attn_pdrop=0.0, bos_token_id=0, eos_token_id=0), "sdpa"),
     "mpt": (T.MptConfig, T.MptForCausalLM,
             dict(d_model=64, n_heads=4, n_layers=2, vocab_size=101, max_seq_len=64), "eager"),
+    "gpt_bigcode": (T.GPTBigCodeConfig, T.GPTBigCodeForCausalLM,
+                    dict(n_embd=64, n_layer=2, n_head=4, vocab_size=101, n_positions=64, resid_pdrop=0.0,
+                         embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0), "sdpa"),
 }
 ROTARY = {"llama", "llama3-rope", "llama-linear", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe", "falcon",
           "gemma2", "gemma3_text", "gpt_neox", "phi3", "dbrx", "olmo2",

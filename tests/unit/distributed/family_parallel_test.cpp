@@ -94,6 +94,12 @@ struct TinySmolLM3 {  // layers without rotary (NoPE), windowed NoPE layers, tie
       "        no_rope_layer_interval: 2, use_sliding_window: true, sliding_window: 8, intermediate_size: 64,\n"
       "        vocab_size: 64, max_position_embeddings: 32, pad_token_id: null}";
 };
+struct TinyGPTBigCode {  // head-major fused c_attn (multi-head: multi-query's one key/value head does not split)
+  static constexpr const char* kDir = "family_parallel_gpt_bigcode";
+  static constexpr const char* kModel =
+      "{name: gpt_bigcode, n_embd: 32, n_head: 4, n_layer: 2, n_inner: 64, multi_query: false, vocab_size: 64,\n"
+      "        n_positions: 32, attn_pdrop: 0.0, embd_pdrop: 0.0, resid_pdrop: 0.0}";
+};
 
 // Transformers' sparse MoE blocks, each expert a module of its own (experts.{e}.…): 4 experts, top 2.
 struct TinyMixtral {
@@ -160,7 +166,7 @@ class FamilyParallel : public DistTrainingOf<Model> {
 };
 
 using Families = ::testing::Types<TinyNeoX, TinyOpt, TinyNeo, TinyGemma3, TinyPhi3, TinyFalcon, TinyOlmo2, TinyGranite,
-                                  TinyStarcoder2, TinyNemotron, TinySmolLM3>;
+                                  TinyStarcoder2, TinyNemotron, TinySmolLM3, TinyGPTBigCode>;
 TYPED_TEST_SUITE(FamilyParallel, Families);
 
 TYPED_TEST(FamilyParallel, TensorAndContextParallelTimesFullShardMatchOneProcess) {
