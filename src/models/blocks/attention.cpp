@@ -130,6 +130,18 @@ at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
   return at::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
 }
 
+at::Tensor apply_rotary_interleaved(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = cos.size(-1), rotary = 2 * half, hd = x.size(-1);
+  if (rotary < hd) {
+    return at::cat({apply_rotary_interleaved(x.narrow(-1, 0, rotary), cos, sin), x.narrow(-1, rotary, hd - rotary)},
+                   -1);
+  }
+  const at::Tensor pairs = x.unflatten(-1, {half, 2});
+  const at::Tensor x1 = pairs.select(-1, 0), x2 = pairs.select(-1, 1);
+  const at::Tensor c = cos.unsqueeze(-2).to(x.scalar_type()), s = sin.unsqueeze(-2).to(x.scalar_type());
+  return at::stack({x1 * c - x2 * s, x2 * c + x1 * s}, -1).flatten(-2);
+}
+
 void append_to_cache(LayerCache* cache, at::Tensor& k, at::Tensor& v) {
   if (cache == nullptr) return;
   if (cache->key.defined()) {

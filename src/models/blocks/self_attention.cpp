@@ -44,8 +44,9 @@ at::Tensor SelfAttentionImpl::forward(const at::Tensor& x, const AttentionInputs
     k = norm(k_norm, k);
   }
   if (in.rope_cos.defined()) {
-    q = apply_rotary(q, in.rope_cos, in.rope_sin);
-    k = apply_rotary(k, in.rope_cos, in.rope_sin);
+    const auto rotate = o_.interleaved_rotary ? &apply_rotary_interleaved : &apply_rotary;
+    q = rotate(q, in.rope_cos, in.rope_sin);
+    k = rotate(k, in.rope_cos, in.rope_sin);
   }
   q = q.transpose(1, 2);
   k = k.transpose(1, 2);

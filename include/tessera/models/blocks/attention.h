@@ -80,6 +80,9 @@ at::Tensor rotary_inv_freq(int64_t head_dim, double theta);
 // x: (B, S, heads, head_dim), with cos/sin (S, r / 2) or, for per-row positions, (B, S, r / 2): r = head_dim rotates
 // whole heads, a smaller r (partial rotary) the first r features of each head, the rest passing through.
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+// The same rotation in the interleaved layout (GPT-J's, GLM's): features 2i and 2i + 1 rotate as a pair by the angle of
+// table column i; with narrower tables, the first r features of each head, the rest passing through.
+at::Tensor apply_rotary_interleaved(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 // With a cache: prepends its keys and values to k and v ((B, KV, S, hd)) and stores the result in it.
 void append_to_cache(LayerCache* cache, at::Tensor& k, at::Tensor& v);

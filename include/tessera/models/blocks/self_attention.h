@@ -1,7 +1,8 @@
 // The attention module most transformers decoders share, as one block: separate query, key, value and output
 // projections under transformers' names (q_proj, k_proj, v_proj and o_proj, or out_proj), grouped-query heads, q/k
 // norms per head (Qwen3, Gemma 3) or over the whole projection (OLMo 2), rotary embeddings from the call's tables when
-// it has them, the KV cache and attend(). A family registers it under its own module name ("self_attn", "attention")
+// it has them (over the tables' width, so partial rotary too; rotate-half or interleaved pairs), the KV cache and
+// attend(). A family registers it under its own module name ("self_attn", "attention")
 // with the options of its config; what differs beyond these (fused projections, ALiBi, multi-query layouts) stays in
 // the family's own module.
 #pragma once
@@ -33,8 +34,9 @@ struct SelfAttentionOptions {
   QKNorm qk_norm = QKNorm::kNone;
   NormType qk_norm_type = NormType::kRMSNorm;
   double qk_norm_eps = 1e-6;
-  double scale = 0;    // the scores' scale; 0: 1 / sqrt(head_dim)
-  double dropout = 0;  // on the attention probabilities, while training
+  double scale = 0;                 // the scores' scale; 0: 1 / sqrt(head_dim)
+  double dropout = 0;               // on the attention probabilities, while training
+  bool interleaved_rotary = false;  // rotate pairs (2i, 2i + 1) (apply_rotary_interleaved: GLM's layout)
 
   int64_t kv() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t hd() const { return head_dim > 0 ? head_dim : hidden_size / heads; }
