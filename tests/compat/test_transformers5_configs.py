@@ -68,6 +68,10 @@ CASES = {
     "smollm3": (T.SmolLM3Config, T.SmolLM3ForCausalLM,
                 dict(BASE, no_rope_layer_interval=2, pad_token_id=0,
                      rope_parameters={"rope_type": "default", "rope_theta": 9700.0}), "sdpa"),
+    "glm4": (T.Glm4Config, T.Glm4ForCausalLM,
+             dict(BASE, head_dim=16, pad_token_id=0, eos_token_id=0,
+                  rope_parameters={"rope_type": "default", "rope_theta": 9600.0, "partial_rotary_factor": 0.5}),
+             "sdpa"),
     "falcon": (T.FalconConfig, T.FalconForCausalLM,
                dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_kv_heads=2, vocab_size=101,
                     max_position_embeddings=64, new_decoder_architecture=True, bias=True,
@@ -121,7 +125,7 @@ CASES = {
 }
 ROTARY = {"llama", "llama3-rope", "llama-linear", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe", "falcon",
           "gemma2", "gemma3_text", "gpt_neox", "phi3", "dbrx", "olmo2",
-          "granite", "starcoder2", "nemotron", "smollm3"}
+          "granite", "starcoder2", "nemotron", "smollm3", "glm4"}
 SEQ = 29
 
 

@@ -100,6 +100,13 @@ struct TinyGPTBigCode {  // head-major fused c_attn (multi-head: multi-query's o
       "{name: gpt_bigcode, n_embd: 32, n_head: 4, n_layer: 2, n_inner: 64, multi_query: false, vocab_size: 64,\n"
       "        n_positions: 32, attn_pdrop: 0.0, embd_pdrop: 0.0, resid_pdrop: 0.0}";
 };
+struct TinyGlm4 {  // four norms a layer, interleaved partial rotary, q/k/v biases, fused gate_up_proj in two blocks
+  static constexpr const char* kDir = "family_parallel_glm4";
+  static constexpr const char* kModel =
+      "{name: glm4, hidden_size: 32, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 8,\n"
+      "        num_hidden_layers: 2, intermediate_size: 64, vocab_size: 64, max_position_embeddings: 32,\n"
+      "        attention_bias: false, pad_token_id: null, eos_token_id: null}";
+};
 
 // Transformers' sparse MoE blocks, each expert a module of its own (experts.{e}.…): 4 experts, top 2.
 struct TinyMixtral {
@@ -166,7 +173,7 @@ class FamilyParallel : public DistTrainingOf<Model> {
 };
 
 using Families = ::testing::Types<TinyNeoX, TinyOpt, TinyNeo, TinyGemma3, TinyPhi3, TinyFalcon, TinyOlmo2, TinyGranite,
-                                  TinyStarcoder2, TinyNemotron, TinySmolLM3, TinyGPTBigCode>;
+                                  TinyStarcoder2, TinyNemotron, TinySmolLM3, TinyGPTBigCode, TinyGlm4>;
 TYPED_TEST_SUITE(FamilyParallel, Families);
 
 TYPED_TEST(FamilyParallel, TensorAndContextParallelTimesFullShardMatchOneProcess) {
