@@ -1,6 +1,8 @@
 """Tessera's OLMo 2 (`model.name: olmo2`, its own family folder) against transformers' own Olmo2ForCausalLM, on
 random small configurations: RMSNorms after the attention and after the MLP inside the residual, q/k RMSNorms over the
-whole projection (not per head), grouped-query attention, attention biases, tied embeddings, linear rope scaling.
+whole projection (not per head), grouped-query attention, attention biases, tied embeddings, linear rope scaling. And
+OLMo 3 (`model_type: olmo3`) against Olmo3ForCausalLM: the same with sliding-window layers (layer_types) whose rotary
+embeddings ignore rope_scaling.
 
 - transformers saves a folder -> Tessera loads it: logits within 1e-5 max-abs in fp32, the loss within 1e-5 and every
   gradient within 1e-4 relative, on the SDPA path and the explicit reference path.
@@ -16,7 +18,7 @@ import json
 import pytest
 import torch
 import yaml
-from transformers import Olmo2Config, Olmo2ForCausalLM
+from transformers import Olmo2Config, Olmo2ForCausalLM, Olmo3Config, Olmo3ForCausalLM
 
 from conftest import ROOT
 from test_hf_export import VOCAB, dataset  # noqa: F401 (the fixture)
@@ -34,18 +36,31 @@ CONFIGS = {
 }
 
 
+# OLMo 3: three sliding layers of every four by default (the window smaller than the test sequences), or a list;
+# rope_scaling on the full layers only.
+CONFIGS3 = {
+    "olmo3-default-layers": dict(BASE, num_hidden_layers=4, num_key_value_heads=2, sliding_window=5,
+                                 rope_scaling=dict(rope_type="linear", factor=2.0)),
+    "olmo3-layer-list-tied": dict(BASE, sliding_window=6, layer_types=["full_attention", "sliding_attention"],
+                                  tie_word_embeddings=True),
+}
+CLASSES = {**{n: (Olmo2Config, Olmo2ForCausalLM) for n in CONFIGS}, **{n: (Olmo3Config, Olmo3ForCausalLM)
+                                                                        for n in CONFIGS3}}
+ALL = {**CONFIGS, **CONFIGS3}
+
+
 def hf_model(name, seed=0):
     torch.manual_seed(seed)
-    return randomise_norms_and_biases(
-        Olmo2ForCausalLM(Olmo2Config(**CONFIGS[name], attn_implementation="sdpa")).eval())
+    config_class, model_class = CLASSES[name]
+    return randomise_norms_and_biases(model_class(config_class(**ALL[name], attn_implementation="sdpa")).eval())
 
 
-@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("name", ALL)
 def test_logits_and_gradients_match_transformers(name, driver, tmp_path):
     check_logits_and_gradients(hf_model(name), driver, tmp_path)
 
 
-@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("name", ALL)
 def test_left_padding_matches_transformers(name, driver, tmp_path):
     check_left_padding(hf_model(name, seed=1), driver, tmp_path)
 
@@ -54,7 +69,7 @@ def test_packed_documents_equal_each_document_alone(driver, tmp_path):
     check_packed_documents(hf_model("gqa", seed=2), driver, tmp_path)
 
 
-@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("name", ALL)
 def test_greedy_generation_matches_transformers_generate(name, driver, tmp_path):
     check_greedy_generation(hf_model(name, seed=5), driver, tmp_path)
 
@@ -74,17 +89,21 @@ def test_configs_tessera_does_not_compute_are_refused_by_key(driver, tmp_path):
 
 # The round trip's 5 steps must lower the loss: with the biases and a linear rope of factor 2 at theta 500000 the tiny
 # model starts too close to uniform for 5 AdamW steps to do so reliably, so the tied head goes round on its own.
-ROUND_TRIP = {"gqa": CONFIGS["gqa"], "tied": dict(BASE, tie_word_embeddings=True)}
+ROUND_TRIP = {"gqa": CONFIGS["gqa"], "tied": dict(BASE, tie_word_embeddings=True),
+              "olmo3-layer-list-tied": CONFIGS3["olmo3-layer-list-tied"]}
 
 
 @pytest.mark.parametrize("name", ROUND_TRIP)
 def test_hf_folder_trained_and_exported_loads_in_transformers_as_the_same_function(name, driver, tmp_path, dataset):
     torch.manual_seed(6)
     cfg = ROUND_TRIP[name]
-    start = save(Olmo2ForCausalLM(Olmo2Config(**dict(cfg, vocab_size=VOCAB))), tmp_path / "start")
-    section = dict(cfg, name="olmo2", vocab_size=VOCAB)  # the recipe takes Olmo2Config's keys
+    config_class, model_class = CLASSES.get(name, (Olmo2Config, Olmo2ForCausalLM))
+    start = save(model_class(config_class(**dict(cfg, vocab_size=VOCAB))), tmp_path / "start")
+    section = dict(cfg, name="olmo2", vocab_size=VOCAB)  # the recipe takes the config class's keys
+    if model_class is Olmo3ForCausalLM:
+        section["model_type"] = "olmo3"
     hf = train_export_and_compare(driver, tmp_path, dataset, section, start)
-    assert type(hf) is Olmo2ForCausalLM
+    assert type(hf) is model_class
 
 
 @pytest.mark.parametrize("recipe", ["olmo2-tiny-cpu.yaml", "olmo2-7b.yaml"])

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "tessera/config/value.h"
 #include "tessera/models/family_keys.h"
 #include "tessera/models/family_support.h"
@@ -12,11 +14,14 @@ namespace tessera::models {
 
 // ---- Options --------------------------------------------------------------------------------------------------------
 
-// Olmo2Config's keys.
+// Olmo2Config's keys; Olmo3Config's add sliding_window and layer_types.
 const FamilyKeys<Olmo2Options>& olmo2_keys() {
   using O = Olmo2Options;
+  static const std::vector<std::string> olmo3 = {"olmo3"};
   static const FamilyKeys<O> keys =
-      FamilyKeys<O>({"olmo2"}, [](const std::string&) { return "Olmo2ForCausalLM"; })
+      FamilyKeys<O>({"olmo2", "olmo3"},
+                    [](const std::string& type) { return type == "olmo3" ? "Olmo3ForCausalLM" : "Olmo2ForCausalLM"; })
+          .defaults([](const std::string& type, O& o) { o.model_type = type; })
           .field("vocab_size", &O::vocab_size, positive())
           .field("hidden_size", &O::hidden_size, positive())
           .field("intermediate_size", &O::intermediate_size, positive())
@@ -37,7 +42,24 @@ const FamilyKeys<Olmo2Options>& olmo2_keys() {
           .linear_rope_scaling(&O::rope_factor, "OLMo 2")
           .field("attention_bias", &O::attention_bias)
           .field("attention_dropout", &O::attention_dropout, probability())
-          .field("rms_norm_eps", &O::rms_norm_eps, positive_real());
+          .field("rms_norm_eps", &O::rms_norm_eps, positive_real())
+          .field("sliding_window", &O::sliding_window, positive(), olmo3)
+          .field("layer_types", &O::layer_types, {}, olmo3)
+          .custom(
+              "layer_types",
+              [](config::Section& s, O& o) {
+                if (o.layer_types.empty()) {
+                  for (int64_t i = 0; i < o.num_hidden_layers; ++i)
+                    o.layer_types.emplace_back((i + 1) % 4 != 0 ? "sliding_attention" : "full_attention");
+                }
+                s.check(static_cast<int64_t>(o.layer_types.size()) == o.num_hidden_layers, "layer_types",
+                        fmt::format("has {} entries for {} layers", o.layer_types.size(), o.num_hidden_layers));
+                for (const std::string& t : o.layer_types) {
+                  s.check(t == "sliding_attention" || t == "full_attention", "layer_types",
+                          fmt::format("each entry is sliding_attention or full_attention, got \"{}\"", t));
+                }
+              },
+              nullptr, olmo3);
   return keys;
 }
 
@@ -52,12 +74,13 @@ Olmo2Options olmo2_options_from_hf_config(const nlohmann::json& raw, const std::
 }
 
 nlohmann::ordered_json olmo2_hf_config(const Olmo2Options& o, at::ScalarType dtype) {
-  return olmo2_keys().hf_config(o, "olmo2", dtype);
+  return olmo2_keys().hf_config(o, o.model_type, dtype);
 }
 
 // ---- Modules --------------------------------------------------------------------------------------------------------
 
-Olmo2DecoderLayerImpl::Olmo2DecoderLayerImpl(const Olmo2Options& o, const at::TensorOptions& t) {
+Olmo2DecoderLayerImpl::Olmo2DecoderLayerImpl(const Olmo2Options& o, int64_t layer, const at::TensorOptions& t)
+    : sliding_(o.sliding(layer)) {
   self_attn = register_module("self_attn", SelfAttention(SelfAttentionOptions{.hidden_size = o.hidden_size,
                                                                               .heads = o.num_attention_heads,
                                                                               .kv_heads = o.num_key_value_heads,
@@ -73,8 +96,8 @@ Olmo2DecoderLayerImpl::Olmo2DecoderLayerImpl(const Olmo2Options& o, const at::Te
   post_feedforward_layernorm = register_module("post_feedforward_layernorm", norm());
 }
 
-at::Tensor Olmo2DecoderLayerImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
-  const at::Tensor h = x + post_attention_layernorm(self_attn(x, in, cache));
+at::Tensor Olmo2DecoderLayerImpl::forward(const at::Tensor& x, const GlobalLocalInputs& in, LayerCache* cache) {
+  const at::Tensor h = x + post_attention_layernorm(self_attn(x, sliding_ ? in.local : in.global, cache));
   return h + post_feedforward_layernorm(mlp(h));
 }
 
@@ -82,28 +105,40 @@ Olmo2ModelImpl::Olmo2ModelImpl(const Olmo2Options& o, const at::TensorOptions& t
   embed_tokens = register_module("embed_tokens", Embedding(o.vocab_size, o.hidden_size, t));
   if (o.pad_token_id) embed_tokens->padding_idx = *o.pad_token_id;  // nn.Embedding(..., padding_idx)
   layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < o.num_hidden_layers; ++i) layers->push_back(Olmo2DecoderLayer(o, t));
+  for (int64_t i = 0; i < o.num_hidden_layers; ++i) layers->push_back(Olmo2DecoderLayer(o, i, t));
   norm = register_module("norm", Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));
 }
 
 Olmo2ForCausalLMImpl::Olmo2ForCausalLMImpl(const Olmo2Options& o)
-    : DecoderLM("model.layers."), o_(o), inv_freq_(rotary_inv_freq(o.head_dim(), o.rope_theta) / o.rope_factor) {
+    : DecoderLM("model.layers."),
+      o_(o),
+      inv_freq_(rotary_inv_freq(o.head_dim(), o.rope_theta) / o.rope_factor),
+      inv_freq_unscaled_(rotary_inv_freq(o.head_dim(), o.rope_theta)) {
   const at::TensorOptions t = at::TensorOptions().dtype(at::kFloat).device(at::Device(o.init_device));
   model = register_module("model", Olmo2Model(o, t));
   if (!o.tie_word_embeddings) lm_head = register_module("lm_head", Linear(o.hidden_size, o.vocab_size, false, t));
 }
 
-AttentionInputs Olmo2ForCausalLMImpl::attention_inputs(const DecoderCall& call) {
-  AttentionInputs in = causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype);
-  set_rope_tables(in, call.positions, inv_freq_);  // in float32, as transformers computes them
+GlobalLocalInputs Olmo2ForCausalLMImpl::attention_inputs(const DecoderCall& call) {
+  GlobalLocalInputs in;
+  in.global = causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype);
+  set_rope_tables(in.global, call.positions, inv_freq_);  // in float32, as transformers computes them
+  if (o_.model_type == "olmo3") {
+    in.local = causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype, o_.sliding_window);
+    set_rope_tables(in.local, call.positions, inv_freq_unscaled_);
+  }
   return in;
 }
 
 double Olmo2ForCausalLMImpl::flops_per_token(int64_t seq_len) const {
   int64_t n = num_params();
   if (!o_.tie_word_embeddings) n -= o_.vocab_size * o_.hidden_size;
-  return 6.0 * static_cast<double>(n) + 12.0 * static_cast<double>(o_.num_hidden_layers) *
-                                            static_cast<double>(o_.hidden_size) * static_cast<double>(seq_len);
+  double attention = 0;
+  for (int64_t i = 0; i < o_.num_hidden_layers; ++i) {
+    const int64_t keys = o_.sliding(i) ? std::min(seq_len, o_.sliding_window) : seq_len;
+    attention += 12.0 * static_cast<double>(o_.hidden_size) * static_cast<double>(keys);
+  }
+  return 6.0 * static_cast<double>(n) + attention;
 }
 
 void Olmo2ForCausalLMImpl::init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select) {
