@@ -83,7 +83,7 @@ commit=$(git -C "$here" rev-parse HEAD 2>/dev/null || echo unknown)
 [ -z "$(git -C "$here" status --porcelain --untracked-files=no 2>/dev/null)" ] || commit="$commit+changes"
 echo "$commit" > "$kit/COMMIT"
 
-tar cf - -C "$stage" tessera-gpu-kit | xz -T0 -6 > "$out.tmp"
+tar cf - -C "$stage" tessera-gpu-kit | xz -T0 -9 > "$out.tmp"
 mv "$out.tmp" "$out"
 size=$(stat -c %s "$out")
 echo "gpu_bundle.sh: $out: $((size / 1000)) kB ($(ls "$kit/lib" | wc -l) libraries; commit $(cat "$kit/COMMIT"))"
