@@ -44,6 +44,10 @@ CONFIGS = {
                                        "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
     "mistral-sliding": (MistralConfig, MistralForCausalLM, dict(BASE, num_key_value_heads=2, sliding_window=7)),
     "qwen2-biases": (Qwen2Config, Qwen2ForCausalLM, dict(BASE, num_key_value_heads=2, tie_word_embeddings=True)),
+    # A window in the layers from max_window_layers on (layer 1 of 2; the window shorter than the sequences).
+    "qwen2-window-from-layer-1": (Qwen2Config, Qwen2ForCausalLM,
+                                  dict(BASE, num_key_value_heads=2, use_sliding_window=True, sliding_window=5,
+                                       max_window_layers=1)),
 }
 SEQ = 29
 
@@ -219,7 +223,7 @@ def check_greedy_generation(model, driver, tmp_path, lowest_id=1):
     assert torch.equal(ours, theirs)
 
 
-@pytest.mark.parametrize("name", ["gqa", "mistral-sliding", "qwen2-biases"])
+@pytest.mark.parametrize("name", ["gqa", "mistral-sliding", "qwen2-biases", "qwen2-window-from-layer-1"])
 def test_left_padding_matches_transformers(name, driver, tmp_path):
     check_left_padding(hf_model(name, seed=1), driver, tmp_path)
 
@@ -229,18 +233,23 @@ def test_packed_documents_equal_each_document_alone(name, driver, tmp_path):
     check_packed_documents(hf_model(name, seed=2), driver, tmp_path)
 
 
-@pytest.mark.parametrize("name", ["gqa", "rope-llama3", "mistral-sliding", "qwen2-biases"])
+@pytest.mark.parametrize("name", ["gqa", "rope-llama3", "mistral-sliding", "qwen2-biases",
+                                  "qwen2-window-from-layer-1"])
 def test_greedy_generation_matches_transformers_generate(name, driver, tmp_path):
     check_greedy_generation(hf_model(name, seed=5), driver, tmp_path)
 
 
 def test_configs_transformers_computes_differently_are_refused(driver, tmp_path):
-    # Qwen2 with a sliding window on some layers only (layers >= max_window_layers): refused, not loaded wrong.
-    cfg = dict(CONFIGS["qwen2-biases"][2], use_sliding_window=True, sliding_window=8, max_window_layers=1)
-    save(Qwen2ForCausalLM(Qwen2Config(**cfg)), tmp_path / "qwen")
+    # Qwen2 with a layer type Tessera's Llama family does not compute (Llama 4's chunked attention): refused, not loaded
+    # as a full layer.
+    cfg = dict(CONFIGS["qwen2-window-from-layer-1"][2])
+    folder = save(Qwen2ForCausalLM(Qwen2Config(**cfg)), tmp_path / "qwen")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(config, layer_types=["full_attention", "chunked_attention"])))
     ids = torch.zeros(1, 4, dtype=torch.long)
-    with pytest.raises(AssertionError, match="sliding window in 1 of 2 layers"):
-        run_tessera(driver, tmp_path, tmp_path / "qwen", input_ids=ids)
+    with pytest.raises(AssertionError, match='layer_types: each entry is sliding_attention or full_attention, got '
+                                             '"chunked_attention"'):
+        run_tessera(driver, tmp_path, folder, input_ids=ids)
     # Other activations and rope types.
     for key, value, message in (("hidden_act", "gelu", "hidden_act"),
                                 ("rope_scaling", {"rope_type": "yarn", "factor": 2.0}, "rope_type")):
@@ -281,7 +290,8 @@ def train_export_and_compare(driver, tmp_path, dataset, section, start=None):
     return hf
 
 
-@pytest.mark.parametrize("name", ["gqa", "tied-biases", "rope-llama3", "mistral-sliding", "qwen2-biases"])
+@pytest.mark.parametrize("name", ["gqa", "tied-biases", "rope-llama3", "mistral-sliding", "qwen2-biases",
+                                  "qwen2-window-from-layer-1"])
 def test_hf_folder_trained_and_exported_loads_in_transformers_as_the_same_function(name, driver, tmp_path, dataset):
     config_class, model_class, cfg = CONFIGS[name]
     torch.manual_seed(6)
@@ -291,7 +301,7 @@ def test_hf_folder_trained_and_exported_loads_in_transformers_as_the_same_functi
                                          "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                                          "max_position_embeddings", "rms_norm_eps", "rope_theta",
                                          "tie_word_embeddings") if k in hf_config}
-    for k in ("rope_scaling", "attention_bias", "mlp_bias", "sliding_window", "head_dim"):
+    for k in ("rope_scaling", "attention_bias", "mlp_bias", "sliding_window", "head_dim", "layer_types"):
         if hf_config.get(k) is not None:
             section[k] = hf_config[k]
     section["name"] = "llama"

@@ -7,7 +7,7 @@ small configurations: per-head q/k RMSNorms before rotary, grouped-query attenti
 - Left padding and greedy generation equal transformers'.
 - HF folder -> Tessera -> 5 training steps -> checkpoint -> `convert` -> AutoModelForCausalLM: a Qwen3ForCausalLM with
   the same logits; a recipe of `model_type: qwen3` trained from scratch exports the same way.
-- A sliding window on some layers only (layer_types) is refused naming the file, not computed as another model.
+- A sliding window on some layers only (max_window_layers, or an explicit layer_types) equals transformers' too.
 """
 import json
 
@@ -27,6 +27,10 @@ CONFIGS = {
     "gqa-head-dim": dict(BASE),
     "tied-biases-sliding": dict(BASE, head_dim=16, tie_word_embeddings=True, attention_bias=True,
                                 use_sliding_window=True, sliding_window=7, max_window_layers=0),
+    # The window in some layers only: from max_window_layers on, or as layer_types lists them.
+    "window-from-layer-1": dict(BASE, use_sliding_window=True, sliding_window=5, max_window_layers=1),
+    "window-layer-list": dict(BASE, num_hidden_layers=3, use_sliding_window=True, sliding_window=4,
+                              layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
 }
 
 
@@ -58,12 +62,14 @@ def test_hf_folder_trained_and_exported_loads_in_transformers_as_qwen3(name, dri
     section = {k: v for k, v in json.loads((start / "config.json").read_text()).items()
                if k in ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                         "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
-                        "rms_norm_eps", "rope_theta", "tie_word_embeddings", "attention_bias", "sliding_window")
+                        "rms_norm_eps", "rope_theta", "tie_word_embeddings", "attention_bias", "sliding_window",
+                        "layer_types")
                and v is not None}
     section["name"] = "llama"
     hf = train_export_and_compare(driver, tmp_path, dataset, section, start)
     assert type(hf) is Qwen3ForCausalLM
     assert hf.config.use_sliding_window == ("sliding_window" in section)
+    assert hf.config.layer_types == Qwen3Config(**CONFIGS[name]).layer_types
 
 
 def test_a_recipe_trained_from_scratch_exports_as_qwen3(driver, tmp_path, dataset):
@@ -74,8 +80,9 @@ def test_a_recipe_trained_from_scratch_exports_as_qwen3(driver, tmp_path, datase
     assert type(hf) is Qwen3ForCausalLM and hf.config.head_dim == 128
 
 
-def test_a_window_on_some_layers_only_is_refused(driver, tmp_path):
-    cfg = dict(BASE, use_sliding_window=True, sliding_window=8, max_window_layers=1)
-    folder = save(Qwen3ForCausalLM(Qwen3Config(**cfg)), tmp_path / "qwen3")
-    with pytest.raises(AssertionError, match=r"config\.json: a sliding window in 1 of 2 layers"):
+def test_a_layer_list_of_the_wrong_length_is_refused_naming_the_key(driver, tmp_path):
+    folder = save(Qwen3ForCausalLM(Qwen3Config(**CONFIGS["window-from-layer-1"])), tmp_path / "qwen3")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(config, layer_types=["sliding_attention"] * 3)))
+    with pytest.raises(AssertionError, match=r"layer_types: has 3 entries for 2 layers"):
         run_tessera(driver, tmp_path, folder, input_ids=torch.zeros(1, 4, dtype=torch.long))

@@ -125,6 +125,27 @@ const FamilyKeys<LlamaOptions>& llama_keys() {
               },
               [](const O& o) { return o.sliding_window > 0 ? nlohmann::ordered_json(o.sliding_window) : nullptr; },
               windowed)
+          // Qwen2 and Qwen3 slide in the layers layer_types names; written in full (every layer's type) for
+          // transformers.
+          .custom(
+              "layer_types",
+              [](config::Section& s, O& o) {
+                o.layer_types = s.get_strings("layer_types", o.layer_types);
+                if (o.layer_types.empty()) return;
+                s.check(static_cast<int64_t>(o.layer_types.size()) == o.num_hidden_layers, "layer_types",
+                        fmt::format("has {} entries for {} layers", o.layer_types.size(), o.num_hidden_layers));
+                for (const std::string& t : o.layer_types) {
+                  s.check(t == "sliding_attention" || t == "full_attention", "layer_types",
+                          fmt::format("each entry is sliding_attention or full_attention, got \"{}\"", t));
+                }
+              },
+              [](const O& o) {
+                std::vector<std::string> types;
+                for (int64_t i = 0; i < o.num_hidden_layers; ++i)
+                  types.emplace_back(o.windowed_layer(i) ? "sliding_attention" : "full_attention");
+                return nlohmann::ordered_json(types);
+              },
+              {"qwen2", "qwen3"})
           // Written for transformers: Qwen2 and Qwen3 slide only where use_sliding_window and max_window_layers say so.
           .written("use_sliding_window", [](const O& o) { return nlohmann::ordered_json(o.sliding_window > 0); },
                    {"qwen2", "qwen2_moe", "qwen3_moe", "qwen3"})
@@ -163,24 +184,35 @@ LlamaOptions llama_options_from_hf_config(const nlohmann::json& raw, const std::
   const std::string type = raw.value("model_type", "");
   std::set<std::string> accepted = {"pretraining_tp"};
   const bool per_layer_windows = type == "qwen2" || type == "qwen2_moe" || type == "qwen3";
-  if (per_layer_windows) accepted.insert("layer_types");
+  const bool layer_list = type == "qwen2" || type == "qwen3";
+  if (per_layer_windows && !layer_list) accepted.insert("layer_types");
   // Mistral and Qwen2 write sliding_window even when it is off (use_sliding_window: false in Qwen2). Qwen2 and Qwen3
-  // slide in the layers their layer_types names (by default those >= max_window_layers); Tessera's window covers every
-  // layer or none. Llama 3.1's list of eos ids reads as none.
+  // slide in the layers their layer_types names (by default those >= max_window_layers), which Tessera reads as they
+  // are; Qwen2-MoE's window covers every layer or none. Llama 3.1's list of eos ids reads as none.
   return llama_keys().from_hf(
       raw, where, &parse_llama_options, accepted, [&](const nlohmann::json& config, nlohmann::json& cfg) {
         if (per_layer_windows) {
           const int64_t layers = config.value("num_hidden_layers", int64_t{0});
-          int64_t sliding = 0;
+          std::vector<std::string> types;
           if (config.contains("layer_types") && config["layer_types"].is_array()) {
-            for (const auto& t : config["layer_types"]) sliding += t == "sliding_attention";
-          } else if (config.value("use_sliding_window", false)) {
-            sliding = std::max<int64_t>(0, layers - config.value("max_window_layers", int64_t{28}));
+            for (const auto& t : config["layer_types"]) {
+              if (!t.is_string()) throw Error("hf", fmt::format("{}: layer_types: each entry is a string", where));
+              types.push_back(t.get<std::string>());
+            }
+          } else {
+            const bool on = config.value("use_sliding_window", false);
+            const int64_t from = config.value("max_window_layers", int64_t{28});
+            for (int64_t i = 0; i < layers; ++i)
+              types.emplace_back(on && i >= from ? "sliding_attention" : "full_attention");
           }
-          if (config.value("sliding_window", nlohmann::json()).is_null()) sliding = 0;
+          const int64_t sliding = config.value("sliding_window", nlohmann::json()).is_null()
+                                      ? 0
+                                      : std::count(types.begin(), types.end(), "sliding_attention");
+          cfg.erase("layer_types");
+          if (layer_list) cfg["layer_types"] = types;  // read and checked as the recipe's
           if (sliding == 0) {
             cfg.erase("sliding_window");
-          } else if (sliding != layers) {
+          } else if (!layer_list && sliding != layers) {
             throw Error("hf", fmt::format("{}: a sliding window in {} of {} layers "
                                           "(layer_types, max_window_layers); Tessera's "
                                           "sliding window covers every layer or none",
@@ -321,7 +353,8 @@ SelfAttentionOptions llama_attention(const LlamaOptions& o) {
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaOptions& o, const at::TensorOptions& t, int64_t index,
                                              std::shared_ptr<HfRouterLoss> router_loss,
-                                             std::shared_ptr<AuxLossScale> aux_scale) {
+                                             std::shared_ptr<AuxLossScale> aux_scale)
+    : windowed_(o.windowed_layer(index)) {
   input_layernorm =
       register_module("input_layernorm", Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));
   self_attn = register_module("self_attn", SelfAttention(llama_attention(o), t));
@@ -336,8 +369,8 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaOptions& o, const at::Te
   }
 }
 
-at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
-  const at::Tensor h = x + self_attn(input_layernorm(x), in, cache);
+at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const GlobalLocalInputs& in, LayerCache* cache) {
+  const at::Tensor h = x + self_attn(input_layernorm(x), windowed_ ? in.local : in.global, cache);
   const at::Tensor normed = post_attention_layernorm(h);
   return h + (moe ? moe(normed) : mlp(normed));
 }
@@ -364,10 +397,18 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaOptions& o)
   if (!o.tie_word_embeddings) lm_head = register_module("lm_head", Linear(o.hidden_size, o.vocab_size, false, t));
 }
 
-AttentionInputs LlamaForCausalLMImpl::attention_inputs(const DecoderCall& call) {
-  AttentionInputs in =
-      causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype, o_.sliding_window);
-  set_rope_tables(in, call.positions, inv_freq_);  // in float32, as transformers computes them
+GlobalLocalInputs LlamaForCausalLMImpl::attention_inputs(const DecoderCall& call) {
+  // The full layers' causal masks, and the windowed ones for the layers the sliding window applies to (the same set
+  // when it applies to every layer or none); rotary tables in float32, as transformers computes them.
+  GlobalLocalInputs in;
+  in.global = causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype);
+  set_rope_tables(in.global, call.positions, inv_freq_);
+  if (o_.sliding_window > 0) {
+    in.local = causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype, o_.sliding_window);
+    set_rope_tables(in.local, call.positions, inv_freq_);
+  } else {
+    in.local = in.global;
+  }
   return in;
 }
 

@@ -64,6 +64,8 @@ struct LlamaOptions {
   bool qkv_bias = false;        // Qwen2's biases on q, k, v and none on o
   bool mlp_bias = false;
   int64_t sliding_window = 0;  // Mistral / Qwen2: each query sees at most this many keys; 0 = unlimited
+  // Qwen2 / Qwen3: the layers the window applies to (sliding_attention or full_attention each); empty: every layer.
+  std::vector<std::string> layer_types;
   double attention_dropout = 0.0;
   double initializer_range = 0.02;
   std::optional<int64_t> bos_token_id, eos_token_id, pad_token_id;
@@ -86,6 +88,9 @@ struct LlamaOptions {
   int64_t sparse_layers() const;
   SparseMoeOptions sparse_moe() const;
   bool o_bias() const { return attention_bias; }
+  bool windowed_layer(int64_t i) const {
+    return sliding_window > 0 && (layer_types.empty() || layer_types[static_cast<size_t>(i)] == "sliding_attention");
+  }
 };
 
 // Reads a `model:` section with name llama (HF's LlamaConfig keys; `sliding_window`, `qkv_bias` for the Mistral and
@@ -117,19 +122,23 @@ double llama_activation_bytes(const LlamaOptions& o, int64_t batch, int64_t seq_
 at::Tensor llama_inv_freq(const LlamaOptions& o);
 
 // The MLP is dense, or in sparse layers a SparseMoeBlock registered as "block_sparse_moe" (Mixtral) or "mlp"
-// (Qwen2-MoE).
+// (Qwen2-MoE). The layer reads the call's windowed inputs (`local`) when the sliding window applies to it, else the
+// full ones (`global`).
 class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
   LlamaDecoderLayerImpl(const LlamaOptions& o, const at::TensorOptions& t, int64_t index = 0,
                         std::shared_ptr<HfRouterLoss> router_loss = nullptr,
                         std::shared_ptr<AuxLossScale> aux_scale = nullptr);
-  at::Tensor forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache = nullptr);
+  at::Tensor forward(const at::Tensor& x, const GlobalLocalInputs& in, LayerCache* cache = nullptr);
 
   Norm input_layernorm{nullptr};
   SelfAttention self_attn{nullptr};
   Norm post_attention_layernorm{nullptr};
   GatedMLP mlp{nullptr};
   SparseMoeBlock moe{nullptr};
+
+ private:
+  bool windowed_ = false;
 };
 TORCH_MODULE(LlamaDecoderLayer);
 
@@ -145,7 +154,7 @@ class LlamaModelImpl : public torch::nn::Module {
 TORCH_MODULE(LlamaModel);
 
 // Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers.
-class LlamaForCausalLMImpl : public DecoderLM<LlamaDecoderLayerImpl>,
+class LlamaForCausalLMImpl : public DecoderLM<LlamaDecoderLayerImpl, GlobalLocalInputs>,
                              public TensorParallelModel,
                              public MixtureOfExpertsModel {
  public:
@@ -188,7 +197,7 @@ class LlamaForCausalLMImpl : public DecoderLM<LlamaDecoderLayerImpl>,
   const torch::nn::ModuleList& decoder_layers() const override { return model->layers; }
   EmbeddingImpl& token_embedding() override { return *model->embed_tokens; }
   // Causal (or sliding-window) masks and rotary tables for each row's positions.
-  AttentionInputs attention_inputs(const DecoderCall& call) override;
+  GlobalLocalInputs attention_inputs(const DecoderCall& call) override;
   at::Tensor head(const at::Tensor& h) override { return head_logits(model->norm(h), lm_head); }
   // The mixture of experts' records and transformers' load-balancing loss over the whole forward.
   void begin_forward(const DecoderCall& call) override;
