@@ -31,6 +31,18 @@
 
 namespace tessera::models {
 
+// A per-layer list of attention kinds (config key `key`): one entry per layer, each sliding_attention or
+// full_attention; refused naming the key otherwise.
+inline void check_layer_types(config::Section& s, const std::vector<std::string>& types, int64_t layers,
+                              const std::string& key = "layer_types") {
+  s.check(static_cast<int64_t>(types.size()) == layers, key,
+          fmt::format("has {} entries for {} layers", types.size(), layers));
+  for (const std::string& t : types) {
+    s.check(t == "sliding_attention" || t == "full_attention", key,
+            fmt::format("each entry is sliding_attention or full_attention, got \"{}\"", t));
+  }
+}
+
 // A check of one value: the message for a value it refuses, empty when the value is fine.
 template <class T>
 using KeyCheck = std::function<std::string(const T&)>;
@@ -108,6 +120,20 @@ class FamilyKeys {
           if (o.*f == 1.0) return nlohmann::ordered_json(nullptr);
           return nlohmann::ordered_json{{"rope_type", "linear"}, {"factor", o.*f}};
         });
+  }
+  // partial_rotary_factor into `f`: in (0, 1], and int(head_dim(o) x it) rotary features, even and positive.
+  FamilyKeys& partial_rotary_factor(double O::*f, std::function<int64_t(const O&)> head_dim) {
+    return custom(
+        "partial_rotary_factor",
+        [f, head_dim](config::Section& s, O& o) {
+          o.*f = s.get_double("partial_rotary_factor", o.*f);
+          const int64_t hd = head_dim(o), rotary = static_cast<int64_t>(static_cast<double>(hd) * (o.*f));
+          s.check(o.*f > 0 && o.*f <= 1 && rotary > 0 && rotary % 2 == 0, "partial_rotary_factor",
+                  fmt::format("must be in (0, 1] and give an even number of rotary dimensions (int(head_dim {} x {}) "
+                              "= {})",
+                              hd, o.*f, rotary));
+        },
+        [f](const O& o) { return nlohmann::ordered_json(o.*f); });
   }
   // Key `key` read into `field`, `fallback(o)` of the rows before it when absent or null (num_key_value_heads:
   // num_attention_heads); written as resolved.

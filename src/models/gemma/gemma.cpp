@@ -84,12 +84,7 @@ const FamilyKeys<GemmaOptions>& gemma_keys() {
               [](config::Section& s, O& o) {
                 if (o.layer_types.empty()) o.layer_types = layer_types_of(o.num_hidden_layers, 2);
                 o.layer_types = s.get_strings("layer_types", o.layer_types);
-                s.check(static_cast<int64_t>(o.layer_types.size()) == o.num_hidden_layers, "layer_types",
-                        fmt::format("has {} entries for {} layers", o.layer_types.size(), o.num_hidden_layers));
-                for (const std::string& t : o.layer_types) {
-                  s.check(t == "sliding_attention" || t == "full_attention", "layer_types",
-                          fmt::format("each entry is sliding_attention or full_attention, got \"{}\"", t));
-                }
+                check_layer_types(s, o.layer_types, o.num_hidden_layers);
               },
               [](const O& o) { return nlohmann::ordered_json(o.layer_types); })
           .field("final_logit_softcapping", &O::final_logit_softcapping, positive_or_none<double>())

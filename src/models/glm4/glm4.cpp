@@ -29,18 +29,7 @@ const FamilyKeys<Glm4Options>& glm4_keys() {
           .field("num_key_value_heads", &O::num_key_value_heads, positive())
           .divides("num_key_value_heads", &O::num_key_value_heads, "num_attention_heads", &O::num_attention_heads)
           .field("head_dim", &O::head_dim, positive())
-          .custom(
-              "partial_rotary_factor",
-              [](config::Section& s, O& o) {
-                o.partial_rotary_factor = s.get_double("partial_rotary_factor", o.partial_rotary_factor);
-                s.check(o.partial_rotary_factor > 0 && o.partial_rotary_factor <= 1 && o.rotary_dims() > 0 &&
-                            o.rotary_dims() % 2 == 0,
-                        "partial_rotary_factor",
-                        fmt::format("must be in (0, 1] and give an even number of rotary dimensions (int(head_dim {} "
-                                    "x {}) = {})",
-                                    o.head_dim, o.partial_rotary_factor, o.rotary_dims()));
-              },
-              [](const O& o) { return nlohmann::ordered_json(o.partial_rotary_factor); })
+          .partial_rotary_factor(&O::partial_rotary_factor, [](const O& o) { return o.head_dim; })
           .field("hidden_act", &O::hidden_act, hf_activation_check())
           .field("attention_dropout", &O::attention_dropout, probability())
           .field("max_position_embeddings", &O::max_position_embeddings, positive())

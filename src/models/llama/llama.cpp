@@ -132,12 +132,7 @@ const FamilyKeys<LlamaOptions>& llama_keys() {
               [](config::Section& s, O& o) {
                 o.layer_types = s.get_strings("layer_types", o.layer_types);
                 if (o.layer_types.empty()) return;
-                s.check(static_cast<int64_t>(o.layer_types.size()) == o.num_hidden_layers, "layer_types",
-                        fmt::format("has {} entries for {} layers", o.layer_types.size(), o.num_hidden_layers));
-                for (const std::string& t : o.layer_types) {
-                  s.check(t == "sliding_attention" || t == "full_attention", "layer_types",
-                          fmt::format("each entry is sliding_attention or full_attention, got \"{}\"", t));
-                }
+                check_layer_types(s, o.layer_types, o.num_hidden_layers);
               },
               [](const O& o) {
                 std::vector<std::string> types;

@@ -40,18 +40,7 @@ const FamilyKeys<NemotronOptions>& nemotron_keys() {
           .pad_token_below_vocab()
           .field("tie_word_embeddings", &O::tie_word_embeddings)
           .field("rope_theta", &O::rope_theta, positive_real())
-          .custom(
-              "partial_rotary_factor",
-              [](config::Section& s, O& o) {
-                o.partial_rotary_factor = s.get_double("partial_rotary_factor", o.partial_rotary_factor);
-                s.check(o.partial_rotary_factor > 0 && o.partial_rotary_factor <= 1 && o.rotary_dims() > 0 &&
-                            o.rotary_dims() % 2 == 0,
-                        "partial_rotary_factor",
-                        fmt::format("must be in (0, 1] and give an even number of rotary dimensions (int(head_dim {} "
-                                    "x {}) = {})",
-                                    o.head_dim, o.partial_rotary_factor, o.rotary_dims()));
-              },
-              [](const O& o) { return nlohmann::ordered_json(o.partial_rotary_factor); })
+          .partial_rotary_factor(&O::partial_rotary_factor, [](const O& o) { return o.head_dim; })
           .field("attention_bias", &O::attention_bias)
           .field("attention_dropout", &O::attention_dropout, probability())
           .field("mlp_bias", &O::mlp_bias);

@@ -52,12 +52,7 @@ const FamilyKeys<Olmo2Options>& olmo2_keys() {
                   for (int64_t i = 0; i < o.num_hidden_layers; ++i)
                     o.layer_types.emplace_back((i + 1) % 4 != 0 ? "sliding_attention" : "full_attention");
                 }
-                s.check(static_cast<int64_t>(o.layer_types.size()) == o.num_hidden_layers, "layer_types",
-                        fmt::format("has {} entries for {} layers", o.layer_types.size(), o.num_hidden_layers));
-                for (const std::string& t : o.layer_types) {
-                  s.check(t == "sliding_attention" || t == "full_attention", "layer_types",
-                          fmt::format("each entry is sliding_attention or full_attention, got \"{}\"", t));
-                }
+                check_layer_types(s, o.layer_types, o.num_hidden_layers);
               },
               nullptr, olmo3);
   return keys;

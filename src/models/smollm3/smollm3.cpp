@@ -68,11 +68,8 @@ const FamilyKeys<SmolLM3Options>& smollm3_keys() {
                     o.layer_types.emplace_back(windowed ? "sliding_attention" : "full_attention");
                   }
                 }
-                s.check(static_cast<int64_t>(o.layer_types.size()) == o.num_hidden_layers, "layer_types",
-                        fmt::format("has {} entries for {} layers", o.layer_types.size(), o.num_hidden_layers));
+                check_layer_types(s, o.layer_types, o.num_hidden_layers);
                 for (const std::string& t : o.layer_types) {
-                  s.check(t == "sliding_attention" || t == "full_attention", "layer_types",
-                          fmt::format("each entry is sliding_attention or full_attention, got \"{}\"", t));
                   // transformers' attention then runs unwindowed while its mask is windowed (when sliding_window is
                   // set) or cannot be built (when it is not).
                   s.check(t == "full_attention" || (o.use_sliding_window && o.sliding_window), "layer_types",
