@@ -2,7 +2,8 @@
 """Checks the model tree's two boundaries (docs/architecture.md, "Key contracts"; docs/models.md), rules as data:
 
 1. Family facts stay in their family's folder: a family is a folder src/models/<family>/ with a family.cpp, and its
-   names are the recipe names and HF model_types that family.cpp registers. No file outside that folder names one of
+   names are the recipe names and HF model_types its sources register (family.cpp, or the key table family.cpp
+   registers). No file outside that folder names one of
    them, as a string literal or through a family's own types (MPTOptions, LlamaForCausalLMImpl, ...): not the rest
    of Tessera, not the shared blocks, not another family's folder.
 2. Model code knows nothing about distribution: no file of the model tree calls a collective or a tensor/context-
@@ -21,8 +22,8 @@ import re
 import sys
 
 # Every name a family could be known by: the HF model_types of transformers' default configs (checked in beside the
-# tests) and the recipe names that are not model_types. Each belongs to the family folder whose family.cpp registers
-# it; one no folder registers may appear nowhere in the tree.
+# tests) and the recipe names that are not model_types. Each belongs to the family folder whose sources register it;
+# one no folder registers may appear nowhere in the tree.
 MODEL_TYPES_FILE = "tests/data/hf_default_configs/transformers-4.57.6.json"
 RECIPE_NAMES = ["mpt_causal_lm", "gemma"]
 # Keys of one family's configuration, by family (MPT's and DBRX's sub-configs, its expert-parallel degree): code
@@ -49,14 +50,17 @@ def all_names(root: pathlib.Path):
 
 
 def family_folders(root: pathlib.Path):
-    """{folder name: the names its family.cpp registers (and its FAMILY_KEYS)}."""
+    """{folder name: the names its sources register (and its FAMILY_KEYS)}, for each folder with a family.cpp."""
     names = all_names(root)
     out = {}
     for spec in sorted((root / "src" / "models").glob("*/family.cpp")):
-        text = "\n".join(strip_comment(line) for line in spec.read_text(encoding="utf-8").splitlines())
         family = spec.parent.name
-        out[family] = {m.group(1) for m in STRING.finditer(text) if m.group(1) in names}
-        out[family] |= set(FAMILY_KEYS.get(family, []))
+        out[family] = set(FAMILY_KEYS.get(family, []))
+        for path in sorted(spec.parent.iterdir()):
+            if path.suffix not in SOURCES:
+                continue
+            text = "\n".join(strip_comment(line) for line in path.read_text(encoding="utf-8").splitlines())
+            out[family] |= {m.group(1) for m in STRING.finditer(text) if m.group(1) in names}
     return out
 
 

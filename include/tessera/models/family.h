@@ -11,9 +11,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "tessera/config/reader.h"
 #include "tessera/models/causal_lm.h"
+#include "tessera/models/family_keys.h"
 #include "tessera/models/family_support.h"
 
 namespace tessera::models {
@@ -60,6 +62,38 @@ HfConfigBuilder hf_builder(Options (*read)(const nlohmann::json&, const std::str
     o.init_device = device;
     return seed ? build(o, *seed).ptr() : Model(o).ptr();
   };
+}
+
+// What add_keyed_family() registers besides the key table's model_types.
+struct KeyedFamily {
+  std::vector<std::string> recipes{};  // recipe model.names; empty: the table's first model_type
+  bool recipe_is_model_type = false;   // each recipe name reads as that model_type (Gemma's gemma2, gemma3_text)
+  HfAdapter adapter{};                 // every model_type's folder layout
+};
+
+// Registers a family whose key table is its spec (family_keys.h): the recipe names of `entries`, parsed by the table,
+// and every model_type of the table, read from config.json by it; each builds `Model` (the family's module holder)
+// from the options, initialised from the seed unless on meta.
+template <class Model, class Options>
+void add_keyed_family(FamilyRegistrar& r, const FamilyKeys<Options>& keys, KeyedFamily entries = {}) {
+  if (entries.recipes.empty()) entries.recipes = {keys.model_types().front()};
+  for (const std::string& name : entries.recipes) {
+    const std::string type = entries.recipe_is_model_type ? name : "";
+    add_recipe_family<Options>(
+        r.recipes, name, [&keys, type](config::Section& s) { return keys.parse(s, type); },
+        &build_initialised<Model, Options>);
+  }
+  for (const std::string& type : keys.model_types()) {
+    r.model_types.add(
+        type,
+        [&keys](const nlohmann::json& config, const std::string& where, const std::string& device,
+                std::optional<uint64_t> seed) -> std::shared_ptr<CausalLM> {
+          Options o = keys.from_hf(config, where);
+          o.init_device = device;
+          return seed ? build_initialised<Model>(o, *seed).ptr() : Model(o).ptr();
+        },
+        entries.adapter);
+  }
 }
 
 }  // namespace tessera::models

@@ -78,6 +78,7 @@ class FamilyKeys {
   using Types = std::vector<std::string>;
   using Reader = std::function<void(config::Section&, O&)>;
   using Writer = std::function<nlohmann::ordered_json(const O&)>;
+  using Prepare = std::function<void(const nlohmann::json&, nlohmann::json&)>;
 
   // `model_types`: the table's config.json model_types, the first the default of a recipe's `model_type` key.
   // `architecture(type)`: the transformers class config.json names for it.
@@ -193,6 +194,35 @@ class FamilyKeys {
     return row(std::move(key), std::move(only), nullptr, std::move(write));
   }
 
+  // Checks (and settings derived) over the options once every row is read, failing at the key they name (Falcon's
+  // head_dim parity, Gemma 2's sliding layers' rotary base).
+  FamilyKeys& finally(std::function<void(config::Section&, O&)> finish) {
+    finish_ = std::move(finish);
+    return *this;
+  }
+  // config.json keys from_hf() accepts besides the table's (keys the transformers class does not read, or that the
+  // family reads otherwise), and `prepare(raw, cfg)`, which may adjust the keys first (an alias, a default that
+  // differs from a recipe's).
+  FamilyKeys& hf_accepts(std::set<std::string> keys, Prepare prepare = nullptr) {
+    accepted_ = std::move(keys);
+    prepare_ = std::move(prepare);
+    return *this;
+  }
+
+  const Types& model_types() const { return types_; }
+
+  // A recipe's `model:` section (or config.json's keys) -> options: read() and finally().
+  O parse(config::Section& s, const std::string& type = "") const {
+    O o;
+    read(s, o, type);
+    return o;
+  }
+  // config.json `raw` -> options through parse(), with the table's hf_accepts().
+  O from_hf(const nlohmann::json& raw, const std::string& where) const {
+    return from_hf(
+        raw, where, [this](config::Section& s) { return parse(s); }, accepted_, prepare_);
+  }
+
   // Reads `model_type` (one of the table's; `type`, when a recipe name chose it, or the first by default), the
   // model_type's defaults, each row that applies to it in order, and init_device; returns the model_type.
   std::string read(config::Section& s, O& o, const std::string& type = "") const {
@@ -205,6 +235,7 @@ class FamilyKeys {
     for (const Row& r : rows_) {
       if (r.read && applies(r, chosen)) r.read(s, o);
     }
+    if (finish_) finish_(s, o);
     o.init_device = s.get_choice("init_device", o.init_device, {"cpu", "meta", "cuda"});
     return chosen;
   }
@@ -223,8 +254,7 @@ class FamilyKeys {
   // the table writes for transformers; `prepare(raw, cfg)` may adjust the keys first (an alias, a default that
   // differs from a recipe's). Errors are Error("hf") naming `where`.
   O from_hf(const nlohmann::json& raw, const std::string& where, const std::function<O(config::Section&)>& parse,
-            std::set<std::string> accepted = {},
-            const std::function<void(const nlohmann::json&, nlohmann::json&)>& prepare = nullptr) const {
+            std::set<std::string> accepted = {}, const Prepare& prepare = nullptr) const {
     const std::string type = raw.value("model_type", "");
     if (std::find(types_.begin(), types_.end(), type) == types_.end()) {
       throw Error("hf", fmt::format("{}: model_type is \"{}\", expected {}", where, type, fmt::join(types_, ", ")));
@@ -310,6 +340,9 @@ class FamilyKeys {
   Types types_;
   std::function<std::string(const std::string&)> architecture_;
   std::function<void(const std::string&, O&)> defaults_;
+  std::function<void(config::Section&, O&)> finish_;
+  std::set<std::string> accepted_;
+  Prepare prepare_;
   std::vector<Row> rows_;
 };
 

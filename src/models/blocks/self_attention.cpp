@@ -58,14 +58,22 @@ at::Tensor SelfAttentionImpl::forward(const at::Tensor& x, const AttentionInputs
 }
 
 GatedMLPImpl::GatedMLPImpl(int64_t hidden_size, int64_t intermediate_size, const std::string& act, bool bias,
-                           const at::TensorOptions& t)
+                           const at::TensorOptions& t, bool fused)
     : act_(act) {
-  gate_proj = register_module("gate_proj", Linear(hidden_size, intermediate_size, bias, t));
-  up_proj = register_module("up_proj", Linear(hidden_size, intermediate_size, bias, t));
+  if (fused) {
+    gate_up_proj = register_module("gate_up_proj", Linear(hidden_size, 2 * intermediate_size, bias, t));
+  } else {
+    gate_proj = register_module("gate_proj", Linear(hidden_size, intermediate_size, bias, t));
+    up_proj = register_module("up_proj", Linear(hidden_size, intermediate_size, bias, t));
+  }
   down_proj = register_module("down_proj", Linear(intermediate_size, hidden_size, bias, t));
 }
 
 at::Tensor GatedMLPImpl::forward(const at::Tensor& x) {
+  if (gate_up_proj) {
+    const auto halves = gate_up_proj(x).chunk(2, -1);  // [gate | up], this rank's share of each under a split
+    return down_proj(halves[1] * hf_activation(act_, halves[0]));
+  }
   return down_proj(hf_activation(act_, gate_proj(x)) * up_proj(x));
 }
 

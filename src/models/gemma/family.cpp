@@ -7,12 +7,8 @@
 namespace tessera::models {
 
 void register_family_gemma(FamilyRegistrar& r) {
-  for (const char* type : {"gemma2", "gemma3_text"}) {
-    add_recipe_family<GemmaOptions>(
-        r.recipes, type, [t = std::string(type)](config::Section& s) { return parse_gemma_options(s, t); },
-        &build_gemma);
-    r.model_types.add(type, hf_builder(&gemma_options_from_hf_config, &build_gemma));
-  }
+  add_keyed_family<GemmaForCausalLM>(r, gemma_keys(),
+                                     {.recipes = {"gemma2", "gemma3_text"}, .recipe_is_model_type = true});
   // transformers 5: Gemma 3's rotary parameters per layer type, the sliding layers' base under its own key.
   r.config_forms["gemma2"] = {.rope = HfConfigForm::Rope{}};
   r.config_forms["gemma3_text"] = {

@@ -92,24 +92,12 @@ const FamilyKeys<GemmaOptions>& gemma_keys() {
           .fixed("use_bidirectional_attention", false,
                  "EmbeddingGemma's bidirectional attention is not a causal language model", gemma3)
           .token_ids()
-          .pad_token_below_vocab();
+          .pad_token_below_vocab()
+          .finally([](config::Section&, O& o) {
+            if (!o.gemma3()) o.rope_local_base_freq = o.rope_theta;  // Gemma 2's sliding layers rotate as the full
+          })
+          .hf_accepts({"hidden_act", "_sliding_window_pattern"});
   return keys;
-}
-
-GemmaOptions parse_gemma_options(config::Section& s, const std::string& model_type) {
-  GemmaOptions o;
-  gemma_keys().read(s, o, model_type);
-  if (!o.gemma3()) o.rope_local_base_freq = o.rope_theta;  // Gemma 2's sliding layers rotate as the full ones
-  return o;
-}
-
-GemmaOptions gemma_options_from_hf_config(const nlohmann::json& raw, const std::string& where) {
-  return gemma_keys().from_hf(raw, where, [](config::Section& s) { return parse_gemma_options(s, ""); },
-                              {"hidden_act", "_sliding_window_pattern"});
-}
-
-nlohmann::ordered_json gemma_hf_config(const GemmaOptions& o, at::ScalarType dtype) {
-  return gemma_keys().hf_config(o, o.model_type, dtype);
 }
 
 // ---- Modules --------------------------------------------------------------------------------------------------------
@@ -146,20 +134,13 @@ at::Tensor GemmaDecoderLayerImpl::forward(const at::Tensor& x, const GlobalLocal
   return h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)));
 }
 
-GemmaModelImpl::GemmaModelImpl(const GemmaOptions& o, const at::TensorOptions& t) {
-  embed_tokens = register_module("embed_tokens", Embedding(o.vocab_size, o.hidden_size, t));
-  if (o.pad_token_id) embed_tokens->padding_idx = *o.pad_token_id;  // nn.Embedding(..., padding_idx)
-  layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < o.num_hidden_layers; ++i) layers->push_back(GemmaDecoderLayer(o, i, t));
-  norm = register_module("norm", Norm(o.hidden_size, NormType::kOffsetRMSNorm, o.rms_norm_eps, false, t));
-}
-
-GemmaForCausalLMImpl::GemmaForCausalLMImpl(const GemmaOptions& o) : DecoderLM("model.layers."), o_(o) {
-  inv_freq_global_ = rotary_inv_freq(o.head_dim, o.rope_theta) / o.rope_linear_factor;
-  inv_freq_local_ = rotary_inv_freq(o.head_dim, o.rope_local_base_freq);
-  const at::TensorOptions t = at::TensorOptions().dtype(at::kFloat).device(at::Device(o.init_device));
-  model = register_module("model", GemmaModel(o, t));
-  if (!o.tie_word_embeddings) lm_head = register_module("lm_head", Linear(o.hidden_size, o.vocab_size, false, t));
+GemmaForCausalLMImpl::GemmaForCausalLMImpl(const GemmaOptions& o) : HfDecoderLM(o, gemma_keys()) {
+  const at::TensorOptions t = tensor_options();
+  build_backbone([&](int64_t i) { return GemmaDecoderLayer(o, i, t); },
+                 Norm(o.hidden_size, NormType::kOffsetRMSNorm, o.rms_norm_eps, false, t));
+  inv_freq_ = rotary_inv_freq(o.head_dim, o.rope_theta) / o.rope_linear_factor;
+  local_inv_freq_ = rotary_inv_freq(o.head_dim, o.rope_local_base_freq);
+  window_ = o.sliding_window;
 }
 
 at::Tensor GemmaForCausalLMImpl::embed(const at::Tensor& ids, const DecoderCall& /*call*/) {
@@ -169,11 +150,7 @@ at::Tensor GemmaForCausalLMImpl::embed(const at::Tensor& ids, const DecoderCall&
 }
 
 GlobalLocalInputs GemmaForCausalLMImpl::attention_inputs(const DecoderCall& call) {
-  GlobalLocalInputs in{
-      causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype),
-      causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype, o_.sliding_window)};
-  set_rope_tables(in.global, call.positions, inv_freq_global_);
-  set_rope_tables(in.local, call.positions, inv_freq_local_);
+  GlobalLocalInputs in = HfDecoderLM::attention_inputs(call);
   in.global.softcap = in.local.softcap = o_.attn_logit_softcapping.value_or(0.0);
   return in;
 }
@@ -186,62 +163,23 @@ at::Tensor GemmaForCausalLMImpl::head(const at::Tensor& h) {
   return logits;
 }
 
-double GemmaForCausalLMImpl::flops_per_token(int64_t seq_len) const {
-  int64_t n = num_params();
-  if (!o_.tie_word_embeddings) n -= o_.vocab_size * o_.hidden_size;
-  double attention = 0;
-  for (int64_t i = 0; i < o_.num_hidden_layers; ++i) {
-    const int64_t keys = o_.sliding(i) ? std::min(seq_len, o_.sliding_window) : seq_len;
-    attention += 12.0 * static_cast<double>(o_.num_attention_heads * o_.head_dim) * static_cast<double>(keys);
-  }
-  return 6.0 * static_cast<double>(n) + attention;
-}
-
-void GemmaForCausalLMImpl::init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select) {
-  init_like_transformers(*this, seed, o_.initializer_range, select, std::nullopt);  // norms' weights 0
-}
-
-std::shared_ptr<CausalLM> GemmaForCausalLMImpl::rebuild(const std::string& device, std::optional<uint64_t> seed) const {
-  GemmaOptions o = o_;
-  o.init_device = device;
-  return seed ? build_gemma(o, *seed).ptr() : GemmaForCausalLM(o).ptr();
-}
-
-std::string GemmaForCausalLMImpl::describe() const {
+std::string GemmaForCausalLMImpl::describe_more() const {
   const auto sliding = std::count(o_.layer_types.begin(), o_.layer_types.end(), "sliding_attention");
   return fmt::format(
-      "{}: hidden {}, heads {} (kv {}, head_dim {}), layers {} ({} sliding, window {}), intermediate {}, vocab {}{}{}",
-      o_.model_type, o_.hidden_size, o_.num_attention_heads, o_.num_key_value_heads, o_.head_dim, o_.num_hidden_layers,
-      sliding, o_.sliding_window, o_.intermediate_size, o_.vocab_size,
+      ", {} sliding layers, window {}{}{}", sliding, o_.sliding_window,
       o_.attn_logit_softcapping ? fmt::format(", attention soft-cap {}", *o_.attn_logit_softcapping) : "",
       o_.final_logit_softcapping ? fmt::format(", logit soft-cap {}", *o_.final_logit_softcapping) : "");
 }
 
-std::optional<std::string> GemmaForCausalLMImpl::tied_embedding_name() const {
-  if (!o_.tie_word_embeddings) return std::nullopt;
-  return "model.embed_tokens.weight";
-}
-
-GemmaForCausalLM build_gemma(const GemmaOptions& options, uint64_t seed) {
-  return build_initialised<GemmaForCausalLM>(options, seed);
-}
-
-TensorParallelPlan GemmaForCausalLMImpl::tensor_parallel_plan(int64_t degree) const {
-  check_tensor_parallel_split(degree, "Gemma", o_.num_attention_heads, o_.num_key_value_heads, o_.intermediate_size);
-  TensorParallelPlan plan;
-  plan.vocabulary(o_.vocab_size, degree, lm_head ? "lm_head" : "", "model.embed_tokens");
-  for (int64_t i = 0; i < o_.num_hidden_layers; ++i) {
-    const std::string p = fmt::format("model.layers.{}.", i);
-    plan.layer(
-        p, {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"},
-        {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"},
-        {"self_attn.o_proj", "mlp.down_proj"});
-    if (model->layers->ptr(i)->as<GemmaDecoderLayerImpl>()->self_attn->q_norm) {
-      plan.head_norm(p + "self_attn.q_norm");
-      plan.head_norm(p + "self_attn.k_norm");
-    }
+void GemmaForCausalLMImpl::plan_layer(TensorParallelPlan& plan, const std::string& p, int64_t i) const {
+  plan.layer(p,
+             {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"},
+             {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"},
+             {"self_attn.o_proj", "mlp.down_proj"});
+  if (model->layers->ptr(i)->as<GemmaDecoderLayerImpl>()->self_attn->q_norm) {
+    plan.head_norm(p + "self_attn.q_norm");
+    plan.head_norm(p + "self_attn.k_norm");
   }
-  return plan;
 }
 
 }  // namespace tessera::models

@@ -22,11 +22,10 @@
 
 #include "tessera/config/reader.h"
 #include "tessera/models/blocks/attention.h"
-#include "tessera/models/blocks/decoder.h"
+#include "tessera/models/blocks/hf_decoder.h"
 #include "tessera/models/blocks/layers.h"
 #include "tessera/models/blocks/self_attention.h"
-#include "tessera/models/causal_lm.h"
-#include "tessera/models/parallel_plan.h"
+#include "tessera/models/family_keys.h"
 
 namespace tessera::models {
 
@@ -63,13 +62,8 @@ struct GemmaOptions {
   bool sliding(int64_t layer) const { return layer_types[static_cast<size_t>(layer)] == "sliding_attention"; }
 };
 
-// Reads a `model:` section with name gemma2 or gemma3_text (the config class's keys); errors name the key path and
-// line, including what Tessera's Gemma does not compute.
-GemmaOptions parse_gemma_options(config::Section& s, const std::string& model_type);
-// config.json (model_type gemma2 or gemma3_text) -> options; throws Error("hf") naming `where` for what the family
-// does not compute.
-GemmaOptions gemma_options_from_hf_config(const nlohmann::json& config, const std::string& where);
-nlohmann::ordered_json gemma_hf_config(const GemmaOptions& o, at::ScalarType dtype);
+// Gemma2Config's and Gemma3TextConfig's keys: the recipe reader, the config.json reader and writer.
+const FamilyKeys<GemmaOptions>& gemma_keys();
 
 class GemmaDecoderLayerImpl : public torch::nn::Module {
  public:
@@ -86,57 +80,24 @@ class GemmaDecoderLayerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(GemmaDecoderLayer);
 
-class GemmaModelImpl : public torch::nn::Module {
- public:
-  GemmaModelImpl(const GemmaOptions& o, const at::TensorOptions& t);
-
-  Embedding embed_tokens{nullptr};
-  torch::nn::ModuleList layers{nullptr};
-  Norm norm{nullptr};
-};
-TORCH_MODULE(GemmaModel);
-
-// Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers.
-class GemmaForCausalLMImpl : public DecoderLM<GemmaDecoderLayerImpl, GlobalLocalInputs>, public TensorParallelModel {
+// Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers. Initialised as
+// transformers' Gemma2PreTrainedModel / Gemma3PreTrainedModel do (RMSNorm weights 0: the norm scales by 1 + weight).
+// The tensor-parallel plan: heads (Gemma 3's q/k norms over this rank's heads), the MLP's hidden units and the
+// vocabulary split.
+class GemmaForCausalLMImpl
+    : public HfDecoderLM<GemmaForCausalLMImpl, GemmaOptions, GemmaDecoderLayerImpl, GlobalLocalInputs> {
  public:
   explicit GemmaForCausalLMImpl(const GemmaOptions& o);
-  const GemmaOptions& options() const { return o_; }
-
-  void init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select = nullptr) override;
-  std::shared_ptr<CausalLM> rebuild(const std::string& device, std::optional<uint64_t> seed) const override;
-  // 6 N (less an untied input embedding) + 12 (heads x head_dim) x keys per layer (sliding layers: at most the
-  // window).
-  double flops_per_token(int64_t seq_len) const override;
-  int64_t vocab_size() const override { return o_.vocab_size; }
-  int64_t max_seq_len() const override { return o_.max_position_embeddings; }
-  std::string describe() const override;
-  std::string family() const override { return o_.model_type; }
-  bool has_hf_format() const override { return true; }
-  nlohmann::ordered_json hf_config(at::ScalarType dtype) const override { return gemma_hf_config(o_, dtype); }
-  std::optional<std::string> tied_embedding_name() const override;
-  // Heads (Gemma 3's q/k norms over this rank's heads), the MLP's hidden units and the vocabulary split.
-  TensorParallelPlan tensor_parallel_plan(int64_t degree) const override;
-
-  GemmaModel model{nullptr};
-  Linear lm_head{nullptr};  // only when tie_word_embeddings is false
 
  protected:
-  const torch::nn::ModuleList& decoder_layers() const override { return model->layers; }
-  EmbeddingImpl& token_embedding() override { return *model->embed_tokens; }
   at::Tensor embed(const at::Tensor& ids, const DecoderCall& call) override;  // scaled by sqrt(hidden_size)
   // Full and sliding layers' inputs, each with its rotary base; the attention logits' soft-cap.
   GlobalLocalInputs attention_inputs(const DecoderCall& call) override;
   at::Tensor head(const at::Tensor& h) override;  // the final logits' soft-cap
-
- private:
-  GemmaOptions o_;
-  at::Tensor inv_freq_global_, inv_freq_local_;  // (head_dim / 2,) float32 on the CPU
+  bool windowed(int64_t i) const override { return o_.sliding(i); }
+  void plan_layer(TensorParallelPlan& plan, const std::string& p, int64_t i) const override;
+  std::string describe_more() const override;
 };
 TORCH_MODULE(GemmaForCausalLM);
-
-// Builds the model on options.init_device; on a real device initialised as transformers' Gemma2PreTrainedModel /
-// Gemma3PreTrainedModel do (normal with std initializer_range for Linear and Embedding weights, the pad_token_id
-// embedding row zeroed, zero biases, RMSNorm weights 0), each module from its own generator.
-GemmaForCausalLM build_gemma(const GemmaOptions& options, uint64_t seed = 17);
 
 }  // namespace tessera::models

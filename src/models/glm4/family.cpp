@@ -5,8 +5,7 @@
 namespace tessera::models {
 
 void register_family_glm4(FamilyRegistrar& r) {
-  add_recipe_family<Glm4Options>(r.recipes, "glm4", &parse_glm4_options, &build_glm4);
-  r.model_types.add("glm4", hf_builder(&glm4_options_from_hf_config, &build_glm4));
+  add_keyed_family<Glm4ForCausalLM>(r, glm4_keys());
   // transformers 5: rope_parameters, with partial_rotary_factor inside it.
   r.config_forms["glm4"] = {.rope = HfConfigForm::Rope{.partial_key = "partial_rotary_factor", .scaling = false}};
 }

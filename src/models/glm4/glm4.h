@@ -20,11 +20,10 @@
 
 #include "tessera/config/reader.h"
 #include "tessera/models/blocks/attention.h"
-#include "tessera/models/blocks/decoder.h"
+#include "tessera/models/blocks/hf_decoder.h"
 #include "tessera/models/blocks/layers.h"
 #include "tessera/models/blocks/self_attention.h"
-#include "tessera/models/causal_lm.h"
-#include "tessera/models/parallel_plan.h"
+#include "tessera/models/family_keys.h"
 
 namespace tessera::models {
 
@@ -53,24 +52,8 @@ struct Glm4Options {
   int64_t rotary_dims() const;
 };
 
-// Reads a `model:` section with name glm4 (Glm4Config's keys); errors name the key path and line.
-Glm4Options parse_glm4_options(config::Section& s);
-// config.json (model_type glm4) -> options; throws Error("hf") naming `where` for what the family does not compute.
-Glm4Options glm4_options_from_hf_config(const nlohmann::json& config, const std::string& where);
-nlohmann::ordered_json glm4_hf_config(const Glm4Options& o, at::ScalarType dtype);
-
-// down_proj(up * act(gate)), gate and up the halves of one gate_up_proj.
-class Glm4MLPImpl : public torch::nn::Module {
- public:
-  Glm4MLPImpl(const Glm4Options& o, const at::TensorOptions& t);
-  at::Tensor forward(const at::Tensor& x);
-
-  Linear gate_up_proj{nullptr}, down_proj{nullptr};
-
- private:
-  std::string act_;
-};
-TORCH_MODULE(Glm4MLP);
+// Glm4Config's keys: the recipe reader, the config.json reader and writer.
+const FamilyKeys<Glm4Options>& glm4_keys();
 
 class Glm4DecoderLayerImpl : public torch::nn::Module {
  public:
@@ -78,61 +61,23 @@ class Glm4DecoderLayerImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache = nullptr);
 
   SelfAttention self_attn{nullptr};
-  Glm4MLP mlp{nullptr};
+  GatedMLP mlp{nullptr};  // fused gate_up_proj
   Norm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   Norm post_self_attn_layernorm{nullptr}, post_mlp_layernorm{nullptr};
 };
 TORCH_MODULE(Glm4DecoderLayer);
 
-class Glm4ModelImpl : public torch::nn::Module {
- public:
-  Glm4ModelImpl(const Glm4Options& o, const at::TensorOptions& t);
-
-  Embedding embed_tokens{nullptr};
-  torch::nn::ModuleList layers{nullptr};
-  Norm norm{nullptr};
-};
-TORCH_MODULE(Glm4Model);
-
-// Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers.
-class Glm4ForCausalLMImpl : public DecoderLM<Glm4DecoderLayerImpl>, public TensorParallelModel {
+// Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers. The tensor-parallel
+// plan: heads, the fused gate_up_proj in its two blocks, the vocabulary (where it divides); the four norms on sequence
+// shards.
+class Glm4ForCausalLMImpl : public HfDecoderLM<Glm4ForCausalLMImpl, Glm4Options, Glm4DecoderLayerImpl> {
  public:
   explicit Glm4ForCausalLMImpl(const Glm4Options& o);
-  const Glm4Options& options() const { return o_; }
-
-  void init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select = nullptr) override;
-  std::shared_ptr<CausalLM> rebuild(const std::string& device, std::optional<uint64_t> seed) const override;
-  // 6 N (less an untied input embedding, a lookup) + 12 L (heads x head_dim) S.
-  double flops_per_token(int64_t seq_len) const override;
-  int64_t vocab_size() const override { return o_.vocab_size; }
-  int64_t max_seq_len() const override { return o_.max_position_embeddings; }
-  std::string describe() const override;
-  std::string family() const override { return "glm4"; }
-  bool has_hf_format() const override { return true; }
-  nlohmann::ordered_json hf_config(at::ScalarType dtype) const override { return glm4_hf_config(o_, dtype); }
-  std::optional<std::string> tied_embedding_name() const override;
-  // Heads, the fused gate_up_proj in its two blocks, the vocabulary (where it divides); the four norms on sequence
-  // shards.
-  TensorParallelPlan tensor_parallel_plan(int64_t degree) const override;
-
-  Glm4Model model{nullptr};
-  Linear lm_head{nullptr};  // only when tie_word_embeddings is false
 
  protected:
-  const torch::nn::ModuleList& decoder_layers() const override { return model->layers; }
-  EmbeddingImpl& token_embedding() override { return *model->embed_tokens; }
-  AttentionInputs attention_inputs(const DecoderCall& call) override;  // causal masks, partial rotary tables
-  at::Tensor head(const at::Tensor& h) override { return head_logits(model->norm(h), lm_head); }
-
- private:
-  Glm4Options o_;
-  at::Tensor inv_freq_;  // (rotary_dims / 2,) float32, on the CPU
+  void plan_layer(TensorParallelPlan& plan, const std::string& p, int64_t i) const override;
+  std::string describe_more() const override;
 };
 TORCH_MODULE(Glm4ForCausalLM);
-
-// Builds the model on options.init_device; on a real device initialised as transformers' Glm4PreTrainedModel does
-// (normal with std initializer_range for Linear and Embedding weights, the pad_token_id embedding row zeroed, zero
-// biases, norms 1), each module from its own generator seeded from `seed` and the module's name.
-Glm4ForCausalLM build_glm4(const Glm4Options& options, uint64_t seed = 17);
 
 }  // namespace tessera::models

@@ -45,26 +45,15 @@ const FamilyKeys<GPTNeoXOptions>& gpt_neox_keys() {
           .field("tie_word_embeddings", &O::tie_word_embeddings)
           .field("use_parallel_residual", &O::use_parallel_residual)
           .field("attention_bias", &O::attention_bias)
-          .token_ids();
+          .token_ids()
+          .finally([](config::Section& s, O& o) {
+            s.check(o.rotary_ndims() % 2 == 0 && o.rotary_ndims() > 0, "rotary_pct",
+                    fmt::format("gives {} rotary dimensions of each head (int(head_dim {} x {})): rotary embeddings "
+                                "rotate an even, positive number",
+                                o.rotary_ndims(), o.head_dim(), o.rotary_pct));
+          })
+          .hf_accepts({"rope_theta", "partial_rotary_factor"});
   return keys;
-}
-
-GPTNeoXOptions parse_gpt_neox_options(config::Section& s) {
-  GPTNeoXOptions o;
-  gpt_neox_keys().read(s, o);
-  s.check(o.rotary_ndims() % 2 == 0 && o.rotary_ndims() > 0, "rotary_pct",
-          fmt::format("gives {} rotary dimensions of each head (int(head_dim {} x {})): rotary embeddings rotate an "
-                      "even, positive number",
-                      o.rotary_ndims(), o.head_dim(), o.rotary_pct));
-  return o;
-}
-
-GPTNeoXOptions gpt_neox_options_from_hf_config(const nlohmann::json& raw, const std::string& where) {
-  return gpt_neox_keys().from_hf(raw, where, &parse_gpt_neox_options, {"rope_theta", "partial_rotary_factor"});
-}
-
-nlohmann::ordered_json gpt_neox_hf_config(const GPTNeoXOptions& o, at::ScalarType dtype) {
-  return gpt_neox_keys().hf_config(o, "gpt_neox", dtype);
 }
 
 // ---- Modules --------------------------------------------------------------------------------------------------------
@@ -125,38 +114,21 @@ at::Tensor GPTNeoXLayerImpl::forward(const at::Tensor& x, const AttentionInputs&
   return at::dropout(mlp(post_attention_layernorm(h)), o_.hidden_dropout, training) + h;
 }
 
-GPTNeoXModelImpl::GPTNeoXModelImpl(const GPTNeoXOptions& o, const at::TensorOptions& t) {
-  embed_in = register_module("embed_in", Embedding(o.vocab_size, o.hidden_size, t));
-  layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < o.num_hidden_layers; ++i) layers->push_back(GPTNeoXLayer(o, t));
-  final_layer_norm =
-      register_module("final_layer_norm", Norm(o.hidden_size, NormType::kLayerNorm, o.layer_norm_eps, true, t));
-}
-
-GPTNeoXForCausalLMImpl::GPTNeoXForCausalLMImpl(const GPTNeoXOptions& o) : DecoderLM("gpt_neox.layers."), o_(o) {
+GPTNeoXForCausalLMImpl::GPTNeoXForCausalLMImpl(const GPTNeoXOptions& o)
+    : HfDecoderLM(o, gpt_neox_keys(),
+                  {.root = "gpt_neox",
+                   .embed = "embed_in",
+                   .norm = "final_layer_norm",
+                   .head = "embed_out",
+                   .padding_idx = false}) {
+  const at::TensorOptions t = tensor_options();
+  build_backbone([&](int64_t) { return GPTNeoXLayer(o, t); },
+                 Norm(o.hidden_size, NormType::kLayerNorm, o.layer_norm_eps, true, t));
   inv_freq_ = rotary_inv_freq(o.rotary_ndims(), o.rotary_emb_base) / o.rope_linear_factor;
-  const at::TensorOptions t = at::TensorOptions().dtype(at::kFloat).device(at::Device(o.init_device));
-  gpt_neox = register_module("gpt_neox", GPTNeoXModel(o, t));
-  if (!o.tie_word_embeddings) {
-    embed_out = register_module("embed_out", Linear(o.hidden_size, o.vocab_size, false, t));
-  }
 }
 
 at::Tensor GPTNeoXForCausalLMImpl::embed(const at::Tensor& ids, const DecoderCall& /*call*/) {
-  return at::dropout(gpt_neox->embed_in(ids), o_.hidden_dropout, is_training());
-}
-
-AttentionInputs GPTNeoXForCausalLMImpl::attention_inputs(const DecoderCall& call) {
-  AttentionInputs in = causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype);
-  set_rope_tables(in, call.positions, inv_freq_);
-  return in;
-}
-
-double GPTNeoXForCausalLMImpl::flops_per_token(int64_t seq_len) const {
-  int64_t n = num_params();
-  if (!o_.tie_word_embeddings) n -= o_.vocab_size * o_.hidden_size;
-  return 6.0 * static_cast<double>(n) + 12.0 * static_cast<double>(o_.num_hidden_layers) *
-                                            static_cast<double>(o_.hidden_size) * static_cast<double>(seq_len);
+  return at::dropout(model->embed_tokens(ids), o_.hidden_dropout, is_training());
 }
 
 std::optional<double> GPTNeoXForCausalLMImpl::activation_bytes(int64_t batch, int64_t seq_len, int bytes_per_value,
@@ -172,46 +144,15 @@ std::optional<double> GPTNeoXForCausalLMImpl::activation_bytes(int64_t batch, in
   return stored + tokens * static_cast<double>(o_.vocab_size) * (p + 4);
 }
 
-void GPTNeoXForCausalLMImpl::init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select) {
-  init_like_transformers(*this, seed, o_.initializer_range, select, std::nullopt);
+std::string GPTNeoXForCausalLMImpl::describe_more() const {
+  return fmt::format(", rotary {} dims, base {}, {} residual, {}", o_.rotary_ndims(), o_.rotary_emb_base,
+                     o_.use_parallel_residual ? "parallel" : "sequential", o_.hidden_act);
 }
 
-std::shared_ptr<CausalLM> GPTNeoXForCausalLMImpl::rebuild(const std::string& device,
-                                                          std::optional<uint64_t> seed) const {
-  GPTNeoXOptions o = o_;
-  o.init_device = device;
-  return seed ? build_gpt_neox(o, *seed).ptr() : GPTNeoXForCausalLM(o).ptr();
-}
-
-std::string GPTNeoXForCausalLMImpl::describe() const {
-  return fmt::format(
-      "gpt_neox: hidden {}, heads {} (head_dim {}, rotary {} dims, base {}), layers {}, intermediate {}, vocab {}, "
-      "{} residual, {}",
-      o_.hidden_size, o_.num_attention_heads, o_.head_dim(), o_.rotary_ndims(), o_.rotary_emb_base,
-      o_.num_hidden_layers, o_.intermediate_size, o_.vocab_size, o_.use_parallel_residual ? "parallel" : "sequential",
-      o_.hidden_act);
-}
-
-std::optional<std::string> GPTNeoXForCausalLMImpl::tied_embedding_name() const {
-  if (!o_.tie_word_embeddings) return std::nullopt;
-  return "gpt_neox.embed_in.weight";
-}
-
-GPTNeoXForCausalLM build_gpt_neox(const GPTNeoXOptions& options, uint64_t seed) {
-  return build_initialised<GPTNeoXForCausalLM>(options, seed);
-}
-
-TensorParallelPlan GPTNeoXForCausalLMImpl::tensor_parallel_plan(int64_t degree) const {
+void GPTNeoXForCausalLMImpl::plan_layer(TensorParallelPlan& plan, const std::string& p, int64_t) const {
   // query_key_value is head-major (each head's q, k, v together): one block, split by heads.
-  check_tensor_parallel_split(degree, "GPT-NeoX", o_.num_attention_heads, o_.num_attention_heads, o_.intermediate_size);
-  TensorParallelPlan plan;
-  plan.vocabulary(o_.vocab_size, degree, embed_out ? "embed_out" : "", "gpt_neox.embed_in");
-  for (int64_t i = 0; i < o_.num_hidden_layers; ++i) {
-    const std::string p = fmt::format("gpt_neox.layers.{}.", i);
-    plan.layer(p, {"input_layernorm", "post_attention_layernorm"}, {"attention.query_key_value", "mlp.dense_h_to_4h"},
-               {"attention.dense", "mlp.dense_4h_to_h"});
-  }
-  return plan;
+  plan.layer(p, {"input_layernorm", "post_attention_layernorm"}, {"attention.query_key_value", "mlp.dense_h_to_4h"},
+             {"attention.dense", "mlp.dense_4h_to_h"});
 }
 
 }  // namespace tessera::models

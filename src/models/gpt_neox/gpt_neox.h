@@ -19,10 +19,9 @@
 
 #include "tessera/config/reader.h"
 #include "tessera/models/blocks/attention.h"
-#include "tessera/models/blocks/decoder.h"
+#include "tessera/models/blocks/hf_decoder.h"
 #include "tessera/models/blocks/layers.h"
-#include "tessera/models/causal_lm.h"
-#include "tessera/models/parallel_plan.h"
+#include "tessera/models/family_keys.h"
 
 namespace tessera::models {
 
@@ -53,12 +52,8 @@ struct GPTNeoXOptions {
   int64_t rotary_ndims() const;
 };
 
-// Reads a `model:` section with name gpt_neox (HF's GPTNeoXConfig keys); errors name the key path and line.
-GPTNeoXOptions parse_gpt_neox_options(config::Section& s);
-// config.json (model_type gpt_neox) -> options; throws Error("hf") naming `where` for what the family does not
-// compute.
-GPTNeoXOptions gpt_neox_options_from_hf_config(const nlohmann::json& config, const std::string& where);
-nlohmann::ordered_json gpt_neox_hf_config(const GPTNeoXOptions& o, at::ScalarType dtype);
+// GPTNeoXConfig's keys: the recipe reader, the config.json reader and writer.
+const FamilyKeys<GPTNeoXOptions>& gpt_neox_keys();
 
 class GPTNeoXAttentionImpl : public torch::nn::Module {
  public:
@@ -99,57 +94,20 @@ class GPTNeoXLayerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(GPTNeoXLayer);
 
-class GPTNeoXModelImpl : public torch::nn::Module {
- public:
-  GPTNeoXModelImpl(const GPTNeoXOptions& o, const at::TensorOptions& t);
-
-  Embedding embed_in{nullptr};
-  torch::nn::ModuleList layers{nullptr};
-  Norm final_layer_norm{nullptr};
-};
-TORCH_MODULE(GPTNeoXModel);
-
-// Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the layers.
-class GPTNeoXForCausalLMImpl : public DecoderLM<GPTNeoXLayerImpl>, public TensorParallelModel {
+// Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the layers. Initialised as transformers'
+// GPTNeoXPreTrainedModel does (LayerNorms weight 1 and bias 0). The tensor-parallel plan: heads, the MLP's hidden
+// units and the vocabulary split.
+class GPTNeoXForCausalLMImpl : public HfDecoderLM<GPTNeoXForCausalLMImpl, GPTNeoXOptions, GPTNeoXLayerImpl> {
  public:
   explicit GPTNeoXForCausalLMImpl(const GPTNeoXOptions& o);
-  const GPTNeoXOptions& options() const { return o_; }
-
-  void init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select = nullptr) override;
-  std::shared_ptr<CausalLM> rebuild(const std::string& device, std::optional<uint64_t> seed) const override;
-  // 6 N (less an untied input embedding) + 12 L d S.
-  double flops_per_token(int64_t seq_len) const override;
   std::optional<double> activation_bytes(int64_t batch, int64_t seq_len, int bytes_per_value,
                                          bool activation_checkpointing) const override;
-  int64_t vocab_size() const override { return o_.vocab_size; }
-  int64_t max_seq_len() const override { return o_.max_position_embeddings; }
-  std::string describe() const override;
-  std::string family() const override { return "gpt_neox"; }
-  bool has_hf_format() const override { return true; }
-  nlohmann::ordered_json hf_config(at::ScalarType dtype) const override { return gpt_neox_hf_config(o_, dtype); }
-  std::optional<std::string> tied_embedding_name() const override;
-  // Heads, the MLP's hidden units and the vocabulary split.
-  TensorParallelPlan tensor_parallel_plan(int64_t degree) const override;
-
-  GPTNeoXModel gpt_neox{nullptr};
-  Linear embed_out{nullptr};  // only when tie_word_embeddings is false
 
  protected:
-  const torch::nn::ModuleList& decoder_layers() const override { return gpt_neox->layers; }
-  EmbeddingImpl& token_embedding() override { return *gpt_neox->embed_in; }
-  at::Tensor embed(const at::Tensor& ids, const DecoderCall& call) override;
-  AttentionInputs attention_inputs(const DecoderCall& call) override;
-  at::Tensor head(const at::Tensor& h) override { return head_logits(gpt_neox->final_layer_norm(h), embed_out); }
-
- private:
-  GPTNeoXOptions o_;
-  at::Tensor inv_freq_;  // (rotary_ndims / 2,) float32 on the CPU
+  at::Tensor embed(const at::Tensor& ids, const DecoderCall& call) override;  // the embedding dropout
+  void plan_layer(TensorParallelPlan& plan, const std::string& p, int64_t i) const override;
+  std::string describe_more() const override;
 };
 TORCH_MODULE(GPTNeoXForCausalLM);
-
-// Builds the model on options.init_device; on a real device initialised as HF's GPTNeoXPreTrainedModel does (normal
-// with std initializer_range for Linear and Embedding weights, zero biases, LayerNorms weight 1 and bias 0), each
-// module from its own generator seeded from `seed` and the module's name.
-GPTNeoXForCausalLM build_gpt_neox(const GPTNeoXOptions& options, uint64_t seed = 17);
 
 }  // namespace tessera::models

@@ -46,20 +46,6 @@ const FamilyKeys<GraniteOptions>& granite_keys() {
   return keys;
 }
 
-GraniteOptions parse_granite_options(config::Section& s) {
-  GraniteOptions o;
-  granite_keys().read(s, o);
-  return o;
-}
-
-GraniteOptions granite_options_from_hf_config(const nlohmann::json& raw, const std::string& where) {
-  return granite_keys().from_hf(raw, where, &parse_granite_options);
-}
-
-nlohmann::ordered_json granite_hf_config(const GraniteOptions& o, at::ScalarType dtype) {
-  return granite_keys().hf_config(o, "granite", dtype);
-}
-
 // ---- Modules --------------------------------------------------------------------------------------------------------
 
 GraniteDecoderLayerImpl::GraniteDecoderLayerImpl(const GraniteOptions& o, const at::TensorOptions& t)
@@ -83,82 +69,24 @@ at::Tensor GraniteDecoderLayerImpl::forward(const at::Tensor& x, const Attention
   return h + mlp(post_attention_layernorm(h)) * residual_multiplier_;
 }
 
-GraniteModelImpl::GraniteModelImpl(const GraniteOptions& o, const at::TensorOptions& t) {
-  embed_tokens = register_module("embed_tokens", Embedding(o.vocab_size, o.hidden_size, t));
-  if (o.pad_token_id) embed_tokens->padding_idx = *o.pad_token_id;  // nn.Embedding(..., padding_idx)
-  layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < o.num_hidden_layers; ++i) layers->push_back(GraniteDecoderLayer(o, t));
-  norm = register_module("norm", Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));
+GraniteForCausalLMImpl::GraniteForCausalLMImpl(const GraniteOptions& o) : HfDecoderLM(o, granite_keys()) {
+  const at::TensorOptions t = tensor_options();
+  build_backbone([&](int64_t) { return GraniteDecoderLayer(o, t); },
+                 Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));
+  inv_freq_ = rotary_inv_freq(o.head_dim(), o.rope_theta) / o.rope_factor;
 }
 
-GraniteForCausalLMImpl::GraniteForCausalLMImpl(const GraniteOptions& o)
-    : DecoderLM("model.layers."), o_(o), inv_freq_(rotary_inv_freq(o.head_dim(), o.rope_theta) / o.rope_factor) {
-  const at::TensorOptions t = at::TensorOptions().dtype(at::kFloat).device(at::Device(o.init_device));
-  model = register_module("model", GraniteModel(o, t));
-  if (!o.tie_word_embeddings) lm_head = register_module("lm_head", Linear(o.hidden_size, o.vocab_size, false, t));
-}
-
-at::Tensor GraniteForCausalLMImpl::embed(const at::Tensor& ids, const DecoderCall& call) {
-  (void)call;
+at::Tensor GraniteForCausalLMImpl::embed(const at::Tensor& ids, const DecoderCall&) {
   return model->embed_tokens(ids) * o_.embedding_multiplier;
-}
-
-AttentionInputs GraniteForCausalLMImpl::attention_inputs(const DecoderCall& call) {
-  AttentionInputs in = causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype);
-  set_rope_tables(in, call.positions, inv_freq_);  // in float32, as transformers computes them
-  return in;
 }
 
 at::Tensor GraniteForCausalLMImpl::head(const at::Tensor& h) {
   return head_logits(model->norm(h), lm_head) / o_.logits_scaling;
 }
 
-double GraniteForCausalLMImpl::flops_per_token(int64_t seq_len) const {
-  int64_t n = num_params();
-  if (!o_.tie_word_embeddings) n -= o_.vocab_size * o_.hidden_size;
-  return 6.0 * static_cast<double>(n) + 12.0 * static_cast<double>(o_.num_hidden_layers) *
-                                            static_cast<double>(o_.hidden_size) * static_cast<double>(seq_len);
-}
-
-void GraniteForCausalLMImpl::init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select) {
-  init_like_transformers(*this, seed, o_.initializer_range, select, std::nullopt);  // zeroes the padding_idx row
-}
-
-std::shared_ptr<CausalLM> GraniteForCausalLMImpl::rebuild(const std::string& device,
-                                                          std::optional<uint64_t> seed) const {
-  GraniteOptions o = o_;
-  o.init_device = device;
-  return seed ? build_granite(o, *seed).ptr() : GraniteForCausalLM(o).ptr();
-}
-
-std::string GraniteForCausalLMImpl::describe() const {
-  return fmt::format(
-      "granite: hidden {}, heads {} (kv {}, head_dim {}), layers {}, intermediate {}, vocab {}, "
-      "multipliers: embedding {}, attention {}, residual {}, logits / {}",
-      o_.hidden_size, o_.num_attention_heads, o_.num_key_value_heads, o_.head_dim(), o_.num_hidden_layers,
-      o_.intermediate_size, o_.vocab_size, o_.embedding_multiplier, o_.attention_multiplier, o_.residual_multiplier,
-      o_.logits_scaling);
-}
-
-std::optional<std::string> GraniteForCausalLMImpl::tied_embedding_name() const {
-  if (!o_.tie_word_embeddings) return std::nullopt;
-  return "model.embed_tokens.weight";
-}
-
-GraniteForCausalLM build_granite(const GraniteOptions& options, uint64_t seed) {
-  return build_initialised<GraniteForCausalLM>(options, seed);
-}
-
-TensorParallelPlan GraniteForCausalLMImpl::tensor_parallel_plan(int64_t degree) const {
-  check_tensor_parallel_split(degree, "Granite", o_.num_attention_heads, o_.num_key_value_heads, o_.intermediate_size);
-  TensorParallelPlan plan;
-  plan.vocabulary(o_.vocab_size, degree, lm_head ? "lm_head" : "", "model.embed_tokens");
-  for (int64_t i = 0; i < o_.num_hidden_layers; ++i) {
-    plan.layer(fmt::format("model.layers.{}.", i), {"input_layernorm", "post_attention_layernorm"},
-               {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"},
-               {"self_attn.o_proj", "mlp.down_proj"});
-  }
-  return plan;
+std::string GraniteForCausalLMImpl::describe_more() const {
+  return fmt::format(", multipliers: embedding {}, attention {}, residual {}, logits / {}", o_.embedding_multiplier,
+                     o_.attention_multiplier, o_.residual_multiplier, o_.logits_scaling);
 }
 
 }  // namespace tessera::models

@@ -20,11 +20,10 @@
 
 #include "tessera/config/reader.h"
 #include "tessera/models/blocks/attention.h"
-#include "tessera/models/blocks/decoder.h"
+#include "tessera/models/blocks/hf_decoder.h"
 #include "tessera/models/blocks/layers.h"
 #include "tessera/models/blocks/self_attention.h"
-#include "tessera/models/causal_lm.h"
-#include "tessera/models/parallel_plan.h"
+#include "tessera/models/family_keys.h"
 
 namespace tessera::models {
 
@@ -56,11 +55,8 @@ struct GraniteOptions {
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
 };
 
-// Reads a `model:` section with name granite (GraniteConfig's keys); errors name the key path and line.
-GraniteOptions parse_granite_options(config::Section& s);
-// config.json (model_type granite) -> options; throws Error("hf") naming `where` for what the family does not compute.
-GraniteOptions granite_options_from_hf_config(const nlohmann::json& config, const std::string& where);
-nlohmann::ordered_json granite_hf_config(const GraniteOptions& o, at::ScalarType dtype);
+// GraniteConfig's keys: the recipe reader, the config.json reader and writer.
+const FamilyKeys<GraniteOptions>& granite_keys();
 
 class GraniteDecoderLayerImpl : public torch::nn::Module {
  public:
@@ -76,55 +72,17 @@ class GraniteDecoderLayerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(GraniteDecoderLayer);
 
-class GraniteModelImpl : public torch::nn::Module {
- public:
-  GraniteModelImpl(const GraniteOptions& o, const at::TensorOptions& t);
-
-  Embedding embed_tokens{nullptr};
-  torch::nn::ModuleList layers{nullptr};
-  Norm norm{nullptr};
-};
-TORCH_MODULE(GraniteModel);
-
-// Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers.
-class GraniteForCausalLMImpl : public DecoderLM<GraniteDecoderLayerImpl>, public TensorParallelModel {
+// Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers. Llama's
+// tensor-parallel plan.
+class GraniteForCausalLMImpl : public HfDecoderLM<GraniteForCausalLMImpl, GraniteOptions, GraniteDecoderLayerImpl> {
  public:
   explicit GraniteForCausalLMImpl(const GraniteOptions& o);
-  const GraniteOptions& options() const { return o_; }
-
-  void init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select = nullptr) override;
-  std::shared_ptr<CausalLM> rebuild(const std::string& device, std::optional<uint64_t> seed) const override;
-  // 6 N (less an untied input embedding, a lookup) + 12 L (heads x head_dim) S.
-  double flops_per_token(int64_t seq_len) const override;
-  int64_t vocab_size() const override { return o_.vocab_size; }
-  int64_t max_seq_len() const override { return o_.max_position_embeddings; }
-  std::string describe() const override;
-  std::string family() const override { return "granite"; }
-  bool has_hf_format() const override { return true; }
-  nlohmann::ordered_json hf_config(at::ScalarType dtype) const override { return granite_hf_config(o_, dtype); }
-  std::optional<std::string> tied_embedding_name() const override;
-  // Heads, the MLP's hidden units and the vocabulary (where it divides); the layers' norms on sequence shards.
-  TensorParallelPlan tensor_parallel_plan(int64_t degree) const override;
-
-  GraniteModel model{nullptr};
-  Linear lm_head{nullptr};  // only when tie_word_embeddings is false
 
  protected:
-  const torch::nn::ModuleList& decoder_layers() const override { return model->layers; }
-  EmbeddingImpl& token_embedding() override { return *model->embed_tokens; }
   at::Tensor embed(const at::Tensor& ids, const DecoderCall& call) override;  // times embedding_multiplier
-  AttentionInputs attention_inputs(const DecoderCall& call) override;         // causal masks, rotary tables
   at::Tensor head(const at::Tensor& h) override;                              // divided by logits_scaling
-
- private:
-  GraniteOptions o_;
-  at::Tensor inv_freq_;  // (head_dim / 2,) float32, on the CPU
+  std::string describe_more() const override;
 };
 TORCH_MODULE(GraniteForCausalLM);
-
-// Builds the model on options.init_device; on a real device initialised as transformers' GranitePreTrainedModel does
-// (normal with std initializer_range for Linear and Embedding weights, the pad_token_id embedding row zeroed, zero
-// biases, norms 1), each module from its own generator seeded from `seed` and the module's name.
-GraniteForCausalLM build_granite(const GraniteOptions& options, uint64_t seed = 17);
 
 }  // namespace tessera::models

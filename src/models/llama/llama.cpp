@@ -370,41 +370,16 @@ at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const GlobalLocal
   return h + (moe ? moe(normed) : mlp(normed));
 }
 
-LlamaModelImpl::LlamaModelImpl(const LlamaOptions& o, const at::TensorOptions& t,
-                               std::shared_ptr<HfRouterLoss> router_loss, std::shared_ptr<AuxLossScale> aux_scale) {
-  embed_tokens = register_module("embed_tokens", Embedding(o.vocab_size, o.hidden_size, t));
-  // transformers' nn.Embedding(vocab, hidden, padding_idx=pad_token_id): that row gets no gradient.
-  if (o.pad_token_id && *o.pad_token_id >= 0 && *o.pad_token_id < o.vocab_size) {
-    embed_tokens->padding_idx = *o.pad_token_id;
-  }
-  layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < o.num_hidden_layers; ++i)
-    layers->push_back(LlamaDecoderLayer(o, t, i, router_loss, aux_scale));
-  norm = register_module("norm", Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));
-}
-
-LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaOptions& o)
-    : DecoderLM("model.layers."), o_(o), inv_freq_(llama_inv_freq(o)) {
-  const at::TensorOptions t = at::TensorOptions().dtype(at::kFloat).device(at::Device(o.init_device));
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaOptions& o) : HfDecoderLM(o, llama_keys()) {
+  const at::TensorOptions t = tensor_options();
   router_loss_->coef = o.output_router_logits ? o.router_aux_loss_coef : 0.0;
   router_loss_->sparse_layers = o.sparse_layers();
-  model = register_module("model", LlamaModel(o, t, router_loss_, aux_scale_));
-  if (!o.tie_word_embeddings) lm_head = register_module("lm_head", Linear(o.hidden_size, o.vocab_size, false, t));
-}
-
-GlobalLocalInputs LlamaForCausalLMImpl::attention_inputs(const DecoderCall& call) {
+  build_backbone([&](int64_t i) { return LlamaDecoderLayer(o, t, i, router_loss_, aux_scale_); },
+                 Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));
   // The full layers' causal masks, and the windowed ones for the layers the sliding window applies to (the same set
-  // when it applies to every layer or none); rotary tables in float32, as transformers computes them.
-  GlobalLocalInputs in;
-  in.global = causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype);
-  set_rope_tables(in.global, call.positions, inv_freq_);
-  if (o_.sliding_window > 0) {
-    in.local = causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype, o_.sliding_window);
-    set_rope_tables(in.local, call.positions, inv_freq_);
-  } else {
-    in.local = in.global;
-  }
-  return in;
+  // when it applies to every layer or none).
+  inv_freq_ = llama_inv_freq(o);
+  window_ = o.sliding_window;
 }
 
 void LlamaForCausalLMImpl::begin_forward(const DecoderCall& call) {
@@ -440,35 +415,12 @@ std::vector<std::pair<std::string, at::Tensor>> LlamaForCausalLMImpl::expert_tok
   return out;
 }
 
-int64_t LlamaForCausalLMImpl::num_active_params() const {
-  return llama_active_param_count(o_);
-}
-
-void LlamaForCausalLMImpl::init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select) {
-  init_like_transformers(*this, seed, o_.initializer_range, select, o_.pad_token_id);
-}
-
-std::shared_ptr<CausalLM> LlamaForCausalLMImpl::rebuild(const std::string& device, std::optional<uint64_t> seed) const {
-  LlamaOptions o = o_;
-  o.init_device = device;
-  return seed ? build_llama(o, *seed).ptr() : LlamaForCausalLM(o).ptr();
-}
-
-std::string LlamaForCausalLMImpl::describe() const {
-  return fmt::format(
-             "{}: hidden {}, heads {} (kv {}, head_dim {}), layers {}, intermediate {}, vocab {}, rope theta "
-             "{}{}",
-             o_.model_type, o_.hidden_size, o_.num_attention_heads, o_.num_key_value_heads, o_.head_dim,
-             o_.num_hidden_layers, o_.intermediate_size, o_.vocab_size, o_.rope_theta,
-             o_.rope_scaling.type == "default" ? "" : " (" + o_.rope_scaling.type + " scaling)") +
+std::string LlamaForCausalLMImpl::describe_more() const {
+  return fmt::format(", rope theta {}{}", o_.rope_theta,
+                     o_.rope_scaling.type == "default" ? "" : " (" + o_.rope_scaling.type + " scaling)") +
          (o_.num_experts > 0 ? fmt::format(", {} experts of {} (top {}) in {} layers", o_.num_experts,
                                            o_.sparse_moe().ffn_hidden, o_.num_experts_per_tok, o_.sparse_layers())
                              : "");
-}
-
-std::optional<std::string> LlamaForCausalLMImpl::tied_embedding_name() const {
-  if (!o_.tie_word_embeddings) return std::nullopt;
-  return "model.embed_tokens.weight";
 }
 
 LlamaForCausalLM build_llama(const LlamaOptions& options, uint64_t seed) {
@@ -477,40 +429,19 @@ LlamaForCausalLM build_llama(const LlamaOptions& options, uint64_t seed) {
   return model;
 }
 
-TensorParallelPlan LlamaForCausalLMImpl::tensor_parallel_plan(int64_t degree) const {
-  if (o_.num_attention_heads % degree != 0 || o_.num_key_value_heads % degree != 0) {
-    refuse_tensor_parallel(
-        degree, fmt::format("{}'s {} attention and {} key/value heads do not split into {} equal shares", o_.model_type,
-                            o_.num_attention_heads, o_.num_key_value_heads, degree));
+void LlamaForCausalLMImpl::check_tensor_parallel(int64_t degree) const {
+  HfDecoderLM::check_tensor_parallel(degree);
+  if (o_.sparse_layers() > 0) {
+    refuse_tensor_parallel(degree, "the MoE layers' experts do not split over a tensor-parallel group");
   }
-  if (o_.intermediate_size % degree != 0) {
-    refuse_tensor_parallel(
-        degree, fmt::format("the MLP's {} hidden units (intermediate_size) do not split into {} equal shares",
-                            o_.intermediate_size, degree));
+}
+
+void LlamaForCausalLMImpl::plan_layer(TensorParallelPlan& plan, const std::string& p, int64_t i) const {
+  HfDecoderLM::plan_layer(plan, p, i);
+  if (model->layers->ptr(i)->as<LlamaDecoderLayerImpl>()->self_attn->q_norm) {
+    plan.head_norm(p + "self_attn.q_norm");
+    plan.head_norm(p + "self_attn.k_norm");
   }
-  TensorParallelPlan plan;
-  // The head along the vocabulary, where it divides (else the head stays whole): the embedding table with it when tied.
-  if (o_.vocab_size % degree == 0) {
-    if (lm_head) {
-      plan.vocab_head("lm_head");
-    } else {
-      plan.vocab_embedding("model.embed_tokens");
-    }
-  }
-  int64_t i = 0;
-  for (const auto& l : *model->layers) {
-    const auto* layer = l->as<LlamaDecoderLayerImpl>();
-    const std::string p = fmt::format("model.layers.{}.", i++);
-    if (layer->moe) refuse_tensor_parallel(degree, "the MoE layers' experts do not split over a tensor-parallel group");
-    plan.layer(p, {"input_layernorm", "post_attention_layernorm"},
-               {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"},
-               {"self_attn.o_proj", "mlp.down_proj"});
-    if (layer->self_attn->q_norm) {
-      plan.head_norm(p + "self_attn.q_norm");
-      plan.head_norm(p + "self_attn.k_norm");
-    }
-  }
-  return plan;
 }
 
 }  // namespace tessera::models

@@ -22,12 +22,13 @@
 
 #include "tessera/config/reader.h"
 #include "tessera/models/blocks/attention.h"
-#include "tessera/models/blocks/decoder.h"
+#include "tessera/models/blocks/hf_decoder.h"
 #include "tessera/models/blocks/layers.h"
 #include "tessera/models/blocks/moe.h"
 #include "tessera/models/blocks/self_attention.h"
 #include "tessera/models/capabilities.h"
 #include "tessera/models/causal_lm.h"
+#include "tessera/models/family_keys.h"
 #include "tessera/models/parallel_plan.h"
 
 namespace tessera::models {
@@ -100,6 +101,8 @@ LlamaOptions parse_llama_options(config::Section& s);
 // does not compute (another hidden_act, rope_scaling types other than linear and llama3, ...).
 LlamaOptions llama_options_from_hf_config(const nlohmann::json& config, const std::string& where);
 nlohmann::ordered_json llama_hf_config(const LlamaOptions& o, at::ScalarType dtype);
+// The key table the three above are derived from.
+const FamilyKeys<LlamaOptions>& llama_keys();
 // The config.json model_types the family registers (family.cpp), reads and writes (its key table's), llama first.
 const std::vector<std::string>& llama_model_types();
 
@@ -142,70 +145,39 @@ class LlamaDecoderLayerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(LlamaDecoderLayer);
 
-class LlamaModelImpl : public torch::nn::Module {
- public:
-  LlamaModelImpl(const LlamaOptions& o, const at::TensorOptions& t, std::shared_ptr<HfRouterLoss> router_loss = nullptr,
-                 std::shared_ptr<AuxLossScale> aux_scale = nullptr);
-
-  Embedding embed_tokens{nullptr};
-  torch::nn::ModuleList layers{nullptr};
-  Norm norm{nullptr};
-};
-TORCH_MODULE(LlamaModel);
-
-// Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers.
-class LlamaForCausalLMImpl : public DecoderLM<LlamaDecoderLayerImpl, GlobalLocalInputs>,
-                             public TensorParallelModel,
-                             public MixtureOfExpertsModel {
+// Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers. The tensor-parallel
+// plan: Llama's layer (refused for MoE layers), Qwen3's q/k norms over this rank's heads.
+class LlamaForCausalLMImpl
+    : public HfDecoderLM<LlamaForCausalLMImpl, LlamaOptions, LlamaDecoderLayerImpl, GlobalLocalInputs>,
+      public MixtureOfExpertsModel {
  public:
   explicit LlamaForCausalLMImpl(const LlamaOptions& o);
-  const LlamaOptions& options() const { return o_; }
 
-  void init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select = nullptr) override;
-  std::shared_ptr<CausalLM> rebuild(const std::string& device, std::optional<uint64_t> seed) const override;
   double flops_per_token(int64_t seq_len) const override { return llama_flops_per_token(o_, seq_len); }
   std::optional<double> activation_bytes(int64_t batch, int64_t seq_len, int bytes_per_value,
                                          bool activation_checkpointing) const override {
     return llama_activation_bytes(o_, batch, seq_len, bytes_per_value, activation_checkpointing);
   }
   int64_t largest_unit_params() const override { return llama_largest_unit_params(o_); }
-  int64_t vocab_size() const override { return o_.vocab_size; }
-  int64_t max_seq_len() const override { return o_.max_position_embeddings; }
-  std::string describe() const override;
-  std::string family() const override { return o_.model_type; }
-  bool has_hf_format() const override { return true; }
-  nlohmann::ordered_json hf_config(at::ScalarType dtype) const override { return llama_hf_config(o_, dtype); }
-  std::optional<std::string> tied_embedding_name() const override;
   // Mixtral / Qwen2-MoE: transformers' load-balancing loss as "aux_loss" (with output_router_logits; weighted by
   // router_aux_loss_coef), and each sparse layer's tokens per expert.
   std::map<std::string, at::Tensor> auxiliary_losses() const override;
   void set_auxiliary_loss_scale(double scale) override { aux_scale_->set(scale); }
   std::vector<std::pair<std::string, at::Tensor>> expert_token_counts() const override;
-  int64_t num_active_params() const override;
-  // Heads, the MLP's hidden units and (where the vocabulary divides) the head split; the layers' norms on sequence
-  // shards, Qwen3's q/k norms over this rank's heads. Refused for MoE layers.
-  TensorParallelPlan tensor_parallel_plan(int64_t degree) const override;
-  bool supports_context_parallel() const override {
-    return o_.num_experts == 0;
-  }  // the router's losses count
-     // each rank's tokens as the batch
-
-  LlamaModel model{nullptr};
-  Linear lm_head{nullptr};  // only when tie_word_embeddings is false
+  int64_t num_active_params() const override { return llama_active_param_count(o_); }
+  // The router's losses count each rank's tokens as the batch.
+  bool supports_context_parallel() const override { return o_.num_experts == 0; }
 
  protected:
-  const torch::nn::ModuleList& decoder_layers() const override { return model->layers; }
-  EmbeddingImpl& token_embedding() override { return *model->embed_tokens; }
-  // Causal (or sliding-window) masks and rotary tables for each row's positions.
-  GlobalLocalInputs attention_inputs(const DecoderCall& call) override;
-  at::Tensor head(const at::Tensor& h) override { return head_logits(model->norm(h), lm_head); }
+  bool windowed(int64_t i) const override { return o_.windowed_layer(i); }
   // The mixture of experts' records and transformers' load-balancing loss over the whole forward.
   void begin_forward(const DecoderCall& call) override;
   void end_forward() override;
+  void check_tensor_parallel(int64_t degree) const override;  // refused for MoE layers
+  void plan_layer(TensorParallelPlan& plan, const std::string& p, int64_t i) const override;
+  std::string describe_more() const override;
 
  private:
-  LlamaOptions o_;
-  at::Tensor inv_freq_;  // (head_dim / 2,) float32, on the CPU
   std::shared_ptr<HfRouterLoss> router_loss_ = std::make_shared<HfRouterLoss>();
   std::shared_ptr<AuxLossScale> aux_scale_ = std::make_shared<AuxLossScale>();
   at::Tensor aux_loss_;        // the last training forward's (undefined: none)

@@ -5,8 +5,7 @@
 namespace tessera::models {
 
 void register_family_nemotron(FamilyRegistrar& r) {
-  add_recipe_family<NemotronOptions>(r.recipes, "nemotron", &parse_nemotron_options, &build_nemotron);
-  r.model_types.add("nemotron", hf_builder(&nemotron_options_from_hf_config, &build_nemotron));
+  add_keyed_family<NemotronForCausalLM>(r, nemotron_keys());
   // transformers 5: rope_parameters, with partial_rotary_factor inside it.
   r.config_forms["nemotron"] = {.rope = HfConfigForm::Rope{.partial_key = "partial_rotary_factor", .scaling = false}};
 }

@@ -47,20 +47,6 @@ const FamilyKeys<NemotronOptions>& nemotron_keys() {
   return keys;
 }
 
-NemotronOptions parse_nemotron_options(config::Section& s) {
-  NemotronOptions o;
-  nemotron_keys().read(s, o);
-  return o;
-}
-
-NemotronOptions nemotron_options_from_hf_config(const nlohmann::json& raw, const std::string& where) {
-  return nemotron_keys().from_hf(raw, where, &parse_nemotron_options);
-}
-
-nlohmann::ordered_json nemotron_hf_config(const NemotronOptions& o, at::ScalarType dtype) {
-  return nemotron_keys().hf_config(o, "nemotron", dtype);
-}
-
 // ---- Modules --------------------------------------------------------------------------------------------------------
 
 NemotronMLPImpl::NemotronMLPImpl(const NemotronOptions& o, const at::TensorOptions& t) : act_(o.hidden_act) {
@@ -93,73 +79,21 @@ at::Tensor NemotronDecoderLayerImpl::forward(const at::Tensor& x, const Attentio
   return h + mlp(post_attention_layernorm(h));
 }
 
-NemotronModelImpl::NemotronModelImpl(const NemotronOptions& o, const at::TensorOptions& t) {
-  embed_tokens = register_module("embed_tokens", Embedding(o.vocab_size, o.hidden_size, t));
-  if (o.pad_token_id) embed_tokens->padding_idx = *o.pad_token_id;  // nn.Embedding(..., padding_idx)
-  layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < o.num_hidden_layers; ++i) layers->push_back(NemotronDecoderLayer(o, t));
-  norm = register_module("norm", Norm(o.hidden_size, NormType::kLayerNorm1P, o.norm_eps, true, t));
+NemotronForCausalLMImpl::NemotronForCausalLMImpl(const NemotronOptions& o) : HfDecoderLM(o, nemotron_keys()) {
+  const at::TensorOptions t = tensor_options();
+  build_backbone([&](int64_t) { return NemotronDecoderLayer(o, t); },
+                 Norm(o.hidden_size, NormType::kLayerNorm1P, o.norm_eps, true, t));
+  inv_freq_ = rotary_inv_freq(o.rotary_dims(), o.rope_theta);  // the first rotary_dims() features of each head
 }
 
-NemotronForCausalLMImpl::NemotronForCausalLMImpl(const NemotronOptions& o)
-    : DecoderLM("model.layers."), o_(o), inv_freq_(rotary_inv_freq(o.rotary_dims(), o.rope_theta)) {
-  const at::TensorOptions t = at::TensorOptions().dtype(at::kFloat).device(at::Device(o.init_device));
-  model = register_module("model", NemotronModel(o, t));
-  if (!o.tie_word_embeddings) lm_head = register_module("lm_head", Linear(o.hidden_size, o.vocab_size, false, t));
+std::string NemotronForCausalLMImpl::describe_more() const {
+  return fmt::format(", rotary on {}, {}", o_.rotary_dims(), o_.hidden_act);
 }
 
-AttentionInputs NemotronForCausalLMImpl::attention_inputs(const DecoderCall& call) {
-  AttentionInputs in = causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype);
-  set_rope_tables(in, call.positions, inv_freq_);  // in float32, as transformers computes them
-  return in;
-}
-
-double NemotronForCausalLMImpl::flops_per_token(int64_t seq_len) const {
-  int64_t n = num_params();
-  if (!o_.tie_word_embeddings) n -= o_.vocab_size * o_.hidden_size;
-  return 6.0 * static_cast<double>(n) + 12.0 * static_cast<double>(o_.num_hidden_layers) *
-                                            static_cast<double>(o_.num_attention_heads * o_.head_dim) *
-                                            static_cast<double>(seq_len);
-}
-
-void NemotronForCausalLMImpl::init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select) {
-  init_like_transformers(*this, seed, o_.initializer_range, select, std::nullopt);  // zeroes the padding_idx row
-}
-
-std::shared_ptr<CausalLM> NemotronForCausalLMImpl::rebuild(const std::string& device,
-                                                           std::optional<uint64_t> seed) const {
-  NemotronOptions o = o_;
-  o.init_device = device;
-  return seed ? build_nemotron(o, *seed).ptr() : NemotronForCausalLM(o).ptr();
-}
-
-std::string NemotronForCausalLMImpl::describe() const {
-  return fmt::format(
-      "nemotron: hidden {}, heads {} (kv {}, head_dim {}, rotary on {}), layers {}, intermediate {} "
-      "({}), vocab {}",
-      o_.hidden_size, o_.num_attention_heads, o_.num_key_value_heads, o_.head_dim, o_.rotary_dims(),
-      o_.num_hidden_layers, o_.intermediate_size, o_.hidden_act, o_.vocab_size);
-}
-
-std::optional<std::string> NemotronForCausalLMImpl::tied_embedding_name() const {
-  if (!o_.tie_word_embeddings) return std::nullopt;
-  return "model.embed_tokens.weight";
-}
-
-NemotronForCausalLM build_nemotron(const NemotronOptions& options, uint64_t seed) {
-  return build_initialised<NemotronForCausalLM>(options, seed);
-}
-
-TensorParallelPlan NemotronForCausalLMImpl::tensor_parallel_plan(int64_t degree) const {
-  check_tensor_parallel_split(degree, "Nemotron", o_.num_attention_heads, o_.num_key_value_heads, o_.intermediate_size);
-  TensorParallelPlan plan;
-  plan.vocabulary(o_.vocab_size, degree, lm_head ? "lm_head" : "", "model.embed_tokens");
-  for (int64_t i = 0; i < o_.num_hidden_layers; ++i) {
-    plan.layer(fmt::format("model.layers.{}.", i), {"input_layernorm", "post_attention_layernorm"},
-               {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.up_proj"},
-               {"self_attn.o_proj", "mlp.down_proj"});
-  }
-  return plan;
+void NemotronForCausalLMImpl::plan_layer(TensorParallelPlan& plan, const std::string& p, int64_t) const {
+  plan.layer(p, {"input_layernorm", "post_attention_layernorm"},
+             {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.up_proj"},
+             {"self_attn.o_proj", "mlp.down_proj"});
 }
 
 }  // namespace tessera::models

@@ -19,11 +19,10 @@
 
 #include "tessera/config/reader.h"
 #include "tessera/models/blocks/attention.h"
-#include "tessera/models/blocks/decoder.h"
+#include "tessera/models/blocks/hf_decoder.h"
 #include "tessera/models/blocks/layers.h"
 #include "tessera/models/blocks/self_attention.h"
-#include "tessera/models/causal_lm.h"
-#include "tessera/models/parallel_plan.h"
+#include "tessera/models/family_keys.h"
 
 namespace tessera::models {
 
@@ -53,12 +52,8 @@ struct NemotronOptions {
   int64_t rotary_dims() const;
 };
 
-// Reads a `model:` section with name nemotron (NemotronConfig's keys); errors name the key path and line.
-NemotronOptions parse_nemotron_options(config::Section& s);
-// config.json (model_type nemotron) -> options; throws Error("hf") naming `where` for what the family does not
-// compute.
-NemotronOptions nemotron_options_from_hf_config(const nlohmann::json& config, const std::string& where);
-nlohmann::ordered_json nemotron_hf_config(const NemotronOptions& o, at::ScalarType dtype);
+// NemotronConfig's keys: the recipe reader, the config.json reader and writer.
+const FamilyKeys<NemotronOptions>& nemotron_keys();
 
 // down_proj(act(up_proj(x))), no gate.
 class NemotronMLPImpl : public torch::nn::Module {
@@ -84,55 +79,17 @@ class NemotronDecoderLayerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(NemotronDecoderLayer);
 
-class NemotronModelImpl : public torch::nn::Module {
- public:
-  NemotronModelImpl(const NemotronOptions& o, const at::TensorOptions& t);
-
-  Embedding embed_tokens{nullptr};
-  torch::nn::ModuleList layers{nullptr};
-  Norm norm{nullptr};
-};
-TORCH_MODULE(NemotronModel);
-
-// Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers.
-class NemotronForCausalLMImpl : public DecoderLM<NemotronDecoderLayerImpl>, public TensorParallelModel {
+// Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers. Initialised as
+// transformers' NemotronPreTrainedModel does (LayerNorm1P weight 1 and bias 0). The tensor-parallel plan: heads, the
+// MLP's hidden units and the vocabulary (where it divides); the layers' norms on sequence shards.
+class NemotronForCausalLMImpl : public HfDecoderLM<NemotronForCausalLMImpl, NemotronOptions, NemotronDecoderLayerImpl> {
  public:
   explicit NemotronForCausalLMImpl(const NemotronOptions& o);
-  const NemotronOptions& options() const { return o_; }
-
-  void init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select = nullptr) override;
-  std::shared_ptr<CausalLM> rebuild(const std::string& device, std::optional<uint64_t> seed) const override;
-  // 6 N (less an untied input embedding, a lookup) + 12 L (heads x head_dim) S.
-  double flops_per_token(int64_t seq_len) const override;
-  int64_t vocab_size() const override { return o_.vocab_size; }
-  int64_t max_seq_len() const override { return o_.max_position_embeddings; }
-  std::string describe() const override;
-  std::string family() const override { return "nemotron"; }
-  bool has_hf_format() const override { return true; }
-  nlohmann::ordered_json hf_config(at::ScalarType dtype) const override { return nemotron_hf_config(o_, dtype); }
-  std::optional<std::string> tied_embedding_name() const override;
-  // Heads, the MLP's hidden units and the vocabulary (where it divides); the layers' norms on sequence shards.
-  TensorParallelPlan tensor_parallel_plan(int64_t degree) const override;
-
-  NemotronModel model{nullptr};
-  Linear lm_head{nullptr};  // only when tie_word_embeddings is false
 
  protected:
-  const torch::nn::ModuleList& decoder_layers() const override { return model->layers; }
-  EmbeddingImpl& token_embedding() override { return *model->embed_tokens; }
-  AttentionInputs attention_inputs(const DecoderCall& call) override;  // causal masks, partial rotary tables
-  at::Tensor head(const at::Tensor& h) override { return head_logits(model->norm(h), lm_head); }
-
- private:
-  NemotronOptions o_;
-  at::Tensor inv_freq_;  // (rotary_dims / 2,) float32, on the CPU
+  void plan_layer(TensorParallelPlan& plan, const std::string& p, int64_t i) const override;  // up_proj, no gate
+  std::string describe_more() const override;
 };
 TORCH_MODULE(NemotronForCausalLM);
-
-// Builds the model on options.init_device; on a real device initialised as transformers' NemotronPreTrainedModel does
-// (normal with std initializer_range for Linear and Embedding weights, the pad_token_id embedding row zeroed, zero
-// biases, LayerNorm1P weight 1 and bias 0), each module from its own generator seeded from `seed` and the module's
-// name.
-NemotronForCausalLM build_nemotron(const NemotronOptions& options, uint64_t seed = 17);
 
 }  // namespace tessera::models

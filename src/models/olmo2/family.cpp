@@ -5,11 +5,8 @@
 namespace tessera::models {
 
 void register_family_olmo2(FamilyRegistrar& r) {
-  add_recipe_family<Olmo2Options>(r.recipes, "olmo2", &parse_olmo2_options, &build_olmo2);
-  for (const char* type : {"olmo2", "olmo3"}) {
-    r.model_types.add(type, hf_builder(&olmo2_options_from_hf_config, &build_olmo2));
-    r.config_forms[type] = {.rope = HfConfigForm::Rope{}};  // transformers 5: rope_parameters
-  }
+  add_keyed_family<Olmo2ForCausalLM>(r, olmo2_keys());
+  for (const char* type : {"olmo2", "olmo3"}) r.config_forms[type] = {.rope = HfConfigForm::Rope{}};  // rope_parameters
 }
 
 }  // namespace tessera::models

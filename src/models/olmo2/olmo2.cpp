@@ -58,20 +58,6 @@ const FamilyKeys<Olmo2Options>& olmo2_keys() {
   return keys;
 }
 
-Olmo2Options parse_olmo2_options(config::Section& s) {
-  Olmo2Options o;
-  olmo2_keys().read(s, o);
-  return o;
-}
-
-Olmo2Options olmo2_options_from_hf_config(const nlohmann::json& raw, const std::string& where) {
-  return olmo2_keys().from_hf(raw, where, &parse_olmo2_options);
-}
-
-nlohmann::ordered_json olmo2_hf_config(const Olmo2Options& o, at::ScalarType dtype) {
-  return olmo2_keys().hf_config(o, o.model_type, dtype);
-}
-
 // ---- Modules --------------------------------------------------------------------------------------------------------
 
 Olmo2DecoderLayerImpl::Olmo2DecoderLayerImpl(const Olmo2Options& o, int64_t layer, const at::TensorOptions& t)
@@ -96,86 +82,27 @@ at::Tensor Olmo2DecoderLayerImpl::forward(const at::Tensor& x, const GlobalLocal
   return h + post_feedforward_layernorm(mlp(h));
 }
 
-Olmo2ModelImpl::Olmo2ModelImpl(const Olmo2Options& o, const at::TensorOptions& t) {
-  embed_tokens = register_module("embed_tokens", Embedding(o.vocab_size, o.hidden_size, t));
-  if (o.pad_token_id) embed_tokens->padding_idx = *o.pad_token_id;  // nn.Embedding(..., padding_idx)
-  layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < o.num_hidden_layers; ++i) layers->push_back(Olmo2DecoderLayer(o, i, t));
-  norm = register_module("norm", Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));
-}
-
-Olmo2ForCausalLMImpl::Olmo2ForCausalLMImpl(const Olmo2Options& o)
-    : DecoderLM("model.layers."),
-      o_(o),
-      inv_freq_(rotary_inv_freq(o.head_dim(), o.rope_theta) / o.rope_factor),
-      inv_freq_unscaled_(rotary_inv_freq(o.head_dim(), o.rope_theta)) {
-  const at::TensorOptions t = at::TensorOptions().dtype(at::kFloat).device(at::Device(o.init_device));
-  model = register_module("model", Olmo2Model(o, t));
-  if (!o.tie_word_embeddings) lm_head = register_module("lm_head", Linear(o.hidden_size, o.vocab_size, false, t));
-}
-
-GlobalLocalInputs Olmo2ForCausalLMImpl::attention_inputs(const DecoderCall& call) {
-  GlobalLocalInputs in;
-  in.global = causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype);
-  set_rope_tables(in.global, call.positions, inv_freq_);  // in float32, as transformers computes them
-  if (o_.model_type == "olmo3") {
-    in.local = causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype, o_.sliding_window);
-    set_rope_tables(in.local, call.positions, inv_freq_unscaled_);
+Olmo2ForCausalLMImpl::Olmo2ForCausalLMImpl(const Olmo2Options& o) : HfDecoderLM(o, olmo2_keys()) {
+  const at::TensorOptions t = tensor_options();
+  build_backbone([&](int64_t i) { return Olmo2DecoderLayer(o, i, t); },
+                 Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));
+  inv_freq_ = rotary_inv_freq(o.head_dim(), o.rope_theta) / o.rope_factor;
+  if (o.model_type == "olmo3") {  // the sliding layers' tables ignore rope_scaling
+    local_inv_freq_ = rotary_inv_freq(o.head_dim(), o.rope_theta);
+    window_ = o.sliding_window;
   }
-  return in;
 }
 
-double Olmo2ForCausalLMImpl::flops_per_token(int64_t seq_len) const {
-  int64_t n = num_params();
-  if (!o_.tie_word_embeddings) n -= o_.vocab_size * o_.hidden_size;
-  double attention = 0;
-  for (int64_t i = 0; i < o_.num_hidden_layers; ++i) {
-    const int64_t keys = o_.sliding(i) ? std::min(seq_len, o_.sliding_window) : seq_len;
-    attention += 12.0 * static_cast<double>(o_.hidden_size) * static_cast<double>(keys);
-  }
-  return 6.0 * static_cast<double>(n) + attention;
+std::string Olmo2ForCausalLMImpl::describe_more() const {
+  return fmt::format(", rope theta {}, norms after attention and MLP", o_.rope_theta);
 }
 
-void Olmo2ForCausalLMImpl::init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select) {
-  init_like_transformers(*this, seed, o_.initializer_range, select, std::nullopt);  // zeroes the padding_idx row
-}
-
-std::shared_ptr<CausalLM> Olmo2ForCausalLMImpl::rebuild(const std::string& device, std::optional<uint64_t> seed) const {
-  Olmo2Options o = o_;
-  o.init_device = device;
-  return seed ? build_olmo2(o, *seed).ptr() : Olmo2ForCausalLM(o).ptr();
-}
-
-std::string Olmo2ForCausalLMImpl::describe() const {
-  return fmt::format(
-      "olmo2: hidden {}, heads {} (kv {}, head_dim {}), layers {}, intermediate {}, vocab {}, rope theta "
-      "{}, norms after attention and MLP",
-      o_.hidden_size, o_.num_attention_heads, o_.num_key_value_heads, o_.head_dim(), o_.num_hidden_layers,
-      o_.intermediate_size, o_.vocab_size, o_.rope_theta);
-}
-
-std::optional<std::string> Olmo2ForCausalLMImpl::tied_embedding_name() const {
-  if (!o_.tie_word_embeddings) return std::nullopt;
-  return "model.embed_tokens.weight";
-}
-
-Olmo2ForCausalLM build_olmo2(const Olmo2Options& options, uint64_t seed) {
-  return build_initialised<Olmo2ForCausalLM>(options, seed);
-}
-
-TensorParallelPlan Olmo2ForCausalLMImpl::tensor_parallel_plan(int64_t degree) const {
-  check_tensor_parallel_split(degree, "OLMo 2", o_.num_attention_heads, o_.num_key_value_heads, o_.intermediate_size);
-  TensorParallelPlan plan;
-  plan.vocabulary(o_.vocab_size, degree, lm_head ? "lm_head" : "", "model.embed_tokens");
-  for (int64_t i = 0; i < o_.num_hidden_layers; ++i) {
-    const std::string p = fmt::format("model.layers.{}.", i);
-    plan.layer(p, {"post_attention_layernorm", "post_feedforward_layernorm"},
-               {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"},
-               {"self_attn.o_proj", "mlp.down_proj"});
-    plan.feature_norm(p + "self_attn.q_norm");
-    plan.feature_norm(p + "self_attn.k_norm");
-  }
-  return plan;
+void Olmo2ForCausalLMImpl::plan_layer(TensorParallelPlan& plan, const std::string& p, int64_t) const {
+  plan.layer(p, {"post_attention_layernorm", "post_feedforward_layernorm"},
+             {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"},
+             {"self_attn.o_proj", "mlp.down_proj"});
+  plan.feature_norm(p + "self_attn.q_norm");
+  plan.feature_norm(p + "self_attn.k_norm");
 }
 
 }  // namespace tessera::models

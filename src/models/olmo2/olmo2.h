@@ -22,11 +22,10 @@
 
 #include "tessera/config/reader.h"
 #include "tessera/models/blocks/attention.h"
-#include "tessera/models/blocks/decoder.h"
+#include "tessera/models/blocks/hf_decoder.h"
 #include "tessera/models/blocks/layers.h"
 #include "tessera/models/blocks/self_attention.h"
-#include "tessera/models/causal_lm.h"
-#include "tessera/models/parallel_plan.h"
+#include "tessera/models/family_keys.h"
 
 namespace tessera::models {
 
@@ -59,13 +58,8 @@ struct Olmo2Options {
   }
 };
 
-// Reads a `model:` section with name olmo2 (Olmo2Config's keys, or Olmo3Config's with model_type olmo3); errors name
-// the key path and line.
-Olmo2Options parse_olmo2_options(config::Section& s);
-// config.json (model_type olmo2 or olmo3) -> options; throws Error("hf") naming `where` for what the family does not
-// compute.
-Olmo2Options olmo2_options_from_hf_config(const nlohmann::json& config, const std::string& where);
-nlohmann::ordered_json olmo2_hf_config(const Olmo2Options& o, at::ScalarType dtype);
+// Olmo2Config's (and Olmo3Config's) keys: the recipe reader, the config.json reader and writer.
+const FamilyKeys<Olmo2Options>& olmo2_keys();
 
 // Reads the call's full-attention inputs (`global`) or, in an OLMo 3 sliding layer, the windowed ones (`local`).
 class Olmo2DecoderLayerImpl : public torch::nn::Module {
@@ -82,59 +76,20 @@ class Olmo2DecoderLayerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Olmo2DecoderLayer);
 
-class Olmo2ModelImpl : public torch::nn::Module {
- public:
-  Olmo2ModelImpl(const Olmo2Options& o, const at::TensorOptions& t);
-
-  Embedding embed_tokens{nullptr};
-  torch::nn::ModuleList layers{nullptr};
-  Norm norm{nullptr};
-};
-TORCH_MODULE(Olmo2Model);
-
-// Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers.
-class Olmo2ForCausalLMImpl : public DecoderLM<Olmo2DecoderLayerImpl, GlobalLocalInputs>, public TensorParallelModel {
+// Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers. Causal masks with
+// the rotary tables (rope_scaling applied), and for OLMo 3's sliding layers windowed masks with unscaled tables. The
+// tensor-parallel plan: heads (the q/k norms split with their projections' features), the MLP's hidden units and the
+// vocabulary split; the post-norms on sequence shards.
+class Olmo2ForCausalLMImpl
+    : public HfDecoderLM<Olmo2ForCausalLMImpl, Olmo2Options, Olmo2DecoderLayerImpl, GlobalLocalInputs> {
  public:
   explicit Olmo2ForCausalLMImpl(const Olmo2Options& o);
-  const Olmo2Options& options() const { return o_; }
-
-  void init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select = nullptr) override;
-  std::shared_ptr<CausalLM> rebuild(const std::string& device, std::optional<uint64_t> seed) const override;
-  // 6 N (less an untied input embedding, a lookup) + 12 (heads x head_dim) x keys per layer (sliding layers: at most
-  // the window).
-  double flops_per_token(int64_t seq_len) const override;
-  int64_t vocab_size() const override { return o_.vocab_size; }
-  int64_t max_seq_len() const override { return o_.max_position_embeddings; }
-  std::string describe() const override;
-  std::string family() const override { return o_.model_type; }
-  bool has_hf_format() const override { return true; }
-  nlohmann::ordered_json hf_config(at::ScalarType dtype) const override { return olmo2_hf_config(o_, dtype); }
-  std::optional<std::string> tied_embedding_name() const override;
-  // Heads (the q/k norms split with their projections' features), the MLP's hidden units and the vocabulary split;
-  // the post-norms on sequence shards.
-  TensorParallelPlan tensor_parallel_plan(int64_t degree) const override;
-
-  Olmo2Model model{nullptr};
-  Linear lm_head{nullptr};  // only when tie_word_embeddings is false
 
  protected:
-  const torch::nn::ModuleList& decoder_layers() const override { return model->layers; }
-  EmbeddingImpl& token_embedding() override { return *model->embed_tokens; }
-  // Causal masks with the rotary tables (rope_scaling applied), and for OLMo 3's sliding layers windowed masks with
-  // unscaled tables.
-  GlobalLocalInputs attention_inputs(const DecoderCall& call) override;
-  at::Tensor head(const at::Tensor& h) override { return head_logits(model->norm(h), lm_head); }
-
- private:
-  Olmo2Options o_;
-  at::Tensor inv_freq_;           // (head_dim / 2,) float32, on the CPU
-  at::Tensor inv_freq_unscaled_;  // OLMo 3's sliding layers' (rope_scaling does not apply)
+  bool windowed(int64_t i) const override { return o_.sliding(i); }
+  void plan_layer(TensorParallelPlan& plan, const std::string& p, int64_t i) const override;
+  std::string describe_more() const override;
 };
 TORCH_MODULE(Olmo2ForCausalLM);
-
-// Builds the model on options.init_device; on a real device initialised as transformers' Olmo2PreTrainedModel does
-// (normal with std initializer_range for Linear and Embedding weights, the pad_token_id embedding row zeroed, zero
-// biases, norms 1), each module from its own generator seeded from `seed` and the module's name.
-Olmo2ForCausalLM build_olmo2(const Olmo2Options& options, uint64_t seed = 17);
 
 }  // namespace tessera::models

@@ -5,8 +5,7 @@
 namespace tessera::models {
 
 void register_family_phi3(FamilyRegistrar& r) {
-  add_recipe_family<Phi3Options>(r.recipes, "phi3", &parse_phi3_options, &build_phi3);
-  r.model_types.add("phi3", hf_builder(&phi3_options_from_hf_config, &build_phi3));
+  add_keyed_family<Phi3ForCausalLM>(r, phi3_keys());
   // transformers 5 overwrites rope_parameters' copy of original_max_position_embeddings with the top-level one.
   r.config_forms["phi3"] = {.rope = HfConfigForm::Rope{.partial_key = "partial_rotary_factor"},
                             .rope_ignored = {"original_max_position_embeddings"}};

@@ -99,28 +99,13 @@ const FamilyKeys<Phi3Options>& phi3_keys() {
               })
           .field("sliding_window", &O::sliding_window, positive_or_none<int64_t>())
           .token_ids()
-          .pad_token_below_vocab();
+          .pad_token_below_vocab()
+          .hf_accepts({"attention_bias"}, [](const nlohmann::json&, nlohmann::json& cfg) {
+            // Phi3Config's default, which longrope's attention factor and its choice of factors depend on (a
+            // recipe's default is max_position_embeddings).
+            if (!cfg.contains("original_max_position_embeddings")) cfg["original_max_position_embeddings"] = 4096;
+          });
   return keys;
-}
-
-Phi3Options parse_phi3_options(config::Section& s) {
-  Phi3Options o;
-  phi3_keys().read(s, o);
-  return o;
-}
-
-Phi3Options phi3_options_from_hf_config(const nlohmann::json& raw, const std::string& where) {
-  return phi3_keys().from_hf(raw, where, &parse_phi3_options, {"attention_bias"},
-                             [](const nlohmann::json&, nlohmann::json& cfg) {
-                               // Phi3Config's default, which longrope's attention factor and its choice of factors
-                               // depend on (a recipe's default is max_position_embeddings).
-                               if (!cfg.contains("original_max_position_embeddings"))
-                                 cfg["original_max_position_embeddings"] = 4096;
-                             });
-}
-
-nlohmann::ordered_json phi3_hf_config(const Phi3Options& o, at::ScalarType dtype) {
-  return phi3_keys().hf_config(o, "phi3", dtype);
 }
 
 // ---- Modules --------------------------------------------------------------------------------------------------------
@@ -154,20 +139,10 @@ at::Tensor Phi3AttentionImpl::forward(const at::Tensor& x, const AttentionInputs
   return o_proj(context.transpose(1, 2).reshape({b, s, h * hd}));
 }
 
-Phi3MLPImpl::Phi3MLPImpl(const Phi3Options& o, const at::TensorOptions& t) : act_(o.hidden_act) {
-  gate_up_proj = register_module("gate_up_proj", Linear(o.hidden_size, 2 * o.intermediate_size, false, t));
-  down_proj = register_module("down_proj", Linear(o.intermediate_size, o.hidden_size, false, t));
-}
-
-at::Tensor Phi3MLPImpl::forward(const at::Tensor& x) {
-  const auto parts = gate_up_proj(x).chunk(2, -1);  // [gate | up]
-  return down_proj(parts[1] * hf_activation(act_, parts[0]));
-}
-
 Phi3DecoderLayerImpl::Phi3DecoderLayerImpl(const Phi3Options& o, const at::TensorOptions& t)
     : resid_pdrop_(o.resid_pdrop) {
   self_attn = register_module("self_attn", Phi3Attention(o, t));
-  mlp = register_module("mlp", Phi3MLP(o, t));
+  mlp = register_module("mlp", GatedMLP(o.hidden_size, o.intermediate_size, o.hidden_act, false, t, true));
   input_layernorm =
       register_module("input_layernorm", Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));
   post_attention_layernorm =
@@ -180,34 +155,25 @@ at::Tensor Phi3DecoderLayerImpl::forward(const at::Tensor& x, const AttentionInp
   return h + at::dropout(mlp(post_attention_layernorm(h)), resid_pdrop_, training);
 }
 
-Phi3ModelImpl::Phi3ModelImpl(const Phi3Options& o, const at::TensorOptions& t) {
-  embed_tokens = register_module("embed_tokens", Embedding(o.vocab_size, o.hidden_size, t));
-  if (o.pad_token_id) embed_tokens->padding_idx = *o.pad_token_id;  // nn.Embedding(..., padding_idx)
-  layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < o.num_hidden_layers; ++i) layers->push_back(Phi3DecoderLayer(o, t));
-  norm = register_module("norm", Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));
-}
-
-Phi3ForCausalLMImpl::Phi3ForCausalLMImpl(const Phi3Options& o) : DecoderLM("model.layers."), o_(o) {
+Phi3ForCausalLMImpl::Phi3ForCausalLMImpl(const Phi3Options& o) : HfDecoderLM(o, phi3_keys()) {
+  const at::TensorOptions t = tensor_options();
+  build_backbone([&](int64_t) { return Phi3DecoderLayer(o, t); },
+                 Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));
   if (o.longrope()) {
-    inv_freq_short_ = longrope_inv_freq(o.short_factor, o.rotary_ndims(), o.rope_theta);
+    inv_freq_ = longrope_inv_freq(o.short_factor, o.rotary_ndims(), o.rope_theta);
     inv_freq_long_ = longrope_inv_freq(o.long_factor, o.rotary_ndims(), o.rope_theta);
   } else {
-    inv_freq_short_ = rotary_inv_freq(o.rotary_ndims(), o.rope_theta);
+    inv_freq_ = rotary_inv_freq(o.rotary_ndims(), o.rope_theta);
   }
-  const at::TensorOptions t = at::TensorOptions().dtype(at::kFloat).device(at::Device(o.init_device));
-  model = register_module("model", Phi3Model(o, t));
-  if (!o.tie_word_embeddings) lm_head = register_module("lm_head", Linear(o.hidden_size, o.vocab_size, false, t));
+  window_ = o.sliding_window.value_or(0);
 }
 
 AttentionInputs Phi3ForCausalLMImpl::attention_inputs(const DecoderCall& call) {
-  AttentionInputs in =
-      causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype, o_.sliding_window.value_or(0));
   // longrope: the long factors once this call's positions go past the original context (transformers decides per
   // forward call from max(position_ids) + 1), the short ones otherwise; cos and sin scaled by the attention factor.
   const bool long_context =
       o_.longrope() && call.positions.max().item<int64_t>() + 1 > o_.original_max_position_embeddings;
-  set_rope_tables(in, call.positions, long_context ? inv_freq_long_ : inv_freq_short_);
+  AttentionInputs in = rotary_causal_inputs(call, long_context ? inv_freq_long_ : inv_freq_, window_);
   if (const double scale = o_.rope_attention_factor(); scale != 1.0) {
     in.rope_cos = in.rope_cos * scale;
     in.rope_sin = in.rope_sin * scale;
@@ -215,58 +181,20 @@ AttentionInputs Phi3ForCausalLMImpl::attention_inputs(const DecoderCall& call) {
   return in;
 }
 
-double Phi3ForCausalLMImpl::flops_per_token(int64_t seq_len) const {
-  int64_t n = num_params();
-  if (!o_.tie_word_embeddings) n -= o_.vocab_size * o_.hidden_size;
-  const int64_t keys = o_.sliding_window ? std::min(seq_len, *o_.sliding_window) : seq_len;
-  return 6.0 * static_cast<double>(n) + 12.0 * static_cast<double>(o_.num_hidden_layers) *
-                                            static_cast<double>(o_.hidden_size) * static_cast<double>(keys);
+std::string Phi3ForCausalLMImpl::describe_more() const {
+  return fmt::format(", rotary {} dims{}{}", o_.rotary_ndims(),
+                     o_.longrope() ? fmt::format(", longrope from {}", o_.original_max_position_embeddings) : "",
+                     o_.sliding_window ? fmt::format(", sliding window {}", *o_.sliding_window) : "");
 }
 
-void Phi3ForCausalLMImpl::init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select) {
-  init_like_transformers(*this, seed, o_.initializer_range, select, std::nullopt);  // padding_idx row zeroed
-}
-
-std::shared_ptr<CausalLM> Phi3ForCausalLMImpl::rebuild(const std::string& device, std::optional<uint64_t> seed) const {
-  Phi3Options o = o_;
-  o.init_device = device;
-  return seed ? build_phi3(o, *seed).ptr() : Phi3ForCausalLM(o).ptr();
-}
-
-std::string Phi3ForCausalLMImpl::describe() const {
-  return fmt::format(
-      "phi3: hidden {}, heads {} (kv {}, head_dim {}, rotary {} dims{}), layers {}, intermediate {}, "
-      "vocab {}{}",
-      o_.hidden_size, o_.num_attention_heads, o_.num_key_value_heads, o_.head_dim(), o_.rotary_ndims(),
-      o_.longrope() ? fmt::format(", longrope from {}", o_.original_max_position_embeddings) : "", o_.num_hidden_layers,
-      o_.intermediate_size, o_.vocab_size,
-      o_.sliding_window ? fmt::format(", sliding window {}", *o_.sliding_window) : "");
-}
-
-std::optional<std::string> Phi3ForCausalLMImpl::tied_embedding_name() const {
-  if (!o_.tie_word_embeddings) return std::nullopt;
-  return "model.embed_tokens.weight";
-}
-
-Phi3ForCausalLM build_phi3(const Phi3Options& options, uint64_t seed) {
-  return build_initialised<Phi3ForCausalLM>(options, seed);
-}
-
-TensorParallelPlan Phi3ForCausalLMImpl::tensor_parallel_plan(int64_t degree) const {
+void Phi3ForCausalLMImpl::plan_layer(TensorParallelPlan& plan, const std::string& p, int64_t) const {
   const int64_t h = o_.num_attention_heads, kv = o_.num_key_value_heads, hd = o_.head_dim(), f = o_.intermediate_size;
-  check_tensor_parallel_split(degree, "Phi-3", h, kv, f);
-  TensorParallelPlan plan;
-  plan.vocabulary(o_.vocab_size, degree, lm_head ? "lm_head" : "", "model.embed_tokens");
-  for (int64_t i = 0; i < o_.num_hidden_layers; ++i) {
-    const std::string p = fmt::format("model.layers.{}.", i);
-    plan.sequence_norm(p + "input_layernorm");
-    plan.sequence_norm(p + "post_attention_layernorm");
-    plan.column(p + "self_attn.qkv_proj", {h * hd, kv * hd, kv * hd});
-    plan.row(p + "self_attn.o_proj");
-    plan.column(p + "mlp.gate_up_proj", {f, f});
-    plan.row(p + "mlp.down_proj");
-  }
-  return plan;
+  plan.sequence_norm(p + "input_layernorm");
+  plan.sequence_norm(p + "post_attention_layernorm");
+  plan.column(p + "self_attn.qkv_proj", {h * hd, kv * hd, kv * hd});
+  plan.row(p + "self_attn.o_proj");
+  plan.column(p + "mlp.gate_up_proj", {f, f});
+  plan.row(p + "mlp.down_proj");
 }
 
 }  // namespace tessera::models

@@ -21,10 +21,10 @@
 
 #include "tessera/config/reader.h"
 #include "tessera/models/blocks/attention.h"
-#include "tessera/models/blocks/decoder.h"
+#include "tessera/models/blocks/hf_decoder.h"
 #include "tessera/models/blocks/layers.h"
-#include "tessera/models/causal_lm.h"
-#include "tessera/models/parallel_plan.h"
+#include "tessera/models/blocks/self_attention.h"
+#include "tessera/models/family_keys.h"
 
 namespace tessera::models {
 
@@ -61,11 +61,8 @@ struct Phi3Options {
   double rope_attention_factor() const;
 };
 
-// Reads a `model:` section with name phi3 (HF's Phi3Config keys); errors name the key path and line.
-Phi3Options parse_phi3_options(config::Section& s);
-// config.json (model_type phi3) -> options; throws Error("hf") naming `where` for what the family does not compute.
-Phi3Options phi3_options_from_hf_config(const nlohmann::json& config, const std::string& where);
-nlohmann::ordered_json phi3_hf_config(const Phi3Options& o, at::ScalarType dtype);
+// Phi3Config's keys: the recipe reader, the config.json reader and writer.
+const FamilyKeys<Phi3Options>& phi3_keys();
 
 class Phi3AttentionImpl : public torch::nn::Module {
  public:
@@ -79,26 +76,13 @@ class Phi3AttentionImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Phi3Attention);
 
-// down_proj(up * act(gate)), [gate | up] = gate_up_proj(x).
-class Phi3MLPImpl : public torch::nn::Module {
- public:
-  Phi3MLPImpl(const Phi3Options& o, const at::TensorOptions& t);
-  at::Tensor forward(const at::Tensor& x);
-
-  Linear gate_up_proj{nullptr}, down_proj{nullptr};
-
- private:
-  std::string act_;
-};
-TORCH_MODULE(Phi3MLP);
-
 class Phi3DecoderLayerImpl : public torch::nn::Module {
  public:
   Phi3DecoderLayerImpl(const Phi3Options& o, const at::TensorOptions& t);
   at::Tensor forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache = nullptr);
 
   Phi3Attention self_attn{nullptr};
-  Phi3MLP mlp{nullptr};
+  GatedMLP mlp{nullptr};  // fused gate_up_proj
   Norm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
 
  private:
@@ -106,35 +90,11 @@ class Phi3DecoderLayerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Phi3DecoderLayer);
 
-class Phi3ModelImpl : public torch::nn::Module {
- public:
-  Phi3ModelImpl(const Phi3Options& o, const at::TensorOptions& t);
-
-  Embedding embed_tokens{nullptr};
-  torch::nn::ModuleList layers{nullptr};
-  Norm norm{nullptr};
-};
-TORCH_MODULE(Phi3Model);
-
-// Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers.
-class Phi3ForCausalLMImpl : public DecoderLM<Phi3DecoderLayerImpl>, public TensorParallelModel {
+// Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers. The tensor-parallel
+// plan: heads (of the fused qkv_proj), the MLP's hidden units (of the fused gate_up_proj) and the vocabulary split.
+class Phi3ForCausalLMImpl : public HfDecoderLM<Phi3ForCausalLMImpl, Phi3Options, Phi3DecoderLayerImpl> {
  public:
   explicit Phi3ForCausalLMImpl(const Phi3Options& o);
-  const Phi3Options& options() const { return o_; }
-
-  void init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select = nullptr) override;
-  std::shared_ptr<CausalLM> rebuild(const std::string& device, std::optional<uint64_t> seed) const override;
-  // 6 N (less an untied input embedding) + 12 L (heads x head_dim) S.
-  double flops_per_token(int64_t seq_len) const override;
-  int64_t vocab_size() const override { return o_.vocab_size; }
-  int64_t max_seq_len() const override { return o_.max_position_embeddings; }
-  std::string describe() const override;
-  std::string family() const override { return "phi3"; }
-  bool has_hf_format() const override { return true; }
-  nlohmann::ordered_json hf_config(at::ScalarType dtype) const override { return phi3_hf_config(o_, dtype); }
-  std::optional<std::string> tied_embedding_name() const override;
-  // Heads (of the fused qkv_proj), the MLP's hidden units (of the fused gate_up_proj) and the vocabulary split.
-  TensorParallelPlan tensor_parallel_plan(int64_t degree) const override;
   // longrope: keys cached with the short factors are stale once a row passes original_max_position_embeddings
   // (transformers' Phi3ForCausalLM.prepare_inputs_for_generation recomputes the cache there).
   bool kv_cache_stale(int64_t past, int64_t total) const override {
@@ -142,25 +102,15 @@ class Phi3ForCausalLMImpl : public DecoderLM<Phi3DecoderLayerImpl>, public Tenso
            past <= o_.original_max_position_embeddings;
   }
 
-  Phi3Model model{nullptr};
-  Linear lm_head{nullptr};  // only when tie_word_embeddings is false
-
  protected:
-  const torch::nn::ModuleList& decoder_layers() const override { return model->layers; }
-  EmbeddingImpl& token_embedding() override { return *model->embed_tokens; }
   // Causal (or sliding-window) masks; rotary tables with longrope's short or long factors.
   AttentionInputs attention_inputs(const DecoderCall& call) override;
-  at::Tensor head(const at::Tensor& h) override { return head_logits(model->norm(h), lm_head); }
+  void plan_layer(TensorParallelPlan& plan, const std::string& p, int64_t i) const override;
+  std::string describe_more() const override;
 
  private:
-  Phi3Options o_;
-  at::Tensor inv_freq_short_, inv_freq_long_;  // (rotary_ndims / 2,) float32 on the CPU; long: longrope only
+  at::Tensor inv_freq_long_;  // longrope's long factors (inv_freq_: the short ones)
 };
 TORCH_MODULE(Phi3ForCausalLM);
-
-// Builds the model on options.init_device; on a real device initialised as HF's Phi3PreTrainedModel does (normal with
-// std initializer_range for Linear and Embedding weights, the pad_token_id embedding row zeroed, RMSNorms 1), each
-// module from its own generator.
-Phi3ForCausalLM build_phi3(const Phi3Options& options, uint64_t seed = 17);
 
 }  // namespace tessera::models

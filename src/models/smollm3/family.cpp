@@ -5,8 +5,7 @@
 namespace tessera::models {
 
 void register_family_smollm3(FamilyRegistrar& r) {
-  add_recipe_family<SmolLM3Options>(r.recipes, "smollm3", &parse_smollm3_options, &build_smollm3);
-  r.model_types.add("smollm3", hf_builder(&smollm3_options_from_hf_config, &build_smollm3));
+  add_keyed_family<SmolLM3ForCausalLM>(r, smollm3_keys());
   r.config_forms["smollm3"] = {.rope = HfConfigForm::Rope{}};  // transformers 5: rope_parameters
 }
 

@@ -84,20 +84,6 @@ const FamilyKeys<SmolLM3Options>& smollm3_keys() {
   return keys;
 }
 
-SmolLM3Options parse_smollm3_options(config::Section& s) {
-  SmolLM3Options o;
-  smollm3_keys().read(s, o);
-  return o;
-}
-
-SmolLM3Options smollm3_options_from_hf_config(const nlohmann::json& raw, const std::string& where) {
-  return smollm3_keys().from_hf(raw, where, &parse_smollm3_options);
-}
-
-nlohmann::ordered_json smollm3_hf_config(const SmolLM3Options& o, at::ScalarType dtype) {
-  return smollm3_keys().hf_config(o, "smollm3", dtype);
-}
-
 // ---- Modules --------------------------------------------------------------------------------------------------------
 
 SmolLM3DecoderLayerImpl::SmolLM3DecoderLayerImpl(const SmolLM3Options& o, int64_t layer, const at::TensorOptions& t)
@@ -122,82 +108,19 @@ at::Tensor SmolLM3DecoderLayerImpl::forward(const at::Tensor& x, const GlobalLoc
   return h + mlp(post_attention_layernorm(h));
 }
 
-SmolLM3ModelImpl::SmolLM3ModelImpl(const SmolLM3Options& o, const at::TensorOptions& t) {
-  embed_tokens = register_module("embed_tokens", Embedding(o.vocab_size, o.hidden_size, t));
-  if (o.pad_token_id) embed_tokens->padding_idx = *o.pad_token_id;  // nn.Embedding(..., padding_idx)
-  layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < o.num_hidden_layers; ++i) layers->push_back(SmolLM3DecoderLayer(o, i, t));
-  norm = register_module("norm", Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));
+SmolLM3ForCausalLMImpl::SmolLM3ForCausalLMImpl(const SmolLM3Options& o) : HfDecoderLM(o, smollm3_keys()) {
+  const at::TensorOptions t = tensor_options();
+  build_backbone([&](int64_t i) { return SmolLM3DecoderLayer(o, i, t); },
+                 Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));
+  inv_freq_ = rotary_inv_freq(o.head_dim(), o.rope_theta) / o.rope_factor;
+  window_ = o.sliding_window.value_or(0);
 }
 
-SmolLM3ForCausalLMImpl::SmolLM3ForCausalLMImpl(const SmolLM3Options& o)
-    : DecoderLM("model.layers."), o_(o), inv_freq_(rotary_inv_freq(o.head_dim(), o.rope_theta) / o.rope_factor) {
-  const at::TensorOptions t = at::TensorOptions().dtype(at::kFloat).device(at::Device(o.init_device));
-  model = register_module("model", SmolLM3Model(o, t));
-  if (!o.tie_word_embeddings) lm_head = register_module("lm_head", Linear(o.hidden_size, o.vocab_size, false, t));
-}
-
-GlobalLocalInputs SmolLM3ForCausalLMImpl::attention_inputs(const DecoderCall& call) {
-  GlobalLocalInputs in{
-      causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype),
-      causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype, o_.sliding_window.value_or(0))};
-  set_rope_tables(in.global, call.positions, inv_freq_);  // in float32, as transformers computes them
-  set_rope_tables(in.local, call.positions, inv_freq_);
-  return in;
-}
-
-double SmolLM3ForCausalLMImpl::flops_per_token(int64_t seq_len) const {
-  int64_t n = num_params();
-  if (!o_.tie_word_embeddings) n -= o_.vocab_size * o_.hidden_size;
-  double attention = 0;
-  for (int64_t i = 0; i < o_.num_hidden_layers; ++i) {
-    const int64_t keys = o_.sliding(i) ? std::min(seq_len, *o_.sliding_window) : seq_len;
-    attention += 12.0 * static_cast<double>(o_.hidden_size) * static_cast<double>(keys);
-  }
-  return 6.0 * static_cast<double>(n) + attention;
-}
-
-void SmolLM3ForCausalLMImpl::init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select) {
-  init_like_transformers(*this, seed, o_.initializer_range, select, std::nullopt);  // zeroes the padding_idx row
-}
-
-std::shared_ptr<CausalLM> SmolLM3ForCausalLMImpl::rebuild(const std::string& device,
-                                                          std::optional<uint64_t> seed) const {
-  SmolLM3Options o = o_;
-  o.init_device = device;
-  return seed ? build_smollm3(o, *seed).ptr() : SmolLM3ForCausalLM(o).ptr();
-}
-
-std::string SmolLM3ForCausalLMImpl::describe() const {
+std::string SmolLM3ForCausalLMImpl::describe_more() const {
   const auto nope = std::count(o_.no_rope_layers.begin(), o_.no_rope_layers.end(), 0);
   int64_t sliding = 0;
   for (int64_t i = 0; i < o_.num_hidden_layers; ++i) sliding += o_.sliding(i) ? 1 : 0;
-  return fmt::format(
-      "smollm3: hidden {}, heads {} (kv {}, head_dim {}), layers {} ({} without rotary, {} windowed), "
-      "intermediate {}, vocab {}, rope theta {}",
-      o_.hidden_size, o_.num_attention_heads, o_.num_key_value_heads, o_.head_dim(), o_.num_hidden_layers, nope,
-      sliding, o_.intermediate_size, o_.vocab_size, o_.rope_theta);
-}
-
-std::optional<std::string> SmolLM3ForCausalLMImpl::tied_embedding_name() const {
-  if (!o_.tie_word_embeddings) return std::nullopt;
-  return "model.embed_tokens.weight";
-}
-
-SmolLM3ForCausalLM build_smollm3(const SmolLM3Options& options, uint64_t seed) {
-  return build_initialised<SmolLM3ForCausalLM>(options, seed);
-}
-
-TensorParallelPlan SmolLM3ForCausalLMImpl::tensor_parallel_plan(int64_t degree) const {
-  check_tensor_parallel_split(degree, "SmolLM3", o_.num_attention_heads, o_.num_key_value_heads, o_.intermediate_size);
-  TensorParallelPlan plan;
-  plan.vocabulary(o_.vocab_size, degree, lm_head ? "lm_head" : "", "model.embed_tokens");
-  for (int64_t i = 0; i < o_.num_hidden_layers; ++i) {
-    plan.layer(fmt::format("model.layers.{}.", i), {"input_layernorm", "post_attention_layernorm"},
-               {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"},
-               {"self_attn.o_proj", "mlp.down_proj"});
-  }
-  return plan;
+  return fmt::format(", {} layers without rotary, {} windowed, rope theta {}", nope, sliding, o_.rope_theta);
 }
 
 }  // namespace tessera::models

@@ -20,11 +20,10 @@
 
 #include "tessera/config/reader.h"
 #include "tessera/models/blocks/attention.h"
-#include "tessera/models/blocks/decoder.h"
+#include "tessera/models/blocks/hf_decoder.h"
 #include "tessera/models/blocks/layers.h"
 #include "tessera/models/blocks/self_attention.h"
-#include "tessera/models/causal_lm.h"
-#include "tessera/models/parallel_plan.h"
+#include "tessera/models/family_keys.h"
 
 namespace tessera::models {
 
@@ -61,11 +60,8 @@ struct SmolLM3Options {
   }
 };
 
-// Reads a `model:` section with name smollm3 (SmolLM3Config's keys); errors name the key path and line.
-SmolLM3Options parse_smollm3_options(config::Section& s);
-// config.json (model_type smollm3) -> options; throws Error("hf") naming `where` for what the family does not compute.
-SmolLM3Options smollm3_options_from_hf_config(const nlohmann::json& config, const std::string& where);
-nlohmann::ordered_json smollm3_hf_config(const SmolLM3Options& o, at::ScalarType dtype);
+// SmolLM3Config's keys: the recipe reader, the config.json reader and writer.
+const FamilyKeys<SmolLM3Options>& smollm3_keys();
 
 // Reads the call's full-attention inputs (`global`) or windowed ones (`local`), without the rotary tables in a NoPE
 // layer.
@@ -83,57 +79,17 @@ class SmolLM3DecoderLayerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(SmolLM3DecoderLayer);
 
-class SmolLM3ModelImpl : public torch::nn::Module {
- public:
-  SmolLM3ModelImpl(const SmolLM3Options& o, const at::TensorOptions& t);
-
-  Embedding embed_tokens{nullptr};
-  torch::nn::ModuleList layers{nullptr};
-  Norm norm{nullptr};
-};
-TORCH_MODULE(SmolLM3Model);
-
-// Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers.
-class SmolLM3ForCausalLMImpl : public DecoderLM<SmolLM3DecoderLayerImpl, GlobalLocalInputs>,
-                               public TensorParallelModel {
+// Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers. Full and windowed
+// causal masks, each with the rotary tables (NoPE layers drop them); Llama's tensor-parallel plan.
+class SmolLM3ForCausalLMImpl
+    : public HfDecoderLM<SmolLM3ForCausalLMImpl, SmolLM3Options, SmolLM3DecoderLayerImpl, GlobalLocalInputs> {
  public:
   explicit SmolLM3ForCausalLMImpl(const SmolLM3Options& o);
-  const SmolLM3Options& options() const { return o_; }
-
-  void init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select = nullptr) override;
-  std::shared_ptr<CausalLM> rebuild(const std::string& device, std::optional<uint64_t> seed) const override;
-  // 6 N (less an untied input embedding, a lookup) + 12 (heads x head_dim) x keys per layer (sliding layers: at most
-  // the window).
-  double flops_per_token(int64_t seq_len) const override;
-  int64_t vocab_size() const override { return o_.vocab_size; }
-  int64_t max_seq_len() const override { return o_.max_position_embeddings; }
-  std::string describe() const override;
-  std::string family() const override { return "smollm3"; }
-  bool has_hf_format() const override { return true; }
-  nlohmann::ordered_json hf_config(at::ScalarType dtype) const override { return smollm3_hf_config(o_, dtype); }
-  std::optional<std::string> tied_embedding_name() const override;
-  // Heads, the MLP's hidden units and the vocabulary (where it divides); the layers' norms on sequence shards.
-  TensorParallelPlan tensor_parallel_plan(int64_t degree) const override;
-
-  SmolLM3Model model{nullptr};
-  Linear lm_head{nullptr};  // only when tie_word_embeddings is false
 
  protected:
-  const torch::nn::ModuleList& decoder_layers() const override { return model->layers; }
-  EmbeddingImpl& token_embedding() override { return *model->embed_tokens; }
-  // Full and windowed causal masks, each with the rotary tables (NoPE layers drop them).
-  GlobalLocalInputs attention_inputs(const DecoderCall& call) override;
-  at::Tensor head(const at::Tensor& h) override { return head_logits(model->norm(h), lm_head); }
-
- private:
-  SmolLM3Options o_;
-  at::Tensor inv_freq_;  // (head_dim / 2,) float32, on the CPU
+  bool windowed(int64_t i) const override { return o_.sliding(i); }
+  std::string describe_more() const override;
 };
 TORCH_MODULE(SmolLM3ForCausalLM);
-
-// Builds the model on options.init_device; on a real device initialised as transformers' SmolLM3PreTrainedModel does
-// (normal with std initializer_range for Linear and Embedding weights, the pad_token_id embedding row zeroed, zero
-// biases, norms 1), each module from its own generator seeded from `seed` and the module's name.
-SmolLM3ForCausalLM build_smollm3(const SmolLM3Options& options, uint64_t seed = 17);
 
 }  // namespace tessera::models

@@ -40,25 +40,11 @@ const FamilyKeys<Starcoder2Options>& starcoder2_keys() {
           .field("attention_dropout", &O::attention_dropout, probability())
           .field("residual_dropout", &O::residual_dropout, probability())
           .field("embedding_dropout", &O::embedding_dropout, probability())
-          .field("use_bias", &O::use_bias);
+          .field("use_bias", &O::use_bias)
+          // The published configs also carry mlp_type, norm_type and layer_norm_epsilon, which transformers'
+          // StarCoder2 classes do not read (norm_epsilon is the one they do).
+          .hf_accepts({"mlp_type", "norm_type", "layer_norm_epsilon"});
   return keys;
-}
-
-Starcoder2Options parse_starcoder2_options(config::Section& s) {
-  Starcoder2Options o;
-  starcoder2_keys().read(s, o);
-  return o;
-}
-
-Starcoder2Options starcoder2_options_from_hf_config(const nlohmann::json& raw, const std::string& where) {
-  // The published configs also carry mlp_type, norm_type and layer_norm_epsilon, which transformers' StarCoder2
-  // classes do not read (norm_epsilon is the one they do).
-  return starcoder2_keys().from_hf(raw, where, &parse_starcoder2_options,
-                                   {"mlp_type", "norm_type", "layer_norm_epsilon"});
-}
-
-nlohmann::ordered_json starcoder2_hf_config(const Starcoder2Options& o, at::ScalarType dtype) {
-  return starcoder2_keys().hf_config(o, "starcoder2", dtype);
 }
 
 // ---- Modules --------------------------------------------------------------------------------------------------------
@@ -93,81 +79,27 @@ at::Tensor Starcoder2DecoderLayerImpl::forward(const at::Tensor& x, const Attent
   return h + mlp(post_attention_layernorm(h));
 }
 
-Starcoder2ModelImpl::Starcoder2ModelImpl(const Starcoder2Options& o, const at::TensorOptions& t) {
-  embed_tokens = register_module("embed_tokens", Embedding(o.vocab_size, o.hidden_size, t));
-  if (o.pad_token_id) embed_tokens->padding_idx = *o.pad_token_id;  // nn.Embedding(..., padding_idx)
-  layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < o.num_hidden_layers; ++i) layers->push_back(Starcoder2DecoderLayer(o, t));
-  norm = register_module("norm", Norm(o.hidden_size, NormType::kLayerNorm, o.norm_epsilon, true, t));
+Starcoder2ForCausalLMImpl::Starcoder2ForCausalLMImpl(const Starcoder2Options& o) : HfDecoderLM(o, starcoder2_keys()) {
+  const at::TensorOptions t = tensor_options();
+  build_backbone([&](int64_t) { return Starcoder2DecoderLayer(o, t); },
+                 Norm(o.hidden_size, NormType::kLayerNorm, o.norm_epsilon, true, t));
+  inv_freq_ = rotary_inv_freq(o.head_dim(), o.rope_theta) / o.rope_factor;
+  window_ = o.sliding_window.value_or(0);
 }
 
-Starcoder2ForCausalLMImpl::Starcoder2ForCausalLMImpl(const Starcoder2Options& o)
-    : DecoderLM("model.layers."), o_(o), inv_freq_(rotary_inv_freq(o.head_dim(), o.rope_theta) / o.rope_factor) {
-  const at::TensorOptions t = at::TensorOptions().dtype(at::kFloat).device(at::Device(o.init_device));
-  model = register_module("model", Starcoder2Model(o, t));
-  if (!o.tie_word_embeddings) lm_head = register_module("lm_head", Linear(o.hidden_size, o.vocab_size, false, t));
-}
-
-at::Tensor Starcoder2ForCausalLMImpl::embed(const at::Tensor& ids, const DecoderCall& call) {
-  (void)call;
+at::Tensor Starcoder2ForCausalLMImpl::embed(const at::Tensor& ids, const DecoderCall&) {
   return at::dropout(model->embed_tokens(ids), o_.embedding_dropout, is_training());
 }
 
-AttentionInputs Starcoder2ForCausalLMImpl::attention_inputs(const DecoderCall& call) {
-  AttentionInputs in =
-      causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype, o_.sliding_window.value_or(0));
-  set_rope_tables(in, call.positions, inv_freq_);  // in float32, as transformers computes them
-  return in;
+std::string Starcoder2ForCausalLMImpl::describe_more() const {
+  return fmt::format(", rope theta {}{}", o_.rope_theta,
+                     o_.sliding_window ? fmt::format(", sliding window {}", *o_.sliding_window) : "");
 }
 
-double Starcoder2ForCausalLMImpl::flops_per_token(int64_t seq_len) const {
-  int64_t n = num_params();
-  if (!o_.tie_word_embeddings) n -= o_.vocab_size * o_.hidden_size;
-  const int64_t keys = o_.sliding_window ? std::min(seq_len, *o_.sliding_window) : seq_len;
-  return 6.0 * static_cast<double>(n) + 12.0 * static_cast<double>(o_.num_hidden_layers) *
-                                            static_cast<double>(o_.hidden_size) * static_cast<double>(keys);
-}
-
-void Starcoder2ForCausalLMImpl::init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select) {
-  init_like_transformers(*this, seed, o_.initializer_range, select, std::nullopt);  // zeroes the padding_idx row
-}
-
-std::shared_ptr<CausalLM> Starcoder2ForCausalLMImpl::rebuild(const std::string& device,
-                                                             std::optional<uint64_t> seed) const {
-  Starcoder2Options o = o_;
-  o.init_device = device;
-  return seed ? build_starcoder2(o, *seed).ptr() : Starcoder2ForCausalLM(o).ptr();
-}
-
-std::string Starcoder2ForCausalLMImpl::describe() const {
-  return fmt::format(
-      "starcoder2: hidden {}, heads {} (kv {}, head_dim {}), layers {}, intermediate {}, vocab {}, "
-      "rope theta {}{}",
-      o_.hidden_size, o_.num_attention_heads, o_.num_key_value_heads, o_.head_dim(), o_.num_hidden_layers,
-      o_.intermediate_size, o_.vocab_size, o_.rope_theta,
-      o_.sliding_window ? fmt::format(", sliding window {}", *o_.sliding_window) : "");
-}
-
-std::optional<std::string> Starcoder2ForCausalLMImpl::tied_embedding_name() const {
-  if (!o_.tie_word_embeddings) return std::nullopt;
-  return "model.embed_tokens.weight";
-}
-
-Starcoder2ForCausalLM build_starcoder2(const Starcoder2Options& options, uint64_t seed) {
-  return build_initialised<Starcoder2ForCausalLM>(options, seed);
-}
-
-TensorParallelPlan Starcoder2ForCausalLMImpl::tensor_parallel_plan(int64_t degree) const {
-  check_tensor_parallel_split(degree, "StarCoder2", o_.num_attention_heads, o_.num_key_value_heads,
-                              o_.intermediate_size);
-  TensorParallelPlan plan;
-  plan.vocabulary(o_.vocab_size, degree, lm_head ? "lm_head" : "", "model.embed_tokens");
-  for (int64_t i = 0; i < o_.num_hidden_layers; ++i) {
-    plan.layer(fmt::format("model.layers.{}.", i), {"input_layernorm", "post_attention_layernorm"},
-               {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.c_fc"},
-               {"self_attn.o_proj", "mlp.c_proj"});
-  }
-  return plan;
+void Starcoder2ForCausalLMImpl::plan_layer(TensorParallelPlan& plan, const std::string& p, int64_t) const {
+  plan.layer(p, {"input_layernorm", "post_attention_layernorm"},
+             {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.c_fc"},
+             {"self_attn.o_proj", "mlp.c_proj"});
 }
 
 }  // namespace tessera::models

@@ -19,11 +19,10 @@
 
 #include "tessera/config/reader.h"
 #include "tessera/models/blocks/attention.h"
-#include "tessera/models/blocks/decoder.h"
+#include "tessera/models/blocks/hf_decoder.h"
 #include "tessera/models/blocks/layers.h"
 #include "tessera/models/blocks/self_attention.h"
-#include "tessera/models/causal_lm.h"
-#include "tessera/models/parallel_plan.h"
+#include "tessera/models/family_keys.h"
 
 namespace tessera::models {
 
@@ -53,12 +52,8 @@ struct Starcoder2Options {
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
 };
 
-// Reads a `model:` section with name starcoder2 (Starcoder2Config's keys); errors name the key path and line.
-Starcoder2Options parse_starcoder2_options(config::Section& s);
-// config.json (model_type starcoder2) -> options; throws Error("hf") naming `where` for what the family does not
-// compute.
-Starcoder2Options starcoder2_options_from_hf_config(const nlohmann::json& config, const std::string& where);
-nlohmann::ordered_json starcoder2_hf_config(const Starcoder2Options& o, at::ScalarType dtype);
+// Starcoder2Config's keys: the recipe reader, the config.json reader and writer.
+const FamilyKeys<Starcoder2Options>& starcoder2_keys();
 
 // c_proj(act(c_fc(x))), then the residual dropout.
 class Starcoder2MLPImpl : public torch::nn::Module {
@@ -88,56 +83,18 @@ class Starcoder2DecoderLayerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Starcoder2DecoderLayer);
 
-class Starcoder2ModelImpl : public torch::nn::Module {
- public:
-  Starcoder2ModelImpl(const Starcoder2Options& o, const at::TensorOptions& t);
-
-  Embedding embed_tokens{nullptr};
-  torch::nn::ModuleList layers{nullptr};
-  Norm norm{nullptr};
-};
-TORCH_MODULE(Starcoder2Model);
-
-// Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers.
-class Starcoder2ForCausalLMImpl : public DecoderLM<Starcoder2DecoderLayerImpl>, public TensorParallelModel {
+// Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers. The tensor-parallel
+// plan: heads, the MLP's hidden units and the vocabulary (where it divides); the layers' LayerNorms on sequence shards.
+class Starcoder2ForCausalLMImpl
+    : public HfDecoderLM<Starcoder2ForCausalLMImpl, Starcoder2Options, Starcoder2DecoderLayerImpl> {
  public:
   explicit Starcoder2ForCausalLMImpl(const Starcoder2Options& o);
-  const Starcoder2Options& options() const { return o_; }
-
-  void init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select = nullptr) override;
-  std::shared_ptr<CausalLM> rebuild(const std::string& device, std::optional<uint64_t> seed) const override;
-  // 6 N (less an untied input embedding, a lookup) + 12 L (heads x head_dim) x keys (at most the window).
-  double flops_per_token(int64_t seq_len) const override;
-  int64_t vocab_size() const override { return o_.vocab_size; }
-  int64_t max_seq_len() const override { return o_.max_position_embeddings; }
-  std::string describe() const override;
-  std::string family() const override { return "starcoder2"; }
-  bool has_hf_format() const override { return true; }
-  nlohmann::ordered_json hf_config(at::ScalarType dtype) const override { return starcoder2_hf_config(o_, dtype); }
-  std::optional<std::string> tied_embedding_name() const override;
-  // Heads, the MLP's hidden units and the vocabulary (where it divides); the layers' LayerNorms on sequence shards.
-  TensorParallelPlan tensor_parallel_plan(int64_t degree) const override;
-
-  Starcoder2Model model{nullptr};
-  Linear lm_head{nullptr};  // only when tie_word_embeddings is false
 
  protected:
-  const torch::nn::ModuleList& decoder_layers() const override { return model->layers; }
-  EmbeddingImpl& token_embedding() override { return *model->embed_tokens; }
-  at::Tensor embed(const at::Tensor& ids, const DecoderCall& call) override;  // the embedding dropout
-  AttentionInputs attention_inputs(const DecoderCall& call) override;         // causal or windowed masks, rotary
-  at::Tensor head(const at::Tensor& h) override { return head_logits(model->norm(h), lm_head); }
-
- private:
-  Starcoder2Options o_;
-  at::Tensor inv_freq_;  // (head_dim / 2,) float32, on the CPU
+  at::Tensor embed(const at::Tensor& ids, const DecoderCall& call) override;                  // the embedding dropout
+  void plan_layer(TensorParallelPlan& plan, const std::string& p, int64_t i) const override;  // c_fc, c_proj
+  std::string describe_more() const override;
 };
 TORCH_MODULE(Starcoder2ForCausalLM);
-
-// Builds the model on options.init_device; on a real device initialised as transformers' Starcoder2PreTrainedModel
-// does (normal with std initializer_range for Linear and Embedding weights, the pad_token_id embedding row zeroed,
-// zero biases, LayerNorms weight 1 and bias 0), each module from its own generator seeded from `seed` and the
-// module's name.
-Starcoder2ForCausalLM build_starcoder2(const Starcoder2Options& options, uint64_t seed = 17);
 
 }  // namespace tessera::models

@@ -108,7 +108,7 @@ TEST(HfConfigForms, EachRotaryFamilyTakesRopeParametersIntoItsOwnKeys) {
       {"vocab_size", 101},
       {"is_decoder", false},
       {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1000.0}, {"partial_rotary_factor", 0.5}}}};
-  const GPTNeoXOptions n = gpt_neox_options_from_hf_config(neox, "n/config.json");
+  const GPTNeoXOptions n = gpt_neox_keys().from_hf(neox, "n/config.json");
   EXPECT_EQ(n.rotary_emb_base, 1000.0);
   EXPECT_EQ(n.rotary_pct, 0.5);
   // Phi-3: partial_rotary_factor, and longrope's factors; the top-level original_max_position_embeddings decides (its
@@ -129,7 +129,7 @@ TEST(HfConfigForms, EachRotaryFamilyTakesRopeParametersIntoItsOwnKeys) {
                        {"original_max_position_embeddings", 16},
                        {"short_factor", {1.0, 1.2, 1.5, 2.0}},
                        {"long_factor", {1.5, 2.0, 3.0, 4.0}}}}};
-  const Phi3Options p = phi3_options_from_hf_config(phi3, "p/config.json");
+  const Phi3Options p = phi3_keys().from_hf(phi3, "p/config.json");
   EXPECT_EQ(p.rope_theta, 11000.0);
   EXPECT_EQ(p.partial_rotary_factor, 0.5);
   EXPECT_EQ(p.original_max_position_embeddings, 16);
@@ -138,7 +138,7 @@ TEST(HfConfigForms, EachRotaryFamilyTakesRopeParametersIntoItsOwnKeys) {
   json no_original = phi3;
   no_original.erase("original_max_position_embeddings");
   no_original["rope_parameters"].erase("original_max_position_embeddings");
-  EXPECT_EQ(phi3_options_from_hf_config(no_original, "p/config.json").original_max_position_embeddings, 4096);
+  EXPECT_EQ(phi3_keys().from_hf(no_original, "p/config.json").original_max_position_embeddings, 4096);
   // Gemma 3: one object per layer type; the sliding layers' base is rope_local_base_freq.
   const json gemma3 = {{"model_type", "gemma3_text"},
                        {"hidden_size", 64},
@@ -152,7 +152,7 @@ TEST(HfConfigForms, EachRotaryFamilyTakesRopeParametersIntoItsOwnKeys) {
                        {"rope_parameters",
                         {{"full_attention", {{"rope_type", "linear"}, {"factor", 2.0}, {"rope_theta", 200000.0}}},
                          {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 500.0}}}}}};
-  const GemmaOptions g = gemma_options_from_hf_config(gemma3, "g/config.json");
+  const GemmaOptions g = gemma_keys().from_hf(gemma3, "g/config.json");
   EXPECT_EQ(g.rope_theta, 200000.0);
   EXPECT_EQ(g.rope_local_base_freq, 500.0);
   EXPECT_EQ(g.rope_linear_factor, 2.0);
@@ -221,7 +221,7 @@ TEST(HfConfigForms, WhatBothFormsGiveDifferentlyOrTesseraDoesNotComputeIsRefused
       std::string::npos);
   // Gemma 3's sliding layers rotate without scaling.
   const std::string gemma3 = error_of([] {
-    (void)gemma_options_from_hf_config(
+    (void)gemma_keys().from_hf(
         {{"model_type", "gemma3_text"},
          {"rope_parameters", {{"sliding_attention", {{"rope_type", "linear"}, {"factor", 2.0}}}}}},
         "g/config.json");

@@ -58,15 +58,17 @@ class SelfAttentionImpl : public torch::nn::Module {
 TORCH_MODULE(SelfAttention);
 
 // down_proj(act(gate_proj(x)) * up_proj(x)): the gated MLP (SwiGLU with silu, GeGLU with a GELU) under transformers'
-// names.
+// names; `fused`: gate and up as the two halves of one gate_up_proj (Phi-3, GLM-4), which a tensor-parallel plan
+// splits half by half.
 class GatedMLPImpl : public torch::nn::Module {
  public:
   // `act`: one of hf_activation_names().
   GatedMLPImpl(int64_t hidden_size, int64_t intermediate_size, const std::string& act, bool bias,
-               const at::TensorOptions& t);
+               const at::TensorOptions& t, bool fused = false);
   at::Tensor forward(const at::Tensor& x);
 
   Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  Linear gate_up_proj{nullptr};  // fused only (gate_proj and up_proj null)
 
  private:
   std::string act_;
