@@ -107,8 +107,10 @@ int forward(const std::string& dir, const std::string& inputs_path, const std::s
   if (moe) {
     for (const auto& [router, counts] : moe->expert_token_counts()) out["tokens_per_expert." + router] = counts;
   }
-  // A parameter outside the graph (an expert no token was routed to) has no gradient: written as zeros.
+  // A parameter outside the graph (an expert no token was routed to) has no gradient: written as zeros. A frozen one
+  // (DeepSeek-V3's routing correction bias, a buffer in transformers) is left out.
   for (const auto& p : model->named_parameters()) {
+    if (!p.value().requires_grad()) continue;
     out["grad." + p.key()] = p.value().grad().defined() ? p.value().grad() : at::zeros_like(p.value());
   }
   tessera::checkpoint::save_safetensors(out_path, out);

@@ -72,6 +72,14 @@ CASES = {
              dict(BASE, head_dim=16, pad_token_id=0, eos_token_id=0,
                   rope_parameters={"rope_type": "default", "rope_theta": 9600.0, "partial_rotary_factor": 0.5}),
              "sdpa"),
+    # DeepSeek-V3: YaRN, its softmax scale from mscale_all_dim and its tables' factor from mscale.
+    "deepseek_v3": (T.DeepseekV3Config, T.DeepseekV3ForCausalLM,
+                    dict(BASE, num_key_value_heads=4, moe_intermediate_size=24, n_routed_experts=8, n_group=4,
+                         topk_group=2, num_experts_per_tok=2, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=24,
+                         qk_rope_head_dim=8, v_head_dim=12, qk_nope_head_dim=16,
+                         rope_parameters={"rope_type": "yarn", "rope_theta": 9400.0, "factor": 4.0,
+                                          "original_max_position_embeddings": 16, "mscale": 1.0,
+                                          "mscale_all_dim": 0.8}), "sdpa"),
     "falcon": (T.FalconConfig, T.FalconForCausalLM,
                dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_kv_heads=2, vocab_size=101,
                     max_position_embeddings=64, new_decoder_architecture=True, bias=True,
@@ -125,7 +133,7 @@ CASES = {
 }
 ROTARY = {"llama", "llama3-rope", "llama-linear", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe", "falcon",
           "gemma2", "gemma3_text", "gpt_neox", "phi3", "dbrx", "olmo2",
-          "granite", "starcoder2", "nemotron", "smollm3", "glm4"}
+          "granite", "starcoder2", "nemotron", "smollm3", "glm4", "deepseek_v3"}
 SEQ = 29
 
 

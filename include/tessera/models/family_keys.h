@@ -96,6 +96,9 @@ class FamilyKeys {
   // means none, std::vector<std::string | int64_t>), checked by `check`, for the model_types `only` (empty: all).
   template <class T>
   FamilyKeys& field(std::string key, T O::*f, KeyCheck<T> check = {}, Types only = {}) {
+    if constexpr (std::is_same_v<T, std::optional<int64_t>> || std::is_same_v<T, std::optional<double>>) {
+      nullable_.insert(key);  // config.json's null is "none" here, not the key left out
+    }
     return row(
         key, std::move(only),
         [key, f, check](config::Section& s, O& o) {
@@ -262,7 +265,7 @@ class FamilyKeys {
     for (const Row& r : rows_) {
       if (!r.read && applies(r, type)) accepted.insert(r.key);
     }
-    nlohmann::json cfg = hf_config_keys(raw, names(type), where, accepted);
+    nlohmann::json cfg = hf_config_keys(raw, names(type), where, accepted, nullable_);
     if (prepare) prepare(raw, cfg);
     O o;
     read_hf_config(cfg, where, [&](config::Section& s) { o = parse(s); });
@@ -342,6 +345,7 @@ class FamilyKeys {
   std::function<void(const std::string&, O&)> defaults_;
   std::function<void(config::Section&, O&)> finish_;
   std::set<std::string> accepted_;
+  std::set<std::string> nullable_;  // the keys of optional fields
   Prepare prepare_;
   std::vector<Row> rows_;
 };

@@ -117,6 +117,40 @@ at::Tensor rotary_inv_freq(int64_t head_dim, double theta) {
   return 1.0 / at::pow(theta, at::arange(0, head_dim, 2, f32) / static_cast<double>(head_dim));
 }
 
+double yarn_mscale(double scale, double mscale) {
+  return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+double yarn_attention_factor(const YarnRope& y) {
+  if (y.attention_factor) return *y.attention_factor;
+  if (y.mscale && *y.mscale != 0 && y.mscale_all_dim && *y.mscale_all_dim != 0) {
+    return yarn_mscale(y.factor, *y.mscale) / yarn_mscale(y.factor, *y.mscale_all_dim);
+  }
+  return yarn_mscale(y.factor, 1.0);
+}
+
+at::Tensor yarn_inv_freq(int64_t dim, double theta, const YarnRope& y) {
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  // As transformers computes them, in float32: pos_freqs = theta ** (arange(0, dim, 2) / dim).
+  const at::Tensor pos_freqs = at::pow(theta, at::arange(0, dim, 2, f32) / static_cast<double>(dim));
+  const at::Tensor extrapolation = 1.0 / pos_freqs, interpolation = 1.0 / (y.factor * pos_freqs);
+  const double d = static_cast<double>(dim), len = static_cast<double>(y.original_max_position_embeddings);
+  auto correction_dim = [&](double rotations) {
+    return d * std::log(len / (rotations * 2 * M_PI)) / (2 * std::log(theta));
+  };
+  double low = correction_dim(y.beta_fast), high = correction_dim(y.beta_slow);
+  if (y.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, d - 1);
+  if (low == high) high += 0.001;  // transformers' guard against a zero-width ramp
+  const at::Tensor ramp = ((at::arange(dim / 2, f32) - low) / (high - low)).clamp(0, 1);
+  const at::Tensor extrapolated = 1 - ramp;
+  return interpolation * (1 - extrapolated) + extrapolation * extrapolated;
+}
+
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   // x: (B, S, H, hd); cos/sin: (S, r/2) or (B, S, r/2) -> broadcast over heads (and batch). With r < hd (partial
   // rotary) the first r features of each head rotate and the rest pass through.

@@ -279,11 +279,44 @@ SparseMoeBlockImpl::SparseMoeBlockImpl(const SparseMoeOptions& o, const at::Tens
   for (int64_t e = 0; e < o.num_experts; ++e) {
     experts->push_back(SparseExpert(o.hidden_size, o.ffn_hidden, o.qwen_names, t));
   }
+  if (o.deepseek_router) {
+    TORCH_CHECK(o.n_group >= 1 && o.num_experts % o.n_group == 0 && o.num_experts / o.n_group >= 2 &&
+                    o.topk_group >= 1 && o.topk_group <= o.n_group,
+                "moe: the experts must split into n_group groups of at least 2, topk_group of them chosen");
+    e_score_correction_bias =
+        gate->register_parameter("e_score_correction_bias", at::zeros({o.num_experts}, t), /*requires_grad=*/false);
+  }
   if (o.shared_ffn_hidden > 0) {
-    shared_expert = register_module("shared_expert", SparseExpert(o.hidden_size, o.shared_ffn_hidden, true, t));
-    shared_expert_gate = register_module("shared_expert_gate", Linear(o.hidden_size, 1, false, t));
+    shared_expert = register_module(o.deepseek_router ? "shared_experts" : "shared_expert",
+                                    SparseExpert(o.hidden_size, o.shared_ffn_hidden, true, t));
+    if (!o.deepseek_router)
+      shared_expert_gate = register_module("shared_expert_gate", Linear(o.hidden_size, 1, false, t));
   }
 }
+
+namespace {
+
+// DeepseekV3TopkRouter.forward: (weights (T, k) float32, chosen (T, k) int64) from float32 sigmoid scores.
+std::pair<at::Tensor, at::Tensor> deepseek_route(const at::Tensor& scores, const at::Tensor& bias,
+                                                 const SparseMoeOptions& o) {
+  const int64_t e = o.num_experts, per = e / o.n_group;
+  at::Tensor chosen;
+  {
+    at::NoGradGuard no_grad;  // get_topk_indices runs without gradient
+    at::Tensor choice = scores.detach() + bias.to(at::kFloat).unsqueeze(0);
+    const at::Tensor group_scores = std::get<0>(choice.view({-1, o.n_group, per}).topk(2, -1)).sum(-1);
+    const at::Tensor groups = std::get<1>(group_scores.topk(o.topk_group, -1, true, /*sorted=*/false));
+    const at::Tensor group_mask = at::zeros_like(group_scores).scatter_(1, groups, 1.0);
+    const at::Tensor score_mask = group_mask.unsqueeze(-1).expand({-1, o.n_group, per}).reshape({-1, e});
+    choice = choice.masked_fill(score_mask.logical_not(), 0.0);
+    chosen = std::get<1>(choice.topk(o.top_k, -1, true, /*sorted=*/false));
+  }
+  at::Tensor weights = scores.gather(1, chosen);
+  if (o.norm_topk_prob) weights = weights / (weights.sum(-1, /*keepdim=*/true) + 1e-20);
+  return {weights * o.routed_scaling_factor, chosen};
+}
+
+}  // namespace
 
 at::Tensor SparseMoeBlockImpl::forward(const at::Tensor& x) {
   const int64_t d = o_.hidden_size, k = o_.top_k, e_count = o_.num_experts;
@@ -294,11 +327,16 @@ at::Tensor SparseMoeBlockImpl::forward(const at::Tensor& x) {
   }
   const at::Tensor flat = h.reshape({-1, d});
   const int64_t tokens = flat.size(0);
-  const at::Tensor logits = gate(flat);
-  const at::Tensor probs = at::softmax(logits, 1, at::kFloat);  // transformers: softmax(dtype=torch.float)
-  auto [weights, chosen] = probs.topk(k, -1);
-  if (o_.norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
-  weights = weights.to(flat.scalar_type());
+  at::Tensor probs, weights, chosen;
+  if (o_.deepseek_router) {
+    probs = at::sigmoid(at::linear(flat.to(at::kFloat), gate->weight.to(at::kFloat)));
+    std::tie(weights, chosen) = deepseek_route(probs, e_score_correction_bias, o_);
+  } else {
+    probs = at::softmax(gate(flat), 1, at::kFloat);  // transformers: softmax(dtype=torch.float)
+    std::tie(weights, chosen) = probs.topk(k, -1);
+    if (o_.norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
+    weights = weights.to(flat.scalar_type());
+  }
 
   // Sorted by expert (in token order within each), one GEMM per projection and expert over its rows, summed back per
   // token in expert order as transformers' loop over experts does.
@@ -335,11 +373,14 @@ at::Tensor SparseMoeBlockImpl::forward(const at::Tensor& x) {
   } else {
     y = run_experts(xs, 0, counts);
   }
-  y = y * weights.reshape({-1}).index_select(0, order).unsqueeze(1).to(y.scalar_type());
-  at::Tensor out = at::zeros({tokens, d}, y.options()).index_add(0, token, y);
+  // DeepSeek-V3 sums the weighted rows in float32 (its weights' dtype), then casts to the input's.
+  const at::ScalarType out_dtype = o_.deepseek_router ? flat.scalar_type() : y.scalar_type();
+  const at::ScalarType sum_dtype = o_.deepseek_router ? at::kFloat : y.scalar_type();
+  y = y.to(sum_dtype) * weights.reshape({-1}).index_select(0, order).unsqueeze(1).to(sum_dtype);
+  at::Tensor out = at::zeros({tokens, d}, y.options()).index_add(0, token, y).to(out_dtype);
   if (shared_expert) {
     const at::Tensor shared = shared_expert->down(at::silu(shared_expert->gate(flat)) * shared_expert->up(flat));
-    out = out + at::sigmoid(shared_expert_gate(flat)) * shared;
+    out = out + (shared_expert_gate ? at::sigmoid(shared_expert_gate(flat)) * shared : shared);
   }
   out = out.view(x.sizes());
   if (!is_training()) return out;
@@ -361,7 +402,8 @@ std::vector<std::vector<std::string>> SparseMoeBlockImpl::expert_module_weights(
 int64_t sparse_moe_params(const SparseMoeOptions& o) {
   const int64_t d = o.hidden_size;
   int64_t n = d * o.num_experts + o.num_experts * 3 * d * o.ffn_hidden;
-  if (o.shared_ffn_hidden > 0) n += 3 * d * o.shared_ffn_hidden + d;
+  if (o.shared_ffn_hidden > 0) n += 3 * d * o.shared_ffn_hidden + (o.deepseek_router ? 0 : d);
+  if (o.deepseek_router) n += o.num_experts;  // e_score_correction_bias
   return n;
 }
 

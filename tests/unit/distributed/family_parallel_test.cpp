@@ -124,6 +124,15 @@ struct TinyQwen2Moe {  // a shared expert beside the routed ones, q/k/v biases, 
       "        moe_intermediate_size: 24, shared_expert_intermediate_size: 32, vocab_size: 64,\n"
       "        max_position_embeddings: 32}";
 };
+struct TinyDeepseekV3 {  // latent attention, sigmoid routing within expert groups, a shared expert, YaRN
+  static constexpr const char* kDir = "family_parallel_deepseek_v3";
+  static constexpr const char* kModel =
+      "{name: deepseek_v3, hidden_size: 32, num_attention_heads: 4, num_key_value_heads: 4, num_hidden_layers: 2,\n"
+      "        first_k_dense_replace: 0, intermediate_size: 48, moe_intermediate_size: 16, n_routed_experts: 4,\n"
+      "        n_group: 2, topk_group: 1, num_experts_per_tok: 2, kv_lora_rank: 8, q_lora_rank: 12,\n"
+      "        qk_rope_head_dim: 4, qk_nope_head_dim: 8, v_head_dim: 8, vocab_size: 64, max_position_embeddings: 32,\n"
+      "        rope_scaling: {type: yarn, factor: 2.0, original_max_position_embeddings: 16}}";
+};
 
 constexpr int kSteps = 8;
 // SGD with momentum rather than the fixture's AdamW: Adam's steps do not change when a gradient is scaled, so a
@@ -192,7 +201,7 @@ TYPED_TEST(FamilyParallel, TensorAndContextParallelTimesFullShardMatchOneProcess
 
 template <class Model>
 class FamilyExpertParallel : public FamilyParallel<Model> {};
-using MoeFamilies = ::testing::Types<TinyMixtral, TinyQwen2Moe>;
+using MoeFamilies = ::testing::Types<TinyMixtral, TinyQwen2Moe, TinyDeepseekV3>;
 TYPED_TEST_SUITE(FamilyExpertParallel, MoeFamilies);
 
 TYPED_TEST(FamilyExpertParallel, ExpertParallelTimesFullShardMatchesOneProcess) {
@@ -217,6 +226,25 @@ TYPED_TEST(FamilyExpertParallel, ExpertParallelTimesFullShardMatchesOneProcess) 
   ASSERT_EQ(resumed.losses.size(), 1u) << "resumed at batch 4, so one step";
   const double want = this->one().losses.at(4);
   EXPECT_NEAR(resumed.losses[0], want, 1e-5 * std::abs(want));
+}
+
+using DeepseekV3Parallel = FamilyParallel<TinyDeepseekV3>;
+
+TEST_F(DeepseekV3Parallel, ContextParallelTimesFullShardMatchesOneProcessAndTensorParallelIsRefusedByName) {
+  if (is_worker()) GTEST_SKIP();
+  // Latent attention on half the positions per rank (the keys and values gathered per layer), the routers' choices
+  // per token as in one process.
+  expect_matches(steps("cp2_fs2", 4, {"'parallelism={context_parallel_degree: 2}'"}), "CP 2 x FSDP 2");
+  const std::string cp_log = read_dist_log(root_ / "cp2_fs2.log");
+  EXPECT_NE(cp_log.find("context parallelism over groups of 2 ranks"), std::string::npos) << cp_log;
+  const fs::path log = root_ / "tp2_plan.log";
+  const std::string cmd = fmt::format(
+      "{} --recipe {} --dry-run --world-size 4 'parallelism={{tensor_parallel_degree: "
+      "2}}' > {} 2>&1",
+      ::tessera::testing::train_bin(), (root_ / "tiny.yaml").string(), log.string());
+  EXPECT_NE(std::system(cmd.c_str()), 0);
+  const std::string out = read_dist_log(log);
+  EXPECT_NE(out.find("tensor_parallel_degree 2: DeepSeek-V3's latent attention projections"), std::string::npos) << out;
 }
 
 using Phi3Parallel = FamilyParallel<TinyPhi3>;

@@ -76,6 +76,24 @@ void set_rope_tables(AttentionInputs& in, const at::Tensor& positions, const at:
 // float32, (head_dim / 2,), on the CPU.
 at::Tensor rotary_inv_freq(int64_t head_dim, double theta);
 
+// transformers' YaRN (rope_type yarn, _compute_yarn_parameters): the inverse frequencies blend interpolation (divided
+// by `factor`) and extrapolation with a linear ramp between the dimensions that turn beta_fast and beta_slow times
+// over original_max_position_embeddings (the bounds floored and ceiled unless truncate is false); the rotary tables
+// are scaled by attention_factor (when unset: mscale(factor, mscale) / mscale(factor, mscale_all_dim) with both
+// given, else mscale(factor, 1)).
+struct YarnRope {
+  double factor = 1.0;
+  int64_t original_max_position_embeddings = 0;
+  double beta_fast = 32.0, beta_slow = 1.0;
+  std::optional<double> mscale, mscale_all_dim, attention_factor;
+  bool truncate = true;
+};
+// 0.1 * mscale * ln(scale) + 1 for scale > 1, else 1 (yarn_get_mscale).
+double yarn_mscale(double scale, double mscale);
+// (dim / 2,) float32 on the CPU.
+at::Tensor yarn_inv_freq(int64_t dim, double theta, const YarnRope& yarn);
+double yarn_attention_factor(const YarnRope& yarn);
+
 // Applies GPT-NeoX-style (flash-attn "dail", non-interleaved; HF's rotate_half) rotary embeddings to
 // x: (B, S, heads, head_dim), with cos/sin (S, r / 2) or, for per-row positions, (B, S, r / 2): r = head_dim rotates
 // whole heads, a smaller r (partial rotary) the first r features of each head, the rest passing through.

@@ -178,6 +178,14 @@ struct SparseMoeOptions {
   bool qwen_names = false;        // experts' gate_proj / up_proj / down_proj (Qwen2-MoE) or w1 / w3 / w2 (Mixtral)
   bool norm_topk_prob = true;     // the top-k probabilities divided by their sum
   double jitter_noise = 0;        // Mixtral's router_jitter_noise: the block's input times U(1 - j, 1 + j) in training
+  // DeepSeek-V3's router (DeepseekV3TopkRouter): sigmoid scores of a float32 gate; the top_k chosen among the experts
+  // of the topk_group best of n_group groups (a group scored by the sum of its two best experts), each score plus the
+  // gate's e_score_correction_bias (a frozen parameter: balanced outside the gradient) for the choice only; the chosen
+  // scores normalised (norm_topk_prob) and times routed_scaling_factor, summed in float32. Its shared experts
+  // (shared_experts, shared_ffn_hidden wide) are added without a gate.
+  bool deepseek_router = false;
+  int64_t n_group = 1, topk_group = 1;
+  double routed_scaling_factor = 1.0;
 };
 
 // One expert (or Qwen2-MoE's shared expert): down(silu(gate(x)) * up(x)) under either family's names.
@@ -206,8 +214,9 @@ class SparseMoeBlockImpl : public torch::nn::Module, public ExpertParallelLayer 
 
   Linear gate{nullptr};
   torch::nn::ModuleList experts{nullptr};
-  SparseExpert shared_expert{nullptr};  // Qwen2-MoE
+  SparseExpert shared_expert{nullptr};  // Qwen2-MoE ("shared_expert"), DeepSeek-V3 ("shared_experts")
   Linear shared_expert_gate{nullptr};   // Qwen2-MoE: sigmoid(shared_expert_gate(x)) * shared_expert(x)
+  at::Tensor e_score_correction_bias;   // DeepSeek-V3: gate.e_score_correction_bias (E,), frozen
   std::vector<at::Tensor> records;      // tokens per expert (E,) int64 of each training forward since the last clear
 
  private:
