@@ -266,8 +266,8 @@ TEST(TrainCli, UnregisteredComponentNamesListTheRegisteredOnes) {
     auto [path, line] = mutated("model_name.yaml", "name: mpt_causal_lm", "name: my_lm");
     // The list is every family the binary registers (sorted); each shipped one must be in it.
     const Result r = run("--recipe " + path + " --dry-run");
-    const std::string prefix = "error: [recipe] " + path + ":" + std::to_string(line) +
-                               ": model.name: unknown model \"my_lm\" (available: ";
+    const std::string prefix =
+        "error: [recipe] " + path + ":" + std::to_string(line) + ": model.name: unknown model \"my_lm\" (available: ";
     EXPECT_EQ(r.exit_code, 2) << r.output;
     EXPECT_EQ(r.output.rfind(prefix, 0), 0U) << r.output;
     for (const char* name : {"falcon", "gpt_neo", "gpt_neox", "hf_causal_lm", "llama", "mpt_causal_lm", "opt"}) {
