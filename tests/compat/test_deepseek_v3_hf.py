@@ -21,8 +21,8 @@ import os
 import subprocess
 
 import pytest
-import yaml
 import torch
+import yaml
 from safetensors.torch import load_file
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 

@@ -80,6 +80,13 @@ CASES = {
                          rope_parameters={"rope_type": "yarn", "rope_theta": 9400.0, "factor": 4.0,
                                           "original_max_position_embeddings": 16, "mscale": 1.0,
                                           "mscale_all_dim": 0.8}), "sdpa"),
+    # gpt-oss: YaRN without truncation, attention sinks, stacked experts (eager: its only attention besides flex).
+    "gpt_oss": (T.GptOssConfig, T.GptOssForCausalLM,
+                dict(BASE, head_dim=16, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+                     sliding_window=7,
+                     rope_parameters={"rope_type": "yarn", "rope_theta": 9300.0, "factor": 4.0, "beta_fast": 32.0,
+                                      "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 16}),
+                "eager"),
     "falcon": (T.FalconConfig, T.FalconForCausalLM,
                dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_kv_heads=2, vocab_size=101,
                     max_position_embeddings=64, new_decoder_architecture=True, bias=True,
@@ -133,7 +140,7 @@ CASES = {
 }
 ROTARY = {"llama", "llama3-rope", "llama-linear", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe", "falcon",
           "gemma2", "gemma3_text", "gpt_neox", "phi3", "dbrx", "olmo2",
-          "granite", "starcoder2", "nemotron", "smollm3", "glm4", "deepseek_v3"}
+          "granite", "starcoder2", "nemotron", "smollm3", "glm4", "deepseek_v3", "gpt_oss"}
 SEQ = 29
 
 
@@ -147,7 +154,7 @@ def hf_model(name):
         for module in model.modules():
             norm = "Norm" in type(module).__name__
             for pname, p in module.named_parameters(recurse=False):
-                if norm or pname == "bias":
+                if norm or pname in ("bias", "sinks", "gate_up_proj_bias", "down_proj_bias"):
                     p.add_(0.1 * torch.randn_like(p))
         for pname, p in model.named_parameters():
             if ".experts." in pname and "dbrx" in name:

@@ -212,6 +212,12 @@ class FamilyKeys {
     return *this;
   }
 
+  // A key whose null in config.json means "none" (as an optional field's does), for a custom() row to read.
+  FamilyKeys& nullable(std::string key) {
+    nullable_.insert(std::move(key));
+    return *this;
+  }
+
   const Types& model_types() const { return types_; }
 
   // A recipe's `model:` section (or config.json's keys) -> options: read() and finally().

@@ -189,7 +189,7 @@ void append_to_cache(LayerCache* cache, at::Tensor& k, at::Tensor& v) {
 namespace {
 
 at::Tensor attend_gathered(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionInputs& in,
-                           double scale, double dropout, bool training) {
+                           double scale, double dropout, bool training, const at::Tensor& sinks) {
   const int64_t s = q.size(2), h = q.size(1), kv = k.size(1);
   at::Tensor context;
   // Kernel choice: on CPU, ATen's fused SDPA is slower than the explicit softmax path in bf16 for short keys (about
@@ -197,7 +197,7 @@ at::Tensor attend_gathered(const at::Tensor& q, const at::Tensor& k, const at::T
   // everywhere else. Both compute the same attention.
   const bool short_bf16_on_cpu =
       q.device().is_cpu() && q.scalar_type() == at::kBFloat16 && k.size(2) <= 256 && dropout == 0.0;
-  if (in.reference || short_bf16_on_cpu || in.softcap > 0) {
+  if (in.reference || short_bf16_on_cpu || in.softcap > 0 || sinks.defined()) {
     // Plain path: kv head g serves query heads g * n_rep .. g * n_rep + n_rep - 1, as LLM Foundry's repeat_kv_for_gqa.
     const int64_t rep = h / kv;
     const at::Tensor kf = rep > 1 ? k.repeat_interleave(rep, 1) : k, vf = rep > 1 ? v.repeat_interleave(rep, 1) : v;
@@ -209,7 +209,18 @@ at::Tensor attend_gathered(const at::Tensor& q, const at::Tensor& k, const at::T
       const at::Tensor future = at::ones({s, sk}, q.options().dtype(at::kBool)).triu(sk - s + 1);
       scores = scores.masked_fill(future, lowest_value(scores.scalar_type()));
     }
-    at::Tensor weights = at::softmax(scores, -1);
+    at::Tensor weights;
+    if (sinks.defined()) {
+      // transformers' gpt-oss: the sink logit as one more column, the row's maximum subtracted, the softmax, the
+      // sink's column dropped.
+      const int64_t sk = scores.size(-1);
+      const at::Tensor sink = sinks.to(scores.scalar_type()).view({1, -1, 1, 1}).expand({q.size(0), h, s, 1});
+      at::Tensor combined = at::cat({scores, sink}, -1);
+      combined = combined - std::get<0>(combined.max(-1, /*keepdim=*/true));
+      weights = at::softmax(combined, -1).narrow(-1, 0, sk);
+    } else {
+      weights = at::softmax(scores, -1);
+    }
     weights = at::dropout(weights, dropout, training);
     return at::matmul(weights, vf);
   }
@@ -227,11 +238,12 @@ at::Tensor attend_gathered(const at::Tensor& q, const at::Tensor& k, const at::T
 }  // namespace
 
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionInputs& in,
-                  double scale, double dropout, bool training) {
-  if (!in.context) return attend_gathered(q, k, v, in, scale, dropout, training);
+                  double scale, double dropout, bool training, const at::Tensor& sinks) {
+  if (!in.context) return attend_gathered(q, k, v, in, scale, dropout, training, sinks);
   // Context parallelism: this rank's queries over every rank's keys and values (the mask's columns follow their order).
   ContextExchange& exchange = *in.context->exchange;
-  return attend_gathered(q, exchange.whole_sequence(k, 2), exchange.whole_sequence(v, 2), in, scale, dropout, training);
+  return attend_gathered(q, exchange.whole_sequence(k, 2), exchange.whole_sequence(v, 2), in, scale, dropout, training,
+                         sinks);
 }
 
 }  // namespace tessera::models

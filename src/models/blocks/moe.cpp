@@ -46,7 +46,8 @@ bool aligned_for_grouped_mm(const at::Tensor& x, const at::Tensor& w) {
   return (x.size(1) * elt) % 16 == 0 && (w.size(2) * elt) % 16 == 0 && (w.size(1) * elt) % 16 == 0;
 }
 
-// x: (N, in) rows grouped by expert, `counts[e]` rows for expert e; w: (E, in, out) -> (N, out).
+}  // namespace
+
 at::Tensor expert_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts, const at::Tensor& offsets) {
   const auto key = std::make_pair(static_cast<int>(x.device().type()), static_cast<int>(x.scalar_type()));
   auto& support = grouped_mm_support();
@@ -74,6 +75,8 @@ at::Tensor expert_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   if (parts.empty()) return at::mm(x, w[0]);
   return parts.size() == 1 ? parts[0] : at::cat(parts);
 }
+
+namespace {
 
 at::ScalarType compute_type(const at::Tensor& x) {
   const at::DeviceType dev = x.device().type();

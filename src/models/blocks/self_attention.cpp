@@ -20,6 +20,7 @@ SelfAttentionImpl::SelfAttentionImpl(const SelfAttentionOptions& o, const at::Te
     v_proj = projection("v_proj", kv_width);
   }
   o_proj = register_module(o.out_name, Linear(q_width, d, o.out_bias, t));
+  if (o.sinks) sinks = register_parameter("sinks", at::zeros({o.heads}, t));
   if (o.qk_norm != QKNorm::kNone) {
     const bool whole = o.qk_norm == QKNorm::kWhole;
     q_norm = register_module("q_norm", Norm(whole ? q_width : hd, o.qk_norm_type, o.qk_norm_eps, false, t));
@@ -53,7 +54,7 @@ at::Tensor SelfAttentionImpl::forward(const at::Tensor& x, const AttentionInputs
   at::Tensor v = v_proj(x).reshape({b, s, -1, hd}).transpose(1, 2);
   append_to_cache(cache, k, v);
   const double scale = o_.scale > 0 ? o_.scale : 1.0 / std::sqrt(static_cast<double>(hd));
-  const at::Tensor context = attend(q, k, v, in, scale, is_training() ? o_.dropout : 0.0, is_training());
+  const at::Tensor context = attend(q, k, v, in, scale, is_training() ? o_.dropout : 0.0, is_training(), sinks);
   return o_proj(context.transpose(1, 2).reshape({b, s, -1}));
 }
 

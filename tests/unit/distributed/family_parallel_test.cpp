@@ -133,6 +133,14 @@ struct TinyDeepseekV3 {  // latent attention, sigmoid routing within expert grou
       "        qk_rope_head_dim: 4, qk_nope_head_dim: 8, v_head_dim: 8, vocab_size: 64, max_position_embeddings: 32,\n"
       "        rope_scaling: {type: yarn, factor: 2.0, original_max_position_embeddings: 16}}";
 };
+struct TinyGptOss {  // attention sinks, sliding and full layers, stacked experts with biases and clamped SwiGLU, YaRN
+  static constexpr const char* kDir = "family_parallel_gpt_oss";
+  static constexpr const char* kModel =
+      "{name: gpt_oss, hidden_size: 32, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 8,\n"
+      "        num_hidden_layers: 2, intermediate_size: 16, num_local_experts: 4, num_experts_per_tok: 2,\n"
+      "        sliding_window: 5, vocab_size: 64, max_position_embeddings: 32,\n"
+      "        rope_scaling: {rope_type: yarn, factor: 2.0, original_max_position_embeddings: 16, truncate: false}}";
+};
 
 constexpr int kSteps = 8;
 // SGD with momentum rather than the fixture's AdamW: Adam's steps do not change when a gradient is scaled, so a
@@ -201,7 +209,7 @@ TYPED_TEST(FamilyParallel, TensorAndContextParallelTimesFullShardMatchOneProcess
 
 template <class Model>
 class FamilyExpertParallel : public FamilyParallel<Model> {};
-using MoeFamilies = ::testing::Types<TinyMixtral, TinyQwen2Moe, TinyDeepseekV3>;
+using MoeFamilies = ::testing::Types<TinyMixtral, TinyQwen2Moe, TinyDeepseekV3, TinyGptOss>;
 TYPED_TEST_SUITE(FamilyExpertParallel, MoeFamilies);
 
 TYPED_TEST(FamilyExpertParallel, ExpertParallelTimesFullShardMatchesOneProcess) {
@@ -245,6 +253,16 @@ TEST_F(DeepseekV3Parallel, ContextParallelTimesFullShardMatchesOneProcessAndTens
   EXPECT_NE(std::system(cmd.c_str()), 0);
   const std::string out = read_dist_log(log);
   EXPECT_NE(out.find("tensor_parallel_degree 2: DeepSeek-V3's latent attention projections"), std::string::npos) << out;
+}
+
+using GptOssParallel = FamilyParallel<TinyGptOss>;
+
+TEST_F(GptOssParallel, ContextParallelTimesFullShardMatchesOneProcess) {
+  if (is_worker()) GTEST_SKIP();
+  // Sinks and sliding windows over the gathered keys, on half the positions per rank.
+  expect_matches(steps("cp2_fs2", 4, {"'parallelism={context_parallel_degree: 2}'"}), "CP 2 x FSDP 2");
+  const std::string cp_log = read_dist_log(root_ / "cp2_fs2.log");
+  EXPECT_NE(cp_log.find("context parallelism over groups of 2 ranks"), std::string::npos) << cp_log;
 }
 
 using Phi3Parallel = FamilyParallel<TinyPhi3>;

@@ -85,7 +85,7 @@ struct YarnRope {
   double factor = 1.0;
   int64_t original_max_position_embeddings = 0;
   double beta_fast = 32.0, beta_slow = 1.0;
-  std::optional<double> mscale, mscale_all_dim, attention_factor;
+  std::optional<double> mscale{}, mscale_all_dim{}, attention_factor{};
   bool truncate = true;
 };
 // 0.1 * mscale * ln(scale) + 1 for scale > 1, else 1 (yarn_get_mscale).
@@ -153,9 +153,10 @@ at::Tensor run_decoder_layers(const std::shared_ptr<UnitRunner>& runner, const t
 
 // Attention of q (B, H, s_q, hd) over k, v (B, KV, s_k, hd), H a multiple of KV (grouped-query), with `in`'s mask or
 // causal flag (with a context shard, k and v are this rank's and are gathered over its group first): SDPA, or the
-// explicit softmax path (in.reference; and for short bf16 keys on CPU, where it is faster).
-// Returns (B, H, s_q, hd).
+// explicit softmax path (in.reference; and for short bf16 keys on CPU, where it is faster). `sinks` (H,), when given:
+// a learned logit per head that joins each row's softmax and takes its share of the probability without a value
+// (gpt-oss's attention sinks; the explicit path). Returns (B, H, s_q, hd of v).
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionInputs& in,
-                  double scale, double dropout, bool training);
+                  double scale, double dropout, bool training, const at::Tensor& sinks = at::Tensor());
 
 }  // namespace tessera::models

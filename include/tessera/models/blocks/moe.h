@@ -94,6 +94,10 @@ class ExpertExchange {
 // The capability expert parallelism needs of a mixture-of-experts layer (the sharding engine's
 // distributed/expert_parallel.cpp and the planner find layers by it, whatever family they belong to): experts
 // stacked in weights whose rows split evenly over an expert-parallel group, and a token exchange to install.
+// x: (N, in) rows grouped by expert, `counts[e]` rows for expert e (`offsets` their cumulative ends, int); w: (E, in,
+// out) -> (N, out): one grouped GEMM where at::_grouped_mm runs, else one GEMM per expert.
+at::Tensor expert_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts, const at::Tensor& offsets);
+
 class ExpertParallelLayer {
  public:
   virtual ~ExpertParallelLayer() = default;

@@ -37,6 +37,7 @@ struct SelfAttentionOptions {
   double scale = 0;                 // the scores' scale; 0: 1 / sqrt(head_dim)
   double dropout = 0;               // on the attention probabilities, while training
   bool interleaved_rotary = false;  // rotate pairs (2i, 2i + 1) (apply_rotary_interleaved: GLM's layout)
+  bool sinks = false;               // a learned sink logit per head, `sinks` (heads,) (gpt-oss; attend())
 
   int64_t kv() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t hd() const { return head_dim > 0 ? head_dim : hidden_size / heads; }
@@ -51,6 +52,7 @@ class SelfAttentionImpl : public torch::nn::Module {
 
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};  // o_proj under options.out_name
   Norm q_norm{nullptr}, k_norm{nullptr};                                      // with qk_norm only
+  at::Tensor sinks;                                                           // with options.sinks only
 
  private:
   SelfAttentionOptions o_;
