@@ -17,19 +17,15 @@ sigmoid scores within the best expert groups (with random routing correction bia
   counted: Tessera holds them as frozen parameters).
 """
 import json
-import os
-import subprocess
 
 import pytest
 import torch
-import yaml
-from safetensors.torch import load_file
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
 from test_hf_export import VOCAB, dataset  # noqa: F401 (the fixture)
-from test_llama_hf import (ROOT, check_greedy_generation, check_left_padding, check_logits_and_gradients,
-                           check_packed_documents, randomise_norms_and_biases, run_tessera, save,
-                           train_export_and_compare)
+from test_llama_hf import (check_greedy_generation, check_left_padding, check_logits_and_gradients,
+                           check_packed_documents, check_recipe_parameter_count, randomise_norms_and_biases,
+                           run_tessera, save, train_export_and_compare)
 
 BASE = dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
             num_key_value_heads=4, n_shared_experts=1, n_routed_experts=8, routed_scaling_factor=2.5,
@@ -112,30 +108,7 @@ def test_hf_folder_trained_and_exported_loads_in_transformers_as_the_same_functi
 
 
 def test_recipe_is_the_published_deepseek_v3_with_transformers_parameter_count(hub_cache, tmp_path):
-    published = json.loads((ROOT / "tests" / "data" / "hub_configs" / "deepseek-ai--DeepSeek-V3.json").read_text())
-    recipe = yaml.safe_load((ROOT / "recipes" / "deepseek-v3.yaml").read_text())
-    config = DeepseekV3Config(**{k: v for k, v in json.loads(json.dumps(published)).items()
-                                 if k not in ("architectures", "model_type")})  # a copy: the config edits rope_scaling
-    for key, value in recipe["model"].items():
-        if key == "rope_scaling":
-            assert value == published["rope_scaling"]
-        elif key not in ("name", "init_device"):
-            assert getattr(config, key) == value, key
-    with torch.device("meta"):
-        model = DeepseekV3ForCausalLM(config)
-    expected = sum(p.numel() for p in model.parameters()) + sum(
-        b.numel() for n, b in model.named_buffers() if n.endswith("e_score_correction_bias"))
-    train = os.environ.get("TESSERA_TRAIN_BIN", str(ROOT / "build" / "bin" / "train"))
-    proc = subprocess.run([train, "--recipe", str(ROOT / "recipes" / "deepseek-v3.yaml"), "--dry-run", "--world-size",
-                           "1024"], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"{expected:,}" in proc.stdout, (expected, proc.stdout[-2000:])
-    # The published folder's config.json: its fp8 block-quantized weights are not what Tessera loads.
-    recipe["model"] = {"name": "hf_causal_lm", "pretrained_model_name_or_path": "deepseek-ai/DeepSeek-V3",
-                       "pretrained": False, "init_device": "meta"}
-    (tmp_path / "via_hub.yaml").write_text(yaml.safe_dump(recipe))
-    proc = subprocess.run([train, "--recipe", str(tmp_path / "via_hub.yaml"), "--dry-run", "--world-size", "1024"],
-                          capture_output=True, text=True, env=dict(os.environ, HF_HUB_CACHE=str(hub_cache)),
-                          timeout=300)
-    assert proc.returncode != 0
-    assert "quantization_config" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    # The published folder's config.json is refused: its quantized weights are not what Tessera loads.
+    check_recipe_parameter_count("deepseek-v3.yaml", "deepseek-ai/DeepSeek-V3", DeepseekV3Config,
+                                 DeepseekV3ForCausalLM, hub_cache, tmp_path, world_size=1024,
+                                 counted_buffers="e_score_correction_bias", refused_by="quantization_config")

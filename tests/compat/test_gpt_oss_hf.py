@@ -17,18 +17,15 @@ weights scaled up so that the clamps bind), and transformers' load-balancing los
   parameter count transformers' GptOssForCausalLM has for it.
 """
 import json
-import os
-import subprocess
 
 import pytest
 import torch
-import yaml
 from transformers import GptOssConfig, GptOssForCausalLM
 
 from test_hf_export import VOCAB, dataset  # noqa: F401 (the fixture)
-from test_llama_hf import (ROOT, check_greedy_generation, check_left_padding, check_logits_and_gradients,
-                           check_packed_documents, randomise_norms_and_biases, run_tessera, save,
-                           train_export_and_compare)
+from test_llama_hf import (check_greedy_generation, check_left_padding, check_logits_and_gradients,
+                           check_packed_documents, check_recipe_parameter_count, randomise_norms_and_biases,
+                           run_tessera, save, train_export_and_compare)
 from test_moe_hf import check_router_aux_loss
 
 BASE = dict(hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -116,28 +113,7 @@ def test_hf_folder_trained_and_exported_loads_in_transformers_as_the_same_functi
 
 
 def test_recipe_is_the_published_gpt_oss_20b_with_transformers_parameter_count(hub_cache, tmp_path):
-    published = json.loads((ROOT / "tests" / "data" / "hub_configs" / "openai--gpt-oss-20b.json").read_text())
-    recipe = yaml.safe_load((ROOT / "recipes" / "gpt-oss-20b.yaml").read_text())
-    config = GptOssConfig(**{k: v for k, v in json.loads(json.dumps(published)).items()
-                             if k not in ("architectures", "model_type")})  # a copy: the config edits rope_scaling
-    for key, value in recipe["model"].items():
-        if key == "rope_scaling":
-            assert value == published["rope_scaling"]
-        elif key not in ("name", "init_device", "output_router_logits"):  # the recipe trains with the loss on
-            assert getattr(config, key) == value, key
-    with torch.device("meta"):
-        expected = sum(p.numel() for p in GptOssForCausalLM(config).parameters())
-    train = os.environ.get("TESSERA_TRAIN_BIN", str(ROOT / "build" / "bin" / "train"))
-    proc = subprocess.run([train, "--recipe", str(ROOT / "recipes" / "gpt-oss-20b.yaml"), "--dry-run", "--world-size",
-                           "64"], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"{expected:,}" in proc.stdout, (expected, proc.stdout[-2000:])
-    # The published folder's config.json: its MXFP4 experts are not what Tessera loads.
-    recipe["model"] = {"name": "hf_causal_lm", "pretrained_model_name_or_path": "openai/gpt-oss-20b",
-                       "pretrained": False, "init_device": "meta"}
-    (tmp_path / "via_hub.yaml").write_text(yaml.safe_dump(recipe))
-    proc = subprocess.run([train, "--recipe", str(tmp_path / "via_hub.yaml"), "--dry-run", "--world-size", "64"],
-                          capture_output=True, text=True, env=dict(os.environ, HF_HUB_CACHE=str(hub_cache)),
-                          timeout=300)
-    assert proc.returncode != 0
-    assert "quantization_config" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    # The published folder's config.json is refused: its quantized weights are not what Tessera loads.
+    check_recipe_parameter_count("gpt-oss-20b.yaml", "openai/gpt-oss-20b", GptOssConfig, GptOssForCausalLM,
+                                 hub_cache, tmp_path, world_size=64, trained_keys=("output_router_logits",),
+                                 refused_by="quantization_config")

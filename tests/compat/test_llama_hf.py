@@ -119,20 +119,29 @@ def check_logits_and_gradients(model, driver, tmp_path, seq=SEQ, pad_at=None):
         assert_gradients_match(ours, grads, model.config.tie_word_embeddings)
 
 
-def check_recipe_parameter_count(recipe, hub_id, config_class, model_class, hub_cache, tmp_path, world_size=8):
+def check_recipe_parameter_count(recipe, hub_id, config_class, model_class, hub_cache, tmp_path, world_size=8,
+                                 trained_keys=(), counted_buffers="", refused_by=None):
     """recipes/`recipe` is the published config.json of `hub_id` (tests/data/hub_configs/): every key of its model
-    section equals the config's; and `train --dry-run` prints the parameter count transformers' `model_class` has for
-    that config, from the recipe and from the same recipe with the model through hf_causal_lm over the config.json in
-    a hub cache. Shared with the other families' suites."""
+    section equals the config's (but `trained_keys`, which the recipe sets for training); and `train --dry-run` prints
+    the parameter count transformers' `model_class` has for that config (plus its buffers named `counted_buffers`,
+    which Tessera holds as frozen parameters), from the recipe and from the same recipe with the model through
+    hf_causal_lm over the config.json in a hub cache, or, with `refused_by`, the latter fails naming that key (a
+    published folder of weights Tessera does not load). Shared with the other families' suites."""
     published = json.loads((ROOT / "tests" / "data" / "hub_configs" / f"{hub_id.replace('/', '--')}.json")
                            .read_text())
     recipe_yaml = yaml.safe_load((ROOT / "recipes" / recipe).read_text())
-    config = config_class(**{k: v for k, v in published.items() if k not in ("architectures", "model_type")})
+    # A copy of each value: config classes edit dicts in place (rope_scaling gains rope_type).
+    config = config_class(**{k: v for k, v in json.loads(json.dumps(published)).items()
+                             if k not in ("architectures", "model_type")})
     for key, value in recipe_yaml["model"].items():
-        if key not in ("name", "init_device"):
-            assert getattr(config, key) == value, key
+        if key in ("name", "init_device", *trained_keys):
+            continue
+        assert (published[key] if isinstance(value, dict) else getattr(config, key)) == value, key
     with torch.device("meta"):
-        expected = sum(p.numel() for p in model_class(config).parameters())
+        model = model_class(config)
+    expected = sum(p.numel() for p in model.parameters())
+    if counted_buffers:
+        expected += sum(b.numel() for n, b in model.named_buffers() if n.endswith(counted_buffers))
     train = os.environ.get("TESSERA_TRAIN_BIN", str(ROOT / "build" / "bin" / "train"))
     recipe_yaml["model"] = {"name": "hf_causal_lm", "pretrained_model_name_or_path": hub_id, "pretrained": False,
                             "init_device": "meta"}
@@ -141,6 +150,9 @@ def check_recipe_parameter_count(recipe, hub_id, config_class, model_class, hub_
     for recipe_path in (ROOT / "recipes" / recipe, tmp_path / "via_hub.yaml"):
         proc = subprocess.run([train, "--recipe", str(recipe_path), "--dry-run", "--world-size", str(world_size)],
                               capture_output=True, text=True, env=env, timeout=300)
+        if refused_by is not None and recipe_path.name == "via_hub.yaml":
+            assert proc.returncode != 0 and refused_by in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+            continue
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert f"{expected:,}" in proc.stdout + proc.stderr, (expected, proc.stdout[-2000:])
 

@@ -24,6 +24,7 @@
 
 #include "tessera/config/reader.h"
 #include "tessera/config/value.h"
+#include "tessera/models/blocks/attention.h"
 #include "tessera/models/blocks/layers.h"
 #include "tessera/models/causal_lm.h"
 #include "tessera/models/family_support.h"
@@ -123,6 +124,56 @@ class FamilyKeys {
         [f](const O& o) {
           if (o.*f == 1.0) return nlohmann::ordered_json(nullptr);
           return nlohmann::ordered_json{{"rope_type", "linear"}, {"factor", o.*f}};
+        });
+  }
+  // rope_scaling of the default or yarn kind into `f` (none, or YaRN's factor, original_max_position_embeddings
+  // (max_position_embeddings when absent), beta_fast (32), beta_slow (1), mscale, mscale_all_dim, attention_factor
+  // and truncate (true)); other kinds are refused at rope_type. Absent: `f` as the options have it (a config class
+  // whose default is YaRN keeps it); null or default: none. Written as null or the YaRN object.
+  FamilyKeys& yarn_rope_scaling(std::optional<YarnRope> O::*f) {
+    nullable("rope_scaling");
+    return custom(
+        "rope_scaling",
+        [f](config::Section& s, O& o) {
+          const std::vector<std::string> present = s.keys();
+          if (std::find(present.begin(), present.end(), "rope_scaling") == present.end()) return;
+          (void)s.raw("rope_scaling");
+          o.*f = std::nullopt;
+          if (!s.has("rope_scaling")) return;  // null
+          config::Section r = s.section("rope_scaling");
+          const std::string type = r.get_optional_string("rope_type").value_or(r.get_string("type", "default"));
+          r.check(type == "default" || type == "yarn", "rope_type", "expected default or yarn, got " + type);
+          if (type == "yarn") {
+            YarnRope y;
+            y.factor = r.require_double("factor");
+            r.check(y.factor > 0, "factor", "must be positive");
+            y.original_max_position_embeddings = r.get_nullable_int("original_max_position_embeddings", std::nullopt)
+                                                     .value_or(o.max_position_embeddings);
+            y.beta_fast = r.get_nullable_double("beta_fast", std::nullopt).value_or(32.0);
+            y.beta_slow = r.get_nullable_double("beta_slow", std::nullopt).value_or(1.0);
+            y.mscale = r.get_nullable_double("mscale", std::nullopt);
+            y.mscale_all_dim = r.get_nullable_double("mscale_all_dim", std::nullopt);
+            y.attention_factor = r.get_nullable_double("attention_factor", std::nullopt);
+            y.truncate = r.get_bool("truncate", true);
+            o.*f = y;
+          } else {
+            (void)r.get_optional_double("factor");  // transformers reads no other key of a default rope_scaling
+          }
+          r.finish();
+        },
+        [f](const O& o) {
+          if (!(o.*f)) return nlohmann::ordered_json(nullptr);
+          const YarnRope& y = *(o.*f);
+          nlohmann::ordered_json r = {{"rope_type", "yarn"},
+                                      {"factor", y.factor},
+                                      {"original_max_position_embeddings", y.original_max_position_embeddings},
+                                      {"beta_fast", y.beta_fast},
+                                      {"beta_slow", y.beta_slow},
+                                      {"truncate", y.truncate}};
+          if (y.mscale) r["mscale"] = *y.mscale;
+          if (y.mscale_all_dim) r["mscale_all_dim"] = *y.mscale_all_dim;
+          if (y.attention_factor) r["attention_factor"] = *y.attention_factor;
+          return r;
         });
   }
   // partial_rotary_factor into `f`: in (0, 1], and int(head_dim(o) x it) rotary features, even and positive.

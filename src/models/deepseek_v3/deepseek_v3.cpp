@@ -34,52 +34,6 @@ SparseMoeOptions DeepseekV3Options::moe() const {
   return m;
 }
 
-namespace {
-
-// rope_scaling: null, {type or rope_type: default}, or YaRN's {factor, original_max_position_embeddings, beta_fast,
-// beta_slow, mscale, mscale_all_dim, attention_factor, truncate}.
-void read_rope_scaling(config::Section& s, DeepseekV3Options& o) {
-  o.yarn.reset();
-  if (!s.has("rope_scaling")) return;
-  config::Section r = s.section("rope_scaling");
-  const std::string type = r.get_optional_string("rope_type").value_or(r.get_string("type", "default"));
-  r.check(type == "default" || type == "yarn", "rope_type", "expected default or yarn, got " + type);
-  if (type == "yarn") {
-    YarnRope y;
-    y.factor = r.require_double("factor");
-    r.check(y.factor > 0, "factor", "must be positive");
-    y.original_max_position_embeddings =
-        r.get_nullable_int("original_max_position_embeddings", std::nullopt).value_or(o.max_position_embeddings);
-    y.beta_fast = r.get_nullable_double("beta_fast", std::nullopt).value_or(32.0);
-    y.beta_slow = r.get_nullable_double("beta_slow", std::nullopt).value_or(1.0);
-    y.mscale = r.get_nullable_double("mscale", std::nullopt);
-    y.mscale_all_dim = r.get_nullable_double("mscale_all_dim", std::nullopt);
-    y.attention_factor = r.get_nullable_double("attention_factor", std::nullopt);
-    y.truncate = r.get_bool("truncate", true);
-    o.yarn = y;
-  } else {
-    (void)r.get_optional_double("factor");  // transformers reads no other key of a default rope_scaling
-  }
-  r.finish();
-}
-
-nlohmann::ordered_json rope_scaling_json(const DeepseekV3Options& o) {
-  if (!o.yarn) return nullptr;
-  const YarnRope& y = *o.yarn;
-  nlohmann::ordered_json r = {{"rope_type", "yarn"},
-                              {"factor", y.factor},
-                              {"original_max_position_embeddings", y.original_max_position_embeddings},
-                              {"beta_fast", y.beta_fast},
-                              {"beta_slow", y.beta_slow}};
-  if (y.mscale) r["mscale"] = *y.mscale;
-  if (y.mscale_all_dim) r["mscale_all_dim"] = *y.mscale_all_dim;
-  if (y.attention_factor) r["attention_factor"] = *y.attention_factor;
-  if (!y.truncate) r["truncate"] = false;
-  return r;
-}
-
-}  // namespace
-
 // DeepseekV3Config's keys. The published configs also carry keys of DeepSeek's own code that transformers' class does
 // not read (its router is always sigmoid and group-limited; ep_size, aux_loss_alpha and seq_aux tune training there).
 const FamilyKeys<DeepseekV3Options>& deepseek_v3_keys() {
@@ -116,7 +70,7 @@ const FamilyKeys<DeepseekV3Options>& deepseek_v3_keys() {
           .field("rms_norm_eps", &O::rms_norm_eps, positive_real())
           .field("tie_word_embeddings", &O::tie_word_embeddings)
           .field("rope_theta", &O::rope_theta, positive_real())
-          .custom("rope_scaling", &read_rope_scaling, &rope_scaling_json)
+          .yarn_rope_scaling(&O::yarn)
           .field("rope_interleave", &O::rope_interleave)
           .field("attention_bias", &O::attention_bias)
           .field("attention_dropout", &O::attention_dropout, probability())

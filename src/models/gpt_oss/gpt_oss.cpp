@@ -14,55 +14,6 @@
 
 namespace tessera::models {
 
-namespace {
-
-// rope_scaling: null (default rotary), {rope_type or type: default}, or YaRN's keys; absent: GptOssConfig's YaRN.
-void read_rope_scaling(config::Section& s, GptOssOptions& o) {
-  const auto keys = s.keys();
-  if (std::find(keys.begin(), keys.end(), "rope_scaling") == keys.end()) return;  // the default's YaRN
-  if (!s.has("rope_scaling")) {                                                   // null
-    (void)s.raw("rope_scaling");
-    o.yarn.reset();
-    return;
-  }
-  config::Section r = s.section("rope_scaling");
-  const std::string type = r.get_optional_string("rope_type").value_or(r.get_string("type", "default"));
-  r.check(type == "default" || type == "yarn", "rope_type", "expected default or yarn, got " + type);
-  if (type == "yarn") {
-    YarnRope y;
-    y.factor = r.require_double("factor");
-    r.check(y.factor > 0, "factor", "must be positive");
-    y.original_max_position_embeddings =
-        r.get_nullable_int("original_max_position_embeddings", std::nullopt).value_or(o.max_position_embeddings);
-    y.beta_fast = r.get_nullable_double("beta_fast", std::nullopt).value_or(32.0);
-    y.beta_slow = r.get_nullable_double("beta_slow", std::nullopt).value_or(1.0);
-    y.mscale = r.get_nullable_double("mscale", std::nullopt);
-    y.mscale_all_dim = r.get_nullable_double("mscale_all_dim", std::nullopt);
-    y.attention_factor = r.get_nullable_double("attention_factor", std::nullopt);
-    y.truncate = r.get_bool("truncate", true);
-    o.yarn = y;
-  } else {
-    (void)r.get_optional_double("factor");
-    o.yarn.reset();
-  }
-  r.finish();
-}
-
-nlohmann::ordered_json rope_scaling_json(const GptOssOptions& o) {
-  if (!o.yarn) return nullptr;
-  const YarnRope& y = *o.yarn;
-  nlohmann::ordered_json r = {
-      {"rope_type", "yarn"},      {"factor", y.factor},
-      {"beta_fast", y.beta_fast}, {"beta_slow", y.beta_slow},
-      {"truncate", y.truncate},   {"original_max_position_embeddings", y.original_max_position_embeddings}};
-  if (y.mscale) r["mscale"] = *y.mscale;
-  if (y.mscale_all_dim) r["mscale_all_dim"] = *y.mscale_all_dim;
-  if (y.attention_factor) r["attention_factor"] = *y.attention_factor;
-  return r;
-}
-
-}  // namespace
-
 // GptOssConfig's keys.
 const FamilyKeys<GptOssOptions>& gpt_oss_keys() {
   using O = GptOssOptions;
@@ -86,8 +37,7 @@ const FamilyKeys<GptOssOptions>& gpt_oss_keys() {
           .field("initializer_range", &O::initializer_range)
           .field("max_position_embeddings", &O::max_position_embeddings, positive())
           .field("rms_norm_eps", &O::rms_norm_eps, positive_real())
-          .custom("rope_scaling", &read_rope_scaling, &rope_scaling_json)
-          .nullable("rope_scaling")
+          .yarn_rope_scaling(&O::yarn)
           .field("attention_dropout", &O::attention_dropout, probability())
           .field("num_experts_per_tok", &O::num_experts_per_tok, positive())
           .field("router_aux_loss_coef", &O::router_aux_loss_coef)
