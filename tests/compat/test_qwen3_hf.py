@@ -8,6 +8,8 @@ small configurations: per-head q/k RMSNorms before rotary, grouped-query attenti
 - HF folder -> Tessera -> 5 training steps -> checkpoint -> `convert` -> AutoModelForCausalLM: a Qwen3ForCausalLM with
   the same logits; a recipe of `model_type: qwen3` trained from scratch exports the same way.
 - A sliding window on some layers only (max_window_layers, or an explicit layer_types) equals transformers' too.
+- recipes/qwen3-8b.yaml is the published Qwen/Qwen3-8B config, and `train --dry-run` prints transformers' parameter
+  count for it (8,190,735,360), from the recipe and through hf_causal_lm over the config.json in a hub cache.
 """
 import json
 
@@ -17,7 +19,8 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from test_hf_export import VOCAB, dataset  # noqa: F401 (the fixture)
 from test_llama_hf import (check_greedy_generation, check_left_padding, check_logits_and_gradients,
-                           randomise_norms_and_biases, run_tessera, save, train_export_and_compare)
+                           check_recipe_parameter_count, randomise_norms_and_biases, run_tessera, save,
+                           train_export_and_compare)
 
 BASE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             head_dim=24, vocab_size=101, max_position_embeddings=64, rms_norm_eps=1e-5)
@@ -86,3 +89,8 @@ def test_a_layer_list_of_the_wrong_length_is_refused_naming_the_key(driver, tmp_
     (folder / "config.json").write_text(json.dumps(dict(config, layer_types=["sliding_attention"] * 3)))
     with pytest.raises(AssertionError, match=r"layer_types: has 3 entries for 2 layers"):
         run_tessera(driver, tmp_path, folder, input_ids=torch.zeros(1, 4, dtype=torch.long))
+
+
+def test_recipe_is_the_published_qwen3_8b_with_transformers_parameter_count(hub_cache, tmp_path):
+    check_recipe_parameter_count("qwen3-8b.yaml", "Qwen/Qwen3-8B", Qwen3Config, Qwen3ForCausalLM, hub_cache, tmp_path,
+                                 world_size=64)
