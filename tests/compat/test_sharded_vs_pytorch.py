@@ -19,7 +19,6 @@
 import contextlib
 import math
 import os
-import socket
 
 import numpy as np
 import pytest
@@ -104,16 +103,9 @@ def peer_optimizer(name, params):
     return torch.optim.SGD(params, lr=SGD_LR, momentum=0.9, nesterov=True)
 
 
-def free_port():
-    """A free port for the PyTorch side's rendezvous (mp.spawn's processes cannot inherit a bound socket)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def rank_env(rank, port):
+def rank_env(rank):
     """torchrun's variables for rank `rank` of a one-node job of WORLD ranks."""
-    return driver_ranks.rank_env(rank, WORLD, port)
+    return driver_ranks.rank_env(rank, WORLD, 0)  # the rendezvous is a file (peer_rank)
 
 
 def composer_cosine_with_warmup(batch):
@@ -202,14 +194,15 @@ def peer_train(kind, optimizer, init_dir, batches, mesh):
     return losses, weights
 
 
-def peer_rank(rank, port, init_dir, data_dir, out_dir):
-    os.environ.update(rank_env(rank, port))
+def peer_rank(rank, rendezvous, init_dir, data_dir, out_dir):
+    os.environ.update(rank_env(rank))
     torch.set_num_threads(1)
     import torch.distributed as dist
     from streaming import StreamingDataset
     from torch.distributed.device_mesh import init_device_mesh
 
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    # A file store, not a TCP port chosen beforehand, which another process can take before rank 0 binds it.
+    dist.init_process_group("gloo", init_method="file://" + rendezvous, rank=rank, world_size=WORLD)
     mesh = init_device_mesh("cpu", (WORLD,))
     # This rank's share of Streaming's order: what a DataLoader without workers gives it, batch by batch.
     ds = StreamingDataset(local=str(data_dir), split="train", shuffle=True, shuffle_seed=SHUFFLE_SEED,
@@ -245,7 +238,8 @@ def peer(tessera, tmp_path_factory, dataset):
     out = tmp_path_factory.mktemp("peer")
     init_dir = tessera["FULL_SHARD", "decoupled_adamw"][0] / "init"  # all the same (test_every_run_starts_...)
     streaming_shm.hold()  # the ranks build StreamingDatasets: no other test's Streaming use meanwhile
-    mp.spawn(peer_rank, args=(free_port(), str(init_dir), str(dataset), str(out)), nprocs=WORLD, join=True)
+    mp.spawn(peer_rank, args=(str(out / "rendezvous"), str(init_dir), str(dataset), str(out)), nprocs=WORLD,
+             join=True)
     return [torch.load(out / f"peer{rank}.pt", weights_only=False) for rank in range(WORLD)]
 
 

@@ -16,7 +16,6 @@ RowwiseParallel, as torchtitan applies it) on 2 processes over gloo:
 """
 import math
 import os
-import socket
 
 import numpy as np
 import pytest
@@ -93,8 +92,8 @@ def composer_cosine_with_warmup(batch):
     return ALPHA_F + (1 - ALPHA_F) * 0.5 * (1 + math.cos(math.pi * frac))
 
 
-def rank_env(rank, port):
-    return driver_ranks.rank_env(rank, TP, port)
+def rank_env(rank):
+    return driver_ranks.rank_env(rank, TP, 0)  # the rendezvous is a file (peer_rank)
 
 
 @pytest.fixture(scope="module")
@@ -185,13 +184,14 @@ def peer_train(optimizer, init_dir, batches, mesh):
     return losses, weights
 
 
-def peer_rank(rank, port, init_dir, batches, out_dir):
-    os.environ.update(rank_env(rank, port))
+def peer_rank(rank, rendezvous, init_dir, batches, out_dir):
+    os.environ.update(rank_env(rank))
     torch.set_num_threads(1)
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    dist.init_process_group("gloo", rank=rank, world_size=TP)
+    # A file store, not a TCP port chosen beforehand, which another process can take before rank 0 binds it.
+    dist.init_process_group("gloo", init_method="file://" + rendezvous, rank=rank, world_size=TP)
     mesh = init_device_mesh("cpu", (TP,))
     result = {}
     for optimizer in OPTIMIZERS:
@@ -200,12 +200,6 @@ def peer_rank(rank, port, init_dir, batches, out_dir):
     torch.save(result, os.path.join(out_dir, f"peer{rank}.pt"))
     dist.barrier()
     dist.destroy_process_group()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---- Fixtures and tests ------------------------------------------------------------------------------------------
@@ -224,7 +218,7 @@ def peer(tessera, tmp_path_factory, streaming_batches):
     out = tmp_path_factory.mktemp("peer_tp")
     init_dir = tessera["decoupled_adamw"][0] / "init"
     batches = [b.tolist() for b in streaming_batches]
-    mp.spawn(peer_rank, args=(free_port(), str(init_dir), batches, str(out)), nprocs=TP, join=True)
+    mp.spawn(peer_rank, args=(str(out / "rendezvous"), str(init_dir), batches, str(out)), nprocs=TP, join=True)
     return [torch.load(out / f"peer{rank}.pt", weights_only=False) for rank in range(TP)]
 
 
