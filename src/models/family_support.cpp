@@ -255,14 +255,12 @@ void refuse_unread_hf_keys(const nlohmann::json& config, const std::set<std::str
 
 nlohmann::json hf_config_keys(const nlohmann::json& raw, const std::set<std::string>& keys, const std::string& where,
                               const std::set<std::string>& accepted, const std::set<std::string>& nullable) {
-  // A null means "none" only for these; elsewhere it is the key left out (transformers' default).
-  static const std::set<std::string> kNullable = {"bos_token_id", "eos_token_id", "pad_token_id",
-                                                  "final_logit_softcapping", "attn_logit_softcapping"};
   const nlohmann::json v4 = hf_config_v4(raw, where);
   refuse_unread_hf_keys(v4, keys, accepted, where, raw.value("model_type", ""));
   nlohmann::json cfg = nlohmann::json::object();
   for (const auto& [k, v] : v4.items()) {
-    if (keys.count(k) && (!v.is_null() || kNullable.count(k) || nullable.count(k))) cfg[k] = v;
+    // A null means "none" for the family's optional fields; elsewhere it is the key left out (transformers' default).
+    if (keys.count(k) && (!v.is_null() || nullable.count(k))) cfg[k] = v;
   }
   for (const char* id : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
     if (cfg.contains(id) && cfg[id].is_array()) cfg[id] = nullptr;

@@ -68,10 +68,10 @@ void refuse_unread_hf_keys(const nlohmann::json& config, const std::set<std::str
 
 // The keys of config.json `raw` (hf_config_v4() of it) that the family's transformers config class reads (`keys`),
 // after refuse_unread_hf_keys() with `accepted`. A null is left out (the key takes transformers' default), except for
-// token ids, soft-caps and the `nullable` keys (a family's optional fields), where it means "none". A list of token
-// ids (Llama 3.1's eos_token_id) becomes null: the families hold one id.
+// the `nullable` keys (the family's optional fields: token ids, soft-caps, DeepSeek-V3's q_lora_rank), where it means
+// "none". A list of token ids (Llama 3.1's eos_token_id) becomes null: the families hold one id.
 nlohmann::json hf_config_keys(const nlohmann::json& raw, const std::set<std::string>& keys, const std::string& where,
-                              const std::set<std::string>& accepted = {}, const std::set<std::string>& nullable = {});
+                              const std::set<std::string>& accepted, const std::set<std::string>& nullable);
 
 // Parses `cfg` (hf_config_keys()) as a recipe section through `parse`, which reads the family's options from it;
 // then every key must have been read. A ConfigError, an unread key or an unsupported value becomes Error("hf")

@@ -181,15 +181,7 @@ DeepseekV3ForCausalLMImpl::DeepseekV3ForCausalLMImpl(const DeepseekV3Options& o)
                  Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));
   inv_freq_ = o.yarn ? yarn_inv_freq(o.qk_rope_head_dim, o.rope_theta, *o.yarn)
                      : rotary_inv_freq(o.qk_rope_head_dim, o.rope_theta);
-}
-
-AttentionInputs DeepseekV3ForCausalLMImpl::attention_inputs(const DecoderCall& call) {
-  AttentionInputs in = HfDecoderLM::attention_inputs(call);
-  if (const double f = o_.yarn ? yarn_attention_factor(*o_.yarn) : 1.0; f != 1.0) {
-    in.rope_cos = in.rope_cos * f;
-    in.rope_sin = in.rope_sin * f;
-  }
-  return in;
+  rope_scale_ = o.yarn ? yarn_attention_factor(*o.yarn) : 1.0;
 }
 
 void DeepseekV3ForCausalLMImpl::init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select) {

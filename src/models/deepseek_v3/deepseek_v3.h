@@ -131,7 +131,6 @@ class DeepseekV3ForCausalLMImpl
   int64_t num_active_params() const override;
 
  protected:
-  AttentionInputs attention_inputs(const DecoderCall& call) override;  // YaRN's table scale
   void begin_forward(const DecoderCall& call) override;
   void check_tensor_parallel(int64_t degree) const override;
   std::string describe_more() const override;

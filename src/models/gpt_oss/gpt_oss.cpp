@@ -158,18 +158,8 @@ GptOssForCausalLMImpl::GptOssForCausalLMImpl(const GptOssOptions& o) : HfDecoder
   build_backbone([&](int64_t i) { return GptOssDecoderLayer(o, t, i, router_loss_, aux_scale_); },
                  Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));
   inv_freq_ = o.yarn ? yarn_inv_freq(o.head_dim, o.rope_theta, *o.yarn) : rotary_inv_freq(o.head_dim, o.rope_theta);
+  rope_scale_ = o.yarn ? yarn_attention_factor(*o.yarn) : 1.0;
   window_ = o.sliding_window;
-}
-
-GlobalLocalInputs GptOssForCausalLMImpl::attention_inputs(const DecoderCall& call) {
-  GlobalLocalInputs in = HfDecoderLM::attention_inputs(call);
-  if (const double f = o_.yarn ? yarn_attention_factor(*o_.yarn) : 1.0; f != 1.0) {
-    for (AttentionInputs* part : {&in.global, &in.local}) {
-      part->rope_cos = part->rope_cos * f;
-      part->rope_sin = part->rope_sin * f;
-    }
-  }
-  return in;
 }
 
 void GptOssForCausalLMImpl::init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select) {

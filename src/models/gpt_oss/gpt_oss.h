@@ -152,7 +152,6 @@ class GptOssForCausalLMImpl
   bool supports_context_parallel() const override { return !o_.output_router_logits; }
 
  protected:
-  GlobalLocalInputs attention_inputs(const DecoderCall& call) override;  // YaRN's table factor
   bool windowed(int64_t i) const override { return o_.sliding(i); }
   void begin_forward(const DecoderCall& call) override;
   void end_forward() override;

@@ -166,6 +166,7 @@ Phi3ForCausalLMImpl::Phi3ForCausalLMImpl(const Phi3Options& o) : HfDecoderLM(o, 
     inv_freq_ = rotary_inv_freq(o.rotary_ndims(), o.rope_theta);
   }
   window_ = o.sliding_window.value_or(0);
+  rope_scale_ = o.rope_attention_factor();
 }
 
 AttentionInputs Phi3ForCausalLMImpl::attention_inputs(const DecoderCall& call) {
@@ -173,12 +174,7 @@ AttentionInputs Phi3ForCausalLMImpl::attention_inputs(const DecoderCall& call) {
   // forward call from max(position_ids) + 1), the short ones otherwise; cos and sin scaled by the attention factor.
   const bool long_context =
       o_.longrope() && call.positions.max().item<int64_t>() + 1 > o_.original_max_position_embeddings;
-  AttentionInputs in = rotary_causal_inputs(call, long_context ? inv_freq_long_ : inv_freq_, window_);
-  if (const double scale = o_.rope_attention_factor(); scale != 1.0) {
-    in.rope_cos = in.rope_cos * scale;
-    in.rope_sin = in.rope_sin * scale;
-  }
-  return in;
+  return rotary_causal_inputs(call, long_context ? inv_freq_long_ : inv_freq_, window_, rope_scale_);
 }
 
 std::string Phi3ForCausalLMImpl::describe_more() const {

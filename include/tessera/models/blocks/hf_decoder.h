@@ -55,10 +55,18 @@ class HfBackboneImpl : public torch::nn::Module {
 TORCH_MODULE(HfBackbone);
 
 // The causal masks of `call` (windowed to `window` keys when positive) with rotary tables from `inv_freq` (float32,
-// as transformers computes them), none when it is undefined.
-inline AttentionInputs rotary_causal_inputs(const DecoderCall& call, const at::Tensor& inv_freq, int64_t window = 0) {
+// as transformers computes them), none when it is undefined; cos and sin times `table_scale` (YaRN's and longrope's
+// attention factor).
+inline AttentionInputs rotary_causal_inputs(const DecoderCall& call, const at::Tensor& inv_freq, int64_t window = 0,
+                                            double table_scale = 1.0) {
   AttentionInputs in = causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype, window);
-  if (inv_freq.defined()) set_rope_tables(in, call.positions, inv_freq);
+  if (inv_freq.defined()) {
+    set_rope_tables(in, call.positions, inv_freq);
+    if (table_scale != 1.0) {
+      in.rope_cos = in.rope_cos * table_scale;
+      in.rope_sin = in.rope_sin * table_scale;
+    }
+  }
   return in;
 }
 
@@ -162,19 +170,20 @@ class HfDecoderLM : public DecoderLM<Layer, Inputs>, public TensorParallelModel 
   const torch::nn::ModuleList& decoder_layers() const override { return model->layers; }
   EmbeddingImpl& token_embedding() override { return *model->embed_tokens; }
   at::Tensor head(const at::Tensor& h) override { return this->head_logits(model->norm(h), lm_head); }
-  // Causal masks with rotary tables from inv_freq_, windowed to window_ keys when positive; with global and local
-  // inputs, the local ones windowed (and rotated by local_inv_freq_ where it is set), the same as the global ones when
-  // neither applies.
+  // Causal masks with rotary tables from inv_freq_ (times rope_scale_), windowed to window_ keys when positive; with
+  // global and local inputs, the local ones windowed (and rotated by local_inv_freq_ where it is set), the same as the
+  // global ones when neither applies.
   Inputs attention_inputs(const DecoderCall& call) override {
     if constexpr (std::is_same_v<Inputs, GlobalLocalInputs>) {
       GlobalLocalInputs in;
-      in.global = rotary_causal_inputs(call, inv_freq_);
+      in.global = rotary_causal_inputs(call, inv_freq_, 0, rope_scale_);
       const bool differ = window_ > 0 || local_inv_freq_.defined();
-      in.local = differ ? rotary_causal_inputs(call, local_inv_freq_.defined() ? local_inv_freq_ : inv_freq_, window_)
+      in.local = differ ? rotary_causal_inputs(call, local_inv_freq_.defined() ? local_inv_freq_ : inv_freq_, window_,
+                                               rope_scale_)
                         : in.global;
       return in;
     } else {
-      return rotary_causal_inputs(call, inv_freq_, window_);
+      return rotary_causal_inputs(call, inv_freq_, window_, rope_scale_);
     }
   }
 
@@ -221,6 +230,7 @@ class HfDecoderLM : public DecoderLM<Layer, Inputs>, public TensorParallelModel 
   at::Tensor inv_freq_;        // the rotary tables' inverse frequencies (float32, on the CPU); undefined: no rotary
   at::Tensor local_inv_freq_;  // the local layers' (GlobalLocalInputs), when they differ
   int64_t window_ = 0;         // the sliding window of the (local) layers; 0: none
+  double rope_scale_ = 1.0;    // the rotary tables' factor (YaRN's attention factor)
 
  private:
   const FamilyKeys<Options>* keys_;
