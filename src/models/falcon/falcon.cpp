@@ -59,7 +59,7 @@ const FamilyKeys<FalconOptions>& falcon_keys() {
           .linear_rope_scaling(&O::rope_linear_factor, "Falcon")
           .field("max_position_embeddings", &O::max_position_embeddings, positive())
           .resolved(
-              "ffn_hidden_size", &O::ffn_hidden_size, [](const O& o) { return 4 * o.hidden_size; }, positive())
+              "ffn_hidden_size", &O::intermediate_size, [](const O& o) { return 4 * o.hidden_size; }, positive())
           .field("activation", &O::activation, KeyCheck<std::string>([](const std::string& a) {
                    return a == "gelu" || a == "gelu_new" || a == "gelu_pytorch_tanh" || a == "relu" || a == "silu"
                               ? ""
@@ -69,83 +69,41 @@ const FamilyKeys<FalconOptions>& falcon_keys() {
           .field("attention_dropout", &O::attention_dropout, probability())
           .field("initializer_range", &O::initializer_range)
           .field("tie_word_embeddings", &O::tie_word_embeddings)
-          .token_ids();
+          .token_ids()
+          .finally([](config::Section& s, O& o) {
+            s.check(o.alibi || o.head_dim() % 2 == 0, "num_attention_heads",
+                    fmt::format("gives an odd head_dim ({}), which rotary embeddings cannot rotate", o.head_dim()));
+            if (o.new_decoder_architecture) {
+              s.check(o.num_kv_heads > 0 && o.num_attention_heads % o.num_kv_heads == 0, "num_kv_heads",
+                      fmt::format("must divide num_attention_heads ({})", o.num_attention_heads));
+              s.check(o.parallel_attn, "parallel_attn",
+                      "the new decoder architecture runs attention and MLP in parallel: transformers' "
+                      "FalconDecoderLayer has no "
+                      "sequential form of it");
+            } else {
+              s.check(!(o.parallel_attn && o.num_ln_in_parallel_attn == 2), "num_ln_in_parallel_attn",
+                      "2 needs new_decoder_architecture: true (transformers' other parallel block has one "
+                      "input_layernorm)");
+              s.check(o.multi_query || o.num_kv_heads == o.num_attention_heads, "num_kv_heads",
+                      fmt::format(
+                          "without multi_query or the new decoder architecture every query head has its own K/V head: "
+                          "num_kv_heads must be num_attention_heads ({}), got {}",
+                          o.num_attention_heads, o.num_kv_heads));
+            }
+          })
+          .hf_accepts({"n_embed", "apply_residual_connection_post_layernorm", "num_key_value_heads"},
+                      [](const nlohmann::json& config, nlohmann::json& cfg) {
+                        if (config.contains("n_embed") && !config["n_embed"].is_null())
+                          cfg["hidden_size"] = config["n_embed"];
+                      });
   return keys;
 }
 
-FalconOptions parse_falcon_options(config::Section& s) {
-  FalconOptions o;
-  falcon_keys().read(s, o);
-  s.check(o.alibi || o.head_dim() % 2 == 0, "num_attention_heads",
-          fmt::format("gives an odd head_dim ({}), which rotary embeddings cannot rotate", o.head_dim()));
-  if (o.new_decoder_architecture) {
-    s.check(o.num_kv_heads > 0 && o.num_attention_heads % o.num_kv_heads == 0, "num_kv_heads",
-            fmt::format("must divide num_attention_heads ({})", o.num_attention_heads));
-    s.check(o.parallel_attn, "parallel_attn",
-            "the new decoder architecture runs attention and MLP in parallel: transformers' FalconDecoderLayer has no "
-            "sequential form of it");
-  } else {
-    s.check(!(o.parallel_attn && o.num_ln_in_parallel_attn == 2), "num_ln_in_parallel_attn",
-            "2 needs new_decoder_architecture: true (transformers' other parallel block has one input_layernorm)");
-    s.check(o.multi_query || o.num_kv_heads == o.num_attention_heads, "num_kv_heads",
-            fmt::format("without multi_query or the new decoder architecture every query head has its own K/V head: "
-                        "num_kv_heads must be num_attention_heads ({}), got {}",
-                        o.num_attention_heads, o.num_kv_heads));
-  }
-  return o;
-}
-
-FalconOptions falcon_options_from_hf_config(const nlohmann::json& raw, const std::string& where) {
-  return falcon_keys().from_hf(raw, where, &parse_falcon_options,
-                               {"n_embed", "apply_residual_connection_post_layernorm", "num_key_value_heads"},
-                               [](const nlohmann::json& config, nlohmann::json& cfg) {
-                                 if (config.contains("n_embed") && !config["n_embed"].is_null())
-                                   cfg["hidden_size"] = config["n_embed"];
-                               });
-}
-
-nlohmann::ordered_json falcon_hf_config(const FalconOptions& o, at::ScalarType dtype) {
-  return falcon_keys().hf_config(o, "falcon", dtype);
-}
-
-namespace {
-
-int64_t falcon_layer_params(const FalconOptions& o) {
-  const int64_t d = o.hidden_size, hd = o.head_dim(), h = o.num_attention_heads, kv = o.kv_heads();
-  const int64_t f = o.ffn_hidden_size, b = o.bias ? 1 : 0;
-  const int64_t qkv = d * (h + 2 * kv) * hd + b * (h + 2 * kv) * hd;
-  const int64_t out = d * d + b * d;
-  const int64_t mlp = 2 * d * f + b * (f + d);
-  return qkv + out + mlp + o.ln_count() * 2 * d;
-}
-
-int64_t falcon_root_params(const FalconOptions& o) {
-  return o.vocab_size * o.hidden_size * (o.tie_word_embeddings ? 1 : 2) + 2 * o.hidden_size;
-}
-
-}  // namespace
-
-int64_t falcon_param_count(const FalconOptions& o) {
-  return o.num_hidden_layers * falcon_layer_params(o) + falcon_root_params(o);
-}
-
-double falcon_flops_per_token(const FalconOptions& o, int64_t seq_len) {
-  int64_t n = falcon_param_count(o);
-  if (!o.tie_word_embeddings) n -= o.vocab_size * o.hidden_size;
-  return 6.0 * static_cast<double>(n) + 12.0 * static_cast<double>(o.num_hidden_layers) *
-                                            static_cast<double>(o.hidden_size) * static_cast<double>(seq_len);
-}
-
-int64_t falcon_largest_unit_params(const FalconOptions& o) {
-  return std::max(falcon_root_params(o), falcon_layer_params(o));
-}
-
-double falcon_activation_bytes(const FalconOptions& o, int64_t batch, int64_t seq_len, int bytes_per_value,
-                               bool activation_checkpointing) {
-  // Per layer: the input, each norm's output, the fused q/k/v projection, the attention output, the residual sum of
-  // a sequential block, and the MLP's pre- and post-activation values.
+std::optional<double> FalconForCausalLMImpl::activation_bytes(int64_t batch, int64_t seq_len, int bytes_per_value,
+                                                              bool activation_checkpointing) const {
+  const FalconOptions& o = o_;
   const double tokens = static_cast<double>(batch) * static_cast<double>(seq_len);
-  const double d = static_cast<double>(o.hidden_size), f = static_cast<double>(o.ffn_hidden_size);
+  const double d = static_cast<double>(o.hidden_size), f = static_cast<double>(o.intermediate_size);
   const double qkv = static_cast<double>((o.num_attention_heads + 2 * o.kv_heads()) * o.head_dim());
   const double p = bytes_per_value;
   const double norms = static_cast<double>(o.ln_count()) * d;
@@ -219,8 +177,8 @@ at::Tensor FalconAttentionImpl::forward(const at::Tensor& x, const AttentionInpu
 }
 
 FalconMLPImpl::FalconMLPImpl(const FalconOptions& o, const at::TensorOptions& t) : activation_(o.activation) {
-  dense_h_to_4h = register_module("dense_h_to_4h", Linear(o.hidden_size, o.ffn_hidden_size, o.bias, t));
-  dense_4h_to_h = register_module("dense_4h_to_h", Linear(o.ffn_hidden_size, o.hidden_size, o.bias, t));
+  dense_h_to_4h = register_module("dense_h_to_4h", Linear(o.hidden_size, o.intermediate_size, o.bias, t));
+  dense_4h_to_h = register_module("dense_4h_to_h", Linear(o.intermediate_size, o.hidden_size, o.bias, t));
 }
 
 at::Tensor FalconMLPImpl::forward(const at::Tensor& x) {
@@ -264,30 +222,22 @@ at::Tensor FalconDecoderLayerImpl::forward(const at::Tensor& x, const AttentionI
   return at::dropout(mlp_out + attn, o_.hidden_dropout, training) + x;
 }
 
-FalconModelImpl::FalconModelImpl(const FalconOptions& o, const at::TensorOptions& t) {
-  word_embeddings = register_module("word_embeddings", Embedding(o.vocab_size, o.hidden_size, t));
-  h = register_module("h", torch::nn::ModuleList());
-  for (int64_t i = 0; i < o.num_hidden_layers; ++i) h->push_back(FalconDecoderLayer(o, t));
-  ln_f = register_module("ln_f", Norm(o.hidden_size, NormType::kLayerNorm, o.layer_norm_epsilon, true, t));
-}
-
-FalconForCausalLMImpl::FalconForCausalLMImpl(const FalconOptions& o) : DecoderLM("transformer.h."), o_(o) {
+FalconForCausalLMImpl::FalconForCausalLMImpl(const FalconOptions& o)
+    : HfDecoderLM(
+          o, falcon_keys(),
+          {.root = "transformer", .embed = "word_embeddings", .layers = "h", .norm = "ln_f", .padding_idx = false}) {
+  const at::TensorOptions t = tensor_options();
+  build_backbone([&](int64_t) { return FalconDecoderLayer(o, t); },
+                 Norm(o.hidden_size, NormType::kLayerNorm, o.layer_norm_epsilon, true, t));
   if (o.alibi) {
     slopes_ = falcon_alibi_slopes(o.num_attention_heads);
   } else {
-    inv_freq_ = rotary_inv_freq(o.head_dim(), o.rope_theta) / o.rope_linear_factor;
+    inv_freq_ = rotary_inv_freq(head_dim(), o.rope_theta) / o.rope_linear_factor;
   }
-  const at::TensorOptions t = at::TensorOptions().dtype(at::kFloat).device(at::Device(o.init_device));
-  transformer = register_module("transformer", FalconModel(o, t));
-  if (!o.tie_word_embeddings) lm_head = register_module("lm_head", Linear(o.hidden_size, o.vocab_size, false, t));
 }
 
 AttentionInputs FalconForCausalLMImpl::attention_inputs(const DecoderCall& call) {
-  if (!o_.alibi) {  // rotary tables for each row's positions, in float32 as transformers computes them
-    AttentionInputs in = causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype);
-    set_rope_tables(in, call.positions, inv_freq_);
-    return in;
-  }
+  if (!o_.alibi) return HfDecoderLM::attention_inputs(call);
   const at::Tensor& ids = call.ids;
   const ForwardOptions& fo = call.fo;
   AttentionInputs in;
@@ -324,57 +274,34 @@ AttentionInputs FalconForCausalLMImpl::attention_inputs(const DecoderCall& call)
   return in;
 }
 
-void FalconForCausalLMImpl::init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select) {
-  init_like_transformers(*this, seed, o_.initializer_range, select, std::nullopt);
-}
-
-std::shared_ptr<CausalLM> FalconForCausalLMImpl::rebuild(const std::string& device,
-                                                         std::optional<uint64_t> seed) const {
-  FalconOptions o = o_;
-  o.init_device = device;
-  return seed ? build_falcon(o, *seed).ptr() : FalconForCausalLM(o).ptr();
-}
-
-std::string FalconForCausalLMImpl::describe() const {
+std::string FalconForCausalLMImpl::describe_more() const {
   const std::string arch = o_.new_decoder_architecture ? "new decoder architecture"
                            : o_.parallel_attn          ? "parallel attention/MLP"
                                                        : "sequential attention/MLP";
-  return fmt::format("falcon: hidden {}, heads {} (kv {}, head_dim {}), layers {}, ffn {}, vocab {}, {}, {}{}",
-                     o_.hidden_size, o_.num_attention_heads, o_.kv_heads(), o_.head_dim(), o_.num_hidden_layers,
-                     o_.ffn_hidden_size, o_.vocab_size, arch,
-                     o_.alibi ? "ALiBi" : fmt::format("rope theta {}", o_.rope_theta), o_.bias ? ", biases" : "");
+  return fmt::format(", {}, {}{}", arch, o_.alibi ? "ALiBi" : fmt::format("rope theta {}", o_.rope_theta),
+                     o_.bias ? ", biases" : "");
 }
 
-std::optional<std::string> FalconForCausalLMImpl::tied_embedding_name() const {
-  if (!o_.tie_word_embeddings) return std::nullopt;
-  return "transformer.word_embeddings.weight";
-}
-
-FalconForCausalLM build_falcon(const FalconOptions& options, uint64_t seed) {
-  return build_initialised<FalconForCausalLM>(options, seed);
-}
-
-TensorParallelPlan FalconForCausalLMImpl::tensor_parallel_plan(int64_t degree) const {
+void FalconForCausalLMImpl::check_tensor_parallel(int64_t degree) const {
   if (o_.alibi) refuse_tensor_parallel(degree, "Falcon's ALiBi slopes are per head and are not split yet");
   if (o_.multi_query && !o_.new_decoder_architecture) {
     refuse_tensor_parallel(degree, "multi-query attention's one key/value head does not split");
   }
   // The fused query_key_value splits whole K/V groups (new_decoder_architecture) or whole heads.
   check_tensor_parallel_split(degree, "Falcon", o_.num_attention_heads,
-                              o_.new_decoder_architecture ? o_.kv_heads() : o_.num_attention_heads, o_.ffn_hidden_size);
-  TensorParallelPlan plan;
-  plan.vocabulary(o_.vocab_size, degree, lm_head ? "lm_head" : "", "transformer.word_embeddings");
-  for (int64_t i = 0; i < o_.num_hidden_layers; ++i) {
-    const std::string p = fmt::format("transformer.h.{}.", i);
-    const auto* layer = transformer->h->ptr(i)->as<FalconDecoderLayerImpl>();
-    if (layer->input_layernorm) plan.sequence_norm(p + "input_layernorm");
-    if (layer->post_attention_layernorm) plan.sequence_norm(p + "post_attention_layernorm");
-    if (layer->ln_attn) plan.sequence_norm(p + "ln_attn");
-    if (layer->ln_mlp) plan.sequence_norm(p + "ln_mlp");
-    plan.layer(p, {}, {"self_attention.query_key_value", "mlp.dense_h_to_4h"},
-               {"self_attention.dense", "mlp.dense_4h_to_h"});
+                              o_.new_decoder_architecture ? o_.kv_heads() : o_.num_attention_heads,
+                              o_.intermediate_size);
+}
+
+void FalconForCausalLMImpl::plan_layer(TensorParallelPlan& plan, const std::string& p, int64_t /*i*/) const {
+  if (!o_.parallel_attn || !o_.two_parallel_norms()) plan.sequence_norm(p + "input_layernorm");
+  if (!o_.parallel_attn) plan.sequence_norm(p + "post_attention_layernorm");
+  if (o_.two_parallel_norms()) {
+    plan.sequence_norm(p + "ln_attn");
+    plan.sequence_norm(p + "ln_mlp");
   }
-  return plan;
+  plan.layer(p, {}, {"self_attention.query_key_value", "mlp.dense_h_to_4h"},
+             {"self_attention.dense", "mlp.dense_4h_to_h"});
 }
 
 }  // namespace tessera::models

@@ -6,28 +6,21 @@
 // transformer.ln_f.{weight,bias}, lm_head.weight (untied only). The function is transformers' FalconForCausalLM
 // (4.57): parallel or sequential attention and MLP, one or two LayerNorms in parallel blocks, rotary (HF's
 // rotate-half layout) or ALiBi positions (BLOOM's slopes, added in bf16 as transformers does), biases on or off.
-// FalconForCausalLM implements the model protocol (causal_lm.h); `model.name: falcon`. Modules are not thread-safe.
+// `model.name: falcon`. Modules are not thread-safe.
 #pragma once
 
 #include <ATen/ATen.h>
-#include <torch/nn/modules/container/modulelist.h>
-#include <nlohmann/json.hpp>
 
-#include <functional>
-#include <memory>
 #include <optional>
 #include <string>
 
-#include "tessera/config/reader.h"
-#include "tessera/models/blocks/attention.h"
-#include "tessera/models/blocks/decoder.h"
+#include "tessera/models/blocks/hf_decoder.h"
 #include "tessera/models/blocks/layers.h"
-#include "tessera/models/causal_lm.h"
-#include "tessera/models/parallel_plan.h"
+#include "tessera/models/family_keys.h"
 
 namespace tessera::models {
 
-// HF's FalconConfig keys and defaults (those of Falcon 7B).
+// HF's FalconConfig keys and defaults (those of Falcon 7B); members under transformers' canonical names.
 struct FalconOptions {
   int64_t vocab_size = 65024;
   int64_t hidden_size = 4544;
@@ -44,7 +37,7 @@ struct FalconOptions {
   double rope_theta = 10000.0;
   double rope_linear_factor = 1.0;  // rope_scaling {rope_type: linear, factor}; 1 = none
   int64_t max_position_embeddings = 2048;
-  int64_t ffn_hidden_size = 0;  // resolved: 4 * hidden_size when not given
+  int64_t intermediate_size = 0;  // config key ffn_hidden_size; resolved: 4 * hidden_size when not given
   std::string activation = "gelu";
   double hidden_dropout = 0.0;
   double attention_dropout = 0.0;
@@ -63,21 +56,9 @@ struct FalconOptions {
   bool two_parallel_norms() const { return parallel_attn && ln_count() == 2; }
 };
 
-// Reads a `model:` section with name falcon (HF's FalconConfig keys); errors name the key path and line, including
-// every combination transformers' FalconForCausalLM does not compute (e.g. a sequential new-architecture block).
-FalconOptions parse_falcon_options(config::Section& s);
-// config.json (model_type falcon; the RW aliases n_embed, n_layer, n_head, n_head_kv accepted) -> options; throws
-// Error("hf") naming `where` for what the family does not compute.
-FalconOptions falcon_options_from_hf_config(const nlohmann::json& config, const std::string& where);
-nlohmann::ordered_json falcon_hf_config(const FalconOptions& o, at::ScalarType dtype);
-
-// Exact parameter count (the embedding once when tied); training FLOPs per token, 6 N (less an untied input
-// embedding) + 12 L d S; the largest sharding unit (root or one block); activation bytes of one forward+backward.
-int64_t falcon_param_count(const FalconOptions& o);
-double falcon_flops_per_token(const FalconOptions& o, int64_t seq_len);
-int64_t falcon_largest_unit_params(const FalconOptions& o);
-double falcon_activation_bytes(const FalconOptions& o, int64_t batch, int64_t seq_len, int bytes_per_value,
-                               bool activation_checkpointing);
+// FalconConfig's keys (config.json's n_embed, the RW models' alias of hidden_size, accepted); every combination
+// transformers' FalconForCausalLM does not compute (e.g. a sequential new-architecture block) is refused by key.
+const FamilyKeys<FalconOptions>& falcon_keys();
 
 // transformers' build_alibi_tensor slopes (BLOOM's): 2^(-8k/n) for k = 1..n, n the largest power of two <= heads,
 // then 2^(-4(2j+1)/n) for the remaining heads; float32 (heads,).
@@ -124,60 +105,27 @@ class FalconDecoderLayerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(FalconDecoderLayer);
 
-class FalconModelImpl : public torch::nn::Module {
- public:
-  FalconModelImpl(const FalconOptions& o, const at::TensorOptions& t);
-
-  Embedding word_embeddings{nullptr};
-  torch::nn::ModuleList h{nullptr};
-  Norm ln_f{nullptr};
-};
-TORCH_MODULE(FalconModel);
-
-// Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers.
-class FalconForCausalLMImpl : public DecoderLM<FalconDecoderLayerImpl>, public TensorParallelModel {
+// Units: 0 = the root (embedding, final norm and head), 1..num_hidden_layers = the decoder layers. Initialised as
+// transformers' FalconPreTrainedModel. The tensor-parallel plan: whole K/V groups (or heads), the MLP's hidden units
+// and the vocabulary split; refused for ALiBi and multi-query attention.
+class FalconForCausalLMImpl : public HfDecoderLM<FalconForCausalLMImpl, FalconOptions, FalconDecoderLayerImpl> {
  public:
   explicit FalconForCausalLMImpl(const FalconOptions& o);
-  const FalconOptions& options() const { return o_; }
-
-  void init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select = nullptr) override;
-  std::shared_ptr<CausalLM> rebuild(const std::string& device, std::optional<uint64_t> seed) const override;
-  double flops_per_token(int64_t seq_len) const override { return falcon_flops_per_token(o_, seq_len); }
+  // Per layer: the input, each norm's output, the fused q/k/v projection, the attention output, the residual sum of
+  // a sequential block, and the MLP's pre- and post-activation values; then the logits.
   std::optional<double> activation_bytes(int64_t batch, int64_t seq_len, int bytes_per_value,
-                                         bool activation_checkpointing) const override {
-    return falcon_activation_bytes(o_, batch, seq_len, bytes_per_value, activation_checkpointing);
-  }
-  int64_t largest_unit_params() const override { return falcon_largest_unit_params(o_); }
-  int64_t vocab_size() const override { return o_.vocab_size; }
-  int64_t max_seq_len() const override { return o_.max_position_embeddings; }
-  std::string describe() const override;
-  std::string family() const override { return "falcon"; }
-  bool has_hf_format() const override { return true; }
-  nlohmann::ordered_json hf_config(at::ScalarType dtype) const override { return falcon_hf_config(o_, dtype); }
-  std::optional<std::string> tied_embedding_name() const override;
-  // Whole K/V groups (or heads), the MLP's hidden units and the vocabulary split; refused for ALiBi and multi-query.
-  TensorParallelPlan tensor_parallel_plan(int64_t degree) const override;
-
-  FalconModel transformer{nullptr};
-  Linear lm_head{nullptr};  // only when tie_word_embeddings is false
+                                         bool activation_checkpointing) const override;
 
  protected:
-  const torch::nn::ModuleList& decoder_layers() const override { return transformer->h; }
-  EmbeddingImpl& token_embedding() override { return *transformer->word_embeddings; }
   // Causal masks and rotary tables, or ALiBi biases (transformers' Falcon-RW arithmetic).
   AttentionInputs attention_inputs(const DecoderCall& call) override;
-  at::Tensor head(const at::Tensor& h) override { return head_logits(transformer->ln_f(h), lm_head); }
+  void check_tensor_parallel(int64_t degree) const override;
+  void plan_layer(TensorParallelPlan& plan, const std::string& p, int64_t i) const override;
+  std::string describe_more() const override;
 
  private:
-  FalconOptions o_;
-  at::Tensor inv_freq_;  // (head_dim / 2,) float32 on the CPU; undefined with ALiBi
-  at::Tensor slopes_;    // (heads,) float32 on the CPU; ALiBi only
+  at::Tensor slopes_;  // (heads,) float32 on the CPU; ALiBi only
 };
 TORCH_MODULE(FalconForCausalLM);
-
-// Builds the model on options.init_device; on a real device initialised as HF's FalconPreTrainedModel does (normal
-// with std initializer_range for Linear and Embedding weights, zero biases, LayerNorms weight 1 and bias 0), each
-// module from its own generator seeded from `seed` and the module's name.
-FalconForCausalLM build_falcon(const FalconOptions& options, uint64_t seed = 17);
 
 }  // namespace tessera::models

@@ -5,8 +5,7 @@
 namespace tessera::models {
 
 void register_family_falcon(FamilyRegistrar& r) {
-  add_recipe_family<FalconOptions>(r.recipes, "falcon", &parse_falcon_options, &build_falcon);
-  r.model_types.add("falcon", hf_builder(&falcon_options_from_hf_config, &build_falcon));
+  add_keyed_family<FalconForCausalLM>(r, falcon_keys());
   r.config_forms["falcon"] = {.rope = HfConfigForm::Rope{}};
 }
 

@@ -5,8 +5,7 @@
 namespace tessera::models {
 
 void register_family_gpt_bigcode(FamilyRegistrar& r) {
-  add_recipe_family<GPTBigCodeOptions>(r.recipes, "gpt_bigcode", &parse_gpt_bigcode_options, &build_gpt_bigcode);
-  r.model_types.add("gpt_bigcode", hf_builder(&gpt_bigcode_options_from_hf_config, &build_gpt_bigcode));
+  add_keyed_family<GPTBigCodeForCausalLM>(r, gpt_bigcode_keys());
 }
 
 }  // namespace tessera::models

@@ -22,12 +22,12 @@ const FamilyKeys<GPTBigCodeOptions>& gpt_bigcode_keys() {
       FamilyKeys<O>({"gpt_bigcode"}, [](const std::string&) { return "GPTBigCodeForCausalLM"; })
           .field("vocab_size", &O::vocab_size, positive())
           .field("n_positions", &O::max_position_embeddings, positive())
-          .field("n_embd", &O::n_embd, positive())
-          .field("n_layer", &O::n_layer, positive())
-          .field("n_head", &O::n_head, positive())
-          .divides("n_head", &O::n_head, "n_embd", &O::n_embd)
+          .field("n_embd", &O::hidden_size, positive())
+          .field("n_layer", &O::num_hidden_layers, positive())
+          .field("n_head", &O::num_attention_heads, positive())
+          .divides("n_head", &O::num_attention_heads, "n_embd", &O::hidden_size)
           .resolved(
-              "n_inner", &O::n_inner, [](const O& o) { return 4 * o.n_embd; }, positive())
+              "n_inner", &O::intermediate_size, [](const O& o) { return 4 * o.hidden_size; }, positive())
           .field("activation_function", &O::activation_function, hf_activation_check())
           .field("resid_pdrop", &O::resid_pdrop, probability())
           .field("embd_pdrop", &O::embd_pdrop, probability())
@@ -55,25 +55,11 @@ const FamilyKeys<GPTBigCodeOptions>& gpt_bigcode_keys() {
   return keys;
 }
 
-GPTBigCodeOptions parse_gpt_bigcode_options(config::Section& s) {
-  GPTBigCodeOptions o;
-  gpt_bigcode_keys().read(s, o);
-  return o;
-}
-
-GPTBigCodeOptions gpt_bigcode_options_from_hf_config(const nlohmann::json& raw, const std::string& where) {
-  return gpt_bigcode_keys().from_hf(raw, where, &parse_gpt_bigcode_options);
-}
-
-nlohmann::ordered_json gpt_bigcode_hf_config(const GPTBigCodeOptions& o, at::ScalarType dtype) {
-  return gpt_bigcode_keys().hf_config(o, "gpt_bigcode", dtype);
-}
-
 // ---- Modules --------------------------------------------------------------------------------------------------------
 
 GPTBigCodeAttentionImpl::GPTBigCodeAttentionImpl(const GPTBigCodeOptions& o, const at::TensorOptions& t) : o_(o) {
-  c_attn = register_module("c_attn", Linear(o.n_embd, o.n_embd + 2 * o.kv_heads() * o.head_dim(), true, t));
-  c_proj = register_module("c_proj", Linear(o.n_embd, o.n_embd, true, t));
+  c_attn = register_module("c_attn", Linear(o.hidden_size, o.hidden_size + 2 * o.kv_heads() * o.head_dim(), true, t));
+  c_proj = register_module("c_proj", Linear(o.hidden_size, o.hidden_size, true, t));
 }
 
 at::Tensor GPTBigCodeAttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
@@ -101,8 +87,8 @@ at::Tensor GPTBigCodeAttentionImpl::forward(const at::Tensor& x, const Attention
 
 GPTBigCodeMLPImpl::GPTBigCodeMLPImpl(const GPTBigCodeOptions& o, const at::TensorOptions& t)
     : act_(o.activation_function), dropout_(o.resid_pdrop) {
-  c_fc = register_module("c_fc", Linear(o.n_embd, o.n_inner, true, t));
-  c_proj = register_module("c_proj", Linear(o.n_inner, o.n_embd, true, t));
+  c_fc = register_module("c_fc", Linear(o.hidden_size, o.intermediate_size, true, t));
+  c_proj = register_module("c_proj", Linear(o.intermediate_size, o.hidden_size, true, t));
 }
 
 at::Tensor GPTBigCodeMLPImpl::forward(const at::Tensor& x) {
@@ -110,9 +96,9 @@ at::Tensor GPTBigCodeMLPImpl::forward(const at::Tensor& x) {
 }
 
 GPTBigCodeBlockImpl::GPTBigCodeBlockImpl(const GPTBigCodeOptions& o, const at::TensorOptions& t) {
-  ln_1 = register_module("ln_1", Norm(o.n_embd, NormType::kLayerNorm, o.layer_norm_epsilon, true, t));
+  ln_1 = register_module("ln_1", Norm(o.hidden_size, NormType::kLayerNorm, o.layer_norm_epsilon, true, t));
   attn = register_module("attn", GPTBigCodeAttention(o, t));
-  ln_2 = register_module("ln_2", Norm(o.n_embd, NormType::kLayerNorm, o.layer_norm_epsilon, true, t));
+  ln_2 = register_module("ln_2", Norm(o.hidden_size, NormType::kLayerNorm, o.layer_norm_epsilon, true, t));
   mlp = register_module("mlp", GPTBigCodeMLP(o, t));
 }
 
@@ -121,37 +107,28 @@ at::Tensor GPTBigCodeBlockImpl::forward(const at::Tensor& x, const AttentionInpu
   return h + mlp(ln_2(h));
 }
 
-GPTBigCodeModelImpl::GPTBigCodeModelImpl(const GPTBigCodeOptions& o, const at::TensorOptions& t) {
-  wte = register_module("wte", Embedding(o.vocab_size, o.n_embd, t));
-  wpe = register_module("wpe", Embedding(o.max_position_embeddings, o.n_embd, t));
-  h = register_module("h", torch::nn::ModuleList());
-  for (int64_t i = 0; i < o.n_layer; ++i) h->push_back(GPTBigCodeBlock(o, t));
-  ln_f = register_module("ln_f", Norm(o.n_embd, NormType::kLayerNorm, o.layer_norm_epsilon, true, t));
-}
-
-GPTBigCodeForCausalLMImpl::GPTBigCodeForCausalLMImpl(const GPTBigCodeOptions& o) : DecoderLM("transformer.h."), o_(o) {
-  const at::TensorOptions t = at::TensorOptions().dtype(at::kFloat).device(at::Device(o.init_device));
-  transformer = register_module("transformer", GPTBigCodeModel(o, t));
-  if (!o.tie_word_embeddings) lm_head = register_module("lm_head", Linear(o.n_embd, o.vocab_size, false, t));
+GPTBigCodeForCausalLMImpl::GPTBigCodeForCausalLMImpl(const GPTBigCodeOptions& o)
+    : HfDecoderLM(o, gpt_bigcode_keys(),
+                  {.root = "transformer",
+                   .embed = "wte",
+                   .positions = "wpe",
+                   .layers = "h",
+                   .norm = "ln_f",
+                   .padding_idx = false}) {
+  const at::TensorOptions t = tensor_options();
+  build_backbone([&](int64_t) { return GPTBigCodeBlock(o, t); },
+                 Norm(o.hidden_size, NormType::kLayerNorm, o.layer_norm_epsilon, true, t));
 }
 
 at::Tensor GPTBigCodeForCausalLMImpl::embed(const at::Tensor& ids, const DecoderCall& call) {
-  const at::Tensor x = transformer->wte(ids) + transformer->wpe(call.positions);
-  return at::dropout(x, o_.embd_pdrop, is_training());
-}
-
-double GPTBigCodeForCausalLMImpl::flops_per_token(int64_t seq_len) const {
-  int64_t n = num_params() - o_.max_position_embeddings * o_.n_embd;
-  if (!o_.tie_word_embeddings) n -= o_.vocab_size * o_.n_embd;
-  return 6.0 * static_cast<double>(n) +
-         12.0 * static_cast<double>(o_.n_layer) * static_cast<double>(o_.n_embd) * static_cast<double>(seq_len);
+  return at::dropout(HfDecoderLM::embed(ids, call), o_.embd_pdrop, is_training());
 }
 
 void GPTBigCodeForCausalLMImpl::init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select) {
-  init_like_transformers(*this, seed, o_.initializer_range, select, std::nullopt);
+  HfDecoderLM::init_weights(seed, select);
   // GPTBigCodePreTrainedModel._init_weights: the attention's and the MLP's c_proj weight at std / sqrt(2 n_layer),
   // each from its module's own generator (its bias stays 0).
-  const double std = o_.initializer_range / std::sqrt(2.0 * static_cast<double>(o_.n_layer));
+  const double std = o_.initializer_range / std::sqrt(2.0 * static_cast<double>(o_.num_hidden_layers));
   at::NoGradGuard no_grad;
   for (const auto& item : named_modules()) {
     if (!item.key().ends_with(".c_proj") || (select && !select(item.key()))) continue;
@@ -160,40 +137,19 @@ void GPTBigCodeForCausalLMImpl::init_weights(uint64_t seed, const std::function<
   }
 }
 
-std::shared_ptr<CausalLM> GPTBigCodeForCausalLMImpl::rebuild(const std::string& device,
-                                                             std::optional<uint64_t> seed) const {
-  GPTBigCodeOptions o = o_;
-  o.init_device = device;
-  return seed ? build_gpt_bigcode(o, *seed).ptr() : GPTBigCodeForCausalLM(o).ptr();
-}
-
-std::string GPTBigCodeForCausalLMImpl::describe() const {
-  return fmt::format("gpt_bigcode: hidden {}, heads {} ({}), layers {}, inner {}, vocab {}, positions {}", o_.n_embd,
-                     o_.n_head, o_.multi_query ? "multi-query" : "multi-head", o_.n_layer, o_.n_inner, o_.vocab_size,
-                     o_.max_position_embeddings);
-}
-
-std::optional<std::string> GPTBigCodeForCausalLMImpl::tied_embedding_name() const {
-  if (!o_.tie_word_embeddings) return std::nullopt;
-  return "transformer.wte.weight";
-}
-
-GPTBigCodeForCausalLM build_gpt_bigcode(const GPTBigCodeOptions& options, uint64_t seed) {
-  return build_initialised<GPTBigCodeForCausalLM>(options, seed);
-}
-
-TensorParallelPlan GPTBigCodeForCausalLMImpl::tensor_parallel_plan(int64_t degree) const {
+void GPTBigCodeForCausalLMImpl::check_tensor_parallel(int64_t degree) const {
   if (o_.multi_query) {
     refuse_tensor_parallel(degree, "GPT-BigCode's multi-query attention has one key/value head, which does not split");
   }
-  check_tensor_parallel_split(degree, "GPT-BigCode", o_.n_head, o_.n_head, o_.n_inner);
-  TensorParallelPlan plan;
-  plan.vocabulary(o_.vocab_size, degree, lm_head ? "lm_head" : "", "transformer.wte");
-  for (int64_t i = 0; i < o_.n_layer; ++i) {
-    plan.layer(fmt::format("transformer.h.{}.", i), {"ln_1", "ln_2"}, {"attn.c_attn", "mlp.c_fc"},
-               {"attn.c_proj", "mlp.c_proj"});
-  }
-  return plan;
+  HfDecoderLM::check_tensor_parallel(degree);
+}
+
+void GPTBigCodeForCausalLMImpl::plan_layer(TensorParallelPlan& plan, const std::string& p, int64_t /*i*/) const {
+  plan.layer(p, {"ln_1", "ln_2"}, {"attn.c_attn", "mlp.c_fc"}, {"attn.c_proj", "mlp.c_proj"});
+}
+
+std::string GPTBigCodeForCausalLMImpl::describe_more() const {
+  return fmt::format(", {}, positions {}", o_.multi_query ? "multi-query" : "multi-head", o_.max_position_embeddings);
 }
 
 }  // namespace tessera::models

@@ -66,14 +66,14 @@ const FamilyKeys<GPTNeoOptions>& gpt_neo_keys() {
           .field("vocab_size", &O::vocab_size, positive())
           .field("max_position_embeddings", &O::max_position_embeddings, positive())
           .field("hidden_size", &O::hidden_size, positive())
-          .field("num_layers", &O::num_layers, positive())
+          .field("num_layers", &O::num_hidden_layers, positive())
           .custom(
               "attention_types",
               [](config::Section& s, O& o) {
                 o.attention_layers = expand_attention_types(s);
-                s.check(static_cast<int64_t>(o.attention_layers.size()) == o.num_layers, "attention_types",
+                s.check(static_cast<int64_t>(o.attention_layers.size()) == o.num_hidden_layers, "attention_types",
                         fmt::format("expands to {} layers, but num_layers is {} (transformers refuses this too)",
-                                    o.attention_layers.size(), o.num_layers));
+                                    o.attention_layers.size(), o.num_hidden_layers));
               },
               [](const O& o) { return o.attention_types(); })
           // A config.json also stores the expansion; transformers' PretrainedConfig then sets it over its own.
@@ -85,8 +85,8 @@ const FamilyKeys<GPTNeoOptions>& gpt_neo_keys() {
                    }
                    return std::string();
                  }))
-          .field("num_heads", &O::num_heads, positive())
-          .divides("num_heads", &O::num_heads, "hidden_size", &O::hidden_size)
+          .field("num_heads", &O::num_attention_heads, positive())
+          .divides("num_heads", &O::num_attention_heads, "hidden_size", &O::hidden_size)
           .resolved(
               "intermediate_size", &O::intermediate_size, [](const O& o) { return 4 * o.hidden_size; }, positive())
           .field("window_size", &O::window_size, positive())
@@ -97,24 +97,12 @@ const FamilyKeys<GPTNeoOptions>& gpt_neo_keys() {
           .field("layer_norm_epsilon", &O::layer_norm_epsilon)
           .field("initializer_range", &O::initializer_range)
           .fixed("tie_word_embeddings", true, "Tessera's GPT-Neo ties its head to wte, as every published GPT-Neo does")
-          .token_ids();
+          .token_ids()
+          .finally([](config::Section& s, O& o) {
+            s.check(static_cast<int64_t>(o.attention_layers.size()) == o.num_hidden_layers, "attention_layers",
+                    fmt::format("has {} entries for {} layers", o.attention_layers.size(), o.num_hidden_layers));
+          });
   return keys;
-}
-
-GPTNeoOptions parse_gpt_neo_options(config::Section& s) {
-  GPTNeoOptions o;
-  gpt_neo_keys().read(s, o);
-  s.check(static_cast<int64_t>(o.attention_layers.size()) == o.num_layers, "attention_layers",
-          fmt::format("has {} entries for {} layers", o.attention_layers.size(), o.num_layers));
-  return o;
-}
-
-GPTNeoOptions gpt_neo_options_from_hf_config(const nlohmann::json& raw, const std::string& where) {
-  return gpt_neo_keys().from_hf(raw, where, &parse_gpt_neo_options);
-}
-
-nlohmann::ordered_json gpt_neo_hf_config(const GPTNeoOptions& o, at::ScalarType dtype) {
-  return gpt_neo_keys().hf_config(o, "gpt_neo", dtype);
 }
 
 // ---- Modules --------------------------------------------------------------------------------------------------------
@@ -122,7 +110,7 @@ nlohmann::ordered_json gpt_neo_hf_config(const GPTNeoOptions& o, at::ScalarType 
 GPTNeoAttentionImpl::GPTNeoAttentionImpl(const GPTNeoOptions& o, const at::TensorOptions& t) {
   // GPT-Neo does not scale its scores (scale 1).
   attention = register_module("attention", SelfAttention(SelfAttentionOptions{.hidden_size = o.hidden_size,
-                                                                              .heads = o.num_heads,
+                                                                              .heads = o.num_attention_heads,
                                                                               .out_bias = true,
                                                                               .out_name = "out_proj",
                                                                               .kv_first = true,
@@ -155,69 +143,33 @@ at::Tensor GPTNeoBlockImpl::forward(const at::Tensor& x, const GlobalLocalInputs
   return h + mlp(ln_2(h));
 }
 
-GPTNeoModelImpl::GPTNeoModelImpl(const GPTNeoOptions& o, const at::TensorOptions& t) {
-  wte = register_module("wte", Embedding(o.vocab_size, o.hidden_size, t));
-  wpe = register_module("wpe", Embedding(o.max_position_embeddings, o.hidden_size, t));
-  h = register_module("h", torch::nn::ModuleList());
-  for (int64_t i = 0; i < o.num_layers; ++i) h->push_back(GPTNeoBlock(o, o.attention_layers[i] == "local", t));
-  ln_f = register_module("ln_f", Norm(o.hidden_size, NormType::kLayerNorm, o.layer_norm_epsilon, true, t));
-}
-
-GPTNeoForCausalLMImpl::GPTNeoForCausalLMImpl(const GPTNeoOptions& o) : DecoderLM("transformer.h."), o_(o) {
-  const at::TensorOptions t = at::TensorOptions().dtype(at::kFloat).device(at::Device(o.init_device));
-  transformer = register_module("transformer", GPTNeoModel(o, t));
+GPTNeoForCausalLMImpl::GPTNeoForCausalLMImpl(const GPTNeoOptions& o)
+    : HfDecoderLM(o, gpt_neo_keys(),
+                  {.root = "transformer",
+                   .embed = "wte",
+                   .positions = "wpe",
+                   .layers = "h",
+                   .norm = "ln_f",
+                   .padding_idx = false}) {
+  const at::TensorOptions t = tensor_options();
+  build_backbone([&](int64_t i) { return GPTNeoBlock(o, o.attention_layers[i] == "local", t); },
+                 Norm(o.hidden_size, NormType::kLayerNorm, o.layer_norm_epsilon, true, t));
+  window_ = o.window_size;
 }
 
 at::Tensor GPTNeoForCausalLMImpl::embed(const at::Tensor& ids, const DecoderCall& call) {
-  const at::Tensor x = transformer->wte(ids) + transformer->wpe(call.positions);
-  return at::dropout(x, o_.embed_dropout, is_training());
+  return at::dropout(HfDecoderLM::embed(ids, call), o_.embed_dropout, is_training());
 }
 
-double GPTNeoForCausalLMImpl::flops_per_token(int64_t seq_len) const {
-  const int64_t n = num_params() - o_.max_position_embeddings * o_.hidden_size;
-  double attention = 0;
-  for (const std::string& kind : o_.attention_layers) {
-    const int64_t keys = kind == "local" ? std::min(seq_len, o_.window_size) : seq_len;
-    attention += 12.0 * static_cast<double>(o_.hidden_size) * static_cast<double>(keys);
-  }
-  return 6.0 * static_cast<double>(n) + attention;
+void GPTNeoForCausalLMImpl::plan_layer(TensorParallelPlan& plan, const std::string& p, int64_t /*i*/) const {
+  plan.layer(p, {"ln_1", "ln_2"},
+             {"attn.attention.q_proj", "attn.attention.k_proj", "attn.attention.v_proj", "mlp.c_fc"},
+             {"attn.attention.out_proj", "mlp.c_proj"});
 }
 
-void GPTNeoForCausalLMImpl::init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select) {
-  init_like_transformers(*this, seed, o_.initializer_range, select, std::nullopt);
-}
-
-std::shared_ptr<CausalLM> GPTNeoForCausalLMImpl::rebuild(const std::string& device,
-                                                         std::optional<uint64_t> seed) const {
-  GPTNeoOptions o = o_;
-  o.init_device = device;
-  return seed ? build_gpt_neo(o, *seed).ptr() : GPTNeoForCausalLM(o).ptr();
-}
-
-std::string GPTNeoForCausalLMImpl::describe() const {
-  int64_t local = 0;
-  for (const std::string& kind : o_.attention_layers) local += kind == "local" ? 1 : 0;
-  return fmt::format(
-      "gpt_neo: hidden {}, heads {} (head_dim {}), layers {} ({} local, window {}), ffn {}, vocab {}, {}",
-      o_.hidden_size, o_.num_heads, o_.head_dim(), o_.num_layers, local, o_.window_size, o_.intermediate_size,
-      o_.vocab_size, o_.activation_function);
-}
-
-GPTNeoForCausalLM build_gpt_neo(const GPTNeoOptions& options, uint64_t seed) {
-  return build_initialised<GPTNeoForCausalLM>(options, seed);
-}
-
-TensorParallelPlan GPTNeoForCausalLMImpl::tensor_parallel_plan(int64_t degree) const {
-  check_tensor_parallel_split(degree, "GPT-Neo", o_.num_heads, o_.num_heads, o_.intermediate_size);
-  TensorParallelPlan plan;
-  plan.vocabulary(o_.vocab_size, degree, "", "transformer.wte");  // the head is tied
-  for (int64_t i = 0; i < o_.num_layers; ++i) {
-    const std::string p = fmt::format("transformer.h.{}.", i);
-    plan.layer(p, {"ln_1", "ln_2"},
-               {"attn.attention.q_proj", "attn.attention.k_proj", "attn.attention.v_proj", "mlp.c_fc"},
-               {"attn.attention.out_proj", "mlp.c_proj"});
-  }
-  return plan;
+std::string GPTNeoForCausalLMImpl::describe_more() const {
+  const auto local = std::count(o_.attention_layers.begin(), o_.attention_layers.end(), "local");
+  return fmt::format(", {} local layers (window {}), {}", local, o_.window_size, o_.activation_function);
 }
 
 }  // namespace tessera::models

@@ -4,41 +4,34 @@
 // ....attn.attention.out_proj.{weight,bias}, ....mlp.{c_fc,c_proj}.*, transformer.ln_f.*; the head is tied to wte.
 // The function is transformers' GPTNeoForCausalLM (4.57): learned positions, layers alternating global causal
 // attention and local attention over the last window_size tokens (attention_types), scores NOT scaled by
-// 1/sqrt(head_dim), pre-LN blocks. GPTNeoForCausalLM implements the model protocol (causal_lm.h);
-// `model.name: gpt_neo`. Not thread-safe.
+// 1/sqrt(head_dim), pre-LN blocks. `model.name: gpt_neo`. Not thread-safe.
 #pragma once
 
 #include <ATen/ATen.h>
-#include <torch/nn/modules/container/modulelist.h>
 #include <nlohmann/json.hpp>
 
-#include <functional>
-#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "tessera/config/reader.h"
-#include "tessera/models/blocks/attention.h"
-#include "tessera/models/blocks/decoder.h"
+#include "tessera/models/blocks/hf_decoder.h"
 #include "tessera/models/blocks/layers.h"
 #include "tessera/models/blocks/self_attention.h"
-#include "tessera/models/causal_lm.h"
-#include "tessera/models/parallel_plan.h"
+#include "tessera/models/family_keys.h"
 
 namespace tessera::models {
 
-// HF's GPTNeoConfig keys and defaults (those of GPT-Neo 1.3B).
+// HF's GPTNeoConfig keys and defaults (those of GPT-Neo 1.3B); members under transformers' canonical names.
 struct GPTNeoOptions {
   int64_t vocab_size = 50257;
   int64_t max_position_embeddings = 2048;
   int64_t hidden_size = 2048;
-  int64_t num_layers = 24;
+  int64_t num_hidden_layers = 24;  // config key num_layers
   // Per layer, "global" or "local": attention_types ([[["global", "local"], 12]]) expanded as transformers does
   // (each pattern repeated its count of times), or the config's attention_layers when it gives them.
   std::vector<std::string> attention_layers;
-  int64_t num_heads = 16;
-  int64_t intermediate_size = 0;  // resolved: 4 * hidden_size when not given
+  int64_t num_attention_heads = 16;  // config key num_heads
+  int64_t intermediate_size = 0;     // resolved: 4 * hidden_size when not given
   int64_t window_size = 256;
   std::string activation_function = "gelu_new";
   double resid_dropout = 0.0;
@@ -46,20 +39,16 @@ struct GPTNeoOptions {
   double attention_dropout = 0.0;
   double layer_norm_epsilon = 1e-5;
   double initializer_range = 0.02;
+  static constexpr bool tie_word_embeddings = true;  // every published GPT-Neo ties its head to wte
   std::optional<int64_t> bos_token_id = 50256, eos_token_id = 50256, pad_token_id;
   std::string init_device = "cpu";  // cpu | cuda | meta
 
-  int64_t head_dim() const { return hidden_size / num_heads; }
   // attention_types as given (for config.json): runs of equal patterns, compressed back.
   nlohmann::ordered_json attention_types() const;
 };
 
-// Reads a `model:` section with name gpt_neo (HF's GPTNeoConfig keys); errors name the key path and line.
-GPTNeoOptions parse_gpt_neo_options(config::Section& s);
-// config.json (model_type gpt_neo) -> options; throws Error("hf") naming `where` for what the family does not
-// compute.
-GPTNeoOptions gpt_neo_options_from_hf_config(const nlohmann::json& config, const std::string& where);
-nlohmann::ordered_json gpt_neo_hf_config(const GPTNeoOptions& o, at::ScalarType dtype);
+// GPTNeoConfig's keys: the recipe reader, the config.json reader and writer.
+const FamilyKeys<GPTNeoOptions>& gpt_neo_keys();
 
 // transformers' GPTNeoAttention: a wrapper whose one child is `attention` (hence attn.attention.* names).
 class GPTNeoAttentionImpl : public torch::nn::Module {
@@ -99,58 +88,20 @@ class GPTNeoBlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(GPTNeoBlock);
 
-class GPTNeoModelImpl : public torch::nn::Module {
- public:
-  GPTNeoModelImpl(const GPTNeoOptions& o, const at::TensorOptions& t);
-
-  Embedding wte{nullptr}, wpe{nullptr};
-  torch::nn::ModuleList h{nullptr};
-  Norm ln_f{nullptr};
-};
-TORCH_MODULE(GPTNeoModel);
-
-// Units: 0 = the root (embeddings, final norm and tied head), 1..num_layers = the blocks.
-class GPTNeoForCausalLMImpl : public DecoderLM<GPTNeoBlockImpl, GlobalLocalInputs>, public TensorParallelModel {
+// Units: 0 = the root (embeddings, final norm and tied head), 1..num_layers = the blocks. The local layers attend
+// over the last window_size positions of the row, padding included, as transformers' banded mask. Initialised as
+// transformers' GPTNeoPreTrainedModel. The tensor-parallel plan: heads, c_fc's units and the vocabulary split.
+class GPTNeoForCausalLMImpl
+    : public HfDecoderLM<GPTNeoForCausalLMImpl, GPTNeoOptions, GPTNeoBlockImpl, GlobalLocalInputs> {
  public:
   explicit GPTNeoForCausalLMImpl(const GPTNeoOptions& o);
-  const GPTNeoOptions& options() const { return o_; }
-
-  void init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select = nullptr) override;
-  std::shared_ptr<CausalLM> rebuild(const std::string& device, std::optional<uint64_t> seed) const override;
-  // 6 N (less the position table) + 12 L d S (local layers attend over at most window_size keys).
-  double flops_per_token(int64_t seq_len) const override;
-  int64_t vocab_size() const override { return o_.vocab_size; }
-  int64_t max_seq_len() const override { return o_.max_position_embeddings; }
-  std::string describe() const override;
-  std::string family() const override { return "gpt_neo"; }
-  bool has_hf_format() const override { return true; }
-  nlohmann::ordered_json hf_config(at::ScalarType dtype) const override { return gpt_neo_hf_config(o_, dtype); }
-  std::optional<std::string> tied_embedding_name() const override { return "transformer.wte.weight"; }
-  // Heads, the MLP's hidden units and the vocabulary split.
-  TensorParallelPlan tensor_parallel_plan(int64_t degree) const override;
-
-  GPTNeoModel transformer{nullptr};
 
  protected:
-  const torch::nn::ModuleList& decoder_layers() const override { return transformer->h; }
-  EmbeddingImpl& token_embedding() override { return *transformer->wte; }
-  at::Tensor embed(const at::Tensor& ids, const DecoderCall& call) override;  // tokens + learned positions
-  // The global layers' causal inputs and the local layers' windowed ones (the window counts absolute positions in the
-  // row, padding included, as transformers' banded mask).
-  GlobalLocalInputs attention_inputs(const DecoderCall& call) override {
-    return {causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype),
-            causal_attention_inputs(call.ids, call.fo, call.past, call.key_mask, call.dtype, o_.window_size)};
-  }
-  at::Tensor head(const at::Tensor& h) override { return transformer->wte->attend(transformer->ln_f(h)); }
-
- private:
-  GPTNeoOptions o_;
+  at::Tensor embed(const at::Tensor& ids, const DecoderCall& call) override;  // tokens + positions, dropped out
+  bool windowed(int64_t i) const override { return o_.attention_layers[i] == "local"; }
+  void plan_layer(TensorParallelPlan& plan, const std::string& p, int64_t i) const override;
+  std::string describe_more() const override;
 };
 TORCH_MODULE(GPTNeoForCausalLM);
-
-// Builds the model on options.init_device; on a real device initialised as HF's GPTNeoPreTrainedModel does (normal
-// with std initializer_range for Linear and Embedding weights, zero biases, LayerNorms weight 1 and bias 0), each
-// module from its own generator seeded from `seed` and the module's name.
-GPTNeoForCausalLM build_gpt_neo(const GPTNeoOptions& options, uint64_t seed = 17);
 
 }  // namespace tessera::models

@@ -5,8 +5,7 @@
 namespace tessera::models {
 
 void register_family_opt(FamilyRegistrar& r) {
-  add_recipe_family<OPTOptions>(r.recipes, "opt", &parse_opt_options, &build_opt);
-  r.model_types.add("opt", hf_builder(&opt_options_from_hf_config, &build_opt));
+  add_keyed_family<OPTForCausalLM>(r, opt_keys());
 }
 
 }  // namespace tessera::models

@@ -1,5 +1,5 @@
-// The Falcon family: options and refusals, parameter counts of each variant, config.json round trips, KV-cache
-// decoding, meta construction. Its function against transformers' FalconForCausalLM is checked in
+// The Falcon family: options and refusals, the published parameter count, module names of each variant, config.json
+// round trips, KV-cache decoding, meta construction. Its function against transformers' FalconForCausalLM is checked in
 // tests/compat/test_falcon_hf.py.
 #include <gtest/gtest.h>
 
@@ -22,7 +22,7 @@ FalconOptions parse(const std::string& yaml) {
   config::Value v = config::parse_yaml(yaml, origin);
   config::ParseContext ctx("falcon.yaml");
   config::Section s(&v, "model", ctx);
-  FalconOptions o = parse_falcon_options(s);
+  FalconOptions o = falcon_keys().parse(s);
   s.finish();
   ctx.throw_if_unsupported();
   return o;
@@ -40,21 +40,23 @@ const std::vector<std::string>& variants() {
   return v;
 }
 
+FalconForCausalLM on_meta(FalconOptions o) {
+  o.init_device = "meta";
+  return FalconForCausalLM(o);
+}
+
 TEST(Falcon, DefaultsAreFalcon7bAndItsParameterCountIsThePublishedOne) {
   const FalconOptions o = parse("{}");
   EXPECT_EQ(o.kv_heads(), 1);
   EXPECT_EQ(o.ln_count(), 1);
-  EXPECT_EQ(o.ffn_hidden_size, 4 * 4544);
-  EXPECT_EQ(falcon_param_count(o), 6921720704);  // tiiuae/falcon-7b
+  EXPECT_EQ(o.intermediate_size, 4 * 4544);
+  EXPECT_EQ(on_meta(o)->num_params(), 6921720704);  // tiiuae/falcon-7b
 }
 
-TEST(Falcon, EachVariantHasTheParametersItsCountSaysAndNamesThemAsTransformersDoes) {
+TEST(Falcon, EachVariantNamesItsParametersAsTransformersDoes) {
   for (const auto& yaml : variants()) {
     const FalconOptions o = parse(yaml);
-    FalconOptions meta = o;
-    meta.init_device = "meta";
-    const FalconForCausalLM m(meta);
-    EXPECT_EQ(m->num_params(), falcon_param_count(o)) << yaml;
+    const FalconForCausalLM m = on_meta(o);
     std::vector<std::string> names;
     for (const auto& p : m->named_parameters()) names.push_back(p.key());
     auto has = [&](const std::string& n) { return std::find(names.begin(), names.end(), n) != names.end(); };
@@ -77,9 +79,9 @@ TEST(Falcon, EachVariantHasTheParametersItsCountSaysAndNamesThemAsTransformersDo
 TEST(Falcon, ConfigJsonRoundTripsToTheSameOptions) {
   for (const auto& yaml : variants()) {
     const FalconOptions o = parse(yaml);
-    const FalconOptions back = falcon_options_from_hf_config(falcon_hf_config(o, at::kFloat), "config.json");
-    EXPECT_EQ(falcon_hf_config(back, at::kFloat), falcon_hf_config(o, at::kFloat)) << yaml;
-    EXPECT_EQ(falcon_param_count(back), falcon_param_count(o));
+    const FalconOptions back = falcon_keys().from_hf(on_meta(o)->hf_config(at::kFloat), "config.json");
+    EXPECT_EQ(on_meta(back)->hf_config(at::kFloat), on_meta(o)->hf_config(at::kFloat)) << yaml;
+    EXPECT_EQ(on_meta(back)->num_params(), on_meta(o)->num_params());
   }
 }
 
@@ -108,7 +110,7 @@ TEST(Falcon, WhatTransformersDoesNotComputeIsRefusedByName) {
   }
   EXPECT_NO_THROW(parse("{hidden_size: 66, num_attention_heads: 2, alibi: true}"));  // ALiBi takes odd head_dim
   try {
-    falcon_options_from_hf_config(nlohmann::json{{"model_type", "falcon"}, {"activation", "gelu_fast"}}, "f/c.json");
+    falcon_keys().from_hf(nlohmann::json{{"model_type", "falcon"}, {"activation", "gelu_fast"}}, "f/c.json");
     ADD_FAILURE() << "accepted";
   } catch (const Error& e) {
     EXPECT_NE(e.message().find("f/c.json"), std::string::npos) << e.message();
@@ -130,7 +132,7 @@ TEST(Falcon, AlibiSlopesAreTransformersBloomSlopes) {
 class FalconDecoding : public ::testing::TestWithParam<int> {};
 
 TEST_P(FalconDecoding, KVCacheGivesTheFullForwardLogits) {
-  FalconForCausalLM m = build_falcon(parse(variants()[GetParam()]), 3);
+  FalconForCausalLM m = build_initialised<FalconForCausalLM>(parse(variants()[GetParam()]), 3);
   m->eval();
   at::NoGradGuard ng;
   const at::Tensor ids = at::randint(0, 97, {2, 11}, at::kLong);
@@ -150,7 +152,7 @@ TEST_P(FalconDecoding, KVCacheGivesTheFullForwardLogits) {
 }
 
 TEST_P(FalconDecoding, LeftPaddedBatchGeneratesWhatEachPromptGeneratesAlone) {
-  FalconForCausalLM m = build_falcon(parse(variants()[GetParam()]), 5);
+  FalconForCausalLM m = build_initialised<FalconForCausalLM>(parse(variants()[GetParam()]), 5);
   GenerationOptions g;
   g.max_new_tokens = 6;
   const std::vector<std::vector<int64_t>> prompts = {{5, 9, 2, 44, 7, 1}, {3, 8}, {60, 61, 62, 63}};
@@ -162,7 +164,7 @@ INSTANTIATE_TEST_SUITE_P(Variants, FalconDecoding, ::testing::Values(0, 1, 2));
 
 TEST(Falcon, InitIsTransformersAndTheSameUnitByUnit) {
   const FalconOptions o = parse(variants()[2]);
-  FalconForCausalLM whole = build_falcon(o, 11);
+  FalconForCausalLM whole = build_initialised<FalconForCausalLM>(o, 11);
   FalconForCausalLM parts(o);
   for (int64_t unit = 0; unit < parts->num_units(); ++unit) {
     parts->init_weights(11, [&](const std::string& module) {

@@ -164,7 +164,7 @@ TEST(HfConfigForms, EachRotaryFamilyTakesRopeParametersIntoItsOwnKeys) {
                        {"vocab_size", 101},
                        {"num_key_value_heads", 1},
                        {"rope_parameters", {{"rope_type", "linear"}, {"factor", 2.0}, {"rope_theta", 8000.0}}}};
-  const FalconOptions f = falcon_options_from_hf_config(falcon, "f/config.json");
+  const FalconOptions f = falcon_keys().from_hf(falcon, "f/config.json");
   EXPECT_EQ(f.rope_theta, 8000.0);
   EXPECT_EQ(f.rope_linear_factor, 2.0);
   // DBRX: attn_config.rope_theta.

@@ -1,14 +1,16 @@
 // The transformers-style decoder causal LM most families are, once: a backbone module (`model`: the token embedding,
-// the decoder layers, the final norm) and an untied head `lm_head`, under the family's names, with everything the
-// model protocol asks of such a model derived from the family's options and key table: the config.json it writes, the
-// tied head's name, transformers' initialisation, rebuild() on another device, FLOPs per token, describe(), the
-// causal masks and rotary tables of a forward, and a tensor-parallel plan built layer by layer. A family derives
-// FooForCausalLMImpl from HfDecoderLM<FooForCausalLMImpl, FooOptions, FooDecoderLayerImpl>, calls build_backbone() in
-// its constructor with a maker of its layer, sets the rotary tables (inv_freq_) and window it uses, and overrides only
-// what differs (embedding or logit scaling, another layer's plan). The options must have vocab_size, hidden_size,
-// num_hidden_layers, num_attention_heads, intermediate_size, max_position_embeddings, tie_word_embeddings,
-// pad_token_id, initializer_range and init_device (transformers' names); num_key_value_heads, head_dim (a member or a
-// function) and model_type are read where they exist.
+// any learned position table, the decoder layers, the final norm) and an untied head `lm_head`, under the family's
+// names, with everything the model protocol asks of such a model derived from the family's options and key table: the
+// config.json it writes, the tied head's name, transformers' initialisation, rebuild() on another device, FLOPs per
+// token, describe(), the embedding, the causal masks and rotary tables of a forward, and a tensor-parallel plan built
+// layer by layer. A family derives FooForCausalLMImpl from HfDecoderLM<FooForCausalLMImpl, FooOptions,
+// FooDecoderLayerImpl>, calls build_backbone() in its constructor with a maker of its layer, sets the rotary tables
+// (inv_freq_) and window it uses, and overrides only what differs (embedding or logit scaling, another layer's plan).
+// The options must have vocab_size, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size,
+// max_position_embeddings, tie_word_embeddings, pad_token_id, initializer_range and init_device: transformers'
+// canonical names, as its attribute_map gives them (GPT-2's n_embd is hidden_size; the key table maps the config's own
+// key to the member); num_key_value_heads (or a kv_heads() function), head_dim (a member or a function) and model_type
+// are read where they exist.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -34,10 +36,14 @@
 
 namespace tessera::models {
 
-// Where a family's backbone modules sit: <root>.<embed>, <root>.<layers>.{i}, <root>.<norm>, and the untied head.
+// Where a family's backbone modules sit: <root>.<embed>, <root>.<positions>, <root>.<layers>.{i}, <root>.<norm>, and
+// the untied head.
 struct HfDecoderLayout {
-  std::string root = "model";
+  std::string root = "model";  // a path where the backbone is nested ("model.decoder": OPT)
   std::string embed = "embed_tokens";
+  int64_t embed_dim = 0;        // the token embedding's (and an untied head's) width, where not hidden_size (OPT's)
+  std::string positions{};      // a learned table of absolute positions (GPT-2's "wpe"); empty: none
+  int64_t position_offset = 0;  // the table's row of position 0 (OPT's 2)
   std::string layers = "layers";
   std::string norm = "norm";
   std::string head = "lm_head";
@@ -49,8 +55,9 @@ struct HfDecoderLayout {
 class HfBackboneImpl : public torch::nn::Module {
  public:
   Embedding embed_tokens{nullptr};
+  Embedding positions{nullptr};  // learned absolute positions, when the layout has them
   torch::nn::ModuleList layers{nullptr};
-  Norm norm{nullptr};
+  Norm norm{nullptr};  // null when the family has no final norm (OPT's post-LN models)
 };
 TORCH_MODULE(HfBackbone);
 
@@ -107,11 +114,12 @@ class HfDecoderLM : public DecoderLM<Layer, Inputs>, public TensorParallelModel 
     if (seed && device != "meta") model->init_weights(*seed);
     return model;
   }
-  // 6 N (less an untied input embedding, a lookup) + 12 (heads x head_dim) x keys per layer (a windowed layer's: at
-  // most the window).
+  // 6 N (less the lookups: an untied input embedding, a position table) + 12 (heads x head_dim) x keys per layer (a
+  // windowed layer's: at most the window).
   double flops_per_token(int64_t seq_len) const override {
     int64_t n = this->num_params();
-    if (!o_.tie_word_embeddings) n -= o_.vocab_size * o_.hidden_size;
+    if (!o_.tie_word_embeddings) n -= model->embed_tokens->weight.numel();
+    if (model->positions) n -= model->positions->weight.numel();
     double attention = 0;
     for (int64_t i = 0; i < o_.num_hidden_layers; ++i) {
       const int64_t keys = windowed(i) ? std::min(seq_len, window_) : seq_len;
@@ -149,27 +157,42 @@ class HfDecoderLM : public DecoderLM<Layer, Inputs>, public TensorParallelModel 
   at::TensorOptions tensor_options() const {
     return at::TensorOptions().dtype(at::kFloat).device(at::Device(o_.init_device));
   }
-  // Registers the backbone (the token embedding, `layer(i)` for each of the num_hidden_layers layers, `final_norm`)
-  // and, unless the embedding is tied, the head.
+  // Registers the backbone (the token embedding, the position table, `layer(i)` for each of the num_hidden_layers
+  // layers, `final_norm` unless null) and, unless the embedding is tied, the head.
   template <class MakeLayer>
   void build_backbone(MakeLayer layer, Norm final_norm) {
     const at::TensorOptions t = tensor_options();
-    model = this->register_module(layout_.root, HfBackbone());
-    model->embed_tokens = model->register_module(layout_.embed, Embedding(o_.vocab_size, o_.hidden_size, t));
+    torch::nn::Module* parent = this;
+    std::string name = layout_.root;
+    for (size_t dot; (dot = name.find('.')) != std::string::npos; name = name.substr(dot + 1)) {
+      parent = parent->register_module(name.substr(0, dot), std::make_shared<torch::nn::Module>()).get();
+    }
+    model = parent->register_module(name, HfBackbone());
+    const int64_t width = layout_.embed_dim > 0 ? layout_.embed_dim : o_.hidden_size;
+    model->embed_tokens = model->register_module(layout_.embed, Embedding(o_.vocab_size, width, t));
     if (layout_.padding_idx && o_.pad_token_id && *o_.pad_token_id >= 0 && *o_.pad_token_id < o_.vocab_size) {
       model->embed_tokens->padding_idx = *o_.pad_token_id;
     }
+    if (!layout_.positions.empty()) {
+      model->positions = model->register_module(
+          layout_.positions, Embedding(o_.max_position_embeddings + layout_.position_offset, o_.hidden_size, t));
+    }
     model->layers = model->register_module(layout_.layers, torch::nn::ModuleList());
     for (int64_t i = 0; i < o_.num_hidden_layers; ++i) model->layers->push_back(layer(i));
-    model->norm = model->register_module(layout_.norm, std::move(final_norm));
+    if (!final_norm.is_empty()) model->norm = model->register_module(layout_.norm, std::move(final_norm));
     if (!o_.tie_word_embeddings) {
-      lm_head = this->register_module(layout_.head, Linear(o_.hidden_size, o_.vocab_size, false, t));
+      lm_head = this->register_module(layout_.head, Linear(width, o_.vocab_size, false, t));
     }
   }
 
   const torch::nn::ModuleList& decoder_layers() const override { return model->layers; }
   EmbeddingImpl& token_embedding() override { return *model->embed_tokens; }
-  at::Tensor head(const at::Tensor& h) override { return this->head_logits(model->norm(h), lm_head); }
+  // The tokens, plus their learned positions where the family has them.
+  at::Tensor embed(const at::Tensor& ids, const DecoderCall& call) override {
+    const at::Tensor x = model->embed_tokens(ids);
+    return model->positions ? x + model->positions(call.positions + layout_.position_offset) : x;
+  }
+  at::Tensor head(const at::Tensor& h) override { return this->head_logits(model->norm ? model->norm(h) : h, lm_head); }
   // Causal masks with rotary tables from inv_freq_ (times rope_scale_), windowed to window_ keys when positive; with
   // global and local inputs, the local ones windowed (and rotated by local_inv_freq_ where it is set), the same as the
   // global ones when neither applies.
@@ -212,6 +235,8 @@ class HfDecoderLM : public DecoderLM<Layer, Inputs>, public TensorParallelModel 
   int64_t kv_heads() const {
     if constexpr (requires(const Options& o) { o.num_key_value_heads + 0; }) {
       return o_.num_key_value_heads;
+    } else if constexpr (requires(const Options& o) { o.kv_heads() + 0; }) {
+      return o_.kv_heads();
     } else {
       return o_.num_attention_heads;
     }
