@@ -14,7 +14,8 @@
 namespace tessera::data::detail {
 namespace {
 
-using Json = nlohmann::ordered_json;
+// A map, not ordered_json: a vocabulary of 200k keys parsed into ordered_json takes a linear search per key.
+using Json = nlohmann::json;
 constexpr const char* kJsonLoadComponent = "tokenizer";
 // Larger than any real vocabulary (the largest are ~256k); bounds the dense id tables a hostile file can request.
 constexpr int64_t kMaxId = (int64_t{1} << 22) - 1;
