@@ -13,6 +13,9 @@
 #      test_transformers5_*.py (ctest's compat_tf5 entry).
 #   5. The pure-Python wheels of torchtitan's trainer (benchmarks/gpu_peer_wheels.txt) at $TESSERA_HOME/wheels, which
 #      the GPU kit carries (tools/gpu_bundle.sh).
+#   6. OpenAI's tiktoken ranks files (cl100k_base, p50k_base, o200k_base) in a tiktoken cache at
+#      $TESSERA_HOME/tiktoken, for the tiktoken tests: taken from the pinned PyPI `litellm` wheel, which ships them
+#      under tiktoken's cache names for offline use, and checked against the sha256 tiktoken expects.
 #
 # Environment: TESSERA_HOME (install prefix), TESSERA_PYTHON (interpreter that creates the venv; default python3).
 set -euo pipefail
@@ -29,7 +32,7 @@ apt_packages=(
   libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcurl4-openssl-dev libssl-dev libzstd-dev libxxhash-dev zlib1g-dev libpcre2-dev libicu-dev libgloo-dev coinor-libcbc-dev
   python3 python3-venv python3-dev
-  fortunes jq
+  fortunes jq unzip
   iproute2  # `ip netns` for the PyTorchJob test (tests/compat/test_launchers.py)
   slurmctld slurmd slurm-client munge  # a one-node Slurm cluster for the Slurm test (tests/compat/test_launchers.py)
 )
@@ -109,5 +112,36 @@ else
     -r "$peer_wheels" -d "$wheels"
   echo "$want" > "$wheels/.tessera-wheels.sha256"
   log "GPU kit wheels: $wheels ($(ls "$wheels"/*.whl | wc -l) wheels)"
+fi
+
+# ---- 6. tiktoken's encodings ------------------------------------------------------------------------------------------
+tiktoken_cache="$TESSERA_HOME/tiktoken"
+# tiktoken's cache name (sha1 of the URL) and expected sha256 of cl100k_base, p50k_base and o200k_base.
+tiktoken_files=(
+  "9b5ad71b2ce5302211f9c61530b329a4922fc6a4 223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
+  "ec7223a39ce59f226a68acc30dc1af2788490e15 94b5ca7dff4d00767bc256fdd1b27e5b17361d7b8a5f968547f9f23eb70d2069"
+  "fb374d419588a4632f3f557e76b4b70aebbca790 446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
+)
+tiktoken_ok=1
+for f in "${tiktoken_files[@]}"; do
+  [ -f "$tiktoken_cache/${f%% *}" ] || tiktoken_ok=0
+done
+if [ "$tiktoken_ok" = 1 ]; then
+  log "tiktoken encodings $tiktoken_cache: present"
+else
+  tmp=$(mktemp -d)
+  log "fetching tiktoken's cl100k_base, p50k_base and o200k_base from the litellm wheel on PyPI"
+  "$venv/bin/python" -m pip download -q --disable-pip-version-check --no-deps --only-binary :all: \
+    "litellm==1.110.2" -d "$tmp"
+  mkdir -p "$tiktoken_cache"
+  for f in "${tiktoken_files[@]}"; do
+    name=${f%% *}
+    unzip -q -o -j "$tmp"/litellm-*.whl "litellm/litellm_core_utils/tokenizers/$name" -d "$tmp/files"
+    echo "${f##* }  $tmp/files/$name" | sha256sum -c --quiet - \
+      || { echo "[setup] error: tiktoken file $name does not have the sha256 tiktoken expects" >&2; exit 1; }
+    mv "$tmp/files/$name" "$tiktoken_cache/$name"
+  done
+  rm -rf "$tmp"
+  log "tiktoken encodings: $tiktoken_cache"
 fi
 log "ready"

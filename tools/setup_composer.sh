@@ -12,6 +12,7 @@ TESSERA_HOME=${TESSERA_HOME:-$HOME/.cache/tessera}
 venv="$TESSERA_HOME/venv-composer"
 pin="llm-foundry==0.22.0"  # brings mosaicml (Composer) 0.32.1, mosaicml-streaming 0.12.0, torch 2.7.0
 test_pin="pytest==8.4.2"    # for the opt-in tests/composer/
+tiktoken_pin="tiktoken==0.14.0"  # LLM Foundry's TiktokenTokenizerWrapper imports it (tests/composer/test_tiktoken_wrapper.py)
 log() { printf '[setup-composer] %s\n' "$*"; }
 
 if [ ! -x "$venv/bin/python" ]; then
@@ -28,6 +29,9 @@ else
 fi
 if [ "$(version_of pytest)" != "${test_pin#*==}" ]; then
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$test_pin"
+fi
+if [ "$(version_of tiktoken)" != "${tiktoken_pin#*==}" ]; then
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$tiktoken_pin"
 fi
 "$venv/bin/python" -c 'import composer, llmfoundry, torch; print("[setup-composer] composer", composer.__version__,
 "llm-foundry", llmfoundry.__version__, "torch", torch.__version__)'

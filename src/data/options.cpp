@@ -258,7 +258,11 @@ TokenizerOptions parse_tokenizer_options(Section& s) {
   o.name = s.require_string("name");
   auto kwargs = s.section("kwargs");
   o.model_max_length = kwargs.get_optional_int("model_max_length");
-  kwargs.finish({"trust_remote_code", "padding_side", "use_fast", "add_bos_token", "add_eos_token"});
+  // Read, and changes nothing: Tessera runs no code from a tokenizer folder. The one remote-code tokenizer published
+  // folders name, LLM Foundry's TiktokenTokenizerWrapper (DBRX's), is implemented natively; any other folder without a
+  // tokenizer.json is refused when it loads, naming its tokenizer_class.
+  kwargs.get_bool("trust_remote_code", false);
+  kwargs.finish({"padding_side", "use_fast", "add_bos_token", "add_eos_token"});
   s.finish();
   return o;
 }

@@ -1,7 +1,8 @@
-// SHA-1 (FIPS 180-4) and xxHash digests.
+// SHA-1 (FIPS 180-4), SHA-256 (OpenSSL) and xxHash digests.
 #include "tessera/util/hashing.h"
 
 #include <fmt/format.h>
+#include <openssl/sha.h>
 #include <xxhash.h>
 
 #include <array>
@@ -56,14 +57,21 @@ std::string sha1_hex(std::string_view data) {
 }  // namespace
 
 bool hash_supported(std::string_view a) {
-  return a == "sha1" || a == "xxh64" || a == "xxh3_64";
+  return a == "sha1" || a == "sha256" || a == "xxh64" || a == "xxh3_64";
 }
 
 std::string hex_digest(std::string_view algorithm, std::string_view data) {
   if (algorithm == "sha1") return sha1_hex(data);
+  if (algorithm == "sha256") {
+    unsigned char digest[SHA256_DIGEST_LENGTH];
+    SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), digest);
+    std::string hex;
+    for (unsigned char b : digest) hex += fmt::format("{:02x}", b);
+    return hex;
+  }
   if (algorithm == "xxh64") return fmt::format("{:016x}", XXH64(data.data(), data.size(), 0));
   if (algorithm == "xxh3_64") return fmt::format("{:016x}", XXH3_64bits(data.data(), data.size()));
-  throw Error("hash", fmt::format("hash algorithm \"{}\" is not supported (sha1, xxh64, xxh3_64)", algorithm));
+  throw Error("hash", fmt::format("hash algorithm \"{}\" is not supported (sha1, sha256, xxh64, xxh3_64)", algorithm));
 }
 
 }  // namespace tessera::util

@@ -77,8 +77,10 @@ fs::path resolve_hf_folder(const std::string& name_or_path) {
 fs::path resolve_hf_tokenizer(const std::string& name_or_path) {
   if (fs::is_regular_file(name_or_path)) return name_or_path;
   const fs::path folder = resolve_hf_folder(name_or_path);
-  if (!fs::is_regular_file(folder / "tokenizer.json"))
-    throw Error("hf_hub", fmt::format("{}: no tokenizer.json in {}", name_or_path, folder.string()));
+  // A tokenizer_config.json alone may name a tokenizer Tessera reads without one (LLM Foundry's tiktoken wrapper).
+  if (!fs::is_regular_file(folder / "tokenizer.json") && !fs::is_regular_file(folder / "tokenizer_config.json"))
+    throw Error("hf_hub",
+                fmt::format("{}: no tokenizer.json (nor tokenizer_config.json) in {}", name_or_path, folder.string()));
   return folder;
 }
 

@@ -37,10 +37,11 @@
 //                "attention_mask", "sequence_id"}], "examples", "dropped", "packing_ratio", "packing": {...}}
 //   tessera_compat_driver chat-template TEMPLATE.jinja CASES.json OUT.json
 //       CASES: [context objects] -> [{"text": rendered} | {"error": message}] (chat_template::Template)
-//   tessera_compat_driver tokenize TOKENIZER.json INPUT.json OUT.json
-//       INPUT: {"texts": [hex bytes], "add_special_tokens": bool, "pieces": bool, "decode": [[ids]]} ->
-//       {"ids": [[...]], "decoded": [hex], "decoded_skip": [hex] (decode of each "decode" entry), "pieces": [[hex]],
-//        "vocab_size": n, "seconds": encode time}
+//   tessera_compat_driver tokenize TOKENIZER INPUT.json OUT.json
+//       TOKENIZER: a tokenizer.json, a folder, tiktoken:ENCODING or tiktoken:ENCODING:RANKS_FILE (load_tokenizer)
+//       INPUT: {"texts": [hex bytes], "add_special_tokens": bool, "pieces": bool, "decode": [[ids]], "json": bool,
+//       "chat": bool} -> {"ids": [[...]], "decoded": [hex], "decoded_skip": [hex] (decode of each "decode" entry),
+//        "pieces": [[hex]], "vocab_size": n, "seconds": encode time, "json": to_json(), "chat_template": str}
 //   tessera_compat_driver train-tokenizer SPEC.json OUT_TOKENIZER.json
 //       SPEC: {"documents": [str], "vocab_size": n, "min_frequency": n, "special_tokens": [str]}
 #include <algorithm>
@@ -291,8 +292,22 @@ int streaming_epoch(const std::string& spec_path, const std::string& out_path) {
   return 0;
 }
 
+// `tokenizer_path`: a tokenizer.json or a folder; tiktoken:<encoding> (its ranks from tiktoken's cache) or
+// tiktoken:<encoding>:<ranks file> (that encoding's pattern and special tokens over the file's ranks).
+tessera::data::Tokenizer load_tokenizer(const std::string& tokenizer_path) {
+  if (!tokenizer_path.starts_with("tiktoken:")) return tessera::data::Tokenizer::from_file(tokenizer_path);
+  const std::string spec = tokenizer_path.substr(9);
+  const size_t colon = spec.find(':');
+  const auto encoding = tessera::data::tiktoken_encoding(spec.substr(0, colon));
+  if (!encoding) throw std::runtime_error("unknown tiktoken encoding " + spec);
+  return tessera::data::Tokenizer::from_tiktoken(colon == std::string::npos
+                                                     ? tessera::data::tiktoken_ranks_file(*encoding)
+                                                     : std::filesystem::path(spec.substr(colon + 1)),
+                                                 *encoding);
+}
+
 int tokenize(const std::string& tokenizer_path, const std::string& input_path, const std::string& out_path) {
-  const auto tok = tessera::data::Tokenizer::from_file(tokenizer_path);
+  const auto tok = load_tokenizer(tokenizer_path);
   std::ifstream in(input_path);
   const auto input = nlohmann::json::parse(in);
   const bool add_special = input.value("add_special_tokens", true);
@@ -325,6 +340,8 @@ int tokenize(const std::string& tokenizer_path, const std::string& input_path, c
   }
   out["decoded"] = decoded;
   out["decoded_skip"] = decoded_skip;
+  if (input.value("json", false)) out["json"] = tok.to_json();
+  if (input.value("chat", false) && tok.chat_template()) out["chat_template"] = *tok.chat_template();
   std::ofstream(out_path) << out.dump();
   return 0;
 }

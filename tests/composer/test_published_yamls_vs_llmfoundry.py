@@ -9,9 +9,9 @@ cache holding the published config.json of each model the YAMLs name (tests/data
   (built on the meta device), for the families Tessera builds (MPT, Llama);
 - refuse it as LLM Foundry does where LLM Foundry's own code refuses it: `config_overrides.attn_config` on a Llama
   config (set_config_overrides raises) and the unused top-level `dataset` anchor (its validation raises);
-- refuse the DBRX fine-tuning YAMLs' trust_remote_code, peft_config and autoresume without a save_folder (as
-  Composer's Trainer does), naming the key, and plan them with those keys changed (CHANGED: with DBRX's published
-  132 B parameters);
+- refuse the DBRX fine-tuning YAMLs' autoresume without a save_folder (as Composer's Trainer does) and dbrx-lora-ft's
+  peft_config, naming the key, and plan them with those keys changed (CHANGED: with DBRX's published 132 B
+  parameters); their tokenizer, LLM Foundry's TiktokenTokenizerWrapper under trust_remote_code, is read natively;
 MPT's MegaBlocks layers (testing-moe.yaml's mb_dmoe) are counted with LLM Foundry's torch_dmoe layer of the same
 experts (MegaBlocks needs CUDA to install), plus the d_model output bias per layer that MegaBlocks adds with biases.
 Each one that plans also trains when shrunk: two steps of a 2-layer model of the same configuration (for hf_causal_lm,
@@ -44,17 +44,15 @@ YAMLS = sorted(str(p.relative_to(FOUNDRY)) for p in FOUNDRY.glob("published/*/*.
     "mpt-125m.yaml", "mpt-small-cpu.yaml"]
 
 NOT_BUILT = {}  # YAML -> what the refusal must name (none left)
-# The DBRX fine-tuning YAMLs: Tessera refuses their tokenizer kwarg trust_remote_code (it runs no code from a hub
-# folder: tokenizer.json only), dbrx-lora-ft's model.peft_config (LoRA is the `lora` algorithm here), and, as
-# Composer's Trainer itself does after LLM Foundry's validation, autoresume without a save_folder
-# (composer/trainer/trainer.py: "The `save_folder` must be specified when autoresume is enabled."). With those keys
-# changed (the overrides below) they plan DBRX with transformers' count, and train shrunk.
+# The DBRX fine-tuning YAMLs: Tessera refuses dbrx-lora-ft's model.peft_config (LoRA is the `lora` algorithm here)
+# and, as Composer's Trainer itself does after LLM Foundry's validation, autoresume without a save_folder
+# (composer/trainer/trainer.py: "The `save_folder` must be specified when autoresume is enabled."). Their tokenizer
+# kwarg trust_remote_code is read (Tessera implements DBRX's tiktoken tokenizer natively and runs no code). With
+# those keys changed (the overrides below) they plan DBRX with transformers' count, and train shrunk
+# (test_dbrx_finetuning_trains_when_shrunk).
 CHANGED = {
-    "published/finetune/dbrx-full-ft.yaml": ("trust_remote_code", ["tokenizer.kwargs={model_max_length: 4096}",
-                                                                   "save_folder=./checkpoints"]),
-    "published/finetune/dbrx-lora-ft.yaml": ("trust_remote_code", ["tokenizer.kwargs={model_max_length: 4096}",
-                                                                   "save_folder=./checkpoints",
-                                                                   "model.peft_config=null"]),
+    "published/finetune/dbrx-full-ft.yaml": ("autoresume", ["save_folder=./checkpoints"]),
+    "published/finetune/dbrx-lora-ft.yaml": ("peft_config", ["save_folder=./checkpoints", "model.peft_config=null"]),
 }
 FOUNDRY_REFUSES = {  # YAML -> what both refusals say (each names the first override Llama's config lacks: LLM
     # Foundry in the YAML's order, max_seq_len; Tessera in key order, attn_config)
@@ -147,7 +145,6 @@ def test_read_as_llm_foundry_reads_it(name, hub):
     assert count == peer_parameters(resolved(name), hub)
 
 
-# (The DBRX fine-tuning YAMLs read a hub dataset: tests/compat/test_dbrx_hf.py fine-tunes and exports a DBRX folder.)
 PLANNED = [n for n in YAMLS if n not in NOT_BUILT and n not in FOUNDRY_REFUSES and n not in FOUNDRY_VALIDATION_REFUSES
            and n not in CHANGED]
 
@@ -216,6 +213,51 @@ def test_trains_when_shrunk(name, small, tmp_path):
         shrink[0] = f"variables.data_local={small / 'finetuning'}"
     out = subprocess.run([TRAIN, "--recipe", str(FOUNDRY / name), *shrink], capture_output=True, text=True,
                          timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss/train/total"] for r in rows if "loss/train/total" in r]
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses), rows
+
+
+@pytest.mark.parametrize("name", sorted(CHANGED))
+def test_dbrx_finetuning_trains_when_shrunk(name, tmp_path):
+    """As published but for CHANGED's keys and the size: DBRX shrunk to 2 layers of 64 (every other key of the
+    published config.json, its 100,352-token vocabulary included, as published), written by transformers; the
+    tokenizer a folder LLM Foundry's TiktokenTokenizerWrapper saves (model_name gpt-4, DBRX's ChatML tokens), read
+    through tiktoken's cache that tools/setup.sh fills; mosaicml/dolly_hhrlhf's prompt/response rows from a local
+    folder in place of the hub dataset."""
+    from llmfoundry.tokenizers import TiktokenTokenizerWrapper
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cache = pathlib.Path(os.environ.get("TESSERA_HOME", pathlib.Path.home() / ".cache" / "tessera")) / "tiktoken"
+    assert cache.is_dir(), f"{cache} is missing: run tools/setup.sh"
+    env = dict(os.environ, TIKTOKEN_CACHE_DIR=str(cache))
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(cache)
+    tok = TiktokenTokenizerWrapper(model_name="gpt-4")
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"], "pad_token": "<|pad|>"})
+    tok.save_pretrained(tmp_path / "tokenizer")
+    config = json.loads((ROOT / "tests" / "data" / "hub_configs" / "databricks--dbrx-instruct.json").read_text())
+    config.update(d_model=64, n_heads=4, n_layers=2)
+    config["attn_config"]["kv_n_heads"] = 2
+    config["ffn_config"].update(ffn_hidden_size=128, moe_num_experts=4, moe_top_k=2)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path)).save_pretrained(tmp_path / "model")
+    (tmp_path / "dolly").mkdir()
+    for split in ("train", "test"):
+        rows = [{"prompt": f"Question {i}: what follows {i}?", "response": f" {i + 1}, said the model."}
+                for i in range(24)]
+        (tmp_path / "dolly" / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _, changes = CHANGED[name]
+    shrink = [*changes, f"model.pretrained_model_name_or_path={tmp_path / 'model'}", "model.init_device=cpu",
+              f"tokenizer.name={tmp_path / 'tokenizer'}", "max_seq_len=64", "global_train_batch_size=4",
+              "device_train_microbatch_size=2", "device_eval_batch_size=2", "max_duration=2ba", "eval_interval=1ba",
+              "eval_subset_num_batches=1", "save_folder=null", "autoresume=false",
+              f"train_loader.dataset.hf_name={tmp_path / 'dolly'}", f"eval_loader.dataset.hf_name={tmp_path / 'dolly'}",
+              "train_loader.num_workers=0", "eval_loader.num_workers=0",
+              f"loggers={{jsonl: {{filename: {tmp_path}/metrics.jsonl}}}}"]
+    out = subprocess.run([TRAIN, "--recipe", str(FOUNDRY / name), *shrink], capture_output=True, text=True,
+                         timeout=600, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss/train/total"] for r in rows if "loss/train/total" in r]

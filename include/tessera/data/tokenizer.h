@@ -15,6 +15,9 @@
 //   decoder          null, ByteLevel, Replace (String pattern), ByteFallback, Fuse, Strip, Metaspace, or a Sequence
 //   added_tokens     special / lstrip / rstrip / single_word / normalized, split out before pre-tokenization
 //
+// tiktoken encodings load from their ranks files (from_tiktoken), and so does a folder of LLM Foundry's
+// TiktokenTokenizerWrapper (DBRX's: tokenizer_config.json names the class and the encoding, no tokenizer.json).
+//
 // Loaded from a folder (as transformers' AutoTokenizer loads one), tokenizer_config.json and special_tokens_map.json
 // there are honoured too: bos/eos/pad/unk tokens, and for tokenizer_class LlamaTokenizer(Fast) the add_bos_token
 // (default true) / add_eos_token (default false) template that transformers builds. A tokenizer.json file alone loads
@@ -34,6 +37,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace tessera::data {
@@ -41,6 +45,25 @@ namespace tessera::data {
 namespace detail {
 struct TokenizerImpl;
 }
+
+// A tiktoken encoding (tiktoken_ext/openai_public.py): its pre-tokenizer pattern, special tokens and their ids, and
+// where tiktoken fetches its ranks file (it caches it named sha1(url)) with the sha256 it expects.
+struct TiktokenEncoding {
+  std::string name;
+  std::string pattern;
+  std::vector<std::pair<std::string, int32_t>> special_tokens;
+  std::string ranks_url;
+  std::string ranks_sha256;  // empty: not checked
+};
+// The encodings tiktoken ships that Tessera reads: r50k_base, p50k_base, p50k_edit, cl100k_base, o200k_base,
+// o200k_harmony (not gpt2, stored in GPT-2's vocab.bpe and encoder.json); nullopt for another name.
+std::optional<TiktokenEncoding> tiktoken_encoding(std::string_view name);
+// tiktoken.encoding_name_for_model: gpt-4 -> cl100k_base, gpt-4o -> o200k_base, ...; nullopt for an unknown model.
+std::optional<std::string> tiktoken_encoding_for_model(std::string_view model);
+// `encoding`'s ranks file in tiktoken's cache ($TIKTOKEN_CACHE_DIR, else $DATA_GYM_CACHE_DIR, else the temporary
+// folder's data-gym-cache; named sha1(ranks_url)), its sha256 checked as tiktoken checks it. Tessera downloads
+// nothing: errors name the path, the URL and how to fill the cache.
+std::filesystem::path tiktoken_ranks_file(const TiktokenEncoding& encoding);
 
 class Tokenizer {
  public:
@@ -51,6 +74,11 @@ class Tokenizer {
   static Tokenizer from_file(const std::filesystem::path& path);
   // The same from JSON text; `source_name` stands for the file in error messages.
   static Tokenizer from_json(std::string_view json, const std::string& source_name);
+  // A tiktoken encoding from a ranks file (.tiktoken: one base64 token and its rank per line), encoding as tiktoken's
+  // Encoding(pattern, ranks, special_tokens).encode(text, allowed_special="all") and decoding as its
+  // decode(errors="replace"). Its to_json() is the tokenizer.json transformers' TikTokenConverter builds. Errors name
+  // the file and line (bad base64, a repeated token or rank, a rank past 2^24, a byte without a rank).
+  static Tokenizer from_tiktoken(const std::filesystem::path& ranks_file, const TiktokenEncoding& encoding);
 
   // Hugging Face `tokenizer.encode(text, add_special_tokens=...).ids`. add_special_tokens applies the post_processor
   // (the TemplateProcessing single-sequence template, e.g. a BOS; ByteLevel adds nothing).

@@ -6,7 +6,7 @@
 
 namespace tessera::util {
 
-// Supported: "sha1", "xxh64", "xxh3_64". Throws tessera::Error for other names.
+// Supported: "sha1", "sha256", "xxh64", "xxh3_64". Throws tessera::Error for other names.
 std::string hex_digest(std::string_view algorithm, std::string_view data);
 bool hash_supported(std::string_view algorithm);
 

@@ -19,8 +19,9 @@ std::filesystem::path hf_hub_cache();
 std::filesystem::path resolve_hf_folder(const std::string& name_or_path);
 
 // What data::Tokenizer::from_file takes: `name_or_path` itself when it is a file (a tokenizer.json), else the folder
-// (a local folder or a hub id's snapshot in the cache), which must hold a tokenizer.json; the folder's
-// tokenizer_config.json then applies too. Throws tessera::Error naming what was searched.
+// (a local folder or a hub id's snapshot in the cache), which must hold a tokenizer.json or a tokenizer_config.json
+// (LLM Foundry's tiktoken wrapper has no tokenizer.json); the folder's tokenizer_config.json then applies too. Throws
+// tessera::Error naming what was searched.
 std::filesystem::path resolve_hf_tokenizer(const std::string& name_or_path);
 
 }  // namespace tessera::util

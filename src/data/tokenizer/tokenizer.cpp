@@ -480,6 +480,31 @@ Tokenizer Tokenizer::from_file(const std::filesystem::path& path) {
   std::error_code ec;
   const bool folder = std::filesystem::is_directory(path, ec);
   if (folder) file = path / "tokenizer.json";
+  std::error_code missing;
+  if (folder && !std::filesystem::exists(file, missing)) {
+    // LLM Foundry's tiktoken wrapper (DBRX's folders) has no tokenizer.json: tokenizer_config.json names its class.
+    const std::filesystem::path config_file = path / "tokenizer_config.json";
+    if (std::filesystem::is_regular_file(config_file, missing)) {
+      nlohmann::ordered_json config;
+      try {
+        config = nlohmann::ordered_json::parse(util::read_file(config_file.string(), kTokenizerComponent));
+      } catch (const nlohmann::json::exception& e) {
+        throw Error(kTokenizerComponent, fmt::format("{}: malformed JSON: {}", config_file.string(), e.what()));
+      }
+      const std::string cls =
+          config.is_object() && config.contains("tokenizer_class") && config["tokenizer_class"].is_string()
+              ? config["tokenizer_class"].get<std::string>()
+              : "";
+      if (cls == "TiktokenTokenizerWrapper") {
+        return Tokenizer(detail::load_tiktoken_wrapper(path, config, config_file.string()));
+      }
+      throw Error(kTokenizerComponent,
+                  fmt::format("{}: no tokenizer.json beside it, and tokenizer_class \"{}\" is not one Tessera reads "
+                              "without one (LLM Foundry's TiktokenTokenizerWrapper); Tessera runs no code from a "
+                              "tokenizer folder",
+                              config_file.string(), cls));
+    }
+  }
   auto impl = detail::load_tokenizer_json(util::read_file(file.string(), kTokenizerComponent), file.string());
   if (folder) detail::load_tokenizer_config(path, *impl);
   return Tokenizer(std::move(impl));
@@ -504,6 +529,24 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special
     return id >= 0 && static_cast<size_t>(id) < t.id_present.size() && t.id_present[id] &&
            !(skip_special_tokens && t.id_special[id]);
   };
+  if (!t.id_spaced.empty()) {  // a slow tokenizer's _decode: spaced words between runs of byte-level tokens
+    std::vector<std::string> words;
+    std::string run;
+    for (int32_t id : ids) {
+      if (!wanted(id)) continue;
+      if (static_cast<size_t>(id) < t.id_spaced.size() && t.id_spaced[id]) {
+        if (std::string text = sanitize_utf8(run); !text.empty()) words.push_back(std::move(text));
+        run.clear();
+        words.push_back(t.id_token[id]);
+      } else {
+        run += t.id_bytes[id];
+      }
+    }
+    if (!run.empty() || words.empty()) words.push_back(sanitize_utf8(run));
+    std::string out;
+    for (size_t i = 0; i < words.size(); ++i) out += (i ? " " : "") + words[i];
+    return out;
+  }
   if (t.byte_level_decoder) {  // the common case, without building the token list
     std::string out;
     for (int32_t id : ids) {

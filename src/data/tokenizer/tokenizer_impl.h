@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "bpe.h"
 #include "regex.h"
 
@@ -94,6 +96,9 @@ struct TokenizerImpl {
   std::optional<std::string> chat_template;  // chat_template.jinja, else tokenizer_config.json's (its "default")
   std::string padding_side = "right";
   bool byte_level_decoder = false;  // decoders is exactly [ByteLevel]: id_bytes hold each token's raw bytes
+  // Tokens a transformers slow tokenizer decodes as words of their own (its legacy_added_tokens): decode() joins them
+  // and the text between them with single spaces (spaces_between_special_tokens). Empty for tokenizer.json files.
+  std::vector<uint8_t> id_spaced;
 
   // Per id (dense up to the largest id): the token string, whether it exists, is special, and its decoded bytes.
   std::vector<std::string> id_token;
@@ -120,5 +125,12 @@ std::shared_ptr<TokenizerImpl> load_tokenizer_json(std::string_view json, const 
 // (either may be missing): the bos/eos/pad/unk tokens, and for tokenizer_class LlamaTokenizer(Fast) the
 // add_bos_token / add_eos_token template. Errors name the file and key.
 void load_tokenizer_config(const std::filesystem::path& folder, TokenizerImpl& t);
+
+// A folder whose tokenizer_config.json (`config`, read from `source`) names LLM Foundry's TiktokenTokenizerWrapper:
+// its tiktoken encoding (model_name or encoding_name) from tiktoken's cache, added_tokens_decoder's tokens, the
+// wrapper's defaults (bos, eos and unk <|endoftext|>, its ChatML template) and add_bos_token / add_eos_token
+// (tiktoken.cpp). Errors name the file and key.
+std::shared_ptr<TokenizerImpl> load_tiktoken_wrapper(const std::filesystem::path& folder,
+                                                     const nlohmann::ordered_json& config, const std::string& source);
 
 }  // namespace tessera::data::detail

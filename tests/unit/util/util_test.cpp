@@ -16,6 +16,7 @@ TEST(Hashing, GoldenDigestsOfAbc) {
   EXPECT_EQ(hex_digest("xxh3_64", "abc"), "78af5f94892f3950");
   EXPECT_EQ(hex_digest("sha1", ""), "da39a3ee5e6b4b0d3255bfef95601890afd80709");
   EXPECT_EQ(hex_digest("sha1", std::string(1000000, 'a')), "34aa973cd4c4daa4f61eeb2bdbad27316534016f");
+  EXPECT_EQ(hex_digest("sha256", "abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
   EXPECT_THROW(hex_digest("md5", "abc"), tessera::Error);
 }
 
