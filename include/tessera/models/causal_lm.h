@@ -33,6 +33,10 @@ namespace tessera::models {
 struct LayerCache {
   at::Tensor key;
   at::Tensor value;
+  // A linear-attention layer's instead (Qwen3.5's Gated DeltaNet): its convolution's last inputs and its recurrent
+  // state.
+  at::Tensor conv_state;
+  at::Tensor recurrent_state;
 };
 
 // Keys and values of every layer for incremental decoding, plus the key padding mask seen so far.

@@ -10,12 +10,13 @@ SelfAttentionImpl::SelfAttentionImpl(const SelfAttentionOptions& o, const at::Te
   auto projection = [&](const char* name, int64_t width) {
     return register_module(name, Linear(d, width, o.qkv_bias, t));
   };
+  const int64_t q_out = o.output_gate ? 2 * q_width : q_width;
   if (o.kv_first) {
     k_proj = projection("k_proj", kv_width);
     v_proj = projection("v_proj", kv_width);
-    q_proj = projection("q_proj", q_width);
+    q_proj = projection("q_proj", q_out);
   } else {
-    q_proj = projection("q_proj", q_width);
+    q_proj = projection("q_proj", q_out);
     k_proj = projection("k_proj", kv_width);
     v_proj = projection("v_proj", kv_width);
   }
@@ -30,8 +31,13 @@ SelfAttentionImpl::SelfAttentionImpl(const SelfAttentionOptions& o, const at::Te
 
 at::Tensor SelfAttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in, LayerCache* cache) {
   const int64_t hd = o_.hd();
-  at::Tensor q = q_proj(x), k = k_proj(x);
+  at::Tensor q = q_proj(x), k = k_proj(x), gate;
   const int64_t b = q.size(0), s = q.size(1);
+  if (o_.output_gate) {  // per head [query | gate]
+    const auto halves = q.reshape({b, s, -1, 2 * hd}).chunk(2, -1);
+    q = halves[0];
+    gate = halves[1].reshape({b, s, -1});
+  }
   // The norms keep the projection's dtype (an fp32 weight would promote a bf16 projection).
   auto norm = [](Norm& n, const at::Tensor& t) { return n(t).to(t.scalar_type()); };
   if (o_.qk_norm == QKNorm::kWhole) {
@@ -55,7 +61,8 @@ at::Tensor SelfAttentionImpl::forward(const at::Tensor& x, const AttentionInputs
   append_to_cache(cache, k, v);
   const double scale = o_.scale > 0 ? o_.scale : 1.0 / std::sqrt(static_cast<double>(hd));
   const at::Tensor context = attend(q, k, v, in, scale, is_training() ? o_.dropout : 0.0, is_training(), sinks);
-  return o_proj(context.transpose(1, 2).reshape({b, s, -1}));
+  const at::Tensor out = context.transpose(1, 2).reshape({b, s, -1});
+  return o_proj(gate.defined() ? out * at::sigmoid(gate) : out);
 }
 
 GatedMLPImpl::GatedMLPImpl(int64_t hidden_size, int64_t intermediate_size, const std::string& act, bool bias,

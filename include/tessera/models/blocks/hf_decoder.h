@@ -205,8 +205,10 @@ class HfDecoderLM : public DecoderLM<Layer, Inputs>, public TensorParallelModel 
                                                rope_scale_)
                         : in.global;
       return in;
-    } else {
+    } else if constexpr (std::is_same_v<Inputs, AttentionInputs>) {
       return rotary_causal_inputs(call, inv_freq_, window_, rope_scale_);
+    } else {  // a family's own inputs, whose first member is the attention inputs (it overrides this to fill the rest)
+      return Inputs{rotary_causal_inputs(call, inv_freq_, window_, rope_scale_)};
     }
   }
 

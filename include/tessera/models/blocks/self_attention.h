@@ -1,6 +1,7 @@
 // The attention module most transformers decoders share, as one block: separate query, key, value and output
 // projections under transformers' names (q_proj, k_proj, v_proj and o_proj, or out_proj), grouped-query heads, q/k
-// norms per head (Qwen3, Gemma 3) or over the whole projection (OLMo 2), rotary embeddings from the call's tables when
+// norms per head (Qwen3, Gemma 3) or over the whole projection (OLMo 2), an output gate per head (Qwen3.5), rotary
+// embeddings from the call's tables when
 // it has them (over the tables' width, so partial rotary too; rotate-half or interleaved pairs), the KV cache and
 // attend(). A family registers it under its own module name ("self_attn", "attention")
 // with the options of its config; what differs beyond these (fused projections, ALiBi, multi-query layouts) stays in
@@ -38,6 +39,9 @@ struct SelfAttentionOptions {
   double dropout = 0;               // on the attention probabilities, while training
   bool interleaved_rotary = false;  // rotate pairs (2i, 2i + 1) (apply_rotary_interleaved: GLM's layout)
   bool sinks = false;               // a learned sink logit per head, `sinks` (heads,) (gpt-oss; attend())
+  // q_proj also gives each head an output gate, [query | gate] per head; the attention's output is multiplied by
+  // sigmoid(gate) before o_proj (Qwen3-Next, Qwen3.5).
+  bool output_gate = false;
 
   int64_t kv() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t hd() const { return head_dim > 0 ? head_dim : hidden_size / heads; }
