@@ -71,6 +71,15 @@ struct TinyFalcon {  // Falcon 40B's block: grouped K/V, attention and MLP in pa
       "        num_hidden_layers: 3, ffn_hidden_size: 64, vocab_size: 64, max_position_embeddings: 32}";
 };
 
+struct TinyQwen35 {  // Qwen3.5: Gated DeltaNet linear layers before a gated full-attention layer (FSDP only: no TP/CP)
+  static constexpr const char* kDir = "dist_training_qwen3_5";
+  static constexpr const char* kModel =
+      "{name: qwen3_5, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 3, num_attention_heads: 4,\n"
+      "        num_key_value_heads: 2, head_dim: 8, linear_num_key_heads: 2, linear_num_value_heads: 4,\n"
+      "        linear_key_head_dim: 8, linear_value_head_dim: 8, layer_types: [linear_attention, linear_attention,\n"
+      "        full_attention], vocab_size: 64, max_position_embeddings: 32}";
+};
+
 template <class Model>
 class DistTrainingOf : public ::testing::Test {
  protected:
@@ -228,6 +237,7 @@ fs::path DistTrainingOf<Model>::root_;
 using DistTraining = DistTrainingOf<TinyMpt>;
 using DistTrainingLlama = DistTrainingOf<TinyLlama>;
 using DistTrainingFalcon = DistTrainingOf<TinyFalcon>;
+using DistTrainingQwen35 = DistTrainingOf<TinyQwen35>;
 using DistTrainingMoe = DistTrainingOf<TinyMoe>;
 
 // Every model tensor of checkpoint `dir`, whole, by name ("model/transformer.wte.weight", ...).

@@ -674,6 +674,16 @@ TEST_F(DistTrainingFalcon, FullShardFromMetaMatchesOneProcessAndItsCheckpointRes
   EXPECT_NEAR(loss_after_resuming("ck_fs2_to_1", 1, "", fs2), want, 1e-5 * want) << "FULL_SHARD x2 -> 1 process";
 }
 
+// ---- Qwen3.5: linear-attention layers with their own parameters (conv1d, dt_bias, A_log) under FULL_SHARD ----------
+
+TEST_F(DistTrainingQwen35, FullShardFromMetaMatchesOneProcessAndItsCheckpointResumesInOne) {
+  if (is_worker()) GTEST_SKIP();
+  expect_same(single(), run("fs2meta", 2, {"model.init_device=meta"}), "Qwen3.5 FULL_SHARD x2 from meta");
+  const double want = single().losses.at(10);
+  const std::string fs2 = save_at_ten("ck_fs2", 2, "FULL_SHARD");
+  EXPECT_NEAR(loss_after_resuming("ck_fs2_to_1", 1, "", fs2), want, 1e-5 * want) << "FULL_SHARD x2 -> 1 process";
+}
+
 // ---- Failure: a killed rank ends the job ----------------------------------------------------------------------------
 
 namespace {
