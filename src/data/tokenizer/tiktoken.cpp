@@ -220,12 +220,7 @@ std::string to_oniguruma(const std::string& pattern) {
   return out;
 }
 
-struct Added {
-  std::string content;
-  int32_t id;
-  bool special = true;
-  bool lstrip = false, rstrip = false, single_word = false, normalized = false;
-};
+using Added = detail::AddedToken;
 
 // The tokenizer.json of the encoding (as transformers' TikTokenConverter builds it) with `added` as added tokens, and
 // the merges by tiktoken's priority.
@@ -244,12 +239,11 @@ std::shared_ptr<detail::TokenizerImpl> build(const std::vector<std::string>& by_
     int32_t left, right, merged;
   };
   std::vector<Merge> merges;
-  // nlohmann::json (a map), not ordered_json, whose linear key lookups are quadratic over a vocabulary.
-  nlohmann::json vocab = nlohmann::json::object();
+  std::vector<std::pair<std::string, int64_t>> vocab;
   for (size_t r = 0; r < by_rank.size(); ++r) {
     const std::string& t = by_rank[r];
     if (t.empty()) continue;
-    vocab[detail::to_byte_level(t)] = r;
+    vocab.emplace_back(detail::to_byte_level(t), static_cast<int64_t>(r));
     std::vector<Merge> local;
     for (size_t k = 1; k < t.size(); ++k) {
       auto l = rank_of.find(std::string_view(t).substr(0, k)), rr = rank_of.find(std::string_view(t).substr(k));
@@ -259,56 +253,34 @@ std::shared_ptr<detail::TokenizerImpl> build(const std::vector<std::string>& by_
               [](const Merge& a, const Merge& b) { return std::pair(a.left, a.right) < std::pair(b.left, b.right); });
     merges.insert(merges.end(), local.begin(), local.end());
   }
-  nlohmann::json merge_list = nlohmann::json::array();
+  std::vector<std::pair<std::string, std::string>> merge_list;
   for (const Merge& m : merges) {
-    merge_list.push_back({detail::to_byte_level(by_rank[m.left]), detail::to_byte_level(by_rank[m.right])});
+    merge_list.emplace_back(detail::to_byte_level(by_rank[m.left]), detail::to_byte_level(by_rank[m.right]));
   }
   // Each added token is in the model's vocab too, at its id: Hugging Face gives an added token outside the vocab the
   // next id past it, not tiktoken's (cl100k_base's <|endoftext|> follows a gap).
-  nlohmann::json added_tokens = nlohmann::json::array();
+  std::set<std::string, std::less<>> ranked;
+  for (const auto& [token, id] : vocab) ranked.insert(token);
   for (const Added& a : added) {
-    if (vocab.contains(a.content))
-      throw Error(kComponent, fmt::format("{}: special token {} is also a ranked token", source, a.content));
     if (a.id < static_cast<int64_t>(by_rank.size()) && !by_rank[a.id].empty())
       throw Error(kComponent, fmt::format("{}: special token {} has id {}, a ranked token's", source, a.content, a.id));
-    vocab[a.content] = a.id;
-    added_tokens.push_back({{"id", a.id},
-                            {"content", a.content},
-                            {"single_word", a.single_word},
-                            {"lstrip", a.lstrip},
-                            {"rstrip", a.rstrip},
-                            {"normalized", a.normalized},
-                            {"special", a.special}});
+    if (ranked.count(a.content))
+      throw Error(kComponent, fmt::format("{}: special token {} is also a ranked token", source, a.content));
+    vocab.emplace_back(a.content, a.id);
   }
   const nlohmann::json byte_level = {
       {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}};
-  nlohmann::json doc = {{"version", "1.0"},
-                        {"truncation", nullptr},
-                        {"padding", nullptr},
-                        {"added_tokens", added_tokens},
-                        {"normalizer", nullptr},
-                        {"pre_tokenizer",
-                         {{"type", "Sequence"},
-                          {"pretokenizers",
-                           {{{"type", "Split"},
-                             {"pattern", {{"Regex", to_oniguruma(pattern)}}},
-                             {"behavior", "Isolated"},
-                             {"invert", false}},
-                            byte_level}}}},
-                        {"post_processor", byte_level},
-                        {"decoder", byte_level},
-                        {"model",
-                         {{"type", "BPE"},
-                          {"dropout", nullptr},
-                          {"unk_token", nullptr},
-                          {"continuing_subword_prefix", nullptr},
-                          {"end_of_word_suffix", nullptr},
-                          {"fuse_unk", false},
-                          {"byte_fallback", false},
-                          {"ignore_merges", true},  // tiktoken takes a piece that is a token whole
-                          {"vocab", std::move(vocab)},
-                          {"merges", std::move(merge_list)}}}};
-  auto impl = detail::load_tokenizer_json(doc.dump(), source);
+  const nlohmann::json split = {{"type", "Sequence"},
+                                {"pretokenizers",
+                                 {{{"type", "Split"},
+                                   {"pattern", {{"Regex", to_oniguruma(pattern)}}},
+                                   {"behavior", "Isolated"},
+                                   {"invert", false}},
+                                  byte_level}}};
+  // ignore_merges: tiktoken takes a piece that is a token whole.
+  const std::string json =
+      detail::bpe_tokenizer_json(added, vocab, merge_list, split, byte_level, byte_level, /*ignore_merges=*/true);
+  auto impl = detail::load_tokenizer_json(json, source);
   // tiktoken merges the adjacent pair whose concatenation has the lowest rank (the leftmost of equals): every split
   // of one token shares that token's priority, where tokenizer.json's merge list would order them.
   detail::PairMap priority;
@@ -320,7 +292,7 @@ std::shared_ptr<detail::TokenizerImpl> build(const std::vector<std::string>& by_
 
 std::vector<Added> encoding_specials(const TiktokenEncoding& e) {
   std::vector<Added> out;
-  for (const auto& [content, id] : e.special_tokens) out.push_back({content, id});
+  for (const auto& [content, id] : e.special_tokens) out.push_back({.content = content, .id = id, .normalized = false});
   return out;
 }
 

@@ -118,6 +118,15 @@ struct TokenizerImpl {
   std::string decode_tokens(std::vector<std::string> tokens) const;
 };
 
+// A Hugging Face tokenizer.json of a BPE model over byte-level tokens (Tessera's trainer's, a tiktoken encoding's):
+// `added` tokens (their ids and flags), `vocab` (token -> id), `merges` (pairs of tokens) and ignore_merges, with the
+// given pre-tokenizer, post-processor and decoder.
+std::string bpe_tokenizer_json(const std::vector<AddedToken>& added,
+                               const std::vector<std::pair<std::string, int64_t>>& vocab,
+                               const std::vector<std::pair<std::string, std::string>>& merges,
+                               const nlohmann::json& pre_tokenizer, const nlohmann::json& post_processor,
+                               const nlohmann::json& decoder, bool ignore_merges);
+
 // Parses a tokenizer.json document; errors name `source` and the JSON path.
 std::shared_ptr<TokenizerImpl> load_tokenizer_json(std::string_view json, const std::string& source);
 

@@ -105,48 +105,22 @@ StringMap<int64_t> count_words(const std::vector<std::string>& documents) {
 
 std::string tokenizer_json(const std::vector<std::string>& id_to_word, size_t num_special,
                            const std::vector<std::pair<Pair, int32_t>>& merges) {
-  using Json = nlohmann::ordered_json;
-  Json added = Json::array();
+  std::vector<detail::AddedToken> added;
   for (size_t i = 0; i < num_special; ++i) {
-    added.push_back({{"id", i},
-                     {"content", id_to_word[i]},
-                     {"single_word", false},
-                     {"lstrip", false},
-                     {"rstrip", false},
-                     {"normalized", false},
-                     {"special", true}});
+    added.push_back({.content = id_to_word[i], .id = static_cast<int32_t>(i), .special = true, .normalized = false});
   }
-  Json vocab = Json::object();
-  for (size_t i = 0; i < id_to_word.size(); ++i) vocab[id_to_word[i]] = i;
-  Json merge_list = Json::array();
-  for (const auto& [pair, id] : merges)
-    merge_list.push_back(Json::array({id_to_word[left_of(pair)], id_to_word[right_of(pair)]}));
+  std::vector<std::pair<std::string, int64_t>> vocab;
+  for (size_t i = 0; i < id_to_word.size(); ++i) vocab.emplace_back(id_to_word[i], static_cast<int64_t>(i));
+  std::vector<std::pair<std::string, std::string>> merge_list;
+  for (const auto& [pair, id] : merges) merge_list.emplace_back(id_to_word[left_of(pair)], id_to_word[right_of(pair)]);
   const auto byte_level = [](bool add_prefix_space, bool trim_offsets) {
-    return Json{{"type", "ByteLevel"},
-                {"add_prefix_space", add_prefix_space},
-                {"trim_offsets", trim_offsets},
-                {"use_regex", true}};
+    return nlohmann::json{{"type", "ByteLevel"},
+                          {"add_prefix_space", add_prefix_space},
+                          {"trim_offsets", trim_offsets},
+                          {"use_regex", true}};
   };
-  Json doc = {{"version", "1.0"},
-              {"truncation", nullptr},
-              {"padding", nullptr},
-              {"added_tokens", added},
-              {"normalizer", nullptr},
-              {"pre_tokenizer", byte_level(false, true)},
-              {"post_processor", byte_level(true, false)},
-              {"decoder", byte_level(true, true)},
-              {"model",
-               {{"type", "BPE"},
-                {"dropout", nullptr},
-                {"unk_token", nullptr},
-                {"continuing_subword_prefix", nullptr},
-                {"end_of_word_suffix", nullptr},
-                {"fuse_unk", false},
-                {"byte_fallback", false},
-                {"ignore_merges", false},
-                {"vocab", vocab},
-                {"merges", merge_list}}}};
-  return doc.dump();
+  return detail::bpe_tokenizer_json(added, vocab, merge_list, byte_level(false, true), byte_level(true, false),
+                                    byte_level(true, true), false);
 }
 
 }  // namespace
@@ -267,5 +241,52 @@ Tokenizer train_bpe_tokenizer(const std::vector<std::string>& documents, const B
   }
   return Tokenizer::from_json(tokenizer_json(id_to_word, num_special, unique_merges), "(trained tokenizer)");
 }
+
+namespace detail {
+
+std::string bpe_tokenizer_json(const std::vector<AddedToken>& added,
+                               const std::vector<std::pair<std::string, int64_t>>& vocab,
+                               const std::vector<std::pair<std::string, std::string>>& merges,
+                               const nlohmann::json& pre_tokenizer, const nlohmann::json& post_processor,
+                               const nlohmann::json& decoder, bool ignore_merges) {
+  // nlohmann::json (a map), not ordered_json, whose linear key lookups are quadratic over a vocabulary.
+  using Json = nlohmann::json;
+  Json added_tokens = Json::array();
+  for (const AddedToken& a : added) {
+    added_tokens.push_back({{"id", a.id},
+                            {"content", a.content},
+                            {"single_word", a.single_word},
+                            {"lstrip", a.lstrip},
+                            {"rstrip", a.rstrip},
+                            {"normalized", a.normalized},
+                            {"special", a.special}});
+  }
+  Json vocab_json = Json::object();
+  for (const auto& [token, id] : vocab) vocab_json[token] = id;
+  Json merge_list = Json::array();
+  for (const auto& [left, right] : merges) merge_list.push_back(Json::array({left, right}));
+  const Json doc = {{"version", "1.0"},
+                    {"truncation", nullptr},
+                    {"padding", nullptr},
+                    {"added_tokens", std::move(added_tokens)},
+                    {"normalizer", nullptr},
+                    {"pre_tokenizer", pre_tokenizer},
+                    {"post_processor", post_processor},
+                    {"decoder", decoder},
+                    {"model",
+                     {{"type", "BPE"},
+                      {"dropout", nullptr},
+                      {"unk_token", nullptr},
+                      {"continuing_subword_prefix", nullptr},
+                      {"end_of_word_suffix", nullptr},
+                      {"fuse_unk", false},
+                      {"byte_fallback", false},
+                      {"ignore_merges", ignore_merges},
+                      {"vocab", std::move(vocab_json)},
+                      {"merges", std::move(merge_list)}}}};
+  return doc.dump();
+}
+
+}  // namespace detail
 
 }  // namespace tessera::data

@@ -108,13 +108,7 @@ at::Tensor GPTBigCodeBlockImpl::forward(const at::Tensor& x, const AttentionInpu
 }
 
 GPTBigCodeForCausalLMImpl::GPTBigCodeForCausalLMImpl(const GPTBigCodeOptions& o)
-    : HfDecoderLM(o, gpt_bigcode_keys(),
-                  {.root = "transformer",
-                   .embed = "wte",
-                   .positions = "wpe",
-                   .layers = "h",
-                   .norm = "ln_f",
-                   .padding_idx = false}) {
+    : HfDecoderLM(o, gpt_bigcode_keys(), HfDecoderLayout::gpt2()) {
   const at::TensorOptions t = tensor_options();
   build_backbone([&](int64_t) { return GPTBigCodeBlock(o, t); },
                  Norm(o.hidden_size, NormType::kLayerNorm, o.layer_norm_epsilon, true, t));

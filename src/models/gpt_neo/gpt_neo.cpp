@@ -144,13 +144,7 @@ at::Tensor GPTNeoBlockImpl::forward(const at::Tensor& x, const GlobalLocalInputs
 }
 
 GPTNeoForCausalLMImpl::GPTNeoForCausalLMImpl(const GPTNeoOptions& o)
-    : HfDecoderLM(o, gpt_neo_keys(),
-                  {.root = "transformer",
-                   .embed = "wte",
-                   .positions = "wpe",
-                   .layers = "h",
-                   .norm = "ln_f",
-                   .padding_idx = false}) {
+    : HfDecoderLM(o, gpt_neo_keys(), HfDecoderLayout::gpt2()) {
   const at::TensorOptions t = tensor_options();
   build_backbone([&](int64_t i) { return GPTNeoBlock(o, o.attention_layers[i] == "local", t); },
                  Norm(o.hidden_size, NormType::kLayerNorm, o.layer_norm_epsilon, true, t));

@@ -49,6 +49,13 @@ struct HfDecoderLayout {
   std::string head = "lm_head";
   // transformers' nn.Embedding(vocab, hidden, padding_idx=pad_token_id): that row is zeroed and gets no gradient.
   bool padding_idx = true;
+
+  // GPT-2's names (GPT-Neo, GPT-BigCode): transformer.wte, learned positions transformer.wpe, transformer.h.{i},
+  // transformer.ln_f; an embedding without a padding row.
+  static HfDecoderLayout gpt2() {
+    return {
+        .root = "transformer", .embed = "wte", .positions = "wpe", .layers = "h", .norm = "ln_f", .padding_idx = false};
+  }
 };
 
 // The backbone, registered under the layout's names.
