@@ -23,11 +23,11 @@
 namespace tessera::data {
 namespace {
 
-constexpr const char* kComponent = "tokenizer";
+constexpr const char* kTiktokenComponent = "tokenizer";
 // A rank or special-token id past this is refused: the id tables are dense up to the largest id.
 constexpr int64_t kMaxTiktokenId = int64_t{1} << 24;
 
-using Json = nlohmann::ordered_json;
+using TiktokenJson = nlohmann::ordered_json;
 
 // tiktoken_ext/openai_public.py (tiktoken 0.14).
 const char* const kR50kPattern = R"('(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s)";
@@ -160,7 +160,7 @@ std::vector<std::string> read_ranks(std::string_view text, const std::string& so
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (line.empty()) continue;
     const auto fail = [&](const std::string& why) {
-      throw Error(kComponent, fmt::format("{}:{}: {}", source, line_no, why));
+      throw Error(kTiktokenComponent, fmt::format("{}:{}: {}", source, line_no, why));
     };
     const size_t space = line.find(' ');
     if (space == std::string_view::npos || line.find(' ', space + 1) != std::string_view::npos)
@@ -178,7 +178,7 @@ std::vector<std::string> read_ranks(std::string_view text, const std::string& so
     if (!by_rank[rank].empty()) fail(fmt::format("rank {} is given twice", rank));
     by_rank[rank] = token;
   }
-  if (by_rank.empty()) throw Error(kComponent, fmt::format("{}: no ranks", source));
+  if (by_rank.empty()) throw Error(kTiktokenComponent, fmt::format("{}: no ranks", source));
   return by_rank;
 }
 
@@ -207,7 +207,8 @@ std::string to_oniguruma(const std::string& pattern) {
       for (atom = open - 1;; --atom) {
         if (out[atom] == close && (atom == 0 || out[atom - 1] != '\\')) ++depth;
         if (out[atom] == opening && (atom == 0 || out[atom - 1] != '\\') && --depth == 0) break;
-        if (atom == 0) throw Error(kComponent, fmt::format("tiktoken pattern {}: unbalanced {}", pattern, opening));
+        if (atom == 0)
+          throw Error(kTiktokenComponent, fmt::format("tiktoken pattern {}: unbalanced {}", pattern, opening));
       }
     } else {
       atom = open - 1;
@@ -224,8 +225,9 @@ using Added = detail::AddedToken;
 
 // The tokenizer.json of the encoding (as transformers' TikTokenConverter builds it) with `added` as added tokens, and
 // the merges by tiktoken's priority.
-std::shared_ptr<detail::TokenizerImpl> build(const std::vector<std::string>& by_rank, const std::string& pattern,
-                                             const std::vector<Added>& added, const std::string& source) {
+std::shared_ptr<detail::TokenizerImpl> build_tiktoken(const std::vector<std::string>& by_rank,
+                                                      const std::string& pattern, const std::vector<Added>& added,
+                                                      const std::string& source) {
   detail::StringMap<int32_t> rank_of;
   rank_of.reserve(by_rank.size());
   for (size_t r = 0; r < by_rank.size(); ++r) {
@@ -233,7 +235,8 @@ std::shared_ptr<detail::TokenizerImpl> build(const std::vector<std::string>& by_
   }
   for (int b = 0; b < 256; ++b) {
     if (!rank_of.count(std::string(1, static_cast<char>(b))))
-      throw Error(kComponent, fmt::format("{}: byte 0x{:02x} has no rank: tiktoken could not encode it", source, b));
+      throw Error(kTiktokenComponent,
+                  fmt::format("{}: byte 0x{:02x} has no rank: tiktoken could not encode it", source, b));
   }
   struct Merge {
     int32_t left, right, merged;
@@ -263,9 +266,10 @@ std::shared_ptr<detail::TokenizerImpl> build(const std::vector<std::string>& by_
   for (const auto& [token, id] : vocab) ranked.insert(token);
   for (const Added& a : added) {
     if (a.id < static_cast<int64_t>(by_rank.size()) && !by_rank[a.id].empty())
-      throw Error(kComponent, fmt::format("{}: special token {} has id {}, a ranked token's", source, a.content, a.id));
+      throw Error(kTiktokenComponent,
+                  fmt::format("{}: special token {} has id {}, a ranked token's", source, a.content, a.id));
     if (ranked.count(a.content))
-      throw Error(kComponent, fmt::format("{}: special token {} is also a ranked token", source, a.content));
+      throw Error(kTiktokenComponent, fmt::format("{}: special token {} is also a ranked token", source, a.content));
     vocab.emplace_back(a.content, a.id);
   }
   const nlohmann::json byte_level = {
@@ -380,25 +384,26 @@ std::filesystem::path tiktoken_ranks_file(const TiktokenEncoding& e) {
   const std::filesystem::path file = std::filesystem::path(dir) / util::hex_digest("sha1", e.ranks_url);
   std::error_code ec;
   if (!std::filesystem::is_regular_file(file, ec)) {
-    throw Error(kComponent,
+    throw Error(kTiktokenComponent,
                 fmt::format("tiktoken encoding {}: its ranks file is not in tiktoken's cache ({}, from "
                             "$TIKTOKEN_CACHE_DIR, else $DATA_GYM_CACHE_DIR, else the temporary folder's "
                             "data-gym-cache); Tessera downloads nothing: run tiktoken.get_encoding(\"{}\") where the "
                             "network reaches {}, or copy that file there",
                             e.name, file.string(), e.name, e.ranks_url));
   }
-  const std::string digest = util::hex_digest("sha256", util::read_file(file.string(), kComponent));
+  const std::string digest = util::hex_digest("sha256", util::read_file(file.string(), kTiktokenComponent));
   if (!e.ranks_sha256.empty() && digest != e.ranks_sha256) {
-    throw Error(kComponent, fmt::format("{}: sha256 {} is not the {} ranks file's ({}): refusing it, as tiktoken does",
-                                        file.string(), digest, e.name, e.ranks_sha256));
+    throw Error(kTiktokenComponent,
+                fmt::format("{}: sha256 {} is not the {} ranks file's ({}): refusing it, as tiktoken does",
+                            file.string(), digest, e.name, e.ranks_sha256));
   }
   return file;
 }
 
 Tokenizer Tokenizer::from_tiktoken(const std::filesystem::path& ranks_file, const TiktokenEncoding& encoding) {
   const std::string source = ranks_file.string();
-  const std::vector<std::string> by_rank = read_ranks(util::read_file(source, kComponent), source);
-  return Tokenizer(build(by_rank, encoding.pattern, encoding_specials(encoding), source));
+  const std::vector<std::string> by_rank = read_ranks(util::read_file(source, kTiktokenComponent), source);
+  return Tokenizer(build_tiktoken(by_rank, encoding.pattern, encoding_specials(encoding), source));
 }
 
 namespace detail {
@@ -442,35 +447,35 @@ std::string wrapper_chat_template(bool use_default_system_prompt) {
   return t;
 }
 
-std::optional<std::string> string_key(const Json& config, const char* key, const std::string& source) {
+std::optional<std::string> string_key(const TiktokenJson& config, const char* key, const std::string& source) {
   auto it = config.find(key);
   if (it == config.end() || it->is_null()) return std::nullopt;
-  if (!it->is_string()) throw Error(kComponent, fmt::format("{}: {}: expected a string or null", source, key));
+  if (!it->is_string()) throw Error(kTiktokenComponent, fmt::format("{}: {}: expected a string or null", source, key));
   return it->get<std::string>();
 }
 
-bool bool_key(const Json& config, const char* key, bool fallback, const std::string& source) {
+bool bool_key(const TiktokenJson& config, const char* key, bool fallback, const std::string& source) {
   auto it = config.find(key);
   if (it == config.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) throw Error(kComponent, fmt::format("{}: {}: expected true or false", source, key));
+  if (!it->is_boolean()) throw Error(kTiktokenComponent, fmt::format("{}: {}: expected true or false", source, key));
   return it->get<bool>();
 }
 
 }  // namespace
 
-std::shared_ptr<TokenizerImpl> load_tiktoken_wrapper(const std::filesystem::path& folder, const Json& config,
+std::shared_ptr<TokenizerImpl> load_tiktoken_wrapper(const std::filesystem::path& folder, const TiktokenJson& config,
                                                      const std::string& source) {
   const std::optional<std::string> model = string_key(config, "model_name", source);
   const std::optional<std::string> encoding_name = string_key(config, "encoding_name", source);
   if (model.has_value() == encoding_name.has_value()) {
-    throw Error(kComponent,
+    throw Error(kTiktokenComponent,
                 fmt::format("{}: model_name, encoding_name: TiktokenTokenizerWrapper takes exactly one", source));
   }
   std::string name;
   if (model) {
     const std::optional<std::string> mapped = tiktoken_encoding_for_model(*model);
     if (!mapped) {
-      throw Error(kComponent,
+      throw Error(kTiktokenComponent,
                   fmt::format("{}: model_name \"{}\" is not a model tiktoken maps to an encoding", source, *model));
     }
     name = *mapped;
@@ -479,21 +484,21 @@ std::shared_ptr<TokenizerImpl> load_tiktoken_wrapper(const std::filesystem::path
   }
   const std::optional<TiktokenEncoding> encoding = tiktoken_encoding(name);
   if (!encoding) {
-    throw Error(kComponent,
+    throw Error(kTiktokenComponent,
                 fmt::format("{}: {}: tiktoken encoding \"{}\" is not one Tessera reads (r50k_base, p50k_base, "
                             "p50k_edit, cl100k_base, o200k_base, o200k_harmony)",
                             source, model ? "model_name" : "encoding_name", name));
   }
   const std::string errors = string_key(config, "errors", source).value_or("replace");
   if (errors != "replace") {
-    throw Error(kComponent,
+    throw Error(kTiktokenComponent,
                 fmt::format("{}: errors \"{}\": Tessera decodes invalid UTF-8 as \"replace\" only", source, errors));
   }
   // The wrapper's special tokens (transformers' all_special_tokens): bos, eos and unk (<|endoftext|> unless the config
   // says otherwise), pad, additional_special_tokens. Only these are special to decode(skip_special_tokens); the
   // encoding's other special tokens are split out all the same (allowed_special="all").
   std::set<std::string> specials;
-  const auto content_of = [&](const Json& v) -> std::optional<std::string> {
+  const auto content_of = [&](const TiktokenJson& v) -> std::optional<std::string> {
     if (v.is_string()) return v.get<std::string>();
     if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
     return std::nullopt;
@@ -508,7 +513,7 @@ std::shared_ptr<TokenizerImpl> load_tiktoken_wrapper(const std::filesystem::path
   }
   std::set<std::string> additional;
   if (auto it = config.find("additional_special_tokens"); it != config.end() && it->is_array()) {
-    for (const Json& v : *it) {
+    for (const TiktokenJson& v : *it) {
       if (auto c = content_of(v)) additional.insert(*c);
     }
   }
@@ -517,8 +522,11 @@ std::shared_ptr<TokenizerImpl> load_tiktoken_wrapper(const std::filesystem::path
   int32_t n_vocab = 0;  // tiktoken's n_vocab, the wrapper's vocab_size: the largest id + 1
   for (const Added& a : added) n_vocab = std::max(n_vocab, a.id + 1);
   if (auto it = config.find("added_tokens_decoder"); it != config.end() && !it->is_null()) {
-    if (!it->is_object()) throw Error(kComponent, fmt::format("{}: added_tokens_decoder: expected an object", source));
-    for (const auto& [key, token] : it->items()) {
+    if (!it->is_object())
+      throw Error(kTiktokenComponent, fmt::format("{}: added_tokens_decoder: expected an object", source));
+    for (const auto& item : it->items()) {
+      const std::string key = item.key();
+      const TiktokenJson& token = item.value();
       const std::string where = fmt::format("{}: added_tokens_decoder.{}", source, key);
       int64_t id = -1;
       try {
@@ -529,9 +537,9 @@ std::shared_ptr<TokenizerImpl> load_tiktoken_wrapper(const std::filesystem::path
         id = -1;
       }
       if (id < 0 || id >= kMaxTiktokenId)
-        throw Error(kComponent, fmt::format("{}: the id must be below {}", where, kMaxTiktokenId));
+        throw Error(kTiktokenComponent, fmt::format("{}: the id must be below {}", where, kMaxTiktokenId));
       if (!token.is_object() || !token.contains("content") || !token["content"].is_string())
-        throw Error(kComponent, fmt::format("{}: expected an AddedToken object with a content string", where));
+        throw Error(kTiktokenComponent, fmt::format("{}: expected an AddedToken object with a content string", where));
       const std::string content = token["content"].get<std::string>();
       const auto flag = [&](const char* k, bool fallback) {
         return token.contains(k) && token[k].is_boolean() ? token[k].get<bool>() : fallback;
@@ -539,7 +547,7 @@ std::shared_ptr<TokenizerImpl> load_tiktoken_wrapper(const std::filesystem::path
       auto same = std::find_if(added.begin(), added.end(), [&](const Added& a) { return a.content == content; });
       if (same != added.end()) {
         if (same->id != id)
-          throw Error(kComponent, fmt::format("{}: {} is token {} of {}", where, content, same->id, name));
+          throw Error(kTiktokenComponent, fmt::format("{}: {} is token {} of {}", where, content, same->id, name));
         continue;
       }
       added.push_back({content, static_cast<int32_t>(id), flag("special", true), flag("lstrip", false),
@@ -547,7 +555,8 @@ std::shared_ptr<TokenizerImpl> load_tiktoken_wrapper(const std::filesystem::path
     }
   }
   const std::filesystem::path ranks = tiktoken_ranks_file(*encoding);
-  const std::vector<std::string> by_rank = read_ranks(util::read_file(ranks.string(), kComponent), ranks.string());
+  const std::vector<std::string> by_rank =
+      read_ranks(util::read_file(ranks.string(), kTiktokenComponent), ranks.string());
   n_vocab = std::max(n_vocab, static_cast<int32_t>(by_rank.size()));
   // transformers' legacy_added_tokens: added tokens that are not special, and additional special tokens past the
   // encoding's ids; its slow decode spaces them from their neighbours.
@@ -558,7 +567,7 @@ std::shared_ptr<TokenizerImpl> load_tiktoken_wrapper(const std::filesystem::path
       spaced.push_back(a.id);
     a.special = specials.count(a.content) > 0;
   }
-  auto impl = build(by_rank, encoding->pattern, added, ranks.string());
+  auto impl = build_tiktoken(by_rank, encoding->pattern, added, ranks.string());
   for (int32_t id : spaced) {
     if (impl->id_spaced.size() <= static_cast<size_t>(id)) impl->id_spaced.resize(id + 1);
     impl->id_spaced[id] = 1;
@@ -573,10 +582,10 @@ std::shared_ptr<TokenizerImpl> load_tiktoken_wrapper(const std::filesystem::path
     impl->chat_template = wrapper_chat_template(bool_key(config, "use_default_system_prompt", false, source));
   }
   const auto id_of = [&](const std::optional<std::string>& token, const char* key) {
-    if (!token) throw Error(kComponent, fmt::format("{}: add_{} is true but {} is not set", source, key, key));
+    if (!token) throw Error(kTiktokenComponent, fmt::format("{}: add_{} is true but {} is not set", source, key, key));
     auto it = impl->added_ids.find(*token);
     if (it == impl->added_ids.end())
-      throw Error(kComponent, fmt::format("{}: {} {} is not a token of {}", source, key, *token, name));
+      throw Error(kTiktokenComponent, fmt::format("{}: {} {} is not a token of {}", source, key, *token, name));
     return it->second;
   };
   if (bool_key(config, "add_bos_token", false, source)) impl->template_prefix = {id_of(impl->bos_token, "bos_token")};
