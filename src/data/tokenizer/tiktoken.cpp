@@ -525,7 +525,7 @@ std::shared_ptr<TokenizerImpl> load_tiktoken_wrapper(const std::filesystem::path
     if (!it->is_object())
       throw Error(kTiktokenComponent, fmt::format("{}: added_tokens_decoder: expected an object", source));
     for (const auto& item : it->items()) {
-      const std::string key = item.key();
+      const std::string& key = item.key();
       const TiktokenJson& token = item.value();
       const std::string where = fmt::format("{}: added_tokens_decoder.{}", source, key);
       int64_t id = -1;
