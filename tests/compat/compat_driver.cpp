@@ -300,10 +300,8 @@ tessera::data::Tokenizer load_tokenizer(const std::string& tokenizer_path) {
   const size_t colon = spec.find(':');
   const auto encoding = tessera::data::tiktoken_encoding(spec.substr(0, colon));
   if (!encoding) throw std::runtime_error("unknown tiktoken encoding " + spec);
-  return tessera::data::Tokenizer::from_tiktoken(colon == std::string::npos
-                                                     ? tessera::data::tiktoken_ranks_file(*encoding)
-                                                     : std::filesystem::path(spec.substr(colon + 1)),
-                                                 *encoding);
+  if (colon == std::string::npos) return tessera::data::Tokenizer::from_tiktoken(*encoding);
+  return tessera::data::Tokenizer::from_tiktoken(std::filesystem::path(spec.substr(colon + 1)), *encoding);
 }
 
 int tokenize(const std::string& tokenizer_path, const std::string& input_path, const std::string& out_path) {

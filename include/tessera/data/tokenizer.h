@@ -60,10 +60,6 @@ struct TiktokenEncoding {
 std::optional<TiktokenEncoding> tiktoken_encoding(std::string_view name);
 // tiktoken.encoding_name_for_model: gpt-4 -> cl100k_base, gpt-4o -> o200k_base, ...; nullopt for an unknown model.
 std::optional<std::string> tiktoken_encoding_for_model(std::string_view model);
-// `encoding`'s ranks file in tiktoken's cache ($TIKTOKEN_CACHE_DIR, else $DATA_GYM_CACHE_DIR, else the temporary
-// folder's data-gym-cache; named sha1(ranks_url)), its sha256 checked as tiktoken checks it. Tessera downloads
-// nothing: errors name the path, the URL and how to fill the cache.
-std::filesystem::path tiktoken_ranks_file(const TiktokenEncoding& encoding);
 
 class Tokenizer {
  public:
@@ -79,6 +75,10 @@ class Tokenizer {
   // decode(errors="replace"). Its to_json() is the tokenizer.json transformers' TikTokenConverter builds. Errors name
   // the file and line (bad base64, a repeated token or rank, a rank past 2^24, a byte without a rank).
   static Tokenizer from_tiktoken(const std::filesystem::path& ranks_file, const TiktokenEncoding& encoding);
+  // The same over `encoding`'s ranks file in tiktoken's cache ($TIKTOKEN_CACHE_DIR, else $DATA_GYM_CACHE_DIR, else the
+  // temporary folder's data-gym-cache; named sha1(ranks_url)), read once and its sha256 checked as tiktoken checks it.
+  // Tessera downloads nothing: errors name the path, the URL and how to fill the cache.
+  static Tokenizer from_tiktoken(const TiktokenEncoding& encoding);
 
   // Hugging Face `tokenizer.encode(text, add_special_tokens=...).ids`. add_special_tokens applies the post_processor
   // (the TemplateProcessing single-sequence template, e.g. a BOS; ByteLevel adds nothing).

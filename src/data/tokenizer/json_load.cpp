@@ -17,8 +17,6 @@ namespace {
 // A map, not ordered_json: a vocabulary of 200k keys parsed into ordered_json takes a linear search per key.
 using Json = nlohmann::json;
 constexpr const char* kJsonLoadComponent = "tokenizer";
-// Larger than any real vocabulary (the largest are ~256k); bounds the dense id tables a hostile file can request.
-constexpr int64_t kMaxId = (int64_t{1} << 22) - 1;
 
 std::string quote(const std::string& s) {
   return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -63,7 +61,7 @@ class Loader {
     if (!v.is_number_integer()) fail(path, fmt::format("expected an integer id, got {}", type_name(v)));
     const int64_t id = v.is_number_unsigned() ? static_cast<int64_t>(std::min<uint64_t>(v.get<uint64_t>(), 1ULL << 62))
                                               : v.get<int64_t>();
-    if (id < 0 || id > kMaxId) fail(path, fmt::format("id {} out of range [0, {}]", id, kMaxId));
+    if (id < 0 || id > kMaxTokenId) fail(path, fmt::format("id {} out of range [0, {}]", id, kMaxTokenId));
     return static_cast<int32_t>(id);
   }
   // A key that must be null (or absent) because Tessera does not implement what a value would ask for.

@@ -24,8 +24,6 @@ namespace tessera::data {
 namespace {
 
 constexpr const char* kTiktokenComponent = "tokenizer";
-// A rank or special-token id past this is refused: the id tables are dense up to the largest id.
-constexpr int64_t kMaxTiktokenId = int64_t{1} << 24;
 
 using TiktokenJson = nlohmann::ordered_json;
 
@@ -169,10 +167,12 @@ std::vector<std::string> read_ranks(std::string_view text, const std::string& so
     const std::string_view rank_text = line.substr(space + 1);
     int64_t rank = 0;
     for (char c : rank_text) {
-      if (c < '0' || c > '9' || rank >= kMaxTiktokenId) fail(fmt::format("the rank must be below {}", kMaxTiktokenId));
+      if (c < '0' || c > '9' || rank > detail::kMaxTokenId)
+        fail(fmt::format("the rank must be below {}", detail::kMaxTokenId + 1));
       rank = rank * 10 + (c - '0');
     }
-    if (rank_text.empty() || rank >= kMaxTiktokenId) fail(fmt::format("the rank must be below {}", kMaxTiktokenId));
+    if (rank_text.empty() || rank > detail::kMaxTokenId)
+      fail(fmt::format("the rank must be below {}", detail::kMaxTokenId + 1));
     if (!seen.insert(token).second) fail("the token is listed twice");
     if (static_cast<int64_t>(by_rank.size()) <= rank) by_rank.resize(rank + 1);
     if (!by_rank[rank].empty()) fail(fmt::format("rank {} is given twice", rank));
@@ -378,7 +378,10 @@ std::optional<std::string> tiktoken_encoding_for_model(std::string_view model) {
   return std::nullopt;
 }
 
-std::filesystem::path tiktoken_ranks_file(const TiktokenEncoding& e) {
+namespace {
+
+// `e`'s ranks file in tiktoken's cache and its contents, read once and checked against the sha256 tiktoken expects.
+std::pair<std::filesystem::path, std::string> cached_ranks(const TiktokenEncoding& e) {
   std::string dir;
   cache_dir_or_empty(dir);
   const std::filesystem::path file = std::filesystem::path(dir) / util::hex_digest("sha1", e.ranks_url);
@@ -391,13 +394,22 @@ std::filesystem::path tiktoken_ranks_file(const TiktokenEncoding& e) {
                             "network reaches {}, or copy that file there",
                             e.name, file.string(), e.name, e.ranks_url));
   }
-  const std::string digest = util::hex_digest("sha256", util::read_file(file.string(), kTiktokenComponent));
+  std::string contents = util::read_file(file.string(), kTiktokenComponent);
+  const std::string digest = util::hex_digest("sha256", contents);
   if (!e.ranks_sha256.empty() && digest != e.ranks_sha256) {
     throw Error(kTiktokenComponent,
                 fmt::format("{}: sha256 {} is not the {} ranks file's ({}): refusing it, as tiktoken does",
                             file.string(), digest, e.name, e.ranks_sha256));
   }
-  return file;
+  return {file, std::move(contents)};
+}
+
+}  // namespace
+
+Tokenizer Tokenizer::from_tiktoken(const TiktokenEncoding& encoding) {
+  const auto [file, contents] = cached_ranks(encoding);
+  return Tokenizer(build_tiktoken(read_ranks(contents, file.string()), encoding.pattern, encoding_specials(encoding),
+                                  file.string()));
 }
 
 Tokenizer Tokenizer::from_tiktoken(const std::filesystem::path& ranks_file, const TiktokenEncoding& encoding) {
@@ -536,8 +548,8 @@ std::shared_ptr<TokenizerImpl> load_tiktoken_wrapper(const std::filesystem::path
       } catch (const std::exception&) {
         id = -1;
       }
-      if (id < 0 || id >= kMaxTiktokenId)
-        throw Error(kTiktokenComponent, fmt::format("{}: the id must be below {}", where, kMaxTiktokenId));
+      if (id < 0 || id > detail::kMaxTokenId)
+        throw Error(kTiktokenComponent, fmt::format("{}: the id must be below {}", where, detail::kMaxTokenId + 1));
       if (!token.is_object() || !token.contains("content") || !token["content"].is_string())
         throw Error(kTiktokenComponent, fmt::format("{}: expected an AddedToken object with a content string", where));
       const std::string content = token["content"].get<std::string>();
@@ -554,9 +566,8 @@ std::shared_ptr<TokenizerImpl> load_tiktoken_wrapper(const std::filesystem::path
                        flag("rstrip", false), flag("single_word", false), flag("normalized", false)});
     }
   }
-  const std::filesystem::path ranks = tiktoken_ranks_file(*encoding);
-  const std::vector<std::string> by_rank =
-      read_ranks(util::read_file(ranks.string(), kTiktokenComponent), ranks.string());
+  const auto [ranks, contents] = cached_ranks(*encoding);
+  const std::vector<std::string> by_rank = read_ranks(contents, ranks.string());
   n_vocab = std::max(n_vocab, static_cast<int32_t>(by_rank.size()));
   // transformers' legacy_added_tokens: added tokens that are not special, and additional special tokens past the
   // encoding's ids; its slow decode spaces them from their neighbours.

@@ -16,6 +16,10 @@
 
 namespace tessera::data::detail {
 
+// Larger than any real vocabulary (the largest are ~256k); bounds the dense id tables a hostile file can request
+// (tokenizer.json ids, tiktoken ranks and special-token ids alike).
+constexpr int64_t kMaxTokenId = (int64_t{1} << 22) - 1;
+
 struct AddedToken {
   std::string content;
   int32_t id = 0;
