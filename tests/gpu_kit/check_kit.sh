@@ -50,7 +50,7 @@ cd "$work"
 "$kit/bin/train" --recipe "$kit/src/recipes/mpt-125m.yaml" --dry-run > dry_run.txt
 grep -q 'parameters' dry_run.txt || { cat dry_run.txt; echo "check_kit: the dry run printed no parameter count" >&2; exit 1; }
 TESSERA_SOURCE_DIR="$kit/src" TESSERA_TRAIN_BIN="$kit/bin/train" "$kit/bin/tessera_tests" \
-  --gtest_filter='Trainer.EventOrder*:Trainer.TwoRunsAreBitwiseIdentical:Checkpointing.AResumed*:TrainCli.DryRunOfEveryShippedRecipeSucceeds:TrainCli.UsageAndRuntimeExitCodes:IclTasks*:Gauntlet*:MDS*:Tokenizer*:Gpu*' \
+  --gtest_filter='Trainer.EventOrder*:Trainer.TwoRunsAreBitwiseIdentical:Checkpointing.AResumed*:TrainCli.UsageAndRuntimeExitCodes:IclTasks*:Gauntlet*:MDS*:Tokenizer*:Gpu*' \
   --gtest_brief=1
 # The torchtitan peer: the kit's wheels, unzipped as gpu_check.sh does, import torchtitan's trainer and our driver's
 # registrations from nothing but this Python's torch (its trainer itself then needs a GPU).
