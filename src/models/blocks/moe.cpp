@@ -252,6 +252,33 @@ at::Tensor HfRouterLoss::finish() {
   return (share * probs).sum() * (coef * experts / denom);
 }
 
+void HfMoeRouting::begin(bool training, int64_t experts, const at::Tensor& ids, const at::Tensor& key_mask) {
+  training_ = training;
+  aux_ = at::Tensor();
+  if (training) {
+    loss->start(experts, key_mask.defined() ? key_mask.reshape({-1}) : at::Tensor(), ids.numel(), ids.device());
+  }
+}
+
+void HfMoeRouting::end() {
+  if (training_) aux_ = loss->finish();
+}
+
+std::map<std::string, at::Tensor> HfMoeRouting::auxiliary_losses() const {
+  if (!aux_.defined()) return {};
+  return {{"aux_loss", aux_}};
+}
+
+std::vector<std::pair<std::string, at::Tensor>> expert_counts_by_layer(
+    int64_t layers, const std::function<const std::vector<at::Tensor>*(int64_t)>& records) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (int64_t i = 0; i < layers; ++i) {
+    const std::vector<at::Tensor>* r = records(i);
+    if (r != nullptr && !r->empty()) out.emplace_back(fmt::format("layer_{}", i), r->front());
+  }
+  return out;
+}
+
 at::Tensor HfRouterLoss::attach(const at::Tensor& out, const at::Tensor& chosen, const at::Tensor& probs,
                                 const std::shared_ptr<AuxLossScale>& scale) {
   // This layer's routed slots and summed probabilities over real tokens.

@@ -214,14 +214,10 @@ void DeepseekV3ForCausalLMImpl::begin_forward(const DecoderCall&) {
 }
 
 std::vector<std::pair<std::string, at::Tensor>> DeepseekV3ForCausalLMImpl::expert_token_counts() const {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  int64_t i = 0;
-  for (const auto& layer : *model->layers) {
-    const auto& moe = layer->as<DeepseekV3DecoderLayerImpl>()->moe;
-    if (moe && !moe->records.empty()) out.emplace_back(fmt::format("layer_{}", i), moe->records.front());
-    ++i;
-  }
-  return out;
+  return expert_counts_by_layer(o_.num_hidden_layers, [this](int64_t i) -> const std::vector<at::Tensor>* {
+    const auto& moe = model->layers->ptr(i)->as<DeepseekV3DecoderLayerImpl>()->moe;
+    return moe ? &moe->records : nullptr;
+  });
 }
 
 void DeepseekV3ForCausalLMImpl::check_tensor_parallel(int64_t degree) const {

@@ -153,9 +153,9 @@ at::Tensor GptOssDecoderLayerImpl::forward(const at::Tensor& x, const GlobalLoca
 
 GptOssForCausalLMImpl::GptOssForCausalLMImpl(const GptOssOptions& o) : HfDecoderLM(o, gpt_oss_keys()) {
   const at::TensorOptions t = tensor_options();
-  router_loss_->coef = o.output_router_logits ? o.router_aux_loss_coef : 0.0;
-  router_loss_->sparse_layers = o.num_hidden_layers;
-  build_backbone([&](int64_t i) { return GptOssDecoderLayer(o, t, i, router_loss_, aux_scale_); },
+  routing_.loss->coef = o.output_router_logits ? o.router_aux_loss_coef : 0.0;
+  routing_.loss->sparse_layers = o.num_hidden_layers;
+  build_backbone([&](int64_t i) { return GptOssDecoderLayer(o, t, i, routing_.loss, routing_.scale); },
                  Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));
   inv_freq_ = o.yarn ? yarn_inv_freq(o.head_dim, o.rope_theta, *o.yarn) : rotary_inv_freq(o.head_dim, o.rope_theta);
   rope_scale_ = o.yarn ? yarn_attention_factor(*o.yarn) : 1.0;
@@ -203,33 +203,14 @@ int64_t GptOssForCausalLMImpl::num_active_params() const {
 }
 
 void GptOssForCausalLMImpl::begin_forward(const DecoderCall& call) {
-  moe_training_ = is_training();
   for (const auto& layer : *model->layers) layer->as<GptOssDecoderLayerImpl>()->mlp->records.clear();
-  aux_loss_ = at::Tensor();
-  if (moe_training_) {
-    router_loss_->start(o_.num_local_experts, call.key_mask.defined() ? call.key_mask.reshape({-1}) : at::Tensor(),
-                        call.ids.numel(), call.ids.device());
-  }
-}
-
-void GptOssForCausalLMImpl::end_forward() {
-  if (moe_training_) aux_loss_ = router_loss_->finish();
-}
-
-std::map<std::string, at::Tensor> GptOssForCausalLMImpl::auxiliary_losses() const {
-  if (!aux_loss_.defined()) return {};
-  return {{"aux_loss", aux_loss_}};
+  routing_.begin(is_training(), o_.num_local_experts, call.ids, call.key_mask);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> GptOssForCausalLMImpl::expert_token_counts() const {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  int64_t i = 0;
-  for (const auto& layer : *model->layers) {
-    const auto& mlp = layer->as<GptOssDecoderLayerImpl>()->mlp;
-    if (!mlp->records.empty()) out.emplace_back(fmt::format("layer_{}", i), mlp->records.front());
-    ++i;
-  }
-  return out;
+  return expert_counts_by_layer(o_.num_hidden_layers, [this](int64_t i) {
+    return &model->layers->ptr(i)->as<GptOssDecoderLayerImpl>()->mlp->records;
+  });
 }
 
 void GptOssForCausalLMImpl::check_tensor_parallel(int64_t degree) const {

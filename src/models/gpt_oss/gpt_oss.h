@@ -144,8 +144,8 @@ class GptOssForCausalLMImpl
   // transformers' scheme, with the sinks, the stacked experts and the routers' biases drawn as transformers does.
   void init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select = nullptr) override;
   double flops_per_token(int64_t seq_len) const override;  // the active parameters', windowed layers' keys
-  std::map<std::string, at::Tensor> auxiliary_losses() const override;
-  void set_auxiliary_loss_scale(double scale) override { aux_scale_->set(scale); }
+  std::map<std::string, at::Tensor> auxiliary_losses() const override { return routing_.auxiliary_losses(); }
+  void set_auxiliary_loss_scale(double scale) override { routing_.scale->set(scale); }
   std::vector<std::pair<std::string, at::Tensor>> expert_token_counts() const override;
   int64_t num_active_params() const override;
   // The load-balancing loss counts each rank's tokens as the batch.
@@ -154,15 +154,12 @@ class GptOssForCausalLMImpl
  protected:
   bool windowed(int64_t i) const override { return o_.sliding(i); }
   void begin_forward(const DecoderCall& call) override;
-  void end_forward() override;
+  void end_forward() override { routing_.end(); }
   void check_tensor_parallel(int64_t degree) const override;
   std::string describe_more() const override;
 
  private:
-  std::shared_ptr<HfRouterLoss> router_loss_ = std::make_shared<HfRouterLoss>();
-  std::shared_ptr<AuxLossScale> aux_scale_ = std::make_shared<AuxLossScale>();
-  at::Tensor aux_loss_;
-  bool moe_training_ = false;
+  HfMoeRouting routing_;
 };
 TORCH_MODULE(GptOssForCausalLM);
 

@@ -372,9 +372,9 @@ at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const GlobalLocal
 
 LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaOptions& o) : HfDecoderLM(o, llama_keys()) {
   const at::TensorOptions t = tensor_options();
-  router_loss_->coef = o.output_router_logits ? o.router_aux_loss_coef : 0.0;
-  router_loss_->sparse_layers = o.sparse_layers();
-  build_backbone([&](int64_t i) { return LlamaDecoderLayer(o, t, i, router_loss_, aux_scale_); },
+  routing_.loss->coef = o.output_router_logits ? o.router_aux_loss_coef : 0.0;
+  routing_.loss->sparse_layers = o.sparse_layers();
+  build_backbone([&](int64_t i) { return LlamaDecoderLayer(o, t, i, routing_.loss, routing_.scale); },
                  Norm(o.hidden_size, NormType::kRMSNorm, o.rms_norm_eps, false, t));
   // The full layers' causal masks, and the windowed ones for the layers the sliding window applies to (the same set
   // when it applies to every layer or none).
@@ -383,36 +383,22 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaOptions& o) : HfDecoderLM(
 }
 
 void LlamaForCausalLMImpl::begin_forward(const DecoderCall& call) {
-  moe_training_ = o_.num_experts > 0 && is_training();
   if (o_.num_experts == 0) return;
   for (const auto& layer : *model->layers) {
     if (auto& moe = layer->as<LlamaDecoderLayerImpl>()->moe) moe->records.clear();
   }
-  aux_loss_ = at::Tensor();
-  if (moe_training_) {
-    router_loss_->start(o_.num_experts, call.key_mask.defined() ? call.key_mask.reshape({-1}) : at::Tensor(),
-                        call.ids.numel(), call.ids.device());
-  }
+  routing_.begin(is_training(), o_.num_experts, call.ids, call.key_mask);
 }
 
 void LlamaForCausalLMImpl::end_forward() {
-  if (moe_training_) aux_loss_ = router_loss_->finish();
-}
-
-std::map<std::string, at::Tensor> LlamaForCausalLMImpl::auxiliary_losses() const {
-  if (!aux_loss_.defined()) return {};
-  return {{"aux_loss", aux_loss_}};
+  if (o_.num_experts > 0) routing_.end();
 }
 
 std::vector<std::pair<std::string, at::Tensor>> LlamaForCausalLMImpl::expert_token_counts() const {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  int64_t i = 0;
-  for (const auto& layer : *model->layers) {
-    const auto& moe = layer->as<LlamaDecoderLayerImpl>()->moe;
-    if (moe && !moe->records.empty()) out.emplace_back(fmt::format("layer_{}", i), moe->records.front());
-    ++i;
-  }
-  return out;
+  return expert_counts_by_layer(o_.num_hidden_layers, [this](int64_t i) -> const std::vector<at::Tensor>* {
+    const auto& moe = model->layers->ptr(i)->as<LlamaDecoderLayerImpl>()->moe;
+    return moe ? &moe->records : nullptr;
+  });
 }
 
 std::string LlamaForCausalLMImpl::describe_more() const {

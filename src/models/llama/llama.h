@@ -161,8 +161,8 @@ class LlamaForCausalLMImpl
   int64_t largest_unit_params() const override { return llama_largest_unit_params(o_); }
   // Mixtral / Qwen2-MoE: transformers' load-balancing loss as "aux_loss" (with output_router_logits; weighted by
   // router_aux_loss_coef), and each sparse layer's tokens per expert.
-  std::map<std::string, at::Tensor> auxiliary_losses() const override;
-  void set_auxiliary_loss_scale(double scale) override { aux_scale_->set(scale); }
+  std::map<std::string, at::Tensor> auxiliary_losses() const override { return routing_.auxiliary_losses(); }
+  void set_auxiliary_loss_scale(double scale) override { routing_.scale->set(scale); }
   std::vector<std::pair<std::string, at::Tensor>> expert_token_counts() const override;
   int64_t num_active_params() const override { return llama_active_param_count(o_); }
   // The router's losses count each rank's tokens as the batch.
@@ -178,10 +178,7 @@ class LlamaForCausalLMImpl
   std::string describe_more() const override;
 
  private:
-  std::shared_ptr<HfRouterLoss> router_loss_ = std::make_shared<HfRouterLoss>();
-  std::shared_ptr<AuxLossScale> aux_scale_ = std::make_shared<AuxLossScale>();
-  at::Tensor aux_loss_;        // the last training forward's (undefined: none)
-  bool moe_training_ = false;  // this forward trains a mixture of experts
+  HfMoeRouting routing_;
 };
 TORCH_MODULE(LlamaForCausalLM);
 

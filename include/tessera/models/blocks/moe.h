@@ -25,9 +25,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/models/blocks/layers.h"
@@ -72,6 +74,30 @@ struct HfRouterLoss {
   // After every layer: the factor, and coef * aux (detached), or an undefined tensor when nothing was routed.
   at::Tensor finish();
 };
+
+// What a transformers-style mixture-of-experts model keeps between its forwards for MixtureOfExpertsModel
+// (capabilities.h): transformers' load-balancing loss over every sparse layer, the factor its gradient is scaled by,
+// and the last training forward's loss. Mixtral and Qwen-MoE (the Llama family), gpt-oss and Qwen3.5-MoE hold one.
+class HfMoeRouting {
+ public:
+  std::shared_ptr<HfRouterLoss> loss = std::make_shared<HfRouterLoss>();
+  std::shared_ptr<AuxLossScale> scale = std::make_shared<AuxLossScale>();
+  // Before a forward of `ids` (`key_mask` (B, S) true for real tokens, undefined: none padded) through layers of
+  // `experts` experts each; a training forward starts the loss.
+  void begin(bool training, int64_t experts, const at::Tensor& ids, const at::Tensor& key_mask);
+  void end();  // after it: a training forward's loss
+  // {"aux_loss": coef * the loss} after a training forward that computed one, else nothing.
+  std::map<std::string, at::Tensor> auxiliary_losses() const;
+
+ private:
+  at::Tensor aux_;
+  bool training_ = false;
+};
+
+// MixtureOfExpertsModel::expert_token_counts() of `layers` decoder layers: ("layer_{i}", the first record) for each
+// layer whose `records(i)` (its block's records, nullptr for a dense layer) holds one.
+std::vector<std::pair<std::string, at::Tensor>> expert_counts_by_layer(
+    int64_t layers, const std::function<const std::vector<at::Tensor>*(int64_t)>& records);
 
 // Expert parallelism's token routing, which the sharding engine installs on a layer (distributed/expert_parallel.cpp):
 // the layer's rank holds experts [rank * E / P, (rank + 1) * E / P) of the E, P = size() ranks in its group. Every rank
