@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -46,8 +47,13 @@ HfWeights::HfWeights(const models::CausalLM& model, const std::string& dir)
   const nlohmann::json config = read_json(config_path);
   model_type_ = config.is_object() ? config.value("model_type", "") : "";
   models::HfFormat format;
+  const models::HfAdapter& adapter = models::hf_model_type_registry().adapter(model_type_);
   if (model_type_ == model.family()) {
     format = models::family_hf_format(model, at::kFloat);
+  } else if (!adapter.text_model_type.empty() && adapter.text_model_type == model.family()) {
+    // A multimodal folder: the text model's own layout under the folder's prefix.
+    format = models::family_hf_format(model, at::kFloat);
+    for (models::HfTensor& t : format.tensors) t.name = adapter.stored_name(t.name);
   } else {
     format = model.hf_format(at::kFloat);
     const std::string type = format.config.value("model_type", "");
@@ -72,6 +78,14 @@ HfWeights::HfWeights(const models::CausalLM& model, const std::string& dir)
                                           dir));
   }
   files_ = open_safetensors_dir(dir);
+  if (!adapter.ignored_prefixes.empty()) {
+    const auto ignored =
+        std::count_if(files_.begin(), files_.end(), [&](const auto& entry) { return adapter.drops(entry.first); });
+    if (ignored > 0) {
+      spdlog::info("hf: {}: {} tensors besides the {} text model are left aside (under {})", dir, ignored,
+                   adapter.text_model_type, fmt::join(adapter.ignored_prefixes, ", "));
+    }
+  }
 }
 
 std::string HfWeights::path_of(const std::string& name) const {

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "tessera/config/value.h"
+#include "tessera/models/family.h"
 #include "tessera/util/error.h"
 
 namespace tessera::models {
@@ -318,6 +319,44 @@ void check_tensor_parallel_split(int64_t degree, const std::string& family, int6
     refuse_tensor_parallel(degree,
                            fmt::format("the MLP's {} hidden units do not split into {} equal shares", hidden, degree));
   }
+}
+
+void add_multimodal_text_model(FamilyRegistrar& r, const std::string& type, HfAdapter text,
+                               const std::set<std::string>& inert) {
+  const std::string text_type = text.text_model_type;
+  r.model_types.add(
+      type,
+      [type, text_type, inert](const nlohmann::json& config, const std::string& where, const std::string& device,
+                               std::optional<uint64_t> seed) -> std::shared_ptr<CausalLM> {
+        for (const auto& [k, v] : config.items()) {
+          if (k == "text_config" || k == "tie_word_embeddings" || inert.count(k) || kInertKeys.count(k)) continue;
+          throw Error("hf", fmt::format("{}: {}: {} is not read by Tessera, which reads a {} folder's text model "
+                                        "(text_config) only, and it can change the model",
+                                        where, k, brief(v), type));
+        }
+        if (!config.contains("text_config") || !config["text_config"].is_object()) {
+          throw Error("hf", fmt::format("{}: a {} config.json holds its text model's config in text_config, a mapping",
+                                        where, type));
+        }
+        nlohmann::json t = config["text_config"];
+        const std::string stated = t.value("model_type", text_type);
+        if (stated != text_type) {
+          throw Error("hf", fmt::format("{}: text_config.model_type is \"{}\"; a {} folder's text model is {}", where,
+                                        stated, type, text_type));
+        }
+        t["model_type"] = text_type;
+        if (config.contains("tie_word_embeddings") && !config["tie_word_embeddings"].is_null()) {
+          const nlohmann::json& tie = config["tie_word_embeddings"];
+          if (t.contains("tie_word_embeddings") && !t["tie_word_embeddings"].is_null() &&
+              t["tie_word_embeddings"] != tie) {
+            throw Error("hf", fmt::format("{}: tie_word_embeddings ({}) differs from text_config's ({})", where,
+                                          tie.dump(), t["tie_word_embeddings"].dump()));
+          }
+          t["tie_word_embeddings"] = tie;
+        }
+        return hf_model_type_registry().build(t, where + " (text_config)", device, seed);
+      },
+      std::move(text));
 }
 
 }  // namespace tessera::models

@@ -59,7 +59,16 @@ bool HfAdapter::drops(const std::string& name) const {
   for (const std::string& suffix : dropped_buffers) {
     if (name.ends_with(suffix)) return true;
   }
+  for (const std::string& prefix : ignored_prefixes) {
+    if (name.starts_with(prefix)) return true;
+  }
   return false;
+}
+
+std::string HfAdapter::stored_name(const std::string& param) const {
+  const auto& [from, to] = text_prefix;
+  if (from.empty() || !param.starts_with(from)) return param;
+  return to + param.substr(from.size());
 }
 
 void HfModelTypeRegistry::add(const std::string& model_type, HfConfigBuilder build, HfAdapter adapter) {

@@ -102,18 +102,19 @@ def assert_gradients_match(ours, grads, tied):
         assert diff <= 1e-4 * g.abs().max().item() + 1e-9, f"{param}: max-abs diff {diff}"
 
 
-def check_logits_and_gradients(model, driver, tmp_path, seq=SEQ, pad_at=None):
+def check_logits_and_gradients(model, driver, tmp_path, seq=SEQ, pad_at=None, rename=lambda ours: ours):
     """transformers saves `model`'s folder and Tessera loads it: logits within 1e-5 max-abs in fp32, the loss within
     1e-5 and every gradient within 1e-4 relative, on the SDPA path and the explicit reference path. `pad_at` (row,
-    column) puts the padding token there, whose embedding row gets no gradient in either. Shared with the other
-    families' suites."""
+    column) puts the padding token there, whose embedding row gets no gradient in either. `rename` maps Tessera's
+    outputs to the model's parameter names (where its folders store them otherwise). Shared with the other families'
+    suites."""
     folder = save(model, tmp_path / "hf")
     ids = torch.randint(0, model.config.vocab_size, (2, seq), generator=torch.Generator().manual_seed(1))
     if pad_at is not None:
         ids[pad_at] = model.config.pad_token_id
     logits, loss, grads = hf_forward(model, ids, labels=ids)
     for reference in (False, True):
-        ours = run_tessera(driver, tmp_path, folder, reference, input_ids=ids)
+        ours = rename(run_tessera(driver, tmp_path, folder, reference, input_ids=ids))
         assert (ours["logits"] - logits).abs().max().item() <= 1e-5
         assert abs(ours["loss"].item() - loss.item()) <= 1e-5
         assert_gradients_match(ours, grads, model.config.tie_word_embeddings)
@@ -177,9 +178,10 @@ def test_sharded_folders_of_each_dtype_load_as_transformers_loads_them(dtype, dr
     assert (run_tessera(driver, tmp_path, folder, input_ids=ids)["logits"] - want).abs().max().item() <= 1e-5
 
 
-def check_left_padding(model, driver, tmp_path):
+def check_left_padding(model, driver, tmp_path, rename=lambda ours: ours):
     """Left padding with an attention mask: the real tokens' logits, the loss and the gradients equal transformers'
-    (positions count real tokens only, as HF's generate sets them). Shared with the other families' suites."""
+    (positions count real tokens only, as HF's generate sets them). `rename` as check_logits_and_gradients'. Shared
+    with the other families' suites."""
     folder = save(model, tmp_path / "hf")
     ids = torch.randint(0, model.config.vocab_size, (3, SEQ), generator=torch.Generator().manual_seed(2))
     mask = torch.ones(3, SEQ, dtype=torch.long)
@@ -190,7 +192,7 @@ def check_left_padding(model, driver, tmp_path):
     labels = ids.masked_fill((mask == 0) | (predicted == 0), -100)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     logits, loss, grads = hf_forward(model, ids, attention_mask=mask, position_ids=positions, labels=labels)
-    ours = run_tessera(driver, tmp_path, folder, input_ids=ids, attention_mask=mask.bool(), labels=labels)
+    ours = rename(run_tessera(driver, tmp_path, folder, input_ids=ids, attention_mask=mask.bool(), labels=labels))
     real = mask.bool()
     assert (ours["logits"][real] - logits[real]).abs().max().item() <= 1e-5
     assert abs(ours["loss"].item() - loss.item()) <= 1e-5

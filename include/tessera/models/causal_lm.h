@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/config/registry.h"
@@ -202,7 +203,15 @@ struct HfAdapter {
   // Name suffixes of buffers that older transformers versions saved beside the weights (causal masks, rotary tables)
   // and no current class reads: neither parameters nor unexpected.
   std::vector<std::string> dropped_buffers{};
-  bool drops(const std::string& name) const;
+  // A multimodal model_type's folders (transformers' *ForConditionalGeneration) hold a text model of another
+  // model_type, `text_model_type`, whose parameter names beginning with `text_prefix.first` are stored beginning with
+  // `text_prefix.second` ("model." as "model.language_model."), beside tensors under `ignored_prefixes` (a vision
+  // tower, multi-token-prediction heads) that loading leaves aside, as transformers' AutoModelForCausalLM does.
+  std::string text_model_type{};
+  std::pair<std::string, std::string> text_prefix{};
+  std::vector<std::string> ignored_prefixes{};
+  bool drops(const std::string& name) const;                // a dropped buffer, or under an ignored prefix
+  std::string stored_name(const std::string& param) const;  // `param` as such a folder stores it
 };
 
 class HfModelTypeRegistry {

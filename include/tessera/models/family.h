@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,14 @@ HfConfigBuilder hf_builder(Options (*read)(const nlohmann::json&, const std::str
     return seed ? build(o, *seed).ptr() : Model(o).ptr();
   };
 }
+
+// A multimodal model_type whose folders transformers' AutoModelForCausalLM loads as their text model (a
+// *ForConditionalGeneration saved with the text model's config in text_config and its weights under another prefix):
+// registers `type` to build the text model, of text_config's model_type `text.text_model_type`, and to read its
+// weights through `text` (HfAdapter). The wrapper's own keys besides text_config must be `inert` (image token ids, the
+// vision tower's config): any other is refused by name; a tie_word_embeddings there must agree with text_config's.
+void add_multimodal_text_model(FamilyRegistrar& r, const std::string& type, HfAdapter text,
+                               const std::set<std::string>& inert);
 
 // What add_keyed_family() registers besides the key table's model_types.
 struct KeyedFamily {

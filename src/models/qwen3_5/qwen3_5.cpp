@@ -18,11 +18,27 @@ namespace tessera::models {
 
 const FamilyKeys<Qwen35Options>& qwen3_5_keys() {
   using O = Qwen35Options;
+  const FamilyKeys<O>::Types dense = {"qwen3_5_text"}, moe = {"qwen3_5_moe_text"};
   static const FamilyKeys<O> keys =
-      FamilyKeys<O>({"qwen3_5_text"}, [](const std::string&) { return "Qwen3_5ForCausalLM"; })
+      FamilyKeys<O>({"qwen3_5_text", "qwen3_5_moe_text"},
+                    [](const std::string& type) {
+                      return type == "qwen3_5_text" ? "Qwen3_5ForCausalLM" : "Qwen3_5MoeForCausalLM";
+                    })
+          .defaults([](const std::string& type, O& o) {
+            o.model_type = type;
+            if (type == "qwen3_5_moe_text") {  // Qwen3_5MoeTextConfig's defaults (Qwen3.5-35B-A3B style)
+              o.hidden_size = 2048;
+              o.num_hidden_layers = 40;
+              o.num_key_value_heads = 2;
+              o.num_experts = 256;
+              o.num_experts_per_tok = 8;
+              o.moe_intermediate_size = 512;
+              o.shared_expert_intermediate_size = 512;
+            }
+          })
           .field("vocab_size", &O::vocab_size, positive())
           .field("hidden_size", &O::hidden_size, positive())
-          .field("intermediate_size", &O::intermediate_size, positive())
+          .field("intermediate_size", &O::intermediate_size, positive(), dense)
           .field("num_hidden_layers", &O::num_hidden_layers, positive())
           .field("num_attention_heads", &O::num_attention_heads, positive())
           .field("num_key_value_heads", &O::num_key_value_heads, positive())
@@ -37,6 +53,11 @@ const FamilyKeys<Qwen35Options>& qwen3_5_keys() {
           .field("attention_dropout", &O::attention_dropout, probability())
           .field("head_dim", &O::head_dim, positive())
           .partial_rotary_factor(&O::partial_rotary_factor, [](const O& o) { return o.head_dim; })
+          // Published configs name the two output gates: the full attention's (sigmoid, always there) and the linear
+          // attention's gated norm (norm(o) silu(z), "swish"); the recurrent state is float32 here as there.
+          .fixed("attn_output_gate", true, "Qwen3.5's full attention always gates its output")
+          .fixed("output_gate_type", std::string("swish"), "the linear attention's gate is silu (swish)")
+          .fixed("mamba_ssm_dtype", std::string("float32"), "the recurrent state is kept in float32")
           .field("linear_conv_kernel_dim", &O::linear_conv_kernel_dim, positive())
           .field("linear_key_head_dim", &O::linear_key_head_dim, positive())
           .field("linear_value_head_dim", &O::linear_value_head_dim, positive())
@@ -44,13 +65,16 @@ const FamilyKeys<Qwen35Options>& qwen3_5_keys() {
           .field("linear_num_value_heads", &O::linear_num_value_heads, positive())
           .divides("linear_num_key_heads", &O::linear_num_key_heads, "linear_num_value_heads",
                    &O::linear_num_value_heads)
+          .field("full_attention_interval", &O::full_attention_interval, positive())
           .field("layer_types", &O::layer_types)
           .custom(
               "layer_types",
               [](config::Section& s, O& o) {
-                if (o.layer_types.empty()) {  // Qwen3_5TextConfig: full_attention_interval 4
-                  for (int64_t i = 0; i < o.num_hidden_layers; ++i)
-                    o.layer_types.emplace_back((i + 1) % 4 != 0 ? "linear_attention" : "full_attention");
+                if (o.layer_types.empty()) {  // transformers: full attention every full_attention_interval-th layer
+                  for (int64_t i = 0; i < o.num_hidden_layers; ++i) {
+                    o.layer_types.emplace_back((i + 1) % o.full_attention_interval != 0 ? "linear_attention"
+                                                                                        : "full_attention");
+                  }
                 }
                 s.check(static_cast<int64_t>(o.layer_types.size()) == o.num_hidden_layers, "layer_types",
                         fmt::format("has {} entries for {} layers", o.layer_types.size(), o.num_hidden_layers));
@@ -60,9 +84,33 @@ const FamilyKeys<Qwen35Options>& qwen3_5_keys() {
                 }
               },
               nullptr)
+          .field("num_experts", &O::num_experts, positive(), moe)
+          .field("num_experts_per_tok", &O::num_experts_per_tok, positive(), moe)
+          .field("moe_intermediate_size", &O::moe_intermediate_size, positive(), moe)
+          .field("shared_expert_intermediate_size", &O::shared_expert_intermediate_size, positive(), moe)
+          .field("output_router_logits", &O::output_router_logits, {}, moe)
+          .field("router_aux_loss_coef", &O::router_aux_loss_coef, {}, moe)
           .token_ids()
-          .pad_token_below_vocab();
+          .pad_token_below_vocab()
+          .finally([](config::Section& s, O& o) {
+            if (!o.moe()) return;
+            s.check(o.num_experts_per_tok <= o.num_experts, "num_experts_per_tok",
+                    fmt::format("must not exceed num_experts ({})", o.num_experts));
+            o.intermediate_size = o.moe_intermediate_size;  // what describe() and the planner show as the MLP's width
+          })
+          // The multi-token-prediction heads of published folders are not part of the causal LM (family.cpp).
+          .hf_accepts({"mtp_num_hidden_layers", "mtp_use_dedicated_embeddings"});
   return keys;
+}
+
+SparseMoeOptions Qwen35Options::sparse_moe() const {
+  return SparseMoeOptions{.num_experts = num_experts,
+                          .top_k = num_experts_per_tok,
+                          .hidden_size = hidden_size,
+                          .ffn_hidden = moe_intermediate_size,
+                          .shared_ffn_hidden = shared_expert_intermediate_size,
+                          .qwen_names = true,
+                          .norm_topk_prob = true};
 }
 
 Qwen35Inputs context_parallel_inputs(const Qwen35Inputs& in, std::shared_ptr<const ContextShard> shard,
@@ -203,7 +251,9 @@ at::Tensor Qwen35GatedDeltaNetImpl::forward(const at::Tensor& x_in, const at::Te
   return out_proj(gated.reshape({b, s, -1}));
 }
 
-Qwen35DecoderLayerImpl::Qwen35DecoderLayerImpl(const Qwen35Options& o, int64_t layer, const at::TensorOptions& t) {
+Qwen35DecoderLayerImpl::Qwen35DecoderLayerImpl(const Qwen35Options& o, int64_t layer, const at::TensorOptions& t,
+                                               std::shared_ptr<HfRouterLoss> router_loss,
+                                               std::shared_ptr<AuxLossScale> aux_scale) {
   if (o.linear(layer)) {
     linear_attn = register_module("linear_attn", Qwen35GatedDeltaNet(o, t));
   } else {
@@ -221,7 +271,12 @@ Qwen35DecoderLayerImpl::Qwen35DecoderLayerImpl(const Qwen35Options& o, int64_t l
                                                                         .output_gate = true},
                                                    t));
   }
-  mlp = register_module("mlp", GatedMLP(o.hidden_size, o.intermediate_size, o.hidden_act, false, t));
+  if (o.moe()) {
+    moe = register_module("mlp", SparseMoeBlock(o.sparse_moe(), t, std::move(router_loss),
+                                                aux_scale ? std::move(aux_scale) : std::make_shared<AuxLossScale>()));
+  } else {
+    mlp = register_module("mlp", GatedMLP(o.hidden_size, o.intermediate_size, o.hidden_act, false, t));
+  }
   auto make_norm = [&] { return Norm(o.hidden_size, NormType::kOffsetRMSNorm, o.rms_norm_eps, false, t); };
   input_layernorm = register_module("input_layernorm", make_norm());
   post_attention_layernorm = register_module("post_attention_layernorm", make_norm());
@@ -232,12 +287,15 @@ at::Tensor Qwen35DecoderLayerImpl::forward(const at::Tensor& x, const Qwen35Inpu
   const at::Tensor mixed =
       linear_attn ? linear_attn(normed, in.padding, cache) : self_attn(normed, in.attention, cache);
   const at::Tensor h = x + mixed;
-  return h + mlp(post_attention_layernorm(h));
+  const at::Tensor normed_h = post_attention_layernorm(h);
+  return h + (moe ? moe(normed_h) : mlp(normed_h));
 }
 
 Qwen35ForCausalLMImpl::Qwen35ForCausalLMImpl(const Qwen35Options& o) : HfDecoderLM(o, qwen3_5_keys()) {
   const at::TensorOptions t = tensor_options();
-  build_backbone([&](int64_t i) { return Qwen35DecoderLayer(o, i, t); },
+  routing_.loss->coef = o.output_router_logits ? o.router_aux_loss_coef : 0.0;
+  routing_.loss->sparse_layers = o.moe() ? o.num_hidden_layers : 0;
+  build_backbone([&](int64_t i) { return Qwen35DecoderLayer(o, i, t, routing_.loss, routing_.scale); },
                  Norm(o.hidden_size, NormType::kOffsetRMSNorm, o.rms_norm_eps, false, t));
   inv_freq_ = rotary_inv_freq(o.rotary_dims(), o.rope_theta);
 }
@@ -271,15 +329,52 @@ void Qwen35ForCausalLMImpl::init_weights(uint64_t seed, const std::function<bool
   }
 }
 
+void Qwen35ForCausalLMImpl::begin_forward(const DecoderCall& call) {
+  if (!o_.moe()) return;
+  for (const auto& layer : *model->layers) layer->as<Qwen35DecoderLayerImpl>()->moe->records.clear();
+  routing_.begin(is_training(), o_.num_experts, call.ids, call.key_mask);
+}
+
+void Qwen35ForCausalLMImpl::end_forward() {
+  if (o_.moe()) routing_.end();
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Qwen35ForCausalLMImpl::expert_token_counts() const {
+  return expert_counts_by_layer(o_.num_hidden_layers, [this](int64_t i) -> const std::vector<at::Tensor>* {
+    const auto& moe = model->layers->ptr(i)->as<Qwen35DecoderLayerImpl>()->moe;
+    return moe ? &moe->records : nullptr;
+  });
+}
+
+int64_t Qwen35ForCausalLMImpl::num_active_params() const {
+  if (!o_.moe()) return num_params();
+  const SparseMoeOptions m = o_.sparse_moe();
+  return num_params() - o_.num_hidden_layers * (sparse_moe_params(m) - sparse_moe_active_params(m));
+}
+
+// 6 N_active (less an untied input embedding) + 12 (heads x head_dim) x S per full-attention layer.
+double Qwen35ForCausalLMImpl::flops_per_token(int64_t seq_len) const {
+  int64_t n = num_active_params();
+  if (!o_.tie_word_embeddings) n -= model->embed_tokens->weight.numel();
+  const auto full = std::count(o_.layer_types.begin(), o_.layer_types.end(), "full_attention");
+  return 6.0 * static_cast<double>(n) + 12.0 * static_cast<double>(full) *
+                                            static_cast<double>(o_.num_attention_heads * o_.head_dim) *
+                                            static_cast<double>(seq_len);
+}
+
 void Qwen35ForCausalLMImpl::check_tensor_parallel(int64_t degree) const {
   refuse_tensor_parallel(degree, "Qwen3.5's linear-attention layers have no tensor-parallel split yet");
 }
 
 std::string Qwen35ForCausalLMImpl::describe_more() const {
   const auto linear = std::count(o_.layer_types.begin(), o_.layer_types.end(), "linear_attention");
-  return fmt::format(", {} linear-attention layers ({} key / {} value heads of {} / {}), rope theta {} on {} dims",
-                     linear, o_.linear_num_key_heads, o_.linear_num_value_heads, o_.linear_key_head_dim,
-                     o_.linear_value_head_dim, o_.rope_theta, o_.rotary_dims());
+  return fmt::format(
+      ", {} linear-attention layers ({} key / {} value heads of {} / {}), rope theta {} on {} dims{}", linear,
+      o_.linear_num_key_heads, o_.linear_num_value_heads, o_.linear_key_head_dim, o_.linear_value_head_dim,
+      o_.rope_theta, o_.rotary_dims(),
+      o_.moe() ? fmt::format(", {} experts of {} (top {}) and a shared expert of {} in every layer", o_.num_experts,
+                             o_.moe_intermediate_size, o_.num_experts_per_tok, o_.shared_expert_intermediate_size)
+               : "");
 }
 
 }  // namespace tessera::models

@@ -13,7 +13,17 @@
 //   the first partial_rotary_factor of each head (text positions: transformers' multimodal rotary sections then all
 //   read the same position, so mrope_section changes nothing);
 // with zero-centred RMSNorms (x (1 + w)) and a SwiGLU MLP. The KV cache also holds each linear layer's convolution
-// window and recurrent state. `model.name: qwen3_5`. Not thread-safe.
+// window and recurrent state. `model.name: qwen3_5`.
+//
+// Qwen3.5-MoE (transformers 5's Qwen3_5MoeForCausalLM, model_type qwen3_5_moe_text, `model.name: qwen3_5_moe`) is the
+// same stack with a mixture of experts as every layer's MLP (Qwen3_5MoeSparseMoeBlock): a softmax router
+// (mlp.gate.weight) choosing num_experts_per_tok of num_experts experts (mlp.experts.{e}.{gate,up,down}_proj.weight),
+// their weights renormalised, plus a shared expert (mlp.shared_expert.*) gated by sigmoid(mlp.shared_expert_gate(x)),
+// with transformers' load-balancing loss under output_router_logits. The published folders of both
+// (Qwen3_5ForConditionalGeneration / Qwen3_5MoeForConditionalGeneration, model_type qwen3_5 / qwen3_5_moe) hold the
+// text model under model.language_model and its config in text_config; their vision tower (model.visual.*) and
+// multi-token-prediction heads (mtp.*) are left aside on load, as transformers' AutoModelForCausalLM does
+// (family.cpp). Not thread-safe.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -25,13 +35,17 @@
 
 #include "tessera/models/blocks/hf_decoder.h"
 #include "tessera/models/blocks/layers.h"
+#include "tessera/models/blocks/moe.h"
 #include "tessera/models/blocks/self_attention.h"
+#include "tessera/models/capabilities.h"
 #include "tessera/models/family_keys.h"
 
 namespace tessera::models {
 
-// transformers' Qwen3_5TextConfig keys and defaults (its docstring's Qwen3.5-9B style configuration).
+// transformers' Qwen3_5TextConfig keys and defaults (its docstring's Qwen3.5-9B style configuration), and
+// Qwen3_5MoeTextConfig's (its own defaults where they differ: qwen3_5_keys()).
 struct Qwen35Options {
+  std::string model_type = "qwen3_5_text";  // or qwen3_5_moe_text
   int64_t vocab_size = 248320;
   int64_t hidden_size = 4096;
   int64_t intermediate_size = 12288;
@@ -53,12 +67,21 @@ struct Qwen35Options {
   int64_t linear_value_head_dim = 128;
   int64_t linear_num_key_heads = 16;
   int64_t linear_num_value_heads = 32;
-  // linear_attention or full_attention per layer; resolved: full_attention every fourth layer (transformers'
-  // full_attention_interval of 4).
+  // linear_attention or full_attention per layer; resolved: full_attention every full_attention_interval-th layer.
   std::vector<std::string> layer_types;
+  int64_t full_attention_interval = 4;
   std::optional<int64_t> bos_token_id, eos_token_id, pad_token_id;
+  // qwen3_5_moe_text: every layer's experts (num_experts > 0), each moe_intermediate_size wide, and the shared expert.
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t moe_intermediate_size = 0;
+  int64_t shared_expert_intermediate_size = 0;
+  bool output_router_logits = false;
+  double router_aux_loss_coef = 0.001;
   std::string init_device = "cpu";  // cpu | cuda | meta
 
+  bool moe() const { return num_experts > 0; }
+  SparseMoeOptions sparse_moe() const;
   int64_t rotary_dims() const { return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor); }
   bool linear(int64_t layer) const { return layer_types[static_cast<size_t>(layer)] == "linear_attention"; }
 };
@@ -109,12 +132,16 @@ TORCH_MODULE(Qwen35GatedDeltaNet);
 
 class Qwen35DecoderLayerImpl : public torch::nn::Module {
  public:
-  Qwen35DecoderLayerImpl(const Qwen35Options& o, int64_t layer, const at::TensorOptions& t);
+  // `router_loss` and `aux_scale`: the model's, for a mixture of experts.
+  Qwen35DecoderLayerImpl(const Qwen35Options& o, int64_t layer, const at::TensorOptions& t,
+                         std::shared_ptr<HfRouterLoss> router_loss = nullptr,
+                         std::shared_ptr<AuxLossScale> aux_scale = nullptr);
   at::Tensor forward(const at::Tensor& x, const Qwen35Inputs& in, LayerCache* cache = nullptr);
 
   Qwen35GatedDeltaNet linear_attn{nullptr};  // linear_attention layers
   SelfAttention self_attn{nullptr};          // full_attention layers
-  GatedMLP mlp{nullptr};
+  GatedMLP mlp{nullptr};                     // qwen3_5_text
+  SparseMoeBlock moe{nullptr};               // qwen3_5_moe_text (registered as "mlp")
   Norm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
 };
 TORCH_MODULE(Qwen35DecoderLayer);
@@ -134,19 +161,32 @@ at::Tensor recurrent_gated_delta_rule(const at::Tensor& q, const at::Tensor& k, 
 // refused (the linear layers' projections are gathered whole in transformers' own plan) and so is context parallelism
 // (the recurrence runs along the whole sequence); packed documents are refused (the state would cross documents).
 class Qwen35ForCausalLMImpl
-    : public HfDecoderLM<Qwen35ForCausalLMImpl, Qwen35Options, Qwen35DecoderLayerImpl, Qwen35Inputs> {
+    : public HfDecoderLM<Qwen35ForCausalLMImpl, Qwen35Options, Qwen35DecoderLayerImpl, Qwen35Inputs>,
+      public MixtureOfExpertsModel {
  public:
   explicit Qwen35ForCausalLMImpl(const Qwen35Options& o);
   void init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select = nullptr) override;
   bool supports_context_parallel() const override { return false; }
+  double flops_per_token(int64_t seq_len) const override;  // the active parameters'
+  // Qwen3.5-MoE: transformers' load-balancing loss as "aux_loss" (with output_router_logits), each layer's tokens per
+  // expert; the dense model routes nothing.
+  std::map<std::string, at::Tensor> auxiliary_losses() const override { return routing_.auxiliary_losses(); }
+  void set_auxiliary_loss_scale(double scale) override { routing_.scale->set(scale); }
+  std::vector<std::pair<std::string, at::Tensor>> expert_token_counts() const override;
+  int64_t num_active_params() const override;
 
  protected:
   Qwen35Inputs attention_inputs(const DecoderCall& call) override;
   // FLOPs: the linear layers count their projections (in 6 N), not an attention over the sequence (their
   // recurrence's few FLOPs per token are left out).
   bool windowed(int64_t i) const override { return o_.linear(i); }
+  void begin_forward(const DecoderCall& call) override;
+  void end_forward() override;
   void check_tensor_parallel(int64_t degree) const override;
   std::string describe_more() const override;
+
+ private:
+  HfMoeRouting routing_;
 };
 TORCH_MODULE(Qwen35ForCausalLM);
 

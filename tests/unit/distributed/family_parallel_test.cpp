@@ -148,6 +148,18 @@ constexpr int kSteps = 8;
 // over this rank's heads) would still train alike; SGD's steps scale with it.
 const char* const kSgd = "'optimizer={name: decoupled_sgdw, lr: 0.05, momentum: 0.9}'";
 
+struct TinyQwen35Moe {  // Qwen3.5-MoE: a Gated DeltaNet layer and a gated full-attention layer, experts and a gated
+                        // shared expert in both
+  static constexpr const char* kDir = "family_parallel_qwen3_5_moe";
+  static constexpr const char* kModel =
+      "{name: qwen3_5, model_type: qwen3_5_moe_text, hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 4,\n"
+      "        num_key_value_heads: 2, head_dim: 8, linear_num_key_heads: 2, linear_num_value_heads: 4,\n"
+      "        linear_key_head_dim: 8, linear_value_head_dim: 8, layer_types: [linear_attention, full_attention],\n"
+      "        num_experts: 4, num_experts_per_tok: 2, moe_intermediate_size: 16, shared_expert_intermediate_size: "
+      "24,\n"
+      "        vocab_size: 64, max_position_embeddings: 32}";
+};
+
 template <class Model>
 class FamilyParallel : public DistTrainingOf<Model> {
  protected:
@@ -209,7 +221,7 @@ TYPED_TEST(FamilyParallel, TensorAndContextParallelTimesFullShardMatchOneProcess
 
 template <class Model>
 class FamilyExpertParallel : public FamilyParallel<Model> {};
-using MoeFamilies = ::testing::Types<TinyMixtral, TinyQwen2Moe, TinyDeepseekV3, TinyGptOss>;
+using MoeFamilies = ::testing::Types<TinyMixtral, TinyQwen2Moe, TinyDeepseekV3, TinyGptOss, TinyQwen35Moe>;
 TYPED_TEST_SUITE(FamilyExpertParallel, MoeFamilies);
 
 TYPED_TEST(FamilyExpertParallel, ExpertParallelTimesFullShardMatchesOneProcess) {
