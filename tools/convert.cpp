@@ -5,6 +5,7 @@
 // layout instead (LLM Foundry's MPT class loads it).
 //
 //   convert --checkpoint runs/x/checkpoints/ep0-ba1000 --hf-out runs/x/hf [--dtype bfloat16] [--max-shard-size 5GB]
+//           [--transformers-version 4]   (config.json as transformers 4 writes it; default: as transformers 5 does)
 //   convert --checkpoint runs/x/checkpoints --hf-out runs/x/hf      (a save folder: its newest valid checkpoint)
 //   convert --checkpoint s3://bucket/run/checkpoints --hf-out s3://bucket/run/hf       (either side in object storage)
 //
@@ -73,6 +74,11 @@ int run(int argc, char** argv) {
   app.add_option("--max-shard-size", shard_size,
                  "Split the weights into shards of at most this size, with an index (default 5GB; units B, KB, MB, "
                  "GB, as in save_pretrained)");
+  int transformers_version = 5;
+  app.add_option("--transformers-version", transformers_version,
+                 "The transformers major version that loads the folder: 5 (default; the rotary settings in "
+                 "rope_parameters) or 4 (rope_theta, rope_scaling: transformers 5 reads it too)")
+      ->check(CLI::IsMember({4, 5}));
   std::string tokenizer;
   app.add_option("--tokenizer", tokenizer,
                  "Tokenizer files to copy: a tokenizer.json, a folder or a hub id (default: the recipe's "
@@ -110,7 +116,7 @@ int run(int argc, char** argv) {
   tessera::checkpoint::export_checkpoint_to_hf(
       dir, staging ? staging->path : out_dir, t,
       layout == "llm-foundry" ? tessera::checkpoint::HfLayout::kFamily : tessera::checkpoint::HfLayout::kTransformers,
-      max_shard_bytes, tokenizer_path);
+      max_shard_bytes, tokenizer_path, transformers_version);
   if (staging) storage::upload_tree(staging->path, out_dir, {"config.json"});
   spdlog::info("exported {} to {} ({})", dir, out_dir, dtype);
   return 0;

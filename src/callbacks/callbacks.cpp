@@ -408,7 +408,7 @@ void HfCheckpointer::save(core::State& s, core::Logger& logger, bool final) {
       }
     }
     checkpoint::save_hf_model(*copy, tmp.string(), dtype, uint64_t{5} << 30, checkpoint::HfLayout::kTransformers,
-                              tokenizer);
+                              tokenizer, o_.transformers_version);
     if (register_model) {
       for (const auto& d : logger.destinations()) {
         if (auto* registry = dynamic_cast<core::ModelRegistry*>(d.get())) {

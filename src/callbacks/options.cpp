@@ -159,6 +159,9 @@ core::CallbackRegistry& callback_registry() {
           o.huggingface_folder_name = s.get_string("huggingface_folder_name", o.huggingface_folder_name);
           o.precision = s.get_choice("precision", o.precision, {"float32", "bfloat16", "float16"});
           o.overwrite = s.get_bool("overwrite", o.overwrite);
+          o.transformers_version = s.get_int("transformers_version", o.transformers_version);
+          s.check(o.transformers_version == 4 || o.transformers_version == 5, "transformers_version",
+                  "must be 4 or 5 (the transformers major version that loads the folder)");
           o.mlflow_registered_model_name = s.get_string("mlflow_registered_model_name", "");
           if (const config::Value* v = s.raw("mlflow_logging_config"); v != nullptr && !v->is_null()) {
             s.check(v->is_map(), "mlflow_logging_config", "expected a mapping (task, metadata)");

@@ -15,6 +15,7 @@
 #include "tessera/config/reader.h"
 #include "tessera/config/value.h"
 #include "tessera/data/tokenizer.h"
+#include "tessera/models/family_support.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
 #include "tessera/util/hf_hub.h"
@@ -176,8 +177,26 @@ std::shared_ptr<models::CausalLM> load_hf_model(const std::string& dir) {
 
 namespace {
 
-models::HfFormat format_in(const models::CausalLM& model, at::ScalarType dtype, HfLayout layout) {
-  return layout == HfLayout::kFamily ? models::family_hf_format(model, dtype) : model.hf_format(dtype);
+// The format an export writes; transformers' layouts with config.json in `transformers_version`'s form (4 or 5).
+models::HfFormat format_in(const models::CausalLM& model, at::ScalarType dtype, HfLayout layout,
+                           int transformers_version) {
+  if (transformers_version != 4 && transformers_version != 5) {
+    throw Error(kHfComponent,
+                fmt::format("transformers_version {}: an export's config.json is written for transformers 4 or 5",
+                            transformers_version));
+  }
+  if (layout == HfLayout::kFamily) return models::family_hf_format(model, dtype);
+  models::HfFormat format = model.hf_format(dtype);
+  format.config = models::hf_config_for(format.config, transformers_version);
+  if (transformers_version == 5) {
+    if (format.config.contains("rope_parameters")) {
+      spdlog::info(
+          "hf export: config.json in transformers 5's form (rotary settings in rope_parameters), which "
+          "transformers 4 would read with its default rope base; write it with transformers_version 4 "
+          "(convert --transformers-version 4) for transformers 4");
+    }
+  }
+  return format;
 }
 
 std::vector<TensorLayout> layout_of(const models::HfFormat& format, at::ScalarType dtype) {
@@ -240,8 +259,9 @@ void write_extras(const fs::path& dir, const nlohmann::ordered_json& config, con
 }  // namespace
 
 void save_hf_model(models::CausalLM& model, const std::string& dir, at::ScalarType dtype, uint64_t max_shard_bytes,
-                   HfLayout layout, const std::optional<std::filesystem::path>& tokenizer) {
-  const models::HfFormat format = format_in(model, dtype, layout);  // refuses before anything is written
+                   HfLayout layout, const std::optional<std::filesystem::path>& tokenizer, int transformers_version) {
+  // Refuses before anything is written.
+  const models::HfFormat format = format_in(model, dtype, layout, transformers_version);
   fs::create_directories(dir);
   std::map<std::string, at::Tensor> params;
   for (const auto& item : model.named_parameters()) params[item.key()] = item.value();
@@ -327,11 +347,11 @@ std::shared_ptr<models::CausalLM> load_checkpoint_model(const std::string& check
 
 void export_checkpoint_to_hf(const std::string& checkpoint_dir, const std::string& out_dir, at::ScalarType dtype,
                              HfLayout layout, uint64_t max_shard_bytes,
-                             const std::optional<std::filesystem::path>& tokenizer) {
+                             const std::optional<std::filesystem::path>& tokenizer, int transformers_version) {
   CheckpointReader reader(checkpoint_dir);
   const CheckpointModel cm = checkpoint_model(reader, checkpoint_dir);
   // The format refuses a model transformers cannot represent before anything is written.
-  const models::HfFormat format = format_in(*cm.meta, dtype, layout);
+  const models::HfFormat format = format_in(*cm.meta, dtype, layout, transformers_version);
   fs::create_directories(out_dir);
   save_sharded_safetensors_streamed(out_dir, layout_of(format, dtype),
                                     [&](size_t i) {

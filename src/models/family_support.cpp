@@ -240,6 +240,71 @@ nlohmann::json hf_config_v4(const nlohmann::json& raw, const std::string& where)
   return cfg;
 }
 
+nlohmann::ordered_json hf_config_v5(const nlohmann::ordered_json& v4) {
+  if (!v4.is_object()) return v4;
+  nlohmann::ordered_json out = v4;
+  if (out.contains("torch_dtype")) {
+    const nlohmann::ordered_json dtype = out["torch_dtype"];
+    out.erase("torch_dtype");
+    out["dtype"] = dtype;
+  }
+  const auto& forms = hf_config_forms();
+  const auto found = forms.find(out.value("model_type", ""));
+  if (found == forms.end()) return out;
+  const HfConfigForm& form = found->second;
+  for (const auto& [v5_name, v4_name] : form.renamed) {
+    if (!out.contains(v4_name)) continue;
+    const nlohmann::ordered_json v = out[v4_name];
+    out.erase(v4_name);
+    out[v5_name] = v;
+  }
+  // One parameter set from `rope`'s keys (taken out of the top level), with rope_scaling's keys when it scales.
+  auto params_of = [&out](const HfConfigForm::Rope& rope) {
+    nlohmann::ordered_json p = nlohmann::ordered_json::object();
+    const bool top = rope.theta_section.empty();
+    const nlohmann::ordered_json* holder = top ? &out : nullptr;
+    if (!top && out.contains(rope.theta_section) && out[rope.theta_section].is_object()) {
+      holder = &out[rope.theta_section];  // DBRX's attn_config keeps its rope_theta: transformers 5 reads it there
+    }
+    if (holder != nullptr && holder->contains(rope.theta_key) && !(*holder)[rope.theta_key].is_null()) {
+      p["rope_theta"] = (*holder)[rope.theta_key];
+    }
+    if (top) out.erase(rope.theta_key);
+    if (!rope.partial_key.empty() && out.contains(rope.partial_key)) {
+      if (!out[rope.partial_key].is_null()) p["partial_rotary_factor"] = out[rope.partial_key];
+      out.erase(rope.partial_key);
+    }
+    if (rope.scaling && out.contains("rope_scaling") && out["rope_scaling"].is_object()) {
+      for (const auto& [k, v] : out["rope_scaling"].items()) p[k == "type" ? "rope_type" : k] = v;
+    }
+    if (!p.contains("rope_type")) p["rope_type"] = "default";
+    return p;
+  };
+  if (form.rope) {
+    nlohmann::ordered_json p = params_of(*form.rope);
+    out.erase("rope_scaling");
+    out["rope_parameters"] = std::move(p);
+  } else if (!form.rope_per_layer_type.empty()) {
+    nlohmann::ordered_json all = nlohmann::ordered_json::object();
+    for (const auto& [layer, rope] : form.rope_per_layer_type) all[layer] = params_of(rope);
+    out.erase("rope_scaling");
+    out["rope_parameters"] = std::move(all);
+  }
+  return out;
+}
+
+nlohmann::ordered_json hf_config_for(const nlohmann::ordered_json& v4, int version) {
+  nlohmann::ordered_json v5 = hf_config_v5(v4);
+  if (version != 4) return v5;
+  const auto& forms = hf_config_forms();
+  const auto found = forms.find(v4.value("model_type", ""));
+  const bool sectioned = found != forms.end() && found->second.rope && !found->second.rope->theta_section.empty();
+  if (!sectioned || !v5.contains("rope_parameters")) return v4;
+  nlohmann::ordered_json out = v4;
+  out["rope_parameters"] = v5["rope_parameters"];
+  return out;
+}
+
 void refuse_unread_hf_keys(const nlohmann::json& config, const std::set<std::string>& read,
                            const std::set<std::string>& accepted, const std::string& where, const std::string& family,
                            const std::string& prefix) {

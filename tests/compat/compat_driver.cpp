@@ -6,7 +6,7 @@
 //       next-token loss on input_ids, backpropagates, and writes logits, loss and grad.<parameter> for every parameter;
 //       --train runs in training mode: a mixture of experts' auxiliary losses join the loss (aux.<name>), and each
 //       router's tokens per expert are written (tokens_per_expert.<router>)
-//   tessera_compat_driver export DIR OUT_DIR [bf16] [family]
+//   tessera_compat_driver export DIR OUT_DIR [bf16] [family] [transformers4]   (config.json for transformers 4)
 //       loads DIR and writes it back with save_hf_model (transformers' layout, or the family's own with "family")
 //   tessera_compat_driver generate DIR INPUTS.safetensors OUT.safetensors MAX_NEW [EOS]
 //       greedy generation for each row of input_ids (its first lengths[b] tokens when INPUTS has "lengths"); writes
@@ -547,7 +547,8 @@ int main(int argc, char** argv) {
       auto has = [&](const char* o) { return std::find(opts.begin(), opts.end(), o) != opts.end(); };
       tessera::checkpoint::save_hf_model(
           *model, argv[3], has("bf16") ? at::kBFloat16 : at::kFloat, uint64_t{5} << 30,
-          has("family") ? tessera::checkpoint::HfLayout::kFamily : tessera::checkpoint::HfLayout::kTransformers);
+          has("family") ? tessera::checkpoint::HfLayout::kFamily : tessera::checkpoint::HfLayout::kTransformers,
+          std::nullopt, has("transformers4") ? 4 : 5);
       return 0;
     }
     if (cmd == "generate" && argc >= 6) {

@@ -15,6 +15,12 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+def transformers_major():
+    """The major version of this venv's transformers (4 in the main venv, 5 in venv-tf5), without importing it."""
+    from importlib.metadata import version
+    return int(version("transformers").split(".")[0])
+
+
 def _binary(env, name):
     path = os.environ.get(env, str(ROOT / "build" / "bin" / name))
     if not pathlib.Path(path).exists():
@@ -40,6 +46,10 @@ def driver():
     path = _binary("TESSERA_COMPAT_DRIVER", "tessera_compat_driver")
 
     def run(*args):
+        # An export is written for this venv's transformers, as its user would ask (config.json's rotary settings in
+        # transformers 4's keys here; the product's default is transformers 5's rope_parameters).
+        if args and args[0] == "export" and transformers_major() < 5 and "transformers4" not in args:
+            args = (*args, "transformers4")
         proc = subprocess.run([path, *map(str, args)], capture_output=True, text=True)
         if proc.returncode != 0:
             raise AssertionError(f"tessera_compat_driver {' '.join(map(str, args))} failed:\n{proc.stderr}")

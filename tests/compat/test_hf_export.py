@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 from streaming import MDSWriter
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
-from conftest import ROOT, _binary
+from conftest import ROOT, _binary, transformers_major
 
 SEQ = 32
 VOCAB = 128
@@ -187,6 +187,9 @@ def train_and_checkpoint(driver, tmp_path, dataset, model_section, algorithms=No
 
 
 def convert(checkpoint, out, *args):
+    """`convert`, writing config.json for this venv's transformers unless `args` say otherwise."""
+    if transformers_major() < 5 and "--transformers-version" not in args:
+        args = (*args, "--transformers-version", "4")
     return subprocess.run([_binary("TESSERA_CONVERT_TOOL", "convert"), "--checkpoint", str(checkpoint), "--hf-out",
                            str(out), *args], capture_output=True, text=True)
 

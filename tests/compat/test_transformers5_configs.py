@@ -8,6 +8,10 @@ object (rope_theta, rope_type, partial_rotary_factor and the scaling's keys; Gem
 fp32. Before Tessera read this form, it took the default rope base for these configs (a Llama 3 folder's logits
 differed by 5e-3) without a word.
 
+Tessera's exports go the other way: config.json in transformers 5's form by default (the rotary settings in
+rope_parameters, dtype), or in transformers 4's (`transformers4`: rope_theta, rope_scaling, ...); transformers 5
+loads either as the family's class with the same logits.
+
 The main venv's transformers 4 cannot run this file; there it skips (compat_a..d leave it out).
 """
 import json
@@ -182,6 +186,31 @@ def test_a_transformers5_folder_loads_with_its_logits(name, driver, tmp_path):
     driver("forward", folder, tmp_path / "in.safetensors", tmp_path / "out.safetensors")
     ours = load_file(tmp_path / "out.safetensors")["logits"]
     assert (ours - logits).abs().max().item() <= 1e-5
+
+
+V4_ROPE_KEYS = {"rope_theta", "rope_scaling", "rotary_emb_base", "rotary_pct", "rope_local_base_freq"}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_tessera_exports_in_either_form_load_in_transformers5_with_the_logits(name, driver, tmp_path):
+    model = hf_model(name)
+    folder = tmp_path / "hf"
+    model.save_pretrained(folder)
+    ids = torch.randint(0, model.config.vocab_size, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    for form in ("default", "transformers4"):
+        out = tmp_path / form
+        driver("export", folder, out, *([form] if form != "default" else []))
+        config = json.loads((out / "config.json").read_text())
+        if name in ROTARY and name != "dbrx":  # DBRX keeps attn_config.rope_theta in both forms (transformers reads it)
+            assert ("rope_parameters" in config) == (form == "default"), config
+            assert bool(V4_ROPE_KEYS & set(config)) == (form != "default"), config
+        assert ("dtype" in config) == (form == "default") and ("torch_dtype" in config) != (form == "default")
+        exported = T.AutoModelForCausalLM.from_pretrained(out, attn_implementation=CASES[name][3]).eval()
+        assert type(exported) is type(model), form
+        with torch.no_grad():
+            assert (exported(input_ids=ids).logits - logits).abs().max().item() <= 1e-5, form
 
 
 def test_the_default_configs_the_unit_tests_read_are_what_transformers5_writes():

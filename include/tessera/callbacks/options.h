@@ -32,6 +32,9 @@ struct HfCheckpointerOptions {
   // The final folder also goes to the MLflow logger's run as a model registered under this name (empty: not).
   std::string mlflow_registered_model_name;
   std::string mlflow_logging_config = "{}";  // JSON: {"task": ..., "metadata": {...}} (LLM Foundry's keys)
+  // The transformers major version config.json is written for (checkpoint::save_hf_model): 5, or 4 (whose form
+  // transformers 5 reads too; transformers 4 does not read 5's rope_parameters).
+  int transformers_version = 5;
 };
 
 struct LRMonitorOptions {};

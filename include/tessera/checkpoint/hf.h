@@ -82,9 +82,13 @@ enum class HfLayout { kTransformers, kFamily };
 // files (tokenizer.json, tokenizer_config.json, special_tokens_map.json, tokenizer.model, chat_template.jinja, those
 // present; those absent are removed from `dir`), so that AutoTokenizer loads the folder. A lone tokenizer.json gets a
 // tokenizer_config.json naming PreTrainedTokenizerFast. config.json is written last.
+//
+// `transformers_version` (4 or 5) picks the form of a transformers layout's config.json: 5 (the default) as
+// transformers 5 writes it (the rotary settings in rope_parameters, dtype), which transformers 4 would read with its
+// default rope base; 4 as transformers 4 writes it (rope_theta, rope_scaling, ...), which transformers 5 reads too.
 void save_hf_model(models::CausalLM& model, const std::string& dir, at::ScalarType dtype = at::kFloat,
                    uint64_t max_shard_bytes = uint64_t{5} << 30, HfLayout layout = HfLayout::kTransformers,
-                   const std::optional<std::filesystem::path>& tokenizer = std::nullopt);
+                   const std::optional<std::filesystem::path>& tokenizer = std::nullopt, int transformers_version = 5);
 
 // Builds a model from a Tessera checkpoint directory (checkpoint.h; any world size and strategy): the architecture
 // from its "hf_config", the fp32 weights read (checksums verified) from its rank files. Throws naming the checkpoint
@@ -104,7 +108,8 @@ std::shared_ptr<models::CausalLM> load_any_model(const std::string& path, const 
 void export_checkpoint_to_hf(const std::string& checkpoint_dir, const std::string& out_dir,
                              at::ScalarType dtype = at::kFloat, HfLayout layout = HfLayout::kTransformers,
                              uint64_t max_shard_bytes = uint64_t{5} << 30,
-                             const std::optional<std::filesystem::path>& tokenizer = std::nullopt);
+                             const std::optional<std::filesystem::path>& tokenizer = std::nullopt,
+                             int transformers_version = 5);
 
 // The recipe's tokenizer.name stored in a checkpoint's metadata (the trainer's "config"), if any.
 std::optional<std::string> checkpoint_tokenizer_name(const std::string& checkpoint_dir);

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -203,6 +204,24 @@ class FamilyKeys {
           }
         },
         [f](const O& o) { return nlohmann::ordered_json(o.*f); });
+  }
+  // A number transformers' config class types as an integer (its strict dataclasses of transformers 5 refuse 16.0)
+  // that the family holds as a double: read as any number, written as an integer when whole (Gemma's
+  // query_pre_attn_scalar).
+  FamilyKeys& whole_number(std::string key, double O::*f, KeyCheck<double> check = {}, Types only = {}) {
+    return row(
+        key, std::move(only),
+        [key, f, check](config::Section& s, O& o) {
+          o.*f = s.get_double(key, o.*f);
+          if (check) {
+            if (const std::string why = check(o.*f); !why.empty()) s.fail(key, why);
+          }
+        },
+        [f](const O& o) {
+          const double v = o.*f;
+          return v == std::floor(v) && std::abs(v) < 9.0e15 ? nlohmann::ordered_json(static_cast<int64_t>(v))
+                                                            : nlohmann::ordered_json(v);
+        });
   }
   // A key of which the family computes one value, `value`; any other is refused ("<value>: <why>"). Written as
   // `value`.

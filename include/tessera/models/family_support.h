@@ -54,6 +54,17 @@ const std::map<std::string, HfConfigForm>& hf_config_forms();
 // unchanged but for `dtype`.
 nlohmann::json hf_config_v4(const nlohmann::json& raw, const std::string& where);
 
+// A family's config.json (hf_config(), transformers 4's form) as transformers 5 writes it: `dtype` for
+// `torch_dtype`, the model_type's renamed keys under their new names, and the rotary settings (its rope_theta,
+// partial rotary factor and rope_scaling) as one rope_parameters object, or one per layer type: what hf_config_v4()
+// reads back. transformers 4 does not read rope_parameters (it would take its default rope base: another model).
+nlohmann::ordered_json hf_config_v5(const nlohmann::ordered_json& v4);
+
+// config.json for transformers `version` (4 or 5) from a family's hf_config() (transformers 4's form): hf_config_v5()
+// for 5; for 4 the form itself, except where transformers 5 takes the rotary base from rope_parameters only and 4
+// from a sub-object (DBRX's attn_config.rope_theta): there rope_parameters is written too, so that both read it.
+nlohmann::ordered_json hf_config_for(const nlohmann::ordered_json& v4, int version);
+
 // Refuses (Error("hf") naming `where` and the key, `prefix` before it for a nested object) every key of `config`
 // that is neither in `read` (what the family reads) nor in `accepted` (keys its transformers class does not read, or
 // that Tessera reads otherwise) nor one that changes no causal LM's function: PretrainedConfig's bookkeeping, output

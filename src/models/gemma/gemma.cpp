@@ -69,7 +69,7 @@ const FamilyKeys<GemmaOptions>& gemma_keys() {
           .field("rope_local_base_freq", &O::rope_local_base_freq, {}, gemma3)
           .field("attention_bias", &O::attention_bias)
           .field("attention_dropout", &O::attention_dropout, probability())
-          .field("query_pre_attn_scalar", &O::query_pre_attn_scalar, positive_real())
+          .whole_number("query_pre_attn_scalar", &O::query_pre_attn_scalar, positive_real())
           .field("sliding_window", &O::sliding_window, positive())
           .custom(
               "sliding_window_pattern",

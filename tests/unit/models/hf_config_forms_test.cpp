@@ -18,6 +18,7 @@
 #include "models/phi3/phi3.h"
 #include "tessera/config/value.h"
 #include "tessera/models/causal_lm.h"
+#include "tessera/models/family_support.h"
 #include "tessera/models/hf_causal_lm.h"
 #include "tessera/util/error.h"
 #include "test_util.h"
@@ -338,6 +339,51 @@ TEST(HfConfigForms, TheConfigTesseraWritesReadsBackAsTheSameOptions) {
     EXPECT_EQ(b->describe(), a->describe());
     EXPECT_EQ(b->hf_config(at::kBFloat16).dump(2), written.dump(2));
   }
+}
+
+// Exports in transformers 5's form (checkpoint::save_hf_model's default): each family's config.json as Tessera
+// writes it (transformers 4's form), through hf_config_v5(), carries its rotary settings only in rope_parameters
+// (what transformers 5 itself writes for that family's default config), and reads back as the same options.
+TEST(HfConfigForms, ConfigsWrittenInTransformers5FormReadBackAsTheSameOptions) {
+  const json v4 = read_fixture("transformers-4.57.6.json");
+  const json v5 = read_fixture("transformers-5.25.0.json");
+  int rotary = 0;
+  for (const auto& [type, config] : v4.items()) {
+    SCOPED_TRACE(type);
+    const std::shared_ptr<CausalLM> a = build_from_hf_config(config, type + "/config.json", "meta");
+    nlohmann::ordered_json written;
+    if (error_of([&] { written = a->hf_config(at::kBFloat16); }) != "(no error)") continue;  // no transformers form
+    const nlohmann::ordered_json five = hf_config_v5(written);
+    EXPECT_EQ(five.contains("rope_parameters"), v5[type].contains("rope_parameters"));
+    for (const char* key : {"rope_theta", "rope_scaling", "rotary_emb_base", "rotary_pct", "rope_local_base_freq",
+                            "partial_rotary_factor", "torch_dtype"}) {
+      EXPECT_FALSE(five.contains(key)) << key;
+    }
+    EXPECT_EQ(five.value("dtype", ""), "bfloat16");
+    if (five.contains("rope_parameters")) {
+      ++rotary;
+      // The same rotary bases and kinds as transformers 5's own default config (per layer type for Gemma 3).
+      const json ours = json::parse(five["rope_parameters"].dump()), theirs = v5[type]["rope_parameters"];
+      const bool nested = theirs.contains("full_attention");
+      const json layers = nested ? theirs : json{{"", theirs}};
+      for (const auto& [layer, p] : layers.items()) {
+        const json& mine = nested ? ours.at(layer) : ours;
+        EXPECT_EQ(mine.at("rope_theta"), p.at("rope_theta")) << layer;
+        EXPECT_EQ(mine.at("rope_type"), p.at("rope_type")) << layer;
+      }
+    }
+    std::shared_ptr<CausalLM> b;
+    ASSERT_EQ(error_of([&] { b = build_from_hf_config(json::parse(five.dump()), "five/config.json", "meta"); }),
+              "(no error)");
+    EXPECT_EQ(b->hf_config(at::kBFloat16).dump(2), written.dump(2));
+    // transformers 4's form for the same model is what the family writes, but for DBRX, which adds rope_parameters
+    // (transformers 5 reads its base there only).
+    const nlohmann::ordered_json four = hf_config_for(written, 4);
+    EXPECT_EQ(four.contains("rope_parameters"), type == "dbrx");
+    EXPECT_EQ(build_from_hf_config(json::parse(four.dump()), "four/config.json", "meta")->hf_config(at::kBFloat16),
+              written);
+  }
+  EXPECT_GE(rotary, 12);
 }
 
 }  // namespace hf_config_forms_test
