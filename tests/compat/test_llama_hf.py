@@ -279,11 +279,14 @@ def test_configs_transformers_computes_differently_are_refused(driver, tmp_path)
 
 
 
-def train_export_and_compare(driver, tmp_path, dataset, section, start=None):
-    """Trains `section` 5 steps with Tessera (from the HF folder `start` when given), checkpoints, exports with
-    `convert`, and checks AutoModelForCausalLM computes Tessera's logits on the export. Returns transformers' model."""
-    checkpoint = train_and_checkpoint(driver, tmp_path, dataset, section,
-                                      extra={"load_path": str(start)} if start is not None else None)
+def train_export_and_compare(driver, tmp_path, dataset, section, start=None, extra=None):
+    """Trains `section` 5 steps with Tessera (from the HF folder `start` when given; recipe keys `extra` added),
+    checkpoints, exports with `convert`, and checks AutoModelForCausalLM computes Tessera's logits on the export.
+    Returns transformers' model."""
+    extra = dict(extra or {})
+    if start is not None:
+        extra["load_path"] = str(start)
+    checkpoint = train_and_checkpoint(driver, tmp_path, dataset, section, extra=extra)
     trace = tmp_path / "trace"
     init = load_file(trace / "init" / "model.safetensors")
     if start is not None:  # the run started from the HF folder's weights

@@ -42,6 +42,7 @@ from transformers import (AutoModelForCausalLM, Qwen3_5Config, Qwen3_5ForCausalL
                           Qwen3_5MoeForConditionalGeneration, Qwen3_5MoeTextConfig, Qwen3_5TextConfig)
 
 from conftest import ROOT  # noqa: E402
+from test_hf_export import dataset  # noqa: E402,F401 (the fixture)
 from test_llama_hf import (check_greedy_generation, check_left_padding, check_logits_and_gradients,  # noqa: E402
                            run_tessera, save)
 
@@ -294,3 +295,13 @@ def test_published_folders_keys_outside_the_text_model_are_refused_by_name(drive
         (folder / "config.json").write_text(json.dumps(dict(original, **change)))
         with pytest.raises(AssertionError, match=message):
             run_tessera(driver, tmp_path, folder, input_ids=ids)
+
+
+def test_the_tiny_recipe_trains_and_exports_as_qwen3_5(driver, tmp_path, dataset):  # noqa: F811
+    """recipes/qwen3.5-tiny-cpu.yaml's model on the shared test data trains 5 steps (its loss falls), exports through
+    `convert` in transformers 5's form, and transformers 5 loads it as Qwen3_5ForCausalLM with Tessera's logits (the
+    other families' tiny recipes: test_tiny_recipes.py)."""
+    from test_llama_hf import train_export_and_compare
+    from test_tiny_recipes import TINY_OPTIMIZER, tiny_section
+    hf = train_export_and_compare(driver, tmp_path, dataset, tiny_section("qwen3.5"), extra=TINY_OPTIMIZER)
+    assert type(hf) is Qwen3_5ForCausalLM
