@@ -14,11 +14,14 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/modules/container/modulelist.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "tessera/algorithms/options.h"
 #include "tessera/callbacks/options.h"
@@ -365,6 +368,10 @@ class TokenDropout : public core::Algorithm {
 struct KillAfterOptions {
   int64_t after = 0;
   std::string resumed_at;
+  // A checkpoint folder whose save must be complete (its metadata.json written) before the kill: checkpoints are
+  // written in the background, and a kill while one is in flight abandons it (the restart then resumes from the one
+  // before), which on a loaded machine would make the resume point a matter of timing.
+  std::string wait_for;
 };
 
 class KillAfter : public core::Callback {
@@ -375,6 +382,14 @@ class KillAfter : public core::Callback {
     const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
     const bool first = restart == nullptr || std::string(restart) == "0";
     if (e == core::Event::kBatchCheckpoint && s.timestamp.batch == o_.after && s.rank == 1 && first) {
+      if (!o_.wait_for.empty()) {
+        // Up to 10 minutes (a hung save fails the test at the resume point, not here).
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(10);
+        while (!std::filesystem::exists(std::filesystem::path(o_.wait_for) / "metadata.json") &&
+               std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+      }
       std::cerr << fmt::format("rank 1: killing myself after batch {}\n", o_.after);
       raise(SIGKILL);
     }
@@ -500,6 +515,7 @@ void register_components() {
         KillAfterOptions o;
         o.after = s.get_int("after", o.after);
         o.resumed_at = s.get_string("resumed_at", o.resumed_at);
+        o.wait_for = s.get_string("wait_for", o.wait_for);
         s.finish();
         return o;
       },

@@ -93,7 +93,9 @@ int run_rank(const std::string& data, const std::string& run_dir, int64_t kill_a
       RESEARCH_SOURCE_DIR "/research.yaml", {"variables.data_local=" + data, "save_folder=" + run_dir + "/checkpoints",
                                              "loggers.jsonl.filename=" + run_dir + "/metrics.jsonl",
                                              "callbacks.kill_after.after=" + std::to_string(kill_after),
-                                             "callbacks.kill_after.resumed_at=" + run_dir + "/resumed_at"});
+                                             "callbacks.kill_after.resumed_at=" + run_dir + "/resumed_at",
+                                             // The save before the kill (every 2 batches: batch 4) complete first.
+                                             "callbacks.kill_after.wait_for=" + run_dir + "/checkpoints/ep0-ba4"});
   trainer::Trainer t(cfg);
   t.fit();
   return 0;
