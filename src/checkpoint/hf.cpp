@@ -188,13 +188,11 @@ models::HfFormat format_in(const models::CausalLM& model, at::ScalarType dtype, 
   if (layout == HfLayout::kFamily) return models::family_hf_format(model, dtype);
   models::HfFormat format = model.hf_format(dtype);
   format.config = models::hf_config_for(format.config, transformers_version);
-  if (transformers_version == 5) {
-    if (format.config.contains("rope_parameters")) {
-      spdlog::info(
-          "hf export: config.json in transformers 5's form (rotary settings in rope_parameters), which "
-          "transformers 4 would read with its default rope base; write it with transformers_version 4 "
-          "(convert --transformers-version 4) for transformers 4");
-    }
+  if (transformers_version == 5 && format.config.contains("rope_parameters")) {
+    spdlog::info(
+        "hf export: config.json in transformers 5's form (rotary settings in rope_parameters), which transformers 4 "
+        "would read with its default rope base; write it with transformers_version 4 (convert --transformers-version "
+        "4) for transformers 4");
   }
   return format;
 }

@@ -294,14 +294,12 @@ nlohmann::ordered_json hf_config_v5(const nlohmann::ordered_json& v4) {
 }
 
 nlohmann::ordered_json hf_config_for(const nlohmann::ordered_json& v4, int version) {
-  nlohmann::ordered_json v5 = hf_config_v5(v4);
-  if (version != 4) return v5;
+  if (version != 4) return hf_config_v5(v4);
   const auto& forms = hf_config_forms();
   const auto found = forms.find(v4.value("model_type", ""));
-  const bool sectioned = found != forms.end() && found->second.rope && !found->second.rope->theta_section.empty();
-  if (!sectioned || !v5.contains("rope_parameters")) return v4;
+  if (found == forms.end() || !found->second.rope || found->second.rope->theta_section.empty()) return v4;
   nlohmann::ordered_json out = v4;
-  out["rope_parameters"] = v5["rope_parameters"];
+  out["rope_parameters"] = hf_config_v5(v4)["rope_parameters"];
   return out;
 }
 

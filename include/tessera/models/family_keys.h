@@ -74,6 +74,13 @@ inline KeyCheck<std::string> hf_activation_check() {
   };
 }
 
+// `v` for a config.json key that transformers' config class types as an integer (its strict dataclasses of
+// transformers 5 refuse 4.0): an integer where it is whole, else the number.
+inline nlohmann::ordered_json whole_number_json(double v) {
+  return v == std::floor(v) && std::abs(v) < 9.0e15 ? nlohmann::ordered_json(static_cast<int64_t>(v))
+                                                    : nlohmann::ordered_json(v);
+}
+
 template <class O>
 class FamilyKeys {
  public:
@@ -217,11 +224,7 @@ class FamilyKeys {
             if (const std::string why = check(o.*f); !why.empty()) s.fail(key, why);
           }
         },
-        [f](const O& o) {
-          const double v = o.*f;
-          return v == std::floor(v) && std::abs(v) < 9.0e15 ? nlohmann::ordered_json(static_cast<int64_t>(v))
-                                                            : nlohmann::ordered_json(v);
-        });
+        [f](const O& o) { return whole_number_json(o.*f); });
   }
   // A key of which the family computes one value, `value`; any other is refused ("<value>: <why>"). Written as
   // `value`.

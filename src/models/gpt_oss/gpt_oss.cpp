@@ -185,17 +185,6 @@ void GptOssForCausalLMImpl::init_weights(uint64_t seed, const std::function<bool
   }
 }
 
-double GptOssForCausalLMImpl::flops_per_token(int64_t seq_len) const {
-  int64_t n = num_active_params();
-  if (!o_.tie_word_embeddings) n -= o_.vocab_size * o_.hidden_size;
-  double attention = 0;
-  for (int64_t i = 0; i < o_.num_hidden_layers; ++i) {
-    const int64_t keys = o_.sliding(i) ? std::min(seq_len, o_.sliding_window) : seq_len;
-    attention += 12.0 * static_cast<double>(o_.num_attention_heads * o_.head_dim) * static_cast<double>(keys);
-  }
-  return 6.0 * static_cast<double>(n) + attention;
-}
-
 int64_t GptOssForCausalLMImpl::num_active_params() const {
   const int64_t d = o_.hidden_size, f = o_.intermediate_size;
   const int64_t per_expert = d * 2 * f + 2 * f + f * d + d;

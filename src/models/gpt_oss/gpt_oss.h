@@ -143,7 +143,6 @@ class GptOssForCausalLMImpl
 
   // transformers' scheme, with the sinks, the stacked experts and the routers' biases drawn as transformers does.
   void init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select = nullptr) override;
-  double flops_per_token(int64_t seq_len) const override;  // the active parameters', windowed layers' keys
   std::map<std::string, at::Tensor> auxiliary_losses() const override { return routing_.auxiliary_losses(); }
   void set_auxiliary_loss_scale(double scale) override { routing_.scale->set(scale); }
   std::vector<std::pair<std::string, at::Tensor>> expert_token_counts() const override;

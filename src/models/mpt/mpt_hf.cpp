@@ -2,7 +2,6 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <cmath>
 #include <set>
 #include <string>
 #include <vector>
@@ -12,6 +11,7 @@
 #include "models/mpt/mpt.h"
 #include "tessera/config/reader.h"
 #include "tessera/config/value.h"
+#include "tessera/models/family_keys.h"
 #include "tessera/models/family_support.h"
 #include "tessera/util/error.h"
 
@@ -125,14 +125,6 @@ MPTOptions mpt_options_from_hf_config(const nlohmann::json& raw, const std::stri
   return o;
 }
 
-namespace {
-// A number LLM Foundry reads as any number and transformers' MptConfig types as an int (attn_pdrop, alibi_bias_max,
-// expansion_ratio; transformers 5 refuses 4.0): an int where it is whole.
-nlohmann::ordered_json whole_as_int(double v) {
-  return v == std::floor(v) ? nlohmann::ordered_json(static_cast<int64_t>(v)) : nlohmann::ordered_json(v);
-}
-}  // namespace
-
 nlohmann::ordered_json mpt_hf_config(const MPTOptions& o, at::ScalarType dtype) {
   const char* norm = "layernorm";
   if (o.norm_type == NormType::kLowPrecisionLayerNorm) norm = "low_precision_layernorm";
@@ -140,7 +132,9 @@ nlohmann::ordered_json mpt_hf_config(const MPTOptions& o, at::ScalarType dtype) 
   if (o.norm_type == NormType::kLowPrecisionRMSNorm) norm = "low_precision_rmsnorm";
   nlohmann::ordered_json attn = {
       {"attn_type", o.attn.attn_type},
-      {"attn_pdrop", whole_as_int(o.attn.attn_pdrop)},
+      // attn_pdrop, alibi_bias_max and expansion_ratio are ints in transformers' MptConfig (any number in LLM
+      // Foundry's).
+      {"attn_pdrop", whole_number_json(o.attn.attn_pdrop)},
       {"attn_impl", "torch"},
       {"qk_ln", o.attn.qk_ln},
       {"qk_gn", o.attn.qk_gn},
@@ -150,7 +144,7 @@ nlohmann::ordered_json mpt_hf_config(const MPTOptions& o, at::ScalarType dtype) 
       {"attn_uses_sequence_id", o.attn.attn_uses_sequence_id},
       {"sliding_window_size", o.attn.sliding_window_size},
       {"alibi", o.attn.alibi},
-      {"alibi_bias_max", whole_as_int(o.attn.alibi_bias_max)},
+      {"alibi_bias_max", whole_number_json(o.attn.alibi_bias_max)},
       {"rope", o.attn.rope},
       {"rope_theta", o.attn.rope_theta},
       {"rope_impl", "dail"}};
@@ -200,7 +194,7 @@ nlohmann::ordered_json mpt_hf_config(const MPTOptions& o, at::ScalarType dtype) 
       {"d_model", o.d_model},
       {"n_heads", o.n_heads},
       {"n_layers", o.n_layers},
-      {"expansion_ratio", whole_as_int(o.expansion_ratio)},
+      {"expansion_ratio", whole_number_json(o.expansion_ratio)},
       {"max_seq_len", o.max_seq_len},
       {"vocab_size", o.vocab_size},
       {"resid_pdrop", o.resid_pdrop},

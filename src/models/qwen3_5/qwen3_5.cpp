@@ -352,16 +352,6 @@ int64_t Qwen35ForCausalLMImpl::num_active_params() const {
   return num_params() - o_.num_hidden_layers * (sparse_moe_params(m) - sparse_moe_active_params(m));
 }
 
-// 6 N_active (less an untied input embedding) + 12 (heads x head_dim) x S per full-attention layer.
-double Qwen35ForCausalLMImpl::flops_per_token(int64_t seq_len) const {
-  int64_t n = num_active_params();
-  if (!o_.tie_word_embeddings) n -= model->embed_tokens->weight.numel();
-  const auto full = std::count(o_.layer_types.begin(), o_.layer_types.end(), "full_attention");
-  return 6.0 * static_cast<double>(n) + 12.0 * static_cast<double>(full) *
-                                            static_cast<double>(o_.num_attention_heads * o_.head_dim) *
-                                            static_cast<double>(seq_len);
-}
-
 void Qwen35ForCausalLMImpl::check_tensor_parallel(int64_t degree) const {
   refuse_tensor_parallel(degree, "Qwen3.5's linear-attention layers have no tensor-parallel split yet");
 }

@@ -167,7 +167,6 @@ class Qwen35ForCausalLMImpl
   explicit Qwen35ForCausalLMImpl(const Qwen35Options& o);
   void init_weights(uint64_t seed, const std::function<bool(const std::string&)>& select = nullptr) override;
   bool supports_context_parallel() const override { return false; }
-  double flops_per_token(int64_t seq_len) const override;  // the active parameters'
   // Qwen3.5-MoE: transformers' load-balancing loss as "aux_loss" (with output_router_logits), each layer's tokens per
   // expert; the dense model routes nothing.
   std::map<std::string, at::Tensor> auxiliary_losses() const override { return routing_.auxiliary_losses(); }

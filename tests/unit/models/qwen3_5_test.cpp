@@ -92,5 +92,23 @@ TEST(Qwen35, DefaultsFollowTransformersAndBadValuesAreRefusedByKey) {
   }
 }
 
+// Qwen3.5-MoE through the shared decoder's FLOPs: 6 times the parameters a token uses (each layer's router, top-k of
+// its experts and the shared expert; not the untied input embedding) plus the full-attention layers' 12 (heads x
+// head_dim) x S; the linear layers add no attention term.
+TEST(Qwen35, MoeFlopsFollowTheActiveParameters) {
+  const Qwen35Options o = parse(
+      "{model_type: qwen3_5_moe_text, hidden_size: 32, num_hidden_layers: 4, num_attention_heads: 4, "
+      "num_key_value_heads: 2, head_dim: 8, linear_num_key_heads: 2, linear_num_value_heads: 4, "
+      "linear_key_head_dim: 8, linear_value_head_dim: 6, num_experts: 6, num_experts_per_tok: 2, "
+      "moe_intermediate_size: 16, shared_expert_intermediate_size: 24, vocab_size: 97, max_position_embeddings: 128, "
+      "init_device: meta}");
+  Qwen35ForCausalLM model(o);
+  const int64_t unused = 4 * (6 - 2) * 3 * 32 * 16;  // per layer, the 4 experts a token skips (gate, up, down)
+  EXPECT_EQ(model->num_active_params(), model->num_params() - unused);
+  const int64_t full_layers = 1;  // every fourth layer
+  EXPECT_DOUBLE_EQ(model->flops_per_token(64),
+                   6.0 * static_cast<double>(model->num_active_params() - 97 * 32) + 12.0 * full_layers * 4 * 8 * 64);
+}
+
 }  // namespace qwen3_5_test
 }  // namespace tessera::models

@@ -30,6 +30,7 @@
 #include "tessera/models/blocks/attention.h"
 #include "tessera/models/blocks/decoder.h"
 #include "tessera/models/blocks/layers.h"
+#include "tessera/models/capabilities.h"
 #include "tessera/models/causal_lm.h"
 #include "tessera/models/family_keys.h"
 #include "tessera/models/parallel_plan.h"
@@ -121,10 +122,10 @@ class HfDecoderLM : public DecoderLM<Layer, Inputs>, public TensorParallelModel 
     if (seed && device != "meta") model->init_weights(*seed);
     return model;
   }
-  // 6 N (less the lookups: an untied input embedding, a position table) + 12 (heads x head_dim) x keys per layer (a
-  // windowed layer's: at most the window).
+  // 6 N (the parameters one token uses: a mixture of experts' active ones; less the lookups: an untied input
+  // embedding, a position table) + 12 (heads x head_dim) x keys per layer (a windowed layer's: at most the window).
   double flops_per_token(int64_t seq_len) const override {
-    int64_t n = this->num_params();
+    int64_t n = active_params(*this);
     if (!o_.tie_word_embeddings) n -= model->embed_tokens->weight.numel();
     if (model->positions) n -= model->positions->weight.numel();
     double attention = 0;
