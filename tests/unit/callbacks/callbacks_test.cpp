@@ -5,11 +5,13 @@
 
 #include <sys/wait.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <thread>
@@ -313,6 +315,28 @@ TEST(HfCheckpointerCallback, DurationIntervalsSaveWhenTheElapsedFractionPassesAM
     }
     fs::remove_all(folder);
   }
+}
+
+// transformers_version picks the form of the folder's config.json: transformers 5's by default (dtype), transformers
+// 4's with 4 (torch_dtype); other versions are refused naming the key.
+TEST(HfCheckpointerCallback, TransformersVersionPicksTheConfigForm) {
+  for (const std::string version : {"", "4"}) {
+    const fs::path folder = dataset().parent_path() / ("hf_form_" + version);
+    fs::remove_all(folder);
+    const std::string extra = version.empty() ? "" : ", transformers_version: " + version;
+    Trainer t(tiny_config(
+        "callbacks: {hf_checkpointer: {save_folder: " + folder.string() + ", save_interval: 1ba" + extra + "}}\n",
+        {"max_duration=1ba", "eval_interval=0"}));
+    t.fit();
+    std::ifstream in(folder / "huggingface" / "ba1" / "config.json");
+    const nlohmann::json config = nlohmann::json::parse(in);
+    EXPECT_EQ(config.contains("dtype"), version.empty()) << version;
+    EXPECT_EQ(config.contains("torch_dtype"), !version.empty()) << version;
+    fs::remove_all(folder);
+  }
+  const std::string err = testing::error_of(
+      [] { tiny_config("callbacks: {hf_checkpointer: {save_folder: /tmp/x, transformers_version: 3}}"); });
+  EXPECT_NE(err.find("callbacks.hf_checkpointer.transformers_version"), std::string::npos) << err;
 }
 
 // run_timeout: a process still alive `timeout` seconds after FIT_END is interrupted (SIGINT); close() in time
