@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <iostream>
+#include <string>
 
 #include "demo_data.h"
 #include "tessera/trainer/trainer.h"
@@ -42,7 +43,7 @@ class LossTracker : public core::Callback {
   double stop_below_;
 };
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   util::init_logging("warn");
   fs::path data = argc > 1 ? fs::path(argv[1]) : fs::temp_directory_path() / "tessera_embed_demo";
   if (argc <= 1) examples::write_demo_data(data);
@@ -68,4 +69,18 @@ int main(int argc, char** argv) {
                            tracker->losses.size(), tracker->losses.front(), tracker->losses.back(),
                            eval.at("LanguagePerplexity"), frozen ? "yes" : "no");
   return frozen && fell ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+  if (argc > 2 || (argc == 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h"))) {
+    std::cout << "usage: embed_trainer [DATA_DIR]\n  Trains the main job's model, made smaller from C++, with a custom "
+                 "algorithm and callback, on DATA_DIR's MDS data (default: a small synthetic dataset under /tmp).\n";
+    return argc == 2 ? 0 : 2;
+  }
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {  // a bad DATA_DIR, an unreadable recipe: the message, not an abort
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
 }

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "tessera/config/yaml_file.h"
 #include "tessera/util/error.h"
 #include "tessera/util/utf8.h"
 
@@ -403,17 +404,24 @@ Value parse_yaml(const std::string& text, const Origin& origin) {
   return convert(node, origin, "");
 }
 
-Value load_yaml_file(const std::string& path) {
+Value load_yaml_file(const std::string& path, const std::string& component, const std::string& what) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(kComponent, fmt::format("{}: cannot open the recipe file", path));
+  if (!in) throw ConfigError(component, fmt::format("{}: cannot open the {}", path, what));
   std::stringstream buf;
   buf << in.rdbuf();
   Origin origin;
   origin.file = path;
   Value root = parse_yaml(buf.str(), origin);
   if (root.is_null()) return Value::map(origin);
-  if (!root.is_map()) fail(root.origin(), "", "a recipe must be a YAML mapping of keys, got " + root.type_name());
+  if (!root.is_map()) {
+    throw ConfigError(component, fmt::format("{}: the {} must be a YAML mapping of keys, got {}",
+                                             root.origin().describe(), what, root.type_name()));
+  }
   return root;
+}
+
+Value load_yaml_file(const std::string& path) {
+  return load_yaml_file(path, kComponent, "recipe file");
 }
 
 void apply_override(Value& root, std::string_view assignment) {

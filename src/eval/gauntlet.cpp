@@ -10,12 +10,13 @@
 #include <cmath>
 
 #include "tessera/config/value.h"
+#include "tessera/config/yaml_file.h"
 #include "tessera/util/error.h"
 
 namespace tessera::eval {
 
 GauntletConfig load_gauntlet(const std::string& path) {
-  const config::Value root = config::load_yaml_file(path);
+  const config::Value root = config::load_yaml_file(path, "eval", "Eval Gauntlet file");
   const config::Value* g = root.find("eval_gauntlet");
   return parse_gauntlet(g != nullptr ? *g : root);
 }

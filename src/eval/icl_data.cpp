@@ -7,9 +7,12 @@
 #include <fstream>
 #include <optional>
 
+#include "tessera/config/reader.h"
 #include "tessera/config/value.h"
+#include "tessera/config/yaml_file.h"
 #include "tessera/eval/fewshot.h"
 #include "tessera/eval/icl.h"
+#include "tessera/eval/icl_task_keys.h"
 #include "tessera/util/error.h"
 
 namespace tessera::eval {
@@ -59,7 +62,7 @@ std::vector<int64_t> trim_context(std::vector<int64_t> context, size_t continuat
 }  // namespace
 
 std::vector<IclTaskConfig> load_icl_tasks(const std::string& path) {
-  const config::Value root = config::load_yaml_file(path);
+  const config::Value root = config::load_yaml_file(path, "eval", "ICL tasks file");
   const config::Value* list = root.find("icl_tasks");
   if (list == nullptr || !list->is_sequence()) {
     throw ConfigError("eval", fmt::format("{}: expected a list `icl_tasks`", path));
@@ -75,6 +78,14 @@ IclTaskConfig parse_icl_task(const config::Value& entry, const std::string& base
   const std::filesystem::path base(base_dir);
   const std::string where = entry.origin().describe();
   if (!entry.is_map()) throw ConfigError("eval", fmt::format("{}: an icl_tasks entry must be a mapping", where));
+  {  // A key outside the format (a misspelt `num_fewshots`) is refused by name at its line, as LLM Foundry's task
+     // classes refuse an unexpected argument; its keys that Tessera does not implement are named as such.
+    config::ParseContext ctx(entry.origin().file);
+    config::Section keys(&entry, "icl_tasks", ctx);
+    for (std::string_view key : kIclTaskKeys) keys.raw(key);
+    keys.finish(kIclTaskFoundryOnlyKeys);
+    ctx.throw_if_unsupported();
+  }
   const nlohmann::ordered_json j = entry.to_json();
   IclTaskConfig t;
   auto fail = [&](const std::string& key, const std::string& what) {

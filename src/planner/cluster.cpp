@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "tessera/config/value.h"
+#include "tessera/config/yaml_file.h"
 
 namespace tessera::planner {
 namespace {
@@ -61,7 +62,7 @@ Cluster parse_cluster(config::Section& s) {
 }
 
 Cluster load_cluster(const std::string& path) {
-  const config::Value root = config::load_yaml_file(path);
+  const config::Value root = config::load_yaml_file(path, "plan", "cluster file");
   config::ParseContext ctx(path);
   config::Section s(&root, "", ctx);
   Cluster c = parse_cluster(s);

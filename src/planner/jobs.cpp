@@ -15,6 +15,7 @@
 #include "tessera/config/reader.h"
 #include "tessera/config/time.h"
 #include "tessera/config/value.h"
+#include "tessera/config/yaml_file.h"
 #include "tessera/models/causal_lm.h"
 #include "tessera/trainer/plan.h"
 #include "tessera/trainer/train_config.h"
@@ -75,7 +76,7 @@ double parse_deadline(config::Section& s, const std::string& text) {
 }  // namespace
 
 std::vector<JobSpec> load_jobs(const std::string& path) {
-  const config::Value root = config::load_yaml_file(path);
+  const config::Value root = config::load_yaml_file(path, "plan", "jobs file");
   config::ParseContext ctx(path);
   config::Section top(&root, "", ctx);
   const config::Value* list = top.raw("jobs");

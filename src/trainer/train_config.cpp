@@ -15,6 +15,7 @@
 #include "tessera/callbacks/options.h"
 #include "tessera/config/reader.h"
 #include "tessera/data/data_loader.h"
+#include "tessera/eval/icl_task_keys.h"
 #include "tessera/loggers/options.h"
 #include "tessera/models/loss.h"
 #include "tessera/models/metric.h"
@@ -172,13 +173,8 @@ void parse_icl_tasks(Section& root, TrainConfig& cfg) {
       task.num_fewshot.push_back(*n);
     }
     // Task-format keys, read by the ICL evaluator.
-    for (std::string_view key :
-         {"metric_names", "max_seq_len", "batch_size", "prompt_string", "example_delimiter", "continuation_delimiter",
-          "prelimiter", "question_prelimiter", "fewshot_random_seed", "strip_dataset", "has_categories",
-          "cot_delimiter", "early_stopping_criteria", "do_normalization", "generation_kwargs", "pass_at_k"}) {
-      t.raw(key);
-    }
-    t.finish({"hf_loading_vars", "hf_parsing_map", "destination_path"});
+    for (std::string_view key : eval::kIclTaskKeys) t.raw(key);
+    t.finish(eval::kIclTaskFoundryOnlyKeys);
     cfg.icl_tasks.push_back(std::move(task));
   }
 }

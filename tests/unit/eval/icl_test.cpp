@@ -135,5 +135,28 @@ TEST(IclErrors, NameTheFileAndLine) {
             std::string::npos);
 }
 
+// A misspelt key in a tasks file is refused at its line with the key it was meant to be (it was once accepted and
+// ignored, so the task ran with the default); LLM Foundry's keys that Tessera does not implement are named; a tasks
+// file that cannot be read is called a tasks file.
+TEST(IclErrors, AMisspeltOrUnimplementedTaskKeyIsRefusedByName) {
+  const fs::path misspelt = write_file("misspelt.yaml",
+                                       "icl_tasks:\n- label: x\n  dataset_uri: x.jsonl\n"
+                                       "  icl_task_type: language_modeling\n  num_fewshots: [0, 5]\n");
+  EXPECT_EQ(testing::error_of([&] { load_icl_tasks(misspelt.string()); }),
+            "[recipe] " + misspelt.string() + ":5: icl_tasks.num_fewshots: unknown key (did you mean 'num_fewshot'?)");
+  const fs::path hub = write_file("hub.yaml",
+                                  "icl_tasks:\n- label: x\n  dataset_uri: x.jsonl\n"
+                                  "  icl_task_type: language_modeling\n  hf_loading_vars: {split: test}\n");
+  EXPECT_NE(
+      testing::error_of([&] { load_icl_tasks(hub.string()); }).find("not supported yet: icl_tasks.hf_loading_vars"),
+      std::string::npos);
+  const fs::path ok = write_file("ok.yaml",
+                                 "icl_tasks:\n- label: x\n  dataset_uri: x.jsonl\n"
+                                 "  icl_task_type: language_modeling\n  num_fewshot: [0]\n  batch_size: 4\n");
+  EXPECT_EQ(load_icl_tasks(ok.string()).at(0).num_fewshot, std::vector<int64_t>{0});
+  EXPECT_EQ(testing::error_of([&] { load_icl_tasks("/nonexistent/tasks.yaml"); }),
+            "[eval] /nonexistent/tasks.yaml: cannot open the ICL tasks file");
+}
+
 }  // namespace
 }  // namespace tessera::eval

@@ -709,6 +709,11 @@ TEST(Jobs, AJobsFileNamesItsMistakes) {
             std::string::npos);
   EXPECT_NE(testing::error_of([&] { load_jobs(write("jobs:\n  - recipe: nowhere.yaml\n")); }).find("nowhere.yaml"),
             std::string::npos);
+  // A jobs or cluster file that cannot be read is called by its kind, not "the recipe file".
+  EXPECT_EQ(testing::error_of([&] { load_jobs("/nonexistent/jobs.yaml"); }),
+            "[plan] /nonexistent/jobs.yaml: cannot open the jobs file");
+  EXPECT_EQ(testing::error_of([&] { load_cluster("/nonexistent/cluster.yaml"); }),
+            "[plan] /nonexistent/cluster.yaml: cannot open the cluster file");
   EXPECT_NE(testing::error_of([&] {
               load_jobs(write("jobs:\n  - {recipe: " + recipe + ", name: a}\n  - {recipe: " + recipe + ", name: a}\n"));
             }).find("'a' names two jobs"),
