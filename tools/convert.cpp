@@ -24,6 +24,7 @@
 #include <optional>
 #include <string>
 
+#include "commands.h"
 #include "tessera/checkpoint/checkpoint.h"
 #include "tessera/checkpoint/hf.h"
 #include "tessera/storage/storage.h"
@@ -124,6 +125,6 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int tessera::cli::export_main(int argc, char** argv) {
   return tessera::util::tool_main([&] { return run(argc, argv); });
 }

@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "commands.h"
 #include "tessera/data/convert.h"
 #include "tessera/data/records.h"
 #include "tessera/util/error.h"
@@ -91,6 +92,6 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int tessera::cli::text_to_mds_main(int argc, char** argv) {
   return tessera::util::tool_main([&] { return run(argc, argv); });
 }

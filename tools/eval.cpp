@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "commands.h"
 #include "tessera/checkpoint/checkpoint.h"
 #include "tessera/checkpoint/hf.h"
 #include "tessera/data/tokenizer.h"
@@ -69,7 +70,7 @@ int run(int argc, char** argv) {
     // The ranks run this command line without the launcher's flags; only rank 0 prints and writes.
     launch.nproc_per_node = nproc_per_node;
     launch.prefix_output = false;
-    launch.argv = {"/proc/self/exe"};
+    launch.argv = tessera::util::self_command("eval");
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       if (a == "--nproc-per-node" || a == "--master-port") {
@@ -173,6 +174,6 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int tessera::cli::eval_main(int argc, char** argv) {
   return tessera::util::tool_main([&] { return run(argc, argv); });
 }

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "commands.h"
 #include "tessera/checkpoint/hf.h"
 #include "tessera/data/finetuning.h"
 #include "tessera/data/tokenizer.h"
@@ -73,7 +74,8 @@ int run(int argc, char** argv) {
   g.max_new_tokens = 64;
   app.add_option("--model", model_path, "HF folder, Tessera checkpoint, save folder, or hub id in the local HF cache")
       ->required();
-  app.add_option("--tokenizer", tokenizer_path, "tokenizer.json or folder (default: the model folder's)");
+  app.add_option("--tokenizer", tokenizer_path,
+                 "A tokenizer.json, its folder or a hub id in the local HF cache (default: the model folder's)");
   app.add_option("--prompt", prompts, "A prompt (repeatable)");
   app.add_option("--prompt-file", prompt_file,
                  "JSONL of {\"prompt\"} / {\"messages\"} rows, or a text file holding one prompt; - for stdin");
@@ -107,7 +109,10 @@ int run(int argc, char** argv) {
     tok_file = tessera::util::resolve_hf_tokenizer(tok_source);
   } catch (const tessera::Error& e) {
     throw tessera::ConfigError("generate",
-                               fmt::format("{}{}", e.message(), tokenizer_path.empty() ? " (give --tokenizer)" : ""));
+                               fmt::format("{}{}", e.message(),
+                                           tokenizer_path.empty() ? " (give --tokenizer: a tokenizer.json, its folder "
+                                                                    "or a hub id in the local HF cache)"
+                                                                  : ""));
   }
   const tessera::data::ChatTokenizer tok(tessera::data::Tokenizer::from_file(tok_file), "");
   const std::shared_ptr<tessera::models::CausalLM> model = tessera::checkpoint::load_any_model(model_path, "generate");
@@ -159,6 +164,6 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int tessera::cli::generate_main(int argc, char** argv) {
   return tessera::util::tool_main([&] { return run(argc, argv); });
 }

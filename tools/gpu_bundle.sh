@@ -5,7 +5,8 @@
 #   tools/gpu_bundle.sh [--build-dir build] [--out gpu-kit.tar.xz] [--no-build]
 #
 # Builds the build directory (the default preset's: RelWithDebInfo, i.e. -O2 -DNDEBUG) unless --no-build, then packs:
-#   bin/    stripped train, eval, generate, convert, convert_text_to_mds, plan, the unit-test binary and bench_gpu_train_step
+#   bin/    stripped tessera (every command; its old program names train, eval, convert, ... as links to it), the
+#           unit-test binary and bench_gpu_train_step
 #   lib/    every shared library those need that is neither LibTorch's nor CUDA's nor the base system's
 #           (yaml-cpp, spdlog, fmt, zstd, xxhash, pcre2, ICU, ...), found with ldd
 #   src/    what the programs read from the source tree: recipes/, tests/data/, tests/fault_injection/, benchmarks/*.py,
@@ -27,12 +28,13 @@ while (($#)); do
   esac
 done
 limit=$((40 * 1000 * 1000))
-programs=(train eval generate convert convert_text_to_mds plan tessera_tests bench_gpu_train_step)
+programs=(tessera tessera_tests bench_gpu_train_step)
+old_names=(train eval generate convert convert_text_to_mds plan train_tokenizer)
 
 if ((do_build)); then
   # The default preset builds neither the unit tests nor the benchmarks: turn them on in this tree.
   cmake -S "$here" -B "$build" -DTESSERA_BUILD_TESTS=ON -DTESSERA_BUILD_BENCHMARKS=ON > /dev/null
-  cmake --build "$build" --target "${programs[@]}"
+  cmake --build "$build" --target tessera_cli tessera_tests bench_gpu_train_step
 fi
 
 stage=$(mktemp -d)
@@ -44,6 +46,7 @@ for p in "${programs[@]}"; do
   [ -x "$build/bin/$p" ] || { echo "gpu_bundle.sh: $build/bin/$p is missing (build it first)" >&2; exit 1; }
   strip -o "$kit/bin/$p" "$build/bin/$p"
 done
+for n in "${old_names[@]}"; do ln -s tessera "$kit/bin/$n"; done
 
 # Shared libraries: everything ldd resolves except LibTorch / CUDA (the GPU machine's torch wheel brings them, with
 # the NVIDIA libraries beside it) and the base system (glibc, libstdc++, libgcc, libm, ...), which that machine has

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "commands.h"
 #include "tessera/planner/cluster.h"
 #include "tessera/planner/executor.h"
 #include "tessera/planner/gantt.h"
@@ -295,6 +296,6 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int tessera::cli::plan_main(int argc, char** argv) {
   return tessera::util::tool_main([&] { return run(argc, argv); });
 }

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "commands.h"
 #include "tessera/distributed/launcher.h"
 #include "tessera/planner/cluster.h"
 #include "tessera/planner/jobs.h"
@@ -181,7 +182,7 @@ int run(int argc, char** argv) {
     // Launcher: the ranks run this same command line minus the launcher's flags.
     launch.nproc_per_node = nproc_per_node;
     if (cfg.save_folder) launch.preemption_signals = cfg.preemption_signals;
-    launch.argv = {"/proc/self/exe"};
+    launch.argv = tessera::util::self_command("train");
     const std::vector<std::string> launcher_flags = {
         "--nproc-per-node", "--nnodes",       "--node-rank",        "--master-addr",
         "--master-port",    "--max-restarts", "--watchdog-timeout", "--rdzv-endpoint",
@@ -259,6 +260,6 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int tessera::cli::train_main(int argc, char** argv) {
   return tessera::util::tool_main([&] { return run(argc, argv); });
 }

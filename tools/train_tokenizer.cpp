@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "commands.h"
 #include "tessera/data/documents.h"
 #include "tessera/data/tokenizer.h"
 #include "tessera/util/error.h"
@@ -51,6 +52,6 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int tessera::cli::tokenizer_main(int argc, char** argv) {
   return tessera::util::tool_main([&] { return run(argc, argv); });
 }

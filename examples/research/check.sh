@@ -2,7 +2,7 @@
 # Builds and runs the research example as its own user would (ctest -R example_research; docs/api.md#installing):
 # installs Tessera from BUILD_DIR into a prefix, moves the prefix (the package is relocatable), configures and builds
 # examples/research against it with find_package(Tessera), and runs research_lm and the installed tools (with the
-# research components as a plug-in: train, convert the checkpoint, evaluate ICL tasks on it, sample from it). Then checks
+# research components as a plug-in: `tessera train`, export the checkpoint, evaluate ICL tasks on it, sample from it). Then checks
 # that a project which adds Tessera with add_subdirectory builds the library and tools only, no test or benchmark.
 #
 #   examples/research/check.sh BUILD_DIR WORK_DIR [GENERATOR] [CXX_COMPILER]
@@ -39,21 +39,23 @@ cmake --build "$work/build"
 
 # The installed tools run from the prefix (their RUNPATH finds libtessera and LibTorch), and with the components as a
 # plug-in they train the research recipe and export its checkpoint; without it, convert names the unknown model_type.
-"$prefix/bin/train" --version
-"$prefix/bin/train" --recipe "$src/recipes/mpt-125m.yaml" --dry-run | grep -q parameters
+"$prefix/bin/tessera" --version
+"$prefix/bin/train" --version | grep -q '^train (Tessera'  # the old program names, links to tessera, for this release
+grep -q 'complete -o filenames -F _tessera_complete tessera' "$prefix/share/bash-completion/completions/tessera"
+"$prefix/bin/tessera" train --recipe "$src/recipes/mpt-125m.yaml" --dry-run | grep -q parameters
 plugin="$work/build/libresearch_lm_plugin.so"
 run="$work/tools-run"
 rm -rf "$run"
 "$work/build/research_lm" data "$run/data"
-"$prefix/bin/train" --plugin "$plugin" --recipe "$src/examples/research/research.yaml" \
+"$prefix/bin/tessera" train --plugin "$plugin" --recipe "$src/examples/research/research.yaml" \
   variables.data_local="$run/data" save_folder="$run/ckpt" loggers.jsonl.filename="$run/metrics.jsonl" \
   max_duration=4ba eval_interval=2ba fsdp_config.sharding_strategy=NO_SHARD
 grep -q '"metrics/eval/Top5Accuracy"' "$run/metrics.jsonl" ||
-  { echo "check.sh: train --plugin logged no Top5Accuracy" >&2; exit 1; }
-"$prefix/bin/convert" --plugin "$plugin" --checkpoint "$run/ckpt" --hf-out "$run/hf"
+  { echo "check.sh: tessera train --plugin logged no Top5Accuracy" >&2; exit 1; }
+"$prefix/bin/tessera" export --plugin "$plugin" --checkpoint "$run/ckpt" --hf-out "$run/hf"
 "$work/build/research_lm" same-logits "$run/ckpt/latest" "$run/hf"
 # The installed eval and generate on the research model's export, through the plug-in: ICL accuracies, and samples.
-"$prefix/bin/eval" --plugin "$plugin" --model "$run/hf" --tokenizer "$run/data/tokenizer.json" \
+"$prefix/bin/tessera" eval --plugin "$plugin" --model "$run/hf" --tokenizer "$run/data/tokenizer.json" \
   --tasks "$run/data/icl_tasks.yaml" --output "$run/icl.json" --log-level warn
 python3 - "$run/icl.json" <<'PY'
 import json, sys
@@ -61,25 +63,25 @@ rows = json.load(open(sys.argv[1]))
 text = json.dumps(rows)
 assert text.count("InContextLearningLMAccuracy") == 2 and "InContextLearningMultipleChoiceAccuracy" in text, text
 PY
-"$prefix/bin/generate" --plugin "$plugin" --model "$run/hf" --tokenizer "$run/data/tokenizer.json" \
+"$prefix/bin/tessera" generate --plugin "$plugin" --model "$run/hf" --tokenizer "$run/data/tokenizer.json" \
   --prompt "the cat sat on" --prompt "the owl" --max-new-tokens 6 --output "$run/generated.jsonl" --log-level warn
 python3 - "$run/generated.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
 assert [r["prompt"] for r in rows] == ["the cat sat on", "the owl"] and all(len(r["tokens"]) == 6 for r in rows), rows
 PY
-if "$prefix/bin/convert" --checkpoint "$run/ckpt" --hf-out "$run/hf2" 2> "$run/convert.err"; then
-  echo "check.sh: convert read a research checkpoint without the plug-in" >&2
+if "$prefix/bin/tessera" export --checkpoint "$run/ckpt" --hf-out "$run/hf2" 2> "$run/convert.err"; then
+  echo "check.sh: tessera export read a research checkpoint without the plug-in" >&2
   exit 1
 fi
 grep -q 'model_type is "parallel_block_lm"' "$run/convert.err" || { cat "$run/convert.err" >&2; exit 1; }
-if "$prefix/bin/train" --plugin "$work/no-such-plugin.so" --recipe "$src/examples/research/research.yaml" \
+if "$prefix/bin/tessera" train --plugin "$work/no-such-plugin.so" --recipe "$src/examples/research/research.yaml" \
   2> "$run/plugin.err"; then
   echo "check.sh: a missing plug-in was accepted" >&2
   exit 1
 fi
 grep -q "no-such-plugin.so: no such file" "$run/plugin.err" || { cat "$run/plugin.err" >&2; exit 1; }
-if "$prefix/bin/convert" --plugin "$src/examples/research/research.yaml" --checkpoint "$run/ckpt" --hf-out "$run/hf3" \
+if "$prefix/bin/tessera" export --plugin "$src/examples/research/research.yaml" --checkpoint "$run/ckpt" --hf-out "$run/hf3" \
   2> "$run/plugin.err"; then
   echo "check.sh: a file that is not a shared library was accepted as a plug-in" >&2
   exit 1
@@ -96,7 +98,7 @@ CMAKE
 cmake -S "$work/subdir" -B "$work/subdir/build" -G "$generator" -DCMAKE_CXX_COMPILER="$cxx" > "$work/subdir.log" 2>&1 ||
   { cat "$work/subdir.log"; exit 1; }
 targets=$(cmake --build "$work/subdir/build" --target help)
-for want in tessera train eval; do
+for want in tessera tessera_cli train eval; do
   grep -qE "(^|[ /])$want(:| )" <<< "$targets" || { echo "check.sh: add_subdirectory has no target $want" >&2; exit 1; }
 done
 if grep -E "tessera_tests|bench_|embed_trainer" <<< "$targets"; then
