@@ -23,8 +23,8 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$KEY" ]]; then
 fi
 rm -f "$STAMP"
 mkdir -p "$OUT"
-"$BIN/train_tokenizer" --input "$CORPUS" --format fortunes --vocab-size 8192 --output "$OUT/tokenizer.json"
-"$BIN/convert_text_to_mds" --input "$CORPUS" --format fortunes --tokenizer "$OUT/tokenizer.json" --output "$OUT" \
+"$BIN/tessera" tokenizer --input "$CORPUS" --format fortunes --vocab-size 8192 --output "$OUT/tokenizer.json"
+"$BIN/tessera" text-to-mds --input "$CORPUS" --format fortunes --tokenizer "$OUT/tokenizer.json" --output "$OUT" \
   --concat-tokens 128 --eos-text '<|endoftext|>' --val-fraction 0.05 --seed 17 --overwrite
 echo "$KEY" > "$STAMP"
 echo "prepare_corpus: wrote $OUT"

@@ -192,6 +192,11 @@ int dispatch(int argc, char** argv) {
     return run_command(*c, "tessera " + std::string(c->name), 2, args.data());
   }
   const Command* c = find_command(word);
+  if (c == nullptr && word.starts_with("-")) {
+    std::cerr << fmt::format(
+        "error: '{}' comes after a command: tessera <command> {} ... (tessera --help lists them)\n", word, word);
+    return tessera::kExitUsageError;
+  }
   if (c == nullptr) {
     std::string hint;
     if (const Command* old = find_old_name(word)) hint = fmt::format(" (`{}` is `tessera {}` now)", word, old->name);

@@ -159,7 +159,7 @@ def rank_pid(root, rank):
             exe = os.readlink(f"/proc/{p}/exe")
         except OSError:
             continue
-        if f"RANK={rank}".encode() in env and exe.endswith("/train"):
+        if f"RANK={rank}".encode() in env and exe.endswith(("/train", "/tessera")):  # bin/train runs tessera
             return p
     return None
 

@@ -73,7 +73,8 @@ def run_dir(tmp_path_factory):
                 start, stride = rng.integers(0, 64), rng.integers(1, 6)
                 w.write({"tokens": ((start + stride * np.arange(SEQ + 1)) % 64).astype(np.int32)})
     (root / "recipe.yaml").write_text(RECIPE.format(data=root / "data"))
-    train = pathlib.Path(_binary("TESSERA_TRAIN_BIN", "train")).resolve()  # the run's cwd is root
+    # Absolute, as the run's cwd is root; not resolve(): bin/train is a link to tessera, which runs by its name.
+    train = pathlib.Path(_binary("TESSERA_TRAIN_BIN", "train")).absolute()
     proc = subprocess.run([train, "--recipe", "recipe.yaml"], cwd=root,
                           capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr

@@ -73,6 +73,11 @@ TEST(TesseraCli, UnknownCommandsAreRefusedByNameWithTheNewNameOfAnOldOne) {
   EXPECT_EQ(old.exit_code, 2);
   EXPECT_TRUE(has(old.output, "(`convert` is `tessera export` now)")) << old.output;
   EXPECT_EQ(run("completion fish").exit_code, 2);
+  const Result option = run("--recipe x.yaml");
+  EXPECT_EQ(option.exit_code, 2);
+  EXPECT_EQ(option.output,
+            "error: '--recipe' comes after a command: tessera <command> --recipe ... (tessera --help lists "
+            "them)\n");
 }
 
 // The old program names are links to `tessera` that run their command, named as before (no notice without a
