@@ -81,6 +81,7 @@ int run(int argc, char** argv) {
   std::vector<std::string> overrides;
   bool dry_run = false;
   bool print_config = false;
+  bool verbose = false;
   int64_t world_size = 0;
   int64_t ranks_per_node = 0;
   std::string log_level = "info";
@@ -88,6 +89,9 @@ int run(int argc, char** argv) {
   app.add_option("overrides", overrides, "Overrides key.sub=value, applied over the recipe (lists: key=[1,2])");
   app.add_flag("--dry-run", dry_run, "Validate the recipe and print the plan; build and train nothing");
   app.add_flag("--print-config", print_config, "Print the resolved recipe as JSON (secrets hidden) and exit");
+  app.add_flag("--verbose", verbose,
+               "Console: every metric on each line by its full name (default: loss, lr, grad norm, tokens/s, MFU, "
+               "ETA; every metric is in the JSONL and TensorBoard logs either way)");
   app.add_option("--world-size", world_size, "World size to plan for (default: $WORLD_SIZE, else 1)")
       ->check(CLI::PositiveNumber);
   app.add_option("--ranks-per-node", ranks_per_node,
@@ -167,7 +171,8 @@ int run(int argc, char** argv) {
   if (!nnodes.empty()) parse_nnodes(nnodes, launch);
   if (launch.node_id.empty()) launch.node_id = tessera::util::host_name();
 
-  const tessera::trainer::TrainConfig cfg = tessera::trainer::load_train_config(recipe, overrides);
+  tessera::trainer::TrainConfig cfg = tessera::trainer::load_train_config(recipe, overrides);
+  cfg.console_verbose = verbose;
   if (log_level_flag->count() == 0 && !cfg.log_level.empty()) tessera::util::init_logging(cfg.log_level);
   if (print_config) {
     std::cout << tessera::trainer::recorded_config(cfg).dump(2) << "\n";

@@ -429,6 +429,7 @@ void HfCheckpointer::save(core::State& s, core::Logger& logger, bool final) {
       }
       spdlog::info("hf_checkpointer: wrote {}", dir);
     }
+    last_export_ = dir;
   }
   if (s.comm) s.comm->barrier();
 }

@@ -368,7 +368,12 @@ void Trainer::build_components(TrainerParts parts) {
   // Loggers first, then callbacks (Composer: state.callbacks = loggers + callbacks). Metrics are reduced over the
   // ranks before they are logged, so only rank 0 prints them.
   if ((cfg_.log_to_console || cfg_.progress_bar) && state_.rank == 0) {
-    state_.callbacks.push_back(loggers::make_console_logger(cfg_.console_log_interval, cfg_.progress_bar));
+    loggers::ConsoleOptions console;
+    console.interval = cfg_.console_log_interval;
+    console.progress_bar = cfg_.progress_bar;
+    console.verbose = cfg_.console_verbose;
+    console.outputs = [this] { return written_outputs(); };
+    state_.callbacks.push_back(loggers::make_console_logger(std::move(console)));
   }
   for (auto& c : config::build_components(cfg_.loggers, loggers::logger_registry(), run)) {
     state_.callbacks.push_back(std::move(c));
@@ -488,6 +493,19 @@ void Trainer::load_initial_checkpoint() {
                  state_.timestamp.epoch, state_.timestamp.batch, loaded.full_state ? "" : " (weights only)");
   }
   last_checkpoint_ = loaded.path;
+}
+
+std::vector<std::string> Trainer::written_outputs() const {
+  std::vector<std::string> out;
+  if (saver_ && !saver_->saved().empty()) out.push_back("checkpoint  " + saver_->saved().back());
+  for (const auto& c : state_.callbacks) {
+    if (const auto* hf = dynamic_cast<const callbacks::HfCheckpointer*>(c.get()); hf && !hf->last_export().empty()) {
+      out.push_back("HF export   " + hf->last_export());
+    }
+    if (const auto* jsonl = dynamic_cast<const loggers::JsonlLogger*>(c.get()))
+      out.push_back("metrics     " + jsonl->path());
+  }
+  return out;
 }
 
 Trainer::~Trainer() {

@@ -148,11 +148,14 @@ class HfCheckpointer : public core::Callback {
   explicit HfCheckpointer(HfCheckpointerOptions o) : o_(std::move(o)) {}
   std::string name() const override { return "HuggingFaceCheckpointer"; }
   void run_event(core::Event event, core::State& state, core::Logger& logger) override;
+  // The folder (or object-store prefix) of the newest export; empty before one.
+  const std::string& last_export() const { return last_export_; }
 
  private:
   void save(core::State& state, core::Logger& logger, bool final);
   HfCheckpointerOptions o_;
   int64_t last_saved_batch_ = -1;
+  std::string last_export_;
 };
 
 // The value a stopper monitors now: eval -> state.eval_metrics["eval"][monitor] (Error when no evaluation has run);

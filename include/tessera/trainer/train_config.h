@@ -116,6 +116,7 @@ struct TrainConfig {
   config::Time console_log_interval = config::Time::batches(1);
   bool progress_bar = false;
   bool log_to_console = true;
+  bool console_verbose = false;  // every metric on each console line (`tessera train --verbose`; no recipe key)
 };
 
 // Loads `path`, applies `overrides` ("key.sub=value"), resolves interpolation and parses the result.

@@ -98,6 +98,8 @@ class Trainer {
   void setup_microbatching();
   void shard_model();  // the sharding engine, with more than one rank
   void load_initial_checkpoint();
+  // What the run has written, for the console's summary: the newest checkpoint, HF export and metrics file.
+  std::vector<std::string> written_outputs() const;
   nlohmann::json resumption_state() const;  // saved with checkpoints: recipe, data position, loss scale, ...
   void rollback();                          // restores model and optimizer from the newest checkpoint
   void setup_cuda_graphs();  // `cuda_graphs: true`: refuses what a replayed step cannot do, before training starts
