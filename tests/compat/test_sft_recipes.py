@@ -53,8 +53,9 @@ def workdir(tmp_path_factory):
 
 
 def run(recipe, *overrides, env=None):
-    proc = subprocess.run([TRAIN, "--recipe", str(ROOT / "recipes" / recipe), *overrides], capture_output=True,
-                          text=True, timeout=900, env=env)
+    # --verbose: console lines with every metric by its full name, which the test reads.
+    proc = subprocess.run([TRAIN, "--recipe", str(ROOT / "recipes" / recipe), "--verbose", *overrides],
+                          capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, f"{recipe}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout + proc.stderr
 

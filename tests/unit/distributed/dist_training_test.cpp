@@ -777,7 +777,7 @@ TEST_F(DistTraining, KilledRankStopsTheJobWithinThirtySeconds) {
   // Wait until training runs (rank 0 logs batches), then kill -9 rank 1.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   int early = 0;
-  while (read_dist_log(log).find("[batch=3/") == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+  while (read_dist_log(log).find("[batch 3/") == std::string::npos && std::chrono::steady_clock::now() < deadline) {
     ASSERT_EQ(waitpid(launcher, &early, WNOHANG), 0) << "the job ended before it could be killed:\n"
                                                      << read_dist_log(log);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
