@@ -11,7 +11,8 @@
 #include "tessera/core/state.h"
 #include "tessera/loggers/loggers.h"
 
-namespace tessera::loggers {
+// A namespace of its own: the sanitizer trees' unity batches put this file beside the other logger tests.
+namespace tessera::loggers::console_test {
 namespace {
 
 using core::Event;
@@ -119,4 +120,4 @@ TEST(Console, VerboseLinesCarryEveryMetricByItsFullName) {
 }
 
 }  // namespace
-}  // namespace tessera::loggers
+}  // namespace tessera::loggers::console_test

@@ -9,6 +9,8 @@
 
 #include "test_util.h"
 
+// A named namespace: the sanitizer trees' unity batches put this file beside train_cli_test.cpp.
+namespace tessera_cli_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -137,3 +139,4 @@ TEST(TesseraCli, CompletionScriptsCompleteCommandsOptionsAndFiles) {
 }
 
 }  // namespace
+}  // namespace tessera_cli_test
