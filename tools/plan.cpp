@@ -116,7 +116,14 @@ int run(int argc, char** argv) {
   app.add_flag("--no-replan", no_replan, "--run follows the plan without re-solving it as jobs end early or late");
   app.add_option("--train-bin", prof.train_bin, "The `train` program the trials and jobs run");
   app.add_option("--json", json_path, "Write the plan and the baselines as JSON here");
-  app.add_option("--gantt", gantt_path, "Draw the plan as a Gantt chart (PNG) here");
+  app.add_option("--gantt", gantt_path,
+                 "Draw the plan as a Gantt chart: a PNG here (X.png) and an SVG with labels beside it (X.svg)")
+      ->check([](const std::string& p) {
+        return std::filesystem::path(p).extension() == ".svg" ? std::string(
+                                                                    "give the PNG's path (X.png); the SVG "
+                                                                    "is written beside it")
+                                                              : std::string();
+      });
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off");
   if (auto code = tessera::util::parse_command_line(app, argc, argv)) return *code;
   tessera::util::init_logging(log_level);
@@ -206,8 +213,16 @@ int run(int argc, char** argv) {
   }
   if (!gantt_path.empty()) {
     planner::write_png(planner::draw_gantt(r.schedule, cluster), gantt_path);
-    std::cout << fmt::format("Gantt chart: {} (bars numbered as the table's first column; hours or minutes below)\n",
-                             gantt_path);
+    const std::string svg_path = std::filesystem::path(gantt_path).replace_extension(".svg").string();
+    std::vector<std::string> names;
+    for (const planner::PlanJob& j : jobs) names.push_back(j.profile.name);
+    std::ofstream svg(svg_path);
+    svg << planner::gantt_svg(r.schedule, cluster, names);
+    if (!svg.flush()) throw tessera::Error("plan", fmt::format("cannot write the chart to {}", svg_path));
+    std::cout << fmt::format(
+        "Gantt chart: {} (bars numbered as the table's first column), and {} with the jobs' "
+        "names, devices and a time axis\n",
+        gantt_path, svg_path);
   }
   Json out = {{"cluster", cluster.describe()},
               {"plan", schedule_json(r.schedule, jobs)},

@@ -1,4 +1,4 @@
-// Gantt charts of plans, as PNG files written with zlib.
+// Gantt charts of plans, as PNG files written with zlib and as labelled SVG.
 #include "tessera/planner/gantt.h"
 
 #include <zlib.h>
@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -65,6 +66,48 @@ void draw_number(Image& im, int64_t x, int64_t y, int64_t n, const Colour& c) {
   }
 }
 
+// Ticks: a round unit (minutes or hours, in seconds) and a step in that unit giving 4-12 ticks over `makespan`.
+std::pair<double, double> tick_spacing(double makespan) {
+  const double unit = makespan >= 3 * 3600 ? 3600 : 60;
+  double step = 1;
+  for (double m : {1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0}) {
+    step = m;
+    if (makespan / (m * unit) <= 12) break;
+  }
+  return {unit, step};
+}
+
+std::string xml_escaped(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+// "1h05m", "12m30s", "45s".
+std::string clock_time(double seconds) {
+  const auto s = static_cast<int64_t>(std::llround(seconds));
+  if (s >= 3600) return fmt::format("{}h{:02}m", s / 3600, (s % 3600) / 60);
+  if (s >= 60) return fmt::format("{}m{:02}s", s / 60, s % 60);
+  return fmt::format("{}s", s);
+}
+
 void chunk(std::string& out, const char* type, const std::string& data) {
   const auto be32 = [&out](uint32_t v) {
     for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>((v >> shift) & 0xff));
@@ -108,13 +151,7 @@ Image draw_gantt(const Schedule& s, const Cluster& cluster, const GanttLayout& l
   const Colour grey = {200, 200, 200};
   const Colour black = {0, 0, 0};
 
-  // Ticks: a round unit (minutes or hours) giving 4-12 ticks, numbered in that unit.
-  const double unit = makespan >= 3 * 3600 ? 3600 : 60;
-  double step = 1;
-  for (double m : {1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0}) {
-    step = m;
-    if (makespan / (m * unit) <= 12) break;
-  }
+  const auto [unit, step] = tick_spacing(makespan);
   const int64_t plot_bottom = layout.top + row * devices;
   for (int64_t k = 0; k * step * unit <= makespan + 1e-9; ++k) {
     const int64_t x = x_of(static_cast<double>(k) * step * unit);
@@ -156,6 +193,83 @@ Image draw_gantt(const Schedule& s, const Cluster& cluster, const GanttLayout& l
   }
   fill(im, layout.left - 1, layout.top, layout.left, plot_bottom, black);
   return im;
+}
+
+std::string gantt_svg(const Schedule& s, const Cluster& cluster, const std::vector<std::string>& job_names) {
+  const int64_t devices = cluster.devices();
+  const int64_t row = std::clamp<int64_t>(600 / devices, 6, 24);
+  const int64_t left = 80, top = 50, width = 1200, plot = width - left - 20;
+  const int64_t plot_bottom = top + row * devices;
+  const double makespan = std::max(1e-9, s.makespan_s());
+  const auto x_of = [&](double t) { return static_cast<double>(left) + t / makespan * static_cast<double>(plot); };
+  const auto name_of = [&](int job) {
+    return job >= 0 && static_cast<size_t>(job) < job_names.size() ? job_names[static_cast<size_t>(job)]
+                                                                   : fmt::format("job {}", job);
+  };
+  const auto rgb = [](const Colour& c) { return fmt::format("rgb({},{},{})", c[0], c[1], c[2]); };
+  const int64_t legend_top = plot_bottom + 60;
+  const int64_t height = legend_top + 18 * static_cast<int64_t>(s.placements.size()) + 10;
+  std::string out = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" viewBox=\"0 0 {} {}\" "
+      "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
+      width, height, width, height);
+  out += fmt::format("<text x=\"{}\" y=\"20\" font-size=\"15\" font-weight=\"bold\">{} plan: makespan {}</text>\n",
+                     left, xml_escaped(s.policy), clock_time(s.makespan_s()));
+  out += fmt::format("<text x=\"{}\" y=\"38\" fill=\"#555\">{}</text>\n", left, xml_escaped(cluster.describe()));
+  // The time axis: grid lines, tick labels and the unit.
+  const auto [unit, step] = tick_spacing(makespan);
+  for (int64_t k = 0; static_cast<double>(k) * step * unit <= makespan + 1e-9; ++k) {
+    const double x = x_of(static_cast<double>(k) * step * unit);
+    out += fmt::format("<line x1=\"{:.1f}\" y1=\"{}\" x2=\"{:.1f}\" y2=\"{}\" stroke=\"#ccc\"/>\n", x, top, x,
+                       plot_bottom + 4);
+    out += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{:g}</text>\n", x, plot_bottom + 18,
+                       static_cast<double>(k) * step);
+  }
+  out += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">time ({})</text>\n", left + plot / 2,
+                     plot_bottom + 36, unit == 3600 ? "hours" : "minutes");
+  // Nodes: a line between them and each node's name in the margin.
+  for (int64_t n = 0; n < cluster.nodes; ++n) {
+    const int64_t y = top + n * cluster.devices_per_node * row;
+    if (n > 0) out += fmt::format("<line x1=\"0\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n", y, width, y);
+    out += fmt::format("<text x=\"4\" y=\"{}\">node {}</text>\n",
+                       y + std::min<int64_t>(14, cluster.devices_per_node * row), n);
+  }
+  // Bars: one rectangle per run of consecutive devices; the label in the tallest run where it fits.
+  for (const Placement& p : s.placements) {
+    const std::string name = xml_escaped(name_of(p.job));
+    const std::string shown = fmt::format("{}, {} {}", name, p.devices.size(), xml_escaped(cluster.device_kind));
+    const std::string tip = fmt::format("{}: {} to {}", shown, clock_time(p.start_s), clock_time(p.end_s));
+    const double x0 = x_of(p.start_s);
+    const double w = std::max(1.0, x_of(p.end_s) - x0);
+    int64_t best_first = 0, best_rows = 0;
+    for (size_t i = 0; i < p.devices.size();) {
+      size_t j = i + 1;
+      while (j < p.devices.size() && p.devices[j] == p.devices[j - 1] + 1) ++j;
+      const int64_t first = p.devices[i], rows = static_cast<int64_t>(j - i);
+      out += fmt::format(
+          "<rect x=\"{:.1f}\" y=\"{}\" width=\"{:.1f}\" height=\"{}\" fill=\"{}\"><title>{}</title></rect>\n", x0,
+          top + first * row + 1, w, rows * row - 1, rgb(gantt_job_colour(p.job)), tip);
+      if (rows > best_rows) best_first = first, best_rows = rows;
+      i = j;
+    }
+    if (w >= 7.0 * static_cast<double>(shown.size()) && best_rows * row >= 14) {
+      out += fmt::format("<text x=\"{:.1f}\" y=\"{}\" fill=\"white\">{}</text>\n", x0 + 4,
+                         top + best_first * row + (best_rows * row) / 2 + 4, shown);
+    }
+  }
+  out +=
+      fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n", left, top, left, plot_bottom);
+  // The legend: every job, whatever its bar's size.
+  int64_t y = legend_top;
+  for (const Placement& p : s.placements) {
+    out += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"12\" height=\"12\" fill=\"{}\"/>\n", left, y - 10,
+                       rgb(gantt_job_colour(p.job)));
+    out +=
+        fmt::format("<text x=\"{}\" y=\"{}\">{}: {} {}, {} to {}</text>\n", left + 18, y, xml_escaped(name_of(p.job)),
+                    p.devices.size(), xml_escaped(cluster.device_kind), clock_time(p.start_s), clock_time(p.end_s));
+    y += 18;
+  }
+  return out + "</svg>\n";
 }
 
 void write_png(const Image& im, const std::string& path) {

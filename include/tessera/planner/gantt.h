@@ -1,5 +1,6 @@
-// The plan as a Gantt chart (PNG): one row per device, time to the right, each job a bar of its own colour over the
-// devices it holds, numbered as in the plan's table; a line between nodes and a tick every round time unit.
+// The plan as a Gantt chart (PNG, and SVG with labels): one row per device, time to the right, each job a bar of its
+// own colour over the devices it holds, numbered as in the plan's table; a line between nodes and a tick every round
+// time unit.
 #pragma once
 
 #include <array>
@@ -36,5 +37,11 @@ Image draw_gantt(const Schedule& s, const Cluster& cluster, const GanttLayout& l
 
 // PNG (8-bit RGB, zlib-compressed) of `image` at `path`; Error naming the path when it cannot be written.
 void write_png(const Image& image, const std::string& path);
+
+// The same chart as SVG, with words: the policy, makespan and cluster as the title; each bar named by its job
+// (`job_names[placement.job]`, XML-escaped) and the devices it holds ("llama-8b, 16 H100"), where the bar is wide
+// enough, and as a tooltip everywhere; node names in the margin; a time axis in hours or minutes with its unit; and a
+// legend of every job with its devices and its start and end times.
+std::string gantt_svg(const Schedule& s, const Cluster& cluster, const std::vector<std::string>& job_names);
 
 }  // namespace tessera::planner

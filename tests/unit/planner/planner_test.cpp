@@ -1,5 +1,6 @@
 // The multi-job planner: the performance model's formulas, the schedule checks, the naive policies, and the MILP
 // against exhaustive search.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <zlib.h>
 
@@ -693,6 +694,42 @@ TEST(Gantt, EachJobsBarCoversItsDevicesAndTimesAndThePngDecodesToTheImage) {
         << "row " << y;
   }
   std::filesystem::remove(path);
+}
+
+// The SVG chart says in words what the PNG only colours: every job by name (escaped for XML) with its devices and
+// times, a bar per run of consecutive devices carrying the same words as a tooltip, the nodes, and the time axis with
+// its unit.
+TEST(Gantt, TheSvgNamesEveryJobItsDevicesAndTimesAndLabelsTheAxis) {
+  const Cluster cluster = small_cluster(2, 4);
+  const std::vector<PlanJob> jobs =
+      plan_jobs({job("llama <8b> & co", 5e8, 200), job("b", 1e8, 100), job("c", 2e8, 300), job("d", 1e8, 50)}, cluster);
+  const Schedule s = greedy_schedule(jobs, cluster);
+  const std::vector<std::string> names = {"llama <8b> & co", "b", "c", "d"};
+  const std::string svg = gantt_svg(s, cluster, names);
+  ASSERT_TRUE(svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\"")) << svg;
+  ASSERT_TRUE(svg.ends_with("</svg>\n"));
+  EXPECT_EQ(svg.find("llama <8b>"), std::string::npos) << "names are escaped";
+  auto count = [&](const std::string& part) {
+    size_t n = 0;
+    for (size_t at = svg.find(part); at != std::string::npos; at = svg.find(part, at + 1)) ++n;
+    return n;
+  };
+  size_t runs = 0;
+  for (const Placement& p : s.placements) {
+    const std::string name = p.job == 0 ? "llama &lt;8b&gt; &amp; co" : names[static_cast<size_t>(p.job)];
+    const std::string words = fmt::format("{}, {} {}", name, p.devices.size(), cluster.device_kind);
+    // The legend's line, and the tooltip of each of the job's bars.
+    EXPECT_EQ(count(">" + name + ": " + fmt::format("{} {}, ", p.devices.size(), cluster.device_kind)), 1u) << svg;
+    for (size_t i = 0; i < p.devices.size(); ++i) {
+      if (i == 0 || p.devices[i] != p.devices[i - 1] + 1) ++runs;
+    }
+    EXPECT_GE(count("<title>" + words + ": "), 1u) << words << "\n" << svg;
+  }
+  EXPECT_EQ(count("<title>"), runs);
+  EXPECT_EQ(count(">node "), 2u);
+  EXPECT_EQ(count(s.makespan_s() >= 3 * 3600 ? ">time (hours)<" : ">time (minutes)<"), 1u) << svg;
+  EXPECT_EQ(count(">0</text>"), 1u) << "the axis starts at 0";
+  EXPECT_EQ(count("greedy largest first plan: makespan "), 1u) << svg;
 }
 
 TEST(Jobs, AJobsFileNamesItsMistakes) {
