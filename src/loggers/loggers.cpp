@@ -25,6 +25,16 @@ std::string format_value(double v) {
   return fmt::format("{:.4f}", v);
 }
 
+// `prefix` and every metric by its full name: "[...] loss/train/total: 5.1234, lr-...: 0.0010" (--verbose).
+std::string every_metric(std::string prefix, const core::Metrics& metrics) {
+  bool first = true;
+  for (const auto& [k, v] : metrics) {
+    prefix += fmt::format("{}{}: {}", first ? " " : ", ", k, format_value(v));
+    first = false;
+  }
+  return prefix;
+}
+
 // "45s", "3m05s", "1h02m", "2d03h".
 std::string human_duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";
@@ -119,13 +129,7 @@ void ConsoleLogger::banner(const core::State& s) {
 
 void ConsoleLogger::train_line(const core::State& s, const std::string& of) {
   if (o_.verbose) {
-    std::string line = fmt::format("[epoch={}][batch={}{}]", s.timestamp.epoch, s.timestamp.batch, of);
-    bool first = true;
-    for (const auto& [k, v] : pending_) {
-      line += fmt::format("{}{}: {}", first ? " " : ", ", k, format_value(v));
-      first = false;
-    }
-    emit(line);
+    emit(every_metric(fmt::format("[epoch={}][batch={}{}]", s.timestamp.epoch, s.timestamp.batch, of), pending_));
     return;
   }
   std::vector<std::string> parts;
@@ -162,13 +166,7 @@ void ConsoleLogger::train_line(const core::State& s, const std::string& of) {
 
 void ConsoleLogger::eval_lines(const core::State& s, const std::string& of) {
   if (o_.verbose) {
-    std::string line = fmt::format("[eval][batch={}{}]", s.timestamp.batch, of);
-    bool first = true;
-    for (const auto& [k, v] : pending_) {
-      line += fmt::format("{}{}: {}", first ? " " : ", ", k, format_value(v));
-      first = false;
-    }
-    emit(line);
+    emit(every_metric(fmt::format("[eval][batch={}{}]", s.timestamp.batch, of), pending_));
     return;
   }
   // Metric names without "metrics/eval/" (or "metrics/"), as many to a line as fit in ~120 characters.
