@@ -141,20 +141,31 @@ callbacks: {{hf_checkpointer: {{save_folder: "{1}/runs/{{run_name}}", save_inter
   // Runs `train` as two nodes of 2 ranks (two launchers on this machine) with one canonical node, which keeps
   // Streaming's sample order equal to the single process's; returns the run as read_run does.
   static TrainRun run_on_two_nodes(const std::string& name, const std::vector<std::string>& overrides) {
-    const int port = free_port();
-    auto node = [&](int k) {
-      std::string cmd = fmt::format(
-          "{} --recipe {} run_name={} --nproc-per-node 2 --nnodes 2 --node-rank {} --master-port {} "
-          "train_loader.dataset.num_canonical_nodes=1",
-          ::tessera::testing::train_bin(), (root_ / "tiny.yaml").string(), name, k, port);
-      for (const std::string& o : overrides) cmd += " " + o;
-      cmd += " > " + (root_ / fmt::format("{}_node{}.log", name, k)).string() + " 2>&1";
-      return std::async(std::launch::async, [cmd] { return std::system(cmd.c_str()); });
-    };
-    auto n0 = node(0), n1 = node(1);
-    EXPECT_EQ(n0.get(), 0) << read_dist_log(root_ / (name + "_node0.log"));
-    EXPECT_EQ(n1.get(), 0) << read_dist_log(root_ / (name + "_node1.log"));
-    return read_run(name);
+    // Both launchers need the port before either starts, so it is probed (free_port()), and another test may take it
+    // before rank 0 listens on it: that run is retried once on a new port. dist_timeout bounds how long node 1's
+    // ranks wait for a rendezvous that node 0 never serves (the default 600 s outlasts the test's timeout).
+    for (int attempt = 0;; ++attempt) {
+      const int port = free_port();
+      auto node = [&](int k) {
+        std::string cmd = fmt::format(
+            "{} --recipe {} run_name={} --nproc-per-node 2 --nnodes 2 --node-rank {} --master-port {} "
+            "train_loader.dataset.num_canonical_nodes=1 dist_timeout=60",
+            ::tessera::testing::train_bin(), (root_ / "tiny.yaml").string(), name, k, port);
+        for (const std::string& o : overrides) cmd += " " + o;
+        cmd += " > " + (root_ / fmt::format("{}_node{}.log", name, k)).string() + " 2>&1";
+        return std::async(std::launch::async, [cmd] { return std::system(cmd.c_str()); });
+      };
+      auto n0 = node(0), n1 = node(1);
+      const int code0 = n0.get(), code1 = n1.get();
+      const std::string log0 = read_dist_log(root_ / (name + "_node0.log"));
+      if (attempt == 0 && code0 != 0 && log0.find("Address already in use") != std::string::npos) {
+        fs::remove_all(root_ / "runs" / name);
+        continue;
+      }
+      EXPECT_EQ(code0, 0) << log0;
+      EXPECT_EQ(code1, 0) << read_dist_log(root_ / (name + "_node1.log"));
+      return read_run(name);
+    }
   }
 
   static TrainRun read_run(const std::string& name) {
