@@ -11,6 +11,7 @@
 #include "tessera/core/state.h"
 #include "tessera/loggers/tensorboard.h"
 #include "tessera/models/causal_lm.h"
+#include "tessera/util/clock_duration.h"
 #include "tessera/util/error.h"
 #include "tessera/util/python_json.h"
 #include "tessera/version.h"
@@ -33,16 +34,6 @@ std::string every_metric(std::string prefix, const core::Metrics& metrics) {
     first = false;
   }
   return prefix;
-}
-
-// "45s", "3m05s", "1h02m", "2d03h".
-std::string human_duration(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0) return "?";
-  const auto s = static_cast<int64_t>(std::llround(seconds));
-  if (s < 60) return fmt::format("{}s", s);
-  if (s < 3600) return fmt::format("{}m{:02}s", s / 60, s % 60);
-  if (s < 86400) return fmt::format("{}h{:02}m", s / 3600, (s % 3600) / 60);
-  return fmt::format("{}d{:02}h", s / 86400, (s % 86400) / 3600);
 }
 
 // 950, 8.1k, 1.23M, 4.50G, 1.20T.
@@ -95,11 +86,19 @@ double ConsoleLogger::elapsed() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
 }
 
+std::optional<double> ConsoleLogger::seconds_per_batch(const core::State& s) const {
+  if (!first_ || s.timestamp.batch <= first_->second.batch) return std::nullopt;
+  return since_first() / static_cast<double>(s.timestamp.batch - first_->second.batch);
+}
+
+double ConsoleLogger::since_first() const {
+  return first_ ? std::chrono::duration<double>(std::chrono::steady_clock::now() - first_->first).count() : 0.0;
+}
+
 std::string ConsoleLogger::eta(const core::State& s, int64_t total) const {
-  if (!first_ || total <= 0 || s.timestamp.batch <= first_->second.batch) return "";
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - first_->first).count();
-  const auto done = static_cast<double>(s.timestamp.batch - first_->second.batch);
-  return human_duration(seconds / done * static_cast<double>(std::max<int64_t>(0, total - s.timestamp.batch)));
+  const std::optional<double> pace = seconds_per_batch(s);
+  if (!pace || total <= 0) return "";
+  return util::clock_duration(*pace * static_cast<double>(std::max<int64_t>(0, total - s.timestamp.batch)));
 }
 
 void ConsoleLogger::banner(const core::State& s) {
@@ -208,10 +207,10 @@ void ConsoleLogger::summary(const core::State& s) {
   if (!fit_ended_) why = "stopped by the error above";  // closed without FIT_END: an exception ended the run
   const double seconds = elapsed();
   const int64_t tokens = s.timestamp.token - start_token_;
-  std::string text =
-      fmt::format("done: batch {} ({} this run), {} tokens in {} ({} tok/s); {}", s.timestamp.batch,
-                  s.timestamp.batch - start_batch_, human_count(static_cast<double>(tokens)), human_duration(seconds),
-                  human_count(seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0), why);
+  std::string text = fmt::format("done: batch {} ({} this run), {} tokens in {} ({} tok/s); {}", s.timestamp.batch,
+                                 s.timestamp.batch - start_batch_, human_count(static_cast<double>(tokens)),
+                                 util::clock_duration(seconds),
+                                 human_count(seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0), why);
   if (std::isfinite(last_loss_)) text += fmt::format("\n  last loss   {}", format_value(last_loss_));
   for (const auto& [name, values] : eval_) {
     text +=
@@ -268,12 +267,10 @@ void ConsoleLogger::run_event(Event event, core::State& s, core::Logger& /*logge
       first_ = {std::chrono::steady_clock::now(), s.timestamp};
     } else if (!estimated_ && total > 0 && s.timestamp.batch - first_->second.batch >= 4) {
       estimated_ = true;  // the pace of this process's batches after its first (warm-up) one
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - first_->first).count();
-      const auto done = static_cast<double>(s.timestamp.batch - first_->second.batch);
+      const double pace = *seconds_per_batch(s);
       const int64_t to_go = std::max<int64_t>(0, total - s.timestamp.batch);
       emit(fmt::format("estimated time to train: {} more ({:.3g} s per batch over batches {}-{}; {} to go)",
-                       human_duration(seconds / done * static_cast<double>(to_go)), seconds / done,
-                       first_->second.batch + 1, s.timestamp.batch, to_go));
+                       eta(s, total), pace, first_->second.batch + 1, s.timestamp.batch, to_go));
     }
   }
   const bool batch_end = event == Event::kBatchEnd && o_.interval.unit() == config::TimeUnit::kBatch;
@@ -284,12 +281,9 @@ void ConsoleLogger::run_event(Event event, core::State& s, core::Logger& /*logge
     const int width = 30;
     const int filled = static_cast<int>(frac * width);
     std::string rate;
-    if (first_ && s.timestamp.batch > first_->second.batch) {
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - first_->first).count();
-      if (seconds > 0) {
-        rate = fmt::format(" | {} tok/s",
-                           human_count(static_cast<double>(s.timestamp.token - first_->second.token) / seconds));
-      }
+    if (seconds_per_batch(s) && since_first() > 0) {
+      rate = fmt::format(" | {} tok/s",
+                         human_count(static_cast<double>(s.timestamp.token - first_->second.token) / since_first()));
     }
     const std::string left = eta(s, total);
     std::fprintf(stream_, "\r[batch %lld%s] %s%s loss %s%s%s\033[K", static_cast<long long>(s.timestamp.batch),

@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "tessera/util/clock_duration.h"
 #include "tessera/util/error.h"
 
 namespace tessera::planner {
@@ -98,14 +99,6 @@ std::string xml_escaped(const std::string& text) {
     }
   }
   return out;
-}
-
-// "1h05m", "12m30s", "45s".
-std::string clock_time(double seconds) {
-  const auto s = static_cast<int64_t>(std::llround(seconds));
-  if (s >= 3600) return fmt::format("{}h{:02}m", s / 3600, (s % 3600) / 60);
-  if (s >= 60) return fmt::format("{}m{:02}s", s / 60, s % 60);
-  return fmt::format("{}s", s);
 }
 
 void chunk(std::string& out, const char* type, const std::string& data) {
@@ -214,7 +207,7 @@ std::string gantt_svg(const Schedule& s, const Cluster& cluster, const std::vect
       "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
       width, height, width, height);
   out += fmt::format("<text x=\"{}\" y=\"20\" font-size=\"15\" font-weight=\"bold\">{} plan: makespan {}</text>\n",
-                     left, xml_escaped(s.policy), clock_time(s.makespan_s()));
+                     left, xml_escaped(s.policy), util::clock_duration(s.makespan_s()));
   out += fmt::format("<text x=\"{}\" y=\"38\" fill=\"#555\">{}</text>\n", left, xml_escaped(cluster.describe()));
   // The time axis: grid lines, tick labels and the unit.
   const auto [unit, step] = tick_spacing(makespan);
@@ -238,7 +231,8 @@ std::string gantt_svg(const Schedule& s, const Cluster& cluster, const std::vect
   for (const Placement& p : s.placements) {
     const std::string name = xml_escaped(name_of(p.job));
     const std::string shown = fmt::format("{}, {} {}", name, p.devices.size(), xml_escaped(cluster.device_kind));
-    const std::string tip = fmt::format("{}: {} to {}", shown, clock_time(p.start_s), clock_time(p.end_s));
+    const std::string tip =
+        fmt::format("{}: {} to {}", shown, util::clock_duration(p.start_s), util::clock_duration(p.end_s));
     const double x0 = x_of(p.start_s);
     const double w = std::max(1.0, x_of(p.end_s) - x0);
     int64_t best_first = 0, best_rows = 0;
@@ -264,9 +258,9 @@ std::string gantt_svg(const Schedule& s, const Cluster& cluster, const std::vect
   for (const Placement& p : s.placements) {
     out += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"12\" height=\"12\" fill=\"{}\"/>\n", left, y - 10,
                        rgb(gantt_job_colour(p.job)));
-    out +=
-        fmt::format("<text x=\"{}\" y=\"{}\">{}: {} {}, {} to {}</text>\n", left + 18, y, xml_escaped(name_of(p.job)),
-                    p.devices.size(), xml_escaped(cluster.device_kind), clock_time(p.start_s), clock_time(p.end_s));
+    out += fmt::format("<text x=\"{}\" y=\"{}\">{}: {} {}, {} to {}</text>\n", left + 18, y,
+                       xml_escaped(name_of(p.job)), p.devices.size(), xml_escaped(cluster.device_kind),
+                       util::clock_duration(p.start_s), util::clock_duration(p.end_s));
     y += 18;
   }
   return out + "</svg>\n";

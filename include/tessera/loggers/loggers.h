@@ -55,8 +55,11 @@ class ConsoleLogger : public core::LoggerDestination {
   void eval_lines(const core::State& s, const std::string& of);
   void summary(const core::State& s);
   void emit(const std::string& line);
-  // Seconds since FIT_START; the ETA from the pace since the first batch this process ran (a resumed run's too).
+  // Seconds since FIT_START; since the end of the first batch this process ran; the pace since then (none before a
+  // second batch); the ETA at that pace (a resumed run's from its own batches too).
   double elapsed() const;
+  double since_first() const;
+  std::optional<double> seconds_per_batch(const core::State& s) const;
   std::string eta(const core::State& s, int64_t total) const;
 
   ConsoleOptions o_;
