@@ -35,6 +35,7 @@
 #include "tessera/planner/jobs.h"
 #include "tessera/planner/perf_model.h"
 #include "tessera/trainer/plan.h"
+#include "tessera/trainer/preflight.h"
 #include "tessera/trainer/train_config.h"
 #include "tessera/trainer/trainer.h"
 #include "tessera/util/allocator.h"
@@ -92,6 +93,11 @@ int run(int argc, char** argv) {
   app.add_flag("--verbose", verbose,
                "Console: every metric on each line by its full name (default: loss, lr, grad norm, tokens/s, MFU, "
                "ETA; every metric is in the JSONL and TensorBoard logs either way)");
+  bool no_preflight = false;
+  app.add_flag("--no-preflight", no_preflight,
+               "Skip the pre-flight checks of data, tokenizer, checkpoints, eval files and outputs (before the first "
+               "step, and in --dry-run: a plan for a recipe whose data is elsewhere); what is wrong then fails when "
+               "the run reaches it");
   app.add_option("--world-size", world_size, "World size to plan for (default: $WORLD_SIZE, else 1)")
       ->check(CLI::PositiveNumber);
   app.add_option("--ranks-per-node", ranks_per_node,
@@ -173,6 +179,7 @@ int run(int argc, char** argv) {
 
   tessera::trainer::TrainConfig cfg = tessera::trainer::load_train_config(recipe, overrides);
   cfg.console_verbose = verbose;
+  cfg.preflight = !no_preflight;
   if (log_level_flag->count() == 0 && !cfg.log_level.empty()) tessera::util::init_logging(cfg.log_level);
   if (print_config) {
     std::cout << tessera::trainer::recorded_config(cfg).dump(2) << "\n";
@@ -205,6 +212,7 @@ int run(int argc, char** argv) {
       }
       if (!skip) launch.argv.push_back(a);
     }
+    if (cfg.preflight) tessera::trainer::require_preflight(cfg, {.rank = 0, .probe_writes = true});  // before any rank
     return tessera::dist::launch(launch);
   }
   std::optional<tessera::planner::Cluster> cluster;
@@ -242,6 +250,11 @@ int run(int argc, char** argv) {
       const tessera::trainer::CheckpointCosts c =
           tessera::trainer::estimate_checkpoint_costs(cfg, plan, costs, sources);
       std::cout << tessera::trainer::render_checkpoint_advice(cfg, c, sources);
+    }
+    // The inputs and outputs, as the run would check them before its first step (exit 2 with every problem).
+    if (cfg.preflight) {
+      tessera::trainer::require_preflight(cfg, {.rank = 0, .probe_writes = true});
+      std::cout << "\npre-flight: data, tokenizer, checkpoints, eval files and outputs checked: no problem found\n";
     }
     return tessera::kExitOk;
   }

@@ -3,6 +3,8 @@
 
 #include "tessera/callbacks/callbacks.h"
 #include "tessera/callbacks/health_monitor.h"
+#include "tessera/storage/probe.h"
+#include "tessera/util/file_io.h"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -171,6 +173,14 @@ core::CallbackRegistry& callback_registry() {
           return o;
         },
         core::construct<core::Callback, HfCheckpointer, HfCheckpointerOptions>());
+    // Pre-flight: the export folder can be written (rank 0 writes it).
+    r->set_check("hf_checkpointer", [](const std::any& options, const config::CheckContext& c) -> config::Problems {
+      const auto& o = std::any_cast<const HfCheckpointerOptions&>(options);
+      if (c.rank != 0) return {};
+      const std::string root = util::fill_path_pattern(o.save_folder, c.run_name, c.rank);
+      if (auto why = storage::unwritable(root, c.probe_writes)) return {{"save_folder", *why}};
+      return {};
+    });
     r->add(
         "run_timeout",
         [](config::Section& s) -> std::any {

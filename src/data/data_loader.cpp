@@ -5,9 +5,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
 
 #include "tessera/data/finetuning.h"
 #include "tessera/data/streaming_dataset.h"
+#include "tessera/storage/probe.h"
+#include "tessera/storage/storage.h"
 #include "tessera/util/error.h"
 
 namespace tessera::data {
@@ -108,6 +111,58 @@ class FinetuningLoader : public DataLoader {
   int64_t batches_ = 0;
 };
 
+// Pre-flight of MDS streams: a remote's index.json answers (credentials, bucket, endpoint) and its local cache can be
+// written; a local dataset's index.json parses and lists shards that are all there. Nothing is fetched or written.
+config::Problems check_streams(const StreamingOptions& o) {
+  config::Problems problems;
+  for (const StreamSpec& st : o.streams) {
+    const std::string local = st.split ? storage::join(st.local, *st.split) : st.local;
+    if (st.remote) {
+      const std::string remote = st.split ? storage::join(*st.remote, *st.split) : *st.remote;
+      if (auto why = storage::unreadable(storage::join(remote, "index.json"))) {
+        problems.push_back({st.key + ".remote", *why});
+      }
+      if (!st.local.empty()) {
+        if (auto why = storage::unwritable(local, false)) problems.push_back({st.key + ".local", *why});
+      }
+      continue;
+    }
+    if (auto why = storage::unreadable(storage::join(local, "index.json"))) {
+      problems.push_back({st.key + ".local", fmt::format("{} (no MDS dataset there)", *why)});
+      continue;
+    }
+    try {
+      const mds::MDSDataset ds(local);
+      std::vector<std::string> missing;
+      for (const mds::ShardInfo& shard : ds.shards()) {
+        std::error_code ec;
+        const bool raw = std::filesystem::exists(storage::join(local, shard.raw_basename), ec);
+        const bool zip = shard.zip_basename && std::filesystem::exists(storage::join(local, *shard.zip_basename), ec);
+        if (!raw && !zip) missing.push_back(shard.zip_basename.value_or(shard.raw_basename));
+      }
+      if (!missing.empty()) {
+        problems.push_back(
+            {st.key + ".local", fmt::format("{}: {} of the {} shards index.json lists are missing (first: {})", local,
+                                            missing.size(), ds.shards().size(), missing.front())});
+      }
+    } catch (const Error& e) {
+      problems.push_back({st.key + ".local", e.message()});
+    }
+  }
+  return problems;
+}
+
+config::Problems check_finetuning(const LoaderOptions& o) {
+  if (!o.finetuning) return {};
+  if (o.finetuning->streams) return check_streams(*o.finetuning->streams);
+  try {
+    (void)finetuning_data_files(*o.finetuning);
+  } catch (const Error& e) {
+    return {{o.finetuning->data_files.empty() ? "dataset.hf_name" : "dataset.hf_kwargs.data_files", e.message()}};
+  }
+  return {};
+}
+
 }  // namespace
 
 LoaderRegistry& loader_registry() {
@@ -119,6 +174,8 @@ LoaderRegistry& loader_registry() {
     r->add("finetuning", parse_finetuning_section, [](const LoaderOptions& o, const LoaderContext& ctx) {
       return std::unique_ptr<DataLoader>(std::make_unique<FinetuningLoader>(o, ctx));
     });
+    r->set_check("text", [](const LoaderOptions& o, const config::CheckContext&) { return check_streams(o.dataset); });
+    r->set_check("finetuning", [](const LoaderOptions& o, const config::CheckContext&) { return check_finetuning(o); });
     return r;
   }();
   return *registry;

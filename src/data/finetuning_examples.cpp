@@ -480,7 +480,7 @@ std::pair<std::vector<int32_t>, std::vector<int32_t>> stitch_turns(const Finetun
 // ---------------------------------------------------------------------------------------------------------------
 // Reading.
 
-std::vector<std::pair<Json, std::string>> read_finetuning_rows(const FinetuningOptions& o) {
+std::vector<std::string> finetuning_data_files(const FinetuningOptions& o) {
   std::vector<std::string> files;
   std::error_code ec;
   const bool builder = o.hf_name == "json" || o.hf_name == "csv" || o.hf_name == "parquet" || o.hf_name == "arrow";
@@ -515,11 +515,15 @@ std::vector<std::pair<Json, std::string>> read_finetuning_rows(const FinetuningO
     files = split_files(folder, o.split);
     if (files.empty()) fail(o.hf_name, fmt::format("no data file for split '{}'", o.split));
   }
-  std::vector<std::pair<Json, std::string>> rows;
   for (const std::string& f : files) {
-    if (!std::filesystem::exists(f)) fail(f, "no such data file");
-    append_json_rows(f, rows);
+    if (!std::filesystem::exists(f, ec)) fail(f, "no such data file");
   }
+  return files;
+}
+
+std::vector<std::pair<Json, std::string>> read_finetuning_rows(const FinetuningOptions& o) {
+  std::vector<std::pair<Json, std::string>> rows;
+  for (const std::string& f : finetuning_data_files(o)) append_json_rows(f, rows);
   // A dataset has the columns of all its rows: a row without one has it as null (as Hugging Face datasets does).
   std::vector<std::string> columns;
   std::set<std::string> seen;

@@ -56,6 +56,7 @@ void parse_streaming_dataset(Section& ds, StreamingOptions& o) {
     for (const std::string& name : map.keys()) {
       auto stream = map.section(name);
       o.streams.push_back(parse_stream(stream, false));
+      o.streams.back().key = "dataset.streams." + name;
     }
     map.finish();
     ds.check(!o.streams.empty(), "streams", "must name at least one stream");

@@ -3,12 +3,14 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cstdlib>
 #include <filesystem>
 
 #include "tessera/config/value.h"
 #include "tessera/loggers/loggers.h"
 #include "tessera/loggers/mlflow.h"
 #include "tessera/loggers/tensorboard.h"
+#include "tessera/storage/probe.h"
 #include "tessera/util/file_io.h"
 
 namespace tessera::loggers {
@@ -94,6 +96,31 @@ core::CallbackRegistry& logger_registry() {
           if (o.rank_zero_only && run.rank != 0) return nullptr;
           return std::make_shared<MlflowLogger>(o, run);
         });
+    // Pre-flight: the folders the files go to can be written, and the tracking server answers.
+    r->set_check("jsonl", [](const std::any& options, const config::CheckContext& c) -> config::Problems {
+      const auto& o = std::any_cast<const JsonlLoggerOptions&>(options);
+      const std::string file = util::fill_path_pattern(o.filename, c.run_name, c.rank);
+      if (auto why = storage::unwritable(file, c.probe_writes)) return {{"filename", *why}};
+      return {};
+    });
+    r->set_check("tensorboard", [](const std::any& options, const config::CheckContext& c) -> config::Problems {
+      const auto& o = std::any_cast<const TensorBoardLoggerOptions&>(options);
+      const std::string dir = util::fill_path_pattern(o.log_dir, c.run_name, c.rank);
+      if (auto why = storage::unwritable(dir, c.probe_writes)) return {{"log_dir", *why}};
+      return {};
+    });
+    r->set_check("mlflow", [](const std::any& options, const config::CheckContext& c) -> config::Problems {
+      const auto& o = std::any_cast<const MlflowLoggerOptions&>(options);
+      if (o.rank_zero_only && c.rank != 0) return {};
+      const char* env = std::getenv("MLFLOW_TRACKING_URI");
+      try {
+        MlflowClient client(!o.tracking_uri.empty() ? o.tracking_uri : env != nullptr ? env : "", /*attempts=*/2);
+        (void)client.call("GET", "experiments/search", {{"max_results", 1}});
+      } catch (const Error& e) {
+        return {{"tracking_uri", e.message()}};
+      }
+      return {};
+    });
     r->add_foundry_names({"wandb", "file", "inmemory", "comet_ml", "neptune", "slack", "mosaicml",
                           "remote_uploader_downloader", "progress_bar", "console"});
     return r;

@@ -25,6 +25,7 @@
 #include "tessera/models/context_parallel.h"
 #include "tessera/models/loss.h"
 #include "tessera/models/metric.h"
+#include "tessera/trainer/preflight.h"
 #include "tessera/trainer/step_graph.h"
 #include "tessera/trainer/trainer_support.h"
 #include "tessera/util/device.h"
@@ -232,6 +233,8 @@ void Trainer::setup_ranks() {
   rendezvous_ = dist::rendezvous_from_env();
   state_.rank = rendezvous_.rank;
   state_.world_size = rendezvous_.world_size;
+  // Every input and output, before anything is connected, built or written: all problems at once, exit 2.
+  if (cfg_.preflight) require_preflight(cfg_, {.rank = state_.rank, .probe_writes = state_.rank == 0});
   // One GPU per process, chosen by the local rank (torchrun's convention): before connecting when the launcher said
   // which ranks share this machine, else once the rendezvous found out.
   const bool cuda = state_.device.is_cuda();

@@ -77,5 +77,5 @@ def test_recipe_runs_with_only_its_paths_changed(workdir, recipe, model, steps, 
 @pytest.mark.parametrize("recipe,params", [("mpt-7b_dolly_sft.yaml", "6,649,286,656"),
                                            ("llama3-8b_finetune.yaml", "8,030,261,248")])
 def test_recipe_plans_the_published_model(hub_cache, recipe, params):
-    log = run(recipe, "--dry-run", env=dict(os.environ, HF_HUB_CACHE=str(hub_cache)))
+    log = run(recipe, "--dry-run", "--no-preflight", env=dict(os.environ, HF_HUB_CACHE=str(hub_cache)))
     assert params in log, log

@@ -180,7 +180,7 @@ def test_recipe_is_transformers_default_config_with_its_parameter_count(hub_cach
     with torch.device("meta"):
         expected = sum(p.numel() for p in Qwen3_5ForCausalLM(config).parameters())
     train = os.environ.get("TESSERA_TRAIN_BIN", str(ROOT / "build" / "bin" / "train"))
-    proc = subprocess.run([train, "--recipe", str(ROOT / "recipes" / "qwen3.5-9b.yaml"), "--dry-run"],
+    proc = subprocess.run([train, "--recipe", str(ROOT / "recipes" / "qwen3.5-9b.yaml"), "--dry-run", "--no-preflight"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"{expected:,}" in proc.stdout + proc.stderr, (expected, proc.stdout[-2000:])
@@ -222,7 +222,7 @@ def test_moe_default_config_dry_runs_with_transformers_total_and_active_counts(t
     path = tmp_path / "moe.yaml"
     path.write_text(yaml.safe_dump(recipe))
     train = os.environ.get("TESSERA_TRAIN_BIN", str(ROOT / "build" / "bin" / "train"))
-    proc = subprocess.run([train, "--recipe", str(path), "--dry-run"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([train, "--recipe", str(path), "--dry-run", "--no-preflight"], capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert f"{total:,}" in out and f"{total - unused:,}" in out, (total, total - unused, out[-2000:])

@@ -74,7 +74,7 @@ def resolved(name):
 
 
 def dry_run(name, hub, *overrides):
-    return subprocess.run([TRAIN, "--recipe", str(FOUNDRY / name), "--dry-run", *overrides], capture_output=True,
+    return subprocess.run([TRAIN, "--recipe", str(FOUNDRY / name), "--dry-run", "--no-preflight", *overrides], capture_output=True,
                           text=True, timeout=300, env=dict(os.environ, HF_HUB_CACHE=str(hub)))
 
 

@@ -47,7 +47,7 @@ done
 # or two per thing the kit carries (recipes and the train binary, test data, ICL tasks, tokenizers), not the unit
 # tier again (the unit entries run every test; this checks that the kit's copies of them work).
 cd "$work"
-"$kit/bin/train" --recipe "$kit/src/recipes/mpt-125m.yaml" --dry-run > dry_run.txt
+"$kit/bin/train" --recipe "$kit/src/recipes/mpt-125m.yaml" --dry-run --no-preflight > dry_run.txt
 grep -q 'parameters' dry_run.txt || { cat dry_run.txt; echo "check_kit: the dry run printed no parameter count" >&2; exit 1; }
 TESSERA_SOURCE_DIR="$kit/src" TESSERA_TRAIN_BIN="$kit/bin/train" "$kit/bin/tessera_tests" \
   --gtest_filter='Trainer.EventOrder*:Trainer.TwoRunsAreBitwiseIdentical:Checkpointing.AResumed*:TrainCli.UsageAndRuntimeExitCodes:IclTasks*:Gauntlet*:MDS*:Tokenizer*:Gpu*' \

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/config/preflight.h"
 #include "tessera/config/reader.h"
 #include "tessera/util/error.h"
 
@@ -26,6 +27,9 @@ class Registry {
  public:
   using Parser = std::function<Options(Section&)>;
   using Builder = std::function<Built(const Options&, Args...)>;
+  // Pre-flight (config/preflight.h): what would fail once the run is under way (a missing input, an output folder
+  // that cannot be written, a server that does not answer), checked before anything is built.
+  using Checker = std::function<Problems(const Options&, const CheckContext&)>;
 
   // `family` names the kind of component in messages ("optimizer", "callback").
   explicit Registry(std::string family) : family_(std::move(family)) {}
@@ -33,7 +37,15 @@ class Registry {
   // Registers (or replaces) a component. Without a builder the name parses but cannot be built.
   void add(const std::string& name, Parser parser, Builder builder = nullptr) {
     entries_[name] = {std::move(parser), std::move(builder)};
+    checkers_.erase(name);  // a replaced component brings its own check, or none
   }
+  // Gives a registered entry its pre-flight check; an entry without one has nothing to check.
+  void set_check(const std::string& name, Checker checker) { checkers_[name] = std::move(checker); }
+  Problems check(const std::string& name, const Options& options, const CheckContext& context) const {
+    auto it = checkers_.find(name);
+    return it == checkers_.end() ? Problems{} : it->second(options, context);
+  }
+
   // Names LLM Foundry/Composer register in this family that Tessera does not implement yet: a recipe naming one gets
   // "not supported yet" rather than "unknown".
   void add_foundry_names(std::initializer_list<const char*> names) { foundry_.insert(names.begin(), names.end()); }
@@ -78,6 +90,7 @@ class Registry {
   };
   std::string family_;
   std::map<std::string, Entry> entries_;
+  std::map<std::string, Checker> checkers_;
   std::set<std::string> foundry_;
 };
 

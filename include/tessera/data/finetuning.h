@@ -119,6 +119,9 @@ nlohmann::ordered_json apply_registered_preprocessor(const std::string& name, co
 // The rows of the split `options` select: each object with its "file:line" (JSONL) or "file[index]" (JSON array).
 // Errors name the file and line: a malformed line, a row that is not an object, no file for the split.
 std::vector<std::pair<nlohmann::ordered_json, std::string>> read_finetuning_rows(const FinetuningOptions& options);
+// The data files read_finetuning_rows reads (hf_name's split files, or hf_kwargs.data_files'), each checked to exist;
+// throws tessera::Error naming the folder, file or key otherwise. Reads none of them.
+std::vector<std::string> finetuning_data_files(const FinetuningOptions& options);
 
 // A fine-tuning batch: input_ids (B, T) int64, labels (B, T) with kIgnoreLabel where no loss, attention_mask (B, T)
 // int64, sequence_id (B, T) int64 (-1 on padding; packed examples numbered 0, 1, ... within a row).

@@ -27,6 +27,7 @@ struct StreamSpec {
   bool keep_zip = false;              // remote streams: keep compressed shards after decompressing them
   int download_retry = 2;             // remote streams: attempts per file
   double download_timeout = 60;       // remote streams: seconds to wait for another process fetching the same file
+  std::string key = "dataset";        // where the recipe gives it, under the loader: "dataset.streams.<name>"
 };
 
 struct StreamingOptions {

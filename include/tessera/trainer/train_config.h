@@ -117,6 +117,9 @@ struct TrainConfig {
   bool progress_bar = false;
   bool log_to_console = true;
   bool console_verbose = false;  // every metric on each console line (`tessera train --verbose`; no recipe key)
+  // Check every input and output before anything is built (trainer/preflight.h); `tessera train --no-preflight`
+  // turns it off (no recipe key).
+  bool preflight = true;
 };
 
 // Loads `path`, applies `overrides` ("key.sub=value"), resolves interpolation and parses the result.

@@ -48,11 +48,12 @@ TEST(TrainCli, DryRunOfEveryShippedRecipeSucceeds) {
     if (entry.path().extension() != ".yaml") continue;
     std::string overrides;
     for (const std::string& o : tessera::testing::shipped_recipe_overrides(entry.path())) overrides += " " + o;
-    const Result r = run("--recipe " + entry.path().string() + " --dry-run" + overrides);
+    const Result r = run("--recipe " + entry.path().string() + " --dry-run --no-preflight" + overrides);
     EXPECT_EQ(r.exit_code, 0) << entry.path() << "\n" << r.output;
     EXPECT_NE(r.output.find("parameters"), std::string::npos);
   }
-  const Result r = run("--recipe " + kSource + "/recipes/mpt-7b.yaml --dry-run --world-size 64 --ranks-per-node 8");
+  const Result r =
+      run("--recipe " + kSource + "/recipes/mpt-7b.yaml --dry-run --no-preflight --world-size 64 --ranks-per-node 8");
   EXPECT_NE(r.output.find("6,658,859,008 (6.66 B)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("43.17 GFLOP"), std::string::npos);
   EXPECT_NE(r.output.find("2,097,152 tokens per optimizer step"), std::string::npos);
@@ -62,7 +63,7 @@ TEST(TrainCli, DryRunOfEveryShippedRecipeSucceeds) {
 
 TEST(TrainCli, DryRunAdvisesACheckpointInterval) {
   // Given figures: a failure every 2 h, 60 s synchronous saves, 12 s steps: Daly's 14.8 min is 74 steps.
-  const std::string recipe = kSource + "/recipes/mpt-7b.yaml --dry-run --world-size 512 ";
+  const std::string recipe = kSource + "/recipes/mpt-7b.yaml --dry-run --no-preflight --world-size 512 ";
   Result r = run("--recipe " + recipe +
                  "--mtbf-hours 2 --save-seconds 60 --step-seconds 12 save_async=false save_folder=s3://bucket/ckpt");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -89,7 +90,7 @@ TEST(TrainCli, DryRunAdvisesACheckpointInterval) {
 // 0.915 s, of which half the compute (0.596 s) hides: a 1.511 s step, 1.192 / 1.511 = 78.9% scaling efficiency.
 TEST(TrainCli, DryRunOnAClusterEstimatesStepTimeThroughputAndScaling) {
   const std::string cluster = kSource + "/tests/data/planner/h100-128.yaml";
-  Result r = run("--recipe " + kSource + "/recipes/mpt-7b.yaml --dry-run --cluster " + cluster +
+  Result r = run("--recipe " + kSource + "/recipes/mpt-7b.yaml --dry-run --no-preflight --cluster " + cluster +
                  " global_train_batch_size=512");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("world size                128 (8 per node)"), std::string::npos) << r.output;
@@ -102,7 +103,7 @@ TEST(TrainCli, DryRunOnAClusterEstimatesStepTimeThroughputAndScaling) {
   EXPECT_NE(r.output.find("time to train       26.8 h (63900 steps, 120 s startup)"), std::string::npos) << r.output;
   // Llama 3 70B on 64 H100 with tensor parallelism 8 and FSDP over the 8 data-parallel ranks (torchtitan's layout,
   // docs/performance.md): the all-reduces add to the step, and the recommendation searches every configuration.
-  r = run("--recipe " + kSource + "/recipes/llama3-70b.yaml --dry-run --cluster " + kSource +
+  r = run("--recipe " + kSource + "/recipes/llama3-70b.yaml --dry-run --no-preflight --cluster " + kSource +
           "/tests/data/planner/h100-64.yaml global_train_batch_size=128 device_train_microbatch_size=16 "
           "fsdp_config.activation_checkpointing=true 'parallelism={tensor_parallel_degree: 8}'");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -116,14 +117,14 @@ TEST(TrainCli, DryRunOnAClusterEstimatesStepTimeThroughputAndScaling) {
             std::string::npos)
       << r.output;
   // The world must divide the batch.
-  r = run("--recipe " + kSource + "/recipes/llama3-8b.yaml --dry-run --cluster " + cluster);
+  r = run("--recipe " + kSource + "/recipes/llama3-8b.yaml --dry-run --no-preflight --cluster " + cluster);
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("not divisible by the world size (128)"), std::string::npos) << r.output;
 }
 
 TEST(TrainCli, LlmFoundrysYamlDryRunsUnchanged) {
   for (const char* name : {"mpt-125m.yaml", "mpt-small-cpu.yaml"}) {
-    const Result r = run("--recipe " + kSource + "/tests/data/foundry/" + name + " --dry-run");
+    const Result r = run("--recipe " + kSource + "/tests/data/foundry/" + name + " --dry-run --no-preflight");
     EXPECT_EQ(r.exit_code, 0) << r.output;
   }
 }
@@ -133,12 +134,51 @@ TEST(TrainCli, UsageAndRuntimeExitCodes) {
   EXPECT_NE(run("--help").output.find("--dry-run"), std::string::npos);
   EXPECT_EQ(run("").exit_code, 2) << "--recipe is required";
   EXPECT_EQ(run("--recipe x.yaml --no-such-flag").exit_code, 2);
-  EXPECT_EQ(run("--recipe " + kSource + "/recipes/mpt-125m.yaml --world-size 0 --dry-run").exit_code, 2);
-  EXPECT_EQ(run("--recipe " + kSource + "/recipes/mpt-125m.yaml --log-level loud --dry-run").exit_code, 2);
-  // A runtime failure (the recipe's data does not exist) is exit code 1 with a message naming the missing dataset.
-  const Result train = run("--recipe " + kSource + "/recipes/mpt-tiny-cpu.yaml variables.data_local=/no/such/data");
+  EXPECT_EQ(run("--recipe " + kSource + "/recipes/mpt-125m.yaml --world-size 0 --dry-run --no-preflight").exit_code, 2);
+  EXPECT_EQ(run("--recipe " + kSource + "/recipes/mpt-125m.yaml --log-level loud --dry-run --no-preflight").exit_code,
+            2);
+  // Without the pre-flight, a missing dataset is a failure of the run under way: exit code 1, naming the dataset.
+  const Result train =
+      run("--recipe " + kSource + "/recipes/mpt-tiny-cpu.yaml --no-preflight variables.data_local=/no/such/data");
   EXPECT_EQ(train.exit_code, 1);
   EXPECT_NE(train.output.find("/no/such/data/train: no index.json"), std::string::npos) << train.output;
+}
+
+// Pre-flight: every bad input at once, each under its recipe key and line, exit 2 before anything is started or
+// written; the dry run prints its plan and the same problems.
+TEST(TrainCli, BadInputsAreAllReportedBeforeTheFirstStepWithExit2) {
+  const auto dir = std::filesystem::temp_directory_path() / ("tessera_cli_preflight_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "a-file") << "x";
+  const std::string run_name = "preflight-" + std::to_string(::getpid());
+  const std::string args = "--recipe " + kSource +
+                           "/recipes/mpt-tiny-cpu.yaml variables.data_local=" + (dir / "no-data").string() +
+                           " run_name=" + run_name + " save_folder=" + (dir / "a-file" / "ckpt").string() +
+                           " load_path=" + (dir / "no-ckpt").string();
+  // The data folder is the override's (through the recipe's ${variables.data_local}): the problem names it.
+  const std::string data = "command line `variables.data_local=" + (dir / "no-data").string() + "`";
+  for (const std::string& mode : {std::string(), std::string(" --dry-run")}) {
+    const Result r = run(args + mode);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("mpt-tiny-cpu.yaml: 4 problems found before the first step (nothing was started or "
+                            "written):"),
+              std::string::npos)
+        << r.output;
+    for (const std::string& line :
+         {data + ": train_loader.dataset.local: " + (dir / "no-data/train/index.json").string() +
+              " does not exist (no MDS dataset there)",
+          data + ": eval_loader.dataset.local: " + (dir / "no-data/val/index.json").string() +
+              " does not exist (no MDS dataset there)",
+          "command line `load_path=" + (dir / "no-ckpt").string() + "`: load_path: " + (dir / "no-ckpt").string() +
+              " does not exist",
+          "command line `save_folder=" + (dir / "a-file/ckpt").string() + "`: save_folder: "}) {
+      EXPECT_NE(r.output.find("\n  " + line), std::string::npos) << line << "\n" << r.output;
+    }
+    EXPECT_EQ(r.output.find("parameters") != std::string::npos, !mode.empty()) << r.output;  // the plan, dry run
+    EXPECT_FALSE(std::filesystem::exists("runs/" + run_name));  // no log, export or checkpoint folder
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // At least ten kinds of bad recipe, each with the exact message and exit code 2.
@@ -146,113 +186,113 @@ TEST(TrainCli, BadRecipesNameFileKeyAndLine) {
   {  // 1. unknown key, with a suggestion
     auto [path, line] = mutated("typo.yaml", "max_duration: 4800ba", "max_duraton: 4800ba");
     expect_config_error(
-        run("--recipe " + path + " --dry-run"),
+        run("--recipe " + path + " --dry-run --no-preflight"),
         "[recipe] " + path + ":" + std::to_string(line) + ": max_duraton: unknown key (did you mean 'max_duration'?)");
   }
   {  // 2. wrong type
     auto [path, line] = mutated("type.yaml", "lr: 6.0e-4", "lr: fast");
     expect_config_error(
-        run("--recipe " + path + " --dry-run"),
+        run("--recipe " + path + " --dry-run --no-preflight"),
         "[recipe] " + path + ":" + std::to_string(line) + ": optimizer.lr: expected a number, got a string \"fast\"");
   }
   {  // 3. missing required key (reported at the section that lacks it)
     auto [path, line] = mutated("missing.yaml", "  lr: 6.0e-4\n", "");
     (void)line;
-    const Result r = run("--recipe " + path + " --dry-run --print-config");
+    const Result r = run("--recipe " + path + " --dry-run --no-preflight --print-config");
     EXPECT_EQ(r.exit_code, 0) << "decoupled_adamw has a default lr";
     auto [path2, line2] = mutated("missing2.yaml", "global_train_batch_size: 256\n", "");
     (void)line2;
-    expect_config_error(run("--recipe " + path2 + " --dry-run"),
+    expect_config_error(run("--recipe " + path2 + " --dry-run --no-preflight"),
                         "[recipe] " + path2 + ": global_train_batch_size: missing required key");
   }
   {  // 4. malformed duration
     auto [path, line] = mutated("duration.yaml", "eval_interval: 500ba", "eval_interval: 500 batches");
     expect_config_error(
-        run("--recipe " + path + " --dry-run"),
+        run("--recipe " + path + " --dry-run --no-preflight"),
         "[recipe] " + path + ":" + std::to_string(line) +
             ": eval_interval: \"500 batches\" has no time unit; write a number followed by ep, ba, sp, tok "
             "or dur (e.g. 100ba)");
   }
   {  // 5. fractional batches
     auto [path, line] = mutated("fraction.yaml", "t_warmup: 100ba", "t_warmup: 1.5ba");
-    expect_config_error(run("--recipe " + path + " --dry-run"),
+    expect_config_error(run("--recipe " + path + " --dry-run --no-preflight"),
                         "[recipe] " + path + ":" + std::to_string(line) +
                             ": scheduler.t_warmup: a duration in `ba` must be a whole number, got 1.5");
   }
   {  // 6. unresolvable interpolation
     auto [path, line] = mutated("interp.yaml", "shuffle_seed: ${variables.global_seed}\n  drop_last: true",
                                 "shuffle_seed: ${variables.global_sed}\n  drop_last: true");
-    expect_config_error(run("--recipe " + path + " --dry-run"),
+    expect_config_error(run("--recipe " + path + " --dry-run --no-preflight"),
                         "[recipe] " + path + ":" + std::to_string(line) +
                             ": train_loader.dataset.shuffle_seed: cannot resolve ${variables.global_sed}: key "
                             "'variables.global_sed' not found");
   }
   {  // 7. value out of range
     auto [path, line] = mutated("range.yaml", "  n_heads: 12", "  n_heads: 7");
-    expect_config_error(run("--recipe " + path + " --dry-run"),
+    expect_config_error(run("--recipe " + path + " --dry-run --no-preflight"),
                         "[recipe] " + path + ":" + std::to_string(line) + ": model.n_heads: must divide d_model (768)");
   }
   {  // 8. unknown component name
     auto [path, line] = mutated("name.yaml", "name: decoupled_adamw", "name: adamm");
-    expect_config_error(run("--recipe " + path + " --dry-run"),
+    expect_config_error(run("--recipe " + path + " --dry-run --no-preflight"),
                         "[recipe] " + path + ":" + std::to_string(line) +
                             ": optimizer.name: unknown optimizer \"adamm\" (available: adamw, decoupled_adamw, "
                             "decoupled_lionw, decoupled_sgdw)");
   }
   {  // 9. not an allowed choice
     auto [path, line] = mutated("choice.yaml", "sharding_strategy: FULL_SHARD", "sharding_strategy: ZERO3");
-    expect_config_error(run("--recipe " + path + " --dry-run"),
+    expect_config_error(run("--recipe " + path + " --dry-run --no-preflight"),
                         "[recipe] " + path + ":" + std::to_string(line) +
                             ": fsdp_config.sharding_strategy: \"ZERO3\" is not one of: NO_SHARD, SHARD_GRAD_OP, "
                             "FULL_SHARD, HYBRID_SHARD, _HYBRID_SHARD_ZERO2");
   }
   {  // 10. YAML syntax error
     auto [path, line] = mutated("syntax.yaml", "  betas:\n  - 0.9\n  - 0.95", "  betas: [0.9, 0.95");
-    const Result r = run("--recipe " + path + " --dry-run");
+    const Result r = run("--recipe " + path + " --dry-run --no-preflight");
     EXPECT_EQ(r.exit_code, 2);
     EXPECT_NE(r.output.find("error: [recipe] " + path + ":"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("invalid YAML"), std::string::npos) << r.output;
   }
   {  // 11. duplicate key
     auto [path, line] = mutated("dup.yaml", "eval_first: false", "eval_first: false\neval_first: true");
-    expect_config_error(run("--recipe " + path + " --dry-run"),
+    expect_config_error(run("--recipe " + path + " --dry-run --no-preflight"),
                         "[recipe] " + path + ":" + std::to_string(line + 1) + ": eval_first: duplicate key");
   }
   {  // 12. a section of the wrong shape
     auto [path, line] = mutated("shape.yaml", "  lr_monitor: {}", "  lr_monitor: yes please");
-    expect_config_error(run("--recipe " + path + " --dry-run"),
+    expect_config_error(run("--recipe " + path + " --dry-run --no-preflight"),
                         "[recipe] " + path + ":" + std::to_string(line) +
                             ": callbacks.lr_monitor: expected a mapping of keys, got a string \"yes please\"");
   }
   {  // 13. microbatch neither a number nor auto
     auto [path, line] = mutated("micro.yaml", "device_train_microbatch_size: 16", "device_train_microbatch_size: big");
-    expect_config_error(run("--recipe " + path + " --dry-run"),
+    expect_config_error(run("--recipe " + path + " --dry-run --no-preflight"),
                         "[recipe] " + path + ":" + std::to_string(line) +
                             ": device_train_microbatch_size: expected a positive integer or \"auto\", got a string "
                             "\"big\"");
   }
   {  // 14. interpolation cycle
     auto [path, line] = mutated("cycle.yaml", "  global_seed: 17", "  global_seed: ${seed}");
-    const Result r = run("--recipe " + path + " --dry-run");
+    const Result r = run("--recipe " + path + " --dry-run --no-preflight");
     EXPECT_EQ(r.exit_code, 2);
     EXPECT_NE(r.output.find("interpolation cycle"), std::string::npos) << r.output;
   }
   // 15. missing file
-  expect_config_error(run("--recipe /no/such/recipe.yaml --dry-run"),
+  expect_config_error(run("--recipe /no/such/recipe.yaml --dry-run --no-preflight"),
                       "[recipe] /no/such/recipe.yaml: cannot open the recipe file");
   // 16. bad command-line override
   expect_config_error(
-      run("--recipe " + kSource + "/recipes/mpt-125m.yaml --dry-run optimizer.lr=abc"),
+      run("--recipe " + kSource + "/recipes/mpt-125m.yaml --dry-run --no-preflight optimizer.lr=abc"),
       "[recipe] command line `optimizer.lr=abc`: optimizer.lr: expected a number, got a string \"abc\"");
-  expect_config_error(run("--recipe " + kSource + "/recipes/mpt-125m.yaml --dry-run optimizer.lr"),
+  expect_config_error(run("--recipe " + kSource + "/recipes/mpt-125m.yaml --dry-run --no-preflight optimizer.lr"),
                       "[recipe] command line `optimizer.lr`: an override must look like key.sub=value");
   // 17. not divisible by the world size
   expect_config_error(
-      run("--recipe " + kSource + "/recipes/mpt-125m.yaml --dry-run --world-size 3"),
+      run("--recipe " + kSource + "/recipes/mpt-125m.yaml --dry-run --no-preflight --world-size 3"),
       "[recipe] " + kSource +
           "/recipes/mpt-125m.yaml: global_train_batch_size (256) is not divisible by the world size (3)");
   // 18. LLM Foundry keys Tessera lacks: one list, exit 2
-  expect_config_error(run("--recipe " + kSource + "/recipes/mpt-125m.yaml --dry-run loggers.wandb={} " +
+  expect_config_error(run("--recipe " + kSource + "/recipes/mpt-125m.yaml --dry-run --no-preflight loggers.wandb={} " +
                           "load_ignore_keys=[a] model.fc_type=te"),
                       "[recipe] " + kSource +
                           "/recipes/mpt-125m.yaml: not supported yet: model.fc_type (te), loggers.wandb (logger "
@@ -265,7 +305,7 @@ TEST(TrainCli, UnregisteredComponentNamesListTheRegisteredOnes) {
   {
     auto [path, line] = mutated("model_name.yaml", "name: mpt_causal_lm", "name: my_lm");
     // The list is every family the binary registers (sorted); each shipped one must be in it.
-    const Result r = run("--recipe " + path + " --dry-run");
+    const Result r = run("--recipe " + path + " --dry-run --no-preflight");
     const std::string prefix =
         "error: [recipe] " + path + ":" + std::to_string(line) + ": model.name: unknown model \"my_lm\" (available: ";
     EXPECT_EQ(r.exit_code, 2) << r.output;
@@ -281,7 +321,7 @@ TEST(TrainCli, UnregisteredComponentNamesListTheRegisteredOnes) {
     auto [path, line] =
         mutated("algorithm_name.yaml", "  gradient_clipping:\n    clipping_type: norm\n    clipping_threshold: 1.0\n",
                 "  gradient_clippin: {clipping_type: norm, clipping_threshold: 1.0}\n");
-    expect_config_error(run("--recipe " + path + " --dry-run"),
+    expect_config_error(run("--recipe " + path + " --dry-run --no-preflight"),
                         "[recipe] " + path + ":" + std::to_string(line) +
                             ": algorithms.gradient_clippin: unknown algorithm \"gradient_clippin\" (available: alibi, "
                             "ema, gradient_clipping, lora, loss_spike_detection, low_precision_layernorm, "
@@ -291,7 +331,7 @@ TEST(TrainCli, UnregisteredComponentNamesListTheRegisteredOnes) {
     auto [path, line] =
         mutated("callback_name.yaml", "  speed_monitor:\n    window_size: 10\n", "  speed_monitr: {window_size: 10}\n");
     expect_config_error(
-        run("--recipe " + path + " --dry-run"),
+        run("--recipe " + path + " --dry-run --no-preflight"),
         "[recipe] " + path + ":" + std::to_string(line) +
             ": callbacks.speed_monitr: unknown callback \"speed_monitr\" (available: early_stopper, health_monitor, "
             "hf_checkpointer, lr_monitor, memory_monitor, optimizer_monitor, run_timeout, runtime_estimator, "
