@@ -77,9 +77,12 @@ class Checks {
     try {
       resolved = util::resolve_hf_tokenizer(cfg_.tokenizer.name);
     } catch (const Error& e) {
-      const bool needed = !cfg_.icl_tasks.empty() || cfg_.icl_tasks_path || cfg_.train_loader.finetuning ||
-                          (cfg_.eval_loader && cfg_.eval_loader->finetuning);
-      if (needed) add("tokenizer.name", e.message());
+      const bool icl = !cfg_.icl_tasks.empty() || cfg_.icl_tasks_path;
+      const bool finetuning = cfg_.train_loader.finetuning || (cfg_.eval_loader && cfg_.eval_loader->finetuning);
+      if (icl || finetuning) {
+        add("tokenizer.name",
+            fmt::format("{} need a tokenizer: {}", icl ? "icl_tasks" : "fine-tuning data", e.message()));
+      }
       return;
     }
     try {
@@ -129,44 +132,67 @@ class Checks {
     }
   }
 
+  // A Tessera checkpoint's model tensors against the model's: a shape that differs, or (strict) one that is missing.
+  void checkpoint_matches(const std::string& key, const std::string& path, const models::CausalLM& model) {
+    const checkpoint::CheckpointReader reader(path, false);
+    std::vector<std::string> missing;
+    for (const auto& item : model.named_parameters()) {
+      const std::string name = "model/" + item.key();
+      if (!reader.has_tensor(name)) {
+        missing.push_back(item.key());
+      } else if (reader.shape(name) != item.value().sizes().vec()) {
+        return add(key,
+                   fmt::format("{}: {} has shape [{}] there and [{}] in the model (another model size?)", path,
+                               item.key(), fmt::join(reader.shape(name), ", "), fmt::join(item.value().sizes(), ", ")));
+      }
+    }
+    if (!missing.empty() && cfg_.load.strict_model_weights) {
+      add(key, fmt::format("{}: {} of the model's weights are not there (first: {}); load_strict_model_weights: "
+                           "false loads the common ones",
+                           path, missing.size(), missing.front()));
+    }
+  }
+
+  // autoresume: the checkpoint the run would resume from (the newest that validates) fits the model.
+  void resume_point(const models::CausalLM* model) {
+    if (!cfg_.autoresume || !cfg_.save_folder || model == nullptr) return;
+    const std::string folder = util::fill_path_pattern(*cfg_.save_folder, cfg_.run_name, 0);
+    try {
+      if (!storage::is_remote(folder) && storage::unreadable(folder)) return;  // nothing saved yet: a fresh start
+      if (auto newest = checkpoint::find_latest_valid_checkpoint(folder, cfg_.save.latest_filename, false)) {
+        checkpoint_matches("autoresume", *newest, *model);
+      }
+    } catch (const Error& e) {
+      add("autoresume", e.message());
+    }
+  }
+
   // load_path: exists, validates (sizes; checksums are verified as it is read), and has the model's shapes.
   void load_path(const models::CausalLM* model) {
     if (!cfg_.load_path) return;
     const std::string& path = *cfg_.load_path;
-    if (auto why = storage::unreadable(path)) return add("load_path", *why);
+    // An object store has no folders: a checkpoint or an HF folder there is a prefix, known by the files under it.
+    const bool remote = storage::is_remote(path);
+    if (!remote) {
+      if (auto why = storage::unreadable(path)) return add("load_path", *why);
+    }
     try {
       if (checkpoint::is_checkpoint(path)) {
         if (const std::string bad = checkpoint::validate_checkpoint(path, false); !bad.empty()) {
           return add("load_path", bad);
         }
-        if (model == nullptr) return;
-        const checkpoint::CheckpointReader reader(path, false);
-        std::vector<std::string> missing;
-        for (const auto& item : model->named_parameters()) {
-          const std::string name = "model/" + item.key();
-          if (!reader.has_tensor(name)) {
-            missing.push_back(item.key());
-          } else if (reader.shape(name) != item.value().sizes().vec()) {
-            add("load_path",
-                fmt::format("{}: {} has shape [{}] there and [{}] in the model (another model size?)", path, item.key(),
-                            fmt::join(reader.shape(name), ", "), fmt::join(item.value().sizes(), ", ")));
-            return;
-          }
-        }
-        if (!missing.empty() && cfg_.load.strict_model_weights) {
-          add("load_path", fmt::format("{}: {} of the model's weights are not there (first: {}); "
-                                       "load_strict_model_weights: false loads the common ones",
-                                       path, missing.size(), missing.front()));
-        }
+        if (model != nullptr) checkpoint_matches("load_path", path, *model);
         return;
       }
       std::error_code ec;
-      if (storage::is_remote(path) || !fs::exists(fs::path(path) / "config.json", ec)) {
+      const bool hf = remote ? !storage::unreadable(storage::join(path, "config.json"))
+                             : fs::exists(fs::path(path) / "config.json", ec);
+      if (!hf) {
         return add("load_path", fmt::format("{}: neither a Tessera checkpoint (metadata.json) nor a Hugging Face "
                                             "folder (config.json)",
                                             path));
       }
-      if (model == nullptr) return;
+      if (model == nullptr || remote) return;  // a remote folder's tensors are checked as they are downloaded
       const checkpoint::HfWeights weights(*model, path);
       for (const auto& item : model->named_parameters()) {
         if (!weights.param(item.key()) && cfg_.load.strict_model_weights) {
@@ -189,13 +215,9 @@ class Checks {
     Plan plan;
     plan.n_params = model->num_params();
     const double one = checkpoint_bytes_per_rank(cfg_, plan, dist::ShardingStrategy::kNoShard);
-    // Kept at once: K, plus the one being written before the oldest goes; all of them (K = -1): every save.
-    int64_t copies = cfg_.save.num_checkpoints_to_keep + 1;
-    if (cfg_.save.num_checkpoints_to_keep < 0) {
-      const bool batches = cfg_.max_duration.unit() == config::TimeUnit::kBatch &&
-                           cfg_.save.interval.unit() == config::TimeUnit::kBatch && cfg_.save.interval.value() > 0;
-      copies = batches ? static_cast<int64_t>(cfg_.max_duration.value() / cfg_.save.interval.value()) + 1 : 1;
-    }
+    // Kept at once: K, plus the one being written before the oldest goes; keeping all of them (K = -1), at least the
+    // first (how many more the run keeps is its own to judge).
+    const int64_t copies = cfg_.save.num_checkpoints_to_keep > 0 ? cfg_.save.num_checkpoints_to_keep + 1 : 1;
     const double need = one * static_cast<double>(copies);
     if (need > static_cast<double>(*free)) {
       add("save_folder", fmt::format("{}: {:.2f} GB free, and the run keeps up to {} checkpoint(s) of {:.2f} GB "
@@ -230,6 +252,7 @@ std::vector<PreflightProblem> preflight(const TrainConfig& cfg, const PreflightO
   checks.tokenizer(model.get());
   checks.icl_tasks();
   checks.load_path(model.get());
+  checks.resume_point(model.get());
   checks.save_folder(model.get());
   checks.components("loggers", cfg.loggers, loggers::logger_registry());
   checks.components("callbacks", cfg.callbacks, callbacks::callback_registry());

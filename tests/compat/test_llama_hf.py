@@ -354,8 +354,9 @@ def test_export_copies_the_tokenizer_and_writes_generation_config(driver, tmp_pa
     tok_dir = tmp_path / "tok"
     LlamaTokenizerFast(vocab_file=str(tmp_path / "sp.model"), legacy=False, add_prefix_space=True, from_slow=True,
                        add_eos_token=True, pad_token="</s>").save_pretrained(tok_dir)
+    # The model's embedding holds the tokenizer's 3000 tokens (pre-flight refuses a tokenizer larger than it).
     section = dict(name="llama", hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=TRAIN_SEQ)
+                   num_key_value_heads=2, vocab_size=3000, max_position_embeddings=TRAIN_SEQ)
     checkpoint = train_and_checkpoint(driver, tmp_path, dataset, section, extra={"tokenizer": {"name": str(tok_dir)}})
 
     out = tmp_path / "hf"

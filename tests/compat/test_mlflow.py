@@ -152,14 +152,23 @@ def test_a_server_that_is_not_there_fails_the_run_naming_it(recipe):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    # Pre-flight asks the server before anything starts: exit 2, the key, the URI without its password.
     proc = train(path, "run_name=nowhere", f"loggers.mlflow.tracking_uri=http://alice:hunter2@127.0.0.1:{port}",
                  check=False)
+    assert proc.returncode == 2
+    assert (f"loggers.mlflow.tracking_uri: GET http://***@127.0.0.1:{port}/api/2.0/mlflow/experiments/search"
+            in proc.stderr), proc.stderr[-2000:]
+    assert "hunter2" not in proc.stdout + proc.stderr
+    assert "[preflight]" in proc.stderr
+    assert not (path.parent / "runs" / "nowhere").exists()
+    proc = train(path, "run_name=file", "loggers.mlflow.tracking_uri=./mlruns", check=False)
+    assert proc.returncode == 2 and "tracking_uri './mlruns'" in proc.stderr, proc.stderr[-2000:]
+    # Without the pre-flight the logger finds it out itself, as the run starts.
+    proc = train(path, "run_name=nowhere", f"loggers.mlflow.tracking_uri=http://alice:hunter2@127.0.0.1:{port}",
+                 "--no-preflight", check=False)
     assert proc.returncode != 0
     assert f"http://***@127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name" in proc.stderr, proc.stderr[-2000:]
-    assert "hunter2" not in proc.stdout + proc.stderr
-    assert "[mlflow]" in proc.stderr
-    proc = train(path, "run_name=file", "loggers.mlflow.tracking_uri=./mlruns", check=False)
-    assert proc.returncode != 0 and "tracking_uri './mlruns'" in proc.stderr, proc.stderr[-2000:]
+    assert "hunter2" not in proc.stdout + proc.stderr and "[mlflow]" in proc.stderr
 
 
 def test_hf_checkpointer_logs_and_registers_the_final_model_as_llm_foundry_does(server, recipe, tmp_path):

@@ -117,6 +117,14 @@ TEST(Preflight, CorruptAndMismatchedInputsAreFoundBeforeTheFirstStep) {
   EXPECT_EQ(problems.at("tokenizer.name").where, "command line `" + overrides_base + "`");
   EXPECT_TRUE(has(problems.at("load_path").message, "[64")) << problems.at("load_path").message;
 
+  // A model whose checkpoints (fp32 weights and Adam's two moments: 12 bytes per parameter) the disk cannot hold.
+  cfg = tessera::testing::tiny_train_config(data, "save_folder: " + (d.root / "ckpt").string() + "\n",
+                                            {"model.d_model=16384", "model.n_heads=128", "model.n_layers=200"});
+  problems = by_key(tessera::trainer::preflight(cfg));
+  ASSERT_TRUE(problems.count("save_folder"));
+  EXPECT_TRUE(has(problems.at("save_folder").message, "GB free, and the run keeps up to 1 checkpoint(s) of "))
+      << problems.at("save_folder").message;
+
   cfg = tessera::testing::tiny_train_config(data, "", {"tokenizer.name=" + big.string()});
   problems = by_key(tessera::trainer::preflight(cfg));
   ASSERT_TRUE(problems.count("tokenizer.name"));
@@ -124,6 +132,30 @@ TEST(Preflight, CorruptAndMismatchedInputsAreFoundBeforeTheFirstStep) {
   EXPECT_TRUE(has(problems.at("tokenizer.name").message,
                   "has " + std::to_string(tokens) + " tokens, more than the model's vocab_size 64"))
       << problems.at("tokenizer.name").message;
+}
+
+// A checkpoint of a narrower model: the run that would resume from it, or load it, is refused before it builds.
+TEST(Preflight, ACheckpointOfAnotherModelIsRefusedAsResumePointAndAsLoadPath) {
+  Dirs d;
+  const fs::path data = d.root / "data";
+  tessera::testing::write_token_split(data / "train", 64, 1);
+  tessera::testing::write_token_split(data / "val", 16, 2);
+  const std::string save = "save_folder: " + (d.root / "ckpt").string() + "\n";
+  {
+    tessera::trainer::Trainer trainer(tessera::testing::tiny_train_config(data, save, {"max_duration=1ba"}));
+    trainer.fit();
+  }
+  ASSERT_TRUE(fs::exists(d.root / "ckpt" / "ep0-ba1" / "metadata.json"));
+  auto cfg = tessera::testing::tiny_train_config(data, save + "autoresume: true\n", {"model.d_model=64"});
+  auto problems = by_key(tessera::trainer::preflight(cfg));
+  ASSERT_EQ(problems.size(), 1u) << tessera::trainer::render_preflight(cfg, tessera::trainer::preflight(cfg));
+  EXPECT_TRUE(has(problems.at("autoresume").message, "ep0-ba1: transformer.")) << problems.at("autoresume").message;
+  EXPECT_TRUE(has(problems.at("autoresume").message, "in the model (another model size?)"));
+  cfg = tessera::testing::tiny_train_config(data, "",
+                                            {"model.d_model=64", "load_path=" + (d.root / "ckpt/ep0-ba1").string()});
+  problems = by_key(tessera::trainer::preflight(cfg));
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_TRUE(has(problems.at("load_path").message, "in the model (another model size?)"));
 }
 
 TEST(Preflight, AGoodRecipePassesAndAnUnusedTokenizerIsNotRequired) {

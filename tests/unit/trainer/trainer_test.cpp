@@ -293,7 +293,7 @@ TEST(Trainer, IclTasksRunAtEvalInterval) {
   // Without a tokenizer file the recipe is refused before training.
   EXPECT_NE(testing::error_of([&] {
               Trainer bad(tiny_config({"model.vocab_size=320", tasks}));
-            }).find("icl_tasks need a tokenizer"),
+            }).find("tokenizer.name: icl_tasks need a tokenizer"),
             std::string::npos);
 }
 
