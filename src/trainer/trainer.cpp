@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <string_view>
 
 #include "tessera/algorithms/algorithms.h"
@@ -133,6 +134,25 @@ data::TokenBatch to_device(data::TokenBatch b, const at::Device& device, bool no
 }  // namespace detail
 
 namespace {
+
+// The global L2 norm of the gradients the step used (after gradient_clipping), summed over the ranks that hold them:
+// logged every step as l2_norm/grad/global, the value Composer's optimizer_monitor logs at its intervals. Multi-tensor
+// kernels (one launch per dtype); every rank takes part (the sum over gradient shards is a collective). NaN when no
+// parameter has a gradient.
+double global_grad_norm(const State& state) {
+  at::NoGradGuard no_grad;
+  std::map<at::ScalarType, std::vector<at::Tensor>> grads;
+  for (const at::Tensor& p : state.trainable_parameters()) {
+    if (p.grad().defined()) grads[p.grad().scalar_type()].push_back(p.grad());
+  }
+  if (grads.empty()) return std::nan("");
+  std::vector<at::Tensor> norms;
+  for (const auto& [dtype, g] : grads) {
+    for (const at::Tensor& n : at::_foreach_norm(g, 2, at::kFloat)) norms.push_back(n);
+  }
+  const at::Tensor local_sq = at::stack(norms).square().sum().reshape({1});
+  return state.sum_over_shards(local_sq).sqrt().item<double>();
+}
 
 // The GPU of a rank: its local rank's, or the only one it sees when the launcher gave each task a GPU of its own
 // (Slurm's --gpus-per-task=1: SLURM_GPUS_PER_TASK=1, CUDA_VISIBLE_DEVICES naming that GPU).
@@ -566,6 +586,7 @@ void Trainer::fit() {
       train_batch();
       if (state_.rollback_requested) rollback();
       Metrics m{{"loss/train/total", state_.train_loss}};
+      if (const double norm = global_grad_norm(state_); !std::isnan(norm)) m["l2_norm/grad/global"] = norm;
       log_mixture_of_experts(m);
       if (cfg_.device_train_microbatch_size.automatic) {
         m["trainer/device_train_microbatch_size"] = static_cast<double>(state_.device_train_microbatch_size);
