@@ -227,6 +227,12 @@ class Checks {
     }
   }
 
+  void profiler() {
+    if (!cfg_.profiler) return;
+    const std::string folder = util::fill_path_pattern(cfg_.profiler->folder, cfg_.run_name, o_.rank);
+    if (auto why = storage::unwritable(folder, false)) add("profiler.torch_prof_folder", *why);
+  }
+
   void components(const std::string& family, const std::vector<config::ComponentOptions>& list,
                   const core::CallbackRegistry& registry) {
     for (const config::ComponentOptions& c : list) {
@@ -254,6 +260,7 @@ std::vector<PreflightProblem> preflight(const TrainConfig& cfg, const PreflightO
   checks.load_path(model.get());
   checks.resume_point(model.get());
   checks.save_folder(model.get());
+  checks.profiler();
   checks.components("loggers", cfg.loggers, loggers::logger_registry());
   checks.components("callbacks", cfg.callbacks, callbacks::callback_registry());
   return checks.take();

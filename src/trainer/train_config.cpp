@@ -50,7 +50,6 @@ const std::vector<std::string_view> kFoundryOnlyKeys = {"code_paths",
                                                         "device_train_batch_size",
                                                         "compile_config",
                                                         "metadata",
-                                                        "profiler",
                                                         "parallelism_config",
                                                         "tp_config",
                                                         "train_subset_num_batches",
@@ -111,6 +110,7 @@ const std::vector<std::string_view> kTopLevelKeys = {"variables",
                                                      "icl_tasks",
                                                      "icl_seq_len",
                                                      "eval_gauntlet",
+                                                     "profiler",
                                                      "console_log_interval",
                                                      "progress_bar",
                                                      "log_to_console",
@@ -341,6 +341,8 @@ TrainConfig parse_train_config(config::Value resolved, const std::string& path) 
     root.check(cfg.icl_tasks_path.has_value() || !cfg.icl_tasks.empty(), "eval_gauntlet", "needs icl_tasks");
     cfg.eval_gauntlet = *v;
   }
+
+  if (Section prof = root.section("profiler"); prof.present()) cfg.profiler = callbacks::parse_profiler_options(prof);
 
   cfg.console_log_interval = root.get_time("console_log_interval", cfg.console_log_interval, TimeUnit::kBatch);
   root.check(cfg.console_log_interval.unit() == TimeUnit::kBatch || cfg.console_log_interval.unit() == TimeUnit::kEpoch,

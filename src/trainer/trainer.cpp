@@ -404,6 +404,7 @@ void Trainer::build_components(TrainerParts parts) {
   for (auto& c : config::build_components(cfg_.callbacks, callbacks::callback_registry(), run)) {
     state_.callbacks.push_back(std::move(c));
   }
+  if (cfg_.profiler) state_.callbacks.push_back(callbacks::make_profiler(*cfg_.profiler, run));
   if (cfg_.save_folder) {
     callbacks::SaveOptions so = cfg_.save;
     so.folder = util::fill_path_pattern(*cfg_.save_folder, state_.run_name, 0);

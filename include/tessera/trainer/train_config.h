@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "tessera/callbacks/checkpoint_saver.h"
+#include "tessera/callbacks/profiler.h"
 #include "tessera/config/component.h"
 #include "tessera/config/time.h"
 #include "tessera/config/value.h"
@@ -112,6 +113,8 @@ struct TrainConfig {
   std::vector<IclTaskOptions> icl_tasks;       // inline list
   std::optional<int64_t> icl_seq_len;          // prompts' max_seq_len for tasks without their own (default max_seq_len)
   std::optional<config::Value> eval_gauntlet;  // `eval_gauntlet`: a path (scalar) or the inline mapping
+
+  std::optional<callbacks::ProfilerOptions> profiler;  // `profiler:` (callbacks/profiler.h)
 
   config::Time console_log_interval = config::Time::batches(1);
   bool progress_bar = false;
