@@ -17,6 +17,7 @@
 
 #include "tessera/config/yaml_file.h"
 #include "tessera/util/error.h"
+#include "tessera/util/redact.h"
 #include "tessera/util/utf8.h"
 
 namespace tessera::config {
@@ -240,7 +241,14 @@ class Resolver {
 }  // namespace
 
 std::string Origin::describe() const {
-  if (!override.empty()) return fmt::format("command line `{}`", override);
+  if (!override.empty()) {
+    // Messages leave the process: a secret's value and a URI's user-info are hidden (util/redact.h).
+    const size_t eq = override.find('=');
+    if (eq != std::string::npos && util::is_secret(override.substr(0, eq), nlohmann::json(override.substr(eq + 1)))) {
+      return fmt::format("command line `{}={}`", override.substr(0, eq), util::kRedacted);
+    }
+    return fmt::format("command line `{}`", util::redact_uri(override));
+  }
   if (file.empty()) return "";
   return line > 0 ? fmt::format("{}:{}", file, line) : file;
 }

@@ -112,6 +112,17 @@ TEST(Overrides, ReplaceAddAndIndex) {
   EXPECT_EQ(v.find("optimizer")->find("lr")->origin().describe(), "command line `optimizer.lr=3e-4`");
 }
 
+// Where a value came from is printed in messages: a secret set on the command line is not.
+TEST(Overrides, TheirOriginHidesSecrets) {
+  Value v = load("a: 1\n");
+  apply_override(v, "loggers.mlflow.tracking_uri=http://alice:hunter2@mlflow:5000");
+  apply_override(v, "train_loader.dataset.hf_kwargs.token=hf_abc123");
+  EXPECT_EQ(v.find("loggers")->find("mlflow")->find("tracking_uri")->origin().describe(),
+            "command line `loggers.mlflow.tracking_uri=http://***@mlflow:5000`");
+  EXPECT_EQ(v.find("train_loader")->find("dataset")->find("hf_kwargs")->find("token")->origin().describe(),
+            "command line `train_loader.dataset.hf_kwargs.token=***`");
+}
+
 TEST(Overrides, MalformedAssignmentsAreErrors) {
   Value v = load("a: {b: 1}\nl: [1]\n");
   EXPECT_NE(error_of([&] { apply_override(v, "a.b"); }).find("key.sub=value"), std::string::npos);
