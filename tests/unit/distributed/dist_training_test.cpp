@@ -254,11 +254,15 @@ TEST_F(DistTraining, OptimizerMonitorOnShardsLogsWhatOneProcessLogs) {
   run("fs2_om", 2, {monitor, "fsdp_config.sharding_strategy=FULL_SHARD"});
   run("ns2_om", 2, {monitor, "fsdp_config.sharding_strategy=NO_SHARD"});
   const auto single = logged_norms(root_ / "runs" / "single_om" / "metrics.jsonl");
-  ASSERT_EQ(single.size(), 4u);  // batches 5, 10, 15, 20
-  // Per parameter: grad, param, moment and second moment (Adam), plus the global gradient norm.
-  const size_t params = single.begin()->second.size() / 4;
-  EXPECT_EQ(single.begin()->second.size(), 4 * params + 1);
+  // The trainer's global gradient norm every batch; the monitor's norms at batches 5, 10, 15, 20: per parameter
+  // grad, param, moment and second moment (Adam), plus the same global norm.
+  ASSERT_EQ(single.size(), 20u);
+  const size_t params = single.at(5).size() / 4;
   EXPECT_GT(params, 10u);
+  for (const auto& [step, norms] : single) {
+    EXPECT_EQ(norms.size(), step % 5 == 0 ? 4 * params + 1 : 1) << step;
+    EXPECT_GT(norms.at("l2_norm/grad/global"), 0.0) << step;
+  }
   for (const char* name : {"fs2_om", "ns2_om"}) {
     const auto sharded = logged_norms(root_ / "runs" / name / "metrics.jsonl");
     ASSERT_EQ(sharded.size(), single.size()) << name;
