@@ -10,6 +10,7 @@
 #include "tessera/loggers/loggers.h"
 #include "tessera/loggers/mlflow.h"
 #include "tessera/loggers/tensorboard.h"
+#include "tessera/loggers/wandb.h"
 #include "tessera/storage/probe.h"
 #include "tessera/util/file_io.h"
 
@@ -121,8 +122,62 @@ core::CallbackRegistry& logger_registry() {
       }
       return {};
     });
-    r->add_foundry_names({"wandb", "file", "inmemory", "comet_ml", "neptune", "slack", "mosaicml",
-                          "remote_uploader_downloader", "progress_bar", "console"});
+    r->add(
+        "wandb",
+        [](config::Section& s) -> std::any {
+          WandbLoggerOptions o;
+          o.project = s.get_string("project", o.project);
+          o.group = s.get_string("group", o.group);
+          o.name = s.get_string("name", o.name);
+          o.entity = s.get_string("entity", o.entity);
+          o.tags = s.get_strings("tags", o.tags);
+          if (s.get_bool("log_artifacts", false)) s.not_supported("log_artifacts", "checkpoints as W&B artifacts");
+          o.rank_zero_only = s.get_bool("rank_zero_only", o.rank_zero_only);
+          config::Section init = s.section("init_kwargs");
+          for (const auto& [key, field] : {std::pair<const char*, std::string*>{"project", &o.project},
+                                           {"group", &o.group},
+                                           {"name", &o.name},
+                                           {"entity", &o.entity},
+                                           {"dir", &o.dir},
+                                           {"id", &o.id},
+                                           {"notes", &o.notes},
+                                           {"job_type", &o.job_type}}) {
+            *field = init.get_string(key, *field);
+          }
+          if (init.has("tags")) o.tags = init.get_strings("tags", o.tags);
+          // resume: allow / must / true continue the run of that id; never / false / null start it fresh.
+          if (const config::Value* v = init.raw("resume"); v != nullptr && !v->is_null()) {
+            const std::optional<bool> b = v->as_bool();
+            init.check(b.has_value() || v->text() == "allow" || v->text() == "must" || v->text() == "never" ||
+                           v->text() == "auto",
+                       "resume", "expected allow, must, never, auto, true or false");
+            o.resume = b.value_or(v->text() == "allow" || v->text() == "must");
+          }
+          // mode: runs are written offline (`wandb sync` uploads them); `disabled` writes nothing.
+          const std::string mode = init.get_choice("mode", "offline", {"offline", "online", "disabled"});
+          init.finish({"config", "reinit", "settings", "save_code", "anonymous", "allow_val_change", "force",
+                       "sync_tensorboard", "monitor_gym", "magic", "config_exclude_keys", "config_include_keys",
+                       "fork_from", "resume_from"});
+          s.finish();
+          if (mode == "disabled") return std::any();
+          return o;
+        },
+        [](const std::any& options, const core::RunContext& run) -> std::shared_ptr<core::Callback> {
+          if (!options.has_value()) return nullptr;  // init_kwargs.mode: disabled
+          const auto& o = std::any_cast<const WandbLoggerOptions&>(options);
+          if (o.rank_zero_only && run.rank != 0) return nullptr;
+          return std::make_shared<WandbLogger>(o, run);
+        });
+    r->set_check("wandb", [](const std::any& options, const config::CheckContext& c) -> config::Problems {
+      if (!options.has_value()) return {};
+      const auto& o = std::any_cast<const WandbLoggerOptions&>(options);
+      const char* env = std::getenv("WANDB_DIR");
+      const std::string dir = !o.dir.empty() ? o.dir : env != nullptr && *env != '\0' ? env : ".";
+      if (auto why = storage::unwritable(dir, false)) return {{"init_kwargs.dir", *why}};
+      return {};
+    });
+    r->add_foundry_names({"file", "inmemory", "comet_ml", "neptune", "slack", "mosaicml", "remote_uploader_downloader",
+                          "progress_bar", "console"});
     return r;
   }();
   return *registry;

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <utility>
 
+#include "protobuf_wire.h"
 #include "tessera/core/state.h"
 #include "tessera/loggers/loggers.h"
 #include "tessera/util/device.h"
@@ -35,49 +36,14 @@ constexpr std::array<uint32_t, 256> make_crc32c_table() {
 }
 constexpr std::array<uint32_t, 256> kCrc32cTable = make_crc32c_table();
 
-// Protobuf wire format: https://protobuf.dev/programming-guides/encoding/
-enum WireType : uint32_t { kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kFixed32 = 5 };
-
-void put_varint(std::string& out, uint64_t v) {
-  while (v >= 0x80) {
-    out.push_back(static_cast<char>((v & 0x7F) | 0x80));
-    v >>= 7;
-  }
-  out.push_back(static_cast<char>(v));
-}
-
-void put_le(std::string& out, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
-}
-
-void put_key(std::string& out, uint32_t field, WireType type) {
-  put_varint(out, (field << 3) | type);
-}
-
-void put_bytes(std::string& out, uint32_t field, std::string_view bytes) {
-  put_key(out, field, kLengthDelimited);
-  put_varint(out, bytes.size());
-  out.append(bytes);
-}
-
-void put_double(std::string& out, uint32_t field, double v) {
-  uint64_t bits = 0;
-  std::memcpy(&bits, &v, sizeof bits);
-  put_key(out, field, kFixed64);
-  put_le(out, bits, 8);
-}
-
-void put_float(std::string& out, uint32_t field, float v) {
-  uint32_t bits = 0;
-  std::memcpy(&bits, &v, sizeof bits);
-  put_key(out, field, kFixed32);
-  put_le(out, bits, 4);
-}
-
-void put_int(std::string& out, uint32_t field, int64_t v) {
-  put_key(out, field, kVarint);
-  put_varint(out, static_cast<uint64_t>(v));  // negative int64: ten bytes, two's complement (protobuf's int64)
-}
+using wire::kVarint;
+using wire::put_bytes;
+using wire::put_double;
+using wire::put_float;
+using wire::put_int;
+using wire::put_key;
+using wire::put_le;
+using wire::put_varint;
 
 // Event fields (event.proto).
 constexpr uint32_t kEventWallTime = 1, kEventStep = 2, kEventFileVersion = 3, kEventSummary = 5;

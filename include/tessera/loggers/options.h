@@ -44,8 +44,26 @@ struct MlflowLoggerOptions {
   std::string local_artifact_root;
 };
 
-// Registered: jsonl, tensorboard, mlflow. LLM Foundry's names (wandb, mlflow, file, ...) are reported as not supported
-// yet.
+// `wandb`: Weights & Biases (Composer's WandBLogger keys), written as the `wandb` package writes an offline run
+// (WANDB_MODE=offline): <dir>/wandb/offline-run-<time>-<id>/run-<id>.wandb, which `wandb sync` uploads unchanged.
+struct WandbLoggerOptions {
+  std::string project;  // default: WANDB_PROJECT, else "uncategorized" (wandb's)
+  std::string entity;   // default: WANDB_ENTITY, else none (sync picks the account's)
+  std::string group;
+  std::string name;  // default: the trainer's run name
+  std::vector<std::string> tags;
+  bool rank_zero_only = true;  // otherwise every rank writes a run "<name>-rank<r>" grouped under the name
+  // init_kwargs that mean something here: dir (default WANDB_DIR, else the working directory), id (default: a new
+  // one, kept for the run name so that an autoresumed run continues it), notes, job_type, resume.
+  std::string dir;
+  std::string id;
+  std::string notes;
+  std::string job_type;
+  bool resume = false;  // init_kwargs.resume: allow / must / true: mark the run as resumed even on a fresh start
+};
+
+// Registered: jsonl, tensorboard, mlflow, wandb. LLM Foundry's other names (file, comet_ml, neptune, ...) are reported
+// as not supported yet.
 core::CallbackRegistry& logger_registry();
 
 }  // namespace tessera::loggers
