@@ -228,7 +228,9 @@ void WandbLogger::start(bool resumed) {
   localtime_r(&t, &local);
   char stamp[32];
   std::strftime(stamp, sizeof stamp, "%Y%m%d_%H%M%S", &local);
-  const std::string dir_name = fmt::format("offline-run-{}-{}", stamp, id_);
+  // A second start of this id within the same second (a fast restart) takes a suffix, as wandb's sync-dir suffix.
+  std::string dir_name = fmt::format("offline-run-{}-{}", stamp, id_);
+  for (int n = 1; fs::exists(wandb_dir / dir_name); ++n) dir_name = fmt::format("offline-run-{}-{}-{}", stamp, id_, n);
   run_dir_ = (wandb_dir / dir_name).string();
   fs::create_directories(fs::path(run_dir_) / "files");
   writer_ = std::make_unique<wandb::RecordWriter>((fs::path(run_dir_) / fmt::format("run-{}.wandb", id_)).string());

@@ -586,8 +586,8 @@ void Trainer::fit() {
       }
       train_batch();
       if (state_.rollback_requested) rollback();
+      const double grad_norm = global_grad_norm(state_);
       Metrics m{{"loss/train/total", state_.train_loss}};
-      if (const double norm = global_grad_norm(state_); !std::isnan(norm)) m["l2_norm/grad/global"] = norm;
       log_mixture_of_experts(m);
       if (cfg_.device_train_microbatch_size.automatic) {
         m["trainer/device_train_microbatch_size"] = static_cast<double>(state_.device_train_microbatch_size);
@@ -595,6 +595,8 @@ void Trainer::fit() {
       logger_.log_metrics(m);
       state_.previous_timestamp = state_.timestamp;
       state_.timestamp.to_next_batch(samples, tokens, seconds_since(started));
+      // At the step optimizer_monitor logs it (BATCH_END's; the loss goes at the step before, as in Composer).
+      if (!std::isnan(grad_norm)) logger_.log_metrics({{"l2_norm/grad/global", grad_norm}});
       engine_->run_event(Event::kBatchEnd);
       util::heartbeat(fmt::format("batch {}", state_.timestamp.batch));
       if (eval_due_at_batch_end() && !state_.preempted()) run_eval();  // a preemption saves first, as soon as it can

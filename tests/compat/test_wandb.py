@@ -71,6 +71,14 @@ def inspect(path, *flags):
     return proc.stdout
 
 
+def metrics_by_step(jsonl):
+    out = {}
+    for line in jsonl:
+        if "batch" in line:
+            out.setdefault(line["batch"], {}).update({k: v for k, v in line.items() if k != "batch"})
+    return out
+
+
 def records(path):
     return [json.loads(line) for line in inspect(path).splitlines() if line.strip()]
 
@@ -86,12 +94,14 @@ def runs(tmp_path_factory):
     (root / "recipe.yaml").write_text(RECIPE.format(data=root / "data"))
     train = pathlib.Path(_binary("TESSERA_TRAIN_BIN", "train")).absolute()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    jsonl = []  # each run's lines of the JSON-lines log (the second appends to the first's)
     for duration in ("3ba", "6ba"):  # the second resumes the first from its batch-3 checkpoint
         proc = subprocess.run([train, "--recipe", "recipe.yaml", f"max_duration={duration}"], cwd=root,
                               capture_output=True, text=True, env=env, timeout=600)
         assert proc.returncode == 0, proc.stderr
-    dirs = sorted((root / "wb" / "wandb").glob("offline-run-*"))
-    jsonl = [json.loads(line) for line in (root / "wb-run" / "metrics.jsonl").read_text().splitlines()]
+        lines = [json.loads(line) for line in (root / "wb-run" / "metrics.jsonl").read_text().splitlines()]
+        jsonl.append(lines[sum(len(j) for j in jsonl):])
+    dirs = sorted((root / "wb" / "wandb").glob("offline-run-*"), key=lambda d: d.stat().st_mtime_ns)
     return root, dirs, jsonl
 
 
@@ -99,7 +109,8 @@ def test_the_run_reads_back_as_the_recipe_and_the_jsonl_log_say(runs):
     root, dirs, jsonl = runs
     assert len(dirs) == 2, dirs
     first = dirs[0]
-    run_id = first.name.rsplit("-", 1)[1]
+    run_id = next(first.glob("run-*.wandb")).stem[len("run-"):]
+    assert first.name.startswith("offline-run-") and run_id in first.name
     assert (first / f"run-{run_id}.wandb").is_file() and (first / "files").is_dir()
     s = json.loads(inspect(first, "--summary"))
     assert s["run_id"] == run_id and s["name"] == "wb-run" and s["project"] == "tessera-tests", s
@@ -108,35 +119,43 @@ def test_the_run_reads_back_as_the_recipe_and_the_jsonl_log_say(runs):
     assert s["config"]["max_seq_len"] == 32 and s["config"]["model"]["d_model"] == 32, s["config"]
     run = next(r["run"] for r in records(first) if r["type"] == "run")
     assert run.get("run_group") == "grp" and run.get("job_type") == "train", run
-    # Every history row: the JSON-lines log's metrics of its batch (the first run's batches 1-3).
+    # Every history row: the JSON-lines log's metrics at its step, the same names and values (the first run's steps
+    # 0-3: a batch's loss goes at the step before its end, as Composer logs it; the gradient norm and lr at its end).
     rows = [r["history"] for r in records(first) if r["type"] == "history"]
-    by_batch = {}
-    for line in jsonl:
-        by_batch.setdefault(line["batch"], {}).update({k: v for k, v in line.items() if "/" in k or k.startswith("lr-")})
-    assert [r["step"].get("num", 0) for r in rows] == [1, 2, 3], rows
+    assert [r["step"].get("num", 0) for r in rows] == [0, 1, 2, 3], rows
+    by_step = metrics_by_step(jsonl[0])
     for r in rows:
         step = r["step"].get("num", 0)
-        assert r["item"]["_step"] == step
-        for key in ("loss/train/total", "l2_norm/grad/global", "lr-DecoupledAdamW/group0"):
-            assert r["item"][key] == pytest.approx(by_batch[step][key], rel=1e-12), (step, key)
-    assert s["summary"]["loss/train/total"] == pytest.approx(by_batch[3]["loss/train/total"], rel=1e-12)
+        assert r["item"]["_step"] == step and r["item"]["_runtime"] >= 0 and r["item"]["_timestamp"] > 1.7e9
+        logged = {k: v for k, v in r["item"].items() if not k.startswith("_")}
+        assert logged.keys() == by_step[step].keys(), step
+        for key, value in by_step[step].items():
+            assert logged[key] == pytest.approx(value, rel=1e-12), (step, key)
+    assert {"loss/train/total", "l2_norm/grad/global", "lr-DecoupledAdamW/group0"} <= by_step[2].keys()
+    assert s["summary"]["loss/train/total"] == pytest.approx(by_step[2]["loss/train/total"], rel=1e-12)
+    assert s["summary"]["l2_norm/grad/global"] == pytest.approx(by_step[3]["l2_norm/grad/global"], rel=1e-12)
 
 
 def test_autoresume_continues_the_same_wandb_run(runs):
     root, dirs, jsonl = runs
     first, second = dirs
-    assert first.name.rsplit("-", 1)[1] == second.name.rsplit("-", 1)[1]  # the same run id
+    assert [p.name for p in first.glob("*.wandb")] == [p.name for p in second.glob("*.wandb")]  # the same run id
     recs = records(second)
     run = next(r["run"] for r in recs if r["type"] == "run")
     assert run.get("resume") is True, run
-    steps = [r["history"]["step"].get("num", 0) for r in recs if r["type"] == "history"]
-    assert steps == [4, 5, 6], steps
+    # It goes on from the batch it resumed at (the row of step 3 holds batch 4's loss: W&B keeps it where the first
+    # run's step 3 had none, as with Composer's logger).
+    rows = [r["history"] for r in recs if r["type"] == "history"]
+    assert [r["step"].get("num", 0) for r in rows] == [3, 4, 5, 6], rows
+    by_step = metrics_by_step(jsonl[1])
+    for r in rows:
+        logged = {k: v for k, v in r["item"].items() if not k.startswith("_")}
+        assert logged == pytest.approx(by_step[r["step"]["num"]], rel=1e-12), r
     assert json.loads(inspect(second, "--summary"))["state"] == "finished"
     assert os.readlink(root / "wb" / "wandb" / "latest-run") == second.name
     # wandb sync would upload both, in order.
     proc = subprocess.run([WANDB, "sync", "--dry-run", str(root / "wb" / "wandb")], capture_output=True, text=True,
                           timeout=120, env={**os.environ, "WANDB_MODE": "offline"})
     assert proc.returncode == 0, proc.stderr
-    out = proc.stdout + proc.stderr
-    for d in dirs:
-        assert f"{d.name}/run-" in out, out
+    out = proc.stdout + proc.stderr  # the newest by latest-run, which wandb lists in its place
+    assert "Would sync 2 run(s)" in out and f"{first.name}/run-" in out and "latest-run/run-" in out, out
