@@ -143,8 +143,8 @@ def test_autoresume_continues_the_same_wandb_run(runs):
     recs = records(second)
     run = next(r["run"] for r in recs if r["type"] == "run")
     assert run.get("resume") is True, run
-    # It goes on from the batch it resumed at (the row of step 3 holds batch 4's loss: W&B keeps it where the first
-    # run's step 3 had none, as with Composer's logger).
+    # It goes on from the batch it resumed at: its first row is step 3, with batch 4's loss (a batch's loss goes at
+    # the step before its end, as Composer logs it), the step the first run's last row had.
     rows = [r["history"] for r in recs if r["type"] == "history"]
     assert [r["step"].get("num", 0) for r in rows] == [3, 4, 5, 6], rows
     by_step = metrics_by_step(jsonl[1])
