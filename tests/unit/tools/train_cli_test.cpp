@@ -292,11 +292,12 @@ TEST(TrainCli, BadRecipesNameFileKeyAndLine) {
       "[recipe] " + kSource +
           "/recipes/mpt-125m.yaml: global_train_batch_size (256) is not divisible by the world size (3)");
   // 18. LLM Foundry keys Tessera lacks: one list, exit 2
-  expect_config_error(run("--recipe " + kSource + "/recipes/mpt-125m.yaml --dry-run --no-preflight loggers.wandb={} " +
-                          "load_ignore_keys=[a] model.fc_type=te"),
-                      "[recipe] " + kSource +
-                          "/recipes/mpt-125m.yaml: not supported yet: model.fc_type (te), loggers.wandb (logger "
-                          "wandb), load_ignore_keys");
+  expect_config_error(
+      run("--recipe " + kSource + "/recipes/mpt-125m.yaml --dry-run --no-preflight loggers.neptune={} " +
+          "load_ignore_keys=[a] model.fc_type=te"),
+      "[recipe] " + kSource +
+          "/recipes/mpt-125m.yaml: not supported yet: model.fc_type (te), loggers.neptune (logger "
+          "neptune), load_ignore_keys");
 }
 
 // A component name nobody registered: exit 2, the key path and the registered names (research code's entries join

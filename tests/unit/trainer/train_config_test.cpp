@@ -137,7 +137,7 @@ TEST(Recipes, LlmFoundrysPythonSideKeysAreAcceptedAndPythonLogLevelMaps) {
 }
 
 TEST(Recipes, UnimplementedLlmFoundryKeysAreListedTogether) {
-  std::string yaml = "load_ignore_keys: [a]\nloggers:\n  wandb: {}\n  comet_ml: {}\n";
+  std::string yaml = "load_ignore_keys: [a]\nloggers:\n  neptune: {}\n  comet_ml: {}\n";
   std::ifstream in(kSource + "/tests/data/foundry/mpt-125m.yaml");
   yaml += std::string(std::istreambuf_iterator<char>(in), {});
   const std::string path = write_recipe("unsupported.yaml", yaml);
@@ -147,7 +147,7 @@ TEST(Recipes, UnimplementedLlmFoundryKeysAreListedTogether) {
   } catch (const ConfigError& e) {
     EXPECT_EQ(std::string(e.what()),
               "[recipe] " + path +
-                  ": not supported yet: loggers.wandb (logger wandb), loggers.comet_ml (logger comet_ml), "
+                  ": not supported yet: loggers.neptune (logger neptune), loggers.comet_ml (logger comet_ml), "
                   "fsdp_config.activation_cpu_offload (true), load_ignore_keys");
   }
 }
