@@ -25,11 +25,6 @@ namespace {
 namespace fs = std::filesystem;
 constexpr const char* kStepPrefix = "ProfilerStep#";  // torch.profiler's step scopes, which TensorBoard's plugin reads
 
-void replace_all(std::string& s, const std::string& from, const std::string& to) {
-  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
-    s.replace(at, from.size(), to);
-}
-
 // First match wins (lower-cased names): the order resolves overlaps, as in benchmarks/gpu_profile.py.
 const std::vector<std::pair<std::string, std::regex>>& categories() {
   static const auto* table = new std::vector<std::pair<std::string, std::regex>>{
@@ -153,7 +148,10 @@ class Profiler : public core::Callback {
         torch::autograd::profiler::disableProfiler();
     prepared_ = recording_ = false;
     std::string file = util::fill_path_pattern(o_.filename, run_.run_name, run_.rank);
-    replace_all(file, "{batch}", std::to_string(s.timestamp.batch));
+    const std::string batch = std::to_string(s.timestamp.batch);
+    for (size_t at = file.find("{batch}"); at != std::string::npos; at = file.find("{batch}", at + batch.size())) {
+      file.replace(at, 7, batch);
+    }
     const std::string path = storage::join(folder_, file);
     fs::create_directories(fs::path(path).parent_path());
     result->save(path);
