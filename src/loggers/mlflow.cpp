@@ -183,10 +183,14 @@ std::vector<std::pair<std::string, std::string>> mlflow_params(const nlohmann::j
 // ---- MlflowLogger
 // -----------------------------------------------------------------------------------------------------
 
+std::string mlflow_tracking_uri(const MlflowLoggerOptions& options) {
+  return options.tracking_uri.empty() ? env_or("MLFLOW_TRACKING_URI", "") : options.tracking_uri;
+}
+
 MlflowLogger::MlflowLogger(MlflowLoggerOptions options, const core::RunContext& run)
     : o_(std::move(options)),
       run_(run),
-      client_(o_.tracking_uri.empty() ? env_or("MLFLOW_TRACKING_URI", "") : o_.tracking_uri),
+      client_(mlflow_tracking_uri(o_)),
       last_flush_(std::chrono::steady_clock::now()) {
   if (o_.experiment_name.empty()) o_.experiment_name = env_or("MLFLOW_EXPERIMENT_NAME", "my-mlflow-experiment");
   experiment_id_ = env_or("MLFLOW_EXPERIMENT_ID", "");

@@ -3,7 +3,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include <cstdlib>
 #include <filesystem>
 
 #include "tessera/config/value.h"
@@ -113,9 +112,8 @@ core::CallbackRegistry& logger_registry() {
     r->set_check("mlflow", [](const std::any& options, const config::CheckContext& c) -> config::Problems {
       const auto& o = std::any_cast<const MlflowLoggerOptions&>(options);
       if (o.rank_zero_only && c.rank != 0) return {};
-      const char* env = std::getenv("MLFLOW_TRACKING_URI");
       try {
-        MlflowClient client(!o.tracking_uri.empty() ? o.tracking_uri : env != nullptr ? env : "", /*attempts=*/2);
+        MlflowClient client(mlflow_tracking_uri(o), /*attempts=*/2);
         (void)client.call("GET", "experiments/search", {{"max_results", 1}});
       } catch (const Error& e) {
         return {{"tracking_uri", e.message()}};
@@ -171,9 +169,7 @@ core::CallbackRegistry& logger_registry() {
     r->set_check("wandb", [](const std::any& options, const config::CheckContext& c) -> config::Problems {
       if (!options.has_value()) return {};
       const auto& o = std::any_cast<const WandbLoggerOptions&>(options);
-      const char* env = std::getenv("WANDB_DIR");
-      const std::string dir = !o.dir.empty() ? o.dir : env != nullptr && *env != '\0' ? env : ".";
-      if (auto why = storage::unwritable(dir, false)) return {{"init_kwargs.dir", *why}};
+      if (auto why = storage::unwritable(wandb_root(o), false)) return {{"init_kwargs.dir", *why}};
       return {};
     });
     r->add_foundry_names({"file", "inmemory", "comet_ml", "neptune", "slack", "mosaicml", "remote_uploader_downloader",

@@ -175,10 +175,15 @@ fs::path id_file(const fs::path& wandb_dir, const std::string& run_name) {
 
 }  // namespace
 
+std::string wandb_root(const WandbLoggerOptions& options) {
+  if (!options.dir.empty()) return options.dir;
+  return env("WANDB_DIR").empty() ? "." : env("WANDB_DIR");
+}
+
 WandbLogger::WandbLogger(WandbLoggerOptions options, const core::RunContext& run) : o_(std::move(options)), run_(run) {
   if (o_.project.empty()) o_.project = env("WANDB_PROJECT").empty() ? "uncategorized" : env("WANDB_PROJECT");
   if (o_.entity.empty()) o_.entity = env("WANDB_ENTITY");
-  if (o_.dir.empty()) o_.dir = env("WANDB_DIR").empty() ? "." : env("WANDB_DIR");
+  o_.dir = wandb_root(o_);
   if (o_.name.empty()) o_.name = run_.run_name;
   if (!o_.rank_zero_only) {  // Composer's: one run per rank, grouped under the name
     if (o_.group.empty()) o_.group = o_.name;
@@ -264,15 +269,11 @@ void WandbLogger::start(bool resumed) {
   put_bytes(telemetry, f::kTelemetryFeature, feature);
   put_bytes(r, f::kRunTelemetry, telemetry);
   if (resumed || o_.resume) put_int(r, f::kRunResume, 1);
-  write(record(++num_, f::kRecordRun, r, id_));
+  writer_->append(record(++num_, f::kRecordRun, r, id_));
   writer_->flush();
   if (run_.rank == 0 || !o_.rank_zero_only) {
     spdlog::info("wandb: offline run {} in {} (upload it with `wandb sync {}`)", id_, run_dir_, run_dir_);
   }
-}
-
-void WandbLogger::write(std::string rec) {
-  writer_->append(rec);
 }
 
 void WandbLogger::log_metrics(const core::Metrics& metrics, int64_t step) {
@@ -295,11 +296,11 @@ void WandbLogger::write_row() {
   put_bytes(items, f::kHistoryItem, item("_runtime", wandb::number_json(now - started_)));
   put_bytes(items, f::kHistoryItem, item("_timestamp", wandb::number_json(now)));
   // The summary follows the history: the latest value of each metric (the items are the same messages).
-  write(record(++num_, f::kRecordSummary, items));
+  writer_->append(record(++num_, f::kRecordSummary, items));
   std::string history = items, step;
   if (row_step_ != 0) put_int(step, f::kStepNum, row_step_);
   put_bytes(history, f::kHistoryStep, step);
-  write(record(++num_, f::kRecordHistory, history));
+  writer_->append(record(++num_, f::kRecordHistory, history));
   writer_->flush();
   row_.clear();
 }
@@ -319,11 +320,11 @@ void WandbLogger::close(core::State& /*state*/, core::Logger& /*logger*/) {
   put_bytes(nested, f::kItemNestedKey, "runtime");
   put_bytes(nested, f::kItemValueJson, std::to_string(runtime));
   put_bytes(summary, f::kUpdate, nested);
-  write(record(++num_, f::kRecordSummary, summary));
+  writer_->append(record(++num_, f::kRecordSummary, summary));
   std::string exit;
   if (!fit_ended_) put_int(exit, f::kExitCode, 1);  // an error ended the run: W&B shows it failed
   if (runtime != 0) put_int(exit, f::kExitRuntime, runtime);
-  write(record(++num_, f::kRecordExit, exit));
+  writer_->append(record(++num_, f::kRecordExit, exit));
   writer_->flush();
 }
 

@@ -59,6 +59,9 @@ std::vector<std::pair<std::string, std::string>> mlflow_params(const nlohmann::j
 std::filesystem::path local_artifact_folder(const std::string& artifact_uri, const std::string& local_artifact_root,
                                             const std::string& run_id, const std::string& server);
 
+// The server a logger with these options talks to: tracking_uri, else MLFLOW_TRACKING_URI (empty when neither).
+std::string mlflow_tracking_uri(const MlflowLoggerOptions& options);
+
 class MlflowLogger : public core::LoggerDestination, public core::ModelRegistry {
  public:
   // Connects at construction: the experiment is found or created here, so that a wrong URI or a server that is down

@@ -50,6 +50,9 @@ std::string number_json(double v);
 
 }  // namespace wandb
 
+// The folder holding the runs' wandb/ folder: init_kwargs.dir, else WANDB_DIR, else the working directory.
+std::string wandb_root(const WandbLoggerOptions& options);
+
 class WandbLogger : public core::LoggerDestination {
  public:
   WandbLogger(WandbLoggerOptions options, const core::RunContext& run);
@@ -66,7 +69,6 @@ class WandbLogger : public core::LoggerDestination {
  private:
   void start(bool resumed);
   void write_row();
-  void write(std::string record);
 
   WandbLoggerOptions o_;
   core::RunContext run_;
