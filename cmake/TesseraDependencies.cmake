@@ -17,19 +17,17 @@ if(NOT Torch_DIR)
   set(Torch_DIR "${_torch_dir}" CACHE PATH "LibTorch CMake package (from the torch wheel)")
 endif()
 
-# The wheel is the CUDA 13 build. Its CMake package looks for a CUDA toolkit (the one installed system-wide) and, with
-# no GPU to probe, would fall back to a long architecture list with a warning; name the architectures we target
-# (Hopper, plus Ampere) instead. Nothing here needs a GPU to configure or link.
-if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
-  set(TORCH_CUDA_ARCH_LIST "8.0;9.0")
-endif()
+# The wheel is the CUDA 13 build; CUDA's runtime comes from the nvidia wheels beside it, no toolkit needed
+# (cmake/TesseraTorchCuda.cmake). Nothing here needs a GPU to configure or link.
+include(TesseraTorchCuda)
+tessera_torch_cuda("${Torch_DIR}")
 find_package(Torch REQUIRED)
 
 # The venv's interpreter runs tests/compat/ (real Python peers); Torch_DIR is <venv>/lib/python3.X/site-packages/
 # torch/share/cmake/Torch, so the venv is seven levels up.
 if(NOT TESSERA_PYTHON)
   get_filename_component(_venv "${Torch_DIR}/../../../../../../.." ABSOLUTE)
-  set(TESSERA_PYTHON "${_venv}/bin/python" CACHE FILEPATH "Python with the compatibility peers (tools/requirements.txt)")
+  set(TESSERA_PYTHON "${_venv}/bin/python" CACHE FILEPATH "Python with the compatibility peers (tools/requirements-test.txt)")
 endif()
 # Composer + LLM Foundry live in a venv of their own beside it (tools/setup_composer.sh): they pin another torch.
 if(NOT TESSERA_COMPOSER_PYTHON)

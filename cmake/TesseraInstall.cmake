@@ -31,4 +31,5 @@ configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/TesseraConfig.cmake.in
 # 0.x: a consumer asking for 0.1 accepts 0.1.y only (SameMinorVersion); from 1.0 on, SameMajorVersion.
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/TesseraConfigVersion.cmake COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/TesseraConfig.cmake ${PROJECT_BINARY_DIR}/TesseraConfigVersion.cmake
+              ${PROJECT_SOURCE_DIR}/cmake/TesseraTorchCuda.cmake
         DESTINATION ${_cmake_dir})
