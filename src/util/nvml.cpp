@@ -15,7 +15,9 @@
 #include "tessera/util/error.h"
 
 namespace tessera::util {
-namespace {
+// Named rather than anonymous: Nvml's member structs below hold these types, which GCC rejects
+// (-Wsubobject-linkage) when this file is compiled inside a unity batch.
+namespace nvml_abi {
 
 // NVML's C types (nvml.h): a return code, opaque handles, and the structs we read.
 using nvmlReturn_t = int;
@@ -43,7 +45,8 @@ struct nvmlEventData_t {
   unsigned int computeInstanceId;
 };
 
-}  // namespace
+}  // namespace nvml_abi
+using namespace nvml_abi;  // this file's own C ABI declarations
 
 struct Nvml::Api {
   void* lib = nullptr;
