@@ -443,8 +443,10 @@ CheckpointCosts estimate_checkpoint_costs(const TrainConfig& cfg, const Plan& pl
                                            "line)",
                                            *cfg.save_folder));
   } else {
-    fs::path dir =
-        cfg.save_folder ? fs::path(util::fill_path_pattern(*cfg.save_folder, cfg.run_name, 0)) : fs::current_path();
+    // Absolute, so that a relative save folder none of whose parts exists yet (runs/x/ckpt in a fresh clone) is
+    // measured in the working directory it would be made in.
+    fs::path dir = fs::absolute(cfg.save_folder ? fs::path(util::fill_path_pattern(*cfg.save_folder, cfg.run_name, 0))
+                                                : fs::current_path());
     while (!fs::is_directory(dir) && dir.has_parent_path() && dir.parent_path() != dir) dir = dir.parent_path();
     const double rate = measure_write_rate(dir, kProbeBytes);
     c.save_seconds = bytes / rate;

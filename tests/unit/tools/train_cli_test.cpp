@@ -77,6 +77,12 @@ TEST(TrainCli, DryRunAdvisesACheckpointInterval) {
   EXPECT_NE(r.output.find("Llama 3's rate"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("measured writing to"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("the snapshot:"), std::string::npos) << r.output;
+  // A relative save folder none of whose parts exists yet (runs/x/checkpoints in a fresh clone) is measured in the
+  // working directory, and nothing is left there.
+  r = run("--recipe " + recipe + "--step-seconds 12 save_folder=tessera-no-such-folder/{run_name}/checkpoints");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("measured writing to"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists("tessera-no-such-folder"));
   r = run("--recipe " + recipe + "--step-seconds 12 save_folder=s3://bucket/ckpt");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("s3://bucket/ckpt is remote"), std::string::npos) << r.output;
