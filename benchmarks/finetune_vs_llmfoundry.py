@@ -39,7 +39,7 @@ figure only: the recipe does not pack (GPT-2 has no sequence_id attention).
     python benchmarks/finetune_vs_llmfoundry.py [--rounds 3] [--warmup 5] [--steps 40] [--ratios 1.5,2,3]
                                                 [--foundry-attn eager] [--model HF_FOLDER]
 
-LLM Foundry runs in ~/.cache/tessera/venv-composer (tools/setup_composer.sh; or TESSERA_COMPOSER_PYTHON). Without it
+LLM Foundry runs in ~/.cache/tessera/venv-composer (tools/setup_tests.sh runs tools/setup_composer.sh; or TESSERA_COMPOSER_PYTHON). Without it
 only Tessera's figures are printed.
 """
 import argparse

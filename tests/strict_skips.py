@@ -20,7 +20,7 @@ def pytest_sessionfinish(session, exitstatus):
         return
     tr = session.config.pluginmanager.get_plugin("terminalreporter")
     lines = ["", f"strict_skips: {len(_skipped)} test(s) skipped, and this suite allows none "
-             "(TESSERA_NO_SKIPS=1; install what they name, e.g. tools/setup.sh, tools/setup_composer.sh):"]
+             "(TESSERA_NO_SKIPS=1; install what they name, e.g. tools/setup_tests.sh):"]
     lines += [f"  {s}" for s in _skipped]
     for line in lines:
         if tr is not None:

@@ -3,7 +3,7 @@
 # files that are not. Fix with: git ls-files '*.cpp' '*.h' | xargs clang-format -i
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-command -v clang-format >/dev/null || { echo "check_format: clang-format is not installed (tools/setup.sh installs it)" >&2; exit 1; }
+command -v clang-format >/dev/null || { echo "check_format: clang-format is not installed (tools/setup_tests.sh installs it)" >&2; exit 1; }
 bad=()
 while IFS= read -r f; do
   clang-format --dry-run -Werror "$f" >/dev/null 2>&1 || bad+=("$f")

@@ -11,7 +11,7 @@
 #           (yaml-cpp, spdlog, fmt, zstd, xxhash, pcre2, ICU, ...), found with ldd
 #   src/    what the programs read from the source tree: recipes/, tests/data/, tests/fault_injection/, benchmarks/*.py,
 #           tools/gpu_check.sh
-#   wheels/ torchtitan and its pure-Python dependencies (benchmarks/gpu_peer_wheels.txt), from tools/setup.sh
+#   wheels/ torchtitan and its pure-Python dependencies (benchmarks/gpu_peer_wheels.txt), from tools/setup_tests.sh
 # Fails when the archive is over 40 MB.
 set -euo pipefail
 
@@ -72,14 +72,14 @@ strip --strip-unneeded "$kit"/lib/*.so* 2>/dev/null || true
 # What the programs read from the source tree.
 (cd "$here" && tar cf - recipes tests/data tests/fault_injection benchmarks/gpu_train_vs_pytorch.py benchmarks/bench_json.py \
   benchmarks/gpu_profile.py benchmarks/torchtitan_llama.py tools/gpu_check.sh) | tar xf - -C "$kit/src"
-# torchtitan's trainer and its pure-Python dependencies (tools/setup.sh downloads them), for the benchmark's peers.
+# torchtitan's trainer and its pure-Python dependencies (tools/setup_tests.sh downloads them), for the benchmark's peers.
 wheels=${TESSERA_HOME:-$HOME/.cache/tessera}/wheels
 mkdir -p "$kit/wheels"
 while read -r spec; do
   name=${spec%%==*}
   version=${spec#*==}
   wheel=$(ls "$wheels/${name}-${version}-"*.whl 2>/dev/null | head -1)
-  [ -n "$wheel" ] || { echo "gpu_bundle.sh: no wheel of $spec in $wheels (run tools/setup.sh)" >&2; exit 1; }
+  [ -n "$wheel" ] || { echo "gpu_bundle.sh: no wheel of $spec in $wheels (run tools/setup_tests.sh)" >&2; exit 1; }
   cp "$wheel" "$kit/wheels/"
 done < <(grep -v '^#' "$here/benchmarks/gpu_peer_wheels.txt" | grep .)
 commit=$(git -C "$here" rev-parse HEAD 2>/dev/null || echo unknown)

@@ -1,6 +1,6 @@
 """Writes the committed seed corpus of the libFuzzer targets (fuzz/seeds/<target>/) with the real producers of each
 format: Hugging Face `tokenizers` for tokenizer.json, `mosaicml-streaming`'s MDSWriter for MDS, `safetensors` for
-safetensors files, and the recipes in recipes/ for recipe YAML. Run from the checkout with the venv of tools/setup.sh:
+safetensors files, and the recipes in recipes/ for recipe YAML. Run from the checkout with the venv of tools/setup_tests.sh:
 
     ~/.cache/tessera/venv/bin/python tools/make_fuzz_seeds.py
 

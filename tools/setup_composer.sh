@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Composer + LLM Foundry in a venv of their own ($TESSERA_HOME/venv-composer, default ~/.cache/tessera/venv-composer).
-# They pin another torch than the one LibTorch comes from, so they cannot share the main venv. README's test command
-# runs this: the tests in tests/composer/ (ctest's `composer` entry) compare Tessera against their own code, and
+# They pin another torch than the one LibTorch comes from, so they cannot share the main venv. tools/setup_tests.sh
+# (README's test command) runs this: the tests in tests/composer/ (ctest's `composer` entry) compare Tessera against their own code, and
 # benchmarks/train_vs_pytorch.py measures Composer's Trainer beside Tessera when this venv exists. The main job does
 # not need it. Idempotent: a second run with the pin satisfied downloads nothing.
 #
-# Needs tools/setup.sh's Debian packages (python3-venv). About 4 GB (torch with its CUDA libraries).
+# Needs tools/setup.sh's Debian packages (python3-venv). About 7 GB (torch with its CUDA libraries).
 set -euo pipefail
 
 TESSERA_HOME=${TESSERA_HOME:-$HOME/.cache/tessera}
@@ -25,7 +25,7 @@ if [ "$(version_of llm-foundry)" = "${pin#*==}" ]; then
   log "$pin: present"
 else
   log "installing $pin (and Composer, with their torch)"
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$pin"
+  "$venv/bin/python" -m pip install --disable-pip-version-check --progress-bar on "$pin"
 fi
 if [ "$(version_of pytest)" != "${test_pin#*==}" ]; then
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$test_pin"

