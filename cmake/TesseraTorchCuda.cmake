@@ -3,7 +3,8 @@
 #
 # The torch wheel is the CUDA 13 build. Its CMake package looks for a CUDA toolkit (nvcc) and stops without one,
 # although Tessera compiles no CUDA kernels: it needs CUDA's runtime headers and library and NCCL's header, which the
-# nvidia-* wheels that pip installs beside torch ship (site-packages/nvidia/cu13, nvidia/nccl). So an installed CUDA
+# nvidia-* wheels that pip installs beside torch ship (site-packages/nvidia/cu13, nvidia/nccl), with the headers those
+# include from the nvidia-cuda-crt and nvidia-cuda-cccl wheels (tools/requirements.txt). So an installed CUDA
 # toolkit of the wheel's CUDA major version is used as Torch's package finds it, and otherwise (none, or another
 # version) CUDA comes from those wheels: defining torch::cudart first makes Torch's package skip its toolkit search
 # (its public/cuda.cmake returns when that target exists), so a machine without a toolkit configures and links, and
