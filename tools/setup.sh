@@ -57,7 +57,7 @@ else
     mkdir -p "$TESSERA_HOME"
     "$python" -m venv "$venv"
   fi
-  log "installing $(grep -c '^[a-z]' "$req") pinned Python packages from $req (LibTorch is the torch wheel, about 4 GB with CUDA's libraries)"
+  log "installing $(grep -c '^[a-z]' "$req") pinned Python packages from $req (LibTorch is the torch wheel, 4.8 GB with CUDA's libraries)"
   "$venv/bin/python" -m pip install --disable-pip-version-check --progress-bar on -r "$req"
   echo "$want" > "$stamp"
 fi
