@@ -3,6 +3,7 @@
 
 #include "tessera/callbacks/callbacks.h"
 #include "tessera/callbacks/health_monitor.h"
+#include "tessera/callbacks/oom_observer.h"
 #include "tessera/storage/probe.h"
 #include "tessera/util/file_io.h"
 
@@ -105,6 +106,11 @@ core::CallbackRegistry& callback_registry() {
           return LRMonitorOptions{};
         },
         core::construct<core::Callback, LRMonitor>());
+    r->add(
+        "oom_observer", [](config::Section& s) -> std::any { return parse_oom_observer_options(s); },
+        [](const std::any& o, const core::RunContext& run) -> std::shared_ptr<core::Callback> {
+          return std::make_shared<OomObserver>(std::any_cast<const OomObserverOptions&>(o), run);
+        });
     r->add(
         "memory_monitor",
         [](config::Section& s) -> std::any {
@@ -212,7 +218,6 @@ core::CallbackRegistry& callback_registry() {
                           "activation_monitor",
                           "nan_monitor",
                           "system_metrics_monitor",
-                          "oom_observer",
                           "memory_snapshot",
                           "free_outputs",
                           "inactivity",

@@ -17,7 +17,9 @@
 #include <thread>
 #include <vector>
 
+#include "log_capture.h"
 #include "tessera/callbacks/callbacks.h"
+#include "tessera/callbacks/oom_observer.h"
 #include "tessera/config/reader.h"
 #include "tessera/config/value.h"
 #include "tessera/core/state.h"
@@ -273,6 +275,29 @@ TEST(StopperOptions, BadOptionsNameTheKey) {
   EXPECT_NE(error("callbacks: {optimizer_monitor: {batch_log_interval: 0}}")
                 .find("callbacks.optimizer_monitor.batch_log_interval"),
             std::string::npos);
+}
+
+TEST(OomObserver, ReadsComposersKeysAndDoesNothingOnACpu) {
+  // Composer's keys are read (remote_file_name only as null: uploads are not supported yet, listed with the others).
+  auto error = [](const std::string& components) { return testing::error_of([&] { tiny_config(components); }); };
+  EXPECT_NE(error("callbacks: {oom_observer: {max_entries: 0}}").find("callbacks.oom_observer.max_entries"),
+            std::string::npos);
+  EXPECT_NE(error("callbacks: {oom_observer: {filename: a/b}}").find("callbacks.oom_observer.filename"),
+            std::string::npos);
+  EXPECT_NE(error("callbacks: {oom_observer: {folders: x}}").find("callbacks.oom_observer.folders"), std::string::npos);
+  EXPECT_NE(error("callbacks: {oom_observer: {remote_file_name: 'oom/rank{rank}'}}")
+                .find("callbacks.oom_observer.remote_file_name"),
+            std::string::npos);
+  // On a CPU it says so and records nothing (as Composer's does); its folder is not even made.
+  const fs::path folder = fs::temp_directory_path() / ("tessera_oom_" + std::to_string(::getpid()));
+  testing::LogCapture log;
+  Trainer t(tiny_config("callbacks: {oom_observer: {folder: " + folder.string() + ", remote_file_name: null}}",
+                        {"max_duration=1ba"}));
+  t.fit();
+  EXPECT_NE(log.text().find("oom_observer: the model is on cpu, and the observer works on CUDA devices only"),
+            std::string::npos)
+      << log.text();
+  EXPECT_FALSE(fs::exists(folder));
 }
 
 TEST(StopperOptions, DefaultComparisonFollowsTheMetricName) {

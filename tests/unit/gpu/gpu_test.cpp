@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <string>
@@ -19,6 +20,7 @@
 
 #include "models/mpt/mpt.h"
 #include "tessera/callbacks/checkpoint_saver.h"
+#include "tessera/callbacks/oom_observer.h"
 #include "tessera/distributed/communicator.h"
 #include "tessera/models/blocks/attention.h"
 #include "tessera/models/blocks/float8.h"
@@ -160,6 +162,29 @@ class MemoryCap {
   MemoryCap(const MemoryCap&) = delete;
   MemoryCap& operator=(const MemoryCap&) = delete;
 };
+
+TEST(Gpu, OomObserverWritesTheAllocatorSnapshotOnARealOutOfMemory) {
+  TESSERA_REQUIRE_GPU();
+  // oom_observer records the allocator's history from FIT_START; an allocation the GPU cannot hold then writes the
+  // snapshot (a pickle, as torch.cuda.memory._dump_snapshot writes it) named after the rank and the batch.
+  const fs::path folder = fs::temp_directory_path() / "tessera_gpu_test" / "oom";
+  fs::remove_all(folder);
+  trainer::Trainer t(testing::tiny_train_config(
+      dataset(),
+      "device: gpu\neval_interval: 0\ndevice_train_microbatch_size: 4\ncallbacks: {oom_observer: {folder: " +
+          folder.string() + ", filename: 'rank{rank}_b{batch}_oom'}}\n",
+      {"max_duration=2ba"}));
+  t.fit();
+  EXPECT_THROW(at::empty({int64_t{1} << 42}, at::TensorOptions().device(at::kCUDA).dtype(at::kByte)),
+               c10::OutOfMemoryError);
+  const fs::path snapshot = folder / "rank0_b2_oom_snapshot.pickle";
+  ASSERT_TRUE(fs::exists(snapshot));
+  std::ifstream in(snapshot, std::ios::binary);
+  char magic[2] = {};
+  in.read(magic, 2);
+  EXPECT_EQ(static_cast<unsigned char>(magic[0]), 0x80u) << "a pickle starts with its protocol opcode";
+  EXPECT_GT(fs::file_size(snapshot), 1000u);
+}
 
 TEST(Gpu, AutoMicrobatchingHalvesOnARealOutOfMemory) {
   TESSERA_REQUIRE_GPU();
