@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -106,6 +107,47 @@ TEST_F(DistTraining, AdaptiveClippingOnShardsClipsEachRowAsOneProcessDoes) {
   for (const auto& [name, w] : one.weights)
     moved = std::max(moved, (w - single().weights.at(name)).abs().max().item<double>());
   EXPECT_GT(moved, 1e-3);
+}
+
+TEST_F(DistTraining, TheProfilerWritesATracePerRankWithItsStepsAndCollectives) {
+  if (is_worker()) GTEST_SKIP();
+  // FULL_SHARD on 2 ranks under Composer's schedule (batch 1 skipped, 2 warming up, 3 and 4 recorded): a trace per
+  // rank, each from its own process, holding the scheduled steps and that rank's collectives (the shards' gathers and
+  // reductions over Gloo), which the time split counts as communication.
+  const fs::path traces = root_ / "traces";
+  run("profiled", 2,
+      {"max_duration=5ba", "fsdp_config.sharding_strategy=FULL_SHARD",
+       "'profiler={schedule: {skip_first: 1, wait: 0, warmup: 1, active: 2, repeat: 1}, torch_prof_folder: " +
+           traces.string() + "}'"});
+  std::vector<std::set<int64_t>> pids(2);
+  for (int rank = 0; rank < 2; ++rank) {
+    const fs::path file = traces / fmt::format("rank{}.4.pt.trace.json", rank);
+    ASSERT_TRUE(fs::exists(file)) << file;
+    std::ifstream in(file);
+    const nlohmann::json trace = nlohmann::json::parse(in);
+    std::set<std::string> names;
+    bool collective = false;
+    for (const auto& e : trace.at("traceEvents")) {
+      if (!e.contains("name")) continue;
+      const std::string name = e.at("name").get<std::string>();
+      names.insert(name);
+      if (e.value("ph", "") == "X" && e.contains("pid") && e.at("pid").is_number())
+        pids[rank].insert(e.at("pid").get<int64_t>());
+      std::string lower = name;
+      std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+      collective = collective || lower.find("gloo") != std::string::npos || lower.find("c10d") != std::string::npos ||
+                   lower.find("all_gather") != std::string::npos || lower.find("allgather") != std::string::npos ||
+                   lower.find("reduce_scatter") != std::string::npos || lower.find("allreduce") != std::string::npos;
+    }
+    for (const char* want : {"ProfilerStep#3", "ProfilerStep#4", "tessera/loss", "tessera/optimizer"}) {
+      EXPECT_TRUE(names.count(want)) << "rank " << rank << ": " << want;
+    }
+    EXPECT_FALSE(names.count("ProfilerStep#2")) << "rank " << rank;
+    EXPECT_TRUE(collective) << "rank " << rank << ": no collective in its trace";
+  }
+  ASSERT_EQ(pids[0].size(), 1u);
+  ASSERT_EQ(pids[1].size(), 1u);
+  EXPECT_NE(*pids[0].begin(), *pids[1].begin()) << "each rank's trace is its own process's";
 }
 
 TEST_F(DistTraining, LoraOnShardsTrainsTheAdaptersAsOneProcessDoes) {
