@@ -73,7 +73,7 @@ Precision auto_precision(const at::Device& device) {
   }
   const util::CpuBf16 bf16 = util::probe_cpu_bf16();
   if (bf16.native()) {
-    spdlog::info("precision: auto -> amp_bf16 (this CPU computes bf16 natively: {})", bf16.rates());
+    spdlog::info("precision: auto -> amp_bf16 (bf16 is native on this CPU: {})", bf16.rates());
     return Precision::kAmpBf16;
   }
   spdlog::info("precision: auto -> fp32 (bf16 is {} on this CPU: {})", bf16.flag ? "slower than fp32" : "emulated",

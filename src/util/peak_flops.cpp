@@ -54,7 +54,7 @@ bool cpu_advertises_bf16() {
 }  // namespace
 
 std::string CpuBf16::rates() const {
-  return fmt::format("{:.1f} GFLOP/s in bf16 against {:.1f} GFLOP/s in fp32", bf16_flops / 1e9, fp32_flops / 1e9);
+  return fmt::format("bf16 {:.1f}, fp32 {:.1f} GFLOP/s", bf16_flops / 1e9, fp32_flops / 1e9);
 }
 
 CpuBf16 probe_cpu_bf16() {
