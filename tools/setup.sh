@@ -22,6 +22,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 TESSERA_HOME=${TESSERA_HOME:-$HOME/.cache/tessera}
 venv="$TESSERA_HOME/venv"
 log() { printf '[setup] %s\n' "$*"; }
+# shellcheck source=tools/setup_common.sh
+source "$here/setup_common.sh"
 
 # ---- 1. Debian packages ------------------------------------------------------------------------------------------
 apt_packages=(
@@ -31,18 +33,7 @@ apt_packages=(
   python3 python3-venv
   fortunes jq
 )
-missing=()
-for p in "${apt_packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  log "installing Debian packages: ${missing[*]}"
-  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
-else
-  log "Debian packages: all present"
-fi
+apt_install_missing "${apt_packages[@]}"
 
 # ---- 2. Python venv with LibTorch (and CUDA's runtime) and Arrow ------------------------------------------------
 req="$here/requirements.txt"

@@ -26,6 +26,8 @@ TESSERA_HOME=${TESSERA_HOME:-$HOME/.cache/tessera}
 export TESSERA_HOME
 venv="$TESSERA_HOME/venv"
 log() { printf '[setup-tests] %s\n' "$*"; }
+# shellcheck source=tools/setup_common.sh
+source "$here/setup_common.sh"
 
 "$here/setup.sh"
 
@@ -37,18 +39,7 @@ apt_packages=(
   iproute2  # `ip netns` for the PyTorchJob test (tests/compat/test_launchers.py)
   slurmctld slurmd slurm-client munge  # a one-node Slurm cluster for the Slurm test (tests/compat/test_launchers.py)
 )
-missing=()
-for p in "${apt_packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  log "installing Debian packages: ${missing[*]}"
-  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
-else
-  log "Debian packages: all present"
-fi
+apt_install_missing "${apt_packages[@]}"
 
 # ---- 2. The peers, in the main venv -------------------------------------------------------------------------------
 stamp="$venv/.tessera-test-requirements.sha256"
@@ -106,7 +97,7 @@ else
     name=${f%% *}
     unzip -q -o -j "$tmp"/litellm-*.whl "litellm/litellm_core_utils/tokenizers/$name" -d "$tmp/files"
     echo "${f##* }  $tmp/files/$name" | sha256sum -c --quiet - \
-      || { echo "[setup] error: tiktoken file $name does not have the sha256 tiktoken expects" >&2; exit 1; }
+      || { echo "[setup-tests] error: tiktoken file $name does not have the sha256 tiktoken expects" >&2; exit 1; }
     mv "$tmp/files/$name" "$tiktoken_cache/$name"
   done
   rm -rf "$tmp"
