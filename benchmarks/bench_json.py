@@ -3,11 +3,18 @@
 A benchmark program calls emit() with its figures; when TESSERA_BENCH_JSON names a file (benchmarks/run sets it),
 the rows are written there as JSON, and otherwise nothing happens, so the programs run alone exactly as before.
 
-A row is one measured case:
-    {"case": "tiny fp32", "unit": "tokens/s", "tessera": 4722.5,
-     "peers": {"PyTorch eager": 3745.0, ...},   # measured in the same run, same unit; None when not measured
-     ...}                                        # anything else the benchmark reports (MFU, ratios, sizes)
-Higher is better for every unit used with "tessera" and "peers" (throughputs).
+A row is one measured case, and every row has this schema (check_rows; emit refuses rows that do not, so that a
+program cannot break the report):
+    {"case": "tiny fp32", "unit": "tokens/s",   # non-empty strings
+     "tessera": 4722.5,                         # a number, or None when Tessera has no figure for the case
+     "peers": {"PyTorch eager": 3745.0, ...},   # measured in the same run, same unit; None when not measured; {} none
+     # optional:
+     "higher_is_better": True,                  # False for times and makespans (default True)
+     "mfu": 0.41, "peer_mfu": {"PyTorch eager": 0.33},   # fractions of the measured peak (`gemm_peak_flops`)
+     "timed_steps": 6,                          # timed steps (or items) behind each figure of the row
+     ...}                                       # anything else the benchmark reports (ratios, sizes)
+The report marks a row unreliable when a figure implies more than 100% of the measured peak, or when it rests on
+fewer than MIN_TIMED_STEPS timed steps (benchmarks/suite.py).
 """
 import json
 import os
@@ -19,7 +26,48 @@ import sys
 TUNED_MALLOC = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 62), "MALLOC_TOP_PAD_": str(64 << 20)}
 
 
+# Fewer timed steps than this behind a figure make a ratio noise, not a result: the report marks the row.
+MIN_TIMED_STEPS = 3
+
+
+def _number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def check_rows(benchmark, rows):
+    """The ways `rows` break the schema above, one message each ([] when they follow it)."""
+    if not isinstance(rows, list):
+        return [f"{benchmark}: rows must be a list, not {type(rows).__name__}"]
+    problems = []
+    for i, r in enumerate(rows):
+        where = f"{benchmark} row {i}" + (f" ({r['case']!r})" if isinstance(r, dict) and "case" in r else "")
+        if not isinstance(r, dict):
+            problems.append(f"{where}: not an object")
+            continue
+        for key in ("case", "unit"):
+            if not isinstance(r.get(key), str) or not r[key]:
+                problems.append(f"{where}: `{key}` must be a non-empty string")
+        if "tessera" not in r or not (r["tessera"] is None or _number(r["tessera"])):
+            problems.append(f"{where}: `tessera` must be a number or null")
+        peers = r.get("peers")
+        if not isinstance(peers, dict) or not all(isinstance(k, str) and (v is None or _number(v))
+                                                  for k, v in peers.items()):
+            problems.append(f"{where}: `peers` must map peer names to numbers or null")
+        if "higher_is_better" in r and not isinstance(r["higher_is_better"], bool):
+            problems.append(f"{where}: `higher_is_better` must be true or false")
+        for key in ("mfu", "timed_steps"):
+            if r.get(key) is not None and not _number(r[key]):
+                problems.append(f"{where}: `{key}` must be a number or null")
+        if "peer_mfu" in r and not (isinstance(r["peer_mfu"], dict) and
+                                    all(v is None or _number(v) for v in r["peer_mfu"].values())):
+            problems.append(f"{where}: `peer_mfu` must map peer names to numbers or null")
+    return problems
+
+
 def emit(benchmark, rows, **meta):
+    problems = check_rows(benchmark, rows)
+    if problems:
+        raise ValueError("benchmark rows do not follow benchmarks/bench_json.py's schema:\n  " + "\n  ".join(problems))
     path = os.environ.get("TESSERA_BENCH_JSON")
     if not path:
         return

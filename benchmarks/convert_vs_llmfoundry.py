@@ -174,6 +174,7 @@ def main():
                 on_disk = sum(p.stat().st_size for p in (corpus / fmt).iterdir())
                 secs, peak, proc = tessera(corpus / fmt, work / "out", work / "tok", args.workers)
                 rows.append({"case": f"tessera {fmt}{'.zst' if fmt == 'jsonl' else ''} {raw / 1e9:.2f} GB",
+                             "unit": "MB/s", "tessera": round(raw / 1e6 / secs, 1), "peers": {},
                              "corpus_mb": round(raw / 1e6), "input_file_mb": round(on_disk / 1e6),
                              "seconds": round(secs, 1), "mb_per_s": round(raw / 1e6 / secs, 1),
                              "peak_rss_mib": round(peak), "workers": args.workers})
@@ -200,7 +201,10 @@ def main():
                     want = {p.name: p.read_bytes() for p in out.iterdir()}
                     got = {p.name: p.read_bytes() for p in (work / "out" / "train").iterdir()}
                     same = want == got
-                rows.append({"case": f"{raw / 1e6:.0f} MB slice: LLM Foundry {name}", "corpus_mb": round(raw / 1e6),
+                rows.append({"case": f"{raw / 1e6:.0f} MB slice: LLM Foundry {name}", "unit": "MB/s",
+                             "tessera": round(raw / 1e6 / t_secs, 1),
+                             "peers": {f"LLM Foundry {name.split(' ')[0]}": round(raw / 1e6 / f_secs, 2)},
+                             "corpus_mb": round(raw / 1e6),
                              "foundry_seconds": round(f_secs, 1), "foundry_mb_per_s": round(raw / 1e6 / f_secs, 2),
                              "foundry_peak_rss_mib": round(f_peak),
                              "tessera_seconds": round(t_secs, 2), "tessera_mb_per_s": round(raw / 1e6 / t_secs, 1),

@@ -103,11 +103,14 @@ def fwd_bwd(args):
             peak = statistics.median(r["gemm_peak_flops"] for r in ours)
             case = f"llama {shape} {precision}" + (f" ({bench_json.EMULATED_BF16_NOTE})" if emulated else "")
             mfu = None if emulated else t * f / peak
+            peer_mfu = {"HF LlamaForCausalLM eager": None if emulated else h * f / peak,
+                        "HF eager + malloc settings": None if emulated else ht * f / peak}
             print(f"{case:<16}{t:>10.1f}{h:>10.1f}{ht:>11.1f}{t / h:>7.2f}{t / ht:>8.2f}{bench_json.pct(mfu, 8)}",
                   flush=True)
             rows.append({"case": case, "bf16_emulated": emulated, "unit": "tokens/s", "tessera": t,
                          "peers": {"HF LlamaForCausalLM eager": h, "HF eager + malloc settings": ht},
-                         "params": ours[0]["params"], "mfu": mfu, "gemm_peak_flops": peak,
+                         "params": ours[0]["params"], "mfu": mfu, "peer_mfu": peer_mfu,
+                         "timed_steps": steps_of(shape, run), "gemm_peak_flops": peak,
                          "batch": args.batch, "seq": args.seq})
     bench_json.emit("llama_fwd_bwd_vs_hf", rows, title="Llama forward + backward (CPU): Tessera vs Hugging Face")
 

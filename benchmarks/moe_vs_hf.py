@@ -98,11 +98,14 @@ def main():
         f = ours[0]["flops_per_token"]  # from the active parameters
         case = f"mixtral-small {precision}" + (f" ({bench_json.EMULATED_BF16_NOTE})" if emulated else "")
         mfu = None if emulated else t * f / peak
+        peer_mfu = {"HF MixtralForCausalLM eager": None if emulated else h * f / peak,
+                    "HF eager + malloc settings": None if emulated else ht * f / peak}
         print(f"{case:<22}{t:>10.1f}{h:>10.1f}{ht:>11.1f}{t / h:>7.2f}{t / ht:>8.2f}{bench_json.pct(mfu, 8)}",
               flush=True)
         rows.append({"case": case, "bf16_emulated": emulated, "unit": "tokens/s", "tessera": t,
                      "peers": {"HF MixtralForCausalLM eager": h, "HF eager + malloc settings": ht},
-                     "params": ours[0]["params"], "mfu": mfu, "gemm_peak_flops": peak, "batch": args.batch,
+                     "params": ours[0]["params"], "mfu": mfu, "peer_mfu": peer_mfu, "timed_steps": run.steps,
+                     "gemm_peak_flops": peak, "batch": args.batch,
                      "seq": args.seq})
     bench_json.emit("moe_fwd_bwd_vs_hf", rows,
                     title="Mixture of experts forward + backward (CPU): Tessera vs Hugging Face Mixtral")

@@ -92,7 +92,8 @@ def main():
         label = f"mpt-125m {precision}" + (f" ({bench_json.EMULATED_BF16_NOTE})" if emulated else "")
         rows.append({"case": label, "bf16_emulated": emulated, "unit": "tokens/s", "tessera": t,
                      "peers": {"HF MptForCausalLM eager": h, "HF eager + malloc settings": ht},
-                     "mfu": mfu[0], "gemm_peak_flops": peak, "batch": args.batch, "seq": args.seq})
+                     "mfu": mfu[0], "peer_mfu": {"HF MptForCausalLM eager": mfu[1], "HF eager + malloc settings": mfu[2]},
+                     "timed_steps": run.steps, "gemm_peak_flops": peak, "batch": args.batch, "seq": args.seq})
     bench_json.emit("mpt_fwd_bwd_vs_hf", rows, title="MPT forward + backward (CPU): Tessera vs Hugging Face")
 
 

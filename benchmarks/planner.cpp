@@ -106,6 +106,7 @@ int main(int argc, char** argv) {
       std::cout.flush();
       rows.push_back({{"case", fmt::format("{} jobs on {}", n, where)},
                       {"unit", "h makespan"},
+                      {"higher_is_better", false},
                       {"tessera", plan / 3600},
                       {"peers", {{"sequential", seq / 3600}, {"equal split", equal / 3600}, {"greedy", greedy / 3600}}},
                       {"solver_s", r.solve_s},

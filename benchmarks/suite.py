@@ -11,8 +11,10 @@ then one folder with
 --quick runs each program on smaller inputs and fewer rounds (under 10 minutes on the 2-core CI machine); the
 figures are then rougher, and report.md says so. --update-docs rewrites the generated section of
 docs/performance.md (between its "benchmarks/run" markers) from this run and copies the plots to docs/benchmarks/.
-A program that fails is reported as failed (with the tail of its output) and the others still run; the exit status
-is then 1. The GPU benchmarks run when torch sees a GPU and bench_gpu_train_step is built.
+A program that fails, or whose rows do not follow bench_json's schema, is reported as failed (with the tail of its
+output) and the others still run; the exit status is then 1. The report opens with the CPU and whether it computes
+bf16 natively, and strikes out a row whose figures are not results (one implies more than 100% of the measured peak,
+or rests on fewer than bench_json.MIN_TIMED_STEPS timed steps), saying why under its table. The GPU benchmarks run when torch sees a GPU and bench_gpu_train_step is built.
 """
 import argparse
 import datetime
@@ -56,12 +58,12 @@ def benchmarks():
                                    ["--rounds", "3", "--foundry-attn", "eager,sdpa"],
                                    ["--rounds", "1", "--warmup", "3", "--steps", "8", "--ratios", "2"], "env"),
         "mpt_fwd_bwd_vs_hf": ([PY, ROOT / "benchmarks/mpt_fwd_bwd_vs_hf.py"], [],
-                              ["--rounds", "1", "--steps", "2", "--seq", "256"], "env"),
+                              ["--rounds", "1", "--steps", "3", "--seq", "256"], "env"),
         "llama_fwd_bwd_vs_hf": ([PY, ROOT / "benchmarks/llama_vs_hf.py", "--part", "fwd_bwd"], [],
                                 ["--rounds", "1", "--shapes", "tiny", "--steps", "5"], "env"),
         "hf_load_memory": ([PY, ROOT / "benchmarks/llama_vs_hf.py", "--part", "load"], [], [], "env"),
         "moe_fwd_bwd_vs_hf": ([PY, ROOT / "benchmarks/moe_vs_hf.py"], [],
-                              ["--rounds", "1", "--steps", "2", "--hidden", "256", "--seq", "128"], "env"),
+                              ["--rounds", "1", "--steps", "3", "--hidden", "256", "--seq", "128"], "env"),
         "loader_vs_streaming": ([PY, ROOT / "benchmarks/loader_vs_streaming.py"], [],
                                 ["--samples", "4000", "--rounds", "1"], "env"),
         "tokenizer_vs_hf": ([PY, ROOT / "benchmarks/tokenizer_vs_hf.py"], [], ["--rounds", "2"], "env"),
@@ -148,6 +150,12 @@ def run_one(name, spec, quick, raw_dir):
         return record
     data = json.loads(path.read_text())
     data.pop("argv", None)
+    problems = bench_json.check_rows(name, data.get("rows"))
+    if problems:  # (the C++ programs write their own JSON; the Python ones cannot emit such rows)
+        why = "its rows do not follow the schema: " + "; ".join(problems)
+        print(f"[benchmarks/run] {name} FAILED ({why})", flush=True)
+        record.update({"status": "failed", "error": why, "output_tail": proc.stdout[-2000:], "rows": []})
+        return record
     record.update(data)
     record["benchmark"] = name
     record["status"] = "ok"
@@ -173,6 +181,29 @@ def peer_names(rows):
     return names
 
 
+def unreliable(row):
+    """Why a row's figures are not results (None when they are): one implies more than 100% of the measured peak
+    (the timer or the peak probe was wrong), or rests on fewer than bench_json.MIN_TIMED_STEPS timed steps."""
+    why = []
+    shares = {"Tessera": row.get("mfu"), **(row.get("peer_mfu") or {})}
+    over = [f"{who} {share:.0%}" for who, share in shares.items() if share is not None and share > 1.0]
+    if over:
+        why.append(f"implies more than the measured peak ({', '.join(over)})")
+    steps = row.get("timed_steps")
+    if steps is not None and steps < bench_json.MIN_TIMED_STEPS:
+        why.append(f"{steps:g} timed step{'s' if steps != 1 else ''} (fewer than {bench_json.MIN_TIMED_STEPS})")
+    return "; ".join(why) or None
+
+
+def advantage(row, peer):
+    """How many times better Tessera's figure is than the peer's (above 1: Tessera ahead), whichever way the unit
+    runs; None when either is missing."""
+    t, p = row.get("tessera"), row["peers"].get(peer)
+    if not t or not p:
+        return None
+    return t / p if row.get("higher_is_better", True) else p / t
+
+
 def table(rec):
     rows = rec["rows"]
     peers = peer_names(rows)
@@ -187,18 +218,29 @@ def table(rec):
             ("median run vs plan %", "median_difference_percent", 1.0),
             ("rounds within 15%", "rounds_within_15_percent", 1.0)]
     dist = [d for d in dist if any(d[1] in r for r in rows)]
+    marks = {id(r): unreliable(r) for r in rows}
     head = ["case", "unit", "Tessera"] + peers + [f"Tessera / {p}" for p in peers] + (["MFU"] if extra else [])
     head += [d[0] for d in dist]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         t = r.get("tessera")
-        cells = [r["case"], r["unit"], fmt(t)]
+        # A figure that is not a result is shown struck out, its reason under the table.
+        case = f"{r['case']} (unreliable)" if marks[id(r)] else r["case"]
+        cells = [case, r["unit"] + ("" if r.get("higher_is_better", True) else ", lower is better"), fmt(t)]
         cells += [fmt(r["peers"].get(p)) for p in peers]
-        cells += [f"{t / r['peers'][p]:.2f}" if t and r["peers"].get(p) else "-" for p in peers]
+        cells += [f"{advantage(r, p):.2f}" if advantage(r, p) else "-" for p in peers]
         if extra:
             cells.append(f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "-")
         cells += [fmt(r[key] * scale) if r.get(key) is not None else "-" for _, key, scale in dist]
+        if marks[id(r)]:
+            cells = cells[:2] + [f"~~{c}~~" if c != "-" else c for c in cells[2:]]
         lines.append("| " + " | ".join(cells) + " |")
+    notes = [f"- {r['case']}: unreliable: {marks[id(r)]}" for r in rows if marks[id(r)]]
+    if notes:
+        lines += [""] + notes
+    if any(not r.get("higher_is_better", True) for r in rows):
+        lines += ["", "Tessera / peer is how many times better Tessera is (above 1: ahead), for lower-is-better units "
+                      "too."]
     return "\n".join(lines)
 
 
@@ -254,7 +296,11 @@ def plot_scaling(rec, path):
 
 def report(results, image_dir):
     m = results["machine"]
-    lines = [f"Measured {results['date']} by `{results['command']}`"
+    bf16 = {"native": "bf16 native", "emulated": "bf16 emulated (about 50x slower than fp32)"}.get(m.get("cpu_bf16"),
+                                                                                                 "bf16 unknown")
+    lines = [f"**CPU: {m.get('cpu', '?')}, {m.get('cores')} cores, {bf16}"
+             f"{'; GPU ' + m['gpu'] if m.get('gpu') else ''}.**", "",
+             f"Measured {results['date']} by `{results['command']}`"
              f"{' (quick: smaller inputs, fewer rounds; rough figures)' if results['quick'] else ''}, at Tessera "
              f"{(m.get('tessera_commit') or '?')[:10]}{' with local changes' if m.get('tessera_tree_dirty') else ''}"
              f" on {m.get('cpu', '?')} ({m.get('cores')} cores, {m.get('memory_gib')} GiB"

@@ -305,6 +305,8 @@ def main():
                                        "Composer + LLM Foundry": statistics.median(comp) if comp[0] is not None
                                        else None},
                              "ratio_vs_pytorch": ratio, "ratio_vs_pytorch_malloc": ratio_t, "mfu": mfu[0],
+                             "peer_mfu": {"PyTorch eager": mfu[1], "PyTorch eager + malloc settings": mfu[2]},
+                             "timed_steps": run["steps"],
                              "gemm_peak_flops": peak, "rounds": len(ours)})
         finally:
             shutil.rmtree(work, ignore_errors=True)

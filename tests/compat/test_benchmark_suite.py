@@ -68,3 +68,38 @@ def test_an_unknown_benchmark_is_an_error_naming_the_known_ones(tmp_path):
     assert proc.returncode != 0
     assert "unknown benchmark(s) no_such_bench" in proc.stderr and "train_vs_pytorch" in proc.stderr
     assert not (tmp_path / "results.json").exists()
+
+
+def test_rows_off_the_schema_are_refused_and_impossible_figures_are_marked(monkeypatch):
+    # bench_json's schema, checked when a program emits (so that a program cannot break the report), and the report's
+    # marks: a figure past the measured peak, or one resting on fewer than 3 timed steps, is not shown as a result.
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_json
+    import suite
+    bad = [{"case": "x", "tessera": 1.0, "peers": {}},
+           {"case": "y", "unit": "MB/s", "tessera": "fast", "peers": {"p": 1}},
+           {"case": "z", "unit": "s", "peers": {"p": "slow"}}]
+    problems = bench_json.check_rows("demo", bad)
+    assert problems == ["demo row 0 ('x'): `unit` must be a non-empty string",
+                        "demo row 1 ('y'): `tessera` must be a number or null",
+                        "demo row 2 ('z'): `tessera` must be a number or null",
+                        "demo row 2 ('z'): `peers` must map peer names to numbers or null"]
+    with pytest.raises(ValueError, match=r"demo row 0 \('x'\)"):
+        bench_json.emit("demo", bad)
+    rows = [{"case": "fp32", "unit": "tokens/s", "tessera": 40.0, "peers": {"HF": 182.3}, "mfu": 0.4,
+             "peer_mfu": {"HF": 1.7}, "timed_steps": 6},
+            {"case": "bf16", "unit": "tokens/s", "tessera": 300.0, "peers": {"HF": 150.0}, "mfu": 0.5, "timed_steps": 2},
+            {"case": "plan", "unit": "h makespan", "higher_is_better": False, "tessera": 2.0, "peers": {"HF": 3.0}},
+            {"case": "ok", "unit": "tokens/s", "tessera": 200.0, "peers": {"HF": 100.0}, "mfu": 0.5, "timed_steps": 6}]
+    assert bench_json.check_rows("demo", rows) == []
+    text = suite.table({"rows": rows})
+    assert "- fp32: unreliable: implies more than the measured peak (HF 170%)" in text, text
+    assert "| fp32 (unreliable) | tokens/s | ~~40.0~~ | ~~182.3~~ | ~~0.22~~ | ~~40.0%~~ |" in text, text
+    assert "- bf16: unreliable: 2 timed steps (fewer than 3)" in text, text
+    assert "| plan | h makespan, lower is better | 2.00 | 3.00 | 1.50 | - |" in text, text
+    assert "| ok | tokens/s | 200.0 | 100.0 | 2.00 | 50.0% |" in text, text
+    # The report opens with the CPU and whether it computes bf16 natively.
+    head = suite.report({"machine": {"cpu": "AMD EPYC", "cores": 2, "cpu_bf16": "native", "memory_gib": 24},
+                         "date": "2026-12-06", "command": "benchmarks/run --quick", "quick": True,
+                         "benchmarks": []}, "")
+    assert head.startswith("**CPU: AMD EPYC, 2 cores, bf16 native.**"), head
