@@ -97,10 +97,18 @@ log_to_console: false
 """
 
 
+STEPS = {}  # --steps / --warmup, when given: the same for every case and framework
+
+
+def step_args():
+    """--steps / --warmup as given, for a worker process."""
+    return [a for k, v in STEPS.items() for a in (f"--{k}", str(v))]
+
+
 def case_for(name, precision):
     """The case's shape and step counts; on a CPU that emulates bf16, its amp_bf16 run is a few steps only (marked in
     the table and the JSON row)."""
-    case = dict(CASES[name])
+    case = dict(CASES[name], **STEPS)
     if precision == "amp_bf16" and bench_json.cpu_bf16_emulated():
         case.update(warmup=1, steps=bench_json.EMULATED_BF16_STEPS)
     return case
@@ -221,7 +229,8 @@ def composer(case_name, precision, work):
     if not os.path.exists(COMPOSER_PYTHON) or precision != "fp32":
         return None
     # As it runs by default (no malloc settings), as the "PyTorch" column.
-    out = subprocess.run([COMPOSER_PYTHON, __file__, "--composer-worker", case_name, precision, str(work / "data")],
+    out = subprocess.run([COMPOSER_PYTHON, __file__, "--composer-worker", case_name, precision, str(work / "data"),
+                          *step_args()],
                          capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"Composer worker failed:\n{out.stderr[-3000:]}")
@@ -230,7 +239,8 @@ def composer(case_name, precision, work):
 
 def pytorch(case_name, precision, work, tuned):
     env = dict(os.environ, **(TUNED_MALLOC if tuned else {}))
-    out = subprocess.run([sys.executable, __file__, "--worker", case_name, precision, str(work / "data")],
+    out = subprocess.run([sys.executable, __file__, "--worker", case_name, precision, str(work / "data"),
+                          *step_args()],
                          capture_output=True, text=True, check=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -240,9 +250,12 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cases", default="tiny,125m")
     ap.add_argument("--precisions", default="fp32,amp_bf16")
+    ap.add_argument("--steps", type=int, help="timed steps per case (default: the case's own)")
+    ap.add_argument("--warmup", type=int, help="untimed steps first (default: the case's own)")
     ap.add_argument("--worker", nargs=3, metavar=("CASE", "PRECISION", "DATA"))
     ap.add_argument("--composer-worker", nargs=3, metavar=("CASE", "PRECISION", "DATA"))
     args = ap.parse_args()
+    STEPS.update({k: v for k, v in (("steps", args.steps), ("warmup", args.warmup)) if v is not None})
     if args.worker:
         name, precision, data = args.worker
         pytorch_worker(case_for(name, precision), precision, pathlib.Path(data))
