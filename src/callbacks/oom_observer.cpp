@@ -13,6 +13,7 @@
 #include "tessera/core/state.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
+#include "tessera/util/path_pattern.h"
 
 // The allocator's history and its pickled snapshot, when LibTorch was built with CUDA (the pinned wheel is).
 #if __has_include(<c10/cuda/CUDACachingAllocator.h>) && __has_include(<torch/csrc/cuda/memory_snapshot.h>)
@@ -65,21 +66,7 @@ OomObserver::~OomObserver() {
 #endif
 }
 
-bool OomObserver::recording() const {
-  return shared_->recording;
-}
-
-namespace {
-
-std::string fill_batch(std::string s, int64_t batch) {
-  const std::string b = std::to_string(batch);
-  for (size_t at = s.find("{batch}"); at != std::string::npos; at = s.find("{batch}", at + b.size())) {
-    s.replace(at, 7, b);
-  }
-  return s;
-}
-
-std::string write_snapshot_of(OomObserver::Shared& sh) {
+std::string OomObserver::write_snapshot(Shared& sh) {
 #ifdef TESSERA_WITH_CUDA_MEMORY_SNAPSHOT
   if (!sh.recording) return "";
   const std::lock_guard<std::mutex> lock(sh.write);
@@ -91,8 +78,7 @@ std::string write_snapshot_of(OomObserver::Shared& sh) {
     return "";
   }
   const std::string name =
-      fill_batch(util::fill_path_pattern(sh.o.filename, sh.run.run_name, sh.run.rank), sh.batch.load()) +
-      "_snapshot.pickle";
+      util::fill_path_pattern(sh.o.filename, sh.run.run_name, sh.run.rank, sh.batch.load()) + "_snapshot.pickle";
   const std::string path = (fs::path(sh.folder) / name).string();
   util::write_file_atomically(path, torch::cuda::_memory_snapshot_pickled(), "oom_observer");
   return path;
@@ -100,12 +86,6 @@ std::string write_snapshot_of(OomObserver::Shared& sh) {
   (void)sh;
   return "";
 #endif
-}
-
-}  // namespace
-
-std::string OomObserver::write_snapshot() {
-  return write_snapshot_of(*shared_);
 }
 
 void OomObserver::run_event(core::Event event, core::State& state, core::Logger& /*logger*/) {
@@ -140,7 +120,7 @@ void OomObserver::run_event(core::Event event, core::State& state, core::Logger&
         spdlog::warn("oom_observer: out of memory on cuda:{} (asked {} bytes, {} of {} free)", device, allocated, free,
                      total);
         try {
-          const std::string path = write_snapshot_of(*s);
+          const std::string path = write_snapshot(*s);
           if (!path.empty())
             spdlog::warn("oom_observer: the allocator's snapshot: {} (open it in pytorch.org/memory_viz)", path);
         } catch (const std::exception& e) {

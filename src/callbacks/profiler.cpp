@@ -18,6 +18,7 @@
 #include "tessera/storage/storage.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
+#include "tessera/util/path_pattern.h"
 
 namespace tessera::callbacks {
 namespace {
@@ -147,11 +148,7 @@ class Profiler : public core::Callback {
     const std::unique_ptr<torch::autograd::profiler::ProfilerResult> result =
         torch::autograd::profiler::disableProfiler();
     prepared_ = recording_ = false;
-    std::string file = util::fill_path_pattern(o_.filename, run_.run_name, run_.rank);
-    const std::string batch = std::to_string(s.timestamp.batch);
-    for (size_t at = file.find("{batch}"); at != std::string::npos; at = file.find("{batch}", at + batch.size())) {
-      file.replace(at, 7, batch);
-    }
+    const std::string file = util::fill_path_pattern(o_.filename, run_.run_name, run_.rank, s.timestamp.batch);
     const std::string path = storage::join(folder_, file);
     fs::create_directories(fs::path(path).parent_path());
     result->save(path);

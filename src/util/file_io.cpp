@@ -1,5 +1,6 @@
 // Whole-file reads; atomic file publication: temporary file, fsync, rename.
 #include "tessera/util/file_io.h"
+#include "tessera/util/path_pattern.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -11,7 +12,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <sstream>
+#include <utility>
 
 #include "tessera/util/error.h"
 #include "tessera/util/file_env.h"
@@ -85,14 +88,24 @@ TempFolder::~TempFolder() {
   std::filesystem::remove_all(path, ec);
 }
 
-std::string fill_path_pattern(std::string pattern, const std::string& run_name, int64_t rank) {
-  for (const auto& [key, value] :
-       {std::pair<std::string, std::string>{"{run_name}", run_name}, {"{rank}", std::to_string(rank)}}) {
+namespace {
+std::string fill_keys(std::string pattern, std::initializer_list<std::pair<std::string, std::string>> keys) {
+  for (const auto& [key, value] : keys) {
     for (size_t at = pattern.find(key); at != std::string::npos; at = pattern.find(key, at + value.size())) {
       pattern.replace(at, key.size(), value);
     }
   }
   return pattern;
+}
+}  // namespace
+
+std::string fill_path_pattern(std::string pattern, const std::string& run_name, int64_t rank) {
+  return fill_keys(std::move(pattern), {{"{run_name}", run_name}, {"{rank}", std::to_string(rank)}});
+}
+
+std::string fill_path_pattern(std::string pattern, const std::string& run_name, int64_t rank, int64_t batch) {
+  return fill_keys(std::move(pattern),
+                   {{"{run_name}", run_name}, {"{rank}", std::to_string(rank)}, {"{batch}", std::to_string(batch)}});
 }
 
 }  // namespace tessera::util

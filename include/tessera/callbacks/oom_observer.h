@@ -38,14 +38,11 @@ class OomObserver : public core::Callback {
   std::string name() const override { return "OOMObserver"; }
   void run_event(core::Event event, core::State& state, core::Logger& logger) override;
 
-  // Whether the allocator's history is being recorded (a CUDA run past FIT_START).
-  bool recording() const;
-  // Writes the snapshot now, as an out-of-memory error does; returns the file, or "" when nothing was recorded.
-  std::string write_snapshot();
-
-  struct Shared;  // what the allocator's observer reads, which may outlive this callback
-
  private:
+  struct Shared;  // what the allocator's observer reads, which may outlive this callback
+  // Writes the allocator's snapshot; returns the file, or "" when nothing was recorded.
+  static std::string write_snapshot(Shared& sh);
+
   std::shared_ptr<Shared> shared_;
 };
 
