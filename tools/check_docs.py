@@ -192,12 +192,7 @@ class Checker:
 
     def optional_args(self, args):
         """Arguments with usage brackets removed: `[--quick]` -> `--quick`."""
-        out = []
-        for a in args:
-            a = a.strip("[]")
-            if a and a not in ("|",):
-                out.append(a)
-        return out
+        return [a.strip("[]") for a in args if a.strip("[]") not in ("", "|")]
 
     def check_tessera(self, where, text, args):
         tessera = str(self.build / "bin" / "tessera")
