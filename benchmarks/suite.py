@@ -74,7 +74,7 @@ def benchmarks():
         "storage_vs_boto3": ([PY, ROOT / "benchmarks/storage_vs_boto3.py"], [],
                              ["--objects", "4", "--mb", "32", "--rounds", "1"], "env"),
         "checkpoint_io": ([b / "bench_checkpoint_io"], [], ["--seq-len", "128"], "flag"),
-        "checkpoint_s3_vs_boto3": ([PY, ROOT / "benchmarks/checkpoint_s3_vs_boto3.py"], [], ["--rounds", "1"], "env"),
+        "checkpoint_s3_vs_boto3": ([PY, ROOT / "benchmarks/checkpoint_s3_vs_boto3.py"], [], ["--rounds", "2", "--async-steps", "2"], "env"),
         "goodput_soak": ([PY, ROOT / "benchmarks/goodput_soak.py"], ["--minutes", "5", "--kill-every", "60"],
                          ["--minutes", "0.5", "--kill-every", "10"], "env"),
         "health_monitor_overhead": ([PY, ROOT / "benchmarks/health_monitor_overhead.py"], [],

@@ -546,7 +546,7 @@ void S3Client::put(const std::string& bucket, const std::string& key, std::strin
     return;
   }
   upload_parts(bucket, key, data.size(),
-               [&](uint64_t offset, uint64_t length) { return std::string(data.substr(offset, length)); });
+               [&](uint64_t offset, uint64_t length, std::string&) { return data.substr(offset, length); });
 }
 
 void S3Client::put_parts(const std::string& bucket, const std::string& key,
@@ -558,10 +558,13 @@ void S3Client::put_parts(const std::string& bucket, const std::string& key,
     starts.push_back(size);
     size += p.size();
   }
-  const auto gather = [&](uint64_t offset, uint64_t length) {
-    std::string out;
-    out.reserve(length);
+  // The bytes [offset, offset + length): a view of the buffer that holds them all (most parts of a checkpoint lie
+  // within one tensor), else gathered into `out`.
+  const auto gather = [&](uint64_t offset, uint64_t length, std::string& out) -> std::string_view {
     size_t i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), offset) - starts.begin()) - 1;
+    if (offset - starts[i] + length <= parts[i].size()) return parts[i].substr(offset - starts[i], length);
+    out.clear();
+    out.reserve(length);
     for (; i < parts.size() && out.size() < length; ++i) {
       const uint64_t from = offset + out.size() - starts[i];
       out.append(parts[i].substr(from, length - out.size()));
@@ -573,7 +576,8 @@ void S3Client::put_parts(const std::string& bucket, const std::string& key,
     return;
   }
   if (size <= config_.multipart_threshold) {
-    put_single(bucket, key, gather(0, size));
+    std::string scratch;
+    put_single(bucket, key, gather(0, size, scratch));
     return;
   }
   upload_parts(bucket, key, size, gather);
@@ -587,8 +591,8 @@ void S3Client::upload_file(const std::string& path, const std::string& bucket, c
     ~FdCloser() { ::close(fd); }
   } closer{fd};
   const off_t size = ::lseek(fd, 0, SEEK_END);
-  const auto read_part = [&](uint64_t offset, uint64_t length) {
-    std::string buf(length, '\0');
+  const auto read_part = [&](uint64_t offset, uint64_t length, std::string& buf) -> std::string_view {
+    buf.resize(length);
     uint64_t done = 0;
     while (done < length) {
       const ssize_t n = ::pread(fd, buf.data() + done, length - done, static_cast<off_t>(offset + done));
@@ -600,7 +604,8 @@ void S3Client::upload_file(const std::string& path, const std::string& bucket, c
     return buf;
   };
   if (static_cast<uint64_t>(size) <= config_.multipart_threshold) {
-    put_single(bucket, key, read_part(0, static_cast<uint64_t>(size)));
+    std::string scratch;
+    put_single(bucket, key, read_part(0, static_cast<uint64_t>(size), scratch));
     return;
   }
   upload_parts(bucket, key, static_cast<uint64_t>(size), read_part);
@@ -616,7 +621,7 @@ void S3Client::put_single(const std::string& bucket, const std::string& key, std
 }
 
 void S3Client::upload_parts(const std::string& bucket, const std::string& key, uint64_t size,
-                            const std::function<std::string(uint64_t, uint64_t)>& read_part) {
+                            const std::function<std::string_view(uint64_t, uint64_t, std::string&)>& read_part) {
   const std::string where = uri_of(bucket, key);
   uint64_t part = config_.part_size;
   while ((size + part - 1) / part > 10000) part *= 2;  // S3 allows 10,000 parts
@@ -633,7 +638,8 @@ void S3Client::upload_parts(const std::string& bucket, const std::string& key, u
   try {
     parallel_for(parts, config_.parallelism, [&](size_t i) {
       const uint64_t begin = i * part, length = std::min(size - begin, part);
-      const std::string body = read_part(begin, length);
+      std::string scratch;
+      const std::string_view body = read_part(begin, length, scratch);
       std::vector<std::pair<std::string, std::string>> headers;
       if (config_.request_checksums) {
         crcs[i] = crc32_base64(body);

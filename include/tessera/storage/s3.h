@@ -160,8 +160,11 @@ class S3Client {
                   const BodySink& sink = nullptr);
   // One PUT, with the body's CRC32 when request_checksums is on.
   void put_single(const std::string& bucket, const std::string& key, std::string_view data);
-  void upload_parts(const std::string& bucket, const std::string& key, uint64_t size,
-                    const std::function<std::string(uint64_t offset, uint64_t length)>& read_part);
+  // A parallel multipart upload of `size` bytes; `read_part` gives the bytes [offset, offset + length) as a view of
+  // the caller's memory, or of `scratch` where it has to copy or read them.
+  void upload_parts(
+      const std::string& bucket, const std::string& key, uint64_t size,
+      const std::function<std::string_view(uint64_t offset, uint64_t length, std::string& scratch)>& read_part);
 
   S3Config config_;
   std::shared_ptr<CredentialProvider> credentials_;
