@@ -3,8 +3,8 @@
 //   - raw sequential write (8 MiB writes + fsync) and cold read of a file of the checkpoint's size;
 //   - save throughput (snapshot, write, checksum, publish; synchronous save) and cold load throughput
 //     (checksum verification + reading every tensor into existing memory), as fractions of the raw figures
-//     (target: >= 70%); the best of four rounds, each pairing a raw write with a save and a raw read with a load,
-//     in alternating order (medians printed too);
+//     (target: >= 70%); the best of --rounds rounds (default 4), each pairing a raw write with a save and a raw read
+//     with a load, in alternating order (medians printed too);
 //   - async save: the blocking part (the copy to host memory) as a fraction of a training step (target: < 10%);
 //   - restart: from constructing a Trainer with autoresume (which loads the checkpoint) to the end of the first new
 //     step.
@@ -215,13 +215,18 @@ int main(int argc, char** argv) {
   app.add_option("--seq-len", seq, "Sequence length (default 512)");
   app.add_option("--batch", batch, "Global batch size (default 2)");
   std::string json_path, remote;
-  int rounds = 3, async_steps = 4;
+  int rounds = 4, async_steps = 4;
   app.add_option("--json", json_path, "Also write the figures here as JSON (benchmarks/run)");
   app.add_option("--remote", remote, "Save to this object-storage prefix instead (s3://bucket/prefix)");
-  app.add_option("--rounds", rounds, "Synchronous saves to time with --remote (default 3)");
+  app.add_option("--rounds", rounds,
+                 "Rounds of raw write, save, raw read and load (with --remote: synchronous saves to time); default 4");
   app.add_option("--async-steps", async_steps,
                  "Steps of the --remote run with an async save after each (default 4; under 2: not run)");
   CLI11_PARSE(app, argc, argv);
+  if (rounds < (remote.empty() ? 1 : 0)) {
+    std::cerr << "bench_checkpoint_io: --rounds must be at least " << (remote.empty() ? 1 : 0) << "\n";
+    return 2;
+  }
   const fs::path root(dir);
   fs::remove_all(root);
   fs::create_directories(root);
@@ -235,12 +240,12 @@ int main(int argc, char** argv) {
     return (v[(v.size() - 1) / 2] + v[v.size() / 2]) / 2;
   };
 
-  // Four rounds, each timing a raw write and a synchronous save of a trained state (the whole save path), then a raw
-  // cold read and a cold load as load_checkpoint does it (checksums verified while reading, every tensor copied into
-  // memory that already exists, like a model's parameters and optimizer state), in alternating order. This machine's
-  // virtual disk varies from second to second and runs an operation up to 5x slower after some others (a raw write
-  // right after a save: 0.3-1 GB/s, the same write after a read: 2 GB/s). Interference only slows an operation down,
-  // so the ratios compare the best of the four rounds of each (as timeit does); the medians are printed too.
+  // --rounds rounds, each timing a raw write and a synchronous save of a trained state (the whole save path), then a
+  // raw cold read and a cold load as load_checkpoint does it (checksums verified while reading, every tensor copied
+  // into memory that already exists, like a model's parameters and optimizer state), in alternating order. This
+  // machine's virtual disk varies from second to second and runs an operation up to 5x slower after some others (a raw
+  // write right after a save: 0.3-1 GB/s, the same write after a read: 2 GB/s). Interference only slows an operation
+  // down, so the ratios compare the best of the rounds of each (as timeit does); the medians are printed too.
   std::vector<double> raw_w_runs, raw_r_runs, save_gbs_runs, load_gbs_runs;
   uint64_t bytes = 0, loaded = 0;
   {
@@ -251,7 +256,7 @@ int main(int argc, char** argv) {
     core::Logger logger(t.state());
     std::vector<at::Tensor> dst;
     const fs::path raw = root / "raw.bin";
-    for (int round = 0; round < 4; ++round) {
+    for (int round = 0; round < rounds; ++round) {
       const bool raw_first = round % 2 == 0;
       auto save = [&] {
         fs::remove_all(root / "ckpt");
@@ -332,7 +337,7 @@ int main(int argc, char** argv) {
   std::cout << fmt::format("checkpoint size (rank 0 file): {:.2f} GB (loaded {:.2f} GB of tensors)\n", bytes / 1e9,
                            loaded / 1e9);
   std::cout << fmt::format(
-      "| what | GB/s, best of 4 | median | rounds | vs raw disk (best / best) |\n|---|---|---|---|---|\n");
+      "| what | GB/s, best of {} | median | rounds | vs raw disk (best / best) |\n|---|---|---|---|---|\n", rounds);
   std::cout << fmt::format("| raw sequential write + fsync | {:.2f} | {:.2f} | {} | 1.00 |\n", best(raw_w_runs), raw_w,
                            runs(raw_w_runs));
   std::cout << fmt::format("| checkpoint save (sync, whole path) | {:.2f} | {:.2f} | {} | {:.2f} |\n",

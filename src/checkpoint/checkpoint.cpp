@@ -13,9 +13,11 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -283,9 +285,10 @@ bool remote(const std::string& location) {
   return storage::is_remote(location);
 }
 
-// xxh64 of a mapped file, faulting its pages in 8 MiB at a time (MADV_POPULATE_READ, Linux 5.14+; read-ahead hints
-// elsewhere) just before hashing them. The pages stay mapped, so the tensor copies that follow read memory instead of
-// faulting again: verifying and loading cost about one pass over the disk, not two.
+// xxh64 of a mapped file. A helper thread faults its pages in, 8 MiB at a time (MADV_POPULATE_READ, Linux 5.14+;
+// a read-ahead hint elsewhere), while this thread hashes the chunks already in: the disk and the hash run at once. The
+// pages stay mapped, so the tensor copies that follow read memory instead of faulting again: verifying and loading
+// cost about one pass over the disk, not two.
 std::string mapped_xxh64(std::string_view bytes) {
 #ifndef MADV_POPULATE_READ
   constexpr int MADV_POPULATE_READ = 22;
@@ -293,14 +296,47 @@ std::string mapped_xxh64(std::string_view bytes) {
   constexpr size_t kChunk = size_t{8} << 20;
   auto* base = const_cast<char*>(bytes.data());
   ::madvise(base, bytes.size(), MADV_SEQUENTIAL);
-  bool populate = true;
+  std::mutex mutex;
+  std::condition_variable ready;
+  size_t populated = 0;  // bytes faulted in (or hinted) so far
+  bool stop = false;     // the hash ended early (an exception): the helper stops too
+  std::thread reader([&] {
+    for (size_t off = 0; off < bytes.size(); off += kChunk) {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (stop) return;
+      }
+      size_t n = std::min(kChunk, bytes.size() - off);
+      if (::madvise(base + off, n, MADV_POPULATE_READ) != 0) {
+        ::madvise(base + off, bytes.size() - off, MADV_WILLNEED);  // an older kernel: read-ahead, then fault as hashed
+        n = bytes.size() - off;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        populated = off + n;
+      }
+      ready.notify_one();
+    }
+  });
+  struct Join {
+    std::thread& t;
+    std::mutex& m;
+    bool& stop;
+    ~Join() {
+      {
+        std::lock_guard<std::mutex> lock(m);
+        stop = true;
+      }
+      t.join();
+    }
+  } join{reader, mutex, stop};
   XXH64_state_t* st = XXH64_createState();
   XXH64_reset(st, 0);
   for (size_t off = 0; off < bytes.size(); off += kChunk) {
     const size_t n = std::min(kChunk, bytes.size() - off);
-    if (populate && ::madvise(base + off, n, MADV_POPULATE_READ) != 0) {
-      populate = false;  // an older kernel: fall back to read-ahead
-      ::madvise(base + off, bytes.size() - off, MADV_WILLNEED);
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      ready.wait(lock, [&] { return populated >= off + n; });
     }
     XXH64_update(st, base + off, n);
   }
