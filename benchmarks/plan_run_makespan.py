@@ -8,12 +8,13 @@ makespan and their difference, and over the rounds the median difference and how
 A round's difference is one measurement of a noisy machine: on this 2-core VM the same job alone takes up to 20%
 longer from one run to the next, so a single round says less than the median of several.
 
-    python benchmarks/plan_run_makespan.py [--rounds 3] [--profile-seconds 3] [--bin-dir build/bin]
+    python benchmarks/plan_run_makespan.py [--rounds 3] [--profile-seconds 3] [--duration-scale 1] [--bin-dir build/bin]
 """
 import argparse
 import json
 import os
 import pathlib
+import re
 import shutil
 import statistics
 import subprocess
@@ -49,6 +50,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--profile-seconds", type=float, default=3, help="plan's --profile-seconds")
+    ap.add_argument("--duration-scale", type=float, default=1.0, help="multiplies every job's max_duration")
     ap.add_argument("--bin-dir", default=os.environ.get("TESSERA_BIN_DIR", str(ROOT / "build" / "bin")))
     args = ap.parse_args()
     bin_dir = pathlib.Path(args.bin_dir).resolve()
@@ -57,7 +59,11 @@ def main():
     work = pathlib.Path(tempfile.mkdtemp(prefix="tessera-plan-run-"))
     soak.write_split(work / "data" / "train", 512, 1)
     (work / "job.yaml").write_text((FOUR_JOBS / "job.yaml").read_text().replace("@DATA@", str(work / "data")))
-    shutil.copy(FOUR_JOBS / "jobs.yaml", work / "jobs.yaml")
+    # --duration-scale shortens (or lengthens) every job alike: the quick suite runs them at half length.
+    jobs = re.sub(r"max_duration: (\d+)ba",
+                  lambda m: f"max_duration: {max(1, round(int(m.group(1)) * args.duration_scale))}ba",
+                  (FOUR_JOBS / "jobs.yaml").read_text())
+    (work / "jobs.yaml").write_text(jobs)
     shutil.copy(FOUR_JOBS / "cpu2.yaml", work / "cpu2.yaml")
 
     rows = []
