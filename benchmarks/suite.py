@@ -8,8 +8,8 @@ then one folder with
 
     benchmarks/run [--quick] [--out DIR] [--only NAME,...] [--update-docs]
 
---quick runs each program on smaller inputs and fewer rounds (about 14 minutes on the 2-core AMD EPYC; issue 65 asks
-for 10); the figures are then rougher, and report.md says so. --update-docs rewrites the generated section of
+--quick runs each program on smaller inputs and fewer rounds (792 s on the 2-core AMD EPYC on 2026-12-06; issue 65
+asks for 10 minutes); the figures are then rougher, and report.md says so. --update-docs rewrites the generated section of
 docs/performance.md (between its "benchmarks/run" markers) from this run and copies the plots to docs/benchmarks/.
 A program that fails, or whose rows do not follow bench_json's schema, is reported as failed (with the tail of its
 output) and the others still run; the exit status is then 1. The report opens with the CPU and whether it computes
