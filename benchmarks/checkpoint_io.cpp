@@ -148,11 +148,13 @@ int remote_saves(const fs::path& root, const std::string& folder, int64_t seq, i
   std::vector<double> sync_s;
   uint64_t bytes = 0;
   if (rounds > 0 || async_steps < 2) {
-    trainer::Trainer t(
-        bench_config(root, seq, batch, {"max_duration=1ba", "save_async=false", "save_overwrite=true"}, folder));
+    // One step, with no save of its own when rounds follow (each of them is a whole save), else one save.
+    trainer::Trainer t(bench_config(root, seq, batch,
+                                    {"max_duration=1ba", "save_async=false", "save_overwrite=true",
+                                     rounds > 0 ? "save_interval=1000ba" : "save_interval=1ba"},
+                                    folder));
     t.fit();
     const auto saver = saver_of(t);
-    bytes = saver->last_save().bytes;
     core::Logger logger(t.state());
     for (int r = 0; r < rounds; ++r) {
       // The same name again: the previous save's objects are removed first (untimed, as boto3's rounds delete theirs),
@@ -162,6 +164,7 @@ int remote_saves(const fs::path& root, const std::string& folder, int64_t seq, i
       saver->save(t.state(), logger);
       sync_s.push_back(saver->last_save().seconds);
     }
+    bytes = saver->last_save().bytes;
   }
   // Async saves every step: what a step waits for, and the uploads' time in the background.
   double blocking = 0, step = 0, background = 0;
