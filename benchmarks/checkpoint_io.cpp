@@ -148,11 +148,9 @@ int remote_saves(const fs::path& root, const std::string& folder, int64_t seq, i
   std::vector<double> sync_s;
   uint64_t bytes = 0;
   if (rounds > 0 || async_steps < 2) {
-    // One step, with no save of its own when rounds follow (each of them is a whole save), else one save.
-    trainer::Trainer t(bench_config(root, seq, batch,
-                                    {"max_duration=1ba", "save_async=false", "save_overwrite=true",
-                                     rounds > 0 ? "save_interval=1000ba" : "save_interval=1ba"},
-                                    folder));
+    // One step; the end of training saves once (untimed), then the timed rounds.
+    trainer::Trainer t(
+        bench_config(root, seq, batch, {"max_duration=1ba", "save_async=false", "save_overwrite=true"}, folder));
     t.fit();
     const auto saver = saver_of(t);
     core::Logger logger(t.state());

@@ -88,8 +88,8 @@ def main():
                 ours["sync_seconds"] += got["sync_seconds"]
                 return cpu
 
-            # The first run saves only its timed rounds (and trains one step): the server's CPU over it, per GB, is
-            # comparable with boto3's rounds.
+            # The first run trains one step, saves at its end (untimed) and then in its timed rounds: the server's
+            # CPU over it, per GB, is comparable with boto3's rounds.
             first_rounds = max(1, (args.rounds + 1) // 2)
             tessera_cpu = tessera_run("first", first_rounds, 0)
             body = s3.get_object(Bucket="bench", Key="first/ep0-ba1/rank0.safetensors")["Body"].read()
@@ -105,9 +105,9 @@ def main():
     mb = ours["bytes"] / 1e6
     t_best, t_med = min(ours["sync_seconds"]), statistics.median(ours["sync_seconds"])
     b_best, b_med = min(boto), statistics.median(boto)
-    # The server's CPU per GB received: over Tessera's first run (its timed saves and their removals) and over boto3's
+    # The server's CPU per GB received: over Tessera's first run (its saves and their removals) and over boto3's
     # rounds (uploads and deletes).
-    t_cpu_gb, b_cpu_gb = tessera_cpu / (first_rounds * mb / 1e3), sum(boto_cpu) / (len(boto) * mb / 1e3)
+    t_cpu_gb, b_cpu_gb = tessera_cpu / ((1 + first_rounds) * mb / 1e3), sum(boto_cpu) / (len(boto) * mb / 1e3)
     print(f"{mb:.0f} MB checkpoint on a loopback moto server, best (median) of {args.rounds} rounds")
     print(f"  Tessera save to s3:// (snapshot + upload + metadata + latest): {t_best:.2f} s ({t_med:.2f}), "
           f"{mb / t_best:.0f} MB/s")
