@@ -299,37 +299,22 @@ std::string mapped_xxh64(std::string_view bytes) {
   std::mutex mutex;
   std::condition_variable ready;
   size_t populated = 0;  // bytes faulted in (or hinted) so far
-  bool stop = false;     // the hash ended early (an exception): the helper stops too
-  std::thread reader([&] {
-    for (size_t off = 0; off < bytes.size(); off += kChunk) {
-      {
-        std::lock_guard<std::mutex> lock(mutex);
-        if (stop) return;
-      }
+  // Joined when this function returns or unwinds (declared after what it uses, so destroyed before it).
+  std::jthread reader([&] {
+    for (size_t off = 0; off < bytes.size();) {
       size_t n = std::min(kChunk, bytes.size() - off);
       if (::madvise(base + off, n, MADV_POPULATE_READ) != 0) {
-        ::madvise(base + off, bytes.size() - off, MADV_WILLNEED);  // an older kernel: read-ahead, then fault as hashed
-        n = bytes.size() - off;
+        n = bytes.size() - off;  // an older kernel: read-ahead for the rest, faulted in as it is hashed
+        ::madvise(base + off, n, MADV_WILLNEED);
       }
+      off += n;
       {
         std::lock_guard<std::mutex> lock(mutex);
-        populated = off + n;
+        populated = off;
       }
       ready.notify_one();
     }
   });
-  struct Join {
-    std::thread& t;
-    std::mutex& m;
-    bool& stop;
-    ~Join() {
-      {
-        std::lock_guard<std::mutex> lock(m);
-        stop = true;
-      }
-      t.join();
-    }
-  } join{reader, mutex, stop};
   XXH64_state_t* st = XXH64_createState();
   XXH64_reset(st, 0);
   for (size_t off = 0; off < bytes.size(); off += kChunk) {
