@@ -64,7 +64,8 @@ def main():
             s3.upload_fileobj(io.BytesIO(body), "bench", f"boto/{r}/rank0.safetensors", Config=TransferConfig())
             boto.append(time.perf_counter() - t0)
             s3.delete_object(Bucket="bench", Key=f"boto/{r}/rank0.safetensors")  # the server keeps objects in memory
-            boto_cpu.append(server_cpu_seconds(server.proc.pid) - c0)  # with the delete, as Tessera's runs remove theirs
+            # With the delete, as Tessera's runs remove theirs.
+            boto_cpu.append(server_cpu_seconds(server.proc.pid) - c0)
 
         # The server is the bottleneck of both clients (one Python process on the same two cores) and its speed drifts
         # during a run, so boto3's rounds come between two runs of Tessera's: the first times half the synchronous
@@ -90,7 +91,7 @@ def main():
 
             # The first run trains one step, saves at its end (untimed) and then in its timed rounds: the server's
             # CPU over it, per GB, is comparable with boto3's rounds.
-            first_rounds = max(1, (args.rounds + 1) // 2)
+            first_rounds = (args.rounds + 1) // 2
             tessera_cpu = tessera_run("first", first_rounds, 0)
             body = s3.get_object(Bucket="bench", Key="first/ep0-ba1/rank0.safetensors")["Body"].read()
             assert len(body) == ours["bytes"], (len(body), ours["bytes"])

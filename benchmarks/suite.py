@@ -9,8 +9,9 @@ then one folder with
     benchmarks/run [--quick] [--out DIR] [--only NAME,...] [--update-docs]
 
 --quick runs each program on smaller inputs and fewer rounds (792 s on the 2-core AMD EPYC on 2026-12-06; issue 65
-asks for 10 minutes); the figures are then rougher, and report.md says so. --update-docs rewrites the generated section of
-docs/performance.md (between its "benchmarks/run" markers) from this run and copies the plots to docs/benchmarks/.
+asks for 10 minutes); the figures are then rougher, and report.md says so. --update-docs rewrites the generated
+section of docs/performance.md (between its "benchmarks/run" markers) from this run and copies the plots to
+docs/benchmarks/.
 A program that fails, or whose rows do not follow bench_json's schema, is reported as failed (with the tail of its
 output) and the others still run; the exit status is then 1. The report opens with the CPU and whether it computes
 bf16 natively, and strikes out a row whose figures are not results (one implies more than 100% of the measured peak,
@@ -325,7 +326,7 @@ def report(results, image_dir):
             lines.append("")
             continue
         lines.append(table(rec))
-        if rec["benchmark"] == "checkpoint_s3_vs_boto3":
+        if rec["benchmark"] == "checkpoint_s3_vs_boto3" and "async_blocking_seconds" in rec:  # --async-steps < 2: none
             lines.append("")
             lines.append(f"Async saves to S3 block for {rec['async_blocking_seconds']:.3f} s per save "
                          f"({100 * rec['async_blocking_seconds'] / rec['step_seconds']:.1f}% of a "
