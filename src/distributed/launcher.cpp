@@ -17,6 +17,7 @@
 #include <array>
 #include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -31,7 +32,9 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/Parallel.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include "launch_attempt.h"
@@ -246,10 +249,73 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank
   return util::environment_with(set);
 }
 
+// Why this process cannot start a rank as a fork without exec (LaunchOptions::fork_entry), or "" when it can: a forked
+// child has only the forking thread, so a lock another thread held stays held in it forever; and a child of a process
+// that has initialized CUDA cannot use CUDA. The background threads of a jemalloc (Arrow's, loaded with it) are no
+// hazard: jemalloc takes its locks around fork itself and restarts the threads in the child when asked to.
+std::string fork_hazard() {
+  std::vector<std::string> others;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it("/proc/self/task", ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->path().filename() == std::to_string(::gettid())) continue;
+    std::ifstream comm_file(it->path() / "comm");
+    std::string comm;
+    std::getline(comm_file, comm);
+    if (comm != "jemalloc_bg_thd") others.push_back(comm.empty() ? it->path().filename().string() : comm);
+  }
+  if (ec) return "/proc/self/task cannot be read: " + ec.message();
+  if (!others.empty()) return fmt::format("the launcher runs other threads ({})", fmt::join(others, ", "));
+  std::ifstream maps("/proc/self/maps");
+  if (!maps) return "/proc/self/maps cannot be read";
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("/libcuda.so") != std::string::npos) return "the launcher has loaded the CUDA driver";
+  }
+  return "";
+}
+
+// What exec would do to a forked rank that does not exec: closes every descriptor above 2 marked close-on-exec, but
+// `keep`. (Its status pipe is among them: the launcher then knows the rank runs.)
+void close_on_exec_descriptors(int keep) {
+  std::vector<int> fds;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it("/proc/self/fd", ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.find_first_not_of("0123456789") == std::string::npos) fds.push_back(std::stoi(name));
+  }
+  for (const int fd : fds) {
+    const int flags = ::fcntl(fd, F_GETFD);
+    if (fd > 2 && fd != keep && flags >= 0 && (flags & FD_CLOEXEC) != 0) ::close(fd);
+  }
+}
+
+// A forked rank after its setup in start_rank: takes the rank's environment, sets the thread count a fresh process
+// takes from OMP_NUM_THREADS when OpenMP loads, runs the entry and exits with its code. Single-threaded, so free to
+// allocate (fork_hazard checked that the launcher was).
+[[noreturn]] void run_forked_rank(const std::function<int(int, char**)>& entry, char* const* argv, char* const* envp,
+                                  int keep_fd) {
+  close_on_exec_descriptors(keep_fd);
+  environ = const_cast<char**>(envp);
+  if (const char* n = std::getenv("OMP_NUM_THREADS")) {
+    // "8" or a list ("8,2": the first level's); a fresh process ignores what it cannot parse, and so does this.
+    char* end = nullptr;
+    const long threads = std::strtol(n, &end, 10);
+    if (end != n && threads > 0 && threads <= INT_MAX) at::set_num_threads(static_cast<int>(threads));
+  }
+  int argc = 0;
+  while (argv[argc] != nullptr) ++argc;
+  const int code = entry(argc, const_cast<char**>(argv));
+  // No static destructors: the objects the launcher left in this copy of its memory are not the rank's to destroy.
+  spdlog::apply_all([](const std::shared_ptr<spdlog::logger>& l) { l->flush(); });
+  std::fflush(nullptr);
+  ::_exit(code);
+}
+
 // The child between fork and exec: async-signal-safe calls only (the caller may have other threads, whose locks a
-// forked child inherits held). Signals are blocked on entry. On exec failure, reports errno through status_fd.
-[[noreturn]] void exec_rank(char* const* argv, char* const* envp, int out_fd, int err_fd, int status_fd, pid_t launcher,
-                            const SignalGuard& signals, int inherit_fd) {
+// forked child inherits held), unless `entry` is given (run_forked_rank). Signals are blocked on entry. On exec
+// failure, reports errno through status_fd.
+[[noreturn]] void start_rank(char* const* argv, char* const* envp, int out_fd, int err_fd, int status_fd,
+                             pid_t launcher, const SignalGuard& signals, int inherit_fd,
+                             const std::function<int(int, char**)>* entry) {
   // The one descriptor this rank keeps across exec (rank 0: the rendezvous's listening socket), or -1.
   if (inherit_fd >= 0) ::fcntl(inherit_fd, F_SETFD, 0);
   // A session of its own (torchrun's start_new_session): the launcher signals the rank's whole process group, and
@@ -270,6 +336,7 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  if (entry != nullptr) run_forked_rank(*entry, argv, envp, inherit_fd);
   ::execvpe(argv[0], argv, envp);
   const int e = errno;
   (void)!::write(status_fd, &e, sizeof(e));
@@ -308,8 +375,9 @@ class Job {
     }
   }
 
-  // Forks and execs one rank; returns once it runs the program or has failed to. Throws Error if it cannot fork.
-  Rank& spawn(int local_rank, const SignalGuard& signals) {
+  // Forks and execs one rank (`forked`: forks and calls o.fork_entry instead); returns once it runs the program or has
+  // failed to. Throws Error if it cannot fork.
+  Rank& spawn(int local_rank, const SignalGuard& signals, bool forked) {
     const int rank = o_.node_rank * o_.nproc_per_node + local_rank;
     std::string prefix = o_.prefix_output ? fmt::format("[rank {}] ", rank) : "";
     std::vector<std::string> env = rank_environment(o_, local_rank, env_);
@@ -334,7 +402,10 @@ class Job {
     ::pthread_sigmask(SIG_SETMASK, &all, &before);
     const pid_t pid = ::fork();
     const int inherit_fd = rank == 0 ? o_.master_listen_fd : -1;
-    if (pid == 0) exec_rank(argv.data(), envp.data(), out[1], err[1], status[1], launcher, signals, inherit_fd);
+    if (pid == 0) {
+      start_rank(argv.data(), envp.data(), out[1], err[1], status[1], launcher, signals, inherit_fd,
+                 forked ? &o_.fork_entry : nullptr);
+    }
     const int fork_errno = errno;
     ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
     for (int fd : {out[1], err[1], status[1]}) ::close(fd);
@@ -603,10 +674,20 @@ Ending run_attempt(const LaunchOptions& o, int restarts, const SignalGuard& sign
     env.emplace_back(util::kHeartbeatDirEnv, watchdog->dir());
     watchdog->start(ranks, Clock::now());
   }
+  bool forked = false;
+  if (o.fork_entry) {
+    const std::string hazard = fork_hazard();
+    forked = hazard.empty();
+    if (!forked) {
+      spdlog::warn("[launch] starting the ranks with exec rather than as forks of the launcher: {}", hazard);
+    } else if (restarts == 0) {
+      spdlog::info("[launch] the ranks start as forks of the launcher (--fork-ranks)");
+    }
+  }
   Job job(o, std::move(env));
   for (int local = 0; local < o.nproc_per_node; ++local) {
     // A program that one rank cannot run, the next cannot either: start no more.
-    if (job.spawn(local, signals).exec_errno != 0) break;
+    if (job.spawn(local, signals, forked).exec_errno != 0) break;
   }
   return job.run(watchdog, peers);
 }
@@ -616,7 +697,7 @@ Ending run_attempt(const LaunchOptions& o, int restarts, const SignalGuard& sign
 namespace {
 
 // A listening TCP socket (detail::listen_at) that closes with the object: the rendezvous port of `--master-port 0`
-// (MASTER_ADDR's interface; rank 0 inherits it through exec_rank) and free_local_port's probe (loopback).
+// (MASTER_ADDR's interface; rank 0 inherits it through start_rank) and free_local_port's probe (loopback).
 struct ListeningSocket {
   int fd = -1;
   int port = 0;

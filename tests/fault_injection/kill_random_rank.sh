@@ -13,7 +13,8 @@
 # this script directly for more.
 # NPROC: the job's ranks (default 2). EXTRA: more overrides for every run (space-separated). FINAL=checkpoint compares
 # the rank files of the last checkpoint (SAVE_ROOT/<run>/ep0-ba20) instead of hf_checkpointer's weights, for models
-# transformers has no class for.
+# transformers has no class for. LAUNCH_FLAGS: more launcher flags for the interrupted runs only (space-separated;
+# e.g. --fork-ranks: the uninterrupted reference then runs without it, and the trials must end equal to it).
 set -euo pipefail
 
 train=$1
@@ -26,6 +27,7 @@ save_root=${SAVE_ROOT:-$work/ckpt}
 nproc=${NPROC:-2}
 final=${FINAL:-hf}
 read -r -a extra <<< "${EXTRA:-}"
+read -r -a launch_flags <<< "${LAUNCH_FLAGS:-}"
 RANDOM=$seed
 mkdir -p "$work"
 echo "kill_random_rank: $trials trials, seed $seed (rerun the same kills with SEED=$seed as the fifth argument)"
@@ -58,12 +60,20 @@ want=$(final_weights "$ref")
 [ -n "$want" ] || { echo "no reference checkpoint at $save_root/$ref/ep0-ba20"; exit 1; }
 for f in $want; do [ -f "$f" ] || { echo "no reference weights at $f"; exit 1; }; done
 
-# Process ids of the launcher's children (the ranks) and their RANK.
+# The process id of the launcher's child (a rank) with RANK $2; with ranks forked from the launcher (--fork-ranks), whose
+# /proc/PID/environ is the launcher's, the $2-th child to start (the launcher starts them in rank order).
 rank_pid() {  # launcher_pid rank
-  local c
-  for c in $(pgrep -P "$1" || true); do
+  local c children
+  children=$(pgrep -P "$1" || true)
+  for c in $children; do
     if tr '\0' '\n' < "/proc/$c/environ" 2>/dev/null | grep -qx "RANK=$2"; then echo "$c"; return 0; fi
   done
+  if [[ " ${launch_flags[*]} " == *" --fork-ranks "* ]] && [ "$(wc -w <<< "$children")" = "$nproc" ]; then
+    # Field 22 of /proc/PID/stat is the start time (after the command name, which may hold spaces).
+    for c in $children; do echo "$(sed 's/.*) //' "/proc/$c/stat" | cut -d' ' -f20) $c"; done | sort -n -k1,1 -k2,2 |
+      sed -n "$(($2 + 1))p" | cut -d' ' -f2 | grep .
+    return
+  fi
   return 1
 }
 
@@ -72,8 +82,8 @@ rank_pid() {  # launcher_pid rank
 trial() {  # step victim name
   local step=$1 victim=$2 name=$3 launcher pid done_steps
   rm -rf "$runs/$name" "$work/ckpt/$name"
-  "$train" --recipe "$recipe" --nproc-per-node "$nproc" --max-restarts 2 --master-port 0 run_name="$name" \
-    save_folder="$save_root/$name" "${common[@]}" > "$work/$name.log" 2>&1 &
+  "$train" --recipe "$recipe" --nproc-per-node "$nproc" --max-restarts 2 --master-port 0 "${launch_flags[@]}" \
+    run_name="$name" save_folder="$save_root/$name" "${common[@]}" > "$work/$name.log" 2>&1 &
   launcher=$!
   killed=0
   while kill -0 "$launcher" 2>/dev/null; do

@@ -507,6 +507,16 @@ TEST_F(DistTraining, KillingARandomRankResumesToTheUninterruptedWeights) {
   expect_kills_resume_bitwise(env != nullptr ? std::atoi(env) : 2);
 }
 
+TEST_F(DistTraining, KillingARandomRankOfRanksForkedFromTheLauncherResumesToTheUninterruptedWeights) {
+  if (is_worker()) GTEST_SKIP();
+  // --fork-ranks: the ranks start (and restart) as forks of the launcher. The reference runs as new programs, so equal
+  // weights also show that a forked rank computes as an exec'd one does (its environment, its thread count).
+  expect_kills_resume_bitwise(1, "LAUNCH_FLAGS=--fork-ranks");
+  const std::string trial = read_dist_log(root_ / "fault" / "fi_trial1.log");
+  EXPECT_NE(trial.find("the ranks start as forks of the launcher"), std::string::npos) << trial;
+  EXPECT_EQ(trial.find("rather than as forks"), std::string::npos) << trial;
+}
+
 // ---- The Llama family through the same engine -----------------------------------------------------------------------
 
 TEST_F(DistTrainingLlama, ShardedOnTwoAndFourRanksMatchesOneProcess) {

@@ -3,6 +3,10 @@
 // the supervisor's restarts and its watchdog (the children write their heartbeat records themselves).
 #include <gtest/gtest.h>
 
+#include <ATen/Parallel.h>
+
+#include <future>
+
 #include "launcher_test_util.h"
 
 namespace tessera::testing::launcher_test {
@@ -293,6 +297,63 @@ TEST(Launcher, RestartsAfterACrashAndSucceeds) {
       << r.log;
   EXPECT_EQ(r.log.find("restart 2/3"), std::string::npos) << r.log;
   for (int rank : {0, 1}) EXPECT_EQ(read_launcher_log(dir.path() / fmt::format("runs_{}", rank)), "0 3\n1 3\n") << rank;
+}
+
+TEST(Launcher, ForkedRanksRunTheEntryWithTheirEnvironmentThreadsAndDescriptorsAndRestart) {
+  const TempDir dir;
+  // Not the thread count this process has: a forked rank must take OMP_NUM_THREADS as a fresh process would.
+  const int threads = at::get_num_threads() + 2;
+  const ScopedEnv omp("OMP_NUM_THREADS", std::to_string(threads));
+  const int closes = ::open("/dev/null", O_RDONLY | O_CLOEXEC), stays = ::open("/dev/null", O_RDONLY);
+  ASSERT_GE(closes, 0);
+  ASSERT_GE(stays, 0);
+  LaunchOptions o = shell("echo run; exit 9", 2);  // what the ranks would run as new programs
+  o.max_restarts = 1;
+  o.fork_entry = [&](int argc, char** argv) {
+    const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    std::printf("argc %d %s %s, RANK %s LOCAL_RANK %s restart %s, %d threads, close-on-exec open %d, other open %d\n",
+                argc, argv[0], argv[2], std::getenv("RANK"), std::getenv("LOCAL_RANK"), restart, at::get_num_threads(),
+                ::fcntl(closes, F_GETFD) >= 0, ::fcntl(stays, F_GETFD) >= 0);
+    return std::string(restart) == "0" && std::string(std::getenv("RANK")) == "1" ? 5 : 0;  // one failed attempt
+  };
+  const Outcome r = launch_capturing(o, dir);
+  ::close(closes);
+  ::close(stays);
+  EXPECT_EQ(r.rc, 0) << r.log << r.out << r.err;
+  EXPECT_NE(r.log.find("the ranks start as forks of the launcher"), std::string::npos) << r.log;
+  EXPECT_NE(r.log.find("restart 1/1 after rank 1"), std::string::npos) << r.log;
+  EXPECT_NE(r.log.find("exited with code 5"), std::string::npos) << r.log;
+  EXPECT_EQ(r.out.find("] run\n"), std::string::npos) << r.out;
+  for (int rank : {0, 1}) {
+    for (int restart : {0, 1}) {
+      const std::string line = fmt::format(
+          "[rank {0}] argc 3 /bin/sh echo run; exit 9, RANK {0} LOCAL_RANK {0} restart {1}, {2} threads, "
+          "close-on-exec open 0, other open 1\n",
+          rank, restart, threads);
+      EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
+    }
+  }
+}
+
+TEST(Launcher, ForkedRanksFallBackToExecWhileTheLauncherRunsAnotherThread) {
+  const TempDir dir;
+  std::promise<void> release;
+  std::thread other([done = release.get_future()] { done.wait(); });
+  LaunchOptions o = shell("echo exec $RANK", 2);
+  o.fork_entry = [](int, char**) {
+    std::puts("forked");
+    return 0;
+  };
+  const Outcome r = launch_capturing(o, dir);
+  release.set_value();
+  other.join();
+  EXPECT_EQ(r.rc, 0) << r.log;
+  EXPECT_NE(r.out.find("[rank 1] exec 1"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("forked"), std::string::npos) << r.out;
+  EXPECT_NE(r.log.find("starting the ranks with exec rather than as forks of the launcher: the launcher runs other "
+                       "threads"),
+            std::string::npos)
+      << r.log;
 }
 
 TEST(Launcher, GivesUpWhenTheRestartsAreUsedUp) {
