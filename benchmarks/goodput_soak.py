@@ -15,7 +15,10 @@ watchdog). Reports:
 and checks that the final weights equal the uninterrupted run's, byte for byte (deterministic_mode).
 
     python benchmarks/goodput_soak.py [--minutes 5] [--kill-every 60] [--stop-every 0] [--save-interval 50]
-                                      [--watchdog-timeout 5] [--seed 1] [--train build/bin/train]
+                                      [--watchdog-timeout 5] [--fork-ranks 1] [--seed 1] [--train build/bin/train]
+
+Both runs start their ranks as forks of the launcher (train --fork-ranks, docs/distributed.md#ranks-as-forks), which
+spares each start and restart the program's start-up; --fork-ranks 0 measures ranks started as new programs.
 
 The uninterrupted run is measured first, for the same number of steps (about --minutes long), then the interrupted
 one: the whole benchmark takes about twice --minutes. Needs mosaicml-streaming (the machine-wide venv) to write the
@@ -88,23 +91,26 @@ def free_port():
 
 
 def rank_pids(launcher):
-    """{rank: pid} of the launcher's children."""
-    out = {}
+    """{rank: pid} of the launcher's children: by their RANK, or, for ranks forked from the launcher (--fork-ranks,
+    whose /proc/PID/environ is the launcher's), by the order they started in (the launcher starts them in rank
+    order)."""
+    children = []  # (start time, pid, RANK or None)
     for d in pathlib.Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
             stat = (d / "stat").read_text()
-            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-            if ppid != launcher:
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[1]) != launcher:
                 continue
             env = (d / "environ").read_bytes().split(b"\0")
         except (OSError, ValueError):
             continue
-        for kv in env:
-            if kv.startswith(b"RANK="):
-                out[int(kv[5:])] = int(d.name)
-    return out
+        rank = next((int(kv[5:]) for kv in env if kv.startswith(b"RANK=")), None)
+        children.append((int(fields[19]), int(d.name), rank))
+    if all(rank is not None for _, _, rank in children):
+        return {rank: pid for _, pid, rank in children}
+    return {i: pid for i, (_, pid, _) in enumerate(sorted(children))}
 
 
 class Job:
@@ -118,6 +124,8 @@ class Job:
                f"save_folder={work / 'ckpt' / name}", f"save_interval={args.save_interval}ba", *extra]
         if supervised:
             cmd[3:3] = ["--max-restarts", "1000", "--watchdog-timeout", str(args.watchdog_timeout)]
+        if args.fork_ranks:
+            cmd.insert(3, "--fork-ranks")
         self.started = time.monotonic()
         self.proc = subprocess.Popen(cmd, stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
         self.offset = 0
@@ -166,6 +174,8 @@ def main():
     ap.add_argument("--save-interval", type=int, default=50, help="batches between checkpoints")
     ap.add_argument("--watchdog-timeout", type=float, default=5.0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--fork-ranks", type=int, choices=(0, 1), default=1,
+                    help="1: the ranks start as forks of the launcher (train --fork-ranks), 0: as new programs")
     ap.add_argument("--dump", help="write the step lines' arrival times and the interruptions here (JSON)")
     ap.add_argument("--train", default=str(pathlib.Path(os.environ.get("TESSERA_BIN_DIR", ROOT / "build" / "bin"))
                                            / "train"))

@@ -77,7 +77,7 @@ def benchmarks():
         "checkpoint_io": ([b / "bench_checkpoint_io"], [], ["--seq-len", "128", "--rounds", "2"], "flag"),
         "checkpoint_s3_vs_boto3": ([PY, ROOT / "benchmarks/checkpoint_s3_vs_boto3.py"], [],
                                    ["--rounds", "2", "--async-steps", "2"], "env"),
-        "goodput_soak": ([PY, ROOT / "benchmarks/goodput_soak.py"], ["--minutes", "5", "--kill-every", "60"],
+        "goodput_soak": ([PY, ROOT / "benchmarks/goodput_soak.py"], ["--minutes", "3", "--kill-every", "15"],
                          ["--minutes", "0.4", "--kill-every", "10"], "env"),
         "health_monitor_overhead": ([PY, ROOT / "benchmarks/health_monitor_overhead.py"], [],
                                     ["--steps", "600", "--rounds", "2"], "env"),
