@@ -124,8 +124,9 @@ class Job:
                f"save_folder={work / 'ckpt' / name}", f"save_interval={args.save_interval}ba", *extra]
         if supervised:
             cmd[3:3] = ["--max-restarts", "1000", "--watchdog-timeout", str(args.watchdog_timeout)]
-        if args.fork_ranks:
-            cmd.insert(3, "--fork-ranks")
+        for flag in ("fork_ranks", "bind_cores"):  # (as the caller's namespace has them)
+            if getattr(args, flag, 0):
+                cmd.insert(3, "--" + flag.replace("_", "-"))
         self.started = time.monotonic()
         self.proc = subprocess.Popen(cmd, stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
         self.offset = 0

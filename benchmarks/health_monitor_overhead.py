@@ -29,6 +29,8 @@ def main():
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--interval", type=int, default=10)
+    ap.add_argument("--bind-cores", type=int, choices=(0, 1), default=0,
+                    help="1: each rank bound to its own cores (train --bind-cores)")
     ap.add_argument("--train", default=str(pathlib.Path(os.environ.get("TESSERA_BIN_DIR", ROOT / "build" / "bin"))
                                            / "train"))
     args = ap.parse_args()
@@ -36,7 +38,8 @@ def main():
     soak.write_split(work / "data" / "train", 4096, 1)
     soak.write_split(work / "data" / "val", 64, 2)
     (work / "soak.yaml").write_text(soak.RECIPE.format(data=work / "data", work=work))
-    job_args = argparse.Namespace(train=args.train, save_interval=1000000, watchdog_timeout=0)
+    job_args = argparse.Namespace(train=args.train, save_interval=1000000, watchdog_timeout=0,
+                                  bind_cores=args.bind_cores)
     best = {}
     per_round = {}  # monitored -> this round's seconds per step
     runs = {False: [], True: []}  # every round's seconds per step

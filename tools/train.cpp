@@ -167,6 +167,9 @@ int run(int argc, char** argv) {
                "Start each rank as a fork of the launcher instead of a new program: each start and restart skips "
                "LibTorch's start-up, about 0.5 s of CPU per rank (launcher; the ranks' /proc/PID/environ and cmdline "
                "show the launcher's; docs/distributed.md#ranks-as-forks)");
+  app.add_flag("--bind-cores", launch.bind_cores,
+               "Bind each local rank, with its threads, to its own equal slice of the CPUs (launcher; as DeepSpeed's "
+               "--bind_cores_to_rank; docs/distributed.md#launching)");
   app.add_option("--stop-grace", launch.stop_grace_seconds,
                  "After a rank fails or hangs, or on a signal: seconds the other ranks get to exit after SIGTERM "
                  "before the launcher SIGKILLs them (launcher; default 5)")
@@ -209,7 +212,7 @@ int run(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       bool skip = false;
-      for (const std::string flag : {"--rdzv-host", "--fork-ranks"}) {  // flags without a value
+      for (const std::string flag : {"--rdzv-host", "--fork-ranks", "--bind-cores"}) {  // flags without a value
         skip = skip || a == flag || a.rfind(flag + "=", 0) == 0;
       }
       for (const auto& f : launcher_flags) {

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -223,6 +224,37 @@ bool group_has_live_process(pid_t pgid) {
 
 using Environment = std::vector<std::pair<std::string, std::string>>;
 
+// The CPUs this process may run on, in order.
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  }
+  return cpus;
+}
+
+// --bind-cores: local rank `local`'s slice of `cpus` (LaunchOptions::bind_cores).
+std::vector<int> rank_cpus(const std::vector<int>& cpus, int local, int nproc) {
+  const size_t n = cpus.size(), first = n * static_cast<size_t>(local) / static_cast<size_t>(nproc);
+  const size_t last = n * static_cast<size_t>(local + 1) / static_cast<size_t>(nproc);
+  return {cpus.begin() + static_cast<std::ptrdiff_t>(first), cpus.begin() + static_cast<std::ptrdiff_t>(last)};
+}
+
+// "0-3,8" for {0, 1, 2, 3, 8}.
+std::string cpu_list(const std::vector<int>& cpus) {
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < cpus.size();) {
+    size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    parts.push_back(j == i ? std::to_string(cpus[i]) : fmt::format("{}-{}", cpus[i], cpus[j]));
+    i = j + 1;
+  }
+  return fmt::format("{}", fmt::join(parts, ","));
+}
+
 // Environment of a rank: ours, with the torchrun variables and `extra` replaced.
 std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank, const Environment& extra) {
   Environment set = {
@@ -315,7 +347,7 @@ void close_on_exec_descriptors(int keep) {
 // failure, reports errno through status_fd.
 [[noreturn]] void start_rank(char* const* argv, char* const* envp, int out_fd, int err_fd, int status_fd,
                              pid_t launcher, const SignalGuard& signals, int inherit_fd,
-                             const std::function<int(int, char**)>* entry) {
+                             const std::function<int(int, char**)>* entry, const cpu_set_t* cpus) {
   // The one descriptor this rank keeps across exec (rank 0: the rendezvous's listening socket), or -1.
   if (inherit_fd >= 0) ::fcntl(inherit_fd, F_SETFD, 0);
   // A session of its own (torchrun's start_new_session): the launcher signals the rank's whole process group, and
@@ -327,7 +359,9 @@ void close_on_exec_descriptors(int keep) {
   // Lift the pipe ends above 2 first so that dup2 cannot clobber one with the other.
   const int out = ::fcntl(out_fd, F_DUPFD_CLOEXEC, 3);
   const int err = ::fcntl(err_fd, F_DUPFD_CLOEXEC, 3);
-  if (out < 0 || err < 0 || ::dup2(out, 1) < 0 || ::dup2(err, 2) < 0) {
+  // --bind-cores: the rank and every thread it starts (the mask is inherited across exec and by new threads).
+  if (out < 0 || err < 0 || ::dup2(out, 1) < 0 || ::dup2(err, 2) < 0 ||
+      (cpus != nullptr && ::sched_setaffinity(0, sizeof(cpu_set_t), cpus) != 0)) {
     const int e = errno;
     (void)!::write(status_fd, &e, sizeof(e));
     ::_exit(127);
@@ -397,6 +431,11 @@ class Job {
     }
     std::fflush(nullptr);
     const pid_t launcher = ::getpid();
+    cpu_set_t cpus;
+    CPU_ZERO(&cpus);
+    if (o_.bind_cores) {
+      for (const int c : rank_cpus(allowed_cpus(), local_rank, o_.nproc_per_node)) CPU_SET(c, &cpus);
+    }
     sigset_t all, before;
     sigfillset(&all);
     ::pthread_sigmask(SIG_SETMASK, &all, &before);
@@ -404,7 +443,7 @@ class Job {
     const int inherit_fd = rank == 0 ? o_.master_listen_fd : -1;
     if (pid == 0) {
       start_rank(argv.data(), envp.data(), out[1], err[1], status[1], launcher, signals, inherit_fd,
-                 forked ? &o_.fork_entry : nullptr);
+                 forked ? &o_.fork_entry : nullptr, o_.bind_cores ? &cpus : nullptr);
     }
     const int fork_errno = errno;
     ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
@@ -607,6 +646,12 @@ void validate(const LaunchOptions& o) {
   if (o.max_restarts < 0) {
     throw ConfigError("launch", fmt::format("--max-restarts {} must be at least 0", o.max_restarts));
   }
+  if (const std::vector<int> cpus = allowed_cpus(); o.bind_cores && std::ssize(cpus) < o.nproc_per_node) {
+    throw ConfigError("launch",
+                      fmt::format("--bind-cores: {} local ranks, but this process may run on {} CPU{} ({}); "
+                                  "give each rank at least one",
+                                  o.nproc_per_node, cpus.size(), cpus.size() == 1 ? "" : "s", cpu_list(cpus)));
+  }
   if (!std::isfinite(o.watchdog_timeout_seconds) || o.watchdog_timeout_seconds < 0) {
     throw ConfigError("launch", fmt::format("--watchdog-timeout {} must be a finite number of seconds >= 0",
                                             o.watchdog_timeout_seconds));
@@ -683,6 +728,15 @@ Ending run_attempt(const LaunchOptions& o, int restarts, const SignalGuard& sign
     } else if (restarts == 0) {
       spdlog::info("[launch] the ranks start as forks of the launcher (--fork-ranks)");
     }
+  }
+  if (o.bind_cores && restarts == 0) {
+    const std::vector<int> cpus = allowed_cpus();
+    std::vector<std::string> each;
+    for (int local = 0; local < o.nproc_per_node; ++local) {
+      each.push_back(fmt::format("rank {} on CPU {}", o.node_rank * o.nproc_per_node + local,
+                                 cpu_list(rank_cpus(cpus, local, o.nproc_per_node))));
+    }
+    spdlog::info("[launch] --bind-cores: {}", fmt::join(each, ", "));
   }
   Job job(o, std::move(env));
   for (int local = 0; local < o.nproc_per_node; ++local) {

@@ -28,6 +28,10 @@ struct LaunchOptions {
   // (it runs more than one thread, or has loaded the CUDA driver). A forked rank's /proc/PID/environ and cmdline show
   // the launcher's, not the rank's.
   std::function<int(int argc, char** argv)> fork_entry;
+  // Binds local rank i, and every thread it starts, to the i-th of nproc_per_node equal slices of the CPUs this
+  // process may run on, in order (`train --bind-cores`, as DeepSpeed's --bind_cores_to_rank): no rank's threads then
+  // run on another rank's cores. Needs at least one CPU per local rank.
+  bool bind_cores = false;
   double stop_grace_seconds = 5;  // seconds; after a failure: SIGTERM the other ranks, SIGKILL those left after this
   bool prefix_output = true;      // prefix each line a rank prints with "[rank R] "
   // Supervisor: restart the job (all local ranks) up to this many times after a rank fails or the job hangs (>= 0;

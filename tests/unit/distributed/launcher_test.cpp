@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/Parallel.h>
+#include <sched.h>
 
 #include <future>
 
@@ -354,6 +355,52 @@ TEST(Launcher, ForkedRanksFallBackToExecWhileTheLauncherRunsAnotherThread) {
                        "threads"),
             std::string::npos)
       << r.log;
+}
+
+TEST(Launcher, BindCoresGivesEachRankItsOwnSliceOfTheCpus) {
+  const TempDir dir;
+  const ScopedEnv test_dir("TEST_DIR", dir.str());
+  cpu_set_t set;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(set), &set), 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  }
+  // More ranks than CPUs: refused before anything starts, naming the flag and the CPUs.
+  LaunchOptions too_many = shell("exit 0", static_cast<int>(cpus.size()) + 1);
+  too_many.bind_cores = true;
+  try {
+    launch(too_many);
+    ADD_FAILURE() << "no error for more ranks than CPUs";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(fmt::format("--bind-cores: {} local ranks, but this process may run on {} CPU",
+                                                     cpus.size() + 1, cpus.size())),
+              std::string::npos)
+        << e.what();
+  }
+  if (cpus.size() < 2) return;
+  // Two ranks: each on its half, its threads included (the kernel's list of the rank's allowed CPUs).
+  LaunchOptions o = shell("grep Cpus_allowed_list /proc/self/status | cut -f2 > $TEST_DIR/cpus_$RANK", 2);
+  o.bind_cores = true;
+  const Outcome r = launch_capturing(o, dir);
+  ASSERT_EQ(r.rc, 0) << r.log;
+  // The kernel's list format: "0-3,8".
+  auto list = [](const std::vector<int>& c) {
+    std::string out;
+    for (size_t i = 0; i < c.size();) {
+      size_t j = i;
+      while (j + 1 < c.size() && c[j + 1] == c[j] + 1) ++j;
+      out += (out.empty() ? "" : ",") + (j == i ? std::to_string(c[i]) : fmt::format("{}-{}", c[i], c[j]));
+      i = j + 1;
+    }
+    return out;
+  };
+  for (int rank : {0, 1}) {
+    const std::vector<int> mine(cpus.begin() + static_cast<std::ptrdiff_t>(cpus.size() * rank / 2),
+                                cpus.begin() + static_cast<std::ptrdiff_t>(cpus.size() * (rank + 1) / 2));
+    EXPECT_EQ(read_launcher_log(dir.path() / fmt::format("cpus_{}", rank)), list(mine) + "\n") << rank;
+    EXPECT_NE(r.log.find(fmt::format("rank {} on CPU {}", rank, list(mine))), std::string::npos) << r.log;
+  }
 }
 
 TEST(Launcher, GivesUpWhenTheRestartsAreUsedUp) {
