@@ -95,13 +95,15 @@ void write_data(const fs::path& dir, int64_t n, int64_t seq) {
   w.finish();
 }
 
+// mpt-125m's 12 layers, or fewer (--layers) for a smaller state: the quick suite's.
+int64_t g_layers = 12;
+
 trainer::TrainConfig bench_config(const fs::path& root, int64_t seq, int64_t batch, const std::vector<std::string>& o,
                                   const std::string& save_folder = "") {
-  const std::string yaml =
-      fmt::format(R"(
+  const std::string yaml = fmt::format(R"(
 max_seq_len: {0}
 run_name: bench
-model: {{name: mpt_causal_lm, d_model: 768, n_heads: 12, n_layers: 12, expansion_ratio: 4, max_seq_len: {0},
+model: {{name: mpt_causal_lm, d_model: 768, n_heads: 12, n_layers: {4}, expansion_ratio: 4, max_seq_len: {0},
         vocab_size: 50368, attn_config: {{attn_impl: torch}}}}
 tokenizer: {{name: unused}}
 train_loader: {{name: text, dataset: {{local: {1}, split: train, shuffle: true, max_seq_len: {0}}}, drop_last: true}}
@@ -116,7 +118,8 @@ log_to_console: false
 save_folder: {3}
 save_interval: 1ba
 )",
-                  seq, (root / "data").string(), batch, save_folder.empty() ? (root / "ckpt").string() : save_folder);
+                                       seq, (root / "data").string(), batch,
+                                       save_folder.empty() ? (root / "ckpt").string() : save_folder, g_layers);
   config::Value v = config::parse_yaml(yaml, config::Origin{"bench.yaml", 1, ""});
   for (const auto& s : o) config::apply_override(v, s);
   config::resolve_interpolations(v);
@@ -215,6 +218,8 @@ int main(int argc, char** argv) {
   app.add_option("--dir", dir, "Work folder (on the disk to measure)");
   app.add_option("--seq-len", seq, "Sequence length (default 512)");
   app.add_option("--batch", batch, "Global batch size (default 2)");
+  app.add_option("--layers", g_layers, "Transformer layers (default mpt-125m's 12; fewer: a smaller state)")
+      ->check(CLI::PositiveNumber);
   std::string json_path, remote;
   int rounds = 4, async_steps = 4;
   app.add_option("--json", json_path, "Also write the figures here as JSON (benchmarks/run)");
@@ -232,8 +237,8 @@ int main(int argc, char** argv) {
   fs::remove_all(root);
   fs::create_directories(root);
   write_data(root / "data" / "train", 16 * batch, seq);
-  std::cout << fmt::format("mpt-125m, fp32 weights + AdamW state, seq {}, batch {}, amp_bf16, {}\n", seq, batch,
-                           root.string());
+  std::cout << fmt::format("mpt-125m{}, fp32 weights + AdamW state, seq {}, batch {}, amp_bf16, {}\n",
+                           g_layers == 12 ? "" : fmt::format(" with {} layers", g_layers), seq, batch, root.string());
   if (!remote.empty()) return remote_saves(root, remote, seq, batch, rounds, async_steps, json_path);
 
   auto median = [](std::vector<double> v) {

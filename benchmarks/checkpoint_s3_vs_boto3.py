@@ -14,7 +14,7 @@ and the async saves), and the report gives the server's CPU seconds per GB recei
 Goal (issue 19): a save's upload at least as fast as boto3's for the same bytes, and async saves blocking a step only
 for the copy to host memory. The single-process server on a small machine caps both clients alike.
 
-    python benchmarks/checkpoint_s3_vs_boto3.py [--seq-len 128] [--rounds 3] [--async-steps 4]
+    python benchmarks/checkpoint_s3_vs_boto3.py [--seq-len 128] [--layers 12] [--rounds 3] [--async-steps 4]
 """
 import argparse
 import io
@@ -45,6 +45,7 @@ def server_cpu_seconds(pid):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=12, help="the model's layers (mpt-125m's 12; fewer: a smaller state)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--async-steps", type=int, default=4, help="steps of the run with an async save after each")
     args = ap.parse_args()
@@ -77,8 +78,8 @@ def main():
                 out = pathlib.Path(tmp) / "tessera.json"
                 c0 = server_cpu_seconds(server.proc.pid)
                 proc = subprocess.run([BENCH, "--remote", f"s3://bench/{prefix}", "--seq-len", str(args.seq_len),
-                                       "--rounds", str(rounds), "--async-steps", str(async_steps), "--dir",
-                                       str(pathlib.Path(tmp) / "work"), "--json", str(out)],
+                                       "--layers", str(args.layers), "--rounds", str(rounds), "--async-steps",
+                                       str(async_steps), "--dir", str(pathlib.Path(tmp) / "work"), "--json", str(out)],
                                       env={**server.env(), **bench_json.TUNED_MALLOC}, capture_output=True, text=True)
                 cpu = server_cpu_seconds(server.proc.pid) - c0
                 if proc.returncode != 0:
