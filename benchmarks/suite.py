@@ -8,7 +8,7 @@ then one folder with
 
     benchmarks/run [--quick] [--out DIR] [--only NAME,...] [--update-docs]
 
---quick runs each program on smaller inputs and fewer rounds (792 s on the 2-core AMD EPYC on 2026-12-06; issue 65
+--quick runs each program on smaller inputs and fewer rounds (540 s on the 2-core AMD EPYC on 2026-12-06; issue 65
 asks for 10 minutes); the figures are then rougher, and report.md says so. --update-docs rewrites the generated
 section of docs/performance.md (between its "benchmarks/run" markers) from this run and copies the plots to
 docs/benchmarks/.
@@ -69,7 +69,7 @@ def benchmarks():
                                 ["--samples", "4000", "--rounds", "1"], "env"),
         "tokenizer_vs_hf": ([PY, ROOT / "benchmarks/tokenizer_vs_hf.py"], [], ["--rounds", "2"], "env"),
         "convert_vs_llmfoundry": ([PY, ROOT / "benchmarks/convert_vs_llmfoundry.py"], [],
-                                  ["--gb", "0.1", "--small-gb", "0.05", "--peer-mb", "4"], "env"),
+                                  ["--gb", "0.05", "--small-gb", "0.025", "--peer-mb", "4"], "env"),
         "icl_vs_reference": ([PY, ROOT / "benchmarks/icl_vs_reference.py"], [],
                              ["--d-model", "128", "--n-layers", "2", "--max-seq-len", "256"], "env"),
         "storage_vs_boto3": ([PY, ROOT / "benchmarks/storage_vs_boto3.py"], [],
@@ -77,11 +77,11 @@ def benchmarks():
         "checkpoint_io": ([b / "bench_checkpoint_io"], [], ["--seq-len", "128", "--rounds", "2", "--layers", "4"],
                           "flag"),
         "checkpoint_s3_vs_boto3": ([PY, ROOT / "benchmarks/checkpoint_s3_vs_boto3.py"], [],
-                                   ["--rounds", "2", "--async-steps", "2", "--layers", "4"], "env"),
+                                   ["--rounds", "1", "--async-steps", "2", "--layers", "4"], "env"),
         "goodput_soak": ([PY, ROOT / "benchmarks/goodput_soak.py"], ["--minutes", "3", "--kill-every", "15"],
-                         ["--minutes", "0.3", "--kill-every", "10"], "env"),
+                         ["--minutes", "0.25", "--kill-every", "8"], "env"),
         "health_monitor_overhead": ([PY, ROOT / "benchmarks/health_monitor_overhead.py"], [],
-                                    ["--steps", "400", "--rounds", "2"], "env"),
+                                    ["--steps", "400", "--rounds", "1"], "env"),
         "planner": ([b / "bench_planner", "--source", ROOT], [], ["--jobs", "8,16", "--time-limit", "5"], "flag"),
         "plan_run_makespan": ([PY, ROOT / "benchmarks/plan_run_makespan.py"], ["--rounds", "5"],
                               ["--rounds", "1", "--duration-scale", "0.25", "--profile-seconds", "2"], "env"),
