@@ -294,7 +294,8 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank
 class Job {
  public:
   // `env`: variables every rank gets on top of the torchrun ones (the restart count, the heartbeat directory).
-  Job(const LaunchOptions& o, Environment env) : o_(o), env_(std::move(env)) {
+  Job(const LaunchOptions& o, Environment env)
+      : o_(o), env_(std::move(env)), cpus_(o.bind_cores ? allowed_cpus() : std::vector<int>()) {
     ranks_.reserve(static_cast<size_t>(o.nproc_per_node));
   }
   Job(const Job&) = delete;
@@ -346,7 +347,7 @@ class Job {
     cpu_set_t cpus;
     CPU_ZERO(&cpus);
     if (o_.bind_cores) {
-      for (const int c : rank_cpus(allowed_cpus(), local_rank, o_.nproc_per_node)) CPU_SET(c, &cpus);
+      for (const int c : rank_cpus(cpus_, local_rank, o_.nproc_per_node)) CPU_SET(c, &cpus);
     }
     sigset_t all, before;
     sigfillset(&all);
@@ -530,6 +531,7 @@ class Job {
 
   const LaunchOptions& o_;
   const Environment env_;
+  const std::vector<int> cpus_;  // --bind-cores: the CPUs the ranks' slices are cut from, read once per attempt
   std::vector<Rank> ranks_;
 };
 
@@ -558,7 +560,8 @@ void validate(const LaunchOptions& o) {
   if (o.max_restarts < 0) {
     throw ConfigError("launch", fmt::format("--max-restarts {} must be at least 0", o.max_restarts));
   }
-  if (const std::vector<int> cpus = allowed_cpus(); o.bind_cores && std::ssize(cpus) < o.nproc_per_node) {
+  if (const std::vector<int> cpus = o.bind_cores ? allowed_cpus() : std::vector<int>();
+      o.bind_cores && std::ssize(cpus) < o.nproc_per_node) {
     throw ConfigError("launch",
                       fmt::format("--bind-cores: {} local ranks, but this process may run on {} CPU{} ({}); "
                                   "give each rank at least one",
