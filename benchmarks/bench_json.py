@@ -12,9 +12,11 @@ program cannot break the report):
      "higher_is_better": True,                  # False for times and makespans (default True)
      "mfu": 0.41, "peer_mfu": {"PyTorch eager": 0.33},   # fractions of the measured peak (`gemm_peak_flops`)
      "timed_steps": 6,                          # timed steps (or items) behind each figure of the row
+     "too_noisy": "why",                        # the program's own statistics say the figure does not resolve
+                                                # what it must (a string), or None
      ...}                                       # anything else the benchmark reports (ratios, sizes)
 The report marks a row unreliable when a figure implies more than 100% of the measured peak, or when it rests on
-fewer than MIN_TIMED_STEPS timed steps (benchmarks/suite.py).
+fewer than MIN_TIMED_STEPS timed steps, or when the program says it is too noisy (benchmarks/suite.py).
 """
 import json
 import os
@@ -58,6 +60,8 @@ def check_rows(benchmark, rows):
         for key in ("mfu", "timed_steps"):
             if r.get(key) is not None and not _number(r[key]):
                 problems.append(f"{where}: `{key}` must be a number or null")
+        if r.get("too_noisy") is not None and not (isinstance(r["too_noisy"], str) and r["too_noisy"]):
+            problems.append(f"{where}: `too_noisy` must be a non-empty string or null")
         if "peer_mfu" in r and not (isinstance(r["peer_mfu"], dict) and
                                     all(v is None or _number(v) for v in r["peer_mfu"].values())):
             problems.append(f"{where}: `peer_mfu` must map peer names to numbers or null")

@@ -116,17 +116,19 @@ def rank_pids(launcher):
 class Job:
     """A `train` job on 2 ranks; follows its metrics.jsonl and records when each step line arrived."""
 
-    def __init__(self, args, work, name, steps, supervised, extra=()):
+    def __init__(self, args, work, name, steps, supervised, extra=(), flags=()):
+        """`extra`: recipe overrides; `flags`: more options for `train` (e.g. --plugin PATH)."""
         self.metrics = work / "runs" / name / "metrics.jsonl"
         self.log = work / f"{name}.log"
-        cmd = [args.train, "--recipe", str(work / "soak.yaml"), "--nproc-per-node", "2", "--master-port",
-               str(free_port()), f"run_name={name}", f"max_duration={steps}ba",
-               f"save_folder={work / 'ckpt' / name}", f"save_interval={args.save_interval}ba", *extra]
+        cmd = [args.train, *flags]
         if supervised:
-            cmd[3:3] = ["--max-restarts", "1000", "--watchdog-timeout", str(args.watchdog_timeout)]
+            cmd += ["--max-restarts", "1000", "--watchdog-timeout", str(args.watchdog_timeout)]
         for flag in ("fork_ranks", "bind_cores"):  # (as the caller's namespace has them)
             if getattr(args, flag, 0):
-                cmd.insert(3, "--" + flag.replace("_", "-"))
+                cmd.append("--" + flag.replace("_", "-"))
+        cmd += ["--recipe", str(work / "soak.yaml"), "--nproc-per-node", "2", "--master-port", str(free_port()),
+                f"run_name={name}", f"max_duration={steps}ba", f"save_folder={work / 'ckpt' / name}",
+                f"save_interval={args.save_interval}ba", *extra]
         self.started = time.monotonic()
         self.proc = subprocess.Popen(cmd, stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
         self.offset = 0

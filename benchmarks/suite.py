@@ -80,8 +80,9 @@ def benchmarks():
                                    ["--rounds", "1", "--async-steps", "2", "--layers", "4"], "env"),
         "goodput_soak": ([PY, ROOT / "benchmarks/goodput_soak.py"], ["--minutes", "3", "--kill-every", "15"],
                          ["--minutes", "0.25", "--kill-every", "8"], "env"),
-        "health_monitor_overhead": ([PY, ROOT / "benchmarks/health_monitor_overhead.py"], [],
-                                    ["--steps", "400", "--rounds", "1"], "env"),
+        # Each rank bound to its core: steadier steps, so the full run's 95% interval resolves 1% (docs/performance.md).
+        "health_monitor_overhead": ([PY, ROOT / "benchmarks/health_monitor_overhead.py", "--bind-cores", "1"], [],
+                                    ["--steps", "1500"], "env"),
         "planner": ([b / "bench_planner", "--source", ROOT], [], ["--jobs", "8,16", "--time-limit", "5"], "flag"),
         "plan_run_makespan": ([PY, ROOT / "benchmarks/plan_run_makespan.py"], ["--rounds", "5"],
                               ["--rounds", "1", "--duration-scale", "0.25", "--profile-seconds", "2"], "env"),
@@ -186,7 +187,8 @@ def peer_names(rows):
 
 def unreliable(row):
     """Why a row's figures are not results (None when they are): one implies more than 100% of the measured peak
-    (the timer or the peak probe was wrong), or rests on fewer than bench_json.MIN_TIMED_STEPS timed steps."""
+    (the timer or the peak probe was wrong), rests on fewer than bench_json.MIN_TIMED_STEPS timed steps, or is too
+    noisy by the program's own statistics (its `too_noisy`)."""
     why = []
     shares = {"Tessera": row.get("mfu"), **(row.get("peer_mfu") or {})}
     over = [f"{who} {share:.0%}" for who, share in shares.items() if share is not None and share > 1.0]
@@ -195,6 +197,8 @@ def unreliable(row):
     steps = row.get("timed_steps")
     if steps is not None and steps < bench_json.MIN_TIMED_STEPS:
         why.append(f"{steps:g} timed step{'s' if steps != 1 else ''} (fewer than {bench_json.MIN_TIMED_STEPS})")
+    if row.get("too_noisy"):
+        why.append(row["too_noisy"])
     return "; ".join(why) or None
 
 
@@ -216,7 +220,8 @@ def table(rec):
             ("theory MB/step", "theory_bytes_per_step", 1e-6), ("step s", "step_seconds", 1.0),
             ("restart s (median)", "restart_latency_median_s", 1.0), ("restart s (max)", "restart_latency_max_s", 1.0),
             ("steps lost", "steps_lost_mean", 1.0), ("interruptions", "interruptions", 1.0),
-            ("overhead %", "overhead_percent", 1.0), ("± % (ratios' half range)", "overhead_spread_percent", 1.0),
+            ("overhead %", "overhead_percent", 1.0), ("± % (95% interval)", "overhead_ci95_percent", 1.0),
+            ("A/A control %", "control_percent", 1.0),
             ("own overhead %", "measured_overhead_percent", 1.0), ("planned s", "planned_makespan_s", 1.0),
             ("run s", "actual_makespan_s", 1.0), ("run vs plan %", "difference_percent", 1.0),
             ("median run vs plan %", "median_difference_percent", 1.0),

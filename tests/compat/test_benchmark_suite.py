@@ -5,6 +5,7 @@ import json
 import os
 import pathlib
 import subprocess
+import sys
 
 import pytest
 
@@ -78,19 +79,23 @@ def test_rows_off_the_schema_are_refused_and_impossible_figures_are_marked(monke
     import suite
     bad = [{"case": "x", "tessera": 1.0, "peers": {}},
            {"case": "y", "unit": "MB/s", "tessera": "fast", "peers": {"p": 1}},
-           {"case": "z", "unit": "s", "peers": {"p": "slow"}}]
+           {"case": "z", "unit": "s", "peers": {"p": "slow"}},
+           {"case": "w", "unit": "s", "tessera": 1.0, "peers": {}, "too_noisy": True}]
     problems = bench_json.check_rows("demo", bad)
     assert problems == ["demo row 0 ('x'): `unit` must be a non-empty string",
                         "demo row 1 ('y'): `tessera` must be a number or null",
                         "demo row 2 ('z'): `tessera` must be a number or null",
-                        "demo row 2 ('z'): `peers` must map peer names to numbers or null"]
+                        "demo row 2 ('z'): `peers` must map peer names to numbers or null",
+                        "demo row 3 ('w'): `too_noisy` must be a non-empty string or null"]
     with pytest.raises(ValueError, match=r"demo row 0 \('x'\)"):
         bench_json.emit("demo", bad)
     rows = [{"case": "fp32", "unit": "tokens/s", "tessera": 40.0, "peers": {"HF": 182.3}, "mfu": 0.4,
              "peer_mfu": {"HF": 1.7}, "timed_steps": 6},
             {"case": "bf16", "unit": "tokens/s", "tessera": 300.0, "peers": {"HF": 150.0}, "mfu": 0.5, "timed_steps": 2},
             {"case": "plan", "unit": "h makespan", "higher_is_better": False, "tessera": 2.0, "peers": {"HF": 3.0}},
-            {"case": "ok", "unit": "tokens/s", "tessera": 200.0, "peers": {"HF": 100.0}, "mfu": 0.5, "timed_steps": 6}]
+            {"case": "ok", "unit": "tokens/s", "tessera": 200.0, "peers": {"HF": 100.0}, "mfu": 0.5, "timed_steps": 6},
+            {"case": "monitor", "unit": "steps/s", "tessera": 80.0, "peers": {"HF": 81.0}, "timed_steps": 700,
+             "too_noisy": "the 95% interval is wider than 1%"}]
     assert bench_json.check_rows("demo", rows) == []
     text = suite.table({"rows": rows})
     assert "- fp32: unreliable: implies more than the measured peak (HF 170%)" in text, text
@@ -98,8 +103,29 @@ def test_rows_off_the_schema_are_refused_and_impossible_figures_are_marked(monke
     assert "- bf16: unreliable: 2 timed steps (fewer than 3)" in text, text
     assert "| plan | h makespan, lower is better | 2.00 | 3.00 | 1.50 | - |" in text, text
     assert "| ok | tokens/s | 200.0 | 100.0 | 2.00 | 50.0% |" in text, text
+    # A program's own statistics can mark its row (the health monitor's overhead against its 95% interval).
+    assert "- monitor: unreliable: the 95% interval is wider than 1%" in text, text
     # The report opens with the CPU and whether it computes bf16 natively.
     head = suite.report({"machine": {"cpu": "AMD EPYC", "cores": 2, "cpu_bf16": "native", "memory_gib": 24},
                          "date": "2026-12-06", "command": "benchmarks/run --quick", "quick": True,
                          "benchmarks": []}, "")
     assert head.startswith("**CPU: AMD EPYC, 2 cores, bf16 native.**"), head
+
+
+def test_the_health_monitor_gate_runs_the_monitor_in_alternate_blocks(tmp_path):
+    # health_monitor_overhead.py's plug-in: the real monitor runs in every other block of one 2-rank run (its exchange
+    # is a collective, so both ranks must agree on the blocks) and the row carries its overhead and 95% interval.
+    if not (BIN / "libbench_health_monitor_gate.so").exists():
+        pytest.skip(f"{BIN / 'libbench_health_monitor_gate.so'} is not built (TESSERA_BUILD_BENCHMARKS=OFF)")
+    out = tmp_path / "rows.json"
+    proc = subprocess.run([sys.executable, ROOT / "benchmarks/health_monitor_overhead.py",
+                           "--steps", "300", "--block", "20"], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TESSERA_BIN_DIR=str(BIN), TESSERA_BENCH_JSON=str(out)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [row] = json.loads(out.read_text())["rows"]
+    # Blocks 3-14 are kept (60 warm-up steps); the monitored ones with an unmonitored block on each side: 5, 7, ... 13.
+    assert row["timed_steps"] == 20 * 5
+    assert row["tessera"] > 0 and row["peers"]["without health_monitor"] > 0
+    # The monitor ran in the monitored blocks (its handlers took time) and the A/B is a real comparison.
+    assert 0 < row["measured_overhead_percent"] < 10, row
+    assert abs(row["overhead_percent"]) < 50 and row["overhead_ci95_percent"] > 0, row
