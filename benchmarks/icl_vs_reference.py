@@ -6,11 +6,12 @@ The model is a random MPT built with HF's MptConfig (default: d_model 512, 8 lay
 save_pretrained; the tokenizer is a byte-level BPE trained by HF on the fortunes corpus. Tasks: the LLM Foundry task
 subsets in tests/data/icl (language modeling: LAMBADA; multiple choice: PIQA, ARC-Easy, COPA). Both sides run on the
 CPU in fp32 with the same number of intra-op threads. The reference scores rows as LLM Foundry does: right-padded to
-max_seq_len, in batches (--ref-batch-size, LLM Foundry's default 4); Tessera scores each row alone at its own
-length. Each task's time includes building its prompts (tokenization) on both sides. The correct counts are checked
+max_seq_len, in batches (--ref-batch-size, LLM Foundry's default 4); Tessera's `eval` scores --batch-size rows per
+forward pass (default: the same), each batch padded to its longest row, the longest rows first. Each task's time includes building its prompts (tokenization) on both sides. The correct counts are checked
 equal, so both sides did the same work.
 
     python benchmarks/icl_vs_reference.py [--d-model 512] [--n-layers 8] [--max-seq-len 512] [--threads 2]
+        [--batch-size 4] [--ref-batch-size 4]
 """
 import argparse
 import json
@@ -56,7 +57,10 @@ def main():
     ap.add_argument("--vocab-size", type=int, default=8192)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--ref-batch-size", type=int, default=4)
+    ap.add_argument("--batch-size", type=int, default=None, help="Tessera's rows per forward (default: --ref-batch-size)")
     args = ap.parse_args()
+    if args.batch_size is None:
+        args.batch_size = args.ref_batch_size
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
@@ -79,14 +83,16 @@ def main():
 
         env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
         proc = subprocess.run([EVAL, "--model", tmp / "hf", "--tokenizer", tmp / "tokenizer.json", "--tasks",
-                               tmp / "tasks.yaml", "--output", tmp / "results.json"],
+                               tmp / "tasks.yaml", "--output", tmp / "results.json", "--batch-size", str(args.batch_size),
+                               "--precision", "fp32"],
                               capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             sys.exit(f"eval failed:\n{proc.stderr}")
         ours = {(r["label"], r["num_fewshot"]): r for r in json.loads((tmp / "results.json").read_text())["results"]}
 
         print(f"MPT d_model {args.d_model}, {args.n_layers} layers, vocab {tok.get_vocab_size()}, max_seq_len "
-              f"{args.max_seq_len}; CPU fp32, {args.threads} threads; reference batch size {args.ref_batch_size}")
+              f"{args.max_seq_len}; CPU fp32, {args.threads} threads; batch size {args.batch_size}, reference's "
+              f"{args.ref_batch_size}")
         print("| task | type | examples | Tessera ex/s | reference ex/s | ratio |")
         print("|---|---|---|---|---|---|")
         totals = {}
@@ -111,7 +117,8 @@ def main():
         for kind, (n, ours_s, ref_s) in totals.items():
             print(f"| all {kind} | {kind} | {n} | {n / ours_s:.1f} | {n / ref_s:.1f} | {ref_s / ours_s:.2f}x |")
             rows.append({"case": f"all {kind} tasks", "unit": "examples/s", "tessera": n / ours_s,
-                         "peers": {"reference (HF model, LLM Foundry's prompts)": n / ref_s}, "examples": n})
+                         "peers": {"reference (HF model, LLM Foundry's prompts)": n / ref_s}, "examples": n,
+                         "batch_size": args.batch_size, "ref_batch_size": args.ref_batch_size})
         bench_json.emit("icl_vs_reference", rows, title="ICL evaluation (CPU): Tessera eval vs a reference loop",
                         model={"d_model": args.d_model, "n_layers": args.n_layers, "max_seq_len": args.max_seq_len})
 

@@ -1,7 +1,7 @@
 // `eval`: in-context-learning evaluation of a model (HF folder or Tessera checkpoint) on LLM Foundry task files.
 //
 //   eval --model runs/x/hf --tokenizer tokenizer.json --tasks tasks.yaml [--gauntlet gauntlet.yaml]
-//        [--output results.json] [--nproc-per-node N]
+//        [--output results.json] [--nproc-per-node N] [--batch-size 8] [--device auto] [--precision auto]
 //
 // Exit codes: 0 success, 1 runtime failure (bad task file, model), 2 usage or task-config error.
 #include <fmt/format.h>
@@ -20,11 +20,14 @@
 #include "commands.h"
 #include "tessera/checkpoint/checkpoint.h"
 #include "tessera/checkpoint/hf.h"
+#include "tessera/core/precision.h"
 #include "tessera/data/tokenizer.h"
 #include "tessera/distributed/communicator.h"
 #include "tessera/distributed/launcher.h"
 #include "tessera/eval/gauntlet.h"
 #include "tessera/eval/icl.h"
+#include "tessera/trainer/precision_context.h"
+#include "tessera/util/device.h"
 #include "tessera/util/error.h"
 #include "tessera/util/hf_hub.h"
 #include "tessera/util/logging.h"
@@ -44,6 +47,9 @@ int run(int argc, char** argv) {
   std::string output;
   std::string dump_rows;
   std::string log_level = "info";
+  int64_t batch_size = 8;
+  std::string device_name = "auto";
+  std::string precision_name = "auto";
   app.add_option("--model", model_dir,
                  "Hugging Face MPT folder (config.json + safetensors), Tessera checkpoint directory, or a save folder "
                  "(its newest valid checkpoint)")
@@ -55,6 +61,17 @@ int run(int argc, char** argv) {
   app.add_option("--output", output, "Write the results as JSON to this file");
   app.add_option("--dump-rows", dump_rows,
                  "Write every scored row's token ids as JSONL (label, num_fewshot, example, context, continuation)");
+  app.add_option(
+         "--batch-size", batch_size,
+         "Rows scored per forward pass (LLM Foundry's device_eval_batch_size; generation: prompts), right-padded; "
+         "the scores do not depend on it")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--device", device_name, "auto (a GPU when there is one: local rank i on GPU i), cpu or gpu")
+      ->check(CLI::IsMember({"auto", "cpu", "gpu"}));
+  app.add_option("--precision", precision_name,
+                 "fp32, amp_bf16, amp_fp16 (GPU) or auto (training's rule: amp_bf16 on a GPU or a CPU with native "
+                 "bf16, else fp32); fp32 gives the same scores on every host")
+      ->check(CLI::IsMember({"auto", "fp32", "amp_bf16", "amp_fp16"}));
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off");
   int nproc_per_node = 0;
   tessera::dist::LaunchOptions launch;
@@ -101,6 +118,24 @@ int run(int argc, char** argv) {
   const tessera::data::Tokenizer tokenizer =
       tessera::data::Tokenizer::from_file(tessera::util::resolve_hf_tokenizer(tokenizer_path));
   const std::shared_ptr<tessera::models::CausalLM> model = tessera::checkpoint::load_any_model(model_dir, "eval");
+  const tessera::util::DeviceInfo dev = tessera::util::device_info();
+  if (device_name == "gpu" && dev.cuda_devices == 0) {
+    throw tessera::ConfigError("eval", fmt::format("--device gpu, but {}", tessera::util::describe(dev)));
+  }
+  at::Device device(at::kCPU);
+  if (device_name == "gpu" || (device_name == "auto" && dev.cuda_devices > 0)) {
+    device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(rv.local_rank % std::max(1, dev.cuda_devices)));
+    model->to(device);
+  }
+  using tessera::core::Precision;
+  const Precision precision = precision_name == "auto"       ? tessera::core::auto_precision(device)
+                              : precision_name == "amp_bf16" ? Precision::kAmpBf16
+                              : precision_name == "amp_fp16" ? Precision::kAmpFp16
+                                                             : Precision::kFp32;
+  if (precision == Precision::kAmpFp16 && !device.is_cuda()) {
+    throw tessera::ConfigError("eval", "--precision amp_fp16 needs a GPU; use amp_bf16 or fp32 on the CPU");
+  }
+  spdlog::info("evaluating on {} in {}", device.str(), tessera::core::to_string(precision));
 
   std::ofstream rows_out;
   if (!dump_rows.empty() && lead) {
@@ -130,8 +165,12 @@ int run(int argc, char** argv) {
         }
       }
       const auto started = std::chrono::steady_clock::now();
-      const std::vector<tessera::eval::IclResult> rs =
-          tessera::eval::evaluate_icl_task(*model, tokenizer, task, k, ranks);
+      std::vector<tessera::eval::IclResult> rs;
+      {
+        // Autocast as in training (fp32: off); the weights stay as loaded.
+        const tessera::trainer::AutocastGuard autocast(precision, device.type());
+        rs = tessera::eval::evaluate_icl_task(*model, tokenizer, task, k, ranks, batch_size);
+      }
       if (!lead) continue;
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       int64_t examples = 0;

@@ -1,6 +1,10 @@
 // Precision names and dtypes.
 #include "tessera/core/precision.h"
 
+#include <spdlog/spdlog.h>
+
+#include "tessera/util/peak_flops.h"
+
 namespace tessera::core {
 
 std::string to_string(Precision p) {
@@ -28,6 +32,21 @@ c10::ScalarType autocast_dtype(Precision p) {
       break;
   }
   return c10::kFloat;
+}
+
+Precision auto_precision(const c10::Device& device) {
+  if (device.is_cuda()) {
+    spdlog::info("precision: auto -> amp_bf16 (GPU)");
+    return Precision::kAmpBf16;
+  }
+  const util::CpuBf16 bf16 = util::probe_cpu_bf16();
+  if (bf16.native()) {
+    spdlog::info("precision: auto -> amp_bf16 (bf16 is native on this CPU: {})", bf16.rates());
+    return Precision::kAmpBf16;
+  }
+  spdlog::info("precision: auto -> fp32 (bf16 is {} on this CPU: {})", bf16.flag ? "slower than fp32" : "emulated",
+               bf16.rates());
+  return Precision::kFp32;
 }
 
 }  // namespace tessera::core

@@ -18,19 +18,49 @@ namespace tessera::eval {
 
 namespace {
 
-// Log-probabilities of the continuation tokens after the context. x: (1, L) -> rows L_ctx-1 .. L-2 of the logits.
-at::Tensor continuation_log_probs(models::CausalLM& model, const IclRow& row, at::Tensor* predictions) {
-  std::vector<int64_t> ids = row.context;
-  ids.insert(ids.end(), row.continuation.begin(), row.continuation.end());
+// Scores rows in batches of up to `batch_size`, longest first so that a batch's rows have similar lengths. A batch is
+// right-padded to its longest row: with causal attention a row's tokens never attend to the padding after them, so
+// each row's log-probabilities are its unpadded ones up to float rounding (LLM Foundry pads its batches too).
+// `exact_match`: 1 when every continuation token is the argmax, else 0 (LM); otherwise the continuation's mean
+// cross-entropy (MC, schema).
+std::vector<double> score_rows(models::CausalLM& model, const std::vector<const IclRow*>& rows, bool exact_match,
+                               int64_t batch_size) {
+  auto length = [&](size_t i) { return rows[i]->context.size() + rows[i]->continuation.size(); };
+  std::vector<size_t> order(rows.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return length(a) > length(b); });
   const auto device = model.parameters().front().device();
-  at::Tensor input = at::tensor(ids, at::kLong).unsqueeze(0).to(device);
-  at::Tensor logits = model.forward(input).squeeze(0).to(at::kFloat);  // (L, V)
-  const auto start = static_cast<int64_t>(row.context.size()) - 1;
-  const auto len = static_cast<int64_t>(row.continuation.size());
-  at::Tensor rows = logits.narrow(0, start, len);  // (C, V)
-  if (predictions != nullptr) *predictions = rows.argmax(-1).cpu();
-  at::Tensor targets = at::tensor(row.continuation, at::kLong).to(device);
-  return at::log_softmax(rows, -1).gather(1, targets.unsqueeze(1)).squeeze(1).cpu();  // (C,)
+  std::vector<double> out(rows.size(), 0.0);
+  const auto batch = static_cast<size_t>(batch_size);
+  for (size_t first = 0; first < order.size(); first += batch) {
+    const size_t n = std::min(batch, order.size() - first);
+    const size_t width = length(order[first]);
+    std::vector<int64_t> ids(n * width, 0);  // the padding's id is never read back
+    for (size_t b = 0; b < n; ++b) {
+      const IclRow& row = *rows[order[first + b]];
+      std::copy(row.context.begin(), row.context.end(), ids.begin() + static_cast<std::ptrdiff_t>(b * width));
+      std::copy(row.continuation.begin(), row.continuation.end(),
+                ids.begin() + static_cast<std::ptrdiff_t>(b * width + row.context.size()));
+    }
+    const at::Tensor input =
+        at::tensor(ids, at::kLong).view({static_cast<int64_t>(n), static_cast<int64_t>(width)}).to(device);
+    const at::Tensor logits = model.forward(input);  // (n, width, V)
+    std::vector<at::Tensor> values;                  // one scalar per row, read back once per batch (one device sync)
+    for (size_t b = 0; b < n; ++b) {
+      const IclRow& row = *rows[order[first + b]];
+      const auto start = static_cast<int64_t>(row.context.size()) - 1;
+      const auto len = static_cast<int64_t>(row.continuation.size());
+      // Rows start .. start + len - 1 predict the continuation's tokens.
+      const at::Tensor scores = logits[static_cast<int64_t>(b)].narrow(0, start, len).to(at::kFloat);  // (C, V)
+      const at::Tensor targets = at::tensor(row.continuation, at::kLong).to(device);
+      values.push_back(exact_match
+                           ? scores.argmax(-1).eq(targets).all().to(at::kDouble)
+                           : -at::log_softmax(scores, -1).gather(1, targets.unsqueeze(1)).mean().to(at::kDouble));
+    }
+    const at::Tensor host = at::stack(values).cpu();
+    for (size_t b = 0; b < n; ++b) out[order[first + b]] = host[static_cast<int64_t>(b)].item<double>();
+  }
+  return out;
 }
 
 bool is_punct(unsigned char c) {
@@ -99,7 +129,7 @@ namespace {
 // One evaluator: `data` (a whole task file, or one category of it) at `num_fewshot`.
 IclResult evaluate_examples(models::CausalLM& model, const data::Tokenizer& tokenizer, const IclTaskConfig& task,
                             const std::vector<IclExample>& data, int64_t num_fewshot, const std::string& category,
-                            const IclRanks& ranks) {
+                            const IclRanks& ranks, int64_t batch_size) {
   const int64_t max_seq_len = task.max_seq_len > 0 ? task.max_seq_len : model.max_seq_len();
   int64_t max_answer_tokens = 0;
   const std::vector<IclPrepared> examples =
@@ -130,30 +160,47 @@ IclResult evaluate_examples(models::CausalLM& model, const data::Tokenizer& toke
   gen.fixed_steps = ranks.world_size > 1;
   if (auto eos = tokenizer.eos_token_id() ? tokenizer.eos_token_id() : tokenizer.token_to_id("<|endoftext|>"))
     gen.eos_token_id = *eos;
-  // LM: 1 when every continuation token is the argmax; MC / schema: the continuation's mean cross-entropy;
-  // generation: 1 on an exact match.
-  auto score = [&](size_t e, size_t i) -> double {
-    const IclPrepared& p = examples[e];
-    if (type == "language_modeling") {
-      at::Tensor pred;
-      continuation_log_probs(model, p.rows[i], &pred);
-      return pred.eq(at::tensor(p.rows[i].continuation, at::kLong)).all().item<bool>() ? 1.0 : 0.0;
-    }
-    if (!generation) return -continuation_log_probs(model, p.rows[i], nullptr).mean().item<double>();
-    // Stop strings are applied to the decoded text (the cut is the same as stopping generation early).
-    std::vector<std::vector<int64_t>> out = models::generate(model, {p.rows[0].context}, gen);
-    std::vector<int32_t> ids(out[0].begin(), out[0].end());
-    return generation_exact_match(tokenizer.decode(ids, true), p.answers, task) ? 1.0 : 0.0;
-  };
-  std::vector<double> values(units.size(), 0.0);
+  // This rank's units: every world_size-th from its rank; past the end, the last unit again (its result unused), so
+  // that every rank runs the same number of batches, as a sharded model needs.
   const auto world = static_cast<size_t>(ranks.world_size);
   const size_t per_rank = (units.size() + world - 1) / world;
-  for (size_t j = 0; j < per_rank; ++j) {
-    const size_t u = j * world + static_cast<size_t>(ranks.rank);
-    if (u < units.size()) {
-      values[u] = score(units[u].first, units[u].second);
-    } else {
-      score(units.back().first, units.back().second);  // the same passes as the other ranks; result unused
+  std::vector<size_t> mine;
+  for (size_t j = 0; j < per_rank; ++j)
+    mine.push_back(std::min(j * world + static_cast<size_t>(ranks.rank), units.size() - 1));
+  const auto real = [&](size_t j) { return j * world + static_cast<size_t>(ranks.rank) < units.size(); };
+  std::vector<double> values(units.size(), 0.0);
+  if (!generation) {
+    // LM: 1 when every continuation token is the argmax; MC / schema: the continuation's mean cross-entropy.
+    std::vector<const IclRow*> rows;
+    for (size_t u : mine) rows.push_back(&examples[units[u].first].rows[units[u].second]);
+    const std::vector<double> scored = score_rows(model, rows, type == "language_modeling", batch_size);
+    for (size_t j = 0; j < mine.size(); ++j) {
+      if (real(j)) values[mine[j]] = scored[j];
+    }
+  } else {
+    // Generation: 1 on an exact match. Prompts in batches of similar lengths (generate left-pads and masks them);
+    // stop strings are applied to the decoded text (the cut is the same as stopping generation early).
+    std::vector<size_t> order(mine.size());
+    for (size_t j = 0; j < order.size(); ++j) order[j] = j;
+    auto prompt = [&](size_t j) -> const std::vector<int64_t>& {
+      return examples[units[mine[j]].first].rows[0].context;
+    };
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return prompt(a).size() > prompt(b).size(); });
+    const auto batch = static_cast<size_t>(batch_size);
+    for (size_t first = 0; first < order.size(); first += batch) {
+      const size_t n = std::min(batch, order.size() - first);
+      std::vector<std::vector<int64_t>> prompts;
+      for (size_t b = 0; b < n; ++b) prompts.push_back(prompt(order[first + b]));
+      const std::vector<std::vector<int64_t>> out = models::generate(model, prompts, gen);
+      for (size_t b = 0; b < n; ++b) {
+        const size_t j = order[first + b];
+        if (!real(j)) continue;
+        const std::vector<int32_t> ids(out[b].begin(), out[b].end());
+        values[mine[j]] =
+            generation_exact_match(tokenizer.decode(ids, true), examples[units[mine[j]].first].answers, task) ? 1.0
+                                                                                                              : 0.0;
+      }
     }
   }
   if (world > 1) ranks.sum(values);
@@ -184,16 +231,18 @@ IclResult evaluate_examples(models::CausalLM& model, const data::Tokenizer& toke
 }  // namespace
 
 std::vector<IclResult> evaluate_icl_task(models::CausalLM& model, const data::Tokenizer& tokenizer,
-                                         const IclTaskConfig& task, int64_t num_fewshot, const IclRanks& ranks) {
+                                         const IclTaskConfig& task, int64_t num_fewshot, const IclRanks& ranks,
+                                         int64_t batch_size) {
   if (ranks.world_size < 1 || ranks.rank < 0 || ranks.rank >= ranks.world_size ||
       (ranks.world_size > 1 && !ranks.sum)) {
     throw Error("icl", fmt::format("rank {} of {} is not a valid split", ranks.rank, ranks.world_size));
   }
+  if (batch_size < 1) throw Error("icl", fmt::format("batch size {} must be positive", batch_size));
   const std::vector<IclExample> data =
       load_icl_dataset(task.dataset_uri, task.icl_task_type, task.strip_dataset, task.has_categories);
   std::vector<IclResult> out;
   for (const auto& [category, examples] : split_by_category(task, data)) {
-    out.push_back(evaluate_examples(model, tokenizer, task, examples, num_fewshot, category, ranks));
+    out.push_back(evaluate_examples(model, tokenizer, task, examples, num_fewshot, category, ranks, batch_size));
   }
   return out;
 }

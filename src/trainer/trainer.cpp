@@ -34,7 +34,6 @@
 #include "tessera/util/file_io.h"
 #include "tessera/util/heartbeat.h"
 #include "tessera/util/hf_hub.h"
-#include "tessera/util/peak_flops.h"
 #include "tessera/util/preemption.h"
 
 namespace tessera::trainer {
@@ -62,23 +61,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-// `precision: auto`: amp_bf16 on a GPU, and on a CPU that computes bf16 natively (util::CpuBf16::native); fp32 where
-// bf16 would be emulated, about 50x slower (docs/training.md#precision).
-Precision auto_precision(const at::Device& device) {
-  if (device.is_cuda()) {
-    spdlog::info("precision: auto -> amp_bf16 (GPU)");
-    return Precision::kAmpBf16;
-  }
-  const util::CpuBf16 bf16 = util::probe_cpu_bf16();
-  if (bf16.native()) {
-    spdlog::info("precision: auto -> amp_bf16 (bf16 is native on this CPU: {})", bf16.rates());
-    return Precision::kAmpBf16;
-  }
-  spdlog::info("precision: auto -> fp32 (bf16 is {} on this CPU: {})", bf16.flag ? "slower than fp32" : "emulated",
-               bf16.rates());
-  return Precision::kFp32;
 }
 
 }  // namespace
@@ -218,7 +200,7 @@ void Trainer::setup_ranks() {
   }
   const bool use_gpu = cfg_.device == "gpu" || (cfg_.device == "auto" && dev.cuda_devices > 0);
   state_.device = use_gpu ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
-  state_.precision = cfg_.precision_auto ? auto_precision(state_.device) : cfg_.precision;
+  state_.precision = cfg_.precision_auto ? core::auto_precision(state_.device) : cfg_.precision;
   loss_scaler_ = LossScaler(state_.precision == Precision::kAmpFp16);
   if (state_.precision == Precision::kAmpFp16 && !state_.device.is_cuda()) {
     throw ConfigError("recipe", fmt::format("{}: precision: amp_fp16 needs a GPU (loss scaling is for CUDA); use "

@@ -129,7 +129,8 @@ void Trainer::run_icl_eval() {
       const int64_t tp = cfg_.fsdp.batch_replicas();
       eval::IclRanks ranks{data_rank(state_, tp), data_world(state_, tp),
                            [this](std::vector<double>& v) { v = sum_over_ranks(state_, v); }};
-      for (const eval::IclResult& r : eval::evaluate_icl_task(*state_.model, *tokenizer_, task, k, ranks)) {
+      for (const eval::IclResult& r :
+           eval::evaluate_icl_task(*state_.model, *tokenizer_, task, k, ranks, cfg_.device_eval_batch_size)) {
         state_.eval_metrics[r.label] = Metrics{{r.metric, r.accuracy()}};
         logger_.log_metrics({{fmt::format("metrics/{}/{}", r.label, r.metric), r.accuracy()}});
         results.push_back(r);

@@ -150,7 +150,7 @@ def test_accuracies_equal_reference(setup):
     binary = _binary("TESSERA_EVAL_BIN", "eval")
     proc = subprocess.run([binary, "--model", tmp / "hf", "--tokenizer", tmp / "tokenizer.json", "--tasks",
                            tmp / "tasks.yaml", "--gauntlet", tmp / "gauntlet.yaml", "--output", tmp / "results.json",
-                           "--dump-rows", tmp / "rows.jsonl"],
+                           "--dump-rows", tmp / "rows.jsonl", "--precision", "fp32"],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((tmp / "results.json").read_text())
@@ -164,16 +164,18 @@ def test_accuracies_equal_reference(setup):
         assert a == b
     assert any(len(r["context"]) + len(r["continuation"]) == MAX_SEQ_LEN for r in our_rows)  # truncation happened
     assert ours == theirs
-    # Split over 3 ranks (the eval launcher): the same counts and gauntlet scores.
-    proc3 = subprocess.run([binary, "--model", tmp / "hf", "--tokenizer", tmp / "tokenizer.json", "--tasks",
-                            tmp / "tasks.yaml", "--gauntlet", tmp / "gauntlet.yaml", "--output", tmp / "results3.json",
-                            "--nproc-per-node", "3", "--master-port", "0"],
-                           capture_output=True, text=True)
-    assert proc3.returncode == 0, proc3.stderr
-    doc3 = json.loads((tmp / "results3.json").read_text())
+    # One row per forward pass, and split over 3 ranks (the eval launcher) in batches of 3 that do not divide the
+    # rows evenly: the same counts and gauntlet scores as batches of 8 (the default) in one process.
     strip = [{k: v for k, v in r.items() if k != "seconds"} for r in doc["results"]]
-    assert [{k: v for k, v in r.items() if k != "seconds"} for r in doc3["results"]] == strip
-    assert doc3["eval_gauntlet"] == doc["eval_gauntlet"]
+    for name, extra in (("results1.json", ["--batch-size", "1"]),
+                        ("results3.json", ["--nproc-per-node", "3", "--master-port", "0", "--batch-size", "3"])):
+        proc = subprocess.run([binary, "--model", tmp / "hf", "--tokenizer", tmp / "tokenizer.json", "--tasks",
+                               tmp / "tasks.yaml", "--gauntlet", tmp / "gauntlet.yaml", "--output", tmp / name,
+                               "--precision", "fp32", *extra], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        other = json.loads((tmp / name).read_text())
+        assert [{k: v for k, v in r.items() if k != "seconds"} for r in other["results"]] == strip, name
+        assert other["eval_gauntlet"] == doc["eval_gauntlet"], name
     expected = reference_gauntlet(theirs)
     assert list(doc["eval_gauntlet"]) == list(expected)  # world_knowledge dropped
     assert doc["eval_gauntlet"] == pytest.approx(expected, abs=1e-12)
@@ -192,3 +194,28 @@ def test_malformed_line_names_file_and_line(setup, tmp_path):
                            tmp / "tokenizer.json", "--tasks", tmp_path / "tasks.yaml"], capture_output=True, text=True)
     assert proc.returncode == 1
     assert f"{tmp_path / 'bad.jsonl'}:2: `choices`: expected a list of strings" in proc.stderr
+
+
+def test_precision_bf16_on_the_cpu_and_fp16_refused(setup):
+    # --precision amp_bf16 autocasts the forward passes on the CPU (what `auto` picks where bf16 is native): every
+    # task is scored, and a multiple-choice task's pick moves only where the random model's choices are near ties.
+    tmp, _, _, _, _ = setup
+    binary = _binary("TESSERA_EVAL_BIN", "eval")
+    common = [binary, "--model", tmp / "hf", "--tokenizer", tmp / "tokenizer.json", "--tasks", tmp / "tasks.yaml"]
+    runs = {}
+    for precision in ("fp32", "amp_bf16"):
+        out = tmp / f"results_{precision}.json"
+        proc = subprocess.run([*common, "--precision", precision, "--output", out], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        assert f"evaluating on cpu in {precision}" in proc.stderr, proc.stderr
+        runs[precision] = {(r["label"], r["num_fewshot"], r.get("category")): (r["correct"], r["total"])
+                           for r in json.loads(out.read_text())["results"]}
+    assert runs["amp_bf16"].keys() == runs["fp32"].keys()
+    for key, (correct, total) in runs["fp32"].items():
+        assert runs["amp_bf16"][key][1] == total, key
+    agree = sum(min(runs["amp_bf16"][k][0], c) for k, (c, _) in runs["fp32"].items())
+    print({k: (runs["fp32"][k][0], runs["amp_bf16"][k][0]) for k in runs["fp32"]})
+    assert agree >= 0.8 * sum(c for c, _ in runs["fp32"].values()), runs
+    proc = subprocess.run([*common, "--precision", "amp_fp16"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "--precision amp_fp16 needs a GPU" in proc.stderr, proc.stderr

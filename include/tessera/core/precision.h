@@ -1,6 +1,7 @@
 // Training precision (Composer's Precision): what the forward and loss run in under autocast.
 #pragma once
 
+#include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
 #include <string>
@@ -17,5 +18,10 @@ std::string to_string(Precision p);
 
 // The dtype autocast computes in: kFloat for fp32, kBFloat16 (amp_bf16 and amp_fp8), kHalf.
 c10::ScalarType autocast_dtype(Precision p);
+
+// `precision: auto` (training and evaluation): amp_bf16 on a GPU, and on a CPU that computes bf16 natively
+// (util::CpuBf16::native); fp32 where bf16 would be emulated, about 50x slower (docs/training.md#precision). Logs the
+// choice and why.
+Precision auto_precision(const c10::Device& device);
 
 }  // namespace tessera::core

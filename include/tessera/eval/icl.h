@@ -2,8 +2,11 @@
 // task types with their JSONL formats, exact prompt construction (prompt string, few-shot examples, delimiters,
 // separately tokenized continuations, left truncation) and the per-task accuracy metrics.
 //
-// Every row is scored on its own (batch size 1, no padding), so results never depend on a batch size; with causal
-// attention and ALiBi this equals LLM Foundry's padded batches up to float rounding.
+// Rows are scored in batches (LLM Foundry's device_eval_batch_size), right-padded to the batch's longest row: with
+// causal attention a row never attends to the padding after it, so every row's log-likelihood is the one it gets on
+// its own, up to float rounding, at any batch size. (The exception is a model whose output for a token depends on the
+// other tokens of the batch: MegaBlocks-style MoE with a capacity factor drops tokens over the whole batch, in LLM
+// Foundry's padded batches as here.) Generation batches prompts left-padded with an attention mask (models::generate).
 #pragma once
 
 #include <cstdint>
@@ -118,8 +121,9 @@ struct IclRanks {
 // With several ranks, each scores every world_size-th row (generation: example) and the per-row results are summed
 // over the ranks before the metric is computed, so the result is the one a single process gets. Every rank runs the
 // same number of forward passes (the last ones repeat a row where the rows do not divide evenly), as a sharded model
-// needs.
+// needs. `batch_size` rows (generation: prompts) go through each forward pass, the longest first; it must be positive.
 std::vector<IclResult> evaluate_icl_task(models::CausalLM& model, const data::Tokenizer& tokenizer,
-                                         const IclTaskConfig& task, int64_t num_fewshot, const IclRanks& ranks = {});
+                                         const IclTaskConfig& task, int64_t num_fewshot, const IclRanks& ranks = {},
+                                         int64_t batch_size = 1);
 
 }  // namespace tessera::eval
