@@ -1,6 +1,6 @@
 // `eval`: in-context-learning evaluation of a model (HF folder or Tessera checkpoint) on LLM Foundry task files.
 //
-//   eval --model runs/x/hf --tokenizer tokenizer.json --tasks tasks.yaml [--gauntlet gauntlet.yaml]
+//   eval --model runs/x/hf [--tokenizer tokenizer.json] --tasks tasks.yaml [--gauntlet gauntlet.yaml]
 //        [--output results.json] [--nproc-per-node N] [--batch-size 8] [--device auto] [--precision auto]
 //
 // Exit codes: 0 success, 1 runtime failure (bad task file, model), 2 usage or task-config error.
@@ -54,7 +54,8 @@ int run(int argc, char** argv) {
                  "Hugging Face MPT folder (config.json + safetensors), Tessera checkpoint directory, or a save folder "
                  "(its newest valid checkpoint)")
       ->required();
-  app.add_option("--tokenizer", tokenizer_path, "tokenizer.json")->required();
+  app.add_option("--tokenizer", tokenizer_path,
+                 "A tokenizer.json, its folder or a hub id in the local HF cache (default: the model folder's)");
   app.add_option("--tasks", tasks_path, "Tasks YAML with `icl_tasks` (LLM Foundry's tasks_v0.3.yaml format)")
       ->required();
   app.add_option("--gauntlet", gauntlet_path, "Eval Gauntlet YAML (LLM Foundry's eval_gauntlet_v0.3.yaml format)");
@@ -115,8 +116,16 @@ int run(int argc, char** argv) {
   const std::vector<tessera::eval::IclTaskConfig> tasks = tessera::eval::load_icl_tasks(tasks_path);
   std::optional<tessera::eval::GauntletConfig> gauntlet;
   if (!gauntlet_path.empty()) gauntlet = tessera::eval::load_gauntlet(gauntlet_path);
-  const tessera::data::Tokenizer tokenizer =
-      tessera::data::Tokenizer::from_file(tessera::util::resolve_hf_tokenizer(tokenizer_path));
+  std::filesystem::path tokenizer_file;
+  try {
+    tokenizer_file = tessera::util::resolve_hf_tokenizer(tokenizer_path.empty() ? model_dir : tokenizer_path);
+  } catch (const tessera::Error& e) {
+    throw tessera::ConfigError("eval", fmt::format("{}{}", e.message(),
+                                                   tokenizer_path.empty() ? " (give --tokenizer: a tokenizer.json, its "
+                                                                            "folder or a hub id in the local HF cache)"
+                                                                          : ""));
+  }
+  const tessera::data::Tokenizer tokenizer = tessera::data::Tokenizer::from_file(tokenizer_file);
   const std::shared_ptr<tessera::models::CausalLM> model = tessera::checkpoint::load_any_model(model_dir, "eval");
   const tessera::util::DeviceInfo dev = tessera::util::device_info();
   if (device_name == "gpu" && dev.cuda_devices == 0) {

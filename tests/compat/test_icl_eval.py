@@ -219,3 +219,23 @@ def test_precision_bf16_on_the_cpu_and_fp16_refused(setup):
     proc = subprocess.run([*common, "--precision", "amp_fp16"], capture_output=True, text=True)
     assert proc.returncode == 2
     assert "--precision amp_fp16 needs a GPU" in proc.stderr, proc.stderr
+
+
+def test_the_tokenizer_defaults_to_the_model_folders(setup, tmp_path):
+    # Without --tokenizer, eval reads the model folder's tokenizer (an HF folder or an hf_checkpointer export has
+    # one); a folder without one is a usage error that says what to give.
+    import shutil
+    tmp, _, _, _, _ = setup
+    binary = _binary("TESSERA_EVAL_BIN", "eval")
+    args = ["--tasks", tmp / "tasks.yaml", "--precision", "fp32", "--batch-size", "4"]
+    proc = subprocess.run([binary, "--model", tmp / "hf", *args], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "give --tokenizer" in proc.stderr and str(tmp / "hf") in proc.stderr, proc.stderr
+    shutil.copytree(tmp / "hf", tmp_path / "hf")
+    shutil.copy(tmp / "tokenizer.json", tmp_path / "hf" / "tokenizer.json")
+    runs = []
+    for extra in ([], ["--tokenizer", tmp / "tokenizer.json"]):
+        proc = subprocess.run([binary, "--model", tmp_path / "hf", *extra, *args], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        runs.append(proc.stdout)
+    assert runs[0] == runs[1] and "metrics/piqa/0-shot/InContextLearningMultipleChoiceAccuracy" in runs[0]
