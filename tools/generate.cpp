@@ -13,10 +13,12 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,7 +71,8 @@ int run(int argc, char** argv) {
   tessera::util::add_plugin_option(app);
   std::string model_path, tokenizer_path, prompt_file, output, system, log_level = "warn";
   std::vector<std::string> prompts, stops;
-  bool chat = false;
+  bool chat = false, stream = false;
+  int64_t batch_size = 16;
   tessera::models::GenerationOptions g;
   g.max_new_tokens = 64;
   app.add_option("--model", model_path, "HF folder, Tessera checkpoint, save folder, or hub id in the local HF cache")
@@ -88,13 +91,25 @@ int run(int argc, char** argv) {
   app.add_option("--temperature", g.temperature, "Sampling temperature")->check(CLI::PositiveNumber);
   app.add_option("--top-k", g.top_k, "Sample among the k most likely tokens (0: all)")->check(CLI::NonNegativeNumber);
   app.add_option("--top-p", g.top_p, "Sample within the top-p probability mass")->check(CLI::Range(0.0, 1.0));
+  app.add_option("--min-p", g.min_p, "Sample among tokens at least this fraction as likely as the likeliest (0: all)")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--repetition-penalty", g.repetition_penalty,
+                 "Divide (multiply, when negative) the logits of tokens already in the sequence by this (1: off)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--seed", g.seed, "Sampling seed");
+  app.add_option("--batch-size", batch_size,
+                 "Prompts decoded together (left-padded; the output keeps the prompts' order)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--stream", stream,
+               "Print each completion as its tokens come (prompts one at a time; without --output)");
   app.add_option("--stop", stops, "Stop a sequence when its tokens end with this text's tokens (repeatable)");
   app.add_option("--output", output, "Write {\"prompt\", \"completion\", \"tokens\"} rows as JSONL here");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off");
   if (auto code = tessera::util::parse_command_line(app, argc, argv)) return *code;
   tessera::util::init_logging(log_level);
   if (!system.empty() && !chat) throw tessera::ConfigError("generate", "--system needs --chat");
+  if (stream && !output.empty())
+    throw tessera::ConfigError("generate", "--stream prints to the terminal: drop --output");
 
   std::vector<Prompt> all;
   for (const std::string& p : prompts) all.push_back({p, Json()});
@@ -142,21 +157,61 @@ int run(int argc, char** argv) {
     const std::vector<int32_t> t = tok.tokenizer().encode(s, false);
     g.stop_sequences.emplace_back(t.begin(), t.end());
   }
-  const std::vector<std::vector<int64_t>> out = tessera::models::generate(*model, ids, g);
-
   std::ofstream rows;
   if (!output.empty()) {
     rows.open(output);
     if (!rows) throw tessera::Error("generate", fmt::format("cannot write {}", output));
   }
-  for (size_t i = 0; i < out.size(); ++i) {
-    const std::vector<int32_t> t(out[i].begin(), out[i].end());
-    const std::string completion = tok.tokenizer().decode(t, /*skip_special_tokens=*/true);
-    if (rows.is_open()) {
-      rows << nlohmann::json{{"prompt", shown[i]}, {"completion", completion}, {"tokens", out[i]}}.dump() << "\n";
-    } else {
-      if (all.size() > 1) std::cout << "=== " << i + 1 << "\n";
-      std::cout << completion << "\n";
+  auto decode = [&](const std::vector<int64_t>& t) {
+    return tok.tokenizer().decode(std::vector<int32_t>(t.begin(), t.end()), /*skip_special_tokens=*/true);
+  };
+  // Batches of prompts of similar lengths (less padding), longest first; each batch's completions are written as
+  // soon as it ends, in the prompts' order.
+  std::vector<size_t> order(ids.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  const auto batch = stream ? size_t{1} : static_cast<size_t>(batch_size);
+  if (!stream) {
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ids[a].size() > ids[b].size(); });
+  }
+  std::vector<std::optional<std::vector<int64_t>>> done(ids.size());
+  size_t next_out = 0;  // the first prompt not written yet
+  for (size_t first = 0; first < order.size(); first += batch) {
+    const size_t n = std::min(batch, order.size() - first);
+    std::vector<std::vector<int64_t>> part;
+    for (size_t b = 0; b < n; ++b) part.push_back(ids[order[first + b]]);
+    tessera::models::GenerationOptions opts = g;
+    std::vector<int64_t> so_far;
+    std::string printed;
+    if (stream) {
+      if (all.size() > 1) std::cout << "=== " << order[first] + 1 << "\n";
+      opts.on_token = [&](size_t, int64_t token) {
+        // Print what the text gained, once it does not end inside a multi-byte character.
+        so_far.push_back(token);
+        const std::string text = decode(so_far);
+        if (text.size() > printed.size() && text.compare(0, printed.size(), printed) == 0 &&
+            text.find("\xEF\xBF\xBD", printed.size()) == std::string::npos) {
+          std::cout << text.substr(printed.size()) << std::flush;
+          printed = text;
+        }
+      };
+    }
+    const std::vector<std::vector<int64_t>> out = tessera::models::generate(*model, part, opts);
+    for (size_t b = 0; b < n; ++b) done[order[first + b]] = out[b];
+    if (stream) {
+      const std::string text = decode(out[0]);
+      std::cout << (text.compare(0, printed.size(), printed) == 0 ? text.substr(printed.size()) : "") << "\n";
+      continue;
+    }
+    for (; next_out < done.size() && done[next_out]; ++next_out) {
+      const std::vector<int64_t>& t = *done[next_out];
+      const std::string completion = decode(t);
+      if (rows.is_open()) {
+        rows << nlohmann::json{{"prompt", shown[next_out]}, {"completion", completion}, {"tokens", t}}.dump() << "\n"
+             << std::flush;
+      } else {
+        if (all.size() > 1) std::cout << "=== " << next_out + 1 << "\n";
+        std::cout << completion << "\n" << std::flush;
+      }
     }
   }
   return 0;

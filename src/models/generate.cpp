@@ -11,8 +11,8 @@
 namespace tessera::models {
 namespace {
 
-// Filters (B, V) logits in place of top-k and top-p, as HF's TopK/TopP warpers do (top-k first).
-at::Tensor filter_logits(at::Tensor logits, int64_t top_k, double top_p) {
+// Filters (B, V) logits of top-k, top-p and min-p, as HF's TopK, TopP and MinP warpers do, in that order.
+at::Tensor filter_logits(at::Tensor logits, int64_t top_k, double top_p, double min_p) {
   const float kMasked = -std::numeric_limits<float>::infinity();
   if (top_k > 0 && top_k < logits.size(-1)) {
     const at::Tensor kth = std::get<0>(logits.topk(top_k, -1)).narrow(-1, top_k - 1, 1);
@@ -24,6 +24,12 @@ at::Tensor filter_logits(at::Tensor logits, int64_t top_k, double top_p) {
     at::Tensor remove = cumulative <= (1.0 - top_p);
     remove.narrow(-1, remove.size(-1) - 1, 1).fill_(false);  // always keep the most likely token
     logits = logits.masked_fill(remove.scatter(-1, idx, remove), kMasked);
+  }
+  if (min_p > 0.0) {
+    const at::Tensor probs = logits.softmax(-1);
+    at::Tensor remove = probs < std::get<0>(probs.max(-1, /*keepdim=*/true)) * min_p;
+    remove.scatter_(-1, logits.argmax(-1, /*keepdim=*/true), false);  // always keep the most likely token
+    logits = logits.masked_fill(remove, kMasked);
   }
   return logits;
 }
@@ -39,6 +45,8 @@ std::vector<std::vector<int64_t>> generate(CausalLM& model, const std::vector<st
   if (prompts.empty()) return {};
   if (g.temperature <= 0) throw ConfigError("generate", "temperature must be positive");
   if (g.top_p <= 0 || g.top_p > 1) throw ConfigError("generate", "top_p must lie in (0, 1]");
+  if (g.min_p < 0 || g.min_p > 1) throw ConfigError("generate", "min_p must lie in [0, 1]");
+  if (g.repetition_penalty <= 0) throw ConfigError("generate", "repetition_penalty must be positive");
   const bool was_training = model.is_training();
   model.eval();
   at::NoGradGuard no_grad;
@@ -61,6 +69,22 @@ std::vector<std::vector<int64_t>> generate(CausalLM& model, const std::vector<st
     mask[b].narrow(0, offset, longest - offset).fill_(true);
   }
   ids = ids.to(device);
+  // With a repetition penalty: which tokens each sequence holds so far (its prompt without the padding, then what it
+  // generates), on the CPU where the logits are processed.
+  at::Tensor seen;
+  if (g.repetition_penalty != 1.0) {
+    seen = at::zeros({batch, model.vocab_size()}, at::kBool);
+    for (int64_t b = 0; b < batch; ++b) {
+      const auto& p = prompts[static_cast<size_t>(b)];
+      for (int64_t t : p) {
+        if (t < 0 || t >= seen.size(1)) {
+          throw ConfigError("generate", fmt::format("prompt {} holds token {}, outside the model's vocabulary of {}", b,
+                                                    t, seen.size(1)));
+        }
+      }
+      seen[b].index_fill_(0, at::tensor(p, at::kLong), true);
+    }
+  }
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(g.seed);
   KVCache cache;
   ForwardOptions fo;
@@ -76,10 +100,14 @@ std::vector<std::vector<int64_t>> generate(CausalLM& model, const std::vector<st
       input = all_ids;
       if (padded) fo.attention_mask = all_mask;
     }
-    const at::Tensor logits = model.forward(input, fo).select(1, -1).to(at::kFloat).cpu();  // (B, V)
+    at::Tensor logits = model.forward(input, fo).select(1, -1).to(at::kFloat).cpu();  // (B, V)
+    if (seen.defined()) {
+      const at::Tensor penalized = at::where(logits < 0, logits * g.repetition_penalty, logits / g.repetition_penalty);
+      logits = at::where(seen, penalized, logits);  // the protocol's logits are (B, S, vocab_size())
+    }
     at::Tensor next;
     if (g.do_sample) {
-      const at::Tensor filtered = filter_logits(logits / g.temperature, g.top_k, g.top_p);
+      const at::Tensor filtered = filter_logits(logits / g.temperature, g.top_k, g.top_p, g.min_p);
       next = at::multinomial(filtered.softmax(-1), 1, /*replacement=*/false, gen).squeeze(1);
     } else {
       next = logits.argmax(-1);
@@ -93,6 +121,8 @@ std::vector<std::vector<int64_t>> generate(CausalLM& model, const std::vector<st
       }
       const int64_t token = next[b].item<int64_t>();
       seq.push_back(token);
+      if (seen.defined()) seen[b][token] = true;
+      if (g.on_token) g.on_token(static_cast<size_t>(b), token);
       bool stop = g.eos_token_id && token == *g.eos_token_id;
       for (const auto& s : g.stop_sequences) stop = stop || ends_with(seq, s);
       done[static_cast<size_t>(b)] = stop;

@@ -1,8 +1,10 @@
 """`generate` (the command) against transformers' own generate on the same Llama folder and tokenizer: greedy decoding
 of plain prompts (tokenized with special tokens) and of chat prompts (the tokenizer's Zephyr-style chat template with
 add_generation_prompt, tokenized without special tokens, as apply_chat_template does), several prompts in one batch
-(left-padded inside `generate`), must give exactly the tokens transformers generates for each prompt alone. Sampling
-with a seed is reproducible, and a malformed prompt file is an error naming its line."""
+(left-padded inside `generate`), must give exactly the tokens transformers generates for each prompt alone; so must
+greedy decoding with a repetition penalty, in batches of 2 and of 1. Sampling with a seed is reproducible, min_p = 1
+keeps only the likeliest token (greedy), --stream prints what the batch run prints, and a malformed prompt file is an
+error naming its line."""
 import json
 import os
 import pathlib
@@ -42,7 +44,7 @@ def run(*args, stdin=None):
     return proc
 
 
-def hf_greedy(model_dir, prompt, chat, max_new):
+def hf_greedy(model_dir, prompt, chat, max_new, **extra):
     tok = PreTrainedTokenizerFast.from_pretrained(model_dir)
     model = LlamaForCausalLM.from_pretrained(model_dir).eval()
     if chat:
@@ -52,7 +54,7 @@ def hf_greedy(model_dir, prompt, chat, max_new):
         ids = tok(prompt, return_tensors="pt").input_ids
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=max_new, do_sample=False, eos_token_id=tok.eos_token_id,
-                             pad_token_id=tok.eos_token_id, attention_mask=torch.ones_like(ids))
+                             pad_token_id=tok.eos_token_id, attention_mask=torch.ones_like(ids), **extra)
     return out[0, ids.shape[1]:].tolist()
 
 
@@ -77,3 +79,35 @@ def test_sampling_is_seeded_and_prompt_files_are_checked(model_dir, tmp_path):
     (tmp_path / "p.jsonl").write_text('{"prompt": "a"}\n{"prompt": \n')
     bad = run("--model", model_dir, "--prompt-file", tmp_path / "p.jsonl")
     assert bad.returncode == 1 and "p.jsonl:2: malformed JSON line" in bad.stderr, bad.stderr
+
+
+def test_repetition_penalty_in_batches_equals_transformers(model_dir, tmp_path):
+    # HF's RepetitionPenaltyLogitsProcessor over the prompt and the tokens generated so far; the 3 prompts in batches of
+    # 2 (longest first, so the two short ones share one) and of 1 give the tokens of each prompt alone in transformers.
+    outs = []
+    for batch in (2, 1):
+        args = ["--model", model_dir, "--max-new-tokens", 16, "--repetition-penalty", 1.5, "--batch-size", batch,
+                "--output", tmp_path / f"out{batch}.jsonl"]
+        for p in PROMPTS:
+            args += ["--prompt", p]
+        proc = run(*args)
+        assert proc.returncode == 0, proc.stderr
+        outs.append([json.loads(line) for line in (tmp_path / f"out{batch}.jsonl").read_text().splitlines()])
+    assert outs[0] == outs[1]
+    plain = [hf_greedy(model_dir, p, False, 16) for p in PROMPTS]
+    for p, row in zip(PROMPTS, outs[0]):
+        assert row["tokens"] == hf_greedy(model_dir, p, False, 16, repetition_penalty=1.5), p
+    assert [r["tokens"] for r in outs[0]] != plain  # the penalty changed something
+
+
+def test_min_p_one_is_greedy_and_stream_prints_the_same(model_dir):
+    prompts = ["--prompt", PROMPTS[0], "--prompt", PROMPTS[1]]
+    greedy = run("--model", model_dir, "--max-new-tokens", 12, *prompts)
+    assert greedy.returncode == 0, greedy.stderr
+    # min_p = 1 removes every token less likely than the likeliest: sampling is greedy decoding, whatever the seed.
+    sampled = run("--model", model_dir, "--max-new-tokens", 12, "--sample", "--min-p", 1, "--seed", 11, *prompts)
+    assert sampled.returncode == 0 and sampled.stdout == greedy.stdout, sampled.stderr
+    streamed = run("--model", model_dir, "--max-new-tokens", 12, "--stream", *prompts)
+    assert streamed.returncode == 0 and streamed.stdout == greedy.stdout, streamed.stderr
+    bad = run("--model", model_dir, "--stream", "--output", "x.jsonl", *prompts)
+    assert bad.returncode == 2 and "--stream prints to the terminal" in bad.stderr, bad.stderr

@@ -1,9 +1,12 @@
 // Autoregressive decoding from any causal LM (the model protocol) with a KV cache: greedy or sampled (temperature,
-// top-k, top-p), stop sequences, end-of-sequence token, max new tokens. Used by ICL generation tasks and by users
+// top-k, top-p, min-p), a repetition penalty, stop sequences, end-of-sequence token, max new tokens, and a callback
+// per new token (streaming). Used by ICL generation tasks and by users
 // trying a model.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -13,10 +16,15 @@ namespace tessera::models {
 
 struct GenerationOptions {
   int64_t max_new_tokens = 20;
-  bool do_sample = false;                            // false: greedy (argmax; the first index on ties)
-  double temperature = 1.0;                          // > 0; logits are divided by it before sampling
-  int64_t top_k = 0;                                 // keep the k most likely tokens; 0 = all
-  double top_p = 1.0;                                // keep the smallest set whose probability reaches p; 1 = all
+  bool do_sample = false;    // false: greedy (argmax; the first index on ties)
+  double temperature = 1.0;  // > 0; logits are divided by it before sampling
+  int64_t top_k = 0;         // keep the k most likely tokens; 0 = all
+  double top_p = 1.0;        // keep the smallest set whose probability reaches p; 1 = all
+  double min_p =
+      0.0;  // keep the tokens at least min_p times as likely as the likeliest (HF's MinPLogitsWarper); 0 = all
+  // HF's RepetitionPenaltyLogitsProcessor, greedy or sampled: the logit of every token already in the sequence (prompt
+  // included) is divided by it where positive and multiplied by it where negative; 1 = off, > 1 discourages repeats.
+  double repetition_penalty = 1.0;
   std::optional<int64_t> eos_token_id;               // stop a sequence after emitting it
   std::vector<std::vector<int64_t>> stop_sequences;  // stop a sequence once its output ends with one of these
   int64_t pad_token_id = 0;                          // fills prompts on the left to a common length (masked out)
@@ -24,11 +32,14 @@ struct GenerationOptions {
   // Run all max_new_tokens forward passes even after every sequence has stopped (a stopped sequence gets no more
   // tokens, so the outputs are the same). The ranks of a sharded model must all run the same number of passes.
   bool fixed_steps = false;
+  // Called with (prompt index, token) for each token as it is generated, in order (streaming output).
+  std::function<void(size_t, int64_t)> on_token;
 };
 
-// Generates a continuation for each prompt (a batch, left-padded internally). Returns only the new tokens of each
-// sequence, including the end-of-sequence token or stop sequence that ended it. Runs in eval mode without autograd;
-// the model's training mode is restored afterwards.
+// Generates a continuation for each prompt (a batch, left-padded internally). Sampling applies HF's warpers in HF's
+// order: temperature, top-k, top-p, min-p; the repetition penalty comes before them. Returns only the new tokens of
+// each sequence, including the end-of-sequence token or stop sequence that ended it. Runs in eval mode without
+// autograd; the model's training mode is restored afterwards.
 std::vector<std::vector<int64_t>> generate(CausalLM& model, const std::vector<std::vector<int64_t>>& prompts,
                                            const GenerationOptions& options);
 
