@@ -1,5 +1,6 @@
 // `eval`: in-context-learning evaluation of a model (HF folder or Tessera checkpoint) on LLM Foundry task files.
 //
+//   eval --recipe hf_eval.yaml [key=value ...]     (LLM Foundry's eval YAML: several models, their table)
 //   eval --model runs/x/hf [--tokenizer tokenizer.json] --tasks tasks.yaml [--gauntlet gauntlet.yaml]
 //        [--output results.json] [--nproc-per-node N] [--batch-size 8] [--device auto] [--precision auto]
 //
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,6 +26,7 @@
 #include "tessera/data/tokenizer.h"
 #include "tessera/distributed/communicator.h"
 #include "tessera/distributed/launcher.h"
+#include "tessera/eval/eval_recipe.h"
 #include "tessera/eval/gauntlet.h"
 #include "tessera/eval/icl.h"
 #include "tessera/trainer/precision_context.h"
@@ -36,6 +39,113 @@
 namespace {
 
 namespace fs = std::filesystem;
+
+// One row of LLM Foundry's results table (command_utils/eval.py's calculate_markdown_results).
+struct TableRow {
+  std::string category, benchmark, subtask;  // "" where Foundry's cell is None
+  double accuracy = 0;
+  std::string shots;  // "0-shot"
+  std::string model;
+};
+
+// Foundry's table for one model's results: by few-shot count (in the order first evaluated), then benchmark, then
+// metric; a task with categories gives an "Average" row and one row per category (its Benchmark cell empty). The
+// Category column is the benchmark's gauntlet category.
+std::vector<TableRow> foundry_table(const std::vector<tessera::eval::IclResult>& all,
+                                    const std::optional<tessera::eval::GauntletConfig>& gauntlet,
+                                    const std::string& model) {
+  std::map<std::string, std::string> taxonomy;
+  if (gauntlet) {
+    for (const auto& c : gauntlet->categories) {
+      for (const auto& b : c.benchmarks) taxonomy[b.name] = c.name;
+    }
+  }
+  struct Sub {
+    double value;
+    std::string category;
+  };
+  // shots -> benchmark -> metric -> subscores, each level in first-seen order.
+  std::vector<std::pair<std::string,
+                        std::vector<std::pair<std::string, std::vector<std::pair<std::string, std::vector<Sub>>>>>>>
+      results;
+  auto at = [](auto& v, const std::string& key) -> auto& {
+    for (auto& [k, x] : v) {
+      if (k == key) return x;
+    }
+    v.emplace_back(key, typename std::decay_t<decltype(v)>::value_type::second_type{});
+    return v.back().second;
+  };
+  for (const auto& r : all) {
+    at(at(at(results, fmt::format("{}-shot", r.num_fewshot)), r.task), r.metric).push_back({r.accuracy(), r.category});
+  }
+  std::vector<TableRow> rows;
+  for (const auto& [shots, benchmarks] : results) {
+    for (const auto& [benchmark, metrics] : benchmarks) {
+      const std::string category = taxonomy.count(benchmark) ? taxonomy.at(benchmark) : "";
+      for (const auto& [metric, subs] : metrics) {
+        if (subs.size() == 1) {
+          rows.push_back({category, benchmark, "", subs[0].value, shots, model});
+          continue;
+        }
+        double sum = 0;
+        for (const Sub& sub : subs) sum += sub.value;
+        rows.push_back({category, benchmark, "Average", sum / static_cast<double>(subs.size()), shots, model});
+        for (const Sub& sub : subs) rows.push_back({category, "", sub.category, sub.value, shots, model});
+      }
+    }
+  }
+  return rows;
+}
+
+// The table as pandas' to_markdown (tabulate's "pipe" format) prints it: strings left-aligned, numbers right-aligned.
+std::string markdown(const std::vector<TableRow>& rows) {
+  const std::vector<std::string> head = {"Category", "Benchmark", "Subtask", "Accuracy", "Number few shot", "Model"};
+  std::vector<std::vector<std::string>> cells;
+  for (const TableRow& r : rows) {
+    cells.push_back({r.category, r.benchmark, r.subtask, fmt::format("{:g}", r.accuracy), r.shots, r.model});
+  }
+  std::vector<size_t> width;
+  for (size_t c = 0; c < head.size(); ++c) {
+    size_t w = head[c].size();
+    for (const auto& row : cells) w = std::max(w, row[c].size());
+    width.push_back(w);
+  }
+  auto line = [&](const std::vector<std::string>& v) {
+    std::string out = "|";
+    for (size_t c = 0; c < v.size(); ++c) {
+      out += c == 3 ? fmt::format(" {:>{}} |", v[c], width[c]) : fmt::format(" {:<{}} |", v[c], width[c]);
+    }
+    return out + "\n";
+  };
+  std::string out = line(head) + "|";
+  for (size_t c = 0; c < head.size(); ++c) {
+    out += c == 3 ? std::string(width[c] + 1, '-') + ":|" : ":" + std::string(width[c] + 1, '-') + "|";
+  }
+  out += "\n";
+  for (const auto& row : cells) out += line(row);
+  return out;
+}
+
+// --dump-rows: every scored row's token ids for one task and few-shot count.
+void dump_task_rows(std::ofstream& out, const tessera::eval::IclTaskConfig& task, int64_t k,
+                    const tessera::data::Tokenizer& tokenizer, const tessera::models::CausalLM& model) {
+  const int64_t max_seq_len = task.max_seq_len > 0 ? task.max_seq_len : model.max_seq_len();
+  const auto data =
+      tessera::eval::load_icl_dataset(task.dataset_uri, task.icl_task_type, task.strip_dataset, task.has_categories);
+  for (const auto& [category, examples] : tessera::eval::split_by_category(task, data)) {
+    const auto prepared = tessera::eval::prepare_icl_examples(task, examples, k, tokenizer, max_seq_len);
+    for (size_t i = 0; i < prepared.size(); ++i) {
+      for (const auto& row : prepared[i].rows) {
+        nlohmann::json j{{"label", task.label}, {"num_fewshot", k}};
+        if (task.has_categories) j["category"] = category;
+        j["example"] = i;
+        j["context"] = row.context;
+        j["continuation"] = row.continuation;
+        out << j.dump() << "\n";
+      }
+    }
+  }
+}
 
 int run(int argc, char** argv) {
   CLI::App app{"Evaluate a model on in-context-learning tasks (LLM Foundry's task format).", "eval"};
@@ -50,14 +160,18 @@ int run(int argc, char** argv) {
   int64_t batch_size = 8;
   std::string device_name = "auto";
   std::string precision_name = "auto";
+  std::string recipe_path;
+  std::vector<std::string> overrides;
+  app.add_option("--recipe", recipe_path,
+                 "LLM Foundry's eval YAML (scripts/eval/yamls/hf_eval.yaml: models, icl_tasks, eval_gauntlet, "
+                 "device_eval_batch_size, max_seq_len, precision); key=value arguments override it");
+  app.add_option("overrides", overrides, "key=value overrides of the --recipe (e.g. device_eval_batch_size=16)");
   app.add_option("--model", model_dir,
-                 "Hugging Face MPT folder (config.json + safetensors), Tessera checkpoint directory, or a save folder "
-                 "(its newest valid checkpoint)")
-      ->required();
+                 "HF folder (config.json + safetensors), Tessera checkpoint directory, or a save folder (its newest "
+                 "valid checkpoint)");
   app.add_option("--tokenizer", tokenizer_path,
                  "A tokenizer.json, its folder or a hub id in the local HF cache (default: the model folder's)");
-  app.add_option("--tasks", tasks_path, "Tasks YAML with `icl_tasks` (LLM Foundry's tasks_v0.3.yaml format)")
-      ->required();
+  app.add_option("--tasks", tasks_path, "Tasks YAML with `icl_tasks` (LLM Foundry's tasks_v0.3.yaml format)");
   app.add_option("--gauntlet", gauntlet_path, "Eval Gauntlet YAML (LLM Foundry's eval_gauntlet_v0.3.yaml format)");
   app.add_option("--output", output, "Write the results as JSON to this file");
   app.add_option("--dump-rows", dump_rows,
@@ -83,6 +197,18 @@ int run(int argc, char** argv) {
                  "Rendezvous port (with --nproc-per-node; default 29500; 0: the launcher binds a free port)")
       ->check(CLI::Range(0, 65535));
   if (auto code = tessera::util::parse_command_line(app, argc, argv)) return *code;
+  if (!recipe_path.empty()) {
+    for (const char* flag : {"--model", "--tokenizer", "--tasks", "--gauntlet", "--batch-size", "--precision"}) {
+      if (app.count(flag) > 0) {
+        throw tessera::ConfigError("eval", fmt::format("{} with --recipe: the recipe says it (override it with "
+                                                       "key=value, e.g. device_eval_batch_size=16 precision=fp32)",
+                                                       flag));
+      }
+    }
+  } else if (model_dir.empty() || tasks_path.empty() || !overrides.empty()) {
+    throw tessera::ConfigError(
+        "eval", overrides.empty() ? "give --model and --tasks, or --recipe" : "key=value overrides need --recipe");
+  }
   if (nproc_per_node > 0) {
     tessera::util::init_logging(log_level);
     // The ranks run this command line without the launcher's flags; only rank 0 prints and writes.
@@ -113,20 +239,29 @@ int run(int argc, char** argv) {
   }
   const bool lead = rv.rank == 0;
 
-  const std::vector<tessera::eval::IclTaskConfig> tasks = tessera::eval::load_icl_tasks(tasks_path);
+  // What to evaluate: one model from the flags, or each of the recipe's `models`.
+  struct Job {
+    std::string model_name;      // the table's Model column
+    std::string model_path;      // HF folder, Tessera checkpoint or save folder
+    std::string tokenizer_path;  // "" = the model folder's
+  };
+  std::vector<Job> jobs;
+  std::vector<tessera::eval::IclTaskConfig> tasks;
   std::optional<tessera::eval::GauntletConfig> gauntlet;
-  if (!gauntlet_path.empty()) gauntlet = tessera::eval::load_gauntlet(gauntlet_path);
-  std::filesystem::path tokenizer_file;
-  try {
-    tokenizer_file = tessera::util::resolve_hf_tokenizer(tokenizer_path.empty() ? model_dir : tokenizer_path);
-  } catch (const tessera::Error& e) {
-    throw tessera::ConfigError("eval", fmt::format("{}{}", e.message(),
-                                                   tokenizer_path.empty() ? " (give --tokenizer: a tokenizer.json, its "
-                                                                            "folder or a hub id in the local HF cache)"
-                                                                          : ""));
+  if (!recipe_path.empty()) {
+    const tessera::eval::EvalRecipe recipe = tessera::eval::load_eval_recipe(recipe_path, overrides);
+    for (const tessera::eval::EvalModelSpec& m : recipe.models) {
+      jobs.push_back({m.model_name, m.load_path.empty() ? m.pretrained_model_name_or_path : m.load_path, m.tokenizer});
+    }
+    tasks = recipe.icl_tasks;
+    gauntlet = recipe.gauntlet;
+    batch_size = recipe.device_eval_batch_size;
+    precision_name = recipe.precision;
+  } else {
+    jobs.push_back({model_dir, model_dir, tokenizer_path});
+    tasks = tessera::eval::load_icl_tasks(tasks_path);
+    if (!gauntlet_path.empty()) gauntlet = tessera::eval::load_gauntlet(gauntlet_path);
   }
-  const tessera::data::Tokenizer tokenizer = tessera::data::Tokenizer::from_file(tokenizer_file);
-  const std::shared_ptr<tessera::models::CausalLM> model = tessera::checkpoint::load_any_model(model_dir, "eval");
   const tessera::util::DeviceInfo dev = tessera::util::device_info();
   if (device_name == "gpu" && dev.cuda_devices == 0) {
     throw tessera::ConfigError("eval", fmt::format("--device gpu, but {}", tessera::util::describe(dev)));
@@ -134,7 +269,6 @@ int run(int argc, char** argv) {
   at::Device device(at::kCPU);
   if (device_name == "gpu" || (device_name == "auto" && dev.cuda_devices > 0)) {
     device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(rv.local_rank % std::max(1, dev.cuda_devices)));
-    model->to(device);
   }
   using tessera::core::Precision;
   const Precision precision = precision_name == "auto"       ? tessera::core::auto_precision(device)
@@ -144,75 +278,93 @@ int run(int argc, char** argv) {
   if (precision == Precision::kAmpFp16 && !device.is_cuda()) {
     throw tessera::ConfigError("eval", "--precision amp_fp16 needs a GPU; use amp_bf16 or fp32 on the CPU");
   }
-  spdlog::info("evaluating on {} in {}", device.str(), tessera::core::to_string(precision));
 
   std::ofstream rows_out;
   if (!dump_rows.empty() && lead) {
     rows_out.open(dump_rows);
     if (!rows_out) throw tessera::Error("eval", fmt::format("cannot write {}", dump_rows));
   }
-  std::vector<tessera::eval::IclResult> all;
-  nlohmann::ordered_json results = nlohmann::ordered_json::array();
-  for (const auto& task : tasks) {
-    for (int64_t k : task.num_fewshot) {
-      if (rows_out.is_open()) {
-        const int64_t max_seq_len = task.max_seq_len > 0 ? task.max_seq_len : model->max_seq_len();
-        const auto data = tessera::eval::load_icl_dataset(task.dataset_uri, task.icl_task_type, task.strip_dataset,
-                                                          task.has_categories);
-        for (const auto& [category, examples] : tessera::eval::split_by_category(task, data)) {
-          const auto prepared = tessera::eval::prepare_icl_examples(task, examples, k, tokenizer, max_seq_len);
-          for (size_t i = 0; i < prepared.size(); ++i) {
-            for (const auto& row : prepared[i].rows) {
-              nlohmann::json j{{"label", task.label}, {"num_fewshot", k}};
-              if (task.has_categories) j["category"] = category;
-              j["example"] = i;
-              j["context"] = row.context;
-              j["continuation"] = row.continuation;
-              rows_out << j.dump() << "\n";
-            }
-          }
-        }
-      }
-      const auto started = std::chrono::steady_clock::now();
-      std::vector<tessera::eval::IclResult> rs;
-      {
-        // Autocast as in training (fp32: off); the weights stay as loaded.
-        const tessera::trainer::AutocastGuard autocast(precision, device.type());
-        rs = tessera::eval::evaluate_icl_task(*model, tokenizer, task, k, ranks, batch_size);
-      }
-      if (!lead) continue;
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-      int64_t examples = 0;
-      for (const tessera::eval::IclResult& r : rs) examples += r.total;
-      for (const tessera::eval::IclResult& r : rs) {
-        std::cout << fmt::format("metrics/{}/{}: {:.4f} ({}/{})\n", r.label, r.metric, r.accuracy(), r.correct,
-                                 r.total);
-        nlohmann::ordered_json entry{{"label", r.task}, {"num_fewshot", r.num_fewshot}};
-        if (!r.category.empty()) entry["category"] = r.category;
-        entry["metric"] = r.metric;
-        entry["correct"] = r.correct;
-        entry["total"] = r.total;
-        entry["accuracy"] = r.accuracy();
-        // A task's categories share its time by their number of examples.
-        entry["seconds"] = seconds * static_cast<double>(r.total) / static_cast<double>(std::max<int64_t>(1, examples));
-        results.push_back(entry);
-        all.push_back(r);
-      }
-      spdlog::info("{}/{}-shot: {} examples in {:.2f} s ({:.1f} examples/s)", task.label, k, examples, seconds,
-                   static_cast<double>(examples) / seconds);
+  nlohmann::ordered_json per_model = nlohmann::ordered_json::array();
+  std::vector<TableRow> table;
+  for (const Job& job : jobs) {
+    std::filesystem::path tokenizer_file;
+    try {
+      tokenizer_file =
+          tessera::util::resolve_hf_tokenizer(job.tokenizer_path.empty() ? job.model_path : job.tokenizer_path);
+    } catch (const tessera::Error& e) {
+      throw tessera::ConfigError(
+          "eval", fmt::format("{}{}", e.message(),
+                              job.tokenizer_path.empty() ? " (give --tokenizer: a tokenizer.json, its folder or a hub "
+                                                           "id in the local HF cache)"
+                                                         : ""));
     }
+    const tessera::data::Tokenizer tokenizer = tessera::data::Tokenizer::from_file(tokenizer_file);
+    const std::shared_ptr<tessera::models::CausalLM> model =
+        tessera::checkpoint::load_any_model(job.model_path, "eval");
+    if (device.is_cuda()) model->to(device);
+    spdlog::info("evaluating {} on {} in {}, {} rows per forward pass", job.model_name, device.str(),
+                 tessera::core::to_string(precision), batch_size);
+    std::vector<tessera::eval::IclResult> all;
+    nlohmann::ordered_json results = nlohmann::ordered_json::array();
+    for (const auto& task : tasks) {
+      for (int64_t k : task.num_fewshot) {
+        if (rows_out.is_open()) dump_task_rows(rows_out, task, k, tokenizer, *model);
+        const auto started = std::chrono::steady_clock::now();
+        std::vector<tessera::eval::IclResult> rs;
+        {
+          // Autocast as in training (fp32: off); the weights stay as loaded.
+          const tessera::trainer::AutocastGuard autocast(precision, device.type());
+          rs = tessera::eval::evaluate_icl_task(*model, tokenizer, task, k, ranks, batch_size);
+        }
+        if (!lead) continue;
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+        int64_t examples = 0;
+        for (const tessera::eval::IclResult& r : rs) examples += r.total;
+        for (const tessera::eval::IclResult& r : rs) {
+          std::cout << fmt::format("metrics/{}/{}: {:.4f} ({}/{})\n", r.label, r.metric, r.accuracy(), r.correct,
+                                   r.total);
+          nlohmann::ordered_json entry{{"label", r.task}, {"num_fewshot", r.num_fewshot}};
+          if (!r.category.empty()) entry["category"] = r.category;
+          entry["metric"] = r.metric;
+          entry["correct"] = r.correct;
+          entry["total"] = r.total;
+          entry["accuracy"] = r.accuracy();
+          // A task's categories share its time by their number of examples.
+          entry["seconds"] =
+              seconds * static_cast<double>(r.total) / static_cast<double>(std::max<int64_t>(1, examples));
+          results.push_back(entry);
+          all.push_back(r);
+        }
+        spdlog::info("{}/{}-shot: {} examples in {:.2f} s ({:.1f} examples/s)", task.label, k, examples, seconds,
+                     static_cast<double>(examples) / seconds);
+      }
+    }
+    if (!lead) continue;
+    nlohmann::ordered_json doc{{"model_name", job.model_name}, {"results", results}};
+    if (gauntlet) {
+      nlohmann::ordered_json scores = nlohmann::ordered_json::object();
+      for (const auto& [name, score] : tessera::eval::compute_gauntlet(*gauntlet, all)) {
+        std::cout << fmt::format("icl/metrics/eval_gauntlet/{}: {:.4f}\n", name, score);
+        scores[name] = score;
+      }
+      doc["eval_gauntlet"] = scores;
+    }
+    per_model.push_back(doc);
+    for (TableRow& row : foundry_table(all, gauntlet, job.model_name)) table.push_back(std::move(row));
   }
   if (!lead) return tessera::kExitOk;
-  nlohmann::ordered_json doc{{"results", results}};
-  if (gauntlet) {
-    nlohmann::ordered_json scores = nlohmann::ordered_json::object();
-    for (const auto& [name, score] : tessera::eval::compute_gauntlet(*gauntlet, all)) {
-      std::cout << fmt::format("icl/metrics/eval_gauntlet/{}: {:.4f}\n", name, score);
-      scores[name] = score;
-    }
-    doc["eval_gauntlet"] = scores;
+  if (!recipe_path.empty()) {
+    // LLM Foundry's eval.py prints this table (calculate_markdown_results) after each model, for all models so far.
+    std::cout << "Printing complete results for all models\n" << markdown(table) << std::flush;
   }
   if (!output.empty()) {
+    nlohmann::ordered_json doc;
+    if (recipe_path.empty()) {  // one model: its results at the top level
+      doc = per_model.at(0);
+      doc.erase("model_name");
+    } else {
+      doc["models"] = per_model;
+    }
     std::ofstream out(output);
     out << doc.dump(2) << "\n";
     if (!out) throw tessera::Error("eval", fmt::format("cannot write {}", output));

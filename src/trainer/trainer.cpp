@@ -21,6 +21,7 @@
 #include "tessera/data/loader.h"
 #include "tessera/distributed/communicator.h"
 #include "tessera/distributed/fsdp.h"
+#include "tessera/eval/eval_recipe.h"
 #include "tessera/loggers/loggers.h"
 #include "tessera/models/blocks/float8.h"
 #include "tessera/models/context_parallel.h"
@@ -340,18 +341,8 @@ void Trainer::build_icl_tasks() {
     if (t.max_seq_len == 0) t.max_seq_len = cfg_.icl_seq_len.value_or(cfg_.max_seq_len);
   }
   if (cfg_.eval_gauntlet) {
-    if (cfg_.eval_gauntlet->is_scalar()) {
-      std::filesystem::path g = cfg_.eval_gauntlet->text();
-      const std::filesystem::path beside = std::filesystem::path(cfg_.recipe_path).parent_path() / g;
-      if (!std::filesystem::exists(g) && std::filesystem::exists(beside)) g = beside;
-      if (!std::filesystem::exists(g)) {
-        throw ConfigError("recipe", fmt::format("{}: eval_gauntlet: {} does not exist", cfg_.recipe_path,
-                                                cfg_.eval_gauntlet->text()));
-      }
-      gauntlet_ = eval::load_gauntlet(g.string());
-    } else {
-      gauntlet_ = eval::parse_gauntlet(*cfg_.eval_gauntlet);
-    }
+    gauntlet_ =
+        eval::gauntlet_from(*cfg_.eval_gauntlet, std::filesystem::path(cfg_.recipe_path).parent_path().string());
   }
   (void)tokenizer("icl_tasks");  // loaded now, so that a missing tokenizer fails at start-up
 }

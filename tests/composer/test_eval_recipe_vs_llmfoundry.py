@@ -1,0 +1,136 @@
+"""`tessera eval --recipe` against LLM Foundry's own evaluation entry point (llmfoundry.command_utils.eval_from_yaml,
+what scripts/eval/eval.py runs) on LLM Foundry's hf_eval.yaml as published (tests/data/eval/hf_eval.yaml).
+
+A small random MPT is built with transformers (MptConfig, save_pretrained) and a byte-level BPE tokenizer trained by
+HF `tokenizers` on the Debian fortunes is saved into the same folder, so that `hf_causal_lm` with
+pretrained_model_name_or_path and `tokenizer.name` both point at it, as a user's local model would. Both sides read
+the YAML with the same key=value overrides (the model folder, max_seq_len, a local tasks file and gauntlet); LLM
+Foundry's copy also drops fsdp_config and sets init_device: cpu, which its single CPU process needs. The table LLM
+Foundry prints (Category, Benchmark, Subtask, Accuracy, Number few shot, Model) must equal Tessera's row for row.
+"""
+import os
+import pathlib
+import subprocess
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("RAYON_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import yaml  # noqa: E402
+from tokenizers import ByteLevelBPETokenizer  # noqa: E402
+from transformers import MptConfig, MptForCausalLM, PreTrainedTokenizerFast  # noqa: E402
+
+torch.set_num_threads(1)
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EVAL = os.environ.get("TESSERA_EVAL_BIN", str(ROOT / "build" / "bin" / "eval"))
+DATA = ROOT / "tests" / "data" / "icl"  # first 40 lines of LLM Foundry's task files
+RECIPE = ROOT / "tests" / "data" / "eval" / "hf_eval.yaml"
+FORTUNES = pathlib.Path("/usr/share/games/fortunes")
+EOS = "<|endoftext|>"
+TASKS = [
+    dict(label="lambada_openai", file="lambada_openai.jsonl", icl_task_type="language_modeling", num_fewshot=[0]),
+    dict(label="jeopardy", file="jeopardy_small.jsonl", icl_task_type="language_modeling", num_fewshot=[0],
+         continuation_delimiter="\nAnswer: ", has_categories=True),
+    dict(label="piqa", file="piqa.jsonl", icl_task_type="multiple_choice", num_fewshot=[0, 2],
+         continuation_delimiter="\nAnswer: "),
+    dict(label="winograd", file="winograd_wsc.jsonl", icl_task_type="schema", num_fewshot=[0]),
+]
+GAUNTLET = dict(weighting="EQUAL", subtract_random_baseline=True, rescale_accuracy=True,
+                categories=[dict(name="commonsense_reasoning", benchmarks=[
+                                 dict(name="piqa", num_fewshot=0, random_baseline=0.5)]),
+                            dict(name="language_understanding", benchmarks=[
+                                 dict(name="lambada_openai", num_fewshot=0, random_baseline=0.0),
+                                 dict(name="winograd", num_fewshot=0, random_baseline=0.5)])])
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("eval_recipe")
+    docs = [d for d in (FORTUNES / "fortunes").read_text(errors="replace").split("\n%\n") if d.strip()]
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(docs, vocab_size=1024, min_frequency=2, special_tokens=[EOS], show_progress=False)
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, eos_token=EOS, pad_token=EOS)
+    torch.manual_seed(0)
+    model = MptForCausalLM(MptConfig(d_model=64, n_heads=4, n_layers=2, max_seq_len=256,
+                                     vocab_size=1024))
+    model.save_pretrained(tmp / "model", safe_serialization=True)
+    tok.save_pretrained(tmp / "model")
+    tasks = []
+    for t in TASKS:
+        (tmp / t["file"]).write_text("\n".join((DATA / t["file"]).read_text().splitlines()[:24]) + "\n")
+        tasks.append(dict({k: v for k, v in t.items() if k != "file"}, dataset_uri=str(tmp / t["file"])))
+    (tmp / "tasks.yaml").write_text(yaml.safe_dump({"icl_tasks": tasks}))
+    (tmp / "gauntlet.yaml").write_text(yaml.safe_dump({"eval_gauntlet": GAUNTLET}))
+    overrides = [f"variables.model_name_or_path={tmp / 'model'}", "variables.max_seq_len=256",
+                 f"icl_tasks={tmp / 'tasks.yaml'}", f"eval_gauntlet={tmp / 'gauntlet.yaml'}"]
+    return tmp, overrides
+
+
+def table(text):
+    """The last results table printed after "Printing complete results for all models": one tuple of cells per row
+    (Accuracy as a float; an empty cell, or pandas' None / nan, as "")."""
+    lines = text.splitlines()
+    start = max(i for i, line in enumerate(lines) if line.startswith("Printing complete results for all models"))
+    rows = []
+    for line in lines[start + 1:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    head, body = rows[0], rows[2:]
+    assert head == ["Category", "Benchmark", "Subtask", "Accuracy", "Number few shot", "Model"], head
+    out = []
+    for r in body:
+        r = ["" if c in ("None", "nan") else c for c in r]
+        out.append((r[0], r[1], r[2], float(r[3].removeprefix("tensor(").removesuffix(")")), r[4], r[5]))
+    return out
+
+
+def test_the_published_eval_yaml_prints_llm_foundrys_table(setup, tmp_path, capsys):
+    tmp, overrides = setup
+    proc = subprocess.run([EVAL, "--recipe", RECIPE, *overrides], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "fsdp_config: every rank of `eval` holds the whole model" in proc.stderr, proc.stderr
+    ours = table(proc.stdout)
+
+    # LLM Foundry's own entry point on the same YAML and overrides (its single CPU process cannot run FSDP).
+    from llmfoundry.command_utils import eval_from_yaml
+    theirs_yaml = yaml.safe_load(RECIPE.read_text())
+    del theirs_yaml["fsdp_config"]
+    theirs_yaml["models"][0]["model"]["init_device"] = "cpu"
+    theirs_yaml["python_log_level"] = None  # its logging handler would outlive pytest's captured stderr
+    (tmp_path / "hf_eval.yaml").write_text(yaml.safe_dump(theirs_yaml))
+    capsys.readouterr()
+    eval_from_yaml(str(tmp_path / "hf_eval.yaml"), overrides)
+    theirs = table(capsys.readouterr().out)
+
+    print("\n".join(map(str, ours)))
+    assert [r[:3] + r[4:] for r in ours] == [r[:3] + r[4:] for r in theirs]
+    assert [r[3] for r in ours] == pytest.approx([r[3] for r in theirs], abs=1e-6)
+    # What the table must hold: a category's Average row and its subtasks, the gauntlet's categories, both shots.
+    assert ("", "", "word_origins") in [r[:3] for r in ours]
+    assert any(r[1] == "jeopardy" and r[2] == "Average" for r in ours)
+    assert any(r[0] == "commonsense_reasoning" and r[1] == "piqa" for r in ours)
+    assert {r[4] for r in ours} == {"0-shot", "2-shot"}
+    assert all(r[5] == str(tmp / "model") for r in ours)
+
+
+def test_eval_recipe_errors_name_the_file_line_and_key(setup, tmp_path):
+    tmp, overrides = setup
+    text = RECIPE.read_text().replace("device_eval_batch_size: 4", "device_eval_batch_sise: 4")
+    (tmp_path / "typo.yaml").write_text(text)
+    proc = subprocess.run([EVAL, "--recipe", tmp_path / "typo.yaml", *overrides], capture_output=True, text=True)
+    assert proc.returncode == 2
+    line = text.splitlines().index("device_eval_batch_sise: 4") + 1
+    assert f"typo.yaml:{line}" in proc.stderr and "device_eval_batch_sise" in proc.stderr, proc.stderr
+    # Keys of LLM Foundry's schema that Tessera does not implement are named together.
+    (tmp_path / "loggers.yaml").write_text(RECIPE.read_text() + "loggers:\n  wandb: {}\nicl_subset_num_batches: 2\n")
+    proc = subprocess.run([EVAL, "--recipe", tmp_path / "loggers.yaml", *overrides], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "not supported yet" in proc.stderr and "loggers" in proc.stderr and "icl_subset_num_batches" in proc.stderr
+    # The flags the recipe decides are refused beside it.
+    proc = subprocess.run([EVAL, "--recipe", RECIPE, "--batch-size", "2", *overrides], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--batch-size with --recipe" in proc.stderr, proc.stderr
