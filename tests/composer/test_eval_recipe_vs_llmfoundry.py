@@ -89,7 +89,7 @@ def table(text):
     return out
 
 
-def test_the_published_eval_yaml_prints_llm_foundrys_table(setup, tmp_path, capsys):
+def test_the_published_eval_yaml_prints_llm_foundrys_table(setup, tmp_path, capsys, monkeypatch):
     tmp, overrides = setup
     proc = subprocess.run([EVAL, "--recipe", RECIPE, *overrides], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -104,6 +104,7 @@ def test_the_published_eval_yaml_prints_llm_foundrys_table(setup, tmp_path, caps
     theirs_yaml["python_log_level"] = None  # its logging handler would outlive pytest's captured stderr
     (tmp_path / "hf_eval.yaml").write_text(yaml.safe_dump(theirs_yaml))
     capsys.readouterr()
+    monkeypatch.chdir(tmp_path)  # where LLM Foundry copies (and partitions) the task files
     eval_from_yaml(str(tmp_path / "hf_eval.yaml"), overrides)
     theirs = table(capsys.readouterr().out)
 
