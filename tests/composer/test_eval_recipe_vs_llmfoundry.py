@@ -6,7 +6,8 @@ HF `tokenizers` on the Debian fortunes is saved into the same folder, so that `h
 pretrained_model_name_or_path and `tokenizer.name` both point at it, as a user's local model would. Both sides read
 the YAML with the same key=value overrides (the model folder, max_seq_len, a local tasks file and gauntlet); LLM
 Foundry's copy also drops fsdp_config and sets init_device: cpu, which its single CPU process needs. The table LLM
-Foundry prints (Category, Benchmark, Subtask, Accuracy, Number few shot, Model) must equal Tessera's row for row.
+Foundry prints (Category, Benchmark, Subtask, Accuracy, Number few shot, Model) must equal Tessera's row for row,
+and Tessera's must stay the same with one row per forward pass and on 2 ranks.
 """
 import os
 import pathlib
@@ -117,6 +118,14 @@ def test_the_published_eval_yaml_prints_llm_foundrys_table(setup, tmp_path, caps
     assert any(r[0] == "commonsense_reasoning" and r[1] == "piqa" for r in ours)
     assert {r[4] for r in ours} == {"0-shot", "2-shot"}
     assert all(r[5] == str(tmp / "model") for r in ours)
+
+    # One row per forward pass, and 2 ranks (the eval launcher): the same table.
+    for extra in (["device_eval_batch_size=1"], ["--nproc-per-node", "2", "--master-port", "0"]):
+        proc = subprocess.run([EVAL, "--recipe", RECIPE, *overrides, *extra], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        other = table(proc.stdout)
+        assert [r[:3] + r[4:] for r in other] == [r[:3] + r[4:] for r in ours], extra
+        assert [r[3] for r in other] == pytest.approx([r[3] for r in ours], abs=1e-9), extra
 
 
 def test_eval_recipe_errors_name_the_file_line_and_key(setup, tmp_path):
