@@ -287,17 +287,8 @@ int run(int argc, char** argv) {
   nlohmann::ordered_json per_model = nlohmann::ordered_json::array();
   std::vector<TableRow> table;
   for (const Job& job : jobs) {
-    std::filesystem::path tokenizer_file;
-    try {
-      tokenizer_file =
-          tessera::util::resolve_hf_tokenizer(job.tokenizer_path.empty() ? job.model_path : job.tokenizer_path);
-    } catch (const tessera::Error& e) {
-      throw tessera::ConfigError(
-          "eval", fmt::format("{}{}", e.message(),
-                              job.tokenizer_path.empty() ? " (give --tokenizer: a tokenizer.json, its folder or a hub "
-                                                           "id in the local HF cache)"
-                                                         : ""));
-    }
+    const std::filesystem::path tokenizer_file =
+        tessera::util::resolve_tool_tokenizer(job.tokenizer_path, job.model_path, "eval");
     const tessera::data::Tokenizer tokenizer = tessera::data::Tokenizer::from_file(tokenizer_file);
     const std::shared_ptr<tessera::models::CausalLM> model =
         tessera::checkpoint::load_any_model(job.model_path, "eval");

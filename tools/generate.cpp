@@ -118,17 +118,7 @@ int run(int argc, char** argv) {
   }
   if (prompts.empty() && prompt_file.empty()) all = read_prompt_file("-");
 
-  const std::string tok_source = tokenizer_path.empty() ? model_path : tokenizer_path;
-  std::filesystem::path tok_file;
-  try {
-    tok_file = tessera::util::resolve_hf_tokenizer(tok_source);
-  } catch (const tessera::Error& e) {
-    throw tessera::ConfigError("generate",
-                               fmt::format("{}{}", e.message(),
-                                           tokenizer_path.empty() ? " (give --tokenizer: a tokenizer.json, its folder "
-                                                                    "or a hub id in the local HF cache)"
-                                                                  : ""));
-  }
+  const std::filesystem::path tok_file = tessera::util::resolve_tool_tokenizer(tokenizer_path, model_path, "generate");
   const tessera::data::ChatTokenizer tok(tessera::data::Tokenizer::from_file(tok_file), "");
   const std::shared_ptr<tessera::models::CausalLM> model = tessera::checkpoint::load_any_model(model_path, "generate");
 

@@ -121,13 +121,15 @@ std::vector<std::vector<int64_t>> generate(CausalLM& model, const std::vector<st
       }
       const int64_t token = next[b].item<int64_t>();
       seq.push_back(token);
-      if (seen.defined()) seen[b][token] = true;
       if (g.on_token) g.on_token(static_cast<size_t>(b), token);
       bool stop = g.eos_token_id && token == *g.eos_token_id;
       for (const auto& s : g.stop_sequences) stop = stop || ends_with(seq, s);
       done[static_cast<size_t>(b)] = stop;
       all_done = all_done && stop;
     }
+    // The tokens just chosen join their sequences for the penalty (a finished sequence's padding too: it is never
+    // read).
+    if (seen.defined()) seen.scatter_(1, next.view({batch, 1}), true);
     if (all_done && !g.fixed_steps) break;
     input = next.view({batch, 1}).to(device);
     all_ids = at::cat({all_ids, input}, 1);

@@ -84,4 +84,15 @@ fs::path resolve_hf_tokenizer(const std::string& name_or_path) {
   return folder;
 }
 
+fs::path resolve_tool_tokenizer(const std::string& tokenizer, const std::string& model, const std::string& tool) {
+  try {
+    return resolve_hf_tokenizer(tokenizer.empty() ? model : tokenizer);
+  } catch (const Error& e) {
+    throw ConfigError(tool, fmt::format("{}{}", e.message(),
+                                        tokenizer.empty() ? " (give --tokenizer: a tokenizer.json, its folder or a hub "
+                                                            "id in the local HF cache)"
+                                                          : ""));
+  }
+}
+
 }  // namespace tessera::util

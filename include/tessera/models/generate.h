@@ -20,8 +20,8 @@ struct GenerationOptions {
   double temperature = 1.0;  // > 0; logits are divided by it before sampling
   int64_t top_k = 0;         // keep the k most likely tokens; 0 = all
   double top_p = 1.0;        // keep the smallest set whose probability reaches p; 1 = all
-  double min_p =
-      0.0;  // keep the tokens at least min_p times as likely as the likeliest (HF's MinPLogitsWarper); 0 = all
+  // Keep the tokens at least min_p times as likely as the likeliest (HF's MinPLogitsWarper); 0 = all.
+  double min_p = 0.0;
   // HF's RepetitionPenaltyLogitsProcessor, greedy or sampled: the logit of every token already in the sequence (prompt
   // included) is divided by it where positive and multiplied by it where negative; 1 = off, > 1 discourages repeats.
   double repetition_penalty = 1.0;

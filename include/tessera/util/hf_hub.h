@@ -24,4 +24,10 @@ std::filesystem::path resolve_hf_folder(const std::string& name_or_path);
 // tessera::Error naming what was searched.
 std::filesystem::path resolve_hf_tokenizer(const std::string& name_or_path);
 
+// The tokenizer a command uses (`eval`, `generate`): `tokenizer` (its --tokenizer) when given, else the model folder's.
+// Throws ConfigError (component `tool`, exit 2) with resolve_hf_tokenizer's message, which says to give --tokenizer
+// when the model folder has none.
+std::filesystem::path resolve_tool_tokenizer(const std::string& tokenizer, const std::string& model,
+                                             const std::string& tool);
+
 }  // namespace tessera::util
