@@ -92,14 +92,19 @@ def hf_forward(model, ids, **kwargs):
 
 
 def assert_gradients_match(ours, grads, tied):
+    """Each gradient within 1e-4 of its own largest element, plus a floor of 1e-6 of the model's largest gradient:
+    a parameter whose gradient is tiny beside the others' (Qwen3.5's A_log, 5e-5 against 0.1) carries rounding of the
+    forward at the model's scale, which differs from CPU to CPU (A_log's 6.9e-9 on an Intel Xeon failed the old floor
+    of 1e-4 of its own largest + 1e-9)."""
     names = {k[len("grad."):] for k in ours if k.startswith("grad.")}
     assert names == set(grads) - ({"lm_head.weight"} if tied else set())
+    scale = max(g.abs().max().item() for g in grads.values() if g is not None)
     for param in names:
         g = grads[param]
         if g is None:  # outside the graph (an expert no token was routed to): Tessera writes zeros
             g = torch.zeros_like(ours["grad." + param])
         diff = (ours["grad." + param] - g).abs().max().item()
-        assert diff <= 1e-4 * g.abs().max().item() + 1e-9, f"{param}: max-abs diff {diff}"
+        assert diff <= 1e-4 * g.abs().max().item() + 1e-6 * scale, f"{param}: max-abs diff {diff}"
 
 
 def check_logits_and_gradients(model, driver, tmp_path, seq=SEQ, pad_at=None, rename=lambda ours: ours):
