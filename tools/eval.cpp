@@ -30,7 +30,6 @@
 #include "tessera/eval/gauntlet.h"
 #include "tessera/eval/icl.h"
 #include "tessera/trainer/precision_context.h"
-#include "tessera/util/device.h"
 #include "tessera/util/error.h"
 #include "tessera/util/hf_hub.h"
 #include "tessera/util/logging.h"
@@ -262,22 +261,8 @@ int run(int argc, char** argv) {
     tasks = tessera::eval::load_icl_tasks(tasks_path);
     if (!gauntlet_path.empty()) gauntlet = tessera::eval::load_gauntlet(gauntlet_path);
   }
-  const tessera::util::DeviceInfo dev = tessera::util::device_info();
-  if (device_name == "gpu" && dev.cuda_devices == 0) {
-    throw tessera::ConfigError("eval", fmt::format("--device gpu, but {}", tessera::util::describe(dev)));
-  }
-  at::Device device(at::kCPU);
-  if (device_name == "gpu" || (device_name == "auto" && dev.cuda_devices > 0)) {
-    device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(rv.local_rank % std::max(1, dev.cuda_devices)));
-  }
-  using tessera::core::Precision;
-  const Precision precision = precision_name == "auto"       ? tessera::core::auto_precision(device)
-                              : precision_name == "amp_bf16" ? Precision::kAmpBf16
-                              : precision_name == "amp_fp16" ? Precision::kAmpFp16
-                                                             : Precision::kFp32;
-  if (precision == Precision::kAmpFp16 && !device.is_cuda()) {
-    throw tessera::ConfigError("eval", "--precision amp_fp16 needs a GPU; use amp_bf16 or fp32 on the CPU");
-  }
+  const at::Device device = tessera::core::device_from_flag(device_name, rv.local_rank, "eval");
+  const tessera::core::Precision precision = tessera::core::precision_from_flag(precision_name, device, "eval");
 
   std::ofstream rows_out;
   if (!dump_rows.empty() && lead) {

@@ -43,10 +43,7 @@ bool ends_with(const std::vector<int64_t>& seq, const std::vector<int64_t>& tail
 std::vector<std::vector<int64_t>> generate(CausalLM& model, const std::vector<std::vector<int64_t>>& prompts,
                                            const GenerationOptions& g) {
   if (prompts.empty()) return {};
-  if (g.temperature <= 0) throw ConfigError("generate", "temperature must be positive");
-  if (g.top_p <= 0 || g.top_p > 1) throw ConfigError("generate", "top_p must lie in (0, 1]");
-  if (g.min_p < 0 || g.min_p > 1) throw ConfigError("generate", "min_p must lie in [0, 1]");
-  if (g.repetition_penalty <= 0) throw ConfigError("generate", "repetition_penalty must be positive");
+  check_generation_options(g);
   const bool was_training = model.is_training();
   model.eval();
   at::NoGradGuard no_grad;
@@ -100,18 +97,8 @@ std::vector<std::vector<int64_t>> generate(CausalLM& model, const std::vector<st
       input = all_ids;
       if (padded) fo.attention_mask = all_mask;
     }
-    at::Tensor logits = model.forward(input, fo).select(1, -1).to(at::kFloat).cpu();  // (B, V)
-    if (seen.defined()) {
-      const at::Tensor penalized = at::where(logits < 0, logits * g.repetition_penalty, logits / g.repetition_penalty);
-      logits = at::where(seen, penalized, logits);  // the protocol's logits are (B, S, vocab_size())
-    }
-    at::Tensor next;
-    if (g.do_sample) {
-      const at::Tensor filtered = filter_logits(logits / g.temperature, g.top_k, g.top_p, g.min_p);
-      next = at::multinomial(filtered.softmax(-1), 1, /*replacement=*/false, gen).squeeze(1);
-    } else {
-      next = logits.argmax(-1);
-    }
+    const at::Tensor logits = model.forward(input, fo).select(1, -1).to(at::kFloat).cpu();  // (B, V)
+    const at::Tensor next = choose_next_tokens(logits, seen, g, gen);
     bool all_done = true;
     for (int64_t b = 0; b < batch; ++b) {
       auto& seq = out[static_cast<size_t>(b)];
@@ -138,6 +125,116 @@ std::vector<std::vector<int64_t>> generate(CausalLM& model, const std::vector<st
   }
   model.train(was_training);
   return out;
+}
+
+void check_generation_options(const GenerationOptions& g) {
+  if (!(g.temperature > 0)) throw ConfigError("generate", "temperature must be positive");
+  if (!(g.top_p > 0 && g.top_p <= 1)) throw ConfigError("generate", "top_p must lie in (0, 1]");
+  if (!(g.min_p >= 0 && g.min_p <= 1)) throw ConfigError("generate", "min_p must lie in [0, 1]");
+  if (!(g.repetition_penalty > 0)) throw ConfigError("generate", "repetition_penalty must be positive");
+  if (g.top_k < 0) throw ConfigError("generate", "top_k must not be negative");
+  if (g.max_new_tokens < 0) throw ConfigError("generate", "max_new_tokens must not be negative");
+}
+
+at::Tensor choose_next_tokens(at::Tensor logits, const at::Tensor& seen, const GenerationOptions& g,
+                              at::Generator& generator) {
+  if (seen.defined() && g.repetition_penalty != 1.0) {
+    const at::Tensor penalized = at::where(logits < 0, logits * g.repetition_penalty, logits / g.repetition_penalty);
+    logits = at::where(seen, penalized, logits);  // the protocol's logits are (B, S, vocab_size())
+  }
+  if (!g.do_sample) return logits.argmax(-1);
+  const at::Tensor filtered = filter_logits(logits / g.temperature, g.top_k, g.top_p, g.min_p);
+  return at::multinomial(filtered.softmax(-1), 1, /*replacement=*/false, generator).squeeze(1);
+}
+
+KVCache concat_cache_rows(const std::vector<KVCache*>& caches) {
+  KVCache out;
+  if (caches.empty()) return out;
+  int64_t length = 0;
+  for (const KVCache* c : caches) length = std::max(length, c->length);
+  out.length = length;
+  const size_t n_layers = caches.front()->layers.size();
+  auto rows_of = [](const KVCache& c) -> int64_t {
+    if (c.attention_mask.defined()) return c.attention_mask.size(0);
+    for (const LayerCache& l : c.layers) {
+      if (l.key.defined()) return l.key.size(0);
+      if (l.recurrent_state.defined()) return l.recurrent_state.size(0);
+    }
+    throw Error("generate", "a KV cache with no rows to join");
+  };
+  std::vector<at::Tensor> masks;
+  for (const KVCache* c : caches) {
+    if (c->layers.size() != n_layers) throw Error("generate", "joining KV caches of different models");
+    const int64_t rows = rows_of(*c), pad = length - c->length;
+    at::Device device = at::kCPU;
+    for (const LayerCache& l : c->layers) {
+      if (l.key.defined()) device = l.key.device();
+    }
+    at::Tensor mask = c->attention_mask.defined()
+                          ? c->attention_mask.to(at::kBool)
+                          : at::ones({rows, c->length}, at::TensorOptions(at::kBool).device(device));
+    if (pad > 0) mask = at::cat({at::zeros({rows, pad}, mask.options()), mask}, 1);
+    masks.push_back(mask);
+  }
+  out.attention_mask = at::cat(masks, 0);
+  out.layers.resize(n_layers);
+  for (size_t i = 0; i < n_layers; ++i) {
+    std::vector<at::Tensor> keys, values, convs, states;
+    for (const KVCache* c : caches) {
+      const LayerCache& l = c->layers[i];
+      const int64_t pad = length - c->length;
+      if (l.key.defined()) {
+        auto left_pad = [pad](const at::Tensor& t) {
+          if (pad == 0) return t;
+          std::vector<int64_t> shape = t.sizes().vec();
+          shape[2] = pad;
+          return at::cat({at::zeros(shape, t.options()), t}, 2);
+        };
+        keys.push_back(left_pad(l.key));
+        values.push_back(left_pad(l.value));
+      }
+      if (l.conv_state.defined()) convs.push_back(l.conv_state);
+      if (l.recurrent_state.defined()) states.push_back(l.recurrent_state);
+    }
+    auto join = [&](std::vector<at::Tensor>& parts, at::Tensor& into) {
+      if (parts.empty()) return;
+      if (parts.size() != caches.size()) throw Error("generate", "joining KV caches whose layers differ");
+      into = at::cat(parts, 0);
+    };
+    join(keys, out.layers[i].key);
+    join(values, out.layers[i].value);
+    join(convs, out.layers[i].conv_state);
+    join(states, out.layers[i].recurrent_state);
+  }
+  return out;
+}
+
+void select_cache_rows(KVCache& cache, const at::Tensor& rows) {
+  auto pick = [&](at::Tensor& t) {
+    if (t.defined()) t = t.index_select(0, rows.to(t.device()));
+  };
+  pick(cache.attention_mask);
+  for (LayerCache& l : cache.layers) {
+    pick(l.key);
+    pick(l.value);
+    pick(l.conv_state);
+    pick(l.recurrent_state);
+  }
+  if (!cache.attention_mask.defined() || cache.attention_mask.size(0) == 0) return;
+  // The first position any kept row uses: everything before it is padding in every row.
+  const at::Tensor used = cache.attention_mask.any(0).cpu();
+  const at::Tensor first = used.nonzero();
+  const int64_t drop = first.numel() == 0 ? cache.length : first[0][0].item<int64_t>();
+  if (drop == 0) return;
+  const int64_t keep = cache.length - drop;
+  cache.attention_mask = cache.attention_mask.narrow(1, drop, keep);
+  for (LayerCache& l : cache.layers) {
+    if (l.key.defined()) {
+      l.key = l.key.narrow(2, drop, keep);
+      l.value = l.value.narrow(2, drop, keep);
+    }
+  }
+  cache.length = keep;
 }
 
 }  // namespace tessera::models

@@ -24,4 +24,10 @@ c10::ScalarType autocast_dtype(Precision p);
 // choice and why.
 Precision auto_precision(const c10::Device& device);
 
+// What a command that runs a model (eval, serve) runs it on and in, from its flags: --device "auto" (a GPU when there
+// is one: local rank i on GPU i), "cpu" or "gpu"; --precision "auto" (auto_precision()), "fp32", "amp_bf16" or
+// "amp_fp16" (a GPU's). ConfigError naming `tool` when they ask for what this machine lacks.
+c10::Device device_from_flag(const std::string& name, int local_rank, const std::string& tool);
+Precision precision_from_flag(const std::string& name, const c10::Device& device, const std::string& tool);
+
 }  // namespace tessera::core

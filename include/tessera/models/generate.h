@@ -43,4 +43,25 @@ struct GenerationOptions {
 std::vector<std::vector<int64_t>> generate(CausalLM& model, const std::vector<std::vector<int64_t>>& prompts,
                                            const GenerationOptions& options);
 
+// ---- The pieces generate() is made of, for decoders that schedule rows themselves (serve::Engine's continuous
+// batching).
+
+// Throws ConfigError ("generate: ...") when an option is out of its range (temperature, top_p, min_p, penalty).
+void check_generation_options(const GenerationOptions& options);
+
+// One decoding step's next token for each row of `logits` (B, V) (float, on the CPU): the repetition penalty over
+// `seen` (B, V) bool when it is defined, then the argmax, or with do_sample the warpers and a draw from `generator`.
+// Returns (B) int64.
+at::Tensor choose_next_tokens(at::Tensor logits, const at::Tensor& seen, const GenerationOptions& options,
+                              at::Generator& generator);
+
+// Rows of several caches in one, in order: each cache (built for left-padded rows, its attention_mask defined or
+// all real) is padded on the left to the longest, its missing mask filled in as real tokens. Each row keeps its
+// tokens and positions (models compute positions from the mask), so decoding continues as if the rows had been
+// batched from the start. Linear-attention states are joined as they are.
+KVCache concat_cache_rows(const std::vector<KVCache*>& caches);
+
+// Keeps the rows `rows` (int64 indices) of `cache`, and drops the leading positions no kept row uses.
+void select_cache_rows(KVCache& cache, const at::Tensor& rows);
+
 }  // namespace tessera::models
