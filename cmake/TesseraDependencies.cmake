@@ -119,6 +119,10 @@ find_package(ICU REQUIRED COMPONENTS uc)
 # The multi-job planner's MILP solver: COIN-OR CBC (Debian's coinor-libcbc-dev), through its C interface.
 find_library(TESSERA_CBC_LIB CbcSolver REQUIRED)
 find_path(TESSERA_CBC_INCLUDE coin/Cbc_C_Interface.h REQUIRED)
+# `tessera serve`'s HTTP server: cpp-httplib (Debian's libcpp-httplib-dev, a compiled library; its pkg-config flags
+# say which of its features it was built with, which the header's declarations must match).
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(TESSERA_HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 if(TESSERA_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()

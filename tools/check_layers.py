@@ -28,7 +28,7 @@ LAYERS = [
     ["core"],
     ["algorithms", "callbacks", "loggers"],
     ["trainer"],
-    ["planner"],
+    ["planner", "serve"],
 ]
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"tessera/([a-z_]+)/([^"]+)"')

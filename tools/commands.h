@@ -15,18 +15,20 @@ int export_main(int argc, char** argv);
 int plan_main(int argc, char** argv);
 int tokenizer_main(int argc, char** argv);
 int text_to_mds_main(int argc, char** argv);
+int serve_main(int argc, char** argv);
 
 struct Command {
   std::string_view name;      // `tessera <name>`
-  std::string_view old_name;  // the program it was before `tessera` (a link to `tessera` in bin/)
+  std::string_view old_name;  // the program it was before `tessera` (a link to `tessera` in bin/); empty: none
   std::string_view summary;
   int (*main)(int argc, char** argv);
 };
 
-inline constexpr std::array<Command, 7> kCommands{{
+inline constexpr std::array<Command, 8> kCommands{{
     {"train", "train", "Train a model from a recipe, or check the recipe and print the plan (--dry-run)", train_main},
     {"eval", "eval", "Evaluate a model on in-context-learning tasks and the Eval Gauntlet", eval_main},
     {"generate", "generate", "Generate text from an HF folder, a checkpoint or a save folder", generate_main},
+    {"serve", "", "Serve a model over OpenAI's HTTP API (completions, chat, models), batching requests", serve_main},
     {"export", "convert", "Export a checkpoint as a Hugging Face folder (config.json + safetensors)", export_main},
     {"plan", "plan", "Plan several training jobs on one cluster jointly, and run the plan", plan_main},
     {"tokenizer", "train_tokenizer", "Train a byte-level BPE tokenizer and write tokenizer.json", tokenizer_main},

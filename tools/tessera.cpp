@@ -51,7 +51,7 @@ const Command* find_command(std::string_view name) {
 
 const Command* find_old_name(std::string_view name) {
   for (const Command& c : kCommands) {
-    if (c.old_name == name) return &c;
+    if (!c.old_name.empty() && c.old_name == name) return &c;
   }
   return nullptr;
 }
