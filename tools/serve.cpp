@@ -36,7 +36,9 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 
-extern "C" void on_stop_signal(int) { g_stop = true; }
+extern "C" void on_stop_signal(int) {
+  g_stop = true;
+}
 
 int run(int argc, char** argv) {
   CLI::App app{"Serve a model over OpenAI's HTTP API (completions, chat completions, models).", "serve"};
@@ -88,8 +90,8 @@ int run(int argc, char** argv) {
   eo.precision = tessera::core::precision_from_flag(precision_name, device, "serve");
   const std::filesystem::path tok_file = tessera::util::resolve_tool_tokenizer(tokenizer_path, model_path, "serve");
   tessera::serve::ServedModel served;
-  served.tokenizer = std::make_shared<const tessera::data::ChatTokenizer>(
-      tessera::data::Tokenizer::from_file(tok_file), "");
+  served.tokenizer =
+      std::make_shared<const tessera::data::ChatTokenizer>(tessera::data::Tokenizer::from_file(tok_file), "");
   std::shared_ptr<tessera::models::CausalLM> model = tessera::checkpoint::load_any_model(model_path, "serve");
   if (device.is_cuda()) model->to(device);
   served.name = name.empty() ? std::filesystem::path(model_path).lexically_normal().filename().string() : name;

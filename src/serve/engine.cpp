@@ -91,16 +91,16 @@ std::future<Result> Engine::submit(Request request) {
   if (request.prompt.empty()) throw ConfigError("serve", "the prompt has no tokens");
   for (int64_t t : request.prompt) {
     if (t < 0 || t >= vocab) {
-      throw ConfigError("serve", fmt::format("the prompt holds token {}, outside the model's vocabulary of {}", t,
-                                             vocab));
+      throw ConfigError("serve",
+                        fmt::format("the prompt holds token {}, outside the model's vocabulary of {}", t, vocab));
     }
   }
   const auto total = static_cast<int64_t>(request.prompt.size()) + request.options.max_new_tokens;
   if (total > model_->max_seq_len()) {
-    throw ConfigError("serve", fmt::format("the prompt's {} tokens and max_tokens {} exceed the model's context of {} "
-                                           "tokens",
-                                           request.prompt.size(), request.options.max_new_tokens,
-                                           model_->max_seq_len()));
+    throw ConfigError("serve",
+                      fmt::format("the prompt's {} tokens and max_tokens {} exceed the model's context of {} "
+                                  "tokens",
+                                  request.prompt.size(), request.options.max_new_tokens, model_->max_seq_len()));
   }
   if (request.top_logprobs < 0) throw ConfigError("serve", "top_logprobs must not be negative");
   auto row = std::make_unique<Row>();
@@ -141,8 +141,7 @@ void Engine::loop() {
       if (stopping_) break;
       // Admit in arrival order while rows are free and the padded prefill stays within its budget.
       int64_t longest = 0;
-      while (!waiting_.empty() &&
-             static_cast<int64_t>(running_.size() + fresh.size()) < options_.max_batch) {
+      while (!waiting_.empty() && static_cast<int64_t>(running_.size() + fresh.size()) < options_.max_batch) {
         const auto len = static_cast<int64_t>(waiting_.front()->request.prompt.size());
         const int64_t padded = std::max(longest, len) * static_cast<int64_t>(fresh.size() + 1);
         if (!fresh.empty() && padded > options_.max_prefill_tokens) break;
@@ -241,9 +240,8 @@ void Engine::admit(std::vector<std::unique_ptr<Row>>& fresh) {
       if (n > 1) {
         const at::Tensor before = row_logits.narrow(0, 0, n - 1);
         const at::Tensor next = at::tensor(row.request.prompt, at::kLong).narrow(0, 1, n - 1);
-        const at::Tensor lps = (before.gather(1, next.view({n - 1, 1})).squeeze(1) - before.logsumexp(-1))
-                                   .to(at::kDouble)
-                                   .contiguous();
+        const at::Tensor lps =
+            (before.gather(1, next.view({n - 1, 1})).squeeze(1) - before.logsumexp(-1)).to(at::kDouble).contiguous();
         for (int64_t t = 1; t < n; ++t) {
           TokenLogprob lp;
           lp.token = row.request.prompt[static_cast<size_t>(t)];

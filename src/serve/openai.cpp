@@ -67,11 +67,24 @@ class Fields {
   const Json& body_;
 };
 
-const std::set<std::string> kSampling = {"model",       "max_tokens",        "temperature",       "top_p",
-                                         "top_k",       "min_p",             "repetition_penalty", "seed",
-                                         "stop",        "n",                 "stream",            "stream_options",
-                                         "user",        "presence_penalty",  "frequency_penalty", "logit_bias",
-                                         "ignore_eos",  "logprobs"};
+const std::set<std::string> kSampling = {"model",
+                                         "max_tokens",
+                                         "temperature",
+                                         "top_p",
+                                         "top_k",
+                                         "min_p",
+                                         "repetition_penalty",
+                                         "seed",
+                                         "stop",
+                                         "n",
+                                         "stream",
+                                         "stream_options",
+                                         "user",
+                                         "presence_penalty",
+                                         "frequency_penalty",
+                                         "logit_bias",
+                                         "ignore_eos",
+                                         "logprobs"};
 
 std::set<std::string> with(std::set<std::string> base, std::initializer_list<const char*> more) {
   for (const char* k : more) base.insert(k);
@@ -83,9 +96,9 @@ void read_common(const Fields& f, const ServedModel& model, ApiCall& call, model
   if (const Json* m = f.get("model")) {
     if (!m->is_string()) throw bad("model", "must be a string");
     if (m->get<std::string>() != model.name) {
-      throw ApiError(404, fmt::format("The model '{}' does not exist; this server serves '{}'", m->get<std::string>(),
-                                      model.name),
-                     "model", "not_found_error");
+      throw ApiError(
+          404, fmt::format("The model '{}' does not exist; this server serves '{}'", m->get<std::string>(), model.name),
+          "model", "not_found_error");
     }
   }
   if (auto n = f.integer("n", 1, 1); n && *n != 1) throw bad("n", "must be 1");
@@ -200,7 +213,9 @@ Ordered top_map(const TokenLogprob& lp, const data::Tokenizer& tok) {
   return top;
 }
 
-Ordered number_or_null(double x) { return std::isnan(x) ? Ordered(nullptr) : Ordered(x); }
+Ordered number_or_null(double x) {
+  return std::isnan(x) ? Ordered(nullptr) : Ordered(x);
+}
 
 }  // namespace
 
@@ -359,8 +374,10 @@ nlohmann::ordered_json completion_response(const ApiCall& call, const std::vecto
         Ordered content = Ordered::array();
         for (const TokenLogprob& lp : r.token_logprobs) {
           Ordered alternatives = Ordered::array();
-          for (const auto& [tid, value] : lp.top) alternatives.push_back({{"token", token_text(tok, tid)}, {"logprob", value}});
-          content.push_back({{"token", token_text(tok, lp.token)}, {"logprob", lp.logprob}, {"top_logprobs", alternatives}});
+          for (const auto& [tid, value] : lp.top)
+            alternatives.push_back({{"token", token_text(tok, tid)}, {"logprob", value}});
+          content.push_back(
+              {{"token", token_text(tok, lp.token)}, {"logprob", lp.logprob}, {"top_logprobs", alternatives}});
         }
         choice["logprobs"] = {{"content", content}};
       } else {
@@ -384,8 +401,8 @@ nlohmann::ordered_json completion_response(const ApiCall& call, const std::vecto
           for (size_t t = 0; t < r.prompt_logprobs.size(); ++t) add(r.prompt_logprobs[t], t == 0);
         }
         for (const TokenLogprob& lp : r.token_logprobs) add(lp, false);
-        choice["logprobs"] = {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", tops},
-                              {"text_offset", offsets}};
+        choice["logprobs"] = {
+            {"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", tops}, {"text_offset", offsets}};
       } else {
         choice["logprobs"] = nullptr;
       }
@@ -424,12 +441,11 @@ nlohmann::ordered_json stream_chunk(const ApiCall& call, size_t index, const std
 
 nlohmann::ordered_json models_response(const ServedModel& model) {
   return Ordered{{"object", "list"},
-                 {"data",
-                  Ordered::array({Ordered{{"id", model.name},
-                                          {"object", "model"},
-                                          {"created", model.created},
-                                          {"owned_by", "tessera"},
-                                          {"max_model_len", model.max_seq_len}}})}};
+                 {"data", Ordered::array({Ordered{{"id", model.name},
+                                                  {"object", "model"},
+                                                  {"created", model.created},
+                                                  {"owned_by", "tessera"},
+                                                  {"max_model_len", model.max_seq_len}}})}};
 }
 
 }  // namespace tessera::serve

@@ -24,7 +24,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using Ordered = nlohmann::ordered_json;
 
-std::string dump(const Ordered& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
+std::string dump(const Ordered& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
 
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status();
@@ -66,8 +68,8 @@ struct Server::Impl {
   httplib::Server http;
   int port = 0;
   std::mutex run_mu;
-  bool stopped = false;            // guarded by run_mu
-  bool started = false;            // run() began; guarded by run_mu
+  bool stopped = false;               // guarded by run_mu
+  bool started = false;               // run() began; guarded by run_mu
   std::atomic<bool> returned{false};  // run()'s listen ended
   std::atomic<int64_t> next_id{0};
 
@@ -109,23 +111,21 @@ struct Server::Impl {
     }
     ApiCall call = chat ? parse_chat(body, model) : parse_completions(body, model);
     const std::string id = new_id(chat);
-    const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(
-                                std::chrono::system_clock::now().time_since_epoch())
-                                .count();
+    const int64_t created =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
     auto cancelled = std::make_shared<std::atomic<bool>>(false);
     if (call.stream) {
       stream(call, res, id, created, cancelled);
       return;
     }
     std::vector<std::future<Result>> futures = submit(call, cancelled);
-    const auto deadline = started + std::chrono::duration_cast<Clock::duration>(
-                                        std::chrono::duration<double>(options.request_timeout_s));
+    const auto deadline =
+        started + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.request_timeout_s));
     std::vector<Result> results;
     for (auto& f : futures) {
       if (f.wait_until(deadline) != std::future_status::ready) {
         cancelled->store(true);
-        throw ApiError(504, fmt::format("the request took longer than {} s", options.request_timeout_s), "",
-                       "timeout");
+        throw ApiError(504, fmt::format("the request took longer than {} s", options.request_timeout_s), "", "timeout");
       }
       try {
         results.push_back(f.get());
@@ -158,65 +158,63 @@ struct Server::Impl {
     auto sent = std::make_shared<size_t>(0);  // bytes of the text sent
     auto first = std::make_shared<bool>(true);
     res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, state, future, shared_call, cancelled, id, created, deadline, sent, first](size_t,
-                                                                                         httplib::DataSink& sink) {
-          const ApiCall& c = *shared_call;
-          auto send = [&](const Ordered& chunk) {
-            const std::string line = "data: " + dump(chunk) + "\n\n";
-            return sink.write(line.data(), line.size());
-          };
-          if (*first && c.chat) {  // OpenAI's first chat chunk names the role
-            *first = false;
-            Ordered role = stream_chunk(c, 0, "", std::nullopt, model, id, created);
-            role["choices"][0]["delta"] = {{"role", "assistant"}, {"content", ""}};
-            if (!send(role)) {
-              cancelled->store(true);
-              return false;
-            }
-          }
-          std::vector<int64_t> tokens;
-          {
-            std::unique_lock<std::mutex> lock(state->mu);
-            state->cv.wait_for(lock, std::chrono::milliseconds(50));
-            tokens = state->tokens;
-          }
-          const bool done = future->wait_for(std::chrono::seconds(0)) == std::future_status::ready;
-          if (!done && Clock::now() > deadline) {
-            cancelled->store(true);
-            return false;
-          }
-          Result partial;
-          std::optional<std::string> finish;
-          if (done) {
-            try {
-              partial = future->get();
-            } catch (const std::exception& e) {
-              spdlog::warn("serve: a streamed request failed: {}", e.what());
-              return false;
-            }
-          } else {
-            partial.tokens = std::move(tokens);
-          }
-          const ChoiceText text = choice_text(c, partial, model.tokenizer->tokenizer());
-          const size_t end = done ? text.text.size() : sendable(text.text, c.stop);
-          if (end > *sent) {
-            if (!send(stream_chunk(c, 0, text.text.substr(*sent, end - *sent), std::nullopt, model, id, created))) {
-              cancelled->store(true);
-              return false;
-            }
-            *sent = end;
-          }
-          if (done) {
-            finish = text.finish_reason;
-            send(stream_chunk(c, 0, "", finish, model, id, created));
-            const std::string last = "data: [DONE]\n\n";
-            sink.write(last.data(), last.size());
-            sink.done();
-          }
-          return true;
-        });
+    res.set_chunked_content_provider("text/event-stream", [this, state, future, shared_call, cancelled, id, created,
+                                                           deadline, sent, first](size_t, httplib::DataSink& sink) {
+      const ApiCall& c = *shared_call;
+      auto send = [&](const Ordered& chunk) {
+        const std::string line = "data: " + dump(chunk) + "\n\n";
+        return sink.write(line.data(), line.size());
+      };
+      if (*first && c.chat) {  // OpenAI's first chat chunk names the role
+        *first = false;
+        Ordered role = stream_chunk(c, 0, "", std::nullopt, model, id, created);
+        role["choices"][0]["delta"] = {{"role", "assistant"}, {"content", ""}};
+        if (!send(role)) {
+          cancelled->store(true);
+          return false;
+        }
+      }
+      std::vector<int64_t> tokens;
+      {
+        std::unique_lock<std::mutex> lock(state->mu);
+        state->cv.wait_for(lock, std::chrono::milliseconds(50));
+        tokens = state->tokens;
+      }
+      const bool done = future->wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+      if (!done && Clock::now() > deadline) {
+        cancelled->store(true);
+        return false;
+      }
+      Result partial;
+      std::optional<std::string> finish;
+      if (done) {
+        try {
+          partial = future->get();
+        } catch (const std::exception& e) {
+          spdlog::warn("serve: a streamed request failed: {}", e.what());
+          return false;
+        }
+      } else {
+        partial.tokens = std::move(tokens);
+      }
+      const ChoiceText text = choice_text(c, partial, model.tokenizer->tokenizer());
+      const size_t end = done ? text.text.size() : sendable(text.text, c.stop);
+      if (end > *sent) {
+        if (!send(stream_chunk(c, 0, text.text.substr(*sent, end - *sent), std::nullopt, model, id, created))) {
+          cancelled->store(true);
+          return false;
+        }
+        *sent = end;
+      }
+      if (done) {
+        finish = text.finish_reason;
+        send(stream_chunk(c, 0, "", finish, model, id, created));
+        const std::string last = "data: [DONE]\n\n";
+        sink.write(last.data(), last.size());
+        sink.done();
+      }
+      return true;
+    });
   }
 
   void install() {
@@ -229,8 +227,8 @@ struct Server::Impl {
     auto guard = [this](bool chat) {
       return [this, chat](const httplib::Request& req, httplib::Response& res) {
         try {
-          if (!authorized(req)) throw ApiError(401, "a valid API key is required (Authorization: Bearer ...)", "",
-                                               "authentication_error");
+          if (!authorized(req))
+            throw ApiError(401, "a valid API key is required (Authorization: Bearer ...)", "", "authentication_error");
           complete(req, res, chat);
         } catch (const ApiError& e) {
           send_error(res, e);
@@ -241,8 +239,8 @@ struct Server::Impl {
     http.Post("/v1/chat/completions", guard(true));
     http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
       if (!authorized(req)) {
-        send_error(res, ApiError(401, "a valid API key is required (Authorization: Bearer ...)", "",
-                                 "authentication_error"));
+        send_error(
+            res, ApiError(401, "a valid API key is required (Authorization: Bearer ...)", "", "authentication_error"));
         return;
       }
       res.set_content(dump(models_response(model)), "application/json");
@@ -262,9 +260,10 @@ struct Server::Impl {
       std::string message;
       switch (res.status) {
         case 404:
-          message = fmt::format("no route {} {} (this server has POST /v1/completions, POST /v1/chat/completions, "
-                                "GET /v1/models and GET /health)",
-                                req.method, req.path);
+          message = fmt::format(
+              "no route {} {} (this server has POST /v1/completions, POST /v1/chat/completions, "
+              "GET /v1/models and GET /health)",
+              req.method, req.path);
           break;
         case 413:
           message = fmt::format("the request body is larger than {} bytes", options.max_body_bytes);
@@ -303,14 +302,18 @@ Server::Server(ServerOptions options, std::shared_ptr<Engine> engine, ServedMode
     impl_->port = impl_->http.bind_to_port(o.host, o.port) ? o.port : -1;
   }
   if (impl_->port <= 0) {
-    throw Error("serve", fmt::format("cannot listen on {}:{} (in use, or not an address of this machine)", o.host,
-                                     o.port));
+    throw Error("serve",
+                fmt::format("cannot listen on {}:{} (in use, or not an address of this machine)", o.host, o.port));
   }
 }
 
-Server::~Server() { stop(); }
+Server::~Server() {
+  stop();
+}
 
-int Server::port() const { return impl_->port; }
+int Server::port() const {
+  return impl_->port;
+}
 
 void Server::run() {
   {

@@ -40,16 +40,16 @@ namespace tessera::serve {
 // penalty, temperature and warpers), with the likeliest tokens there when asked.
 struct TokenLogprob {
   int64_t token = 0;
-  double logprob = 0;                          // NaN for a prompt's first token (nothing predicts it)
+  double logprob = 0;                           // NaN for a prompt's first token (nothing predicts it)
   std::vector<std::pair<int64_t, double>> top;  // the most likely tokens at this position, likeliest first
 };
 
 struct Request {
-  std::vector<int64_t> prompt;         // at least one token, each in the model's vocabulary
-  models::GenerationOptions options;   // max_new_tokens (0: score the prompt only), sampling, eos, stop sequences
-  bool prompt_logprobs = false;        // log-probabilities of the prompt's tokens (OpenAI's echo with logprobs)
-  bool logprobs = false;               // log-probabilities of the generated tokens
-  int64_t top_logprobs = 0;            // alternatives per position, with prompt_logprobs or logprobs
+  std::vector<int64_t> prompt;        // at least one token, each in the model's vocabulary
+  models::GenerationOptions options;  // max_new_tokens (0: score the prompt only), sampling, eos, stop sequences
+  bool prompt_logprobs = false;       // log-probabilities of the prompt's tokens (OpenAI's echo with logprobs)
+  bool logprobs = false;              // log-probabilities of the generated tokens
+  int64_t top_logprobs = 0;           // alternatives per position, with prompt_logprobs or logprobs
   // Called on the scheduler thread after each new token with the tokens generated so far; true stops the sequence
   // there (stop strings, which need the tokenizer). May be empty.
   std::function<bool(const std::vector<int64_t>&)> stop;
@@ -112,7 +112,7 @@ class Engine {
   void loop();
   void admit(std::vector<std::unique_ptr<Row>>& fresh);
   void step();
-  void finish(std::unique_ptr<Row>& row, std::string reason);  // its result; the row leaves
+  void finish(std::unique_ptr<Row>& row, std::string reason);    // its result; the row leaves
   void fail(std::unique_ptr<Row>& row, const std::string& why);  // an Error instead; the row leaves
   void fail_all(const std::string& why);
   bool choose(Row& row, const at::Tensor& logits);  // one new token from (1, V) logits; true when the row stops

@@ -29,8 +29,7 @@ namespace tessera::serve {
 // A request the API refuses: the HTTP status, and OpenAI's error object (message, type, param).
 class ApiError : public std::runtime_error {
  public:
-  ApiError(int status, const std::string& message, std::string param = "",
-           std::string type = "invalid_request_error");
+  ApiError(int status, const std::string& message, std::string param = "", std::string type = "invalid_request_error");
   int status() const { return status_; }
   // {"error": {"message", "type", "param", "code"}}
   nlohmann::ordered_json body() const;

@@ -37,11 +37,15 @@ struct LiveServer {
   std::string base;
 
   explicit LiveServer(ServerOptions options = {}) {
-    model = models::build_from_hf_config(
-        json{{"model_type", "llama"}, {"hidden_size", 32}, {"intermediate_size", 64}, {"num_hidden_layers", 2},
-             {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", 320},
-             {"max_position_embeddings", 128}},
-        "tiny/config.json", "cpu", 11);
+    model = models::build_from_hf_config(json{{"model_type", "llama"},
+                                              {"hidden_size", 32},
+                                              {"intermediate_size", 64},
+                                              {"num_hidden_layers", 2},
+                                              {"num_attention_heads", 4},
+                                              {"num_key_value_heads", 2},
+                                              {"vocab_size", 320},
+                                              {"max_position_embeddings", 128}},
+                                         "tiny/config.json", "cpu", 11);
     served.name = "tiny";
     served.tokenizer = std::make_shared<const data::ChatTokenizer>(tiny_tokenizer(), "");
     served.max_seq_len = model->max_seq_len();
@@ -117,8 +121,7 @@ TEST(ServeHttp, CompletionsAndChatEqualGenerate) {
   ASSERT_EQ(c.status, 200) << c.body;
   const std::string rendered = s.served.tokenizer->apply_chat_template(messages, true);
   const auto ids = s.served.tokenizer->tokenizer().encode(rendered, false);
-  EXPECT_EQ(json::parse(c.body)["choices"][0]["message"]["content"],
-            s.decode(s.greedy({ids.begin(), ids.end()}, 6)));
+  EXPECT_EQ(json::parse(c.body)["choices"][0]["message"]["content"], s.decode(s.greedy({ids.begin(), ids.end()}, 6)));
   EXPECT_EQ(json::parse(c.body)["object"], "chat.completion");
 
   const auto m = s.get("/v1/models");
@@ -130,13 +133,10 @@ TEST(ServeHttp, CompletionsAndChatEqualGenerate) {
 TEST(ServeHttp, EchoLogprobsAreThePromptsLogSoftmaxAsLmEvalReadsThem) {
   const LiveServer s;
   const std::vector<std::vector<int64_t>> prompts = {{10, 20, 30, 40, 50}, {7, 8}};
-  const auto r = s.post("/v1/completions", json{{"prompt", prompts},
-                                                {"max_tokens", 1},
-                                                {"echo", true},
-                                                {"logprobs", 1},
-                                                {"temperature", 0},
-                                                {"seed", 1234}}
-                                               .dump());
+  const auto r = s.post(
+      "/v1/completions",
+      json{{"prompt", prompts}, {"max_tokens", 1}, {"echo", true}, {"logprobs", 1}, {"temperature", 0}, {"seed", 1234}}
+          .dump());
   ASSERT_EQ(r.status, 200) << r.body;
   const json j = json::parse(r.body);
   ASSERT_EQ(j["choices"].size(), 2U);
@@ -150,8 +150,7 @@ TEST(ServeHttp, EchoLogprobsAreThePromptsLogSoftmaxAsLmEvalReadsThem) {
     EXPECT_TRUE(lp["top_logprobs"][0].is_null());
     const at::Tensor logsm = s.model->forward(at::tensor(p, at::kLong).view({1, -1}))[0].log_softmax(-1);
     for (size_t t = 1; t < p.size(); ++t) {
-      EXPECT_NEAR(lp["token_logprobs"][t].get<double>(), logsm[static_cast<int64_t>(t) - 1][p[t]].item<double>(),
-                  1e-5);
+      EXPECT_NEAR(lp["token_logprobs"][t].get<double>(), logsm[static_cast<int64_t>(t) - 1][p[t]].item<double>(), 1e-5);
       // lm-eval's is_greedy: the token's logprob against the best of top_logprobs.
       double best = -1e30;
       for (const auto& [k, v] : lp["top_logprobs"][t].items()) best = std::max(best, v.get<double>());
@@ -205,8 +204,8 @@ TEST(ServeHttp, StreamingGivesTheSameTextAndStopsAtAStopString) {
   ASSERT_GE(full.size(), 6U);
   // Cut the text where its first two ASCII characters after the first byte occur (a stop string is valid UTF-8).
   size_t at = 1;
-  while (at + 1 < full.size() && !(static_cast<unsigned char>(full[at]) < 0x80 &&
-                                   static_cast<unsigned char>(full[at + 1]) < 0x80)) {
+  while (at + 1 < full.size() &&
+         !(static_cast<unsigned char>(full[at]) < 0x80 && static_cast<unsigned char>(full[at + 1]) < 0x80)) {
     ++at;
   }
   ASSERT_LT(at + 1, full.size()) << full;
@@ -214,12 +213,9 @@ TEST(ServeHttp, StreamingGivesTheSameTextAndStopsAtAStopString) {
   const std::string cut = full.substr(0, full.find(stop));
   for (bool stream : {false, true}) {
     SCOPED_TRACE(stream);
-    const auto r = s.post("/v1/completions", json{{"prompt", prompt},
-                                                  {"max_tokens", 12},
-                                                  {"temperature", 0},
-                                                  {"stop", {stop}},
-                                                  {"stream", stream}}
-                                                 .dump());
+    const auto r = s.post(
+        "/v1/completions",
+        json{{"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}, {"stop", {stop}}, {"stream", stream}}.dump());
     ASSERT_EQ(r.status, 200) << r.body;
     if (!stream) {
       EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], cut);
@@ -235,12 +231,11 @@ TEST(ServeHttp, StreamingGivesTheSameTextAndStopsAtAStopString) {
     EXPECT_EQ(json::parse(ev[ev.size() - 2])["choices"][0]["finish_reason"], "stop");
   }
   // Chat streaming: a role chunk, content deltas, the finish reason.
-  const auto c = s.post("/v1/chat/completions",
-                        json{{"messages", {{{"role", "user"}, {"content", "count"}}}},
-                             {"max_tokens", 5},
-                             {"temperature", 0},
-                             {"stream", true}}
-                            .dump());
+  const auto c = s.post("/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", "count"}}}},
+                                                     {"max_tokens", 5},
+                                                     {"temperature", 0},
+                                                     {"stream", true}}
+                                                    .dump());
   ASSERT_EQ(c.status, 200);
   const std::vector<std::string> ev = events(c.body);
   ASSERT_GE(ev.size(), 3U);
@@ -263,10 +258,9 @@ TEST(ServeHttp, ConcurrentClientsEachGetTheirOwnAnswer) {
   std::vector<std::thread> clients;
   for (int i = 0; i < kClients; ++i) {
     clients.emplace_back([&, i] {
-      got[static_cast<size_t>(i)] =
-          s.post("/v1/completions",
-                 json{{"prompt", prompts[static_cast<size_t>(i)]}, {"max_tokens", 3 + i % 5}, {"temperature", 0}}
-                     .dump());
+      got[static_cast<size_t>(i)] = s.post(
+          "/v1/completions",
+          json{{"prompt", prompts[static_cast<size_t>(i)]}, {"max_tokens", 3 + i % 5}, {"temperature", 0}}.dump());
     });
   }
   for (auto& t : clients) t.join();
