@@ -86,7 +86,10 @@ commit=$(git -C "$here" rev-parse HEAD 2>/dev/null || echo unknown)
 [ -z "$(git -C "$here" status --porcelain --untracked-files=no 2>/dev/null)" ] || commit="$commit+changes"
 echo "$commit" > "$kit/COMMIT"
 
-tar cf - -C "$stage" tessera-gpu-kit | xz -T0 -9 > "$out.tmp"
+# x86's branch filter before LZMA2 (most of the archive is machine code): at preset 6 the archive is smaller than
+# plain -9's and takes 40% less CPU time, and with blocks of 24 MiB both cores compress it (2026-12-07: 37.99 MB in
+# 92 s of CPU against -9's 38.70 MB in 152 s, Intel Xeon).
+tar cf - -C "$stage" tessera-gpu-kit | xz -T0 --x86 --lzma2=preset=6 > "$out.tmp"
 mv "$out.tmp" "$out"
 size=$(stat -c %s "$out")
 echo "gpu_bundle.sh: $out: $((size / 1000)) kB ($(ls "$kit/lib" | wc -l) libraries; commit $(cat "$kit/COMMIT"))"

@@ -11,6 +11,7 @@ SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${1:-$SRC/build/tidy}
 FILTER=${2:-$SRC/(src|tools|examples)/}
 
+mkdir -p "$(dirname "$BUILD")"
 if [[ ! -f "$BUILD/build.ninja" ]]; then
   cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug \
     "-DCMAKE_CXX_FLAGS_DEBUG=-O0 -g0" -DTESSERA_HABIT_TESTS=OFF > "$BUILD.configure.log" 2>&1 ||

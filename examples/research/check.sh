@@ -28,9 +28,13 @@ if grep -rlI --exclude='*.a' "$work/staging" "$prefix" > "$work/stale.txt"; then
 fi
 test ! -e "$prefix/include/tessera/util/subprocess.h" || { echo "check.sh: an internal header was installed" >&2; exit 1; }
 
-# The research project, configured and built against the moved prefix (ccache, where present, makes reruns quick).
+# The research project, configured and built against the moved prefix. ccache, where present, makes reruns quick, in
+# a fresh clone too (CI's): with the checkout as its base directory it hashes the paths under it (the sources, the
+# prefix in the build tree) relative to the build directory, the same in every clone.
 launcher=()
-if command -v ccache > /dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
+if command -v ccache > /dev/null; then
+  launcher=("-DCMAKE_CXX_COMPILER_LAUNCHER=env;CCACHE_BASEDIR=$src;CCACHE_NOHASHDIR=true;ccache")
+fi
 cmake -S "$src/examples/research" -B "$work/build" -G "$generator" -DCMAKE_CXX_COMPILER="$cxx" \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$prefix" "${launcher[@]}" > "$work/configure.log" 2>&1 ||
   { cat "$work/configure.log"; exit 1; }
