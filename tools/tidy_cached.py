@@ -81,23 +81,32 @@ def main() -> int:
                 old.unlink(missing_ok=True)
 
     hashes = {}
-    root = str(SOURCE)
+    # The checkout as this script sees it (symbolic links resolved) and as CMake saw it (the path it was given, which
+    # keeps them): a clone under a linked directory, as CI's may be, names itself both ways, and a key that kept
+    # either would miss in every other clone. Longest first, so that neither is replaced inside the other.
+    roots = {str(SOURCE)}
+    for line in pathlib.Path(args.build, "CMakeCache.txt").read_text().splitlines():
+        if line.startswith("CMAKE_HOME_DIRECTORY:"):
+            roots.add(line.split("=", 1)[1])
+    roots = sorted(roots, key=len, reverse=True)
+
+    def relative(text: str) -> str:
+        for root in roots:
+            text = text.replace(root, "<checkout>")
+        return text
 
     def file_hash(path: str) -> str:
         h = hashes.get(path)
         if h is None:
             try:
                 data = pathlib.Path(path).read_bytes()
-                if path.startswith(root + os.sep):  # generated files (the PCH's header) name the checkout
-                    data = data.replace(root.encode(), b"<checkout>")
+                if any(path.startswith(root + os.sep) for root in roots):  # generated files (the PCH's header)
+                    data = relative(data.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
                 h = hashlib.sha256(data).hexdigest()
             except OSError:
                 h = "missing"
             hashes[path] = h
         return h
-
-    def relative(text: str) -> str:
-        return text.replace(root, "<checkout>")
 
     def includes(e) -> list:
         """The files the translation unit reads (absolute paths), or None when the compiler cannot list them."""
