@@ -192,13 +192,24 @@ EvalRecipe load_eval_recipe(const std::string& path, const std::vector<std::stri
         fsdp->origin().describe());
   }
   s.get_string("run_name", "");
-  s.get_int("eval_subset_num_batches", -1);  // only for eval loaders, which are refused below
+  // Each evaluator's batches per rank (icl_subset_num_batches_for: eval.py's standalone evaluation).
+  const int64_t eval_subset = s.get_int("eval_subset_num_batches", -1);
+  s.check(eval_subset == -1 || eval_subset > 0, "eval_subset_num_batches", "must be -1 (every batch) or positive");
+  std::optional<int64_t> icl_subset;
+  if (const config::Value* v = s.raw("icl_subset_num_batches"); v != nullptr && !v->is_null()) {
+    icl_subset = v->as_int();
+    s.check(icl_subset && *icl_subset > 0, "icl_subset_num_batches",
+            "expected a positive integer or null, got " + v->brief());
+  }
+  for (IclTaskConfig& t : r.icl_tasks) {
+    t.subset_num_batches = icl_subset_num_batches_for(t.has_categories, icl_subset, eval_subset, true);
+  }
   s.get_double("dist_timeout", 600.0);
   s.raw("metadata");
   s.python_only("python_log_level", "use --log-level");
   s.python_only("console_log_interval", "each task's result is printed when it is done");
   s.python_only("log_config", "the results JSON (--output) holds the results");
-  s.finish({"code_paths", "eval_loader", "eval_loaders", "icl_subset_num_batches", "loggers", "callbacks"});
+  s.finish({"code_paths", "eval_loader", "eval_loaders", "loggers", "callbacks"});
   ctx.throw_if_unsupported();
   return r;
 }

@@ -132,8 +132,19 @@ IclResult evaluate_examples(models::CausalLM& model, const data::Tokenizer& toke
                             const IclRanks& ranks, int64_t batch_size) {
   const int64_t max_seq_len = task.max_seq_len > 0 ? task.max_seq_len : model.max_seq_len();
   int64_t max_answer_tokens = 0;
-  const std::vector<IclPrepared> examples =
+  std::vector<IclPrepared> examples =
       prepare_icl_examples(task, data, num_fewshot, tokenizer, max_seq_len, &max_answer_tokens);
+  if (task.subset_num_batches > 0 && !data.empty()) {
+    // LLM Foundry's get_effective_batch_size: a multiple-choice or schema batch holds batch_size / choices examples
+    // (the first example's choices), at least one.
+    int64_t per_batch = batch_size;
+    if (task.icl_task_type == "multiple_choice" || task.icl_task_type == "schema") {
+      const auto choices = std::max<int64_t>(1, static_cast<int64_t>(data.front().choices.size()));
+      per_batch = std::max(choices, batch_size) / choices;
+    }
+    const int64_t limit = task.subset_num_batches * per_batch * ranks.world_size;
+    if (static_cast<int64_t>(examples.size()) > limit) examples.resize(static_cast<size_t>(limit));
+  }
 
   IclResult r;
   r.task = task.label;
@@ -229,6 +240,13 @@ IclResult evaluate_examples(models::CausalLM& model, const data::Tokenizer& toke
 }
 
 }  // namespace
+
+int64_t icl_subset_num_batches_for(bool has_categories, std::optional<int64_t> icl_subset_num_batches,
+                                   int64_t eval_subset_num_batches, bool standalone_eval) {
+  if (standalone_eval && eval_subset_num_batches != -1) return eval_subset_num_batches;
+  if (!has_categories && icl_subset_num_batches) return *icl_subset_num_batches;
+  return standalone_eval ? -1 : eval_subset_num_batches;
+}
 
 std::vector<IclResult> evaluate_icl_task(models::CausalLM& model, const data::Tokenizer& tokenizer,
                                          const IclTaskConfig& task, int64_t num_fewshot, const IclRanks& ranks,

@@ -39,7 +39,6 @@ const std::vector<std::string_view> kFoundryOnlyKeys = {"code_paths",
                                                         "eval_loaders",
                                                         "icl_tasks_str",
                                                         "eval_gauntlet_str",
-                                                        "icl_subset_num_batches",
                                                         "load_ignore_keys",
                                                         "save_ignore_keys",
                                                         "only_hf_checkpoint",
@@ -109,6 +108,7 @@ const std::vector<std::string_view> kTopLevelKeys = {"variables",
                                                      "preemption_signals",
                                                      "icl_tasks",
                                                      "icl_seq_len",
+                                                     "icl_subset_num_batches",
                                                      "eval_gauntlet",
                                                      "profiler",
                                                      "console_log_interval",
@@ -334,6 +334,11 @@ TrainConfig parse_train_config(config::Value resolved, const std::string& path) 
     const auto n = v->as_int();
     root.check(n && *n > 0, "icl_seq_len", "expected a positive integer, got " + v->brief());
     cfg.icl_seq_len = *n;
+  }
+  if (const config::Value* v = root.raw("icl_subset_num_batches"); v != nullptr && !v->is_null()) {
+    const auto n = v->as_int();
+    root.check(n && *n > 0, "icl_subset_num_batches", "expected a positive integer or null, got " + v->brief());
+    cfg.icl_subset_num_batches = *n;
   }
   if (const config::Value* v = root.raw("eval_gauntlet"); v != nullptr && !v->is_null()) {
     root.check(v->is_scalar() || v->is_map(), "eval_gauntlet",

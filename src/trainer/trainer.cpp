@@ -337,8 +337,11 @@ void Trainer::build_icl_tasks() {
   }
   if (icl_tasks_.empty()) return;
   // ICL prompts are as long as icl_seq_len (default: the model's context) unless a task says otherwise.
+  // Each evaluator's batches per rank, as Composer's fit() decides them.
   for (auto& t : icl_tasks_) {
     if (t.max_seq_len == 0) t.max_seq_len = cfg_.icl_seq_len.value_or(cfg_.max_seq_len);
+    t.subset_num_batches = eval::icl_subset_num_batches_for(t.has_categories, cfg_.icl_subset_num_batches,
+                                                            cfg_.eval_subset_num_batches, false);
   }
   if (cfg_.eval_gauntlet) {
     gauntlet_ =

@@ -90,14 +90,8 @@ def table(text):
     return out
 
 
-def test_the_published_eval_yaml_prints_llm_foundrys_table(setup, tmp_path, capsys, monkeypatch):
-    tmp, overrides = setup
-    proc = subprocess.run([EVAL, "--recipe", RECIPE, *overrides], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    assert "fsdp_config: every rank of `eval` holds the whole model" in proc.stderr, proc.stderr
-    ours = table(proc.stdout)
-
-    # LLM Foundry's own entry point on the same YAML and overrides (its single CPU process cannot run FSDP).
+def llm_foundry_table(tmp_path, overrides, capsys, monkeypatch):
+    """LLM Foundry's own entry point on the same YAML and overrides (its single CPU process cannot run FSDP)."""
     from llmfoundry.command_utils import eval_from_yaml
     theirs_yaml = yaml.safe_load(RECIPE.read_text())
     del theirs_yaml["fsdp_config"]
@@ -107,7 +101,27 @@ def test_the_published_eval_yaml_prints_llm_foundrys_table(setup, tmp_path, caps
     capsys.readouterr()
     monkeypatch.chdir(tmp_path)  # where LLM Foundry copies (and partitions) the task files
     eval_from_yaml(str(tmp_path / "hf_eval.yaml"), overrides)
-    theirs = table(capsys.readouterr().out)
+    return table(capsys.readouterr().out)
+
+
+def tessera_table(overrides, totals=None):
+    """Tessera's table; with `totals` (a dict), also each evaluator's number of examples scored, by its label."""
+    proc = subprocess.run([EVAL, "--recipe", RECIPE, *overrides], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    for line in proc.stdout.splitlines():  # metrics/piqa/2-shot/InContextLearningMultipleChoiceAccuracy: 0.5 (1/2)
+        if line.startswith("metrics/") and line.endswith(")") and totals is not None:
+            totals[line.split(":")[0].rsplit("/", 1)[0].removeprefix("metrics/")] = int(line.split("/")[-1][:-1])
+    return table(proc.stdout)
+
+
+def test_the_published_eval_yaml_prints_llm_foundrys_table(setup, tmp_path, capsys, monkeypatch):
+    tmp, overrides = setup
+    proc = subprocess.run([EVAL, "--recipe", RECIPE, *overrides], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "fsdp_config: every rank of `eval` holds the whole model" in proc.stderr, proc.stderr
+    ours = table(proc.stdout)
+
+    theirs = llm_foundry_table(tmp_path, overrides, capsys, monkeypatch)
 
     print("\n".join(map(str, ours)))
     assert [r[:3] + r[4:] for r in ours] == [r[:3] + r[4:] for r in theirs]
@@ -128,6 +142,37 @@ def test_the_published_eval_yaml_prints_llm_foundrys_table(setup, tmp_path, caps
         assert [r[3] for r in other] == pytest.approx([r[3] for r in ours], abs=1e-9), extra
 
 
+@pytest.mark.parametrize("subset", [["icl_subset_num_batches=2", "device_eval_batch_size=3"],
+                                    ["icl_subset_num_batches=2", "eval_subset_num_batches=1"]],
+                         ids=["icl_subset", "eval_subset_overrides"])
+def test_subsets_of_batches_print_llm_foundrys_table(setup, tmp_path, capsys, monkeypatch, subset):
+    """icl_subset_num_batches limits the evaluators of tasks without categories (lambada, piqa, winograd) to their
+    first batches (multiple choice and schema: batch_size / choices questions a batch); eval.py's
+    eval_subset_num_batches overrides it for every evaluator, the per-category ones (jeopardy) too."""
+    tmp, overrides = setup
+    totals = {}
+    ours = tessera_table([*overrides, *subset], totals)
+    theirs = llm_foundry_table(tmp_path, [*overrides, *subset], capsys, monkeypatch)
+    print("\n".join(map(str, ours)))
+    assert [r[:3] + r[4:] for r in ours] == [r[:3] + r[4:] for r in theirs]
+    assert [r[3] for r in ours] == pytest.approx([r[3] for r in theirs], abs=1e-6)
+    # The files have at least 24 examples; a batch holds 3 or 4 LM examples, 1 or 2 questions of 2 choices; without
+    # eval_subset_num_batches, jeopardy's categories are scored whole.
+    per_lm, per_mc = (3, 1) if subset[-1] == "device_eval_batch_size=3" else (4, 2)
+    batches = 2 if subset[-1] == "device_eval_batch_size=3" else 1
+    assert totals["lambada_openai/0-shot"] == batches * per_lm, totals
+    assert totals["piqa/0-shot"] == totals["piqa/2-shot"] == totals["winograd/0-shot"] == batches * per_mc, totals
+    jeopardy = [n for label, n in totals.items() if label.startswith("jeopardy/")]
+    whole = len((tmp / "jeopardy_small.jsonl").read_text().splitlines())
+    assert sum(jeopardy) == whole if batches == 2 else max(jeopardy) <= per_lm, totals
+    if subset[-1] == "device_eval_batch_size=3":
+        # A rank's batches: 2 ranks of 1 batch each score the examples 1 process scores in 2.
+        one = tessera_table([*overrides, "icl_subset_num_batches=4", "device_eval_batch_size=3"])
+        two = tessera_table([*overrides, *subset, "--nproc-per-node", "2", "--master-port", "0"])
+        assert [r[:3] + r[4:] for r in two] == [r[:3] + r[4:] for r in one]
+        assert [r[3] for r in two] == pytest.approx([r[3] for r in one], abs=1e-9)
+
+
 def test_eval_recipe_errors_name_the_file_line_and_key(setup, tmp_path):
     tmp, overrides = setup
     text = RECIPE.read_text().replace("device_eval_batch_size: 4", "device_eval_batch_sise: 4")
@@ -137,10 +182,13 @@ def test_eval_recipe_errors_name_the_file_line_and_key(setup, tmp_path):
     line = text.splitlines().index("device_eval_batch_sise: 4") + 1
     assert f"typo.yaml:{line}" in proc.stderr and "device_eval_batch_sise" in proc.stderr, proc.stderr
     # Keys of LLM Foundry's schema that Tessera does not implement are named together.
-    (tmp_path / "loggers.yaml").write_text(RECIPE.read_text() + "loggers:\n  wandb: {}\nicl_subset_num_batches: 2\n")
+    (tmp_path / "loggers.yaml").write_text(RECIPE.read_text() + "loggers:\n  wandb: {}\ncallbacks: {}\n")
     proc = subprocess.run([EVAL, "--recipe", tmp_path / "loggers.yaml", *overrides], capture_output=True, text=True)
     assert proc.returncode == 2
-    assert "not supported yet" in proc.stderr and "loggers" in proc.stderr and "icl_subset_num_batches" in proc.stderr
+    assert "not supported yet" in proc.stderr and "loggers" in proc.stderr and "callbacks" in proc.stderr
+    for bad in ("icl_subset_num_batches=0", "eval_subset_num_batches=0"):
+        proc = subprocess.run([EVAL, "--recipe", RECIPE, *overrides, bad], capture_output=True, text=True)
+        assert proc.returncode == 2 and bad.split("=")[0] in proc.stderr, proc.stderr
     # The flags the recipe decides are refused beside it.
     proc = subprocess.run([EVAL, "--recipe", RECIPE, "--batch-size", "2", *overrides], capture_output=True, text=True)
     assert proc.returncode == 2 and "--batch-size with --recipe" in proc.stderr, proc.stderr

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -38,7 +39,19 @@ struct IclTaskConfig {
   std::vector<std::string> early_stopping_criteria;  // generation only: stop strings
   bool do_normalization = true;                      // generation only
   bool has_categories = false;  // one result per `category` of the examples (sorted), few-shot within the category
+  // Composer's Evaluator.subset_num_batches (icl_subset_num_batches_for below): each rank scores only the examples of
+  // its first this-many of LLM Foundry's batches; -1: every example.
+  int64_t subset_num_batches = -1;
 };
+
+// The batches each rank of one ICL evaluator runs, as LLM Foundry and Composer decide it from a recipe's
+// `icl_subset_num_batches` (unset: nullopt) and `eval_subset_num_batches` (-1: unset). Foundry gives
+// icl_subset_num_batches to the evaluators of tasks without categories only (the per-category evaluators get none);
+// an evaluator without one takes the run's eval_subset_num_batches. Standalone evaluation (scripts/eval/eval.py:
+// `trainer.eval(subset_num_batches=eval_subset_num_batches)`) lets a set eval_subset_num_batches override every
+// evaluator's; training keeps each evaluator's own. -1: all batches.
+int64_t icl_subset_num_batches_for(bool has_categories, std::optional<int64_t> icl_subset_num_batches,
+                                   int64_t eval_subset_num_batches, bool standalone_eval);
 
 // Reads a tasks YAML (`icl_tasks: [...]`, LLM Foundry's tasks_v0.3.yaml format). Throws ConfigError naming the file
 // and line for a missing or mistyped key, an unknown task type, or an unsupported option (remote URIs).
@@ -122,6 +135,10 @@ struct IclRanks {
 // over the ranks before the metric is computed, so the result is the one a single process gets. Every rank runs the
 // same number of forward passes (the last ones repeat a row where the rows do not divide evenly), as a sharded model
 // needs. `batch_size` rows (generation: prompts) go through each forward pass, the longest first; it must be positive.
+// With task.subset_num_batches > 0, only the examples (in file order) of each rank's first that-many batches of LLM
+// Foundry's dataloader are scored: its batches hold batch_size examples (multiple choice and schema: batch_size /
+// choices, at least 1), and its sampler deals example i to rank i % world_size, so these are the first
+// subset_num_batches x that x world_size; few-shot examples are still drawn from the whole file.
 std::vector<IclResult> evaluate_icl_task(models::CausalLM& model, const data::Tokenizer& tokenizer,
                                          const IclTaskConfig& task, int64_t num_fewshot, const IclRanks& ranks = {},
                                          int64_t batch_size = 1);

@@ -109,9 +109,12 @@ struct TrainConfig {
   // util::kExitPreempted (75); [] keeps the default disposition (the process dies).
   std::vector<int> preemption_signals = {SIGTERM, SIGUSR1};
 
-  std::optional<std::string> icl_tasks_path;   // `icl_tasks: path/to/tasks.yaml`
-  std::vector<IclTaskOptions> icl_tasks;       // inline list
-  std::optional<int64_t> icl_seq_len;          // prompts' max_seq_len for tasks without their own (default max_seq_len)
+  std::optional<std::string> icl_tasks_path;  // `icl_tasks: path/to/tasks.yaml`
+  std::vector<IclTaskOptions> icl_tasks;      // inline list
+  std::optional<int64_t> icl_seq_len;         // prompts' max_seq_len for tasks without their own (default max_seq_len)
+  // Batches per rank of each ICL evaluator of a task without categories (eval::icl_subset_num_batches_for; unset:
+  // eval_subset_num_batches applies, as to the per-category evaluators).
+  std::optional<int64_t> icl_subset_num_batches;
   std::optional<config::Value> eval_gauntlet;  // `eval_gauntlet`: a path (scalar) or the inline mapping
 
   std::optional<callbacks::ProfilerOptions> profiler;  // `profiler:` (callbacks/profiler.h)

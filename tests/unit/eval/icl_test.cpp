@@ -158,5 +158,22 @@ TEST(IclErrors, AMisspeltOrUnimplementedTaskKeyIsRefusedByName) {
             "[eval] /nonexistent/tasks.yaml: cannot open the ICL tasks file");
 }
 
+// Which batches an ICL evaluator runs, as LLM Foundry's build_icl_evaluators and Composer's Trainer decide it: the
+// recipe's icl_subset_num_batches reaches tasks without categories only; an evaluator without one takes
+// eval_subset_num_batches; standalone evaluation (eval.py) lets a set eval_subset_num_batches override all of them.
+TEST(IclSubset, FollowsLlmFoundryAndComposer) {
+  // eval.py: trainer.eval(subset_num_batches=eval_subset_num_batches)
+  EXPECT_EQ(icl_subset_num_batches_for(false, 3, -1, true), 3);
+  EXPECT_EQ(icl_subset_num_batches_for(true, 3, -1, true), -1);
+  EXPECT_EQ(icl_subset_num_batches_for(false, 3, 5, true), 5);
+  EXPECT_EQ(icl_subset_num_batches_for(true, 3, 5, true), 5);
+  EXPECT_EQ(icl_subset_num_batches_for(false, std::nullopt, -1, true), -1);
+  // train.py: each evaluator keeps its own; those without take eval_subset_num_batches
+  EXPECT_EQ(icl_subset_num_batches_for(false, 3, 5, false), 3);
+  EXPECT_EQ(icl_subset_num_batches_for(true, 3, 5, false), 5);
+  EXPECT_EQ(icl_subset_num_batches_for(false, std::nullopt, 5, false), 5);
+  EXPECT_EQ(icl_subset_num_batches_for(false, std::nullopt, -1, false), -1);
+}
+
 }  // namespace
 }  // namespace tessera::eval

@@ -240,6 +240,13 @@ icl_tasks:
   EXPECT_EQ(cfg.icl_tasks[0].num_fewshot, (std::vector<int64_t>{0, 5}));
   const TrainConfig by_path = load_train_config(kSource + "/recipes/mpt-125m.yaml", {"icl_tasks=eval/tasks.yaml"});
   EXPECT_EQ(by_path.icl_tasks_path, "eval/tasks.yaml");
+  // icl_subset_num_batches: a positive count or null (unset).
+  EXPECT_EQ(load_train_config(inline_path, {"icl_subset_num_batches=3"}).icl_subset_num_batches, 3);
+  EXPECT_FALSE(load_train_config(inline_path, {"icl_subset_num_batches=null"}).icl_subset_num_batches.has_value());
+  EXPECT_NE(testing::error_of([&] {
+              load_train_config(inline_path, {"icl_subset_num_batches=0"});
+            }).find("icl_subset_num_batches: expected a positive integer or null, got 0"),
+            std::string::npos);
 }
 
 }  // namespace

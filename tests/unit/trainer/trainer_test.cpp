@@ -275,6 +275,15 @@ TEST(Trainer, IclTasksRunAtEvalInterval) {
   mc.max_seq_len = 32;
   EXPECT_DOUBLE_EQ(m.at("mc/1-shot").at("InContextLearningMultipleChoiceAccuracy"),
                    eval::evaluate_icl_task(*t.state().model, tok, mc, 1).at(0).accuracy());
+  // A subset (icl_subset_num_batches): the examples of the first batches of LLM Foundry's dataloader, whose
+  // multiple-choice batches hold batch_size / choices examples; on 2 ranks each rank's first batches.
+  eval::IclTaskConfig subset = mc;
+  subset.subset_num_batches = 1;
+  EXPECT_EQ(eval::evaluate_icl_task(*t.state().model, tok, subset, 1, {}, 2).at(0).total, 1);
+  EXPECT_EQ(eval::evaluate_icl_task(*t.state().model, tok, subset, 1, {}, 4).at(0).total, 2);
+  EXPECT_EQ(eval::evaluate_icl_task(*t.state().model, tok, subset, 1, {}, 1).at(0).total, 1);  // at least one
+  subset.subset_num_batches = 2;
+  EXPECT_EQ(eval::evaluate_icl_task(*t.state().model, tok, subset, 1, {}, 4).at(0).total, 3);  // the whole file
   const auto& g = m.at("eval_gauntlet");
   const double both = ((m.at("mc/1-shot").at("InContextLearningMultipleChoiceAccuracy") - 0.5) / 0.5 +
                        m.at("lm/1-shot").at("InContextLearningLMAccuracy")) /
