@@ -284,6 +284,15 @@ TEST(Trainer, IclTasksRunAtEvalInterval) {
   EXPECT_EQ(eval::evaluate_icl_task(*t.state().model, tok, subset, 1, {}, 1).at(0).total, 1);  // at least one
   subset.subset_num_batches = 2;
   EXPECT_EQ(eval::evaluate_icl_task(*t.state().model, tok, subset, 1, {}, 4).at(0).total, 3);  // the whole file
+  // In a recipe: the trainer evaluates each task's first batches (device_eval_batch_size 4: 2 questions of 2 choices).
+  Trainer sub(
+      tiny_config({"model.vocab_size=320", "tokenizer.name=" + dir.string(), tasks, "icl_subset_num_batches=1"}));
+  sub.fit();
+  subset.subset_num_batches = 1;
+  const double first_two = eval::evaluate_icl_task(*sub.state().model, tok, subset, 1, {}, 4).at(0).accuracy();
+  const double all_three = eval::evaluate_icl_task(*sub.state().model, tok, mc, 1, {}, 4).at(0).accuracy();
+  EXPECT_DOUBLE_EQ(sub.state().eval_metrics.at("mc/1-shot").at("InContextLearningMultipleChoiceAccuracy"), first_two)
+      << "the whole task scores " << all_three;
   const auto& g = m.at("eval_gauntlet");
   const double both = ((m.at("mc/1-shot").at("InContextLearningMultipleChoiceAccuracy") - 0.5) / 0.5 +
                        m.at("lm/1-shot").at("InContextLearningLMAccuracy")) /
