@@ -139,21 +139,21 @@ void Engine::loop() {
       std::unique_lock<std::mutex> lock(mu_);
       wake_.wait(lock, [&] { return stopping_ || !waiting_.empty() || !running_.empty(); });
       if (stopping_) break;
-      // Admit in arrival order while rows are free and the padded prefill stays within its budget.
+      // Admit in arrival order while rows are free and the padded prefill stays within its budget; requests
+      // cancelled while they waited leave first, counting against neither.
       int64_t longest = 0;
       while (!waiting_.empty() && static_cast<int64_t>(running_.size() + fresh.size()) < options_.max_batch) {
+        if (const auto& c = waiting_.front()->request.cancelled; c && c->load()) {
+          waiting_.front()->promise.set_exception(std::make_exception_ptr(Error("serve", "the request was cancelled")));
+          waiting_.pop_front();
+          continue;
+        }
         const auto len = static_cast<int64_t>(waiting_.front()->request.prompt.size());
         const int64_t padded = std::max(longest, len) * static_cast<int64_t>(fresh.size() + 1);
         if (!fresh.empty() && padded > options_.max_prefill_tokens) break;
         longest = std::max(longest, len);
-        std::unique_ptr<Row> row = std::move(waiting_.front());
+        fresh.push_back(std::move(waiting_.front()));
         waiting_.pop_front();
-        const auto& c = row->request.cancelled;
-        if (c && c->load()) {
-          row->promise.set_exception(std::make_exception_ptr(Error("serve", "the request was cancelled")));
-        } else {
-          fresh.push_back(std::move(row));
-        }
       }
       stats_.running += static_cast<int64_t>(fresh.size());
     }
@@ -228,6 +228,10 @@ void Engine::admit(std::vector<std::unique_ptr<Row>>& fresh) {
   fo.cache = &cache;
   fo.attention_mask = mask;
   const at::Tensor logits = model_->forward(ids, fo);  // (n, L, V)
+  {
+    const std::lock_guard<std::mutex> lock(mu_);
+    stats_.prefills += 1;
+  }
   const int64_t longest = ids.size(1);
   std::vector<int64_t> keep;
   for (size_t b = 0; b < fresh.size(); ++b) {

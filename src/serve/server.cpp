@@ -251,7 +251,9 @@ struct Server::Impl {
                                    {"running", s.running},
                                    {"waiting", s.waiting},
                                    {"requests", s.requests},
-                                   {"generated_tokens", s.generated}}),
+                                   {"generated_tokens", s.generated},
+                                   {"prefills", s.prefills},
+                                   {"decoding_steps", s.steps}}),
                       "application/json");
     });
     // Statuses httplib sets itself (404 no route, 413 body too large, 400 unreadable request) get a JSON body too.

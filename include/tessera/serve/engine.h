@@ -87,7 +87,8 @@ struct EngineStats {
   int64_t requests = 0;   // finished, since start
   int64_t generated = 0;  // tokens generated, since start
   int64_t prompt_tokens = 0;
-  int64_t steps = 0;  // decoding steps (forwards of the running batch)
+  int64_t steps = 0;     // decoding steps (forwards of the running batch)
+  int64_t prefills = 0;  // prefill forwards (each admits one or more waiting requests together)
 };
 
 class Engine {

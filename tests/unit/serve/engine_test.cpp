@@ -8,7 +8,9 @@
 
 #include <atomic>
 #include <cmath>
+#include <condition_variable>
 #include <future>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -211,6 +213,55 @@ TEST(ServeEngine, CancelledRequestsLeaveAndOthersGoOn) {
   quick.prompt = {7, 8};
   quick.options.max_new_tokens = 3;
   EXPECT_EQ(engine.submit(quick).get().tokens.size(), 3U);
+}
+
+// A request cancelled while it waited leaves without taking part in the admission: the requests behind it share one
+// prefill as if it had never come (its long prompt once counted against the prefill's padded budget).
+TEST(ServeEngine, ACancelledWaitingRequestTakesNoPartInTheNextPrefill) {
+  const auto model = build(tiny_configs()[0].second);
+  Engine engine(model, {.max_batch = 3, .max_prefill_tokens = 8});
+  // The first request holds the scheduler in its first token's callback while the others queue.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool holding = false, released = false;
+  Request first;
+  first.prompt = {1, 2};
+  first.options.max_new_tokens = 4;
+  first.on_token = [&](int64_t) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!holding) {
+      holding = true;
+      cv.notify_all();
+      cv.wait(lock, [&] { return released; });
+    }
+  };
+  std::future<Result> a = engine.submit(first);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return holding; });
+  }
+  Request gone;
+  gone.prompt = {1, 2, 3, 4, 5, 6, 7, 8};
+  gone.options.max_new_tokens = 2;
+  gone.cancelled = std::make_shared<std::atomic<bool>>(true);
+  std::future<Result> b = engine.submit(gone);
+  Request shorter;
+  shorter.prompt = {3, 4};
+  shorter.options.max_new_tokens = 2;
+  std::future<Result> c = engine.submit(shorter);
+  std::future<Result> d = engine.submit(shorter);
+  EXPECT_EQ(engine.stats().waiting, 3);
+  {
+    const std::lock_guard<std::mutex> lock(mu);
+    released = true;
+  }
+  cv.notify_all();
+  EXPECT_NE(error_of([&] { b.get(); }).find("cancelled"), std::string::npos);
+  EXPECT_EQ(c.get().tokens.size(), 2U);
+  EXPECT_EQ(d.get().tokens.size(), 2U);
+  EXPECT_EQ(a.get().tokens.size(), 4U);
+  // The first request's prefill, then one for the two short ones (2 x 2 padded tokens, within the budget of 8).
+  EXPECT_EQ(engine.stats().prefills, 2);
 }
 
 TEST(ServeEngine, RefusesRequestsTheModelCannotRun) {
