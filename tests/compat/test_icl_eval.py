@@ -225,9 +225,11 @@ def test_the_tokenizer_defaults_to_the_model_folders(setup, tmp_path):
     # Without --tokenizer, eval reads the model folder's tokenizer (an HF folder or an hf_checkpointer export has
     # one); a folder without one is a usage error that says what to give.
     import shutil
-    tmp, _, _, _, _ = setup
+    tmp, _, _, _, tasks = setup
     binary = _binary("TESSERA_EVAL_BIN", "eval")
-    args = ["--tasks", tmp / "tasks.yaml", "--precision", "fp32", "--batch-size", "4"]
+    # One task is enough to tell which tokenizer was read.
+    (tmp_path / "piqa.yaml").write_text(yaml.safe_dump({"icl_tasks": [t for t in tasks if t["label"] == "piqa"]}))
+    args = ["--tasks", tmp_path / "piqa.yaml", "--precision", "fp32", "--batch-size", "4"]
     proc = subprocess.run([binary, "--model", tmp / "hf", *args], capture_output=True, text=True)
     assert proc.returncode == 2
     assert "give --tokenizer" in proc.stderr and str(tmp / "hf") in proc.stderr, proc.stderr
