@@ -15,6 +15,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -86,14 +87,28 @@ int run(int argc, char** argv) {
     so.api_key = key;
   }
 
-  const at::Device device = tessera::core::device_from_flag(device_name, 0, "serve");
-  eo.precision = tessera::core::precision_from_flag(precision_name, device, "serve");
-  const std::filesystem::path tok_file = tessera::util::resolve_tool_tokenizer(tokenizer_path, model_path, "serve");
+  // The model is loaded (and the precision probed) on a thread that ends before the engine's starts: LibTorch's
+  // OpenMP keeps a team of worker threads per thread that ran a parallel region, and with two teams on the machine's
+  // cores libgomp stops spinning between regions and puts its workers to sleep, which made every decoding step on a
+  // 2-core CPU twice as slow (14.1 against 6.2-7.2 ms a token on a small Llama). A team ends with its thread.
+  at::Device device = at::kCPU;
   tessera::serve::ServedModel served;
-  served.tokenizer =
-      std::make_shared<const tessera::data::ChatTokenizer>(tessera::data::Tokenizer::from_file(tok_file), "");
-  std::shared_ptr<tessera::models::CausalLM> model = tessera::checkpoint::load_any_model(model_path, "serve");
-  if (device.is_cuda()) model->to(device);
+  std::shared_ptr<tessera::models::CausalLM> model;
+  std::exception_ptr failed;
+  std::thread([&] {
+    try {
+      device = tessera::core::device_from_flag(device_name, 0, "serve");
+      eo.precision = tessera::core::precision_from_flag(precision_name, device, "serve");
+      const std::filesystem::path tok_file = tessera::util::resolve_tool_tokenizer(tokenizer_path, model_path, "serve");
+      served.tokenizer =
+          std::make_shared<const tessera::data::ChatTokenizer>(tessera::data::Tokenizer::from_file(tok_file), "");
+      model = tessera::checkpoint::load_any_model(model_path, "serve");
+      if (device.is_cuda()) model->to(device);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  }).join();
+  if (failed) std::rethrow_exception(failed);
   served.name = name.empty() ? std::filesystem::path(model_path).lexically_normal().filename().string() : name;
   if (served.name.empty()) {
     served.name = std::filesystem::path(model_path).lexically_normal().parent_path().filename().string();
