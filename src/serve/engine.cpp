@@ -228,7 +228,10 @@ void Engine::admit(std::vector<std::unique_ptr<Row>>& fresh) {
   fo.cache = &cache;
   // A mask only where a prompt is padded: as models::generate, so that unpadded rows take the models' unmasked
   // attention (a decoding step with a mask cost 1.6x one without on a small Llama on the CPU).
-  if (!mask.all().item<bool>()) fo.attention_mask = mask;
+  const bool padded = std::any_of(prompts.begin(), prompts.end(), [&](const std::vector<int64_t>* p) {
+    return static_cast<int64_t>(p->size()) != ids.size(1);
+  });
+  if (padded) fo.attention_mask = mask;
   const at::Tensor logits = model_->forward(ids, fo);  // (n, L, V)
   {
     const std::lock_guard<std::mutex> lock(mu_);
@@ -292,6 +295,11 @@ void Engine::step() {
       cache_ = models::KVCache{};
     } else {
       models::select_cache_rows(cache_, at::tensor(rows, at::kLong));
+      // Once the rows left hold no padding (select_cache_rows dropped the columns no row uses), the cache needs no
+      // mask. Only rows leaving can end the padding, so this is the one place to look.
+      if (cache_.attention_mask.defined() && cache_.attention_mask.all().item<bool>()) {
+        cache_.attention_mask = at::Tensor();
+      }
     }
     std::vector<std::unique_ptr<Row>> kept;
     for (int64_t i : rows) kept.push_back(std::move(running_[static_cast<size_t>(i)]));
@@ -299,9 +307,6 @@ void Engine::step() {
   };
   compact(keep);
   if (running_.empty()) return;
-  // Once the rows left hold no padding (the padded ones left, select_cache_rows dropped the columns no row uses),
-  // the cache needs no mask.
-  if (cache_.attention_mask.defined() && cache_.attention_mask.all().item<bool>()) cache_.attention_mask = at::Tensor();
   const auto batch = static_cast<int64_t>(running_.size());
   at::Tensor logits;
   models::ForwardOptions fo;

@@ -93,7 +93,9 @@ struct EngineStats {
 
 class Engine {
  public:
-  // Starts the scheduler thread; the model moves to eval mode and stays there.
+  // Starts the scheduler thread; the model moves to eval mode and stays there. The scheduler runs LibTorch's
+  // parallel regions with an OpenMP team of its own: a caller that loaded the model on a thread that lives on keeps a
+  // second team, which on a small CPU halves the decoding speed (tools/serve.cpp loads on a thread that ends first).
   Engine(std::shared_ptr<models::CausalLM> model, EngineOptions options);
   // Fails waiting and running requests with an Error ("the engine stopped") and joins the thread.
   ~Engine();
