@@ -142,8 +142,13 @@ IclResult evaluate_examples(models::CausalLM& model, const data::Tokenizer& toke
       const auto choices = std::max<int64_t>(1, static_cast<int64_t>(data.front().choices.size()));
       per_batch = std::max(choices, batch_size) / choices;
     }
-    const int64_t limit = task.subset_num_batches * per_batch * ranks.world_size;
-    if (static_cast<int64_t>(examples.size()) > limit) examples.resize(static_cast<size_t>(limit));
+    // The counts come from a recipe: a product too large for int64 keeps every example.
+    int64_t per_round = 0, limit = 0;
+    if (!__builtin_mul_overflow(per_batch, ranks.world_size, &per_round) &&
+        !__builtin_mul_overflow(task.subset_num_batches, per_round, &limit) &&
+        static_cast<int64_t>(examples.size()) > limit) {
+      examples.resize(static_cast<size_t>(limit));
+    }
   }
 
   IclResult r;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -284,6 +285,8 @@ TEST(Trainer, IclTasksRunAtEvalInterval) {
   EXPECT_EQ(eval::evaluate_icl_task(*t.state().model, tok, subset, 1, {}, 1).at(0).total, 1);  // at least one
   subset.subset_num_batches = 2;
   EXPECT_EQ(eval::evaluate_icl_task(*t.state().model, tok, subset, 1, {}, 4).at(0).total, 3);  // the whole file
+  subset.subset_num_batches = std::numeric_limits<int64_t>::max();  // a count past int64 when multiplied out
+  EXPECT_EQ(eval::evaluate_icl_task(*t.state().model, tok, subset, 1, {}, 4).at(0).total, 3);
   // In a recipe: the trainer evaluates each task's first batches (device_eval_batch_size 4: 2 questions of 2 choices).
   Trainer sub(
       tiny_config({"model.vocab_size=320", "tokenizer.name=" + dir.string(), tasks, "icl_subset_num_batches=1"}));
