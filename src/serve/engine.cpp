@@ -228,8 +228,9 @@ void Engine::admit(std::vector<std::unique_ptr<Row>>& fresh) {
   fo.cache = &cache;
   // A mask only where a prompt is padded: as models::generate, so that unpadded rows take the models' unmasked
   // attention (a decoding step with a mask cost 1.6x one without on a small Llama on the CPU).
-  const bool padded = std::any_of(prompts.begin(), prompts.end(), [&](const std::vector<int64_t>* p) {
-    return static_cast<int64_t>(p->size()) != ids.size(1);
+  const int64_t width = ids.size(1);  // (clang before 16 cannot capture a structured binding)
+  const bool padded = std::any_of(prompts.begin(), prompts.end(), [width](const std::vector<int64_t>* p) {
+    return static_cast<int64_t>(p->size()) != width;
   });
   if (padded) fo.attention_mask = mask;
   const at::Tensor logits = model_->forward(ids, fo);  // (n, L, V)
