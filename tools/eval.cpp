@@ -22,6 +22,8 @@
 #include "commands.h"
 #include "tessera/checkpoint/checkpoint.h"
 #include "tessera/checkpoint/hf.h"
+#include "tessera/config/component.h"
+#include "tessera/core/engine.h"
 #include "tessera/core/precision.h"
 #include "tessera/data/tokenizer.h"
 #include "tessera/distributed/communicator.h"
@@ -29,10 +31,12 @@
 #include "tessera/eval/eval_recipe.h"
 #include "tessera/eval/gauntlet.h"
 #include "tessera/eval/icl.h"
+#include "tessera/loggers/options.h"
 #include "tessera/trainer/precision_context.h"
 #include "tessera/util/error.h"
 #include "tessera/util/hf_hub.h"
 #include "tessera/util/logging.h"
+#include "tessera/util/redact.h"
 #include "tessera/util/tool_main.h"
 
 namespace {
@@ -124,6 +128,47 @@ std::string markdown(const std::vector<TableRow>& rows) {
   for (const auto& row : cells) out += line(row);
   return out;
 }
+
+// The recipe's `loggers` over one model's evaluation, driven as Composer's Trainer.eval drives them in LLM Foundry's
+// eval.py (one Trainer, so one logger run, per model): INIT (a tracker's run starts), the resolved recipe as
+// hyperparameters, EVAL_STANDALONE_START, each evaluator's `metrics/<label>/<metric>` at step 0 and its EVAL_END, the
+// gauntlet's `icl/metrics/eval_gauntlet/<name>`, EVAL_STANDALONE_END (the run finished), close. Destroyed without
+// finish() (a failed evaluation), the loggers close and mark their runs failed.
+class EvalLoggers {
+ public:
+  EvalLoggers(const std::vector<tessera::config::ComponentOptions>& specs, const nlohmann::json& hparams,
+              const std::string& run_name, const tessera::dist::Rendezvous& rv)
+      : logger_(state_) {
+    state_.run_name = run_name;
+    state_.rank = rv.rank;
+    state_.world_size = rv.world_size;
+    state_.local_rank = rv.local_rank;
+    const tessera::core::RunContext run{run_name, rv.rank, rv.world_size};
+    for (auto& c : tessera::config::build_components(specs, tessera::loggers::logger_registry(), run)) {
+      if (auto d = std::dynamic_pointer_cast<tessera::core::LoggerDestination>(c)) logger_.add_destination(d);
+      state_.callbacks.push_back(std::move(c));
+    }
+    engine_ = std::make_unique<tessera::core::Engine>(state_, logger_);
+    engine_->run_event(tessera::core::Event::kInit);
+    logger_.log_hyperparameters(hparams);
+    engine_->run_event(tessera::core::Event::kEvalStandaloneStart);
+  }
+  void evaluator(const tessera::core::Metrics& metrics) {
+    engine_->run_event(tessera::core::Event::kEvalStart);
+    logger_.log_metrics(metrics);
+    engine_->run_event(tessera::core::Event::kEvalEnd);
+  }
+  void log(const tessera::core::Metrics& metrics) { logger_.log_metrics(metrics); }
+  void finish() {
+    engine_->run_event(tessera::core::Event::kEvalStandaloneEnd);
+    engine_->close();
+  }
+
+ private:
+  tessera::core::State state_;
+  tessera::core::Logger logger_;
+  std::unique_ptr<tessera::core::Engine> engine_;
+};
 
 // --dump-rows: every scored row's token ids for one task and few-shot count.
 void dump_task_rows(std::ofstream& out, const tessera::eval::IclTaskConfig& task, int64_t k,
@@ -247,8 +292,17 @@ int run(int argc, char** argv) {
   std::vector<Job> jobs;
   std::vector<tessera::eval::IclTaskConfig> tasks;
   std::optional<tessera::eval::GauntletConfig> gauntlet;
+  std::vector<tessera::config::ComponentOptions> logger_specs;
+  nlohmann::json hparams;
+  std::string run_name;
   if (!recipe_path.empty()) {
-    const tessera::eval::EvalRecipe recipe = tessera::eval::load_eval_recipe(recipe_path, overrides);
+    const tessera::eval::EvalRecipe recipe =
+        tessera::eval::load_eval_recipe(recipe_path, overrides, [&](tessera::config::Section& root) {
+          logger_specs = tessera::config::parse_components(root, "loggers", tessera::loggers::logger_registry());
+        });
+    // Secrets (a tracking URI's password, a token) are hidden from what the loggers record.
+    hparams = tessera::util::redact_secrets(recipe.resolved.to_json());
+    run_name = recipe.run_name;
     for (const tessera::eval::EvalModelSpec& m : recipe.models) {
       jobs.push_back({m.model_name, m.load_path.empty() ? m.pretrained_model_name_or_path : m.load_path, m.tokenizer});
     }
@@ -280,6 +334,8 @@ int run(int argc, char** argv) {
     if (device.is_cuda()) model->to(device);
     spdlog::info("evaluating {} on {} in {}, {} rows per forward pass", job.model_name, device.str(),
                  tessera::core::to_string(precision), batch_size);
+    std::optional<EvalLoggers> loggers;
+    if (!logger_specs.empty()) loggers.emplace(logger_specs, hparams, run_name, rv);
     std::vector<tessera::eval::IclResult> all;
     nlohmann::ordered_json results = nlohmann::ordered_json::array();
     for (const auto& task : tasks) {
@@ -291,6 +347,15 @@ int run(int argc, char** argv) {
           // Autocast as in training (fp32: off); the weights stay as loaded.
           const tessera::trainer::AutocastGuard autocast(precision, device.type());
           rs = tessera::eval::evaluate_icl_task(*model, tokenizer, task, k, ranks, batch_size);
+        }
+        // Every rank holds the summed results; a logger writes on the ranks it was built for.
+        all.insert(all.end(), rs.begin(), rs.end());
+        if (loggers) {
+          tessera::core::Metrics metrics;
+          for (const tessera::eval::IclResult& r : rs) {
+            metrics[fmt::format("metrics/{}/{}", r.label, r.metric)] = r.accuracy();
+          }
+          loggers->evaluator(metrics);
         }
         if (!lead) continue;
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -309,22 +374,25 @@ int run(int argc, char** argv) {
           entry["seconds"] =
               seconds * static_cast<double>(r.total) / static_cast<double>(std::max<int64_t>(1, examples));
           results.push_back(entry);
-          all.push_back(r);
         }
         spdlog::info("{}/{}-shot: {} examples in {:.2f} s ({:.1f} examples/s)", task.label, k, examples, seconds,
                      static_cast<double>(examples) / seconds);
       }
     }
-    if (!lead) continue;
     nlohmann::ordered_json doc{{"model_name", job.model_name}, {"results", results}};
     if (gauntlet) {
       nlohmann::ordered_json scores = nlohmann::ordered_json::object();
+      tessera::core::Metrics logged;
       for (const auto& [name, score] : tessera::eval::compute_gauntlet(*gauntlet, all)) {
-        std::cout << fmt::format("icl/metrics/eval_gauntlet/{}: {:.4f}\n", name, score);
+        if (lead) std::cout << fmt::format("icl/metrics/eval_gauntlet/{}: {:.4f}\n", name, score);
         scores[name] = score;
+        logged[fmt::format("icl/metrics/eval_gauntlet/{}", name)] = score;
       }
+      if (loggers) loggers->log(logged);
       doc["eval_gauntlet"] = scores;
     }
+    if (loggers) loggers->finish();
+    if (!lead) continue;
     per_model.push_back(doc);
     for (TableRow& row : foundry_table(all, gauntlet, job.model_name)) table.push_back(std::move(row));
   }

@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include <cstdlib>
 #include <filesystem>
 
 #include "tessera/config/reader.h"
@@ -101,7 +102,8 @@ GauntletConfig gauntlet_from(const config::Value& value, const std::string& base
   return load_gauntlet(path);
 }
 
-EvalRecipe load_eval_recipe(const std::string& path, const std::vector<std::string>& overrides) {
+EvalRecipe load_eval_recipe(const std::string& path, const std::vector<std::string>& overrides,
+                            const std::function<void(config::Section& root)>& loggers) {
   config::Value root = config::load_yaml_file(path);
   for (const std::string& o : overrides) config::apply_override(root, o);
   config::resolve_interpolations(root);
@@ -191,7 +193,18 @@ EvalRecipe load_eval_recipe(const std::string& path, const std::vector<std::stri
         "the ranks split the rows",
         fsdp->origin().describe());
   }
-  s.get_string("run_name", "");
+  if (auto name = s.get_optional_string("run_name")) {
+    r.run_name = *name;
+  } else if (const char* env = std::getenv("RUN_NAME"); env != nullptr && *env != '\0') {
+    r.run_name = env;
+  } else {
+    r.run_name = fs::path(path).stem().string();
+  }
+  if (loggers) {
+    loggers(s);
+  } else {
+    s.raw("loggers");
+  }
   // Each evaluator's batches per rank (icl_subset_num_batches_for: eval.py's standalone evaluation).
   const int64_t eval_subset = s.get_int("eval_subset_num_batches", -1);
   s.check(eval_subset == -1 || eval_subset > 0, "eval_subset_num_batches", "must be -1 (every batch) or positive");
@@ -209,8 +222,9 @@ EvalRecipe load_eval_recipe(const std::string& path, const std::vector<std::stri
   s.python_only("python_log_level", "use --log-level");
   s.python_only("console_log_interval", "each task's result is printed when it is done");
   s.python_only("log_config", "the results JSON (--output) holds the results");
-  s.finish({"code_paths", "eval_loader", "eval_loaders", "loggers", "callbacks"});
+  s.finish({"code_paths", "eval_loader", "eval_loaders", "callbacks"});
   ctx.throw_if_unsupported();
+  r.resolved = std::move(root);
   return r;
 }
 

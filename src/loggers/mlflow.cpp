@@ -324,10 +324,12 @@ void MlflowLogger::run_event(core::Event event, core::State& state, core::Logger
     start_run();
     return;
   }
-  if (event == core::Event::kFitEnd) fit_ended_ = true;
+  if (event == core::Event::kFitStart || event == core::Event::kEvalStandaloneStart) finished_ = false;
+  if (event == core::Event::kFitEnd || event == core::Event::kEvalStandaloneEnd) finished_ = true;
   const bool due =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - last_flush_).count() >= o_.flush_interval;
-  if ((event == core::Event::kBatchEnd && due) || event == core::Event::kEvalEnd || event == core::Event::kFitEnd) {
+  if ((event == core::Event::kBatchEnd && due) || event == core::Event::kEvalEnd || event == core::Event::kFitEnd ||
+      event == core::Event::kEvalStandaloneEnd) {
     flush();
   }
 }
@@ -482,8 +484,9 @@ std::string MlflowLogger::log_model(const std::string& folder, const std::string
 void MlflowLogger::close(core::State& state, core::Logger& /*logger*/) {
   flush();
   if (run_id_.empty()) return;
-  // FINISHED after a whole fit; KILLED when the run stopped to be restarted (preemption, a bad node); else FAILED.
-  const char* status = fit_ended_ ? "FINISHED" : state.preempted() ? "KILLED" : "FAILED";
+  // FINISHED after a whole fit (or standalone evaluation); KILLED when the run stopped to be restarted (preemption, a
+  // bad node); else FAILED.
+  const char* status = finished_ ? "FINISHED" : state.preempted() ? "KILLED" : "FAILED";
   try {
     client_.call("POST", "runs/update", {{"run_id", run_id_}, {"status", status}, {"end_time", now_ms()}});
   } catch (const Error& e) {

@@ -306,8 +306,10 @@ void WandbLogger::write_row() {
 }
 
 void WandbLogger::run_event(core::Event event, core::State& state, core::Logger& /*logger*/) {
-  if (event == core::Event::kFitStart && !writer_) start(state.timestamp.batch > 0);
-  if (event == core::Event::kFitEnd) fit_ended_ = true;
+  const bool starts = event == core::Event::kFitStart || event == core::Event::kEvalStandaloneStart;
+  if (starts && !writer_) start(state.timestamp.batch > 0);
+  if (starts) finished_ = false;
+  if (event == core::Event::kFitEnd || event == core::Event::kEvalStandaloneEnd) finished_ = true;
 }
 
 void WandbLogger::close(core::State& /*state*/, core::Logger& /*logger*/) {
@@ -322,7 +324,7 @@ void WandbLogger::close(core::State& /*state*/, core::Logger& /*logger*/) {
   put_bytes(summary, f::kUpdate, nested);
   writer_->append(record(++num_, f::kRecordSummary, summary));
   std::string exit;
-  if (!fit_ended_) put_int(exit, f::kExitCode, 1);  // an error ended the run: W&B shows it failed
+  if (!finished_) put_int(exit, f::kExitCode, 1);  // an error ended the run: W&B shows it failed
   if (runtime != 0) put_int(exit, f::kExitRuntime, runtime);
   writer_->append(record(++num_, f::kRecordExit, exit));
   writer_->flush();

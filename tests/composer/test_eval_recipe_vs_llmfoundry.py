@@ -7,11 +7,17 @@ pretrained_model_name_or_path and `tokenizer.name` both point at it, as a user's
 the YAML with the same key=value overrides (the model folder, max_seq_len, a local tasks file and gauntlet); LLM
 Foundry's copy also drops fsdp_config and sets init_device: cpu, which its single CPU process needs. The table LLM
 Foundry prints (Category, Benchmark, Subtask, Accuracy, Number few shot, Model) must equal Tessera's row for row,
-and Tessera's must stay the same with one row per forward pass and on 2 ranks.
+and Tessera's must stay the same with one row per forward pass and on 2 ranks. The YAML's `loggers` reach a real
+MLflow tracking server (the test venv's `mlflow server` on loopback) with the metrics LLM Foundry's run sends there.
 """
+import atexit
+import json
 import os
 import pathlib
+import socket
 import subprocess
+import time
+import urllib.request
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
@@ -173,6 +179,88 @@ def test_subsets_of_batches_print_llm_foundrys_table(setup, tmp_path, capsys, mo
         assert [r[3] for r in two] == pytest.approx([r[3] for r in one], abs=1e-9)
 
 
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """`mlflow server` (PyPI mlflow, the test venv's; the Composer venv's cannot start one) on a free loopback port."""
+    root = tmp_path_factory.mktemp("mlflow")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mlflow = os.environ.get("TESSERA_MLFLOW", str(pathlib.Path.home() / ".cache/tessera/venv/bin/mlflow"))
+    proc = subprocess.Popen([mlflow, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+                             "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
+                             "--artifacts-destination", str(root / "artifacts")],
+                            stdout=open(root / "server.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(uri + "/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"{mlflow} server did not start:\n" + (root / "server.log").read_text()[-3000:])
+        time.sleep(0.3)
+    # Stopped at exit, after Composer's own exit hook, which post-closes its MLFlowLogger again (engine.py registers
+    # Engine._close with atexit and close() leaves it registered): against a stopped server that retries for minutes.
+    atexit.register(lambda: (os.killpg(proc.pid, 15), proc.wait(timeout=30)))
+    yield uri
+
+
+def mlflow_runs(uri, experiment):
+    """Each run of the experiment: (run, {metric: [(step, value), ...]})."""
+    from mlflow import MlflowClient
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    assert exp is not None, experiment
+    return [(run, {k: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, k)]
+                   for k in run.data.metrics})
+            for run in client.search_runs([exp.experiment_id])]
+
+
+def test_loggers_send_what_llm_foundry_sends_to_mlflow(setup, tmp_path, capsys, monkeypatch, mlflow_server):
+    """`loggers:` as in LLM Foundry's eval YAMLs. eval.py (Composer's MLFlowLogger in a Trainer per model) and
+    `tessera eval` each log one run named run_name to a real tracking server; the runs hold the same metrics, once, at
+    step 0: each evaluator's metrics/<label>/<metric> and the gauntlet's icl/metrics/eval_gauntlet/<name>; both are
+    FINISHED. Tessera's jsonl logger writes the same values, the recipe goes in as params without the tracking URI's
+    password, and 2 ranks log one run with the same numbers."""
+    tmp, overrides = setup
+    llm_foundry_table(tmp_path, [*overrides, "run_name=foundry-eval", f"loggers.mlflow.tracking_uri={mlflow_server}",
+                                 "loggers.mlflow.experiment_name=foundry"], capsys, monkeypatch)
+    [(theirs_run, theirs)] = mlflow_runs(mlflow_server, "foundry")
+    assert theirs_run.info.status == "FINISHED" and theirs_run.data.tags["run_name"] == "foundry-eval"
+    assert any(k.startswith("icl/metrics/eval_gauntlet/") for k in theirs), theirs
+    assert any(k.startswith("metrics/jeopardy/0-shot/") for k in theirs), theirs
+
+    with_password = mlflow_server.replace("http://", "http://alice:hunter2@")
+    for experiment, extra in (("tessera", []), ("tessera-2-ranks", ["--nproc-per-node", "2", "--master-port", "0"])):
+        jsonl = tmp_path / f"{experiment}.jsonl"
+        proc = subprocess.run([EVAL, "--recipe", RECIPE, *overrides, "run_name=tessera-eval",
+                               f"loggers.mlflow.tracking_uri={with_password}",
+                               f"loggers.mlflow.experiment_name={experiment}", f"loggers.jsonl.filename={jsonl}",
+                               *extra], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        assert "hunter2" not in proc.stdout + proc.stderr
+        [(run, ours)] = mlflow_runs(mlflow_server, experiment)
+        assert run.info.run_name == "tessera-eval" and run.info.status == "FINISHED", run.info
+        assert run.data.tags["run_name"] == "tessera-eval"
+        assert sorted(ours) == sorted(theirs), experiment
+        for key, history in ours.items():
+            assert [step for step, _ in history] == [0], (key, history)
+            assert history[0][1] == pytest.approx(theirs[key][0][1], abs=1e-6), key
+        params = run.data.params
+        assert params["device_eval_batch_size"] == "4" and params["max_seq_len"] == "256"
+        assert params["loggers.mlflow.tracking_uri"] == mlflow_server.replace("http://", "http://***@")
+        assert not any("hunter2" in v for v in params.values())
+        rows = [json.loads(line) for line in jsonl.read_text().splitlines()]
+        logged = {k: v for r in rows if "batch" in r for k, v in r.items() if k != "batch"}
+        assert sorted(logged) == sorted(ours) and all(r["batch"] == 0 for r in rows if "batch" in r)
+        assert all(logged[k] == pytest.approx(ours[k][0][1], abs=1e-6) for k in logged)
+
+
 def test_eval_recipe_errors_name_the_file_line_and_key(setup, tmp_path):
     tmp, overrides = setup
     text = RECIPE.read_text().replace("device_eval_batch_size: 4", "device_eval_batch_sise: 4")
@@ -182,10 +270,17 @@ def test_eval_recipe_errors_name_the_file_line_and_key(setup, tmp_path):
     line = text.splitlines().index("device_eval_batch_sise: 4") + 1
     assert f"typo.yaml:{line}" in proc.stderr and "device_eval_batch_sise" in proc.stderr, proc.stderr
     # Keys of LLM Foundry's schema that Tessera does not implement are named together.
-    (tmp_path / "loggers.yaml").write_text(RECIPE.read_text() + "loggers:\n  wandb: {}\ncallbacks: {}\n")
+    (tmp_path / "loggers.yaml").write_text(RECIPE.read_text() + "loggers:\n  comet_ml: {}\ncallbacks: {}\n")
     proc = subprocess.run([EVAL, "--recipe", tmp_path / "loggers.yaml", *overrides], capture_output=True, text=True)
     assert proc.returncode == 2
-    assert "not supported yet" in proc.stderr and "loggers" in proc.stderr and "callbacks" in proc.stderr
+    assert "not supported yet" in proc.stderr and "comet_ml" in proc.stderr and "callbacks" in proc.stderr
+    # A logger's misspelt option is refused with its line, before any model is loaded.
+    (tmp_path / "typo_logger.yaml").write_text(RECIPE.read_text() + "loggers:\n  mlflow:\n    tracking_ur: x\n")
+    proc = subprocess.run([EVAL, "--recipe", tmp_path / "typo_logger.yaml", *overrides], capture_output=True,
+                          text=True)
+    line = len(RECIPE.read_text().splitlines()) + 3
+    assert proc.returncode == 2 and f"typo_logger.yaml:{line}" in proc.stderr and "tracking_ur" in proc.stderr, \
+        proc.stderr
     for bad in ("icl_subset_num_batches=0", "eval_subset_num_batches=0"):
         proc = subprocess.run([EVAL, "--recipe", RECIPE, *overrides, bad], capture_output=True, text=True)
         assert proc.returncode == 2 and bad.split("=")[0] in proc.stderr, proc.stderr

@@ -1,14 +1,17 @@
 // LLM Foundry's evaluation YAML (scripts/eval/yamls/hf_eval.yaml; llmfoundry/command_utils/eval.py's EvalConfig),
 // read as `tessera eval --recipe FILE` reads it: the models to evaluate, the ICL tasks and the Eval Gauntlet, the
 // batch size, sequence length and precision. Unknown keys are refused with the file and line, as in training recipes;
-// keys of Foundry's schema that Tessera does not implement are named together as "not supported yet".
+// keys of Foundry's schema that Tessera does not implement are named together as "not supported yet". `loggers` is
+// read by the caller (the logger registry sits above this layer), in the same pass.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "tessera/config/reader.h"
 #include "tessera/config/value.h"
 #include "tessera/eval/gauntlet.h"
 #include "tessera/eval/icl.h"
@@ -37,11 +40,17 @@ struct EvalRecipe {
   int64_t max_seq_len = 0;
   std::string precision = "amp_bf16";  // fp32 | amp_bf16 | amp_fp16 | auto (Foundry's default: amp_bf16)
   int64_t seed = 17;
+  // The loggers' run name: run_name, else RUN_NAME from the environment, else the recipe file's stem (as `train`).
+  std::string run_name;
+  // The recipe after overrides and interpolation: what the loggers record as hyperparameters.
+  config::Value resolved;
 };
 
 // Loads `path`, applies `key=value` overrides (as `train`'s), resolves `${variables.x}` interpolations and reads the
-// schema. Throws ConfigError naming the file, line and key.
-EvalRecipe load_eval_recipe(const std::string& path, const std::vector<std::string>& overrides = {});
+// schema. `loggers`, when given, reads the recipe's `loggers` key in the same pass, so that its errors and the rest's
+// are reported together. Throws ConfigError naming the file, line and key.
+EvalRecipe load_eval_recipe(const std::string& path, const std::vector<std::string>& overrides = {},
+                            const std::function<void(config::Section& root)>& loggers = {});
 
 // `icl_tasks` as a recipe writes it: a path to a tasks YAML (relative: to the current directory, else to `base_dir`)
 // or an inline list of tasks.

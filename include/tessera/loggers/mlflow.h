@@ -94,7 +94,8 @@ class MlflowLogger : public core::LoggerDestination, public core::ModelRegistry 
   std::string experiment_id_;
   std::string run_id_;
   bool existing_run_ = false;  // the run was there before this process (resume, MLFLOW_RUN_ID): it may hold params
-  bool fit_ended_ = false;
+  // The last fit or standalone evaluation started reached its end: the run finished (else it failed or stopped).
+  bool finished_ = false;
   std::map<std::string, std::pair<double, int64_t>> last_;  // metric -> (value, step) last sent
   nlohmann::json pending_ = nlohmann::json::array();        // metrics not sent yet
   std::chrono::steady_clock::time_point last_flush_;

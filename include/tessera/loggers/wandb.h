@@ -62,7 +62,7 @@ class WandbLogger : public core::LoggerDestination {
   void log_hyperparameters(const nlohmann::json& hparams) override;
   void run_event(core::Event event, core::State& state, core::Logger& logger) override;
   void close(core::State& state, core::Logger& logger) override;
-  // The run's folder and id (set once the run has started, at FIT_START).
+  // The run's folder and id (set once the run has started, at FIT_START or EVAL_STANDALONE_START).
   const std::string& run_dir() const { return run_dir_; }
   const std::string& run_id() const { return id_; }
 
@@ -80,7 +80,8 @@ class WandbLogger : public core::LoggerDestination {
   double started_ = 0;
   int64_t row_step_ = -1;
   std::map<std::string, double> row_;  // the current step's metrics
-  bool fit_ended_ = false;
+  // The last fit or standalone evaluation started reached its end: the run finished (else it failed or stopped).
+  bool finished_ = false;
   bool closed_ = false;
 };
 
