@@ -10,7 +10,9 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -100,33 +102,80 @@ std::vector<TableRow> foundry_table(const std::vector<tessera::eval::IclResult>&
   return rows;
 }
 
-// The table as pandas' to_markdown (tabulate's "pipe" format) prints it: strings left-aligned, numbers right-aligned.
-std::string markdown(const std::vector<TableRow>& rows) {
-  const std::vector<std::string> head = {"Category", "Benchmark", "Subtask", "Accuracy", "Number few shot", "Model"};
-  std::vector<std::vector<std::string>> cells;
-  for (const TableRow& r : rows) {
-    cells.push_back({r.category, r.benchmark, r.subtask, fmt::format("{:g}", r.accuracy), r.shots, r.model});
+// A table as pandas' to_markdown(index=False) prints it (tabulate's "pipe" format): every column at least its header's
+// width plus 2; the `numeric` columns right-aligned with their decimal points lined up (tabulate's "decimal"
+// alignment: a number without a point ends where the points are), the others left-aligned.
+std::string markdown(const std::vector<std::string>& head, std::vector<std::vector<std::string>> cells,
+                     const std::vector<bool>& numeric) {
+  // Characters after the point (or the exponent's e), -1 without one (an integer, nan, inf).
+  auto after_point = [](const std::string& v) -> int64_t {
+    size_t pos = v.rfind('.');
+    if (pos == std::string::npos) pos = v.find_first_of("eE");
+    if (pos == std::string::npos || v == "nan" || v == "inf" || v == "-inf") return -1;
+    return static_cast<int64_t>(v.size() - pos - 1);
+  };
+  for (size_t c = 0; c < head.size(); ++c) {
+    if (!numeric[c] || cells.empty()) continue;
+    int64_t most = -1;
+    for (const auto& row : cells) most = std::max(most, after_point(row[c]));
+    for (auto& row : cells) row[c] += std::string(static_cast<size_t>(most - after_point(row[c])), ' ');
   }
   std::vector<size_t> width;
   for (size_t c = 0; c < head.size(); ++c) {
-    size_t w = head[c].size();
+    size_t w = head[c].size() + 2;
     for (const auto& row : cells) w = std::max(w, row[c].size());
     width.push_back(w);
   }
   auto line = [&](const std::vector<std::string>& v) {
     std::string out = "|";
     for (size_t c = 0; c < v.size(); ++c) {
-      out += c == 3 ? fmt::format(" {:>{}} |", v[c], width[c]) : fmt::format(" {:<{}} |", v[c], width[c]);
+      out += numeric[c] ? fmt::format(" {:>{}} |", v[c], width[c]) : fmt::format(" {:<{}} |", v[c], width[c]);
     }
     return out + "\n";
   };
   std::string out = line(head) + "|";
   for (size_t c = 0; c < head.size(); ++c) {
-    out += c == 3 ? std::string(width[c] + 1, '-') + ":|" : ":" + std::string(width[c] + 1, '-') + "|";
+    out += numeric[c] ? std::string(width[c] + 1, '-') + ":|" : ":" + std::string(width[c] + 1, '-') + "|";
   }
   out += "\n";
   for (const auto& row : cells) out += line(row);
   return out;
+}
+
+// LLM Foundry's results table (calculate_markdown_results).
+std::string markdown(const std::vector<TableRow>& rows) {
+  std::vector<std::vector<std::string>> cells;
+  for (const TableRow& r : rows) {
+    cells.push_back({r.category, r.benchmark, r.subtask, fmt::format("{:g}", r.accuracy), r.shots, r.model});
+  }
+  return markdown({"Category", "Benchmark", "Subtask", "Accuracy", "Number few shot", "Model"}, cells,
+                  {false, false, false, true, false, false});
+}
+
+// LLM Foundry's gauntlet table (eval.py's eval_gauntlet_df): a row per model, its averages and then its categories
+// (a category with no benchmark scored: nan), sorted by the first average, highest first (nan last).
+std::string gauntlet_markdown(const tessera::eval::GauntletConfig& gauntlet,
+                              std::vector<std::pair<std::string, std::map<std::string, double>>> rows) {
+  std::vector<std::string> head = {"model_name"};
+  for (const auto& [name, categories] : gauntlet.averages) head.push_back(name);
+  for (const auto& c : gauntlet.categories) head.push_back(c.name);
+  auto score = [](const std::map<std::string, double>& scores, const std::string& name) {
+    const auto it = scores.find(name);
+    return it == scores.end() ? std::nan("") : it->second;
+  };
+  std::stable_sort(rows.begin(), rows.end(), [&](const auto& a, const auto& b) {
+    const double x = score(a.second, head[1]), y = score(b.second, head[1]);
+    return std::isnan(y) ? !std::isnan(x) : x > y;
+  });
+  std::vector<std::vector<std::string>> cells;
+  for (const auto& [model, scores] : rows) {
+    std::vector<std::string> row = {model};
+    for (size_t c = 1; c < head.size(); ++c) row.push_back(fmt::format("{:g}", score(scores, head[c])));
+    cells.push_back(std::move(row));
+  }
+  std::vector<bool> numeric(head.size(), true);
+  numeric[0] = false;
+  return markdown(head, cells, numeric);
 }
 
 // The recipe's `loggers` over one model's evaluation, driven as Composer's Trainer.eval drives them in LLM Foundry's
@@ -325,6 +374,7 @@ int run(int argc, char** argv) {
   }
   nlohmann::ordered_json per_model = nlohmann::ordered_json::array();
   std::vector<TableRow> table;
+  std::vector<std::pair<std::string, std::map<std::string, double>>> gauntlet_rows;  // model -> score by name
   for (const Job& job : jobs) {
     const std::filesystem::path tokenizer_file =
         tessera::util::resolve_tool_tokenizer(job.tokenizer_path, job.model_path, "eval");
@@ -395,12 +445,18 @@ int run(int argc, char** argv) {
     if (!lead) continue;
     per_model.push_back(doc);
     for (TableRow& row : foundry_table(all, gauntlet, job.model_name)) table.push_back(std::move(row));
-  }
-  if (!lead) return tessera::kExitOk;
-  if (!recipe_path.empty()) {
-    // LLM Foundry's eval.py prints this table (calculate_markdown_results) after each model, for all models so far.
+    if (recipe_path.empty()) continue;
+    // LLM Foundry's eval.py prints its tables after each model, for all models so far: the gauntlet's (when there is
+    // one), then the results (calculate_markdown_results).
+    if (gauntlet) {
+      std::map<std::string, double> scores;
+      for (const auto& [name, score] : doc["eval_gauntlet"].items()) scores[name] = score.get<double>();
+      gauntlet_rows.emplace_back(job.model_name, std::move(scores));
+      std::cout << "Printing gauntlet results for all models\n" << gauntlet_markdown(*gauntlet, gauntlet_rows);
+    }
     std::cout << "Printing complete results for all models\n" << markdown(table) << std::flush;
   }
+  if (!lead) return tessera::kExitOk;
   if (!output.empty()) {
     nlohmann::ordered_json doc;
     if (recipe_path.empty()) {  // one model: its results at the top level

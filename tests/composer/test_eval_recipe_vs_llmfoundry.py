@@ -96,7 +96,28 @@ def table(text):
     return out
 
 
-def llm_foundry_table(tmp_path, overrides, capsys, monkeypatch):
+def table_lines(text, title="Printing complete results for all models"):
+    """The lines of the last table printed after `title`, as printed."""
+    lines = text.splitlines()
+    start = max(i for i, line in enumerate(lines) if line.startswith(title))
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return lines[start + 1:end]
+
+
+def gauntlet_table(text):
+    """The last gauntlet table printed after "Printing gauntlet results for all models": its header and one row per
+    model (the model's name, then each score as a float)."""
+    lines = text.splitlines()
+    start = max(i for i, line in enumerate(lines) if line.startswith("Printing gauntlet results for all models"))
+    rows = []
+    for line in lines[start + 1:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    return rows[0], [[r[0], *map(float, r[1:])] for r in rows[2:]]
+
+
+def llm_foundry_table(tmp_path, overrides, capsys, monkeypatch, printed=None):
     """LLM Foundry's own entry point on the same YAML and overrides (its single CPU process cannot run FSDP)."""
     from llmfoundry.command_utils import eval_from_yaml
     theirs_yaml = yaml.safe_load(RECIPE.read_text())
@@ -107,7 +128,10 @@ def llm_foundry_table(tmp_path, overrides, capsys, monkeypatch):
     capsys.readouterr()
     monkeypatch.chdir(tmp_path)  # where LLM Foundry copies (and partitions) the task files
     eval_from_yaml(str(tmp_path / "hf_eval.yaml"), overrides)
-    return table(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    if printed is not None:
+        printed.append(out)
+    return table(out)
 
 
 def tessera_table(overrides, totals=None):
@@ -127,9 +151,19 @@ def test_the_published_eval_yaml_prints_llm_foundrys_table(setup, tmp_path, caps
     assert "fsdp_config: every rank of `eval` holds the whole model" in proc.stderr, proc.stderr
     ours = table(proc.stdout)
 
-    theirs = llm_foundry_table(tmp_path, overrides, capsys, monkeypatch)
+    their_out = []
+    theirs = llm_foundry_table(tmp_path, overrides, capsys, monkeypatch, their_out)
 
     print("\n".join(map(str, ours)))
+    # The gauntlet's table: model_name, the averages, then the categories.
+    # pandas' to_markdown as LLM Foundry prints it: the results table's text is the same, character for character.
+    assert table_lines(proc.stdout) == table_lines(their_out[0])
+    (head, rows), (their_head, their_rows) = gauntlet_table(proc.stdout), gauntlet_table(their_out[0])
+    gauntlet_title = "Printing gauntlet results for all models"
+    assert table_lines(proc.stdout, gauntlet_title)[:2] == table_lines(their_out[0], gauntlet_title)[:2]
+    assert head == their_head == ["model_name", "default_average", "commonsense_reasoning", "language_understanding"]
+    assert [r[0] for r in rows] == [r[0] for r in their_rows] == [str(tmp / "model")]
+    assert rows[0][1:] == pytest.approx(their_rows[0][1:], abs=1e-5)
     assert [r[:3] + r[4:] for r in ours] == [r[:3] + r[4:] for r in theirs]
     assert [r[3] for r in ours] == pytest.approx([r[3] for r in theirs], abs=1e-6)
     # What the table must hold: a category's Average row and its subtasks, the gauntlet's categories, both shots.
