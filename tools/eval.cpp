@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "tessera/callbacks/checkpoint_saver.h"
 #include "tessera/checkpoint/checkpoint.h"
 #include "tessera/checkpoint/hf.h"
 #include "tessera/config/component.h"
@@ -29,6 +30,7 @@
 #include "tessera/core/precision.h"
 #include "tessera/data/tokenizer.h"
 #include "tessera/distributed/communicator.h"
+#include "tessera/distributed/fsdp.h"
 #include "tessera/distributed/launcher.h"
 #include "tessera/eval/eval_recipe.h"
 #include "tessera/eval/gauntlet.h"
@@ -219,6 +221,46 @@ class EvalLoggers {
   std::unique_ptr<tessera::core::Engine> engine_;
 };
 
+// Sharded evaluation (the recipe's fsdp_config on more than one rank, which LLM Foundry's eval.py hands to Composer's
+// Trainer): the model is built on the meta device, sharded by the training engine (dist::parallelize materialises one
+// unit at a time) and each rank reads only its shard of the weights (callbacks::load_checkpoint, what train's
+// load_path and pretrained weights use), so no rank ever holds the whole model; each forward pass gathers one unit at
+// a time. Fills `state` (its model, engine and communicator).
+void load_sharded(tessera::core::State& state, const std::string& path, const tessera::dist::ShardingOptions& fsdp,
+                  tessera::core::Precision precision, at::Device device, const tessera::dist::Rendezvous& rv,
+                  std::shared_ptr<tessera::dist::Communicator> comm, int64_t seed) {
+  const tessera::checkpoint::ModelSource src = tessera::checkpoint::resolve_model_source(path, "eval");
+  state.rank = rv.rank;
+  state.world_size = rv.world_size;
+  state.local_rank = rv.local_rank;
+  state.local_world_size = rv.local_world_size;
+  state.device = device;
+  state.comm = std::move(comm);
+  state.model = tessera::models::build_from_hf_config(src.config, src.config_file, "meta");
+  tessera::dist::ParallelOptions po;
+  po.sharding = tessera::dist::sharding_for_world(fsdp, rv.world_size);
+  std::tie(po.param_dtype, po.reduce_dtype) =
+      tessera::dist::mixed_precision_dtypes(po.sharding.mixed_precision, tessera::core::autocast_dtype(precision));
+  po.ranks_per_node =
+      static_cast<int>(tessera::dist::shard_group_size(po.sharding, rv.world_size, rv.local_world_size));
+  po.device = device;
+  po.init_seed = static_cast<uint64_t>(seed);
+  state.parallel = tessera::dist::parallelize(*state.model, po, state.comm);
+  tessera::callbacks::LoadOptions lo;
+  lo.weights_only = true;
+  lo.restore_progress = false;
+  tessera::callbacks::load_checkpoint(state, src.path, lo);
+  int64_t total = 0;
+  for (const auto& [name, shape] : state.parallel->parameter_shapes()) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    total += n;
+  }
+  spdlog::info("{} over {} ranks: this rank holds {} of the model's {} parameter bytes (fp32)",
+               tessera::dist::to_string(po.sharding.strategy), rv.world_size, state.parallel->memory().param_bytes,
+               total * 4);
+}
+
 // --dump-rows: every scored row's token ids for one task and few-shot count.
 void dump_task_rows(std::ofstream& out, const tessera::eval::IclTaskConfig& task, int64_t k,
                     const tessera::data::Tokenizer& tokenizer, const tessera::models::CausalLM& model) {
@@ -320,16 +362,6 @@ int run(int argc, char** argv) {
   }
   const tessera::dist::Rendezvous rv = tessera::dist::rendezvous_from_env();
   tessera::util::init_logging(rv.rank == 0 ? log_level : "warn");
-  std::shared_ptr<tessera::dist::Communicator> comm;
-  tessera::eval::IclRanks ranks{rv.rank, rv.world_size, nullptr};
-  if (rv.world_size > 1) {
-    comm = tessera::dist::Communicator::connect(rv, at::kCPU, std::chrono::minutes(10));
-    ranks.sum = [&comm](std::vector<double>& v) {
-      at::Tensor t = at::tensor(v, at::kDouble);
-      comm->all_reduce(t).wait();
-      v.assign(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
-    };
-  }
   const bool lead = rv.rank == 0;
 
   // What to evaluate: one model from the flags, or each of the recipe's `models`.
@@ -344,6 +376,8 @@ int run(int argc, char** argv) {
   std::vector<tessera::config::ComponentOptions> logger_specs;
   nlohmann::json hparams;
   std::string run_name;
+  std::optional<tessera::dist::ShardingOptions> fsdp;
+  int64_t seed = 17;
   if (!recipe_path.empty()) {
     const tessera::eval::EvalRecipe recipe =
         tessera::eval::load_eval_recipe(recipe_path, overrides, [&](tessera::config::Section& root) {
@@ -359,6 +393,8 @@ int run(int argc, char** argv) {
     gauntlet = recipe.gauntlet;
     batch_size = recipe.device_eval_batch_size;
     precision_name = recipe.precision;
+    fsdp = recipe.fsdp;
+    seed = recipe.seed;
   } else {
     jobs.push_back({model_dir, model_dir, tokenizer_path});
     tasks = tessera::eval::load_icl_tasks(tasks_path);
@@ -366,6 +402,18 @@ int run(int argc, char** argv) {
   }
   const at::Device device = tessera::core::device_from_flag(device_name, rv.local_rank, "eval");
   const tessera::core::Precision precision = tessera::core::precision_from_flag(precision_name, device, "eval");
+  std::shared_ptr<tessera::dist::Communicator> comm;
+  tessera::eval::IclRanks ranks{rv.rank, rv.world_size, nullptr};
+  if (rv.world_size > 1) {
+    comm = tessera::dist::Communicator::connect(rv, device, std::chrono::minutes(10));
+    ranks.sum = [&comm, device](std::vector<double>& v) {
+      at::Tensor t = at::tensor(v, at::kDouble).to(device);
+      comm->all_reduce(t).wait();
+      t = t.cpu();
+      v.assign(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+    };
+  }
+  const bool sharded = fsdp.has_value() && tessera::dist::applies_fsdp(rv.world_size);
 
   std::ofstream rows_out;
   if (!dump_rows.empty() && lead) {
@@ -379,9 +427,15 @@ int run(int argc, char** argv) {
     const std::filesystem::path tokenizer_file =
         tessera::util::resolve_tool_tokenizer(job.tokenizer_path, job.model_path, "eval");
     const tessera::data::Tokenizer tokenizer = tessera::data::Tokenizer::from_file(tokenizer_file);
-    const std::shared_ptr<tessera::models::CausalLM> model =
-        tessera::checkpoint::load_any_model(job.model_path, "eval");
-    if (device.is_cuda()) model->to(device);
+    tessera::core::State shards;  // the sharded model's engine and communicator (sharded evaluation)
+    std::shared_ptr<tessera::models::CausalLM> model;
+    if (sharded) {
+      load_sharded(shards, job.model_path, *fsdp, precision, device, rv, comm, seed);
+      model = shards.model;
+    } else {
+      model = tessera::checkpoint::load_any_model(job.model_path, "eval");
+      if (device.is_cuda()) model->to(device);
+    }
     spdlog::info("evaluating {} on {} in {}, {} rows per forward pass", job.model_name, device.str(),
                  tessera::core::to_string(precision), batch_size);
     std::optional<EvalLoggers> loggers;

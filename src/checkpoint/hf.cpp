@@ -11,6 +11,7 @@
 #include <fstream>
 #include <set>
 
+#include "checkpoint_detail.h"
 #include "tessera/checkpoint/checkpoint.h"
 #include "tessera/config/reader.h"
 #include "tessera/config/value.h"
@@ -317,19 +318,43 @@ CheckpointModel checkpoint_model(const CheckpointReader& reader, const std::stri
 
 }  // namespace
 
-std::shared_ptr<models::CausalLM> load_any_model(const std::string& path, const std::string& tool) {
-  if (!fs::exists(path)) return load_hf_model(util::resolve_hf_folder(path).string());
-  if (fs::exists(fs::path(path) / "config.json")) return load_hf_model(path);
-  if (fs::exists(fs::path(path) / "metadata.json")) return load_checkpoint_model(path);
-  if (fs::is_directory(path) && !list_checkpoints(path).empty()) {
+ModelSource resolve_model_source(const std::string& path, const std::string& tool) {
+  ModelSource src;
+  if (!fs::exists(path)) {
+    src.path = util::resolve_hf_folder(path).string();
+  } else if (fs::exists(fs::path(path) / "config.json")) {
+    src.path = path;
+  } else if (fs::exists(fs::path(path) / "metadata.json")) {
+    src.path = path;
+    src.hf = false;
+  } else if (fs::is_directory(path) && !list_checkpoints(path).empty()) {
     const auto found = find_latest_valid_checkpoint(path, "latest");
     if (!found) throw Error(tool, fmt::format("{}: none of its checkpoints is valid", path));
     spdlog::info("using {}", *found);
-    return load_checkpoint_model(*found);
+    src.path = *found;
+    src.hf = false;
+  } else {
+    throw ConfigError(tool, fmt::format("--model {}: not a Hugging Face folder (config.json), a Tessera checkpoint "
+                                        "(metadata.json) or a folder of checkpoints",
+                                        path));
   }
-  throw ConfigError(tool, fmt::format("--model {}: not a Hugging Face folder (config.json), a Tessera checkpoint "
-                                      "(metadata.json) or a folder of checkpoints",
-                                      path));
+  if (src.hf) {
+    src.config_file = (fs::path(src.path) / "config.json").string();
+    src.config = read_json(src.config_file);
+  } else {
+    src.config_file = (fs::path(src.path) / "metadata.json").string();
+    const nlohmann::json metadata = detail::read_metadata(src.path);
+    if (!metadata.contains("hf_config")) {
+      throw Error(kHfComponent, fmt::format("{}: metadata.json has no hf_config (not a model checkpoint)", src.path));
+    }
+    src.config = metadata.at("hf_config");
+  }
+  return src;
+}
+
+std::shared_ptr<models::CausalLM> load_any_model(const std::string& path, const std::string& tool) {
+  const ModelSource src = resolve_model_source(path, tool);
+  return src.hf ? load_hf_model(src.path) : load_checkpoint_model(src.path);
 }
 
 std::shared_ptr<models::CausalLM> load_checkpoint_model(const std::string& checkpoint_dir) {

@@ -187,11 +187,10 @@ EvalRecipe load_eval_recipe(const std::string& path, const std::vector<std::stri
   if (gauntlet == nullptr) gauntlet = s.raw("eval_gauntlet_str");
   if (gauntlet != nullptr) r.gauntlet = gauntlet_from(*gauntlet, base_dir);
 
-  if (const config::Value* fsdp = s.raw("fsdp_config"); fsdp != nullptr && !fsdp->is_null()) {
-    spdlog::warn(
-        "{}: fsdp_config: every rank of `eval` holds the whole model (sharded evaluation is not built yet); "
-        "the ranks split the rows",
-        fsdp->origin().describe());
+  if (const config::Value* fsdp = s.raw("fsdp_config"); fsdp != nullptr) {
+    s.check(fsdp->is_map(), "fsdp_config", "expected a mapping (Composer's FSDP config), got " + fsdp->brief());
+    config::Section section = s.section("fsdp_config");
+    r.fsdp = dist::parse_sharding_options(section);
   }
   if (auto name = s.get_optional_string("run_name")) {
     r.run_name = *name;

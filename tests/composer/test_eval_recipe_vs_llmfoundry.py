@@ -5,7 +5,8 @@ A small random MPT is built with transformers (MptConfig, save_pretrained) and a
 HF `tokenizers` on the Debian fortunes is saved into the same folder, so that `hf_causal_lm` with
 pretrained_model_name_or_path and `tokenizer.name` both point at it, as a user's local model would. Both sides read
 the YAML with the same key=value overrides (the model folder, max_seq_len, a local tasks file and gauntlet); LLM
-Foundry's copy also drops fsdp_config and sets init_device: cpu, which its single CPU process needs. The table LLM
+Foundry's copy also drops fsdp_config and sets init_device: cpu, which its single CPU process needs (Tessera's one
+process ignores fsdp_config as Composer does on one rank; on 2 ranks it shards the model). The table LLM
 Foundry prints (Category, Benchmark, Subtask, Accuracy, Number few shot, Model) must equal Tessera's row for row,
 and Tessera's must stay the same with one row per forward pass and on 2 ranks. The YAML's `loggers` reach a real
 MLflow tracking server (the test venv's `mlflow server` on loopback) with the metrics LLM Foundry's run sends there.
@@ -14,6 +15,7 @@ import atexit
 import json
 import os
 import pathlib
+import re
 import socket
 import subprocess
 import time
@@ -148,7 +150,6 @@ def test_the_published_eval_yaml_prints_llm_foundrys_table(setup, tmp_path, caps
     tmp, overrides = setup
     proc = subprocess.run([EVAL, "--recipe", RECIPE, *overrides], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert "fsdp_config: every rank of `eval` holds the whole model" in proc.stderr, proc.stderr
     ours = table(proc.stdout)
 
     their_out = []
@@ -173,10 +174,16 @@ def test_the_published_eval_yaml_prints_llm_foundrys_table(setup, tmp_path, caps
     assert {r[4] for r in ours} == {"0-shot", "2-shot"}
     assert all(r[5] == str(tmp / "model") for r in ours)
 
-    # One row per forward pass, and 2 ranks (the eval launcher): the same table.
+    # One row per forward pass, and 2 ranks (the eval launcher), where the YAML's fsdp_config (FULL_SHARD) shards
+    # the model as training does, each rank reading only its half of the weights: the same table.
     for extra in (["device_eval_batch_size=1"], ["--nproc-per-node", "2", "--master-port", "0"]):
         proc = subprocess.run([EVAL, "--recipe", RECIPE, *overrides, *extra], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
+        if "--nproc-per-node" in extra:
+            held = re.search(r"FULL_SHARD over 2 ranks: this rank holds (\d+) of the model's (\d+) parameter bytes",
+                             proc.stderr)
+            assert held, proc.stderr
+            assert int(held[1]) <= int(held[2]) // 2 + 4 * 1024, held[0]  # half, and each unit's padding at most
         other = table(proc.stdout)
         assert [r[:3] + r[4:] for r in other] == [r[:3] + r[4:] for r in ours], extra
         assert [r[3] for r in other] == pytest.approx([r[3] for r in ours], abs=1e-9), extra
@@ -211,6 +218,48 @@ def test_subsets_of_batches_print_llm_foundrys_table(setup, tmp_path, capsys, mo
         two = tessera_table([*overrides, *subset, "--nproc-per-node", "2", "--master-port", "0"])
         assert [r[:3] + r[4:] for r in two] == [r[:3] + r[4:] for r in one]
         assert [r[3] for r in two] == pytest.approx([r[3] for r in one], abs=1e-9)
+
+
+def test_a_tessera_checkpoint_evaluates_sharded_as_its_hf_folder(setup, tmp_path):
+    """`load_path`: a Tessera checkpoint, saved by `train` on one rank after a step at learning rate 0 from the HF
+    folder's weights, is evaluated with the folder's architecture (its hf_config) and gives the folder's table, on
+    one process and on 2 ranks, where the YAML's FULL_SHARD fsdp_config loads each rank's half of the checkpoint."""
+    import numpy as np
+    from streaming import MDSWriter
+
+    tmp, overrides = setup
+    rng = np.random.default_rng(0)
+    with MDSWriter(out=str(tmp_path / "data" / "train"), columns={"tokens": "ndarray:int32"}) as w:
+        for _ in range(4):
+            w.write({"tokens": rng.integers(0, 1024, 65).astype(np.int32)})
+    recipe = {
+        "max_seq_len": 64, "seed": 1, "run_name": "ckpt",
+        "model": {"name": "hf_causal_lm", "pretrained_model_name_or_path": str(tmp / "model"), "pretrained": True},
+        "tokenizer": {"name": str(tmp / "model")},
+        "train_loader": {"name": "text", "drop_last": True,
+                         "dataset": {"local": str(tmp_path / "data"), "split": "train", "max_seq_len": 64}},
+        "optimizer": {"name": "decoupled_adamw", "lr": 0.0, "weight_decay": 0.0},
+        "scheduler": {"name": "constant_with_warmup", "t_warmup": "0ba"},
+        "max_duration": "1ba", "eval_interval": 0, "global_train_batch_size": 2, "device_train_microbatch_size": 2,
+        "precision": "fp32", "device": "cpu", "log_to_console": False,
+        "save_folder": str(tmp_path / "save"), "save_interval": "1ba",
+    }
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(recipe))
+    train = pathlib.Path(EVAL).parent / "train"
+    proc = subprocess.run([train, "--recipe", tmp_path / "train.yaml"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ours = tessera_table(overrides)
+    evaluated = yaml.safe_load(RECIPE.read_text())
+    evaluated["models"][0]["load_path"] = str(tmp_path / "save")  # its newest valid checkpoint
+    (tmp_path / "from_checkpoint.yaml").write_text(yaml.safe_dump(evaluated))
+    for extra in ([], ["--nproc-per-node", "2", "--master-port", "0"]):
+        proc = subprocess.run([EVAL, "--recipe", tmp_path / "from_checkpoint.yaml", *overrides, *extra],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert ("FULL_SHARD over 2 ranks: this rank holds" in proc.stderr) == bool(extra), proc.stderr[-3000:]
+        other = table(proc.stdout)
+        assert [r[:3] + r[4:] for r in other] == [r[:3] + r[4:] for r in ours], extra
+        assert [r[3] for r in other] == pytest.approx([r[3] for r in ours], abs=1e-9), extra
 
 
 @pytest.fixture(scope="module")

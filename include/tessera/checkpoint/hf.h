@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <map>
@@ -98,6 +99,17 @@ std::shared_ptr<models::CausalLM> load_checkpoint_model(const std::string& check
 // What the tools' --model accepts: an HF folder (config.json), a Tessera checkpoint (metadata.json), a save folder
 // (its newest valid checkpoint) or a hub id in the local Hugging Face cache. Errors name `tool` and the path.
 std::shared_ptr<models::CausalLM> load_any_model(const std::string& path, const std::string& tool);
+
+// Where such a path leads without reading any weight: the HF folder or Tessera checkpoint to read and the
+// architecture (config.json, or the checkpoint's hf_config), e.g. to build the model on the meta device and load it
+// sharded (callbacks::load_checkpoint reads both kinds).
+struct ModelSource {
+  std::string path;  // the HF folder or the checkpoint directory
+  bool hf = true;    // an HF folder (else a Tessera checkpoint)
+  nlohmann::json config;
+  std::string config_file;  // where `config` was read, for messages
+};
+ModelSource resolve_model_source(const std::string& path, const std::string& tool);
 
 // Writes a Tessera checkpoint's model (checkpoint.h; any world size) as a Hugging Face folder in `layout`: config.json
 // and model.safetensors (or shards past `max_shard_bytes`, with HF's index) in `dtype`, streamed one tensor at a time,

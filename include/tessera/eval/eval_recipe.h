@@ -13,6 +13,7 @@
 
 #include "tessera/config/reader.h"
 #include "tessera/config/value.h"
+#include "tessera/distributed/sharding.h"
 #include "tessera/eval/gauntlet.h"
 #include "tessera/eval/icl.h"
 
@@ -40,6 +41,9 @@ struct EvalRecipe {
   int64_t max_seq_len = 0;
   std::string precision = "amp_bf16";  // fp32 | amp_bf16 | amp_fp16 | auto (Foundry's default: amp_bf16)
   int64_t seed = 17;
+  // fsdp_config (Composer's schema): on more than one rank the model is sharded as in training; absent, every rank
+  // holds the whole model (a world of one never shards: dist::applies_fsdp).
+  std::optional<dist::ShardingOptions> fsdp;
   // The loggers' run name: run_name, else RUN_NAME from the environment, else the recipe file's stem (as `train`).
   std::string run_name;
   // The recipe after overrides and interpolation: what the loggers record as hyperparameters.
