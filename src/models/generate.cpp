@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "tessera/util/error.h"
 
@@ -82,6 +83,15 @@ std::vector<std::vector<int64_t>> generate(CausalLM& model, const std::vector<st
       seen[b].index_fill_(0, at::tensor(p, at::kLong), true);
     }
   }
+  for (const auto& [token, bias] : g.logit_bias) {
+    if (token < 0 || token >= model.vocab_size()) {
+      throw ConfigError("generate", fmt::format("logit_bias names token {}, outside the model's vocabulary of {}",
+                                                token, model.vocab_size()));
+    }
+  }
+  // With a presence or frequency penalty: how often each sequence has generated each token.
+  at::Tensor counts;
+  if (counts_generated_tokens(g)) counts = at::zeros({batch, model.vocab_size()}, at::kFloat);
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(g.seed);
   KVCache cache;
   ForwardOptions fo;
@@ -98,7 +108,7 @@ std::vector<std::vector<int64_t>> generate(CausalLM& model, const std::vector<st
       if (padded) fo.attention_mask = all_mask;
     }
     const at::Tensor logits = model.forward(input, fo).select(1, -1).to(at::kFloat).cpu();  // (B, V)
-    const at::Tensor next = choose_next_tokens(logits, seen, g, gen);
+    const at::Tensor next = choose_next_tokens(logits, seen, g, gen, counts);
     bool all_done = true;
     for (int64_t b = 0; b < batch; ++b) {
       auto& seq = out[static_cast<size_t>(b)];
@@ -117,6 +127,7 @@ std::vector<std::vector<int64_t>> generate(CausalLM& model, const std::vector<st
     // The tokens just chosen join their sequences for the penalty (a finished sequence's padding too: it is never
     // read).
     if (seen.defined()) seen.scatter_(1, next.view({batch, 1}), true);
+    if (counts.defined()) counts.scatter_add_(1, next.view({batch, 1}), at::ones({batch, 1}, at::kFloat));
     if (all_done && !g.fixed_steps) break;
     input = next.view({batch, 1}).to(device);
     all_ids = at::cat({all_ids, input}, 1);
@@ -132,15 +143,39 @@ void check_generation_options(const GenerationOptions& g) {
   if (!(g.top_p > 0 && g.top_p <= 1)) throw ConfigError("generate", "top_p must lie in (0, 1]");
   if (!(g.min_p >= 0 && g.min_p <= 1)) throw ConfigError("generate", "min_p must lie in [0, 1]");
   if (!(g.repetition_penalty > 0)) throw ConfigError("generate", "repetition_penalty must be positive");
+  if (!(std::abs(g.presence_penalty) <= 2)) throw ConfigError("generate", "presence_penalty must lie in [-2, 2]");
+  if (!(std::abs(g.frequency_penalty) <= 2)) throw ConfigError("generate", "frequency_penalty must lie in [-2, 2]");
+  for (const auto& [token, bias] : g.logit_bias) {
+    if (!(std::abs(bias) <= 100)) {
+      throw ConfigError("generate", fmt::format("logit_bias of token {} must lie in [-100, 100]", token));
+    }
+  }
   if (g.top_k < 0) throw ConfigError("generate", "top_k must not be negative");
   if (g.max_new_tokens < 0) throw ConfigError("generate", "max_new_tokens must not be negative");
 }
 
+bool counts_generated_tokens(const GenerationOptions& g) {
+  return g.presence_penalty != 0 || g.frequency_penalty != 0;
+}
+
 at::Tensor choose_next_tokens(at::Tensor logits, const at::Tensor& seen, const GenerationOptions& g,
-                              at::Generator& generator) {
+                              at::Generator& generator, const at::Tensor& counts) {
+  if (!g.logit_bias.empty()) {
+    std::vector<int64_t> tokens;
+    std::vector<float> biases;
+    for (const auto& [token, bias] : g.logit_bias) {
+      tokens.push_back(token);
+      biases.push_back(static_cast<float>(bias));
+    }
+    logits = logits.index_add(1, at::tensor(tokens, at::kLong),
+                              at::tensor(biases, at::kFloat).expand({logits.size(0), -1}).to(logits.scalar_type()));
+  }
   if (seen.defined() && g.repetition_penalty != 1.0) {
     const at::Tensor penalized = at::where(logits < 0, logits * g.repetition_penalty, logits / g.repetition_penalty);
     logits = at::where(seen, penalized, logits);  // the protocol's logits are (B, S, vocab_size())
+  }
+  if (counts.defined() && counts_generated_tokens(g)) {
+    logits = logits - counts * g.frequency_penalty - (counts > 0).to(logits.scalar_type()) * g.presence_penalty;
   }
   if (!g.do_sample) return logits.argmax(-1);
   const at::Tensor filtered = filter_logits(logits / g.temperature, g.top_k, g.top_p, g.min_p);

@@ -21,6 +21,7 @@ struct Engine::Row {
   Result result;
   at::Generator generator;
   at::Tensor seen;      // (1, V) bool with a repetition penalty: the tokens of the sequence so far
+  at::Tensor counts;    // (1, V) float with a presence or frequency penalty: each token's count among those generated
   int64_t pending = 0;  // the last token chosen, not in the cache yet
 };
 
@@ -108,6 +109,13 @@ std::future<Result> Engine::submit(Request request) {
   if (request.options.repetition_penalty != 1.0) {
     row->seen = at::zeros({1, vocab}, at::kBool);
     row->seen.index_fill_(1, at::tensor(request.prompt, at::kLong), true);
+  }
+  if (models::counts_generated_tokens(request.options)) row->counts = at::zeros({1, vocab}, at::kFloat);
+  for (const auto& [token, bias] : request.options.logit_bias) {
+    if (token < 0 || token >= vocab) {
+      throw ConfigError("serve",
+                        fmt::format("logit_bias names token {}, outside the model's vocabulary of {}", token, vocab));
+    }
   }
   row->request = std::move(request);
   std::future<Result> future = row->promise.get_future();
@@ -206,8 +214,9 @@ void Engine::finish(std::unique_ptr<Row>& row, std::string reason) {
 
 bool Engine::choose(Row& row, const at::Tensor& logits) {
   const models::GenerationOptions& g = row.request.options;
-  const int64_t token = models::choose_next_tokens(logits, row.seen, g, row.generator)[0].item<int64_t>();
+  const int64_t token = models::choose_next_tokens(logits, row.seen, g, row.generator, row.counts)[0].item<int64_t>();
   if (row.seen.defined()) row.seen[0][token] = true;
+  if (row.counts.defined()) row.counts[0][token] += 1;
   if (row.request.logprobs) row.result.token_logprobs.push_back(logprob_of(logits[0], token, row.request.top_logprobs));
   row.result.tokens.push_back(token);
   row.pending = token;

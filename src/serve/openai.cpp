@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <charconv>
 #include <cmath>
 #include <random>
 #include <set>
@@ -91,7 +92,7 @@ std::set<std::string> with(std::set<std::string> base, std::initializer_list<con
   return base;
 }
 
-// The fields both endpoints share: the model's name, sampling, stop strings, n, penalties OpenAI has and we do not.
+// The fields both endpoints share: the model's name, sampling, penalties, logit bias, stop strings, n.
 void read_common(const Fields& f, const ServedModel& model, ApiCall& call, models::GenerationOptions& g) {
   if (const Json* m = f.get("model")) {
     if (!m->is_string()) throw bad("model", "must be a string");
@@ -102,11 +103,23 @@ void read_common(const Fields& f, const ServedModel& model, ApiCall& call, model
     }
   }
   if (auto n = f.integer("n", 1, 1); n && *n != 1) throw bad("n", "must be 1");
-  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
-    if (auto x = f.number(key, -2, 2); x && *x != 0) throw bad(key, "is not supported (use repetition_penalty)");
-  }
-  if (const Json* b = f.get("logit_bias"); b && !(b->is_object() && b->empty())) {
-    throw bad("logit_bias", "is not supported");
+  g.presence_penalty = f.number("presence_penalty", -2, 2).value_or(0.0);
+  g.frequency_penalty = f.number("frequency_penalty", -2, 2).value_or(0.0);
+  if (const Json* b = f.get("logit_bias")) {
+    if (!b->is_object()) throw bad("logit_bias", "must be an object of token ids to biases");
+    if (b->size() > static_cast<size_t>(model.vocab_size)) throw bad("logit_bias", "names more tokens than exist");
+    for (const auto& [key, bias] : b->items()) {
+      int64_t token = -1;
+      const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), token);
+      if (ec != std::errc() || end != key.data() + key.size() || token < 0 || token >= model.vocab_size) {
+        throw bad("logit_bias", fmt::format("names \"{}\", not a token id of the vocabulary of {}", key.substr(0, 40),
+                                            model.vocab_size));
+      }
+      if (!bias.is_number() || !(std::abs(bias.get<double>()) <= 100)) {
+        throw bad("logit_bias", fmt::format("gives token {} a bias outside [-100, 100]", token));
+      }
+      g.logit_bias.emplace_back(token, bias.get<double>());
+    }
   }
   if (const Json* u = f.get("user"); u && !u->is_string()) throw bad("user", "must be a string");
   call.stream = f.boolean("stream").value_or(false);

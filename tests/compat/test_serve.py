@@ -3,7 +3,8 @@ generation task (local JSON files) through its `local-completions` model against
 model (transformers) on the same folder; every sample's log-likelihoods, accuracy and generated text must agree.
 Bad requests (malformed JSON, an oversize body, an unknown field, a negative max_tokens, another model's name) get a
 4xx with OpenAI's error object while the server keeps serving; 64 concurrent clients all get their own greedy
-answers, equal to one-at-a-time answers; SIGTERM stops the server with exit code 0."""
+answers, equal to one-at-a-time answers; logit_bias and presence / frequency penalties choose what transformers'
+generate chooses with the same processing; SIGTERM stops the server with exit code 0."""
 import json
 import os
 import pathlib
@@ -214,6 +215,58 @@ def test_64_concurrent_clients_get_their_own_answers(server):
     chat = server.post("/chat/completions", {"messages": [{"role": "user", "content": "Tell me a fortune."}],
                                              "max_tokens": 8, "temperature": 0})
     assert chat.status_code == 200 and chat.json()["choices"][0]["message"]["role"] == "assistant", chat.text
+
+
+class OpenAIPenalties:
+    """OpenAI's presence and frequency penalties as its API reference defines them, as a transformers logits processor:
+    logit[j] -= count[j] * frequency_penalty + (count[j] > 0) * presence_penalty, count over the generated tokens."""
+
+    def __init__(self, prompt_len, presence, frequency):
+        self.prompt_len, self.presence, self.frequency = prompt_len, presence, frequency
+
+    def __call__(self, input_ids, scores):
+        counts = torch.zeros_like(scores)
+        generated = input_ids[:, self.prompt_len:]
+        counts.scatter_add_(1, generated, torch.ones_like(generated, dtype=scores.dtype))
+        return scores - counts * self.frequency - (counts > 0).to(scores.dtype) * self.presence
+
+
+def test_logit_bias_and_penalties_choose_what_transformers_chooses(server, model_dir):
+    """logit_bias against transformers' own SequenceBiasLogitsProcessor (generate's sequence_bias, one-token
+    sequences), and presence / frequency penalties against OpenAI's formula in a transformers logits processor: greedy
+    completions equal token for token, and differ from the unbiased one (so the options act)."""
+    from transformers import LogitsProcessorList
+
+    tok = PreTrainedTokenizerFast.from_pretrained(model_dir)
+    model = LlamaForCausalLM.from_pretrained(model_dir).eval()
+    prompt = [int(t) for t in tok("The computer said", add_special_tokens=False)["input_ids"]]
+
+    def ours(**options):
+        r = server.post("/completions", {"prompt": prompt, "max_tokens": 12, "temperature": 0, **options})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+
+    def theirs(**kwargs):
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, pad_token_id=0, **kwargs)
+        return tok.decode(out[0, len(prompt):], skip_special_tokens=True)
+
+    plain = ours()
+    assert plain == theirs()
+    first = tok(plain, add_special_tokens=False)["input_ids"][0]
+    bias = {str(first): -100, "7": 5.0}
+    biased = ours(logit_bias=bias)
+    assert biased != plain
+    assert biased == theirs(sequence_bias={(first,): -100.0, (7,): 5.0})
+    for presence, frequency in ((1.5, 0.0), (0.0, 0.8), (0.7, 0.4)):
+        penalized = ours(presence_penalty=presence, frequency_penalty=frequency)
+        assert penalized != plain, (presence, frequency)
+        processors = LogitsProcessorList([OpenAIPenalties(len(prompt), presence, frequency)])
+        assert penalized == theirs(logits_processor=processors), (presence, frequency)
+    for body, words in (({"logit_bias": {"abc": 1}}, "not a token id"), ({"logit_bias": {"5": 1000}}, "[-100, 100]"),
+                        ({"logit_bias": [1]}, "must be an object"), ({"presence_penalty": 3}, "'presence_penalty'")):
+        r = server.post("/completions", {"prompt": "a", "max_tokens": 1, **body})
+        assert r.status_code == 400 and words in error_of(r), r.text
 
 
 def test_sigterm_stops_the_server_cleanly(model_dir):

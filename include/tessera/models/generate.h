@@ -25,6 +25,13 @@ struct GenerationOptions {
   // HF's RepetitionPenaltyLogitsProcessor, greedy or sampled: the logit of every token already in the sequence (prompt
   // included) is divided by it where positive and multiplied by it where negative; 1 = off, > 1 discourages repeats.
   double repetition_penalty = 1.0;
+  // OpenAI's (and vLLM's) penalties over the tokens generated so far (the prompt not counted), after the repetition
+  // penalty: a token's logit loses frequency_penalty times its count and presence_penalty once it has appeared.
+  double presence_penalty = 0.0;
+  double frequency_penalty = 0.0;
+  // OpenAI's logit_bias (transformers' sequence_bias for single tokens): added to a token's logit before anything
+  // else; each token must lie in the vocabulary.
+  std::vector<std::pair<int64_t, double>> logit_bias;
   std::optional<int64_t> eos_token_id;               // stop a sequence after emitting it
   std::vector<std::vector<int64_t>> stop_sequences;  // stop a sequence once its output ends with one of these
   int64_t pad_token_id = 0;                          // fills prompts on the left to a common length (masked out)
@@ -49,11 +56,14 @@ std::vector<std::vector<int64_t>> generate(CausalLM& model, const std::vector<st
 // Throws ConfigError ("generate: ...") when an option is out of its range (temperature, top_p, min_p, penalty).
 void check_generation_options(const GenerationOptions& options);
 
-// One decoding step's next token for each row of `logits` (B, V) (float, on the CPU): the repetition penalty over
-// `seen` (B, V) bool when it is defined, then the argmax, or with do_sample the warpers and a draw from `generator`.
-// Returns (B) int64.
+// One decoding step's next token for each row of `logits` (B, V) (float, on the CPU): the logit bias, the repetition
+// penalty over `seen` (B, V) bool when it is defined, the presence and frequency penalties over `counts` (B, V) float
+// (each token's count among the generated ones) when it is defined, then the argmax, or with do_sample the warpers
+// and a draw from `generator`. Returns (B) int64.
 at::Tensor choose_next_tokens(at::Tensor logits, const at::Tensor& seen, const GenerationOptions& options,
-                              at::Generator& generator);
+                              at::Generator& generator, const at::Tensor& counts = {});
+// Whether choose_next_tokens needs `counts` (a presence or frequency penalty is set).
+bool counts_generated_tokens(const GenerationOptions& options);
 
 // Rows of several caches in one, in order: each cache (built for left-padded rows, its attention_mask defined or
 // all real) is padded on the left to the longest, its missing mask filled in as real tokens. Each row keeps its

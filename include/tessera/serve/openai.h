@@ -6,8 +6,8 @@
 // (default 16; 0 with echo scores the prompt only), temperature (default 1; 0 = greedy), top_p, seed, stop (a string
 // or up to 16), echo, logprobs (0-20: log-probabilities of the tokens and the likeliest alternatives; with echo the
 // prompt's too, as lm-evaluation-harness's local-completions reads them), n (1), best_of (1), stream, user; beyond
-// OpenAI as vLLM names them: top_k, min_p, repetition_penalty, ignore_eos. presence_penalty / frequency_penalty must be
-// 0 and logit_bias empty (not supported).
+// OpenAI as vLLM names them: top_k, min_p, repetition_penalty, ignore_eos; presence_penalty and frequency_penalty
+// ([-2, 2], over the generated tokens) and logit_bias ({"token id": bias in [-100, 100]}) as OpenAI defines them.
 // /v1/chat/completions: messages (rendered by the tokenizer's chat template), max_tokens / max_completion_tokens
 // (default: the rest of the context), logprobs (true/false) and top_logprobs, and the sampling fields above.
 #pragma once

@@ -100,6 +100,10 @@ TEST(ServeEngine, ConcurrentRequestsDecodeAsEachPromptAlone) {
         g.top_p = 0.9;
         g.repetition_penalty = 1.3;
         g.seed = 100 + i;
+      } else if (i % 3 == 1) {  // greedy with OpenAI's penalties and a logit bias
+        g.presence_penalty = 0.5 + 0.1 * i;
+        g.frequency_penalty = 0.3;
+        g.logit_bias = {{(i * 13) % 97, 2.5}, {(i * 29) % 97, -100.0}};
       }
       options.push_back(g);
       expected.push_back(models::generate(*model, {prompt(i)}, g)[0]);
@@ -278,6 +282,16 @@ TEST(ServeEngine, RefusesRequestsTheModelCannotRun) {
   r.options.max_new_tokens = 4;
   r.options.temperature = 0;
   EXPECT_NE(error_of([&] { engine.submit(r); }).find("temperature must be positive"), std::string::npos);
+  r.options.temperature = 1;
+  r.options.logit_bias = {{-1, 1.0}};
+  EXPECT_NE(error_of([&] { engine.submit(r); }).find("logit_bias names token -1, outside the model's vocabulary of 97"),
+            std::string::npos);
+  r.options.logit_bias = {{3, 101.0}};
+  EXPECT_NE(error_of([&] { engine.submit(r); }).find("logit_bias of token 3 must lie in [-100, 100]"),
+            std::string::npos);
+  r.options.logit_bias.clear();
+  r.options.presence_penalty = -2.5;
+  EXPECT_NE(error_of([&] { engine.submit(r); }).find("presence_penalty must lie in [-2, 2]"), std::string::npos);
 }
 
 }  // namespace
