@@ -20,6 +20,7 @@ using Ordered = nlohmann::ordered_json;
 constexpr int64_t kMaxLogprobs = 20;
 constexpr size_t kMaxStops = 16;
 constexpr size_t kMaxPrompts = 1024;
+constexpr int64_t kMaxChoices = 16;  // n
 
 ApiError bad(const std::string& field, const std::string& what) {
   return ApiError(400, fmt::format("'{}' {}", field, what), field);
@@ -102,7 +103,7 @@ void read_common(const Fields& f, const ServedModel& model, ApiCall& call, model
           "model", "not_found_error");
     }
   }
-  if (auto n = f.integer("n", 1, 1); n && *n != 1) throw bad("n", "must be 1");
+  call.n = f.integer("n", 1, kMaxChoices).value_or(1);
   g.presence_penalty = f.number("presence_penalty", -2, 2).value_or(0.0);
   g.frequency_penalty = f.number("frequency_penalty", -2, 2).value_or(0.0);
   if (const Json* b = f.get("logit_bias")) {
@@ -197,6 +198,24 @@ void make_requests(ApiCall& call, std::vector<std::vector<int64_t>> ids, const m
     }
     call.requests.push_back(std::move(r));
   }
+  if (call.n == 1) return;
+  // n choices per prompt, in OpenAI's order (a prompt's choices together), each with its own sampling seed.
+  if (call.stream) throw bad("n", "must be 1 with stream");
+  if (call.requests.size() * static_cast<size_t>(call.n) > kMaxPrompts) {
+    throw bad("n", fmt::format("asks for more than {} choices in all", kMaxPrompts));
+  }
+  std::vector<Request> requests;
+  std::vector<std::string> prompts;
+  for (size_t i = 0; i < call.requests.size(); ++i) {
+    for (int64_t j = 0; j < call.n; ++j) {
+      Request r = call.requests[i];
+      r.options.seed += static_cast<uint64_t>(j);
+      requests.push_back(std::move(r));
+      if (i < call.prompts.size()) prompts.push_back(call.prompts[i]);
+    }
+  }
+  call.requests = std::move(requests);
+  call.prompts = std::move(prompts);
 }
 
 std::vector<int64_t> to_ids(const Json& list) {
@@ -378,7 +397,7 @@ nlohmann::ordered_json completion_response(const ApiCall& call, const std::vecto
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     const ChoiceText c = choice_text(call, r, tok);
-    prompt_tokens += static_cast<int64_t>(call.requests[i].prompt.size());
+    if (i % static_cast<size_t>(call.n) == 0) prompt_tokens += static_cast<int64_t>(call.requests[i].prompt.size());
     completion_tokens += static_cast<int64_t>(r.tokens.size());
     Ordered choice{{"index", i}};
     if (call.chat) {

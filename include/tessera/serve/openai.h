@@ -5,7 +5,8 @@
 // /v1/completions: model, prompt (a string, strings, token ids, or lists of token ids: one choice each), max_tokens
 // (default 16; 0 with echo scores the prompt only), temperature (default 1; 0 = greedy), top_p, seed, stop (a string
 // or up to 16), echo, logprobs (0-20: log-probabilities of the tokens and the likeliest alternatives; with echo the
-// prompt's too, as lm-evaluation-harness's local-completions reads them), n (1), best_of (1), stream, user; beyond
+// prompt's too, as lm-evaluation-harness's local-completions reads them), n (1-16 choices per prompt, sampled with
+// seeds seed, seed + 1, ...; not with stream), best_of (1), stream, user; beyond
 // OpenAI as vLLM names them: top_k, min_p, repetition_penalty, ignore_eos; presence_penalty and frequency_penalty
 // ([-2, 2], over the generated tokens) and logit_bias ({"token id": bias in [-100, 100]}) as OpenAI defines them.
 // /v1/chat/completions: messages (rendered by the tokenizer's chat template), max_tokens / max_completion_tokens
@@ -56,6 +57,7 @@ struct ApiCall {
   bool echo = false;                 // completions: the prompt's text (and logprobs) before the completion's
   std::optional<int64_t> logprobs;   // alternatives per token; unset = no logprobs
   std::vector<std::string> stop;     // stop strings (the text ends before the first one found)
+  int64_t n = 1;                     // choices per prompt: choice i answers prompt i / n
   std::vector<std::string> prompts;  // each choice's prompt as text
   std::vector<Request> requests;     // one per choice
 };

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -130,6 +131,31 @@ TEST(ServeHttp, CompletionsAndChatEqualGenerate) {
   EXPECT_EQ(json::parse(m.body)["data"][0]["max_model_len"], 128);
 }
 
+TEST(ServeHttp, NChoicesPerPromptAreTheSeededSamplesOfSeedSeedPlusOneAndSoOn) {
+  const LiveServer s;
+  auto completions = [&](const json& body) {
+    const auto r = s.post("/v1/completions", body.dump());
+    EXPECT_EQ(r.status, 200) << r.body;
+    return json::parse(r.body);
+  };
+  const json prompts = {"the cat sat on", "a dog"};
+  const json all = completions({{"prompt", prompts}, {"max_tokens", 6}, {"n", 3}, {"seed", 40}, {"temperature", 1}});
+  ASSERT_EQ(all["choices"].size(), 6U);
+  std::set<std::string> texts;
+  for (size_t i = 0; i < 6; ++i) {
+    // Choice i answers prompt i / 3 with seed 40 + i % 3, as a request of its own would.
+    const json alone = completions({{"prompt", prompts[i / 3]}, {"max_tokens", 6}, {"seed", 40 + i % 3}});
+    EXPECT_EQ(all["choices"][i]["index"], i);
+    EXPECT_EQ(all["choices"][i]["text"], alone["choices"][0]["text"]) << i;
+    texts.insert(all["choices"][i]["text"].get<std::string>());
+  }
+  EXPECT_GT(texts.size(), 3U);  // samples, not copies
+  // The prompts' tokens are counted once, the choices' tokens each.
+  EXPECT_EQ(all["usage"]["prompt_tokens"], s.encode("the cat sat on").size() + s.encode("a dog").size());
+  EXPECT_EQ(all["usage"]["completion_tokens"], 36);
+  EXPECT_EQ(s.post("/v1/completions", R"({"prompt": "a", "n": 2, "stream": true})").status, 400);
+}
+
 TEST(ServeHttp, EchoLogprobsAreThePromptsLogSoftmaxAsLmEvalReadsThem) {
   const LiveServer s;
   const std::vector<std::vector<int64_t>> prompts = {{10, 20, 30, 40, 50}, {7, 8}};
@@ -174,7 +200,7 @@ TEST(ServeHttp, BadRequestsGetOpenAiErrorsAndTheServerGoesOn) {
   expect(s.post("/v1/completions", R"({"prompt": "a", "colour": "red"})"), 400, "unknown field 'colour'");
   expect(s.post("/v1/completions", R"({"prompt": "a", "max_tokens": -1})"), 400, "'max_tokens' must lie in");
   expect(s.post("/v1/completions", R"({"prompt": "a", "max_tokens": "5"})"), 400, "'max_tokens' must be an integer");
-  expect(s.post("/v1/completions", R"({"prompt": "a", "n": 2})"), 400, "'n' must lie in [1, 1]");
+  expect(s.post("/v1/completions", R"({"prompt": "a", "n": 17})"), 400, "'n' must lie in [1, 16]");
   expect(s.post("/v1/completions", R"({"prompt": "a", "temperature": 3})"), 400, "'temperature' must lie in");
   expect(s.post("/v1/completions", R"({"prompt": [[1, 2], []]})"), 400, "'prompt' must be");
   expect(s.post("/v1/completions", R"({"prompt": [1, 999]})"), 400, "token 999, outside the vocabulary of 320");
