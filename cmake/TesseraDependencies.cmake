@@ -87,6 +87,8 @@ find_package(Threads REQUIRED)
 find_package(ZLIB REQUIRED)
 find_package(CURL REQUIRED)
 find_package(OpenSSL REQUIRED COMPONENTS Crypto)
+# expat parses the XML of S3's and STS's answers (util/xml.h).
+find_package(EXPAT REQUIRED)
 # zstd 1.5.7, built here from the sources tools/setup.sh unpacks (the PyPI `zstd` sdist bundles them): MDS shards are
 # compressed as Streaming's `zstd` module compresses them (zstd 1.5.7, multithreaded framing), which Debian's 1.5.4
 # does not reproduce byte for byte. Static, with hidden symbols, so it never interposes on the libzstd that other

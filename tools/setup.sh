@@ -29,7 +29,7 @@ source "$here/setup_common.sh"
 apt_packages=(
   build-essential cmake ninja-build ccache pkg-config git
   libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
-  libcurl4-openssl-dev libssl-dev libzstd-dev libxxhash-dev zlib1g-dev libpcre2-dev libicu-dev libgloo-dev coinor-libcbc-dev
+  libcurl4-openssl-dev libssl-dev libexpat1-dev libzstd-dev libxxhash-dev zlib1g-dev libpcre2-dev libicu-dev libgloo-dev coinor-libcbc-dev
   libcpp-httplib-dev  # `tessera serve`
   python3 python3-venv
   fortunes jq

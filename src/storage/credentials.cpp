@@ -34,6 +34,7 @@
 #include "tessera/storage/s3.h"
 #include "tessera/util/error.h"
 #include "tessera/util/http.h"
+#include "tessera/util/xml.h"
 
 namespace tessera::storage {
 // Named, so that the helpers below cannot meet s3_client.cpp's in a unity build.
@@ -272,18 +273,22 @@ S3Credentials sts(const std::string& endpoint, const std::string& action,
   const std::string where = fmt::format("{}: STS {} at {}", what, action, endpoint);
   const util::HttpResponse r = exchange(req, 3);
   if (!r.transport_error.empty() || r.status != 200) {
-    const std::string code = aws::xml_first(r.body, "Code"), message = aws::xml_first(r.body, "Message");
+    const auto [code, message] = aws::error_code_message(r.body);
     throw Error(kCredentialsComponent, fmt::format("{}: {}{}{}", where, describe(r), code.empty() ? "" : " " + code,
                                                    message.empty() ? "" : ": " + message));
   }
+  const util::XmlElement answer = util::parse_xml(r.body, kCredentialsComponent, where + "'s answer");
+  const util::XmlElement* credentials = answer.find("Credentials");
+  if (credentials == nullptr)
+    throw Error(kCredentialsComponent, fmt::format("{}: the answer holds no credentials", where));
   S3Credentials c;
-  c.access_key_id = aws::xml_first(r.body, "AccessKeyId");
-  c.secret_access_key = aws::xml_first(r.body, "SecretAccessKey");
-  c.session_token = aws::xml_first(r.body, "SessionToken");
+  c.access_key_id = credentials->child_text("AccessKeyId");
+  c.secret_access_key = credentials->child_text("SecretAccessKey");
+  c.session_token = credentials->child_text("SessionToken");
   if (c.access_key_id.empty() || c.secret_access_key.empty()) {
     throw Error(kCredentialsComponent, fmt::format("{}: the answer holds no credentials", where));
   }
-  const std::string expiration = aws::xml_first(r.body, "Expiration");
+  const std::string expiration = credentials->child_text("Expiration");
   if (!expiration.empty()) c.expiration = parse_expiration(expiration, where);
   c.source = what;
   return c;

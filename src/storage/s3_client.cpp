@@ -18,13 +18,14 @@
 #include <exception>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
 #include "tessera/storage/aws_files.h"
 #include "tessera/storage/s3.h"
 #include "tessera/util/error.h"
-#include "tessera/util/utf8.h"
+#include "tessera/util/xml.h"
 
 namespace tessera::storage {
 namespace {
@@ -61,70 +62,11 @@ std::string amz_now() {
   return buf;
 }
 
-// The text of the first <tag>...</tag> in `xml` (entities decoded), or "".
-std::string xml_unescape(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] != '&') {
-      out += s[i];
-      continue;
-    }
-    const size_t semi = s.find(';', i);
-    if (semi == std::string_view::npos) {
-      out += s[i];
-      continue;
-    }
-    const std::string_view ent = s.substr(i + 1, semi - i - 1);
-    if (ent == "amp")
-      out += '&';
-    else if (ent == "lt")
-      out += '<';
-    else if (ent == "gt")
-      out += '>';
-    else if (ent == "quot")
-      out += '"';
-    else if (ent == "apos")
-      out += '\'';
-    else if (!ent.empty() && ent[0] == '#') {
-      // &#NNN; or &#xHH;. A server's body is untrusted: a reference that is not a code point (no digits, too large,
-      // a surrogate) stays as it is, never an exception (std::stoul's escaped the S3 client's retries).
-      const bool hex = ent.size() > 1 && (ent[1] == 'x' || ent[1] == 'X');
-      const std::string_view digits = ent.substr(hex ? 2 : 1);
-      uint32_t cp = 0;
-      const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), cp, hex ? 16 : 10);
-      if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size() || cp == 0 || cp > 0x10ffff ||
-          (cp >= 0xd800 && cp <= 0xdfff)) {
-        out.append(s.substr(i, semi - i + 1));
-      } else {
-        util::append_utf8(out, static_cast<char32_t>(cp));
-      }
-    } else {
-      out.append(s.substr(i, semi - i + 1));
-    }
-    i = semi;
-  }
-  return out;
-}
-
-// Inner texts of every <tag>...</tag> (not nested in itself) in `xml`, in order.
-std::vector<std::string_view> xml_all(std::string_view xml, std::string_view tag) {
-  std::vector<std::string_view> out;
-  const std::string open = fmt::format("<{}>", tag), close = fmt::format("</{}>", tag);
-  size_t pos = 0;
-  while ((pos = xml.find(open, pos)) != std::string_view::npos) {
-    const size_t begin = pos + open.size();
-    const size_t end = xml.find(close, begin);
-    if (end == std::string_view::npos) break;
-    out.push_back(xml.substr(begin, end - begin));
-    pos = end + close.size();
-  }
-  return out;
-}
-
-std::string xml_first(std::string_view xml, std::string_view tag) {
-  const auto all = xml_all(xml, tag);
-  return all.empty() ? std::string() : xml_unescape(all.front());
+std::pair<std::string, std::string> error_code_message(std::string_view body) {
+  const std::optional<util::XmlElement> doc = util::try_parse_xml(body);
+  const util::XmlElement* error = doc ? doc->find("Error") : nullptr;
+  if (error == nullptr) return {};
+  return {error->child_text("Code"), error->child_text("Message")};
 }
 
 }  // namespace aws
@@ -132,8 +74,6 @@ std::string xml_first(std::string_view xml, std::string_view tag) {
 namespace {
 
 using aws::amz_now;
-using aws::xml_all;
-using aws::xml_first;
 
 std::string strip_quotes(std::string s) {
   if (s.size() >= 2 && s.front() == '"' && s.back() == '"') s = s.substr(1, s.size() - 2);
@@ -442,9 +382,8 @@ S3Response S3Client::send(const std::string& method, const std::string& bucket, 
     }
     pool_->release(h);
     if (response.status >= 200 && response.status < 300) return response;
-    // The body is only read for the error's code and message (xml_first does not throw on a malformed one).
-    const std::string code = xml_first(response.body, "Code");
-    const std::string message = xml_first(response.body, "Message");
+    // The body is only read for the error's code and message (a malformed one gives neither).
+    const auto [code, message] = aws::error_code_message(response.body);
     last_error = fmt::format("{} HTTP {}{}{}", method, response.status, code.empty() ? "" : " " + code,
                              message.empty() ? "" : ": " + message);
     if (retryable_status(response.status, code)) continue;
@@ -630,7 +569,9 @@ void S3Client::upload_parts(const std::string& bucket, const std::string& key, u
   std::vector<std::pair<std::string, std::string>> create_headers;
   if (config_.request_checksums) create_headers.emplace_back("x-amz-checksum-algorithm", "CRC32");
   const std::string upload_id =
-      xml_first(send("POST", bucket, key, {{"uploads", ""}}, std::move(create_headers), {}).body, "UploadId");
+      util::parse_xml(send("POST", bucket, key, {{"uploads", ""}}, std::move(create_headers), {}).body,
+                      kS3ClientComponent, where + ": CreateMultipartUpload's answer")
+          .child_text("UploadId");
   if (upload_id.empty())
     throw Error(kS3ClientComponent, fmt::format("{}: CreateMultipartUpload returned no UploadId", where));
   const size_t parts = static_cast<size_t>((size + part - 1) / part);
@@ -654,15 +595,18 @@ void S3Client::upload_parts(const std::string& bucket, const std::string& key, u
     std::string xml = "<CompleteMultipartUpload>";
     for (size_t i = 0; i < parts; ++i) {
       const std::string crc = crcs[i].empty() ? "" : "<ChecksumCRC32>" + crcs[i] + "</ChecksumCRC32>";
-      xml += fmt::format("<Part>{}<ETag>{}</ETag><PartNumber>{}</PartNumber></Part>", crc, etags[i], i + 1);
+      xml += fmt::format("<Part>{}<ETag>{}</ETag><PartNumber>{}</PartNumber></Part>", crc, util::xml_escape(etags[i]),
+                         i + 1);
     }
     xml += "</CompleteMultipartUpload>";
     const S3Response r =
         send("POST", bucket, key, {{"uploadId", upload_id}}, {{"content-type", "application/xml"}}, xml);
     // CompleteMultipartUpload can fail with 200 and an <Error> body.
-    if (r.body.find("<Error>") != std::string::npos) {
+    const util::XmlElement done =
+        util::parse_xml(r.body, kS3ClientComponent, where + ": CompleteMultipartUpload's answer");
+    if (done.name == "Error") {
       throw Error(kS3ClientComponent, fmt::format("{}: CompleteMultipartUpload failed: {} {}", where,
-                                                  xml_first(r.body, "Code"), xml_first(r.body, "Message")));
+                                                  done.child_text("Code"), done.child_text("Message")));
     }
   } catch (...) {
     try {
@@ -681,15 +625,17 @@ std::vector<S3Client::Listed> S3Client::list(const std::string& bucket, const st
     std::vector<std::pair<std::string, std::string>> query{{"list-type", "2"}, {"prefix", prefix}};
     if (!token.empty()) query.emplace_back("continuation-token", token);
     const S3Response r = send("GET", bucket, "", query, {}, {});
-    for (const std::string_view item : xml_all(r.body, "Contents")) {
+    const util::XmlElement page =
+        util::parse_xml(r.body, kS3ClientComponent, fmt::format("{}: a listing", uri_of(bucket, prefix)));
+    for (const util::XmlElement* item : page.children_named("Contents")) {
       Listed l;
-      l.key = xml_first(item, "Key");
-      l.size = byte_count(xml_first(item, "Size"), uri_of(bucket, l.key), "a listing Size");
-      l.etag = strip_quotes(xml_first(item, "ETag"));
+      l.key = item->child_text("Key");
+      l.size = byte_count(item->child_text("Size"), uri_of(bucket, l.key), "a listing Size");
+      l.etag = strip_quotes(item->child_text("ETag"));
       out.push_back(std::move(l));
     }
-    if (xml_first(r.body, "IsTruncated") != "true") break;
-    token = xml_first(r.body, "NextContinuationToken");
+    if (page.child_text("IsTruncated") != "true") break;
+    token = page.child_text("NextContinuationToken");
     if (token.empty()) break;
   }
   std::sort(out.begin(), out.end(), [](const Listed& a, const Listed& b) { return a.key < b.key; });

@@ -1,77 +1,91 @@
-// SHA-1 (FIPS 180-4), SHA-256 (OpenSSL) and xxHash digests.
+// Content hashes by hashlib's and xxhash's names (see hashing.h).
 #include "tessera/util/hashing.h"
 
 #include <fmt/format.h>
-#include <openssl/sha.h>
+#include <fmt/ranges.h>
+#include <openssl/evp.h>
 #include <xxhash.h>
 
 #include <array>
 #include <cstdint>
-#include <cstring>
+#include <memory>
+#include <utility>
 
 #include "tessera/util/error.h"
 
 namespace tessera::util {
 namespace {
 
-uint32_t rotl(uint32_t x, int n) {
-  return (x << n) | (x >> (32 - n));
+// hashlib's name -> OpenSSL's digest name.
+constexpr std::array<std::pair<std::string_view, const char*>, 12> kEvp = {{
+    {"blake2b", "BLAKE2B-512"},
+    {"blake2s", "BLAKE2S-256"},
+    {"md5", "MD5"},
+    {"sha1", "SHA1"},
+    {"sha224", "SHA224"},
+    {"sha256", "SHA256"},
+    {"sha384", "SHA384"},
+    {"sha3_224", "SHA3-224"},
+    {"sha3_256", "SHA3-256"},
+    {"sha3_384", "SHA3-384"},
+    {"sha3_512", "SHA3-512"},
+    {"sha512", "SHA512"},
+}};
+
+std::string hex(const unsigned char* bytes, size_t n) {
+  std::string out;
+  out.reserve(2 * n);
+  for (size_t i = 0; i < n; ++i) out += fmt::format("{:02x}", bytes[i]);
+  return out;
 }
 
-std::string sha1_hex(std::string_view data) {
-  std::array<uint32_t, 5> h = {0x67452301u, 0xEFCDAB89u, 0x98BADCFEu, 0x10325476u, 0xC3D2E1F0u};
-  const uint64_t bit_len = static_cast<uint64_t>(data.size()) * 8;
-  std::string tail(data.substr(data.size() - data.size() % 64));
-  tail += '\x80';
-  while (tail.size() % 64 != 56) tail += '\0';
-  for (int i = 7; i >= 0; --i) tail += static_cast<char>((bit_len >> (8 * i)) & 0xff);
-  auto block = [&h](const unsigned char* p) {
-    uint32_t w[80];
-    for (int i = 0; i < 16; ++i) {
-      w[i] = (uint32_t{p[4 * i]} << 24) | (uint32_t{p[4 * i + 1]} << 16) | (uint32_t{p[4 * i + 2]} << 8) | p[4 * i + 3];
-    }
-    for (int i = 16; i < 80; ++i) w[i] = rotl(w[i - 3] ^ w[i - 8] ^ w[i - 14] ^ w[i - 16], 1);
-    uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4];
-    for (int i = 0; i < 80; ++i) {
-      uint32_t f, k;
-      if (i < 20) {
-        f = (b & c) | (~b & d), k = 0x5A827999u;
-      } else if (i < 40) {
-        f = b ^ c ^ d, k = 0x6ED9EBA1u;
-      } else if (i < 60) {
-        f = (b & c) | (b & d) | (c & d), k = 0x8F1BBCDCu;
-      } else {
-        f = b ^ c ^ d, k = 0xCA62C1D6u;
-      }
-      const uint32_t t = rotl(a, 5) + f + e + k + w[i];
-      e = d, d = c, c = rotl(b, 30), b = a, a = t;
-    }
-    h[0] += a, h[1] += b, h[2] += c, h[3] += d, h[4] += e;
-  };
-  const auto* p = reinterpret_cast<const unsigned char*>(data.data());
-  for (size_t off = 0; off + 64 <= data.size(); off += 64) block(p + off);
-  for (size_t off = 0; off < tail.size(); off += 64) block(reinterpret_cast<const unsigned char*>(tail.data()) + off);
-  return fmt::format("{:08x}{:08x}{:08x}{:08x}{:08x}", h[0], h[1], h[2], h[3], h[4]);
+std::string evp_digest(const char* name, std::string_view data) {
+  const std::unique_ptr<EVP_MD, decltype(&EVP_MD_free)> md(EVP_MD_fetch(nullptr, name, nullptr), &EVP_MD_free);
+  if (!md) throw Error("hash", fmt::format("OpenSSL has no {} digest", name));
+  std::array<unsigned char, EVP_MAX_MD_SIZE> digest{};
+  unsigned int size = 0;
+  if (EVP_Digest(data.data(), data.size(), digest.data(), &size, md.get(), nullptr) != 1) {
+    throw Error("hash", fmt::format("OpenSSL's {} digest failed", name));
+  }
+  return hex(digest.data(), size);
+}
+
+std::string xxh128_hex(XXH128_hash_t h) {
+  XXH128_canonical_t c;
+  XXH128_canonicalFromHash(&c, h);
+  return hex(c.digest, sizeof(c.digest));
 }
 
 }  // namespace
 
-bool hash_supported(std::string_view a) {
-  return a == "sha1" || a == "sha256" || a == "xxh64" || a == "xxh3_64";
+const std::vector<std::string>& supported_hashes() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (const auto& [name, evp] : kEvp) out.emplace_back(name);
+    for (const char* x : {"xxh128", "xxh32", "xxh3_128", "xxh3_64", "xxh64"}) out.emplace_back(x);
+    return out;
+  }();
+  return names;
+}
+
+bool hash_supported(std::string_view algorithm) {
+  for (const std::string& name : supported_hashes()) {
+    if (name == algorithm) return true;
+  }
+  return false;
 }
 
 std::string hex_digest(std::string_view algorithm, std::string_view data) {
-  if (algorithm == "sha1") return sha1_hex(data);
-  if (algorithm == "sha256") {
-    unsigned char digest[SHA256_DIGEST_LENGTH];
-    SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), digest);
-    std::string hex;
-    for (unsigned char b : digest) hex += fmt::format("{:02x}", b);
-    return hex;
+  for (const auto& [name, evp] : kEvp) {
+    if (name == algorithm) return evp_digest(evp, data);
   }
+  if (algorithm == "xxh32") return fmt::format("{:08x}", XXH32(data.data(), data.size(), 0));
   if (algorithm == "xxh64") return fmt::format("{:016x}", XXH64(data.data(), data.size(), 0));
   if (algorithm == "xxh3_64") return fmt::format("{:016x}", XXH3_64bits(data.data(), data.size()));
-  throw Error("hash", fmt::format("hash algorithm \"{}\" is not supported (sha1, sha256, xxh64, xxh3_64)", algorithm));
+  // xxhash's xxh128 is xxh3_128.
+  if (algorithm == "xxh128" || algorithm == "xxh3_128") return xxh128_hex(XXH3_128bits(data.data(), data.size()));
+  throw Error("hash", fmt::format("hash algorithm \"{}\" is not supported ({})", algorithm,
+                                  fmt::join(supported_hashes(), ", ")));
 }
 
 }  // namespace tessera::util

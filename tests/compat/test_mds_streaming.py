@@ -7,6 +7,7 @@
   StreamingDataset reads Tessera's output, value for value.
 - The golden bytes of the spec (§1, §2.3) are reproduced.
 """
+import hashlib
 import json
 import pathlib
 
@@ -155,6 +156,48 @@ def test_compressed_both_directions(driver, tmp_path, compression):
                 assert float(got[name]) == ref
             else:
                 assert got[name] == ref, (k, name)
+
+
+def test_every_hash_streaming_writes_both_directions(driver, tmp_path):
+    """Every hash name Streaming's MDSWriter accepts (streaming.base.hashing.get_hashes(): hashlib's and xxhash's):
+    Tessera's writer lists the same digests as Streaming's for the same samples, raw and compressed; Tessera's reader
+    verifies all of them; a shard with one flipped byte is refused naming the first algorithm and both digests; an
+    index.json that lists only a name Tessera cannot compute is refused naming it, and one listed beside a name it
+    can compute is skipped."""
+    from streaming.base.hashing import get_hashes
+
+    hashes = sorted(get_hashes())
+    assert {"md5", "sha1", "sha3_256", "blake2b", "xxh32", "xxh64", "xxh3_64", "xxh128"} <= set(hashes), hashes
+    samples = random_samples(30, seed=9)
+    python_write(tmp_path / "py", ENCODINGS, samples, compression="zstd", hashes=hashes, size_limit=30000)
+    tessera_write(driver, tmp_path, tmp_path / "ours", ENCODINGS, samples, compression="zstd", hashes=hashes,
+                  size_limit=30000)
+    py_index = json.loads((tmp_path / "py" / "index.json").read_text())
+    our_index = json.loads((tmp_path / "ours" / "index.json").read_text())
+    assert our_index == py_index
+    assert set(py_index["shards"][0]["raw_data"]["hashes"]) == set(hashes)
+    got = tessera_read(driver, tmp_path, tmp_path / "py")  # the zip's digests, then the raw shard's, all checked
+    assert len(got) == len(samples)
+    shard = tmp_path / "py" / py_index["shards"][0]["raw_data"]["basename"]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    with pytest.raises(AssertionError, match=rf"{hashes[0]} mismatch \(index.json says "
+                                             rf"{py_index['shards'][0]['raw_data']['hashes'][hashes[0]]}"):
+        tessera_read(driver, tmp_path, tmp_path / "py")
+    # Names Tessera cannot compute: refused when they are all there is, skipped beside one it can compute.
+    python_write(tmp_path / "plain", ENCODINGS, samples[:5], hashes=["sha1"])
+    index_path = tmp_path / "plain" / "index.json"
+    index = json.loads(index_path.read_text())
+    raw = index["shards"][0]["raw_data"]
+    raw["hashes"] = {"sm3": "00"}
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(AssertionError, match="lists only hashes Tessera cannot compute \\(sm3;"):
+        tessera_read(driver, tmp_path, tmp_path / "plain")
+    raw["hashes"] = {"sm3": "00", "sha1": hashlib.sha1(
+        (tmp_path / "plain" / raw["basename"]).read_bytes()).hexdigest()}
+    index_path.write_text(json.dumps(index))
+    assert len(tessera_read(driver, tmp_path, tmp_path / "plain")) == 5
 
 
 def test_reads_merged_index_with_subdirectories(driver, tmp_path):

@@ -15,12 +15,11 @@ import pathlib
 import socket
 import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 import yaml
 
+import mlflow_server
 from conftest import _binary, write_sequence_mds
 
 SEQ, VOCAB = 32, 128
@@ -28,32 +27,10 @@ SEQ, VOCAB = 32, 128
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mlflow")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mlflow = os.path.join(os.path.dirname(sys.executable), "mlflow")
-    proc = subprocess.Popen([mlflow, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-                             "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
-                             "--artifacts-destination", str(root / "artifacts")],
-                            stdout=open(root / "server.log", "w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(uri + "/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail("mlflow server did not start:\n" + (root / "server.log").read_text()[-3000:])
-        time.sleep(0.3)
+    proc, uri = mlflow_server.start(tmp_path_factory.mktemp("mlflow"),
+                                    os.path.join(os.path.dirname(sys.executable), "mlflow"))
     yield uri
-    os.killpg(proc.pid, 15)
-    proc.wait(timeout=30)
+    mlflow_server.stop(proc)
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,7 @@ import json
 import os
 import pathlib
 import re
-import socket
 import subprocess
-import time
-import urllib.request
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
@@ -32,6 +29,8 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 from tokenizers import ByteLevelBPETokenizer  # noqa: E402
 from transformers import MptConfig, MptForCausalLM, PreTrainedTokenizerFast  # noqa: E402
+
+import mlflow_server  # noqa: E402
 
 torch.set_num_threads(1)
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -262,35 +261,24 @@ def test_a_tessera_checkpoint_evaluates_sharded_as_its_hf_folder(setup, tmp_path
         assert [r[3] for r in other] == pytest.approx([r[3] for r in ours], abs=1e-9), extra
 
 
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
-    """`mlflow server` (PyPI mlflow, the test venv's; the Composer venv's cannot start one) on a free loopback port."""
+@pytest.fixture(scope="module", autouse=True)
+def mlflow_server_starting(tmp_path_factory):
+    """`mlflow server` (PyPI mlflow, the test venv's; the Composer venv's cannot start one) on a free loopback port,
+    started with the module so that its start-up overlaps the tests before the one that uses it."""
     root = tmp_path_factory.mktemp("mlflow")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     mlflow = os.environ.get("TESSERA_MLFLOW", str(pathlib.Path.home() / ".cache/tessera/venv/bin/mlflow"))
-    proc = subprocess.Popen([mlflow, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-                             "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
-                             "--artifacts-destination", str(root / "artifacts")],
-                            stdout=open(root / "server.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(uri + "/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"{mlflow} server did not start:\n" + (root / "server.log").read_text()[-3000:])
-        time.sleep(0.3)
+    proc, uri = mlflow_server.launch(root, mlflow)
     # Stopped at exit, after Composer's own exit hook, which post-closes its MLFlowLogger again (engine.py registers
     # Engine._close with atexit and close() leaves it registered): against a stopped server that retries for minutes.
-    atexit.register(lambda: (os.killpg(proc.pid, 15), proc.wait(timeout=30)))
-    yield uri
+    atexit.register(mlflow_server.stop, proc)
+    return proc, uri, root, mlflow
+
+
+@pytest.fixture
+def mlflow_uri(mlflow_server_starting):
+    proc, uri, root, mlflow = mlflow_server_starting
+    mlflow_server.wait(proc, uri, root, mlflow)
+    return uri
 
 
 def mlflow_runs(uri, experiment):
@@ -304,21 +292,21 @@ def mlflow_runs(uri, experiment):
             for run in client.search_runs([exp.experiment_id])]
 
 
-def test_loggers_send_what_llm_foundry_sends_to_mlflow(setup, tmp_path, capsys, monkeypatch, mlflow_server):
+def test_loggers_send_what_llm_foundry_sends_to_mlflow(setup, tmp_path, capsys, monkeypatch, mlflow_uri):
     """`loggers:` as in LLM Foundry's eval YAMLs. eval.py (Composer's MLFlowLogger in a Trainer per model) and
     `tessera eval` each log one run named run_name to a real tracking server; the runs hold the same metrics, once, at
     step 0: each evaluator's metrics/<label>/<metric> and the gauntlet's icl/metrics/eval_gauntlet/<name>; both are
     FINISHED. Tessera's jsonl logger writes the same values, the recipe goes in as params without the tracking URI's
     password, and 2 ranks log one run with the same numbers."""
     tmp, overrides = setup
-    llm_foundry_table(tmp_path, [*overrides, "run_name=foundry-eval", f"loggers.mlflow.tracking_uri={mlflow_server}",
+    llm_foundry_table(tmp_path, [*overrides, "run_name=foundry-eval", f"loggers.mlflow.tracking_uri={mlflow_uri}",
                                  "loggers.mlflow.experiment_name=foundry"], capsys, monkeypatch)
-    [(theirs_run, theirs)] = mlflow_runs(mlflow_server, "foundry")
+    [(theirs_run, theirs)] = mlflow_runs(mlflow_uri, "foundry")
     assert theirs_run.info.status == "FINISHED" and theirs_run.data.tags["run_name"] == "foundry-eval"
     assert any(k.startswith("icl/metrics/eval_gauntlet/") for k in theirs), theirs
     assert any(k.startswith("metrics/jeopardy/0-shot/") for k in theirs), theirs
 
-    with_password = mlflow_server.replace("http://", "http://alice:hunter2@")
+    with_password = mlflow_uri.replace("http://", "http://alice:hunter2@")
     for experiment, extra in (("tessera", []), ("tessera-2-ranks", ["--nproc-per-node", "2", "--master-port", "0"])):
         jsonl = tmp_path / f"{experiment}.jsonl"
         proc = subprocess.run([EVAL, "--recipe", RECIPE, *overrides, "run_name=tessera-eval",
@@ -327,7 +315,7 @@ def test_loggers_send_what_llm_foundry_sends_to_mlflow(setup, tmp_path, capsys, 
                                *extra], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
         assert "hunter2" not in proc.stdout + proc.stderr
-        [(run, ours)] = mlflow_runs(mlflow_server, experiment)
+        [(run, ours)] = mlflow_runs(mlflow_uri, experiment)
         assert run.info.run_name == "tessera-eval" and run.info.status == "FINISHED", run.info
         assert run.data.tags["run_name"] == "tessera-eval"
         assert sorted(ours) == sorted(theirs), experiment
@@ -336,7 +324,7 @@ def test_loggers_send_what_llm_foundry_sends_to_mlflow(setup, tmp_path, capsys, 
             assert history[0][1] == pytest.approx(theirs[key][0][1], abs=1e-6), key
         params = run.data.params
         assert params["device_eval_batch_size"] == "4" and params["max_seq_len"] == "256"
-        assert params["loggers.mlflow.tracking_uri"] == mlflow_server.replace("http://", "http://***@")
+        assert params["loggers.mlflow.tracking_uri"] == mlflow_uri.replace("http://", "http://***@")
         assert not any("hunter2" in v for v in params.values())
         rows = [json.loads(line) for line in jsonl.read_text().splitlines()]
         logged = {k: v for r in rows if "batch" in r for k, v in r.items() if k != "batch"}

@@ -106,7 +106,9 @@ struct ShardInfo {
 };
 
 struct ReaderOptions {
-  bool verify_hashes = true;  // check every supported hash in index.json when a shard is first opened
+  // Check the digests index.json lists when a shard is first opened: every name Streaming writes (hashlib's and
+  // xxhash's, util::supported_hashes); a name Tessera cannot compute is skipped beside one it can, and refused alone.
+  bool verify_hashes = true;
   // A remote copy of the dataset (s3://bucket/prefix, file://, or another folder). index.json and shards missing
   // from the local directory are fetched from it on first use (or ahead, by prefetch()); one process per node
   // fetches each file while the others wait (file locks in <dir>/.tessera-locks).

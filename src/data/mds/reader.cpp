@@ -13,10 +13,10 @@
 #include <sstream>
 
 #include "compression.h"
+#include "hashes.h"
 #include "tessera/data/mds.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
-#include "tessera/util/hashing.h"
 #include "tessera/util/safe_path.h"
 
 namespace tessera::data::mds {
@@ -37,16 +37,7 @@ uint32_t u32_at(std::string_view b, size_t pos) {
 
 void verify(const std::vector<std::pair<std::string, std::string>>& expected, std::string_view data,
             const std::string& file) {
-  for (const auto& [algo, digest] : expected) {
-    if (!util::hash_supported(algo)) continue;
-    const std::string actual = util::hex_digest(algo, data);
-    if (actual != digest) {
-      throw Error(kReaderComponent,
-                  fmt::format("{}: {} mismatch (index.json says {}, the file hashes to {}): the shard is "
-                              "corrupt",
-                              file, algo, digest, actual));
-    }
-  }
+  if (auto problem = detail::hash_problem(expected, data)) throw Error(kReaderComponent, file + ": " + *problem);
 }
 
 }  // namespace

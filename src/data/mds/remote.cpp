@@ -16,11 +16,11 @@
 #include <thread>
 
 #include "compression.h"
+#include "hashes.h"
 #include "tessera/data/mds.h"
 #include "tessera/storage/storage.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
-#include "tessera/util/hashing.h"
 
 namespace tessera::data::mds {
 namespace {
@@ -208,11 +208,7 @@ void MDSDataset::fetch(size_t k) {
     throw corrupt(fmt::format("{} bytes, index.json says {}", zip.size(), info.zip_bytes));
   }
   if (options_.verify_hashes) {
-    for (const auto& [algo, digest] : info.zip_hashes) {
-      if (util::hash_supported(algo) && util::hex_digest(algo, zip) != digest) {
-        throw corrupt(fmt::format("{} mismatch: the shard is corrupt", algo));
-      }
-    }
+    if (auto problem = detail::hash_problem(info.zip_hashes, zip)) throw corrupt(*problem);
   }
   util::write_file_atomically(
       raw.string(), detail::decompress(*info.compression, zip, info.raw_bytes, zip_path.string()), kRemoteComponent);

@@ -1,5 +1,6 @@
 // MDSWriter: shards and index.json byte-identical to mosaicml-streaming's MDSWriter.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -38,7 +39,8 @@ MDSWriter::MDSWriter(WriterOptions options) : o_(std::move(options)) {
   }
   for (const std::string& h : o_.hashes) {
     if (!util::hash_supported(h))
-      throw Error(kComponent, fmt::format("hash \"{}\" is not supported (sha1, xxh64, xxh3_64)", h));
+      throw Error(kComponent,
+                  fmt::format("hash \"{}\" is not supported ({})", h, fmt::join(util::supported_hashes(), ", ")));
   }
   if (o_.size_limit && *o_.size_limit >= (uint64_t{1} << 32)) {
     throw Error(kComponent, "size_limit must be below 4 GiB: shard offsets are uint32");

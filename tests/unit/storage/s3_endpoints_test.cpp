@@ -2,6 +2,7 @@
 // 127.0.0.1 in the test: a credentials document the parser chokes on, 5xx answers whose bodies are garbage, a
 // container endpoint URI that only looks like loopback. (tests/compat/test_s3_*.py test the well-behaved protocols
 // against moto.)
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -181,27 +182,46 @@ TEST(S3Endpoints, MalformedAnswersAreErrorsNamingTheObject) {
   std::atomic<int> served{0};
   LoopbackServer s3([&](const std::string& line) -> LoopbackServer::Answer {
     ++served;
-    if (line.find("list-type") != std::string::npos) {
+    if (line.find("prefix=k") != std::string::npos) {
+      // Namespaced and prefixed names, as S3-compatible stores write them; an XML declaration after spaces.
       return {200,
-              "<ListBucketResult><Contents><Key>k&#;</Key><Size>99999999999999999999999</Size></Contents>"
-              "</ListBucketResult>"};
+              "  \n<?xml version=\"1.0\" encoding=\"UTF-8\"?><ListBucketResult "
+              "xmlns:s3=\"http://s3.amazonaws.com/doc/2006-03-01/\"><s3:Contents><Key>k&#65;</Key>"
+              "<Size>99999999999999999999999</Size></s3:Contents></ListBucketResult>"};
+    }
+    if (line.find("list-type") != std::string::npos) {
+      return {200, "<ListBucketResult><Contents><Key>k&#;</Key><Size>1</Size></Contents></ListBucketResult>"};
     }
     if (line.find("/bucket/not-implemented") != std::string::npos) return {501, "<Error><Code>&#xD800;</Code></Error>"};
-    return {400, "<Error><Code>&#;</Code><Message>bad &amp; &#65;</Message></Error>"};
+    if (line.find("/bucket/laughs") != std::string::npos) {
+      return {400,
+              "<!DOCTYPE Error [<!ENTITY a \"aaaaaaaaaa\"><!ENTITY b \"&a;&a;&a;&a;&a;&a;&a;&a;&a;&a;\">]>"
+              "<Error><Code>&b;</Code></Error>"};
+    }
+    if (line.find("/bucket/malformed") != std::string::npos) return {400, "<Error><Code>&#;</Code></Error>"};
+    return {400, "<Error><Code>Bad</Code><Message>bad &amp; &#65;<![CDATA[ <x>]]></Message></Error>"};
   });
   S3Client client(loopback_config(s3), S3Credentials{"AKID", "secret", "", "test", std::nullopt});
-  // A character reference that is not one stays as it is in the message; a valid one is decoded.
+  // An error's code and message, entities, character references and CDATA decoded.
   std::string err = error_of([&] { client.get("bucket", "key"); });
-  EXPECT_NE(err.find("s3://bucket/key: GET HTTP 400 &#;: bad & A"), std::string::npos) << err;
+  EXPECT_NE(err.find("s3://bucket/key: GET HTTP 400 Bad: bad & A <x>"), std::string::npos) << err;
+  // A malformed error body (a reference that is not one, a DTD declaring entities) gives the status alone.
+  for (const char* key : {"malformed", "laughs"}) {
+    err = error_of([&] { client.get("bucket", key); });
+    EXPECT_NE(err.find(fmt::format("s3://bucket/{}: GET HTTP 400", key)), std::string::npos) << err;
+    EXPECT_EQ(err.find("aaaa"), std::string::npos) << err;
+  }
   // 501 Not Implemented is not retried.
   served = 0;
   err = error_of([&] { client.get("bucket", "not-implemented"); });
-  EXPECT_NE(err.find("s3://bucket/not-implemented: GET HTTP 501 &#xD800;"), std::string::npos) << err;
+  EXPECT_NE(err.find("s3://bucket/not-implemented: GET HTTP 501"), std::string::npos) << err;
   EXPECT_EQ(served.load(), 1);
   err = error_of([&] { client.list("bucket", "k"); });
-  EXPECT_NE(err.find("s3://bucket/k&#;: the server sent a listing Size '99999999999999999999999', not a byte count"),
+  EXPECT_NE(err.find("s3://bucket/kA: the server sent a listing Size '99999999999999999999999', not a byte count"),
             std::string::npos)
       << err;
+  err = error_of([&] { client.list("bucket", "m"); });
+  EXPECT_NE(err.find("s3://bucket/m: a listing: malformed XML (line 1: "), std::string::npos) << err;
 }
 
 TEST(S3Endpoints, TheContainerEndpointOverHttpMustResolveToLoopback) {

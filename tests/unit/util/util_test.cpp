@@ -1,4 +1,4 @@
-// Hash digests and Python-compatible JSON, against values computed by Python's hashlib, xxhash and json.
+// Hash digests, Python-compatible JSON and XML documents, against values computed by Python (hashlib, xxhash, json).
 #include <dlfcn.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -6,6 +6,7 @@
 #include "tessera/util/error.h"
 #include "tessera/util/hashing.h"
 #include "tessera/util/python_json.h"
+#include "tessera/util/xml.h"
 
 namespace tessera::util {
 namespace {
@@ -17,7 +18,59 @@ TEST(Hashing, GoldenDigestsOfAbc) {
   EXPECT_EQ(hex_digest("sha1", ""), "da39a3ee5e6b4b0d3255bfef95601890afd80709");
   EXPECT_EQ(hex_digest("sha1", std::string(1000000, 'a')), "34aa973cd4c4daa4f61eeb2bdbad27316534016f");
   EXPECT_EQ(hex_digest("sha256", "abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-  EXPECT_THROW(hex_digest("md5", "abc"), tessera::Error);
+  // Python's hashlib and xxhash on b"abc" (hashlib.<name>(b"abc").hexdigest(), xxhash.<name>(...).hexdigest()).
+  EXPECT_EQ(hex_digest("md5", "abc"), "900150983cd24fb0d6963f7d28e17f72");
+  EXPECT_EQ(
+      hex_digest("blake2b", "abc"),
+      "ba80a53f981c4d0d6a2797b69f12f6e94c212f14685ac4b74b12bb6fdbffa2d17d87c5392aab792dc252d5de4533cc9518d38aa8dbf"
+      "1925ab92386edd4009923");
+  EXPECT_EQ(hex_digest("blake2s", "abc"), "508c5e8c327c14e2e1a72ba34eeb452f37458b209ed63a294d999b4c86675982");
+  EXPECT_EQ(hex_digest("sha3_256", "abc"), "3a985da74fe225b2045c172d6bd390bd855f086e3e9d525b46bfe24511431532");
+  EXPECT_EQ(hex_digest("xxh32", "abc"), "32d153ff");
+  EXPECT_EQ(hex_digest("xxh128", "abc"), "06b05ab6733a618578af5f94892f3950");
+  EXPECT_EQ(hex_digest("xxh3_128", "abc"), "06b05ab6733a618578af5f94892f3950");
+  EXPECT_EQ(supported_hashes().size(), 17U);
+  for (const std::string& name : supported_hashes()) EXPECT_TRUE(hash_supported(name)) << name;
+  EXPECT_FALSE(hash_supported("sm3"));
+  EXPECT_THROW(hex_digest("sm3", "abc"), tessera::Error);
+  EXPECT_THROW(hex_digest("shake_128", "abc"), tessera::Error);
+}
+
+TEST(Xml, ParsesWhatS3AndStsSendAndRefusesWhatTheyDoNot) {
+  const XmlElement doc = parse_xml(
+      " \r\n<?xml version=\"1.0\"?>\n<a:Root xmlns:a=\"urn:x\"><Item><Key>x &lt;&amp;&gt; &#233;&#x1F600;</Key></Item>"
+      "<Item><Key><![CDATA[<raw>]]></Key></Item><Deep><Deeper><Credentials><Id>7</Id></Credentials></Deeper></Deep>"
+      "</a:Root>",
+      "test", "doc");
+  EXPECT_EQ(doc.name, "Root");
+  ASSERT_EQ(doc.children_named("Item").size(), 2U);
+  EXPECT_EQ(doc.children_named("Item")[0]->child_text("Key"), "x <&> \u00e9\U0001F600");
+  EXPECT_EQ(doc.children_named("Item")[1]->child_text("Key"), "<raw>");
+  EXPECT_EQ(doc.child_text("Missing"), "");
+  EXPECT_EQ(doc.child("Credentials"), nullptr);
+  ASSERT_NE(doc.find("Credentials"), nullptr);
+  EXPECT_EQ(doc.find("Credentials")->child_text("Id"), "7");
+  // Refused: malformed documents, two roots, entity declarations (no expansion at all), external entities, nesting
+  // past the limit.
+  std::string deep;
+  for (int i = 0; i <= kMaxXmlDepth + 1; ++i) deep += "<d>";
+  for (int i = 0; i <= kMaxXmlDepth + 1; ++i) deep += "</d>";
+  for (const std::string bad :
+       {std::string("<a><b></a>"), std::string("<a>&#;</a>"), std::string("<a/><b/>"), std::string(""),
+        std::string("<!DOCTYPE a [<!ENTITY x \"y\">]><a>&x;</a>"),
+        std::string("<!DOCTYPE a [<!ENTITY x SYSTEM \"file:///etc/passwd\">]><a>&x;</a>"), deep}) {
+    EXPECT_FALSE(try_parse_xml(bad).has_value()) << bad;
+  }
+  try {
+    parse_xml("<a><b></a>", "s3", "s3://b/k: a listing");
+    FAIL();
+  } catch (const tessera::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("s3://b/k: a listing: malformed XML (line 1: mismatched tag)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(xml_escape("\"a\" <&> 'b'"), "&quot;a&quot; &lt;&amp;&gt; &apos;b&apos;");
+  EXPECT_EQ(parse_xml("<e>" + xml_escape("<&>\"'") + "</e>", "t", "t").text, "<&>\"'");
 }
 
 TEST(PythonJson, FloatReprMatchesPython) {

@@ -6,6 +6,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace tessera::storage::aws {
@@ -27,8 +28,8 @@ std::string region();
 
 // The current UTC time as SigV4's x-amz-date (YYYYMMDDTHHMMSSZ).
 std::string amz_now();
-// The texts of every / the first <tag>...</tag> in `xml` (the first with entities decoded; "" when absent).
-std::vector<std::string_view> xml_all(std::string_view xml, std::string_view tag);
-std::string xml_first(std::string_view xml, std::string_view tag);
+// The Code and Message of an S3 or STS error body (<Error> at the root or inside <ErrorResponse>); empty strings when
+// the body is not such a document (an error's body is only read for a message, so it never throws).
+std::pair<std::string, std::string> error_code_message(std::string_view body);
 
 }  // namespace tessera::storage::aws
