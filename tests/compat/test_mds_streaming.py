@@ -10,6 +10,7 @@
 import hashlib
 import json
 import pathlib
+import shutil
 
 import numpy as np
 import pytest
@@ -175,16 +176,20 @@ def test_every_hash_streaming_writes_both_directions(driver, tmp_path):
     py_index = json.loads((tmp_path / "py" / "index.json").read_text())
     our_index = json.loads((tmp_path / "ours" / "index.json").read_text())
     assert our_index == py_index
-    assert set(py_index["shards"][0]["raw_data"]["hashes"]) == set(hashes)
+    assert all(set(s["raw_data"]["hashes"]) == set(hashes) for s in py_index["shards"])
+    shutil.copytree(tmp_path / "py", tmp_path / "bad")
     got = tessera_read(driver, tmp_path, tmp_path / "py")  # the zip's digests, then the raw shard's, all checked
     assert len(got) == len(samples)
-    shard = tmp_path / "py" / py_index["shards"][0]["raw_data"]["basename"]
+    # A shard that holds samples, read from its zip (its raw copy, which Streaming's writer leaves, removed).
+    first = next(s for s in py_index["shards"] if s["samples"] > 0)
+    (tmp_path / "bad" / first["raw_data"]["basename"]).unlink(missing_ok=True)
+    zip_info = first["zip_data"]
+    shard = tmp_path / "bad" / zip_info["basename"]
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0x01
     shard.write_bytes(bytes(data))
-    with pytest.raises(AssertionError, match=rf"{hashes[0]} mismatch \(index.json says "
-                                             rf"{py_index['shards'][0]['raw_data']['hashes'][hashes[0]]}"):
-        tessera_read(driver, tmp_path, tmp_path / "py")
+    with pytest.raises(AssertionError, match=rf"{hashes[0]} mismatch \(index.json says {zip_info['hashes'][hashes[0]]}"):
+        tessera_read(driver, tmp_path, tmp_path / "bad")
     # Names Tessera cannot compute: refused when they are all there is, skipped beside one it can compute.
     python_write(tmp_path / "plain", ENCODINGS, samples[:5], hashes=["sha1"])
     index_path = tmp_path / "plain" / "index.json"

@@ -55,7 +55,7 @@ TEST(Xml, ParsesWhatS3AndStsSendAndRefusesWhatTheyDoNot) {
   std::string deep;
   for (int i = 0; i <= kMaxXmlDepth + 1; ++i) deep += "<d>";
   for (int i = 0; i <= kMaxXmlDepth + 1; ++i) deep += "</d>";
-  for (const std::string bad :
+  for (const std::string& bad :
        {std::string("<a><b></a>"), std::string("<a>&#;</a>"), std::string("<a/><b/>"), std::string(""),
         std::string("<!DOCTYPE a [<!ENTITY x \"y\">]><a>&x;</a>"),
         std::string("<!DOCTYPE a [<!ENTITY x SYSTEM \"file:///etc/passwd\">]><a>&x;</a>"), deep}) {
