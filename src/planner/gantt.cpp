@@ -17,6 +17,7 @@
 
 #include "tessera/util/clock_duration.h"
 #include "tessera/util/error.h"
+#include "tessera/util/xml.h"
 
 namespace tessera::planner {
 namespace {
@@ -76,29 +77,6 @@ std::pair<double, double> tick_spacing(double makespan) {
     if (makespan / (m * unit) <= 12) break;
   }
   return {unit, step};
-}
-
-std::string xml_escaped(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
 }
 
 void chunk(std::string& out, const char* type, const std::string& data) {
@@ -207,8 +185,8 @@ std::string gantt_svg(const Schedule& s, const Cluster& cluster, const std::vect
       "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
       width, height, width, height);
   out += fmt::format("<text x=\"{}\" y=\"20\" font-size=\"15\" font-weight=\"bold\">{} plan: makespan {}</text>\n",
-                     left, xml_escaped(s.policy), util::clock_duration(s.makespan_s()));
-  out += fmt::format("<text x=\"{}\" y=\"38\" fill=\"#555\">{}</text>\n", left, xml_escaped(cluster.describe()));
+                     left, util::xml_escape(s.policy), util::clock_duration(s.makespan_s()));
+  out += fmt::format("<text x=\"{}\" y=\"38\" fill=\"#555\">{}</text>\n", left, util::xml_escape(cluster.describe()));
   // The time axis: grid lines, tick labels and the unit.
   const auto [unit, step] = tick_spacing(makespan);
   for (int64_t k = 0; static_cast<double>(k) * step * unit <= makespan + 1e-9; ++k) {
@@ -229,8 +207,8 @@ std::string gantt_svg(const Schedule& s, const Cluster& cluster, const std::vect
   }
   // Bars: one rectangle per run of consecutive devices; the label in the tallest run where it fits.
   for (const Placement& p : s.placements) {
-    const std::string name = xml_escaped(name_of(p.job));
-    const std::string shown = fmt::format("{}, {} {}", name, p.devices.size(), xml_escaped(cluster.device_kind));
+    const std::string name = util::xml_escape(name_of(p.job));
+    const std::string shown = fmt::format("{}, {} {}", name, p.devices.size(), util::xml_escape(cluster.device_kind));
     const std::string tip =
         fmt::format("{}: {} to {}", shown, util::clock_duration(p.start_s), util::clock_duration(p.end_s));
     const double x0 = x_of(p.start_s);
@@ -259,7 +237,7 @@ std::string gantt_svg(const Schedule& s, const Cluster& cluster, const std::vect
     out += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"12\" height=\"12\" fill=\"{}\"/>\n", left, y - 10,
                        rgb(gantt_job_colour(p.job)));
     out += fmt::format("<text x=\"{}\" y=\"{}\">{}: {} {}, {} to {}</text>\n", left + 18, y,
-                       xml_escaped(name_of(p.job)), p.devices.size(), xml_escaped(cluster.device_kind),
+                       util::xml_escape(name_of(p.job)), p.devices.size(), util::xml_escape(cluster.device_kind),
                        util::clock_duration(p.start_s), util::clock_duration(p.end_s));
     y += 18;
   }
