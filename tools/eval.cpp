@@ -484,12 +484,14 @@ int run(int argc, char** argv) {
       }
     }
     nlohmann::ordered_json doc{{"model_name", job.model_name}, {"results", results}};
+    std::map<std::string, double> gauntlet_scores;
     if (gauntlet) {
       nlohmann::ordered_json scores = nlohmann::ordered_json::object();
       tessera::core::Metrics logged;
       for (const auto& [name, score] : tessera::eval::compute_gauntlet(*gauntlet, all)) {
         if (lead) std::cout << fmt::format("icl/metrics/eval_gauntlet/{}: {:.4f}\n", name, score);
         scores[name] = score;
+        gauntlet_scores[name] = score;
         logged[fmt::format("icl/metrics/eval_gauntlet/{}", name)] = score;
       }
       if (loggers) loggers->log(logged);
@@ -503,9 +505,7 @@ int run(int argc, char** argv) {
     // LLM Foundry's eval.py prints its tables after each model, for all models so far: the gauntlet's (when there is
     // one), then the results (calculate_markdown_results).
     if (gauntlet) {
-      std::map<std::string, double> scores;
-      for (const auto& [name, score] : doc["eval_gauntlet"].items()) scores[name] = score.get<double>();
-      gauntlet_rows.emplace_back(job.model_name, std::move(scores));
+      gauntlet_rows.emplace_back(job.model_name, std::move(gauntlet_scores));
       std::cout << "Printing gauntlet results for all models\n" << gauntlet_markdown(*gauntlet, gauntlet_rows);
     }
     std::cout << "Printing complete results for all models\n" << markdown(table) << std::flush;
