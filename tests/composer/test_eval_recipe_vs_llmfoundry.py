@@ -78,16 +78,23 @@ def setup(tmp_path_factory):
     return tmp, overrides
 
 
+def table_lines(text, title="Printing complete results for all models"):
+    """The lines of the last table printed after `title`, as printed."""
+    lines = text.splitlines()
+    start = max(i for i, line in enumerate(lines) if line.startswith(title))
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return lines[start + 1:end]
+
+
+def table_cells(text, title):
+    """The last table printed after `title`: one list of stripped cells per line (header, rule, rows)."""
+    return [[c.strip() for c in line.strip().strip("|").split("|")] for line in table_lines(text, title)]
+
+
 def table(text):
     """The last results table printed after "Printing complete results for all models": one tuple of cells per row
     (Accuracy as a float; an empty cell, or pandas' None / nan, as "")."""
-    lines = text.splitlines()
-    start = max(i for i, line in enumerate(lines) if line.startswith("Printing complete results for all models"))
-    rows = []
-    for line in lines[start + 1:]:
-        if not line.startswith("|"):
-            break
-        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    rows = table_cells(text, "Printing complete results for all models")
     head, body = rows[0], rows[2:]
     assert head == ["Category", "Benchmark", "Subtask", "Accuracy", "Number few shot", "Model"], head
     out = []
@@ -97,24 +104,10 @@ def table(text):
     return out
 
 
-def table_lines(text, title="Printing complete results for all models"):
-    """The lines of the last table printed after `title`, as printed."""
-    lines = text.splitlines()
-    start = max(i for i, line in enumerate(lines) if line.startswith(title))
-    end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith("|")), len(lines))
-    return lines[start + 1:end]
-
-
 def gauntlet_table(text):
     """The last gauntlet table printed after "Printing gauntlet results for all models": its header and one row per
     model (the model's name, then each score as a float)."""
-    lines = text.splitlines()
-    start = max(i for i, line in enumerate(lines) if line.startswith("Printing gauntlet results for all models"))
-    rows = []
-    for line in lines[start + 1:]:
-        if not line.startswith("|"):
-            break
-        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    rows = table_cells(text, "Printing gauntlet results for all models")
     return rows[0], [[r[0], *map(float, r[1:])] for r in rows[2:]]
 
 
