@@ -52,16 +52,18 @@ size_t sendable(const std::string& text, const std::vector<std::string>& stops) 
   return end;
 }
 
-// Tokens of a streamed request as the engine makes them.
-struct StreamState {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<int64_t> tokens;
-};
-
 }  // namespace
 
 struct Server::Impl {
+  // Tokens of a streamed request as the engine makes them. A member, not in the anonymous namespace: the stream's
+  // lambdas capture it, and a unity build (README's command (a)) treats this file as a header, where GCC refuses a
+  // type of external linkage holding one of internal linkage (-Wsubobject-linkage).
+  struct StreamState {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<int64_t> tokens;
+  };
+
   ServerOptions options;
   std::shared_ptr<Engine> engine;
   ServedModel model;
