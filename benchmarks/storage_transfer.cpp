@@ -1,8 +1,8 @@
-// Object-storage transfers through Tessera's storage layer, for benchmarks/storage_vs_boto3.py (which measures boto3
-// and Streaming's downloader against the same server in the same run):
+// Object-storage transfers through Tessera's storage layer, for benchmarks/storage_vs_boto3.py and storage_vs_gcs.py
+// (which measure the store's own Python client, and Streaming's downloader, against the same server in the same run):
 //   download: every object under a prefix, one after another, each in parallel byte ranges;
 //   upload:   every file of a folder under a prefix, each as a parallel multipart upload.
-// Prints one JSON line: {"bytes", "seconds", "mb_per_s", "requests", "objects"}.
+// Prints one JSON line: {"bytes", "seconds", "mb_per_s", "requests" (S3 only), "objects"}.
 //
 //   bench_storage_transfer download --from s3://bucket/prefix --to DIR
 //   bench_storage_transfer upload --from DIR --to s3://bucket/prefix
@@ -51,7 +51,10 @@ int main(int argc, char** argv) {
     std::cout << nlohmann::json{{"bytes", bytes},
                                 {"seconds", seconds},
                                 {"mb_per_s", static_cast<double>(bytes) / 1e6 / seconds},
-                                {"requests", storage::S3Client::shared().requests_sent()},
+                                {"requests",
+                                 storage::parse_uri(mode == "download" ? from : to).scheme == storage::Uri::Scheme::kS3
+                                     ? nlohmann::json(storage::S3Client::shared().requests_sent())
+                                     : nlohmann::json()},
                                 {"objects", objects}}
                      .dump()
               << "\n";

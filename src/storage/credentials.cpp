@@ -3,7 +3,6 @@
 // EKS's IRSA), a profile's credential_process, the container endpoint (ECS, SageMaker, EKS Pod Identity) and the EC2
 // instance metadata service (IMDSv2). Temporary credentials are fetched again before they expire.
 #include <arpa/inet.h>
-#include <curl/curl.h>
 #include <fmt/format.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -255,8 +254,10 @@ S3Credentials sts(const std::string& endpoint, const std::string& action,
   req.timeout_s = 30;
   req.headers.emplace_back("Content-Type", "application/x-www-form-urlencoded; charset=utf-8");
   if (signer != nullptr) {
-    const size_t scheme = endpoint.find("://");
-    const std::string host = endpoint.substr(scheme == std::string::npos ? 0 : scheme + 3);
+    const auto parts = util::parse_url(endpoint);
+    if (!parts)
+      throw ConfigError(kCredentialsComponent, fmt::format("STS endpoint {}: not a URL with a host", endpoint));
+    const std::string& host = parts->authority;
     const std::string date = aws::amz_now();
     const std::string payload_hash = sigv4::sha256_hex(form);
     sigv4::Request sr{"POST", "/", {}, {}, payload_hash};
@@ -348,22 +349,11 @@ void check_container_uri(const std::string& url, const std::string& setting) {
   const auto refuse = [&](const std::string& why) {
     throw ConfigError(kCredentialsComponent, fmt::format("{}: {}", setting, why));
   };
-  std::unique_ptr<CURLU, decltype(&curl_url_cleanup)> u(curl_url(), curl_url_cleanup);
-  char* scheme_raw = nullptr;
-  char* host_raw = nullptr;
-  if (!u || curl_url_set(u.get(), CURLUPART_URL, url.c_str(), 0) != CURLUE_OK ||
-      curl_url_get(u.get(), CURLUPART_SCHEME, &scheme_raw, 0) != CURLUE_OK ||
-      curl_url_get(u.get(), CURLUPART_HOST, &host_raw, 0) != CURLUE_OK) {
-    curl_free(scheme_raw);
-    refuse("not a URL with a host");
-  }
-  const std::string scheme = scheme_raw;
-  std::string host = host_raw;
-  curl_free(scheme_raw);
-  curl_free(host_raw);
-  if (scheme == "https") return;
-  if (scheme != "http") refuse(fmt::format("the scheme must be http or https, not {}", scheme));
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  const auto parts = util::parse_url(url);
+  if (!parts) throw ConfigError(kCredentialsComponent, fmt::format("{}: not a URL with a host", setting));
+  if (parts->scheme == "https") return;
+  if (parts->scheme != "http") refuse(fmt::format("the scheme must be http or https, not {}", parts->scheme));
+  const std::string& host = parts->host;
   const std::string rule =
       "over http the host must resolve only to loopback addresses (127.0.0.0/8, ::1) or the ECS/EKS endpoints "
       "(169.254.170.2, 169.254.170.23, fd00:ec2::23)";

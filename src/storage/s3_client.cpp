@@ -22,9 +22,11 @@
 #include <random>
 #include <thread>
 
+#include "backend.h"
 #include "tessera/storage/aws_files.h"
 #include "tessera/storage/s3.h"
 #include "tessera/util/error.h"
+#include "tessera/util/http.h"
 #include "tessera/util/xml.h"
 
 namespace tessera::storage {
@@ -114,10 +116,13 @@ struct Endpoint {
 Endpoint parse_endpoint(const S3Config& c) {
   Endpoint e;
   const std::string url = c.endpoint.empty() ? fmt::format("https://s3.{}.amazonaws.com", c.region) : c.endpoint;
-  const size_t sep = url.find("://");
-  e.scheme = url.substr(0, sep);
-  e.host = url.substr(sep + 3);
-  if (const size_t slash = e.host.find('/'); slash != std::string::npos) e.host.resize(slash);
+  const auto parts = util::parse_url(url);
+  if (!parts || (parts->scheme != "http" && parts->scheme != "https")) {
+    throw ConfigError(kS3ClientComponent,
+                      fmt::format("S3 endpoint {}: not an http:// or https:// URL with a host", url));
+  }
+  e.scheme = parts->scheme;
+  e.host = parts->authority;
   e.custom = !c.endpoint.empty();
   return e;
 }
@@ -209,31 +214,6 @@ void init_curl_once() {
   std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
 }
 
-// Runs `work(i)` for i in [0, n) on up to `threads` threads; rethrows the first failure after all stop.
-void parallel_for(size_t n, int threads, const std::function<void(size_t)>& work) {
-  std::atomic<size_t> next{0};
-  std::atomic<bool> failed{false};
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  auto run = [&] {
-    for (size_t i = next++; i < n && !failed; i = next++) {
-      try {
-        work(i);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(error_mutex);
-        if (!error) error = std::current_exception();
-        failed = true;
-      }
-    }
-  };
-  const size_t count = std::min<size_t>(n, static_cast<size_t>(std::max(threads, 1)));
-  std::vector<std::thread> pool;
-  for (size_t t = 1; t < count; ++t) pool.emplace_back(run);
-  run();
-  for (auto& t : pool) t.join();
-  if (error) std::rethrow_exception(error);
-}
-
 }  // namespace
 
 std::string S3Response::header(std::string_view name) const {
@@ -292,7 +272,7 @@ S3Response S3Client::send(const std::string& method, const std::string& bucket, 
   const Endpoint ep = parse_endpoint(config_);
   const bool virtual_host = config_.addressing == S3Config::Addressing::kVirtual ||
                             (config_.addressing == S3Config::Addressing::kAuto && !ep.custom && dns_compatible(bucket));
-  const std::string encoded_key = sigv4::uri_encode(key, true);
+  const std::string encoded_key = util::url_encode(key, true);
   std::string host = ep.host, path;
   if (virtual_host) {
     host = bucket + "." + ep.host;
@@ -302,8 +282,7 @@ S3Response S3Client::send(const std::string& method, const std::string& bucket, 
   }
   std::string query_string;
   for (const auto& [k, v] : query) {
-    query_string +=
-        (query_string.empty() ? "?" : "&") + sigv4::uri_encode(k, false) + "=" + sigv4::uri_encode(v, false);
+    query_string += (query_string.empty() ? "?" : "&") + util::url_encode(k, false) + "=" + util::url_encode(v, false);
   }
   const std::string url = fmt::format("{}://{}{}{}", ep.scheme, host, path, query_string);
   const std::string payload_hash = payload.empty() ? kEmptyHash : sigv4::sha256_hex(payload);
@@ -419,8 +398,7 @@ std::string S3Client::get_range(const std::string& bucket, const std::string& ke
 
 void S3Client::download(const std::string& bucket, const std::string& key, const std::string& path) {
   const std::string where = uri_of(bucket, key);
-  static std::atomic<int64_t> counter{0};
-  const std::string tmp = fmt::format("{}.tmp-{}-{}", path, ::getpid(), counter++);
+  const std::string tmp = temporary_name(path);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0)
     throw Error(kS3ClientComponent, fmt::format("{}: cannot create {}: {}", where, tmp, std::strerror(errno)));

@@ -8,6 +8,7 @@
 #include <cctype>
 
 #include "tessera/storage/s3.h"
+#include "tessera/util/http.h"
 
 namespace tessera::storage::sigv4 {
 namespace {
@@ -59,24 +60,10 @@ std::string sha256_hex(std::string_view data) {
   return to_hex(digest, SHA256_DIGEST_LENGTH);
 }
 
-std::string uri_encode(std::string_view s, bool keep_slash) {
-  std::string out;
-  out.reserve(s.size());
-  for (const char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' || (keep_slash && c == '/')) {
-      out += static_cast<char>(c);
-    } else {
-      out += fmt::format("%{:02X}", c);
-    }
-  }
-  return out;
-}
-
 std::string canonical_request(const Request& request) {
   std::vector<std::pair<std::string, std::string>> query;
   query.reserve(request.query.size());
-  for (const auto& [k, v] : request.query) query.emplace_back(uri_encode(k, false), uri_encode(v, false));
+  for (const auto& [k, v] : request.query) query.emplace_back(util::url_encode(k, false), util::url_encode(v, false));
   std::sort(query.begin(), query.end());
   std::string canonical_query;
   for (const auto& [k, v] : query) canonical_query += (canonical_query.empty() ? "" : "&") + k + "=" + v;

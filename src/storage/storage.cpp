@@ -1,10 +1,17 @@
-// storage::*: URI parsing and dispatch to local files or the shared S3 client.
+// storage::*: URI parsing, the table of schemes, and dispatch to local files or a scheme's backend.
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <exception>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <thread>
 
+#include "backend.h"
 #include "tessera/storage/s3.h"
 #include "tessera/storage/storage.h"
 #include "tessera/util/error.h"
@@ -21,10 +28,111 @@ void make_parent(const std::string& path) {
   if (!parent.empty()) fs::create_directories(parent);
 }
 
+// S3 and everything that speaks its API, through the shared S3 client.
+class S3Backend final : public Backend {
+ public:
+  std::string get(const Uri& u) override { return S3Client::shared().get(u.bucket, u.key); }
+  std::string get_range(const Uri& u, uint64_t offset, uint64_t length) override {
+    return S3Client::shared().get_range(u.bucket, u.key, offset, length);
+  }
+  void download(const Uri& u, const std::string& local_path) override {
+    S3Client::shared().download(u.bucket, u.key, local_path);
+  }
+  void put_parts(const Uri& u, const std::vector<std::string_view>& parts) override {
+    S3Client::shared().put_parts(u.bucket, u.key, parts);
+  }
+  void upload_file(const std::string& local_path, const Uri& u) override {
+    S3Client::shared().upload_file(local_path, u.bucket, u.key);
+  }
+  std::vector<ObjectInfo> list(const Uri& prefix) override {
+    std::vector<ObjectInfo> out;
+    for (auto& l : S3Client::shared().list(prefix.bucket, prefix.key)) {
+      out.push_back({fmt::format("s3://{}/{}", prefix.bucket, l.key), l.size, std::move(l.etag)});
+    }
+    return out;
+  }
+  void remove(const Uri& u) override { S3Client::shared().remove(u.bucket, u.key); }
+  std::optional<ObjectInfo> stat(const Uri& u) override {
+    auto h = S3Client::shared().head(u.bucket, u.key);
+    if (!h) return std::nullopt;
+    return ObjectInfo{u.str(), h->size, std::move(h->etag)};
+  }
+};
+
+Backend& s3_backend() {
+  static S3Backend backend;
+  return backend;
+}
+
+// The object stores, by scheme: the one place a scheme is named.
+struct SchemeEntry {
+  Uri::Scheme scheme;
+  const char* name;
+  Backend& (*backend)();
+};
+constexpr SchemeEntry kSchemes[] = {
+    {Uri::Scheme::kS3, "s3", s3_backend},
+    {Uri::Scheme::kGcs, "gs", gcs_backend},
+};
+
+const SchemeEntry* entry_named(std::string_view name) {
+  for (const auto& e : kSchemes) {
+    if (name == e.name) return &e;
+  }
+  return nullptr;
+}
+
+const SchemeEntry& entry_of(Uri::Scheme scheme) {
+  for (const auto& e : kSchemes) {
+    if (e.scheme == scheme) return e;
+  }
+  throw Error(kComponent, "no backend for a local path");
+}
+
+std::string supported_schemes() {
+  std::string out;
+  for (const auto& e : kSchemes) out += fmt::format("{}://, ", e.name);
+  return out + "file://, local paths";
+}
+
+Backend& backend_of(const Uri& u) {
+  return entry_of(u.scheme).backend();
+}
+
 }  // namespace
 
+// Runs `work(i)` for i in [0, n) on up to `threads` threads; rethrows the first failure after all stop.
+void parallel_for(size_t n, int threads, const std::function<void(size_t)>& work) {
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  auto run = [&] {
+    for (size_t i = next++; i < n && !failed; i = next++) {
+      try {
+        work(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+        failed = true;
+      }
+    }
+  };
+  const size_t count = std::min<size_t>(n, static_cast<size_t>(std::max(threads, 1)));
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < count; ++t) pool.emplace_back(run);
+  run();
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+std::string temporary_name(const std::string& path) {
+  static std::atomic<int64_t> counter{0};
+  return fmt::format("{}.tmp-{}-{}", path, ::getpid(), counter++);
+}
+
 std::string Uri::str() const {
-  return scheme == Scheme::kS3 ? fmt::format("s3://{}/{}", bucket, key) : key;
+  return scheme == Scheme::kLocal ? key : fmt::format("{}://{}/{}", entry_of(scheme).name, bucket, key);
 }
 
 Uri parse_uri(std::string_view uri) {
@@ -39,14 +147,13 @@ Uri parse_uri(std::string_view uri) {
     u.key = std::string(rest);
     return u;
   }
-  if (scheme != "s3") {
-    throw ConfigError(kComponent,
-                      fmt::format("{}: unsupported scheme \"{}://\" (supported: s3://, file://, local paths; "
-                                  "Google Cloud Storage, OCI and R2 work through their S3 endpoints "
-                                  "with S3_ENDPOINT_URL)",
-                                  uri, scheme));
+  const SchemeEntry* e = entry_named(scheme);
+  if (e == nullptr) {
+    throw ConfigError(kComponent, fmt::format("{}: unsupported scheme \"{}://\" (supported: {}; OCI and R2 work "
+                                              "through their S3 endpoints with S3_ENDPOINT_URL)",
+                                              uri, scheme, supported_schemes()));
   }
-  u.scheme = Uri::Scheme::kS3;
+  u.scheme = e->scheme;
   const size_t slash = rest.find('/');
   u.bucket = std::string(rest.substr(0, slash));
   if (slash != std::string_view::npos) u.key = std::string(rest.substr(slash + 1));
@@ -55,7 +162,8 @@ Uri parse_uri(std::string_view uri) {
 }
 
 bool is_remote(std::string_view uri) {
-  return uri.rfind("s3://", 0) == 0;
+  const size_t sep = uri.find("://");
+  return sep != std::string_view::npos && entry_named(uri.substr(0, sep)) != nullptr;
 }
 
 std::string join(std::string_view base, std::string_view name) {
@@ -67,13 +175,13 @@ std::string join(std::string_view base, std::string_view name) {
 
 std::string read(const std::string& uri) {
   const Uri u = parse_uri(uri);
-  if (u.scheme == Uri::Scheme::kS3) return S3Client::shared().get(u.bucket, u.key);
+  if (u.scheme != Uri::Scheme::kLocal) return backend_of(u).get(u);
   return util::read_file(u.key, kComponent);
 }
 
 std::string read_range(const std::string& uri, uint64_t offset, uint64_t length) {
   const Uri u = parse_uri(uri);
-  if (u.scheme == Uri::Scheme::kS3) return S3Client::shared().get_range(u.bucket, u.key, offset, length);
+  if (u.scheme != Uri::Scheme::kLocal) return backend_of(u).get_range(u, offset, length);
   std::ifstream in(u.key, std::ios::binary);
   if (!in) throw Error(kComponent, fmt::format("{}: cannot open", u.key));
   std::string out(length, '\0');
@@ -88,27 +196,21 @@ std::string read_range(const std::string& uri, uint64_t offset, uint64_t length)
 void download(const std::string& uri, const std::string& local_path) {
   const Uri u = parse_uri(uri);
   make_parent(local_path);
-  if (u.scheme == Uri::Scheme::kS3) {
-    S3Client::shared().download(u.bucket, u.key, local_path);
+  if (u.scheme != Uri::Scheme::kLocal) {
+    backend_of(u).download(u, local_path);
     return;
   }
   util::write_file_atomically(local_path, util::read_file(u.key, kComponent), kComponent);
 }
 
 void write(const std::string& uri, std::string_view data) {
-  const Uri u = parse_uri(uri);
-  if (u.scheme == Uri::Scheme::kS3) {
-    S3Client::shared().put(u.bucket, u.key, data);
-    return;
-  }
-  make_parent(u.key);
-  util::write_file_atomically(u.key, data, kComponent);
+  write_parts(uri, {data});
 }
 
 void write_parts(const std::string& uri, const std::vector<std::string_view>& parts) {
   const Uri u = parse_uri(uri);
-  if (u.scheme == Uri::Scheme::kS3) {
-    S3Client::shared().put_parts(u.bucket, u.key, parts);
+  if (u.scheme != Uri::Scheme::kLocal) {
+    backend_of(u).put_parts(u, parts);
     return;
   }
   make_parent(u.key);
@@ -117,8 +219,8 @@ void write_parts(const std::string& uri, const std::vector<std::string_view>& pa
 
 void upload(const std::string& local_path, const std::string& uri) {
   const Uri u = parse_uri(uri);
-  if (u.scheme == Uri::Scheme::kS3) {
-    S3Client::shared().upload_file(local_path, u.bucket, u.key);
+  if (u.scheme != Uri::Scheme::kLocal) {
+    backend_of(u).upload_file(local_path, u);
     return;
   }
   if (fs::exists(u.key) && fs::equivalent(local_path, u.key)) return;
@@ -145,10 +247,9 @@ void upload_tree(const std::string& local_dir, const std::string& uri, const std
 std::vector<ObjectInfo> list(const std::string& prefix_uri) {
   const Uri u = parse_uri(prefix_uri);
   std::vector<ObjectInfo> out;
-  if (u.scheme == Uri::Scheme::kS3) {
-    for (auto& l : S3Client::shared().list(u.bucket, u.key)) {
-      out.push_back({fmt::format("s3://{}/{}", u.bucket, l.key), l.size, std::move(l.etag)});
-    }
+  if (u.scheme != Uri::Scheme::kLocal) {
+    out = backend_of(u).list(u);
+    std::sort(out.begin(), out.end(), [](const ObjectInfo& a, const ObjectInfo& b) { return a.uri < b.uri; });
     return out;
   }
   // A local prefix is a directory (everything under it) or a file-name prefix within its parent.
@@ -177,8 +278,8 @@ std::vector<ObjectInfo> list(const std::string& prefix_uri) {
 
 void remove(const std::string& uri) {
   const Uri u = parse_uri(uri);
-  if (u.scheme == Uri::Scheme::kS3) {
-    S3Client::shared().remove(u.bucket, u.key);
+  if (u.scheme != Uri::Scheme::kLocal) {
+    backend_of(u).remove(u);
     return;
   }
   std::error_code ec;
@@ -188,11 +289,7 @@ void remove(const std::string& uri) {
 
 std::optional<ObjectInfo> stat(const std::string& uri) {
   const Uri u = parse_uri(uri);
-  if (u.scheme == Uri::Scheme::kS3) {
-    auto h = S3Client::shared().head(u.bucket, u.key);
-    if (!h) return std::nullopt;
-    return ObjectInfo{uri, h->size, std::move(h->etag)};
-  }
+  if (u.scheme != Uri::Scheme::kLocal) return backend_of(u).stat(u);
   std::error_code ec;
   if (!fs::is_regular_file(u.key, ec)) return std::nullopt;
   return ObjectInfo{uri, fs::file_size(u.key), ""};

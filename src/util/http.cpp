@@ -4,11 +4,47 @@
 #include <curl/curl.h>
 #include <fmt/format.h>
 
+#include <cctype>
+#include <exception>
+#include <memory>
+
 namespace tessera::util {
 namespace {
 
-size_t append_body(char* data, size_t size, size_t n, void* out) {
-  static_cast<std::string*>(out)->append(data, size * n);
+struct Exchange {
+  HttpResponse* response;
+  const std::function<void(std::string_view)>* sink;
+  std::exception_ptr error;
+};
+
+size_t take_body(char* data, size_t size, size_t n, void* out) {
+  auto* x = static_cast<Exchange*>(out);
+  if (*x->sink == nullptr) {
+    x->response->body.append(data, size * n);
+    return size * n;
+  }
+  try {
+    (*x->sink)(std::string_view(data, size * n));
+  } catch (...) {
+    x->error = std::current_exception();
+    return 0;  // libcurl ends the transfer
+  }
+  return size * n;
+}
+
+size_t take_header(char* data, size_t size, size_t n, void* out) {
+  auto& headers = static_cast<Exchange*>(out)->response->headers;
+  std::string_view line(data, size * n);
+  if (line.rfind("HTTP/", 0) == 0) headers.clear();  // a new response (after a redirect or a 100 Continue)
+  const size_t colon = line.find(':');
+  if (colon == std::string_view::npos) return size * n;
+  std::string name(line.substr(0, colon));
+  for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  std::string_view value = line.substr(colon + 1);
+  while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
+  while (!value.empty() && (value.back() == '\r' || value.back() == '\n' || value.back() == ' '))
+    value.remove_suffix(1);
+  headers.emplace_back(std::move(name), std::string(value));
   return size * n;
 }
 
@@ -38,13 +74,26 @@ HttpResponse http_request(const HttpRequest& request) {
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, request.connect_timeout_s);
   curl_easy_setopt(h, CURLOPT_TIMEOUT, request.timeout_s);
-  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, append_body);
-  curl_easy_setopt(h, CURLOPT_WRITEDATA, &r.body);
+  Exchange x{&r, &request.sink, nullptr};
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, take_body);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, &x);
+  curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, take_header);
+  curl_easy_setopt(h, CURLOPT_HEADERDATA, &x);
+  if (request.stall_timeout_s > 0) {
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1024L);
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, request.stall_timeout_s);
+  }
+  if (request.follow_redirects) {
+    curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 1L);
+    curl_easy_setopt(h, CURLOPT_MAXREDIRS, 10L);
+  }
   if (request.method == "POST" || request.method == "PUT") {
     curl_easy_setopt(h, CURLOPT_POST, 1L);
     curl_easy_setopt(h, CURLOPT_POSTFIELDS, request.body.c_str());
     curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(request.body.size()));
     if (request.method == "PUT") curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, "PUT");
+  } else if (request.method == "HEAD") {
+    curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
   } else if (request.method != "GET") {
     curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, request.method.c_str());
   }
@@ -56,17 +105,47 @@ HttpResponse http_request(const HttpRequest& request) {
   }
   curl_slist_free_all(headers);
   curl_easy_cleanup(h);
+  if (x.error) std::rethrow_exception(x.error);
   return r;
 }
 
-std::string url_encode(std::string_view text) {
+std::string HttpResponse::header(std::string_view name) const {
+  for (const auto& [k, v] : headers) {
+    if (k == name) return v;
+  }
+  return "";
+}
+
+std::optional<UrlParts> parse_url(const std::string& url) {
+  const std::unique_ptr<CURLU, decltype(&curl_url_cleanup)> u(curl_url(), curl_url_cleanup);
+  if (!u || curl_url_set(u.get(), CURLUPART_URL, url.c_str(), 0) != CURLUE_OK) return std::nullopt;
+  const auto part = [&](CURLUPart which) -> std::optional<std::string> {
+    char* raw = nullptr;
+    if (curl_url_get(u.get(), which, &raw, 0) != CURLUE_OK || raw == nullptr) return std::nullopt;
+    std::string out = raw;
+    curl_free(raw);
+    return out;
+  };
+  const auto scheme = part(CURLUPART_SCHEME);
+  const auto host = part(CURLUPART_HOST);
+  if (!scheme || !host || host->empty()) return std::nullopt;
+  UrlParts p;
+  p.scheme = *scheme;
+  p.authority = *host;
+  if (const auto port = part(CURLUPART_PORT)) p.authority += ":" + *port;
+  p.host = host->size() > 2 && host->front() == '[' && host->back() == ']' ? host->substr(1, host->size() - 2) : *host;
+  p.path = part(CURLUPART_PATH).value_or("/");
+  return p;
+}
+
+std::string url_encode(std::string_view text, bool keep_slash) {
   static constexpr char kHex[] = "0123456789ABCDEF";
   std::string out;
   out.reserve(text.size());
   for (const char ch : text) {
     const auto c = static_cast<unsigned char>(ch);
     if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
-        c == '.' || c == '~') {
+        c == '.' || c == '~' || (keep_slash && c == '/')) {
       out += ch;
     } else {
       out += '%';

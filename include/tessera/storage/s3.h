@@ -177,8 +177,6 @@ class S3Client {
 namespace sigv4 {
 
 std::string sha256_hex(std::string_view data);
-// RFC 3986 encoding as SigV4 wants it: unreserved characters kept, '/' kept when `keep_slash`.
-std::string uri_encode(std::string_view s, bool keep_slash);
 
 struct Request {
   std::string method;                                        // GET, PUT, ...

@@ -1,14 +1,16 @@
-// URI-addressed objects: local files (plain paths, file://) and S3-compatible object stores (s3://bucket/key), behind
-// one set of functions. Every layer above (datasets, the MDS writer, checkpoints, HF export) reads and writes through
-// these, so any path in a recipe may be remote.
+// URI-addressed objects: local files (plain paths, file://), S3-compatible object stores (s3://bucket/key) and Google
+// Cloud Storage (gs://bucket/key), behind one set of functions. Every layer above (datasets, the MDS writer,
+// checkpoints, HF export) reads and writes through these, so any path in a recipe may be remote.
 //
-// Semantics, the same for both backends:
+// Semantics, the same for every backend:
 //   - write() publishes atomically: readers see the old object (or none) or the whole new one, never a part (local:
-//     temporary file + fsync + rename; S3: one PUT, or a multipart upload that becomes visible only when completed).
+//     temporary file + fsync + rename; S3: one PUT, or a multipart upload that becomes visible only when completed;
+//     GCS: a resumable upload, visible only when finalized).
 //   - download() fetches into a temporary file next to `local_path` and renames it, so a crash never leaves a partial
-//     file under the final name; S3 objects come down in parallel byte ranges.
+//     file under the final name; objects come down in parallel byte ranges.
 //   - list() is recursive under a prefix and returns full URIs, sorted.
-// Errors throw tessera::Error naming the URI (and for S3 the HTTP status and S3's error code). Thread-safe.
+// Errors throw tessera::Error naming the URI (and the store's own error, and where the credentials came from).
+// Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -21,23 +23,23 @@ namespace tessera::storage {
 
 // A parsed location. Local paths keep their spelling (relative stays relative); `file://` is stripped.
 struct Uri {
-  enum class Scheme { kLocal, kS3 };
+  enum class Scheme { kLocal, kS3, kGcs };
   Scheme scheme = Scheme::kLocal;
-  std::string bucket;       // S3 only
-  std::string key;          // S3: the object key (no leading '/'); local: the path
-  std::string str() const;  // s3://bucket/key, or the path
+  std::string bucket;       // object stores only
+  std::string key;          // object stores: the object key (no leading '/'); local: the path
+  std::string str() const;  // s3://bucket/key, gs://bucket/key, or the path
 };
 
-// Throws ConfigError for an unsupported scheme ("gs://", "azure://", ...) or an S3 URI without a bucket, naming it.
+// Throws ConfigError for an unsupported scheme ("azure://", ...) or an object URI without a bucket, naming it.
 Uri parse_uri(std::string_view uri);
-bool is_remote(std::string_view uri);  // true for s3://
+bool is_remote(std::string_view uri);  // true for an object store's URI (s3://, gs://)
 // `base` + "/" + `name` for URIs and paths alike (no doubled slash).
 std::string join(std::string_view base, std::string_view name);
 
 struct ObjectInfo {
   std::string uri;
   uint64_t size = 0;
-  std::string etag;  // S3's ETag without quotes; empty for local files
+  std::string etag;  // S3's ETag without quotes; empty for local files and GCS
 };
 
 std::string read(const std::string& uri);
@@ -48,7 +50,8 @@ void write(const std::string& uri, std::string_view data);
 // write() of the concatenation of `parts`, without joining them in memory (S3: each multipart part is gathered from
 // them as it is sent). For writers whose bytes are already in several buffers, e.g. a checkpoint's tensors.
 void write_parts(const std::string& uri, const std::vector<std::string_view>& parts);
-// Streams a local file to `uri` (S3: multipart in parallel parts when large; memory bounded by the part pool).
+// Streams a local file to `uri` (S3: multipart in parallel parts when large, memory bounded by the part pool; GCS:
+// one resumable upload from the file mapped in memory).
 void upload(const std::string& local_path, const std::string& uri);
 // Uploads every file under `local_dir` to `uri` + its relative path; the files named in `last` (relative paths, e.g.
 // "config.json") go after all the others, so a reader that waits for them finds the rest in place.

@@ -8,6 +8,7 @@
 
 #include "tessera/storage/s3.h"
 #include "tessera/storage/storage.h"
+#include "tessera/util/http.h"
 #include "test_util.h"
 
 namespace tessera::storage {
@@ -30,8 +31,18 @@ TEST(Storage, ParsesUris) {
   EXPECT_FALSE(is_remote("/local/s3://"));
   EXPECT_EQ(join("s3://b/prefix/", "/index.json"), "s3://b/prefix/index.json");
   EXPECT_EQ(join("dir", "f"), "dir/f");
-  EXPECT_NE(error_of([] { parse_uri("gs://bucket/key"); }).find("gs://bucket/key: unsupported scheme \"gs://\""),
-            std::string::npos);
+  const Uri gs = parse_uri("gs://gcs-bucket/x/y.bin");
+  EXPECT_EQ(gs.scheme, Uri::Scheme::kGcs);
+  EXPECT_EQ(gs.bucket, "gcs-bucket");
+  EXPECT_EQ(gs.key, "x/y.bin");
+  EXPECT_EQ(gs.str(), "gs://gcs-bucket/x/y.bin");
+  EXPECT_TRUE(is_remote("gs://b/k"));
+  const std::string unsupported = error_of([] { parse_uri("azure://container/key"); });
+  EXPECT_NE(unsupported.find("azure://container/key: unsupported scheme \"azure://\" (supported: s3://, gs://, "
+                             "file://, local paths"),
+            std::string::npos)
+      << unsupported;
+  EXPECT_NE(error_of([] { parse_uri("gs:///key"); }).find("no bucket"), std::string::npos);
   EXPECT_NE(error_of([] { parse_uri("s3:///key"); }).find("no bucket"), std::string::npos);
 }
 
@@ -80,8 +91,29 @@ TEST(Storage, SigV4MatchesAwsPublishedExample) {
             "AWS4-HMAC-SHA256 Credential=AKIAIOSFODNN7EXAMPLE/20130524/us-east-1/s3/aws4_request, "
             "SignedHeaders=host;range;x-amz-content-sha256;x-amz-date, "
             "Signature=f0e8bdb87c964420e857bd35b5d6ed310bd44f0170aba48dd91039c6036bdb41");
-  EXPECT_EQ(sigv4::uri_encode("a b/c+d~é", true), "a%20b/c%2Bd~%C3%A9");
-  EXPECT_EQ(sigv4::uri_encode("a/b", false), "a%2Fb");
+  EXPECT_EQ(tessera::util::url_encode("a b/c+d~é", true), "a%20b/c%2Bd~%C3%A9");
+  EXPECT_EQ(tessera::util::url_encode("a/b", false), "a%2Fb");
+}
+
+TEST(Storage, UrlsAreReadAsLibcurlReadsThem) {
+  using tessera::util::parse_url;
+  const auto plain = parse_url("http://127.0.0.1:9000");
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(plain->scheme, "http");
+  EXPECT_EQ(plain->host, "127.0.0.1");
+  EXPECT_EQ(plain->authority, "127.0.0.1:9000");
+  EXPECT_EQ(plain->path, "/");
+  const auto v6 = parse_url("HTTPS://user:pw@[::1]:8443/a/b?x=1#f");
+  ASSERT_TRUE(v6);
+  EXPECT_EQ(v6->scheme, "https");
+  EXPECT_EQ(v6->host, "::1");
+  EXPECT_EQ(v6->authority, "[::1]:8443");
+  EXPECT_EQ(v6->path, "/a/b");
+  // The host a text prefix would have got wrong: the user name is not the host.
+  EXPECT_EQ(parse_url("http://127.0.0.1@evil.example/")->host, "evil.example");
+  EXPECT_EQ(parse_url("https://s3.us-west-2.amazonaws.com/")->authority, "s3.us-west-2.amazonaws.com");
+  EXPECT_FALSE(parse_url("not a url"));
+  EXPECT_FALSE(parse_url("/just/a/path"));
 }
 
 TEST(Storage, CredentialsAndSettingsFollowTheAwsPrecedence) {

@@ -1,7 +1,10 @@
 // One synchronous HTTP exchange over libcurl, for the small JSON/XML APIs Tessera talks to besides S3's data path:
-// MLflow's REST API, STS, the EC2 and container credential endpoints. Internal (src/include).
+// MLflow's REST API, STS, the EC2 and container credential endpoints, the Hugging Face Hub's downloads. Internal
+// (src/include).
 #pragma once
 
+#include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -10,25 +13,46 @@
 namespace tessera::util {
 
 struct HttpRequest {
-  std::string method = "GET";  // GET, POST, PUT, DELETE
+  std::string method = "GET";  // GET, HEAD, POST, PUT, DELETE
   std::string url;
   std::vector<std::pair<std::string, std::string>> headers;
   std::string body;        // sent for POST and PUT
   std::string basic_user;  // HTTP basic authentication when not empty
   std::string basic_password;
   long connect_timeout_s = 10;  // NOLINT(google-runtime-int): libcurl's type
-  long timeout_s = 60;          // NOLINT(google-runtime-int): the whole exchange
+  long timeout_s = 60;          // NOLINT(google-runtime-int): the whole exchange; 0 for none
+  long stall_timeout_s = 0;     // NOLINT(google-runtime-int): give up below 1 KiB/s for this long; 0 for never
+  // Follow redirects (headers set above are not sent to another host; libcurl drops them).
+  bool follow_redirects = false;
+  // When set, the body goes here as it arrives instead of into HttpResponse::body (a large download). An exception
+  // it throws ends the exchange and is rethrown by http_request.
+  std::function<void(std::string_view)> sink;
 };
 
 struct HttpResponse {
   long status = 0;  // NOLINT(google-runtime-int): libcurl's type; 0 when no response came back
   std::string body;
-  std::string transport_error;  // libcurl's reason when no HTTP response came back
+  std::string transport_error;                               // libcurl's reason when no HTTP response came back
+  std::vector<std::pair<std::string, std::string>> headers;  // the last response's, names in lower case
+  // The value of header `name` (lower case), or "".
+  std::string header(std::string_view name) const;
 };
 
 HttpResponse http_request(const HttpRequest& request);
 
-// RFC 3986 percent-encoding of a query or form value (unreserved characters kept).
-std::string url_encode(std::string_view text);
+// An absolute URL as libcurl, which makes the requests, reads it (its URL API): the lowercase scheme, the host (an IPv6
+// address without its brackets), the authority a Host header carries (host[:port], IPv6 in brackets) and the path.
+// User names, queries and fragments are parsed away. nullopt when `url` has no scheme or no host.
+struct UrlParts {
+  std::string scheme;
+  std::string host;
+  std::string authority;
+  std::string path;
+};
+std::optional<UrlParts> parse_url(const std::string& url);
+
+// RFC 3986 percent-encoding (unreserved characters kept, every other byte as %XX in upper case): a query or form
+// value, or with `keep_slash` a path (as AWS Signature V4 wants both). The one encoder of the code base.
+std::string url_encode(std::string_view text, bool keep_slash = false);
 
 }  // namespace tessera::util

@@ -1,0 +1,98 @@
+"""Google Cloud Storage throughput on a loopback GCS emulator (fake-gcs-server, as in the tests), measured in one run:
+
+- download of a shard set (default 16 objects x 64 MB): Tessera's storage layer (gs://: Arrow's GcsFileSystem with
+  parallel 8 MiB ranges per object) against Google's Python client, google-cloud-storage (`download_to_filename`,
+  which is also what mosaicml-streaming's GCS downloader calls for every shard);
+- upload of the same set: Tessera (one resumable upload per object, from the mapped file) against
+  `upload_from_filename`.
+
+Both clients talk to the same emulator process, so its own speed caps every figure alike; the ratios are what the
+benchmark reports.
+
+    python benchmarks/storage_vs_gcs.py [--objects 16] [--mb 64] [--rounds 3]
+"""
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import bench_json
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "compat"))
+from gcs_server import FakeGcsServer  # noqa: E402
+
+BENCH = os.environ.get("TESSERA_STORAGE_BIN", str(ROOT / "build" / "bin" / "bench_storage_transfer"))
+
+
+def tessera(server, mode, src, dst):
+    out = subprocess.run([BENCH, mode, "--from", str(src), "--to", str(dst)], env=server.env(), capture_output=True,
+                         text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["mb_per_s"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--objects", type=int, default=16)
+    ap.add_argument("--mb", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    server = FakeGcsServer()
+    try:
+        client = server.client()
+        bucket = client.create_bucket("bench")
+        total_mb = args.objects * (args.mb << 20) / 1e6
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = pathlib.Path(tmp)
+            src = tmp / "src"
+            src.mkdir()
+            for i in range(args.objects):
+                (src / f"shard.{i:05d}.mds").write_bytes(os.urandom(args.mb << 20))
+            for p in sorted(src.iterdir()):
+                bucket.blob(f"set/{p.name}").upload_from_filename(str(p))
+            ours, sdk, up_ours, up_sdk = [], [], [], []
+            for r in range(args.rounds):
+                out = tmp / "out"
+                shutil.rmtree(out, ignore_errors=True)
+                ours.append(tessera(server, "download", "gs://bench/set/", out))
+                shutil.rmtree(out, ignore_errors=True)
+                out.mkdir()
+                t0 = time.perf_counter()
+                for i in range(args.objects):
+                    bucket.blob(f"set/shard.{i:05d}.mds").download_to_filename(str(out / f"{i}"))
+                sdk.append(total_mb / (time.perf_counter() - t0))
+                shutil.rmtree(out)
+                up_ours.append(tessera(server, "upload", src, f"gs://bench/up{r}"))
+                t0 = time.perf_counter()
+                for p in sorted(src.iterdir()):
+                    bucket.blob(f"upsdk{r}/{p.name}").upload_from_filename(str(p))
+                up_sdk.append(total_mb / (time.perf_counter() - t0))
+                for prefix in (f"up{r}/", f"upsdk{r}/"):  # the emulator keeps objects in memory
+                    for blob in client.list_blobs("bench", prefix=prefix):
+                        blob.delete()
+    finally:
+        server.stop()
+    o, s = statistics.median(ours), statistics.median(sdk)
+    uo, us = statistics.median(up_ours), statistics.median(up_sdk)
+    case = f"{args.objects} x {args.mb} MiB"
+    print(f"{case} on a loopback fake-gcs-server, median of {args.rounds} rounds (MB/s)")
+    print(f"{'':<40}{'download':>10}{'upload':>10}")
+    print(f"{'Tessera (gs://)':<40}{o:>10.0f}{uo:>10.0f}")
+    print(f"{'google-cloud-storage (and Streaming)':<40}{s:>10.0f}{us:>10.0f}")
+    print(f"download: {o / s:.2f}x google-cloud-storage; upload: {uo / us:.2f}x")
+    bench_json.emit("storage_vs_gcs",
+                    [{"case": f"download {case}", "unit": "MB/s", "tessera": o,
+                      "peers": {"google-cloud-storage": s}, "rounds": args.rounds},
+                     {"case": f"upload {case}", "unit": "MB/s", "tessera": uo,
+                      "peers": {"google-cloud-storage": us}, "rounds": args.rounds}],
+                    title="Object storage on a loopback GCS emulator: Tessera vs google-cloud-storage")
+
+
+if __name__ == "__main__":
+    main()

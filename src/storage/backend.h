@@ -1,0 +1,40 @@
+// One object store behind storage.h's functions: what the URIs of one scheme do. storage.cpp keeps the table of
+// schemes and dispatches; each backend gets URIs already parsed (`bucket`, `key`) and keeps storage.h's semantics
+// (atomic publish, downloads through a temporary file, a missing object's remove() is not an error).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tessera/storage/storage.h"
+
+namespace tessera::storage {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string get(const Uri& u) = 0;
+  virtual std::string get_range(const Uri& u, uint64_t offset, uint64_t length) = 0;
+  virtual void download(const Uri& u, const std::string& local_path) = 0;  // `local_path`'s folder exists
+  virtual void put_parts(const Uri& u, const std::vector<std::string_view>& parts) = 0;
+  virtual void upload_file(const std::string& local_path, const Uri& u) = 0;
+  virtual std::vector<ObjectInfo> list(const Uri& prefix) = 0;  // every object whose key starts with prefix.key
+  virtual void remove(const Uri& u) = 0;
+  virtual std::optional<ObjectInfo> stat(const Uri& u) = 0;
+};
+
+// Runs `work(i)` for i in [0, n) on up to `threads` threads; rethrows the first failure after all stop.
+void parallel_for(size_t n, int threads, const std::function<void(size_t)>& work);
+
+// A download's temporary file beside `path`, unique to this process and call: `path.tmp-PID-N`.
+std::string temporary_name(const std::string& path);
+
+// Google Cloud Storage through Arrow's GcsFileSystem (google-cloud-cpp), created on first use (gcs_store.cpp).
+Backend& gcs_backend();
+
+}  // namespace tessera::storage

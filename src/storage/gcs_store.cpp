@@ -1,0 +1,291 @@
+// gs://bucket/key: Google Cloud Storage through Arrow's GcsFileSystem, which is google-cloud-cpp's storage client in
+// the pyarrow wheel Tessera already links (docs/storage.md says why it is used and what Tessera adds on top).
+//
+// Credentials, the first found (as Google's client libraries resolve them):
+//   STORAGE_EMULATOR_HOST    an emulator (fake-gcs-server, gcp-storage-emulator): http, no credentials, as
+//                            google-cloud-storage and gcsfs treat it;
+//   GOOGLE_APPLICATION_CREDENTIALS  a service account's key file, or any other credential file Google's "application
+//                            default credentials" accept (authorized user, external account / workload identity);
+//   otherwise                gcloud's application default credentials file, then the metadata server.
+// Access tokens are refreshed by google-cloud-cpp before they expire. TESSERA_GCS_ENDPOINT_URL points the client at
+// another endpoint with the same credentials (Private Service Connect, a proxy); TESSERA_GCS_RETRY_LIMIT_S bounds
+// the time one request is retried (default 60).
+#include <arrow/buffer.h>
+#include <arrow/filesystem/gcsfs.h>
+#include <arrow/io/interfaces.h>
+#include <arrow/util/io_util.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "backend.h"
+#include "tessera/util/error.h"
+#include "tessera/util/file_io.h"
+
+namespace tessera::storage {
+namespace {
+
+constexpr const char* kComponent = "gcs";
+constexpr int64_t kPartBytes = int64_t{8} << 20;  // one ranged read of a parallel download
+constexpr int kParallelism = 8;                   // ranged reads in flight per object
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? "" : v;
+}
+
+// "http://host:port/" -> {"http", "host:port"}.
+std::pair<std::string, std::string> split_endpoint(std::string url, const std::string& fallback_scheme) {
+  std::string scheme = fallback_scheme;
+  for (const char* s : {"https", "http"}) {
+    const std::string prefix = std::string(s) + "://";
+    if (url.rfind(prefix, 0) == 0) {
+      scheme = s;
+      url.erase(0, prefix.size());
+      break;
+    }
+  }
+  while (!url.empty() && url.back() == '/') url.pop_back();
+  return {scheme, url};
+}
+
+struct Client {
+  std::shared_ptr<arrow::fs::GcsFileSystem> fs;
+  std::string credentials;  // where they came from, for error messages; never the credentials themselves
+};
+
+Client make_client() {
+  using arrow::fs::GcsOptions;
+  Client c;
+  GcsOptions options;
+  if (const std::string emulator = env("STORAGE_EMULATOR_HOST"); !emulator.empty()) {
+    options = GcsOptions::Anonymous();
+    std::tie(options.scheme, options.endpoint_override) = split_endpoint(emulator, "http");
+    c.credentials = fmt::format("none (the emulator at STORAGE_EMULATOR_HOST={})", emulator);
+  } else if (const std::string file = env("GOOGLE_APPLICATION_CREDENTIALS"); !file.empty()) {
+    const std::string text = util::read_file(file, kComponent);
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) {
+      throw ConfigError(kComponent,
+                        fmt::format("GOOGLE_APPLICATION_CREDENTIALS={}: not a JSON credentials file", file));
+    }
+    const std::string type = j.value("type", "");
+    options = type == "service_account" ? GcsOptions::FromServiceAccountCredentials(text) : GcsOptions::Defaults();
+    c.credentials = fmt::format("GOOGLE_APPLICATION_CREDENTIALS={} ({})", file, type.empty() ? "no type" : type);
+  } else {
+    options = GcsOptions::Defaults();
+    c.credentials = "application default credentials (gcloud's file, else the metadata server)";
+  }
+  if (const std::string endpoint = env("TESSERA_GCS_ENDPOINT_URL"); !endpoint.empty()) {
+    std::tie(options.scheme, options.endpoint_override) = split_endpoint(endpoint, "https");
+  }
+  double retry_limit = 60;
+  if (const std::string v = env("TESSERA_GCS_RETRY_LIMIT_S"); !v.empty()) {
+    char* end = nullptr;
+    retry_limit = std::strtod(v.c_str(), &end);
+    if (end == v.c_str() || *end != '\0' || !(retry_limit > 0)) {
+      throw ConfigError(kComponent, fmt::format("TESSERA_GCS_RETRY_LIMIT_S={}: expected a positive number", v));
+    }
+  }
+  options.retry_limit_seconds = retry_limit;
+  auto made = arrow::fs::GcsFileSystem::Make(options);
+  if (!made.ok()) throw Error(kComponent, fmt::format("cannot create the client: {}", made.status().message()));
+  c.fs = *std::move(made);
+  return c;
+}
+
+// google-cloud-cpp's status as Arrow words it, without the retry policy's metadata.
+std::string short_message(const arrow::Status& st) {
+  std::string m = st.message();
+  if (const size_t info = m.find(" error_info="); info != std::string::npos) m.erase(info);
+  const std::string wrapper = "google::cloud::Status(";
+  if (const size_t w = m.find(wrapper); w != std::string::npos) {
+    m.erase(w, wrapper.size());
+    if (!m.empty() && m.back() == ')') m.pop_back();
+  }
+  while (!m.empty() && (m.back() == ' ' || m.back() == '.')) m.pop_back();
+  return m;
+}
+
+bool not_found(const arrow::Status& st) {
+  return arrow::internal::ErrnoFromStatus(st) == ENOENT;
+}
+
+class GcsBackend final : public Backend {
+ public:
+  std::string get(const Uri& u) override {
+    auto file = open(u, "GET");
+    std::string out(static_cast<size_t>(size_of(*file, u)), '\0');
+    read_parts(*file, u, out.size(), [&](int64_t offset, const arrow::Buffer& b) {
+      std::memcpy(out.data() + offset, b.data(), static_cast<size_t>(b.size()));
+    });
+    return out;
+  }
+
+  std::string get_range(const Uri& u, uint64_t offset, uint64_t length) override {
+    auto file = open(u, "GET");
+    const int64_t size = size_of(*file, u);
+    if (offset + length > static_cast<uint64_t>(size)) {
+      throw Error(kComponent,
+                  fmt::format("{}: asked for {} bytes at {}, the object has {}", u.str(), length, offset, size));
+    }
+    auto b = check(file->ReadAt(static_cast<int64_t>(offset), static_cast<int64_t>(length)), u, "GET");
+    if (static_cast<uint64_t>(b->size()) != length) {
+      throw Error(kComponent, fmt::format("{}: range {}+{} returned {} bytes", u.str(), offset, length, b->size()));
+    }
+    return b->ToString();
+  }
+
+  void download(const Uri& u, const std::string& local_path) override {
+    auto file = open(u, "GET");  // pins the object's generation: a replaced object fails the download
+    const int64_t size = size_of(*file, u);
+    const std::string tmp = temporary_name(local_path);
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) throw Error(kComponent, fmt::format("{}: cannot create {}: {}", u.str(), tmp, std::strerror(errno)));
+    try {
+      read_parts(*file, u, static_cast<uint64_t>(size), [&](int64_t offset, const arrow::Buffer& b) {
+        if (::pwrite(fd, b.data(), static_cast<size_t>(b.size()), offset) != b.size()) {
+          throw Error(kComponent, fmt::format("{}: cannot write {}: {}", u.str(), tmp, std::strerror(errno)));
+        }
+      });
+      ::close(fd);
+      std::filesystem::rename(tmp, local_path);
+    } catch (...) {
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw;
+    }
+  }
+
+  // A resumable upload, which GCS publishes only when it is finalized: on close, after every byte was sent. Arrow's
+  // stream finalizes also when it is destroyed, so nothing that can fail runs between the first write and the close
+  // (upload_file maps the file instead of reading it in pieces).
+  void put_parts(const Uri& u, const std::vector<std::string_view>& parts) override {
+    auto out = check(client().fs->OpenOutputStream(path(u), /*metadata=*/nullptr), u, "PUT");
+    for (std::string_view p : parts) {
+      if (!p.empty()) check(out->Write(p.data(), static_cast<int64_t>(p.size())), u, "PUT");
+    }
+    check(out->Close(), u, "PUT");
+  }
+
+  void upload_file(const std::string& local_path, const Uri& u) override {
+    const int fd = ::open(local_path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+      throw Error(kComponent, fmt::format("{}: cannot open {}: {}", u.str(), local_path, std::strerror(errno)));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      ::close(fd);
+      throw Error(kComponent, fmt::format("{}: cannot read {}: {}", u.str(), local_path, std::strerror(errno)));
+    }
+    const auto size = static_cast<size_t>(st.st_size);
+    void* map = size == 0 ? nullptr : ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);
+    if (map == MAP_FAILED) {
+      throw Error(kComponent, fmt::format("{}: cannot map {}: {}", u.str(), local_path, std::strerror(errno)));
+    }
+    try {
+      put_parts(u, {std::string_view(static_cast<const char*>(map), size)});
+    } catch (...) {
+      if (map != nullptr) ::munmap(map, size);
+      throw;
+    }
+    if (map != nullptr) ::munmap(map, size);
+  }
+
+  // Arrow lists folders; a key prefix ("runs/ep1-" ) is listed as its folder ("runs/") and filtered.
+  std::vector<ObjectInfo> list(const Uri& prefix) override {
+    arrow::fs::FileSelector sel;
+    const size_t slash = prefix.key.rfind('/');
+    const std::string folder = slash == std::string::npos ? "" : prefix.key.substr(0, slash);
+    sel.base_dir = folder.empty() ? prefix.bucket : prefix.bucket + "/" + folder;
+    sel.recursive = true;
+    sel.allow_not_found = true;
+    const auto infos = check(client().fs->GetFileInfo(sel), prefix, "LIST");
+    std::vector<ObjectInfo> out;
+    const std::string head = prefix.bucket + "/" + prefix.key;
+    for (const auto& i : infos) {
+      if (i.type() != arrow::fs::FileType::File || i.path().rfind(head, 0) != 0) continue;
+      out.push_back({"gs://" + i.path(), static_cast<uint64_t>(i.size()), ""});
+    }
+    return out;
+  }
+
+  void remove(const Uri& u) override {
+    const arrow::Status st = client().fs->DeleteFile(path(u));
+    if (!st.ok() && !not_found(st)) check(st, u, "DELETE");
+  }
+
+  std::optional<ObjectInfo> stat(const Uri& u) override {
+    const auto info = check(client().fs->GetFileInfo(path(u)), u, "HEAD");
+    if (info.type() != arrow::fs::FileType::File) return std::nullopt;
+    return ObjectInfo{u.str(), static_cast<uint64_t>(info.size()), ""};
+  }
+
+ private:
+  static std::string path(const Uri& u) { return u.bucket + "/" + u.key; }
+
+  const Client& client() {
+    std::call_once(once_, [this] { client_ = make_client(); });
+    return client_;
+  }
+
+  void check(const arrow::Status& st, const Uri& u, const char* op) {
+    if (st.ok()) return;
+    if (not_found(st)) {
+      // An upload's only missing thing can be its bucket.
+      if (std::string_view(op) == "PUT") {
+        throw Error(kComponent, fmt::format("{}: PUT: the bucket {} does not exist", u.str(), u.bucket));
+      }
+      throw Error(kComponent, fmt::format("{}: {}: no such object or bucket", u.str(), op));
+    }
+    throw Error(kComponent, fmt::format("{}: {} failed: {} (credentials: {})", u.str(), op, short_message(st),
+                                        client().credentials));
+  }
+  template <typename T>
+  T check(arrow::Result<T> r, const Uri& u, const char* op) {
+    check(r.status(), u, op);
+    return *std::move(r);
+  }
+
+  std::shared_ptr<arrow::io::RandomAccessFile> open(const Uri& u, const char* op) {
+    return check(client().fs->OpenInputFile(path(u)), u, op);
+  }
+  int64_t size_of(arrow::io::RandomAccessFile& f, const Uri& u) { return check(f.GetSize(), u, "HEAD"); }
+
+  // Reads [0, size) in kPartBytes ranges, kParallelism at a time, handing each to `sink` (called concurrently).
+  void read_parts(arrow::io::RandomAccessFile& f, const Uri& u, uint64_t size,
+                  const std::function<void(int64_t, const arrow::Buffer&)>& sink) {
+    const auto n = static_cast<size_t>((size + kPartBytes - 1) / kPartBytes);
+    parallel_for(n, kParallelism, [&](size_t i) {
+      const int64_t begin = static_cast<int64_t>(i) * kPartBytes;
+      const int64_t length = std::min<int64_t>(kPartBytes, static_cast<int64_t>(size) - begin);
+      auto b = check(f.ReadAt(begin, length), u, "GET");
+      if (b->size() != length) {
+        throw Error(kComponent, fmt::format("{}: range {}+{} returned {} bytes", u.str(), begin, length, b->size()));
+      }
+      sink(begin, *b);
+    });
+  }
+
+  std::once_flag once_;
+  Client client_;
+};
+
+}  // namespace
+
+Backend& gcs_backend() {
+  static GcsBackend backend;
+  return backend;
+}
+
+}  // namespace tessera::storage

@@ -1,0 +1,297 @@
+"""Tessera's Google Cloud Storage backend (gs://, src/storage/gcs_store.cpp) against a GCS emulator
+(fake-gcs-server, tests/compat/gcs_server.py) with Google's own Python client, google-cloud-storage, as the peer:
+
+- objects either side writes read back identically through the other (small, 37 MiB in parallel ranges, an empty
+  one, several buffers), ranges, key-prefix listings, stat, deletes; a missing object is an error naming its URI;
+- a training run streaming MDS shards from gs:// (uploaded by google-cloud-storage) equals the run on the local
+  copy, loss for loss;
+- checkpoints saved to gs:// with hf_checkpointer's export beside them; autoresume from gs:// skips a corrupt newest
+  checkpoint and an interrupted one and ends bitwise equal to the uninterrupted run;
+- a bucket that does not exist fails the run before training, naming it.
+"""
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+import xxhash
+from streaming import MDSWriter
+
+from conftest import _binary
+from test_s3_checkpoints import SEQ, VOCAB, data, recipe, train  # noqa: F401 (data is a fixture)
+from test_s3_storage import run_batch
+
+
+@pytest.fixture(scope="module")
+def gcs():
+    from gcs_server import FakeGcsServer
+
+    server = FakeGcsServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def bucket(gcs, request):
+    import re
+
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:50].strip("-") + "-" + str(os.getpid() % 10000)
+    gcs.client().create_bucket(name)
+    return name
+
+
+def blob_bytes(gcs, bucket, key):
+    return gcs.client().bucket(bucket).blob(key).download_as_bytes()
+
+
+def test_objects_round_trip_with_google_cloud_storage(gcs, bucket, tmp_path):
+    b = gcs.client().bucket(bucket)
+    big = os.urandom(37 * 1024 * 1024 + 123)  # five 8 MiB ranges down, one resumable upload up
+    (tmp_path / "big.bin").write_bytes(big)
+    (tmp_path / "empty.bin").write_bytes(b"")
+    b.blob("from-sdk/a b+c.txt").upload_from_string(b"written by google-cloud-storage")
+    b.blob("from-sdk/big.bin").upload_from_string(big)
+    b.blob("from-sdk-other").upload_from_string(b"x")
+    b.blob("fromage").upload_from_string(b"not under the prefix")
+    text = bytes(ord("a") + i % 26 for i in range(1 << 20)) * 20 + b"the end"  # read whole, in three ranges
+    b.blob("text.txt").upload_from_string(text)
+    base = f"gs://{bucket}"
+    out = run_batch(gcs.env(), [
+        {"op": "put", "uri": f"{base}/from-tessera/small.txt", "data": "written by tessera"},
+        {"op": "put_file", "path": str(tmp_path / "big.bin"), "uri": f"{base}/from-tessera/big.bin"},
+        {"op": "put_file", "path": str(tmp_path / "empty.bin"), "uri": f"{base}/from-tessera/empty"},
+        {"op": "put_parts", "path": str(tmp_path / "big.bin"), "cuts": [5, 9 << 20, 20 << 20],
+         "uri": f"{base}/from-tessera/parts.bin"},
+        {"op": "get", "uri": f"{base}/from-sdk/a b+c.txt"},
+        {"op": "range", "uri": f"{base}/from-sdk/a b+c.txt", "offset": 3, "length": 7},
+        {"op": "download", "uri": f"{base}/from-sdk/big.bin", "path": str(tmp_path / "down" / "big.bin")},
+        {"op": "stat", "uri": f"{base}/from-sdk/big.bin"},
+        {"op": "stat", "uri": f"{base}/missing"},
+        {"op": "list", "uri": f"{base}/from-"},
+        {"op": "remove", "uri": f"{base}/from-sdk/a b+c.txt"},
+        {"op": "remove", "uri": f"{base}/never-existed"},
+        {"op": "get", "uri": f"{base}/from-sdk/a b+c.txt"},
+        {"op": "range", "uri": f"{base}/from-sdk-other", "offset": 0, "length": 2},
+        {"op": "download", "uri": f"{base}/absent", "path": str(tmp_path / "down" / "absent")},
+        {"op": "get", "uri": f"{base}/text.txt"},
+    ], tmp_path)
+    r = out["results"]
+    assert [x.get("error") for x in r[:12]] == [None] * 12
+    assert blob_bytes(gcs, bucket, "from-tessera/small.txt") == b"written by tessera"
+    assert blob_bytes(gcs, bucket, "from-tessera/big.bin") == big
+    assert blob_bytes(gcs, bucket, "from-tessera/empty") == b""
+    assert blob_bytes(gcs, bucket, "from-tessera/parts.bin") == big
+    assert r[4]["data"] == "written by google-cloud-storage" and r[5]["data"] == "tten by"
+    assert (tmp_path / "down" / "big.bin").read_bytes() == big
+    assert r[7]["size"] == len(big) and r[8]["size"] is None
+    listed = {o[0]: o[1] for o in r[9]["objects"]}
+    assert listed == {f"{base}/from-sdk/a b+c.txt": 31, f"{base}/from-sdk/big.bin": len(big),
+                      f"{base}/from-sdk-other": 1, f"{base}/from-tessera/big.bin": len(big),
+                      f"{base}/from-tessera/empty": 0, f"{base}/from-tessera/parts.bin": len(big),
+                      f"{base}/from-tessera/small.txt": 18}
+    assert [o[0] for o in r[9]["objects"]] == sorted(listed)
+    assert f"{base}/from-sdk/a b+c.txt: GET: no such object or bucket" in r[12]["error"]
+    assert "asked for 2 bytes at 0, the object has 1" in r[13]["error"]
+    assert "no such object" in r[14]["error"] and not (tmp_path / "down" / "absent").exists()
+    assert sorted(p.name for p in (tmp_path / "down").iterdir()) == ["big.bin"]  # no temporary file left
+    assert r[15].get("error") is None and r[15]["data"].encode() == text
+
+
+def test_training_from_gcs_equals_training_from_local_data(gcs, bucket, tmp_path):
+    rng = np.random.default_rng(0)
+    local = tmp_path / "data"
+    with MDSWriter(out=str(local / "train"), columns={"tokens": "ndarray:int32"}, compression="zstd",
+                   size_limit=2000) as w:
+        for _ in range(200):
+            start, stride = rng.integers(0, VOCAB), rng.integers(1, 6)
+            w.write({"tokens": ((start + stride * np.arange(SEQ + 1)) % VOCAB).astype(np.int32)})
+    b = gcs.client().bucket(bucket)
+    for f in sorted((local / "train").iterdir()):
+        b.blob(f"ds/train/{f.name}").upload_from_filename(str(f))
+
+    def trace(name, dataset):
+        rec = {
+            "max_seq_len": SEQ, "seed": 3, "tokenizer": {"name": "unused"},
+            "model": {"name": "mpt_causal_lm", "d_model": 32, "n_heads": 2, "n_layers": 2, "expansion_ratio": 2,
+                      "max_seq_len": SEQ, "vocab_size": VOCAB, "attn_config": {"attn_impl": "torch"}},
+            "train_loader": {"name": "text", "dataset": {**dataset, "split": "train", "shuffle": True,
+                                                         "max_seq_len": SEQ}, "drop_last": True, "num_workers": 2},
+            "optimizer": {"name": "decoupled_adamw", "lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8,
+                          "weight_decay": 0.0},
+            "scheduler": {"name": "constant_with_warmup", "t_warmup": "0ba"},
+            "max_duration": "1ep", "eval_interval": 0, "global_train_batch_size": 8,
+            "device_train_microbatch_size": 8, "device_eval_batch_size": 8, "precision": "fp32",
+            "log_to_console": False,
+        }
+        (tmp_path / f"{name}.yaml").write_text(json.dumps(rec))
+        (tmp_path / name).mkdir()
+        proc = subprocess.run([_binary("TESSERA_COMPAT_DRIVER", "tessera_compat_driver"), "train-trace",
+                               tmp_path / f"{name}.yaml", tmp_path / name], env=gcs.env(), capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads((tmp_path / name / "trace.json").read_text())
+
+    from_local = trace("local", {"local": str(local)})
+    from_gcs = trace("gcs", {"remote": f"gs://{bucket}/ds", "local": str(tmp_path / "cache"), "cache_limit": "40kb",
+                             "predownload": 16})
+    assert len(from_local["losses"]) == 200 // 8
+    assert from_gcs["batches"] == from_local["batches"]
+    assert from_gcs["losses"] == from_local["losses"]  # bitwise: the same floats
+
+
+def test_checkpoints_in_gcs_autoresume_past_a_corrupt_and_an_interrupted_one(gcs, bucket, data, tmp_path):
+    env, b = gcs.env(), gcs.client().bucket(bucket)
+    runs = tmp_path / "runs"
+    rec = recipe(tmp_path, data, runs)
+    folder = f"gs://{bucket}/run/ckpt"
+    train(env, rec, "run_name=ref", "max_duration=8ba")
+    train(env, rec, "run_name=first", f"save_folder={folder}", "max_duration=6ba", "save_interval=2ba",
+          "save_num_checkpoints_to_keep=2", f"callbacks.hf_checkpointer.save_folder=gs://{bucket}/hf/{{run_name}}",
+          "callbacks.hf_checkpointer.save_interval=6ba")
+    names = sorted(x.name[len("run/ckpt/"):] for x in gcs.client().list_blobs(bucket, prefix="run/ckpt/"))
+    assert names == ["ep0-ba4/metadata.json", "ep0-ba4/rank0.safetensors", "ep0-ba6/metadata.json",
+                     "ep0-ba6/rank0.safetensors", "latest"]  # ep0-ba2 rotated away
+    meta = json.loads(blob_bytes(gcs, bucket, "run/ckpt/ep0-ba6/metadata.json"))
+    assert meta["files"][0]["xxh64"] == xxhash.xxh64(blob_bytes(gcs, bucket, "run/ckpt/ep0-ba6/rank0.safetensors")
+                                                     ).hexdigest()
+    hf = sorted(x.name for x in gcs.client().list_blobs(bucket, prefix="hf/first/huggingface/ba6/"))
+    assert "hf/first/huggingface/ba6/model.safetensors" in hf and "hf/first/huggingface/ba6/config.json" in hf
+    # The newest checkpoint corrupted in place, and an interrupted save of a later one that `latest` already names.
+    key = "run/ckpt/ep0-ba6/rank0.safetensors"
+    body = bytearray(blob_bytes(gcs, bucket, key))
+    body[-5] ^= 0x40
+    b.blob(key).upload_from_string(bytes(body))
+    b.blob("run/ckpt/ep0-ba8/rank0.safetensors").upload_from_string(b"half an upload")
+    b.blob("run/ckpt/latest").upload_from_string(b"ep0-ba8")
+
+    proc = train(env, rec, "run_name=resumed", f"save_folder={folder}", "max_duration=8ba", "save_interval=2ba",
+                 "autoresume=true")
+    log = proc.stdout + proc.stderr
+    assert f"{folder}/ep0-ba6/rank0.safetensors: xxh64 checksum" in log, log[-3000:]
+    assert f"{folder}/ep0-ba8: no metadata.json" in log, log[-3000:]
+    losses = [json.loads(line) for line in (runs / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["batch"] for m in losses if "loss/train/total" in m] == [4, 5, 6, 7]  # resumed from ep0-ba4
+    want = (runs / "ref" / "huggingface" / "ba8" / "model.safetensors").read_bytes()
+    assert (runs / "resumed" / "huggingface" / "ba8" / "model.safetensors").read_bytes() == want
+    assert blob_bytes(gcs, bucket, "run/ckpt/latest").decode() == "ep0-ba8"
+
+
+def test_a_missing_bucket_fails_the_run_before_training_naming_it(gcs, data, tmp_path):
+    rec = recipe(tmp_path, data, tmp_path / "runs")
+    proc = train(gcs.env(), rec, "run_name=nb", "save_folder=gs://no-such-bucket-here/ckpt", "max_duration=2ba",
+                 check=False)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "gs://no-such-bucket-here/ckpt" in out and "the bucket no-such-bucket-here does not exist" in out, out[-3000:]
+    assert not (tmp_path / "runs" / "nb" / "metrics.jsonl").exists()
+
+
+def service_account(tmp_path, name, token_uri):
+    """A service account key file as the Cloud console makes one (a fresh RSA key), and the key's public half."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    public = key.public_key().public_bytes(serialization.Encoding.PEM,
+                                           serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps({"type": "service_account", "project_id": "tessera-test", "private_key_id": name,
+                                "private_key": pem, "client_email": f"{name}@tessera-test.iam.gserviceaccount.com",
+                                "client_id": "1", "token_uri": token_uri}))
+    return path, public, pem
+
+
+def test_a_service_account_signs_every_request_and_a_wrong_key_is_a_clear_error(tmp_path):
+    # Every request through a proxy that checks its bearer token with google-auth's own JWT verification against the
+    # service account's public key, as Google's front end checks the self-signed JWTs Google's client libraries send.
+    import google.auth.jwt
+    from gcs_server import FakeGcsServer
+    from s3_server import FaultProxy, free_port
+
+    accepted = {}
+    tokens = []
+
+    def gate(method, path, headers):
+        auth = headers.get("Authorization", "")
+        if not auth.startswith("Bearer "):
+            return 401, "Unauthorized", "no bearer token"
+        try:
+            claims = google.auth.jwt.decode(auth[len("Bearer "):], certs=accepted)
+        except Exception as e:  # noqa: BLE001 (any refusal is the test's answer)
+            return 401, "Unauthorized", f"invalid token: {e}"
+        tokens.append(claims)
+        return None
+
+    port = free_port()
+    proxy = FaultProxy(f"http://127.0.0.1:{port}", gate=gate)
+    server = FakeGcsServer(port=port, external_url=proxy.url)
+    try:
+        server.client().create_bucket("signed")
+        good, public, _ = service_account(tmp_path, "trainer", proxy.url + "/token")
+        accepted["trainer"] = public
+        env = {k: v for k, v in server.env().items() if k != "STORAGE_EMULATOR_HOST"}
+        env.update(GOOGLE_APPLICATION_CREDENTIALS=str(good), TESSERA_GCS_ENDPOINT_URL=proxy.url,
+                   TESSERA_GCS_RETRY_LIMIT_S="3")
+        data = os.urandom(9 * 1024 * 1024)
+        (tmp_path / "d.bin").write_bytes(data)
+        out = run_batch(env, [{"op": "put_file", "path": str(tmp_path / "d.bin"), "uri": "gs://signed/d.bin"},
+                              {"op": "download", "uri": "gs://signed/d.bin", "path": str(tmp_path / "back.bin")},
+                              {"op": "list", "uri": "gs://signed/"},
+                              {"op": "remove", "uri": "gs://signed/d.bin"}], tmp_path)
+        assert [r.get("error") for r in out["results"]] == [None] * 4
+        assert (tmp_path / "back.bin").read_bytes() == data and len(out["results"][2]["objects"]) == 1
+        assert tokens and all(t["iss"] == "trainer@tessera-test.iam.gserviceaccount.com" for t in tokens)
+        assert len(tokens) == len(proxy.seen)  # every request carried a valid token
+
+        wrong, _, wrong_pem = service_account(tmp_path, "stranger", proxy.url + "/token")
+        out = run_batch({**env, "GOOGLE_APPLICATION_CREDENTIALS": str(wrong)},
+                        [{"op": "get", "uri": "gs://signed/x"}], tmp_path, "wrong")
+        err = out["results"][0]["error"]
+        assert "gs://signed/x" in err and f"GOOGLE_APPLICATION_CREDENTIALS={wrong} (service_account)" in err, err
+        assert "UNAUTHENTICATED" in err, err
+        assert wrong_pem.splitlines()[1] not in err
+    finally:
+        server.stop()
+        proxy.stop()
+
+
+def test_transient_failures_are_retried_and_a_failed_upload_publishes_nothing(tmp_path):
+    from gcs_server import FakeGcsServer
+    from s3_server import FaultProxy, free_port
+
+    port = free_port()
+    proxy = FaultProxy(f"http://127.0.0.1:{port}")
+    server = FakeGcsServer(port=port, external_url=proxy.url)
+    try:
+        b = server.client().create_bucket("faults")
+        data = os.urandom(40 * 1024 * 1024)
+        b.blob("obj").upload_from_string(data)
+        b.blob("up").upload_from_string(b"the previous version")
+        env = server.env(STORAGE_EMULATOR_HOST=proxy.url)
+        (tmp_path / "up.bin").write_bytes(data[::-1])
+        # Every kind of failure but a stall, several in a row, on a ranged download and on a resumable upload.
+        proxy.plan = ["503", "500", "reset", "503", "ok", "reset", "ok", "500", "ok", "503", "reset"]
+        out = run_batch(env, [{"op": "download", "uri": "gs://faults/obj", "path": str(tmp_path / "obj")},
+                              {"op": "put_file", "path": str(tmp_path / "up.bin"), "uri": "gs://faults/up"}],
+                        tmp_path)
+        assert [r.get("error") for r in out["results"]] == [None, None]
+        assert (tmp_path / "obj").read_bytes() == data
+        assert b.blob("up").download_as_bytes() == data[::-1]
+        assert not proxy.plan  # every planned failure was met, and survived
+
+        # A store that fails every request after the upload session opened: the upload gives up, and readers still
+        # see the previous version, not a part of the new one.
+        proxy.plan, proxy.after = ["ok"], "503"
+        out = run_batch(server.env(STORAGE_EMULATOR_HOST=proxy.url, TESSERA_GCS_RETRY_LIMIT_S="3"),
+                        [{"op": "put", "uri": "gs://faults/up", "data": "a new version that never completes"}],
+                        tmp_path, "failing")
+        err = out["results"][0]["error"]
+        assert "gs://faults/up: PUT failed" in err and "UNAVAILABLE" in err, err
+        proxy.after = "ok"
+        assert b.blob("up").download_as_bytes() == data[::-1]
+    finally:
+        server.stop()
+        proxy.stop()
