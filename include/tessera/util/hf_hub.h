@@ -1,5 +1,6 @@
-// Hugging Face names resolved the way transformers resolves them offline: a local path, or a hub id
-// ("meta-llama/Llama-3.2-1B") found in the local Hugging Face cache. Tessera never downloads.
+// Hugging Face names resolved the way transformers resolves them: a local path, a hub id ("meta-llama/Llama-3.2-1B")
+// found in the local Hugging Face cache, or, unless HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) is set, a hub id
+// downloaded from the Hub (HF_ENDPOINT, default https://huggingface.co; HF_TOKEN or the saved login) into that cache.
 //
 // The cache is $HF_HUB_CACHE, else $HUGGINGFACE_HUB_CACHE (its older name), else $HF_HOME/hub, else
 // $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub, laid out by huggingface_hub as
@@ -15,7 +16,11 @@ namespace tessera::util {
 std::filesystem::path hf_hub_cache();
 
 // `name_or_path` as a folder: itself when it is a local folder, else the snapshot of the hub id's main revision in
-// the cache. Throws tessera::Error (component "hf_hub") naming what was searched when neither exists.
+// the cache, else that snapshot downloaded (every file of the revision but weights in formats Tessera does not load:
+// *.bin, *.pt, *.h5, *.msgpack, *.onnx, *.gguf, ...; each blob checked against the size and, for LFS files, the
+// SHA-256 the Hub announced; file names and ETags from the Hub confined to the cache). A cached snapshot is used as
+// it is, without asking the Hub for a newer commit. Throws tessera::Error (component "hf_hub") naming what was
+// searched, or the repository and the Hub's refusal.
 std::filesystem::path resolve_hf_folder(const std::string& name_or_path);
 
 // What data::Tokenizer::from_file takes: `name_or_path` itself when it is a file (a tokenizer.json), else the folder

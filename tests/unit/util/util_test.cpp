@@ -234,7 +234,7 @@ TEST(HfHub, HubIdsResolveToTheMainSnapshotOfTheCacheTheEnvironmentNames) {
   EXPECT_EQ(resolve_hf_tokenizer((repo / "snapshots" / "c0ffee" / "tokenizer.json").string()),
             repo / "snapshots" / "c0ffee" / "tokenizer.json");
   // HF_HUB_CACHE wins over HF_HOME; an id missing there names the file looked for.
-  const ScopedEnv other("HF_HUB_CACHE", (root / "elsewhere").string());
+  const ScopedEnv other("HF_HUB_CACHE", (root / "elsewhere").string()), offline("HF_HUB_OFFLINE", "1");
   EXPECT_EQ(hf_hub_cache(), root / "elsewhere");
   try {
     resolve_hf_folder("org/model");
