@@ -36,5 +36,7 @@ std::string temporary_name(const std::string& path);
 
 // Google Cloud Storage through Arrow's GcsFileSystem (google-cloud-cpp), created on first use (gcs_store.cpp).
 Backend& gcs_backend();
+// Files in Hugging Face Hub repositories, read-only (hf_store.cpp).
+Backend& hf_backend();
 
 }  // namespace tessera::storage

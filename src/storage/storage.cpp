@@ -73,6 +73,7 @@ struct SchemeEntry {
 constexpr SchemeEntry kSchemes[] = {
     {Uri::Scheme::kS3, "s3", s3_backend},
     {Uri::Scheme::kGcs, "gs", gcs_backend},
+    {Uri::Scheme::kHf, "hf", hf_backend},
 };
 
 const SchemeEntry* entry_named(std::string_view name) {

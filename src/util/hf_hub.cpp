@@ -16,7 +16,7 @@
 
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
-#include "tessera/util/http.h"
+#include "tessera/util/hf_hub_client.h"
 #include "tessera/util/safe_path.h"
 
 namespace tessera::util {
@@ -80,52 +80,6 @@ bool wanted(const std::string& name) {
     return name.size() >= ext.size() && name.compare(name.size() - ext.size(), ext.size(), ext) == 0;
   });
 }
-
-class HubClient {
- public:
-  explicit HubClient(std::string repo) : repo_(std::move(repo)), token_(hub_token()) {
-    endpoint_ = env("HF_ENDPOINT").empty() ? "https://huggingface.co" : env("HF_ENDPOINT");
-    while (!endpoint_.empty() && endpoint_.back() == '/') endpoint_.pop_back();
-  }
-
-  // GET or HEAD `path` under the endpoint; throws naming the repository for anything but 2xx (and 3xx for HEAD).
-  HttpResponse call(const std::string& method, const std::string& path,
-                    const std::function<void(std::string_view)>& sink, bool follow) const {
-    HttpRequest req;
-    req.method = method;
-    req.url = endpoint_ + path;
-    req.follow_redirects = follow;
-    req.sink = sink;
-    req.timeout_s = sink ? 0 : 60;
-    req.stall_timeout_s = 60;
-    if (!token_.empty()) req.headers.emplace_back("Authorization", "Bearer " + token_);
-    req.headers.emplace_back("Accept-Encoding", "identity");
-    HttpResponse r = http_request(req);
-    if (r.status == 0) {
-      throw Error("hf_hub", fmt::format("{}: cannot reach the Hugging Face Hub at {}: {} (HF_HUB_OFFLINE=1 uses the "
-                                        "local cache only)",
-                                        repo_, endpoint_, r.transport_error));
-    }
-    if (r.status >= 200 && r.status < (follow ? 300 : 400)) return r;
-    const std::string token_note = token_.empty() ? "no token was sent (HF_TOKEN, or `huggingface-cli login`)"
-                                                  : "the token (HF_TOKEN or the saved login) was sent";
-    if (r.status == 401 || r.status == 403) {
-      throw Error("hf_hub", fmt::format("{}: the Hugging Face Hub refused {} (HTTP {}): a private or gated repository "
-                                        "needs a token with access; {}",
-                                        repo_, req.url, r.status, token_note));
-    }
-    if (r.status == 404) {
-      throw Error("hf_hub", fmt::format("{}: no such repository or file on the Hugging Face Hub ({} answered 404; {})",
-                                        repo_, req.url, token_note));
-    }
-    throw Error("hf_hub", fmt::format("{}: {} {} answered HTTP {}", repo_, method, req.url, r.status));
-  }
-
-  const std::string& endpoint() const { return endpoint_; }
-
- private:
-  std::string repo_, endpoint_, token_;
-};
 
 // Downloads the files of `repo`'s main revision that Tessera can use into the cache, laid out as huggingface_hub
 // lays them out (blobs/<etag>, snapshots/<commit>/<file> -> ../../blobs/<etag>, refs/main), so that huggingface_hub
@@ -221,6 +175,61 @@ fs::path download_snapshot(const std::string& repo, const fs::path& repo_dir) {
 
 }  // namespace
 
+bool hf_hub_offline() {
+  return truthy(env("HF_HUB_OFFLINE")) || truthy(env("TRANSFORMERS_OFFLINE"));
+}
+
+HubClient::HubClient(std::string repo) : repo_(std::move(repo)), token_(hub_token()) {
+  endpoint_ = env("HF_ENDPOINT").empty() ? "https://huggingface.co" : env("HF_ENDPOINT");
+  while (!endpoint_.empty() && endpoint_.back() == '/') endpoint_.pop_back();
+}
+
+HttpResponse HubClient::send(const std::string& method, const std::string& path,
+                             const std::function<void(std::string_view)>& sink, bool follow_redirects,
+                             const std::vector<std::pair<std::string, std::string>>& headers) const {
+  HttpRequest req;
+  req.method = method;
+  req.url = endpoint_ + path;
+  req.follow_redirects = follow_redirects;
+  req.sink = sink;
+  req.timeout_s = sink ? 0 : 60;
+  req.stall_timeout_s = 60;
+  if (!token_.empty()) req.headers.emplace_back("Authorization", "Bearer " + token_);
+  req.headers.emplace_back("Accept-Encoding", "identity");
+  for (const auto& h : headers) req.headers.push_back(h);
+  HttpResponse r = http_request(req);
+  if (r.status == 0) {
+    throw Error("hf_hub", fmt::format("{}: cannot reach the Hugging Face Hub at {}: {} (HF_HUB_OFFLINE=1 uses the "
+                                      "local cache only)",
+                                      repo_, endpoint_, r.transport_error));
+  }
+  return r;
+}
+
+HttpResponse HubClient::call(const std::string& method, const std::string& path,
+                             const std::function<void(std::string_view)>& sink, bool follow_redirects,
+                             const std::vector<std::pair<std::string, std::string>>& headers) const {
+  HttpResponse r = send(method, path, sink, follow_redirects, headers);
+  if (r.status >= 200 && r.status < (follow_redirects ? 300 : 400)) return r;
+  fail(method, path, r);
+}
+
+void HubClient::fail(const std::string& method, const std::string& path, const HttpResponse& r) const {
+  const std::string url = endpoint_ + path;
+  const std::string token_note = token_.empty() ? "no token was sent (HF_TOKEN, or `huggingface-cli login`)"
+                                                : "the token (HF_TOKEN or the saved login) was sent";
+  if (r.status == 401 || r.status == 403) {
+    throw Error("hf_hub", fmt::format("{}: the Hugging Face Hub refused {} (HTTP {}): a private or gated repository "
+                                      "needs a token with access; {}",
+                                      repo_, url, r.status, token_note));
+  }
+  if (r.status == 404) {
+    throw Error("hf_hub", fmt::format("{}: no such repository or file on the Hugging Face Hub ({} answered 404; {})",
+                                      repo_, url, token_note));
+  }
+  throw Error("hf_hub", fmt::format("{}: {} {} answered HTTP {}", repo_, method, url, r.status));
+}
+
 fs::path hf_hub_cache() {
   if (const std::string v = env("HF_HUB_CACHE"); !v.empty()) return v;
   if (const std::string v = env("HUGGINGFACE_HUB_CACHE"); !v.empty()) return v;
@@ -252,8 +261,7 @@ fs::path resolve_hf_folder(const std::string& name_or_path) {
   }
   const fs::path snapshot = repo / "snapshots" / commit;
   if (!commit.empty() && fs::is_directory(snapshot)) return snapshot;
-  const bool offline = truthy(env("HF_HUB_OFFLINE")) || truthy(env("TRANSFORMERS_OFFLINE"));
-  if (!offline) return download_snapshot(name_or_path, repo);
+  if (!hf_hub_offline()) return download_snapshot(name_or_path, repo);
   throw Error("hf_hub",
               fmt::format("{}: not a local folder, and not in the Hugging Face cache: {} {} (the cache is "
                           "HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub; HF_HUB_OFFLINE is set, so "

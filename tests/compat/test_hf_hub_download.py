@@ -135,3 +135,41 @@ def test_hostile_names_and_damaged_weights_are_refused(hub, model_dir, tmp_path)
     assert proc.returncode != 0 and "model.safetensors arrived with SHA-256" in proc.stderr, proc.stderr
     assert not (cache / "models--org--damaged" / "blobs" / sha).exists()
     assert not (cache / "models--org--damaged" / "refs" / "main").exists()
+
+
+def test_training_streams_mds_shards_from_a_hub_dataset_repo(hub, tmp_path):
+    # Streaming's `remote: hf://datasets/<org>/<name>/...`: index.json and the shards come from the repository's
+    # files (the listing paged three entries at a time), and the run equals the run on the local copy.
+    from test_gcs_storage import train_trace, write_mds
+
+    local = tmp_path / "data"
+    write_mds(local / "train")
+    files = {f"mds/train/{p.name}": p.read_bytes() for p in sorted((local / "train").iterdir())}
+    hub.add("datasets/org/mds-data", {**files, "README.md": b"# a dataset card"})
+    env = online_env(hub, tmp_path / "hub-cache")
+    from_local = train_trace(env, tmp_path, "local", {"local": str(local)})
+    from_hub = train_trace(env, tmp_path, "hub", {"remote": "hf://datasets/org/mds-data/mds",
+                                                  "local": str(tmp_path / "cache"), "predownload": 16})
+    assert len(from_local["losses"]) == 200 // 8
+    assert from_hub["batches"] == from_local["batches"] and from_hub["losses"] == from_local["losses"]
+
+    from test_s3_storage import run_batch
+
+    hub.page_size = 3
+    try:
+        out = run_batch(env, [{"op": "get", "uri": "hf://datasets/org/mds-data/README.md"},
+                              {"op": "range", "uri": "hf://datasets/org/mds-data/README.md", "offset": 2, "length": 9},
+                              {"op": "stat", "uri": "hf://datasets/org/mds-data/mds/train/index.json"},
+                              {"op": "stat", "uri": "hf://datasets/org/mds-data/missing"},
+                              {"op": "list", "uri": "hf://datasets/org/mds-data/mds/train/"},
+                              {"op": "list", "uri": "hf://datasets/org/mds-data@main/REA"},
+                              {"op": "put", "uri": "hf://datasets/org/mds-data/new.txt", "data": "x"}], tmp_path)
+    finally:
+        hub.page_size = 1000
+    r = out["results"]
+    assert r[0]["data"] == "# a dataset card" and r[1]["data"] == "a dataset"
+    assert r[2]["size"] == len(files["mds/train/index.json"]) and r[3]["size"] is None
+    assert [o[0] for o in r[4]["objects"]] == [f"hf://datasets/org/mds-data/{n}" for n in sorted(files)]
+    assert [o[1] for o in r[4]["objects"]] == [len(files[n]) for n in sorted(files)]
+    assert [o[0] for o in r[5]["objects"]] == ["hf://datasets/org/mds-data@main/README.md"]
+    assert "hf:// is read-only" in r[6]["error"]

@@ -1,5 +1,6 @@
-// URI-addressed objects: local files (plain paths, file://), S3-compatible object stores (s3://bucket/key) and Google
-// Cloud Storage (gs://bucket/key), behind one set of functions. Every layer above (datasets, the MDS writer,
+// URI-addressed objects: local files (plain paths, file://), S3-compatible object stores (s3://bucket/key), Google
+// Cloud Storage (gs://bucket/key) and, read-only, Hugging Face Hub repositories (hf://datasets/org/name/path), behind
+// one set of functions. Every layer above (datasets, the MDS writer,
 // checkpoints, HF export) reads and writes through these, so any path in a recipe may be remote.
 //
 // Semantics, the same for every backend:
@@ -23,7 +24,7 @@ namespace tessera::storage {
 
 // A parsed location. Local paths keep their spelling (relative stays relative); `file://` is stripped.
 struct Uri {
-  enum class Scheme { kLocal, kS3, kGcs };
+  enum class Scheme { kLocal, kS3, kGcs, kHf };
   Scheme scheme = Scheme::kLocal;
   std::string bucket;       // object stores only
   std::string key;          // object stores: the object key (no leading '/'); local: the path
@@ -32,7 +33,7 @@ struct Uri {
 
 // Throws ConfigError for an unsupported scheme ("azure://", ...) or an object URI without a bucket, naming it.
 Uri parse_uri(std::string_view uri);
-bool is_remote(std::string_view uri);  // true for an object store's URI (s3://, gs://)
+bool is_remote(std::string_view uri);  // true for an object store's URI (s3://, gs://, hf://)
 // `base` + "/" + `name` for URIs and paths alike (no doubled slash).
 std::string join(std::string_view base, std::string_view name);
 

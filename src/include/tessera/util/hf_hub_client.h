@@ -1,0 +1,43 @@
+// Requests to the Hugging Face Hub as huggingface_hub sends them: the endpoint HF_ENDPOINT names (default
+// https://huggingface.co), the token HF_TOKEN (or HUGGING_FACE_HUB_TOKEN, or the file `huggingface-cli login` saved:
+// HF_TOKEN_PATH, else HF_HOME/token, else ~/.cache/huggingface/token) as a bearer token. Used by the model download
+// (hf_hub.cpp) and the storage layer's hf:// backend. Internal (src/include).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "tessera/util/http.h"
+
+namespace tessera::util {
+
+// True when HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set to 1/on/yes/true (huggingface_hub's reading).
+bool hf_hub_offline();
+
+class HubClient {
+ public:
+  // `repo` ("org/name", or "datasets/org/name") names the repository in error messages.
+  explicit HubClient(std::string repo);
+
+  // `method` (GET, HEAD) of `path` (starting with '/') under the endpoint, the body to `sink` when set. Returns the
+  // answer whatever its status; throws tessera::Error (component "hf_hub") only when none came back.
+  HttpResponse send(const std::string& method, const std::string& path,
+                    const std::function<void(std::string_view)>& sink, bool follow_redirects,
+                    const std::vector<std::pair<std::string, std::string>>& headers = {}) const;
+  // send(), throwing for anything but 2xx (and 3xx when redirects are not followed), naming the repository, the URL
+  // and whether a token was sent (never the token).
+  HttpResponse call(const std::string& method, const std::string& path,
+                    const std::function<void(std::string_view)>& sink, bool follow_redirects,
+                    const std::vector<std::pair<std::string, std::string>>& headers = {}) const;
+  [[noreturn]] void fail(const std::string& method, const std::string& path, const HttpResponse& r) const;
+
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  std::string repo_, endpoint_, token_;
+};
+
+}  // namespace tessera::util
