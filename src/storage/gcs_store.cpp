@@ -9,7 +9,8 @@
 //   otherwise                gcloud's application default credentials file, then the metadata server.
 // Access tokens are refreshed by google-cloud-cpp before they expire. TESSERA_GCS_ENDPOINT_URL points the client at
 // another endpoint with the same credentials (Private Service Connect, a proxy); TESSERA_GCS_RETRY_LIMIT_S bounds
-// the time one request is retried (default 60).
+// the time one request is retried (default 60); TESSERA_GCS_PARALLELISM sets the ranged reads in flight per download
+// (default 8; 1 reads one stream).
 #include <arrow/buffer.h>
 #include <arrow/filesystem/gcsfs.h>
 #include <arrow/io/interfaces.h>
@@ -36,8 +37,7 @@ namespace tessera::storage {
 namespace {
 
 constexpr const char* kComponent = "gcs";
-constexpr int64_t kPartBytes = int64_t{8} << 20;  // one ranged read of a parallel download
-constexpr int kParallelism = 8;                   // ranged reads in flight per object
+constexpr int64_t kPartBytes = int64_t{8} << 20;  // one read of a download
 
 std::string env(const char* name) {
   const char* v = std::getenv(name);
@@ -61,6 +61,7 @@ std::pair<std::string, std::string> split_endpoint(std::string url, const std::s
 
 struct Client {
   std::shared_ptr<arrow::fs::GcsFileSystem> fs;
+  int parallelism = 8;      // ranged reads in flight per object (TESSERA_GCS_PARALLELISM)
   std::string credentials;  // where they came from, for error messages; never the credentials themselves
 };
 
@@ -98,6 +99,14 @@ Client make_client() {
     }
   }
   options.retry_limit_seconds = retry_limit;
+  if (const std::string v = env("TESSERA_GCS_PARALLELISM"); !v.empty()) {
+    char* end = nullptr;
+    const long n = std::strtol(v.c_str(), &end, 10);  // NOLINT(google-runtime-int): strtol's type
+    if (end == v.c_str() || *end != '\0' || n < 1 || n > 64) {
+      throw ConfigError(kComponent, fmt::format("TESSERA_GCS_PARALLELISM={}: expected a whole number from 1 to 64", v));
+    }
+    c.parallelism = static_cast<int>(n);
+  }
   auto made = arrow::fs::GcsFileSystem::Make(options);
   if (!made.ok()) throw Error(kComponent, fmt::format("cannot create the client: {}", made.status().message()));
   c.fs = *std::move(made);
@@ -154,8 +163,14 @@ class GcsBackend final : public Backend {
     if (fd < 0) throw Error(kComponent, fmt::format("{}: cannot create {}: {}", u.str(), tmp, std::strerror(errno)));
     try {
       read_parts(*file, u, static_cast<uint64_t>(size), [&](int64_t offset, const arrow::Buffer& b) {
-        if (::pwrite(fd, b.data(), static_cast<size_t>(b.size()), offset) != b.size()) {
-          throw Error(kComponent, fmt::format("{}: cannot write {}: {}", u.str(), tmp, std::strerror(errno)));
+        // In 256 KiB writes: one 8 MiB write copies into the page cache at a third of the speed (measured here,
+        // 2-core Intel Xeon VM: dd at bs=8M 0.6 GB/s, bs=64K 4.6 GB/s).
+        constexpr int64_t kSlice = int64_t{256} << 10;
+        for (int64_t at = 0; at < b.size(); at += kSlice) {
+          const auto n = static_cast<size_t>(std::min(kSlice, b.size() - at));
+          if (::pwrite(fd, b.data() + at, n, offset + at) != static_cast<ssize_t>(n)) {
+            throw Error(kComponent, fmt::format("{}: cannot write {}: {}", u.str(), tmp, std::strerror(errno)));
+          }
         }
       });
       ::close(fd);
@@ -262,18 +277,35 @@ class GcsBackend final : public Backend {
   }
   int64_t size_of(arrow::io::RandomAccessFile& f, const Uri& u) { return check(f.GetSize(), u, "HEAD"); }
 
-  // Reads [0, size) in kPartBytes ranges, kParallelism at a time, handing each to `sink` (called concurrently).
+  // Reads [0, size) in kPartBytes pieces, handing each to `sink` (called concurrently). One object part or a
+  // parallelism of 1: sequentially from the stream OpenInputFile already opened at offset 0 (no further request);
+  // otherwise ranged reads, `parallelism` at a time, each its own request.
   void read_parts(arrow::io::RandomAccessFile& f, const Uri& u, uint64_t size,
                   const std::function<void(int64_t, const arrow::Buffer&)>& sink) {
     const auto n = static_cast<size_t>((size + kPartBytes - 1) / kPartBytes);
-    parallel_for(n, kParallelism, [&](size_t i) {
+    const auto piece = [&](size_t i) {
       const int64_t begin = static_cast<int64_t>(i) * kPartBytes;
-      const int64_t length = std::min<int64_t>(kPartBytes, static_cast<int64_t>(size) - begin);
-      auto b = check(f.ReadAt(begin, length), u, "GET");
+      return std::pair{begin, std::min<int64_t>(kPartBytes, static_cast<int64_t>(size) - begin)};
+    };
+    const auto got = [&](const std::shared_ptr<arrow::Buffer>& b, int64_t begin, int64_t length) {
       if (b->size() != length) {
-        throw Error(kComponent, fmt::format("{}: range {}+{} returned {} bytes", u.str(), begin, length, b->size()));
+        throw Error(kComponent, fmt::format("{}: bytes {}+{}: {} arrived", u.str(), begin, length, b->size()));
       }
       sink(begin, *b);
+    };
+    if (n <= 1 || client().parallelism == 1) {
+      // One buffer for every piece: a fresh 8 MiB allocation per piece costs a page fault per 4 KiB.
+      auto buffer = check(arrow::AllocateBuffer(std::min<int64_t>(kPartBytes, static_cast<int64_t>(size))), u, "GET");
+      for (size_t i = 0; i < n; ++i) {
+        const auto [begin, length] = piece(i);
+        const int64_t read = check(f.Read(length, buffer->mutable_data()), u, "GET");
+        got(std::make_shared<arrow::Buffer>(buffer->data(), read), begin, length);
+      }
+      return;
+    }
+    parallel_for(n, client().parallelism, [&](size_t i) {
+      const auto [begin, length] = piece(i);
+      got(check(f.ReadAt(begin, length), u, "GET"), begin, length);
     });
   }
 
