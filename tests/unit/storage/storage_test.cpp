@@ -37,8 +37,11 @@ TEST(Storage, ParsesUris) {
   EXPECT_EQ(gs.key, "x/y.bin");
   EXPECT_EQ(gs.str(), "gs://gcs-bucket/x/y.bin");
   EXPECT_TRUE(is_remote("gs://b/k"));
+  const Uri hf = parse_uri("hf://datasets/org/name@v1/mds/index.json");
+  EXPECT_EQ(hf.scheme, Uri::Scheme::kHf);
+  EXPECT_EQ(hf.str(), "hf://datasets/org/name@v1/mds/index.json");
   const std::string unsupported = error_of([] { parse_uri("azure://container/key"); });
-  EXPECT_NE(unsupported.find("azure://container/key: unsupported scheme \"azure://\" (supported: s3://, gs://, "
+  EXPECT_NE(unsupported.find("azure://container/key: unsupported scheme \"azure://\" (supported: s3://, gs://, hf://, "
                              "file://, local paths"),
             std::string::npos)
       << unsupported;
