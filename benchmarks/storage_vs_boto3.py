@@ -14,38 +14,23 @@ server process, so its own speed caps every figure alike; the ratios are what th
 
     python benchmarks/storage_vs_boto3.py [--objects 16] [--mb 64] [--rounds 3]
 """
-import argparse
-import json
 import os
 import pathlib
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 import bench_json
+from storage_bench import ROOT, arguments, make_shards, tessera
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "compat"))
 from s3_server import MotoServer  # noqa: E402
 
-BENCH = os.environ.get("TESSERA_STORAGE_BIN", str(ROOT / "build" / "bin" / "bench_storage_transfer"))
-
-
-def tessera(server, mode, src, dst):
-    out = subprocess.run([BENCH, mode, "--from", str(src), "--to", str(dst)], env=server.env(), capture_output=True,
-                         text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])["mb_per_s"]
-
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--objects", type=int, default=16)
-    ap.add_argument("--mb", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args()
+    args = arguments()
     server = MotoServer()
     try:
         for k, v in server.env().items():  # Streaming's downloader reads the environment
@@ -53,13 +38,10 @@ def main():
                 os.environ[k] = v
         s3 = server.client()
         s3.create_bucket(Bucket="bench")
-        total_mb = args.objects * (args.mb << 20) / 1e6
         with tempfile.TemporaryDirectory() as tmp:
             tmp = pathlib.Path(tmp)
             src = tmp / "src"
-            src.mkdir()
-            for i in range(args.objects):
-                (src / f"shard.{i:05d}.mds").write_bytes(os.urandom(args.mb << 20))
+            total_mb = make_shards(src, args.objects, args.mb)
             for p in sorted(src.iterdir()):
                 s3.upload_file(str(p), "bench", f"set/{p.name}")
             from boto3.s3.transfer import TransferConfig
@@ -74,7 +56,7 @@ def main():
             for r in range(args.rounds):
                 out = tmp / "out"
                 shutil.rmtree(out, ignore_errors=True)
-                ours.append(tessera(server, "download", "s3://bench/set/", out))
+                ours.append(tessera(server.env(), "download", "s3://bench/set/", out))
                 shutil.rmtree(out, ignore_errors=True)
                 out.mkdir()
                 t0 = time.perf_counter()
@@ -96,7 +78,7 @@ def main():
                                     destination_filesystem=local, chunk_size=8 << 20)
                 arrow_down.append(total_mb / (time.perf_counter() - t0))
                 shutil.rmtree(out)
-                up_ours.append(tessera(server, "upload", src, f"s3://bench/up{r}"))
+                up_ours.append(tessera(server.env(), "upload", src, f"s3://bench/up{r}"))
                 t0 = time.perf_counter()
                 for p in sorted(src.iterdir()):
                     s3.upload_file(str(p), "bench", f"upboto{r}/{p.name}", Config=TransferConfig())

@@ -11,56 +11,37 @@ benchmark reports.
 
     python benchmarks/storage_vs_gcs.py [--objects 16] [--mb 64] [--rounds 3]
 """
-import argparse
-import json
-import os
 import pathlib
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 import bench_json
+from storage_bench import ROOT, arguments, make_shards, tessera
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "compat"))
 from gcs_server import FakeGcsServer  # noqa: E402
 
-BENCH = os.environ.get("TESSERA_STORAGE_BIN", str(ROOT / "build" / "bin" / "bench_storage_transfer"))
-
-
-def tessera(server, mode, src, dst):
-    out = subprocess.run([BENCH, mode, "--from", str(src), "--to", str(dst)], env=server.env(), capture_output=True,
-                         text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])["mb_per_s"]
-
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--objects", type=int, default=16)
-    ap.add_argument("--mb", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args()
+    args = arguments()
     server = FakeGcsServer()
     try:
         client = server.client()
         bucket = client.create_bucket("bench")
-        total_mb = args.objects * (args.mb << 20) / 1e6
         with tempfile.TemporaryDirectory() as tmp:
             tmp = pathlib.Path(tmp)
             src = tmp / "src"
-            src.mkdir()
-            for i in range(args.objects):
-                (src / f"shard.{i:05d}.mds").write_bytes(os.urandom(args.mb << 20))
+            total_mb = make_shards(src, args.objects, args.mb)
             for p in sorted(src.iterdir()):
                 bucket.blob(f"set/{p.name}").upload_from_filename(str(p))
             ours, sdk, up_ours, up_sdk = [], [], [], []
             for r in range(args.rounds):
                 out = tmp / "out"
                 shutil.rmtree(out, ignore_errors=True)
-                ours.append(tessera(server, "download", "gs://bench/set/", out))
+                ours.append(tessera(server.env(), "download", "gs://bench/set/", out))
                 shutil.rmtree(out, ignore_errors=True)
                 out.mkdir()
                 t0 = time.perf_counter()
@@ -68,7 +49,7 @@ def main():
                     bucket.blob(f"set/shard.{i:05d}.mds").download_to_filename(str(out / f"{i}"))
                 sdk.append(total_mb / (time.perf_counter() - t0))
                 shutil.rmtree(out)
-                up_ours.append(tessera(server, "upload", src, f"gs://bench/up{r}"))
+                up_ours.append(tessera(server.env(), "upload", src, f"gs://bench/up{r}"))
                 t0 = time.perf_counter()
                 for p in sorted(src.iterdir()):
                     bucket.blob(f"upsdk{r}/{p.name}").upload_from_filename(str(p))

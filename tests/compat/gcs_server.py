@@ -4,10 +4,8 @@ API (resumable uploads, ranged reads, paged listings). google-cloud-storage, the
 STORAGE_EMULATOR_HOST, as Tessera does."""
 import os
 import subprocess
-import time
-import urllib.request
 
-from s3_server import free_port
+from s3_server import free_port, wait_until_answering
 
 
 class FakeGcsServer:
@@ -22,15 +20,7 @@ class FakeGcsServer:
                                       str(self.port), "-backend", "memory", "-external-url", external_url or self.url,
                                       "-public-host", f"127.0.0.1:{self.port}", "-log-level", "error"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 60
-        while True:
-            try:
-                urllib.request.urlopen(self.url + "/storage/v1/b", timeout=1)
-                break
-            except Exception:
-                if self.proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError(f"fake-gcs-server did not start on {self.url}")
-                time.sleep(0.1)
+        wait_until_answering(self.url + "/storage/v1/b", self.proc, "fake-gcs-server")
 
     def env(self, **extra):
         """Environment for a Tessera process talking to the emulator, with no Google credentials of the user's."""

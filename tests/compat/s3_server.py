@@ -18,6 +18,19 @@ def free_port():
         return s.getsockname()[1]
 
 
+def wait_until_answering(url, proc, name, timeout_s=60):
+    """Polls `url` until the server process `proc` answers it; RuntimeError naming `name` if it exits or never does."""
+    deadline = time.time() + timeout_s
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=1)
+            return
+        except Exception:
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"{name} did not start on {url}")
+            time.sleep(0.1)
+
+
 class MotoServer:
     def __init__(self):
         self.port = free_port()
@@ -26,15 +39,7 @@ class MotoServer:
         env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="3")
         self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
                                      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 60
-        while True:
-            try:
-                urllib.request.urlopen(self.url + "/moto-api/", timeout=1)
-                break
-            except Exception:
-                if self.proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError(f"moto server did not start on {self.url}")
-                time.sleep(0.1)
+        wait_until_answering(self.url + "/moto-api/", self.proc, "moto server")
         iam = boto3.client("iam", endpoint_url=self.url, region_name="us-east-1", aws_access_key_id="bootstrap",
                            aws_secret_access_key="bootstrap")
         iam.create_user(UserName="tessera")

@@ -11,15 +11,12 @@
 """
 import json
 import os
-import subprocess
 
-import numpy as np
 import pytest
 import xxhash
-from streaming import MDSWriter
 
-from conftest import _binary
-from test_s3_checkpoints import SEQ, VOCAB, data, recipe, train  # noqa: F401 (data is a fixture)
+from remote_training import train_trace, write_mds
+from test_s3_checkpoints import data, recipe, train  # noqa: F401 (data is a fixture)
 from test_s3_storage import run_batch
 
 
@@ -96,38 +93,6 @@ def test_objects_round_trip_with_google_cloud_storage(gcs, bucket, tmp_path):
     assert "no such object" in r[14]["error"] and not (tmp_path / "down" / "absent").exists()
     assert sorted(p.name for p in (tmp_path / "down").iterdir()) == ["big.bin"]  # no temporary file left
     assert r[15].get("error") is None and r[15]["data"].encode() == text
-
-
-def train_trace(env, tmp_path, name, dataset):
-    """The batches and losses of one epoch of a tiny MPT on `dataset` (a train_loader dataset: local, or remote with a
-    local cache), through the compat driver's train-trace."""
-    rec = {
-        "max_seq_len": SEQ, "seed": 3, "tokenizer": {"name": "unused"},
-        "model": {"name": "mpt_causal_lm", "d_model": 32, "n_heads": 2, "n_layers": 2, "expansion_ratio": 2,
-                  "max_seq_len": SEQ, "vocab_size": VOCAB, "attn_config": {"attn_impl": "torch"}},
-        "train_loader": {"name": "text", "dataset": {**dataset, "split": "train", "shuffle": True,
-                                                     "max_seq_len": SEQ}, "drop_last": True, "num_workers": 2},
-        "optimizer": {"name": "decoupled_adamw", "lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.0},
-        "scheduler": {"name": "constant_with_warmup", "t_warmup": "0ba"},
-        "max_duration": "1ep", "eval_interval": 0, "global_train_batch_size": 8,
-        "device_train_microbatch_size": 8, "device_eval_batch_size": 8, "precision": "fp32", "log_to_console": False,
-    }
-    (tmp_path / f"{name}.yaml").write_text(json.dumps(rec))
-    (tmp_path / name).mkdir()
-    proc = subprocess.run([_binary("TESSERA_COMPAT_DRIVER", "tessera_compat_driver"), "train-trace",
-                           tmp_path / f"{name}.yaml", tmp_path / name], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads((tmp_path / name / "trace.json").read_text())
-
-
-def write_mds(folder, samples=200):
-    """`samples` token sequences in zstd MDS shards of ~2 kB, written by Streaming's MDSWriter."""
-    rng = np.random.default_rng(0)
-    with MDSWriter(out=str(folder), columns={"tokens": "ndarray:int32"}, compression="zstd", size_limit=2000) as w:
-        for _ in range(samples):
-            start, stride = rng.integers(0, VOCAB), rng.integers(1, 6)
-            w.write({"tokens": ((start + stride * np.arange(SEQ + 1)) % VOCAB).astype(np.int32)})
 
 
 def test_training_from_gcs_equals_training_from_local_data(gcs, bucket, tmp_path):

@@ -140,7 +140,7 @@ def test_hostile_names_and_damaged_weights_are_refused(hub, model_dir, tmp_path)
 def test_training_streams_mds_shards_from_a_hub_dataset_repo(hub, tmp_path):
     # Streaming's `remote: hf://datasets/<org>/<name>/...`: index.json and the shards come from the repository's
     # files (the listing paged three entries at a time), and the run equals the run on the local copy.
-    from test_gcs_storage import train_trace, write_mds
+    from remote_training import train_trace, write_mds
 
     local = tmp_path / "data"
     write_mds(local / "train")

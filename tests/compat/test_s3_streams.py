@@ -15,11 +15,11 @@ import subprocess
 
 import numpy as np
 import pytest
-import yaml
 from streaming import MDSWriter, Stream, StreamingDataset
 from streaming.base.util import clean_stale_shared_memory
 
 from conftest import _binary
+from remote_training import train_trace
 
 SEQ, VOCAB = 32, 128
 
@@ -184,31 +184,10 @@ def test_training_from_s3_equals_training_from_local_data(streaming_env, s3_buck
             start, stride = rng.integers(0, VOCAB), rng.integers(1, 6)
             w.write({"tokens": ((start + stride * np.arange(SEQ + 1)) % VOCAB).astype(np.int32)})
 
-    def train(name, dataset):
-        recipe = {
-            "max_seq_len": SEQ, "seed": 3, "tokenizer": {"name": "unused"},
-            "model": {"name": "mpt_causal_lm", "d_model": 32, "n_heads": 2, "n_layers": 2, "expansion_ratio": 2,
-                      "max_seq_len": SEQ, "vocab_size": VOCAB, "attn_config": {"attn_impl": "torch"}},
-            "train_loader": {"name": "text", "dataset": {**dataset, "split": "train", "shuffle": True,
-                                                         "max_seq_len": SEQ}, "drop_last": True, "num_workers": 2},
-            "optimizer": {"name": "decoupled_adamw", "lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8,
-                          "weight_decay": 0.0},
-            "scheduler": {"name": "constant_with_warmup", "t_warmup": "0ba"},
-            "max_duration": "1ep", "eval_interval": 0, "global_train_batch_size": 8,
-            "device_train_microbatch_size": 8, "device_eval_batch_size": 8, "precision": "fp32",
-            "log_to_console": False,
-        }
-        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(recipe))
-        (tmp_path / name).mkdir()
-        proc = subprocess.run([_binary("TESSERA_COMPAT_DRIVER", "tessera_compat_driver"), "train-trace",
-                               tmp_path / f"{name}.yaml", tmp_path / name], env=streaming_env.env(),
-                              capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr
-        return json.loads((tmp_path / name / "trace.json").read_text())
-
-    from_local = train("local", {"local": str(local)})
-    from_s3 = train("s3", {"remote": f"s3://{s3_bucket}/ds", "local": str(tmp_path / "cache"),
-                           "cache_limit": "40kb", "predownload": 16})
+    from_local = train_trace(streaming_env.env(), tmp_path, "local", {"local": str(local)})
+    from_s3 = train_trace(streaming_env.env(), tmp_path, "s3", {"remote": f"s3://{s3_bucket}/ds",
+                                                               "local": str(tmp_path / "cache"),
+                                                               "cache_limit": "40kb", "predownload": 16})
     assert len(from_local["losses"]) == 200 // 8
     assert from_s3["batches"] == from_local["batches"]
     assert from_s3["losses"] == from_local["losses"]  # bitwise: the same floats

@@ -1,0 +1,33 @@
+"""What the object-storage benchmarks share (storage_vs_boto3.py, storage_vs_gcs.py): their arguments, a set of
+random shards, and one transfer through Tessera's storage layer (bench_storage_transfer) against a running server."""
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BENCH = os.environ.get("TESSERA_STORAGE_BIN", str(ROOT / "build" / "bin" / "bench_storage_transfer"))
+
+
+def arguments():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--objects", type=int, default=16)
+    ap.add_argument("--mb", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    return ap.parse_args()
+
+
+def make_shards(folder, objects, mb):
+    """`objects` files of `mb` MiB of random bytes in `folder`, named like MDS shards; their total in MB."""
+    folder.mkdir()
+    for i in range(objects):
+        (folder / f"shard.{i:05d}.mds").write_bytes(os.urandom(mb << 20))
+    return objects * (mb << 20) / 1e6
+
+
+def tessera(env, mode, src, dst):
+    """MB/s of Tessera's `mode` ("download" every object under a prefix, "upload" every file of a folder)."""
+    out = subprocess.run([BENCH, mode, "--from", str(src), "--to", str(dst)], env=env, capture_output=True, text=True,
+                         check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["mb_per_s"]
