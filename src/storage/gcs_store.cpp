@@ -21,11 +21,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
 
@@ -158,28 +156,12 @@ class GcsBackend final : public Backend {
   void download(const Uri& u, const std::string& local_path) override {
     auto file = open(u, "GET");  // pins the object's generation: a replaced object fails the download
     const int64_t size = size_of(*file, u);
-    const std::string tmp = temporary_name(local_path);
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) throw Error(kComponent, fmt::format("{}: cannot create {}: {}", u.str(), tmp, std::strerror(errno)));
-    try {
+    download_through_temporary(u.str(), local_path, [&](const DownloadWriter& write) {
       read_parts(*file, u, static_cast<uint64_t>(size), [&](int64_t offset, const arrow::Buffer& b) {
-        // In 256 KiB writes: one 8 MiB write copies into the page cache at a third of the speed (measured here,
-        // 2-core Intel Xeon VM: dd at bs=8M 0.6 GB/s, bs=64K 4.6 GB/s).
-        constexpr int64_t kSlice = int64_t{256} << 10;
-        for (int64_t at = 0; at < b.size(); at += kSlice) {
-          const auto n = static_cast<size_t>(std::min(kSlice, b.size() - at));
-          if (::pwrite(fd, b.data() + at, n, offset + at) != static_cast<ssize_t>(n)) {
-            throw Error(kComponent, fmt::format("{}: cannot write {}: {}", u.str(), tmp, std::strerror(errno)));
-          }
-        }
+        write(static_cast<uint64_t>(offset),
+              std::string_view(reinterpret_cast<const char*>(b.data()), static_cast<size_t>(b.size())));
       });
-      ::close(fd);
-      std::filesystem::rename(tmp, local_path);
-    } catch (...) {
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw;
-    }
+    });
   }
 
   // A resumable upload, which GCS publishes only when it is finalized: on close, after every byte was sent. Arrow's

@@ -8,14 +8,9 @@
 // Files come from /<repo>/resolve/<revision>/<path> (redirects followed; ranges with a Range header); listings from
 // /api/<kind>/<repo>/tree/<revision>/<folder>?recursive=true, page by page (the Link header's next page). Endpoint and
 // token as huggingface_hub (util/hf_hub_client.h); HF_HUB_OFFLINE refuses every request.
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <charconv>
-#include <cstring>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "backend.h"
@@ -100,30 +95,19 @@ class HfBackend final : public Backend {
   }
 
   void download(const Uri& u, const std::string& local_path) override {
-    const std::string tmp = temporary_name(local_path);
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) throw Error(kHfComponent, fmt::format("{}: cannot create {}: {}", u.str(), tmp, std::strerror(errno)));
-    uint64_t got = 0;
-    try {
+    download_through_temporary(u.str(), local_path, [&](const DownloadWriter& write) {
+      uint64_t got = 0;
       const auto r = hf_client(u).call(
           "GET", hf_resolve_path(hf_locate(u)),
           [&](std::string_view bytes) {
-            if (::write(fd, bytes.data(), bytes.size()) != static_cast<ssize_t>(bytes.size())) {
-              throw Error(kHfComponent, fmt::format("{}: cannot write {}: {}", u.str(), tmp, std::strerror(errno)));
-            }
+            write(got, bytes);
             got += bytes.size();
           },
           true);
       if (const std::string length = r.header("content-length"); !length.empty() && length != std::to_string(got)) {
         throw Error(kHfComponent, fmt::format("{}: {} bytes arrived of the {} announced", u.str(), got, length));
       }
-      ::close(fd);
-      std::filesystem::rename(tmp, local_path);
-    } catch (...) {
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw;
-    }
+    });
   }
 
   void put_parts(const Uri& u, const std::vector<std::string_view>&) override { read_only(u); }

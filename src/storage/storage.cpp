@@ -1,10 +1,13 @@
 // storage::*: URI parsing, the table of schemes, and dispatch to local files or a scheme's backend.
 #include <fmt/format.h>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -125,6 +128,32 @@ void parallel_for(size_t n, int threads, const std::function<void(size_t)>& work
   run();
   for (auto& t : pool) t.join();
   if (error) std::rethrow_exception(error);
+}
+
+void download_through_temporary(const std::string& uri, const std::string& local_path,
+                                const std::function<void(const DownloadWriter&)>& fetch) {
+  const std::string tmp = temporary_name(local_path);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(kComponent, fmt::format("{}: cannot create {}: {}", uri, tmp, std::strerror(errno)));
+  const DownloadWriter write = [&](uint64_t offset, std::string_view bytes) {
+    constexpr size_t kSlice = size_t{256} << 10;
+    for (size_t at = 0; at < bytes.size(); at += kSlice) {
+      const size_t n = std::min(kSlice, bytes.size() - at);
+      if (::pwrite(fd, bytes.data() + at, n, static_cast<off_t>(offset + at)) != static_cast<ssize_t>(n)) {
+        throw Error(kComponent, fmt::format("{}: cannot write {}: {}", uri, tmp, std::strerror(errno)));
+      }
+    }
+  };
+  try {
+    fetch(write);
+    if (::close(fd) != 0)
+      throw Error(kComponent, fmt::format("{}: cannot write {}: {}", uri, tmp, std::strerror(errno)));
+    fs::rename(tmp, local_path);
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
 }
 
 std::string temporary_name(const std::string& path) {
