@@ -76,9 +76,7 @@ bool wanted(const std::string& name) {
   static const std::vector<std::string> kSkipped = {".bin", ".pt",      ".pth",    ".pkl",       ".ckpt",
                                                     ".h5",  ".msgpack", ".onnx",   ".onnx_data", ".gguf",
                                                     ".ot",  ".tflite",  ".mlmodel"};
-  return std::none_of(kSkipped.begin(), kSkipped.end(), [&](const std::string& ext) {
-    return name.size() >= ext.size() && name.compare(name.size() - ext.size(), ext.size(), ext) == 0;
-  });
+  return std::none_of(kSkipped.begin(), kSkipped.end(), [&](const std::string& ext) { return name.ends_with(ext); });
 }
 
 // Downloads the files of `repo`'s main revision that Tessera can use into the cache, laid out as huggingface_hub
@@ -251,9 +249,7 @@ fs::path resolve_hf_folder(const std::string& name_or_path) {
   if (std::ifstream f(ref); f) std::getline(f, commit);
   while (!commit.empty() && std::isspace(static_cast<unsigned char>(commit.back()))) commit.pop_back();
   // The ref names a snapshot folder: a plain commit name, never a path ("../../x", "/abs").
-  const bool plain = commit != "." && commit != ".." && std::all_of(commit.begin(), commit.end(), [](char c) {
-                       return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
-                     });
+  const bool plain = commit.empty() || plain_segment(commit);
   if (!plain) {
     throw Error("hf_hub", fmt::format("{}: holds \"{}\", not a commit name (letters, digits, '.', '_', '-'): refusing "
                                       "to use it as a snapshot folder of {}",
