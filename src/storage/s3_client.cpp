@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "backend.h"
+#include "http_pool.h"
 #include "tessera/storage/aws_files.h"
 #include "tessera/storage/s3.h"
 #include "tessera/util/error.h"
@@ -82,29 +83,10 @@ std::string strip_quotes(std::string s) {
   return s;
 }
 
-// Every 5xx but 501 Not Implemented (a feature the server lacks, as permanent as a 4xx) is retried by its status
-// alone, whatever its body holds: an overloaded server or a proxy in front of it answers with any body, or none.
-bool retryable_status(long status, const std::string& code) {  // NOLINT(google-runtime-int)
-  return status == 429 || (status >= 500 && status <= 599 && status != 501) || code == "RequestTimeout" ||
-         code == "SlowDown" || code == "InternalError";
-}
-
-bool retryable_curl(CURLcode c) {
-  switch (c) {
-    case CURLE_COULDNT_CONNECT:
-    case CURLE_COULDNT_RESOLVE_HOST:
-    case CURLE_OPERATION_TIMEDOUT:
-    case CURLE_SEND_ERROR:
-    case CURLE_RECV_ERROR:
-    case CURLE_GOT_NOTHING:
-    case CURLE_PARTIAL_FILE:
-    case CURLE_SSL_CONNECT_ERROR:
-    case CURLE_HTTP2:
-    case CURLE_HTTP2_STREAM:
-      return true;
-    default:
-      return false;
-  }
+// S3's own codes for a transient failure come with statuses retryable_status() already retries, except on stores that
+// answer them with a 4xx.
+bool retryable_s3(long status, const std::string& code) {  // NOLINT(google-runtime-int)
+  return retryable_status(status) || code == "RequestTimeout" || code == "SlowDown" || code == "InternalError";
 }
 
 struct Endpoint {
@@ -133,71 +115,6 @@ bool dns_compatible(const std::string& bucket) {
                      [](char c) { return std::islower(static_cast<unsigned char>(c)) || std::isdigit(c) || c == '-'; });
 }
 
-struct Transfer {
-  std::string_view upload;  // PUT body
-  size_t upload_pos = 0;
-  S3Response* response = nullptr;
-  CURL* handle = nullptr;
-  const std::function<void(uint64_t, std::string_view)>* sink = nullptr;
-  uint64_t received = 0;
-  std::exception_ptr sink_error;
-};
-
-size_t on_read(char* buf, size_t size, size_t n, void* user) {
-  auto* t = static_cast<Transfer*>(user);
-  const size_t len = std::min(size * n, t->upload.size() - t->upload_pos);
-  std::memcpy(buf, t->upload.data() + t->upload_pos, len);
-  t->upload_pos += len;
-  return len;
-}
-
-// libcurl rewinds the body when it resends a request on a fresh connection.
-int on_seek(void* user, curl_off_t offset, int origin) {
-  auto* t = static_cast<Transfer*>(user);
-  if (origin != SEEK_SET || offset < 0 || static_cast<size_t>(offset) > t->upload.size()) return CURL_SEEKFUNC_FAIL;
-  t->upload_pos = static_cast<size_t>(offset);
-  return CURL_SEEKFUNC_OK;
-}
-
-size_t on_write(char* data, size_t size, size_t n, void* user) {
-  auto* t = static_cast<Transfer*>(user);
-  const size_t len = size * n;
-  long status = 0;  // NOLINT(google-runtime-int)
-  curl_easy_getinfo(t->handle, CURLINFO_RESPONSE_CODE, &status);
-  if (t->sink && *t->sink && status >= 200 && status < 300) {
-    try {
-      (*t->sink)(t->received, std::string_view(data, len));
-    } catch (...) {
-      t->sink_error = std::current_exception();
-      return 0;  // aborts the transfer
-    }
-    t->received += len;
-  } else {
-    t->response->body.append(data, len);
-  }
-  return len;
-}
-
-size_t on_header(char* data, size_t size, size_t n, void* user) {
-  auto* t = static_cast<Transfer*>(user);
-  const std::string_view line(data, size * n);
-  if (line.rfind("HTTP/", 0) == 0) {
-    t->response->headers.clear();  // a new response (after 100 Continue or a redirect)
-    return size * n;
-  }
-  const size_t colon = line.find(':');
-  if (colon != std::string_view::npos) {
-    std::string name(line.substr(0, colon));
-    std::transform(name.begin(), name.end(), name.begin(),
-                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    std::string value(line.substr(colon + 1));
-    while (!value.empty() && std::isspace(static_cast<unsigned char>(value.back()))) value.pop_back();
-    value.erase(0, value.find_first_not_of(" \t"));
-    t->response->headers.emplace_back(std::move(name), std::move(value));
-  }
-  return size * n;
-}
-
 // The base64 of the big-endian CRC32 of `data`: S3's x-amz-checksum-crc32 value.
 std::string crc32_base64(std::string_view data) {
   uLong crc = crc32_z(0L, Z_NULL, 0);
@@ -209,11 +126,6 @@ std::string crc32_base64(std::string_view data) {
   return std::string(reinterpret_cast<const char*>(out), 8);
 }
 
-void init_curl_once() {
-  static std::once_flag once;
-  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
-}
-
 }  // namespace
 
 std::string S3Response::header(std::string_view name) const {
@@ -223,40 +135,13 @@ std::string S3Response::header(std::string_view name) const {
   return {};
 }
 
-// Idle easy handles; each keeps its connections open between requests (curl_easy_reset keeps the connection cache).
-struct S3Client::Pool {
-  std::mutex mutex;
-  std::vector<CURL*> idle;
-  CURL* acquire() {
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      if (!idle.empty()) {
-        CURL* h = idle.back();
-        idle.pop_back();
-        curl_easy_reset(h);
-        return h;
-      }
-    }
-    CURL* h = curl_easy_init();
-    if (!h) throw Error(kS3ClientComponent, "curl_easy_init failed");
-    return h;
-  }
-  void release(CURL* h) {
-    std::lock_guard<std::mutex> lock(mutex);
-    idle.push_back(h);
-  }
-  ~Pool() {
-    for (CURL* h : idle) curl_easy_cleanup(h);
-  }
-};
+struct S3Client::Pool : HttpPool {};
 
 S3Client::S3Client(S3Config config, S3Credentials credentials)
     : S3Client(std::move(config), fixed_credentials(std::move(credentials))) {}
 
 S3Client::S3Client(S3Config config, std::shared_ptr<CredentialProvider> credentials)
-    : config_(std::move(config)), credentials_(std::move(credentials)), pool_(std::make_unique<Pool>()) {
-  init_curl_once();
-}
+    : config_(std::move(config)), credentials_(std::move(credentials)), pool_(std::make_unique<Pool>()) {}
 
 S3Client::~S3Client() = default;
 
@@ -291,13 +176,9 @@ S3Response S3Client::send(const std::string& method, const std::string& bucket, 
     if (key.empty() && k == "prefix") where = uri_of(bucket, v);  // a listing: errors name the prefix
   }
 
-  std::mt19937_64 rng(std::random_device{}());
   std::string last_error;
   for (int attempt = 0; attempt < config_.max_attempts; ++attempt) {
-    if (attempt > 0) {
-      const double cap = std::min(config_.backoff_max_s, config_.backoff_base_s * std::pow(2.0, attempt - 1));
-      std::this_thread::sleep_for(std::chrono::duration<double>(std::uniform_real_distribution<double>(0, cap)(rng)));
-    }
+    if (attempt > 0) backoff_sleep(attempt, config_.backoff_base_s, config_.backoff_max_s);
     sigv4::Request req{method, path, query, headers, payload_hash};
     const std::string date = amz_now();
     req.headers.emplace_back("host", host);
@@ -307,65 +188,26 @@ S3Response S3Client::send(const std::string& method, const std::string& bucket, 
     if (!credentials.session_token.empty()) req.headers.emplace_back("x-amz-security-token", credentials.session_token);
     const std::string auth = sigv4::authorization(req, credentials, config_.region, "s3", date);
 
-    curl_slist* list = nullptr;
-    for (const auto& [k, v] : req.headers) {
-      if (k != "host") list = curl_slist_append(list, fmt::format("{}: {}", k, v).c_str());
+    Exchange x{method, url, {}, payload, &sink, config_.connect_timeout_s, config_.stall_timeout_s};
+    for (auto& [k, v] : req.headers) {
+      if (k != "host") x.headers.emplace_back(std::move(k), std::move(v));
     }
-    list = curl_slist_append(list, ("Authorization: " + auth).c_str());
-    list = curl_slist_append(list, "Expect:");
-    S3Response response;
-    Transfer t;
-    t.upload = payload;
-    t.response = &response;
-    t.sink = &sink;
-    CURL* h = pool_->acquire();
-    t.handle = h;
-    curl_easy_setopt(h, CURLOPT_URL, url.c_str());
-    curl_easy_setopt(h, CURLOPT_HTTPHEADER, list);
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, config_.connect_timeout_s);
-    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1024L);
-    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, config_.stall_timeout_s);
-    curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_write);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, &t);
-    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
-    curl_easy_setopt(h, CURLOPT_HEADERDATA, &t);
-    if (method == "HEAD") {
-      curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
-    } else if (method == "PUT") {
-      curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
-      curl_easy_setopt(h, CURLOPT_READFUNCTION, on_read);
-      curl_easy_setopt(h, CURLOPT_READDATA, &t);
-      curl_easy_setopt(h, CURLOPT_SEEKFUNCTION, on_seek);
-      curl_easy_setopt(h, CURLOPT_SEEKDATA, &t);
-      curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(payload.size()));
-    } else if (method == "POST") {
-      curl_easy_setopt(h, CURLOPT_POST, 1L);
-      curl_easy_setopt(h, CURLOPT_POSTFIELDS, payload.data());
-      curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(payload.size()));
-    } else if (method != "GET") {
-      curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method.c_str());
-    }
+    x.headers.emplace_back("Authorization", auth);
     ++requests_;
-    const CURLcode rc = curl_easy_perform(h);
-    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &response.status);
-    curl_slist_free_all(list);
-    if (rc != CURLE_OK) {
-      // A broken handle may hold a broken connection: drop it rather than pool it.
-      curl_easy_cleanup(h);
-      if (t.sink_error) std::rethrow_exception(t.sink_error);
-      last_error = fmt::format("{} failed: {}", method, curl_easy_strerror(rc));
-      if (retryable_curl(rc)) continue;
+    bool retryable = false;
+    util::HttpResponse got = pool_->perform(x, &retryable);
+    if (got.status == 0) {
+      last_error = fmt::format("{} failed: {}", method, got.transport_error);
+      if (retryable) continue;
       throw Error(kS3ClientComponent, fmt::format("{}: {}", where, last_error));
     }
-    pool_->release(h);
+    S3Response response{got.status, std::move(got.body), std::move(got.headers)};
     if (response.status >= 200 && response.status < 300) return response;
     // The body is only read for the error's code and message (a malformed one gives neither).
     const auto [code, message] = aws::error_code_message(response.body);
     last_error = fmt::format("{} HTTP {}{}{}", method, response.status, code.empty() ? "" : " " + code,
                              message.empty() ? "" : ": " + message);
-    if (retryable_status(response.status, code)) continue;
+    if (retryable_s3(response.status, code)) continue;
     if (code == "ExpiredToken" || code == "TokenRefreshRequired") {
       credentials_->expired_by_server();  // temporary credentials the server saw expire first: fetch, try again
       continue;
