@@ -1,6 +1,5 @@
 // S3Client: signed requests over pooled libcurl handles, retries with backoff, parallel ranged downloads and parallel
 // multipart uploads.
-#include <curl/curl.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <openssl/evp.h>
@@ -12,15 +11,11 @@
 #include <atomic>
 #include <charconv>
 #include <chrono>
-#include <cmath>
 #include <cstring>
 #include <ctime>
 #include <exception>
 #include <filesystem>
-#include <mutex>
 #include <optional>
-#include <random>
-#include <thread>
 
 #include "backend.h"
 #include "http_pool.h"
