@@ -45,6 +45,8 @@ void download_through_temporary(const std::string& uri, const std::string& local
 
 // Google Cloud Storage through Arrow's GcsFileSystem (google-cloud-cpp), created on first use (gcs_store.cpp).
 Backend& gcs_backend();
+// Azure Blob Storage and Data Lake Storage Gen2 through the Blob API, Tessera's own client (azure_store.cpp).
+Backend& azure_backend();
 // Files in Hugging Face Hub repositories, read-only (hf_store.cpp).
 Backend& hf_backend();
 

@@ -77,6 +77,10 @@ constexpr SchemeEntry kSchemes[] = {
     {Uri::Scheme::kS3, "s3", s3_backend},
     {Uri::Scheme::kGcs, "gs", gcs_backend},
     {Uri::Scheme::kHf, "hf", hf_backend},
+    {Uri::Scheme::kAzure, "azure", azure_backend},       // azure://container/path (Streaming's form)
+    {Uri::Scheme::kAzureDl, "azure-dl", azure_backend},  // a Data Lake Gen2 file system, through the Blob API
+    {Uri::Scheme::kAbfs, "abfs", azure_backend},         // abfs[s]://container@account.dfs.core.windows.net/path
+    {Uri::Scheme::kAbfss, "abfss", azure_backend},
 };
 
 const SchemeEntry* entry_named(std::string_view name) {

@@ -40,9 +40,15 @@ TEST(Storage, ParsesUris) {
   const Uri hf = parse_uri("hf://datasets/org/name@v1/mds/index.json");
   EXPECT_EQ(hf.scheme, Uri::Scheme::kHf);
   EXPECT_EQ(hf.str(), "hf://datasets/org/name@v1/mds/index.json");
-  const std::string unsupported = error_of([] { parse_uri("azure://container/key"); });
-  EXPECT_NE(unsupported.find("azure://container/key: unsupported scheme \"azure://\" (supported: s3://, gs://, hf://, "
-                             "file://, local paths"),
+  const Uri abfss = parse_uri("abfss://fs@account.dfs.core.windows.net/a/b");
+  EXPECT_EQ(abfss.scheme, Uri::Scheme::kAbfss);
+  EXPECT_EQ(abfss.bucket, "fs@account.dfs.core.windows.net");
+  EXPECT_EQ(abfss.str(), "abfss://fs@account.dfs.core.windows.net/a/b");
+  EXPECT_EQ(parse_uri("azure-dl://fs/k").str(), "azure-dl://fs/k");
+  EXPECT_TRUE(is_remote("azure://container/key"));
+  const std::string unsupported = error_of([] { parse_uri("oci://bucket/key"); });
+  EXPECT_NE(unsupported.find("oci://bucket/key: unsupported scheme \"oci://\" (supported: s3://, gs://, hf://, "
+                             "azure://, azure-dl://, abfs://, abfss://, file://, local paths"),
             std::string::npos)
       << unsupported;
   EXPECT_NE(error_of([] { parse_uri("gs:///key"); }).find("no bucket"), std::string::npos);
