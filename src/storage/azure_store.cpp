@@ -350,50 +350,14 @@ class AzureBackend final : public Backend {
   void download(const Uri& u, const std::string& local_path) override {
     const Target t = target(u);
     const Config& c = config();
-    download_through_temporary(t.uri, local_path, [&](const DownloadWriter& write) {
-      const uint64_t part = c.block_size;
-      // Bytes [begin, end) (end = 0: the first range, whose answer tells the size and the ETag that pins the rest).
-      const auto fetch = [&](uint64_t begin, uint64_t end, const std::string& etag) {
-        std::atomic<uint64_t> got{0};
-        const uint64_t last = (end == 0 ? part : end) - 1;
-        std::vector<std::pair<std::string, std::string>> headers{
-            {"x-ms-range", fmt::format("bytes={}-{}", begin, last)}};
-        if (!etag.empty()) headers.emplace_back("If-Match", etag);
-        const BodySink sink = [&](uint64_t offset, std::string_view bytes) {
-          if (begin + offset + bytes.size() > last + 1) {
-            throw Error(kAzureComponent, fmt::format("{}: range {}-{} returned too many bytes", t.uri, begin, last));
-          }
-          write(begin + offset, bytes);
-          got = offset + bytes.size();
-        };
-        util::HttpResponse r = send(t, "GET", {}, headers, {}, &sink);
-        if (end != 0 && got != end - begin) {
-          throw Error(kAzureComponent,
-                      fmt::format("{}: range {}-{} returned {} bytes", t.uri, begin, last, got.load()));
-        }
-        r.body = std::to_string(got.load());
-        return r;
-      };
-      const util::HttpResponse first = fetch(0, 0, "");
-      uint64_t size = 0;
-      if (first.status != 416) {  // an empty blob has no range
-        const std::string range = first.header("content-range");
-        const size_t slash = range.rfind('/');
-        const uint64_t got = byte_count(first.body, t.uri, "a length");
-        size = slash == std::string::npos ? got : byte_count(range.substr(slash + 1), t.uri, "a Content-Range total");
-        if (got != std::min(size, part)) {
-          throw Error(kAzureComponent, fmt::format("{}: the first range returned {} bytes of {}", t.uri, got, size));
-        }
-      }
-      const std::string etag = first.header("etag");
-      const size_t parts = static_cast<size_t>((size + part - 1) / part);
-      if (parts > 1) {
-        parallel_for(parts - 1, c.parallelism, [&](size_t i) {
-          const uint64_t begin = (i + 1) * part;
-          fetch(begin, std::min(size, begin + part), etag);
-        });
-      }
-    });
+    ranged_download(t.uri, local_path, c.block_size, c.parallelism,
+                    [&](uint64_t first, uint64_t last, const std::string& etag, const BodySink& sink) {
+                      std::vector<std::pair<std::string, std::string>> headers{
+                          {"x-ms-range", fmt::format("bytes={}-{}", first, last)}};
+                      if (!etag.empty()) headers.emplace_back("If-Match", etag);
+                      const util::HttpResponse r = send(t, "GET", {}, headers, {}, &sink);
+                      return RangeAnswer{r.status, r.header("content-range"), r.header("etag")};
+                    });
   }
 
   void put_parts(const Uri& u, const std::vector<std::string_view>& parts) override {

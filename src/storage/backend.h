@@ -43,6 +43,23 @@ using DownloadWriter = std::function<void(uint64_t offset, std::string_view byte
 void download_through_temporary(const std::string& uri, const std::string& local_path,
                                 const std::function<void(const DownloadWriter&)>& fetch);
 
+// One ranged GET of a parallel download: bytes [first, last] of the object, conditioned on `pin` (empty for the first
+// range), each byte handed to `sink` at its offset within the range. The answer's status (206, 200 for an object that
+// fits the range, or 416 for an empty object), its Content-Range and the value that pins the other ranges to the same
+// version (an ETag, a Last-Modified).
+struct RangeAnswer {
+  long status = 0;  // NOLINT(google-runtime-int): libcurl's type
+  std::string content_range;
+  std::string pin;
+};
+using RangeFetch = std::function<RangeAnswer(uint64_t first, uint64_t last, const std::string& pin,
+                                             const std::function<void(uint64_t, std::string_view)>& sink)>;
+// A download through download_through_temporary() in ranges of `part` bytes: the first range's answer gives the size
+// (Content-Range's total) and the pin, then the other ranges go `parallelism` at a time. Each range must deliver
+// exactly its bytes, or the download fails naming `uri`.
+void ranged_download(const std::string& uri, const std::string& local_path, uint64_t part, int parallelism,
+                     const RangeFetch& fetch);
+
 // Google Cloud Storage through Arrow's GcsFileSystem (google-cloud-cpp), created on first use (gcs_store.cpp).
 Backend& gcs_backend();
 // Azure Blob Storage and Data Lake Storage Gen2 through the Blob API, Tessera's own client (azure_store.cpp).

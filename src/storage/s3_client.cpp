@@ -234,64 +234,16 @@ std::string S3Client::get_range(const std::string& bucket, const std::string& ke
 }
 
 void S3Client::download(const std::string& bucket, const std::string& key, const std::string& path) {
-  const std::string where = uri_of(bucket, key);
-  const std::string tmp = temporary_name(path);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    throw Error(kS3ClientComponent, fmt::format("{}: cannot create {}: {}", where, tmp, std::strerror(errno)));
-  const uint64_t part = config_.part_size;
-  // Fetches bytes [begin, end) into the file (end = 0: the first range, whose answer tells the object's size).
-  const auto fetch = [&](uint64_t begin, uint64_t end, const std::string& etag) {
-    std::atomic<uint64_t> got{0};
-    const uint64_t last = (end == 0 ? part : end) - 1;
-    std::vector<std::pair<std::string, std::string>> headers{{"range", fmt::format("bytes={}-{}", begin, last)}};
-    if (!etag.empty()) headers.emplace_back("if-match", "\"" + etag + "\"");
-    S3Response r = send("GET", bucket, key, {}, headers, {}, [&](uint64_t offset, std::string_view bytes) {
-      if (begin + offset + bytes.size() > last + 1) {
-        throw Error(kS3ClientComponent, fmt::format("{}: range {}-{} returned too many bytes", where, begin, last));
-      }
-      if (::pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(begin + offset)) !=
-          static_cast<ssize_t>(bytes.size())) {
-        throw Error(kS3ClientComponent, fmt::format("{}: cannot write {}: {}", where, tmp, std::strerror(errno)));
-      }
-      got = offset + bytes.size();
-    });
-    if (end != 0 && got != end - begin) {
-      throw Error(kS3ClientComponent, fmt::format("{}: range {}-{} returned {} bytes", where, begin, last, got.load()));
-    }
-    r.body = std::to_string(got.load());
-    return r;
-  };
-  try {
-    // The first range also gives the size (Content-Range: bytes 0-N/TOTAL) and the ETag that pins the other ranges
-    // to the same version of the object; an empty object answers 416.
-    const S3Response first = fetch(0, 0, "");
-    uint64_t size = 0;
-    if (first.status != 416) {
-      const std::string range = first.header("content-range");
-      const size_t slash = range.rfind('/');
-      const uint64_t got = byte_count(first.body, where, "a length");
-      size = slash == std::string::npos ? got : byte_count(range.substr(slash + 1), where, "a Content-Range total");
-      if (got != std::min(size, part)) {
-        throw Error(kS3ClientComponent,
-                    fmt::format("{}: the first range returned {} bytes of {}", where, first.body, size));
-      }
-    }
-    const std::string etag = strip_quotes(first.header("etag"));
-    const size_t parts = static_cast<size_t>((size + part - 1) / part);
-    if (parts > 1) {
-      parallel_for(parts - 1, config_.parallelism, [&](size_t i) {
-        const uint64_t begin = (i + 1) * part;
-        fetch(begin, std::min(size, begin + part), etag);
+  // The first range also gives the size (Content-Range: bytes 0-N/TOTAL) and the ETag that pins the other ranges to
+  // the same version of the object; an empty object answers 416.
+  ranged_download(
+      uri_of(bucket, key), path, config_.part_size, config_.parallelism,
+      [&](uint64_t first, uint64_t last, const std::string& etag, const BodySink& sink) {
+        std::vector<std::pair<std::string, std::string>> headers{{"range", fmt::format("bytes={}-{}", first, last)}};
+        if (!etag.empty()) headers.emplace_back("if-match", etag);
+        const S3Response r = send("GET", bucket, key, {}, headers, {}, sink);
+        return RangeAnswer{r.status, r.header("content-range"), r.header("etag")};
       });
-    }
-    ::close(fd);
-    std::filesystem::rename(tmp, path);
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
 }
 
 void S3Client::put(const std::string& bucket, const std::string& key, std::string_view data) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -158,6 +159,57 @@ void download_through_temporary(const std::string& uri, const std::string& local
     ::unlink(tmp.c_str());
     throw;
   }
+}
+
+namespace {
+
+uint64_t range_total(std::string_view text, const std::string& uri) {
+  const size_t slash = text.rfind('/');
+  uint64_t n = 0;
+  const std::string_view total = slash == std::string_view::npos ? std::string_view() : text.substr(slash + 1);
+  const auto [end, ec] = std::from_chars(total.data(), total.data() + total.size(), n);
+  if (total.empty() || ec != std::errc() || end != total.data() + total.size()) {
+    throw Error(kComponent,
+                fmt::format("{}: the server sent Content-Range '{}', not a range of a known size", uri, text));
+  }
+  return n;
+}
+
+}  // namespace
+
+void ranged_download(const std::string& uri, const std::string& local_path, uint64_t part, int parallelism,
+                     const RangeFetch& fetch) {
+  download_through_temporary(uri, local_path, [&](const DownloadWriter& write) {
+    // Bytes [begin, end) into the file; end = 0: the first range, whose length is not known yet.
+    const auto get = [&](uint64_t begin, uint64_t end, const std::string& pin) {
+      const uint64_t last = (end == 0 ? part : end) - 1;
+      std::atomic<uint64_t> got{0};
+      RangeAnswer a = fetch(begin, last, pin, [&](uint64_t offset, std::string_view bytes) {
+        if (begin + offset + bytes.size() > last + 1) {
+          throw Error(kComponent, fmt::format("{}: range {}-{} returned too many bytes", uri, begin, last));
+        }
+        write(begin + offset, bytes);
+        got = offset + bytes.size();
+      });
+      if (end != 0 && got != end - begin) {
+        throw Error(kComponent, fmt::format("{}: range {}-{} returned {} bytes", uri, begin, last, got.load()));
+      }
+      return std::make_pair(std::move(a), got.load());
+    };
+    const auto [first, got] = get(0, 0, "");
+    if (first.status == 416) return;  // an empty object has no range
+    const uint64_t size = first.status == 200 ? got : range_total(first.content_range, uri);
+    if (got != std::min(size, part)) {
+      throw Error(kComponent, fmt::format("{}: the first range returned {} bytes of {}", uri, got, size));
+    }
+    const size_t parts = static_cast<size_t>((size + part - 1) / part);
+    if (parts > 1) {
+      parallel_for(parts - 1, parallelism, [&, pin = first.pin](size_t i) {
+        const uint64_t begin = (i + 1) * part;
+        get(begin, std::min(size, begin + part), pin);
+      });
+    }
+  });
 }
 
 std::string temporary_name(const std::string& path) {
