@@ -512,7 +512,7 @@ class AzureBackend final : public Backend {
     std::string last_error;
     for (int attempt = 0; attempt < c.max_attempts; ++attempt) {
       if (attempt > 0) backoff_sleep(attempt, c.backoff_base_s, c.backoff_max_s);
-      Exchange x{method, url, headers, payload, sink, 10, c.stall_timeout_s};
+      Exchange x{method, url, headers, payload, {}, sink, 10, c.stall_timeout_s};
       x.headers.emplace_back("x-ms-date", rfc1123_now());
       x.headers.emplace_back("x-ms-version", kApiVersion);
       if (c.auth.kind == Auth::Kind::kSharedKey) {

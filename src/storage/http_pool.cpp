@@ -20,8 +20,10 @@ namespace tessera::storage {
 namespace {
 
 struct Transfer {
-  std::string_view upload;  // PUT body
-  size_t upload_pos = 0;
+  std::vector<std::string_view> upload;  // the PUT body, in order
+  uint64_t upload_size = 0;
+  size_t part = 0;  // where the next byte comes from: upload[part], at offset within it
+  size_t part_offset = 0;
   util::HttpResponse* response = nullptr;
   CURL* handle = nullptr;
   const BodySink* sink = nullptr;
@@ -31,17 +33,30 @@ struct Transfer {
 
 size_t on_read(char* buf, size_t size, size_t n, void* user) {
   auto* t = static_cast<Transfer*>(user);
-  const size_t len = std::min(size * n, t->upload.size() - t->upload_pos);
-  std::memcpy(buf, t->upload.data() + t->upload_pos, len);
-  t->upload_pos += len;
-  return len;
+  size_t done = 0;
+  while (done < size * n && t->part < t->upload.size()) {
+    const std::string_view part = t->upload[t->part];
+    const size_t len = std::min(size * n - done, part.size() - t->part_offset);
+    std::memcpy(buf + done, part.data() + t->part_offset, len);
+    done += len;
+    t->part_offset += len;
+    if (t->part_offset == part.size()) {
+      ++t->part;
+      t->part_offset = 0;
+    }
+  }
+  return done;
 }
 
 // libcurl rewinds the body when it resends a request on a fresh connection.
 int on_seek(void* user, curl_off_t offset, int origin) {
   auto* t = static_cast<Transfer*>(user);
-  if (origin != SEEK_SET || offset < 0 || static_cast<size_t>(offset) > t->upload.size()) return CURL_SEEKFUNC_FAIL;
-  t->upload_pos = static_cast<size_t>(offset);
+  if (origin != SEEK_SET || offset < 0 || static_cast<uint64_t>(offset) > t->upload_size) return CURL_SEEKFUNC_FAIL;
+  auto left = static_cast<uint64_t>(offset);
+  for (t->part = 0; t->part < t->upload.size() && left >= t->upload[t->part].size(); ++t->part) {
+    left -= t->upload[t->part].size();
+  }
+  t->part_offset = static_cast<size_t>(left);
   return CURL_SEEKFUNC_OK;
 }
 
@@ -149,7 +164,8 @@ util::HttpResponse HttpPool::perform(const Exchange& x, bool* retryable) {
   list = curl_slist_append(list, "Expect:");
   util::HttpResponse response;
   Transfer t;
-  t.upload = x.payload;
+  t.upload = x.payload_parts.empty() ? std::vector<std::string_view>{x.payload} : x.payload_parts;
+  for (const std::string_view part : t.upload) t.upload_size += part.size();
   t.response = &response;
   t.sink = x.sink;
   CURL* h = idle_->acquire();
@@ -161,6 +177,10 @@ util::HttpResponse HttpPool::perform(const Exchange& x, bool* retryable) {
   curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1024L);
   curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, x.stall_timeout_s);
   curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+  // Bodies arrive in pieces of up to 512 KiB rather than libcurl's default 16 KiB: a download's sink writes each
+  // piece to the page cache, and on loopback 16 KiB writes halved the rate (1.1 GB/s against 2.3 for 1 MiB writes).
+  curl_easy_setopt(h, CURLOPT_BUFFERSIZE, 512L << 10);
+  curl_easy_setopt(h, CURLOPT_UPLOAD_BUFFERSIZE, 512L << 10);
   curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_write);
   curl_easy_setopt(h, CURLOPT_WRITEDATA, &t);
   curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
@@ -173,7 +193,7 @@ util::HttpResponse HttpPool::perform(const Exchange& x, bool* retryable) {
     curl_easy_setopt(h, CURLOPT_READDATA, &t);
     curl_easy_setopt(h, CURLOPT_SEEKFUNCTION, on_seek);
     curl_easy_setopt(h, CURLOPT_SEEKDATA, &t);
-    curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(x.payload.size()));
+    curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(t.upload_size));
   } else if (x.method == "POST") {
     curl_easy_setopt(h, CURLOPT_POST, 1L);
     curl_easy_setopt(h, CURLOPT_POSTFIELDS, x.payload.data());

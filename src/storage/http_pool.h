@@ -25,9 +25,10 @@ struct Exchange {
   std::string url;
   std::vector<std::pair<std::string, std::string>> headers;  // sent as given ("Expect:" is suppressed)
   std::string_view payload;                                  // PUT and POST bodies
-  const BodySink* sink = nullptr;  // when set, a 2xx body goes here instead of into the response
-  long connect_timeout_s = 10;     // NOLINT(google-runtime-int): libcurl's type
-  long stall_timeout_s = 30;       // NOLINT(google-runtime-int): abort below 1 KiB/s for this long
+  std::vector<std::string_view> payload_parts;  // a PUT body in several buffers, sent in order (instead of payload)
+  const BodySink* sink = nullptr;               // when set, a 2xx body goes here instead of into the response
+  long connect_timeout_s = 10;                  // NOLINT(google-runtime-int): libcurl's type
+  long stall_timeout_s = 30;                    // NOLINT(google-runtime-int): abort below 1 KiB/s for this long
 };
 
 class HttpPool {

@@ -183,7 +183,7 @@ S3Response S3Client::send(const std::string& method, const std::string& bucket, 
     if (!credentials.session_token.empty()) req.headers.emplace_back("x-amz-security-token", credentials.session_token);
     const std::string auth = sigv4::authorization(req, credentials, config_.region, "s3", date);
 
-    Exchange x{method, url, {}, payload, &sink, config_.connect_timeout_s, config_.stall_timeout_s};
+    Exchange x{method, url, {}, payload, {}, &sink, config_.connect_timeout_s, config_.stall_timeout_s};
     for (auto& [k, v] : req.headers) {
       if (k != "host") x.headers.emplace_back(std::move(k), std::move(v));
     }
