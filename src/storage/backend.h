@@ -64,6 +64,8 @@ void ranged_download(const std::string& uri, const std::string& local_path, uint
 Backend& gcs_backend();
 // Azure Blob Storage and Data Lake Storage Gen2 through the Blob API, Tessera's own client (azure_store.cpp).
 Backend& azure_backend();
+// Databricks Unity Catalog volumes through the workspace's Files API (dbfs_store.cpp).
+Backend& dbfs_backend();
 // Files in Hugging Face Hub repositories, read-only (hf_store.cpp).
 Backend& hf_backend();
 

@@ -68,25 +68,28 @@ Backend& s3_backend() {
   return backend;
 }
 
-// The object stores, by scheme: the one place a scheme is named.
+// The object stores, by scheme: the one place a scheme is named. A URI is the prefix, the bucket (container, volume
+// root), '/', the key.
 struct SchemeEntry {
   Uri::Scheme scheme;
-  const char* name;
+  std::string_view prefix;
   Backend& (*backend)();
 };
 constexpr SchemeEntry kSchemes[] = {
-    {Uri::Scheme::kS3, "s3", s3_backend},
-    {Uri::Scheme::kGcs, "gs", gcs_backend},
-    {Uri::Scheme::kHf, "hf", hf_backend},
-    {Uri::Scheme::kAzure, "azure", azure_backend},       // azure://container/path (Streaming's form)
-    {Uri::Scheme::kAzureDl, "azure-dl", azure_backend},  // a Data Lake Gen2 file system, through the Blob API
-    {Uri::Scheme::kAbfs, "abfs", azure_backend},         // abfs[s]://container@account.dfs.core.windows.net/path
-    {Uri::Scheme::kAbfss, "abfss", azure_backend},
+    {Uri::Scheme::kS3, "s3://", s3_backend},
+    {Uri::Scheme::kGcs, "gs://", gcs_backend},
+    {Uri::Scheme::kHf, "hf://", hf_backend},
+    {Uri::Scheme::kAzure, "azure://", azure_backend},       // azure://container/path (Streaming's form)
+    {Uri::Scheme::kAzureDl, "azure-dl://", azure_backend},  // a Data Lake Gen2 file system, through the Blob API
+    {Uri::Scheme::kAbfs, "abfs://", azure_backend},         // abfs[s]://container@account.dfs.core.windows.net/path
+    {Uri::Scheme::kAbfss, "abfss://", azure_backend},
+    {Uri::Scheme::kDbfs, "dbfs:/", dbfs_backend},  // dbfs:/Volumes/<catalog>/<schema>/<volume>/path
 };
 
-const SchemeEntry* entry_named(std::string_view name) {
+// The entry whose prefix `uri` starts with, or nullptr.
+const SchemeEntry* entry_for(std::string_view uri) {
   for (const auto& e : kSchemes) {
-    if (name == e.name) return &e;
+    if (uri.substr(0, e.prefix.size()) == e.prefix) return &e;
   }
   return nullptr;
 }
@@ -100,7 +103,8 @@ const SchemeEntry& entry_of(Uri::Scheme scheme) {
 
 std::string supported_schemes() {
   std::string out;
-  for (const auto& e : kSchemes) out += fmt::format("{}://, ", e.name);
+  for (const auto& e : kSchemes)
+    out += fmt::format("{}{}, ", e.prefix, e.scheme == Uri::Scheme::kDbfs ? "Volumes/" : "");
   return out + "file://, local paths";
 }
 
@@ -218,38 +222,45 @@ std::string temporary_name(const std::string& path) {
 }
 
 std::string Uri::str() const {
-  return scheme == Scheme::kLocal ? key : fmt::format("{}://{}/{}", entry_of(scheme).name, bucket, key);
+  return scheme == Scheme::kLocal ? key : fmt::format("{}{}/{}", entry_of(scheme).prefix, bucket, key);
 }
 
 Uri parse_uri(std::string_view uri) {
   Uri u;
-  const size_t sep = uri.find("://");
-  if (sep == std::string_view::npos) {
-    u.key = std::string(uri);
-    return u;
-  }
-  const std::string_view scheme = uri.substr(0, sep), rest = uri.substr(sep + 3);
-  if (scheme == "file") {
-    u.key = std::string(rest);
-    return u;
-  }
-  const SchemeEntry* e = entry_named(scheme);
+  const SchemeEntry* e = entry_for(uri);
   if (e == nullptr) {
+    const size_t sep = uri.find("://");
+    if (sep == std::string_view::npos) {
+      u.key = std::string(uri);
+      return u;
+    }
+    if (uri.substr(0, sep) == "file") {
+      u.key = std::string(uri.substr(sep + 3));
+      return u;
+    }
     throw ConfigError(kComponent, fmt::format("{}: unsupported scheme \"{}://\" (supported: {}; OCI and R2 work "
                                               "through their S3 endpoints with S3_ENDPOINT_URL)",
-                                              uri, scheme, supported_schemes()));
+                                              uri, uri.substr(0, sep), supported_schemes()));
   }
   u.scheme = e->scheme;
+  std::string_view rest = uri.substr(e->prefix.size());
+  if (u.scheme == Uri::Scheme::kDbfs) {
+    while (!rest.empty() && rest.front() == '/') rest.remove_prefix(1);  // dbfs:/Volumes and dbfs:///Volumes alike
+  }
   const size_t slash = rest.find('/');
   u.bucket = std::string(rest.substr(0, slash));
   if (slash != std::string_view::npos) u.key = std::string(rest.substr(slash + 1));
   if (u.bucket.empty()) throw ConfigError(kComponent, fmt::format("{}: no bucket name", uri));
+  if (u.scheme == Uri::Scheme::kDbfs && u.bucket != "Volumes") {
+    throw ConfigError(kComponent, fmt::format("{}: only Unity Catalog volumes are supported "
+                                              "(dbfs:/Volumes/<catalog>/<schema>/<volume>/...), not the DBFS root",
+                                              uri));
+  }
   return u;
 }
 
 bool is_remote(std::string_view uri) {
-  const size_t sep = uri.find("://");
-  return sep != std::string_view::npos && entry_named(uri.substr(0, sep)) != nullptr;
+  return entry_for(uri) != nullptr;
 }
 
 std::string join(std::string_view base, std::string_view name) {

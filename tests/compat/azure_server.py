@@ -274,7 +274,8 @@ class AzureBlobServer:
                     if first >= len(data):
                         return self.error(416, "InvalidRange", "The range specified is invalid for the current size "
                                                                "of the resource.")
-                    return self.answer(206, data[first:last + 1],
+                    # A view, not a copy: the server's own memcpy would cap ranged reads below whole ones.
+                    return self.answer(206, memoryview(data)[first:last + 1],
                                        props + [("Content-Range", f"bytes {first}-{last}/{len(data)}")])
                 return self.answer(200, data, props)
 

@@ -34,9 +34,10 @@ def train_trace(env, tmp_path, name, dataset):
 
 
 def write_mds(folder, samples=200):
-    """`samples` token sequences in zstd MDS shards of ~2 kB, written by Streaming's MDSWriter."""
+    """`samples` token sequences in zstd MDS shards of ~2 kB, written by Streaming's MDSWriter to `folder` (or to
+    a (local, remote) pair, which Streaming uploads)."""
     rng = np.random.default_rng(0)
-    with MDSWriter(out=str(folder), columns={"tokens": "ndarray:int32"}, compression="zstd", size_limit=2000) as w:
+    with MDSWriter(out=folder if isinstance(folder, tuple) else str(folder), columns={"tokens": "ndarray:int32"}, compression="zstd", size_limit=2000) as w:
         for _ in range(samples):
             start, stride = rng.integers(0, VOCAB), rng.integers(1, 6)
             w.write({"tokens": ((start + stride * np.arange(SEQ + 1)) % VOCAB).astype(np.int32)})

@@ -46,9 +46,18 @@ TEST(Storage, ParsesUris) {
   EXPECT_EQ(abfss.str(), "abfss://fs@account.dfs.core.windows.net/a/b");
   EXPECT_EQ(parse_uri("azure-dl://fs/k").str(), "azure-dl://fs/k");
   EXPECT_TRUE(is_remote("azure://container/key"));
+  const Uri volume = parse_uri("dbfs:/Volumes/main/default/data/a/b.mds");
+  EXPECT_EQ(volume.scheme, Uri::Scheme::kDbfs);
+  EXPECT_EQ(volume.bucket, "Volumes");
+  EXPECT_EQ(volume.key, "main/default/data/a/b.mds");
+  EXPECT_EQ(volume.str(), "dbfs:/Volumes/main/default/data/a/b.mds");
+  EXPECT_EQ(join("dbfs:/Volumes/c/s/v", "x"), "dbfs:/Volumes/c/s/v/x");
+  EXPECT_TRUE(is_remote("dbfs:/Volumes/c/s/v"));
+  EXPECT_NE(error_of([] { parse_uri("dbfs:/tmp/x"); }).find("dbfs:/tmp/x: only Unity Catalog volumes"),
+            std::string::npos);
   const std::string unsupported = error_of([] { parse_uri("oci://bucket/key"); });
   EXPECT_NE(unsupported.find("oci://bucket/key: unsupported scheme \"oci://\" (supported: s3://, gs://, hf://, "
-                             "azure://, azure-dl://, abfs://, abfss://, file://, local paths"),
+                             "azure://, azure-dl://, abfs://, abfss://, dbfs:/Volumes/, file://, local paths"),
             std::string::npos)
       << unsupported;
   EXPECT_NE(error_of([] { parse_uri("gs:///key"); }).find("no bucket"), std::string::npos);

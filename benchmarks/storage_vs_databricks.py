@@ -1,0 +1,98 @@
+"""Unity Catalog volume throughput on the tests' loopback Databricks workspace (tests/compat/databricks_server.py, in
+a process of its own), measured in one run:
+
+- download of a shard set (default 16 objects x 64 MB): Tessera's storage layer (dbfs:/Volumes: the Files API, 16 MiB
+  ranges, 8 in flight per file) against databricks-sdk's `files.download()` as mosaicml-streaming's Unity Catalog
+  downloader calls it (one streamed GET per file);
+- upload of the same set: Tessera (one PUT per file, from the mapped file) against `files.upload()` as Streaming's
+  uploader calls it.
+
+databricks-sdk runs with its plain Files API client (DATABRICKS_DISABLE_EXPERIMENTAL_FILES_API_CLIENT), the one the
+loopback workspace serves. Both clients talk to the same Python server process, whose own speed caps every figure
+alike; the ratios are what the benchmark reports.
+
+    python benchmarks/storage_vs_databricks.py [--objects 16] [--mb 64] [--rounds 3]
+"""
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import bench_json
+from storage_bench import ROOT, arguments, make_shards, tessera
+
+
+def main():
+    from databricks.sdk import WorkspaceClient
+    from databricks.sdk.config import Config
+
+    args = arguments()
+    compat = ROOT / "tests" / "compat"
+    server = subprocess.Popen([sys.executable, str(compat / "databricks_server.py"), "main.bench.v"],
+                              stdout=subprocess.PIPE, text=True, cwd=compat)
+    try:
+        url = server.stdout.readline().strip()
+        sys.path.insert(0, str(compat))
+        from databricks_server import DatabricksServer
+
+        env = DatabricksServer.env(type("Workspace", (), {"url": url, "token": "dapi-tessera-test-token"}))
+        files = WorkspaceClient(config=Config(host=url, token="dapi-tessera-test-token",
+                                              disable_experimental_files_api_client=True)).files
+        volume = "/Volumes/main/bench/v"
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = pathlib.Path(tmp)
+            src = tmp / "src"
+            total_mb = make_shards(src, args.objects, args.mb)
+            for p in sorted(src.iterdir()):
+                with open(p, "rb") as f:
+                    files.upload(f"{volume}/set/{p.name}", f, overwrite=True)
+            ours, sdk, up_ours, up_sdk = [], [], [], []
+            for r in range(args.rounds):
+                out = tmp / "out"
+                shutil.rmtree(out, ignore_errors=True)
+                os.sync()  # each timed phase starts with no dirty pages of the one before (untimed)
+                ours.append(tessera(env, "download", f"dbfs:{volume}/set/", out))
+                shutil.rmtree(out, ignore_errors=True)
+                out.mkdir()
+                os.sync()
+                t0 = time.perf_counter()
+                for i in range(args.objects):
+                    contents = files.download(f"{volume}/set/shard.{i:05d}.mds").contents
+                    with open(out / f"{i}", "wb") as f:
+                        shutil.copyfileobj(contents, f, 1 << 20)
+                sdk.append(total_mb / (time.perf_counter() - t0))
+                shutil.rmtree(out)
+                up_ours.append(tessera(env, "upload", src, f"dbfs:{volume}/up{r}"))
+                t0 = time.perf_counter()
+                for p in sorted(src.iterdir()):
+                    with open(p, "rb") as f:
+                        files.upload(f"{volume}/upsdk{r}/{p.name}", f, overwrite=True)
+                up_sdk.append(total_mb / (time.perf_counter() - t0))
+                for prefix in (f"up{r}", f"upsdk{r}"):  # the server keeps files in memory
+                    for p in sorted(src.iterdir()):
+                        files.delete(f"{volume}/{prefix}/{p.name}")
+    finally:
+        server.kill()
+        server.wait()
+    o, s = statistics.median(ours), statistics.median(sdk)
+    uo, us = statistics.median(up_ours), statistics.median(up_sdk)
+    case = f"{args.objects} x {args.mb} MiB"
+    print(f"{case} on a loopback Databricks workspace, median of {args.rounds} rounds (MB/s)")
+    print(f"{'':<40}{'download':>10}{'upload':>10}")
+    print(f"{'Tessera (dbfs:/Volumes)':<40}{o:>10.0f}{uo:>10.0f}")
+    print(f"{'databricks-sdk (as Streaming)':<40}{s:>10.0f}{us:>10.0f}")
+    print(f"download: {o / s:.2f}x databricks-sdk; upload: {uo / us:.2f}x")
+    bench_json.emit("storage_vs_databricks",
+                    [{"case": f"download {case}", "unit": "MB/s", "tessera": o, "peers": {"databricks-sdk": s},
+                      "rounds": args.rounds},
+                     {"case": f"upload {case}", "unit": "MB/s", "tessera": uo, "peers": {"databricks-sdk": us},
+                      "rounds": args.rounds}],
+                    title="Unity Catalog volumes on a loopback workspace: Tessera vs databricks-sdk")
+
+
+if __name__ == "__main__":
+    main()

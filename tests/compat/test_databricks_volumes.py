@@ -1,0 +1,252 @@
+"""Tessera's Unity Catalog volume backend (dbfs:/Volumes/...; src/storage/dbfs_store.cpp) against a loopback
+Databricks workspace (tests/compat/databricks_server.py) with databricks-sdk and mosaicml-streaming as the peers:
+
+- files either side writes read back identically through the other (small, 37 MiB in parallel ranges, an empty one,
+  several buffers), ranges, paged recursive listings, stat, deletes; a missing file is an error naming its URI;
+- MDS shards that Streaming's own MDSWriter uploaded to a volume train Tessera exactly as the local copy does;
+- checkpoints saved to a volume autoresume past a corrupt and an interrupted one, bitwise;
+- a missing volume fails the run before training, naming it;
+- OAuth machine-to-machine tokens (a service principal from ~/.databrickscfg) are refreshed as they expire mid-run,
+  and a wrong secret or token is a clear error that does not print it;
+- transient failures (500, 503, resets, stalls) are retried, and a failed upload publishes nothing.
+"""
+import json
+import os
+
+import pytest
+import xxhash
+
+from remote_training import train_trace, write_mds
+from test_s3_checkpoints import data, recipe, train  # noqa: F401 (data is a fixture)
+from test_s3_storage import run_batch
+
+
+@pytest.fixture(scope="module")
+def workspace():
+    from databricks_server import DatabricksServer
+
+    server = DatabricksServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def volume(workspace, request):
+    import re
+
+    name = re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:40]
+    return workspace.create_volume("main", "tessera", name)
+
+
+def sdk_path(uri):
+    return uri[len("dbfs:"):]
+
+
+def read_back(workspace, uri):
+    return workspace.client().files.download(sdk_path(uri)).contents.read()
+
+
+def upload(workspace, uri, data):
+    import io
+
+    workspace.client().files.upload(sdk_path(uri), io.BytesIO(data), overwrite=True)
+
+
+def test_files_round_trip_with_databricks_sdk(workspace, volume, tmp_path):
+    big = os.urandom(37 * 1024 * 1024 + 123)  # three 16 MiB ranges down, one PUT up
+    (tmp_path / "big.bin").write_bytes(big)
+    (tmp_path / "empty.bin").write_bytes(b"")
+    upload(workspace, f"{volume}/from-sdk/a b+c.txt", b"written by databricks-sdk")
+    upload(workspace, f"{volume}/from-sdk/big.bin", big)
+    upload(workspace, f"{volume}/from-sdk/deep/er/x.bin", b"x")
+    upload(workspace, f"{volume}/from-sdk-other", b"y")
+    upload(workspace, f"{volume}/fromage", b"not under the prefix")
+    workspace.page_size = 2  # every listing below takes pages
+    try:
+        out = run_batch(workspace.env(), [
+            {"op": "put", "uri": f"{volume}/from-tessera/small.txt", "data": "written by tessera"},
+            {"op": "put_file", "path": str(tmp_path / "big.bin"), "uri": f"{volume}/from-tessera/big.bin"},
+            {"op": "put_file", "path": str(tmp_path / "empty.bin"), "uri": f"{volume}/from-tessera/empty"},
+            {"op": "put_parts", "path": str(tmp_path / "big.bin"), "cuts": [5, 9 << 20, 20 << 20],
+             "uri": f"{volume}/from-tessera/parts.bin"},
+            {"op": "get", "uri": f"{volume}/from-sdk/a b+c.txt"},
+            {"op": "range", "uri": f"{volume}/from-sdk/a b+c.txt", "offset": 3, "length": 7},
+            {"op": "download", "uri": f"{volume}/from-sdk/big.bin", "path": str(tmp_path / "down" / "big.bin")},
+            {"op": "stat", "uri": f"{volume}/from-sdk/big.bin"},
+            {"op": "stat", "uri": f"{volume}/missing"},
+            {"op": "list", "uri": f"{volume}/from-"},
+            {"op": "remove", "uri": f"{volume}/from-sdk/a b+c.txt"},
+            {"op": "remove", "uri": f"{volume}/never-existed"},
+            {"op": "get", "uri": f"{volume}/from-sdk/a b+c.txt"},
+            {"op": "range", "uri": f"{volume}/from-sdk-other", "offset": 0, "length": 2},
+            {"op": "download", "uri": f"{volume}/absent", "path": str(tmp_path / "down" / "absent")},
+            {"op": "download", "uri": f"{volume}/from-tessera/empty", "path": str(tmp_path / "down" / "empty")},
+            {"op": "list", "uri": f"{volume}/no-such-folder/"},
+        ], tmp_path)
+    finally:
+        workspace.page_size = 1000
+    r = out["results"]
+    assert [x.get("error") for x in r[:12]] == [None] * 12
+    assert read_back(workspace, f"{volume}/from-tessera/small.txt") == b"written by tessera"
+    assert read_back(workspace, f"{volume}/from-tessera/big.bin") == big
+    assert read_back(workspace, f"{volume}/from-tessera/empty") == b""
+    assert read_back(workspace, f"{volume}/from-tessera/parts.bin") == big
+    assert r[4]["data"] == "written by databricks-sdk" and r[5]["data"] == "tten by"
+    assert (tmp_path / "down" / "big.bin").read_bytes() == big
+    assert r[7]["size"] == len(big) and r[8]["size"] is None
+    listed = {o[0]: o[1] for o in r[9]["objects"]}
+    assert listed == {f"{volume}/from-sdk/a b+c.txt": 25, f"{volume}/from-sdk/big.bin": len(big),
+                      f"{volume}/from-sdk/deep/er/x.bin": 1, f"{volume}/from-sdk-other": 1,
+                      f"{volume}/from-tessera/big.bin": len(big), f"{volume}/from-tessera/empty": 0,
+                      f"{volume}/from-tessera/parts.bin": len(big), f"{volume}/from-tessera/small.txt": 18}
+    assert [o[0] for o in r[9]["objects"]] == sorted(listed)
+    assert f"{volume}/from-sdk/a b+c.txt: GET HTTP 404 NOT_FOUND" in r[12]["error"], r[12]
+    assert "asked for 2 bytes at 0, got 1" in r[13]["error"], r[13]
+    assert "NOT_FOUND" in r[14]["error"] and not (tmp_path / "down" / "absent").exists()
+    assert r[15].get("error") is None and (tmp_path / "down" / "empty").read_bytes() == b""
+    assert r[16].get("error") is None and r[16].get("objects") is None  # nothing there, no error
+    assert sorted(p.name for p in (tmp_path / "down").iterdir()) == ["big.bin", "empty"]  # no temporary file left
+    assert all(s[2] == "pat" for s in workspace.seen)
+
+
+def test_training_from_a_volume_streaming_wrote_equals_training_from_local_data(workspace, volume, tmp_path,
+                                                                                monkeypatch):
+    local = tmp_path / "data"
+    write_mds(local / "train")
+    for k, v in workspace.env().items():  # Streaming's uploader is databricks-sdk's WorkspaceClient() from the env
+        if k.startswith("DATABRICKS_"):
+            monkeypatch.setenv(k, v)
+    write_mds((str(tmp_path / "staging"), f"{volume}/ds/train"))
+    assert sorted(o.name for o in workspace.client().files.list_directory_contents(sdk_path(f"{volume}/ds/train"))) \
+        == sorted(p.name for p in (local / "train").iterdir())
+
+    from_local = train_trace(workspace.env(), tmp_path, "local", {"local": str(local)})
+    from_volume = train_trace(workspace.env(), tmp_path, "volume", {"remote": f"{volume}/ds",
+                                                                    "local": str(tmp_path / "cache"),
+                                                                    "cache_limit": "40kb", "predownload": 16})
+    assert len(from_local["losses"]) == 200 // 8
+    assert from_volume["batches"] == from_local["batches"]
+    assert from_volume["losses"] == from_local["losses"]  # bitwise: the same floats
+
+
+def test_checkpoints_in_a_volume_autoresume_past_a_corrupt_and_an_interrupted_one(workspace, volume, data, tmp_path):
+    env = workspace.env()
+    runs = tmp_path / "runs"
+    rec = recipe(tmp_path, data, runs)
+    folder = f"{volume}/run/ckpt"
+    train(env, rec, "run_name=ref", "max_duration=8ba")
+    train(env, rec, "run_name=first", f"save_folder={folder}", "max_duration=6ba", "save_interval=2ba",
+          "save_num_checkpoints_to_keep=2", f"callbacks.hf_checkpointer.save_folder={volume}/hf/{{run_name}}",
+          "callbacks.hf_checkpointer.save_interval=6ba")
+    files = workspace.client().files
+    names = sorted(p for p in workspace.files if p.startswith(sdk_path(folder) + "/"))
+    assert [n[len(sdk_path(folder)) + 1:] for n in names] == [
+        "ep0-ba4/metadata.json", "ep0-ba4/rank0.safetensors", "ep0-ba6/metadata.json", "ep0-ba6/rank0.safetensors",
+        "latest"]  # ep0-ba2 rotated away
+    meta = json.loads(read_back(workspace, f"{folder}/ep0-ba6/metadata.json"))
+    assert meta["files"][0]["xxh64"] == xxhash.xxh64(read_back(workspace, f"{folder}/ep0-ba6/rank0.safetensors")
+                                                     ).hexdigest()
+    assert files.get_metadata(sdk_path(f"{volume}/hf/first/huggingface/ba6/model.safetensors")).content_length > 0
+    body = bytearray(read_back(workspace, f"{folder}/ep0-ba6/rank0.safetensors"))
+    body[-5] ^= 0x40
+    upload(workspace, f"{folder}/ep0-ba6/rank0.safetensors", bytes(body))
+    upload(workspace, f"{folder}/ep0-ba8/rank0.safetensors", b"half an upload")
+    upload(workspace, f"{folder}/latest", b"ep0-ba8")
+
+    proc = train(env, rec, "run_name=resumed", f"save_folder={folder}", "max_duration=8ba", "save_interval=2ba",
+                 "autoresume=true")
+    log = proc.stdout + proc.stderr
+    assert f"{folder}/ep0-ba6/rank0.safetensors: xxh64 checksum" in log, log[-3000:]
+    assert f"{folder}/ep0-ba8: no metadata.json" in log, log[-3000:]
+    losses = [json.loads(line) for line in (runs / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["batch"] for m in losses if "loss/train/total" in m] == [4, 5, 6, 7]  # resumed from ep0-ba4
+    want = (runs / "ref" / "huggingface" / "ba8" / "model.safetensors").read_bytes()
+    assert (runs / "resumed" / "huggingface" / "ba8" / "model.safetensors").read_bytes() == want
+    assert read_back(workspace, f"{folder}/latest").decode() == "ep0-ba8"
+
+
+def test_a_missing_volume_fails_the_run_before_training_naming_it(workspace, data, tmp_path):
+    rec = recipe(tmp_path, data, tmp_path / "runs")
+    folder = "dbfs:/Volumes/main/tessera/no_such_volume/ckpt"
+    proc = train(workspace.env(), rec, "run_name=nv", f"save_folder={folder}", "max_duration=2ba", check=False)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert folder in out and "NOT_FOUND" in out and "not in an existing volume" in out, out[-3000:]
+    assert not (tmp_path / "runs" / "nv" / "metrics.jsonl").exists()
+
+
+def test_oauth_tokens_from_a_profile_are_refreshed_mid_run_and_bad_credentials_are_clear(workspace, volume,
+                                                                                           tmp_path):
+    workspace.oauth_clients["sp-trainer"] = "dose-secret-for-the-test"
+    workspace.token_lifetime_s = 2  # refreshed after half its life: several tokens over the batch below
+    cfg = tmp_path / "databrickscfg"
+    cfg.write_text(f"[DEFAULT]\nhost = {workspace.url}\ntoken = dapi-not-this-one\n\n[trainer]\nhost = "
+                   f"{workspace.url}\nclient_id = sp-trainer\nclient_secret = dose-secret-for-the-test\n")
+    env = workspace.env(DATABRICKS_HOST=None, DATABRICKS_TOKEN=None, DATABRICKS_CONFIG_FILE=str(cfg),
+                        DATABRICKS_CONFIG_PROFILE="trainer")
+    data = os.urandom(3 << 20)
+    (tmp_path / "d.bin").write_bytes(data)
+    before, seen_before = len(workspace.token_requests), len(workspace.seen)
+    try:
+        ops = []
+        for i in range(4):
+            ops += [{"op": "put_file", "path": str(tmp_path / "d.bin"), "uri": f"{volume}/t/{i}"},
+                    {"op": "sleep", "seconds": 1.2}]
+        ops += [{"op": "download", "uri": f"{volume}/t/3", "path": str(tmp_path / "back.bin")},
+                {"op": "list", "uri": f"{volume}/t/"}]
+        out = run_batch(env, ops, tmp_path)
+        assert [x.get("error") for x in out["results"]] == [None] * len(ops)
+        assert (tmp_path / "back.bin").read_bytes() == data and len(out["results"][-1]["objects"]) == 4
+        fetched = workspace.token_requests[before:]
+        assert len(fetched) >= 3 and all(f[0] == "sp-trainer" for f in fetched), fetched
+        mine = workspace.seen[seen_before:]
+        assert mine and all(s[2] == "oauth" and s[3] < 400 for s in mine)  # no request met an expired token
+
+        cfg.write_text(cfg.read_text().replace("dose-secret-for-the-test", "not-the-secret"))
+        out = run_batch(env, [{"op": "stat", "uri": f"{volume}/t/0"}], tmp_path, "wrong")
+        err = out["results"][0]["error"]
+        assert f"OAuth machine-to-machine for client sp-trainer ({cfg} [trainer])" in err, err
+        assert "invalid_client" in err and "not-the-secret" not in err, err
+    finally:
+        workspace.token_lifetime_s = 3600
+
+    out = run_batch(workspace.env(DATABRICKS_TOKEN="dapi-revoked"), [{"op": "stat", "uri": f"{volume}/t/0"}],
+                    tmp_path, "revoked")
+    err = out["results"][0]["error"]
+    assert f"{volume}/t/0: HEAD HTTP 401" in err and "credentials from DATABRICKS_TOKEN" in err, err
+    assert "dapi-revoked" not in err
+    out = run_batch(workspace.env(DATABRICKS_HOST=None), [{"op": "stat", "uri": f"{volume}/t/0"}], tmp_path, "nohost")
+    assert "no Databricks workspace: set DATABRICKS_HOST" in out["results"][0]["error"]
+
+
+def test_transient_failures_are_retried_and_a_failed_upload_publishes_nothing(tmp_path):
+    from databricks_server import DatabricksServer
+    from s3_server import FaultProxy
+
+    server = DatabricksServer()
+    proxy = FaultProxy(server.url, stall_s=4)
+    try:
+        vol = server.create_volume("main", "faults", "v")
+        data = os.urandom(40 * 1024 * 1024)
+        upload(server, f"{vol}/obj", data)
+        upload(server, f"{vol}/up", b"the previous version")
+        env = server.env(host=proxy.url, TESSERA_DBFS_STALL_TIMEOUT_S="1")
+        (tmp_path / "up.bin").write_bytes(data[::-1])
+        proxy.plan = ["503", "500", "reset", "stall", "ok", "reset", "ok", "500", "503", "reset", "stall"]
+        out = run_batch(env, [{"op": "download", "uri": f"{vol}/obj", "path": str(tmp_path / "obj")},
+                              {"op": "put_file", "path": str(tmp_path / "up.bin"), "uri": f"{vol}/up"}], tmp_path)
+        assert [r.get("error") for r in out["results"]] == [None, None]
+        assert (tmp_path / "obj").read_bytes() == data
+        assert read_back(server, f"{vol}/up") == data[::-1]
+        assert not proxy.plan  # every planned failure was met, and survived
+
+        proxy.plan, proxy.after = [], "503"
+        out = run_batch({**env, "TESSERA_DBFS_MAX_ATTEMPTS": "3"},
+                        [{"op": "put_file", "path": str(tmp_path / "obj"), "uri": f"{vol}/up"}], tmp_path, "failing")
+        err = out["results"][0]["error"]
+        assert f"{vol}/up: PUT HTTP 503" in err and "gave up after 3 attempts" in err, err
+        proxy.after = "ok"
+        assert read_back(server, f"{vol}/up") == data[::-1]
+    finally:
+        server.stop()
+        proxy.stop()
