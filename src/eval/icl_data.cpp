@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <optional>
+#include <sstream>
 
 #include "tessera/config/reader.h"
 #include "tessera/config/value.h"
@@ -13,6 +15,7 @@
 #include "tessera/eval/fewshot.h"
 #include "tessera/eval/icl.h"
 #include "tessera/eval/icl_task_keys.h"
+#include "tessera/storage/storage.h"
 #include "tessera/util/error.h"
 
 namespace tessera::eval {
@@ -117,10 +120,16 @@ IclTaskConfig parse_icl_task(const config::Value& entry, const std::string& base
                                       "multiple_choice, schema, generation_task_with_answers)",
                                       t.icl_task_type));
   }
-  if (t.dataset_uri.find("://") != std::string::npos) {
-    fail("dataset_uri", fmt::format("\"{}\": only local files are supported", t.dataset_uri));
+  // An object store's URI is read from there (LLM Foundry fetches it with get_file); another scheme is refused here,
+  // naming the ones the storage layer has.
+  try {
+    const storage::Uri u = storage::parse_uri(t.dataset_uri);
+    if (u.scheme == storage::Uri::Scheme::kLocal) t.dataset_uri = u.key;  // file:// stripped
+  } catch (const Error& e) {
+    fail("dataset_uri", e.message());
   }
-  if (!std::filesystem::exists(t.dataset_uri) && !base.empty() && std::filesystem::path(t.dataset_uri).is_relative()) {
+  if (!storage::is_remote(t.dataset_uri) && !std::filesystem::exists(t.dataset_uri) && !base.empty() &&
+      std::filesystem::path(t.dataset_uri).is_relative()) {
     t.dataset_uri = (base / t.dataset_uri).string();
   }
   if (auto it = j.find("num_fewshot"); it != j.end()) {
@@ -164,8 +173,15 @@ IclTaskConfig parse_icl_task(const config::Value& entry, const std::string& base
 
 std::vector<IclExample> load_icl_dataset(const std::string& path, const std::string& icl_task_type, bool strip_data,
                                          bool require_category) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("eval", fmt::format("{}: cannot open the task file", path));
+  // A remote task file is read whole (ICL datasets are megabytes); a local one line by line.
+  std::unique_ptr<std::istream> stream;
+  if (storage::is_remote(path)) {
+    stream = std::make_unique<std::istringstream>(storage::read(path));
+  } else {
+    stream = std::make_unique<std::ifstream>(path, std::ios::binary);
+    if (!*stream) throw Error("eval", fmt::format("{}: cannot open the task file", path));
+  }
+  std::istream& in = *stream;
   std::vector<IclExample> out;
   std::string line;
   int64_t line_no = 0;

@@ -196,6 +196,40 @@ def test_malformed_line_names_file_and_line(setup, tmp_path):
     assert f"{tmp_path / 'bad.jsonl'}:2: `choices`: expected a list of strings" in proc.stderr
 
 
+def test_task_files_in_object_storage_score_as_the_local_ones(setup, tmp_path):
+    # dataset_uri may name an object store, as in LLM Foundry: the tasks read from a loopback Azure Blob service
+    # give the counts the same files give locally; a scheme the storage layer lacks is refused naming the key.
+    from azure_server import AzureBlobServer
+
+    tmp, tasks = setup[0], setup[4]
+    picked = [t for t in tasks if t["label"] in ("copa", "triviaqa_own")]
+    server = AzureBlobServer()
+    try:
+        server.client().create_container("icl")
+        for t in picked:
+            server.client().get_blob_client("icl", pathlib.Path(t["dataset_uri"]).name).upload_blob(
+                pathlib.Path(t["dataset_uri"]).read_bytes())
+        remote = [dict(t, dataset_uri=f"azure://icl/{pathlib.Path(t['dataset_uri']).name}") for t in picked]
+        counts = {}
+        for name, chosen in (("local", picked), ("remote", remote)):
+            (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump({"icl_tasks": chosen}))
+            proc = subprocess.run([_binary("TESSERA_EVAL_BIN", "eval"), "--model", tmp / "hf", "--tokenizer",
+                                   tmp / "tokenizer.json", "--tasks", tmp_path / f"{name}.yaml", "--output",
+                                   tmp_path / f"{name}.json", "--precision", "fp32"], capture_output=True, text=True,
+                                  env=server.env())
+            assert proc.returncode == 0, proc.stderr
+            counts[name] = [(r["label"], r["num_fewshot"], r["correct"], r["total"])
+                            for r in json.loads((tmp_path / f"{name}.json").read_text())["results"]]
+        assert counts["remote"] == counts["local"] and len(counts["local"]) == 3
+        assert any(s[0] == "GET" and s[1].endswith("/icl/copa.jsonl") for s in server.seen)
+    finally:
+        server.stop()
+    (tmp_path / "oci.yaml").write_text(yaml.safe_dump({"icl_tasks": [dict(picked[0], dataset_uri="oci://b/x.jsonl")]}))
+    proc = subprocess.run([_binary("TESSERA_EVAL_BIN", "eval"), "--model", tmp / "hf", "--tokenizer",
+                           tmp / "tokenizer.json", "--tasks", tmp_path / "oci.yaml"], capture_output=True, text=True)
+    assert proc.returncode != 0 and "dataset_uri" in proc.stderr and "unsupported scheme" in proc.stderr, proc.stderr
+
+
 def test_precision_bf16_on_the_cpu_and_fp16_refused(setup):
     # --precision amp_bf16 autocasts the forward passes on the CPU (what `auto` picks where bf16 is native): every
     # task is scored, and a multiple-choice task's pick moves only where the random model's choices are near ties.

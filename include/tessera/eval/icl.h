@@ -25,7 +25,7 @@ namespace tessera::eval {
 // One `icl_tasks` entry (LLM Foundry's keys and defaults).
 struct IclTaskConfig {
   std::string label;
-  std::string dataset_uri;  // a local .jsonl path (relative paths: to the cwd, else to the tasks file)
+  std::string dataset_uri;  // a .jsonl path (relative: to the cwd, else to the tasks file) or object-store URI
   std::vector<int64_t> num_fewshot = {0};
   std::string icl_task_type;  // language_modeling | multiple_choice | schema | generation_task_with_answers
   int64_t max_seq_len = 0;    // 0: the model's max_seq_len
