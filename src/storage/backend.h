@@ -66,6 +66,8 @@ Backend& gcs_backend();
 Backend& azure_backend();
 // Databricks Unity Catalog volumes through the workspace's Files API (dbfs_store.cpp).
 Backend& dbfs_backend();
+// OCI Object Storage through its native API, signed with an API key (oci_store.cpp).
+Backend& oci_backend();
 // Files in Hugging Face Hub repositories, read-only (hf_store.cpp).
 Backend& hf_backend();
 

@@ -84,6 +84,7 @@ constexpr SchemeEntry kSchemes[] = {
     {Uri::Scheme::kAbfs, "abfs://", azure_backend},         // abfs[s]://container@account.dfs.core.windows.net/path
     {Uri::Scheme::kAbfss, "abfss://", azure_backend},
     {Uri::Scheme::kDbfs, "dbfs:/", dbfs_backend},  // dbfs:/Volumes/<catalog>/<schema>/<volume>/path
+    {Uri::Scheme::kOci, "oci://", oci_backend},    // oci://bucket/path, oci://bucket@namespace/path
 };
 
 // The entry whose prefix `uri` starts with, or nullptr.
@@ -238,8 +239,8 @@ Uri parse_uri(std::string_view uri) {
       u.key = std::string(uri.substr(sep + 3));
       return u;
     }
-    throw ConfigError(kComponent, fmt::format("{}: unsupported scheme \"{}://\" (supported: {}; OCI and R2 work "
-                                              "through their S3 endpoints with S3_ENDPOINT_URL)",
+    throw ConfigError(kComponent, fmt::format("{}: unsupported scheme \"{}://\" (supported: {}; R2, MinIO and Ceph "
+                                              "work through their S3 endpoints with S3_ENDPOINT_URL)",
                                               uri, uri.substr(0, sep), supported_schemes()));
   }
   u.scheme = e->scheme;

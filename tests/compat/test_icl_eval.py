@@ -224,9 +224,9 @@ def test_task_files_in_object_storage_score_as_the_local_ones(setup, tmp_path):
         assert any(s[0] == "GET" and s[1].endswith("/icl/copa.jsonl") for s in server.seen)
     finally:
         server.stop()
-    (tmp_path / "oci.yaml").write_text(yaml.safe_dump({"icl_tasks": [dict(picked[0], dataset_uri="oci://b/x.jsonl")]}))
+    (tmp_path / "ftp.yaml").write_text(yaml.safe_dump({"icl_tasks": [dict(picked[0], dataset_uri="ftp://b/x.jsonl")]}))
     proc = subprocess.run([_binary("TESSERA_EVAL_BIN", "eval"), "--model", tmp / "hf", "--tokenizer",
-                           tmp / "tokenizer.json", "--tasks", tmp_path / "oci.yaml"], capture_output=True, text=True)
+                           tmp / "tokenizer.json", "--tasks", tmp_path / "ftp.yaml"], capture_output=True, text=True)
     assert proc.returncode != 0 and "dataset_uri" in proc.stderr and "unsupported scheme" in proc.stderr, proc.stderr
 
 

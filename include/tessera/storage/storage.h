@@ -1,15 +1,16 @@
 // URI-addressed objects: local files (plain paths, file://), S3-compatible object stores (s3://bucket/key), Google
 // Cloud Storage (gs://bucket/key), Azure Blob Storage and Data Lake Gen2 (azure://container/path,
 // azure-dl://filesystem/path, abfs[s]://container@account.dfs.core.windows.net/path), Databricks Unity Catalog volumes
-// (dbfs:/Volumes/catalog/schema/volume/path) and, read-only, Hugging Face Hub repositories
-// (hf://datasets/org/name/path), behind one set of functions. Every layer above (datasets, the MDS
-// writer, checkpoints, HF export) reads and writes through these, so any path in a recipe may be remote.
+// (dbfs:/Volumes/catalog/schema/volume/path), OCI Object Storage (oci://bucket[@namespace]/path) and, read-only,
+// Hugging Face Hub repositories (hf://datasets/org/name/path), behind one set of functions. Every layer above
+// (datasets, the MDS writer, checkpoints, HF export) reads and writes through these, so any path in a recipe may be
+// remote.
 //
 // Semantics, the same for every backend:
 //   - write() publishes atomically: readers see the old object (or none) or the whole new one, never a part (local:
 //     temporary file + fsync + rename; S3: one PUT, or a multipart upload that becomes visible only when completed;
 //     GCS: a resumable upload, visible only when finalized; Azure: one Put Blob, or blocks committed by one Put Block
-//     List; Unity Catalog volumes: one Files API PUT).
+//     List; Unity Catalog volumes: one Files API PUT; OCI: one PutObject, or a committed multipart upload).
 //   - download() fetches into a temporary file next to `local_path` and renames it, so a crash never leaves a partial
 //     file under the final name; objects come down in parallel byte ranges.
 //   - list() is recursive under a prefix and returns full URIs, sorted.
@@ -27,14 +28,14 @@ namespace tessera::storage {
 
 // A parsed location. Local paths keep their spelling (relative stays relative); `file://` is stripped.
 struct Uri {
-  enum class Scheme { kLocal, kS3, kGcs, kHf, kAzure, kAzureDl, kAbfs, kAbfss, kDbfs };
+  enum class Scheme { kLocal, kS3, kGcs, kHf, kAzure, kAzureDl, kAbfs, kAbfss, kDbfs, kOci };
   Scheme scheme = Scheme::kLocal;
   std::string bucket;       // object stores only
   std::string key;          // object stores: the object key (no leading '/'); local: the path
   std::string str() const;  // scheme://bucket/key (dbfs:/Volumes/key), or the path
 };
 
-// Throws ConfigError for an unsupported scheme ("oci://", ...) or an object URI without a bucket, naming it.
+// Throws ConfigError for an unsupported scheme ("ftp://", ...) or an object URI without a bucket, naming it.
 Uri parse_uri(std::string_view uri);
 bool is_remote(std::string_view uri);  // true for an object store's URI (s3://, gs://, azure://, hf://, ...)
 // `base` + "/" + `name` for URIs and paths alike (no doubled slash).

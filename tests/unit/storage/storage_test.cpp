@@ -55,9 +55,10 @@ TEST(Storage, ParsesUris) {
   EXPECT_TRUE(is_remote("dbfs:/Volumes/c/s/v"));
   EXPECT_NE(error_of([] { parse_uri("dbfs:/tmp/x"); }).find("dbfs:/tmp/x: only Unity Catalog volumes"),
             std::string::npos);
-  const std::string unsupported = error_of([] { parse_uri("oci://bucket/key"); });
-  EXPECT_NE(unsupported.find("oci://bucket/key: unsupported scheme \"oci://\" (supported: s3://, gs://, hf://, "
-                             "azure://, azure-dl://, abfs://, abfss://, dbfs:/Volumes/, file://, local paths"),
+  EXPECT_EQ(parse_uri("oci://bucket@ns/a/b").str(), "oci://bucket@ns/a/b");
+  const std::string unsupported = error_of([] { parse_uri("ftp://bucket/key"); });
+  EXPECT_NE(unsupported.find("ftp://bucket/key: unsupported scheme \"ftp://\" (supported: s3://, gs://, hf://, "
+                             "azure://, azure-dl://, abfs://, abfss://, dbfs:/Volumes/, oci://, file://, local paths"),
             std::string::npos)
       << unsupported;
   EXPECT_NE(error_of([] { parse_uri("gs:///key"); }).find("no bucket"), std::string::npos);

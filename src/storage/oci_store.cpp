@@ -1,0 +1,436 @@
+// OCI Object Storage (oci://bucket/path, oci://bucket@namespace/path) through its native REST API, signed as the OCI
+// SDKs sign (HTTP Signatures with the API key of ~/.oci/config, RSA-SHA256), over the pooled transport
+// (http_pool.h). Objects up to 128 MiB go in one PutObject; larger ones as a multipart upload (parts in parallel,
+// visible only once committed, aborted on failure). Downloads are parallel ranges pinned with If-Match.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/sha.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "backend.h"
+#include "http_pool.h"
+#include "tessera/storage/aws_files.h"
+#include "tessera/util/error.h"
+#include "tessera/util/file_io.h"
+#include "tessera/util/http.h"
+
+namespace tessera::storage {
+namespace {
+
+constexpr const char* kOciComponent = "oci";
+
+std::string env_value(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? std::string() : std::string(v);
+}
+
+std::string expand_home(const std::string& path) {
+  if (path.rfind("~/", 0) != 0) return path;
+  return env_value("HOME") + path.substr(1);
+}
+
+std::string base64(const unsigned char* bytes, size_t n) {
+  std::string out(4 * ((n + 2) / 3) + 1, '\0');
+  const int len = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()), bytes, static_cast<int>(n));
+  out.resize(static_cast<size_t>(len));
+  return out;
+}
+
+std::string sha256_base64(std::string_view data) {
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), digest);
+  return base64(digest, SHA256_DIGEST_LENGTH);
+}
+
+std::string http_date() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%a, %d %b %Y %H:%M:%S GMT", &tm);
+  return buf;
+}
+
+using KeyPtr = std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)>;
+
+struct Config {
+  std::string endpoint;  // scheme://host[:port], no trailing '/'
+  std::string host;      // what the Host header (and the signature) carries
+  std::string key_id;    // tenancy/user/fingerprint
+  std::shared_ptr<EVP_PKEY> key;
+  std::string source;          // the config file and profile, for messages
+  std::string namespace_name;  // resolved on first use when a URI does not name it
+  int max_attempts = 5;
+  double backoff_base_s = 0.1, backoff_max_s = 5.0;
+  long stall_timeout_s = 30;                    // NOLINT(google-runtime-int)
+  uint64_t part_size = 16ULL << 20;             // a range of a download, a part of a multipart upload
+  uint64_t multipart_threshold = 128ULL << 20;  // larger uploads go in parts (the SDK's UploadManager's default)
+  int parallelism = 8;
+};
+
+int env_int(const char* name, int fallback, int lo, int hi) {
+  const std::string v = env_value(name);
+  if (v.empty()) return fallback;
+  int n = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (ec != std::errc() || end != v.data() + v.size() || n < lo || n > hi) {
+    throw ConfigError(kOciComponent, fmt::format("{}={}: not a whole number from {} to {}", name, v, lo, hi));
+  }
+  return n;
+}
+
+// The API key of a profile in the OCI config file (OCI_CONFIG_FILE or the CLI's OCI_CLI_CONFIG_FILE, else
+// ~/.oci/config; profile OCI_CLI_PROFILE, else DEFAULT, whose keys every other profile inherits, as the SDKs read it).
+Config config_from_environment() {
+  Config c;
+  std::string file = env_value("OCI_CONFIG_FILE");
+  if (file.empty()) file = env_value("OCI_CLI_CONFIG_FILE");
+  if (file.empty()) file = expand_home("~/.oci/config");
+  const std::string profile = env_value("OCI_CLI_PROFILE").empty() ? "DEFAULT" : env_value("OCI_CLI_PROFILE");
+  auto settings = aws::ini_section(file, "DEFAULT");
+  for (auto& [k, v] : aws::ini_section(file, profile)) settings[k] = v;
+  c.source = fmt::format("the API key of {} [{}]", file, profile);
+  const auto need = [&](const char* key) {
+    if (settings.count(key) == 0 || settings.at(key).empty()) {
+      throw ConfigError(kOciComponent, fmt::format("no OCI credentials: {} [{}] has no `{}` (an API key profile needs "
+                                                   "user, fingerprint, tenancy, region and key_file)",
+                                                   file, profile, key));
+    }
+    return settings.at(key);
+  };
+  const std::string user = need("user"), fingerprint = need("fingerprint"), tenancy = need("tenancy");
+  c.key_id = fmt::format("{}/{}/{}", tenancy, user, fingerprint);
+  const std::string key_file = expand_home(need("key_file"));
+  const std::string pem = util::read_file(key_file, kOciComponent);
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), BIO_free);
+  std::string pass = settings.count("pass_phrase") > 0 ? settings.at("pass_phrase") : "";
+  EVP_PKEY* key = PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, pass.empty() ? nullptr : pass.data());
+  if (key == nullptr || EVP_PKEY_base_id(key) != EVP_PKEY_RSA) {
+    EVP_PKEY_free(key);
+    throw ConfigError(kOciComponent, fmt::format("{}: not an RSA private key in PEM{} (key_file of {} [{}])", key_file,
+                                                 pass.empty() ? "" : " or a wrong pass_phrase", file, profile));
+  }
+  c.key = std::shared_ptr<EVP_PKEY>(key, EVP_PKEY_free);
+  std::string endpoint = env_value("TESSERA_OCI_ENDPOINT_URL");
+  if (endpoint.empty()) endpoint = fmt::format("https://objectstorage.{}.oraclecloud.com", need("region"));
+  while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
+  const auto parts = util::parse_url(endpoint);
+  if (!parts || (parts->scheme != "http" && parts->scheme != "https")) {
+    throw ConfigError(kOciComponent, fmt::format("OCI endpoint {}: not an http:// or https:// URL", endpoint));
+  }
+  c.endpoint = fmt::format("{}://{}", parts->scheme, parts->authority);
+  c.host = parts->authority;
+  c.max_attempts = env_int("TESSERA_OCI_MAX_ATTEMPTS", c.max_attempts, 1, 100);
+  c.parallelism = env_int("TESSERA_OCI_PARALLELISM", c.parallelism, 1, 256);
+  c.stall_timeout_s = env_int("TESSERA_OCI_STALL_TIMEOUT_S", static_cast<int>(c.stall_timeout_s), 1, 3600);
+  c.part_size = static_cast<uint64_t>(env_int("TESSERA_OCI_PART_SIZE_MB", 16, 10, 50000)) << 20;
+  c.multipart_threshold = static_cast<uint64_t>(env_int("TESSERA_OCI_MULTIPART_THRESHOLD_MB", 128, 10, 50000)) << 20;
+  return c;
+}
+
+uint64_t byte_count(std::string_view text, const std::string& where, const char* what) {
+  uint64_t n = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
+    throw Error(kOciComponent, fmt::format("{}: the server sent {} '{}', not a byte count", where, what, text));
+  }
+  return n;
+}
+
+class OciBackend final : public Backend {
+ public:
+  std::string get(const Uri& u) override { return send(u.str(), "GET", object_path(u), {}, {}).body; }
+
+  std::string get_range(const Uri& u, uint64_t offset, uint64_t length) override {
+    if (length == 0) return {};
+    const std::string uri = u.str();
+    util::HttpResponse r =
+        send(uri, "GET", object_path(u), {{"range", fmt::format("bytes={}-{}", offset, offset + length - 1)}}, {});
+    if (r.body.size() != length) {
+      throw Error(kOciComponent, fmt::format("{}: asked for {} bytes at {}, got {} (the object is shorter)", uri,
+                                             length, offset, r.body.size()));
+    }
+    return std::move(r.body);
+  }
+
+  void download(const Uri& u, const std::string& local_path) override {
+    const Config& c = config();
+    const std::string uri = u.str(), path = object_path(u);
+    ranged_download(
+        uri, local_path, c.part_size, c.parallelism,
+        [&](uint64_t first, uint64_t last, const std::string& etag, const BodySink& sink) {
+          std::vector<std::pair<std::string, std::string>> headers{{"range", fmt::format("bytes={}-{}", first, last)}};
+          if (!etag.empty()) headers.emplace_back("if-match", etag);
+          const util::HttpResponse r = send(uri, "GET", path, headers, {}, &sink);
+          return RangeAnswer{r.status, r.header("content-range"), r.header("etag")};
+        });
+  }
+
+  void put_parts(const Uri& u, const std::vector<std::string_view>& parts) override {
+    std::vector<uint64_t> starts;
+    uint64_t size = 0;
+    for (std::string_view p : parts) {
+      starts.push_back(size);
+      size += p.size();
+    }
+    // The buffers that hold bytes [offset, offset + length), cut to that range.
+    const auto slice = [&](uint64_t offset, uint64_t length) {
+      std::vector<std::string_view> out;
+      for (size_t i = 0; i < parts.size() && length > 0; ++i) {
+        const uint64_t end = starts[i] + parts[i].size();
+        if (end <= offset || parts[i].empty()) continue;
+        const uint64_t from = offset - starts[i], n = std::min<uint64_t>(length, parts[i].size() - from);
+        out.push_back(parts[i].substr(from, n));
+        offset += n;
+        length -= n;
+      }
+      return out;
+    };
+    upload(u, size, slice);
+  }
+
+  void upload_file(const std::string& local_path, const Uri& u) override {
+    const int fd = ::open(local_path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw Error(kOciComponent, fmt::format("{}: cannot open: {}", local_path, std::strerror(errno)));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      ::close(fd);
+      throw Error(kOciComponent, fmt::format("{}: cannot stat: {}", local_path, std::strerror(errno)));
+    }
+    const auto size = static_cast<size_t>(st.st_size);
+    void* map = size == 0 ? nullptr : ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);
+    if (map == MAP_FAILED) {
+      throw Error(kOciComponent, fmt::format("{}: cannot map: {}", local_path, std::strerror(errno)));
+    }
+    struct Unmap {
+      void* p;
+      size_t n;
+      ~Unmap() {
+        if (p != nullptr) ::munmap(p, n);
+      }
+    } unmap{map, size};
+    put_parts(u, {std::string_view(static_cast<const char*>(map), size)});
+  }
+
+  std::vector<ObjectInfo> list(const Uri& prefix) override {
+    const std::string uri = prefix.str();
+    const std::string base = uri.substr(0, uri.size() - prefix.key.size());  // oci://bucket[@ns]/
+    std::vector<ObjectInfo> out;
+    std::string start;
+    do {
+      std::string path =
+          fmt::format("{}/o?fields=name%2Csize%2Cetag&prefix={}", bucket_path(prefix), util::url_encode(prefix.key));
+      if (!start.empty()) path += "&start=" + util::url_encode(start);
+      const util::HttpResponse r = send(uri, "GET", path, {}, {});
+      const auto j = nlohmann::json::parse(r.body, nullptr, false);
+      if (j.is_discarded() || !j.is_object()) {
+        throw Error(kOciComponent, fmt::format("{}: a listing that is not a JSON object", uri));
+      }
+      for (const auto& o : j.value("objects", nlohmann::json::array())) {
+        const std::string name = o.value("name", "");
+        const uint64_t size = o.contains("size") && o["size"].is_number_unsigned() ? o["size"].get<uint64_t>() : 0;
+        out.push_back({base + name, size, o.value("etag", "")});
+      }
+      start =
+          j.contains("nextStartWith") && j["nextStartWith"].is_string() ? j["nextStartWith"].get<std::string>() : "";
+    } while (!start.empty());
+    std::sort(out.begin(), out.end(), [](const ObjectInfo& a, const ObjectInfo& b) { return a.uri < b.uri; });
+    return out;
+  }
+
+  void remove(const Uri& u) override { send(u.str(), "DELETE", object_path(u), {}, {}); }
+
+  std::optional<ObjectInfo> stat(const Uri& u) override {
+    const std::string uri = u.str();
+    const util::HttpResponse r = send(uri, "HEAD", object_path(u), {}, {});
+    if (r.status == 404) return std::nullopt;
+    return ObjectInfo{uri, byte_count(r.header("content-length"), uri, "a Content-Length"), r.header("etag")};
+  }
+
+ private:
+  const Config& config() {
+    std::call_once(once_, [this] { config_ = config_from_environment(); });
+    return config_;
+  }
+
+  // The namespace a URI names (bucket@namespace), else the tenancy's, asked of the service once (GetNamespace).
+  std::string namespace_of(const Uri& u) {
+    const size_t at = u.bucket.find('@');
+    if (at != std::string::npos) return u.bucket.substr(at + 1);
+    std::call_once(namespace_once_, [&] {
+      const util::HttpResponse r = send(u.str(), "GET", "/n/", {}, {});
+      const auto j = nlohmann::json::parse(r.body, nullptr, false);
+      if (j.is_discarded() || !j.is_string() || j.get<std::string>().empty()) {
+        throw Error(kOciComponent, fmt::format("{}: GetNamespace answered '{}', not a namespace", u.str(), r.body));
+      }
+      namespace_ = j.get<std::string>();
+    });
+    if (namespace_.empty()) throw Error(kOciComponent, fmt::format("{}: the tenancy's namespace is unknown", u.str()));
+    return namespace_;
+  }
+
+  std::string bucket_path(const Uri& u) {
+    const std::string bucket = u.bucket.substr(0, u.bucket.find('@'));
+    if (bucket.empty()) throw ConfigError(kOciComponent, fmt::format("{}: no bucket name", u.str()));
+    return fmt::format("/n/{}/b/{}", util::url_encode(namespace_of(u)), util::url_encode(bucket));
+  }
+
+  std::string object_path(const Uri& u) { return bucket_path(u) + "/o/" + util::url_encode(u.key); }
+
+  // PutObject up to multipart_threshold; above it a multipart upload: create, the parts in parallel, commit (abort on
+  // failure).
+  void upload(const Uri& u, uint64_t size,
+              const std::function<std::vector<std::string_view>(uint64_t, uint64_t)>& read) {
+    const Config& c = config();
+    const std::string uri = u.str();
+    if (size <= c.multipart_threshold) {
+      send(uri, "PUT", object_path(u), {{"content-type", "application/octet-stream"}}, read(0, size));
+      return;
+    }
+    uint64_t part = c.part_size;
+    while ((size + part - 1) / part > 10000) part *= 2;  // a multipart upload holds up to 10,000 parts
+    const std::string upload_path = bucket_path(u) + "/u";
+    const util::HttpResponse created =
+        send(uri, "POST", upload_path, {}, {nlohmann::json{{"object", u.key}}.dump()}, nullptr, true);
+    const auto j = nlohmann::json::parse(created.body, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("uploadId") || !j["uploadId"].is_string()) {
+      throw Error(kOciComponent, fmt::format("{}: CreateMultipartUpload returned no uploadId", uri));
+    }
+    const std::string id = j["uploadId"].get<std::string>();
+    const std::string upload = upload_path + "/" + util::url_encode(u.key);
+    const size_t parts = static_cast<size_t>((size + part - 1) / part);
+    std::vector<std::string> etags(parts);
+    try {
+      parallel_for(parts, c.parallelism, [&](size_t i) {
+        const uint64_t begin = i * part, length = std::min(size - begin, part);
+        const util::HttpResponse r =
+            send(uri, "PUT", fmt::format("{}?uploadId={}&uploadPartNum={}", upload, util::url_encode(id), i + 1),
+                 {{"content-type", "application/octet-stream"}}, read(begin, length));
+        etags[i] = r.header("etag");
+        if (etags[i].empty()) throw Error(kOciComponent, fmt::format("{}: part {} returned no ETag", uri, i + 1));
+      });
+      nlohmann::json commit{{"partsToCommit", nlohmann::json::array()}};
+      for (size_t i = 0; i < parts; ++i) commit["partsToCommit"].push_back({{"partNum", i + 1}, {"etag", etags[i]}});
+      send(uri, "POST", fmt::format("{}?uploadId={}", upload, util::url_encode(id)), {}, {commit.dump()}, nullptr,
+           true);
+    } catch (...) {
+      try {
+        send(uri, "DELETE", fmt::format("{}?uploadId={}", upload, util::url_encode(id)), {}, {});
+      } catch (const std::exception&) {
+        // The upload expires unseen; the first error is the one to report.
+      }
+      throw;
+    }
+  }
+
+  // The Authorization header of one request: HTTP Signatures over date, (request-target) and host, and for a JSON
+  // body also its length, type and SHA-256 (the SDKs sign object and part uploads without their bodies).
+  std::string authorization(const std::string& method, const std::string& path_and_query,
+                            std::vector<std::pair<std::string, std::string>>& headers, std::string_view json_body) {
+    const Config& c = config();
+    const std::string date = http_date();
+    headers.emplace_back("date", date);
+    std::string lower = method;
+    std::transform(lower.begin(), lower.end(), lower.begin(),
+                   [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+    std::string names = "date (request-target) host";
+    std::string text = fmt::format("date: {}\n(request-target): {} {}\nhost: {}", date, lower, path_and_query, c.host);
+    if (json_body.data() != nullptr) {
+      const std::string sha = sha256_base64(json_body);
+      headers.emplace_back("content-type", "application/json");
+      headers.emplace_back("x-content-sha256", sha);
+      names += " content-length content-type x-content-sha256";
+      text += fmt::format("\ncontent-length: {}\ncontent-type: application/json\nx-content-sha256: {}",
+                          json_body.size(), sha);
+    }
+    std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+    size_t len = 0;
+    if (!ctx || EVP_DigestSignInit(ctx.get(), nullptr, EVP_sha256(), nullptr, c.key.get()) != 1 ||
+        EVP_DigestSign(ctx.get(), nullptr, &len, reinterpret_cast<const unsigned char*>(text.data()), text.size()) !=
+            1) {
+      throw Error(kOciComponent, fmt::format("signing with {} failed", c.source));
+    }
+    std::vector<unsigned char> signature(len);
+    if (EVP_DigestSign(ctx.get(), signature.data(), &len, reinterpret_cast<const unsigned char*>(text.data()),
+                       text.size()) != 1) {
+      throw Error(kOciComponent, fmt::format("signing with {} failed", c.source));
+    }
+    return fmt::format(R"(Signature algorithm="rsa-sha256",headers="{}",keyId="{}",signature="{}",version="1")", names,
+                       c.key_id, base64(signature.data(), len));
+  }
+
+  // Signs and sends one request, retrying transient failures; throws naming `uri`. 404 on HEAD and DELETE, and 416
+  // on GET, come back to the caller. `body` is the PUT body (object bytes) or, with `json`, a JSON POST body.
+  util::HttpResponse send(const std::string& uri, const std::string& method, const std::string& path_and_query,
+                          const std::vector<std::pair<std::string, std::string>>& headers,
+                          const std::vector<std::string_view>& body, const BodySink* sink = nullptr,
+                          bool json = false) {
+    const Config& c = config();
+    std::string last_error;
+    for (int attempt = 0; attempt < c.max_attempts; ++attempt) {
+      if (attempt > 0) backoff_sleep(attempt, c.backoff_base_s, c.backoff_max_s);
+      Exchange x{method, c.endpoint + path_and_query, headers, {}, {}, sink, 10, c.stall_timeout_s};
+      if (json) {
+        x.payload = body.empty() ? std::string_view("") : body.front();  // a POST body
+      } else {
+        x.payload_parts = body;
+      }
+      const std::string auth = authorization(method, path_and_query, x.headers, json ? x.payload : std::string_view());
+      x.headers.emplace_back("authorization", auth);
+      bool retryable = false;
+      util::HttpResponse r = pool_.perform(x, &retryable);
+      if (r.status == 0) {
+        last_error = fmt::format("{} failed: {}", method, r.transport_error);
+        if (retryable) continue;
+        throw Error(kOciComponent, fmt::format("{}: {}", uri, last_error));
+      }
+      if (r.status >= 200 && r.status < 300) return r;
+      std::string code, message;
+      const auto j = nlohmann::json::parse(r.body, nullptr, false);
+      if (!j.is_discarded() && j.is_object()) {
+        if (j.contains("code") && j["code"].is_string()) code = j["code"].get<std::string>();
+        if (j.contains("message") && j["message"].is_string()) message = j["message"].get<std::string>();
+      }
+      last_error = fmt::format("{} HTTP {}{}{}", method, r.status, code.empty() ? "" : " " + code,
+                               message.empty() ? "" : ": " + message);
+      if (retryable_status(r.status)) continue;
+      if (r.status == 404 && (method == "HEAD" || method == "DELETE")) return r;
+      if (r.status == 416 && method == "GET") return r;
+      if (r.status == 401 || r.status == 403) last_error += fmt::format(" (credentials: {})", c.source);
+      throw Error(kOciComponent, fmt::format("{}: {}", uri, last_error));
+    }
+    throw Error(kOciComponent, fmt::format("{}: {} (gave up after {} attempts)", uri, last_error, c.max_attempts));
+  }
+
+  std::once_flag once_, namespace_once_;
+  Config config_;
+  std::string namespace_;
+  HttpPool pool_;
+};
+
+}  // namespace
+
+Backend& oci_backend() {
+  static OciBackend backend;
+  return backend;
+}
+
+}  // namespace tessera::storage

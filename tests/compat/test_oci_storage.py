@@ -1,0 +1,217 @@
+"""Tessera's OCI Object Storage backend (oci://; src/storage/oci_store.cpp) against a loopback Object Storage service
+(tests/compat/oci_server.py) that checks every request's signature with the `oci` SDK's own signer, with the SDK's
+ObjectStorageClient as the peer:
+
+- objects either side writes read back identically through the other (small, 37 MiB as a multipart upload and in
+  parallel ranges, an empty one, several buffers), ranges, paged prefix listings, stat, deletes, with the namespace
+  in the URI (oci://bucket@namespace/...) or asked of the service (oci://bucket/...);
+- a training run streaming MDS shards from oci:// equals the run on the local copy;
+- checkpoints saved to oci:// autoresume past a corrupt and an interrupted one, bitwise;
+- a missing bucket fails the run before training, naming it; a key the service does not know is refused naming the
+  config file and profile, without printing the key;
+- transient failures (500, 503, resets, stalls) are retried, and a failed multipart upload publishes nothing.
+"""
+import json
+import os
+
+import pytest
+import xxhash
+
+from remote_training import train_trace, write_mds
+from test_s3_checkpoints import data, recipe, train  # noqa: F401 (data is a fixture)
+from test_s3_storage import run_batch
+
+
+@pytest.fixture(scope="module")
+def oci_store():
+    from oci_server import OciObjectStorageServer
+
+    server = OciObjectStorageServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def bucket(oci_store, request):
+    import re
+
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:50].strip("-")
+    oci_store.create_bucket(name)
+    return name
+
+
+def object_bytes(server, bucket, name):
+    return server.client().get_object(server.namespace, bucket, name).data.content
+
+
+def put(server, bucket, name, data):
+    server.client().put_object(server.namespace, bucket, name, data)
+
+
+def test_objects_round_trip_with_the_oci_sdk(oci_store, bucket, tmp_path):
+    big = os.urandom(37 * 1024 * 1024 + 123)  # three 16 MiB parts of a multipart upload, three ranges down
+    (tmp_path / "big.bin").write_bytes(big)
+    (tmp_path / "empty.bin").write_bytes(b"")
+    put(oci_store, bucket, "from-sdk/a b+c.txt", b"written by the oci sdk")
+    put(oci_store, bucket, "from-sdk/big.bin", big)
+    put(oci_store, bucket, "from-sdk-other", b"x")
+    put(oci_store, bucket, "fromage", b"not under the prefix")
+    base, named = f"oci://{bucket}", f"oci://{bucket}@{oci_store.namespace}"
+    oci_store.page_size = 3  # the listing below takes three pages
+    try:
+        out = run_batch(oci_store.env(), [
+            {"op": "put", "uri": f"{base}/from-tessera/small.txt", "data": "written by tessera"},
+            {"op": "put_file", "path": str(tmp_path / "big.bin"), "uri": f"{named}/from-tessera/big.bin"},
+            {"op": "put_file", "path": str(tmp_path / "empty.bin"), "uri": f"{base}/from-tessera/empty"},
+            {"op": "put_parts", "path": str(tmp_path / "big.bin"), "cuts": [5, 9 << 20, 20 << 20],
+             "uri": f"{base}/from-tessera/parts.bin"},
+            {"op": "get", "uri": f"{named}/from-sdk/a b+c.txt"},
+            {"op": "range", "uri": f"{base}/from-sdk/a b+c.txt", "offset": 3, "length": 7},
+            {"op": "download", "uri": f"{base}/from-sdk/big.bin", "path": str(tmp_path / "down" / "big.bin")},
+            {"op": "stat", "uri": f"{base}/from-sdk/big.bin"},
+            {"op": "stat", "uri": f"{base}/missing"},
+            {"op": "list", "uri": f"{base}/from-"},
+            {"op": "remove", "uri": f"{base}/from-sdk/a b+c.txt"},
+            {"op": "remove", "uri": f"{base}/never-existed"},
+            {"op": "get", "uri": f"{base}/from-sdk/a b+c.txt"},
+            {"op": "range", "uri": f"{base}/from-sdk-other", "offset": 0, "length": 2},
+            {"op": "download", "uri": f"{base}/absent", "path": str(tmp_path / "down" / "absent")},
+            {"op": "download", "uri": f"{base}/from-tessera/empty", "path": str(tmp_path / "down" / "empty")},
+        ], tmp_path)
+    finally:
+        oci_store.page_size = 1000
+    r = out["results"]
+    assert [x.get("error") for x in r[:12]] == [None] * 12
+    assert object_bytes(oci_store, bucket, "from-tessera/small.txt") == b"written by tessera"
+    assert object_bytes(oci_store, bucket, "from-tessera/big.bin") == big
+    assert object_bytes(oci_store, bucket, "from-tessera/empty") == b""
+    assert object_bytes(oci_store, bucket, "from-tessera/parts.bin") == big
+    assert r[4]["data"] == "written by the oci sdk" and r[5]["data"] == "tten by"
+    assert (tmp_path / "down" / "big.bin").read_bytes() == big
+    assert r[7]["size"] == len(big) and r[8]["size"] is None
+    listed = {o[0]: o[1] for o in r[9]["objects"]}
+    assert listed == {f"{base}/from-sdk/a b+c.txt": 22, f"{base}/from-sdk/big.bin": len(big),
+                      f"{base}/from-sdk-other": 1, f"{base}/from-tessera/big.bin": len(big),
+                      f"{base}/from-tessera/empty": 0, f"{base}/from-tessera/parts.bin": len(big),
+                      f"{base}/from-tessera/small.txt": 18}
+    assert [o[0] for o in r[9]["objects"]] == sorted(listed)
+    assert f"{base}/from-sdk/a b+c.txt: GET HTTP 404 ObjectNotFound" in r[12]["error"], r[12]
+    assert "asked for 2 bytes at 0, got 1" in r[13]["error"], r[13]
+    assert "ObjectNotFound" in r[14]["error"] and not (tmp_path / "down" / "absent").exists()
+    assert r[15].get("error") is None and (tmp_path / "down" / "empty").read_bytes() == b""
+    assert sorted(p.name for p in (tmp_path / "down").iterdir()) == ["big.bin", "empty"]  # no temporary file left
+    # The big uploads went up as multipart uploads (created, parts, committed); every request was signed and
+    # accepted (the server answers 401 to a signature the SDK would not have made).
+    mine = [s for s in oci_store.seen if f"/b/{bucket}/" in s[1] or s[1] == "/n/"]
+    assert sum(1 for s in mine if s[0] == "POST" and s[1].endswith(f"/b/{bucket}/u")) == 2
+    assert all(s[2] != 401 for s in mine)
+
+
+def test_training_from_oci_equals_training_from_local_data(oci_store, bucket, tmp_path):
+    local = tmp_path / "data"
+    write_mds(local / "train")
+    for f in sorted((local / "train").iterdir()):
+        put(oci_store, bucket, f"ds/train/{f.name}", f.read_bytes())
+    from_local = train_trace(oci_store.env(), tmp_path, "local", {"local": str(local)})
+    from_oci = train_trace(oci_store.env(), tmp_path, "oci", {"remote": f"oci://{bucket}/ds",
+                                                             "local": str(tmp_path / "cache"),
+                                                             "cache_limit": "40kb", "predownload": 16})
+    assert len(from_local["losses"]) == 200 // 8
+    assert from_oci["batches"] == from_local["batches"]
+    assert from_oci["losses"] == from_local["losses"]  # bitwise: the same floats
+
+
+def test_checkpoints_in_oci_autoresume_past_a_corrupt_and_an_interrupted_one(oci_store, bucket, data, tmp_path):
+    env = oci_store.env()
+    runs = tmp_path / "runs"
+    rec = recipe(tmp_path, data, runs)
+    folder = f"oci://{bucket}/run/ckpt"
+    train(env, rec, "run_name=ref", "max_duration=8ba")
+    train(env, rec, "run_name=first", f"save_folder={folder}", "max_duration=6ba", "save_interval=2ba",
+          "save_num_checkpoints_to_keep=2", f"callbacks.hf_checkpointer.save_folder=oci://{bucket}/hf/{{run_name}}",
+          "callbacks.hf_checkpointer.save_interval=6ba")
+    names = sorted(n[len("run/ckpt/"):] for n in oci_store.buckets[bucket] if n.startswith("run/ckpt/"))
+    assert names == ["ep0-ba4/metadata.json", "ep0-ba4/rank0.safetensors", "ep0-ba6/metadata.json",
+                     "ep0-ba6/rank0.safetensors", "latest"]  # ep0-ba2 rotated away
+    meta = json.loads(object_bytes(oci_store, bucket, "run/ckpt/ep0-ba6/metadata.json"))
+    assert meta["files"][0]["xxh64"] == xxhash.xxh64(
+        object_bytes(oci_store, bucket, "run/ckpt/ep0-ba6/rank0.safetensors")).hexdigest()
+    assert "hf/first/huggingface/ba6/model.safetensors" in oci_store.buckets[bucket]
+    key = "run/ckpt/ep0-ba6/rank0.safetensors"
+    body = bytearray(object_bytes(oci_store, bucket, key))
+    body[-5] ^= 0x40
+    put(oci_store, bucket, key, bytes(body))
+    put(oci_store, bucket, "run/ckpt/ep0-ba8/rank0.safetensors", b"half an upload")
+    put(oci_store, bucket, "run/ckpt/latest", b"ep0-ba8")
+
+    proc = train(env, rec, "run_name=resumed", f"save_folder={folder}", "max_duration=8ba", "save_interval=2ba",
+                 "autoresume=true")
+    log = proc.stdout + proc.stderr
+    assert f"{folder}/ep0-ba6/rank0.safetensors: xxh64 checksum" in log, log[-3000:]
+    assert f"{folder}/ep0-ba8: no metadata.json" in log, log[-3000:]
+    losses = [json.loads(line) for line in (runs / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["batch"] for m in losses if "loss/train/total" in m] == [4, 5, 6, 7]  # resumed from ep0-ba4
+    want = (runs / "ref" / "huggingface" / "ba8" / "model.safetensors").read_bytes()
+    assert (runs / "resumed" / "huggingface" / "ba8" / "model.safetensors").read_bytes() == want
+    assert object_bytes(oci_store, bucket, "run/ckpt/latest").decode() == "ep0-ba8"
+
+
+def test_a_missing_bucket_and_an_unknown_key_are_clear_errors(oci_store, data, tmp_path):
+    from oci_server import make_api_key
+
+    rec = recipe(tmp_path, data, tmp_path / "runs")
+    proc = train(oci_store.env(), rec, "run_name=nb", "save_folder=oci://no-such-bucket/ckpt", "max_duration=2ba",
+                 check=False)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "oci://no-such-bucket/ckpt" in out and "BucketNotFound" in out, out[-3000:]
+    assert not (tmp_path / "runs" / "nb" / "metrics.jsonl").exists()
+
+    oci_store.create_bucket("signed")
+    stranger_key, stranger_fingerprint = make_api_key(str(tmp_path), "stranger")
+    config = oci_store.write_config("stranger", stranger_key, stranger_fingerprint, profile="TRAINER")
+    out = run_batch(oci_store.env(OCI_CONFIG_FILE=config, OCI_CLI_PROFILE="TRAINER"),
+                    [{"op": "stat", "uri": "oci://signed/x"}], tmp_path)
+    err = out["results"][0]["error"]
+    # (the first request, GetNamespace, is the one refused)
+    assert "oci://signed/x: GET HTTP 401 NotAuthenticated" in err and f"the API key of {config} [TRAINER]" in err, err
+    assert open(stranger_key).read().splitlines()[1] not in err
+    out = run_batch(oci_store.env(OCI_CONFIG_FILE=config), [{"op": "stat", "uri": "oci://signed/x"}], tmp_path, "np")
+    assert f"no OCI credentials: {config} [DEFAULT] has no `user`" in out["results"][0]["error"]
+
+
+def test_transient_failures_are_retried_and_a_failed_upload_publishes_nothing(tmp_path):
+    from oci_server import OciObjectStorageServer
+    from s3_server import FaultProxy
+
+    server = OciObjectStorageServer()
+    proxy = FaultProxy(server.url, stall_s=4)
+    try:
+        server.create_bucket("faults")
+        data = os.urandom(40 * 1024 * 1024)
+        put(server, "faults", "obj", data)
+        put(server, "faults", "up", b"the previous version")
+        env = server.env(endpoint=proxy.url, TESSERA_OCI_STALL_TIMEOUT_S="1")
+        (tmp_path / "up.bin").write_bytes(data[::-1])
+        proxy.plan = ["503", "500", "reset", "stall", "ok", "reset", "ok", "500", "ok", "503", "reset", "stall"]
+        out = run_batch(env, [{"op": "download", "uri": "oci://faults/obj", "path": str(tmp_path / "obj")},
+                              {"op": "put_file", "path": str(tmp_path / "up.bin"), "uri": "oci://faults/up"}],
+                        tmp_path)
+        assert [r.get("error") for r in out["results"]] == [None, None]
+        assert (tmp_path / "obj").read_bytes() == data
+        assert object_bytes(server, "faults", "up") == data[::-1]
+        assert not proxy.plan  # every planned failure was met, and survived
+
+        # A store that fails every request after the upload was created: the parts give up, the upload is aborted,
+        # and readers still see the previous version.
+        proxy.plan, proxy.after = ["ok", "ok"], "503"
+        out = run_batch({**env, "TESSERA_OCI_MAX_ATTEMPTS": "3"},
+                        [{"op": "put_file", "path": str(tmp_path / "obj"), "uri": "oci://faults/up"}], tmp_path,
+                        "failing")
+        err = out["results"][0]["error"]
+        assert "oci://faults/up: PUT HTTP 503" in err and "gave up after 3 attempts" in err, err
+        proxy.after = "ok"
+        assert object_bytes(server, "faults", "up") == data[::-1]
+    finally:
+        server.stop()
+        proxy.stop()
