@@ -93,16 +93,6 @@ std::string lower(std::string s) {
   return s;
 }
 
-uint64_t byte_count(std::string_view text, const std::string& where, const char* what) {
-  uint64_t n = 0;
-  if (text.empty()) return n;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
-  if (ec != std::errc() || end != text.data() + text.size()) {
-    throw Error(kAzureComponent, fmt::format("{}: the server sent {} '{}', not a byte count", where, what, text));
-  }
-  return n;
-}
-
 std::string strip_quotes(std::string s) {
   if (s.size() >= 2 && s.front() == '"' && s.back() == '"') s = s.substr(1, s.size() - 2);
   return s;
@@ -292,17 +282,6 @@ struct Config {
   int parallelism = 8;
 };
 
-int env_int(const char* name, int fallback, int lo, int hi) {
-  const std::string v = env_or(name);
-  if (v.empty()) return fallback;
-  int n = 0;
-  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-  if (ec != std::errc() || end != v.data() + v.size() || n < lo || n > hi) {
-    throw ConfigError(kAzureComponent, fmt::format("{}={}: not a whole number from {} to {}", name, v, lo, hi));
-  }
-  return n;
-}
-
 Config config_from_environment() {
   Config c;
   const auto conn = parse_connection_string(env_or("AZURE_STORAGE_CONNECTION_STRING"));
@@ -314,10 +293,11 @@ Config config_from_environment() {
   if (!field("DefaultEndpointsProtocol").empty()) c.protocol = field("DefaultEndpointsProtocol");
   if (!field("EndpointSuffix").empty()) c.suffix = field("EndpointSuffix");
   c.auth = resolve_auth(conn);
-  c.max_attempts = env_int("TESSERA_AZURE_MAX_ATTEMPTS", c.max_attempts, 1, 100);
-  c.parallelism = env_int("TESSERA_AZURE_PARALLELISM", c.parallelism, 1, 256);
-  c.stall_timeout_s = env_int("TESSERA_AZURE_STALL_TIMEOUT_S", static_cast<int>(c.stall_timeout_s), 1, 3600);
-  c.block_size = static_cast<uint64_t>(env_int("TESSERA_AZURE_BLOCK_SIZE_MB", 16, 1, 4000)) << 20;
+  c.max_attempts = env_int("TESSERA_AZURE_MAX_ATTEMPTS", c.max_attempts, 1, 100, kAzureComponent);
+  c.parallelism = env_int("TESSERA_AZURE_PARALLELISM", c.parallelism, 1, 256, kAzureComponent);
+  c.stall_timeout_s =
+      env_int("TESSERA_AZURE_STALL_TIMEOUT_S", static_cast<int>(c.stall_timeout_s), 1, 3600, kAzureComponent);
+  c.block_size = static_cast<uint64_t>(env_int("TESSERA_AZURE_BLOCK_SIZE_MB", 16, 1, 4000, kAzureComponent)) << 20;
   c.single_put_limit = c.block_size;
   return c;
 }
@@ -424,7 +404,8 @@ class AzureBackend final : public Backend {
           const util::XmlElement* props = item->find("Properties");
           ObjectInfo info{base + name, 0, ""};
           if (props != nullptr) {
-            info.size = byte_count(props->child_text("Content-Length"), base + name, "a listing Content-Length");
+            info.size = byte_count(props->child_text("Content-Length"), base + name, "a listing Content-Length",
+                                   kAzureComponent);
             info.etag = strip_quotes(props->child_text("Etag"));
           }
           out.push_back(std::move(info));
@@ -443,7 +424,7 @@ class AzureBackend final : public Backend {
     const Target t = target(u);
     const util::HttpResponse r = send(t, "HEAD", {}, {}, {});
     if (r.status == 404) return std::nullopt;
-    return ObjectInfo{t.uri, byte_count(r.header("content-length"), t.uri, "a Content-Length"),
+    return ObjectInfo{t.uri, byte_count(r.header("content-length"), t.uri, "a Content-Length", kAzureComponent),
                       strip_quotes(r.header("etag"))};
   }
 

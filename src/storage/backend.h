@@ -28,6 +28,28 @@ class Backend {
   virtual std::optional<ObjectInfo> stat(const Uri& u) = 0;
 };
 
+// What the store clients share besides the transport (storage.cpp).
+// An integer setting from the environment: `fallback` when unset, else a whole number in [lo, hi] or a ConfigError
+// naming the variable (tagged with `component`).
+int env_int(const char* name, int fallback, int lo, int hi, const char* component);
+// A byte count a server sent (a listing's size, Content-Length); empty is 0. Anything else is an Error naming `where`
+// and `what` (tagged with `component`), not std::stoull's exceptions.
+uint64_t byte_count(std::string_view text, const std::string& where, const char* what, const char* component);
+// A local file mapped read-only for an upload (an empty file maps nothing); the constructor throws Error naming the
+// path. Uploads send from the mapping, so a file of any size costs no memory of ours.
+class MappedFile {
+ public:
+  MappedFile(const std::string& path, const char* component);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  std::string_view bytes() const { return {static_cast<const char*>(data_), size_}; }
+
+ private:
+  void* data_ = nullptr;
+  size_t size_ = 0;
+};
+
 // Runs `work(i)` for i in [0, n) on up to `threads` threads; rethrows the first failure after all stop.
 void parallel_for(size_t n, int threads, const std::function<void(size_t)>& work);
 

@@ -3,18 +3,11 @@
 // over the pooled transport (http_pool.h). Credentials as databricks-sdk resolves them: a personal access token, or
 // OAuth machine-to-machine with a service principal's client id and secret, from the environment or a
 // ~/.databrickscfg profile.
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <charconv>
 #include <chrono>
 #include <cstdlib>
-#include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
@@ -92,17 +85,6 @@ std::shared_ptr<CredentialProvider> oauth_m2m(const std::string& host, const std
   });
 }
 
-int env_int(const char* name, int fallback, int lo, int hi) {
-  const std::string v = env_value(name);
-  if (v.empty()) return fallback;
-  int n = 0;
-  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-  if (ec != std::errc() || end != v.data() + v.size() || n < lo || n > hi) {
-    throw ConfigError(kDbfsComponent, fmt::format("{}={}: not a whole number from {} to {}", name, v, lo, hi));
-  }
-  return n;
-}
-
 // DATABRICKS_HOST / _TOKEN / _CLIENT_ID / _CLIENT_SECRET, else the profile (DATABRICKS_CONFIG_PROFILE, default
 // DEFAULT) of DATABRICKS_CONFIG_FILE (default ~/.databrickscfg), as databricks-sdk reads them.
 Config config_from_environment() {
@@ -148,20 +130,12 @@ Config config_from_environment() {
     c.source = fmt::format("OAuth machine-to-machine for client {} ({})", client, secret_from);
     c.oauth = oauth_m2m(c.host, client, secret, c.source);
   }
-  c.max_attempts = env_int("TESSERA_DBFS_MAX_ATTEMPTS", c.max_attempts, 1, 100);
-  c.parallelism = env_int("TESSERA_DBFS_PARALLELISM", c.parallelism, 1, 256);
-  c.stall_timeout_s = env_int("TESSERA_DBFS_STALL_TIMEOUT_S", static_cast<int>(c.stall_timeout_s), 1, 3600);
-  c.part_size = static_cast<uint64_t>(env_int("TESSERA_DBFS_PART_SIZE_MB", 16, 1, 4096)) << 20;
+  c.max_attempts = env_int("TESSERA_DBFS_MAX_ATTEMPTS", c.max_attempts, 1, 100, kDbfsComponent);
+  c.parallelism = env_int("TESSERA_DBFS_PARALLELISM", c.parallelism, 1, 256, kDbfsComponent);
+  c.stall_timeout_s =
+      env_int("TESSERA_DBFS_STALL_TIMEOUT_S", static_cast<int>(c.stall_timeout_s), 1, 3600, kDbfsComponent);
+  c.part_size = static_cast<uint64_t>(env_int("TESSERA_DBFS_PART_SIZE_MB", 16, 1, 4096, kDbfsComponent)) << 20;
   return c;
-}
-
-uint64_t byte_count(std::string_view text, const std::string& where, const char* what) {
-  uint64_t n = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
-  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
-    throw Error(kDbfsComponent, fmt::format("{}: the server sent {} '{}', not a byte count", where, what, text));
-  }
-  return n;
 }
 
 class DbfsBackend final : public Backend {
@@ -198,26 +172,8 @@ class DbfsBackend final : public Backend {
   void put_parts(const Uri& u, const std::vector<std::string_view>& parts) override { put(u, parts); }
 
   void upload_file(const std::string& local_path, const Uri& u) override {
-    const int fd = ::open(local_path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw Error(kDbfsComponent, fmt::format("{}: cannot open: {}", local_path, std::strerror(errno)));
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-      ::close(fd);
-      throw Error(kDbfsComponent, fmt::format("{}: cannot stat: {}", local_path, std::strerror(errno)));
-    }
-    const auto size = static_cast<size_t>(st.st_size);
-    void* map = size == 0 ? nullptr : ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    ::close(fd);
-    if (map == MAP_FAILED)
-      throw Error(kDbfsComponent, fmt::format("{}: cannot map: {}", local_path, std::strerror(errno)));
-    struct Unmap {
-      void* p;
-      size_t n;
-      ~Unmap() {
-        if (p != nullptr) ::munmap(p, n);
-      }
-    } unmap{map, size};
-    put(u, {std::string_view(static_cast<const char*>(map), size)});
+    const MappedFile file(local_path, kDbfsComponent);
+    put(u, {file.bytes()});
   }
 
   std::vector<ObjectInfo> list(const Uri& prefix) override {
@@ -269,7 +225,7 @@ class DbfsBackend final : public Backend {
     const std::string uri = u.str();
     const util::HttpResponse r = send(uri, "HEAD", files(u), {}, {});
     if (r.status == 404) return std::nullopt;
-    return ObjectInfo{uri, byte_count(r.header("content-length"), uri, "a Content-Length"), ""};
+    return ObjectInfo{uri, byte_count(r.header("content-length"), uri, "a Content-Length", kDbfsComponent), ""};
   }
 
  private:

@@ -15,13 +15,8 @@
 #include <arrow/filesystem/gcsfs.h>
 #include <arrow/io/interfaces.h>
 #include <arrow/util/io_util.h>
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -176,27 +171,8 @@ class GcsBackend final : public Backend {
   }
 
   void upload_file(const std::string& local_path, const Uri& u) override {
-    const int fd = ::open(local_path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-      throw Error(kComponent, fmt::format("{}: cannot open {}: {}", u.str(), local_path, std::strerror(errno)));
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-      ::close(fd);
-      throw Error(kComponent, fmt::format("{}: cannot read {}: {}", u.str(), local_path, std::strerror(errno)));
-    }
-    const auto size = static_cast<size_t>(st.st_size);
-    void* map = size == 0 ? nullptr : ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    ::close(fd);
-    if (map == MAP_FAILED) {
-      throw Error(kComponent, fmt::format("{}: cannot map {}: {}", u.str(), local_path, std::strerror(errno)));
-    }
-    try {
-      put_parts(u, {std::string_view(static_cast<const char*>(map), size)});
-    } catch (...) {
-      if (map != nullptr) ::munmap(map, size);
-      throw;
-    }
-    if (map != nullptr) ::munmap(map, size);
+    const MappedFile file(local_path, kComponent);
+    put_parts(u, {file.bytes()});
   }
 
   // Arrow lists folders; a key prefix ("runs/ep1-" ) is listed as its folder ("runs/") and filtered.

@@ -2,20 +2,13 @@
 // SDKs sign (HTTP Signatures with the API key of ~/.oci/config, RSA-SHA256), over the pooled transport
 // (http_pool.h). Objects up to 128 MiB go in one PutObject; larger ones as a multipart upload (parts in parallel,
 // visible only once committed, aborted on failure). Downloads are parallel ranges pinned with If-Match.
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/sha.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <charconv>
 #include <cstdlib>
-#include <cstring>
 #include <ctime>
 #include <functional>
 #include <map>
@@ -85,17 +78,6 @@ struct Config {
   int parallelism = 8;
 };
 
-int env_int(const char* name, int fallback, int lo, int hi) {
-  const std::string v = env_value(name);
-  if (v.empty()) return fallback;
-  int n = 0;
-  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-  if (ec != std::errc() || end != v.data() + v.size() || n < lo || n > hi) {
-    throw ConfigError(kOciComponent, fmt::format("{}={}: not a whole number from {} to {}", name, v, lo, hi));
-  }
-  return n;
-}
-
 // The API key of a profile in the OCI config file (OCI_CONFIG_FILE or the CLI's OCI_CLI_CONFIG_FILE, else
 // ~/.oci/config; profile OCI_CLI_PROFILE, else DEFAULT, whose keys every other profile inherits, as the SDKs read it).
 Config config_from_environment() {
@@ -137,21 +119,14 @@ Config config_from_environment() {
   }
   c.endpoint = fmt::format("{}://{}", parts->scheme, parts->authority);
   c.host = parts->authority;
-  c.max_attempts = env_int("TESSERA_OCI_MAX_ATTEMPTS", c.max_attempts, 1, 100);
-  c.parallelism = env_int("TESSERA_OCI_PARALLELISM", c.parallelism, 1, 256);
-  c.stall_timeout_s = env_int("TESSERA_OCI_STALL_TIMEOUT_S", static_cast<int>(c.stall_timeout_s), 1, 3600);
-  c.part_size = static_cast<uint64_t>(env_int("TESSERA_OCI_PART_SIZE_MB", 16, 10, 50000)) << 20;
-  c.multipart_threshold = static_cast<uint64_t>(env_int("TESSERA_OCI_MULTIPART_THRESHOLD_MB", 128, 10, 50000)) << 20;
+  c.max_attempts = env_int("TESSERA_OCI_MAX_ATTEMPTS", c.max_attempts, 1, 100, kOciComponent);
+  c.parallelism = env_int("TESSERA_OCI_PARALLELISM", c.parallelism, 1, 256, kOciComponent);
+  c.stall_timeout_s =
+      env_int("TESSERA_OCI_STALL_TIMEOUT_S", static_cast<int>(c.stall_timeout_s), 1, 3600, kOciComponent);
+  c.part_size = static_cast<uint64_t>(env_int("TESSERA_OCI_PART_SIZE_MB", 16, 10, 50000, kOciComponent)) << 20;
+  c.multipart_threshold =
+      static_cast<uint64_t>(env_int("TESSERA_OCI_MULTIPART_THRESHOLD_MB", 128, 10, 50000, kOciComponent)) << 20;
   return c;
-}
-
-uint64_t byte_count(std::string_view text, const std::string& where, const char* what) {
-  uint64_t n = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
-  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
-    throw Error(kOciComponent, fmt::format("{}: the server sent {} '{}', not a byte count", where, what, text));
-  }
-  return n;
 }
 
 class OciBackend final : public Backend {
@@ -207,27 +182,8 @@ class OciBackend final : public Backend {
   }
 
   void upload_file(const std::string& local_path, const Uri& u) override {
-    const int fd = ::open(local_path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw Error(kOciComponent, fmt::format("{}: cannot open: {}", local_path, std::strerror(errno)));
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-      ::close(fd);
-      throw Error(kOciComponent, fmt::format("{}: cannot stat: {}", local_path, std::strerror(errno)));
-    }
-    const auto size = static_cast<size_t>(st.st_size);
-    void* map = size == 0 ? nullptr : ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    ::close(fd);
-    if (map == MAP_FAILED) {
-      throw Error(kOciComponent, fmt::format("{}: cannot map: {}", local_path, std::strerror(errno)));
-    }
-    struct Unmap {
-      void* p;
-      size_t n;
-      ~Unmap() {
-        if (p != nullptr) ::munmap(p, n);
-      }
-    } unmap{map, size};
-    put_parts(u, {std::string_view(static_cast<const char*>(map), size)});
+    const MappedFile file(local_path, kOciComponent);
+    put_parts(u, {file.bytes()});
   }
 
   std::vector<ObjectInfo> list(const Uri& prefix) override {
@@ -262,7 +218,8 @@ class OciBackend final : public Backend {
     const std::string uri = u.str();
     const util::HttpResponse r = send(uri, "HEAD", object_path(u), {}, {});
     if (r.status == 404) return std::nullopt;
-    return ObjectInfo{uri, byte_count(r.header("content-length"), uri, "a Content-Length"), r.header("etag")};
+    return ObjectInfo{uri, byte_count(r.header("content-length"), uri, "a Content-Length", kOciComponent),
+                      r.header("etag")};
   }
 
  private:

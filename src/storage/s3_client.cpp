@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <charconv>
 #include <chrono>
 #include <cstring>
 #include <ctime>
@@ -33,18 +32,6 @@ constexpr const char* kEmptyHash = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b
 
 std::string uri_of(const std::string& bucket, const std::string& key) {
   return fmt::format("s3://{}/{}", bucket, key);
-}
-
-// A byte count a server sent (a listing's Size, Content-Length, Content-Range's total); empty is 0. Anything else is
-// an error naming the object, not std::stoull's std::invalid_argument or std::out_of_range.
-uint64_t byte_count(std::string_view text, const std::string& where, const char* what) {
-  uint64_t n = 0;
-  if (text.empty()) return n;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
-  if (ec != std::errc() || end != text.data() + text.size()) {
-    throw Error(kS3ClientComponent, fmt::format("{}: the server sent {} '{}', not a byte count", where, what, text));
-  }
-  return n;
 }
 
 }  // namespace
@@ -397,7 +384,7 @@ std::vector<S3Client::Listed> S3Client::list(const std::string& bucket, const st
     for (const util::XmlElement* item : page.children_named("Contents")) {
       Listed l;
       l.key = item->child_text("Key");
-      l.size = byte_count(item->child_text("Size"), uri_of(bucket, l.key), "a listing Size");
+      l.size = byte_count(item->child_text("Size"), uri_of(bucket, l.key), "a listing Size", kS3ClientComponent);
       l.etag = strip_quotes(item->child_text("ETag"));
       out.push_back(std::move(l));
     }
@@ -418,7 +405,7 @@ std::optional<S3Client::Listed> S3Client::head(const std::string& bucket, const 
   if (r.status == 404) return std::nullopt;
   Listed l;
   l.key = key;
-  l.size = byte_count(r.header("content-length"), uri_of(bucket, key), "a Content-Length");
+  l.size = byte_count(r.header("content-length"), uri_of(bucket, key), "a Content-Length", kS3ClientComponent);
   l.etag = strip_quotes(r.header("etag"));
   return l;
 }

@@ -2,12 +2,15 @@
 #include <fmt/format.h>
 
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <charconv>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -181,6 +184,49 @@ uint64_t range_total(std::string_view text, const std::string& uri) {
 }
 
 }  // namespace
+
+int env_int(const char* name, int fallback, int lo, int hi, const char* component) {
+  const char* raw = std::getenv(name);
+  if (raw == nullptr || *raw == '\0') return fallback;
+  const std::string_view v(raw);
+  int n = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (ec != std::errc() || end != v.data() + v.size() || n < lo || n > hi) {
+    throw ConfigError(component, fmt::format("{}={}: not a whole number from {} to {}", name, v, lo, hi));
+  }
+  return n;
+}
+
+uint64_t byte_count(std::string_view text, const std::string& where, const char* what, const char* component) {
+  uint64_t n = 0;
+  if (text.empty()) return n;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc() || end != text.data() + text.size()) {
+    throw Error(component, fmt::format("{}: the server sent {} '{}', not a byte count", where, what, text));
+  }
+  return n;
+}
+
+MappedFile::MappedFile(const std::string& path, const char* component) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(component, fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw Error(component, fmt::format("{}: cannot stat: {}", path, std::strerror(err)));
+  }
+  size_ = static_cast<size_t>(st.st_size);
+  void* map = size_ == 0 ? nullptr : ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  if (map == MAP_FAILED) throw Error(component, fmt::format("{}: cannot map: {}", path, std::strerror(err)));
+  data_ = map;
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr) ::munmap(data_, size_);
+}
 
 void ranged_download(const std::string& uri, const std::string& local_path, uint64_t part, int parallelism,
                      const RangeFetch& fetch) {
