@@ -1,4 +1,5 @@
-"""Helpers for the tests that train from remote data (s3://, gs://, hf://) against the same run on local data."""
+"""Helpers for the tests that train from remote data (s3://, gs://, azure://, dbfs:/Volumes, oci://, hf://) against the
+same run on local data, and checkpoint there."""
 import json
 import subprocess
 
@@ -37,7 +38,50 @@ def write_mds(folder, samples=200):
     """`samples` token sequences in zstd MDS shards of ~2 kB, written by Streaming's MDSWriter to `folder` (or to
     a (local, remote) pair, which Streaming uploads)."""
     rng = np.random.default_rng(0)
-    with MDSWriter(out=folder if isinstance(folder, tuple) else str(folder), columns={"tokens": "ndarray:int32"}, compression="zstd", size_limit=2000) as w:
+    out = folder if isinstance(folder, tuple) else str(folder)
+    with MDSWriter(out=out, columns={"tokens": "ndarray:int32"}, compression="zstd", size_limit=2000) as w:
         for _ in range(samples):
             start, stride = rng.integers(0, VOCAB), rng.integers(1, 6)
             w.write({"tokens": ((start + stride * np.arange(SEQ + 1)) % VOCAB).astype(np.int32)})
+
+
+def checkpoints_autoresume_in_a_store(env, tmp_path, data, base, list_keys, read, write):
+    """The checkpoint story every object store must pass, through train: saves to `base`/run/ckpt every 2 batches
+    keeping 2, with hf_checkpointer's export beside them; then the newest checkpoint corrupted in place and an
+    interrupted save of a later one that `latest` already names; autoresume must skip both (naming why), resume from
+    ep0-ba4 and end bitwise equal to the uninterrupted run. `list_keys(prefix)`, `read(key)` and `write(key, bytes)`
+    reach the store through its own SDK (keys relative to `base`)."""
+    import xxhash
+
+    from test_s3_checkpoints import recipe, train
+
+    runs = tmp_path / "runs"
+    rec = recipe(tmp_path, data, runs)
+    folder = f"{base}/run/ckpt"
+    train(env, rec, "run_name=ref", "max_duration=8ba")
+    train(env, rec, "run_name=first", f"save_folder={folder}", "max_duration=6ba", "save_interval=2ba",
+          "save_num_checkpoints_to_keep=2", f"callbacks.hf_checkpointer.save_folder={base}/hf/{{run_name}}",
+          "callbacks.hf_checkpointer.save_interval=6ba")
+    assert sorted(k[len("run/ckpt/"):] for k in list_keys("run/ckpt/")) == [
+        "ep0-ba4/metadata.json", "ep0-ba4/rank0.safetensors", "ep0-ba6/metadata.json", "ep0-ba6/rank0.safetensors",
+        "latest"]  # ep0-ba2 rotated away
+    meta = json.loads(read("run/ckpt/ep0-ba6/metadata.json"))
+    assert meta["files"][0]["xxh64"] == xxhash.xxh64(read("run/ckpt/ep0-ba6/rank0.safetensors")).hexdigest()
+    exported = list_keys("hf/first/huggingface/ba6/")
+    assert {"hf/first/huggingface/ba6/model.safetensors", "hf/first/huggingface/ba6/config.json"} <= set(exported)
+    body = bytearray(read("run/ckpt/ep0-ba6/rank0.safetensors"))
+    body[-5] ^= 0x40
+    write("run/ckpt/ep0-ba6/rank0.safetensors", bytes(body))
+    write("run/ckpt/ep0-ba8/rank0.safetensors", b"half an upload")
+    write("run/ckpt/latest", b"ep0-ba8")
+
+    proc = train(env, rec, "run_name=resumed", f"save_folder={folder}", "max_duration=8ba", "save_interval=2ba",
+                 "autoresume=true")
+    log = proc.stdout + proc.stderr
+    assert f"{folder}/ep0-ba6/rank0.safetensors: xxh64 checksum" in log, log[-3000:]
+    assert f"{folder}/ep0-ba8: no metadata.json" in log, log[-3000:]
+    losses = [json.loads(line) for line in (runs / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["batch"] for m in losses if "loss/train/total" in m] == [4, 5, 6, 7]  # resumed from ep0-ba4
+    want = (runs / "ref" / "huggingface" / "ba8" / "model.safetensors").read_bytes()
+    assert (runs / "resumed" / "huggingface" / "ba8" / "model.safetensors").read_bytes() == want
+    assert read("run/ckpt/latest").decode() == "ep0-ba8"

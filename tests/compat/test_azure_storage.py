@@ -14,13 +14,11 @@ own signing code, with azure-storage-blob as the peer client:
   mid-run, and a wrong secret is a clear error that does not print it;
 - transient failures (500, 503, resets, stalls) are retried, and a failed upload publishes nothing.
 """
-import json
 import os
 
 import pytest
-import xxhash
 
-from remote_training import train_trace, write_mds
+from remote_training import checkpoints_autoresume_in_a_store, train_trace, write_mds
 from test_s3_checkpoints import data, recipe, train  # noqa: F401 (data is a fixture)
 from test_s3_storage import run_batch
 
@@ -125,41 +123,11 @@ def test_training_from_azure_equals_training_from_local_data(azure, container, t
 
 
 def test_checkpoints_in_azure_autoresume_past_a_corrupt_and_an_interrupted_one(azure, container, data, tmp_path):
-    env = azure.env()
-    runs = tmp_path / "runs"
-    rec = recipe(tmp_path, data, runs)
-    folder = f"azure://{container}/run/ckpt"
-    train(env, rec, "run_name=ref", "max_duration=8ba")
-    train(env, rec, "run_name=first", f"save_folder={folder}", "max_duration=6ba", "save_interval=2ba",
-          "save_num_checkpoints_to_keep=2",
-          f"callbacks.hf_checkpointer.save_folder=azure://{container}/hf/{{run_name}}",
-          "callbacks.hf_checkpointer.save_interval=6ba")
     cc = azure.client().get_container_client(container)
-    names = sorted(b.name[len("run/ckpt/"):] for b in cc.list_blobs(name_starts_with="run/ckpt/"))
-    assert names == ["ep0-ba4/metadata.json", "ep0-ba4/rank0.safetensors", "ep0-ba6/metadata.json",
-                     "ep0-ba6/rank0.safetensors", "latest"]  # ep0-ba2 rotated away
-    meta = json.loads(blob_bytes(azure, container, "run/ckpt/ep0-ba6/metadata.json"))
-    assert meta["files"][0]["xxh64"] == xxhash.xxh64(
-        blob_bytes(azure, container, "run/ckpt/ep0-ba6/rank0.safetensors")).hexdigest()
-    hf = sorted(b.name for b in cc.list_blobs(name_starts_with="hf/first/huggingface/ba6/"))
-    assert "hf/first/huggingface/ba6/model.safetensors" in hf and "hf/first/huggingface/ba6/config.json" in hf
-    key = "run/ckpt/ep0-ba6/rank0.safetensors"
-    body = bytearray(blob_bytes(azure, container, key))
-    body[-5] ^= 0x40
-    upload(azure, container, key, bytes(body))
-    upload(azure, container, "run/ckpt/ep0-ba8/rank0.safetensors", b"half an upload")
-    upload(azure, container, "run/ckpt/latest", b"ep0-ba8")
-
-    proc = train(env, rec, "run_name=resumed", f"save_folder={folder}", "max_duration=8ba", "save_interval=2ba",
-                 "autoresume=true")
-    log = proc.stdout + proc.stderr
-    assert f"{folder}/ep0-ba6/rank0.safetensors: xxh64 checksum" in log, log[-3000:]
-    assert f"{folder}/ep0-ba8: no metadata.json" in log, log[-3000:]
-    losses = [json.loads(line) for line in (runs / "resumed" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["batch"] for m in losses if "loss/train/total" in m] == [4, 5, 6, 7]  # resumed from ep0-ba4
-    want = (runs / "ref" / "huggingface" / "ba8" / "model.safetensors").read_bytes()
-    assert (runs / "resumed" / "huggingface" / "ba8" / "model.safetensors").read_bytes() == want
-    assert blob_bytes(azure, container, "run/ckpt/latest").decode() == "ep0-ba8"
+    checkpoints_autoresume_in_a_store(
+        azure.env(), tmp_path, data, f"azure://{container}",
+        list_keys=lambda prefix: [b.name for b in cc.list_blobs(name_starts_with=prefix)],
+        read=lambda key: blob_bytes(azure, container, key), write=lambda key, body: upload(azure, container, key, body))
 
 
 def test_a_missing_container_fails_the_run_before_training_naming_it(azure, data, tmp_path):

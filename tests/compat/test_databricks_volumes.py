@@ -10,13 +10,11 @@ Databricks workspace (tests/compat/databricks_server.py) with databricks-sdk and
   and a wrong secret or token is a clear error that does not print it;
 - transient failures (500, 503, resets, stalls) are retried, and a failed upload publishes nothing.
 """
-import json
 import os
 
 import pytest
-import xxhash
 
-from remote_training import train_trace, write_mds
+from remote_training import checkpoints_autoresume_in_a_store, train_trace, write_mds
 from test_s3_checkpoints import data, recipe, train  # noqa: F401 (data is a fixture)
 from test_s3_storage import run_batch
 
@@ -130,39 +128,12 @@ def test_training_from_a_volume_streaming_wrote_equals_training_from_local_data(
 
 
 def test_checkpoints_in_a_volume_autoresume_past_a_corrupt_and_an_interrupted_one(workspace, volume, data, tmp_path):
-    env = workspace.env()
-    runs = tmp_path / "runs"
-    rec = recipe(tmp_path, data, runs)
-    folder = f"{volume}/run/ckpt"
-    train(env, rec, "run_name=ref", "max_duration=8ba")
-    train(env, rec, "run_name=first", f"save_folder={folder}", "max_duration=6ba", "save_interval=2ba",
-          "save_num_checkpoints_to_keep=2", f"callbacks.hf_checkpointer.save_folder={volume}/hf/{{run_name}}",
-          "callbacks.hf_checkpointer.save_interval=6ba")
-    files = workspace.client().files
-    names = sorted(p for p in workspace.files if p.startswith(sdk_path(folder) + "/"))
-    assert [n[len(sdk_path(folder)) + 1:] for n in names] == [
-        "ep0-ba4/metadata.json", "ep0-ba4/rank0.safetensors", "ep0-ba6/metadata.json", "ep0-ba6/rank0.safetensors",
-        "latest"]  # ep0-ba2 rotated away
-    meta = json.loads(read_back(workspace, f"{folder}/ep0-ba6/metadata.json"))
-    assert meta["files"][0]["xxh64"] == xxhash.xxh64(read_back(workspace, f"{folder}/ep0-ba6/rank0.safetensors")
-                                                     ).hexdigest()
-    assert files.get_metadata(sdk_path(f"{volume}/hf/first/huggingface/ba6/model.safetensors")).content_length > 0
-    body = bytearray(read_back(workspace, f"{folder}/ep0-ba6/rank0.safetensors"))
-    body[-5] ^= 0x40
-    upload(workspace, f"{folder}/ep0-ba6/rank0.safetensors", bytes(body))
-    upload(workspace, f"{folder}/ep0-ba8/rank0.safetensors", b"half an upload")
-    upload(workspace, f"{folder}/latest", b"ep0-ba8")
-
-    proc = train(env, rec, "run_name=resumed", f"save_folder={folder}", "max_duration=8ba", "save_interval=2ba",
-                 "autoresume=true")
-    log = proc.stdout + proc.stderr
-    assert f"{folder}/ep0-ba6/rank0.safetensors: xxh64 checksum" in log, log[-3000:]
-    assert f"{folder}/ep0-ba8: no metadata.json" in log, log[-3000:]
-    losses = [json.loads(line) for line in (runs / "resumed" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["batch"] for m in losses if "loss/train/total" in m] == [4, 5, 6, 7]  # resumed from ep0-ba4
-    want = (runs / "ref" / "huggingface" / "ba8" / "model.safetensors").read_bytes()
-    assert (runs / "resumed" / "huggingface" / "ba8" / "model.safetensors").read_bytes() == want
-    assert read_back(workspace, f"{folder}/latest").decode() == "ep0-ba8"
+    root = sdk_path(volume) + "/"
+    checkpoints_autoresume_in_a_store(
+        workspace.env(), tmp_path, data, volume,
+        list_keys=lambda prefix: [p[len(root):] for p in workspace.files if p.startswith(root + prefix)],
+        read=lambda key: read_back(workspace, f"{volume}/{key}"),
+        write=lambda key, body: upload(workspace, f"{volume}/{key}", body))
 
 
 def test_a_missing_volume_fails_the_run_before_training_naming_it(workspace, data, tmp_path):

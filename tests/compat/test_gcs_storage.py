@@ -13,9 +13,8 @@ import json
 import os
 
 import pytest
-import xxhash
 
-from remote_training import train_trace, write_mds
+from remote_training import checkpoints_autoresume_in_a_store, train_trace, write_mds
 from test_s3_checkpoints import data, recipe, train  # noqa: F401 (data is a fixture)
 from test_s3_storage import run_batch
 
@@ -111,40 +110,11 @@ def test_training_from_gcs_equals_training_from_local_data(gcs, bucket, tmp_path
 
 
 def test_checkpoints_in_gcs_autoresume_past_a_corrupt_and_an_interrupted_one(gcs, bucket, data, tmp_path):
-    env, b = gcs.env(), gcs.client().bucket(bucket)
-    runs = tmp_path / "runs"
-    rec = recipe(tmp_path, data, runs)
-    folder = f"gs://{bucket}/run/ckpt"
-    train(env, rec, "run_name=ref", "max_duration=8ba")
-    train(env, rec, "run_name=first", f"save_folder={folder}", "max_duration=6ba", "save_interval=2ba",
-          "save_num_checkpoints_to_keep=2", f"callbacks.hf_checkpointer.save_folder=gs://{bucket}/hf/{{run_name}}",
-          "callbacks.hf_checkpointer.save_interval=6ba")
-    names = sorted(x.name[len("run/ckpt/"):] for x in gcs.client().list_blobs(bucket, prefix="run/ckpt/"))
-    assert names == ["ep0-ba4/metadata.json", "ep0-ba4/rank0.safetensors", "ep0-ba6/metadata.json",
-                     "ep0-ba6/rank0.safetensors", "latest"]  # ep0-ba2 rotated away
-    meta = json.loads(blob_bytes(gcs, bucket, "run/ckpt/ep0-ba6/metadata.json"))
-    assert meta["files"][0]["xxh64"] == xxhash.xxh64(blob_bytes(gcs, bucket, "run/ckpt/ep0-ba6/rank0.safetensors")
-                                                     ).hexdigest()
-    hf = sorted(x.name for x in gcs.client().list_blobs(bucket, prefix="hf/first/huggingface/ba6/"))
-    assert "hf/first/huggingface/ba6/model.safetensors" in hf and "hf/first/huggingface/ba6/config.json" in hf
-    # The newest checkpoint corrupted in place, and an interrupted save of a later one that `latest` already names.
-    key = "run/ckpt/ep0-ba6/rank0.safetensors"
-    body = bytearray(blob_bytes(gcs, bucket, key))
-    body[-5] ^= 0x40
-    b.blob(key).upload_from_string(bytes(body))
-    b.blob("run/ckpt/ep0-ba8/rank0.safetensors").upload_from_string(b"half an upload")
-    b.blob("run/ckpt/latest").upload_from_string(b"ep0-ba8")
-
-    proc = train(env, rec, "run_name=resumed", f"save_folder={folder}", "max_duration=8ba", "save_interval=2ba",
-                 "autoresume=true")
-    log = proc.stdout + proc.stderr
-    assert f"{folder}/ep0-ba6/rank0.safetensors: xxh64 checksum" in log, log[-3000:]
-    assert f"{folder}/ep0-ba8: no metadata.json" in log, log[-3000:]
-    losses = [json.loads(line) for line in (runs / "resumed" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["batch"] for m in losses if "loss/train/total" in m] == [4, 5, 6, 7]  # resumed from ep0-ba4
-    want = (runs / "ref" / "huggingface" / "ba8" / "model.safetensors").read_bytes()
-    assert (runs / "resumed" / "huggingface" / "ba8" / "model.safetensors").read_bytes() == want
-    assert blob_bytes(gcs, bucket, "run/ckpt/latest").decode() == "ep0-ba8"
+    b = gcs.client().bucket(bucket)
+    checkpoints_autoresume_in_a_store(
+        gcs.env(), tmp_path, data, f"gs://{bucket}",
+        list_keys=lambda prefix: [x.name for x in gcs.client().list_blobs(bucket, prefix=prefix)],
+        read=lambda key: blob_bytes(gcs, bucket, key), write=lambda key, body: b.blob(key).upload_from_string(body))
 
 
 def test_a_missing_bucket_fails_the_run_before_training_naming_it(gcs, data, tmp_path):

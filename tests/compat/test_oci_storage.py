@@ -11,13 +11,11 @@ ObjectStorageClient as the peer:
   config file and profile, without printing the key;
 - transient failures (500, 503, resets, stalls) are retried, and a failed multipart upload publishes nothing.
 """
-import json
 import os
 
 import pytest
-import xxhash
 
-from remote_training import train_trace, write_mds
+from remote_training import checkpoints_autoresume_in_a_store, train_trace, write_mds
 from test_s3_checkpoints import data, recipe, train  # noqa: F401 (data is a fixture)
 from test_s3_storage import run_batch
 
@@ -122,38 +120,13 @@ def test_training_from_oci_equals_training_from_local_data(oci_store, bucket, tm
 
 
 def test_checkpoints_in_oci_autoresume_past_a_corrupt_and_an_interrupted_one(oci_store, bucket, data, tmp_path):
-    env = oci_store.env()
-    runs = tmp_path / "runs"
-    rec = recipe(tmp_path, data, runs)
-    folder = f"oci://{bucket}/run/ckpt"
-    train(env, rec, "run_name=ref", "max_duration=8ba")
-    train(env, rec, "run_name=first", f"save_folder={folder}", "max_duration=6ba", "save_interval=2ba",
-          "save_num_checkpoints_to_keep=2", f"callbacks.hf_checkpointer.save_folder=oci://{bucket}/hf/{{run_name}}",
-          "callbacks.hf_checkpointer.save_interval=6ba")
-    names = sorted(n[len("run/ckpt/"):] for n in oci_store.buckets[bucket] if n.startswith("run/ckpt/"))
-    assert names == ["ep0-ba4/metadata.json", "ep0-ba4/rank0.safetensors", "ep0-ba6/metadata.json",
-                     "ep0-ba6/rank0.safetensors", "latest"]  # ep0-ba2 rotated away
-    meta = json.loads(object_bytes(oci_store, bucket, "run/ckpt/ep0-ba6/metadata.json"))
-    assert meta["files"][0]["xxh64"] == xxhash.xxh64(
-        object_bytes(oci_store, bucket, "run/ckpt/ep0-ba6/rank0.safetensors")).hexdigest()
-    assert "hf/first/huggingface/ba6/model.safetensors" in oci_store.buckets[bucket]
-    key = "run/ckpt/ep0-ba6/rank0.safetensors"
-    body = bytearray(object_bytes(oci_store, bucket, key))
-    body[-5] ^= 0x40
-    put(oci_store, bucket, key, bytes(body))
-    put(oci_store, bucket, "run/ckpt/ep0-ba8/rank0.safetensors", b"half an upload")
-    put(oci_store, bucket, "run/ckpt/latest", b"ep0-ba8")
-
-    proc = train(env, rec, "run_name=resumed", f"save_folder={folder}", "max_duration=8ba", "save_interval=2ba",
-                 "autoresume=true")
-    log = proc.stdout + proc.stderr
-    assert f"{folder}/ep0-ba6/rank0.safetensors: xxh64 checksum" in log, log[-3000:]
-    assert f"{folder}/ep0-ba8: no metadata.json" in log, log[-3000:]
-    losses = [json.loads(line) for line in (runs / "resumed" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["batch"] for m in losses if "loss/train/total" in m] == [4, 5, 6, 7]  # resumed from ep0-ba4
-    want = (runs / "ref" / "huggingface" / "ba8" / "model.safetensors").read_bytes()
-    assert (runs / "resumed" / "huggingface" / "ba8" / "model.safetensors").read_bytes() == want
-    assert object_bytes(oci_store, bucket, "run/ckpt/latest").decode() == "ep0-ba8"
+    client = oci_store.client()
+    checkpoints_autoresume_in_a_store(
+        oci_store.env(), tmp_path, data, f"oci://{bucket}",
+        list_keys=lambda prefix: [o.name for o in client.list_objects(oci_store.namespace, bucket, prefix=prefix)
+                                  .data.objects],
+        read=lambda key: object_bytes(oci_store, bucket, key),
+        write=lambda key, body: put(oci_store, bucket, key, body))
 
 
 def test_a_missing_bucket_and_an_unknown_key_are_clear_errors(oci_store, data, tmp_path):
