@@ -47,14 +47,6 @@ std::string env_or(const char* name, const std::string& fallback = "") {
   return v != nullptr && *v != '\0' ? std::string(v) : fallback;
 }
 
-std::string base64(std::string_view bytes) {
-  std::string out(4 * ((bytes.size() + 2) / 3) + 1, '\0');
-  const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                                reinterpret_cast<const unsigned char*>(bytes.data()), static_cast<int>(bytes.size()));
-  out.resize(static_cast<size_t>(n));
-  return out;
-}
-
 // Decodes an account key; nullopt when it is not base64.
 std::optional<std::string> unbase64(std::string_view text) {
   if (text.empty() || text.size() % 4 != 0) return std::nullopt;
@@ -73,29 +65,7 @@ std::string hmac_sha256_base64(std::string_view key, std::string_view data) {
   unsigned int len = 0;
   HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(data.data()),
        data.size(), out, &len);
-  return base64(std::string_view(reinterpret_cast<const char*>(out), len));
-}
-
-// RFC 1123 in GMT, as x-ms-date wants it.
-std::string rfc1123_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  static constexpr const char* kDays[] = {"Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"};
-  static constexpr const char* kMonths[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
-                                            "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
-  return fmt::format("{}, {:02d} {} {} {:02d}:{:02d}:{:02d} GMT", kDays[tm.tm_wday], tm.tm_mday, kMonths[tm.tm_mon],
-                     tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec);
-}
-
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return s;
-}
-
-std::string strip_quotes(std::string s) {
-  if (s.size() >= 2 && s.front() == '"' && s.back() == '"') s = s.substr(1, s.size() - 2);
-  return s;
+  return base64_encode(std::string_view(reinterpret_cast<const char*>(out), len));
 }
 
 // AZURE_STORAGE_CONNECTION_STRING's `Name=value;` pairs (values may hold '=': a key's padding, a SAS).
@@ -114,7 +84,7 @@ std::map<std::string, std::string> parse_connection_string(const std::string& te
 }
 
 // How requests are authorized.
-struct Auth {
+struct AzureAuth {
   enum class Kind { kSharedKey, kSas, kBearer };
   Kind kind = Kind::kSharedKey;
   std::string account_key;                    // decoded, Shared Key
@@ -226,18 +196,18 @@ std::shared_ptr<CredentialProvider> managed_identity() {
 }
 
 // Where the credentials come from, in the order of Streaming's readers and the Azure SDKs' environment credential.
-Auth resolve_auth(const std::map<std::string, std::string>& conn) {
-  Auth a;
+AzureAuth resolve_auth(const std::map<std::string, std::string>& conn) {
+  AzureAuth a;
   const auto shared_key = [&](const std::string& key, const std::string& source) {
     const auto decoded = unbase64(key);
     if (!decoded) throw ConfigError(kAzureComponent, fmt::format("{}: the account key is not base64", source));
-    a.kind = Auth::Kind::kSharedKey;
+    a.kind = AzureAuth::Kind::kSharedKey;
     a.account_key = *decoded;
     a.source = source;
   };
   const auto sas = [&](std::string token, const std::string& source) {
     if (!token.empty() && token.front() == '?') token.erase(0, 1);
-    a.kind = Auth::Kind::kSas;
+    a.kind = AzureAuth::Kind::kSas;
     a.sas = std::move(token);
     a.source = source;
   };
@@ -253,7 +223,7 @@ Auth resolve_auth(const std::map<std::string, std::string>& conn) {
     sas(env_or("AZURE_STORAGE_SAS_TOKEN"), "AZURE_STORAGE_SAS_TOKEN");
   } else {
     const std::string tenant = env_or("AZURE_TENANT_ID"), client = env_or("AZURE_CLIENT_ID");
-    a.kind = Auth::Kind::kBearer;
+    a.kind = AzureAuth::Kind::kBearer;
     if (!tenant.empty() && !client.empty() && !env_or("AZURE_CLIENT_SECRET").empty()) {
       a.source = fmt::format("Microsoft Entra client secret (AZURE_CLIENT_SECRET) for client {}", client);
       a.token = entra_client_credentials(tenant, client, env_or("AZURE_CLIENT_SECRET"), "", a.source);
@@ -268,12 +238,12 @@ Auth resolve_auth(const std::map<std::string, std::string>& conn) {
   return a;
 }
 
-struct Config {
+struct AzureConfig {
   std::string account;        // AccountName, AZURE_ACCOUNT_NAME or AZURE_STORAGE_ACCOUNT; may be empty
   std::string blob_endpoint;  // the connection string's BlobEndpoint; empty: https://<account>.blob.<suffix>
   std::string protocol = "https";
   std::string suffix = "core.windows.net";
-  Auth auth;
+  AzureAuth auth;
   int max_attempts = 5;
   double backoff_base_s = 0.1, backoff_max_s = 5.0;
   long stall_timeout_s = 30;                // NOLINT(google-runtime-int)
@@ -282,8 +252,8 @@ struct Config {
   int parallelism = 8;
 };
 
-Config config_from_environment() {
-  Config c;
+AzureConfig azure_config_from_environment() {
+  AzureConfig c;
   const auto conn = parse_connection_string(env_or("AZURE_STORAGE_CONNECTION_STRING"));
   const auto field = [&](const char* name) { return conn.count(name) > 0 ? conn.at(name) : std::string(); };
   c.account = field("AccountName");
@@ -329,7 +299,7 @@ class AzureBackend final : public Backend {
 
   void download(const Uri& u, const std::string& local_path) override {
     const Target t = target(u);
-    const Config& c = config();
+    const AzureConfig& c = config();
     ranged_download(t.uri, local_path, c.block_size, c.parallelism,
                     [&](uint64_t first, uint64_t last, const std::string& etag, const BodySink& sink) {
                       std::vector<std::pair<std::string, std::string>> headers{
@@ -429,13 +399,13 @@ class AzureBackend final : public Backend {
   }
 
  private:
-  const Config& config() {
-    std::call_once(config_once_, [this] { config_ = config_from_environment(); });
+  const AzureConfig& config() {
+    std::call_once(config_once_, [this] { config_ = azure_config_from_environment(); });
     return config_;
   }
 
   Target target(const Uri& u) {
-    const Config& c = config();
+    const AzureConfig& c = config();
     Target t;
     t.uri = u.str();
     t.blob = u.key;
@@ -476,7 +446,7 @@ class AzureBackend final : public Backend {
                           const std::vector<std::pair<std::string, std::string>>& query,
                           const std::vector<std::pair<std::string, std::string>>& headers, std::string_view payload,
                           const BodySink* sink = nullptr, bool container_level = false) {
-    const Config& c = config();
+    const AzureConfig& c = config();
     const std::string path =
         "/" + util::url_encode(t.container, false) + (container_level ? "" : "/" + util::url_encode(t.blob, true));
     const size_t base_path = c.blob_endpoint.empty() ? 0 : t.base_url.find('/', t.base_url.find("://") + 3);
@@ -486,7 +456,7 @@ class AzureBackend final : public Backend {
     for (const auto& [k, v] : query) {
       query_string += (query_string.empty() ? "?" : "&") + util::url_encode(k) + "=" + util::url_encode(v);
     }
-    if (c.auth.kind == Auth::Kind::kSas && !c.auth.sas.empty()) {
+    if (c.auth.kind == AzureAuth::Kind::kSas && !c.auth.sas.empty()) {
       query_string += (query_string.empty() ? "?" : "&") + c.auth.sas;
     }
     const std::string url = t.base_url + path + query_string;
@@ -494,12 +464,12 @@ class AzureBackend final : public Backend {
     for (int attempt = 0; attempt < c.max_attempts; ++attempt) {
       if (attempt > 0) backoff_sleep(attempt, c.backoff_base_s, c.backoff_max_s);
       Exchange x{method, url, headers, payload, {}, sink, 10, c.stall_timeout_s};
-      x.headers.emplace_back("x-ms-date", rfc1123_now());
+      x.headers.emplace_back("x-ms-date", http_date_now());
       x.headers.emplace_back("x-ms-version", kApiVersion);
-      if (c.auth.kind == Auth::Kind::kSharedKey) {
+      if (c.auth.kind == AzureAuth::Kind::kSharedKey) {
         x.headers.emplace_back("Authorization",
                                shared_key(t.account, method, url_path, query, x.headers, payload.size()));
-      } else if (c.auth.kind == Auth::Kind::kBearer) {
+      } else if (c.auth.kind == AzureAuth::Kind::kBearer) {
         x.headers.emplace_back("Authorization", "Bearer " + c.auth.token->get().session_token);
       }
       bool retryable = false;
@@ -520,7 +490,7 @@ class AzureBackend final : public Backend {
       last_error = fmt::format("{} HTTP {}{}{}", method, r.status, code.empty() ? "" : " " + code,
                                message.empty() ? "" : ": " + message);
       if (retryable_status(r.status) || code == "OperationTimedOut" || code == "ServerBusy") continue;
-      if (r.status == 401 && c.auth.kind == Auth::Kind::kBearer && attempt + 1 < c.max_attempts) {
+      if (r.status == 401 && c.auth.kind == AzureAuth::Kind::kBearer && attempt + 1 < c.max_attempts) {
         c.auth.token->expired_by_server();  // a token the service saw expire first: fetch another, try again
         continue;
       }
@@ -544,7 +514,9 @@ class AzureBackend final : public Backend {
                          const std::vector<std::pair<std::string, std::string>>& headers, size_t content_length) {
     std::map<std::string, std::string> standard, ms;
     for (const auto& [k, v] : headers) {
-      const std::string name = lower(k);
+      std::string name = k;
+      std::transform(name.begin(), name.end(), name.begin(),
+                     [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
       (name.rfind("x-ms-", 0) == 0 ? ms : standard)[name] = v;
     }
     const auto h = [&](const char* name) { return standard.count(name) > 0 ? standard.at(name) : std::string(); };
@@ -558,7 +530,12 @@ class AzureBackend final : public Backend {
     for (const auto& [k, v] : ms) s += k + ":" + v + "\n";
     s += "/" + account + url_path;
     std::map<std::string, std::string> params;
-    for (const auto& [k, v] : query) params[lower(k)] = v;
+    for (const auto& [k, v] : query) {
+      std::string name = k;
+      std::transform(name.begin(), name.end(), name.begin(),
+                     [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+      params[name] = v;
+    }
     for (const auto& [k, v] : params) s += "\n" + k + ":" + v;
     return fmt::format("SharedKey {}:{}", account, hmac_sha256_base64(config().auth.account_key, s));
   }
@@ -567,7 +544,7 @@ class AzureBackend final : public Backend {
   // whole blob at once (uncommitted blocks of a failed upload are never visible and Azure drops them within a week).
   void upload(const Target& t, uint64_t size,
               const std::function<std::string_view(uint64_t, uint64_t, std::string&)>& read_part) {
-    const Config& c = config();
+    const AzureConfig& c = config();
     if (size <= c.single_put_limit) {
       std::string scratch;
       send(t, "PUT", {}, {{"x-ms-blob-type", "BlockBlob"}}, read_part(0, size, scratch));
@@ -581,7 +558,7 @@ class AzureBackend final : public Backend {
     const std::string upload_id =
         fmt::format("{:08x}{:08x}", static_cast<uint32_t>(::getpid()), static_cast<uint32_t>(upload_counter_++));
     std::vector<std::string> ids(blocks);
-    for (size_t i = 0; i < blocks; ++i) ids[i] = base64(fmt::format("{}-{:06d}", upload_id, i));
+    for (size_t i = 0; i < blocks; ++i) ids[i] = base64_encode(fmt::format("{}-{:06d}", upload_id, i));
     parallel_for(blocks, c.parallelism, [&](size_t i) {
       const uint64_t begin = i * block, length = std::min(size - begin, block);
       std::string scratch;
@@ -594,7 +571,7 @@ class AzureBackend final : public Backend {
   }
 
   std::once_flag config_once_;
-  Config config_;
+  AzureConfig config_;
   HttpPool pool_;
   std::atomic<uint64_t> upload_counter_{0};
 };

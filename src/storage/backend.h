@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -35,6 +36,13 @@ int env_int(const char* name, int fallback, int lo, int hi, const char* componen
 // A byte count a server sent (a listing's size, Content-Length); empty is 0. Anything else is an Error naming `where`
 // and `what` (tagged with `component`), not std::stoull's exceptions.
 uint64_t byte_count(std::string_view text, const std::string& where, const char* what, const char* component);
+// Base64 (RFC 4648, padded) of `bytes`, through OpenSSL.
+std::string base64_encode(std::string_view bytes);
+// The current time as an HTTP date (RFC 7231: "Mon, 07 Dec 2026 13:00:00 GMT"), as x-ms-date and OCI's signed `date`
+// want it.
+std::string http_date_now();
+// An ETag without its surrounding double quotes.
+std::string strip_quotes(std::string etag);
 // A local file mapped read-only for an upload (an empty file maps nothing); the constructor throws Error naming the
 // path. Uploads send from the mapping, so a file of any size costs no memory of ours.
 class MappedFile {

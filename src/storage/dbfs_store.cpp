@@ -29,17 +29,7 @@ constexpr const char* kDbfsComponent = "dbfs";
 // The Files API takes a file of up to 5 GiB in one PUT.
 constexpr uint64_t kMaxSinglePut = 5ULL << 30;
 
-std::string env_value(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? std::string() : std::string(v);
-}
-
-std::string home_file(const char* name) {
-  const char* home = std::getenv("HOME");
-  return fmt::format("{}/{}", home != nullptr ? home : "", name);
-}
-
-struct Config {
+struct DbfsConfig {
   std::string host;                           // https://<workspace>, no trailing '/'
   std::string token;                          // a personal access token, or empty with `oauth`
   std::shared_ptr<CredentialProvider> oauth;  // OAuth M2M access tokens (session_token), refreshed
@@ -87,17 +77,17 @@ std::shared_ptr<CredentialProvider> oauth_m2m(const std::string& host, const std
 
 // DATABRICKS_HOST / _TOKEN / _CLIENT_ID / _CLIENT_SECRET, else the profile (DATABRICKS_CONFIG_PROFILE, default
 // DEFAULT) of DATABRICKS_CONFIG_FILE (default ~/.databrickscfg), as databricks-sdk reads them.
-Config config_from_environment() {
-  Config c;
-  const std::string file =
-      env_value("DATABRICKS_CONFIG_FILE").empty() ? home_file(".databrickscfg") : env_value("DATABRICKS_CONFIG_FILE");
+DbfsConfig dbfs_config_from_environment() {
+  DbfsConfig c;
+  const std::string file = aws::env("DATABRICKS_CONFIG_FILE").empty() ? aws::env("HOME") + "/.databrickscfg"
+                                                                      : aws::env("DATABRICKS_CONFIG_FILE");
   const std::string profile =
-      env_value("DATABRICKS_CONFIG_PROFILE").empty() ? "DEFAULT" : env_value("DATABRICKS_CONFIG_PROFILE");
+      aws::env("DATABRICKS_CONFIG_PROFILE").empty() ? "DEFAULT" : aws::env("DATABRICKS_CONFIG_PROFILE");
   const auto section = aws::ini_section(file, profile);
   const auto setting = [&](const char* variable, const char* key, std::string* where) {
-    if (!env_value(variable).empty()) {
+    if (!aws::env(variable).empty()) {
       *where = variable;
-      return env_value(variable);
+      return aws::env(variable);
     }
     if (section.count(key) > 0 && !section.at(key).empty()) {
       *where = fmt::format("{} [{}]", file, profile);
@@ -156,7 +146,7 @@ class DbfsBackend final : public Backend {
   }
 
   void download(const Uri& u, const std::string& local_path) override {
-    const Config& c = config();
+    const DbfsConfig& c = config();
     const std::string uri = u.str(), url = files(u);
     // Ranges after the first are pinned to the version it saw with If-Unmodified-Since (the Files API's condition).
     ranged_download(
@@ -229,8 +219,8 @@ class DbfsBackend final : public Backend {
   }
 
  private:
-  const Config& config() {
-    std::call_once(once_, [this] { config_ = config_from_environment(); });
+  const DbfsConfig& config() {
+    std::call_once(once_, [this] { config_ = dbfs_config_from_environment(); });
     return config_;
   }
 
@@ -256,7 +246,7 @@ class DbfsBackend final : public Backend {
   util::HttpResponse send(const std::string& uri, const std::string& method, const std::string& url,
                           const std::vector<std::pair<std::string, std::string>>& headers,
                           const std::vector<std::string_view>& parts, const BodySink* sink = nullptr) {
-    const Config& c = config();
+    const DbfsConfig& c = config();
     std::string last_error;
     for (int attempt = 0; attempt < c.max_attempts; ++attempt) {
       if (attempt > 0) backoff_sleep(attempt, c.backoff_base_s, c.backoff_max_s);
@@ -299,7 +289,7 @@ class DbfsBackend final : public Backend {
   }
 
   std::once_flag once_;
-  Config config_;
+  DbfsConfig config_;
   HttpPool pool_;
 };
 

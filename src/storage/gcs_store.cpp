@@ -23,19 +23,15 @@
 #include <nlohmann/json.hpp>
 
 #include "backend.h"
+#include "tessera/storage/aws_files.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
 
 namespace tessera::storage {
 namespace {
 
-constexpr const char* kComponent = "gcs";
+constexpr const char* kGcsComponent = "gcs";
 constexpr int64_t kPartBytes = int64_t{8} << 20;  // one read of a download
-
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? "" : v;
-}
 
 // "http://host:port/" -> {"http", "host:port"}.
 std::pair<std::string, std::string> split_endpoint(std::string url, const std::string& fallback_scheme) {
@@ -62,15 +58,15 @@ Client make_client() {
   using arrow::fs::GcsOptions;
   Client c;
   GcsOptions options;
-  if (const std::string emulator = env("STORAGE_EMULATOR_HOST"); !emulator.empty()) {
+  if (const std::string emulator = aws::env("STORAGE_EMULATOR_HOST"); !emulator.empty()) {
     options = GcsOptions::Anonymous();
     std::tie(options.scheme, options.endpoint_override) = split_endpoint(emulator, "http");
     c.credentials = fmt::format("none (the emulator at STORAGE_EMULATOR_HOST={})", emulator);
-  } else if (const std::string file = env("GOOGLE_APPLICATION_CREDENTIALS"); !file.empty()) {
-    const std::string text = util::read_file(file, kComponent);
+  } else if (const std::string file = aws::env("GOOGLE_APPLICATION_CREDENTIALS"); !file.empty()) {
+    const std::string text = util::read_file(file, kGcsComponent);
     const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
     if (j.is_discarded() || !j.is_object()) {
-      throw ConfigError(kComponent,
+      throw ConfigError(kGcsComponent,
                         fmt::format("GOOGLE_APPLICATION_CREDENTIALS={}: not a JSON credentials file", file));
     }
     const std::string type = j.value("type", "");
@@ -80,28 +76,29 @@ Client make_client() {
     options = GcsOptions::Defaults();
     c.credentials = "application default credentials (gcloud's file, else the metadata server)";
   }
-  if (const std::string endpoint = env("TESSERA_GCS_ENDPOINT_URL"); !endpoint.empty()) {
+  if (const std::string endpoint = aws::env("TESSERA_GCS_ENDPOINT_URL"); !endpoint.empty()) {
     std::tie(options.scheme, options.endpoint_override) = split_endpoint(endpoint, "https");
   }
   double retry_limit = 60;
-  if (const std::string v = env("TESSERA_GCS_RETRY_LIMIT_S"); !v.empty()) {
+  if (const std::string v = aws::env("TESSERA_GCS_RETRY_LIMIT_S"); !v.empty()) {
     char* end = nullptr;
     retry_limit = std::strtod(v.c_str(), &end);
     if (end == v.c_str() || *end != '\0' || !(retry_limit > 0)) {
-      throw ConfigError(kComponent, fmt::format("TESSERA_GCS_RETRY_LIMIT_S={}: expected a positive number", v));
+      throw ConfigError(kGcsComponent, fmt::format("TESSERA_GCS_RETRY_LIMIT_S={}: expected a positive number", v));
     }
   }
   options.retry_limit_seconds = retry_limit;
-  if (const std::string v = env("TESSERA_GCS_PARALLELISM"); !v.empty()) {
+  if (const std::string v = aws::env("TESSERA_GCS_PARALLELISM"); !v.empty()) {
     char* end = nullptr;
     const long n = std::strtol(v.c_str(), &end, 10);  // NOLINT(google-runtime-int): strtol's type
     if (end == v.c_str() || *end != '\0' || n < 1 || n > 64) {
-      throw ConfigError(kComponent, fmt::format("TESSERA_GCS_PARALLELISM={}: expected a whole number from 1 to 64", v));
+      throw ConfigError(kGcsComponent,
+                        fmt::format("TESSERA_GCS_PARALLELISM={}: expected a whole number from 1 to 64", v));
     }
     c.parallelism = static_cast<int>(n);
   }
   auto made = arrow::fs::GcsFileSystem::Make(options);
-  if (!made.ok()) throw Error(kComponent, fmt::format("cannot create the client: {}", made.status().message()));
+  if (!made.ok()) throw Error(kGcsComponent, fmt::format("cannot create the client: {}", made.status().message()));
   c.fs = *std::move(made);
   return c;
 }
@@ -138,12 +135,12 @@ class GcsBackend final : public Backend {
     auto file = open(u, "GET");
     const int64_t size = size_of(*file, u);
     if (offset + length > static_cast<uint64_t>(size)) {
-      throw Error(kComponent,
+      throw Error(kGcsComponent,
                   fmt::format("{}: asked for {} bytes at {}, the object has {}", u.str(), length, offset, size));
     }
     auto b = check(file->ReadAt(static_cast<int64_t>(offset), static_cast<int64_t>(length)), u, "GET");
     if (static_cast<uint64_t>(b->size()) != length) {
-      throw Error(kComponent, fmt::format("{}: range {}+{} returned {} bytes", u.str(), offset, length, b->size()));
+      throw Error(kGcsComponent, fmt::format("{}: range {}+{} returned {} bytes", u.str(), offset, length, b->size()));
     }
     return b->ToString();
   }
@@ -171,7 +168,7 @@ class GcsBackend final : public Backend {
   }
 
   void upload_file(const std::string& local_path, const Uri& u) override {
-    const MappedFile file(local_path, kComponent);
+    const MappedFile file(local_path, kGcsComponent);
     put_parts(u, {file.bytes()});
   }
 
@@ -217,12 +214,12 @@ class GcsBackend final : public Backend {
     if (not_found(st)) {
       // An upload's only missing thing can be its bucket.
       if (std::string_view(op) == "PUT") {
-        throw Error(kComponent, fmt::format("{}: PUT: the bucket {} does not exist", u.str(), u.bucket));
+        throw Error(kGcsComponent, fmt::format("{}: PUT: the bucket {} does not exist", u.str(), u.bucket));
       }
-      throw Error(kComponent, fmt::format("{}: {}: no such object or bucket", u.str(), op));
+      throw Error(kGcsComponent, fmt::format("{}: {}: no such object or bucket", u.str(), op));
     }
-    throw Error(kComponent, fmt::format("{}: {} failed: {} (credentials: {})", u.str(), op, short_message(st),
-                                        client().credentials));
+    throw Error(kGcsComponent, fmt::format("{}: {} failed: {} (credentials: {})", u.str(), op, short_message(st),
+                                           client().credentials));
   }
   template <typename T>
   T check(arrow::Result<T> r, const Uri& u, const char* op) {
@@ -247,7 +244,7 @@ class GcsBackend final : public Backend {
     };
     const auto got = [&](const std::shared_ptr<arrow::Buffer>& b, int64_t begin, int64_t length) {
       if (b->size() != length) {
-        throw Error(kComponent, fmt::format("{}: bytes {}+{}: {} arrived", u.str(), begin, length, b->size()));
+        throw Error(kGcsComponent, fmt::format("{}: bytes {}+{}: {} arrived", u.str(), begin, length, b->size()));
       }
       sink(begin, *b);
     };

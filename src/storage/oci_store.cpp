@@ -29,41 +29,18 @@ namespace {
 
 constexpr const char* kOciComponent = "oci";
 
-std::string env_value(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? std::string() : std::string(v);
-}
-
 std::string expand_home(const std::string& path) {
   if (path.rfind("~/", 0) != 0) return path;
-  return env_value("HOME") + path.substr(1);
-}
-
-std::string base64(const unsigned char* bytes, size_t n) {
-  std::string out(4 * ((n + 2) / 3) + 1, '\0');
-  const int len = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()), bytes, static_cast<int>(n));
-  out.resize(static_cast<size_t>(len));
-  return out;
+  return aws::env("HOME") + path.substr(1);
 }
 
 std::string sha256_base64(std::string_view data) {
   unsigned char digest[SHA256_DIGEST_LENGTH];
   SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), digest);
-  return base64(digest, SHA256_DIGEST_LENGTH);
+  return base64_encode(std::string_view(reinterpret_cast<const char*>(digest), SHA256_DIGEST_LENGTH));
 }
 
-std::string http_date() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[64];
-  std::strftime(buf, sizeof buf, "%a, %d %b %Y %H:%M:%S GMT", &tm);
-  return buf;
-}
-
-using KeyPtr = std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)>;
-
-struct Config {
+struct OciConfig {
   std::string endpoint;  // scheme://host[:port], no trailing '/'
   std::string host;      // what the Host header (and the signature) carries
   std::string key_id;    // tenancy/user/fingerprint
@@ -80,12 +57,12 @@ struct Config {
 
 // The API key of a profile in the OCI config file (OCI_CONFIG_FILE or the CLI's OCI_CLI_CONFIG_FILE, else
 // ~/.oci/config; profile OCI_CLI_PROFILE, else DEFAULT, whose keys every other profile inherits, as the SDKs read it).
-Config config_from_environment() {
-  Config c;
-  std::string file = env_value("OCI_CONFIG_FILE");
-  if (file.empty()) file = env_value("OCI_CLI_CONFIG_FILE");
+OciConfig oci_config_from_environment() {
+  OciConfig c;
+  std::string file = aws::env("OCI_CONFIG_FILE");
+  if (file.empty()) file = aws::env("OCI_CLI_CONFIG_FILE");
   if (file.empty()) file = expand_home("~/.oci/config");
-  const std::string profile = env_value("OCI_CLI_PROFILE").empty() ? "DEFAULT" : env_value("OCI_CLI_PROFILE");
+  const std::string profile = aws::env("OCI_CLI_PROFILE").empty() ? "DEFAULT" : aws::env("OCI_CLI_PROFILE");
   auto settings = aws::ini_section(file, "DEFAULT");
   for (auto& [k, v] : aws::ini_section(file, profile)) settings[k] = v;
   c.source = fmt::format("the API key of {} [{}]", file, profile);
@@ -110,7 +87,7 @@ Config config_from_environment() {
                                                  pass.empty() ? "" : " or a wrong pass_phrase", file, profile));
   }
   c.key = std::shared_ptr<EVP_PKEY>(key, EVP_PKEY_free);
-  std::string endpoint = env_value("TESSERA_OCI_ENDPOINT_URL");
+  std::string endpoint = aws::env("TESSERA_OCI_ENDPOINT_URL");
   if (endpoint.empty()) endpoint = fmt::format("https://objectstorage.{}.oraclecloud.com", need("region"));
   while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
   const auto parts = util::parse_url(endpoint);
@@ -146,7 +123,7 @@ class OciBackend final : public Backend {
   }
 
   void download(const Uri& u, const std::string& local_path) override {
-    const Config& c = config();
+    const OciConfig& c = config();
     const std::string uri = u.str(), path = object_path(u);
     ranged_download(
         uri, local_path, c.part_size, c.parallelism,
@@ -223,8 +200,8 @@ class OciBackend final : public Backend {
   }
 
  private:
-  const Config& config() {
-    std::call_once(once_, [this] { config_ = config_from_environment(); });
+  const OciConfig& config() {
+    std::call_once(once_, [this] { config_ = oci_config_from_environment(); });
     return config_;
   }
 
@@ -256,7 +233,7 @@ class OciBackend final : public Backend {
   // failure).
   void upload(const Uri& u, uint64_t size,
               const std::function<std::vector<std::string_view>(uint64_t, uint64_t)>& read) {
-    const Config& c = config();
+    const OciConfig& c = config();
     const std::string uri = u.str();
     if (size <= c.multipart_threshold) {
       send(uri, "PUT", object_path(u), {{"content-type", "application/octet-stream"}}, read(0, size));
@@ -302,8 +279,8 @@ class OciBackend final : public Backend {
   // body also its length, type and SHA-256 (the SDKs sign object and part uploads without their bodies).
   std::string authorization(const std::string& method, const std::string& path_and_query,
                             std::vector<std::pair<std::string, std::string>>& headers, std::string_view json_body) {
-    const Config& c = config();
-    const std::string date = http_date();
+    const OciConfig& c = config();
+    const std::string date = http_date_now();
     headers.emplace_back("date", date);
     std::string lower = method;
     std::transform(lower.begin(), lower.end(), lower.begin(),
@@ -331,7 +308,7 @@ class OciBackend final : public Backend {
       throw Error(kOciComponent, fmt::format("signing with {} failed", c.source));
     }
     return fmt::format(R"(Signature algorithm="rsa-sha256",headers="{}",keyId="{}",signature="{}",version="1")", names,
-                       c.key_id, base64(signature.data(), len));
+                       c.key_id, base64_encode(std::string_view(reinterpret_cast<const char*>(signature.data()), len)));
   }
 
   // Signs and sends one request, retrying transient failures; throws naming `uri`. 404 on HEAD and DELETE, and 416
@@ -340,7 +317,7 @@ class OciBackend final : public Backend {
                           const std::vector<std::pair<std::string, std::string>>& headers,
                           const std::vector<std::string_view>& body, const BodySink* sink = nullptr,
                           bool json = false) {
-    const Config& c = config();
+    const OciConfig& c = config();
     std::string last_error;
     for (int attempt = 0; attempt < c.max_attempts; ++attempt) {
       if (attempt > 0) backoff_sleep(attempt, c.backoff_base_s, c.backoff_max_s);
@@ -378,7 +355,7 @@ class OciBackend final : public Backend {
   }
 
   std::once_flag once_, namespace_once_;
-  Config config_;
+  OciConfig config_;
   std::string namespace_;
   HttpPool pool_;
 };

@@ -60,11 +60,6 @@ namespace {
 
 using aws::amz_now;
 
-std::string strip_quotes(std::string s) {
-  if (s.size() >= 2 && s.front() == '"' && s.back() == '"') s = s.substr(1, s.size() - 2);
-  return s;
-}
-
 // S3's own codes for a transient failure come with statuses retryable_status() already retries, except on stores that
 // answer them with a 4xx.
 bool retryable_s3(long status, const std::string& code) {  // NOLINT(google-runtime-int)

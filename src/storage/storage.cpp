@@ -1,5 +1,6 @@
 // storage::*: URI parsing, the table of schemes, and dispatch to local files or a scheme's backend.
 #include <fmt/format.h>
+#include <openssl/evp.h>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -12,6 +13,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -205,6 +207,31 @@ uint64_t byte_count(std::string_view text, const std::string& where, const char*
     throw Error(component, fmt::format("{}: the server sent {} '{}', not a byte count", where, what, text));
   }
   return n;
+}
+
+std::string base64_encode(std::string_view bytes) {
+  std::string out(4 * ((bytes.size() + 2) / 3) + 1, '\0');
+  const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                reinterpret_cast<const unsigned char*>(bytes.data()), static_cast<int>(bytes.size()));
+  out.resize(static_cast<size_t>(n));
+  return out;
+}
+
+std::string http_date_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  static constexpr const char* kDays[] = {"Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"};
+  static constexpr const char* kMonths[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                            "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+  // Not strftime's %a and %b: they follow the locale, and HTTP dates are English.
+  return fmt::format("{}, {:02d} {} {} {:02d}:{:02d}:{:02d} GMT", kDays[tm.tm_wday], tm.tm_mday, kMonths[tm.tm_mon],
+                     tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec);
+}
+
+std::string strip_quotes(std::string etag) {
+  if (etag.size() >= 2 && etag.front() == '"' && etag.back() == '"') etag = etag.substr(1, etag.size() - 2);
+  return etag;
 }
 
 MappedFile::MappedFile(const std::string& path, const char* component) {
