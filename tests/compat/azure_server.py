@@ -28,6 +28,7 @@ import time
 import urllib.parse
 import xml.etree.ElementTree as ET
 
+from loopback_http import QuietHandler
 from s3_server import free_port
 
 ACCOUNT = "devstoreaccount1"
@@ -82,27 +83,10 @@ class AzureBlobServer:
             policy.on_request(PipelineRequest(req, PipelineContext(None)))
             return req.headers["Authorization"]
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def answer(self, status, body=b"", headers=()):
-                self.send_response(status)
-                self.send_header("x-ms-request-id", secrets.token_hex(8))
-                self.send_header("x-ms-version", "2023-11-03")
-                self.send_header("Date", rfc1123())
-                length = None
-                for k, v in headers:
-                    if k.lower() == "content-length":
-                        length = v
-                    else:
-                        self.send_header(k, v)
-                self.send_header("Content-Length", length if length is not None else str(len(body)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(body)
+        class Handler(QuietHandler):
+            def service_headers(self):
+                return [("x-ms-request-id", secrets.token_hex(8)), ("x-ms-version", "2023-11-03"),
+                        ("Date", rfc1123())]
 
             def error(self, status, code, message):
                 body = (f'<?xml version="1.0" encoding="utf-8"?><Error><Code>{code}</Code><Message>{message}\n'
@@ -183,10 +167,6 @@ class AzureBlobServer:
                 token = "eyJ0eXAi." + secrets.token_urlsafe(24)
                 server.tokens[token] = time.time() + server.token_lifetime_s
                 return {"access_token": token, "expires_in": server.token_lifetime_s}
-
-            def json(self, status, obj):
-                import json
-                self.answer(status, json.dumps(obj).encode(), [("Content-Type", "application/json")])
 
             def handle_any(self):
                 url = urllib.parse.urlparse(self.path)

@@ -15,13 +15,13 @@ Every Files API request is recorded in `seen` as (method, path, auth kind, statu
 import base64
 import email.utils
 import http.server
-import json
 import os
 import secrets
 import threading
 import time
 import urllib.parse
 
+from loopback_http import QuietHandler
 from s3_server import free_port
 
 
@@ -34,29 +34,7 @@ class DatabricksServer:
         self.lock = threading.Lock()
         server = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def answer(self, status, body=b"", headers=()):
-                self.send_response(status)
-                length = None
-                for k, v in headers:
-                    if k.lower() == "content-length":
-                        length = v
-                    else:
-                        self.send_header(k, v)
-                self.send_header("Content-Length", length if length is not None else str(len(body)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(body)
-                return status
-
-            def json(self, status, obj):
-                return self.answer(status, json.dumps(obj).encode(), [("Content-Type", "application/json")])
-
+        class Handler(QuietHandler):
             def error(self, status, code, message):
                 return self.json(status, {"error_code": code, "message": message})
 

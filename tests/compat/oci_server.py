@@ -24,6 +24,7 @@ import threading
 import time
 import urllib.parse
 
+from loopback_http import QuietHandler
 from s3_server import free_port
 
 TENANCY = "ocid1.tenancy.oc1..aaaatesseratenancy"
@@ -65,30 +66,9 @@ class OciObjectStorageServer:
             signer(prepared, enforce_content_headers=with_body)
             return prepared.headers["authorization"]
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def answer(self, status, body=b"", headers=()):
-                self.send_response(status)
-                self.send_header("opc-request-id", secrets.token_hex(8))
-                length = None
-                for k, v in headers:
-                    if k.lower() == "content-length":
-                        length = v
-                    else:
-                        self.send_header(k, v)
-                self.send_header("Content-Length", length if length is not None else str(len(body)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(body)
-                return status
-
-            def json(self, status, obj, headers=()):
-                return self.answer(status, json.dumps(obj).encode(), [("Content-Type", "application/json"),
-                                                                       *headers])
+        class Handler(QuietHandler):
+            def service_headers(self):
+                return [("opc-request-id", secrets.token_hex(8))]
 
             def error(self, status, code, message):
                 return self.json(status, {"code": code, "message": message})

@@ -85,3 +85,67 @@ def checkpoints_autoresume_in_a_store(env, tmp_path, data, base, list_keys, read
     want = (runs / "ref" / "huggingface" / "ba8" / "model.safetensors").read_bytes()
     assert (runs / "resumed" / "huggingface" / "ba8" / "model.safetensors").read_bytes() == want
     assert read("run/ckpt/latest").decode() == "ep0-ba8"
+
+
+def round_trip_through_a_store(env, tmp_path, base, upload, read, missing, get_base=None, list_base=None,
+                               put_base=None):
+    """The byte-for-byte story every object store with an SDK must pass, through the compat driver's storage ops:
+    the SDK's `upload(key, bytes)` writes small and 37 MiB objects that Tessera reads (whole, a range, a parallel
+    download, stat, a prefix listing that excludes a sibling), Tessera writes small, 37 MiB, empty and several-buffer
+    objects that the SDK's `read(key)` returns identically, deletes (a missing one is no error), and a missing object
+    read or downloaded is an error containing `missing` that leaves no file. Keys are relative to `base`;
+    `get_base`, `list_base` and `put_base` spell the same location another way for one op each (another scheme or
+    form). Returns the results for the store's own checks."""
+    import os
+
+    get_base, list_base, put_base = get_base or base, list_base or base, put_base or base
+    big = os.urandom(37 * 1024 * 1024 + 123)
+    (tmp_path / "big.bin").write_bytes(big)
+    (tmp_path / "empty.bin").write_bytes(b"")
+    text = b"written by the SDK"
+    upload("from-sdk/a b+c.txt", text)
+    upload("from-sdk/big.bin", big)
+    upload("from-sdk-other", b"x")
+    upload("fromage", b"not under the prefix")
+    down = tmp_path / "down"
+    from test_s3_storage import run_batch
+
+    out = run_batch(env, [
+        {"op": "put", "uri": f"{base}/from-tessera/small.txt", "data": "written by tessera"},
+        {"op": "put_file", "path": str(tmp_path / "big.bin"), "uri": f"{put_base}/from-tessera/big.bin"},
+        {"op": "put_file", "path": str(tmp_path / "empty.bin"), "uri": f"{base}/from-tessera/empty"},
+        {"op": "put_parts", "path": str(tmp_path / "big.bin"), "cuts": [5, 9 << 20, 20 << 20],
+         "uri": f"{base}/from-tessera/parts.bin"},
+        {"op": "get", "uri": f"{get_base}/from-sdk/a b+c.txt"},
+        {"op": "range", "uri": f"{base}/from-sdk/a b+c.txt", "offset": 3, "length": 7},
+        {"op": "download", "uri": f"{base}/from-sdk/big.bin", "path": str(down / "big.bin")},
+        {"op": "stat", "uri": f"{base}/from-sdk/big.bin"},
+        {"op": "stat", "uri": f"{base}/missing"},
+        {"op": "list", "uri": f"{list_base}/from-"},
+        {"op": "remove", "uri": f"{base}/from-sdk/a b+c.txt"},
+        {"op": "remove", "uri": f"{base}/never-existed"},
+        {"op": "get", "uri": f"{base}/from-sdk/a b+c.txt"},
+        {"op": "range", "uri": f"{base}/from-sdk-other", "offset": 0, "length": 2},
+        {"op": "download", "uri": f"{base}/absent", "path": str(down / "absent")},
+        {"op": "download", "uri": f"{base}/from-tessera/empty", "path": str(down / "empty")},
+    ], tmp_path)
+    r = out["results"]
+    assert [x.get("error") for x in r[:12]] == [None] * 12, r
+    assert read("from-tessera/small.txt") == b"written by tessera"
+    assert read("from-tessera/big.bin") == big and read("from-tessera/parts.bin") == big
+    assert read("from-tessera/empty") == b""
+    assert r[4]["data"] == text.decode() and r[5]["data"] == text[3:10].decode()
+    assert (down / "big.bin").read_bytes() == big
+    assert r[7]["size"] == len(big) and r[8]["size"] is None
+    listed = {o[0]: o[1] for o in r[9]["objects"]}
+    assert listed == {f"{list_base}/from-sdk/a b+c.txt": len(text), f"{list_base}/from-sdk/big.bin": len(big),
+                      f"{list_base}/from-sdk-other": 1, f"{list_base}/from-tessera/big.bin": len(big),
+                      f"{list_base}/from-tessera/empty": 0, f"{list_base}/from-tessera/parts.bin": len(big),
+                      f"{list_base}/from-tessera/small.txt": 18}
+    assert [o[0] for o in r[9]["objects"]] == sorted(listed)
+    assert f"{base}/from-sdk/a b+c.txt: GET HTTP 404 {missing}" in r[12]["error"], r[12]
+    assert "asked for 2 bytes at 0, got 1" in r[13]["error"], r[13]
+    assert missing in r[14]["error"] and not (down / "absent").exists()
+    assert r[15].get("error") is None and (down / "empty").read_bytes() == b""
+    assert sorted(p.name for p in down.iterdir()) == ["big.bin", "empty"]  # no temporary file left
+    return r

@@ -18,7 +18,7 @@ import os
 
 import pytest
 
-from remote_training import checkpoints_autoresume_in_a_store, train_trace, write_mds
+from remote_training import checkpoints_autoresume_in_a_store, round_trip_through_a_store, train_trace, write_mds
 from test_s3_checkpoints import data, recipe, train  # noqa: F401 (data is a fixture)
 from test_s3_storage import run_batch
 
@@ -50,58 +50,16 @@ def upload(azure, container, name, data):
 
 
 def test_blobs_round_trip_with_azure_storage_blob(azure, container, tmp_path):
-    big = os.urandom(37 * 1024 * 1024 + 123)  # three 16 MiB blocks and ranges from Tessera, 4 MiB blocks from the SDK
-    (tmp_path / "big.bin").write_bytes(big)
-    (tmp_path / "empty.bin").write_bytes(b"")
-    upload(azure, container, "from-sdk/a b+c.txt", b"written by azure-storage-blob")
-    upload(azure, container, "from-sdk/big.bin", big)
-    upload(azure, container, "from-sdk-other", b"x")
-    upload(azure, container, "fromage", b"not under the prefix")
-    base = f"azure://{container}"
-    abfss = f"abfss://{container}@devstoreaccount1.dfs.core.windows.net"
-    azure.page_size = 3  # the listing below takes three pages
+    # Tessera's 37 MiB objects go as three 16 MiB blocks; the SDK's in 4 MiB blocks. One read names the blob the
+    # abfss:// way, the listing the azure-dl:// way; the listing takes three pages.
+    azure.page_size = 3
     try:
-        out = run_batch(azure.env(), [
-            {"op": "put", "uri": f"{base}/from-tessera/small.txt", "data": "written by tessera"},
-            {"op": "put_file", "path": str(tmp_path / "big.bin"), "uri": f"{base}/from-tessera/big.bin"},
-            {"op": "put_file", "path": str(tmp_path / "empty.bin"), "uri": f"{base}/from-tessera/empty"},
-            {"op": "put_parts", "path": str(tmp_path / "big.bin"), "cuts": [5, 9 << 20, 20 << 20],
-             "uri": f"{base}/from-tessera/parts.bin"},
-            {"op": "get", "uri": f"{abfss}/from-sdk/a b+c.txt"},
-            {"op": "range", "uri": f"{base}/from-sdk/a b+c.txt", "offset": 3, "length": 7},
-            {"op": "download", "uri": f"{base}/from-sdk/big.bin", "path": str(tmp_path / "down" / "big.bin")},
-            {"op": "stat", "uri": f"{base}/from-sdk/big.bin"},
-            {"op": "stat", "uri": f"{base}/missing"},
-            {"op": "list", "uri": f"azure-dl://{container}/from-"},
-            {"op": "remove", "uri": f"{base}/from-sdk/a b+c.txt"},
-            {"op": "remove", "uri": f"{base}/never-existed"},
-            {"op": "get", "uri": f"{base}/from-sdk/a b+c.txt"},
-            {"op": "range", "uri": f"{base}/from-sdk-other", "offset": 0, "length": 2},
-            {"op": "download", "uri": f"{base}/absent", "path": str(tmp_path / "down" / "absent")},
-            {"op": "download", "uri": f"{base}/from-tessera/empty", "path": str(tmp_path / "down" / "empty")},
-        ], tmp_path)
+        round_trip_through_a_store(
+            azure.env(), tmp_path, f"azure://{container}", lambda key, body: upload(azure, container, key, body),
+            lambda key: blob_bytes(azure, container, key), "BlobNotFound",
+            get_base=f"abfss://{container}@devstoreaccount1.dfs.core.windows.net", list_base=f"azure-dl://{container}")
     finally:
         azure.page_size = 5000
-    r = out["results"]
-    assert [x.get("error") for x in r[:12]] == [None] * 12
-    assert blob_bytes(azure, container, "from-tessera/small.txt") == b"written by tessera"
-    assert blob_bytes(azure, container, "from-tessera/big.bin") == big
-    assert blob_bytes(azure, container, "from-tessera/empty") == b""
-    assert blob_bytes(azure, container, "from-tessera/parts.bin") == big
-    assert r[4]["data"] == "written by azure-storage-blob" and r[5]["data"] == "tten by"
-    assert (tmp_path / "down" / "big.bin").read_bytes() == big
-    assert r[7]["size"] == len(big) and r[8]["size"] is None
-    dl = f"azure-dl://{container}"
-    listed = {o[0]: o[1] for o in r[9]["objects"]}
-    assert listed == {f"{dl}/from-sdk/a b+c.txt": 29, f"{dl}/from-sdk/big.bin": len(big), f"{dl}/from-sdk-other": 1,
-                      f"{dl}/from-tessera/big.bin": len(big), f"{dl}/from-tessera/empty": 0,
-                      f"{dl}/from-tessera/parts.bin": len(big), f"{dl}/from-tessera/small.txt": 18}
-    assert [o[0] for o in r[9]["objects"]] == sorted(listed)
-    assert f"{base}/from-sdk/a b+c.txt: GET HTTP 404 BlobNotFound" in r[12]["error"], r[12]
-    assert "asked for 2 bytes at 0, got 1" in r[13]["error"], r[13]
-    assert "BlobNotFound" in r[14]["error"] and not (tmp_path / "down" / "absent").exists()
-    assert r[15].get("error") is None and (tmp_path / "down" / "empty").read_bytes() == b""
-    assert sorted(p.name for p in (tmp_path / "down").iterdir()) == ["big.bin", "empty"]  # no temporary file left
     # Tessera's big uploads went up as blocks committed by one Put Block List; every request was Shared Key signed.
     mine = [s for s in azure.seen if f"/{container}/from-tessera/" in s[1]]
     assert sum(1 for s in mine if s[0] == "PUT") >= 2 * 4 + 2

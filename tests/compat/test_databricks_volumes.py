@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from remote_training import checkpoints_autoresume_in_a_store, train_trace, write_mds
+from remote_training import checkpoints_autoresume_in_a_store, round_trip_through_a_store, train_trace, write_mds
 from test_s3_checkpoints import data, recipe, train  # noqa: F401 (data is a fixture)
 from test_s3_storage import run_batch
 
@@ -51,59 +51,19 @@ def upload(workspace, uri, data):
 
 
 def test_files_round_trip_with_databricks_sdk(workspace, volume, tmp_path):
-    big = os.urandom(37 * 1024 * 1024 + 123)  # three 16 MiB ranges down, one PUT up
-    (tmp_path / "big.bin").write_bytes(big)
-    (tmp_path / "empty.bin").write_bytes(b"")
-    upload(workspace, f"{volume}/from-sdk/a b+c.txt", b"written by databricks-sdk")
-    upload(workspace, f"{volume}/from-sdk/big.bin", big)
-    upload(workspace, f"{volume}/from-sdk/deep/er/x.bin", b"x")
-    upload(workspace, f"{volume}/from-sdk-other", b"y")
-    upload(workspace, f"{volume}/fromage", b"not under the prefix")
-    workspace.page_size = 2  # every listing below takes pages
+    workspace.page_size = 2  # every listing takes pages
     try:
-        out = run_batch(workspace.env(), [
-            {"op": "put", "uri": f"{volume}/from-tessera/small.txt", "data": "written by tessera"},
-            {"op": "put_file", "path": str(tmp_path / "big.bin"), "uri": f"{volume}/from-tessera/big.bin"},
-            {"op": "put_file", "path": str(tmp_path / "empty.bin"), "uri": f"{volume}/from-tessera/empty"},
-            {"op": "put_parts", "path": str(tmp_path / "big.bin"), "cuts": [5, 9 << 20, 20 << 20],
-             "uri": f"{volume}/from-tessera/parts.bin"},
-            {"op": "get", "uri": f"{volume}/from-sdk/a b+c.txt"},
-            {"op": "range", "uri": f"{volume}/from-sdk/a b+c.txt", "offset": 3, "length": 7},
-            {"op": "download", "uri": f"{volume}/from-sdk/big.bin", "path": str(tmp_path / "down" / "big.bin")},
-            {"op": "stat", "uri": f"{volume}/from-sdk/big.bin"},
-            {"op": "stat", "uri": f"{volume}/missing"},
-            {"op": "list", "uri": f"{volume}/from-"},
-            {"op": "remove", "uri": f"{volume}/from-sdk/a b+c.txt"},
-            {"op": "remove", "uri": f"{volume}/never-existed"},
-            {"op": "get", "uri": f"{volume}/from-sdk/a b+c.txt"},
-            {"op": "range", "uri": f"{volume}/from-sdk-other", "offset": 0, "length": 2},
-            {"op": "download", "uri": f"{volume}/absent", "path": str(tmp_path / "down" / "absent")},
-            {"op": "download", "uri": f"{volume}/from-tessera/empty", "path": str(tmp_path / "down" / "empty")},
-            {"op": "list", "uri": f"{volume}/no-such-folder/"},
-        ], tmp_path)
+        round_trip_through_a_store(workspace.env(), tmp_path, volume,
+                                   lambda key, body: upload(workspace, f"{volume}/{key}", body),
+                                   lambda key: read_back(workspace, f"{volume}/{key}"), "NOT_FOUND")
+        upload(workspace, f"{volume}/deep/er/x.bin", b"x")  # listings walk folders, and a missing one holds nothing
+        out = run_batch(workspace.env(), [{"op": "list", "uri": f"{volume}/deep"},
+                                          {"op": "list", "uri": f"{volume}/no-such-folder/"}], tmp_path, "walk")
     finally:
         workspace.page_size = 1000
     r = out["results"]
-    assert [x.get("error") for x in r[:12]] == [None] * 12
-    assert read_back(workspace, f"{volume}/from-tessera/small.txt") == b"written by tessera"
-    assert read_back(workspace, f"{volume}/from-tessera/big.bin") == big
-    assert read_back(workspace, f"{volume}/from-tessera/empty") == b""
-    assert read_back(workspace, f"{volume}/from-tessera/parts.bin") == big
-    assert r[4]["data"] == "written by databricks-sdk" and r[5]["data"] == "tten by"
-    assert (tmp_path / "down" / "big.bin").read_bytes() == big
-    assert r[7]["size"] == len(big) and r[8]["size"] is None
-    listed = {o[0]: o[1] for o in r[9]["objects"]}
-    assert listed == {f"{volume}/from-sdk/a b+c.txt": 25, f"{volume}/from-sdk/big.bin": len(big),
-                      f"{volume}/from-sdk/deep/er/x.bin": 1, f"{volume}/from-sdk-other": 1,
-                      f"{volume}/from-tessera/big.bin": len(big), f"{volume}/from-tessera/empty": 0,
-                      f"{volume}/from-tessera/parts.bin": len(big), f"{volume}/from-tessera/small.txt": 18}
-    assert [o[0] for o in r[9]["objects"]] == sorted(listed)
-    assert f"{volume}/from-sdk/a b+c.txt: GET HTTP 404 NOT_FOUND" in r[12]["error"], r[12]
-    assert "asked for 2 bytes at 0, got 1" in r[13]["error"], r[13]
-    assert "NOT_FOUND" in r[14]["error"] and not (tmp_path / "down" / "absent").exists()
-    assert r[15].get("error") is None and (tmp_path / "down" / "empty").read_bytes() == b""
-    assert r[16].get("error") is None and r[16].get("objects") is None  # nothing there, no error
-    assert sorted(p.name for p in (tmp_path / "down").iterdir()) == ["big.bin", "empty"]  # no temporary file left
+    assert r[0].get("objects") == [[f"{volume}/deep/er/x.bin", 1, ""]], r[0]
+    assert r[1].get("error") is None and r[1].get("objects") is None
     assert all(s[2] == "pat" for s in workspace.seen)
 
 
