@@ -311,26 +311,10 @@ class AzureBackend final : public Backend {
   }
 
   void put_parts(const Uri& u, const std::vector<std::string_view>& parts) override {
-    std::vector<uint64_t> starts;
-    uint64_t size = 0;
-    for (std::string_view p : parts) {
-      starts.push_back(size);
-      size += p.size();
-    }
-    // The bytes [offset, offset + length): a view of the buffer holding them all, else gathered into `out`.
-    const auto gather = [&](uint64_t offset, uint64_t length, std::string& out) -> std::string_view {
-      if (length == 0) return {};
-      size_t i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), offset) - starts.begin()) - 1;
-      if (offset - starts[i] + length <= parts[i].size()) return parts[i].substr(offset - starts[i], length);
-      out.clear();
-      out.reserve(length);
-      for (; i < parts.size() && out.size() < length; ++i) {
-        const uint64_t from = offset + out.size() - starts[i];
-        out.append(parts[i].substr(from, length - out.size()));
-      }
-      return out;
-    };
-    upload(target(u), size, gather);
+    const Concatenation object(parts);
+    upload(target(u), object.size(), [&](uint64_t offset, uint64_t length, std::string& scratch) {
+      return object.contiguous(offset, length, scratch);
+    });
   }
 
   void upload_file(const std::string& local_path, const Uri& u) override {

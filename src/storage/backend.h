@@ -43,6 +43,24 @@ std::string base64_encode(std::string_view bytes);
 std::string http_date_now();
 // An ETag without its surrounding double quotes.
 std::string strip_quotes(std::string etag);
+// Several buffers read as one object (a checkpoint's tensors): its size, and any byte range of it without joining
+// the buffers first. Keeps a reference to `parts`.
+class Concatenation {
+ public:
+  explicit Concatenation(const std::vector<std::string_view>& parts);
+  uint64_t size() const { return size_; }
+  // The bytes [offset, offset + length) as views of the buffers, in order, cut to the range.
+  std::vector<std::string_view> views(uint64_t offset, uint64_t length) const;
+  // The same bytes as one view: of the buffer that holds them all (most parts of a checkpoint lie within one
+  // tensor), else copied into `scratch`.
+  std::string_view contiguous(uint64_t offset, uint64_t length, std::string& scratch) const;
+
+ private:
+  const std::vector<std::string_view>& parts_;
+  std::vector<uint64_t> starts_;
+  uint64_t size_ = 0;
+};
+
 // A local file mapped read-only for an upload (an empty file maps nothing); the constructor throws Error naming the
 // path. Uploads send from the mapping, so a file of any size costs no memory of ours.
 class MappedFile {

@@ -136,26 +136,8 @@ class OciBackend final : public Backend {
   }
 
   void put_parts(const Uri& u, const std::vector<std::string_view>& parts) override {
-    std::vector<uint64_t> starts;
-    uint64_t size = 0;
-    for (std::string_view p : parts) {
-      starts.push_back(size);
-      size += p.size();
-    }
-    // The buffers that hold bytes [offset, offset + length), cut to that range.
-    const auto slice = [&](uint64_t offset, uint64_t length) {
-      std::vector<std::string_view> out;
-      for (size_t i = 0; i < parts.size() && length > 0; ++i) {
-        const uint64_t end = starts[i] + parts[i].size();
-        if (end <= offset || parts[i].empty()) continue;
-        const uint64_t from = offset - starts[i], n = std::min<uint64_t>(length, parts[i].size() - from);
-        out.push_back(parts[i].substr(from, n));
-        offset += n;
-        length -= n;
-      }
-      return out;
-    };
-    upload(u, size, slice);
+    const Concatenation object(parts);
+    upload(u, object.size(), [&](uint64_t offset, uint64_t length) { return object.views(offset, length); });
   }
 
   void upload_file(const std::string& local_path, const Uri& u) override {

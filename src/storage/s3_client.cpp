@@ -239,25 +239,10 @@ void S3Client::put(const std::string& bucket, const std::string& key, std::strin
 
 void S3Client::put_parts(const std::string& bucket, const std::string& key,
                          const std::vector<std::string_view>& parts) {
-  // Offsets of each buffer within the object.
-  std::vector<uint64_t> starts;
-  uint64_t size = 0;
-  for (std::string_view p : parts) {
-    starts.push_back(size);
-    size += p.size();
-  }
-  // The bytes [offset, offset + length): a view of the buffer that holds them all (most parts of a checkpoint lie
-  // within one tensor), else gathered into `out`.
-  const auto gather = [&](uint64_t offset, uint64_t length, std::string& out) -> std::string_view {
-    size_t i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), offset) - starts.begin()) - 1;
-    if (offset - starts[i] + length <= parts[i].size()) return parts[i].substr(offset - starts[i], length);
-    out.clear();
-    out.reserve(length);
-    for (; i < parts.size() && out.size() < length; ++i) {
-      const uint64_t from = offset + out.size() - starts[i];
-      out.append(parts[i].substr(from, length - out.size()));
-    }
-    return out;
+  const Concatenation object(parts);
+  const uint64_t size = object.size();
+  const auto gather = [&](uint64_t offset, uint64_t length, std::string& scratch) {
+    return object.contiguous(offset, length, scratch);
   };
   if (parts.empty()) {
     put_single(bucket, key, {});

@@ -234,6 +234,35 @@ std::string strip_quotes(std::string etag) {
   return etag;
 }
 
+Concatenation::Concatenation(const std::vector<std::string_view>& parts) : parts_(parts) {
+  for (const std::string_view p : parts_) {
+    starts_.push_back(size_);
+    size_ += p.size();
+  }
+}
+
+std::vector<std::string_view> Concatenation::views(uint64_t offset, uint64_t length) const {
+  std::vector<std::string_view> out;
+  size_t i = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), offset) - starts_.begin());
+  for (i = i == 0 ? 0 : i - 1; i < parts_.size() && length > 0; ++i) {
+    if (offset >= starts_[i] + parts_[i].size()) continue;  // empty buffers, and the one `offset` ends
+    const uint64_t from = offset - starts_[i], n = std::min<uint64_t>(length, parts_[i].size() - from);
+    out.push_back(parts_[i].substr(from, n));
+    offset += n;
+    length -= n;
+  }
+  return out;
+}
+
+std::string_view Concatenation::contiguous(uint64_t offset, uint64_t length, std::string& scratch) const {
+  const std::vector<std::string_view> pieces = views(offset, length);
+  if (pieces.size() == 1) return pieces.front();
+  scratch.clear();
+  scratch.reserve(length);
+  for (const std::string_view p : pieces) scratch.append(p);
+  return scratch;
+}
+
 MappedFile::MappedFile(const std::string& path, const char* component) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw Error(component, fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
