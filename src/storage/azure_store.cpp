@@ -3,7 +3,6 @@
 // Not Arrow's AzureFileSystem: its output stream creates an empty blob when opened and commits blocks as it goes, so
 // a failed upload leaves a partial object under the final name; here a blob appears only whole (one Put Blob, or Put
 // Block + Put Block List).
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -13,11 +12,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
-#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cstdlib>
-#include <cstring>
 #include <ctime>
 #include <functional>
 #include <map>
@@ -318,27 +315,8 @@ class AzureBackend final : public Backend {
   }
 
   void upload_file(const std::string& local_path, const Uri& u) override {
-    const int fd = ::open(local_path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw Error(kAzureComponent, fmt::format("{}: cannot open: {}", local_path, std::strerror(errno)));
-    struct FdCloser {
-      int fd;
-      ~FdCloser() { ::close(fd); }
-    } closer{fd};
-    const off_t size = ::lseek(fd, 0, SEEK_END);
-    const auto read_part = [&](uint64_t offset, uint64_t length, std::string& buf) -> std::string_view {
-      buf.resize(length);
-      uint64_t done = 0;
-      while (done < length) {
-        const ssize_t n = ::pread(fd, buf.data() + done, length - done, static_cast<off_t>(offset + done));
-        if (n <= 0) {
-          throw Error(kAzureComponent,
-                      fmt::format("{}: read failed at {}: {}", local_path, offset + done, std::strerror(errno)));
-        }
-        done += static_cast<uint64_t>(n);
-      }
-      return buf;
-    };
-    upload(target(u), static_cast<uint64_t>(size), read_part);
+    const MappedFile file(local_path, kAzureComponent);
+    put_parts(u, {file.bytes()});
   }
 
   std::vector<ObjectInfo> list(const Uri& prefix) override {
