@@ -32,3 +32,26 @@ def tessera(env, mode, src, dst):
     out = subprocess.run([BENCH, mode, "--from", str(src), "--to", str(dst)], env=env, capture_output=True, text=True,
                          check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])["mb_per_s"]
+
+
+def report(name, title, where, args, ours_label, peer, peer_label, peer_phrase, ours, sdk, up_ours, up_sdk):
+    """Prints the medians of a one-peer store benchmark (download and upload MB/s, Tessera against `peer`) and emits
+    them to the suite's results as benchmark `name`."""
+    import statistics
+
+    import bench_json
+
+    o, s = statistics.median(ours), statistics.median(sdk)
+    uo, us = statistics.median(up_ours), statistics.median(up_sdk)
+    case = f"{args.objects} x {args.mb} MiB"
+    print(f"{case} on {where}, median of {args.rounds} rounds (MB/s)")
+    print(f"{'':<40}{'download':>10}{'upload':>10}")
+    print(f"{ours_label:<40}{o:>10.0f}{uo:>10.0f}")
+    print(f"{peer_label:<40}{s:>10.0f}{us:>10.0f}")
+    print(f"download: {o / s:.2f}x {peer_phrase}; upload: {uo / us:.2f}x")
+    bench_json.emit(name,
+                    [{"case": f"download {case}", "unit": "MB/s", "tessera": o, "peers": {peer: s},
+                      "rounds": args.rounds},
+                     {"case": f"upload {case}", "unit": "MB/s", "tessera": uo, "peers": {peer: us},
+                      "rounds": args.rounds}],
+                    title=title)

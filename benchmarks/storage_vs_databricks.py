@@ -16,14 +16,12 @@ alike; the ratios are what the benchmark reports.
 import os
 import pathlib
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-import bench_json
-from storage_bench import ROOT, arguments, make_shards, tessera
+from storage_bench import ROOT, arguments, make_shards, report, tessera
 
 
 def main():
@@ -78,21 +76,11 @@ def main():
     finally:
         server.kill()
         server.wait()
-    o, s = statistics.median(ours), statistics.median(sdk)
-    uo, us = statistics.median(up_ours), statistics.median(up_sdk)
-    case = f"{args.objects} x {args.mb} MiB"
-    print(f"{case} on a loopback Databricks workspace, median of {args.rounds} rounds (MB/s)")
-    print(f"{'':<40}{'download':>10}{'upload':>10}")
-    print(f"{'Tessera (dbfs:/Volumes)':<40}{o:>10.0f}{uo:>10.0f}")
-    print(f"{'databricks-sdk (as Streaming)':<40}{s:>10.0f}{us:>10.0f}")
-    print(f"download: {o / s:.2f}x databricks-sdk; upload: {uo / us:.2f}x")
-    bench_json.emit("storage_vs_databricks",
-                    [{"case": f"download {case}", "unit": "MB/s", "tessera": o, "peers": {"databricks-sdk": s},
-                      "rounds": args.rounds},
-                     {"case": f"upload {case}", "unit": "MB/s", "tessera": uo, "peers": {"databricks-sdk": us},
-                      "rounds": args.rounds}],
-                    title="Unity Catalog volumes on a loopback workspace: Tessera vs databricks-sdk")
-
+    report("storage_vs_databricks",
+           "Unity Catalog volumes on a loopback workspace: Tessera vs databricks-sdk",
+           "a loopback Databricks workspace", args,
+           "Tessera (dbfs:/Volumes)", "databricks-sdk", "databricks-sdk (as Streaming)",
+           "databricks-sdk", ours, sdk, up_ours, up_sdk)
 
 if __name__ == "__main__":
     main()

@@ -13,13 +13,11 @@ benchmark reports.
 """
 import pathlib
 import shutil
-import statistics
 import sys
 import tempfile
 import time
 
-import bench_json
-from storage_bench import ROOT, arguments, make_shards, tessera
+from storage_bench import ROOT, arguments, make_shards, report, tessera
 
 sys.path.insert(0, str(ROOT / "tests" / "compat"))
 from gcs_server import FakeGcsServer  # noqa: E402
@@ -59,21 +57,11 @@ def main():
                         blob.delete()
     finally:
         server.stop()
-    o, s = statistics.median(ours), statistics.median(sdk)
-    uo, us = statistics.median(up_ours), statistics.median(up_sdk)
-    case = f"{args.objects} x {args.mb} MiB"
-    print(f"{case} on a loopback fake-gcs-server, median of {args.rounds} rounds (MB/s)")
-    print(f"{'':<40}{'download':>10}{'upload':>10}")
-    print(f"{'Tessera (gs://)':<40}{o:>10.0f}{uo:>10.0f}")
-    print(f"{'google-cloud-storage (and Streaming)':<40}{s:>10.0f}{us:>10.0f}")
-    print(f"download: {o / s:.2f}x google-cloud-storage; upload: {uo / us:.2f}x")
-    bench_json.emit("storage_vs_gcs",
-                    [{"case": f"download {case}", "unit": "MB/s", "tessera": o,
-                      "peers": {"google-cloud-storage": s}, "rounds": args.rounds},
-                     {"case": f"upload {case}", "unit": "MB/s", "tessera": uo,
-                      "peers": {"google-cloud-storage": us}, "rounds": args.rounds}],
-                    title="Object storage on a loopback GCS emulator: Tessera vs google-cloud-storage")
-
+    report("storage_vs_gcs",
+           "Object storage on a loopback GCS emulator: Tessera vs google-cloud-storage",
+           "a loopback fake-gcs-server", args,
+           "Tessera (gs://)", "google-cloud-storage", "google-cloud-storage (and Streaming)",
+           "google-cloud-storage", ours, sdk, up_ours, up_sdk)
 
 if __name__ == "__main__":
     main()

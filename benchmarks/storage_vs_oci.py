@@ -15,14 +15,12 @@ benchmark reports.
 import os
 import pathlib
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-import bench_json
-from storage_bench import ROOT, arguments, make_shards, tessera
+from storage_bench import ROOT, arguments, make_shards, report, tessera
 
 
 def main():
@@ -73,21 +71,11 @@ def main():
     finally:
         server.kill()
         server.wait()
-    o, s = statistics.median(ours), statistics.median(sdk)
-    uo, us = statistics.median(up_ours), statistics.median(up_sdk)
-    case = f"{args.objects} x {args.mb} MiB"
-    print(f"{case} on a loopback OCI Object Storage service, median of {args.rounds} rounds (MB/s)")
-    print(f"{'':<40}{'download':>10}{'upload':>10}")
-    print(f"{'Tessera (oci://)':<40}{o:>10.0f}{uo:>10.0f}")
-    print(f"{'oci SDK (as Streaming)':<40}{s:>10.0f}{us:>10.0f}")
-    print(f"download: {o / s:.2f}x the oci SDK; upload: {uo / us:.2f}x")
-    bench_json.emit("storage_vs_oci",
-                    [{"case": f"download {case}", "unit": "MB/s", "tessera": o, "peers": {"oci SDK": s},
-                      "rounds": args.rounds},
-                     {"case": f"upload {case}", "unit": "MB/s", "tessera": uo, "peers": {"oci SDK": us},
-                      "rounds": args.rounds}],
-                    title="OCI Object Storage on a loopback service: Tessera vs the oci SDK")
-
+    report("storage_vs_oci",
+           "OCI Object Storage on a loopback service: Tessera vs the oci SDK",
+           "a loopback OCI Object Storage service", args,
+           "Tessera (oci://)", "oci SDK", "oci SDK (as Streaming)",
+           "the oci SDK", ours, sdk, up_ours, up_sdk)
 
 if __name__ == "__main__":
     main()
