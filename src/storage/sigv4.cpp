@@ -2,12 +2,12 @@
 #include <fmt/format.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
-#include <openssl/sha.h>
 
 #include <algorithm>
 #include <cctype>
 
 #include "tessera/storage/s3.h"
+#include "tessera/util/hashing.h"
 #include "tessera/util/http.h"
 
 namespace tessera::storage::sigv4 {
@@ -55,9 +55,7 @@ std::string trim_value(std::string_view v) {
 }  // namespace
 
 std::string sha256_hex(std::string_view data) {
-  unsigned char digest[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), digest);
-  return to_hex(digest, SHA256_DIGEST_LENGTH);
+  return util::sha256_hex({data});
 }
 
 std::string canonical_request(const Request& request) {

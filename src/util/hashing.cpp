@@ -88,4 +88,16 @@ std::string hex_digest(std::string_view algorithm, std::string_view data) {
                                   fmt::join(supported_hashes(), ", ")));
 }
 
+std::string sha256_hex(const std::vector<std::string_view>& parts) {
+  const std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), &EVP_MD_CTX_free);
+  std::array<unsigned char, EVP_MAX_MD_SIZE> digest{};
+  unsigned int size = 0;
+  bool ok = ctx && EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) == 1;
+  for (const std::string_view part : parts) ok = ok && EVP_DigestUpdate(ctx.get(), part.data(), part.size()) == 1;
+  if (!ok || EVP_DigestFinal_ex(ctx.get(), digest.data(), &size) != 1) {
+    throw Error("hash", "OpenSSL's SHA-256 digest failed");
+  }
+  return hex(digest.data(), size);
+}
+
 }  // namespace tessera::util

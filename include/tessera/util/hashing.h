@@ -16,5 +16,7 @@ bool hash_supported(std::string_view algorithm);
 
 // `data`'s digest under `algorithm`. Throws tessera::Error naming the algorithm and the supported names for others.
 std::string hex_digest(std::string_view algorithm, std::string_view data);
+// The SHA-256 of the concatenation of `parts` (a file held in several buffers), as hex: a Git LFS object id.
+std::string sha256_hex(const std::vector<std::string_view>& parts);
 
 }  // namespace tessera::util

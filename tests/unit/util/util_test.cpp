@@ -18,6 +18,9 @@ TEST(Hashing, GoldenDigestsOfAbc) {
   EXPECT_EQ(hex_digest("sha1", ""), "da39a3ee5e6b4b0d3255bfef95601890afd80709");
   EXPECT_EQ(hex_digest("sha1", std::string(1000000, 'a')), "34aa973cd4c4daa4f61eeb2bdbad27316534016f");
   EXPECT_EQ(hex_digest("sha256", "abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  // The same digest over a file held in several buffers (an LFS object id), empty buffers included.
+  EXPECT_EQ(sha256_hex({"a", "", "bc"}), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(sha256_hex({}), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
   // Python's hashlib and xxhash on b"abc" (hashlib.<name>(b"abc").hexdigest(), xxhash.<name>(...).hexdigest()).
   EXPECT_EQ(hex_digest("md5", "abc"), "900150983cd24fb0d6963f7d28e17f72");
   EXPECT_EQ(
