@@ -420,9 +420,7 @@ void HfCheckpointer::save(core::State& s, core::Logger& logger, bool final) {
     }
     if (!already_written) {  // (else this batch's folder is in place; the copy was for the registry)
       if (remote) {
-        for (const storage::ObjectInfo& o : storage::list(dir + "/"))
-          storage::remove(o.uri);  // overwrite: no leftovers
-        storage::upload_tree(tmp.string(), dir, {"config.json"});
+        storage::upload_tree(tmp.string(), dir, {"config.json"}, /*replace=*/true);  // overwrite: no leftovers
       } else {
         std::filesystem::remove_all(dir);
         std::filesystem::rename(tmp, dir);

@@ -27,7 +27,17 @@ class Backend {
   virtual std::vector<ObjectInfo> list(const Uri& prefix) = 0;  // every object whose key starts with prefix.key
   virtual void remove(const Uri& u) = 0;
   virtual std::optional<ObjectInfo> stat(const Uri& u) = 0;
+  // storage::upload_tree's work: `files` (paths relative to `local_dir`, in upload order) to `folder` + each path,
+  // then `stale` removed. This default uploads and removes one object at a time (storage.cpp).
+  virtual void upload_tree(const std::string& local_dir, const Uri& folder, const std::vector<std::string>& files,
+                           const std::vector<Uri>& stale);
+  // The pre-flight check that objects can be written under `folder`; throws Error saying why not. This default
+  // writes and removes an empty object named `probe_object` (probe.cpp).
+  virtual void probe_write(const Uri& folder, const std::string& probe_object);
 };
+
+// The backend of an object store's URI (not a local path).
+Backend& backend_of(const Uri& u);
 
 // What the store clients share besides the transport (storage.cpp).
 // An integer setting from the environment: `fallback` when unset, else a whole number in [lo, hi] or a ConfigError
@@ -116,7 +126,7 @@ Backend& azure_backend();
 Backend& dbfs_backend();
 // OCI Object Storage through its native API, signed with an API key (oci_store.cpp).
 Backend& oci_backend();
-// Files in Hugging Face Hub repositories, read-only (hf_store.cpp).
+// Files in Hugging Face Hub repositories, written by commits (hf_store.cpp).
 Backend& hf_backend();
 
 }  // namespace tessera::storage

@@ -1,5 +1,6 @@
 // hf://: files in Hugging Face Hub repositories, read through the Hub's HTTP API as huggingface_hub's HfFileSystem
-// reads them (what MosaicML Streaming uses for `remote: hf://...`). Read-only.
+// reads them (what MosaicML Streaming uses for `remote: hf://...`), and written by commits as huggingface_hub's
+// create_commit writes them.
 //
 //   hf://datasets/<org>/<name>[@<revision>]/<path>   a dataset repository (Streaming's form)
 //   hf://spaces/<org>/<name>[@<revision>]/<path>     a Space
@@ -8,13 +9,29 @@
 // Files come from /<repo>/resolve/<revision>/<path> (redirects followed; ranges with a Range header); listings from
 // /api/<kind>/<repo>/tree/<revision>/<folder>?recursive=true, page by page (the Link header's next page). Endpoint and
 // token as huggingface_hub (util/hf_hub_client.h); HF_HUB_OFFLINE refuses every request.
+//
+// Every write (one file, a removal, a whole export folder) is one commit to the revision's branch:
+//   1. POST /api/<kind>/<repo>/preupload/<revision>: the Hub says which files go to Git LFS ("lfs") and which into
+//      the commit itself ("regular"), from each file's size and first 512 bytes;
+//   2. LFS files: POST /<prefix><repo>.git/info/lfs/objects/batch (Git LFS's batch API, transfers basic and
+//      multipart): for each object the Hub lacks, one PUT of the bytes to the URL it names (basic), or one PUT per
+//      chunk_size part to its numbered URLs and a POST of the parts' ETags to the upload URL (multipart), then its
+//      verify URL. Those URLs point at the Hub's storage: the token goes only to the endpoint's own host;
+//   3. POST /api/<kind>/<repo>/commit/<revision> (NDJSON): a header line, a "file" line per regular file (base64), an
+//      "lfsFile" line per LFS file (SHA-256 and size), a "deletedFile" line per removal. Readers see all or none.
+// A missing repository is created, private, before the first write (not a Space: it needs an SDK chosen).
 #include <fmt/format.h>
 
 #include <charconv>
+#include <filesystem>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "backend.h"
+#include "http_pool.h"
 #include "tessera/util/error.h"
+#include "tessera/util/hashing.h"
 #include "tessera/util/hf_hub_client.h"
 
 namespace tessera::storage {
@@ -76,6 +93,380 @@ util::HubClient hf_client(const Uri& u) {
   return util::HubClient(u.str());
 }
 
+// ---- writes
+
+// One file of a commit: its place in the repository and its bytes (a mapped file, or a checkpoint's buffers).
+struct HubFile {
+  HubFile(std::string p, std::vector<std::string_view> bytes) : path(std::move(p)), parts(std::move(bytes)) {}
+  std::string path;
+  std::vector<std::string_view> parts;
+  uint64_t size = 0;
+  std::string oid;  // SHA-256, hex
+  bool lfs = false;
+};
+
+// One PUT of an LFS upload: the bytes [offset, offset + length) of `file` to `url`; `etag` is what came back.
+struct LfsPut {
+  const HubFile* file = nullptr;
+  std::string url;
+  uint64_t offset = 0, length = 0;
+  std::string etag;
+};
+
+// A URL as error messages show it: without its query (an upload URL's query is its signature).
+std::string shown_url(const std::string& url) {
+  return url.substr(0, url.find('?'));
+}
+
+int hf_max_attempts() {
+  return env_int("TESSERA_HF_MAX_ATTEMPTS", 5, 1, 100, kHfComponent);
+}
+// How long a write's request may move less than 1 KiB/s: an upload stalled, or a commit the Hub is still making.
+int hf_stall_timeout_s() {
+  return env_int("TESSERA_HF_STALL_TIMEOUT_S", 120, 1, 3600, kHfComponent);
+}
+
+// A POST of the Hub's upload API, retried with backoff while the Hub (or a proxy) answers 429/5xx or no answer
+// comes back. Returns the last answer.
+util::HttpResponse hub_post(const util::HubClient& hub, const std::string& path, const std::string& body,
+                            const std::string& content_type) {
+  const int attempts = hf_max_attempts();
+  std::vector<std::pair<std::string, std::string>> headers{{"Content-Type", content_type}};
+  if (content_type.find("git-lfs") != std::string::npos) headers.emplace_back("Accept", content_type);
+  for (int attempt = 1;; ++attempt) {
+    try {
+      util::HttpResponse r = hub.send_body("POST", path, body, headers, hf_stall_timeout_s());
+      if (!retryable_status(r.status) || attempt >= attempts) return r;
+    } catch (const Error&) {  // no answer at all
+      if (attempt >= attempts) throw;
+    }
+    backoff_sleep(attempt, 0.5, 8.0);
+  }
+}
+
+// The Hub's refusal of a write (or its failure, once retries are spent), naming the repository, the step and, for a
+// 401/403, whether a token was sent (never the token).
+[[noreturn]] void refused(const util::HubClient& hub, const std::string& uri, const std::string& step,
+                          const util::HttpResponse& r) {
+  const std::string code = r.header("x-error-code");
+  std::string said = r.header("x-error-message");
+  if (said.empty()) {
+    const auto j = nlohmann::json::parse(r.body, nullptr, false);
+    if (j.is_object() && j.contains("error") && j["error"].is_string()) said = j["error"];
+  }
+  const std::string status = fmt::format("HTTP {}{}{}", r.status, code.empty() ? "" : ", " + code,
+                                         said.empty() ? "" : ": " + said.substr(0, 300));
+  if (retryable_status(r.status)) {
+    throw Error(kHfComponent, fmt::format("{}: the {} failed at the Hugging Face Hub at {} ({}; gave up after {} "
+                                          "attempts, TESSERA_HF_MAX_ATTEMPTS)",
+                                          uri, step, hub.endpoint(), status, hf_max_attempts()));
+  }
+  std::string note;
+  if (r.status == 401 || r.status == 403) {
+    note = hub.has_token() ? "; the token (HF_TOKEN or the saved login) was sent: it needs write access"
+                           : "; no token was sent (HF_TOKEN, or `huggingface-cli login`)";
+  }
+  throw Error(kHfComponent, fmt::format("{}: the Hugging Face Hub at {} refused the {} ({}){}", uri, hub.endpoint(),
+                                        step, status, note));
+}
+
+class HubWrite {
+ public:
+  HubWrite(const Uri& where, HfLocation l) : where_(where.str()), l_(std::move(l)), hub_(hf_client(where)) {}
+
+  // One commit adding `files` and deleting `deleted` (paths in the repository).
+  void commit(std::vector<HubFile>& files, const std::vector<std::string>& deleted, const std::string& summary) {
+    measure(files);
+    if (!files.empty()) preupload(files);
+    std::vector<const HubFile*> lfs;
+    for (const HubFile& f : files) {
+      if (f.lfs) lfs.push_back(&f);
+    }
+    if (!lfs.empty()) upload_lfs(lfs);
+    std::string ndjson =
+        nlohmann::json{{"key", "header"}, {"value", {{"summary", summary}, {"description", ""}}}}.dump();
+    for (const HubFile& f : files) {
+      if (f.lfs) {
+        ndjson +=
+            "\n" + nlohmann::json{{"key", "lfsFile"},
+                                  {"value", {{"path", f.path}, {"algo", "sha256"}, {"oid", f.oid}, {"size", f.size}}}}
+                       .dump();
+      } else {
+        std::string bytes;
+        for (const std::string_view p : f.parts) bytes += p;
+        ndjson += "\n" + nlohmann::json{{"key", "file"},
+                                        {"value",
+                                         {{"content", base64_encode(bytes)}, {"path", f.path}, {"encoding", "base64"}}}}
+                             .dump();
+      }
+    }
+    for (const std::string& path : deleted) {
+      ndjson += "\n" + nlohmann::json{{"key", "deletedFile"}, {"value", {{"path", path}}}}.dump();
+    }
+    const std::string path = api("commit");
+    const util::HttpResponse r = hub_post(hub_, path, ndjson, "application/x-ndjson");
+    if (r.status != 200 && r.status != 201) refused(hub_, where_, "commit", r);
+  }
+
+  // What the Hub says about `files` before any of them goes up: a token without write access, a missing revision
+  // or an ignored name is refused here (and a missing repository created). Nothing is committed.
+  void check(std::vector<HubFile>& files) {
+    measure(files);
+    preupload(files);
+  }
+
+ private:
+  static void measure(std::vector<HubFile>& files) {
+    for (HubFile& f : files) {
+      f.size = 0;
+      for (const std::string_view p : f.parts) f.size += p.size();
+      f.oid = util::sha256_hex(f.parts);
+    }
+  }
+
+  std::string api(const char* verb) const {
+    return fmt::format("/api/{}/{}/{}/{}", l_.kind, l_.repo, verb, util::url_encode(l_.revision));
+  }
+
+  // Asks which files go to LFS; creates the repository when the Hub has none by that name.
+  void preupload(std::vector<HubFile>& files) {
+    std::map<std::string, HubFile*> by_path;
+    for (HubFile& f : files) by_path[f.path] = &f;
+    for (size_t start = 0; start < files.size(); start += 256) {
+      nlohmann::json body{{"files", nlohmann::json::array()}};
+      for (size_t i = start; i < std::min(files.size(), start + 256); ++i) {
+        std::string sample;
+        for (const std::string_view p : files[i].parts) {
+          if (sample.size() >= 512) break;
+          sample += p.substr(0, 512 - sample.size());
+        }
+        body["files"].push_back({{"path", files[i].path}, {"sample", base64_encode(sample)}, {"size", files[i].size}});
+      }
+      const std::string path = api("preupload");
+      util::HttpResponse r = hub_post(hub_, path, body.dump(), "application/json");
+      if (r.status == 404 && r.header("x-error-code") == "RepoNotFound" && !created_) {
+        create_repository();
+        r = hub_post(hub_, path, body.dump(), "application/json");
+      }
+      if (r.status != 200) refused(hub_, where_, "preupload", r);
+      const auto j = nlohmann::json::parse(r.body, nullptr, false);
+      if (!j.is_object() || !j.contains("files") || !j["files"].is_array()) {
+        throw Error(kHfComponent, fmt::format("{}: the Hub's preupload answer has no \"files\" list", where_));
+      }
+      for (const auto& item : j["files"]) {
+        const std::string p = item.is_object() ? item.value("path", "") : "";
+        const auto it = by_path.find(p);
+        const std::string mode = item.is_object() ? item.value("uploadMode", "") : "";
+        if (it == by_path.end() || (mode != "lfs" && mode != "regular")) {
+          throw Error(kHfComponent, fmt::format("{}: the Hub's preupload answer names \"{}\" with upload mode \"{}\" "
+                                                "(expected a file of this commit, \"lfs\" or \"regular\")",
+                                                where_, p.substr(0, 200), mode.substr(0, 40)));
+        }
+        if (item.value("shouldIgnore", false)) {
+          throw Error(kHfComponent,
+                      fmt::format("{}: the repository's .gitignore ignores {}: the Hub would leave it out "
+                                  "of the commit",
+                                  where_, p));
+        }
+        it->second->lfs = mode == "lfs" && it->second->size > 0;  // empty files cannot go to LFS
+      }
+    }
+  }
+
+  void create_repository() {
+    created_ = true;
+    if (l_.kind == "spaces") {
+      throw Error(kHfComponent, fmt::format("{}: the Space {} does not exist; create it first (a Space needs its SDK "
+                                            "chosen)",
+                                            where_, l_.repo));
+    }
+    const size_t slash = l_.repo.find('/');
+    nlohmann::json body{
+        {"name", l_.repo.substr(slash + 1)}, {"organization", l_.repo.substr(0, slash)}, {"private", true}};
+    if (l_.kind == "datasets") body["type"] = "dataset";
+    const util::HttpResponse r = hub_post(hub_, "/api/repos/create", body.dump(), "application/json");
+    if (r.status != 200 && r.status != 201 && r.status != 409) refused(hub_, where_, "creation of the repository", r);
+  }
+
+  // The LFS batch request, then every PUT it asks for (parallel), multipart completions and verifications.
+  void upload_lfs(const std::vector<const HubFile*>& files) {
+    std::map<std::string, const HubFile*> by_oid;
+    for (const HubFile* f : files) by_oid.emplace(f->oid, f);  // identical files are one object
+    std::vector<const HubFile*> unique;
+    for (const auto& [oid, f] : by_oid) unique.push_back(f);
+    const std::string batch =
+        fmt::format("/{}{}.git/info/lfs/objects/batch", l_.kind == "models" ? "" : l_.kind + "/", l_.repo);
+    std::vector<LfsPut> puts;
+    struct Finish {
+      const HubFile* file;
+      std::string complete_url;  // multipart only
+      size_t first_put = 0, n_puts = 0;
+      std::string verify_url;
+    };
+    std::vector<Finish> finishes;
+    for (size_t start = 0; start < unique.size(); start += 256) {
+      nlohmann::json body{{"operation", "upload"},
+                          {"transfers", {"basic", "multipart"}},
+                          {"objects", nlohmann::json::array()},
+                          {"hash_algo", "sha256"},
+                          {"ref", {{"name", l_.revision}}}};
+      for (size_t i = start; i < std::min(unique.size(), start + 256); ++i) {
+        body["objects"].push_back({{"oid", unique[i]->oid}, {"size", unique[i]->size}});
+      }
+      const util::HttpResponse r = hub_post(hub_, batch, body.dump(), "application/vnd.git-lfs+json");
+      if (r.status != 200) refused(hub_, where_, "LFS batch request", r);
+      const auto j = nlohmann::json::parse(r.body, nullptr, false);
+      if (!j.is_object() || !j.contains("objects") || !j["objects"].is_array()) {
+        throw Error(kHfComponent, fmt::format("{}: the Hub's LFS batch answer has no \"objects\" list", where_));
+      }
+      for (const auto& o : j["objects"]) {
+        const std::string oid = o.is_object() ? o.value("oid", "") : "";
+        const auto it = by_oid.find(oid);
+        if (it == by_oid.end()) {
+          throw Error(kHfComponent, fmt::format("{}: the Hub's LFS batch answer names object \"{}\", not one of this "
+                                                "upload",
+                                                where_, oid.substr(0, 80)));
+        }
+        const HubFile& f = *it->second;
+        if (o.contains("error")) {
+          throw Error(kHfComponent, fmt::format("{}: the Hub refused the LFS upload of {}: {}", where_, f.path,
+                                                o["error"].dump().substr(0, 300)));
+        }
+        if (!o.contains("actions") || !o["actions"].is_object() || !o["actions"].contains("upload")) continue;
+        const auto& actions = o["actions"];  // (no upload action: the Hub has the object already)
+        const auto& upload = actions["upload"];
+        if (!upload.is_object() || !upload.contains("href") || !upload["href"].is_string()) {
+          throw Error(kHfComponent, fmt::format("{}: the Hub's LFS upload action for {} has no href", where_, f.path));
+        }
+        Finish fin{&f, "", puts.size(), 0, ""};
+        if (actions.contains("verify") && actions["verify"].is_object() && actions["verify"].contains("href") &&
+            actions["verify"]["href"].is_string()) {
+          fin.verify_url = actions["verify"]["href"];
+        }
+        const auto header = upload.value("header", nlohmann::json::object());
+        if (header.is_object() && header.contains("chunk_size")) {
+          fin.complete_url = upload["href"];
+          add_parts(f, header, puts);
+        } else {
+          puts.push_back({&f, upload["href"], 0, f.size, ""});
+        }
+        fin.n_puts = puts.size() - fin.first_put;
+        finishes.push_back(std::move(fin));
+      }
+    }
+    const int parallelism = env_int("TESSERA_HF_PARALLELISM", 8, 1, 256, kHfComponent);
+    parallel_for(puts.size(), parallelism, [&](size_t i) { put(puts[i]); });
+    for (const Finish& fin : finishes) {
+      if (!fin.complete_url.empty()) {
+        nlohmann::json parts = nlohmann::json::array();
+        for (size_t i = 0; i < fin.n_puts; ++i) {
+          parts.push_back({{"partNumber", i + 1}, {"etag", puts[fin.first_put + i].etag}});
+        }
+        post_outside(fin.complete_url, nlohmann::json{{"oid", fin.file->oid}, {"parts", parts}}.dump(),
+                     "completion of the multipart LFS upload of " + fin.file->path);
+      }
+      if (!fin.verify_url.empty()) {
+        post_outside(fin.verify_url, nlohmann::json{{"oid", fin.file->oid}, {"size", fin.file->size}}.dump(),
+                     "verification of the LFS upload of " + fin.file->path);
+      }
+    }
+  }
+
+  // A multipart upload's PUTs: the header's numbered URLs, one per chunk_size bytes.
+  void add_parts(const HubFile& f, const nlohmann::json& header, std::vector<LfsPut>& puts) const {
+    const auto& c = header["chunk_size"];
+    uint64_t chunk = 0;
+    if (c.is_number_unsigned()) {
+      chunk = c.get<uint64_t>();
+    } else if (c.is_string()) {
+      chunk = byte_count(c.get<std::string>(), where_, "the LFS chunk_size", kHfComponent);
+    }
+    std::vector<std::pair<uint64_t, std::string>> urls;
+    for (const auto& [key, value] : header.items()) {
+      uint64_t n = 0;
+      if (std::from_chars(key.data(), key.data() + key.size(), n).ec == std::errc() && value.is_string()) {
+        urls.emplace_back(n, value.get<std::string>());
+      }
+    }
+    std::sort(urls.begin(), urls.end());
+    if (chunk == 0 || urls.size() != (f.size + chunk - 1) / chunk) {
+      throw Error(kHfComponent, fmt::format("{}: the Hub's multipart LFS upload of {} ({} bytes) gives {} part URLs "
+                                            "for chunk_size {}",
+                                            where_, f.path, f.size, urls.size(), c.dump().substr(0, 40)));
+    }
+    for (size_t i = 0; i < urls.size(); ++i) {
+      const uint64_t offset = i * chunk;
+      puts.push_back({&f, urls[i].second, offset, std::min(chunk, f.size - offset), ""});
+    }
+  }
+
+  // The headers for a URL the batch answer named: the token only when it points at the endpoint's own host.
+  std::vector<std::pair<std::string, std::string>> outside_headers(const std::string& url) const {
+    std::vector<std::pair<std::string, std::string>> h;
+    const auto target = util::parse_url(url), endpoint = util::parse_url(hub_.endpoint());
+    if (target && endpoint && target->scheme == endpoint->scheme && target->authority == endpoint->authority &&
+        hub_.has_token()) {
+      h = hub_.authorization();
+    }
+    return h;
+  }
+
+  void put(LfsPut& p) {
+    Concatenation bytes(p.file->parts);
+    Exchange x;
+    x.method = "PUT";
+    x.url = p.url;
+    x.headers = outside_headers(p.url);
+    x.payload_parts = bytes.views(p.offset, p.length);
+    x.stall_timeout_s = hf_stall_timeout_s();
+    const util::HttpResponse r = perform(x);
+    if (r.status < 200 || r.status >= 300) {
+      throw Error(kHfComponent, fmt::format("{}: the LFS upload of {} (bytes {}..{}) to {} failed: {}", where_,
+                                            p.file->path, p.offset, p.offset + p.length, shown_url(p.url),
+                                            r.status == 0 ? r.transport_error : fmt::format("HTTP {}", r.status)));
+    }
+    p.etag = r.header("etag");
+    if (p.etag.empty() && p.length != p.file->size) {
+      throw Error(kHfComponent, fmt::format("{}: the LFS part upload of {} to {} answered no ETag", where_,
+                                            p.file->path, shown_url(p.url)));
+    }
+  }
+
+  void post_outside(const std::string& url, const std::string& body, const std::string& what) {
+    Exchange x;
+    x.method = "POST";
+    x.url = url;
+    x.headers = outside_headers(url);
+    x.headers.emplace_back("Content-Type", "application/vnd.git-lfs+json");
+    x.headers.emplace_back("Accept", "application/vnd.git-lfs+json");
+    x.payload = body;
+    x.stall_timeout_s = hf_stall_timeout_s();
+    const util::HttpResponse r = perform(x);
+    if (r.status < 200 || r.status >= 300) {
+      throw Error(kHfComponent, fmt::format("{}: the {} at {} failed: {}", where_, what, shown_url(url),
+                                            r.status == 0 ? r.transport_error : fmt::format("HTTP {}", r.status)));
+    }
+  }
+
+  // One exchange outside the Hub's API, retried with backoff while it fails in a way a retry may mend.
+  util::HttpResponse perform(const Exchange& x) {
+    static HttpPool pool;
+    const int attempts = hf_max_attempts();
+    for (int attempt = 1;; ++attempt) {
+      bool retryable = false;
+      util::HttpResponse r = pool.perform(x, &retryable);
+      const bool again = r.status == 0 ? retryable : retryable_status(r.status);
+      if (!again || attempt >= attempts) return r;
+      backoff_sleep(attempt, 0.5, 8.0);
+    }
+  }
+
+  std::string where_;
+  HfLocation l_;
+  util::HubClient hub_;
+  bool created_ = false;
+};
+
 class HfBackend final : public Backend {
  public:
   std::string get(const Uri& u) override {
@@ -110,9 +501,43 @@ class HfBackend final : public Backend {
     });
   }
 
-  void put_parts(const Uri& u, const std::vector<std::string_view>&) override { read_only(u); }
-  void upload_file(const std::string&, const Uri& u) override { read_only(u); }
-  void remove(const Uri& u) override { read_only(u); }
+  void put_parts(const Uri& u, const std::vector<std::string_view>& parts) override {
+    const HfLocation l = file_location(u);
+    std::vector<HubFile> files{HubFile(l.path, parts)};
+    HubWrite(u, l).commit(files, {}, fmt::format("Upload {} with Tessera", l.path));
+  }
+
+  void upload_file(const std::string& local_path, const Uri& u) override {
+    const MappedFile file(local_path, kHfComponent);
+    put_parts(u, {file.bytes()});
+  }
+
+  // A commit deleting the file; none when it is missing.
+  void remove(const Uri& u) override {
+    const HfLocation l = file_location(u);
+    if (!stat(u)) return;
+    std::vector<HubFile> none;
+    HubWrite(u, l).commit(none, {l.path}, fmt::format("Delete {} with Tessera", l.path));
+  }
+
+  // The whole folder, deletions included, as one commit.
+  void upload_tree(const std::string& local_dir, const Uri& folder, const std::vector<std::string>& files,
+                   const std::vector<Uri>& stale) override {
+    HfLocation l = hf_locate(folder);
+    while (!l.path.empty() && l.path.back() == '/') l.path.pop_back();
+    std::vector<std::unique_ptr<MappedFile>> mapped;
+    std::vector<HubFile> adds;
+    for (const std::string& rel : files) {
+      mapped.push_back(std::make_unique<MappedFile>((std::filesystem::path(local_dir) / rel).string(), kHfComponent));
+      adds.emplace_back(l.path.empty() ? rel : l.path + "/" + rel,
+                        std::vector<std::string_view>{mapped.back()->bytes()});
+    }
+    std::vector<std::string> deleted;
+    for (const Uri& s : stale) deleted.push_back(file_location(s).path);
+    HubWrite(folder, l).commit(
+        adds, deleted,
+        fmt::format("Upload {} with Tessera ({} files)", l.path.empty() ? "the repository" : l.path, files.size()));
+  }
 
   // The folder of the prefix, listed recursively and filtered to the prefix.
   std::vector<ObjectInfo> list(const Uri& prefix) override {
@@ -164,12 +589,21 @@ class HfBackend final : public Backend {
     return ObjectInfo{u.str(), bytes, ""};
   }
 
+  // The Hub's preupload answer for an empty probe file, which needs write access: no commit for a check.
+  void probe_write(const Uri& folder, const std::string& probe_object) override {
+    const Uri object = parse_uri(join(folder.str(), probe_object));
+    std::vector<HubFile> files{HubFile(file_location(object).path, {})};
+    HubWrite(folder, hf_locate(folder)).check(files);
+  }
+
  private:
-  [[noreturn]] static void read_only(const Uri& u) {
-    throw Error(kHfComponent,
-                fmt::format("{}: hf:// is read-only in Tessera (uploads to the Hub are not implemented; "
-                            "save locally or to an object store and upload with `huggingface-cli upload`)",
-                            u.str()));
+  // A file's location; a write names a file, not the repository itself.
+  static HfLocation file_location(const Uri& u) {
+    HfLocation l = hf_locate(u);
+    if (l.path.empty() || l.path.back() == '/') {
+      throw ConfigError(kHfComponent, fmt::format("{}: names no file inside the repository", u.str()));
+    }
+    return l;
   }
 
   // The path of the Link header's rel="next" page under `endpoint`, or "" when there is none.

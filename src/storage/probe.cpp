@@ -7,6 +7,7 @@
 
 #include <filesystem>
 
+#include "backend.h"
 #include "tessera/storage/storage.h"
 #include "tessera/util/error.h"
 
@@ -30,6 +31,12 @@ std::string probe_name() {
 }
 
 }  // namespace
+
+void Backend::probe_write(const Uri& folder, const std::string& probe_object) {
+  const Uri object = parse_uri(join(folder.str(), probe_object));
+  put_parts(object, {});
+  remove(object);
+}
 
 std::optional<std::string> unreadable(const std::string& uri) {
   const Uri u = parse_uri(uri);
@@ -76,9 +83,7 @@ std::optional<std::string> unwritable(const std::string& uri, bool probe) {
   }
   try {
     if (probe) {
-      const std::string object = join(uri, probe_name());
-      write(object, "");
-      remove(object);
+      backend_of(u).probe_write(u, probe_name());
     } else {
       (void)list(uri);
     }

@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "backend.h"
@@ -114,11 +115,11 @@ std::string supported_schemes() {
   return out + "file://, local paths";
 }
 
+}  // namespace
+
 Backend& backend_of(const Uri& u) {
   return entry_of(u.scheme).backend();
 }
-
-}  // namespace
 
 // Runs `work(i)` for i in [0, n) on up to `threads` threads; rethrows the first failure after all stop.
 void parallel_for(size_t n, int threads, const std::function<void(size_t)>& work) {
@@ -428,20 +429,44 @@ void upload(const std::string& local_path, const std::string& uri) {
   util::write_file_atomically(u.key, util::read_file(local_path, kComponent), kComponent);
 }
 
-void upload_tree(const std::string& local_dir, const std::string& uri, const std::vector<std::string>& last) {
-  std::vector<std::string> first, final;
+void Backend::upload_tree(const std::string& local_dir, const Uri& folder, const std::vector<std::string>& files,
+                          const std::vector<Uri>& stale) {
+  for (const std::string& rel : files)
+    upload_file((fs::path(local_dir) / rel).string(), parse_uri(join(folder.str(), rel)));
+  for (const Uri& s : stale) remove(s);
+}
+
+void upload_tree(const std::string& local_dir, const std::string& uri, const std::vector<std::string>& last,
+                 bool replace) {
+  std::vector<std::string> files, final;
   for (const auto& e : fs::recursive_directory_iterator(local_dir)) {
     if (!e.is_regular_file()) continue;
     const std::string rel = fs::relative(e.path(), local_dir).generic_string();
-    (std::find(last.begin(), last.end(), rel) == last.end() ? first : final).push_back(rel);
+    (std::find(last.begin(), last.end(), rel) == last.end() ? files : final).push_back(rel);
   }
-  std::sort(first.begin(), first.end());
+  std::sort(files.begin(), files.end());
   std::sort(final.begin(), final.end(), [&](const std::string& a, const std::string& b) {
     return std::find(last.begin(), last.end(), a) < std::find(last.begin(), last.end(), b);
   });
-  for (const auto* group : {&first, &final}) {
-    for (const std::string& rel : *group) upload((fs::path(local_dir) / rel).string(), join(uri, rel));
+  files.insert(files.end(), final.begin(), final.end());
+  std::vector<Uri> stale;
+  if (replace) {
+    // (as list() spells what it returns: `file://` stripped)
+    const std::string prefix = parse_uri(uri.ends_with('/') ? uri : uri + "/").str();
+    const std::set<std::string> fresh(files.begin(), files.end());
+    for (const ObjectInfo& o : list(prefix)) {
+      if (o.uri.rfind(prefix, 0) == 0 && fresh.count(o.uri.substr(prefix.size())) == 0) {
+        stale.push_back(parse_uri(o.uri));
+      }
+    }
   }
+  const Uri u = parse_uri(uri);
+  if (u.scheme != Uri::Scheme::kLocal) {
+    backend_of(u).upload_tree(local_dir, u, files, stale);
+    return;
+  }
+  for (const std::string& rel : files) upload((fs::path(local_dir) / rel).string(), join(uri, rel));
+  for (const Uri& s : stale) remove(s.str());
 }
 
 std::vector<ObjectInfo> list(const std::string& prefix_uri) {

@@ -191,10 +191,32 @@ HttpResponse HubClient::send(const std::string& method, const std::string& path,
   req.follow_redirects = follow_redirects;
   req.sink = sink;
   req.timeout_s = sink ? 0 : 60;
-  req.stall_timeout_s = 60;
+  req.headers = headers;
+  return exchange(std::move(req));
+}
+
+HttpResponse HubClient::send_body(const std::string& method, const std::string& path, std::string body,
+                                  const std::vector<std::pair<std::string, std::string>>& headers,
+                                  long stall_timeout_s) const {  // NOLINT(google-runtime-int)
+  HttpRequest req;
+  req.method = method;
+  req.url = endpoint_ + path;
+  req.body = std::move(body);
+  req.timeout_s = 0;
+  req.stall_timeout_s = stall_timeout_s;
+  req.headers = headers;
+  return exchange(std::move(req));
+}
+
+std::vector<std::pair<std::string, std::string>> HubClient::authorization() const {
+  if (token_.empty()) return {};
+  return {{"Authorization", "Bearer " + token_}};
+}
+
+HttpResponse HubClient::exchange(HttpRequest req) const {
+  if (req.stall_timeout_s == 0) req.stall_timeout_s = 60;
   if (!token_.empty()) req.headers.emplace_back("Authorization", "Bearer " + token_);
   req.headers.emplace_back("Accept-Encoding", "identity");
-  for (const auto& h : headers) req.headers.push_back(h);
   HttpResponse r = http_request(req);
   if (r.status == 0) {
     throw Error("hf_hub", fmt::format("{}: cannot reach the Hugging Face Hub at {}: {} (HF_HUB_OFFLINE=1 uses the "

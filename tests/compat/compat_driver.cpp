@@ -479,8 +479,8 @@ int train_trace(const std::string& recipe, const std::string& out_dir, const std
 }
 
 // Runs a list of storage operations in one process ({"op":
-// "put"|"put_file"|"put_parts"|"get"|"range"|"download"|"list"|"remove"| "stat", ...}) and writes their results plus
-// how often credentials were read and how many requests were sent.
+// "put"|"put_file"|"put_parts"|"put_tree"|"get"|"range"|"download"|"list"|"remove"| "stat", ...}) and writes their
+// results plus how often credentials were read and how many requests were sent.
 int storage_batch(const std::string& ops_path, const std::string& out_path) {
   namespace storage = tessera::storage;
   std::ifstream in(ops_path);
@@ -494,6 +494,9 @@ int storage_batch(const std::string& ops_path, const std::string& out_path) {
         storage::write(op.at("uri"), op.at("data").get<std::string>());
       } else if (name == "put_file") {
         storage::upload(op.at("path"), op.at("uri"));
+      } else if (name == "put_tree") {  // a folder, "last" files last, with "replace": what it lacks is deleted
+        storage::upload_tree(op.at("path"), op.at("uri"), op.value("last", std::vector<std::string>{}),
+                             op.value("replace", false));
       } else if (name == "put_parts") {  // a file's bytes, split at "cuts", written as separate buffers
         const std::string bytes = tessera::util::read_file(op.at("path"));
         std::vector<std::string_view> parts;

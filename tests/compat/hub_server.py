@@ -1,15 +1,29 @@
-"""A Hugging Face Hub on loopback for the download tests, following the protocol huggingface_hub speaks to
+"""A Hugging Face Hub on loopback for the download and upload tests, following the protocol huggingface_hub speaks to
 huggingface.co (huggingface_hub's own client is the peer, pointed at it with HF_ENDPOINT):
 
 - `GET /api/{models|datasets}/{repo}/revision/{rev}`: the revision's commit `sha` and its `siblings` (`rfilename`);
 - `GET /api/{kind}/{repo}/tree/{rev}/{folder}?recursive=true`: the files under a folder, paged with a `Link` header;
 - `HEAD|GET [/datasets]/{repo}/resolve/{rev}/{file}`: a regular file answers 200 with its git blob id as ETag (206 for
-  a Range); an LFS file
-  (*.safetensors) answers 302 to the CDN (`/cdn/{repo}/{sha256}` at `localhost`, another host, to which clients must not send the token)
-  with `X-Linked-Etag` (the SHA-256) and `X-Linked-Size`; both carry `X-Repo-Commit`;
+  a Range); an LFS file (*.safetensors, or committed as one) answers 302 to the CDN (`/cdn/{repo}/{sha256}` at
+  `localhost`, another host, to which clients must not send the token) with `X-Linked-Etag` (the SHA-256) and
+  `X-Linked-Size`; both carry `X-Repo-Commit`;
 - a private repository answers 401 without `Authorization: Bearer <token>`.
 
+Writes, as huggingface_hub's create_commit makes them (every one needs the token; `read_token` may read only):
+- `POST /api/repos/create` ({name, organization, private, type}): 409 when the repository exists;
+- `POST /api/{kind}/{repo}/preupload/{rev}` ({files: [{path, sample, size}]}): "lfs" for *.safetensors and files of
+  `lfs_threshold` bytes or more, else "regular"; `shouldIgnore` for the names in `ignored`;
+- `POST /[{prefix}]{repo}.git/info/lfs/objects/batch` (Git LFS batch API): objects already stored get no actions;
+  others a basic upload URL, or above `multipart_threshold` a multipart one (`chunk_size` and numbered part URLs);
+  every upload URL is at `storage_url` (default the CDN host), plus a verify URL on the Hub;
+- `PUT /lfs-upload/{oid}`, `PUT /lfs-part/{oid}/{n}` (answers an ETag), `POST /lfs-complete/{oid}` ({oid, parts});
+  an object whose bytes do not hash to its oid is refused;
+- `POST /{prefix}{repo}.git/info/lfs/objects/verify` ({oid, size});
+- `POST /api/{kind}/{repo}/commit/{rev}` (NDJSON: header, file, lfsFile, deletedFile lines): applied whole or not at
+  all, recorded in `repo["commits"]` (summary, added, deleted), a new commit sha.
+
 Every request is recorded in `seen` (method, path, whether it carried the token)."""
+import base64
 import hashlib
 import http.server
 import json
@@ -22,6 +36,10 @@ from s3_server import free_port
 class HubServer:
     def __init__(self, token="hf_test_token_not_a_secret_elsewhere", page_size=1000):
         self.token, self.repos, self.seen, self.page_size = token, {}, [], page_size
+        self.read_token = "hf_read_only_token_for_tests"
+        self.lfs_threshold, self.multipart_threshold, self.chunk_size = 10 * 1024 * 1024, 64 * 1024 * 1024, 16 << 20
+        self.ignored, self.lfs_objects, self.parts, self.storage_url = set(), {}, {}, None
+        self.lock = threading.Lock()
         hub = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -39,15 +57,27 @@ class HubServer:
                 if self.command != "HEAD":
                     self.wfile.write(body)
 
+            def answer_json(self, status, value, headers=()):
+                self.answer(status, json.dumps(value).encode(), [("Content-Type", "application/json"), *headers])
+
+            def refuse(self, status, code, message):
+                self.answer_json(status, {"error": message}, [("X-Error-Code", code), ("X-Error-Message", message)])
+
             def handle_any(self):
                 path = urllib.parse.urlparse(self.path).path
                 auth = self.headers.get("Authorization", "")
                 hub.seen.append((self.command, path, auth == f"Bearer {hub.token}"))
+                if self.command in ("POST", "PUT"):
+                    length = int(self.headers.get("Content-Length", 0))
+                    body = self.rfile.read(length) if length else b""
+                    with hub.lock:
+                        return self.handle_write(path, auth, body)
                 if path.startswith("/cdn/"):  # /cdn/{repo key}/{sha256}
                     key, _, sha = path[len("/cdn/"):].rpartition("/")
                     repo = hub.repos.get(key, {"files": {}, "lfs_body": {}})
                     bodies = [repo["lfs_body"][sha]] if sha in repo["lfs_body"] else []
                     bodies += [d for d in repo["files"].values() if hashlib.sha256(d).hexdigest() == sha]
+                    bodies += [d for o, d in hub.lfs_objects.items() if o == sha]
                     return self.answer(200, bodies[0]) if bodies else self.answer(404)
                 api = path.startswith("/api/")
                 parts = path.lstrip("/").split("/")[1 if api else 0:]
@@ -88,7 +118,7 @@ class HubServer:
                 if data is None:
                     return self.answer(404, b'{"error":"Entry not found"}', [("X-Error-Code", "EntryNotFound")])
                 common = [("X-Repo-Commit", repo["commit"])]
-                if name.endswith(".safetensors"):
+                if name in repo["lfs"]:
                     sha = hashlib.sha256(data).hexdigest()
                     return self.answer(302, b"", common + [
                         ("Location", f"{hub.cdn_url}/cdn/{key}/{sha}"), ("X-Linked-Etag", f'"{sha}"'),
@@ -102,7 +132,132 @@ class HubServer:
                         ("Content-Range", f"bytes {first}-{first + len(body) - 1}/{len(data)}")])
                 return self.answer(200, data, headers)
 
-            do_GET = do_HEAD = handle_any
+            def handle_write(self, path, auth, body):
+                # Uploads to the storage host: signed URLs, no token (one sent here would leak it).
+                if path.startswith("/lfs-upload/"):
+                    oid = path.rsplit("/", 1)[1]
+                    if hashlib.sha256(body).hexdigest() != oid:
+                        return self.refuse(400, "BadDigest", "the body does not hash to the object id")
+                    hub.lfs_objects[oid] = body
+                    return self.answer(200, b"", [("ETag", f'"{hashlib.md5(body).hexdigest()}"')])
+                if path.startswith("/lfs-part/"):
+                    _, oid, number = path.rsplit("/", 2)
+                    hub.parts.setdefault(oid, {})[int(number)] = body
+                    return self.answer(200, b"", [("ETag", f'"{hashlib.md5(body).hexdigest()}"')])
+                if path.startswith("/lfs-complete/"):
+                    oid = path.rsplit("/", 1)[1]
+                    request, got = json.loads(body), hub.parts.get(oid, {})
+                    listed = [(p["partNumber"], p["etag"]) for p in request["parts"]]
+                    if request["oid"] != oid or listed != [(n, f'"{hashlib.md5(got[n]).hexdigest()}"') for n in sorted(got)]:
+                        return self.refuse(400, "InvalidPart", "the parts listed are not the parts uploaded")
+                    data = b"".join(got[n] for n in sorted(got))
+                    if hashlib.sha256(data).hexdigest() != oid:
+                        return self.refuse(400, "BadDigest", "the parts do not hash to the object id")
+                    hub.lfs_objects[oid] = data
+                    del hub.parts[oid]
+                    return self.answer_json(200, {})
+                if auth not in (f"Bearer {hub.token}", f"Bearer {hub.read_token}"):
+                    return self.refuse(401, "Unauthorized", "Invalid credentials in Authorization header")
+                if auth != f"Bearer {hub.token}":
+                    return self.refuse(403, "Forbidden", "You don't have the rights to write to this repository")
+                if path == "/api/repos/create":
+                    request = json.loads(body)
+                    kind = {"dataset": "datasets", "space": "spaces"}.get(request.get("type"), "models")
+                    repo_id = f"{request['organization']}/{request['name']}"
+                    key = repo_id if kind == "models" else f"{kind}/{repo_id}"
+                    if key in hub.repos:
+                        return self.refuse(409, "RepoExists", "You already created this repo")
+                    hub.add(key, {}, private=bool(request.get("private", False)))
+                    return self.answer_json(200, {"url": f"{hub.url}/{key}"})
+                lfs_api = ".git/info/lfs/objects/"
+                if lfs_api in path:
+                    repo_part, verb = path.lstrip("/").split(lfs_api)
+                    key = repo_part[:-len(".git")] if repo_part.endswith(".git") else repo_part
+                    if key not in hub.repos:
+                        return self.refuse(404, "RepoNotFound", "Repository not found")
+                    request = json.loads(body)
+                    if verb == "verify":
+                        stored = hub.lfs_objects.get(request["oid"])
+                        ok = stored is not None and len(stored) == request["size"]
+                        return self.answer_json(200, {}) if ok else self.refuse(404, "NotFound", "object not stored")
+                    for name in ("Accept", "Content-Type"):
+                        if self.headers.get(name) != "application/vnd.git-lfs+json":
+                            return self.refuse(406, "NotAcceptable", f"{name} must be application/vnd.git-lfs+json")
+                    storage = hub.storage_url or hub.cdn_url
+                    objects, transfer = [], "basic"
+                    for o in request["objects"]:
+                        oid, size = o["oid"], o["size"]
+                        if oid in hub.lfs_objects:
+                            objects.append({"oid": oid, "size": size})
+                            continue
+                        # (on the host the client asked: a proxy in front of the Hub stays in front)
+                        verify = {"href": f"http://{self.headers['Host']}/{key}.git/info/lfs/objects/verify"}
+                        if size > hub.multipart_threshold and "multipart" in request["transfers"]:
+                            n = (size + hub.chunk_size - 1) // hub.chunk_size
+                            header = {"chunk_size": str(hub.chunk_size)}
+                            header.update({f"{i:05d}": f"{storage}/lfs-part/{oid}/{i}?X-Amz-Signature=secret{i}"
+                                           for i in range(1, n + 1)})
+                            upload = {"href": f"{storage}/lfs-complete/{oid}?uploadId=u1", "header": header}
+                            transfer = "multipart"
+                        else:
+                            upload = {"href": f"{storage}/lfs-upload/{oid}?X-Amz-Signature=secret"}
+                        objects.append({"oid": oid, "size": size, "authenticated": True,
+                                        "actions": {"upload": upload, "verify": verify}})
+                    return self.answer(200, json.dumps({"transfer": transfer, "objects": objects}).encode(),
+                                       [("Content-Type", "application/vnd.git-lfs+json")])
+                parts = path.lstrip("/").split("/")
+                if len(parts) < 6 or parts[0] != "api" or parts[4] not in ("preupload", "commit"):
+                    return self.refuse(404, "NotFound", "no such endpoint")
+                kind, repo_id, verb, rev = parts[1], "/".join(parts[2:4]), parts[4], urllib.parse.unquote(parts[5])
+                key = repo_id if kind == "models" else f"{kind}/{repo_id}"
+                repo = hub.repos.get(key)
+                if repo is None:
+                    return self.refuse(404, "RepoNotFound", "Repository not found")
+                if rev != "main":
+                    return self.refuse(404, "RevisionNotFound", f"Invalid rev id: {rev}")
+                if verb == "preupload":
+                    answers = []
+                    for f in json.loads(body)["files"]:
+                        lfs = f["path"].endswith(".safetensors") or f["size"] >= hub.lfs_threshold
+                        answers.append({"path": f["path"], "uploadMode": "lfs" if lfs else "regular",
+                                        "shouldIgnore": f["path"] in hub.ignored})
+                        repo["samples"][f["path"]] = base64.b64decode(f["sample"])
+                    return self.answer_json(200, {"files": answers, "commitOid": repo["commit"]})
+                if self.headers.get("Content-Type") != "application/x-ndjson":
+                    return self.refuse(400, "BadRequest", "a commit is application/x-ndjson")
+                lines = [json.loads(line) for line in body.decode().splitlines() if line.strip()]
+                if not lines or lines[0]["key"] != "header" or not lines[0]["value"].get("summary"):
+                    return self.refuse(400, "BadRequest", "a commit starts with a header line with a summary")
+                files, lfs_names, added, deleted = dict(repo["files"]), set(repo["lfs"]), [], []
+                for line in lines[1:]:
+                    value = line["value"]
+                    if line["key"] == "file":
+                        data = base64.b64decode(value["content"])
+                        if repo["samples"].get(value["path"], data[:512]) != data[:512]:
+                            return self.refuse(400, "BadRequest", f"{value['path']}: not the sample preuploaded")
+                        files[value["path"]] = data
+                        lfs_names.discard(value["path"])
+                    elif line["key"] == "lfsFile":
+                        data = hub.lfs_objects.get(value["oid"])
+                        if data is None or len(data) != value["size"] or value["algo"] != "sha256":
+                            return self.refuse(422, "LfsObjectMissing", f"{value['path']}: LFS object not uploaded")
+                        files[value["path"]] = data
+                        lfs_names.add(value["path"])
+                    elif line["key"] == "deletedFile":
+                        if value["path"] not in files:
+                            return self.refuse(404, "EntryNotFound", f"{value['path']}: no such file")
+                        del files[value["path"]]
+                        lfs_names.discard(value["path"])
+                    else:
+                        return self.refuse(400, "BadRequest", f"unknown commit line {line['key']}")
+                    (deleted if line["key"] == "deletedFile" else added).append(value["path"])
+                commit = hashlib.sha1(repo["commit"].encode() + body).hexdigest()
+                repo.update(files=files, lfs=lfs_names, commit=commit)
+                repo["commits"].append({"summary": lines[0]["value"]["summary"], "added": added, "deleted": deleted})
+                return self.answer_json(200, {"commitUrl": f"{hub.url}/{key}/commit/{commit}", "commitOid": commit,
+                                              "pullRequestUrl": None})
+
+            do_GET = do_HEAD = do_POST = do_PUT = handle_any
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
         self.server.daemon_threads = True
@@ -116,7 +271,8 @@ class HubServer:
         sends instead} (a damaged transfer)."""
         commit = hashlib.sha1((repo_id + "".join(sorted(files))).encode()).hexdigest()
         self.repos[repo_id] = {"files": dict(files), "private": private, "commit": commit,
-                               "extra_siblings": list(extra_siblings), "lfs_body": dict(lfs_body or {})}
+                               "extra_siblings": list(extra_siblings), "lfs_body": dict(lfs_body or {}),
+                               "lfs": {n for n in files if n.endswith(".safetensors")}, "samples": {}, "commits": []}
         return commit
 
     def stop(self):

@@ -172,4 +172,4 @@ def test_training_streams_mds_shards_from_a_hub_dataset_repo(hub, tmp_path):
     assert [o[0] for o in r[4]["objects"]] == [f"hf://datasets/org/mds-data/{n}" for n in sorted(files)]
     assert [o[1] for o in r[4]["objects"]] == [len(files[n]) for n in sorted(files)]
     assert [o[0] for o in r[5]["objects"]] == ["hf://datasets/org/mds-data@main/README.md"]
-    assert "hf:// is read-only" in r[6]["error"]
+    assert "refused the preupload (HTTP 401" in r[6]["error"] and "no token was sent" in r[6]["error"]

@@ -1,8 +1,8 @@
 // URI-addressed objects: local files (plain paths, file://), S3-compatible object stores (s3://bucket/key), Google
 // Cloud Storage (gs://bucket/key), Azure Blob Storage and Data Lake Gen2 (azure://container/path,
 // azure-dl://filesystem/path, abfs[s]://container@account.dfs.core.windows.net/path), Databricks Unity Catalog volumes
-// (dbfs:/Volumes/catalog/schema/volume/path), OCI Object Storage (oci://bucket[@namespace]/path) and, read-only,
-// Hugging Face Hub repositories (hf://datasets/org/name/path), behind one set of functions. Every layer above
+// (dbfs:/Volumes/catalog/schema/volume/path), OCI Object Storage (oci://bucket[@namespace]/path) and Hugging Face Hub
+// repositories (hf://datasets/org/name/path, hf://org/name/path), behind one set of functions. Every layer above
 // (datasets, the MDS writer, checkpoints, HF export) reads and writes through these, so any path in a recipe may be
 // remote.
 //
@@ -10,7 +10,8 @@
 //   - write() publishes atomically: readers see the old object (or none) or the whole new one, never a part (local:
 //     temporary file + fsync + rename; S3: one PUT, or a multipart upload that becomes visible only when completed;
 //     GCS: a resumable upload, visible only when finalized; Azure: one Put Blob, or blocks committed by one Put Block
-//     List; Unity Catalog volumes: one Files API PUT; OCI: one PutObject, or a committed multipart upload).
+//     List; Unity Catalog volumes: one Files API PUT; OCI: one PutObject, or a committed multipart upload; the Hub:
+//     one commit).
 //   - download() fetches into a temporary file next to `local_path` and renames it, so a crash never leaves a partial
 //     file under the final name; objects come down in parallel byte ranges.
 //   - list() is recursive under a prefix and returns full URIs, sorted.
@@ -59,8 +60,11 @@ void write_parts(const std::string& uri, const std::vector<std::string_view>& pa
 // one resumable upload from the file mapped in memory).
 void upload(const std::string& local_path, const std::string& uri);
 // Uploads every file under `local_dir` to `uri` + its relative path; the files named in `last` (relative paths, e.g.
-// "config.json") go after all the others, so a reader that waits for them finds the rest in place.
-void upload_tree(const std::string& local_dir, const std::string& uri, const std::vector<std::string>& last = {});
+// "config.json") go after all the others, so a reader that waits for them finds the rest in place. With `replace`,
+// the objects under `uri`/ that `local_dir` lacks are deleted afterwards (an export written over an older one). A
+// Hugging Face Hub repository gets the whole tree, deletions included, as one commit.
+void upload_tree(const std::string& local_dir, const std::string& uri, const std::vector<std::string>& last = {},
+                 bool replace = false);
 std::vector<ObjectInfo> list(const std::string& prefix_uri);
 // Deletes one object; deleting a missing object is not an error (as S3).
 void remove(const std::string& uri);

@@ -90,6 +90,25 @@ TEST(Storage, LocalBackendPublishesListsAndDeletes) {
   EXPECT_NE(error_of([&] { read(join(base, "nothing")); }).find("nothing"), std::string::npos);
 }
 
+// upload_tree over an older copy: every file arrives, and with `replace` what the new tree lacks is gone.
+TEST(Storage, UploadTreeReplacesAnOlderTree) {
+  const fs::path root = fs::temp_directory_path() / "tessera_storage_tree";
+  fs::remove_all(root);
+  write((root / "src/config.json").string(), "{}");
+  write((root / "src/sub/w.bin").string(), "weights");
+  write((root / "dst/sub/old.bin").string(), "an older export's file");
+  write((root / "dst/config.json").string(), "older");
+  upload_tree((root / "src").string(), (root / "dst").string(), {"config.json"});
+  EXPECT_EQ(read((root / "dst/config.json").string()), "{}");
+  EXPECT_TRUE(stat((root / "dst/sub/old.bin").string()).has_value());  // kept without `replace`
+  upload_tree((root / "src").string(), "file://" + (root / "dst").string(), {"config.json"}, /*replace=*/true);
+  std::vector<std::string> names;
+  for (const auto& o : list((root / "dst").string())) names.push_back(o.uri);
+  EXPECT_EQ(names, (std::vector<std::string>{(root / "dst/config.json").string(), (root / "dst/sub/w.bin").string()}));
+  EXPECT_EQ(read((root / "dst/sub/w.bin").string()), "weights");
+  fs::remove_all(root);
+}
+
 // https://docs.aws.amazon.com/AmazonS3/latest/API/sig-v4-header-based-auth.html, "Example: GET Object".
 TEST(Storage, SigV4MatchesAwsPublishedExample) {
   const S3Credentials creds{"AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "", "test", {}};

@@ -27,6 +27,12 @@ class HubClient {
   HttpResponse send(const std::string& method, const std::string& path,
                     const std::function<void(std::string_view)>& sink, bool follow_redirects,
                     const std::vector<std::pair<std::string, std::string>>& headers = {}) const;
+  // `method` (POST) of `body` to `path` under the endpoint (a JSON or NDJSON document of the upload API). Returns the
+  // answer whatever its status; throws as send() when none came back.
+  // `stall_timeout_s`: give up when less than 1 KiB/s moves for that long (the Hub answers a commit only when done).
+  HttpResponse send_body(const std::string& method, const std::string& path, std::string body,
+                         const std::vector<std::pair<std::string, std::string>>& headers,
+                         long stall_timeout_s) const;  // NOLINT(google-runtime-int): libcurl's type
   // send(), throwing for anything but 2xx (and 3xx when redirects are not followed), naming the repository, the URL
   // and whether a token was sent (never the token).
   HttpResponse call(const std::string& method, const std::string& path,
@@ -35,8 +41,14 @@ class HubClient {
   [[noreturn]] void fail(const std::string& method, const std::string& path, const HttpResponse& r) const;
 
   const std::string& endpoint() const { return endpoint_; }
+  bool has_token() const { return !token_.empty(); }
+  // The Authorization header the token gives (none without a token), for a URL of the endpoint's own host that an
+  // answer named (an LFS verify URL).
+  std::vector<std::pair<std::string, std::string>> authorization() const;
 
  private:
+  HttpResponse exchange(HttpRequest req) const;
+
   std::string repo_, endpoint_, token_;
 };
 
