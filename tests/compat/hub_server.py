@@ -1,7 +1,7 @@
 """A Hugging Face Hub on loopback for the download and upload tests, following the protocol huggingface_hub speaks to
 huggingface.co (huggingface_hub's own client is the peer, pointed at it with HF_ENDPOINT):
 
-- `GET /api/{models|datasets}/{repo}/revision/{rev}`: the revision's commit `sha` and its `siblings` (`rfilename`);
+- `GET /api/{models|datasets}/{repo}[/revision/{rev}]`: the revision's commit `sha` and its `siblings` (`rfilename`);
 - `GET /api/{kind}/{repo}/tree/{rev}/{folder}?recursive=true`: the files under a folder, paged with a `Link` header;
 - `HEAD|GET [/datasets]/{repo}/resolve/{rev}/{file}`: a regular file answers 200 with its git blob id as ETag (206 for
   a Range); an LFS file (*.safetensors, or committed as one) answers 302 to the CDN (`/cdn/{repo}/{sha256}` at
@@ -82,6 +82,8 @@ class HubServer:
                 api = path.startswith("/api/")
                 parts = path.lstrip("/").split("/")[1 if api else 0:]
                 kind = parts.pop(0) if parts and parts[0] in ("datasets", "spaces", "models") else "models"
+                if api and len(parts) == 2:  # /api/{kind}/{repo}: the repository's info, as of main
+                    parts += ["revision", "main"]
                 if len(parts) < 3 or (not api and (len(parts) < 5 or parts[2] != "resolve")):
                     return self.answer(404)
                 repo_id, verb = "/".join(parts[:2]), parts[2]

@@ -20,6 +20,7 @@ import sys
 
 import pytest
 
+from conftest import _binary
 from test_s3_storage import run_batch
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -136,6 +137,55 @@ def test_tessera_and_huggingface_hub_read_each_others_commits(hub, tmp_path):
     assert out["results"] == [{}]
     assert not [r for r in hub.seen[seen_before:] if r[1].startswith("/lfs-")]
     assert hub.repos["datasets/org/made"]["files"]["copy/sub/dir/big.bin"] == ours["sub/dir/big.bin"]
+
+
+def test_streaming_and_tessera_exchange_mds_datasets_through_the_hub(hub, tmp_path):
+    # Streaming's MDSWriter uploads through its HFUploader (huggingface_hub's HfFileSystem, one commit per file) and
+    # Tessera trains from that repository exactly as from the same shards on disk; Tessera's convert_text_to_mds
+    # writes its shards to hf:// and Streaming's StreamingDataset (hf_hub_download) reads the samples the local
+    # conversion holds.
+    from remote_training import train_trace, write_mds
+
+    write_mds(tmp_path / "local" / "train")
+    hub.add("datasets/org/streamed", {})  # (HFUploader wants the repository to exist)
+    peer(hub, tmp_path, f"""
+import sys
+sys.path.insert(0, {str(pathlib.Path(__file__).parent)!r})
+from remote_training import write_mds
+write_mds("hf://datasets/org/streamed/")""")
+    # (Streaming's HFUploader takes no (local, remote) pair, and puts every file at the repository's root whatever
+    # path the URI names.)
+    assert len(hub.repos["datasets/org/streamed"]["commits"]) == len(list((tmp_path / "local" / "train").iterdir()))
+    env = env_for(hub, tmp_path)
+    from_local = train_trace(env, tmp_path, "local-run", {"local": str(tmp_path / "local")})
+    from_hub = train_trace(env, tmp_path, "hub-run", {"remote": "hf://datasets/org/streamed", "split": None,
+                                                      "local": str(tmp_path / "cache")})
+    assert from_hub["batches"] == from_local["batches"] and from_hub["losses"] == from_local["losses"]
+
+    docs = [f"document {i}: " + " ".join(f"w{(i * 7 + j) % 50}" for j in range(i % 40 + 1)) for i in range(300)]
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    from tokenizers import ByteLevelBPETokenizer
+
+    tok = ByteLevelBPETokenizer()
+    tok.train_from_iterator(docs, vocab_size=300, min_frequency=1, special_tokens=["<|endoftext|>"])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    for out in (tmp_path / "converted", "hf://datasets/org/converted"):
+        proc = subprocess.run([_binary("TESSERA_CONVERT_BIN", "convert_text_to_mds"), "--input", tmp_path / "docs.jsonl",
+                               "--format", "jsonl", "--tokenizer", tmp_path / "tokenizer.json", "--output", out,
+                               "--concat-tokens", "16", "--eos-text", "<|endoftext|>", "--compression", "zstd",
+                               "--size-limit", "4000"], env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+    samples = peer(hub, tmp_path, f"""
+import json
+from streaming import StreamingDataset
+d = StreamingDataset(remote="hf://datasets/org/converted", local={str(tmp_path / 'py-cache')!r}, split="train",
+                     shuffle=False, batch_size=1)
+print(json.dumps([d[i]["tokens"].tolist() for i in range(d.num_samples)]))""")
+    from streaming import StreamingDataset
+
+    local = StreamingDataset(local=str(tmp_path / "converted"), split="train", shuffle=False, batch_size=1)
+    assert json.loads(samples) == [local[i]["tokens"].tolist() for i in range(local.num_samples)]
+    assert local.num_samples > 100
 
 
 def test_refusals_name_the_repository_and_never_the_token(hub, tmp_path):
