@@ -1,5 +1,5 @@
 """What the object-storage benchmarks share (storage_vs_boto3.py, storage_vs_gcs.py, storage_vs_azure.py,
-storage_vs_databricks.py, storage_vs_oci.py): their arguments, a set of random shards, and one transfer through
+storage_vs_databricks.py, storage_vs_oci.py, storage_vs_hub.py): their arguments, a set of random shards, and one transfer through
 Tessera's storage layer (bench_storage_transfer) against a running server."""
 import argparse
 import json

@@ -1,7 +1,7 @@
 // Object-storage transfers through Tessera's storage layer, for benchmarks/storage_vs_boto3.py and storage_vs_gcs.py
 // (which measure the store's own Python client, and Streaming's downloader, against the same server in the same run):
 //   download: every object under a prefix, one after another, each in parallel byte ranges;
-//   upload:   every file of a folder under a prefix, each as a parallel multipart upload.
+//   upload:   every file of a folder under a prefix, each as a parallel multipart upload (upload_tree).
 // Prints one JSON line: {"bytes", "seconds", "mb_per_s", "requests" (S3 only), "objects"}.
 //
 //   bench_storage_transfer download --from s3://bucket/prefix --to DIR
@@ -40,9 +40,9 @@ int main(int argc, char** argv) {
         bytes += o.size;
         ++objects;
       }
-    } else {
+    } else {  // (upload_tree: one upload per file; on the Hugging Face Hub, one commit for them all)
+      storage::upload_tree(from, to);
       for (const auto& e : fs::directory_iterator(from)) {
-        storage::upload(e.path().string(), storage::join(to, e.path().filename().string()));
         bytes += e.file_size();
         ++objects;
       }

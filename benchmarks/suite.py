@@ -87,6 +87,8 @@ def benchmarks():
                                   ["--objects", "4", "--mb", "32", "--rounds", "1"], "env"),
         "storage_vs_oci": ([PY, ROOT / "benchmarks/storage_vs_oci.py"], [],
                            ["--objects", "4", "--mb", "32", "--rounds", "1"], "env"),
+        "storage_vs_hub": ([PY, ROOT / "benchmarks/storage_vs_hub.py"], [],
+                           ["--objects", "4", "--mb", "32", "--rounds", "1"], "env"),
         "checkpoint_io": ([b / "bench_checkpoint_io"], [], ["--seq-len", "128", "--rounds", "2", "--layers", "4"],
                           "flag"),
         "checkpoint_s3_vs_boto3": ([PY, ROOT / "benchmarks/checkpoint_s3_vs_boto3.py"], [],

@@ -118,6 +118,11 @@ std::string shown_url(const std::string& url) {
   return url.substr(0, url.find('?'));
 }
 
+// How many ranges of a download, or LFS PUTs of an upload, are in flight at once.
+int hf_parallelism() {
+  return env_int("TESSERA_HF_PARALLELISM", 8, 1, 256, kHfComponent);
+}
+
 int hf_max_attempts() {
   return env_int("TESSERA_HF_MAX_ATTEMPTS", 5, 1, 100, kHfComponent);
 }
@@ -216,12 +221,14 @@ class HubWrite {
   }
 
  private:
+  // Sizes and SHA-256s, the files hashed in parallel.
   static void measure(std::vector<HubFile>& files) {
-    for (HubFile& f : files) {
+    parallel_for(files.size(), hf_parallelism(), [&](size_t i) {
+      HubFile& f = files[i];
       f.size = 0;
       for (const std::string_view p : f.parts) f.size += p.size();
       f.oid = util::sha256_hex(f.parts);
-    }
+    });
   }
 
   std::string api(const char* verb) const {
@@ -354,8 +361,7 @@ class HubWrite {
         finishes.push_back(std::move(fin));
       }
     }
-    const int parallelism = env_int("TESSERA_HF_PARALLELISM", 8, 1, 256, kHfComponent);
-    parallel_for(puts.size(), parallelism, [&](size_t i) { put(puts[i]); });
+    parallel_for(puts.size(), hf_parallelism(), [&](size_t i) { put(puts[i]); });
     for (const Finish& fin : finishes) {
       if (!fin.complete_url.empty()) {
         nlohmann::json parts = nlohmann::json::array();
@@ -485,20 +491,41 @@ class HfBackend final : public Backend {
     return r.body;
   }
 
+  // In parallel ranges of one commit: the first range's answer (or its redirect to the CDN) names the commit the
+  // revision points at (X-Repo-Commit), and every other range reads that commit's file.
   void download(const Uri& u, const std::string& local_path) override {
-    download_through_temporary(u.str(), local_path, [&](const DownloadWriter& write) {
-      uint64_t got = 0;
-      const auto r = hf_client(u).call(
-          "GET", hf_resolve_path(hf_locate(u)),
-          [&](std::string_view bytes) {
-            write(got, bytes);
-            got += bytes.size();
-          },
-          true);
-      if (const std::string length = r.header("content-length"); !length.empty() && length != std::to_string(got)) {
-        throw Error(kHfComponent, fmt::format("{}: {} bytes arrived of the {} announced", u.str(), got, length));
-      }
-    });
+    const HfLocation l = hf_locate(u);
+    const util::HubClient hub = hf_client(u);
+    const uint64_t part = static_cast<uint64_t>(env_int("TESSERA_HF_PART_SIZE_MB", 16, 1, 4096, kHfComponent)) << 20;
+    ranged_download(u.str(), local_path, part, hf_parallelism(),
+                    [&](uint64_t first, uint64_t last, const std::string& pin,
+                        const std::function<void(uint64_t, std::string_view)>& sink) {
+                      HfLocation at = l;
+                      if (!pin.empty()) at.revision = pin;
+                      const std::vector<std::pair<std::string, std::string>> range{
+                          {"Range", fmt::format("bytes={}-{}", first, last)}};
+                      uint64_t offset = 0;
+                      const std::function<void(std::string_view)> write = [&](std::string_view bytes) {
+                        sink(offset, bytes);
+                        offset += bytes.size();
+                      };
+                      // The first range without following the redirect: the Hub's own answer names the commit.
+                      util::HttpResponse r =
+                          hub.send("GET", hf_resolve_path(at),
+                                   pin.empty() ? std::function<void(std::string_view)>() : write, !pin.empty(), range);
+                      std::string commit = pin.empty() ? r.header("x-repo-commit") : pin;
+                      if (commit.empty() || commit.find('/') != std::string::npos) commit = l.revision;
+                      if (pin.empty() && r.status >= 300 && r.status < 400) {
+                        at.revision = commit;
+                        r = hub.send("GET", hf_resolve_path(at), write, true, range);
+                      } else if (pin.empty() && r.status >= 200 && r.status < 300) {
+                        write(r.body);
+                      }
+                      if (r.status != 200 && r.status != 206 && r.status != 416) {
+                        hub.fail("GET", hf_resolve_path(at), r);
+                      }
+                      return RangeAnswer{r.status, r.header("content-range"), commit};
+                    });
   }
 
   void put_parts(const Uri& u, const std::vector<std::string_view>& parts) override {

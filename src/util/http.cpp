@@ -15,11 +15,14 @@ struct Exchange {
   HttpResponse* response;
   const std::function<void(std::string_view)>* sink;
   std::exception_ptr error;
+  CURL* handle = nullptr;
 };
 
 size_t take_body(char* data, size_t size, size_t n, void* out) {
   auto* x = static_cast<Exchange*>(out);
-  if (*x->sink == nullptr) {
+  long status = 0;  // NOLINT(google-runtime-int): libcurl's type
+  curl_easy_getinfo(x->handle, CURLINFO_RESPONSE_CODE, &status);
+  if (*x->sink == nullptr || status < 200 || status >= 300) {  // an error's body stays for the message
     x->response->body.append(data, size * n);
     return size * n;
   }
@@ -74,7 +77,7 @@ HttpResponse http_request(const HttpRequest& request) {
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, request.connect_timeout_s);
   curl_easy_setopt(h, CURLOPT_TIMEOUT, request.timeout_s);
-  Exchange x{&r, &request.sink, nullptr};
+  Exchange x{&r, &request.sink, nullptr, h};
   curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, take_body);
   curl_easy_setopt(h, CURLOPT_WRITEDATA, &x);
   curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, take_header);

@@ -19,8 +19,8 @@ Writes, as huggingface_hub's create_commit makes them (every one needs the token
 - `PUT /lfs-upload/{oid}`, `PUT /lfs-part/{oid}/{n}` (answers an ETag), `POST /lfs-complete/{oid}` ({oid, parts});
   an object whose bytes do not hash to its oid is refused;
 - `POST /{prefix}{repo}.git/info/lfs/objects/verify` ({oid, size});
-- `POST /api/{kind}/{repo}/commit/{rev}` (NDJSON: header, file, lfsFile, deletedFile lines): applied whole or not at
-  all, recorded in `repo["commits"]` (summary, added, deleted), a new commit sha.
+- `POST /api/{kind}/{repo}/commit/{rev}` (NDJSON: header, file, lfsFile, deletedFile, deletedFolder lines): applied
+  whole or not at all, recorded in `repo["commits"]` (summary, added, deleted), a new commit sha.
 
 Every request is recorded in `seen` (method, path, whether it carried the token)."""
 import base64
@@ -74,11 +74,10 @@ class HubServer:
                         return self.handle_write(path, auth, body)
                 if path.startswith("/cdn/"):  # /cdn/{repo key}/{sha256}
                     key, _, sha = path[len("/cdn/"):].rpartition("/")
-                    repo = hub.repos.get(key, {"files": {}, "lfs_body": {}})
+                    repo = hub.repos.get(key, {"lfs_body": {}})
                     bodies = [repo["lfs_body"][sha]] if sha in repo["lfs_body"] else []
-                    bodies += [d for d in repo["files"].values() if hashlib.sha256(d).hexdigest() == sha]
-                    bodies += [d for o, d in hub.lfs_objects.items() if o == sha]
-                    return self.answer(200, bodies[0]) if bodies else self.answer(404)
+                    bodies += [hub.lfs_objects[sha]] if sha in hub.lfs_objects else []
+                    return self.ranged(bodies[0], [("ETag", f'"{sha}"')]) if bodies else self.answer(404)
                 api = path.startswith("/api/")
                 parts = path.lstrip("/").split("/")[1 if api else 0:]
                 kind = parts.pop(0) if parts and parts[0] in ("datasets", "spaces", "models") else "models"
@@ -121,18 +120,24 @@ class HubServer:
                     return self.answer(404, b'{"error":"Entry not found"}', [("X-Error-Code", "EntryNotFound")])
                 common = [("X-Repo-Commit", repo["commit"])]
                 if name in repo["lfs"]:
-                    sha = hashlib.sha256(data).hexdigest()
+                    sha = repo["lfs"][name]
                     return self.answer(302, b"", common + [
                         ("Location", f"{hub.cdn_url}/cdn/{key}/{sha}"), ("X-Linked-Etag", f'"{sha}"'),
                         ("X-Linked-Size", str(len(data))), ("ETag", f'"{git_blob_id(b"lfs-pointer")}"')])
-                headers = common + [("ETag", f'"{git_blob_id(data)}"'), ("Accept-Ranges", "bytes")]
-                ranged = self.headers.get("Range", "")
-                if ranged.startswith("bytes=") and self.command == "GET":
-                    first, last = (int(x) for x in ranged[len("bytes="):].split("-"))
-                    body = data[first:last + 1]
-                    return self.answer(206, body, headers + [
-                        ("Content-Range", f"bytes {first}-{first + len(body) - 1}/{len(data)}")])
-                return self.answer(200, data, headers)
+                return self.ranged(data, common + [("ETag", f'"{git_blob_id(data)}"')])
+
+            def ranged(self, data, headers):
+                """`data` whole (200), or the bytes a Range asks for (206; 416 past the end, as for an empty file)."""
+                headers = headers + [("Accept-Ranges", "bytes")]
+                asked = self.headers.get("Range", "")
+                if not asked.startswith("bytes=") or self.command != "GET":
+                    return self.answer(200, data, headers)
+                first, last = (int(x) for x in asked[len("bytes="):].split("-"))
+                if first >= len(data):
+                    return self.answer(416, b"", headers + [("Content-Range", f"bytes */{len(data)}")])
+                body = data[first:last + 1]
+                return self.answer(206, body, headers + [
+                    ("Content-Range", f"bytes {first}-{first + len(body) - 1}/{len(data)}")])
 
             def handle_write(self, path, auth, body):
                 # Uploads to the storage host: signed URLs, no token (one sent here would leak it).
@@ -230,7 +235,7 @@ class HubServer:
                 lines = [json.loads(line) for line in body.decode().splitlines() if line.strip()]
                 if not lines or lines[0]["key"] != "header" or not lines[0]["value"].get("summary"):
                     return self.refuse(400, "BadRequest", "a commit starts with a header line with a summary")
-                files, lfs_names, added, deleted = dict(repo["files"]), set(repo["lfs"]), [], []
+                files, lfs_names, added, deleted = dict(repo["files"]), dict(repo["lfs"]), [], []
                 for line in lines[1:]:
                     value = line["value"]
                     if line["key"] == "file":
@@ -238,23 +243,34 @@ class HubServer:
                         if repo["samples"].get(value["path"], data[:512]) != data[:512]:
                             return self.refuse(400, "BadRequest", f"{value['path']}: not the sample preuploaded")
                         files[value["path"]] = data
-                        lfs_names.discard(value["path"])
+                        lfs_names.pop(value["path"], None)
                     elif line["key"] == "lfsFile":
                         data = hub.lfs_objects.get(value["oid"])
                         if data is None or len(data) != value["size"] or value["algo"] != "sha256":
                             return self.refuse(422, "LfsObjectMissing", f"{value['path']}: LFS object not uploaded")
                         files[value["path"]] = data
-                        lfs_names.add(value["path"])
-                    elif line["key"] == "deletedFile":
-                        if value["path"] not in files:
-                            return self.refuse(404, "EntryNotFound", f"{value['path']}: no such file")
-                        del files[value["path"]]
-                        lfs_names.discard(value["path"])
+                        lfs_names[value["path"]] = value["oid"]
+                    elif line["key"] in ("deletedFile", "deletedFolder"):
+                        folder = value["path"].rstrip("/") + "/"
+                        gone = [value["path"]] if line["key"] == "deletedFile" else [
+                            n for n in files if n.startswith(folder)]
+                        if not gone or gone[0] not in files:
+                            return self.refuse(404, "EntryNotFound", f"{value['path']}: no such file or folder")
+                        for name in gone:
+                            del files[name]
+                            lfs_names.pop(name, None)
+                        deleted.extend(gone)
+                        continue
                     else:
                         return self.refuse(400, "BadRequest", f"unknown commit line {line['key']}")
-                    (deleted if line["key"] == "deletedFile" else added).append(value["path"])
+                    added.append(value["path"])
                 commit = hashlib.sha1(repo["commit"].encode() + body).hexdigest()
+                dropped = {repo["lfs"][p] for p in deleted if p in repo["lfs"]}
                 repo.update(files=files, lfs=lfs_names, commit=commit)
+                # LFS objects no file refers to any more are forgotten (the benchmark's memory; the Hub keeps them).
+                kept = {oid for r in hub.repos.values() for oid in r["lfs"].values()}
+                for oid in dropped - kept:
+                    hub.lfs_objects.pop(oid, None)
                 repo["commits"].append({"summary": lines[0]["value"]["summary"], "added": added, "deleted": deleted})
                 return self.answer_json(200, {"commitUrl": f"{hub.url}/{key}/commit/{commit}", "commitOid": commit,
                                               "pullRequestUrl": None})
@@ -274,7 +290,11 @@ class HubServer:
         commit = hashlib.sha1((repo_id + "".join(sorted(files))).encode()).hexdigest()
         self.repos[repo_id] = {"files": dict(files), "private": private, "commit": commit,
                                "extra_siblings": list(extra_siblings), "lfs_body": dict(lfs_body or {}),
-                               "lfs": {n for n in files if n.endswith(".safetensors")}, "samples": {}, "commits": []}
+                               "lfs": {}, "samples": {}, "commits": []}
+        for name, data in files.items():  # LFS files by name (name -> SHA-256), their bytes with the CDN
+            if name.endswith(".safetensors"):
+                self.repos[repo_id]["lfs"][name] = hashlib.sha256(data).hexdigest()
+                self.lfs_objects[self.repos[repo_id]["lfs"][name]] = data
         return commit
 
     def stop(self):
@@ -283,3 +303,13 @@ class HubServer:
 
 def git_blob_id(data):
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+if __name__ == "__main__":  # a server process of its own (the benchmark): prints its URL and token, serves
+    import sys
+
+    server = HubServer()
+    for name in sys.argv[1:]:
+        server.add(name, {}, private=True)
+    print(server.url, server.token, flush=True)
+    threading.Event().wait()

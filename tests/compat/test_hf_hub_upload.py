@@ -86,13 +86,20 @@ def test_tessera_and_huggingface_hub_read_each_others_commits(hub, tmp_path):
                         f"commit_message='from huggingface_hub')")
     assert any(path.startswith("/lfs-part/") for _, path, _ in hub.seen)  # the peer took the multipart path too
     env = env_for(hub, tmp_path)
-    out = run_batch(env, [{"op": "get", "uri": f"hf://org/peer/{n}"} for n in ("config.json", "sub/notes.md")] +
+    seen_before = len(hub.seen)
+    # Downloads in 1 MiB ranges: the LFS files' ranges go to the CDN, pinned to the commit the first answer named.
+    out = run_batch({**env, "TESSERA_HF_PART_SIZE_MB": "1"},
+                    [{"op": "get", "uri": f"hf://org/peer/{n}"} for n in ("config.json", "sub/notes.md")] +
                     [{"op": "download", "uri": f"hf://org/peer/{n}", "path": str(tmp_path / "down" / n)}
                      for n in ("model.safetensors", "sub/dir/big.bin", "empty.txt")], tmp_path, "read")
     assert [r.get("error") for r in out["results"]] == [None] * 5
     assert [r["data"].encode() for r in out["results"][:2]] == [peer_files["config.json"], peer_files["sub/notes.md"]]
     for n in ("model.safetensors", "sub/dir/big.bin", "empty.txt"):
         assert (tmp_path / "down" / n).read_bytes() == peer_files[n], n
+    commit = hub.repos["org/peer"]["commit"]
+    ranges = [r for r in hub.seen[seen_before:] if r[1].startswith("/cdn/")]
+    assert len(ranges) == 2 + 6 and not any(token for _, _, token in ranges)
+    assert sum(r[1] == f"/org/peer/resolve/{commit}/sub/dir/big.bin" for r in hub.seen[seen_before:]) == 6
 
     # Tessera writes into a repository that does not exist yet: it is created, private.
     (tmp_path / "parts.bin").write_bytes(b"".join(bytes([i]) * (700 << 10) for i in range(6)))  # 4.1 MiB
@@ -123,7 +130,7 @@ def test_tessera_and_huggingface_hub_read_each_others_commits(hub, tmp_path):
     got = downloaded(hub, tmp_path, "org/made", "dataset")
     assert got == {**{f"export/{n}": d for n, d in ours.items()},
                    "ckpt/rank0.safetensors": (tmp_path / "parts.bin").read_bytes()}
-    assert repo["lfs"] == {"export/model.safetensors", "export/sub/dir/big.bin", "ckpt/rank0.safetensors"}
+    assert set(repo["lfs"]) == {"export/model.safetensors", "export/sub/dir/big.bin", "ckpt/rank0.safetensors"}
     ours_requests = hub.seen[seen_before:]
     # The storage host never saw the token; the uploads ran as multipart where the Hub asked for it.
     assert not [r for r in ours_requests if r[1].startswith("/lfs-") and r[2]]

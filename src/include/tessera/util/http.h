@@ -24,8 +24,9 @@ struct HttpRequest {
   long stall_timeout_s = 0;     // NOLINT(google-runtime-int): give up below 1 KiB/s for this long; 0 for never
   // Follow redirects (headers set above are not sent to another host; libcurl drops them).
   bool follow_redirects = false;
-  // When set, the body goes here as it arrives instead of into HttpResponse::body (a large download). An exception
-  // it throws ends the exchange and is rethrown by http_request.
+  // When set, a 2xx body goes here as it arrives instead of into HttpResponse::body (a large download; any other
+  // status's body stays in HttpResponse::body, for the error message). An exception it throws ends the exchange and
+  // is rethrown by http_request.
   std::function<void(std::string_view)> sink;
 };
 
