@@ -17,7 +17,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -200,6 +202,31 @@ std::string missing_receipt(int r, const std::string& what, std::chrono::millise
   return fmt::format("rank {} did not finish {} {} within {} s", r, what, rank_file_name(r), timeout.count() / 1000);
 }
 
+// The `latest` object of a remote folder: written over the version this process found or wrote there last, never
+// over another writer's (storage::write_if: If-Match in the PUT on S3, Azure and OCI). A second run saving into the
+// same folder would otherwise point `latest` at its checkpoints between this run's saves, and each run's autoresume
+// at the other's; it fails this run's save instead, naming the folder.
+void write_latest(const std::string& uri, const std::string& name) {
+  static std::mutex mutex;
+  static std::map<std::string, std::optional<std::string>> seen;  // uri -> the ETag last written (nullopt: none)
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto it = seen.find(uri);
+  if (it == seen.end()) {  // the first save of this process: whatever is there now
+    const std::optional<storage::ObjectInfo> now = storage::stat(uri);
+    it = seen.emplace(uri, now ? std::optional<std::string>(now->etag) : std::nullopt).first;
+  }
+  const std::optional<std::string> etag = storage::write_if(uri, name, it->second);
+  if (!etag) {
+    const std::optional<storage::ObjectInfo> now = storage::stat(uri);
+    const std::string holds = now ? fmt::format("now names \"{}\"", storage::read(uri).substr(0, 200)) : "is gone";
+    fail_checkpoint(uri, fmt::format("was changed by another writer since this run last wrote it (it {}): two runs "
+                                     "save into this folder, and each would resume from the other's checkpoints; "
+                                     "give each run its own save_folder ({} was saved, `latest` not moved)",
+                                     holds, name));
+  }
+  it->second = etag;
+}
+
 void publish_remote(const PendingCheckpoint& p, nlohmann::json metadata, int world_size,
                     std::chrono::milliseconds timeout, const std::string& latest_name, const std::atomic<bool>* stop) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -226,7 +253,7 @@ void publish_remote(const PendingCheckpoint& p, nlohmann::json metadata, int wor
   for (const storage::ObjectInfo& o : storage::list(p.final_dir + "/")) {
     if (!keep.count(o.uri)) storage::remove(o.uri);
   }
-  if (!latest_name.empty()) storage::write(storage::join(p.folder, latest_name), p.name);
+  if (!latest_name.empty()) write_latest(storage::join(p.folder, latest_name), p.name);
 }
 
 // Every object folder/<name>/<file> of a remote folder as (folder/<name>, <file>), from one listing.

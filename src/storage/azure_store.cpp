@@ -314,6 +314,16 @@ class AzureBackend final : public Backend {
     });
   }
 
+  // One Put Blob with If-Match (or If-None-Match: *): 412 ConditionNotMet, or 409 BlobAlreadyExists, is a refusal.
+  std::optional<std::string> put_if(const Uri& u, std::string_view data,
+                                    const std::optional<std::string>& expected) override {
+    std::vector<std::pair<std::string, std::string>> headers{{"x-ms-blob-type", "BlockBlob"}};
+    headers.emplace_back(expected ? "If-Match" : "If-None-Match", expected ? "\"" + *expected + "\"" : "*");
+    const util::HttpResponse r = send(target(u), "PUT", {}, headers, data);
+    if (r.status == 412 || r.status == 409) return std::nullopt;
+    return strip_quotes(r.header("etag"));
+  }
+
   void upload_file(const std::string& local_path, const Uri& u) override {
     const MappedFile file(local_path, kAzureComponent);
     put_parts(u, {file.bytes()});
@@ -458,6 +468,7 @@ class AzureBackend final : public Backend {
       }
       if (r.status == 404 && (method == "HEAD" || method == "DELETE")) return r;
       if (r.status == 416 && method == "GET") return r;
+      if (method == "PUT" && (r.status == 412 || code == "BlobAlreadyExists")) return r;  // a conditional write's
       if (r.status == 401 || r.status == 403) {
         last_error +=
             fmt::format(" (account {}, container {}; credentials from {})", t.account, t.container, c.auth.source);

@@ -31,6 +31,10 @@ class Backend {
   // then `stale` removed. This default uploads and removes one object at a time (storage.cpp).
   virtual void upload_tree(const std::string& local_dir, const Uri& folder, const std::vector<std::string>& files,
                            const std::vector<Uri>& stale);
+  // storage::write_if's work: `data` to `u` only while its ETag is `expected` (nullopt: absent); the new ETag, or
+  // nullopt when the condition fails. This default compares stat()'s ETag, then writes (storage.cpp).
+  virtual std::optional<std::string> put_if(const Uri& u, std::string_view data,
+                                            const std::optional<std::string>& expected);
   // The pre-flight check that objects can be written under `folder`; throws Error saying why not. This default
   // writes and removes an empty object named `probe_object` (probe.cpp).
   virtual void probe_write(const Uri& folder, const std::string& probe_object);

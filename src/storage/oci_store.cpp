@@ -140,6 +140,16 @@ class OciBackend final : public Backend {
     upload(u, object.size(), [&](uint64_t offset, uint64_t length) { return object.views(offset, length); });
   }
 
+  // One PutObject with if-match (or if-none-match: *): IfMatchFailed / IfNoneMatchFailed is a refusal.
+  std::optional<std::string> put_if(const Uri& u, std::string_view data,
+                                    const std::optional<std::string>& expected) override {
+    std::vector<std::pair<std::string, std::string>> headers{{"content-type", "application/octet-stream"}};
+    headers.emplace_back(expected ? "if-match" : "if-none-match", expected ? *expected : "*");
+    const util::HttpResponse r = send(u.str(), "PUT", object_path(u), headers, {data});
+    if (r.status < 200 || r.status >= 300) return std::nullopt;
+    return r.header("etag");
+  }
+
   void upload_file(const std::string& local_path, const Uri& u) override {
     const MappedFile file(local_path, kOciComponent);
     put_parts(u, {file.bytes()});
@@ -330,6 +340,7 @@ class OciBackend final : public Backend {
       if (retryable_status(r.status)) continue;
       if (r.status == 404 && (method == "HEAD" || method == "DELETE")) return r;
       if (r.status == 416 && method == "GET") return r;
+      if (method == "PUT" && (code == "IfMatchFailed" || code == "IfNoneMatchFailed")) return r;  // (conditional)
       if (r.status == 401 || r.status == 403) last_error += fmt::format(" (credentials: {})", c.source);
       throw Error(kOciComponent, fmt::format("{}: {}", uri, last_error));
     }

@@ -63,7 +63,9 @@ using aws::amz_now;
 // S3's own codes for a transient failure come with statuses retryable_status() already retries, except on stores that
 // answer them with a 4xx.
 bool retryable_s3(long status, const std::string& code) {  // NOLINT(google-runtime-int)
-  return retryable_status(status) || code == "RequestTimeout" || code == "SlowDown" || code == "InternalError";
+  // (ConditionalRequestConflict: a conditional write raced another; retried, it succeeds or gets 412.)
+  return retryable_status(status) || code == "RequestTimeout" || code == "SlowDown" || code == "InternalError" ||
+         code == "ConditionalRequestConflict";
 }
 
 struct Endpoint {
@@ -195,6 +197,7 @@ S3Response S3Client::send(const std::string& method, const std::string& bucket, 
     response.body = last_error;  // callers that accept a status (404 on HEAD) read the summary
     if (response.status == 404 && (method == "HEAD" || method == "DELETE")) return response;
     if (response.status == 416 && method == "GET") return response;  // a range of an empty object
+    if (response.status == 412 && method == "PUT") return response;  // a conditional write's condition failed
     throw Error(kS3ClientComponent, fmt::format("{}: {}", where, last_error));
   }
   throw Error(kS3ClientComponent,
@@ -282,6 +285,24 @@ void S3Client::upload_file(const std::string& path, const std::string& bucket, c
     return;
   }
   upload_parts(bucket, key, static_cast<uint64_t>(size), read_part);
+}
+
+std::optional<std::string> S3Client::put_if(const std::string& bucket, const std::string& key, std::string_view data,
+                                            const std::optional<std::string>& expected) {
+  std::vector<std::pair<std::string, std::string>> headers;
+  if (expected) {
+    headers.emplace_back("If-Match", "\"" + *expected + "\"");
+  } else {
+    headers.emplace_back("If-None-Match", "*");
+  }
+  const S3Response r = send("PUT", bucket, key, {}, std::move(headers), data);
+  if (r.status == 412) return std::nullopt;
+  std::string etag;
+  for (const auto& [k, v] : r.headers) {
+    if (k == "etag") etag = v;
+  }
+  etag.erase(std::remove(etag.begin(), etag.end(), '"'), etag.end());
+  return etag;
 }
 
 void S3Client::put_single(const std::string& bucket, const std::string& key, std::string_view data) {

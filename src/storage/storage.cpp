@@ -62,6 +62,10 @@ class S3Backend final : public Backend {
     return out;
   }
   void remove(const Uri& u) override { S3Client::shared().remove(u.bucket, u.key); }
+  std::optional<std::string> put_if(const Uri& u, std::string_view data,
+                                    const std::optional<std::string>& expected) override {
+    return S3Client::shared().put_if(u.bucket, u.key, data, expected);
+  }
   std::optional<ObjectInfo> stat(const Uri& u) override {
     auto h = S3Client::shared().head(u.bucket, u.key);
     if (!h) return std::nullopt;
@@ -427,6 +431,29 @@ void upload(const std::string& local_path, const std::string& uri) {
   if (fs::exists(u.key) && fs::equivalent(local_path, u.key)) return;
   make_parent(u.key);
   util::write_file_atomically(u.key, util::read_file(local_path, kComponent), kComponent);
+}
+
+std::optional<std::string> Backend::put_if(const Uri& u, std::string_view data,
+                                           const std::optional<std::string>& expected) {
+  const std::optional<ObjectInfo> now = stat(u);
+  if (now.has_value() != expected.has_value() || (now && now->etag != *expected)) return std::nullopt;
+  put_parts(u, {data});
+  const std::optional<ObjectInfo> after = stat(u);
+  return after ? after->etag : std::string();
+}
+
+std::optional<std::string> write_if(const std::string& uri, std::string_view data,
+                                    const std::optional<std::string>& expected) {
+  const Uri u = parse_uri(uri);
+  if (u.scheme == Uri::Scheme::kLocal) {
+    throw Error(kComponent, fmt::format("{}: a conditional write is for object stores, not local paths", uri));
+  }
+  Backend& backend = backend_of(u);
+  if (auto etag = backend.put_if(u, data, expected)) return etag;
+  // Refused: unless the object holds exactly these bytes (this writer's own PUT, answered and retried).
+  const std::optional<ObjectInfo> now = backend.stat(u);
+  if (now && now->size == data.size() && backend.get(u) == data) return now->etag;
+  return std::nullopt;
 }
 
 void Backend::upload_tree(const std::string& local_dir, const Uri& folder, const std::vector<std::string>& files,

@@ -226,6 +226,13 @@ class AzureBlobServer:
                         return self.put_blob(store, blob, b"".join(pieces), kept)
                     if self.headers.get("x-ms-blob-type") != "BlockBlob":
                         return self.error(400, "MissingRequiredHeader", "x-ms-blob-type")
+                    match, none_match = self.headers.get("If-Match"), self.headers.get("If-None-Match")
+                    current = store.get(blob)
+                    if match and (current is None or match.strip('"') != current["etag"].strip('"')):
+                        return self.error(412, "ConditionNotMet", "The condition specified using HTTP conditional "
+                                                                  "header(s) is not met.")
+                    if none_match == "*" and current is not None:
+                        return self.error(409, "BlobAlreadyExists", "The specified blob already exists.")
                     return self.put_blob(store, blob, body, {})
                 item = store.get(blob)
                 if self.command == "DELETE":

@@ -479,8 +479,8 @@ int train_trace(const std::string& recipe, const std::string& out_dir, const std
 }
 
 // Runs a list of storage operations in one process ({"op":
-// "put"|"put_file"|"put_parts"|"put_tree"|"get"|"range"|"download"|"list"|"remove"| "stat", ...}) and writes their
-// results plus how often credentials were read and how many requests were sent.
+// "put"|"put_file"|"put_parts"|"put_if"|"put_tree"|"get"|"range"|"download"|"list"|"remove"| "stat", ...}) and writes
+// their results plus how often credentials were read and how many requests were sent.
 int storage_batch(const std::string& ops_path, const std::string& out_path) {
   namespace storage = tessera::storage;
   std::ifstream in(ops_path);
@@ -494,6 +494,12 @@ int storage_batch(const std::string& ops_path, const std::string& out_path) {
         storage::write(op.at("uri"), op.at("data").get<std::string>());
       } else if (name == "put_file") {
         storage::upload(op.at("path"), op.at("uri"));
+      } else if (name == "put_if") {  // a conditional write: "expected" an ETag, or null for "no object yet"
+        const auto etag = storage::write_if(op.at("uri"), op.at("data").get<std::string>(),
+                                            op.at("expected").is_null()
+                                                ? std::nullopt
+                                                : std::optional<std::string>(op.at("expected").get<std::string>()));
+        r["etag"] = etag ? nlohmann::json(*etag) : nlohmann::json();
       } else if (name == "put_tree") {  // a folder, "last" files last, with "replace": what it lacks is deleted
         storage::upload_tree(op.at("path"), op.at("uri"), op.value("last", std::vector<std::string>{}),
                              op.value("replace", false));

@@ -124,7 +124,12 @@ class OciObjectStorageServer:
                 if kind == "u":
                     return self.multipart(store, bucket, name, query, body)
                 item = store.get(name)
-                if self.command == "PUT":
+                if self.command == "PUT":  # (if-match / if-none-match: * make it conditional)
+                    match, none_match = self.headers.get("if-match"), self.headers.get("if-none-match")
+                    if match and (item is None or match != item["etag"]):
+                        return self.error(412, "IfMatchFailed", "The If-Match precondition failed.")
+                    if none_match == "*" and item is not None:
+                        return self.error(409, "IfNoneMatchFailed", "The If-None-Match precondition failed.")
                     return self.put(store, name, body)
                 if item is None:
                     return self.error(404, "ObjectNotFound", f"The object '{name}' was not found in the bucket "

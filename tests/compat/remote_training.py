@@ -149,3 +149,23 @@ def round_trip_through_a_store(env, tmp_path, base, upload, read, missing, get_b
     assert r[15].get("error") is None and (down / "empty").read_bytes() == b""
     assert sorted(p.name for p in down.iterdir()) == ["big.bin", "empty"]  # no temporary file left
     return r
+
+
+def conditional_writes(env, tmp_path, base):
+    """storage::write_if on a store that checks the condition in the PUT (S3, Azure, OCI): a first write needs the
+    object absent, each later one the ETag the writer last got; a stale ETag is refused and leaves the object as it
+    was; a write that finds its own bytes already there (a retried PUT that had succeeded) counts as done."""
+    from test_s3_storage import run_batch
+
+    uri = f"{base}/cond/latest"
+    first = run_batch(env, [{"op": "put_if", "uri": uri, "data": "ep0-ba2", "expected": None},
+                            {"op": "put_if", "uri": uri, "data": "ep0-ba4", "expected": None}], tmp_path, "cond1")
+    e1 = first["results"][0]["etag"]
+    assert e1 and first["results"][1] == {"etag": None}, first
+    out = run_batch(env, [{"op": "put_if", "uri": uri, "data": "ep0-ba4", "expected": e1},
+                          {"op": "put_if", "uri": uri, "data": "ep0-ba6", "expected": e1},
+                          {"op": "get", "uri": uri},
+                          {"op": "put_if", "uri": uri, "data": "ep0-ba4", "expected": e1}], tmp_path, "cond2")
+    r = out["results"]
+    assert r[0]["etag"] and r[0]["etag"] != e1 and r[1] == {"etag": None} and r[2]["data"] == "ep0-ba4", r
+    assert r[3]["etag"] == r[0]["etag"], r  # its own bytes: the ETag they have

@@ -65,6 +65,10 @@ def test_blobs_round_trip_with_azure_storage_blob(azure, container, tmp_path):
     assert sum(1 for s in mine if s[0] == "PUT") >= 2 * 4 + 2
     assert all(s[2] == "sharedkey" and s[3] is None for s in mine)
 
+    from remote_training import conditional_writes
+
+    conditional_writes(azure.env(), tmp_path, f"azure://{container}")  # Put Blob with If-Match / If-None-Match: *
+
 
 def test_training_from_azure_equals_training_from_local_data(azure, container, tmp_path):
     local = tmp_path / "data"

@@ -64,6 +64,10 @@ def test_objects_round_trip_with_the_oci_sdk(oci_store, bucket, tmp_path):
     assert sum(1 for s in mine if s[0] == "POST" and s[1].endswith(f"/b/{bucket}/u")) == 2
     assert all(s[2] != 401 for s in mine)
 
+    from remote_training import conditional_writes
+
+    conditional_writes(oci_store.env(), tmp_path, f"oci://{bucket}")  # PutObject with if-match / if-none-match: *
+
 
 def test_training_from_oci_equals_training_from_local_data(oci_store, bucket, tmp_path):
     local = tmp_path / "data"

@@ -187,6 +187,43 @@ def test_killed_two_rank_job_resumes_from_s3_bitwise(s3_server, s3_bucket, data,
     assert sorted(names) == ["metadata.json", "rank0.safetensors", "rank1.safetensors"]
 
 
+def test_a_second_writer_of_latest_fails_the_run_instead_of_crossing_pointers(s3_server, s3_bucket, data, tmp_path):
+    # Two runs saving into one folder would each point `latest` at the other's checkpoints. A run writes `latest` only
+    # over the version it wrote last (If-Match): here another writer replaces it while the run is stopped (SIGSTOP),
+    # and the run's next save fails naming the object, leaving the other writer's `latest` in place.
+    import signal
+    import time
+
+    from botocore.exceptions import ClientError
+
+    env, s3 = s3_server.env(), s3_server.client()
+    rec = recipe(tmp_path, data, tmp_path / "runs")
+    proc = subprocess.Popen([_binary("TESSERA_TRAIN_BIN", "train"), "--recipe", rec, "run_name=a",
+                             f"save_folder=s3://{s3_bucket}/shared/ckpt", "max_duration=400ba", "save_interval=1ba",
+                             "save_num_checkpoints_to_keep=2"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        while True:  # until the run's first `latest` is up
+            try:
+                s3.head_object(Bucket=s3_bucket, Key="shared/ckpt/latest")
+                break
+            except ClientError:
+                assert proc.poll() is None, proc.communicate()
+                time.sleep(0.05)
+        proc.send_signal(signal.SIGSTOP)
+        s3.put_object(Bucket=s3_bucket, Key="shared/ckpt/latest", Body=b"ep9-ba999")
+        proc.send_signal(signal.SIGCONT)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0, out[-2000:] + err[-2000:]
+    assert f"s3://{s3_bucket}/shared/ckpt/latest: was changed by another writer" in err, err[-3000:]
+    assert 'now names "ep9-ba999"' in err and "give each run its own save_folder" in err, err[-3000:]
+    assert get(s3, s3_bucket, "shared/ckpt/latest") == b"ep9-ba999"
+
+
 def test_a_missing_bucket_fails_the_run_naming_it(s3_server, data, tmp_path):
     rec = recipe(tmp_path, data, tmp_path / "runs")
     proc = train(s3_server.env(), rec, "run_name=nb", "save_folder=s3://no-such-bucket-here/ckpt", "max_duration=2ba",

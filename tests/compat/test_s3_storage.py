@@ -179,6 +179,12 @@ def test_transient_failures_are_retried(s3_server, s3_bucket, fault_proxy, tmp_p
     assert out["requests"] >= 12 + 7  # the 7 failures other than resets
 
 
+def test_conditional_writes_refuse_a_stale_etag(s3_server, s3_bucket, tmp_path):
+    from remote_training import conditional_writes
+
+    conditional_writes(s3_server.env(), tmp_path, f"s3://{s3_bucket}")  # If-Match / If-None-Match: * on PutObject
+
+
 def test_an_empty_object_downloads_as_an_empty_file(s3_server, s3_bucket, tmp_path):
     s3_server.client().put_object(Bucket=s3_bucket, Key="empty", Body=b"")
     out = run_batch(s3_server.env(), [{"op": "download", "uri": f"s3://{s3_bucket}/empty", "path": str(tmp_path / "e")},

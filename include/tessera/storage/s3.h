@@ -133,6 +133,10 @@ class S3Client {
   void put(const std::string& bucket, const std::string& key, std::string_view data);
   // put() of the concatenation of `parts`; each part request gathers its bytes from them.
   void put_parts(const std::string& bucket, const std::string& key, const std::vector<std::string_view>& parts);
+  // One PUT of `data` only while the object's ETag is `expected` (If-Match; nullopt: If-None-Match: *, no object
+  // yet). The new ETag, or nullopt when the store answers 412 Precondition Failed.
+  std::optional<std::string> put_if(const std::string& bucket, const std::string& key, std::string_view data,
+                                    const std::optional<std::string>& expected);
   // Multipart from a file, reading one part per worker at a time.
   void upload_file(const std::string& path, const std::string& bucket, const std::string& key);
   struct Listed {

@@ -66,6 +66,14 @@ void upload(const std::string& local_path, const std::string& uri);
 void upload_tree(const std::string& local_dir, const std::string& uri, const std::vector<std::string>& last = {},
                  bool replace = false);
 std::vector<ObjectInfo> list(const std::string& prefix_uri);
+// write() of a small object only while it is the version this writer last saw: `expected` is the ETag stat() or the
+// last write_if() gave (nullopt: no object yet). Returns the new ETag, or nullopt when another writer changed the
+// object first. S3, Azure and OCI check the condition in the PUT itself (If-Match, If-None-Match: *); other stores
+// compare stat()'s ETag just before writing, which narrows the race without closing it (and stores without ETags,
+// GCS through Arrow and the Hub, see no change). An object found holding exactly `data` counts as written (a retried
+// PUT that had succeeded). Not for local paths.
+std::optional<std::string> write_if(const std::string& uri, std::string_view data,
+                                    const std::optional<std::string>& expected);
 // Deletes one object; deleting a missing object is not an error (as S3).
 void remove(const std::string& uri);
 // Size and ETag, or nullopt when the object does not exist.
