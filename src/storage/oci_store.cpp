@@ -8,6 +8,7 @@
 #include <openssl/sha.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <ctime>
 #include <functional>
@@ -40,10 +41,14 @@ std::string sha256_base64(std::string_view data) {
   return base64_encode(std::string_view(reinterpret_cast<const char*>(digest), SHA256_DIGEST_LENGTH));
 }
 
+struct OciConfig;
+std::string session_token(const OciConfig& c);
+
 struct OciConfig {
-  std::string endpoint;  // scheme://host[:port], no trailing '/'
-  std::string host;      // what the Host header (and the signature) carries
-  std::string key_id;    // tenancy/user/fingerprint
+  std::string endpoint;    // scheme://host[:port], no trailing '/'
+  std::string host;        // what the Host header (and the signature) carries
+  std::string key_id;      // tenancy/user/fingerprint (an API key)
+  std::string token_file;  // a session's security_token_file (`oci session authenticate`): keyId "ST$<token>"
   std::shared_ptr<EVP_PKEY> key;
   std::string source;          // the config file and profile, for messages
   std::string namespace_name;  // resolved on first use when a URI does not name it
@@ -55,8 +60,22 @@ struct OciConfig {
   int parallelism = 8;
 };
 
+// The session token in `c.token_file`, read at every signing: `oci session refresh` rewrites the file in place.
+std::string session_token(const OciConfig& c) {
+  std::string token = util::read_file(c.token_file, kOciComponent);
+  while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
+  if (token.empty() || token.find_first_of(" \t\r\n\"") != std::string::npos) {
+    throw ConfigError(kOciComponent, fmt::format("{}: not a session token (the security_token_file `oci session "
+                                                 "authenticate` writes)",
+                                                 c.token_file));
+  }
+  return token;
+}
+
 // The API key of a profile in the OCI config file (OCI_CONFIG_FILE or the CLI's OCI_CLI_CONFIG_FILE, else
-// ~/.oci/config; profile OCI_CLI_PROFILE, else DEFAULT, whose keys every other profile inherits, as the SDKs read it).
+// ~/.oci/config; profile OCI_CLI_PROFILE, else DEFAULT, whose keys every other profile inherits, as the SDKs read it),
+// or the session of a profile with a security_token_file (`oci session authenticate`; its key_file is the session's
+// key).
 OciConfig oci_config_from_environment() {
   OciConfig c;
   std::string file = aws::env("OCI_CONFIG_FILE");
@@ -65,17 +84,24 @@ OciConfig oci_config_from_environment() {
   const std::string profile = aws::env("OCI_CLI_PROFILE").empty() ? "DEFAULT" : aws::env("OCI_CLI_PROFILE");
   auto settings = aws::ini_section(file, "DEFAULT");
   for (auto& [k, v] : aws::ini_section(file, profile)) settings[k] = v;
-  c.source = fmt::format("the API key of {} [{}]", file, profile);
+  const bool session = settings.count("security_token_file") > 0 && !settings.at("security_token_file").empty();
+  c.source = fmt::format("the {} of {} [{}]", session ? "session token" : "API key", file, profile);
   const auto need = [&](const char* key) {
     if (settings.count(key) == 0 || settings.at(key).empty()) {
       throw ConfigError(kOciComponent, fmt::format("no OCI credentials: {} [{}] has no `{}` (an API key profile needs "
-                                                   "user, fingerprint, tenancy, region and key_file)",
+                                                   "user, fingerprint, tenancy, region and key_file; a session "
+                                                   "profile security_token_file, key_file and region)",
                                                    file, profile, key));
     }
     return settings.at(key);
   };
-  const std::string user = need("user"), fingerprint = need("fingerprint"), tenancy = need("tenancy");
-  c.key_id = fmt::format("{}/{}/{}", tenancy, user, fingerprint);
+  if (session) {
+    c.token_file = expand_home(settings.at("security_token_file"));
+    (void)session_token(c);  // readable now, not at the first request
+  } else {
+    const std::string user = need("user"), fingerprint = need("fingerprint"), tenancy = need("tenancy");
+    c.key_id = fmt::format("{}/{}/{}", tenancy, user, fingerprint);
+  }
   const std::string key_file = expand_home(need("key_file"));
   const std::string pem = util::read_file(key_file, kOciComponent);
   std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), BIO_free);
@@ -300,7 +326,8 @@ class OciBackend final : public Backend {
       throw Error(kOciComponent, fmt::format("signing with {} failed", c.source));
     }
     return fmt::format(R"(Signature algorithm="rsa-sha256",headers="{}",keyId="{}",signature="{}",version="1")", names,
-                       c.key_id, base64_encode(std::string_view(reinterpret_cast<const char*>(signature.data()), len)));
+                       c.token_file.empty() ? c.key_id : "ST$" + session_token(c),
+                       base64_encode(std::string_view(reinterpret_cast<const char*>(signature.data()), len)));
   }
 
   // Signs and sends one request, retrying transient failures; throws naming `uri`. 404 on HEAD and DELETE, and 416
@@ -341,7 +368,10 @@ class OciBackend final : public Backend {
       if (r.status == 404 && (method == "HEAD" || method == "DELETE")) return r;
       if (r.status == 416 && method == "GET") return r;
       if (method == "PUT" && (code == "IfMatchFailed" || code == "IfNoneMatchFailed")) return r;  // (conditional)
-      if (r.status == 401 || r.status == 403) last_error += fmt::format(" (credentials: {})", c.source);
+      if (r.status == 401 || r.status == 403) {
+        last_error += fmt::format(" (credentials: {}{})", c.source,
+                                  c.token_file.empty() ? "" : "; an expired session needs `oci session refresh`");
+      }
       throw Error(kOciComponent, fmt::format("{}: {}", uri, last_error));
     }
     throw Error(kOciComponent, fmt::format("{}: {} (gave up after {} attempts)", uri, last_error, c.max_attempts));

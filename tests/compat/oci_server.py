@@ -3,7 +3,8 @@ ObjectStorageClient speaks (the SDK is the peer, pointed at it with `service_end
 every request's signature:
 
 - each request's `Authorization` must equal what `oci.signer.Signer` computes, with the test's API key, for the request
-  as received (date, (request-target), host; for a JSON body also content-length, content-type and
+  as received (or, for keyId `ST$<token>`, what `oci.auth.signers.SecurityTokenSigner` computes with the session key
+  for `session_token`, the one token the server currently accepts; `start_session` makes them) (date, (request-target), host; for a JSON body also content-length, content-type and
   x-content-sha256, which must be the body's; object and part uploads are signed without their bodies, as the SDK
   signs them), and `date` must be within 5 minutes;
 - GetNamespace (`GET /n/`), PutObject, GetObject (Range, If-Match), HeadObject, DeleteObject, ListObjects (`prefix`,
@@ -59,8 +60,19 @@ class OciObjectStorageServer:
         import requests
 
         signer = oci.signer.Signer(TENANCY, USER, self.fingerprint, self.key_file)
+        self.session_token, self.session_key = None, None
 
         def expected(method, url, headers, body, with_body):
+            sent = headers.get("Authorization", "")
+            if server.session_token and f'keyId="ST${server.session_token}"' in sent:
+                from oci.auth.signers import SecurityTokenSigner
+
+                session = SecurityTokenSigner(server.session_token, server.session_key)
+                prepared = requests.Request(method, url, headers={k: v for k, v in headers.items()
+                                                                  if k.lower() != "authorization"},
+                                            data=body).prepare()
+                session(prepared, enforce_content_headers=with_body)
+                return prepared.headers["authorization"]
             prepared = requests.Request(method, url, headers={k: v for k, v in headers.items()
                                                               if k.lower() != "authorization"}, data=body).prepare()
             signer(prepared, enforce_content_headers=with_body)
@@ -224,6 +236,27 @@ class OciObjectStorageServer:
         with open(path, "w") as f:
             f.write(f"[{profile}]\nuser={USER}\nfingerprint={fingerprint}\ntenancy={TENANCY}\nregion=us-ashburn-1\n"
                     f"key_file={key_file}\n")
+        return path
+
+    def start_session(self, token):
+        """A session as `oci session authenticate` leaves one: a fresh session key, `token` the one the server accepts
+        from now on, and a config profile with security_token_file and key_file (no user). Returns the config path;
+        calling it again with another token is `oci session refresh` (the same files rewritten)."""
+        from cryptography.hazmat.primitives import serialization
+
+        if self.session_key is None:
+            path, _ = make_api_key(self.folder, "session_key")
+            with open(path, "rb") as f:
+                self.session_key = serialization.load_pem_private_key(f.read(), password=None)
+        token_file = os.path.join(self.folder, "session_token")
+        with open(token_file + ".tmp", "w") as f:
+            f.write(token)
+        os.replace(token_file + ".tmp", token_file)
+        self.session_token = token
+        path = os.path.join(self.folder, "session_config")
+        with open(path, "w") as f:
+            f.write(f"[DEFAULT]\nfingerprint=session\ntenancy={TENANCY}\nregion=us-ashburn-1\n"
+                    f"key_file={os.path.join(self.folder, 'session_key.pem')}\nsecurity_token_file={token_file}\n")
         return path
 
     def stop(self):

@@ -11,6 +11,7 @@ ObjectStorageClient as the peer:
   config file and profile, without printing the key;
 - transient failures (500, 503, resets, stalls) are retried, and a failed multipart upload publishes nothing.
 """
+import json
 import os
 
 import pytest
@@ -91,6 +92,44 @@ def test_checkpoints_in_oci_autoresume_past_a_corrupt_and_an_interrupted_one(oci
                                   .data.objects],
         read=lambda key: object_bytes(oci_store, bucket, key),
         write=lambda key, body: put(oci_store, bucket, key, body))
+
+
+def test_a_session_token_signs_and_a_refreshed_one_is_picked_up_mid_run(oci_store, tmp_path):
+    # `oci session authenticate` leaves a profile with security_token_file and the session's key_file: requests are
+    # signed with keyId "ST$<token>" (the server checks them with the SDK's SecurityTokenSigner). `oci session
+    # refresh` rewrites the token file; a process already running signs with the new token from then on (the server
+    # accepts only the current one), and an expired session is refused naming the profile and the fix.
+    import subprocess
+    import time
+
+    from conftest import _binary
+
+    oci_store.create_bucket("session")
+    config = oci_store.start_session("token-one")
+    env = oci_store.env(OCI_CONFIG_FILE=config)
+    ops = tmp_path / "ops.json"
+    ops.write_text(json.dumps([{"op": "put", "uri": "oci://session/a", "data": "first"},
+                               {"op": "sleep", "seconds": 3},
+                               {"op": "get", "uri": "oci://session/a"}]))
+    proc = subprocess.Popen([_binary("TESSERA_COMPAT_DRIVER", "tessera_compat_driver"), "storage-batch", ops,
+                             tmp_path / "out.json"], env=env)
+    try:
+        while not any(s[0] == "PUT" and s[1].endswith("/o/a") for s in oci_store.seen):
+            assert proc.poll() is None
+            time.sleep(0.01)
+        oci_store.start_session("token-two")  # refreshed while the process sleeps
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    results = json.loads((tmp_path / "out.json").read_text())["results"]
+    assert results[0] == {} and results[2] == {"data": "first"}, results
+    assert all(s[2] != 401 for s in oci_store.seen)
+
+    oci_store.session_token = "token-three"  # the server moved on; the file still holds token-two
+    err = run_batch(env, [{"op": "get", "uri": "oci://session/a"}], tmp_path, "expired")["results"][0]["error"]
+    assert "GET HTTP 401" in err and f"the session token of {config} [DEFAULT]" in err, err
+    assert "oci session refresh" in err and "token-two" not in err, err
 
 
 def test_a_missing_bucket_and_an_unknown_key_are_clear_errors(oci_store, data, tmp_path):
