@@ -44,19 +44,6 @@ std::string env_or(const char* name, const std::string& fallback = "") {
   return v != nullptr && *v != '\0' ? std::string(v) : fallback;
 }
 
-// Decodes an account key; nullopt when it is not base64.
-std::optional<std::string> unbase64(std::string_view text) {
-  if (text.empty() || text.size() % 4 != 0) return std::nullopt;
-  std::string out(3 * text.size() / 4, '\0');
-  const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                                reinterpret_cast<const unsigned char*>(text.data()), static_cast<int>(text.size()));
-  if (n < 0) return std::nullopt;
-  size_t size = static_cast<size_t>(n);
-  for (size_t i = text.size(); i > 0 && text[i - 1] == '='; --i) --size;  // EVP_DecodeBlock counts the padding
-  out.resize(size);
-  return out;
-}
-
 std::string hmac_sha256_base64(std::string_view key, std::string_view data) {
   unsigned char out[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
@@ -196,7 +183,7 @@ std::shared_ptr<CredentialProvider> managed_identity() {
 AzureAuth resolve_auth(const std::map<std::string, std::string>& conn) {
   AzureAuth a;
   const auto shared_key = [&](const std::string& key, const std::string& source) {
-    const auto decoded = unbase64(key);
+    const auto decoded = base64_decode(key);
     if (!decoded) throw ConfigError(kAzureComponent, fmt::format("{}: the account key is not base64", source));
     a.kind = AzureAuth::Kind::kSharedKey;
     a.account_key = *decoded;

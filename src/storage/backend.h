@@ -52,6 +52,8 @@ int env_int(const char* name, int fallback, int lo, int hi, const char* componen
 uint64_t byte_count(std::string_view text, const std::string& where, const char* what, const char* component);
 // Base64 (RFC 4648, padded) of `bytes`, through OpenSSL.
 std::string base64_encode(std::string_view bytes);
+// The bytes of padded base64 `text`; nullopt when it is not that (an account key, a token's payload).
+std::optional<std::string> base64_decode(std::string_view text);
 // The current time as an HTTP date (RFC 7231: "Mon, 07 Dec 2026 13:00:00 GMT"), as x-ms-date and OCI's signed `date`
 // want it.
 std::string http_date_now();

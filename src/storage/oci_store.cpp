@@ -6,9 +6,11 @@
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/sha.h>
+#include <openssl/x509.h>
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cstdlib>
 #include <ctime>
 #include <functional>
@@ -21,6 +23,7 @@
 #include "backend.h"
 #include "http_pool.h"
 #include "tessera/storage/aws_files.h"
+#include "tessera/storage/s3.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
 #include "tessera/util/http.h"
@@ -49,6 +52,7 @@ struct OciConfig {
   std::string host;        // what the Host header (and the signature) carries
   std::string key_id;      // tenancy/user/fingerprint (an API key)
   std::string token_file;  // a session's security_token_file (`oci session authenticate`): keyId "ST$<token>"
+  std::shared_ptr<CredentialProvider> principal;  // an instance principal's tokens (session_token), keyId "ST$<token>"
   std::shared_ptr<EVP_PKEY> key;
   std::string source;          // the config file and profile, for messages
   std::string namespace_name;  // resolved on first use when a URI does not name it
@@ -72,12 +76,211 @@ std::string session_token(const OciConfig& c) {
   return token;
 }
 
+// The Authorization header the OCI SDKs send (HTTP Signatures, rsa-sha256) for a request to `host`: date,
+// (request-target) and host signed (the auth service's federation request: without host), and for a JSON body also
+// content-length, content-type and x-content-sha256; the `date` header (and a JSON body's two) are added to
+// `headers`. `source` names the key in errors.
+std::string http_signature(EVP_PKEY* key, const std::string& key_id, const std::string& host, const std::string& method,
+                           const std::string& path_and_query, std::vector<std::pair<std::string, std::string>>& headers,
+                           std::string_view json_body, const std::string& source, bool with_host = true) {
+  const std::string date = http_date_now();
+  headers.emplace_back("date", date);
+  std::string lower = method;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  std::string names = with_host ? "date (request-target) host" : "date (request-target)";
+  std::string text = fmt::format("date: {}\n(request-target): {} {}", date, lower, path_and_query);
+  if (with_host) text += "\nhost: " + host;
+  if (json_body.data() != nullptr) {
+    const std::string sha = sha256_base64(json_body);
+    headers.emplace_back("content-type", "application/json");
+    headers.emplace_back("x-content-sha256", sha);
+    names += " content-length content-type x-content-sha256";
+    text += fmt::format("\ncontent-length: {}\ncontent-type: application/json\nx-content-sha256: {}", json_body.size(),
+                        sha);
+  }
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  size_t len = 0;
+  if (!ctx || EVP_DigestSignInit(ctx.get(), nullptr, EVP_sha256(), nullptr, key) != 1 ||
+      EVP_DigestSign(ctx.get(), nullptr, &len, reinterpret_cast<const unsigned char*>(text.data()), text.size()) != 1) {
+    throw Error(kOciComponent, fmt::format("signing with {} failed", source));
+  }
+  std::vector<unsigned char> signature(len);
+  if (EVP_DigestSign(ctx.get(), signature.data(), &len, reinterpret_cast<const unsigned char*>(text.data()),
+                     text.size()) != 1) {
+    throw Error(kOciComponent, fmt::format("signing with {} failed", source));
+  }
+  return fmt::format(R"(Signature algorithm="rsa-sha256",headers="{}",keyId="{}",signature="{}",version="1")", names,
+                     key_id, base64_encode(std::string_view(reinterpret_cast<const char*>(signature.data()), len)));
+}
+
+// An RSA private key from PEM text; nullptr when it is not one.
+std::shared_ptr<EVP_PKEY> rsa_key_from_pem(std::string_view pem, const std::string& pass) {
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), BIO_free);
+  EVP_PKEY* key =
+      PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, pass.empty() ? nullptr : const_cast<char*>(pass.c_str()));
+  if (key == nullptr || EVP_PKEY_base_id(key) != EVP_PKEY_RSA) {
+    EVP_PKEY_free(key);
+    return nullptr;
+  }
+  return std::shared_ptr<EVP_PKEY>(key, EVP_PKEY_free);
+}
+
+// ---- instance principals (OCI_CLI_AUTH=instance_principal), as the SDKs' InstancePrincipalsSecurityTokenSigner:
+// the instance's leaf certificate, its private key and the intermediate certificate come from the instance metadata
+// service (OCI_METADATA_BASE_URL, else http://169.254.169.254/opc/v2; "Authorization: Bearer Oracle"); the region's
+// auth service (TESSERA_OCI_AUTH_ENDPOINT_URL, else https://auth.<region>.oraclecloud.com) exchanges them, in a
+// request signed with the leaf key as <tenancy>/fed-x509/<SHA-1 fingerprint>, for a token bound to a session key of
+// this process; requests are then signed with that key as "ST$<token>", and the token is fetched again (with a
+// fresh leaf certificate, which the instance rotates) before its `exp`.
+
+std::string metadata_base() {
+  std::string base = aws::env("OCI_METADATA_BASE_URL");
+  if (base.empty()) base = "http://169.254.169.254/opc/v2";
+  while (!base.empty() && base.back() == '/') base.pop_back();
+  return base;
+}
+
+std::string metadata_get(const std::string& base, const std::string& path) {
+  util::HttpRequest req;
+  req.url = base + path;
+  req.headers = {{"Authorization", "Bearer Oracle"}};
+  req.connect_timeout_s = 5;
+  req.timeout_s = 30;
+  const util::HttpResponse r = util::http_request(req);
+  if (r.status != 200) {
+    throw Error(kOciComponent,
+                fmt::format("instance principal: the instance metadata service answered {} for {} (OCI_CLI_AUTH="
+                            "instance_principal works on an OCI compute instance; OCI_METADATA_BASE_URL moves it)",
+                            r.status == 0 ? r.transport_error : fmt::format("HTTP {}", r.status), req.url));
+  }
+  return r.body;
+}
+
+// A PEM's base64 on one line, as the auth service takes certificates and keys.
+std::string pem_body(std::string_view pem) {
+  std::string out;
+  size_t at = 0;
+  while (at < pem.size()) {
+    size_t end = pem.find('\n', at);
+    if (end == std::string_view::npos) end = pem.size();
+    std::string_view line = pem.substr(at, end - at);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.rfind("-----", 0) != 0) out += line;
+    at = end + 1;
+  }
+  return out;
+}
+
+// The tenancy in a leaf certificate's subject (opc-tenant:<ocid>, or opc-identity:<ocid>) and its SHA-1 fingerprint
+// (upper-case hex pairs joined by ':'), as the SDKs read them.
+std::pair<std::string, std::string> leaf_identity(const std::string& pem, const std::string& where) {
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), BIO_free);
+  std::unique_ptr<X509, decltype(&X509_free)> cert(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr), X509_free);
+  if (!cert) throw Error(kOciComponent, fmt::format("instance principal: {} is not a PEM certificate", where));
+  std::string tenancy;
+  const X509_NAME* subject = X509_get_subject_name(cert.get());
+  for (int i = 0; i < X509_NAME_entry_count(subject) && tenancy.empty(); ++i) {
+    const ASN1_STRING* data = X509_NAME_ENTRY_get_data(X509_NAME_get_entry(subject, i));
+    const std::string value(reinterpret_cast<const char*>(ASN1_STRING_get0_data(data)),
+                            static_cast<size_t>(ASN1_STRING_length(data)));
+    for (const char* prefix : {"opc-tenant:", "opc-identity:"}) {
+      if (value.rfind(prefix, 0) == 0) tenancy = value.substr(std::string_view(prefix).size());
+    }
+  }
+  if (tenancy.empty()) {
+    throw Error(kOciComponent, fmt::format("instance principal: the certificate of {} names no tenancy (no "
+                                           "opc-tenant: in its subject)",
+                                           where));
+  }
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  X509_digest(cert.get(), EVP_sha1(), digest, &n);
+  std::string fingerprint;
+  for (unsigned int i = 0; i < n; ++i) fingerprint += fmt::format("{}{:02X}", i == 0 ? "" : ":", digest[i]);
+  return {tenancy, fingerprint};
+}
+
+// When a JWT expires: its payload's `exp` (seconds since the epoch); an hour from now when it does not say.
+std::chrono::system_clock::time_point jwt_expiration(const std::string& token) {
+  const size_t first = token.find('.'), second = token.find('.', first + 1);
+  const auto fallback = std::chrono::system_clock::now() + std::chrono::hours(1);
+  if (first == std::string::npos || second == std::string::npos) return fallback;
+  std::string payload = token.substr(first + 1, second - first - 1);
+  std::replace(payload.begin(), payload.end(), '-', '+');
+  std::replace(payload.begin(), payload.end(), '_', '/');
+  while (payload.size() % 4 != 0) payload += '=';
+  const auto decoded = base64_decode(payload);
+  const auto j = decoded ? nlohmann::json::parse(*decoded, nullptr, false) : nlohmann::json();
+  if (!j.is_object() || !j.contains("exp") || !j["exp"].is_number()) return fallback;
+  return std::chrono::system_clock::time_point(std::chrono::seconds(j["exp"].get<int64_t>()));
+}
+
+// The region (from the metadata service), a fresh session key in `c.key` and the token provider in `c.principal`.
+// Returns the region.
+std::string use_instance_principal(OciConfig& c) {
+  const std::string base = metadata_base();
+  std::string region = metadata_get(base, "/instance/canonicalRegionName");
+  while (!region.empty() && std::isspace(static_cast<unsigned char>(region.back()))) region.pop_back();
+  c.source = fmt::format("the instance principal (metadata service {})", base);
+  EVP_PKEY* session = EVP_RSA_gen(2048);
+  if (session == nullptr) throw Error(kOciComponent, "instance principal: cannot make a session key");
+  c.key = std::shared_ptr<EVP_PKEY>(session, EVP_PKEY_free);
+  std::unique_ptr<BIO, decltype(&BIO_free)> out(BIO_new(BIO_s_mem()), BIO_free);
+  PEM_write_bio_PUBKEY(out.get(), session);
+  char* data = nullptr;
+  const long size = BIO_get_mem_data(out.get(), &data);  // NOLINT(google-runtime-int): OpenSSL's type
+  const std::string public_key = pem_body(std::string_view(data, static_cast<size_t>(size)));
+  std::string auth = aws::env("TESSERA_OCI_AUTH_ENDPOINT_URL");
+  if (auth.empty()) auth = fmt::format("https://auth.{}.oraclecloud.com", region);
+  while (!auth.empty() && auth.back() == '/') auth.pop_back();
+  const auto parts = util::parse_url(auth);
+  if (!parts) throw ConfigError(kOciComponent, fmt::format("OCI auth endpoint {}: not an http(s) URL", auth));
+  const std::string host = parts->authority, url = fmt::format("{}://{}/v1/x509", parts->scheme, parts->authority);
+  const std::string source = c.source;
+  c.principal = refreshing_credentials(source, [=] {
+    const std::string leaf = metadata_get(base, "/identity/cert.pem");
+    const std::string intermediate = metadata_get(base, "/identity/intermediate.pem");
+    const std::shared_ptr<EVP_PKEY> leaf_key = rsa_key_from_pem(metadata_get(base, "/identity/key.pem"), "");
+    if (!leaf_key)
+      throw Error(kOciComponent, fmt::format("instance principal: {}/identity/key.pem is not an RSA key", base));
+    const auto [tenancy, fingerprint] = leaf_identity(leaf, base + "/identity/cert.pem");
+    const std::string body = nlohmann::json{{"certificate", pem_body(leaf)},
+                                            {"publicKey", public_key},
+                                            {"intermediateCertificates", {pem_body(intermediate)}}}
+                                 .dump();
+    util::HttpRequest req;
+    req.method = "POST";
+    req.url = url;
+    req.body = body;
+    req.headers.emplace_back("Authorization",
+                             http_signature(leaf_key.get(), fmt::format("{}/fed-x509/{}", tenancy, fingerprint), host,
+                                            "POST", "/v1/x509", req.headers, body, source, /*with_host=*/false));
+    const util::HttpResponse r = util::http_request(req);
+    const auto j = nlohmann::json::parse(r.body, nullptr, false);
+    if (r.status != 200 || !j.is_object() || !j.contains("token") || !j["token"].is_string()) {
+      const std::string said = j.is_object() && j.contains("message") && j["message"].is_string()
+                                   ? ": " + j["message"].get<std::string>().substr(0, 300)
+                                   : "";
+      throw Error(kOciComponent,
+                  fmt::format("instance principal: the auth service at {} gave no token ({}{})", url,
+                              r.status == 0 ? r.transport_error : fmt::format("HTTP {}", r.status), said));
+    }
+    S3Credentials token;
+    token.session_token = j["token"].get<std::string>();
+    token.expiration = jwt_expiration(token.session_token);
+    token.source = source;
+    return token;
+  });
+  return region;
+}
+
 // The API key of a profile in the OCI config file (OCI_CONFIG_FILE or the CLI's OCI_CLI_CONFIG_FILE, else
 // ~/.oci/config; profile OCI_CLI_PROFILE, else DEFAULT, whose keys every other profile inherits, as the SDKs read it),
 // or the session of a profile with a security_token_file (`oci session authenticate`; its key_file is the session's
 // key).
-OciConfig oci_config_from_environment() {
-  OciConfig c;
+// The API key or session of the config file's profile into `c`; returns the profile's region.
+std::string api_key_or_session(OciConfig& c) {
   std::string file = aws::env("OCI_CONFIG_FILE");
   if (file.empty()) file = aws::env("OCI_CLI_CONFIG_FILE");
   if (file.empty()) file = expand_home("~/.oci/config");
@@ -103,18 +306,31 @@ OciConfig oci_config_from_environment() {
     c.key_id = fmt::format("{}/{}/{}", tenancy, user, fingerprint);
   }
   const std::string key_file = expand_home(need("key_file"));
-  const std::string pem = util::read_file(key_file, kOciComponent);
-  std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), BIO_free);
-  std::string pass = settings.count("pass_phrase") > 0 ? settings.at("pass_phrase") : "";
-  EVP_PKEY* key = PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, pass.empty() ? nullptr : pass.data());
-  if (key == nullptr || EVP_PKEY_base_id(key) != EVP_PKEY_RSA) {
-    EVP_PKEY_free(key);
+  const std::string pass = settings.count("pass_phrase") > 0 ? settings.at("pass_phrase") : "";
+  c.key = rsa_key_from_pem(util::read_file(key_file, kOciComponent), pass);
+  if (!c.key) {
     throw ConfigError(kOciComponent, fmt::format("{}: not an RSA private key in PEM{} (key_file of {} [{}])", key_file,
                                                  pass.empty() ? "" : " or a wrong pass_phrase", file, profile));
   }
-  c.key = std::shared_ptr<EVP_PKEY>(key, EVP_PKEY_free);
+  // (the region names the endpoint, unless TESSERA_OCI_ENDPOINT_URL does)
+  return aws::env("TESSERA_OCI_ENDPOINT_URL").empty() ? need("region") : std::string();
+}
+
+OciConfig oci_config_from_environment() {
+  OciConfig c;
+  std::string region;
+  const std::string auth_kind = aws::env("OCI_CLI_AUTH");
+  if (auth_kind == "instance_principal") {
+    region = use_instance_principal(c);
+  } else if (!auth_kind.empty() && auth_kind != "api_key" && auth_kind != "security_token") {
+    throw ConfigError(kOciComponent, fmt::format("OCI_CLI_AUTH={}: Tessera signs with api_key, security_token or "
+                                                 "instance_principal (resource principals are not supported)",
+                                                 auth_kind));
+  } else {
+    region = api_key_or_session(c);
+  }
   std::string endpoint = aws::env("TESSERA_OCI_ENDPOINT_URL");
-  if (endpoint.empty()) endpoint = fmt::format("https://objectstorage.{}.oraclecloud.com", need("region"));
+  if (endpoint.empty()) endpoint = fmt::format("https://objectstorage.{}.oraclecloud.com", region);
   while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
   const auto parts = util::parse_url(endpoint);
   if (!parts || (parts->scheme != "http" && parts->scheme != "https")) {
@@ -298,36 +514,10 @@ class OciBackend final : public Backend {
   std::string authorization(const std::string& method, const std::string& path_and_query,
                             std::vector<std::pair<std::string, std::string>>& headers, std::string_view json_body) {
     const OciConfig& c = config();
-    const std::string date = http_date_now();
-    headers.emplace_back("date", date);
-    std::string lower = method;
-    std::transform(lower.begin(), lower.end(), lower.begin(),
-                   [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
-    std::string names = "date (request-target) host";
-    std::string text = fmt::format("date: {}\n(request-target): {} {}\nhost: {}", date, lower, path_and_query, c.host);
-    if (json_body.data() != nullptr) {
-      const std::string sha = sha256_base64(json_body);
-      headers.emplace_back("content-type", "application/json");
-      headers.emplace_back("x-content-sha256", sha);
-      names += " content-length content-type x-content-sha256";
-      text += fmt::format("\ncontent-length: {}\ncontent-type: application/json\nx-content-sha256: {}",
-                          json_body.size(), sha);
-    }
-    std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-    size_t len = 0;
-    if (!ctx || EVP_DigestSignInit(ctx.get(), nullptr, EVP_sha256(), nullptr, c.key.get()) != 1 ||
-        EVP_DigestSign(ctx.get(), nullptr, &len, reinterpret_cast<const unsigned char*>(text.data()), text.size()) !=
-            1) {
-      throw Error(kOciComponent, fmt::format("signing with {} failed", c.source));
-    }
-    std::vector<unsigned char> signature(len);
-    if (EVP_DigestSign(ctx.get(), signature.data(), &len, reinterpret_cast<const unsigned char*>(text.data()),
-                       text.size()) != 1) {
-      throw Error(kOciComponent, fmt::format("signing with {} failed", c.source));
-    }
-    return fmt::format(R"(Signature algorithm="rsa-sha256",headers="{}",keyId="{}",signature="{}",version="1")", names,
-                       c.token_file.empty() ? c.key_id : "ST$" + session_token(c),
-                       base64_encode(std::string_view(reinterpret_cast<const char*>(signature.data()), len)));
+    std::string key_id = c.key_id;
+    if (!c.token_file.empty()) key_id = "ST$" + session_token(c);
+    if (c.principal) key_id = "ST$" + c.principal->get().session_token;
+    return http_signature(c.key.get(), key_id, c.host, method, path_and_query, headers, json_body, c.source);
   }
 
   // Signs and sends one request, retrying transient failures; throws naming `uri`. 404 on HEAD and DELETE, and 416

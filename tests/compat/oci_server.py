@@ -11,6 +11,13 @@ every request's signature:
   `start`, `fields`; pages of `page_size` with `nextStartWith`), and multipart uploads (create, upload part, commit,
   abort; the object appears only when committed). Buckets exist when the test made them (`create_bucket`).
 
+Instance principals (`start_instance_principal`): an instance metadata service at `/opc/v2/` (region, leaf certificate
+with `opc-tenant:` in its subject, its key, the intermediate certificate; only with "Authorization: Bearer Oracle")
+and the auth service's `POST /v1/x509`, whose signature must equal what the SDK's `AuthTokenRequestSigner` computes
+with the leaf key and whose certificates must be the instance's; it answers a JWT (`exp` `token_lifetime_s` ahead)
+bound to the request's session public key. Requests signed "ST$<token>" with such a token are verified against that
+public key (the signing string rebuilt from the signed headers) until the token expires.
+
 Every request is recorded in `seen` as (method, path, status)."""
 import base64
 import datetime
@@ -30,6 +37,11 @@ from s3_server import free_port
 
 TENANCY = "ocid1.tenancy.oc1..aaaatesseratenancy"
 USER = "ocid1.user.oc1..aaaatesserauser"
+
+
+def pem_body(pem):
+    """A PEM's base64 on one line, as the auth service takes certificates and keys (the SDK's sanitizing)."""
+    return "".join(line for line in pem.splitlines() if not line.startswith("-----"))
 
 
 def make_api_key(folder, name="oci_api_key"):
@@ -61,6 +73,7 @@ class OciObjectStorageServer:
 
         signer = oci.signer.Signer(TENANCY, USER, self.fingerprint, self.key_file)
         self.session_token, self.session_key = None, None
+        self.instance, self.principal_tokens, self.token_lifetime_s, self.federations = None, {}, 3600, 0
 
         def expected(method, url, headers, body, with_body):
             sent = headers.get("Authorization", "")
@@ -85,8 +98,37 @@ class OciObjectStorageServer:
             def error(self, status, code, message):
                 return self.json(status, {"code": code, "message": message})
 
+            def principal_refusal(self, auth, path_and_query):
+                """None when `auth` is a valid signature by the session key an unexpired instance-principal token is
+                bound to; else why not."""
+                from cryptography.hazmat.primitives import hashes
+                from cryptography.hazmat.primitives.asymmetric import padding
+
+                fields = dict(part.split("=", 1) for part in auth[len("Signature "):].split(","))
+                fields = {k: v.strip('"') for k, v in fields.items()}
+                token = fields.get("keyId", "")[len("ST$"):]
+                public_key, expires = server.principal_tokens[token]
+                if time.time() > expires:
+                    return "the security token has expired"
+                lines = []
+                for name in fields.get("headers", "").split(" "):
+                    if name == "(request-target)":
+                        lines.append(f"(request-target): {self.command.lower()} {path_and_query}")
+                    else:
+                        lines.append(f"{name}: {self.headers.get(name, '')}")
+                try:
+                    public_key.verify(base64.b64decode(fields.get("signature", "")), "\n".join(lines).encode(),
+                                      padding.PKCS1v15(), hashes.SHA256())
+                except Exception:
+                    return "the signature does not verify with the token's session key"
+                return None
+
             def refusal(self, path, body):
                 auth = self.headers.get("Authorization", "")
+                keyed = auth.split('keyId="', 1)[-1].split('"', 1)[0] if 'keyId="' in auth else ""
+                if keyed.startswith("ST$") and keyed[3:] in server.principal_tokens:
+                    why = self.principal_refusal(auth, self.path)
+                    return (401, "NotAuthenticated", why) if why else None
                 if not auth.startswith("Signature "):
                     return 401, "NotAuthenticated", "The required information to complete authentication was not " \
                                                     "provided."
@@ -107,11 +149,59 @@ class OciObjectStorageServer:
                                                     "provided or was incorrect."
                 return None
 
+            def instance_metadata(self, path):
+                if self.headers.get("Authorization") != "Bearer Oracle":
+                    return self.error(401, "NotAuthenticated", "IMDS v2 needs Authorization: Bearer Oracle")
+                answers = {"/opc/v2/instance/canonicalRegionName": server.instance["region"],
+                           "/opc/v2/instance/region": server.instance["region"],
+                           "/opc/v2/identity/cert.pem": server.instance["leaf_pem"],
+                           "/opc/v2/identity/key.pem": server.instance["key_pem"],
+                           "/opc/v2/identity/intermediate.pem": server.instance["intermediate_pem"]}
+                if path not in answers:
+                    return self.error(404, "NotFound", path)
+                return self.answer(200, answers[path].encode(), [("Content-Type", "text/plain")])
+
+            def federation(self, body):
+                from cryptography.hazmat.primitives import serialization
+                from oci.auth.federation_client import AuthTokenRequestSigner
+
+                instance = server.instance
+
+                class Leaf:
+                    def get_private_key(self):
+                        return instance["leaf_key"]
+
+                expected_auth = AuthTokenRequestSigner(TENANCY, instance["fingerprint"], Leaf())
+                prepared = requests.Request("POST", f"http://{self.headers.get('Host')}{self.path}",
+                                            headers={k: v for k, v in self.headers.items()
+                                                     if k.lower() != "authorization"}, data=body).prepare()
+                expected_auth(prepared, enforce_content_headers=True)
+                if self.headers.get("Authorization") != prepared.headers["authorization"]:
+                    return self.error(401, "NotAuthenticated", "The federation request's signature is not the "
+                                                               "instance certificate's.")
+                request = json.loads(body)
+                if request.get("certificate") != pem_body(instance["leaf_pem"]) or \
+                        request.get("intermediateCertificates") != [pem_body(instance["intermediate_pem"])]:
+                    return self.error(401, "NotAuthenticated", "Not this instance's certificates.")
+                public_key = serialization.load_der_public_key(base64.b64decode(request["publicKey"]))
+                server.federations += 1
+                exp = int(time.time() + server.token_lifetime_s)
+                claims = base64.urlsafe_b64encode(json.dumps({"exp": exp, "n": server.federations}).encode())
+                token = f"eyJhbGciOiJSUzI1NiJ9.{claims.decode().rstrip('=')}.c2lnbmF0dXJl"
+                server.principal_tokens[token] = (public_key, exp)
+                return self.json(200, {"token": token})
+
             def handle_any(self):
                 url = urllib.parse.urlsplit(self.path)
                 query = {k: v[0] for k, v in urllib.parse.parse_qs(url.query, keep_blank_values=True).items()}
                 length = int(self.headers.get("Content-Length", 0) or 0)
                 body = self.rfile.read(length) if length else b""
+                if server.instance and (url.path.startswith("/opc/v2/") or url.path == "/v1/x509"):
+                    with server.lock:
+                        status = (self.instance_metadata(url.path) if url.path.startswith("/opc/v2/")
+                                  else self.federation(body))
+                        server.seen.append((self.command, url.path, status))
+                    return
                 refusal = self.refusal(url.path, body)
                 with server.lock:
                     status = self.error(*refusal) if refusal else self.dispatch(url.path, query, body)
@@ -258,6 +348,42 @@ class OciObjectStorageServer:
             f.write(f"[DEFAULT]\nfingerprint=session\ntenancy={TENANCY}\nregion=us-ashburn-1\n"
                     f"key_file={os.path.join(self.folder, 'session_key.pem')}\nsecurity_token_file={token_file}\n")
         return path
+
+    def start_instance_principal(self, region="us-ashburn-1"):
+        """This server as an instance's metadata service and its region's auth service: a fresh intermediate CA and
+        a leaf certificate for the tenancy (subject OU opc-tenant:<tenancy>), as OCI issues to an instance."""
+        import datetime as dt
+
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+        from cryptography.x509.oid import NameOID
+
+        ca_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        leaf_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        now = dt.datetime.now(dt.timezone.utc)
+        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "PKISVC Identity Intermediate test")])
+        ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+              .serial_number(1).not_valid_before(now).not_valid_after(now + dt.timedelta(days=1))
+              .sign(ca_key, hashes.SHA256()))
+        leaf = (x509.CertificateBuilder()
+                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ocid1.instance.oc1..tessera"),
+                                         x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME,
+                                                            "opc-certtype:instance"),
+                                         x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME,
+                                                            f"opc-tenant:{TENANCY}")]))
+                .issuer_name(ca_name).public_key(leaf_key.public_key()).serial_number(2)
+                .not_valid_before(now).not_valid_after(now + dt.timedelta(days=1)).sign(ca_key, hashes.SHA256()))
+        pem = serialization.Encoding.PEM
+        self.instance = {
+            "region": region, "leaf_key": leaf_key,
+            "leaf_pem": leaf.public_bytes(pem).decode(), "intermediate_pem": ca.public_bytes(pem).decode(),
+            "key_pem": leaf_key.private_bytes(pem, serialization.PrivateFormat.TraditionalOpenSSL,
+                                              serialization.NoEncryption()).decode(),
+            "fingerprint": ":".join(f"{b:02X}" for b in leaf.fingerprint(hashes.SHA1())),
+        }
+        return {"OCI_CLI_AUTH": "instance_principal", "OCI_METADATA_BASE_URL": f"{self.url}/opc/v2",
+                "TESSERA_OCI_AUTH_ENDPOINT_URL": self.url}
 
     def stop(self):
         self.httpd.shutdown()

@@ -105,6 +105,7 @@ def test_a_session_token_signs_and_a_refreshed_one_is_picked_up_mid_run(oci_stor
     from conftest import _binary
 
     oci_store.create_bucket("session")
+    seen_before = len(oci_store.seen)
     config = oci_store.start_session("token-one")
     env = oci_store.env(OCI_CONFIG_FILE=config)
     ops = tmp_path / "ops.json"
@@ -114,7 +115,7 @@ def test_a_session_token_signs_and_a_refreshed_one_is_picked_up_mid_run(oci_stor
     proc = subprocess.Popen([_binary("TESSERA_COMPAT_DRIVER", "tessera_compat_driver"), "storage-batch", ops,
                              tmp_path / "out.json"], env=env)
     try:
-        while not any(s[0] == "PUT" and s[1].endswith("/o/a") for s in oci_store.seen):
+        while not any(s[0] == "PUT" and s[1].endswith("/session/o/a") for s in oci_store.seen[seen_before:]):
             assert proc.poll() is None
             time.sleep(0.01)
         oci_store.start_session("token-two")  # refreshed while the process sleeps
@@ -124,12 +125,49 @@ def test_a_session_token_signs_and_a_refreshed_one_is_picked_up_mid_run(oci_stor
             proc.kill()
     results = json.loads((tmp_path / "out.json").read_text())["results"]
     assert results[0] == {} and results[2] == {"data": "first"}, results
-    assert all(s[2] != 401 for s in oci_store.seen)
+    assert all(s[2] != 401 for s in oci_store.seen[seen_before:])
 
     oci_store.session_token = "token-three"  # the server moved on; the file still holds token-two
     err = run_batch(env, [{"op": "get", "uri": "oci://session/a"}], tmp_path, "expired")["results"][0]["error"]
     assert "GET HTTP 401" in err and f"the session token of {config} [DEFAULT]" in err, err
     assert "oci session refresh" in err and "token-two" not in err, err
+
+
+def test_an_instance_principal_signs_as_the_sdk_does_and_its_token_is_refreshed(oci_store, tmp_path, monkeypatch):
+    # OCI_CLI_AUTH=instance_principal: the instance's certificates from the metadata service, exchanged at the auth
+    # service for a token bound to a session key (the federation request checked with the SDK's AuthTokenRequestSigner).
+    # The SDK's own InstancePrincipalsSecurityTokenSigner, federating through the same services, is the peer: each
+    # reads what the other wrote. A token that lives 4 s is fetched again before it expires while a process runs.
+    import oci
+
+    extra = oci_store.start_instance_principal()
+    oci_store.create_bucket("principal")
+    seen_before = len(oci_store.seen)
+    monkeypatch.setenv("OCI_METADATA_BASE_URL", extra["OCI_METADATA_BASE_URL"])
+    signer = oci.auth.signers.InstancePrincipalsSecurityTokenSigner(federation_endpoint=f"{oci_store.url}/v1/x509")
+    client = oci.object_storage.ObjectStorageClient({"region": "us-ashburn-1"}, signer=signer,
+                                                    service_endpoint=oci_store.url)
+    ns = client.get_namespace().data
+    client.put_object(ns, "principal", "from-sdk", b"written by the SDK as an instance")
+    assert oci_store.federations == 1
+
+    oci_store.token_lifetime_s = 4
+    env = {**oci_store.env(OCI_CONFIG_FILE=str(tmp_path / "no-config-file")), **extra}
+    out = run_batch(env, [{"op": "get", "uri": "oci://principal/from-sdk"},
+                          {"op": "put", "uri": "oci://principal/from-tessera", "data": "written by Tessera"},
+                          {"op": "sleep", "seconds": 5},
+                          {"op": "get", "uri": "oci://principal/from-tessera"}], tmp_path)
+    r = out["results"]
+    assert [x.get("error") for x in r] == [None] * 4, r
+    assert r[0]["data"] == "written by the SDK as an instance" and r[3]["data"] == "written by Tessera"
+    assert oci_store.federations >= 3  # the SDK's one, Tessera's first, and a refresh past the first's expiry
+    assert all(s[2] != 401 for s in oci_store.seen[seen_before:])
+    assert client.get_object(ns, "principal", "from-tessera").data.content == b"written by Tessera"
+
+    # Not on an instance (nothing answers at the metadata address): one sentence naming it.
+    bad = {**env, "OCI_METADATA_BASE_URL": "http://127.0.0.1:9/opc/v2"}
+    err = run_batch(bad, [{"op": "stat", "uri": "oci://principal/x"}], tmp_path, "no-imds")["results"][0]["error"]
+    assert "instance principal: the instance metadata service answered" in err and "127.0.0.1:9" in err, err
 
 
 def test_a_missing_bucket_and_an_unknown_key_are_clear_errors(oci_store, data, tmp_path):
