@@ -198,6 +198,63 @@ def test_a_service_account_signs_every_request_and_a_wrong_key_is_a_clear_error(
         proxy.stop()
 
 
+def test_user_credentials_are_refreshed_mid_run(tmp_path):
+    # `gcloud auth application-default login` credentials (authorized_user): access tokens from the token endpoint,
+    # here living 4 seconds; the proxy accepts only unexpired ones. A process that writes, waits past the first token's
+    # life and reads again must have fetched another (google-cloud-cpp's refresh, under Tessera's gs:// backend).
+    import http.server
+    import threading
+    import time
+    import urllib.parse
+
+    from gcs_server import FakeGcsServer
+    from loopback_http import QuietHandler
+    from s3_server import FaultProxy, free_port
+
+    issued = {}  # token -> expiry
+
+    class TokenEndpoint(QuietHandler):
+        def do_POST(self):
+            form = urllib.parse.parse_qs(self.rfile.read(int(self.headers["Content-Length"])).decode())
+            if form.get("grant_type") != ["refresh_token"] or form.get("refresh_token") != ["1//refresh-me"] or \
+                    form.get("client_secret") != ["not-a-secret"]:
+                return self.json(400, {"error": "invalid_grant"})
+            token = f"ya29.token-{len(issued) + 1}"
+            issued[token] = time.time() + 4
+            return self.json(200, {"access_token": token, "expires_in": 4, "token_type": "Bearer"})
+
+    def gate(method, path, headers):
+        token = headers.get("Authorization", "")[len("Bearer "):]
+        if issued.get(token, 0) < time.time():
+            return 401, "Unauthorized", "expired or unknown access token"
+        return None
+
+    tokens = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), TokenEndpoint)
+    threading.Thread(target=tokens.serve_forever, daemon=True).start()
+    port = free_port()
+    proxy = FaultProxy(f"http://127.0.0.1:{port}", gate=gate)
+    server = FakeGcsServer(port=port, external_url=proxy.url)
+    try:
+        server.client().create_bucket("user")
+        creds = tmp_path / "application_default_credentials.json"
+        creds.write_text(json.dumps({"type": "authorized_user", "client_id": "tessera-test.apps.googleusercontent.com",
+                                     "client_secret": "not-a-secret", "refresh_token": "1//refresh-me",
+                                     "token_uri": f"http://127.0.0.1:{tokens.server_address[1]}/token"}))
+        env = {k: v for k, v in server.env().items() if k != "STORAGE_EMULATOR_HOST"}
+        env.update(GOOGLE_APPLICATION_CREDENTIALS=str(creds), TESSERA_GCS_ENDPOINT_URL=proxy.url,
+                   TESSERA_GCS_RETRY_LIMIT_S="3")
+        out = run_batch(env, [{"op": "put", "uri": "gs://user/a.txt", "data": "before the token expired"},
+                              {"op": "sleep", "seconds": 6},
+                              {"op": "get", "uri": "gs://user/a.txt"}], tmp_path)
+        assert [r.get("error") for r in out["results"]] == [None] * 3, out
+        assert out["results"][2]["data"] == "before the token expired"
+        assert len(issued) >= 2  # a second token, fetched after the first one's 4 seconds
+    finally:
+        server.stop()
+        proxy.stop()
+        tokens.shutdown()
+
+
 def test_transient_failures_are_retried_and_a_failed_upload_publishes_nothing(tmp_path):
     from gcs_server import FakeGcsServer
     from s3_server import FaultProxy, free_port
