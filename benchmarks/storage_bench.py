@@ -2,10 +2,12 @@
 storage_vs_databricks.py, storage_vs_oci.py, storage_vs_hub.py): their arguments, a set of random shards, and one transfer through
 Tessera's storage layer (bench_storage_transfer) against a running server."""
 import argparse
+import contextlib
 import json
 import os
 import pathlib
 import subprocess
+import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BENCH = os.environ.get("TESSERA_STORAGE_BIN", str(ROOT / "build" / "bin" / "bench_storage_transfer"))
@@ -17,6 +19,19 @@ def arguments():
     ap.add_argument("--mb", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     return ap.parse_args()
+
+
+@contextlib.contextmanager
+def loopback_server(script, *args):
+    """Runs the tests' loopback store `script` (in tests/compat) as a process of its own, yields the fields of the first
+    line it prints (its URL, and a config file or token), and kills it on the way out."""
+    compat = ROOT / "tests" / "compat"
+    proc = subprocess.Popen([sys.executable, str(compat / script), *args], stdout=subprocess.PIPE, text=True, cwd=compat)
+    try:
+        yield proc.stdout.readline().split()
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def make_shards(folder, objects, mb):

@@ -16,13 +16,12 @@ import os
 import pathlib
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 import bench_json
-from storage_bench import ROOT, arguments, make_shards, tessera
+from storage_bench import ROOT, arguments, loopback_server, make_shards, tessera
 
 sys.path.insert(0, str(ROOT / "tests" / "compat"))
 from azure_server import connection_string, tessera_env  # noqa: E402
@@ -32,10 +31,7 @@ def main():
     from azure.storage.blob import BlobServiceClient
 
     args = arguments()
-    server = subprocess.Popen([sys.executable, str(ROOT / "tests" / "compat" / "azure_server.py")],
-                              stdout=subprocess.PIPE, text=True, cwd=ROOT / "tests" / "compat")
-    try:
-        url = server.stdout.readline().strip()
+    with loopback_server("azure_server.py") as (url,):
         env = tessera_env(url)
         client = BlobServiceClient.from_connection_string(connection_string(url))
         container = client.create_container("bench")
@@ -73,9 +69,6 @@ def main():
                 for prefix in (f"up{r}/", f"up_sdk{r}/", f"up_sdk8{r}/"):  # the server keeps blobs in memory
                     for blob in container.list_blobs(name_starts_with=prefix):
                         container.delete_blob(blob.name)
-    finally:
-        server.kill()
-        server.wait()
     m = {k: statistics.median(v) for k, v in runs.items()}
     case = f"{args.objects} x {args.mb} MiB"
     print(f"{case} on the loopback Blob service, median of {args.rounds} rounds (MB/s)")

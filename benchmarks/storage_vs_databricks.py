@@ -16,12 +16,11 @@ alike; the ratios are what the benchmark reports.
 import os
 import pathlib
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 
-from storage_bench import ROOT, arguments, make_shards, report, tessera
+from storage_bench import ROOT, arguments, loopback_server, make_shards, report, tessera
 
 
 def main():
@@ -30,10 +29,7 @@ def main():
 
     args = arguments()
     compat = ROOT / "tests" / "compat"
-    server = subprocess.Popen([sys.executable, str(compat / "databricks_server.py"), "main.bench.v"],
-                              stdout=subprocess.PIPE, text=True, cwd=compat)
-    try:
-        url = server.stdout.readline().strip()
+    with loopback_server("databricks_server.py", "main.bench.v") as (url,):
         sys.path.insert(0, str(compat))
         from databricks_server import DatabricksServer
 
@@ -73,9 +69,6 @@ def main():
                 for prefix in (f"up{r}", f"upsdk{r}"):  # the server keeps files in memory
                     for p in sorted(src.iterdir()):
                         files.delete(f"{volume}/{prefix}/{p.name}")
-    finally:
-        server.kill()
-        server.wait()
     report("storage_vs_databricks",
            "Unity Catalog volumes on a loopback workspace: Tessera vs databricks-sdk",
            "a loopback Databricks workspace", args,

@@ -15,21 +15,15 @@ server process, whose own speed caps every figure alike; the ratios are what the
 import os
 import pathlib
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 
-from storage_bench import ROOT, arguments, make_shards, report, tessera
+from storage_bench import arguments, loopback_server, make_shards, report, tessera
 
 
 def main():
     args = arguments()
-    compat = ROOT / "tests" / "compat"
-    server = subprocess.Popen([sys.executable, str(compat / "hub_server.py"), "datasets/bench/shards"],
-                              stdout=subprocess.PIPE, text=True, cwd=compat)
-    try:
-        url, token = server.stdout.readline().split()
+    with loopback_server("hub_server.py", "datasets/bench/shards") as (url, token):
         env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
         env.update(HF_ENDPOINT=url, HF_TOKEN=token)
         os.environ.update(HF_ENDPOINT=url, HF_TOKEN=token, HF_HUB_DISABLE_PROGRESS_BARS="1")
@@ -68,9 +62,6 @@ def main():
                         up_sdk.append(total_mb / (time.perf_counter() - t0))
                 for prefix in (f"up{r}", f"upsdk{r}"):  # the server keeps files in memory
                     api.delete_folder(prefix, **repo)
-    finally:
-        server.kill()
-        server.wait()
     report("storage_vs_hub",
            "Hugging Face Hub on a loopback Hub: Tessera vs huggingface_hub",
            "a loopback Hugging Face Hub", args,

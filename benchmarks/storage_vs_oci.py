@@ -15,23 +15,17 @@ benchmark reports.
 import os
 import pathlib
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 
-from storage_bench import ROOT, arguments, make_shards, report, tessera
+from storage_bench import arguments, loopback_server, make_shards, report, tessera
 
 
 def main():
     import oci
 
     args = arguments()
-    compat = ROOT / "tests" / "compat"
-    server = subprocess.Popen([sys.executable, str(compat / "oci_server.py"), "bench"], stdout=subprocess.PIPE,
-                              text=True, cwd=compat)
-    try:
-        url, config_file = server.stdout.readline().split()
+    with loopback_server("oci_server.py", "bench") as (url, config_file):
         env = {k: v for k, v in os.environ.items() if not k.startswith("OCI_")}
         env.update(OCI_CONFIG_FILE=config_file, TESSERA_OCI_ENDPOINT_URL=url)
         client = oci.object_storage.ObjectStorageClient(oci.config.from_file(config_file), service_endpoint=url)
@@ -68,9 +62,6 @@ def main():
                 for prefix in (f"up{r}/", f"upsdk{r}/"):  # the server keeps objects in memory
                     for p in sorted(src.iterdir()):
                         client.delete_object(ns, "bench", f"{prefix}{p.name}")
-    finally:
-        server.kill()
-        server.wait()
     report("storage_vs_oci",
            "OCI Object Storage on a loopback service: Tessera vs the oci SDK",
            "a loopback OCI Object Storage service", args,
