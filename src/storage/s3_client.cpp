@@ -197,7 +197,11 @@ S3Response S3Client::send(const std::string& method, const std::string& bucket, 
     response.body = last_error;  // callers that accept a status (404 on HEAD) read the summary
     if (response.status == 404 && (method == "HEAD" || method == "DELETE")) return response;
     if (response.status == 416 && method == "GET") return response;  // a range of an empty object
-    if (response.status == 412 && method == "PUT") return response;  // a conditional write's condition failed
+    // A conditional write's condition failed, or the store has no conditional writes (501): the caller decides.
+    const bool conditional = std::any_of(headers.begin(), headers.end(), [](const auto& h) {
+      return h.first == "If-Match" || h.first == "If-None-Match";
+    });
+    if (conditional && method == "PUT" && (response.status == 412 || response.status == 501)) return response;
     throw Error(kS3ClientComponent, fmt::format("{}: {}", where, last_error));
   }
   throw Error(kS3ClientComponent,
@@ -289,20 +293,35 @@ void S3Client::upload_file(const std::string& path, const std::string& bucket, c
 
 std::optional<std::string> S3Client::put_if(const std::string& bucket, const std::string& key, std::string_view data,
                                             const std::optional<std::string>& expected) {
-  std::vector<std::pair<std::string, std::string>> headers;
-  if (expected) {
-    headers.emplace_back("If-Match", "\"" + *expected + "\"");
-  } else {
-    headers.emplace_back("If-None-Match", "*");
+  if (!conditional_puts_unsupported_) {
+    std::vector<std::pair<std::string, std::string>> headers;
+    if (expected) {
+      headers.emplace_back("If-Match", "\"" + *expected + "\"");
+    } else {
+      headers.emplace_back("If-None-Match", "*");
+    }
+    const S3Response r = send("PUT", bucket, key, {}, std::move(headers), data);
+    if (r.status == 412) return std::nullopt;
+    if (r.status != 501) {
+      std::string etag;
+      for (const auto& [k, v] : r.headers) {
+        if (k == "etag") etag = v;
+      }
+      etag.erase(std::remove(etag.begin(), etag.end(), '"'), etag.end());
+      return etag;
+    }
+    // 501 NotImplemented: a store without conditional PUTs (older S3-compatible servers).
+    conditional_puts_unsupported_ = true;
+    spdlog::warn(
+        "[s3] {}: the store has no conditional PUT (HTTP 501); comparing its ETag before each write "
+        "instead, which narrows a race between writers without closing it",
+        uri_of(bucket, key));
   }
-  const S3Response r = send("PUT", bucket, key, {}, std::move(headers), data);
-  if (r.status == 412) return std::nullopt;
-  std::string etag;
-  for (const auto& [k, v] : r.headers) {
-    if (k == "etag") etag = v;
-  }
-  etag.erase(std::remove(etag.begin(), etag.end(), '"'), etag.end());
-  return etag;
+  const std::optional<Listed> now = head(bucket, key);
+  if (now.has_value() != expected.has_value() || (now && now->etag != *expected)) return std::nullopt;
+  put_single(bucket, key, data);
+  const std::optional<Listed> after = head(bucket, key);
+  return after ? after->etag : std::string();
 }
 
 void S3Client::put_single(const std::string& bucket, const std::string& key, std::string_view data) {

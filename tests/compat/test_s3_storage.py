@@ -185,6 +185,28 @@ def test_conditional_writes_refuse_a_stale_etag(s3_server, s3_bucket, tmp_path):
     conditional_writes(s3_server.env(), tmp_path, f"s3://{s3_bucket}")  # If-Match / If-None-Match: * on PutObject
 
 
+def test_a_store_without_conditional_puts_gets_etags_compared_instead(s3_server, s3_bucket, tmp_path):
+    # An S3-compatible store that answers a conditional PUT with 501 NotImplemented (as stores without the feature
+    # do): the write is not lost; the client compares HEAD's ETag before a plain PUT from then on, with a warning.
+    from remote_training import conditional_writes
+    from s3_server import FaultProxy
+
+    refused = []
+
+    def gate(method, path, headers):
+        if method == "PUT" and (headers.get("If-Match") or headers.get("If-None-Match")):
+            refused.append(path)
+            return 501, "NotImplemented", "A header you provided implies functionality that is not implemented"
+        return None
+
+    proxy = FaultProxy(s3_server.url, gate=gate)
+    try:
+        conditional_writes(s3_server.env(S3_ENDPOINT_URL=proxy.url), tmp_path, f"s3://{s3_bucket}/plain-store")
+    finally:
+        proxy.stop()
+    assert len(refused) == 2  # once per process (conditional_writes runs two), then no conditional PUT is tried
+
+
 def test_an_empty_object_downloads_as_an_empty_file(s3_server, s3_bucket, tmp_path):
     s3_server.client().put_object(Bucket=s3_bucket, Key="empty", Body=b"")
     out = run_batch(s3_server.env(), [{"op": "download", "uri": f"s3://{s3_bucket}/empty", "path": str(tmp_path / "e")},

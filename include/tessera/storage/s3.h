@@ -134,7 +134,8 @@ class S3Client {
   // put() of the concatenation of `parts`; each part request gathers its bytes from them.
   void put_parts(const std::string& bucket, const std::string& key, const std::vector<std::string_view>& parts);
   // One PUT of `data` only while the object's ETag is `expected` (If-Match; nullopt: If-None-Match: *, no object
-  // yet). The new ETag, or nullopt when the store answers 412 Precondition Failed.
+  // yet). The new ETag, or nullopt when the store answers 412 Precondition Failed. A store that answers 501 (no
+  // conditional PUTs) gets a HEAD comparison before a plain PUT from then on, with a warning.
   std::optional<std::string> put_if(const std::string& bucket, const std::string& key, std::string_view data,
                                     const std::optional<std::string>& expected);
   // Multipart from a file, reading one part per worker at a time.
@@ -174,6 +175,7 @@ class S3Client {
   std::shared_ptr<CredentialProvider> credentials_;
   std::unique_ptr<Pool> pool_;
   std::atomic<int64_t> requests_{0};
+  std::atomic<bool> conditional_puts_unsupported_{false};  // the store answered a conditional PUT with 501
 };
 
 // Signature Version 4 (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_sigv-create-signed-request.html),
