@@ -36,7 +36,7 @@ class Backend {
   virtual std::optional<std::string> put_if(const Uri& u, std::string_view data,
                                             const std::optional<std::string>& expected);
   // The pre-flight check that objects can be written under `folder`; throws Error saying why not. This default
-  // writes and removes an empty object named `probe_object` (probe.cpp).
+  // writes and removes an empty object named `probe_object` (storage.cpp).
   virtual void probe_write(const Uri& folder, const std::string& probe_object);
 };
 

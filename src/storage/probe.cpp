@@ -32,12 +32,6 @@ std::string probe_name() {
 
 }  // namespace
 
-void Backend::probe_write(const Uri& folder, const std::string& probe_object) {
-  const Uri object = parse_uri(join(folder.str(), probe_object));
-  put_parts(object, {});
-  remove(object);
-}
-
 std::optional<std::string> unreadable(const std::string& uri) {
   const Uri u = parse_uri(uri);
   if (u.scheme == Uri::Scheme::kLocal) {

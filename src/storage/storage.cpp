@@ -468,6 +468,12 @@ std::optional<std::string> write_if(const std::string& uri, std::string_view dat
   return std::nullopt;
 }
 
+void Backend::probe_write(const Uri& folder, const std::string& probe_object) {
+  const Uri object = parse_uri(join(folder.str(), probe_object));
+  put_parts(object, {});
+  remove(object);
+}
+
 void Backend::upload_tree(const std::string& local_dir, const Uri& folder, const std::vector<std::string>& files,
                           const std::vector<Uri>& stale) {
   for (const std::string& rel : files)
