@@ -197,8 +197,8 @@ class HubWrite {
                                   {"value", {{"path", f.path}, {"algo", "sha256"}, {"oid", f.oid}, {"size", f.size}}}}
                        .dump();
       } else {
-        std::string bytes;
-        for (const std::string_view p : f.parts) bytes += p;
+        std::string scratch;
+        const std::string_view bytes = Concatenation(f.parts).contiguous(0, f.size, scratch);
         ndjson += "\n" + nlohmann::json{{"key", "file"},
                                         {"value",
                                          {{"content", base64_encode(bytes)}, {"path", f.path}, {"encoding", "base64"}}}}
@@ -225,8 +225,7 @@ class HubWrite {
   static void measure(std::vector<HubFile>& files) {
     parallel_for(files.size(), hf_parallelism(), [&](size_t i) {
       HubFile& f = files[i];
-      f.size = 0;
-      for (const std::string_view p : f.parts) f.size += p.size();
+      f.size = Concatenation(f.parts).size();
       f.oid = util::sha256_hex(f.parts);
     });
   }
@@ -242,11 +241,9 @@ class HubWrite {
     for (size_t start = 0; start < files.size(); start += 256) {
       nlohmann::json body{{"files", nlohmann::json::array()}};
       for (size_t i = start; i < std::min(files.size(), start + 256); ++i) {
-        std::string sample;
-        for (const std::string_view p : files[i].parts) {
-          if (sample.size() >= 512) break;
-          sample += p.substr(0, 512 - sample.size());
-        }
+        std::string scratch;  // the first 512 bytes
+        const std::string_view sample =
+            Concatenation(files[i].parts).contiguous(0, std::min<uint64_t>(files[i].size, 512), scratch);
         body["files"].push_back({{"path", files[i].path}, {"sample", base64_encode(sample)}, {"size", files[i].size}});
       }
       const std::string path = api("preupload");
@@ -424,13 +421,8 @@ class HubWrite {
     x.url = p.url;
     x.headers = outside_headers(p.url);
     x.payload_parts = bytes.views(p.offset, p.length);
-    x.stall_timeout_s = hf_stall_timeout_s();
-    const util::HttpResponse r = perform(x);
-    if (r.status < 200 || r.status >= 300) {
-      throw Error(kHfComponent, fmt::format("{}: the LFS upload of {} (bytes {}..{}) to {} failed: {}", where_,
-                                            p.file->path, p.offset, p.offset + p.length, shown_url(p.url),
-                                            r.status == 0 ? r.transport_error : fmt::format("HTTP {}", r.status)));
-    }
+    const util::HttpResponse r =
+        perform(x, fmt::format("LFS upload of {} (bytes {}..{})", p.file->path, p.offset, p.offset + p.length));
     p.etag = r.header("etag");
     if (p.etag.empty() && p.length != p.file->size) {
       throw Error(kHfComponent, fmt::format("{}: the LFS part upload of {} to {} answered no ETag", where_,
@@ -446,23 +438,24 @@ class HubWrite {
     x.headers.emplace_back("Content-Type", "application/vnd.git-lfs+json");
     x.headers.emplace_back("Accept", "application/vnd.git-lfs+json");
     x.payload = body;
-    x.stall_timeout_s = hf_stall_timeout_s();
-    const util::HttpResponse r = perform(x);
-    if (r.status < 200 || r.status >= 300) {
-      throw Error(kHfComponent, fmt::format("{}: the {} at {} failed: {}", where_, what, shown_url(url),
-                                            r.status == 0 ? r.transport_error : fmt::format("HTTP {}", r.status)));
-    }
+    perform(x, what);
   }
 
-  // One exchange outside the Hub's API, retried with backoff while it fails in a way a retry may mend.
-  util::HttpResponse perform(const Exchange& x) {
+  // One exchange outside the Hub's API (an upload URL, a completion, a verification), retried with backoff while it
+  // fails in a way a retry may mend; a failure that stays is an Error naming `what` and the URL without its query.
+  util::HttpResponse perform(Exchange& x, const std::string& what) {
     static HttpPool pool;
+    x.stall_timeout_s = hf_stall_timeout_s();
     const int attempts = hf_max_attempts();
     for (int attempt = 1;; ++attempt) {
       bool retryable = false;
       util::HttpResponse r = pool.perform(x, &retryable);
+      if (r.status >= 200 && r.status < 300) return r;
       const bool again = r.status == 0 ? retryable : retryable_status(r.status);
-      if (!again || attempt >= attempts) return r;
+      if (!again || attempt >= attempts) {
+        throw Error(kHfComponent, fmt::format("{}: the {} at {} failed: {}", where_, what, shown_url(x.url),
+                                              r.status == 0 ? r.transport_error : fmt::format("HTTP {}", r.status)));
+      }
       backoff_sleep(attempt, 0.5, 8.0);
     }
   }

@@ -292,36 +292,33 @@ void S3Client::upload_file(const std::string& path, const std::string& bucket, c
 }
 
 std::optional<std::string> S3Client::put_if(const std::string& bucket, const std::string& key, std::string_view data,
-                                            const std::optional<std::string>& expected) {
-  if (!conditional_puts_unsupported_) {
-    std::vector<std::pair<std::string, std::string>> headers;
-    if (expected) {
-      headers.emplace_back("If-Match", "\"" + *expected + "\"");
-    } else {
-      headers.emplace_back("If-None-Match", "*");
-    }
-    const S3Response r = send("PUT", bucket, key, {}, std::move(headers), data);
-    if (r.status == 412) return std::nullopt;
-    if (r.status != 501) {
-      std::string etag;
-      for (const auto& [k, v] : r.headers) {
-        if (k == "etag") etag = v;
-      }
-      etag.erase(std::remove(etag.begin(), etag.end(), '"'), etag.end());
-      return etag;
-    }
-    // 501 NotImplemented: a store without conditional PUTs (older S3-compatible servers).
-    conditional_puts_unsupported_ = true;
-    spdlog::warn(
-        "[s3] {}: the store has no conditional PUT (HTTP 501); comparing its ETag before each write "
-        "instead, which narrows a race between writers without closing it",
-        uri_of(bucket, key));
+                                            const std::optional<std::string>& expected, bool* unsupported) {
+  *unsupported = conditional_puts_unsupported_;
+  if (*unsupported) return std::nullopt;
+  std::vector<std::pair<std::string, std::string>> headers;
+  if (expected) {
+    headers.emplace_back("If-Match", "\"" + *expected + "\"");
+  } else {
+    headers.emplace_back("If-None-Match", "*");
   }
-  const std::optional<Listed> now = head(bucket, key);
-  if (now.has_value() != expected.has_value() || (now && now->etag != *expected)) return std::nullopt;
-  put_single(bucket, key, data);
-  const std::optional<Listed> after = head(bucket, key);
-  return after ? after->etag : std::string();
+  const S3Response r = send("PUT", bucket, key, {}, std::move(headers), data);
+  if (r.status == 412) return std::nullopt;
+  if (r.status == 501) {  // NotImplemented: a store without conditional PUTs (older S3-compatible servers)
+    if (!conditional_puts_unsupported_.exchange(true)) {
+      spdlog::warn(
+          "[s3] {}: the store has no conditional PUT (HTTP 501); comparing its ETag before each write "
+          "instead, which narrows a race between writers without closing it",
+          uri_of(bucket, key));
+    }
+    *unsupported = true;
+    return std::nullopt;
+  }
+  std::string etag;
+  for (const auto& [k, v] : r.headers) {
+    if (k == "etag") etag = v;
+  }
+  etag.erase(std::remove(etag.begin(), etag.end(), '"'), etag.end());
+  return etag;
 }
 
 void S3Client::put_single(const std::string& bucket, const std::string& key, std::string_view data) {

@@ -64,7 +64,9 @@ class S3Backend final : public Backend {
   void remove(const Uri& u) override { S3Client::shared().remove(u.bucket, u.key); }
   std::optional<std::string> put_if(const Uri& u, std::string_view data,
                                     const std::optional<std::string>& expected) override {
-    return S3Client::shared().put_if(u.bucket, u.key, data, expected);
+    bool unsupported = false;
+    auto etag = S3Client::shared().put_if(u.bucket, u.key, data, expected, &unsupported);
+    return unsupported ? Backend::put_if(u, data, expected) : etag;  // (the default: stat's ETag compared first)
   }
   std::optional<ObjectInfo> stat(const Uri& u) override {
     auto h = S3Client::shared().head(u.bucket, u.key);

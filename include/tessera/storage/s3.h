@@ -134,10 +134,11 @@ class S3Client {
   // put() of the concatenation of `parts`; each part request gathers its bytes from them.
   void put_parts(const std::string& bucket, const std::string& key, const std::vector<std::string_view>& parts);
   // One PUT of `data` only while the object's ETag is `expected` (If-Match; nullopt: If-None-Match: *, no object
-  // yet). The new ETag, or nullopt when the store answers 412 Precondition Failed. A store that answers 501 (no
-  // conditional PUTs) gets a HEAD comparison before a plain PUT from then on, with a warning.
+  // yet). The new ETag, or nullopt when the store answers 412 Precondition Failed. A store that answers 501 has no
+  // conditional PUTs: `*unsupported` is set (from then on without asking; one warning), nothing was written, and the
+  // caller checks the condition another way.
   std::optional<std::string> put_if(const std::string& bucket, const std::string& key, std::string_view data,
-                                    const std::optional<std::string>& expected);
+                                    const std::optional<std::string>& expected, bool* unsupported);
   // Multipart from a file, reading one part per worker at a time.
   void upload_file(const std::string& path, const std::string& bucket, const std::string& key);
   struct Listed {
