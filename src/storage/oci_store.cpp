@@ -65,10 +65,19 @@ struct OciConfig {
 };
 
 // The session token in `c.token_file`, read at every signing: `oci session refresh` rewrites the file in place.
+// A security token as it may stand in a signature's keyId="ST$<token>": a JWT's characters (base64url, '.', and
+// base64's '+', '/', '='), nothing that could end the quoted value or the header.
+bool token_text(std::string_view token) {
+  return !token.empty() && token.size() <= 65536 && std::all_of(token.begin(), token.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) ||
+           std::string_view("-_.+/=").find(ch) != std::string_view::npos;
+  });
+}
+
 std::string session_token(const OciConfig& c) {
   std::string token = util::read_file(c.token_file, kOciComponent);
   while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
-  if (token.empty() || token.find_first_of(" \t\r\n\"") != std::string::npos) {
+  if (!token_text(token)) {
     throw ConfigError(kOciComponent, fmt::format("{}: not a session token (the security_token_file `oci session "
                                                  "authenticate` writes)",
                                                  c.token_file));
@@ -222,6 +231,15 @@ std::string use_instance_principal(OciConfig& c) {
   const std::string base = metadata_base();
   std::string region = metadata_get(base, "/instance/canonicalRegionName");
   while (!region.empty() && std::isspace(static_cast<unsigned char>(region.back()))) region.pop_back();
+  // (it becomes a host name: objectstorage.<region>.oraclecloud.com)
+  if (region.empty() || region.size() > 64 || !std::all_of(region.begin(), region.end(), [](char ch) {
+        return std::islower(static_cast<unsigned char>(ch)) || std::isdigit(static_cast<unsigned char>(ch)) ||
+               ch == '-';
+      })) {
+    throw Error(kOciComponent, fmt::format("instance principal: {}/instance/canonicalRegionName answered \"{}\", not "
+                                           "a region name",
+                                           base, region.substr(0, 64)));
+  }
   c.source = fmt::format("the instance principal (metadata service {})", base);
   EVP_PKEY* session = EVP_RSA_gen(2048);
   if (session == nullptr) throw Error(kOciComponent, "instance principal: cannot make a session key");
@@ -258,7 +276,8 @@ std::string use_instance_principal(OciConfig& c) {
                                             "POST", "/v1/x509", req.headers, body, source, /*with_host=*/false));
     const util::HttpResponse r = util::http_request(req);
     const auto j = nlohmann::json::parse(r.body, nullptr, false);
-    if (r.status != 200 || !j.is_object() || !j.contains("token") || !j["token"].is_string()) {
+    if (r.status != 200 || !j.is_object() || !j.contains("token") || !j["token"].is_string() ||
+        !token_text(j["token"].get<std::string>())) {
       const std::string said = j.is_object() && j.contains("message") && j["message"].is_string()
                                    ? ": " + j["message"].get<std::string>().substr(0, 300)
                                    : "";

@@ -169,6 +169,12 @@ def test_an_instance_principal_signs_as_the_sdk_does_and_its_token_is_refreshed(
     err = run_batch(bad, [{"op": "stat", "uri": "oci://principal/x"}], tmp_path, "no-imds")["results"][0]["error"]
     assert "instance principal: the instance metadata service answered" in err and "127.0.0.1:9" in err, err
 
+    # The region becomes a host name: a metadata answer that is not a region name is refused, not put in a URL.
+    oci_store.instance["region"] = "evil.example.com/x"
+    env_no_endpoint = {k: v for k, v in env.items() if k != "TESSERA_OCI_ENDPOINT_URL"}
+    err = run_batch(env_no_endpoint, [{"op": "stat", "uri": "oci://principal/x"}], tmp_path, "region")["results"][0]
+    assert 'answered "evil.example.com/x", not a region name' in err["error"], err
+
 
 def test_a_missing_bucket_and_an_unknown_key_are_clear_errors(oci_store, data, tmp_path):
     from oci_server import make_api_key
