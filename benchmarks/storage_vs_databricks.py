@@ -3,13 +3,13 @@ a process of its own), measured in one run:
 
 - download of a shard set (default 16 objects x 64 MB): Tessera's storage layer (dbfs:/Volumes: the Files API, 16 MiB
   ranges, 8 in flight per file) against databricks-sdk's `files.download()` as mosaicml-streaming's Unity Catalog
-  downloader calls it (one streamed GET per file);
-- upload of the same set: Tessera (one PUT per file, from the mapped file) against `files.upload()` as Streaming's
-  uploader calls it.
+  downloader calls it (its default files client: a presigned URL per file);
+- upload of the same set: Tessera (above 50 MiB a multipart upload, 16 MiB parts to presigned URLs, 8 in flight,
+  from the mapped file) against `files.upload()` as Streaming's uploader calls it (the SDK's default files client:
+  10 MiB parts to presigned URLs).
 
-databricks-sdk runs with its plain Files API client (DATABRICKS_DISABLE_EXPERIMENTAL_FILES_API_CLIENT), the one the
-loopback workspace serves. Both clients talk to the same Python server process, whose own speed caps every figure
-alike; the ratios are what the benchmark reports.
+Both clients talk to the same Python server process, whose own speed caps every figure alike; the ratios are what
+the benchmark reports.
 
     python benchmarks/storage_vs_databricks.py [--objects 16] [--mb 64] [--rounds 3]
 """
@@ -34,8 +34,7 @@ def main():
         from databricks_server import DatabricksServer
 
         env = DatabricksServer.env(type("Workspace", (), {"url": url, "token": "dapi-tessera-test-token"}))
-        files = WorkspaceClient(config=Config(host=url, token="dapi-tessera-test-token",
-                                              disable_experimental_files_api_client=True)).files
+        files = WorkspaceClient(config=Config(host=url, token="dapi-tessera-test-token")).files
         volume = "/Volumes/main/bench/v"
         with tempfile.TemporaryDirectory() as tmp:
             tmp = pathlib.Path(tmp)

@@ -3,11 +3,17 @@
 // over the pooled transport (http_pool.h). Credentials as databricks-sdk resolves them: a personal access token, or
 // OAuth machine-to-machine with a service principal's client id and secret, from the environment or a
 // ~/.databrickscfg profile.
+//
+// Uploads above 50 MiB go as databricks-sdk's files client sends them where the workspace offers it: a multipart
+// upload whose parts go in parallel to presigned cloud-storage URLs (the only way past the Files API's 5 GiB for one
+// PUT, which a rank's checkpoint shard can exceed).
 #include <fmt/format.h>
+#include <strings.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <ctime>
 #include <deque>
 #include <map>
 #include <memory>
@@ -21,6 +27,7 @@
 #include "tessera/storage/s3.h"
 #include "tessera/util/error.h"
 #include "tessera/util/http.h"
+#include "tessera/util/xml.h"
 
 namespace tessera::storage {
 namespace {
@@ -36,8 +43,9 @@ struct DbfsConfig {
   std::string source;                         // where the credentials came from; never a secret
   int max_attempts = 5;
   double backoff_base_s = 0.1, backoff_max_s = 5.0;
-  long stall_timeout_s = 30;  // NOLINT(google-runtime-int)
-  uint64_t part_size = 16ULL << 20;
+  long stall_timeout_s = 30;                   // NOLINT(google-runtime-int)
+  uint64_t part_size = 16ULL << 20;            // a range of a download, a part of a multipart upload
+  uint64_t multipart_threshold = 50ULL << 20;  // larger uploads go in parts (databricks-sdk's default)
   int parallelism = 8;
 };
 
@@ -125,7 +133,32 @@ DbfsConfig dbfs_config_from_environment() {
   c.stall_timeout_s =
       env_int("TESSERA_DBFS_STALL_TIMEOUT_S", static_cast<int>(c.stall_timeout_s), 1, 3600, kDbfsComponent);
   c.part_size = static_cast<uint64_t>(env_int("TESSERA_DBFS_PART_SIZE_MB", 16, 1, 4096, kDbfsComponent)) << 20;
+  c.multipart_threshold =
+      static_cast<uint64_t>(env_int("TESSERA_DBFS_MULTIPART_THRESHOLD_MB", 50, 1, 5120, kDbfsComponent)) << 20;
   return c;
+}
+
+// Whether a cloud store's answer to a part's PUT says its presigned URL expired (S3, GCS and Azure each say it their
+// own way, as databricks-sdk recognises them).
+bool presigned_url_expired(const util::HttpResponse& r) {
+  if (r.status != 400 && r.status != 403) return false;
+  const std::optional<util::XmlElement> doc = util::try_parse_xml(r.body);
+  if (!doc || doc->name != "Error") return false;
+  const std::string code = doc->child_text("Code");
+  return code == "ExpiredToken" || (code == "AccessDenied" && doc->child_text("Message") == "Request has expired") ||
+         (code == "AuthenticationFailed" &&
+          doc->child_text("AuthenticationErrorDetail").find("Signature not valid in the specified time frame") !=
+              std::string::npos);
+}
+
+// Now plus an hour in RFC 3339 (the expire_time of the part URLs asked for).
+std::string an_hour_from_now() {
+  const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now() + std::chrono::hours(1));
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
 }
 
 class DbfsBackend final : public Backend {
@@ -228,29 +261,175 @@ class DbfsBackend final : public Backend {
     return fmt::format("{}/api/2.0/fs/files/{}/{}", config().host, u.bucket, util::url_encode(u.key, true));
   }
 
-  // One PUT of the whole file (the Files API publishes it when the request completes).
+  // Above multipart_threshold a multipart upload where the workspace offers one; else one PUT of the whole file.
+  // Either way the file appears whole when the last request completes.
   void put(const Uri& u, const std::vector<std::string_view>& parts) {
-    uint64_t size = 0;
-    for (const std::string_view p : parts) size += p.size();
+    const Concatenation object(parts);
     const std::string uri = u.str();
-    if (size > kMaxSinglePut) {
-      throw Error(kDbfsComponent, fmt::format("{}: {} bytes; the Files API takes up to 5 GiB in one upload, and "
-                                              "Tessera does not split uploads to volumes yet",
-                                              uri, size));
+    if (object.size() > config().multipart_threshold && put_multipart(u, object)) return;
+    if (object.size() > kMaxSinglePut) {
+      throw Error(kDbfsComponent, fmt::format("{}: {} bytes; the Files API takes up to 5 GiB in one PUT, and workspace "
+                                              "{} offers no multipart upload",
+                                              uri, object.size(), config().host));
     }
     send(uri, "PUT", files(u) + "?overwrite=true", {{"Content-Type", "application/octet-stream"}}, parts);
   }
 
+  // A multipart upload as databricks-sdk's files client makes one: initiate-upload opens a session, each part goes
+  // to the presigned URL create-upload-part-urls hands out for it, complete-upload publishes the file from the parts'
+  // ETags, abort-upload drops the session on failure. False, with nothing written, when the workspace refuses to
+  // open a session (it offers only single PUTs).
+  bool put_multipart(const Uri& u, const Concatenation& object) {
+    const DbfsConfig& c = config();
+    const std::string uri = u.str(), url = files(u), path = "/" + u.bucket + "/" + u.key;
+    const util::HttpResponse opened =
+        send(uri, "POST", url + "?action=initiate-upload&overwrite=true", {}, {}, nullptr, {400, 404, 405, 501});
+    if (opened.status >= 300) return false;
+    const auto j = nlohmann::json::parse(opened.body, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("multipart_upload") || !j["multipart_upload"].is_object() ||
+        !j["multipart_upload"].contains("session_token") || !j["multipart_upload"]["session_token"].is_string() ||
+        j["multipart_upload"]["session_token"].get<std::string>().empty()) {
+      return false;
+    }
+    const std::string session = j["multipart_upload"]["session_token"].get<std::string>();
+    const std::string session_query = "&upload_type=multipart&session_token=" + util::url_encode(session);
+    const uint64_t size = object.size();
+    uint64_t part = c.part_size;
+    while ((size + part - 1) / part > 10000) part *= 2;  // a cloud store's multipart upload holds up to 10,000 parts
+    const size_t count = static_cast<size_t>((size + part - 1) / part);
+    std::vector<std::string> etags(count);
+    try {
+      parallel_for(count, c.parallelism, [&](size_t i) {
+        const uint64_t begin = i * part;
+        etags[i] = put_part(uri, path, session, i + 1, object.views(begin, std::min(size - begin, part)));
+      });
+      nlohmann::json done{{"parts", nlohmann::json::array()}};
+      for (size_t i = 0; i < count; ++i) done["parts"].push_back({{"part_number", i + 1}, {"etag", etags[i]}});
+      const std::string body = done.dump();
+      send(uri, "POST", url + "?action=complete-upload" + session_query, {{"Content-Type", "application/json"}},
+           {body});
+    } catch (...) {
+      try {
+        send(uri, "POST", url + "?action=abort-upload" + session_query, {}, {});
+      } catch (const std::exception&) {
+        // The session expires unseen; the first error is the one to report.
+      }
+      throw;
+    }
+    return true;
+  }
+
+  // One part: its presigned URL from the workspace, then a PUT there with the headers the workspace named and none
+  // of the workspace's credentials. Transient failures are retried; an expired URL is replaced (up to 3 times).
+  // Errors never show the URL (its signature is a credential). Returns the ETag the cloud store gave the part.
+  std::string put_part(const std::string& uri, const std::string& path, const std::string& session, size_t number,
+                       const std::vector<std::string_view>& data) {
+    const DbfsConfig& c = config();
+    std::string last_error;
+    int replaced = 0;
+    for (int attempt = 0; attempt < c.max_attempts; ++attempt) {
+      if (attempt > 0) backoff_sleep(attempt, c.backoff_base_s, c.backoff_max_s);
+      Exchange x = part_url(uri, path, session, number);
+      x.payload_parts = data;
+      x.stall_timeout_s = c.stall_timeout_s;
+      bool retryable = false;
+      const util::HttpResponse r = pool_.perform(x, &retryable);
+      if (r.status >= 200 && r.status < 300) {
+        std::string etag = r.header("etag");
+        if (etag.empty())
+          throw Error(kDbfsComponent, fmt::format("{}: part {} was stored without an ETag", uri, number));
+        return etag;
+      }
+      if (r.status == 0) {
+        last_error = fmt::format("part {} PUT failed: {}", number, r.transport_error);
+        if (retryable) continue;
+        throw Error(kDbfsComponent, fmt::format("{}: {}", uri, last_error));
+      }
+      if (presigned_url_expired(r)) {
+        last_error = fmt::format("part {}: the presigned URL expired {} times", number, replaced + 1);
+        if (replaced++ < 3) {
+          --attempt;  // a new URL is not a retry of a failure
+          continue;
+        }
+        throw Error(kDbfsComponent, fmt::format("{}: {}", uri, last_error));
+      }
+      const std::optional<util::XmlElement> doc = util::try_parse_xml(r.body);
+      const std::string code = doc ? doc->child_text("Code") : "";
+      last_error = fmt::format("part {} PUT HTTP {} from the cloud store{}", number, r.status,
+                               code.empty() ? "" : " (" + code + ")");
+      if (retryable_status(r.status)) continue;
+      throw Error(kDbfsComponent, fmt::format("{}: {}", uri, last_error));
+    }
+    throw Error(kDbfsComponent, fmt::format("{}: {} (gave up after {} attempts)", uri, last_error, c.max_attempts));
+  }
+
+  // The PUT of part `number` as create-upload-part-urls describes it: its URL (http or https) and headers.
+  Exchange part_url(const std::string& uri, const std::string& path, const std::string& session, size_t number) {
+    const nlohmann::json ask{{"path", path},
+                             {"session_token", session},
+                             {"start_part_number", number},
+                             {"count", 1},
+                             {"expire_time", an_hour_from_now()}};
+    const std::string body = ask.dump();
+    const util::HttpResponse r = send(uri, "POST", config().host + "/api/2.0/fs/create-upload-part-urls",
+                                      {{"Content-Type", "application/json"}}, {body});
+    const auto j = nlohmann::json::parse(r.body, nullptr, false);
+    const nlohmann::json* entry = nullptr;
+    if (!j.is_discarded() && j.is_object() && j.contains("upload_part_urls") && j["upload_part_urls"].is_array()) {
+      for (const auto& e : j["upload_part_urls"]) {
+        if (e.is_object() && e.contains("part_number") && e["part_number"].is_number_unsigned() &&
+            e["part_number"].get<uint64_t>() == number && e.contains("url") && e["url"].is_string()) {
+          entry = &e;
+        }
+      }
+    }
+    const std::string url = entry != nullptr ? (*entry)["url"].get<std::string>() : "";
+    if (url.rfind("https://", 0) != 0 && url.rfind("http://", 0) != 0) {
+      throw Error(kDbfsComponent,
+                  fmt::format("{}: create-upload-part-urls gave no http(s) URL for part {}", uri, number));
+    }
+    Exchange x{"PUT", url, {{"Content-Type", "application/octet-stream"}}, {}, {}, nullptr, 10, 30};
+    if (entry->contains("headers") && (*entry)["headers"].is_array()) {
+      for (const auto& h : (*entry)["headers"]) {
+        if (!h.is_object() || !h.contains("name") || !h["name"].is_string() || !h.contains("value") ||
+            !h["value"].is_string()) {
+          throw Error(kDbfsComponent,
+                      fmt::format("{}: create-upload-part-urls gave a malformed header for part {}", uri, number));
+        }
+        const std::string name = h["name"].get<std::string>(), value = h["value"].get<std::string>();
+        if (name.find_first_of(":\r\n") != std::string::npos || value.find_first_of("\r\n") != std::string::npos) {
+          throw Error(kDbfsComponent,
+                      fmt::format("{}: create-upload-part-urls gave a malformed header for part {}", uri, number));
+        }
+        auto same = std::find_if(x.headers.begin(), x.headers.end(),
+                                 [&](const auto& kv) { return strcasecmp(kv.first.c_str(), name.c_str()) == 0; });
+        if (same != x.headers.end()) {
+          same->second = value;
+        } else {
+          x.headers.emplace_back(name, value);
+        }
+      }
+    }
+    return x;
+  }
+
   // Sends one request with the workspace's credentials, retrying transient failures; throws naming `uri`. 404 on
-  // HEAD, DELETE and directory listings, and 416 on GET, come back to the caller.
+  // HEAD, DELETE and directory listings, 416 on GET and the statuses in `returned` come back to the caller. `parts`
+  // is a PUT's body, or a POST's JSON as one buffer.
   util::HttpResponse send(const std::string& uri, const std::string& method, const std::string& url,
                           const std::vector<std::pair<std::string, std::string>>& headers,
-                          const std::vector<std::string_view>& parts, const BodySink* sink = nullptr) {
+                          const std::vector<std::string_view>& parts, const BodySink* sink = nullptr,
+                          const std::vector<int>& returned = {}) {
     const DbfsConfig& c = config();
     std::string last_error;
     for (int attempt = 0; attempt < c.max_attempts; ++attempt) {
       if (attempt > 0) backoff_sleep(attempt, c.backoff_base_s, c.backoff_max_s);
-      Exchange x{method, url, headers, {}, parts, sink, 10, c.stall_timeout_s};
+      Exchange x{method, url, headers, {}, {}, sink, 10, c.stall_timeout_s};
+      if (method == "POST") {
+        x.payload = parts.empty() ? std::string_view("") : parts.front();
+      } else {
+        x.payload_parts = parts;
+      }
       x.headers.emplace_back("Authorization", "Bearer " + (c.oauth ? c.oauth->get().session_token : c.token));
       bool retryable = false;
       util::HttpResponse r = pool_.perform(x, &retryable);
@@ -280,6 +459,7 @@ class DbfsBackend final : public Backend {
         return r;
       }
       if (r.status == 416 && method == "GET") return r;
+      if (std::find(returned.begin(), returned.end(), static_cast<int>(r.status)) != returned.end()) return r;
       if (r.status == 401 || r.status == 403) {
         last_error += fmt::format(" (workspace {}; credentials from {})", c.host, c.source);
       }

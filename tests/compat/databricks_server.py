@@ -10,11 +10,23 @@ with DATABRICKS_HOST), and the workspace's OAuth token endpoint for service prin
   OAuth token it issued; anything else answers 401.
 - `GET /oidc/.well-known/oauth-authorization-server` and `POST /oidc/v1/token` (client credentials in HTTP basic
   authentication, scope all-apis) issue OAuth tokens valid for `token_lifetime_s`.
+- Multipart uploads as databricks-sdk's files client makes them through presigned URLs (its IO_OFFLOAD endpoint):
+  `POST /api/2.0/fs/files{path}?action=initiate-upload` opens a session (`multipart_upload.session_token`);
+  `POST /api/2.0/fs/create-upload-part-urls` hands out one signed, expiring URL per part, on this server's
+  `/storage/` (a cloud store: the workspace's credentials must not reach it, and each part must carry the header the
+  URL names); `action=complete-upload` publishes the parts named by part number and ETag, `action=abort-upload` drops
+  the session. `POST /api/2.0/fs/create-download-url` gives a signed URL for a ranged read. With `multipart = False`
+  initiate-upload answers 501 (a workspace with single PUTs only). `expire_urls` hands out that many part URLs
+  already expired (answered as S3 answers them), `part_faults` answers the next part PUTs with those statuses.
 
-Every Files API request is recorded in `seen` as (method, path, auth kind, status)."""
+Every Files API request is recorded in `seen` as (method, path, auth kind, status); every part PUT in `part_puts` as
+(part number, whether it carried an Authorization header, status)."""
 import base64
 import email.utils
+import hashlib
+import hmac
 import http.server
+import json
 import os
 import secrets
 import threading
@@ -31,6 +43,9 @@ class DatabricksServer:
         self.pats, self.oauth_clients, self.oauth_tokens = {token}, {}, {}
         self.token, self.token_lifetime_s, self.page_size = token, token_lifetime_s, page_size
         self.seen, self.token_requests = [], []
+        self.multipart, self.uploads, self.aborted, self.part_puts = True, {}, [], []
+        self.expire_urls, self.part_faults = 0, []
+        self.url_key = secrets.token_bytes(16)
         self.lock = threading.Lock()
         server = self
 
@@ -61,6 +76,16 @@ class DatabricksServer:
                                            "token_endpoint": f"{server.url}/oidc/v1/token"})
                 if url.path == "/oidc/v1/token" and self.command == "POST":
                     return self.token_endpoint(body)
+                if url.path.startswith("/storage/"):
+                    with server.lock:
+                        return self.storage(url.path, query, body)
+                for api in ("/api/2.0/fs/create-upload-part-urls", "/api/2.0/fs/create-download-url"):
+                    if url.path == api and self.command == "POST":
+                        who, refusal = self.auth_kind()
+                        with server.lock:
+                            status = self.error(*refusal) if refusal else self.presign(api, query, body)
+                            server.seen.append((self.command, api, who, status))
+                        return status
                 for api, kind in (("/api/2.0/fs/files", "file"), ("/api/2.0/fs/directories", "dir")):
                     if url.path.startswith(api + "/"):
                         path = urllib.parse.unquote(url.path[len(api):])
@@ -90,6 +115,116 @@ class DatabricksServer:
                 return self.json(200, {"access_token": token, "token_type": "Bearer", "scope": "all-apis",
                                        "expires_in": server.token_lifetime_s})
 
+            def sign(self, *fields):
+                return hmac.new(server.url_key, "\n".join(map(str, fields)).encode(), hashlib.sha256).hexdigest()
+
+            def presign(self, api, query, body):
+                host = self.headers.get("Host")
+                if api.endswith("create-download-url"):
+                    path, expires = query.get("path", [""])[0], int(time.time()) + 3600
+                    if path not in server.files:
+                        return self.error(404, "NOT_FOUND", f"The file {path} does not exist.")
+                    q = urllib.parse.urlencode({"path": path, "expires": expires,
+                                                "sig": self.sign("get", path, expires)})
+                    return self.json(200, {"url": f"http://{host}/storage/get?{q}", "headers": []})
+                ask = json.loads(body)
+                session = server.uploads.get(ask.get("session_token"))
+                if session is None or session["path"] != ask.get("path"):
+                    return self.error(404, "NOT_FOUND", "No such upload session.")
+                first, count = int(ask["start_part_number"]), int(ask["count"])
+                urls = []
+                for number in range(first, first + count):
+                    expires = int(time.time()) + 3600
+                    if server.expire_urls > 0:
+                        server.expire_urls, expires = server.expire_urls - 1, int(time.time()) - 1
+                    token = ask["session_token"]
+                    q = urllib.parse.urlencode({"session": token, "part": number, "expires": expires,
+                                                "sig": self.sign("put", token, number, expires)})
+                    urls.append({"part_number": number, "url": f"http://{host}/storage/put?{q}",
+                                 "headers": [{"name": "x-ms-blob-type", "value": "BlockBlob"}]})
+                return self.json(200, {"upload_part_urls": urls})
+
+            def storage(self, path, query, body):
+                q = {k: v[0] for k, v in query.items()}
+                expired = int(q.get("expires", 0)) < time.time()
+                if path == "/storage/put" and self.command == "PUT":
+                    status = self.store_part(q, body, expired)
+                    server.part_puts.append((int(q.get("part", 0)), "Authorization" in self.headers, status))
+                    return status
+                if path == "/storage/get" and self.command == "GET":
+                    if not hmac.compare_digest(q.get("sig", ""), self.sign("get", q.get("path"), q.get("expires"))):
+                        return self.s3_error(403, "AccessDenied", "Signature mismatch")
+                    if expired:
+                        return self.s3_error(403, "AccessDenied", "Request has expired")
+                    data = server.files[q["path"]]["data"]
+                    rng = self.headers.get("Range")
+                    if rng:
+                        first, _, last = rng[len("bytes="):].partition("-")
+                        first, last = int(first), min(int(last) if last else len(data) - 1, len(data) - 1)
+                        return self.answer(206, memoryview(data)[first:last + 1],
+                                           [("Content-Range", f"bytes {first}-{last}/{len(data)}")])
+                    return self.answer(200, data)
+                return self.s3_error(400, "InvalidRequest", "Unknown storage request")
+
+            def store_part(self, q, body, expired):
+                token, number = q.get("session", ""), int(q.get("part", 0))
+                if not hmac.compare_digest(q.get("sig", ""), self.sign("put", token, number, q.get("expires"))):
+                    return self.s3_error(403, "AccessDenied", "Signature mismatch")
+                if expired:
+                    return self.s3_error(403, "AccessDenied", "Request has expired")
+                if self.headers.get("x-ms-blob-type") != "BlockBlob":
+                    return self.s3_error(400, "MissingRequiredHeader", "x-ms-blob-type was not sent")
+                if server.part_faults:
+                    fault = server.part_faults.pop(0)
+                    return self.s3_error(int(fault), "AccessDenied" if fault == "403" else "InternalError", "fault")
+                if token not in server.uploads:
+                    return self.s3_error(404, "NoSuchUpload", "The upload does not exist")
+                etag = '"' + hashlib.md5(body).hexdigest() + '"'
+                server.uploads[token]["parts"][number] = (etag, body)
+                return self.answer(200, headers=[("ETag", etag)])
+
+            def s3_error(self, status, code, message):
+                xml = f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{code}</Code><Message>{message}</Message>" \
+                      "</Error>"
+                return self.answer(status, xml.encode(), [("Content-Type", "application/xml")])
+
+            def multipart_action(self, path, query, body):
+                action = query["action"][0]
+                if action == "initiate-upload":
+                    if not server.multipart:
+                        return self.error(501, "NOT_IMPLEMENTED", "Multipart uploads are not enabled.")
+                    token = "mpu-" + secrets.token_hex(12)
+                    server.uploads[token] = {"path": path, "parts": {},
+                                             "overwrite": query.get("overwrite", ["false"])[0] == "true"}
+                    return self.json(200, {"multipart_upload": {"session_token": token}})
+                token = query.get("session_token", [""])[0]
+                session = server.uploads.get(token)
+                if session is None or session["path"] != path or query.get("upload_type") != ["multipart"]:
+                    return self.error(404, "NOT_FOUND", "No such upload session.")
+                if action == "abort-upload":
+                    server.aborted.append(path)
+                    del server.uploads[token]
+                    return self.json(200, {})
+                if action != "complete-upload":
+                    return self.error(400, "INVALID_PARAMETER_VALUE", f"Unknown action {action}.")
+                named = json.loads(body)["parts"]
+                if [p["part_number"] for p in named] != list(range(1, len(session["parts"]) + 1)) or any(
+                        session["parts"][p["part_number"]][0] != p["etag"] for p in named):
+                    return self.error(400, "INVALID_PARAMETER_VALUE", "The parts do not match the upload.")
+                if path in server.files and not session["overwrite"]:
+                    return self.error(409, "ALREADY_EXISTS", f"The file {path} already exists.")
+                del server.uploads[token]
+                return self.publish(path, b"".join(session["parts"][p["part_number"]][1] for p in named))
+
+            def publish(self, path, data):
+                now = time.time()
+                server.files[path] = {"data": data, "mtime": now, "modified": email.utils.formatdate(now, usegmt=True)}
+                parent = path.rsplit("/", 1)[0]
+                while parent.count("/") >= 5:
+                    server.dirs.add(parent)
+                    parent = parent.rsplit("/", 1)[0]
+                return self.answer(204) if self.command == "PUT" else self.json(200, {})
+
             def in_volume(self, path):
                 parts = path.split("/")
                 return len(parts) >= 5 and parts[1] == "Volumes" and "/".join(parts[:5]) in server.volumes
@@ -98,17 +233,12 @@ class DatabricksServer:
                 if not self.in_volume(path) or path.endswith("/"):
                     return self.error(404, "NOT_FOUND", f"The path {path} is not in an existing volume.")
                 item = server.files.get(path)
+                if self.command == "POST" and "action" in query:
+                    return self.multipart_action(path, query, body)
                 if self.command == "PUT":
                     if item is not None and query.get("overwrite", ["false"])[0] != "true":
                         return self.error(409, "ALREADY_EXISTS", f"The file {path} already exists.")
-                    now = time.time()
-                    server.files[path] = {"data": body, "mtime": now, "modified": email.utils.formatdate(
-                        now, usegmt=True)}
-                    parent = path.rsplit("/", 1)[0]
-                    while parent.count("/") >= 5:
-                        server.dirs.add(parent)
-                        parent = parent.rsplit("/", 1)[0]
-                    return self.answer(204)
+                    return self.publish(path, body)
                 if item is None:
                     return self.error(404, "NOT_FOUND", f"The file {path} does not exist.")
                 if self.command == "DELETE":
@@ -183,20 +313,22 @@ class DatabricksServer:
 
     def env(self, host=None, **extra):
         """The environment of a process using the workspace with its personal access token (or what `extra` says),
-        with no Databricks settings of the user's; databricks-sdk in it uses the plain Files API."""
+        with no Databricks settings of the user's; databricks-sdk in it uses its default files client (presigned URLs
+        for downloads and large uploads)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("DATABRICKS_")}
         env.update(DATABRICKS_HOST=host or self.url, DATABRICKS_TOKEN=self.token, TESSERA_DBFS_MAX_ATTEMPTS="6",
-                   DATABRICKS_DISABLE_EXPERIMENTAL_FILES_API_CLIENT="true",
                    DATABRICKS_CONFIG_FILE=os.devnull)
         env.update(extra)
         return {k: v for k, v in env.items() if v is not None}
 
-    def client(self):
+    def client(self, files_ext=True, **config):
+        """databricks-sdk's client with `config`'s settings: its default files client (presigned URLs for downloads
+        and uploads above 50 MiB), or without `files_ext` the plain Files API client."""
         from databricks.sdk import WorkspaceClient
         from databricks.sdk.config import Config
 
         return WorkspaceClient(config=Config(host=self.url, token=self.token,
-                                             disable_experimental_files_api_client=True))
+                                             disable_experimental_files_api_client=not files_ext, **config))
 
 
 if __name__ == "__main__":  # a server process of its own (the benchmark): prints its URL, serves until killed

@@ -8,7 +8,10 @@ Databricks workspace (tests/compat/databricks_server.py) with databricks-sdk and
 - a missing volume fails the run before training, naming it;
 - OAuth machine-to-machine tokens (a service principal from ~/.databrickscfg) are refreshed as they expire mid-run,
   and a wrong secret or token is a clear error that does not print it;
-- transient failures (500, 503, resets, stalls) are retried, and a failed upload publishes nothing.
+- transient failures (500, 503, resets, stalls) are retried, and a failed upload publishes nothing;
+- large files go in parts through presigned URLs both ways as databricks-sdk's files client sends them (expired
+  URLs replaced, a refused part aborts the upload, the workspace's token never reaches the cloud store), and a
+  workspace without multipart uploads gets single PUTs.
 """
 import os
 
@@ -181,3 +184,60 @@ def test_transient_failures_are_retried_and_a_failed_upload_publishes_nothing(tm
     finally:
         server.stop()
         proxy.stop()
+
+
+def test_large_files_go_in_parts_through_presigned_urls_as_databricks_sdk_sends_them(workspace, volume, tmp_path):
+    import io
+
+    sdk = workspace.client()  # databricks-sdk's default files client: 60 MiB in 10 MiB parts
+    data = os.urandom(60 << 20)
+    puts = len(workspace.part_puts)
+    sdk.files.upload(sdk_path(f"{volume}/sdk.bin"), io.BytesIO(data), overwrite=True)
+    assert len(workspace.part_puts) - puts == 6
+    puts = len(workspace.part_puts)
+
+    # Tessera in 1 MiB parts above 1 MiB: a mapped file and one of several buffers (cut off part boundaries), with two
+    # part URLs handed out already expired and a part answered 503 on the way.
+    env = workspace.env(TESSERA_DBFS_MULTIPART_THRESHOLD_MB="1", TESSERA_DBFS_PART_SIZE_MB="1")
+    mine = os.urandom((11 << 19) + 7)
+    (tmp_path / "mine.bin").write_bytes(mine)
+    workspace.expire_urls, workspace.part_faults = 2, ["503"]
+    out = run_batch(env, [{"op": "download", "uri": f"{volume}/sdk.bin", "path": str(tmp_path / "sdk.bin")},
+                          {"op": "put_file", "path": str(tmp_path / "mine.bin"), "uri": f"{volume}/mine.bin"},
+                          {"op": "put_parts", "path": str(tmp_path / "mine.bin"), "cuts": [1000, 3 << 20],
+                           "uri": f"{volume}/parts.bin"}], tmp_path)
+    assert [r.get("error") for r in out["results"]] == [None] * 3
+    assert (tmp_path / "sdk.bin").read_bytes() == data
+    assert sdk.files.download(sdk_path(f"{volume}/mine.bin")).contents.read() == mine
+    assert read_back(workspace, f"{volume}/parts.bin") == mine
+    parts = workspace.part_puts[puts:]
+    assert sorted(n for n, _, status in parts if status < 300) == sorted(list(range(1, 7)) * 2), parts
+    assert sorted(status for _, _, status in parts if status >= 300) == [403, 403, 503], parts
+    assert not any(auth for _, auth, _ in parts)  # the workspace's token stays with the workspace
+    assert not workspace.uploads  # every session was completed
+
+    # A part the cloud store refuses: the upload is aborted, the older file stays, and the error names the URI and
+    # the part but not the URL (its signature is a credential).
+    puts = len(workspace.part_puts)
+    workspace.part_faults = ["403"]
+    (tmp_path / "other.bin").write_bytes(mine[::-1])
+    out = run_batch(env, [{"op": "put_file", "path": str(tmp_path / "other.bin"), "uri": f"{volume}/mine.bin"}],
+                    tmp_path, "refused")
+    err = out["results"][0]["error"]
+    assert f"{volume}/mine.bin: part" in err and "PUT HTTP 403 from the cloud store (AccessDenied)" in err, err
+    assert "sig=" not in err and "/storage/" not in err, err
+    assert workspace.aborted[-1] == sdk_path(f"{volume}/mine.bin") and not workspace.uploads
+    assert read_back(workspace, f"{volume}/mine.bin") == mine
+    assert [status for _, _, status in workspace.part_puts[puts:] if status >= 300] == [403]
+
+    # A workspace that offers single PUTs only gets one.
+    puts = len(workspace.part_puts)
+    workspace.multipart = False
+    try:
+        out = run_batch(env, [{"op": "put_file", "path": str(tmp_path / "other.bin"), "uri": f"{volume}/mine.bin"}],
+                        tmp_path, "single")
+    finally:
+        workspace.multipart = True
+    assert out["results"][0].get("error") is None
+    assert read_back(workspace, f"{volume}/mine.bin") == mine[::-1]
+    assert len(workspace.part_puts) == puts
