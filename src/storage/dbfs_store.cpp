@@ -248,7 +248,9 @@ class DbfsBackend final : public Backend {
     const std::string uri = u.str();
     const util::HttpResponse r = send(uri, "HEAD", files(u), {}, {});
     if (r.status == 404) return std::nullopt;
-    return ObjectInfo{uri, byte_count(r.header("content-length"), uri, "a Content-Length", kDbfsComponent), ""};
+    // The Files API sends no ETag: the version write_if compares is the file's Last-Modified (to the second).
+    return ObjectInfo{uri, byte_count(r.header("content-length"), uri, "a Content-Length", kDbfsComponent),
+                      r.header("last-modified")};
   }
 
  private:

@@ -118,6 +118,11 @@ std::string shown_url(const std::string& url) {
   return url.substr(0, url.find('?'));
 }
 
+// Whether `id` is a full commit id (40 hex digits), safe in a URL's path.
+bool is_commit_id(const std::string& id) {
+  return id.size() == 40 && id.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
 // How many ranges of a download, or LFS PUTs of an upload, are in flight at once.
 int hf_parallelism() {
   return env_int("TESSERA_HF_PARALLELISM", 8, 1, 256, kHfComponent);
@@ -179,8 +184,11 @@ class HubWrite {
  public:
   HubWrite(const Uri& where, HfLocation l) : where_(where.str()), l_(std::move(l)), hub_(hf_client(where)) {}
 
-  // One commit adding `files` and deleting `deleted` (paths in the repository).
-  void commit(std::vector<HubFile>& files, const std::vector<std::string>& deleted, const std::string& summary) {
+  // One commit adding `files` and deleting `deleted` (paths in the repository). With `parent` (a commit id) the Hub
+  // makes it only while the branch still points there: nullopt when it has moved on (HTTP 412). Otherwise the new
+  // commit's id ("" when the Hub names none).
+  std::optional<std::string> commit(std::vector<HubFile>& files, const std::vector<std::string>& deleted,
+                                    const std::string& summary, const std::string& parent = "") {
     measure(files);
     if (!files.empty()) preupload(files);
     std::vector<const HubFile*> lfs;
@@ -188,8 +196,9 @@ class HubWrite {
       if (f.lfs) lfs.push_back(&f);
     }
     if (!lfs.empty()) upload_lfs(lfs);
-    std::string ndjson =
-        nlohmann::json{{"key", "header"}, {"value", {{"summary", summary}, {"description", ""}}}}.dump();
+    nlohmann::json header{{"summary", summary}, {"description", ""}};
+    if (!parent.empty()) header["parentCommit"] = parent;
+    std::string ndjson = nlohmann::json{{"key", "header"}, {"value", header}}.dump();
     for (const HubFile& f : files) {
       if (f.lfs) {
         ndjson +=
@@ -210,7 +219,14 @@ class HubWrite {
     }
     const std::string path = api("commit");
     const util::HttpResponse r = hub_post(hub_, path, ndjson, "application/x-ndjson");
+    if (r.status == 412 && !parent.empty()) return std::nullopt;
     if (r.status != 200 && r.status != 201) refused(hub_, where_, "commit", r);
+    const auto j = nlohmann::json::parse(r.body, nullptr, false);
+    if (j.is_object() && j.contains("commitOid") && j["commitOid"].is_string()) {
+      const std::string id = j["commitOid"].get<std::string>();
+      if (is_commit_id(id)) return id;
+    }
+    return std::string();
   }
 
   // What the Hub says about `files` before any of them goes up: a token without write access, a missing revision
@@ -594,9 +610,44 @@ class HfBackend final : public Backend {
     return out;
   }
 
-  std::optional<ObjectInfo> stat(const Uri& u) override {
+  std::optional<ObjectInfo> stat(const Uri& u) override { return stat_at(u, hf_locate(u)); }
+
+  // A conditional write checked by the Hub: the file is compared at the branch's current commit, and the commit that
+  // writes it names that commit as its parent, so the Hub refuses it (412) if anything was committed in between.
+  std::optional<std::string> put_if(const Uri& u, std::string_view data,
+                                    const std::optional<std::string>& expected) override {
+    const HfLocation l = file_location(u);
     const util::HubClient hub = hf_client(u);
-    const std::string path = hf_resolve_path(hf_locate(u));
+    std::string parent;  // none for a repository or branch the Hub does not have yet: the commit creates it
+    const std::string info = fmt::format("/api/{}/{}/revision/{}", l.kind, l.repo, util::url_encode(l.revision));
+    const util::HttpResponse r = hub.send("GET", info, nullptr, true);
+    if (r.status != 404) {
+      if (r.status != 200) hub.fail("GET", info, r);
+      const auto j = nlohmann::json::parse(r.body, nullptr, false);
+      if (j.is_object() && j.contains("sha") && j["sha"].is_string()) parent = j["sha"].get<std::string>();
+      if (!is_commit_id(parent)) {
+        throw Error(kHfComponent,
+                    fmt::format("{}: {}{} named no commit of revision {}", u.str(), hub.endpoint(), info, l.revision));
+      }
+    }
+    HfLocation at = l;
+    at.revision = parent;
+    const std::optional<ObjectInfo> now = parent.empty() ? std::nullopt : stat_at(u, at);
+    if (now.has_value() != expected.has_value() || (now && now->etag != *expected)) return std::nullopt;
+    std::vector<HubFile> files{HubFile(l.path, {data})};
+    const std::optional<std::string> made =
+        HubWrite(u, l).commit(files, {}, fmt::format("Upload {} with Tessera", l.path), parent);
+    if (!made) return std::nullopt;
+    at.revision = made->empty() ? l.revision : *made;
+    const std::optional<ObjectInfo> after = stat_at(u, at);
+    return after ? after->etag : std::string();
+  }
+
+  // The file at location `l` (its revision may be a commit id): its size and its ETag as huggingface_hub reads it
+  // (an LFS file's SHA-256 from X-Linked-Etag, else the git blob id), without quotes.
+  static std::optional<ObjectInfo> stat_at(const Uri& u, const HfLocation& l) {
+    const util::HubClient hub = hf_client(u);
+    const std::string path = hf_resolve_path(l);
     const auto r = hub.send("HEAD", path, nullptr, false);
     if (r.status == 404) return std::nullopt;
     if (r.status < 200 || r.status >= 400) hub.fail("HEAD", path, r);
@@ -606,7 +657,9 @@ class HfBackend final : public Backend {
       throw Error(kHfComponent,
                   fmt::format("{}: the Hub sent size \"{}\", not a byte count", u.str(), size.substr(0, 40)));
     }
-    return ObjectInfo{u.str(), bytes, ""};
+    std::string etag = r.header("x-linked-etag").empty() ? r.header("etag") : r.header("x-linked-etag");
+    if (etag.rfind("W/", 0) == 0) etag.erase(0, 2);
+    return ObjectInfo{u.str(), bytes, strip_quotes(etag)};
   }
 
   // The Hub's preupload answer for an empty probe file, which needs write access: no commit for a check.

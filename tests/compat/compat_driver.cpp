@@ -528,6 +528,7 @@ int storage_batch(const std::string& ops_path, const std::string& out_path) {
       } else if (name == "stat") {
         const auto s = storage::stat(op.at("uri"));
         r["size"] = s ? nlohmann::json(s->size) : nlohmann::json();
+        if (s) r["etag"] = s->etag;
       }
     } catch (const tessera::Error& e) {
       r["error"] = e.what();

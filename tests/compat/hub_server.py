@@ -20,7 +20,9 @@ Writes, as huggingface_hub's create_commit makes them (every one needs the token
   an object whose bytes do not hash to its oid is refused;
 - `POST /{prefix}{repo}.git/info/lfs/objects/verify` ({oid, size});
 - `POST /api/{kind}/{repo}/commit/{rev}` (NDJSON: header, file, lfsFile, deletedFile, deletedFolder lines): applied
-  whole or not at all, recorded in `repo["commits"]` (summary, added, deleted), a new commit sha.
+  whole or not at all, recorded in `repo["commits"]` (summary, added, deleted), a new commit sha; a header naming a
+  `parentCommit` that is not the branch's commit any more answers 412, as the Hub does. `before_commit(repo)`, when
+  set, runs once just before the next commit is checked (another writer's commit landing first).
 
 Every request is recorded in `seen` (method, path, whether it carried the token)."""
 import base64
@@ -39,6 +41,7 @@ class HubServer:
         self.read_token = "hf_read_only_token_for_tests"
         self.lfs_threshold, self.multipart_threshold, self.chunk_size = 10 * 1024 * 1024, 64 * 1024 * 1024, 16 << 20
         self.ignored, self.lfs_objects, self.parts, self.storage_url = set(), {}, {}, None
+        self.before_commit = None
         self.lock = threading.Lock()
         hub = self
 
@@ -235,6 +238,13 @@ class HubServer:
                 lines = [json.loads(line) for line in body.decode().splitlines() if line.strip()]
                 if not lines or lines[0]["key"] != "header" or not lines[0]["value"].get("summary"):
                     return self.refuse(400, "BadRequest", "a commit starts with a header line with a summary")
+                hook, hub.before_commit = hub.before_commit, None
+                if hook:
+                    hook(repo)
+                parent = lines[0]["value"].get("parentCommit")
+                if parent is not None and parent != repo["commit"]:
+                    return self.refuse(412, "PreconditionFailed", "A commit has happened since. Please refresh and "
+                                                                  "try again.")
                 files, lfs_names, added, deleted = dict(repo["files"]), dict(repo["lfs"]), [], []
                 for line in lines[1:]:
                     value = line["value"]

@@ -304,3 +304,37 @@ def test_transient_failures_are_retried_and_a_failed_upload_commits_nothing(hub,
         assert hub.repos["org/faults"]["files"] == before and len(hub.repos["org/faults"]["commits"]) == 1
     finally:
         proxy.stop()
+
+
+def test_conditional_writes_are_checked_by_the_hub(hub, tmp_path):
+    """storage::write_if on hf:// (how a checkpoint's `latest` is written): compared at the branch's commit, then
+    committed with that commit as `parentCommit`, so a commit another writer lands in between makes the Hub refuse
+    Tessera's; the ETag is the one huggingface_hub reads (the git blob id, an LFS file's SHA-256)."""
+    from remote_training import conditional_writes
+
+    env = env_for(hub, tmp_path)
+    conditional_writes(env, tmp_path, "hf://org/cond")
+    data = hub.repos["org/cond"]["files"]["cond/latest"]
+    etag = peer(hub, tmp_path, "from huggingface_hub import get_hf_file_metadata, hf_hub_url\n"
+                               "print(get_hf_file_metadata(hf_hub_url('org/cond', 'cond/latest'), token=api.token).etag)")
+    out = run_batch(env, [{"op": "put_if", "uri": "hf://org/cond/cond/latest", "data": data.decode(),
+                           "expected": etag}], tmp_path, "same")
+    assert out["results"][0]["etag"] == etag  # its own bytes: the ETag huggingface_hub reads
+
+    def another_writer(repo):
+        repo["files"]["cond/latest"] = b"ep0-ba8 from another writer"
+        repo["commit"] = "f" * 40
+
+    hub.before_commit = another_writer
+    commits = len(hub.repos["org/cond"]["commits"])
+    out = run_batch(env, [{"op": "put_if", "uri": "hf://org/cond/cond/latest", "data": "ep0-ba10", "expected": etag},
+                          {"op": "get", "uri": "hf://org/cond/cond/latest"}], tmp_path, "race")
+    assert out["results"][0] == {"etag": None}, out
+    assert out["results"][1]["data"] == "ep0-ba8 from another writer"
+    assert len(hub.repos["org/cond"]["commits"]) == commits  # the Hub made no commit of Tessera's
+
+    big = os.urandom(2 << 20)  # an LFS file: its ETag is its SHA-256
+    (tmp_path / "big.bin").write_bytes(big)
+    out = run_batch(env, [{"op": "put_file", "path": str(tmp_path / "big.bin"), "uri": "hf://org/cond/big.bin"},
+                          {"op": "stat", "uri": "hf://org/cond/big.bin"}], tmp_path, "lfs")
+    assert out["results"][1]["etag"] == __import__("hashlib").sha256(big).hexdigest(), out
