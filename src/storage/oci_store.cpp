@@ -54,6 +54,10 @@ struct OciConfig {
   std::string token_file;  // a session's security_token_file (`oci session authenticate`): keyId "ST$<token>"
   std::shared_ptr<CredentialProvider> principal;  // an instance principal's tokens (session_token), keyId "ST$<token>"
   std::shared_ptr<EVP_PKEY> key;
+  // A resource principal's private key as a file the platform rewrites with its token: read at every signing, with
+  // its passphrase (the text, or a file's when the key is a file).
+  std::string key_file, key_pass;
+  std::string refresh_hint;    // how an expired token is renewed, for a 401's message
   std::string source;          // the config file and profile, for messages
   std::string namespace_name;  // resolved on first use when a URI does not name it
   int max_attempts = 5;
@@ -79,7 +83,7 @@ std::string session_token(const OciConfig& c) {
   while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
   if (!token_text(token)) {
     throw ConfigError(kOciComponent, fmt::format("{}: not a session token (the security_token_file `oci session "
-                                                 "authenticate` writes)",
+                                                 "authenticate` writes, or a resource principal's token)",
                                                  c.token_file));
   }
   return token;
@@ -294,6 +298,65 @@ std::string use_instance_principal(OciConfig& c) {
   return region;
 }
 
+// ---- resource principals (OCI_CLI_AUTH=resource_principal: OCI Functions, Data Science jobs and notebooks), version
+// 2.2 as the SDKs' EphemeralResourcePrincipalSigner reads it: OCI_RESOURCE_PRINCIPAL_RPST (the session token) and
+// OCI_RESOURCE_PRINCIPAL_PRIVATE_PEM (its key, with OCI_RESOURCE_PRINCIPAL_PRIVATE_PEM_PASSPHRASE), each the value
+// itself or an absolute path to a file the platform rewrites (then read at every signing), and
+// OCI_RESOURCE_PRINCIPAL_REGION. The older versions (1.1, 2.1) fetch tokens from endpoints and are refused.
+std::string use_resource_principal(OciConfig& c) {
+  const std::string version = aws::env("OCI_RESOURCE_PRINCIPAL_VERSION");
+  if (version != "2.2") {
+    throw ConfigError(kOciComponent, fmt::format("OCI_CLI_AUTH=resource_principal: OCI_RESOURCE_PRINCIPAL_VERSION is "
+                                                 "\"{}\"; Tessera takes version 2.2 (the session token and its key in "
+                                                 "the environment, as OCI Functions and Data Science set them)",
+                                                 version.substr(0, 20)));
+  }
+  const auto need = [](const char* variable) {
+    const std::string value = aws::env(variable);
+    if (value.empty()) {
+      throw ConfigError(kOciComponent,
+                        fmt::format("OCI_CLI_AUTH=resource_principal: {} is not set (resource principal 2.2 needs "
+                                    "OCI_RESOURCE_PRINCIPAL_RPST, _PRIVATE_PEM and _REGION)",
+                                    variable));
+    }
+    return value;
+  };
+  const std::string rpst = need("OCI_RESOURCE_PRINCIPAL_RPST"), pem = need("OCI_RESOURCE_PRINCIPAL_PRIVATE_PEM");
+  const std::string region = need("OCI_RESOURCE_PRINCIPAL_REGION");
+  std::string pass = aws::env("OCI_RESOURCE_PRINCIPAL_PRIVATE_PEM_PASSPHRASE");
+  c.source = "the resource principal (OCI_RESOURCE_PRINCIPAL_RPST)";
+  if (rpst.front() == '/') {
+    c.refresh_hint = fmt::format("; the platform renews the token in {}", rpst);
+    c.token_file = rpst;
+    (void)session_token(c);  // readable now, not at the first request
+  } else if (token_text(rpst)) {
+    c.key_id = "ST$" + rpst;
+  } else {
+    throw ConfigError(kOciComponent, "OCI_RESOURCE_PRINCIPAL_RPST: neither a session token nor an absolute path");
+  }
+  if (pem.front() == '/') {
+    if (!pass.empty() && pass.front() == '/') pass = util::read_file(pass, kOciComponent);
+    c.key_file = pem;
+    c.key_pass = pass;
+    c.key = rsa_key_from_pem(util::read_file(pem, kOciComponent), pass);
+  } else {
+    c.key = rsa_key_from_pem(pem, pass);
+  }
+  if (!c.key) {
+    throw ConfigError(
+        kOciComponent,
+        fmt::format("OCI_RESOURCE_PRINCIPAL_PRIVATE_PEM{}: not an RSA private key in PEM{}",
+                    pem.front() == '/' ? " (" + pem + ")" : "", pass.empty() ? "" : " or a wrong passphrase"));
+  }
+  if (region.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") != std::string::npos ||
+      region.find('-') == std::string::npos) {
+    throw ConfigError(kOciComponent, fmt::format("OCI_RESOURCE_PRINCIPAL_REGION \"{}\": not a region's canonical name "
+                                                 "(like us-ashburn-1)",
+                                                 region.substr(0, 40)));
+  }
+  return region;
+}
+
 // The API key of a profile in the OCI config file (OCI_CONFIG_FILE or the CLI's OCI_CLI_CONFIG_FILE, else
 // ~/.oci/config; profile OCI_CLI_PROFILE, else DEFAULT, whose keys every other profile inherits, as the SDKs read it),
 // or the session of a profile with a security_token_file (`oci session authenticate`; its key_file is the session's
@@ -318,6 +381,7 @@ std::string api_key_or_session(OciConfig& c) {
     return settings.at(key);
   };
   if (session) {
+    c.refresh_hint = "; an expired session needs `oci session refresh`";
     c.token_file = expand_home(settings.at("security_token_file"));
     (void)session_token(c);  // readable now, not at the first request
   } else {
@@ -341,9 +405,11 @@ OciConfig oci_config_from_environment() {
   const std::string auth_kind = aws::env("OCI_CLI_AUTH");
   if (auth_kind == "instance_principal") {
     region = use_instance_principal(c);
+  } else if (auth_kind == "resource_principal") {
+    region = use_resource_principal(c);
   } else if (!auth_kind.empty() && auth_kind != "api_key" && auth_kind != "security_token") {
-    throw ConfigError(kOciComponent, fmt::format("OCI_CLI_AUTH={}: Tessera signs with api_key, security_token or "
-                                                 "instance_principal (resource principals are not supported)",
+    throw ConfigError(kOciComponent, fmt::format("OCI_CLI_AUTH={}: Tessera signs with api_key, security_token, "
+                                                 "instance_principal or resource_principal",
                                                  auth_kind));
   } else {
     region = api_key_or_session(c);
@@ -536,7 +602,12 @@ class OciBackend final : public Backend {
     std::string key_id = c.key_id;
     if (!c.token_file.empty()) key_id = "ST$" + session_token(c);
     if (c.principal) key_id = "ST$" + c.principal->get().session_token;
-    return http_signature(c.key.get(), key_id, c.host, method, path_and_query, headers, json_body, c.source);
+    std::shared_ptr<EVP_PKEY> key = c.key;
+    if (!c.key_file.empty()) {  // rewritten with the token: the key that goes with the token just read
+      key = rsa_key_from_pem(util::read_file(c.key_file, kOciComponent), c.key_pass);
+      if (!key) throw Error(kOciComponent, fmt::format("{}: not an RSA private key in PEM any more", c.key_file));
+    }
+    return http_signature(key.get(), key_id, c.host, method, path_and_query, headers, json_body, c.source);
   }
 
   // Signs and sends one request, retrying transient failures; throws naming `uri`. 404 on HEAD and DELETE, and 416
@@ -578,8 +649,7 @@ class OciBackend final : public Backend {
       if (r.status == 416 && method == "GET") return r;
       if (method == "PUT" && (code == "IfMatchFailed" || code == "IfNoneMatchFailed")) return r;  // (conditional)
       if (r.status == 401 || r.status == 403) {
-        last_error += fmt::format(" (credentials: {}{})", c.source,
-                                  c.token_file.empty() ? "" : "; an expired session needs `oci session refresh`");
+        last_error += fmt::format(" (credentials: {}{})", c.source, c.refresh_hint);
       }
       throw Error(kOciComponent, fmt::format("{}: {}", uri, last_error));
     }

@@ -9,6 +9,8 @@ ObjectStorageClient as the peer:
 - checkpoints saved to oci:// autoresume past a corrupt and an interrupted one, bitwise;
 - a missing bucket fails the run before training, naming it; a key the service does not know is refused naming the
   config file and profile, without printing the key;
+- session tokens, instance principals and resource principals (2.2) sign as the SDK's signers do, and a token
+  renewed in its file is picked up by a running process;
 - transient failures (500, 503, resets, stalls) are retried, and a failed multipart upload publishes nothing.
 """
 import json
@@ -131,6 +133,67 @@ def test_a_session_token_signs_and_a_refreshed_one_is_picked_up_mid_run(oci_stor
     err = run_batch(env, [{"op": "get", "uri": "oci://session/a"}], tmp_path, "expired")["results"][0]["error"]
     assert "GET HTTP 401" in err and f"the session token of {config} [DEFAULT]" in err, err
     assert "oci session refresh" in err and "token-two" not in err, err
+
+
+def test_a_resource_principal_signs_as_the_sdk_does_and_its_rewritten_token_is_picked_up(oci_store, tmp_path):
+    # OCI_CLI_AUTH=resource_principal, version 2.2 as OCI Functions and Data Science jobs set it: the session token
+    # (RPST) and its key in the environment, each the value itself or a path to a file the platform rewrites. The
+    # SDK's own get_resource_principals_signer() with the same environment is the peer: each reads what the other
+    # wrote (the server checks every signature with the SDK's SecurityTokenSigner).
+    import subprocess
+    import sys
+    import time
+
+    import jwt
+
+    def token(n):
+        now = int(time.time())
+        return jwt.encode({"iat": now, "exp": now + 3600, "res_tenant": "ocid1.tenancy.oc1..aaaatesseratenancy",
+                           "res_compartment": "ocid1.compartment.oc1..aaaatessera", "n": n},
+                          "the service signs tokens; nobody checks this key", algorithm="HS256")
+
+    oci_store.create_bucket("rp")
+    folder = os.path.dirname(oci_store.start_session(token(1)))
+    key_file, token_file = os.path.join(folder, "session_key.pem"), os.path.join(folder, "session_token")
+    rp = dict(OCI_CLI_AUTH="resource_principal", OCI_RESOURCE_PRINCIPAL_VERSION="2.2",
+              OCI_RESOURCE_PRINCIPAL_REGION="us-ashburn-1", OCI_CONFIG_FILE=str(tmp_path / "no-config"))
+    inline = oci_store.env(**rp, OCI_RESOURCE_PRINCIPAL_RPST=oci_store.session_token,
+                           OCI_RESOURCE_PRINCIPAL_PRIVATE_PEM=open(key_file).read())
+    files = oci_store.env(**rp, OCI_RESOURCE_PRINCIPAL_RPST=token_file, OCI_RESOURCE_PRINCIPAL_PRIVATE_PEM=key_file)
+    seen_before = len(oci_store.seen)
+    out = run_batch(inline, [{"op": "put", "uri": "oci://rp/inline", "data": "signed with the inline token"}],
+                    tmp_path, "inline")
+    assert out["results"] == [{}], out
+    oci_store.start_session(token(2))  # the platform rewrote the token file: the server takes only the new token
+    out = run_batch(files, [{"op": "put", "uri": "oci://rp/files", "data": "signed with the token file"},
+                            {"op": "get", "uri": "oci://rp/inline"}], tmp_path, "files")
+    assert out["results"] == [{}, {"data": "signed with the inline token"}], out
+    assert all(s[2] != 401 for s in oci_store.seen[seen_before:])
+
+    peer = ("import oci, sys\n"
+            "signer = oci.auth.signers.get_resource_principals_signer()\n"
+            f"client = oci.object_storage.ObjectStorageClient({{'region': 'us-ashburn-1'}}, signer=signer, "
+            f"service_endpoint={oci_store.url!r})\n"
+            "ns = client.get_namespace().data\n"
+            "print(client.get_object(ns, 'rp', 'files').data.content.decode())\n"
+            "client.put_object(ns, 'rp', 'from-sdk', b'written by the SDK')\n")
+    proc = subprocess.run([sys.executable, "-c", peer], env=files, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "signed with the token file"
+    out = run_batch(files, [{"op": "get", "uri": "oci://rp/from-sdk"}], tmp_path, "peer")
+    assert out["results"] == [{"data": "written by the SDK"}], out
+
+    out = run_batch({**files, "OCI_RESOURCE_PRINCIPAL_VERSION": "2.1"}, [{"op": "stat", "uri": "oci://rp/files"}],
+                    tmp_path, "v21")
+    assert "OCI_RESOURCE_PRINCIPAL_VERSION is \"2.1\"; Tessera takes version 2.2" in out["results"][0]["error"]
+    out = run_batch({**files, "OCI_RESOURCE_PRINCIPAL_PRIVATE_PEM": ""}, [{"op": "stat", "uri": "oci://rp/files"}],
+                    tmp_path, "nokey")
+    assert "OCI_RESOURCE_PRINCIPAL_PRIVATE_PEM is not set" in out["results"][0]["error"]
+    oci_store.session_token = "expired-" + oci_store.session_token  # the server moved on; the file did not
+    out = run_batch(files, [{"op": "stat", "uri": "oci://rp/files"}], tmp_path, "stale")
+    err = out["results"][0]["error"]
+    assert "HTTP 401" in err and f"the platform renews the token in {token_file}" in err, err
+    assert token(2).split(".")[1] not in err
 
 
 def test_an_instance_principal_signs_as_the_sdk_does_and_its_token_is_refreshed(oci_store, tmp_path, monkeypatch):
