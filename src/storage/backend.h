@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tessera/storage/storage.h"
+#include "tessera/util/http.h"
 
 namespace tessera::storage {
 
@@ -43,10 +44,8 @@ class Backend {
 // The backend of an object store's URI (not a local path).
 Backend& backend_of(const Uri& u);
 
-// What the store clients share besides the transport (storage.cpp).
-// An integer setting from the environment: `fallback` when unset, else a whole number in [lo, hi] or a ConfigError
-// naming the variable (tagged with `component`).
-int env_int(const char* name, int fallback, int lo, int hi, const char* component);
+// What the store clients share besides the transport (storage.cpp; env_int is util/http.h's).
+using util::env_int;
 // A byte count a server sent (a listing's size, Content-Length); empty is 0. Anything else is an Error naming `where`
 // and `what` (tagged with `component`), not std::stoull's exceptions.
 uint64_t byte_count(std::string_view text, const std::string& where, const char* what, const char* component);

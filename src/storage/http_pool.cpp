@@ -6,13 +6,9 @@
 
 #include <algorithm>
 #include <cctype>
-#include <chrono>
-#include <cmath>
 #include <cstring>
 #include <exception>
 #include <mutex>
-#include <random>
-#include <thread>
 
 #include "tessera/util/error.h"
 
@@ -215,16 +211,6 @@ util::HttpResponse HttpPool::perform(const Exchange& x, bool* retryable) {
   }
   idle_->release(h);
   return response;
-}
-
-bool retryable_status(long status) {  // NOLINT(google-runtime-int)
-  return status == 429 || (status >= 500 && status <= 599 && status != 501);
-}
-
-void backoff_sleep(int attempt, double base_s, double max_s) {
-  thread_local std::mt19937_64 rng(std::random_device{}());
-  const double cap = std::min(max_s, base_s * std::pow(2.0, attempt - 1));
-  std::this_thread::sleep_for(std::chrono::duration<double>(std::uniform_real_distribution<double>(0, cap)(rng)));
 }
 
 }  // namespace tessera::storage

@@ -47,11 +47,8 @@ class HttpPool {
   std::unique_ptr<Idle> idle_;
 };
 
-// Worth retrying by its status alone, whatever the body: 429, and every 5xx but 501 Not Implemented (a feature the
-// server lacks, as permanent as a 4xx). An overloaded server, or a proxy in front of it, answers with any body.
-bool retryable_status(long status);  // NOLINT(google-runtime-int)
-
-// The pause before retry `attempt` (1, 2, ...): uniform(0, min(max_s, base_s * 2^(attempt - 1))), "full jitter".
-void backoff_sleep(int attempt, double base_s, double max_s);
+// The retry rules every client shares (util/http.h).
+using util::backoff_sleep;
+using util::retryable_status;
 
 }  // namespace tessera::storage

@@ -194,18 +194,6 @@ uint64_t range_total(std::string_view text, const std::string& uri) {
 
 }  // namespace
 
-int env_int(const char* name, int fallback, int lo, int hi, const char* component) {
-  const char* raw = std::getenv(name);
-  if (raw == nullptr || *raw == '\0') return fallback;
-  const std::string_view v(raw);
-  int n = 0;
-  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-  if (ec != std::errc() || end != v.data() + v.size() || n < lo || n > hi) {
-    throw ConfigError(component, fmt::format("{}={}: not a whole number from {} to {}", name, v, lo, hi));
-  }
-  return n;
-}
-
 uint64_t byte_count(std::string_view text, const std::string& where, const char* what, const char* component) {
   uint64_t n = 0;
   if (text.empty()) return n;

@@ -4,9 +4,18 @@
 #include <curl/curl.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <exception>
 #include <memory>
+#include <random>
+#include <thread>
+
+#include "tessera/util/error.h"
 
 namespace tessera::util {
 namespace {
@@ -157,6 +166,28 @@ std::string url_encode(std::string_view text, bool keep_slash) {
     }
   }
   return out;
+}
+
+bool retryable_status(long status) {  // NOLINT(google-runtime-int)
+  return status == 429 || (status >= 500 && status <= 599 && status != 501);
+}
+
+void backoff_sleep(int attempt, double base_s, double max_s) {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  const double cap = std::min(max_s, base_s * std::pow(2.0, attempt - 1));
+  std::this_thread::sleep_for(std::chrono::duration<double>(std::uniform_real_distribution<double>(0, cap)(rng)));
+}
+
+int env_int(const char* name, int fallback, int lo, int hi, const char* component) {
+  const char* raw = std::getenv(name);
+  if (raw == nullptr || *raw == '\0') return fallback;
+  const std::string_view v(raw);
+  int n = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (ec != std::errc() || end != v.data() + v.size() || n < lo || n > hi) {
+    throw ConfigError(component, fmt::format("{}={}: not a whole number from {} to {}", name, v, lo, hi));
+  }
+  return n;
 }
 
 }  // namespace tessera::util

@@ -56,4 +56,15 @@ std::optional<UrlParts> parse_url(const std::string& url);
 // value, or with `keep_slash` a path (as AWS Signature V4 wants both). The one encoder of the code base.
 std::string url_encode(std::string_view text, bool keep_slash = false);
 
+// An integer setting from the environment (a client's attempts, timeouts, parallelism): `fallback` when unset, else
+// a whole number in [lo, hi] or a ConfigError naming the variable (tagged with `component`).
+int env_int(const char* name, int fallback, int lo, int hi, const char* component);
+
+// Worth retrying by its status alone, whatever the body: 429, and every 5xx but 501 Not Implemented (a feature the
+// server lacks, as permanent as a 4xx). An overloaded server, or a proxy in front of it, answers with any body.
+bool retryable_status(long status);  // NOLINT(google-runtime-int)
+
+// The pause before retry `attempt` (1, 2, ...): uniform(0, min(max_s, base_s * 2^(attempt - 1))), "full jitter".
+void backoff_sleep(int attempt, double base_s, double max_s);
+
 }  // namespace tessera::util
