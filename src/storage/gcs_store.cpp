@@ -14,6 +14,8 @@
 #include <arrow/buffer.h>
 #include <arrow/filesystem/gcsfs.h>
 #include <arrow/io/interfaces.h>
+#include <arrow/result.h>
+#include <arrow/status.h>
 #include <arrow/util/io_util.h>
 #include <fmt/format.h>
 
@@ -158,13 +160,48 @@ class GcsBackend final : public Backend {
 
   // A resumable upload, which GCS publishes only when it is finalized: on close, after every byte was sent. Arrow's
   // stream finalizes also when it is destroyed, so nothing that can fail runs between the first write and the close
-  // (upload_file maps the file instead of reading it in pieces).
+  // (upload_file maps the file instead of reading it in pieces). google-cloud-cpp retries each request; an upload
+  // that still fails in a way a retry may mend (its session lost, say) is sent again whole, up to three times. The
+  // object's size is then checked: google-cloud-cpp takes a finalized upload's answer without comparing it with what
+  // it sent, and a server that finalizes a session on the status query after a failed last chunk (fake-gcs-server
+  // answers `Content-Range: bytes */*` that way) publishes fewer bytes; such an upload is sent again too.
   void put_parts(const Uri& u, const std::vector<std::string_view>& parts) override {
-    auto out = check(client().fs->OpenOutputStream(path(u), /*metadata=*/nullptr), u, "PUT");
-    for (std::string_view p : parts) {
-      if (!p.empty()) check(out->Write(p.data(), static_cast<int64_t>(p.size())), u, "PUT");
+    constexpr int kAttempts = 3;
+    uint64_t size = 0;
+    for (std::string_view p : parts) size += p.size();
+    std::string last;
+    for (int attempt = 1; attempt <= kAttempts; ++attempt) {
+      if (attempt > 1) util::backoff_sleep(attempt - 1, 1.0, 8.0);
+      const arrow::Status st = upload_once(u, parts);
+      if (!st.ok()) {
+        if (not_found(st) || permanent(st)) check(st, u, "PUT");  // throws
+        last = short_message(st);
+        continue;
+      }
+      const auto info = check(client().fs->GetFileInfo(path(u)), u, "HEAD");
+      const uint64_t published = info.type() == arrow::fs::FileType::File ? static_cast<uint64_t>(info.size()) : 0;
+      if (published == size) return;
+      last = fmt::format("sent {} bytes, and GCS published {}", size, published);
     }
-    check(out->Close(), u, "PUT");
+    throw Error(kGcsComponent, fmt::format("{}: PUT failed {} times, the last: {} (credentials: {})", u.str(),
+                                           kAttempts, last, client().credentials));
+  }
+
+  arrow::Status upload_once(const Uri& u, const std::vector<std::string_view>& parts) {
+    ARROW_ASSIGN_OR_RAISE(auto out, client().fs->OpenOutputStream(path(u), /*metadata=*/nullptr));
+    for (std::string_view p : parts) {
+      if (!p.empty()) ARROW_RETURN_NOT_OK(out->Write(p.data(), static_cast<int64_t>(p.size())));
+    }
+    return out->Close();
+  }
+
+  // A refusal no retry mends: credentials, permissions, a bad request.
+  static bool permanent(const arrow::Status& st) {
+    const std::string& m = st.message();
+    for (const char* code : {"PERMISSION_DENIED", "UNAUTHENTICATED", "INVALID_ARGUMENT", "FAILED_PRECONDITION"}) {
+      if (m.find(code) != std::string::npos) return true;
+    }
+    return false;
   }
 
   void upload_file(const std::string& local_path, const Uri& u) override {

@@ -129,11 +129,11 @@ int hf_parallelism() {
 }
 
 int hf_max_attempts() {
-  return env_int("TESSERA_HF_MAX_ATTEMPTS", 5, 1, 100, kHfComponent);
+  return util::hub_max_attempts();
 }
 // How long a write's request may move less than 1 KiB/s: an upload stalled, or a commit the Hub is still making.
 int hf_stall_timeout_s() {
-  return env_int("TESSERA_HF_STALL_TIMEOUT_S", 120, 1, 3600, kHfComponent);
+  return util::hub_stall_timeout_s(120);
 }
 
 // A POST of the Hub's upload API, retried with backoff while the Hub (or a proxy) answers 429/5xx or no answer

@@ -182,17 +182,42 @@ HubClient::HubClient(std::string repo) : repo_(std::move(repo)), token_(hub_toke
   while (!endpoint_.empty() && endpoint_.back() == '/') endpoint_.pop_back();
 }
 
+int hub_max_attempts() {
+  return env_int("TESSERA_HF_MAX_ATTEMPTS", 5, 1, 100, "hf_hub");
+}
+
+int hub_stall_timeout_s(int fallback) {
+  return env_int("TESSERA_HF_STALL_TIMEOUT_S", fallback, 1, 3600, "hf_hub");
+}
+
 HttpResponse HubClient::send(const std::string& method, const std::string& path,
                              const std::function<void(std::string_view)>& sink, bool follow_redirects,
                              const std::vector<std::pair<std::string, std::string>>& headers) const {
-  HttpRequest req;
-  req.method = method;
-  req.url = endpoint_ + path;
-  req.follow_redirects = follow_redirects;
-  req.sink = sink;
-  req.timeout_s = sink ? 0 : 60;
-  req.headers = headers;
-  return exchange(std::move(req));
+  const int attempts = hub_max_attempts(), stall_timeout_s = hub_stall_timeout_s(60);
+  bool delivered = false;  // once bytes reached the sink, a retry would deliver them twice
+  const std::function<void(std::string_view)> counted =
+      sink ? std::function<void(std::string_view)>([&](std::string_view bytes) {
+        delivered = delivered || !bytes.empty();
+        sink(bytes);
+      })
+           : nullptr;
+  for (int attempt = 1;; ++attempt) {
+    HttpRequest req;
+    req.method = method;
+    req.url = endpoint_ + path;
+    req.follow_redirects = follow_redirects;
+    req.sink = counted;
+    req.timeout_s = sink ? 0 : 60;
+    req.stall_timeout_s = stall_timeout_s;
+    req.headers = headers;
+    try {
+      HttpResponse r = exchange(std::move(req));
+      if (!retryable_status(r.status) || attempt >= attempts || delivered) return r;
+    } catch (const Error&) {  // no answer, or an answer cut short
+      if (attempt >= attempts || delivered) throw;
+    }
+    backoff_sleep(attempt, 0.5, 8.0);
+  }
 }
 
 HttpResponse HubClient::send_body(const std::string& method, const std::string& path, std::string body,

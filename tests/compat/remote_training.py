@@ -87,6 +87,47 @@ def checkpoints_autoresume_in_a_store(env, tmp_path, data, base, list_keys, read
     assert read("run/ckpt/latest").decode() == "ep0-ba8"
 
 
+def training_through_faults(clean_env, faulty_env, proxy, tmp_path, data, base, list_keys, read):
+    """The fault story every object store must pass: the dataset in the store (written by Tessera through
+    `clean_env`), then a run that streams it and saves checkpoints there every 2 batches through `proxy`, which fails
+    10% of the requests (`faulty_env` reaches the store through it) with its faults (500, 503, resets, answers cut
+    halfway, stalls past the client's timeout). The run must end bitwise equal to a clean run on the local copy, and
+    every checkpoint it left must be whole: `latest` names one, and each file its metadata.json lists is there with
+    its checksum. `list_keys(prefix)` and `read(key)` reach the store without the proxy (keys relative to `base`)."""
+    import xxhash
+
+    from test_s3_checkpoints import recipe, train
+    from test_s3_storage import run_batch
+
+    out = run_batch(clean_env, [{"op": "put_tree", "path": str(data / "train"), "uri": f"{base}/ds/train"}],
+                    tmp_path, "dataset")
+    assert out["results"][0].get("error") is None, out
+    runs = tmp_path / "runs"
+    rec = recipe(tmp_path, data, runs)
+    train(clean_env, rec, "run_name=clean", "max_duration=8ba", "callbacks.hf_checkpointer.save_interval=8ba")
+    seen = len(proxy.seen)
+    proxy.rate = 0.1
+    try:
+        train(faulty_env, rec, "run_name=faulty", f"train_loader.dataset.remote={base}/ds",
+              f"train_loader.dataset.local={tmp_path / 'cache'}", f"save_folder={base}/faulty/ckpt",
+              "save_interval=2ba", "max_duration=8ba", "callbacks.hf_checkpointer.save_interval=8ba")
+    finally:
+        proxy.rate = 0.0
+    actions = [a for _, _, a in proxy.seen[seen:]]
+    assert len(actions) >= 20 and sum(a != "ok" for a in actions) >= 2, actions
+    want = (runs / "clean" / "huggingface" / "ba8" / "model.safetensors").read_bytes()
+    assert (runs / "faulty" / "huggingface" / "ba8" / "model.safetensors").read_bytes() == want
+    keys = list_keys("faulty/ckpt/")
+    assert read("faulty/ckpt/latest") == b"ep0-ba8", keys
+    folders = {k[len("faulty/ckpt/"):].split("/")[0] for k in keys if k.count("/") > 2}
+    assert "ep0-ba8" in folders, keys
+    for folder in folders:
+        meta = json.loads(read(f"faulty/ckpt/{folder}/metadata.json"))
+        for f in meta["files"]:
+            assert xxhash.xxh64(read(f"faulty/ckpt/{folder}/{f['name']}")).hexdigest() == f["xxh64"], (folder, f)
+    return actions
+
+
 def round_trip_through_a_store(env, tmp_path, base, upload, read, missing, get_base=None, list_base=None,
                                put_base=None):
     """The byte-for-byte story every object store with an SDK must pass, through the compat driver's storage ops:

@@ -75,7 +75,9 @@ class MotoServer:
 class FaultProxy:
     """An HTTP proxy in front of the server that misbehaves on request: each request takes the next action from
     `plan` ("ok", "500", "503", "reset": close the connection without answering, "stall": answer nothing for
-    `stall_s` seconds), then "ok" (or `after`) once the plan is used up. Counts what it saw."""
+    `stall_s` seconds, "cut": a GET's answer closed halfway through its body, a reset for other requests), then "ok"
+    (or `after`) once the plan is used up; with `rate` > 0 each unplanned request instead fails that often, with one
+    of `faults` drawn at random (seeded by TESSERA_FAULT_SEED, default 0). Counts what it saw."""
 
     def __init__(self, upstream_url, stall_s=30, gate=None):
         import http.client
@@ -84,7 +86,10 @@ class FaultProxy:
         import urllib.parse
 
         # gate(method, path, headers) -> None to go on, or (status, code, message) to answer with that S3 error.
+        import random
+
         self.plan, self.after, self.stall_s, self.seen, self.gate = [], "ok", stall_s, [], gate
+        self.rate, self.faults, self.rng = 0.0, ("500", "503", "reset", "cut", "stall"), random.Random(int(os.environ.get("TESSERA_FAULT_SEED", "0")))
         self.lock = threading.Lock()
         upstream = urllib.parse.urlparse(upstream_url)
         proxy = self
@@ -100,8 +105,10 @@ class FaultProxy:
                 body = self.rfile.read(length) if length else b""
                 with proxy.lock:
                     action = proxy.plan.pop(0) if proxy.plan else proxy.after
+                    if not proxy.plan and action == "ok" and proxy.rate and proxy.rng.random() < proxy.rate:
+                        action = proxy.rng.choice(proxy.faults)
                     proxy.seen.append((self.command, self.path, action))
-                if action == "reset":
+                if action == "reset" or (action == "cut" and self.command != "GET"):
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
                     return
@@ -132,7 +139,12 @@ class FaultProxy:
                 length = resp.getheader("Content-Length", "0") if self.command == "HEAD" else str(len(data))
                 self.send_header("Content-Length", length)
                 self.end_headers()
-                if self.command != "HEAD":
+                if action == "cut":  # half the body, then the connection goes
+                    self.wfile.write(data[:len(data) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                elif self.command != "HEAD":
                     self.wfile.write(data)
                 conn.close()
 

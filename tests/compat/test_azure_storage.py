@@ -218,3 +218,25 @@ def test_transient_failures_are_retried_and_a_failed_upload_publishes_nothing(tm
     finally:
         server.stop()
         proxy.stop()
+
+
+def test_training_through_a_failing_blob_service_equals_the_clean_run(data, tmp_path):
+    # 10% of the requests fail (500, 503, resets, answers cut halfway, stalls) while a run streams its data from
+    # Azure and saves checkpoints there: the run ends bitwise equal to the clean one, every checkpoint whole.
+    from azure_server import AzureBlobServer
+    from remote_training import training_through_faults
+    from s3_server import FaultProxy
+
+    server = AzureBlobServer()
+    proxy = FaultProxy(server.url, stall_s=3)
+    try:
+        cc = server.client().create_container("faults")
+        training_through_faults(
+            server.env(), server.env(AZURE_STORAGE_CONNECTION_STRING=server.connection_string(endpoint=proxy.url),
+                                     TESSERA_AZURE_STALL_TIMEOUT_S="1"),
+            proxy, tmp_path, data, "azure://faults",
+            list_keys=lambda prefix: [b.name for b in cc.list_blobs(name_starts_with=prefix)],
+            read=lambda key: blob_bytes(server, "faults", key))
+    finally:
+        server.stop()
+        proxy.stop()

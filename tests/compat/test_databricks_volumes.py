@@ -241,3 +241,24 @@ def test_large_files_go_in_parts_through_presigned_urls_as_databricks_sdk_sends_
     assert out["results"][0].get("error") is None
     assert read_back(workspace, f"{volume}/mine.bin") == mine[::-1]
     assert len(workspace.part_puts) == puts
+
+
+def test_training_through_a_failing_workspace_equals_the_clean_run(data, tmp_path):
+    # 10% of the requests fail (500, 503, resets, answers cut halfway, stalls) while a run streams its data from a
+    # volume and saves checkpoints there: the run ends bitwise equal to the clean one, every checkpoint whole.
+    from databricks_server import DatabricksServer
+    from remote_training import training_through_faults
+    from s3_server import FaultProxy
+
+    server = DatabricksServer()
+    proxy = FaultProxy(server.url, stall_s=3)
+    try:
+        vol = server.create_volume("main", "faults", "v")
+        root = sdk_path(vol) + "/"
+        training_through_faults(
+            server.env(), server.env(host=proxy.url, TESSERA_DBFS_STALL_TIMEOUT_S="1"), proxy, tmp_path, data, vol,
+            list_keys=lambda prefix: [p[len(root):] for p in server.files if p.startswith(root + prefix)],
+            read=lambda key: read_back(server, f"{vol}/{key}"))
+    finally:
+        server.stop()
+        proxy.stop()

@@ -21,6 +21,7 @@ import sys
 import pytest
 
 from conftest import _binary
+from test_s3_checkpoints import data  # noqa: F401 (data is a fixture)
 from test_s3_storage import run_batch
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -338,3 +339,24 @@ def test_conditional_writes_are_checked_by_the_hub(hub, tmp_path):
     out = run_batch(env, [{"op": "put_file", "path": str(tmp_path / "big.bin"), "uri": "hf://org/cond/big.bin"},
                           {"op": "stat", "uri": "hf://org/cond/big.bin"}], tmp_path, "lfs")
     assert out["results"][1]["etag"] == __import__("hashlib").sha256(big).hexdigest(), out
+
+
+def test_training_through_a_failing_hub_equals_the_clean_run(hub, data, tmp_path):
+    # 10% of the requests fail (500, 503, resets, answers cut halfway, stalls) while a run streams its data from a
+    # dataset repository and saves checkpoints there (each write a commit; `latest` conditioned on its parent
+    # commit): the run ends bitwise equal to the clean one, every checkpoint whole.
+    from remote_training import training_through_faults
+    from s3_server import FaultProxy
+
+    proxy = FaultProxy(hub.url, stall_s=3)
+    try:
+        hub.storage_url = proxy.url.replace("127.0.0.1", "localhost")  # uploads through the proxy too
+        hub.add("datasets/org/faults", {"README.md": b"a dataset"})
+        repo = hub.repos["datasets/org/faults"]
+        training_through_faults(
+            env_for(hub, tmp_path), env_for(hub, tmp_path, HF_ENDPOINT=proxy.url, TESSERA_HF_STALL_TIMEOUT_S="1"),
+            proxy, tmp_path, data, "hf://datasets/org/faults",
+            list_keys=lambda prefix: sorted(n for n in repo["files"] if n.startswith(prefix)),
+            read=lambda key: repo["files"][key])
+    finally:
+        proxy.stop()

@@ -298,3 +298,26 @@ def test_transient_failures_are_retried_and_a_failed_upload_publishes_nothing(tm
     finally:
         server.stop()
         proxy.stop()
+
+
+def test_training_through_a_failing_object_storage_equals_the_clean_run(data, tmp_path):
+    # 10% of the requests fail (500, 503, resets, answers cut halfway, stalls) while a run streams its data from
+    # OCI and saves checkpoints there: the run ends bitwise equal to the clean one, every checkpoint whole.
+    from oci_server import OciObjectStorageServer
+    from remote_training import training_through_faults
+    from s3_server import FaultProxy
+
+    server = OciObjectStorageServer()
+    proxy = FaultProxy(server.url, stall_s=3)
+    try:
+        server.create_bucket("faults")
+        client = server.client()
+        training_through_faults(
+            server.env(), server.env(endpoint=proxy.url, TESSERA_OCI_STALL_TIMEOUT_S="1"), proxy, tmp_path, data,
+            "oci://faults",
+            list_keys=lambda prefix: [o.name for o in client.list_objects(server.namespace, "faults", prefix=prefix)
+                                      .data.objects],
+            read=lambda key: object_bytes(server, "faults", key))
+    finally:
+        server.stop()
+        proxy.stop()

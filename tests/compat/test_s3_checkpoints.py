@@ -11,7 +11,9 @@
   that folder from S3 as it takes the local one;
 - a 2-rank job saving to S3, killed with SIGKILL at random moments under --max-restarts, resumes from S3 with final
   weights bitwise equal to an uninterrupted run's (tests/fault_injection/kill_random_rank.sh);
-- a bucket that does not exist fails the run with an error naming it.
+- a bucket that does not exist fails the run with an error naming it;
+- a run streaming its data from S3 and saving checkpoints there through a proxy that fails 10% of the requests
+  (500, 503, resets, answers cut halfway, stalls) ends bitwise equal to the clean run, every checkpoint it left whole.
 """
 import json
 import os
@@ -230,3 +232,19 @@ def test_a_missing_bucket_fails_the_run_naming_it(s3_server, data, tmp_path):
                  "save_interval=1ba", check=False)
     assert proc.returncode != 0
     assert "s3://no-such-bucket-here/ckpt" in proc.stderr and "NoSuchBucket" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_training_through_a_failing_store_equals_the_clean_run(s3_server, s3_bucket, data, tmp_path):
+    from remote_training import training_through_faults
+    from s3_server import FaultProxy
+
+    s3 = s3_server.client()
+    proxy = FaultProxy(s3_server.url, stall_s=3)
+    try:
+        training_through_faults(
+            s3_server.env(), s3_server.env(S3_ENDPOINT_URL=proxy.url, TESSERA_S3_STALL_TIMEOUT_S="1"), proxy,
+            tmp_path, data, f"s3://{s3_bucket}",
+            list_keys=lambda prefix: [prefix + k for k in objects(s3, s3_bucket, prefix)],
+            read=lambda key: get(s3, s3_bucket, key))
+    finally:
+        proxy.stop()

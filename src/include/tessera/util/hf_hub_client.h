@@ -17,13 +17,20 @@ namespace tessera::util {
 // True when HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set to 1/on/yes/true (huggingface_hub's reading).
 bool hf_hub_offline();
 
+// How often one request to the Hub is tried (TESSERA_HF_MAX_ATTEMPTS, default 5), and how long a request may move
+// less than 1 KiB/s before it is given up (TESSERA_HF_STALL_TIMEOUT_S, default 120 for writes, 60 for reads).
+int hub_max_attempts();
+int hub_stall_timeout_s(int fallback);
+
 class HubClient {
  public:
   // `repo` ("org/name", or "datasets/org/name") names the repository in error messages.
   explicit HubClient(std::string repo);
 
-  // `method` (GET, HEAD) of `path` (starting with '/') under the endpoint, the body to `sink` when set. Returns the
-  // answer whatever its status; throws tessera::Error (component "hf_hub") only when none came back.
+  // `method` (GET, HEAD) of `path` (starting with '/') under the endpoint, the body to `sink` when set. Tried again
+  // with backoff (up to hub_max_attempts()) on 429/5xx and on a failed transfer (a reset, a cut or stalled answer)
+  // while nothing has reached `sink` yet. Returns the last answer whatever its status; throws tessera::Error
+  // (component "hf_hub") only when none came back.
   HttpResponse send(const std::string& method, const std::string& path,
                     const std::function<void(std::string_view)>& sink, bool follow_redirects,
                     const std::vector<std::pair<std::string, std::string>>& headers = {}) const;
