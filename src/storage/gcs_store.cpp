@@ -19,6 +19,7 @@
 #include <arrow/util/io_util.h>
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -235,7 +236,14 @@ class GcsBackend final : public Backend {
   std::optional<ObjectInfo> stat(const Uri& u) override {
     const auto info = check(client().fs->GetFileInfo(path(u)), u, "HEAD");
     if (info.type() != arrow::fs::FileType::File) return std::nullopt;
-    return ObjectInfo{u.str(), static_cast<uint64_t>(info.size()), ""};
+    // Arrow gives no generation or ETag; the version write_if compares is the object's update time (to the
+    // microsecond GCS keeps), "" when Arrow has none.
+    std::string version;
+    if (info.mtime() != arrow::fs::kNoTime) {
+      version = std::to_string(
+          std::chrono::duration_cast<std::chrono::microseconds>(info.mtime().time_since_epoch()).count());
+    }
+    return ObjectInfo{u.str(), static_cast<uint64_t>(info.size()), version};
   }
 
  private:

@@ -315,3 +315,11 @@ def test_training_through_a_failing_gcs_equals_the_clean_run(data, tmp_path):
     finally:
         server.stop()
         proxy.stop()
+
+
+def test_conditional_writes_compare_the_update_time(gcs, bucket, tmp_path):
+    # Arrow's GCS gives no generation: write_if compares the object's update time (microseconds) before writing, which
+    # refuses a stale version and a first write over an existing object (the race between compare and write stays).
+    from remote_training import conditional_writes
+
+    conditional_writes(gcs.env(), tmp_path, f"gs://{bucket}")
