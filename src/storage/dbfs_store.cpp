@@ -244,6 +244,19 @@ class DbfsBackend final : public Backend {
 
   void remove(const Uri& u) override { send(u.str(), "DELETE", files(u), {}, {}); }
 
+  // A first write (`expected` absent) is checked by the workspace: one PUT with overwrite=false, which it refuses
+  // (409 ALREADY_EXISTS) when the file exists. A later one compares stat's Last-Modified first (the Files API has no
+  // If-Match).
+  std::optional<std::string> put_if(const Uri& u, std::string_view data,
+                                    const std::optional<std::string>& expected) override {
+    if (expected) return Backend::put_if(u, data, expected);
+    const util::HttpResponse r = send(u.str(), "PUT", files(u) + "?overwrite=false",
+                                      {{"Content-Type", "application/octet-stream"}}, {data}, nullptr, {409});
+    if (r.status == 409) return std::nullopt;
+    const std::optional<ObjectInfo> after = stat(u);
+    return after ? after->etag : std::string();
+  }
+
   std::optional<ObjectInfo> stat(const Uri& u) override {
     const std::string uri = u.str();
     const util::HttpResponse r = send(uri, "HEAD", files(u), {}, {});

@@ -262,3 +262,21 @@ def test_training_through_a_failing_workspace_equals_the_clean_run(data, tmp_pat
     finally:
         server.stop()
         proxy.stop()
+
+
+def test_conditional_writes_a_first_one_checked_by_the_workspace(workspace, volume, tmp_path):
+    # write_if (a checkpoint's `latest`): a first write is a PUT with overwrite=false, which the workspace refuses when
+    # the file exists; a later one compares Last-Modified (to the second) before writing.
+    uri = f"{volume}/cond/latest"
+    out = run_batch(workspace.env(), [{"op": "put_if", "uri": uri, "data": "ep0-ba2", "expected": None},
+                                      {"op": "put_if", "uri": uri, "data": "ep0-ba4", "expected": None},
+                                      {"op": "sleep", "seconds": 1.1},
+                                      {"op": "stat", "uri": uri}], tmp_path, "first")
+    r = out["results"]
+    assert r[0]["etag"] and r[1] == {"etag": None} and r[3]["etag"] == r[0]["etag"], r
+    assert ("PUT", sdk_path(uri), "pat", 409) in workspace.seen  # the workspace refused the second first write
+    out = run_batch(workspace.env(), [{"op": "put_if", "uri": uri, "data": "ep0-ba4", "expected": r[0]["etag"]},
+                                      {"op": "put_if", "uri": uri, "data": "ep0-ba6", "expected": r[0]["etag"]},
+                                      {"op": "get", "uri": uri}], tmp_path, "later")
+    r = out["results"]
+    assert r[0]["etag"] and r[1] == {"etag": None} and r[2]["data"] == "ep0-ba4", r
