@@ -201,7 +201,7 @@ HttpResponse HubClient::send(const std::string& method, const std::string& path,
         sink(bytes);
       })
            : nullptr;
-  for (int attempt = 1;; ++attempt) {
+  for (int tries = 1;; ++tries) {
     HttpRequest req;
     req.method = method;
     req.url = endpoint_ + path;
@@ -210,13 +210,13 @@ HttpResponse HubClient::send(const std::string& method, const std::string& path,
     req.timeout_s = sink ? 0 : 60;
     req.stall_timeout_s = stall_timeout_s;
     req.headers = headers;
-    try {
-      HttpResponse r = exchange(std::move(req));
-      if (!retryable_status(r.status) || attempt >= attempts || delivered) return r;
-    } catch (const Error&) {  // no answer, or an answer cut short
-      if (attempt >= attempts || delivered) throw;
+    HttpResponse r = attempt(std::move(req));
+    const bool again = r.status == 0 ? r.interrupted : retryable_status(r.status);
+    if (!again || tries >= attempts || delivered) {
+      if (r.status == 0) unreachable(r);
+      return r;
     }
-    backoff_sleep(attempt, 0.5, 8.0);
+    backoff_sleep(tries, 0.5, 8.0);
   }
 }
 
@@ -238,16 +238,22 @@ std::vector<std::pair<std::string, std::string>> HubClient::authorization() cons
   return {{"Authorization", "Bearer " + token_}};
 }
 
-HttpResponse HubClient::exchange(HttpRequest req) const {
+HttpResponse HubClient::attempt(HttpRequest req) const {
   if (req.stall_timeout_s == 0) req.stall_timeout_s = 60;
   if (!token_.empty()) req.headers.emplace_back("Authorization", "Bearer " + token_);
   req.headers.emplace_back("Accept-Encoding", "identity");
-  HttpResponse r = http_request(req);
-  if (r.status == 0) {
-    throw Error("hf_hub", fmt::format("{}: cannot reach the Hugging Face Hub at {}: {} (HF_HUB_OFFLINE=1 uses the "
-                                      "local cache only)",
-                                      repo_, endpoint_, r.transport_error));
-  }
+  return http_request(req);
+}
+
+void HubClient::unreachable(const HttpResponse& r) const {
+  throw Error("hf_hub", fmt::format("{}: cannot reach the Hugging Face Hub at {}: {} (HF_HUB_OFFLINE=1 uses the local "
+                                    "cache only)",
+                                    repo_, endpoint_, r.transport_error));
+}
+
+HttpResponse HubClient::exchange(HttpRequest req) const {
+  HttpResponse r = attempt(std::move(req));
+  if (r.status == 0) unreachable(r);
   return r;
 }
 

@@ -112,6 +112,9 @@ HttpResponse http_request(const HttpRequest& request) {
   const CURLcode rc = curl_easy_perform(h);
   if (rc != CURLE_OK) {
     r.transport_error = curl_easy_strerror(rc);
+    r.interrupted = rc == CURLE_OPERATION_TIMEDOUT || rc == CURLE_SEND_ERROR || rc == CURLE_RECV_ERROR ||
+                    rc == CURLE_GOT_NOTHING || rc == CURLE_PARTIAL_FILE || rc == CURLE_HTTP2 ||
+                    rc == CURLE_HTTP2_STREAM;
   } else {
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r.status);
   }

@@ -28,9 +28,9 @@ class HubClient {
   explicit HubClient(std::string repo);
 
   // `method` (GET, HEAD) of `path` (starting with '/') under the endpoint, the body to `sink` when set. Tried again
-  // with backoff (up to hub_max_attempts()) on 429/5xx and on a failed transfer (a reset, a cut or stalled answer)
-  // while nothing has reached `sink` yet. Returns the last answer whatever its status; throws tessera::Error
-  // (component "hf_hub") only when none came back.
+  // with backoff (up to hub_max_attempts()) on 429/5xx and on an interrupted transfer (a reset, a cut or stalled
+  // answer) while nothing has reached `sink` yet; a Hub that cannot be reached at all (offline) fails at once. Returns
+  // the last answer whatever its status; throws tessera::Error (component "hf_hub") only when none came back.
   HttpResponse send(const std::string& method, const std::string& path,
                     const std::function<void(std::string_view)>& sink, bool follow_redirects,
                     const std::vector<std::pair<std::string, std::string>>& headers = {}) const;
@@ -55,6 +55,8 @@ class HubClient {
 
  private:
   HttpResponse exchange(HttpRequest req) const;
+  HttpResponse attempt(HttpRequest req) const;  // exchange() without the throw: status 0 comes back
+  [[noreturn]] void unreachable(const HttpResponse& r) const;
 
   std::string repo_, endpoint_, token_;
 };

@@ -33,7 +33,10 @@ struct HttpRequest {
 struct HttpResponse {
   long status = 0;  // NOLINT(google-runtime-int): libcurl's type; 0 when no response came back
   std::string body;
-  std::string transport_error;                               // libcurl's reason when no HTTP response came back
+  std::string transport_error;  // libcurl's reason when no HTTP response came back
+  // No response, after a connection was made (a reset, an answer cut short or stalled): trying again may help. A host
+  // that does not resolve or refuses the connection (offline, a wrong endpoint) is not this.
+  bool interrupted = false;
   std::vector<std::pair<std::string, std::string>> headers;  // the last response's, names in lower case
   // The value of header `name` (lower case), or "".
   std::string header(std::string_view name) const;
