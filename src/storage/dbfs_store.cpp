@@ -346,7 +346,6 @@ class DbfsBackend final : public Backend {
       if (attempt > 0) backoff_sleep(attempt, c.backoff_base_s, c.backoff_max_s);
       Exchange x = part_url(uri, path, session, number);
       x.payload_parts = data;
-      x.stall_timeout_s = c.stall_timeout_s;
       bool retryable = false;
       const util::HttpResponse r = pool_.perform(x, &retryable);
       if (r.status >= 200 && r.status < 300) {
@@ -403,7 +402,8 @@ class DbfsBackend final : public Backend {
       throw Error(kDbfsComponent,
                   fmt::format("{}: create-upload-part-urls gave no http(s) URL for part {}", uri, number));
     }
-    Exchange x{"PUT", url, {{"Content-Type", "application/octet-stream"}}, {}, {}, nullptr, 10, 30};
+    Exchange x{
+        "PUT", url, {{"Content-Type", "application/octet-stream"}}, {}, {}, nullptr, 10, config().stall_timeout_s};
     if (entry->contains("headers") && (*entry)["headers"].is_array()) {
       for (const auto& h : (*entry)["headers"]) {
         if (!h.is_object() || !h.contains("name") || !h["name"].is_string() || !h.contains("value") ||
