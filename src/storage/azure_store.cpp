@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
-#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
@@ -77,55 +76,6 @@ struct AzureAuth {
   std::string source;                         // where the credential came from; never a secret
 };
 
-// A Microsoft Entra access token for Azure Storage from a JSON answer (the token endpoint's expires_in, the
-// managed-identity endpoints' expires_on), as the refresh machinery of the S3 credentials carries it.
-S3Credentials token_from(const std::string& body, const std::string& source) {
-  const auto j = nlohmann::json::parse(body, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("access_token") || !j["access_token"].is_string()) {
-    throw Error(kAzureComponent, fmt::format("{}: the answer holds no access_token", source));
-  }
-  const auto number = [&](const char* key) -> std::optional<int64_t> {
-    if (!j.contains(key)) return std::nullopt;
-    if (j[key].is_number_integer()) return j[key].get<int64_t>();
-    if (j[key].is_string()) {
-      int64_t v = 0;
-      const std::string s = j[key].get<std::string>();
-      const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-      if (ec == std::errc() && end == s.data() + s.size()) return v;
-    }
-    return std::nullopt;
-  };
-  S3Credentials c;
-  c.session_token = j["access_token"].get<std::string>();
-  c.source = source;
-  const auto now = std::chrono::system_clock::now();
-  if (const auto in = number("expires_in")) {
-    c.expiration = now + std::chrono::seconds(*in);
-  } else if (const auto on = number("expires_on")) {
-    c.expiration = std::chrono::system_clock::time_point(std::chrono::seconds(*on));
-  } else {
-    c.expiration = now + std::chrono::hours(1);
-  }
-  return c;
-}
-
-S3Credentials fetch_token(const util::HttpRequest& request, const std::string& source) {
-  const util::HttpResponse r = util::http_request(request);
-  if (r.status == 0) throw Error(kAzureComponent, fmt::format("{}: {}", source, r.transport_error));
-  if (r.status != 200) {
-    const auto j = nlohmann::json::parse(r.body, nullptr, false);
-    std::string why;
-    if (!j.is_discarded() && j.is_object() && j.contains("error") && j["error"].is_string()) {
-      why = j["error"].get<std::string>();
-      if (j.contains("error_description") && j["error_description"].is_string()) {
-        why += ": " + j["error_description"].get<std::string>();
-      }
-    }
-    throw Error(kAzureComponent, fmt::format("{}: HTTP {}{}", source, r.status, why.empty() ? "" : " " + why));
-  }
-  return token_from(r.body, source);
-}
-
 // Microsoft Entra's token endpoint for a service principal: a client secret, or a federated token read from a file
 // at every refresh (workload identity).
 std::shared_ptr<CredentialProvider> entra_client_credentials(const std::string& tenant, const std::string& client,
@@ -150,7 +100,7 @@ std::shared_ptr<CredentialProvider> entra_client_credentials(const std::string& 
           "&client_assertion_type=" + util::url_encode("urn:ietf:params:oauth:client-assertion-type:jwt-bearer");
       req.body += "&client_assertion=" + util::url_encode(assertion);
     }
-    return fetch_token(req, source);
+    return fetch_access_token(req, source, kAzureComponent);
   });
 }
 
@@ -176,7 +126,7 @@ std::shared_ptr<CredentialProvider> managed_identity() {
     source = "managed identity (the instance metadata service)";
   }
   if (!client.empty()) req.url += "&client_id=" + util::url_encode(client);
-  return refreshing_credentials(source, [req, source] { return fetch_token(req, source); });
+  return refreshing_credentials(source, [req, source] { return fetch_access_token(req, source, kAzureComponent); });
 }
 
 // Where the credentials come from, in the order of Streaming's readers and the Azure SDKs' environment credential.

@@ -3,6 +3,8 @@
 // (atomic publish, downloads through a temporary file, a missing object's remove() is not an error).
 #pragma once
 
+#include <openssl/types.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -12,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tessera/storage/s3.h"
 #include "tessera/storage/storage.h"
 #include "tessera/util/http.h"
 
@@ -53,6 +56,16 @@ uint64_t byte_count(std::string_view text, const std::string& where, const char*
 std::string base64_encode(std::string_view bytes);
 // The bytes of padded base64 `text`; nullopt when it is not that (an account key, a token's payload).
 std::optional<std::string> base64_decode(std::string_view text);
+// An RSA private key from PEM text (PKCS#1 or PKCS#8; `pass` opens an encrypted one); nullptr when it is not one.
+std::shared_ptr<EVP_PKEY> rsa_key_from_pem(std::string_view pem, const std::string& pass);
+// The RSASSA-PKCS1-v1_5 SHA-256 signature of `text` (OCI's request signatures, GCS's RS256 tokens); nullopt when
+// OpenSSL refuses.
+std::optional<std::string> rsa_sha256_sign(EVP_PKEY* key, std::string_view text);
+// An OAuth 2.0 access token from a token endpoint's JSON answer to `request` (access_token; expires_in, or the
+// managed-identity endpoints' expires_on; else an hour), carried as the refresh machinery carries temporary
+// credentials: session_token holds the token. No answer, another status than 200 or no access_token is an Error
+// (tagged `component`) naming `source`, the status and the endpoint's error and error_description.
+S3Credentials fetch_access_token(const util::HttpRequest& request, const std::string& source, const char* component);
 // The current time as an HTTP date (RFC 7231: "Mon, 07 Dec 2026 13:00:00 GMT"), as x-ms-date and OCI's signed `date`
 // want it.
 std::string http_date_now();

@@ -61,25 +61,7 @@ std::shared_ptr<CredentialProvider> oauth_m2m(const std::string& host, const std
     req.body = "grant_type=client_credentials&scope=all-apis";
     req.basic_user = client;
     req.basic_password = secret;
-    const util::HttpResponse r = util::http_request(req);
-    if (r.status == 0) throw Error(kDbfsComponent, fmt::format("{}: {}", source, r.transport_error));
-    const auto j = nlohmann::json::parse(r.body, nullptr, false);
-    const bool ok = !j.is_discarded() && j.is_object();
-    if (r.status != 200 || !ok || !j.contains("access_token") || !j["access_token"].is_string()) {
-      std::string why;
-      if (ok && j.contains("error") && j["error"].is_string()) why = " " + j["error"].get<std::string>();
-      if (ok && j.contains("error_description") && j["error_description"].is_string()) {
-        why += ": " + j["error_description"].get<std::string>();
-      }
-      throw Error(kDbfsComponent, fmt::format("{}: the token endpoint answered HTTP {}{}", source, r.status, why));
-    }
-    S3Credentials c;
-    c.session_token = j["access_token"].get<std::string>();
-    c.source = source;
-    const int64_t lifetime =
-        j.contains("expires_in") && j["expires_in"].is_number_integer() ? j["expires_in"].get<int64_t>() : 3600;
-    c.expiration = std::chrono::system_clock::now() + std::chrono::seconds(lifetime);
-    return c;
+    return fetch_access_token(req, source, kDbfsComponent);
   });
 }
 

@@ -112,31 +112,10 @@ std::string http_signature(EVP_PKEY* key, const std::string& key_id, const std::
     text += fmt::format("\ncontent-length: {}\ncontent-type: application/json\nx-content-sha256: {}", json_body.size(),
                         sha);
   }
-  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-  size_t len = 0;
-  if (!ctx || EVP_DigestSignInit(ctx.get(), nullptr, EVP_sha256(), nullptr, key) != 1 ||
-      EVP_DigestSign(ctx.get(), nullptr, &len, reinterpret_cast<const unsigned char*>(text.data()), text.size()) != 1) {
-    throw Error(kOciComponent, fmt::format("signing with {} failed", source));
-  }
-  std::vector<unsigned char> signature(len);
-  if (EVP_DigestSign(ctx.get(), signature.data(), &len, reinterpret_cast<const unsigned char*>(text.data()),
-                     text.size()) != 1) {
-    throw Error(kOciComponent, fmt::format("signing with {} failed", source));
-  }
+  const std::optional<std::string> signature = rsa_sha256_sign(key, text);
+  if (!signature) throw Error(kOciComponent, fmt::format("signing with {} failed", source));
   return fmt::format(R"(Signature algorithm="rsa-sha256",headers="{}",keyId="{}",signature="{}",version="1")", names,
-                     key_id, base64_encode(std::string_view(reinterpret_cast<const char*>(signature.data()), len)));
-}
-
-// An RSA private key from PEM text; nullptr when it is not one.
-std::shared_ptr<EVP_PKEY> rsa_key_from_pem(std::string_view pem, const std::string& pass) {
-  std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), BIO_free);
-  EVP_PKEY* key =
-      PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, pass.empty() ? nullptr : const_cast<char*>(pass.c_str()));
-  if (key == nullptr || EVP_PKEY_base_id(key) != EVP_PKEY_RSA) {
-    EVP_PKEY_free(key);
-    return nullptr;
-  }
-  return std::shared_ptr<EVP_PKEY>(key, EVP_PKEY_free);
+                     key_id, base64_encode(*signature));
 }
 
 // ---- instance principals (OCI_CLI_AUTH=instance_principal), as the SDKs' InstancePrincipalsSecurityTokenSigner:

@@ -1,6 +1,7 @@
 // storage::*: URI parsing, the table of schemes, and dispatch to local files or a scheme's backend.
 #include <fmt/format.h>
 #include <openssl/evp.h>
+#include <openssl/pem.h>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -11,6 +12,7 @@
 #include <atomic>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -18,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
 
@@ -222,6 +225,71 @@ std::optional<std::string> base64_decode(std::string_view text) {
   for (size_t i = text.size(); i > 0 && text[i - 1] == '='; --i) --size;  // EVP_DecodeBlock counts the padding
   out.resize(size);
   return out;
+}
+
+S3Credentials fetch_access_token(const util::HttpRequest& request, const std::string& source, const char* component) {
+  const util::HttpResponse r = util::http_request(request);
+  if (r.status == 0) throw Error(component, fmt::format("{}: {}", source, r.transport_error));
+  const auto j = nlohmann::json::parse(r.body, nullptr, false);
+  const bool object = !j.is_discarded() && j.is_object();
+  const auto text = [&](const char* key) {
+    return object && j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string();
+  };
+  if (r.status != 200) {
+    std::string why = text("error");
+    if (!why.empty() && !text("error_description").empty()) why += ": " + text("error_description");
+    throw Error(component, fmt::format("{}: the token endpoint answered HTTP {}{}", source, r.status,
+                                       why.empty() ? "" : " " + why));
+  }
+  if (text("access_token").empty()) throw Error(component, fmt::format("{}: the answer holds no access_token", source));
+  const auto number = [&](const char* key) -> std::optional<int64_t> {  // a number, or a string of one
+    if (!object || !j.contains(key)) return std::nullopt;
+    if (j[key].is_number_integer()) return j[key].get<int64_t>();
+    const std::string s = text(key);
+    int64_t v = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (!s.empty() && ec == std::errc() && end == s.data() + s.size()) return v;
+    return std::nullopt;
+  };
+  S3Credentials c;
+  c.session_token = text("access_token");
+  c.source = source;
+  const auto now = std::chrono::system_clock::now();
+  if (const auto in = number("expires_in")) {
+    c.expiration = now + std::chrono::seconds(*in);
+  } else if (const auto on = number("expires_on")) {
+    c.expiration = std::chrono::system_clock::time_point(std::chrono::seconds(*on));
+  } else {
+    c.expiration = now + std::chrono::hours(1);
+  }
+  return c;
+}
+
+std::shared_ptr<EVP_PKEY> rsa_key_from_pem(std::string_view pem, const std::string& pass) {
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), BIO_free);
+  EVP_PKEY* key =
+      PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, pass.empty() ? nullptr : const_cast<char*>(pass.c_str()));
+  if (key == nullptr || EVP_PKEY_base_id(key) != EVP_PKEY_RSA) {
+    EVP_PKEY_free(key);
+    return nullptr;
+  }
+  return std::shared_ptr<EVP_PKEY>(key, EVP_PKEY_free);
+}
+
+std::optional<std::string> rsa_sha256_sign(EVP_PKEY* key, std::string_view text) {
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  const auto* data = reinterpret_cast<const unsigned char*>(text.data());
+  size_t len = 0;
+  if (!ctx || EVP_DigestSignInit(ctx.get(), nullptr, EVP_sha256(), nullptr, key) != 1 ||
+      EVP_DigestSign(ctx.get(), nullptr, &len, data, text.size()) != 1) {
+    return std::nullopt;
+  }
+  std::string signature(len, '\0');
+  if (EVP_DigestSign(ctx.get(), reinterpret_cast<unsigned char*>(signature.data()), &len, data, text.size()) != 1) {
+    return std::nullopt;
+  }
+  signature.resize(len);
+  return signature;
 }
 
 std::string http_date_now() {
