@@ -203,9 +203,9 @@ std::string missing_receipt(int r, const std::string& what, std::chrono::millise
 }
 
 // The `latest` object of a remote folder: written over the version this process found or wrote there last, never
-// over another writer's (storage::write_if: If-Match in the PUT on S3, Azure and OCI). A second run saving into the
-// same folder would otherwise point `latest` at its checkpoints between this run's saves, and each run's autoresume
-// at the other's; it fails this run's save instead, naming the folder.
+// over another writer's (storage::write_if: checked by the store on S3, Azure, OCI, GCS and the Hub). A second run
+// saving into the same folder would otherwise point `latest` at its checkpoints between this run's saves, and each
+// run's autoresume at the other's; it fails this run's save instead, naming the folder.
 void write_latest(const std::string& uri, const std::string& name) {
   static std::mutex mutex;
   static std::map<std::string, std::optional<std::string>> seen;  // uri -> the ETag last written (nullopt: none)

@@ -7,7 +7,9 @@
 //   GOOGLE_APPLICATION_CREDENTIALS  a service account's key file, or any other credential file Google's "application
 //                            default credentials" accept (authorized user, external account / workload identity);
 //   otherwise                gcloud's application default credentials file, then the metadata server.
-// Access tokens are refreshed by google-cloud-cpp before they expire. TESSERA_GCS_ENDPOINT_URL points the client at
+// Access tokens are refreshed by google-cloud-cpp before they expire. Arrow's client exposes no generation and no
+// precondition, so write_if (the atomic `latest` pointer) goes to GCS's JSON API itself, with tokens of its own for
+// the same credentials (json_api() below). TESSERA_GCS_ENDPOINT_URL points the client at
 // another endpoint with the same credentials (Private Service Connect, a proxy); TESSERA_GCS_RETRY_LIMIT_S bounds
 // the time one request is retried (default 60); TESSERA_GCS_PARALLELISM sets the ranged reads in flight per download
 // (default 8; 1 reads one stream).
@@ -22,11 +24,13 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "backend.h"
 #include "tessera/storage/aws_files.h"
+#include "tessera/storage/s3.h"
 #include "tessera/util/error.h"
 #include "tessera/util/file_io.h"
 
@@ -51,10 +55,107 @@ std::pair<std::string, std::string> split_endpoint(std::string url, const std::s
   return {scheme, url};
 }
 
+// ---- GCS's JSON API, for what Arrow's client does not expose: an object's generation and an upload conditioned on
+// it (ifGenerationMatch; 0: the object must not exist), which makes write_if's check the service's. Bearer tokens for
+// the credentials make_client() found, obtained as Google's client libraries obtain them:
+//   service_account   a self-signed JWT (RS256, kid = the key's private_key_id, scope cloud-platform), as
+//                     google-cloud-cpp sends for storage.googleapis.com; signed again before its hour ends;
+//   authorized_user   the token endpoint's refresh_token grant (token_uri, default
+//   https://oauth2.googleapis.com/token); the metadata server  GET
+//   /computeMetadata/v1/instance/service-accounts/default/token with Metadata-Flavor: Google,
+//                     at GCE_METADATA_ROOT (else GCE_METADATA_HOST, else metadata.google.internal);
+//   the emulator      none.
+// Other credential files (external_account, impersonated_service_account) have no token source here: write_if then
+// compares stat()'s version just before writing, and the race between compare and write stays.
+
+constexpr const char* kCloudPlatformScope = "https://www.googleapis.com/auth/cloud-platform";
+
+struct JsonApi {
+  std::string endpoint;                       // scheme://host[:port]
+  std::shared_ptr<CredentialProvider> token;  // its session_token is the bearer token; nullptr: none (the emulator)
+};
+
+std::string base64url(std::string_view bytes) {
+  std::string s = base64_encode(bytes);
+  while (!s.empty() && s.back() == '=') s.pop_back();
+  for (char& ch : s) ch = ch == '+' ? '-' : ch == '/' ? '_' : ch;
+  return s;
+}
+
+std::string json_text(const nlohmann::json& j, const char* key) {
+  return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string();
+}
+
+std::shared_ptr<CredentialProvider> service_account_tokens(const nlohmann::json& j, const std::string& source) {
+  const std::string pem = json_text(j, "private_key"), email = json_text(j, "client_email");
+  const std::string key_id = json_text(j, "private_key_id");
+  return refreshing_credentials(source, [=] {
+    const std::shared_ptr<EVP_PKEY> key = rsa_key_from_pem(pem, "");
+    if (!key || email.empty()) {
+      throw ConfigError(kGcsComponent, fmt::format("{}: no RSA private_key and client_email in it", source));
+    }
+    const auto now = std::chrono::system_clock::now();
+    const int64_t iat = std::chrono::duration_cast<std::chrono::seconds>(now.time_since_epoch()).count();
+    const nlohmann::json header{{"alg", "RS256"}, {"typ", "JWT"}, {"kid", key_id}};
+    const nlohmann::json claims{
+        {"iss", email}, {"sub", email}, {"scope", kCloudPlatformScope}, {"iat", iat}, {"exp", iat + 3600}};
+    const std::string text = base64url(header.dump()) + "." + base64url(claims.dump());
+    const std::optional<std::string> signature = rsa_sha256_sign(key.get(), text);
+    if (!signature) throw Error(kGcsComponent, fmt::format("{}: signing a token failed", source));
+    S3Credentials c;
+    c.session_token = text + "." + base64url(*signature);
+    c.source = source;
+    c.expiration = now + std::chrono::seconds(3600);
+    return c;
+  });
+}
+
+std::shared_ptr<CredentialProvider> user_tokens(const nlohmann::json& j, const std::string& source) {
+  util::HttpRequest req;
+  req.method = "POST";
+  req.url = json_text(j, "token_uri").empty() ? "https://oauth2.googleapis.com/token" : json_text(j, "token_uri");
+  req.headers = {{"Content-Type", "application/x-www-form-urlencoded"}};
+  req.body = fmt::format("grant_type=refresh_token&client_id={}&client_secret={}&refresh_token={}",
+                         util::url_encode(json_text(j, "client_id")), util::url_encode(json_text(j, "client_secret")),
+                         util::url_encode(json_text(j, "refresh_token")));
+  return refreshing_credentials(source, [req, source] { return fetch_access_token(req, source, kGcsComponent); });
+}
+
+std::shared_ptr<CredentialProvider> metadata_server_tokens() {
+  std::string host = aws::env("GCE_METADATA_ROOT");  // google-cloud-cpp's variable; google-auth's comes second
+  if (host.empty()) host = aws::env("GCE_METADATA_HOST");
+  if (host.empty()) host = "metadata.google.internal";
+  util::HttpRequest req;
+  req.url = (host.find("://") == std::string::npos ? "http://" + host : host) +
+            "/computeMetadata/v1/instance/service-accounts/default/token";
+  req.headers = {{"Metadata-Flavor", "Google"}};
+  req.connect_timeout_s = 2;
+  const std::string source = fmt::format("the metadata server ({})", host);
+  return refreshing_credentials(source, [req, source] { return fetch_access_token(req, source, kGcsComponent); });
+}
+
+// The token source for a credentials file of `type`; nullptr for a kind only google-cloud-cpp speaks.
+std::shared_ptr<CredentialProvider> file_tokens(const nlohmann::json& j, const std::string& type,
+                                                const std::string& source) {
+  if (type == "service_account") return service_account_tokens(j, source);
+  if (type == "authorized_user") return user_tokens(j, source);
+  return nullptr;
+}
+
+// An object resource's generation (the JSON API writes int64s as strings); "" when it has none.
+std::string generation_of(const nlohmann::json& j) {
+  if (j.contains("generation") && j["generation"].is_number_integer()) {
+    return std::to_string(j["generation"].get<int64_t>());
+  }
+  return json_text(j, "generation");
+}
+
 struct Client {
   std::shared_ptr<arrow::fs::GcsFileSystem> fs;
-  int parallelism = 8;      // ranged reads in flight per object (TESSERA_GCS_PARALLELISM)
-  std::string credentials;  // where they came from, for error messages; never the credentials themselves
+  int parallelism = 8;         // ranged reads in flight per object (TESSERA_GCS_PARALLELISM)
+  double retry_limit_s = 60;   // TESSERA_GCS_RETRY_LIMIT_S
+  std::string credentials;     // where they came from, for error messages; never the credentials themselves
+  std::optional<JsonApi> api;  // nullopt: credentials only google-cloud-cpp speaks
 };
 
 Client make_client() {
@@ -65,6 +166,7 @@ Client make_client() {
     options = GcsOptions::Anonymous();
     std::tie(options.scheme, options.endpoint_override) = split_endpoint(emulator, "http");
     c.credentials = fmt::format("none (the emulator at STORAGE_EMULATOR_HOST={})", emulator);
+    c.api = JsonApi{};
   } else if (const std::string file = aws::env("GOOGLE_APPLICATION_CREDENTIALS"); !file.empty()) {
     const std::string text = util::read_file(file, kGcsComponent);
     const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
@@ -72,15 +174,36 @@ Client make_client() {
       throw ConfigError(kGcsComponent,
                         fmt::format("GOOGLE_APPLICATION_CREDENTIALS={}: not a JSON credentials file", file));
     }
-    const std::string type = j.value("type", "");
+    const std::string type = json_text(j, "type");
     options = type == "service_account" ? GcsOptions::FromServiceAccountCredentials(text) : GcsOptions::Defaults();
     c.credentials = fmt::format("GOOGLE_APPLICATION_CREDENTIALS={} ({})", file, type.empty() ? "no type" : type);
+    if (auto tokens = file_tokens(j, type, c.credentials)) c.api = JsonApi{"", std::move(tokens)};
   } else {
     options = GcsOptions::Defaults();
     c.credentials = "application default credentials (gcloud's file, else the metadata server)";
+    // google-cloud-cpp's order: gcloud's file, else the metadata server.
+    const std::string config =
+        aws::env("CLOUDSDK_CONFIG").empty() ? aws::env("HOME") + "/.config/gcloud" : aws::env("CLOUDSDK_CONFIG");
+    const std::string adc = config + "/application_default_credentials.json";
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(adc, ec)) {
+      const nlohmann::json j = nlohmann::json::parse(util::read_file(adc, kGcsComponent), nullptr, false);
+      const std::string type = j.is_object() ? json_text(j, "type") : "";
+      c.credentials = fmt::format("gcloud's application default credentials {} ({})", adc, type);
+      if (auto tokens = j.is_object() ? file_tokens(j, type, c.credentials) : nullptr) {
+        c.api = JsonApi{"", std::move(tokens)};
+      }
+    } else {
+      c.api = JsonApi{"", metadata_server_tokens()};
+      c.credentials = fmt::format("application default credentials ({})", c.api->token->source());
+    }
   }
   if (const std::string endpoint = aws::env("TESSERA_GCS_ENDPOINT_URL"); !endpoint.empty()) {
     std::tie(options.scheme, options.endpoint_override) = split_endpoint(endpoint, "https");
+  }
+  if (c.api) {
+    c.api->endpoint = options.endpoint_override.empty() ? "https://storage.googleapis.com"
+                                                        : options.scheme + "://" + options.endpoint_override;
   }
   double retry_limit = 60;
   if (const std::string v = aws::env("TESSERA_GCS_RETRY_LIMIT_S"); !v.empty()) {
@@ -91,6 +214,7 @@ Client make_client() {
     }
   }
   options.retry_limit_seconds = retry_limit;
+  c.retry_limit_s = retry_limit;
   if (const std::string v = aws::env("TESSERA_GCS_PARALLELISM"); !v.empty()) {
     char* end = nullptr;
     const long n = std::strtol(v.c_str(), &end, 10);  // NOLINT(google-runtime-int): strtol's type
@@ -205,6 +329,40 @@ class GcsBackend final : public Backend {
     return false;
   }
 
+  // The write GCS checks: with the JSON API, an upload conditioned on the generation `expected` (stat()'s version;
+  // ifGenerationMatch=0 for an absent object), which GCS refuses with 412 when another writer replaced the object.
+  // Without it, the default: stat() compared, then written.
+  std::optional<std::string> put_if(const Uri& u, std::string_view data,
+                                    const std::optional<std::string>& expected) override {
+    const Client& c = client();
+    if (!c.api) return Backend::put_if(u, data, expected);
+    const std::string generation = expected.value_or("0");
+    if (generation.empty() || generation.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+    // A multipart upload (the object's name, then its bytes), as google-cloud-storage sends small objects; the
+    // emulators check preconditions on this kind only.
+    std::string boundary = "tessera-boundary";
+    while (data.find(boundary) != std::string_view::npos) boundary += "-" + std::to_string(boundary.size());
+    util::HttpRequest req;
+    req.method = "POST";
+    req.url = fmt::format("{}/upload/storage/v1/b/{}/o?uploadType=multipart&ifGenerationMatch={}", c.api->endpoint,
+                          util::url_encode(u.bucket), generation);
+    req.headers = {{"Content-Type", "multipart/related; boundary=" + boundary}};
+    req.body = fmt::format(
+        "--{0}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{1}\r\n--{0}\r\n"
+        "Content-Type: application/octet-stream\r\n\r\n",
+        boundary, nlohmann::json{{"name", u.key}}.dump());
+    req.body.append(data);
+    req.body += fmt::format("\r\n--{}--\r\n", boundary);
+    const util::HttpResponse r = json_exchange(req, u, "PUT");
+    if (r.status == 412) return std::nullopt;
+    if (r.status == 404) {
+      throw Error(kGcsComponent, fmt::format("{}: PUT: the bucket {} does not exist", u.str(), u.bucket));
+    }
+    std::string version = generation_of(json_answer(r, u, "PUT"));
+    if (version.empty()) throw Error(kGcsComponent, fmt::format("{}: GCS's answer gives no generation", u.str()));
+    return version;
+  }
+
   void upload_file(const std::string& local_path, const Uri& u) override {
     const MappedFile file(local_path, kGcsComponent);
     put_parts(u, {file.bytes()});
@@ -233,11 +391,21 @@ class GcsBackend final : public Backend {
     if (!st.ok() && !not_found(st)) check(st, u, "DELETE");
   }
 
+  // The version is the object's generation, which put_if's precondition names (the JSON API); with credentials only
+  // google-cloud-cpp speaks, Arrow's update time (microseconds; Arrow gives no generation), "" when it has none.
   std::optional<ObjectInfo> stat(const Uri& u) override {
-    const auto info = check(client().fs->GetFileInfo(path(u)), u, "HEAD");
+    const Client& c = client();
+    if (c.api) {
+      util::HttpRequest req;
+      req.url = fmt::format("{}/storage/v1/b/{}/o/{}?fields=size,generation", c.api->endpoint,
+                            util::url_encode(u.bucket), util::url_encode(u.key));
+      const util::HttpResponse r = json_exchange(req, u, "HEAD");
+      if (r.status == 404) return std::nullopt;
+      const nlohmann::json j = json_answer(r, u, "HEAD");
+      return ObjectInfo{u.str(), byte_count(json_text(j, "size"), u.str(), "size", kGcsComponent), generation_of(j)};
+    }
+    const auto info = check(c.fs->GetFileInfo(path(u)), u, "HEAD");
     if (info.type() != arrow::fs::FileType::File) return std::nullopt;
-    // Arrow gives no generation or ETag; the version write_if compares is the object's update time (to the
-    // microsecond GCS keeps), "" when Arrow has none.
     std::string version;
     if (info.mtime() != arrow::fs::kNoTime) {
       version = std::to_string(
@@ -270,6 +438,53 @@ class GcsBackend final : public Backend {
   T check(arrow::Result<T> r, const Uri& u, const char* op) {
     check(r.status(), u, op);
     return *std::move(r);
+  }
+
+  // One JSON API request with the current bearer token, tried again (backoff) on 429, 5xx and interrupted transfers
+  // within TESSERA_GCS_RETRY_LIMIT_S, and once with a fresh token after a 401. A store that cannot be reached throws;
+  // any HTTP answer is returned.
+  util::HttpResponse json_exchange(util::HttpRequest req, const Uri& u, const char* op) {
+    const Client& c = client();
+    req.timeout_s = 120;
+    req.stall_timeout_s = 30;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(c.retry_limit_s);
+    for (int attempt = 1;; ++attempt) {
+      util::HttpRequest signed_request = req;
+      if (c.api->token) {
+        std::string token;
+        try {
+          token = c.api->token->get().session_token;
+        } catch (const Error& e) {  // names the source; not the store's error
+          throw Error(kGcsComponent, fmt::format("{}: {}: no access token: {}", u.str(), op, e.message()));
+        }
+        signed_request.headers.emplace_back("Authorization", "Bearer " + token);
+      }
+      const util::HttpResponse r = util::http_request(signed_request);
+      bool again = r.status == 0 ? r.interrupted : util::retryable_status(r.status);
+      if (r.status == 401 && c.api->token && attempt == 1) {
+        c.api->token->expired_by_server();
+        again = true;
+      }
+      if (!again || std::chrono::steady_clock::now() >= deadline) {
+        if (r.status == 0) {
+          throw Error(kGcsComponent, fmt::format("{}: {} failed: {} (credentials: {})", u.str(), op, r.transport_error,
+                                                 c.credentials));
+        }
+        return r;
+      }
+      util::backoff_sleep(attempt, 0.5, 8.0);
+    }
+  }
+
+  // A 2xx answer's JSON object; any other answer is an Error naming the URI, the status, GCS's message and where the
+  // credentials came from.
+  nlohmann::json json_answer(const util::HttpResponse& r, const Uri& u, const char* op) {
+    const nlohmann::json j = nlohmann::json::parse(r.body, nullptr, false);
+    if (r.status / 100 == 2 && j.is_object()) return j;
+    std::string why;
+    if (j.is_object() && j.contains("error") && j["error"].is_object()) why = json_text(j["error"], "message");
+    throw Error(kGcsComponent, fmt::format("{}: {} HTTP {}{} (credentials: {})", u.str(), op, r.status,
+                                           why.empty() ? "" : " " + why, client().credentials));
   }
 
   std::shared_ptr<arrow::io::RandomAccessFile> open(const Uri& u, const char* op) {

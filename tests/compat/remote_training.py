@@ -193,9 +193,10 @@ def round_trip_through_a_store(env, tmp_path, base, upload, read, missing, get_b
 
 
 def conditional_writes(env, tmp_path, base):
-    """storage::write_if on a store that checks the condition in the PUT (S3, Azure, OCI): a first write needs the
-    object absent, each later one the ETag the writer last got; a stale ETag is refused and leaves the object as it
-    was; a write that finds its own bytes already there (a retried PUT that had succeeded) counts as done."""
+    """storage::write_if on a store that checks the condition in the write (S3, Azure, OCI, GCS, the Hub): a first
+    write needs the object absent, each later one the ETag the writer last got; a stale ETag is refused and leaves the
+    object as it was; a write that finds its own bytes already there (a retried PUT that had succeeded) counts as
+    done."""
     from test_s3_storage import run_batch
 
     uri = f"{base}/cond/latest"

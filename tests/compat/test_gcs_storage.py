@@ -7,7 +7,9 @@
   copy, loss for loss;
 - checkpoints saved to gs:// with hf_checkpointer's export beside them; autoresume from gs:// skips a corrupt newest
   checkpoint and an interrupted one and ends bitwise equal to the uninterrupted run;
-- a bucket that does not exist fails the run before training, naming it.
+- a bucket that does not exist fails the run before training, naming it;
+- write_if checked by GCS (ifGenerationMatch through the JSON API), with Tessera's own tokens for service accounts,
+  user credentials and the metadata server.
 """
 import json
 import os
@@ -180,9 +182,14 @@ def test_a_service_account_signs_every_request_and_a_wrong_key_is_a_clear_error(
         out = run_batch(env, [{"op": "put_file", "path": str(tmp_path / "d.bin"), "uri": "gs://signed/d.bin"},
                               {"op": "download", "uri": "gs://signed/d.bin", "path": str(tmp_path / "back.bin")},
                               {"op": "list", "uri": "gs://signed/"},
-                              {"op": "remove", "uri": "gs://signed/d.bin"}], tmp_path)
-        assert [r.get("error") for r in out["results"]] == [None] * 4
+                              {"op": "remove", "uri": "gs://signed/d.bin"},
+                              # Tessera's own JSON API requests, with tokens it signs itself
+                              {"op": "put_if", "uri": "gs://signed/latest", "data": "ep0-ba2", "expected": None},
+                              {"op": "stat", "uri": "gs://signed/latest"}], tmp_path)
+        assert [r.get("error") for r in out["results"]] == [None] * 6
         assert (tmp_path / "back.bin").read_bytes() == data and len(out["results"][2]["objects"]) == 1
+        assert out["results"][4]["etag"] and out["results"][5]["etag"] == out["results"][4]["etag"], out
+        assert any(m == "POST" and "ifGenerationMatch=0" in p for m, p, _ in proxy.seen)
         assert tokens and all(t["iss"] == "trainer@tessera-test.iam.gserviceaccount.com" for t in tokens)
         assert len(tokens) == len(proxy.seen)  # every request carried a valid token
 
@@ -223,10 +230,14 @@ def test_user_credentials_are_refreshed_mid_run(tmp_path):
             issued[token] = time.time() + 4
             return self.json(200, {"access_token": token, "expires_in": 4, "token_type": "Bearer"})
 
+    conditional = []  # the tokens of Tessera's own JSON API uploads (write_if)
+
     def gate(method, path, headers):
         token = headers.get("Authorization", "")[len("Bearer "):]
         if issued.get(token, 0) < time.time():
             return 401, "Unauthorized", "expired or unknown access token"
+        if "ifGenerationMatch=" in path:
+            conditional.append(token)
         return None
 
     tokens = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), TokenEndpoint)
@@ -244,15 +255,70 @@ def test_user_credentials_are_refreshed_mid_run(tmp_path):
         env.update(GOOGLE_APPLICATION_CREDENTIALS=str(creds), TESSERA_GCS_ENDPOINT_URL=proxy.url,
                    TESSERA_GCS_RETRY_LIMIT_S="3")
         out = run_batch(env, [{"op": "put", "uri": "gs://user/a.txt", "data": "before the token expired"},
+                              {"op": "put_if", "uri": "gs://user/latest", "data": "ep0-ba2", "expected": None},
                               {"op": "sleep", "seconds": 6},
-                              {"op": "get", "uri": "gs://user/a.txt"}], tmp_path)
-        assert [r.get("error") for r in out["results"]] == [None] * 3, out
-        assert out["results"][2]["data"] == "before the token expired"
+                              {"op": "get", "uri": "gs://user/a.txt"},
+                              {"op": "put_if", "uri": "gs://user/latest-2", "data": "ep0-ba4", "expected": None}],
+                        tmp_path)
+        assert [r.get("error") for r in out["results"]] == [None] * 5, out
+        assert out["results"][3]["data"] == "before the token expired"
+        assert out["results"][1]["etag"] and out["results"][4]["etag"], out
         assert len(issued) >= 2  # a second token, fetched after the first one's 4 seconds
+        assert len(conditional) == 2 and conditional[0] != conditional[1]  # Tessera's own tokens, refreshed too
     finally:
         server.stop()
         proxy.stop()
         tokens.shutdown()
+
+
+def test_metadata_server_tokens_for_conditional_writes(tmp_path):
+    # On GCE and GKE (no credentials file): the metadata server's tokens, asked with Metadata-Flavor: Google, carry
+    # Tessera's own JSON API requests (write_if); a metadata server that refuses is named in the error.
+    import http.server
+    import threading
+
+    from gcs_server import FakeGcsServer
+    from loopback_http import QuietHandler
+    from s3_server import FaultProxy, free_port
+
+    served = []
+
+    class Metadata(QuietHandler):
+        def do_GET(self):
+            if self.path != "/computeMetadata/v1/instance/service-accounts/default/token" or \
+                    self.headers.get("Metadata-Flavor") != "Google":
+                return self.json(403, {"error": "forbidden"})
+            served.append(f"ya29.metadata-{len(served) + 1}")
+            return self.json(200, {"access_token": served[-1], "expires_in": 3599, "token_type": "Bearer"})
+
+    def gate(method, path, headers):
+        return None if headers.get("Authorization", "")[len("Bearer "):] in served else (401, "Unauthorized", "no")
+
+    metadata = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Metadata)
+    threading.Thread(target=metadata.serve_forever, daemon=True).start()
+    port = free_port()
+    proxy = FaultProxy(f"http://127.0.0.1:{port}", gate=gate)
+    server = FakeGcsServer(port=port, external_url=proxy.url)
+    try:
+        server.client().create_bucket("gce")
+        env = {k: v for k, v in server.env().items() if k != "STORAGE_EMULATOR_HOST"}
+        env.update(HOME=str(tmp_path), GCE_METADATA_ROOT=f"127.0.0.1:{metadata.server_address[1]}",
+                   TESSERA_GCS_ENDPOINT_URL=proxy.url, TESSERA_GCS_RETRY_LIMIT_S="3")
+        out = run_batch(env, [{"op": "put_if", "uri": "gs://gce/latest", "data": "ep0-ba2", "expected": None},
+                              {"op": "stat", "uri": "gs://gce/latest"},
+                              {"op": "put_if", "uri": "gs://gce/latest", "data": "ep0-ba4", "expected": None}], tmp_path)
+        r = out["results"]
+        assert r[0]["etag"] and r[1]["etag"] == r[0]["etag"] and r[2] == {"etag": None}, out
+        assert served and server.client().bucket("gce").blob("latest").download_as_bytes() == b"ep0-ba2"
+
+        refused = {**env, "GCE_METADATA_ROOT": f"127.0.0.1:{free_port()}"}  # nothing listens there
+        out = run_batch(refused, [{"op": "stat", "uri": "gs://gce/latest"}], tmp_path, "refused")
+        err = out["results"][0]["error"]
+        assert "gs://gce/latest" in err and "the metadata server (127.0.0.1:" in err, err
+    finally:
+        server.stop()
+        proxy.stop()
+        metadata.shutdown()
 
 
 def test_transient_failures_are_retried_and_a_failed_upload_publishes_nothing(tmp_path):
@@ -317,9 +383,37 @@ def test_training_through_a_failing_gcs_equals_the_clean_run(data, tmp_path):
         proxy.stop()
 
 
-def test_conditional_writes_compare_the_update_time(gcs, bucket, tmp_path):
-    # Arrow's GCS gives no generation: write_if compares the object's update time (microseconds) before writing, which
-    # refuses a stale version and a first write over an existing object (the race between compare and write stays).
+def test_conditional_writes_are_checked_by_gcs(gcs, bucket, tmp_path):
+    """storage::write_if on gs:// (how a checkpoint's `latest` is written): an upload through GCS's JSON API with
+    ifGenerationMatch (Arrow's client has no preconditions), so a writer landing between Tessera's look at the object
+    and its upload makes GCS refuse Tessera's; the version is the update time stat() gives."""
     from remote_training import conditional_writes
+    from s3_server import FaultProxy
 
     conditional_writes(gcs.env(), tmp_path, f"gs://{bucket}")
+    uri = f"gs://{bucket}/cond/latest"
+    out = run_batch(gcs.env(), [{"op": "stat", "uri": uri},
+                                {"op": "put_if", "uri": uri, "data": "ep0-ba8", "expected": None}], tmp_path, "stat")
+    etag = out["results"][0]["etag"]
+    assert etag and out["results"][1] == {"etag": None}, out
+
+    blob = gcs.client().bucket(bucket).blob("cond/latest")
+    conditional = []
+
+    def another_writer(method, path, headers):  # lands just before Tessera's conditional upload reaches GCS
+        if method == "POST" and "ifGenerationMatch=" in path:
+            conditional.append(path)
+            blob.upload_from_string(b"ep0-ba8 from another writer")
+        return None
+
+    proxy = FaultProxy(gcs.url, gate=another_writer)
+    try:
+        out = run_batch(gcs.env(STORAGE_EMULATOR_HOST=proxy.url),
+                        [{"op": "put_if", "uri": uri, "data": "ep0-ba10", "expected": etag}], tmp_path, "race")
+    finally:
+        proxy.stop()
+    assert out["results"][0] == {"etag": None}, out
+    assert len(conditional) == 1 and blob.download_as_bytes() == b"ep0-ba8 from another writer"
+    out = run_batch(gcs.env(), [{"op": "stat", "uri": uri},
+                                {"op": "put_if", "uri": uri, "data": "ep0-ba10", "expected": etag}], tmp_path, "after")
+    assert out["results"][0]["etag"] != etag and out["results"][1] == {"etag": None}, out
