@@ -386,8 +386,11 @@ class OciObjectStorageServer:
                 "TESSERA_OCI_AUTH_ENDPOINT_URL": self.url}
 
     def stop(self):
+        import shutil
+
         self.httpd.shutdown()
         self.httpd.server_close()
+        shutil.rmtree(self.folder, ignore_errors=True)  # the API key it made
 
     def create_bucket(self, name):
         self.buckets[name] = {}
