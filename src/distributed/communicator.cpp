@@ -421,6 +421,41 @@ void Communicator::barrier() {
   w.wait();
 }
 
+namespace {
+// A point-to-point peer: another rank of the communicator.
+void check_peer(int peer, int self, int size, const char* what) {
+  if (peer < 0 || peer >= size || peer == self) {
+    throw CommError("dist", fmt::format("{}: rank {} is not another rank of a group of {} (this is rank {})", what,
+                                        peer, size, self));
+  }
+}
+}  // namespace
+
+Work Communicator::send(at::Tensor& t, int dst, int tag, const std::string& what) {
+  check_flat(t, "send tensor");
+  check_peer(dst, rank_, size_, "send");
+  stats_.calls++;
+  stats_.send_bytes += static_cast<double>(t.nbytes());
+  const std::string op =
+      fmt::format("{} to rank {}{}", describe("send", t), global_rank_of(dst), what.empty() ? "" : " (" + what + ")");
+  return issue(global_rank_, op, [&] {
+    std::vector<at::Tensor> v{t};
+    return backend_->pg->send(v, dst, tag);
+  });
+}
+
+Work Communicator::recv(at::Tensor& t, int src, int tag, const std::string& what) {
+  check_flat(t, "recv tensor");
+  check_peer(src, rank_, size_, "recv");
+  stats_.calls++;
+  const std::string op =
+      fmt::format("{} from rank {}{}", describe("recv", t), global_rank_of(src), what.empty() ? "" : " (" + what + ")");
+  return issue(global_rank_, op, [&] {
+    std::vector<at::Tensor> v{t};
+    return backend_->pg->recv(v, src, tag);
+  });
+}
+
 std::shared_ptr<Communicator> Communicator::new_group(const std::vector<int>& ranks) {
   const int id = groups_made_++;
   int my_index = -1;
@@ -452,6 +487,7 @@ std::shared_ptr<Communicator> Communicator::new_group(const std::vector<int>& ra
   auto c = std::shared_ptr<Communicator>(new Communicator());
   c->rank_ = my_index;
   c->global_rank_ = global_rank_;
+  for (int r : ranks) c->members_.push_back(global_rank_of(r));
   c->size_ = n;
   c->rv_ = rv_;
   c->backend_ = std::move(b);

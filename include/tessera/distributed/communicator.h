@@ -1,5 +1,6 @@
 // Collective communication between the ranks of a job: all_reduce, reduce_scatter, all_gather, broadcast, all_to_all
-// and barrier on contiguous tensors, with asynchronous handles so that communication can overlap computation.
+// and barrier on contiguous tensors, and point-to-point send / recv (pipeline stages), with asynchronous handles so
+// that communication can overlap computation.
 //
 // Backends are chosen at link time: Gloo through LibTorch's c10d (CPU tensors; processes on one machine or many, over
 // TCP) and NCCL (CUDA tensors; compiled in when the toolkit has it). Rendezvous uses c10d's TCPStore at
@@ -75,8 +76,9 @@ struct CommStats {
   double all_gather_bytes = 0;
   double broadcast_bytes = 0;
   double all_to_all_bytes = 0;  // the rows sent to other ranks
+  double send_bytes = 0;        // point to point
   double total_bytes() const {
-    return all_reduce_bytes + reduce_scatter_bytes + all_gather_bytes + broadcast_bytes + all_to_all_bytes;
+    return all_reduce_bytes + reduce_scatter_bytes + all_gather_bytes + broadcast_bytes + all_to_all_bytes + send_bytes;
   }
 };
 
@@ -132,6 +134,14 @@ class Communicator {
   Work all_to_all(at::Tensor& out, at::Tensor& in, const std::vector<int64_t>& out_splits,
                   const std::vector<int64_t>& in_splits);
   void barrier();
+  // Point to point (pipeline stages): `t` to rank `dst` of this communicator, or into `t` (already shaped) from rank
+  // `src`. A pair's sends and receives of one `tag` match in the order they were issued. The operation names the peer
+  // by its rank in the job, and `what` it is when given ("recv of 4096 Float elements from rank 3 (the activation of
+  // microbatch 2 from pipeline stage 1)"), as a failure or a hang report then shows it.
+  Work send(at::Tensor& t, int dst, int tag = 0, const std::string& what = "");
+  Work recv(at::Tensor& t, int src, int tag = 0, const std::string& what = "");
+  // Rank `r` of this communicator as a rank of the job.
+  int global_rank_of(int r) const { return members_.empty() ? r : members_.at(static_cast<size_t>(r)); }
 
   // A communicator over `ranks` (indices into this one; must include this rank). Every rank of this communicator
   // must call new_group with the same arguments in the same order, also those not in `ranks`; they get nullptr.
@@ -146,7 +156,8 @@ class Communicator {
 
   int rank_ = 0;
   int size_ = 1;
-  int global_rank_ = 0;  // this process's rank in the job, for messages
+  int global_rank_ = 0;       // this process's rank in the job, for messages
+  std::vector<int> members_;  // a group's ranks in the job, by group rank; empty: the job itself
   Rendezvous rv_;
   std::unique_ptr<Backend> backend_;  // process group and store; null for a world of one
   int groups_made_ = 0;

@@ -130,6 +130,37 @@ TEST(DistWorker, Collectives) {
   at::Tensor g = at::full({1}, static_cast<float>(r), at::kFloat);
   mine_group->all_reduce(g).wait();
   EXPECT_EQ(g.item<float>(), r % 2 == 0 ? 2.0f : 4.0f);
+
+  // Point to point: around a ring, two tags received in the opposite order of their sends.
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  at::Tensor out1 = at::arange(3, at::kFloat) + 10 * r, out2 = at::full({2}, 100.0f + static_cast<float>(r));
+  dist::Work s1 = comm->send(out1, next, /*tag=*/1);
+  dist::Work s2 = comm->send(out2, next, /*tag=*/2);
+  at::Tensor in1 = at::empty({3}), in2 = at::empty({2});
+  comm->recv(in2, prev, 2).wait();
+  comm->recv(in1, prev, 1).wait();
+  s1.wait();
+  s2.wait();
+  EXPECT_TRUE(at::equal(in1, at::arange(3, at::kFloat) + 10 * prev));
+  EXPECT_TRUE(at::equal(in2, at::full({2}, 100.0f + static_cast<float>(prev))));
+  EXPECT_EQ(comm->stats().send_bytes, 5.0 * sizeof(float));
+  // Within a group, peers are group ranks; messages name their ranks in the job.
+  at::Tensor p = at::full({1}, static_cast<float>(r));
+  if (mine_group->rank() == 0) {
+    mine_group->send(p, 1).wait();
+  } else {
+    mine_group->recv(p, 0).wait();
+    EXPECT_EQ(p.item<float>(), static_cast<float>(r - 2));
+  }
+  EXPECT_EQ(mine_group->global_rank_of(1), r % 2 == 0 ? 2 : 3);
+  try {
+    comm->send(out1, r);
+    ADD_FAILURE() << "a send to itself";
+  } catch (const dist::CommError& e) {
+    EXPECT_NE(std::string(e.what()).find(fmt::format("rank {} is not another rank of a group of 4", r)),
+              std::string::npos)
+        << e.what();
+  }
   comm->barrier();
 }
 
@@ -355,6 +386,32 @@ TEST(DistWorker, Timeout) {
 TEST(DistCollectives, ATimedOutCollectiveNamesRankAndOperation) {
   if (is_worker()) GTEST_SKIP() << "launcher side";
   EXPECT_EQ(launch_workers("Timeout", 2), 0);
+}
+
+TEST(DistWorker, RecvTimeout) {
+  if (!is_worker()) GTEST_SKIP() << "a worker of DistCollectives.ATimedOutReceiveNamesThePeerAndWhatItWaitsFor";
+  auto comm = dist::Communicator::connect(dist::rendezvous_from_env(), at::kCPU, std::chrono::seconds(2));
+  const double scale = ::tessera::testing::time_scale();
+  if (comm->rank() == 1) {  // a pipeline stage that never sends (stopped)
+    std::this_thread::sleep_for(std::chrono::duration<double>(2 + 4 * scale));
+    return;
+  }
+  at::Tensor grad = at::empty({3});
+  try {
+    comm->recv(grad, 1, /*tag=*/1, "the gradient of microbatch 0 from pipeline stage 1").wait();
+    ADD_FAILURE() << "the recv completed without a send";
+  } catch (const dist::CommError& e) {
+    // What a failure and the watchdog's hang report (the same operation text) say a stage waits on.
+    EXPECT_NE(std::string(e.what()).find("rank 0: recv of 3 Float elements from rank 1 (the gradient of microbatch 0 "
+                                         "from pipeline stage 1) failed"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(DistCollectives, ATimedOutReceiveNamesThePeerAndWhatItWaitsFor) {
+  if (is_worker()) GTEST_SKIP() << "launcher side";
+  EXPECT_EQ(launch_workers("RecvTimeout", 2), 0);
 }
 
 TEST(DistCollectives, WorldOfOneIsLocal) {
