@@ -92,6 +92,22 @@ if "$prefix/bin/tessera" export --plugin "$src/examples/research/research.yaml" 
 fi
 grep -q "research.yaml: cannot load: " "$run/plugin.err" || { cat "$run/plugin.err" >&2; exit 1; }
 
+# The plug-in's model in pipeline stages, unchanged: 2 stages (1F1B) on 2 ranks give one process's losses.
+for nproc in 1 2; do
+  pp=()
+  ((nproc == 1)) || pp=(--nproc-per-node 2 --master-port 0 "parallelism={pipeline_parallel_degree: 2}")
+  "$prefix/bin/tessera" train --plugin "$plugin" --recipe "$src/examples/research/research.yaml" "${pp[@]}" \
+    variables.data_local="$run/data" save_folder="$run/ckpt-pp$nproc" loggers.jsonl.filename="$run/pp$nproc.jsonl" \
+    max_duration=4ba eval_interval=0 fsdp_config.sharding_strategy=NO_SHARD > "$run/pp$nproc.log" 2>&1 ||
+    { cat "$run/pp$nproc.log" >&2; exit 1; }
+done
+python3 - "$run/pp1.jsonl" "$run/pp2.jsonl" <<'PY'
+import json, sys
+losses = [[json.loads(l)["loss/train/total"] for l in open(f) if "loss/train/total" in l] for f in sys.argv[1:]]
+assert len(losses[0]) == 4 and len(losses[1]) == 4, losses
+assert all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(*losses)), losses
+PY
+
 # add_subdirectory: the library and the tools are targets, the tests and benchmarks are not.
 mkdir -p "$work/subdir"
 cat > "$work/subdir/CMakeLists.txt" <<CMAKE
@@ -109,6 +125,6 @@ if grep -E "tessera_tests|bench_|embed_trainer" <<< "$targets"; then
   echo "check.sh: add_subdirectory(tessera) would build the targets above (tests, benchmarks or examples)" >&2
   exit 1
 fi
-echo "check.sh: installed, built out of tree, ran; the installed tools trained, converted, evaluated and sampled" \
-  "with the plug-in;" \
+echo "check.sh: installed, built out of tree, ran; the installed tools trained (in pipeline stages too)," \
+  "converted, evaluated and sampled with the plug-in;" \
   "add_subdirectory builds the library and tools only"

@@ -173,6 +173,31 @@ void ParallelModel::Impl::setup(models::CausalLM& model) {
   } else {
     shard_comm_ = comm_;
   }
+  if (pipelined()) {
+    const PipelineStageOptions& pp = o_.pipeline;
+    if (!pp.group || pp.group->size() != pp.stages || pp.group->rank() != pp.stage) {
+      throw Error("dist", fmt::format("pipeline stage {} of {}: the pipeline group must hold one rank per stage, this "
+                                      "rank at its stage",
+                                      pp.stage, pp.stages));
+    }
+    const auto refuse = [&](const std::string& what) {
+      throw ConfigError(
+          "dist", fmt::format("parallelism.pipeline_parallel_degree {} with {}: not supported yet", pp.stages, what));
+    };
+    if (o_.sharding.tensor_parallel_degree > 1) refuse("tensor parallelism");
+    if (o_.sharding.context_parallel_degree > 1) refuse("context parallelism");
+    if (o_.sharding.expert_parallel_degree > 1) refuse("expert parallelism");
+    if (strategy == ShardingStrategy::kHybridShard) refuse("HYBRID_SHARD");
+    if (o_.agree_on_oom) refuse("device_train_microbatch_size: auto");
+    root_pair_ = pp.group->new_group({0, pp.stages - 1});  // none on the stages in between
+    at::Tensor mine = at::tensor(std::vector<int64_t>{pp.first_block, pp.last_block}, at::kLong).to(o_.device);
+    at::Tensor all = at::empty({2 * pp.stages}, mine.options());
+    pp.group->all_gather(all, mine).wait();
+    const at::Tensor blocks = all.cpu();
+    for (int st = 0; st < pp.stages; ++st) {
+      stage_blocks_.emplace_back(blocks[2 * st].item<int64_t>(), blocks[2 * st + 1].item<int64_t>());
+    }
+  }
   ExpertGroups ep = setup_expert_parallel(model, o_.sharding.expert_parallel_degree, o_.sharding.strategy,
                                           o_.ranks_per_node, *comm_, [this] { sync_point(); });
   ep_ = ep.degree;
@@ -205,12 +230,21 @@ void ParallelModel::Impl::setup(models::CausalLM& model) {
   for (auto& item : model.named_parameters()) {
     names_.push_back(item.key());
     const int64_t idx = model.unit_of_parameter(item.key());
+    unit_of_name_[item.key()] = idx;
     auto& u = by_index[idx];
     if (!u) {
       u = std::make_unique<Unit>();
       u->index = idx;
       u->comm = shard_comm_.get();
       u->replica = replica_comm_.get();
+    }
+    if (!runs_unit(idx)) {  // another pipeline stage's: never materialised on this rank
+      other_stage_shapes_[item.key()] = item.value().sizes().vec();
+      if (!item.value().is_meta()) {
+        const at::Tensor meta = at::empty(item.value().sizes(), item.value().options().device(at::kMeta));
+        item.value().unsafeGetTensorImpl()->shallow_copy_from(meta.getIntrusivePtr());
+      }
+      continue;
     }
     const auto owner = expert_owner_.find(item.key());
     const bool expert = expert_names.count(item.key()) > 0 || owner != expert_owner_.end();
@@ -338,7 +372,44 @@ void ParallelModel::Impl::reshard(Unit& u) {
   u.gathered = false;
 }
 
+int ParallelModel::Impl::stage_of_unit(int64_t unit) const {
+  for (size_t st = 0; st < stage_blocks_.size(); ++st) {
+    if (unit >= stage_blocks_[st].first && unit <= stage_blocks_[st].second) return static_cast<int>(st);
+  }
+  return 0;  // the root
+}
+
+bool ParallelModel::Impl::runs_unit(int64_t unit) const {
+  if (!pipelined()) return true;
+  const PipelineStageOptions& pp = o_.pipeline;
+  if (unit == 0) return pp.stage == 0 || pp.stage == pp.stages - 1;
+  return unit >= pp.first_block && unit <= pp.last_block;
+}
+
 at::Tensor ParallelModel::Impl::run(int64_t unit_index, const UnitFn& fn, const at::Tensor& x) {
+  if (pipelined()) {
+    const PipelineStageOptions& pp = o_.pipeline;
+    if (unit_index == 0) {
+      const bool head_call = root_called_;
+      if (!head_call && pp.stage > 0) {  // the embedding call: the previous stage's activation instead
+        root_called_ = true;
+        if (!stage_input_.defined()) {
+          throw Error("dist", fmt::format("pipeline stage {}: a forward without the previous stage's activation "
+                                          "(ParallelModel::set_stage_input)",
+                                          pp.stage));
+        }
+        at::Tensor in = std::move(stage_input_);
+        stage_input_ = at::Tensor();
+        return in;
+      }
+      if (head_call && pp.stage < pp.stages - 1) {  // the head call: this stage's output goes to the next one
+        root_called_ = false;
+        return x;
+      }
+    } else if (!runs_unit(unit_index)) {
+      return x;
+    }
+  }
   const int64_t n_blocks = static_cast<int64_t>(units_.size()) - 1;
   if (tp_state_ && unit_index >= 1) return run_sequence_parallel(unit_index, n_blocks, fn, x);
   return run_unit_call(unit_index, fn, x);
@@ -499,6 +570,8 @@ void ParallelModel::Impl::launch_reduction(Unit& u) {
     u.grad_full = at::Tensor();
     return;
   }
+  // Pipeline schedules run several microbatches' backwards before finish_backward: one reduction per unit in flight.
+  if (u.reduce_in_flight) complete_reduction(u);
   // Parameters no call gave a gradient (unused in this forward) and the padding reduce as zeros.
   for (size_t i = 0; i < u.params.size(); ++i) {
     if (!u.grad_written[i]) u.grad_full.narrow(0, u.offsets[i], u.params[i].numel()).zero_();
@@ -545,17 +618,7 @@ void ParallelModel::Impl::finish_backward() {
     for (Unit* u : done) works.push_back(u->replica->all_reduce(u->reduce_out));
     for (Work& w : works) w.wait();
   }
-  for (Unit* u : done) {
-    const double scale = u->grad_scale / comm_->size();
-    at::Tensor g = u->reduce_out.to(at::kFloat);
-    if (scale != 1.0) g.mul_(scale);
-    u->reduce_out = at::Tensor();
-    if (u->shard.grad().defined()) {
-      u->shard.mutable_grad().add_(g);
-    } else {
-      u->shard.mutable_grad() = g;
-    }
-  }
+  for (Unit* u : done) add_reduced(*u);
   for (auto& u : units_) {
     if (u->pending_calls != 0) {
       throw Error("dist", fmt::format("unit {}: {} forward call(s) had no backward before finish_backward", u->index,
@@ -573,6 +636,38 @@ void ParallelModel::Impl::finish_backward() {
   }
   records_.clear();
   root_called_ = false;
+  if (pipelined() && sync_ && root_pair_) {
+    // The root's gradient: the embedding's from the first stage, the final norm's and head's from the last (a tied
+    // embedding gets both). The first stage steps the sum; the last drops its copy's (sync_stage_copies()).
+    Unit& root = *units_[0];
+    at::Tensor g = root.shard.grad().defined() ? root.shard.grad() : at::zeros_like(root.shard);
+    root_pair_->all_reduce(g).wait();
+    root.shard.mutable_grad() = o_.pipeline.stage == 0 ? g : at::Tensor();
+  }
+}
+
+void ParallelModel::Impl::add_reduced(Unit& u) {
+  const double scale = u.grad_scale / comm_->size();
+  at::Tensor g = u.reduce_out.to(at::kFloat);
+  if (scale != 1.0) g.mul_(scale);
+  u.reduce_out = at::Tensor();
+  if (u.shard.grad().defined()) {
+    u.shard.mutable_grad().add_(g);
+  } else {
+    u.shard.mutable_grad() = g;
+  }
+}
+
+void ParallelModel::Impl::complete_reduction(Unit& u) {
+  at::NoGradGuard no_grad;
+  u.reduce_work.wait();
+  u.reduce_in = at::Tensor();
+  u.reduce_in_flight = false;
+  if (replica_comm_) {
+    sync_point();
+    u.replica->all_reduce(u.reduce_out).wait();
+  }
+  add_reduced(u);
 }
 
 void ParallelModel::Impl::sync_point() {
@@ -615,6 +710,7 @@ void ParallelModel::Impl::discard() {
   }
   records_.clear();
   root_called_ = false;
+  stage_input_ = at::Tensor();
   sync_ = true;
 }
 

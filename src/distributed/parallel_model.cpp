@@ -41,6 +41,8 @@ void ParallelModel::finish_backward() {
 at::Tensor ParallelModel::sum_over_shards(const at::Tensor& t) {
   at::Tensor out = t.contiguous().clone();
   if (impl_->sharded()) impl_->shard_comm_->all_reduce(out).wait();
+  // Pipeline stages hold different blocks (the root's gradient only on the first stage: finish_backward).
+  if (impl_->pipelined()) impl_->o_.pipeline.group->all_reduce(out).wait();
   return out;
 }
 
@@ -92,6 +94,19 @@ std::vector<std::pair<std::string, at::Tensor>> ParallelModel::full_state_dict()
     impl_->ep_comm_->broadcast(t, owner->second).wait();
     by_name[name] = t;
   }
+  // Pipeline stages: each parameter from the stage whose copy counts (the root from the first), in the model's order.
+  if (impl_->pipelined()) {
+    const PipelineStageOptions& pp = impl_->o_.pipeline;
+    std::map<std::string, std::vector<int64_t>> shapes(parameter_shapes().begin(), parameter_shapes().end());
+    for (const std::string& name : impl_->names_) {
+      const int owner = impl_->stage_of_unit(impl_->unit_of_name_.at(name));
+      at::Tensor t = owner == pp.stage
+                         ? by_name.at(name).contiguous()
+                         : at::empty(shapes.at(name), at::TensorOptions().dtype(at::kFloat).device(impl_->o_.device));
+      pp.group->broadcast(t, owner).wait();
+      by_name[name] = t;
+    }
+  }
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const std::string& name : impl_->names_) out.emplace_back(name, by_name.at(name));
   return out;
@@ -101,6 +116,10 @@ std::vector<std::vector<ShardSpan>> ParallelModel::shard_layout() const {
   std::vector<std::vector<ShardSpan>> out;
   const bool sharded = impl_->sharded();
   for (const Unit* u : impl_->parts_) {
+    if (u->index == 0 && impl_->pipelined() && impl_->o_.pipeline.stage > 0) {  // the first stage's copy counts
+      out.emplace_back();
+      continue;
+    }
     // This rank's slice of the unit's flat vector: [lo, lo + shard_numel).
     const int64_t lo = sharded && u->comm ? u->comm->rank() * u->shard_numel : 0;
     const int64_t hi = lo + u->shard_numel;
@@ -175,8 +194,20 @@ const std::vector<std::pair<std::string, std::vector<int64_t>>>& ParallelModel::
   }
   for (const auto& [name, t] : impl_->frozen_) shapes[name] = t.sizes().vec();
   for (const auto& [name, shape] : impl_->remote_expert_shapes_) shapes[name] = shape;
+  for (const auto& [name, shape] : impl_->other_stage_shapes_) shapes[name] = shape;
   for (const std::string& name : impl_->names_) out.emplace_back(name, shapes.at(name));
   return out;
+}
+
+void ParallelModel::set_stage_input(at::Tensor x) {
+  impl_->stage_input_ = std::move(x);
+}
+
+void ParallelModel::sync_stage_copies() {
+  if (!impl_->pipelined() || !impl_->root_pair_) return;
+  at::NoGradGuard no_grad;
+  at::Tensor root = impl_->units_[0]->shard.detach();
+  impl_->root_pair_->broadcast(root, 0).wait();
 }
 
 std::vector<int64_t> ParallelModel::unit_sizes() const {

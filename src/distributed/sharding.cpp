@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "tessera/distributed/pipeline.h"
 #include "tessera/util/error.h"
 
 namespace tessera::dist {
@@ -75,11 +76,11 @@ void parse_parallelism(config::Section& p, const config::Section& fsdp, Sharding
   o.sequence_parallel = p.get_bool("sequence_parallel", true);
   const int64_t context = p.get_int("context_parallel_degree", 1);
   p.check(context >= 1, "context_parallel_degree", "must be at least 1");
-  for (const char* key : {"pipeline_parallel_degree", "expert_tensor_parallel_degree"}) {
-    const int64_t degree = p.get_int(key, 1);
-    p.check(degree >= 1, key, "must be at least 1");
-    if (degree > 1) p.not_supported(key, std::to_string(degree));
-  }
+  const int64_t pipeline = p.get_int("pipeline_parallel_degree", 1);
+  p.check(pipeline >= 1, "pipeline_parallel_degree", "must be at least 1");
+  const int64_t expert_tensor = p.get_int("expert_tensor_parallel_degree", 1);
+  p.check(expert_tensor >= 1, "expert_tensor_parallel_degree", "must be at least 1");
+  if (expert_tensor > 1) p.not_supported("expert_tensor_parallel_degree", std::to_string(expert_tensor));
   if (p.get_bool("enable_async_tensor_parallel", false)) p.not_supported("enable_async_tensor_parallel", "true");
   if (p.get_bool("enable_compiled_autograd", false)) p.not_supported("enable_compiled_autograd", "true");
   // Context parallelism all-gathers the keys and values (torchtitan's "allgather" method).
@@ -87,10 +88,20 @@ void parse_parallelism(config::Section& p, const config::Section& fsdp, Sharding
   if (p.get_choice("context_parallel_rotate_method", "allgather", {"allgather", "alltoall"}) == "alltoall") {
     p.not_supported("context_parallel_rotate_method", "alltoall");
   }
+  o.pipeline_schedule = p.get_string("pipeline_parallel_schedule", "1F1B");
+  if (!pipeline_schedule_named(o.pipeline_schedule)) {
+    if (needs_virtual_stages(o.pipeline_schedule)) {
+      p.not_supported("pipeline_parallel_schedule", o.pipeline_schedule + " (virtual stages; GPipe and 1F1B run)");
+    } else {
+      p.fail("pipeline_parallel_schedule",
+             fmt::format("unknown schedule \"{}\"; expected GPipe or 1F1B", o.pipeline_schedule));
+    }
+  }
+  o.pipeline_microbatch_size = p.get_int("pipeline_parallel_microbatch_size", 0);
+  p.check(o.pipeline_microbatch_size >= 0, "pipeline_parallel_microbatch_size", "must be at least 1");
   for (const char* key :
-       {"pipeline_parallel_split_points", "pipeline_parallel_layers_per_stage", "pipeline_parallel_schedule",
-        "pipeline_parallel_schedule_csv", "pipeline_parallel_microbatch_size"}) {
-    p.raw(key);
+       {"pipeline_parallel_split_points", "pipeline_parallel_layers_per_stage", "pipeline_parallel_schedule_csv"}) {
+    if (p.has(key)) p.not_supported(key, "given (stages split the blocks evenly)");
   }
   o.expert_parallel_degree = p.get_int("expert_parallel_degree", 1);
   p.check(o.expert_parallel_degree >= 1, "expert_parallel_degree", "must be at least 1");
@@ -123,6 +134,7 @@ void parse_parallelism(config::Section& p, const config::Section& fsdp, Sharding
   o.mesh_keys = "parallelism";
   o.tensor_parallel_degree = tensor;
   o.context_parallel_degree = context;
+  o.pipeline_parallel_degree = pipeline;
 }
 
 namespace {

@@ -140,9 +140,17 @@ Plan make_plan(const TrainConfig& cfg, int64_t world_size, int64_t ranks_per_nod
   Plan plan;
   plan.world_size = world_size;
   plan.ranks_per_node = std::clamp<int64_t>(ranks_per_node, 1, world_size);
+  // Pipeline stages: the outermost mesh dimension; the rest of the mesh is a stage's.
+  plan.pipeline_degree = cfg.fsdp.pipeline_degree();
+  if (world_size % plan.pipeline_degree != 0) {
+    throw ConfigError("recipe", fmt::format("{}: parallelism.pipeline_parallel_degree {} does not divide the world "
+                                            "size ({})",
+                                            cfg.recipe_path, plan.pipeline_degree, world_size));
+  }
+  const int64_t stage_world = world_size / plan.pipeline_degree;
   // fsdp_config's data-parallel mesh (Composer's degrees), checked as the trainer checks it.
   plan.shard_group =
-      dist::shard_group_size(dist::sharding_for_world(cfg.fsdp, world_size), world_size, plan.ranks_per_node);
+      dist::shard_group_size(dist::sharding_for_world(cfg.fsdp, stage_world), stage_world, plan.ranks_per_node);
   // The model on `meta`: shapes only, no memory, whatever its size.
   const std::shared_ptr<models::CausalLM> model = models::model_registry().build(cfg.model.name, cfg.model, "meta", 0);
   plan.model = model->describe();
@@ -151,9 +159,10 @@ Plan make_plan(const TrainConfig& cfg, int64_t world_size, int64_t ranks_per_nod
   plan.seq_len = cfg.train_loader.tokens.max_seq_len;
   plan.flops_per_token = model->flops_per_token(plan.seq_len);
   plan.tokens_per_step = cfg.global_train_batch_size * plan.seq_len;
-  // Tensor- and context-parallel groups read one batch each: the batch divides over the data-parallel ranks.
+  // Tensor- and context-parallel groups read one batch each, as do the pipeline stages: the batch divides over the
+  // data-parallel ranks.
   const int64_t tp = cfg.fsdp.tensor_parallel_degree, cp = cfg.fsdp.context_parallel_degree;
-  const int64_t data_ranks = world_size / (tp * cp);  // shard_group_size checked that T x C divides the world
+  const int64_t data_ranks = stage_world / (tp * cp);  // shard_group_size checked that T x C divides the stage
   if (cfg.global_train_batch_size % data_ranks != 0) {
     throw ConfigError(
         "recipe",
@@ -275,8 +284,9 @@ std::string render_plan(const TrainConfig& cfg, const Plan& plan, const std::str
   if (cfg.fsdp.shard_degree != -1 || cfg.fsdp.replicate_degree > 0) {
     const int64_t tp = cfg.fsdp.tensor_parallel_degree;
     line("data-parallel mesh",
-         fmt::format("replicate {} x shard {}{} ({}.data_parallel_*_degree)", plan.world_size / plan.shard_group,
-                     plan.shard_group / tp, tp > 1 ? fmt::format(" (x tensor {})", tp) : "", cfg.fsdp.mesh_keys));
+         fmt::format("replicate {} x shard {}{} ({}.data_parallel_*_degree)",
+                     plan.world_size / plan.pipeline_degree / plan.shard_group, plan.shard_group / tp,
+                     tp > 1 ? fmt::format(" (x tensor {})", tp) : "", cfg.fsdp.mesh_keys));
   }
   line("model", plan.model);
   line("parameters",
@@ -330,6 +340,12 @@ std::string render_plan(const TrainConfig& cfg, const Plan& plan, const std::str
     line("tensor all-reduce", fmt::format("{} sent per rank and step ({} with activation checkpointing); activations "
                                           "below are not divided by the degree (an upper bound)",
                                           gib(plan.tensor_all_reduce_bytes), gib(plan.tensor_all_reduce_bytes_ckpt)));
+  }
+  if (plan.pipeline_degree > 1) {
+    line("pipeline parallelism",
+         fmt::format("{} stages of {} ranks, schedule {}; memory below is the whole model's (stages are not planned "
+                     "yet)",
+                     plan.pipeline_degree, plan.world_size / plan.pipeline_degree, cfg.fsdp.pipeline_schedule));
   }
   if (plan.context_parallel_degree > 1) {
     const int64_t cp = plan.context_parallel_degree;

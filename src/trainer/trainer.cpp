@@ -21,9 +21,11 @@
 #include "tessera/data/loader.h"
 #include "tessera/distributed/communicator.h"
 #include "tessera/distributed/fsdp.h"
+#include "tessera/distributed/pipeline.h"
 #include "tessera/eval/eval_recipe.h"
 #include "tessera/loggers/loggers.h"
 #include "tessera/models/blocks/float8.h"
+#include "tessera/models/capabilities.h"
 #include "tessera/models/context_parallel.h"
 #include "tessera/models/loss.h"
 #include "tessera/models/metric.h"
@@ -68,11 +70,11 @@ double seconds_since(Clock::time_point t) {
 
 namespace detail {
 
-int64_t data_rank(const State& s, int64_t tp) {
-  return s.rank / tp;
+int64_t data_rank(const State& s, const dist::ShardingOptions& o) {
+  return o.data_rank(s.rank, s.world_size);
 }
-int64_t data_world(const State& s, int64_t tp) {
-  return s.world_size / tp;
+int64_t data_world(const State& s, const dist::ShardingOptions& o) {
+  return o.data_world(s.world_size);
 }
 
 std::vector<double> sum_over_ranks(const State& s, const std::vector<double>& values) {
@@ -177,7 +179,7 @@ Trainer::Trainer(TrainConfig config, TrainerParts parts) : cfg_(std::move(config
   state_.optimizer = optim::make_optimizer(cfg_.optimizer, state_.trainable_parameters());
   // Reseed so that INIT-time randomness does not change what training draws; a resumed run then restores the RNG.
   // A tensor-parallel group's ranks draw the same numbers: they compute the same activations outside the split layers.
-  at::manual_seed(static_cast<uint64_t>(cfg_.seed + data_rank(state_, cfg_.fsdp.batch_replicas())));
+  at::manual_seed(static_cast<uint64_t>(cfg_.seed + data_rank(state_, cfg_.fsdp)));
   engine_->run_event(Event::kBeforeLoad);
   load_initial_checkpoint();
   engine_->run_event(Event::kAfterLoad);
@@ -244,18 +246,20 @@ void Trainer::setup_ranks() {
   if (cuda && rendezvous_.placement_known) {
     state_.device = cuda_device_of(rendezvous_, dev.cuda_devices, cfg_.recipe_path);
   }
-  // Tensor- and context-parallel groups read one batch each: the data-parallel ranks are world / (T x C).
+  // Tensor- and context-parallel groups read one batch each, as do a rank's peers in the other pipeline stages: the
+  // data-parallel ranks are world / (P x T x C).
   const int64_t tp = cfg_.fsdp.batch_replicas();
-  if (state_.world_size % tp != 0) {
-    throw ConfigError("recipe", fmt::format("{}: parallelism.tensor_parallel_degree {} x context_parallel_degree {} "
-                                            "does not divide the {} ranks",
-                                            cfg_.recipe_path, cfg_.fsdp.tensor_parallel_degree,
-                                            cfg_.fsdp.context_parallel_degree, state_.world_size));
+  if (state_.world_size % (tp * cfg_.fsdp.pipeline_degree()) != 0) {
+    throw ConfigError("recipe",
+                      fmt::format("{}: parallelism.pipeline_parallel_degree {} x tensor_parallel_degree {} x "
+                                  "context_parallel_degree {} does not divide the {} ranks",
+                                  cfg_.recipe_path, cfg_.fsdp.pipeline_degree(), cfg_.fsdp.tensor_parallel_degree,
+                                  cfg_.fsdp.context_parallel_degree, state_.world_size));
   }
-  if (cfg_.global_train_batch_size % data_world(state_, tp) != 0) {
+  if (cfg_.global_train_batch_size % data_world(state_, cfg_.fsdp) != 0) {
     throw ConfigError("recipe",
                       fmt::format("{}: global_train_batch_size {} does not divide over {} data-parallel ranks",
-                                  cfg_.recipe_path, cfg_.global_train_batch_size, data_world(state_, tp)));
+                                  cfg_.recipe_path, cfg_.global_train_batch_size, data_world(state_, cfg_.fsdp)));
   }
   state_.comm = dist::Communicator::connect(rendezvous_, state_.device, cfg_.dist_timeout);
   const bool found = !rendezvous_.placement_known;
@@ -274,7 +278,7 @@ void Trainer::setup_ranks() {
                                             "ranks do not hold whole groups",
                                             cfg_.recipe_path, tp, state_.local_world_size));
   }
-  state_.device_train_batch_size = cfg_.global_train_batch_size / data_world(state_, tp);
+  state_.device_train_batch_size = cfg_.global_train_batch_size / data_world(state_, cfg_.fsdp);
 }
 
 const data::Tokenizer& Trainer::tokenizer(const std::string& needed_by) {
@@ -305,13 +309,24 @@ void Trainer::build_data() {
   }
   const dist::Rendezvous& rv = rendezvous_;
   data::LoaderContext ctx;
-  const int64_t tp = cfg_.fsdp.batch_replicas();  // ranks that read the same samples
-  ctx.world_size = data_world(state_, tp);
-  ctx.rank = data_rank(state_, tp);
+  const int64_t tp = cfg_.fsdp.batch_replicas();  // a stage's ranks that read the same samples
+  ctx.world_size = data_world(state_, cfg_.fsdp);
+  ctx.rank = data_rank(state_, cfg_.fsdp);
   ctx.num_nodes = rv.num_nodes();
   ctx.node_rank = rv.node_rank();
   ctx.local_world_size = rv.local_world_size / tp;
   ctx.local_rank = rv.local_rank / tp;
+  if (const int64_t pp = cfg_.fsdp.pipeline_degree(); pp > 1) {
+    // The stages (outermost in the mesh) read the same samples: within a node when it holds every stage, else on
+    // nodes as many apart as a stage has.
+    if (rv.local_world_size % (tp * pp) == 0) {
+      ctx.local_world_size = rv.local_world_size / (tp * pp);
+      ctx.local_rank = (rv.local_rank % (rv.local_world_size / pp)) / tp;
+    } else {
+      ctx.num_nodes = rv.num_nodes() / pp;
+      ctx.node_rank = rv.node_rank() % ctx.num_nodes;
+    }
+  }
   auto tokenizer_for = [this](const std::string& loader) {
     return [this, loader] { return tokenizer("the " + loader + " loader"); };
   };
@@ -429,18 +444,66 @@ void Trainer::setup_microbatching() {
 }
 
 void Trainer::shard_model() {
-  // Every world size runs through the sharding engine; one rank gets DDP's options (sharding_for_world).
   dist::ParallelOptions po;
-  po.sharding = dist::sharding_for_world(cfg_.fsdp, state_.world_size);
+  // Pipeline parallelism: the outermost mesh dimension. Stage s is ranks [s * W / P, (s + 1) * W / P); the engine
+  // shards within the stage, and each rank's pipeline group holds its peers at the same position of every stage.
+  std::shared_ptr<dist::Communicator> comm = state_.comm;
+  if (const int stages = static_cast<int>(cfg_.fsdp.pipeline_degree()); stages > 1) {
+    const int per_stage = state_.world_size / stages;
+    for (int s = 0; s < stages; ++s) {
+      std::vector<int> ranks;
+      for (int r = 0; r < per_stage; ++r) ranks.push_back(s * per_stage + r);
+      if (auto g = state_.comm->new_group(ranks)) comm = g;
+    }
+    for (int r = 0; r < per_stage; ++r) {
+      std::vector<int> ranks;
+      for (int s = 0; s < stages; ++s) ranks.push_back(s * per_stage + r);
+      if (auto g = state_.comm->new_group(ranks)) po.pipeline.group = g;
+    }
+    // What stages do not run yet, refused before anything is built on them.
+    const auto refuse = [&](const std::string& what) {
+      throw ConfigError("recipe", fmt::format("{}: parallelism.pipeline_parallel_degree {} with {}: not supported yet",
+                                              cfg_.recipe_path, stages, what));
+    };
+    if (models::active_params(*state_.model) < state_.model->num_params()) refuse("a mixture of experts");
+    for (const auto& p : state_.model->named_parameters()) {
+      if (!p.value().requires_grad()) refuse(fmt::format("frozen parameters ({}; LoRA)", p.key()));
+    }
+    if (has_eval() && (!cfg_.eval_interval.is_zero() || cfg_.eval_first)) {
+      refuse("evaluation during training (set eval_interval: 0 and eval_first: false)");
+    }
+    if (cfg_.cuda_graphs) refuse("cuda_graphs");
+    const int64_t blocks = state_.model->num_units() - 1;
+    if (blocks < stages) {
+      throw ConfigError("recipe", fmt::format("{}: parallelism.pipeline_parallel_degree {}: the model has {} blocks, "
+                                              "fewer than the stages",
+                                              cfg_.recipe_path, stages, blocks));
+    }
+    po.pipeline.stage = state_.rank / per_stage;
+    po.pipeline.stages = stages;
+    std::tie(po.pipeline.first_block, po.pipeline.last_block) = dist::stage_blocks(blocks, po.pipeline.stage, stages);
+    if (state_.rank == 0) {
+      std::vector<std::string> split;
+      for (int s = 0; s < stages; ++s) {
+        const auto [first, last] = dist::stage_blocks(blocks, s, stages);
+        split.push_back(fmt::format("stage {}: blocks {}-{}{}{}", s, first - 1, last - 1, s == 0 ? " + embeddings" : "",
+                                    s == stages - 1 ? " + head" : ""));
+      }
+      spdlog::info("pipeline: {} stages of {} rank(s), schedule {}, {}", stages, per_stage, cfg_.fsdp.pipeline_schedule,
+                   fmt::join(split, "; "));
+    }
+  }
+  // Every world size runs through the sharding engine; one rank (per stage) gets DDP's options (sharding_for_world).
+  po.sharding = dist::sharding_for_world(cfg_.fsdp, comm->size());
   std::tie(po.param_dtype, po.reduce_dtype) =
       dist::mixed_precision_dtypes(po.sharding.mixed_precision, core::autocast_dtype(state_.precision));
   // HYBRID_SHARD's shard groups: the node, or fsdp_config's data_parallel_shard_degree (Composer's device mesh).
-  po.ranks_per_node = static_cast<int>(dist::shard_group_size(po.sharding, state_.world_size, state_.local_world_size));
+  po.ranks_per_node = static_cast<int>(dist::shard_group_size(po.sharding, comm->size(), state_.local_world_size));
   po.overlap = cfg_.fsdp.overlap_communication;
   po.device = state_.device;
   po.init_seed = static_cast<uint64_t>(cfg_.seed);
   po.agree_on_oom = oom_retry_.enabled();
-  state_.parallel = dist::parallelize(*state_.model, po, state_.comm);
+  state_.parallel = dist::parallelize(*state_.model, po, comm);
 }
 
 nlohmann::json Trainer::resumption_state() const {
@@ -548,8 +611,8 @@ void Trainer::fit() {
       const std::vector<double> sums =
           sum_over_ranks(state_, {static_cast<double>(samples), static_cast<double>(tokens),
                                   static_cast<double>(batch_loss_tokens), signal != 0 ? 1.0 : 0.0});
-      // A tensor- or context-parallel group's ranks read one batch: it counts once.
-      const double copies = static_cast<double>(cfg_.fsdp.batch_replicas());
+      // A tensor- or context-parallel group's ranks read one batch, as do the pipeline stages: it counts once.
+      const double copies = static_cast<double>(cfg_.fsdp.batch_replicas() * cfg_.fsdp.pipeline_degree());
       samples = static_cast<int64_t>(sums[0] / copies);
       tokens = static_cast<int64_t>(sums[1] / copies);
       loss_tokens_ = sums[2];

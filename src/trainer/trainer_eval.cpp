@@ -126,8 +126,7 @@ void Trainer::run_icl_eval() {
   for (const eval::IclTaskConfig& task : icl_tasks_) {
     for (int64_t k : task.num_fewshot) {
       util::heartbeat(fmt::format("icl {} {}-shot", task.label, k));
-      const int64_t tp = cfg_.fsdp.batch_replicas();
-      eval::IclRanks ranks{data_rank(state_, tp), data_world(state_, tp),
+      eval::IclRanks ranks{data_rank(state_, cfg_.fsdp), data_world(state_, cfg_.fsdp),
                            [this](std::vector<double>& v) { v = sum_over_ranks(state_, v); }};
       for (const eval::IclResult& r :
            eval::evaluate_icl_task(*state_.model, *tokenizer_, task, k, ranks, cfg_.device_eval_batch_size)) {

@@ -123,15 +123,7 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
                                          state_.outputs, models::next_token_targets(state_.batch),
                                          state_.outputs.size(-1) * vocab->size(), ce.label_smoothing, ce.z_loss, vocab)
                                    : loss_sum();
-        if (cfg_.accumulate_train_batch_on_tokens) {
-          state_.loss = token_scale != nullptr ? sum * *token_scale : sum * scale;
-        } else {
-          // The microbatch's mean over its loss tokens (the whole sequences'), by its share of the samples. The count
-          // stays on the device: no host sync per microbatch.
-          const at::Tensor tokens =
-              whole.labels.slice(1, 1).ne(data::kIgnoreLabel).sum().clamp_min(1).to(sum.scalar_type());
-          state_.loss = sum / tokens * (context_scale * static_cast<double>(end - start) / static_cast<double>(n));
-        }
+        state_.loss = scaled_loss(sum, whole, end - start, n, token_scale, scale, context_scale);
       }
       // A mixture of experts' auxiliary losses (models/moe.h), each microbatch's by its share of the samples as
       // Composer weighs its loss dicts: in the reported loss here, and in the gradient through the model's own graph
@@ -174,6 +166,16 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
   if (oom_retry_.peer_failed(*state_.parallel)) return false;
   step_total_ = total;
   return true;
+}
+
+at::Tensor Trainer::scaled_loss(const at::Tensor& sum, const data::TokenBatch& microbatch, int64_t rows, int64_t n,
+                                const at::Tensor* token_scale, double scale, double context_scale) const {
+  if (cfg_.accumulate_train_batch_on_tokens) return token_scale != nullptr ? sum * *token_scale : sum * scale;
+  // The microbatch's mean over its loss tokens (the whole sequences'), by its share of the samples. The count stays
+  // on the device: no host sync per microbatch.
+  const at::Tensor tokens =
+      microbatch.labels.slice(1, 1).ne(data::kIgnoreLabel).sum().clamp_min(1).to(sum.scalar_type());
+  return sum / tokens * (context_scale * static_cast<double>(rows) / static_cast<double>(n));
 }
 
 bool Trainer::run_graphed_microbatches(const data::TokenBatch& batch, bool capture) {
@@ -242,6 +244,9 @@ void Trainer::train_batch() {
     bool ran = false;
     if (mode == Mode::kWarmup) {
       graph_->on_side_stream([&] { ran = run_microbatches(full, state_.device_train_microbatch_size); });
+    } else if (cfg_.fsdp.pipeline_degree() > 1) {
+      run_pipeline(full);
+      ran = true;
     } else {
       ran = run_microbatches(full, state_.device_train_microbatch_size);
     }
@@ -256,8 +261,10 @@ void Trainer::train_batch() {
   }
   state_.batch = full;
   // The logged loss is the mean over every rank's device batch (Composer all-reduces it too): one read per step.
+  // (Under pipeline parallelism only the last stage's ranks hold losses.)
   state_.comm->all_reduce(step_total_).wait();
-  state_.train_loss = step_total_.item<double>() / static_cast<double>(state_.world_size);
+  const int64_t holders = state_.world_size / cfg_.fsdp.pipeline_degree();  // ranks that computed a loss
+  state_.train_loss = step_total_.item<double>() / static_cast<double>(holders);
   // Unscale before AFTER_TRAIN_BATCH (clipping sees true gradients); an overflow skips the step.
   const bool overflow = loss_scaler_.unscale(state_.trainable_parameters(), *state_.comm, state_.device);
   engine_->run_event(Event::kAfterTrainBatch);

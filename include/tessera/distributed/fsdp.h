@@ -74,6 +74,23 @@
 
 namespace tessera::dist {
 
+// Pipeline parallelism (distributed/pipeline.h): the stage this rank runs. parallelize() is then given the stage's
+// ranks as its communicator, so that every strategy above shards within the stage. The engine runs the stage's
+// decoder blocks and leaves the others unmaterialised (their model tensors become `meta`): a skipped block's call
+// returns its input. The root (embeddings, final norm, head: unit 0) is held by the first stage, which runs the
+// embedding call, and by the last, which runs the head call; on the other stages the embedding call returns the
+// tensor given to ParallelModel::set_stage_input (received from the previous stage) and the head call its input
+// (what goes to the next stage). The root's gradients are summed over the first and last stage (a tied embedding
+// gets both contributions); the first stage's copy is the one stepped and stored, and sync_stage_copies() hands it to
+// the last stage.
+struct PipelineStageOptions {
+  int stage = 0;
+  int stages = 1;
+  int64_t first_block = 1;  // the stage's decoder blocks, units [first_block, last_block]
+  int64_t last_block = 0;
+  std::shared_ptr<Communicator> group;  // this rank's pipeline group: one rank per stage, in stage order
+};
+
 struct ParallelOptions {
   ShardingOptions sharding;                  // strategy, activation checkpointing, sync_module_states
   at::ScalarType param_dtype = at::kFloat;   // dtype of gathered parameters (the compute copy)
@@ -83,6 +100,7 @@ struct ParallelOptions {
   at::Device device = at::kCPU;              // where parameters live (a model built on `meta` is materialised here)
   uint64_t init_seed = 17;                   // initialisation seed for a model built on `meta`
   bool agree_on_oom = false;                 // sync points before each collective (see above)
+  PipelineStageOptions pipeline;             // pipeline parallelism: this rank's stage (above)
 };
 
 // Thrown at a sync point when another rank ran out of memory (under ParallelOptions::agree_on_oom).
@@ -172,6 +190,12 @@ class ParallelModel {
     const ParallelModel& model_;
     bool before_ = false;
   };
+  // Pipeline parallelism: the input of the next forward's first block on a stage after the first (an activation
+  // received from the previous stage, requiring grad when its gradient is to go back).
+  void set_stage_input(at::Tensor x);
+  // Pipeline parallelism: the last stage takes the first stage's root (the copy the optimizer stepped and
+  // checkpoints hold). Every rank calls it at the same point, before a step's first forward; a no-op otherwise.
+  void sync_stage_copies();
   // Units and their parameter counts (unpadded), for logs and benchmarks.
   std::vector<int64_t> unit_sizes() const;
 

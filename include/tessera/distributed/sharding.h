@@ -58,9 +58,26 @@ struct ShardingOptions {
   // torchtitan's loss parallel (parallelism.disable_loss_parallel: false, the default): under tensor parallelism a head
   // split along the vocabulary feeds the built-in cross-entropy its share of the logits, not gathered ones.
   bool loss_parallel = true;
-  // The ranks that read the same samples: tensor_parallel_degree x context_parallel_degree.
+  // parallelism.pipeline_parallel_degree: the model's decoder blocks split into this many stages
+  // (distributed/pipeline.h), the outermost mesh dimension as in torchtitan (pipeline x data x context x tensor):
+  // stage s is ranks [s * world / P, (s + 1) * world / P), and everything above shards within a stage.
+  int64_t pipeline_parallel_degree = 1;
+  // parallelism.pipeline_parallel_schedule (torchtitan's names and default).
+  std::string pipeline_schedule = "1F1B";
+  // parallelism.pipeline_parallel_microbatch_size: samples per pipeline microbatch; 0 (not given):
+  // device_train_microbatch_size.
+  int64_t pipeline_microbatch_size = 0;
+  // The ranks of one stage that read the same samples: tensor_parallel_degree x context_parallel_degree.
   int64_t batch_replicas() const {
     return std::max<int64_t>(tensor_parallel_degree, 1) * std::max<int64_t>(context_parallel_degree, 1);
+  }
+  int64_t pipeline_degree() const { return std::max<int64_t>(pipeline_parallel_degree, 1); }
+  // The data-parallel ranks of a world: world / (pipeline x tensor x context degree); and rank `rank`'s index among
+  // them (ranks that read the same samples share it: a tensor- or context-parallel group, and the same position in
+  // every pipeline stage).
+  int64_t data_world(int64_t world) const { return world / (pipeline_degree() * batch_replicas()); }
+  int64_t data_rank(int64_t rank, int64_t world) const {
+    return (rank % (world / pipeline_degree())) / batch_replicas();
   }
 };
 

@@ -57,6 +57,9 @@ struct Plan {
   // Context parallelism (parallelism.context_parallel_degree): the degree; the activations in `memory` are then one
   // rank's positions' plus its rows of the attention mask.
   int64_t context_parallel_degree = 1;
+  // Pipeline parallelism (parallelism.pipeline_parallel_degree): the stages. The plan is then a stage's mesh (its
+  // data-parallel and sharding degrees); memory is still counted for the whole model (an upper bound per stage).
+  int64_t pipeline_degree = 1;
 };
 
 // The weights `model` splits over `degree` tensor-parallel ranks (its models::TensorParallelModel plan): their

@@ -109,6 +109,14 @@ class Trainer {
   // static input); null: token_scale() as a number. False when out of memory with `auto` (the batch is retried).
   bool run_microbatches(const data::TokenBatch& batch, int64_t microbatch_size,
                         const at::Tensor* token_scale = nullptr);
+  // Pipeline parallelism (parallelism.pipeline_parallel_degree > 1): the batch's microbatches through this rank's
+  // stage in the schedule's order (trainer_pipeline.cpp), activations and their gradients sent to the neighbouring
+  // stages; the last stage's summed loss left in step_total_ (zero on the others).
+  void run_pipeline(const data::TokenBatch& batch);
+  // A microbatch's summed loss `sum` (rows [start, end) of a device batch of `n` samples) scaled as the step's loss
+  // wants it: by token_scale (accumulate_train_batch_on_tokens), else as its mean by its share of the samples.
+  at::Tensor scaled_loss(const at::Tensor& sum, const data::TokenBatch& microbatch, int64_t rows, int64_t n,
+                         const at::Tensor* token_scale, double scale, double context_scale) const;
   // A batch through the captured step: captured first when `capture`. False when the capture failed (the batch then
   // runs eagerly, as every later one).
   bool run_graphed_microbatches(const data::TokenBatch& batch, bool capture);

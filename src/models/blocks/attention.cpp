@@ -29,7 +29,10 @@ double lowest_value(at::ScalarType t) {
 }  // namespace
 
 at::ScalarType compute_dtype(const at::Tensor& param) {
-  const at::DeviceType device = param.device().type();
+  // A parameter this rank does not hold (another pipeline stage's: `meta`): the autocast of the device computing.
+  const at::DeviceType device = !param.is_meta()                               ? param.device().type()
+                                : at::autocast::is_autocast_enabled(at::kCUDA) ? at::kCUDA
+                                                                               : at::kCPU;
   if (at::autocast::is_autocast_enabled(device)) return at::autocast::get_autocast_dtype(device);
   return param.scalar_type();
 }

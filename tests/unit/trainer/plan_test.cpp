@@ -199,7 +199,11 @@ TEST(Plan, TorchtitansParallelismSectionSetsTheDataParallelMesh) {
   refused({"parallelism={context_parallel_degree: 2}", "max_seq_len=2046", "train_loader.dataset.max_seq_len=2046",
            "eval_loader.dataset.max_seq_len=2046", "model.max_seq_len=2046"},
           8, "a sequence of 2046 tokens does not cut into 4 equal chunks");
-  refused({"parallelism={pipeline_parallel_degree: 2}"}, 8, "pipeline_parallel_degree");
+  refused({"parallelism={pipeline_parallel_degree: 3}"}, 8,
+          "parallelism.pipeline_parallel_degree 3 does not divide the world size (8)");
+  refused({"parallelism={pipeline_parallel_degree: 2, pipeline_parallel_schedule: DualPipeV}"}, 8, "DualPipeV");
+  refused({"parallelism={pipeline_parallel_degree: 2, pipeline_parallel_schedule: Fancy}"}, 8,
+          "unknown schedule \"Fancy\"; expected GPipe or 1F1B");
   refused({"parallelism={data_parallel_shard_degree: 3}"}, 8,
           "parallelism.data_parallel_shard_degree (3) x data_parallel_replicate_degree (1) must equal the world size "
           "(8)");

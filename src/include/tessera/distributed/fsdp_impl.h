@@ -100,6 +100,13 @@ class ParallelModel::Impl : public models::UnitRunner {
   void wait_gathered(Unit& u);
   void reshard(Unit& u);
   void launch_reduction(Unit& u);
+  // Waits for u's reduction in flight and adds its averaged result to u's shard gradient.
+  void complete_reduction(Unit& u);
+  // Adds u's reduced gradient (reduce_out), averaged, to its shard's .grad().
+  void add_reduced(Unit& u);
+  // Pipeline parallelism: whether this stage runs unit `unit` (the root: the first and last stage).
+  bool runs_unit(int64_t unit) const;
+  bool pipelined() const { return o_.pipeline.stages > 1; }
   void finish_backward();
   void sync_point();
   bool agree(bool failed);
@@ -132,8 +139,16 @@ class ParallelModel::Impl : public models::UnitRunner {
   std::vector<std::string> names_;                          // every parameter, in the model's order
   std::vector<std::unique_ptr<CallRecord>> records_;
   bool sync_ = true;
-  bool root_called_ = false;  // the root's first call of this forward (embedding) has run
-  at::Tensor oom_flag_;       // agree_on_oom: the sync points' one-element buffer, allocated once
+  bool root_called_ = false;                 // the root's first call of this forward (embedding) has run
+  at::Tensor stage_input_;                   // pipeline: the next forward's input on a stage after the first
+  std::shared_ptr<Communicator> root_pair_;  // pipeline: the first and the last stage, which both hold the root
+  // pipeline: the shapes of the parameters of the blocks other stages run (left out of this rank's units)
+  std::map<std::string, std::vector<int64_t>> other_stage_shapes_;
+  std::map<std::string, int64_t> unit_of_name_;            // every parameter's unit
+  std::vector<std::pair<int64_t, int64_t>> stage_blocks_;  // pipeline: every stage's blocks, in stage order
+  // pipeline: the stage whose copy of unit `unit` counts (the root's: the first stage)
+  int stage_of_unit(int64_t unit) const;
+  at::Tensor oom_flag_;  // agree_on_oom: the sync points' one-element buffer, allocated once
 };
 
 }  // namespace tessera::dist

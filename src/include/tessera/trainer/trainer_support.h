@@ -8,15 +8,17 @@
 
 #include "tessera/core/state.h"
 #include "tessera/data/batch.h"
+#include "tessera/distributed/sharding.h"
 #include "tessera/models/causal_lm.h"
 
 namespace tessera::trainer::detail {
 
-// The ranks that read different batches: one per tensor-parallel group of `tp` consecutive ranks (its ranks read the
-// same batch and split the model's layers instead). Sums over every rank of values that each group's ranks share are
-// then `tp` times the data-parallel sums, which the means and ratios logged cancel.
-int64_t data_rank(const core::State& s, int64_t tp);
-int64_t data_world(const core::State& s, int64_t tp);
+// The ranks that read different batches (dist::ShardingOptions::data_rank): a tensor- or context-parallel group's
+// ranks read the same batch, and so do the ranks at the same position of every pipeline stage. Sums over every rank
+// of values that these ranks share are then that many times the data-parallel sums, which the means and ratios logged
+// cancel.
+int64_t data_rank(const core::State& s, const dist::ShardingOptions& o);
+int64_t data_world(const core::State& s, const dist::ShardingOptions& o);
 
 // `values` summed over every rank, in one all-reduce (doubles: exact for counts below 2^53).
 std::vector<double> sum_over_ranks(const core::State& s, const std::vector<double>& values);
