@@ -94,11 +94,11 @@ grep -q "research.yaml: cannot load: " "$run/plugin.err" || { cat "$run/plugin.e
 
 # The plug-in's model in pipeline stages, unchanged: 2 stages (1F1B) on 2 ranks give one process's losses.
 for nproc in 1 2; do
-  pp=()
+  pp=(fsdp_config.sharding_strategy=NO_SHARD)  # one rank per stage: NO_SHARD (DDP) there too
   ((nproc == 1)) || pp=(--nproc-per-node 2 --master-port 0 "parallelism={pipeline_parallel_degree: 2}")
   "$prefix/bin/tessera" train --plugin "$plugin" --recipe "$src/examples/research/research.yaml" "${pp[@]}" \
     variables.data_local="$run/data" save_folder="$run/ckpt-pp$nproc" loggers.jsonl.filename="$run/pp$nproc.jsonl" \
-    max_duration=4ba eval_interval=0 fsdp_config.sharding_strategy=NO_SHARD > "$run/pp$nproc.log" 2>&1 ||
+    max_duration=4ba eval_interval=0 > "$run/pp$nproc.log" 2>&1 ||
     { cat "$run/pp$nproc.log" >&2; exit 1; }
 done
 python3 - "$run/pp1.jsonl" "$run/pp2.jsonl" <<'PY'
