@@ -11,6 +11,7 @@
 - write_if checked by GCS (ifGenerationMatch through the JSON API), with Tessera's own tokens for service accounts,
   user credentials and the metadata server.
 """
+import contextlib
 import json
 import os
 
@@ -174,9 +175,7 @@ def test_a_service_account_signs_every_request_and_a_wrong_key_is_a_clear_error(
         server.client().create_bucket("signed")
         good, public, _ = service_account(tmp_path, "trainer", proxy.url + "/token")
         accepted["trainer"] = public
-        env = {k: v for k, v in server.env().items() if k != "STORAGE_EMULATOR_HOST"}
-        env.update(GOOGLE_APPLICATION_CREDENTIALS=str(good), TESSERA_GCS_ENDPOINT_URL=proxy.url,
-                   TESSERA_GCS_RETRY_LIMIT_S="3")
+        env = credentialed_env(server, proxy, GOOGLE_APPLICATION_CREDENTIALS=str(good))
         data = os.urandom(9 * 1024 * 1024)
         (tmp_path / "d.bin").write_bytes(data)
         out = run_batch(env, [{"op": "put_file", "path": str(tmp_path / "d.bin"), "uri": "gs://signed/d.bin"},
@@ -205,18 +204,45 @@ def test_a_service_account_signs_every_request_and_a_wrong_key_is_a_clear_error(
         proxy.stop()
 
 
+@contextlib.contextmanager
+def emulator_behind_tokens(handler, gate):
+    """fake-gcs-server behind a proxy that lets through what `gate` accepts, and a loopback server of `handler` (a
+    token endpoint or a metadata server) that issues the tokens: yields (emulator, proxy, the token server's
+    host:port). Tessera reaches the emulator as GCS itself (TESSERA_GCS_ENDPOINT_URL), with credentials."""
+    import http.server
+    import threading
+
+    from gcs_server import FakeGcsServer
+    from s3_server import FaultProxy, free_port
+
+    tokens = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
+    threading.Thread(target=tokens.serve_forever, daemon=True).start()
+    port = free_port()
+    proxy = FaultProxy(f"http://127.0.0.1:{port}", gate=gate)
+    server = FakeGcsServer(port=port, external_url=proxy.url)
+    try:
+        yield server, proxy, f"127.0.0.1:{tokens.server_address[1]}"
+    finally:
+        server.stop()
+        proxy.stop()
+        tokens.shutdown()
+
+
+def credentialed_env(server, proxy, **extra):
+    """The environment of a Tessera process reaching the emulator through `proxy` as GCS, with credentials."""
+    env = {k: v for k, v in server.env().items() if k != "STORAGE_EMULATOR_HOST"}
+    env.update(TESSERA_GCS_ENDPOINT_URL=proxy.url, TESSERA_GCS_RETRY_LIMIT_S="3", **extra)
+    return env
+
+
 def test_user_credentials_are_refreshed_mid_run(tmp_path):
     # `gcloud auth application-default login` credentials (authorized_user): access tokens from the token endpoint,
     # here living 4 seconds; the proxy accepts only unexpired ones. A process that writes, waits past the first token's
     # life and reads again must have fetched another (google-cloud-cpp's refresh, under Tessera's gs:// backend).
-    import http.server
-    import threading
     import time
     import urllib.parse
 
-    from gcs_server import FakeGcsServer
     from loopback_http import QuietHandler
-    from s3_server import FaultProxy, free_port
 
     issued = {}  # token -> expiry
 
@@ -240,20 +266,13 @@ def test_user_credentials_are_refreshed_mid_run(tmp_path):
             conditional.append(token)
         return None
 
-    tokens = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), TokenEndpoint)
-    threading.Thread(target=tokens.serve_forever, daemon=True).start()
-    port = free_port()
-    proxy = FaultProxy(f"http://127.0.0.1:{port}", gate=gate)
-    server = FakeGcsServer(port=port, external_url=proxy.url)
-    try:
+    with emulator_behind_tokens(TokenEndpoint, gate) as (server, proxy, token_host):
         server.client().create_bucket("user")
         creds = tmp_path / "application_default_credentials.json"
         creds.write_text(json.dumps({"type": "authorized_user", "client_id": "tessera-test.apps.googleusercontent.com",
                                      "client_secret": "not-a-secret", "refresh_token": "1//refresh-me",
-                                     "token_uri": f"http://127.0.0.1:{tokens.server_address[1]}/token"}))
-        env = {k: v for k, v in server.env().items() if k != "STORAGE_EMULATOR_HOST"}
-        env.update(GOOGLE_APPLICATION_CREDENTIALS=str(creds), TESSERA_GCS_ENDPOINT_URL=proxy.url,
-                   TESSERA_GCS_RETRY_LIMIT_S="3")
+                                     "token_uri": f"http://{token_host}/token"}))
+        env = credentialed_env(server, proxy, GOOGLE_APPLICATION_CREDENTIALS=str(creds))
         out = run_batch(env, [{"op": "put", "uri": "gs://user/a.txt", "data": "before the token expired"},
                               {"op": "put_if", "uri": "gs://user/latest", "data": "ep0-ba2", "expected": None},
                               {"op": "sleep", "seconds": 6},
@@ -265,21 +284,13 @@ def test_user_credentials_are_refreshed_mid_run(tmp_path):
         assert out["results"][1]["etag"] and out["results"][4]["etag"], out
         assert len(issued) >= 2  # a second token, fetched after the first one's 4 seconds
         assert len(conditional) == 2 and conditional[0] != conditional[1]  # Tessera's own tokens, refreshed too
-    finally:
-        server.stop()
-        proxy.stop()
-        tokens.shutdown()
 
 
 def test_metadata_server_tokens_for_conditional_writes(tmp_path):
     # On GCE and GKE (no credentials file): the metadata server's tokens, asked with Metadata-Flavor: Google, carry
     # Tessera's own JSON API requests (write_if); a metadata server that refuses is named in the error.
-    import http.server
-    import threading
-
-    from gcs_server import FakeGcsServer
     from loopback_http import QuietHandler
-    from s3_server import FaultProxy, free_port
+    from s3_server import free_port
 
     served = []
 
@@ -294,16 +305,9 @@ def test_metadata_server_tokens_for_conditional_writes(tmp_path):
     def gate(method, path, headers):
         return None if headers.get("Authorization", "")[len("Bearer "):] in served else (401, "Unauthorized", "no")
 
-    metadata = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Metadata)
-    threading.Thread(target=metadata.serve_forever, daemon=True).start()
-    port = free_port()
-    proxy = FaultProxy(f"http://127.0.0.1:{port}", gate=gate)
-    server = FakeGcsServer(port=port, external_url=proxy.url)
-    try:
+    with emulator_behind_tokens(Metadata, gate) as (server, proxy, metadata_host):
         server.client().create_bucket("gce")
-        env = {k: v for k, v in server.env().items() if k != "STORAGE_EMULATOR_HOST"}
-        env.update(HOME=str(tmp_path), GCE_METADATA_ROOT=f"127.0.0.1:{metadata.server_address[1]}",
-                   TESSERA_GCS_ENDPOINT_URL=proxy.url, TESSERA_GCS_RETRY_LIMIT_S="3")
+        env = credentialed_env(server, proxy, HOME=str(tmp_path), GCE_METADATA_ROOT=metadata_host)
         out = run_batch(env, [{"op": "put_if", "uri": "gs://gce/latest", "data": "ep0-ba2", "expected": None},
                               {"op": "stat", "uri": "gs://gce/latest"},
                               {"op": "put_if", "uri": "gs://gce/latest", "data": "ep0-ba4", "expected": None}], tmp_path)
@@ -315,10 +319,6 @@ def test_metadata_server_tokens_for_conditional_writes(tmp_path):
         out = run_batch(refused, [{"op": "stat", "uri": "gs://gce/latest"}], tmp_path, "refused")
         err = out["results"][0]["error"]
         assert "gs://gce/latest" in err and "the metadata server (127.0.0.1:" in err, err
-    finally:
-        server.stop()
-        proxy.stop()
-        metadata.shutdown()
 
 
 def test_transient_failures_are_retried_and_a_failed_upload_publishes_nothing(tmp_path):
