@@ -184,7 +184,6 @@ void ParallelModel::Impl::setup(models::CausalLM& model) {
       throw ConfigError(
           "dist", fmt::format("parallelism.pipeline_parallel_degree {} with {}: not supported yet", pp.stages, what));
     };
-    if (o_.sharding.tensor_parallel_degree > 1) refuse("tensor parallelism");
     if (o_.sharding.context_parallel_degree > 1) refuse("context parallelism");
     if (o_.sharding.expert_parallel_degree > 1) refuse("expert parallelism");
     if (strategy == ShardingStrategy::kHybridShard) refuse("HYBRID_SHARD");
@@ -410,8 +409,7 @@ at::Tensor ParallelModel::Impl::run(int64_t unit_index, const UnitFn& fn, const 
       return x;
     }
   }
-  const int64_t n_blocks = static_cast<int64_t>(units_.size()) - 1;
-  if (tp_state_ && unit_index >= 1) return run_sequence_parallel(unit_index, n_blocks, fn, x);
+  if (tp_state_ && unit_index >= 1) return run_sequence_parallel(unit_index, fn, x);
   return run_unit_call(unit_index, fn, x);
 }
 
@@ -419,10 +417,12 @@ at::Tensor ParallelModel::Impl::run(int64_t unit_index, const UnitFn& fn, const 
 // the positions where the sequence divides by the tensor-parallel degree. The sequence is cut before the first layer
 // and joined after the last; each layer call (and its recomputation under activation checkpointing) runs with the
 // styles told that its activations are shards.
-at::Tensor ParallelModel::Impl::run_sequence_parallel(int64_t unit_index, int64_t n_blocks, const UnitFn& fn,
-                                                      const at::Tensor& x) {
+at::Tensor ParallelModel::Impl::run_sequence_parallel(int64_t unit_index, const UnitFn& fn, const at::Tensor& x) {
+  // This rank's blocks: all of them, or its pipeline stage's (whose input and output are whole sequences).
+  const int64_t first = pipelined() ? o_.pipeline.first_block : 1;
+  const int64_t last = pipelined() ? o_.pipeline.last_block : static_cast<int64_t>(units_.size()) - 1;
   at::Tensor in = x;
-  if (unit_index == 1) {
+  if (unit_index == first) {
     const int64_t t = tp_state_->group->size();
     sequence_sharded_ = tp_state_->sequence_parallel && t > 1 && x.dim() >= 2 && x.size(1) % t == 0;
     if (sequence_sharded_) in = dist::sequence_scatter(x, tp_state_->group);
@@ -434,7 +434,7 @@ at::Tensor ParallelModel::Impl::run_sequence_parallel(int64_t unit_index, int64_
     return fn(h);
   };
   at::Tensor out = run_unit_call(unit_index, layer, in);
-  if (unit_index == n_blocks && sequence_sharded_) {
+  if (unit_index == last && sequence_sharded_) {
     out = dist::sequence_gather(out, tp_state_->group);
     sequence_sharded_ = false;
   }
@@ -638,11 +638,13 @@ void ParallelModel::Impl::finish_backward() {
   root_called_ = false;
   if (pipelined() && sync_ && root_pair_) {
     // The root's gradient: the embedding's from the first stage, the final norm's and head's from the last (a tied
-    // embedding gets both). The first stage steps the sum; the last drops its copy's (sync_stage_copies()).
-    Unit& root = *units_[0];
-    at::Tensor g = root.shard.grad().defined() ? root.shard.grad() : at::zeros_like(root.shard);
-    root_pair_->all_reduce(g).wait();
-    root.shard.mutable_grad() = o_.pipeline.stage == 0 ? g : at::Tensor();
+    // embedding gets both). The first stage steps the sum; the last drops its copy's (sync_stage_copies()). Both
+    // parts: the dense one and the tensor-parallel slices (a vocabulary-parallel embedding and head).
+    each_part(*units_[0], [&](Unit& root) {
+      at::Tensor g = root.shard.grad().defined() ? root.shard.grad() : at::zeros_like(root.shard);
+      root_pair_->all_reduce(g).wait();
+      root.shard.mutable_grad() = o_.pipeline.stage == 0 ? g : at::Tensor();
+    });
   }
 }
 

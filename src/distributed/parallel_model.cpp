@@ -206,8 +206,10 @@ void ParallelModel::set_stage_input(at::Tensor x) {
 void ParallelModel::sync_stage_copies() {
   if (!impl_->pipelined() || !impl_->root_pair_) return;
   at::NoGradGuard no_grad;
-  at::Tensor root = impl_->units_[0]->shard.detach();
-  impl_->root_pair_->broadcast(root, 0).wait();
+  each_part(*impl_->units_[0], [&](Unit& part) {
+    at::Tensor root = part.shard.detach();
+    impl_->root_pair_->broadcast(root, 0).wait();
+  });
 }
 
 std::vector<int64_t> ParallelModel::unit_sizes() const {

@@ -140,7 +140,7 @@ void Trainer::run_pipeline(const data::TokenBatch& batch) {
     if (stage == last) {
       loss_scaler_.scale(f.output).backward();
     } else {
-      at::Tensor grad = at::empty_like(f.output);
+      at::Tensor grad = at::empty(f.output.sizes(), f.output.options());  // contiguous, whatever the output's strides
       link.recv(grad, stage + 1, kGradientTag, message("gradient", a.microbatch, "from", stage + 1)).wait();
       torch::autograd::backward({f.output}, {grad});
     }

@@ -1,6 +1,7 @@
 // Pipeline parallelism on CPU with Gloo, against one process: `train` with parallelism.pipeline_parallel_degree runs
 // each schedule to the single process's losses and weights, alone and inside a sharded mesh, with a tied embedding
-// (MPT) and an untied head (Llama), over 2 and 3 stages (one with neither embeddings nor head); checkpoints saved by
+// (MPT) and an untied head (Llama), over 2 and 3 stages (one with neither embeddings nor head), with tensor
+// parallelism within the stages; checkpoints saved by
 // stages resume without them and the other way round.
 #include <gtest/gtest.h>
 
@@ -54,6 +55,13 @@ TEST_F(PipelineTraining, ThreeStagesAndStagesTimesFullShardMatchOneProcess) {
   // Stages of two ranks, FULL_SHARD within each.
   expect_same(single(), run("pp2_fs2", 4, {pipeline(2, "1F1B"), "fsdp_config.sharding_strategy=FULL_SHARD"}),
               "PP 2 x FULL_SHARD 2");
+}
+
+TEST_F(PipelineTraining, StagesTimesTensorParallelMatchOneProcess) {
+  if (is_worker()) GTEST_SKIP();
+  // Stages of two ranks that split each block's attention and MLP (sequence parallelism within a stage; the tied
+  // embedding and head split along the vocabulary on the first and last stage).
+  expect_same(single(), run("pp2_tp2", 4, {pipeline(2, "1F1B", ", tensor_parallel_degree: 2")}), "PP 2 x TP 2");
 }
 
 TEST_F(PipelineTraining, CheckpointsReshardBetweenStagesAndShards) {

@@ -89,7 +89,7 @@ class ParallelModel::Impl : public models::UnitRunner {
   Impl(const ParallelOptions& o, std::shared_ptr<Communicator> comm) : o_(o), comm_(std::move(comm)) {}
 
   at::Tensor run(int64_t unit_index, const UnitFn& fn, const at::Tensor& x) override;
-  at::Tensor run_sequence_parallel(int64_t unit_index, int64_t n_blocks, const UnitFn& fn, const at::Tensor& x);
+  at::Tensor run_sequence_parallel(int64_t unit_index, const UnitFn& fn, const at::Tensor& x);
   at::Tensor run_unit_call(int64_t unit_index, const UnitFn& fn, const at::Tensor& x);
   at::Tensor backward_call(CallRecord& rec, const at::Tensor& grad_out);
 
