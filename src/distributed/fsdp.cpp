@@ -184,7 +184,6 @@ void ParallelModel::Impl::setup(models::CausalLM& model) {
       throw ConfigError(
           "dist", fmt::format("parallelism.pipeline_parallel_degree {} with {}: not supported yet", pp.stages, what));
     };
-    if (o_.sharding.context_parallel_degree > 1) refuse("context parallelism");
     if (o_.sharding.expert_parallel_degree > 1) refuse("expert parallelism");
     if (strategy == ShardingStrategy::kHybridShard) refuse("HYBRID_SHARD");
     if (o_.agree_on_oom) refuse("device_train_microbatch_size: auto");

@@ -11,6 +11,7 @@
 
 #include "tessera/distributed/communicator.h"
 #include "tessera/distributed/pipeline.h"
+#include "tessera/models/context_parallel.h"
 #include "tessera/trainer/precision_context.h"
 #include "tessera/trainer/trainer.h"
 #include "tessera/trainer/trainer_support.h"
@@ -19,7 +20,6 @@
 namespace tessera::trainer {
 
 using core::Event;
-using detail::forward_options;
 using detail::slice;
 
 namespace {
@@ -93,6 +93,11 @@ void Trainer::run_pipeline(const data::TokenBatch& batch) {
       *dist::pipeline_schedule_named(cfg_.fsdp.pipeline_schedule), stage, pp.stages, microbatches);
   const double scale = token_scale();
   const at::DeviceType dev = state_.device.type();
+  // Context parallelism within the stages: every stage runs on this rank's shard of the positions (activations
+  // travel as shards), the last stage's loss scaled as without stages.
+  const std::shared_ptr<models::ContextExchange> context = parallel.context_exchange();
+  const double context_scale = context ? static_cast<double>(context->size()) : 1.0;
+  std::shared_ptr<const models::ContextShard> shard;
   parallel.sync_stage_copies();  // the last stage's root: the first stage's, stepped last step (or loaded)
 
   struct InFlight {
@@ -110,20 +115,29 @@ void Trainer::run_pipeline(const data::TokenBatch& batch) {
       state_.batch = slice(batch, start, end);
       engine_->run_event(Event::kBeforeForward);
       const data::TokenBatch whole = state_.batch;
+      const models::ForwardOptions fo = microbatch_options(whole, context, shard);
       if (stage > 0) {
         f.input = receive_activation(link, stage - 1, state_.device, a.microbatch).requires_grad_(true);
-        parallel.set_stage_input(f.input);
+        at::Tensor in = f.input;
+        if (fo.context) {
+          // The activation is this rank's positions'; the model cuts its layers' input to them from a whole-length
+          // one (models/blocks/attention.h, context_positions_of), so it gets them at their places in one.
+          std::vector<int64_t> shape = in.sizes().vec();
+          shape.at(1) = whole.input_ids.size(1);
+          in = at::zeros(shape, in.options()).index_copy(1, fo.context->positions, in);
+        }
+        parallel.set_stage_input(in);
       }
       {
         AutocastGuard autocast(state_.precision, dev);
-        state_.outputs = state_.model->forward(whole.input_ids, forward_options(whole));
+        state_.outputs = state_.model->forward(whole.input_ids, fo);
       }
       engine_->run_event(Event::kAfterForward);
       if (stage == last) {
         engine_->run_event(Event::kBeforeLoss);
         {
           AutocastGuard autocast(state_.precision, dev);
-          state_.loss = scaled_loss(loss_sum(), whole, end - start, n, nullptr, scale, 1.0);
+          state_.loss = scaled_loss(loss_sum(), whole, end - start, n, nullptr, scale, context_scale);
         }
         engine_->run_event(Event::kAfterLoss);
         f.output = state_.loss;

@@ -100,15 +100,7 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
       state_.batch = slice(batch, start, end);
       engine_->run_event(Event::kBeforeForward);
       const data::TokenBatch whole = state_.batch;
-      models::ForwardOptions fo = forward_options(whole);
-      if (context) {
-        const int64_t seq = whole.input_ids.size(1);
-        if (!shard || shard->key_order.size(0) != seq) {
-          shard = models::make_context_shard(context, seq, whole.input_ids.device());
-        }
-        fo.context = shard;
-        state_.batch = models::context_shard_batch(whole, *fo.context);  // what the loss and callbacks see
-      }
+      const models::ForwardOptions fo = microbatch_options(whole, context, shard);
       {
         AutocastGuard autocast(state_.precision, dev);
         const dist::ParallelModel::LocalLogits local_logits(*state_.parallel, vocab_parallel);
@@ -166,6 +158,21 @@ bool Trainer::run_microbatches(const data::TokenBatch& batch, int64_t microbatch
   if (oom_retry_.peer_failed(*state_.parallel)) return false;
   step_total_ = total;
   return true;
+}
+
+models::ForwardOptions Trainer::microbatch_options(const data::TokenBatch& whole,
+                                                   const std::shared_ptr<models::ContextExchange>& context,
+                                                   std::shared_ptr<const models::ContextShard>& shard) {
+  models::ForwardOptions fo = forward_options(whole);
+  if (context) {
+    const int64_t seq = whole.input_ids.size(1);
+    if (!shard || shard->key_order.size(0) != seq) {
+      shard = models::make_context_shard(context, seq, whole.input_ids.device());
+    }
+    fo.context = shard;
+    state_.batch = models::context_shard_batch(whole, *fo.context);  // what the loss and callbacks see
+  }
+  return fo;
 }
 
 at::Tensor Trainer::scaled_loss(const at::Tensor& sum, const data::TokenBatch& microbatch, int64_t rows, int64_t n,

@@ -37,6 +37,7 @@
 #include "tessera/distributed/communicator.h"
 #include "tessera/eval/gauntlet.h"
 #include "tessera/eval/icl.h"
+#include "tessera/models/context_parallel.h"
 #include "tessera/models/loss.h"
 #include "tessera/models/metric.h"
 #include "tessera/trainer/microbatching.h"
@@ -113,6 +114,11 @@ class Trainer {
   // stage in the schedule's order (trainer_pipeline.cpp), activations and their gradients sent to the neighbouring
   // stages; the last stage's summed loss left in step_total_ (zero on the others).
   void run_pipeline(const data::TokenBatch& batch);
+  // The forward options of microbatch `whole` (state_.batch): under context parallelism cut to this rank's shard of
+  // the positions (`shard` caches the cut per sequence length), state_.batch then holding what the loss sees.
+  models::ForwardOptions microbatch_options(const data::TokenBatch& whole,
+                                            const std::shared_ptr<models::ContextExchange>& context,
+                                            std::shared_ptr<const models::ContextShard>& shard);
   // A microbatch's summed loss `sum` (rows [start, end) of a device batch of `n` samples) scaled as the step's loss
   // wants it: by token_scale (accumulate_train_batch_on_tokens), else as its mean by its share of the samples.
   at::Tensor scaled_loss(const at::Tensor& sum, const data::TokenBatch& microbatch, int64_t rows, int64_t n,

@@ -1,7 +1,7 @@
 // Pipeline parallelism on CPU with Gloo, against one process: `train` with parallelism.pipeline_parallel_degree runs
 // each schedule to the single process's losses and weights, alone and inside a sharded mesh, with a tied embedding
 // (MPT) and an untied head (Llama), over 2 and 3 stages (one with neither embeddings nor head), with tensor
-// parallelism within the stages; checkpoints saved by
+// or context parallelism within the stages; checkpoints saved by
 // stages resume without them and the other way round.
 #include <gtest/gtest.h>
 
@@ -57,11 +57,13 @@ TEST_F(PipelineTraining, ThreeStagesAndStagesTimesFullShardMatchOneProcess) {
               "PP 2 x FULL_SHARD 2");
 }
 
-TEST_F(PipelineTraining, StagesTimesTensorParallelMatchOneProcess) {
+TEST_F(PipelineTraining, StagesTimesTensorOrContextParallelMatchOneProcess) {
   if (is_worker()) GTEST_SKIP();
   // Stages of two ranks that split each block's attention and MLP (sequence parallelism within a stage; the tied
   // embedding and head split along the vocabulary on the first and last stage).
   expect_same(single(), run("pp2_tp2", 4, {pipeline(2, "1F1B", ", tensor_parallel_degree: 2")}), "PP 2 x TP 2");
+  // Stages of two ranks that each run half of every sequence's positions (activations travel as shards).
+  expect_same(single(), run("pp2_cp2", 4, {pipeline(2, "GPipe", ", context_parallel_degree: 2")}), "PP 2 x CP 2");
 }
 
 TEST_F(PipelineTraining, CheckpointsReshardBetweenStagesAndShards) {
