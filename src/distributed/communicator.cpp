@@ -429,6 +429,11 @@ void check_peer(int peer, int self, int size, const char* what) {
                                         peer, size, self));
   }
 }
+
+// "recv of 4096 Float elements from rank 3 (what)": `op` described, the peer's rank in the job, and what it is.
+std::string point_to_point(const std::string& op, const char* direction, int peer, const std::string& what) {
+  return fmt::format("{} {} rank {}{}", op, direction, peer, what.empty() ? "" : " (" + what + ")");
+}
 }  // namespace
 
 Work Communicator::send(at::Tensor& t, int dst, int tag, const std::string& what) {
@@ -436,9 +441,7 @@ Work Communicator::send(at::Tensor& t, int dst, int tag, const std::string& what
   check_peer(dst, rank_, size_, "send");
   stats_.calls++;
   stats_.send_bytes += static_cast<double>(t.nbytes());
-  const std::string op =
-      fmt::format("{} to rank {}{}", describe("send", t), global_rank_of(dst), what.empty() ? "" : " (" + what + ")");
-  return issue(global_rank_, op, [&] {
+  return issue(global_rank_, point_to_point(describe("send", t), "to", global_rank_of(dst), what), [&] {
     std::vector<at::Tensor> v{t};
     return backend_->pg->send(v, dst, tag);
   });
@@ -448,9 +451,7 @@ Work Communicator::recv(at::Tensor& t, int src, int tag, const std::string& what
   check_flat(t, "recv tensor");
   check_peer(src, rank_, size_, "recv");
   stats_.calls++;
-  const std::string op =
-      fmt::format("{} from rank {}{}", describe("recv", t), global_rank_of(src), what.empty() ? "" : " (" + what + ")");
-  return issue(global_rank_, op, [&] {
+  return issue(global_rank_, point_to_point(describe("recv", t), "from", global_rank_of(src), what), [&] {
     std::vector<at::Tensor> v{t};
     return backend_->pg->recv(v, src, tag);
   });

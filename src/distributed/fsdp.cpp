@@ -396,9 +396,7 @@ at::Tensor ParallelModel::Impl::run(int64_t unit_index, const UnitFn& fn, const 
                                           "(ParallelModel::set_stage_input)",
                                           pp.stage));
         }
-        at::Tensor in = std::move(stage_input_);
-        stage_input_ = at::Tensor();
-        return in;
+        return std::move(stage_input_);  // (moved from: undefined until the next set_stage_input)
       }
       if (head_call && pp.stage < pp.stages - 1) {  // the head call: this stage's output goes to the next one
         root_called_ = false;

@@ -8,8 +8,8 @@
 //                            default credentials" accept (authorized user, external account / workload identity);
 //   otherwise                gcloud's application default credentials file, then the metadata server.
 // Access tokens are refreshed by google-cloud-cpp before they expire. Arrow's client exposes no generation and no
-// precondition, so write_if (the atomic `latest` pointer) goes to GCS's JSON API itself, with tokens of its own for
-// the same credentials (json_api() below). TESSERA_GCS_ENDPOINT_URL points the client at
+// precondition, so stat and write_if (the atomic `latest` pointer) go to GCS's JSON API themselves, with tokens of
+// their own for the same credentials (JsonApi below). TESSERA_GCS_ENDPOINT_URL points the client at
 // another endpoint with the same credentials (Private Service Connect, a proxy); TESSERA_GCS_RETRY_LIMIT_S bounds
 // the time one request is retried (default 60); TESSERA_GCS_PARALLELISM sets the ranged reads in flight per download
 // (default 8; 1 reads one stream).
@@ -60,10 +60,10 @@ std::pair<std::string, std::string> split_endpoint(std::string url, const std::s
 // the credentials make_client() found, obtained as Google's client libraries obtain them:
 //   service_account   a self-signed JWT (RS256, kid = the key's private_key_id, scope cloud-platform), as
 //                     google-cloud-cpp sends for storage.googleapis.com; signed again before its hour ends;
-//   authorized_user   the token endpoint's refresh_token grant (token_uri, default
-//   https://oauth2.googleapis.com/token); the metadata server  GET
-//   /computeMetadata/v1/instance/service-accounts/default/token with Metadata-Flavor: Google,
-//                     at GCE_METADATA_ROOT (else GCE_METADATA_HOST, else metadata.google.internal);
+//   authorized_user   the token endpoint's refresh_token grant (token_uri, else Google's);
+//   neither file      the metadata server's GET /computeMetadata/v1/instance/service-accounts/default/token
+//                     (Metadata-Flavor: Google) at GCE_METADATA_ROOT, else GCE_METADATA_HOST, else
+//                     metadata.google.internal;
 //   the emulator      none.
 // Other credential files (external_account, impersonated_service_account) have no token source here: write_if then
 // compares stat()'s version just before writing, and the race between compare and write stays.

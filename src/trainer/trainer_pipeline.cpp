@@ -3,8 +3,10 @@
 // gradients back, point to point over the rank's pipeline group. The loss is the one run_microbatches computes, on
 // the last stage, so that a pipelined step equals the unpipelined one.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -63,7 +65,10 @@ void send_activation(dist::Communicator& link, Sends& sends, const at::Tensor& x
   sends.send(link, x.detach(), peer, kActivationTag, what);
 }
 
-at::Tensor receive_activation(dist::Communicator& link, int peer, const at::Device& device, int64_t microbatch) {
+// The activation of `rows` sequences of `positions` tokens (this rank's under context parallelism) from stage `peer`:
+// the header's shape must lead with those, so that a malformed message never sizes an allocation.
+at::Tensor receive_activation(dist::Communicator& link, int peer, const at::Device& device, int64_t microbatch,
+                              int64_t rows, int64_t positions) {
   const std::string what = message("activation", microbatch, "from", peer);
   at::Tensor header = at::empty({2 + kMaxDims}, at::TensorOptions().dtype(at::kLong).device(device));
   link.recv(header, peer, kActivationTag, what).wait();
@@ -73,6 +78,13 @@ at::Tensor receive_activation(dist::Communicator& link, int peer, const at::Devi
     throw Error("pipeline", fmt::format("rank {} of the pipeline group sent a malformed activation header", peer));
   }
   const std::vector<int64_t> shape(v + 2, v + 2 + v[1]);
+  if (shape.size() < 2 || shape[0] != rows || shape[1] != positions ||
+      std::any_of(shape.begin(), shape.end(), [](int64_t d) { return d < 0; })) {
+    throw Error("pipeline",
+                fmt::format("pipeline stage {} sent an activation of shape [{}] for microbatch {}, expected "
+                            "[{}, {}, ...]",
+                            peer, fmt::join(shape, ", "), microbatch, rows, positions));
+  }
   at::Tensor x = at::empty(shape, at::TensorOptions().dtype(static_cast<at::ScalarType>(v[0])).device(device));
   link.recv(x, peer, kActivationTag, what).wait();
   return x;
@@ -117,7 +129,9 @@ void Trainer::run_pipeline(const data::TokenBatch& batch) {
       const data::TokenBatch whole = state_.batch;
       const models::ForwardOptions fo = microbatch_options(whole, context, shard);
       if (stage > 0) {
-        f.input = receive_activation(link, stage - 1, state_.device, a.microbatch).requires_grad_(true);
+        const int64_t positions = fo.context ? fo.context->positions.size(0) : whole.input_ids.size(1);
+        f.input = receive_activation(link, stage - 1, state_.device, a.microbatch, end - start, positions)
+                      .requires_grad_(true);
         at::Tensor in = f.input;
         if (fo.context) {
           // The activation is this rank's positions'; the model cuts its layers' input to them from a whole-length
